@@ -1,0 +1,59 @@
+package translate
+
+import (
+	"net/netip"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
+)
+
+// ControllerName is the controllerName sockmesh writes status under.
+const ControllerName gwv1.GatewayController = "sockmesh.io/mesh-controller"
+
+// Input is everything Translate looks at. Sources fill it from listers (the
+// kubernetes source) or from manifests (the file source); the objects are
+// read-only.
+type Input struct {
+	// Now stamps lastTransitionTime on new conditions.
+	Now time.Time
+	// Node describes this node and the cluster ranges that external
+	// hostnames must never resolve into.
+	Node Node
+
+	Services            []*corev1.Service
+	EndpointSlices      []*discoveryv1.EndpointSlice
+	Namespaces          []*corev1.Namespace
+	Pods                []*corev1.Pod // the pods scheduled to this node
+	ConfigMaps          []*corev1.ConfigMap
+	Secrets             []*corev1.Secret
+	ClusterTrustBundles []*certificatesv1.ClusterTrustBundle
+
+	BackendTLSPolicies      []*gwv1.BackendTLSPolicy
+	HTTPRoutes              []*gwv1.HTTPRoute
+	GRPCRoutes              []*gwv1.GRPCRoute
+	XBackends               []*gwxv1alpha1.XBackend
+	XBackendTrafficPolicies []*gwxv1alpha1.XBackendTrafficPolicy
+	XMeshes                 []*gwxv1alpha1.XMesh
+
+	// Resolved holds the agent's DNS answers for ExternalHostname XBackends,
+	// keyed by hostname. A hostname absent from the map has not been resolved
+	// yet; one present with no addresses did not resolve.
+	Resolved map[string][]netip.Addr
+}
+
+// Node is what Translate knows about where it runs.
+type Node struct {
+	Name string
+	// IPs are the node's own addresses.
+	IPs []netip.Addr
+	// PodCIDRs and ServiceCIDRs are the cluster's ranges.
+	PodCIDRs     []netip.Prefix
+	ServiceCIDRs []netip.Prefix
+	// EgressAllow, when not empty, is the list of hostname patterns
+	// ("example.com", "*.example.com") ExternalHostname XBackends may use.
+	EgressAllow []string
+}
