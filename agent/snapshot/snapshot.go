@@ -247,6 +247,9 @@ type SessionPersistence struct {
 	IdleTimeoutSeconds     int64 `json:"idleTimeoutSeconds,omitempty"`
 	// Permanent cookies carry an expiry; session cookies do not.
 	Permanent bool `json:"permanent,omitempty"`
+	// CookiePath is the cookie's Path attribute; empty means "/" (the
+	// Gateway API default).
+	CookiePath string `json:"cookiePath,omitempty"`
 }
 
 // Workload is a pod on this node.

@@ -43,6 +43,13 @@ type Input struct {
 	// keyed by hostname. A hostname absent from the map has not been resolved
 	// yet; one present with no addresses did not resolve.
 	Resolved map[string][]netip.Addr
+
+	// ClusterTrustBundlesUnavailable is true when the cluster does not serve
+	// certificates.k8s.io/v1 ClusterTrustBundles. References to them then get
+	// ResolvedRefs=False/InvalidKind and the ClusterTrustBundle feature is not
+	// advertised (GEP-5075). The zero value (false) suits the file source,
+	// where bundles are whatever the manifests hold.
+	ClusterTrustBundlesUnavailable bool
 }
 
 // Node is what Translate knows about where it runs.
@@ -55,5 +62,11 @@ type Node struct {
 	ServiceCIDRs []netip.Prefix
 	// EgressAllow, when not empty, is the list of hostname patterns
 	// ("example.com", "*.example.com") ExternalHostname XBackends may use.
+	// "*.example.com" matches any name below example.com, not example.com
+	// itself.
 	EgressAllow []string
+	// ClusterDomain is the cluster's DNS domain when it is not
+	// cluster.local: ExternalHostname XBackends may not name hosts in it
+	// (nor in cluster.local, which the CRD refuses anyway).
+	ClusterDomain string
 }

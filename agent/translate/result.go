@@ -15,13 +15,16 @@ type Result struct {
 	Workloads []snapshot.Workload
 	Status    Status
 	// EndpointSelectorServices are the headless Services that EndpointSelector
-	// XBackends need (one per XBackend, generateName, ownerReference to it).
-	// The writer creates missing ones and deletes those no longer wanted;
-	// Translate finds existing ones in Input.Services by the label
-	// LabelXBackend.
+	// XBackends need (one per XBackend, generateName, ownerReference to it),
+	// sorted by namespace and XBackend. Translate finds existing ones in
+	// Input.Services by the label LabelXBackend and the ownerReference: an
+	// entry with Name set is that existing Service as it should be (update
+	// it if it differs); one with only GenerateName is to be created. The
+	// writer deletes labelled, XBackend-owned Services not listed here.
 	EndpointSelectorServices []*corev1.Service
 }
 
 // LabelXBackend marks a headless Service sockmesh generated for an
-// EndpointSelector XBackend; its value is the XBackend's name.
+// EndpointSelector XBackend; its value is the XBackend's name, or
+// "sha256-<8 hex digits>" of it when the name is too long for a label.
 const LabelXBackend = "sockmesh.io/xbackend"

@@ -14,8 +14,11 @@ import (
 type Status struct {
 	BackendTLSPolicies map[types.NamespacedName][]gwv1.PolicyAncestorStatus
 	XBackends          map[types.NamespacedName][]gwxv1alpha1.BackendAncestorStatus
-	HTTPRoutes         map[types.NamespacedName][]gwv1.RouteParentStatus
-	GRPCRoutes         map[types.NamespacedName][]gwv1.RouteParentStatus
+	// HTTPRoutes and GRPCRoutes stay nil until the GAMMA work writes route
+	// status: a nil map means routes were not examined, so the writer must
+	// leave their status alone.
+	HTTPRoutes map[types.NamespacedName][]gwv1.RouteParentStatus
+	GRPCRoutes map[types.NamespacedName][]gwv1.RouteParentStatus
 	// XMeshes holds the conditions and supported features of each XMesh
 	// whose controllerName is ours, keyed by name (cluster-scoped).
 	XMeshes map[string]gwxv1alpha1.MeshStatus

@@ -1,0 +1,22 @@
+// Package file is the config source that reads a directory of Kubernetes
+// YAML or JSON manifests (package manifests) instead of an API server: the
+// embedded default on a machine without a cluster, the demo, and fast
+// tests — the idea of Envoy Gateway's standalone mode.
+//
+// It reads the directory's *.yaml, *.yml and *.json files, not its
+// subdirectories (as kubectl apply -f dir does); names starting with "." are
+// skipped, which also skips the ..data links of a mounted ConfigMap while
+// their targets are read through the file links. It watches the directory
+// with fsnotify, coalesces a burst of events into one reload (Config.Debounce)
+// and signals Changed only when the objects changed. It also re-reads every
+// Config.Resync, which covers lost events and a directory replaced wholesale.
+//
+// A file that does not parse is reported (file name and reason: Errors, the
+// log, and a metric) and its last good content stays in place; the rest of
+// the directory still updates. Nothing a file holds makes the source stop.
+// An object defined in two files is taken from the first file by name, and
+// the duplicate is reported.
+//
+// It implements agent/source.Source. It only reads: it never writes the
+// directory, translates, or sets Input.Now, Node or Resolved.
+package file

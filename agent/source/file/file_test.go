@@ -1,0 +1,399 @@
+package file
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/sockmesh/sockmesh/agent/source"
+	"github.com/sockmesh/sockmesh/agent/translate"
+)
+
+var _ source.Source = (*Source)(nil)
+
+func service(name string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: %s, namespace: apps}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: grpc, port: 9000, appProtocol: kubernetes.io/h2c}]
+`, name)
+}
+
+func configMap(names ...string) string {
+	var docs []string
+	for _, n := range names {
+		docs = append(docs, fmt.Sprintf("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: %s, namespace: apps}\ndata: {ca.crt: x}\n", n))
+	}
+	return strings.Join(docs, "---\n")
+}
+
+func write(t *testing.T, dir, name, content string) {
+	t.Helper()
+	// Write and rename, as kubectl cp or an editor's safe save would, so a
+	// concurrent reader never sees half a file.
+	tmp := filepath.Join(dir, "."+name+".tmp")
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func newSource(t *testing.T, dir string) *Source {
+	t.Helper()
+	s, err := New(Config{Dir: dir, Debounce: 100 * time.Millisecond, Resync: time.Hour},
+		slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// signalled reports whether Changed holds a signal, consuming it.
+func signalled(s *Source) bool {
+	select {
+	case <-s.Changed():
+		return true
+	default:
+		return false
+	}
+}
+
+func names[T interface{ GetName() string }](objs []T) []string {
+	var out []string
+	for _, o := range objs {
+		out = append(out, o.GetName())
+	}
+	slices.Sort(out)
+	return out
+}
+
+func counter(t *testing.T, s *Source, result string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := s.reloads.WithLabelValues(result).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+func TestNewRequiresDir(t *testing.T) {
+	if _, err := New(Config{}, slog.Default(), nil); err == nil {
+		t.Fatal("New(Config{}) = nil error, want one naming Dir")
+	}
+}
+
+func TestReloadKeepsLastGoodFile(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "a.yaml", service("a"))
+	write(t, dir, "b.yaml", configMap("ca-1"))
+	s := newSource(t, dir)
+
+	s.reload()
+	if !signalled(s) {
+		t.Fatal("first reload did not signal Changed")
+	}
+	if got := names(s.Input().Services); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("Services = %v, want [a]", got)
+	}
+
+	// a.yaml breaks while b.yaml gains an object: a's last good Service
+	// stays, b's change is taken, the error names a.yaml and the reason.
+	write(t, dir, "a.yaml", "apiVersion: v1\nkind: Service\nmetadata: {name: a2}\nspec: {portz: 1}\n")
+	write(t, dir, "b.yaml", configMap("ca-1", "ca-2"))
+	s.reload()
+	if !signalled(s) {
+		t.Fatal("reload after b.yaml changed did not signal")
+	}
+	in := s.Input()
+	if got := names(in.Services); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("Services = %v, want the last good [a]", got)
+	}
+	if got := names(in.ConfigMaps); !slices.Equal(got, []string{"ca-1", "ca-2"}) {
+		t.Errorf("ConfigMaps = %v, want [ca-1 ca-2]", got)
+	}
+	errs := s.Errors()
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "a.yaml") || !strings.Contains(errs[0].Error(), `unknown field "spec.portz"`) {
+		t.Fatalf("Errors() = %v, want one naming a.yaml and the unknown field", errs)
+	}
+	if got := counter(t, s, "error"); got != 1 {
+		t.Errorf("reloads{result=error} = %v, want 1", got)
+	}
+
+	// Fixed: the new content replaces the old, the error goes.
+	write(t, dir, "a.yaml", service("a2"))
+	s.reload()
+	if !signalled(s) {
+		t.Fatal("reload after the fix did not signal")
+	}
+	if got := names(s.Input().Services); !slices.Equal(got, []string{"a2"}) {
+		t.Errorf("Services = %v, want [a2]", got)
+	}
+	if errs := s.Errors(); len(errs) != 0 {
+		t.Errorf("Errors() = %v after the fix, want none", errs)
+	}
+}
+
+func TestReloadSignalsOnlyChanges(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "a.yaml", service("a"))
+	s := newSource(t, dir)
+	s.reload()
+	if !signalled(s) {
+		t.Fatal("first reload did not signal")
+	}
+	for _, step := range []struct {
+		name   string
+		change func()
+		want   bool
+	}{
+		{"nothing", func() {}, false},
+		{"same bytes rewritten", func() { write(t, dir, "a.yaml", service("a")) }, false},
+		{"a broken edit (objects unchanged)", func() { write(t, dir, "a.yaml", "kind: [") }, false},
+		{"a new file", func() { write(t, dir, "b.yaml", configMap("x")) }, true},
+		{"a file removed", func() { os.Remove(filepath.Join(dir, "b.yaml")) }, true},
+		{"a file that never parsed", func() { write(t, dir, "c.yaml", "{{{") }, false},
+	} {
+		step.change()
+		s.reload()
+		if got := signalled(s); got != step.want {
+			t.Errorf("after %s: Changed signalled %v, want %v", step.name, got, step.want)
+		}
+	}
+	if got := names(s.Input().Services); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("Services = %v, want [a]", got)
+	}
+	if got := len(s.Errors()); got != 2 {
+		t.Errorf("Errors() has %d entries, want 2 (a.yaml, c.yaml): %v", got, s.Errors())
+	}
+}
+
+func TestReloadReadsOnlyManifests(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "a.yaml", service("a"))
+	write(t, dir, "b.yml", service("b"))
+	write(t, dir, "c.json", `{"apiVersion":"v1","kind":"Service","metadata":{"name":"c","namespace":"apps"}}`)
+	write(t, dir, "notes.txt", "not a manifest")
+	write(t, dir, ".hidden.yaml", service("hidden"))
+	if err := os.Mkdir(filepath.Join(dir, "sub.yaml"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(dir, "sub.yaml"), "d.yaml", service("d"))
+	if err := os.Symlink("missing.yaml", filepath.Join(dir, "dangling.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	s := newSource(t, dir)
+	s.reload()
+	if got := names(s.Input().Services); !slices.Equal(got, []string{"a", "b", "c"}) {
+		t.Errorf("Services = %v, want [a b c]", got)
+	}
+	if errs := s.Errors(); len(errs) != 0 {
+		t.Errorf("Errors() = %v, want none", errs)
+	}
+}
+
+func TestReloadReportsDuplicates(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "a.yaml", configMap("ca"))
+	write(t, dir, "b.yaml", configMap("ca", "other"))
+	s := newSource(t, dir)
+	s.reload()
+	if got := names(s.Input().ConfigMaps); !slices.Equal(got, []string{"ca", "other"}) {
+		t.Errorf("ConfigMaps = %v, want [ca other]", got)
+	}
+	errs := s.Errors()
+	if len(errs) != 1 || !strings.Contains(errs[0].Error(), "b.yaml: ConfigMap apps/ca is already defined in a.yaml") {
+		t.Errorf("Errors() = %v, want the duplicate in b.yaml reported", errs)
+	}
+}
+
+// TestLoopDebounces checks that a burst of events makes one reload,
+// Debounce after its first event, and nothing before.
+func TestLoopDebounces(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		write(t, dir, "a.yaml", service("a"))
+		s := newSource(t, dir)
+		events := make(chan struct{}, 1)
+		stop := runLoop(t, s, events, nil)
+		defer stop()
+
+		synctest.Wait()
+		if !signalled(s) {
+			t.Fatal("no signal after the initial read")
+		}
+		write(t, dir, "b.yaml", service("b"))
+		events <- struct{}{}
+		time.Sleep(60 * time.Millisecond)
+		write(t, dir, "c.yaml", service("c"))
+		events <- struct{}{}
+		synctest.Wait()
+		if signalled(s) {
+			t.Fatal("reloaded before Debounce had passed since the burst began")
+		}
+		time.Sleep(40 * time.Millisecond)
+		synctest.Wait()
+		if !signalled(s) {
+			t.Fatal("no reload Debounce after the burst began")
+		}
+		if got := names(s.Input().Services); !slices.Equal(got, []string{"a", "b", "c"}) {
+			t.Errorf("Services = %v, want [a b c]", got)
+		}
+		if got := counter(t, s, "ok"); got != 2 {
+			t.Errorf("reloads = %v, want 2 (initial, and one for the burst)", got)
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if signalled(s) || counter(t, s, "ok") != 2 {
+			t.Error("reloaded again without events")
+		}
+	})
+}
+
+// TestLoopResyncRecoversDirectory checks that the periodic resync keeps the
+// last good objects while the directory is gone and picks up its new
+// content once it is back.
+func TestLoopResyncRecoversDirectory(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := filepath.Join(t.TempDir(), "manifests")
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		write(t, dir, "a.yaml", service("a"))
+		s := newSource(t, dir)
+		rewatched := 0
+		stop := runLoop(t, s, nil, func() { rewatched++ })
+		defer stop()
+		synctest.Wait()
+		signalled(s)
+
+		if err := os.RemoveAll(dir); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if signalled(s) {
+			t.Error("signalled while the directory is gone")
+		}
+		if got := names(s.Input().Services); !slices.Equal(got, []string{"a"}) {
+			t.Errorf("Services = %v while the directory is gone, want the last good [a]", got)
+		}
+		if errs := s.Errors(); len(errs) != 1 || !strings.Contains(errs[0].Error(), "read directory") {
+			t.Errorf("Errors() = %v, want the directory read error", errs)
+		}
+
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		write(t, dir, "b.yaml", service("b"))
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if !signalled(s) {
+			t.Fatal("no signal once the directory is back")
+		}
+		if got := names(s.Input().Services); !slices.Equal(got, []string{"b"}) {
+			t.Errorf("Services = %v, want [b]", got)
+		}
+		if rewatched != 2 {
+			t.Errorf("rewatch called %d times, want once per resync (2)", rewatched)
+		}
+	})
+}
+
+func runLoop(t *testing.T, s *Source, events chan struct{}, rewatch func()) (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- s.loop(ctx, events, rewatch) }()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("loop: %v", err)
+		}
+	}
+}
+
+// waitChanged waits for a signal; the deadline only turns a hang into a
+// failure.
+func waitChanged(t *testing.T, s *Source, what string) translate.Input {
+	t.Helper()
+	select {
+	case <-s.Changed():
+		return s.Input()
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no Changed signal after %s", what)
+		return translate.Input{}
+	}
+}
+
+// TestRunWatchesDirectory runs the real fsnotify watcher on a directory
+// laid out like a mounted ConfigMap (files are links into ..data, which is
+// swapped atomically on update).
+func TestRunWatchesDirectory(t *testing.T) {
+	dir := t.TempDir()
+	mkVersion := func(version string, files map[string]string) {
+		vdir := filepath.Join(dir, version)
+		if err := os.Mkdir(vdir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for name, content := range files {
+			if err := os.WriteFile(filepath.Join(vdir, name), []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// ln -sfn version ..data, atomically.
+		if err := os.Symlink(version, filepath.Join(dir, "..data_tmp")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mkVersion("..v1", map[string]string{"services.yaml": service("a")})
+	if err := os.Symlink(filepath.Join("..data", "services.yaml"), filepath.Join(dir, "services.yaml")); err != nil {
+		t.Fatal(err)
+	}
+
+	s := newSource(t, dir)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error)
+	go func() { done <- s.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+
+	if got := names(waitChanged(t, s, "start").Services); !slices.Equal(got, []string{"a"}) {
+		t.Fatalf("Services = %v, want [a]", got)
+	}
+	write(t, dir, "more.yaml", configMap("ca"))
+	if got := names(waitChanged(t, s, "writing more.yaml").ConfigMaps); !slices.Equal(got, []string{"ca"}) {
+		t.Fatalf("ConfigMaps = %v, want [ca]", got)
+	}
+	mkVersion("..v2", map[string]string{"services.yaml": service("b")})
+	if got := names(waitChanged(t, s, "swapping ..data").Services); !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("Services = %v after the ConfigMap update, want [b]", got)
+	}
+}
+
+func TestRunFailsWithoutDirectory(t *testing.T) {
+	s := newSource(t, filepath.Join(t.TempDir(), "missing"))
+	if err := s.Run(t.Context()); err == nil || !strings.Contains(err.Error(), "missing") {
+		t.Fatalf("Run on a missing directory = %v, want an error naming it", err)
+	}
+}

@@ -1,0 +1,196 @@
+package manifests
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
+
+	"github.com/sockmesh/sockmesh/agent/translate"
+)
+
+// Decoder decodes manifests. It is safe for concurrent use.
+type Decoder struct {
+	decoder runtime.Decoder
+}
+
+// NewDecoder returns a Decoder that knows the client-go and Gateway API
+// v1.7.0 (standard and experimental) types.
+func NewDecoder() (*Decoder, error) {
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, gwv1.Install, gwxv1alpha1.Install} {
+		if err := add(scheme); err != nil {
+			return nil, fmt.Errorf("build manifest scheme: %w", err)
+		}
+	}
+	return &Decoder{decoder: serializer.NewCodecFactory(scheme, serializer.EnableStrict).UniversalDeserializer()}, nil
+}
+
+// Decode reads every document in r and returns the objects, in order. It
+// stops at the first bad document; the error names it by its 1-based
+// position in the stream.
+func (d *Decoder) Decode(r io.Reader) ([]runtime.Object, error) {
+	reader := utilyaml.NewYAMLReader(bufio.NewReader(r))
+	var out []runtime.Object
+	for n := 1; ; n++ {
+		doc, err := reader.Read()
+		if errors.Is(err, io.EOF) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read document %d: %w", n, err)
+		}
+		if isEmpty(doc) {
+			continue
+		}
+		objs, err := d.decodeDocument(doc)
+		if err != nil {
+			return nil, fmt.Errorf("document %d: %w", n, err)
+		}
+		out = append(out, objs...)
+	}
+}
+
+// isEmpty reports whether a document holds only comments, whitespace and
+// document markers.
+func isEmpty(doc []byte) bool {
+	for line := range strings.Lines(string(doc)) {
+		line = strings.TrimSpace(line)
+		if line != "" && line != "---" && line != "..." && !strings.HasPrefix(line, "#") {
+			return false
+		}
+	}
+	return true
+}
+
+func (d *Decoder) decodeDocument(doc []byte) ([]runtime.Object, error) {
+	obj, gvk, err := d.decoder.Decode(doc, nil, nil)
+	if err != nil {
+		return nil, describe(err, gvk)
+	}
+	if list, ok := obj.(*corev1.List); ok {
+		var out []runtime.Object
+		for i, item := range list.Items {
+			objs, err := d.decodeDocument(bytes.TrimSpace(item.Raw))
+			if err != nil {
+				return nil, fmt.Errorf("items[%d]: %w", i, err)
+			}
+			out = append(out, objs...)
+		}
+		return out, nil
+	}
+	if !Supported(obj) {
+		return nil, fmt.Errorf("%s is not a kind sockmesh reads", kindOf(gvk))
+	}
+	normalize(obj)
+	return []runtime.Object{obj}, nil
+}
+
+func describe(err error, gvk *schema.GroupVersionKind) error {
+	if gvk != nil && gvk.Kind != "" {
+		return fmt.Errorf("decode %s: %w", kindOf(gvk), err)
+	}
+	return fmt.Errorf("decode: %w", err)
+}
+
+func kindOf(gvk *schema.GroupVersionKind) string {
+	if gvk == nil {
+		return "object"
+	}
+	return fmt.Sprintf("kind %s (apiVersion %s)", gvk.Kind, gvk.GroupVersion())
+}
+
+// normalize applies what kubectl apply and the API server would, and
+// translate relies on: a namespace for namespaced objects, and a Secret's
+// stringData moved into data.
+func normalize(obj runtime.Object) {
+	if m, ok := obj.(metav1.Object); ok && namespaced(obj) && m.GetNamespace() == "" {
+		m.SetNamespace(metav1.NamespaceDefault)
+	}
+	if s, ok := obj.(*corev1.Secret); ok && len(s.StringData) > 0 {
+		if s.Data == nil {
+			s.Data = map[string][]byte{}
+		}
+		for k, v := range s.StringData {
+			s.Data[k] = []byte(v)
+		}
+		s.StringData = nil
+	}
+}
+
+func namespaced(obj runtime.Object) bool {
+	switch obj.(type) {
+	case *corev1.Namespace, *certificatesv1.ClusterTrustBundle, *gwxv1alpha1.XMesh:
+		return false
+	}
+	return true
+}
+
+// Supported reports whether obj is of a kind translate.Input holds.
+func Supported(obj runtime.Object) bool {
+	return Add(&translate.Input{}, obj) == nil
+}
+
+// Add appends obj to the list of in that holds its kind.
+func Add(in *translate.Input, obj runtime.Object) error {
+	switch o := obj.(type) {
+	case *corev1.Service:
+		in.Services = append(in.Services, o)
+	case *discoveryv1.EndpointSlice:
+		in.EndpointSlices = append(in.EndpointSlices, o)
+	case *corev1.Namespace:
+		in.Namespaces = append(in.Namespaces, o)
+	case *corev1.Pod:
+		in.Pods = append(in.Pods, o)
+	case *corev1.ConfigMap:
+		in.ConfigMaps = append(in.ConfigMaps, o)
+	case *corev1.Secret:
+		in.Secrets = append(in.Secrets, o)
+	case *certificatesv1.ClusterTrustBundle:
+		in.ClusterTrustBundles = append(in.ClusterTrustBundles, o)
+	case *gwv1.BackendTLSPolicy:
+		in.BackendTLSPolicies = append(in.BackendTLSPolicies, o)
+	case *gwv1.HTTPRoute:
+		in.HTTPRoutes = append(in.HTTPRoutes, o)
+	case *gwv1.GRPCRoute:
+		in.GRPCRoutes = append(in.GRPCRoutes, o)
+	case *gwxv1alpha1.XBackend:
+		in.XBackends = append(in.XBackends, o)
+	case *gwxv1alpha1.XBackendTrafficPolicy:
+		in.XBackendTrafficPolicies = append(in.XBackendTrafficPolicies, o)
+	case *gwxv1alpha1.XMesh:
+		in.XMeshes = append(in.XMeshes, o)
+	default:
+		return fmt.Errorf("%T is not a kind translate reads", obj)
+	}
+	return nil
+}
+
+// Key identifies an object among those of its kind, for finding duplicates:
+// "Kind namespace/name" (no namespace for cluster-scoped kinds).
+func Key(obj runtime.Object) string {
+	kind := fmt.Sprintf("%T", obj)
+	kind = kind[strings.LastIndex(kind, ".")+1:]
+	m, ok := obj.(metav1.Object)
+	if !ok {
+		return kind
+	}
+	if m.GetNamespace() == "" {
+		return kind + " " + m.GetName()
+	}
+	return kind + " " + m.GetNamespace() + "/" + m.GetName()
+}

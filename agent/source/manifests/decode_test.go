@@ -1,0 +1,162 @@
+package manifests_test
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/sockmesh/sockmesh/agent/source/manifests"
+	"github.com/sockmesh/sockmesh/agent/translate"
+)
+
+func TestDecode(t *testing.T) {
+	dec, err := manifests.NewDecoder()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		in       string
+		wantKeys []string
+		wantErr  string
+	}{
+		{name: "empty", in: "", wantKeys: nil},
+		{name: "comments and separators only", in: "# nothing\n---\n---\n# more\n", wantKeys: nil},
+		{
+			name: "every kind translate reads",
+			in: `apiVersion: v1
+kind: Service
+metadata: {name: s}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: s-1, namespace: apps}
+addressType: IPv4
+endpoints: []
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: apps}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: p, namespace: apps}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: c, namespace: apps}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: x, namespace: apps}
+---
+apiVersion: certificates.k8s.io/v1
+kind: ClusterTrustBundle
+metadata: {name: "example.com:signer:v1"}
+spec: {trustBundle: ""}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: BackendTLSPolicy
+metadata: {name: b, namespace: apps}
+spec: {validation: {hostname: a.example.com}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: h, namespace: apps}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: g, namespace: apps}
+---
+apiVersion: gateway.networking.x-k8s.io/v1alpha1
+kind: XBackend
+metadata: {name: xb, namespace: apps}
+spec: {type: ExternalHostname, port: {number: 443}}
+---
+apiVersion: gateway.networking.x-k8s.io/v1alpha1
+kind: XBackendTrafficPolicy
+metadata: {name: xbtp, namespace: apps}
+spec: {targetRefs: []}
+---
+apiVersion: gateway.networking.x-k8s.io/v1alpha1
+kind: XMesh
+metadata: {name: mesh}
+spec: {controllerName: sockmesh.io/mesh-controller}
+`,
+			wantKeys: []string{"Service default/s", "EndpointSlice apps/s-1", "Namespace apps", "Pod apps/p",
+				"ConfigMap apps/c", "Secret apps/x", "ClusterTrustBundle example.com:signer:v1", "BackendTLSPolicy apps/b",
+				"HTTPRoute apps/h", "GRPCRoute apps/g", "XBackend apps/xb", "XBackendTrafficPolicy apps/xbtp", "XMesh mesh"},
+		},
+		{
+			name:     "a List is expanded; JSON works",
+			in:       `{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}},{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"b"}}]}`,
+			wantKeys: []string{"ConfigMap default/a", "ConfigMap default/b"},
+		},
+		{name: "unknown field", in: "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec: {prots: []}\n", wantErr: `document 1: decode kind Service (apiVersion v1): strict decoding error: unknown field "spec.prots"`},
+		{name: "kind sockmesh does not read", in: "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n", wantErr: "document 2: kind Deployment (apiVersion apps/v1) is not a kind sockmesh reads"},
+		{name: "unregistered kind", in: "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n", wantErr: `document 1: decode: no kind "Widget" is registered for version "example.com/v1"`},
+		{name: "older API version", in: "apiVersion: gateway.networking.k8s.io/v1alpha3\nkind: BackendTLSPolicy\nmetadata: {name: w}\n", wantErr: `no kind "BackendTLSPolicy" is registered for version "gateway.networking.k8s.io/v1alpha3"`},
+		{name: "broken YAML", in: "apiVersion: v1\nkind: [\n", wantErr: "document 1: decode"},
+		{name: "no kind", in: "metadata: {name: a}\n", wantErr: "document 1: decode"},
+		{name: "bad item in a List", in: "apiVersion: v1\nkind: List\nitems:\n- apiVersion: apps/v1\n  kind: Deployment\n  metadata: {name: d}\n", wantErr: "document 1: items[0]: kind Deployment"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			objs, err := dec.Decode(strings.NewReader(tc.in))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Decode error = %v, want one containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Decode error: %v", err)
+			}
+			var keys []string
+			var in translate.Input
+			for _, o := range objs {
+				keys = append(keys, manifests.Key(o))
+				if err := manifests.Add(&in, o); err != nil {
+					t.Errorf("Add(%s): %v", manifests.Key(o), err)
+				}
+			}
+			if strings.Join(keys, ",") != strings.Join(tc.wantKeys, ",") {
+				t.Errorf("Decode keys = %v, want %v", keys, tc.wantKeys)
+			}
+		})
+	}
+}
+
+// TestDecodeSecretStringData checks that stringData lands in data, as the
+// API server would put it, overriding data for the same key.
+func TestDecodeSecretStringData(t *testing.T) {
+	dec, err := manifests.NewDecoder()
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := dec.Decode(strings.NewReader(`apiVersion: v1
+kind: Secret
+metadata: {name: s, namespace: apps}
+data: {tls.key: b2xk, other: eA==}
+stringData: {tls.key: new}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := objs[0].(*corev1.Secret)
+	if got := string(s.Data["tls.key"]); got != "new" {
+		t.Errorf("data[tls.key] = %q, want %q", got, "new")
+	}
+	if got := string(s.Data["other"]); got != "x" {
+		t.Errorf("data[other] = %q, want %q", got, "x")
+	}
+	if s.StringData != nil {
+		t.Errorf("stringData = %v, want it moved into data", s.StringData)
+	}
+}
+
+func TestAddRejectsOtherKinds(t *testing.T) {
+	if err := manifests.Add(&translate.Input{}, &corev1.Node{}); err == nil {
+		t.Error("Add(*corev1.Node) = nil, want an error")
+	}
+}

@@ -1,0 +1,17 @@
+// Package manifests decodes Kubernetes YAML or JSON manifests (many
+// documents per stream, "---"-separated, v1 List objects expanded) into
+// the typed objects translate.Input holds: core Services, EndpointSlices,
+// Namespaces, Pods, ConfigMaps, Secrets, ClusterTrustBundles, and Gateway
+// API v1.7.0 BackendTLSPolicies, HTTPRoutes, GRPCRoutes, XBackends,
+// XBackendTrafficPolicies and XMeshes.
+//
+// Decoding is strict, because nothing else checks these files: an unknown
+// field (a typo), an unknown or unsupported kind, or a malformed document
+// is an error naming the document. Defaults an API server would apply are
+// not applied (translate copes with undefaulted objects), with two
+// exceptions that make files behave as kubectl apply would: a namespaced
+// object without a namespace is in "default", and a Secret's stringData is
+// merged into data.
+//
+// It reads only what it is given: no files, no network.
+package manifests

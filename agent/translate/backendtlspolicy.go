@@ -1,0 +1,285 @@
+package translate
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/agent/translate/tlsvalidation"
+)
+
+// policyEval is one BackendTLSPolicy, checked once.
+type policyEval struct {
+	policy *gwv1.BackendTLSPolicy
+	ref    snapshot.ObjectRef
+	// tls is usable when invalid is nil.
+	tls snapshot.TLS
+	// invalid is the Accepted=False reason of the policy as a whole
+	// (Invalid or NoValidCACertificate).
+	invalid      *tlsvalidation.Problem
+	resolvedRefs *tlsvalidation.Problem
+	targets      []*policyTarget
+}
+
+// policyTarget is one distinct targetRef of a policy: one status ancestor.
+type policyTarget struct {
+	ref    gwv1.LocalPolicyTargetReferenceWithSectionName
+	parent gwv1.ParentReference
+	// overLimit is set past the 16 ancestors PolicyStatus can hold: the
+	// target gets no status and its ports fail closed.
+	overLimit bool
+	// problem is this target's own Accepted=False reason
+	// (TargetNotFound, Invalid or Conflicted), or nil.
+	problem *tlsvalidation.Problem
+	// warning is appended to an Accepted=True message.
+	warning string
+	// ports counts the Service ports this target governs; conflicted
+	// counts those where an older policy of the same specificity won.
+	ports, conflicted int
+	winner            *policyEval // the policy that beat this one, for messages
+}
+
+// portPolicy is the BackendTLSPolicy that governs a Service port.
+type portPolicy struct {
+	eval   *policyEval
+	target *policyTarget
+}
+
+// translatePolicies checks every BackendTLSPolicy, decides which governs
+// each targeted Service port, and writes the policies' status.
+//
+// Precedence (apis/v1 BackendTLSPolicySpec.TargetRefs): among policies
+// targeting the same Service and sectionName, the older wins, then
+// namespace/name; the others are Conflicted. A policy naming a port
+// (sectionName) governs that port over one naming the whole Service;
+// neither is Conflicted by the other (conformance test
+// BackendTLSPolicyConflictResolution), unless a whole-Service policy is left
+// governing no port at all.
+func (t *translator) translatePolicies() {
+	policies := sortedObjects(t.in.BackendTLSPolicies)
+	slices.SortStableFunc(policies, olderFirst)
+	evals := make([]*policyEval, 0, len(policies))
+	for _, p := range policies {
+		evals = append(evals, t.evalPolicy(p))
+	}
+
+	type claims struct{ sectioned, whole []portPolicy }
+	byPort := map[portKey]*claims{}
+	var ports []portKey // in first-claim order, for determinism
+	claim := func(k portKey, pp portPolicy, sectioned bool) {
+		c := byPort[k]
+		if c == nil {
+			c = &claims{}
+			byPort[k] = c
+			ports = append(ports, k)
+		}
+		if sectioned {
+			c.sectioned = append(c.sectioned, pp)
+		} else {
+			c.whole = append(c.whole, pp)
+		}
+	}
+	for _, e := range evals {
+		for _, tg := range e.targets {
+			svc, tcpPorts := t.resolveTarget(tg)
+			if svc == nil {
+				continue
+			}
+			for _, sp := range tcpPorts {
+				claim(portKey{svc.Namespace, svc.Name, sp.Port}, portPolicy{eval: e, target: tg}, tg.ref.SectionName != nil)
+			}
+		}
+	}
+	// Evals are in precedence order, so the first claim of a kind wins.
+	for _, k := range ports {
+		c := byPort[k]
+		contenders := c.whole
+		if len(c.sectioned) > 0 {
+			contenders = c.sectioned
+		}
+		win := contenders[0]
+		t.portPolicies[k] = &win
+		win.target.ports++
+		for _, lost := range contenders[1:] {
+			lost.target.conflicted++
+			lost.target.winner = win.eval
+		}
+	}
+	for _, e := range evals {
+		t.policyStatus[types.NamespacedName{Namespace: e.policy.Namespace, Name: e.policy.Name}] = t.policyAncestors(e)
+	}
+}
+
+// evalPolicy checks a policy's validation and options and lists its
+// distinct targets.
+func (t *translator) evalPolicy(p *gwv1.BackendTLSPolicy) *policyEval {
+	e := &policyEval{
+		policy: p,
+		ref:    snapshot.ObjectRef{Kind: "BackendTLSPolicy", Namespace: p.Namespace, Name: p.Name},
+	}
+	v := tlsvalidation.Validate(&p.Spec.Validation, "validation", p.Namespace, t, t.in.ClusterTrustBundlesUnavailable)
+	e.tls, e.invalid, e.resolvedRefs = v.TLS, v.Accepted, v.ResolvedRefs
+	e.tls.Mode = snapshot.TLSServerOnly
+	e.tls.Policy = e.ref
+	if optProblem := tlsvalidation.ApplyOptions(p.Spec.Options, &e.tls); optProblem != nil {
+		if e.invalid == nil || e.invalid.Reason != tlsvalidation.ReasonInvalid {
+			e.invalid = optProblem
+		} else {
+			e.invalid = &tlsvalidation.Problem{Reason: tlsvalidation.ReasonInvalid, Message: e.invalid.Message + "; " + optProblem.Message}
+		}
+	}
+
+	seen := map[string]bool{}
+	for _, ref := range p.Spec.TargetRefs {
+		parent := gwv1.ParentReference{
+			Group: &ref.Group, Kind: &ref.Kind, Name: ref.Name, SectionName: ref.SectionName,
+		}
+		if ref.Group == "" && ref.Kind == "Service" {
+			parent = serviceParent(p.Namespace, string(ref.Name), deref(ref.SectionName))
+		} else {
+			ns := gwv1.Namespace(p.Namespace)
+			parent.Namespace = &ns
+		}
+		id := fmt.Sprintf("%s/%s/%s/%s", ref.Group, ref.Kind, ref.Name, deref(ref.SectionName))
+		if seen[id] {
+			continue
+		}
+		seen[id] = true
+		e.targets = append(e.targets, &policyTarget{ref: ref, parent: parent})
+	}
+	slices.SortFunc(e.targets, func(a, b *policyTarget) int { return compareParents(a.parent, b.parent) })
+	for i, tg := range e.targets {
+		tg.overLimit = i >= maxPolicyAncestors
+	}
+	return e
+}
+
+// resolveTarget finds the Service and the TCP ports a target names,
+// recording on the target why it does not apply where it does not.
+func (t *translator) resolveTarget(tg *policyTarget) (*corev1.Service, []corev1.ServicePort) {
+	ns := deref(tg.parent.Namespace)
+	name := string(tg.ref.Name)
+	notFound := func(format string, args ...any) (*corev1.Service, []corev1.ServicePort) {
+		tg.problem = &tlsvalidation.Problem{Reason: string(gwv1.PolicyReasonTargetNotFound), Message: fmt.Sprintf(format, args...)}
+		return nil, nil
+	}
+	invalid := func(format string, args ...any) (*corev1.Service, []corev1.ServicePort) {
+		tg.problem = &tlsvalidation.Problem{Reason: string(gwv1.PolicyReasonInvalid), Message: fmt.Sprintf(format, args...)}
+		return nil, nil
+	}
+	switch {
+	case tg.ref.Group == gwxv1alpha1.GroupName && tg.ref.Kind == "XBackend":
+		return notFound("XBackend %s/%s cannot be targeted: XBackends carry their own tls (GEP-4894)", ns, name)
+	case tg.ref.Group != "" || tg.ref.Kind != "Service":
+		return notFound("target %s %s (group %q) is not supported: sockmesh applies BackendTLSPolicy to core Services", tg.ref.Kind, name, tg.ref.Group)
+	}
+	svc := t.byService[types.NamespacedName{Namespace: ns, Name: name}]
+	if svc == nil {
+		return notFound("Service %s/%s not found", ns, name)
+	}
+	if _, ok := svc.Annotations[AnnotationXBackend]; ok {
+		tg.problem = &tlsvalidation.Problem{Reason: string(gwv1.PolicyReasonConflicted),
+			Message: fmt.Sprintf("Service %s/%s stands for XBackend %q (annotation %s), whose own tls applies", ns, name, svc.Annotations[AnnotationXBackend], AnnotationXBackend)}
+		return nil, nil
+	}
+	if len(clusterIPs(svc)) == 0 {
+		return invalid("Service %s/%s has no ClusterIP (headless or ExternalName): sockmesh captures connections to ClusterIPs only, so this policy cannot be applied", ns, name)
+	}
+	if sn := deref(tg.ref.SectionName); sn != "" {
+		for _, sp := range svc.Spec.Ports {
+			if sp.Name != sn {
+				continue
+			}
+			if !isTCP(sp) {
+				return invalid("Service %s/%s port %s is %s; BackendTLSPolicy applies to TCP only", ns, name, sn, sp.Protocol)
+			}
+			if !validPort(sp.Port) {
+				return invalid("Service %s/%s port %s has invalid number %d", ns, name, sn, sp.Port)
+			}
+			return svc, []corev1.ServicePort{sp}
+		}
+		return notFound("Service %s/%s has no port named %q", ns, name, sn)
+	}
+	var tcp []corev1.ServicePort
+	var other []string
+	for _, sp := range svc.Spec.Ports {
+		switch {
+		case !isTCP(sp):
+			other = append(other, fmt.Sprintf("%d/%s", sp.Port, sp.Protocol))
+		case validPort(sp.Port):
+			tcp = append(tcp, sp)
+		}
+	}
+	if len(tcp) == 0 {
+		return invalid("Service %s/%s has no TCP port; BackendTLSPolicy applies to TCP only", ns, name)
+	}
+	if len(other) > 0 {
+		tg.warning = fmt.Sprintf("; ports %s are not TCP and are not affected", strings.Join(other, ", "))
+	}
+	return svc, tcp
+}
+
+// policyAncestors writes one status entry per target within the limit.
+func (t *translator) policyAncestors(e *policyEval) []gwv1.PolicyAncestorStatus {
+	out := []gwv1.PolicyAncestorStatus{}
+	for _, tg := range e.targets {
+		if tg.overLimit {
+			continue
+		}
+		c := conditionSet{generation: e.policy.Generation, now: t.now}
+		switch {
+		case tg.problem != nil && tg.problem.Reason == string(gwv1.PolicyReasonTargetNotFound):
+			c.set(condAccepted, false, tg.problem.Reason, tg.problem.Message)
+		case e.invalid != nil:
+			c.set(condAccepted, false, e.invalid.Reason, e.invalid.Message)
+		case tg.problem != nil:
+			c.set(condAccepted, false, tg.problem.Reason, tg.problem.Message)
+		case tg.conflicted > 0:
+			c.set(condAccepted, false, string(gwv1.PolicyReasonConflicted), fmt.Sprintf(
+				"BackendTLSPolicy %s/%s targets the same Service ports and takes precedence (older, then first by namespace/name)",
+				tg.winner.policy.Namespace, tg.winner.policy.Name))
+		case tg.ports == 0:
+			c.set(condAccepted, false, string(gwv1.PolicyReasonConflicted),
+				"every TCP port of the Service is governed by a BackendTLSPolicy that names it in sectionName")
+		default:
+			c.set(condAccepted, true, string(gwv1.PolicyReasonAccepted), "policy applies to connections sockmesh captures"+tg.warning)
+		}
+		if e.resolvedRefs != nil {
+			c.set(condResolvedRefs, false, e.resolvedRefs.Reason, e.resolvedRefs.Message)
+		} else {
+			c.set(condResolvedRefs, true, string(gwv1.BackendTLSPolicyReasonResolvedRefs), "all references resolved")
+		}
+		out = append(out, gwv1.PolicyAncestorStatus{AncestorRef: tg.parent, ControllerName: ControllerName, Conditions: c.conds})
+	}
+	sortPolicyAncestors(out)
+	return out
+}
+
+// portTLS returns what the governing BackendTLSPolicy (if any) makes of a
+// Service port: TLS settings, or why connections must fail closed.
+func (t *translator) portTLS(k portKey) (tls *snapshot.TLS, invalid *snapshot.Invalid, source *snapshot.ObjectRef) {
+	pp := t.portPolicies[k]
+	if pp == nil {
+		return nil, nil, nil
+	}
+	e := pp.eval
+	switch {
+	case pp.target.overLimit:
+		return nil, &snapshot.Invalid{Policy: e.ref, Reason: string(gwv1.PolicyReasonInvalid),
+			Message: fmt.Sprintf("policy has more than %d targets, the most its status can report; it is not applied to this Service", maxPolicyAncestors)}, &e.ref
+	case e.invalid != nil:
+		return nil, &snapshot.Invalid{Policy: e.ref, Reason: e.invalid.Reason, Message: e.invalid.Message}, &e.ref
+	}
+	tc := e.tls
+	tc.SubjectAltNames = slices.Clone(tc.SubjectAltNames)
+	tc.CipherSuites = slices.Clone(tc.CipherSuites)
+	tc.Curves = slices.Clone(tc.Curves)
+	tc.ALPN = slices.Clone(tc.ALPN)
+	return &tc, nil, &e.ref
+}

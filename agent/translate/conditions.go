@@ -1,0 +1,109 @@
+package translate
+
+import (
+	"cmp"
+	"slices"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+)
+
+// Labels and annotations sockmesh reads. LabelXBackend is in result.go.
+const (
+	// LabelCapture on a Pod or Namespace: "disabled" opts its pods out of
+	// capture; "enabled" on a hostNetwork Pod opts it in.
+	LabelCapture = "sockmesh.io/capture"
+	// AnnotationXBackend on a Service names an XBackend in the Service's
+	// namespace: connections to the Service's ClusterIPs go to the XBackend.
+	AnnotationXBackend = "sockmesh.io/xbackend"
+	// AnnotationFailurePolicy on a Service ("FailOpen" or "FailClosed")
+	// chooses the failure policy of its captured ports where either is safe;
+	// ports whose backend needs TLS or is invalid are always FailClosed.
+	AnnotationFailurePolicy = "sockmesh.io/failure-policy"
+)
+
+// Condition types and reasons sockmesh writes beyond those Gateway API
+// names for the resource.
+const (
+	condAccepted     = "Accepted"
+	condResolvedRefs = "ResolvedRefs"
+
+	// ReasonEgressNotAllowed: an ExternalHostname XBackend's hostname is not
+	// on the agent's egress allow-list (Accepted=False).
+	ReasonEgressNotAllowed = "EgressNotAllowed"
+	// ReasonUnresolved and ReasonAddressesRefused explain an
+	// ExternalHostname backend's Snapshot Invalid entry: the agent has no
+	// DNS answer yet, or refused every answer. They are node-local and so
+	// never written to status.
+	ReasonUnresolved       = "Unresolved"
+	ReasonAddressesRefused = "AddressesRefused"
+	// ReasonXBackendNotFound explains the Invalid entry of a Service whose
+	// AnnotationXBackend names no XBackend.
+	ReasonXBackendNotFound = "XBackendNotFound"
+)
+
+// Status limits from the Gateway API types.
+const (
+	maxPolicyAncestors  = 16 // PolicyStatus.Ancestors MaxItems
+	maxBackendAncestors = 32 // BackendStatus.Ancestors MaxItems
+)
+
+// conditionSet builds the conditions of one status entry.
+type conditionSet struct {
+	generation int64
+	now        metav1.Time
+	conds      []metav1.Condition
+}
+
+func (c *conditionSet) set(typ string, ok bool, reason, message string) {
+	status := metav1.ConditionFalse
+	if ok {
+		status = metav1.ConditionTrue
+	}
+	c.conds = append(c.conds, metav1.Condition{
+		Type:               typ,
+		Status:             status,
+		ObservedGeneration: c.generation,
+		LastTransitionTime: c.now,
+		Reason:             reason,
+		Message:            truncate(message),
+	})
+}
+
+// truncate keeps a message within metav1.Condition's 32768-byte limit.
+func truncate(s string) string {
+	const limit = 32768
+	if len(s) <= limit {
+		return s
+	}
+	return s[:limit-3] + "..."
+}
+
+// serviceParent is the ancestorRef of a core Service (port name optional).
+func serviceParent(namespace, name, sectionName string) gwv1.ParentReference {
+	group, kind, ns := gwv1.Group(""), gwv1.Kind("Service"), gwv1.Namespace(namespace)
+	ref := gwv1.ParentReference{Group: &group, Kind: &kind, Namespace: &ns, Name: gwv1.ObjectName(name)}
+	if sectionName != "" {
+		sn := gwv1.SectionName(sectionName)
+		ref.SectionName = &sn
+	}
+	return ref
+}
+
+func compareParents(a, b gwv1.ParentReference) int {
+	return cmp.Or(cmp.Compare(deref(a.Group), deref(b.Group)), cmp.Compare(deref(a.Kind), deref(b.Kind)),
+		cmp.Compare(deref(a.Namespace), deref(b.Namespace)), cmp.Compare(a.Name, b.Name),
+		cmp.Compare(deref(a.SectionName), deref(b.SectionName)))
+}
+
+// deref reads an optional string field; nil reads as "".
+func deref[T ~string](p *T) string {
+	if p == nil {
+		return ""
+	}
+	return string(*p)
+}
+
+func sortPolicyAncestors(s []gwv1.PolicyAncestorStatus) {
+	slices.SortFunc(s, func(a, b gwv1.PolicyAncestorStatus) int { return compareParents(a.AncestorRef, b.AncestorRef) })
+}

@@ -1,0 +1,114 @@
+package translate
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// externalEndpoints turns the agent's DNS answers for an ExternalHostname
+// XBackend into endpoints, refusing answers that would make sockmesh a
+// confused deputy (GEP-4894): an external name must not lead the proxy to
+// this node, to pods or Services, or to addresses that mean "here". It
+// returns the Invalid reason and message when no endpoint remains.
+func externalEndpoints(host string, port uint16, in Input) ([]snapshot.Endpoint, string, string) {
+	answers, resolved := in.Resolved[host]
+	if !resolved {
+		return nil, ReasonUnresolved, fmt.Sprintf("%s has not been resolved yet", host)
+	}
+	var (
+		eps     []snapshot.Endpoint
+		refused []string
+	)
+	for _, a := range answers {
+		a = a.Unmap()
+		if why := refusedAddress(a, in.Node); why != "" {
+			refused = append(refused, fmt.Sprintf("%s (%s)", a, why))
+			continue
+		}
+		ap := netip.AddrPortFrom(a, port)
+		if slices.ContainsFunc(eps, func(e snapshot.Endpoint) bool { return e.Addr == ap }) {
+			continue
+		}
+		eps = append(eps, snapshot.Endpoint{Addr: ap, Ready: true, Serving: true})
+	}
+	slices.SortFunc(eps, func(a, b snapshot.Endpoint) int { return a.Addr.Compare(b.Addr) })
+	switch {
+	case len(eps) > 0:
+		return eps, "", ""
+	case len(refused) > 0:
+		slices.Sort(refused)
+		return nil, ReasonAddressesRefused, fmt.Sprintf("every address %s resolves to is refused: %s", host, strings.Join(refused, ", "))
+	}
+	return nil, ReasonUnresolved, fmt.Sprintf("%s resolves to no address", host)
+}
+
+// refusedAddress says why an external name may not lead to a, or "".
+func refusedAddress(a netip.Addr, node Node) string {
+	switch {
+	case !a.IsValid():
+		return "invalid"
+	case a.IsUnspecified(), a.Is4() && a.As4()[0] == 0:
+		return "unspecified"
+	case a.IsLoopback():
+		return "loopback"
+	case a.IsLinkLocalUnicast(), a.IsLinkLocalMulticast():
+		return "link-local"
+	case a.IsMulticast():
+		return "multicast"
+	case a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return "broadcast"
+	case slices.ContainsFunc(node.IPs, func(n netip.Addr) bool { return n.Unmap() == a }):
+		return "node address"
+	case slices.ContainsFunc(node.PodCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }):
+		return "pod range"
+	case slices.ContainsFunc(node.ServiceCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }):
+		return "service range"
+	}
+	return ""
+}
+
+// externalHostnameProblem says why an ExternalHostname may not be used
+// ("" when it may): it must be a DNS name (not an IP address) outside the
+// cluster's domain (the XBackend API's implementer notes).
+func externalHostnameProblem(host, clusterDomain string) string {
+	if _, err := netip.ParseAddr(host); err == nil {
+		return fmt.Sprintf("externalHostname.hostname %q is an IP address; a DNS name is required", host)
+	}
+	if errs := validation.IsDNS1123Subdomain(host); len(errs) > 0 {
+		return fmt.Sprintf("externalHostname.hostname %q is not a valid DNS name: %s", host, errs[0])
+	}
+	// The CRD refuses cluster.local whatever the cluster's domain is.
+	for _, domain := range []string{"cluster.local", strings.Trim(clusterDomain, ".")} {
+		if domain != "" && (host == domain || strings.HasSuffix(host, "."+domain)) {
+			return fmt.Sprintf("externalHostname.hostname %q is inside the cluster domain %s; use a Service", host, domain)
+		}
+	}
+	return ""
+}
+
+// egressAllowed reports whether host matches one of the allow-list
+// patterns: "example.com" matches itself only, "*.example.com" any name
+// below example.com. An empty list allows every host.
+func egressAllowed(host string, patterns []string) bool {
+	if len(patterns) == 0 {
+		return true
+	}
+	host = strings.ToLower(host)
+	for _, p := range patterns {
+		p = strings.ToLower(strings.TrimSpace(p))
+		if suffix, ok := strings.CutPrefix(p, "*."); ok {
+			if suffix != "" && strings.HasSuffix(host, "."+suffix) {
+				return true
+			}
+		} else if p != "" && host == p {
+			return true
+		}
+	}
+	return false
+}

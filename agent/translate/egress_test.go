@@ -1,0 +1,68 @@
+package translate
+
+import (
+	"net/netip"
+	"testing"
+)
+
+func TestRefusedAddress(t *testing.T) {
+	node := Node{
+		IPs:          []netip.Addr{netip.MustParseAddr("192.168.1.5"), netip.MustParseAddr("2001:db8:1::5")},
+		PodCIDRs:     []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("fd00:96::/112")},
+	}
+	for addr, want := range map[string]string{
+		"203.0.113.9":     "",
+		"2001:db8:2::1":   "",
+		"10.1.2.3":        "", // private but outside the cluster's ranges
+		"127.0.0.1":       "loopback",
+		"127.8.9.1":       "loopback",
+		"::1":             "loopback",
+		"169.254.169.254": "link-local",
+		"fe80::1":         "link-local",
+		"0.0.0.0":         "unspecified",
+		"0.1.2.3":         "unspecified",
+		"::":              "unspecified",
+		"224.0.0.251":     "link-local", // 224.0.0.0/24 is link-local multicast
+		"239.1.2.3":       "multicast",
+		"ff02::1":         "link-local",
+		"ff0e::1":         "multicast",
+		"255.255.255.255": "broadcast",
+		"192.168.1.5":     "node address",
+		"2001:db8:1::5":   "node address",
+		"10.244.7.7":      "pod range",
+		"10.100.0.1":      "service range",
+		"fd00:96::1":      "service range",
+	} {
+		if got := refusedAddress(netip.MustParseAddr(addr), node); got != want {
+			t.Errorf("refusedAddress(%s) = %q, want %q", addr, got, want)
+		}
+	}
+}
+
+func TestEgressAllowed(t *testing.T) {
+	patterns := []string{"api.example.com", "*.partner.example", " *.UPPER.example "}
+	for host, want := range map[string]bool{
+		"api.example.com":       true,
+		"API.example.com":       true,
+		"www.example.com":       false,
+		"example.com":           false,
+		"a.partner.example":     true,
+		"a.b.partner.example":   true,
+		"partner.example":       false,
+		"evilpartner.example":   false,
+		"x.upper.example":       true,
+		"api.example.com.evil":  false,
+		"partner.example.other": false,
+	} {
+		if got := egressAllowed(host, patterns); got != want {
+			t.Errorf("egressAllowed(%q) = %v, want %v", host, got, want)
+		}
+	}
+	if !egressAllowed("anything.example", nil) {
+		t.Error("an empty allow-list must allow every host")
+	}
+	if egressAllowed("x.example", []string{"*.", ""}) {
+		t.Error("empty patterns must match nothing")
+	}
+}

@@ -1,0 +1,265 @@
+package translate_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
+	"sigs.k8s.io/randfill"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/agent/translate"
+)
+
+// TestTranslateMalformed feeds objects that are nil, empty, or hold
+// fields no API server would accept: Translate must neither panic nor
+// return an error, and what it returns must keep the fail-closed rules.
+func TestTranslateMalformed(t *testing.T) {
+	corpus := map[string]translate.Input{
+		"zero": {},
+		"nil objects": {
+			Services: []*corev1.Service{nil}, EndpointSlices: []*discoveryv1.EndpointSlice{nil},
+			Namespaces: []*corev1.Namespace{nil}, Pods: []*corev1.Pod{nil}, ConfigMaps: []*corev1.ConfigMap{nil},
+			Secrets: []*corev1.Secret{nil}, ClusterTrustBundles: []*certificatesv1.ClusterTrustBundle{nil},
+			BackendTLSPolicies: []*gwv1.BackendTLSPolicy{nil}, HTTPRoutes: []*gwv1.HTTPRoute{nil},
+			GRPCRoutes: []*gwv1.GRPCRoute{nil}, XBackends: []*gwxv1alpha1.XBackend{nil},
+			XBackendTrafficPolicies: []*gwxv1alpha1.XBackendTrafficPolicy{nil}, XMeshes: []*gwxv1alpha1.XMesh{nil},
+		},
+		"empty objects": {
+			Services: []*corev1.Service{{}}, EndpointSlices: []*discoveryv1.EndpointSlice{{}},
+			Namespaces: []*corev1.Namespace{{}}, Pods: []*corev1.Pod{{}}, ConfigMaps: []*corev1.ConfigMap{{}},
+			Secrets: []*corev1.Secret{{}}, ClusterTrustBundles: []*certificatesv1.ClusterTrustBundle{{}},
+			BackendTLSPolicies: []*gwv1.BackendTLSPolicy{{}}, HTTPRoutes: []*gwv1.HTTPRoute{{}},
+			GRPCRoutes: []*gwv1.GRPCRoute{{}}, XBackends: []*gwxv1alpha1.XBackend{{}},
+			XBackendTrafficPolicies: []*gwxv1alpha1.XBackendTrafficPolicy{{}}, XMeshes: []*gwxv1alpha1.XMesh{{}},
+		},
+	}
+	// Objects pointing at each other with nothing else set.
+	empty := gwv1.Group("")
+	svcKind := gwv1.Kind("Service")
+	sectionName := gwv1.SectionName("missing")
+	corpus["bare references"] = translate.Input{
+		Services: []*corev1.Service{{Spec: corev1.ServiceSpec{ClusterIP: "10.0.0.1", Ports: []corev1.ServicePort{{Port: 443}}}}},
+		BackendTLSPolicies: []*gwv1.BackendTLSPolicy{{Spec: gwv1.BackendTLSPolicySpec{
+			TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{
+				{LocalPolicyTargetReference: gwv1.LocalPolicyTargetReference{Kind: "Service"}},
+				{LocalPolicyTargetReference: gwv1.LocalPolicyTargetReference{Kind: "Service"}, SectionName: &sectionName},
+			},
+			Validation: gwv1.BackendTLSPolicyValidation{CACertificateRefs: []gwv1.LocalObjectReference{{Kind: "ConfigMap"}, {Group: "certificates.k8s.io", Kind: "ClusterTrustBundle"}}},
+		}}},
+		XBackends: []*gwxv1alpha1.XBackend{
+			{Spec: gwxv1alpha1.BackendSpec{Type: gwxv1alpha1.BackendTypeEndpointSelector, EndpointSelector: &gwxv1alpha1.EndpointSelectorBackend{}}},
+			{Spec: gwxv1alpha1.BackendSpec{Type: gwxv1alpha1.BackendTypeExternalHostname, ExternalHostname: &gwxv1alpha1.ExternalHostnameBackend{},
+				TLS: &gwxv1alpha1.BackendTLS{Mode: gwxv1alpha1.BackendTLSModeClientAndServer, ClientCertificateRef: &gwv1.SecretObjectReference{}, Validation: &gwv1.BackendTLSPolicyValidation{}}}},
+		},
+		HTTPRoutes: []*gwv1.HTTPRoute{{Spec: gwv1.HTTPRouteSpec{CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{{Group: &empty, Kind: &svcKind}}}}}},
+		Resolved:   map[string][]netip.Addr{"": {{}}},
+	}
+	for name, in := range corpus {
+		t.Run(name, func(t *testing.T) { checkInvariants(t, in) })
+	}
+}
+
+// TestTranslateRandom runs checkInvariants on random object sets from fixed
+// seeds, so every run covers the same cases; FuzzTranslate explores more.
+func TestTranslateRandom(t *testing.T) {
+	n := 200
+	if testing.Short() {
+		n = 30
+	}
+	for seed := range int64(n) {
+		in := randomInput(randfill.NewWithSeed(seed))
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { checkInvariants(t, in) })
+	}
+}
+
+func FuzzTranslate(f *testing.F) {
+	for _, s := range []string{"", "sockmesh", "\x00\x01\x02\x03\x04\x05\x06\x07", "BackendTLSPolicy XBackend"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		checkInvariants(t, randomInput(randfill.NewFromGoFuzz(data)))
+	})
+}
+
+// checkInvariants translates in and checks what must hold whatever the
+// objects: no error, the same output twice, and checkResult.
+func checkInvariants(t *testing.T, in translate.Input) {
+	t.Helper()
+	res, err := translate.Translate(in)
+	if err != nil {
+		t.Fatalf("Translate error: %v", err)
+	}
+	again, err := translate.Translate(in)
+	if err != nil {
+		t.Fatalf("second Translate error: %v", err)
+	}
+	a, _ := json.Marshal(toGolden(res))
+	b, _ := json.Marshal(toGolden(again))
+	if string(a) != string(b) {
+		t.Fatalf("Translate is not deterministic")
+	}
+	checkResult(t, res)
+}
+
+// checkResult checks the rules every Result keeps: ports whose backend
+// needs TLS or is invalid fail closed, TLS settings are complete, and
+// status conditions are well formed and within the API's limits.
+func checkResult(t *testing.T, res translate.Result) {
+	t.Helper()
+	backends := map[snapshot.BackendRef]snapshot.Backend{}
+	for _, be := range res.Backends {
+		backends[be.Ref] = be
+		if tls := be.TLS; tls != nil {
+			if be.Invalid != nil {
+				t.Errorf("backend %s has both TLS and Invalid", be.Ref)
+			}
+			if (tls.RootsPEM == "") == !tls.SystemRoots {
+				t.Errorf("backend %s TLS: RootsPEM set %v, SystemRoots %v; want exactly one", be.Ref, tls.RootsPEM != "", tls.SystemRoots)
+			}
+			if tls.ServerName == "" {
+				t.Errorf("backend %s TLS without a server name", be.Ref)
+			}
+			if (tls.Mode == snapshot.TLSMutual) != (tls.ClientCertificatePEM != "" && tls.ClientKeyPEM != "") {
+				t.Errorf("backend %s TLS mode %s with client certificate %v", be.Ref, tls.Mode, tls.ClientCertificatePEM != "")
+			}
+		}
+		if be.Invalid != nil && be.Invalid.Reason == "" {
+			t.Errorf("backend %s Invalid without a reason", be.Ref)
+		}
+	}
+	for _, f := range res.Frontends {
+		be := backends[f.Backend]
+		if (be.TLS != nil || be.Invalid != nil) && f.FailurePolicy != snapshot.FailClosed {
+			t.Errorf("frontend %s:%d leads to a TLS or invalid backend but is %s", f.Service, f.Port, f.FailurePolicy)
+		}
+	}
+	checkConditions := func(what string, conds []metav1.Condition) {
+		for _, c := range conds {
+			if c.Type == "" || c.Reason == "" || (c.Status != metav1.ConditionTrue && c.Status != metav1.ConditionFalse) {
+				t.Errorf("%s: malformed condition %+v", what, c)
+			}
+		}
+	}
+	for k, ancestors := range res.Status.BackendTLSPolicies {
+		if len(ancestors) > 16 {
+			t.Errorf("BackendTLSPolicy %s: %d ancestors, more than 16", k, len(ancestors))
+		}
+		for _, a := range ancestors {
+			checkConditions("BackendTLSPolicy "+k.String(), a.Conditions)
+		}
+	}
+	for k, ancestors := range res.Status.XBackends {
+		if len(ancestors) > 32 {
+			t.Errorf("XBackend %s: %d ancestors, more than 32", k, len(ancestors))
+		}
+		for _, a := range ancestors {
+			checkConditions("XBackend "+k.String(), a.Conditions)
+		}
+	}
+	for name, m := range res.Status.XMeshes {
+		checkConditions("XMesh "+name, m.Conditions)
+	}
+}
+
+// randomInput fills an Input with f. Names, references and
+// the enumerations of these APIs come from small vocabularies, so random
+// objects name each other and carry the values translate acts on.
+func randomInput(f *randfill.Filler) translate.Input {
+	ca, _ := os.ReadFile(filepath.Join("testdata", "certs", "ca.pem"))
+	crt, _ := os.ReadFile(filepath.Join("testdata", "certs", "client.pem"))
+	key, _ := os.ReadFile(filepath.Join("testdata", "certs", "client-key.pem"))
+	names := []string{"a", "b", "web"}
+	words := []string{
+		"", "a", "b", "web", "https", "http", "None", "10.96.0.1", "10.96.0.2", "fd00::1", "10.244.0.1",
+		"fd00:244::1", "127.0.0.1", "not-an-ip", "a.example.com", "kubernetes.io/h2c", "kubernetes.io/ws",
+		"kubernetes.io/wss", "FailClosed", "1.3", "X25519", "Pod", "ca.crt", "tls.crt", "tls.key",
+		"spiffe://x/y", "*.example.com", string(ca), string(crt), string(key),
+	}
+	labelKeys := []string{"kubernetes.io/service-name", "sockmesh.io/xbackend", "sockmesh.io/capture", "app",
+		"sockmesh.io/failure-policy", "sockmesh.io/min-tls-version", "sockmesh.io/curves", "sockmesh.io/bogus", "example.com/x"}
+	labelValues := []string{"a", "b", "web", "disabled", "enabled", "FailClosed", "1.3", "X25519", "bad value!"}
+	stamps := []time.Time{{}, time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 2, 1, 0, 0, 0, 0, time.UTC)}
+	stringMap := func(c randfill.Continue) map[string]string {
+		m := map[string]string{}
+		for range c.Intn(4) {
+			m[labelKeys[c.Intn(len(labelKeys))]] = labelValues[c.Intn(len(labelValues))]
+		}
+		return m
+	}
+	ports := []int32{0, -1, 80, 443, 443, 8443, 70000}
+	f = f.NilChance(0.1).NumElements(1, 4).MaxDepth(12).Funcs(
+		func(m *metav1.ObjectMeta, c randfill.Continue) {
+			m.Name = names[c.Intn(len(names))]
+			m.Namespace = []string{"apps", "apps", "apps", "other", ""}[c.Intn(5)]
+			m.Labels, m.Annotations = stringMap(c), stringMap(c)
+			m.CreationTimestamp = metav1.NewTime(stamps[c.Intn(len(stamps))])
+			m.Generation = c.Int63n(3)
+			m.UID = types.UID([]string{"", "u1", "u2"}[c.Intn(3)])
+			c.Fill(&m.OwnerReferences)
+		},
+		func(s *corev1.ServiceSpec, c randfill.Continue) {
+			c.FillNoCustom(s)
+			if c.Intn(5) > 0 {
+				pool := []string{"10.96.0.1", "10.96.0.2", "fd00::1", "None", "", "garbage"}
+				s.ClusterIP = pool[c.Intn(len(pool))]
+				s.ClusterIPs = []string{s.ClusterIP, pool[c.Intn(len(pool))]}[:1+c.Intn(2)]
+			}
+		},
+		pick[string](words), pick[types.UID](names),
+		pick[corev1.Protocol]([]string{"", "TCP", "UDP"}), pick[corev1.ServiceType]([]string{"", "ClusterIP", "ExternalName"}),
+		pick[corev1.PodPhase]([]string{"", "Running", "Pending", "Failed"}),
+		pick[discoveryv1.AddressType]([]string{"IPv4", "IPv6", "FQDN"}),
+		pick[gwv1.Group]([]string{"", "", "", "certificates.k8s.io", "gateway.networking.x-k8s.io", "apps"}),
+		pick[gwv1.Kind]([]string{"Service", "ConfigMap", "Secret", "ClusterTrustBundle", "XBackend", "Deployment"}),
+		pick[gwv1.ObjectName](names), pick[gwv1.SectionName]([]string{"", "https", "http"}),
+		pick[gwv1.Namespace]([]string{"", "apps", "apps", "other"}),
+		pick[gwv1.PreciseHostname]([]string{"", "a.example.com", "x.cluster.local", "Bad!", "10.0.0.1"}),
+		pick[gwv1.Hostname]([]string{"", "a.example.com", "*.example.com"}),
+		pick[gwv1.AnnotationKey](labelKeys), pick[gwv1.AnnotationValue](labelValues),
+		pick[gwv1.GatewayController]([]string{"sockmesh.io/mesh-controller", "other.io/mesh"}),
+		pick[gwv1.SubjectAltNameType]([]string{"Hostname", "URI", ""}),
+		pick[gwv1.WellKnownCACertificatesType]([]string{"", "System", "x.io/y"}),
+		pick[gwv1.AbsoluteURI]([]string{"", "spiffe://x/y", "nope"}),
+		pick[gwv1.LabelKey]([]string{"app", "bad key!"}), pick[gwv1.LabelValue](names),
+		pick[gwv1.SessionPersistenceType]([]string{"", "Cookie", "Header", "Other"}),
+		pick[gwv1.CookieName](names), pick[gwv1.HeaderName](names), pick[gwv1.Duration]([]string{"1h", "0s", "bad"}),
+		pick[gwv1.CookieLifetimeType]([]string{"Permanent", "Session"}),
+		pick[gwxv1alpha1.BackendType]([]string{"ExternalHostname", "EndpointSelector", ""}),
+		pick[gwxv1alpha1.BackendProtocol]([]string{"HTTP2", "H2C", "WSS", "GRPC", "TCP", "bogus"}),
+		pick[gwxv1alpha1.BackendTLSMode]([]string{"None", "ServerOnly", "ClientAndServer", ""}),
+		pickNumber[int32](ports), pickNumber[gwv1.PortNumber](ports), pickNumber[gwxv1alpha1.PortNumber](ports),
+	)
+	var in translate.Input
+	f.Fill(&in)
+	// What the agent adds is set, not random.
+	in.Now = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	in.Node = translate.Node{
+		Name: "a", IPs: []netip.Addr{netip.MustParseAddr("192.168.0.1")},
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}, ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")},
+	}
+	in.Resolved = map[string][]netip.Addr{
+		"a.example.com": {netip.MustParseAddr("203.0.113.1"), netip.MustParseAddr("127.0.0.1"), {}},
+		"b":             nil,
+	}
+	return in
+}
+
+func pick[T ~string](words []string) func(*T, randfill.Continue) {
+	return func(p *T, c randfill.Continue) { *p = T(words[c.Intn(len(words))]) }
+}
+
+func pickNumber[T ~int32](values []int32) func(*T, randfill.Continue) {
+	return func(p *T, c randfill.Continue) { *p = T(values[c.Intn(len(values))]) }
+}

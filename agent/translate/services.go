@@ -1,0 +1,249 @@
+package translate
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/types"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// Kubernetes standard application protocols (KEP-3726) sockmesh acts on.
+const (
+	appProtocolH2C = "kubernetes.io/h2c"
+	appProtocolWS  = "kubernetes.io/ws"
+	appProtocolWSS = "kubernetes.io/wss"
+)
+
+// captureServices adds a frontend for every Service port with backend
+// properties: a governing BackendTLSPolicy, appProtocol h2c or ws (or wss
+// with a policy), or a mesh route naming it as parent. Services that stand
+// for an XBackend lead there instead.
+func (t *translator) captureServices() {
+	parents := routeParents(t.in)
+	for _, svc := range t.services {
+		if name, ok := svc.Annotations[AnnotationXBackend]; ok {
+			t.captureXBackendService(svc, name)
+			continue
+		}
+		addrs := clusterIPs(svc)
+		if len(addrs) == 0 {
+			continue // headless or ExternalName: no ClusterIP to capture
+		}
+		for _, sp := range svc.Spec.Ports {
+			if !isTCP(sp) || !validPort(sp.Port) {
+				continue
+			}
+			k := portKey{svc.Namespace, svc.Name, sp.Port}
+			tls, invalid, policy := t.portTLS(k)
+			proto := portProtocol(deref(sp.AppProtocol), tls != nil || invalid != nil)
+			if tls == nil && invalid == nil && proto == snapshot.ProtocolAuto && !parents.has(svc, sp) {
+				continue
+			}
+			b := snapshot.Backend{
+				Ref:       snapshot.BackendRef{Kind: snapshot.KindService, Namespace: svc.Namespace, Name: svc.Name, Port: uint16(sp.Port)},
+				Protocol:  proto,
+				Endpoints: t.endpoints(svc.Namespace, svc.Name, sp.Name, corev1.ProtocolTCP),
+				TLS:       tls,
+				Invalid:   invalid,
+			}
+			if policy != nil {
+				b.Sources = []snapshot.ObjectRef{*policy}
+			}
+			t.capturePort(svc, sp, addrs, b)
+		}
+	}
+}
+
+// portProtocol maps a Service port's appProtocol to the wire protocol.
+// With TLS from a BackendTLSPolicy the cleartext variants become their TLS
+// twins (h2c → HTTP/2 over TLS, ws → wss). Without TLS, wss contributes
+// nothing: the app must speak TLS itself, and sockmesh then passes it
+// through (GEP-1911: wss needs a BackendTLSPolicy to be originated).
+func portProtocol(appProtocol string, withTLS bool) snapshot.Protocol {
+	switch appProtocol {
+	case appProtocolH2C:
+		if withTLS {
+			return snapshot.ProtocolHTTP2
+		}
+		return snapshot.ProtocolH2C
+	case appProtocolWS:
+		if withTLS {
+			return snapshot.ProtocolWSS
+		}
+		return snapshot.ProtocolWS
+	case appProtocolWSS:
+		if withTLS {
+			return snapshot.ProtocolWSS
+		}
+	}
+	return snapshot.ProtocolAuto
+}
+
+// failurePolicy: a port whose backend needs TLS, or whose properties
+// cannot be honoured, is FailClosed — bypassing the proxy would send
+// plaintext. Elsewhere either is safe, and the Service's
+// AnnotationFailurePolicy chooses; it defaults to FailOpen (the app still
+// reaches its Service, only without the proxy's help). An unknown value
+// leaves the default.
+func failurePolicy(svc *corev1.Service, b *snapshot.Backend) snapshot.FailurePolicy {
+	if b.TLS != nil || b.Invalid != nil {
+		return snapshot.FailClosed
+	}
+	if svc.Annotations[AnnotationFailurePolicy] == string(snapshot.FailClosed) {
+		return snapshot.FailClosed
+	}
+	return snapshot.FailOpen
+}
+
+// clusterIPs returns a Service's virtual addresses (both families when
+// dual-stack), or nil for headless and ExternalName Services.
+func clusterIPs(svc *corev1.Service) []netip.Addr {
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return nil
+	}
+	ips := svc.Spec.ClusterIPs
+	if len(ips) == 0 && svc.Spec.ClusterIP != "" {
+		ips = []string{svc.Spec.ClusterIP}
+	}
+	var out []netip.Addr
+	for _, s := range ips {
+		a, err := netip.ParseAddr(s)
+		if err != nil || !a.IsValid() || a.Unmap().IsUnspecified() || slices.Contains(out, a.Unmap()) {
+			continue // "None" (headless) and garbage alike
+		}
+		out = append(out, a.Unmap())
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+func isTCP(sp corev1.ServicePort) bool {
+	return sp.Protocol == "" || sp.Protocol == corev1.ProtocolTCP
+}
+
+func validPort(p int32) bool { return p > 0 && p <= 65535 }
+
+// endpoints lists the addresses of a Service port from its EndpointSlices:
+// the slice port with the Service port's name (EndpointSlice ports carry
+// the resolved targetPort number), both address families, deduplicated.
+func (t *translator) endpoints(namespace, service, portName string, proto corev1.Protocol) []snapshot.Endpoint {
+	seen := map[netip.AddrPort]bool{}
+	var out []snapshot.Endpoint
+	for _, es := range t.slices[types.NamespacedName{Namespace: namespace, Name: service}] {
+		if es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6 {
+			continue // FQDN slices are not dialled
+		}
+		port, ok := slicePort(es, portName, proto)
+		if !ok {
+			continue
+		}
+		for _, ep := range es.Endpoints {
+			for _, s := range ep.Addresses {
+				a, err := netip.ParseAddr(s)
+				if err != nil {
+					continue
+				}
+				ap := netip.AddrPortFrom(a.Unmap(), port)
+				if seen[ap] {
+					continue
+				}
+				seen[ap] = true
+				out = append(out, endpoint(ap, ep, es.Namespace))
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b snapshot.Endpoint) int { return a.Addr.Compare(b.Addr) })
+	return out
+}
+
+func slicePort(es *discoveryv1.EndpointSlice, name string, proto corev1.Protocol) (uint16, bool) {
+	for _, p := range es.Ports {
+		pp := corev1.ProtocolTCP
+		if p.Protocol != nil && *p.Protocol != "" {
+			pp = *p.Protocol
+		}
+		if deref(p.Name) != name || pp != proto || p.Port == nil || !validPort(*p.Port) {
+			continue
+		}
+		return uint16(*p.Port), true
+	}
+	return 0, false
+}
+
+// endpoint converts one EndpointSlice endpoint. Conditions follow the
+// EndpointSlice API: nil ready and serving mean true, nil terminating false.
+func endpoint(ap netip.AddrPort, ep discoveryv1.Endpoint, namespace string) snapshot.Endpoint {
+	e := snapshot.Endpoint{
+		Addr:        ap,
+		Ready:       ep.Conditions.Ready == nil || *ep.Conditions.Ready,
+		Serving:     ep.Conditions.Serving == nil || *ep.Conditions.Serving,
+		Terminating: ep.Conditions.Terminating != nil && *ep.Conditions.Terminating,
+		Zone:        deref(ep.Zone),
+		NodeName:    deref(ep.NodeName),
+	}
+	if r := ep.TargetRef; r != nil && r.Kind == "Pod" && r.Name != "" {
+		ns := cmp.Or(r.Namespace, namespace)
+		e.Pod = &snapshot.ObjectRef{Kind: "Pod", Namespace: ns, Name: r.Name}
+	}
+	return e
+}
+
+// parentPorts records the Service ports mesh routes name as parents.
+type parentPorts map[types.NamespacedName]*parentSelection
+
+type parentSelection struct {
+	all   bool
+	ports map[int32]bool
+	names map[string]bool
+}
+
+// routeParents collects the Services (group "", kind Service) that
+// HTTPRoutes and GRPCRoutes name in parentRefs. A parentRef with a port (or
+// a sectionName, the port's name) selects that port, otherwise every port.
+// Routing itself is GAMMA's (issue 6); here parents are only captured.
+func routeParents(in Input) parentPorts {
+	out := parentPorts{}
+	add := func(routeNS string, refs []gwv1.ParentReference) {
+		for _, ref := range refs {
+			if ref.Group == nil || *ref.Group != "" || ref.Kind == nil || *ref.Kind != "Service" {
+				continue
+			}
+			k := types.NamespacedName{Namespace: cmp.Or(deref(ref.Namespace), routeNS), Name: string(ref.Name)}
+			sel := out[k]
+			if sel == nil {
+				sel = &parentSelection{ports: map[int32]bool{}, names: map[string]bool{}}
+				out[k] = sel
+			}
+			switch {
+			case ref.Port != nil:
+				sel.ports[int32(*ref.Port)] = true
+			case ref.SectionName != nil && *ref.SectionName != "":
+				sel.names[string(*ref.SectionName)] = true
+			default:
+				sel.all = true
+			}
+		}
+	}
+	for _, r := range in.HTTPRoutes {
+		if r != nil {
+			add(r.Namespace, r.Spec.ParentRefs)
+		}
+	}
+	for _, r := range in.GRPCRoutes {
+		if r != nil {
+			add(r.Namespace, r.Spec.ParentRefs)
+		}
+	}
+	return out
+}
+
+func (p parentPorts) has(svc *corev1.Service, sp corev1.ServicePort) bool {
+	sel := p[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}]
+	return sel != nil && (sel.all || sel.ports[sp.Port] || (sp.Name != "" && sel.names[sp.Name]))
+}

@@ -1,0 +1,71 @@
+package translate
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"time"
+
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	"sigs.k8s.io/gateway-api/pkg/utils"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// sessionPersistence maps a Gateway API sessionPersistence to the
+// Snapshot's, or says why it is invalid. owner names the object it belongs
+// to: a cookie without a name gets one derived from it, stable across
+// agents and restarts (the API asks for a unique generated name).
+func sessionPersistence(sp *gwv1.SessionPersistence, owner snapshot.ObjectRef) (*snapshot.SessionPersistence, string) {
+	if sp == nil {
+		return nil, ""
+	}
+	out := &snapshot.SessionPersistence{Type: snapshot.SessionCookie}
+	if sp.Type != nil && *sp.Type != "" {
+		out.Type = snapshot.SessionPersistenceType(*sp.Type)
+	}
+	if sp.AbsoluteTimeout != nil {
+		d, err := utils.ParseDuration(string(*sp.AbsoluteTimeout))
+		if err != nil || *d <= 0 {
+			return nil, fmt.Sprintf("sessionPersistence.absoluteTimeout %q is not a positive duration (GEP-2257, e.g. 1h30m)", *sp.AbsoluteTimeout)
+		}
+		out.AbsoluteTimeoutSeconds = int64((*d + time.Second - 1) / time.Second)
+	}
+	switch out.Type {
+	case snapshot.SessionCookie:
+		if sp.Header != nil {
+			return nil, "sessionPersistence.header must not be set when type is Cookie"
+		}
+		out.Name = "sockmesh-session-" + shortHash(owner.String())
+		if c := sp.Cookie; c != nil {
+			if c.Name != nil && *c.Name != "" {
+				out.Name = string(*c.Name)
+			}
+			if c.Path != nil {
+				out.CookiePath = *c.Path
+			}
+			if c.LifetimeType != nil && *c.LifetimeType == gwv1.PermanentCookieLifetimeType {
+				if out.AbsoluteTimeoutSeconds == 0 {
+					return nil, "sessionPersistence.absoluteTimeout is required when cookie.lifetimeType is Permanent"
+				}
+				out.Permanent = true
+			}
+		}
+	case snapshot.SessionHeader:
+		if sp.Cookie != nil {
+			return nil, "sessionPersistence.cookie must not be set when type is Header"
+		}
+		if sp.Header == nil || sp.Header.Name == "" {
+			return nil, "sessionPersistence.header.name is required when type is Header"
+		}
+		out.Name = string(sp.Header.Name)
+	default:
+		return nil, fmt.Sprintf("sessionPersistence.type %q is not Cookie or Header", out.Type)
+	}
+	return out, ""
+}
+
+func shortHash(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:4])
+}

@@ -1,0 +1,184 @@
+package tlsvalidation
+
+import (
+	"crypto/tls"
+	"fmt"
+	"slices"
+	"strings"
+
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// BackendTLSPolicy option keys sockmesh understands. Values are
+// comma-separated lists where several values make sense; spaces around
+// items are ignored. Keys under another domain belong to other
+// implementations and are ignored; an unknown sockmesh.io/ key, or a value
+// sockmesh cannot honour, makes the policy Invalid (never silently weaker).
+const (
+	// OptionMinTLSVersion is "1.2" or "1.3" (also "TLSv1.2", "TLSv1.3");
+	// older versions are refused.
+	OptionMinTLSVersion = "sockmesh.io/min-tls-version"
+	// OptionMaxTLSVersion is "1.2" or "1.3"; not below the minimum.
+	OptionMaxTLSVersion = "sockmesh.io/max-tls-version"
+	// OptionCipherSuites lists TLS 1.2 cipher suites by their IANA names
+	// (as crypto/tls spells them, e.g.
+	// TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256), in preference order.
+	// Suites crypto/tls deems insecure and TLS 1.3 suites (which are not
+	// configurable) are refused, as is the option when the minimum version
+	// is 1.3 (it would have no effect).
+	OptionCipherSuites = "sockmesh.io/cipher-suites"
+	// OptionCurves lists key exchange groups in preference order:
+	// X25519, CurveP256 (or P-256), CurveP384 (P-384), CurveP521 (P-521),
+	// X25519MLKEM768, SecP256r1MLKEM768, SecP384r1MLKEM1024, MLKEM1024.
+	OptionCurves = "sockmesh.io/curves"
+	// OptionALPN lists the ALPN protocol IDs to offer (e.g. "h2,http/1.1"),
+	// replacing the ones the backend protocol implies.
+	OptionALPN = "sockmesh.io/alpn"
+)
+
+const optionPrefix = "sockmesh.io/"
+
+// ApplyOptions checks BackendTLSPolicy options and sets the TLS fields
+// they configure on t. It returns a Problem with reason Invalid naming
+// every bad option; t is then partly set and must not be used.
+func ApplyOptions(opts map[gwv1.AnnotationKey]gwv1.AnnotationValue, t *snapshot.TLS) *Problem {
+	var errs []string
+	bad := func(key gwv1.AnnotationKey, format string, args ...any) {
+		errs = append(errs, fmt.Sprintf("options[%s] ", key)+fmt.Sprintf(format, args...))
+	}
+	keys := make([]gwv1.AnnotationKey, 0, len(opts))
+	for k := range opts {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys) // messages in a stable order
+	for _, key := range keys {
+		val := strings.TrimSpace(string(opts[key]))
+		switch key {
+		case OptionMinTLSVersion, OptionMaxTLSVersion:
+			v, ok := tlsVersion(val)
+			if !ok {
+				bad(key, "%q is not a supported TLS version (1.2 or 1.3)", val)
+			} else if key == OptionMinTLSVersion {
+				t.MinVersion = v
+			} else {
+				t.MaxVersion = v
+			}
+		case OptionCipherSuites:
+			for _, name := range list(val) {
+				id, err := cipherSuite(name)
+				if err != "" {
+					bad(key, "%s", err)
+					continue
+				}
+				t.CipherSuites = append(t.CipherSuites, id)
+			}
+			if len(list(val)) == 0 {
+				bad(key, "is empty")
+			}
+		case OptionCurves:
+			for _, name := range list(val) {
+				id, ok := curve(name)
+				if !ok {
+					bad(key, "%q is not a supported key exchange group", name)
+					continue
+				}
+				t.Curves = append(t.Curves, id)
+			}
+			if len(list(val)) == 0 {
+				bad(key, "is empty")
+			}
+		case OptionALPN:
+			for _, p := range list(val) {
+				if len(p) > 255 {
+					bad(key, "protocol ID %.16q... is longer than 255 bytes", p)
+					continue
+				}
+				if slices.Contains(t.ALPN, p) {
+					bad(key, "protocol ID %q is listed twice", p)
+					continue
+				}
+				t.ALPN = append(t.ALPN, p)
+			}
+			if len(list(val)) == 0 {
+				bad(key, "is empty")
+			}
+		default:
+			if strings.HasPrefix(string(key), optionPrefix) {
+				bad(key, "is not an option sockmesh knows (%s, %s, %s, %s, %s)",
+					OptionMinTLSVersion, OptionMaxTLSVersion, OptionCipherSuites, OptionCurves, OptionALPN)
+			}
+		}
+	}
+	if t.MinVersion != 0 && t.MaxVersion != 0 && t.MaxVersion < t.MinVersion {
+		bad(OptionMaxTLSVersion, "is below %s", OptionMinTLSVersion)
+	}
+	if t.MinVersion == tls.VersionTLS13 && len(t.CipherSuites) > 0 {
+		bad(OptionCipherSuites, "has no effect: TLS 1.3 cipher suites are not configurable and %s is 1.3", OptionMinTLSVersion)
+	}
+	if len(errs) > 0 {
+		return &Problem{Reason: ReasonInvalid, Message: strings.Join(errs, "; ")}
+	}
+	return nil
+}
+
+func list(s string) []string {
+	var out []string
+	for item := range strings.SplitSeq(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}
+
+func tlsVersion(s string) (uint16, bool) {
+	switch strings.TrimPrefix(s, "TLSv") {
+	case "1.2":
+		return tls.VersionTLS12, true
+	case "1.3":
+		return tls.VersionTLS13, true
+	}
+	return 0, false
+}
+
+func cipherSuite(name string) (uint16, string) {
+	for _, cs := range tls.CipherSuites() {
+		if cs.Name != name {
+			continue
+		}
+		if !slices.Contains(cs.SupportedVersions, tls.VersionTLS12) {
+			return 0, fmt.Sprintf("%s is a TLS 1.3 suite; crypto/tls does not let TLS 1.3 suites be configured", name)
+		}
+		return cs.ID, ""
+	}
+	for _, cs := range tls.InsecureCipherSuites() {
+		if cs.Name == name {
+			return 0, fmt.Sprintf("%s is insecure and refused", name)
+		}
+	}
+	return 0, fmt.Sprintf("%q is not a cipher suite crypto/tls knows", name)
+}
+
+func curve(name string) (tls.CurveID, bool) {
+	// The groups crypto/tls implements, matched by CurveID.String.
+	curves := []tls.CurveID{
+		tls.X25519, tls.CurveP256, tls.CurveP384, tls.CurveP521,
+		tls.X25519MLKEM768, tls.SecP256r1MLKEM768, tls.SecP384r1MLKEM1024, tls.MLKEM1024,
+	}
+	switch strings.ToUpper(name) {
+	case "P-256", "P256":
+		return tls.CurveP256, true
+	case "P-384", "P384":
+		return tls.CurveP384, true
+	case "P-521", "P521":
+		return tls.CurveP521, true
+	}
+	for _, c := range curves {
+		if strings.EqualFold(c.String(), name) {
+			return c, true
+		}
+	}
+	return 0, false
+}

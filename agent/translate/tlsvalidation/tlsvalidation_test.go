@@ -1,0 +1,145 @@
+package tlsvalidation_test
+
+import (
+	"crypto/tls"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/agent/translate/tlsvalidation"
+)
+
+// objects is an Objects over fixed maps.
+type objects struct {
+	configMaps map[string]*corev1.ConfigMap
+	secrets    map[string]*corev1.Secret
+	bundles    map[string]*certificatesv1.ClusterTrustBundle
+}
+
+func (o objects) ConfigMap(ns, name string) *corev1.ConfigMap { return o.configMaps[ns+"/"+name] }
+func (o objects) Secret(ns, name string) *corev1.Secret       { return o.secrets[ns+"/"+name] }
+func (o objects) ClusterTrustBundle(name string) *certificatesv1.ClusterTrustBundle {
+	return o.bundles[name]
+}
+
+func cert(t *testing.T, name string) string {
+	t.Helper()
+	b, err := os.ReadFile("../testdata/certs/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestValidateBundle checks the bundle a ClusterTrustBundle gives: text
+// between blocks (which consumers may drop) is ignored, certificates are
+// kept in order, re-encoded, and duplicates dropped.
+func TestValidateBundle(t *testing.T) {
+	ca, ca2 := cert(t, "ca.pem"), cert(t, "ca2.pem")
+	objs := objects{bundles: map[string]*certificatesv1.ClusterTrustBundle{
+		"corp": {ObjectMeta: metav1.ObjectMeta{Name: "corp"}, Spec: certificatesv1.ClusterTrustBundleSpec{
+			TrustBundle: "# corporate roots\n" + ca + "\nsome words\n" + ca2 + ca,
+		}},
+	}}
+	v := &gwv1.BackendTLSPolicyValidation{
+		Hostname:          "db.example.com",
+		CACertificateRefs: []gwv1.LocalObjectReference{{Group: "certificates.k8s.io", Kind: "ClusterTrustBundle", Name: "corp"}},
+	}
+	r := tlsvalidation.Validate(v, "validation", "apps", objs, false)
+	if r.Accepted != nil || r.ResolvedRefs != nil {
+		t.Fatalf("Validate = Accepted %v, ResolvedRefs %v; want both nil", r.Accepted, r.ResolvedRefs)
+	}
+	if want := ca + ca2; r.TLS.RootsPEM != want {
+		t.Errorf("RootsPEM =\n%s\nwant\n%s", r.TLS.RootsPEM, want)
+	}
+	if r.TLS.ServerName != "db.example.com" || r.TLS.SystemRoots {
+		t.Errorf("TLS = %+v, want ServerName db.example.com without system roots", r.TLS)
+	}
+
+	r = tlsvalidation.Validate(v, "validation", "apps", objs, true)
+	if r.ResolvedRefs == nil || r.ResolvedRefs.Reason != tlsvalidation.ReasonInvalidKind ||
+		r.Accepted == nil || r.Accepted.Reason != tlsvalidation.ReasonNoValidCACertificate {
+		t.Errorf("Validate without the ClusterTrustBundle API = Accepted %v, ResolvedRefs %v; want NoValidCACertificate, InvalidKind", r.Accepted, r.ResolvedRefs)
+	}
+}
+
+func TestApplyOptions(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		opts    map[gwv1.AnnotationKey]gwv1.AnnotationValue
+		want    snapshot.TLS
+		wantErr string
+	}{
+		{name: "none"},
+		{name: "other implementations' keys", opts: map[gwv1.AnnotationKey]gwv1.AnnotationValue{"example.com/min-tls-version": "1.0", "min-tls-version": "1.0"}},
+		{
+			name: "all",
+			opts: map[gwv1.AnnotationKey]gwv1.AnnotationValue{
+				tlsvalidation.OptionMinTLSVersion: "TLSv1.2", tlsvalidation.OptionMaxTLSVersion: "1.3",
+				tlsvalidation.OptionCipherSuites: "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384",
+				tlsvalidation.OptionCurves:       "p-384, X25519", tlsvalidation.OptionALPN: "http/1.1",
+			},
+			want: snapshot.TLS{MinVersion: tls.VersionTLS12, MaxVersion: tls.VersionTLS13,
+				CipherSuites: []uint16{tls.TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384},
+				Curves:       []tls.CurveID{tls.CurveP384, tls.X25519}, ALPN: []string{"http/1.1"}},
+		},
+		{name: "TLS 1.1", opts: map[gwv1.AnnotationKey]gwv1.AnnotationValue{tlsvalidation.OptionMaxTLSVersion: "1.1"}, wantErr: `options[sockmesh.io/max-tls-version] "1.1" is not a supported TLS version`},
+		{name: "insecure suite", opts: map[gwv1.AnnotationKey]gwv1.AnnotationValue{tlsvalidation.OptionCipherSuites: "TLS_RSA_WITH_3DES_EDE_CBC_SHA"}, wantErr: "is insecure and refused"},
+		{name: "unknown sockmesh key", opts: map[gwv1.AnnotationKey]gwv1.AnnotationValue{"sockmesh.io/skip-verify": "true"}, wantErr: "options[sockmesh.io/skip-verify] is not an option sockmesh knows"},
+		{name: "long ALPN", opts: map[gwv1.AnnotationKey]gwv1.AnnotationValue{tlsvalidation.OptionALPN: gwv1.AnnotationValue(strings.Repeat("x", 256))}, wantErr: "longer than 255 bytes"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var got snapshot.TLS
+			p := tlsvalidation.ApplyOptions(tc.opts, &got)
+			if tc.wantErr != "" {
+				if p == nil || p.Reason != tlsvalidation.ReasonInvalid || !strings.Contains(p.Message, tc.wantErr) {
+					t.Fatalf("ApplyOptions(%v) = %v, want Invalid containing %q", tc.opts, p, tc.wantErr)
+				}
+				return
+			}
+			if p != nil {
+				t.Fatalf("ApplyOptions(%v) = %v, want nil", tc.opts, p)
+			}
+			if got.MinVersion != tc.want.MinVersion || got.MaxVersion != tc.want.MaxVersion ||
+				!slices.Equal(got.CipherSuites, tc.want.CipherSuites) || !slices.Equal(got.Curves, tc.want.Curves) ||
+				!slices.Equal(got.ALPN, tc.want.ALPN) {
+				t.Errorf("ApplyOptions(%v) set %+v, want %+v", tc.opts, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestClientCertificateMessages checks that no Problem message carries key
+// material, whatever is wrong with the Secret.
+func TestClientCertificateMessages(t *testing.T) {
+	key := cert(t, "client-key.pem")
+	keyBody := strings.Split(key, "\n")[1]
+	for name, data := range map[string]map[string][]byte{
+		"swapped":  {"tls.crt": []byte(key), "tls.key": []byte(cert(t, "client.pem"))},
+		"mismatch": {"tls.crt": []byte(cert(t, "client.pem")), "tls.key": []byte(cert(t, "other-key.pem"))},
+		"garbage":  {"tls.crt": []byte(cert(t, "client.pem")), "tls.key": []byte("-----BEGIN PRIVATE KEY-----\n" + keyBody + "x\n-----END PRIVATE KEY-----\n")},
+	} {
+		objs := objects{secrets: map[string]*corev1.Secret{"apps/c": {Data: data}}}
+		_, _, p := tlsvalidation.ClientCertificate(&gwv1.SecretObjectReference{Name: "c"}, "apps", objs)
+		if p == nil || p.Reason != tlsvalidation.ReasonInvalidCertificateRef {
+			t.Errorf("%s: ClientCertificate = %v, want InvalidCertificateRef", name, p)
+			continue
+		}
+		if strings.Contains(p.Message, keyBody[:20]) {
+			t.Errorf("%s: message leaks key material: %s", name, p.Message)
+		}
+	}
+	objs := objects{secrets: map[string]*corev1.Secret{"apps/c": {Data: map[string][]byte{
+		"tls.crt": []byte(cert(t, "client.pem")), "tls.key": []byte(key)}}}}
+	crt, k, p := tlsvalidation.ClientCertificate(&gwv1.SecretObjectReference{Name: "c"}, "apps", objs)
+	if p != nil || crt == "" || k != key {
+		t.Errorf("ClientCertificate(valid pair) = %q, %q, %v", crt, k, p)
+	}
+}

@@ -1,0 +1,267 @@
+package tlsvalidation
+
+import (
+	"bytes"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"net/url"
+	"strings"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// CAKey is the key of a ConfigMap or Secret that holds a CA bundle.
+const CAKey = "ca.crt"
+
+// Objects gives the validators the objects a reference may name. Each
+// method returns nil when the object does not exist.
+type Objects interface {
+	ConfigMap(namespace, name string) *corev1.ConfigMap
+	Secret(namespace, name string) *corev1.Secret
+	ClusterTrustBundle(name string) *certificatesv1.ClusterTrustBundle
+}
+
+// Problem says, in Gateway API terms, why settings cannot be honoured.
+type Problem struct {
+	// Reason is the condition reason (Invalid, NoValidCACertificate,
+	// InvalidCACertificateRef, InvalidKind, InvalidCertificateRef,
+	// RefNotPermitted).
+	Reason string
+	// Message names the field or reference at fault and why.
+	Message string
+}
+
+func (p *Problem) Error() string { return p.Reason + ": " + p.Message }
+
+// Result is the outcome of Validate.
+type Result struct {
+	// TLS has ServerName, RootsPEM or SystemRoots, and SubjectAltNames set.
+	// Use it only when Accepted is nil.
+	TLS snapshot.TLS
+	// Accepted is non-nil when the settings cannot be used at all: reason
+	// Invalid (a field is wrong) or NoValidCACertificate (every CA reference
+	// is invalid). Connections must then fail closed.
+	Accepted *Problem
+	// ResolvedRefs is non-nil when at least one CA reference is invalid
+	// (reason InvalidKind when any names an unsupported kind, else
+	// InvalidCACertificateRef). The valid references still form the trust
+	// bundle: trusting fewer anchors never weakens verification.
+	ResolvedRefs *Problem
+}
+
+// Validate checks v and resolves its CA references in namespace (the
+// policy's or XBackend's own: references never cross namespaces). field is
+// v's path for messages ("validation", "tls.validation").
+// clusterTrustBundlesUnavailable makes ClusterTrustBundle references
+// InvalidKind (GEP-5075). A nil v is Invalid.
+func Validate(v *gwv1.BackendTLSPolicyValidation, field, namespace string, objs Objects, clusterTrustBundlesUnavailable bool) Result {
+	var r Result
+	if v == nil {
+		r.Accepted = &Problem{Reason: ReasonInvalid, Message: field + " is not set"}
+		return r
+	}
+	var invalid []string
+	if err := checkHostname(string(v.Hostname), false); err != "" {
+		invalid = append(invalid, field+".hostname "+err)
+	}
+	r.TLS.ServerName = string(v.Hostname)
+	for i, san := range v.SubjectAltNames {
+		s, err := subjectAltName(san)
+		if err != "" {
+			invalid = append(invalid, fmt.Sprintf("%s.subjectAltNames[%d] %s", field, i, err))
+			continue
+		}
+		r.TLS.SubjectAltNames = append(r.TLS.SubjectAltNames, s)
+	}
+
+	wellKnown := ""
+	if v.WellKnownCACertificates != nil {
+		wellKnown = string(*v.WellKnownCACertificates)
+	}
+	switch {
+	case wellKnown != "" && len(v.CACertificateRefs) > 0:
+		invalid = append(invalid, field+" sets both caCertificateRefs and wellKnownCACertificates; set exactly one")
+	case wellKnown == "" && len(v.CACertificateRefs) == 0:
+		invalid = append(invalid, field+" sets neither caCertificateRefs nor wellKnownCACertificates; set exactly one")
+	case wellKnown == string(gwv1.WellKnownCACertificatesSystem):
+		r.TLS.SystemRoots = true
+	case wellKnown != "":
+		invalid = append(invalid, fmt.Sprintf("%s.wellKnownCACertificates %q is not supported (sockmesh supports %q)",
+			field, wellKnown, gwv1.WellKnownCACertificatesSystem))
+	}
+
+	// References are resolved even when a field is invalid, so the
+	// ResolvedRefs condition is right on its own.
+	if len(v.CACertificateRefs) > 0 {
+		roots, refProblem := caBundle(v.CACertificateRefs, namespace, objs, clusterTrustBundlesUnavailable)
+		r.ResolvedRefs = refProblem
+		r.TLS.RootsPEM = roots
+		if roots == "" && len(invalid) == 0 {
+			r.Accepted = &Problem{Reason: ReasonNoValidCACertificate, Message: "no valid CA certificate: " + refProblem.Message}
+		}
+	}
+	if len(invalid) > 0 {
+		r.Accepted = &Problem{Reason: ReasonInvalid, Message: strings.Join(invalid, "; ")}
+	}
+	return r
+}
+
+// caBundle resolves refs and returns the valid certificates as one
+// canonical PEM bundle (in reference order, duplicates dropped), and a
+// problem naming every invalid reference.
+func caBundle(refs []gwv1.LocalObjectReference, namespace string, objs Objects, ctbUnavailable bool) (string, *Problem) {
+	var (
+		bundle   bytes.Buffer
+		seen     = map[string]bool{}
+		problems []string
+		badKind  bool
+	)
+	for _, ref := range refs {
+		data, what, err, kindErr := caData(ref, namespace, objs, ctbUnavailable)
+		if err != "" {
+			badKind = badKind || kindErr
+			problems = append(problems, what+": "+err)
+			continue
+		}
+		certs, err := parseCertificates(data)
+		if err != "" {
+			problems = append(problems, what+": "+err)
+			continue
+		}
+		for _, der := range certs {
+			if seen[string(der)] {
+				continue
+			}
+			seen[string(der)] = true
+			_ = pem.Encode(&bundle, &pem.Block{Type: "CERTIFICATE", Bytes: der}) // writes to memory
+		}
+	}
+	if len(problems) == 0 {
+		return bundle.String(), nil
+	}
+	reason := ReasonInvalidCACertificateRef
+	if badKind {
+		reason = ReasonInvalidKind
+	}
+	return bundle.String(), &Problem{Reason: reason, Message: strings.Join(problems, "; ")}
+}
+
+const errKind = "unsupported kind (sockmesh supports ConfigMap, Secret and certificates.k8s.io ClusterTrustBundle)"
+
+// caData finds the PEM text a reference names. what describes the
+// reference for messages; kindErr says err is about the kind, not the
+// object.
+func caData(ref gwv1.LocalObjectReference, namespace string, objs Objects, ctbUnavailable bool) (data []byte, what, err string, kindErr bool) {
+	name := string(ref.Name)
+	switch {
+	case ref.Group == "" && ref.Kind == "ConfigMap":
+		what = "ConfigMap " + namespace + "/" + name
+		cm := objs.ConfigMap(namespace, name)
+		switch {
+		case cm == nil:
+			return nil, what, "not found", false
+		case cm.Data[CAKey] != "":
+			return []byte(cm.Data[CAKey]), what, "", false
+		case len(cm.BinaryData[CAKey]) > 0:
+			return cm.BinaryData[CAKey], what, "", false
+		}
+		return nil, what, "has no key " + CAKey, false
+	case ref.Group == "" && ref.Kind == "Secret":
+		what = "Secret " + namespace + "/" + name
+		s := objs.Secret(namespace, name)
+		switch {
+		case s == nil:
+			return nil, what, "not found", false
+		case len(s.Data[CAKey]) > 0:
+			return s.Data[CAKey], what, "", false
+		}
+		return nil, what, "has no key " + CAKey, false
+	case ref.Group == certificatesv1.GroupName && ref.Kind == "ClusterTrustBundle":
+		what = "ClusterTrustBundle " + name
+		if ctbUnavailable {
+			return nil, what, errKind + ": this cluster does not serve certificates.k8s.io/v1 ClusterTrustBundle", true
+		}
+		b := objs.ClusterTrustBundle(name)
+		switch {
+		case b == nil:
+			return nil, what, "not found", false
+		case b.Spec.TrustBundle == "":
+			return nil, what, "spec.trustBundle is empty", false
+		}
+		return []byte(b.Spec.TrustBundle), what, "", false
+	}
+	what = fmt.Sprintf("%s %s (group %q)", ref.Kind, name, ref.Group)
+	return nil, what, errKind, true
+}
+
+// parseCertificates returns the DER of every CERTIFICATE block in data,
+// each checked to parse as X.509. Text between blocks is ignored (as
+// ClusterTrustBundle consumers may); any other block type (a private key
+// put in a CA bundle by mistake) makes the bundle invalid.
+func parseCertificates(data []byte) ([][]byte, string) {
+	var ders [][]byte
+	for n := 1; ; n++ {
+		var block *pem.Block
+		block, data = pem.Decode(data)
+		if block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			return nil, fmt.Sprintf("%s holds a PEM block of type %q; only CERTIFICATE blocks are allowed", CAKey, block.Type)
+		}
+		if _, err := x509.ParseCertificate(block.Bytes); err != nil {
+			return nil, fmt.Sprintf("%s certificate %d does not parse: %v", CAKey, n, err)
+		}
+		ders = append(ders, block.Bytes)
+	}
+	if len(ders) == 0 {
+		return nil, CAKey + " holds no PEM certificate"
+	}
+	return ders, ""
+}
+
+// subjectAltName checks one SAN entry the way the CRD's CEL rules do.
+func subjectAltName(san gwv1.SubjectAltName) (snapshot.SubjectAltName, string) {
+	switch san.Type {
+	case gwv1.HostnameSubjectAltNameType:
+		if san.URI != "" {
+			return snapshot.SubjectAltName{}, "must not set uri when type is Hostname"
+		}
+		if err := checkHostname(string(san.Hostname), true); err != "" {
+			return snapshot.SubjectAltName{}, "hostname " + err
+		}
+		return snapshot.SubjectAltName{Type: snapshot.SANHostname, Value: string(san.Hostname)}, ""
+	case gwv1.URISubjectAltNameType:
+		if san.Hostname != "" {
+			return snapshot.SubjectAltName{}, "must not set hostname when type is URI"
+		}
+		u, err := url.Parse(string(san.URI))
+		if err != nil || u.Scheme == "" || !strings.Contains(string(san.URI), "://") {
+			return snapshot.SubjectAltName{}, fmt.Sprintf("uri %q is not an absolute URI (scheme://authority...)", san.URI)
+		}
+		return snapshot.SubjectAltName{Type: snapshot.SANURI, Value: string(san.URI)}, ""
+	}
+	return snapshot.SubjectAltName{}, fmt.Sprintf("type %q is not Hostname or URI", san.Type)
+}
+
+// checkHostname returns why h is not a DNS name ("" when it is). A leading
+// "*." label is allowed when wildcard is set (SAN hostnames).
+func checkHostname(h string, wildcard bool) string {
+	if h == "" {
+		return "is empty"
+	}
+	name := h
+	if wildcard {
+		name = strings.TrimPrefix(h, "*.")
+	}
+	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
+		return fmt.Sprintf("%q is not a valid DNS name: %s", h, errs[0])
+	}
+	return ""
+}

@@ -1,0 +1,241 @@
+package translate
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// Translate computes the Snapshot parts and the status that in deserves.
+//
+// It never panics on malformed objects: what cannot be understood is
+// reported in status or left out, and a captured port whose backend
+// properties cannot be honoured gets a fail-closed Backend.Invalid entry.
+// Its output is sorted, so equal inputs give equal Results. The error is
+// only ever an internal inconsistency (a bug), never a property of the
+// objects.
+func Translate(in Input) (Result, error) {
+	t := newTranslator(in)
+	t.translateXBackends()
+	t.translatePolicies()
+	t.captureServices()
+	t.xbackendStatus()
+
+	res := Result{
+		Workloads: workloads(in),
+		Status: Status{
+			BackendTLSPolicies: t.policyStatus,
+			XBackends:          t.xbackendStatuses,
+			XMeshes:            meshes(in),
+		},
+		EndpointSelectorServices: t.selectorServices,
+	}
+	res.Frontends, res.Backends = t.snapshotParts()
+
+	// snapshot.New is the data planes' own consistency check (every
+	// frontend's backend exists, no address claimed twice); it sorts the
+	// slices in place, which is the order Result promises.
+	if _, err := snapshot.New(0, res.Frontends, res.Backends, res.Workloads); err != nil {
+		return Result{}, fmt.Errorf("translate: inconsistent snapshot: %w", err)
+	}
+	return res, nil
+}
+
+// translator holds one Translate call's indexes and partial results. It
+// lives for the call only.
+type translator struct {
+	in  Input
+	now metav1.Time
+
+	services   []*corev1.Service // sorted by namespace/name, no nils
+	byService  map[types.NamespacedName]*corev1.Service
+	slices     map[types.NamespacedName][]*discoveryv1.EndpointSlice // by Service, sorted by name
+	configMaps map[types.NamespacedName]*corev1.ConfigMap
+	secrets    map[types.NamespacedName]*corev1.Secret
+	bundles    map[string]*certificatesv1.ClusterTrustBundle
+	xbackends  map[types.NamespacedName]*xbackendEval
+
+	// portPolicies holds the BackendTLSPolicy that governs each Service port.
+	portPolicies map[portKey]*portPolicy
+
+	frontends        []snapshot.Frontend
+	backends         map[snapshot.BackendRef]*snapshot.Backend
+	policyStatus     map[types.NamespacedName][]gwv1.PolicyAncestorStatus
+	xbackendStatuses map[types.NamespacedName][]gwxv1alpha1.BackendAncestorStatus
+	selectorServices []*corev1.Service
+}
+
+// portKey names a Service port by number (TCP ports are unique by number).
+type portKey struct {
+	namespace, name string
+	port            int32
+}
+
+func newTranslator(in Input) *translator {
+	t := &translator{
+		in:               in,
+		now:              metav1.NewTime(in.Now),
+		byService:        map[types.NamespacedName]*corev1.Service{},
+		slices:           map[types.NamespacedName][]*discoveryv1.EndpointSlice{},
+		configMaps:       map[types.NamespacedName]*corev1.ConfigMap{},
+		secrets:          map[types.NamespacedName]*corev1.Secret{},
+		bundles:          map[string]*certificatesv1.ClusterTrustBundle{},
+		xbackends:        map[types.NamespacedName]*xbackendEval{},
+		portPolicies:     map[portKey]*portPolicy{},
+		backends:         map[snapshot.BackendRef]*snapshot.Backend{},
+		policyStatus:     map[types.NamespacedName][]gwv1.PolicyAncestorStatus{},
+		xbackendStatuses: map[types.NamespacedName][]gwxv1alpha1.BackendAncestorStatus{},
+	}
+	// Sources hand over unique objects; should one appear twice anyway,
+	// the first in namespace/name order wins, whatever the input order.
+	t.services = sortedObjects(in.Services)
+	for _, s := range t.services {
+		t.byService[key(s)] = s
+	}
+	for _, es := range sortedObjects(in.EndpointSlices) {
+		svc := es.Labels[discoveryv1.LabelServiceName]
+		if svc == "" {
+			continue
+		}
+		k := types.NamespacedName{Namespace: es.Namespace, Name: svc}
+		t.slices[k] = append(t.slices[k], es)
+	}
+	for _, cm := range sortedObjects(in.ConfigMaps) {
+		addOnce(t.configMaps, key(cm), cm)
+	}
+	for _, s := range sortedObjects(in.Secrets) {
+		addOnce(t.secrets, key(s), s)
+	}
+	for _, b := range sortedObjects(in.ClusterTrustBundles) {
+		addOnce(t.bundles, b.Name, b)
+	}
+	return t
+}
+
+// object is what every Kubernetes object pointer offers.
+type object interface {
+	comparable
+	GetNamespace() string
+	GetName() string
+	GetCreationTimestamp() metav1.Time
+}
+
+// sortedObjects returns objs without nils, sorted by namespace/name.
+func sortedObjects[T object](objs []T) []T {
+	var zero T
+	out := make([]T, 0, len(objs))
+	for _, o := range objs {
+		if o != zero {
+			out = append(out, o)
+		}
+	}
+	slices.SortStableFunc(out, func(a, b T) int {
+		return cmp.Or(cmp.Compare(a.GetNamespace(), b.GetNamespace()), cmp.Compare(a.GetName(), b.GetName()))
+	})
+	return out
+}
+
+// olderFirst orders objects by Gateway API precedence: the older creation
+// timestamp first, then namespace/name.
+func olderFirst[T object](a, b T) int {
+	ta, tb := a.GetCreationTimestamp(), b.GetCreationTimestamp()
+	return cmp.Or(ta.Time.Compare(tb.Time), cmp.Compare(a.GetNamespace(), b.GetNamespace()), cmp.Compare(a.GetName(), b.GetName()))
+}
+
+func key[T object](o T) types.NamespacedName {
+	return types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}
+}
+
+func addOnce[K comparable, V any](m map[K]V, k K, v V) {
+	if _, ok := m[k]; !ok {
+		m[k] = v
+	}
+}
+
+// ConfigMap, Secret and ClusterTrustBundle make the translator the
+// tlsvalidation.Objects of this call.
+func (t *translator) ConfigMap(namespace, name string) *corev1.ConfigMap {
+	return t.configMaps[types.NamespacedName{Namespace: namespace, Name: name}]
+}
+
+func (t *translator) Secret(namespace, name string) *corev1.Secret {
+	return t.secrets[types.NamespacedName{Namespace: namespace, Name: name}]
+}
+
+func (t *translator) ClusterTrustBundle(name string) *certificatesv1.ClusterTrustBundle {
+	return t.bundles[name]
+}
+
+// capturePort records a captured Service port leading to b, and b (the
+// first time it is seen).
+func (t *translator) capturePort(svc *corev1.Service, sp corev1.ServicePort, addrs []netip.Addr, b snapshot.Backend) {
+	t.frontends = append(t.frontends, snapshot.Frontend{
+		Service:       snapshot.ObjectRef{Namespace: svc.Namespace, Name: svc.Name},
+		PortName:      sp.Name,
+		Port:          uint16(sp.Port),
+		Addresses:     addrs,
+		FailurePolicy: failurePolicy(svc, &b),
+		Backend:       b.Ref,
+	})
+	if _, ok := t.backends[b.Ref]; !ok {
+		t.backends[b.Ref] = &b
+	}
+}
+
+// snapshotParts returns the frontends, each address claimed once (by the
+// older Service, should two malformed Services share a ClusterIP), and the
+// backends they lead to.
+func (t *translator) snapshotParts() ([]snapshot.Frontend, []snapshot.Backend) {
+	created := map[types.NamespacedName]metav1.Time{}
+	for _, s := range t.services {
+		created[key(s)] = s.CreationTimestamp
+	}
+	fs := slices.Clone(t.frontends)
+	slices.SortStableFunc(fs, func(a, b snapshot.Frontend) int {
+		ca := created[types.NamespacedName{Namespace: a.Service.Namespace, Name: a.Service.Name}]
+		cb := created[types.NamespacedName{Namespace: b.Service.Namespace, Name: b.Service.Name}]
+		return cmp.Or(ca.Time.Compare(cb.Time), cmp.Compare(a.Service.Namespace, b.Service.Namespace),
+			cmp.Compare(a.Service.Name, b.Service.Name), cmp.Compare(a.Port, b.Port))
+	})
+	claimed := map[netip.AddrPort]bool{}
+	var frontends []snapshot.Frontend
+	used := map[snapshot.BackendRef]bool{}
+	for _, f := range fs {
+		var addrs []netip.Addr
+		for _, a := range f.Addresses {
+			ap := netip.AddrPortFrom(a, f.Port)
+			if !claimed[ap] {
+				claimed[ap] = true
+				addrs = append(addrs, a)
+			}
+		}
+		if len(addrs) == 0 {
+			continue
+		}
+		f.Addresses = addrs
+		frontends = append(frontends, f)
+		used[f.Backend] = true
+	}
+	var backends []snapshot.Backend
+	for _, ref := range slices.SortedFunc(maps.Keys(used), compareBackendRefs) {
+		backends = append(backends, *t.backends[ref])
+	}
+	return frontends, backends
+}
+
+func compareBackendRefs(a, b snapshot.BackendRef) int {
+	return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Namespace, b.Namespace),
+		cmp.Compare(a.Name, b.Name), cmp.Compare(a.Port, b.Port))
+}

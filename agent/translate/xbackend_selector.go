@@ -1,0 +1,132 @@
+package translate
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// An EndpointSelector XBackend is backed by a headless Service that
+// sockmesh creates, as the API's implementer notes suggest until the
+// upstream EndpointSelector resource exists (KEP-6116): named with
+// generateName "<xbackend>-" so no one relies on its DNS name, clusterIP
+// None, selector = matchLabels, one port whose targetPort is port.number,
+// and a controller ownerReference to the XBackend so it goes with it. The
+// EndpointSlice controller then does the selecting.
+
+// selectorProblem checks matchLabels the way the CRD does.
+func selectorProblem(labels map[gwv1.LabelKey]gwv1.LabelValue) string {
+	if len(labels) == 0 {
+		return "endpointSelector.matchLabels must not be empty"
+	}
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		if errs := validation.IsQualifiedName(string(k)); len(errs) > 0 {
+			return fmt.Sprintf("endpointSelector.matchLabels key %q: %s", k, errs[0])
+		}
+		if errs := validation.IsValidLabelValue(string(labels[k])); len(errs) > 0 {
+			return fmt.Sprintf("endpointSelector.matchLabels[%s] value %q: %s", k, labels[k], errs[0])
+		}
+	}
+	return ""
+}
+
+// selectorEndpoints records the Service the XBackend needs in
+// Result.EndpointSelectorServices and returns the endpoints of the one
+// that exists. A Service listed with a Name is to be updated in place; one
+// without is to be created.
+func (t *translator) selectorEndpoints(xb *gwxv1alpha1.XBackend) []snapshot.Endpoint {
+	existing := t.generatedService(xb)
+	want := desiredSelectorService(xb)
+	if existing == nil {
+		t.selectorServices = append(t.selectorServices, want)
+		return nil
+	}
+	want.Name = existing.Name
+	t.selectorServices = append(t.selectorServices, want)
+	portName := ""
+	for _, sp := range existing.Spec.Ports {
+		if sp.TargetPort.IntValue() == int(xb.Spec.Port.Number) {
+			portName = sp.Name
+			break
+		}
+	}
+	return t.endpoints(existing.Namespace, existing.Name, portName, corev1.ProtocolTCP)
+}
+
+// generatedService finds the Service sockmesh generated for xb: in its
+// namespace, labelled LabelXBackend, and owned by it. Should a race have
+// made two, the older is used; the writer removes the other, which
+// Result no longer lists.
+func (t *translator) generatedService(xb *gwxv1alpha1.XBackend) *corev1.Service {
+	var found []*corev1.Service
+	for _, s := range t.services {
+		if s.Namespace != xb.Namespace || s.Labels[LabelXBackend] != xbackendLabelValue(xb.Name) {
+			continue
+		}
+		if slices.ContainsFunc(s.OwnerReferences, func(o metav1.OwnerReference) bool { return ownedBy(o, xb) }) {
+			found = append(found, s)
+		}
+	}
+	if len(found) == 0 {
+		return nil
+	}
+	return slices.MinFunc(found, olderFirst)
+}
+
+func ownedBy(o metav1.OwnerReference, xb *gwxv1alpha1.XBackend) bool {
+	return o.Kind == "XBackend" && o.Name == xb.Name && o.Controller != nil && *o.Controller &&
+		strings.HasPrefix(o.APIVersion, gwxv1alpha1.GroupName+"/") &&
+		(xb.UID == "" || o.UID == xb.UID)
+}
+
+// xbackendLabelValue is the LabelXBackend value for an XBackend: its name,
+// or, for names longer than a label value may be, a stable hash of it.
+func xbackendLabelValue(name string) string {
+	if len(validation.IsValidLabelValue(name)) == 0 {
+		return name
+	}
+	return "sha256-" + shortHash(name)
+}
+
+func desiredSelectorService(xb *gwxv1alpha1.XBackend) *corev1.Service {
+	selector := map[string]string{}
+	for k, v := range xb.Spec.EndpointSelector.MatchLabels {
+		selector[string(k)] = string(v)
+	}
+	port := int32(xb.Spec.Port.Number)
+	controller := true
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName: xb.Name + "-",
+			Namespace:    xb.Namespace,
+			Labels:       map[string]string{LabelXBackend: xbackendLabelValue(xb.Name)},
+			OwnerReferences: []metav1.OwnerReference{{
+				APIVersion: gwxv1alpha1.GroupVersion.String(),
+				Kind:       "XBackend",
+				Name:       xb.Name,
+				UID:        xb.UID,
+				Controller: &controller,
+			}},
+		},
+		Spec: corev1.ServiceSpec{
+			Type:      corev1.ServiceTypeClusterIP,
+			ClusterIP: corev1.ClusterIPNone,
+			Selector:  selector,
+			Ports: []corev1.ServicePort{{
+				Protocol:   corev1.ProtocolTCP,
+				Port:       port,
+				TargetPort: intstr.FromInt32(port),
+			}},
+		},
+	}
+}

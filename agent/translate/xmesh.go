@@ -1,0 +1,56 @@
+package translate
+
+import (
+	"cmp"
+	"slices"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
+	"sigs.k8s.io/gateway-api/pkg/features"
+)
+
+// SupportedFeatures are the Gateway API features sockmesh implements end to
+// end, as XMesh status reports them (sorted, as the API requires). The
+// GAMMA work adds the mesh features as it passes their conformance tests.
+// ClusterTrustBundle is left out when the cluster does not serve the API
+// (GEP-5075).
+func SupportedFeatures(clusterTrustBundlesUnavailable bool) []gwv1.SupportedFeature {
+	names := []features.FeatureName{
+		features.SupportBackendTLSPolicy,
+		features.SupportBackendTLSPolicySANValidation,
+	}
+	if !clusterTrustBundlesUnavailable {
+		names = append(names, features.SupportClusterTrustBundle)
+	}
+	out := make([]gwv1.SupportedFeature, 0, len(names))
+	for _, n := range names {
+		out = append(out, gwv1.SupportedFeature{Name: gwv1.FeatureName(n)})
+	}
+	slices.SortFunc(out, func(a, b gwv1.SupportedFeature) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+// meshes writes the status of every XMesh whose controllerName is ours.
+// sockmesh takes no parameters, so a parametersRef makes the XMesh
+// InvalidParameters.
+func meshes(in Input) map[string]gwxv1alpha1.MeshStatus {
+	out := map[string]gwxv1alpha1.MeshStatus{}
+	for _, m := range sortedObjects(in.XMeshes) {
+		if m.Spec.ControllerName != ControllerName {
+			continue
+		}
+		if _, dup := out[m.Name]; dup {
+			continue
+		}
+		c := conditionSet{generation: m.Generation, now: metav1.NewTime(in.Now)}
+		if m.Spec.ParametersRef != nil {
+			c.set(string(gwxv1alpha1.MeshConditionAccepted), false, string(gwxv1alpha1.MeshReasonInvalidParameters),
+				"sockmesh takes no parameters; remove parametersRef")
+		} else {
+			c.set(string(gwxv1alpha1.MeshConditionAccepted), true, string(gwxv1alpha1.MeshReasonAccepted), "accepted by sockmesh")
+		}
+		out[m.Name] = gwxv1alpha1.MeshStatus{Conditions: c.conds, SupportedFeatures: SupportedFeatures(in.ClusterTrustBundlesUnavailable)}
+	}
+	return out
+}
