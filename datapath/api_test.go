@@ -1,0 +1,215 @@
+package datapath
+
+import (
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/sandbox"
+)
+
+// openBare opens a Datapath on a throwaway cgroup and bpffs, for tests of
+// the Go API on real maps.
+func openBare(t *testing.T) *Datapath {
+	t.Helper()
+	d, err := Open(Config{BPFFS: sandbox.TempBPFFS(t), Cgroup: sandbox.NewCgroup(t).Path}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Uninstall() })
+	return d
+}
+
+func snap(t *testing.T, frontends ...snapshot.Frontend) *snapshot.Snapshot {
+	t.Helper()
+	var backends []snapshot.Backend
+	for i := range frontends {
+		ref := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "ns", Name: frontends[i].Service.Name, Port: frontends[i].Port}
+		frontends[i].Backend = ref
+		backends = append(backends, snapshot.Backend{Ref: ref})
+	}
+	s, err := snapshot.New(1, frontends, backends, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func sortedServices(t *testing.T, d *Datapath) []Service {
+	t.Helper()
+	got, err := d.Services()
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(got, func(a, b Service) int { return a.Addr.Compare(b.Addr) })
+	return got
+}
+
+func TestApply(t *testing.T) {
+	d := openBare(t)
+	a4, a6 := netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("fd00:96::1")
+	b4 := netip.MustParseAddr("10.96.0.2")
+	first := snap(t,
+		snapshot.Frontend{Service: snapshot.ObjectRef{Namespace: "ns", Name: "a"}, Port: 443,
+			Addresses: []netip.Addr{a4, a6}, FailurePolicy: snapshot.FailClosed},
+		snapshot.Frontend{Service: snapshot.ObjectRef{Namespace: "ns", Name: "b"}, Port: 80,
+			Addresses: []netip.Addr{b4}, FailurePolicy: snapshot.FailOpen},
+		// An unset policy is read as fail-closed.
+		snapshot.Frontend{Service: snapshot.ObjectRef{Namespace: "ns", Name: "c"}, Port: 8080,
+			Addresses: []netip.Addr{netip.AddrFrom16(b4.As16())}},
+	)
+	if err := d.Apply(first); err != nil {
+		t.Fatal(err)
+	}
+	want := []Service{
+		{Addr: netip.AddrPortFrom(a4, 443)},
+		{Addr: netip.AddrPortFrom(b4, 80), FailOpen: true},
+		{Addr: netip.AddrPortFrom(b4, 8080)},
+		{Addr: netip.AddrPortFrom(a6, 443)},
+	}
+	if got := sortedServices(t, d); !slices.Equal(got, want) {
+		t.Errorf("after first Apply: services %v, want %v", got, want)
+	}
+
+	// b's policy flips, a loses its IPv6 address, c goes away.
+	second := snap(t,
+		snapshot.Frontend{Service: snapshot.ObjectRef{Namespace: "ns", Name: "a"}, Port: 443,
+			Addresses: []netip.Addr{a4}, FailurePolicy: snapshot.FailClosed},
+		snapshot.Frontend{Service: snapshot.ObjectRef{Namespace: "ns", Name: "b"}, Port: 80,
+			Addresses: []netip.Addr{b4}, FailurePolicy: snapshot.FailClosed},
+	)
+	if err := d.Apply(second); err != nil {
+		t.Fatal(err)
+	}
+	want = []Service{{Addr: netip.AddrPortFrom(a4, 443)}, {Addr: netip.AddrPortFrom(b4, 80)}}
+	if got := sortedServices(t, d); !slices.Equal(got, want) {
+		t.Errorf("after second Apply: services %v, want %v", got, want)
+	}
+
+	if err := d.Apply(snapshot.Empty()); err != nil {
+		t.Fatal(err)
+	}
+	if got := sortedServices(t, d); len(got) != 0 {
+		t.Errorf("after empty Apply: services %v, want none", got)
+	}
+}
+
+func TestSetServicesRejectsBadInput(t *testing.T) {
+	d := openBare(t)
+	if err := d.SetServices([]Service{{Addr: netip.MustParseAddrPort("10.96.0.1:80")}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []netip.AddrPort{{}, netip.MustParseAddrPort("10.96.0.1:0")} {
+		if err := d.SetServices([]Service{{Addr: bad}}); err == nil {
+			t.Errorf("SetServices(%v) succeeded", bad)
+		}
+	}
+	// A rejected call changes nothing.
+	if got := sortedServices(t, d); len(got) != 1 {
+		t.Errorf("services after rejected calls: %v, want the one set before", got)
+	}
+}
+
+func TestEnrol(t *testing.T) {
+	d := openBare(t)
+	const pod, node = 11, 22
+	good := Proxy{NetNSCookie: node, V4: netip.MustParseAddrPort("10.0.0.1:15001"), V6: netip.MustParseAddrPort("[fd00::1]:15001")}
+	bad := []struct {
+		name  string
+		p     Proxy
+		error string
+	}{
+		{"no cookie", Proxy{V4: good.V4}, "cookie is 0"},
+		{"no address", Proxy{NetNSCookie: node}, "no address"},
+		{"port 0", Proxy{NetNSCookie: node, V4: netip.MustParseAddrPort("10.0.0.1:0")}, "invalid proxy address"},
+		{"unspecified", Proxy{NetNSCookie: node, V4: netip.MustParseAddrPort("0.0.0.0:1")}, "invalid proxy address"},
+		{"ipv6 as V4", Proxy{NetNSCookie: node, V4: good.V6}, "not IPv4"},
+		{"ipv4 as V6", Proxy{NetNSCookie: node, V6: good.V4}, "not IPv6"},
+		{"mapped as V6", Proxy{NetNSCookie: node, V6: netip.MustParseAddrPort("[::ffff:10.0.0.1]:1")}, "not IPv6"},
+		{"loopback elsewhere", Proxy{NetNSCookie: node, V4: netip.MustParseAddrPort("127.0.0.1:15001")}, ErrLoopbackElsewhere.Error()},
+	}
+	for _, tc := range bad {
+		if err := d.Enrol(pod, tc.p); err == nil || !strings.Contains(err.Error(), tc.error) {
+			t.Errorf("Enrol(%s) = %v, want an error containing %q", tc.name, err, tc.error)
+		}
+	}
+	inPod := Proxy{NetNSCookie: pod, V4: netip.MustParseAddrPort("127.0.0.1:15001"), V6: netip.MustParseAddrPort("[::1]:15001")}
+	mapped := Proxy{NetNSCookie: node, V4: netip.MustParseAddrPort("[::ffff:10.0.0.1]:15001")}
+	if err := d.SetEnrolments(map[uint64]Proxy{pod: inPod, 33: good, 44: mapped}); err != nil {
+		t.Fatal(err)
+	}
+	unmapped := Proxy{NetNSCookie: node, V4: netip.MustParseAddrPort("10.0.0.1:15001")}
+	got, err := d.Enrolments()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := map[uint64]Proxy{pod: inPod, 33: good, 44: unmapped}; !equalMaps(got, want) {
+		t.Errorf("Enrolments() = %v, want %v", got, want)
+	}
+	if err := d.SetEnrolments(map[uint64]Proxy{33: good}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Unenrol(33); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Unenrol(33); err != nil {
+		t.Errorf("Unenrol(not enrolled) = %v, want nil", err)
+	}
+	if got, err := d.Enrolments(); err != nil || len(got) != 0 {
+		t.Errorf("Enrolments() after unenrolling all = %v, %v", got, err)
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	cfg, err := Config{Cgroup: "/x"}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.BPFFS != "/sys/fs/bpf" || cfg.ProxyMark == 0 || cfg.HeartbeatMaxAge != DefaultHeartbeatMaxAge {
+		t.Errorf("defaults = %+v", cfg)
+	}
+	if _, err := (Config{Cgroup: "/x", HeartbeatMaxAge: -1}).withDefaults(); err == nil {
+		t.Error("negative HeartbeatMaxAge accepted")
+	}
+}
+
+// TestIncompatiblePins: a pinned map this build cannot use makes Open fail
+// with ebpf.ErrMapIncompatible (the operator uninstalls first), and never
+// replaces the pin silently.
+func TestIncompatiblePins(t *testing.T) {
+	cfg := Config{BPFFS: sandbox.TempBPFFS(t), Cgroup: sandbox.NewCgroup(t).Path}
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Name: "sm_services", Type: ebpf.Hash, KeySize: 4, ValueSize: 4, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if err := os.MkdirAll(cfg.pinDir(), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Pin(filepath.Join(cfg.pinDir(), "sm_services")); err != nil {
+		t.Fatal(err)
+	}
+	d, err := Open(cfg, nil, nil)
+	if err == nil {
+		d.Uninstall()
+		t.Fatal("Open with an incompatible pinned map succeeded")
+	}
+	if !errors.Is(err, ebpf.ErrMapIncompatible) {
+		t.Errorf("Open error = %v, want ErrMapIncompatible", err)
+	}
+	if err := Uninstall(cfg); err != nil {
+		t.Fatal(err)
+	}
+	d, err = Open(cfg, nil, nil)
+	if err != nil {
+		t.Fatalf("Open after Uninstall: %v", err)
+	}
+	d.Uninstall()
+}

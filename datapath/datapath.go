@@ -1,0 +1,309 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
+
+	"github.com/sockmesh/sockmesh/datapath/bpffs"
+)
+
+// Datapath is the loaded (or adopted) eBPF state. Its methods are safe for
+// concurrent use: single-entry ones are map operations the kernel serialises
+// per element; the reconciling ones (SetServices, SetEnrolments) and Close
+// take a lock.
+type Datapath struct {
+	mu        sync.Mutex // serialises reconciles and Close
+	cfg       Config
+	log       *slog.Logger
+	objs      objects
+	links     map[string]link.Link // by hook name
+	reg       prometheus.Registerer
+	collector prometheus.Collector
+	closed    bool
+}
+
+// objects are the parts of the generated collection that production loads:
+// every map, and the hook programs (not the SEC("syscall") test shims).
+type objects struct {
+	sockmeshMaps
+	Connect4     *ebpf.Program `ebpf:"sm_connect4"`
+	Connect6     *ebpf.Program `ebpf:"sm_connect6"`
+	Getpeername4 *ebpf.Program `ebpf:"sm_getpeername4"`
+	Getpeername6 *ebpf.Program `ebpf:"sm_getpeername6"`
+	Getsockopt   *ebpf.Program `ebpf:"sm_getsockopt"`
+	Sockops      *ebpf.Program `ebpf:"sm_sockops"`
+}
+
+func (o *objects) Close() error {
+	return errors.Join(o.sockmeshMaps.Close(), o.Connect4.Close(), o.Connect6.Close(),
+		o.Getpeername4.Close(), o.Getpeername6.Close(), o.Getsockopt.Close(), o.Sockops.Close())
+}
+
+// hook is one of our attach points; name is its pin name and report label.
+type hook struct {
+	name   string
+	attach ebpf.AttachType
+	prog   func(*objects) *ebpf.Program
+}
+
+// hooks lists our attach points (a read-only table). sockops comes before
+// connect so that by the time a connection can be redirected its handoff is
+// already tracked.
+var hooks = []hook{
+	{"sockops", ebpf.AttachCGroupSockOps, func(o *objects) *ebpf.Program { return o.Sockops }},
+	{"getsockopt", ebpf.AttachCGroupGetsockopt, func(o *objects) *ebpf.Program { return o.Getsockopt }},
+	{"getpeername4", ebpf.AttachCgroupInet4GetPeername, func(o *objects) *ebpf.Program { return o.Getpeername4 }},
+	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, func(o *objects) *ebpf.Program { return o.Getpeername6 }},
+	{"connect4", ebpf.AttachCGroupInet4Connect, func(o *objects) *ebpf.Program { return o.Connect4 }},
+	{"connect6", ebpf.AttachCGroupInet6Connect, func(o *objects) *ebpf.Program { return o.Connect6 }},
+}
+
+// Open loads the programs with cfg's settings and attaches them, adopting
+// the state pinned by an earlier run (see the package documentation). log
+// may be nil; reg may be nil, otherwise the datapath's metrics are
+// registered on it. It returns an error wrapping ebpf.ErrMapIncompatible when
+// pinned maps have a layout this build cannot use: Uninstall first.
+func Open(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Datapath, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("component", "datapath")
+	if err := bpffs.Ensure(cfg.BPFFS); err != nil {
+		return nil, err
+	}
+	dir := cfg.pinDir()
+	for _, sub := range []string{"links", "progs"} {
+		if err := os.MkdirAll(filepath.Join(dir, sub), 0o700); err != nil {
+			return nil, fmt.Errorf("create pin directory: %w", err)
+		}
+	}
+
+	spec, err := loadSockmesh()
+	if err != nil {
+		return nil, err
+	}
+	if err := configure(spec, cfg); err != nil {
+		return nil, err
+	}
+	d := &Datapath{cfg: cfg, log: log, links: make(map[string]link.Link), reg: reg}
+	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}})
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load eBPF programs: %w\nverifier log:\n%+v", err, ve)
+		}
+		return nil, fmt.Errorf("load eBPF objects pinned in %s: %w", dir, err)
+	}
+	if err := d.attachAll(); err != nil {
+		d.objs.Close()
+		return nil, err
+	}
+	if err := d.pinPrograms(); err != nil {
+		d.Close()
+		return nil, err
+	}
+	if others, err := d.Conflicts(); err != nil {
+		log.Warn("cannot list other programs on our hooks", "err", err)
+	} else {
+		for _, o := range others {
+			msg := "other program attached to a sockmesh hook"
+			if o.RunsBeforeOurs && strings.HasPrefix(o.Hook, "connect") {
+				msg = "other connect program runs before ours and may rewrite service addresses first"
+			}
+			log.Warn(msg, "hook", o.Hook, "program_id", o.ProgramID, "program_name", o.Name,
+				"runs_before_ours", o.RunsBeforeOurs)
+		}
+	}
+	if reg != nil {
+		d.collector = newCollector(d)
+		if err := reg.Register(d.collector); err != nil {
+			d.Close()
+			return nil, fmt.Errorf("register datapath metrics: %w", err)
+		}
+	}
+	log.Info("datapath ready", "cgroup", cfg.Cgroup, "pin_dir", dir)
+	return d, nil
+}
+
+// configure sets the programs' load-time constants.
+func configure(spec *ebpf.CollectionSpec, cfg Config) error {
+	vars := map[string]any{
+		sockmeshVarSmProxyMark:         cfg.ProxyMark,
+		sockmeshVarSmHeartbeatMaxAgeNs: uint64(cfg.HeartbeatMaxAge.Nanoseconds()),
+	}
+	for name, v := range vars {
+		vs, ok := spec.Variables[name]
+		if !ok {
+			return fmt.Errorf("configure eBPF programs: variable %s missing", name)
+		}
+		if err := vs.Set(v); err != nil {
+			return fmt.Errorf("configure eBPF programs: set %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// attachAll attaches every hook, adopting pinned links. On failure it
+// removes the links it created (adopted ones keep running, now with the new
+// programs, which share the maps of the old).
+func (d *Datapath) attachAll() error {
+	cg, err := os.Open(d.cfg.Cgroup)
+	if err != nil {
+		return fmt.Errorf("open cgroup %s: %w", d.cfg.Cgroup, err)
+	}
+	defer cg.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(cg.Fd()), &st); err != nil {
+		return fmt.Errorf("stat cgroup %s: %w", d.cfg.Cgroup, err)
+	}
+	// On cgroup v2 the directory's inode number is the cgroup ID that link
+	// info reports.
+	cgID := st.Ino
+
+	created := make(map[string]bool)
+	for _, h := range hooks {
+		l, isNew, err := d.attach(h, cg, cgID)
+		if err != nil {
+			for name, l := range d.links {
+				if created[name] {
+					l.Unpin()
+				}
+				l.Close()
+				delete(d.links, name)
+			}
+			return err
+		}
+		d.links[h.name] = l
+		created[h.name] = isNew
+	}
+	return nil
+}
+
+func (d *Datapath) attach(h hook, cg *os.File, cgID uint64) (l link.Link, isNew bool, err error) {
+	path := filepath.Join(d.cfg.pinDir(), "links", h.name)
+	prog := h.prog(&d.objs)
+	if _, err := os.Stat(path); err == nil {
+		l, err := link.LoadPinnedLink(path, nil)
+		if err != nil {
+			return nil, false, fmt.Errorf("adopt %s link: %w", h.name, err)
+		}
+		info, err := l.Info()
+		if err == nil && info.Cgroup() != nil && info.Cgroup().CgroupId == cgID {
+			if err := l.Update(prog); err != nil {
+				l.Close()
+				return nil, false, fmt.Errorf("update %s link: %w", h.name, err)
+			}
+			d.log.Info("adopted pinned link", "hook", h.name, "link_id", info.ID)
+			return l, false, nil
+		}
+		// Pinned for another cgroup: Config.Cgroup changed since.
+		d.log.Info("moving pinned link to another cgroup", "hook", h.name, "cgroup", d.cfg.Cgroup)
+		if err := errors.Join(l.Detach(), l.Unpin(), l.Close()); err != nil {
+			return nil, false, fmt.Errorf("remove %s link of another cgroup: %w", h.name, err)
+		}
+	}
+	raw, err := link.AttachRawLink(link.RawLinkOptions{Target: int(cg.Fd()), Program: prog, Attach: h.attach})
+	if err != nil {
+		return nil, false, fmt.Errorf("attach %s to %s: %w", h.name, d.cfg.Cgroup, err)
+	}
+	if err := raw.Pin(path); err != nil {
+		raw.Close()
+		return nil, false, fmt.Errorf("pin %s link: %w", h.name, err)
+	}
+	return raw, true, nil
+}
+
+// pinPrograms pins (or re-pins) each hook's program under progs/, for
+// bpftool and operators; the links keep the programs alive either way.
+func (d *Datapath) pinPrograms() error {
+	for _, h := range hooks {
+		path := filepath.Join(d.cfg.pinDir(), "progs", h.name)
+		// Pin refuses to replace a pin; pin beside it and rename over it.
+		// (No dot in the name: bpffs reserves names with dots, EPERM.)
+		tmp := path + "-new"
+		os.Remove(tmp)
+		if err := h.prog(&d.objs).Pin(tmp); err != nil {
+			return fmt.Errorf("pin %s program: %w", h.name, err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			return fmt.Errorf("replace pinned %s program: %w", h.name, err)
+		}
+	}
+	return nil
+}
+
+// Close releases this process's hold on the datapath and unregisters its
+// metrics. The pinned links keep capturing; a later Open adopts them. Calls
+// after the first do nothing.
+func (d *Datapath) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	if d.collector != nil {
+		d.reg.Unregister(d.collector)
+		d.collector = nil
+	}
+	var errs []error
+	for name, l := range d.links {
+		errs = append(errs, l.Close())
+		delete(d.links, name)
+	}
+	errs = append(errs, d.objs.Close())
+	return errors.Join(errs...)
+}
+
+// Uninstall detaches every program, removes every pin and closes d: capture
+// stops at once, and the maps are freed once no socket storage or process
+// holds them.
+func (d *Datapath) Uninstall() error {
+	return errors.Join(d.Close(), Uninstall(d.cfg))
+}
+
+// Uninstall removes the datapath that cfg names without loading it (for a
+// CLI, or after Open failed on incompatible pins): it detaches the pinned
+// links, even if another process still holds them, and removes the pin
+// directory. Nothing pinned is not an error.
+func Uninstall(cfg Config) error {
+	if cfg.BPFFS == "" {
+		cfg.BPFFS = bpffs.DefaultPath
+	}
+	dir := cfg.pinDir()
+	entries, err := os.ReadDir(filepath.Join(dir, "links"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("uninstall: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		path := filepath.Join(dir, "links", e.Name())
+		l, err := link.LoadPinnedLink(path, nil)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("uninstall link %s: %w", e.Name(), err))
+			continue
+		}
+		if err := l.Detach(); err != nil {
+			errs = append(errs, fmt.Errorf("uninstall: detach %s: %w", e.Name(), err))
+		}
+		l.Close()
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		errs = append(errs, fmt.Errorf("uninstall: remove %s: %w", dir, err))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,40 @@
+// Package datapath loads, attaches and drives sockmesh's eBPF programs
+// (../bpf/sockmesh.c): connections from enrolled pods to captured Service
+// addresses are rewritten in connect() to the pod's proxy address, and the
+// proxy reads the original destination with getsockopt(SO_ORIGINAL_DST)
+// exactly as it would behind iptables (see userspace-proxy/origdst).
+//
+// The agent drives it:
+//
+//	dp, err := datapath.Open(datapath.Config{}, log, reg) // load, or adopt pinned state
+//	defer dp.Close()                                      // capture keeps working
+//	err = dp.Apply(snap)                                  // services map := snap.Frontends
+//	err = dp.Enrol(cookie, datapath.Proxy{...})           // a pod's netns (see podns)
+//	err = dp.Heartbeat()                                  // the proxy is alive
+//	n, err := dp.Counters()                               // per-decision counts
+//	err = dp.Uninstall()                                  // remove every pin, link, map
+//
+// State: programs, links and maps are pinned under <Config.BPFFS>/sockmesh.
+// Open adopts what it finds there: maps are reused (keeping enrolments,
+// services and the original destinations of live connections) and the pinned
+// links get the freshly loaded programs through an atomic bpf_link update, so
+// an agent restart or upgrade never leaves a moment without capture and never
+// attaches twice. Close releases this process's descriptors only.
+//
+// Hooks: cgroup/connect4, connect6, getpeername4, getpeername6, getsockopt
+// and sockops, attached with bpf_link (always BPF_F_ALLOW_MULTI for cgroup
+// links) at Config.Cgroup, by default the root of the cgroup v2 hierarchy.
+// Open logs, and Conflicts reports, other programs on the same hooks: one
+// that runs first may rewrite a Service address before we see it.
+//
+// Needs Linux 5.15 (bpf_get_netns_cookie in sockops; cgroup bpf_link 5.7,
+// getpeername hooks 5.8, socket storage in sockops 5.10), cgroup v2, and
+// CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN (attach, pin, mount bpffs).
+//
+// Optional sockhash/sk_msg acceleration of the app-to-proxy leg is not
+// built: see the note at the end of ../bpf/sockmesh.c.
+//
+// This package must not import Kubernetes code or decide which pods to
+// enrol; it takes netns cookies and Snapshot frontends. It must not open
+// proxy listeners (podns does, for in-pod mode).
+package datapath

@@ -1,0 +1,160 @@
+package podns
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// NS is an open network namespace: a file descriptor on its nsfs inode, valid
+// however the namespace was found and as long as NS is open.
+type NS struct {
+	f *os.File
+}
+
+// Open opens the network namespace at path: a /proc/<pid>/ns/net link or a
+// bind mount such as /var/run/netns/<name>.
+func Open(path string) (*NS, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open netns %s: %w", path, err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("open netns %s: %w", path, err)
+	}
+	if uint32(st.Type) != unix.NSFS_MAGIC {
+		f.Close()
+		return nil, fmt.Errorf("open netns %s: not a namespace file", path)
+	}
+	return &NS{f: f}, nil
+}
+
+// Path is the path the namespace was opened from.
+func (n *NS) Path() string { return n.f.Name() }
+
+// Fd is the namespace's file descriptor, valid until Close.
+func (n *NS) Fd() int { return int(n.f.Fd()) }
+
+// Close releases the descriptor; the namespace itself lives on while any
+// process, mount or socket holds it.
+func (n *NS) Close() error { return n.f.Close() }
+
+// Inode identifies the namespace: two NS with equal Inode are the same
+// namespace.
+func (n *NS) Inode() (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(n.f.Fd()), &st); err != nil {
+		return 0, fmt.Errorf("stat netns %s: %w", n.Path(), err)
+	}
+	return st.Ino, nil
+}
+
+// Do runs fn on an OS thread inside the namespace and waits for it. fn must
+// not rely on goroutines it starts being inside the namespace (they are not).
+func (n *NS) Do(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// No deferred unlock: a thread that cannot go back to its own netns
+		// must die with this goroutine rather than serve other goroutines.
+		home, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open current netns: %w", err)
+			return
+		}
+		defer home.Close()
+		if err := unix.Setns(n.Fd(), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("enter netns %s: %w", n.Path(), err)
+			return
+		}
+		fnErr := fn()
+		if err := unix.Setns(int(home.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- errors.Join(fnErr, fmt.Errorf("return from netns %s: %w", n.Path(), err))
+			return
+		}
+		runtime.UnlockOSThread()
+		errc <- fnErr
+	}()
+	return <-errc
+}
+
+// Cookie returns the namespace's cookie (SO_NETNS_COOKIE, Linux 5.14): the
+// key under which the datapath enrols it. It is stable for the namespace's
+// lifetime and never reused.
+func (n *NS) Cookie() (uint64, error) {
+	var cookie uint64
+	err := n.Do(func() error {
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("get cookie of netns %s: %w", n.Path(), err)
+	}
+	return cookie, nil
+}
+
+// Listen opens a listener inside the namespace (the in-pod proxy mode). lc
+// may be nil. The listener stays in the namespace; accepting from it needs no
+// further setns.
+func (n *NS) Listen(ctx context.Context, lc *net.ListenConfig, network, address string) (net.Listener, error) {
+	if lc == nil {
+		lc = &net.ListenConfig{}
+	}
+	var ln net.Listener
+	err := n.Do(func() error {
+		var err error
+		ln, err = lc.Listen(ctx, network, address)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s %s in netns %s: %w", network, address, n.Path(), err)
+	}
+	return ln, nil
+}
+
+// Addrs lists the IP addresses configured on the namespace's interfaces,
+// read over netlink.
+func (n *NS) Addrs() ([]netip.Addr, error) {
+	var out []netip.Addr
+	err := n.Do(func() error {
+		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)
+		for tries := 1; errors.Is(err, netlink.ErrDumpInterrupted) && tries < 5; tries++ {
+			// The address list changed during the dump; ask again.
+			addrs, err = h.AddrList(nil, netlink.FAMILY_ALL)
+		}
+		if err != nil {
+			return err
+		}
+		for _, a := range addrs {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok {
+				out = append(out, ip.Unmap())
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list addresses in netns %s: %w", n.Path(), err)
+	}
+	return out, nil
+}

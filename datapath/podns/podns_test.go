@@ -1,0 +1,97 @@
+package podns_test
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os"
+	"testing"
+
+	"github.com/sockmesh/sockmesh/datapath/podns"
+	"github.com/sockmesh/sockmesh/internal/sandbox"
+)
+
+func TestFindByIP(t *testing.T) {
+	a, b := sandbox.NewNetNS(t), sandbox.NewNetNS(t)
+	ipA, ipB := netip.MustParseAddr("10.202.0.1"), netip.MustParseAddr("fd00:202::2")
+	sandbox.NewVeth(t, a, b, []netip.Prefix{netip.PrefixFrom(ipA, 24)}, []netip.Prefix{netip.PrefixFrom(ipB, 64)})
+
+	for _, tc := range []struct {
+		ip   netip.Addr
+		want *sandbox.NetNS
+	}{{ipA, a}, {ipB, b}, {netip.AddrFrom16(ipA.As16()), a}} {
+		got, err := podns.FindByIP(tc.ip)
+		if err != nil {
+			t.Errorf("FindByIP(%s): %v", tc.ip, err)
+			continue
+		}
+		gotIno, _ := got.Inode()
+		wantIno, _ := tc.want.Inode()
+		if gotIno != wantIno {
+			t.Errorf("FindByIP(%s) = netns %d (%s), want %d (%s)", tc.ip, gotIno, got.Path(), wantIno, tc.want.Name)
+		}
+		got.Close()
+	}
+	if _, err := podns.FindByIP(netip.MustParseAddr("10.202.0.99")); !errors.Is(err, podns.ErrNotFound) {
+		t.Errorf("FindByIP(unknown) = %v, want ErrNotFound", err)
+	}
+	// Every netns has its own 127.0.0.1.
+	if _, err := podns.FindByIP(netip.MustParseAddr("127.0.0.1")); !errors.Is(err, podns.ErrAmbiguous) {
+		t.Errorf("FindByIP(127.0.0.1) = %v, want ErrAmbiguous", err)
+	}
+}
+
+func TestCookie(t *testing.T) {
+	a, b := sandbox.NewNetNS(t), sandbox.NewNetNS(t)
+	again, err := podns.Open(a.Path())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	ca, err1 := a.Cookie()
+	ca2, err2 := again.Cookie()
+	cb, err3 := b.Cookie()
+	if err := errors.Join(err1, err2, err3); err != nil {
+		t.Fatal(err)
+	}
+	if ca != ca2 {
+		t.Errorf("same netns opened twice: cookies %d and %d differ", ca, ca2)
+	}
+	if ca == cb || ca == 0 {
+		t.Errorf("cookies %d and %d: want two different, non-zero ones", ca, cb)
+	}
+}
+
+func TestListen(t *testing.T) {
+	ns := sandbox.NewNetNS(t)
+	ln, err := ns.Listen(context.Background(), nil, "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	c, err := ns.Dial(nil, "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatalf("dial the in-netns listener from inside: %v", err)
+	}
+	c.Close()
+}
+
+func TestOpenRejectsOtherFiles(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "not-a-netns")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if ns, err := podns.Open(f.Name()); err == nil {
+		ns.Close()
+		t.Error("Open(regular file) succeeded")
+	}
+	if _, err := podns.Open("/nonexistent/netns"); err == nil {
+		t.Error("Open(missing path) succeeded")
+	}
+}

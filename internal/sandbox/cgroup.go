@@ -1,0 +1,63 @@
+package sandbox
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	"github.com/sockmesh/sockmesh/datapath/cgroup2"
+)
+
+// Cgroup is a cgroup v2 directory made for one test, directly below the
+// hierarchy's root.
+type Cgroup struct {
+	Path string
+}
+
+// NewCgroup creates a cgroup that is removed when t ends (after every process
+// Start put into it has been ended, and after Enter's move back).
+func NewCgroup(t TB) *Cgroup {
+	t.Helper()
+	requireRoot(t)
+	root, err := cgroup2.Root()
+	if err != nil {
+		skipOrFail(t, "cgroup v2: %v", err)
+	}
+	c := &Cgroup{Path: filepath.Join(root, Name())}
+	t.Cleanup(func() {
+		if err := os.Remove(c.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("remove cgroup %s: %v", c.Path, err)
+		}
+	})
+	if err := os.Mkdir(c.Path, 0o755); err != nil {
+		t.Fatalf("create cgroup: %v", err)
+	}
+	return c
+}
+
+// Enter moves the whole test process (every thread: cgroup v2 membership is
+// per process) into c until t ends, when it moves back to where it was.
+// Sockets remember the cgroup they were created in, so sockets created while
+// inside stay subject to programs attached to c. Tests that Enter must not
+// run in parallel with tests that rely on the process's cgroup.
+func (c *Cgroup) Enter(t TB) {
+	t.Helper()
+	root, err := cgroup2.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prev, err := cgroup2.ProcessPath(root, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := []byte(strconv.Itoa(os.Getpid()))
+	t.Cleanup(func() {
+		if err := os.WriteFile(filepath.Join(prev, "cgroup.procs"), pid, 0); err != nil {
+			t.Errorf("move test process back to cgroup %s: %v", prev, err)
+		}
+	})
+	if err := os.WriteFile(filepath.Join(c.Path, "cgroup.procs"), pid, 0); err != nil {
+		t.Fatalf("move test process into cgroup %s: %v", c.Path, err)
+	}
+}
