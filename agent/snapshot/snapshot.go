@@ -19,7 +19,7 @@ type Snapshot struct {
 	Version uint64 `json:"version"`
 	// Frontends are the captured Service ports.
 	Frontends []Frontend `json:"frontends,omitempty"`
-	// Backends are the destinations frontends (and, later, routes) lead to.
+	// Backends are the destinations frontends and their routes lead to.
 	Backends []Backend `json:"backends,omitempty"`
 	// Workloads are the pods on this node, enrolled or not.
 	Workloads []Workload `json:"workloads,omitempty"`
@@ -73,6 +73,9 @@ type Frontend struct {
 	FailurePolicy FailurePolicy `json:"failurePolicy"`
 	// Backend is where a connection goes when no route says otherwise.
 	Backend BackendRef `json:"backend"`
+	// Routes is the port's GAMMA route table; nil when no HTTPRoute or
+	// GRPCRoute attaches to it.
+	Routes *RouteTable `json:"routes,omitempty"`
 }
 
 // BackendKind is the kind of object a backend stands for.
@@ -263,8 +266,8 @@ type Workload struct {
 	Enrolled bool `json:"enrolled"`
 }
 
-// New sorts the parts, checks that every frontend's backend exists and that
-// no address is claimed twice, and returns the indexed Snapshot. It takes
+// New sorts the parts, checks that every frontend's backend (and every
+// backend its routes name) exists and that no address is claimed twice, and returns the indexed Snapshot. It takes
 // ownership of the slices.
 func New(version uint64, frontends []Frontend, backends []Backend, workloads []Workload) (*Snapshot, error) {
 	slices.SortFunc(frontends, func(a, b Frontend) int {
@@ -295,6 +298,11 @@ func New(version uint64, frontends []Frontend, backends []Backend, workloads []W
 		f := &frontends[i]
 		if _, ok := s.byBackend[f.Backend]; !ok {
 			return nil, fmt.Errorf("frontend %s port %d: backend %s missing", f.Service, f.Port, f.Backend)
+		}
+		if f.Routes != nil {
+			if err := s.checkRoutes(f); err != nil {
+				return nil, err
+			}
 		}
 		for _, a := range f.Addresses {
 			ap := netip.AddrPortFrom(a.Unmap(), f.Port)

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/sockmesh/sockmesh/agent/translate"
@@ -78,4 +79,40 @@ func scaleInput(b *testing.B, services, endpointsPer, policies int) translate.In
 		})
 	}
 	return in
+}
+
+// BenchmarkTranslateRoutes translates 1,000 HTTPRoutes (8 rules of 2
+// matches each, backendRefs to two Services) attached to 100 Services.
+func BenchmarkTranslateRoutes(b *testing.B) {
+	in := scaleInput(b, 1000, 2, 0)
+	group, kind := gwv1.Group(""), gwv1.Kind("Service")
+	prefix, exact := gwv1.PathMatchPathPrefix, gwv1.PathMatchExact
+	for i := range 1000 {
+		// Services k and k+100 share a namespace (scaleInput).
+		parent, other := in.Services[i%100], in.Services[i%100+100]
+		r := &gwv1.HTTPRoute{ObjectMeta: metav1.ObjectMeta{Namespace: parent.Namespace, Name: fmt.Sprintf("route-%d", i)}}
+		r.Spec.ParentRefs = []gwv1.ParentReference{{Group: &group, Kind: &kind, Name: gwv1.ObjectName(parent.Name)}}
+		port := gwv1.PortNumber(80)
+		for j := range 8 {
+			p1, p2 := fmt.Sprintf("/r%d/%d", i, j), fmt.Sprintf("/r%d/%d/exact", i, j)
+			r.Spec.Rules = append(r.Spec.Rules, gwv1.HTTPRouteRule{
+				Matches: []gwv1.HTTPRouteMatch{{Path: &gwv1.HTTPPathMatch{Type: &prefix, Value: &p1}}, {Path: &gwv1.HTTPPathMatch{Type: &exact, Value: &p2}}},
+				BackendRefs: []gwv1.HTTPBackendRef{
+					{BackendRef: gwv1.BackendRef{BackendObjectReference: gwv1.BackendObjectReference{Name: gwv1.ObjectName(parent.Name), Port: &port}}},
+					{BackendRef: gwv1.BackendRef{BackendObjectReference: gwv1.BackendObjectReference{Name: gwv1.ObjectName(other.Name), Port: &port}}},
+				},
+			})
+		}
+		in.HTTPRoutes = append(in.HTTPRoutes, r)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		res, err := translate.Translate(in)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(res.Status.HTTPRoutes) != 1000 || res.Status.HTTPRoutes[types.NamespacedName{Namespace: "ns-7", Name: "route-7"}][0].Conditions[1].Status != metav1.ConditionTrue {
+			b.Fatalf("routes not all translated and resolved: %d in status", len(res.Status.HTTPRoutes))
+		}
+	}
 }

@@ -21,10 +21,7 @@
 //     Without one, wss is not captured: GEP-1911 lets wss be originated only
 //     with a BackendTLSPolicy, and capturing it anyway would either break
 //     apps that speak TLS themselves or leak plaintext;
-//   - an HTTPRoute or GRPCRoute names the Service (group "", kind Service) in
-//     parentRefs: the parentRef's port (or sectionName, the port's name), or
-//     every port. Routing itself comes with GAMMA; route status is not
-//     written here yet;
+//   - a mesh route (below) attaches to the port;
 //   - the Service stands for an XBackend (below).
 //
 // The Frontend's Backend is the Service port itself (kind Service) with
@@ -40,6 +37,80 @@
 // targeting one is Accepted=False/Invalid with that explanation, so the
 // status never claims TLS that is not applied. When two malformed Services
 // claim the same ClusterIP and port, the older Service keeps it.
+//
+// # Mesh routes (GAMMA: HTTPRoute, GRPCRoute with a Service parent)
+//
+// A parentRef with group "" and kind Service attaches a route to that
+// Service's TCP ports: the one parentRef.port names and/or the one
+// sectionName names (both must match), or every port. Requests are matched
+// by the Service address the client dialled, never by Host: route
+// hostnames are ignored (GEP-1294). A route in the Service's namespace is
+// a producer route; one in another namespace a consumer route, which
+// applies only to clients in its own namespace and replaces the producer
+// routes for them (the sets are not merged). Each attached port gets a
+// Frontend.Routes table: a producer set and one set per consumer
+// namespace, each merging every route of its role. When HTTPRoutes and
+// GRPCRoutes attach to the same port and role, the GRPCRoutes govern and
+// the HTTPRoutes' parent entry says Conflicted for that port (GEP-1294).
+// Headless and ExternalName Services, missing Services and ports are
+// NoMatchingParent. Ports routes attach to are captured.
+//
+// Matches are listed once per set, in precedence order (matchKey): Exact
+// path; then PathPrefix and RegularExpression by length, PathPrefix first
+// on a tie; method; header count; query param count; then the older route,
+// namespace/name, rule order and match order. GRPCRoute: service
+// characters, method characters, header count, then the same tie breaks;
+// its service/method matches become paths ("/svc/method" Exact, "/svc"
+// PathPrefix, or an anchored regular expression). Regular expressions are
+// RE2 (Go's regexp) matching the whole value, checked here; the proxy
+// compiles them once per snapshot. A rule without matches matches every
+// request; an HTTPRoute without rules gets the CRD's default rule.
+//
+// Rules keep their filters in the Snapshot: request and response header
+// modifiers (rule and backendRef level), RequestRedirect (scheme,
+// hostname, path, port, statusCode), URLRewrite (hostname, path),
+// RequestMirror (percent or fraction), and, for HTTPRoutes, timeouts
+// (request, backendRequest; "0s" disables) and retry (attempts defaulting
+// to 1, codes, backoff), plus route-inline sessionPersistence. What the
+// CRD would refuse is checked again, since the file source never met the
+// CRD. A rule whose matches are invalid is left out. A rule whose matches
+// are valid but whose filters or settings cannot be honoured — including
+// the CORS, ExternalAuth and ExtensionRef filters sockmesh does not
+// implement — stays and answers 500: a filter is never skipped. Status
+// then follows the API's "Drop Rule(s)" form: Accepted=True with
+// PartiallyInvalid=True (UnsupportedValue, or IncompatibleFilters for
+// RequestRedirect with URLRewrite). When no rule routes, Accepted=False
+// with that reason, and rules that answer 500 still do so.
+//
+// backendRefs: core Services (port required; ExternalName is InvalidKind)
+// and XBackends (group gateway.networking.x-k8s.io, no port), with weights
+// (default 1, 0 gets nothing). A backendRef Service gets a Backend built
+// exactly as a captured port's — endpoints, BackendTLSPolicy, appProtocol —
+// whether or not it is captured itself; a Service annotated
+// sockmesh.io/xbackend leads to its XBackend. A backendRef that does not
+// resolve stays in the rule, Invalid, so its share of requests gets 500;
+// ResolvedRefs=False says why: BackendNotFound, InvalidKind,
+// RefNotPermitted, UnsupportedProtocol (gRPC to an HTTP/1-only or TCP
+// backend), UnsupportedValue (a Service without port, an XBackend with
+// one), or ReasonInvalidBackend (it resolves, but its TLS policy or
+// XBackend is invalid: requests fail closed with 503, as without the
+// route). A mirror whose backendRef does not resolve is dropped.
+//
+// Cross-namespace backendRefs need a ReferenceGrant in the backend's
+// namespace (from the route's kind and namespace, to Service or XBackend),
+// unless the backendRef names one of the route's own parent Services.
+// GEP-1294 lets meshes skip grants when routes cannot reach further than
+// clients could; sockmesh's proxy dials from the node, outside the
+// client's NetworkPolicy, so it asks for grants — except toward a parent
+// Service, which the client dials anyway (conformance MeshConsumerRoute).
+//
+// Status: one RouteParentStatus per Service parentRef (at most 32), the
+// parentRef as written, controllerName ControllerName, observedGeneration,
+// conditions Accepted (Accepted, NoMatchingParent, UnsupportedValue,
+// IncompatibleFilters, ReasonConflicted), ResolvedRefs, and
+// PartiallyInvalid when some rules are dropped. Every route examined gets
+// an entry, empty when it has no Service parent. XBackends gain the
+// parents of accepted routes that lead to them as ancestors.
 //
 // # Failure policy
 //
@@ -93,13 +164,12 @@
 // port.number). Such a Service is best selector-less: the app dials a
 // normal Service name, and without sockmesh it would lead nowhere rather
 // than somewhere else. A name that matches no XBackend fails closed
-// (XBackendNotFound). With GAMMA, an XBackend will also be reachable as a
-// backendRef (group gateway.networking.x-k8s.io, kind XBackend) of a route
-// whose parent is a Service; the Backend entry is the same, keyed by
-// {XBackend, namespace, name, port.number}.
+// (XBackendNotFound). An XBackend is also reachable as a backendRef (group
+// gateway.networking.x-k8s.io, kind XBackend) of a mesh route; the Backend
+// entry is the same, keyed by {XBackend, namespace, name, port.number}.
 //
 // Ancestors (XBackend status): the Services that stand for the XBackend
-// (with GAMMA, also the parent Services of routes naming it), group "", kind
+// and the parent Services of accepted routes leading to it, group "", kind
 // Service. An XBackend nothing reaches has no ancestors. Accepted=False
 // reasons: Invalid (what the CRD's rules would have refused), NoValidCACertificate,
 // EgressNotAllowed (not on Node.EgressAllow); ResolvedRefs=False:
@@ -121,7 +191,7 @@
 // Snapshot's (a cookie without a name gets a stable generated one).
 //
 // XBackendTrafficPolicy is read but not applied yet: its retry budget needs
-// GAMMA retries, and its sessionPersistence is deprecated in favour of
+// the proxy's retries, and its sessionPersistence is deprecated in favour of
 // XBackend's (GEP-4894).
 //
 // # XMesh

@@ -38,6 +38,9 @@ type Input struct {
 	XBackends               []*gwxv1alpha1.XBackend
 	XBackendTrafficPolicies []*gwxv1alpha1.XBackendTrafficPolicy
 	XMeshes                 []*gwxv1alpha1.XMesh
+	// ReferenceGrants permit mesh routes' cross-namespace backendRefs
+	// (gateway.networking.k8s.io v1; v1beta1 is the same schema).
+	ReferenceGrants []*gwv1.ReferenceGrant
 
 	// Resolved holds the agent's DNS answers for ExternalHostname XBackends,
 	// keyed by hostname. A hostname absent from the map has not been resolved

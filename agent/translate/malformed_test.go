@@ -35,6 +35,7 @@ func TestTranslateMalformed(t *testing.T) {
 			BackendTLSPolicies: []*gwv1.BackendTLSPolicy{nil}, HTTPRoutes: []*gwv1.HTTPRoute{nil},
 			GRPCRoutes: []*gwv1.GRPCRoute{nil}, XBackends: []*gwxv1alpha1.XBackend{nil},
 			XBackendTrafficPolicies: []*gwxv1alpha1.XBackendTrafficPolicy{nil}, XMeshes: []*gwxv1alpha1.XMesh{nil},
+			ReferenceGrants: []*gwv1.ReferenceGrant{nil},
 		},
 		"empty objects": {
 			Services: []*corev1.Service{{}}, EndpointSlices: []*discoveryv1.EndpointSlice{{}},
@@ -43,6 +44,7 @@ func TestTranslateMalformed(t *testing.T) {
 			BackendTLSPolicies: []*gwv1.BackendTLSPolicy{{}}, HTTPRoutes: []*gwv1.HTTPRoute{{}},
 			GRPCRoutes: []*gwv1.GRPCRoute{{}}, XBackends: []*gwxv1alpha1.XBackend{{}},
 			XBackendTrafficPolicies: []*gwxv1alpha1.XBackendTrafficPolicy{{}}, XMeshes: []*gwxv1alpha1.XMesh{{}},
+			ReferenceGrants: []*gwv1.ReferenceGrant{{}},
 		},
 	}
 	// Objects pointing at each other with nothing else set.
@@ -171,6 +173,43 @@ func checkResult(t *testing.T, res translate.Result) {
 	for name, m := range res.Status.XMeshes {
 		checkConditions("XMesh "+name, m.Conditions)
 	}
+	for _, routes := range []map[types.NamespacedName][]gwv1.RouteParentStatus{res.Status.HTTPRoutes, res.Status.GRPCRoutes} {
+		if routes == nil {
+			t.Errorf("route status map is nil: routes were examined")
+		}
+		for k, parents := range routes {
+			if len(parents) > 32 {
+				t.Errorf("route %s: %d parents, more than 32", k, len(parents))
+			}
+			for _, p := range parents {
+				checkConditions("route "+k.String(), p.Conditions)
+				if len(p.Conditions) < 2 || p.Conditions[0].Type != "Accepted" || p.Conditions[1].Type != "ResolvedRefs" {
+					t.Errorf("route %s: conditions %+v, want Accepted and ResolvedRefs first", k, p.Conditions)
+				}
+			}
+		}
+	}
+	for _, f := range res.Frontends {
+		if f.Routes == nil {
+			continue
+		}
+		f.Routes.Sets(func(rs *snapshot.RouteSet) {
+			for _, r := range rs.Rules {
+				if r.Invalid != nil && (r.Invalid.Reason == "" || len(r.Backends) > 0 || r.Redirect != nil || r.Rewrite != nil ||
+					r.RequestHeaders != nil || len(r.Mirrors) > 0) {
+					t.Errorf("frontend %s:%d: invalid rule %s/%d carries settings: %+v", f.Service, f.Port, r.Route, r.Index, r)
+				}
+				if r.Redirect != nil && len(r.Backends) > 0 {
+					t.Errorf("frontend %s:%d: rule %s/%d redirects and has backends", f.Service, f.Port, r.Route, r.Index)
+				}
+				for _, wb := range r.Backends {
+					if (wb.Invalid == nil) == (wb.Backend == snapshot.BackendRef{}) {
+						t.Errorf("frontend %s:%d: rule %s/%d backend %+v: want exactly one of Backend and Invalid", f.Service, f.Port, r.Route, r.Index, wb)
+					}
+				}
+			}
+		})
+	}
 }
 
 // randomInput fills an Input with f. Names, references and
@@ -186,6 +225,7 @@ func randomInput(f *randfill.Filler) translate.Input {
 		"fd00:244::1", "127.0.0.1", "not-an-ip", "a.example.com", "kubernetes.io/h2c", "kubernetes.io/ws",
 		"kubernetes.io/wss", "FailClosed", "1.3", "X25519", "Pod", "ca.crt", "tls.crt", "tls.key",
 		"spiffe://x/y", "*.example.com", string(ca), string(crt), string(key),
+		"/", "/a", "/a/b", "/a/", "(", "/v[0-9]+", "a\nb", "http",
 	}
 	labelKeys := []string{"kubernetes.io/service-name", "sockmesh.io/xbackend", "sockmesh.io/capture", "app",
 		"sockmesh.io/failure-policy", "sockmesh.io/min-tls-version", "sockmesh.io/curves", "sockmesh.io/bogus", "example.com/x"}
@@ -221,8 +261,8 @@ func randomInput(f *randfill.Filler) translate.Input {
 		pick[corev1.Protocol]([]string{"", "TCP", "UDP"}), pick[corev1.ServiceType]([]string{"", "ClusterIP", "ExternalName"}),
 		pick[corev1.PodPhase]([]string{"", "Running", "Pending", "Failed"}),
 		pick[discoveryv1.AddressType]([]string{"IPv4", "IPv6", "FQDN"}),
-		pick[gwv1.Group]([]string{"", "", "", "certificates.k8s.io", "gateway.networking.x-k8s.io", "apps"}),
-		pick[gwv1.Kind]([]string{"Service", "ConfigMap", "Secret", "ClusterTrustBundle", "XBackend", "Deployment"}),
+		pick[gwv1.Group]([]string{"", "", "", "certificates.k8s.io", "gateway.networking.x-k8s.io", "gateway.networking.k8s.io", "apps"}),
+		pick[gwv1.Kind]([]string{"Service", "Service", "ConfigMap", "Secret", "ClusterTrustBundle", "XBackend", "Deployment", "HTTPRoute", "GRPCRoute"}),
 		pick[gwv1.ObjectName](names), pick[gwv1.SectionName]([]string{"", "https", "http"}),
 		pick[gwv1.Namespace]([]string{"", "apps", "apps", "other"}),
 		pick[gwv1.PreciseHostname]([]string{"", "a.example.com", "x.cluster.local", "Bad!", "10.0.0.1"}),
@@ -239,6 +279,17 @@ func randomInput(f *randfill.Filler) translate.Input {
 		pick[gwxv1alpha1.BackendType]([]string{"ExternalHostname", "EndpointSelector", ""}),
 		pick[gwxv1alpha1.BackendProtocol]([]string{"HTTP2", "H2C", "WSS", "GRPC", "TCP", "bogus"}),
 		pick[gwxv1alpha1.BackendTLSMode]([]string{"None", "ServerOnly", "ClientAndServer", ""}),
+		pick[gwv1.PathMatchType]([]string{"Exact", "PathPrefix", "RegularExpression", "", "Bogus"}),
+		pick[gwv1.HeaderMatchType]([]string{"Exact", "RegularExpression", ""}),
+		pick[gwv1.QueryParamMatchType]([]string{"Exact", "RegularExpression", ""}),
+		pick[gwv1.HTTPMethod]([]string{"GET", "POST", "FETCH"}),
+		pick[gwv1.HTTPHeaderName]([]string{"x-a", "X-A", "Host", "bad name"}),
+		pick[gwv1.HTTPRouteFilterType]([]string{"RequestHeaderModifier", "ResponseHeaderModifier", "RequestRedirect",
+			"URLRewrite", "RequestMirror", "ExtensionRef", "CORS", "Bogus"}),
+		pick[gwv1.GRPCRouteFilterType]([]string{"RequestHeaderModifier", "ResponseHeaderModifier", "RequestMirror", "ExtensionRef"}),
+		pick[gwv1.GRPCMethodMatchType]([]string{"Exact", "RegularExpression", ""}),
+		pick[gwv1.GRPCHeaderMatchType]([]string{"Exact", "RegularExpression", ""}),
+		pick[gwv1.HTTPPathModifierType]([]string{"ReplaceFullPath", "ReplacePrefixMatch", ""}),
 		pickNumber[int32](ports), pickNumber[gwv1.PortNumber](ports), pickNumber[gwxv1alpha1.PortNumber](ports),
 	)
 	var in translate.Input

@@ -8,7 +8,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/types"
-	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 )
@@ -22,10 +21,9 @@ const (
 
 // captureServices adds a frontend for every Service port with backend
 // properties: a governing BackendTLSPolicy, appProtocol h2c or ws (or wss
-// with a policy), or a mesh route naming it as parent. Services that stand
-// for an XBackend lead there instead.
+// with a policy), or a mesh route table. Services that stand for an
+// XBackend lead there instead.
 func (t *translator) captureServices() {
-	parents := routeParents(t.in)
 	for _, svc := range t.services {
 		if name, ok := svc.Annotations[AnnotationXBackend]; ok {
 			t.captureXBackendService(svc, name)
@@ -39,21 +37,10 @@ func (t *translator) captureServices() {
 			if !isTCP(sp) || !validPort(sp.Port) {
 				continue
 			}
-			k := portKey{svc.Namespace, svc.Name, sp.Port}
-			tls, invalid, policy := t.portTLS(k)
-			proto := portProtocol(deref(sp.AppProtocol), tls != nil || invalid != nil)
-			if tls == nil && invalid == nil && proto == snapshot.ProtocolAuto && !parents.has(svc, sp) {
+			b := t.serviceBackend(svc, sp)
+			if b.TLS == nil && b.Invalid == nil && b.Protocol == snapshot.ProtocolAuto &&
+				t.routeTables[portKey{svc.Namespace, svc.Name, sp.Port}] == nil {
 				continue
-			}
-			b := snapshot.Backend{
-				Ref:       snapshot.BackendRef{Kind: snapshot.KindService, Namespace: svc.Namespace, Name: svc.Name, Port: uint16(sp.Port)},
-				Protocol:  proto,
-				Endpoints: t.endpoints(svc.Namespace, svc.Name, sp.Name, corev1.ProtocolTCP),
-				TLS:       tls,
-				Invalid:   invalid,
-			}
-			if policy != nil {
-				b.Sources = []snapshot.ObjectRef{*policy}
 			}
 			t.capturePort(svc, sp, addrs, b)
 		}
@@ -192,58 +179,4 @@ func endpoint(ap netip.AddrPort, ep discoveryv1.Endpoint, namespace string) snap
 		e.Pod = &snapshot.ObjectRef{Kind: "Pod", Namespace: ns, Name: r.Name}
 	}
 	return e
-}
-
-// parentPorts records the Service ports mesh routes name as parents.
-type parentPorts map[types.NamespacedName]*parentSelection
-
-type parentSelection struct {
-	all   bool
-	ports map[int32]bool
-	names map[string]bool
-}
-
-// routeParents collects the Services (group "", kind Service) that
-// HTTPRoutes and GRPCRoutes name in parentRefs. A parentRef with a port (or
-// a sectionName, the port's name) selects that port, otherwise every port.
-// Routing itself is GAMMA's (issue 6); here parents are only captured.
-func routeParents(in Input) parentPorts {
-	out := parentPorts{}
-	add := func(routeNS string, refs []gwv1.ParentReference) {
-		for _, ref := range refs {
-			if ref.Group == nil || *ref.Group != "" || ref.Kind == nil || *ref.Kind != "Service" {
-				continue
-			}
-			k := types.NamespacedName{Namespace: cmp.Or(deref(ref.Namespace), routeNS), Name: string(ref.Name)}
-			sel := out[k]
-			if sel == nil {
-				sel = &parentSelection{ports: map[int32]bool{}, names: map[string]bool{}}
-				out[k] = sel
-			}
-			switch {
-			case ref.Port != nil:
-				sel.ports[int32(*ref.Port)] = true
-			case ref.SectionName != nil && *ref.SectionName != "":
-				sel.names[string(*ref.SectionName)] = true
-			default:
-				sel.all = true
-			}
-		}
-	}
-	for _, r := range in.HTTPRoutes {
-		if r != nil {
-			add(r.Namespace, r.Spec.ParentRefs)
-		}
-	}
-	for _, r := range in.GRPCRoutes {
-		if r != nil {
-			add(r.Namespace, r.Spec.ParentRefs)
-		}
-	}
-	return out
-}
-
-func (p parentPorts) has(svc *corev1.Service, sp corev1.ServicePort) bool {
-	sel := p[types.NamespacedName{Namespace: svc.Namespace, Name: svc.Name}]
-	return sel != nil && (sel.all || sel.ports[sp.Port] || (sp.Name != "" && sel.names[sp.Name]))
 }

@@ -14,9 +14,10 @@ import (
 type Status struct {
 	BackendTLSPolicies map[types.NamespacedName][]gwv1.PolicyAncestorStatus
 	XBackends          map[types.NamespacedName][]gwxv1alpha1.BackendAncestorStatus
-	// HTTPRoutes and GRPCRoutes stay nil until the GAMMA work writes route
-	// status: a nil map means routes were not examined, so the writer must
-	// leave their status alone.
+	// HTTPRoutes and GRPCRoutes hold every route Translate examined, with
+	// its Service parents (an empty slice for a route with none). A nil map
+	// means routes were not examined, so the writer must leave their
+	// status alone.
 	HTTPRoutes map[types.NamespacedName][]gwv1.RouteParentStatus
 	GRPCRoutes map[types.NamespacedName][]gwv1.RouteParentStatus
 	// XMeshes holds the conditions and supported features of each XMesh

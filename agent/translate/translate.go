@@ -30,6 +30,7 @@ func Translate(in Input) (Result, error) {
 	t := newTranslator(in)
 	t.translateXBackends()
 	t.translatePolicies()
+	t.translateRoutes()
 	t.captureServices()
 	t.xbackendStatus()
 
@@ -38,6 +39,8 @@ func Translate(in Input) (Result, error) {
 		Status: Status{
 			BackendTLSPolicies: t.policyStatus,
 			XBackends:          t.xbackendStatuses,
+			HTTPRoutes:         t.httpRouteStatus,
+			GRPCRoutes:         t.grpcRouteStatus,
 			XMeshes:            meshes(in),
 		},
 		EndpointSelectorServices: t.selectorServices,
@@ -66,14 +69,20 @@ type translator struct {
 	secrets    map[types.NamespacedName]*corev1.Secret
 	bundles    map[string]*certificatesv1.ClusterTrustBundle
 	xbackends  map[types.NamespacedName]*xbackendEval
+	grants     map[string][]*gwv1.ReferenceGrant // by namespace, sorted by name
 
 	// portPolicies holds the BackendTLSPolicy that governs each Service port.
 	portPolicies map[portKey]*portPolicy
+	// routeTables holds the mesh route table of each Service port that
+	// routes attach to.
+	routeTables map[portKey]*snapshot.RouteTable
 
 	frontends        []snapshot.Frontend
 	backends         map[snapshot.BackendRef]*snapshot.Backend
 	policyStatus     map[types.NamespacedName][]gwv1.PolicyAncestorStatus
 	xbackendStatuses map[types.NamespacedName][]gwxv1alpha1.BackendAncestorStatus
+	httpRouteStatus  map[types.NamespacedName][]gwv1.RouteParentStatus
+	grpcRouteStatus  map[types.NamespacedName][]gwv1.RouteParentStatus
 	selectorServices []*corev1.Service
 }
 
@@ -93,10 +102,14 @@ func newTranslator(in Input) *translator {
 		secrets:          map[types.NamespacedName]*corev1.Secret{},
 		bundles:          map[string]*certificatesv1.ClusterTrustBundle{},
 		xbackends:        map[types.NamespacedName]*xbackendEval{},
+		grants:           map[string][]*gwv1.ReferenceGrant{},
 		portPolicies:     map[portKey]*portPolicy{},
+		routeTables:      map[portKey]*snapshot.RouteTable{},
 		backends:         map[snapshot.BackendRef]*snapshot.Backend{},
 		policyStatus:     map[types.NamespacedName][]gwv1.PolicyAncestorStatus{},
 		xbackendStatuses: map[types.NamespacedName][]gwxv1alpha1.BackendAncestorStatus{},
+		httpRouteStatus:  map[types.NamespacedName][]gwv1.RouteParentStatus{},
+		grpcRouteStatus:  map[types.NamespacedName][]gwv1.RouteParentStatus{},
 	}
 	// Sources hand over unique objects; should one appear twice anyway,
 	// the first in namespace/name order wins, whatever the input order.
@@ -178,8 +191,8 @@ func (t *translator) ClusterTrustBundle(name string) *certificatesv1.ClusterTrus
 	return t.bundles[name]
 }
 
-// capturePort records a captured Service port leading to b, and b (the
-// first time it is seen).
+// capturePort records a captured Service port leading to b, with its mesh
+// route table, and b (the first time it is seen).
 func (t *translator) capturePort(svc *corev1.Service, sp corev1.ServicePort, addrs []netip.Addr, b snapshot.Backend) {
 	t.frontends = append(t.frontends, snapshot.Frontend{
 		Service:       snapshot.ObjectRef{Namespace: svc.Namespace, Name: svc.Name},
@@ -188,6 +201,7 @@ func (t *translator) capturePort(svc *corev1.Service, sp corev1.ServicePort, add
 		Addresses:     addrs,
 		FailurePolicy: failurePolicy(svc, &b),
 		Backend:       b.Ref,
+		Routes:        t.routeTables[portKey{svc.Namespace, svc.Name, sp.Port}],
 	})
 	if _, ok := t.backends[b.Ref]; !ok {
 		t.backends[b.Ref] = &b
@@ -196,7 +210,7 @@ func (t *translator) capturePort(svc *corev1.Service, sp corev1.ServicePort, add
 
 // snapshotParts returns the frontends, each address claimed once (by the
 // older Service, should two malformed Services share a ClusterIP), and the
-// backends they lead to.
+// backends they and their routes lead to.
 func (t *translator) snapshotParts() ([]snapshot.Frontend, []snapshot.Backend) {
 	created := map[types.NamespacedName]metav1.Time{}
 	for _, s := range t.services {
@@ -227,12 +241,31 @@ func (t *translator) snapshotParts() ([]snapshot.Frontend, []snapshot.Backend) {
 		f.Addresses = addrs
 		frontends = append(frontends, f)
 		used[f.Backend] = true
+		if f.Routes != nil {
+			f.Routes.Sets(func(rs *snapshot.RouteSet) {
+				for _, r := range rs.Rules {
+					markRouteBackends(used, &r.Filters)
+					for _, wb := range r.Backends {
+						if wb.Invalid == nil {
+							used[wb.Backend] = true
+						}
+						markRouteBackends(used, &wb.Filters)
+					}
+				}
+			})
+		}
 	}
 	var backends []snapshot.Backend
 	for _, ref := range slices.SortedFunc(maps.Keys(used), compareBackendRefs) {
 		backends = append(backends, *t.backends[ref])
 	}
 	return frontends, backends
+}
+
+func markRouteBackends(used map[snapshot.BackendRef]bool, fs *snapshot.Filters) {
+	for _, m := range fs.Mirrors {
+		used[m.Backend] = true
+	}
 }
 
 func compareBackendRefs(a, b snapshot.BackendRef) int {

@@ -1,12 +1,12 @@
 package translate
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
 
@@ -230,27 +230,13 @@ func xbackendProtocol(p *gwxv1alpha1.BackendProtocol) (snapshot.Protocol, bool) 
 // AnnotationXBackend: connections to its ClusterIPs go to the XBackend
 // named by the annotation in the Service's namespace.
 func (t *translator) captureXBackendService(svc *corev1.Service, name string) {
-	k := types.NamespacedName{Namespace: svc.Namespace, Name: name}
-	e := t.xbackends[k]
-	if e != nil {
+	b, e := t.xbackendServiceBackend(svc, name)
+	if e != nil && !slices.Contains(e.fronts, svc) {
 		e.fronts = append(e.fronts, svc)
 	}
 	addrs := clusterIPs(svc)
 	if len(addrs) == 0 {
 		return
-	}
-	var b snapshot.Backend
-	if e != nil {
-		b = e.backend
-	} else {
-		b = snapshot.Backend{
-			Ref: snapshot.BackendRef{Kind: snapshot.KindXBackend, Namespace: svc.Namespace, Name: name},
-			Invalid: &snapshot.Invalid{
-				Policy:  snapshot.ObjectRef{Namespace: svc.Namespace, Name: svc.Name},
-				Reason:  ReasonXBackendNotFound,
-				Message: fmt.Sprintf("Service %s/%s names XBackend %q (annotation %s), which does not exist", svc.Namespace, svc.Name, name, AnnotationXBackend),
-			},
-		}
 	}
 	for _, sp := range svc.Spec.Ports {
 		if !isTCP(sp) || !validPort(sp.Port) {
@@ -261,13 +247,15 @@ func (t *translator) captureXBackendService(svc *corev1.Service, name string) {
 }
 
 // xbackendStatus writes each XBackend's ancestors: the Services that stand
-// for it (and, with GAMMA, the parents of routes that name it). An XBackend
+// for it and the parent Services of accepted routes that lead to it. An XBackend
 // nothing reaches has no ancestors. DNS state is node-local and stays out
 // of status; the leader writes what every agent would.
 func (t *translator) xbackendStatus() {
 	for k, e := range t.xbackends {
 		out := []gwxv1alpha1.BackendAncestorStatus{}
-		slices.SortFunc(e.fronts, func(a, b *corev1.Service) int { return strings.Compare(a.Name, b.Name) })
+		slices.SortFunc(e.fronts, func(a, b *corev1.Service) int {
+			return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+		})
 		for i, svc := range e.fronts {
 			if i == maxBackendAncestors {
 				break
@@ -282,6 +270,9 @@ func (t *translator) xbackendStatus() {
 					"Service %s/%s has no TCP port, so sockmesh captures no connection to it", svc.Namespace, svc.Name))
 			case e.accepted != nil:
 				c.set(condAccepted, false, e.accepted.Reason, e.accepted.Message)
+			case svc.Annotations[AnnotationXBackend] != e.xb.Name || svc.Namespace != e.xb.Namespace:
+				c.set(condAccepted, true, string(gwxv1alpha1.BackendReasonAccepted),
+					fmt.Sprintf("routes of Service %s/%s send requests to this XBackend", svc.Namespace, svc.Name))
 			default:
 				c.set(condAccepted, true, string(gwxv1alpha1.BackendReasonAccepted),
 					fmt.Sprintf("connections to Service %s/%s go to this XBackend", svc.Namespace, svc.Name))

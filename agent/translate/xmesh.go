@@ -11,8 +11,7 @@ import (
 )
 
 // SupportedFeatures are the Gateway API features sockmesh implements end to
-// end, as XMesh status reports them (sorted, as the API requires). The
-// GAMMA work adds the mesh features as it passes their conformance tests.
+// end, as XMesh status reports them (sorted, as the API requires).
 // ClusterTrustBundle is left out when the cluster does not serve the API
 // (GEP-5075).
 func SupportedFeatures(clusterTrustBundlesUnavailable bool) []gwv1.SupportedFeature {
@@ -20,6 +19,7 @@ func SupportedFeatures(clusterTrustBundlesUnavailable bool) []gwv1.SupportedFeat
 		features.SupportBackendTLSPolicy,
 		features.SupportBackendTLSPolicySANValidation,
 	}
+	names = append(names, meshRouteFeatures...)
 	if !clusterTrustBundlesUnavailable {
 		names = append(names, features.SupportClusterTrustBundle)
 	}
@@ -29,6 +29,44 @@ func SupportedFeatures(clusterTrustBundlesUnavailable bool) []gwv1.SupportedFeat
 	}
 	slices.SortFunc(out, func(a, b gwv1.SupportedFeature) int { return cmp.Compare(a.Name, b.Name) })
 	return out
+}
+
+// meshRouteFeatures are the GAMMA features whose behaviour translate and
+// userspace-proxy/routes decide completely: matching, precedence, producer
+// and consumer routes, redirects, rewrites, header modifiers and weights.
+// Features the proxy must also execute over time or extra requests —
+// request mirroring, timeouts, retries, session persistence — join this
+// list when the proxy runs them and their end-to-end tests pass.
+var meshRouteFeatures = []features.FeatureName{
+	features.SupportMesh,
+	features.SupportMeshClusterIPMatching,
+	features.SupportMeshConsumerRoute,
+	features.SupportMeshHTTPRouteRewritePath,
+	features.SupportMeshHTTPRouteSchemeRedirect,
+	features.SupportMeshHTTPRouteRedirectPort,
+	features.SupportMeshHTTPRouteRedirectPath,
+	features.SupportMeshHTTPRouteBackendRequestHeaderModification,
+	features.SupportMeshHTTPRouteQueryParamMatching,
+	features.SupportMeshHTTPRouteNamedRouteRule,
+	features.SupportHTTPRoute,
+	features.SupportHTTPRouteParentRefPort,
+	features.SupportHTTPRouteResponseHeaderModification,
+	features.SupportHTTPRouteBackendRequestHeaderModification,
+	features.SupportHTTPRouteQueryParamMatching,
+	features.SupportHTTPRouteMethodMatching,
+	features.SupportHTTPRouteHostRewrite,
+	features.SupportHTTPRoutePathRewrite,
+	features.SupportHTTPRouteBackendURLRewrite,
+	features.SupportHTTPRoutePathRedirect,
+	features.SupportHTTPRoutePortRedirect,
+	features.SupportHTTPRouteSchemeRedirect,
+	features.SupportHTTPRoute303RedirectStatusCode,
+	features.SupportHTTPRoute307RedirectStatusCode,
+	features.SupportHTTPRoute308RedirectStatusCode,
+	features.SupportHTTPRouteNamedRouteRule,
+	features.SupportGRPCRoute,
+	features.SupportGRPCRouteNamedRouteRule,
+	features.SupportGRPCRouteRequestHeaderModifier,
 }
 
 // meshes writes the status of every XMesh whose controllerName is ours.

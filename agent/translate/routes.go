@@ -1,0 +1,564 @@
+package translate
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// Route status reasons beyond those Gateway API names.
+const (
+	// ReasonConflicted (Accepted=False): on every port it names, the route
+	// lost to a GRPCRoute of the same role (GEP-1294: GRPCRoute, then
+	// HTTPRoute).
+	ReasonConflicted = "Conflicted"
+	// condPartiallyInvalid is the API's PartiallyInvalid condition.
+	condPartiallyInvalid = string(gwv1.RouteConditionPartiallyInvalid)
+	// maxRouteParents is RouteStatus.Parents' MaxItems.
+	maxRouteParents = 32
+)
+
+// routeEval is one HTTPRoute or GRPCRoute, checked once, whatever its
+// parents.
+type routeEval struct {
+	kind       snapshot.RouteKind
+	ref        snapshot.ObjectRef // Kind is the route kind
+	created    metav1.Time
+	generation int64
+	parentRefs []gwv1.ParentReference
+	// parentServices are the Services its parentRefs name.
+	parentServices map[types.NamespacedName]bool
+	// specRules is how many rules the spec has.
+	specRules int
+	// rules are the rules that take part in routing (valid, or Invalid
+	// and answering 500); matches index them.
+	rules   []snapshot.RouteRule
+	matches []routeMatch
+	// dropped and failing describe the rules that are left out and those
+	// that answer 500; incompatible is set when one of them combines
+	// filters that cannot go together.
+	dropped, failing []string
+	incompatible     bool
+	refProblems      []refProblem
+	// xbackends are the XBackends its valid rules lead to.
+	xbackends []*xbackendEval
+	// parents holds the outcome per Service parentRef.
+	parents []*parentOutcome
+}
+
+// parentOutcome is what became of one Service parentRef.
+type parentOutcome struct {
+	ref gwv1.ParentReference
+	svc *corev1.Service
+	// problem is the Accepted=False reason and message when the parent or
+	// its ports cannot be found.
+	problem *refProblem
+	// ports are the Service ports the route attached to; conflicted those
+	// where a GRPCRoute won.
+	ports, conflicted []int32
+	consumer          bool
+}
+
+// installed reports whether the route takes part in routing: it has rules
+// that do, or none at all (a GRPCRoute may have no rules; every request
+// then finds no match).
+func (e *routeEval) installed() bool { return len(e.rules) > 0 || e.specRules == 0 }
+
+// validRules counts the rules that route rather than answer 500.
+func (e *routeEval) validRules() int {
+	n := 0
+	for _, r := range e.rules {
+		if r.Invalid == nil {
+			n++
+		}
+	}
+	return n
+}
+
+// routeBuilder converts one route.
+type routeBuilder struct {
+	t    *translator
+	e    *routeEval
+	kind snapshot.RouteKind
+}
+
+// translateRoutes checks every mesh route, attaches it to the Service
+// ports its parentRefs name, and builds each port's route table. It runs
+// before capture, which captures the ports that got a table.
+func (t *translator) translateRoutes() {
+	for _, g := range sortedObjects(t.in.ReferenceGrants) {
+		t.grants[g.Namespace] = append(t.grants[g.Namespace], g)
+	}
+	var routes []*routeEval
+	seen := map[types.NamespacedName]bool{}
+	for _, r := range sortedObjects(t.in.HTTPRoutes) {
+		if !seen[key(r)] {
+			seen[key(r)] = true
+			routes = append(routes, t.evalHTTPRoute(r))
+		}
+	}
+	clear(seen)
+	for _, r := range sortedObjects(t.in.GRPCRoutes) {
+		if !seen[key(r)] {
+			seen[key(r)] = true
+			routes = append(routes, t.evalGRPCRoute(r))
+		}
+	}
+	attached := map[portKey]map[string][]*routeEval{} // role ("" producer, else consumer namespace) → routes
+	for _, e := range routes {
+		t.attach(e, attached)
+	}
+	for k, roles := range attached {
+		table := &snapshot.RouteTable{}
+		for _, role := range slices.Sorted(maps.Keys(roles)) {
+			set := buildSet(k.port, roles[role])
+			if role == "" {
+				table.Producer = &set
+			} else {
+				table.Consumers = append(table.Consumers, snapshot.ConsumerRoutes{Namespace: role, Routes: set})
+			}
+		}
+		t.routeTables[k] = table
+	}
+	for _, e := range routes {
+		st := t.routeStatus(e)
+		if e.kind == snapshot.KindGRPCRoute {
+			t.grpcRouteStatus[types.NamespacedName{Namespace: e.ref.Namespace, Name: e.ref.Name}] = st
+		} else {
+			t.httpRouteStatus[types.NamespacedName{Namespace: e.ref.Namespace, Name: e.ref.Name}] = st
+		}
+	}
+}
+
+func newRouteEval(kind snapshot.RouteKind, meta metav1.ObjectMeta, parents []gwv1.ParentReference) *routeEval {
+	e := &routeEval{
+		kind: kind, ref: snapshot.ObjectRef{Kind: string(kind), Namespace: meta.Namespace, Name: meta.Name},
+		created: meta.CreationTimestamp, generation: meta.Generation, parentRefs: parents,
+		parentServices: map[types.NamespacedName]bool{},
+	}
+	for _, p := range parents {
+		if isServiceParent(p) {
+			e.parentServices[types.NamespacedName{Namespace: cmp.Or(deref(p.Namespace), meta.Namespace), Name: string(p.Name)}] = true
+		}
+	}
+	return e
+}
+
+// isServiceParent: the mesh's parentRefs name a core Service; group must
+// be "" explicitly (unset means gateway.networking.k8s.io).
+func isServiceParent(p gwv1.ParentReference) bool {
+	return p.Group != nil && *p.Group == "" && p.Kind != nil && *p.Kind == "Service"
+}
+
+func (t *translator) evalHTTPRoute(r *gwv1.HTTPRoute) *routeEval {
+	e := newRouteEval(snapshot.KindHTTPRoute, r.ObjectMeta, r.Spec.ParentRefs)
+	rb := &routeBuilder{t: t, e: e, kind: snapshot.KindHTTPRoute}
+	rules := r.Spec.Rules
+	if len(rules) == 0 {
+		// The CRD's default: one rule matching every request (which, with
+		// no backendRefs, answers 500).
+		rules = []gwv1.HTTPRouteRule{{}}
+	}
+	e.specRules = len(rules)
+	for i := range rules {
+		rule := &rules[i]
+		var b ruleBuild
+		b.httpMatches(rule.Matches)
+		if b.drop != "" {
+			rb.add(i, deref(rule.Name), &b, snapshot.RouteRule{})
+			continue
+		}
+		out := snapshot.RouteRule{Filters: rb.filters(&b, "", httpFilters(rule.Filters))}
+		if out.Redirect != nil && len(rule.BackendRefs) > 0 {
+			b.badf("a RequestRedirect filter cannot be combined with backendRefs")
+		}
+		for j, br := range rule.BackendRefs {
+			out.Backends = append(out.Backends, rb.weighted(&b, j, br.BackendRef, httpFilters(br.Filters)))
+		}
+		out.Timeouts = timeouts(&b, rule.Timeouts)
+		out.Retry = retry(&b, rule.Retry)
+		out.SessionPersistence = rb.sessionPersistence(&b, i, rule.SessionPersistence, &out)
+		rb.add(i, deref(rule.Name), &b, out)
+	}
+	return e
+}
+
+func (t *translator) evalGRPCRoute(r *gwv1.GRPCRoute) *routeEval {
+	e := newRouteEval(snapshot.KindGRPCRoute, r.ObjectMeta, r.Spec.ParentRefs)
+	rb := &routeBuilder{t: t, e: e, kind: snapshot.KindGRPCRoute}
+	e.specRules = len(r.Spec.Rules)
+	for i := range r.Spec.Rules {
+		rule := &r.Spec.Rules[i]
+		var b ruleBuild
+		b.grpcMatches(rule.Matches)
+		if b.drop != "" {
+			rb.add(i, deref(rule.Name), &b, snapshot.RouteRule{})
+			continue
+		}
+		out := snapshot.RouteRule{Filters: rb.filters(&b, "", grpcFilters(rule.Filters))}
+		for j, br := range rule.BackendRefs {
+			out.Backends = append(out.Backends, rb.weighted(&b, j, br.BackendRef, grpcFilters(br.Filters)))
+		}
+		out.SessionPersistence = rb.sessionPersistence(&b, i, rule.SessionPersistence, &out)
+		rb.add(i, deref(rule.Name), &b, out)
+	}
+	return e
+}
+
+// weighted converts backendRef j of a rule. A reference that does not
+// resolve stays, Invalid, so its share of requests gets 500; its filters
+// are still checked, since a bad filter makes the whole rule fail.
+func (rb *routeBuilder) weighted(b *ruleBuild, j int, ref gwv1.BackendRef, fs []filterIn) snapshot.WeightedBackend {
+	wb := snapshot.WeightedBackend{Weight: 1}
+	if len(fs) > 0 {
+		wb.Filters = rb.filters(b, fmt.Sprintf("backendRefs[%d].", j), fs)
+	}
+	if ref.Weight != nil {
+		if *ref.Weight < 0 || *ref.Weight > 1000000 {
+			b.badf("backendRefs[%d].weight %d is not 0-1000000", j, *ref.Weight)
+		} else {
+			wb.Weight = uint32(*ref.Weight)
+		}
+	}
+	r, p := rb.resolveBackend(ref.BackendObjectReference)
+	if p == nil {
+		p = r.configProblem()
+		rb.use(b, r)
+		wb.Backend = r.backend.Ref
+	} else {
+		wb.Invalid = &snapshot.Invalid{Policy: rb.e.ref, Reason: p.reason, Message: p.message}
+	}
+	if p != nil {
+		rb.e.refProblems = append(rb.e.refProblems, *p)
+	}
+	return wb
+}
+
+// mirror converts a RequestMirror filter; ok is false when its backendRef
+// does not resolve (the mirror is then dropped, as the API asks).
+func (rb *routeBuilder) mirror(b *ruleBuild, at string, f *gwv1.HTTPRequestMirrorFilter) (snapshot.Mirror, bool) {
+	m := snapshot.Mirror{Numerator: 100, Denominator: 100}
+	switch {
+	case f.Percent != nil && f.Fraction != nil:
+		b.badf("%s: only one of percent and fraction may be set", at)
+	case f.Percent != nil:
+		if *f.Percent < 0 || *f.Percent > 100 {
+			b.badf("%s.percent %d is not 0-100", at, *f.Percent)
+		} else {
+			m.Numerator = uint32(*f.Percent)
+		}
+	case f.Fraction != nil:
+		den := int32(100)
+		if f.Fraction.Denominator != nil {
+			den = *f.Fraction.Denominator
+		}
+		if num := f.Fraction.Numerator; num < 0 || den < 1 || num > den {
+			b.badf("%s.fraction %d/%d is not a fraction from 0 to 1", at, num, den)
+		} else {
+			m.Numerator, m.Denominator = uint32(num), uint32(den)
+		}
+	}
+	r, p := rb.resolveBackend(f.BackendRef)
+	if p != nil {
+		p.message = "mirror " + p.message + "; the mirror is dropped"
+		rb.e.refProblems = append(rb.e.refProblems, *p)
+		return m, false
+	}
+	if p := r.configProblem(); p != nil {
+		p.message = "mirror " + p.message
+		rb.e.refProblems = append(rb.e.refProblems, *p)
+	}
+	rb.use(b, r)
+	m.Backend = r.backend.Ref
+	return m, true
+}
+
+// use records a resolved backend for the snapshot, and its XBackend for
+// the rule. A rule that ends up Invalid leaves backends behind that
+// nothing routes to; snapshotParts lists only the backends routes name.
+func (rb *routeBuilder) use(b *ruleBuild, r resolved) {
+	if _, ok := rb.t.backends[r.backend.Ref]; !ok {
+		be := r.backend
+		rb.t.backends[be.Ref] = &be
+	}
+	if r.xbackend != nil {
+		b.xbackends = append(b.xbackends, r.xbackend)
+	}
+}
+
+// sessionPersistence converts rule i's route-inline sessionPersistence.
+// GEP-1619: a route asking for it toward a Service with sessionAffinity
+// ClientIP must be rejected, the two being incompatible.
+func (rb *routeBuilder) sessionPersistence(b *ruleBuild, i int, sp *gwv1.SessionPersistence, rule *snapshot.RouteRule) *snapshot.SessionPersistence {
+	owner := rb.e.ref
+	owner.Name = fmt.Sprintf("%s/rule-%d", owner.Name, i)
+	out, msg := sessionPersistence(sp, owner)
+	if msg != "" {
+		b.badf("%s", msg)
+	}
+	if out == nil {
+		return nil
+	}
+	for _, wb := range rule.Backends {
+		if wb.Invalid != nil || wb.Backend.Kind != snapshot.KindService {
+			continue
+		}
+		svc := rb.t.byService[types.NamespacedName{Namespace: wb.Backend.Namespace, Name: wb.Backend.Name}]
+		if svc != nil && svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+			b.badf("sessionPersistence cannot be combined with Service %s/%s's sessionAffinity ClientIP (GEP-1619)", svc.Namespace, svc.Name)
+		}
+	}
+	return out
+}
+
+// add finishes rule i: left out when its matches are invalid, answering
+// 500 when something else in it is, routing otherwise.
+func (rb *routeBuilder) add(i int, name string, b *ruleBuild, out snapshot.RouteRule) {
+	e := rb.e
+	label := fmt.Sprintf("rule %d", i)
+	if name != "" {
+		label = fmt.Sprintf("rule %d (%s)", i, name)
+	}
+	if b.drop != "" {
+		e.dropped = append(e.dropped, fmt.Sprintf("%s: %s", label, b.drop))
+		return
+	}
+	onePrefix := len(b.matches) == 1 && b.matches[0].m.Path.Type == snapshot.PathPrefix
+	if !onePrefix && (prefixReplaced(&out.Filters) ||
+		slices.ContainsFunc(out.Backends, func(wb snapshot.WeightedBackend) bool { return prefixReplaced(&wb.Filters) })) {
+		b.badf("ReplacePrefixMatch needs the rule to have exactly one match, of type PathPrefix")
+	}
+	if len(b.bad) > 0 {
+		reason := gwv1.RouteReasonUnsupportedValue
+		if b.incompatible {
+			reason, e.incompatible = gwv1.RouteReasonIncompatibleFilters, true
+		}
+		msg := strings.Join(b.bad, "; ")
+		e.failing = append(e.failing, fmt.Sprintf("%s: %s", label, msg))
+		out = snapshot.RouteRule{Invalid: &snapshot.Invalid{Policy: e.ref, Reason: string(reason), Message: msg}}
+	} else {
+		for _, xb := range b.xbackends {
+			if !slices.Contains(e.xbackends, xb) {
+				e.xbackends = append(e.xbackends, xb)
+			}
+		}
+	}
+	out.Route, out.Index, out.Name = e.ref, i, name
+	idx := len(e.rules)
+	e.rules = append(e.rules, out)
+	for _, m := range b.matches {
+		m.m.Rule = idx
+		e.matches = append(e.matches, m)
+	}
+}
+
+// attach attaches e to the Service ports its Service parentRefs name. A
+// parentRef with port (and/or sectionName, the port's name) selects those
+// that match all it names; one without, every TCP port. A route in the
+// Service's namespace is a producer route; one elsewhere a consumer route
+// for clients in its own namespace (GEP-1294). ReferenceGrants do not
+// govern parentRefs to Services.
+func (t *translator) attach(e *routeEval, attached map[portKey]map[string][]*routeEval) {
+	for _, ref := range e.parentRefs {
+		if !isServiceParent(ref) {
+			continue // a Gateway's, or another implementation's
+		}
+		po := &parentOutcome{ref: ref}
+		e.parents = append(e.parents, po)
+		ns := cmp.Or(deref(ref.Namespace), e.ref.Namespace)
+		what := fmt.Sprintf("Service %s/%s", ns, ref.Name)
+		po.svc = t.byService[types.NamespacedName{Namespace: ns, Name: string(ref.Name)}]
+		if po.svc == nil {
+			po.problem = &refProblem{string(gwv1.RouteReasonNoMatchingParent), what + " not found"}
+			continue
+		}
+		if len(clusterIPs(po.svc)) == 0 {
+			po.problem = &refProblem{string(gwv1.RouteReasonNoMatchingParent), what +
+				" has no ClusterIP (headless or ExternalName), so there is no Service address to route requests for (GEP-1294)"}
+			continue
+		}
+		for _, sp := range po.svc.Spec.Ports {
+			if isTCP(sp) && validPort(sp.Port) && (ref.Port == nil || *ref.Port == sp.Port) &&
+				(ref.SectionName == nil || string(*ref.SectionName) == sp.Name) {
+				po.ports = append(po.ports, sp.Port)
+			}
+		}
+		if len(po.ports) == 0 {
+			po.problem = &refProblem{string(gwv1.RouteReasonNoMatchingParent), fmt.Sprintf("%s has no TCP port%s", what, portSelector(ref))}
+			continue
+		}
+		po.consumer = ns != e.ref.Namespace
+		if !e.installed() {
+			continue
+		}
+		role := ""
+		if po.consumer {
+			role = e.ref.Namespace
+		}
+		for _, p := range po.ports {
+			k := portKey{ns, string(ref.Name), p}
+			if attached[k] == nil {
+				attached[k] = map[string][]*routeEval{}
+			}
+			if !slices.Contains(attached[k][role], e) {
+				attached[k][role] = append(attached[k][role], e)
+			}
+		}
+	}
+}
+
+func portSelector(ref gwv1.ParentReference) string {
+	var s []string
+	if ref.Port != nil {
+		s = append(s, fmt.Sprintf(" %d", *ref.Port))
+	}
+	if ref.SectionName != nil {
+		s = append(s, fmt.Sprintf(" named %q", *ref.SectionName))
+	}
+	return strings.Join(s, "")
+}
+
+// buildSet merges the routes of one role on one port. GRPCRoutes win over
+// HTTPRoutes (GEP-1294); the losers learn it in their status. Matches are
+// sorted by the API's precedence: the match's own (matchKey), then the
+// older route, then namespace/name, then rule order, then match order.
+func buildSet(port int32, routes []*routeEval) snapshot.RouteSet {
+	kind := snapshot.KindHTTPRoute
+	if slices.ContainsFunc(routes, func(e *routeEval) bool { return e.kind == snapshot.KindGRPCRoute }) {
+		kind = snapshot.KindGRPCRoute
+	}
+	var winners []*routeEval
+	for _, e := range routes {
+		if e.kind == kind {
+			winners = append(winners, e)
+			continue
+		}
+		for _, po := range e.parents {
+			if slices.Contains(po.ports, port) && !slices.Contains(po.conflicted, port) {
+				po.conflicted = append(po.conflicted, port)
+			}
+		}
+	}
+	slices.SortFunc(winners, func(a, b *routeEval) int {
+		return cmp.Or(a.created.Time.Compare(b.created.Time), cmp.Compare(a.ref.Namespace, b.ref.Namespace), cmp.Compare(a.ref.Name, b.ref.Name))
+	})
+	type ranked struct {
+		m           routeMatch
+		route, rule int
+	}
+	set := snapshot.RouteSet{Kind: kind}
+	var all []ranked
+	for ri, e := range winners {
+		offset := len(set.Rules)
+		set.Rules = append(set.Rules, e.rules...)
+		for _, m := range e.matches {
+			m.m.Rule += offset
+			all = append(all, ranked{m: m, route: ri, rule: e.rules[m.m.Rule-offset].Index})
+		}
+	}
+	slices.SortStableFunc(all, func(a, b ranked) int {
+		return cmp.Or(compareMatchKeys(a.m.key, b.m.key), cmp.Compare(a.route, b.route), cmp.Compare(a.rule, b.rule),
+			cmp.Compare(a.m.key.position, b.m.key.position))
+	})
+	for _, r := range all {
+		set.Matches = append(set.Matches, r.m.m)
+	}
+	return set
+}
+
+// routeStatus writes one RouteParentStatus per Service parentRef (at most
+// the API's 32): Accepted, ResolvedRefs and, when some rules are left out
+// or answer 500, PartiallyInvalid. A route with no Service parent gets an
+// empty list, so stale entries of ours are removed.
+func (t *translator) routeStatus(e *routeEval) []gwv1.RouteParentStatus {
+	out := []gwv1.RouteParentStatus{}
+	valid := e.validRules()
+	invalidReason := gwv1.RouteReasonUnsupportedValue
+	if e.incompatible {
+		invalidReason = gwv1.RouteReasonIncompatibleFilters
+	}
+	var problems []string
+	for _, d := range e.dropped {
+		problems = append(problems, d+" (the rule is left out)")
+	}
+	for _, f := range e.failing {
+		problems = append(problems, f+" (requests the rule matches get HTTP 500: sockmesh never skips a filter)")
+	}
+	for i, po := range e.parents {
+		if i == maxRouteParents {
+			break
+		}
+		slices.Sort(po.conflicted) // buildSet ran per port, in map order
+		c := conditionSet{generation: e.generation, now: t.now}
+		switch {
+		case po.problem != nil:
+			c.set(condAccepted, false, po.problem.reason, po.problem.message)
+		case !e.installed() || valid == 0 && e.specRules > 0:
+			c.set(condAccepted, false, string(invalidReason), "no rule can be honoured: "+strings.Join(problems, "; "))
+		case len(po.conflicted) == len(po.ports):
+			c.set(condAccepted, false, ReasonConflicted, fmt.Sprintf(
+				"a GRPCRoute governs Service %s/%s port(s) %s for these clients, and GRPCRoutes take precedence over HTTPRoutes (GEP-1294)",
+				po.svc.Namespace, po.svc.Name, portList(po.conflicted)))
+		default:
+			c.set(condAccepted, true, string(gwv1.RouteReasonAccepted), acceptedMessage(e, po))
+		}
+		if len(e.refProblems) > 0 {
+			msgs := make([]string, len(e.refProblems))
+			for i, p := range e.refProblems {
+				msgs[i] = p.message
+			}
+			c.set(condResolvedRefs, false, e.refProblems[0].reason, strings.Join(msgs, "; "))
+		} else {
+			c.set(condResolvedRefs, true, string(gwv1.RouteReasonResolvedRefs), "all references resolved")
+		}
+		if len(problems) > 0 && c.conds[0].Status == metav1.ConditionTrue {
+			// The API's "Drop Rule(s)" approach: Accepted stays True and
+			// the message starts with "Dropped Rule".
+			c.set(condPartiallyInvalid, true, string(invalidReason), "Dropped Rule(s): "+strings.Join(problems, "; "))
+		}
+		out = append(out, gwv1.RouteParentStatus{ParentRef: *po.ref.DeepCopy(), ControllerName: ControllerName, Conditions: c.conds})
+		if c.conds[0].Status == metav1.ConditionTrue {
+			for _, xb := range e.xbackends {
+				if !slices.Contains(xb.fronts, po.svc) {
+					xb.fronts = append(xb.fronts, po.svc)
+				}
+			}
+		}
+	}
+	return out
+}
+
+func acceptedMessage(e *routeEval, po *parentOutcome) string {
+	var ports []int32
+	for _, p := range po.ports {
+		if !slices.Contains(po.conflicted, p) {
+			ports = append(ports, p)
+		}
+	}
+	who := "every client without a consumer route of its own (producer route)"
+	if po.consumer {
+		who = fmt.Sprintf("clients in namespace %s (consumer route)", e.ref.Namespace)
+	}
+	msg := fmt.Sprintf("routes requests to Service %s/%s port(s) %s from %s", po.svc.Namespace, po.svc.Name, portList(ports), who)
+	if len(po.conflicted) > 0 {
+		msg += fmt.Sprintf("; on port(s) %s a GRPCRoute takes precedence", portList(po.conflicted))
+	}
+	return msg
+}
+
+func portList(ports []int32) string {
+	s := make([]string, len(ports))
+	for i, p := range ports {
+		s[i] = fmt.Sprint(p)
+	}
+	return strings.Join(s, ", ")
+}

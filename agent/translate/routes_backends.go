@@ -1,0 +1,208 @@
+package translate
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// ReasonInvalidBackend (ResolvedRefs=False on a route) says a backendRef
+// resolves, but its backend's properties cannot be honoured (its
+// BackendTLSPolicy or XBackend is invalid): requests sent to it fail
+// closed with 503, as they would without the route.
+const ReasonInvalidBackend = "InvalidBackend"
+
+// refProblem is why a backendRef cannot be used, as ResolvedRefs says it.
+type refProblem struct {
+	reason, message string
+}
+
+// serviceBackend builds the backend of a Service port: its endpoints and
+// what its BackendTLSPolicy and appProtocol ask for. Frontends and route
+// backendRefs share it, so a Service is the same backend however it is
+// reached.
+func (t *translator) serviceBackend(svc *corev1.Service, sp corev1.ServicePort) snapshot.Backend {
+	k := portKey{svc.Namespace, svc.Name, sp.Port}
+	tls, invalid, policy := t.portTLS(k)
+	b := snapshot.Backend{
+		Ref:       snapshot.BackendRef{Kind: snapshot.KindService, Namespace: svc.Namespace, Name: svc.Name, Port: uint16(sp.Port)},
+		Protocol:  portProtocol(deref(sp.AppProtocol), tls != nil || invalid != nil),
+		Endpoints: t.endpoints(svc.Namespace, svc.Name, sp.Name, corev1.ProtocolTCP),
+		TLS:       tls,
+		Invalid:   invalid,
+	}
+	if policy != nil {
+		b.Sources = []snapshot.ObjectRef{*policy}
+	}
+	return b
+}
+
+// xbackendServiceBackend is where a Service annotated AnnotationXBackend
+// leads: the XBackend, or a fail-closed entry when there is none.
+func (t *translator) xbackendServiceBackend(svc *corev1.Service, name string) (snapshot.Backend, *xbackendEval) {
+	if e := t.xbackends[types.NamespacedName{Namespace: svc.Namespace, Name: name}]; e != nil {
+		return e.backend, e
+	}
+	return snapshot.Backend{
+		Ref: snapshot.BackendRef{Kind: snapshot.KindXBackend, Namespace: svc.Namespace, Name: name},
+		Invalid: &snapshot.Invalid{
+			Policy:  snapshot.ObjectRef{Namespace: svc.Namespace, Name: svc.Name},
+			Reason:  ReasonXBackendNotFound,
+			Message: fmt.Sprintf("Service %s/%s names XBackend %q (annotation %s), which does not exist", svc.Namespace, svc.Name, name, AnnotationXBackend),
+		},
+	}, nil
+}
+
+// resolved is a backendRef that resolved.
+type resolved struct {
+	backend  snapshot.Backend
+	xbackend *xbackendEval // the XBackend it leads to, if any
+	what     string        // the reference, for messages
+}
+
+// resolveBackend resolves a backendRef (or a mirror's) of the route being
+// built. Core Services (with a port) and XBackends (group
+// gateway.networking.x-k8s.io, without one) are backends; a reference into
+// another namespace needs a ReferenceGrant there, unless it names one of
+// the route's own parent Services (clients already reach those through
+// sockmesh, so the reference exposes nothing new).
+func (rb *routeBuilder) resolveBackend(ref gwv1.BackendObjectReference) (resolved, *refProblem) {
+	t := rb.t
+	group, kind := deref(ref.Group), cmp.Or(deref(ref.Kind), "Service")
+	ns, name := cmp.Or(deref(ref.Namespace), rb.e.ref.Namespace), string(ref.Name)
+	what := "backendRef " + kind + " " + ns + "/" + name
+	permitted := func() *refProblem {
+		if ns == rb.e.ref.Namespace || group == "" && kind == "Service" && rb.e.parentServices[types.NamespacedName{Namespace: ns, Name: name}] ||
+			t.granted(string(rb.kind), rb.e.ref.Namespace, group, kind, ns, name) {
+			return nil
+		}
+		return &refProblem{string(gwv1.RouteReasonRefNotPermitted), fmt.Sprintf(
+			"%s: no ReferenceGrant in namespace %s allows %ss from namespace %s to refer to it", what, ns, rb.kind, rb.e.ref.Namespace)}
+	}
+	out := resolved{what: what}
+	switch {
+	case group == "" && kind == "Service":
+		if ref.Port == nil {
+			return out, &refProblem{string(gwv1.RouteReasonUnsupportedValue), what + ": port is required for a Service"}
+		}
+		if p := permitted(); p != nil {
+			return out, p
+		}
+		svc := t.byService[types.NamespacedName{Namespace: ns, Name: name}]
+		if svc == nil {
+			return out, &refProblem{string(gwv1.RouteReasonBackendNotFound), what + ": Service not found"}
+		}
+		if svc.Spec.Type == corev1.ServiceTypeExternalName {
+			// GEP-1294 and the API: ExternalName Services SHOULD NOT be
+			// backends (CVE-2021-25740).
+			return out, &refProblem{string(gwv1.RouteReasonInvalidKind), what + ": ExternalName Services are not supported as backends"}
+		}
+		i := slices.IndexFunc(svc.Spec.Ports, func(sp corev1.ServicePort) bool { return isTCP(sp) && sp.Port == *ref.Port })
+		if i < 0 {
+			return out, &refProblem{string(gwv1.RouteReasonBackendNotFound), fmt.Sprintf("%s: the Service has no TCP port %d", what, *ref.Port)}
+		}
+		if p := t.headlessPolicy(svc); p != "" {
+			// BackendTLSPolicies do not apply to headless Services (their
+			// status says so); dialling its endpoints in plaintext would
+			// ignore what the owner declared, so the reference fails closed.
+			return out, &refProblem{ReasonInvalidBackend, fmt.Sprintf(
+				"%s: BackendTLSPolicy %s targets this headless Service, and sockmesh cannot apply it to headless Services", what, p)}
+		}
+		if xb, ok := svc.Annotations[AnnotationXBackend]; ok {
+			out.backend, out.xbackend = t.xbackendServiceBackend(svc, xb)
+		} else if b := t.backends[snapshot.BackendRef{Kind: snapshot.KindService, Namespace: ns, Name: name, Port: uint16(*ref.Port)}]; b != nil {
+			out.backend = *b // built for an earlier reference
+		} else {
+			out.backend = t.serviceBackend(svc, svc.Spec.Ports[i])
+		}
+	case group == gwxv1alpha1.GroupName && kind == "XBackend":
+		if ref.Port != nil {
+			return out, &refProblem{string(gwv1.RouteReasonUnsupportedValue), what + ": port must not be set; the XBackend has its own"}
+		}
+		if p := permitted(); p != nil {
+			return out, p
+		}
+		e := t.xbackends[types.NamespacedName{Namespace: ns, Name: name}]
+		if e == nil {
+			return out, &refProblem{string(gwv1.RouteReasonBackendNotFound), what + ": XBackend not found"}
+		}
+		out.backend, out.xbackend = e.backend, e
+	default:
+		return out, &refProblem{string(gwv1.RouteReasonInvalidKind), fmt.Sprintf(
+			"%s (group %q): only core Services and %s XBackends are backends", what, group, gwxv1alpha1.GroupName)}
+	}
+	if !protocolFits(rb.kind, out.backend.Protocol) {
+		return out, &refProblem{string(gwv1.RouteReasonUnsupportedProtocol), fmt.Sprintf(
+			"%s: %ss cannot send requests to a backend whose protocol is %s", what, rb.kind, out.backend.Protocol)}
+	}
+	return out, nil
+}
+
+// protocolFits reports whether a route of kind can use a backend speaking
+// p: gRPC needs HTTP/2, and neither route kind can use opaque TCP.
+func protocolFits(kind snapshot.RouteKind, p snapshot.Protocol) bool {
+	switch p {
+	case snapshot.ProtocolTCP:
+		return false
+	case snapshot.ProtocolHTTP11, snapshot.ProtocolWS, snapshot.ProtocolWSS, snapshot.ProtocolMCP:
+		return kind == snapshot.KindHTTPRoute
+	}
+	return true
+}
+
+// configProblem is the ResolvedRefs problem of a resolved backend whose
+// properties cannot be honoured, or nil. Node-local DNS state (Unresolved,
+// AddressesRefused) stays out of status, as for XBackends themselves.
+func (r resolved) configProblem() *refProblem {
+	var p *snapshot.Invalid
+	switch {
+	case r.xbackend != nil && r.xbackend.accepted != nil:
+		p = r.backend.Invalid
+	case r.xbackend == nil && r.backend.Invalid != nil:
+		p = r.backend.Invalid
+	}
+	if p == nil {
+		return nil
+	}
+	return &refProblem{ReasonInvalidBackend, fmt.Sprintf("%s: %s %s: %s; requests sent to it fail closed (503)", r.what, p.Policy, p.Reason, p.Message)}
+}
+
+// headlessPolicy names a BackendTLSPolicy targeting svc when svc is
+// headless, or returns "".
+func (t *translator) headlessPolicy(svc *corev1.Service) string {
+	if len(clusterIPs(svc)) > 0 {
+		return ""
+	}
+	for _, p := range sortedObjects(t.in.BackendTLSPolicies) {
+		if p.Namespace == svc.Namespace && slices.ContainsFunc(p.Spec.TargetRefs, func(r gwv1.LocalPolicyTargetReferenceWithSectionName) bool {
+			return r.Group == "" && r.Kind == "Service" && string(r.Name) == svc.Name
+		}) {
+			return p.Namespace + "/" + p.Name
+		}
+	}
+	return ""
+}
+
+// granted reports whether a ReferenceGrant in namespace toNS lets routes
+// of fromKind in fromNS refer to the object.
+func (t *translator) granted(fromKind, fromNS, toGroup, toKind, toNS, toName string) bool {
+	for _, g := range t.grants[toNS] {
+		from := slices.ContainsFunc(g.Spec.From, func(f gwv1.ReferenceGrantFrom) bool {
+			return f.Group == gwv1.GroupName && string(f.Kind) == fromKind && string(f.Namespace) == fromNS
+		})
+		to := slices.ContainsFunc(g.Spec.To, func(to gwv1.ReferenceGrantTo) bool {
+			return string(to.Group) == toGroup && string(to.Kind) == toKind && (deref(to.Name) == "" || deref(to.Name) == toName)
+		})
+		if from && to {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,613 @@
+package translate
+
+import (
+	"cmp"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	"sigs.k8s.io/gateway-api/pkg/utils"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// routeMatch is a converted match with what orders it among the matches of
+// every route attached to the same Service port.
+type routeMatch struct {
+	m   snapshot.RouteMatch // m.Rule indexes routeEval.rules
+	key matchKey
+}
+
+// matchKey holds a match's precedence. HTTPRoute (spec order): an Exact
+// path; then PathPrefix and RegularExpression paths by length, longest
+// first — the Gateway API leaves regular expressions' place to
+// implementations, and ranking them by length beside prefixes (as Contour
+// does) keeps a catch-all "/" prefix from hiding them — with PathPrefix
+// first on equal length; then a method match; then more header matches;
+// then more query param matches. GRPCRoute: more characters of service,
+// then of method, then more header matches; exact and regex stay false.
+type matchKey struct {
+	exact    bool
+	pathLen  int // HTTP: path length (prefix without its trailing "/"); gRPC: service characters
+	regex    bool
+	method   int // HTTP: 1 with a method match; gRPC: method characters
+	headers  int
+	queries  int
+	position int // the match's index in its rule
+}
+
+func compareMatchKeys(a, b matchKey) int {
+	return cmp.Or(compareBool(b.exact, a.exact), cmp.Compare(b.pathLen, a.pathLen), compareBool(a.regex, b.regex),
+		cmp.Compare(b.method, a.method), cmp.Compare(b.headers, a.headers), cmp.Compare(b.queries, a.queries))
+}
+
+func compareBool(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case !a:
+		return -1
+	}
+	return 1
+}
+
+// ruleBuild is one rule being converted.
+type ruleBuild struct {
+	matches []routeMatch
+	// drop, when set, says why the rule's matches are invalid: the rule
+	// cannot be matched, so it is left out.
+	drop string
+	// bad lists why the rule cannot be honoured although its matches are
+	// valid: it stays, answering 500.
+	bad          []string
+	incompatible bool
+	// xbackends are the XBackends the rule leads to.
+	xbackends []*xbackendEval
+}
+
+func (b *ruleBuild) badf(format string, args ...any) {
+	b.bad = append(b.bad, fmt.Sprintf(format, args...))
+}
+
+// httpMatches converts an HTTPRoute rule's matches; none means the CRD's
+// default, a PathPrefix "/" match.
+func (b *ruleBuild) httpMatches(ms []gwv1.HTTPRouteMatch) {
+	if len(ms) == 0 {
+		ms = []gwv1.HTTPRouteMatch{{}}
+	}
+	for j, m := range ms {
+		rm, problem := httpMatch(m)
+		if problem != "" {
+			b.drop = fmt.Sprintf("matches[%d]: %s", j, problem)
+			return
+		}
+		rm.key.position = j
+		b.matches = append(b.matches, rm)
+	}
+}
+
+func httpMatch(m gwv1.HTTPRouteMatch) (routeMatch, string) {
+	var rm routeMatch
+	path := snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}
+	if m.Path != nil {
+		if m.Path.Type != nil {
+			path.Type = snapshot.PathMatchType(*m.Path.Type)
+		}
+		if m.Path.Value != nil {
+			path.Value = *m.Path.Value
+		}
+	}
+	switch path.Type {
+	case snapshot.PathExact, snapshot.PathPrefix:
+		if problem := pathValueProblem(path.Value); problem != "" {
+			return rm, "path: " + problem
+		}
+		rm.key.exact = path.Type == snapshot.PathExact
+		if !rm.key.exact {
+			rm.key.pathLen = len(strings.TrimRight(path.Value, "/"))
+		}
+	case snapshot.PathRegularExpression:
+		if problem := regexProblem(path.Value, 1024); problem != "" {
+			return rm, "path: " + problem
+		}
+		rm.key.regex = true
+		rm.key.pathLen = len(path.Value)
+	default:
+		return rm, fmt.Sprintf("path.type %q is not Exact, PathPrefix or RegularExpression", path.Type)
+	}
+	rm.m.Path = path
+	headers := make([]stringMatchIn, len(m.Headers))
+	for i, h := range m.Headers {
+		headers[i] = stringMatchIn{typ: (*string)(h.Type), name: string(h.Name), value: h.Value}
+	}
+	var problem string
+	if rm.m.Headers, problem = stringMatches("headers", headers, true, 4096); problem != "" {
+		return rm, problem
+	}
+	queries := make([]stringMatchIn, len(m.QueryParams))
+	for i, q := range m.QueryParams {
+		queries[i] = stringMatchIn{typ: (*string)(q.Type), name: string(q.Name), value: q.Value}
+	}
+	if rm.m.QueryParams, problem = stringMatches("queryParams", queries, false, 1024); problem != "" {
+		return rm, problem
+	}
+	if m.Method != nil {
+		if !slices.Contains(httpMethods, *m.Method) {
+			return rm, fmt.Sprintf("method %q is not one of %v", *m.Method, httpMethods)
+		}
+		rm.m.Method = string(*m.Method)
+		rm.key.method = 1
+	}
+	rm.key.headers, rm.key.queries = len(rm.m.Headers), len(rm.m.QueryParams)
+	return rm, ""
+}
+
+var httpMethods = []gwv1.HTTPMethod{gwv1.HTTPMethodGet, gwv1.HTTPMethodHead, gwv1.HTTPMethodPost, gwv1.HTTPMethodPut,
+	gwv1.HTTPMethodDelete, gwv1.HTTPMethodConnect, gwv1.HTTPMethodOptions, gwv1.HTTPMethodTrace, gwv1.HTTPMethodPatch}
+
+// grpcMatches converts a GRPCRoute rule's matches into paths: a gRPC
+// request's path is "/<service>/<method>". No match matches every request.
+func (b *ruleBuild) grpcMatches(ms []gwv1.GRPCRouteMatch) {
+	if len(ms) == 0 {
+		ms = []gwv1.GRPCRouteMatch{{}}
+	}
+	for j, m := range ms {
+		rm, problem := grpcMatch(m)
+		if problem != "" {
+			b.drop = fmt.Sprintf("matches[%d]: %s", j, problem)
+			return
+		}
+		rm.key.position = j
+		b.matches = append(b.matches, rm)
+	}
+}
+
+func grpcMatch(m gwv1.GRPCRouteMatch) (routeMatch, string) {
+	var rm routeMatch
+	rm.m.Path = snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}
+	if mm := m.Method; mm != nil {
+		typ, service, method := gwv1.GRPCMethodMatchExact, deref(mm.Service), deref(mm.Method)
+		if mm.Type != nil {
+			typ = *mm.Type
+		}
+		if service == "" && method == "" {
+			return rm, "method: at least one of service and method must be set"
+		}
+		switch typ {
+		case gwv1.GRPCMethodMatchExact:
+			for _, v := range []string{service, method} {
+				if strings.ContainsAny(v, "/") || hasControl(v) || len(v) > 1024 {
+					return rm, fmt.Sprintf("method: exact value %q must not contain \"/\" or control characters", v)
+				}
+			}
+			switch {
+			case method == "":
+				// Every gRPC path of the service: "/service" element by element.
+				rm.m.Path = snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/" + service}
+			case service == "":
+				rm.m.Path = snapshot.PathMatch{Type: snapshot.PathRegularExpression, Value: "/[^/]+/" + regexp.QuoteMeta(method)}
+			default:
+				rm.m.Path = snapshot.PathMatch{Type: snapshot.PathExact, Value: "/" + service + "/" + method}
+			}
+		case gwv1.GRPCMethodMatchRegularExpression:
+			// Each expression is checked alone first, so that one cannot
+			// close the other's group when they are joined.
+			parts := [2]string{"[^/]+", "[^/]+"}
+			for i, v := range []string{service, method} {
+				if v == "" {
+					continue
+				}
+				if problem := regexProblem(v, 1024); problem != "" {
+					return rm, "method: " + problem
+				}
+				parts[i] = "(?:" + v + ")"
+			}
+			rm.m.Path = snapshot.PathMatch{Type: snapshot.PathRegularExpression, Value: "/" + parts[0] + "/" + parts[1]}
+		default:
+			return rm, fmt.Sprintf("method.type %q is not Exact or RegularExpression", typ)
+		}
+		rm.key.pathLen, rm.key.method = len(service), len(method)
+	}
+	headers := make([]stringMatchIn, len(m.Headers))
+	for i, h := range m.Headers {
+		headers[i] = stringMatchIn{typ: (*string)(h.Type), name: string(h.Name), value: h.Value}
+	}
+	var problem string
+	if rm.m.Headers, problem = stringMatches("headers", headers, true, 4096); problem != "" {
+		return rm, problem
+	}
+	rm.key.headers = len(rm.m.Headers)
+	return rm, ""
+}
+
+// stringMatchIn is a header or query param match of either route kind.
+type stringMatchIn struct {
+	typ         *string
+	name, value string
+}
+
+// stringMatches converts header (fold: names are case-insensitive) or
+// query param matches. Of entries with equivalent names only the first
+// counts, as the API says.
+func stringMatches(field string, in []stringMatchIn, fold bool, maxLen int) ([]snapshot.StringMatch, string) {
+	var out []snapshot.StringMatch
+	for i, s := range in {
+		if !validHeaderName(s.name) {
+			return nil, fmt.Sprintf("%s[%d].name %q is not a valid name", field, i, s.name)
+		}
+		if slices.ContainsFunc(out, func(o snapshot.StringMatch) bool {
+			return o.Name == s.name || fold && strings.EqualFold(o.Name, s.name)
+		}) {
+			continue
+		}
+		sm := snapshot.StringMatch{Name: s.name, Type: snapshot.MatchExact, Value: s.value}
+		if s.typ != nil {
+			sm.Type = snapshot.MatchType(*s.typ)
+		}
+		switch sm.Type {
+		case snapshot.MatchExact:
+			if s.value == "" || len(s.value) > maxLen || hasControl(s.value) {
+				return nil, fmt.Sprintf("%s[%d].value must be 1-%d characters without control characters", field, i, maxLen)
+			}
+		case snapshot.MatchRegularExpression:
+			if problem := regexProblem(s.value, maxLen); problem != "" {
+				return nil, fmt.Sprintf("%s[%d]: %s", field, i, problem)
+			}
+		default:
+			return nil, fmt.Sprintf("%s[%d].type %q is not Exact or RegularExpression", field, i, sm.Type)
+		}
+		out = append(out, sm)
+	}
+	return out, ""
+}
+
+// regexProblem checks a regular expression the way the data plane uses it:
+// RE2 (Go's regexp), matching a whole value.
+func regexProblem(expr string, maxLen int) string {
+	if expr == "" || len(expr) > maxLen {
+		return fmt.Sprintf("regular expression must be 1-%d characters", maxLen)
+	}
+	if _, err := regexp.Compile("^(?:" + expr + ")$"); err != nil {
+		return fmt.Sprintf("regular expression %q is not valid RE2: %v", expr, err)
+	}
+	return ""
+}
+
+// pathValueProblem applies the CRD's rules for Exact and PathPrefix values.
+func pathValueProblem(v string) string {
+	switch {
+	case !strings.HasPrefix(v, "/"):
+		return fmt.Sprintf("value %q must be an absolute path starting with \"/\"", v)
+	case len(v) > 1024:
+		return "value must be at most 1024 characters"
+	case strings.Contains(v, "//"), strings.Contains(v, "/./"), strings.Contains(v, "/../"),
+		strings.HasSuffix(v, "/.."), strings.HasSuffix(v, "/."):
+		return fmt.Sprintf("value %q must not contain \"//\", \"/./\" or \"/../\", nor end with \"/.\" or \"/..\"", v)
+	case strings.Contains(strings.ToLower(v), "%2f"), strings.Contains(v, "#"):
+		return fmt.Sprintf("value %q must not contain \"%%2f\" or \"#\"", v)
+	case !pathChars.MatchString(v):
+		return fmt.Sprintf("value %q has characters outside RFC 3986 path characters", v)
+	}
+	return ""
+}
+
+var pathChars = regexp.MustCompile(`^(?:[-A-Za-z0-9/._~!$&'()*+,;=:@]|[%][0-9a-fA-F]{2})+$`)
+
+// validHeaderName: an RFC 7230 token of 1-256 characters (the API's
+// HeaderName pattern).
+func validHeaderName(s string) bool {
+	return len(s) > 0 && len(s) <= 256 && headerNameChars.MatchString(s)
+}
+
+var headerNameChars = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+\\-.^_`|~]+$")
+
+func hasControl(s string) bool {
+	return strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 && r != '\t' || r == 0x7f })
+}
+
+// filterIn is an HTTPRoute or GRPCRoute filter, whichever kind.
+type filterIn struct {
+	typ                     string
+	reqHeaders, respHeaders *gwv1.HTTPHeaderFilter
+	redirect                *gwv1.HTTPRequestRedirectFilter
+	rewrite                 *gwv1.HTTPURLRewriteFilter
+	mirror                  *gwv1.HTTPRequestMirrorFilter
+	// set counts the filter's configuration fields that are set; the API
+	// allows exactly the one its type names.
+	set int
+}
+
+func httpFilters(fs []gwv1.HTTPRouteFilter) []filterIn {
+	out := make([]filterIn, len(fs))
+	for i, f := range fs {
+		out[i] = filterIn{typ: string(f.Type), reqHeaders: f.RequestHeaderModifier, respHeaders: f.ResponseHeaderModifier,
+			redirect: f.RequestRedirect, rewrite: f.URLRewrite, mirror: f.RequestMirror,
+			set: count(f.RequestHeaderModifier != nil, f.ResponseHeaderModifier != nil, f.RequestRedirect != nil,
+				f.URLRewrite != nil, f.RequestMirror != nil, f.CORS != nil, f.ExternalAuth != nil, f.ExtensionRef != nil)}
+	}
+	return out
+}
+
+func grpcFilters(fs []gwv1.GRPCRouteFilter) []filterIn {
+	out := make([]filterIn, len(fs))
+	for i, f := range fs {
+		out[i] = filterIn{typ: string(f.Type), reqHeaders: f.RequestHeaderModifier, respHeaders: f.ResponseHeaderModifier,
+			mirror: f.RequestMirror,
+			set:    count(f.RequestHeaderModifier != nil, f.ResponseHeaderModifier != nil, f.RequestMirror != nil, f.ExtensionRef != nil)}
+	}
+	return out
+}
+
+// configured reports whether the field of type typ is set.
+func (f *filterIn) configured(typ gwv1.HTTPRouteFilterType) bool {
+	switch typ {
+	case gwv1.HTTPRouteFilterRequestHeaderModifier:
+		return f.reqHeaders != nil
+	case gwv1.HTTPRouteFilterResponseHeaderModifier:
+		return f.respHeaders != nil
+	case gwv1.HTTPRouteFilterRequestRedirect:
+		return f.redirect != nil
+	case gwv1.HTTPRouteFilterURLRewrite:
+		return f.rewrite != nil
+	case gwv1.HTTPRouteFilterRequestMirror:
+		return f.mirror != nil
+	}
+	return false
+}
+
+func count(bs ...bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
+}
+
+// filters converts the filters of a rule or backendRef (where names it in
+// messages). Problems make the rule answer 500: a filter is never skipped.
+// Mirrors whose backendRef does not resolve are dropped and reported in
+// ResolvedRefs, as the API asks.
+func (rb *routeBuilder) filters(b *ruleBuild, where string, fs []filterIn) snapshot.Filters {
+	var out snapshot.Filters
+	seen := map[string]bool{}
+	for i, f := range fs {
+		at := fmt.Sprintf("%sfilters[%d]", where, i)
+		if f.typ != string(gwv1.HTTPRouteFilterRequestMirror) && f.typ != string(gwv1.HTTPRouteFilterExtensionRef) {
+			if seen[f.typ] {
+				b.badf("%s: filter type %s must not repeat", at, f.typ)
+				continue
+			}
+			seen[f.typ] = true
+		}
+		typ := gwv1.HTTPRouteFilterType(f.typ)
+		switch {
+		case typ == gwv1.HTTPRouteFilterCORS || typ == gwv1.HTTPRouteFilterExternalAuth || typ == gwv1.HTTPRouteFilterExtensionRef:
+			b.badf("%s: filter type %s is not supported by sockmesh", at, typ)
+		case !knownFilter(rb.kind, typ):
+			b.badf("%s: filter type %q is not a %s filter", at, typ, rb.kind)
+		case f.set != 1 || !f.configured(typ):
+			b.badf("%s: type %s needs its own configuration field and no other", at, typ)
+		case typ == gwv1.HTTPRouteFilterRequestHeaderModifier:
+			out.RequestHeaders = headerModifier(b, at+".requestHeaderModifier", f.reqHeaders)
+		case typ == gwv1.HTTPRouteFilterResponseHeaderModifier:
+			out.ResponseHeaders = headerModifier(b, at+".responseHeaderModifier", f.respHeaders)
+		case typ == gwv1.HTTPRouteFilterRequestRedirect:
+			out.Redirect = redirect(b, at+".requestRedirect", f.redirect)
+		case typ == gwv1.HTTPRouteFilterURLRewrite:
+			out.Rewrite = rewrite(b, at+".urlRewrite", f.rewrite)
+		case typ == gwv1.HTTPRouteFilterRequestMirror:
+			if m, ok := rb.mirror(b, at+".requestMirror", f.mirror); ok {
+				out.Mirrors = append(out.Mirrors, m)
+			}
+		}
+	}
+	if out.Redirect != nil && out.Rewrite != nil {
+		b.incompatible = true
+		b.badf("%sfilters: RequestRedirect and URLRewrite cannot be combined", where)
+	}
+	return out
+}
+
+// knownFilter reports whether sockmesh applies filters of type typ on
+// routes of kind.
+func knownFilter(kind snapshot.RouteKind, typ gwv1.HTTPRouteFilterType) bool {
+	switch typ {
+	case gwv1.HTTPRouteFilterRequestHeaderModifier, gwv1.HTTPRouteFilterResponseHeaderModifier, gwv1.HTTPRouteFilterRequestMirror:
+		return true
+	case gwv1.HTTPRouteFilterRequestRedirect, gwv1.HTTPRouteFilterURLRewrite:
+		return kind == snapshot.KindHTTPRoute
+	}
+	return false
+}
+
+// headerModifier converts a header filter. Each name may appear in one
+// action only (the API calls other filters invalid); values must be
+// printable, so no filter can inject a header line.
+func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter) *snapshot.HeaderModifier {
+	out := &snapshot.HeaderModifier{}
+	names := map[string]bool{}
+	name := func(n string) bool {
+		key := strings.ToLower(n)
+		switch {
+		case !validHeaderName(n):
+			b.badf("%s: header name %q is not valid", at, n)
+		case names[key]:
+			b.badf("%s: header %q appears in more than one action", at, n)
+		default:
+			names[key] = true
+			return true
+		}
+		return false
+	}
+	headers := func(action string, hs []gwv1.HTTPHeader) []snapshot.Header {
+		var out []snapshot.Header
+		for _, h := range hs {
+			if !name(string(h.Name)) {
+				continue
+			}
+			if h.Value == "" || len(h.Value) > 4096 || hasControl(h.Value) {
+				b.badf("%s.%s: value of %q must be 1-4096 characters without control characters", at, action, h.Name)
+				continue
+			}
+			out = append(out, snapshot.Header{Name: string(h.Name), Value: h.Value})
+		}
+		return out
+	}
+	out.Set = headers("set", f.Set)
+	out.Add = headers("add", f.Add)
+	for _, n := range f.Remove {
+		if name(n) {
+			out.Remove = append(out.Remove, n)
+		}
+	}
+	return out
+}
+
+func redirect(b *ruleBuild, at string, f *gwv1.HTTPRequestRedirectFilter) *snapshot.Redirect {
+	out := &snapshot.Redirect{StatusCode: 302}
+	if f.Scheme != nil {
+		if *f.Scheme != "http" && *f.Scheme != "https" {
+			b.badf("%s.scheme %q is not http or https", at, *f.Scheme)
+		}
+		out.Scheme = *f.Scheme
+	}
+	if f.Hostname != nil {
+		out.Hostname = string(*f.Hostname)
+		if !validPreciseHostname(out.Hostname) {
+			b.badf("%s.hostname %q is not a DNS name", at, out.Hostname)
+		}
+	}
+	if f.Port != nil {
+		if !validPort(*f.Port) {
+			b.badf("%s.port %d is not a port number", at, *f.Port)
+		}
+		out.Port = uint16(*f.Port)
+	}
+	if f.StatusCode != nil {
+		switch *f.StatusCode {
+		case 301, 302, 303, 307, 308:
+		default:
+			b.badf("%s.statusCode %d is not 301, 302, 303, 307 or 308", at, *f.StatusCode)
+		}
+		out.StatusCode = *f.StatusCode
+	}
+	out.Path = pathModifier(b, at+".path", f.Path)
+	return out
+}
+
+func rewrite(b *ruleBuild, at string, f *gwv1.HTTPURLRewriteFilter) *snapshot.Rewrite {
+	out := &snapshot.Rewrite{}
+	if f.Hostname != nil {
+		out.Hostname = string(*f.Hostname)
+		if !validPreciseHostname(out.Hostname) {
+			b.badf("%s.hostname %q is not a DNS name", at, out.Hostname)
+		}
+	}
+	out.Path = pathModifier(b, at+".path", f.Path)
+	return out
+}
+
+func pathModifier(b *ruleBuild, at string, p *gwv1.HTTPPathModifier) *snapshot.PathModifier {
+	if p == nil {
+		return nil
+	}
+	out := &snapshot.PathModifier{Type: snapshot.PathModifierType(p.Type)}
+	switch out.Type {
+	case snapshot.ReplaceFullPath:
+		if p.ReplaceFullPath == nil || p.ReplacePrefixMatch != nil {
+			b.badf("%s: type ReplaceFullPath needs replaceFullPath and no replacePrefixMatch", at)
+			return out
+		}
+		out.Value = *p.ReplaceFullPath
+		if !strings.HasPrefix(out.Value, "/") {
+			b.badf("%s.replaceFullPath %q must start with \"/\"", at, out.Value)
+		}
+	case snapshot.ReplacePrefixMatch:
+		if p.ReplacePrefixMatch == nil || p.ReplaceFullPath != nil {
+			b.badf("%s: type ReplacePrefixMatch needs replacePrefixMatch and no replaceFullPath", at)
+			return out
+		}
+		out.Value = *p.ReplacePrefixMatch
+		if out.Value != "" && !strings.HasPrefix(out.Value, "/") {
+			b.badf("%s.replacePrefixMatch %q must be empty or start with \"/\"", at, out.Value)
+		}
+	default:
+		b.badf("%s.type %q is not ReplaceFullPath or ReplacePrefixMatch", at, p.Type)
+		return out
+	}
+	if len(out.Value) > 1024 || hasControl(out.Value) {
+		b.badf("%s: value must be at most 1024 characters without control characters", at)
+	}
+	return out
+}
+
+var preciseHostname = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$`)
+
+func validPreciseHostname(h string) bool { return len(h) <= 253 && preciseHostname.MatchString(h) }
+
+// prefixReplaced reports whether fs replace a prefix match (redirect or
+// rewrite), which the API allows only in a rule with exactly one match, a
+// PathPrefix one: that match's value is the prefix replaced.
+func prefixReplaced(fs *snapshot.Filters) bool {
+	isPrefix := func(p *snapshot.PathModifier) bool { return p != nil && p.Type == snapshot.ReplacePrefixMatch }
+	return fs.Redirect != nil && isPrefix(fs.Redirect.Path) || fs.Rewrite != nil && isPrefix(fs.Rewrite.Path)
+}
+
+// timeouts converts GEP-1742 timeouts ("0s" disables one).
+func timeouts(b *ruleBuild, t *gwv1.HTTPRouteTimeouts) *snapshot.Timeouts {
+	if t == nil {
+		return nil
+	}
+	out := &snapshot.Timeouts{
+		Request:        duration(b, "timeouts.request", t.Request),
+		BackendRequest: duration(b, "timeouts.backendRequest", t.BackendRequest),
+	}
+	if r, br := out.Request, out.BackendRequest; r != nil && br != nil && *r != 0 && *br > *r {
+		b.badf("timeouts.backendRequest %s is longer than timeouts.request %s", time.Duration(*br), time.Duration(*r))
+	}
+	return out
+}
+
+// retry converts a GEP-1731 retry stanza; attempts defaults to 1 as the
+// CRD does.
+func retry(b *ruleBuild, r *gwv1.HTTPRouteRetry) *snapshot.Retry {
+	if r == nil {
+		return nil
+	}
+	out := &snapshot.Retry{Attempts: 1, Backoff: duration(b, "retry.backoff", r.Backoff)}
+	if r.Attempts != nil {
+		out.Attempts = *r.Attempts
+		if out.Attempts < 0 {
+			b.badf("retry.attempts %d is negative", out.Attempts)
+		}
+	}
+	for _, c := range r.Codes {
+		if c < 400 || c > 599 {
+			b.badf("retry.codes: %d is not an HTTP status 400-599", c)
+			continue
+		}
+		out.Codes = append(out.Codes, int(c))
+	}
+	slices.Sort(out.Codes)
+	out.Codes = slices.Compact(out.Codes)
+	return out
+}
+
+// duration parses a GEP-2257 duration.
+func duration(b *ruleBuild, field string, d *gwv1.Duration) *snapshot.Duration {
+	if d == nil {
+		return nil
+	}
+	v, err := utils.ParseDuration(string(*d))
+	if err != nil {
+		b.badf("%s %q is not a Gateway API duration (GEP-2257, e.g. 1h30m or 500ms)", field, *d)
+		return nil
+	}
+	sd := snapshot.Duration(*v)
+	return &sd
+}

@@ -1,0 +1,285 @@
+package routes
+
+import (
+	"math/rand/v2"
+	"net/http"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// Table is one Snapshot's compiled route tables. It is immutable and safe
+// for concurrent use.
+type Table struct {
+	frontends map[*snapshot.Frontend]*frontendSets
+}
+
+type frontendSets struct {
+	producer  *Set
+	consumers map[string]*Set
+}
+
+// Compile compiles the route tables of s's frontends. It never fails: a
+// set whose regular expression does not compile, or whose rules disagree
+// with their matches (translate rules both out, so only a version skew
+// could cause it), answers every request 500 rather than guess.
+func Compile(s *snapshot.Snapshot) *Table {
+	t := &Table{frontends: map[*snapshot.Frontend]*frontendSets{}}
+	for i := range s.Frontends {
+		f := &s.Frontends[i]
+		if f.Routes == nil {
+			continue
+		}
+		fs := &frontendSets{}
+		if f.Routes.Producer != nil {
+			fs.producer = compileSet(f.Port, f.Routes.Producer)
+		}
+		if len(f.Routes.Consumers) > 0 {
+			fs.consumers = make(map[string]*Set, len(f.Routes.Consumers))
+			for j := range f.Routes.Consumers {
+				c := &f.Routes.Consumers[j]
+				fs.consumers[c.Namespace] = compileSet(f.Port, &c.Routes)
+			}
+		}
+		t.frontends[f] = fs
+	}
+	return t
+}
+
+// Lookup returns the route set for requests from a client in
+// clientNamespace to f, which must come from the Snapshot the Table was
+// compiled from (Snapshot.Frontend). A consumer set of the client's
+// namespace replaces the producer set (GEP-1294); a client whose namespace
+// is unknown ("", e.g. not an enrolled pod) gets the producer set. nil
+// means no route applies: the request goes to f.Backend as without GAMMA.
+func (t *Table) Lookup(f *snapshot.Frontend, clientNamespace string) *Set {
+	if f == nil || f.Routes == nil || t == nil {
+		return nil
+	}
+	fs := t.frontends[f]
+	if fs == nil {
+		return nil
+	}
+	if s := fs.consumers[clientNamespace]; s != nil {
+		return s
+	}
+	return fs.producer
+}
+
+// Request is what Decide looks at in an HTTP request.
+type Request struct {
+	Method string
+	// Path is the path as sent, percent-encoded (url.URL.EscapedPath).
+	Path     string
+	RawQuery string
+	// Host is the authority (http.Request.Host), with its port if sent.
+	Host   string
+	Header http.Header
+	// TLS reports that the client spoke https to the proxy. The L7 path
+	// sees plaintext requests only, so it is false there.
+	TLS bool
+}
+
+// FromHTTP returns r's Request. It shares r's header map.
+func FromHTTP(r *http.Request) Request {
+	return Request{Method: r.Method, Path: r.URL.EscapedPath(), RawQuery: r.URL.RawQuery, Host: r.Host, Header: r.Header, TLS: r.TLS != nil}
+}
+
+// Rand is where Decide draws weighted picks and mirror fractions from.
+// *rand.Rand of math/rand/v2 satisfies it; GlobalRand is the process-wide
+// source.
+type Rand interface {
+	// Uint64N returns a number in [0, n); n > 0.
+	Uint64N(n uint64) uint64
+}
+
+// GlobalRand draws from math/rand/v2's top-level functions, which are safe
+// for concurrent use.
+type GlobalRand struct{}
+
+// Uint64N implements Rand.
+func (GlobalRand) Uint64N(n uint64) uint64 { return rand.Uint64N(n) }
+
+// Action is what a Decision asks the proxy to do.
+type Action uint8
+
+const (
+	// Forward the request to Decision.Backend.
+	Forward Action = iota + 1
+	// Redirect: answer Decision.Status with Location, and the response
+	// header changes (ApplyResponse).
+	Redirect
+	// Respond: answer Decision.Status (for a gRPC set, GRPCStatus) with no
+	// body from the backend.
+	Respond
+)
+
+// Reason says why a Decision is Respond, as a metric label.
+type Reason string
+
+const (
+	// ReasonNoMatch: no rule matches (404; gRPC UNIMPLEMENTED).
+	ReasonNoMatch Reason = "no_match"
+	// ReasonInvalidRule: the matching rule cannot be honoured (500; gRPC
+	// UNAVAILABLE).
+	ReasonInvalidRule Reason = "invalid_rule"
+	// ReasonNoBackend: the rule has no backend with a weight (500; gRPC
+	// UNAVAILABLE).
+	ReasonNoBackend Reason = "no_backend"
+	// ReasonInvalidBackend: the weighted pick fell on a backendRef that
+	// does not resolve (500; gRPC UNAVAILABLE), the share the API asks to
+	// fail.
+	ReasonInvalidBackend Reason = "invalid_backend"
+	// ReasonInvalidTable: the set did not compile (500; gRPC UNAVAILABLE).
+	ReasonInvalidTable Reason = "invalid_table"
+)
+
+// gRPC status codes (google.golang.org/grpc/codes) a gRPC set answers with.
+const (
+	GRPCUnimplemented = 12
+	GRPCUnavailable   = 14
+)
+
+// Decision is the outcome of Decide. The zero value is unused; Decide
+// fills every field it sets from scratch, so one Decision may be reused.
+// Pointers into the Snapshot are shared and read-only.
+type Decision struct {
+	Action Action
+	// Rule is the matching rule; nil when none matched.
+	Rule *snapshot.RouteRule
+
+	// Status is the HTTP status of Respond and Redirect. For a gRPC set,
+	// Respond also carries GRPCStatus, to answer gRPC clients
+	// trailers-only; Status is then the HTTP status that grpc-go maps to
+	// the same code (503 UNAVAILABLE, 404 UNIMPLEMENTED).
+	Status     int
+	GRPCStatus int
+	Reason     Reason
+
+	// Location is the Redirect target.
+	Location string
+
+	// Backend is where Forward sends the request.
+	Backend snapshot.BackendRef
+	// Path (percent-encoded) replaces the request path when RewritePath;
+	// Host replaces the authority when RewriteHost. ApplyRequest does both.
+	Path        string
+	RewritePath bool
+	Host        string
+	RewriteHost bool
+	// Mirrors are the backends that get a copy of this request (fractions
+	// already drawn); a new slice per Decide, allocated only when a
+	// request is mirrored.
+	Mirrors []snapshot.BackendRef
+	// Timeouts, Retry and SessionPersistence are the rule's; nil when
+	// unset (SessionPersistence nil: the backend's own applies).
+	Timeouts           *snapshot.Timeouts
+	Retry              *snapshot.Retry
+	SessionPersistence *snapshot.SessionPersistence
+
+	reqMods, respMods [2]*headerMods // rule, then backendRef
+}
+
+// Decide matches req against the set and fills d. rnd draws the backend
+// and mirrors.
+func (s *Set) Decide(req *Request, rnd Rand, d *Decision) {
+	*d = Decision{}
+	if s.broken {
+		s.respond(d, ReasonInvalidTable)
+		return
+	}
+	path := normalizePath(req.Path)
+	i := s.find(req, path)
+	if i < 0 {
+		s.respond(d, ReasonNoMatch)
+		return
+	}
+	e := &s.entries[i]
+	r := &s.rules[e.rule]
+	d.Rule = r.src
+	if r.invalid {
+		s.respond(d, ReasonInvalidRule)
+		return
+	}
+	if r.filters.redirect != nil {
+		d.respMods[0] = r.filters.respHeaders
+		s.redirect(d, req, path, e, r.filters.redirect)
+		return
+	}
+	if r.total == 0 {
+		s.respond(d, ReasonNoBackend)
+		return
+	}
+	n := rnd.Uint64N(r.total)
+	var b *backend
+	for j := range r.backends {
+		if n < r.backends[j].weight {
+			b = &r.backends[j]
+			break
+		}
+		n -= r.backends[j].weight
+	}
+	if b.invalid {
+		s.respond(d, ReasonInvalidBackend)
+		return
+	}
+	d.respMods = [2]*headerMods{r.filters.respHeaders, b.filters.respHeaders}
+	if b.filters.redirect != nil {
+		s.redirect(d, req, path, e, b.filters.redirect)
+		return
+	}
+	d.Action = Forward
+	d.Backend = b.ref
+	d.reqMods = [2]*headerMods{r.filters.reqHeaders, b.filters.reqHeaders}
+	rewrite(d, path, e, r.filters.rewrite, b.filters.rewrite)
+	d.drawMirrors(rnd, r.filters.mirrors)
+	d.drawMirrors(rnd, b.filters.mirrors)
+	d.Timeouts, d.Retry, d.SessionPersistence = r.src.Timeouts, r.src.Retry, r.src.SessionPersistence
+}
+
+func (s *Set) respond(d *Decision, why Reason) {
+	d.Action, d.Reason = Respond, why
+	switch {
+	case why == ReasonNoMatch && s.grpc:
+		d.Status, d.GRPCStatus = http.StatusNotFound, GRPCUnimplemented
+	case why == ReasonNoMatch:
+		d.Status = http.StatusNotFound
+	case s.grpc:
+		// The API asks GRPCRoutes for UNAVAILABLE where HTTPRoutes get 500.
+		d.Status, d.GRPCStatus = http.StatusServiceUnavailable, GRPCUnavailable
+	default:
+		d.Status = http.StatusInternalServerError
+	}
+}
+
+func (d *Decision) drawMirrors(rnd Rand, ms []mirror) {
+	for _, m := range ms {
+		if m.num >= m.den || m.num > 0 && rnd.Uint64N(m.den) < m.num {
+			d.Mirrors = append(d.Mirrors, m.ref)
+		}
+	}
+}
+
+// ApplyRequest rewrites out, the request to send upstream, as a Forward
+// decision says: path, authority, then the rule's and the backendRef's
+// request header changes. Call it once per request, not per attempt:
+// "add" appends. A "Host" header in the changes sets the authority.
+// Values are shared with the Table and must not be modified.
+func (d *Decision) ApplyRequest(out *http.Request) {
+	if d.RewritePath {
+		out.URL.Path, out.URL.RawPath = unescapePath(d.Path), d.Path
+	}
+	if d.RewriteHost {
+		out.Host = d.Host
+	}
+	for _, m := range d.reqMods {
+		m.apply(out.Header, &out.Host)
+	}
+}
+
+// ApplyResponse changes the headers of a Forward's response, or of a
+// Redirect answer, as the rule and backendRef say.
+func (d *Decision) ApplyResponse(h http.Header) {
+	for _, m := range d.respMods {
+		m.apply(h, nil)
+	}
+}
