@@ -1,0 +1,330 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"reflect"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/agent/source"
+	"github.com/sockmesh/sockmesh/agent/translate"
+)
+
+// Resolver keeps ExternalHostname answers current (agent/resolve).
+type Resolver interface {
+	Run(ctx context.Context) error
+	SetHostnames(hosts []string)
+	Answers() map[string][]netip.Addr
+	Changed() <-chan struct{}
+}
+
+// Leader runs work only while this agent holds the writer lease
+// (agent/leader).
+type Leader interface {
+	Run(ctx context.Context, lead func(ctx context.Context)) error
+}
+
+// Writer applies one translation to the cluster: status (agent/status),
+// generated Services (agent/selectorsvc). in is the Input translate judged;
+// the writer must not modify it.
+type Writer interface {
+	Write(ctx context.Context, in translate.Input, res translate.Result) error
+}
+
+// WriterFunc adapts a function to Writer.
+type WriterFunc func(ctx context.Context, in translate.Input, res translate.Result) error
+
+// Write calls f.
+func (f WriterFunc) Write(ctx context.Context, in translate.Input, res translate.Result) error {
+	return f(ctx, in, res)
+}
+
+// Config configures a ControlPlane.
+type Config struct {
+	// Node is what the agent is configured with about its node and cluster
+	// (service and pod CIDRs, egress allow-list, cluster domain). It is
+	// merged with what the source observes (the Node object's addresses and
+	// pod CIDRs): lists are joined, and a source's node name is used only
+	// when Node.Name is empty.
+	Node translate.Node
+	// Resolver resolves ExternalHostname XBackends. Nil: no hostname is
+	// ever resolved, so such XBackends fail closed.
+	Resolver Resolver
+	// Leader gates Writers to the terms this agent leads. Nil: the writers
+	// run whenever there is something to write (a lone agent, tests).
+	Leader Leader
+	// Writers receive the translations while this agent leads; one that is
+	// busy while several arrive gets only the latest. Nil: nothing is
+	// written.
+	Writers []Writer
+	// RetryInterval is the first wait before retrying a failed write; it
+	// doubles up to a minute (zero: 1 s).
+	RetryInterval time.Duration
+}
+
+// ControlPlane runs the loop. Create it with New and start Run.
+type ControlPlane struct {
+	cfg Config
+	src source.Source
+	log *slog.Logger
+	m   metrics
+
+	// mu guards current's replacement and updated.
+	mu      sync.Mutex
+	current atomic.Pointer[snapshot.Snapshot]
+	updated chan struct{}
+
+	// pending is the latest translation for the writers; wake tells the
+	// writer loop that it changed.
+	pending atomic.Pointer[pass]
+	wake    chan struct{}
+}
+
+// pass is one translation: what translate saw and what it said.
+type pass struct {
+	in  translate.Input
+	res translate.Result
+}
+
+type metrics struct {
+	rebuilds        *prometheus.CounterVec
+	rebuildDuration prometheus.Histogram
+	version         prometheus.Gauge
+	writeErrors     prometheus.Counter
+}
+
+// New returns a ControlPlane that starts from the empty Snapshot.
+func New(cfg Config, src source.Source, log *slog.Logger, reg prometheus.Registerer) (*ControlPlane, error) {
+	if cfg.RetryInterval <= 0 {
+		cfg.RetryInterval = time.Second
+	}
+	c := &ControlPlane{
+		cfg:     cfg,
+		src:     src,
+		log:     log.With("component", "controlplane"),
+		updated: make(chan struct{}),
+		wake:    make(chan struct{}, 1),
+		m: metrics{
+			rebuilds: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "sockmesh_controlplane_rebuilds_total",
+				Help: "Translations run, by result (published, unchanged, error).",
+			}, []string{"result"}),
+			rebuildDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+				Name:    "sockmesh_controlplane_rebuild_duration_seconds",
+				Help:    "Time from reading the source to publishing (or discarding) a Snapshot.",
+				Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+			}),
+			version: prometheus.NewGauge(prometheus.GaugeOpts{
+				Name: "sockmesh_controlplane_snapshot_version",
+				Help: "Version of the Snapshot currently published.",
+			}),
+			writeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+				Name: "sockmesh_controlplane_write_errors_total",
+				Help: "Failed attempts to write a translation's status or generated Services.",
+			}),
+		},
+	}
+	c.current.Store(snapshot.Empty())
+	if reg != nil {
+		for _, col := range []prometheus.Collector{c.m.rebuilds, c.m.rebuildDuration, c.m.version, c.m.writeErrors} {
+			if err := reg.Register(col); err != nil {
+				return nil, fmt.Errorf("register controlplane metrics: %w", err)
+			}
+		}
+	}
+	return c, nil
+}
+
+// Current returns the published Snapshot and a channel that is closed
+// when a newer one replaces it. A subscriber applies the Snapshot, waits on
+// the channel and calls Current again.
+func (c *ControlPlane) Current() (*snapshot.Snapshot, <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.current.Load(), c.updated
+}
+
+// Snapshot returns the published Snapshot; version 0 until the first
+// translation.
+func (c *ControlPlane) Snapshot() *snapshot.Snapshot { return c.current.Load() }
+
+// Run runs the source, the resolver, the writers and the loop until ctx
+// ends. It returns the source's error if the source cannot start.
+func (c *ControlPlane) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	defer wg.Wait()
+
+	wg.Go(func() {
+		if err := c.src.Run(ctx); err != nil {
+			cancel(fmt.Errorf("config source: %w", err))
+		}
+	})
+	var resolved <-chan struct{}
+	if r := c.cfg.Resolver; r != nil {
+		resolved = r.Changed()
+		wg.Go(func() {
+			if err := r.Run(ctx); err != nil {
+				cancel(fmt.Errorf("resolver: %w", err))
+			}
+		})
+	}
+	if len(c.cfg.Writers) > 0 {
+		wg.Go(func() {
+			if c.cfg.Leader == nil {
+				c.writeLoop(ctx)
+				return
+			}
+			if err := c.cfg.Leader.Run(ctx, c.writeLoop); err != nil {
+				cancel(fmt.Errorf("leader election: %w", err))
+			}
+		})
+	}
+
+	for {
+		select {
+		case <-ctx.Done():
+			if err := context.Cause(ctx); !errors.Is(err, context.Canceled) {
+				return err
+			}
+			return nil
+		case <-c.src.Changed():
+		case <-resolved:
+		}
+		c.rebuild()
+	}
+}
+
+// rebuild translates the source's current objects and publishes the result
+// if it differs from the current Snapshot.
+func (c *ControlPlane) rebuild() {
+	start := time.Now()
+	defer func() { c.m.rebuildDuration.Observe(time.Since(start).Seconds()) }()
+
+	in := c.src.Input()
+	in.Now = time.Now()
+	in.Node = mergeNode(c.cfg.Node, in.Node)
+	if r := c.cfg.Resolver; r != nil {
+		r.SetHostnames(externalHostnames(in.XBackends))
+		in.Resolved = r.Answers()
+	}
+	res, err := translate.Translate(in)
+	if err != nil {
+		// Translate fails only on an internal inconsistency: keep the
+		// current Snapshot, which was consistent.
+		c.m.rebuilds.WithLabelValues("error").Inc()
+		c.log.Error("translate failed; keeping the current snapshot", "err", err,
+			"snapshot_version", c.current.Load().Version)
+		return
+	}
+	c.pending.Store(&pass{in: in, res: res})
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+
+	cur := c.current.Load()
+	if reflect.DeepEqual(cur.Frontends, res.Frontends) && reflect.DeepEqual(cur.Backends, res.Backends) &&
+		reflect.DeepEqual(cur.Workloads, res.Workloads) {
+		c.m.rebuilds.WithLabelValues("unchanged").Inc()
+		return
+	}
+	next, err := snapshot.New(cur.Version+1, res.Frontends, res.Backends, res.Workloads)
+	if err != nil {
+		c.m.rebuilds.WithLabelValues("error").Inc()
+		c.log.Error("build snapshot failed; keeping the current one", "err", err, "snapshot_version", cur.Version)
+		return
+	}
+	c.mu.Lock()
+	c.current.Store(next)
+	close(c.updated)
+	c.updated = make(chan struct{})
+	c.mu.Unlock()
+	c.m.rebuilds.WithLabelValues("published").Inc()
+	c.m.version.Set(float64(next.Version))
+	c.log.Info("snapshot published", "snapshot_version", next.Version, "frontends", len(next.Frontends),
+		"backends", len(next.Backends), "workloads", len(next.Workloads), "duration", time.Since(start).Round(time.Microsecond))
+}
+
+// writeLoop hands the latest translation to the writers until ctx ends (the
+// end of a leader term), retrying failures with backoff. A new term starts
+// by writing the latest translation, whatever an earlier term wrote.
+func (c *ControlPlane) writeLoop(ctx context.Context) {
+	var written *pass
+	wait := c.cfg.RetryInterval
+	var retry <-chan time.Time
+	for {
+		if p := c.pending.Load(); p != nil && p != written {
+			var errs []error
+			for _, w := range c.cfg.Writers {
+				if err := w.Write(ctx, p.in, p.res); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			if err := errors.Join(errs...); err != nil {
+				c.m.writeErrors.Inc()
+				c.log.Warn("write failed; will retry", "err", err, "retry_in", wait)
+				retry = time.After(wait)
+				wait = min(wait*2, time.Minute)
+			} else {
+				written, retry, wait = p, nil, c.cfg.RetryInterval
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.wake:
+		case <-retry:
+		}
+	}
+}
+
+// mergeNode joins the configured node facts with the observed ones.
+func mergeNode(cfg, seen translate.Node) translate.Node {
+	n := cfg
+	if n.Name == "" {
+		n.Name = seen.Name
+	}
+	n.IPs = union(cfg.IPs, seen.IPs)
+	n.PodCIDRs = union(cfg.PodCIDRs, seen.PodCIDRs)
+	n.ServiceCIDRs = union(cfg.ServiceCIDRs, seen.ServiceCIDRs)
+	return n
+}
+
+func union[T comparable](a, b []T) []T {
+	out := slices.Clone(a)
+	for _, x := range b {
+		if !slices.Contains(out, x) {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// externalHostnames lists the hostnames of ExternalHostname XBackends.
+func externalHostnames(xbs []*gwxv1alpha1.XBackend) []string {
+	var hosts []string
+	for _, xb := range xbs {
+		if xb.Spec.Type == gwxv1alpha1.BackendTypeExternalHostname && xb.Spec.ExternalHostname != nil &&
+			xb.Spec.ExternalHostname.Hostname != "" {
+			hosts = append(hosts, string(xb.Spec.ExternalHostname.Hostname))
+		}
+	}
+	slices.Sort(hosts)
+	return slices.Compact(hosts)
+}

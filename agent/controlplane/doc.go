@@ -1,0 +1,14 @@
+// Package controlplane is the agent's reconcile loop: it waits for a
+// config source (and the DNS resolver) to signal a change, translates the
+// source's objects, numbers and publishes the resulting Snapshot to the
+// data planes, and hands translate's status and generated-Service wishes to
+// the writers while this agent holds the writer lease.
+//
+// Versions increase by one with every published Snapshot; a rebuild that
+// yields the same Snapshot publishes nothing. Subscribers read the current
+// Snapshot by atomic pointer and wait on a channel that is closed when a
+// newer one is published.
+//
+// It must not decide policy (translate does), talk to the data planes
+// (they subscribe) or write to the cluster itself (the writers do).
+package controlplane

@@ -1,0 +1,214 @@
+package resolve
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/netip"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sockmesh/sockmesh/test/dnsserver"
+)
+
+func addrs(ss ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range ss {
+		out = append(out, netip.MustParseAddr(s))
+	}
+	return out
+}
+
+// waitFor waits on r.Changed until the answers satisfy ok.
+func waitFor(t *testing.T, r *Resolver, what string, ok func(map[string][]netip.Addr) bool) map[string][]netip.Addr {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		a := r.Answers()
+		if ok(a) {
+			return a
+		}
+		select {
+		case <-r.Changed():
+		case <-timeout:
+			t.Fatalf("timed out waiting for %s; answers %v", what, a)
+		}
+	}
+}
+
+func start(t *testing.T, cfg Config) *Resolver {
+	t.Helper()
+	r, err := New(cfg, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	return r
+}
+
+// TestResolverAgainstDNSServer resolves through a real DNS server on
+// loopback: both families, a CNAME, a missing name, a change of address and
+// a dropped hostname.
+func TestResolverAgainstDNSServer(t *testing.T) {
+	dns := dnsserver.Start(t)
+	dns.NegativeTTL = 1
+	dns.Set("api.example.test", 1, addrs("192.0.2.10", "2001:db8::10")...)
+	dns.SetCNAME("alias.example.test", "api.example.test", 1)
+	dns.Set("v6only.example.test", 1, addrs("2001:db8::20")...)
+
+	r := start(t, Config{Servers: []string{dns.Addr}, MinInterval: 20 * time.Millisecond, MaxInterval: 100 * time.Millisecond})
+	r.SetHostnames([]string{"api.example.test", "alias.example.test", "v6only.example.test", "gone.example.test"})
+
+	got := waitFor(t, r, "four answers", func(a map[string][]netip.Addr) bool { return len(a) == 4 })
+	for host, want := range map[string][]netip.Addr{
+		"api.example.test":    addrs("192.0.2.10", "2001:db8::10"),
+		"alias.example.test":  addrs("192.0.2.10", "2001:db8::10"),
+		"v6only.example.test": addrs("2001:db8::20"),
+		"gone.example.test":   nil,
+	} {
+		if !slices.Equal(got[host], want) {
+			t.Errorf("Answers()[%q] = %v, want %v", host, got[host], want)
+		}
+	}
+
+	dns.Set("api.example.test", 1, addrs("192.0.2.11")...)
+	waitFor(t, r, "the new address", func(a map[string][]netip.Addr) bool {
+		return slices.Equal(a["api.example.test"], addrs("192.0.2.11")) &&
+			slices.Equal(a["alias.example.test"], addrs("192.0.2.11"))
+	})
+
+	dns.Set("gone.example.test", 1, addrs("198.51.100.1")...)
+	waitFor(t, r, "the name that appeared", func(a map[string][]netip.Addr) bool {
+		return slices.Equal(a["gone.example.test"], addrs("198.51.100.1"))
+	})
+
+	r.SetHostnames([]string{"api.example.test"})
+	got = r.Answers()
+	if _, ok := got["alias.example.test"]; ok || len(got) != 1 {
+		t.Errorf("after dropping hostnames, Answers() = %v, want only api.example.test", got)
+	}
+}
+
+// TestResolverTCPFallback: a truncated UDP reply is retried over TCP.
+func TestResolverTCPFallback(t *testing.T) {
+	dns := dnsserver.Start(t)
+	dns.TruncateUDP = true
+	dns.Set("big.example.test", 30, addrs("192.0.2.1", "192.0.2.2", "192.0.2.3")...)
+	r := start(t, Config{Servers: []string{dns.Addr}})
+	r.SetHostnames([]string{"big.example.test"})
+	got := waitFor(t, r, "an answer", func(a map[string][]netip.Addr) bool { return len(a) == 1 })
+	if want := addrs("192.0.2.1", "192.0.2.2", "192.0.2.3"); !slices.Equal(got["big.example.test"], want) {
+		t.Errorf("answer = %v, want %v", got["big.example.test"], want)
+	}
+	if total, tcp := dns.Queries("big.example.test"); tcp == 0 || tcp*2 != total {
+		t.Errorf("queries = %d, over tcp %d; want every query retried over tcp", total, tcp)
+	}
+}
+
+// pipeDial serves DNS from srv over net.Pipe, so the resolver runs inside a
+// synctest bubble; failing, when set, makes every dial fail.
+func pipeDial(srv *dnsserver.Server, failing *atomic.Bool) func(context.Context, string, string) (net.Conn, error) {
+	return func(_ context.Context, network, _ string) (net.Conn, error) {
+		if failing.Load() {
+			return nil, errors.New("server unreachable")
+		}
+		client, server := net.Pipe()
+		go func() {
+			defer server.Close()
+			srv.ServeConn(server, network == "tcp")
+		}()
+		return client, nil
+	}
+}
+
+// TestRefreshInterval checks on a fake clock that a hostname is looked up
+// again after its TTL, bounded by MinInterval and MaxInterval, that retries
+// after failures back off, and that the last good answer outlives an
+// outage.
+func TestRefreshInterval(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &dnsserver.Server{NegativeTTL: 3600}       // AAAA answers are NODATA: keep them out of the TTL
+		srv.Set("short.test", 1, addrs("192.0.2.1")...)   // TTL under MinInterval
+		srv.Set("long.test", 3600, addrs("192.0.2.2")...) // TTL over MaxInterval
+		srv.Set("mid.test", 20, addrs("192.0.2.3")...)    // TTL in between
+		var failing atomic.Bool
+		r := start(t, Config{
+			Servers:     []string{"192.0.2.53:53"},
+			MinInterval: 5 * time.Second,
+			MaxInterval: time.Minute,
+			Dial:        pipeDial(srv, &failing),
+		})
+		r.SetHostnames([]string{"short.test", "long.test", "mid.test"})
+
+		// lookups counts lookups of name (A and AAAA are two queries).
+		lookups := func(name string) int { n, _ := srv.Queries(name); return n / 2 }
+		synctest.Wait()
+		for _, name := range []string{"short.test", "long.test", "mid.test"} {
+			if n := lookups(name); n != 1 {
+				t.Fatalf("at start: %s looked up %d times, want 1", name, n)
+			}
+		}
+
+		time.Sleep(61 * time.Second)
+		synctest.Wait()
+		// short: every 5 s (0, 5, ..., 60) = 13; mid: every 20 s (0, 20,
+		// 40, 60) = 4; long: every 60 s (0, 60) = 2.
+		for name, want := range map[string]int{"short.test": 13, "mid.test": 4, "long.test": 2} {
+			if n := lookups(name); n != want {
+				t.Errorf("after 61 s: %s looked up %d times, want %d", name, n, want)
+			}
+		}
+
+		// An outage: dials fail, retries back off 5, 10, 20, 40, 60, 60 s
+		// after the failure at 120 s (the next due lookup of long.test),
+		// and the last answer stays.
+		failing.Store(true)
+		time.Sleep(59 * time.Second) // now 120 s
+		synctest.Wait()
+		if got := r.Answers()["long.test"]; !slices.Equal(got, addrs("192.0.2.2")) {
+			t.Errorf("during an outage: answer = %v, want the last good one", got)
+		}
+		failing.Store(false)
+		before := lookups("long.test")
+		time.Sleep(4 * time.Second) // 124 s: the first retry (125 s) is not due
+		synctest.Wait()
+		if n := lookups("long.test"); n != before {
+			t.Errorf("retry came before MinInterval: %d lookups, want %d", n, before)
+		}
+		time.Sleep(2 * time.Second) // 126 s: it was
+		synctest.Wait()
+		if n := lookups("long.test"); n != before+1 {
+			t.Errorf("after the first retry interval: %d lookups, want %d", n, before+1)
+		}
+	})
+}
+
+func TestClampAndBackoff(t *testing.T) {
+	const lo, hi = 5 * time.Second, time.Minute
+	for _, tc := range []struct {
+		ttl, want time.Duration
+	}{{0, lo}, {time.Second, lo}, {30 * time.Second, 30 * time.Second}, {time.Hour, hi}} {
+		if got := clamp(tc.ttl, lo, hi); got != tc.want {
+			t.Errorf("clamp(%s) = %s, want %s", tc.ttl, got, tc.want)
+		}
+	}
+	for n, want := range map[int]time.Duration{1: lo, 2: 10 * time.Second, 3: 20 * time.Second, 4: 40 * time.Second, 5: hi, 50: hi} {
+		if got := backoff(n, lo, hi); got != want {
+			t.Errorf("backoff(%d) = %s, want %s", n, got, want)
+		}
+	}
+}

@@ -1,0 +1,133 @@
+package selectorsvc
+
+import (
+	"log/slog"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
+
+	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/test/apiserver"
+)
+
+const ns = "selectorsvc-test"
+
+// TestApply runs translate and Apply against a real API server: the
+// Service is created once even when the cache lags, follows the XBackend's
+// port, and is deleted with it; a user's Service that merely carries the
+// label is never touched.
+func TestApply(t *testing.T) {
+	env := apiserver.Start(t)
+	ctx := t.Context()
+	kube, gw := env.Kube, env.Gateway
+	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	xb, err := gw.ExperimentalV1alpha1().XBackends(ns).Create(ctx, &gwxv1alpha1.XBackend{
+		ObjectMeta: metav1.ObjectMeta{Name: "pods", Namespace: ns},
+		Spec: gwxv1alpha1.BackendSpec{
+			Type: gwxv1alpha1.BackendTypeEndpointSelector,
+			Port: gwxv1alpha1.BackendPort{Number: 8080},
+			EndpointSelector: &gwxv1alpha1.EndpointSelectorBackend{LabelSelector: gwxv1alpha1.LabelSelector{
+				MatchLabels: map[gwv1.LabelKey]gwv1.LabelValue{"app": "pods"}}},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A user's Service with sockmesh's label but no XBackend owner.
+	if _, err := kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "users", Namespace: ns, Labels: map[string]string{translate.LabelXBackend: "pods"}},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	w, err := New(Config{}, kube, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	input := func() translate.Input {
+		t.Helper()
+		in := translate.Input{}
+		svcs, err := kube.CoreV1().Services(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range svcs.Items {
+			in.Services = append(in.Services, &svcs.Items[i])
+		}
+		xbs, err := gw.ExperimentalV1alpha1().XBackends(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range xbs.Items {
+			in.XBackends = append(in.XBackends, &xbs.Items[i])
+		}
+		return in
+	}
+	apply := func(in translate.Input) {
+		t.Helper()
+		res, err := translate.Translate(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Apply(ctx, in, res.EndpointSelectorServices); err != nil {
+			t.Fatal(err)
+		}
+	}
+	generatedServices := func() []corev1.Service {
+		t.Helper()
+		list, err := kube.CoreV1().Services(ns).List(ctx, metav1.ListOptions{
+			LabelSelector: labels.SelectorFromSet(labels.Set{translate.LabelXBackend: "pods"}).String()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []corev1.Service
+		for _, s := range list.Items {
+			if s.Name != "users" {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+
+	lagging := input() // a cache that has not seen the Service yet
+	apply(lagging)
+	apply(lagging)
+	got := generatedServices()
+	if len(got) != 1 {
+		t.Fatalf("generated services = %d, want 1 despite the lagging cache", len(got))
+	}
+	svc := got[0]
+	if svc.Spec.ClusterIP != corev1.ClusterIPNone || svc.Spec.Selector["app"] != "pods" ||
+		len(svc.OwnerReferences) != 1 || svc.OwnerReferences[0].UID != xb.UID || svc.Spec.Ports[0].TargetPort.IntValue() != 8080 {
+		t.Errorf("generated service = %+v", svc)
+	}
+
+	// The XBackend's port changes: the Service follows.
+	xb.Spec.Port.Number = 9090
+	if _, err := gw.ExperimentalV1alpha1().XBackends(ns).Update(ctx, xb, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	apply(input())
+	if got := generatedServices(); len(got) != 1 || got[0].Name != svc.Name || got[0].Spec.Ports[0].TargetPort.IntValue() != 9090 {
+		t.Errorf("after the port change: %+v", got)
+	}
+
+	// The XBackend goes (no garbage collector runs here): the Service goes.
+	if err := gw.ExperimentalV1alpha1().XBackends(ns).Delete(ctx, "pods", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	apply(input())
+	if got := generatedServices(); len(got) != 0 {
+		t.Errorf("after the XBackend went: %d generated services remain", len(got))
+	}
+	if _, err := kube.CoreV1().Services(ns).Get(ctx, "users", metav1.GetOptions{}); err != nil {
+		t.Errorf("the user's labelled Service: %v", err)
+	}
+}

@@ -1,0 +1,19 @@
+// Package kubernetes is the config source that watches a Kubernetes API
+// server with client-go informers and hands translate the objects it lists:
+// Services, EndpointSlices, Namespaces, the Pods and the Node of this node,
+// ClusterTrustBundles, and the Gateway API kinds sockmesh implements
+// (BackendTLSPolicy, HTTPRoute, GRPCRoute, ReferenceGrant, XBackend,
+// XBackendTrafficPolicy, XMesh). It implements agent/source.Source.
+//
+// ConfigMaps and Secrets are not cached cluster-wide: a cluster's Secrets
+// are large (Helm keeps whole releases in them) and none of the agent's
+// business. The source watches exactly the ConfigMaps and Secrets that
+// BackendTLSPolicies and XBackends reference, one single-object watch
+// (field selector metadata.name) per reference, started when a reference
+// appears and stopped when it goes. That is how the kubelet watches the
+// ConfigMaps and Secrets its pods mount, so the API server is built for the
+// pattern; it costs one LIST and one WATCH stream per referenced object.
+//
+// It only lists, watches and signals. It must not translate, write to the
+// API server or mutate an object it hands out.
+package kubernetes

@@ -1,0 +1,438 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"reflect"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	k8s "k8s.io/client-go/kubernetes"
+	certlisters "k8s.io/client-go/listers/certificates/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	discoverylisters "k8s.io/client-go/listers/discovery/v1"
+	"k8s.io/client-go/tools/cache"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
+	gwlisters "sigs.k8s.io/gateway-api/pkg/client/listers/apis/v1"
+	gwxlisters "sigs.k8s.io/gateway-api/pkg/client/listers/apisx/v1alpha1"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sockmesh/sockmesh/agent/translate"
+)
+
+// Config configures a Source.
+type Config struct {
+	// NodeName is the node the agent runs on: only its Pods are listed, and
+	// its Node object gives Input.Node its name, addresses and pod CIDRs.
+	// Required.
+	NodeName string
+	// ReferenceSyncTimeout bounds how long Input waits for a newly
+	// referenced ConfigMap or Secret to be listed; after it Input goes on
+	// as if the object did not exist, and translate fails the policy closed
+	// (zero: 10 s).
+	ReferenceSyncTimeout time.Duration
+}
+
+// Source lists and watches the cluster. Create it with New, start Run, and
+// call Input after the first Changed signal.
+type Source struct {
+	cfg     Config
+	log     *slog.Logger
+	kube    k8s.Interface
+	gw      gwclient.Interface
+	changed chan struct{}
+	events  *prometheus.CounterVec
+	refs    *references
+
+	synced atomic.Bool
+	// mu guards l, which Run fills before the first signal.
+	mu sync.Mutex
+	l  *listers
+}
+
+// listers read the informers' caches. A nil lister is a kind the cluster
+// does not serve (its CRD is not installed): it lists as empty.
+type listers struct {
+	services       corelisters.ServiceLister
+	endpointSlices discoverylisters.EndpointSliceLister
+	namespaces     corelisters.NamespaceLister
+	pods           corelisters.PodLister
+	nodes          corelisters.NodeLister
+	trustBundles   certlisters.ClusterTrustBundleLister
+
+	backendTLSPolicies      gwlisters.BackendTLSPolicyLister
+	referenceGrants         gwlisters.ReferenceGrantLister
+	httpRoutes              gwlisters.HTTPRouteLister
+	grpcRoutes              gwlisters.GRPCRouteLister
+	xbackends               gwxlisters.XBackendLister
+	xbackendTrafficPolicies gwxlisters.XBackendTrafficPolicyLister
+	xmeshes                 gwxlisters.XMeshLister
+}
+
+// New returns a Source for the cluster kube and gw reach.
+func New(cfg Config, kube k8s.Interface, gw gwclient.Interface, log *slog.Logger, reg prometheus.Registerer) (*Source, error) {
+	if cfg.NodeName == "" {
+		return nil, errors.New("kubernetes source: node name is required")
+	}
+	if cfg.ReferenceSyncTimeout <= 0 {
+		cfg.ReferenceSyncTimeout = 10 * time.Second
+	}
+	s := &Source{
+		cfg:     cfg,
+		log:     log.With("component", "source_kubernetes"),
+		kube:    kube,
+		gw:      gw,
+		changed: make(chan struct{}, 1),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sockmesh_source_events_total",
+			Help: "Watch events the kubernetes source received that may change the Snapshot, by kind.",
+		}, []string{"kind"}),
+	}
+	refWatches := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sockmesh_source_reference_watches",
+		Help: "ConfigMaps and Secrets watched because a policy or XBackend references them.",
+	})
+	if reg != nil {
+		for _, c := range []prometheus.Collector{s.events, refWatches} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("register source metrics: %w", err)
+			}
+		}
+	}
+	s.refs = newReferences(kube, cfg.ReferenceSyncTimeout, refWatches, s.log,
+		func(kind string) cache.ResourceEventHandler { return s.handler(kind, nil) })
+	return s, nil
+}
+
+// Changed receives a value when Input may have changed (see source.Source).
+func (s *Source) Changed() <-chan struct{} { return s.changed }
+
+func (s *Source) signal() {
+	if !s.synced.Load() {
+		return
+	}
+	select {
+	case s.changed <- struct{}{}:
+	default:
+	}
+}
+
+// Run starts the informers, signals once every kind is listed and returns
+// when ctx ends. It fails only when the API server cannot be asked which
+// kinds it serves. A kind it may not list (missing RBAC) keeps the first
+// signal from coming; client-go's reflector logs why.
+func (s *Source) Run(ctx context.Context) error {
+	served, err := s.discover(ctx)
+	if err != nil {
+		return err
+	}
+	s.refs.start(ctx)
+
+	strip := informers.WithTransform(stripForCache)
+	core := informers.NewSharedInformerFactoryWithOptions(s.kube, 0, strip)
+	onNode := informers.NewSharedInformerFactoryWithOptions(s.kube, 0, strip,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", s.cfg.NodeName).String()
+		}))
+	node := informers.NewSharedInformerFactoryWithOptions(s.kube, 0, strip,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.cfg.NodeName).String()
+		}))
+	gw := gwinformers.NewSharedInformerFactoryWithOptions(s.gw, 0, gwinformers.WithTransform(stripForCache))
+
+	l := &listers{}
+	var errs []error
+	watch := func(kind string, inf cache.SharedIndexInformer, relevant func(old, new any) bool) {
+		if _, err := inf.AddEventHandler(s.handler(kind, relevant)); err != nil {
+			errs = append(errs, fmt.Errorf("watch %s: %w", kind, err))
+		}
+	}
+	svc := core.Core().V1().Services()
+	watch("Service", svc.Informer(), nil)
+	l.services = svc.Lister()
+	eps := core.Discovery().V1().EndpointSlices()
+	watch("EndpointSlice", eps.Informer(), nil)
+	l.endpointSlices = eps.Lister()
+	nss := core.Core().V1().Namespaces()
+	watch("Namespace", nss.Informer(), labelsChanged)
+	l.namespaces = nss.Lister()
+	pods := onNode.Core().V1().Pods()
+	// Pods rewrite their status often (conditions, container states);
+	// enrolment only looks at a few fields.
+	watch("Pod", pods.Informer(), podChanged)
+	l.pods = pods.Lister()
+	nodes := node.Core().V1().Nodes()
+	// A kubelet rewrites its Node's status every few minutes for
+	// heartbeats; only addresses and pod CIDRs matter here.
+	watch("Node", nodes.Informer(), nodeChanged)
+	l.nodes = nodes.Lister()
+	if served[kindClusterTrustBundle] {
+		ctb := core.Certificates().V1().ClusterTrustBundles()
+		watch("ClusterTrustBundle", ctb.Informer(), nil)
+		l.trustBundles = ctb.Lister()
+	}
+	// Gateway API objects: only spec, labels and annotations matter, not
+	// status. Skipping status-only updates also keeps our own status writes
+	// from echoing back as a rebuild.
+	if served[kindBackendTLSPolicy] {
+		i := gw.Gateway().V1().BackendTLSPolicies()
+		watch(kindBackendTLSPolicy, i.Informer(), specChanged)
+		l.backendTLSPolicies = i.Lister()
+	}
+	if served[kindReferenceGrant] {
+		i := gw.Gateway().V1().ReferenceGrants()
+		watch(kindReferenceGrant, i.Informer(), specChanged)
+		l.referenceGrants = i.Lister()
+	}
+	if served[kindHTTPRoute] {
+		i := gw.Gateway().V1().HTTPRoutes()
+		watch(kindHTTPRoute, i.Informer(), specChanged)
+		l.httpRoutes = i.Lister()
+	}
+	if served[kindGRPCRoute] {
+		i := gw.Gateway().V1().GRPCRoutes()
+		watch(kindGRPCRoute, i.Informer(), specChanged)
+		l.grpcRoutes = i.Lister()
+	}
+	if served[kindXBackend] {
+		i := gw.Experimental().V1alpha1().XBackends()
+		watch(kindXBackend, i.Informer(), specChanged)
+		l.xbackends = i.Lister()
+	}
+	if served[kindXBackendTrafficPolicy] {
+		i := gw.Experimental().V1alpha1().XBackendTrafficPolicies()
+		watch(kindXBackendTrafficPolicy, i.Informer(), specChanged)
+		l.xbackendTrafficPolicies = i.Lister()
+	}
+	if served[kindXMesh] {
+		i := gw.Experimental().V1alpha1().XMeshes()
+		watch(kindXMesh, i.Informer(), specChanged)
+		l.xmeshes = i.Lister()
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+
+	factories := []interface {
+		Start(<-chan struct{})
+		WaitForCacheSync(<-chan struct{}) map[reflect.Type]bool
+		Shutdown()
+	}{core, onNode, node, gw}
+	start := time.Now()
+	for _, f := range factories {
+		f.Start(ctx.Done())
+		// Shutdown waits for the informers' goroutines after ctx ends.
+		defer f.Shutdown()
+	}
+	for _, f := range factories {
+		f.WaitForCacheSync(ctx.Done())
+	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	s.mu.Lock()
+	s.l = l
+	s.mu.Unlock()
+	s.synced.Store(true)
+	s.log.Info("caches synced", "duration", time.Since(start).Round(time.Millisecond))
+	s.signal()
+	<-ctx.Done()
+	s.synced.Store(false)
+	return nil
+}
+
+// The optional kinds: served only when their API (a CRD, or
+// certificates.k8s.io/v1 in Kubernetes >= 1.37) is there.
+const (
+	kindClusterTrustBundle    = "ClusterTrustBundle"
+	kindBackendTLSPolicy      = "BackendTLSPolicy"
+	kindReferenceGrant        = "ReferenceGrant"
+	kindHTTPRoute             = "HTTPRoute"
+	kindGRPCRoute             = "GRPCRoute"
+	kindXBackend              = "XBackend"
+	kindXBackendTrafficPolicy = "XBackendTrafficPolicy"
+	kindXMesh                 = "XMesh"
+)
+
+// discover asks the API server which optional kinds it serves. A kind whose
+// CRD is missing is watched as empty, with a warning: installing the CRD
+// later takes an agent restart.
+func (s *Source) discover(ctx context.Context) (map[string]bool, error) {
+	want := map[string][]string{
+		"certificates.k8s.io/v1":          {kindClusterTrustBundle},
+		gwv1.GroupVersion.String():        {kindBackendTLSPolicy, kindHTTPRoute, kindGRPCRoute},
+		gwxv1alpha1.GroupVersion.String(): {kindXBackend, kindXBackendTrafficPolicy, kindXMesh},
+	}
+	served := make(map[string]bool)
+	for gv, kinds := range want {
+		list, err := s.kube.Discovery().ServerResourcesForGroupVersion(gv)
+		if apierrors.IsNotFound(err) {
+			list, err = &metav1.APIResourceList{}, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("discover %s: %w", gv, err)
+		}
+		for _, kind := range kinds {
+			served[kind] = slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Kind == kind })
+			if !served[kind] {
+				s.log.Warn("kind not served by the api server; treating it as empty", "kind", kind, "group_version", gv)
+			}
+		}
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+	}
+	return served, nil
+}
+
+// handler counts and signals the events that relevant (nil: all) lets
+// through. Policies and XBackends also need their references watched,
+// which Input starts on demand.
+func (s *Source) handler(kind string, relevant func(old, new any) bool) cache.ResourceEventHandler {
+	event := func() {
+		s.events.WithLabelValues(kind).Inc()
+		s.signal()
+	}
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc: func(any) { event() },
+		UpdateFunc: func(old, new any) {
+			if relevant == nil || relevant(old, new) {
+				event()
+			}
+		},
+		DeleteFunc: func(any) { event() },
+	}
+}
+
+// Input returns the objects in the caches. It may block until the
+// ConfigMaps and Secrets that policies newly reference are listed (at most
+// Config.ReferenceSyncTimeout), so that translate never judges a policy by
+// a reference the source has not looked up yet.
+func (s *Source) Input() translate.Input {
+	s.mu.Lock()
+	l := s.l
+	s.mu.Unlock()
+	if l == nil {
+		return translate.Input{}
+	}
+	in := translate.Input{
+		Services:                list(l.services),
+		EndpointSlices:          list(l.endpointSlices),
+		Namespaces:              list(l.namespaces),
+		Pods:                    list(l.pods),
+		ClusterTrustBundles:     list(l.trustBundles),
+		BackendTLSPolicies:      list(l.backendTLSPolicies),
+		ReferenceGrants:         list(l.referenceGrants),
+		HTTPRoutes:              list(l.httpRoutes),
+		GRPCRoutes:              list(l.grpcRoutes),
+		XBackends:               list(l.xbackends),
+		XBackendTrafficPolicies: list(l.xbackendTrafficPolicies),
+		XMeshes:                 list(l.xmeshes),
+		Node:                    s.node(l),
+
+		ClusterTrustBundlesUnavailable: l.trustBundles == nil,
+	}
+	in.ConfigMaps, in.Secrets = s.refs.objects(referencesOf(in.BackendTLSPolicies, in.XBackends))
+	return in
+}
+
+// node describes this node from its Node object; the agent adds what it
+// is configured with (service CIDRs, egress allow-list).
+func (s *Source) node(l *listers) translate.Node {
+	n := translate.Node{Name: s.cfg.NodeName}
+	obj, err := l.nodes.Get(s.cfg.NodeName)
+	if err != nil {
+		return n
+	}
+	for _, a := range obj.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Address); err == nil && !slices.Contains(n.IPs, ip) {
+			n.IPs = append(n.IPs, ip)
+		}
+	}
+	cidrs := obj.Spec.PodCIDRs
+	if len(cidrs) == 0 && obj.Spec.PodCIDR != "" {
+		cidrs = []string{obj.Spec.PodCIDR}
+	}
+	for _, c := range cidrs {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			n.PodCIDRs = append(n.PodCIDRs, p.Masked())
+		}
+	}
+	return n
+}
+
+// lister is what every generated lister has.
+type lister[T any] interface {
+	List(labels.Selector) ([]T, error)
+}
+
+// list returns every cached object, or nil for a kind not served. The
+// cache lister's List never fails with labels.Everything().
+func list[T any, L lister[T]](l L) []T {
+	if any(l) == nil {
+		return nil
+	}
+	objs, _ := l.List(labels.Everything())
+	return objs
+}
+
+// stripForCache drops what nothing in the agent reads, before an object
+// enters a cache: managed fields, and kubectl's copy of the whole object in
+// an annotation. At 10,000 Services and their EndpointSlices that is most of
+// the agent's memory.
+func stripForCache(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetManagedFields(nil)
+		if a := m.GetAnnotations(); a[corev1.LastAppliedConfigAnnotation] != "" {
+			// The informer owns this freshly decoded object; no one else
+			// holds it yet, so it may be changed in place.
+			delete(a, corev1.LastAppliedConfigAnnotation)
+		}
+	}
+	return obj, nil
+}
+
+func labelsChanged(old, new any) bool {
+	o, n := old.(metav1.Object), new.(metav1.Object)
+	return !maps.Equal(o.GetLabels(), n.GetLabels())
+}
+
+func specChanged(old, new any) bool {
+	o, n := old.(metav1.Object), new.(metav1.Object)
+	return o.GetGeneration() != n.GetGeneration() || o.GetUID() != n.GetUID() ||
+		!maps.Equal(o.GetLabels(), n.GetLabels()) || !maps.Equal(o.GetAnnotations(), n.GetAnnotations())
+}
+
+func podChanged(old, new any) bool {
+	o, n := old.(*corev1.Pod), new.(*corev1.Pod)
+	return o.UID != n.UID || !maps.Equal(o.Labels, n.Labels) || o.Status.Phase != n.Status.Phase ||
+		o.Status.PodIP != n.Status.PodIP || !slices.Equal(o.Status.PodIPs, n.Status.PodIPs) ||
+		o.Spec.NodeName != n.Spec.NodeName || o.Spec.HostNetwork != n.Spec.HostNetwork ||
+		o.Spec.ServiceAccountName != n.Spec.ServiceAccountName || o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
+}
+
+func nodeChanged(old, new any) bool {
+	o, n := old.(*corev1.Node), new.(*corev1.Node)
+	return !slices.Equal(o.Status.Addresses, n.Status.Addresses) ||
+		!slices.Equal(o.Spec.PodCIDRs, n.Spec.PodCIDRs) || o.Spec.PodCIDR != n.Spec.PodCIDR
+}

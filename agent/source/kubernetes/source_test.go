@@ -1,0 +1,307 @@
+package kubernetes
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
+
+	"github.com/sockmesh/sockmesh/agent/source"
+	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/test/apiserver"
+	"github.com/sockmesh/sockmesh/test/pki"
+)
+
+var _ source.Source = (*Source)(nil)
+
+const (
+	ns       = "source-test"
+	nodeName = "smt-node"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+// must returns v, failing t if err is set. Use it as must(t)(call()).
+func must[T any](t *testing.T) func(T, error) T {
+	return func(v T, err error) T {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+}
+
+// ok fails t on a call's error, discarding its result: ok(t)(call()).
+func ok(t *testing.T) func(any, error) {
+	return func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func startSource(t *testing.T, env *apiserver.Env) *Source {
+	t.Helper()
+	s, err := New(Config{NodeName: nodeName}, env.Kube, env.Gateway, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return s
+}
+
+// waitInput waits for Changed signals until Input satisfies ok.
+func waitInput(t *testing.T, s *Source, what string, ok func(translate.Input) bool) translate.Input {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case <-s.Changed():
+		case <-timeout:
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		if in := s.Input(); ok(in) {
+			return in
+		}
+	}
+}
+
+func names[T metav1.Object](objs []T) []string {
+	var out []string
+	for _, o := range objs {
+		out = append(out, o.GetNamespace()+"/"+o.GetName())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestSourceAgainstAPIServer lists and watches a real API server: every
+// kind arrives, only this node's pods, only referenced ConfigMaps and
+// Secrets; a changed CA reaches Input; a deleted policy stops the watch of
+// its ConfigMap; the Node object fills Input.Node.
+func TestSourceAgainstAPIServer(t *testing.T) {
+	env := apiserver.Start(t)
+	ctx := t.Context()
+	kube, gw := env.Kube, env.Gateway
+	ok(t)(kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}))
+	// No controller-manager runs to create it, and pods need it.
+	ok(t)(kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}))
+	ok(t)(kube.CoreV1().Nodes().Create(ctx, &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: nodeName},
+		Spec:       corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24", "fd00:10:244:1::/64"}, PodCIDR: "10.244.1.0/24"},
+	}, metav1.CreateOptions{}))
+	node := must[*corev1.Node](t)(kube.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{}))
+	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.7"}, {Type: corev1.NodeHostName, Address: nodeName}}
+	ok(t)(kube.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}))
+
+	s := startSource(t, env)
+	in := waitInput(t, s, "the first listing", func(translate.Input) bool { return true })
+	if want := []netip.Addr{netip.MustParseAddr("192.0.2.7")}; in.Node.Name != nodeName || !slices.Equal(in.Node.IPs, want) ||
+		len(in.Node.PodCIDRs) != 2 {
+		t.Errorf("Input.Node = %+v; want name %s, IPs %v and two pod CIDRs", in.Node, nodeName, want)
+	}
+	if in.ClusterTrustBundlesUnavailable {
+		t.Error("ClusterTrustBundles reported unavailable on Kubernetes 1.37")
+	}
+
+	ok(t)(kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "svc", Namespace: ns},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "https", Port: 443}}},
+	}, metav1.CreateOptions{}))
+	ok(t)(kube.DiscoveryV1().EndpointSlices(ns).Create(ctx, &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "svc-1", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: "svc"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.5"}}},
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("https"), Port: ptr(int32(8443))}},
+	}, metav1.CreateOptions{}))
+	for _, p := range []struct{ name, node string }{{"here", nodeName}, {"elsewhere", "other-node"}} {
+		ok(t)(kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: ns},
+			Spec:       corev1.PodSpec{NodeName: p.node, Containers: []corev1.Container{{Name: "c", Image: "localhost/none"}}},
+		}, metav1.CreateOptions{}))
+	}
+	for _, name := range []string{"ca", "unreferenced"} {
+		ok(t)(kube.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Data:       map[string]string{"ca.crt": "first"},
+		}, metav1.CreateOptions{}))
+	}
+	for _, name := range []string{"client-cert", "unrelated-secret"} {
+		ok(t)(kube.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Data:       map[string][]byte{"tls.crt": []byte("x"), "tls.key": []byte("y")},
+		}, metav1.CreateOptions{}))
+	}
+	ok(t)(kube.CertificatesV1().ClusterTrustBundles().Create(ctx, &certificatesv1.ClusterTrustBundle{
+		ObjectMeta: metav1.ObjectMeta{Name: "bundle"},
+		Spec:       certificatesv1.ClusterTrustBundleSpec{TrustBundle: testCA(t)},
+	}, metav1.CreateOptions{}))
+	ok(t)(gw.GatewayV1().BackendTLSPolicies(ns).Create(ctx, &gwv1.BackendTLSPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "policy", Namespace: ns},
+		Spec: gwv1.BackendTLSPolicySpec{
+			TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{{
+				LocalPolicyTargetReference: gwv1.LocalPolicyTargetReference{Group: "", Kind: "Service", Name: "svc"},
+			}},
+			Validation: gwv1.BackendTLSPolicyValidation{
+				CACertificateRefs: []gwv1.LocalObjectReference{{Group: "", Kind: "ConfigMap", Name: "ca"}},
+				Hostname:          "svc.example.com",
+			},
+		},
+	}, metav1.CreateOptions{}))
+	ok(t)(gw.ExperimentalV1alpha1().XBackends(ns).Create(ctx, &gwxv1alpha1.XBackend{
+		ObjectMeta: metav1.ObjectMeta{Name: "ext", Namespace: ns},
+		Spec: gwxv1alpha1.BackendSpec{
+			Type:             gwxv1alpha1.BackendTypeExternalHostname,
+			Port:             gwxv1alpha1.BackendPort{Number: 443},
+			ExternalHostname: &gwxv1alpha1.ExternalHostnameBackend{Hostname: "api.example.com"},
+			TLS: &gwxv1alpha1.BackendTLS{
+				Mode:                 gwxv1alpha1.BackendTLSModeClientAndServer,
+				ClientCertificateRef: &gwv1.SecretObjectReference{Name: "client-cert"},
+				Validation:           &gwv1.BackendTLSPolicyValidation{WellKnownCACertificates: ptr(gwv1.WellKnownCACertificatesSystem), Hostname: "api.example.com"},
+			},
+		},
+	}, metav1.CreateOptions{}))
+	ok(t)(gw.GatewayV1().HTTPRoutes(ns).Create(ctx, &gwv1.HTTPRoute{
+		ObjectMeta: metav1.ObjectMeta{Name: "route", Namespace: ns},
+		Spec: gwv1.HTTPRouteSpec{CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{{
+			Group: ptr(gwv1.Group("")), Kind: ptr(gwv1.Kind("Service")), Name: "svc"}}}},
+	}, metav1.CreateOptions{}))
+	ok(t)(gw.ExperimentalV1alpha1().XMeshes().Create(ctx, &gwxv1alpha1.XMesh{
+		ObjectMeta: metav1.ObjectMeta{Name: "mesh"},
+		Spec:       gwxv1alpha1.MeshSpec{ControllerName: translate.ControllerName},
+	}, metav1.CreateOptions{}))
+
+	in = waitInput(t, s, "every object", func(in translate.Input) bool {
+		return len(in.Services) >= 2 && len(in.EndpointSlices) >= 1 && len(in.Pods) == 1 && len(in.ConfigMaps) == 1 &&
+			len(in.Secrets) == 1 && len(in.ClusterTrustBundles) == 1 && len(in.BackendTLSPolicies) == 1 &&
+			len(in.XBackends) == 1 && len(in.HTTPRoutes) == 1 && len(in.XMeshes) == 1 && len(in.Namespaces) >= 1
+	})
+	if got := names(in.Pods); !slices.Equal(got, []string{ns + "/here"}) {
+		t.Errorf("pods = %v, want only this node's", got)
+	}
+	if got := names(in.ConfigMaps); !slices.Equal(got, []string{ns + "/ca"}) {
+		t.Errorf("configmaps = %v, want only the referenced one", got)
+	}
+	if got := names(in.Secrets); !slices.Equal(got, []string{ns + "/client-cert"}) {
+		t.Errorf("secrets = %v, want only the referenced one", got)
+	}
+	for _, svc := range in.Services {
+		if len(svc.ManagedFields) > 0 {
+			t.Errorf("service %s/%s cached with managed fields", svc.Namespace, svc.Name)
+		}
+	}
+
+	// A new CA in the ConfigMap reaches Input.
+	cm := must[*corev1.ConfigMap](t)(kube.CoreV1().ConfigMaps(ns).Get(ctx, "ca", metav1.GetOptions{}))
+	cm.Data["ca.crt"] = "second"
+	ok(t)(kube.CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{}))
+	waitInput(t, s, "the new CA", func(in translate.Input) bool {
+		return len(in.ConfigMaps) == 1 && in.ConfigMaps[0].Data["ca.crt"] == "second"
+	})
+
+	// A policy that references a ConfigMap created later: Input waits for
+	// the reference's watch, so the ConfigMap is there as soon as the policy.
+	ok(t)(kube.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "ca-2", Namespace: ns}, Data: map[string]string{"ca.crt": "third"},
+	}, metav1.CreateOptions{}))
+	p2 := must[*gwv1.BackendTLSPolicy](t)(gw.GatewayV1().BackendTLSPolicies(ns).Get(ctx, "policy", metav1.GetOptions{}))
+	p2.Spec.Validation.CACertificateRefs = append(p2.Spec.Validation.CACertificateRefs, gwv1.LocalObjectReference{Kind: "ConfigMap", Name: "ca-2"})
+	ok(t)(gw.GatewayV1().BackendTLSPolicies(ns).Update(ctx, p2, metav1.UpdateOptions{}))
+	in = waitInput(t, s, "the policy's second reference", func(in translate.Input) bool {
+		return len(in.BackendTLSPolicies) == 1 && len(in.BackendTLSPolicies[0].Spec.Validation.CACertificateRefs) == 2
+	})
+	if got := names(in.ConfigMaps); !slices.Equal(got, []string{ns + "/ca", ns + "/ca-2"}) {
+		t.Errorf("configmaps with the policy's second reference = %v, want both", got)
+	}
+
+	// Deleting the policy drops its ConfigMaps from Input.
+	if err := gw.GatewayV1().BackendTLSPolicies(ns).Delete(ctx, "policy", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitInput(t, s, "the policy and its ConfigMaps to go", func(in translate.Input) bool {
+		return len(in.BackendTLSPolicies) == 0 && len(in.ConfigMaps) == 0
+	})
+	s.refs.mu.Lock()
+	n := len(s.refs.watches)
+	s.refs.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d reference watches after the policy went, want 1 (the XBackend's client certificate)", n)
+	}
+}
+
+// TestSourceMissingCRDs: a kind whose CRD is not installed lists as empty
+// rather than blocking the first signal.
+func TestSourceMissingCRDs(t *testing.T) {
+	env := apiserver.Start(t)
+	ctx := t.Context()
+	if err := env.Dynamic.Resource(crdResource).Delete(ctx, "xmeshes.gateway.networking.x-k8s.io", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Discovery drops the kind once the CRD is gone.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		list, err := env.Kube.Discovery().ServerResourcesForGroupVersion(gwxv1alpha1.GroupVersion.String())
+		if err == nil && !slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Kind == "XMesh" }) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("XMesh still served after deleting its CRD")
+		}
+	}
+	s := startSource(t, env)
+	in := waitInput(t, s, "the first listing", func(translate.Input) bool { return true })
+	if in.XMeshes != nil {
+		t.Errorf("XMeshes = %v, want none", in.XMeshes)
+	}
+}
+
+var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
+// testCA returns a CA certificate in PEM, as a ClusterTrustBundle must
+// hold.
+func testCA(t *testing.T) string {
+	t.Helper()
+	ca, err := pki.NewCA("source-test-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(ca.CertPEM)
+}
+
+func TestRelevantUpdates(t *testing.T) {
+	base := &gwv1.BackendTLSPolicy{ObjectMeta: metav1.ObjectMeta{Generation: 1, Labels: map[string]string{"a": "b"}}}
+	statusOnly := base.DeepCopy()
+	statusOnly.ResourceVersion = "2"
+	statusOnly.Status.Ancestors = []gwv1.PolicyAncestorStatus{{ControllerName: translate.ControllerName}}
+	newSpec := base.DeepCopy()
+	newSpec.Generation = 2
+	relabelled := base.DeepCopy()
+	relabelled.Labels["a"] = "c"
+	for name, tc := range map[string]struct {
+		new  *gwv1.BackendTLSPolicy
+		want bool
+	}{"status only": {statusOnly, false}, "new generation": {newSpec, true}, "labels": {relabelled, true}} {
+		if got := specChanged(base, tc.new); got != tc.want {
+			t.Errorf("specChanged(%s) = %v, want %v", name, got, tc.want)
+		}
+	}
+}

@@ -1,0 +1,21 @@
+// Package status writes the status translate returned into the Gateway API
+// objects it judged: BackendTLSPolicy ancestors, XBackend ancestors,
+// HTTPRoute and GRPCRoute parents, and XMesh conditions and supported
+// features.
+//
+// Entries are keyed by (ancestor or parent reference, controllerName), as
+// the Gateway API requires: the Writer replaces, adds and removes only the
+// entries under translate.ControllerName and never touches another
+// controller's, so agents that restart or take over leadership never
+// duplicate an entry. A condition keeps its lastTransitionTime while its
+// status, reason and message stay the same. An object whose merged status
+// equals what it has is not written at all, so a rebuild that changes
+// nothing costs the API server nothing. Writes are JSON merge patches of the
+// status subresource carrying the resourceVersion the merge started from:
+// a concurrent change makes the API server refuse the patch, and the Writer
+// merges again on the fresh object.
+//
+// It writes only what it is given. It must not decide conditions (translate
+// does) or decide whether this agent may write (the caller holds the
+// leader lease).
+package status

@@ -1,0 +1,150 @@
+package status
+
+import (
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/sockmesh/sockmesh/agent/translate"
+)
+
+// entryKind tells the merge how to read one kind of status entry
+// (PolicyAncestorStatus, BackendAncestorStatus, RouteParentStatus).
+type entryKind[E any] struct {
+	ref        func(*E) gwv1.ParentReference
+	controller func(*E) gwv1.GatewayController
+	conditions func(*E) *[]metav1.Condition
+}
+
+// refKey identifies an ancestor or parent with the CRDs' defaults applied
+// (group gateway.networking.k8s.io, kind Gateway, the object's namespace),
+// so that a reference the API server defaulted matches the one translate
+// wrote.
+type refKey struct {
+	group, kind, namespace, name, section string
+	port                                  gwv1.PortNumber
+}
+
+func keyOf(r gwv1.ParentReference, objNamespace string) refKey {
+	k := refKey{group: gwv1.GroupName, kind: "Gateway", namespace: objNamespace, name: string(r.Name)}
+	if r.Group != nil {
+		k.group = string(*r.Group)
+	}
+	if r.Kind != nil {
+		k.kind = string(*r.Kind)
+	}
+	if r.Namespace != nil && *r.Namespace != "" {
+		k.namespace = string(*r.Namespace)
+	}
+	if r.SectionName != nil {
+		k.section = string(*r.SectionName)
+	}
+	if r.Port != nil {
+		k.port = *r.Port
+	}
+	return k
+}
+
+// mergeEntries returns existing with sockmesh's entries replaced by ours:
+// another controller's entries stay where they are, untouched; ours that
+// translate still wants are updated in place, the others removed; new ones
+// are appended in translate's order. When the result would exceed max
+// entries, new entries of ours are left out (the Gateway API forbids
+// adding to a full list) and counted in dropped. changed reports whether
+// the result differs from existing.
+func mergeEntries[E any](k entryKind[E], objNamespace string, existing, ours []E, max int) (merged []E, changed bool, dropped int) {
+	want := make(map[refKey]int, len(ours))
+	for i := range ours {
+		want[keyOf(k.ref(&ours[i]), objNamespace)] = i
+	}
+	used := make([]bool, len(ours))
+	for i := range existing {
+		e := existing[i]
+		if k.controller(&e) != translate.ControllerName {
+			merged = append(merged, e)
+			continue
+		}
+		j, ok := want[keyOf(k.ref(&e), objNamespace)]
+		if !ok || used[j] {
+			// No longer related, or a duplicate of ours left by an
+			// older writer: remove it.
+			changed = true
+			continue
+		}
+		used[j] = true
+		// Keep the stored entry (its reference as the API server
+		// defaulted it) and merge the conditions into it.
+		conds, condsChanged := mergeConditions(*k.conditions(&e), *k.conditions(&ours[j]))
+		if condsChanged {
+			*k.conditions(&e) = conds
+			changed = true
+		}
+		merged = append(merged, e)
+	}
+	for j := range ours {
+		if used[j] {
+			continue
+		}
+		if len(merged) >= max {
+			dropped++
+			continue
+		}
+		e := ours[j]
+		conds, _ := mergeConditions(nil, *k.conditions(&e))
+		*k.conditions(&e) = conds
+		merged = append(merged, e)
+		changed = true
+	}
+	return merged, changed, dropped
+}
+
+// mergeConditions returns want, each condition keeping the
+// lastTransitionTime of the existing condition of its type while status,
+// reason and message are the same. changed reports whether the result
+// differs from existing.
+func mergeConditions(existing, want []metav1.Condition) ([]metav1.Condition, bool) {
+	out := make([]metav1.Condition, len(want))
+	changed := len(existing) != len(want)
+	for i, c := range want {
+		if c.LastTransitionTime.IsZero() {
+			c.LastTransitionTime = metav1.NewTime(time.Now())
+		}
+		// The API server stores seconds.
+		c.LastTransitionTime = metav1.NewTime(c.LastTransitionTime.Truncate(time.Second))
+		for _, old := range existing {
+			if old.Type != c.Type {
+				continue
+			}
+			if old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message {
+				c.LastTransitionTime = old.LastTransitionTime
+			}
+			break
+		}
+		out[i] = c
+		if i >= len(existing) || !sameCondition(existing[i], c) {
+			changed = true
+		}
+	}
+	return out, changed
+}
+
+func sameCondition(a, b metav1.Condition) bool {
+	return a.Type == b.Type && a.Status == b.Status && a.Reason == b.Reason && a.Message == b.Message &&
+		a.ObservedGeneration == b.ObservedGeneration && a.LastTransitionTime.Equal(&b.LastTransitionTime)
+}
+
+// stale reports whether the object moved past the generation translate
+// judged: its conditions must then not be written (the Gateway API's rule
+// for observedGeneration); the watch event that brought the new generation
+// triggers a fresh translation.
+func stale(generation int64, conds ...[]metav1.Condition) bool {
+	for _, cs := range conds {
+		for _, c := range cs {
+			if c.ObservedGeneration < generation {
+				return true
+			}
+		}
+	}
+	return false
+}

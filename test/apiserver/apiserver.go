@@ -1,0 +1,264 @@
+package apiserver
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+
+	"github.com/sockmesh/sockmesh/internal/testenv"
+)
+
+// ServiceCIDR is the service range the API server allocates ClusterIPs from.
+const ServiceCIDR = "10.96.0.0/16"
+
+// Env is a running etcd and kube-apiserver with clients for it.
+type Env struct {
+	// Config reaches the API server as a member of system:masters, with a
+	// generous client-side rate limit (tests create objects in bulk).
+	Config *rest.Config
+	// Kubeconfig is the path of a kubeconfig file equivalent to Config, for
+	// binaries (the agent, kubectl) the end-to-end tests start.
+	Kubeconfig string
+	Kube       kubernetes.Interface
+	Gateway    gwclient.Interface
+	Dynamic    dynamic.Interface
+	Binaries   Binaries
+	// CRDs are the names of the installed CustomResourceDefinitions.
+	CRDs []string
+	// Dir holds the PKI, etcd's data and the processes' logs.
+	Dir string
+
+	etcd, apiserver *process
+	ownDir          bool
+}
+
+// Start runs an Env for t and stops it when t ends. It skips t (fails it in
+// CI) when the binaries are missing and fails t on any other error.
+func Start(t testing.TB) *Env {
+	t.Helper()
+	bins, err := FindBinaries()
+	if errors.Is(err, ErrNoBinaries) {
+		testenv.SkipOrFail(t, "%v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	env, err := Run(ctx, Options{Binaries: bins, Dir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("kube-apiserver log (last lines):\n%s", env.apiserver.tail(40))
+		}
+		if err := env.Stop(); err != nil {
+			t.Errorf("stop api server: %v", err)
+		}
+	})
+	return env
+}
+
+// Options configure Run. The zero value finds the binaries with
+// FindBinaries and works in a new temporary directory that Stop removes.
+type Options struct {
+	Binaries Binaries
+	Dir      string
+}
+
+// Run starts etcd and kube-apiserver, waits for /readyz and installs the
+// Gateway API experimental CRDs. The caller must call Stop.
+func Run(ctx context.Context, opts Options) (_ *Env, err error) {
+	env := &Env{Binaries: opts.Binaries, Dir: opts.Dir}
+	if env.Binaries.KubeAPIServer == "" {
+		if env.Binaries, err = FindBinaries(); err != nil {
+			return nil, err
+		}
+	}
+	if env.Dir == "" {
+		if env.Dir, err = os.MkdirTemp("", "sockmesh-apiserver-"); err != nil {
+			return nil, fmt.Errorf("create work dir: %w", err)
+		}
+		env.ownDir = true
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, env.Stop())
+		}
+	}()
+
+	_, svcNet, _ := net.ParseCIDR(ServiceCIDR)
+	firstServiceIP := net.IP(append([]byte(nil), svcNet.IP.To4()...))
+	firstServiceIP[3]++
+	pkiDir := filepath.Join(env.Dir, "pki")
+	if err := os.MkdirAll(pkiDir, 0o700); err != nil {
+		return nil, fmt.Errorf("create pki dir: %w", err)
+	}
+	pki, err := newPKI(pkiDir, firstServiceIP)
+	if err != nil {
+		return nil, err
+	}
+
+	ports, err := freePorts(3)
+	if err != nil {
+		return nil, err
+	}
+	etcdURL := "http://127.0.0.1:" + strconv.Itoa(ports[0])
+	peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
+	env.etcd, err = startProcess(env.Binaries.Etcd, filepath.Join(env.Dir, "etcd.log"),
+		"--name=sockmesh-test",
+		"--data-dir="+filepath.Join(env.Dir, "etcd"),
+		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
+		"--listen-peer-urls="+peerURL, "--initial-advertise-peer-urls="+peerURL,
+		"--initial-cluster=sockmesh-test="+peerURL,
+		// A test's data is thrown away: fsync would only make a slow disk
+		// the bottleneck of every write.
+		"--unsafe-no-fsync",
+		"--log-level=warn",
+	)
+	if err != nil {
+		return nil, err
+	}
+
+	port := ports[2]
+	env.apiserver, err = startProcess(env.Binaries.KubeAPIServer, filepath.Join(env.Dir, "kube-apiserver.log"),
+		"--etcd-servers="+etcdURL,
+		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+		"--secure-port="+strconv.Itoa(port),
+		// The default reconciler writes the advertise address into the
+		// kubernetes Endpoints and complains every 10 s that it is loopback.
+		"--endpoint-reconciler-type=none",
+		"--cert-dir="+filepath.Join(env.Dir, "certs"),
+		"--tls-cert-file="+pki.serverCertFile, "--tls-private-key-file="+pki.serverKeyFile,
+		"--client-ca-file="+pki.caFile,
+		"--service-account-issuer=https://kubernetes.default.svc",
+		"--service-account-key-file="+pki.saPubFile,
+		"--service-account-signing-key-file="+pki.saKeyFile,
+		"--service-cluster-ip-range="+ServiceCIDR,
+		"--authorization-mode=Node,RBAC",
+	)
+	if err != nil {
+		return nil, err
+	}
+
+	env.Config = &rest.Config{
+		Host: "https://127.0.0.1:" + strconv.Itoa(port),
+		TLSClientConfig: rest.TLSClientConfig{
+			CAData: pki.caPEM, CertData: pki.adminCertPEM, KeyData: pki.adminKeyPEM,
+		},
+		QPS:   1000,
+		Burst: 2000,
+	}
+	if env.Kube, err = kubernetes.NewForConfig(env.Config); err != nil {
+		return nil, fmt.Errorf("create kubernetes client: %w", err)
+	}
+	if env.Gateway, err = gwclient.NewForConfig(env.Config); err != nil {
+		return nil, fmt.Errorf("create gateway api client: %w", err)
+	}
+	if env.Dynamic, err = dynamic.NewForConfig(env.Config); err != nil {
+		return nil, fmt.Errorf("create dynamic client: %w", err)
+	}
+	if env.Kubeconfig, err = writeKubeconfig(env.Dir, env.Config); err != nil {
+		return nil, err
+	}
+	if err := env.waitReady(ctx); err != nil {
+		return nil, err
+	}
+	crdDir, err := GatewayAPICRDDir(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if env.CRDs, err = InstallCRDs(ctx, env.Dynamic, crdDir); err != nil {
+		return nil, err
+	}
+	return env, nil
+}
+
+// waitReady polls /readyz until it answers ok, the API server exits or ctx
+// ends.
+func (e *Env) waitReady(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 90*time.Second)
+	defer cancel()
+	var last error
+	for {
+		body, err := e.Kube.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if err == nil && string(body) == "ok" {
+			return nil
+		}
+		last = err
+		select {
+		case <-e.apiserver.exited:
+			return fmt.Errorf("kube-apiserver exited: %w\n%s", e.apiserver.err, e.apiserver.tail(30))
+		case <-e.etcd.exited:
+			return fmt.Errorf("etcd exited: %w\n%s", e.etcd.err, e.etcd.tail(30))
+		case <-ctx.Done():
+			return fmt.Errorf("wait for kube-apiserver /readyz: %w (last: %v)\n%s", context.Cause(ctx), last, e.apiserver.tail(30))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Stop ends kube-apiserver, then etcd, and removes Dir if Run created it.
+// kube-apiserver drains watches for up to a minute on SIGTERM; a test's
+// server has nothing worth draining, so it is killed after a short grace.
+func (e *Env) Stop() error {
+	var errs []error
+	if e.apiserver != nil {
+		errs = append(errs, e.apiserver.stop(2*time.Second))
+	}
+	if e.etcd != nil {
+		errs = append(errs, e.etcd.stop(5*time.Second))
+	}
+	if e.ownDir {
+		errs = append(errs, os.RemoveAll(e.Dir))
+	}
+	return errors.Join(errs...)
+}
+
+// freePorts reserves n loopback ports by listening and closing; another
+// process could take one in between, which Run reports as a start failure.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var ls []net.Listener
+	defer func() {
+		for _, l := range ls {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("reserve port: %w", err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+func writeKubeconfig(dir string, cfg *rest.Config) (string, error) {
+	path := filepath.Join(dir, "kubeconfig")
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters["sockmesh-test"] = &clientcmdapi.Cluster{Server: cfg.Host, CertificateAuthorityData: cfg.CAData}
+	kc.AuthInfos["admin"] = &clientcmdapi.AuthInfo{ClientCertificateData: cfg.CertData, ClientKeyData: cfg.KeyData}
+	kc.Contexts["sockmesh-test"] = &clientcmdapi.Context{Cluster: "sockmesh-test", AuthInfo: "admin"}
+	kc.CurrentContext = "sockmesh-test"
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		return "", fmt.Errorf("write kubeconfig: %w", err)
+	}
+	return path, nil
+}
