@@ -1,0 +1,11 @@
+// Package daemonset holds sockmesh's Kubernetes manifests — the Namespace,
+// ServiceAccount, least-privilege RBAC and the agent DaemonSet, tied
+// together by kustomization.yaml (`kubectl apply --server-side -k
+// daemonset/`) — and embeds them for the tests and tools that read them.
+// crds/ references the upstream Gateway API v1.7.0 experimental CRDs;
+// image/ and imagebuild/ build the node image without Docker or a registry.
+//
+// The YAML files are the product; the package adds no logic of its own and
+// must not import the agent: the manifests describe how the agent runs, not
+// what it does.
+package daemonset

@@ -1,0 +1,291 @@
+package daemonset_test
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"io/fs"
+	"slices"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sockmesh/sockmesh/daemonset"
+)
+
+// objects decodes every document of the kustomization's resources, in
+// order, checking that the embedded set is exactly what it lists.
+func objects(t *testing.T) []map[string]any {
+	t.Helper()
+	var k struct{ Resources []string }
+	data, err := fs.ReadFile(daemonset.Manifests, "kustomization.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(data, &k); err != nil {
+		t.Fatal(err)
+	}
+	embedded, _ := fs.Glob(daemonset.Manifests, "*.yaml")
+	want := append([]string{"kustomization.yaml"}, k.Resources...)
+	slices.Sort(want)
+	if !slices.Equal(embedded, want) {
+		t.Errorf("embedded %q, kustomization lists %q: keep the go:embed line in step", embedded, want)
+	}
+	var objs []map[string]any
+	for _, r := range k.Resources {
+		data, err := fs.ReadFile(daemonset.Manifests, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+		for {
+			var m map[string]any
+			if err := dec.Decode(&m); errors.Is(err, io.EOF) {
+				break
+			} else if err != nil {
+				t.Fatalf("decode %s: %v", r, err)
+			}
+			if len(m) > 0 {
+				objs = append(objs, m)
+			}
+		}
+	}
+	return objs
+}
+
+// typed converts the objects of kind into T (strictly: an unknown field is
+// a typo the API server would drop).
+func typed[T any](t *testing.T, objs []map[string]any, kind string) []T {
+	t.Helper()
+	var out []T
+	for _, m := range objs {
+		if m["kind"] != kind {
+			continue
+		}
+		data, _ := yaml.Marshal(m)
+		var v T
+		if err := yaml.UnmarshalStrict(data, &v); err != nil {
+			t.Fatalf("%s %v: %v", kind, m["metadata"], err)
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+func TestDaemonSet(t *testing.T) {
+	dss := typed[appsv1.DaemonSet](t, objects(t), "DaemonSet")
+	if len(dss) != 1 {
+		t.Fatalf("%d DaemonSets, want 1", len(dss))
+	}
+	ds := dss[0]
+	spec := ds.Spec.Template.Spec
+	if !spec.HostNetwork || !spec.HostPID {
+		t.Errorf("hostNetwork=%v hostPID=%v: node-IP mode and finding pods through /proc need both", spec.HostNetwork, spec.HostPID)
+	}
+	if spec.ServiceAccountName != "sockmesh" {
+		t.Errorf("serviceAccountName = %q", spec.ServiceAccountName)
+	}
+	if len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists || spec.Tolerations[0].Key != "" {
+		t.Errorf("tolerations = %+v, want one that tolerates every taint", spec.Tolerations)
+	}
+	if u := ds.Spec.UpdateStrategy; u.Type != appsv1.RollingUpdateDaemonSetStrategyType || u.RollingUpdate == nil || u.RollingUpdate.MaxUnavailable.IntValue() != 1 {
+		t.Errorf("updateStrategy = %+v, want RollingUpdate with maxUnavailable 1", u)
+	}
+	if spec.TerminationGracePeriodSeconds == nil || *spec.TerminationGracePeriodSeconds <= 0 {
+		t.Errorf("terminationGracePeriodSeconds unset")
+	}
+	volumes := map[string]string{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			volumes[v.Name] = v.HostPath.Path
+		}
+	}
+
+	if len(spec.InitContainers) != 1 {
+		t.Fatalf("%d init containers, want mount-bpffs only", len(spec.InitContainers))
+	}
+	init := spec.InitContainers[0]
+	if !slices.Equal(init.Args, []string{"mount-bpffs", "--path=/sys/fs/bpf"}) {
+		t.Errorf("init args = %q", init.Args)
+	}
+	if sc := init.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
+		t.Errorf("init container must be privileged (Bidirectional propagation requires it)")
+	}
+	checkMount(t, init, volumes, "/sys/fs/bpf", "/sys/fs/bpf", corev1.MountPropagationBidirectional)
+
+	if len(spec.Containers) != 1 {
+		t.Fatalf("%d containers, want the agent only", len(spec.Containers))
+	}
+	agent := spec.Containers[0]
+	sc := agent.SecurityContext
+	if sc == nil || (sc.Privileged != nil && *sc.Privileged) {
+		t.Fatalf("agent container must not be privileged: %+v", sc)
+	}
+	if sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Errorf("agent capabilities must drop ALL first: %+v", sc.Capabilities)
+	} else if add := sc.Capabilities.Add; !slices.Equal(add, []corev1.Capability{"BPF", "NET_ADMIN", "SYS_ADMIN", "SYS_PTRACE"}) {
+		t.Errorf("agent capabilities add %q, want exactly BPF NET_ADMIN SYS_ADMIN SYS_PTRACE", add)
+	}
+	if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+		t.Errorf("agent root filesystem should be read-only")
+	}
+	checkMount(t, agent, volumes, "/sys/fs/bpf", "/sys/fs/bpf", corev1.MountPropagationHostToContainer)
+	checkMount(t, agent, volumes, "/sys/fs/cgroup", "/sys/fs/cgroup", "")
+
+	// The flags the agent and this manifest agreed on.
+	for _, want := range []string{
+		"agent", "--source=kubernetes", "--node-name=$(NODE_NAME)", "--proxy-mode=node-ip",
+		"--health-listen=:15021", "--metrics-listen=:15090", "--bpffs=/sys/fs/bpf",
+		"--leader-elect", "--leader-election-namespace=$(POD_NAMESPACE)", "--service-cidr=10.96.0.0/16",
+		"--log-format=json",
+	} {
+		if !slices.Contains(agent.Args, want) {
+			t.Errorf("agent args %q lack %s", agent.Args, want)
+		}
+	}
+	env := map[string]corev1.EnvVar{}
+	for _, e := range agent.Env {
+		env[e.Name] = e
+	}
+	if e := env["NODE_NAME"]; e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "spec.nodeName" {
+		t.Errorf("NODE_NAME must come from spec.nodeName: %+v", e)
+	}
+	if e := env["POD_NAMESPACE"]; e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
+		t.Errorf("POD_NAMESPACE must come from metadata.namespace: %+v", e)
+	}
+	if e := env["HOST_IP"]; e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "status.hostIP" {
+		t.Errorf("HOST_IP must come from status.hostIP (node-IP mode listens there): %+v", e)
+	}
+	if !strings.Contains(env["GODEBUG"].Value, "http2xconnect=1") {
+		t.Errorf("GODEBUG = %q, want http2xconnect=1 (WebSocket over HTTP/2)", env["GODEBUG"].Value)
+	}
+	for name, p := range map[string]*corev1.Probe{"liveness": agent.LivenessProbe, "readiness": agent.ReadinessProbe, "startup": agent.StartupProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Port.String() != "health" {
+			t.Errorf("%s probe must be an HTTP GET on the health port: %+v", name, p)
+		}
+	}
+	if agent.ReadinessProbe != nil && agent.ReadinessProbe.HTTPGet != nil && agent.ReadinessProbe.HTTPGet.Path != "/readyz" {
+		t.Errorf("readiness probe path = %q, want /readyz", agent.ReadinessProbe.HTTPGet.Path)
+	}
+	if agent.LivenessProbe != nil && agent.LivenessProbe.HTTPGet != nil && agent.LivenessProbe.HTTPGet.Path != "/healthz" {
+		t.Errorf("liveness probe path = %q, want /healthz", agent.LivenessProbe.HTTPGet.Path)
+	}
+	ports := map[string]int32{}
+	for _, p := range agent.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	if ports["health"] != 15021 || ports["metrics"] != 15090 {
+		t.Errorf("ports = %v, want health 15021 and metrics 15090", ports)
+	}
+	if agent.Resources.Requests.Cpu().IsZero() || agent.Resources.Requests.Memory().IsZero() || agent.Resources.Limits.Memory().IsZero() {
+		t.Errorf("agent resources must request CPU and memory and limit memory: %+v", agent.Resources)
+	}
+	for _, c := range append(spec.InitContainers, spec.Containers...) {
+		if c.Image != "localhost/sockmesh:dev" || c.ImagePullPolicy != corev1.PullNever {
+			t.Errorf("container %s: image %s pull %s, want localhost/sockmesh:dev with Never (no registry)", c.Name, c.Image, c.ImagePullPolicy)
+		}
+	}
+}
+
+// checkMount checks that c mounts the hostPath volume of hostPath at path
+// with the given propagation.
+func checkMount(t *testing.T, c corev1.Container, volumes map[string]string, path, hostPath string, prop corev1.MountPropagationMode) {
+	t.Helper()
+	for _, m := range c.VolumeMounts {
+		if m.MountPath != path {
+			continue
+		}
+		if volumes[m.Name] != hostPath {
+			t.Errorf("%s: %s mounts volume %s, want hostPath %s", c.Name, path, m.Name, hostPath)
+		}
+		var got corev1.MountPropagationMode
+		if m.MountPropagation != nil {
+			got = *m.MountPropagation
+		}
+		if got != prop {
+			t.Errorf("%s: %s propagation %q, want %q", c.Name, path, got, prop)
+		}
+		return
+	}
+	t.Errorf("%s does not mount %s", c.Name, path)
+}
+
+// TestRBACLeastPrivilege keeps the agent's rights to what it needs: no
+// wildcards, writes only to status subresources, generated Services,
+// events, and a Lease in its own namespace; Secrets read-only.
+func TestRBACLeastPrivilege(t *testing.T) {
+	objs := objects(t)
+	writeVerbs := []string{"create", "update", "patch", "delete", "deletecollection"}
+	allowedWrites := map[string]bool{
+		"/services": true, "/events": true, "events.k8s.io/events": true,
+		"gateway.networking.k8s.io/backendtlspolicies/status": true,
+		"gateway.networking.k8s.io/httproutes/status":         true,
+		"gateway.networking.k8s.io/grpcroutes/status":         true,
+		"gateway.networking.x-k8s.io/xbackends/status":        true,
+		"gateway.networking.x-k8s.io/xmeshes/status":          true,
+	}
+	check := func(kind, name string, rules []rbacv1.PolicyRule, extraWrites map[string]bool) {
+		for _, r := range rules {
+			for _, v := range r.Verbs {
+				if v == "*" {
+					t.Errorf("%s %s: wildcard verb", kind, name)
+				}
+			}
+			for _, g := range r.APIGroups {
+				for _, res := range r.Resources {
+					if res == "*" || g == "*" {
+						t.Errorf("%s %s: wildcard resource %q/%q", kind, name, g, res)
+					}
+					key := g + "/" + res
+					for _, v := range r.Verbs {
+						if slices.Contains(writeVerbs, v) && !allowedWrites[key] && !extraWrites[key] {
+							t.Errorf("%s %s may %s %s: not something the agent writes", kind, name, v, key)
+						}
+					}
+				}
+			}
+			if len(r.NonResourceURLs) > 0 {
+				t.Errorf("%s %s: non-resource URLs %q", kind, name, r.NonResourceURLs)
+			}
+		}
+	}
+	for _, cr := range typed[rbacv1.ClusterRole](t, objs, "ClusterRole") {
+		check("ClusterRole", cr.Name, cr.Rules, nil)
+	}
+	roles := typed[rbacv1.Role](t, objs, "Role")
+	for _, r := range roles {
+		if r.Namespace != "sockmesh-system" {
+			t.Errorf("Role %s in namespace %q, want sockmesh-system", r.Name, r.Namespace)
+		}
+		check("Role", r.Name, r.Rules, map[string]bool{"coordination.k8s.io/leases": true})
+	}
+	if len(roles) == 0 {
+		t.Errorf("no Role for the leader election Lease")
+	}
+	for _, b := range typed[rbacv1.ClusterRoleBinding](t, objs, "ClusterRoleBinding") {
+		for _, s := range b.Subjects {
+			if s.Kind != "ServiceAccount" || s.Name != "sockmesh" || s.Namespace != "sockmesh-system" {
+				t.Errorf("ClusterRoleBinding %s binds %+v, want only the sockmesh ServiceAccount", b.Name, s)
+			}
+		}
+	}
+}
+
+// TestObjectsHaveKinds catches a document a typo made kind-less (kubectl
+// would refuse it only at apply time).
+func TestObjectsHaveKinds(t *testing.T) {
+	for _, m := range objects(t) {
+		var tm runtime.TypeMeta
+		data, _ := yaml.Marshal(m)
+		yaml.Unmarshal(data, &tm)
+		if tm.Kind == "" || tm.APIVersion == "" {
+			t.Errorf("object without kind or apiVersion: %v", m["metadata"])
+		}
+	}
+}
