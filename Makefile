@@ -3,7 +3,7 @@
 export GOTOOLCHAIN := go1.27.4
 GO ?= go
 
-.PHONY: all generate build test test-unit bench demo e2e-cluster clean k8s-binaries
+.PHONY: all generate build test test-unit bench demo e2e-cluster e2e-cluster-clean clean k8s-binaries
 
 all: build
 
@@ -12,8 +12,18 @@ all: build
 generate:
 	$(GO) generate ./datapath/...
 
+# The version the binaries report (sockmesh version, sockmesh_build_info).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+
 build:
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/ ./cmd/...
+
+# sockmesh on its embedded default, as root: a client "pod", a TLS backend
+# "pod" and the agent with the file source on examples/demo, in network
+# namespaces it removes again (also on Ctrl-C). See test/demo.
+demo: build
+	$(GO) build -o bin/sockmesh-demo ./test/demo
+	./bin/sockmesh-demo -bin bin -manifests examples/demo
 
 # Everything CI runs. Privileged tests need root; SOCKMESH_REQUIRE_PRIVILEGED=1
 # turns their skips into failures.
@@ -27,6 +37,19 @@ test:
 # takes 5-12 minutes on 2 cores). See test/cluster/build-binaries.sh.
 k8s-binaries:
 	test/cluster/build-binaries.sh all
+
+# The cluster tier alone (it also runs in `make test`): a real single-node
+# Kubernetes on this machine (test/cluster/node: node IP 10.250.0.1 on lo,
+# containerd, kubelet, kube-proxy, a CNI bridge) with the sockmesh DaemonSet
+# from daemonset/, as root. It leaves the machine as it found it; warm it
+# takes about a minute, plus the Kubernetes build when the cache is cold.
+e2e-cluster: k8s-binaries
+	$(GO) test -count=1 -v -timeout 30m ./test/e2ecluster/
+
+# Undo what a crashed cluster-tier run left on this machine (the next run
+# does it too, before it starts).
+e2e-cluster-clean:
+	$(GO) run ./test/cluster/node/cmd/sockmesh-node down
 
 # Benchmarks, as root. The datapath one compares direct, iptables REDIRECT
 # and eBPF redirect (flags: -rounds, -duration, -parallel).

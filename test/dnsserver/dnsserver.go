@@ -120,6 +120,11 @@ func canonical(name string) string {
 	return strings.ToLower(strings.TrimSuffix(name, ".")) + "."
 }
 
+// ServePacket answers the queries that arrive on pc, one per datagram, until
+// pc closes. With ServeConn for TCP it serves a Server on sockets the caller
+// opened itself (e.g. inside another network namespace).
+func (s *Server) ServePacket(pc net.PacketConn) { s.serveUDP(pc) }
+
 func (s *Server) serveUDP(pc net.PacketConn) {
 	buf := make([]byte, 65535)
 	for {

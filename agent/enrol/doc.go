@@ -1,0 +1,21 @@
+// Package enrol turns the Snapshot's enrolled workloads into datapath
+// enrolments: for each pod it finds the network namespace that holds the
+// pod's IP (podns), reads that namespace's cookie, and writes the cookie
+// with the pod's proxy address into the datapath's enrolment map. In
+// in-pod mode it also opens the proxy's listeners inside the pod's
+// namespace, on its loopback addresses (IPv4 and IPv6 where the namespace
+// has them), hands them to the proxy and closes them when the pod goes.
+//
+// A pod's namespace may appear after its Pod object (the file source, or a
+// slow CNI), and may be replaced while the Pod object stays: the Enroller
+// looks again for pods it has not found every Config.Retry, and checks every
+// Config.Verify that the namespaces it found still hold their pod's address.
+//
+// Enrolments are written only after the first Update: an agent that
+// restarts keeps the enrolments its predecessor pinned until it knows
+// better. Close releases listeners and namespaces but leaves the
+// enrolments in place, for the next agent.
+//
+// It must not decide which pods are enrolled (translate does, in the
+// Snapshot's Workloads) and must not serve connections (the proxy does).
+package enrol

@@ -1,0 +1,420 @@
+package enrol
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"maps"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/vishvananda/netlink"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/datapath"
+	"github.com/sockmesh/sockmesh/internal/sandbox"
+)
+
+// 10.233.0.0/16 belongs to these tests alone in this repository, so no
+// concurrent test makes a pod address ambiguous.
+var (
+	ipA = netip.MustParseAddr("10.233.0.1")
+	ipB = netip.MustParseAddr("10.233.0.2")
+	ipC = netip.MustParseAddr("10.233.0.3")
+)
+
+// waitFor only keeps a broken test from hanging; no result depends on it.
+const waitFor = 10 * time.Second
+
+// recorder is the datapath: it keeps the last enrolment map.
+type recorder struct {
+	mu     sync.Mutex
+	writes int
+	last   map[uint64]datapath.Proxy
+}
+
+func (r *recorder) SetEnrolments(want map[uint64]datapath.Proxy) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.writes++
+	r.last = maps.Clone(want)
+	return nil
+}
+
+func (r *recorder) get() (map[uint64]datapath.Proxy, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return maps.Clone(r.last), r.writes
+}
+
+// server is the proxy for in-pod listeners: it accepts and closes.
+type server struct {
+	mu    sync.Mutex
+	pods  map[string]snapshot.ObjectRef // by listener address
+	calls int
+	// failFirst makes the first ServePod fail at once, as a listener
+	// whose accept fails would.
+	failFirst bool
+}
+
+func (s *server) ServePod(l net.Listener, pod snapshot.ObjectRef) error {
+	s.mu.Lock()
+	s.pods[l.Addr().String()] = pod
+	s.calls++
+	fail := s.failFirst && s.calls == 1
+	s.mu.Unlock()
+	if fail {
+		return errors.New("accept: too many open files")
+	}
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return err
+		}
+		c.Close()
+	}
+}
+
+// podNS makes a pod netns holding ips on lo.
+func podNS(t *testing.T, ips ...netip.Addr) (*sandbox.NetNS, uint64) {
+	t.Helper()
+	ns := sandbox.NewNetNS(t)
+	for _, ip := range ips {
+		ns.AddAddr(t, "lo", netip.PrefixFrom(ip, 32))
+	}
+	cookie, err := ns.Cookie()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns, cookie
+}
+
+func workload(name string, enrolled bool, ips ...netip.Addr) snapshot.Workload {
+	return snapshot.Workload{Pod: snapshot.ObjectRef{Namespace: "app", Name: name}, UID: name + "-uid", IPs: ips, Enrolled: enrolled}
+}
+
+func snap(t *testing.T, ws ...snapshot.Workload) *snapshot.Snapshot {
+	t.Helper()
+	s, err := snapshot.New(1, nil, nil, ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+var nodeProxy = datapath.Proxy{NetNSCookie: 1, V4: netip.MustParseAddrPort("10.233.255.1:15001")}
+
+func newEnroller(t *testing.T, cfg Config, dp Enrolments, srv Server) *Enroller {
+	t.Helper()
+	e, err := New(cfg, dp, srv, slog.New(slog.NewTextHandler(t.Output(), nil)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		e.Close()
+	})
+	return e
+}
+
+// eventually polls cond until it holds.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s", what, waitFor)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func states(e *Enroller) map[string]State {
+	out := map[string]State{}
+	for _, p := range e.Pods() {
+		out[p.Pod.Name] = p.State
+	}
+	return out
+}
+
+func TestNodeIPMode(t *testing.T) {
+	_, cookieA := podNS(t, ipA)
+	_, cookieB := podNS(t, ipB)
+	rec := &recorder{}
+	e := newEnroller(t, Config{NodeProxy: nodeProxy, Retry: 10 * time.Millisecond}, rec, nil)
+
+	err := e.Update(snap(t,
+		workload("a", true, ipA),
+		workload("b", true, netip.MustParseAddr("fd00:233::99"), ipB), // the first IP is nowhere
+		workload("opted-out", false, ipC),
+		workload("later", true, ipC), // no netns holds it yet
+	))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := rec.get()
+	if want := map[uint64]datapath.Proxy{cookieA: nodeProxy, cookieB: nodeProxy}; !maps.Equal(got, want) {
+		t.Errorf("enrolments = %v, want %v", got, want)
+	}
+	if want := map[string]State{"a": Enrolled, "b": Enrolled, "later": Pending}; !maps.Equal(states(e), want) {
+		t.Errorf("pod states = %v, want %v (not enrolled workloads are not listed)", states(e), want)
+	}
+
+	// The pending pod's netns appears after its Pod object: a retry finds it.
+	_, cookieC := podNS(t, ipC)
+	eventually(t, "the late netns enrolled", func() bool {
+		got, _ := rec.get()
+		return got[cookieC] == nodeProxy && len(got) == 3
+	})
+	for _, p := range e.Pods() {
+		if p.Pod.Name == "later" && (p.State != Enrolled || p.NetNSCookie != cookieC || p.Proxy != nodeProxy || p.NetNS == "") {
+			t.Errorf("pod later = %+v, want Enrolled in netns %d", p, cookieC)
+		}
+	}
+
+	// Pods go: their enrolments go.
+	if err := e.Update(snap(t, workload("a", true, ipA))); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := rec.get(); !maps.Equal(got, map[uint64]datapath.Proxy{cookieA: nodeProxy}) {
+		t.Errorf("enrolments after pods left = %v, want only %d", got, cookieA)
+	}
+}
+
+// TestNothingWrittenBeforeUpdate: until the first Snapshot the enrolments
+// pinned by the previous agent stay as they are, however often Run ticks.
+func TestNothingWrittenBeforeUpdate(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		e, err := New(Config{NodeProxy: nodeProxy}, rec, nil, slog.New(slog.DiscardHandler), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go e.Run(ctx)
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		if _, writes := rec.get(); writes != 0 {
+			t.Errorf("%d enrolment writes before the first Update, want none", writes)
+		}
+	})
+}
+
+// TestRetryBacksOff: a pod whose namespace stays unfound is looked for
+// with doubling waits, capped at 16 times Retry: each look scans every
+// namespace on the node.
+func TestRetryBacksOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		e, err := New(Config{NodeProxy: nodeProxy, Retry: time.Second, Verify: time.Hour}, rec, nil, slog.New(slog.DiscardHandler), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go e.Run(ctx)
+		if err := e.Update(snap(t, workload("nowhere", true, netip.MustParseAddr("10.233.255.254")))); err != nil {
+			t.Fatal(err)
+		}
+		// Scans: at Update, then 1, 3, 7, 15, 31 s later, then every 16 s.
+		for _, c := range []struct {
+			at    time.Duration
+			scans float64
+		}{{500 * time.Millisecond, 1}, {2 * time.Second, 2}, {6 * time.Second, 3}, {30 * time.Second, 5}, {63500 * time.Millisecond, 8}} {
+			time.Sleep(c.at - time.Since(bubbleStart))
+			synctest.Wait()
+			if got := counter(t, e.m.scans); got != c.scans {
+				t.Errorf("%d scans %s after Update, want %v", int(got), c.at, c.scans)
+			}
+		}
+		// A new Snapshot starts over: a scan now, the next on the first
+		// tick a second or more later.
+		if err := e.Update(snap(t, workload("nowhere", true, netip.MustParseAddr("10.233.255.254")))); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1500 * time.Millisecond)
+		synctest.Wait()
+		if got := counter(t, e.m.scans); got != 10 {
+			t.Errorf("%d scans 1.5 s after a new Update, want 10", int(got))
+		}
+	})
+}
+
+func TestAmbiguousAddress(t *testing.T) {
+	podNS(t, ipA)
+	podNS(t, ipA)
+	rec := &recorder{}
+	e := newEnroller(t, Config{NodeProxy: nodeProxy}, rec, nil)
+	if err := e.Update(snap(t, workload("a", true, ipA))); err != nil {
+		t.Fatal(err)
+	}
+	pods := e.Pods()
+	if len(pods) != 1 || pods[0].State != Failed || !strings.Contains(pods[0].Reason, "held by 2 network namespaces") {
+		t.Errorf("pods = %+v, want a Failed pod whose reason names the two namespaces", pods)
+	}
+	if got, _ := rec.get(); len(got) != 0 {
+		t.Errorf("enrolments = %v, want none for an ambiguous address", got)
+	}
+}
+
+func TestReplacedNetns(t *testing.T) {
+	old, _ := podNS(t, ipA)
+	rec := &recorder{}
+	e := newEnroller(t, Config{NodeProxy: nodeProxy, Retry: 10 * time.Millisecond, Verify: 20 * time.Millisecond}, rec, nil)
+	if err := e.Update(snap(t, workload("a", true, ipA))); err != nil {
+		t.Fatal(err)
+	}
+	// The pod's sandbox is replaced: the old netns loses the address (CNI
+	// deleted its interface), a new one holds it.
+	if err := old.Do(func() error { return delAddr("lo", ipA) }); err != nil {
+		t.Fatal(err)
+	}
+	_, cookieNew := podNS(t, ipA)
+	eventually(t, "the pod enrolled in its new netns", func() bool {
+		got, _ := rec.get()
+		return len(got) == 1 && got[cookieNew] == nodeProxy
+	})
+}
+
+func TestInPodMode(t *testing.T) {
+	pod, cookie := podNS(t, ipA)
+	rec := &recorder{}
+	srv := &server{pods: map[string]snapshot.ObjectRef{}}
+	e := newEnroller(t, Config{Mode: InPod, PodPort: 15001}, rec, srv)
+	if err := e.Update(snap(t, workload("a", true, ipA))); err != nil {
+		t.Fatal(err)
+	}
+	want := datapath.Proxy{NetNSCookie: cookie,
+		V4: netip.MustParseAddrPort("127.0.0.1:15001"), V6: netip.MustParseAddrPort("[::1]:15001")}
+	if got, _ := rec.get(); !maps.Equal(got, map[uint64]datapath.Proxy{cookie: want}) {
+		t.Errorf("enrolments = %v, want the pod's own listeners %+v", got, want)
+	}
+	for _, addr := range []string{"127.0.0.1:15001", "[::1]:15001"} {
+		c, err := pod.Dial(nil, "tcp", addr)
+		if err != nil {
+			t.Errorf("dial the in-pod listener %s from the pod: %v", addr, err)
+			continue
+		}
+		c.Close()
+		eventually(t, "ServePod called for "+addr, func() bool {
+			srv.mu.Lock()
+			defer srv.mu.Unlock()
+			return srv.pods[addr] == snapshot.ObjectRef{Namespace: "app", Name: "a"}
+		})
+	}
+
+	// The pod goes: its listeners close.
+	if err := e.Update(snap(t)); err != nil {
+		t.Fatal(err)
+	}
+	for _, addr := range []string{"127.0.0.1:15001", "[::1]:15001"} {
+		if c, err := pod.Dial(nil, "tcp", addr); !errors.Is(err, syscall.ECONNREFUSED) {
+			if c != nil {
+				c.Close()
+			}
+			t.Errorf("dial %s after the pod went: %v, want connection refused", addr, err)
+		}
+	}
+	if got, _ := rec.get(); len(got) != 0 {
+		t.Errorf("enrolments after the pod went = %v, want none", got)
+	}
+}
+
+// TestInPodListenerFails: a listener that stops serving on its own is
+// closed and opened again.
+func TestInPodListenerFails(t *testing.T) {
+	pod, cookie := podNS(t, ipA)
+	rec := &recorder{}
+	srv := &server{pods: map[string]snapshot.ObjectRef{}, failFirst: true}
+	e := newEnroller(t, Config{Mode: InPod, Retry: 10 * time.Millisecond}, rec, srv)
+	if err := e.Update(snap(t, workload("a", true, ipA))); err != nil {
+		t.Fatal(err)
+	}
+	// Both listeners of the namespace are reopened: 2 at first, 2 again.
+	eventually(t, "the listeners opened again", func() bool {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return srv.calls == 4
+	})
+	eventually(t, "the pod enrolled again", func() bool {
+		got, _ := rec.get()
+		return len(got) == 1 && got[cookie].V4.IsValid() && states(e)["a"] == Enrolled
+	})
+	c, err := pod.Dial(nil, "tcp", "127.0.0.1:15001")
+	if err != nil {
+		t.Fatalf("dial the reopened listener: %v", err)
+	}
+	c.Close()
+}
+
+func TestInPodPortTaken(t *testing.T) {
+	pod, _ := podNS(t, ipA)
+	taken, err := pod.Listen(context.Background(), nil, "tcp", "127.0.0.1:15001")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	rec := &recorder{}
+	e := newEnroller(t, Config{Mode: InPod}, rec, &server{pods: map[string]snapshot.ObjectRef{}})
+	if err := e.Update(snap(t, workload("a", true, ipA))); err != nil {
+		t.Fatal(err)
+	}
+	pods := e.Pods()
+	if len(pods) != 1 || pods[0].State != Failed || !strings.Contains(pods[0].Reason, "address already in use") {
+		t.Errorf("pods = %+v, want Failed: the pod's app holds the port", pods)
+	}
+	if got, _ := rec.get(); len(got) != 0 {
+		t.Errorf("enrolments = %v, want none without a listener", got)
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	for _, c := range []struct {
+		name string
+		cfg  Config
+		srv  Server
+	}{
+		{"node-ip without proxy", Config{Mode: NodeIP}, nil},
+		{"in-pod without server", Config{Mode: InPod}, nil},
+		{"unknown mode", Config{Mode: "sidecar", NodeProxy: nodeProxy}, nil},
+	} {
+		if _, err := New(c.cfg, &recorder{}, c.srv, log, nil); err == nil {
+			t.Errorf("%s: New succeeded", c.name)
+		}
+	}
+}
+
+// delAddr removes ip/32 from dev in the calling thread's netns.
+func delAddr(dev string, ip netip.Addr) error {
+	l, err := netlink.LinkByName(dev)
+	if err != nil {
+		return err
+	}
+	return netlink.AddrDel(l, &netlink.Addr{IPNet: &net.IPNet{IP: ip.AsSlice(), Mask: net.CIDRMask(32, 32)}})
+}
+
+// bubbleStart is when every synctest bubble's clock starts.
+var bubbleStart = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func counter(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}

@@ -1,0 +1,124 @@
+package introspect
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sockmesh/sockmesh/agent/enrol"
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/datapath"
+)
+
+func TestEventsKeepTheNewest(t *testing.T) {
+	ev := NewEvents(3)
+	for i := range 5 {
+		ev.Add(Event{Message: fmt.Sprint(i)})
+	}
+	got, total := ev.Recent()
+	var msgs []string
+	for _, e := range got {
+		msgs = append(msgs, e.Message)
+	}
+	if want := []string{"2", "3", "4"}; !slices.Equal(msgs, want) || total != 5 {
+		t.Errorf("Recent() = %q, %d; want %q, 5", msgs, total, want)
+	}
+}
+
+func TestHandlerKeepsWarningsAndErrors(t *testing.T) {
+	var out strings.Builder
+	ev := NewEvents(0)
+	// The log itself shows errors only; the events still keep warnings.
+	log := slog.New(ev.Handler(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelError})))
+	dp := log.With("component", "datapath", "pin_dir", "/sys/fs/bpf/sockmesh")
+	dp.Info("datapath ready")
+	dp.Warn("other program attached", "hook", "connect4")
+	dp.WithGroup("link").Error("update failed", "id", 7, slog.Group("why", "err", errors.New("EPERM")))
+
+	got, total := ev.Recent()
+	want := []Event{
+		{Level: "WARN", Component: "datapath", Message: "other program attached",
+			Attrs: map[string]string{"pin_dir": "/sys/fs/bpf/sockmesh", "hook": "connect4"}},
+		{Level: "ERROR", Component: "datapath", Message: "update failed",
+			Attrs: map[string]string{"pin_dir": "/sys/fs/bpf/sockmesh", "link.id": "7", "link.why.err": "EPERM"}},
+	}
+	if total != 2 || len(got) != 2 {
+		t.Fatalf("Recent() = %+v (%d), want 2 events", got, total)
+	}
+	for i := range want {
+		g := got[i]
+		if g.Level != want[i].Level || g.Component != want[i].Component || g.Message != want[i].Message ||
+			!maps.Equal(g.Attrs, want[i].Attrs) || g.Time.IsZero() {
+			t.Errorf("event %d = %+v, want %+v", i, g, want[i])
+		}
+	}
+	if s := out.String(); strings.Contains(s, "datapath ready") || strings.Contains(s, "other program") || !strings.Contains(s, "update failed") {
+		t.Errorf("the log handler got %q; want only the error: the tee must not change what is logged", s)
+	}
+	if !log.Handler().Enabled(context.Background(), slog.LevelWarn) || log.Handler().Enabled(context.Background(), slog.LevelInfo) {
+		t.Error("Enabled: want warnings on (for the events), info off (as the log says)")
+	}
+}
+
+type fakeDatapath struct{ err error }
+
+func (f fakeDatapath) Services() ([]datapath.Service, error) {
+	return []datapath.Service{{Addr: netip.MustParseAddrPort("10.96.0.10:443")}}, nil
+}
+func (f fakeDatapath) Enrolments() (map[uint64]datapath.Proxy, error) {
+	return map[uint64]datapath.Proxy{7: {NetNSCookie: 1, V4: netip.MustParseAddrPort("10.0.0.1:15001")}}, nil
+}
+func (f fakeDatapath) Counters() (map[datapath.Decision]uint64, error) {
+	return map[datapath.Decision]uint64{datapath.Redirected: 3}, nil
+}
+func (f fakeDatapath) Conflicts() ([]datapath.Attached, error) { return nil, f.err }
+
+func TestReport(t *testing.T) {
+	key := "-----BEGIN PRIVATE KEY-----\nsecret\n-----END PRIVATE KEY-----\n"
+	be := snapshot.BackendRef{Kind: snapshot.KindXBackend, Namespace: "a", Name: "partner", Port: 443}
+	snap, err := snapshot.New(4, []snapshot.Frontend{{
+		Service: snapshot.ObjectRef{Namespace: "a", Name: "partner"}, Port: 80,
+		Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.11")}, Backend: be,
+	}}, []snapshot.Backend{{Ref: be, TLS: &snapshot.TLS{Mode: snapshot.TLSMutual, ClientCertificatePEM: "cert", ClientKeyPEM: key}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
+	ev := NewEvents(0)
+	ev.Add(Event{Level: "WARN", Message: "x"})
+	src := &Sources{
+		Node: "n1", Mode: "node-ip", Version: "v1",
+		Applied: func() (*snapshot.Snapshot, time.Time) { return snap, at },
+		Pods: func() []enrol.Pod {
+			return []enrol.Pod{{Pod: snapshot.ObjectRef{Namespace: "a", Name: "c"}, State: enrol.Enrolled}}
+		},
+		Ready:    func() error { return errors.New("heartbeat: stale") },
+		Datapath: fakeDatapath{err: errors.New("query connect4: EPERM")},
+		Events:   ev,
+	}
+	r := src.Report()
+	if r.Node != "n1" || r.Ready || r.NotReady != "heartbeat: stale" || !r.AppliedAt.Equal(at) || len(r.Pods) != 1 ||
+		len(r.Events) != 1 || r.EventsTotal != 1 {
+		t.Errorf("Report() = %+v", r)
+	}
+	if got := r.Snapshot.Backends[0].TLS; got.ClientKeyPEM != redacted || got.ClientCertificatePEM != "cert" {
+		t.Errorf("report TLS = %+v, want the key redacted and the certificate kept", got)
+	}
+	if snap.Backends[0].TLS.ClientKeyPEM != key {
+		t.Error("Report() changed the served snapshot's key")
+	}
+	if r.Datapath.Counters["redirected"] != 3 || len(r.Datapath.Services) != 1 || len(r.Datapath.Enrolments) != 1 ||
+		!slices.Equal(r.Datapath.Errors, []string{"query connect4: EPERM"}) {
+		t.Errorf("report datapath = %+v, want the parts read and the failing one named", r.Datapath)
+	}
+	if empty := (&Sources{}).Report(); empty.Snapshot != nil || empty.Ready || empty.Datapath.Counters != nil {
+		t.Errorf("Report() of no sources = %+v, want empty parts", empty)
+	}
+}

@@ -1,0 +1,447 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
+	"k8s.io/klog/v2"
+
+	"github.com/sockmesh/sockmesh/agent/apply"
+	"github.com/sockmesh/sockmesh/agent/controlplane"
+	"github.com/sockmesh/sockmesh/agent/enrol"
+	"github.com/sockmesh/sockmesh/agent/health"
+	"github.com/sockmesh/sockmesh/agent/introspect"
+	"github.com/sockmesh/sockmesh/datapath"
+	"github.com/sockmesh/sockmesh/datapath/podns"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
+)
+
+const agentLong = `agent runs sockmesh on this node: it loads and attaches the eBPF socket
+programs (or adopts the ones a previous agent pinned), runs the proxy they
+redirect to, watches the config source, and keeps the datapath, the proxy
+and the pods' enrolments in line with every Snapshot the control plane
+publishes.
+
+Logs (structured, on stderr): "listening" once per listener, with
+listener=proxy|health|metrics and addr= the bound address (useful with
+port 0); "agent ready" when /readyz first turns ready; "snapshot applied"
+per Snapshot; "pod enrolled" per pod.
+
+/readyz is ready when the programs are attached, the first Snapshot is
+applied everywhere, the node-ip listeners serve, and the datapath heartbeat
+is fresh.
+
+Signals: SIGTERM or SIGINT stops accepting, stops the heartbeat (fail-open
+Services go direct once it is stale), drains connections for up to
+--drain-timeout and exits, leaving capture pinned for the next agent
+(fail-closed Services refuse connections meanwhile); a second one exits at
+once. SIGUSR1 logs an introspection report (snapshot, enrolments, datapath
+counters and conflicts, recent warnings) as one "introspection report"
+record.
+
+WebSocket over HTTP/2 (RFC 8441) needs GODEBUG=http2xconnect=1 when the
+process starts; the agent re-executes itself with it when GODEBUG does not
+mention http2xconnect.`
+
+func newAgentCommand(getenv func(string) string) *cobra.Command {
+	var o options
+	cmd := &cobra.Command{
+		Use:   "agent",
+		Short: "run the node agent: eBPF capture, the proxy and the control plane",
+		Long:  agentLong,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := reexecWithXConnect(); err != nil {
+				return err
+			}
+			s, err := o.load(cmd.Flags(), getenv, hostInterfaceIP)
+			if err != nil {
+				return err
+			}
+			events := introspect.NewEvents(0)
+			log := newLogger(os.Stderr, s, events)
+			// client-go logs through klog; send it to the same place.
+			klog.SetSlogLogger(log)
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			go func() {
+				<-ctx.Done()
+				stop() // a second signal ends the process at once
+			}()
+			return runAgent(ctx, s, log, events)
+		},
+	}
+	o.addFlags(cmd.Flags(), getenv)
+	return cmd
+}
+
+func newLogger(w io.Writer, s settings, events *introspect.Events) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: s.logLevel}
+	var h slog.Handler = slog.NewTextHandler(w, opts)
+	if s.logJSON {
+		h = slog.NewJSONHandler(w, opts)
+	}
+	return slog.New(events.Handler(h))
+}
+
+// hostInterfaceIP is the address of the interface holding the default
+// route, as the kubelet picks a node IP when --node-ip is unset. Pods reach
+// every address of their node.
+func hostInterfaceIP() (netip.Addr, error) {
+	ip, err := utilnet.ChooseHostInterface()
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	a, ok := netip.AddrFromSlice(ip)
+	if !ok {
+		return netip.Addr{}, fmt.Errorf("host interface address %v", ip)
+	}
+	return a.Unmap(), nil
+}
+
+// agent is one run of the agent: its parts and what shutdown must undo.
+type agent struct {
+	s        settings
+	log      *slog.Logger
+	reg      *prometheus.Registry
+	checks   *health.Checks
+	cp       *controlplane.ControlPlane
+	dp       *datapath.Datapath
+	px       *proxy.Proxy
+	en       *enrol.Enroller
+	ap       *apply.Applier
+	nodeLns  []net.Listener
+	started  atomic.Bool // start built every part
+	serving  atomic.Bool // the node listeners are served
+	stopping atomic.Bool // shutdown began
+	report   *introspect.Sources
+}
+
+// runAgent runs the agent until ctx ends (a signal) or a part fails, then
+// shuts down as the command's help describes.
+func runAgent(ctx context.Context, s settings, log *slog.Logger, events *introspect.Events) error {
+	a := &agent{s: s, log: log, reg: prometheus.NewRegistry()}
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "sockmesh_build_info",
+		Help:        "Always 1; the labels name the agent's build.",
+		ConstLabels: prometheus.Labels{"version": buildVersion(), "goversion": runtime.Version()},
+	})
+	buildInfo.Set(1)
+	for _, c := range []prometheus.Collector{buildInfo, collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{})} {
+		if err := a.reg.Register(c); err != nil {
+			return fmt.Errorf("register metrics: %w", err)
+		}
+	}
+	var err error
+	if a.checks, err = health.New(a.reg); err != nil {
+		return err
+	}
+	a.addChecks()
+	// Health and metrics first: liveness answers while the programs load.
+	servers, err := startHTTP(s, a.checks.Handler(), a.reg, log)
+	if err != nil {
+		return err
+	}
+	defer servers.close()
+
+	if err := a.start(ctx, events); err != nil {
+		a.close()
+		return err
+	}
+	return a.run(ctx)
+}
+
+// start opens the datapath, the proxy and its node listeners, and builds the
+// control plane, the enroller and the applier.
+func (a *agent) start(ctx context.Context, events *introspect.Events) error {
+	s, log := a.s, a.log
+	var err error
+	a.dp, err = datapath.Open(datapath.Config{BPFFS: s.bpffs, Cgroup: s.cgroup}, log, a.reg)
+	if errors.Is(err, ebpf.ErrMapIncompatible) {
+		return fmt.Errorf("%w\n(pinned by an incompatible build: run `sockmesh uninstall --bpffs=%s` first)", err, s.bpffs)
+	}
+	if err != nil {
+		return err
+	}
+	if a.px, err = proxy.New(proxy.Config{}, log, a.reg); err != nil {
+		return err
+	}
+	var nodeProxy datapath.Proxy
+	if s.mode == enrol.NodeIP {
+		if nodeProxy, err = a.listenNode(ctx); err != nil {
+			return err
+		}
+	}
+	if a.cp, err = newControlPlane(s, log, a.reg); err != nil {
+		return err
+	}
+	a.en, err = enrol.New(enrol.Config{Mode: s.mode, NodeProxy: nodeProxy, PodPort: s.inPodPort,
+		ListenConfig: proxy.ListenConfig()}, a.dp, a.px, log, a.reg)
+	if err != nil {
+		return err
+	}
+	if a.ap, err = apply.New(apply.Config{}, a.cp, a.px, a.dp, a.en, log, a.reg); err != nil {
+		return err
+	}
+
+	a.report = &introspect.Sources{
+		Node: s.nodeName, Mode: string(s.mode), Version: buildVersion(),
+		Applied: a.ap.Applied, Pods: a.en.Pods, Ready: a.checks.Ready, Datapath: a.dp, Events: events,
+	}
+	a.started.Store(true)
+	return nil
+}
+
+// errStarting is every check's answer until start has built the parts.
+var errStarting = errors.New("starting")
+
+// addChecks registers the readiness checks. They exist before the health
+// server starts, so that /readyz lists (and fails) them while the programs
+// load.
+func (a *agent) addChecks() {
+	check := func(name string, fn func() error) {
+		a.checks.Add(name, func() error {
+			if !a.started.Load() {
+				return errStarting
+			}
+			return fn()
+		})
+	}
+	a.checks.Add("running", func() error {
+		if a.stopping.Load() {
+			return errors.New("shutting down")
+		}
+		return nil
+	})
+	check("datapath", func() error {
+		// Open attached every program; reading a map proves they are
+		// still reachable.
+		_, err := a.dp.Counters()
+		return err
+	})
+	check("snapshot", func() error {
+		if snap, _ := a.ap.Applied(); snap == nil {
+			return errors.New("no snapshot applied yet")
+		}
+		return nil
+	})
+	check("proxy", func() error {
+		if a.s.mode == enrol.NodeIP && !a.serving.Load() {
+			return errors.New("node listeners not serving yet")
+		}
+		return nil
+	})
+	check("heartbeat", func() error {
+		last := a.ap.LastHeartbeat()
+		switch age := time.Since(last); {
+		case last.IsZero():
+			return errors.New("datapath heartbeat not written yet")
+		case age > datapath.DefaultHeartbeatMaxAge:
+			return fmt.Errorf("datapath heartbeat stale for %s", age.Round(time.Millisecond))
+		}
+		return nil
+	})
+}
+
+// listenNode binds the node-ip listeners (served only once the first
+// Snapshot is applied: until then connections wait in the listen queue
+// rather than meet an empty routing table) and returns the enrolments'
+// proxy address.
+func (a *agent) listenNode(ctx context.Context) (datapath.Proxy, error) {
+	self, err := podns.Open("/proc/self/ns/net")
+	if err != nil {
+		return datapath.Proxy{}, err
+	}
+	defer self.Close()
+	cookie, err := self.Cookie()
+	if err != nil {
+		return datapath.Proxy{}, err
+	}
+	p := datapath.Proxy{NetNSCookie: cookie}
+	for _, addr := range a.s.proxyListen {
+		ln, err := proxy.ListenConfig().Listen(ctx, "tcp", addr.String())
+		if err != nil {
+			return datapath.Proxy{}, fmt.Errorf("proxy listener: %w", err)
+		}
+		a.nodeLns = append(a.nodeLns, ln)
+		bound := ln.Addr().(*net.TCPAddr).AddrPort()
+		bound = netip.AddrPortFrom(bound.Addr().Unmap(), bound.Port())
+		if bound.Addr().Is4() {
+			p.V4 = bound
+		} else {
+			p.V6 = bound
+		}
+		a.log.Info("listening", "listener", "proxy", "addr", bound.String())
+	}
+	return p, nil
+}
+
+// run runs the parts until ctx ends or one fails, then shuts down.
+func (a *agent) run(ctx context.Context) error {
+	runCtx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var (
+		wg      sync.WaitGroup // the loops, stopped by runCtx
+		serveWG sync.WaitGroup // the node listeners, stopped by the proxy's Shutdown
+	)
+	wg.Go(func() {
+		if err := a.cp.Run(runCtx); err != nil {
+			cancel(err)
+		}
+	})
+	wg.Go(func() { a.en.Run(runCtx) })
+	wg.Go(func() { a.ap.Run(runCtx) })
+	wg.Go(func() {
+		select {
+		case <-runCtx.Done():
+			return
+		case <-a.ap.First():
+		}
+		for _, ln := range a.nodeLns {
+			serveWG.Go(func() {
+				if err := a.px.Serve(ln); err != nil {
+					cancel(err)
+				}
+			})
+		}
+		a.serving.Store(true)
+		a.waitReady(runCtx)
+	})
+	wg.Go(func() { a.reportOnSignal(runCtx) })
+
+	<-runCtx.Done()
+	failure := context.Cause(runCtx)
+	if ctx.Err() != nil {
+		failure = nil // a signal: a clean stop
+	}
+	a.stopping.Store(true)
+	a.log.Info("shutting down", "drain_timeout", a.s.drainTimeout, "err", failure)
+	cancel(nil)
+	wg.Wait() // the heartbeat has stopped
+
+	drainCtx, stop := context.WithTimeout(context.Background(), a.s.drainTimeout)
+	defer stop()
+	start := time.Now()
+	if err := a.px.Shutdown(drainCtx); err != nil {
+		a.log.Warn("connections still open after the drain timeout were closed", "err", err)
+	}
+	a.close()
+	serveWG.Wait()
+	a.log.Info("stopped", "drain", time.Since(start).Round(time.Millisecond),
+		"note", "capture stays pinned for the next agent; `sockmesh uninstall` removes it")
+	return failure
+}
+
+// waitReady logs "agent ready" the first time every readiness check passes.
+func (a *agent) waitReady(ctx context.Context) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if err := a.checks.Ready(); err == nil {
+			snap, _ := a.ap.Applied()
+			a.log.Info("agent ready", "snapshot_version", snap.Version, "mode", string(a.s.mode))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// reportOnSignal logs the introspection report on each SIGUSR1 until ctx
+// ends.
+func (a *agent) reportOnSignal(ctx context.Context) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGUSR1)
+	defer signal.Stop(ch)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+			a.log.Info("introspection report", "report", a.report.Report())
+		}
+	}
+}
+
+// close releases what start opened; pinned capture stays.
+func (a *agent) close() {
+	for _, ln := range a.nodeLns {
+		ln.Close()
+	}
+	if a.en != nil {
+		if err := a.en.Close(); err != nil {
+			a.log.Warn("close in-pod listeners failed", "err", err)
+		}
+	}
+	if a.dp != nil {
+		if err := a.dp.Close(); err != nil {
+			a.log.Warn("close datapath failed", "err", err)
+		}
+	}
+}
+
+// reexecWithXConnect re-executes the process with http2xconnect=1 added to
+// GODEBUG when GODEBUG does not mention it: net/http reads the setting once,
+// at init, and WebSocket over HTTP/2 (RFC 8441) needs it. It returns only
+// when no re-exec is needed, or with the error of a failed one.
+func reexecWithXConnect() error {
+	env, changed := withXConnect(os.Environ())
+	if !changed {
+		return nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("re-exec with GODEBUG=http2xconnect=1: %w", err)
+	}
+	return fmt.Errorf("re-exec with GODEBUG=http2xconnect=1: %w", syscall.Exec(exe, os.Args, env))
+}
+
+// withXConnect returns env with http2xconnect=1 in GODEBUG, and whether it
+// had to add it. A GODEBUG that sets http2xconnect either way is kept.
+func withXConnect(env []string) ([]string, bool) {
+	out := make([]string, 0, len(env)+1)
+	found := false
+	for _, kv := range env {
+		v, ok := strings.CutPrefix(kv, "GODEBUG=")
+		if !ok {
+			out = append(out, kv)
+			continue
+		}
+		found = true
+		for setting := range strings.SplitSeq(v, ",") {
+			if strings.HasPrefix(strings.TrimSpace(setting), "http2xconnect=") {
+				return env, false
+			}
+		}
+		if v != "" {
+			v += ","
+		}
+		out = append(out, "GODEBUG="+v+"http2xconnect=1")
+	}
+	if !found {
+		out = append(out, "GODEBUG=http2xconnect=1")
+	}
+	return out, true
+}

@@ -1,0 +1,316 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/sockmesh/sockmesh/agent/enrol"
+	"github.com/sockmesh/sockmesh/agent/introspect"
+	"github.com/sockmesh/sockmesh/internal/sandbox"
+)
+
+// TestAgentNodeIP runs the agent in node-IP mode through its whole life:
+// ready, TLS originated for a plaintext client, metrics, a malformed
+// manifest that changes nothing, the introspection report, a SIGTERM that
+// drains a streaming response, capture that stays pinned (and refuses)
+// while no agent runs, a restart that adopts the pins, and an uninstall
+// that leaves no program attached.
+func TestAgentNodeIP(t *testing.T) {
+	e := newEnv(t)
+	a := e.startAgent(t, "--proxy-mode=node-ip", "--proxy-listen="+nodeIP.String()+":0")
+	proxyAddr := netip.MustParseAddrPort(a.logs.wait(t, "proxy listener", a.exited, func(r record) bool {
+		return r.msg() == "listening" && r.str("listener") == "proxy"
+	}).str("addr"))
+	if proxyAddr.Addr() != nodeIP || proxyAddr.Port() == 0 {
+		t.Fatalf("proxy listens on %s, want %s with a kernel-chosen port", proxyAddr, nodeIP)
+	}
+
+	body := a.waitReady(t, e)
+	for _, check := range []string{"datapath", "snapshot", "proxy", "heartbeat"} {
+		if !strings.Contains(body, "[+]"+check+" ok") {
+			t.Errorf("/readyz body lacks a passing %s check:\n%s", check, body)
+		}
+	}
+	a.logs.wait(t, `"agent ready"`, a.exited, func(r record) bool { return r.msg() == "agent ready" })
+	checkTLSOriginated(t, e.get(t, "/hello"))
+
+	// The agent runs with the GODEBUG setting WebSocket over HTTP/2 needs:
+	// it re-executes itself when its environment lacks it.
+	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", a.p.Cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(strings.Split(string(environ), "\x00"), func(kv string) bool {
+		return strings.HasPrefix(kv, "GODEBUG=") && strings.Contains(kv, "http2xconnect=1")
+	}) {
+		t.Errorf("agent environment lacks GODEBUG=http2xconnect=1: %q", environ)
+	}
+
+	t.Run("metrics", func(t *testing.T) { checkMetrics(t, e, a) })
+
+	// A manifest that does not parse: reported, and the last good objects
+	// keep being served.
+	e.writeFile(t, "broken.yaml", "apiVersion: v1\nkind: Service\nmetadata: {name: [oops\n")
+	a.logs.wait(t, "a warning about broken.yaml", a.exited, func(r record) bool {
+		return r.str("level") == "WARN" && strings.Contains(r.str("err"), "broken.yaml")
+	})
+	checkTLSOriginated(t, e.get(t, "/after-broken"))
+
+	t.Run("introspection report", func(t *testing.T) {
+		rep := report(t, a)
+		if len(rep.Pods) != 1 || rep.Pods[0].State != enrol.Enrolled || rep.Pods[0].NetNSCookie != e.clientCookie ||
+			rep.Pods[0].Proxy.V4 != proxyAddr {
+			t.Errorf("report pods = %+v, want the client Enrolled with netns cookie %d, proxy %s", rep.Pods, e.clientCookie, proxyAddr)
+		}
+		if rep.Snapshot == nil || rep.Snapshot.Version == 0 || len(rep.Snapshot.Frontends) != 1 {
+			t.Errorf("report snapshot = %+v, want one frontend", rep.Snapshot)
+		}
+		if rep.Datapath.Counters["redirected"] < 2 {
+			t.Errorf("report counters = %v, want at least the 2 requests redirected", rep.Datapath.Counters)
+		}
+		if p, ok := rep.Datapath.Enrolments[e.clientCookie]; !ok || p.V4 != proxyAddr {
+			t.Errorf("report datapath enrolments = %v, want %d -> %s", rep.Datapath.Enrolments, e.clientCookie, proxyAddr)
+		}
+		found := false
+		for _, ev := range rep.Events {
+			found = found || ev.Component == "file_source" && strings.Contains(ev.Attrs["err"], "broken.yaml")
+		}
+		if !found || !rep.Ready {
+			t.Errorf("report ready=%v (%s), events %+v; want ready and the broken.yaml warning", rep.Ready, rep.NotReady, rep.Events)
+		}
+	})
+
+	// SIGTERM while a response streams: the stream completes, then the
+	// agent exits cleanly.
+	const events = 8
+	stream, err := httpClient(e.client).Get("http://" + vip.String() + "/sse?n=" + strconv.Itoa(events) + "&interval=100ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stream.Body.Close()
+	sc := bufio.NewScanner(stream.Body)
+	readEvent := func() bool {
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "data: ") {
+				return true
+			}
+		}
+		return false
+	}
+	if !readEvent() {
+		t.Fatalf("no first event: %v", sc.Err())
+	}
+	if err := a.p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	a.logs.wait(t, `"shutting down"`, a.exited, func(r record) bool { return r.msg() == "shutting down" })
+	got := 1
+	for readEvent() {
+		got++
+	}
+	streamEnd := time.Now()
+	if got != events {
+		t.Errorf("the stream in flight at SIGTERM delivered %d of %d events (%v)", got, events, sc.Err())
+	}
+	select {
+	case <-a.exited:
+	case <-time.After(waitFor):
+		t.Fatal("agent still running after the drain")
+	}
+	if err := a.p.Wait(); err != nil {
+		t.Errorf("agent exit after SIGTERM: %v", err)
+	}
+	stopped := a.logs.wait(t, `"stopped"`, nil, func(r record) bool { return r.msg() == "stopped" })
+	if ts, err := time.Parse(time.RFC3339Nano, stopped.str("time")); err != nil || ts.Before(streamEnd.Add(-50*time.Millisecond)) {
+		t.Errorf("agent stopped at %v, before the stream it drained ended at %v", ts, streamEnd)
+	}
+
+	// No agent: the pinned capture keeps redirecting to the proxy address,
+	// where nothing listens. The client is refused; nothing reaches the
+	// TLS backend in plaintext.
+	before := e.backendConns.Load()
+	if c, err := e.client.Dial(&net.Dialer{Timeout: 5 * time.Second}, "tcp", vip.String()); !errors.Is(err, syscall.ECONNREFUSED) {
+		if c != nil {
+			c.Close()
+		}
+		t.Errorf("connect to %s with no agent running: %v, want connection refused", vip, err)
+	}
+	if n := e.backendConns.Load(); n != before {
+		t.Errorf("backend accepted %d connections while no agent ran", n-before)
+	}
+
+	// The next agent adopts every pinned link and serves again.
+	b := e.startAgent(t, "--proxy-mode=node-ip", "--proxy-listen="+nodeIP.String()+":0")
+	b.waitReady(t, e)
+	if n := b.logs.count(func(r record) bool { return r.msg() == "adopted pinned link" }); n != 6 {
+		t.Errorf("restarted agent adopted %d pinned links, want all 6 hooks", n)
+	}
+	checkTLSOriginated(t, e.get(t, "/after-restart"))
+	b.stop(t)
+
+	// uninstall removes the pins and detaches every program.
+	out, err := sandbox.HelperCommand(t, "sockmesh", "uninstall", "--bpffs="+e.bpffs).CombinedOutput()
+	if err != nil {
+		t.Fatalf("sockmesh uninstall: %v\n%s", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(e.bpffs, "sockmesh")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("pin directory after uninstall: %v, want it gone", err)
+	}
+	if n := attachedPrograms(t, e.cg.Path); n != 0 {
+		t.Errorf("%d programs attached to %s after uninstall, want none", n, e.cg.Path)
+	}
+}
+
+// TestAgentInPod runs the agent in in-pod mode: the proxy listens inside
+// the client pod's netns on its loopback (IPv4 and IPv6), TLS is
+// originated, and the listeners close when the pod goes.
+func TestAgentInPod(t *testing.T) {
+	e := newEnv(t)
+	a := e.startAgent(t, "--proxy-mode=in-pod", "--in-pod-port=15001")
+	a.waitReady(t, e)
+	checkTLSOriginated(t, e.get(t, "/hello"))
+
+	rep := report(t, a)
+	want4, want6 := netip.MustParseAddrPort("127.0.0.1:15001"), netip.MustParseAddrPort("[::1]:15001")
+	if len(rep.Pods) != 1 || rep.Pods[0].State != enrol.Enrolled || rep.Pods[0].NetNSCookie != e.clientCookie ||
+		rep.Pods[0].Proxy.NetNSCookie != e.clientCookie || rep.Pods[0].Proxy.V4 != want4 || rep.Pods[0].Proxy.V6 != want6 {
+		t.Errorf("report pods = %+v, want the client Enrolled with listeners %s and %s in its own netns %d",
+			rep.Pods, want4, want6, e.clientCookie)
+	}
+	for _, addr := range []netip.AddrPort{want4, want6} {
+		// Not redirected, so the proxy refuses to relay: it resets, during
+		// connect or right after it (loopback is that fast). Refused would
+		// mean no listener.
+		c, err := e.client.Dial(&net.Dialer{Timeout: 5 * time.Second}, "tcp", addr.String())
+		if err == nil {
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			_, err = c.Read(make([]byte, 1))
+			c.Close()
+		}
+		if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, io.EOF) {
+			t.Errorf("a direct connection to the in-pod listener %s: %v, want it reset unserved", addr, err)
+		}
+	}
+
+	// The pod goes: its listeners close.
+	if err := os.Remove(filepath.Join(e.manifests, "client.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	a.logs.wait(t, `"pod unenrolled"`, a.exited, func(r record) bool { return r.msg() == "pod unenrolled" })
+	deadline := time.Now().Add(waitFor)
+	for {
+		c, err := e.client.Dial(&net.Dialer{Timeout: 5 * time.Second}, "tcp", want4.String())
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			break
+		}
+		if c != nil {
+			c.Close()
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("in-pod listener %s still there after the pod went: %v", want4, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	a.stop(t)
+}
+
+// report asks the agent for its introspection report (SIGUSR1) and decodes
+// the newest one it logs.
+func report(t *testing.T, a *agentRun) introspect.Report {
+	t.Helper()
+	isReport := func(r record) bool { return r.msg() == "introspection report" }
+	seen := a.logs.count(isReport)
+	if err := a.p.Cmd.Process.Signal(syscall.SIGUSR1); err != nil {
+		t.Fatal(err)
+	}
+	r := a.logs.waitAfter(t, "an introspection report", a.exited, seen, isReport)
+	b, err := json.Marshal(r["report"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep introspect.Report
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatalf("decode the introspection report: %v\n%s", err, b)
+	}
+	return rep
+}
+
+func checkMetrics(t *testing.T, e *env, a *agentRun) {
+	resp, err := httpClient(e.node).Get("http://" + a.metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	values := map[string]float64{}
+	for line := range strings.Lines(string(body)) {
+		if strings.HasPrefix(line, "#") {
+			continue
+		}
+		if i := strings.LastIndexByte(line, ' '); i > 0 {
+			if v, err := strconv.ParseFloat(strings.TrimSpace(line[i+1:]), 64); err == nil {
+				values[line[:i]] = v
+			}
+		}
+	}
+	for series, min := range map[string]float64{
+		`sockmesh_agent_ready`:                                     1,
+		`sockmesh_apply_snapshot_version`:                          1,
+		`sockmesh_controlplane_snapshot_version`:                   1,
+		`sockmesh_datapath_redirects_total{decision="redirected"}`: 1,
+		`sockmesh_enrol_pods{state="Enrolled"}`:                    1,
+		`sockmesh_proxy_connections_total{path="http1"}`:           1,
+		`sockmesh_source_file_objects`:                             6,
+	} {
+		if values[series] < min {
+			t.Errorf("metric %s = %v, want at least %v", series, values[series], min)
+		}
+	}
+	build := false
+	for series, v := range values {
+		build = build || strings.HasPrefix(series, "sockmesh_build_info{") && strings.Contains(series, `version="`) && v == 1
+	}
+	if !build {
+		t.Error("no sockmesh_build_info{version=...} 1 series")
+	}
+}
+
+// attachedPrograms counts the programs attached to cgroup on sockmesh's
+// hooks.
+func attachedPrograms(t *testing.T, cgroup string) int {
+	t.Helper()
+	f, err := os.Open(cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	n := 0
+	for _, at := range []ebpf.AttachType{
+		ebpf.AttachCGroupInet4Connect, ebpf.AttachCGroupInet6Connect,
+		ebpf.AttachCgroupInet4GetPeername, ebpf.AttachCgroupInet6GetPeername,
+		ebpf.AttachCGroupSockOps, ebpf.AttachCGroupGetsockopt,
+	} {
+		res, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: at})
+		if err != nil {
+			t.Fatalf("query %s programs: %v", at, err)
+		}
+		n += len(res.Programs)
+	}
+	return n
+}

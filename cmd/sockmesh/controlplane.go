@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/sockmesh/sockmesh/agent/controlplane"
+	"github.com/sockmesh/sockmesh/agent/leader"
+	"github.com/sockmesh/sockmesh/agent/resolve"
+	"github.com/sockmesh/sockmesh/agent/selectorsvc"
+	"github.com/sockmesh/sockmesh/agent/source"
+	"github.com/sockmesh/sockmesh/agent/source/file"
+	kubesource "github.com/sockmesh/sockmesh/agent/source/kubernetes"
+	"github.com/sockmesh/sockmesh/agent/status"
+	"github.com/sockmesh/sockmesh/agent/translate"
+)
+
+// newControlPlane builds the config source, the resolver and, for the
+// kubernetes source, the status and generated-Service writers (behind the
+// leader lease with --leader-elect), and the control plane that runs them.
+func newControlPlane(s settings, log *slog.Logger, reg prometheus.Registerer) (*controlplane.ControlPlane, error) {
+	res, err := resolve.New(resolve.Config{Servers: s.dnsServers}, log, reg)
+	if err != nil {
+		return nil, err
+	}
+	cfg := controlplane.Config{Node: s.node, Resolver: res}
+	cfg.Node.Name = s.nodeName
+
+	var src source.Source
+	switch s.source {
+	case "file":
+		if src, err = file.New(file.Config{Dir: s.manifests}, log, reg); err != nil {
+			return nil, err
+		}
+	case "kubernetes":
+		rc, err := restConfig(s.kubeconfig)
+		if err != nil {
+			return nil, err
+		}
+		kube, gw, err := kubesource.NewClients(rc)
+		if err != nil {
+			return nil, err
+		}
+		if src, err = kubesource.New(kubesource.Config{NodeName: s.nodeName}, kube, gw, log, reg); err != nil {
+			return nil, err
+		}
+		sw, err := status.New(status.Config{}, gw, log, reg)
+		if err != nil {
+			return nil, err
+		}
+		svcs, err := selectorsvc.New(selectorsvc.Config{}, kube, log, reg)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Writers = []controlplane.Writer{
+			controlplane.WriterFunc(func(ctx context.Context, in translate.Input, r translate.Result) error {
+				return sw.Write(ctx, in, r.Status)
+			}),
+			controlplane.WriterFunc(func(ctx context.Context, in translate.Input, r translate.Result) error {
+				return svcs.Apply(ctx, in, r.EndpointSelectorServices)
+			}),
+		}
+		if s.leaderElect {
+			el, err := leader.New(leader.Config{Namespace: s.leaderNS, Identity: leaderIdentity(s)}, kube, log, reg)
+			if err != nil {
+				return nil, err
+			}
+			cfg.Leader = el
+		}
+	}
+	return controlplane.New(cfg, src, log, reg)
+}
+
+// restConfig loads --kubeconfig, else $KUBECONFIG or ~/.kube/config, else
+// the in-cluster service account.
+func restConfig(path string) (*rest.Config, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = path
+	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, nil).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("load kubernetes client config: %w", err)
+	}
+	rc = rest.CopyConfig(rc)
+	rest.AddUserAgent(rc, "sockmesh-agent/"+buildVersion())
+	return rc, nil
+}
+
+// leaderIdentity names this agent in the Lease: the node, and the pod when
+// known (two agents may overlap on a node during a rollout).
+func leaderIdentity(s settings) string {
+	id := s.nodeName
+	if s.podName != "" {
+		id += "/" + s.podName
+	} else if h, err := os.Hostname(); err == nil {
+		id += "/" + h
+	}
+	return id
+}

@@ -1,0 +1,207 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/clientcmd"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/sockmesh/sockmesh/agent/source/manifests"
+	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/test/apiserver"
+)
+
+// TestAgentKubernetes runs the agent on the kubernetes source against a
+// real kube-apiserver, with leader election: the objects of the file tests,
+// created through the API, must capture and originate TLS the same way, and
+// the elected agent must hold the Lease and write the policy's status.
+func TestAgentKubernetes(t *testing.T) {
+	api := apiserver.Start(t)
+	e := newEnv(t)
+	ctx := t.Context()
+	createManifests(t, api, e.manifests)
+	if _, err := api.Kube.CoreV1().Namespaces().Create(ctx,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "sockmesh-system"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := nodeKubeconfig(t, e, api)
+
+	a := e.startAgent(t, "--source=kubernetes", "--kubeconfig="+kubeconfig, "--leader-elect",
+		"--leader-election-namespace=sockmesh-system", "--service-cidr="+apiserver.ServiceCIDR,
+		"--proxy-listen="+nodeIP.String()+":0")
+	a.waitReady(t, e)
+	checkTLSOriginated(t, e.get(t, "/hello"))
+
+	eventually(t, "the BackendTLSPolicy's status written by the elected agent", func() error {
+		p, err := api.Gateway.GatewayV1().BackendTLSPolicies("app").Get(ctx, "secure", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, anc := range p.Status.Ancestors {
+			if anc.ControllerName != translate.ControllerName {
+				continue
+			}
+			for _, c := range anc.Conditions {
+				if c.Type == string(gwv1.PolicyConditionAccepted) && c.Status == metav1.ConditionTrue {
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("status %+v", p.Status)
+	})
+	lease, err := api.Kube.CoordinationV1().Leases("sockmesh-system").Get(ctx, "sockmesh-writer", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("writer lease: %v", err)
+	}
+	if id := lease.Spec.HolderIdentity; id == nil || !strings.HasPrefix(*id, testNode+"/") {
+		t.Errorf("lease holder = %v, want this node's agent", id)
+	}
+	a.stop(t)
+}
+
+// createManifests creates the objects of the YAML files in dir through the
+// API, with the Pods' status as written.
+func createManifests(t *testing.T, api *apiserver.Env, dir string) {
+	t.Helper()
+	ctx := t.Context()
+	dec, err := manifests.NewDecoder()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var objs []runtime.Object
+	for _, name := range []string{"secure.yaml", "client.yaml"} { // namespaces first
+		f, err := os.Open(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, err := dec.Decode(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs = append(objs, o...)
+	}
+	for _, obj := range objs {
+		var err error
+		switch o := obj.(type) {
+		case *corev1.Namespace:
+			_, err = api.Kube.CoreV1().Namespaces().Create(ctx, o, metav1.CreateOptions{})
+			if err == nil {
+				// No controller manager: the default ServiceAccount pods need.
+				_, err = api.Kube.CoreV1().ServiceAccounts(o.Name).Create(ctx,
+					&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{})
+			}
+		case *corev1.Pod:
+			var created *corev1.Pod
+			if created, err = api.Kube.CoreV1().Pods(o.Namespace).Create(ctx, o, metav1.CreateOptions{}); err == nil {
+				created.Status = o.Status
+				_, err = api.Kube.CoreV1().Pods(o.Namespace).UpdateStatus(ctx, created, metav1.UpdateOptions{})
+			}
+		case *corev1.Service:
+			_, err = api.Kube.CoreV1().Services(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *discoveryv1.EndpointSlice:
+			_, err = api.Kube.DiscoveryV1().EndpointSlices(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *corev1.ConfigMap:
+			_, err = api.Kube.CoreV1().ConfigMaps(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *gwv1.BackendTLSPolicy:
+			_, err = api.Gateway.GatewayV1().BackendTLSPolicies(o.Namespace).Create(ctx, o, metav1.CreateOptions{})
+		default:
+			t.Fatalf("createManifests: no case for %T", obj)
+		}
+		if err != nil {
+			t.Fatalf("create %T: %v", obj, err)
+		}
+	}
+}
+
+// nodeKubeconfig returns a kubeconfig that reaches the API server from the
+// node netns: the API server listens on the host's loopback, so a relay in
+// the node netns forwards to it (the serving certificate names 127.0.0.1,
+// so TLS still verifies).
+func nodeKubeconfig(t *testing.T, e *env, api *apiserver.Env) string {
+	t.Helper()
+	target := strings.TrimPrefix(api.Config.Host, "https://")
+	ln, err := e.node.Listen(context.Background(), nil, "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay(t, ln, target)
+	cfg, err := clientcmd.LoadFromFile(api.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range cfg.Clusters {
+		c.Server = "https://" + ln.Addr().String()
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// relay copies every connection ln accepts to and from target, dialed from
+// this process's own netns, until t ends.
+func relay(t *testing.T, ln net.Listener, target string) {
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+		wg    sync.WaitGroup
+	)
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, up)
+			mu.Unlock()
+			wg.Go(func() { io.Copy(up, c); up.Close() })
+			wg.Go(func() { io.Copy(c, up); c.Close() })
+		}
+	})
+}
+
+// eventually polls cond until it holds or waitFor passes.
+func eventually(t *testing.T, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: still %v after %s", what, err, waitFor)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -1,0 +1,62 @@
+// Command sockmesh is the node agent and its maintenance commands:
+//
+//	sockmesh agent        run the agent: eBPF capture, the proxy, the control plane
+//	sockmesh uninstall    detach and remove the pinned programs, links and maps
+//	sockmesh mount-bpffs  mount a shared BPF filesystem (the DaemonSet's init container)
+//	sockmesh version      print the build version
+//
+// See `sockmesh agent --help` for the agent's flags, logs and signals.
+package main
+
+import (
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+
+	"github.com/spf13/cobra"
+)
+
+// version is set at build time: go build -ldflags "-X main.version=v1.2.3".
+var version = "dev"
+
+func main() {
+	if err := newRootCommand(os.Getenv).Execute(); err != nil {
+		// cobra printed the error.
+		os.Exit(1)
+	}
+}
+
+func newRootCommand(getenv func(string) string) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "sockmesh",
+		Short:         "sockmesh: an eBPF-accelerated, node-local, sidecarless mesh agent",
+		SilenceUsage:  true,
+		SilenceErrors: false,
+	}
+	root.AddCommand(newAgentCommand(getenv), newUninstallCommand(), newMountBPFFSCommand(), newVersionCommand())
+	return root
+}
+
+func newVersionCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "print the build version",
+		Args:  cobra.NoArgs,
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintf(cmd.OutOrStdout(), "sockmesh %s (%s, %s/%s)\n", buildVersion(), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+		},
+	}
+}
+
+// buildVersion is version, or the module version when the binary was built
+// with `go install module@version` and no -X.
+func buildVersion() string {
+	if version != "dev" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return version
+}

@@ -1,0 +1,328 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sockmesh/sockmesh/agent/enrol"
+	"github.com/sockmesh/sockmesh/agent/translate"
+)
+
+// options are the agent's flags as typed. Every flag may also be set in the
+// --config file under its own name; a flag given on the command line wins.
+type options struct {
+	configFile              string
+	source                  string
+	manifests               string
+	kubeconfig              string
+	nodeName                string
+	proxyMode               string
+	proxyListen             []string
+	inPodPort               uint16
+	healthListen            string
+	metricsListen           string
+	bpffs                   string
+	cgroup                  string
+	leaderElect             bool
+	leaderElectionNamespace string
+	serviceCIDRs            []string
+	podCIDRs                []string
+	clusterDomain           string
+	dnsServers              []string
+	egressAllow             []string
+	logLevel                string
+	logFormat               string
+	drainTimeout            time.Duration
+}
+
+// Environment variables the flags take their defaults from, as the
+// DaemonSet sets them from the downward API.
+const (
+	envNodeName     = "NODE_NAME"     // spec.nodeName
+	envPodNamespace = "POD_NAMESPACE" // metadata.namespace
+	envPodName      = "POD_NAME"      // metadata.name
+	envHostIP       = "HOST_IP"       // status.hostIP
+)
+
+const defaultProxyPort = 15001
+
+// addFlags defines the agent's flags on fs, with defaults read through
+// getenv.
+func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
+	fs.StringVar(&o.configFile, "config", "", "YAML file setting any of these flags by name (e.g. proxy-mode: in-pod); flags given on the command line win")
+	fs.StringVar(&o.source, "source", "kubernetes", "where the objects come from: kubernetes (watch the API server) or file (a directory of manifests)")
+	fs.StringVar(&o.manifests, "manifests", "", "directory of YAML manifests (file source)")
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (kubernetes source; default: $KUBECONFIG, ~/.kube/config, then the in-cluster service account)")
+	fs.StringVar(&o.nodeName, "node-name", getenv(envNodeName), "this node's name: only its pods are enrolled (default $"+envNodeName+"; required for the kubernetes source)")
+	fs.StringVar(&o.proxyMode, "proxy-mode", string(enrol.NodeIP), "where the proxy listens: node-ip (one listener on a node address) or in-pod (listeners inside each pod's network namespace)")
+	fs.StringSliceVar(&o.proxyListen, "proxy-listen", nil, "node-ip mode listener addresses, IP:port, at most one per family; port 0 picks a free port (default: $"+envHostIP+" or the address of the default route's interface, port "+strconv.Itoa(defaultProxyPort)+")")
+	fs.Uint16Var(&o.inPodPort, "in-pod-port", enrol.DefaultPodPort, "in-pod mode listener port, on the pod's loopback addresses")
+	fs.StringVar(&o.healthListen, "health-listen", ":15021", "address serving /healthz and /readyz (empty: off)")
+	fs.StringVar(&o.metricsListen, "metrics-listen", ":15090", "address serving Prometheus /metrics (empty: off; may equal --health-listen)")
+	fs.StringVar(&o.bpffs, "bpffs", "/sys/fs/bpf", "BPF filesystem holding the pinned programs, links and maps (mounted when absent)")
+	fs.StringVar(&o.cgroup, "cgroup", "", "cgroup v2 directory the programs attach to (empty: the root of the cgroup v2 hierarchy)")
+	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect one agent (a Lease) to write status and generated Services (kubernetes source)")
+	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", getenv(envPodNamespace), "namespace of the leader Lease (default $"+envPodNamespace+")")
+	fs.StringSliceVar(&o.serviceCIDRs, "service-cidr", nil, "the cluster's Service ranges; external hostnames resolving into them are refused")
+	fs.StringSliceVar(&o.podCIDRs, "pod-cidr", nil, "the cluster's pod ranges; external hostnames resolving into them are refused")
+	fs.StringVar(&o.clusterDomain, "cluster-domain", "", "the cluster's DNS domain when not cluster.local; external hostnames may not be in it")
+	fs.StringSliceVar(&o.dnsServers, "dns-server", nil, "DNS servers (host or host:port) resolving ExternalHostname XBackends (default: /etc/resolv.conf)")
+	fs.StringSliceVar(&o.egressAllow, "egress-allow", nil, "hostname patterns (example.com, *.example.com) ExternalHostname XBackends may use (default: any)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log format: json or text")
+	fs.DurationVar(&o.drainTimeout, "drain-timeout", 20*time.Second, "on SIGTERM, how long connections may drain before they are closed")
+}
+
+// applyConfigFile sets, from the YAML file at path, every flag of fs the
+// command line did not set. Keys are flag names; lists may be YAML lists.
+// Unknown keys are errors, so that a typo is not silently ignored.
+func applyConfigFile(fs *pflag.FlagSet, path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("read config file: %w", err)
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return fmt.Errorf("parse config file %s: %w", path, err)
+	}
+	keys := make([]string, 0, len(doc))
+	for k := range doc {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys) // report the first bad key deterministically
+	for _, key := range keys {
+		f := fs.Lookup(key)
+		if f == nil || key == "config" {
+			return fmt.Errorf("config file %s: unknown key %q (keys are the agent's flag names)", path, key)
+		}
+		if f.Changed {
+			continue
+		}
+		if err := setFlag(f, doc[key]); err != nil {
+			return fmt.Errorf("config file %s: %s: %w", path, key, err)
+		}
+	}
+	return nil
+}
+
+// setFlag sets f from a value decoded from YAML (through JSON: numbers are
+// float64).
+func setFlag(f *pflag.Flag, v any) error {
+	switch v := v.(type) {
+	case []any:
+		sv, ok := f.Value.(pflag.SliceValue)
+		if !ok {
+			return fmt.Errorf("takes one %s, not a list", f.Value.Type())
+		}
+		items := make([]string, len(v))
+		for i, item := range v {
+			s, err := scalar(item)
+			if err != nil {
+				return fmt.Errorf("item %d: %w", i, err)
+			}
+			items[i] = s
+		}
+		return sv.Replace(items)
+	case nil:
+		return errors.New("has no value")
+	default:
+		s, err := scalar(v)
+		if err != nil {
+			return err
+		}
+		// A list flag given one string takes it as on the command line:
+		// comma-separated.
+		return f.Value.Set(s)
+	}
+}
+
+func scalar(v any) (string, error) {
+	switch v := v.(type) {
+	case string:
+		return v, nil
+	case bool:
+		return strconv.FormatBool(v), nil
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64), nil
+	}
+	return "", fmt.Errorf("unexpected %T value", v)
+}
+
+// settings are the options checked and parsed: what the agent runs with.
+type settings struct {
+	source     string // "kubernetes" or "file"
+	manifests  string
+	kubeconfig string
+	nodeName   string
+	podName    string // for the leader identity
+	mode       enrol.Mode
+	// proxyListen are the node-ip listeners (empty in in-pod mode).
+	proxyListen   []netip.AddrPort
+	inPodPort     uint16
+	healthListen  string
+	metricsListen string
+	bpffs         string
+	cgroup        string
+	leaderElect   bool
+	leaderNS      string
+	// node is what the control plane is told about the node and cluster;
+	// its IPs are the proxy's node addresses.
+	node         translate.Node
+	dnsServers   []string
+	logLevel     slog.Level
+	logJSON      bool
+	drainTimeout time.Duration
+}
+
+// load applies the --config file under the flags parsed into fs, and
+// checks the result (see settings).
+func (o *options) load(fs *pflag.FlagSet, getenv func(string) string, hostIP func() (netip.Addr, error)) (settings, error) {
+	if o.configFile != "" {
+		if err := applyConfigFile(fs, o.configFile); err != nil {
+			return settings{}, err
+		}
+	}
+	return o.settings(getenv, hostIP)
+}
+
+// settings checks o. hostIP finds the node address for --proxy-listen's
+// default; it is only called in node-ip mode without --proxy-listen.
+func (o *options) settings(getenv func(string) string, hostIP func() (netip.Addr, error)) (settings, error) {
+	s := settings{
+		source: o.source, manifests: o.manifests, kubeconfig: o.kubeconfig, nodeName: o.nodeName,
+		podName: getenv(envPodName), mode: enrol.Mode(o.proxyMode), inPodPort: o.inPodPort,
+		healthListen: o.healthListen, metricsListen: o.metricsListen, bpffs: o.bpffs, cgroup: o.cgroup,
+		leaderElect: o.leaderElect, leaderNS: o.leaderElectionNamespace, drainTimeout: o.drainTimeout,
+	}
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	switch s.source {
+	case "file":
+		if s.manifests == "" {
+			bad("--source=file needs --manifests")
+		}
+		if s.leaderElect {
+			bad("--leader-elect needs --source=kubernetes (the file source writes no status)")
+		}
+	case "kubernetes":
+		if s.nodeName == "" {
+			bad("--source=kubernetes needs --node-name (or $%s)", envNodeName)
+		}
+		if s.leaderElect && s.leaderNS == "" {
+			bad("--leader-elect needs --leader-election-namespace (or $%s)", envPodNamespace)
+		}
+	default:
+		bad("--source=%q: want kubernetes or file", s.source)
+	}
+
+	switch s.mode {
+	case enrol.NodeIP:
+		addrs, err := proxyListen(o.proxyListen, getenv, hostIP)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		s.proxyListen = addrs
+		for _, a := range addrs {
+			s.node.IPs = append(s.node.IPs, a.Addr())
+		}
+	case enrol.InPod:
+		if len(o.proxyListen) > 0 {
+			bad("--proxy-listen applies to --proxy-mode=node-ip only (in-pod listeners use --in-pod-port)")
+		}
+		if s.inPodPort == 0 {
+			bad("--in-pod-port must not be 0: enrolments name the port before the listener opens")
+		}
+	default:
+		bad("--proxy-mode=%q: want node-ip or in-pod", o.proxyMode)
+	}
+
+	var err error
+	if s.node.ServiceCIDRs, err = prefixes("--service-cidr", o.serviceCIDRs); err != nil {
+		errs = append(errs, err)
+	}
+	if s.node.PodCIDRs, err = prefixes("--pod-cidr", o.podCIDRs); err != nil {
+		errs = append(errs, err)
+	}
+	s.node.ClusterDomain = strings.TrimSuffix(o.clusterDomain, ".")
+	s.node.EgressAllow = o.egressAllow
+	for _, d := range o.dnsServers {
+		if _, _, err := net.SplitHostPort(d); err != nil {
+			d = net.JoinHostPort(d, "53")
+		}
+		if _, err := netip.ParseAddrPort(d); err != nil {
+			bad("--dns-server=%q: want an IP address, optionally with :port", d)
+			continue
+		}
+		s.dnsServers = append(s.dnsServers, d)
+	}
+	if err := s.logLevel.UnmarshalText([]byte(o.logLevel)); err != nil {
+		bad("--log-level=%q: want debug, info, warn or error", o.logLevel)
+	}
+	switch o.logFormat {
+	case "json":
+		s.logJSON = true
+	case "text":
+	default:
+		bad("--log-format=%q: want json or text", o.logFormat)
+	}
+	if s.drainTimeout < 0 {
+		bad("--drain-timeout must not be negative")
+	}
+	return s, errors.Join(errs...)
+}
+
+// proxyListen parses --proxy-listen, or makes its default: the node address
+// ($HOST_IP, else hostIP) on port 15001.
+func proxyListen(flag []string, getenv func(string) string, hostIP func() (netip.Addr, error)) ([]netip.AddrPort, error) {
+	if len(flag) == 0 {
+		ip, err := netip.ParseAddr(getenv(envHostIP))
+		if err != nil {
+			if ip, err = hostIP(); err != nil {
+				return nil, fmt.Errorf("find the node address for the proxy listener (set --proxy-listen): %w", err)
+			}
+		}
+		return []netip.AddrPort{netip.AddrPortFrom(ip.Unmap(), defaultProxyPort)}, nil
+	}
+	var out []netip.AddrPort
+	for _, s := range flag {
+		ap, err := netip.ParseAddrPort(s)
+		if err != nil {
+			return nil, fmt.Errorf("--proxy-listen=%q: want IP:port: %w", s, err)
+		}
+		ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+		if ap.Addr().IsUnspecified() || ap.Addr().IsLoopback() {
+			// Pods redirect to this address from their own namespaces:
+			// it must be one they reach, and name one listener.
+			return nil, fmt.Errorf("--proxy-listen=%q: want a node address pods can reach, not %s", s, ap.Addr())
+		}
+		if slices.ContainsFunc(out, func(o netip.AddrPort) bool { return o.Addr().Is4() == ap.Addr().Is4() }) {
+			return nil, fmt.Errorf("--proxy-listen: at most one address per family, got %q", flag)
+		}
+		out = append(out, ap)
+	}
+	return out, nil
+}
+
+func prefixes(flag string, values []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, v := range values {
+		p, err := netip.ParsePrefix(v)
+		if err != nil {
+			return nil, fmt.Errorf("%s=%q: %w", flag, v, err)
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}

@@ -1,0 +1,207 @@
+package main
+
+import (
+	"errors"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/spf13/pflag"
+
+	"github.com/sockmesh/sockmesh/agent/enrol"
+	"github.com/sockmesh/sockmesh/agent/translate"
+)
+
+// parse runs the agent command's flag handling: defaults from env, the
+// command line, then the config file under it.
+func parse(t *testing.T, env map[string]string, configFile string, args ...string) (settings, error) {
+	t.Helper()
+	getenv := func(k string) string { return env[k] }
+	var o options
+	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+	o.addFlags(fs, getenv)
+	if configFile != "" {
+		path := filepath.Join(t.TempDir(), "agent.yaml")
+		if err := os.WriteFile(path, []byte(configFile), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "--config="+path)
+	}
+	if err := fs.Parse(args); err != nil {
+		return settings{}, err
+	}
+	return o.load(fs, getenv, func() (netip.Addr, error) { return netip.MustParseAddr("192.0.2.7"), nil })
+}
+
+func TestDefaults(t *testing.T) {
+	got, err := parse(t, map[string]string{"NODE_NAME": "node-a", "POD_NAMESPACE": "sockmesh-system", "POD_NAME": "sockmesh-x1"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := settings{
+		source: "kubernetes", nodeName: "node-a", podName: "sockmesh-x1", mode: enrol.NodeIP,
+		proxyListen: []netip.AddrPort{netip.MustParseAddrPort("192.0.2.7:15001")}, inPodPort: 15001,
+		healthListen: ":15021", metricsListen: ":15090", bpffs: "/sys/fs/bpf", leaderNS: "sockmesh-system",
+		node:     translate.Node{IPs: []netip.Addr{netip.MustParseAddr("192.0.2.7")}},
+		logLevel: slog.LevelInfo, drainTimeout: 20 * time.Second,
+	}
+	if diff := cmp.Diff(want, got, cmp.AllowUnexported(settings{}), cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
+		cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b })); diff != "" {
+		t.Errorf("settings from defaults (-want +got):\n%s", diff)
+	}
+}
+
+func TestHostIPEnvIsTheProxyDefault(t *testing.T) {
+	got, err := parse(t, map[string]string{"NODE_NAME": "n", "HOST_IP": "10.250.0.1"}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []netip.AddrPort{netip.MustParseAddrPort("10.250.0.1:15001")}; !slices.Equal(got.proxyListen, want) {
+		t.Errorf("proxyListen = %v, want %v ($HOST_IP)", got.proxyListen, want)
+	}
+}
+
+func TestNoNodeAddress(t *testing.T) {
+	var o options
+	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+	getenv := func(string) string { return "" }
+	o.addFlags(fs, getenv)
+	if err := fs.Parse([]string{"--source=file", "--manifests=/m"}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := o.load(fs, getenv, func() (netip.Addr, error) { return netip.Addr{}, errors.New("no default route") })
+	if err == nil || !strings.Contains(err.Error(), "--proxy-listen") || !strings.Contains(err.Error(), "no default route") {
+		t.Errorf("settings without a node address = %v, want an error naming --proxy-listen and the cause", err)
+	}
+}
+
+func TestConfigFileUnderFlags(t *testing.T) {
+	file := `
+source: file
+manifests: /etc/sockmesh/manifests
+proxy-mode: in-pod
+in-pod-port: 15006
+service-cidr: [10.96.0.0/16, "fd00:96::/112"]
+pod-cidr: 10.244.0.0/16,fd00:244::/56
+egress-allow: ["*.example.com"]
+dns-server: [10.0.0.10]
+log-level: debug
+log-format: json
+drain-timeout: 5s
+health-listen: 127.0.0.1:0
+`
+	got, err := parse(t, nil, file, "--proxy-mode=node-ip", "--proxy-listen=10.1.2.3:0", "--log-level=warn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		what      string
+		got, want any
+	}{
+		{"source (file)", got.source, "file"},
+		{"manifests (file)", got.manifests, "/etc/sockmesh/manifests"},
+		{"mode (flag over file)", got.mode, enrol.NodeIP},
+		{"proxy listen (flag)", got.proxyListen, []netip.AddrPort{netip.MustParseAddrPort("10.1.2.3:0")}},
+		{"node IPs (from the proxy listener)", got.node.IPs, []netip.Addr{netip.MustParseAddr("10.1.2.3")}},
+		{"in-pod port (file, number)", got.inPodPort, uint16(15006)},
+		{"service CIDRs (file, YAML list)", got.node.ServiceCIDRs, []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}},
+		{"pod CIDRs (file, comma-separated)", got.node.PodCIDRs, []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/56")}},
+		{"egress allow (file)", got.node.EgressAllow, []string{"*.example.com"}},
+		{"dns servers (file, default port)", got.dnsServers, []string{"10.0.0.10:53"}},
+		{"log level (flag over file)", got.logLevel, slog.LevelWarn},
+		{"log json (file)", got.logJSON, true},
+		{"drain timeout (file)", got.drainTimeout, 5 * time.Second},
+		{"health listen (file)", got.healthListen, "127.0.0.1:0"},
+		{"metrics listen (default)", got.metricsListen, ":15090"},
+	} {
+		if diff := cmp.Diff(c.want, c.got, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
+			cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b }),
+			cmp.Comparer(func(a, b netip.Prefix) bool { return a == b })); diff != "" {
+			t.Errorf("%s (-want +got):\n%s", c.what, diff)
+		}
+	}
+}
+
+func TestConfigFileErrors(t *testing.T) {
+	for _, c := range []struct {
+		name, file, want string
+	}{
+		{"unknown key", "proxy-mod: in-pod\n", `unknown key "proxy-mod"`},
+		{"config key", "config: other.yaml\n", `unknown key "config"`},
+		{"list for a scalar", "proxy-mode: [in-pod]\n", "not a list"},
+		{"bad duration", "drain-timeout: soon\n", "drain-timeout"},
+		{"bad number", "in-pod-port: 70000\n", "in-pod-port"},
+		{"null", "source:\n", "has no value"},
+		{"nested map", "source: {kind: file}\n", "unexpected"},
+		{"not YAML", "source: [file\n", "parse config file"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := parse(t, map[string]string{"NODE_NAME": "n"}, c.file)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("config file %q: error %v, want one containing %q", c.file, err, c.want)
+			}
+		})
+	}
+}
+
+func TestSettingsErrors(t *testing.T) {
+	node := map[string]string{"NODE_NAME": "n"}
+	for _, c := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"unknown source", node, []string{"--source=etcd"}, "--source"},
+		{"file without manifests", node, []string{"--source=file"}, "--manifests"},
+		{"kubernetes without node", nil, []string{"--source=kubernetes"}, "--node-name"},
+		{"leader election without namespace", node, []string{"--leader-elect"}, "--leader-election-namespace"},
+		{"leader election with files", node, []string{"--source=file", "--manifests=/m", "--leader-elect"}, "--leader-elect needs"},
+		{"unknown mode", node, []string{"--proxy-mode=sidecar"}, "--proxy-mode"},
+		{"unspecified listener", node, []string{"--proxy-listen=0.0.0.0:15001"}, "pods can reach"},
+		{"loopback listener", node, []string{"--proxy-listen=127.0.0.1:15001"}, "pods can reach"},
+		{"listener without port", node, []string{"--proxy-listen=10.0.0.1"}, "IP:port"},
+		{"two IPv4 listeners", node, []string{"--proxy-listen=10.0.0.1:1,10.0.0.2:1"}, "one address per family"},
+		{"in-pod with a listener", node, []string{"--proxy-mode=in-pod", "--proxy-listen=10.0.0.1:1"}, "applies to --proxy-mode=node-ip only"},
+		{"in-pod port 0", node, []string{"--proxy-mode=in-pod", "--in-pod-port=0"}, "--in-pod-port"},
+		{"bad service CIDR", node, []string{"--service-cidr=10.96.0.0"}, "--service-cidr"},
+		{"bad pod CIDR", node, []string{"--pod-cidr=pods"}, "--pod-cidr"},
+		{"bad DNS server", node, []string{"--dns-server=dns.example"}, "--dns-server"},
+		{"bad log level", node, []string{"--log-level=loud"}, "--log-level"},
+		{"bad log format", node, []string{"--log-format=xml"}, "--log-format"},
+		{"negative drain", node, []string{"--drain-timeout=-1s"}, "--drain-timeout"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := parse(t, c.env, "", c.args...)
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%v: error %v, want one containing %q", c.args, err, c.want)
+			}
+		})
+	}
+}
+
+func TestWithXConnect(t *testing.T) {
+	for _, c := range []struct {
+		env         []string
+		want        []string
+		wantChanged bool
+	}{
+		{[]string{"A=1"}, []string{"A=1", "GODEBUG=http2xconnect=1"}, true},
+		{[]string{"GODEBUG=madvdontneed=1", "B=2"}, []string{"GODEBUG=madvdontneed=1,http2xconnect=1", "B=2"}, true},
+		{[]string{"GODEBUG="}, []string{"GODEBUG=http2xconnect=1"}, true},
+		{[]string{"GODEBUG=http2xconnect=1"}, []string{"GODEBUG=http2xconnect=1"}, false},
+		// An operator who turned it off keeps it off.
+		{[]string{"GODEBUG=x=1, http2xconnect=0"}, []string{"GODEBUG=x=1, http2xconnect=0"}, false},
+	} {
+		got, changed := withXConnect(c.env)
+		if !slices.Equal(got, c.want) || changed != c.wantChanged {
+			t.Errorf("withXConnect(%q) = %q, %v; want %q, %v", c.env, got, changed, c.want, c.wantChanged)
+		}
+	}
+}
