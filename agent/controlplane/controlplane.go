@@ -220,10 +220,10 @@ func (c *ControlPlane) rebuild() {
 		r.SetHostnames(externalHostnames(in.XBackends))
 		in.Resolved = r.Answers()
 	}
-	res, err := translate.Translate(in)
+	res, err := translateSafely(in)
 	if err != nil {
-		// Translate fails only on an internal inconsistency: keep the
-		// current Snapshot, which was consistent.
+		// Translate fails only on an internal inconsistency (or a bug that
+		// panicked): keep the current Snapshot, which was consistent.
 		c.m.rebuilds.WithLabelValues("error").Inc()
 		c.log.Error("translate failed; keeping the current snapshot", "err", err,
 			"snapshot_version", c.current.Load().Version)
@@ -327,4 +327,16 @@ func externalHostnames(xbs []*gwxv1alpha1.XBackend) []string {
 	}
 	slices.Sort(hosts)
 	return slices.Compact(hosts)
+}
+
+// translateSafely runs translate.Translate and turns a panic into an error:
+// translate is fuzzed never to panic, but a bug reached by some malformed
+// object must cost one rebuild, not the node's agent.
+func translateSafely(in translate.Input) (res translate.Result, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("translate panicked: %v", r)
+		}
+	}()
+	return translate.Translate(in)
 }
