@@ -236,7 +236,10 @@ func (c *ControlPlane) rebuild() {
 	}
 
 	cur := c.current.Load()
-	if reflect.DeepEqual(cur.Frontends, res.Frontends) && reflect.DeepEqual(cur.Backends, res.Backends) &&
+	// The first translation is published even when it is empty: version 0
+	// is never applied, and a node with nothing to capture (no pods yet)
+	// must still get a first Snapshot to become ready.
+	if cur.Version > 0 && reflect.DeepEqual(cur.Frontends, res.Frontends) && reflect.DeepEqual(cur.Backends, res.Backends) &&
 		reflect.DeepEqual(cur.Workloads, res.Workloads) {
 		c.m.rebuilds.WithLabelValues("unchanged").Inc()
 		return

@@ -128,6 +128,24 @@ func TestVersions(t *testing.T) {
 	})
 }
 
+// TestFirstSnapshotEmpty: a source with nothing to capture still gets a
+// first Snapshot (version 1): the data planes never apply version 0, so an
+// agent on a node without pods would otherwise never become ready.
+func TestFirstSnapshotEmpty(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c, err := New(Config{}, newMemSource(translate.Input{}), slog.New(slog.DiscardHandler), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, updated := c.Current()
+		run(t, c)
+		<-updated
+		if s, _ := c.Current(); s.Version != 1 || len(s.Frontends) != 0 {
+			t.Errorf("first snapshot of an empty source: version %d with %d frontends, want 1 and 0", s.Version, len(s.Frontends))
+		}
+	})
+}
+
 // flakyWriter fails its first n writes and records when each came.
 type flakyWriter struct {
 	mu    sync.Mutex
