@@ -1,0 +1,358 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/sockmesh/sockmesh/test/pki"
+)
+
+type benchConfig struct {
+	rounds   int
+	duration time.Duration
+	conns    int
+	only     string
+	paths    []string // sockmesh speeds: pooled, l4, l7
+	gogc     string
+	// gomaxprocs is GOMAXPROCS for the proxies; empty keeps Go's default.
+	gomaxprocs string
+	curves     string
+	profile    string
+	command    string
+	// backendPID is the backend's process, whose CPU each run reports.
+	backendPID int
+}
+
+// result is one load run.
+type result struct {
+	rps, p50, p99 float64 // requests/s, seconds
+	cpuPerReq     float64 // proxy CPU seconds per request (0 for direct)
+	// backendCPU and loadCPU are the backend's and the load generator's
+	// CPU seconds per request: on shared cores, what a proxy makes them
+	// spend is throughput it takes away.
+	backendCPU, loadCPU float64
+}
+
+type scenario struct {
+	name string
+	h2   bool   // h2load (h2c to the proxies, h2 over TLS direct) instead of wrk
+	path string // request path
+	cpr  bool   // one connection per request
+}
+
+// target is one way to reach the backend.
+type target struct {
+	name string
+	url  func(s scenario) string
+	pid  int // process whose CPU is the proxy's (with its children); 0 for direct
+}
+
+// The sockmesh proxies listen on proxyPort+i behind serviceNet.(10+i):80.
+const (
+	proxyPort   = 15001
+	serviceNet  = "10.96.0."
+	serviceBase = 10
+)
+
+func runBench(c benchConfig) error {
+	if c.duration == 0 {
+		c.duration = 5 * time.Second
+	}
+	dir, err := os.MkdirTemp("", "smt-bench-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	if err := exec.Command("ip", "link", "set", "lo", "up").Run(); err != nil {
+		return fmt.Errorf("ip link set lo up: %w", err)
+	}
+	if err := writePKI(dir); err != nil {
+		return err
+	}
+	exe, _ := os.Executable()
+	var procs []*exec.Cmd
+	defer func() {
+		for _, p := range procs {
+			p.Process.Signal(syscall.SIGTERM)
+			p.Wait()
+		}
+	}()
+	start := func(env []string, name string, args ...string) (*exec.Cmd, error) {
+		cmd := exec.Command(name, args...)
+		cmd.Env = append(os.Environ(), env...)
+		if len(args) < 2 || args[1] != "backend" {
+			// The backend logs every handshake a closing client cuts.
+			cmd.Stderr = os.Stderr
+		}
+		if err := cmd.Start(); err != nil {
+			return nil, fmt.Errorf("start %s: %w", name, err)
+		}
+		procs = append(procs, cmd)
+		return cmd, nil
+	}
+	backend, err := start(nil, exe, "-role", "backend", "-dir", dir)
+	if err != nil {
+		return err
+	}
+	c.backendPID = backend.Process.Pid
+	targets := []target{{name: "a direct TLS", url: func(s scenario) string { return "https://" + backendAddr + s.path }}}
+	var env []string
+	if c.gogc != "" {
+		env = append(env, "GOGC="+c.gogc)
+	}
+	if c.gomaxprocs != "" {
+		env = append(env, "GOMAXPROCS="+c.gomaxprocs)
+	}
+	for i, spec := range c.paths {
+		// A speed may carry its own environment, to compare settings in
+		// one run: "pooled@GOGC=400@GOMAXPROCS=1".
+		mode, extra, _ := strings.Cut(spec, "@")
+		penv := env
+		if extra != "" {
+			penv = append(slices.Clone(env), strings.Split(extra, "@")...)
+		}
+		vip := serviceNet + strconv.Itoa(serviceBase+i)
+		listen := "127.0.0.1:" + strconv.Itoa(proxyPort+i)
+		if err := redirect(vip, proxyPort+i); err != nil {
+			return err
+		}
+		profile := ""
+		if c.profile != "" {
+			profile = filepath.Join(c.profile, fmt.Sprintf("%d-%s.pprof", i, mode))
+		}
+		p, err := start(penv, exe, "-role", "proxy", "-dir", dir, "-mode", mode, "-listen", listen, "-vip", vip, "-curves", c.curves, "-cpuprofile", profile)
+		if err != nil {
+			return err
+		}
+		targets = append(targets, target{name: "b sockmesh " + strings.ReplaceAll(spec, "@", " "), pid: p.Process.Pid,
+			url: func(s scenario) string { return "http://" + vip + s.path }})
+	}
+	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), fmt.Appendf(nil, nginxConf, dir, backendAddr, nginxH1, nginxH2C, sni), 0o600); err != nil {
+		return err
+	}
+	nginx, err := start(nil, "/usr/sbin/nginx", "-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-g", "daemon off;")
+	if err != nil {
+		return err
+	}
+	targets = append(targets, target{name: "c nginx", pid: nginx.Process.Pid, url: func(s scenario) string {
+		if s.h2 {
+			return "http://" + nginxH2C + s.path
+		}
+		return "http://" + nginxH1 + s.path
+	}})
+	time.Sleep(time.Second) // let the servers bind
+	scenarios := []scenario{
+		{name: "keep-alive 100 B", path: "/bytes/100"},
+		{name: "keep-alive 64 KiB", path: "/bytes/65536"},
+		{name: "conn-per-request 100 B", path: "/bytes/100", cpr: true},
+		{name: "h2c client 100 B", path: "/bytes/100", h2: true},
+	}
+	gogc, maxprocs := c.gogc, c.gomaxprocs
+	if gogc == "" {
+		gogc = "100 (default)"
+	}
+	if maxprocs == "" {
+		maxprocs = "default"
+	}
+	fmt.Printf("# %s\n\n%d interleaved rounds of %s per target, %d connections; backend: Go, TLS 1.3, X25519, ECDSA P-256; "+
+		"proxy curves: %s, GOGC %s, GOMAXPROCS %s; %d CPUs shared by load generator, backend and proxies. "+
+		"Ratios are medians of per-round ratios (min–max); CPU is user+system of the proxy process (nginx: master and workers) per request.\n",
+		c.command, c.rounds, c.duration, c.conns, c.curves, gogc, maxprocs, runtimeCPUs())
+	var summary []scenarioResult
+	for _, s := range scenarios {
+		if c.only != "" && !strings.Contains(s.name, c.only) {
+			continue
+		}
+		res := make(map[string][]result)
+		for round := range c.rounds {
+			for _, t := range targets {
+				r, err := load(s, t, c)
+				if err != nil {
+					return fmt.Errorf("%s / %s round %d: %w", s.name, t.name, round, err)
+				}
+				res[t.name] = append(res[t.name], r)
+			}
+		}
+		report(s, c, targets, res)
+		summary = append(summary, scenarioResult{s, res})
+	}
+	reportSummary(c, targets, summary)
+	return nil
+}
+
+func runtimeCPUs() int {
+	b, _ := os.ReadFile("/proc/cpuinfo")
+	return strings.Count(string(b), "processor\t:")
+}
+
+// redirect sends connections to vip:80 to the proxy on port. The Service
+// address must be routable for connect() to reach the nat OUTPUT hook;
+// nothing listens on it.
+func redirect(vip string, port int) error {
+	for _, args := range [][]string{
+		{"ip", "addr", "add", vip + "/32", "dev", "lo"},
+		{"iptables", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", vip, "--dport", "80", "-j", "REDIRECT", "--to-ports", strconv.Itoa(port)},
+	} {
+		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
+			return fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	return nil
+}
+
+func writePKI(dir string) error {
+	ca, err := pki.NewCA("bench ca")
+	if err != nil {
+		return err
+	}
+	leaf, err := ca.Issue(pki.LeafOptions{CommonName: "echo", DNSNames: []string{sni}})
+	if err != nil {
+		return err
+	}
+	if _, err := ca.WriteFile(dir, "ca"); err != nil {
+		return err
+	}
+	_, _, err = leaf.WriteFiles(dir, "server")
+	return err
+}
+
+// cpuSeconds is the user+system CPU time of pid and its direct children
+// (nginx workers), from /proc/PID/stat fields 14 and 15.
+func cpuSeconds(pid int) float64 {
+	if pid == 0 {
+		return 0
+	}
+	pids := []int{pid}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid)); err == nil {
+		for _, f := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, n)
+			}
+		}
+	}
+	var ticks float64
+	for _, p := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+		u, _ := strconv.ParseFloat(fields[11], 64)
+		st, _ := strconv.ParseFloat(fields[12], 64)
+		ticks += u + st
+	}
+	return ticks / 100 // USER_HZ
+}
+
+var (
+	wrkRPS = regexp.MustCompile(`Requests/sec:\s+([0-9.]+)`)
+	wrkLat = regexp.MustCompile(`(?m)^\s+(50|99)%\s+([0-9.]+)(us|ms|s)`)
+	wrkReq = regexp.MustCompile(`(\d+) requests in`)
+	h2RPS  = regexp.MustCompile(`finished in [0-9.]+\w+, ([0-9.]+) req/s`)
+	h2Done = regexp.MustCompile(`requests: \d+ total, \d+ started, (\d+) done, (\d+) succeeded`)
+)
+
+// loadCommand is the load generator invocation of scenario s (without the
+// URL), as the report shows it.
+func loadCommand(s scenario, c benchConfig) []string {
+	if s.h2 {
+		return []string{"h2load", "-c", strconv.Itoa(c.conns), "-m", "1", "-t", "1", "-D", strconv.Itoa(int(c.duration.Seconds()))}
+	}
+	args := []string{"wrk", "-t", "1", "-c", strconv.Itoa(c.conns), "-d", c.duration.String(), "--latency"}
+	if s.cpr {
+		args = append(args, "-H", "Connection: close")
+	}
+	return args
+}
+
+func load(s scenario, t target, c benchConfig) (result, error) {
+	cpu0, backend0 := cpuSeconds(t.pid), cpuSeconds(c.backendPID)
+	var r result
+	var requests, loadSeconds float64
+	cmd := loadCommand(s, c)
+	if s.h2 {
+		logf := filepath.Join(os.TempDir(), fmt.Sprintf("smt-h2load-%d.log", os.Getpid()))
+		defer os.Remove(logf)
+		lg := exec.Command(cmd[0], append(cmd[1:], "--log-file", logf, t.url(s))...)
+		out, err := lg.CombinedOutput()
+		if err != nil {
+			return r, fmt.Errorf("h2load: %v: %s", err, out)
+		}
+		loadSeconds = (lg.ProcessState.UserTime() + lg.ProcessState.SystemTime()).Seconds()
+		m, d := h2RPS.FindSubmatch(out), h2Done.FindSubmatch(out)
+		if m == nil || d == nil || string(d[1]) != string(d[2]) {
+			return r, fmt.Errorf("h2load output (failed requests?): %s", out)
+		}
+		r.rps, _ = strconv.ParseFloat(string(m[1]), 64)
+		requests, _ = strconv.ParseFloat(string(d[1]), 64)
+		r.p50, r.p99 = logPercentiles(logf)
+	} else {
+		lg := exec.Command(cmd[0], append(cmd[1:], t.url(s))...)
+		out, err := lg.CombinedOutput()
+		if err != nil {
+			return r, fmt.Errorf("wrk: %v: %s", err, out)
+		}
+		loadSeconds = (lg.ProcessState.UserTime() + lg.ProcessState.SystemTime()).Seconds()
+		if strings.Contains(string(out), "Non-2xx") || strings.Contains(string(out), "Socket errors: connect") {
+			return r, fmt.Errorf("wrk saw errors: %s", out)
+		}
+		m := wrkRPS.FindSubmatch(out)
+		n := wrkReq.FindSubmatch(out)
+		if m == nil || n == nil {
+			return r, fmt.Errorf("wrk output: %s", out)
+		}
+		r.rps, _ = strconv.ParseFloat(string(m[1]), 64)
+		requests, _ = strconv.ParseFloat(string(n[1]), 64)
+		for _, l := range wrkLat.FindAllSubmatch(out, -1) {
+			v, _ := strconv.ParseFloat(string(l[2]), 64)
+			v *= map[string]float64{"us": 1e-6, "ms": 1e-3, "s": 1}[string(l[3])]
+			if string(l[1]) == "50" {
+				r.p50 = v
+			} else {
+				r.p99 = v
+			}
+		}
+	}
+	if requests > 0 {
+		if t.pid != 0 {
+			r.cpuPerReq = (cpuSeconds(t.pid) - cpu0) / requests
+		}
+		r.backendCPU = (cpuSeconds(c.backendPID) - backend0) / requests
+		r.loadCPU = loadSeconds / requests
+	}
+	return r, nil
+}
+
+// logPercentiles reads h2load's --log-file (start, status, duration in µs).
+func logPercentiles(path string) (p50, p99 float64) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	var d []float64
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) == 3 {
+			v, _ := strconv.ParseFloat(fs[2], 64)
+			d = append(d, v/1e6)
+		}
+	}
+	if len(d) == 0 {
+		return 0, 0
+	}
+	slices.Sort(d)
+	return d[len(d)/2], d[int(math.Min(float64(len(d)-1), float64(len(d))*0.99))]
+}

@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime/pprof"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/test/echo"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
+)
+
+const (
+	backendAddr = "127.0.0.1:8443"
+	nginxH1     = "127.0.0.1:8081"
+	nginxH2C    = "127.0.0.1:8082"
+	sni         = "echo.test"
+)
+
+// runBackend serves the echo backend over TLS 1.3 with X25519 only, so Go
+// clients (which would pick X25519MLKEM768) and OpenSSL ones compare alike.
+func runBackend(dir string) error {
+	pair, err := tls.LoadX509KeyPair(filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key"))
+	if err != nil {
+		return err
+	}
+	l, err := net.Listen("tcp", backendAddr)
+	if err != nil {
+		return err
+	}
+	s := echo.New(echo.Config{Pod: "bench", TLS: &tls.Config{
+		Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS13,
+		CurvePreferences: []tls.CurveID{tls.X25519},
+	}})
+	go waitSignal(func() { s.Close() })
+	return ignoreClosed(s.Serve(l))
+}
+
+// runProxy runs sockmesh's proxy the way the agent will: a Config, a
+// snapshot capturing the Service at vip:80, Serve on the node listener.
+func runProxy(dir, mode, listen, vip, curves, profile string) error {
+	if profile != "" {
+		f, err := os.Create(profile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	ca, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	if err != nil {
+		return err
+	}
+	var cfg proxy.Config
+	protocol := snapshot.ProtocolAuto
+	switch mode {
+	case "pooled":
+		cfg.HTTP1TLS = proxy.HTTP1TLSPooled
+	case "http11":
+		// The backend declared HTTP/1.1 (XBackend HTTP11): HTTP/2 apps
+		// take net/http's h2c server and an HTTP/1.1 upstream instead of
+		// L4 h2 over TLS.
+		protocol = snapshot.ProtocolHTTP11
+	case "l4":
+		cfg.HTTP1TLS = proxy.HTTP1TLSL4
+	case "l7":
+		cfg.HTTP1TLS = proxy.HTTP1TLSL7
+	default:
+		return fmt.Errorf("unknown proxy mode %q", mode)
+	}
+	policy := &snapshot.TLS{Mode: snapshot.TLSServerOnly, ServerName: sni, RootsPEM: string(ca),
+		Policy: snapshot.ObjectRef{Kind: "BackendTLSPolicy", Namespace: "bench", Name: "echo"}}
+	switch curves {
+	case "x25519":
+		policy.Curves = []tls.CurveID{tls.X25519} // what nginx's OpenSSL sends
+	case "default":
+	default:
+		return fmt.Errorf("unknown curves %q", curves)
+	}
+	p, err := proxy.New(cfg, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})), prometheus.NewRegistry())
+	if err != nil {
+		return err
+	}
+	ref := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "bench", Name: "echo", Port: 80}
+	snap, err := snapshot.New(1, []snapshot.Frontend{{
+		Service: snapshot.ObjectRef{Namespace: "bench", Name: "echo"}, Port: 80,
+		Addresses: []netip.Addr{netip.MustParseAddr(vip)}, FailurePolicy: snapshot.FailClosed, Backend: ref,
+	}}, []snapshot.Backend{{
+		Ref:       ref,
+		Protocol:  protocol,
+		Endpoints: []snapshot.Endpoint{{Addr: netip.MustParseAddrPort(backendAddr), Ready: true, Serving: true}},
+		TLS:       policy,
+	}}, nil)
+	if err != nil {
+		return err
+	}
+	p.Update(snap)
+	l, err := proxy.ListenConfig().Listen(context.Background(), "tcp", listen)
+	if err != nil {
+		return err
+	}
+	go waitSignal(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		p.Shutdown(ctx)
+	})
+	return p.Serve(l)
+}
+
+func waitSignal(stop func()) {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGTERM, syscall.SIGINT)
+	<-ch
+	stop()
+}
+
+func ignoreClosed(err error) error {
+	if err == nil || err.Error() == "http: Server closed" {
+		return nil
+	}
+	return fmt.Errorf("serve: %w", err)
+}
+
+const nginxConf = `worker_processes 2;
+pid %[1]s/nginx.pid;
+error_log %[1]s/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path %[1]s/body;
+  proxy_temp_path %[1]s/proxy;
+  fastcgi_temp_path %[1]s/fastcgi;
+  uwsgi_temp_path %[1]s/uwsgi;
+  scgi_temp_path %[1]s/scgi;
+  keepalive_requests 1000000;
+  upstream be { server %[2]s; keepalive 64; }
+  server {
+    listen %[3]s;
+    listen %[4]s http2;
+    location / {
+      proxy_pass https://be;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_ssl_server_name on;
+      proxy_ssl_name %[5]s;
+      proxy_ssl_verify on;
+      proxy_ssl_trusted_certificate %[1]s/ca.crt;
+      proxy_ssl_session_reuse on;
+      proxy_ssl_protocols TLSv1.2 TLSv1.3;
+      proxy_buffer_size 16k;
+      proxy_buffers 8 16k;
+    }
+  }
+}
+`

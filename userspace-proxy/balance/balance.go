@@ -1,0 +1,160 @@
+package balance
+
+import (
+	"encoding/hex"
+	"hash/fnv"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// Choice is a ready endpoint with what requests to it need, computed once.
+type Choice struct {
+	Endpoint snapshot.Endpoint
+	// Host is Endpoint.Addr as "ip:port" (IPv6 in brackets), the URL host
+	// the pools key connections by.
+	Host  string
+	token string
+}
+
+// Picker chooses among a backend's ready endpoints.
+type Picker struct {
+	ready   []Choice
+	next    atomic.Uint32
+	persist *snapshot.SessionPersistence
+}
+
+// New returns a Picker over b's ready endpoints.
+func New(b *snapshot.Backend) *Picker {
+	p := &Picker{persist: b.SessionPersistence}
+	for _, ep := range b.Endpoints {
+		if ep.Ready {
+			p.ready = append(p.ready, Choice{Endpoint: ep, Host: ep.Addr.String(), token: token(ep)})
+		}
+	}
+	return p
+}
+
+// Len is the number of ready endpoints.
+func (p *Picker) Len() int { return len(p.ready) }
+
+// Pick returns the next ready endpoint, or nil when there is none. The
+// result is shared: callers must not modify it.
+func (p *Picker) Pick() *Choice {
+	if len(p.ready) == 0 {
+		return nil
+	}
+	return &p.ready[p.next.Add(1)%uint32(len(p.ready))]
+}
+
+// PickRequest returns the endpoint for r at time now: the one r's session
+// names when the backend has session persistence, that endpoint is still
+// ready and the session has not timed out; otherwise the next one (nil
+// when none is ready). setSession is true when the response must carry the
+// session (SetSession): a new session, or one whose idle clock restarts.
+func (p *Picker) PickRequest(r *http.Request, now time.Time) (c *Choice, setSession bool) {
+	if p.persist == nil {
+		return p.Pick(), false
+	}
+	if s, ok := parseSession(sessionOf(r, p.persist)); ok && !p.expired(s, now) {
+		for i := range p.ready {
+			if p.ready[i].token == s.endpoint {
+				return &p.ready[i], p.persist.IdleTimeoutSeconds > 0
+			}
+		}
+	}
+	c = p.Pick()
+	return c, c != nil
+}
+
+// SetSession adds to h what tells the client its session is pinned to c;
+// r is the request, whose session (if still valid for c) keeps its start.
+func (p *Picker) SetSession(h http.Header, r *http.Request, c *Choice, now time.Time) {
+	sp := p.persist
+	start := now.Unix()
+	if s, ok := parseSession(sessionOf(r, sp)); ok && s.endpoint == c.token && !p.expired(s, now) {
+		start = s.start
+	}
+	v := c.token
+	if sp.IdleTimeoutSeconds > 0 || sp.AbsoluteTimeoutSeconds > 0 {
+		v += "." + strconv.FormatInt(start, 10) + "." + strconv.FormatInt(now.Unix(), 10)
+	}
+	switch sp.Type {
+	case snapshot.SessionHeader:
+		h.Set(sp.Name, v)
+	default: // Cookie is the Gateway API default type
+		ck := &http.Cookie{Name: sp.Name, Value: v, Path: sp.CookiePath, HttpOnly: true}
+		if ck.Path == "" {
+			ck.Path = "/"
+		}
+		if sp.Permanent && sp.AbsoluteTimeoutSeconds > 0 {
+			ck.MaxAge = int(max(1, start+sp.AbsoluteTimeoutSeconds-now.Unix()))
+		}
+		h.Add("Set-Cookie", ck.String())
+	}
+}
+
+// session is what a session cookie or header carries: the endpoint's token
+// and, when the backend sets timeouts, when the session started and when it
+// was last used (Unix seconds). The times are not signed: a client that
+// forges them only prolongs its own affinity, which it could also get by
+// keeping the session busy.
+type session struct {
+	endpoint    string
+	start, last int64 // 0 when the backend sets no timeout
+}
+
+func parseSession(v string) (session, bool) {
+	if v == "" {
+		return session{}, false
+	}
+	tok, times, timed := strings.Cut(v, ".")
+	if !timed {
+		return session{endpoint: tok}, true
+	}
+	a, b, ok := strings.Cut(times, ".")
+	start, err1 := strconv.ParseInt(a, 10, 64)
+	last, err2 := strconv.ParseInt(b, 10, 64)
+	if !ok || err1 != nil || err2 != nil {
+		return session{}, false
+	}
+	return session{endpoint: tok, start: start, last: last}, true
+}
+
+// expired applies the Gateway API session timeouts: the session ends
+// AbsoluteTimeoutSeconds after it started, or IdleTimeoutSeconds after its
+// last request. A session without times predates the timeouts (or the
+// backend had none): it starts over when a timeout is now set.
+func (p *Picker) expired(s session, now time.Time) bool {
+	sp := p.persist
+	if sp.IdleTimeoutSeconds <= 0 && sp.AbsoluteTimeoutSeconds <= 0 {
+		return false
+	}
+	t := now.Unix()
+	return s.start == 0 ||
+		sp.AbsoluteTimeoutSeconds > 0 && t-s.start >= sp.AbsoluteTimeoutSeconds ||
+		sp.IdleTimeoutSeconds > 0 && t-s.last >= sp.IdleTimeoutSeconds
+}
+
+func sessionOf(r *http.Request, sp *snapshot.SessionPersistence) string {
+	if sp.Type == snapshot.SessionHeader {
+		return r.Header.Get(sp.Name)
+	}
+	c, err := r.Cookie(sp.Name)
+	if err != nil {
+		return ""
+	}
+	return c.Value
+}
+
+// token names an endpoint without revealing its address to the client.
+func token(ep snapshot.Endpoint) string {
+	h := fnv.New64a()
+	h.Write(ep.Addr.Addr().AsSlice())
+	h.Write([]byte(strconv.Itoa(int(ep.Addr.Port()))))
+	return hex.EncodeToString(h.Sum(nil))
+}

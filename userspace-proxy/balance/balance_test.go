@@ -1,0 +1,125 @@
+package balance
+
+import (
+	"net/http"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+func TestPickOnlyReady(t *testing.T) {
+	b := &snapshot.Backend{Endpoints: []snapshot.Endpoint{
+		{Addr: netip.MustParseAddrPort("10.0.0.1:80"), Ready: true},
+		{Addr: netip.MustParseAddrPort("10.0.0.2:80"), Ready: false, Terminating: true},
+		{Addr: netip.MustParseAddrPort("10.0.0.3:80"), Ready: true},
+	}}
+	p := New(b)
+	seen := map[string]int{}
+	for range 10 {
+		seen[p.Pick().Host]++
+	}
+	if len(seen) != 2 || seen["10.0.0.2:80"] != 0 || seen["10.0.0.1:80"] != 5 {
+		t.Errorf("picks = %v, want the two ready endpoints in turn", seen)
+	}
+	if New(&snapshot.Backend{}).Pick() != nil {
+		t.Error("Pick with no endpoint returned one")
+	}
+}
+
+func TestHeaderSession(t *testing.T) {
+	b := &snapshot.Backend{
+		Endpoints: []snapshot.Endpoint{
+			{Addr: netip.MustParseAddrPort("10.0.0.1:80"), Ready: true},
+			{Addr: netip.MustParseAddrPort("[fd00::1]:80"), Ready: true},
+		},
+		SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "X-Session"},
+	}
+	p := New(b)
+	r, _ := http.NewRequest(http.MethodGet, "/", nil)
+	now := time.Unix(1_000_000, 0)
+	first, isNew := p.PickRequest(r, now)
+	if !isNew {
+		t.Fatal("first request not a new session")
+	}
+	h := http.Header{}
+	p.SetSession(h, r, first, now)
+	r.Header.Set("X-Session", h.Get("X-Session"))
+	for range 5 {
+		if c, isNew := p.PickRequest(r, now); c != first || isNew {
+			t.Fatalf("session request went to %s (new=%v), want %s", c.Host, isNew, first.Host)
+		}
+	}
+	r.Header.Set("X-Session", "unknown")
+	if _, isNew := p.PickRequest(r, now); !isNew {
+		t.Error("a stale session did not start a new one")
+	}
+}
+
+// TestSessionTimeouts: a cookie session survives while used more often than
+// its idle timeout (each answer restarts the idle clock), ends after a pause
+// longer than that, and ends at its absolute timeout however busy.
+func TestSessionTimeouts(t *testing.T) {
+	b := &snapshot.Backend{
+		Endpoints: endpoints(8),
+		SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionCookie, Name: "s",
+			IdleTimeoutSeconds: 10, AbsoluteTimeoutSeconds: 100, Permanent: true},
+	}
+	p := New(b)
+	t0 := time.Unix(1_000_000, 0)
+	// request sends a request at now with the current cookie and keeps the
+	// cookie its answer sets.
+	var cookie string
+	request := func(now time.Time) (c *Choice, set bool) {
+		t.Helper()
+		r, _ := http.NewRequest(http.MethodGet, "/", nil)
+		if cookie != "" {
+			r.Header.Set("Cookie", "s="+cookie)
+		}
+		c, set = p.PickRequest(r, now)
+		if set {
+			h := http.Header{}
+			p.SetSession(h, r, c, now)
+			ck, err := http.ParseSetCookie(h.Get("Set-Cookie"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			cookie = ck.Value
+			if want := int(t0.Unix() + 100 - now.Unix()); ck.MaxAge <= 0 || ck.MaxAge > 100 {
+				t.Errorf("Max-Age = %d at %v, want about %d", ck.MaxAge, now.Sub(t0), want)
+			}
+		}
+		return c, set
+	}
+	first, _ := request(t0)
+	at := t0
+	for range 9 { // every 9 s, below the 10 s idle timeout, up to 81 s
+		at = at.Add(9 * time.Second)
+		if c, set := request(at); c != first || !set {
+			t.Fatalf("at %v: endpoint %s (refresh %v), want %s refreshed", at.Sub(t0), c.Host, set, first.Host)
+		}
+	}
+	at = at.Add(9 * time.Second) // 90 s: still within the absolute timeout
+	if c, _ := request(at); c != first {
+		t.Fatalf("at %v: session lost early", at.Sub(t0))
+	}
+	at = at.Add(9 * time.Second) // 99 s
+	request(at)
+	at = at.Add(2 * time.Second) // 101 s: past the absolute timeout
+	if c, _ := request(at); c == first {
+		t.Errorf("at %v: session outlived its absolute timeout", at.Sub(t0))
+	}
+	second, _ := request(at)
+	if c, _ := request(at.Add(10 * time.Second)); c == second {
+		t.Errorf("a session idle for its idle timeout was kept")
+	}
+}
+
+func endpoints(n int) []snapshot.Endpoint {
+	eps := make([]snapshot.Endpoint, n)
+	for i := range eps {
+		eps[i] = snapshot.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)}), 80), Ready: true}
+	}
+	return eps
+}

@@ -1,0 +1,21 @@
+// Package httpproxy is the proxy's L7 path: it forwards each request from a
+// redirected client connection to a backend endpoint
+// over the wire the backend's properties ask for — HTTP/1.1 or HTTP/2 over
+// TLS by ALPN, h2c with prior knowledge, gRPC with trailers and streaming,
+// WebSocket (HTTP/1.1 Upgrade relayed, and RFC 8441 extended CONNECT from
+// HTTP/2 clients bridged to an HTTP/1.1 Upgrade), server-sent events streamed
+// without buffering — and maps failures to the statuses users can act on.
+//
+// It has two front ends sharing routing, header rules, failure answers and
+// metrics: Handler.ServeHTTP, an http.Handler behind net/http's server (HTTP/2
+// apps), which reads the connection's Target from the connection context;
+// and Handler.ServeHTTP1, the HTTP/1 fast path, which serves one HTTP/1.x
+// client connection in one goroutine over pooled upstream HTTP/1.1
+// connections (net/http's Transport only for h2/h2c backends).
+//
+// It never parses HTTP itself: net/http does (ReadRequest, ReadResponse,
+// Request.Write, the server and the Transport); the fast path writes only
+// the framing of what they parsed. It must not dial anything but the
+// endpoints upstream.Backend hands out, and never answers a fail-closed
+// backend with anything but 503.
+package httpproxy

@@ -1,0 +1,244 @@
+package httpproxy
+
+import (
+	"bufio"
+	"crypto/rand"
+	"crypto/sha1"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
+	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
+)
+
+// forward sends r to c over the backend's pool and streams the response back.
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c *balance.Choice, setSession bool) {
+	be := x.be
+	websocket := isWebSocketUpgrade(r)
+	out := outgoing(r, be, c, websocket)
+	if r.ProtoMajor == 1 && r.ContentLength < 0 {
+		// A streamed request body (chunked) may need the response to start
+		// before it ends, as in bidirectional streaming; net/http's HTTP/1
+		// server allows that only when asked.
+		http.NewResponseController(w).EnableFullDuplex()
+	}
+	resp, err := be.RoundTripper(wireFor(be, r, websocket)).RoundTrip(out)
+	if err != nil {
+		h.fail(w, r, x, upstream.Classify(err), err)
+		return
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		h.switchProtocols(w, r, x, resp, websocket)
+		return
+	}
+	hdr := w.Header()
+	removeHopByHop(resp.Header)
+	for k, vv := range resp.Header {
+		hdr[k] = vv
+	}
+	if setSession {
+		be.Picker.SetSession(hdr, r, c, x.now)
+	}
+	announced := len(resp.Trailer)
+	if announced > 0 {
+		keys := make([]string, 0, announced)
+		for k := range resp.Trailer {
+			keys = append(keys, k)
+		}
+		hdr["Trailer"] = []string{strings.Join(keys, ", ")}
+	}
+	w.WriteHeader(resp.StatusCode)
+	h.m.request(x.fe, resp.StatusCode, protocolOf(be))
+	if err := h.copyBody(w, resp, be); err != nil {
+		// Headers are gone: abort so the client sees a truncated response
+		// (reset stream, or closed connection), never a clean short one.
+		h.log.Debug("response body copy failed", "service", x.fe.Service.String(), "err", err)
+		panic(http.ErrAbortHandler)
+	}
+	for k, vv := range resp.Trailer {
+		if len(resp.Trailer) != announced {
+			// gRPC servers do not announce their trailers (grpc-status);
+			// net/http sends prefixed keys as trailers all the same.
+			k = http.TrailerPrefix + k
+		}
+		hdr[k] = vv
+	}
+}
+
+// copyBody streams the response body. Responses of unknown length (SSE, MCP,
+// gRPC streams, chunked) are flushed after every read so nothing waits in a
+// buffer; sized ones go through net/http's buffered writer.
+func (h *Handler) copyBody(w http.ResponseWriter, resp *http.Response, be *upstream.Backend) error {
+	flush := resp.ContentLength < 0 || strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	var flusher http.Flusher
+	if flush {
+		flusher, _ = w.(http.Flusher)
+	}
+	bp := h.bufs.Get()
+	defer h.bufs.Put(bp)
+	buf := *bp
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return fmt.Errorf("write response body: %w", werr)
+			}
+			if flusher != nil {
+				flusher.Flush()
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return fmt.Errorf("read response body from %s: %w", be.Spec.Ref, rerr)
+		}
+	}
+}
+
+// switchProtocols completes an HTTP/1.1 Upgrade the backend accepted: the
+// 101 goes to the client, then bytes flow both ways until either side ends.
+func (h *Handler) switchProtocols(w http.ResponseWriter, r *http.Request, x *exchange, resp *http.Response, websocket bool) {
+	be := x.be
+	up, ok := resp.Body.(io.ReadWriteCloser)
+	if !websocket || !ok {
+		err := errors.New("backend switched protocols without a websocket upgrade")
+		h.fail(w, r, x, upstream.ReasonProtocol, err)
+		return
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		h.fail(w, r, x, upstream.ReasonProtocol, fmt.Errorf("hijack client connection: %w", err))
+		return
+	}
+	h.m.request(x.fe, resp.StatusCode, protocolOf(be))
+	resp.Body = nil // the relay owns it now
+	if err := writeSwitch(brw.Writer, resp); err != nil {
+		conn.Close()
+		up.Close()
+		return
+	}
+	client := &bufferedConn{Conn: conn, r: brw.Reader}
+	res := relay.Relay(client, up, h.bufs)
+	h.m.upgradedBytes.Add(float64(res.AToB + res.BToA))
+}
+
+func writeSwitch(bw *bufio.Writer, resp *http.Response) error {
+	if _, err := fmt.Fprintf(bw, "HTTP/1.1 101 %s\r\n", http.StatusText(http.StatusSwitchingProtocols)); err != nil {
+		return err
+	}
+	if err := resp.Header.Write(bw); err != nil {
+		return err
+	}
+	if _, err := bw.WriteString("\r\n"); err != nil {
+		return err
+	}
+	return bw.Flush()
+}
+
+// bufferedConn reads what net/http had already buffered before the hijack.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// NetConn exposes the connection for half-close.
+func (c *bufferedConn) NetConn() net.Conn { return c.Conn }
+
+// bridgeWebSocket serves an RFC 8441 extended CONNECT from an HTTP/2 client
+// by opening an HTTP/1.1 WebSocket Upgrade to the backend (RFC 6455 §4.1: a
+// fresh Sec-WebSocket-Key, whose Accept it checks), answering 200 on the
+// stream, and relaying the stream's DATA to and from the upgraded connection.
+func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exchange, c *balance.Choice) {
+	be := x.be
+	key := make([]byte, 16)
+	rand.Read(key)
+	wsKey := base64.StdEncoding.EncodeToString(key)
+	up := outgoing(r, be, c, false)
+	up.Method = http.MethodGet
+	up.Proto, up.ProtoMajor, up.ProtoMinor = "HTTP/1.1", 1, 1
+	up.Header = r.Header.Clone()
+	delete(up.Header, ":protocol")
+	up.Header.Set("Connection", "Upgrade")
+	up.Header.Set("Upgrade", "websocket")
+	up.Header.Set("Sec-WebSocket-Key", wsKey)
+	up.Body, up.ContentLength = nil, 0
+	resp, err := be.RoundTripper(upstream.WireH1).RoundTrip(up)
+	if err != nil {
+		h.fail(w, r, x, upstream.Classify(err), err)
+		return
+	}
+	defer func() {
+		if resp.Body != nil {
+			resp.Body.Close()
+		}
+	}()
+	if resp.StatusCode != http.StatusSwitchingProtocols {
+		// Not upgraded: relay the backend's answer as is (e.g. 403, 404).
+		hdr := w.Header()
+		removeHopByHop(resp.Header)
+		for k, vv := range resp.Header {
+			hdr[k] = vv
+		}
+		w.WriteHeader(resp.StatusCode)
+		h.m.request(x.fe, resp.StatusCode, protocolOf(be))
+		h.copyBody(w, resp, be)
+		return
+	}
+	upConn, ok := resp.Body.(io.ReadWriteCloser)
+	if !ok || resp.Header.Get("Sec-WebSocket-Accept") != acceptKey(wsKey) {
+		h.fail(w, r, x, upstream.ReasonProtocol, errors.New("backend websocket handshake: bad Sec-WebSocket-Accept"))
+		return
+	}
+	resp.Body = nil
+	hdr := w.Header()
+	for _, k := range [...]string{"Sec-Websocket-Protocol", "Sec-Websocket-Extensions"} {
+		if v, ok := resp.Header[k]; ok {
+			hdr[k] = v
+		}
+	}
+	w.WriteHeader(http.StatusOK)
+	h.m.request(x.fe, http.StatusOK, protocolOf(be))
+	rc := http.NewResponseController(w)
+	if err := rc.Flush(); err != nil {
+		upConn.Close()
+		return
+	}
+	res := relay.Relay(&h2Stream{r: r.Body, w: w, rc: rc}, upConn, h.bufs)
+	h.m.upgradedBytes.Add(float64(res.AToB + res.BToA))
+}
+
+// acceptKey is RFC 6455 §4.2.2's Sec-WebSocket-Accept for key.
+func acceptKey(key string) string {
+	sum := sha1.Sum([]byte(key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+	return base64.StdEncoding.EncodeToString(sum[:])
+}
+
+// h2Stream is an extended-CONNECT stream as a byte stream: reads are the
+// request body, writes go out as response DATA, flushed at once.
+type h2Stream struct {
+	r  io.ReadCloser
+	w  io.Writer
+	rc *http.ResponseController
+}
+
+func (s *h2Stream) Read(p []byte) (int, error) { return s.r.Read(p) }
+
+func (s *h2Stream) Write(p []byte) (int, error) {
+	n, err := s.w.Write(p)
+	if err == nil {
+		err = s.rc.Flush()
+	}
+	return n, err
+}
+
+func (s *h2Stream) Close() error { return s.r.Close() }

@@ -1,0 +1,330 @@
+package httpproxy
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/http/httpguts"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
+)
+
+// The HTTP/1 fast path. Measured against net/http's Server, ReverseProxy
+// style forwarding and Transport (test/bench/proxy, ../shared/BENCH.md),
+// those cost two goroutine hand-offs and a request clone per request, and
+// their HTTP/1.1 pool is per Transport. Here one goroutine per client
+// connection reads a request with net/http's parser (http.ReadRequest),
+// writes it with Request.Write on a pooled upstream connection (keep-alive,
+// TLS resumed), reads the answer with http.ReadResponse and writes it back.
+// Requests on one connection are served in order (pipelined ones wait in
+// the read buffer); a request body is written upstream by a second
+// goroutine only when it is not already buffered, so the answer can start
+// before the body ends.
+
+// ServeHTTP1 serves the HTTP/1.x requests of client connection c, whose
+// original destination and client are t's, until the client or Drain ends
+// it, an error makes it unusable, or it switches protocols (WebSocket). It
+// takes ownership of c and closes it.
+func (h *Handler) ServeHTTP1(c net.Conn, t *Target) {
+	s := &h1Conn{h: h, c: c, t: t}
+	defer s.close()
+	if !h.h1.track(s) {
+		return
+	}
+	defer h.h1.untrack(s)
+	s.lim = limitReader{r: c, n: math.MaxInt64}
+	s.br = h.h1.readers.Get().(*bufio.Reader)
+	s.br.Reset(&s.lim)
+	defer func() {
+		s.br.Reset(nil)
+		h.h1.readers.Put(s.br)
+	}()
+	for s.next() {
+		req, err := s.readRequest()
+		if err != nil {
+			s.badRequest(err)
+			return
+		}
+		if !s.serve(req) || !s.idle() {
+			return
+		}
+	}
+}
+
+// Drain stops the fast path's keep-alive: connections waiting for a request
+// are closed now, the others after their current answer (which says
+// Connection: close). The proxy calls it on shutdown and waits for
+// ServeHTTP1 calls to return.
+func (h *Handler) Drain() {
+	h.h1.draining.Store(true)
+	h.h1.mu.Lock()
+	defer h.h1.mu.Unlock()
+	for s := range h.h1.conns {
+		if s.state.CompareAndSwap(stateIdle, stateClosed) {
+			s.c.Close()
+		}
+	}
+}
+
+// h1State is the Handler's fast-path bookkeeping.
+type h1State struct {
+	draining atomic.Bool
+	mu       sync.Mutex
+	conns    map[*h1Conn]struct{}
+	// readers hold a client connection's unread bytes for its lifetime;
+	// writers only while an answer is written, so an idle connection keeps
+	// 4 KiB, not 36.
+	readers, writers sync.Pool
+}
+
+const answerBufferSize = 32 << 10 // two full TLS records of a large body per write
+
+func (s *h1State) init() {
+	s.conns = make(map[*h1Conn]struct{})
+	s.readers.New = func() any { return bufio.NewReaderSize(nil, 4<<10) }
+	s.writers.New = func() any { return bufio.NewWriterSize(nil, answerBufferSize) }
+}
+
+func (s *h1State) track(c *h1Conn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.draining.Load() {
+		return false
+	}
+	s.conns[c] = struct{}{}
+	return true
+}
+
+func (s *h1State) untrack(c *h1Conn) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.conns, c)
+}
+
+// A connection's state: Drain closes it only while it waits for a request.
+const (
+	stateIdle int32 = iota
+	stateActive
+	stateClosed
+)
+
+// h1Conn is one client connection on the fast path.
+type h1Conn struct {
+	h     *Handler
+	c     net.Conn
+	t     *Target
+	lim   limitReader
+	br    *bufio.Reader
+	state atomic.Int32
+	x     exchange // the current request's, reused
+	// wmu orders the fast path's writes to c against a 100 Continue sent
+	// from the request body's goroutine; answered is set under it once the
+	// final answer starts.
+	wmu      sync.Mutex
+	answered bool
+	// closeAfter is set when the current request asked to close.
+	closeAfter bool
+	// cont is the current request's body when it expects 100 Continue.
+	cont *continueReader
+	// unread is set when the connection ends before the client's request
+	// was read whole (close lingers).
+	unread bool
+	// deadline is c's read deadline (zero: none); idleDeadline says it is
+	// the idle one.
+	deadline     time.Time
+	idleDeadline bool
+	// counted caches the requests counter of the last answer's labels:
+	// a connection's requests mostly share service, backend and status.
+	counted struct {
+		fe   *snapshot.Frontend
+		be   *upstream.Backend
+		code int
+		c    prometheus.Counter
+	}
+}
+
+// next waits for the start of the next request (at most IdleTimeout) and
+// marks the connection busy; false when the client is gone or Drain closed
+// it.
+//
+// Deadlines are timer updates, three per request done naively; a
+// keep-alive connection instead re-arms its idle deadline when it has
+// drifted by more than deadlineSlack (so the idle timeout may fire up to
+// that much early), and sets the header deadline only when the request
+// head is not already buffered (then no read can stall).
+func (s *h1Conn) next() bool {
+	// As net/http: the header block plus what bufio may read ahead.
+	s.lim.n = int64(s.h.cfg.MaxHeaderBytes) + 4096
+	now := time.Now()
+	if s.br.Buffered() == 0 {
+		if want := now.Add(s.h.cfg.IdleTimeout); !s.idleDeadline || want.Sub(s.deadline) > deadlineSlack {
+			s.setDeadline(want, true)
+		}
+		if _, err := s.br.Peek(1); err != nil {
+			return false
+		}
+	}
+	if !headBuffered(s.br) {
+		s.setDeadline(now.Add(s.h.cfg.ReadHeaderTimeout), false)
+	}
+	return s.state.CompareAndSwap(stateIdle, stateActive)
+}
+
+const deadlineSlack = time.Second
+
+// setDeadline sets c's read deadline; idle says it is the idle deadline,
+// which may stay armed while a bodiless request is forwarded (nothing reads
+// c then).
+func (s *h1Conn) setDeadline(t time.Time, idle bool) {
+	s.deadline, s.idleDeadline = t, idle
+	s.c.SetReadDeadline(t)
+}
+
+// headBuffered reports whether a whole request head (up to its empty line,
+// CRLF or bare LF as textproto accepts) is in br.
+func headBuffered(br *bufio.Reader) bool {
+	b, _ := br.Peek(br.Buffered())
+	return bytes.Contains(b, crlfcrlf) || bytes.Contains(b, lflf)
+}
+
+var crlfcrlf, lflf = []byte("\n\r\n"), []byte("\n\n")
+
+// idle marks the connection as waiting for a request; false when draining.
+func (s *h1Conn) idle() bool {
+	s.state.Store(stateIdle)
+	return !s.h.h1.draining.Load()
+}
+
+var errHeaderTooLarge = errors.New("request header too large")
+
+// readRequest parses the next request (net/http's parser) within the
+// MaxHeaderBytes and ReadHeaderTimeout next set; its body is read later,
+// without either limit, as net/http's server does.
+func (s *h1Conn) readRequest() (*http.Request, error) {
+	req, err := http.ReadRequest(s.br)
+	s.lim.n = math.MaxInt64
+	if err != nil {
+		return nil, err
+	}
+	if !s.deadline.IsZero() && (!s.idleDeadline || req.Body != http.NoBody) {
+		// A body is read without a deadline, as by net/http's server.
+		s.setDeadline(time.Time{}, false)
+	}
+	s.answered, s.cont = false, nil
+	return req, nil
+}
+
+// close closes the client connection. When the client may still be
+// sending (an answer went out before its request was read whole), the
+// write side is shut first and what arrives is read and dropped for a
+// moment, so the client reads the answer before a reset would throw it
+// away (net/http's server waits likewise; nginx calls it lingering close).
+func (s *h1Conn) close() {
+	if s.unread {
+		closeWrite(s.c)
+		s.c.SetReadDeadline(time.Now().Add(lingerTime))
+		io.CopyN(io.Discard, s.c, lingerBytes)
+	}
+	s.c.Close()
+}
+
+const (
+	lingerTime  = 500 * time.Millisecond // net/http's rstAvoidanceDelay
+	lingerBytes = 256 << 10              // net/http's maxPostHandlerReadBytes
+)
+
+// closeWrite shuts c's write half, through wrappers that expose the
+// connection underneath as NetConn (crypto/tls's convention).
+func closeWrite(c net.Conn) {
+	for {
+		if cw, ok := c.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+			return
+		}
+		u, ok := c.(interface{ NetConn() net.Conn })
+		if !ok {
+			return
+		}
+		c = u.NetConn()
+	}
+}
+
+// badRequest answers a request that could not be parsed, as net/http's
+// server does, and the connection ends. A client that went silent or away
+// gets nothing.
+func (s *h1Conn) badRequest(err error) {
+	var status string
+	switch {
+	case !s.deadline.IsZero() && !time.Now().Before(s.deadline):
+		// Too slow with its head (textproto reports the cut line as
+		// malformed, hiding the timeout): nothing to answer.
+		return
+	case errors.Is(err, errHeaderTooLarge):
+		status = "431 Request Header Fields Too Large"
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, net.ErrClosed):
+		return
+	default:
+		status = "400 Bad Request"
+	}
+	s.h.log.Debug("bad request", "client", s.t.client(), "orig_dst", s.t.OrigDst.String(), "err", err)
+	s.refuse(status)
+}
+
+// refuse answers a request the fast path does not serve, and the
+// connection ends.
+func (s *h1Conn) refuse(status string) {
+	s.unread = true
+	io.WriteString(s.c, "HTTP/1.1 "+status+"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"+status)
+}
+
+// validRequest applies the checks net/http's server adds to ReadRequest's:
+// header field names are tokens, and the Host is a valid authority. A
+// backend could read anything else differently than the proxy does.
+func validRequest(req *http.Request) bool {
+	for k := range req.Header {
+		if !httpguts.ValidHeaderFieldName(k) {
+			return false
+		}
+	}
+	return httpguts.ValidHostHeader(req.Host)
+}
+
+// limitReader is io.LimitedReader with the error net/http's server gives
+// when a header block is too large.
+type limitReader struct {
+	r io.Reader
+	n int64
+}
+
+func (l *limitReader) Read(p []byte) (int, error) {
+	if l.n <= 0 {
+		return 0, errHeaderTooLarge
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.r.Read(p)
+	l.n -= int64(n)
+	return n, err
+}
+
+// count adds one answered request to the requests metric.
+func (s *h1Conn) count(x *exchange, code int) {
+	k := &s.counted
+	if k.c == nil || k.fe != x.fe || k.be != x.be || k.code != code {
+		k.fe, k.be, k.code = x.fe, x.be, code
+		k.c = s.h.m.counter(x.fe, code, protocolOf(x.be))
+	}
+	k.c.Inc()
+}

@@ -1,0 +1,517 @@
+package httpproxy
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// echoHeaders answers with what the backend saw: the upstream connection,
+// the request line, and the header fields, one per line.
+func echoHeaders(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	fmt.Fprintf(w, "conn=%s\nline=%s %s %s\nhost=%s\nbody=%d\n", r.RemoteAddr, r.Method, r.RequestURI, r.Proto, r.Host, len(body))
+	for k, vv := range r.Header {
+		fmt.Fprintf(w, "%s=%s\n", k, strings.Join(vv, ","))
+	}
+	for k, vv := range r.Trailer {
+		fmt.Fprintf(w, "trailer %s=%s\n", k, strings.Join(vv, ","))
+	}
+}
+
+func field(body, key string) string {
+	for line := range strings.SplitSeq(body, "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok && k == key {
+			return v
+		}
+	}
+	return ""
+}
+
+// TestKeepAlive: requests on one client connection, and on the next client
+// connection, share one pooled upstream connection; each is counted; the
+// backend sees the app's request line and headers, minus hop-by-hop ones,
+// and no User-Agent the app did not send.
+func TestKeepAlive(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(echoHeaders))
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	var upstreamConns []string
+	for range 2 {
+		c := f.dial()
+		for i := range 3 {
+			c.send(fmt.Sprintf("GET /p/%d?q=1 HTTP/1.1\r\nHost: echo.b.svc\r\nX-App: yes\r\nKeep-Alive: timeout=5\r\nConnection: Keep-Alive, X-Hop\r\nX-Hop: 1\r\n\r\n", i))
+			resp, body := c.read(http.MethodGet)
+			if resp.StatusCode != http.StatusOK || resp.Close {
+				t.Fatalf("answer %d: %s close=%v", i, resp.Status, resp.Close)
+			}
+			if got := field(body, "line"); got != fmt.Sprintf("GET /p/%d?q=1 HTTP/1.1", i) {
+				t.Errorf("backend saw request line %q", got)
+			}
+			if field(body, "host") != "echo.b.svc" || field(body, "X-App") != "yes" {
+				t.Errorf("backend lost the host or an end-to-end field:\n%s", body)
+			}
+			for _, hop := range []string{"Keep-Alive", "Connection", "X-Hop", "User-Agent"} {
+				if strings.Contains(body, "\n"+hop+"=") {
+					t.Errorf("backend saw %s:\n%s", hop, body)
+				}
+			}
+			upstreamConns = append(upstreamConns, field(body, "conn"))
+		}
+		c.c.Close()
+	}
+	for _, u := range upstreamConns[1:] {
+		if u != upstreamConns[0] {
+			t.Fatalf("requests used upstream connections %v, want one", upstreamConns)
+		}
+	}
+	if got := f.counter("sockmesh_proxy_requests_total", map[string]string{"code": "200", "service": "echo", "protocol": "auto"}); got != 6 {
+		t.Errorf("requests{code=200} = %v, want 6", got)
+	}
+	if got := f.counter("sockmesh_proxy_upstream_pool_gets_total", map[string]string{"result": "reused"}); got != 5 {
+		t.Errorf("pool gets{reused} = %v, want 5", got)
+	}
+}
+
+// TestConnectionClose: a client's Connection: close ends its connection
+// after the answer (which says so), not the pooled one; HTTP/1.0 clients
+// get their keep-alive only when they ask.
+func TestConnectionClose(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(echoHeaders))
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	for _, c := range []struct {
+		name, req string
+		close     bool
+	}{
+		{"1.1 close", "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", true},
+		{"1.0", "GET / HTTP/1.0\r\nHost: x\r\n\r\n", true},
+		{"1.0 keep-alive", "GET / HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cl := f.dial()
+			cl.send(c.req)
+			resp, body := cl.read(http.MethodGet)
+			if resp.StatusCode != http.StatusOK || resp.Close != c.close {
+				t.Fatalf("answer %s, close=%v; want 200, close=%v", resp.Status, resp.Close, c.close)
+			}
+			if strings.Contains(body, "Connection=") {
+				t.Errorf("backend saw the client's Connection field:\n%s", body)
+			}
+			if c.close && !cl.closed() {
+				t.Error("connection left open after Connection: close")
+			}
+			if !c.close {
+				cl.send(c.req)
+				if resp, _ := cl.read(http.MethodGet); resp.StatusCode != http.StatusOK || !strings.EqualFold(resp.Header.Get("Connection"), "keep-alive") {
+					t.Errorf("second HTTP/1.0 keep-alive request: %s, Connection %q", resp.Status, resp.Header.Get("Connection"))
+				}
+			}
+		})
+	}
+	if got := f.counter("sockmesh_proxy_upstream_pool_gets_total", map[string]string{"result": "new"}); got != 1 {
+		t.Errorf("pool gets{new} = %v, want 1 (clients closing must not close the pooled connection)", got)
+	}
+}
+
+// TestUnknownLengthToHTTP10: an answer of unknown length is chunked to an
+// HTTP/1.1 client and delimited by the close to an HTTP/1.0 one.
+func TestUnknownLengthToHTTP10(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "part one ")
+		w.(http.Flusher).Flush()
+		io.WriteString(w, "part two")
+	}))
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	c := f.dial()
+	c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, body := c.read(http.MethodGet)
+	if len(resp.TransferEncoding) != 1 || resp.TransferEncoding[0] != "chunked" || body != "part one part two" {
+		t.Errorf("HTTP/1.1: transfer encoding %v, body %q", resp.TransferEncoding, body)
+	}
+	c = f.dial()
+	c.send("GET / HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+	resp, body = c.read(http.MethodGet)
+	if !resp.Close || resp.ContentLength != -1 || body != "part one part two" {
+		t.Errorf("HTTP/1.0: close=%v length %d body %q; want a close-delimited body", resp.Close, resp.ContentLength, body)
+	}
+}
+
+// TestChunkedAndTrailers: a chunked request body with a trailer reaches the
+// backend whole, and the backend's chunked answer with trailers reaches the
+// client, announced and unannounced alike.
+func TestChunkedAndTrailers(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.Header().Set("Trailer", "X-Announced")
+		w.WriteHeader(http.StatusOK)
+		fmt.Fprintf(w, "got %d bytes, trailer %s", len(b), r.Trailer.Get("X-Checksum"))
+		w.(http.Flusher).Flush()
+		w.Header().Set("X-Announced", "a")
+		w.Header().Set(http.TrailerPrefix+"X-Unannounced", "u")
+	}))
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	c := f.dial()
+	c.send("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nTrailer: X-Checksum\r\n\r\n" +
+		"5\r\nhello\r\n6\r\n world\r\n0\r\nX-Checksum: 42\r\n\r\n")
+	resp, body := c.read(http.MethodPost)
+	if body != "got 11 bytes, trailer 42" {
+		t.Errorf("body = %q", body)
+	}
+	if resp.Trailer.Get("X-Announced") != "a" || resp.Trailer.Get("X-Unannounced") != "u" {
+		t.Errorf("trailers = %v", resp.Trailer)
+	}
+	// The connection is still in step: a second request works.
+	c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, _ := c.read(http.MethodGet); resp.StatusCode != http.StatusOK {
+		t.Errorf("request after the chunked one: %s", resp.Status)
+	}
+}
+
+// TestNoBodyAnswers: HEAD (keeping its Content-Length), 204 and 304 carry
+// no body, and the connection stays in step after each.
+func TestNoBodyAnswers(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/204":
+			w.WriteHeader(http.StatusNoContent)
+		case "/304":
+			w.Header().Set("Etag", `"v1"`)
+			w.WriteHeader(http.StatusNotModified)
+		default:
+			w.Header().Set("Content-Length", "1234")
+			if r.Method != http.MethodHead {
+				w.Write(bytes.Repeat([]byte("x"), 1234))
+			}
+		}
+	}))
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	c := f.dial()
+	for _, r := range []struct {
+		method, path string
+		code         int
+		length       string
+	}{
+		{http.MethodHead, "/", 200, "1234"},
+		{http.MethodGet, "/204", 204, ""},
+		{http.MethodGet, "/304", 304, ""},
+		{http.MethodGet, "/", 200, "1234"},
+	} {
+		c.send(r.method + " " + r.path + " HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, body := c.read(r.method)
+		if resp.StatusCode != r.code || resp.Header.Get("Content-Length") != r.length && r.method == http.MethodHead {
+			t.Errorf("%s %s: %s, Content-Length %q", r.method, r.path, resp.Status, resp.Header.Get("Content-Length"))
+		}
+		if r.method == http.MethodGet && r.path == "/" && len(body) != 1234 {
+			t.Errorf("GET after the bodiless answers: %d bytes", len(body))
+		}
+	}
+}
+
+// TestExpectContinue: the backend's 100 Continue reaches the client, which
+// then sends its body; a backend that answers before reading the body gets
+// its answer through, without a 100, and the connection then closes.
+func TestExpectContinue(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/deny" {
+			http.Error(w, "no", http.StatusUnauthorized)
+			return
+		}
+		echoHeaders(w, r)
+	}))
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	c := f.dial()
+	c.send("PUT / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+	line, err := c.r.ReadString('\n')
+	if err != nil || line != "HTTP/1.1 100 Continue\r\n" {
+		t.Fatalf("interim answer = %q, %v", line, err)
+	}
+	if blank, _ := c.r.ReadString('\n'); blank != "\r\n" {
+		t.Fatalf("interim answer not empty: %q", blank)
+	}
+	c.send("hello")
+	resp, body := c.read(http.MethodPut)
+	if resp.StatusCode != http.StatusOK || field(body, "body") != "5" {
+		t.Fatalf("answer %s:\n%s", resp.Status, body)
+	}
+	c.send("PUT /deny HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
+	resp, _ = c.read(http.MethodPut)
+	if resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("denied upload: %s, want 401 without a 100", resp.Status)
+	}
+	if !c.closed() {
+		t.Error("connection with an unread body left open")
+	}
+}
+
+// TestPipelining: requests sent back to back are answered in order.
+func TestPipelining(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(echoHeaders))
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	c := f.dial()
+	c.send("GET /1 HTTP/1.1\r\nHost: x\r\n\r\nPOST /2 HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabcGET /3 HTTP/1.1\r\nHost: x\r\n\r\n")
+	for i, m := range []string{http.MethodGet, http.MethodPost, http.MethodGet} {
+		_, body := c.read(m)
+		if want := fmt.Sprintf("%s /%d HTTP/1.1", m, i+1); field(body, "line") != want {
+			t.Errorf("answer %d is for %q, want %q", i, field(body, "line"), want)
+		}
+	}
+}
+
+// TestLargeStreams: 8 MiB up (chunked) and 32 MiB down through the pooled
+// path, streamed both ways with a pooled upstream connection.
+func TestLargeStreams(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			n, _ := io.Copy(io.Discard, r.Body)
+			fmt.Fprint(w, n)
+			return
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(32<<20))
+		chunk := bytes.Repeat([]byte("0123456789abcdef"), 4096)
+		for range (32 << 20) / len(chunk) {
+			w.Write(chunk)
+		}
+	}))
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	cl := f.httpClient()
+	resp, err := cl.Post("http://x/", "application/octet-stream", io.MultiReader(bytes.NewReader(make([]byte, 8<<20))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != strconv.Itoa(8<<20) {
+		t.Errorf("backend read %s bytes, want %d", b, 8<<20)
+	}
+	resp, err = cl.Get("http://x/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err != nil || n != 32<<20 {
+		t.Errorf("download: %d bytes, %v", n, err)
+	}
+}
+
+// TestEarlyAnswerToUpload: a backend that answers and closes before reading
+// a large body: the client gets the answer, the connection closes, nothing
+// hangs or leaks.
+func TestEarlyAnswerToUpload(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Connection", "close")
+		http.Error(w, "too large", http.StatusRequestEntityTooLarge)
+	}))
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	c := f.dial()
+	const size = 64 << 20
+	c.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: " + strconv.Itoa(size) + "\r\n\r\n")
+	go c.c.Write(make([]byte, size)) // fails once the proxy closes
+	resp, _ := c.read(http.MethodPost)
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Fatalf("answer %s, want 413", resp.Status)
+	}
+	if !c.closed() {
+		t.Error("connection with an unsent body left open")
+	}
+}
+
+// TestStaleConnectionRetried: a backend that closes each connection after
+// one answer without saying so. A GET that meets such a pooled connection
+// goes again on a new one; a POST (not replayable) gets a 502.
+func TestStaleConnectionRetried(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
+	t.Cleanup(func() { l.Close() })
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			br := bufio.NewReader(c)
+			if r, err := http.ReadRequest(br); err == nil {
+				io.Copy(io.Discard, r.Body)
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			}
+			c.Close()
+		}
+	})
+	ep := snapshot.Endpoint{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true}
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	c := f.dial()
+	for i := range 4 {
+		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, body := c.read(http.MethodGet); resp.StatusCode != http.StatusOK || body != "ok" {
+			t.Fatalf("GET %d: %s %q", i, resp.Status, body)
+		}
+	}
+	c.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx")
+	if resp, _ := c.read(http.MethodPost); resp.StatusCode != http.StatusBadGateway {
+		t.Errorf("POST on a stale connection: %s, want 502", resp.Status)
+	}
+}
+
+// TestFailures: a fail-closed backend and one without endpoints get the
+// statuses and bodies of the net/http path; a bodiless request's
+// connection stays usable after them.
+func TestFailures(t *testing.T) {
+	f := newFixture(t, Config{}, snapshot.Backend{Invalid: &snapshot.Invalid{
+		Policy: snapshot.ObjectRef{Kind: "BackendTLSPolicy", Namespace: "b", Name: "broken"}, Reason: "NoValidCACertificate", Message: "no ca.crt"}})
+	c := f.dial()
+	c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, body := c.read(http.MethodGet)
+	if resp.StatusCode != http.StatusServiceUnavailable || body != "sockmesh: invalid_policy\n" || resp.Close {
+		t.Errorf("invalid policy: %s %q close=%v", resp.Status, body, resp.Close)
+	}
+	f.update(2, snapshot.Backend{})
+	c.send("GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+	if resp, body := c.read(http.MethodGet); resp.StatusCode != http.StatusServiceUnavailable || body != "sockmesh: no_endpoints\n" {
+		t.Errorf("no endpoints: %s %q", resp.Status, body)
+	}
+	if !strings.Contains(f.logs.String(), `"policy":"BackendTLSPolicy/b/broken"`) {
+		t.Errorf("log does not name the policy:\n%s", f.logs)
+	}
+}
+
+// TestBadRequests: what the fast path cannot or will not forward is
+// answered as net/http's server would, and the connection closes.
+func TestBadRequests(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(echoHeaders))
+	f := newFixture(t, Config{MaxHeaderBytes: 1 << 10}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	for _, c := range []struct {
+		name, req string
+		code      int
+	}{
+		{"garbage", "NOT HTTP AT ALL\r\n\r\n", 400},
+		{"bad header name", "GET / HTTP/1.1\r\nHost: x\r\nBad Header: x\r\n\r\n", 400},
+		{"bad host", "GET / HTTP/1.1\r\nHost: x/y\r\n\r\n", 400},
+		{"huge header", "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 8<<10) + "\r\n\r\n", 431},
+		{"http/2 line", "GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505},
+		{"connect", "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", 405},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cl := f.dial()
+			cl.send(c.req)
+			resp, _ := cl.read(http.MethodGet)
+			if resp.StatusCode != c.code || !resp.Close {
+				t.Errorf("%s, close=%v; want %d and close", resp.Status, resp.Close, c.code)
+			}
+		})
+	}
+}
+
+// TestInformational: a 103 Early Hints reaches the client before the
+// answer.
+func TestInformational(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		io.WriteString(w, "done")
+	}))
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	c := f.dial()
+	c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	hints, err := http.ReadResponse(c.r, nil)
+	if err != nil || hints.StatusCode != http.StatusEarlyHints || hints.Header.Get("Link") == "" {
+		t.Fatalf("first answer %v, %v; want 103 with Link", hints, err)
+	}
+	if resp, body := c.read(http.MethodGet); resp.StatusCode != http.StatusOK || body != "done" {
+		t.Errorf("final answer %s %q", resp.Status, body)
+	}
+}
+
+// TestDrain: a waiting connection closes at once; a busy one finishes its
+// answer, then closes.
+func TestDrain(t *testing.T) {
+	release := make(chan struct{})
+	ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodHead {
+			return
+		}
+		io.WriteString(w, "first ")
+		w.(http.Flusher).Flush()
+		<-release
+		io.WriteString(w, "last")
+	}))
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	idle := f.dial()
+	idle.send("HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
+	idle.read(http.MethodHead)
+	busy := f.dial()
+	busy.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, err := http.ReadResponse(busy.r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.h.Drain()
+	if !idle.closed() {
+		t.Error("waiting connection not closed by Drain")
+	}
+	close(release)
+	if b, err := io.ReadAll(resp.Body); err != nil || string(b) != "first last" {
+		t.Errorf("answer during drain: %q, %v", b, err)
+	}
+	if !busy.closed() {
+		t.Error("busy connection not closed after its answer")
+	}
+}
+
+// TestTimeouts: a client silent for IdleTimeout, or slower than
+// ReadHeaderTimeout with its request head, is disconnected.
+func TestTimeouts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h, err := New(Config{IdleTimeout: time.Minute, ReadHeaderTimeout: 10 * time.Second}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		target := &Target{OrigDst: vip}
+		for _, c := range []struct {
+			name, send string
+			wait       time.Duration
+		}{
+			{"idle", "", time.Minute},
+			{"slow head", "GET / HTTP/1.1\r\nHo", 10 * time.Second},
+		} {
+			app, proxy := net.Pipe()
+			done := make(chan struct{})
+			go func() { h.ServeHTTP1(proxy, target); close(done) }()
+			go io.Copy(io.Discard, app) // whatever the proxy answers (400 for a cut head)
+			if c.send != "" {
+				io.WriteString(app, c.send)
+			}
+			time.Sleep(c.wait - time.Millisecond)
+			synctest.Wait()
+			select {
+			case <-done:
+				t.Fatalf("%s: closed before its timeout", c.name)
+			default:
+			}
+			time.Sleep(2 * time.Millisecond)
+			synctest.Wait()
+			select {
+			case <-done:
+			default:
+				t.Fatalf("%s: still open after its timeout", c.name)
+			}
+			app.Close()
+		}
+	})
+}

@@ -1,0 +1,263 @@
+package httpproxy
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httputil"
+	"strconv"
+	"time"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
+	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
+	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
+)
+
+// The fast path's answers to the client: framing, body streaming, upgrades,
+// informational answers and the proxy's own error answers.
+
+// framing is how an answer's body is delimited toward the client.
+type framing uint8
+
+const (
+	framingNone    framing = iota // HEAD, 1xx, 204, 304: no body
+	framingLength                 // Content-Length
+	framingChunked                // unknown length to an HTTP/1.1 client
+	framingClose                  // unknown length to an HTTP/1.0 client: the end is the close
+)
+
+func framingFor(req *http.Request, resp *http.Response) framing {
+	switch {
+	case req.Method == http.MethodHead || resp.StatusCode < http.StatusOK ||
+		resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified:
+		return framingNone
+	case resp.ContentLength >= 0:
+		return framingLength
+	case req.ProtoAtLeast(1, 1):
+		return framingChunked
+	}
+	return framingClose
+}
+
+// answer writes resp to the client. closeAfter says the answer told the
+// client the connection ends; ended that resp's body was read to its end,
+// so the upstream connection is clean. err is the first read or write
+// failure: the client then got a truncated answer (never a clean short
+// one), and its connection must close.
+func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *balance.Choice, setSession bool, src *bufio.Reader) (closeAfter, ended bool, err error) {
+	removeHopByHop(resp.Header)
+	if setSession {
+		x.be.Picker.SetSession(resp.Header, req, c, x.now)
+	}
+	f := framingFor(req, resp)
+	closeAfter = s.closeAfter || f == framingClose || s.h.h1.draining.Load()
+	bw := s.startAnswer()
+	defer s.putWriter(bw)
+	writeStatusLine(bw, resp)
+	if f == framingNone {
+		// HEAD and 304 keep the Content-Length the backend gave.
+		err = resp.Header.Write(bw)
+	} else {
+		err = resp.Header.WriteSubset(bw, framingFields)
+	}
+	if err != nil {
+		return closeAfter, false, fmt.Errorf("write answer: %w", err)
+	}
+	switch f {
+	case framingLength:
+		bw.WriteString("Content-Length: ")
+		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), resp.ContentLength, 10))
+		bw.WriteString("\r\n")
+	case framingChunked:
+		bw.WriteString("Transfer-Encoding: chunked\r\n")
+		if len(resp.Trailer) > 0 {
+			bw.WriteString("Trailer: ")
+			first := true
+			for k := range resp.Trailer {
+				if !first {
+					bw.WriteString(", ")
+				}
+				bw.WriteString(k)
+				first = false
+			}
+			bw.WriteString("\r\n")
+		}
+	}
+	if closeAfter {
+		bw.WriteString("Connection: close\r\n")
+	} else if !req.ProtoAtLeast(1, 1) {
+		bw.WriteString("Connection: keep-alive\r\n") // HTTP/1.0 keep-alive
+	}
+	bw.WriteString("\r\n")
+	s.count(x, resp.StatusCode)
+	ended = true
+	if f != framingNone {
+		ended, err = s.copyBody(bw, resp, f, src)
+	}
+	if err == nil {
+		if err = bw.Flush(); err != nil {
+			err = fmt.Errorf("write answer: %w", err)
+		}
+	}
+	return closeAfter, ended, err
+}
+
+// framingFields are the header fields an answer's framing replaces.
+var framingFields = map[string]bool{"Content-Length": true}
+
+func writeStatusLine(bw *bufio.Writer, resp *http.Response) {
+	bw.WriteString("HTTP/1.1 ")
+	if resp.Status != "" {
+		bw.WriteString(resp.Status) // "200 OK", as parsed
+	} else {
+		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(resp.StatusCode), 10))
+		bw.WriteString(" ")
+		bw.WriteString(http.StatusText(resp.StatusCode))
+	}
+	bw.WriteString("\r\n")
+}
+
+// copyBody streams resp's body to the client and reports whether it was
+// read to its end. A sized body is read straight into bw's buffer and goes
+// out in full buffers; a body of unknown length (chunked, server-sent
+// events, MCP, streamed gRPC-Web) is flushed whenever the backend has
+// nothing more buffered, so nothing waits in the proxy.
+func (s *h1Conn) copyBody(bw *bufio.Writer, resp *http.Response, f framing, src *bufio.Reader) (bool, error) {
+	stream := f != framingLength
+	var cw io.WriteCloser
+	var buf []byte
+	if f == framingChunked {
+		cw = httputil.NewChunkedWriter(bw)
+		bp := s.h.bufs.Get()
+		defer s.h.bufs.Put(bp)
+		buf = *bp
+	}
+	for {
+		var n int
+		var rerr error
+		if cw != nil {
+			n, rerr = resp.Body.Read(buf)
+			if n > 0 {
+				if _, err := cw.Write(buf[:n]); err != nil {
+					return false, fmt.Errorf("write answer: %w", err)
+				}
+			}
+		} else {
+			if bw.Available() < 2<<10 {
+				if err := bw.Flush(); err != nil {
+					return false, fmt.Errorf("write answer: %w", err)
+				}
+			}
+			b := bw.AvailableBuffer()
+			n, rerr = resp.Body.Read(b[:cap(b)])
+			bw.Write(b[:n])
+		}
+		if stream && n > 0 && (src == nil || src.Buffered() == 0) {
+			if err := bw.Flush(); err != nil {
+				return false, fmt.Errorf("write answer: %w", err)
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return false, fmt.Errorf("read answer body: %w", rerr)
+		}
+	}
+	if cw != nil {
+		cw.Close() // the last chunk; its trailer section follows
+		if err := resp.Trailer.Write(bw); err != nil {
+			return true, fmt.Errorf("write answer: %w", err)
+		}
+		bw.WriteString("\r\n")
+	}
+	return true, nil
+}
+
+// upgrade completes a WebSocket upgrade the backend accepted: the 101 goes
+// to the client, then bytes flow both ways until either side ends.
+func (s *h1Conn) upgrade(resp *http.Response, x *exchange, uc *pool.Conn) {
+	bw := s.startAnswer()
+	writeStatusLine(bw, resp)
+	resp.Header.Write(bw) // Connection, Upgrade and Sec-WebSocket-* as the backend sent them
+	bw.WriteString("\r\n")
+	err := bw.Flush()
+	s.putWriter(bw)
+	s.count(x, resp.StatusCode)
+	x.be.DetachH1(uc)
+	if err != nil {
+		uc.Close()
+		return
+	}
+	if !s.deadline.IsZero() {
+		s.setDeadline(time.Time{}, false) // a WebSocket may idle
+	}
+	res := relay.Relay(&bufferedConn{Conn: s.c, r: s.br}, &bufferedConn{Conn: uc.Conn, r: uc.R}, s.h.bufs)
+	s.h.m.upgradedBytes.Add(float64(res.AToB + res.BToA))
+}
+
+// informational passes a 1xx answer (103 Early Hints, 102) to an HTTP/1.1
+// client; 100 Continue is the proxy's own to send.
+func (s *h1Conn) informational(req *http.Request, resp *http.Response) {
+	if resp.StatusCode == http.StatusContinue || !req.ProtoAtLeast(1, 1) {
+		return
+	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	bw := s.writer()
+	defer s.putWriter(bw)
+	writeStatusLine(bw, resp)
+	resp.Header.Write(bw)
+	bw.WriteString("\r\n")
+	bw.Flush()
+}
+
+// fail answers a request the proxy could not forward, with the status and
+// body of the net/http path. The connection stays open only when the
+// request had no body: nothing of it is left unread.
+func (s *h1Conn) fail(req *http.Request, x *exchange, reason upstream.Reason, err error) bool {
+	code := s.h.report(context.Background(), x, reason, err)
+	if reason == upstream.ReasonCanceled {
+		return false
+	}
+	keep := req.Body == http.NoBody && !s.closeAfter && !s.h.h1.draining.Load()
+	s.unread = req.Body != http.NoBody
+	body := reasonBodies[reason]
+	bw := s.startAnswer()
+	defer s.putWriter(bw)
+	bw.WriteString("HTTP/1.1 ")
+	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(code), 10))
+	bw.WriteString(" ")
+	bw.WriteString(http.StatusText(code))
+	bw.WriteString("\r\nContent-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\nContent-Length: ")
+	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(body)), 10))
+	if !keep {
+		bw.WriteString("\r\nConnection: close")
+	}
+	bw.WriteString("\r\n\r\n")
+	bw.Write(body)
+	return bw.Flush() == nil && keep
+}
+
+// startAnswer marks the final answer as begun (no 100 Continue after it)
+// and lends a writer for it.
+func (s *h1Conn) startAnswer() *bufio.Writer {
+	s.wmu.Lock()
+	s.answered = true
+	s.wmu.Unlock()
+	return s.writer()
+}
+
+func (s *h1Conn) writer() *bufio.Writer {
+	bw := s.h.h1.writers.Get().(*bufio.Writer)
+	bw.Reset(s.c)
+	return bw
+}
+
+func (s *h1Conn) putWriter(bw *bufio.Writer) {
+	bw.Reset(nil)
+	s.h.h1.writers.Put(bw)
+}

@@ -1,0 +1,121 @@
+package httpproxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+	"time"
+)
+
+// Request bodies on the fast path: held back until 100 Continue, and
+// watched while net/http's Transport reads them.
+
+// continueReader holds back a body the client sends only after a 100
+// Continue: on the first read it waits until the backend sends its 100
+// (release), or ignores the Expect for expectTimeout (as net/http's
+// Transport with ExpectContinueTimeout), then passes the 100 on and reads
+// the body. If the final answer comes first, the client sends no body
+// (RFC 9110 §10.1.1): finish stops the wait and the connection closes after
+// the answer.
+type continueReader struct {
+	s             *h1Conn
+	r             io.ReadCloser
+	proceed, stop chan struct{}
+	released      sync.Once
+	halted        sync.Once
+	started       bool
+}
+
+// expectTimeout is how long a backend may take to answer an Expect:
+// 100-continue before the body goes anyway (curl waits as long).
+const expectTimeout = time.Second
+
+func (c *continueReader) release() { c.released.Do(func() { close(c.proceed) }) }
+
+func (c *continueReader) halt() { c.halted.Do(func() { close(c.stop) }) }
+
+func (c *continueReader) Read(p []byte) (int, error) {
+	if !c.started {
+		c.started = true
+		t := time.NewTimer(expectTimeout)
+		select {
+		case <-c.proceed:
+		case <-t.C:
+		case <-c.stop:
+			t.Stop()
+			return 0, errBodyAbandoned
+		}
+		t.Stop()
+		s := c.s
+		s.wmu.Lock()
+		var err error
+		if !s.answered {
+			_, err = io.WriteString(s.c, "HTTP/1.1 100 Continue\r\n\r\n")
+		}
+		s.wmu.Unlock()
+		if err != nil {
+			return 0, fmt.Errorf("write 100 continue: %w", err)
+		}
+	}
+	return c.r.Read(p)
+}
+
+func (c *continueReader) Close() error { return c.r.Close() }
+
+// bodyTracker reports on done when net/http's Transport is finished with a
+// request body: read to its end (nil), failed, or closed early. A Read in
+// progress when the Transport closes it still owns the client's reader, so
+// the report waits for that Read to return.
+type bodyTracker struct {
+	r       io.Reader
+	done    chan error
+	mu      sync.Mutex
+	reading bool
+	closed  bool
+	over    bool
+}
+
+var errBodyAbandoned = errors.New("request body not read to its end")
+
+func (b *bodyTracker) Read(p []byte) (int, error) {
+	b.mu.Lock()
+	if b.over || b.closed {
+		b.mu.Unlock()
+		return 0, errBodyAbandoned
+	}
+	b.reading = true
+	b.mu.Unlock()
+	n, err := b.r.Read(p)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.reading = false
+	switch {
+	case err == io.EOF:
+		b.end(nil)
+	case err != nil:
+		b.end(err)
+	case b.closed:
+		b.end(errBodyAbandoned)
+	}
+	return n, err
+}
+
+// Close does not close the client's body: that would wait for a Read in
+// progress, which only the client (or finish's deadline) ends.
+func (b *bodyTracker) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.closed = true
+	if !b.reading {
+		b.end(errBodyAbandoned)
+	}
+	return nil
+}
+
+func (b *bodyTracker) end(err error) {
+	if !b.over {
+		b.over = true
+		b.done <- err
+	}
+}

@@ -1,0 +1,249 @@
+package httpproxy
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
+)
+
+// vip is the Service address the tests' clients "connected to".
+var vip = netip.MustParseAddrPort("10.96.0.10:80")
+
+var backendRef = snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: "echo", Port: 80}
+
+// fixture is the HTTP/1 fast path fed by a real TCP listener: every
+// accepted connection is a redirected one whose original destination is
+// vip, served by ServeHTTP1 as the proxy does.
+type fixture struct {
+	t     *testing.T
+	h     *Handler
+	reg   *prometheus.Registry
+	pools *upstream.Pools
+	cur   atomic.Pointer[View]
+	ln    net.Listener
+	logs  *syncBuffer
+	wg    sync.WaitGroup
+}
+
+func newFixture(t *testing.T, cfg Config, be snapshot.Backend) *fixture {
+	t.Helper()
+	checkNoLeaks(t)
+	f := &fixture{t: t, reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
+	log := slog.New(slog.NewJSONHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	var err error
+	if f.h, err = New(cfg, log, f.reg); err != nil {
+		t.Fatal(err)
+	}
+	if f.pools, err = upstream.New(upstream.Config{}, dial.NewDirect(dial.Config{Unmarked: true}), log, f.reg); err != nil {
+		t.Fatal(err)
+	}
+	f.update(1, be)
+	if f.ln, err = net.Listen("tcp", "127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	f.wg.Go(func() {
+		for {
+			c, err := f.ln.Accept()
+			if err != nil {
+				return
+			}
+			f.wg.Go(func() {
+				f.h.ServeHTTP1(c, &Target{OrigDst: vip, Start: f.cur.Load(), Current: &f.cur, ClientAddr: c.RemoteAddr().(*net.TCPAddr).AddrPort()})
+			})
+		}
+	})
+	t.Cleanup(func() {
+		f.ln.Close()
+		f.h.Drain()
+		f.wg.Wait()
+		f.cur.Load().Backends.CloseIdle()
+		if t.Failed() {
+			t.Logf("proxy log:\n%s", f.logs)
+		}
+	})
+	return f
+}
+
+// update publishes a snapshot whose Service vip leads to be.
+func (f *fixture) update(version uint64, be snapshot.Backend) {
+	f.t.Helper()
+	be.Ref = backendRef
+	s, err := snapshot.New(version, []snapshot.Frontend{{
+		Service: snapshot.ObjectRef{Namespace: "b", Name: "echo"}, Port: vip.Port(), Addresses: []netip.Addr{vip.Addr()},
+		FailurePolicy: snapshot.FailClosed, Backend: backendRef,
+	}}, []snapshot.Backend{be}, nil)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var prev *upstream.Set
+	if v := f.cur.Load(); v != nil {
+		prev = v.Backends
+	}
+	f.cur.Store(&View{Snapshot: s, Backends: f.pools.Build(s, prev)})
+}
+
+// client is a raw client connection: requests are written as given, and
+// answers read with net/http's parser.
+type client struct {
+	t *testing.T
+	c net.Conn
+	r *bufio.Reader
+}
+
+func (f *fixture) dial() *client {
+	f.t.Helper()
+	c, err := net.Dial("tcp", f.ln.Addr().String())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { c.Close() })
+	return &client{t: f.t, c: c, r: bufio.NewReader(c)}
+}
+
+func (c *client) send(raw string) {
+	c.t.Helper()
+	if _, err := io.WriteString(c.c, raw); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// read reads one answer to a request of method and its whole body.
+func (c *client) read(method string) (*http.Response, string) {
+	c.t.Helper()
+	resp, err := http.ReadResponse(c.r, &http.Request{Method: method})
+	if err != nil {
+		c.t.Fatalf("read answer: %v", err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		c.t.Fatalf("read answer body: %v", err)
+	}
+	return resp, string(b)
+}
+
+// closed reports whether the proxy closed the connection (nothing more
+// arrives).
+func (c *client) closed() bool {
+	c.t.Helper()
+	c.c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err := c.r.ReadByte()
+	return err != nil && !isTimeout(err)
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}
+
+// httpClient is a net/http client whose connections go to the fixture.
+func (f *fixture) httpClient() *http.Client {
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", f.ln.Addr().String())
+		},
+		DisableCompression: true,
+	}
+	f.t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
+// startBackend runs a cleartext net/http backend and returns its endpoint.
+func startBackend(t *testing.T, h http.Handler) snapshot.Endpoint {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: h}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return snapshot.Endpoint{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true, Serving: true}
+}
+
+// counter reads a counter by name and label values.
+func (f *fixture) counter(name string, labels map[string]string) float64 {
+	f.t.Helper()
+	mfs, err := f.reg.Gather()
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue next
+				}
+			}
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// checkNoLeaks fails t if goroutines running this package's code outlive
+// the test; it runs after every other cleanup (register it first).
+func checkNoLeaks(t *testing.T) {
+	t.Cleanup(func() {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			buf := make([]byte, 1<<20)
+			var leaked []string
+			for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+				for _, line := range strings.Split(g, "\n") {
+					if strings.Contains(line, "/userspace-proxy/httpproxy/") && strings.Contains(line, ".go:") && !strings.Contains(line, "_test.go:") {
+						leaked = append(leaked, g)
+						break
+					}
+				}
+			}
+			if len(leaked) == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("%d goroutines leaked; first:\n%s", len(leaked), leaked[0])
+				return
+			}
+			// Connections close asynchronously after the fixture stops.
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+}

@@ -1,0 +1,443 @@
+package httpproxy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
+	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
+)
+
+// View is one snapshot with its upstream side, as the proxy publishes it.
+type View struct {
+	Snapshot *snapshot.Snapshot
+	Backends *upstream.Set
+}
+
+// Target is what the proxy knows about a client connection when its requests
+// arrive.
+type Target struct {
+	// OrigDst is the captured Service address the client connected to.
+	OrigDst netip.AddrPort
+	// Start is the view the connection was accepted under; Current is the
+	// proxy's latest. Each request uses the latest view (so a keep-alive
+	// connection follows endpoint changes) and keeps it to its end; if the
+	// latest no longer captures OrigDst, the request finishes on Start.
+	Start   *View
+	Current *atomic.Pointer[View]
+	// ClientAddr is the client's address; ClientPod is its pod when the
+	// listener knows it (in-pod mode), else nil: logs then find it by
+	// address (ClientName), only when they name the client.
+	ClientAddr netip.AddrPort
+	ClientPod  *snapshot.ObjectRef
+}
+
+// ClientName names a client in logs: its pod when known (given, or the
+// workload of s at addr), else its address.
+func ClientName(s *snapshot.Snapshot, addr netip.AddrPort, pod *snapshot.ObjectRef) string {
+	if pod != nil {
+		return pod.String()
+	}
+	if w, ok := s.Workload(addr.Addr()); ok {
+		return w.Pod.String()
+	}
+	return addr.Addr().String()
+}
+
+// client is t's client as a log value, named only if the line is written.
+func (t *Target) client() slog.LogValuer { return clientName{t} }
+
+type clientName struct{ t *Target }
+
+func (c clientName) LogValue() slog.Value {
+	return slog.StringValue(ClientName(c.t.Start.Snapshot, c.t.ClientAddr, c.t.ClientPod))
+}
+
+// view returns the view and frontend a request uses.
+func (t *Target) view() (*View, *snapshot.Frontend) {
+	if v := t.Current.Load(); v != nil {
+		if f, ok := v.Snapshot.Frontend(t.OrigDst); ok {
+			return v, f
+		}
+	}
+	f, _ := t.Start.Snapshot.Frontend(t.OrigDst)
+	return t.Start, f
+}
+
+type targetKey struct{}
+
+// WithTarget returns ctx carrying t; the proxy sets it per connection.
+func WithTarget(ctx context.Context, t *Target) context.Context {
+	return context.WithValue(ctx, targetKey{}, t)
+}
+
+// Config configures a Handler. The zero value is usable.
+type Config struct {
+	// Buffers lends the copy buffers for bodies and WebSocket relays; nil
+	// means a pool of the Handler's own.
+	Buffers *relay.Pool
+	// ReadHeaderTimeout bounds reading a request's headers on the HTTP/1
+	// fast path (ServeHTTP1); 0 means 30 s.
+	ReadHeaderTimeout time.Duration
+	// IdleTimeout closes fast-path client connections that wait this long
+	// for their next request; 0 means 5 min.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds a fast-path request's header block; 0 means
+	// 1 MiB, net/http's default.
+	MaxHeaderBytes int
+}
+
+// Handler forwards requests; one per proxy, safe for concurrent use.
+type Handler struct {
+	cfg  Config
+	log  *slog.Logger
+	bufs *relay.Pool
+	m    *metrics
+	h1   h1State
+}
+
+// New returns a Handler.
+func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Handler, error) {
+	if cfg.Buffers == nil {
+		cfg.Buffers = relay.NewPool()
+	}
+	if cfg.ReadHeaderTimeout <= 0 {
+		cfg.ReadHeaderTimeout = 30 * time.Second
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = 5 * time.Minute
+	}
+	if cfg.MaxHeaderBytes <= 0 {
+		cfg.MaxHeaderBytes = http.DefaultMaxHeaderBytes
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	h := &Handler{cfg: cfg, log: log, bufs: cfg.Buffers, m: m}
+	h.h1.init()
+	return h, nil
+}
+
+// ServeHTTP forwards r to the backend of the connection's Target.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	t, _ := r.Context().Value(targetKey{}).(*Target)
+	if t == nil {
+		// Only the proxy's own server calls this handler, always with a
+		// Target; refuse rather than guess.
+		http.Error(w, "no target", http.StatusInternalServerError)
+		return
+	}
+	v, fe := t.view()
+	x := &exchange{t: t, v: v, fe: fe}
+	if fe == nil {
+		// The proxy only hands over connections whose Start view captures
+		// OrigDst; this cannot happen, and must not relay if it does.
+		h.fail(w, r, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
+		return
+	}
+	x.be = v.Backends.Get(h.route(fe, r))
+	if x.be == nil {
+		h.fail(w, r, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
+		return
+	}
+	if x.be.Err != nil {
+		h.fail(w, r, x, upstream.ReasonInvalidPolicy, x.be.Err)
+		return
+	}
+	if x.be.Spec.SessionPersistence != nil {
+		x.now = time.Now() // sessions time out; other requests need no clock
+	}
+	choice, setSession := x.be.Picker.PickRequest(r, x.now)
+	if choice == nil {
+		h.fail(w, r, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
+		return
+	}
+	if isExtendedConnect(r) {
+		h.bridgeWebSocket(w, r, x, choice)
+		return
+	}
+	h.forward(w, r, x, choice, setSession)
+}
+
+// exchange is what one request resolved to.
+type exchange struct {
+	t   *Target
+	v   *View
+	fe  *snapshot.Frontend
+	be  *upstream.Backend // nil until routed
+	now time.Time         // when the request was routed (sessions)
+}
+
+// route picks the backend for r. Today that is the frontend's own backend;
+// GAMMA routes (HTTPRoute/GRPCRoute with a Service parent) slot in here,
+// matching r against the frontend's route table.
+func (h *Handler) route(fe *snapshot.Frontend, _ *http.Request) snapshot.BackendRef {
+	return fe.Backend
+}
+
+// wireFor decides the HTTP version toward the backend: what its protocol
+// demands, else what the app speaks. WebSocket always goes over HTTP/1.1
+// (kubernetes.io/wss and XBackend WSS force http/1.1, and an Upgrade cannot
+// cross HTTP/2).
+func wireFor(be *upstream.Backend, r *http.Request, websocket bool) upstream.Wire {
+	if websocket {
+		return upstream.WireH1
+	}
+	switch be.Spec.Protocol {
+	case snapshot.ProtocolH2C, snapshot.ProtocolHTTP2, snapshot.ProtocolGRPC:
+		return upstream.WireH2
+	case snapshot.ProtocolHTTP11, snapshot.ProtocolWS, snapshot.ProtocolWSS:
+		return upstream.WireH1
+	case snapshot.ProtocolHTTP:
+		if be.TLS() {
+			return upstream.WireNegotiate
+		}
+	}
+	if r.ProtoMajor == 2 {
+		return upstream.WireH2
+	}
+	return upstream.WireH1
+}
+
+// outgoing builds the request to send upstream. It shares r's header map,
+// from which hop-by-hop fields are removed in place: r is done with them
+// (net/http decided keep-alive when it read the request), and a copy per
+// request is the proxy's largest avoidable allocation.
+func outgoing(r *http.Request, be *upstream.Backend, c *balance.Choice, websocket bool) *http.Request {
+	ctx := upstream.WithEndpoint(r.Context(), &c.Endpoint)
+	out := r.WithContext(ctx)
+	out.URL = &url.URL{Scheme: be.Scheme(), Host: c.Host, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
+	out.RequestURI = ""
+	out.Close = false
+	if be.Spec.Hostname != "" {
+		// An ExternalHostname backend's own name is the authority it serves;
+		// the app addressed the Service, whose name the external host does not know.
+		out.Host = be.Spec.Hostname
+	}
+	if r.ContentLength == 0 {
+		out.Body = nil // Transport then sends no body and can retry
+	}
+	upgrade := ""
+	if websocket {
+		upgrade = r.Header.Get("Upgrade")
+	}
+	removeHopByHop(out.Header)
+	if upgrade != "" {
+		out.Header["Connection"] = connectionUpgrade
+		out.Header["Upgrade"] = []string{upgrade}
+	}
+	return out
+}
+
+var connectionUpgrade = []string{"Upgrade"}
+
+// hopByHop are the RFC 9110 §7.6.1 connection-specific fields (plus the
+// non-standard Proxy-Connection); TE survives as "trailers" for gRPC.
+var hopByHop = [...]string{"Connection", "Proxy-Connection", "Keep-Alive", "Transfer-Encoding", "Upgrade", "Trailer"}
+
+func removeHopByHop(h http.Header) {
+	for _, v := range h["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				delete(h, http.CanonicalHeaderKey(f))
+			}
+		}
+	}
+	for _, k := range hopByHop {
+		delete(h, k)
+	}
+	if te, ok := h["Te"]; ok && !(len(te) == 1 && te[0] == "trailers") {
+		delete(h, "Te")
+	}
+}
+
+func isWebSocketUpgrade(r *http.Request) bool {
+	return r.ProtoMajor == 1 && headerHasToken(r.Header["Connection"], "upgrade") &&
+		strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
+}
+
+// isExtendedConnect reports an RFC 8441 WebSocket bootstrap: net/http's
+// HTTP/2 server exposes the :protocol pseudo-header as a header field.
+func isExtendedConnect(r *http.Request) bool {
+	return r.ProtoMajor == 2 && r.Method == http.MethodConnect && strings.EqualFold(r.Header.Get(":protocol"), "websocket")
+}
+
+func headerHasToken(vv []string, token string) bool {
+	for _, v := range vv {
+		for f := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(f), token) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// fail answers a request that could not be forwarded and records why.
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, x *exchange, reason upstream.Reason, err error) {
+	code := h.report(r.Context(), x, reason, err)
+	if reason == upstream.ReasonCanceled {
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(code)
+	// The body names the reason class only; details are in the proxy log.
+	w.Write(reasonBodies[reason])
+}
+
+// report logs and counts a request that could not be forwarded, and
+// returns the status its client gets. A fail-closed backend is logged with
+// its policy and reason once per snapshot (at Debug afterwards), so a broken
+// policy cannot flood the log.
+func (h *Handler) report(ctx context.Context, x *exchange, reason upstream.Reason, err error) int {
+	be := x.be
+	code := reason.Status()
+	var fc *upstream.FailClosedError
+	lvl := slog.LevelWarn
+	switch {
+	case reason == upstream.ReasonCanceled:
+		lvl = slog.LevelDebug
+	case errors.As(err, &fc) && !be.FirstFailure():
+		lvl = slog.LevelDebug
+	}
+	if h.log.Enabled(ctx, lvl) {
+		attrs := []slog.Attr{
+			slog.String("orig_dst", x.t.OrigDst.String()),
+			slog.String("reason", string(reason)),
+			slog.Int("code", code),
+			slog.Any("client", x.t.client()),
+			slog.Uint64("snapshot_version", x.v.Snapshot.Version),
+			slog.Any("err", err),
+		}
+		if fc != nil {
+			attrs = append(attrs, slog.String("policy", fc.Policy.String()), slog.String("policy_reason", fc.Reason))
+		}
+		if x.fe != nil {
+			attrs = append(attrs, slog.String("service", x.fe.Service.String()))
+		}
+		if be != nil {
+			attrs = append(attrs, slog.String("backend", be.Spec.Ref.String()))
+		}
+		h.log.LogAttrs(ctx, lvl, "request failed", attrs...)
+	}
+	h.m.failures.WithLabelValues(string(reason)).Inc()
+	h.m.request(x.fe, code, protocolOf(be))
+	return code
+}
+
+var reasonBodies = func() map[upstream.Reason][]byte {
+	m := make(map[upstream.Reason][]byte)
+	for _, r := range []upstream.Reason{upstream.ReasonInvalidPolicy, upstream.ReasonNoEndpoints, upstream.ReasonRefused,
+		upstream.ReasonDialFailed, upstream.ReasonTLSVerify, upstream.ReasonTLSHandshake, upstream.ReasonProtocol,
+		upstream.ReasonCanceled, upstream.ReasonUpstream} {
+		m[r] = []byte("sockmesh: " + string(r) + "\n")
+	}
+	return m
+}()
+
+// protocolOf is the metric label of be's protocol; the common ones are
+// constants so that counting a request allocates nothing.
+func protocolOf(be *upstream.Backend) string {
+	if be == nil {
+		return "auto"
+	}
+	switch be.Spec.Protocol {
+	case snapshot.ProtocolAuto:
+		return "auto"
+	case snapshot.ProtocolHTTP:
+		return "http"
+	case snapshot.ProtocolHTTP11:
+		return "http11"
+	case snapshot.ProtocolHTTP2:
+		return "http2"
+	case snapshot.ProtocolH2C:
+		return "h2c"
+	case snapshot.ProtocolGRPC:
+		return "grpc"
+	}
+	return strings.ToLower(string(be.Spec.Protocol))
+}
+
+type metrics struct {
+	requests      *prometheus.CounterVec
+	failures      *prometheus.CounterVec
+	upgradedBytes prometheus.Counter
+	mu            sync.Mutex
+	cache         map[requestKey]prometheus.Counter
+}
+
+type requestKey struct {
+	namespace, service string
+	code               int
+	protocol           string
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sockmesh_proxy_requests_total",
+			Help: "HTTP requests the proxy answered, by captured Service, status code and backend protocol.",
+		}, []string{"namespace", "service", "code", "protocol"}),
+		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sockmesh_proxy_request_failures_total",
+			Help: "HTTP requests the proxy could not forward, by reason.",
+		}, []string{"reason"}),
+		upgradedBytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sockmesh_proxy_upgraded_bytes_total",
+			Help: "Bytes relayed over upgraded (WebSocket) streams, both directions.",
+		}),
+		cache: make(map[requestKey]prometheus.Counter),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.failures, m.upgradedBytes} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// request counts one answered request.
+func (m *metrics) request(f *snapshot.Frontend, code int, protocol string) {
+	m.counter(f, code, protocol).Inc()
+}
+
+// counter returns the requests counter for these labels; the cache keeps
+// the hot path free of label hashing and slice allocations.
+func (m *metrics) counter(f *snapshot.Frontend, code int, protocol string) prometheus.Counter {
+	var k requestKey
+	if f != nil {
+		k = requestKey{f.Service.Namespace, f.Service.Name, code, protocol}
+	} else {
+		k = requestKey{code: code, protocol: protocol}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	c, ok := m.cache[k]
+	if !ok {
+		c = m.requests.WithLabelValues(k.namespace, k.service, httpCode(code), protocol)
+		m.cache[k] = c
+	}
+	return c
+}
+
+func httpCode(c int) string {
+	const digits = "0123456789"
+	if c < 100 || c > 999 {
+		return "other"
+	}
+	return string([]byte{digits[c/100], digits[c/10%10], digits[c%10]})
+}

@@ -1,0 +1,395 @@
+package proxy_test
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/test/echo"
+	"github.com/sockmesh/sockmesh/test/pki"
+	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
+)
+
+// TestMain re-executes the test binary with GODEBUG=http2xconnect=1: net/http
+// reads it once at init, and WebSocket over HTTP/2 (RFC 8441) needs it, as
+// the agent's DaemonSet sets it.
+func TestMain(m *testing.M) {
+	if g := os.Getenv("GODEBUG"); !strings.Contains(g, "http2xconnect=1") {
+		if g != "" {
+			g += ","
+		}
+		env := append(os.Environ(), "GODEBUG="+g+"http2xconnect=1")
+		exe, err := os.Executable()
+		if err == nil {
+			err = syscall.Exec(exe, os.Args, env)
+		}
+		fmt.Fprintln(os.Stderr, "re-exec with GODEBUG=http2xconnect=1:", err)
+		os.Exit(2)
+	}
+	os.Exit(m.Run())
+}
+
+// pkiSet is the test's certificate world: a CA the backends use, another CA
+// nobody trusts, and leaves.
+type pkiSet struct {
+	ca, other          *pki.CA
+	server, otherSrv   *pki.Leaf // server: DNS echo.test + URI spiffe://test/ns/b/sa/echo
+	client, untrustedC *pki.Leaf
+}
+
+const (
+	sniName  = "echo.test"
+	spiffeID = "spiffe://cluster.local/ns/b/sa/echo"
+)
+
+func newPKI(t testing.TB) *pkiSet {
+	t.Helper()
+	must := func(err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var s pkiSet
+	var err error
+	s.ca, err = pki.NewCA("sockmesh test ca")
+	must(err)
+	s.other, err = pki.NewCA("untrusted ca")
+	must(err)
+	s.server, err = s.ca.Issue(pki.LeafOptions{CommonName: "echo", DNSNames: []string{sniName}, URIs: []string{spiffeID}})
+	must(err)
+	s.otherSrv, err = s.other.Issue(pki.LeafOptions{CommonName: "impostor", DNSNames: []string{sniName}})
+	must(err)
+	s.client, err = s.ca.Issue(pki.LeafOptions{CommonName: "sockmesh-proxy", URIs: []string{"spiffe://cluster.local/ns/sockmesh/sa/proxy"}, Client: true})
+	must(err)
+	return &s
+}
+
+// backend is a running echo server.
+type backend struct {
+	addr netip.AddrPort
+	srv  *echo.Server
+}
+
+// startEcho runs an echo server on 127.0.0.1:0; tlsCfg nil means cleartext.
+func startEcho(t testing.TB, pod string, tlsCfg *tls.Config) *backend {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := echo.New(echo.Config{Namespace: "b", Pod: pod, TLS: tlsCfg})
+	go s.Serve(l)
+	t.Cleanup(func() { s.Close() })
+	return &backend{addr: l.Addr().(*net.TCPAddr).AddrPort(), srv: s}
+}
+
+// startTCPEcho runs a raw echo (TLS when tlsCfg is set).
+func startTCPEcho(t testing.TB, tlsCfg *tls.Config) netip.AddrPort {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	addr := l.Addr().(*net.TCPAddr).AddrPort()
+	if tlsCfg != nil {
+		l = tls.NewListener(l, tlsCfg)
+	}
+	go echo.ServeTCPEcho(l)
+	return addr
+}
+
+// listenLocal listens on 127.0.0.1:0 and closes at cleanup.
+func listenLocal(t testing.TB) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// closedPort returns an address nothing listens on (listen, then close).
+func closedPort(t testing.TB) netip.AddrPort {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := l.Addr().(*net.TCPAddr).AddrPort()
+	l.Close()
+	return a
+}
+
+func serverTLS(leaf *pki.Leaf) *tls.Config {
+	return &tls.Config{Certificates: []tls.Certificate{leaf.TLS}}
+}
+
+// service is one captured Service port of a test snapshot.
+type service struct {
+	name    string
+	vip     netip.AddrPort
+	backend snapshot.Backend // Ref is filled in
+}
+
+func endpoints(addrs ...netip.AddrPort) []snapshot.Endpoint {
+	eps := make([]snapshot.Endpoint, len(addrs))
+	for i, a := range addrs {
+		eps[i] = snapshot.Endpoint{Addr: a, Ready: true, Serving: true}
+	}
+	return eps
+}
+
+func buildSnapshot(t testing.TB, version uint64, svcs ...service) *snapshot.Snapshot {
+	t.Helper()
+	var fes []snapshot.Frontend
+	var bes []snapshot.Backend
+	for _, s := range svcs {
+		ref := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: s.name, Port: s.vip.Port()}
+		be := s.backend
+		be.Ref = ref
+		fes = append(fes, snapshot.Frontend{
+			Service: snapshot.ObjectRef{Namespace: "b", Name: s.name}, Port: s.vip.Port(),
+			Addresses: []netip.Addr{s.vip.Addr()}, FailurePolicy: snapshot.FailClosed, Backend: ref,
+		})
+		bes = append(bes, be)
+	}
+	snap, err := snapshot.New(version, fes, bes, []snapshot.Workload{{
+		Pod: snapshot.ObjectRef{Namespace: "a", Name: "client"}, IPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}, Enrolled: true,
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap
+}
+
+// env is a proxy under test fed by a real TCP listener: each accepted
+// connection is handed to ServeConn with the original destination the
+// dialing side registered for it (what origdst would return).
+type env struct {
+	t    testing.TB
+	pki  *pkiSet
+	p    *proxy.Proxy
+	reg  *prometheus.Registry
+	ln   net.Listener
+	logs *syncBuffer
+	mu   sync.Mutex
+	dsts map[string]chan netip.AddrPort
+}
+
+type envOptions struct {
+	http1TLS    proxy.HTTP1TLSPath
+	systemRoots bool // the "system" pool trusts the test CA
+}
+
+func newEnv(t testing.TB, o envOptions) *env {
+	t.Helper()
+	e := &env{t: t, pki: newPKI(t), reg: prometheus.NewRegistry(), logs: &syncBuffer{}, dsts: make(map[string]chan netip.AddrPort)}
+	cfg := proxy.Config{
+		HTTP1TLS: o.http1TLS,
+		// A silent client is judged opaque after this; tests with
+		// server-first traffic do not exist here, so keep it generous.
+		SniffTimeout: 2 * time.Second,
+		Dial:         dial.Config{Unmarked: os.Geteuid() != 0},
+	}
+	if o.systemRoots {
+		cfg.Upstream.TLS = upstreamtls.Options{SystemRoots: e.pki.ca.Pool()}
+	} else {
+		cfg.Upstream.TLS = upstreamtls.Options{SystemRoots: e.pki.other.Pool()}
+	}
+	log := slog.New(slog.NewJSONHandler(e.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	p, err := proxy.New(cfg, log, e.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.p = p
+	e.ln, err = net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := e.ln.Accept()
+			if err != nil {
+				return
+			}
+			ch := e.slot(c.RemoteAddr().String())
+			go func() {
+				dst := <-ch
+				e.p.ServeConn(c, dst, proxy.Client{Addr: c.RemoteAddr().(*net.TCPAddr).AddrPort()})
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		e.ln.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := p.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("proxy log:\n%s", e.logs.String())
+		}
+	})
+	return e
+}
+
+func (e *env) slot(key string) chan netip.AddrPort {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	ch, ok := e.dsts[key]
+	if !ok {
+		ch = make(chan netip.AddrPort, 1)
+		e.dsts[key] = ch
+	}
+	return ch
+}
+
+// dial opens a client connection whose original destination is dst.
+func (e *env) dial(dst netip.AddrPort) (net.Conn, error) {
+	c, err := net.Dial("tcp", e.ln.Addr().String())
+	if err != nil {
+		return nil, err
+	}
+	e.slot(c.LocalAddr().String()) <- dst
+	return c, nil
+}
+
+// client returns an HTTP client whose every connection is redirected to dst;
+// h2c makes it speak HTTP/2 with prior knowledge, as a gRPC app does.
+func (e *env) client(dst netip.AddrPort, h2c bool) *http.Client {
+	tr := &http.Transport{
+		DialContext:        func(context.Context, string, string) (net.Conn, error) { return e.dial(dst) },
+		DisableCompression: true,
+		Protocols:          new(http.Protocols),
+	}
+	if h2c {
+		tr.Protocols.SetUnencryptedHTTP2(true)
+	} else {
+		tr.Protocols.SetHTTP1(true)
+	}
+	e.t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
+// get fetches url through c and decodes the echo report (when 200).
+func get(t *testing.T, c *http.Client, url string) (int, echo.Report) {
+	t.Helper()
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	var rep echo.Report
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: read body: %v", url, err)
+	}
+	if resp.StatusCode == http.StatusOK {
+		if err := json.Unmarshal(body, &rep); err != nil {
+			t.Fatalf("GET %s: decode %q: %v", url, body, err)
+		}
+	}
+	return resp.StatusCode, rep
+}
+
+// counter reads a counter from the registry by name and labels.
+func (e *env) counter(name string, labels map[string]string) float64 {
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
+					continue next
+				}
+			}
+			if m.GetCounter() != nil {
+				return m.GetCounter().GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return 0
+}
+
+// proxyFrame reports whether a goroutine's stack runs proxy code (not test
+// code of the proxy package).
+func proxyFrame(stack string) bool {
+	for _, line := range strings.Split(stack, "\n") {
+		if strings.Contains(line, "/userspace-proxy/") && strings.Contains(line, ".go:") && !strings.Contains(line, "_test.go:") {
+			return true
+		}
+	}
+	return false
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// checkNoLeaks fails t if goroutines of the proxy packages outlive the test.
+// It runs after every cleanup (register it first).
+func checkNoLeaks(t *testing.T) {
+	t.Cleanup(func() {
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			buf := make([]byte, 1<<20)
+			stacks := string(buf[:runtime.Stack(buf, true)])
+			var leaked []string
+			for _, g := range strings.Split(stacks, "\n\n") {
+				if proxyFrame(g) {
+					leaked = append(leaked, g)
+				}
+			}
+			if len(leaked) == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Errorf("%d proxy goroutines leaked; first:\n%s", len(leaked), leaked[0])
+				return
+			}
+			// Connections close asynchronously after Shutdown returns
+			// (kernel, net/http's background reads); give them a moment.
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+}

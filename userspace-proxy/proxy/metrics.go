@@ -1,0 +1,66 @@
+package proxy
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	conns     *prometheus.CounterVec
+	active    *prometheus.GaugeVec
+	rejected  *prometheus.CounterVec
+	failed    *prometheus.CounterVec
+	bytesUp   prometheus.Counter
+	bytesDown prometheus.Counter
+	version   prometheus.Gauge
+	// byPath holds each path's connection counter and gauge, looked up
+	// once here rather than per connection.
+	byPath map[Path]pathMetrics
+}
+
+type pathMetrics struct {
+	conns  prometheus.Counter
+	active prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sockmesh_proxy_bytes_total",
+		Help: "Bytes the proxy moved on client connections, by direction (upstream: from clients, downstream: to clients).",
+	}, []string{"direction"})
+	m := &metrics{
+		conns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sockmesh_proxy_connections_total",
+			Help: "Redirected connections served, by path (passthrough, l4, l4_tls, l7, http1).",
+		}, []string{"path"}),
+		active: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sockmesh_proxy_active_connections",
+			Help: "Client connections being served, by path.",
+		}, []string{"path"}),
+		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sockmesh_proxy_rejected_connections_total",
+			Help: "Connections closed unserved, by reason (not_redirected, not_captured, closed_early, shutting_down).",
+		}, []string{"reason"}),
+		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sockmesh_proxy_connection_failures_total",
+			Help: "Relayed connections reset because the backend could not be reached or honoured, by path and reason.",
+		}, []string{"path", "reason"}),
+		bytesUp:   bytes.WithLabelValues("upstream"),
+		bytesDown: bytes.WithLabelValues("downstream"),
+		version: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "sockmesh_proxy_snapshot_version",
+			Help: "Version of the snapshot the proxy serves new connections with.",
+		}),
+	}
+	m.byPath = make(map[Path]pathMetrics)
+	for _, p := range []Path{PathPassthrough, PathL4, PathL4TLS, PathL7, PathHTTP1} {
+		m.byPath[p] = pathMetrics{conns: m.conns.WithLabelValues(string(p)), active: m.active.WithLabelValues(string(p))}
+	}
+	for _, c := range []prometheus.Collector{m.conns, m.active, m.rejected, m.failed, bytes, m.version} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register proxy metrics: %w", err)
+		}
+	}
+	return m, nil
+}

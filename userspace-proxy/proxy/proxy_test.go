@@ -1,0 +1,784 @@
+package proxy_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+
+	"github.com/coder/websocket"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/test/echo"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
+)
+
+var vip = netip.MustParseAddrPort("10.96.0.10:80")
+
+func tlsPolicy(e *env) *snapshot.TLS {
+	return &snapshot.TLS{Mode: snapshot.TLSServerOnly, ServerName: sniName, RootsPEM: string(e.pki.ca.CertPEM),
+		Policy: snapshot.ObjectRef{Kind: "BackendTLSPolicy", Namespace: "b", Name: "echo-tls"}}
+}
+
+// TestAcceptLoopRefusesUnredirected: a plain listener's connections have no
+// original destination, so Serve closes them at once and counts them.
+func TestAcceptLoopRefusesUnredirected(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- e.p.Serve(l) }()
+	// The reset may even beat connect's return on loopback; either way the
+	// client must get no byte.
+	if c, err := net.Dial("tcp", l.Addr().String()); err == nil {
+		c.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"))
+		n, err := c.Read(make([]byte, 1))
+		c.Close()
+		if n != 0 || err == nil {
+			t.Fatalf("read on unredirected connection = %d, %v; want closed", n, err)
+		}
+	}
+	if got := e.counter("sockmesh_proxy_rejected_connections_total", map[string]string{"reason": "not_redirected"}); got != 1 {
+		t.Errorf("rejected{not_redirected} = %v, want 1", got)
+	}
+	if err := e.p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err != nil {
+		t.Errorf("Serve after Shutdown = %v, want nil", err)
+	}
+}
+
+// TestNotCapturedRefused: a redirected connection whose destination the
+// snapshot does not capture is closed, never relayed to that address.
+func TestNotCapturedRefused(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	c, err := e.dial(netip.MustParseAddrPort("10.96.0.99:80"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if n, err := c.Read(make([]byte, 1)); n != 0 || err == nil {
+		t.Fatalf("read = %d, %v; want closed", n, err)
+	}
+	if got := e.counter("sockmesh_proxy_rejected_connections_total", map[string]string{"reason": "not_captured"}); got != 1 {
+		t.Errorf("rejected{not_captured} = %v, want 1", got)
+	}
+}
+
+// TestUpstreamTLSValidation covers both outcomes of every validation mode on
+// both speeds. A verification failure is a 502 on both: when the L4 path
+// cannot complete the handshake before relaying, it hands the HTTP client to
+// the L7 path so the app reads an error instead of a reset.
+func TestUpstreamTLSValidation(t *testing.T) {
+	checkNoLeaks(t)
+	type tc struct {
+		name   string
+		server func(*pkiSet) *tls.Config
+		tls    func(*pkiSet, *snapshot.TLS)
+		ok     bool
+	}
+	requireClient := func(s *pkiSet) *tls.Config {
+		c := serverTLS(s.server)
+		c.ClientAuth, c.ClientCAs = tls.RequireAndVerifyClientCert, s.ca.Pool()
+		return c
+	}
+	cases := []tc{
+		{"roots ok", func(s *pkiSet) *tls.Config { return serverTLS(s.server) }, func(*pkiSet, *snapshot.TLS) {}, true},
+		{"roots untrusted server", func(s *pkiSet) *tls.Config { return serverTLS(s.otherSrv) }, func(*pkiSet, *snapshot.TLS) {}, false},
+		{"roots wrong hostname", func(s *pkiSet) *tls.Config { return serverTLS(s.server) }, func(_ *pkiSet, p *snapshot.TLS) { p.ServerName = "other.test" }, false},
+		{"system roots ok", func(s *pkiSet) *tls.Config { return serverTLS(s.server) }, func(_ *pkiSet, p *snapshot.TLS) { p.RootsPEM, p.SystemRoots = "", true }, true},
+		{"system roots untrusted", func(s *pkiSet) *tls.Config { return serverTLS(s.otherSrv) }, func(_ *pkiSet, p *snapshot.TLS) { p.RootsPEM, p.SystemRoots = "", true }, false},
+		{"san hostname ok", func(s *pkiSet) *tls.Config { return serverTLS(s.server) }, func(_ *pkiSet, p *snapshot.TLS) {
+			p.ServerName = "sni-differs.test"
+			p.SubjectAltNames = []snapshot.SubjectAltName{{Type: snapshot.SANHostname, Value: sniName}}
+		}, true},
+		{"san hostname mismatch", func(s *pkiSet) *tls.Config { return serverTLS(s.server) }, func(_ *pkiSet, p *snapshot.TLS) {
+			p.SubjectAltNames = []snapshot.SubjectAltName{{Type: snapshot.SANHostname, Value: "nope.test"}}
+		}, false},
+		{"san uri ok", func(s *pkiSet) *tls.Config { return serverTLS(s.server) }, func(_ *pkiSet, p *snapshot.TLS) {
+			p.SubjectAltNames = []snapshot.SubjectAltName{{Type: snapshot.SANURI, Value: spiffeID}}
+		}, true},
+		{"san uri mismatch", func(s *pkiSet) *tls.Config { return serverTLS(s.server) }, func(_ *pkiSet, p *snapshot.TLS) {
+			p.SubjectAltNames = []snapshot.SubjectAltName{{Type: snapshot.SANURI, Value: "spiffe://cluster.local/ns/b/sa/other"}}
+		}, false},
+		{"san uri untrusted chain", func(s *pkiSet) *tls.Config { return serverTLS(s.otherSrv) }, func(_ *pkiSet, p *snapshot.TLS) {
+			p.SubjectAltNames = []snapshot.SubjectAltName{{Type: snapshot.SANHostname, Value: sniName}}
+		}, false},
+		{"client cert presented", requireClient, func(s *pkiSet, p *snapshot.TLS) {
+			p.Mode, p.ClientCertificatePEM, p.ClientKeyPEM = snapshot.TLSMutual, string(s.client.CertPEM), string(s.client.KeyPEM)
+		}, true},
+		{"client cert required but not configured", requireClient, func(*pkiSet, *snapshot.TLS) {}, false},
+	}
+	for _, path := range []proxy.HTTP1TLSPath{proxy.HTTP1TLSL7, proxy.HTTP1TLSL4, proxy.HTTP1TLSPooled} {
+		for _, c := range cases {
+			t.Run(fmt.Sprintf("path=%d/%s", path, c.name), func(t *testing.T) {
+				e := newEnv(t, envOptions{http1TLS: path, systemRoots: true})
+				be := startEcho(t, "echo-0", c.server(e.pki))
+				pol := tlsPolicy(e)
+				c.tls(e.pki, pol)
+				e.p.Update(buildSnapshot(t, 1, service{name: "echo", vip: vip, backend: snapshot.Backend{TLS: pol, Endpoints: endpoints(be.addr)}}))
+				cl := e.client(vip, false)
+				resp, err := cl.Get("http://echo.b.svc/hello")
+				if err != nil && path == proxy.HTTP1TLSL4 && c.name == "client cert required but not configured" {
+					// TLS 1.3: the client's handshake completes before the
+					// server rejects it, so L4 was already relaying; the
+					// alert arrives as a reset, the only signal L4 has.
+					return
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				want := http.StatusOK
+				if !c.ok {
+					want = http.StatusBadGateway
+				}
+				if resp.StatusCode != want {
+					t.Fatalf("status = %d (%s), want %d", resp.StatusCode, body, want)
+				}
+				if !c.ok {
+					if !strings.Contains(e.logs.String(), "tls_verify") && !strings.Contains(e.logs.String(), "tls_handshake") {
+						t.Errorf("no tls failure reason in the log:\n%s", e.logs)
+					}
+					return
+				}
+				if !bytes.Contains(body, []byte(`"serverName":"`+pol.ServerName+`"`)) {
+					t.Errorf("backend saw no SNI %q: %s", pol.ServerName, body)
+				}
+				if pol.Mode == snapshot.TLSMutual && !bytes.Contains(body, []byte("sockmesh-proxy")) {
+					t.Errorf("backend saw no client certificate: %s", body)
+				}
+				wantPath := map[proxy.HTTP1TLSPath]string{proxy.HTTP1TLSL7: "l7", proxy.HTTP1TLSL4: "l4_tls", proxy.HTTP1TLSPooled: "http1"}[path]
+				if got := e.counter("sockmesh_proxy_connections_total", map[string]string{"path": wantPath}); got != 1 {
+					t.Errorf("connections{path=%s} = %v, want 1", wantPath, got)
+				}
+			})
+		}
+	}
+}
+
+// TestProtocols: each protocol row of the issue, through the proxy to a real
+// backend, checking what the backend saw.
+func TestProtocols(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	tlsBE := startEcho(t, "tls-0", serverTLS(e.pki.server))
+	clearBE := startEcho(t, "clear-0", nil)
+	pol := tlsPolicy(e)
+	vips := map[string]netip.AddrPort{}
+	var svcs []service
+	add := func(name string, be snapshot.Backend) {
+		v := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 1, byte(len(svcs) + 1)}), 80)
+		vips[name] = v
+		svcs = append(svcs, service{name: name, vip: v, backend: be})
+	}
+	add("http-tls", snapshot.Backend{Protocol: snapshot.ProtocolHTTP, TLS: pol, Endpoints: endpoints(tlsBE.addr)})
+	add("http11-tls", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, TLS: pol, Endpoints: endpoints(tlsBE.addr)})
+	add("http2-tls", snapshot.Backend{Protocol: snapshot.ProtocolHTTP2, TLS: pol, Endpoints: endpoints(tlsBE.addr)})
+	add("auto-tls", snapshot.Backend{TLS: pol, Endpoints: endpoints(tlsBE.addr)})
+	add("h2c", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(clearBE.addr)})
+	add("auto-clear", snapshot.Backend{Endpoints: endpoints(clearBE.addr)})
+	e.p.Update(buildSnapshot(t, 1, svcs...))
+
+	cases := []struct {
+		svc       string
+		h2cClient bool
+		wantProto string
+		wantALPN  string // "" = cleartext
+	}{
+		// XBackend HTTP offers both; an HTTP/1.1 app on the default (L4)
+		// speed keeps its version with ALPN http/1.1.
+		{"http-tls", false, "HTTP/1.1", "http/1.1"},
+		{"http-tls", true, "HTTP/2.0", "h2"},
+		{"http11-tls", false, "HTTP/1.1", "http/1.1"},
+		{"http2-tls", false, "HTTP/2.0", "h2"},
+		{"http2-tls", true, "HTTP/2.0", "h2"},
+		{"auto-tls", false, "HTTP/1.1", "http/1.1"},
+		{"auto-tls", true, "HTTP/2.0", "h2"},
+		{"h2c", false, "HTTP/2.0", ""},
+		{"h2c", true, "HTTP/2.0", ""},
+		{"auto-clear", false, "HTTP/1.1", ""},
+		{"auto-clear", true, "HTTP/2.0", ""},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("%s/h2c-client=%v", c.svc, c.h2cClient), func(t *testing.T) {
+			code, rep := get(t, e.client(vips[c.svc], c.h2cClient), "http://"+c.svc+".b.svc/p?q=1")
+			if code != http.StatusOK {
+				t.Fatalf("status %d", code)
+			}
+			if rep.Proto != c.wantProto || rep.Path != "/p" || rep.RawQuery != "q=1" || rep.Host != c.svc+".b.svc" {
+				t.Errorf("backend saw proto %s path %s query %s host %s; want %s /p q=1 %s.b.svc", rep.Proto, rep.Path, rep.RawQuery, rep.Host, c.wantProto, c.svc)
+			}
+			switch {
+			case c.wantALPN == "" && rep.TLS != nil:
+				t.Errorf("backend saw TLS, want cleartext")
+			case c.wantALPN != "" && (rep.TLS == nil || rep.TLS.NegotiatedProtocol != c.wantALPN || rep.TLS.ServerName != sniName):
+				t.Errorf("backend TLS = %+v, want ALPN %s SNI %s", rep.TLS, c.wantALPN, sniName)
+			}
+		})
+	}
+}
+
+// TestGRPC: unary and bidirectional streaming with trailers intact, over h2
+// (TLS) and h2c backends, from a gRPC app speaking h2c to the Service.
+func TestGRPC(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	tlsBE := startEcho(t, "grpc-tls", serverTLS(e.pki.server))
+	clearBE := startEcho(t, "grpc-clear", nil)
+	vTLS, vClear := netip.MustParseAddrPort("10.96.2.1:9000"), netip.MustParseAddrPort("10.96.2.2:9000")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "grpc-tls", vip: vTLS, backend: snapshot.Backend{Protocol: snapshot.ProtocolGRPC, TLS: tlsPolicy(e), Endpoints: endpoints(tlsBE.addr)}},
+		service{name: "grpc-clear", vip: vClear, backend: snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(clearBE.addr)}},
+	))
+	for name, dst := range map[string]netip.AddrPort{"grpc-tls": vTLS, "grpc-clear": vClear} {
+		t.Run(name, func(t *testing.T) {
+			cc, err := grpc.NewClient("passthrough:///"+name+".b.svc:9000",
+				grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(dst) }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cc.Close()
+			ctx := context.Background()
+			var trailer metadata.MD
+			out := new(wrapperspb.BytesValue)
+			if err := cc.Invoke(ctx, echo.MethodUnary, wrapperspb.Bytes([]byte("ping")), out, grpc.Trailer(&trailer)); err != nil {
+				t.Fatalf("unary: %v", err)
+			}
+			if string(out.Value) != "ping" || len(trailer.Get(echo.TrailerKey)) != 1 || trailer.Get(echo.TrailerKey)[0] != name {
+				t.Errorf("unary = %q trailer %v; want ping, %s=%s", out.Value, trailer, echo.TrailerKey, name)
+			}
+			// Bidirectional: each reply arrives before the next send, which
+			// only works if neither direction is buffered to the end.
+			st, err := cc.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, echo.MethodStream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range 500 {
+				msg := fmt.Appendf(nil, "m%d", i)
+				if err := st.SendMsg(wrapperspb.Bytes(msg)); err != nil {
+					t.Fatalf("send %d: %v", i, err)
+				}
+				got := new(wrapperspb.BytesValue)
+				if err := st.RecvMsg(got); err != nil || !bytes.Equal(got.Value, msg) {
+					t.Fatalf("recv %d = %q, %v", i, got.Value, err)
+				}
+			}
+			st.CloseSend()
+			if err := st.RecvMsg(new(wrapperspb.BytesValue)); err != io.EOF {
+				t.Fatalf("end of stream = %v, want EOF", err)
+			}
+			if st.Trailer().Get(echo.TrailerKey)[0] != name {
+				t.Errorf("stream trailer = %v", st.Trailer())
+			}
+		})
+	}
+}
+
+// TestWebSocket: an HTTP/1.1 Upgrade relayed to ws (cleartext) and wss
+// (TLS, ALPN http/1.1) backends, and an HTTP/2 client's extended CONNECT
+// bridged to an HTTP/1.1 Upgrade.
+func TestWebSocket(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	tlsBE := startEcho(t, "wss-0", serverTLS(e.pki.server))
+	clearBE := startEcho(t, "ws-0", nil)
+	vWS, vWSS := netip.MustParseAddrPort("10.96.3.1:80"), netip.MustParseAddrPort("10.96.3.2:80")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "ws", vip: vWS, backend: snapshot.Backend{Protocol: snapshot.ProtocolWS, Endpoints: endpoints(clearBE.addr)}},
+		service{name: "wss", vip: vWSS, backend: snapshot.Backend{Protocol: snapshot.ProtocolWSS, TLS: tlsPolicy(e), Endpoints: endpoints(tlsBE.addr)}},
+	))
+	for name, dst := range map[string]netip.AddrPort{"ws": vWS, "wss": vWSS} {
+		t.Run("upgrade/"+name, func(t *testing.T) {
+			ctx := context.Background()
+			c, _, err := websocket.Dial(ctx, "ws://"+name+".b.svc/ws", &websocket.DialOptions{HTTPClient: e.client(dst, false)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.CloseNow()
+			_, first, err := c.Read(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkWSReport(t, first, name == "wss")
+			for i := range 50 {
+				msg := fmt.Appendf(nil, "hello %d", i)
+				if err := c.Write(ctx, websocket.MessageText, msg); err != nil {
+					t.Fatal(err)
+				}
+				if _, got, err := c.Read(ctx); err != nil || !bytes.Equal(got, msg) {
+					t.Fatalf("echo %d = %q, %v", i, got, err)
+				}
+			}
+			c.Close(websocket.StatusNormalClosure, "")
+		})
+	}
+	t.Run("extended-connect/wss", func(t *testing.T) {
+		c, err := e.dial(vWSS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		st := openExtendedConnect(t, c, "wss.b.svc", "/ws")
+		first, err := st.readWS()
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkWSReport(t, first, true)
+		for i := range 20 {
+			msg := fmt.Appendf(nil, "over h2 %d", i)
+			if err := st.writeWS(msg); err != nil {
+				t.Fatal(err)
+			}
+			got, err := st.readWS()
+			if err != nil || !bytes.Equal(got, msg) {
+				t.Fatalf("echo %d = %q, %v", i, got, err)
+			}
+		}
+	})
+}
+
+func checkWSReport(t *testing.T, first []byte, wantTLS bool) {
+	t.Helper()
+	if !bytes.Contains(first, []byte(`"path":"/ws"`)) {
+		t.Errorf("first message is not the backend report: %s", first)
+	}
+	if got := bytes.Contains(first, []byte(`"negotiatedProtocol":"http/1.1"`)); got != wantTLS {
+		t.Errorf("backend TLS with ALPN http/1.1 = %v, want %v: %s", got, wantTLS, first)
+	}
+}
+
+// TestSSEStreams: an MCP backend's event stream reaches the client event by
+// event. The server waits an hour between the first and second event, so
+// the first arrives only if nothing buffers.
+func TestSSEStreams(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	be := startEcho(t, "mcp-0", serverTLS(e.pki.server))
+	e.p.Update(buildSnapshot(t, 1, service{name: "mcp", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolMCP, TLS: tlsPolicy(e), Endpoints: endpoints(be.addr)}}))
+	for _, h2 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2c-client=%v", h2), func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://mcp.b.svc/sse?n=2&interval=1h", nil)
+			resp, err := e.client(vip, h2).Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			line, err := bufio.NewReader(resp.Body).ReadString('\n')
+			if err != nil || line != "id: 0\n" {
+				t.Fatalf("first event line = %q, %v", line, err)
+			}
+		})
+	}
+}
+
+// TestTCP: opaque bytes with TLS origination, half-close respected both ways.
+func TestTCP(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	addr := startTCPEcho(t, serverTLS(e.pki.server))
+	clear := startTCPEcho(t, nil)
+	vTLS, vClear := netip.MustParseAddrPort("10.96.4.1:5432"), netip.MustParseAddrPort("10.96.4.2:5432")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "db", vip: vTLS, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, TLS: tlsPolicy(e), Endpoints: endpoints(addr)}},
+		service{name: "raw", vip: vClear, backend: snapshot.Backend{Endpoints: endpoints(clear)}},
+	))
+	for name, dst := range map[string]netip.AddrPort{"tls": vTLS, "clear": vClear} {
+		t.Run(name, func(t *testing.T) {
+			c, err := e.dial(dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			payload := bytes.Repeat([]byte("opaque\x00\x01"), 100_000)
+			go func() {
+				c.Write(payload)
+				c.(*net.TCPConn).CloseWrite()
+			}()
+			got, err := io.ReadAll(c)
+			if err != nil || !bytes.Equal(got, payload) {
+				t.Fatalf("echo: %d bytes, %v; want %d bytes", len(got), err, len(payload))
+			}
+		})
+	}
+}
+
+// TestNoDoubleTLS: an app that speaks TLS itself is passed through: it
+// verifies the backend's certificate end to end, and the backend sees the
+// app's own SNI and ALPN (TLS inside TLS would fail the handshake).
+func TestNoDoubleTLS(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	be := startEcho(t, "tls-0", serverTLS(e.pki.server))
+	e.p.Update(buildSnapshot(t, 1, service{name: "echo", vip: netip.MustParseAddrPort("10.96.0.10:443"), backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(be.addr)}}))
+	tr := &http.Transport{
+		DialTLSContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			c, err := e.dial(netip.MustParseAddrPort("10.96.0.10:443"))
+			if err != nil {
+				return nil, err
+			}
+			tc := tls.Client(c, &tls.Config{ServerName: sniName, RootCAs: e.pki.ca.Pool(), NextProtos: []string{"http/1.1"}})
+			return tc, tc.HandshakeContext(ctx)
+		},
+	}
+	defer tr.CloseIdleConnections()
+	code, rep := get(t, &http.Client{Transport: tr}, "https://echo.b.svc/")
+	if code != http.StatusOK || rep.TLS == nil || rep.TLS.NegotiatedProtocol != "http/1.1" || len(rep.TLS.PeerCertificates) != 0 {
+		t.Fatalf("status %d, backend TLS %+v; want the app's own handshake", code, rep.TLS)
+	}
+	if got := e.counter("sockmesh_proxy_connections_total", map[string]string{"path": "passthrough"}); got != 1 {
+		t.Errorf("passthrough connections = %v, want 1", got)
+	}
+}
+
+// TestFailClosed: an invalid policy gives HTTP 503 and a TCP reset with a log
+// line naming the policy and reason, and never a cleartext byte to the
+// backend (whose listener would otherwise see one).
+func TestFailClosed(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	hits := make(chan struct{}, 10)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			hits <- struct{}{}
+			c.Close()
+		}
+	}()
+	policy := snapshot.ObjectRef{Kind: "BackendTLSPolicy", Namespace: "b", Name: "broken"}
+	inv := &snapshot.Invalid{Policy: policy, Reason: "NoValidCACertificate", Message: "ConfigMap b/ca has no ca.crt"}
+	badPEM := tlsPolicy(e)
+	badPEM.RootsPEM = "not a certificate"
+	vHTTP, vTCP, vPEM := netip.MustParseAddrPort("10.96.5.1:80"), netip.MustParseAddrPort("10.96.5.2:80"), netip.MustParseAddrPort("10.96.5.3:80")
+	ep := endpoints(l.Addr().(*net.TCPAddr).AddrPort())
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "invalid", vip: vHTTP, backend: snapshot.Backend{TLS: tlsPolicy(e), Invalid: inv, Endpoints: ep}},
+		service{name: "invalid-tcp", vip: vTCP, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, Invalid: inv, Endpoints: ep}},
+		service{name: "bad-pem", vip: vPEM, backend: snapshot.Backend{TLS: badPEM, Endpoints: ep}},
+	))
+	for _, dst := range []netip.AddrPort{vHTTP, vPEM} {
+		for _, h2 := range []bool{false, true} {
+			if code, _ := get(t, e.client(dst, h2), "http://x.b.svc/"); code != http.StatusServiceUnavailable {
+				t.Errorf("%s h2=%v: status %d, want 503", dst, h2, code)
+			}
+		}
+	}
+	c, err := e.dial(vTCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Write([]byte("\x00binary protocol hello"))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("tcp to invalid backend: read err = %v, want connection reset", err)
+	}
+	c.Close()
+	logs := e.logs.String()
+	for _, want := range []string{`"policy":"BackendTLSPolicy/b/broken"`, `"policy_reason":"NoValidCACertificate"`, `no certificate in the CA bundle`} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("log lacks %s:\n%s", want, logs)
+		}
+	}
+	if len(hits) != 0 {
+		t.Errorf("backend got %d connections from a fail-closed service", len(hits))
+	}
+}
+
+// TestUnavailable: no ready endpoints gives 503, WebSocket upgrades
+// included; a refused endpoint gives 503.
+func TestUnavailable(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	notReady := endpoints(closedPort(t))
+	notReady[0].Ready = false
+	vNone, vWS, vRefused := netip.MustParseAddrPort("10.96.6.1:80"), netip.MustParseAddrPort("10.96.6.2:80"), netip.MustParseAddrPort("10.96.6.3:80")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "none", vip: vNone, backend: snapshot.Backend{Endpoints: notReady}},
+		service{name: "ws", vip: vWS, backend: snapshot.Backend{Protocol: snapshot.ProtocolWSS, TLS: tlsPolicy(e)}},
+		service{name: "refused", vip: vRefused, backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(closedPort(t))}},
+	))
+	if code, _ := get(t, e.client(vNone, false), "http://none.b.svc/"); code != http.StatusServiceUnavailable {
+		t.Errorf("no ready endpoints: %d, want 503", code)
+	}
+	_, resp, err := websocket.Dial(context.Background(), "ws://ws.b.svc/ws", &websocket.DialOptions{HTTPClient: e.client(vWS, false)})
+	if err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("websocket without endpoints: resp %v, err %v; want 503", resp, err)
+	}
+	if code, _ := get(t, e.client(vRefused, false), "http://refused.b.svc/"); code != http.StatusServiceUnavailable {
+		t.Errorf("refused: %d, want 503", code)
+	}
+	if got := e.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": "refused"}); got != 1 {
+		t.Errorf("failures{refused} = %v, want 1", got)
+	}
+}
+
+// TestLargeBodies: 8 MiB up and 32 MiB down, streamed both ways, through
+// protocol translation (HTTP/1.1 app to an h2 backend) and on the default
+// path (HTTP/1.1 app to a TLS backend: pooled HTTP/1.1).
+func TestLargeBodies(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	be := startEcho(t, "big-0", serverTLS(e.pki.server))
+	vH2, vH1 := netip.MustParseAddrPort("10.96.7.1:80"), netip.MustParseAddrPort("10.96.7.2:80")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "big", vip: vH2, backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP2, TLS: tlsPolicy(e), Endpoints: endpoints(be.addr)}},
+		service{name: "big-h1", vip: vH1, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(be.addr)}},
+	))
+	for name, dst := range map[string]netip.AddrPort{"h2": vH2, "pooled-h1": vH1} {
+		t.Run(name, func(t *testing.T) {
+			cl := e.client(dst, false)
+			up := bytes.Repeat([]byte("0123456789abcdef"), 512<<10)
+			sum := sha256.Sum256(up)
+			// Chunked (unknown length) to exercise streaming of request bodies.
+			resp, err := cl.Post("http://big.b.svc/", "application/octet-stream", io.MultiReader(bytes.NewReader(up)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if !bytes.Contains(body, []byte(hex.EncodeToString(sum[:]))) || !bytes.Contains(body, []byte(`"bodyBytes":8388608`)) {
+				t.Errorf("upload: backend report %s", body)
+			}
+			resp, err = cl.Get("http://big.b.svc/bytes/33554432")
+			if err != nil {
+				t.Fatal(err)
+			}
+			n, err := io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if err != nil || n != 32<<20 {
+				t.Errorf("download: %d bytes, %v; want %d", n, err, 32<<20)
+			}
+		})
+	}
+}
+
+// TestSessionPersistence: a cookie pins requests to one of several endpoints.
+func TestSessionPersistence(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	var addrs []netip.AddrPort
+	for i := range 3 {
+		addrs = append(addrs, startEcho(t, fmt.Sprintf("pod-%d", i), nil).addr)
+	}
+	e.p.Update(buildSnapshot(t, 1, service{name: "sticky", vip: vip, backend: snapshot.Backend{
+		Endpoints: endpoints(addrs...), SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionCookie, Name: "sm-session"},
+	}}))
+	cl := e.client(vip, false)
+	resp, err := cl.Get("http://sticky.b.svc/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	var cookie *http.Cookie
+	for _, c := range resp.Cookies() {
+		if c.Name == "sm-session" {
+			cookie = c
+		}
+	}
+	if cookie == nil {
+		t.Fatalf("no session cookie in %v", resp.Header)
+	}
+	pods := map[string]bool{}
+	for range 9 {
+		req, _ := http.NewRequest(http.MethodGet, "http://sticky.b.svc/", nil)
+		req.AddCookie(cookie)
+		resp, err := cl.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for i := range 3 {
+			if bytes.Contains(b, fmt.Appendf(nil, `"pod":"pod-%d"`, i)) {
+				pods[fmt.Sprint(i)] = true
+			}
+		}
+	}
+	if len(pods) != 1 {
+		t.Errorf("requests with one session cookie reached pods %v, want exactly one", pods)
+	}
+}
+
+// TestSnapshotSwapUnderLoad: clients keep sending while snapshots move the
+// Service between two endpoint sets; no request fails.
+func TestSnapshotSwapUnderLoad(t *testing.T) {
+	checkNoLeaks(t)
+	for _, path := range []proxy.HTTP1TLSPath{proxy.HTTP1TLSL7, proxy.HTTP1TLSL4, proxy.HTTP1TLSPooled} {
+		t.Run(fmt.Sprint("path=", path), func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: path})
+			a := startEcho(t, "a", serverTLS(e.pki.server))
+			b := startEcho(t, "b", serverTLS(e.pki.server))
+			snap := func(v uint64, addr netip.AddrPort) *snapshot.Snapshot {
+				return buildSnapshot(t, v, service{name: "echo", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(addr)}})
+			}
+			e.p.Update(snap(1, a.addr))
+			var wg sync.WaitGroup
+			stop := make(chan struct{})
+			var mu sync.Mutex
+			seen := map[string]int{}
+			var failures []string
+			for range 4 {
+				wg.Go(func() {
+					cl := e.client(vip, false)
+					for {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						resp, err := cl.Get("http://echo.b.svc/")
+						if err != nil {
+							mu.Lock()
+							failures = append(failures, err.Error())
+							mu.Unlock()
+							continue
+						}
+						b, _ := io.ReadAll(resp.Body)
+						resp.Body.Close()
+						mu.Lock()
+						if resp.StatusCode != http.StatusOK {
+							failures = append(failures, resp.Status)
+						} else if bytes.Contains(b, []byte(`"pod":"a"`)) {
+							seen["a"]++
+						} else {
+							seen["b"]++
+						}
+						mu.Unlock()
+					}
+				})
+			}
+			for v := uint64(2); v < 40; v++ {
+				addr := a.addr
+				if v%2 == 1 {
+					addr = b.addr
+				}
+				e.p.Update(snap(v, addr))
+				// Let some requests through on this version before the next.
+				for {
+					mu.Lock()
+					n := seen["a"] + seen["b"]
+					mu.Unlock()
+					if n >= int(v)*5 {
+						break
+					}
+				}
+			}
+			close(stop)
+			wg.Wait()
+			if len(failures) > 0 {
+				t.Fatalf("%d requests failed during swaps, first: %s", len(failures), failures[0])
+			}
+			if path != proxy.HTTP1TLSL4 && (seen["a"] == 0 || seen["b"] == 0) {
+				t.Errorf("L7 requests did not follow the swaps: %v", seen)
+			}
+		})
+	}
+}
+
+// TestShutdownDrains: an in-flight streamed response finishes before
+// Shutdown returns, and new connections are refused afterwards.
+func TestShutdownDrains(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	be := startEcho(t, "s", nil)
+	// H2C makes an HTTP/1.1 client take the L7 path, whose requests
+	// Shutdown can wait for (an L4 relay lasts until ctx ends).
+	e.p.Update(buildSnapshot(t, 1, service{name: "s", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(be.addr)}}))
+	resp, err := e.client(vip, false).Get("http://s.b.svc/sse?n=20&interval=5ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- e.p.Shutdown(context.Background()) }()
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || bytes.Count(b, []byte("id: ")) != 20 {
+		t.Fatalf("stream during shutdown: %d events, %v", bytes.Count(b, []byte("id: ")), err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if c, err := e.dial(vip); err == nil {
+		if n, err := c.Read(make([]byte, 1)); n != 0 || err == nil {
+			t.Errorf("connection after shutdown was served")
+		}
+		c.Close()
+	}
+}
+
+// TestL7NegotiatesH2: on the L7 speed an HTTP/1.1 app's requests to an
+// XBackend HTTP backend go out as h2 when the backend offers it (ALPN).
+func TestL7NegotiatesH2(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{http1TLS: proxy.HTTP1TLSL7})
+	be := startEcho(t, "tls-0", serverTLS(e.pki.server))
+	e.p.Update(buildSnapshot(t, 1, service{name: "http", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP, TLS: tlsPolicy(e), Endpoints: endpoints(be.addr)}}))
+	code, rep := get(t, e.client(vip, false), "http://http.b.svc/")
+	if code != http.StatusOK || rep.Proto != "HTTP/2.0" || rep.TLS == nil || rep.TLS.NegotiatedProtocol != "h2" {
+		t.Fatalf("status %d proto %s tls %+v; want h2", code, rep.Proto, rep.TLS)
+	}
+}
+
+// TestListenConfig: accepted connections carry no TCP keep-alive (four
+// setsockopt calls per connection saved; see ListenConfig).
+func TestListenConfig(t *testing.T) {
+	l, err := proxy.ListenConfig().Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sc, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	rc, err := sc.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	keepAlive := -1
+	rc.Control(func(fd uintptr) {
+		keepAlive, err = syscall.GetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_KEEPALIVE)
+	})
+	if err != nil || keepAlive != 0 {
+		t.Errorf("SO_KEEPALIVE = %d, %v; want 0", keepAlive, err)
+	}
+}

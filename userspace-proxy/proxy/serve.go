@@ -1,0 +1,338 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
+	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sniff"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
+)
+
+// Path is how a connection is served; it is the metric label.
+type Path string
+
+const (
+	PathPassthrough Path = "passthrough"
+	PathL4          Path = "l4"
+	PathL4TLS       Path = "l4_tls"
+	// PathL7 is net/http's server: HTTP/2 apps, and HTTP/1.x apps when
+	// Config.HTTP1TLS is HTTP1TLSL7.
+	PathL7 Path = "l7"
+	// PathHTTP1 is the HTTP/1 fast path (httpproxy.Handler.ServeHTTP1).
+	PathHTTP1 Path = "http1"
+)
+
+// ServeConn serves one redirected connection whose original destination is
+// origDst, and returns when the connection is finished. It takes ownership
+// of c. The accept loop calls it after resolving origDst; callers that
+// resolve the destination themselves (tests, other listeners) may call it
+// directly. A destination the current snapshot does not capture is closed
+// at once.
+func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
+	if !p.begin() {
+		p.reject(c, "shutting_down", nil)
+		return
+	}
+	defer p.active.Done()
+	v := p.current.Load()
+	fe, ok := v.Snapshot.Frontend(origDst)
+	if !ok {
+		// Redirected but not (or no longer) captured: relaying to origDst
+		// would make the proxy dial a Service address; refuse instead.
+		p.reject(c, "not_captured", nil)
+		return
+	}
+	be := v.Backends.Get(fe.Backend)
+	kind, sc, err := sniff.Sniff(c, p.cfg.SniffTimeout)
+	if err != nil {
+		p.m.rejected.WithLabelValues("closed_early").Inc()
+		c.Close()
+		return
+	}
+	cs := &connState{p: p, v: v, fe: fe, be: be, dst: origDst, client: client}
+	switch path := p.choosePath(kind, fe, be); path {
+	case PathL7, PathHTTP1:
+		cs.serveHTTP(sc, path)
+	default:
+		cs.serveL4(sc, path, kind)
+	}
+}
+
+// choosePath is the two-speed decision: L7 whenever a request must be looked
+// at (fail-closed or no-endpoint answers, session persistence, a protocol
+// change, and later routes) and, by default, for HTTP/1.x to a TLS backend
+// (pooled upstream TLS; see HTTP1TLSAuto); otherwise bytes are relayed.
+func (p *Proxy) choosePath(kind sniff.Kind, fe *snapshot.Frontend, be *upstream.Backend) Path {
+	if kind == sniff.TLS {
+		return PathPassthrough
+	}
+	tls := be.Err == nil && be.TLS()
+	l4 := PathL4
+	if tls {
+		l4 = PathL4TLS
+	}
+	if kind != sniff.HTTP1 && kind != sniff.HTTP2 || be.Spec.Protocol == snapshot.ProtocolTCP {
+		return l4
+	}
+	l7 := p.l7For(kind)
+	if be.Err != nil || be.Picker.Len() == 0 || be.Spec.SessionPersistence != nil || fe.Routes != nil {
+		return l7 // the app gets a 503 it can read, a sticky endpoint, or its route
+	}
+	if !acceptsAsIs(be.Spec.Protocol, tls, kind) {
+		return l7
+	}
+	if tls && kind == sniff.HTTP1 && p.cfg.HTTP1TLS != HTTP1TLSL4 {
+		return l7
+	}
+	return l4
+}
+
+// l7For is the L7 path for an app speaking kind: the fast path for HTTP/1.x
+// unless configured otherwise, net/http's server for HTTP/2.
+func (p *Proxy) l7For(kind sniff.Kind) Path {
+	if kind == sniff.HTTP1 && p.cfg.HTTP1TLS != HTTP1TLSL7 {
+		return PathHTTP1
+	}
+	return PathL7
+}
+
+// acceptsAsIs reports whether a backend of protocol proto takes the app's
+// HTTP version unchanged, so relayed bytes are already the right wire.
+func acceptsAsIs(proto snapshot.Protocol, tls bool, kind sniff.Kind) bool {
+	switch proto {
+	case snapshot.ProtocolHTTP11, snapshot.ProtocolWS, snapshot.ProtocolWSS:
+		return kind == sniff.HTTP1
+	case snapshot.ProtocolHTTP2, snapshot.ProtocolGRPC:
+		return kind == sniff.HTTP2
+	case snapshot.ProtocolH2C:
+		return kind == sniff.HTTP2 && !tls
+	}
+	return true // Auto, HTTP, MCP: the app's own version is acceptable
+}
+
+// connState is one connection being served.
+type connState struct {
+	p      *Proxy
+	v      *httpproxy.View
+	fe     *snapshot.Frontend
+	be     *upstream.Backend
+	dst    netip.AddrPort
+	client Client
+}
+
+// serveL4 relays bytes to an endpoint: untouched for passthrough and
+// cleartext, inside TLS when the backend asks. An invalid backend, no
+// endpoint or a failed dial or handshake resets the client: opaque bytes
+// have no way to carry an error.
+func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
+	p := cs.p
+	if cs.be.Err != nil {
+		cs.fail(c, path, upstream.ReasonInvalidPolicy, cs.be.Err)
+		return
+	}
+	var alpn []string
+	if path == PathL4TLS {
+		switch kind {
+		case sniff.HTTP1:
+			alpn = upstream.WireH1.ALPN()
+		case sniff.HTTP2:
+			alpn = upstream.WireH2.ALPN()
+		}
+	}
+	up, err := cs.dialAny(path, alpn)
+	if err != nil && (kind == sniff.HTTP1 || kind == sniff.HTTP2) {
+		// An HTTP client can read an error: let the L7 path answer (it
+		// dials again and maps the failure to 503 or 502).
+		cs.serveHTTP(c, p.l7For(kind))
+		return
+	}
+	if err != nil {
+		cs.fail(c, path, upstream.Classify(err), err)
+		return
+	}
+	if kind == sniff.HTTP2 && path == PathL4TLS && !negotiated(up, upstreamtls.ALPNH2) {
+		up.Close()
+		cs.fail(c, path, upstream.ReasonProtocol, errors.New("backend did not negotiate h2 for an http/2 client"))
+		return
+	}
+	if tc, ok := c.NetConn().(*net.TCPConn); ok {
+		// A relay has no idle timeout: keep-alive probes find a vanished
+		// client (see ListenConfig).
+		tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true})
+	}
+	pm := p.m.byPath[path]
+	pm.active.Inc()
+	defer pm.active.Dec()
+	pm.conns.Inc()
+	p.trackConn(c, true)
+	p.trackConn(up, true)
+	res := relay.Relay(c, up, p.bufs)
+	p.trackConn(c, false)
+	p.trackConn(up, false)
+	p.m.bytesUp.Add(float64(res.AToB))
+	p.m.bytesDown.Add(float64(res.BToA))
+}
+
+// dialAny dials ready endpoints in turn until one answers: a failed connect
+// sent no byte, so another endpoint may be tried (at most three).
+func (cs *connState) dialAny(path Path, alpn []string) (net.Conn, error) {
+	var errs error
+	for range min(cs.be.Picker.Len(), 3) {
+		choice := cs.be.Picker.Pick()
+		var (
+			up  net.Conn
+			err error
+		)
+		if path == PathPassthrough {
+			// The app's own TLS goes through untouched: no origination.
+			up, err = cs.be.DialRaw(context.Background(), choice.Endpoint)
+		} else {
+			up, err = cs.be.Dial(context.Background(), choice.Endpoint, alpn)
+		}
+		if err == nil {
+			return up, nil
+		}
+		errs = errors.Join(errs, err)
+		if r := upstream.Classify(err); r != upstream.ReasonRefused && r != upstream.ReasonDialFailed {
+			break
+		}
+	}
+	if errs == nil {
+		return nil, upstream.ErrNoEndpoints
+	}
+	return nil, errs
+}
+
+func negotiated(c net.Conn, proto string) bool {
+	tc, ok := c.(*tls.Conn)
+	return ok && tc.ConnectionState().NegotiatedProtocol == proto
+}
+
+func (cs *connState) fail(c net.Conn, path Path, reason upstream.Reason, err error) {
+	p := cs.p
+	p.m.failed.WithLabelValues(string(path), string(reason)).Inc()
+	lvl := slog.LevelWarn
+	var fc *upstream.FailClosedError
+	if errors.As(err, &fc) && !cs.be.FirstFailure() {
+		lvl = slog.LevelDebug
+	}
+	attrs := []any{"service", cs.fe.Service.String(), "backend", cs.be.Spec.Ref.String(), "orig_dst", cs.dst.String(),
+		"client", httpproxy.ClientName(cs.v.Snapshot, cs.client.Addr, cs.client.Pod), "path", string(path), "reason", string(reason), "snapshot_version", cs.v.Snapshot.Version, "err", err}
+	if fc != nil {
+		attrs = append(attrs, "policy", fc.Policy.String(), "policy_reason", fc.Reason)
+	}
+	p.log.Log(context.Background(), lvl, "connection failed", attrs...)
+	reset(c)
+}
+
+// serveHTTP serves c on an L7 path: the fast path in this goroutine, or
+// net/http's server, waiting until it closes c (itself, or the WebSocket
+// relay after a hijack).
+func (cs *connState) serveHTTP(c *sniff.Conn, path Path) {
+	p := cs.p
+	t := &httpproxy.Target{OrigDst: cs.dst, Start: cs.v, Current: &p.current, ClientAddr: cs.client.Addr, ClientPod: cs.client.Pod}
+	pm := p.m.byPath[path]
+	pm.active.Inc()
+	defer pm.active.Dec()
+	pm.conns.Inc()
+	var cc *countedConn
+	if path == PathHTTP1 {
+		cc = &countedConn{Conn: c}
+		p.trackConn(c, true) // for Shutdown to force
+		p.h.ServeHTTP1(cc, t)
+		p.trackConn(c, false)
+	} else {
+		lc := &l7Conn{countedConn: countedConn{Conn: c}, done: make(chan struct{}), target: t}
+		if !p.l7.push(lc) {
+			reset(c)
+			return
+		}
+		<-lc.done
+		cc = &lc.countedConn
+	}
+	p.m.bytesUp.Add(float64(cc.rx.Load()))
+	p.m.bytesDown.Add(float64(cc.tx.Load()))
+}
+
+// countedConn counts the bytes a served connection moves.
+type countedConn struct {
+	net.Conn
+	rx, tx atomic.Int64
+}
+
+func (c *countedConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.rx.Add(int64(n))
+	return n, err
+}
+
+func (c *countedConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.tx.Add(int64(n))
+	return n, err
+}
+
+// NetConn exposes the connection underneath (half-close, reset).
+func (c *countedConn) NetConn() net.Conn { return c.Conn }
+
+// l7Conn carries a connection's Target into the HTTP server and tells
+// serveHTTP when the connection is closed.
+type l7Conn struct {
+	countedConn
+	target *httpproxy.Target
+	once   sync.Once
+	done   chan struct{}
+}
+
+func (c *l7Conn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { close(c.done) })
+	return err
+}
+
+// connListener feeds connections the proxy already accepted and classified
+// to its http.Server.
+type connListener struct {
+	ch     chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+}
+
+func newConnListener() *connListener {
+	return &connListener{ch: make(chan net.Conn), closed: make(chan struct{})}
+}
+
+func (l *connListener) push(c net.Conn) bool {
+	select {
+	case l.ch <- c:
+		return true
+	case <-l.closed:
+		return false
+	}
+}
+
+func (l *connListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ch:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *connListener) Close() error {
+	l.once.Do(func() { close(l.closed) })
+	return nil
+}
+
+func (l *connListener) Addr() net.Addr { return &net.TCPAddr{} }

@@ -1,0 +1,8 @@
+// Package relay copies bytes both ways between two connections with pooled
+// buffers, respecting half-close: when one side finishes sending, the other
+// side's write half is shut and the opposite direction keeps flowing.
+//
+// It deliberately avoids io.Copy between TCP connections: that splices, and a
+// socket accelerated by the datapath's sk_msg program must never be spliced
+// (it hangs). It never parses what it copies.
+package relay

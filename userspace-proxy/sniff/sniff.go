@@ -1,0 +1,160 @@
+package sniff
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+)
+
+// Kind is what the first bytes of a connection look like.
+type Kind uint8
+
+const (
+	// Opaque: not recognised, or the client sent nothing in time (a
+	// server-first protocol).
+	Opaque Kind = iota
+	// TLS: a TLS handshake record carrying a ClientHello.
+	TLS
+	// HTTP1: an HTTP/1.x request line.
+	HTTP1
+	// HTTP2: the HTTP/2 prior-knowledge preface (RFC 9113 §3.4).
+	HTTP2
+)
+
+func (k Kind) String() string {
+	switch k {
+	case TLS:
+		return "tls"
+	case HTTP1:
+		return "http1"
+	case HTTP2:
+		return "http2"
+	}
+	return "opaque"
+}
+
+// http2Preface is the client connection preface of RFC 9113 §3.4.
+const http2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+// methods are the request methods of RFC 9110 §9 plus PATCH (RFC 5789), each
+// with the space that ends the token.
+var methods = [...]string{"GET ", "HEAD ", "POST ", "PUT ", "DELETE ", "CONNECT ", "OPTIONS ", "TRACE ", "PATCH "}
+
+// maxPeek bounds how much Classify reads before deciding: the longest
+// pattern is the HTTP/2 preface.
+const maxPeek = len(http2Preface)
+
+// readSize is the most Sniff reads at once: an API client's request head
+// fits (nginx's client_header_buffer_size is the same 1 KiB).
+const readSize = 1 << 10
+
+// Classify decides what bytes b (the start of a stream) are, or reports more
+// = true when b is a prefix of a pattern and more bytes would decide.
+func Classify(b []byte) (k Kind, more bool) {
+	if len(b) == 0 {
+		return Opaque, true
+	}
+	// TLS record: content type 22 (handshake), version major 3, then after
+	// the 5-byte record header the handshake type 1 (ClientHello); RFC 8446
+	// §5.1 and §4.
+	if b[0] == 0x16 {
+		switch {
+		case len(b) < 6:
+			if len(b) >= 2 && b[1] != 0x03 {
+				return Opaque, false
+			}
+			return Opaque, true
+		case b[1] == 0x03 && b[5] == 0x01:
+			return TLS, false
+		}
+		return Opaque, false
+	}
+	if isPrefixEither(b, http2Preface) {
+		if len(b) >= len(http2Preface) {
+			return HTTP2, false
+		}
+		return Opaque, true
+	}
+	for _, m := range methods {
+		if isPrefixEither(b, m) {
+			if len(b) >= len(m) {
+				return HTTP1, false
+			}
+			more = true
+		}
+	}
+	return Opaque, more
+}
+
+// isPrefixEither reports whether one of b and p is a prefix of the other.
+func isPrefixEither(b []byte, p string) bool {
+	n := min(len(b), len(p))
+	return string(b[:n]) == p[:n]
+}
+
+// Conn is a connection whose peeked bytes are replayed by Read.
+type Conn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+// NetConn returns the connection underneath, as crypto/tls's Conn does.
+func (c *Conn) NetConn() net.Conn { return c.Conn }
+
+// Read reads the peeked bytes first, then from the connection.
+func (c *Conn) Read(p []byte) (int, error) {
+	if c.r == nil {
+		return c.Conn.Read(p)
+	}
+	if c.r.Buffered() == 0 {
+		// Drop the reader once drained so later reads go straight to the
+		// socket without a copy.
+		c.r = nil
+		return c.Conn.Read(p)
+	}
+	return c.r.Read(p)
+}
+
+// Sniff reads from c until Classify decides or timeout passes without a
+// decision, and returns the kind with a Conn replaying the bytes read. A
+// timeout, or end of stream after some bytes, yields Opaque; a connection
+// that ends before sending anything is an error. timeout 0 means no limit.
+func Sniff(c net.Conn, timeout time.Duration) (Kind, *Conn, error) {
+	if timeout > 0 {
+		if err := c.SetReadDeadline(time.Now().Add(timeout)); err != nil {
+			return Opaque, nil, fmt.Errorf("sniff: set deadline: %w", err)
+		}
+	}
+	// The first read takes whatever the client sent, up to readSize: a
+	// typical request in one system call instead of two.
+	r := bufio.NewReaderSize(c, readSize)
+	var kind Kind
+	for {
+		// Wait for at least one more byte, then judge all that arrived.
+		_, err := r.Peek(r.Buffered() + 1)
+		b, _ := r.Peek(r.Buffered())
+		k, more := Classify(b)
+		if !more || len(b) >= maxPeek {
+			kind = k
+			break
+		}
+		if err != nil {
+			if len(b) == 0 && !errors.Is(err, os.ErrDeadlineExceeded) {
+				return Opaque, nil, fmt.Errorf("sniff: %w", err)
+			}
+			// Nothing decisive in time (a server-first protocol, a slow
+			// client) or a short stream: opaque bytes.
+			kind = Opaque
+			break
+		}
+	}
+	if timeout > 0 {
+		if err := c.SetReadDeadline(time.Time{}); err != nil {
+			return Opaque, nil, fmt.Errorf("sniff: clear deadline: %w", err)
+		}
+	}
+	return kind, &Conn{Conn: c, r: r}, nil
+}

@@ -1,0 +1,99 @@
+package sniff
+
+import (
+	"io"
+	"net"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+func TestClassify(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		in   string
+		kind Kind
+		more bool
+	}{
+		{"empty", "", Opaque, true},
+		{"tls clienthello", "\x16\x03\x01\x02\x00\x01\x00", TLS, false},
+		{"tls record header only", "\x16\x03\x01\x02", Opaque, true},
+		{"tls but not a hello", "\x16\x03\x03\x00\x10\x02", Opaque, false},
+		{"0x16 not tls", "\x16\x99", Opaque, false},
+		{"http/1 get", "GET / HTTP/1.1\r\n", HTTP1, false},
+		{"http/1 patch", "PATCH /x HTTP/1.1", HTTP1, false},
+		{"method prefix", "POS", Opaque, true},
+		{"method without space", "GETX", Opaque, false},
+		{"h2 preface", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", HTTP2, false},
+		{"h2 preface prefix", "PRI * HTTP/2", Opaque, true},
+		{"postgres startup", "\x00\x00\x00\x08\x04\xd2\x16\x2f", Opaque, false},
+		{"redis", "*1\r\n$4\r\nPING\r\n", Opaque, false},
+	} {
+		k, more := Classify([]byte(c.in))
+		if k != c.kind || more != c.more {
+			t.Errorf("%s: Classify(%q) = %v, %v; want %v, %v", c.name, c.in, k, more, c.kind, c.more)
+		}
+	}
+}
+
+// TestSniffReplays: what Sniff read comes back first, byte for byte, also
+// when the client sends its first bytes in pieces.
+func TestSniffReplays(t *testing.T) {
+	for _, c := range []struct {
+		chunks []string
+		kind   Kind
+	}{
+		{[]string{"GET / HTTP/1.1\r\n\r\n"}, HTTP1},
+		{[]string{"PRI * HTTP", "/2.0\r\n\r\nSM\r\n\r\nrest"}, HTTP2},
+		{[]string{"\x16\x03", "\x01\x00\x05\x01hello"}, TLS},
+		{[]string{"hello world"}, Opaque},
+	} {
+		a, b := net.Pipe()
+		go func() {
+			for _, ch := range c.chunks {
+				a.Write([]byte(ch))
+			}
+			a.Close()
+		}()
+		k, sc, err := Sniff(b, 0)
+		if err != nil || k != c.kind {
+			t.Fatalf("Sniff(%q) = %v, %v; want %v", c.chunks, k, err, c.kind)
+		}
+		got, _ := io.ReadAll(sc)
+		want := ""
+		for _, ch := range c.chunks {
+			want += ch
+		}
+		if string(got) != want {
+			t.Errorf("replayed %q, want %q", got, want)
+		}
+	}
+}
+
+// TestSniffSilentClient: a client that waits for the server (a server-first
+// protocol) is judged opaque when the timeout passes, and its later bytes
+// still arrive.
+func TestSniffSilentClient(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a, b := net.Pipe()
+		defer a.Close()
+		k, sc, err := Sniff(b, time.Second)
+		if err != nil || k != Opaque {
+			t.Fatalf("Sniff = %v, %v; want opaque", k, err)
+		}
+		go a.Write([]byte("late"))
+		buf := make([]byte, 4)
+		if _, err := io.ReadFull(sc, buf); err != nil || string(buf) != "late" {
+			t.Fatalf("read after timeout = %q, %v", buf, err)
+		}
+	})
+}
+
+// TestSniffClosedEarly: a connection that ends before any byte is an error.
+func TestSniffClosedEarly(t *testing.T) {
+	a, b := net.Pipe()
+	a.Close()
+	if _, _, err := Sniff(b, 0); err == nil {
+		t.Fatal("Sniff on a closed connection: no error")
+	}
+}

@@ -1,0 +1,14 @@
+// Package upstream is the proxy's side toward backends: for each backend of a
+// snapshot it holds the endpoint picker, the TLS origination built once from
+// the backend's policy, and the bounded connection pools that requests
+// share: the HTTP/1.1 pool of the proxy's fast path (GetH1, package pool),
+// and net/http's Transports for HTTP/2 multiplexing and the net/http path.
+//
+// A Set is built per snapshot; a backend whose wire settings (protocol, TLS)
+// did not change keeps its pools and TLS session caches across snapshots, so
+// an endpoint update does not cost every client a fresh handshake.
+//
+// Errors are classified here, once, into the reasons and HTTP statuses users
+// see (Classify). It must never dial anything but a backend's endpoints, and
+// never fall back to cleartext when TLS cannot be honoured.
+package upstream

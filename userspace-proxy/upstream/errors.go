@@ -1,0 +1,102 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"syscall"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
+)
+
+// Reason is why a connection or request could not be served; it is the
+// metric label and log value. The set is closed.
+type Reason string
+
+const (
+	ReasonInvalidPolicy Reason = "invalid_policy"
+	ReasonNoEndpoints   Reason = "no_endpoints"
+	ReasonRefused       Reason = "refused"
+	ReasonDialFailed    Reason = "dial_failed"
+	ReasonTLSVerify     Reason = "tls_verify"
+	ReasonTLSHandshake  Reason = "tls_handshake"
+	ReasonProtocol      Reason = "protocol"
+	ReasonCanceled      Reason = "canceled"
+	ReasonUpstream      Reason = "upstream_error"
+)
+
+// Status is the HTTP status an L7 client gets for r: 503 when the backend is
+// unavailable (invalid policy, no endpoints, refused or unreachable), 502
+// when it answered badly (certificate verification, handshake, protocol).
+func (r Reason) Status() int {
+	switch r {
+	case ReasonInvalidPolicy, ReasonNoEndpoints, ReasonRefused, ReasonDialFailed:
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusBadGateway
+}
+
+// FailClosedError says a backend's properties cannot be honoured: the proxy
+// answers 503 or resets, never sends cleartext.
+type FailClosedError struct {
+	Policy  snapshot.ObjectRef
+	Reason  string
+	Message string
+}
+
+func (e *FailClosedError) Error() string {
+	return fmt.Sprintf("backend fails closed: policy %s: %s: %s", e.Policy, e.Reason, e.Message)
+}
+
+// ErrNoEndpoints: the backend has no ready endpoint.
+var ErrNoEndpoints = errors.New("no ready endpoints")
+
+// dialError marks errors from opening the TCP connection, before any byte
+// reached the backend (safe to retry elsewhere).
+type dialError struct{ err error }
+
+func (e *dialError) Error() string { return e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+// Classify maps an error from this package, a handshake or a round trip to
+// its Reason.
+func Classify(err error) Reason {
+	var fc *FailClosedError
+	var de *dialError
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &fc):
+		return ReasonInvalidPolicy
+	case errors.Is(err, ErrNoEndpoints):
+		return ReasonNoEndpoints
+	case upstreamtls.IsVerifyError(err):
+		return ReasonTLSVerify
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return ReasonRefused
+	case errors.As(err, &de):
+		return ReasonDialFailed
+	case errors.Is(err, errHandshake), isRemoteAlert(err):
+		return ReasonTLSHandshake
+	case errors.Is(err, ErrNotHTTP11):
+		return ReasonProtocol
+	case errors.Is(err, context.Canceled):
+		return ReasonCanceled
+	}
+	return ReasonUpstream
+}
+
+var errHandshake = errors.New("upstream tls handshake")
+
+// isRemoteAlert reports a TLS alert from the backend, which crypto/tls
+// returns as a net.OpError with Op "remote error". In TLS 1.3 the server
+// checks a client certificate after the client considers the handshake
+// done, so a missing or rejected client certificate surfaces this way on the
+// first read.
+func isRemoteAlert(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "remote error"
+}

@@ -1,0 +1,62 @@
+package upstream
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
+)
+
+// ErrNotHTTP11 is returned by GetH1 when a TLS backend negotiated another
+// protocol than http/1.1 (its policy's ALPN list leaves it out).
+var ErrNotHTTP11 = errors.New("backend did not negotiate http/1.1")
+
+// GetH1 returns a connection to ep (an endpoint of b) for one HTTP/1.1
+// exchange: an idle one from b's pool, or a new one (over TLS with ALPN
+// http/1.1 and session resumption when b needs TLS). Hand it back with
+// PutH1 when the exchange left it reusable, else DiscardH1 or DetachH1.
+func (b *Backend) GetH1(ctx context.Context, ep *snapshot.Endpoint) (*pool.Conn, error) {
+	if b.Err != nil {
+		return nil, b.Err
+	}
+	w := b.w
+	c, err := w.h1.Get(ctx, ep.Addr, func(ctx context.Context) (net.Conn, error) { return w.dialH1(ctx, *ep) })
+	if err != nil {
+		return nil, err
+	}
+	if c.Reused() {
+		w.p.m.poolGets[1].Inc()
+	} else {
+		w.p.m.poolGets[0].Inc()
+	}
+	return c, nil
+}
+
+// PutH1 returns c to b's pool for the next request.
+func (b *Backend) PutH1(c *pool.Conn) { b.w.h1.Put(c) }
+
+// DiscardH1 closes c.
+func (b *Backend) DiscardH1(c *pool.Conn) { b.w.h1.Discard(c) }
+
+// DetachH1 takes c out of the pool's accounting and leaves it to the caller
+// (a WebSocket relay after 101 Switching Protocols).
+func (b *Backend) DetachH1(c *pool.Conn) { b.w.h1.Detach(c) }
+
+func (w *wireState) dialH1(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error) {
+	c, err := w.dial(ctx, ep, alpnH1)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := c.(*tls.Conn); ok {
+		if p := tc.ConnectionState().NegotiatedProtocol; p != "" && p != upstreamtls.ALPNHTTP11 {
+			c.Close()
+			return nil, fmt.Errorf("tls to %s: %w (got %q)", ep.Addr, ErrNotHTTP11, p)
+		}
+	}
+	return c, nil
+}

@@ -1,0 +1,55 @@
+package upstream
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+type metrics struct {
+	dials          *prometheus.CounterVec
+	dialsOK        prometheus.Counter
+	handshakes     *prometheus.CounterVec
+	handshakesFull prometheus.Counter
+	// handshakesResumed counts resumptions (TLS session tickets): with
+	// pooling rare, without it the per-connection cost of the L4 path.
+	handshakesResumed prometheus.Counter
+	handshakeSeconds  prometheus.Histogram
+	open              *prometheus.GaugeVec
+	poolGets          [2]prometheus.Counter // new, reused
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		dials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sockmesh_proxy_upstream_dials_total",
+			Help: "TCP connections the proxy opened to backend endpoints, by result (ok, refused, dial_failed).",
+		}, []string{"result"}),
+		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sockmesh_proxy_upstream_tls_handshakes_total",
+			Help: "TLS handshakes toward backends, by result (full, resumed, verify_failed, failed).",
+		}, []string{"result"}),
+		handshakeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sockmesh_proxy_upstream_tls_handshake_duration_seconds",
+			Help:    "Duration of TLS handshakes toward backends.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14),
+		}),
+		open: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sockmesh_proxy_upstream_connections",
+			Help: "Open connections to backend endpoints (pooled, in use, or relaying), by backend.",
+		}, []string{"namespace", "backend"}),
+	}
+	poolGets := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sockmesh_proxy_upstream_pool_gets_total",
+		Help: "HTTP/1.1 upstream connections taken for a request, by result (reused: from the pool, new: dialed).",
+	}, []string{"result"})
+	m.poolGets = [2]prometheus.Counter{poolGets.WithLabelValues("new"), poolGets.WithLabelValues("reused")}
+	m.dialsOK = m.dials.WithLabelValues("ok")
+	m.handshakesFull, m.handshakesResumed = m.handshakes.WithLabelValues("full"), m.handshakes.WithLabelValues("resumed")
+	for _, c := range []prometheus.Collector{m.dials, m.handshakes, m.handshakeSeconds, m.open, poolGets} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register upstream metrics: %w", err)
+		}
+	}
+	return m, nil
+}

@@ -1,0 +1,384 @@
+package upstream
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
+	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
+	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
+)
+
+// Config bounds the pools. The zero value is usable.
+type Config struct {
+	// TLS holds the proxy-wide TLS inputs (system pool override, session
+	// cache size).
+	TLS upstreamtls.Options
+	// MaxIdleConnsPerEndpoint bounds idle keep-alive connections kept per
+	// endpoint and wire; 0 means 64.
+	MaxIdleConnsPerEndpoint int
+	// MaxConnsPerEndpoint bounds connections per endpoint and wire (requests
+	// wait for one beyond it); 0 means 1024.
+	MaxConnsPerEndpoint int
+	// IdleConnTimeout closes pooled connections idle this long; 0 means 90 s.
+	IdleConnTimeout time.Duration
+}
+
+// Wire is the HTTP version toward the backend.
+type Wire uint8
+
+const (
+	// WireH1 is HTTP/1.1 (ALPN http/1.1 over TLS).
+	WireH1 Wire = iota
+	// WireH2 is HTTP/2: ALPN h2 over TLS, prior knowledge (h2c) without.
+	WireH2
+	// WireNegotiate offers h2 and http/1.1 by ALPN (TLS only).
+	WireNegotiate
+	wireCount
+)
+
+// ALPN lists the protocols a TLS connection offers for w.
+func (w Wire) ALPN() []string {
+	switch w {
+	case WireH2:
+		return alpnH2
+	case WireNegotiate:
+		return alpnBoth
+	}
+	return alpnH1
+}
+
+var (
+	alpnH1   = []string{upstreamtls.ALPNHTTP11}
+	alpnH2   = []string{upstreamtls.ALPNH2}
+	alpnBoth = []string{upstreamtls.ALPNH2, upstreamtls.ALPNHTTP11}
+)
+
+// Pools builds a Set per snapshot; one per proxy.
+type Pools struct {
+	cfg    Config
+	dialer dial.Dialer
+	log    *slog.Logger
+	m      *metrics
+}
+
+// New returns Pools dialing through d.
+func New(cfg Config, d dial.Dialer, log *slog.Logger, reg prometheus.Registerer) (*Pools, error) {
+	if cfg.MaxIdleConnsPerEndpoint == 0 {
+		cfg.MaxIdleConnsPerEndpoint = 64
+	}
+	if cfg.MaxConnsPerEndpoint == 0 {
+		cfg.MaxConnsPerEndpoint = 1024
+	}
+	if cfg.IdleConnTimeout == 0 {
+		cfg.IdleConnTimeout = 90 * time.Second
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	return &Pools{cfg: cfg, dialer: d, log: log, m: m}, nil
+}
+
+// Set is the upstream side of one snapshot.
+type Set struct {
+	byRef map[snapshot.BackendRef]*Backend
+}
+
+// Backend is one snapshot backend's upstream state.
+type Backend struct {
+	// Spec is the snapshot's backend; never modified.
+	Spec *snapshot.Backend
+	// Picker chooses among Spec's ready endpoints.
+	Picker *balance.Picker
+	// Err is non-nil (a *FailClosedError) when the backend must fail closed.
+	Err error
+	w   *wireState
+	// reported is set by the first FirstFailure call.
+	reported atomic.Bool
+}
+
+// FirstFailure reports true once per Backend (hence once per snapshot): the
+// caller logs a fail-closed backend loudly the first time only.
+func (b *Backend) FirstFailure() bool { return b.reported.CompareAndSwap(false, true) }
+
+// wireState is what survives a snapshot swap when protocol and TLS settings
+// are unchanged: the TLS configs with their session caches and the pools.
+type wireState struct {
+	p        *Pools
+	protocol snapshot.Protocol
+	tls      *upstreamtls.Origination // nil: cleartext
+	labels   [2]string                // namespace, backend name
+	open     prometheus.Gauge
+	// h1 pools the HTTP/1.1 connections of the proxy's own forwarding path
+	// (GetH1); transports are net/http's, for every other wire.
+	h1         *pool.Pool
+	mu         sync.Mutex
+	transports [wireCount]*http.Transport
+}
+
+// Build returns the Set for s, keeping prev's pools for backends whose wire
+// is unchanged and closing the idle connections of the others. prev may be
+// nil.
+func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
+	log := p.log.With("snapshot_version", s.Version)
+	set := &Set{byRef: make(map[snapshot.BackendRef]*Backend, len(s.Backends))}
+	kept := make(map[*wireState]bool)
+	for i := range s.Backends {
+		spec := &s.Backends[i]
+		b := &Backend{Spec: spec, Picker: balance.New(spec)}
+		set.byRef[spec.Ref] = b
+		if spec.Invalid != nil {
+			b.Err = &FailClosedError{Policy: spec.Invalid.Policy, Reason: spec.Invalid.Reason, Message: spec.Invalid.Message}
+			continue
+		}
+		if old := prev.Get(spec.Ref); old != nil && old.w != nil && old.w.protocol == spec.Protocol &&
+			upstreamtls.Equal(old.Spec.TLS, spec.TLS) {
+			b.w = old.w
+			kept[old.w] = true
+			continue
+		}
+		w := &wireState{p: p, protocol: spec.Protocol, labels: [2]string{spec.Ref.Namespace, spec.Ref.Name}}
+		w.open = p.m.open.WithLabelValues(w.labels[0], w.labels[1])
+		if spec.TLS != nil {
+			o, err := upstreamtls.New(spec.TLS, p.cfg.TLS)
+			if err != nil {
+				// translate should have marked it Invalid; fail closed anyway.
+				log.Warn("upstream tls settings rejected", "backend", spec.Ref.String(), "policy", spec.TLS.Policy.String(), "err", err)
+				b.Err = &FailClosedError{Policy: spec.TLS.Policy, Reason: "Invalid", Message: err.Error()}
+				continue
+			}
+			w.tls = o
+		}
+		w.h1 = pool.New(pool.Config{MaxIdle: p.cfg.MaxIdleConnsPerEndpoint, MaxOpen: p.cfg.MaxConnsPerEndpoint, IdleTimeout: p.cfg.IdleConnTimeout})
+		if old := prev.Get(spec.Ref); old != nil && old.w != nil {
+			// New TLS settings or protocol: connections and TLS sessions
+			// of the old ones are not reused (closeIdle below).
+			log.Info("upstream pools replaced", "backend", spec.Ref.String())
+		}
+		b.w = w
+	}
+	if prev != nil {
+		for _, old := range prev.byRef {
+			if old.w != nil && !kept[old.w] {
+				// In-flight requests finish on their connections; the
+				// transports' idle timeout closes those afterwards.
+				old.w.closeIdle()
+			}
+		}
+	}
+	return set
+}
+
+// CloseIdle closes the idle upstream connections of every backend in s (the
+// proxy is shutting down).
+func (s *Set) CloseIdle() {
+	if s == nil {
+		return
+	}
+	for _, b := range s.byRef {
+		if b.w != nil {
+			b.w.closeIdle()
+		}
+	}
+}
+
+// Get returns the backend for ref, or nil. A nil Set has no backends.
+func (s *Set) Get(ref snapshot.BackendRef) *Backend {
+	if s == nil {
+		return nil
+	}
+	return s.byRef[ref]
+}
+
+// TLS reports whether the wire to b is TLS.
+func (b *Backend) TLS() bool { return b.w != nil && b.w.tls != nil }
+
+// Dial opens a connection to ep (an endpoint of b), completing the TLS
+// handshake offering alpn when b needs TLS.
+func (b *Backend) Dial(ctx context.Context, ep snapshot.Endpoint, alpn []string) (net.Conn, error) {
+	if b.Err != nil {
+		return nil, b.Err
+	}
+	return b.w.dial(ctx, ep, alpn)
+}
+
+// DialRaw opens a plain TCP connection to ep, for apps that already speak
+// TLS themselves (passthrough): no origination, whatever b's settings.
+func (b *Backend) DialRaw(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error) {
+	if b.Err != nil {
+		return nil, b.Err
+	}
+	return b.w.dialTCP(ctx, ep)
+}
+
+// RoundTripper returns the pooled transport for wire w; requests' URLs must
+// name the endpoint ("http://ip:port", "https://ip:port" when TLS).
+func (b *Backend) RoundTripper(w Wire) http.RoundTripper {
+	return b.w.transport(w)
+}
+
+// Scheme is the URL scheme requests to b use.
+func (b *Backend) Scheme() string {
+	if b.TLS() {
+		return "https"
+	}
+	return "http"
+}
+
+type endpointKey struct{}
+
+// WithEndpoint attaches the picked endpoint to a request context so the pool
+// dials it with its full identity (node, pod) for dialers that need more
+// than the address.
+func WithEndpoint(ctx context.Context, ep *snapshot.Endpoint) context.Context {
+	return context.WithValue(ctx, endpointKey{}, ep)
+}
+
+func (w *wireState) transport(wire Wire) *http.Transport {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if t := w.transports[wire]; t != nil {
+		return t
+	}
+	cfg := w.p.cfg
+	t := &http.Transport{
+		MaxIdleConns:        0,
+		MaxIdleConnsPerHost: cfg.MaxIdleConnsPerEndpoint,
+		MaxConnsPerHost:     cfg.MaxConnsPerEndpoint,
+		IdleConnTimeout:     cfg.IdleConnTimeout,
+		// A proxy must not add Accept-Encoding nor decode bodies.
+		DisableCompression: true,
+		WriteBufferSize:    32 << 10,
+		ReadBufferSize:     32 << 10,
+		Protocols:          new(http.Protocols),
+	}
+	dialFn := func(ctx context.Context, _, addr string) (net.Conn, error) {
+		ep, err := endpointFor(ctx, addr)
+		if err != nil {
+			return nil, err
+		}
+		return w.dial(ctx, ep, wire.ALPN())
+	}
+	if w.tls != nil {
+		t.DialTLSContext = dialFn
+		switch wire {
+		case WireH1:
+			t.Protocols.SetHTTP1(true)
+		case WireH2:
+			t.Protocols.SetHTTP2(true)
+		default:
+			t.Protocols.SetHTTP1(true)
+			t.Protocols.SetHTTP2(true)
+		}
+	} else {
+		t.DialContext = dialFn
+		if wire == WireH2 {
+			t.Protocols.SetUnencryptedHTTP2(true)
+		} else {
+			t.Protocols.SetHTTP1(true)
+		}
+	}
+	w.transports[wire] = t
+	return t
+}
+
+func (w *wireState) closeIdle() {
+	w.h1.CloseIdle()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, t := range w.transports {
+		if t != nil {
+			t.CloseIdleConnections()
+		}
+	}
+}
+
+func endpointFor(ctx context.Context, addr string) (snapshot.Endpoint, error) {
+	if ep, ok := ctx.Value(endpointKey{}).(*snapshot.Endpoint); ok && ep.Addr.String() == addr {
+		return *ep, nil
+	}
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return snapshot.Endpoint{}, fmt.Errorf("pool dial %q: %w", addr, err)
+	}
+	return snapshot.Endpoint{Addr: ap, Ready: true}, nil
+}
+
+func (w *wireState) dialTCP(ctx context.Context, ep snapshot.Endpoint) (*trackedConn, error) {
+	m := w.p.m
+	raw, err := w.p.dialer.Dial(ctx, ep)
+	if err != nil {
+		m.dials.WithLabelValues(string(classifyDial(err))).Inc()
+		return nil, &dialError{err: err}
+	}
+	m.dialsOK.Inc()
+	w.open.Inc()
+	return &trackedConn{Conn: raw, open: w.open}, nil
+}
+
+func (w *wireState) dial(ctx context.Context, ep snapshot.Endpoint, alpn []string) (net.Conn, error) {
+	c, err := w.dialTCP(ctx, ep)
+	if err != nil {
+		return nil, err
+	}
+	if w.tls == nil {
+		return c, nil
+	}
+	m := w.p.m
+	tc := tls.Client(c, w.tls.Config(ep.Addr, alpn))
+	start := time.Now()
+	err = tc.HandshakeContext(ctx)
+	m.handshakeSeconds.Observe(time.Since(start).Seconds())
+	if err != nil {
+		c.Close()
+		if upstreamtls.IsVerifyError(err) {
+			m.handshakes.WithLabelValues("verify_failed").Inc()
+			return nil, fmt.Errorf("tls to %s (%s): %w", ep.Addr, w.tls.Settings().ServerName, err)
+		}
+		m.handshakes.WithLabelValues("failed").Inc()
+		return nil, fmt.Errorf("%w to %s (%s): %w", errHandshake, ep.Addr, w.tls.Settings().ServerName, err)
+	}
+	if tc.ConnectionState().DidResume {
+		m.handshakesResumed.Inc()
+	} else {
+		m.handshakesFull.Inc()
+	}
+	return tc, nil
+}
+
+func classifyDial(err error) Reason {
+	if r := Classify(&dialError{err: err}); r == ReasonRefused {
+		return r
+	}
+	return ReasonDialFailed
+}
+
+// trackedConn keeps the open-connections gauge honest.
+type trackedConn struct {
+	net.Conn
+	open   prometheus.Gauge
+	closed atomic.Bool
+}
+
+func (c *trackedConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.open.Dec()
+	}
+	return c.Conn.Close()
+}
+
+// NetConn returns the TCP connection underneath (for half-close).
+func (c *trackedConn) NetConn() net.Conn { return c.Conn }

@@ -1,0 +1,243 @@
+package upstream
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/test/pki"
+	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
+)
+
+const sni = "backend.test"
+
+// world is a TLS backend (net/http, TLS 1.3, ALPN h2 and http/1.1) and the
+// pools that reach it.
+type world struct {
+	ca    *pki.CA
+	addr  netip.AddrPort
+	pools *Pools
+	reg   *prometheus.Registry
+	logs  *bytes.Buffer
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	ca, err := pki.NewCA("upstream test ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.LeafOptions{CommonName: "backend", DNSNames: []string{sni}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{
+		Handler:   http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, r.Proto) }),
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf.TLS}},
+	}
+	go srv.ServeTLS(l, "", "")
+	t.Cleanup(func() { srv.Close() })
+	w := &world{ca: ca, addr: l.Addr().(*net.TCPAddr).AddrPort(), reg: prometheus.NewRegistry(), logs: &bytes.Buffer{}}
+	log := slog.New(slog.NewTextHandler(&lockedWriter{w: w.logs}, nil))
+	w.pools, err = New(Config{}, dial.NewDirect(dial.Config{Unmarked: true}), log, w.reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
+// counter reads the counter name{result=result} from the registry.
+func (w *world) counter(t *testing.T, name, result string) float64 {
+	t.Helper()
+	mfs, err := w.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if mf.GetName() == name && l.GetName() == "result" && l.GetValue() == result {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+var ref = snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: "echo", Port: 443}
+
+func (w *world) snapshot(t *testing.T, version uint64, tlsSettings *snapshot.TLS) *snapshot.Snapshot {
+	t.Helper()
+	s, err := snapshot.New(version, nil, []snapshot.Backend{{
+		Ref: ref, TLS: tlsSettings, Endpoints: []snapshot.Endpoint{{Addr: w.addr, Ready: true}},
+	}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func (w *world) policy() *snapshot.TLS {
+	return &snapshot.TLS{Mode: snapshot.TLSServerOnly, ServerName: sni, RootsPEM: string(w.ca.CertPEM)}
+}
+
+// exchange sends one request on c and reads its answer to the end, so the
+// connection is clean again (and TLS session tickets are taken in).
+func exchange(t *testing.T, c net.Conn) string {
+	t.Helper()
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: "+sni+"\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// TestGetH1Pools: a connection given back is the next one handed out
+// (counted as reused), it speaks HTTP/1.1 by ALPN, and its buffers keep
+// working across requests.
+func TestGetH1Pools(t *testing.T) {
+	w := newWorld(t)
+	be := w.pools.Build(w.snapshot(t, 1, w.policy()), nil).Get(ref)
+	ep := &be.Spec.Endpoints[0]
+	c1, err := be.GetH1(context.Background(), ep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := c1.Conn.(*tls.Conn).ConnectionState().NegotiatedProtocol; p != "http/1.1" {
+		t.Fatalf("ALPN = %q, want http/1.1", p)
+	}
+	for range 3 {
+		c1.W.WriteString("GET / HTTP/1.1\r\nHost: " + sni + "\r\n\r\n")
+		c1.W.Flush()
+		resp, err := http.ReadResponse(c1.R, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b, _ := io.ReadAll(resp.Body); string(b) != "HTTP/1.1" {
+			t.Fatalf("backend saw %q", b)
+		}
+		be.PutH1(c1)
+		c2, err := be.GetH1(context.Background(), ep)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c2 != c1 {
+			t.Fatal("the connection put back was not reused")
+		}
+	}
+	be.DiscardH1(c1)
+	if n := w.counter(t, "sockmesh_proxy_upstream_pool_gets_total", "reused"); n != 3 {
+		t.Errorf("pool gets{result=reused} = %v, want 3", n)
+	}
+	if n := w.counter(t, "sockmesh_proxy_upstream_pool_gets_total", "new"); n != 1 {
+		t.Errorf("pool gets{result=new} = %v, want 1", n)
+	}
+}
+
+// TestSessionResumption: the second TLS connection to an endpoint resumes
+// the first one's session (the L4 path pays this handshake per client
+// connection), and the handshakes metric says so.
+func TestSessionResumption(t *testing.T) {
+	w := newWorld(t)
+	be := w.pools.Build(w.snapshot(t, 1, w.policy()), nil).Get(ref)
+	for i := range 3 {
+		c, err := be.Dial(context.Background(), be.Spec.Endpoints[0], WireH1.ALPN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		exchange(t, c)
+		if resumed := c.(*tls.Conn).ConnectionState().DidResume; resumed != (i > 0) {
+			t.Errorf("connection %d: DidResume = %v", i, resumed)
+		}
+		c.Close()
+	}
+	if got := w.counter(t, "sockmesh_proxy_upstream_tls_handshakes_total", "resumed"); got != 2 {
+		t.Errorf("handshakes{result=resumed} = %v, want 2", got)
+	}
+	if got := w.counter(t, "sockmesh_proxy_upstream_tls_handshakes_total", "full"); got != 1 {
+		t.Errorf("handshakes{result=full} = %v, want 1", got)
+	}
+}
+
+// TestGetH1RefusesOtherProtocols: a policy whose ALPN list leaves out
+// http/1.1 gets an h2 connection, which the HTTP/1.1 pool refuses as a
+// protocol error (502), never speaking HTTP/1.1 on it.
+func TestGetH1RefusesOtherProtocols(t *testing.T) {
+	w := newWorld(t)
+	pol := w.policy()
+	pol.ALPN = []string{"h2"}
+	be := w.pools.Build(w.snapshot(t, 1, pol), nil).Get(ref)
+	_, err := be.GetH1(context.Background(), &be.Spec.Endpoints[0])
+	if !errors.Is(err, ErrNotHTTP11) || Classify(err) != ReasonProtocol || ReasonProtocol.Status() != http.StatusBadGateway {
+		t.Fatalf("GetH1 = %v (reason %s), want ErrNotHTTP11 as a protocol error", err, Classify(err))
+	}
+}
+
+// TestBuildKeepsPools: a new snapshot with the same TLS settings keeps the
+// pooled connections; changed settings replace the pools (logged) and
+// close the old idle connections.
+func TestBuildKeepsPools(t *testing.T) {
+	w := newWorld(t)
+	s1 := w.pools.Build(w.snapshot(t, 1, w.policy()), nil)
+	be1 := s1.Get(ref)
+	c, err := be1.GetH1(context.Background(), &be1.Spec.Endpoints[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	exchange(t, c)
+	be1.PutH1(c)
+
+	s2 := w.pools.Build(w.snapshot(t, 2, w.policy()), s1)
+	be2 := s2.Get(ref)
+	if got, err := be2.GetH1(context.Background(), &be2.Spec.Endpoints[0]); err != nil || got != c {
+		t.Fatalf("same settings: GetH1 = %p, %v; want the pooled connection", got, err)
+	}
+	be2.PutH1(c)
+
+	changed := w.policy()
+	changed.MinVersion = tls.VersionTLS13
+	s3 := w.pools.Build(w.snapshot(t, 3, changed), s2)
+	if _, err := c.R.ReadByte(); err == nil {
+		t.Error("the old settings' idle connection is still open")
+	}
+	be3 := s3.Get(ref)
+	if got, err := be3.GetH1(context.Background(), &be3.Spec.Endpoints[0]); err != nil || got == c {
+		t.Fatalf("changed settings: GetH1 = %p, %v; want a new connection", got, err)
+	}
+	if !strings.Contains(w.logs.String(), "upstream pools replaced") {
+		t.Errorf("no log of the replaced pools:\n%s", w.logs)
+	}
+}

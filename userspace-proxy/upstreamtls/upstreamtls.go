@@ -1,0 +1,166 @@
+package upstreamtls
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// ALPN protocol identifiers (RFC 7301 registry).
+const (
+	ALPNHTTP11 = "http/1.1"
+	ALPNH2     = "h2"
+)
+
+// ErrInvalid is wrapped by New's errors: the settings cannot be honoured and
+// the backend must fail closed.
+var ErrInvalid = errors.New("invalid upstream tls settings")
+
+// Options are the proxy-wide inputs that do not come from the snapshot.
+type Options struct {
+	// SystemRoots replaces the platform trust store for backends whose policy
+	// asks for system roots; nil uses the platform's (crypto/tls default).
+	// Tests set it to a pool they control.
+	SystemRoots *x509.CertPool
+	// SessionCacheSize is the number of TLS sessions kept per endpoint; 0
+	// means 64.
+	SessionCacheSize int
+}
+
+// Origination is the TLS client side for one backend in one snapshot. It is
+// safe for concurrent use.
+type Origination struct {
+	settings *snapshot.TLS
+	base     *tls.Config
+	cacheLen int
+	// perEndpoint holds, per endpoint and ALPN list, a clone of base with its
+	// own session cache: crypto/tls keys cached sessions by ServerName, which
+	// all endpoints share, so one shared cache would offer endpoint A's
+	// ticket to endpoint B and thrash.
+	perEndpoint sync.Map // endpointKey -> *tls.Config
+}
+
+type endpointKey struct {
+	addr netip.AddrPort
+	alpn string
+}
+
+// New validates s and builds the base configuration. The returned error
+// wraps ErrInvalid and names what is wrong.
+func New(s *snapshot.TLS, o Options) (*Origination, error) {
+	if s == nil {
+		return nil, fmt.Errorf("build upstream tls: %w: no settings", ErrInvalid)
+	}
+	if s.ServerName == "" {
+		return nil, fmt.Errorf("build upstream tls: %w: empty server name", ErrInvalid)
+	}
+	c := &tls.Config{
+		ServerName:       s.ServerName,
+		MinVersion:       s.MinVersion,
+		MaxVersion:       s.MaxVersion,
+		CipherSuites:     slices.Clone(s.CipherSuites),
+		CurvePreferences: slices.Clone(s.Curves),
+	}
+	if c.MinVersion == 0 {
+		c.MinVersion = tls.VersionTLS12
+	}
+	if c.MaxVersion != 0 && c.MaxVersion < c.MinVersion {
+		return nil, fmt.Errorf("build upstream tls: %w: max version %#x below min %#x", ErrInvalid, c.MaxVersion, c.MinVersion)
+	}
+	switch {
+	case s.SystemRoots && s.RootsPEM != "":
+		return nil, fmt.Errorf("build upstream tls: %w: both system roots and a bundle", ErrInvalid)
+	case s.SystemRoots:
+		c.RootCAs = o.SystemRoots
+	case s.RootsPEM != "":
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM([]byte(s.RootsPEM)) {
+			return nil, fmt.Errorf("build upstream tls: %w: no certificate in the CA bundle", ErrInvalid)
+		}
+		c.RootCAs = pool
+	default:
+		return nil, fmt.Errorf("build upstream tls: %w: no trust roots", ErrInvalid)
+	}
+	if len(s.SubjectAltNames) > 0 {
+		v, err := newSANVerifier(s.SubjectAltNames, c.RootCAs)
+		if err != nil {
+			return nil, fmt.Errorf("build upstream tls: %w: %w", ErrInvalid, err)
+		}
+		// crypto/tls can only check ServerName; SANs replace that check, so
+		// its built-in verification is off and VerifyConnection does chain
+		// and SAN checks itself, on full and resumed handshakes alike.
+		c.InsecureSkipVerify = true
+		c.VerifyConnection = v.verify
+	}
+	switch s.Mode {
+	case snapshot.TLSServerOnly, "":
+	case snapshot.TLSMutual:
+		pair, err := tls.X509KeyPair([]byte(s.ClientCertificatePEM), []byte(s.ClientKeyPEM))
+		if err != nil {
+			return nil, fmt.Errorf("build upstream tls: %w: client certificate: %w", ErrInvalid, err)
+		}
+		c.Certificates = []tls.Certificate{pair}
+	default:
+		return nil, fmt.Errorf("build upstream tls: %w: unknown mode %q", ErrInvalid, s.Mode)
+	}
+	n := o.SessionCacheSize
+	if n == 0 {
+		n = 64
+	}
+	return &Origination{settings: s, base: c, cacheLen: n}, nil
+}
+
+// Settings returns the snapshot settings o was built from.
+func (o *Origination) Settings() *snapshot.TLS { return o.settings }
+
+// Config returns the client configuration for endpoint ep offering alpn
+// (the policy's own ALPN list, when set, wins). The result is shared: callers
+// must not modify it.
+func (o *Origination) Config(ep netip.AddrPort, alpn []string) *tls.Config {
+	if len(o.settings.ALPN) > 0 {
+		alpn = o.settings.ALPN
+	}
+	k := endpointKey{addr: ep, alpn: alpnKey(alpn)}
+	if c, ok := o.perEndpoint.Load(k); ok {
+		return c.(*tls.Config)
+	}
+	c := o.base.Clone()
+	c.NextProtos = alpn
+	c.ClientSessionCache = tls.NewLRUClientSessionCache(o.cacheLen)
+	got, _ := o.perEndpoint.LoadOrStore(k, c)
+	return got.(*tls.Config)
+}
+
+// Equal reports whether a and b would build the same Origination, so a new
+// snapshot can keep an unchanged backend's configs and session caches.
+func Equal(a, b *snapshot.TLS) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Mode == b.Mode && a.ServerName == b.ServerName && a.RootsPEM == b.RootsPEM &&
+		a.SystemRoots == b.SystemRoots && slices.Equal(a.SubjectAltNames, b.SubjectAltNames) &&
+		a.ClientCertificatePEM == b.ClientCertificatePEM && a.ClientKeyPEM == b.ClientKeyPEM &&
+		a.MinVersion == b.MinVersion && a.MaxVersion == b.MaxVersion &&
+		slices.Equal(a.CipherSuites, b.CipherSuites) && slices.Equal(a.Curves, b.Curves) &&
+		slices.Equal(a.ALPN, b.ALPN)
+}
+
+func alpnKey(alpn []string) string {
+	switch len(alpn) {
+	case 0:
+		return ""
+	case 1:
+		return alpn[0]
+	}
+	k := alpn[0]
+	for _, p := range alpn[1:] {
+		k += "," + p
+	}
+	return k
+}

@@ -1,0 +1,78 @@
+package upstreamtls
+
+import (
+	"crypto/tls"
+	"errors"
+	"net/netip"
+	"testing"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/test/pki"
+)
+
+func TestNewRejectsWhatCannotBeHonoured(t *testing.T) {
+	ca, err := pki.NewCA("ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ok := func() *snapshot.TLS {
+		return &snapshot.TLS{Mode: snapshot.TLSServerOnly, ServerName: "a.test", RootsPEM: string(ca.CertPEM)}
+	}
+	for _, c := range []struct {
+		name   string
+		mutate func(*snapshot.TLS)
+	}{
+		{"no server name", func(s *snapshot.TLS) { s.ServerName = "" }},
+		{"garbage bundle", func(s *snapshot.TLS) { s.RootsPEM = "-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n" }},
+		{"no roots", func(s *snapshot.TLS) { s.RootsPEM = "" }},
+		{"both roots", func(s *snapshot.TLS) { s.SystemRoots = true }},
+		{"max below min", func(s *snapshot.TLS) { s.MinVersion, s.MaxVersion = tls.VersionTLS13, tls.VersionTLS12 }},
+		{"mutual without key", func(s *snapshot.TLS) { s.Mode = snapshot.TLSMutual }},
+		{"unknown mode", func(s *snapshot.TLS) { s.Mode = "Sometimes" }},
+		{"unknown san type", func(s *snapshot.TLS) { s.SubjectAltNames = []snapshot.SubjectAltName{{Type: "IP", Value: "1.2.3.4"}} }},
+	} {
+		s := ok()
+		c.mutate(s)
+		if _, err := New(s, Options{}); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: New = %v, want ErrInvalid", c.name, err)
+		}
+	}
+	if _, err := New(ok(), Options{}); err != nil {
+		t.Fatalf("valid settings: %v", err)
+	}
+}
+
+// TestConfigPerEndpoint: options reach the config; each endpoint has its own
+// session cache (a shared one would offer one pod's tickets to another),
+// and the same endpoint gets the same config back.
+func TestConfigPerEndpoint(t *testing.T) {
+	ca, _ := pki.NewCA("ca")
+	o, err := New(&snapshot.TLS{ServerName: "a.test", RootsPEM: string(ca.CertPEM), MinVersion: tls.VersionTLS13,
+		Curves: []tls.CurveID{tls.X25519}}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b := netip.MustParseAddrPort("10.0.0.1:443"), netip.MustParseAddrPort("10.0.0.2:443")
+	ca1, cb := o.Config(a, []string{ALPNH2}), o.Config(b, []string{ALPNH2})
+	if ca1 == cb || ca1.ClientSessionCache == cb.ClientSessionCache {
+		t.Error("endpoints share a config or session cache")
+	}
+	if o.Config(a, []string{ALPNH2}) != ca1 {
+		t.Error("same endpoint and ALPN built a second config")
+	}
+	if ca1.ServerName != "a.test" || ca1.MinVersion != tls.VersionTLS13 || ca1.CurvePreferences[0] != tls.X25519 || ca1.NextProtos[0] != ALPNH2 {
+		t.Errorf("config = %+v", ca1)
+	}
+}
+
+func TestEqual(t *testing.T) {
+	a := &snapshot.TLS{ServerName: "a", SubjectAltNames: []snapshot.SubjectAltName{{Type: snapshot.SANURI, Value: "spiffe://x"}}}
+	b := *a
+	if !Equal(a, &b) {
+		t.Error("copies differ")
+	}
+	b.SubjectAltNames = []snapshot.SubjectAltName{{Type: snapshot.SANURI, Value: "spiffe://y"}}
+	if Equal(a, &b) || Equal(a, nil) || !Equal(nil, nil) {
+		t.Error("Equal ignores a difference")
+	}
+}
