@@ -89,6 +89,19 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sm_counters SEC(".maps");
 
+/*
+ * Per-pair decision counters, for `sockmeshctl explain`: connects from an
+ * enrolled netns to a captured address only, so they cost nothing on the
+ * node's other connects. LRU: pairs of pods and Services long gone age out.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct sm_pair_key);
+	__type(value, struct sm_pair_counts);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sm_pair_counters SEC(".maps");
+
 /* The original destination of each redirected application socket. */
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
@@ -128,6 +141,36 @@ static __always_inline void sm_count(enum sm_decision d)
 
 	if (n)
 		*n += 1; /* per-CPU slot: no atomics needed */
+}
+
+/*
+ * sm_count_pair counts d for the flow's (netns, Service address) pair when
+ * the netns is enrolled and the address captured: the decisions an operator
+ * asks about for one pod and one Service.
+ */
+static __always_inline void sm_count_pair(const struct sm_flow *f, enum sm_decision d)
+{
+	if (d == SM_SKIP_NOT_ENROLLED || d == SM_SKIP_NO_SERVICE || d >= SM_DECISION_MAX)
+		return;
+	struct sm_pair_key k = {
+		.netns_cookie = f->netns_cookie,
+		.svc = {
+			.addr = { f->daddr[0], f->daddr[1], f->daddr[2], f->daddr[3] },
+			.port = f->dport,
+			.proto = f->proto,
+		},
+	};
+	struct sm_pair_counts *c = bpf_map_lookup_elem(&sm_pair_counters, &k);
+	if (!c) {
+		struct sm_pair_counts zero = {};
+		/* NOEXIST: a connect on another CPU may have made it meanwhile. */
+		bpf_map_update_elem(&sm_pair_counters, &k, &zero, BPF_NOEXIST);
+		c = bpf_map_lookup_elem(&sm_pair_counters, &k);
+		if (!c)
+			return;
+	}
+	/* Shared by every CPU, unlike sm_counters' per-CPU slots. */
+	__sync_fetch_and_add(&c->n[d], 1);
 }
 
 static __always_inline void sm_map_v4(__u32 out[4], __u32 addr4)
@@ -242,6 +285,7 @@ static __always_inline enum sm_decision sm_connect(struct bpf_sock_addr *ctx,
 	enum sm_decision d = sm_decide(f, proxy_addr, proxy_port, &proxy_netns);
 
 	sm_count(d);
+	sm_count_pair(f, d);
 	if (d == SM_REDIRECTED)
 		sm_remember(ctx->sk, f, proxy_netns);
 	return d;

@@ -53,6 +53,21 @@ struct sm_service {
 };
 
 /*
+ * sm_pair_key names one (application netns, captured Service address) pair:
+ * the key of sm_pair_counters.
+ */
+struct sm_pair_key {
+	__u64 netns_cookie;	   /* netns of the connecting socket */
+	struct sm_service_key svc; /* the captured address it dialled */
+	__u32 pad;
+};
+
+/* sm_pair_counts counts one pair's connects by decision. */
+struct sm_pair_counts {
+	__u64 n[SM_DECISION_MAX]; /* indexed by enum sm_decision */
+};
+
+/*
  * sm_proxy is where an enrolled netns's connections go: the value of sm_netns,
  * keyed by the netns cookie of the application's socket.
  */

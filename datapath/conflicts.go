@@ -12,13 +12,13 @@ import (
 // Attached is another program on one of our hooks, as seen from the cgroup
 // we attach to (its own programs and those inherited from ancestors).
 type Attached struct {
-	Hook      string // our hook name: connect4, connect6, getpeername4, ...
-	ProgramID ebpf.ProgramID
-	Name      string // the program's name, possibly truncated by the kernel
+	Hook      string         `json:"hook"` // our hook name: connect4, connect6, getpeername4, ...
+	ProgramID ebpf.ProgramID `json:"programID"`
+	Name      string         `json:"name"` // the program's name, possibly truncated by the kernel
 	// RunsBeforeOurs: the kernel runs it before our program on this hook.
 	// On connect4/6 such a program may already have rewritten a Service
 	// address (socket load balancing, as Cilium does), so ours never sees it.
-	RunsBeforeOurs bool
+	RunsBeforeOurs bool `json:"runsBeforeOurs"`
 }
 
 // Conflicts lists the programs other than ours that run on our hooks for

@@ -65,6 +65,21 @@ func (d Decision) String() string {
 	return fmt.Sprintf("decision_%d", uint32(d))
 }
 
+// MarshalText writes the decision's metric label, so that maps keyed by
+// Decision marshal to JSON and YAML with readable keys.
+func (d Decision) MarshalText() ([]byte, error) { return []byte(d.String()), nil }
+
+// UnmarshalText reads a metric label that String wrote.
+func (d *Decision) UnmarshalText(b []byte) error {
+	for _, dec := range Decisions() {
+		if dec.String() == string(b) {
+			*d = dec
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown datapath decision %q", b)
+}
+
 // Counters returns how many TCP connects each decision has taken since the
 // counters map was created (it survives restarts; Uninstall resets it).
 // Connects of other protocols are not counted.

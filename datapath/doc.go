@@ -12,6 +12,8 @@
 //	err = dp.Enrol(cookie, datapath.Proxy{...})           // a pod's netns (see podns)
 //	err = dp.Heartbeat()                                  // the proxy is alive
 //	n, err := dp.Counters()                               // per-decision counts
+//	n, err = dp.PairCounter(cookie, addr)                 // the same, for one pod and Service address
+//	st, err := dp.State()                                 // hooks, program and link IDs, pins
 //	err = dp.Uninstall()                                  // remove every pin, link, map
 //
 // State: programs, links and maps are pinned under <Config.BPFFS>/sockmesh.

@@ -14,12 +14,13 @@ type Proxy struct {
 	// NetNSCookie is the cookie of the netns the proxy's listeners are in:
 	// the node's root netns in node-IP mode, the pod's own netns in in-pod
 	// mode (podns.NS.Cookie gives either).
-	NetNSCookie uint64
+	NetNSCookie uint64 `json:"netnsCookie"`
 	// V4 and V6 are the listener addresses per family; leave one zero when
 	// the proxy has no listener in that family. A connection in a family
 	// without listener passes untouched to a fail-open service and is
 	// refused (EPERM from connect) for a fail-closed one.
-	V4, V6 netip.AddrPort
+	V4 netip.AddrPort `json:"v4,omitzero"`
+	V6 netip.AddrPort `json:"v6,omitzero"`
 }
 
 // ErrLoopbackElsewhere is returned by Enrol for a loopback proxy address in

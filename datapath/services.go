@@ -15,12 +15,12 @@ import (
 // Service is one captured Service address: TCP connections from enrolled
 // pods to Addr are redirected to the pod's proxy.
 type Service struct {
-	Addr netip.AddrPort
+	Addr netip.AddrPort `json:"addr"`
 	// FailOpen services stop being redirected when the proxy's heartbeat is
 	// older than Config.HeartbeatMaxAge; the others (fail-closed) keep
 	// being redirected, so the app sees a refused connection rather than a
 	// plaintext bypass.
-	FailOpen bool
+	FailOpen bool `json:"failOpen,omitempty"`
 }
 
 // ServicesFromSnapshot lists one Service per address and port of s's

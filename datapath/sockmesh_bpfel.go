@@ -95,6 +95,18 @@ type sockmeshSmOrigDst struct {
 	Pad    uint8
 }
 
+type sockmeshSmPairCounts struct {
+	_ structs.HostLayout
+	N [7]uint64
+}
+
+type sockmeshSmPairKey struct {
+	_           structs.HostLayout
+	NetnsCookie uint64
+	Svc         sockmeshSmServiceKey
+	Pad         uint32
+}
+
 type sockmeshSmProxy struct {
 	_           structs.HostLayout
 	NetnsCookie uint64
@@ -132,6 +144,7 @@ const (
 	sockmeshMapSmHandoff           = "sm_handoff"
 	sockmeshMapSmHeartbeat         = "sm_heartbeat"
 	sockmeshMapSmNetns             = "sm_netns"
+	sockmeshMapSmPairCounters      = "sm_pair_counters"
 	sockmeshMapSmProxySk           = "sm_proxy_sk"
 	sockmeshMapSmServices          = "sm_services"
 	sockmeshProgSmConnect4         = "sm_connect4"
@@ -202,13 +215,14 @@ type sockmeshProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockmeshMapSpecs struct {
-	SmAppSk     *ebpf.MapSpec `ebpf:"sm_app_sk"`
-	SmCounters  *ebpf.MapSpec `ebpf:"sm_counters"`
-	SmHandoff   *ebpf.MapSpec `ebpf:"sm_handoff"`
-	SmHeartbeat *ebpf.MapSpec `ebpf:"sm_heartbeat"`
-	SmNetns     *ebpf.MapSpec `ebpf:"sm_netns"`
-	SmProxySk   *ebpf.MapSpec `ebpf:"sm_proxy_sk"`
-	SmServices  *ebpf.MapSpec `ebpf:"sm_services"`
+	SmAppSk        *ebpf.MapSpec `ebpf:"sm_app_sk"`
+	SmCounters     *ebpf.MapSpec `ebpf:"sm_counters"`
+	SmHandoff      *ebpf.MapSpec `ebpf:"sm_handoff"`
+	SmHeartbeat    *ebpf.MapSpec `ebpf:"sm_heartbeat"`
+	SmNetns        *ebpf.MapSpec `ebpf:"sm_netns"`
+	SmPairCounters *ebpf.MapSpec `ebpf:"sm_pair_counters"`
+	SmProxySk      *ebpf.MapSpec `ebpf:"sm_proxy_sk"`
+	SmServices     *ebpf.MapSpec `ebpf:"sm_services"`
 }
 
 // sockmeshVariableSpecs contains global variables before they are loaded into the kernel.
@@ -239,13 +253,14 @@ func (o *sockmeshObjects) Close() error {
 //
 // It can be passed to loadSockmeshObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockmeshMaps struct {
-	SmAppSk     *ebpf.Map `ebpf:"sm_app_sk"`
-	SmCounters  *ebpf.Map `ebpf:"sm_counters"`
-	SmHandoff   *ebpf.Map `ebpf:"sm_handoff"`
-	SmHeartbeat *ebpf.Map `ebpf:"sm_heartbeat"`
-	SmNetns     *ebpf.Map `ebpf:"sm_netns"`
-	SmProxySk   *ebpf.Map `ebpf:"sm_proxy_sk"`
-	SmServices  *ebpf.Map `ebpf:"sm_services"`
+	SmAppSk        *ebpf.Map `ebpf:"sm_app_sk"`
+	SmCounters     *ebpf.Map `ebpf:"sm_counters"`
+	SmHandoff      *ebpf.Map `ebpf:"sm_handoff"`
+	SmHeartbeat    *ebpf.Map `ebpf:"sm_heartbeat"`
+	SmNetns        *ebpf.Map `ebpf:"sm_netns"`
+	SmPairCounters *ebpf.Map `ebpf:"sm_pair_counters"`
+	SmProxySk      *ebpf.Map `ebpf:"sm_proxy_sk"`
+	SmServices     *ebpf.Map `ebpf:"sm_services"`
 }
 
 func (m *sockmeshMaps) Close() error {
@@ -255,6 +270,7 @@ func (m *sockmeshMaps) Close() error {
 		m.SmHandoff,
 		m.SmHeartbeat,
 		m.SmNetns,
+		m.SmPairCounters,
 		m.SmProxySk,
 		m.SmServices,
 	)

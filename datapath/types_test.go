@@ -17,6 +17,8 @@ func TestTypes(t *testing.T) {
 	types := map[string]any{
 		"sm_service_key": sockmeshSmServiceKey{},
 		"sm_service":     sockmeshSmService{},
+		"sm_pair_key":    sockmeshSmPairKey{},
+		"sm_pair_counts": sockmeshSmPairCounts{},
 		"sm_proxy":       sockmeshSmProxy{},
 		"sm_orig_dst":    sockmeshSmOrigDst{},
 		"sm_app_sock":    sockmeshSmAppSock{},

@@ -79,6 +79,18 @@ func (f fakeDatapath) Counters() (map[datapath.Decision]uint64, error) {
 	return map[datapath.Decision]uint64{datapath.Redirected: 3}, nil
 }
 func (f fakeDatapath) Conflicts() ([]datapath.Attached, error) { return nil, f.err }
+func (f fakeDatapath) State() (datapath.State, error) {
+	return datapath.State{PinDir: "/sys/fs/bpf/sockmesh", Hooks: []datapath.Hook{{Name: "connect4", ProgramID: 12, Attached: true}}}, nil
+}
+func (f fakeDatapath) PairCounter(netns uint64, addr netip.AddrPort) (map[datapath.Decision]uint64, error) {
+	return map[datapath.Decision]uint64{datapath.Redirected: netns}, nil
+}
+func (f fakeDatapath) PairCounters() ([]datapath.PairCounters, error) {
+	return []datapath.PairCounters{
+		{NetNSCookie: 9, Service: netip.MustParseAddrPort("10.96.0.99:80"), Counts: map[datapath.Decision]uint64{datapath.DeniedNoProxy: 1}},
+		{NetNSCookie: 1, Service: netip.MustParseAddrPort("10.96.0.11:80"), Counts: map[datapath.Decision]uint64{datapath.Redirected: 4}},
+	}, nil
+}
 
 func TestReport(t *testing.T) {
 	key := "-----BEGIN PRIVATE KEY-----\nsecret\n-----END PRIVATE KEY-----\n"

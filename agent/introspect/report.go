@@ -1,6 +1,8 @@
 package introspect
 
 import (
+	"errors"
+	"net/netip"
 	"slices"
 	"time"
 
@@ -9,13 +11,19 @@ import (
 	"github.com/sockmesh/sockmesh/datapath"
 )
 
-// Datapath is the part of *datapath.Datapath a Report reads.
+// Datapath is the part of *datapath.Datapath the introspection reads.
 type Datapath interface {
 	Services() ([]datapath.Service, error)
 	Enrolments() (map[uint64]datapath.Proxy, error)
 	Counters() (map[datapath.Decision]uint64, error)
 	Conflicts() ([]datapath.Attached, error)
+	State() (datapath.State, error)
+	PairCounter(netns uint64, addr netip.AddrPort) (map[datapath.Decision]uint64, error)
+	PairCounters() ([]datapath.PairCounters, error)
 }
+
+// errNoDatapath answers requests for datapath state when Sources has none.
+var errNoDatapath = errors.New("no datapath")
 
 // Sources are where a Report comes from; the agent fills them once. A nil
 // function or interface leaves its part of the Report empty.
@@ -33,6 +41,9 @@ type Sources struct {
 	Ready    func() error
 	Datapath Datapath
 	Events   *Events
+	// Metrics is the agent's registry: the proxy's load is read from it,
+	// and the introspection API serves its metrics and their catalog.
+	Metrics *Catalog
 }
 
 // Report is a point-in-time view of one agent. It marshals to JSON and YAML
@@ -122,6 +133,16 @@ func readDatapath(dp Datapath) DatapathReport {
 		}
 	}
 	return out
+}
+
+// Snapshot returns the applied Snapshot, private keys redacted, and when it
+// was applied; nil before the first.
+func (s *Sources) Snapshot() (*snapshot.Snapshot, time.Time) {
+	if s.Applied == nil {
+		return nil, time.Time{}
+	}
+	snap, at := s.Applied()
+	return redact(snap), at
 }
 
 // redacted replaces private keys in a Report.

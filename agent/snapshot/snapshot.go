@@ -264,6 +264,9 @@ type Workload struct {
 	HostNetwork    bool         `json:"hostNetwork,omitempty"`
 	// Enrolled pods have their connections captured.
 	Enrolled bool `json:"enrolled"`
+	// NotEnrolled says why Enrolled is false (an opt-out label, host
+	// network, no IP yet, a finished pod), for explanations.
+	NotEnrolled string `json:"notEnrolled,omitempty"`
 }
 
 // New sorts the parts, checks that every frontend's backend (and every

@@ -44,13 +44,34 @@ func workloads(in Input) []snapshot.Workload {
 			IPs:            podIPs(p),
 			HostNetwork:    p.Spec.HostNetwork,
 		}
-		label := p.Labels[LabelCapture]
-		live := p.Status.Phase == corev1.PodPending || p.Status.Phase == corev1.PodRunning
-		w.Enrolled = live && len(w.IPs) > 0 && label != "disabled" && !disabledNS[p.Namespace] &&
-			(!w.HostNetwork || label == "enabled")
+		w.NotEnrolled = notEnrolled(p, disabledNS[p.Namespace], len(w.IPs) > 0)
+		w.Enrolled = w.NotEnrolled == ""
 		out = append(out, w)
 	}
 	return out
+}
+
+// notEnrolled says why the pod is not enrolled, or "" when it is (the rules
+// of workloads, in the order an operator would look).
+func notEnrolled(p *corev1.Pod, namespaceDisabled, hasIPs bool) string {
+	label := p.Labels[LabelCapture]
+	switch {
+	case label == "disabled":
+		return "the pod has the label " + LabelCapture + "=disabled"
+	case namespaceDisabled:
+		return "its namespace has the label " + LabelCapture + "=disabled"
+	case p.Spec.HostNetwork && label != "enabled":
+		return "a hostNetwork pod shares the node's network namespace; only the label " + LabelCapture + "=enabled on the pod enrols it"
+	case p.Status.Phase != corev1.PodPending && p.Status.Phase != corev1.PodRunning:
+		phase := string(p.Status.Phase)
+		if phase == "" {
+			phase = "unknown"
+		}
+		return "the pod's phase is " + phase + " (only Pending and Running pods are enrolled)"
+	case !hasIPs:
+		return "the pod has no IP address yet"
+	}
+	return ""
 }
 
 // podIPs reads status.podIPs (status.podIP when the list is empty), in

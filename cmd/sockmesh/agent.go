@@ -29,6 +29,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/health"
 	"github.com/sockmesh/sockmesh/agent/introspect"
+	"github.com/sockmesh/sockmesh/agent/introspect/httpapi"
 	"github.com/sockmesh/sockmesh/datapath"
 	"github.com/sockmesh/sockmesh/datapath/podns"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
@@ -55,7 +56,10 @@ Services go direct once it is stale), drains connections for up to
 (fail-closed Services refuse connections meanwhile); a second one exits at
 once. SIGUSR1 logs an introspection report (snapshot, enrolments, datapath
 counters and conflicts, recent warnings) as one "introspection report"
-record.
+record. The read-only introspection API that sockmeshctl uses (status,
+explain, snapshot, counters, metrics) is served on --introspection-socket
+(root and the agent's user; --introspection-group adds a group) and, with
+--introspection-listen, over TLS with a bearer token.
 
 WebSocket over HTTP/2 (RFC 8441) needs GODEBUG=http2xconnect=1 when the
 process starts; the agent re-executes itself with it when GODEBUG does not
@@ -121,7 +125,7 @@ func hostInterfaceIP() (netip.Addr, error) {
 type agent struct {
 	s        settings
 	log      *slog.Logger
-	reg      *prometheus.Registry
+	reg      *introspect.Catalog // the metrics registry, which remembers what is registered
 	checks   *health.Checks
 	cp       *controlplane.ControlPlane
 	dp       *datapath.Datapath
@@ -133,12 +137,13 @@ type agent struct {
 	serving  atomic.Bool // the node listeners are served
 	stopping atomic.Bool // shutdown began
 	report   *introspect.Sources
+	intro    *httpapi.Server
 }
 
 // runAgent runs the agent until ctx ends (a signal) or a part fails, then
 // shuts down as the command's help describes.
 func runAgent(ctx context.Context, s settings, log *slog.Logger, events *introspect.Events) error {
-	a := &agent{s: s, log: log, reg: prometheus.NewRegistry()}
+	a := &agent{s: s, log: log, reg: introspect.NewCatalog()}
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "sockmesh_build_info",
 		Help:        "Always 1; the labels name the agent's build.",
@@ -206,6 +211,10 @@ func (a *agent) start(ctx context.Context, events *introspect.Events) error {
 	a.report = &introspect.Sources{
 		Node: s.nodeName, Mode: string(s.mode), Version: buildVersion(),
 		Applied: a.ap.Applied, Pods: a.en.Pods, Ready: a.checks.Ready, Datapath: a.dp, Events: events,
+		Metrics: a.reg,
+	}
+	if a.intro, err = httpapi.NewServer(s.introspection, a.report, log, a.reg); err != nil {
+		return err
 	}
 	a.started.Store(true)
 	return nil
@@ -327,6 +336,11 @@ func (a *agent) run(ctx context.Context) error {
 		a.waitReady(runCtx)
 	})
 	wg.Go(func() { a.reportOnSignal(runCtx) })
+	wg.Go(func() {
+		if err := a.intro.Serve(runCtx); err != nil {
+			cancel(err)
+		}
+	})
 
 	<-runCtx.Done()
 	failure := context.Cause(runCtx)
@@ -387,6 +401,9 @@ func (a *agent) reportOnSignal(ctx context.Context) {
 
 // close releases what start opened; pinned capture stays.
 func (a *agent) close() {
+	if a.intro != nil {
+		a.intro.Close()
+	}
 	for _, ln := range a.nodeLns {
 		ln.Close()
 	}

@@ -214,6 +214,7 @@ func (e *env) startAgent(t *testing.T, args ...string) *agentRun {
 		"--health-listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
 		"--bpffs=" + e.bpffs, "--cgroup=" + e.cg.Path,
 		"--log-format=json", "--drain-timeout=10s",
+		"--introspection-socket=" + filepath.Join(t.TempDir(), "agent.sock"),
 	}, args...)
 	cmd := sandbox.HelperCommand(t, "sockmesh", args...)
 	r, w, err := os.Pipe()

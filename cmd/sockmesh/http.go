@@ -9,8 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sockmesh/sockmesh/agent/introspect"
 )
 
 // httpServers are the health and metrics servers (one when both listen on
@@ -19,7 +20,7 @@ type httpServers struct {
 	srvs []*http.Server
 }
 
-func startHTTP(s settings, healthHandler http.Handler, reg *prometheus.Registry, log *slog.Logger) (*httpServers, error) {
+func startHTTP(s settings, healthHandler http.Handler, reg *introspect.Catalog, log *slog.Logger) (*httpServers, error) {
 	type site struct {
 		mux   *http.ServeMux
 		names []string

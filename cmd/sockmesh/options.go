@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sockmesh/sockmesh/agent/enrol"
+	"github.com/sockmesh/sockmesh/agent/introspect/httpapi"
 	"github.com/sockmesh/sockmesh/agent/translate"
 )
 
@@ -44,6 +45,7 @@ type options struct {
 	logLevel                string
 	logFormat               string
 	drainTimeout            time.Duration
+	introspection           httpapi.Config
 }
 
 // Environment variables the flags take their defaults from, as the
@@ -82,6 +84,13 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: json or text")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 20*time.Second, "on SIGTERM, how long connections may drain before they are closed")
+	in := &o.introspection
+	fs.StringVar(&in.Socket, "introspection-socket", httpapi.DefaultSocket, "unix socket serving the read-only introspection API (sockmeshctl), mode 0600")
+	fs.StringVar(&in.Group, "introspection-group", "", "group (name or ID) that may also use the introspection socket (mode 0660)")
+	fs.StringVar(&in.Listen, "introspection-listen", "", "TCP address serving the introspection API to remote sockmeshctl, with TLS and a bearer token (empty: off)")
+	fs.StringVar(&in.TLSCertFile, "introspection-tls-cert", "", "TLS certificate of --introspection-listen")
+	fs.StringVar(&in.TLSKeyFile, "introspection-tls-key", "", "TLS key of --introspection-listen")
+	fs.StringVar(&in.TokenFile, "introspection-token-file", "", "file holding the bearer token remote clients of --introspection-listen must send (read at each request)")
 }
 
 // applyConfigFile sets, from the YAML file at path, every flag of fs the
@@ -183,6 +192,8 @@ type settings struct {
 	logLevel     slog.Level
 	logJSON      bool
 	drainTimeout time.Duration
+	// introspection is the introspection API server's configuration.
+	introspection httpapi.Config
 }
 
 // load applies the --config file under the flags parsed into fs, and
@@ -204,6 +215,7 @@ func (o *options) settings(getenv func(string) string, hostIP func() (netip.Addr
 		podName: getenv(envPodName), mode: enrol.Mode(o.proxyMode), inPodPort: o.inPodPort,
 		healthListen: o.healthListen, metricsListen: o.metricsListen, bpffs: o.bpffs, cgroup: o.cgroup,
 		leaderElect: o.leaderElect, leaderNS: o.leaderElectionNamespace, drainTimeout: o.drainTimeout,
+		introspection: o.introspection,
 	}
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
@@ -279,6 +291,11 @@ func (o *options) settings(getenv func(string) string, hostIP func() (netip.Addr
 	}
 	if s.drainTimeout < 0 {
 		bad("--drain-timeout must not be negative")
+	}
+	if in := s.introspection; in.Socket == "" {
+		bad("--introspection-socket must not be empty")
+	} else if in.Listen != "" && (in.TLSCertFile == "" || in.TLSKeyFile == "" || in.TokenFile == "") {
+		bad("--introspection-listen needs --introspection-tls-cert, --introspection-tls-key and --introspection-token-file")
 	}
 	return s, errors.Join(errs...)
 }

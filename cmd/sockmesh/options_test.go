@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/sockmesh/sockmesh/agent/enrol"
+	"github.com/sockmesh/sockmesh/agent/introspect/httpapi"
 	"github.com/sockmesh/sockmesh/agent/translate"
 )
 
@@ -50,6 +51,7 @@ func TestDefaults(t *testing.T) {
 		healthListen: ":15021", metricsListen: ":15090", bpffs: "/sys/fs/bpf", leaderNS: "sockmesh-system",
 		node:     translate.Node{IPs: []netip.Addr{netip.MustParseAddr("192.0.2.7")}},
 		logLevel: slog.LevelInfo, drainTimeout: 20 * time.Second,
+		introspection: httpapi.Config{Socket: httpapi.DefaultSocket},
 	}
 	if diff := cmp.Diff(want, got, cmp.AllowUnexported(settings{}), cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
 		cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b })); diff != "" {
@@ -176,6 +178,8 @@ func TestSettingsErrors(t *testing.T) {
 		{"bad log level", node, []string{"--log-level=loud"}, "--log-level"},
 		{"bad log format", node, []string{"--log-format=xml"}, "--log-format"},
 		{"negative drain", node, []string{"--drain-timeout=-1s"}, "--drain-timeout"},
+		{"no introspection socket", node, []string{"--introspection-socket="}, "--introspection-socket"},
+		{"introspection port without TLS", node, []string{"--introspection-listen=:9443"}, "--introspection-tls-cert"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := parse(t, c.env, "", c.args...)

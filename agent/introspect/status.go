@@ -1,0 +1,252 @@
+package introspect
+
+import (
+	"cmp"
+	"net/netip"
+	"slices"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/sockmesh/sockmesh/agent/enrol"
+	"github.com/sockmesh/sockmesh/agent/explain"
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/datapath"
+)
+
+// Status is one agent's health at a glance: what sockmeshctl status shows.
+type Status struct {
+	Node    string    `json:"node"`
+	Mode    string    `json:"mode"`
+	Version string    `json:"version"`
+	Time    time.Time `json:"time"`
+	Ready   bool      `json:"ready"`
+	// NotReady says why Ready is false.
+	NotReady string         `json:"notReady,omitempty"`
+	Snapshot SnapshotStatus `json:"snapshot"`
+	Datapath DatapathStatus `json:"datapath"`
+	Proxy    ProxyStatus    `json:"proxy"`
+	Pods     PodsStatus     `json:"pods"`
+	// Events are the recent warnings and errors, oldest first;
+	// EventsTotal counts every one since start.
+	Events      []Event `json:"events,omitempty"`
+	EventsTotal uint64  `json:"eventsTotal"`
+}
+
+// SnapshotStatus describes the Snapshot the data planes serve.
+type SnapshotStatus struct {
+	// Version is 0 before the first Snapshot is applied.
+	Version   uint64    `json:"version"`
+	AppliedAt time.Time `json:"appliedAt,omitzero"`
+	Frontends int       `json:"frontends"`
+	Backends  int       `json:"backends"`
+	// Invalid counts backends that fail closed.
+	Invalid   int `json:"invalid"`
+	Workloads int `json:"workloads"`
+}
+
+// DatapathStatus is what the kernel holds.
+type DatapathStatus struct {
+	// State is the hooks (programs, links, attachment, pins) and maps.
+	State datapath.State `json:"state"`
+	// Conflicts are other programs on our hooks.
+	Conflicts []datapath.Attached `json:"conflicts,omitempty"`
+	// Services and Enrolments count the entries of those maps.
+	Services   int `json:"services"`
+	Enrolments int `json:"enrolments"`
+	// Counters count TCP connects node-wide by decision.
+	Counters map[datapath.Decision]uint64 `json:"counters,omitempty"`
+	// Errors lists what could not be read.
+	Errors []string `json:"errors,omitempty"`
+}
+
+// ProxyStatus is the proxy's load, read from its metrics.
+type ProxyStatus struct {
+	// ActiveConnections are the client connections being served, by path
+	// (passthrough, l4, l4_tls, l7, http1).
+	ActiveConnections map[string]float64 `json:"activeConnections,omitempty"`
+	// SnapshotVersion is the version the proxy serves new connections with.
+	SnapshotVersion float64 `json:"snapshotVersion"`
+}
+
+// PodsStatus counts the enrolled pods by state and lists those that are not
+// Enrolled.
+type PodsStatus struct {
+	Enrolled int `json:"enrolled"`
+	Pending  int `json:"pending"`
+	Failed   int `json:"failed"`
+	// NotEnrolled counts the node's pods the Snapshot does not enrol.
+	NotEnrolled int         `json:"notEnrolled"`
+	Unsettled   []enrol.Pod `json:"unsettled,omitempty"`
+}
+
+// Status reads every source now; parts that cannot be read are named in
+// Datapath.Errors.
+func (s *Sources) Status() Status {
+	r := s.Report()
+	st := Status{Node: r.Node, Mode: r.Mode, Version: r.Version, Time: r.Time, Ready: r.Ready, NotReady: r.NotReady,
+		Events: r.Events, EventsTotal: r.EventsTotal}
+	if r.Snapshot != nil {
+		st.Snapshot = SnapshotStatus{Version: r.Snapshot.Version, AppliedAt: r.AppliedAt,
+			Frontends: len(r.Snapshot.Frontends), Backends: len(r.Snapshot.Backends), Workloads: len(r.Snapshot.Workloads)}
+		for _, b := range r.Snapshot.Backends {
+			if b.Invalid != nil {
+				st.Snapshot.Invalid++
+			}
+		}
+		for _, w := range r.Snapshot.Workloads {
+			if !w.Enrolled {
+				st.Pods.NotEnrolled++
+			}
+		}
+	}
+	for _, p := range r.Pods {
+		switch p.State {
+		case enrol.Enrolled:
+			st.Pods.Enrolled++
+			continue
+		case enrol.Pending:
+			st.Pods.Pending++
+		case enrol.Failed:
+			st.Pods.Failed++
+		}
+		st.Pods.Unsettled = append(st.Pods.Unsettled, p)
+	}
+	st.Datapath = DatapathStatus{Conflicts: r.Datapath.Conflicts, Services: len(r.Datapath.Services),
+		Enrolments: len(r.Datapath.Enrolments), Errors: r.Datapath.Errors}
+	if r.Datapath.Counters != nil {
+		st.Datapath.Counters = map[datapath.Decision]uint64{}
+		for _, d := range datapath.Decisions() {
+			st.Datapath.Counters[d] = r.Datapath.Counters[d.String()]
+		}
+	}
+	if s.Datapath != nil {
+		state, err := s.Datapath.State()
+		st.Datapath.State = state
+		if err != nil {
+			st.Datapath.Errors = append(st.Datapath.Errors, err.Error())
+		}
+	}
+	if s.Metrics != nil {
+		families, _ := s.Metrics.Gather() // a failing collector leaves its part out
+		st.Proxy = proxyStatus(families)
+	}
+	return st
+}
+
+func proxyStatus(families []*dto.MetricFamily) ProxyStatus {
+	var p ProxyStatus
+	for _, mf := range families {
+		switch mf.GetName() {
+		case "sockmesh_proxy_active_connections":
+			p.ActiveConnections = map[string]float64{}
+			for _, m := range mf.GetMetric() {
+				p.ActiveConnections[label(m, "path")] += m.GetGauge().GetValue()
+			}
+		case "sockmesh_proxy_snapshot_version":
+			for _, m := range mf.GetMetric() {
+				p.SnapshotVersion = m.GetGauge().GetValue()
+			}
+		}
+	}
+	return p
+}
+
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// Counters are the datapath's decision counters: node-wide, and per pod
+// and captured Service address.
+type Counters struct {
+	Decisions map[datapath.Decision]uint64 `json:"decisions"`
+	Pairs     []PairCounters               `json:"pairs,omitempty"`
+}
+
+// PairCounters are one pair's decisions, with the pod and Service named
+// where this agent knows them.
+type PairCounters struct {
+	Pod         *snapshot.ObjectRef          `json:"pod,omitempty"`
+	NetNSCookie uint64                       `json:"netnsCookie"`
+	Service     *snapshot.ObjectRef          `json:"service,omitempty"`
+	Addr        netip.AddrPort               `json:"addr"`
+	Counts      map[datapath.Decision]uint64 `json:"counts"`
+}
+
+// Counters reads the datapath's counters now.
+func (s *Sources) Counters() (Counters, error) {
+	var c Counters
+	if s.Datapath == nil {
+		return c, errNoDatapath
+	}
+	var err error
+	if c.Decisions, err = s.Datapath.Counters(); err != nil {
+		return c, err
+	}
+	pairs, err := s.Datapath.PairCounters()
+	if err != nil {
+		return c, err
+	}
+	pods := map[uint64]snapshot.ObjectRef{}
+	if s.Pods != nil {
+		for _, p := range s.Pods() {
+			if p.State == enrol.Enrolled {
+				pods[p.NetNSCookie] = p.Pod
+			}
+		}
+	}
+	snap := s.snapshot()
+	for _, p := range pairs {
+		pc := PairCounters{NetNSCookie: p.NetNSCookie, Addr: p.Service, Counts: p.Counts}
+		if ref, ok := pods[p.NetNSCookie]; ok {
+			pc.Pod = &ref
+		}
+		if f, ok := snap.Frontend(p.Service); ok {
+			svc := f.Service
+			pc.Service = &svc
+		}
+		c.Pairs = append(c.Pairs, pc)
+	}
+	slices.SortStableFunc(c.Pairs, func(a, b PairCounters) int {
+		return cmp.Or(cmp.Compare(refString(a.Pod), refString(b.Pod)), a.Addr.Compare(b.Addr))
+	})
+	return c, nil
+}
+
+func refString(r *snapshot.ObjectRef) string {
+	if r == nil {
+		return "~" // unknown pods last
+	}
+	return r.String()
+}
+
+// snapshot returns the applied Snapshot, or the empty one.
+func (s *Sources) snapshot() *snapshot.Snapshot {
+	if s.Applied != nil {
+		if snap, _ := s.Applied(); snap != nil {
+			return snap
+		}
+	}
+	return snapshot.Empty()
+}
+
+// Explain answers q from this agent's state now.
+func (s *Sources) Explain(q explain.Query) explain.Explanation {
+	st := explain.State{Node: s.Node, Snapshot: s.snapshot()}
+	if s.Pods != nil {
+		st.Pods = s.Pods()
+	}
+	if s.Datapath != nil {
+		// What cannot be read stays empty; the explanation then notes the
+		// datapath lacks it, which is what an operator should look into.
+		st.Services, _ = s.Datapath.Services()
+		st.Enrolments, _ = s.Datapath.Enrolments()
+		st.PairCounter = s.Datapath.PairCounter
+	}
+	return explain.Explain(q, st)
+}

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sockmesh/sockmesh/agent/introspect"
+	"github.com/sockmesh/sockmesh/ctl/render"
+)
+
+func newStatusCommand(g *globals) *cobra.Command {
+	var allNodes bool
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "show the node agent's programs, pins, conflicts, snapshot, proxy connections and recent errors",
+		Long: `status asks the node's agent (its socket, or --agent-address) how it
+stands: the eBPF programs attached to each hook with their program and link
+IDs, whether they are pinned (so capture survives an agent restart), other
+programs on the same hooks, the Snapshot version and its age, the proxy's
+open connections, pods whose enrolment is pending or failed, and recent
+warnings and errors. With --all-nodes and --agent-port it asks every node's
+agent, found through the API server.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			f, err := g.format()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), 2*g.timeout)
+			defer cancel()
+			sts, err := statuses(ctx, g, allNodes)
+			if len(sts) == 0 {
+				return err
+			}
+			if err := render.Print(cmd.OutOrStdout(), f, sts, func(w io.Writer) error { return render.Status(w, sts) }); err != nil {
+				return err
+			}
+			return err // nodes that did not answer, after those that did
+		},
+	}
+	cmd.Flags().BoolVar(&allNodes, "all-nodes", false, "ask every node's agent (needs --agent-port and the API server)")
+	return cmd
+}
+
+func statuses(ctx context.Context, g *globals, allNodes bool) ([]introspect.Status, error) {
+	if !allNodes {
+		c, err := g.agentFor(ctx, "")
+		if err != nil {
+			return nil, err
+		}
+		st, err := c.Status(ctx)
+		if err != nil {
+			return nil, err
+		}
+		return []introspect.Status{st}, nil
+	}
+	if g.agentPort == 0 {
+		return nil, errors.New("--all-nodes needs --agent-port")
+	}
+	kube, _, err := g.kube()
+	if err != nil {
+		return nil, err
+	}
+	nodes, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("list nodes: %w", err)
+	}
+	var out []introspect.Status
+	var errs []error
+	for _, n := range nodes.Items {
+		c, err := g.agentFor(ctx, n.Name)
+		if err == nil {
+			var st introspect.Status
+			if st, err = c.Status(ctx); err == nil {
+				out = append(out, st)
+				continue
+			}
+		}
+		errs = append(errs, fmt.Errorf("node %s: %w", n.Name, err))
+	}
+	return out, errors.Join(errs...)
+}

@@ -1,0 +1,139 @@
+package describe
+
+import (
+	"errors"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sockmesh/sockmesh/agent/source/manifests"
+	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/test/pki"
+)
+
+func cluster(t *testing.T) *Cluster {
+	t.Helper()
+	ca, err := pki.NewCA("describe test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile("testdata/cluster.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pemText := "    " + strings.ReplaceAll(strings.TrimSpace(string(ca.CertPEM)), "\n", "\n    ")
+	dec, err := manifests.NewDecoder()
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := dec.Decode(strings.NewReader(strings.Replace(string(raw), "\nCA_PEM\n", "\n"+pemText+"\n", 1)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := translate.Input{Now: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
+	for _, o := range objs {
+		if err := manifests.Add(&in, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := New(in, []string{"a warning"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func hasCondition(a Ancestor, typ, status, reason string) bool {
+	return slices.ContainsFunc(a.Conditions, func(c Condition) bool {
+		return c.Type == typ && c.Status == status && c.Reason == reason
+	})
+}
+
+func TestService(t *testing.T) {
+	c := cluster(t)
+	s, err := c.Service("app", "secure")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Ports) != 2 || !s.Ports[0].Captured || s.Ports[1].Captured || s.Ports[0].Backend == nil ||
+		s.Ports[0].Backend.TLS == nil || s.Ports[0].Backend.TLS.ServerName != "secure.app.svc" {
+		t.Errorf("ports = %+v: want https captured with the older policy's TLS, metrics not", s.Ports)
+	}
+	// Oldest first; the newer one lost the conflict, and says to whom.
+	if len(s.Policies) != 2 || s.Policies[0].Ref.Name != "secure" || s.Policies[1].Ref.Name != "late" ||
+		!hasCondition(s.Policies[0].Ancestors[0], "Accepted", "True", "Accepted") ||
+		!hasCondition(s.Policies[1].Ancestors[0], "Accepted", "False", "Conflicted") ||
+		!strings.Contains(s.Policies[1].Ancestors[0].Conditions[0].Message, "app/secure") ||
+		s.Policies[1].Ancestors[0].Ref != "Service app/secure section https" {
+		t.Errorf("policies = %+v", s.Policies)
+	}
+	if !slices.Equal(s.Warnings, []string{"a warning"}) {
+		t.Errorf("warnings = %q", s.Warnings)
+	}
+
+	routed, err := c.Service("app", "routed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := routed.Ports[0]
+	if !p.Captured || len(p.Routes) != 1 || p.Routes[0].Role != "producer" || len(p.Routes[0].Rules) != 1 ||
+		p.Routes[0].Rules[0].Route.Name != "to-secure" || len(p.Routes[0].Backends) != 1 ||
+		len(routed.Routes) != 1 || !hasCondition(routed.Routes[0].Ancestors[0], "Accepted", "True", "Accepted") {
+		t.Errorf("routed = %+v", routed)
+	}
+
+	if _, err := c.Service("app", "nosuch"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Service(nosuch) error = %v, want ErrNotFound", err)
+	}
+}
+
+func TestBackendTLSPolicy(t *testing.T) {
+	c := cluster(t)
+	p, err := c.BackendTLSPolicy("app", "late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Hostname != "other.app.svc" || !slices.Equal(p.CARefs, []string{"ConfigMap app/secure-ca"}) ||
+		len(p.Policy.Ancestors) != 1 || !hasCondition(p.Policy.Ancestors[0], "Accepted", "False", "Conflicted") ||
+		len(p.Targets) != 1 || p.Targets[0].Service.Name != "secure" || len(p.Targets[0].Policies) != 2 ||
+		p.Targets[0].Warnings != nil || p.Policy.Created.IsZero() {
+		t.Errorf("BackendTLSPolicy(late) = %+v", p)
+	}
+	if _, err := c.BackendTLSPolicy("app", "nosuch"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("error = %v, want ErrNotFound", err)
+	}
+}
+
+func TestXBackend(t *testing.T) {
+	c := cluster(t)
+	x, err := c.XBackend("app", "partner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(x.Backends) != 1 || x.Backends[0].Hostname != "example.com" || !slices.Equal(x.Services, []string{"app/partner:80"}) ||
+		len(x.XBackend.Ancestors) == 0 {
+		t.Errorf("XBackend(partner) = %+v", x)
+	}
+	if _, err := c.XBackend("app", "nosuch"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("error = %v, want ErrNotFound", err)
+	}
+}
+
+func TestHTTPRoute(t *testing.T) {
+	c := cluster(t)
+	r, err := c.HTTPRoute("app", "to-secure")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Placements) != 1 || r.Placements[0].Service.Name != "routed" || r.Placements[0].Port != 80 ||
+		r.Placements[0].Role != "producer" || len(r.Placements[0].Rules) != 1 ||
+		!slices.Equal(r.Placements[0].Rules[0].Matches, []string{"path PathPrefix /api"}) ||
+		len(r.Route.Ancestors) != 1 || r.Route.Ancestors[0].Ref != "Service app/routed port 80" {
+		t.Errorf("HTTPRoute(to-secure) = %+v", r)
+	}
+	if _, err := c.HTTPRoute("app", "nosuch"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("error = %v, want ErrNotFound", err)
+	}
+}

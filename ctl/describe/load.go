@@ -1,0 +1,199 @@
+package describe
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
+
+	"github.com/sockmesh/sockmesh/agent/translate"
+)
+
+// Load lists, cluster-wide, the objects translate reads, and gets the
+// ConfigMaps and Secrets that policies and XBackends reference (only
+// those: a CLI user need not read every Secret). Pods are not listed:
+// describe is about Services and policies, not enrolment. Kinds the API
+// server does not serve count as empty; what cannot be read (forbidden) is
+// named in the warnings, since translate then judges without it.
+func Load(ctx context.Context, kube kubernetes.Interface, gw gwclient.Interface, now time.Time) (translate.Input, []string, error) {
+	in := translate.Input{Now: now}
+	var warnings []string
+	// list runs one List; a kind not served is empty, a forbidden one a
+	// warning, anything else an error.
+	list := func(kind string, fn func() error) error {
+		err := fn()
+		switch {
+		case err == nil:
+		case apierrors.IsNotFound(err):
+			if kind == "ClusterTrustBundle" {
+				in.ClusterTrustBundlesUnavailable = true
+			}
+		case apierrors.IsForbidden(err):
+			warnings = append(warnings, fmt.Sprintf("cannot list %ss (forbidden): what depends on them may be shown wrong", kind))
+		default:
+			return fmt.Errorf("list %ss: %w", kind, err)
+		}
+		return nil
+	}
+	all := metav1.ListOptions{}
+	steps := []struct {
+		kind string
+		fn   func() error
+	}{
+		{"Service", func() error {
+			l, err := kube.CoreV1().Services("").List(ctx, all)
+			in.Services = pointers(l, err, func() []corev1.Service { return l.Items })
+			return err
+		}},
+		{"EndpointSlice", func() error {
+			l, err := kube.DiscoveryV1().EndpointSlices("").List(ctx, all)
+			in.EndpointSlices = pointers(l, err, func() []discoveryv1.EndpointSlice { return l.Items })
+			return err
+		}},
+		{"Namespace", func() error {
+			l, err := kube.CoreV1().Namespaces().List(ctx, all)
+			in.Namespaces = pointers(l, err, func() []corev1.Namespace { return l.Items })
+			return err
+		}},
+		{"ClusterTrustBundle", func() error {
+			l, err := kube.CertificatesV1().ClusterTrustBundles().List(ctx, all)
+			in.ClusterTrustBundles = pointers(l, err, func() []certificatesv1.ClusterTrustBundle { return l.Items })
+			return err
+		}},
+		{"BackendTLSPolicy", func() error {
+			l, err := gw.GatewayV1().BackendTLSPolicies("").List(ctx, all)
+			in.BackendTLSPolicies = pointers(l, err, func() []gwv1.BackendTLSPolicy { return l.Items })
+			return err
+		}},
+		{"HTTPRoute", func() error {
+			l, err := gw.GatewayV1().HTTPRoutes("").List(ctx, all)
+			in.HTTPRoutes = pointers(l, err, func() []gwv1.HTTPRoute { return l.Items })
+			return err
+		}},
+		{"GRPCRoute", func() error {
+			l, err := gw.GatewayV1().GRPCRoutes("").List(ctx, all)
+			in.GRPCRoutes = pointers(l, err, func() []gwv1.GRPCRoute { return l.Items })
+			return err
+		}},
+		{"ReferenceGrant", func() error {
+			l, err := gw.GatewayV1().ReferenceGrants("").List(ctx, all)
+			in.ReferenceGrants = pointers(l, err, func() []gwv1.ReferenceGrant { return l.Items })
+			return err
+		}},
+		{"XBackend", func() error {
+			l, err := gw.ExperimentalV1alpha1().XBackends("").List(ctx, all)
+			in.XBackends = pointers(l, err, func() []gwxv1alpha1.XBackend { return l.Items })
+			return err
+		}},
+		{"XBackendTrafficPolicy", func() error {
+			l, err := gw.ExperimentalV1alpha1().XBackendTrafficPolicies("").List(ctx, all)
+			in.XBackendTrafficPolicies = pointers(l, err, func() []gwxv1alpha1.XBackendTrafficPolicy { return l.Items })
+			return err
+		}},
+		{"XMesh", func() error {
+			l, err := gw.ExperimentalV1alpha1().XMeshes().List(ctx, all)
+			in.XMeshes = pointers(l, err, func() []gwxv1alpha1.XMesh { return l.Items })
+			return err
+		}},
+	}
+	for _, s := range steps {
+		if err := list(s.kind, s.fn); err != nil {
+			return in, warnings, err
+		}
+	}
+	for _, r := range references(in.BackendTLSPolicies, in.XBackends) {
+		var err error
+		if r.secret {
+			var s *corev1.Secret
+			if s, err = kube.CoreV1().Secrets(r.namespace).Get(ctx, r.name, metav1.GetOptions{}); err == nil {
+				in.Secrets = append(in.Secrets, s)
+			}
+		} else {
+			var cm *corev1.ConfigMap
+			if cm, err = kube.CoreV1().ConfigMaps(r.namespace).Get(ctx, r.name, metav1.GetOptions{}); err == nil {
+				in.ConfigMaps = append(in.ConfigMaps, cm)
+			}
+		}
+		switch {
+		case err == nil, apierrors.IsNotFound(err):
+			// Missing: translate says so in status, as the agent does.
+		case apierrors.IsForbidden(err):
+			warnings = append(warnings, fmt.Sprintf("cannot read %s %s/%s (forbidden): policies using it are shown as if it were missing",
+				r.kind(), r.namespace, r.name))
+		default:
+			return in, warnings, fmt.Errorf("get %s %s/%s: %w", r.kind(), r.namespace, r.name, err)
+		}
+	}
+	return in, warnings, nil
+}
+
+// pointers returns pointers to the items of a successful list.
+func pointers[T any, L any](l *L, err error, items func() []T) []*T {
+	if err != nil || l == nil {
+		return nil
+	}
+	objs := items()
+	out := make([]*T, len(objs))
+	for i := range objs {
+		out[i] = &objs[i]
+	}
+	return out
+}
+
+// ref names a ConfigMap or Secret a policy or XBackend references.
+type ref struct {
+	secret          bool
+	namespace, name string
+}
+
+func (r ref) kind() string {
+	if r.secret {
+		return "Secret"
+	}
+	return "ConfigMap"
+}
+
+// references lists what translate may read: CA certificate references of
+// BackendTLSPolicies and XBackends (core ConfigMap or Secret in the
+// referrer's namespace) and XBackend client certificates (a Secret, whose
+// key describe never shows).
+func references(policies []*gwv1.BackendTLSPolicy, xbackends []*gwxv1alpha1.XBackend) []ref {
+	var out []ref
+	addCA := func(ns string, refs []gwv1.LocalObjectReference) {
+		for _, r := range refs {
+			if r.Group == "" && (r.Kind == "ConfigMap" || r.Kind == "Secret") {
+				out = append(out, ref{secret: r.Kind == "Secret", namespace: ns, name: string(r.Name)})
+			}
+		}
+	}
+	for _, p := range policies {
+		addCA(p.Namespace, p.Spec.Validation.CACertificateRefs)
+	}
+	for _, xb := range xbackends {
+		tls := xb.Spec.TLS
+		if tls == nil {
+			continue
+		}
+		if tls.Validation != nil {
+			addCA(xb.Namespace, tls.Validation.CACertificateRefs)
+		}
+		if r := tls.ClientCertificateRef; r != nil && (r.Namespace == nil || string(*r.Namespace) == xb.Namespace) {
+			out = append(out, ref{secret: true, namespace: xb.Namespace, name: string(r.Name)})
+		}
+	}
+	slices.SortFunc(out, func(a, b ref) int {
+		return cmp.Or(cmp.Compare(a.kind(), b.kind()), cmp.Compare(a.namespace, b.namespace), cmp.Compare(a.name, b.name))
+	})
+	return slices.Compact(out)
+}

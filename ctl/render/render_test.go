@@ -1,0 +1,201 @@
+package render
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"io"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sockmesh/sockmesh/agent/enrol"
+	"github.com/sockmesh/sockmesh/agent/explain"
+	"github.com/sockmesh/sockmesh/agent/introspect"
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/ctl/describe"
+	"github.com/sockmesh/sockmesh/ctl/top"
+	"github.com/sockmesh/sockmesh/datapath"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden")
+
+var t0 = time.Date(2026, 11, 22, 10, 0, 0, 0, time.UTC)
+
+func ref(kind, ns, name string) snapshot.ObjectRef {
+	return snapshot.ObjectRef{Kind: kind, Namespace: ns, Name: name}
+}
+
+func statusFixture() []introspect.Status {
+	hooks := []datapath.Hook{}
+	for i, name := range []string{"sockops", "getsockopt", "getpeername4", "getpeername6", "connect4", "connect6"} {
+		hooks = append(hooks, datapath.Hook{Name: name, ProgramName: "sm_" + name, ProgramID: ebpf.ProgramID(100 + i),
+			LinkID: link.ID(200 + i), Attached: name != "connect6", LinkPinned: true, ProgramPinned: name != "sockops"})
+	}
+	return []introspect.Status{{
+		Node: "node-a", Mode: "node-ip", Version: "v1.2.3", Time: t0, Ready: false,
+		NotReady: "[-]heartbeat failed: datapath heartbeat stale for 6s",
+		Snapshot: introspect.SnapshotStatus{Version: 12, AppliedAt: t0.Add(-95 * time.Second), Frontends: 3, Backends: 3, Invalid: 1, Workloads: 5},
+		Datapath: introspect.DatapathStatus{
+			State: datapath.State{PinDir: "/sys/fs/bpf/sockmesh", Cgroup: "/sys/fs/cgroup/unified", Hooks: hooks},
+			Conflicts: []datapath.Attached{
+				{Hook: "connect4", ProgramID: 77, Name: "cil_sock4_connect", RunsBeforeOurs: true},
+				{Hook: "getpeername4", ProgramID: 78, RunsBeforeOurs: false},
+			},
+			Services: 4, Enrolments: 2,
+			Counters: map[datapath.Decision]uint64{datapath.Redirected: 1042, datapath.SkippedNotEnrolled: 99, datapath.DeniedNoProxy: 0},
+		},
+		Proxy: introspect.ProxyStatus{ActiveConnections: map[string]float64{"l4_tls": 3, "http1": 1, "l7": 0}, SnapshotVersion: 12},
+		Pods: introspect.PodsStatus{Enrolled: 2, Pending: 1, NotEnrolled: 2, Unsettled: []enrol.Pod{
+			{Pod: ref("", "app", "starting"), State: enrol.Pending, Since: t0.Add(-30 * time.Second), Reason: "no network namespace holds 10.244.0.13"},
+		}},
+		Events: []introspect.Event{
+			{Time: t0.Add(-3 * time.Minute), Level: "WARN", Component: "datapath", Message: "other connect program runs before ours and may rewrite service addresses first"},
+			{Time: t0.Add(-10 * time.Second), Level: "ERROR", Component: "apply", Message: "apply failed", Attrs: map[string]string{"err": "enrol netns 9: EPERM"}},
+		},
+		EventsTotal: 7,
+	}}
+}
+
+func backendFixture() explain.Backend {
+	return explain.Backend{
+		Ref: snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "app", Name: "secure", Port: 443}, Sources: []snapshot.ObjectRef{ref("BackendTLSPolicy", "app", "secure")},
+		Protocol: snapshot.ProtocolHTTP2, Wire: "HTTP/2 in TLS", Endpoints: 3, ReadyEndpoints: 2,
+		TLS: &explain.TLS{Policy: ref("BackendTLSPolicy", "app", "secure"), Mode: snapshot.TLSServerOnly, ServerName: "secure.app.svc",
+			SubjectAltNames: []snapshot.SubjectAltName{{Type: snapshot.SANURI, Value: "spiffe://cluster.local/ns/app/sa/secure"}},
+			CAs:             []explain.CACertificate{{Subject: "CN=app CA", NotAfter: t0.Add(365 * 24 * time.Hour)}, {Error: "a private key block, not a certificate"}},
+			ALPN:            []string{"h2"}, MinVersion: "TLS 1.3"},
+	}
+}
+
+func explainFixture() Explained {
+	be := backendFixture()
+	broken := explain.Backend{Ref: snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "app", Name: "broken", Port: 80}, Wire: "the app's own protocol in cleartext",
+		Invalid: &snapshot.Invalid{Policy: ref("BackendTLSPolicy", "app", "broken"), Reason: "NoValidCACertificate", Message: "ConfigMap app/broken-ca: ca.crt holds no PEM certificate"}}
+	addr := netip.MustParseAddrPort("10.96.0.10:443")
+	return Explained{
+		Explanation: explain.Explanation{
+			Node: "node-a", SnapshotVersion: 12, Verdict: explain.Redirected,
+			Query:     explain.Query{Pod: ref("", "app", "client"), Service: &snapshot.ObjectRef{Namespace: "app", Name: "secure"}, Port: 443, Addrs: []netip.Addr{addr.Addr()}},
+			Summary:   "connections from app/client to app/secure are redirected to the proxy, which applies the producer HTTPRoute routes (2 rules); fail-closed: while the proxy is down, connects are refused",
+			Enrolment: explain.Enrolment{Enrolled: true, State: enrol.Enrolled, IPs: []netip.Addr{netip.MustParseAddr("10.244.0.10")}, NetNS: "/proc/4242/ns/net", NetNSCookie: 8193, Proxy: datapath.Proxy{NetNSCookie: 1, V4: netip.MustParseAddrPort("10.0.0.1:15001")}},
+			Capture:   explain.Capture{Captured: true, Service: &snapshot.ObjectRef{Namespace: "app", Name: "secure"}, PortName: "https", FailurePolicy: snapshot.FailClosed, Addrs: []explain.CapturedAddr{{Addr: addr, InDatapath: true}}},
+			Backend:   &be,
+			Routes: &explain.Routes{Kind: snapshot.KindHTTPRoute, Role: "producer", Namespace: "app", Rules: []explain.Rule{
+				{Route: ref("HTTPRoute", "app", "split"), Index: 0, Name: "api", Matches: []string{"path PathPrefix /api, method GET"}, Backends: []string{"90 Service/app/secure:443", "10 Service/app/broken:80"}},
+				{Route: ref("HTTPRoute", "app", "split"), Index: 1},
+			}, Backends: []explain.Backend{broken, be}},
+			Counters: explain.Counters{Decisions: map[datapath.Decision]uint64{datapath.Redirected: 12, datapath.SkippedProxyStale: 1},
+				ByAddr: map[netip.AddrPort]map[datapath.Decision]uint64{addr: {datapath.Redirected: 12, datapath.SkippedProxyStale: 1}}},
+			Notes: []string{"requests routed to Service/app/broken:80 fail closed (HTTP 503): BackendTLSPolicy/app/broken NoValidCACertificate: ConfigMap app/broken-ca: ca.crt holds no PEM certificate"},
+		},
+		Related: serviceFixture(),
+	}
+}
+
+func serviceFixture() *describe.Service {
+	be := backendFixture()
+	cond := func(typ, status, reason, msg string) describe.Condition {
+		return describe.Condition{Type: typ, Status: status, Reason: reason, Message: msg}
+	}
+	return &describe.Service{
+		Service: snapshot.ObjectRef{Namespace: "app", Name: "secure"},
+		Ports: []describe.Port{
+			{Name: "https", Port: 443, Captured: true, Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, FailurePolicy: snapshot.FailClosed, Backend: &be},
+			{Name: "metrics", Port: 9090},
+		},
+		Policies: []describe.Object{
+			{Ref: ref("BackendTLSPolicy", "app", "secure"), Created: t0.Add(-time.Hour), Ancestors: []describe.Ancestor{{Ref: "Service app/secure",
+				Conditions: []describe.Condition{cond("Accepted", "True", "Accepted", "policy applies"), cond("ResolvedRefs", "True", "ResolvedRefs", "all references resolved")}}}},
+			{Ref: ref("BackendTLSPolicy", "app", "late"), Created: t0, Ancestors: []describe.Ancestor{{Ref: "Service app/secure",
+				Conditions: []describe.Condition{cond("Accepted", "False", "Conflicted", "BackendTLSPolicy app/secure targets the same Service ports and takes precedence")}}}},
+		},
+		Routes:   []describe.Object{{Ref: ref("HTTPRoute", "app", "split")}},
+		Warnings: []string{"cannot list ClusterTrustBundles (forbidden): what depends on them may be shown wrong"},
+	}
+}
+
+func topFixture() top.View {
+	return top.View{Node: "node-a", Interval: 2 * time.Second,
+		Services: []top.Service{
+			{Namespace: "app", Service: "secure", Requests: 120.5, Errors: 0.5, ClientErrors: 2, Total: 40211},
+			{Namespace: "app", Service: "idle", Total: 3},
+		},
+		Decisions:   map[string]float64{"redirected": 30, "skipped_no_service": 4.5, "denied_no_proxy": 0},
+		Connections: map[string]float64{"http1": 30}, Failures: map[string]float64{}, Active: map[string]float64{"http1": 12},
+	}
+}
+
+func TestGolden(t *testing.T) {
+	explained := explainFixture()
+	for _, c := range []struct {
+		name  string
+		data  any
+		table func(io.Writer) error
+	}{
+		{"status", statusFixture(), func(w io.Writer) error { return Status(w, statusFixture()) }},
+		{"explain", explained, func(w io.Writer) error { return Explain(w, explained) }},
+		{"describe-service", serviceFixture(), func(w io.Writer) error { return Service(w, serviceFixture()) }},
+		{"top", topFixture(), func(w io.Writer) error { return Top(w, topFixture()) }},
+	} {
+		for _, f := range []Format{Table, YAML} {
+			t.Run(c.name+"."+string(f), func(t *testing.T) {
+				var buf bytes.Buffer
+				if err := Print(&buf, f, c.data, c.table); err != nil {
+					t.Fatal(err)
+				}
+				golden(t, filepath.Join("testdata", c.name+"."+string(f)+".golden"), buf.Bytes())
+			})
+		}
+	}
+}
+
+func golden(t *testing.T, path string, got []byte) {
+	t.Helper()
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./ctl/render -update)", err)
+	}
+	if diff := cmp.Diff(string(want), string(got)); diff != "" {
+		t.Errorf("%s differs (-want +got; go test ./ctl/render -update rewrites it):\n%s", path, diff)
+	}
+}
+
+func TestJSONRoundTrip(t *testing.T) {
+	// What -o json prints, a script reads back into the same types.
+	var buf bytes.Buffer
+	if err := Print(&buf, JSON, explainFixture(), nil); err != nil {
+		t.Fatal(err)
+	}
+	var back Explained
+	if err := json.Unmarshal(buf.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	if back.Verdict != explain.Redirected || back.Counters.Decisions[datapath.Redirected] != 12 || back.Related == nil ||
+		back.Backend.TLS.CAs[0].Subject != "CN=app CA" {
+		t.Errorf("round trip = %+v", back)
+	}
+}
+
+func TestParseFormat(t *testing.T) {
+	for in, want := range map[string]Format{"": Table, "table": Table, "yaml": YAML, "json": JSON} {
+		if got, err := ParseFormat(in); err != nil || got != want {
+			t.Errorf("ParseFormat(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	if _, err := ParseFormat("wide"); err == nil {
+		t.Error(`ParseFormat("wide"): no error`)
+	}
+}

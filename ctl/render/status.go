@@ -1,0 +1,153 @@
+package render
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/sockmesh/sockmesh/agent/introspect"
+	"github.com/sockmesh/sockmesh/datapath"
+)
+
+// Status writes one row per agent, then each agent's details.
+func Status(w io.Writer, sts []introspect.Status) error {
+	t := tw(w)
+	row(t, "NODE", "READY", "MODE", "VERSION", "SNAPSHOT", "APPLIED", "HOOKS", "PINNED", "CONFLICTS", "SERVICES", "PODS", "PROXY CONNS", "WARNINGS")
+	for _, st := range sts {
+		attached, pinned := 0, 0
+		for _, h := range st.Datapath.State.Hooks {
+			if h.Attached {
+				attached++
+			}
+			if h.LinkPinned && h.ProgramPinned {
+				pinned++
+			}
+		}
+		applied := "-"
+		if !st.Snapshot.AppliedAt.IsZero() {
+			applied = age(st.Time.Sub(st.Snapshot.AppliedAt)) + " ago"
+		}
+		conns := 0.0
+		for _, n := range st.Proxy.ActiveConnections {
+			conns += n
+		}
+		row(t, st.Node, yesNo(st.Ready), st.Mode, st.Version, fmt.Sprintf("v%d", st.Snapshot.Version), applied,
+			fmt.Sprintf("%d/%d", attached, len(st.Datapath.State.Hooks)), fmt.Sprintf("%d/%d", pinned, len(st.Datapath.State.Hooks)),
+			len(st.Datapath.Conflicts), st.Datapath.Services, podsSummary(st.Pods), conns, len(st.Events))
+	}
+	if err := t.Flush(); err != nil {
+		return err
+	}
+	for _, st := range sts {
+		statusDetails(w, st)
+	}
+	return nil
+}
+
+func podsSummary(p introspect.PodsStatus) string {
+	s := fmt.Sprintf("%d enrolled", p.Enrolled)
+	if p.Pending+p.Failed > 0 {
+		s += fmt.Sprintf(", %d pending, %d failed", p.Pending, p.Failed)
+	}
+	return s
+}
+
+func statusDetails(w io.Writer, st introspect.Status) {
+	fmt.Fprintf(w, "\nNode %s\n", st.Node)
+	b := newBlock(w, 2)
+	if st.Ready {
+		b.add("Ready", "yes")
+	} else {
+		b.add("Ready", "no: %s", st.NotReady)
+	}
+	sn := st.Snapshot
+	if sn.Version == 0 {
+		b.add("Snapshot", "none applied yet")
+	} else {
+		b.add("Snapshot", "v%d applied %s ago: %d captured ports, %d backends (%d failing closed), %d pods",
+			sn.Version, age(st.Time.Sub(sn.AppliedAt)), sn.Frontends, sn.Backends, sn.Invalid, sn.Workloads)
+	}
+	b.add("Proxy", "serving v%g, active connections %s", st.Proxy.SnapshotVersion, counts(st.Proxy.ActiveConnections, "%g"))
+	b.add("Pods", "%s; %d of the node's pods not enrolled by policy", podsSummary(st.Pods), st.Pods.NotEnrolled)
+	b.add("Pin dir", "%s", orDash(st.Datapath.State.PinDir))
+	b.add("Cgroup", "%s", orDash(st.Datapath.State.Cgroup))
+	b.add("Datapath", "%d captured addresses, %d enrolled network namespaces", st.Datapath.Services, st.Datapath.Enrolments)
+	b.add("Decisions", "%s", decisions(st.Datapath.Counters))
+	b.flush()
+
+	fmt.Fprintln(w, "  Hooks:")
+	t := tw(w)
+	row(t, "    HOOK", "PROGRAM", "ID", "LINK", "ATTACHED", "PINNED")
+	for _, h := range st.Datapath.State.Hooks {
+		row(t, "    "+h.Name, h.ProgramName, h.ProgramID, h.LinkID, yesNo(h.Attached), pinState(h))
+	}
+	t.Flush()
+	if len(st.Datapath.Conflicts) > 0 {
+		fmt.Fprintln(w, "  Other programs on our hooks:")
+		t := tw(w)
+		row(t, "    HOOK", "PROGRAM", "ID", "RUNS")
+		for _, c := range st.Datapath.Conflicts {
+			runs := "after ours"
+			if c.RunsBeforeOurs {
+				runs = "before ours"
+				if strings.HasPrefix(c.Hook, "connect") {
+					runs += " (may rewrite Service addresses first)"
+				}
+			}
+			row(t, "    "+c.Hook, orDash(c.Name), c.ProgramID, runs)
+		}
+		t.Flush()
+	}
+	if len(st.Pods.Unsettled) > 0 {
+		fmt.Fprintln(w, "  Pods not enrolled yet:")
+		t := tw(w)
+		row(t, "    POD", "STATE", "SINCE", "REASON")
+		for _, p := range st.Pods.Unsettled {
+			row(t, "    "+p.Pod.String(), p.State, age(st.Time.Sub(p.Since))+" ago", p.Reason)
+		}
+		t.Flush()
+	}
+	if len(st.Datapath.Errors) > 0 {
+		fmt.Fprintln(w, "  Datapath errors:")
+		for _, e := range st.Datapath.Errors {
+			fmt.Fprintf(w, "    %s\n", e)
+		}
+	}
+	if len(st.Events) > 0 {
+		fmt.Fprintf(w, "  Recent warnings and errors (%d since start):\n", st.EventsTotal)
+		t := tw(w)
+		row(t, "    AGE", "LEVEL", "COMPONENT", "MESSAGE")
+		events := st.Events
+		if len(events) > 10 {
+			events = events[len(events)-10:]
+		}
+		for _, e := range events {
+			msg := e.Message
+			if err := e.Attrs["err"]; err != "" {
+				msg += ": " + err
+			}
+			row(t, "    "+age(st.Time.Sub(e.Time)), e.Level, orDash(e.Component), msg)
+		}
+		t.Flush()
+	}
+}
+
+func pinState(h datapath.Hook) string {
+	switch {
+	case h.LinkPinned && h.ProgramPinned:
+		return "yes"
+	case h.LinkPinned:
+		return "link only"
+	case h.ProgramPinned:
+		return "program only"
+	}
+	return "no"
+}
+
+func decisions(m map[datapath.Decision]uint64) string {
+	s := map[string]uint64{}
+	for d, n := range m {
+		s[d.String()] = n
+	}
+	return counts(s, "%d")
+}

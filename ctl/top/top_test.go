@@ -1,0 +1,70 @@
+package top
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+func parse(t *testing.T, at time.Time, text string) Sample {
+	t.Helper()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Sample{Time: at, Families: mfs}
+}
+
+func TestCompute(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	prev := parse(t, t0, `# TYPE sockmesh_proxy_requests_total counter
+sockmesh_proxy_requests_total{namespace="app",service="a",code="200",protocol="HTTP11"} 100
+sockmesh_proxy_requests_total{namespace="app",service="a",code="503",protocol="HTTP11"} 10
+# TYPE sockmesh_datapath_redirects_total counter
+sockmesh_datapath_redirects_total{decision="redirected"} 50
+sockmesh_datapath_redirects_total{decision="skipped_no_service"} 1000
+# TYPE sockmesh_proxy_connections_total counter
+sockmesh_proxy_connections_total{path="l4_tls"} 7
+`)
+	cur := parse(t, t0.Add(2*time.Second), `# TYPE sockmesh_proxy_requests_total counter
+sockmesh_proxy_requests_total{namespace="app",service="a",code="200",protocol="HTTP11"} 120
+sockmesh_proxy_requests_total{namespace="app",service="a",code="503",protocol="HTTP11"} 14
+sockmesh_proxy_requests_total{namespace="app",service="b",code="404",protocol="H2C"} 30
+sockmesh_proxy_requests_total{namespace="app",service="b",code="200",protocol="H2C"} 60
+# TYPE sockmesh_datapath_redirects_total counter
+sockmesh_datapath_redirects_total{decision="redirected"} 60
+sockmesh_datapath_redirects_total{decision="skipped_no_service"} 1000
+# TYPE sockmesh_proxy_connections_total counter
+sockmesh_proxy_connections_total{path="l4_tls"} 3
+# TYPE sockmesh_proxy_active_connections gauge
+sockmesh_proxy_active_connections{path="l4_tls"} 2
+sockmesh_proxy_active_connections{path="http1"} 1
+`)
+	v := Compute(prev, cur)
+	if v.Interval != 2*time.Second || len(v.Services) != 2 {
+		t.Fatalf("Compute() = %+v", v)
+	}
+	// b appeared since prev: its counters count from zero, so it is the
+	// busiest (45/s against 12/s).
+	b, a := v.Services[0], v.Services[1]
+	if b.Service != "b" || b.Requests != 45 || b.ClientErrors != 15 || b.Errors != 0 || b.Total != 90 {
+		t.Errorf("service b = %+v, want 45 req/s, 15 4xx/s", b)
+	}
+	if a.Service != "a" || a.Requests != 12 || a.Errors != 2 || a.Total != 134 {
+		t.Errorf("service a = %+v, want 12 req/s, 2 5xx/s", a)
+	}
+	if v.Decisions["redirected"] != 5 || v.Decisions["skipped_no_service"] != 0 {
+		t.Errorf("decisions = %v", v.Decisions)
+	}
+	// The counter went down: the agent restarted, 3 new connections.
+	if v.Connections["l4_tls"] != 1.5 || v.Active["l4_tls"] != 2 || v.Active["http1"] != 1 {
+		t.Errorf("connections = %v, active = %v", v.Connections, v.Active)
+	}
+	if z := Compute(cur, cur); z.Services[0].Requests != 0 {
+		t.Errorf("no time between samples: %+v, want zero rates", z.Services[0])
+	}
+}
