@@ -65,6 +65,8 @@ func (n *node) startAgent(t *testing.T) *agent {
 		"--service-cidr=" + strings.Join(serviceCIDRs, ","), "--pod-cidr=" + strings.Join(podCIDRs, ","),
 		"--dns-server=" + n.dnsAddr.String(),
 		"--log-format=json", "--drain-timeout=5s",
+		// Not the host's /run/sockmesh: every test agent has its own socket.
+		"--introspection-socket=" + filepath.Join(t.TempDir(), "agent.sock"),
 	}
 	if n.mode == nodeIP {
 		args = append(args, "--proxy-listen="+netip.AddrPortFrom(n.ip4, proxyPort).String()+","+
