@@ -37,12 +37,16 @@ func (t *translator) captureServices() {
 			if !isTCP(sp) || !validPort(sp.Port) {
 				continue
 			}
-			b := t.serviceBackend(svc, sp)
-			if b.TLS == nil && b.Invalid == nil && b.Protocol == snapshot.ProtocolAuto &&
-				t.routeTables[portKey{svc.Namespace, svc.Name, sp.Port}] == nil {
+			// Decide before building the backend: most Services have no
+			// backend properties, and their endpoints would be garbage.
+			// A governing policy always yields TLS or Invalid; without one
+			// the protocol comes from appProtocol alone.
+			k := portKey{svc.Namespace, svc.Name, sp.Port}
+			if t.portPolicies[k] == nil && portProtocol(deref(sp.AppProtocol), false) == snapshot.ProtocolAuto &&
+				t.routeTables[k] == nil {
 				continue
 			}
-			t.capturePort(svc, sp, addrs, b)
+			t.capturePort(svc, sp, addrs, t.serviceBackend(svc, sp))
 		}
 	}
 }

@@ -31,12 +31,12 @@ func SupportedFeatures(clusterTrustBundlesUnavailable bool) []gwv1.SupportedFeat
 	return out
 }
 
-// meshRouteFeatures are the GAMMA features whose behaviour translate and
-// userspace-proxy/routes decide completely: matching, precedence, producer
-// and consumer routes, redirects, rewrites, header modifiers and weights.
-// Features the proxy must also execute over time or extra requests —
-// request mirroring, timeouts, retries, session persistence — join this
-// list when the proxy runs them and their end-to-end tests pass.
+// meshRouteFeatures are the GAMMA features sockmesh runs end to end, each
+// proven by a test/e2e scenario with a Service parent: matching,
+// precedence, producer and consumer routes, redirects, rewrites, header
+// modifiers, weights, mirrors, timeouts, retries, ReferenceGrants, and h2c
+// and WebSocket backends behind a route. A feature joins this list only
+// with its end-to-end test.
 var meshRouteFeatures = []features.FeatureName{
 	features.SupportMesh,
 	features.SupportMeshClusterIPMatching,
@@ -64,6 +64,16 @@ var meshRouteFeatures = []features.FeatureName{
 	features.SupportHTTPRoute307RedirectStatusCode,
 	features.SupportHTTPRoute308RedirectStatusCode,
 	features.SupportHTTPRouteNamedRouteRule,
+	features.SupportHTTPRouteRequestMirror,
+	features.SupportHTTPRouteRequestMultipleMirrors,
+	features.SupportHTTPRouteRequestPercentageMirror,
+	features.SupportHTTPRouteRequestTimeout,
+	features.SupportHTTPRouteBackendTimeout,
+	features.SupportHTTPRouteRetryCodes,
+	features.SupportHTTPRouteRetryConnectionError,
+	features.SupportHTTPRouteBackendProtocolH2C,
+	features.SupportHTTPRouteBackendProtocolWebSocket,
+	features.SupportReferenceGrant,
 	features.SupportGRPCRoute,
 	features.SupportGRPCRouteNamedRouteRule,
 	features.SupportGRPCRouteRequestHeaderModifier,

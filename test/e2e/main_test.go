@@ -34,7 +34,8 @@ type scenarioDef struct {
 	run     func(*scenario)
 }
 
-var scenarios = []scenarioDef{
+// scenarios is the matrix: these and the GAMMA ones (gamma_test.go).
+var scenarios = append([]scenarioDef{
 	{name: "tls-configmap-ca", bothModes: true, run: testConfigMapCA},
 	{name: "tls-secret-ca", run: testSecretCA},
 	{name: "tls-subject-alt-names", run: testSubjectAltNames},
@@ -51,7 +52,7 @@ var scenarios = []scenarioDef{
 	{name: "xbackend-server-only", run: testXBackendServerOnly},
 	{name: "xbackend-client-and-server", run: testXBackendMutual},
 	{name: "agent-restart", bothModes: true, ownNode: true, run: testRestart},
-}
+}, gammaScenarios...)
 
 // TestFastTier runs every scenario against one API server, with one node
 // (one agent) per proxy mode shared by the scenarios of that mode, each in

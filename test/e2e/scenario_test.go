@@ -306,7 +306,15 @@ func (s *scenario) waitCaptured(addr netip.AddrPort, cond func(*snapshot.Backend
 		if be == nil {
 			return fmt.Errorf("%s captured, its backend %s missing", addr, fe.Backend)
 		}
-		return cond(be)
+		if err := cond(be); err != nil {
+			return err
+		}
+		// A backend that works must also have somewhere to go, or the first
+		// request races the EndpointSlice and gets 503.
+		if be.Invalid == nil && be.Hostname == "" && !slices.ContainsFunc(be.Endpoints, func(e snapshot.Endpoint) bool { return e.Ready }) {
+			return fmt.Errorf("%s captured, its backend %s has no ready endpoint yet", addr, fe.Backend)
+		}
+		return nil
 	})
 }
 

@@ -23,14 +23,13 @@ type Choice struct {
 
 // Picker chooses among a backend's ready endpoints.
 type Picker struct {
-	ready   []Choice
-	next    atomic.Uint32
-	persist *snapshot.SessionPersistence
+	ready []Choice
+	next  atomic.Uint32
 }
 
 // New returns a Picker over b's ready endpoints.
 func New(b *snapshot.Backend) *Picker {
-	p := &Picker{persist: b.SessionPersistence}
+	p := &Picker{}
 	for _, ep := range b.Endpoints {
 		if ep.Ready {
 			p.ready = append(p.ready, Choice{Endpoint: ep, Host: ep.Addr.String(), token: token(ep)})
@@ -51,19 +50,21 @@ func (p *Picker) Pick() *Choice {
 	return &p.ready[p.next.Add(1)%uint32(len(p.ready))]
 }
 
-// PickRequest returns the endpoint for r at time now: the one r's session
-// names when the backend has session persistence, that endpoint is still
-// ready and the session has not timed out; otherwise the next one (nil
-// when none is ready). setSession is true when the response must carry the
-// session (SetSession): a new session, or one whose idle clock restarts.
-func (p *Picker) PickRequest(r *http.Request, now time.Time) (c *Choice, setSession bool) {
-	if p.persist == nil {
+// PickRequest returns the endpoint for r at time now under session
+// persistence sp — the backend's own (snapshot.Backend.SessionPersistence)
+// or the one a route rule sets in its place; nil means none: the one r's
+// session names when that endpoint is still ready and the session has not
+// timed out; otherwise the next one (nil when none is ready). setSession
+// is true when the response must carry the session (SetSession): a new
+// session, or one whose idle clock restarts.
+func (p *Picker) PickRequest(r *http.Request, now time.Time, sp *snapshot.SessionPersistence) (c *Choice, setSession bool) {
+	if sp == nil {
 		return p.Pick(), false
 	}
-	if s, ok := parseSession(sessionOf(r, p.persist)); ok && !p.expired(s, now) {
+	if s, ok := parseSession(sessionOf(r, sp)); ok && !expired(sp, s, now) {
 		for i := range p.ready {
 			if p.ready[i].token == s.endpoint {
-				return &p.ready[i], p.persist.IdleTimeoutSeconds > 0
+				return &p.ready[i], sp.IdleTimeoutSeconds > 0
 			}
 		}
 	}
@@ -71,12 +72,12 @@ func (p *Picker) PickRequest(r *http.Request, now time.Time) (c *Choice, setSess
 	return c, c != nil
 }
 
-// SetSession adds to h what tells the client its session is pinned to c;
-// r is the request, whose session (if still valid for c) keeps its start.
-func (p *Picker) SetSession(h http.Header, r *http.Request, c *Choice, now time.Time) {
-	sp := p.persist
+// SetSession adds to h what tells the client its session under sp (as
+// given to PickRequest) is pinned to c; r is the request, whose session
+// (if still valid for c) keeps its start.
+func (p *Picker) SetSession(h http.Header, r *http.Request, c *Choice, now time.Time, sp *snapshot.SessionPersistence) {
 	start := now.Unix()
-	if s, ok := parseSession(sessionOf(r, sp)); ok && s.endpoint == c.token && !p.expired(s, now) {
+	if s, ok := parseSession(sessionOf(r, sp)); ok && s.endpoint == c.token && !expired(sp, s, now) {
 		start = s.start
 	}
 	v := c.token
@@ -129,8 +130,7 @@ func parseSession(v string) (session, bool) {
 // AbsoluteTimeoutSeconds after it started, or IdleTimeoutSeconds after its
 // last request. A session without times predates the timeouts (or the
 // backend had none): it starts over when a timeout is now set.
-func (p *Picker) expired(s session, now time.Time) bool {
-	sp := p.persist
+func expired(sp *snapshot.SessionPersistence, s session, now time.Time) bool {
 	if sp.IdleTimeoutSeconds <= 0 && sp.AbsoluteTimeoutSeconds <= 0 {
 		return false
 	}

@@ -39,20 +39,20 @@ func TestHeaderSession(t *testing.T) {
 	p := New(b)
 	r, _ := http.NewRequest(http.MethodGet, "/", nil)
 	now := time.Unix(1_000_000, 0)
-	first, isNew := p.PickRequest(r, now)
+	first, isNew := p.PickRequest(r, now, b.SessionPersistence)
 	if !isNew {
 		t.Fatal("first request not a new session")
 	}
 	h := http.Header{}
-	p.SetSession(h, r, first, now)
+	p.SetSession(h, r, first, now, b.SessionPersistence)
 	r.Header.Set("X-Session", h.Get("X-Session"))
 	for range 5 {
-		if c, isNew := p.PickRequest(r, now); c != first || isNew {
+		if c, isNew := p.PickRequest(r, now, b.SessionPersistence); c != first || isNew {
 			t.Fatalf("session request went to %s (new=%v), want %s", c.Host, isNew, first.Host)
 		}
 	}
 	r.Header.Set("X-Session", "unknown")
-	if _, isNew := p.PickRequest(r, now); !isNew {
+	if _, isNew := p.PickRequest(r, now, b.SessionPersistence); !isNew {
 		t.Error("a stale session did not start a new one")
 	}
 }
@@ -77,10 +77,10 @@ func TestSessionTimeouts(t *testing.T) {
 		if cookie != "" {
 			r.Header.Set("Cookie", "s="+cookie)
 		}
-		c, set = p.PickRequest(r, now)
+		c, set = p.PickRequest(r, now, b.SessionPersistence)
 		if set {
 			h := http.Header{}
-			p.SetSession(h, r, c, now)
+			p.SetSession(h, r, c, now, b.SessionPersistence)
 			ck, err := http.ParseSetCookie(h.Get("Set-Cookie"))
 			if err != nil {
 				t.Fatal(err)

@@ -22,17 +22,25 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 	be := x.be
 	websocket := isWebSocketUpgrade(r)
 	out := outgoing(r, be, c, websocket)
+	if x.r != nil {
+		// net/http's server sends 100 Continue itself when the body is read.
+		if err := h.applyRoute(x, out, r.Host, false, websocket); err != nil {
+			h.fail(w, r, x, upstream.ReasonCanceled, err)
+			return
+		}
+	}
 	if r.ProtoMajor == 1 && r.ContentLength < 0 {
 		// A streamed request body (chunked) may need the response to start
 		// before it ends, as in bidirectional streaming; net/http's HTTP/1
 		// server allows that only when asked.
 		http.NewResponseController(w).EnableFullDuplex()
 	}
-	resp, err := be.RoundTripper(wireFor(be, r, websocket)).RoundTrip(out)
+	resp, done, err := h.roundTrip(x, be.RoundTripper(wireFor(be, r, websocket)), out, c)
 	if err != nil {
 		h.fail(w, r, x, upstream.Classify(err), err)
 		return
 	}
+	defer done()
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		h.switchProtocols(w, r, x, resp, websocket)
@@ -40,11 +48,19 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 	}
 	hdr := w.Header()
 	removeHopByHop(resp.Header)
+	if x.r != nil {
+		x.r.d.ApplyResponse(resp.Header)
+	}
 	for k, vv := range resp.Header {
 		hdr[k] = vv
 	}
+	if _, ok := resp.Header["Content-Type"]; !ok {
+		// As the backend sent it: net/http's server would otherwise sniff
+		// the body and add one.
+		hdr["Content-Type"] = nil
+	}
 	if setSession {
-		be.Picker.SetSession(hdr, r, c, x.now)
+		be.Picker.SetSession(hdr, r, c, x.now, x.sessionFor())
 	}
 	announced := len(resp.Trailer)
 	if announced > 0 {
@@ -172,6 +188,9 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 	up.Header.Set("Upgrade", "websocket")
 	up.Header.Set("Sec-WebSocket-Key", wsKey)
 	up.Body, up.ContentLength = nil, 0
+	if x.r != nil {
+		h.applyRoute(x, up, r.Host, false, true) // no body to keep: cannot fail
+	}
 	resp, err := be.RoundTripper(upstream.WireH1).RoundTrip(up)
 	if err != nil {
 		h.fail(w, r, x, upstream.Classify(err), err)

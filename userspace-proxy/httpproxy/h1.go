@@ -64,9 +64,10 @@ func (h *Handler) ServeHTTP1(c net.Conn, t *Target) {
 
 // Drain stops the fast path's keep-alive: connections waiting for a request
 // are closed now, the others after their current answer (which says
-// Connection: close). The proxy calls it on shutdown and waits for
-// ServeHTTP1 calls to return.
+// Connection: close), and mirrored requests in flight are cancelled. The
+// proxy calls it on shutdown and waits for ServeHTTP1 calls to return.
 func (h *Handler) Drain() {
+	h.stopMirrors()
 	h.h1.draining.Store(true)
 	h.h1.mu.Lock()
 	defer h.h1.mu.Unlock()
@@ -128,6 +129,15 @@ type h1Conn struct {
 	br    *bufio.Reader
 	state atomic.Int32
 	x     exchange // the current request's, reused
+	// rt is the current request's route decision, allocated by the
+	// first routed request and reused: connections to frontends without
+	// routes do not carry it.
+	rt *routed
+	// up is the pooled upstream connection of the answer being written.
+	up upstreamConn
+	// sent wraps a request body that a goroutine writes upstream, to tell
+	// when the client's side of it was read whole (finish).
+	sent sentBody
 	// wmu orders the fast path's writes to c against a 100 Continue sent
 	// from the request body's goroutine; answered is set under it once the
 	// final answer starts.

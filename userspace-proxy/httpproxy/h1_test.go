@@ -71,7 +71,12 @@ func TestKeepAlive(t *testing.T) {
 			}
 			upstreamConns = append(upstreamConns, field(body, "conn"))
 		}
-		c.c.Close()
+		// Half-close and wait for the proxy to end the connection: it gave
+		// the upstream connection back before, so the next client finds it.
+		c.c.(*net.TCPConn).CloseWrite()
+		if !c.closed() {
+			t.Fatal("the proxy kept the connection after the client's half-close")
+		}
 	}
 	for _, u := range upstreamConns[1:] {
 		if u != upstreamConns[0] {

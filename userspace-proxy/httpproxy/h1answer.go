@@ -7,8 +7,12 @@ import (
 	"io"
 	"net/http"
 	"net/http/httputil"
+	"net/textproto"
 	"strconv"
+	"strings"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
@@ -43,14 +47,18 @@ func framingFor(req *http.Request, resp *http.Response) framing {
 }
 
 // answer writes resp to the client. closeAfter says the answer told the
-// client the connection ends; ended that resp's body was read to its end,
-// so the upstream connection is clean. err is the first read or write
+// client the connection ends; ended that resp's body was read to its end, so the
+// upstream connection is clean. On the pooled path (s.up) the upstream
+// connection is released before the last write to the client. err is the first read or write
 // failure: the client then got a truncated answer (never a clean short
 // one), and its connection must close.
 func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *balance.Choice, setSession bool, src *bufio.Reader) (closeAfter, ended bool, err error) {
 	removeHopByHop(resp.Header)
+	if x.r != nil {
+		x.r.d.ApplyResponse(resp.Header)
+	}
 	if setSession {
-		x.be.Picker.SetSession(resp.Header, req, c, x.now)
+		x.be.Picker.SetSession(resp.Header, req, c, x.now, x.sessionFor())
 	}
 	f := framingFor(req, resp)
 	closeAfter = s.closeAfter || f == framingClose || s.h.h1.draining.Load()
@@ -59,12 +67,9 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 	writeStatusLine(bw, resp)
 	if f == framingNone {
 		// HEAD and 304 keep the Content-Length the backend gave.
-		err = resp.Header.Write(bw)
+		writeHeader(bw, resp.Header, "")
 	} else {
-		err = resp.Header.WriteSubset(bw, framingFields)
-	}
-	if err != nil {
-		return closeAfter, false, fmt.Errorf("write answer: %w", err)
+		writeHeader(bw, resp.Header, "Content-Length") // the framing's own follows
 	}
 	switch f {
 	case framingLength:
@@ -98,6 +103,9 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 		ended, err = s.copyBody(bw, resp, f, src)
 	}
 	if err == nil {
+		if s.up.uc != nil {
+			s.release(x, ended)
+		}
 		if err = bw.Flush(); err != nil {
 			err = fmt.Errorf("write answer: %w", err)
 		}
@@ -105,8 +113,30 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 	return closeAfter, ended, err
 }
 
-// framingFields are the header fields an answer's framing replaces.
-var framingFields = map[string]bool{"Content-Length": true}
+// writeHeader writes h's fields but skip as Header.Write does (names
+// that are not tokens left out, CR and LF in values made spaces, values
+// trimmed), without sorting them: the order of fields of different names
+// carries no meaning (RFC 9110 §5.3), and sorting cost a pooled sorter
+// and a slice per message. Errors stay in w (bufio's are sticky) for its
+// Flush to report.
+func writeHeader(w *bufio.Writer, h http.Header, skip string) {
+	for k, vv := range h {
+		if k == skip || !httpguts.ValidHeaderFieldName(k) {
+			continue
+		}
+		for _, v := range vv {
+			if strings.ContainsAny(v, "\r\n") {
+				v = headerNewlineToSpace.Replace(v)
+			}
+			w.WriteString(k)
+			w.WriteString(": ")
+			w.WriteString(textproto.TrimString(v))
+			w.WriteString("\r\n")
+		}
+	}
+}
+
+var headerNewlineToSpace = strings.NewReplacer("\n", " ", "\r", " ")
 
 func writeStatusLine(bw *bufio.Writer, resp *http.Response) {
 	bw.WriteString("HTTP/1.1 ")
@@ -216,29 +246,50 @@ func (s *h1Conn) informational(req *http.Request, resp *http.Response) {
 }
 
 // fail answers a request the proxy could not forward, with the status and
-// body of the net/http path. The connection stays open only when the
-// request had no body: nothing of it is left unread.
+// body of the net/http path.
 func (s *h1Conn) fail(req *http.Request, x *exchange, reason upstream.Reason, err error) bool {
 	code := s.h.report(context.Background(), x, reason, err)
 	if reason == upstream.ReasonCanceled {
 		return false
 	}
+	return s.writeLocal(req, code, nil, "Content-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\n", reasonBodies[reason])
+}
+
+// answerLocally writes a route's own answer (a redirect, 404, 500).
+func (s *h1Conn) answerLocally(req *http.Request, x *exchange) bool {
+	a := answerFor(&x.r.d, req)
+	keep := s.writeLocal(req, a.status, a.header, "", a.body)
+	s.h.countLocal(context.Background(), x, a.status)
+	return keep
+}
+
+// writeLocal writes an answer of the proxy's own: status code, the fields
+// of header and the preformatted lines fixed, body (not for HEAD). The
+// connection stays open only when the request had no body: nothing of it
+// is left unread.
+func (s *h1Conn) writeLocal(req *http.Request, code int, header http.Header, fixed string, body []byte) bool {
 	keep := req.Body == http.NoBody && !s.closeAfter && !s.h.h1.draining.Load()
 	s.unread = req.Body != http.NoBody
-	body := reasonBodies[reason]
 	bw := s.startAnswer()
 	defer s.putWriter(bw)
 	bw.WriteString("HTTP/1.1 ")
 	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(code), 10))
 	bw.WriteString(" ")
 	bw.WriteString(http.StatusText(code))
-	bw.WriteString("\r\nContent-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\nContent-Length: ")
+	bw.WriteString("\r\n")
+	bw.WriteString(fixed)
+	if err := header.Write(bw); err != nil {
+		return false
+	}
+	bw.WriteString("Content-Length: ")
 	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(body)), 10))
 	if !keep {
 		bw.WriteString("\r\nConnection: close")
 	}
 	bw.WriteString("\r\n\r\n")
-	bw.Write(body)
+	if req.Method != http.MethodHead {
+		bw.Write(body)
+	}
 	return bw.Flush() == nil && keep
 }
 

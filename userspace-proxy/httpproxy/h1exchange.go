@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
@@ -37,21 +39,38 @@ func (s *h1Conn) serve(req *http.Request) bool {
 	if x.fe == nil {
 		return s.fail(req, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 	}
-	if x.be = x.v.Backends.Get(s.h.route(x.fe, req)); x.be == nil {
+	ref := x.fe.Backend
+	if x.fe.Routes != nil {
+		var forward bool
+		if s.rt == nil {
+			s.rt = new(routed)
+		}
+		if ref, forward = s.h.route(x, req, s.rt); !forward {
+			return s.answerLocally(req, x)
+		}
+	}
+	if x.be = x.v.Backends.Get(ref); x.be == nil {
 		return s.fail(req, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 	}
 	if x.be.Err != nil {
 		return s.fail(req, x, upstream.ReasonInvalidPolicy, x.be.Err)
 	}
-	if x.be.Spec.SessionPersistence != nil {
+	sp := x.sessionFor()
+	if sp != nil {
 		x.now = time.Now() // sessions time out; other requests need no clock
 	}
-	choice, setSession := x.be.Picker.PickRequest(req, x.now)
+	choice, setSession := x.be.Picker.PickRequest(req, x.now, sp)
 	if choice == nil {
 		return s.fail(req, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 	}
 	websocket := isWebSocketUpgrade(req)
+	host := req.Host
 	s.prepare(req, x.be, websocket)
+	if x.r != nil {
+		if err := s.h.applyRoute(x, req, host, s.cont != nil, websocket); err != nil {
+			return s.fail(req, x, upstream.ReasonCanceled, err)
+		}
+	}
 	wire := wireFor(x.be, req, websocket)
 	if wire == upstream.WireNegotiate {
 		// XBackend HTTP offers both; for HTTP/1.1 apps an HTTP/1.1 pool
@@ -117,54 +136,141 @@ var noValue = []string{""}
 // request may go again on another (as net/http's Transport does).
 var errStale = errors.New("pooled connection closed by the backend")
 
-// forward sends req over a pooled HTTP/1.1 connection and answers.
+// forward sends req over a pooled HTTP/1.1 connection and answers. A
+// request that failed on a reused connection before any answer came is
+// sent again when it is replayable (errStale); a routed request is also
+// retried as its rule's policy says (policy.go).
 func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice, setSession, websocket bool) bool {
 	be := x.be
+	stale := 0
 	replayable := req.Body == http.NoBody && isIdempotent(req)
-	for attempt := 1; ; attempt++ {
-		uc, c, err := s.conn(be, choice)
+	// inline: the body is at hand (kept, or buffered from the client), so
+	// it is written with the head, not by a goroutine.
+	inline := req.Body == http.NoBody || x.r != nil && x.r.kept ||
+		s.cont == nil && req.ContentLength > 0 && req.ContentLength <= int64(s.br.Buffered())
+	for retry := 0; ; {
+		uc, c, err := s.conn(x, choice)
 		if err != nil {
-			return s.fail(req, x, upstream.Classify(err), err)
+			if !connectFailed(err) || !s.mayRetry(x, retry, "connect", req) {
+				return s.fail(req, x, upstream.Classify(err), err)
+			}
+			if !s.backoff(x, &retry, "connect", req) {
+				return s.fail(req, x, upstream.ReasonTimeout, timeoutError(true, err))
+			}
+			choice = x.repick(choice)
+			continue
 		}
 		choice = c
-		resp, body, err := s.send(uc, req, replayable)
+		cd := armConn(x, uc)
+		resp, body, err := s.send(uc, req, replayable, inline)
+		if err == nil && x.r != nil && x.r.pol.retryStatus(resp.StatusCode) && s.mayRetry(x, retry, "status", req) {
+			discardAnswer(be, uc, resp, cd)
+			if !s.backoff(x, &retry, "status", req) {
+				return s.fail(req, x, upstream.ReasonTimeout, timeoutError(true, errors.New("retry backoff")))
+			}
+			choice = x.repick(choice)
+			continue
+		}
 		if err == nil {
+			x.cd = cd
 			return s.respond(req, resp, x, choice, setSession, websocket, uc, body)
 		}
 		s.finish(body, uc)
 		be.DiscardH1(uc)
-		if !errors.Is(err, errStale) || attempt == 3 {
+		if cd.stop() {
+			if cd.request {
+				return s.fail(req, x, upstream.ReasonTimeout, timeoutError(true, err))
+			}
+			if !s.mayRetry(x, retry, "backend_timeout", req) || !s.backoff(x, &retry, "backend_timeout", req) {
+				return s.fail(req, x, upstream.ReasonTimeout, timeoutError(false, err))
+			}
+			choice = x.repick(choice)
+			continue
+		}
+		if stale++; !errors.Is(err, errStale) || stale == 3 {
 			return s.fail(req, x, upstream.Classify(err), err)
 		}
 	}
+}
+
+// mayRetry reports whether a routed request may be tried again after
+// retry retries: the rule allows more, and the body can be sent again or
+// none was sent (why "connect": no connection was made).
+func (s *h1Conn) mayRetry(x *exchange, retry int, why string, req *http.Request) bool {
+	return x.r != nil && retry < x.r.pol.retries && (why == "connect" || x.replayable(req))
+}
+
+// backoff counts a retry, waits before it and readies the body; false
+// when the request timeout passed meanwhile.
+func (s *h1Conn) backoff(x *exchange, retry *int, why string, req *http.Request) bool {
+	*retry++
+	s.h.m.retries.WithLabelValues(why).Inc()
+	if !x.r.pol.wait(context.Background(), *retry) {
+		return false
+	}
+	if x.r.kept {
+		req.Body = replayBody(x.r.body)
+	}
+	return true
+}
+
+// discardAnswer drops an answer that is retried: a short body is read so
+// the connection can serve again, a longer one costs the connection.
+func discardAnswer(be *upstream.Backend, uc *pool.Conn, resp *http.Response, cd *connDeadline) {
+	keep := !resp.Close && resp.ContentLength >= 0 && resp.ContentLength <= drainLimit
+	if keep {
+		_, err := io.Copy(io.Discard, resp.Body)
+		keep = err == nil
+	}
+	if cd.stop() || !keep {
+		be.DiscardH1(uc)
+		return
+	}
+	be.PutH1(uc)
 }
 
 // conn takes a connection to choice's endpoint. A failed connect sent no
 // byte, so, as on the L4 path, other endpoints are tried (three in all)
 // unless a session pins the endpoint.
-func (s *h1Conn) conn(be *upstream.Backend, choice *balance.Choice) (*pool.Conn, *balance.Choice, error) {
-	uc, err := be.GetH1(context.Background(), &choice.Endpoint)
-	for i := 1; err != nil && be.Spec.SessionPersistence == nil && i < min(be.Picker.Len(), 3); i++ {
+//
+// A route's timeouts bound the wait for a connection too; when the
+// request timeout ends it, the error says so (ErrTimeout).
+func (s *h1Conn) conn(x *exchange, choice *balance.Choice) (*pool.Conn, *balance.Choice, error) {
+	be := x.be
+	ctx := context.Background()
+	if x.r != nil && x.r.pol.active {
+		if d, _, ok := x.r.pol.limit(time.Now()); ok {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, d)
+			defer cancel()
+		}
+	}
+	uc, err := be.GetH1(ctx, &choice.Endpoint)
+	for i := 1; err != nil && x.sessionFor() == nil && i < min(be.Picker.Len(), 3); i++ {
 		if r := upstream.Classify(err); r != upstream.ReasonRefused && r != upstream.ReasonDialFailed {
 			break
 		}
 		choice = be.Picker.Pick()
-		uc, err = be.GetH1(context.Background(), &choice.Endpoint)
+		uc, err = be.GetH1(ctx, &choice.Endpoint)
+	}
+	if err != nil && x.r != nil && x.r.pol.expired(time.Now()) {
+		err = timeoutError(true, err)
 	}
 	return uc, choice, err
 }
 
 // send writes req on uc and reads the answer's head, passing informational
-// answers on. A body that is not already buffered is written by another
+// answers on. A body that is not at hand (inline) is written by another
 // goroutine, which reports on the returned channel, so the answer can
 // start before the body ends (full duplex); the caller must finish it.
-func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable bool) (*http.Response, chan error, error) {
+func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline bool) (*http.Response, chan error, error) {
 	var body chan error
-	if req.Body == http.NoBody || s.cont == nil && req.ContentLength > 0 && req.ContentLength <= int64(s.br.Buffered()) {
+	if inline {
 		if err := writeRequest(uc, req); err != nil {
 			return nil, nil, staleIf(err, replayable && uc.Reused())
 		}
 	} else {
+		s.sent.track(req)
 		body = make(chan error, 1)
 		go func() { body <- writeRequest(uc, req) }()
 	}
@@ -208,7 +314,7 @@ func writeRequest(uc *pool.Conn, req *http.Request) error {
 // without its formatting and allocations (measured: 40 % cheaper), and with
 // the app's own request-target. The parts are as ReadRequest validated
 // them: no control characters, no spaces in the target; the header fields
-// go through Header.Write.
+// go through writeHeader.
 func writeHead(w *bufio.Writer, req *http.Request) error {
 	target := req.RequestURI
 	if !strings.HasPrefix(target, "/") {
@@ -220,9 +326,7 @@ func writeHead(w *bufio.Writer, req *http.Request) error {
 	w.WriteString(" HTTP/1.1\r\nHost: ")
 	w.WriteString(req.Host)
 	w.WriteString("\r\n")
-	if err := req.Header.Write(w); err != nil {
-		return err
-	}
+	writeHeader(w, req.Header, "")
 	_, err := w.WriteString("\r\n")
 	return err
 }
@@ -245,11 +349,15 @@ func isIdempotent(req *http.Request) bool {
 	return key || xkey
 }
 
-// respond answers the client from resp, read on uc, then gives uc back
-// when both messages ended cleanly and neither side asked to close.
+// respond answers the client from resp, read on uc, and gives uc back
+// (release) when both messages ended cleanly and neither side asked to
+// close.
 func (s *h1Conn) respond(req *http.Request, resp *http.Response, x *exchange, c *balance.Choice, setSession, websocket bool, uc *pool.Conn, body chan error) bool {
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		if !websocket || !s.finish(body, uc) {
+		// The exchange is complete; the relay that follows has no route
+		// timeout (a WebSocket may idle).
+		fired := x.cd.stop()
+		if !websocket || fired || !s.finish(body, uc) {
 			x.be.DiscardH1(uc)
 			s.fail(req, x, upstream.ReasonProtocol, errors.New("backend switched protocols without a websocket upgrade"))
 			return false
@@ -257,18 +365,52 @@ func (s *h1Conn) respond(req *http.Request, resp *http.Response, x *exchange, c 
 		s.upgrade(resp, x, uc)
 		return false
 	}
+	s.up = upstreamConn{uc: uc, body: body, close: resp.Close}
 	closeAfter, ended, err := s.answer(req, resp, x, c, setSession, uc.R)
-	consumed := s.finish(body, uc)
-	if ended && consumed && !resp.Close {
-		x.be.PutH1(uc)
-	} else {
-		x.be.DiscardH1(uc)
-	}
+	consumed := s.release(x, ended) // when answer failed before it did
 	if err != nil {
 		s.h.log.Debug("answer failed", "service", x.fe.Service.String(), "client", s.t.client(), "err", err)
 		return false
 	}
 	return !closeAfter && consumed
+}
+
+// upstreamConn is the pooled connection an answer is read from, until
+// release gives it back.
+type upstreamConn struct {
+	uc *pool.Conn
+	// body reports the end of the request body's goroutine (nil: none).
+	body chan error
+	// close says the backend asked to close the connection.
+	close bool
+	// consumed is set by release: the request body went out whole.
+	consumed bool
+}
+
+// release ends the current exchange's use of its pooled connection, once
+// the answer's body was read to its end (ended) or failed: the connection
+// goes back to the pool when both messages ended cleanly and neither side
+// asked to close, else it is closed. answer calls it before its last
+// write to the client, so the connection is free again while that write
+// is under way (a client's next request, or another client, finds it idle
+// rather than dialing a second one). It reports whether the request body
+// went out whole; later calls only repeat that.
+func (s *h1Conn) release(x *exchange, ended bool) bool {
+	u := &s.up
+	if u.uc == nil {
+		return u.consumed
+	}
+	u.consumed = s.finish(u.body, u.uc)
+	if x.cd.stop() {
+		ended = false // the deadline cut the connection, maybe after the end
+	}
+	if ended && u.consumed && !u.close {
+		x.be.PutH1(u.uc)
+	} else {
+		x.be.DiscardH1(u.uc)
+	}
+	u.uc, u.body = nil, nil
+	return u.consumed
 }
 
 // roundTrip forwards a request whose backend needs another wire than
@@ -287,19 +429,23 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 		s.cont.release()
 	}
 	var body chan error
-	if req.Body == http.NoBody {
+	switch {
+	case req.Body == http.NoBody:
 		out.Body = nil // the Transport may then retry
-	} else {
+	case x.r != nil && x.r.kept:
+		// The Transport reads a kept body at once; roundTrip replays it.
+	default:
 		body = make(chan error, 1)
 		out.Body = &bodyTracker{r: req.Body, done: body}
 	}
-	resp, err := be.RoundTripper(wire).RoundTrip(out)
+	resp, done, err := s.h.roundTrip(x, be.RoundTripper(wire), out, c)
 	if err != nil {
 		s.finish(body, nil)
 		return s.fail(req, x, upstream.Classify(err), err)
 	}
 	closeAfter, _, err := s.answer(req, resp, x, c, setSession, nil)
 	resp.Body.Close()
+	done()
 	consumed := s.finish(body, nil)
 	if err != nil {
 		s.h.log.Debug("answer failed", "service", x.fe.Service.String(), "client", s.t.client(), "err", err)
@@ -309,10 +455,13 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 }
 
 // finish waits for the goroutine sending the request body, if any, and
-// reports whether the body went out whole. One still running when the
-// answer is over means the backend answered before the body ended: it is
-// stopped (the client read and the upstream write time out at once), and
-// neither connection can carry another request.
+// reports whether the body went out whole. One still reading the client's
+// body when the answer is over means the backend answered before the body
+// ended: it is stopped (the client read and the upstream write time out at
+// once), and neither connection can carry another request. One that read
+// the client's body whole is at most writing its tail upstream (the
+// backend may well have answered after reading it): it gets bodyTailWait
+// to report.
 func (s *h1Conn) finish(body chan error, uc *pool.Conn) bool {
 	if body == nil {
 		return true
@@ -321,6 +470,18 @@ func (s *h1Conn) finish(body chan error, uc *pool.Conn) bool {
 	case err := <-body:
 		return err == nil
 	default:
+	}
+	if s.sent.eof.Load() && uc != nil {
+		t := time.NewTimer(bodyTailWait)
+		select {
+		case err := <-body:
+			t.Stop()
+			return err == nil
+		case <-t.C:
+			uc.SetWriteDeadline(aLongTimeAgo)
+			<-body
+			return false
+		}
 	}
 	if s.cont != nil {
 		s.cont.halt()
@@ -335,3 +496,33 @@ func (s *h1Conn) finish(body chan error, uc *pool.Conn) bool {
 }
 
 var aLongTimeAgo = time.Unix(1, 0)
+
+// bodyTailWait bounds how long finish waits for the last bytes of a
+// request body, read whole from the client, to be written upstream: a
+// backend that answered without reading them may never take them.
+const bodyTailWait = time.Second
+
+// sentBody is a request body being written upstream by a goroutine; eof
+// is set once the client's side of it was read to its end. An h1Conn
+// keeps one and reuses it.
+type sentBody struct {
+	io.ReadCloser
+	eof atomic.Bool
+}
+
+// track makes req's body report its end on s.
+func (s *sentBody) track(req *http.Request) {
+	s.eof.Store(false)
+	if req.Body != s {
+		s.ReadCloser = req.Body
+		req.Body = s
+	}
+}
+
+func (s *sentBody) Read(p []byte) (int, error) {
+	n, err := s.ReadCloser.Read(p)
+	if err == io.EOF {
+		s.eof.Store(true)
+	}
+	return n, err
+}

@@ -95,7 +95,7 @@ func (f *fixture) update(version uint64, be snapshot.Backend) {
 	if v := f.cur.Load(); v != nil {
 		prev = v.Backends
 	}
-	f.cur.Store(&View{Snapshot: s, Backends: f.pools.Build(s, prev)})
+	f.cur.Store(NewView(s, f.pools.Build(s, prev)))
 }
 
 // client is a raw client connection: requests are written as given, and

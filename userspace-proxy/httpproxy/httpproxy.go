@@ -17,6 +17,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
+	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
@@ -24,6 +25,22 @@ import (
 type View struct {
 	Snapshot *snapshot.Snapshot
 	Backends *upstream.Set
+	// Routes is Snapshot's GAMMA route tables compiled
+	// (routes.Compile(Snapshot)); nil when no frontend has routes.
+	Routes *routes.Table
+}
+
+// NewView builds the View of s with its upstream Set, compiling the route
+// tables once when a frontend has routes.
+func NewView(s *snapshot.Snapshot, backends *upstream.Set) *View {
+	v := &View{Snapshot: s, Backends: backends}
+	for i := range s.Frontends {
+		if s.Frontends[i].Routes != nil {
+			v.Routes = routes.Compile(s)
+			break
+		}
+	}
+	return v
 }
 
 // Target is what the proxy knows about a client connection when its requests
@@ -97,6 +114,9 @@ type Config struct {
 	// MaxHeaderBytes bounds a fast-path request's header block; 0 means
 	// 1 MiB, net/http's default.
 	MaxHeaderBytes int
+	// Routing says how route rules are executed where they leave it to
+	// the proxy (default timeouts, retry backoff, body replay, mirrors).
+	Routing RoutingConfig
 }
 
 // Handler forwards requests; one per proxy, safe for concurrent use.
@@ -106,6 +126,11 @@ type Handler struct {
 	bufs *relay.Pool
 	m    *metrics
 	h1   h1State
+	// mirrorSlots bounds the mirrored requests in flight; mirrorCtx ends
+	// them when the Handler drains.
+	mirrorSlots chan struct{}
+	mirrorCtx   context.Context
+	stopMirrors context.CancelFunc
 }
 
 // New returns a Handler.
@@ -126,12 +151,15 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Handler, err
 	if err != nil {
 		return nil, err
 	}
-	h := &Handler{cfg: cfg, log: log, bufs: cfg.Buffers, m: m}
+	cfg.Routing.setDefaults()
+	h := &Handler{cfg: cfg, log: log, bufs: cfg.Buffers, m: m, mirrorSlots: make(chan struct{}, cfg.Routing.MaxMirrors)}
+	h.mirrorCtx, h.stopMirrors = context.WithCancel(context.Background())
 	h.h1.init()
 	return h, nil
 }
 
-// ServeHTTP forwards r to the backend of the connection's Target.
+// ServeHTTP forwards r to the backend of the connection's Target, or
+// answers it as the frontend's route says.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	t, _ := r.Context().Value(targetKey{}).(*Target)
 	if t == nil {
@@ -148,7 +176,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 		return
 	}
-	x.be = v.Backends.Get(h.route(fe, r))
+	ref := fe.Backend
+	if fe.Routes != nil {
+		var forward bool
+		if ref, forward = h.route(x, r, new(routed)); !forward {
+			h.answerLocally(w, r, x)
+			return
+		}
+	}
+	x.be = v.Backends.Get(ref)
 	if x.be == nil {
 		h.fail(w, r, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 		return
@@ -157,10 +193,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, x, upstream.ReasonInvalidPolicy, x.be.Err)
 		return
 	}
-	if x.be.Spec.SessionPersistence != nil {
+	sp := x.sessionFor()
+	if sp != nil {
 		x.now = time.Now() // sessions time out; other requests need no clock
 	}
-	choice, setSession := x.be.Picker.PickRequest(r, x.now)
+	choice, setSession := x.be.Picker.PickRequest(r, x.now, sp)
 	if choice == nil {
 		h.fail(w, r, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 		return
@@ -179,13 +216,12 @@ type exchange struct {
 	fe  *snapshot.Frontend
 	be  *upstream.Backend // nil until routed
 	now time.Time         // when the request was routed (sessions)
-}
-
-// route picks the backend for r. Today that is the frontend's own backend;
-// GAMMA routes (HTTPRoute/GRPCRoute with a Service parent) slot in here,
-// matching r against the frontend's route table.
-func (h *Handler) route(fe *snapshot.Frontend, _ *http.Request) snapshot.BackendRef {
-	return fe.Backend
+	// r is the route decision when the frontend has routes that apply
+	// to this client; nil otherwise.
+	r *routed
+	// cd bounds the fast path's current attempt on its pooled connection
+	// (route timeouts); nil without.
+	cd *connDeadline
 }
 
 // wireFor decides the HTTP version toward the backend: what its protocol
@@ -335,6 +371,12 @@ func (h *Handler) report(ctx context.Context, x *exchange, reason upstream.Reaso
 		h.log.LogAttrs(ctx, lvl, "request failed", attrs...)
 	}
 	h.m.failures.WithLabelValues(string(reason)).Inc()
+	switch {
+	case errors.Is(err, errRequestTimeout):
+		h.m.timeouts.WithLabelValues("request").Inc()
+	case errors.Is(err, errBackendTimeout):
+		h.m.timeouts.WithLabelValues("backend_request").Inc()
+	}
 	h.m.request(x.fe, code, protocolOf(be))
 	return code
 }
@@ -343,7 +385,7 @@ var reasonBodies = func() map[upstream.Reason][]byte {
 	m := make(map[upstream.Reason][]byte)
 	for _, r := range []upstream.Reason{upstream.ReasonInvalidPolicy, upstream.ReasonNoEndpoints, upstream.ReasonRefused,
 		upstream.ReasonDialFailed, upstream.ReasonTLSVerify, upstream.ReasonTLSHandshake, upstream.ReasonProtocol,
-		upstream.ReasonCanceled, upstream.ReasonUpstream} {
+		upstream.ReasonCanceled, upstream.ReasonUpstream, upstream.ReasonTimeout} {
 		m[r] = []byte("sockmesh: " + string(r) + "\n")
 	}
 	return m
@@ -376,8 +418,13 @@ type metrics struct {
 	requests      *prometheus.CounterVec
 	failures      *prometheus.CounterVec
 	upgradedBytes prometheus.Counter
-	mu            sync.Mutex
-	cache         map[requestKey]prometheus.Counter
+	// GAMMA routes: the proxy's own answers, retries, timeouts, mirrors.
+	routeAnswers *prometheus.CounterVec
+	retries      *prometheus.CounterVec
+	timeouts     *prometheus.CounterVec
+	mirrors      *prometheus.CounterVec
+	mu           sync.Mutex
+	cache        map[requestKey]prometheus.Counter
 }
 
 type requestKey struct {
@@ -400,9 +447,25 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sockmesh_proxy_upgraded_bytes_total",
 			Help: "Bytes relayed over upgraded (WebSocket) streams, both directions.",
 		}),
+		routeAnswers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sockmesh_proxy_route_answers_total",
+			Help: "Requests a GAMMA route had the proxy answer itself, by reason (no_match, invalid_rule, no_backend, invalid_backend, invalid_table, redirect).",
+		}, []string{"reason"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sockmesh_proxy_request_retries_total",
+			Help: "Retries of routed requests, by what was retried (connect, status, backend_timeout).",
+		}, []string{"reason"}),
+		timeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sockmesh_proxy_request_timeouts_total",
+			Help: "Routed requests a route timeout ended, by timeout (request, backend_request).",
+		}, []string{"timeout"}),
+		mirrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sockmesh_proxy_mirrored_requests_total",
+			Help: "Request copies for RequestMirror filters, by result (sent, failed, dropped_busy, dropped_body, dropped_upgrade).",
+		}, []string{"result"}),
 		cache: make(map[requestKey]prometheus.Counter),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.failures, m.upgradedBytes} {
+	for _, c := range []prometheus.Collector{m.requests, m.failures, m.upgradedBytes, m.routeAnswers, m.retries, m.timeouts, m.mirrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -36,10 +36,8 @@ type Conn struct {
 	W *bufio.Writer
 
 	ep        *endpoint
-	uses      int // times it went back to the pool
-	idle      bool
-	idleSince time.Time
-	timer     *time.Timer
+	uses      int       // times it went back to the pool
+	idleSince time.Time // when it last went back
 }
 
 // Reused reports whether c served an earlier caller: a failure before any
@@ -52,6 +50,12 @@ type Pool struct {
 	cfg Config
 	mu  sync.Mutex
 	eps map[netip.AddrPort]*endpoint
+	// sweep closes connections idle for IdleTimeout. One timer for the
+	// pool, armed while any connection is idle, rather than one per
+	// connection: a per-connection timer is stopped and reset on every
+	// request, two timer-heap updates per request on the hot path.
+	sweep    *time.Timer
+	sweeping bool // sweep is armed
 }
 
 type endpoint struct {
@@ -82,7 +86,10 @@ func New(cfg Config) *Pool {
 	if cfg.BufferSize <= 0 {
 		cfg.BufferSize = 16 << 10
 	}
-	return &Pool{cfg: cfg, eps: make(map[netip.AddrPort]*endpoint)}
+	p := &Pool{cfg: cfg, eps: make(map[netip.AddrPort]*endpoint)}
+	p.sweep = time.AfterFunc(time.Hour, p.expire)
+	p.sweep.Stop()
+	return p
 }
 
 // Get returns an idle connection to addr, or one dialed with dial when addr
@@ -101,8 +108,6 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.C
 			c := ep.idle[n-1]
 			ep.idle[n-1] = nil
 			ep.idle = ep.idle[:n-1]
-			c.idle = false
-			c.timer.Stop()
 			p.mu.Unlock()
 			if time.Since(c.idleSince) < staleCheckAfter || quiet(c.Conn) {
 				return c, nil
@@ -170,14 +175,12 @@ func (p *Pool) Put(c *Conn) {
 		p.Discard(c)
 		return
 	}
-	c.idle = true
 	c.idleSince = time.Now()
-	if c.timer == nil {
-		c.timer = time.AfterFunc(p.cfg.IdleTimeout, func() { p.expire(c) })
-	} else {
-		c.timer.Reset(p.cfg.IdleTimeout)
-	}
 	ep.idle = append(ep.idle, c)
+	if !p.sweeping {
+		p.sweeping = true
+		p.sweep.Reset(p.cfg.IdleTimeout)
+	}
 	p.mu.Unlock()
 }
 
@@ -208,20 +211,35 @@ func (p *Pool) release(ep *endpoint) {
 	}
 }
 
-// expire closes c if it is still idle when its timer fires.
-func (p *Pool) expire(c *Conn) {
+// expire closes the connections idle for IdleTimeout or longer, and arms
+// the sweep again for the next one to reach it. Idle lists are oldest
+// first, so the expired ones are a prefix of each.
+func (p *Pool) expire() {
+	now := time.Now()
+	var expired []*Conn
 	p.mu.Lock()
-	if !c.idle {
-		p.mu.Unlock()
-		return
+	var next time.Duration
+	for _, ep := range p.eps {
+		n := 0
+		for n < len(ep.idle) && now.Sub(ep.idle[n].idleSince) >= p.cfg.IdleTimeout {
+			n++
+		}
+		expired = append(expired, ep.idle[:n]...)
+		ep.idle = slices.Delete(ep.idle, 0, n)
+		if len(ep.idle) > 0 {
+			if d := p.cfg.IdleTimeout - now.Sub(ep.idle[0].idleSince); next == 0 || d < next {
+				next = d
+			}
+		}
 	}
-	c.idle = false
-	ep := c.ep
-	if i := slices.Index(ep.idle, c); i >= 0 {
-		ep.idle = slices.Delete(ep.idle, i, i+1)
+	p.sweeping = next > 0
+	if p.sweeping {
+		p.sweep.Reset(next)
 	}
 	p.mu.Unlock()
-	p.Discard(c)
+	for _, c := range expired {
+		p.Discard(c)
+	}
 }
 
 // CloseIdle closes every idle connection (the backend's settings changed,
@@ -230,11 +248,7 @@ func (p *Pool) CloseIdle() {
 	p.mu.Lock()
 	var idle []*Conn
 	for _, ep := range p.eps {
-		for _, c := range ep.idle {
-			c.idle = false
-			c.timer.Stop()
-			idle = append(idle, c)
-		}
+		idle = append(idle, ep.idle...)
 		clear(ep.idle)
 		ep.idle = ep.idle[:0]
 	}

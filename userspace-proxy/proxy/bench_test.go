@@ -15,15 +15,20 @@ import (
 // BenchmarkRequest measures one small request from an HTTP/1.1 app to a TLS
 // backend on each of the proxy's speeds, next to the baseline users would
 // write: httputil.ReverseProxy with a TLS transport; with keep-alive, and
-// with a new client connection per request. Compare allocs/op and B/op
-// within one run (ns/op includes client and backend).
+// with a new client connection per request. The -routed variants send the
+// same request through a GAMMA route (one rule, PathPrefix /, to the same
+// backend). Compare allocs/op and B/op within one run (ns/op includes
+// client and backend).
 //
 //	go test -run '^$' -bench Request -benchmem ./userspace-proxy/proxy/
 func BenchmarkRequest(b *testing.B) {
 	for _, c := range []struct {
-		name string
-		path proxy.HTTP1TLSPath
-	}{{"sockmesh-pooled", proxy.HTTP1TLSPooled}, {"sockmesh-l4", proxy.HTTP1TLSL4}, {"sockmesh-l7", proxy.HTTP1TLSL7}, {"baseline-reverseproxy", 0}} {
+		name   string
+		path   proxy.HTTP1TLSPath
+		routed bool
+	}{{"sockmesh-pooled", proxy.HTTP1TLSPooled, false}, {"sockmesh-pooled-routed", proxy.HTTP1TLSPooled, true},
+		{"sockmesh-l4", proxy.HTTP1TLSL4, false}, {"sockmesh-l7", proxy.HTTP1TLSL7, false}, {"sockmesh-l7-routed", proxy.HTTP1TLSL7, true},
+		{"baseline-reverseproxy", 0, false}} {
 		for _, keepAlive := range []bool{true, false} {
 			name := c.name + "/keep-alive"
 			if !keepAlive {
@@ -32,7 +37,16 @@ func BenchmarkRequest(b *testing.B) {
 			b.Run(name, func(b *testing.B) {
 				e := newEnv(b, envOptions{http1TLS: c.path})
 				be := startEcho(b, "bench", serverTLS(e.pki.server))
-				e.p.Update(buildSnapshot(b, 1, service{name: "echo", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(be.addr)}}))
+				spec := snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(be.addr)}
+				if c.routed {
+					m := &mesh{t: b}
+					ref := m.backend("echo", spec)
+					m.frontend("echo", vip, ref, producer(routeSet(snapshot.KindHTTPRoute,
+						rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(ref)}})))
+					e.p.Update(m.snapshot(1))
+				} else {
+					e.p.Update(buildSnapshot(b, 1, service{name: "echo", vip: vip, backend: spec}))
+				}
 				cl := e.client(vip, false)
 				url := "http://echo.b.svc/bytes/100"
 				if c.name == "baseline-reverseproxy" {

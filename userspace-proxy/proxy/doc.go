@@ -9,11 +9,15 @@
 //     whose backend takes h2 as is; bytes are relayed with pooled buffers,
 //     wrapped in TLS when the backend asks, with session resumption;
 //   - http1 (package httpproxy, ServeHTTP1): HTTP/1.x apps whose backend
-//     needs TLS origination or anything L7 (fail-closed 503s, session
-//     persistence, protocol translation, WebSocket): requests forwarded one
-//     by one over pooled upstream connections, by default;
+//     needs TLS origination or anything L7 (GAMMA routes, fail-closed 503s,
+//     session persistence, protocol translation, WebSocket): requests
+//     forwarded one by one over pooled upstream connections, by default;
 //   - L7 (package httpproxy through net/http's server): HTTP/2 apps that
-//     need L7 (h2c to h2, extended CONNECT bridged to a WebSocket Upgrade).
+//     need L7 (routes, h2c to h2, extended CONNECT bridged to a WebSocket
+//     Upgrade).
+//
+// On a port with routes, HTTP takes an L7 path; the app's own TLS and
+// other bytes go to the Service's own backend as without routes.
 //
 // Which path wins where was measured with test/bench/proxy; HTTP1TLSAuto
 // and ListenConfig say why.

@@ -193,7 +193,14 @@ type env struct {
 	ln   net.Listener
 	logs *syncBuffer
 	mu   sync.Mutex
-	dsts map[string]chan netip.AddrPort
+	dsts map[string]chan redirected
+}
+
+// redirected is what the accept loop learns of a client connection: its
+// original destination and, in in-pod mode, its pod.
+type redirected struct {
+	dst netip.AddrPort
+	pod *snapshot.ObjectRef
 }
 
 type envOptions struct {
@@ -203,7 +210,7 @@ type envOptions struct {
 
 func newEnv(t testing.TB, o envOptions) *env {
 	t.Helper()
-	e := &env{t: t, pki: newPKI(t), reg: prometheus.NewRegistry(), logs: &syncBuffer{}, dsts: make(map[string]chan netip.AddrPort)}
+	e := &env{t: t, pki: newPKI(t), reg: prometheus.NewRegistry(), logs: &syncBuffer{}, dsts: make(map[string]chan redirected)}
 	cfg := proxy.Config{
 		HTTP1TLS: o.http1TLS,
 		// A silent client is judged opaque after this; tests with
@@ -234,8 +241,8 @@ func newEnv(t testing.TB, o envOptions) *env {
 			}
 			ch := e.slot(c.RemoteAddr().String())
 			go func() {
-				dst := <-ch
-				e.p.ServeConn(c, dst, proxy.Client{Addr: c.RemoteAddr().(*net.TCPAddr).AddrPort()})
+				r := <-ch
+				e.p.ServeConn(c, r.dst, proxy.Client{Addr: c.RemoteAddr().(*net.TCPAddr).AddrPort(), Pod: r.pod})
 			}()
 		}
 	}()
@@ -253,12 +260,12 @@ func newEnv(t testing.TB, o envOptions) *env {
 	return e
 }
 
-func (e *env) slot(key string) chan netip.AddrPort {
+func (e *env) slot(key string) chan redirected {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	ch, ok := e.dsts[key]
 	if !ok {
-		ch = make(chan netip.AddrPort, 1)
+		ch = make(chan redirected, 1)
 		e.dsts[key] = ch
 	}
 	return ch
@@ -266,11 +273,22 @@ func (e *env) slot(key string) chan netip.AddrPort {
 
 // dial opens a client connection whose original destination is dst.
 func (e *env) dial(dst netip.AddrPort) (net.Conn, error) {
-	c, err := net.Dial("tcp", e.ln.Addr().String())
+	return e.dialFrom(dst, netip.Addr{}, nil)
+}
+
+// dialFrom opens a client connection whose original destination is dst
+// from the loopback address src (zero: any), whose pod, when pod is set,
+// the listener knows (in-pod mode).
+func (e *env) dialFrom(dst netip.AddrPort, src netip.Addr, pod *snapshot.ObjectRef) (net.Conn, error) {
+	d := net.Dialer{}
+	if src.IsValid() {
+		d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
+	}
+	c, err := d.Dial("tcp", e.ln.Addr().String())
 	if err != nil {
 		return nil, err
 	}
-	e.slot(c.LocalAddr().String()) <- dst
+	e.slot(c.LocalAddr().String()) <- redirected{dst: dst, pod: pod}
 	return c, nil
 }
 

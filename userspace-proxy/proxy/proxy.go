@@ -50,6 +50,10 @@ type Config struct {
 	// IdleTimeout closes L7 client connections idle this long; 0 means
 	// 5 min.
 	IdleTimeout time.Duration
+	// Routing says how GAMMA route rules are executed where a rule leaves
+	// it to the proxy (default timeouts, retry backoff, body replay,
+	// mirrors); the zero value is httpproxy's documented defaults.
+	Routing httpproxy.RoutingConfig
 }
 
 // HTTP1TLSPath chooses how HTTP/1.x apps reach a backend that needs TLS
@@ -136,7 +140,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 		return nil, err
 	}
 	bufs := relay.NewPool()
-	h, err := httpproxy.New(httpproxy.Config{Buffers: bufs, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout}, log, reg)
+	h, err := httpproxy.New(httpproxy.Config{Buffers: bufs, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout, Routing: cfg.Routing}, log, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -179,7 +183,7 @@ func (p *Proxy) Update(s *snapshot.Snapshot) {
 	if v := p.current.Load(); v != nil {
 		prev = v.Backends
 	}
-	p.current.Store(&httpproxy.View{Snapshot: s, Backends: p.pools.Build(s, prev)})
+	p.current.Store(httpproxy.NewView(s, p.pools.Build(s, prev)))
 	p.m.version.Set(float64(s.Version))
 	p.log.Info("snapshot applied", "snapshot_version", s.Version, "frontends", len(s.Frontends), "backends", len(s.Backends))
 }

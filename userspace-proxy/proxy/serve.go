@@ -69,24 +69,31 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 }
 
 // choosePath is the two-speed decision: L7 whenever a request must be looked
-// at (fail-closed or no-endpoint answers, session persistence, a protocol
-// change, and later routes) and, by default, for HTTP/1.x to a TLS backend
-// (pooled upstream TLS; see HTTP1TLSAuto); otherwise bytes are relayed.
+// at (GAMMA routes, fail-closed or no-endpoint answers, session
+// persistence, a protocol change) and, by default, for HTTP/1.x to a TLS
+// backend (pooled upstream TLS; see HTTP1TLSAuto); otherwise bytes are
+// relayed. On a port with routes, what is not HTTP — the app's own TLS
+// (passthrough: routes cannot see inside it) or other bytes — goes to the
+// frontend's own backend, as routes only govern HTTP.
 func (p *Proxy) choosePath(kind sniff.Kind, fe *snapshot.Frontend, be *upstream.Backend) Path {
 	if kind == sniff.TLS {
 		return PathPassthrough
+	}
+	isHTTP := kind == sniff.HTTP1 || kind == sniff.HTTP2
+	if isHTTP && fe.Routes != nil {
+		return p.l7For(kind)
 	}
 	tls := be.Err == nil && be.TLS()
 	l4 := PathL4
 	if tls {
 		l4 = PathL4TLS
 	}
-	if kind != sniff.HTTP1 && kind != sniff.HTTP2 || be.Spec.Protocol == snapshot.ProtocolTCP {
+	if !isHTTP || be.Spec.Protocol == snapshot.ProtocolTCP {
 		return l4
 	}
 	l7 := p.l7For(kind)
-	if be.Err != nil || be.Picker.Len() == 0 || be.Spec.SessionPersistence != nil || fe.Routes != nil {
-		return l7 // the app gets a 503 it can read, a sticky endpoint, or its route
+	if be.Err != nil || be.Picker.Len() == 0 || be.Spec.SessionPersistence != nil {
+		return l7 // the app gets a 503 it can read, or a sticky endpoint
 	}
 	if !acceptsAsIs(be.Spec.Protocol, tls, kind) {
 		return l7

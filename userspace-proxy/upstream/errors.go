@@ -26,15 +26,21 @@ const (
 	ReasonProtocol      Reason = "protocol"
 	ReasonCanceled      Reason = "canceled"
 	ReasonUpstream      Reason = "upstream_error"
+	// ReasonTimeout: a route rule's request or backendRequest timeout
+	// (GEP-1742) passed before the backend answered (ErrTimeout).
+	ReasonTimeout Reason = "timeout"
 )
 
 // Status is the HTTP status an L7 client gets for r: 503 when the backend is
-// unavailable (invalid policy, no endpoints, refused or unreachable), 502
-// when it answered badly (certificate verification, handshake, protocol).
+// unavailable (invalid policy, no endpoints, refused or unreachable), 504
+// when a route's timeout passed, 502 when it answered badly (certificate
+// verification, handshake, protocol).
 func (r Reason) Status() int {
 	switch r {
 	case ReasonInvalidPolicy, ReasonNoEndpoints, ReasonRefused, ReasonDialFailed:
 		return http.StatusServiceUnavailable
+	case ReasonTimeout:
+		return http.StatusGatewayTimeout
 	}
 	return http.StatusBadGateway
 }
@@ -54,6 +60,10 @@ func (e *FailClosedError) Error() string {
 // ErrNoEndpoints: the backend has no ready endpoint.
 var ErrNoEndpoints = errors.New("no ready endpoints")
 
+// ErrTimeout marks a request that a route rule's request or backendRequest
+// timeout ended (ReasonTimeout).
+var ErrTimeout = errors.New("route timeout passed")
+
 // dialError marks errors from opening the TCP connection, before any byte
 // reached the backend (safe to retry elsewhere).
 type dialError struct{ err error }
@@ -69,6 +79,8 @@ func Classify(err error) Reason {
 	switch {
 	case err == nil:
 		return ""
+	case errors.Is(err, ErrTimeout):
+		return ReasonTimeout
 	case errors.As(err, &fc):
 		return ReasonInvalidPolicy
 	case errors.Is(err, ErrNoEndpoints):

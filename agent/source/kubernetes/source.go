@@ -277,7 +277,7 @@ const (
 func (s *Source) discover(ctx context.Context) (map[string]bool, error) {
 	want := map[string][]string{
 		"certificates.k8s.io/v1":          {kindClusterTrustBundle},
-		gwv1.GroupVersion.String():        {kindBackendTLSPolicy, kindHTTPRoute, kindGRPCRoute},
+		gwv1.GroupVersion.String():        {kindBackendTLSPolicy, kindHTTPRoute, kindGRPCRoute, kindReferenceGrant},
 		gwxv1alpha1.GroupVersion.String(): {kindXBackend, kindXBackendTrafficPolicy, kindXMesh},
 	}
 	served := make(map[string]bool)

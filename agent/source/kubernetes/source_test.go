@@ -186,6 +186,13 @@ func TestSourceAgainstAPIServer(t *testing.T) {
 		Spec: gwv1.HTTPRouteSpec{CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{{
 			Group: ptr(gwv1.Group("")), Kind: ptr(gwv1.Kind("Service")), Name: "svc"}}}},
 	}, metav1.CreateOptions{}))
+	ok(t)(gw.GatewayV1().ReferenceGrants(ns).Create(ctx, &gwv1.ReferenceGrant{
+		ObjectMeta: metav1.ObjectMeta{Name: "grant", Namespace: ns},
+		Spec: gwv1.ReferenceGrantSpec{
+			From: []gwv1.ReferenceGrantFrom{{Group: gwv1.GroupName, Kind: "HTTPRoute", Namespace: "elsewhere"}},
+			To:   []gwv1.ReferenceGrantTo{{Kind: "Service"}},
+		},
+	}, metav1.CreateOptions{}))
 	ok(t)(gw.ExperimentalV1alpha1().XMeshes().Create(ctx, &gwxv1alpha1.XMesh{
 		ObjectMeta: metav1.ObjectMeta{Name: "mesh"},
 		Spec:       gwxv1alpha1.MeshSpec{ControllerName: translate.ControllerName},
@@ -194,7 +201,8 @@ func TestSourceAgainstAPIServer(t *testing.T) {
 	in = waitInput(t, s, "every object", func(in translate.Input) bool {
 		return len(in.Services) >= 2 && len(in.EndpointSlices) >= 1 && len(in.Pods) == 1 && len(in.ConfigMaps) == 1 &&
 			len(in.Secrets) == 1 && len(in.ClusterTrustBundles) == 1 && len(in.BackendTLSPolicies) == 1 &&
-			len(in.XBackends) == 1 && len(in.HTTPRoutes) == 1 && len(in.XMeshes) == 1 && len(in.Namespaces) >= 1
+			len(in.XBackends) == 1 && len(in.HTTPRoutes) == 1 && len(in.ReferenceGrants) == 1 && len(in.XMeshes) == 1 &&
+			len(in.Namespaces) >= 1
 	})
 	if got := names(in.Pods); !slices.Equal(got, []string{ns + "/here"}) {
 		t.Errorf("pods = %v, want only this node's", got)

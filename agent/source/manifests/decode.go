@@ -18,6 +18,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
 	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
 
 	"github.com/sockmesh/sockmesh/agent/translate"
@@ -37,6 +38,12 @@ func NewDecoder() (*Decoder, error) {
 			return nil, fmt.Errorf("build manifest scheme: %w", err)
 		}
 	}
+	// ReferenceGrant is served as v1 and v1beta1 with one schema; manifests
+	// written for older clusters use v1beta1. Decode returns v1 for both.
+	// Other v1beta1 kinds stay unknown: translate reads their v1 form only.
+	beta := schema.GroupVersion{Group: gwv1beta1.GroupName, Version: "v1beta1"}
+	scheme.AddKnownTypes(beta, &gwv1beta1.ReferenceGrant{}, &gwv1beta1.ReferenceGrantList{})
+	metav1.AddToGroupVersion(scheme, beta)
 	return &Decoder{decoder: serializer.NewCodecFactory(scheme, serializer.EnableStrict).UniversalDeserializer()}, nil
 }
 
@@ -93,6 +100,9 @@ func (d *Decoder) decodeDocument(doc []byte) ([]runtime.Object, error) {
 		}
 		return out, nil
 	}
+	if g, ok := obj.(*gwv1beta1.ReferenceGrant); ok {
+		obj = referenceGrantV1(g)
+	}
 	if !Supported(obj) {
 		return nil, fmt.Errorf("%s is not a kind sockmesh reads", kindOf(gvk))
 	}
@@ -112,6 +122,13 @@ func kindOf(gvk *schema.GroupVersionKind) string {
 		return "object"
 	}
 	return fmt.Sprintf("kind %s (apiVersion %s)", gvk.Kind, gvk.GroupVersion())
+}
+
+// referenceGrantV1 is g as the v1 API serves it (same schema).
+func referenceGrantV1(g *gwv1beta1.ReferenceGrant) *gwv1.ReferenceGrant {
+	out := gwv1.ReferenceGrant(*g)
+	out.APIVersion = gwv1.GroupVersion.String()
+	return &out
 }
 
 // normalize applies what kubectl apply and the API server would, and
@@ -174,6 +191,8 @@ func Add(in *translate.Input, obj runtime.Object) error {
 		in.XBackendTrafficPolicies = append(in.XBackendTrafficPolicies, o)
 	case *gwxv1alpha1.XMesh:
 		in.XMeshes = append(in.XMeshes, o)
+	case *gwv1.ReferenceGrant:
+		in.ReferenceGrants = append(in.ReferenceGrants, o)
 	default:
 		return fmt.Errorf("%T is not a kind translate reads", obj)
 	}

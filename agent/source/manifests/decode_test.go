@@ -83,10 +83,16 @@ apiVersion: gateway.networking.x-k8s.io/v1alpha1
 kind: XMesh
 metadata: {name: mesh}
 spec: {controllerName: sockmesh.io/mesh-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: ReferenceGrant
+metadata: {name: rg, namespace: apps}
+spec: {from: [], to: []}
 `,
 			wantKeys: []string{"Service default/s", "EndpointSlice apps/s-1", "Namespace apps", "Pod apps/p",
 				"ConfigMap apps/c", "Secret apps/x", "ClusterTrustBundle example.com:signer:v1", "BackendTLSPolicy apps/b",
-				"HTTPRoute apps/h", "GRPCRoute apps/g", "XBackend apps/xb", "XBackendTrafficPolicy apps/xbtp", "XMesh mesh"},
+				"HTTPRoute apps/h", "GRPCRoute apps/g", "XBackend apps/xb", "XBackendTrafficPolicy apps/xbtp", "XMesh mesh",
+				"ReferenceGrant apps/rg"},
 		},
 		{
 			name:     "a List is expanded; JSON works",
@@ -152,6 +158,71 @@ stringData: {tls.key: new}
 	}
 	if s.StringData != nil {
 		t.Errorf("stringData = %v, want it moved into data", s.StringData)
+	}
+}
+
+// TestDecodeReferenceGrant: v1 and v1beta1 ReferenceGrants both arrive in
+// Input.ReferenceGrants as v1, with their spec whole and the default
+// namespace applied; a v1beta1 kind other than ReferenceGrant stays
+// unknown.
+func TestDecodeReferenceGrant(t *testing.T) {
+	dec, err := manifests.NewDecoder()
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := dec.Decode(strings.NewReader(`apiVersion: gateway.networking.k8s.io/v1
+kind: ReferenceGrant
+metadata: {name: v1-grant, namespace: backends}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: clients}]
+  to: [{group: "", kind: Service, name: echo}]
+---
+apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: {name: beta-grant}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: GRPCRoute, namespace: other}]
+  to: [{group: gateway.networking.x-k8s.io, kind: XBackend}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in translate.Input
+	for _, o := range objs {
+		if err := manifests.Add(&in, o); err != nil {
+			t.Fatalf("Add(%s): %v", manifests.Key(o), err)
+		}
+	}
+	if len(in.ReferenceGrants) != 2 {
+		t.Fatalf("ReferenceGrants = %d, want 2", len(in.ReferenceGrants))
+	}
+	for i, want := range []struct {
+		ns, name, fromKind, fromNS, toGroup, toKind, toName string
+	}{
+		{"backends", "v1-grant", "HTTPRoute", "clients", "", "Service", "echo"},
+		{"default", "beta-grant", "GRPCRoute", "other", "gateway.networking.x-k8s.io", "XBackend", ""},
+	} {
+		g := in.ReferenceGrants[i]
+		name := ""
+		if g.Spec.To[0].Name != nil {
+			name = string(*g.Spec.To[0].Name)
+		}
+		if g.Namespace != want.ns || g.Name != want.name || g.APIVersion != "gateway.networking.k8s.io/v1" ||
+			string(g.Spec.From[0].Kind) != want.fromKind || string(g.Spec.From[0].Namespace) != want.fromNS ||
+			string(g.Spec.To[0].Group) != want.toGroup || string(g.Spec.To[0].Kind) != want.toKind || name != want.toName {
+			t.Errorf("grant %d = %s/%s (%s) %+v, want %+v", i, g.Namespace, g.Name, g.APIVersion, g.Spec, want)
+		}
+	}
+	if got := manifests.Key(objs[1]); got != "ReferenceGrant default/beta-grant" {
+		t.Errorf("Key(v1beta1 grant) = %q", got)
+	}
+	_, err = dec.Decode(strings.NewReader("apiVersion: gateway.networking.k8s.io/v1beta1\nkind: HTTPRoute\nmetadata: {name: h}\n"))
+	if err == nil || !strings.Contains(err.Error(), `no kind "HTTPRoute" is registered for version "gateway.networking.k8s.io/v1beta1"`) {
+		t.Errorf("v1beta1 HTTPRoute: %v, want unknown", err)
+	}
+	_, err = dec.Decode(strings.NewReader("apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {name: g}\nspec: {form: []}\n"))
+	if err == nil || !strings.Contains(err.Error(), `unknown field "spec.form"`) {
+		t.Errorf("misspelt v1beta1 field: %v, want a strict decoding error", err)
 	}
 }
 

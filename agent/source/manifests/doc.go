@@ -2,7 +2,8 @@
 // documents per stream, "---"-separated, v1 List objects expanded) into
 // the typed objects translate.Input holds: core Services, EndpointSlices,
 // Namespaces, Pods, ConfigMaps, Secrets, ClusterTrustBundles, and Gateway
-// API v1.7.0 BackendTLSPolicies, HTTPRoutes, GRPCRoutes, XBackends,
+// API v1.7.0 BackendTLSPolicies, HTTPRoutes, GRPCRoutes, ReferenceGrants
+// (v1, and v1beta1 returned as v1: one schema), XBackends,
 // XBackendTrafficPolicies and XMeshes.
 //
 // Decoding is strict, because nothing else checks these files: an unknown

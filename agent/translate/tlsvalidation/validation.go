@@ -116,9 +116,9 @@ func Validate(v *gwv1.BackendTLSPolicyValidation, field, namespace string, objs 
 // canonical PEM bundle (in reference order, duplicates dropped), and a
 // problem naming every invalid reference.
 func caBundle(refs []gwv1.LocalObjectReference, namespace string, objs Objects, ctbUnavailable bool) (string, *Problem) {
+	cache := certCacheOf(objs)
 	var (
-		bundle   bytes.Buffer
-		seen     = map[string]bool{}
+		valid    []*parsedBundle
 		problems []string
 		badKind  bool
 	)
@@ -129,27 +129,106 @@ func caBundle(refs []gwv1.LocalObjectReference, namespace string, objs Objects, 
 			problems = append(problems, what+": "+err)
 			continue
 		}
-		certs, err := parseCertificates(data)
-		if err != "" {
-			problems = append(problems, what+": "+err)
+		p := cache.parse(data)
+		if p.err != "" {
+			problems = append(problems, what+": "+p.err)
 			continue
 		}
-		for _, der := range certs {
-			if seen[string(der)] {
-				continue
+		valid = append(valid, p)
+	}
+	var roots string
+	switch len(valid) {
+	case 0:
+	case 1:
+		// The common case: one reference. Its canonical PEM is shared by
+		// every policy that names the same bytes.
+		roots = valid[0].pem
+	default:
+		var bundle strings.Builder
+		seen := map[string]bool{}
+		for _, p := range valid {
+			for i, der := range p.ders {
+				if !seen[string(der)] {
+					seen[string(der)] = true
+					bundle.WriteString(p.pems[i])
+				}
 			}
-			seen[string(der)] = true
-			_ = pem.Encode(&bundle, &pem.Block{Type: "CERTIFICATE", Bytes: der}) // writes to memory
 		}
+		roots = bundle.String()
 	}
 	if len(problems) == 0 {
-		return bundle.String(), nil
+		return roots, nil
 	}
 	reason := ReasonInvalidCACertificateRef
 	if badKind {
 		reason = ReasonInvalidKind
 	}
-	return bundle.String(), &Problem{Reason: reason, Message: strings.Join(problems, "; ")}
+	return roots, &Problem{Reason: reason, Message: strings.Join(problems, "; ")}
+}
+
+// CertCache remembers what CA bundle bytes parse to, for the length of one
+// translation: at 1,000 policies naming a handful of CA ConfigMaps, parsing
+// and re-encoding the same certificates for each policy was a fifth of a
+// translation's time, and every policy kept its own copy of the PEM. An
+// Objects that also has a CertCache method (CertCacher) shares one cache
+// among all its Validate calls; without one, each call parses afresh. The
+// zero CertCache is ready to use; it is not safe for concurrent use.
+type CertCache struct {
+	parsed map[string]*parsedBundle
+}
+
+// CertCacher is an Objects that carries a CertCache.
+type CertCacher interface {
+	CertCache() *CertCache
+}
+
+// parsedBundle is one CA bundle's bytes, parsed.
+type parsedBundle struct {
+	// ders are its distinct certificates in order, pems their canonical
+	// PEM blocks, and pem all of them in one string.
+	ders [][]byte
+	pems []string
+	pem  string
+	err  string // why the bytes are no valid bundle; then the rest is empty
+}
+
+func certCacheOf(objs Objects) *CertCache {
+	if c, ok := objs.(CertCacher); ok {
+		if cache := c.CertCache(); cache != nil {
+			return cache
+		}
+	}
+	return &CertCache{}
+}
+
+func (c *CertCache) parse(data []byte) *parsedBundle {
+	if p, ok := c.parsed[string(data)]; ok {
+		return p
+	}
+	p := &parsedBundle{}
+	ders, err := parseCertificates(data)
+	if err != "" {
+		p.err = err
+	} else {
+		var all bytes.Buffer
+		seen := map[string]bool{}
+		for _, der := range ders {
+			if seen[string(der)] {
+				continue
+			}
+			seen[string(der)] = true
+			block := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+			p.ders = append(p.ders, der)
+			p.pems = append(p.pems, block)
+			all.WriteString(block)
+		}
+		p.pem = all.String()
+	}
+	if c.parsed == nil {
+		c.parsed = map[string]*parsedBundle{}
+	}
+	c.parsed[string(data)] = p
+	return p
 }
 
 const errKind = "unsupported kind (sockmesh supports ConfigMap, Secret and certificates.k8s.io ClusterTrustBundle)"

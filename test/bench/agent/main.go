@@ -37,6 +37,9 @@ type params struct {
 	Namespaces int `json:"namespaces"`
 	Pods       int `json:"podsOnNode"`
 	Changes    int `json:"changes"`
+	// Settle is how long the agent sits idle after the changes before its
+	// steady memory is read.
+	Settle time.Duration `json:"settle"`
 }
 
 const nodeName = "bench-node"
@@ -50,10 +53,13 @@ func main() {
 	flag.IntVar(&p.Namespaces, "namespaces", 100, "namespaces the objects are spread over (one CA ConfigMap each)")
 	flag.IntVar(&p.Pods, "pods", 50, "pods on the agent's node")
 	flag.IntVar(&p.Changes, "changes", 100, "changes timed for propagation")
+	flag.DurationVar(&p.Settle, "settle", 15*time.Second, "idle time after the changes before the steady memory is read")
 	parallel := flag.Int("parallel", 16, "concurrent requests while creating objects")
+	rounds := flag.Int("rounds", 3, "agent runs against the same API server, each a fresh process")
 	var prof profiles
 	flag.StringVar(&prof.cpu, "cpuprofile", "", "write the agent's CPU profile (startup and propagation) to this file")
-	flag.StringVar(&prof.heap, "memprofile", "", "write the agent's heap profile at its first snapshot to this file")
+	flag.StringVar(&prof.heap, "memprofile", "", "write the agent's heap profile at its first snapshot to this file, and at the end to this file.end")
+	flag.StringVar(&prof.timeline, "timeline", "", "write the agent's RSS and Go heap every 10 ms to this CSV file")
 	flag.Parse()
 	if *child != "" {
 		if err := runChild(*child, p, prof); err != nil {
@@ -62,15 +68,15 @@ func main() {
 		}
 		return
 	}
-	if err := run(p, *parallel, prof); err != nil {
+	if err := run(p, *parallel, *rounds, prof); err != nil {
 		fmt.Fprintln(os.Stderr, "agent bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(p params, parallel int, prof profiles) error {
-	if p.Policies > p.Services || p.Namespaces < 1 || p.Services < 1 {
-		return fmt.Errorf("need 1 <= policies <= services and namespaces >= 1")
+func run(p params, parallel, rounds int, prof profiles) error {
+	if p.Policies > p.Services || p.Namespaces < 1 || p.Services < 1 || rounds < 1 {
+		return fmt.Errorf("need 1 <= policies <= services, namespaces >= 1 and rounds >= 1")
 	}
 	ctx := context.Background()
 	start := time.Now()
@@ -89,20 +95,36 @@ func run(p params, parallel int, prof profiles) error {
 		setup.objects, p.Services, p.Services*p.Endpoints, p.Policies, p.Namespaces, p.Pods,
 		setup.duration.Round(time.Millisecond), parallel, float64(setup.objects)/setup.duration.Seconds())
 
+	var reports []report
+	for n := 1; n <= rounds; n++ {
+		waitGoFile() // AMEM-HACK
+		r, err := runRound(env.Kubeconfig, p, prof.forRound(n, rounds))
+		if err != nil {
+			return fmt.Errorf("round %d: %w", n, err)
+		}
+		r.printRound(n)
+		reports = append(reports, r)
+	}
+	summarize(p, reports)
+	return nil
+}
+
+// runRound runs one agent child process to the end and returns its report.
+func runRound(kubeconfig string, p params, prof profiles) (report, error) {
 	self, err := os.Executable()
 	if err != nil {
-		return fmt.Errorf("find own executable: %w", err)
+		return report{}, fmt.Errorf("find own executable: %w", err)
 	}
-	args := []string{"-child", env.Kubeconfig}
+	args := []string{"-child", kubeconfig, "-settle=" + p.Settle.String()}
 	for _, kv := range [][2]any{{"services", p.Services}, {"endpoints", p.Endpoints}, {"policies", p.Policies},
 		{"namespaces", p.Namespaces}, {"pods", p.Pods}, {"changes", p.Changes}} {
 		args = append(args, fmt.Sprintf("-%s=%d", kv[0], kv[1]))
 	}
-	for flag, path := range map[string]string{"cpuprofile": prof.cpu, "memprofile": prof.heap} {
+	for flag, path := range map[string]string{"cpuprofile": prof.cpu, "memprofile": prof.heap, "timeline": prof.timeline} {
 		if path != "" {
 			abs, err := filepath.Abs(path)
 			if err != nil {
-				return err
+				return report{}, err
 			}
 			args = append(args, "-"+flag+"="+abs)
 		}
@@ -111,12 +133,39 @@ func run(p params, parallel int, prof profiles) error {
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	if err != nil {
-		return fmt.Errorf("agent child: %w", err)
+		return report{}, fmt.Errorf("agent child: %w", err)
 	}
 	var r report
 	if err := json.Unmarshal(out, &r); err != nil {
-		return fmt.Errorf("decode child report: %w (%s)", err, out)
+		return report{}, fmt.Errorf("decode child report: %w (%s)", err, out)
 	}
-	r.print(p)
-	return nil
+	return r, nil
+}
+
+// forRound numbers the profile files when there is more than one round.
+func (p profiles) forRound(n, rounds int) profiles {
+	if rounds == 1 {
+		return p
+	}
+	suffix := func(path string) string {
+		if path == "" {
+			return ""
+		}
+		return fmt.Sprintf("%s.%d", path, n)
+	}
+	return profiles{cpu: suffix(p.cpu), heap: suffix(p.heap), timeline: suffix(p.timeline)}
+}
+
+// AMEM-HACK: dev-only, removed before hand-off.
+func waitGoFile() {
+	f := os.Getenv("AMEM_GO")
+	if f == "" {
+		return
+	}
+	for {
+		if os.Remove(f) == nil {
+			return
+		}
+		time.Sleep(time.Second)
+	}
 }

@@ -1,0 +1,599 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/test/echo"
+)
+
+// Mesh routing beyond the upstream mesh suite: the backend-property tests
+// upstream runs only through a Gateway (BackendTLSPolicy, h2c, WebSocket,
+// timeouts, retries, mirrors), ported to routes with Service parents, and
+// status for what cannot be honoured.
+
+// testMeshBackendTLS: a route's backendRef Service with a BackendTLSPolicy
+// gets TLS origination (SNI from the policy, nothing in plaintext), and
+// one whose policy is invalid fails closed with 503 — the route and the
+// backend's properties compose.
+func testMeshBackendTLS(s *scenario) {
+	const hostname = "secure.e2e.test"
+	a := s.meshApps()
+	ca := s.newCA()
+	secure, _ := s.tlsBackend("secure", s.serverCert(ca, hostname))
+	broken, _ := s.tlsBackend("broken", s.serverCert(ca, hostname))
+	s.apply(caConfigMap("secure-ca", ca) +
+		tlsPolicy("secure", "secure", "    hostname: "+hostname+"\n    caCertificateRefs: [{group: \"\", kind: ConfigMap, name: secure-ca}]") +
+		tlsPolicy("broken", "broken", "    hostname: "+hostname+"\n    caCertificateRefs: [{group: \"\", kind: ConfigMap, name: no-such-ca}]") + `
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: to-tls}
+spec:
+  parentRefs: [{group: "", kind: Service, name: echo, port: 80}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /secure}}]
+    filters: [{type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /inside}}}]
+    backendRefs: [{name: secure, port: 443}]
+  - matches: [{path: {type: PathPrefix, value: /broken}}]
+    backendRefs: [{name: broken, port: 443}]
+  - backendRefs: [{name: echo-v2, port: 80}]
+`)
+	s.waitRouted(a.echo.v4(80), "to-tls")
+	s.waitPolicyStatus("secure", "secure", accepted, resolvedRefs)
+	r := s.expect(nil, call{url: httpURL(a.echo.v4(80), "/secure/x?q=1"), host: "echo"}, want{backend: "secure", path: "/inside/x", query: "q=1", host: "echo"})
+	if r != nil {
+		s.checkTLS(r.report, hostname)
+	}
+	s.expect(nil, call{url: httpURL(a.echo.v4(80), "/broken"), host: "echo"}, want{status: http.StatusServiceUnavailable})
+	s.expect(nil, call{url: httpURL(a.echo.v4(80), "/other"), host: "echo"}, want{backend: "v2", path: "/other"})
+	s.checkNoPlaintext(secure)
+	s.checkNoPlaintext(broken)
+	if st := broken.stats(s.t); st.Accepted != 0 {
+		s.t.Errorf("backend with an invalid policy got %d connections, want none", st.Accepted)
+	}
+}
+
+// testMeshH2CWebSocket: HTTPRouteBackendProtocolH2C and
+// HTTPRouteBackendProtocolWebSocket with a Service parent: a route's
+// backendRef Service with appProtocol kubernetes.io/h2c gets the app's
+// HTTP/1.1 as h2c, one with kubernetes.io/ws a WebSocket upgrade.
+func testMeshH2CWebSocket(s *scenario) {
+	a := s.meshApps()
+	b := s.backend("proto", backendOptions{Wire: Plain, HTTPPort: meshPort})
+	s.service("h2c", serviceSpec{Backend: b, Ports: []servicePort{{Name: "http", Port: 80, TargetPort: meshPort, AppProtocol: "kubernetes.io/h2c"}}})
+	s.service("ws", serviceSpec{Backend: b, Ports: []servicePort{{Name: "http", Port: 80, TargetPort: meshPort, AppProtocol: "kubernetes.io/ws"}}})
+	s.apply(`apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: protocols}
+spec:
+  parentRefs: [{group: "", kind: Service, name: echo, port: 80}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /h2c}}]
+    backendRefs: [{name: h2c, port: 80}]
+  - matches: [{path: {type: PathPrefix, value: /ws}}]
+    backendRefs: [{name: ws, port: 80}]
+`)
+	s.waitRouted(a.echo.v4(80), "protocols")
+	s.waitRouteStatus("HTTPRoute", s.ns, "protocols", "echo", routeAccepted...)
+	r := s.expect(nil, call{url: httpURL(a.echo.v4(80), "/h2c"), host: "echo"}, want{backend: "proto", path: "/h2c"})
+	if r != nil && (r.report.Proto != "HTTP/2.0" || r.report.TLS != nil) {
+		s.t.Errorf("h2c backend saw %s (TLS %+v), want cleartext HTTP/2.0", r.report.Proto, r.report.TLS)
+	}
+	rep := s.websocket("ws://" + a.echo.v4(80).String() + "/ws")
+	if rep.Pod != "proto" || rep.Proto != "HTTP/1.1" || rep.TLS != nil {
+		s.t.Errorf("websocket through the route: pod %q over %s (TLS %+v), want proto over cleartext HTTP/1.1", rep.Pod, rep.Proto, rep.TLS)
+	}
+	s.checkFromNode(rep, b.pod)
+}
+
+// simBackend is a backend with the behaviour the upstream timeout and
+// retry tests ask of echo-basic: it waits ?delay= (and ?delayRetry= more
+// for every request after the first with the same ?uuid=), answers
+// ?responseCode= to the first ?succeedAfter= requests of each uuid, and
+// otherwise 200 with an echo report. It counts the requests per uuid.
+type simBackend struct {
+	*backend
+	mu     sync.Mutex
+	counts map[string]int
+}
+
+func (s *scenario) simBackend(name string) *simBackend {
+	s.t.Helper()
+	sb := &simBackend{counts: map[string]int{}}
+	desc := echo.New(echo.Config{Namespace: s.ns, Pod: name})
+	sb.backend = s.handlerPod(name, meshPort, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		q := r.URL.Query()
+		sb.mu.Lock()
+		sb.counts[q.Get("uuid")]++
+		n := sb.counts[q.Get("uuid")]
+		sb.mu.Unlock()
+		delay, _ := time.ParseDuration(q.Get("delay"))
+		if n > 1 {
+			extra, _ := time.ParseDuration(q.Get("delayRetry"))
+			delay += extra
+		}
+		t := time.NewTimer(delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			return
+		}
+		if after, _ := strconv.Atoi(q.Get("succeedAfter")); n <= after {
+			code, _ := strconv.Atoi(q.Get("responseCode"))
+			w.WriteHeader(code)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(desc.Describe(r, int64(len(body)), ""))
+	}))
+	return sb
+}
+
+func (sb *simBackend) count(uuid string) int {
+	sb.mu.Lock()
+	defer sb.mu.Unlock()
+	return sb.counts[uuid]
+}
+
+// testMeshTimeouts is HTTPRouteTimeoutRequest and
+// HTTPRouteTimeoutBackendRequest with a Service parent: a slow backend
+// gets 504 within the timeout, "0s" disables it.
+func testMeshTimeouts(s *scenario) {
+	sim := s.simBackend("slow")
+	svc := s.service("slow", serviceSpec{Backend: sim.backend, Ports: meshPorts()})
+	s.apply(`apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: request-timeout}
+spec:
+  parentRefs: [{group: "", kind: Service, name: slow, port: 80}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /request-timeout}}]
+    backendRefs: [{name: slow, port: 8080}]
+    timeouts: {request: 500ms}
+  - matches: [{path: {type: PathPrefix, value: /disable-request-timeout}}]
+    backendRefs: [{name: slow, port: 8080}]
+    timeouts: {request: "0s"}
+  - matches: [{path: {type: PathPrefix, value: /backend-timeout}}]
+    backendRefs: [{name: slow, port: 8080}]
+    timeouts: {backendRequest: 500ms}
+  - matches: [{path: {type: PathPrefix, value: /disable-backend-timeout}}]
+    backendRefs: [{name: slow, port: 8080}]
+    timeouts: {backendRequest: "0s"}
+`)
+	s.waitRouted(svc.v4(80), "request-timeout")
+	s.waitRouteStatus("HTTPRoute", s.ns, "request-timeout", "slow", routeAccepted...)
+	for _, c := range []struct {
+		path   string
+		status int
+	}{
+		{"/request-timeout", 200},
+		{"/request-timeout?delay=3s", 504},
+		{"/disable-request-timeout?delay=1s", 200},
+		{"/backend-timeout", 200},
+		{"/backend-timeout?delay=3s", 504},
+		{"/disable-backend-timeout?delay=1s", 200},
+	} {
+		start := time.Now()
+		w := want{status: c.status}
+		if c.status == 200 {
+			w = want{backend: "slow"}
+		}
+		s.expect(nil, call{url: httpURL(svc.v4(80), c.path)}, w)
+		// The 504s come from the proxy, before the backend answers.
+		if c.status == 504 && time.Since(start) >= 3*time.Second {
+			s.t.Errorf("%s: the 504 took %v, as long as the backend", c.path, time.Since(start))
+		}
+	}
+}
+
+// testMeshRetries is HTTPRouteRetry, HTTPRouteRetryWithRequestTimeout,
+// HTTPRouteRetryWithBackendTimeout and HTTPRouteRetryConnectionError with
+// a Service parent, with the upstream manifests and cases, and the number
+// of requests the backend got checked too.
+func testMeshRetries(s *scenario) {
+	sim := s.simBackend("retry")
+	svc := s.service("retry", serviceSpec{Backend: sim.backend, Ports: meshPorts()})
+	dead := s.n.newPod(s.t, s.ns, "dead") // nothing listens: connections are refused
+	s.serviceOf(s.ns, "conn-error", []servicePort{{Name: "http", Port: 80, TargetPort: meshPort}}, dead, sim.pod)
+	s.apply(`apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: retries}
+spec:
+  parentRefs: [{group: "", kind: Service, name: retry, port: 80}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /retry/code-500-attempts-3}}]
+    retry: {codes: [500], attempts: 3}
+    backendRefs: [{name: retry, port: 8080}]
+  - matches: [{path: {type: PathPrefix, value: /retry/code-all-attempts-2}}]
+    retry: {codes: [500, 502, 503, 504], attempts: 2}
+    backendRefs: [{name: retry, port: 8080}]
+  - matches: [{path: {type: PathPrefix, value: /retry/code-all-attempts-0}}]
+    retry: {codes: [500, 502, 503, 504], attempts: 0}
+    backendRefs: [{name: retry, port: 8080}]
+  - matches: [{path: {type: PathPrefix, value: /retry/request-timeout-500ms}}]
+    retry: {codes: [500], attempts: 5}
+    timeouts: {request: 500ms}
+    backendRefs: [{name: retry, port: 8080}]
+  - matches: [{path: {type: PathPrefix, value: /retry/backend-timeout-500ms}}]
+    retry: {codes: [500], attempts: 3}
+    timeouts: {backendRequest: 500ms, request: 15s}
+    backendRefs: [{name: retry, port: 8080}]
+  - matches: [{path: {type: PathPrefix, value: /retry-on-connection-errors}}]
+    retry: {attempts: 100}
+    backendRefs: [{name: conn-error, port: 80}]
+`)
+	s.waitRouted(svc.v4(80), "retries")
+	s.waitRouteStatus("HTTPRoute", s.ns, "retries", "retry", routeAccepted...)
+	id := 0
+	for _, c := range []struct {
+		path, query string
+		status      int
+		seen        int // requests the backend got; 0: not checked
+	}{
+		{"/retry/code-500-attempts-3", "responseCode=500&succeedAfter=2", 200, 3},
+		{"/retry/code-500-attempts-3", "responseCode=500&succeedAfter=4", 500, 4},
+		{"/retry/code-500-attempts-3", "responseCode=503&succeedAfter=2", 503, 1},
+		{"/retry/code-all-attempts-2", "responseCode=500&succeedAfter=1", 200, 2},
+		{"/retry/code-all-attempts-2", "responseCode=500&succeedAfter=3", 500, 3},
+		{"/retry/code-all-attempts-2", "responseCode=502&succeedAfter=1", 200, 2},
+		{"/retry/code-all-attempts-2", "responseCode=502&succeedAfter=3", 502, 3},
+		{"/retry/code-all-attempts-2", "responseCode=503&succeedAfter=1", 200, 2},
+		{"/retry/code-all-attempts-2", "responseCode=503&succeedAfter=3", 503, 3},
+		{"/retry/code-all-attempts-2", "responseCode=504&succeedAfter=1", 200, 2},
+		{"/retry/code-all-attempts-2", "responseCode=504&succeedAfter=3", 504, 3},
+		{"/retry/code-all-attempts-0", "responseCode=500&succeedAfter=1", 500, 1},
+		{"/retry/code-all-attempts-0", "responseCode=504&succeedAfter=1", 504, 1},
+		{"/retry/request-timeout-500ms", "responseCode=500&succeedAfter=1", 200, 2},
+		{"/retry/request-timeout-500ms", "responseCode=500&succeedAfter=2&delayRetry=300ms", 504, 0},
+		{"/retry/backend-timeout-500ms", "responseCode=500&succeedAfter=2&delayRetry=100ms&delay=100ms", 200, 3},
+		{"/retry/backend-timeout-500ms", "responseCode=500&succeedAfter=2&delayRetry=1s&delay=1s", 504, 4},
+	} {
+		for _, body := range []string{"", "replayed"} {
+			id++
+			uuid := strconv.Itoa(id)
+			cl := call{url: httpURL(svc.v4(80), c.path+"?"+c.query+"&uuid="+uuid)}
+			w := want{status: c.status}
+			if c.status == 200 {
+				w = want{backend: "retry", path: c.path}
+			}
+			if body != "" {
+				cl.method, cl.body = http.MethodPost, body
+			}
+			if r := s.expect(nil, cl, w); r != nil && c.status == 200 && r.report.BodyBytes != int64(len(body)) {
+				s.t.Errorf("%s: the last try carried %d body bytes, want %d", cl.url, r.report.BodyBytes, len(body))
+			}
+			if c.seen != 0 {
+				if n := sim.count(uuid); n != c.seen {
+					s.t.Errorf("%s %s: the backend got %d requests, want %d", cl.method, cl.url, n, c.seen)
+				}
+			}
+		}
+	}
+	for range 20 {
+		s.expect(nil, call{url: httpURL(svc.v4(80), "/retry-on-connection-errors")}, want{backend: "retry"})
+	}
+}
+
+// recorder is a backend that records the requests it gets.
+type recorder struct {
+	*backend
+	seen chan echo.Report
+}
+
+func (s *scenario) recorder(name string) *recorder {
+	s.t.Helper()
+	rec := &recorder{seen: make(chan echo.Report, 1024)}
+	desc := echo.New(echo.Config{Namespace: s.ns, Pod: name})
+	rec.backend = s.handlerPod(name, meshPort, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		rec.seen <- desc.Describe(r, int64(len(body)), "")
+		io.WriteString(w, "recorded")
+	}))
+	return rec
+}
+
+// testMeshMirror is HTTPRouteRequestMirror, HTTPRouteRequestMultipleMirrors
+// and HTTPRouteRequestPercentageMirror with a Service parent: mirrors get
+// the request as the rule changed it while the client gets the main
+// backend's answer; a percentage mirrors about that share.
+func testMeshMirror(s *scenario) {
+	a := s.meshApps()
+	m1, m2 := s.recorder("mirror-1"), s.recorder("mirror-2")
+	s.service("mirror-1", serviceSpec{Backend: m1.backend, Ports: meshPorts()})
+	s.service("mirror-2", serviceSpec{Backend: m2.backend, Ports: meshPorts()})
+	s.apply(`apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: request-mirror}
+spec:
+  parentRefs: [{group: "", kind: Service, name: echo, port: 80}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /mirror-and-modify-headers}}]
+    filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier:
+        set: [{name: X-Header-Set, value: set-overwrites-values}]
+        add: [{name: X-Header-Add, value: header-val-1}, {name: X-Header-Add-Append, value: header-val-2}]
+        remove: [X-Header-Remove]
+    - {type: RequestMirror, requestMirror: {backendRef: {name: mirror-1, port: 80}}}
+    backendRefs: [{name: echo-v1, port: 80}]
+  - matches: [{path: {type: PathPrefix, value: /multiple-mirrors}}]
+    filters:
+    - {type: RequestMirror, requestMirror: {backendRef: {name: mirror-1, port: 80}}}
+    - {type: RequestMirror, requestMirror: {backendRef: {name: mirror-2, port: 80}}}
+    backendRefs: [{name: echo-v1, port: 80}]
+  - matches: [{path: {type: PathPrefix, value: /percent-mirror}}]
+    filters: [{type: RequestMirror, requestMirror: {backendRef: {name: mirror-2, port: 80}, percent: 20}}]
+    backendRefs: [{name: echo-v1, port: 80}]
+`)
+	s.waitRouted(a.echo.v4(80), "request-mirror")
+	s.waitRouteStatus("HTTPRoute", s.ns, "request-mirror", "echo", routeAccepted...)
+	modified := map[string]string{"X-Header-Add": "header-val-1", "X-Header-Add-Append": "append-val-1,header-val-2", "X-Header-Set": "set-overwrites-values"}
+	s.expect(nil, call{method: http.MethodPost, url: httpURL(a.echo.v4(80), "/mirror-and-modify-headers?x=1"), host: "echo", body: "mirrored",
+		header: map[string]string{"X-Header-Remove": "remove-val", "X-Header-Add-Append": "append-val-1"}},
+		want{backend: "v1", path: "/mirror-and-modify-headers", headers: modified, absent: []string{"X-Header-Remove"}})
+	got := waitMirror(s, m1, "/mirror-and-modify-headers")
+	if got.Method != http.MethodPost || got.RawQuery != "x=1" || got.Host != "echo" || got.BodyBytes != int64(len("mirrored")) {
+		s.t.Errorf("mirror saw %s %s?%s Host %q with %d body bytes", got.Method, got.Path, got.RawQuery, got.Host, got.BodyBytes)
+	}
+	for k, v := range modified {
+		if g := strings.Join(got.Headers.Values(k), ","); g != v {
+			s.t.Errorf("mirror saw %s %q, want %q", k, g, v)
+		}
+	}
+	if got.Headers["X-Header-Remove"] != nil {
+		s.t.Errorf("mirror saw X-Header-Remove")
+	}
+	s.expect(nil, call{url: httpURL(a.echo.v4(80), "/multiple-mirrors"), host: "echo"}, want{backend: "v1"})
+	waitMirror(s, m1, "/multiple-mirrors")
+	waitMirror(s, m2, "/multiple-mirrors")
+
+	const n = 200
+	for range n {
+		s.expect(nil, call{url: httpURL(a.echo.v4(80), "/percent-mirror"), host: "echo"}, want{backend: "v1"})
+	}
+	// Mirrors are sent as the requests are; the last had all the time of
+	// the others' round trips to arrive, but give stragglers a moment.
+	mirrored := 0
+	deadline := time.After(2 * time.Second)
+count:
+	for {
+		select {
+		case r := <-m2.seen:
+			if r.Path == "/percent-mirror" {
+				mirrored++
+			}
+		case <-deadline:
+			break count
+		}
+	}
+	// Binomial(200, 0.2): σ ≈ 5.7; ±23 is four σ.
+	if mirrored < 40-23 || mirrored > 40+23 {
+		s.t.Errorf("a 20%% mirror got %d of %d requests", mirrored, n)
+	}
+}
+
+// waitMirror returns the next request rec saw for path.
+func waitMirror(s *scenario, rec *recorder, path string) echo.Report {
+	s.t.Helper()
+	timeout := time.After(waitFor)
+	for {
+		select {
+		case r := <-rec.seen:
+			if r.Path == path {
+				return r
+			}
+		case <-timeout:
+			s.t.Fatalf("mirror %s got no request for %s", rec.pod.name, path)
+		}
+	}
+}
+
+// testMeshStatus: what the API server says about routes that cannot be
+// fully honoured, and what their requests get: a backendRef to a missing
+// Service (BackendNotFound, 500 for its share; the Service appearing
+// fixes both), a parent that does not exist (NoMatchingParent); and the
+// XMesh's Accepted condition and supportedFeatures.
+func testMeshStatus(s *scenario) {
+	a := s.meshApps()
+	s.apply(fmt.Sprintf(`apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: refs}
+spec:
+  parentRefs: [{group: "", kind: Service, name: echo, port: 80}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /missing}}]
+    backendRefs: [{name: no-such-service, port: 80}]
+  - backendRefs: [{name: echo-v2, port: 80}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: orphan}
+spec:
+  parentRefs: [{group: "", kind: Service, name: no-such-parent}]
+  rules:
+  - backendRefs: [{name: echo-v2, port: 80}]
+---
+apiVersion: gateway.networking.x-k8s.io/v1alpha1
+kind: XMesh
+metadata: {name: sockmesh-%s}
+spec: {controllerName: %s}
+`, s.ns, translate.ControllerName))
+	s.waitRouted(a.echo.v4(80), "refs")
+	s.waitRouteStatus("HTTPRoute", s.ns, "refs", "echo", accepted, condition{"ResolvedRefs", "False", "BackendNotFound"})
+	s.waitRouteStatus("HTTPRoute", s.ns, "orphan", "no-such-parent", condition{"Accepted", "False", "NoMatchingParent"})
+	s.expect(nil, call{url: httpURL(a.echo.v4(80), "/missing")}, want{status: http.StatusInternalServerError})
+	s.expect(nil, call{url: httpURL(a.echo.v4(80), "/")}, want{backend: "v2"})
+
+	s.serviceOf(s.ns, "no-such-service", meshPorts(), a.v1.pod)
+	s.waitRouteStatus("HTTPRoute", s.ns, "refs", "echo", routeAccepted...)
+	eventually(s.t, "the new backend answering", func() error {
+		r, err := s.send(nil, call{url: httpURL(a.echo.v4(80), "/missing")})
+		if err != nil {
+			return err
+		}
+		return r.check(want{backend: "v1", path: "/missing"})
+	})
+
+	eventually(s.t, "status of XMesh sockmesh-"+s.ns, func() error {
+		m, err := s.n.c.api.Gateway.ExperimentalV1alpha1().XMeshes().Get(context.Background(), "sockmesh-"+s.ns, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if err := hasConditions(m.Status.Conditions, m.Generation, []condition{accepted}); err != nil {
+			return err
+		}
+		got := featureNames(m.Status.SupportedFeatures)
+		// The list depends on whether the cluster serves ClusterTrustBundles.
+		if !slices.Equal(got, featureNames(translate.SupportedFeatures(false))) && !slices.Equal(got, featureNames(translate.SupportedFeatures(true))) {
+			return fmt.Errorf("supportedFeatures %v, want %v", got, featureNames(translate.SupportedFeatures(false)))
+		}
+		return nil
+	})
+}
+
+// testMeshReferenceGrant: a backendRef to a Service in another namespace
+// is RefNotPermitted (and its requests 500) until a ReferenceGrant there
+// allows it; then ResolvedRefs and the backend answers.
+func testMeshReferenceGrant(s *scenario) {
+	a := s.meshApps()
+	other := "x-" + s.ns
+	if len(other) > 63 {
+		other = other[:63]
+	}
+	s.n.c.newNamespace(s.t, other)
+	elsewhere := s.n.newPod(s.t, other, "elsewhere")
+	startBackend(s.t, elsewhere, backendOptions{Wire: Plain, HTTPPort: meshPort})
+	s.serviceOf(other, "elsewhere", meshPorts(), elsewhere)
+	s.apply(fmt.Sprintf(`apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: cross}
+spec:
+  parentRefs: [{group: "", kind: Service, name: echo, port: 80}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /elsewhere}}]
+    backendRefs: [{name: elsewhere, namespace: %s, port: 80}]
+  - backendRefs: [{name: echo-v2, port: 80}]
+`, other))
+	s.waitRouted(a.echo.v4(80), "cross")
+	s.waitRouteStatus("HTTPRoute", s.ns, "cross", "echo", accepted, condition{"ResolvedRefs", "False", "RefNotPermitted"})
+	s.expect(nil, call{url: httpURL(a.echo.v4(80), "/elsewhere")}, want{status: http.StatusInternalServerError})
+
+	s.n.c.apply(s.t, other, fmt.Sprintf(`apiVersion: gateway.networking.k8s.io/v1
+kind: ReferenceGrant
+metadata: {name: from-%s}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: %s}]
+  to: [{group: "", kind: Service, name: elsewhere}]
+`, s.ns, s.ns))
+	s.waitRouteStatus("HTTPRoute", s.ns, "cross", "echo", routeAccepted...)
+	eventually(s.t, "the granted backend answering", func() error {
+		r, err := s.send(nil, call{url: httpURL(a.echo.v4(80), "/elsewhere")})
+		if err != nil {
+			return err
+		}
+		return r.check(want{backend: "elsewhere", path: "/elsewhere"})
+	})
+}
+
+// testMeshSessionPersistence: a rule's sessionPersistence (GEP-1619,
+// route-inline) pins a client's requests to one endpoint of a Service
+// with two, by cookie or by header, while requests without a session keep
+// spreading over both; a session naming an endpoint that is gone starts
+// over on a ready one.
+func testMeshSessionPersistence(s *scenario) {
+	a := s.meshApps()
+	s.serviceOf(s.ns, "pair", meshPorts(), a.v1.pod, a.v2.pod)
+	s.apply(`apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: sticky}
+spec:
+  parentRefs: [{group: "", kind: Service, name: echo, port: 80}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /cookie}}]
+    sessionPersistence: {type: Cookie, cookie: {name: sticky}}
+    backendRefs: [{name: pair, port: 80}]
+  - matches: [{path: {type: PathPrefix, value: /header}}]
+    sessionPersistence: {type: Header, header: {name: X-Session}}
+    backendRefs: [{name: pair, port: 80}]
+  - backendRefs: [{name: pair, port: 80}]
+`)
+	s.waitRouted(a.echo.v4(80), "sticky")
+	s.waitRouteStatus("HTTPRoute", s.ns, "sticky", "echo", routeAccepted...)
+	url := func(path string) string { return httpURL(a.echo.v4(80), path) }
+
+	// Without a session the Service's two endpoints share the requests.
+	seen := map[string]int{}
+	for range 8 {
+		if r := s.expect(nil, call{url: url("/plain")}, want{}); r != nil {
+			seen[r.report.Pod]++
+		}
+	}
+	if seen["v1"] == 0 || seen["v2"] == 0 {
+		s.t.Errorf("requests without a session went to %v, want both v1 and v2", seen)
+	}
+
+	// A cookie session: the first answer sets it, later requests carrying
+	// it all reach the same pod.
+	first := s.expect(nil, call{url: url("/cookie")}, want{})
+	if first == nil {
+		return
+	}
+	var cookie *http.Cookie
+	for _, c := range (&http.Response{Header: first.header}).Cookies() {
+		if c.Name == "sticky" {
+			cookie = c
+		}
+	}
+	if cookie == nil {
+		s.t.Fatalf("first request of a cookie session: Set-Cookie %q, want a cookie named sticky", first.header.Values("Set-Cookie"))
+	}
+	if !cookie.HttpOnly || cookie.Path != "/" {
+		s.t.Errorf("session cookie %s, want HttpOnly with Path=/", cookie)
+	}
+	for range 6 {
+		s.expect(nil, call{url: url("/cookie/again"), header: map[string]string{"Cookie": "sticky=" + cookie.Value}},
+			want{backend: first.report.Pod, path: "/cookie/again"})
+	}
+
+	// A header session works the same way through X-Session.
+	h := s.expect(nil, call{url: url("/header")}, want{})
+	if h == nil {
+		return
+	}
+	token := h.header.Get("X-Session")
+	if token == "" {
+		s.t.Fatalf("first request of a header session: no X-Session in the answer (%v)", h.header)
+	}
+	for range 6 {
+		s.expect(nil, call{url: url("/header/again"), header: map[string]string{"X-Session": token}},
+			want{backend: h.report.Pod, path: "/header/again"})
+	}
+
+	// A session naming no endpoint of the Service starts a new one.
+	r := s.expect(nil, call{url: url("/cookie"), header: map[string]string{"Cookie": "sticky=0123456789abcdef"}}, want{})
+	if r != nil && !strings.Contains(strings.Join(r.header.Values("Set-Cookie"), ";"), "sticky=") {
+		s.t.Errorf("a session naming no endpoint got Set-Cookie %q, want a new sticky session", r.header.Values("Set-Cookie"))
+	}
+}
+
+func featureNames(fs []gwv1.SupportedFeature) []string {
+	out := make([]string, len(fs))
+	for i, f := range fs {
+		out[i] = string(f.Name)
+	}
+	return out
+}

@@ -1,0 +1,339 @@
+package httpproxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
+	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
+	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
+)
+
+// A route rule's timeouts (GEP-1742) and retries (GEP-1731), as the L7
+// paths execute them:
+//
+//   - timeouts.request bounds the whole exchange from the routing decision
+//     until the response is complete, retries and backoff included; when
+//     it passes before the answer starts the client gets 504, after that
+//     its connection or stream is cut (the answer cannot be taken back).
+//   - timeouts.backendRequest bounds each attempt, from the first byte
+//     sent to the last byte of the response; when it passes before the
+//     answer starts, the request is retried if the retry policy allows it,
+//     else 504.
+//   - A request is retried (attempts = retries after the first try, each
+//     on a newly picked endpoint unless a session pins one) when no
+//     connection could be made (refused, unreachable, TLS handshake
+//     failure), when backendRequest passed, and when the backend answered
+//     one of retry.codes. Never after an answer started toward the client,
+//     and, unless the body was kept (RoutingConfig.ReplayBytes), never once
+//     a byte of the body was sent. HTTP/2 backends that refuse a stream
+//     (REFUSED_STREAM, GOAWAY) are retried by net/http's Transport itself
+//     when the body is kept or empty.
+
+// policy is a routed request's retries and timeouts, resolved against the
+// RoutingConfig defaults. The zero value does nothing.
+type policy struct {
+	active  bool
+	retries int
+	codes   []int
+	backoff time.Duration
+	// request and backend are the timeouts; 0: none.
+	request, backend time.Duration
+	// deadline is when request passes (zero: never); set by start.
+	deadline time.Time
+}
+
+// policyFor resolves a Forward decision's policy.
+func (h *Handler) policyFor(d *routes.Decision) policy {
+	cfg := &h.cfg.Routing
+	p := policy{request: cfg.RequestTimeout, backend: cfg.BackendRequestTimeout, backoff: cfg.RetryBackoff}
+	if t := d.Timeouts; t != nil {
+		if t.Request != nil {
+			p.request = max(time.Duration(*t.Request), 0) // "0s" disables
+		}
+		if t.BackendRequest != nil {
+			p.backend = max(time.Duration(*t.BackendRequest), 0)
+		}
+	}
+	if r := d.Retry; r != nil {
+		p.retries, p.codes = max(r.Attempts, 0), r.Codes
+		if r.Backoff != nil {
+			p.backoff = max(time.Duration(*r.Backoff), 0)
+		}
+	}
+	p.active = p.retries > 0 || p.request > 0 || p.backend > 0
+	if p.request > 0 {
+		p.deadline = time.Now().Add(p.request)
+	}
+	return p
+}
+
+// expired reports whether the request timeout has passed at now.
+func (p *policy) expired(now time.Time) bool {
+	return !p.deadline.IsZero() && !now.Before(p.deadline)
+}
+
+// retryStatus reports whether an answer with code is retried.
+func (p *policy) retryStatus(code int) bool { return slices.Contains(p.codes, code) }
+
+// delay is how long to wait before retry n (1 for the first): a random
+// time between half and all of backoff·2ⁿ⁻¹, capped at max(10·backoff,
+// 1 s).
+func (p *policy) delay(n int) time.Duration {
+	if p.backoff <= 0 {
+		return 0
+	}
+	ceiling := max(10*p.backoff, time.Second)
+	d := ceiling
+	if n-1 < 30 && p.backoff<<(n-1) > 0 {
+		d = min(p.backoff<<(n-1), ceiling)
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// limit is the time attempt may take from now: backendRequest, or what is
+// left of request when that is shorter (request then says so). ok is false
+// when neither applies.
+func (p *policy) limit(now time.Time) (d time.Duration, request, ok bool) {
+	left := time.Duration(-1)
+	if !p.deadline.IsZero() {
+		left = max(p.deadline.Sub(now), 0)
+	}
+	switch {
+	case p.backend > 0 && (left < 0 || p.backend < left):
+		return p.backend, false, true
+	case left >= 0:
+		return left, true, true
+	}
+	return 0, false, false
+}
+
+// wait sleeps before retry n and reports whether the request deadline
+// allows the retry; when it does not, wait returns at the deadline.
+func (p *policy) wait(ctx context.Context, n int) bool {
+	d := p.delay(n)
+	late := false
+	if !p.deadline.IsZero() {
+		if left := time.Until(p.deadline); left <= d {
+			d, late = left, true
+		}
+	}
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return !late
+}
+
+// errRequestTimeout and errBackendTimeout are what a request ended by a
+// route's request or backendRequest timeout fails with (wrapped by
+// timeoutError); both are upstream.ErrTimeout.
+var (
+	errRequestTimeout = fmt.Errorf("request %w", upstream.ErrTimeout)
+	errBackendTimeout = fmt.Errorf("backendRequest %w", upstream.ErrTimeout)
+)
+
+func timeoutError(request bool, err error) error {
+	if request {
+		return fmt.Errorf("%w: %w", errRequestTimeout, err)
+	}
+	return fmt.Errorf("%w: %w", errBackendTimeout, err)
+}
+
+// connectFailed reports an error from making the connection (no byte of
+// the request reached the backend): a retry is safe.
+func connectFailed(err error) bool {
+	switch upstream.Classify(err) {
+	case upstream.ReasonRefused, upstream.ReasonDialFailed, upstream.ReasonTLSHandshake:
+		return true
+	}
+	return false
+}
+
+// keepBody reads a request body the policy or mirrors may send more than
+// once, when it has a known length within ReplayBytes and expects no
+// 100 Continue, and replaces r's body with the kept copy.
+func (h *Handler) keepBody(r *http.Request, rt *routed, expects bool) error {
+	if r.Body == nil || r.Body == http.NoBody || expects || r.ContentLength <= 0 ||
+		r.ContentLength > int64(h.cfg.Routing.ReplayBytes) || rt.pol.retries == 0 && len(rt.d.Mirrors) == 0 {
+		return nil
+	}
+	buf := make([]byte, r.ContentLength)
+	if _, err := io.ReadFull(r.Body, buf); err != nil {
+		return fmt.Errorf("read request body: %w", err)
+	}
+	rt.body, rt.kept = buf, true
+	r.Body = replayBody(buf)
+	return nil
+}
+
+func replayBody(b []byte) io.ReadCloser { return io.NopCloser(bytes.NewReader(b)) }
+
+// replayable reports whether the request may be sent again after bytes of
+// it went out: it has no body, or the body was kept.
+func (x *exchange) replayable(r *http.Request) bool {
+	return r.Body == nil || r.Body == http.NoBody || x.r != nil && x.r.kept
+}
+
+// repick is the endpoint for a retry: the same one when a session pins it,
+// else the next ready one.
+func (x *exchange) repick(c *balance.Choice) *balance.Choice {
+	if x.sessionFor() != nil {
+		return c
+	}
+	if n := x.be.Picker.Pick(); n != nil {
+		return n
+	}
+	return c
+}
+
+// roundTrip sends out (addressed to c) through rt, under x's route policy
+// when it has one: timeouts as contexts, retries per the rule. done must be
+// called once the response body is read (it ends the contexts).
+func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request, c *balance.Choice) (resp *http.Response, done func(), err error) {
+	if x.r == nil || !x.r.pol.active {
+		resp, err := rt.RoundTrip(out)
+		return resp, noop, err
+	}
+	p := &x.r.pol
+	ctx, cancelReq := out.Context(), noop
+	if !p.deadline.IsZero() {
+		ctx, cancelReq = context.WithDeadline(ctx, p.deadline)
+	}
+	replay := x.replayable(out)
+	for n := 0; ; n++ {
+		actx, cancel := ctx, noop
+		if p.backend > 0 {
+			actx, cancel = context.WithTimeout(ctx, p.backend)
+		}
+		o := out.WithContext(upstream.WithEndpoint(actx, &c.Endpoint))
+		if n > 0 {
+			o.URL = withURLHost(out.URL, c.Host)
+		}
+		if x.r.kept {
+			o.Body = replayBody(x.r.body)
+		}
+		resp, err = rt.RoundTrip(o)
+		why := ""
+		switch {
+		case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+			cancel()
+			cancelReq()
+			return nil, noop, timeoutError(true, err)
+		case err != nil && errors.Is(actx.Err(), context.DeadlineExceeded):
+			err, why = timeoutError(false, err), "backend_timeout"
+		case err != nil && connectFailed(err):
+			why = "connect"
+		case err == nil && p.retryStatus(resp.StatusCode):
+			why = "status"
+		}
+		if why == "" || !replay || n >= p.retries {
+			if err != nil {
+				cancel()
+				cancelReq()
+				return nil, noop, err
+			}
+			return resp, func() { cancel(); cancelReq() }, nil
+		}
+		if resp != nil {
+			drain(resp)
+		}
+		cancel()
+		h.m.retries.WithLabelValues(why).Inc()
+		if !p.wait(ctx, n+1) {
+			cancelReq()
+			if err := out.Context().Err(); err != nil {
+				return nil, noop, err // the client went away
+			}
+			return nil, noop, timeoutError(true, context.DeadlineExceeded)
+		}
+		c = x.repick(c)
+	}
+}
+
+func noop() {}
+
+// drainLimit is how much of an answer that is retried is read so that its
+// connection can serve again; a longer one costs the connection.
+const drainLimit = 4 << 10
+
+func drain(resp *http.Response) {
+	io.CopyN(io.Discard, resp.Body, drainLimit)
+	resp.Body.Close()
+}
+
+// connDeadline ends an attempt on a pooled connection when its time is
+// up, by setting the connection's deadlines in the past: the read or
+// write in progress fails at once. stop disarms it; a connection whose
+// deadline fired is unusable.
+type connDeadline struct {
+	mu      sync.Mutex
+	t       *time.Timer
+	uc      *pool.Conn
+	fired   bool
+	stopped bool
+	// request says the limit was the request timeout, which no retry
+	// survives.
+	request bool
+}
+
+// armConn bounds the attempt on uc by x's policy; nil when no timeout
+// applies.
+func armConn(x *exchange, uc *pool.Conn) *connDeadline {
+	if x.r == nil || !x.r.pol.active {
+		return nil
+	}
+	d, request, ok := x.r.pol.limit(time.Now())
+	if !ok {
+		return nil
+	}
+	cd := &connDeadline{uc: uc, request: request}
+	cd.mu.Lock()
+	defer cd.mu.Unlock()
+	cd.t = time.AfterFunc(d, cd.fire)
+	return cd
+}
+
+func (cd *connDeadline) fire() {
+	cd.mu.Lock()
+	defer cd.mu.Unlock()
+	if !cd.stopped {
+		cd.fired = true
+		cd.uc.SetDeadline(aLongTimeAgo)
+	}
+}
+
+// stop disarms cd and reports whether it fired. After it returns the timer
+// no longer touches the connection. A nil cd never fires.
+func (cd *connDeadline) stop() bool {
+	if cd == nil {
+		return false
+	}
+	cd.mu.Lock()
+	defer cd.mu.Unlock()
+	cd.stopped = true
+	cd.t.Stop()
+	return cd.fired
+}
+
+// withURLHost returns a copy of u addressed to host.
+func withURLHost(u *url.URL, host string) *url.URL {
+	c := *u
+	c.Host = host
+	return &c
+}

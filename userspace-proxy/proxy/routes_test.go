@@ -1,0 +1,646 @@
+package proxy_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/test/echo"
+)
+
+// routedVIP is the captured Service the route tests send to.
+var routedVIP = netip.MustParseAddrPort("10.96.5.1:80")
+
+// answer is what a client got through the proxy.
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+	report echo.Report // when the body is an echo report
+}
+
+// send sends req through c and reads the whole answer.
+func send(t *testing.T, c *http.Client, req *http.Request) answer {
+	t.Helper()
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
+	}
+	defer resp.Body.Close()
+	a := answer{status: resp.StatusCode, header: resp.Header}
+	if a.body, err = io.ReadAll(resp.Body); err != nil {
+		t.Fatalf("%s %s: read body: %v", req.Method, req.URL, err)
+	}
+	if bytes.HasPrefix(a.body, []byte("{")) { // an echo report (whatever Content-Type a route left)
+		if err := json.Unmarshal(a.body, &a.report); err != nil {
+			t.Fatalf("%s %s: decode report %q: %v", req.Method, req.URL, a.body, err)
+		}
+	}
+	return a
+}
+
+func newReq(t *testing.T, method, url string, body io.Reader, header ...string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(method, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Add(header[i], header[i+1])
+	}
+	return req
+}
+
+// TestRouteMatchingAndFilters: which rule a request matches, what the
+// backend then sees (path, Host, headers after rule- and backendRef-level
+// changes, rewrites) and what the client gets (response header changes,
+// redirects with their Location, 404 without a match, 500 for an invalid
+// rule or the share of an invalid backendRef), on every L7 front end.
+func TestRouteMatchingAndFilters(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			m := &mesh{t: t}
+			front := m.backend("front", snapshot.Backend{Endpoints: endpoints(startEcho(t, "front-0", nil).addr)})
+			v1 := m.backend("v1", snapshot.Backend{Endpoints: endpoints(startEcho(t, "v1-0", nil).addr)})
+			v2 := m.backend("v2", snapshot.Backend{Endpoints: endpoints(startEcho(t, "v2-0", nil).addr)})
+			headerMatch := prefixMatch("/")
+			headerMatch.Headers = []snapshot.StringMatch{{Name: "version", Type: snapshot.MatchExact, Value: "two"}}
+			queryMatch := prefixMatch("/")
+			queryMatch.QueryParams = []snapshot.StringMatch{{Name: "animal", Type: snapshot.MatchExact, Value: "whale"}}
+			postMatch := exactMatch("/method")
+			postMatch.Method = http.MethodPost
+			filtered := to(v1)
+			filtered[0].Filters = snapshot.Filters{
+				RequestHeaders:  &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Backend", Value: "v1"}}, Add: []snapshot.Header{{Name: "X-Add", Value: "backend"}}},
+				ResponseHeaders: &snapshot.HeaderModifier{Add: []snapshot.Header{{Name: "X-Resp-Backend", Value: "v1"}}},
+			}
+			m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{exactMatch("/exact")}, snapshot.RouteRule{Backends: to(v2)}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/v1")}, snapshot.RouteRule{Backends: filtered, Filters: snapshot.Filters{
+					RequestHeaders: &snapshot.HeaderModifier{
+						Set:    []snapshot.Header{{Name: "X-Set", Value: "set-overwrites"}},
+						Add:    []snapshot.Header{{Name: "X-Add", Value: "rule"}},
+						Remove: []string{"X-Remove"},
+					},
+					ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Resp", Value: "rule"}}, Remove: []string{"Content-Type"}},
+				}}},
+				rule{[]snapshot.RouteMatch{headerMatch}, snapshot.RouteRule{Backends: to(v2)}},
+				rule{[]snapshot.RouteMatch{postMatch}, snapshot.RouteRule{Backends: to(v2)}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/prefix/one")}, snapshot.RouteRule{Backends: to(v1), Filters: snapshot.Filters{
+					Rewrite: &snapshot.Rewrite{Hostname: "rewritten.example", Path: &snapshot.PathModifier{Type: snapshot.ReplacePrefixMatch, Value: "/one"}},
+				}}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/full")}, snapshot.RouteRule{Backends: to(v1), Filters: snapshot.Filters{
+					Rewrite: &snapshot.Rewrite{Path: &snapshot.PathModifier{Type: snapshot.ReplaceFullPath, Value: "/replaced"}},
+				}}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/redirect")}, snapshot.RouteRule{Filters: snapshot.Filters{
+					Redirect: &snapshot.Redirect{Scheme: "https", Hostname: "example.org", StatusCode: 301,
+						Path: &snapshot.PathModifier{Type: snapshot.ReplacePrefixMatch, Value: "/new"}},
+					ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Redirected", Value: "yes"}}},
+				}}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/port")}, snapshot.RouteRule{Filters: snapshot.Filters{
+					Redirect: &snapshot.Redirect{Port: 8083, StatusCode: 302},
+				}}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/invalid")}, snapshot.RouteRule{Invalid: &snapshot.Invalid{Reason: "UnsupportedValue", Message: "test"}}},
+				rule{[]snapshot.RouteMatch{queryMatch}, snapshot.RouteRule{Backends: to(v1)}},
+			)))
+			e.p.Update(m.snapshot(1))
+			c := noRedirects(e.client(routedVIP, k.h2c))
+			base := "http://front.b.svc"
+
+			a := send(t, c, newReq(t, http.MethodGet, base+"/exact", nil))
+			if a.status != 200 || a.report.Pod != "v2-0" || a.report.Path != "/exact" || a.report.Host != "front.b.svc" {
+				t.Errorf("/exact: %d from %q path %q host %q; want 200 from v2-0, /exact, front.b.svc", a.status, a.report.Pod, a.report.Path, a.report.Host)
+			}
+			a = send(t, c, newReq(t, http.MethodGet, base+"/v1/x?q=1", nil, "X-Set", "client", "X-Add", "client", "X-Remove", "gone", "X-Keep", "kept"))
+			h := a.report.Headers
+			switch {
+			case a.status != 200 || a.report.Pod != "v1-0" || a.report.Path != "/v1/x" || a.report.RawQuery != "q=1":
+				t.Errorf("/v1/x: %d from %q path %q query %q", a.status, a.report.Pod, a.report.Path, a.report.RawQuery)
+			case strings.Join(h["X-Set"], ",") != "set-overwrites" || strings.Join(h["X-Add"], ",") != "client,rule,backend" ||
+				h["X-Remove"] != nil || h.Get("X-Keep") != "kept" || h.Get("X-Backend") != "v1":
+				t.Errorf("/v1/x: backend saw headers %v", h)
+			case a.header.Get("X-Resp") != "rule" || a.header.Get("X-Resp-Backend") != "v1" || a.header["Content-Type"] != nil:
+				t.Errorf("/v1/x: client got headers %v", a.header)
+			}
+			a = send(t, c, newReq(t, http.MethodGet, base+"/some/where", nil, "version", "two"))
+			if a.status != 200 || a.report.Pod != "v2-0" {
+				t.Errorf("header match: %d from %q, want v2-0", a.status, a.report.Pod)
+			}
+			a = send(t, c, newReq(t, http.MethodGet, base+"/some/where?animal=whale", nil))
+			if a.status != 200 || a.report.Pod != "v1-0" {
+				t.Errorf("query match: %d from %q, want v1-0", a.status, a.report.Pod)
+			}
+			a = send(t, c, newReq(t, http.MethodPost, base+"/method", strings.NewReader("body")))
+			if a.status != 200 || a.report.Pod != "v2-0" || a.report.BodyBytes != 4 {
+				t.Errorf("POST /method: %d from %q with %d body bytes, want v2-0 with 4", a.status, a.report.Pod, a.report.BodyBytes)
+			}
+			if a = send(t, c, newReq(t, http.MethodGet, base+"/method", nil)); a.status != 404 {
+				t.Errorf("GET /method: %d, want 404 (the method does not match)", a.status)
+			}
+			a = send(t, c, newReq(t, http.MethodGet, base+"/prefix/one/two?x=y", nil))
+			if a.status != 200 || a.report.Path != "/one/two" || a.report.Host != "rewritten.example" || a.report.RawQuery != "x=y" {
+				t.Errorf("rewrite: %d path %q host %q query %q; want /one/two, rewritten.example, x=y", a.status, a.report.Path, a.report.Host, a.report.RawQuery)
+			}
+			a = send(t, c, newReq(t, http.MethodGet, base+"/full/a/b", nil))
+			if a.status != 200 || a.report.Path != "/replaced" || a.report.Host != "front.b.svc" {
+				t.Errorf("full rewrite: %d path %q host %q; want /replaced, front.b.svc", a.status, a.report.Path, a.report.Host)
+			}
+			a = send(t, c, newReq(t, http.MethodGet, base+"/redirect/x?q=1", nil))
+			if a.status != 301 || a.header.Get("Location") != "https://example.org/new/x?q=1" || a.header.Get("X-Redirected") != "yes" {
+				t.Errorf("redirect: %d Location %q headers %v", a.status, a.header.Get("Location"), a.header)
+			}
+			a = send(t, c, newReq(t, http.MethodGet, base+"/port/x", nil))
+			if a.status != 302 || a.header.Get("Location") != "http://front.b.svc:8083/port/x" {
+				t.Errorf("port redirect: %d Location %q", a.status, a.header.Get("Location"))
+			}
+			a = send(t, c, newReq(t, http.MethodGet, base+"/invalid", nil))
+			if a.status != 500 || string(a.body) != "sockmesh: invalid_rule\n" {
+				t.Errorf("invalid rule: %d %q, want 500", a.status, a.body)
+			}
+			a = send(t, c, newReq(t, http.MethodGet, base+"/nothing", nil))
+			if a.status != 404 || string(a.body) != "sockmesh: no_match\n" {
+				t.Errorf("no match: %d %q, want 404", a.status, a.body)
+			}
+			// The connection survives the local answers.
+			if a = send(t, c, newReq(t, http.MethodGet, base+"/exact", nil)); a.status != 200 {
+				t.Errorf("after local answers: %d", a.status)
+			}
+			if got := e.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": "no_match"}); got != 2 {
+				t.Errorf("route answers{no_match} = %v, want 2", got)
+			}
+			if got := e.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": "redirect"}); got != 2 {
+				t.Errorf("route answers{redirect} = %v, want 2", got)
+			}
+		})
+	}
+}
+
+// TestRouteWeights: requests split by weight; a weight-0 backend gets
+// none; the share of an invalid backendRef gets 500 (and only that share).
+func TestRouteWeights(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	m := &mesh{t: t}
+	front := m.backend("front", snapshot.Backend{Endpoints: endpoints(startEcho(t, "front-0", nil).addr)})
+	v1 := m.backend("v1", snapshot.Backend{Endpoints: endpoints(startEcho(t, "v1-0", nil).addr)})
+	v2 := m.backend("v2", snapshot.Backend{Endpoints: endpoints(startEcho(t, "v2-0", nil).addr)})
+	v3 := m.backend("v3", snapshot.Backend{Endpoints: endpoints(startEcho(t, "v3-0", nil).addr)})
+	m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/split")}, snapshot.RouteRule{Backends: []snapshot.WeightedBackend{
+			{Weight: 70, Backend: v1}, {Weight: 30, Backend: v2}, {Weight: 0, Backend: v3}}}},
+		rule{[]snapshot.RouteMatch{prefixMatch("/half-invalid")}, snapshot.RouteRule{Backends: []snapshot.WeightedBackend{
+			{Weight: 1, Backend: v1}, {Weight: 1, Invalid: &snapshot.Invalid{Reason: "BackendNotFound", Message: "test"}}}}},
+	)))
+	e.p.Update(m.snapshot(1))
+	c := e.client(routedVIP, false)
+	const n = 600
+	got := map[string]int{}
+	for range n {
+		a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/split", nil))
+		got[a.report.Pod]++
+	}
+	// Binomial(600, 0.7): σ ≈ 11; ±45 is four σ.
+	if got["v3-0"] != 0 || got["v1-0"] < 420-45 || got["v1-0"] > 420+45 || got["v1-0"]+got["v2-0"] != n {
+		t.Errorf("split 70/30/0 over %d requests: %v", n, got)
+	}
+	codes := map[int]int{}
+	for range 200 {
+		a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/half-invalid", nil))
+		codes[a.status]++
+		if a.status == 500 && string(a.body) != "sockmesh: invalid_backend\n" {
+			t.Fatalf("invalid share answered %q", a.body)
+		}
+	}
+	// Binomial(200, 0.5): σ ≈ 7; ±30 is four σ.
+	if codes[200]+codes[500] != 200 || codes[500] < 70 || codes[500] > 130 {
+		t.Errorf("half-invalid split: %v, want about 100 each of 200 and 500", codes)
+	}
+}
+
+// TestRouteConsumerProducer: a consumer route set replaces the producer set
+// for clients in its namespace only: found by source address in node-IP
+// mode, by the listener's pod in in-pod mode; an unknown client gets the
+// producer routes.
+func TestRouteConsumerProducer(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	m := &mesh{t: t}
+	front := m.backend("front", snapshot.Backend{Endpoints: endpoints(startEcho(t, "front-0", nil).addr)})
+	v1 := m.backend("v1", snapshot.Backend{Endpoints: endpoints(startEcho(t, "v1-0", nil).addr)})
+	v2 := m.backend("v2", snapshot.Backend{Endpoints: endpoints(startEcho(t, "v2-0", nil).addr)})
+	role := func(v string) snapshot.Filters {
+		return snapshot.Filters{ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Role", Value: v}}}}
+	}
+	m.frontend("front", routedVIP, front, &snapshot.RouteTable{
+		Producer: routeSet(snapshot.KindHTTPRoute, rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(v1), Filters: role("producer")}}),
+		Consumers: []snapshot.ConsumerRoutes{{Namespace: "c",
+			Routes: *routeSet(snapshot.KindHTTPRoute, rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(v2), Filters: role("consumer")}})}},
+	})
+	e.p.Update(m.snapshot(1))
+	for _, c := range []struct {
+		name    string
+		src     netip.Addr
+		pod     *snapshot.ObjectRef
+		role    string
+		backend string
+	}{
+		{"node-ip producer namespace", producerClient, nil, "producer", "v1-0"},
+		{"node-ip consumer namespace", consumerClient, nil, "consumer", "v2-0"},
+		{"node-ip unknown client", unknownClient, nil, "producer", "v1-0"},
+		{"in-pod consumer namespace", producerClient, &snapshot.ObjectRef{Namespace: "c", Name: "other"}, "consumer", "v2-0"},
+		{"in-pod producer namespace", consumerClient, &snapshot.ObjectRef{Namespace: "a", Name: "client"}, "producer", "v1-0"},
+	} {
+		for _, h2c := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/h2c=%v", c.name, h2c), func(t *testing.T) {
+				a := send(t, e.clientFrom(routedVIP, c.src, c.pod, h2c), newReq(t, http.MethodGet, "http://front.b.svc/", nil))
+				if a.status != 200 || a.header.Get("X-Role") != c.role || a.report.Pod != c.backend {
+					t.Errorf("%d role %q from %q; want %s from %s", a.status, a.header.Get("X-Role"), a.report.Pod, c.role, c.backend)
+				}
+			})
+		}
+	}
+}
+
+// TestRouteMirror: a mirror gets the request as the rule changed it, body
+// included, while the client gets the main backend's answer; a streamed
+// body is not mirrored, and says so in the metrics.
+func TestRouteMirror(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			m := &mesh{t: t}
+			mirror := startRecorder(t, nil, nil)
+			front := m.backend("front", snapshot.Backend{Endpoints: endpoints(startEcho(t, "front-0", nil).addr)})
+			v1 := m.backend("v1", snapshot.Backend{Endpoints: endpoints(startEcho(t, "v1-0", nil).addr)})
+			mref := m.backend("mirror", snapshot.Backend{Endpoints: endpoints(mirror.addr)})
+			m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/mirror")}, snapshot.RouteRule{Backends: to(v1), Filters: snapshot.Filters{
+					RequestHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Set", Value: "rule"}}, Remove: []string{"X-Remove"}},
+					Rewrite:        &snapshot.Rewrite{Path: &snapshot.PathModifier{Type: snapshot.ReplaceFullPath, Value: "/rewritten"}},
+					Mirrors:        []snapshot.Mirror{{Backend: mref, Numerator: 1, Denominator: 1}},
+				}}},
+			)))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, k.h2c)
+			payload := "mirrored body"
+			a := send(t, c, newReq(t, http.MethodPost, "http://front.b.svc/mirror?id=1", strings.NewReader(payload), "X-Remove", "x", "X-App", "app"))
+			if a.status != 200 || a.report.Pod != "v1-0" || a.report.Path != "/rewritten" || a.report.BodyBytes != int64(len(payload)) {
+				t.Fatalf("main request: %d from %q path %q body %d", a.status, a.report.Pod, a.report.Path, a.report.BodyBytes)
+			}
+			got := <-mirror.seen
+			if got.Method != http.MethodPost || got.Path != "/rewritten" || got.RawQuery != "id=1" || got.Host != "front.b.svc" ||
+				string(got.Body) != payload || got.Header.Get("X-Set") != "rule" || got.Header["X-Remove"] != nil || got.Header.Get("X-App") != "app" {
+				t.Errorf("mirror saw %s %s?%s host %q body %q headers %v", got.Method, got.Path, got.RawQuery, got.Host, got.Body, got.Header)
+			}
+			// A chunked body of unknown length cannot be kept: not mirrored.
+			pr, pw := io.Pipe()
+			go func() {
+				pw.Write([]byte("streamed"))
+				pw.Close()
+			}()
+			req := newReq(t, http.MethodPost, "http://front.b.svc/mirror?id=2", pr)
+			if a := send(t, c, req); a.status != 200 || a.report.BodyBytes != 8 {
+				t.Fatalf("streamed request: %d with %d body bytes", a.status, a.report.BodyBytes)
+			}
+			if got := e.counter("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": "dropped_body"}); got != 1 {
+				t.Errorf("mirrors{dropped_body} = %v, want 1", got)
+			}
+			if n := mirror.count("2"); n != 0 {
+				t.Errorf("mirror got %d streamed requests, want none", n)
+			}
+		})
+	}
+}
+
+// TestRouteRetries: GEP-1731 retries on status codes, with the attempt
+// budget the rule sets (0 disables), the body sent again whole each time,
+// as the upstream HTTPRouteRetry conformance cases have it; the backend
+// counts what it got.
+func TestRouteRetries(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			m := &mesh{t: t}
+			// The backend answers ?code= to the first ?fail= requests of
+			// each ?id=, then 200.
+			flaky := startRecorder(t, nil, func(w http.ResponseWriter, r *http.Request, n int) bool {
+				var code, fail int
+				fmt.Sscan(r.URL.Query().Get("code"), &code)
+				fmt.Sscan(r.URL.Query().Get("fail"), &fail)
+				if n <= fail {
+					w.WriteHeader(code)
+					io.WriteString(w, "failed")
+					return true
+				}
+				return false
+			})
+			front := m.backend("front", snapshot.Backend{Endpoints: endpoints(startEcho(t, "front-0", nil).addr)})
+			be := m.backend("flaky", snapshot.Backend{Endpoints: endpoints(flaky.addr)})
+			retry := func(attempts int, codes ...int) snapshot.RouteRule {
+				return snapshot.RouteRule{Backends: to(be), Retry: &snapshot.Retry{Attempts: attempts, Codes: codes, Backoff: dur(1e6)}}
+			}
+			m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/retry/code-500-attempts-3")}, retry(3, 500)},
+				rule{[]snapshot.RouteMatch{prefixMatch("/retry/code-all-attempts-2")}, retry(2, 500, 502, 503, 504)},
+				rule{[]snapshot.RouteMatch{prefixMatch("/retry/code-all-attempts-0")}, retry(0, 500, 502, 503, 504)},
+			)))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, k.h2c)
+			var id atomic.Int64
+			for _, tc := range []struct {
+				path       string
+				code, fail int
+				want, seen int
+			}{
+				{"/retry/code-500-attempts-3", 500, 2, 200, 3},
+				{"/retry/code-500-attempts-3", 500, 4, 500, 4},
+				{"/retry/code-500-attempts-3", 503, 2, 503, 1},
+				{"/retry/code-all-attempts-2", 500, 1, 200, 2},
+				{"/retry/code-all-attempts-2", 502, 3, 502, 3},
+				{"/retry/code-all-attempts-2", 503, 1, 200, 2},
+				{"/retry/code-all-attempts-2", 504, 3, 504, 3},
+				{"/retry/code-all-attempts-0", 500, 1, 500, 1},
+			} {
+				for _, body := range []string{"", "replayed body"} {
+					n := fmt.Sprint(id.Add(1))
+					method := http.MethodGet
+					if body != "" {
+						method = http.MethodPost
+					}
+					url := fmt.Sprintf("http://front.b.svc%s?id=%s&code=%d&fail=%d", tc.path, n, tc.code, tc.fail)
+					a := send(t, c, newReq(t, method, url, strings.NewReader(body)))
+					if a.status != tc.want {
+						t.Errorf("%s %s: %d, want %d", method, url, a.status, tc.want)
+					}
+					if seen := flaky.count(n); seen != tc.seen {
+						t.Errorf("%s %s: backend got %d requests, want %d", method, url, seen, tc.seen)
+					}
+				}
+			}
+			flaky.mu.Lock()
+			defer flaky.mu.Unlock()
+			for _, r := range flaky.reqs {
+				if r.Method == http.MethodPost && string(r.Body) != "replayed body" {
+					t.Errorf("a retried POST reached the backend with body %q", r.Body)
+				}
+			}
+		})
+	}
+}
+
+// TestRouteRetryConnectError: a backend whose first connections fail
+// during the TLS handshake is reached when the retry budget covers them
+// (a failed handshake sent no byte of the request), and answers 502 when
+// it does not; an endpoint that refuses connections costs nothing beside a
+// healthy one (conformance HTTPRouteRetryConnectionError).
+func TestRouteRetryConnectError(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			m := &mesh{t: t}
+			front := m.backend("front", snapshot.Backend{Endpoints: endpoints(startEcho(t, "front-0", nil).addr)})
+			// broken(k) is a TLS echo backend that closes its first k
+			// connections before the handshake.
+			broken := func(name string, k int64) snapshot.BackendRef {
+				l := listenLocal(t)
+				s := echo.New(echo.Config{Namespace: "b", Pod: name, TLS: serverTLS(e.pki.server)})
+				go s.Serve(&dropFirst{Listener: l, n: k})
+				t.Cleanup(func() { s.Close() })
+				return m.backend(name, snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
+			}
+			retried := broken("retried", 2)
+			exhausted := broken("exhausted", 2)
+			healthy := startEcho(t, "healthy", nil)
+			mixed := m.backend("mixed", snapshot.Backend{Endpoints: endpoints(closedPort(t), healthy.addr)})
+			m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/retried")}, snapshot.RouteRule{Backends: to(retried), Retry: &snapshot.Retry{Attempts: 2, Backoff: dur(1e6)}}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/exhausted")}, snapshot.RouteRule{Backends: to(exhausted), Retry: &snapshot.Retry{Attempts: 1, Backoff: dur(1e6)}}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/mixed")}, snapshot.RouteRule{Backends: to(mixed), Retry: &snapshot.Retry{Attempts: 1}}},
+			)))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, k.h2c)
+			if a := send(t, c, newReq(t, http.MethodPost, "http://front.b.svc/retried", strings.NewReader("x"))); a.status != 200 || a.report.Pod != "retried" {
+				t.Errorf("two failed handshakes, two retries: %d %s", a.status, a.body)
+			}
+			if a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/exhausted", nil)); a.status != http.StatusBadGateway {
+				t.Errorf("two failed handshakes, one retry: %d %s, want 502", a.status, a.body)
+			}
+			if got := e.counter("sockmesh_proxy_request_retries_total", map[string]string{"reason": "connect"}); got != 3 {
+				t.Errorf("retries{connect} = %v, want 3", got)
+			}
+			// The fast path tries another endpoint after a refused connect
+			// anyway; net/http's Transport needs the retry.
+			for i := range 10 {
+				if a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/mixed", nil)); a.status != 200 || a.report.Pod != "healthy" {
+					t.Fatalf("request %d with a refusing endpoint beside a healthy one: %d %s", i, a.status, a.body)
+				}
+			}
+		})
+	}
+}
+
+// dropFirst closes the first n connections it accepts.
+type dropFirst struct {
+	net.Listener
+	n int64
+}
+
+func (l *dropFirst) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil || l.n <= 0 {
+			return c, err
+		}
+		l.n--
+		c.Close()
+	}
+}
+
+// TestRouteSessionPersistence: a rule's session persistence pins a client
+// to one endpoint of a backend that has none of its own.
+func TestRouteSessionPersistence(t *testing.T) {
+	checkNoLeaks(t)
+	for _, h2c := range []bool{false, true} {
+		t.Run(fmt.Sprintf("h2c=%v", h2c), func(t *testing.T) {
+			e := newEnv(t, envOptions{})
+			m := &mesh{t: t}
+			var eps []netip.AddrPort
+			for i := range 3 {
+				eps = append(eps, startEcho(t, fmt.Sprintf("pod-%d", i), nil).addr)
+			}
+			front := m.backend("front", snapshot.Backend{Endpoints: endpoints(eps...)})
+			m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/sticky")}, snapshot.RouteRule{Backends: to(front),
+					SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "X-Session"}}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(front)}},
+			)))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, h2c)
+			first := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/sticky", nil))
+			session := first.header.Get("X-Session")
+			if first.status != 200 || session == "" {
+				t.Fatalf("first request: %d, session %q", first.status, session)
+			}
+			for range 6 {
+				a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/sticky", nil, "X-Session", session))
+				if a.report.Pod != first.report.Pod {
+					t.Fatalf("session request went to %s, want %s", a.report.Pod, first.report.Pod)
+				}
+			}
+			pods := map[string]bool{}
+			for range 6 {
+				a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/other", nil, "X-Session", session))
+				pods[a.report.Pod] = true
+				if a.header.Get("X-Session") != "" {
+					t.Errorf("a rule without session persistence set a session")
+				}
+			}
+			if len(pods) != 3 {
+				t.Errorf("requests outside the sticky rule reached %v, want all three endpoints", pods)
+			}
+		})
+	}
+}
+
+// TestRouteNonHTTP: on a routed port, bytes that are not HTTP go to the
+// Service's own backend, and an app's own TLS passes through to it
+// untouched (a route cannot see inside it).
+func TestRouteNonHTTP(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	m := &mesh{t: t}
+	tcp := m.backend("tcp", snapshot.Backend{Endpoints: endpoints(startTCPEcho(t, nil))})
+	tlsOwn := m.backend("tls", snapshot.Backend{Endpoints: endpoints(startEcho(t, "tls-0", serverTLS(e.pki.server)).addr)})
+	v1 := m.backend("v1", snapshot.Backend{Endpoints: endpoints(startEcho(t, "v1-0", nil).addr)})
+	routes := producer(routeSet(snapshot.KindHTTPRoute, rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(v1)}}))
+	vTCP, vTLS := netip.MustParseAddrPort("10.96.5.2:80"), netip.MustParseAddrPort("10.96.5.3:443")
+	m.frontend("tcp", vTCP, tcp, routes)
+	m.frontend("tls", vTLS, tlsOwn, routes)
+	e.p.Update(m.snapshot(1))
+
+	c, err := e.dial(vTCP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	payload := []byte("\x00\x01 not http \xff")
+	c.Write(payload)
+	c.(*net.TCPConn).CloseWrite()
+	if got, err := io.ReadAll(c); err != nil || !bytes.Equal(got, payload) {
+		t.Errorf("opaque bytes: got %q, %v; want them echoed by the Service's own backend", got, err)
+	}
+	// HTTP on the same port follows the route.
+	if a := send(t, e.client(vTCP, false), newReq(t, http.MethodGet, "http://tcp.b.svc/", nil)); a.report.Pod != "v1-0" {
+		t.Errorf("HTTP on the routed port answered by %q, want v1-0", a.report.Pod)
+	}
+	tr := &http.Transport{DialTLSContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		c, err := e.dial(vTLS)
+		if err != nil {
+			return nil, err
+		}
+		tc := tls.Client(c, &tls.Config{ServerName: sniName, RootCAs: e.pki.ca.Pool(), NextProtos: []string{"http/1.1"}})
+		return tc, tc.HandshakeContext(ctx)
+	}}
+	defer tr.CloseIdleConnections()
+	a := send(t, &http.Client{Transport: tr}, newReq(t, http.MethodGet, "https://tls.b.svc/", nil))
+	if a.status != 200 || a.report.Pod != "tls-0" || a.report.TLS == nil || len(a.report.TLS.PeerCertificates) != 0 {
+		t.Errorf("app's own TLS: %d from %q TLS %+v; want the Service's own backend with the app's handshake", a.status, a.report.Pod, a.report.TLS)
+	}
+}
+
+// TestRouteGRPC: a GRPCRoute matches service, method and headers, changes
+// request headers, and answers gRPC clients in gRPC: UNIMPLEMENTED when no
+// rule matches, UNAVAILABLE for an invalid backendRef, as trailers-only
+// responses.
+func TestRouteGRPC(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	m := &mesh{t: t}
+	// v1 and v2 are gRPC servers that answer any method with the metadata
+	// they received.
+	grpcBackend := func(name string) snapshot.BackendRef {
+		srv := grpc.NewServer(grpc.UnknownServiceHandler(func(_ any, st grpc.ServerStream) error {
+			in := new(wrapperspb.BytesValue)
+			if err := st.RecvMsg(in); err != nil {
+				return err
+			}
+			md, _ := metadata.FromIncomingContext(st.Context())
+			st.SetTrailer(metadata.Pairs("x-backend", name))
+			b, _ := json.Marshal(md)
+			return st.SendMsg(wrapperspb.Bytes(b))
+		}))
+		l := listenLocal(t)
+		go srv.Serve(l)
+		t.Cleanup(srv.Stop)
+		return m.backend(name, snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
+	}
+	front := m.backend("front", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(startEcho(t, "front-0", nil).addr)})
+	v1, v2 := grpcBackend("v1"), grpcBackend("v2")
+	setMatch := exactMatch("/svc.A/Get")
+	setMatch.Headers = []snapshot.StringMatch{{Name: "x-test-case", Type: snapshot.MatchExact, Value: "set"}}
+	m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindGRPCRoute,
+		rule{[]snapshot.RouteMatch{setMatch}, snapshot.RouteRule{Backends: to(v1), Filters: snapshot.Filters{
+			RequestHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "x-header-set", Value: "set-overwrites-values"}}, Remove: []string{"x-header-remove"}}}}},
+		rule{[]snapshot.RouteMatch{exactMatch("/svc.A/Get")}, snapshot.RouteRule{Backends: to(v2)}},
+		rule{[]snapshot.RouteMatch{prefixMatch("/svc.B")}, snapshot.RouteRule{Backends: []snapshot.WeightedBackend{{Weight: 1, Invalid: &snapshot.Invalid{Reason: "BackendNotFound"}}}}},
+	)))
+	e.p.Update(m.snapshot(1))
+	cc, err := grpc.NewClient("passthrough:///front.b.svc:80", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(routedVIP) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	call := func(method string, md ...string) (metadata.MD, string, error) {
+		ctx := metadata.NewOutgoingContext(context.Background(), metadata.Pairs(md...))
+		var trailer metadata.MD
+		out := new(wrapperspb.BytesValue)
+		err := cc.Invoke(ctx, method, wrapperspb.Bytes([]byte("ping")), out, grpc.Trailer(&trailer))
+		var got metadata.MD
+		json.Unmarshal(out.Value, &got)
+		backend := ""
+		if v := trailer.Get("x-backend"); len(v) == 1 {
+			backend = v[0]
+		}
+		return got, backend, err
+	}
+	md, backend, err := call("/svc.A/Get", "x-test-case", "set", "x-header-set", "client", "x-header-remove", "gone")
+	if err != nil || backend != "v1" || strings.Join(md.Get("x-header-set"), ",") != "set-overwrites-values" || md.Get("x-header-remove") != nil {
+		t.Errorf("header-matched call: backend %q metadata %v err %v", backend, md, err)
+	}
+	if _, backend, err := call("/svc.A/Get"); err != nil || backend != "v2" {
+		t.Errorf("unmatched header: backend %q err %v, want v2", backend, err)
+	}
+	if _, _, err := call("/svc.A/Put"); status.Code(err) != codes.Unimplemented {
+		t.Errorf("no matching method: %v, want Unimplemented", err)
+	}
+	if _, _, err := call("/svc.B/Any"); status.Code(err) != codes.Unavailable {
+		t.Errorf("invalid backendRef: %v, want Unavailable", err)
+	}
+	// The connection carries on after local answers.
+	if _, backend, err := call("/svc.A/Get"); err != nil || backend != "v2" {
+		t.Errorf("after local answers: backend %q err %v", backend, err)
+	}
+}

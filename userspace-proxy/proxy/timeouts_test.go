@@ -1,0 +1,331 @@
+package proxy_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
+)
+
+// Route timeouts and retry backoff run in a synctest bubble: clients, the
+// proxy and the backend talk over net.Pipe connections, time is the
+// bubble's fake clock, and every duration below is exact, not a guess
+// about a loaded machine.
+
+// pipeNet is an in-memory network of listeners; it is also the proxy's
+// dialer (dial.Dialer).
+type pipeNet struct {
+	mu sync.Mutex
+	ls map[netip.AddrPort]*pipeListener
+}
+
+type pipeListener struct {
+	n     *pipeNet
+	addr  netip.AddrPort
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func (n *pipeNet) listen(a netip.AddrPort) *pipeListener {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.ls == nil {
+		n.ls = map[netip.AddrPort]*pipeListener{}
+	}
+	l := &pipeListener{n: n, addr: a, conns: make(chan net.Conn), done: make(chan struct{})}
+	n.ls[a] = l
+	return l
+}
+
+// Dial connects to the listener at ep.Addr; none is a refused connection.
+func (n *pipeNet) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error) {
+	n.mu.Lock()
+	l := n.ls[ep.Addr]
+	n.mu.Unlock()
+	if l == nil {
+		return nil, fmt.Errorf("dial %s: %w", ep.Addr, syscall.ECONNREFUSED)
+	}
+	c, s := net.Pipe()
+	select {
+	case l.conns <- s:
+		return c, nil
+	case <-l.done:
+		return nil, fmt.Errorf("dial %s: %w", ep.Addr, syscall.ECONNREFUSED)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *pipeListener) Addr() net.Addr { return net.TCPAddrFromAddrPort(l.addr) }
+
+// slowBackend serves, over HTTP/1.1 and h2c:
+//   - ?delay=D: waits D, then 200 "ok";
+//   - ?id=I&fail=F&code=C&delayRetry=R: the n-th request for I waits D and,
+//     after the first, R more; the first F answer C, the others 200;
+//   - /stream?n=N&every=E: 200 at once, then N chunks E apart.
+func slowBackend(t *testing.T, l net.Listener) {
+	var mu sync.Mutex
+	counts := map[string]int{}
+	srv := &http.Server{Protocols: new(http.Protocols), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		q := r.URL.Query()
+		if r.URL.Path == "/stream" {
+			n, _ := strconv.Atoi(q.Get("n"))
+			every, _ := time.ParseDuration(q.Get("every"))
+			for i := range n {
+				if i > 0 && !sleepCtx(r.Context(), every) {
+					return
+				}
+				fmt.Fprintf(w, "chunk %d\n", i)
+				w.(http.Flusher).Flush()
+			}
+			return
+		}
+		mu.Lock()
+		counts[q.Get("id")]++
+		n := counts[q.Get("id")]
+		mu.Unlock()
+		delay, _ := time.ParseDuration(q.Get("delay"))
+		if n > 1 {
+			extra, _ := time.ParseDuration(q.Get("delayRetry"))
+			delay += extra
+		}
+		if !sleepCtx(r.Context(), delay) {
+			return
+		}
+		fail, _ := strconv.Atoi(q.Get("fail"))
+		if n <= fail {
+			code, _ := strconv.Atoi(q.Get("code"))
+			w.WriteHeader(code)
+			return
+		}
+		io.WriteString(w, "ok")
+	})}
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+}
+
+// sleepCtx waits d unless ctx ends first (the proxy gave up on the
+// request): the bubble must end with no handler left sleeping.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// TestRouteTimeouts: GEP-1742 request and backendRequest timeouts (the
+// upstream HTTPRouteTimeoutRequest, HTTPRouteTimeoutBackendRequest and
+// HTTPRouteRetryWith*Timeout cases), "0s" disabling one, the proxy's
+// default for rules without, retries with their backoff inside the
+// request timeout, and a response cut when the timeout passes mid-body;
+// on the fast path, through net/http's server (h2c client), and from an
+// HTTP/1.1 app to an h2c backend (net/http's Transport).
+func TestRouteTimeouts(t *testing.T) {
+	for _, k := range []struct {
+		name  string
+		h2c   bool
+		proto snapshot.Protocol
+	}{
+		{"http1-fast", false, snapshot.ProtocolAuto},
+		{"h2c", true, snapshot.ProtocolAuto},
+		{"http1-to-h2c-backend", false, snapshot.ProtocolH2C},
+	} {
+		t.Run(k.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { testRouteTimeouts(t, k.h2c, k.proto) })
+		})
+	}
+}
+
+func testRouteTimeouts(t *testing.T, h2c bool, proto snapshot.Protocol) {
+	var pn pipeNet
+	backendAddr := netip.MustParseAddrPort("10.0.0.1:8080")
+	slowBackend(t, pn.listen(backendAddr))
+	reg := prometheus.NewRegistry()
+	p, err := proxy.New(proxy.Config{Dialer: &pn, Routing: httpproxy.RoutingConfig{RequestTimeout: 5 * time.Second}},
+		slog.New(slog.DiscardHandler), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Shutdown(context.Background())
+	m := &mesh{t: t}
+	be := m.backend("slow", snapshot.Backend{Protocol: proto, Endpoints: endpoints(backendAddr)})
+	rule := func(prefix string, request, backend *snapshot.Duration, retry *snapshot.Retry) rule {
+		r := snapshot.RouteRule{Backends: to(be), Retry: retry}
+		if request != nil || backend != nil {
+			r.Timeouts = &snapshot.Timeouts{Request: request, BackendRequest: backend}
+		}
+		return struct {
+			matches []snapshot.RouteMatch
+			snapshot.RouteRule
+		}{[]snapshot.RouteMatch{prefixMatch(prefix)}, r}
+	}
+	ms := time.Millisecond
+	m.frontend("slow", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+		rule("/request-timeout", dur(500*ms), nil, nil),
+		rule("/disable-request-timeout", dur(0), nil, nil),
+		rule("/backend-timeout", nil, dur(500*ms), nil),
+		rule("/disable-backend-timeout", dur(0), dur(0), nil),
+		rule("/retry/request-timeout-500ms", dur(500*ms), nil, &snapshot.Retry{Attempts: 5, Codes: []int{500}, Backoff: dur(0)}),
+		rule("/retry/backend-timeout-500ms", dur(15*time.Second), dur(500*ms), &snapshot.Retry{Attempts: 3, Codes: []int{500}, Backoff: dur(0)}),
+		rule("/retry/backoff", nil, nil, &snapshot.Retry{Attempts: 3, Codes: []int{503}, Backoff: dur(100 * ms)}),
+		rule("/retry/backoff-past-request", dur(250*ms), nil, &snapshot.Retry{Attempts: 3, Codes: []int{503}, Backoff: dur(100 * ms)}),
+		rule("/stream", dur(500*ms), nil, nil),
+		rule("/", nil, nil, nil),
+	)))
+	p.Update(m.snapshot(1))
+
+	tr := &http.Transport{Protocols: new(http.Protocols), DisableCompression: true,
+		DialContext: func(context.Context, string, string) (net.Conn, error) {
+			c, s := net.Pipe()
+			go p.ServeConn(s, routedVIP, proxy.Client{Addr: netip.AddrPortFrom(producerClient, 40000)})
+			return c, nil
+		}}
+	if h2c {
+		tr.Protocols.SetUnencryptedHTTP2(true)
+	} else {
+		tr.Protocols.SetHTTP1(true)
+	}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	id := 0
+	for _, c := range []struct {
+		path    string
+		status  int
+		elapsed time.Duration // exact; 0: see min and max
+		min     time.Duration
+		max     time.Duration
+	}{
+		{path: "/request-timeout", status: 200},
+		{path: "/request-timeout?delay=1s", status: 504, elapsed: 500 * ms},
+		{path: "/disable-request-timeout?delay=1s", status: 200, elapsed: time.Second},
+		{path: "/default?delay=6s", status: 504, elapsed: 5 * time.Second}, // the proxy's default
+		{path: "/backend-timeout", status: 200},
+		{path: "/backend-timeout?delay=1s", status: 504, elapsed: 500 * ms},
+		{path: "/disable-backend-timeout?delay=1s", status: 200, elapsed: time.Second},
+		// Retries inside a request timeout: the first retry succeeds in
+		// time; with each retry 300 ms slower, the third is cut at 500 ms.
+		{path: "/retry/request-timeout-500ms?code=500&fail=1", status: 200},
+		{path: "/retry/request-timeout-500ms?code=500&fail=2&delayRetry=300ms", status: 504, elapsed: 500 * ms},
+		// Each attempt within backendRequest: 100 + 200 + 200 ms.
+		{path: "/retry/backend-timeout-500ms?code=500&fail=2&delay=100ms&delayRetry=100ms", status: 200, elapsed: 500 * ms},
+		// Every attempt outlives backendRequest: four of them, then 504.
+		{path: "/retry/backend-timeout-500ms?code=500&fail=2&delay=1s&delayRetry=1s", status: 504, elapsed: 2 * time.Second},
+		// Backoff base 100 ms: waits in [50,100], [100,200], [200,400] ms.
+		{path: "/retry/backoff?code=503&fail=3", status: 200, min: 350 * ms, max: 700 * ms},
+		{path: "/retry/backoff?code=503&fail=4", status: 503, min: 350 * ms, max: 700 * ms},
+		// The third wait (≥ 200 ms after ≥ 150 ms) would end past the
+		// 250 ms request timeout: 504 at the deadline.
+		{path: "/retry/backoff-past-request?code=503&fail=3", status: 504, elapsed: 250 * ms},
+	} {
+		id++
+		sep := "?"
+		if strings.Contains(c.path, "?") {
+			sep = "&"
+		}
+		url := "http://slow.b.svc" + c.path + sep + "id=" + strconv.Itoa(id)
+		start := time.Now()
+		resp, err := client.Get(url)
+		if err != nil {
+			t.Fatalf("GET %s: %v", url, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		elapsed := time.Since(start)
+		if resp.StatusCode != c.status {
+			t.Errorf("GET %s: %d, want %d", url, resp.StatusCode, c.status)
+		}
+		switch {
+		case c.elapsed != 0 && elapsed != c.elapsed:
+			t.Errorf("GET %s: answered after %v, want exactly %v", url, elapsed, c.elapsed)
+		case c.max != 0 && (elapsed < c.min || elapsed > c.max):
+			t.Errorf("GET %s: answered after %v, want %v to %v", url, elapsed, c.min, c.max)
+		}
+	}
+
+	// A timeout after the answer started cuts the body: the client sees
+	// the chunks sent before 500 ms and then an error, never a clean end.
+	// (It is not counted as a timed-out request: the answer was 200.)
+	start := time.Now()
+	resp, err := client.Get("http://slow.b.svc/stream?n=5&every=200ms")
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("stream: %v %v", resp, err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil || errors.Is(err, io.EOF) || string(body) != "chunk 0\nchunk 1\nchunk 2\n" || time.Since(start) != 500*ms {
+		t.Errorf("stream cut by the request timeout: %q, %v after %v; want three chunks, an error, at 500ms", body, err, time.Since(start))
+	}
+	// The proxy still serves.
+	if resp, err := client.Get("http://slow.b.svc/ok"); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("after the timeouts: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
+	}
+	if got := counterValue(t, reg, "sockmesh_proxy_request_timeouts_total", "timeout", "request"); got != 4 {
+		t.Errorf("timeouts{request} = %v, want 4", got)
+	}
+	if got := counterValue(t, reg, "sockmesh_proxy_request_timeouts_total", "timeout", "backend_request"); got != 2 {
+		t.Errorf("timeouts{backend_request} = %v, want 2", got)
+	}
+}
+
+// counterValue reads the counter name{label=value} from reg.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == label && lp.GetValue() == value {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
