@@ -1,9 +1,6 @@
 package daemonset_test
 
 import (
-	"bytes"
-	"errors"
-	"io"
 	"io/fs"
 	"slices"
 	"strings"
@@ -13,10 +10,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sockmesh/sockmesh/daemonset"
+	"github.com/sockmesh/sockmesh/internal/yamldocs"
 )
 
 // objects decodes every document of the kustomization's resources, in
@@ -43,18 +40,11 @@ func objects(t *testing.T) []map[string]any {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-		for {
-			var m map[string]any
-			if err := dec.Decode(&m); errors.Is(err, io.EOF) {
-				break
-			} else if err != nil {
-				t.Fatalf("decode %s: %v", r, err)
-			}
-			if len(m) > 0 {
-				objs = append(objs, m)
-			}
+		docs, err := yamldocs.Decode(data)
+		if err != nil {
+			t.Fatalf("decode %s: %v", r, err)
 		}
+		objs = append(objs, docs...)
 	}
 	return objs
 }
@@ -224,11 +214,12 @@ func TestRBACLeastPrivilege(t *testing.T) {
 	writeVerbs := []string{"create", "update", "patch", "delete", "deletecollection"}
 	allowedWrites := map[string]bool{
 		"/services": true, "/events": true, "events.k8s.io/events": true,
-		"gateway.networking.k8s.io/backendtlspolicies/status": true,
-		"gateway.networking.k8s.io/httproutes/status":         true,
-		"gateway.networking.k8s.io/grpcroutes/status":         true,
-		"gateway.networking.x-k8s.io/xbackends/status":        true,
-		"gateway.networking.x-k8s.io/xmeshes/status":          true,
+		"gateway.networking.k8s.io/backendtlspolicies/status":        true,
+		"gateway.networking.k8s.io/httproutes/status":                true,
+		"gateway.networking.k8s.io/grpcroutes/status":                true,
+		"gateway.networking.x-k8s.io/xbackends/status":               true,
+		"gateway.networking.x-k8s.io/xbackendtrafficpolicies/status": true,
+		"gateway.networking.x-k8s.io/xmeshes/status":                 true,
 	}
 	check := func(kind, name string, rules []rbacv1.PolicyRule, extraWrites map[string]bool) {
 		for _, r := range rules {

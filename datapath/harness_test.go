@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +18,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/datapath/mark"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/userspace-proxy/origdst"
 )
 
@@ -114,43 +114,9 @@ func startServer(t *testing.T, ns *sandbox.NetNS, addr netip.AddrPort) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	serve(t, ln, func(c net.Conn) {
+	tcpserve.Serve(t, ln, func(c net.Conn) {
 		io.WriteString(c, "server\n")
 		io.Copy(c, c)
-	})
-}
-
-// serve accepts on ln until t ends, handling each connection on its own
-// goroutine; cleanup closes the listener and every connection and waits.
-func serve(t *testing.T, ln net.Listener, handle func(net.Conn)) {
-	var (
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Go(func() {
-				defer c.Close()
-				handle(c)
-			})
-		}
 	})
 }
 
@@ -178,7 +144,7 @@ func startProxy(t *testing.T, listenNS, dialNS *sandbox.NetNS, addrs []netip.Add
 		if err != nil {
 			t.Fatal(err)
 		}
-		serve(t, ln, func(c net.Conn) {
+		tcpserve.Serve(t, ln, func(c net.Conn) {
 			orig, err := origdst.Get(c.(*net.TCPConn))
 			p.got <- accepted{orig, err}
 			if err != nil {

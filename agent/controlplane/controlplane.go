@@ -88,11 +88,15 @@ type ControlPlane struct {
 	// pending is the latest translation for the writers; wake tells the
 	// writer loop that it changed.
 	pending atomic.Pointer[pass]
+	passes  uint64
 	wake    chan struct{}
 }
 
-// pass is one translation: what translate saw and what it said.
+// pass is one translation: what translate saw and what it said. seq
+// numbers it, so that the writer loop remembers what it wrote without
+// keeping an old translation alive.
 type pass struct {
+	seq uint64
 	in  translate.Input
 	res translate.Result
 }
@@ -229,27 +233,29 @@ func (c *ControlPlane) rebuild() {
 			"snapshot_version", c.current.Load().Version)
 		return
 	}
-	c.pending.Store(&pass{in: in, res: res})
-	select {
-	case c.wake <- struct{}{}:
-	default:
-	}
-
 	cur := c.current.Load()
 	// The first translation is published even when it is empty: version 0
 	// is never applied, and a node with nothing to capture (no pods yet)
 	// must still get a first Snapshot to become ready.
 	if cur.Version > 0 && reflect.DeepEqual(cur.Frontends, res.Frontends) && reflect.DeepEqual(cur.Backends, res.Backends) &&
 		reflect.DeepEqual(cur.Workloads, res.Workloads) {
+		// The writers get the published parts, which are equal: one copy
+		// stays alive instead of two (at 10,000 Services, megabytes).
+		res.Frontends, res.Backends, res.Workloads = cur.Frontends, cur.Backends, cur.Workloads
+		c.handOver(in, res)
 		c.m.rebuilds.WithLabelValues("unchanged").Inc()
 		return
 	}
 	next, err := snapshot.New(cur.Version+1, res.Frontends, res.Backends, res.Workloads)
 	if err != nil {
+		c.handOver(in, res)
 		c.m.rebuilds.WithLabelValues("error").Inc()
 		c.log.Error("build snapshot failed; keeping the current one", "err", err, "snapshot_version", cur.Version)
 		return
 	}
+	// The Snapshot shares the Result's slices, so handing the Result to the
+	// writers costs no copy.
+	c.handOver(in, res)
 	c.mu.Lock()
 	c.current.Store(next)
 	close(c.updated)
@@ -261,15 +267,25 @@ func (c *ControlPlane) rebuild() {
 		"backends", len(next.Backends), "workloads", len(next.Workloads), "duration", time.Since(start).Round(time.Microsecond))
 }
 
+// handOver makes a translation the writers' latest and wakes them.
+func (c *ControlPlane) handOver(in translate.Input, res translate.Result) {
+	c.passes++ // only the loop's goroutine hands over
+	c.pending.Store(&pass{seq: c.passes, in: in, res: res})
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
 // writeLoop hands the latest translation to the writers until ctx ends (the
 // end of a leader term), retrying failures with backoff. A new term starts
 // by writing the latest translation, whatever an earlier term wrote.
 func (c *ControlPlane) writeLoop(ctx context.Context) {
-	var written *pass
+	var written uint64 // the seq of the last pass written; passes start at 1
 	wait := c.cfg.RetryInterval
 	var retry <-chan time.Time
 	for {
-		if p := c.pending.Load(); p != nil && p != written {
+		if p := c.pending.Load(); p != nil && p.seq != written {
 			var errs []error
 			for _, w := range c.cfg.Writers {
 				if err := w.Write(ctx, p.in, p.res); err != nil {
@@ -285,7 +301,7 @@ func (c *ControlPlane) writeLoop(ctx context.Context) {
 				retry = time.After(wait)
 				wait = min(wait*2, time.Minute)
 			} else {
-				written, retry, wait = p, nil, c.cfg.RetryInterval
+				written, retry, wait = p.seq, nil, c.cfg.RetryInterval
 			}
 		}
 		select {

@@ -25,6 +25,7 @@ import (
 	kubesource "github.com/sockmesh/sockmesh/agent/source/kubernetes"
 	"github.com/sockmesh/sockmesh/agent/status"
 	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/internal/must"
 	"github.com/sockmesh/sockmesh/test/apiserver"
 	"github.com/sockmesh/sockmesh/test/dnsserver"
 	"github.com/sockmesh/sockmesh/test/pki"
@@ -36,27 +37,6 @@ const (
 )
 
 func ptr[T any](v T) *T { return &v }
-
-// must returns v, failing t if err is set: must[T](t)(call()).
-func must[T any](t *testing.T) func(T, error) T {
-	return func(v T, err error) T {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
-}
-
-// ok fails t on a call's error: ok(t)(call()).
-func ok(t *testing.T) func(any, error) {
-	return func(_ any, err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-}
 
 func newCA(t *testing.T, name string) string {
 	t.Helper()
@@ -207,22 +187,22 @@ func TestControlPlaneAgainstAPIServer(t *testing.T) {
 	kube, gw := env.Kube, env.Gateway
 	ca1, ca2 := newCA(t, "ca-1"), newCA(t, "ca-2")
 
-	ok(t)(kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}))
-	ok(t)(kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{}))
-	ok(t)(kube.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+	must.Succeed(t)(kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}))
+	must.Succeed(t)(kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{}))
+	must.Succeed(t)(kube.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: "web-ca", Namespace: ns}, Data: map[string]string{"ca.crt": ca1},
 	}, metav1.CreateOptions{}))
-	web := must[*corev1.Service](t)(kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+	web := must.Value[*corev1.Service](t)(kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: ns},
 		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "https", Port: 443}}},
 	}, metav1.CreateOptions{}))
-	ok(t)(kube.DiscoveryV1().EndpointSlices(ns).Create(ctx, &discoveryv1.EndpointSlice{
+	must.Succeed(t)(kube.DiscoveryV1().EndpointSlices(ns).Create(ctx, &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.5"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}}},
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr("https"), Port: ptr(int32(8443))}},
 	}, metav1.CreateOptions{}))
-	policy := must[*gwv1.BackendTLSPolicy](t)(gw.GatewayV1().BackendTLSPolicies(ns).Create(ctx, &gwv1.BackendTLSPolicy{
+	policy := must.Value[*gwv1.BackendTLSPolicy](t)(gw.GatewayV1().BackendTLSPolicies(ns).Create(ctx, &gwv1.BackendTLSPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "web-tls", Namespace: ns},
 		Spec: gwv1.BackendTLSPolicySpec{
 			TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{{
@@ -242,11 +222,11 @@ func TestControlPlaneAgainstAPIServer(t *testing.T) {
 			Message: "theirs", ObservedGeneration: 1, LastTransitionTime: metav1.Now()}},
 	}
 	policy.Status.Ancestors = []gwv1.PolicyAncestorStatus{theirs}
-	ok(t)(gw.GatewayV1().BackendTLSPolicies(ns).UpdateStatus(ctx, policy, metav1.UpdateOptions{}))
+	must.Succeed(t)(gw.GatewayV1().BackendTLSPolicies(ns).UpdateStatus(ctx, policy, metav1.UpdateOptions{}))
 
 	// An external API reached through a Service that stands for an
 	// XBackend, and an XBackend that selects pods.
-	ok(t)(gw.ExperimentalV1alpha1().XBackends(ns).Create(ctx, &gwxv1alpha1.XBackend{
+	must.Succeed(t)(gw.ExperimentalV1alpha1().XBackends(ns).Create(ctx, &gwxv1alpha1.XBackend{
 		ObjectMeta: metav1.ObjectMeta{Name: "ext", Namespace: ns},
 		Spec: gwxv1alpha1.BackendSpec{
 			Type:             gwxv1alpha1.BackendTypeExternalHostname,
@@ -256,11 +236,11 @@ func TestControlPlaneAgainstAPIServer(t *testing.T) {
 				Validation: &gwv1.BackendTLSPolicyValidation{WellKnownCACertificates: ptr(gwv1.WellKnownCACertificatesSystem), Hostname: "api.example.test"}},
 		},
 	}, metav1.CreateOptions{}))
-	ok(t)(kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+	must.Succeed(t)(kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "ext", Namespace: ns, Annotations: map[string]string{translate.AnnotationXBackend: "ext"}},
 		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "https", Port: 443}}},
 	}, metav1.CreateOptions{}))
-	ok(t)(gw.ExperimentalV1alpha1().XBackends(ns).Create(ctx, &gwxv1alpha1.XBackend{
+	must.Succeed(t)(gw.ExperimentalV1alpha1().XBackends(ns).Create(ctx, &gwxv1alpha1.XBackend{
 		ObjectMeta: metav1.ObjectMeta{Name: "sel", Namespace: ns},
 		Spec: gwxv1alpha1.BackendSpec{
 			Type: gwxv1alpha1.BackendTypeEndpointSelector,
@@ -269,7 +249,7 @@ func TestControlPlaneAgainstAPIServer(t *testing.T) {
 				MatchLabels: map[gwv1.LabelKey]gwv1.LabelValue{"app": "sel"}}},
 		},
 	}, metav1.CreateOptions{}))
-	ok(t)(gw.ExperimentalV1alpha1().XMeshes().Create(ctx, &gwxv1alpha1.XMesh{
+	must.Succeed(t)(gw.ExperimentalV1alpha1().XMeshes().Create(ctx, &gwxv1alpha1.XMesh{
 		ObjectMeta: metav1.ObjectMeta{Name: "sockmesh"},
 		Spec:       gwxv1alpha1.MeshSpec{ControllerName: translate.ControllerName},
 	}, metav1.CreateOptions{}))
@@ -351,9 +331,9 @@ func TestControlPlaneAgainstAPIServer(t *testing.T) {
 	})
 
 	// Rotate the CA: the next Snapshot trusts CA 2.
-	cm := must[*corev1.ConfigMap](t)(kube.CoreV1().ConfigMaps(ns).Get(ctx, "web-ca", metav1.GetOptions{}))
+	cm := must.Value[*corev1.ConfigMap](t)(kube.CoreV1().ConfigMaps(ns).Get(ctx, "web-ca", metav1.GetOptions{}))
 	cm.Data["ca.crt"] = ca2
-	ok(t)(kube.CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{}))
+	must.Succeed(t)(kube.CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{}))
 	rotated := a.waitSnapshot(t, "CA 2", func(s *snapshot.Snapshot) bool {
 		b := backendFor(s, "web", 443)
 		return b != nil && b.TLS != nil && b.TLS.RootsPEM == ca2
@@ -390,9 +370,9 @@ func TestControlPlaneAgainstAPIServer(t *testing.T) {
 	})
 	// Change the policy's spec so that agent-2, as leader, must write
 	// (observedGeneration 2), then check that nothing was duplicated.
-	p := must[*gwv1.BackendTLSPolicy](t)(gw.GatewayV1().BackendTLSPolicies(ns).Get(ctx, "web-tls", metav1.GetOptions{}))
+	p := must.Value[*gwv1.BackendTLSPolicy](t)(gw.GatewayV1().BackendTLSPolicies(ns).Get(ctx, "web-tls", metav1.GetOptions{}))
 	p.Spec.Validation.Hostname = "web2.example.com"
-	ok(t)(gw.GatewayV1().BackendTLSPolicies(ns).Update(ctx, p, metav1.UpdateOptions{}))
+	must.Succeed(t)(gw.GatewayV1().BackendTLSPolicies(ns).Update(ctx, p, metav1.UpdateOptions{}))
 	eventually(t, "agent-2 to write generation 2", func() error {
 		p, err := gw.GatewayV1().BackendTLSPolicies(ns).Get(ctx, "web-tls", metav1.GetOptions{})
 		if err != nil {
@@ -416,14 +396,14 @@ func TestControlPlaneAgainstAPIServer(t *testing.T) {
 	}
 
 	// Delete the policy: web is no longer captured.
-	ok(t)(nil, gw.GatewayV1().BackendTLSPolicies(ns).Delete(ctx, "web-tls", metav1.DeleteOptions{}))
+	must.Succeed(t)(nil, gw.GatewayV1().BackendTLSPolicies(ns).Delete(ctx, "web-tls", metav1.DeleteOptions{}))
 	b.waitSnapshot(t, "web no longer captured", func(s *snapshot.Snapshot) bool {
 		_, captured := s.Frontend(netip.AddrPortFrom(clusterIP, 443))
 		return !captured && backendFor(s, "ext", 443) != nil
 	})
 
 	// Delete the EndpointSelector XBackend: its Service goes too.
-	ok(t)(nil, gw.ExperimentalV1alpha1().XBackends(ns).Delete(ctx, "sel", metav1.DeleteOptions{}))
+	must.Succeed(t)(nil, gw.ExperimentalV1alpha1().XBackends(ns).Delete(ctx, "sel", metav1.DeleteOptions{}))
 	eventually(t, "the generated Service to go", func() error {
 		svcs, err := generated()
 		if err != nil || len(svcs) != 0 {

@@ -150,6 +150,10 @@ type Backend struct {
 	Invalid *Invalid `json:"invalid,omitempty"`
 	// SessionPersistence is nil when requests may go to any endpoint.
 	SessionPersistence *SessionPersistence `json:"sessionPersistence,omitempty"`
+	// RetryConstraint bounds the retries the proxy sends to this backend
+	// (XBackendTrafficPolicy retryConstraint); nil leaves route rules'
+	// retry attempts as the only bound.
+	RetryConstraint *RetryConstraint `json:"retryConstraint,omitempty"`
 	// Sources are the objects that shaped this backend (policies, XBackend),
 	// for explanations.
 	Sources []ObjectRef `json:"sources,omitempty"`
@@ -253,6 +257,26 @@ type SessionPersistence struct {
 	// CookiePath is the cookie's Path attribute; empty means "/" (the
 	// Gateway API default).
 	CookiePath string `json:"cookiePath,omitempty"`
+}
+
+// RetryConstraint is a backend's retry budget (Gateway API
+// XBackendTrafficPolicy retryConstraint). Within any BudgetInterval, a
+// retry to the backend is allowed while the retries sent in that interval,
+// this one included, stay within the larger of BudgetPercent of the
+// requests sent (first tries and retries alike) and the minimum rate
+// MinRetryCount per MinRetryInterval scaled to BudgetInterval. A retry
+// beyond the budget is not sent: the client gets 503.
+type RetryConstraint struct {
+	// BudgetPercent is 0 to 100.
+	BudgetPercent int `json:"budgetPercent"`
+	// BudgetInterval is 1 s to 1 h.
+	BudgetInterval Duration `json:"budgetInterval"`
+	// MinRetryCount is at least 1 and MinRetryInterval above 0, at most
+	// 1 h.
+	MinRetryCount    int      `json:"minRetryCount"`
+	MinRetryInterval Duration `json:"minRetryInterval"`
+	// Policy is the XBackendTrafficPolicy these settings came from.
+	Policy ObjectRef `json:"policy"`
 }
 
 // Workload is a pod on this node.

@@ -1,7 +1,7 @@
 // Package status writes the status translate returned into the Gateway API
-// objects it judged: BackendTLSPolicy ancestors, XBackend ancestors,
-// HTTPRoute and GRPCRoute parents, and XMesh conditions and supported
-// features.
+// objects it judged: BackendTLSPolicy and XBackendTrafficPolicy ancestors,
+// XBackend ancestors, HTTPRoute and GRPCRoute parents, and XMesh conditions
+// and supported features.
 //
 // Entries are keyed by (ancestor or parent reference, controllerName), as
 // the Gateway API requires: the Writer replaces, adds and removes only the

@@ -109,6 +109,9 @@ func (w *Writer) Write(ctx context.Context, in translate.Input, st translate.Sta
 	jobs = append(jobs, entryJobs(w, targetOf[*gwv1.BackendTLSPolicy]("BackendTLSPolicy", gw.GatewayV1().BackendTLSPolicies, opts),
 		pa, maxPolicyAncestors, "ancestors", in.BackendTLSPolicies, st.BackendTLSPolicies,
 		func(o *gwv1.BackendTLSPolicy) []gwv1.PolicyAncestorStatus { return o.Status.Ancestors })...)
+	jobs = append(jobs, entryJobs(w, targetOf[*gwxv1alpha1.XBackendTrafficPolicy]("XBackendTrafficPolicy", gw.ExperimentalV1alpha1().XBackendTrafficPolicies, opts),
+		pa, maxPolicyAncestors, "ancestors", in.XBackendTrafficPolicies, st.XBackendTrafficPolicies,
+		func(o *gwxv1alpha1.XBackendTrafficPolicy) []gwv1.PolicyAncestorStatus { return o.Status.Ancestors })...)
 	jobs = append(jobs, entryJobs(w, targetOf[*gwxv1alpha1.XBackend]("XBackend", gw.ExperimentalV1alpha1().XBackends, opts),
 		ba, maxXBackendAncestor, "ancestors", in.XBackends, st.XBackends,
 		func(o *gwxv1alpha1.XBackend) []gwxv1alpha1.BackendAncestorStatus { return o.Status.Ancestors })...)

@@ -48,6 +48,20 @@ func listInput(t *testing.T, env *apiserver.Env) translate.Input {
 	for i := range rs.Items {
 		in.HTTPRoutes = append(in.HTTPRoutes, &rs.Items[i])
 	}
+	tps, err := env.Gateway.ExperimentalV1alpha1().XBackendTrafficPolicies(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range tps.Items {
+		in.XBackendTrafficPolicies = append(in.XBackendTrafficPolicies, &tps.Items[i])
+	}
+	svcs, err := env.Kube.CoreV1().Services(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range svcs.Items {
+		in.Services = append(in.Services, &svcs.Items[i])
+	}
 	ms, err := env.Gateway.ExperimentalV1alpha1().XMeshes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)

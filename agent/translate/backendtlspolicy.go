@@ -234,12 +234,7 @@ func (t *translator) policyAncestors(e *policyEval) []gwv1.PolicyAncestorStatus 
 		}
 		c := conditionSet{generation: e.policy.Generation, now: t.now}
 		switch {
-		case tg.problem != nil && tg.problem.Reason == string(gwv1.PolicyReasonTargetNotFound):
-			c.set(condAccepted, false, tg.problem.Reason, tg.problem.Message)
-		case e.invalid != nil:
-			c.set(condAccepted, false, e.invalid.Reason, e.invalid.Message)
-		case tg.problem != nil:
-			c.set(condAccepted, false, tg.problem.Reason, tg.problem.Message)
+		case c.rejectTarget(tg.problem, e.invalid):
 		case tg.conflicted > 0:
 			c.set(condAccepted, false, string(gwv1.PolicyReasonConflicted), fmt.Sprintf(
 				"BackendTLSPolicy %s/%s targets the same Service ports and takes precedence (older, then first by namespace/name)",

@@ -6,6 +6,8 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/sockmesh/sockmesh/agent/translate/tlsvalidation"
 )
 
 // Labels and annotations sockmesh reads. LabelXBackend is in result.go.
@@ -106,4 +108,22 @@ func deref[T ~string](p *T) string {
 
 func sortPolicyAncestors(s []gwv1.PolicyAncestorStatus) {
 	slices.SortFunc(s, func(a, b gwv1.PolicyAncestorStatus) int { return compareParents(a.AncestorRef, b.AncestorRef) })
+}
+
+// rejectTarget sets Accepted=False for one target of a policy when there is
+// a reason, in the order every policy kind reports them: the target is
+// missing, the policy as a whole is invalid, the target has its own
+// problem. It reports whether it set the condition.
+func (c *conditionSet) rejectTarget(targetProblem, policyInvalid *tlsvalidation.Problem) bool {
+	switch {
+	case targetProblem != nil && targetProblem.Reason == string(gwv1.PolicyReasonTargetNotFound):
+		c.set(condAccepted, false, targetProblem.Reason, targetProblem.Message)
+	case policyInvalid != nil:
+		c.set(condAccepted, false, policyInvalid.Reason, policyInvalid.Message)
+	case targetProblem != nil:
+		c.set(condAccepted, false, targetProblem.Reason, targetProblem.Message)
+	default:
+		return false
+	}
+	return true
 }

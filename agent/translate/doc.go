@@ -22,6 +22,7 @@
 //     with a BackendTLSPolicy, and capturing it anyway would either break
 //     apps that speak TLS themselves or leak plaintext;
 //   - a mesh route (below) attaches to the port;
+//   - an XBackendTrafficPolicy gives it session persistence (below);
 //   - the Service stands for an XBackend (below).
 //
 // The Frontend's Backend is the Service port itself (kind Service) with
@@ -190,9 +191,32 @@
 // pair from a Secret's tls.crt and tls.key. sessionPersistence maps to the
 // Snapshot's (a cookie without a name gets a stable generated one).
 //
-// XBackendTrafficPolicy is read but not applied yet: its retry budget needs
-// the proxy's retries, and its sessionPersistence is deprecated in favour of
-// XBackend's (GEP-4894).
+// # XBackendTrafficPolicy (gateway.networking.x-k8s.io/v1alpha1)
+//
+// Targets are core Services and XBackends in the policy's namespace
+// (xbackendtrafficpolicy.go). retryConstraint becomes the targeted
+// Backend's RetryConstraint, with the CRD's defaults: budget percent 20
+// over interval 10s (1s to 1h), minRetryRate 10 per 1s; the proxy
+// enforces it on route rules' retries (503 once spent). The deprecated
+// sessionPersistence becomes a Service backend's own session persistence
+// (its ports are then captured, so direct clients keep their sessions),
+// and an XBackend's when it has none: an XBackend's own sessionPersistence
+// wins (GEP-4894), which the Accepted message says. A Service annotated
+// sockmesh.io/xbackend and an ExternalName Service are Invalid targets.
+//
+// Precedence as for BackendTLSPolicy: among valid policies targeting the
+// same object, the older wins, then namespace/name; the others are
+// Conflicted there. What the CRD would refuse (percent outside 0-100,
+// intervals out of range or not GEP-2257 durations, count outside
+// 1-1000000, a bad sessionPersistence) makes the policy Invalid: it is
+// applied nowhere and takes part in no conflict.
+//
+// Status: one PolicyAncestorStatus per distinct targetRef (at most 16):
+// ancestorRef group "" kind Service, or group gateway.networking.x-k8s.io
+// kind XBackend, in the policy's namespace; controllerName ControllerName,
+// observedGeneration. Accepted: Accepted, Conflicted, Invalid or
+// TargetNotFound; ResolvedRefs: ResolvedRefs, or InvalidKind for a target
+// kind sockmesh does not know (then also TargetNotFound).
 //
 // # XMesh
 //

@@ -41,6 +41,7 @@ func (t *translator) serviceBackend(svc *corev1.Service, sp corev1.ServicePort) 
 	if policy != nil {
 		b.Sources = []snapshot.ObjectRef{*policy}
 	}
+	t.applyTrafficPolicy(&b)
 	return b
 }
 

@@ -21,7 +21,8 @@ const (
 
 // captureServices adds a frontend for every Service port with backend
 // properties: a governing BackendTLSPolicy, appProtocol h2c or ws (or wss
-// with a policy), or a mesh route table. Services that stand for an
+// with a policy), a mesh route table, or session persistence from an
+// XBackendTrafficPolicy. Services that stand for an
 // XBackend lead there instead.
 func (t *translator) captureServices() {
 	for _, svc := range t.services {
@@ -43,7 +44,7 @@ func (t *translator) captureServices() {
 			// the protocol comes from appProtocol alone.
 			k := portKey{svc.Namespace, svc.Name, sp.Port}
 			if t.portPolicies[k] == nil && portProtocol(deref(sp.AppProtocol), false) == snapshot.ProtocolAuto &&
-				t.routeTables[k] == nil {
+				t.routeTables[k] == nil && !t.trafficPinsSessions(svc) {
 				continue
 			}
 			t.capturePort(svc, sp, addrs, t.serviceBackend(svc, sp))

@@ -13,7 +13,10 @@ import (
 // has an entry with an empty slice, so the writer removes stale entries.
 type Status struct {
 	BackendTLSPolicies map[types.NamespacedName][]gwv1.PolicyAncestorStatus
-	XBackends          map[types.NamespacedName][]gwxv1alpha1.BackendAncestorStatus
+	// XBackendTrafficPolicies: one ancestor per targeted Service or
+	// XBackend.
+	XBackendTrafficPolicies map[types.NamespacedName][]gwv1.PolicyAncestorStatus
+	XBackends               map[types.NamespacedName][]gwxv1alpha1.BackendAncestorStatus
 	// HTTPRoutes and GRPCRoutes hold every route Translate examined, with
 	// its Service parents (an empty slice for a route with none). A nil map
 	// means routes were not examined, so the writer must leave their

@@ -30,6 +30,7 @@ import (
 func Translate(in Input) (Result, error) {
 	t := newTranslator(in)
 	t.translateXBackends()
+	t.evalTrafficPolicies()
 	t.translatePolicies()
 	t.translateRoutes()
 	t.captureServices()
@@ -38,11 +39,12 @@ func Translate(in Input) (Result, error) {
 	res := Result{
 		Workloads: workloads(in),
 		Status: Status{
-			BackendTLSPolicies: t.policyStatus,
-			XBackends:          t.xbackendStatuses,
-			HTTPRoutes:         t.httpRouteStatus,
-			GRPCRoutes:         t.grpcRouteStatus,
-			XMeshes:            meshes(in),
+			BackendTLSPolicies:      t.policyStatus,
+			XBackendTrafficPolicies: t.trafficStatus,
+			XBackends:               t.xbackendStatuses,
+			HTTPRoutes:              t.httpRouteStatus,
+			GRPCRoutes:              t.grpcRouteStatus,
+			XMeshes:                 meshes(in),
 		},
 		EndpointSelectorServices: t.selectorServices,
 	}
@@ -78,10 +80,14 @@ type translator struct {
 	// routeTables holds the mesh route table of each Service port that
 	// routes attach to.
 	routeTables map[portKey]*snapshot.RouteTable
+	// trafficPolicies holds the XBackendTrafficPolicy that governs each
+	// Service and XBackend.
+	trafficPolicies map[trafficKey]*trafficEval
 
 	frontends        []snapshot.Frontend
 	backends         map[snapshot.BackendRef]*snapshot.Backend
 	policyStatus     map[types.NamespacedName][]gwv1.PolicyAncestorStatus
+	trafficStatus    map[types.NamespacedName][]gwv1.PolicyAncestorStatus
 	xbackendStatuses map[types.NamespacedName][]gwxv1alpha1.BackendAncestorStatus
 	httpRouteStatus  map[types.NamespacedName][]gwv1.RouteParentStatus
 	grpcRouteStatus  map[types.NamespacedName][]gwv1.RouteParentStatus
@@ -105,6 +111,8 @@ func newTranslator(in Input) *translator {
 		grants:           map[string][]*gwv1.ReferenceGrant{},
 		portPolicies:     map[portKey]*portPolicy{},
 		routeTables:      map[portKey]*snapshot.RouteTable{},
+		trafficPolicies:  map[trafficKey]*trafficEval{},
+		trafficStatus:    map[types.NamespacedName][]gwv1.PolicyAncestorStatus{},
 		backends:         map[snapshot.BackendRef]*snapshot.Backend{},
 		policyStatus:     map[types.NamespacedName][]gwv1.PolicyAncestorStatus{},
 		xbackendStatuses: map[types.NamespacedName][]gwxv1alpha1.BackendAncestorStatus{},

@@ -63,11 +63,12 @@ type golden struct {
 }
 
 type goldenStatus struct {
-	BackendTLSPolicies map[string][]gwv1.PolicyAncestorStatus         `json:"backendTLSPolicies,omitempty"`
-	XBackends          map[string][]gwxv1alpha1.BackendAncestorStatus `json:"xBackends,omitempty"`
-	HTTPRoutes         map[string][]gwv1.RouteParentStatus            `json:"httpRoutes,omitempty"`
-	GRPCRoutes         map[string][]gwv1.RouteParentStatus            `json:"grpcRoutes,omitempty"`
-	XMeshes            map[string]gwxv1alpha1.MeshStatus              `json:"xMeshes,omitempty"`
+	BackendTLSPolicies      map[string][]gwv1.PolicyAncestorStatus         `json:"backendTLSPolicies,omitempty"`
+	XBackendTrafficPolicies map[string][]gwv1.PolicyAncestorStatus         `json:"xBackendTrafficPolicies,omitempty"`
+	XBackends               map[string][]gwxv1alpha1.BackendAncestorStatus `json:"xBackends,omitempty"`
+	HTTPRoutes              map[string][]gwv1.RouteParentStatus            `json:"httpRoutes,omitempty"`
+	GRPCRoutes              map[string][]gwv1.RouteParentStatus            `json:"grpcRoutes,omitempty"`
+	XMeshes                 map[string]gwxv1alpha1.MeshStatus              `json:"xMeshes,omitempty"`
 }
 
 func toGolden(r translate.Result) golden {
@@ -77,11 +78,12 @@ func toGolden(r translate.Result) golden {
 		Workloads:                r.Workloads,
 		EndpointSelectorServices: r.EndpointSelectorServices,
 		Status: goldenStatus{
-			BackendTLSPolicies: byName(r.Status.BackendTLSPolicies),
-			XBackends:          byName(r.Status.XBackends),
-			HTTPRoutes:         byName(r.Status.HTTPRoutes),
-			GRPCRoutes:         byName(r.Status.GRPCRoutes),
-			XMeshes:            r.Status.XMeshes,
+			BackendTLSPolicies:      byName(r.Status.BackendTLSPolicies),
+			XBackendTrafficPolicies: byName(r.Status.XBackendTrafficPolicies),
+			XBackends:               byName(r.Status.XBackends),
+			HTTPRoutes:              byName(r.Status.HTTPRoutes),
+			GRPCRoutes:              byName(r.Status.GRPCRoutes),
+			XMeshes:                 r.Status.XMeshes,
 		},
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -84,6 +85,7 @@ func newAgentCommand(getenv func(string) string) *cobra.Command {
 			log := newLogger(os.Stderr, s, events)
 			// client-go logs through klog; send it to the same place.
 			klog.SetSlogLogger(log)
+			setMemoryLimit(s, getenv, log)
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			go func() {
@@ -95,6 +97,23 @@ func newAgentCommand(getenv func(string) string) *cobra.Command {
 	}
 	o.addFlags(cmd.Flags(), getenv)
 	return cmd
+}
+
+// setMemoryLimit applies --memory-limit unless $GOMEMLIMIT chose a limit
+// already. The runtime then collects more often only as its memory nears
+// the limit: below it, garbage collection runs as without one. It is a
+// guard against the OOM killer, not a way to make the agent smaller: a
+// limit below what the agent keeps alive makes it collect continuously.
+func setMemoryLimit(s settings, getenv func(string) string, log *slog.Logger) {
+	if s.softMemoryLimit <= 0 {
+		return
+	}
+	if getenv("GOMEMLIMIT") != "" {
+		log.Info("memory limit left to GOMEMLIMIT", "gomemlimit", getenv("GOMEMLIMIT"))
+		return
+	}
+	debug.SetMemoryLimit(s.softMemoryLimit)
+	log.Info("memory limit set", "soft_limit_bytes", s.softMemoryLimit)
 }
 
 func newLogger(w io.Writer, s settings, events *introspect.Events) *slog.Logger {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -22,6 +21,8 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/introspect"
+	"github.com/sockmesh/sockmesh/internal/agentproc"
+	"github.com/sockmesh/sockmesh/internal/nshttp"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 )
 
@@ -33,26 +34,24 @@ import (
 // that leaves no program attached.
 func TestAgentNodeIP(t *testing.T) {
 	e := newEnv(t)
-	a := e.startAgent(t, "--proxy-mode=node-ip", "--proxy-listen="+nodeIP.String()+":0")
-	proxyAddr := netip.MustParseAddrPort(a.logs.wait(t, "proxy listener", a.exited, func(r record) bool {
-		return r.msg() == "listening" && r.str("listener") == "proxy"
-	}).str("addr"))
-	if proxyAddr.Addr() != nodeIP || proxyAddr.Port() == 0 {
-		t.Fatalf("proxy listens on %s, want %s with a kernel-chosen port", proxyAddr, nodeIP)
+	a := e.startAgent(t, "--proxy-mode=node-ip", "--proxy-listen="+addrs.Node.String()+":0")
+	proxyAddr := netip.MustParseAddrPort(a.logged(t, "proxy listener", agentproc.Listening("proxy")).Str("addr"))
+	if proxyAddr.Addr() != addrs.Node || proxyAddr.Port() == 0 {
+		t.Fatalf("proxy listens on %s, want %s with a kernel-chosen port", proxyAddr, addrs.Node)
 	}
 
-	body := a.waitReady(t, e)
+	body := a.waitReady(t)
 	for _, check := range []string{"datapath", "snapshot", "proxy", "heartbeat"} {
 		if !strings.Contains(body, "[+]"+check+" ok") {
 			t.Errorf("/readyz body lacks a passing %s check:\n%s", check, body)
 		}
 	}
-	a.logs.wait(t, `"agent ready"`, a.exited, func(r record) bool { return r.msg() == "agent ready" })
+	a.logged(t, `"agent ready"`, func(r agentproc.Record) bool { return r.Msg() == "agent ready" })
 	checkTLSOriginated(t, e.get(t, "/hello"))
 
 	// The agent runs with the GODEBUG setting WebSocket over HTTP/2 needs:
 	// it re-executes itself when its environment lacks it.
-	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", a.p.Cmd.Process.Pid))
+	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", a.Process.Cmd.Process.Pid))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,8 +66,8 @@ func TestAgentNodeIP(t *testing.T) {
 	// A manifest that does not parse: reported, and the last good objects
 	// keep being served.
 	e.writeFile(t, "broken.yaml", "apiVersion: v1\nkind: Service\nmetadata: {name: [oops\n")
-	a.logs.wait(t, "a warning about broken.yaml", a.exited, func(r record) bool {
-		return r.str("level") == "WARN" && strings.Contains(r.str("err"), "broken.yaml")
+	a.logged(t, "a warning about broken.yaml", func(r agentproc.Record) bool {
+		return r.Str("level") == "WARN" && strings.Contains(r.Str("err"), "broken.yaml")
 	})
 	checkTLSOriginated(t, e.get(t, "/after-broken"))
 
@@ -99,7 +98,7 @@ func TestAgentNodeIP(t *testing.T) {
 	// SIGTERM while a response streams: the stream completes, then the
 	// agent exits cleanly.
 	const events = 8
-	stream, err := httpClient(e.client).Get("http://" + vip.String() + "/sse?n=" + strconv.Itoa(events) + "&interval=100ms")
+	stream, err := nshttp.Client(e.client, 10*time.Second).Get("http://" + vip.String() + "/sse?n=" + strconv.Itoa(events) + "&interval=100ms")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,10 +115,10 @@ func TestAgentNodeIP(t *testing.T) {
 	if !readEvent() {
 		t.Fatalf("no first event: %v", sc.Err())
 	}
-	if err := a.p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := a.Process.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	a.logs.wait(t, `"shutting down"`, a.exited, func(r record) bool { return r.msg() == "shutting down" })
+	a.logged(t, `"shutting down"`, func(r agentproc.Record) bool { return r.Msg() == "shutting down" })
 	got := 1
 	for readEvent() {
 		got++
@@ -129,15 +128,15 @@ func TestAgentNodeIP(t *testing.T) {
 		t.Errorf("the stream in flight at SIGTERM delivered %d of %d events (%v)", got, events, sc.Err())
 	}
 	select {
-	case <-a.exited:
+	case <-a.Exited():
 	case <-time.After(waitFor):
 		t.Fatal("agent still running after the drain")
 	}
-	if err := a.p.Wait(); err != nil {
+	if err := a.Process.Wait(); err != nil {
 		t.Errorf("agent exit after SIGTERM: %v", err)
 	}
-	stopped := a.logs.wait(t, `"stopped"`, nil, func(r record) bool { return r.msg() == "stopped" })
-	if ts, err := time.Parse(time.RFC3339Nano, stopped.str("time")); err != nil || ts.Before(streamEnd.Add(-50*time.Millisecond)) {
+	stopped := a.logged(t, `"stopped"`, func(r agentproc.Record) bool { return r.Msg() == "stopped" })
+	if ts, err := time.Parse(time.RFC3339Nano, stopped.Str("time")); err != nil || ts.Before(streamEnd.Add(-50*time.Millisecond)) {
 		t.Errorf("agent stopped at %v, before the stream it drained ended at %v", ts, streamEnd)
 	}
 
@@ -156,9 +155,9 @@ func TestAgentNodeIP(t *testing.T) {
 	}
 
 	// The next agent adopts every pinned link and serves again.
-	b := e.startAgent(t, "--proxy-mode=node-ip", "--proxy-listen="+nodeIP.String()+":0")
-	b.waitReady(t, e)
-	if n := b.logs.count(func(r record) bool { return r.msg() == "adopted pinned link" }); n != 6 {
+	b := e.startAgent(t, "--proxy-mode=node-ip", "--proxy-listen="+addrs.Node.String()+":0")
+	b.waitReady(t)
+	if n := b.Log.Count(func(r agentproc.Record) bool { return r.Msg() == "adopted pinned link" }); n != 6 {
 		t.Errorf("restarted agent adopted %d pinned links, want all 6 hooks", n)
 	}
 	checkTLSOriginated(t, e.get(t, "/after-restart"))
@@ -183,7 +182,7 @@ func TestAgentNodeIP(t *testing.T) {
 func TestAgentInPod(t *testing.T) {
 	e := newEnv(t)
 	a := e.startAgent(t, "--proxy-mode=in-pod", "--in-pod-port=15001")
-	a.waitReady(t, e)
+	a.waitReady(t)
 	checkTLSOriginated(t, e.get(t, "/hello"))
 
 	rep := report(t, a)
@@ -212,7 +211,7 @@ func TestAgentInPod(t *testing.T) {
 	if err := os.Remove(filepath.Join(e.manifests, "client.yaml")); err != nil {
 		t.Fatal(err)
 	}
-	a.logs.wait(t, `"pod unenrolled"`, a.exited, func(r record) bool { return r.msg() == "pod unenrolled" })
+	a.logged(t, `"pod unenrolled"`, func(r agentproc.Record) bool { return r.Msg() == "pod unenrolled" })
 	deadline := time.Now().Add(waitFor)
 	for {
 		c, err := e.client.Dial(&net.Dialer{Timeout: 5 * time.Second}, "tcp", want4.String())
@@ -230,29 +229,18 @@ func TestAgentInPod(t *testing.T) {
 	a.stop(t)
 }
 
-// report asks the agent for its introspection report (SIGUSR1) and decodes
-// the newest one it logs.
+// report asks the agent for its introspection report (SIGUSR1).
 func report(t *testing.T, a *agentRun) introspect.Report {
 	t.Helper()
-	isReport := func(r record) bool { return r.msg() == "introspection report" }
-	seen := a.logs.count(isReport)
-	if err := a.p.Cmd.Process.Signal(syscall.SIGUSR1); err != nil {
-		t.Fatal(err)
-	}
-	r := a.logs.waitAfter(t, "an introspection report", a.exited, seen, isReport)
-	b, err := json.Marshal(r["report"])
+	rep, err := a.Report()
 	if err != nil {
 		t.Fatal(err)
-	}
-	var rep introspect.Report
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatalf("decode the introspection report: %v\n%s", err, b)
 	}
 	return rep
 }
 
 func checkMetrics(t *testing.T, e *env, a *agentRun) {
-	resp, err := httpClient(e.node).Get("http://" + a.metrics + "/metrics")
+	resp, err := nshttp.Client(e.node, 10*time.Second).Get("http://" + a.metrics + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

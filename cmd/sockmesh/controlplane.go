@@ -43,6 +43,7 @@ func newControlPlane(s settings, log *slog.Logger, reg prometheus.Registerer) (*
 		if err != nil {
 			return nil, err
 		}
+		rc.QPS, rc.Burst = s.kubeQPS, s.kubeBurst
 		kube, gw, err := kubesource.NewClients(rc)
 		if err != nil {
 			return nil, err

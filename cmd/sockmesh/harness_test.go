@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -13,12 +12,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sockmesh/sockmesh/internal/agentproc"
+	"github.com/sockmesh/sockmesh/internal/nodetopo"
+	"github.com/sockmesh/sockmesh/internal/nshttp"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 	"github.com/sockmesh/sockmesh/internal/testenv"
 	"github.com/sockmesh/sockmesh/test/echo"
@@ -38,16 +38,12 @@ func TestMain(m *testing.M) {
 	})
 }
 
-// The test's node: a "node" netns where the agent runs, a client pod and a
-// backend pod, each on a veth to the node. 10.232.0.0/16 belongs to these
-// tests alone in this repository, so concurrent tests cannot make a pod
-// address ambiguous.
+// The test's node (internal/nodetopo): a "node" netns where the agent runs,
+// a client pod and a backend pod, each on a veth to the node.
+// 10.232.0.0/16 belongs to these tests alone in this repository, so
+// concurrent tests cannot make a pod address ambiguous.
 var (
-	nodeIP    = netip.MustParseAddr("10.232.0.1")
-	clientGW  = netip.MustParsePrefix("10.232.1.1/24")
-	clientIP  = netip.MustParsePrefix("10.232.1.10/24")
-	backendGW = netip.MustParsePrefix("10.232.2.1/24")
-	backendIP = netip.MustParsePrefix("10.232.2.20/24")
+	addrs = nodetopo.Plan(232)
 	// vip exists nowhere: only a redirect reaches it.
 	vip = netip.MustParseAddrPort("10.96.232.10:80")
 )
@@ -75,12 +71,8 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	testenv.RequireRoot(t)
-	e := &env{node: sandbox.NewNetNS(t), client: sandbox.NewNetNS(t), backend: sandbox.NewNetNS(t)}
-	e.node.AddAddr(t, "lo", netip.PrefixFrom(nodeIP, 32))
-	sandbox.NewVeth(t, e.node, e.client, []netip.Prefix{clientGW}, []netip.Prefix{clientIP})
-	e.client.AddRoute(t, netip.MustParsePrefix("0.0.0.0/0"), clientGW.Addr())
-	sandbox.NewVeth(t, e.node, e.backend, []netip.Prefix{backendGW}, []netip.Prefix{backendIP})
-	e.backend.AddRoute(t, netip.MustParsePrefix("0.0.0.0/0"), backendGW.Addr())
+	topo := nodetopo.New(t, addrs)
+	e := &env{node: topo.Node, client: topo.Client, backend: topo.Backend}
 	var err error
 	if e.clientCookie, err = e.client.Cookie(); err != nil {
 		t.Fatal(err)
@@ -94,7 +86,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := e.backend.Listen(context.Background(), nil, "tcp", netip.AddrPortFrom(backendIP.Addr(), backendPort).String())
+	ln, err := e.backend.Listen(context.Background(), nil, "tcp", netip.AddrPortFrom(addrs.Backend.Addr(), backendPort).String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,9 +98,9 @@ func newEnv(t *testing.T) *env {
 	if err := os.Mkdir(e.manifests, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	e.writeFile(t, "client.yaml", fmt.Sprintf(clientYAML, testNode, clientIP.Addr(), clientIP.Addr()))
+	e.writeFile(t, "client.yaml", fmt.Sprintf(clientYAML, testNode, addrs.Client.Addr(), addrs.Client.Addr()))
 	e.writeFile(t, "secure.yaml", fmt.Sprintf(secureYAML, vip.Addr(), vip.Addr(), vip.Port(), backendPort,
-		backendPort, backendIP.Addr(), indent(string(ca.CertPEM), "    "), serverName))
+		backendPort, addrs.Backend.Addr(), indent(string(ca.CertPEM), "    "), serverName))
 
 	// This process's sockets are the client's: it joins the cgroup the
 	// programs attach to, where the agent is born too.
@@ -197,11 +189,8 @@ func (l *countingListener) Accept() (net.Conn, error) {
 
 // agentRun is one agent process and what it logged.
 type agentRun struct {
-	p       *sandbox.Process
-	exited  chan struct{}
-	logs    *logWatch
-	health  string // host:port of /healthz and /readyz, in the node netns
-	metrics string
+	*agentproc.Agent
+	metrics string // host:port of /metrics, in the node netns
 }
 
 // startAgent runs `sockmesh agent` in the node netns and the test cgroup
@@ -216,67 +205,39 @@ func (e *env) startAgent(t *testing.T, args ...string) *agentRun {
 		"--log-format=json", "--drain-timeout=10s",
 		"--introspection-socket=" + filepath.Join(t.TempDir(), "agent.sock"),
 	}, args...)
-	cmd := sandbox.HelperCommand(t, "sockmesh", args...)
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = w, w
-	a := &agentRun{logs: watchLogs(t, r), exited: make(chan struct{})}
-	a.p = sandbox.Start(t, cmd, e.node, e.cg)
-	w.Close()
-	go func() { a.p.Wait(); close(a.exited) }()
-	a.health = a.logs.wait(t, "health listener", a.exited, func(r record) bool {
-		return r.msg() == "listening" && r.str("listener") == "health"
-	}).str("addr")
-	a.metrics = a.logs.wait(t, "metrics listener", a.exited, func(r record) bool {
-		return r.msg() == "listening" && r.str("listener") == "metrics"
-	}).str("addr")
+	a := &agentRun{Agent: agentproc.Start(t, agentproc.Config{
+		Cmd: sandbox.HelperCommand(t, "sockmesh", args...), NetNS: e.node, Cgroup: e.cg, Timeout: waitFor,
+	})}
+	a.metrics = a.logged(t, "metrics listener", agentproc.Listening("metrics")).Str("addr")
 	return a
 }
 
-// waitReady polls /readyz until it answers 200 and returns its body.
-func (a *agentRun) waitReady(t *testing.T, e *env) string {
+// logged returns the first record that matches, waiting for it until the
+// agent's log ends or waitFor passes.
+func (a *agentRun) logged(t *testing.T, what string, match func(agentproc.Record) bool) agentproc.Record {
 	t.Helper()
-	c := httpClient(e.node)
-	deadline := time.Now().Add(waitFor)
-	last := ""
-	for {
-		resp, err := c.Get("http://" + a.health + "/readyz")
-		if err == nil {
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return string(body)
-			}
-			last = fmt.Sprintf("%s: %s", resp.Status, body)
-		} else {
-			last = err.Error()
-		}
-		select {
-		case <-a.exited:
-			t.Fatalf("agent exited before it was ready: %v", a.p.Wait())
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent not ready after %s; /readyz: %s", waitFor, last)
-		}
+	r, err := a.Log.Wait(match)
+	if err != nil {
+		t.Fatalf("agent never logged %s: %v", what, err)
 	}
+	return r
+}
+
+// waitReady polls /readyz until it answers 200 and returns its body.
+func (a *agentRun) waitReady(t *testing.T) string {
+	t.Helper()
+	body, err := a.WaitReady(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return body
 }
 
 // stop sends SIGTERM and waits for a clean exit.
 func (a *agentRun) stop(t *testing.T) {
 	t.Helper()
-	if err := a.p.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := a.Stop(); err != nil {
 		t.Fatal(err)
-	}
-	select {
-	case <-a.exited:
-	case <-time.After(waitFor):
-		t.Fatalf("agent still running %s after SIGTERM", waitFor)
-	}
-	if err := a.p.Wait(); err != nil {
-		t.Fatalf("agent exit after SIGTERM: %v", err)
 	}
 }
 
@@ -284,7 +245,7 @@ func (a *agentRun) stop(t *testing.T) {
 // HTTP/1.1, and decodes the backend's report.
 func (e *env) get(t *testing.T, path string) echo.Report {
 	t.Helper()
-	resp, err := httpClient(e.client).Get("http://" + vip.String() + path)
+	resp, err := nshttp.Client(e.client, 10*time.Second).Get("http://" + vip.String() + path)
 	if err != nil {
 		t.Fatalf("GET %s from the client pod: %v", path, err)
 	}
@@ -307,106 +268,4 @@ func checkTLSOriginated(t *testing.T, rep echo.Report) {
 	if rep.TLS == nil || rep.TLS.ServerName != serverName || rep.Proto != "HTTP/1.1" {
 		t.Errorf("backend saw %s, TLS %+v; want HTTP/1.1 in TLS with SNI %s", rep.Proto, rep.TLS, serverName)
 	}
-}
-
-// httpClient makes HTTP/1.1 requests from inside ns, a connection each.
-func httpClient(ns *sandbox.NetNS) *http.Client {
-	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return ns.Dial(&net.Dialer{Timeout: 5 * time.Second}, network, addr)
-		},
-	}}
-}
-
-// record is one JSON log record.
-type record map[string]any
-
-func (r record) msg() string           { return r.str("msg") }
-func (r record) str(key string) string { s, _ := r[key].(string); return s }
-
-// logWatch collects an agent's JSON log records.
-type logWatch struct {
-	mu      sync.Mutex
-	records []record
-	lines   []string
-	grew    chan struct{} // closed and replaced when a line arrives
-}
-
-func watchLogs(t *testing.T, r io.ReadCloser) *logWatch {
-	l := &logWatch{grew: make(chan struct{})}
-	go func() {
-		defer r.Close()
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 64<<10), 16<<20)
-		for sc.Scan() {
-			var rec record
-			json.Unmarshal(sc.Bytes(), &rec) // non-JSON lines (cobra's errors) stay in lines only
-			l.mu.Lock()
-			l.lines = append(l.lines, sc.Text())
-			if rec != nil {
-				l.records = append(l.records, rec)
-			}
-			close(l.grew)
-			l.grew = make(chan struct{})
-			l.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		if t.Failed() {
-			l.mu.Lock()
-			t.Logf("agent log:\n%s", strings.Join(l.lines, "\n"))
-			l.mu.Unlock()
-		}
-	})
-	return l
-}
-
-// wait returns the first record that matches, waiting for it until the
-// agent exits or waitFor passes.
-func (l *logWatch) wait(t *testing.T, what string, exited <-chan struct{}, match func(record) bool) record {
-	t.Helper()
-	return l.waitAfter(t, what, exited, 0, match)
-}
-
-// waitAfter is wait for the first match after the first skip ones.
-func (l *logWatch) waitAfter(t *testing.T, what string, exited <-chan struct{}, skip int, match func(record) bool) record {
-	t.Helper()
-	timeout := time.After(waitFor)
-	for {
-		l.mu.Lock()
-		grew := l.grew
-		n := 0
-		for _, r := range l.records {
-			if match(r) {
-				if n == skip {
-					l.mu.Unlock()
-					return r
-				}
-				n++
-			}
-		}
-		l.mu.Unlock()
-		select {
-		case <-grew:
-		case <-exited:
-			exited = nil // read what it logged last, then fail at the timeout
-			timeout = time.After(100 * time.Millisecond)
-		case <-timeout:
-			t.Fatalf("agent never logged %s", what)
-		}
-	}
-}
-
-// count returns how many records match.
-func (l *logWatch) count(match func(record) bool) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	n := 0
-	for _, r := range l.records {
-		if match(r) {
-			n++
-		}
-	}
-	return n
 }

@@ -1,14 +1,10 @@
 package main
 
 import (
-	"context"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,7 +12,6 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/tools/clientcmd"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/sockmesh/sockmesh/agent/source/manifests"
@@ -37,12 +32,16 @@ func TestAgentKubernetes(t *testing.T) {
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "sockmesh-system"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	kubeconfig := nodeKubeconfig(t, e, api)
+	ln, err := e.node.Listen(ctx, nil, "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig := api.KubeconfigVia(t, ln)
 
 	a := e.startAgent(t, "--source=kubernetes", "--kubeconfig="+kubeconfig, "--leader-elect",
 		"--leader-election-namespace=sockmesh-system", "--service-cidr="+apiserver.ServiceCIDR,
-		"--proxy-listen="+nodeIP.String()+":0")
-	a.waitReady(t, e)
+		"--proxy-listen="+addrs.Node.String()+":0")
+	a.waitReady(t)
 	checkTLSOriginated(t, e.get(t, "/hello"))
 
 	eventually(t, "the BackendTLSPolicy's status written by the elected agent", func() error {
@@ -125,69 +124,6 @@ func createManifests(t *testing.T, api *apiserver.Env, dir string) {
 			t.Fatalf("create %T: %v", obj, err)
 		}
 	}
-}
-
-// nodeKubeconfig returns a kubeconfig that reaches the API server from the
-// node netns: the API server listens on the host's loopback, so a relay in
-// the node netns forwards to it (the serving certificate names 127.0.0.1,
-// so TLS still verifies).
-func nodeKubeconfig(t *testing.T, e *env, api *apiserver.Env) string {
-	t.Helper()
-	target := strings.TrimPrefix(api.Config.Host, "https://")
-	ln, err := e.node.Listen(context.Background(), nil, "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	relay(t, ln, target)
-	cfg, err := clientcmd.LoadFromFile(api.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, c := range cfg.Clusters {
-		c.Server = "https://" + ln.Addr().String()
-	}
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
-// relay copies every connection ln accepts to and from target, dialed from
-// this process's own netns, until t ends.
-func relay(t *testing.T, ln net.Listener, target string) {
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-		wg    sync.WaitGroup
-	)
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, up)
-			mu.Unlock()
-			wg.Go(func() { io.Copy(up, c); up.Close() })
-			wg.Go(func() { io.Copy(c, up); c.Close() })
-		}
-	})
 }
 
 // eventually polls cond until it holds or waitFor passes.

@@ -1,17 +1,17 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
-	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/sockmesh/sockmesh/datapath/bpffs"
+	"github.com/sockmesh/sockmesh/internal/mountinfo"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 	"github.com/sockmesh/sockmesh/internal/testenv"
 )
@@ -66,21 +66,9 @@ func TestMountBPFFS(t *testing.T) {
 // peer group.
 func sharedMount(t *testing.T, dir string) bool {
 	t.Helper()
-	f, err := os.Open("/proc/self/mountinfo")
+	ms, err := mountinfo.List()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 6 && fields[4] == dir {
-			for _, opt := range fields[6:] {
-				if strings.HasPrefix(opt, "shared:") {
-					return true
-				}
-			}
-		}
-	}
-	return false
+	return slices.ContainsFunc(ms, func(m mountinfo.Mount) bool { return m.Point == dir && m.Shared })
 }

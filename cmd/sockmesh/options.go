@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sockmesh/sockmesh/agent/enrol"
@@ -45,6 +46,9 @@ type options struct {
 	logLevel                string
 	logFormat               string
 	drainTimeout            time.Duration
+	memoryLimit             string
+	kubeAPIQPS              float32
+	kubeAPIBurst            int
 	introspection           httpapi.Config
 }
 
@@ -55,7 +59,14 @@ const (
 	envPodNamespace = "POD_NAMESPACE" // metadata.namespace
 	envPodName      = "POD_NAME"      // metadata.name
 	envHostIP       = "HOST_IP"       // status.hostIP
+	envMemoryLimit  = "MEMORY_LIMIT"  // resourceFieldRef limits.memory, in bytes
 )
+
+// softLimitShare is the share of --memory-limit the Go runtime's soft
+// memory limit is set to. The rest is for what the runtime does not count:
+// eBPF maps (charged to the agent's cgroup), the page cache, and the
+// runtime's own slack. 90% is the usual choice for Go services.
+const softLimitShare = 0.9
 
 const defaultProxyPort = 15001
 
@@ -84,6 +95,12 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: json or text")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 20*time.Second, "on SIGTERM, how long connections may drain before they are closed")
+	// client-go's own default, 5 requests/s, makes an agent that watches
+	// a hundred referenced CA ConfigMaps (one watch each) wait 20 s to
+	// start them, past the 10 s after which it treats them as missing.
+	fs.Float32Var(&o.kubeAPIQPS, "kube-api-qps", 100, "requests per second to the API server (kubernetes source), sustained")
+	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 200, "requests to the API server in a burst (kubernetes source)")
+	fs.StringVar(&o.memoryLimit, "memory-limit", getenv(envMemoryLimit), "memory the agent's container may use (bytes, or a quantity like 512Mi): the Go runtime's soft memory limit is set to 90% of it, so that the GC works harder before the OOM killer would end the agent; $GOMEMLIMIT, when set, wins (default $"+envMemoryLimit+"; empty or 0: no soft limit)")
 	in := &o.introspection
 	fs.StringVar(&in.Socket, "introspection-socket", httpapi.DefaultSocket, "unix socket serving the read-only introspection API (sockmeshctl), mode 0600")
 	fs.StringVar(&in.Group, "introspection-group", "", "group (name or ID) that may also use the introspection socket (mode 0660)")
@@ -192,6 +209,12 @@ type settings struct {
 	logLevel     slog.Level
 	logJSON      bool
 	drainTimeout time.Duration
+	// softMemoryLimit is the Go runtime's soft memory limit in bytes from
+	// --memory-limit (0: none).
+	softMemoryLimit int64
+	// kubeQPS and kubeBurst rate-limit the kubernetes source's clients.
+	kubeQPS   float32
+	kubeBurst int
 	// introspection is the introspection API server's configuration.
 	introspection httpapi.Config
 }
@@ -215,7 +238,7 @@ func (o *options) settings(getenv func(string) string, hostIP func() (netip.Addr
 		podName: getenv(envPodName), mode: enrol.Mode(o.proxyMode), inPodPort: o.inPodPort,
 		healthListen: o.healthListen, metricsListen: o.metricsListen, bpffs: o.bpffs, cgroup: o.cgroup,
 		leaderElect: o.leaderElect, leaderNS: o.leaderElectionNamespace, drainTimeout: o.drainTimeout,
-		introspection: o.introspection,
+		introspection: o.introspection, kubeQPS: o.kubeAPIQPS, kubeBurst: o.kubeAPIBurst,
 	}
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
@@ -291,6 +314,17 @@ func (o *options) settings(getenv func(string) string, hostIP func() (netip.Addr
 	}
 	if s.drainTimeout < 0 {
 		bad("--drain-timeout must not be negative")
+	}
+	if s.kubeQPS <= 0 || s.kubeBurst <= 0 {
+		bad("--kube-api-qps and --kube-api-burst must be positive")
+	}
+	if o.memoryLimit != "" {
+		q, err := resource.ParseQuantity(o.memoryLimit)
+		if err != nil || q.Sign() < 0 {
+			bad("--memory-limit=%q: want bytes or a quantity such as 512Mi", o.memoryLimit)
+		} else {
+			s.softMemoryLimit = int64(float64(q.Value()) * softLimitShare)
+		}
 	}
 	if in := s.introspection; in.Socket == "" {
 		bad("--introspection-socket must not be empty")

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -52,6 +53,7 @@ func TestDefaults(t *testing.T) {
 		node:     translate.Node{IPs: []netip.Addr{netip.MustParseAddr("192.0.2.7")}},
 		logLevel: slog.LevelInfo, drainTimeout: 20 * time.Second,
 		introspection: httpapi.Config{Socket: httpapi.DefaultSocket},
+		kubeQPS:       100, kubeBurst: 200,
 	}
 	if diff := cmp.Diff(want, got, cmp.AllowUnexported(settings{}), cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
 		cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b })); diff != "" {
@@ -207,5 +209,42 @@ func TestWithXConnect(t *testing.T) {
 		if !slices.Equal(got, c.want) || changed != c.wantChanged {
 			t.Errorf("withXConnect(%q) = %q, %v; want %q, %v", c.env, got, changed, c.want, c.wantChanged)
 		}
+	}
+}
+
+func TestMemoryLimit(t *testing.T) {
+	const gib = 1 << 30
+	for _, tc := range []struct {
+		name    string
+		env     map[string]string
+		args    []string
+		want    int64
+		wantErr string
+	}{
+		{name: "unset", want: 0},
+		{name: "from the downward API", env: map[string]string{"MEMORY_LIMIT": "1073741824"}, want: gib * 9 / 10},
+		{name: "quantity", args: []string{"--memory-limit=1Gi"}, want: gib * 9 / 10},
+		{name: "flag wins over env", env: map[string]string{"MEMORY_LIMIT": "1073741824"}, args: []string{"--memory-limit=2Gi"}, want: 2 * gib * 9 / 10},
+		{name: "zero is none", args: []string{"--memory-limit=0"}, want: 0},
+		{name: "negative", args: []string{"--memory-limit=-1Gi"}, wantErr: "--memory-limit"},
+		{name: "garbage", args: []string{"--memory-limit=lots"}, wantErr: "--memory-limit"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			env := map[string]string{"NODE_NAME": "n"}
+			maps.Copy(env, tc.env)
+			got, err := parse(t, env, "", tc.args...)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want one naming %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.softMemoryLimit != tc.want {
+				t.Errorf("soft memory limit = %d, want %d (90%% of the container's)", got.softMemoryLimit, tc.want)
+			}
+		})
 	}
 }

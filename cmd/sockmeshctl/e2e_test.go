@@ -24,6 +24,7 @@ import (
 	"github.com/sockmesh/sockmesh/ctl/render"
 	"github.com/sockmesh/sockmesh/ctl/top"
 	"github.com/sockmesh/sockmesh/datapath"
+	"github.com/sockmesh/sockmesh/internal/agentproc"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 	"github.com/sockmesh/sockmesh/test/echo"
 )
@@ -39,7 +40,7 @@ func TestCLI(t *testing.T) {
 	e := newEnv(t)
 	e.createObjects(t)
 	a := e.startAgent(t, "--source=kubernetes", "--kubeconfig="+e.kubeconfig, "--leader-elect", "--leader-election-namespace="+ns)
-	a.waitReady(t, e)
+	a.waitReady(t)
 
 	// Traffic: two requests to secure (TLS originated), one to broken (the
 	// proxy answers 503 itself).
@@ -279,9 +280,9 @@ func fileSourceCatalog(t *testing.T, e *env) []introspect.MetricInfo {
 	manifests := t.TempDir()
 	f := &env{bins: e.bins, api: e.api, node: node, cg: sandbox.NewCgroup(t), bpffs: sandbox.TempBPFFS(t), nodeName: "file-node", nodeIP: ip}
 	b := f.startAgent(t, "--source=file", "--manifests="+manifests)
-	b.logs.wait(t, "the introspection listener", b.exited, func(r record) bool {
-		return r.msg() == "listening" && r.str("listener") == "introspection"
-	})
+	if _, err := b.Log.Wait(agentproc.Listening("introspection")); err != nil {
+		t.Fatalf("agent never logged the introspection listener: %v", err)
+	}
 	var catalog []introspect.MetricInfo
 	f.okJSON(t, b, &catalog, "metrics")
 	return catalog

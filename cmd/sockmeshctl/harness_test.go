@@ -1,15 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -25,9 +22,11 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/tools/clientcmd"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	"github.com/sockmesh/sockmesh/internal/agentproc"
+	"github.com/sockmesh/sockmesh/internal/nodetopo"
+	"github.com/sockmesh/sockmesh/internal/nshttp"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 	"github.com/sockmesh/sockmesh/internal/testenv"
 	"github.com/sockmesh/sockmesh/test/apiserver"
@@ -36,16 +35,12 @@ import (
 	"github.com/sockmesh/sockmesh/test/pki"
 )
 
-// The test's node: a "node" netns where the agent runs, a client pod and a
-// backend pod, each on a veth to the node. 10.236.0.0/16 belongs to these
-// tests alone in this repository; the Service addresses exist nowhere (only
-// a redirect reaches them).
+// The test's node (internal/nodetopo): a "node" netns where the agent
+// runs, a client pod and a backend pod, each on a veth to the node.
+// 10.236.0.0/16 belongs to these tests alone in this repository; the
+// Service addresses exist nowhere (only a redirect reaches them).
 var (
-	nodeIP    = netip.MustParseAddr("10.236.0.1")
-	clientGW  = netip.MustParsePrefix("10.236.1.1/24")
-	clientIP  = netip.MustParsePrefix("10.236.1.10/24")
-	backendGW = netip.MustParsePrefix("10.236.2.1/24")
-	backendIP = netip.MustParsePrefix("10.236.2.20/24")
+	addrs = nodetopo.Plan(236)
 	// optedIP is the address of a pod that opted out; it has no namespace.
 	optedIP   = netip.MustParseAddr("10.236.3.10")
 	secureVIP = netip.MustParseAddr("10.96.236.10")
@@ -123,13 +118,9 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	testenv.RequireRoot(t)
-	e := &env{bins: buildBinaries(t), api: apiserver.Start(t), nodeName: "node-" + sandbox.Name(), nodeIP: nodeIP}
-	e.node, e.client, e.backend = sandbox.NewNetNS(t), sandbox.NewNetNS(t), sandbox.NewNetNS(t)
-	e.node.AddAddr(t, "lo", netip.PrefixFrom(nodeIP, 32))
-	sandbox.NewVeth(t, e.node, e.client, []netip.Prefix{clientGW}, []netip.Prefix{clientIP})
-	e.client.AddRoute(t, netip.MustParsePrefix("0.0.0.0/0"), clientGW.Addr())
-	sandbox.NewVeth(t, e.node, e.backend, []netip.Prefix{backendGW}, []netip.Prefix{backendIP})
-	e.backend.AddRoute(t, netip.MustParsePrefix("0.0.0.0/0"), backendGW.Addr())
+	e := &env{bins: buildBinaries(t), api: apiserver.Start(t), nodeName: "node-" + sandbox.Name(), nodeIP: addrs.Node}
+	topo := nodetopo.New(t, addrs)
+	e.node, e.client, e.backend = topo.Node, topo.Client, topo.Backend
 
 	var err error
 	if e.ca, err = pki.NewCA("sockmeshctl test CA"); err != nil {
@@ -139,7 +130,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := e.backend.Listen(context.Background(), nil, "tcp", netip.AddrPortFrom(backendIP.Addr(), backendPort).String())
+	ln, err := e.backend.Listen(context.Background(), nil, "tcp", netip.AddrPortFrom(addrs.Backend.Addr(), backendPort).String())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,65 +143,14 @@ func newEnv(t *testing.T) *env {
 	e.cg = sandbox.NewCgroup(t)
 	e.cg.Enter(t)
 	e.bpffs = sandbox.TempBPFFS(t)
-	e.kubeconfig = e.relayAPIServer(t)
+	// The API server listens on the host's loopback: a relay on the
+	// node's loopback reaches it.
+	relay, err := e.node.Listen(context.Background(), nil, "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.kubeconfig = e.api.KubeconfigVia(t, relay)
 	return e
-}
-
-// relayAPIServer returns a kubeconfig that reaches the API server from
-// inside the node netns: the API server listens on the host's loopback, and
-// a relay on the node's loopback forwards to it from the test process (the
-// serving certificate names 127.0.0.1, so TLS verifies).
-func (e *env) relayAPIServer(t *testing.T) string {
-	t.Helper()
-	target := strings.TrimPrefix(e.api.Config.Host, "https://")
-	ln, err := e.node.Listen(context.Background(), nil, "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-		wg    sync.WaitGroup
-	)
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, up)
-			mu.Unlock()
-			wg.Go(func() { io.Copy(up, c); up.Close() })
-			wg.Go(func() { io.Copy(c, up); c.Close() })
-		}
-	})
-	cfg, err := clientcmd.LoadFromFile(e.api.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, cl := range cfg.Clusters {
-		cl.Server = "https://" + ln.Addr().String()
-	}
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 // createObjects writes the cluster: the node, the client pod, a pod that
@@ -231,7 +171,7 @@ func (e *env) createObjects(t *testing.T) {
 	}
 	node, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: e.nodeName}}, metav1.CreateOptions{})
 	must("node", err)
-	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: nodeIP.String()}}
+	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: addrs.Node.String()}}
 	_, err = kube.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
 	must("node status", err)
 	_, err = kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
@@ -253,7 +193,7 @@ func (e *env) createObjects(t *testing.T) {
 		_, err = kube.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{})
 		must("pod status "+name, err)
 	}
-	pod("client", e.nodeName, clientIP.Addr(), nil)
+	pod("client", e.nodeName, addrs.Client.Addr(), nil)
 	pod("opted", e.nodeName, optedIP, map[string]string{"sockmesh.io/capture": "disabled"})
 	// On another node, whose agent is not the one the socket reaches.
 	pod("remote", "elsewhere", netip.MustParseAddr("10.236.4.10"), nil)
@@ -272,7 +212,7 @@ func (e *env) createObjects(t *testing.T) {
 			ObjectMeta:  metav1.ObjectMeta{Name: name + "-1", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: name}},
 			AddressType: discoveryv1.AddressTypeIPv4,
 			Ports:       []discoveryv1.EndpointPort{{Name: &portName, Port: &port, Protocol: &proto}},
-			Endpoints: []discoveryv1.Endpoint{{Addresses: []string{backendIP.Addr().String()},
+			Endpoints: []discoveryv1.Endpoint{{Addresses: []string{addrs.Backend.Addr().String()},
 				Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &ready}}},
 		}, metav1.CreateOptions{})
 		must("endpointslice "+name, err)
@@ -327,11 +267,8 @@ func (e *env) createObjects(t *testing.T) {
 
 // agentRun is one agent process and what it logged.
 type agentRun struct {
-	p      *sandbox.Process
-	exited chan struct{}
-	logs   *logWatch
+	*agentproc.Agent
 	socket string
-	health string
 }
 
 // startAgent runs the real agent binary in the node netns and the test
@@ -339,65 +276,28 @@ type agentRun struct {
 // enter, mode 0660 for socketGID.
 func (e *env) startAgent(t *testing.T, args ...string) *agentRun {
 	t.Helper()
-	a := &agentRun{socket: filepath.Join(publicDir(t), "agent.sock"), exited: make(chan struct{})}
+	socket := filepath.Join(publicDir(t), "agent.sock")
 	args = append([]string{"agent",
 		"--node-name=" + e.nodeName, "--proxy-mode=node-ip", "--proxy-listen=" + e.nodeIP.String() + ":0",
 		"--health-listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
 		"--bpffs=" + e.bpffs, "--cgroup=" + e.cg.Path,
 		"--log-format=json", "--drain-timeout=5s",
-		"--introspection-socket=" + a.socket, fmt.Sprintf("--introspection-group=%d", socketGID),
+		"--introspection-socket=" + socket, fmt.Sprintf("--introspection-group=%d", socketGID),
 	}, args...)
-	cmd := exec.Command(e.bins.agent, args...)
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = w, w
-	a.logs = watchLogs(t, r)
-	a.p = sandbox.Start(t, cmd, e.node, e.cg)
-	w.Close()
-	go func() { a.p.Wait(); close(a.exited) }()
-	t.Cleanup(func() {
-		// SIGTERM, then `sockmesh uninstall`, as an operator removing the
-		// agent would.
-		a.p.Cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-a.exited:
-		case <-time.After(waitFor):
-		}
-	})
-	a.health = a.logs.wait(t, "health listener", a.exited, func(r record) bool {
-		return r.msg() == "listening" && r.str("listener") == "health"
-	}).str("addr")
+	a := &agentRun{socket: socket, Agent: agentproc.Start(t, agentproc.Config{
+		Cmd: exec.Command(e.bins.agent, args...), NetNS: e.node, Cgroup: e.cg, Timeout: waitFor,
+	})}
+	// A graceful stop before sandbox's kill, as an operator removing the
+	// agent would; how it exits is not what these tests check.
+	t.Cleanup(func() { a.Stop() })
 	return a
 }
 
 // waitReady polls /readyz until it answers 200.
-func (a *agentRun) waitReady(t *testing.T, e *env) {
+func (a *agentRun) waitReady(t *testing.T) {
 	t.Helper()
-	c := httpClient(e.node)
-	deadline := time.Now().Add(waitFor)
-	last := ""
-	for {
-		resp, err := c.Get("http://" + a.health + "/readyz")
-		if err == nil {
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
-			last = fmt.Sprintf("%s: %s", resp.Status, body)
-		} else {
-			last = err.Error()
-		}
-		select {
-		case <-a.exited:
-			t.Fatalf("agent exited before it was ready: %v", a.p.Wait())
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("agent not ready after %s; /readyz: %s", waitFor, last)
-		}
+	if _, err := a.WaitReady(t.Context()); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -405,23 +305,13 @@ func (a *agentRun) waitReady(t *testing.T, e *env) {
 // status code and body.
 func (e *env) get(t *testing.T, vip netip.Addr, path string) (int, []byte) {
 	t.Helper()
-	resp, err := httpClient(e.client).Get("http://" + netip.AddrPortFrom(vip, 80).String() + path)
+	resp, err := nshttp.Client(e.client, 10*time.Second).Get("http://" + netip.AddrPortFrom(vip, 80).String() + path)
 	if err != nil {
 		t.Fatalf("GET %s%s from the client pod: %v", vip, path, err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, body
-}
-
-// httpClient makes HTTP/1.1 requests from inside ns, a connection each.
-func httpClient(ns *sandbox.NetNS) *http.Client {
-	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return ns.Dial(&net.Dialer{Timeout: 5 * time.Second}, network, addr)
-		},
-	}}
 }
 
 // ctlResult is one run of the CLI binary.
@@ -468,75 +358,6 @@ func (e *env) okJSON(t *testing.T, a *agentRun, v any, args ...string) {
 	out := e.ok(t, a, append(args, "-o", "json")...)
 	if err := json.Unmarshal([]byte(out), v); err != nil {
 		t.Fatalf("sockmeshctl %s -o json: %v\n%s", strings.Join(args, " "), err, out)
-	}
-}
-
-// record is one JSON log record.
-type record map[string]any
-
-func (r record) msg() string           { return r.str("msg") }
-func (r record) str(key string) string { s, _ := r[key].(string); return s }
-
-// logWatch collects an agent's JSON log records.
-type logWatch struct {
-	mu      sync.Mutex
-	records []record
-	lines   []string
-	grew    chan struct{}
-}
-
-func watchLogs(t *testing.T, r io.ReadCloser) *logWatch {
-	l := &logWatch{grew: make(chan struct{})}
-	go func() {
-		defer r.Close()
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 64<<10), 16<<20)
-		for sc.Scan() {
-			var rec record
-			json.Unmarshal(sc.Bytes(), &rec)
-			l.mu.Lock()
-			l.lines = append(l.lines, sc.Text())
-			if rec != nil {
-				l.records = append(l.records, rec)
-			}
-			close(l.grew)
-			l.grew = make(chan struct{})
-			l.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		if t.Failed() {
-			l.mu.Lock()
-			t.Logf("agent log:\n%s", strings.Join(l.lines, "\n"))
-			l.mu.Unlock()
-		}
-	})
-	return l
-}
-
-// wait returns the first record that matches, waiting until the agent
-// exits or waitFor passes.
-func (l *logWatch) wait(t *testing.T, what string, exited <-chan struct{}, match func(record) bool) record {
-	t.Helper()
-	timeout := time.After(waitFor)
-	for {
-		l.mu.Lock()
-		grew := l.grew
-		for _, r := range l.records {
-			if match(r) {
-				l.mu.Unlock()
-				return r
-			}
-		}
-		l.mu.Unlock()
-		select {
-		case <-grew:
-		case <-exited:
-			exited = nil
-			timeout = time.After(100 * time.Millisecond)
-		case <-timeout:
-			t.Fatalf("agent never logged %s", what)
-		}
 	}
 }
 

@@ -1,10 +1,8 @@
 package describe
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"slices"
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
@@ -18,6 +16,7 @@ import (
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/internal/tlsrefs"
 )
 
 // Load lists, cluster-wide, the objects translate reads, and gets the
@@ -112,16 +111,16 @@ func Load(ctx context.Context, kube kubernetes.Interface, gw gwclient.Interface,
 			return in, warnings, err
 		}
 	}
-	for _, r := range references(in.BackendTLSPolicies, in.XBackends) {
+	for _, r := range tlsrefs.Of(in.BackendTLSPolicies, in.XBackends) {
 		var err error
-		if r.secret {
+		if r.Secret {
 			var s *corev1.Secret
-			if s, err = kube.CoreV1().Secrets(r.namespace).Get(ctx, r.name, metav1.GetOptions{}); err == nil {
+			if s, err = kube.CoreV1().Secrets(r.Namespace).Get(ctx, r.Name, metav1.GetOptions{}); err == nil {
 				in.Secrets = append(in.Secrets, s)
 			}
 		} else {
 			var cm *corev1.ConfigMap
-			if cm, err = kube.CoreV1().ConfigMaps(r.namespace).Get(ctx, r.name, metav1.GetOptions{}); err == nil {
+			if cm, err = kube.CoreV1().ConfigMaps(r.Namespace).Get(ctx, r.Name, metav1.GetOptions{}); err == nil {
 				in.ConfigMaps = append(in.ConfigMaps, cm)
 			}
 		}
@@ -130,9 +129,9 @@ func Load(ctx context.Context, kube kubernetes.Interface, gw gwclient.Interface,
 			// Missing: translate says so in status, as the agent does.
 		case apierrors.IsForbidden(err):
 			warnings = append(warnings, fmt.Sprintf("cannot read %s %s/%s (forbidden): policies using it are shown as if it were missing",
-				r.kind(), r.namespace, r.name))
+				r.Kind(), r.Namespace, r.Name))
 		default:
-			return in, warnings, fmt.Errorf("get %s %s/%s: %w", r.kind(), r.namespace, r.name, err)
+			return in, warnings, fmt.Errorf("get %s %s/%s: %w", r.Kind(), r.Namespace, r.Name, err)
 		}
 	}
 	return in, warnings, nil
@@ -149,51 +148,4 @@ func pointers[T any, L any](l *L, err error, items func() []T) []*T {
 		out[i] = &objs[i]
 	}
 	return out
-}
-
-// ref names a ConfigMap or Secret a policy or XBackend references.
-type ref struct {
-	secret          bool
-	namespace, name string
-}
-
-func (r ref) kind() string {
-	if r.secret {
-		return "Secret"
-	}
-	return "ConfigMap"
-}
-
-// references lists what translate may read: CA certificate references of
-// BackendTLSPolicies and XBackends (core ConfigMap or Secret in the
-// referrer's namespace) and XBackend client certificates (a Secret, whose
-// key describe never shows).
-func references(policies []*gwv1.BackendTLSPolicy, xbackends []*gwxv1alpha1.XBackend) []ref {
-	var out []ref
-	addCA := func(ns string, refs []gwv1.LocalObjectReference) {
-		for _, r := range refs {
-			if r.Group == "" && (r.Kind == "ConfigMap" || r.Kind == "Secret") {
-				out = append(out, ref{secret: r.Kind == "Secret", namespace: ns, name: string(r.Name)})
-			}
-		}
-	}
-	for _, p := range policies {
-		addCA(p.Namespace, p.Spec.Validation.CACertificateRefs)
-	}
-	for _, xb := range xbackends {
-		tls := xb.Spec.TLS
-		if tls == nil {
-			continue
-		}
-		if tls.Validation != nil {
-			addCA(xb.Namespace, tls.Validation.CACertificateRefs)
-		}
-		if r := tls.ClientCertificateRef; r != nil && (r.Namespace == nil || string(*r.Namespace) == xb.Namespace) {
-			out = append(out, ref{secret: true, namespace: xb.Namespace, name: string(r.Name)})
-		}
-	}
-	slices.SortFunc(out, func(a, b ref) int {
-		return cmp.Or(cmp.Compare(a.kind(), b.kind()), cmp.Compare(a.namespace, b.namespace), cmp.Compare(a.name, b.name))
-	})
-	return slices.Compact(out)
 }

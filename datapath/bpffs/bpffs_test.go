@@ -4,12 +4,12 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/sockmesh/sockmesh/datapath/bpffs"
+	"github.com/sockmesh/sockmesh/internal/mountinfo"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 	"github.com/sockmesh/sockmesh/internal/testenv"
 )
@@ -64,13 +64,13 @@ func TestSandboxBPFFS(t *testing.T) {
 // mounts counts the mount points at dir in /proc/self/mountinfo.
 func mounts(t *testing.T, dir string) int {
 	t.Helper()
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := mountinfo.List()
 	if err != nil {
 		t.Fatal(err)
 	}
 	n := 0
-	for line := range strings.SplitSeq(string(data), "\n") {
-		if f := strings.Fields(line); len(f) > 4 && f[4] == dir {
+	for _, m := range ms {
+		if m.Point == dir {
 			n++
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -19,6 +20,7 @@ import (
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/sockmesh/sockmesh/internal/testenv"
+	"github.com/sockmesh/sockmesh/test/childproc"
 )
 
 // ServiceCIDR is the service range the API server allocates ClusterIPs from.
@@ -41,7 +43,7 @@ type Env struct {
 	// Dir holds the PKI, etcd's data and the processes' logs.
 	Dir string
 
-	etcd, apiserver *process
+	etcd, apiserver *childproc.Process
 	ownDir          bool
 }
 
@@ -64,7 +66,7 @@ func Start(t testing.TB) *Env {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("kube-apiserver log (last lines):\n%s", env.apiserver.tail(40))
+			t.Logf("kube-apiserver log (last lines):\n%s", childproc.Tail(env.apiserver.LogPath, 40))
 		}
 		if err := env.Stop(); err != nil {
 			t.Errorf("stop api server: %v", err)
@@ -101,14 +103,12 @@ func Run(ctx context.Context, opts Options) (_ *Env, err error) {
 		}
 	}()
 
-	_, svcNet, _ := net.ParseCIDR(ServiceCIDR)
-	firstServiceIP := net.IP(append([]byte(nil), svcNet.IP.To4()...))
-	firstServiceIP[3]++
+	firstServiceIP := netip.MustParsePrefix(ServiceCIDR).Addr().Next()
 	pkiDir := filepath.Join(env.Dir, "pki")
 	if err := os.MkdirAll(pkiDir, 0o700); err != nil {
 		return nil, fmt.Errorf("create pki dir: %w", err)
 	}
-	pki, err := newPKI(pkiDir, firstServiceIP)
+	certs, err := newPKI(pkiDir, firstServiceIP)
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +119,7 @@ func Run(ctx context.Context, opts Options) (_ *Env, err error) {
 	}
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(ports[0])
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
-	env.etcd, err = startProcess(env.Binaries.Etcd, filepath.Join(env.Dir, "etcd.log"),
+	env.etcd, err = childproc.Start("etcd", filepath.Join(env.Dir, "etcd.log"), env.Binaries.Etcd,
 		"--name=sockmesh-test",
 		"--data-dir="+filepath.Join(env.Dir, "etcd"),
 		"--listen-client-urls="+etcdURL, "--advertise-client-urls="+etcdURL,
@@ -135,7 +135,7 @@ func Run(ctx context.Context, opts Options) (_ *Env, err error) {
 	}
 
 	port := ports[2]
-	env.apiserver, err = startProcess(env.Binaries.KubeAPIServer, filepath.Join(env.Dir, "kube-apiserver.log"),
+	env.apiserver, err = childproc.Start("kube-apiserver", filepath.Join(env.Dir, "kube-apiserver.log"), env.Binaries.KubeAPIServer,
 		"--etcd-servers="+etcdURL,
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
 		"--secure-port="+strconv.Itoa(port),
@@ -143,11 +143,11 @@ func Run(ctx context.Context, opts Options) (_ *Env, err error) {
 		// kubernetes Endpoints and complains every 10 s that it is loopback.
 		"--endpoint-reconciler-type=none",
 		"--cert-dir="+filepath.Join(env.Dir, "certs"),
-		"--tls-cert-file="+pki.serverCertFile, "--tls-private-key-file="+pki.serverKeyFile,
-		"--client-ca-file="+pki.caFile,
+		"--tls-cert-file="+certs.serverCertFile, "--tls-private-key-file="+certs.serverKeyFile,
+		"--client-ca-file="+certs.caFile,
 		"--service-account-issuer=https://kubernetes.default.svc",
-		"--service-account-key-file="+pki.saPubFile,
-		"--service-account-signing-key-file="+pki.saKeyFile,
+		"--service-account-key-file="+certs.saPubFile,
+		"--service-account-signing-key-file="+certs.saKeyFile,
 		"--service-cluster-ip-range="+ServiceCIDR,
 		"--authorization-mode=Node,RBAC",
 	)
@@ -158,7 +158,7 @@ func Run(ctx context.Context, opts Options) (_ *Env, err error) {
 	env.Config = &rest.Config{
 		Host: "https://127.0.0.1:" + strconv.Itoa(port),
 		TLSClientConfig: rest.TLSClientConfig{
-			CAData: pki.caPEM, CertData: pki.adminCertPEM, KeyData: pki.adminKeyPEM,
+			CAData: certs.caPEM, CertData: certs.adminCertPEM, KeyData: certs.adminKeyPEM,
 		},
 		QPS:   1000,
 		Burst: 2000,
@@ -201,12 +201,12 @@ func (e *Env) waitReady(ctx context.Context) error {
 		}
 		last = err
 		select {
-		case <-e.apiserver.exited:
-			return fmt.Errorf("kube-apiserver exited: %w\n%s", e.apiserver.err, e.apiserver.tail(30))
-		case <-e.etcd.exited:
-			return fmt.Errorf("etcd exited: %w\n%s", e.etcd.err, e.etcd.tail(30))
+		case <-e.apiserver.Exited():
+			return e.apiserver.ExitErr()
+		case <-e.etcd.Exited():
+			return e.etcd.ExitErr()
 		case <-ctx.Done():
-			return fmt.Errorf("wait for kube-apiserver /readyz: %w (last: %v)\n%s", context.Cause(ctx), last, e.apiserver.tail(30))
+			return fmt.Errorf("wait for kube-apiserver /readyz: %w (last: %v)\n%s", context.Cause(ctx), last, childproc.Tail(e.apiserver.LogPath, 30))
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
@@ -218,10 +218,10 @@ func (e *Env) waitReady(ctx context.Context) error {
 func (e *Env) Stop() error {
 	var errs []error
 	if e.apiserver != nil {
-		errs = append(errs, e.apiserver.stop(2*time.Second))
+		errs = append(errs, e.apiserver.Stop(2*time.Second))
 	}
 	if e.etcd != nil {
-		errs = append(errs, e.etcd.stop(5*time.Second))
+		errs = append(errs, e.etcd.Stop(5*time.Second))
 	}
 	if e.ownDir {
 		errs = append(errs, os.RemoveAll(e.Dir))

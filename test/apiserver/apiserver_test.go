@@ -2,6 +2,7 @@ package apiserver_test
 
 import (
 	"context"
+	"net"
 	"os/exec"
 	"slices"
 	"strings"
@@ -77,13 +78,21 @@ func TestEnv(t *testing.T) {
 		t.Errorf("create XBackend with a cluster-local hostname: err = %v, want Invalid", err)
 	}
 
-	out, err := exec.CommandContext(context.Background(), env.Binaries.Kubectl, "--kubeconfig", env.Kubeconfig,
-		"get", "backendtlspolicies", "-n", "env-test", "-o", "name").CombinedOutput()
+	// The kubeconfig file works directly and through a relay (here on
+	// another loopback port; the harnesses put it in a node's netns).
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("kubectl: %v\n%s", err, out)
+		t.Fatal(err)
 	}
-	if got := strings.TrimSpace(string(out)); got != "backendtlspolicy.gateway.networking.k8s.io/p" {
-		t.Errorf("kubectl get backendtlspolicies = %q", got)
+	for _, kubeconfig := range []string{env.Kubeconfig, env.KubeconfigVia(t, ln)} {
+		out, err := exec.CommandContext(context.Background(), env.Binaries.Kubectl, "--kubeconfig", kubeconfig,
+			"get", "backendtlspolicies", "-n", "env-test", "-o", "name").CombinedOutput()
+		if err != nil {
+			t.Fatalf("kubectl with %s: %v\n%s", kubeconfig, err, out)
+		}
+		if got := strings.TrimSpace(string(out)); got != "backendtlspolicy.gateway.networking.k8s.io/p" {
+			t.Errorf("kubectl get backendtlspolicies with %s = %q", kubeconfig, got)
+		}
 	}
 }
 

@@ -8,6 +8,9 @@
 // developer's machine and fails it in CI (internal/testenv), which builds them
 // first.
 //
+// KubeconfigVia relays a listener the caller opened (in a test's node
+// network namespace) to the API server, for agents that run there.
+//
 // Everything an Env creates lives in a temporary directory on loopback ports;
 // its processes are ended by PID, never by name. It must not touch the host:
 // no addresses, routes, mounts or system services.

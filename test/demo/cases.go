@@ -15,6 +15,8 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/sockmesh/sockmesh/internal/nodetopo"
+	"github.com/sockmesh/sockmesh/internal/nshttp"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 	"github.com/sockmesh/sockmesh/test/echo"
 )
@@ -182,7 +184,7 @@ func callHTTP(ctx context.Context, client *sandbox.NetNS, url string) (echo.Repo
 	if err != nil {
 		return rep, err
 	}
-	resp, err := httpClient(client, 5*time.Second).Do(req)
+	resp, err := nshttp.Client(client, 5*time.Second).Do(req)
 	if err != nil {
 		return rep, err
 	}
@@ -209,7 +211,7 @@ func callWebSocket(ctx context.Context, client *sandbox.NetNS, url string) (echo
 	defer cancel()
 	// No Client.Timeout: the WebSocket library refuses one (it bounds the
 	// whole connection); ctx bounds the exchange.
-	c, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPClient: &http.Client{Transport: transport(client)}})
+	c, _, err := websocket.Dial(ctx, url, &websocket.DialOptions{HTTPClient: &http.Client{Transport: nshttp.Transport(client)}})
 	if err != nil {
 		return rep, "", err
 	}
@@ -262,7 +264,7 @@ func (r result) saw() string {
 	return s
 }
 
-func printIntro(w io.Writer, topo topology, cases []*demoCase, args []string) {
+func printIntro(w io.Writer, topo *nodetopo.Topology, cases []*demoCase, args []string) {
 	var servers []string
 	for _, c := range cases {
 		kind := "cleartext"
@@ -284,8 +286,8 @@ each wire what the backend's owner declared. Three network namespaces stand in f
 
   sockmesh %s
 
-`, topo.node.Name, netip.AddrPortFrom(nodeIP, proxyPort), topo.client.Name, clientIP.Addr(),
-		topo.backend.Name, backendIP.Addr(), strings.Join(servers, ", "), strings.Join(args, " "))
+`, topo.Node.Name, netip.AddrPortFrom(addrs.Node, proxyPort), topo.Client.Name, addrs.Client.Addr(),
+		topo.Backend.Name, addrs.Backend.Addr(), strings.Join(servers, ", "), strings.Join(args, " "))
 }
 
 func printResults(w io.Writer, results []result) {
@@ -322,7 +324,7 @@ which originated TLS, spoke h2c or carried the WebSocket, as each Service's poli
 
 // redirects reads the datapath's redirect counter from the agent's metrics.
 func redirects(node *sandbox.NetNS) (uint64, error) {
-	resp, err := httpClient(node, 5*time.Second).Get("http://" + healthAddr + "/metrics")
+	resp, err := nshttp.Client(node, 5*time.Second).Get("http://" + healthAddr + "/metrics")
 	if err != nil {
 		return 0, fmt.Errorf("scrape the agent's metrics: %w", err)
 	}

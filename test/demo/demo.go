@@ -1,23 +1,22 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
+	"github.com/sockmesh/sockmesh/internal/agentproc"
+	"github.com/sockmesh/sockmesh/internal/nodetopo"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/test/dnsserver"
 	"github.com/sockmesh/sockmesh/test/pki"
 )
@@ -30,16 +29,11 @@ type config struct {
 	out       io.Writer
 }
 
-// The demo's addresses. 10.231.0.0/16 is used by nothing else in this
-// repository (the cluster tier uses 10.244.0.0/16 and 10.250.0.1), so no
-// concurrent test can make a pod address ambiguous.
-var (
-	nodeIP    = netip.MustParseAddr("10.231.0.1") // on the node's lo: the proxy's node address
-	clientGW  = netip.MustParsePrefix("10.231.1.1/24")
-	clientIP  = netip.MustParsePrefix("10.231.1.10/24")
-	backendGW = netip.MustParsePrefix("10.231.2.1/24")
-	backendIP = netip.MustParsePrefix("10.231.2.20/24")
-)
+// addrs is the demo's node (internal/nodetopo). 10.231.0.0/16 is used by
+// nothing else in this repository (the cluster tier uses 10.244.0.0/16 and
+// 10.250.0.1), so no concurrent test can make a pod address ambiguous. The
+// node IP, on the node's lo, is the proxy's node address.
+var addrs = nodetopo.Plan(231)
 
 const (
 	demoNamespace = "demo"
@@ -51,11 +45,6 @@ const (
 	serviceCIDR = "10.96.0.0/16"
 	readyWithin = 30 * time.Second
 )
-
-// topology is the demo's node.
-type topology struct {
-	node, client, backend *sandbox.NetNS
-}
 
 // run is the whole demo; every object it makes is removed by t's cleanups.
 func run(ctx context.Context, t sandbox.TB, cfg config) error {
@@ -81,14 +70,14 @@ func run(ctx context.Context, t sandbox.TB, cfg config) error {
 		return err
 	}
 
-	topo := newTopology(t)
+	topo := nodetopo.New(t, addrs)
 	for _, c := range cases {
-		startEcho(t, topo.backend, echoBin, c, certs)
+		startEcho(t, topo.Backend, echoBin, c, certs)
 	}
-	dns := startDNS(t, topo.node)
+	dns := startDNS(t, topo.Node)
 	for _, c := range cases {
 		if c.externalHost != "" {
-			dns.Set(c.externalHost, 30, backendIP.Addr())
+			dns.Set(c.externalHost, 30, addrs.Backend.Addr())
 		}
 	}
 	manifestDir := filepath.Join(dir, "manifests")
@@ -104,7 +93,7 @@ func run(ctx context.Context, t sandbox.TB, cfg config) error {
 
 	args := []string{"agent",
 		"--source=file", "--manifests=" + manifestDir, "--node-name=" + nodeName,
-		"--proxy-mode=node-ip", fmt.Sprintf("--proxy-listen=%s", netip.AddrPortFrom(nodeIP, proxyPort)),
+		"--proxy-mode=node-ip", fmt.Sprintf("--proxy-listen=%s", netip.AddrPortFrom(addrs.Node, proxyPort)),
 		"--health-listen=" + healthAddr, "--metrics-listen=" + healthAddr,
 		"--bpffs=" + bpffs, "--cgroup=" + cg.Path,
 		"--service-cidr=" + serviceCIDR, "--dns-server=" + dns.Addr,
@@ -112,22 +101,22 @@ func run(ctx context.Context, t sandbox.TB, cfg config) error {
 	}
 	printIntro(cfg.out, topo, cases, args)
 	start := time.Now()
-	ag := startAgent(t, topo.node, cg, agentBin, args, filepath.Join(dir, "agent.log"), cfg)
-	if err := ag.waitReady(ctx, topo.node); err != nil {
+	ag := startAgent(t, topo.Node, cg, agentBin, args, cfg)
+	if _, err := ag.WaitReady(ctx); err != nil {
 		return err
 	}
 	fmt.Fprintf(cfg.out, "agent ready in %s\n\n", time.Since(start).Round(10*time.Millisecond))
 
-	results := runCases(ctx, topo.client, cases)
+	results := runCases(ctx, topo.Client, cases)
 	printResults(cfg.out, results)
-	redirected, err := redirects(topo.node)
+	redirected, err := redirects(topo.Node)
 	if err != nil {
 		return err
 	}
 	printSummary(cfg.out, results, redirected)
 
 	fmt.Fprintln(cfg.out, "stopping the agent (SIGTERM): it drains, and leaves capture pinned for the next agent")
-	if err := ag.stop(); err != nil {
+	if err := ag.Stop(); err != nil {
 		return err
 	}
 	out, err := exec.CommandContext(ctx, agentBin, "uninstall", "--bpffs="+bpffs).CombinedOutput()
@@ -143,7 +132,7 @@ func run(ctx context.Context, t sandbox.TB, cfg config) error {
 	}
 	if len(failed) > 0 {
 		return fmt.Errorf("the backends of %s did not see what their owners declared (agent log: %s)",
-			strings.Join(failed, ", "), ag.logTail(20))
+			strings.Join(failed, ", "), ag.Log.Tail(20))
 	}
 	return nil
 }
@@ -157,19 +146,6 @@ func binary(dir, name string) (string, error) {
 		return "", fmt.Errorf("%s not built (make build): %w", name, err)
 	}
 	return p, nil
-}
-
-// newTopology makes the node, client and backend network namespaces: each
-// pod has a veth to the node and a default route through it; the node
-// holds its address on lo, as a kubelet's node IP often is.
-func newTopology(t sandbox.TB) topology {
-	topo := topology{node: sandbox.NewNetNS(t), client: sandbox.NewNetNS(t), backend: sandbox.NewNetNS(t)}
-	topo.node.AddAddr(t, "lo", netip.PrefixFrom(nodeIP, 32))
-	sandbox.NewVeth(t, topo.node, topo.client, []netip.Prefix{clientGW}, []netip.Prefix{clientIP})
-	topo.client.AddRoute(t, netip.MustParsePrefix("0.0.0.0/0"), clientGW.Addr())
-	sandbox.NewVeth(t, topo.node, topo.backend, []netip.Prefix{backendGW}, []netip.Prefix{backendIP})
-	topo.backend.AddRoute(t, netip.MustParsePrefix("0.0.0.0/0"), backendGW.Addr())
-	return topo
 }
 
 // certs are the run's PKI, as files for the echo servers and PEM for the
@@ -216,8 +192,8 @@ func newCerts(dir string, cases []*demoCase) (*certs, error) {
 // writeManifests writes the example with this run's addresses and
 // certificates into dir.
 func writeManifests(m *manifests, dir string, c *certs) error {
-	ip := clientIP.Addr().String()
-	be := backendIP.Addr()
+	ip := addrs.Client.Addr().String()
+	be := addrs.Backend.Addr()
 	for _, err := range []error{
 		m.set("Pod", demoNamespace, "client", ip, "status", "podIP"),
 		m.set("Pod", demoNamespace, "client", []any{map[string]any{"ip": ip}}, "status", "podIPs"),
@@ -242,7 +218,7 @@ func writeManifests(m *manifests, dir string, c *certs) error {
 // startEcho runs one sockmesh-echo server for c in the backend pod.
 func startEcho(t sandbox.TB, backend *sandbox.NetNS, bin string, c *demoCase, crt *certs) {
 	t.Helper()
-	addr := netip.AddrPortFrom(backendIP.Addr(), c.backendPort)
+	addr := netip.AddrPortFrom(addrs.Backend.Addr(), c.backendPort)
 	args := []string{"-listen=" + addr.String()}
 	if c.serverName != "" {
 		args = append(args, "-tls-cert="+crt.serverCert[c.service], "-tls-key="+crt.serverKey[c.service])
@@ -303,145 +279,28 @@ func startDNS(t sandbox.TB, node *sandbox.NetNS) *dnsserver.Server {
 	}
 	s := &dnsserver.Server{Addr: udp.LocalAddr().String()}
 	go s.ServePacket(udp)
-	go func() {
-		for {
-			c, err := tcp.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				s.ServeConn(c, true)
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		udp.Close()
-		tcp.Close()
-	})
+	t.Cleanup(func() { udp.Close() })
+	tcpserve.Serve(t, tcp, func(c net.Conn) { s.ServeConn(c, true) })
 	return s
 }
 
-// agentProc is the running agent.
-type agentProc struct {
-	p       *sandbox.Process
-	exited  <-chan struct{}
-	log     string
-	stopped sync.Once
-	stopErr error
-}
-
-func startAgent(t sandbox.TB, node *sandbox.NetNS, cg *sandbox.Cgroup, bin string, args []string, logPath string, cfg config) *agentProc {
+// startAgent runs the agent in the node's netns, born in cg, and waits
+// until it logged its health listener.
+func startAgent(t sandbox.TB, node *sandbox.NetNS, cg *sandbox.Cgroup, bin string, args []string, cfg config) *agentproc.Agent {
 	t.Helper()
-	f, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
 	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = f, f
-	if cfg.verbose {
-		cmd.Stdout = io.MultiWriter(f, cfg.out)
-		cmd.Stderr = cmd.Stdout
-	}
 	// Its own process group: Ctrl-C reaches the demo, which stops it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	p := sandbox.Start(t, cmd, node, cg)
-	a := &agentProc{p: p, exited: waitChan(p), log: logPath}
+	acfg := agentproc.Config{Name: "the agent", Cmd: cmd, NetNS: node, Cgroup: cg, Timeout: readyWithin}
+	if cfg.verbose {
+		acfg.Copy = cfg.out
+	}
+	a := agentproc.Start(t, acfg)
 	// Registered after Start's kill, so it runs first: a graceful stop.
 	t.Cleanup(func() {
-		if err := a.stop(); err != nil {
+		if err := a.Stop(); err != nil {
 			t.Errorf("%v", err)
 		}
 	})
 	return a
-}
-
-// waitReady polls the agent's /readyz until it answers 200.
-func (a *agentProc) waitReady(ctx context.Context, node *sandbox.NetNS) error {
-	c := httpClient(node, 2*time.Second)
-	deadline := time.Now().Add(readyWithin)
-	var last string
-	for {
-		resp, err := c.Get("http://" + healthAddr + "/readyz")
-		if err == nil {
-			body, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			last = string(body)
-		} else {
-			last = err.Error()
-		}
-		select {
-		case <-a.exited:
-			return fmt.Errorf("the agent exited: %v\n%s", a.p.Wait(), a.logTail(30))
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the agent is not ready after %s: %s\n%s", readyWithin, last, a.logTail(30))
-		}
-	}
-}
-
-// stop sends SIGTERM and waits for the agent to drain and exit; calls
-// after the first return its result.
-func (a *agentProc) stop() error {
-	a.stopped.Do(func() {
-		select {
-		case <-a.exited:
-		default:
-			if err := a.p.Cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-				a.stopErr = fmt.Errorf("stop the agent: %w", err)
-				return
-			}
-			select {
-			case <-a.exited:
-			case <-time.After(15 * time.Second):
-				a.stopErr = fmt.Errorf("the agent did not stop within 15s after SIGTERM\n%s", a.logTail(20))
-				return
-			}
-		}
-		if err := a.p.Wait(); err != nil {
-			a.stopErr = fmt.Errorf("the agent exited with %v\n%s", err, a.logTail(20))
-		}
-	})
-	return a.stopErr
-}
-
-// logTail returns the last n lines of the agent's log.
-func (a *agentProc) logTail(n int) string {
-	f, err := os.Open(a.log)
-	if err != nil {
-		return ""
-	}
-	defer f.Close()
-	var lines []string
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		lines = append(lines, sc.Text())
-		if len(lines) > n {
-			lines = lines[1:]
-		}
-	}
-	return strings.Join(lines, "\n")
-}
-
-// httpClient makes plain HTTP/1.1 requests from inside ns, one connection
-// per request.
-func httpClient(ns *sandbox.NetNS, timeout time.Duration) *http.Client {
-	return &http.Client{Timeout: timeout, Transport: transport(ns)}
-}
-
-func transport(ns *sandbox.NetNS) *http.Transport {
-	return &http.Transport{
-		DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return ns.Dial(&net.Dialer{Timeout: 5 * time.Second}, network, addr)
-		},
-	}
 }

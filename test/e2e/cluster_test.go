@@ -27,6 +27,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/internal/testenv"
 	"github.com/sockmesh/sockmesh/test/apiserver"
+	"github.com/sockmesh/sockmesh/test/childproc"
 )
 
 // The address plan (see doc.go).
@@ -98,7 +99,7 @@ func startAPIServer(t *testing.T) *apiserver.Env {
 	}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("kube-apiserver log (last lines):\n%s", tail(filepath.Join(dir, "kube-apiserver.log"), 30))
+			t.Logf("kube-apiserver log (last lines):\n%s", childproc.Tail(filepath.Join(dir, "kube-apiserver.log"), 30))
 		}
 		if err := env.Stop(); err != nil {
 			t.Errorf("stop the api server: %v", err)
@@ -248,14 +249,4 @@ func eventually(t testing.TB, what string, cond func() error) {
 		}
 		<-tick.C
 	}
-}
-
-// tail returns the last n lines of the file at path.
-func tail(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }

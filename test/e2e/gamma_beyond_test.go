@@ -74,17 +74,7 @@ func testMeshH2CWebSocket(s *scenario) {
 	b := s.backend("proto", backendOptions{Wire: Plain, HTTPPort: meshPort})
 	s.service("h2c", serviceSpec{Backend: b, Ports: []servicePort{{Name: "http", Port: 80, TargetPort: meshPort, AppProtocol: "kubernetes.io/h2c"}}})
 	s.service("ws", serviceSpec{Backend: b, Ports: []servicePort{{Name: "http", Port: 80, TargetPort: meshPort, AppProtocol: "kubernetes.io/ws"}}})
-	s.apply(`apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: protocols}
-spec:
-  parentRefs: [{group: "", kind: Service, name: echo, port: 80}]
-  rules:
-  - matches: [{path: {type: PathPrefix, value: /h2c}}]
-    backendRefs: [{name: h2c, port: 80}]
-  - matches: [{path: {type: PathPrefix, value: /ws}}]
-    backendRefs: [{name: ws, port: 80}]
-`)
+	s.applyFile("testdata/mesh/mesh-h2c-websocket.yaml")
 	s.waitRouted(a.echo.v4(80), "protocols")
 	s.waitRouteStatus("HTTPRoute", s.ns, "protocols", "echo", routeAccepted...)
 	r := s.expect(nil, call{url: httpURL(a.echo.v4(80), "/h2c"), host: "echo"}, want{backend: "proto", path: "/h2c"})
@@ -155,25 +145,7 @@ func (sb *simBackend) count(uuid string) int {
 func testMeshTimeouts(s *scenario) {
 	sim := s.simBackend("slow")
 	svc := s.service("slow", serviceSpec{Backend: sim.backend, Ports: meshPorts()})
-	s.apply(`apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: request-timeout}
-spec:
-  parentRefs: [{group: "", kind: Service, name: slow, port: 80}]
-  rules:
-  - matches: [{path: {type: PathPrefix, value: /request-timeout}}]
-    backendRefs: [{name: slow, port: 8080}]
-    timeouts: {request: 500ms}
-  - matches: [{path: {type: PathPrefix, value: /disable-request-timeout}}]
-    backendRefs: [{name: slow, port: 8080}]
-    timeouts: {request: "0s"}
-  - matches: [{path: {type: PathPrefix, value: /backend-timeout}}]
-    backendRefs: [{name: slow, port: 8080}]
-    timeouts: {backendRequest: 500ms}
-  - matches: [{path: {type: PathPrefix, value: /disable-backend-timeout}}]
-    backendRefs: [{name: slow, port: 8080}]
-    timeouts: {backendRequest: "0s"}
-`)
+	s.applyFile("testdata/mesh/mesh-timeouts.yaml")
 	s.waitRouted(svc.v4(80), "request-timeout")
 	s.waitRouteStatus("HTTPRoute", s.ns, "request-timeout", "slow", routeAccepted...)
 	for _, c := range []struct {
@@ -209,33 +181,7 @@ func testMeshRetries(s *scenario) {
 	svc := s.service("retry", serviceSpec{Backend: sim.backend, Ports: meshPorts()})
 	dead := s.n.newPod(s.t, s.ns, "dead") // nothing listens: connections are refused
 	s.serviceOf(s.ns, "conn-error", []servicePort{{Name: "http", Port: 80, TargetPort: meshPort}}, dead, sim.pod)
-	s.apply(`apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: retries}
-spec:
-  parentRefs: [{group: "", kind: Service, name: retry, port: 80}]
-  rules:
-  - matches: [{path: {type: PathPrefix, value: /retry/code-500-attempts-3}}]
-    retry: {codes: [500], attempts: 3}
-    backendRefs: [{name: retry, port: 8080}]
-  - matches: [{path: {type: PathPrefix, value: /retry/code-all-attempts-2}}]
-    retry: {codes: [500, 502, 503, 504], attempts: 2}
-    backendRefs: [{name: retry, port: 8080}]
-  - matches: [{path: {type: PathPrefix, value: /retry/code-all-attempts-0}}]
-    retry: {codes: [500, 502, 503, 504], attempts: 0}
-    backendRefs: [{name: retry, port: 8080}]
-  - matches: [{path: {type: PathPrefix, value: /retry/request-timeout-500ms}}]
-    retry: {codes: [500], attempts: 5}
-    timeouts: {request: 500ms}
-    backendRefs: [{name: retry, port: 8080}]
-  - matches: [{path: {type: PathPrefix, value: /retry/backend-timeout-500ms}}]
-    retry: {codes: [500], attempts: 3}
-    timeouts: {backendRequest: 500ms, request: 15s}
-    backendRefs: [{name: retry, port: 8080}]
-  - matches: [{path: {type: PathPrefix, value: /retry-on-connection-errors}}]
-    retry: {attempts: 100}
-    backendRefs: [{name: conn-error, port: 80}]
-`)
+	s.applyFile("testdata/mesh/mesh-retries.yaml")
 	s.waitRouted(svc.v4(80), "retries")
 	s.waitRouteStatus("HTTPRoute", s.ns, "retries", "retry", routeAccepted...)
 	id := 0
@@ -315,30 +261,7 @@ func testMeshMirror(s *scenario) {
 	m1, m2 := s.recorder("mirror-1"), s.recorder("mirror-2")
 	s.service("mirror-1", serviceSpec{Backend: m1.backend, Ports: meshPorts()})
 	s.service("mirror-2", serviceSpec{Backend: m2.backend, Ports: meshPorts()})
-	s.apply(`apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: request-mirror}
-spec:
-  parentRefs: [{group: "", kind: Service, name: echo, port: 80}]
-  rules:
-  - matches: [{path: {type: PathPrefix, value: /mirror-and-modify-headers}}]
-    filters:
-    - type: RequestHeaderModifier
-      requestHeaderModifier:
-        set: [{name: X-Header-Set, value: set-overwrites-values}]
-        add: [{name: X-Header-Add, value: header-val-1}, {name: X-Header-Add-Append, value: header-val-2}]
-        remove: [X-Header-Remove]
-    - {type: RequestMirror, requestMirror: {backendRef: {name: mirror-1, port: 80}}}
-    backendRefs: [{name: echo-v1, port: 80}]
-  - matches: [{path: {type: PathPrefix, value: /multiple-mirrors}}]
-    filters:
-    - {type: RequestMirror, requestMirror: {backendRef: {name: mirror-1, port: 80}}}
-    - {type: RequestMirror, requestMirror: {backendRef: {name: mirror-2, port: 80}}}
-    backendRefs: [{name: echo-v1, port: 80}]
-  - matches: [{path: {type: PathPrefix, value: /percent-mirror}}]
-    filters: [{type: RequestMirror, requestMirror: {backendRef: {name: mirror-2, port: 80}, percent: 20}}]
-    backendRefs: [{name: echo-v1, port: 80}]
-`)
+	s.applyFile("testdata/mesh/mesh-mirror.yaml")
 	s.waitRouted(a.echo.v4(80), "request-mirror")
 	s.waitRouteStatus("HTTPRoute", s.ns, "request-mirror", "echo", routeAccepted...)
 	modified := map[string]string{"X-Header-Add": "header-val-1", "X-Header-Add-Append": "append-val-1,header-val-2", "X-Header-Set": "set-overwrites-values"}
@@ -517,20 +440,7 @@ spec:
 func testMeshSessionPersistence(s *scenario) {
 	a := s.meshApps()
 	s.serviceOf(s.ns, "pair", meshPorts(), a.v1.pod, a.v2.pod)
-	s.apply(`apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: sticky}
-spec:
-  parentRefs: [{group: "", kind: Service, name: echo, port: 80}]
-  rules:
-  - matches: [{path: {type: PathPrefix, value: /cookie}}]
-    sessionPersistence: {type: Cookie, cookie: {name: sticky}}
-    backendRefs: [{name: pair, port: 80}]
-  - matches: [{path: {type: PathPrefix, value: /header}}]
-    sessionPersistence: {type: Header, header: {name: X-Session}}
-    backendRefs: [{name: pair, port: 80}]
-  - backendRefs: [{name: pair, port: 80}]
-`)
+	s.applyFile("testdata/mesh/mesh-session-persistence.yaml")
 	s.waitRouted(a.echo.v4(80), "sticky")
 	s.waitRouteStatus("HTTPRoute", s.ns, "sticky", "echo", routeAccepted...)
 	url := func(path string) string { return httpURL(a.echo.v4(80), path) }

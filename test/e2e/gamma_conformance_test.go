@@ -30,17 +30,7 @@ import (
 func testMeshBasicSplit(s *scenario) {
 	a := s.meshApps()
 	s.expect(nil, call{url: httpURL(a.echo.v4(80), "/"), host: "echo"}, want{backend: "v1", direct: true})
-	s.apply(`apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: mesh-split}
-spec:
-  parentRefs: [{group: "", kind: Service, name: echo}]
-  rules:
-  - matches: [{path: {type: Exact, value: /v1}}]
-    backendRefs: [{name: echo-v1, port: 80}]
-  - matches: [{path: {type: Exact, value: /v2}}]
-    backendRefs: [{name: echo-v2, port: 80}]
-`)
+	s.applyFile("testdata/mesh/mesh-basic-split.yaml")
 	s.waitRouteStatus("HTTPRoute", s.ns, "mesh-split", "echo", routeAccepted...)
 	for _, port := range []uint16{80, 8080} {
 		s.waitRouted(a.echo.v4(port), "mesh-split")
@@ -79,17 +69,7 @@ spec:
 	s.expect(producerClient, call{url: url, host: "echo-v1.gateway-conformance-mesh"},
 		want{backend: "v1", respAbsent: []string{"X-Header-Set"}})
 
-	s.apply(`apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: producer}
-spec:
-  parentRefs: [{group: "", kind: Service, name: echo-v1}]
-  rules:
-  - filters:
-    - type: ResponseHeaderModifier
-      responseHeaderModifier: {set: [{name: X-Header-Set, value: producer}]}
-    backendRefs: [{name: echo-v2, port: 80}]
-`)
+	s.applyFile("testdata/mesh/mesh-consumer-route.yaml")
 	s.waitRouted(a.echoV1.v4(80), consumer, "producer")
 	s.waitRouteStatus("HTTPRoute", s.ns, "producer", "echo-v1", routeAccepted...)
 	s.expect(nil, call{url: url}, want{backend: "v1", respHeaders: map[string]string{"X-Header-Set": "set"}})
@@ -101,17 +81,7 @@ spec:
 // own address, and by the address dialled, whatever the Host header says.
 func testMeshFrontend(s *scenario) {
 	a := s.meshApps()
-	s.apply(`apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: mesh-split-v1}
-spec:
-  parentRefs: [{group: "", kind: Service, name: echo-v2}]
-  rules:
-  - filters:
-    - type: ResponseHeaderModifier
-      responseHeaderModifier: {set: [{name: X-Header-Set, value: set}]}
-    backendRefs: [{name: echo-v2, port: 80}]
-`)
+	s.applyFile("testdata/mesh/mesh-frontend.yaml")
 	s.waitRouted(a.echoV2.v4(80), "mesh-split-v1")
 	s.waitRouteStatus("HTTPRoute", s.ns, "mesh-split-v1", "echo-v2", routeAccepted...)
 	set := map[string]string{"X-Header-Set": "set"}
@@ -127,28 +97,7 @@ spec:
 // Service port; without one it covers them all.
 func testMeshPorts(s *scenario) {
 	a := s.meshApps()
-	s.apply(`apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: mesh-split-v1}
-spec:
-  parentRefs: [{group: "", kind: Service, name: echo-v1, port: 80}]
-  rules:
-  - filters:
-    - type: ResponseHeaderModifier
-      responseHeaderModifier: {set: [{name: X-Header-Set, value: v1}]}
-    backendRefs: [{name: echo-v1, port: 80}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: mesh-split-v2}
-spec:
-  parentRefs: [{group: "", kind: Service, name: echo-v2}]
-  rules:
-  - filters:
-    - type: ResponseHeaderModifier
-      responseHeaderModifier: {set: [{name: X-Header-Set, value: v2}]}
-    backendRefs: [{name: echo-v2, port: 80}]
-`)
+	s.applyFile("testdata/mesh/mesh-ports.yaml")
 	s.waitRouted(a.echoV1.v4(80), "mesh-split-v1")
 	s.waitRouted(a.echoV2.v4(80), "mesh-split-v2")
 	s.waitRouted(a.echoV2.v4(8080), "mesh-split-v2")
@@ -169,70 +118,7 @@ func testMeshMatching(s *scenario) {
 	for _, p := range []string{"match", "query", "named", "method"} {
 		parents[p] = s.service(p, serviceSpec{Backend: a.v1, Ports: meshPorts()})
 	}
-	s.apply(`apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: mesh-matching}
-spec:
-  parentRefs: [{group: "", kind: Service, name: match, port: 80}]
-  rules:
-  - matches:
-    - path: {type: PathPrefix, value: /}
-    - headers: [{name: version, value: one}]
-    backendRefs: [{name: echo-v1, port: 8080}]
-  - matches:
-    - path: {type: PathPrefix, value: /v2}
-    - headers: [{name: version, value: two}]
-    backendRefs: [{name: echo-v2, port: 8080}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: mesh-query-param-matching}
-spec:
-  parentRefs: [{group: "", kind: Service, name: query, port: 80}]
-  rules:
-  - matches: [{queryParams: [{name: animal, value: whale}]}]
-    backendRefs: [{name: echo-v1, port: 8080}]
-  - matches: [{queryParams: [{name: animal, value: dolphin}]}]
-    backendRefs: [{name: echo-v2, port: 8080}]
-  - matches: [{path: {type: PathPrefix, value: /path1}, queryParams: [{name: animal, value: whale}]}]
-    backendRefs: [{name: echo-v1, port: 8080}]
-  - matches: [{headers: [{name: version, value: one}], queryParams: [{name: animal, value: whale}]}]
-    backendRefs: [{name: echo-v2, port: 8080}]
-  - matches:
-    - path: {type: PathPrefix, value: /path3}
-      queryParams: [{name: animal, value: shark}]
-    - path: {type: PathPrefix, value: /path4}
-      headers: [{name: version, value: three}]
-      queryParams: [{name: animal, value: kraken}]
-    backendRefs: [{name: echo-v1, port: 8080}]
-  - matches: [{path: {type: PathPrefix, value: /path5}}]
-    backendRefs: [{name: echo-v1, port: 8080}]
-  - matches: [{queryParams: [{name: animal, value: hydra}]}]
-    backendRefs: [{name: echo-v2, port: 8080}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: mesh-http-named-rules}
-spec:
-  parentRefs: [{group: "", kind: Service, name: named, port: 80}]
-  rules:
-  - name: named-rule
-    matches: [{path: {type: PathPrefix, value: /named}}]
-    backendRefs: [{name: echo-v1, port: 8080}]
-  - matches: [{path: {type: PathPrefix, value: /unnamed}}]
-    backendRefs: [{name: echo-v2, port: 8080}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: mesh-method-matching}
-spec:
-  parentRefs: [{group: "", kind: Service, name: method, port: 80}]
-  rules:
-  - matches: [{method: POST, path: {type: PathPrefix, value: /m}}]
-    backendRefs: [{name: echo-v2, port: 8080}]
-  - matches: [{path: {type: PathPrefix, value: /m}}]
-    backendRefs: [{name: echo-v1, port: 8080}]
-`)
+	s.applyFile("testdata/mesh/mesh-matching.yaml")
 	for name, route := range map[string]string{"match": "mesh-matching", "query": "mesh-query-param-matching",
 		"named": "mesh-http-named-rules", "method": "mesh-method-matching"} {
 		s.waitRouted(parents[name].v4(80), route)
@@ -531,17 +417,7 @@ func testMeshWeight(s *scenario) {
 	a := s.meshApps()
 	v3 := s.backend("v3", backendOptions{Wire: Plain, HTTPPort: meshPort})
 	s.service("echo-v3", serviceSpec{Backend: v3, Ports: meshPorts()})
-	s.apply(`apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {name: mesh-weighted-backends}
-spec:
-  parentRefs: [{group: "", kind: Service, name: echo, port: 80}]
-  rules:
-  - backendRefs:
-    - {name: echo-v1, port: 8080, weight: 70}
-    - {name: echo-v2, port: 8080, weight: 30}
-    - {name: echo-v3, port: 8080, weight: 0}
-`)
+	s.applyFile("testdata/mesh/mesh-weight.yaml")
 	s.waitRouted(a.echo.v4(80), "mesh-weighted-backends")
 	s.waitRouteStatus("HTTPRoute", s.ns, "mesh-weighted-backends", "echo", routeAccepted...)
 	const n = 300
@@ -594,41 +470,7 @@ func testMeshGRPC(s *scenario) {
 	}
 	echoSvc := s.service("echo", serviceSpec{Backend: backends[0], Ports: grpcPorts})
 	weighted := s.service("weighted", serviceSpec{Backend: backends[0], Ports: grpcPorts})
-	s.apply(`apiVersion: gateway.networking.k8s.io/v1
-kind: GRPCRoute
-metadata: {name: grpc-request-header-modifier}
-spec:
-  parentRefs: [{group: "", kind: Service, name: echo, port: 7070}]
-  rules:
-  - matches: [{headers: [{name: x-test-case, value: set}]}]
-    filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x-header-set, value: set-overwrites-values}]}}]
-    backendRefs: [{name: echo-v1, port: 7070}]
-  - matches: [{headers: [{name: x-test-case, value: add}]}]
-    filters: [{type: RequestHeaderModifier, requestHeaderModifier: {add: [{name: x-header-add, value: add-appends-values}]}}]
-    backendRefs: [{name: echo-v1, port: 7070}]
-  - matches: [{headers: [{name: x-test-case, value: remove}]}]
-    filters: [{type: RequestHeaderModifier, requestHeaderModifier: {remove: [x-header-remove]}}]
-    backendRefs: [{name: echo-v1, port: 7070}]
-  - matches: [{headers: [{name: x-test-case, value: multi}]}]
-    filters:
-    - type: RequestHeaderModifier
-      requestHeaderModifier:
-        set: [{name: x-header-set-1, value: header-set-1}, {name: x-header-set-2, value: header-set-2}]
-        add: [{name: x-header-add-1, value: header-add-1}, {name: x-header-add-2, value: header-add-2}]
-        remove: [x-header-remove-1, x-header-remove-2]
-    backendRefs: [{name: echo-v2, port: 7070}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: GRPCRoute
-metadata: {name: mesh-grpc-weighted-backends}
-spec:
-  parentRefs: [{group: "", kind: Service, name: weighted, port: 7070}]
-  rules:
-  - backendRefs:
-    - {name: echo-v1, port: 7070, weight: 70}
-    - {name: echo-v2, port: 7070, weight: 30}
-    - {name: echo-v3, port: 7070, weight: 0}
-`)
+	s.applyFile("testdata/mesh/mesh-grpc.yaml")
 	s.waitRouted(echoSvc.v4(port), "grpc-request-header-modifier")
 	s.waitRouted(weighted.v4(port), "mesh-grpc-weighted-backends")
 	s.waitRouteStatus("GRPCRoute", s.ns, "grpc-request-header-modifier", "echo", routeAccepted...)

@@ -46,6 +46,7 @@ var gammaScenarios = []scenarioDef{
 	{name: "gamma-h2c-websocket", run: testMeshH2CWebSocket},
 	{name: "gamma-timeouts", bothModes: true, run: testMeshTimeouts},
 	{name: "gamma-retries", bothModes: true, run: testMeshRetries},
+	{name: "gamma-retry-budget", run: testMeshRetryBudget},
 	{name: "gamma-mirror", run: testMeshMirror},
 	{name: "gamma-status", run: testMeshStatus},
 	{name: "gamma-reference-grant", run: testMeshReferenceGrant},

@@ -3,22 +3,19 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 
-	"k8s.io/client-go/tools/clientcmd"
-
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/datapath"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/internal/testenv"
 	"github.com/sockmesh/sockmesh/test/dnsserver"
 )
@@ -83,7 +80,13 @@ func (c *cluster) newNode(t *testing.T, m mode) *node {
 	}
 	n.cg = sandbox.NewCgroup(t)
 	n.bpffs = sandbox.TempBPFFS(t)
-	n.kubeconfig = n.relayAPIServer(t)
+	// The API server listens on the host's loopback: a relay on the
+	// node's loopback reaches it.
+	relay, err := n.ns.Listen(context.Background(), nil, "tcp", "127.0.0.1:6443")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.kubeconfig = n.c.api.KubeconfigVia(t, relay)
 	n.startDNS(t)
 	c.createNode(t, n)
 	n.clientNS = "clients-" + n.name
@@ -186,63 +189,6 @@ func (h *host) gw(v6 bool) netip.Addr {
 	return h.gw4
 }
 
-// relayAPIServer returns a kubeconfig that reaches the API server from
-// inside the node's namespace. The API server listens on the host's
-// loopback; a relay on the node's loopback forwards to it from the test
-// process (the serving certificate names 127.0.0.1, so TLS verifies).
-func (n *node) relayAPIServer(t *testing.T) string {
-	t.Helper()
-	target := strings.TrimPrefix(n.c.api.Config.Host, "https://")
-	ln, err := n.ns.Listen(context.Background(), nil, "tcp", "127.0.0.1:6443")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var (
-		mu    sync.Mutex
-		conns []net.Conn
-		wg    sync.WaitGroup
-	)
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("tcp", target)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, up)
-			mu.Unlock()
-			wg.Go(func() { io.Copy(up, c); up.Close() })
-			wg.Go(func() { io.Copy(c, up); c.Close() })
-		}
-	})
-	cfg, err := clientcmd.LoadFromFile(n.c.api.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, cl := range cfg.Clusters {
-		cl.Server = "https://" + ln.Addr().String()
-	}
-	path := filepath.Join(t.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 // startDNS runs the node's DNS server (the agent's --dns-server) in a
 // namespace of its own, linked to the node.
 func (n *node) startDNS(t *testing.T) {
@@ -267,23 +213,11 @@ func (n *node) startDNS(t *testing.T) {
 	n.dns = &dnsserver.Server{Addr: n.dnsAddr.String()}
 	var wg sync.WaitGroup
 	wg.Go(func() { n.dns.ServePacket(udp) })
-	wg.Go(func() {
-		for {
-			c, err := tcp.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				defer c.Close()
-				n.dns.ServeConn(c, true)
-			})
-		}
-	})
 	t.Cleanup(func() {
 		udp.Close()
-		tcp.Close()
 		wg.Wait()
 	})
+	tcpserve.Serve(t, tcp, func(c net.Conn) { n.dns.ServeConn(c, true) })
 }
 
 // kubeProxy stands in for kube-proxy on the node: pods' connections to

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -81,6 +82,18 @@ func (s *scenario) serverCert(ca *pki.CA, names ...string) *pki.Leaf {
 func (s *scenario) apply(manifests string) {
 	s.t.Helper()
 	s.n.c.apply(s.t, s.ns, manifests)
+}
+
+// applyFile applies the manifests in file (relative to the package) in
+// the scenario's namespace. The mesh scenarios keep theirs in
+// testdata/mesh, as the upstream conformance suite does.
+func (s *scenario) applyFile(file string) {
+	s.t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		s.t.Fatalf("read manifests: %v", err)
+	}
+	s.apply(string(b))
 }
 
 // yamlString quotes s as a YAML (JSON) string: PEM blocks in manifests.

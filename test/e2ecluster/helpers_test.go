@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -19,13 +18,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
 
 	"github.com/sockmesh/sockmesh/daemonset"
+	"github.com/sockmesh/sockmesh/internal/yamldocs"
 	"github.com/sockmesh/sockmesh/test/cluster/node"
+	"github.com/sockmesh/sockmesh/test/e2ecluster/appapi"
 	"github.com/sockmesh/sockmesh/test/echo"
 )
 
@@ -39,17 +39,12 @@ func manifests(t *testing.T) []*unstructured.Unstructured {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-		for {
-			var m map[string]any
-			if err := dec.Decode(&m); errors.Is(err, io.EOF) {
-				break
-			} else if err != nil {
-				t.Fatalf("decode %s: %v", f, err)
-			}
-			if len(m) > 0 {
-				objs = append(objs, &unstructured.Unstructured{Object: m})
-			}
+		docs, err := yamldocs.Decode(data)
+		if err != nil {
+			t.Fatalf("decode %s: %v", f, err)
+		}
+		for _, m := range docs {
+			objs = append(objs, &unstructured.Unstructured{Object: m})
 		}
 	}
 	return objs
@@ -236,21 +231,11 @@ func clusterIP(t *testing.T, n *node.Node, ns, name string) string {
 	return svc.Spec.ClusterIP
 }
 
-// Call and Result mirror the appclient's API.
-type Call struct {
-	URL     string `json:"url"`
-	Mode    string `json:"mode"`
-	Message string `json:"message,omitempty"`
-}
+// Call is what the appclient in a pod is asked to do.
+type Call = appapi.Call
 
-type Result struct {
-	Status int             `json:"status,omitempty"`
-	Proto  string          `json:"proto,omitempty"`
-	Body   json.RawMessage `json:"body,omitempty"`
-	Text   string          `json:"text,omitempty"`
-	Echo   string          `json:"echo,omitempty"`
-	Error  string          `json:"error,omitempty"`
-}
+// Result is the appclient's answer.
+type Result struct{ appapi.Result }
 
 // Report decodes the echo backend's report from the body.
 func (r Result) Report() (echo.Report, error) {

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/sockmesh/sockmesh/test/cluster/node"
+	"github.com/sockmesh/sockmesh/test/e2ecluster/appapi"
 	"github.com/sockmesh/sockmesh/test/echo"
 )
 
@@ -187,15 +188,8 @@ func waitDaemonSetReady(t *testing.T, n *node.Node, ns, name string, timeout tim
 	})
 }
 
-// inspection mirrors the appclient's /inspect answer.
-type inspection struct {
-	CapEff    string            `json:"capEff"`
-	FS        map[string]string `json:"fs"`
-	HostPID   bool              `json:"hostPID"`
-	Listeners []string          `json:"listeners"`
-}
-
-func inspect(t *testing.T, u string) inspection {
+// inspect asks the appclient at u what its container was given.
+func inspect(t *testing.T, u string) appapi.Inspection {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
@@ -205,7 +199,7 @@ func inspect(t *testing.T, u string) inspection {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var in inspection
+	var in appapi.Inspection
 	if err := json.NewDecoder(resp.Body).Decode(&in); err != nil {
 		t.Fatal(err)
 	}

@@ -63,8 +63,11 @@ func (ca *CA) Pool() *x509.CertPool {
 // certificate with no names, valid for a day.
 type LeafOptions struct {
 	CommonName string
-	DNSNames   []string
-	IPs        []netip.Addr
+	// Organization is the subject's O: Kubernetes reads a client
+	// certificate's groups from it (system:masters, system:nodes).
+	Organization []string
+	DNSNames     []string
+	IPs          []netip.Addr
 	// URIs are URI subjectAltNames such as spiffe://cluster.local/ns/a/sa/b.
 	URIs []string
 	// Client issues a client-authentication certificate instead of a server one.
@@ -88,7 +91,7 @@ func (ca *CA) Issue(o LeafOptions) (*Leaf, error) {
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: o.CommonName},
+		Subject:      pkix.Name{CommonName: o.CommonName, Organization: o.Organization},
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     o.NotAfter,
 		DNSNames:     o.DNSNames,
@@ -131,11 +134,8 @@ func (ca *CA) Issue(o LeafOptions) (*Leaf, error) {
 // both paths.
 func (l *Leaf) WriteFiles(dir, name string) (certFile, keyFile string, err error) {
 	certFile, keyFile = filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
-	if err := os.WriteFile(certFile, l.CertPEM, 0o600); err != nil {
-		return "", "", fmt.Errorf("write %s: %w", certFile, err)
-	}
-	if err := os.WriteFile(keyFile, l.KeyPEM, 0o600); err != nil {
-		return "", "", fmt.Errorf("write %s: %w", keyFile, err)
+	if err := writeFiles(file{certFile, l.CertPEM}, file{keyFile, l.KeyPEM}); err != nil {
+		return "", "", err
 	}
 	return certFile, keyFile, nil
 }
@@ -143,10 +143,48 @@ func (l *Leaf) WriteFiles(dir, name string) (certFile, keyFile string, err error
 // WriteFile writes the CA certificate as <name>.crt in dir and returns its path.
 func (ca *CA) WriteFile(dir, name string) (string, error) {
 	p := filepath.Join(dir, name+".crt")
-	if err := os.WriteFile(p, ca.CertPEM, 0o600); err != nil {
-		return "", fmt.Errorf("write %s: %w", p, err)
+	if err := writeFiles(file{p, ca.CertPEM}); err != nil {
+		return "", err
 	}
 	return p, nil
+}
+
+// file is one file to write: key material, readable by the owner only.
+type file struct {
+	path string
+	data []byte
+}
+
+func writeFiles(files ...file) error {
+	for _, f := range files {
+		if err := os.WriteFile(f.path, f.data, 0o600); err != nil {
+			return fmt.Errorf("write %s: %w", f.path, err)
+		}
+	}
+	return nil
+}
+
+// WriteSigningKey generates a P-256 key pair, such as the one
+// kube-apiserver signs service-account tokens with, and writes it as
+// <name>.key (PKCS #8) and <name>.pub (PKIX) in dir.
+func WriteSigningKey(dir, name string) (keyFile, pubFile string, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return "", "", fmt.Errorf("generate signing key %s: %w", name, err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return "", "", fmt.Errorf("marshal signing key %s: %w", name, err)
+	}
+	pubDER, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
+	if err != nil {
+		return "", "", fmt.Errorf("marshal public key %s: %w", name, err)
+	}
+	keyFile, pubFile = filepath.Join(dir, name+".key"), filepath.Join(dir, name+".pub")
+	if err := writeFiles(file{keyFile, pemBlock("PRIVATE KEY", keyDER)}, file{pubFile, pemBlock("PUBLIC KEY", pubDER)}); err != nil {
+		return "", "", err
+	}
+	return keyFile, pubFile, nil
 }
 
 func serial() *big.Int {

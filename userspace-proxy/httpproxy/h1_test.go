@@ -91,6 +91,30 @@ func TestKeepAlive(t *testing.T) {
 	}
 }
 
+// TestUpstreamFreeOnAnswer: the pooled upstream connection is free again
+// by the time the client has the answer, so the next request, even from
+// another client connection opened while the first is still open, reuses
+// it rather than dialing a second one.
+func TestUpstreamFreeOnAnswer(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(echoHeaders))
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	var upstreamConns []string
+	for i := range 5 {
+		c := f.dial() // the earlier clients stay open
+		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		resp, body := c.read(http.MethodGet)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("answer %d: %s", i, resp.Status)
+		}
+		upstreamConns = append(upstreamConns, field(body, "conn"))
+	}
+	for _, u := range upstreamConns[1:] {
+		if u != upstreamConns[0] {
+			t.Fatalf("requests used upstream connections %v, want one", upstreamConns)
+		}
+	}
+}
+
 // TestConnectionClose: a client's Connection: close ends its connection
 // after the answer (which says so), not the pooled one; HTTP/1.0 clients
 // get their keep-alive only when they ask.

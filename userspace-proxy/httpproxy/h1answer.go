@@ -106,6 +106,9 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 		if s.up.uc != nil {
 			s.release(x, ended)
 		}
+		if closeAfter {
+			cork(s.c)
+		}
 		if err = bw.Flush(); err != nil {
 			err = fmt.Errorf("write answer: %w", err)
 		}

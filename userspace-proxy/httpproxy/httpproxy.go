@@ -385,7 +385,7 @@ var reasonBodies = func() map[upstream.Reason][]byte {
 	m := make(map[upstream.Reason][]byte)
 	for _, r := range []upstream.Reason{upstream.ReasonInvalidPolicy, upstream.ReasonNoEndpoints, upstream.ReasonRefused,
 		upstream.ReasonDialFailed, upstream.ReasonTLSVerify, upstream.ReasonTLSHandshake, upstream.ReasonProtocol,
-		upstream.ReasonCanceled, upstream.ReasonUpstream, upstream.ReasonTimeout} {
+		upstream.ReasonCanceled, upstream.ReasonUpstream, upstream.ReasonTimeout, upstream.ReasonRetryBudget} {
 		m[r] = []byte("sockmesh: " + string(r) + "\n")
 	}
 	return m
@@ -421,10 +421,12 @@ type metrics struct {
 	// GAMMA routes: the proxy's own answers, retries, timeouts, mirrors.
 	routeAnswers *prometheus.CounterVec
 	retries      *prometheus.CounterVec
-	timeouts     *prometheus.CounterVec
-	mirrors      *prometheus.CounterVec
-	mu           sync.Mutex
-	cache        map[requestKey]prometheus.Counter
+	// budgetExhausted counts retries a backend's retry budget refused.
+	budgetExhausted *prometheus.CounterVec
+	timeouts        *prometheus.CounterVec
+	mirrors         *prometheus.CounterVec
+	mu              sync.Mutex
+	cache           map[requestKey]prometheus.Counter
 }
 
 type requestKey struct {
@@ -455,6 +457,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sockmesh_proxy_request_retries_total",
 			Help: "Retries of routed requests, by what was retried (connect, status, backend_timeout).",
 		}, []string{"reason"}),
+		budgetExhausted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sockmesh_proxy_retry_budget_exhausted_total",
+			Help: "Retries of routed requests that the backend's retry budget (XBackendTrafficPolicy) refused, the client getting 503, by what would have been retried (connect, status, backend_timeout).",
+		}, []string{"reason"}),
 		timeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_request_timeouts_total",
 			Help: "Routed requests a route timeout ended, by timeout (request, backend_request).",
@@ -465,7 +471,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"result"}),
 		cache: make(map[requestKey]prometheus.Counter),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.failures, m.upgradedBytes, m.routeAnswers, m.retries, m.timeouts, m.mirrors} {
+	for _, c := range []prometheus.Collector{m.requests, m.failures, m.upgradedBytes, m.routeAnswers, m.retries, m.budgetExhausted, m.timeouts, m.mirrors} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

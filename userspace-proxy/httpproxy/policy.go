@@ -39,6 +39,11 @@ import (
 //     a byte of the body was sent. HTTP/2 backends that refuse a stream
 //     (REFUSED_STREAM, GOAWAY) are retried by net/http's Transport itself
 //     when the body is kept or empty.
+//   - A backend with a retry budget (XBackendTrafficPolicy retryConstraint,
+//     package retrybudget) counts every request sent to it (countRequest)
+//     and every retry; a retry the budget refuses is not sent, and the
+//     client gets 503 (ErrRetryBudgetExhausted), as the API requires
+//     (spendRetry).
 
 // policy is a routed request's retries and timeouts, resolved against the
 // RoutingConfig defaults. The zero value does nothing.
@@ -206,6 +211,7 @@ func (x *exchange) repick(c *balance.Choice) *balance.Choice {
 // when it has one: timeouts as contexts, retries per the rule. done must be
 // called once the response body is read (it ends the contexts).
 func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request, c *balance.Choice) (resp *http.Response, done func(), err error) {
+	countRequest(x)
 	if x.r == nil || !x.r.pol.active {
 		resp, err := rt.RoundTrip(out)
 		return resp, noop, err
@@ -254,6 +260,10 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 			drain(resp)
 		}
 		cancel()
+		if err := h.spendRetry(x, why, n, err, resp); err != nil {
+			cancelReq()
+			return nil, noop, err
+		}
 		h.m.retries.WithLabelValues(why).Inc()
 		if !p.wait(ctx, n+1) {
 			cancelReq()
@@ -267,6 +277,32 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 }
 
 func noop() {}
+
+// countRequest counts a first try toward x's backend in its retry budget.
+func countRequest(x *exchange) {
+	if b := x.be.Budget; b != nil {
+		b.Request(time.Now())
+	}
+}
+
+// spendRetry takes retry n+1 of a request (why: connect, status,
+// backend_timeout) from its backend's retry budget. When the budget is
+// spent it counts the refusal and returns the error the client's 503 is
+// made of, naming what the last try got (err, or resp's status).
+func (h *Handler) spendRetry(x *exchange, why string, n int, err error, resp *http.Response) error {
+	b := x.be.Budget
+	if b == nil || b.Retry(time.Now()) {
+		return nil
+	}
+	h.m.budgetExhausted.WithLabelValues(why).Inc()
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w for %s after %d retries: %w", upstream.ErrRetryBudgetExhausted, x.be.Spec.Ref, n, err)
+	case resp != nil:
+		return fmt.Errorf("%w for %s after %d retries: last answer %d", upstream.ErrRetryBudgetExhausted, x.be.Spec.Ref, n, resp.StatusCode)
+	}
+	return fmt.Errorf("%w for %s after %d retries", upstream.ErrRetryBudgetExhausted, x.be.Spec.Ref, n)
+}
 
 // drainLimit is how much of an answer that is retried is read so that its
 // connection can serve again; a longer one costs the connection.

@@ -29,15 +29,20 @@ const (
 	// ReasonTimeout: a route rule's request or backendRequest timeout
 	// (GEP-1742) passed before the backend answered (ErrTimeout).
 	ReasonTimeout Reason = "timeout"
+	// ReasonRetryBudget: a route rule would retry the request, but the
+	// backend's retry budget (XBackendTrafficPolicy) is spent
+	// (ErrRetryBudgetExhausted).
+	ReasonRetryBudget Reason = "retry_budget_exhausted"
 )
 
 // Status is the HTTP status an L7 client gets for r: 503 when the backend is
-// unavailable (invalid policy, no endpoints, refused or unreachable), 504
+// unavailable (invalid policy, no endpoints, refused or unreachable, retry
+// budget spent: the Gateway API asks for 503 there), 504
 // when a route's timeout passed, 502 when it answered badly (certificate
 // verification, handshake, protocol).
 func (r Reason) Status() int {
 	switch r {
-	case ReasonInvalidPolicy, ReasonNoEndpoints, ReasonRefused, ReasonDialFailed:
+	case ReasonInvalidPolicy, ReasonNoEndpoints, ReasonRefused, ReasonDialFailed, ReasonRetryBudget:
 		return http.StatusServiceUnavailable
 	case ReasonTimeout:
 		return http.StatusGatewayTimeout
@@ -64,6 +69,10 @@ var ErrNoEndpoints = errors.New("no ready endpoints")
 // timeout ended (ReasonTimeout).
 var ErrTimeout = errors.New("route timeout passed")
 
+// ErrRetryBudgetExhausted marks a request whose retry its backend's retry
+// budget refused (ReasonRetryBudget).
+var ErrRetryBudgetExhausted = errors.New("retry budget exhausted")
+
 // dialError marks errors from opening the TCP connection, before any byte
 // reached the backend (safe to retry elsewhere).
 type dialError struct{ err error }
@@ -81,6 +90,8 @@ func Classify(err error) Reason {
 		return ""
 	case errors.Is(err, ErrTimeout):
 		return ReasonTimeout
+	case errors.Is(err, ErrRetryBudgetExhausted):
+		return ReasonRetryBudget
 	case errors.As(err, &fc):
 		return ReasonInvalidPolicy
 	case errors.Is(err, ErrNoEndpoints):

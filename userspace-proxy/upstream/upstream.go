@@ -18,6 +18,7 @@ import (
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
+	"github.com/sockmesh/sockmesh/userspace-proxy/retrybudget"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
 )
 
@@ -103,6 +104,9 @@ type Backend struct {
 	Spec *snapshot.Backend
 	// Picker chooses among Spec's ready endpoints.
 	Picker *balance.Picker
+	// Budget is Spec's retry budget, kept across snapshots while the
+	// constraint is unchanged; nil when the backend has none.
+	Budget *retrybudget.Budget
 	// Err is non-nil (a *FailClosedError) when the backend must fail closed.
 	Err error
 	w   *wireState
@@ -130,8 +134,8 @@ type wireState struct {
 }
 
 // Build returns the Set for s, keeping prev's pools for backends whose wire
-// is unchanged and closing the idle connections of the others. prev may be
-// nil.
+// is unchanged (and their retry budgets while their constraint is) and
+// closing the idle connections of the others. prev may be nil.
 func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 	log := p.log.With("snapshot_version", s.Version)
 	set := &Set{byRef: make(map[snapshot.BackendRef]*Backend, len(s.Backends))}
@@ -140,6 +144,11 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 		spec := &s.Backends[i]
 		b := &Backend{Spec: spec, Picker: balance.New(spec)}
 		set.byRef[spec.Ref] = b
+		var prevBudget *retrybudget.Budget
+		if old := prev.Get(spec.Ref); old != nil {
+			prevBudget = old.Budget
+		}
+		b.Budget = retrybudget.Carry(prevBudget, spec.RetryConstraint, time.Now())
 		if spec.Invalid != nil {
 			b.Err = &FailClosedError{Policy: spec.Invalid.Policy, Reason: spec.Invalid.Reason, Message: spec.Invalid.Message}
 			continue

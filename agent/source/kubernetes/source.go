@@ -9,11 +9,13 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -35,6 +37,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/internal/tlsrefs"
 )
 
 // Config configures a Source.
@@ -349,7 +352,7 @@ func (s *Source) Input() translate.Input {
 
 		ClusterTrustBundlesUnavailable: l.trustBundles == nil,
 	}
-	in.ConfigMaps, in.Secrets = s.refs.objects(referencesOf(in.BackendTLSPolicies, in.XBackends))
+	in.ConfigMaps, in.Secrets = s.refs.objects(tlsrefs.Of(in.BackendTLSPolicies, in.XBackends))
 	return in
 }
 
@@ -398,19 +401,86 @@ func list[T any, L lister[T]](l L) []T {
 
 // stripForCache drops what nothing in the agent reads, before an object
 // enters a cache: managed fields, and kubectl's copy of the whole object in
-// an annotation. At 10,000 Services and their EndpointSlices that is most of
-// the agent's memory.
+// an annotation, from every kind; and from the kinds a cluster has many of,
+// or that are large, what translate does not look at (see stripObject). At
+// 10,000 Services and their EndpointSlices that is most of the agent's
+// memory. The informer owns the freshly decoded object it passes in; no one
+// else holds it yet, so it is changed in place.
 func stripForCache(obj any) (any, error) {
 	if m, err := meta.Accessor(obj); err == nil {
 		m.SetManagedFields(nil)
 		if a := m.GetAnnotations(); a[corev1.LastAppliedConfigAnnotation] != "" {
-			// The informer owns this freshly decoded object; no one else
-			// holds it yet, so it may be changed in place.
 			delete(a, corev1.LastAppliedConfigAnnotation)
 		}
 	}
+	stripObject(obj)
 	return obj, nil
 }
+
+// stripObject keeps, of the kinds below, only the fields translate and the
+// update filters here read; a change to translate that reads another field
+// of these kinds must keep it here too (the source's tests check the kept
+// fields survive). Gateway API objects keep everything: the status writer
+// reads their status.
+func stripObject(obj any) {
+	switch o := obj.(type) {
+	case *corev1.Service:
+		// translate reads only sockmesh.io/ annotations; the rest (load
+		// balancer settings, Helm's bookkeeping) and the status
+		// (load-balancer ingress) are dropped.
+		o.Annotations = ownAnnotations(o.Annotations)
+		o.Status = corev1.ServiceStatus{}
+	case *discoveryv1.EndpointSlice:
+		// Every slice the EndpointSlice controller writes carries a
+		// trigger-time annotation; every endpoint a targetRef with the
+		// pod's UID and resourceVersion. translate reads addresses,
+		// conditions, zone, nodeName and the targetRef's kind, namespace
+		// and name.
+		o.Annotations = nil
+		// The decoder grows the endpoints by appending: five endpoints
+		// sit in room for eight. An exact copy saves a third of a
+		// slice's memory.
+		o.Endpoints = slices.Clone(o.Endpoints)
+		for i := range o.Endpoints {
+			ep := &o.Endpoints[i]
+			ep.Hostname, ep.Hints, ep.DeprecatedTopology = nil, nil, nil
+			if r := ep.TargetRef; r != nil {
+				ep.TargetRef = &corev1.ObjectReference{Kind: r.Kind, Namespace: r.Namespace, Name: r.Name}
+			}
+		}
+	case *corev1.Pod:
+		// Enrolment needs the pod's labels, node, service account, host
+		// networking, phase and addresses; not its containers, volumes
+		// or container statuses.
+		o.Annotations = nil
+		o.Spec = corev1.PodSpec{NodeName: o.Spec.NodeName, ServiceAccountName: o.Spec.ServiceAccountName, HostNetwork: o.Spec.HostNetwork}
+		o.Status = corev1.PodStatus{Phase: o.Status.Phase, PodIP: o.Status.PodIP, PodIPs: o.Status.PodIPs}
+	case *corev1.Node:
+		// Of its Node the agent reads addresses and pod CIDRs; a Node's
+		// status also lists every image on it.
+		o.Annotations = nil
+		o.Spec = corev1.NodeSpec{PodCIDR: o.Spec.PodCIDR, PodCIDRs: o.Spec.PodCIDRs}
+		o.Status = corev1.NodeStatus{Addresses: o.Status.Addresses}
+	}
+}
+
+// ownAnnotations returns the sockmesh.io/ annotations of a, or nil.
+func ownAnnotations(a map[string]string) map[string]string {
+	var own map[string]string
+	for k, v := range a {
+		if strings.HasPrefix(k, annotationPrefix) {
+			if own == nil {
+				own = map[string]string{}
+			}
+			own[k] = v
+		}
+	}
+	return own
+}
+
+// annotationPrefix is the prefix of the annotations translate reads
+// (translate.AnnotationXBackend, translate.AnnotationFailurePolicy).
+const annotationPrefix = "sockmesh.io/"
 
 func labelsChanged(old, new any) bool {
 	o, n := old.(metav1.Object), new.(metav1.Object)

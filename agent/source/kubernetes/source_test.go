@@ -18,6 +18,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/source"
 	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/internal/must"
 	"github.com/sockmesh/sockmesh/test/apiserver"
 	"github.com/sockmesh/sockmesh/test/pki"
 )
@@ -30,27 +31,6 @@ const (
 )
 
 func ptr[T any](v T) *T { return &v }
-
-// must returns v, failing t if err is set. Use it as must(t)(call()).
-func must[T any](t *testing.T) func(T, error) T {
-	return func(v T, err error) T {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v
-	}
-}
-
-// ok fails t on a call's error, discarding its result: ok(t)(call()).
-func ok(t *testing.T) func(any, error) {
-	return func(_ any, err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-}
 
 func startSource(t *testing.T, env *apiserver.Env) *Source {
 	t.Helper()
@@ -103,16 +83,16 @@ func TestSourceAgainstAPIServer(t *testing.T) {
 	env := apiserver.Start(t)
 	ctx := t.Context()
 	kube, gw := env.Kube, env.Gateway
-	ok(t)(kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}))
+	must.Succeed(t)(kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}))
 	// No controller-manager runs to create it, and pods need it.
-	ok(t)(kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}))
-	ok(t)(kube.CoreV1().Nodes().Create(ctx, &corev1.Node{
+	must.Succeed(t)(kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}))
+	must.Succeed(t)(kube.CoreV1().Nodes().Create(ctx, &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: nodeName},
 		Spec:       corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24", "fd00:10:244:1::/64"}, PodCIDR: "10.244.1.0/24"},
 	}, metav1.CreateOptions{}))
-	node := must[*corev1.Node](t)(kube.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{}))
+	node := must.Value[*corev1.Node](t)(kube.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{}))
 	node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.7"}, {Type: corev1.NodeHostName, Address: nodeName}}
-	ok(t)(kube.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}))
+	must.Succeed(t)(kube.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{}))
 
 	s := startSource(t, env)
 	in := waitInput(t, s, "the first listing", func(translate.Input) bool { return true })
@@ -124,39 +104,39 @@ func TestSourceAgainstAPIServer(t *testing.T) {
 		t.Error("ClusterTrustBundles reported unavailable on Kubernetes 1.37")
 	}
 
-	ok(t)(kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+	must.Succeed(t)(kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "svc", Namespace: ns},
 		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "https", Port: 443}}},
 	}, metav1.CreateOptions{}))
-	ok(t)(kube.DiscoveryV1().EndpointSlices(ns).Create(ctx, &discoveryv1.EndpointSlice{
+	must.Succeed(t)(kube.DiscoveryV1().EndpointSlices(ns).Create(ctx, &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Name: "svc-1", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: "svc"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.5"}}},
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr("https"), Port: ptr(int32(8443))}},
 	}, metav1.CreateOptions{}))
 	for _, p := range []struct{ name, node string }{{"here", nodeName}, {"elsewhere", "other-node"}} {
-		ok(t)(kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		must.Succeed(t)(kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: ns},
 			Spec:       corev1.PodSpec{NodeName: p.node, Containers: []corev1.Container{{Name: "c", Image: "localhost/none"}}},
 		}, metav1.CreateOptions{}))
 	}
 	for _, name := range []string{"ca", "unreferenced"} {
-		ok(t)(kube.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+		must.Succeed(t)(kube.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 			Data:       map[string]string{"ca.crt": "first"},
 		}, metav1.CreateOptions{}))
 	}
 	for _, name := range []string{"client-cert", "unrelated-secret"} {
-		ok(t)(kube.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
+		must.Succeed(t)(kube.CoreV1().Secrets(ns).Create(ctx, &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 			Data:       map[string][]byte{"tls.crt": []byte("x"), "tls.key": []byte("y")},
 		}, metav1.CreateOptions{}))
 	}
-	ok(t)(kube.CertificatesV1().ClusterTrustBundles().Create(ctx, &certificatesv1.ClusterTrustBundle{
+	must.Succeed(t)(kube.CertificatesV1().ClusterTrustBundles().Create(ctx, &certificatesv1.ClusterTrustBundle{
 		ObjectMeta: metav1.ObjectMeta{Name: "bundle"},
 		Spec:       certificatesv1.ClusterTrustBundleSpec{TrustBundle: testCA(t)},
 	}, metav1.CreateOptions{}))
-	ok(t)(gw.GatewayV1().BackendTLSPolicies(ns).Create(ctx, &gwv1.BackendTLSPolicy{
+	must.Succeed(t)(gw.GatewayV1().BackendTLSPolicies(ns).Create(ctx, &gwv1.BackendTLSPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "policy", Namespace: ns},
 		Spec: gwv1.BackendTLSPolicySpec{
 			TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{{
@@ -168,7 +148,7 @@ func TestSourceAgainstAPIServer(t *testing.T) {
 			},
 		},
 	}, metav1.CreateOptions{}))
-	ok(t)(gw.ExperimentalV1alpha1().XBackends(ns).Create(ctx, &gwxv1alpha1.XBackend{
+	must.Succeed(t)(gw.ExperimentalV1alpha1().XBackends(ns).Create(ctx, &gwxv1alpha1.XBackend{
 		ObjectMeta: metav1.ObjectMeta{Name: "ext", Namespace: ns},
 		Spec: gwxv1alpha1.BackendSpec{
 			Type:             gwxv1alpha1.BackendTypeExternalHostname,
@@ -181,19 +161,19 @@ func TestSourceAgainstAPIServer(t *testing.T) {
 			},
 		},
 	}, metav1.CreateOptions{}))
-	ok(t)(gw.GatewayV1().HTTPRoutes(ns).Create(ctx, &gwv1.HTTPRoute{
+	must.Succeed(t)(gw.GatewayV1().HTTPRoutes(ns).Create(ctx, &gwv1.HTTPRoute{
 		ObjectMeta: metav1.ObjectMeta{Name: "route", Namespace: ns},
 		Spec: gwv1.HTTPRouteSpec{CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{{
 			Group: ptr(gwv1.Group("")), Kind: ptr(gwv1.Kind("Service")), Name: "svc"}}}},
 	}, metav1.CreateOptions{}))
-	ok(t)(gw.GatewayV1().ReferenceGrants(ns).Create(ctx, &gwv1.ReferenceGrant{
+	must.Succeed(t)(gw.GatewayV1().ReferenceGrants(ns).Create(ctx, &gwv1.ReferenceGrant{
 		ObjectMeta: metav1.ObjectMeta{Name: "grant", Namespace: ns},
 		Spec: gwv1.ReferenceGrantSpec{
 			From: []gwv1.ReferenceGrantFrom{{Group: gwv1.GroupName, Kind: "HTTPRoute", Namespace: "elsewhere"}},
 			To:   []gwv1.ReferenceGrantTo{{Kind: "Service"}},
 		},
 	}, metav1.CreateOptions{}))
-	ok(t)(gw.ExperimentalV1alpha1().XMeshes().Create(ctx, &gwxv1alpha1.XMesh{
+	must.Succeed(t)(gw.ExperimentalV1alpha1().XMeshes().Create(ctx, &gwxv1alpha1.XMesh{
 		ObjectMeta: metav1.ObjectMeta{Name: "mesh"},
 		Spec:       gwxv1alpha1.MeshSpec{ControllerName: translate.ControllerName},
 	}, metav1.CreateOptions{}))
@@ -220,21 +200,21 @@ func TestSourceAgainstAPIServer(t *testing.T) {
 	}
 
 	// A new CA in the ConfigMap reaches Input.
-	cm := must[*corev1.ConfigMap](t)(kube.CoreV1().ConfigMaps(ns).Get(ctx, "ca", metav1.GetOptions{}))
+	cm := must.Value[*corev1.ConfigMap](t)(kube.CoreV1().ConfigMaps(ns).Get(ctx, "ca", metav1.GetOptions{}))
 	cm.Data["ca.crt"] = "second"
-	ok(t)(kube.CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{}))
+	must.Succeed(t)(kube.CoreV1().ConfigMaps(ns).Update(ctx, cm, metav1.UpdateOptions{}))
 	waitInput(t, s, "the new CA", func(in translate.Input) bool {
 		return len(in.ConfigMaps) == 1 && in.ConfigMaps[0].Data["ca.crt"] == "second"
 	})
 
 	// A policy that references a ConfigMap created later: Input waits for
 	// the reference's watch, so the ConfigMap is there as soon as the policy.
-	ok(t)(kube.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+	must.Succeed(t)(kube.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: "ca-2", Namespace: ns}, Data: map[string]string{"ca.crt": "third"},
 	}, metav1.CreateOptions{}))
-	p2 := must[*gwv1.BackendTLSPolicy](t)(gw.GatewayV1().BackendTLSPolicies(ns).Get(ctx, "policy", metav1.GetOptions{}))
+	p2 := must.Value[*gwv1.BackendTLSPolicy](t)(gw.GatewayV1().BackendTLSPolicies(ns).Get(ctx, "policy", metav1.GetOptions{}))
 	p2.Spec.Validation.CACertificateRefs = append(p2.Spec.Validation.CACertificateRefs, gwv1.LocalObjectReference{Kind: "ConfigMap", Name: "ca-2"})
-	ok(t)(gw.GatewayV1().BackendTLSPolicies(ns).Update(ctx, p2, metav1.UpdateOptions{}))
+	must.Succeed(t)(gw.GatewayV1().BackendTLSPolicies(ns).Update(ctx, p2, metav1.UpdateOptions{}))
 	in = waitInput(t, s, "the policy's second reference", func(in translate.Input) bool {
 		return len(in.BackendTLSPolicies) == 1 && len(in.BackendTLSPolicies[0].Spec.Validation.CACertificateRefs) == 2
 	})

@@ -67,6 +67,11 @@ type memory struct {
 	CPU       time.Duration // user + system
 	GCCPU     time.Duration // estimated by the runtime (runtime/metrics)
 	GCCycles  uint64
+	// What the Go runtime holds (runtime/metrics /memory/classes): live
+	// and dead heap objects, free heap pages not yet returned to the
+	// system, goroutine stacks, and everything else (GC metadata, buffers
+	// of the runtime).
+	HeapObjects, HeapFree, Stacks, RuntimeOther uint64
 }
 
 // The client rate limits of the agent under test; cmd/ should use the same.
@@ -182,6 +187,9 @@ func runChild(kubeconfig string, p params, prof profiles) error {
 	r.PeakPropagation = smp.phase("settled")
 	r.Steady = readMemory()
 	if prof.heap != "" {
+		// A heap profile shows the heap as of the last GC, which may have
+		// run in the middle of a rebuild; this one shows what stays.
+		runtime.GC()
 		if err := writeHeapProfile(prof.heap + ".end"); err != nil {
 			return err
 		}
@@ -284,11 +292,17 @@ func readMemory() memory {
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	m.HeapInuse = ms.HeapInuse
-	samples := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/cpu/classes/gc/total:cpu-seconds"}, {Name: "/gc/cycles/total:gc-cycles"}}
+	samples := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/cpu/classes/gc/total:cpu-seconds"}, {Name: "/gc/cycles/total:gc-cycles"},
+		{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/memory/classes/heap/free:bytes"}, {Name: "/memory/classes/heap/stacks:bytes"},
+		{Name: "/memory/classes/os-stacks:bytes"}, {Name: "/memory/classes/total:bytes"}, {Name: "/memory/classes/heap/released:bytes"}}
 	metrics.Read(samples)
-	m.HeapLive = samples[0].Value.Uint64()
+	u := func(i int) uint64 { return samples[i].Value.Uint64() }
+	m.HeapLive = u(0)
 	m.GCCPU = time.Duration(samples[1].Value.Float64() * float64(time.Second))
-	m.GCCycles = samples[2].Value.Uint64()
+	m.GCCycles = u(2)
+	m.HeapObjects, m.HeapFree, m.Stacks = u(3), u(4), u(5)+u(6)
+	// total counts released pages too, which take no RSS.
+	m.RuntimeOther = u(7) - u(8) - m.HeapObjects - m.HeapFree - m.Stacks
 	var ru syscall.Rusage
 	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) == nil {
 		m.CPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
@@ -406,6 +420,8 @@ func (r report) printRound(n int) {
 		float64(r.AtFirst.RSS)/mib, float64(r.Steady.HWM)/mib, float64(r.PeakStartup)/mib, float64(r.PeakPropagation)/mib,
 		float64(r.AtEnd.RSS)/mib, float64(r.Steady.RSS)/mib)
 	fmt.Printf("  Go heap MiB: live at first snapshot %.1f, steady %.1f\n", float64(r.AtFirst.HeapLive)/mib, float64(r.Steady.HeapLive)/mib)
+	fmt.Printf("  steady Go runtime MiB: heap objects %.1f, free heap not yet returned %.1f, stacks %.1f, other %.1f\n",
+		float64(r.Steady.HeapObjects)/mib, float64(r.Steady.HeapFree)/mib, float64(r.Steady.Stacks)/mib, float64(r.Steady.RuntimeOther)/mib)
 	fmt.Printf("  CPU: to first snapshot %s (GC %.0f%%, %d cycles); whole run %s (GC %.0f%%, %d cycles)\n",
 		r.AtFirst.CPU.Round(time.Millisecond), pctOf(r.AtFirst.GCCPU, r.AtFirst.CPU), r.AtFirst.GCCycles,
 		r.Steady.CPU.Round(time.Millisecond), pctOf(r.Steady.GCCPU, r.Steady.CPU), r.Steady.GCCycles)

@@ -11,7 +11,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/sockmesh/sockmesh/test/apiserver"
 	"github.com/sockmesh/sockmesh/test/pki"
@@ -117,6 +119,18 @@ func createObjects(ctx context.Context, env *apiserver.Env, p params, parallel i
 		count.Add(int64(ph.n))
 	}
 	return setupResult{objects: int(count.Load()), duration: time.Since(start)}, nil
+}
+
+// clearStatus empties the policies' status, so that each round's agent
+// writes all of it (a thousand status patches, and the watch events they
+// echo), as the first agent to lead in a cluster does.
+func clearStatus(ctx context.Context, gw gwclient.Interface, p params, parallel int) error {
+	patch := []byte(`{"status":{"ancestors":[]}}`)
+	return parallelDo(p.Policies, parallel, func(i int) error {
+		_, err := gw.GatewayV1().BackendTLSPolicies(namespace(p, i)).Patch(ctx, fmt.Sprintf("policy-%d", i),
+			types.MergePatchType, patch, metav1.PatchOptions{}, "status")
+		return err
+	})
 }
 
 // endpointAddr spreads endpoint addresses over 10.128.0.0/10.

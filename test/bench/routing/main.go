@@ -195,7 +195,9 @@ func redirect(p *proxy.Proxy, l net.Listener, vip netip.AddrPort) {
 
 func newClient(addr string, conns int, h2c bool) *http.Client {
 	tr := &http.Transport{
-		DialContext:         func(ctx context.Context, _, _ string) (net.Conn, error) { return (&net.Dialer{}).DialContext(ctx, "tcp", addr) },
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		},
 		MaxIdleConnsPerHost: conns,
 		MaxConnsPerHost:     conns,
 		DisableCompression:  true,

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/sockmesh/sockmesh/internal/mountinfo"
 )
 
 // watchedSysctls are the sysctls (paths under /proc/sys) the node sets
@@ -116,7 +118,7 @@ func absentPaths(candidates []string) []string {
 // mounted cgroup hierarchy (v1 controllers and, on a hybrid host, the v2
 // one).
 func cgroupCandidates() ([]string, error) {
-	ms, err := mounts()
+	ms, err := mountinfo.List()
 	if err != nil {
 		return nil, err
 	}
@@ -353,7 +355,7 @@ func ensureSharedBPFFS(l *ledger) error {
 func undoBPFFS(l *ledger) error {
 	const point = "/sys/fs/bpf"
 	if l.BPFFSMountID != 0 {
-		ms, err := mounts()
+		ms, err := mountinfo.List()
 		if err != nil {
 			return err
 		}

@@ -52,20 +52,6 @@ COMMIT
 	}
 }
 
-func TestUnescapeMountinfo(t *testing.T) {
-	for in, want := range map[string]string{
-		`/sys/fs/bpf`:          "/sys/fs/bpf",
-		`/mnt/a\040b`:          "/mnt/a b",
-		`/mnt/tab\011x\134y`:   "/mnt/tab\tx\\y",
-		`/mnt/trailing\04`:     `/mnt/trailing\04`,
-		`/mnt/not-octal\09912`: `/mnt/not-octal\09912`,
-	} {
-		if got := unescapeMountinfo(in); got != want {
-			t.Errorf("unescapeMountinfo(%q) = %q, want %q", in, got, want)
-		}
-	}
-}
-
 func TestWithin(t *testing.T) {
 	for _, tc := range []struct {
 		path, dir string

@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/sockmesh/sockmesh/internal/mountinfo"
 )
 
 // HostState is what a node changes on this machine, read from the machine
@@ -59,7 +61,7 @@ func ReadHostState(ctx context.Context, cfg Config) (HostState, error) {
 	s.Bridge = err == nil
 	s.Sysctls = readSysctls(watchedSysctls)
 
-	ms, err := mounts()
+	ms, err := mountinfo.List()
 	if err != nil {
 		return s, err
 	}

@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sockmesh/sockmesh/test/apiserver"
+	"github.com/sockmesh/sockmesh/test/childproc"
 )
 
 // firstServiceIP is the kubernetes Service's ClusterIP: the first address
@@ -30,12 +31,12 @@ func firstServiceIP() (netip.Addr, error) {
 
 // start starts a component and records it in the ledger.
 func (n *Node) start(name, bin string, args ...string) error {
-	p, err := startProc(name, n.lay.Logs, bin, args...)
+	p, err := childproc.Start(name, filepath.Join(n.lay.Logs, name+".log"), bin, args...)
 	if err != nil {
 		return err
 	}
 	n.procs[name] = p
-	n.led.Procs[name] = p.rec
+	n.led.Procs[name] = recordOf(p)
 	return n.led.save()
 }
 
@@ -209,8 +210,8 @@ func (n *Node) poll(ctx context.Context, timeout time.Duration, what string, con
 		}
 		for _, p := range n.procs {
 			select {
-			case <-p.exited:
-				return fmt.Errorf("wait for %s: %w", what, p.exitErr())
+			case <-p.Exited():
+				return fmt.Errorf("wait for %s: %w", what, p.ExitErr())
 			default:
 			}
 		}
@@ -226,7 +227,7 @@ func (n *Node) poll(ctx context.Context, timeout time.Duration, what string, con
 func (n *Node) logTails() error {
 	var errs []error
 	for name, p := range n.procs {
-		errs = append(errs, fmt.Errorf("%s log:\n%s", name, tail(p.logPath, 15)))
+		errs = append(errs, fmt.Errorf("%s log:\n%s", name, childproc.Tail(p.LogPath, 15)))
 	}
 	return errors.Join(errs...)
 }

@@ -1,84 +1,23 @@
 package node
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/sockmesh/sockmesh/internal/mountinfo"
 )
-
-// mount is one line of /proc/self/mountinfo.
-type mount struct {
-	ID     int
-	Point  string
-	FSType string
-	Shared bool // propagation: a member of a peer group ("shared:N")
-}
-
-// mounts lists the calling process's mounts, parents before children (the
-// order of mountinfo).
-func mounts() ([]mount, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return nil, fmt.Errorf("read mountinfo: %w", err)
-	}
-	defer f.Close()
-	var ms []mount
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		// ID parent major:minor root point options [optional...] - fstype source superoptions
-		fields := strings.Fields(sc.Text())
-		sep := slices.Index(fields, "-")
-		if len(fields) < 7 || sep < 6 || sep+1 >= len(fields) {
-			continue
-		}
-		id, _ := strconv.Atoi(fields[0])
-		m := mount{ID: id, Point: unescapeMountinfo(fields[4]), FSType: fields[sep+1]}
-		for _, opt := range fields[6:sep] {
-			if strings.HasPrefix(opt, "shared:") {
-				m.Shared = true
-			}
-		}
-		ms = append(ms, m)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read mountinfo: %w", err)
-	}
-	return ms, nil
-}
-
-// unescapeMountinfo undoes the octal escapes (\040 for a space) of
-// mountinfo paths.
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
 
 // topMount returns the mount visible at point (the last one mounted
 // there), or ok false.
-func topMount(point string) (m mount, ok bool, err error) {
-	ms, err := mounts()
+func topMount(point string) (m mountinfo.Mount, ok bool, err error) {
+	ms, err := mountinfo.List()
 	if err != nil {
-		return mount{}, false, err
+		return mountinfo.Mount{}, false, err
 	}
 	for _, x := range ms {
 		if x.Point == point {
@@ -97,7 +36,7 @@ func within(path, dir string) bool {
 // detaching lazily a mount that stays busy, until none is left.
 func unmountUnder(dir string) error {
 	for range 10 {
-		ms, err := mounts()
+		ms, err := mountinfo.List()
 		if err != nil {
 			return err
 		}
@@ -134,7 +73,7 @@ func removeTree(dir string) error {
 	if err := unmountUnder(dir); err != nil {
 		return err
 	}
-	ms, err := mounts()
+	ms, err := mountinfo.List()
 	if err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/sockmesh/sockmesh/test/apiserver"
+	"github.com/sockmesh/sockmesh/test/childproc"
 )
 
 // Defaults of Config's zero values.
@@ -92,7 +93,7 @@ type Node struct {
 	lock     *lockFile
 	certs    *certs
 	before   HostState
-	procs    map[string]*proc
+	procs    map[string]*childproc.Process
 	downOnce sync.Once
 	downErr  error
 }
@@ -204,7 +205,7 @@ func Up(ctx context.Context, cfg Config) (_ *Node, err error) {
 	lay := newLayout(cfg)
 	n := &Node{
 		Name: cfg.Name, IP: cfg.IP, PodCIDR: cfg.PodCIDR, Dir: cfg.Dir, Binaries: cfg.Binaries,
-		log: log, lay: lay, procs: map[string]*proc{},
+		log: log, lay: lay, procs: map[string]*childproc.Process{},
 	}
 	if n.lock, err = acquireLock(ctx, LockPath); err != nil {
 		return nil, err
@@ -387,7 +388,7 @@ func (n *Node) Kubectl(ctx context.Context, args ...string) ([]byte, error) {
 // kube-apiserver, containerd, kube-controller-manager, kube-scheduler,
 // kube-proxy, kubelet), for a failing test's report.
 func (n *Node) LogTail(component string, lines int) string {
-	return tail(filepath.Join(n.lay.Logs, component+".log"), lines)
+	return childproc.Tail(filepath.Join(n.lay.Logs, component+".log"), lines)
 }
 
 func exists(path string) bool {

@@ -125,6 +125,13 @@ func TestCrashRecovery(t *testing.T) {
 	if err := Clean(ctx, Config{}); err != nil {
 		t.Fatalf("clean up after the crash: %v", err)
 	}
+	// Look under the lock: a node of another test (the cluster tier) may
+	// start as soon as Clean lets go of it.
+	lock, err = acquireLock(ctx, LockPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.release()
 	after, err := ReadHostState(ctx, Config{})
 	if err != nil {
 		t.Fatal(err)

@@ -5,12 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/sockmesh/sockmesh/test/childproc"
 )
 
 // procRecord identifies a process across a crash of the process that
@@ -76,79 +76,7 @@ func (r procRecord) kill(grace time.Duration) error {
 	return nil
 }
 
-// proc is a component the node started: a child whose output goes to a log
-// file.
-type proc struct {
-	name    string
-	cmd     *exec.Cmd
-	logPath string
-	rec     procRecord
-	exited  chan struct{} // closed once the process has been waited for
-	err     error         // Wait's result, valid once exited is closed
-}
-
-// startProc starts bin with args, its output appended to logDir/name.log.
-func startProc(name, logDir, bin string, args ...string) (*proc, error) {
-	logPath := filepath.Join(logDir, name+".log")
-	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("create %s: %w", logPath, err)
-	}
-	defer logFile.Close() // the child holds its own descriptor
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// Pdeathsig: a test binary killed by its timeout takes its components
-	// with it (containerd's shims survive; the next Up cleans them up). Its
-	// own process group keeps a terminal's ^C from racing an orderly Down.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, logPath: logPath, exited: make(chan struct{})}
-	p.rec = procRecord{PID: cmd.Process.Pid, Start: startTime(cmd.Process.Pid)}
-	go func() {
-		p.err = cmd.Wait()
-		close(p.exited)
-	}()
-	return p, nil
-}
-
-// stop sends SIGTERM (by PID) and SIGKILL after grace.
-func (p *proc) stop(grace time.Duration) error {
-	select {
-	case <-p.exited:
-		return nil
-	default:
-	}
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("signal %s: %w", p.name, err)
-	}
-	select {
-	case <-p.exited:
-		return nil
-	case <-time.After(grace):
-	}
-	if err := p.cmd.Process.Kill(); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("kill %s: %w", p.name, err)
-	}
-	<-p.exited
-	return nil
-}
-
-// exitErr describes how the process ended, with the end of its log.
-func (p *proc) exitErr() error {
-	return fmt.Errorf("%s exited: %v\n%s", p.name, p.err, tail(p.logPath, 30))
-}
-
-// tail returns about the last n lines of the file at path.
-func tail(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	lines := bytes.Split(bytes.TrimRight(data, "\n"), []byte("\n"))
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return string(bytes.Join(lines, []byte("\n")))
+// recordOf identifies p across a crash of this process.
+func recordOf(p *childproc.Process) procRecord {
+	return procRecord{PID: p.Cmd.Process.Pid, Start: startTime(p.Cmd.Process.Pid)}
 }

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sockmesh/sockmesh/test/childproc"
 )
 
 // stopOrder is the order components go down in: the kubelet first so that
@@ -93,7 +95,7 @@ func clean(ctx context.Context, lay *layout, log *slog.Logger) error {
 // teardown stops the components — live ones (this process's children) by
 // their handles, a crashed run's by the PIDs in the ledger — and undoes the
 // ledger's host changes.
-func teardown(ctx context.Context, lay *layout, led *ledger, live map[string]*proc, log *slog.Logger) error {
+func teardown(ctx context.Context, lay *layout, led *ledger, live map[string]*childproc.Process, log *slog.Logger) error {
 	if led == nil {
 		return removeTree(lay.Dir)
 	}
@@ -106,7 +108,7 @@ func teardown(ctx context.Context, lay *layout, led *ledger, live map[string]*pr
 	}
 	stop := func(name string, grace time.Duration) {
 		if p, ok := live[name]; ok {
-			note("stop "+name, p.stop(grace))
+			note("stop "+name, p.Stop(grace))
 		} else if r, ok := led.Procs[name]; ok {
 			note("stop "+name, r.kill(grace))
 		}
@@ -156,7 +158,7 @@ func teardown(ctx context.Context, lay *layout, led *ledger, live map[string]*pr
 // removePods removes every pod through containerd's CRI. A crashed run's
 // containerd is gone but its shims and pods may live: a containerd started
 // on the same root and state finds them again.
-func removePods(ctx context.Context, lay *layout, led *ledger, live map[string]*proc, log *slog.Logger) error {
+func removePods(ctx context.Context, lay *layout, led *ledger, live map[string]*childproc.Process, log *slog.Logger) error {
 	if led.ContainerdConfig == "" {
 		return nil
 	}
@@ -167,24 +169,24 @@ func removePods(ctx context.Context, lay *layout, led *ledger, live map[string]*
 	defer cancel()
 	if p, ok := live["containerd"]; ok {
 		select {
-		case <-p.exited:
+		case <-p.Exited():
 		default:
 			return removeAllPods(ctx, led.Containerd)
 		}
 	}
 	log.Info("starting containerd to remove the pods it left")
-	p, err := startProc("containerd-cleanup", lay.Logs, "containerd", "--config="+led.ContainerdConfig, "--log-level=warn")
+	p, err := childproc.Start("containerd-cleanup", filepath.Join(lay.Logs, "containerd-cleanup.log"), "containerd", "--config="+led.ContainerdConfig, "--log-level=warn")
 	if err != nil {
 		return err
 	}
-	defer p.stop(10 * time.Second)
+	defer p.Stop(10 * time.Second)
 	for {
 		if err := criReady(ctx, led.Containerd); err == nil {
 			break
 		}
 		select {
-		case <-p.exited:
-			return p.exitErr()
+		case <-p.Exited():
+			return p.ExitErr()
 		case <-ctx.Done():
 			return fmt.Errorf("wait for containerd: %w", context.Cause(ctx))
 		case <-time.After(100 * time.Millisecond):

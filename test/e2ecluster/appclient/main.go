@@ -38,6 +38,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"github.com/sockmesh/sockmesh/test/e2ecluster/appapi"
 )
 
 func main() {
@@ -87,35 +89,15 @@ func serve(listen string) error {
 	return srv.ListenAndServe()
 }
 
-// Call asks for one request from inside the pod.
-type Call struct {
-	URL string `json:"url"`
-	// Mode: http1 (plaintext HTTP/1.1), h2c (HTTP/2 with prior knowledge)
-	// or websocket (an HTTP/1.1 upgrade; the server's first message is the
-	// body, Message is then sent and its echo read).
-	Mode    string `json:"mode"`
-	Message string `json:"message,omitempty"`
-}
-
-// Result is what the request got.
-type Result struct {
-	Status int             `json:"status,omitempty"`
-	Proto  string          `json:"proto,omitempty"`
-	Body   json.RawMessage `json:"body,omitempty"`
-	Text   string          `json:"text,omitempty"`
-	Echo   string          `json:"echo,omitempty"`
-	Error  string          `json:"error,omitempty"`
-}
-
 func handleCall(w http.ResponseWriter, r *http.Request) {
-	var c Call
+	var c appapi.Call
 	if err := json.NewDecoder(r.Body).Decode(&c); err != nil {
 		http.Error(w, "decode call: "+err.Error(), http.StatusBadRequest)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	var res Result
+	var res appapi.Result
 	var err error
 	switch c.Mode {
 	case "http1", "h2c":
@@ -145,29 +127,29 @@ func transport(mode string) *http.Transport {
 	return t
 }
 
-func doHTTP(ctx context.Context, c Call) (Result, error) {
+func doHTTP(ctx context.Context, c appapi.Call) (appapi.Result, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.URL, nil)
 	if err != nil {
-		return Result{}, err
+		return appapi.Result{}, err
 	}
 	t := transport(c.Mode)
 	defer t.CloseIdleConnections()
 	resp, err := t.RoundTrip(req)
 	if err != nil {
-		return Result{}, err
+		return appapi.Result{}, err
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	res := Result{Status: resp.StatusCode, Proto: resp.Proto}
+	res := appapi.Result{Status: resp.StatusCode, Proto: resp.Proto}
 	setBody(&res, body)
 	return res, err
 }
 
-func doWebSocket(ctx context.Context, c Call) (Result, error) {
+func doWebSocket(ctx context.Context, c appapi.Call) (appapi.Result, error) {
 	t := transport("http1")
 	defer t.CloseIdleConnections()
 	conn, resp, err := websocket.Dial(ctx, c.URL, &websocket.DialOptions{HTTPClient: &http.Client{Transport: t}})
-	var res Result
+	var res appapi.Result
 	if resp != nil {
 		res.Status, res.Proto = resp.StatusCode, resp.Proto
 	}
@@ -194,7 +176,7 @@ func doWebSocket(ctx context.Context, c Call) (Result, error) {
 	return res, nil
 }
 
-func setBody(res *Result, body []byte) {
+func setBody(res *appapi.Result, body []byte) {
 	if json.Valid(body) {
 		res.Body = body
 	} else {
@@ -202,18 +184,8 @@ func setBody(res *Result, body []byte) {
 	}
 }
 
-// Inspection is what the container this program runs in was given.
-type Inspection struct {
-	CapEff  string            `json:"capEff"`
-	FS      map[string]string `json:"fs"`
-	HostPID bool              `json:"hostPID"`
-	// Listeners are the listening TCP sockets of this network namespace,
-	// whoever opened them (an in-pod proxy opens its own here).
-	Listeners []string `json:"listeners"`
-}
-
 func handleInspect(w http.ResponseWriter, r *http.Request) {
-	in := Inspection{FS: map[string]string{}}
+	in := appapi.Inspection{FS: map[string]string{}}
 	var err error
 	if in.CapEff, err = capEff(); err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)

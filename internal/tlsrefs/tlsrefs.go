@@ -1,0 +1,63 @@
+package tlsrefs
+
+import (
+	"cmp"
+	"slices"
+
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
+)
+
+// Ref names a referenced ConfigMap, or Secret when Secret is set.
+type Ref struct {
+	Secret    bool
+	Namespace string
+	Name      string
+}
+
+// Kind is the referenced object's kind: ConfigMap or Secret.
+func (r Ref) Kind() string {
+	if r.Secret {
+		return "Secret"
+	}
+	return "ConfigMap"
+}
+
+// Compare orders references by namespace, name, then kind (ConfigMap
+// first): the order Of returns, for slices.BinarySearchFunc.
+func Compare(a, b Ref) int {
+	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.Kind(), b.Kind()))
+}
+
+// Of lists, sorted by Compare and without duplicates, the ConfigMaps and
+// Secrets these objects reference: core-group CA certificate references of
+// BackendTLSPolicies and XBackends, and XBackend client certificates (a
+// core Secret in the XBackend's namespace).
+func Of(policies []*gwv1.BackendTLSPolicy, xbackends []*gwxv1alpha1.XBackend) []Ref {
+	var refs []Ref
+	addCARefs := func(namespace string, caRefs []gwv1.LocalObjectReference) {
+		for _, r := range caRefs {
+			if r.Group == "" && (r.Kind == "ConfigMap" || r.Kind == "Secret") {
+				refs = append(refs, Ref{Secret: r.Kind == "Secret", Namespace: namespace, Name: string(r.Name)})
+			}
+		}
+	}
+	for _, p := range policies {
+		addCARefs(p.Namespace, p.Spec.Validation.CACertificateRefs)
+	}
+	for _, xb := range xbackends {
+		tls := xb.Spec.TLS
+		if tls == nil {
+			continue
+		}
+		if tls.Validation != nil {
+			addCARefs(xb.Namespace, tls.Validation.CACertificateRefs)
+		}
+		if r := tls.ClientCertificateRef; r != nil && (r.Group == nil || *r.Group == "") &&
+			(r.Kind == nil || *r.Kind == "Secret") && (r.Namespace == nil || string(*r.Namespace) == xb.Namespace) {
+			refs = append(refs, Ref{Secret: true, Namespace: xb.Namespace, Name: string(r.Name)})
+		}
+	}
+	slices.SortFunc(refs, Compare)
+	return slices.Compact(refs)
+}

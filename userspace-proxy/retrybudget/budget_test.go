@@ -1,0 +1,109 @@
+package retrybudget
+
+import (
+	"testing"
+	"time"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+func constraint(percent int, interval time.Duration, count int, per time.Duration) *snapshot.RetryConstraint {
+	return &snapshot.RetryConstraint{BudgetPercent: percent, BudgetInterval: snapshot.Duration(interval),
+		MinRetryCount: count, MinRetryInterval: snapshot.Duration(per)}
+}
+
+// retries counts how many retries in a row the budget allows at now.
+func retries(b *Budget, now time.Time) int {
+	n := 0
+	for b.Retry(now) {
+		n++
+		if n > 10000 {
+			break
+		}
+	}
+	return n
+}
+
+func TestBudget(t *testing.T) {
+	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	s := time.Second
+	for _, tc := range []struct {
+		name     string
+		c        *snapshot.RetryConstraint
+		requests int           // first tries at t0
+		at       time.Duration // when the retries are tried
+		want     int
+	}{
+		{"percent of requests", constraint(20, 10*s, 1, 10*s), 50, 0, 12}, // retries count as requests: 12 ≤ 20% of 62
+		{"minimum rate when idle", constraint(20, 10*s, 1, 10*s), 0, 0, 1},
+		{"minimum rate scaled to the interval", constraint(20, 10*s, 3, s), 0, 0, 30},
+		{"minimum rate over a longer interval", constraint(0, 10*s, 5, time.Minute), 0, 0, 0}, // 5/min over 10 s: under one
+		{"zero percent", constraint(0, 10*s, 2, 10*s), 1000, 0, 2},
+		{"within the window", constraint(50, 10*s, 1, 10*s), 10, 9 * s, 9}, // the 10th would be 10 of 19
+		{"window rolled past the requests", constraint(50, 10*s, 1, 10*s), 10, 10 * s, 1},
+		{"one-hour interval in 60 buckets", constraint(10, time.Hour, 1, time.Hour), 100, 59 * time.Minute, 11},
+		{"one-hour interval rolled", constraint(10, time.Hour, 1, time.Hour), 100, time.Hour, 1},
+	} {
+		b := New(tc.c, t0)
+		for range tc.requests {
+			b.Request(t0)
+		}
+		if got := retries(b, t0.Add(tc.at)); got != tc.want {
+			t.Errorf("%s: %d requests, then retries at +%v: %d allowed, want %d", tc.name, tc.requests, tc.at, got, tc.want)
+		}
+	}
+}
+
+// TestBudgetRecovers: once exhausted, the budget refuses retries until the
+// window rolls past the retries it counted.
+func TestBudgetRecovers(t *testing.T) {
+	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	b := New(constraint(20, 10*time.Second, 2, 10*time.Second), t0)
+	if got := retries(b, t0); got != 2 {
+		t.Fatalf("retries at t0 = %d, want 2", got)
+	}
+	for _, at := range []time.Duration{time.Second, 9*time.Second + 999*time.Millisecond} {
+		if b.Retry(t0.Add(at)) {
+			t.Errorf("retry at +%v allowed; the two at t0 are still in the window", at)
+		}
+	}
+	if got := retries(b, t0.Add(10*time.Second)); got != 2 {
+		t.Errorf("retries once the window rolled = %d, want 2", got)
+	}
+}
+
+func TestNilAndCarry(t *testing.T) {
+	t0 := time.Now()
+	var none *Budget
+	none.Request(t0)
+	if !none.Retry(t0) {
+		t.Error("a nil budget refused a retry")
+	}
+	if New(nil, t0) != nil || Carry(nil, nil, t0) != nil {
+		t.Error("no constraint must give no budget")
+	}
+	c := constraint(20, 10*time.Second, 1, time.Second)
+	b := New(c, t0)
+	same := *c
+	same.Policy = snapshot.ObjectRef{Kind: "XBackendTrafficPolicy", Namespace: "ns", Name: "renamed"}
+	if Carry(b, &same, t0) != b {
+		t.Error("an unchanged constraint must keep its budget and counts")
+	}
+	changed := *c
+	changed.BudgetPercent = 30
+	if got := Carry(b, &changed, t0); got == b || got == nil {
+		t.Error("a changed constraint must get a new budget")
+	}
+	if Carry(b, nil, t0) != nil {
+		t.Error("a removed constraint must drop the budget")
+	}
+}
+
+func BenchmarkRequest(b *testing.B) {
+	bu := New(constraint(20, 10*time.Second, 10, time.Second), time.Now())
+	now := time.Now()
+	b.ReportAllocs()
+	for b.Loop() {
+		bu.Request(now)
+	}
+}
