@@ -14,6 +14,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/agent/translate"
@@ -278,12 +279,8 @@ func (s *scenario) waitRouted(addr netip.AddrPort, routes ...string) {
 func (s *scenario) waitRouteStatus(kind, ns, name, parent string, want ...condition) {
 	s.t.Helper()
 	eventually(s.t, fmt.Sprintf("status of %s %s/%s", kind, ns, name), func() error {
-		var parents []struct {
-			ref   string
-			ctrl  string
-			conds []metav1.Condition
-		}
 		var gen int64
+		var status gwv1.RouteStatus
 		ctx := context.Background()
 		switch kind {
 		case "HTTPRoute":
@@ -291,33 +288,19 @@ func (s *scenario) waitRouteStatus(kind, ns, name, parent string, want ...condit
 			if err != nil {
 				return err
 			}
-			gen = r.Generation
-			for _, p := range r.Status.Parents {
-				parents = append(parents, struct {
-					ref   string
-					ctrl  string
-					conds []metav1.Condition
-				}{string(p.ParentRef.Name), string(p.ControllerName), p.Conditions})
-			}
+			gen, status = r.Generation, r.Status.RouteStatus
 		case "GRPCRoute":
 			r, err := s.n.c.api.Gateway.GatewayV1().GRPCRoutes(ns).Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return err
 			}
-			gen = r.Generation
-			for _, p := range r.Status.Parents {
-				parents = append(parents, struct {
-					ref   string
-					ctrl  string
-					conds []metav1.Condition
-				}{string(p.ParentRef.Name), string(p.ControllerName), p.Conditions})
-			}
+			gen, status = r.Generation, r.Status.RouteStatus
 		default:
 			s.t.Fatalf("route kind %s", kind)
 		}
-		for _, p := range parents {
-			if p.ctrl == string(translate.ControllerName) && p.ref == parent {
-				return hasConditions(p.conds, gen, want)
+		for _, p := range status.Parents {
+			if p.ControllerName == translate.ControllerName && string(p.ParentRef.Name) == parent {
+				return hasConditions(p.Conditions, gen, want)
 			}
 		}
 		return fmt.Errorf("no parent %s under %s", parent, translate.ControllerName)

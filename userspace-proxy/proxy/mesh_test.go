@@ -43,6 +43,12 @@ func (m *mesh) backend(name string, be snapshot.Backend) snapshot.BackendRef {
 	return be.Ref
 }
 
+// echoBackend adds backend b/name with one echo server, pod name-0.
+func (m *mesh) echoBackend(name string) snapshot.BackendRef {
+	m.t.Helper()
+	return m.backend(name, snapshot.Backend{Endpoints: endpoints(startEcho(m.t, name+"-0", nil).addr)})
+}
+
 // frontend captures Service b/name at vip, whose own backend is own, with
 // route table rt (nil: none).
 func (m *mesh) frontend(name string, vip netip.AddrPort, own snapshot.BackendRef, rt *snapshot.RouteTable) {

@@ -79,9 +79,9 @@ func TestRouteMatchingAndFilters(t *testing.T) {
 		t.Run(k.name, func(t *testing.T) {
 			e := newEnv(t, envOptions{http1TLS: k.path})
 			m := &mesh{t: t}
-			front := m.backend("front", snapshot.Backend{Endpoints: endpoints(startEcho(t, "front-0", nil).addr)})
-			v1 := m.backend("v1", snapshot.Backend{Endpoints: endpoints(startEcho(t, "v1-0", nil).addr)})
-			v2 := m.backend("v2", snapshot.Backend{Endpoints: endpoints(startEcho(t, "v2-0", nil).addr)})
+			front := m.echoBackend("front")
+			v1 := m.echoBackend("v1")
+			v2 := m.echoBackend("v2")
 			headerMatch := prefixMatch("/")
 			headerMatch.Headers = []snapshot.StringMatch{{Name: "version", Type: snapshot.MatchExact, Value: "two"}}
 			queryMatch := prefixMatch("/")
@@ -200,10 +200,10 @@ func TestRouteWeights(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
 	m := &mesh{t: t}
-	front := m.backend("front", snapshot.Backend{Endpoints: endpoints(startEcho(t, "front-0", nil).addr)})
-	v1 := m.backend("v1", snapshot.Backend{Endpoints: endpoints(startEcho(t, "v1-0", nil).addr)})
-	v2 := m.backend("v2", snapshot.Backend{Endpoints: endpoints(startEcho(t, "v2-0", nil).addr)})
-	v3 := m.backend("v3", snapshot.Backend{Endpoints: endpoints(startEcho(t, "v3-0", nil).addr)})
+	front := m.echoBackend("front")
+	v1 := m.echoBackend("v1")
+	v2 := m.echoBackend("v2")
+	v3 := m.echoBackend("v3")
 	m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindHTTPRoute,
 		rule{[]snapshot.RouteMatch{prefixMatch("/split")}, snapshot.RouteRule{Backends: []snapshot.WeightedBackend{
 			{Weight: 70, Backend: v1}, {Weight: 30, Backend: v2}, {Weight: 0, Backend: v3}}}},
@@ -244,9 +244,9 @@ func TestRouteConsumerProducer(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
 	m := &mesh{t: t}
-	front := m.backend("front", snapshot.Backend{Endpoints: endpoints(startEcho(t, "front-0", nil).addr)})
-	v1 := m.backend("v1", snapshot.Backend{Endpoints: endpoints(startEcho(t, "v1-0", nil).addr)})
-	v2 := m.backend("v2", snapshot.Backend{Endpoints: endpoints(startEcho(t, "v2-0", nil).addr)})
+	front := m.echoBackend("front")
+	v1 := m.echoBackend("v1")
+	v2 := m.echoBackend("v2")
 	role := func(v string) snapshot.Filters {
 		return snapshot.Filters{ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Role", Value: v}}}}
 	}
@@ -290,8 +290,8 @@ func TestRouteMirror(t *testing.T) {
 			e := newEnv(t, envOptions{http1TLS: k.path})
 			m := &mesh{t: t}
 			mirror := startRecorder(t, nil, nil)
-			front := m.backend("front", snapshot.Backend{Endpoints: endpoints(startEcho(t, "front-0", nil).addr)})
-			v1 := m.backend("v1", snapshot.Backend{Endpoints: endpoints(startEcho(t, "v1-0", nil).addr)})
+			front := m.echoBackend("front")
+			v1 := m.echoBackend("v1")
 			mref := m.backend("mirror", snapshot.Backend{Endpoints: endpoints(mirror.addr)})
 			m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindHTTPRoute,
 				rule{[]snapshot.RouteMatch{prefixMatch("/mirror")}, snapshot.RouteRule{Backends: to(v1), Filters: snapshot.Filters{
@@ -355,7 +355,7 @@ func TestRouteRetries(t *testing.T) {
 				}
 				return false
 			})
-			front := m.backend("front", snapshot.Backend{Endpoints: endpoints(startEcho(t, "front-0", nil).addr)})
+			front := m.echoBackend("front")
 			be := m.backend("flaky", snapshot.Backend{Endpoints: endpoints(flaky.addr)})
 			retry := func(attempts int, codes ...int) snapshot.RouteRule {
 				return snapshot.RouteRule{Backends: to(be), Retry: &snapshot.Retry{Attempts: attempts, Codes: codes, Backoff: dur(1e6)}}
@@ -420,7 +420,7 @@ func TestRouteRetryConnectError(t *testing.T) {
 		t.Run(k.name, func(t *testing.T) {
 			e := newEnv(t, envOptions{http1TLS: k.path})
 			m := &mesh{t: t}
-			front := m.backend("front", snapshot.Backend{Endpoints: endpoints(startEcho(t, "front-0", nil).addr)})
+			front := m.echoBackend("front")
 			// broken(k) is a TLS echo backend that closes its first k
 			// connections before the handshake.
 			broken := func(name string, k int64) snapshot.BackendRef {
@@ -533,7 +533,7 @@ func TestRouteNonHTTP(t *testing.T) {
 	m := &mesh{t: t}
 	tcp := m.backend("tcp", snapshot.Backend{Endpoints: endpoints(startTCPEcho(t, nil))})
 	tlsOwn := m.backend("tls", snapshot.Backend{Endpoints: endpoints(startEcho(t, "tls-0", serverTLS(e.pki.server)).addr)})
-	v1 := m.backend("v1", snapshot.Backend{Endpoints: endpoints(startEcho(t, "v1-0", nil).addr)})
+	v1 := m.echoBackend("v1")
 	routes := producer(routeSet(snapshot.KindHTTPRoute, rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(v1)}}))
 	vTCP, vTLS := netip.MustParseAddrPort("10.96.5.2:80"), netip.MustParseAddrPort("10.96.5.3:443")
 	m.frontend("tcp", vTCP, tcp, routes)
