@@ -53,9 +53,14 @@ e2e-cluster-clean:
 
 # Benchmarks, as root. The datapath one compares direct, iptables REDIRECT
 # and eBPF redirect (flags: -rounds, -duration, -parallel).
+# Every benchmark, each against its baseline in the same run (root; the
+# proxy bench needs wrk, h2load and nginx: apt-get install wrk
+# nghttp2-client nginx-light). Each prints ratios; see its package doc.
 bench:
 	$(GO) run ./test/bench/datapath
-	if [ -d test/bench/cmd/benchall ]; then $(GO) run ./test/bench/cmd/benchall; fi
+	$(GO) run ./test/bench/proxy
+	$(GO) run ./test/bench/routing
+	$(GO) run ./test/bench/agent
 
 clean:
 	rm -rf bin
