@@ -23,9 +23,9 @@ import (
 // they are spent the client gets 503 and the backend sees no further
 // try, while first tries still go through.
 //
-// The client speaks h2c, so its requests take net/http's server in the
-// proxy (the HTTP/1 fast path's own retry loop does not consult budgets
-// yet).
+// The steps alternate between an HTTP/1.1 client (the proxy's fast path)
+// and an h2c client (net/http's server in the proxy): both consult the
+// same budget.
 func testMeshRetryBudget(s *scenario) {
 	sim := s.simBackend("budget")
 	svc := s.service("budget", serviceSpec{Backend: sim.backend, Ports: meshPorts()})
@@ -64,26 +64,31 @@ spec:
 		return nil
 	})
 
-	cl := &http.Client{Timeout: waitFor, Transport: &http.Transport{Protocols: new(http.Protocols), DialContext: s.n.client.dialer.DialContext}}
-	cl.Transport.(*http.Transport).Protocols.SetUnencryptedHTTP2(true)
-	defer cl.CloseIdleConnections()
+	h2c := &http.Client{Timeout: waitFor, Transport: &http.Transport{Protocols: new(http.Protocols), DialContext: s.n.client.dialer.DialContext}}
+	h2c.Transport.(*http.Transport).Protocols.SetUnencryptedHTTP2(true)
+	defer h2c.CloseIdleConnections()
+	h1 := &http.Client{Timeout: waitFor, Transport: &http.Transport{DialContext: s.n.client.dialer.DialContext}}
+	defer h1.CloseIdleConnections()
 	id := 0
 	const spent = "sockmesh: retry_budget_exhausted\n"
 	for _, c := range []struct {
 		step     string
+		client   *http.Client
 		failures int // the backend answers 500 to this many tries first
 		status   int
 		body     string // "" is not checked
 		tries    int    // what the backend saw
 	}{
-		{"one retry within the budget", 1, 200, "", 2},
-		{"the second retry spends the budget, the third is refused", 3, 503, spent, 2},
-		{"budget spent: no retry", 1, 503, spent, 1},
-		{"first tries still go through", 0, 200, "", 1},
+		{"HTTP/1.1: one retry within the budget", h1, 1, 200, "", 2},
+		{"HTTP/1.1: the second retry spends the budget, the third is refused", h1, 3, 503, spent, 2},
+		{"h2c: budget spent, no retry", h2c, 1, 503, spent, 1},
+		{"HTTP/1.1: budget spent, no retry", h1, 1, 503, spent, 1},
+		{"h2c: first tries still go through", h2c, 0, 200, "", 1},
+		{"HTTP/1.1: first tries still go through", h1, 0, 200, "", 1},
 	} {
 		id++
 		url := httpURL(svc.v4(80), fmt.Sprintf("/?responseCode=500&succeedAfter=%d&uuid=budget-%d", c.failures, id))
-		resp, err := cl.Get(url)
+		resp, err := c.client.Get(url)
 		if err != nil {
 			s.t.Errorf("%s: GET %s: %v", c.step, url, err)
 			continue

@@ -90,7 +90,7 @@ type h1State struct {
 	readers, writers sync.Pool
 }
 
-const answerBufferSize = 64 << 10 // four full TLS records of a large body per write
+const answerBufferSize = 32 << 10 // two full TLS records of a large body per write
 
 func (s *h1State) init() {
 	s.conns = make(map[*h1Conn]struct{})

@@ -148,14 +148,15 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 	// it is written with the head, not by a goroutine.
 	inline := req.Body == http.NoBody || x.r != nil && x.r.kept ||
 		s.cont == nil && req.ContentLength > 0 && req.ContentLength <= int64(s.br.Buffered())
+	countRequest(x)
 	for retry := 0; ; {
 		uc, c, err := s.conn(x, choice)
 		if err != nil {
 			if !connectFailed(err) || !s.mayRetry(x, retry, "connect", req) {
 				return s.fail(req, x, upstream.Classify(err), err)
 			}
-			if !s.backoff(x, &retry, "connect", req) {
-				return s.fail(req, x, upstream.ReasonTimeout, timeoutError(true, err))
+			if ok, keep := s.again(x, &retry, "connect", req, err, nil, timeoutError(true, err)); !ok {
+				return keep
 			}
 			choice = x.repick(choice)
 			continue
@@ -165,8 +166,8 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 		resp, body, err := s.send(uc, req, replayable, inline)
 		if err == nil && x.r != nil && x.r.pol.retryStatus(resp.StatusCode) && s.mayRetry(x, retry, "status", req) {
 			discardAnswer(be, uc, resp, cd)
-			if !s.backoff(x, &retry, "status", req) {
-				return s.fail(req, x, upstream.ReasonTimeout, timeoutError(true, errors.New("retry backoff")))
+			if ok, keep := s.again(x, &retry, "status", req, nil, resp, timeoutError(true, errRetryBackoff)); !ok {
+				return keep
 			}
 			choice = x.repick(choice)
 			continue
@@ -181,8 +182,11 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 			if cd.request {
 				return s.fail(req, x, upstream.ReasonTimeout, timeoutError(true, err))
 			}
-			if !s.mayRetry(x, retry, "backend_timeout", req) || !s.backoff(x, &retry, "backend_timeout", req) {
+			if !s.mayRetry(x, retry, "backend_timeout", req) {
 				return s.fail(req, x, upstream.ReasonTimeout, timeoutError(false, err))
+			}
+			if ok, keep := s.again(x, &retry, "backend_timeout", req, err, nil, timeoutError(false, err)); !ok {
+				return keep
 			}
 			choice = x.repick(choice)
 			continue
@@ -198,6 +202,26 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 // none was sent (why "connect": no connection was made).
 func (s *h1Conn) mayRetry(x *exchange, retry int, why string, req *http.Request) bool {
 	return x.r != nil && retry < x.r.pol.retries && (why == "connect" || x.replayable(req))
+}
+
+// errRetryBackoff is what a request whose timeout passed while it waited
+// to be retried failed of.
+var errRetryBackoff = errors.New("retry backoff")
+
+// again takes retry n+1 of req (why: connect, status, backend_timeout)
+// from its backend's retry budget, then backs off. When the request may
+// not go again it answers the client — 503 when the budget is spent
+// (last and resp say what the last try got), 504 with timeout when the
+// request timeout passed — and returns keep, whether the client's
+// connection stays open.
+func (s *h1Conn) again(x *exchange, retry *int, why string, req *http.Request, last error, resp *http.Response, timeout error) (ok, keep bool) {
+	if err := s.h.spendRetry(x, why, *retry, last, resp); err != nil {
+		return false, s.fail(req, x, upstream.ReasonRetryBudget, err)
+	}
+	if !s.backoff(x, retry, why, req) {
+		return false, s.fail(req, x, upstream.ReasonTimeout, timeout)
+	}
+	return true, false
 }
 
 // backoff counts a retry, waits before it and readies the body; false

@@ -30,8 +30,9 @@ import (
 // window rolls exactly when the test says.
 //
 // Kinds: an h2c client (net/http's server), an HTTP/1.1 client through
-// net/http's server (HTTP1TLSL7), and an HTTP/1.1 client on the fast path
-// to an h2c backend (net/http's Transport).
+// net/http's server (HTTP1TLSL7), an HTTP/1.1 client on the fast path to
+// an h2c backend (net/http's Transport), and the HTTP/1.1 fast path to an
+// HTTP/1.1 backend (pooled connections).
 func TestRetryBudget(t *testing.T) {
 	for _, k := range []struct {
 		name  string
@@ -42,6 +43,7 @@ func TestRetryBudget(t *testing.T) {
 		{"h2c", true, proxy.HTTP1TLSAuto, snapshot.ProtocolAuto},
 		{"http1-nethttp", false, proxy.HTTP1TLSL7, snapshot.ProtocolAuto},
 		{"http1-to-h2c-backend", false, proxy.HTTP1TLSAuto, snapshot.ProtocolH2C},
+		{"http1-fast", false, proxy.HTTP1TLSAuto, snapshot.ProtocolAuto},
 	} {
 		t.Run(k.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) { testRetryBudget(t, k.h2c, k.path, k.proto) })

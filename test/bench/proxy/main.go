@@ -22,23 +22,41 @@
 //
 // Run as root:
 //
-//	go run ./test/bench/proxy [-rounds 5] [-duration 5s] [-paths pooled,l4,l7] [-only keep-alive] [-gogc 100]
+//	go run ./test/bench/proxy [-rounds 5] [-duration 5s] [-paths pooled,l4,l7] [-only keep-alive] [-gogc 100] [-cpuprofile DIR]
 //
 // Measured on the 2-core machine of ../shared/BENCH.md, whose cores other
-// builds shared (provisional: the same code path measured twice in one run
-// differed by up to 20 %, so read ratios to one decimal). Medians of
-// per-round ratios to nginx (min–max), -rounds 7 -duration 4s:
+// builds and API-server tests shared (provisional: the same code path
+// measured twice in one run differed by up to 20 %, so read ratios to one
+// decimal). Medians of per-round ratios to nginx (min–max), -rounds 7
+// -duration 4s, load average 3–5 during the run:
 //
 //	scenario                 default (pooled)            l4                  l7 (net/http)       proxy CPU/req pooled ÷ nginx
-//	keep-alive 100 B         req/s 0.80 (0.67–1.32) p99 1.02   0.98 / 0.95         0.65 / 1.52         1.09
-//	keep-alive 64 KiB        req/s 1.06 (0.95–1.55) p99 0.95   1.00 / 0.98         0.91 / 1.15         0.99
-//	conn-per-request 100 B   req/s 0.87 (0.77–0.99) p99 1.02   0.26 / 4.16         0.69 / 1.50         1.51
-//	h2c client 100 B         (L4 for every speed)              0.87 / 1.09                             1.11 (l4)
+//	keep-alive 100 B         req/s 0.91 (0.74–1.03) p99 1.00   1.01 / 1.00         0.58 / 1.58         1.10
+//	keep-alive 64 KiB        req/s 1.08 (0.94–1.22) p99 0.92   1.02 / 0.98         0.87 / 1.09         0.95
+//	conn-per-request 100 B   req/s 0.88 (0.85–1.11) p99 0.95   0.25 / 4.41         0.71 / 1.46         1.30
+//	h2c client 100 B         (L4 for every speed)              0.72 / 1.31                             1.10 (l4)
 //
-// and on a quieter run (-rounds 5): keep-alive 100 B 0.88 / p99 0.82,
-// 64 KiB 1.03 / 1.11, connection per request 0.86 / 1.10. Before the pooled
-// path, the default for HTTP/1.x to TLS backends was l4 (0.16–0.26 of nginx
-// with a connection per request).
+// and on a busier run (load average 7–11; answer buffer then 64 KiB, back
+// to 32 KiB since: one write fewer per 64 KiB answer was not measurable,
+// and a streamed answer holds its buffer): keep-alive 100 B 1.15 / p99
+// 0.43, 64 KiB 1.03 / 0.50, connection per request 1.17 / 0.36, h2c 0.80 /
+// 1.28, with proxy CPU per request 1.08, 0.92, 1.24 and 1.05 of nginx's.
+// Throughput on these 2 shared cores follows the CPU per request of proxy,
+// backend and load generator together ("all CPU/req" in the summary). What
+// is left, from profiles of the pooled path: about 60 % of its CPU is in
+// system calls (loopback writes run the receiver's TCP input too), which
+// nginx pays alike; the Go-specific rest is the runtime's scheduling
+// (sysmon waking every 20 µs while system calls are retaken, spinning and
+// parked threads: 0.45 context switches per keep-alive request against
+// nginx's 0.3), a speculative read that finds nothing before each upstream
+// answer, and, per connection, accept, sniffing and poller registration.
+// GC is under 1 % (GOGC and GOMAXPROCS=1 changed nothing measurable). h2c
+// clients lose on the backend's side: relayed as h2 over TLS (L4) the Go
+// backend spends 1.5× the CPU per request of the HTTP/1.1 that nginx
+// sends it; terminating h2 in net/http (-paths http11) costs the proxy
+// 2.5× nginx's CPU instead. Before the pooled path, the default for
+// HTTP/1.x to TLS backends was l4 (0.16–0.26 of nginx with a connection
+// per request).
 package main
 
 import (
