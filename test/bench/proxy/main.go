@@ -24,11 +24,19 @@
 //
 //	go run ./test/bench/proxy [-rounds 5] [-duration 5s] [-paths pooled,l4,l7] [-only keep-alive] [-gogc 100] [-cpuprofile DIR]
 //
-// Measured on the 2-core machine of ../shared/BENCH.md, whose cores other
-// builds and API-server tests shared (provisional: the same code path
-// measured twice in one run differed by up to 20 %, so read ratios to one
-// decimal). Medians of per-round ratios to nginx (min–max), -rounds 7
-// -duration 4s, load average 3–5 during the run:
+// Measured on the 2-core machine of ../shared/BENCH.md with nothing else
+// running (load average 2.4 at the start), -rounds 5 -duration 4s -paths
+// pooled; medians of per-round ratios to nginx (min–max):
+//
+//	scenario                 req/s             p99               proxy CPU/req   all CPU/req
+//	keep-alive 100 B         0.89 (0.82–1.02)  1.09 (0.80–1.32)  1.11            1.03
+//	keep-alive 64 KiB        0.98 (0.97–1.09)  1.08 (0.88–1.23)  0.97            1.02
+//	conn-per-request 100 B   0.87 (0.73–0.97)  1.06 (0.91–1.29)  1.36            1.10
+//	h2c client 100 B (L4)    0.81 (0.78–0.92)  1.08 (0.96–1.15)  1.00            1.16
+//
+// An earlier run with other builds sharing the cores (load average 3–5,
+// -rounds 7, all three paths; the same code path measured twice in one run
+// differed by up to 20 %, so read ratios to one decimal):
 //
 //	scenario                 default (pooled)            l4                  l7 (net/http)       proxy CPU/req pooled ÷ nginx
 //	keep-alive 100 B         req/s 0.91 (0.74–1.03) p99 1.00   1.01 / 1.00         0.58 / 1.58         1.10
