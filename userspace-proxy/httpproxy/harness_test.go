@@ -8,8 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/leakcheck"
+	"github.com/sockmesh/sockmesh/internal/metricsum"
+	"github.com/sockmesh/sockmesh/internal/syncbuf"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
@@ -37,14 +38,14 @@ type fixture struct {
 	pools *upstream.Pools
 	cur   atomic.Pointer[View]
 	ln    net.Listener
-	logs  *syncBuffer
+	logs  *syncbuf.Buffer
 	wg    sync.WaitGroup
 }
 
 func newFixture(t *testing.T, cfg Config, be snapshot.Backend) *fixture {
 	t.Helper()
 	checkNoLeaks(t)
-	f := &fixture{t: t, reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
+	f := &fixture{t: t, reg: prometheus.NewRegistry(), logs: &syncbuf.Buffer{}}
 	log := slog.New(slog.NewJSONHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	var err error
 	if f.h, err = New(cfg, log, f.reg); err != nil {
@@ -180,70 +181,9 @@ func startBackend(t *testing.T, h http.Handler) snapshot.Endpoint {
 // counter reads a counter by name and label values.
 func (f *fixture) counter(name string, labels map[string]string) float64 {
 	f.t.Helper()
-	mfs, err := f.reg.Gather()
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue next
-				}
-			}
-			sum += m.GetCounter().GetValue()
-		}
-	}
-	return sum
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	return metricsum.Sum(f.t, f.reg, name, labels)
 }
 
 // checkNoLeaks fails t if goroutines running this package's code outlive
 // the test; it runs after every other cleanup (register it first).
-func checkNoLeaks(t *testing.T) {
-	t.Cleanup(func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			buf := make([]byte, 1<<20)
-			var leaked []string
-			for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
-				for _, line := range strings.Split(g, "\n") {
-					if strings.Contains(line, "/userspace-proxy/httpproxy/") && strings.Contains(line, ".go:") && !strings.Contains(line, "_test.go:") {
-						leaked = append(leaked, g)
-						break
-					}
-				}
-			}
-			if len(leaked) == 0 {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Errorf("%d goroutines leaked; first:\n%s", len(leaked), leaked[0])
-				return
-			}
-			// Connections close asynchronously after the fixture stops.
-			time.Sleep(20 * time.Millisecond)
-		}
-	})
-}
+func checkNoLeaks(t *testing.T) { leakcheck.Register(t, "/userspace-proxy/httpproxy/") }

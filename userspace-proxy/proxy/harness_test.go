@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -21,6 +20,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/leakcheck"
+	"github.com/sockmesh/sockmesh/internal/metricsum"
+	"github.com/sockmesh/sockmesh/internal/syncbuf"
 	"github.com/sockmesh/sockmesh/test/echo"
 	"github.com/sockmesh/sockmesh/test/pki"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
@@ -191,7 +193,7 @@ type env struct {
 	p    *proxy.Proxy
 	reg  *prometheus.Registry
 	ln   net.Listener
-	logs *syncBuffer
+	logs *syncbuf.Buffer
 	mu   sync.Mutex
 	dsts map[string]chan redirected
 }
@@ -210,7 +212,7 @@ type envOptions struct {
 
 func newEnv(t testing.TB, o envOptions) *env {
 	t.Helper()
-	e := &env{t: t, pki: newPKI(t), reg: prometheus.NewRegistry(), logs: &syncBuffer{}, dsts: make(map[string]chan redirected)}
+	e := &env{t: t, pki: newPKI(t), reg: prometheus.NewRegistry(), logs: &syncbuf.Buffer{}, dsts: make(map[string]chan redirected)}
 	cfg := proxy.Config{
 		HTTP1TLS: o.http1TLS,
 		// A silent client is judged opaque after this; tests with
@@ -330,84 +332,12 @@ func get(t *testing.T, c *http.Client, url string) (int, echo.Report) {
 	return resp.StatusCode, rep
 }
 
-// counter reads a counter from the registry by name and labels.
+// counter reads a counter (or gauge) from the registry by name and labels.
 func (e *env) counter(name string, labels map[string]string) float64 {
-	mfs, err := e.reg.Gather()
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range mf.GetMetric() {
-			for _, lp := range m.GetLabel() {
-				if v, ok := labels[lp.GetName()]; ok && v != lp.GetValue() {
-					continue next
-				}
-			}
-			if m.GetCounter() != nil {
-				return m.GetCounter().GetValue()
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	return 0
-}
-
-// proxyFrame reports whether a goroutine's stack runs proxy code (not test
-// code of the proxy package).
-func proxyFrame(stack string) bool {
-	for _, line := range strings.Split(stack, "\n") {
-		if strings.Contains(line, "/userspace-proxy/") && strings.Contains(line, ".go:") && !strings.Contains(line, "_test.go:") {
-			return true
-		}
-	}
-	return false
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	e.t.Helper()
+	return metricsum.Sum(e.t, e.reg, name, labels)
 }
 
 // checkNoLeaks fails t if goroutines of the proxy packages outlive the test.
 // It runs after every cleanup (register it first).
-func checkNoLeaks(t *testing.T) {
-	t.Cleanup(func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			buf := make([]byte, 1<<20)
-			stacks := string(buf[:runtime.Stack(buf, true)])
-			var leaked []string
-			for _, g := range strings.Split(stacks, "\n\n") {
-				if proxyFrame(g) {
-					leaked = append(leaked, g)
-				}
-			}
-			if len(leaked) == 0 {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Errorf("%d proxy goroutines leaked; first:\n%s", len(leaked), leaked[0])
-				return
-			}
-			// Connections close asynchronously after Shutdown returns
-			// (kernel, net/http's background reads); give them a moment.
-			time.Sleep(20 * time.Millisecond)
-		}
-	})
-}
+func checkNoLeaks(t *testing.T) { leakcheck.Register(t, "/userspace-proxy/") }
