@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -114,19 +113,7 @@ func testRetryBudget(t *testing.T, h2c bool, path proxy.HTTP1TLSPath, proto snap
 	}
 	p.Update(snap(1, 0, 2))
 
-	tr := &http.Transport{Protocols: new(http.Protocols), DisableCompression: true,
-		DialContext: func(context.Context, string, string) (net.Conn, error) {
-			c, s := net.Pipe()
-			go p.ServeConn(s, routedVIP, proxy.Client{Addr: netip.AddrPortFrom(producerClient, 40000)})
-			return c, nil
-		}}
-	if h2c {
-		tr.Protocols.SetUnencryptedHTTP2(true)
-	} else {
-		tr.Protocols.SetHTTP1(true)
-	}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr}
+	client := pipeClient(t, p, h2c)
 
 	id := 0
 	// expect sends a request failing its first fail tries and checks the

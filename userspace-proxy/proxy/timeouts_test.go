@@ -213,19 +213,7 @@ func testRouteTimeouts(t *testing.T, h2c bool, proto snapshot.Protocol) {
 	)))
 	p.Update(m.snapshot(1))
 
-	tr := &http.Transport{Protocols: new(http.Protocols), DisableCompression: true,
-		DialContext: func(context.Context, string, string) (net.Conn, error) {
-			c, s := net.Pipe()
-			go p.ServeConn(s, routedVIP, proxy.Client{Addr: netip.AddrPortFrom(producerClient, 40000)})
-			return c, nil
-		}}
-	if h2c {
-		tr.Protocols.SetUnencryptedHTTP2(true)
-	} else {
-		tr.Protocols.SetHTTP1(true)
-	}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr}
+	client := pipeClient(t, p, h2c)
 	id := 0
 	for _, c := range []struct {
 		path    string
@@ -328,4 +316,23 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value str
 		}
 	}
 	return 0
+}
+
+// pipeClient is a client whose every connection is served by p in
+// memory (net.Pipe, so synctest can run it) as a connection to routedVIP
+// from a producer-namespace client, speaking h2c or HTTP/1.1.
+func pipeClient(t testing.TB, p *proxy.Proxy, h2c bool) *http.Client {
+	tr := &http.Transport{Protocols: new(http.Protocols), DisableCompression: true,
+		DialContext: func(context.Context, string, string) (net.Conn, error) {
+			c, s := net.Pipe()
+			go p.ServeConn(s, routedVIP, proxy.Client{Addr: netip.AddrPortFrom(producerClient, 40000)})
+			return c, nil
+		}}
+	if h2c {
+		tr.Protocols.SetUnencryptedHTTP2(true)
+	} else {
+		tr.Protocols.SetHTTP1(true)
+	}
+	t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr}
 }
