@@ -479,7 +479,8 @@ func (l *dropFirst) Accept() (net.Conn, error) {
 }
 
 // TestRouteSessionPersistence: a rule's session persistence pins a client
-// to one endpoint of a backend that has none of its own.
+// to one endpoint of a backend that has none of its own, and, when the
+// rule splits across backendRefs, to the backendRef it started on.
 func TestRouteSessionPersistence(t *testing.T) {
 	checkNoLeaks(t)
 	for _, h2c := range []bool{false, true} {
@@ -491,9 +492,12 @@ func TestRouteSessionPersistence(t *testing.T) {
 				eps = append(eps, startEcho(t, fmt.Sprintf("pod-%d", i), nil).addr)
 			}
 			front := m.backend("front", snapshot.Backend{Endpoints: endpoints(eps...)})
+			v1, v2 := m.echoBackend("v1"), m.echoBackend("v2")
+			sticky := &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "X-Session"}
 			m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindHTTPRoute,
-				rule{[]snapshot.RouteMatch{prefixMatch("/sticky")}, snapshot.RouteRule{Backends: to(front),
-					SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "X-Session"}}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/sticky")}, snapshot.RouteRule{Backends: to(front), SessionPersistence: sticky}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/split")}, snapshot.RouteRule{SessionPersistence: sticky,
+					Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: v1}, {Weight: 1, Backend: v2}}}},
 				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(front)}},
 			)))
 			e.p.Update(m.snapshot(1))
@@ -519,6 +523,21 @@ func TestRouteSessionPersistence(t *testing.T) {
 			}
 			if len(pods) != 3 {
 				t.Errorf("requests outside the sticky rule reached %v, want all three endpoints", pods)
+			}
+			// A rule split across two backendRefs keeps a session on the
+			// backend it started on, whatever the weights pick next.
+			for range 4 {
+				start := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/split", nil))
+				token := start.header.Get("X-Session")
+				if start.status != 200 || token == "" {
+					t.Fatalf("split rule, first request: %d, session %q", start.status, token)
+				}
+				for range 6 {
+					a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/split", nil, "X-Session", token))
+					if a.report.Pod != start.report.Pod {
+						t.Fatalf("split rule: session started on %s went to %s", start.report.Pod, a.report.Pod)
+					}
+				}
 			}
 		})
 	}
