@@ -33,6 +33,8 @@ type Backend struct {
 	// closed: HTTP 503 or a TCP reset, never plaintext).
 	Invalid            *snapshot.Invalid            `json:"invalid,omitempty"`
 	SessionPersistence *snapshot.SessionPersistence `json:"sessionPersistence,omitempty"`
+	// RetryConstraint is the XBackendTrafficPolicy's retry budget.
+	RetryConstraint *snapshot.RetryConstraint `json:"retryConstraint,omitempty"`
 }
 
 // TLS is the origination the proxy performs, without key material.
@@ -69,7 +71,7 @@ type CACertificate struct {
 func DescribeBackend(b *snapshot.Backend) Backend {
 	out := Backend{
 		Ref: b.Ref, Sources: b.Sources, Protocol: b.Protocol, Hostname: b.Hostname,
-		Invalid: b.Invalid, SessionPersistence: b.SessionPersistence,
+		Invalid: b.Invalid, SessionPersistence: b.SessionPersistence, RetryConstraint: b.RetryConstraint,
 		Endpoints: len(b.Endpoints), Wire: Wire(b.Protocol, b.TLS != nil),
 	}
 	for _, ep := range b.Endpoints {

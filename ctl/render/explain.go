@@ -236,6 +236,10 @@ func backendBlock(w io.Writer, indent int, be explain.Backend) {
 	if sp := be.SessionPersistence; sp != nil {
 		b.add("Session", "%s %s", sp.Type, sp.Name)
 	}
+	if rc := be.RetryConstraint; rc != nil {
+		b.add("Retry budget", "%d%% of requests over %s, at least %d per %s (%s)", rc.BudgetPercent,
+			time.Duration(rc.BudgetInterval), rc.MinRetryCount, time.Duration(rc.MinRetryInterval), rc.Policy)
+	}
 	b.flush()
 }
 

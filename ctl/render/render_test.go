@@ -71,6 +71,9 @@ func backendFixture() explain.Backend {
 			SubjectAltNames: []snapshot.SubjectAltName{{Type: snapshot.SANURI, Value: "spiffe://cluster.local/ns/app/sa/secure"}},
 			CAs:             []explain.CACertificate{{Subject: "CN=app CA", NotAfter: t0.Add(365 * 24 * time.Hour)}, {Error: "a private key block, not a certificate"}},
 			ALPN:            []string{"h2"}, MinVersion: "TLS 1.3"},
+		SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionCookie, Name: "sticky"},
+		RetryConstraint: &snapshot.RetryConstraint{BudgetPercent: 20, BudgetInterval: snapshot.Duration(10 * time.Second),
+			MinRetryCount: 10, MinRetryInterval: snapshot.Duration(time.Second), Policy: ref("XBackendTrafficPolicy", "app", "budget")},
 	}
 }
 
