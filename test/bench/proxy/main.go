@@ -25,14 +25,16 @@
 //	go run ./test/bench/proxy [-rounds 5] [-duration 5s] [-paths pooled,l4,l7] [-only keep-alive] [-gogc 100] [-cpuprofile DIR]
 //
 // Measured on the 2-core machine of ../shared/BENCH.md with nothing else
-// running (load average 2.4 at the start), -rounds 5 -duration 4s -paths
+// running (load average 3 at the start), -rounds 9 -duration 4s -paths
 // pooled; medians of per-round ratios to nginx (min–max):
 //
 //	scenario                 req/s             p99               proxy CPU/req   all CPU/req
-//	keep-alive 100 B         0.89 (0.82–1.02)  1.09 (0.80–1.32)  1.11            1.03
-//	keep-alive 64 KiB        0.98 (0.97–1.09)  1.08 (0.88–1.23)  0.97            1.02
-//	conn-per-request 100 B   0.87 (0.73–0.97)  1.06 (0.91–1.29)  1.36            1.10
-//	h2c client 100 B (L4)    0.81 (0.78–0.92)  1.08 (0.96–1.15)  1.00            1.16
+//	keep-alive 100 B         0.88 (0.82–1.14)  1.09 (0.78–1.27)  1.15            1.09
+//	keep-alive 64 KiB        1.01 (0.92–1.32)  0.99 (0.84–1.15)  0.99            0.99
+//	conn-per-request 100 B   0.85 (0.75–0.97)  1.05 (0.91–1.14)  1.32            1.13
+//	h2c client 100 B (L4)    0.82 (0.76–0.89)  1.09 (0.94–1.27)  1.00            1.16
+//
+// (a 5-round run the same hour: 0.89, 0.98, 0.87, 0.81 req/s).
 //
 // An earlier run with other builds sharing the cores (load average 3–5,
 // -rounds 7, all three paths; the same code path measured twice in one run
