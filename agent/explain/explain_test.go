@@ -3,7 +3,6 @@ package explain
 import (
 	"errors"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -14,32 +13,15 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/snapshot"
-	"github.com/sockmesh/sockmesh/agent/source/manifests"
 	"github.com/sockmesh/sockmesh/agent/translate"
 	"github.com/sockmesh/sockmesh/datapath"
+	"github.com/sockmesh/sockmesh/internal/manifesttest"
 	"github.com/sockmesh/sockmesh/test/pki"
 )
 
 // node translates testdata/node.yaml for node-a, as the agent would.
 func node(t *testing.T) *snapshot.Snapshot {
 	t.Helper()
-	ca, err := pki.NewCA("explain test CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := os.ReadFile("testdata/node.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pemText := "    " + strings.ReplaceAll(strings.TrimSpace(string(ca.CertPEM)), "\n", "\n    ")
-	dec, err := manifests.NewDecoder()
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := dec.Decode(strings.NewReader(strings.Replace(string(raw), "CA_PEM", pemText, 1)))
-	if err != nil {
-		t.Fatal(err)
-	}
 	in := translate.Input{Now: time.Unix(0, 0), Node: translate.Node{Name: "node-a"}}
 	in.ReferenceGrants = []*gwv1.ReferenceGrant{{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "other-to-app"},
@@ -48,11 +30,7 @@ func node(t *testing.T) *snapshot.Snapshot {
 			To:   []gwv1.ReferenceGrantTo{{Group: "", Kind: "Service"}},
 		},
 	}}
-	for _, o := range objs {
-		if err := manifests.Add(&in, o); err != nil {
-			t.Fatal(err)
-		}
-	}
+	manifesttest.Load(t, "testdata/node.yaml", "explain test CA", &in)
 	res, err := translate.Translate(in)
 	if err != nil {
 		t.Fatal(err)

@@ -2,42 +2,19 @@ package describe
 
 import (
 	"errors"
-	"os"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/sockmesh/sockmesh/agent/source/manifests"
 	"github.com/sockmesh/sockmesh/agent/translate"
-	"github.com/sockmesh/sockmesh/test/pki"
+	"github.com/sockmesh/sockmesh/internal/manifesttest"
 )
 
 func cluster(t *testing.T) *Cluster {
 	t.Helper()
-	ca, err := pki.NewCA("describe test CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, err := os.ReadFile("testdata/cluster.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pemText := "    " + strings.ReplaceAll(strings.TrimSpace(string(ca.CertPEM)), "\n", "\n    ")
-	dec, err := manifests.NewDecoder()
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := dec.Decode(strings.NewReader(strings.Replace(string(raw), "\nCA_PEM\n", "\n"+pemText+"\n", 1)))
-	if err != nil {
-		t.Fatal(err)
-	}
 	in := translate.Input{Now: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
-	for _, o := range objs {
-		if err := manifests.Add(&in, o); err != nil {
-			t.Fatal(err)
-		}
-	}
+	manifesttest.Load(t, "testdata/cluster.yaml", "describe test CA", &in)
 	c, err := New(in, []string{"a warning"})
 	if err != nil {
 		t.Fatal(err)

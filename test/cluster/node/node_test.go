@@ -60,25 +60,8 @@ func upAndHang([]string) error {
 // pod (SIGKILL: no Down, containerd's shims and the pod outlive it), then
 // checks that Clean finds what it left and restores the machine exactly.
 func TestCrashRecovery(t *testing.T) {
-	testenv.RequireRoot(t)
-	if testing.Short() {
-		t.Skip("-short: brings a node up")
-	}
-	if _, err := (Config{}).withDefaults(); errors.Is(err, ErrMissing) {
-		testenv.SkipOrFail(t, "%v", err)
-	}
+	before := hostBefore(t, "brings a node up")
 	ctx := t.Context()
-	// Another node may be up (the cluster tier): wait for it to finish so
-	// that "before" is the machine without a node.
-	lock, err := acquireLock(ctx, LockPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	before, err := ReadHostState(ctx, Config{})
-	lock.release()
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	cmd := sandbox.HelperCommand(t, "up-and-hang")
 	stdout, err := cmd.StdoutPipe()
@@ -127,7 +110,7 @@ func TestCrashRecovery(t *testing.T) {
 	}
 	// Look under the lock: a node of another test (the cluster tier) may
 	// start as soon as Clean lets go of it.
-	lock, err = acquireLock(ctx, LockPath)
+	lock, err := acquireLock(ctx, LockPath)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,23 +131,8 @@ func TestCrashRecovery(t *testing.T) {
 // containerd run and the host is changed (an image that cannot be
 // imported), and checks that Up undid it all.
 func TestUpFailsHalfWay(t *testing.T) {
-	testenv.RequireRoot(t)
-	if testing.Short() {
-		t.Skip("-short: starts a control plane")
-	}
-	if _, err := (Config{}).withDefaults(); errors.Is(err, ErrMissing) {
-		testenv.SkipOrFail(t, "%v", err)
-	}
+	before := hostBefore(t, "starts a control plane")
 	ctx := t.Context()
-	lock, err := acquireLock(ctx, LockPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	before, err := ReadHostState(ctx, Config{})
-	lock.release()
-	if err != nil {
-		t.Fatal(err)
-	}
 	bogus := t.TempDir() + "/not-an-image.tar"
 	os.WriteFile(bogus, []byte("not a tarball"), 0o600)
 	n, err := Up(ctx, Config{Images: []string{bogus}})
@@ -182,4 +150,29 @@ func TestUpFailsHalfWay(t *testing.T) {
 	if d := before.Diff(after); len(d) > 0 {
 		t.Errorf("the machine differs after a failed Up:\n%s", strings.Join(d, "\n"))
 	}
+}
+
+// hostBefore skips t under -short (what says why) or without the built
+// binaries (failing in CI), then returns the machine's state without a
+// node: another node may be up (the cluster tier), so it waits for the
+// node lock first.
+func hostBefore(t *testing.T, what string) HostState {
+	t.Helper()
+	testenv.RequireRoot(t)
+	if testing.Short() {
+		t.Skip("-short: " + what)
+	}
+	if _, err := (Config{}).withDefaults(); errors.Is(err, ErrMissing) {
+		testenv.SkipOrFail(t, "%v", err)
+	}
+	lock, err := acquireLock(t.Context(), LockPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.release()
+	before, err := ReadHostState(t.Context(), Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return before
 }
