@@ -8,6 +8,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/datapath/mark"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
 
 // Dialer opens a stream to one backend endpoint.
@@ -58,6 +59,9 @@ func (d *Direct) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn, erro
 	c, err := d.d.DialContext(ctx, "tcp", ep.Addr.String())
 	if err != nil {
 		return nil, fmt.Errorf("dial endpoint %s: %w", ep.Addr, err)
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		return sockio.Wrap(tc), nil
 	}
 	return c, nil
 }

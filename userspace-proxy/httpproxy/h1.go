@@ -11,7 +11,6 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -236,14 +235,16 @@ func (s *h1Conn) readRequest() (*http.Request, error) {
 	return req, nil
 }
 
-// close closes the client connection. When the client may still be
-// sending (an answer went out before its request was read whole), the
-// write side is shut first and what arrives is read and dropped for a
-// moment, so the client reads the answer before a reset would throw it
-// away (net/http's server waits likewise; nginx calls it lingering close).
+// close closes the client connection, its write half first: the last
+// answer's corked tail and the FIN leave in sockio's raw shutdown, and
+// close has little left to do. When the client may still be sending (an
+// answer went out before its request was read whole), what arrives is
+// then read and dropped for a moment, so the client reads the answer
+// before a reset would throw it away (net/http's server waits likewise;
+// nginx calls it lingering close).
 func (s *h1Conn) close() {
+	closeWrite(s.c)
 	if s.unread {
-		closeWrite(s.c)
 		s.c.SetReadDeadline(time.Now().Add(lingerTime))
 		io.CopyN(io.Discard, s.c, lingerBytes)
 	}
@@ -261,32 +262,6 @@ func closeWrite(c net.Conn) {
 	for {
 		if cw, ok := c.(interface{ CloseWrite() error }); ok {
 			cw.CloseWrite()
-			return
-		}
-		u, ok := c.(interface{ NetConn() net.Conn })
-		if !ok {
-			return
-		}
-		c = u.NetConn()
-	}
-}
-
-// cork makes c hold what is written to it until it is closed (TCP_CORK),
-// for the last answer on a connection: its tail and the FIN that close
-// sends then leave in one segment, not two. With a connection per request
-// that is a segment, and a wakeup of the client, fewer per request, in a
-// cost the proxy pays (on loopback the sender's system call also runs the
-// receiver's TCP input). Only for a connection that is closed right after
-// the write: a corked one that stayed open would hold a partial segment
-// for up to 200 ms.
-func cork(c net.Conn) {
-	for {
-		if sc, ok := c.(*net.TCPConn); ok {
-			if rc, err := sc.SyscallConn(); err == nil {
-				rc.Control(func(fd uintptr) {
-					syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_CORK, 1)
-				})
-			}
 			return
 		}
 		u, ok := c.(interface{ NetConn() net.Conn })

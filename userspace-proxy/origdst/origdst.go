@@ -85,10 +85,12 @@ func getV6(fd uintptr) (netip.AddrPort, error) {
 }
 
 // getsockopt fills buf exactly: x/sys/unix has no byte-slice getsockopt, and
-// its fixed-size struct getters would pass the kernel a wrong length.
+// its fixed-size struct getters would pass the kernel a wrong length. The
+// call never blocks, so it is raw: a tracked one would wake the runtime's
+// sysmon on every accepted connection (see userspace-proxy/sockio).
 func getsockopt(fd uintptr, level, opt int, buf []byte) error {
 	n := uint32(len(buf))
-	_, _, errno := unix.Syscall6(unix.SYS_GETSOCKOPT, fd, uintptr(level), uintptr(opt),
+	_, _, errno := unix.RawSyscall6(unix.SYS_GETSOCKOPT, fd, uintptr(level), uintptr(opt),
 		uintptr(unsafe.Pointer(&buf[0])), uintptr(unsafe.Pointer(&n)), 0)
 	if errno != 0 {
 		return errno

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
 
 // Config bounds a Pool. The zero value is usable.
@@ -276,25 +278,20 @@ func (p *Pool) Stats(addr netip.AddrPort) (open, idle int) {
 // (TLS, counters) that expose it through NetConn, as crypto/tls does;
 // anything else is assumed open.
 func quiet(c net.Conn) bool {
-	for {
-		if sc, ok := c.(syscall.Conn); ok {
-			rc, err := sc.SyscallConn()
-			if err != nil {
-				return false
-			}
-			open := true
-			rerr := rc.Read(func(fd uintptr) bool {
-				var b [1]byte
-				_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-				open = errors.Is(err, syscall.EAGAIN)
-				return true
-			})
-			return open && rerr == nil
-		}
-		u, ok := c.(interface{ NetConn() net.Conn })
-		if !ok {
-			return true
-		}
-		c = u.NetConn()
+	tc := sockio.TCP(c)
+	if tc == nil {
+		return true
 	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	open := true
+	rerr := rc.Read(func(fd uintptr) bool {
+		var b [1]byte
+		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		open = errors.Is(err, syscall.EAGAIN)
+		return true
+	})
+	return open && rerr == nil
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/origdst"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
@@ -282,7 +283,7 @@ func (p *Proxy) accept(c net.Conn, pod *snapshot.ObjectRef) {
 	if ra, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		client.Addr = ra.AddrPort()
 	}
-	p.ServeConn(c, dst, client)
+	p.ServeConn(sockio.Wrap(tc), dst, client)
 }
 
 // reject closes c unserved with a reset and counts why.
@@ -295,16 +296,8 @@ func (p *Proxy) reject(c net.Conn, reason string, err error) {
 // reset closes c with an RST where it can (SO_LINGER 0), so the client sees a
 // failure rather than a clean end of stream it could mistake for an answer.
 func reset(c net.Conn) {
-	for {
-		if tc, ok := c.(*net.TCPConn); ok {
-			tc.SetLinger(0)
-			break
-		}
-		u, ok := c.(interface{ NetConn() net.Conn })
-		if !ok {
-			break
-		}
-		c = u.NetConn()
+	if tc := sockio.TCP(c); tc != nil {
+		tc.SetLinger(0)
 	}
 	c.Close()
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sniff"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
 )
@@ -172,7 +173,7 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 		cs.fail(c, path, upstream.ReasonProtocol, errors.New("backend did not negotiate h2 for an http/2 client"))
 		return
 	}
-	if tc, ok := c.NetConn().(*net.TCPConn); ok {
+	if tc := sockio.TCP(c); tc != nil {
 		// A relay has no idle timeout: keep-alive probes find a vanished
 		// client (see ListenConfig).
 		tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true})

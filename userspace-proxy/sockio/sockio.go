@@ -1,0 +1,204 @@
+// Package sockio makes the reads and writes of a proxied TCP connection
+// plain non-blocking system calls that the Go scheduler does not track.
+//
+// net.Conn's Read and Write enter the runtime's system-call state around
+// each call: the goroutine's P is marked as in a system call, and sysmon,
+// which polls every 20 µs while any P is, hands the P to another thread
+// when a call outlasts a tick. On loopback a write runs the receiver's TCP
+// input too, and on a machine whose cores are shared with the backend and
+// the client the thread is often descheduled mid-call, so those hand-offs
+// (a futex wake, a thread switch, sysmon kept at its fastest poll) cost the
+// proxy more than the calls themselves. The sockets are non-blocking, so a
+// call never waits: Conn makes it with syscall.RawSyscall inside the
+// connection's RawConn callbacks, which keep the netpoller's waiting,
+// deadlines and close semantics of net.Conn.
+package sockio
+
+import (
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"unsafe"
+)
+
+// Conn is a TCP connection whose Read and Write are raw system calls. The
+// rest of *net.TCPConn (deadlines, SetLinger, SyscallConn, Close) is its
+// own.
+type Conn struct {
+	*net.TCPConn
+	rc syscall.RawConn
+	// One read and one write at a time, each with its state and callback
+	// made once: a closure per call would be allocated (RawConn's
+	// callbacks escape).
+	rmu, wmu sync.Mutex
+	r, w     call
+	readFn   func(fd uintptr) bool
+	writeFn  func(fd uintptr) bool
+}
+
+// call is the buffer and outcome of the read or write in progress.
+type call struct {
+	p     []byte
+	n     int
+	errno syscall.Errno
+}
+
+// Wrap returns c as a Conn, or c itself when its descriptor is not
+// reachable.
+func Wrap(c *net.TCPConn) net.Conn {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return c
+	}
+	w := &Conn{TCPConn: c, rc: rc}
+	w.readFn, w.writeFn = w.readOnce, w.writeAll
+	return w
+}
+
+// NetConn returns the connection underneath (crypto/tls's convention).
+func (c *Conn) NetConn() net.Conn { return c.TCPConn }
+
+// maxRW bounds one call, as internal/poll does (some kernels fail larger).
+const maxRW = 1 << 30
+
+// Read reads like net.Conn's Read: it waits in the netpoller while nothing
+// is there, and returns io.EOF at the end of the stream.
+func (c *Conn) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	if len(p) > maxRW {
+		p = p[:maxRW]
+	}
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	c.r = call{p: p}
+	err := c.rc.Read(c.readFn)
+	n, errno := c.r.n, c.r.errno
+	c.r.p = nil
+	switch {
+	case err != nil:
+		return 0, err
+	case errno != 0:
+		return 0, c.opError("read", errno)
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// readOnce is Read's callback: false sends the caller to wait in the
+// poller.
+func (c *Conn) readOnce(fd uintptr) bool {
+	p := c.r.p
+	for {
+		n, _, errno := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		switch errno {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false
+		}
+		c.r.n, c.r.errno = int(n), errno
+		return true
+	}
+}
+
+// Write writes all of p, waiting in the netpoller while the socket's
+// buffer is full.
+func (c *Conn) Write(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.w = call{p: p}
+	err := c.rc.Write(c.writeFn)
+	n, errno := c.w.n, c.w.errno
+	c.w.p = nil
+	switch {
+	case err != nil:
+		return n, err
+	case errno != 0:
+		return n, c.opError("write", errno)
+	}
+	return n, nil
+}
+
+// writeAll is Write's callback: false (the socket's buffer is full) sends
+// the caller to wait in the poller.
+func (c *Conn) writeAll(fd uintptr) bool {
+	for c.w.n < len(c.w.p) {
+		b := c.w.p[c.w.n:]
+		if len(b) > maxRW {
+			b = b[:maxRW]
+		}
+		n, _, errno := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		switch errno {
+		case 0:
+			c.w.n += int(n)
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false
+		default:
+			c.w.errno = errno
+			return true
+		}
+	}
+	return true
+}
+
+// CloseWrite shuts the write half: what is queued and the FIN leave now,
+// in a raw call, so that a Close right after has little left to do (on
+// loopback, sending them runs the receiver's TCP input).
+func (c *Conn) CloseWrite() error {
+	var errno syscall.Errno
+	if err := c.rc.Control(func(fd uintptr) {
+		_, _, errno = syscall.RawSyscall(syscall.SYS_SHUTDOWN, fd, syscall.SHUT_WR, 0)
+	}); err != nil {
+		return err
+	}
+	if errno != 0 {
+		return c.opError("shutdown", errno)
+	}
+	return nil
+}
+
+func (c *Conn) opError(op string, errno syscall.Errno) error {
+	return &net.OpError{Op: op, Net: "tcp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError(op, errno)}
+}
+
+// TCP returns the TCP connection under c's wrappers (those that expose the
+// connection underneath through NetConn, as crypto/tls does), or nil.
+func TCP(c net.Conn) *net.TCPConn {
+	for {
+		if tc, ok := c.(*net.TCPConn); ok {
+			return tc
+		}
+		u, ok := c.(interface{ NetConn() net.Conn })
+		if !ok {
+			return nil
+		}
+		c = u.NetConn()
+	}
+}
+
+// Cork sets TCP_CORK on the TCP connection under c, in a raw call: what is
+// written then waits for the corked segment to fill or for the connection
+// to be shut.
+func Cork(c net.Conn) {
+	tc := TCP(c)
+	if tc == nil {
+		return
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return
+	}
+	rc.Control(func(fd uintptr) {
+		on := int32(1)
+		syscall.RawSyscall6(syscall.SYS_SETSOCKOPT, fd, syscall.IPPROTO_TCP, syscall.TCP_CORK, uintptr(unsafe.Pointer(&on)), 4, 0)
+	})
+}

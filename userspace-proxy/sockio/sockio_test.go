@@ -1,0 +1,222 @@
+package sockio
+
+import (
+	"bytes"
+	"crypto/rand"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sockmesh/sockmesh/test/pki"
+)
+
+// pair returns a wrapped client connection and the server's end of it, on
+// loopback.
+func pair(t testing.TB) (*Conn, *net.TCPConn) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := l.Accept()
+		accepted <- c
+	}()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := <-accepted
+	if s == nil {
+		t.Fatal("accept failed")
+	}
+	t.Cleanup(func() { c.Close(); s.Close() })
+	w, ok := Wrap(c.(*net.TCPConn)).(*Conn)
+	if !ok {
+		t.Fatal("Wrap did not wrap a TCP connection")
+	}
+	return w, s.(*net.TCPConn)
+}
+
+func TestReadWriteWholeStream(t *testing.T) {
+	c, s := pair(t)
+	// More than the socket buffers hold: Write must wait for the reader.
+	want := make([]byte, 16<<20)
+	rand.Read(want)
+	got := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(s)
+		got <- b
+	}()
+	n, err := c.Write(want)
+	if err != nil || n != len(want) {
+		t.Fatalf("Write = %d, %v; want %d, nil", n, err, len(want))
+	}
+	c.CloseWrite()
+	if b := <-got; !bytes.Equal(b, want) {
+		t.Fatalf("peer read %d bytes, not the %d written", len(b), len(want))
+	}
+
+	go func() {
+		s.Write(want)
+		s.CloseWrite()
+	}()
+	b, err := io.ReadAll(c)
+	if err != nil || !bytes.Equal(b, want) {
+		t.Fatalf("ReadAll = %d bytes, %v; want the %d the peer wrote", len(b), err, len(want))
+	}
+	if n, err := c.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Fatalf("Read after the end = %d, %v; want 0, EOF", n, err)
+	}
+}
+
+func TestEmptyReadAndWrite(t *testing.T) {
+	c, _ := pair(t)
+	if n, err := c.Read(nil); n != 0 || err != nil {
+		t.Fatalf("Read(nil) = %d, %v", n, err)
+	}
+	if n, err := c.Write(nil); n != 0 || err != nil {
+		t.Fatalf("Write(nil) = %d, %v", n, err)
+	}
+}
+
+func TestReadDeadline(t *testing.T) {
+	c, _ := pair(t)
+	c.SetReadDeadline(time.Now().Add(20 * time.Millisecond))
+	_, err := c.Read(make([]byte, 1))
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("Read past its deadline = %v; want os.ErrDeadlineExceeded", err)
+	}
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("deadline error %v is not a net.Error timeout", err)
+	}
+}
+
+func TestCloseUnblocksRead(t *testing.T) {
+	c, _ := pair(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Read(make([]byte, 1))
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond) // let Read park in the poller
+	c.Close()
+	select {
+	case err := <-done:
+		if !errors.Is(err, net.ErrClosed) {
+			t.Fatalf("Read on a closed connection = %v; want net.ErrClosed", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not end a waiting Read")
+	}
+	if _, err := c.Write([]byte("x")); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("Write after Close = %v; want net.ErrClosed", err)
+	}
+}
+
+func TestWriteToResetPeer(t *testing.T) {
+	c, s := pair(t)
+	s.SetLinger(0)
+	s.Close() // an RST
+	time.Sleep(20 * time.Millisecond)
+	var err error
+	for i := 0; i < 100 && err == nil; i++ {
+		_, err = c.Write([]byte("after the reset"))
+	}
+	if !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, syscall.EPIPE) {
+		t.Fatalf("Write to a reset peer = %v; want ECONNRESET or EPIPE", err)
+	}
+	var op *net.OpError
+	if !errors.As(err, &op) || op.Op != "write" {
+		t.Fatalf("error %v is not a write *net.OpError", err)
+	}
+}
+
+func TestTLSOverConn(t *testing.T) {
+	c, s := pair(t)
+	ca, err := pki.NewCA("sockio test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.LeafOptions{DNSNames: []string{"backend.test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		ts := tls.Server(s, &tls.Config{Certificates: []tls.Certificate{leaf.TLS}})
+		io.Copy(ts, ts) // echo
+		ts.Close()
+	}()
+	tc := tls.Client(c, &tls.Config{ServerName: "backend.test", RootCAs: ca.Pool()})
+	msg := []byte("through TLS over raw system calls")
+	if _, err := tc.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(tc, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("echo = %q, %v", got, err)
+	}
+	if TCP(tc) != c.TCPConn {
+		t.Fatal("TCP did not find the connection under tls.Conn and Conn")
+	}
+}
+
+func TestTCP(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if TCP(a) != nil {
+		t.Fatal("TCP found a TCP connection in a pipe")
+	}
+	c, s := pair(t)
+	if TCP(s) != s || TCP(c) != c.TCPConn {
+		t.Fatal("TCP did not return the TCP connection itself")
+	}
+}
+
+// BenchmarkPingPong sends a 100-byte message each way per operation over
+// loopback, with net's Read/Write and with Conn's, side by side.
+func BenchmarkPingPong(b *testing.B) {
+	for _, raw := range []bool{false, true} {
+		name := "net"
+		if raw {
+			name = "sockio"
+		}
+		b.Run(name, func(b *testing.B) {
+			c, s := pair(b)
+			var rw io.ReadWriter = c.TCPConn
+			if raw {
+				rw = c
+			}
+			go func() {
+				buf := make([]byte, 100)
+				for {
+					if _, err := io.ReadFull(s, buf); err != nil {
+						return
+					}
+					if _, err := s.Write(buf); err != nil {
+						return
+					}
+				}
+			}()
+			buf := make([]byte, 100)
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := rw.Write(buf); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := io.ReadFull(rw, buf); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
