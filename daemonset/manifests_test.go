@@ -14,6 +14,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/daemonset"
 	"github.com/sockmesh/sockmesh/internal/yamldocs"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
 // objects decodes every document of the kustomization's resources, in
@@ -152,8 +153,11 @@ func TestDaemonSet(t *testing.T) {
 	if e := env["HOST_IP"]; e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "status.hostIP" {
 		t.Errorf("HOST_IP must come from status.hostIP (node-IP mode listens there): %+v", e)
 	}
-	if !strings.Contains(env["GODEBUG"].Value, "http2xconnect=1") {
-		t.Errorf("GODEBUG = %q, want http2xconnect=1 (WebSocket over HTTP/2)", env["GODEBUG"].Value)
+	// The agent would re-execute itself to add a missing one.
+	for _, setting := range proxy.RuntimeSettings {
+		if !slices.Contains(strings.Split(env["GODEBUG"].Value, ","), setting) {
+			t.Errorf("GODEBUG = %q, want %s (proxy.RuntimeSettings)", env["GODEBUG"].Value, setting)
+		}
 	}
 	for name, p := range map[string]*corev1.Probe{"liveness": agent.LivenessProbe, "readiness": agent.ReadinessProbe, "startup": agent.StartupProbe} {
 		if p == nil || p.HTTPGet == nil || p.HTTPGet.Port.String() != "health" {

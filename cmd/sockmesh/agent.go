@@ -62,9 +62,11 @@ explain, snapshot, counters, metrics) is served on --introspection-socket
 (root and the agent's user; --introspection-group adds a group) and, with
 --introspection-listen, over TLS with a bearer token.
 
-WebSocket over HTTP/2 (RFC 8441) needs GODEBUG=http2xconnect=1 when the
-process starts; the agent re-executes itself with it when GODEBUG does not
-mention http2xconnect.`
+The proxy needs GODEBUG=http2xconnect=1 (WebSocket over HTTP/2, RFC 8441)
+and schedtrace=2147483647 (keeps the runtime's sysmon from a deep sleep
+whose wakeups cost the proxy 14 % of its CPU with a connection per request)
+when the process starts; the agent re-executes itself with those whose key
+GODEBUG does not mention.`
 
 func newAgentCommand(getenv func(string) string) *cobra.Command {
 	var o options
@@ -74,7 +76,7 @@ func newAgentCommand(getenv func(string) string) *cobra.Command {
 		Long:  agentLong,
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := reexecWithXConnect(); err != nil {
+			if err := reexecWithRuntimeSettings(); err != nil {
 				return err
 			}
 			s, err := o.load(cmd.Flags(), getenv, hostInterfaceIP)
@@ -438,26 +440,29 @@ func (a *agent) close() {
 	}
 }
 
-// reexecWithXConnect re-executes the process with http2xconnect=1 added to
-// GODEBUG when GODEBUG does not mention it: net/http reads the setting once,
-// at init, and WebSocket over HTTP/2 (RFC 8441) needs it. It returns only
-// when no re-exec is needed, or with the error of a failed one.
-func reexecWithXConnect() error {
-	env, changed := withXConnect(os.Environ())
+// reexecWithRuntimeSettings re-executes the process with the GODEBUG
+// settings the proxy needs (proxy.RuntimeSettings) added to those of its
+// environment, when some are missing: the runtime and net/http read
+// GODEBUG once, at start. It returns only when no re-exec is needed, or
+// with the error of a failed one.
+func reexecWithRuntimeSettings() error {
+	env, changed := withGODEBUG(os.Environ(), proxy.RuntimeSettings)
 	if !changed {
 		return nil
 	}
 	exe, err := os.Executable()
 	if err != nil {
-		return fmt.Errorf("re-exec with GODEBUG=http2xconnect=1: %w", err)
+		return fmt.Errorf("re-exec with GODEBUG settings: %w", err)
 	}
-	return fmt.Errorf("re-exec with GODEBUG=http2xconnect=1: %w", syscall.Exec(exe, os.Args, env))
+	return fmt.Errorf("re-exec with GODEBUG settings: %w", syscall.Exec(exe, os.Args, env))
 }
 
-// withXConnect returns env with http2xconnect=1 in GODEBUG, and whether it
-// had to add it. A GODEBUG that sets http2xconnect either way is kept.
-func withXConnect(env []string) ([]string, bool) {
+// withGODEBUG returns env with each of settings (key=value) in GODEBUG
+// whose key GODEBUG does not mention, and whether it added any: a setting
+// the environment gives either way is kept.
+func withGODEBUG(env, settings []string) ([]string, bool) {
 	out := make([]string, 0, len(env)+1)
+	var add []string
 	found := false
 	for _, kv := range env {
 		v, ok := strings.CutPrefix(kv, "GODEBUG=")
@@ -466,18 +471,34 @@ func withXConnect(env []string) ([]string, bool) {
 			continue
 		}
 		found = true
-		for setting := range strings.SplitSeq(v, ",") {
-			if strings.HasPrefix(strings.TrimSpace(setting), "http2xconnect=") {
-				return env, false
-			}
+		add = missingSettings(v, settings)
+		if len(add) == 0 {
+			return env, false
 		}
 		if v != "" {
 			v += ","
 		}
-		out = append(out, "GODEBUG="+v+"http2xconnect=1")
+		out = append(out, "GODEBUG="+v+strings.Join(add, ","))
 	}
 	if !found {
-		out = append(out, "GODEBUG=http2xconnect=1")
+		out = append(out, "GODEBUG="+strings.Join(settings, ","))
 	}
 	return out, true
+}
+
+// missingSettings returns those of settings whose key godebug (a GODEBUG
+// value) does not set.
+func missingSettings(godebug string, settings []string) []string {
+	set := map[string]bool{}
+	for s := range strings.SplitSeq(godebug, ",") {
+		k, _, _ := strings.Cut(strings.TrimSpace(s), "=")
+		set[k] = true
+	}
+	var missing []string
+	for _, s := range settings {
+		if k, _, _ := strings.Cut(s, "="); !set[k] {
+			missing = append(missing, s)
+		}
+	}
+	return missing
 }

@@ -24,6 +24,7 @@ import (
 	"github.com/sockmesh/sockmesh/internal/agentproc"
 	"github.com/sockmesh/sockmesh/internal/nshttp"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
 // TestAgentNodeIP runs the agent in node-IP mode through its whole life:
@@ -49,16 +50,18 @@ func TestAgentNodeIP(t *testing.T) {
 	a.logged(t, `"agent ready"`, func(r agentproc.Record) bool { return r.Msg() == "agent ready" })
 	checkTLSOriginated(t, e.get(t, "/hello"))
 
-	// The agent runs with the GODEBUG setting WebSocket over HTTP/2 needs:
-	// it re-executes itself when its environment lacks it.
+	// The agent runs with the GODEBUG settings the proxy needs: it
+	// re-executes itself when its environment lacks them.
 	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", a.Process.Cmd.Process.Pid))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.ContainsFunc(strings.Split(string(environ), "\x00"), func(kv string) bool {
-		return strings.HasPrefix(kv, "GODEBUG=") && strings.Contains(kv, "http2xconnect=1")
-	}) {
-		t.Errorf("agent environment lacks GODEBUG=http2xconnect=1: %q", environ)
+	for _, setting := range proxy.RuntimeSettings {
+		if !slices.ContainsFunc(strings.Split(string(environ), "\x00"), func(kv string) bool {
+			return strings.HasPrefix(kv, "GODEBUG=") && strings.Contains(kv, setting)
+		}) {
+			t.Errorf("agent environment lacks GODEBUG %s: %q", setting, environ)
+		}
 	}
 
 	t.Run("metrics", func(t *testing.T) { checkMetrics(t, e, a) })

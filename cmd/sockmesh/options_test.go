@@ -192,22 +192,25 @@ func TestSettingsErrors(t *testing.T) {
 	}
 }
 
-func TestWithXConnect(t *testing.T) {
+func TestWithGODEBUG(t *testing.T) {
+	settings := []string{"http2xconnect=1", "schedtrace=100"}
 	for _, c := range []struct {
 		env         []string
 		want        []string
 		wantChanged bool
 	}{
-		{[]string{"A=1"}, []string{"A=1", "GODEBUG=http2xconnect=1"}, true},
-		{[]string{"GODEBUG=madvdontneed=1", "B=2"}, []string{"GODEBUG=madvdontneed=1,http2xconnect=1", "B=2"}, true},
-		{[]string{"GODEBUG="}, []string{"GODEBUG=http2xconnect=1"}, true},
-		{[]string{"GODEBUG=http2xconnect=1"}, []string{"GODEBUG=http2xconnect=1"}, false},
-		// An operator who turned it off keeps it off.
-		{[]string{"GODEBUG=x=1, http2xconnect=0"}, []string{"GODEBUG=x=1, http2xconnect=0"}, false},
+		{[]string{"A=1"}, []string{"A=1", "GODEBUG=http2xconnect=1,schedtrace=100"}, true},
+		{[]string{"GODEBUG=madvdontneed=1", "B=2"}, []string{"GODEBUG=madvdontneed=1,http2xconnect=1,schedtrace=100", "B=2"}, true},
+		{[]string{"GODEBUG="}, []string{"GODEBUG=http2xconnect=1,schedtrace=100"}, true},
+		{[]string{"GODEBUG=http2xconnect=1"}, []string{"GODEBUG=http2xconnect=1,schedtrace=100"}, true},
+		{[]string{"GODEBUG=schedtrace=100,http2xconnect=1"}, []string{"GODEBUG=schedtrace=100,http2xconnect=1"}, false},
+		// An operator who turned one off keeps it off.
+		{[]string{"GODEBUG=x=1, http2xconnect=0"}, []string{"GODEBUG=x=1, http2xconnect=0,schedtrace=100"}, true},
+		{[]string{"GODEBUG=schedtrace=0, http2xconnect=0"}, []string{"GODEBUG=schedtrace=0, http2xconnect=0"}, false},
 	} {
-		got, changed := withXConnect(c.env)
+		got, changed := withGODEBUG(c.env, settings)
 		if !slices.Equal(got, c.want) || changed != c.wantChanged {
-			t.Errorf("withXConnect(%q) = %q, %v; want %q, %v", c.env, got, changed, c.want, c.wantChanged)
+			t.Errorf("withGODEBUG(%q) = %q, %v; want %q, %v", c.env, got, changed, c.want, c.wantChanged)
 		}
 	}
 }

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sockmesh/sockmesh/test/pki"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
 type benchConfig struct {
@@ -106,7 +107,9 @@ func runBench(c benchConfig) error {
 	}
 	c.backendPID = backend.Process.Pid
 	targets := []target{{name: "a direct TLS", url: func(s scenario) string { return "https://" + backendAddr + s.path }}}
-	var env []string
+	// The proxies run with the runtime settings the agent runs with; a
+	// speed's own GODEBUG replaces them ("pooled@GODEBUG=").
+	env := []string{"GODEBUG=" + strings.Join(proxy.RuntimeSettings, ",")}
 	if c.gogc != "" {
 		env = append(env, "GOGC="+c.gogc)
 	}
