@@ -25,16 +25,22 @@
 //	go run ./test/bench/proxy [-rounds 5] [-duration 5s] [-paths pooled,l4,l7] [-only keep-alive] [-gogc 100] [-cpuprofile DIR]
 //
 // Measured on the 2-core machine of ../shared/BENCH.md with nothing else
-// running (load average 3 at the start), -rounds 9 -duration 4s -paths
+// running (load average 2.5 at the start), -rounds 9 -duration 4s -paths
 // pooled; medians of per-round ratios to nginx (min–max):
 //
 //	scenario                 req/s             p99               proxy CPU/req   all CPU/req
-//	keep-alive 100 B         0.88 (0.82–1.14)  1.09 (0.78–1.27)  1.15            1.09
-//	keep-alive 64 KiB        1.01 (0.92–1.32)  0.99 (0.84–1.15)  0.99            0.99
-//	conn-per-request 100 B   0.85 (0.75–0.97)  1.05 (0.91–1.14)  1.32            1.13
-//	h2c client 100 B (L4)    0.82 (0.76–0.89)  1.09 (0.94–1.27)  1.00            1.16
+//	keep-alive 100 B         0.97 (0.87–1.19)  1.02 (0.66–2.43)  0.98            0.98
+//	keep-alive 64 KiB        1.06 (0.90–1.18)  0.95 (0.85–1.11)  0.88            0.95
+//	conn-per-request 100 B   0.91 (0.79–0.96)  0.93 (0.82–1.19)  1.19            1.06
+//	h2c client 100 B (L4)    0.81 (0.74–0.95)  1.15 (0.99–1.28)  0.91            1.17
 //
-// (a 5-round run the same hour: 0.89, 0.98, 0.87, 0.81 req/s).
+// A 7-round run the same hour, -paths pooled,pooled@GODEBUG=http2xconnect=1
+// (the second without the schedtrace setting of proxy.RuntimeSettings):
+// req/s 1.01, 1.08, 0.96, 0.87 with it, 1.04, 1.06, 0.84, 0.87 without;
+// proxy CPU/req 0.98, 0.86, 1.17, 0.85 with it, 1.01, 0.88, 1.42, 0.85
+// without. Before sockio's raw reads and writes and that setting (9
+// rounds): req/s 0.88, 1.01, 0.85, 0.82; proxy CPU/req 1.15, 0.99, 1.32,
+// 1.00.
 //
 // An earlier run with other builds sharing the cores (load average 3–5,
 // -rounds 7, all three paths; the same code path measured twice in one run
@@ -52,15 +58,23 @@
 // 0.43, 64 KiB 1.03 / 0.50, connection per request 1.17 / 0.36, h2c 0.80 /
 // 1.28, with proxy CPU per request 1.08, 0.92, 1.24 and 1.05 of nginx's.
 // Throughput on these 2 shared cores follows the CPU per request of proxy,
-// backend and load generator together ("all CPU/req" in the summary). What
-// is left, from profiles of the pooled path: about 60 % of its CPU is in
-// system calls (loopback writes run the receiver's TCP input too), which
-// nginx pays alike; the Go-specific rest is the runtime's scheduling
-// (sysmon waking every 20 µs while system calls are retaken, spinning and
-// parked threads: 0.45 context switches per keep-alive request against
-// nginx's 0.3), a speculative read that finds nothing before each upstream
-// answer, and, per connection, accept, sniffing and poller registration.
-// GC is under 1 % (GOGC and GOMAXPROCS=1 changed nothing measurable). h2c
+// backend and load generator together ("all CPU/req" in the summary), and
+// the time the cores sit idle waiting on wakeups: with keep-alive, at
+// equal CPU per request, they idled 12-15 % of the run with sockmesh and
+// 8-10 % with nginx (/proc/stat over each run; a likely cause: nginx's
+// two workers each wait in epoll_wait, where the Go runtime keeps one
+// thread in epoll and parks the others). What is left, from profiles of the pooled path: about
+// 60 % of its CPU is in system calls (loopback writes and the FIN run the
+// receiver's TCP input too), which nginx pays alike. Go's own part was
+// mostly the runtime's sysmon thread (with a connection per request, 42 %
+// of the proxy's context switches before proxy.RuntimeSettings, while
+// system calls marked as such woke it from its deep sleep: sockio makes
+// the proxy's reads and writes raw); what remains is waking spinning
+// threads for each readied goroutine (1.0 context switches per
+// connection against nginx's 0.9; per keep-alive request 0.2 against
+// 0.3), net's accept, TCP_NODELAY and close per connection, and a
+// speculative read that finds nothing before each upstream answer. GC is
+// under 1 % (GOGC and GOMAXPROCS=1 changed nothing measurable). h2c
 // clients lose on the backend's side: relayed as h2 over TLS (L4) the Go
 // backend spends 1.5× the CPU per request of the HTTP/1.1 that nginx
 // sends it; terminating h2 in net/http (-paths http11) costs the proxy
