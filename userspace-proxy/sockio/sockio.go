@@ -28,21 +28,30 @@ import (
 // own.
 type Conn struct {
 	*net.TCPConn
-	rc syscall.RawConn
-	// One read and one write at a time, each with its state and callback
-	// made once: a closure per call would be allocated (RawConn's
-	// callbacks escape).
-	rmu, wmu sync.Mutex
-	r, w     call
-	readFn   func(fd uintptr) bool
-	writeFn  func(fd uintptr) bool
+	rc   syscall.RawConn
+	r, w call
 }
 
-// call is the buffer and outcome of the read or write in progress.
+// call is one direction's system call in progress (one at a time), with
+// its poller wait and callback bound once: a closure per call would be
+// allocated, as RawConn's callbacks escape.
 type call struct {
+	mu    sync.Mutex
+	wait  func(func(fd uintptr) bool) error // RawConn's Read or Write
+	fn    func(fd uintptr) bool             // readOnce or writeAll
 	p     []byte
 	n     int
 	errno syscall.Errno
+}
+
+// run makes the call on p and returns what its callback recorded.
+func (k *call) run(p []byte) (int, syscall.Errno, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.p, k.n, k.errno = p, 0, 0
+	err := k.wait(k.fn)
+	k.p = nil
+	return k.n, k.errno, err
 }
 
 // Wrap returns c as a Conn, or c itself when its descriptor is not
@@ -53,7 +62,8 @@ func Wrap(c *net.TCPConn) net.Conn {
 		return c
 	}
 	w := &Conn{TCPConn: c, rc: rc}
-	w.readFn, w.writeFn = w.readOnce, w.writeAll
+	w.r.wait, w.r.fn = rc.Read, w.readOnce
+	w.w.wait, w.w.fn = rc.Write, w.writeAll
 	return w
 }
 
@@ -72,12 +82,7 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) > maxRW {
 		p = p[:maxRW]
 	}
-	c.rmu.Lock()
-	defer c.rmu.Unlock()
-	c.r = call{p: p}
-	err := c.rc.Read(c.readFn)
-	n, errno := c.r.n, c.r.errno
-	c.r.p = nil
+	n, errno, err := c.r.run(p)
 	switch {
 	case err != nil:
 		return 0, err
@@ -112,12 +117,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	c.w = call{p: p}
-	err := c.rc.Write(c.writeFn)
-	n, errno := c.w.n, c.w.errno
-	c.w.p = nil
+	n, errno, err := c.w.run(p)
 	switch {
 	case err != nil:
 		return n, err

@@ -77,6 +77,27 @@ func TestReadWriteWholeStream(t *testing.T) {
 	}
 }
 
+// TestFullDuplex reads and writes at once, as a relay does: the peer
+// echoes, so neither direction can finish alone.
+func TestFullDuplex(t *testing.T) {
+	c, s := pair(t)
+	go io.Copy(s, s)
+	want := make([]byte, 16<<20)
+	rand.Read(want)
+	written := make(chan error, 1)
+	go func() {
+		_, err := c.Write(want)
+		written <- err
+	}()
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("echo: %v (equal: %v)", err, bytes.Equal(got, want))
+	}
+	if err := <-written; err != nil {
+		t.Fatalf("Write: %v", err)
+	}
+}
+
 func TestEmptyReadAndWrite(t *testing.T) {
 	c, _ := pair(t)
 	if n, err := c.Read(nil); n != 0 || err != nil {
