@@ -235,16 +235,14 @@ func (s *h1Conn) readRequest() (*http.Request, error) {
 	return req, nil
 }
 
-// close closes the client connection, its write half first: the last
-// answer's corked tail and the FIN leave in sockio's raw shutdown, and
-// close has little left to do. When the client may still be sending (an
-// answer went out before its request was read whole), what arrives is
-// then read and dropped for a moment, so the client reads the answer
-// before a reset would throw it away (net/http's server waits likewise;
-// nginx calls it lingering close).
+// close closes the client connection. When the client may still be
+// sending (an answer went out before its request was read whole), the
+// write side is shut first and what arrives is read and dropped for a
+// moment, so the client reads the answer before a reset would throw it
+// away (net/http's server waits likewise; nginx calls it lingering close).
 func (s *h1Conn) close() {
-	closeWrite(s.c)
 	if s.unread {
+		closeWrite(s.c)
 		s.c.SetReadDeadline(time.Now().Add(lingerTime))
 		io.CopyN(io.Discard, s.c, lingerBytes)
 	}

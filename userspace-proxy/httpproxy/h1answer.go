@@ -109,8 +109,8 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 		}
 		if closeAfter {
 			// The last answer on the connection: held (TCP_CORK) until
-			// close shuts the write half, its tail and the FIN leave in
-			// one segment, not two. With a connection per request that is
+			// the connection is closed, its tail and the FIN leave in one
+			// segment, not two. With a connection per request that is
 			// a segment, and a wakeup of the client, fewer per request, in
 			// a cost the proxy pays (on loopback the sender's system call
 			// runs the receiver's TCP input). Never on a connection that

@@ -150,9 +150,9 @@ func (c *Conn) writeAll(fd uintptr) bool {
 	return true
 }
 
-// CloseWrite shuts the write half: what is queued and the FIN leave now,
-// in a raw call, so that a Close right after has little left to do (on
-// loopback, sending them runs the receiver's TCP input).
+// CloseWrite shuts the write half in a raw call, like Write: what is
+// queued and the FIN leave now (on loopback, sending them runs the
+// receiver's TCP input).
 func (c *Conn) CloseWrite() error {
 	var errno syscall.Errno
 	if err := c.rc.Control(func(fd uintptr) {
