@@ -42,6 +42,10 @@ type result struct {
 	// CPU seconds per request: on shared cores, what a proxy makes them
 	// spend is throughput it takes away.
 	backendCPU, loadCPU float64
+	// idle is the share of the machine's CPU time left idle during the
+	// run: at equal CPU per request, what separates the requests/s of
+	// two targets (requests waiting on wakeups rather than on CPU).
+	idle float64
 }
 
 type scenario struct {
@@ -280,6 +284,7 @@ func loadCommand(s scenario, c benchConfig) []string {
 }
 
 func load(s scenario, t target, c benchConfig) (result, error) {
+	idle0, total0 := cpuIdle()
 	cpu0, backend0 := cpuSeconds(t.pid), cpuSeconds(c.backendPID)
 	var r result
 	var requests, loadSeconds float64
@@ -334,7 +339,28 @@ func load(s scenario, t target, c benchConfig) (result, error) {
 		r.backendCPU = (cpuSeconds(c.backendPID) - backend0) / requests
 		r.loadCPU = loadSeconds / requests
 	}
+	if idle1, total1 := cpuIdle(); total1 > total0 {
+		r.idle = (idle1 - idle0) / (total1 - total0)
+	}
 	return r, nil
+}
+
+// cpuIdle returns the machine's idle and total CPU time so far, in ticks,
+// from the first line of /proc/stat (idle and iowait count as idle).
+func cpuIdle() (idle, total float64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	for i, f := range strings.Fields(line)[1:] {
+		v, _ := strconv.ParseFloat(f, 64)
+		total += v
+		if i == 3 || i == 4 {
+			idle += v
+		}
+	}
+	return idle, total
 }
 
 // logPercentiles reads h2load's --log-file (start, status, duration in µs).

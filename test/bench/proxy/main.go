@@ -6,9 +6,10 @@
 // nginx configured fairly (proxy_pass https, verify on, upstream keepalive,
 // session reuse). Same backend, same load generators (wrk for HTTP/1.1,
 // h2load for h2c), interleaved rounds; for each scenario it prints
-// requests/s, p50/p99 latency and proxy CPU per request, and the medians of
-// the per-round ratios to a and to c with their min–max, then a summary of
-// the default path against nginx.
+// requests/s, p50/p99 latency, CPU per request (proxy, backend, load
+// generator) and the share of the machine's CPU left idle, and the medians
+// of the per-round ratios to a and to c with their min–max, then a summary
+// of the default path against nginx.
 //
 // Traffic reaches each proxy as it would from a pod: the load generator
 // connects to a Service address and an iptables REDIRECT in a throwaway
@@ -61,7 +62,7 @@
 // backend and load generator together ("all CPU/req" in the summary), and
 // the time the cores sit idle waiting on wakeups: with keep-alive, at
 // equal CPU per request, they idled 12-15 % of the run with sockmesh and
-// 8-10 % with nginx (/proc/stat over each run; a likely cause: nginx's
+// 8-10 % with nginx (the idle column; a likely cause: nginx's
 // two workers each wait in epoll_wait, where the Go runtime keeps one
 // thread in epoll and parks the others). What is left, from profiles of the pooled path: about
 // 60 % of its CPU is in system calls (loopback writes and the FIN run the

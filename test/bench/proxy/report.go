@@ -25,21 +25,22 @@ var (
 	// all is the CPU of proxy, backend and load generator together per
 	// request: on shared cores, the budget requests/s comes out of.
 	allCPU = metric{"all CPU/req", func(r result) float64 { return r.cpuPerReq + r.backendCPU + r.loadCPU }}
+	idle   = metric{"idle", func(r result) float64 { return r.idle }}
 )
 
 // report prints one scenario as a Markdown table: medians per target, then
 // each target's per-round ratios to a (direct) and to c (nginx).
 func report(s scenario, c benchConfig, targets []target, res map[string][]result) {
 	fmt.Printf("\n## %s\n\n`%s <url>`\n\n", s.name, strings.Join(loadCommand(s, c), " "))
-	fmt.Println("| target | req/s | p50 | p99 | CPU µs/req proxy / backend / load gen. | req/s ÷a | p50 ÷a | p99 ÷a | req/s ÷c | p50 ÷c | p99 ÷c | CPU/req ÷c |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("| target | req/s | p50 | p99 | CPU µs/req proxy / backend / load gen. | idle | req/s ÷a | p50 ÷a | p99 ÷a | req/s ÷c | p50 ÷c | p99 ÷c | CPU/req ÷c |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	a, n := res["a direct TLS"], res["c nginx"]
 	backend := metric{"backend", func(r result) float64 { return r.backendCPU }}
 	loadgen := metric{"load", func(r result) float64 { return r.loadCPU }}
 	for _, t := range targets {
 		rs := res[t.name]
-		fmt.Printf("| %s | %.0f | %s | %s | %s / %s / %s |", t.name, median(rs, rps), dur(median(rs, p50)), dur(median(rs, p99)),
-			cpuStr(median(rs, cpu)), cpuStr(median(rs, backend)), cpuStr(median(rs, loadgen)))
+		fmt.Printf("| %s | %.0f | %s | %s | %s / %s / %s | %.0f %% |", t.name, median(rs, rps), dur(median(rs, p50)), dur(median(rs, p99)),
+			cpuStr(median(rs, cpu)), cpuStr(median(rs, backend)), cpuStr(median(rs, loadgen)), 100*median(rs, idle))
 		for _, m := range []metric{rps, p50, p99} {
 			fmt.Printf(" %s |", ratio(rs, a, m))
 		}
@@ -54,8 +55,8 @@ func report(s scenario, c benchConfig, targets []target, res map[string][]result
 // scenario: the issue's targets are req/s ≥ 1.0 and p99 ≤ 1.0.
 func reportSummary(c benchConfig, targets []target, all []scenarioResult) {
 	fmt.Printf("\n## Summary: sockmesh ÷ nginx (target: req/s ≥ 1.0, p99 ≤ 1.0)\n\n")
-	fmt.Println("| scenario | speed | req/s | p50 | p99 | proxy CPU/req | all CPU/req |")
-	fmt.Println("|---|---|---|---|---|---|---|")
+	fmt.Println("| scenario | speed | req/s | p50 | p99 | proxy CPU/req | all CPU/req | idle b / c |")
+	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for _, sr := range all {
 		for _, t := range targets {
 			if !strings.HasPrefix(t.name, "b ") {
@@ -65,7 +66,7 @@ func reportSummary(c benchConfig, targets []target, all []scenarioResult) {
 			for _, m := range []metric{rps, p50, p99, cpu, allCPU} {
 				fmt.Printf(" %s |", ratio(sr.res[t.name], sr.res["c nginx"], m))
 			}
-			fmt.Println()
+			fmt.Printf(" %.0f %% / %.0f %% |\n", 100*median(sr.res[t.name], idle), 100*median(sr.res["c nginx"], idle))
 		}
 	}
 }
