@@ -26,14 +26,20 @@
 //	go run ./test/bench/proxy [-rounds 5] [-duration 5s] [-paths pooled,l4,l7] [-only keep-alive] [-gogc 100] [-cpuprofile DIR]
 //
 // Measured on the 2-core machine of ../shared/BENCH.md with nothing else
-// running (load average 2.5 at the start), -rounds 9 -duration 4s -paths
-// pooled; medians of per-round ratios to nginx (min–max):
+// running (load average 0.4 at the start), -rounds 9 -duration 4s -paths
+// pooled; medians of per-round ratios to nginx (min–max), and the median
+// share of the machine left idle with sockmesh / with nginx:
 //
-//	scenario                 req/s             p99               proxy CPU/req   all CPU/req
-//	keep-alive 100 B         0.97 (0.87–1.19)  1.02 (0.66–2.43)  0.98            0.98
-//	keep-alive 64 KiB        1.06 (0.90–1.18)  0.95 (0.85–1.11)  0.88            0.95
-//	conn-per-request 100 B   0.91 (0.79–0.96)  0.93 (0.82–1.19)  1.19            1.06
-//	h2c client 100 B (L4)    0.81 (0.74–0.95)  1.15 (0.99–1.28)  0.91            1.17
+//	scenario                 req/s             p99               proxy CPU/req   all CPU/req   idle
+//	keep-alive 100 B         0.94 (0.84–1.10)  1.16 (0.65–1.46)  1.07            1.04          10 % / 8 %
+//	keep-alive 64 KiB        1.05 (0.89–1.12)  0.95 (0.86–1.34)  0.88            0.95          7 % / 5 %
+//	conn-per-request 100 B   0.90 (0.84–0.99)  0.93 (0.64–1.08)  1.19            1.06          19 % / 15 %
+//	h2c client 100 B (L4)    0.89 (0.71–0.93)  1.05 (0.88–1.32)  0.88            1.08          13 % / 10 %
+//
+// A 9-round run half an hour earlier (load 2.5; the same code but for a
+// shutdown before each close, measured neutral since): req/s 0.97, 1.06,
+// 0.91, 0.81; p99 1.02, 0.95, 0.93, 1.15; proxy CPU/req 0.98, 0.88, 1.19,
+// 0.91.
 //
 // A 7-round run the same hour, -paths pooled,pooled@GODEBUG=http2xconnect=1
 // (the second without the schedtrace setting of proxy.RuntimeSettings):
@@ -61,8 +67,8 @@
 // Throughput on these 2 shared cores follows the CPU per request of proxy,
 // backend and load generator together ("all CPU/req" in the summary), and
 // the time the cores sit idle waiting on wakeups: with keep-alive, at
-// equal CPU per request, they idled 12-15 % of the run with sockmesh and
-// 8-10 % with nginx (the idle column; a likely cause: nginx's
+// about equal CPU per request, they idled 10-15 % of the run with sockmesh
+// and 8-10 % with nginx (the idle column; a likely cause: nginx's
 // two workers each wait in epoll_wait, where the Go runtime keeps one
 // thread in epoll and parks the others). What is left, from profiles of the pooled path: about
 // 60 % of its CPU is in system calls (loopback writes and the FIN run the
