@@ -52,10 +52,11 @@ e2e-cluster-clean:
 	$(GO) run ./test/cluster/node/cmd/sockmesh-node down
 
 # Every benchmark, as root, each against its baseline in the same run:
-# datapath (direct / iptables REDIRECT / eBPF), proxy (vs nginx; needs wrk,
-# h2load and nginx: apt-get install wrk nghttp2-client nginx-light),
-# routing (1-1,000 rules vs none), agent (10,000 Services). Each prints
-# ratios; its package doc has the flags and the last numbers.
+# datapath (direct / iptables REDIRECT / eBPF), proxy (vs nginx, apps
+# captured by the eBPF datapath; needs wrk, h2load and nginx: apt-get
+# install wrk nghttp2-client nginx-light), routing (1-1,000 rules vs
+# none), agent (10,000 Services). Each prints ratios; its package doc has
+# the flags and the last numbers.
 bench:
 	$(GO) run ./test/bench/datapath
 	$(GO) run ./test/bench/proxy

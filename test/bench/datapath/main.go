@@ -23,14 +23,13 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"os/signal"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/sockmesh/sockmesh/datapath"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
+	"github.com/sockmesh/sockmesh/test/bench/internal/benchrun"
 )
 
 func main() {
@@ -48,13 +47,7 @@ func main() {
 		os.Exit(1)
 	}
 
-	r := &runner{}
-	sig := make(chan os.Signal, 1)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	go func() {
-		<-sig
-		r.fail("interrupted")
-	}()
+	r := benchrun.New("datapath bench")
 
 	paths := setUp(r)
 	scenarios := []scenario{
@@ -80,7 +73,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "datapath bench: round %d/%d done\n", round+1, *rounds)
 	}
 	report(os.Stdout, scenarios, results, *rounds)
-	r.close()
+	r.Close()
 }
 
 // path is one way from a client to a server.
@@ -106,7 +99,7 @@ const (
 
 // setUp builds the three paths. Subnets 10.210-212.0.0/24 exist only in the
 // netns made here.
-func setUp(r *runner) []*path {
+func setUp(r *benchrun.Runner) []*path {
 	direct := newTopology(r, 210)
 	ebpf := newTopology(r, 211)
 	ipt := newTopology(r, 212)
@@ -182,7 +175,7 @@ type topology struct {
 
 func (t *topology) server() netip.AddrPort { return netip.AddrPortFrom(t.nodeIP, serverPort) }
 
-func newTopology(r *runner, subnet byte) *topology {
+func newTopology(r *benchrun.Runner, subnet byte) *topology {
 	t := &topology{
 		node:   sandbox.NewNetNS(r),
 		pod:    sandbox.NewNetNS(r),
@@ -209,7 +202,7 @@ func newTopology(r *runner, subnet byte) *topology {
 
 // startChild re-executes this program as role inside ns and cg, and waits
 // for its "ready".
-func startChild(r *runner, role string, ns *sandbox.NetNS, cg *sandbox.Cgroup, args ...string) (*sandbox.Process, *child) {
+func startChild(r *benchrun.Runner, role string, ns *sandbox.NetNS, cg *sandbox.Cgroup, args ...string) (*sandbox.Process, *child) {
 	cmd := sandbox.HelperCommand(r, role, args...)
 	cmd.Stderr = os.Stderr
 	stdin, err := cmd.StdinPipe()
@@ -234,7 +227,7 @@ type sample struct {
 	proxyCPUs float64 // seconds of proxy CPU during the measurement
 }
 
-func (p *path) measure(r *runner, j job) sample {
+func (p *path) measure(r *benchrun.Runner, j job) sample {
 	cpu0 := cpuSeconds(p.proxy)
 	if err := p.client.in.Encode(j); err != nil {
 		r.Fatalf("%s client: %v", p.name, err)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"math"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/sockmesh/sockmesh/test/bench/internal/benchrun"
 	"github.com/sockmesh/sockmesh/test/pki"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
@@ -32,6 +34,7 @@ type benchConfig struct {
 	command    string
 	// backendPID is the backend's process, whose CPU each run reports.
 	backendPID int
+	capture    *capture
 }
 
 // result is one load run.
@@ -60,52 +63,52 @@ type target struct {
 	name string
 	url  func(s scenario) string
 	pid  int // process whose CPU is the proxy's (with its children); 0 for direct
+	// proxy is the sockmesh proxy's listener, to which the capture sends
+	// the connections to the target's Service address; zero for the others.
+	proxy netip.AddrPort
 }
 
-// The sockmesh proxies listen on proxyPort+i behind serviceNet.(10+i):80.
-const (
-	proxyPort   = 15001
-	serviceNet  = "10.96.0."
-	serviceBase = 10
-)
+// The sockmesh proxies listen on 127.0.0.1:proxyPort+i behind Service
+// addresses 10.96.0.(10+i):80, which exist only in the datapath's services
+// map.
+const proxyPort = 15001
 
 func runBench(c benchConfig) error {
 	if c.duration == 0 {
 		c.duration = 5 * time.Second
 	}
-	dir, err := os.MkdirTemp("", "smt-bench-")
-	if err != nil {
-		return err
-	}
-	defer os.RemoveAll(dir)
-	if err := exec.Command("ip", "link", "set", "lo", "up").Run(); err != nil {
-		return fmt.Errorf("ip link set lo up: %w", err)
-	}
+	r := benchrun.New("proxy bench")
+	defer r.Close()
+	dir := r.TempDir()
 	if err := writePKI(dir); err != nil {
 		return err
 	}
+	var services []netip.AddrPort
+	for i := range c.paths {
+		services = append(services, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 0, byte(10 + i)}), 80))
+	}
+	capture, err := newCapture(r, services)
+	if err != nil {
+		return err
+	}
+	c.capture = capture
 	exe, _ := os.Executable()
-	var procs []*exec.Cmd
-	defer func() {
-		for _, p := range procs {
-			p.Process.Signal(syscall.SIGTERM)
-			p.Wait()
-		}
-	}()
-	start := func(env []string, name string, args ...string) (*exec.Cmd, error) {
-		cmd := exec.Command(name, args...)
-		cmd.Env = append(os.Environ(), env...)
-		if len(args) < 2 || args[1] != "backend" {
+	start := func(cmd *exec.Cmd) (*exec.Cmd, error) {
+		cmd.Env = append(os.Environ(), cmd.Env...)
+		if len(cmd.Args) < 3 || cmd.Args[2] != "backend" {
 			// The backend logs every handshake a closing client cuts.
 			cmd.Stderr = os.Stderr
 		}
-		if err := cmd.Start(); err != nil {
-			return nil, fmt.Errorf("start %s: %w", name, err)
+		if err := capture.start(cmd); err != nil {
+			return nil, fmt.Errorf("start %s: %w", cmd.Path, err)
 		}
-		procs = append(procs, cmd)
+		r.Cleanup(func() {
+			cmd.Process.Signal(syscall.SIGTERM)
+			cmd.Wait()
+		})
 		return cmd, nil
 	}
-	backend, err := start(nil, exe, "-role", "backend", "-dir", dir)
+	backend, err := start(exec.Command(exe, "-role", "backend", "-dir", dir))
 	if err != nil {
 		return err
 	}
@@ -128,26 +131,26 @@ func runBench(c benchConfig) error {
 		if extra != "" {
 			penv = append(slices.Clone(env), strings.Split(extra, "@")...)
 		}
-		vip := serviceNet + strconv.Itoa(serviceBase+i)
-		listen := "127.0.0.1:" + strconv.Itoa(proxyPort+i)
-		if err := redirect(vip, proxyPort+i); err != nil {
-			return err
-		}
+		svc := services[i]
+		listen := netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), uint16(proxyPort+i))
 		profile := ""
 		if c.profile != "" {
 			profile = filepath.Join(c.profile, fmt.Sprintf("%d-%s.pprof", i, mode))
 		}
-		p, err := start(penv, exe, "-role", "proxy", "-dir", dir, "-mode", mode, "-listen", listen, "-vip", vip, "-curves", c.curves, "-cpuprofile", profile)
+		cmd := capture.inCgroup(exec.Command(exe, "-role", "proxy", "-dir", dir, "-mode", mode, "-listen", listen.String(),
+			"-vip", svc.Addr().String(), "-curves", c.curves, "-cpuprofile", profile))
+		cmd.Env = penv
+		p, err := start(cmd)
 		if err != nil {
 			return err
 		}
-		targets = append(targets, target{name: "b sockmesh " + strings.ReplaceAll(spec, "@", " "), pid: p.Process.Pid,
-			url: func(s scenario) string { return "http://" + vip + s.path }})
+		targets = append(targets, target{name: "b sockmesh " + strings.ReplaceAll(spec, "@", " "), pid: p.Process.Pid, proxy: listen,
+			url: func(s scenario) string { return "http://" + svc.String() + s.path }})
 	}
 	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), fmt.Appendf(nil, nginxConf, dir, backendAddr, nginxH1, nginxH2C, sni), 0o600); err != nil {
 		return err
 	}
-	nginx, err := start(nil, "/usr/sbin/nginx", "-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-g", "daemon off;")
+	nginx, err := start(exec.Command("/usr/sbin/nginx", "-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-g", "daemon off;"))
 	if err != nil {
 		return err
 	}
@@ -182,7 +185,10 @@ func runBench(c benchConfig) error {
 		}
 		res := make(map[string][]result)
 		for round := range c.rounds {
-			for _, t := range targets {
+			// Rotate the order each round so that no target always runs
+			// after the same one (or first, on a cooler machine).
+			for i := range targets {
+				t := targets[(i+round)%len(targets)]
 				r, err := load(s, t, c)
 				if err != nil {
 					return fmt.Errorf("%s / %s round %d: %w", s.name, t.name, round, err)
@@ -194,27 +200,17 @@ func runBench(c benchConfig) error {
 		summary = append(summary, scenarioResult{s, res})
 	}
 	reportSummary(c, targets, summary)
+	// A capture that did not work would have shown as connection errors;
+	// this says the connections went the datapath's way, not another.
+	if n, err := c.capture.redirected(); err != nil || (n == 0 && len(c.paths) > 0) {
+		return fmt.Errorf("the datapath redirected %d connections (%v)", n, err)
+	}
 	return nil
 }
 
 func runtimeCPUs() int {
 	b, _ := os.ReadFile("/proc/cpuinfo")
 	return strings.Count(string(b), "processor\t:")
-}
-
-// redirect sends connections to vip:80 to the proxy on port. The Service
-// address must be routable for connect() to reach the nat OUTPUT hook;
-// nothing listens on it.
-func redirect(vip string, port int) error {
-	for _, args := range [][]string{
-		{"ip", "addr", "add", vip + "/32", "dev", "lo"},
-		{"iptables", "-t", "nat", "-A", "OUTPUT", "-p", "tcp", "-d", vip, "--dport", "80", "-j", "REDIRECT", "--to-ports", strconv.Itoa(port)},
-	} {
-		if out, err := exec.Command(args[0], args[1:]...).CombinedOutput(); err != nil {
-			return fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, out)
-		}
-	}
-	return nil
 }
 
 func writePKI(dir string) error {
@@ -284,6 +280,11 @@ func loadCommand(s scenario, c benchConfig) []string {
 }
 
 func load(s scenario, t target, c benchConfig) (result, error) {
+	if t.proxy.IsValid() {
+		if err := c.capture.to(t.proxy); err != nil {
+			return result{}, err
+		}
+	}
 	idle0, total0 := cpuIdle()
 	cpu0, backend0 := cpuSeconds(t.pid), cpuSeconds(c.backendPID)
 	var r result
@@ -292,8 +293,8 @@ func load(s scenario, t target, c benchConfig) (result, error) {
 	if s.h2 {
 		logf := filepath.Join(os.TempDir(), fmt.Sprintf("smt-h2load-%d.log", os.Getpid()))
 		defer os.Remove(logf)
-		lg := exec.Command(cmd[0], append(cmd[1:], "--log-file", logf, t.url(s))...)
-		out, err := lg.CombinedOutput()
+		lg := c.capture.inCgroup(exec.Command(cmd[0], append(cmd[1:], "--log-file", logf, t.url(s))...))
+		out, err := c.capture.output(lg)
 		if err != nil {
 			return r, fmt.Errorf("h2load: %v: %s", err, out)
 		}
@@ -306,8 +307,8 @@ func load(s scenario, t target, c benchConfig) (result, error) {
 		requests, _ = strconv.ParseFloat(string(d[1]), 64)
 		r.p50, r.p99 = logPercentiles(logf)
 	} else {
-		lg := exec.Command(cmd[0], append(cmd[1:], t.url(s))...)
-		out, err := lg.CombinedOutput()
+		lg := c.capture.inCgroup(exec.Command(cmd[0], append(cmd[1:], t.url(s))...))
+		out, err := c.capture.output(lg)
 		if err != nil {
 			return r, fmt.Errorf("wrk: %v: %s", err, out)
 		}

@@ -11,11 +11,15 @@
 // of the per-round ratios to a and to c with their min–max, then a summary
 // of the default path against nginx.
 //
-// Traffic reaches each proxy as it would from a pod: the load generator
-// connects to a Service address and an iptables REDIRECT in a throwaway
-// network namespace sends it to the proxy, whose SO_ORIGINAL_DST lookup
-// conntrack answers just as sockmesh's eBPF getsockopt program does. Every
-// proxy runs throughout, each behind its own Service address.
+// Traffic reaches each proxy as it does from a pod: every process runs in
+// a throwaway network namespace, the enrolled pod; the load generator
+// connects to a Service address and sockmesh's own eBPF programs, on a
+// throwaway cgroup holding the load generator and the proxies, send the
+// connection to the proxy on the namespace's loopback (in-pod mode) and
+// answer its SO_ORIGINAL_DST. Every proxy runs throughout behind its own
+// Service address; the pod's enrolment points at the proxy being
+// measured. nginx is reached at its own address, as an app configured to
+// use it would.
 //
 // Like with like: the backend offers TLS 1.3 with X25519 only, and the
 // proxy's policy asks for X25519 only (-curves default lets Go offer
@@ -26,9 +30,30 @@
 //	go run ./test/bench/proxy [-rounds 5] [-duration 5s] [-paths pooled,l4,l7] [-only keep-alive] [-gogc 100] [-cpuprofile DIR]
 //
 // Measured on the 2-core machine of ../shared/BENCH.md with nothing else
-// running (load average 0.4 at the start), -rounds 9 -duration 4s -paths
-// pooled; medians of per-round ratios to nginx (min–max), and the median
-// share of the machine left idle with sockmesh / with nginx:
+// running, -rounds 11 -duration 4s -paths pooled; medians of per-round
+// ratios to nginx (min–max), and the median share of the machine left idle
+// with sockmesh / with nginx:
+//
+//	scenario                 req/s             p99               proxy CPU/req   all CPU/req   idle
+//	keep-alive 100 B         0.98 (0.80–1.12)  1.15 (0.82–1.36)  0.99            0.99          11 % / 9 %
+//	keep-alive 64 KiB        1.07 (0.91–1.34)  0.94 (0.84–1.12)  0.85            0.93          9 % / 7 %
+//	conn-per-request 100 B   0.89 (0.78–0.99)  0.98 (0.80–1.08)  1.22            1.06          18 % / 14 %
+//	h2c client 100 B (L4)    0.94 (0.73–1.09)  0.99 (0.85–1.24)  0.83            1.05          13 % / 10 %
+//
+// Runs vary by about ±0.1: a 9-round run an hour earlier gave req/s 1.09,
+// 1.08, 0.92, 0.92 and p99 1.11, 0.89, 0.98, 1.02; a 7-round keep-alive
+// run after it req/s 1.04, p99 0.99.
+//
+// Until 2026-11-22 the bench captured with an iptables REDIRECT instead of
+// the datapath (the numbers below). That charged sockmesh a NAT on every
+// packet of the app's leg, and every process conntrack, which the product
+// never does: nginx put behind the same REDIRECT (a patched build, 5
+// rounds, keep-alive 100 B) made 0.93 of its own requests/s, p99 1.15,
+// CPU per request 1.07. With the capture moved to the datapath, proxy CPU
+// per keep-alive request went from 1.05–1.07 of nginx's to 0.99.
+//
+// With the iptables capture, -rounds 9 -duration 4s -paths pooled, load
+// average 0.4 at the start:
 //
 //	scenario                 req/s             p99               proxy CPU/req   all CPU/req   idle
 //	keep-alive 100 B         0.94 (0.84–1.10)  1.16 (0.65–1.46)  1.07            1.04          10 % / 8 %
@@ -83,7 +108,13 @@
 // speculative read that finds nothing before each upstream answer
 // (writing the request from inside that read's poller callback instead,
 // to skip it, measured no gain in a 5-round A/B: proxy CPU/req 1.00
-// against 1.01 with keep-alive, 1.18 against 1.23 per connection). GC is
+// against 1.01 with keep-alive, 1.18 against 1.23 per connection). With
+// the datapath capture and a connection per request (perf record -g and
+// strace -c on both proxies), the runtime's scheduler parking and waking
+// threads took 12 % of the proxy's CPU, while the system calls per
+// connection were about equal: accept4, 2 epoll_ctl, 2 to 3 reads, 2
+// writes and close on both; getsockname, TCP_NODELAY, SO_ORIGINAL_DST and
+// TCP_CORK on sockmesh's side, epoll_wait and getsockopt on nginx's. GC is
 // under 1 % (GOGC and GOMAXPROCS=1 changed nothing measurable). h2c
 // clients lose on the backend's side: relayed as h2 over TLS (L4) the Go
 // backend spends 1.5× the CPU per request of the HTTP/1.1 that nginx
@@ -97,13 +128,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
-	"strconv"
 	"strings"
 )
 
 func main() {
-	role := flag.String("role", "", "internal: backend | proxy | inner")
+	role := flag.String("role", "", "internal: backend | proxy")
 	rounds := flag.Int("rounds", 5, "interleaved rounds")
 	duration := flag.Duration("duration", 0, "duration of one load run (default 5s)")
 	conns := flag.Int("conns", 50, "client connections")
@@ -124,11 +153,13 @@ func main() {
 		err = runBackend(*dir)
 	case "proxy":
 		err = runProxy(*dir, *mode, *listen, *vip, *curves, *profile)
-	case "inner":
+	case "":
+		if os.Geteuid() != 0 {
+			err = fmt.Errorf("needs root (network namespace, cgroup, eBPF)")
+			break
+		}
 		err = runBench(benchConfig{rounds: *rounds, duration: *duration, conns: *conns, only: *only,
 			paths: strings.Split(*paths, ","), gogc: *gogc, gomaxprocs: *procs, curves: *curves, profile: *profile, command: commandLine()})
-	case "":
-		err = inNetns(os.Args[1:])
 	default:
 		err = fmt.Errorf("unknown role %q", *role)
 	}
@@ -140,32 +171,5 @@ func main() {
 
 // commandLine is how this run was started, for the report's header.
 func commandLine() string {
-	var args []string
-	for _, a := range os.Args[1:] {
-		if a == "-role" || a == "inner" {
-			continue
-		}
-		args = append(args, a)
-	}
-	return strings.TrimSpace("go run ./test/bench/proxy " + strings.Join(args, " "))
-}
-
-// inNetns re-runs this program with -role inner inside a throwaway network
-// namespace, so its iptables rules and addresses vanish with it.
-func inNetns(args []string) error {
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("needs root (network namespace, iptables)")
-	}
-	ns := "smt-" + strconv.Itoa(os.Getpid()) + "-bench"
-	if out, err := exec.Command("ip", "netns", "add", ns).CombinedOutput(); err != nil {
-		return fmt.Errorf("ip netns add %s: %v: %s", ns, err, out)
-	}
-	defer exec.Command("ip", "netns", "del", ns).Run()
-	exe, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command("ip", append([]string{"netns", "exec", ns, exe, "-role", "inner"}, args...)...)
-	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
-	return cmd.Run()
+	return strings.TrimSpace("go run ./test/bench/proxy " + strings.Join(os.Args[1:], " "))
 }
