@@ -279,13 +279,15 @@ func (c *ControlPlane) handOver(in translate.Input, res translate.Result) {
 
 // writeLoop hands the latest translation to the writers until ctx ends (the
 // end of a leader term), retrying failures with backoff. A new term starts
-// by writing the latest translation, whatever an earlier term wrote.
+// by writing the latest translation, whatever an earlier term wrote. While
+// it backs off nothing is written, not even a newer translation: the retry
+// writes the latest one.
 func (c *ControlPlane) writeLoop(ctx context.Context) {
 	var written uint64 // the seq of the last pass written; passes start at 1
 	wait := c.cfg.RetryInterval
-	var retry <-chan time.Time
+	var retry <-chan time.Time // set while backing off
 	for {
-		if p := c.pending.Load(); p != nil && p.seq != written {
+		if p := c.pending.Load(); retry == nil && p != nil && p.seq != written {
 			var errs []error
 			for _, w := range c.cfg.Writers {
 				if err := w.Write(ctx, p.in, p.res); err != nil {
@@ -301,7 +303,7 @@ func (c *ControlPlane) writeLoop(ctx context.Context) {
 				retry = time.After(wait)
 				wait = min(wait*2, time.Minute)
 			} else {
-				written, retry, wait = p.seq, nil, c.cfg.RetryInterval
+				written, wait = p.seq, c.cfg.RetryInterval
 			}
 		}
 		select {
@@ -309,6 +311,7 @@ func (c *ControlPlane) writeLoop(ctx context.Context) {
 			return
 		case <-c.wake:
 		case <-retry:
+			retry = nil
 		}
 	}
 }

@@ -151,12 +151,14 @@ type flakyWriter struct {
 	mu    sync.Mutex
 	fail  int
 	calls []time.Time
+	last  translate.Result // the last translation it was given
 }
 
-func (w *flakyWriter) Write(context.Context, translate.Input, translate.Result) error {
+func (w *flakyWriter) Write(_ context.Context, _ translate.Input, res translate.Result) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.calls = append(w.calls, time.Now())
+	w.last = res
 	if len(w.calls) <= w.fail {
 		return errors.New("api server unavailable")
 	}
@@ -188,6 +190,34 @@ func TestWriteRetries(t *testing.T) {
 		}
 		if d1, d2 := w.calls[1].Sub(w.calls[0]), w.calls[2].Sub(w.calls[1]); !w.calls[0].Equal(start) || d1 != time.Second || d2 != 2*time.Second {
 			t.Errorf("write times %v after start, then +%v, +%v; want 0, +1s, +2s", w.calls[0].Sub(start), d1, d2)
+		}
+	})
+}
+
+// TestNoWriteWhileBackingOff: a translation that arrives while a failed
+// write backs off waits for the retry, which writes it.
+func TestNoWriteWhileBackingOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := newMemSource(translate.Input{Services: []*corev1.Service{h2cService("a", "10.96.0.10")}})
+		w := &flakyWriter{fail: 1}
+		c, err := New(Config{Writers: []Writer{w}, RetryInterval: time.Second}, src, slog.New(slog.DiscardHandler), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(t, c)
+		synctest.Wait()
+		src.set(translate.Input{Services: []*corev1.Service{h2cService("a", "10.96.0.10"), h2cService("b", "10.96.0.11")}})
+		synctest.Wait()
+		if n := w.count(); n != 1 {
+			t.Fatalf("writes before the retry = %d, want 1 (the failed one)", n)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if n := w.count(); n != 2 {
+			t.Fatalf("writes = %d, want 2 (the retry writes the newer translation once)", n)
+		}
+		if got := len(w.last.Frontends); got != 2 {
+			t.Errorf("the retry wrote %d frontends, want the newer translation's 2", got)
 		}
 	})
 }
