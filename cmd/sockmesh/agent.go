@@ -33,6 +33,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/introspect/httpapi"
 	"github.com/sockmesh/sockmesh/datapath"
 	"github.com/sockmesh/sockmesh/datapath/podns"
+	"github.com/sockmesh/sockmesh/internal/gcfloor"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
@@ -88,6 +89,7 @@ func newAgentCommand(getenv func(string) string) *cobra.Command {
 			// client-go logs through klog; send it to the same place.
 			klog.SetSlogLogger(log)
 			setMemoryLimit(s, getenv, log)
+			defer gcfloor.Start(s.gcHeapFloor)()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			go func() {

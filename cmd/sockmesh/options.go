@@ -19,6 +19,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/introspect/httpapi"
 	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/internal/gcfloor"
 )
 
 // options are the agent's flags as typed. Every flag may also be set in the
@@ -47,6 +48,7 @@ type options struct {
 	logFormat               string
 	drainTimeout            time.Duration
 	memoryLimit             string
+	gcHeapFloor             string
 	kubeAPIQPS              float32
 	kubeAPIBurst            int
 	introspection           httpapi.Config
@@ -100,6 +102,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	// start them, past the 10 s after which it treats them as missing.
 	fs.Float32Var(&o.kubeAPIQPS, "kube-api-qps", 100, "requests per second to the API server (kubernetes source), sustained")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 200, "requests to the API server in a burst (kubernetes source)")
+	fs.StringVar(&o.gcHeapFloor, "gc-heap-floor", resource.NewQuantity(gcfloor.Default, resource.BinarySI).String(), "heap the Go garbage collector lets grow before it collects (bytes or a quantity; 0: GOGC alone): a proxy with a small heap otherwise collects many times a second under load; above the floor GOGC applies, and the soft memory limit always wins")
 	fs.StringVar(&o.memoryLimit, "memory-limit", getenv(envMemoryLimit), "memory the agent's container may use (bytes, or a quantity like 512Mi): the Go runtime's soft memory limit is set to 90% of it, so that the GC works harder before the OOM killer would end the agent; $GOMEMLIMIT, when set, wins (default $"+envMemoryLimit+"; empty or 0: no soft limit)")
 	in := &o.introspection
 	fs.StringVar(&in.Socket, "introspection-socket", httpapi.DefaultSocket, "unix socket serving the read-only introspection API (sockmeshctl), mode 0600")
@@ -212,6 +215,9 @@ type settings struct {
 	// softMemoryLimit is the Go runtime's soft memory limit in bytes from
 	// --memory-limit (0: none).
 	softMemoryLimit int64
+	// gcHeapFloor is the heap the GC lets grow before collecting
+	// (internal/gcfloor; 0: GOGC alone).
+	gcHeapFloor uint64
 	// kubeQPS and kubeBurst rate-limit the kubernetes source's clients.
 	kubeQPS   float32
 	kubeBurst int
@@ -325,6 +331,11 @@ func (o *options) settings(getenv func(string) string, hostIP func() (netip.Addr
 		} else {
 			s.softMemoryLimit = int64(float64(q.Value()) * softLimitShare)
 		}
+	}
+	if q, err := resource.ParseQuantity(o.gcHeapFloor); err != nil || q.Sign() < 0 {
+		bad("--gc-heap-floor=%q: want bytes or a quantity such as 64Mi", o.gcHeapFloor)
+	} else {
+		s.gcHeapFloor = uint64(q.Value())
 	}
 	if in := s.introspection; in.Socket == "" {
 		bad("--introspection-socket must not be empty")

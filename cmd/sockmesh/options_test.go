@@ -18,6 +18,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/introspect/httpapi"
 	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/internal/gcfloor"
 )
 
 // parse runs the agent command's flag handling: defaults from env, the
@@ -53,6 +54,7 @@ func TestDefaults(t *testing.T) {
 		node:     translate.Node{IPs: []netip.Addr{netip.MustParseAddr("192.0.2.7")}},
 		logLevel: slog.LevelInfo, drainTimeout: 20 * time.Second,
 		introspection: httpapi.Config{Socket: httpapi.DefaultSocket},
+		gcHeapFloor:   gcfloor.Default,
 		kubeQPS:       100, kubeBurst: 200,
 	}
 	if diff := cmp.Diff(want, got, cmp.AllowUnexported(settings{}), cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
@@ -247,6 +249,37 @@ func TestMemoryLimit(t *testing.T) {
 			}
 			if got.softMemoryLimit != tc.want {
 				t.Errorf("soft memory limit = %d, want %d (90%% of the container's)", got.softMemoryLimit, tc.want)
+			}
+		})
+	}
+}
+
+func TestGCHeapFloor(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		want    uint64
+		wantErr bool
+	}{
+		{name: "default", want: gcfloor.Default},
+		{name: "quantity", args: []string{"--gc-heap-floor=128Mi"}, want: 128 << 20},
+		{name: "zero turns it off", args: []string{"--gc-heap-floor=0"}, want: 0},
+		{name: "negative", args: []string{"--gc-heap-floor=-1Mi"}, wantErr: true},
+		{name: "garbage", args: []string{"--gc-heap-floor=big"}, wantErr: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parse(t, map[string]string{"NODE_NAME": "n"}, "", tc.args...)
+			if tc.wantErr {
+				if err == nil || !strings.Contains(err.Error(), "--gc-heap-floor") {
+					t.Fatalf("err = %v, want one naming --gc-heap-floor", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.gcHeapFloor != tc.want {
+				t.Errorf("GC heap floor = %d, want %d", got.gcHeapFloor, tc.want)
 			}
 		})
 	}

@@ -33,6 +33,7 @@ import (
 	kubesource "github.com/sockmesh/sockmesh/agent/source/kubernetes"
 	"github.com/sockmesh/sockmesh/agent/status"
 	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/internal/gcfloor"
 	"github.com/sockmesh/sockmesh/test/apiserver"
 	"github.com/sockmesh/sockmesh/test/pki"
 )
@@ -83,6 +84,7 @@ const (
 func runChild(kubeconfig string, p params, prof profiles) error {
 	// client-go's leader election and reflectors log through klog.
 	klog.SetSlogLogger(slog.New(slog.DiscardHandler))
+	defer gcfloor.Start(gcfloor.Default)() // as cmd/sockmesh's default
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return fmt.Errorf("load kubeconfig: %w", err)

@@ -11,12 +11,14 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
+	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/gcfloor"
 	"github.com/sockmesh/sockmesh/test/echo"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
@@ -61,6 +63,17 @@ func runProxy(dir, mode, listen, vip, curves, profile string) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	// As the agent: a GC heap floor, gcfloor.Default unless
+	// SOCKMESH_GC_HEAP_FLOOR (bytes) says otherwise, for A/B runs.
+	floor := uint64(gcfloor.Default)
+	if v := os.Getenv("SOCKMESH_GC_HEAP_FLOOR"); v != "" {
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			return fmt.Errorf("SOCKMESH_GC_HEAP_FLOOR: %w", err)
+		}
+		floor = n
+	}
+	defer gcfloor.Start(floor)()
 	ca, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
 	if err != nil {
 		return err
