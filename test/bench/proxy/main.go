@@ -30,19 +30,25 @@
 //	go run ./test/bench/proxy [-rounds 5] [-duration 5s] [-paths pooled,l4,l7] [-only keep-alive] [-gogc 100] [-cpuprofile DIR]
 //
 // Measured on the 2-core machine of ../shared/BENCH.md with nothing else
-// running, -rounds 11 -duration 4s -paths pooled; medians of per-round
-// ratios to nginx (min–max), and the median share of the machine left idle
-// with sockmesh / with nginx:
+// running, -rounds 11 -duration 4s -paths pooled, with the agent's GC heap
+// floor (internal/gcfloor); medians of per-round ratios to nginx (min–max),
+// and the median share of the machine left idle with sockmesh / with nginx:
 //
 //	scenario                 req/s             p99               proxy CPU/req   all CPU/req   idle
-//	keep-alive 100 B         0.98 (0.80–1.12)  1.15 (0.82–1.36)  0.99            0.99          11 % / 9 %
-//	keep-alive 64 KiB        1.07 (0.91–1.34)  0.94 (0.84–1.12)  0.85            0.93          9 % / 7 %
-//	conn-per-request 100 B   0.89 (0.78–0.99)  0.98 (0.80–1.08)  1.22            1.06          18 % / 14 %
-//	h2c client 100 B (L4)    0.94 (0.73–1.09)  0.99 (0.85–1.24)  0.83            1.05          13 % / 10 %
+//	keep-alive 100 B         1.00 (0.88–1.23)  1.00 (0.74–1.13)  0.95            0.96          11 % / 8 %
+//	keep-alive 64 KiB        1.10 (0.96–1.23)  0.93 (0.84–1.02)  0.86            0.91          9 % / 8 %
+//	conn-per-request 100 B   0.95 (0.86–1.16)  0.92 (0.62–1.16)  1.10            1.00          19 % / 14 %
+//	h2c client 100 B (L4)    0.92 (0.75–0.99)  1.09 (0.92–1.59)  0.83            1.07          14 % / 11 %
 //
-// Runs vary by about ±0.1: a 9-round run an hour earlier gave req/s 1.09,
-// 1.08, 0.92, 0.92 and p99 1.11, 0.89, 0.98, 1.02; a 7-round keep-alive
-// run after it req/s 1.04, p99 0.99.
+// Runs vary by about ±0.1. Without the floor the same morning: 11 rounds
+// req/s 0.98, 1.07, 0.89, 0.94, p99 1.15, 0.94, 0.98, 0.99, proxy CPU/req
+// 0.99, 0.85, 1.22, 0.83; 21 rounds (100 B only) req/s 1.00, 0.91, 0.90,
+// p99 1.08, 1.00, 1.07. The floor A/B in one run (15 rounds, keep-alive
+// 100 B, -paths pooled,pooled@SOCKMESH_GC_HEAP_FLOOR=0): req/s 1.07 / 1.05,
+// p99 0.90 / 1.11, proxy CPU/req 0.91 / 0.95; GOGC=400 instead pointed the
+// same way twice (p99 0.90 / 0.99, 1.00 / 1.07). Two proxy processes with
+// GOMAXPROCS=1 on one SO_REUSEPORT port (nginx's worker model) measured no
+// gain (req/s 1.00 against 1.04, idle 10 % against 12 %).
 //
 // Until 2026-11-22 the bench captured with an iptables REDIRECT instead of
 // the datapath (the numbers below). That charged sockmesh a NAT on every
@@ -114,8 +120,9 @@
 // threads took 12 % of the proxy's CPU, while the system calls per
 // connection were about equal: accept4, 2 epoll_ctl, 2 to 3 reads, 2
 // writes and close on both; getsockname, TCP_NODELAY, SO_ORIGINAL_DST and
-// TCP_CORK on sockmesh's side, epoll_wait and getsockopt on nginx's. GC is
-// under 1 % (GOGC and GOMAXPROCS=1 changed nothing measurable). h2c
+// TCP_CORK on sockmesh's side, epoll_wait and getsockopt on nginx's. The
+// GC took 1–2 % of the CPU, but with the proxy's few MiB alive it ran many
+// times a second, lengthening the tail (the heap floor above). h2c
 // clients lose on the backend's side: relayed as h2 over TLS (L4) the Go
 // backend spends 1.5× the CPU per request of the HTTP/1.1 that nginx
 // sends it; terminating h2 in net/http (-paths http11) costs the proxy
