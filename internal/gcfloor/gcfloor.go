@@ -42,7 +42,9 @@ func Percent(base int, live, roots, floor uint64) int {
 	if live+scan*uint64(base)/100 >= floor {
 		return base
 	}
-	return int(min((floor-live)*100/scan, floor*100/minHeap))
+	// Never below base: a high GOGC's minimum heap may reach the floor
+	// where its proportional goal does not.
+	return max(base, int(min((floor-live)*100/scan, floor*100/minHeap)))
 }
 
 // Start keeps the heap goal at or above floor bytes until the returned

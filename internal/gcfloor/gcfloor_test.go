@@ -22,6 +22,7 @@ func TestPercent(t *testing.T) {
 		{"heap past the floor keeps GOGC", 100, 80 * mib, 0, 64 * mib, 100},
 		{"a higher GOGC already reaching the floor is kept", 400, 16 * mib, 0, 64 * mib, 400},
 		{"nearly empty heap: the runtime's minimum heap reaches the floor", 100, 1, 0, 64 * mib, 1600},
+		{"a GOGC whose minimum heap reaches the floor is kept", 2000, 1, 0, 64 * mib, 2000},
 		{"GC off stays off", -1, mib, 0, 64 * mib, -1},
 		{"before the first collection", 100, 0, mib, 64 * mib, 100},
 	} {
