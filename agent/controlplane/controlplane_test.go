@@ -171,18 +171,25 @@ func (w *flakyWriter) count() int {
 	return len(w.calls)
 }
 
+// runFlaky runs a control plane on one captured Service whose writer fails
+// its first fail writes, retrying after a second.
+func runFlaky(t *testing.T, fail int) (*memSource, *flakyWriter) {
+	src := newMemSource(translate.Input{Services: []*corev1.Service{h2cService("a", "10.96.0.10")}})
+	w := &flakyWriter{fail: fail}
+	c, err := New(Config{Writers: []Writer{w}, RetryInterval: time.Second}, src, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, c)
+	return src, w
+}
+
 // TestWriteRetries: a failed write is retried after RetryInterval, then
 // twice that; once it succeeds the same translation is not written again.
 func TestWriteRetries(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		src := newMemSource(translate.Input{Services: []*corev1.Service{h2cService("a", "10.96.0.10")}})
-		w := &flakyWriter{fail: 2}
-		c, err := New(Config{Writers: []Writer{w}, RetryInterval: time.Second}, src, slog.New(slog.DiscardHandler), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
 		start := time.Now()
-		run(t, c)
+		_, w := runFlaky(t, 2)
 		time.Sleep(time.Minute)
 		synctest.Wait()
 		if n := w.count(); n != 3 {
@@ -198,13 +205,7 @@ func TestWriteRetries(t *testing.T) {
 // write backs off waits for the retry, which writes it.
 func TestNoWriteWhileBackingOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		src := newMemSource(translate.Input{Services: []*corev1.Service{h2cService("a", "10.96.0.10")}})
-		w := &flakyWriter{fail: 1}
-		c, err := New(Config{Writers: []Writer{w}, RetryInterval: time.Second}, src, slog.New(slog.DiscardHandler), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		run(t, c)
+		src, w := runFlaky(t, 1)
 		synctest.Wait()
 		src.set(translate.Input{Services: []*corev1.Service{h2cService("a", "10.96.0.10"), h2cService("b", "10.96.0.11")}})
 		synctest.Wait()
