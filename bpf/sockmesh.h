@@ -113,6 +113,60 @@ struct sm_handoff_key {
 };
 
 /*
+ * Acceleration (sm_accelerate): both sockets of a redirected connection sit
+ * in sm_accel, and sm_msg hands each message straight to the other socket's
+ * receive queue instead of through two TCP stacks.
+ */
+enum sm_side {
+	SM_SIDE_APP = 1,
+	SM_SIDE_PROXY = 2,
+};
+
+/* sm_accel_key names one socket in sm_accel: its connection, keyed as in
+ * sm_handoff, and its side. */
+struct sm_accel_key {
+	struct sm_handoff_key conn;
+	enum sm_side side;
+	__u32 pad;
+};
+
+/* sm_accel_state: a socket's first message decides whether it redirects, and
+ * a socket that stops redirecting never starts again (sm_msg says why). */
+enum sm_accel_state {
+	SM_ACCEL_UNDECIDED = 0,
+	SM_ACCEL_REDIRECTING,
+	SM_ACCEL_PLAIN,
+};
+
+/* sm_accel_sock is the socket storage of a socket in sm_accel. */
+struct sm_accel_sock {
+	struct sm_accel_key peer;
+	enum sm_accel_state state;
+	__u32 pad;
+};
+
+/* sm_accel_counts counts sockets (each once per field) since the map was
+ * created: the value of sm_accel_counters. */
+struct sm_accel_counts {
+	__u64 joined;	    /* entered sm_accel */
+	__u64 redirected;   /* its first message went to the peer directly */
+	__u64 peer_missing; /* its first message found no peer: plain TCP */
+	__u64 over_budget;  /* turned to TCP after SM_ACCEL_BUDGET unanswered bytes */
+	__u64 peer_gone;    /* turned to TCP because the peer left */
+};
+
+/* sm_accel_conn is what both sockets of an accelerated connection share: the
+ * value of sm_accel_conns, keyed by the connection. */
+struct sm_accel_conn {
+	__u32 unanswered[2]; /* by side - 1: bytes redirected since the other side sent */
+};
+
+/* At most this many bytes go to a peer that has not sent anything back: the
+ * peer's receive queue is unbounded on this path (no TCP window), so a
+ * stream or upload beyond it continues over TCP, which pushes back. */
+#define SM_ACCEL_BUDGET (256 * 1024)
+
+/*
  * sm_flow is the input of the connect decision; sm_decide_args wraps it for
  * the SEC("syscall") test shim, which Go runs with prog.Run on real maps.
  */

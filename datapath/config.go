@@ -26,6 +26,14 @@ type Config struct {
 	// HeartbeatMaxAge is how old the proxy's heartbeat may grow before
 	// fail-open services stop being redirected. Zero means 5s.
 	HeartbeatMaxAge time.Duration
+	// Accelerate hands each message between the application's socket and
+	// the proxy's accepted socket straight to the other's receive queue
+	// (sockhash + sk_msg) instead of through two TCP stacks. Needs Linux
+	// 6.10. Off by default: that path has no receive window, so a socket
+	// turns back to TCP after 256 KiB its peer has not answered, and a
+	// client that pipelines requests without reading the answers can still
+	// queue more in its own socket.
+	Accelerate bool
 }
 
 // DefaultHeartbeatMaxAge is the HeartbeatMaxAge used when Config leaves it 0.

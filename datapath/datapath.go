@@ -42,11 +42,12 @@ type objects struct {
 	Getpeername6 *ebpf.Program `ebpf:"sm_getpeername6"`
 	Getsockopt   *ebpf.Program `ebpf:"sm_getsockopt"`
 	Sockops      *ebpf.Program `ebpf:"sm_sockops"`
+	Msg          *ebpf.Program `ebpf:"sm_msg"` // attached only with Config.Accelerate
 }
 
 func (o *objects) Close() error {
 	return errors.Join(o.sockmeshMaps.Close(), o.Connect4.Close(), o.Connect6.Close(),
-		o.Getpeername4.Close(), o.Getpeername6.Close(), o.Getsockopt.Close(), o.Sockops.Close())
+		o.Getpeername4.Close(), o.Getpeername6.Close(), o.Getsockopt.Close(), o.Sockops.Close(), o.Msg.Close())
 }
 
 // hook is one of our attach points; name is its pin name and report label.
@@ -116,6 +117,10 @@ func Open(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Datapath, e
 		d.Close()
 		return nil, err
 	}
+	if err := d.setupAccel(); err != nil {
+		d.Close()
+		return nil, err
+	}
 	if others, err := d.Conflicts(); err != nil {
 		log.Warn("cannot list other programs on our hooks", "err", err)
 	} else {
@@ -141,9 +146,14 @@ func Open(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Datapath, e
 
 // configure sets the programs' load-time constants.
 func configure(spec *ebpf.CollectionSpec, cfg Config) error {
+	var accelerate uint32
+	if cfg.Accelerate {
+		accelerate = 1
+	}
 	vars := map[string]any{
 		sockmeshVarSmProxyMark:         cfg.ProxyMark,
 		sockmeshVarSmHeartbeatMaxAgeNs: uint64(cfg.HeartbeatMaxAge.Nanoseconds()),
+		sockmeshVarSmAccelerate:        accelerate,
 	}
 	for name, v := range vars {
 		vs, ok := spec.Variables[name]

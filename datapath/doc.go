@@ -33,8 +33,15 @@
 // getpeername hooks 5.8, socket storage in sockops 5.10), cgroup v2, and
 // CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN (attach, pin, mount bpffs).
 //
-// Optional sockhash/sk_msg acceleration of the app-to-proxy leg is not
-// built: see the note at the end of ../bpf/sockmesh.c.
+// Optional acceleration (Config.Accelerate, the agent's --accelerate; Linux
+// 6.10 for the sk_msg link): sockops puts both sockets of each redirected
+// connection into a sockhash, and an sk_msg program hands each message to
+// the other socket's receive queue, skipping two TCP stacks on the
+// app-to-proxy leg. Sockets so accelerated must never be spliced (Go's
+// io.Copy between TCP connections does, and hangs), and that queue has no
+// window: see sm_msg in ../bpf/sockmesh.c for how a socket falls back to
+// TCP (its first message came before its peer joined, 256 KiB went
+// unanswered, the peer left) without reordering bytes.
 //
 // This package must not import Kubernetes code or decide which pods to
 // enrol; it takes netns cookies and Snapshot frontends. It must not open

@@ -103,8 +103,11 @@ func TestState(t *testing.T) {
 			t.Errorf("map %+v: want pinned, with an ID", m)
 		}
 	}
-	if !names["sm_pair_counters"] || !names["sm_services"] || len(s.Maps) != 8 {
-		t.Errorf("State() maps = %v, want all 8", names)
+	if !names["sm_pair_counters"] || !names["sm_services"] || !names["sm_accel"] || len(s.Maps) != 12 {
+		t.Errorf("State() maps = %v, want all 12", names)
+	}
+	if s.Accelerated {
+		t.Error("State().Accelerated without Config.Accelerate")
 	}
 
 	// Detached behind the agent's back: State says so.

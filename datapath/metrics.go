@@ -4,11 +4,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// collector exposes the per-decision counters, read from the kernel at each
-// scrape.
+// collector exposes the per-decision and acceleration counters, read from the
+// kernel at each scrape.
 type collector struct {
-	d    *Datapath
-	desc *prometheus.Desc
+	d     *Datapath
+	desc  *prometheus.Desc
+	accel *prometheus.Desc
 }
 
 func newCollector(d *Datapath) *collector {
@@ -19,10 +20,18 @@ func newCollector(d *Datapath) *collector {
 				"or why not (skipped_not_enrolled, skipped_no_service, skipped_marked, skipped_proxy_stale, "+
 				"skipped_no_proxy) or refused (denied_no_proxy).",
 			[]string{"decision"}, nil),
+		accel: prometheus.NewDesc("sockmesh_datapath_accel_sockets_total",
+			"Sockets of redirected connections under acceleration (--accelerate), by event: joined the map, "+
+				"redirected (bytes go to the peer directly), peer_missing (first message before the peer joined: TCP), "+
+				"over_budget (256 KiB unanswered: TCP from then on), peer_gone (the peer closed: TCP).",
+			[]string{"event"}, nil),
 	}
 }
 
-func (c *collector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.desc
+	ch <- c.accel
+}
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	counts, err := c.d.Counters()
@@ -32,5 +41,16 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, dec := range Decisions() {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(counts[dec]), dec.String())
+	}
+	a, err := c.d.AccelCounters()
+	if err != nil {
+		ch <- prometheus.NewInvalidMetric(c.accel, err)
+		return
+	}
+	for event, n := range map[string]uint64{
+		"joined": a.Joined, "redirected": a.Redirected, "peer_missing": a.PeerMissing,
+		"over_budget": a.OverBudget, "peer_gone": a.PeerGone,
+	} {
+		ch <- prometheus.MustNewConstMetric(c.accel, prometheus.CounterValue, float64(n), event)
 	}
 }

@@ -13,6 +13,42 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type sockmeshSmAccelConn struct {
+	_          structs.HostLayout
+	Unanswered [2]uint32
+}
+
+type sockmeshSmAccelCounts struct {
+	_           structs.HostLayout
+	Joined      uint64
+	Redirected  uint64
+	PeerMissing uint64
+	OverBudget  uint64
+	PeerGone    uint64
+}
+
+type sockmeshSmAccelKey struct {
+	_    structs.HostLayout
+	Conn sockmeshSmHandoffKey
+	Side sockmeshSmSide
+	Pad  uint32
+}
+
+type sockmeshSmAccelSock struct {
+	_     structs.HostLayout
+	Peer  sockmeshSmAccelKey
+	State sockmeshSmAccelState
+	Pad   uint32
+}
+
+type sockmeshSmAccelState uint32
+
+const (
+	sockmeshSmAccelStateSM_ACCEL_UNDECIDED   sockmeshSmAccelState = 0
+	sockmeshSmAccelStateSM_ACCEL_REDIRECTING sockmeshSmAccelState = 1
+	sockmeshSmAccelStateSM_ACCEL_PLAIN       sockmeshSmAccelState = 2
+)
+
 type sockmeshSmAnswer uint32
 
 const (
@@ -135,10 +171,21 @@ type sockmeshSmServiceKey struct {
 	Pad   uint8
 }
 
+type sockmeshSmSide uint32
+
+const (
+	sockmeshSmSideSM_SIDE_APP   sockmeshSmSide = 1
+	sockmeshSmSideSM_SIDE_PROXY sockmeshSmSide = 2
+)
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	sockmeshMapSmAccel             = "sm_accel"
+	sockmeshMapSmAccelConns        = "sm_accel_conns"
+	sockmeshMapSmAccelCounters     = "sm_accel_counters"
+	sockmeshMapSmAccelSk           = "sm_accel_sk"
 	sockmeshMapSmAppSk             = "sm_app_sk"
 	sockmeshMapSmCounters          = "sm_counters"
 	sockmeshMapSmHandoff           = "sm_handoff"
@@ -152,9 +199,11 @@ const (
 	sockmeshProgSmGetpeername4     = "sm_getpeername4"
 	sockmeshProgSmGetpeername6     = "sm_getpeername6"
 	sockmeshProgSmGetsockopt       = "sm_getsockopt"
+	sockmeshProgSmMsg              = "sm_msg"
 	sockmeshProgSmSockops          = "sm_sockops"
 	sockmeshProgSmTestAnswer       = "sm_test_answer"
 	sockmeshProgSmTestDecide       = "sm_test_decide"
+	sockmeshVarSmAccelerate        = "sm_accelerate"
 	sockmeshVarSmHeartbeatMaxAgeNs = "sm_heartbeat_max_age_ns"
 	sockmeshVarSmProxyMark         = "sm_proxy_mark"
 )
@@ -206,6 +255,7 @@ type sockmeshProgramSpecs struct {
 	SmGetpeername4 *ebpf.ProgramSpec `ebpf:"sm_getpeername4"`
 	SmGetpeername6 *ebpf.ProgramSpec `ebpf:"sm_getpeername6"`
 	SmGetsockopt   *ebpf.ProgramSpec `ebpf:"sm_getsockopt"`
+	SmMsg          *ebpf.ProgramSpec `ebpf:"sm_msg"`
 	SmSockops      *ebpf.ProgramSpec `ebpf:"sm_sockops"`
 	SmTestAnswer   *ebpf.ProgramSpec `ebpf:"sm_test_answer"`
 	SmTestDecide   *ebpf.ProgramSpec `ebpf:"sm_test_decide"`
@@ -215,20 +265,25 @@ type sockmeshProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockmeshMapSpecs struct {
-	SmAppSk        *ebpf.MapSpec `ebpf:"sm_app_sk"`
-	SmCounters     *ebpf.MapSpec `ebpf:"sm_counters"`
-	SmHandoff      *ebpf.MapSpec `ebpf:"sm_handoff"`
-	SmHeartbeat    *ebpf.MapSpec `ebpf:"sm_heartbeat"`
-	SmNetns        *ebpf.MapSpec `ebpf:"sm_netns"`
-	SmPairCounters *ebpf.MapSpec `ebpf:"sm_pair_counters"`
-	SmProxySk      *ebpf.MapSpec `ebpf:"sm_proxy_sk"`
-	SmServices     *ebpf.MapSpec `ebpf:"sm_services"`
+	SmAccel         *ebpf.MapSpec `ebpf:"sm_accel"`
+	SmAccelConns    *ebpf.MapSpec `ebpf:"sm_accel_conns"`
+	SmAccelCounters *ebpf.MapSpec `ebpf:"sm_accel_counters"`
+	SmAccelSk       *ebpf.MapSpec `ebpf:"sm_accel_sk"`
+	SmAppSk         *ebpf.MapSpec `ebpf:"sm_app_sk"`
+	SmCounters      *ebpf.MapSpec `ebpf:"sm_counters"`
+	SmHandoff       *ebpf.MapSpec `ebpf:"sm_handoff"`
+	SmHeartbeat     *ebpf.MapSpec `ebpf:"sm_heartbeat"`
+	SmNetns         *ebpf.MapSpec `ebpf:"sm_netns"`
+	SmPairCounters  *ebpf.MapSpec `ebpf:"sm_pair_counters"`
+	SmProxySk       *ebpf.MapSpec `ebpf:"sm_proxy_sk"`
+	SmServices      *ebpf.MapSpec `ebpf:"sm_services"`
 }
 
 // sockmeshVariableSpecs contains global variables before they are loaded into the kernel.
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockmeshVariableSpecs struct {
+	SmAccelerate        *ebpf.VariableSpec `ebpf:"sm_accelerate"`
 	SmHeartbeatMaxAgeNs *ebpf.VariableSpec `ebpf:"sm_heartbeat_max_age_ns"`
 	SmProxyMark         *ebpf.VariableSpec `ebpf:"sm_proxy_mark"`
 }
@@ -253,18 +308,26 @@ func (o *sockmeshObjects) Close() error {
 //
 // It can be passed to loadSockmeshObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockmeshMaps struct {
-	SmAppSk        *ebpf.Map `ebpf:"sm_app_sk"`
-	SmCounters     *ebpf.Map `ebpf:"sm_counters"`
-	SmHandoff      *ebpf.Map `ebpf:"sm_handoff"`
-	SmHeartbeat    *ebpf.Map `ebpf:"sm_heartbeat"`
-	SmNetns        *ebpf.Map `ebpf:"sm_netns"`
-	SmPairCounters *ebpf.Map `ebpf:"sm_pair_counters"`
-	SmProxySk      *ebpf.Map `ebpf:"sm_proxy_sk"`
-	SmServices     *ebpf.Map `ebpf:"sm_services"`
+	SmAccel         *ebpf.Map `ebpf:"sm_accel"`
+	SmAccelConns    *ebpf.Map `ebpf:"sm_accel_conns"`
+	SmAccelCounters *ebpf.Map `ebpf:"sm_accel_counters"`
+	SmAccelSk       *ebpf.Map `ebpf:"sm_accel_sk"`
+	SmAppSk         *ebpf.Map `ebpf:"sm_app_sk"`
+	SmCounters      *ebpf.Map `ebpf:"sm_counters"`
+	SmHandoff       *ebpf.Map `ebpf:"sm_handoff"`
+	SmHeartbeat     *ebpf.Map `ebpf:"sm_heartbeat"`
+	SmNetns         *ebpf.Map `ebpf:"sm_netns"`
+	SmPairCounters  *ebpf.Map `ebpf:"sm_pair_counters"`
+	SmProxySk       *ebpf.Map `ebpf:"sm_proxy_sk"`
+	SmServices      *ebpf.Map `ebpf:"sm_services"`
 }
 
 func (m *sockmeshMaps) Close() error {
 	return _SockmeshClose(
+		m.SmAccel,
+		m.SmAccelConns,
+		m.SmAccelCounters,
+		m.SmAccelSk,
 		m.SmAppSk,
 		m.SmCounters,
 		m.SmHandoff,
@@ -280,6 +343,7 @@ func (m *sockmeshMaps) Close() error {
 //
 // It can be passed to loadSockmeshObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockmeshVariables struct {
+	SmAccelerate        *ebpf.Variable `ebpf:"sm_accelerate"`
 	SmHeartbeatMaxAgeNs *ebpf.Variable `ebpf:"sm_heartbeat_max_age_ns"`
 	SmProxyMark         *ebpf.Variable `ebpf:"sm_proxy_mark"`
 }
@@ -293,6 +357,7 @@ type sockmeshPrograms struct {
 	SmGetpeername4 *ebpf.Program `ebpf:"sm_getpeername4"`
 	SmGetpeername6 *ebpf.Program `ebpf:"sm_getpeername6"`
 	SmGetsockopt   *ebpf.Program `ebpf:"sm_getsockopt"`
+	SmMsg          *ebpf.Program `ebpf:"sm_msg"`
 	SmSockops      *ebpf.Program `ebpf:"sm_sockops"`
 	SmTestAnswer   *ebpf.Program `ebpf:"sm_test_answer"`
 	SmTestDecide   *ebpf.Program `ebpf:"sm_test_decide"`
@@ -305,6 +370,7 @@ func (p *sockmeshPrograms) Close() error {
 		p.SmGetpeername4,
 		p.SmGetpeername6,
 		p.SmGetsockopt,
+		p.SmMsg,
 		p.SmSockops,
 		p.SmTestAnswer,
 		p.SmTestDecide,

@@ -23,6 +23,8 @@ type State struct {
 	Cgroup string `json:"cgroup"`
 	Hooks  []Hook `json:"hooks"`
 	Maps   []Map  `json:"maps"`
+	// Accelerated: the sk_msg link of Config.Accelerate is pinned.
+	Accelerated bool `json:"accelerated"`
 }
 
 // Hook is one of our attach points.
@@ -53,6 +55,7 @@ type Map struct {
 // and the pins from the BPF filesystem.
 func (d *Datapath) State() (State, error) {
 	s := State{PinDir: d.cfg.pinDir(), Cgroup: d.cfg.Cgroup}
+	s.Accelerated = exists(filepath.Join(s.PinDir, "links", accelLink))
 	cg, err := os.Open(d.cfg.Cgroup)
 	if err != nil {
 		return s, fmt.Errorf("open cgroup %s: %w", d.cfg.Cgroup, err)

@@ -203,7 +203,7 @@ func runAgent(ctx context.Context, s settings, log *slog.Logger, events *introsp
 func (a *agent) start(ctx context.Context, events *introspect.Events) error {
 	s, log := a.s, a.log
 	var err error
-	a.dp, err = datapath.Open(datapath.Config{BPFFS: s.bpffs, Cgroup: s.cgroup}, log, a.reg)
+	a.dp, err = datapath.Open(datapath.Config{BPFFS: s.bpffs, Cgroup: s.cgroup, Accelerate: s.accelerate}, log, a.reg)
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
 		return fmt.Errorf("%w\n(pinned by an incompatible build: run `sockmesh uninstall --bpffs=%s` first)", err, s.bpffs)
 	}

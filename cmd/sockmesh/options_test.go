@@ -63,6 +63,16 @@ func TestDefaults(t *testing.T) {
 	}
 }
 
+func TestAccelerateFlag(t *testing.T) {
+	got, err := parse(t, map[string]string{"NODE_NAME": "n"}, "", "--accelerate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.accelerate {
+		t.Error("--accelerate did not turn acceleration on")
+	}
+}
+
 func TestHostIPEnvIsTheProxyDefault(t *testing.T) {
 	got, err := parse(t, map[string]string{"NODE_NAME": "n", "HOST_IP": "10.250.0.1"}, "")
 	if err != nil {

@@ -62,6 +62,11 @@ func (n *node) startAgent(t *testing.T) *agent {
 		// Not the host's /run/sockmesh: every test agent has its own socket.
 		"--introspection-socket=" + filepath.Join(t.TempDir(), "agent.sock"),
 	}
+	if n.mode == inPod {
+		// In-pod nodes run with acceleration, node-IP nodes without, so
+		// every scenario of both modes covers both datapaths.
+		args = append(args, "--accelerate")
+	}
 	if n.mode == nodeIP {
 		args = append(args, "--proxy-listen="+netip.AddrPortFrom(n.ip4, proxyPort).String()+","+
 			netip.AddrPortFrom(n.ip6, proxyPort).String())

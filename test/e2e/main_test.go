@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sockmesh/sockmesh/datapath"
 	"github.com/sockmesh/sockmesh/datapath/podns"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 	"github.com/sockmesh/sockmesh/internal/testenv"
@@ -71,6 +72,9 @@ func TestFastTier(t *testing.T) {
 		t.Run(string(m), func(t *testing.T) {
 			t.Parallel()
 			shared := c.newNode(t, m)
+			if m == inPod {
+				t.Cleanup(func() { wantAccelerated(t, shared) })
+			}
 			for _, sc := range scenarios {
 				if m != nodeIP && !sc.bothModes {
 					continue
@@ -149,4 +153,19 @@ func checkNoLeftovers(t *testing.T) {
 	if len(found) > 0 {
 		t.Fatalf("leftovers of an earlier run use this tier's addresses (remove them, e.g. `ip netns del smt-...`): %v", errors.Join(found...))
 	}
+}
+
+// wantAccelerated fails t unless the node's agent accelerated connections
+// (its in-pod scenarios ran over sk_msg, not loopback TCP).
+func wantAccelerated(t *testing.T, n *node) {
+	t.Helper()
+	c, err := datapath.PinnedAccelCounters(datapath.Config{BPFFS: n.bpffs})
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	if c.Redirected == 0 {
+		t.Errorf("in-pod node ran with --accelerate but no socket was accelerated (counters %+v)", c)
+	}
+	t.Logf("in-pod node, acceleration: %+v", c)
 }

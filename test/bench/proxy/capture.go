@@ -28,11 +28,12 @@ type capture struct {
 }
 
 // newCapture makes the netns and installs the datapath capturing services,
-// fail-closed as TLS services are.
-func newCapture(r *benchrun.Runner, services []netip.AddrPort) (*capture, error) {
+// fail-closed as TLS services are, with the app-to-proxy leg accelerated
+// (sk_msg) when accelerate is set.
+func newCapture(r *benchrun.Runner, services []netip.AddrPort, accelerate bool) (*capture, error) {
 	ns := sandbox.NewNetNS(r)
 	cg := sandbox.NewCgroup(r)
-	dp, err := datapath.Open(datapath.Config{BPFFS: sandbox.TempBPFFS(r), Cgroup: cg.Path}, nil, nil)
+	dp, err := datapath.Open(datapath.Config{BPFFS: sandbox.TempBPFFS(r), Cgroup: cg.Path, Accelerate: accelerate}, nil, nil)
 	if err != nil {
 		return nil, fmt.Errorf("open datapath: %w", err)
 	}
@@ -80,11 +81,25 @@ func (c *capture) output(cmd *exec.Cmd) (out []byte, err error) {
 	return out, err
 }
 
-// redirected is how many connections the datapath has sent to a proxy.
-func (c *capture) redirected() (uint64, error) {
+// check says whether the connections went the datapath's way: redirected,
+// and with acceleration, accelerated.
+func (c *capture) check(accelerate bool) error {
 	n, err := c.dp.Counters()
 	if err != nil {
-		return 0, err
+		return err
 	}
-	return n[datapath.Redirected], nil
+	if n[datapath.Redirected] == 0 {
+		return fmt.Errorf("the datapath redirected no connection")
+	}
+	if !accelerate {
+		return nil
+	}
+	a, err := c.dp.AccelCounters()
+	if err != nil {
+		return err
+	}
+	if a.Redirected == 0 {
+		return fmt.Errorf("the datapath accelerated no socket (%+v)", a)
+	}
+	return nil
 }

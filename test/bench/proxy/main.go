@@ -27,7 +27,7 @@
 //
 // Run as root:
 //
-//	go run ./test/bench/proxy [-rounds 5] [-duration 5s] [-paths pooled,l4,l7] [-only keep-alive] [-gogc 100] [-cpuprofile DIR]
+//	go run ./test/bench/proxy [-rounds 5] [-duration 5s] [-paths pooled,l4,l7] [-only keep-alive] [-gogc 100] [-accelerate] [-cpuprofile DIR]
 //
 // Measured on the 2-core machine of ../shared/BENCH.md with nothing else
 // running, -rounds 11 -duration 4s -paths pooled, with the agent's GC heap
@@ -40,7 +40,18 @@
 //	conn-per-request 100 B   0.95 (0.86–1.16)  0.92 (0.62–1.16)  1.10            1.00          19 % / 14 %
 //	h2c client 100 B (L4)    0.92 (0.75–0.99)  1.09 (0.92–1.59)  0.83            1.07          14 % / 11 %
 //
-// Runs vary by about ±0.1. Without the floor the same morning: 11 rounds
+// With -accelerate (the agent's --accelerate: sk_msg hands the app's and
+// the proxy's bytes to each other's socket, skipping loopback TCP), the same
+// day, -rounds 11 -duration 4s -paths pooled -accelerate:
+//
+//	scenario                 req/s             p99               proxy CPU/req   all CPU/req   idle
+//	keep-alive 100 B         1.20 (0.98–1.31)  0.90 (0.69–1.01)  0.81            0.82          11 % / 9 %
+//	keep-alive 64 KiB        1.18 (0.98–1.32)  0.83 (0.69–0.96)  0.77            0.87          9 % / 9 %
+//	conn-per-request 100 B   0.85 (0.77–0.95)  1.04 (0.85–1.20)  1.22            1.07          18 % / 14 %
+//	h2c client 100 B (L4)    1.06 (0.89–1.15)  1.00 (0.90–1.17)  0.69            0.93          13 % / 10 %
+//
+// (each connection's two sockets join a sockhash, which a connection per
+// request pays for). Runs vary by about ±0.1. Without the floor the same morning: 11 rounds
 // req/s 0.98, 1.07, 0.89, 0.94, p99 1.15, 0.94, 0.98, 0.99, proxy CPU/req
 // 0.99, 0.85, 1.22, 0.83; 21 rounds (100 B only) req/s 1.00, 0.91, 0.90,
 // p99 1.08, 1.00, 1.07. The floor A/B in one run (15 rounds, keep-alive
@@ -152,6 +163,7 @@ func main() {
 	gogc := flag.String("gogc", "", "GOGC for the proxies (empty: Go's default, 100)")
 	procs := flag.String("gomaxprocs", "", "GOMAXPROCS for the proxies (empty: Go's default, the CPUs)")
 	curves := flag.String("curves", "x25519", "key exchanges the proxy offers: x25519 | default")
+	accelerate := flag.Bool("accelerate", false, "accelerate the app-to-proxy leg with sk_msg, as the agent's --accelerate does")
 	profile := flag.String("cpuprofile", "", "write each proxy's CPU profile over the whole run to this directory (<n>-<speed>.pprof)")
 	flag.Parse()
 	var err error
@@ -166,7 +178,7 @@ func main() {
 			break
 		}
 		err = runBench(benchConfig{rounds: *rounds, duration: *duration, conns: *conns, only: *only,
-			paths: strings.Split(*paths, ","), gogc: *gogc, gomaxprocs: *procs, curves: *curves, profile: *profile, command: commandLine()})
+			paths: strings.Split(*paths, ","), gogc: *gogc, gomaxprocs: *procs, curves: *curves, profile: *profile, accelerate: *accelerate, command: commandLine()})
 	default:
 		err = fmt.Errorf("unknown role %q", *role)
 	}

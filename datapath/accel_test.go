@@ -1,0 +1,306 @@
+package datapath
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
+	"github.com/sockmesh/sockmesh/userspace-proxy/origdst"
+)
+
+// accelBudget is SM_ACCEL_BUDGET in bpf/sockmesh.h.
+const accelBudget = 256 << 10
+
+// openAccel loads the datapath with acceleration, captures vip4 for the pod
+// and sends it to an in-pod proxy on 127.0.0.1:proxyPort, as the bench and
+// in-pod mode do.
+func openAccel(t *testing.T, tp *topology) (*Datapath, netip.AddrPort) {
+	t.Helper()
+	tp.cfg.Accelerate = true
+	d := tp.open(t)
+	if err := d.SetServices([]Service{{Addr: vip4}}); err != nil {
+		t.Fatal(err)
+	}
+	listen := netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), proxyPort)
+	if err := d.Enrol(tp.podCookie, Proxy{NetNSCookie: tp.podCookie, V4: listen}); err != nil {
+		t.Fatal(err)
+	}
+	return d, listen
+}
+
+// startEchoProxy stands in for the proxy: it greets each redirected
+// connection with "proxy <orig>\n", then echoes with plain reads and writes
+// (never io.Copy between sockets: an accelerated socket must not be spliced).
+// Before echoing it waits for gate, when gate is not nil.
+func startEchoProxy(t *testing.T, tp *topology, addr netip.AddrPort, gate <-chan struct{}) {
+	t.Helper()
+	ln, err := tp.pod.Listen(context.Background(), nil, "tcp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcpserve.Serve(t, ln, func(c net.Conn) {
+		orig, err := origdst.Get(c.(*net.TCPConn))
+		if err != nil {
+			io.WriteString(c, "noorig\n")
+			return
+		}
+		fmt.Fprintf(c, "proxy %s\n", orig)
+		if gate != nil {
+			<-gate
+		}
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := c.Read(buf)
+			if n > 0 {
+				if _, err := c.Write(buf[:n]); err != nil {
+					return
+				}
+			}
+			if err != nil {
+				c.(*net.TCPConn).CloseWrite()
+				return
+			}
+		}
+	})
+}
+
+// dialGreeted connects from the pod to vip4 and reads the proxy's greeting.
+func dialGreeted(t *testing.T, tp *topology) (*net.TCPConn, *bufio.Reader) {
+	t.Helper()
+	c, err := tp.pod.Dial(&net.Dialer{Timeout: ioTimeout}, "tcp", vip4.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(ioTimeout))
+	r := bufio.NewReader(c)
+	if line, err := r.ReadString('\n'); err != nil || line != "proxy "+vip4.String()+"\n" {
+		t.Fatalf("greeting %q, %v", line, err)
+	}
+	return c.(*net.TCPConn), r
+}
+
+// tcpBytesSent is how many bytes the socket's TCP stack sent: accelerated
+// bytes never pass through it.
+func tcpBytesSent(t *testing.T, c *net.TCPConn) uint64 {
+	t.Helper()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info *unix.TCPInfo
+	var serr error
+	if err := raw.Control(func(fd uintptr) { info, serr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
+		t.Fatal(err)
+	}
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	return info.Bytes_sent
+}
+
+// pattern is n bytes that differ at every offset a reordering could hit.
+func pattern(n int) []byte {
+	b := make([]byte, 0, n+16)
+	for i := 0; len(b) < n; i++ {
+		b = fmt.Appendf(b, "%015d\n", i)
+	}
+	return b[:n]
+}
+
+func TestAccelerate(t *testing.T) {
+	tp := newTopology(t)
+	d, listen := openAccel(t, tp)
+	startEchoProxy(t, tp, listen, nil)
+	before, err := d.AccelCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("request and response skip TCP", func(t *testing.T) {
+		c, r := dialGreeted(t, tp)
+		sent := tcpBytesSent(t, c)
+		msg := []byte("ping 0123456789\n")
+		for range 1000 {
+			if _, err := c.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			if line, err := r.ReadString('\n'); err != nil || line != string(msg) {
+				t.Fatalf("echo %q, %v", line, err)
+			}
+		}
+		// 16 KB went each way; the TCP stack carried at most the handshake.
+		if got := tcpBytesSent(t, c) - sent; got != 0 {
+			t.Errorf("the app's TCP stack sent %d bytes of 16000; want 0 (accelerated)", got)
+		}
+	})
+
+	t.Run("stream past the budget stays in order", func(t *testing.T) {
+		c, r := dialGreeted(t, tp)
+		// One exchange first, so the app's socket is redirecting when the
+		// stream starts (a first write over the budget would use TCP from
+		// the start).
+		io.WriteString(c, "ping\n")
+		if line, err := r.ReadString('\n'); err != nil || line != "ping\n" {
+			t.Fatalf("echo %q, %v", line, err)
+		}
+		want := pattern(16 << 20)
+		errc := make(chan error, 1)
+		go func() {
+			_, err := c.Write(want)
+			c.CloseWrite()
+			errc <- err
+		}()
+		got, err := io.ReadAll(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			i := 0
+			for i < min(len(got), len(want)) && got[i] == want[i] {
+				i++
+			}
+			t.Fatalf("echoed %d bytes of %d, first difference at %d", len(got), len(want), i)
+		}
+		if sent := tcpBytesSent(t, c); sent < uint64(len(want)-accelBudget) {
+			t.Errorf("the app's TCP stack sent %d bytes; want the stream past the %d-byte budget (%d)",
+				sent, accelBudget, len(want)-accelBudget)
+		}
+	})
+
+	after, err := d.AccelCounters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two connections, two sockets each; every one redirected its first
+	// message, and the streaming ones ran over their budget.
+	if got := after.Joined - before.Joined; got != 4 {
+		t.Errorf("joined %d sockets, want 4", got)
+	}
+	if got := after.Redirected - before.Redirected; got != 4 {
+		t.Errorf("%d sockets redirected, want 4", got)
+	}
+	if got := after.OverBudget - before.OverBudget; got < 1 {
+		t.Errorf("%d sockets went over budget, want at least the streaming app's", got)
+	}
+	if after.PeerMissing != before.PeerMissing {
+		t.Errorf("peer missing grew by %d, want 0", after.PeerMissing-before.PeerMissing)
+	}
+}
+
+// TestAccelPushesBack: a proxy that does not read must stop the app's writes
+// after the budget plus TCP's buffers; without the budget the kernel queued
+// every byte (791 MiB in 2 s here).
+func TestAccelPushesBack(t *testing.T) {
+	tp := newTopology(t)
+	_, listen := openAccel(t, tp)
+	gate := make(chan struct{})
+	startEchoProxy(t, tp, listen, gate)
+	c, r := dialGreeted(t, tp)
+
+	want := pattern(256 << 20)
+	c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+	n, err := c.Write(want)
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("writing 256 MiB to a proxy that does not read: %d bytes, %v; want a timeout", n, err)
+	}
+	if n > 32<<20 {
+		t.Errorf("wrote %d MiB before blocking; want the budget and TCP's buffers (< 32 MiB)", n>>20)
+	}
+	// Nothing written is lost or reordered once the proxy reads.
+	close(gate)
+	c.SetDeadline(time.Now().Add(ioTimeout))
+	c.CloseWrite()
+	got, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want[:n]) {
+		t.Fatalf("echoed %d bytes, want the %d written, in order", len(got), n)
+	}
+}
+
+// TestAccelSwitch: the sk_msg link is pinned and adopted like the cgroup
+// links, and an Open without Accelerate removes it; capture keeps working.
+func TestAccelSwitch(t *testing.T) {
+	tp := newTopology(t)
+	d, listen := openAccel(t, tp)
+	startEchoProxy(t, tp, listen, nil)
+	first := pinnedAccelLink(t, tp.cfg)
+	if first == 0 {
+		t.Fatalf("no pinned %s link after Open with Accelerate", accelLink)
+	}
+	d.Close()
+
+	d2, err := Open(tp.cfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := pinnedAccelLink(t, tp.cfg); got != first {
+		t.Errorf("restart: %s link %d, want %d adopted", accelLink, got, first)
+	}
+	if s, err := d2.State(); err != nil || !s.Accelerated {
+		t.Errorf("State() = accelerated %v, %v; want true", s.Accelerated, err)
+	}
+	echoed := func() (tcpSent uint64) {
+		c, r := dialGreeted(t, tp)
+		sent := tcpBytesSent(t, c)
+		io.WriteString(c, "ping\n")
+		if line, err := r.ReadString('\n'); err != nil || line != "ping\n" {
+			t.Fatalf("echo %q, %v", line, err)
+		}
+		return tcpBytesSent(t, c) - sent
+	}
+	if got := echoed(); got != 0 {
+		t.Errorf("adopted: TCP sent %d bytes, want 0", got)
+	}
+	d2.Close()
+
+	off := tp.cfg
+	off.Accelerate = false
+	d3, err := Open(off, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d3.Close()
+	if id := pinnedAccelLink(t, off); id != 0 {
+		t.Errorf("%s link %d still pinned after Open without Accelerate", accelLink, id)
+	}
+	if got := echoed(); got != 5 {
+		t.Errorf("acceleration off: TCP sent %d bytes, want 5", got)
+	}
+}
+
+// pinnedAccelLink is the ID of the pinned sk_msg link, 0 when none is pinned.
+func pinnedAccelLink(t *testing.T, cfg Config) link.ID {
+	t.Helper()
+	l, err := link.LoadPinnedLink(filepath.Join(cfg.pinDir(), "links", accelLink), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	info, err := l.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.ID
+}
