@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -212,6 +213,9 @@ func TestAccelPushesBack(t *testing.T) {
 	_, listen := openAccel(t, tp)
 	gate := make(chan struct{})
 	startEchoProxy(t, tp, listen, gate)
+	// Runs before the proxy's cleanup, which waits for its handlers.
+	release := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(release)
 	c, r := dialGreeted(t, tp)
 
 	want := pattern(256 << 20)
@@ -224,7 +228,7 @@ func TestAccelPushesBack(t *testing.T) {
 		t.Errorf("wrote %d MiB before blocking; want the budget and TCP's buffers (< 32 MiB)", n>>20)
 	}
 	// Nothing written is lost or reordered once the proxy reads.
-	close(gate)
+	release()
 	c.SetDeadline(time.Now().Add(ioTimeout))
 	c.CloseWrite()
 	got, err := io.ReadAll(r)
