@@ -17,8 +17,11 @@ const accelLink = "sk_msg"
 
 // setupAccel attaches the sk_msg program to sm_accel when Config.Accelerate
 // is set (adopting a pinned link, as for the cgroup hooks), and detaches a
-// pinned one when it is not. Sockets already accelerated then send over TCP,
-// which is safe: their peers read what was handed over first.
+// pinned one when it is not. Either way only sockets that join sm_accel
+// afterwards see the change: the kernel binds a socket's sk_msg program when
+// it joins and keeps it, with the maps it uses, until the socket leaves.
+// That is also why Uninstall loses no byte handed to a peer that has not read
+// it yet (TestAccelUninstall); deleting a socket from sm_accel would.
 func (d *Datapath) setupAccel() error {
 	path := filepath.Join(d.cfg.pinDir(), "links", accelLink)
 	if _, err := os.Stat(path); err == nil {

@@ -274,6 +274,16 @@ func TestAccelSwitch(t *testing.T) {
 	if got := echoed(); got != 0 {
 		t.Errorf("adopted: TCP sent %d bytes, want 0", got)
 	}
+	// A connection accelerated before the switch keeps working after it.
+	open, openR := dialGreeted(t, tp)
+	exchange := func(msg string) {
+		t.Helper()
+		io.WriteString(open, msg)
+		if line, err := openR.ReadString('\n'); err != nil || line != msg {
+			t.Fatalf("echo on the open connection %q, %v; want %q", line, err, msg)
+		}
+	}
+	exchange("before\n")
 	d2.Close()
 
 	off := tp.cfg
@@ -289,6 +299,7 @@ func TestAccelSwitch(t *testing.T) {
 	if got := echoed(); got != 5 {
 		t.Errorf("acceleration off: TCP sent %d bytes, want 5", got)
 	}
+	exchange("after\n")
 }
 
 // pinnedAccelLink is the ID of the pinned sk_msg link, 0 when none is pinned.
@@ -307,4 +318,48 @@ func pinnedAccelLink(t *testing.T, cfg Config) link.ID {
 		t.Fatal(err)
 	}
 	return info.ID
+}
+
+// TestAccelUninstall: removing the datapath while a connection is
+// accelerated loses none of the bytes handed to a peer that has not read
+// them yet, and the connection keeps working. A socket's sk_msg program is
+// bound when it joins the sockhash, and the kernel keeps it (and the maps
+// it uses) until the socket leaves, so uninstalling only stops new
+// connections from joining.
+func TestAccelUninstall(t *testing.T) {
+	tp := newTopology(t)
+	d, listen := openAccel(t, tp)
+	gate := make(chan struct{})
+	startEchoProxy(t, tp, listen, gate)
+	release := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(release)
+	c, r := dialGreeted(t, tp)
+
+	first := pattern(100 << 10) // under the budget: all of it is handed over
+	if _, err := c.Write(first); err != nil {
+		t.Fatal(err)
+	}
+	if sent := tcpBytesSent(t, c); sent != 0 {
+		t.Fatalf("the app's TCP stack sent %d bytes; want 0 (handed to the proxy's socket, unread)", sent)
+	}
+	if err := d.Uninstall(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(tp.cfg.pinDir()); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("pin directory after Uninstall: %v; want it gone", err)
+	}
+
+	release()
+	second := []byte("after uninstall\n")
+	if _, err := c.Write(second); err != nil {
+		t.Fatal(err)
+	}
+	c.CloseWrite()
+	got, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := append(first, second...); !bytes.Equal(got, want) {
+		t.Fatalf("echoed %d bytes, want the %d written, in order", len(got), len(want))
+	}
 }

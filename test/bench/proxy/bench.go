@@ -168,6 +168,7 @@ func runBench(c benchConfig) error {
 		{name: "keep-alive 64 KiB", path: "/bytes/65536"},
 		{name: "conn-per-request 100 B", path: "/bytes/100", cpr: true},
 		{name: "h2c client 100 B", path: "/bytes/100", h2: true},
+		{name: "h2c client 64 KiB", path: "/bytes/65536", h2: true},
 	}
 	gogc, maxprocs := c.gogc, c.gomaxprocs
 	if gogc == "" {

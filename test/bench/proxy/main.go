@@ -32,17 +32,25 @@
 // Measured on the 2-core machine of ../shared/BENCH.md with nothing else
 // running, -rounds 11 -duration 4s -paths pooled, with the agent's GC heap
 // floor (internal/gcfloor); medians of per-round ratios to nginx (min–max),
-// and the median share of the machine left idle with sockmesh / with nginx:
+// and the median share of the machine left idle with sockmesh / with nginx
+// (the fifth session of 2026-11-22):
 //
 //	scenario                 req/s             p99               proxy CPU/req   all CPU/req   idle
-//	keep-alive 100 B         1.00 (0.88–1.23)  1.00 (0.74–1.13)  0.95            0.96          11 % / 8 %
-//	keep-alive 64 KiB        1.10 (0.96–1.23)  0.93 (0.84–1.02)  0.86            0.91          9 % / 8 %
-//	conn-per-request 100 B   0.95 (0.86–1.16)  0.92 (0.62–1.16)  1.10            1.00          19 % / 14 %
-//	h2c client 100 B (L4)    0.92 (0.75–0.99)  1.09 (0.92–1.59)  0.83            1.07          14 % / 11 %
+//	keep-alive 100 B         1.00 (0.90–1.11)  0.98 (0.76–1.07)  0.98            0.98          9 % / 6 %
+//	keep-alive 64 KiB        1.10 (0.91–1.21)  0.92 (0.80–1.16)  0.85            0.93          7 % / 7 %
+//	conn-per-request 100 B   0.91 (0.84–1.07)  0.91 (0.77–1.05)  1.19            1.05          18 % / 14 %
+//	h2c client 100 B (L4)    0.84 (0.71–0.96)  1.15 (0.93–1.54)  0.88            1.14          14 % / 10 %
+//	h2c client 64 KiB (L4)   0.79 (0.64–0.96)  1.02 (0.90–1.27)  1.14            1.28          8 % / 8 %
+//
+// h2c clients lose on the backend's side, not the proxy's: sockmesh keeps
+// HTTP/2 end to end (the app's h2 relayed over TLS), where nginx can only
+// send HTTP/1.1 upstream, and the Go backend spends 60 µs per 100 B h2
+// request against 41 µs per HTTP/1.1 one (223 against 162 µs for 64 KiB),
+// while the proxies spent 40 and 48 µs.
 //
 // With -accelerate (the agent's --accelerate: sk_msg hands the app's and
-// the proxy's bytes to each other's socket, skipping loopback TCP), the same
-// day, -rounds 11 -duration 4s -paths pooled -accelerate:
+// the proxy's bytes to each other's socket, skipping loopback TCP), the
+// fourth session's run, -rounds 11 -duration 4s -paths pooled -accelerate:
 //
 //	scenario                 req/s             p99               proxy CPU/req   all CPU/req   idle
 //	keep-alive 100 B         1.20 (0.98–1.31)  0.90 (0.69–1.01)  0.81            0.82          11 % / 9 %
@@ -51,15 +59,24 @@
 //	h2c client 100 B (L4)    1.06 (0.89–1.15)  1.00 (0.90–1.17)  0.69            0.93          13 % / 10 %
 //
 // (each connection's two sockets join a sockhash, which a connection per
-// request pays for). Runs vary by about ±0.1. Without the floor the same morning: 11 rounds
-// req/s 0.98, 1.07, 0.89, 0.94, p99 1.15, 0.94, 0.98, 0.99, proxy CPU/req
-// 0.99, 0.85, 1.22, 0.83; 21 rounds (100 B only) req/s 1.00, 0.91, 0.90,
-// p99 1.08, 1.00, 1.07. The floor A/B in one run (15 rounds, keep-alive
-// 100 B, -paths pooled,pooled@SOCKMESH_GC_HEAP_FLOOR=0): req/s 1.07 / 1.05,
-// p99 0.90 / 1.11, proxy CPU/req 0.91 / 0.95; GOGC=400 instead pointed the
-// same way twice (p99 0.90 / 0.99, 1.00 / 1.07). Two proxy processes with
-// GOMAXPROCS=1 on one SO_REUSEPORT port (nginx's worker model) measured no
-// gain (req/s 1.00 against 1.04, idle 10 % against 12 %).
+// request pays for), and the fifth session's, -only "h2c client"
+// -accelerate: 100 B req/s 1.02 (0.89–1.11), p99 1.05, proxy CPU/req 0.71;
+// 64 KiB 0.94 (0.80–1.12), 0.95, 0.81. Runs vary by about ±0.1.
+//
+// Tried and measured without gain (A/B in one run): the proxy with
+// GOMAXPROCS=1 (7 rounds, keep-alive 100 B: req/s 0.87 against 1.00);
+// coalescing the TLS records that had already arrived into one write to
+// the app in the L4 relay (7 rounds, h2c 64 KiB: 0.79 against 0.78, proxy
+// CPU/req 1.09 against 1.16). Without the GC floor (fourth session): 11
+// rounds req/s 0.98, 1.07, 0.89, 0.94, p99 1.15, 0.94, 0.98, 0.99, proxy
+// CPU/req 0.99, 0.85, 1.22, 0.83; 21 rounds (100 B only) req/s 1.00,
+// 0.91, 0.90, p99 1.08, 1.00, 1.07. The floor A/B in one run (15 rounds,
+// keep-alive 100 B, -paths pooled,pooled@SOCKMESH_GC_HEAP_FLOOR=0): req/s
+// 1.07 / 1.05, p99 0.90 / 1.11, proxy CPU/req 0.91 / 0.95; GOGC=400
+// instead pointed the same way twice (p99 0.90 / 0.99, 1.00 / 1.07). Two
+// proxy processes with GOMAXPROCS=1 on one SO_REUSEPORT port (nginx's
+// worker model) measured no gain (req/s 1.00 against 1.04, idle 10 %
+// against 12 %).
 //
 // Until 2026-11-22 the bench captured with an iptables REDIRECT instead of
 // the datapath (the numbers below). That charged sockmesh a NAT on every
