@@ -27,6 +27,7 @@
 #include <linux/in6.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
 
 #include "sockmesh.h"
 
@@ -631,6 +632,37 @@ int sm_sockops(struct bpf_sock_ops *skops)
  * keeps TCP), and it turns to TCP for good once SM_ACCEL_BUDGET bytes went
  * unanswered or the peer left (the peer's close then resets it as TCP would).
  */
+/*
+ * The kernel's struct sock and struct sk_psock, only the fields read here;
+ * CO-RE finds their offsets in the running kernel's BTF.
+ */
+struct sock___sm {
+	void *sk_user_data;
+} __attribute__((preserve_access_index));
+struct sk_psock___sm {
+	__u32 msg_tot_len; /* bytes in the ingress queue, not yet read */
+} __attribute__((preserve_access_index));
+
+/* The low bits of sk_user_data are flags (SK_USER_DATA_PTRMASK). */
+#define SM_SK_USER_DATA_FLAGS 7UL
+
+/*
+ * sm_accel_unread is how many bytes the peer handed to sk that sk's owner
+ * has not read yet: its psock's ingress queue (what FIONREAD reports, since
+ * Linux 6.8).
+ */
+static __always_inline __u32 sm_accel_unread(struct bpf_sock *sk)
+{
+	struct sock___sm *s = (void *)bpf_skc_to_tcp_sock(sk);
+	if (!s)
+		return 0;
+	unsigned long data = (unsigned long)BPF_CORE_READ(s, sk_user_data);
+	struct sk_psock___sm *psock = (void *)(data & ~SM_SK_USER_DATA_FLAGS);
+	if (!psock)
+		return 0;
+	return BPF_CORE_READ(psock, msg_tot_len);
+}
+
 SEC("sk_msg")
 int sm_msg(struct sk_msg_md *msg)
 {
@@ -651,7 +683,10 @@ int sm_msg(struct sk_msg_md *msg)
 	__u32 peer = a->peer.side == SM_SIDE_APP ? 0 : 1;
 	__u32 self = 1 - peer;
 	__u32 size = msg->size;
-	if (c->unanswered[self] + size > SM_ACCEL_BUDGET) {
+	/* The peer is not reading (a stream, an upload), or this socket's own
+	 * app is not (it pipelines requests and leaves the answers): TCP from
+	 * now on, whose windows push back. */
+	if (c->unanswered[self] + size > SM_ACCEL_BUDGET || sm_accel_unread(sk) > SM_ACCEL_BUDGET) {
 		a->state = SM_ACCEL_PLAIN;
 		sm_accel_count(over_budget);
 		return SK_PASS;

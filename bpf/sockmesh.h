@@ -151,7 +151,7 @@ struct sm_accel_counts {
 	__u64 joined;	    /* entered sm_accel */
 	__u64 redirected;   /* its first message went to the peer directly */
 	__u64 peer_missing; /* its first message found no peer: plain TCP */
-	__u64 over_budget;  /* turned to TCP after SM_ACCEL_BUDGET unanswered bytes */
+	__u64 over_budget;  /* turned to TCP: SM_ACCEL_BUDGET unanswered or unread */
 	__u64 peer_gone;    /* turned to TCP because the peer left */
 };
 

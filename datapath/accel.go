@@ -72,7 +72,8 @@ type AccelCounts struct {
 	// joined; they use TCP throughout.
 	PeerMissing uint64 `json:"peerMissing"`
 	// OverBudget: sockets that turned to TCP after sending 256 KiB their
-	// peer had not answered (a stream or upload), so TCP pushes back.
+	// peer had not answered (a stream or upload), or with 256 KiB handed to
+	// them unread (an app pipelining without reading), so TCP pushes back.
 	OverBudget uint64 `json:"overBudget"`
 	// PeerGone: sockets that turned to TCP because their peer had closed.
 	PeerGone uint64 `json:"peerGone"`

@@ -113,6 +113,25 @@ func tcpBytesSent(t *testing.T, c *net.TCPConn) uint64 {
 	return info.Bytes_sent
 }
 
+// unread is what the socket has received that its owner has not read
+// (FIONREAD): with acceleration, what the peer handed over.
+func unread(t *testing.T, c *net.TCPConn) int {
+	t.Helper()
+	raw, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	var ierr error
+	if err := raw.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }); err != nil {
+		t.Fatal(err)
+	}
+	if ierr != nil {
+		t.Fatal(ierr)
+	}
+	return n
+}
+
 // pattern is n bytes that differ at every offset a reordering could hit.
 func pattern(n int) []byte {
 	b := make([]byte, 0, n+16)
@@ -229,6 +248,54 @@ func TestAccelPushesBack(t *testing.T) {
 	}
 	// Nothing written is lost or reordered once the proxy reads.
 	release()
+	c.SetDeadline(time.Now().Add(ioTimeout))
+	c.CloseWrite()
+	got, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want[:n]) {
+		t.Fatalf("echoed %d bytes, want the %d written, in order", len(got), n)
+	}
+}
+
+// TestAccelPipeliningBound: an app that keeps writing requests without
+// reading the answers must be stopped too. Every request answers the
+// proxy's last answer, so neither side's unanswered budget runs out; what
+// grows is the app's own receive queue (without the unread rule, 101 MiB
+// in 2 s here), so a socket whose queue holds more than the budget unread
+// turns to TCP.
+func TestAccelPipeliningBound(t *testing.T) {
+	tp := newTopology(t)
+	_, listen := openAccel(t, tp)
+	startEchoProxy(t, tp, listen, nil)
+	c, r := dialGreeted(t, tp)
+
+	// Requests of 16 KiB, each under the budget, as a pipelining client
+	// writes them.
+	want := pattern(256 << 20)
+	c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+	n := 0
+	for n < len(want) {
+		m, err := c.Write(want[n : n+16<<10])
+		n += m
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The proxy answers before the next request.
+		for wait := time.Now().Add(20 * time.Millisecond); unread(t, c) < n && time.Now().Before(wait); {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+	if n == len(want) {
+		t.Fatalf("wrote all 256 MiB to an echo without reading the echo; want the writes to block")
+	}
+	if n > 32<<20 {
+		t.Errorf("wrote %d MiB before blocking; want the budget and TCP's buffers (< 32 MiB)", n>>20)
+	}
 	c.SetDeadline(time.Now().Add(ioTimeout))
 	c.CloseWrite()
 	got, err := io.ReadAll(r)

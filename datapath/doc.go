@@ -41,7 +41,8 @@
 // io.Copy between TCP connections does, and hangs), and that queue has no
 // window: see sm_msg in ../bpf/sockmesh.c for how a socket falls back to
 // TCP (its first message came before its peer joined, 256 KiB went
-// unanswered, the peer left) without reordering bytes.
+// unanswered or lie unread in its own queue, the peer left) without
+// reordering bytes.
 //
 // This package must not import Kubernetes code or decide which pods to
 // enrol; it takes netns cookies and Snapshot frontends. It must not open

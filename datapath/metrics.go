@@ -23,7 +23,7 @@ func newCollector(d *Datapath) *collector {
 		accel: prometheus.NewDesc("sockmesh_datapath_accel_sockets_total",
 			"Sockets of redirected connections under acceleration (--accelerate), by event: joined the map, "+
 				"redirected (bytes go to the peer directly), peer_missing (first message before the peer joined: TCP), "+
-				"over_budget (256 KiB unanswered: TCP from then on), peer_gone (the peer closed: TCP).",
+				"over_budget (256 KiB unanswered or unread: TCP from then on), peer_gone (the peer closed: TCP).",
 			[]string{"event"}, nil),
 	}
 }

@@ -87,7 +87,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&o.healthListen, "health-listen", ":15021", "address serving /healthz and /readyz (empty: off)")
 	fs.StringVar(&o.metricsListen, "metrics-listen", ":15090", "address serving Prometheus /metrics (empty: off; may equal --health-listen)")
 	fs.StringVar(&o.bpffs, "bpffs", "/sys/fs/bpf", "BPF filesystem holding the pinned programs, links and maps (mounted when absent)")
-	fs.BoolVar(&o.accelerate, "accelerate", false, "hand bytes between apps and the proxy with sockhash/sk_msg instead of loopback TCP (Linux 6.10; a socket turns back to TCP after 256 KiB its peer has not answered, but a client pipelining requests without reading answers can queue more)")
+	fs.BoolVar(&o.accelerate, "accelerate", false, "hand bytes between apps and the proxy with sockhash/sk_msg instead of loopback TCP (Linux 6.10; a socket turns back to TCP, which pushes back, once 256 KiB went unanswered or lie unread)")
 	fs.StringVar(&o.cgroup, "cgroup", "", "cgroup v2 directory the programs attach to (empty: the root of the cgroup v2 hierarchy)")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect one agent (a Lease) to write status and generated Services (kubernetes source)")
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", getenv(envPodNamespace), "namespace of the leader Lease (default $"+envPodNamespace+")")
