@@ -25,6 +25,10 @@ import (
 // accelBudget is SM_ACCEL_BUDGET in bpf/sockmesh.h.
 const accelBudget = 256 << 10
 
+// maxQueued bounds what an app may write to a connection that pushes back
+// before its writes block: the budget and TCP's buffers.
+const maxQueued = 32 << 20
+
 // openAccel loads the datapath with acceleration, captures vip4 for the pod
 // and sends it to an in-pod proxy on 127.0.0.1:proxyPort, as the bench and
 // in-pod mode do.
@@ -111,6 +115,21 @@ func tcpBytesSent(t *testing.T, c *net.TCPConn) uint64 {
 		t.Fatal(serr)
 	}
 	return info.Bytes_sent
+}
+
+// wantEchoed half-closes the app's side and checks that the proxy echoed
+// want, every byte in order.
+func wantEchoed(t *testing.T, c *net.TCPConn, r *bufio.Reader, want []byte) {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(ioTimeout))
+	c.CloseWrite()
+	got, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("echoed %d bytes, want the %d written, in order", len(got), len(want))
+	}
 }
 
 // unread is what the socket has received that its owner has not read
@@ -243,20 +262,12 @@ func TestAccelPushesBack(t *testing.T) {
 	if !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("writing 256 MiB to a proxy that does not read: %d bytes, %v; want a timeout", n, err)
 	}
-	if n > 32<<20 {
-		t.Errorf("wrote %d MiB before blocking; want the budget and TCP's buffers (< 32 MiB)", n>>20)
+	if n > maxQueued {
+		t.Errorf("wrote %d MiB before blocking; want the budget and TCP's buffers (< %d MiB)", n>>20, maxQueued>>20)
 	}
 	// Nothing written is lost or reordered once the proxy reads.
 	release()
-	c.SetDeadline(time.Now().Add(ioTimeout))
-	c.CloseWrite()
-	got, err := io.ReadAll(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want[:n]) {
-		t.Fatalf("echoed %d bytes, want the %d written, in order", len(got), n)
-	}
+	wantEchoed(t, c, r, want[:n])
 }
 
 // TestAccelPipeliningBound: an app that keeps writing requests without
@@ -293,18 +304,10 @@ func TestAccelPipeliningBound(t *testing.T) {
 	if n == len(want) {
 		t.Fatalf("wrote all 256 MiB to an echo without reading the echo; want the writes to block")
 	}
-	if n > 32<<20 {
-		t.Errorf("wrote %d MiB before blocking; want the budget and TCP's buffers (< 32 MiB)", n>>20)
+	if n > maxQueued {
+		t.Errorf("wrote %d MiB before blocking; want the budget and TCP's buffers (< %d MiB)", n>>20, maxQueued>>20)
 	}
-	c.SetDeadline(time.Now().Add(ioTimeout))
-	c.CloseWrite()
-	got, err := io.ReadAll(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(got, want[:n]) {
-		t.Fatalf("echoed %d bytes, want the %d written, in order", len(got), n)
-	}
+	wantEchoed(t, c, r, want[:n])
 }
 
 // TestAccelSwitch: the sk_msg link is pinned and adopted like the cgroup
@@ -421,12 +424,5 @@ func TestAccelUninstall(t *testing.T) {
 	if _, err := c.Write(second); err != nil {
 		t.Fatal(err)
 	}
-	c.CloseWrite()
-	got, err := io.ReadAll(r)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := append(first, second...); !bytes.Equal(got, want) {
-		t.Fatalf("echoed %d bytes, want the %d written, in order", len(got), len(want))
-	}
+	wantEchoed(t, c, r, append(first, second...))
 }
