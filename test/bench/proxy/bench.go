@@ -34,6 +34,9 @@ type benchConfig struct {
 	command    string
 	// accelerate turns on the datapath's sk_msg acceleration (--accelerate).
 	accelerate bool
+	// versus is the proxy target c runs: nginx, or haproxy, which unlike
+	// nginx can keep HTTP/2 to the backend.
+	versus string
 	// backendPID is the backend's process, whose CPU each run reports.
 	backendPID int
 	capture    *capture
@@ -58,6 +61,43 @@ type scenario struct {
 	h2   bool   // h2load (h2c to the proxies, h2 over TLS direct) instead of wrk
 	path string // request path
 	cpr  bool   // one connection per request
+}
+
+// versusName is the name of target c, the proxy sockmesh is measured
+// against.
+func (c benchConfig) versusName() string { return "c " + c.versus }
+
+// startVersus configures and starts the proxy of target c in dir: Debian's
+// nginx or HAProxy, configured fairly (../shared/BENCH.md), each with a
+// listener for HTTP/1.1 clients and one for h2c clients. nginx can only
+// speak HTTP/1.1 to the backend; HAProxy speaks h2 there to h2c clients'
+// requests (alpn h2, one backend connection multiplexing many clients).
+func startVersus(versus, dir string, start func(*exec.Cmd) (*exec.Cmd, error)) (target, error) {
+	var cmd *exec.Cmd
+	switch versus {
+	case "nginx":
+		if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), fmt.Appendf(nil, nginxConf, dir, backendAddr, versusH1, versusH2C, sni), 0o600); err != nil {
+			return target{}, err
+		}
+		cmd = exec.Command("/usr/sbin/nginx", "-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-g", "daemon off;")
+	case "haproxy":
+		if err := os.WriteFile(filepath.Join(dir, "haproxy.cfg"), fmt.Appendf(nil, haproxyConf, dir, backendAddr, versusH1, versusH2C, sni), 0o600); err != nil {
+			return target{}, err
+		}
+		cmd = exec.Command("/usr/sbin/haproxy", "-db", "-f", filepath.Join(dir, "haproxy.cfg"))
+	default:
+		return target{}, fmt.Errorf("-versus %q: want nginx or haproxy", versus)
+	}
+	p, err := start(cmd)
+	if err != nil {
+		return target{}, err
+	}
+	return target{name: "c " + versus, pid: p.Process.Pid, url: func(s scenario) string {
+		if s.h2 {
+			return "http://" + versusH2C + s.path
+		}
+		return "http://" + versusH1 + s.path
+	}}, nil
 }
 
 // target is one way to reach the backend.
@@ -149,19 +189,11 @@ func runBench(c benchConfig) error {
 		targets = append(targets, target{name: "b sockmesh " + strings.ReplaceAll(spec, "@", " "), pid: p.Process.Pid, proxy: listen,
 			url: func(s scenario) string { return "http://" + svc.String() + s.path }})
 	}
-	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), fmt.Appendf(nil, nginxConf, dir, backendAddr, nginxH1, nginxH2C, sni), 0o600); err != nil {
-		return err
-	}
-	nginx, err := start(exec.Command("/usr/sbin/nginx", "-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-g", "daemon off;"))
+	versus, err := startVersus(c.versus, dir, start)
 	if err != nil {
 		return err
 	}
-	targets = append(targets, target{name: "c nginx", pid: nginx.Process.Pid, url: func(s scenario) string {
-		if s.h2 {
-			return "http://" + nginxH2C + s.path
-		}
-		return "http://" + nginxH1 + s.path
-	}})
+	targets = append(targets, versus)
 	time.Sleep(time.Second) // let the servers bind
 	scenarios := []scenario{
 		{name: "keep-alive 100 B", path: "/bytes/100"},
@@ -336,13 +368,16 @@ func load(s scenario, t target, c benchConfig) (result, error) {
 			}
 		}
 	}
-	if requests > 0 {
-		if t.pid != 0 {
-			r.cpuPerReq = (cpuSeconds(t.pid) - cpu0) / requests
-		}
-		r.backendCPU = (cpuSeconds(c.backendPID) - backend0) / requests
-		r.loadCPU = loadSeconds / requests
+	if requests == 0 {
+		// A target that answered nothing (a proxy that did not start) is a
+		// failed run, not a slow one.
+		return r, fmt.Errorf("%s: no request succeeded", t.name)
 	}
+	if t.pid != 0 {
+		r.cpuPerReq = (cpuSeconds(t.pid) - cpu0) / requests
+	}
+	r.backendCPU = (cpuSeconds(c.backendPID) - backend0) / requests
+	r.loadCPU = loadSeconds / requests
 	if idle1, total1 := cpuIdle(); total1 > total0 {
 		r.idle = (idle1 - idle0) / (total1 - total0)
 	}

@@ -4,12 +4,13 @@
 // apps — pooled (the HTTP/1 fast path, the default), l4 (TLS wrapping of the
 // app's bytes), l7 (net/http's server and Transport) — and (c) Debian's
 // nginx configured fairly (proxy_pass https, verify on, upstream keepalive,
-// session reuse). Same backend, same load generators (wrk for HTTP/1.1,
+// session reuse), or with -versus haproxy Debian's HAProxy, which unlike
+// nginx keeps HTTP/2 to the backend for h2c clients (alpn h2). Same backend, same load generators (wrk for HTTP/1.1,
 // h2load for h2c), interleaved rounds; for each scenario it prints
 // requests/s, p50/p99 latency, CPU per request (proxy, backend, load
 // generator) and the share of the machine's CPU left idle, and the medians
 // of the per-round ratios to a and to c with their min–max, then a summary
-// of the default path against nginx.
+// of the default path against c.
 //
 // Traffic reaches each proxy as it does from a pod: every process runs in
 // a throwaway network namespace, the enrolled pod; the load generator
@@ -18,8 +19,8 @@
 // connection to the proxy on the namespace's loopback (in-pod mode) and
 // answer its SO_ORIGINAL_DST. Every proxy runs throughout behind its own
 // Service address; the pod's enrolment points at the proxy being
-// measured. nginx is reached at its own address, as an app configured to
-// use it would.
+// measured. nginx (or HAProxy) is reached at its own address, as an app
+// configured to use it would.
 //
 // Like with like: the backend offers TLS 1.3 with X25519 only, and the
 // proxy's policy asks for X25519 only (-curves default lets Go offer
@@ -27,7 +28,7 @@
 //
 // Run as root:
 //
-//	go run ./test/bench/proxy [-rounds 5] [-duration 5s] [-paths pooled,l4,l7] [-only keep-alive] [-gogc 100] [-accelerate] [-cpuprofile DIR]
+//	go run ./test/bench/proxy [-rounds 5] [-duration 5s] [-paths pooled,l4,l7] [-only keep-alive] [-gogc 100] [-accelerate] [-versus nginx|haproxy] [-cpuprofile DIR]
 //
 // Measured on the 2-core machine of ../shared/BENCH.md with nothing else
 // running, -rounds 11 -duration 4s -paths pooled, with the agent's GC heap
@@ -46,7 +47,12 @@
 // HTTP/2 end to end (the app's h2 relayed over TLS), where nginx can only
 // send HTTP/1.1 upstream, and the Go backend spends 60 µs per 100 B h2
 // request against 41 µs per HTTP/1.1 one (223 against 162 µs for 64 KiB),
-// while the proxies spent 40 and 48 µs.
+// while the proxies spent 40 and 48 µs. Against HAProxy, which keeps h2 to
+// the backend too (-versus haproxy, the same day; its one backend
+// connection multiplexes the clients' streams): h2c 100 B req/s 0.94
+// (0.78–1.08), p99 1.09 in 11 rounds and 0.86, 1.21 in 7; h2c 64 KiB 1.42
+// (1.25–1.61), p99 0.83, proxy CPU/req 0.56 (11 rounds); keep-alive 100 B
+// 1.02, 0.97 and a connection per request 0.94, 0.98 (7 rounds).
 //
 // With -accelerate (the agent's --accelerate: sk_msg hands the app's and
 // the proxy's bytes to each other's socket, skipping loopback TCP), the
@@ -181,6 +187,7 @@ func main() {
 	procs := flag.String("gomaxprocs", "", "GOMAXPROCS for the proxies (empty: Go's default, the CPUs)")
 	curves := flag.String("curves", "x25519", "key exchanges the proxy offers: x25519 | default")
 	accelerate := flag.Bool("accelerate", false, "accelerate the app-to-proxy leg with sk_msg, as the agent's --accelerate does")
+	versus := flag.String("versus", "nginx", "the proxy sockmesh is compared with (target c): nginx | haproxy (keeps h2 to the backend for h2c clients)")
 	profile := flag.String("cpuprofile", "", "write each proxy's CPU profile over the whole run to this directory (<n>-<speed>.pprof)")
 	flag.Parse()
 	var err error
@@ -195,7 +202,7 @@ func main() {
 			break
 		}
 		err = runBench(benchConfig{rounds: *rounds, duration: *duration, conns: *conns, only: *only,
-			paths: strings.Split(*paths, ","), gogc: *gogc, gomaxprocs: *procs, curves: *curves, profile: *profile, accelerate: *accelerate, command: commandLine()})
+			paths: strings.Split(*paths, ","), gogc: *gogc, gomaxprocs: *procs, curves: *curves, profile: *profile, accelerate: *accelerate, versus: *versus, command: commandLine()})
 	default:
 		err = fmt.Errorf("unknown role %q", *role)
 	}

@@ -29,12 +29,12 @@ var (
 )
 
 // report prints one scenario as a Markdown table: medians per target, then
-// each target's per-round ratios to a (direct) and to c (nginx).
+// each target's per-round ratios to a (direct) and to c (nginx or HAProxy).
 func report(s scenario, c benchConfig, targets []target, res map[string][]result) {
 	fmt.Printf("\n## %s\n\n`%s <url>`\n\n", s.name, strings.Join(loadCommand(s, c), " "))
 	fmt.Println("| target | req/s | p50 | p99 | CPU µs/req proxy / backend / load gen. | idle | req/s ÷a | p50 ÷a | p99 ÷a | req/s ÷c | p50 ÷c | p99 ÷c | CPU/req ÷c |")
 	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-	a, n := res["a direct TLS"], res["c nginx"]
+	a, n := res["a direct TLS"], res[c.versusName()]
 	backend := metric{"backend", func(r result) float64 { return r.backendCPU }}
 	loadgen := metric{"load", func(r result) float64 { return r.loadCPU }}
 	for _, t := range targets {
@@ -51,10 +51,11 @@ func report(s scenario, c benchConfig, targets []target, res map[string][]result
 	}
 }
 
-// reportSummary prints each sockmesh speed against nginx, scenario by
-// scenario: the issue's targets are req/s ≥ 1.0 and p99 ≤ 1.0.
+// reportSummary prints each sockmesh speed against target c, scenario by
+// scenario: the issue's targets against nginx are req/s ≥ 1.0 and p99 ≤ 1.0.
 func reportSummary(c benchConfig, targets []target, all []scenarioResult) {
-	fmt.Printf("\n## Summary: sockmesh ÷ nginx (target: req/s ≥ 1.0, p99 ≤ 1.0)\n\n")
+	fmt.Printf("\n## Summary: sockmesh ÷ %s (target: req/s ≥ 1.0, p99 ≤ 1.0)\n\n", c.versus)
+	vs := c.versusName()
 	fmt.Println("| scenario | speed | req/s | p50 | p99 | proxy CPU/req | all CPU/req | idle b / c |")
 	fmt.Println("|---|---|---|---|---|---|---|---|")
 	for _, sr := range all {
@@ -64,9 +65,9 @@ func reportSummary(c benchConfig, targets []target, all []scenarioResult) {
 			}
 			fmt.Printf("| %s | %s |", sr.s.name, strings.TrimPrefix(t.name, "b sockmesh "))
 			for _, m := range []metric{rps, p50, p99, cpu, allCPU} {
-				fmt.Printf(" %s |", ratio(sr.res[t.name], sr.res["c nginx"], m))
+				fmt.Printf(" %s |", ratio(sr.res[t.name], sr.res[vs], m))
 			}
-			fmt.Printf(" %.0f %% / %.0f %% |\n", 100*median(sr.res[t.name], idle), 100*median(sr.res["c nginx"], idle))
+			fmt.Printf(" %.0f %% / %.0f %% |\n", 100*median(sr.res[t.name], idle), 100*median(sr.res[vs], idle))
 		}
 	}
 }

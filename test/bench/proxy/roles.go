@@ -25,8 +25,8 @@ import (
 
 const (
 	backendAddr = "127.0.0.1:8443"
-	nginxH1     = "127.0.0.1:8081"
-	nginxH2C    = "127.0.0.1:8082"
+	versusH1    = "127.0.0.1:8081" // target c's listener for HTTP/1.1 clients
+	versusH2C   = "127.0.0.1:8082" // and for h2c clients
 	sni         = "echo.test"
 )
 
@@ -147,6 +147,30 @@ func ignoreClosed(err error) error {
 	}
 	return fmt.Errorf("serve: %w", err)
 }
+
+// haproxyConf is HAProxy (Debian's 2.6) set up as ../shared/BENCH.md says,
+// with an h2c listener whose requests go to the backend over h2.
+const haproxyConf = `global
+  nbthread 2
+  maxconn 4096
+  pidfile %[1]s/haproxy.pid
+defaults
+  mode http
+  timeout connect 5s
+  timeout client 60s
+  timeout server 60s
+  http-reuse always
+frontend h1
+  bind %[3]s
+  default_backend be_h1
+frontend h2c
+  bind %[4]s proto h2
+  default_backend be_h2
+backend be_h1
+  server s1 %[2]s ssl verify required ca-file %[1]s/ca.crt sni str(%[5]s) verifyhost %[5]s alpn http/1.1
+backend be_h2
+  server s1 %[2]s ssl verify required ca-file %[1]s/ca.crt sni str(%[5]s) verifyhost %[5]s alpn h2
+`
 
 const nginxConf = `worker_processes 2;
 pid %[1]s/nginx.pid;
