@@ -54,7 +54,8 @@ e2e-cluster-clean:
 # Every benchmark, as root, each against its baseline in the same run:
 # datapath (direct / iptables REDIRECT / eBPF), proxy (vs nginx, apps
 # captured by the eBPF datapath; needs wrk, h2load and nginx: apt-get
-# install wrk nghttp2-client nginx-light), routing (1-1,000 rules vs
+# install wrk nghttp2-client nginx-light, and haproxy for its -versus
+# haproxy), routing (1-1,000 rules vs
 # none), agent (10,000 Services). Each prints ratios; its package doc has
 # the flags and the last numbers.
 bench:
