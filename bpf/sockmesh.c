@@ -19,7 +19,8 @@
  * from Go with prog.Run (BPF_PROG_TEST_RUN cannot run sock_addr, sockops or
  * sockopt programs). Kernel needs: bpf_link for cgroups 5.7,
  * bpf_get_netns_cookie in sock_addr 5.7 and in sockops 5.15, getpeername
- * hooks 5.8, bpf_sk_storage_get in sockops 5.10.
+ * hooks 5.8, bpf_sk_storage_get in sockops 5.10; with acceleration, the
+ * sk_msg link on a sockhash 6.10 (sk_psock.msg_tot_len came in 6.8).
  */
 #include <stdbool.h>
 #include <linux/bpf.h>
@@ -624,15 +625,6 @@ int sm_sockops(struct bpf_sock_ops *skops)
 }
 
 /*
- * sk_msg on sockets in sm_accel: put the bytes straight into the peer's
- * receive queue, skipping both TCP stacks. The peer reads that queue before
- * its TCP queue, so a socket may go from redirecting to plain TCP, never the
- * other way: its first message decides (if the peer was not in the map yet,
- * the app wrote before the proxy's side was established, and every byte
- * keeps TCP), and it turns to TCP for good once SM_ACCEL_BUDGET bytes went
- * unanswered or the peer left (the peer's close then resets it as TCP would).
- */
-/*
  * The kernel's struct sock and struct sk_psock, only the fields read here;
  * CO-RE finds their offsets in the running kernel's BTF.
  */
@@ -663,6 +655,16 @@ static __always_inline __u32 sm_accel_unread(struct bpf_sock *sk)
 	return BPF_CORE_READ(psock, msg_tot_len);
 }
 
+/*
+ * sk_msg on sockets in sm_accel: put the bytes straight into the peer's
+ * receive queue, skipping both TCP stacks. The peer reads that queue before
+ * its TCP queue, so a socket may go from redirecting to plain TCP, never the
+ * other way: its first message decides (if the peer was not in the map yet,
+ * the app wrote before the proxy's side was established, and every byte
+ * keeps TCP), and it turns to TCP for good once SM_ACCEL_BUDGET bytes went
+ * unanswered, or lie unread in its own queue, or the peer left (the peer's
+ * close then resets it as TCP would).
+ */
 SEC("sk_msg")
 int sm_msg(struct sk_msg_md *msg)
 {
