@@ -102,19 +102,28 @@ func dialGreeted(t *testing.T, tp *topology) (*net.TCPConn, *bufio.Reader) {
 // bytes never pass through it.
 func tcpBytesSent(t *testing.T, c *net.TCPConn) uint64 {
 	t.Helper()
+	var info *unix.TCPInfo
+	onSocket(t, c, func(fd int) (err error) {
+		info, err = unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
+		return err
+	})
+	return info.Bytes_sent
+}
+
+// onSocket runs f on c's descriptor and fails the test on any error.
+func onSocket(t *testing.T, c *net.TCPConn, f func(fd int) error) {
+	t.Helper()
 	raw, err := c.SyscallConn()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var info *unix.TCPInfo
-	var serr error
-	if err := raw.Control(func(fd uintptr) { info, serr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
+	var ferr error
+	if err := raw.Control(func(fd uintptr) { ferr = f(int(fd)) }); err != nil {
 		t.Fatal(err)
 	}
-	if serr != nil {
-		t.Fatal(serr)
+	if ferr != nil {
+		t.Fatal(ferr)
 	}
-	return info.Bytes_sent
 }
 
 // wantEchoed half-closes the app's side and checks that the proxy echoed
@@ -136,18 +145,11 @@ func wantEchoed(t *testing.T, c *net.TCPConn, r *bufio.Reader, want []byte) {
 // (FIONREAD): with acceleration, what the peer handed over.
 func unread(t *testing.T, c *net.TCPConn) int {
 	t.Helper()
-	raw, err := c.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
 	var n int
-	var ierr error
-	if err := raw.Control(func(fd uintptr) { n, ierr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }); err != nil {
-		t.Fatal(err)
-	}
-	if ierr != nil {
-		t.Fatal(ierr)
-	}
+	onSocket(t, c, func(fd int) (err error) {
+		n, err = unix.IoctlGetInt(fd, unix.SIOCINQ)
+		return err
+	})
 	return n
 }
 
