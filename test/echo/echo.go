@@ -28,7 +28,20 @@ type Config struct {
 	// TLS, when set, makes the server speak TLS (ALPN h2 and http/1.1); set
 	// ClientAuth in it to require client certificates.
 	TLS *tls.Config
+	// ALPN, with TLS, narrows what the server speaks: ALPNHTTP1 offers
+	// http/1.1 alone, ALPNNone negotiates no protocol at all (as servers
+	// older than ALPN do) and serves HTTP/1.1.
+	ALPN ALPN
 }
+
+// ALPN is what a TLS echo server negotiates.
+type ALPN int
+
+const (
+	ALPNDefault ALPN = iota // h2 and http/1.1
+	ALPNHTTP1               // http/1.1 only
+	ALPNNone                // no ALPN extension in the server's answer
+)
 
 // Report is what the server saw of one HTTP request.
 type Report struct {
@@ -90,7 +103,7 @@ func New(cfg Config) *Server {
 	}
 	s.http.Protocols.SetHTTP1(true)
 	if cfg.TLS != nil {
-		s.http.Protocols.SetHTTP2(true)
+		s.http.Protocols.SetHTTP2(cfg.ALPN == ALPNDefault)
 	} else {
 		s.http.Protocols.SetUnencryptedHTTP2(true)
 	}
@@ -111,7 +124,11 @@ func (s *Server) route(mux http.Handler) http.Handler {
 
 // Serve serves HTTP on l (TLS when Config.TLS is set) until Close.
 func (s *Server) Serve(l net.Listener) error {
-	if s.cfg.TLS != nil {
+	switch {
+	case s.cfg.TLS != nil && s.cfg.ALPN == ALPNNone:
+		// ServeTLS would add http/1.1 to NextProtos.
+		return s.http.Serve(tls.NewListener(l, s.cfg.TLS))
+	case s.cfg.TLS != nil:
 		return s.http.ServeTLS(l, "", "")
 	}
 	return s.http.Serve(l)

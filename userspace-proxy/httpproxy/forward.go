@@ -35,7 +35,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 		// server allows that only when asked.
 		http.NewResponseController(w).EnableFullDuplex()
 	}
-	resp, done, err := h.roundTrip(x, be.RoundTripper(wireFor(be, r, websocket)), out, c)
+	resp, done, err := h.roundTrip(x, be.RoundTripper(WireFor(be, r.ProtoMajor, websocket)), out, c)
 	if err != nil {
 		h.fail(w, r, x, upstream.Classify(err), err)
 		return

@@ -71,7 +71,7 @@ func (s *h1Conn) serve(req *http.Request) bool {
 			return s.fail(req, x, upstream.ReasonCanceled, err)
 		}
 	}
-	wire := wireFor(x.be, req, websocket)
+	wire := WireFor(x.be, req.ProtoMajor, websocket)
 	if wire == upstream.WireNegotiate {
 		// XBackend HTTP offers both; for HTTP/1.1 apps an HTTP/1.1 pool
 		// beat h2 upstreams on every proxy measured (../shared/BENCH.md).

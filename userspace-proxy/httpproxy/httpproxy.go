@@ -224,11 +224,14 @@ type exchange struct {
 	cd *connDeadline
 }
 
-// wireFor decides the HTTP version toward the backend: what its protocol
-// demands, else what the app speaks. WebSocket always goes over HTTP/1.1
+// WireFor decides the HTTP version toward the backend for a request of
+// HTTP major version protoMajor: what the backend's protocol demands, else
+// what the app speaks. WebSocket always goes over HTTP/1.1
 // (kubernetes.io/wss and XBackend WSS force http/1.1, and an Upgrade cannot
-// cross HTTP/2).
-func wireFor(be *upstream.Backend, r *http.Request, websocket bool) upstream.Wire {
+// cross HTTP/2). An HTTP/2 app's requests to a TLS backend that declared
+// no HTTP version offer both by ALPN: they stay HTTP/2 where the backend
+// speaks it and become HTTP/1.1 where it does not (or has no ALPN).
+func WireFor(be *upstream.Backend, protoMajor int, websocket bool) upstream.Wire {
 	if websocket {
 		return upstream.WireH1
 	}
@@ -242,7 +245,10 @@ func wireFor(be *upstream.Backend, r *http.Request, websocket bool) upstream.Wir
 			return upstream.WireNegotiate
 		}
 	}
-	if r.ProtoMajor == 2 {
+	switch {
+	case protoMajor == 2 && be.TLS():
+		return upstream.WireNegotiate
+	case protoMajor == 2:
 		return upstream.WireH2
 	}
 	return upstream.WireH1

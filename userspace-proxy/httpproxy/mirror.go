@@ -62,7 +62,7 @@ func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 		if x.r.kept {
 			m.Body, m.ContentLength = replayBody(x.r.body), int64(len(x.r.body))
 		}
-		rt := be.RoundTripper(wireFor(be, r, false))
+		rt := be.RoundTripper(WireFor(be, r.ProtoMajor, false))
 		go func() {
 			defer func() {
 				cancel()

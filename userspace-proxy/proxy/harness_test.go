@@ -93,11 +93,18 @@ type backend struct {
 // startEcho runs an echo server on 127.0.0.1:0; tlsCfg nil means cleartext.
 func startEcho(t testing.TB, pod string, tlsCfg *tls.Config) *backend {
 	t.Helper()
+	return startEchoWith(t, echo.Config{Pod: pod, TLS: tlsCfg})
+}
+
+// startEchoWith runs an echo server of namespace "b" configured by cfg.
+func startEchoWith(t testing.TB, cfg echo.Config) *backend {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := echo.New(echo.Config{Namespace: "b", Pod: pod, TLS: tlsCfg})
+	cfg.Namespace = "b"
+	s := echo.New(cfg)
 	go s.Serve(l)
 	t.Cleanup(func() { s.Close() })
 	return &backend{addr: l.Addr().(*net.TCPAddr).AddrPort(), srv: s}

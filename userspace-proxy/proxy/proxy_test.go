@@ -181,11 +181,15 @@ func TestUpstreamTLSValidation(t *testing.T) {
 
 // TestProtocols: each protocol row of the issue, through the proxy to a real
 // backend, checking what the backend saw.
+const noALPN = "(none)"
+
 func TestProtocols(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
 	tlsBE := startEcho(t, "tls-0", serverTLS(e.pki.server))
 	clearBE := startEcho(t, "clear-0", nil)
+	h1BE := startEchoWith(t, echo.Config{Pod: "h1-0", TLS: serverTLS(e.pki.server), ALPN: echo.ALPNHTTP1})
+	noALPNBE := startEchoWith(t, echo.Config{Pod: "noalpn-0", TLS: serverTLS(e.pki.server), ALPN: echo.ALPNNone})
 	pol := tlsPolicy(e)
 	vips := map[string]netip.AddrPort{}
 	var svcs []service
@@ -200,13 +204,15 @@ func TestProtocols(t *testing.T) {
 	add("auto-tls", snapshot.Backend{TLS: pol, Endpoints: endpoints(tlsBE.addr)})
 	add("h2c", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(clearBE.addr)})
 	add("auto-clear", snapshot.Backend{Endpoints: endpoints(clearBE.addr)})
+	add("auto-tls-h1", snapshot.Backend{TLS: pol, Endpoints: endpoints(h1BE.addr)})
+	add("auto-tls-noalpn", snapshot.Backend{TLS: pol, Endpoints: endpoints(noALPNBE.addr)})
 	e.p.Update(buildSnapshot(t, 1, svcs...))
 
 	cases := []struct {
 		svc       string
 		h2cClient bool
 		wantProto string
-		wantALPN  string // "" = cleartext
+		wantALPN  string // "" = cleartext, noALPN = TLS without ALPN
 	}{
 		// XBackend HTTP offers both; an HTTP/1.1 app on the default (L4)
 		// speed keeps its version with ALPN http/1.1.
@@ -221,6 +227,12 @@ func TestProtocols(t *testing.T) {
 		{"h2c", true, "HTTP/2.0", ""},
 		{"auto-clear", false, "HTTP/1.1", ""},
 		{"auto-clear", true, "HTTP/2.0", ""},
+		// A TLS backend that speaks HTTP/1.1 only, by ALPN or by having
+		// none: an h2c app's requests are translated.
+		{"auto-tls-h1", false, "HTTP/1.1", "http/1.1"},
+		{"auto-tls-h1", true, "HTTP/1.1", "http/1.1"},
+		{"auto-tls-noalpn", false, "HTTP/1.1", noALPN},
+		{"auto-tls-noalpn", true, "HTTP/1.1", noALPN},
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("%s/h2c-client=%v", c.svc, c.h2cClient), func(t *testing.T) {
@@ -231,10 +243,14 @@ func TestProtocols(t *testing.T) {
 			if rep.Proto != c.wantProto || rep.Path != "/p" || rep.RawQuery != "q=1" || rep.Host != c.svc+".b.svc" {
 				t.Errorf("backend saw proto %s path %s query %s host %s; want %s /p q=1 %s.b.svc", rep.Proto, rep.Path, rep.RawQuery, rep.Host, c.wantProto, c.svc)
 			}
+			wantALPN := c.wantALPN
+			if wantALPN == noALPN {
+				wantALPN = ""
+			}
 			switch {
 			case c.wantALPN == "" && rep.TLS != nil:
 				t.Errorf("backend saw TLS, want cleartext")
-			case c.wantALPN != "" && (rep.TLS == nil || rep.TLS.NegotiatedProtocol != c.wantALPN || rep.TLS.ServerName != sniName):
+			case c.wantALPN != "" && (rep.TLS == nil || rep.TLS.NegotiatedProtocol != wantALPN || rep.TLS.ServerName != sniName):
 				t.Errorf("backend TLS = %+v, want ALPN %s SNI %s", rep.TLS, c.wantALPN, sniName)
 			}
 		})

@@ -154,7 +154,7 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 		case sniff.HTTP1:
 			alpn = upstream.WireH1.ALPN()
 		case sniff.HTTP2:
-			alpn = upstream.WireH2.ALPN()
+			alpn = httpproxy.WireFor(cs.be, 2, false).ALPN()
 		}
 	}
 	up, err := cs.dialAny(path, alpn)
@@ -169,8 +169,10 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 		return
 	}
 	if kind == sniff.HTTP2 && path == PathL4TLS && !negotiated(up, upstreamtls.ALPNH2) {
+		// The backend speaks HTTP/1.1 only (by ALPN or by having none):
+		// the L7 path translates the app's HTTP/2.
 		up.Close()
-		cs.fail(c, path, upstream.ReasonProtocol, errors.New("backend did not negotiate h2 for an http/2 client"))
+		cs.serveHTTP(c, p.l7For(kind))
 		return
 	}
 	if tc := sockio.TCP(c); tc != nil {
