@@ -172,7 +172,7 @@ func (t *translator) evalHTTPRoute(r *gwv1.HTTPRoute) *routeEval {
 	for i := range rules {
 		rule := &rules[i]
 		var b ruleBuild
-		b.httpMatches(rule.Matches)
+		addMatches(&b, rule.Matches, httpMatch)
 		if b.drop != "" {
 			rb.add(i, deref(rule.Name), &b, snapshot.RouteRule{})
 			continue
@@ -199,7 +199,7 @@ func (t *translator) evalGRPCRoute(r *gwv1.GRPCRoute) *routeEval {
 	for i := range r.Spec.Rules {
 		rule := &r.Spec.Rules[i]
 		var b ruleBuild
-		b.grpcMatches(rule.Matches)
+		addMatches(&b, rule.Matches, grpcMatch)
 		if b.drop != "" {
 			rb.add(i, deref(rule.Name), &b, snapshot.RouteRule{})
 			continue

@@ -72,14 +72,15 @@ func (b *ruleBuild) badf(format string, args ...any) {
 	b.bad = append(b.bad, fmt.Sprintf(format, args...))
 }
 
-// httpMatches converts an HTTPRoute rule's matches; none means the CRD's
-// default, a PathPrefix "/" match.
-func (b *ruleBuild) httpMatches(ms []gwv1.HTTPRouteMatch) {
+// addMatches converts a rule's matches with conv; none means the CRD's
+// default, a zero match (for HTTPRoute a PathPrefix "/" match, for
+// GRPCRoute every request). The first unusable match drops the rule.
+func addMatches[M any](b *ruleBuild, ms []M, conv func(M) (routeMatch, string)) {
 	if len(ms) == 0 {
-		ms = []gwv1.HTTPRouteMatch{{}}
+		ms = make([]M, 1)
 	}
 	for j, m := range ms {
-		rm, problem := httpMatch(m)
+		rm, problem := conv(m)
 		if problem != "" {
 			b.drop = fmt.Sprintf("matches[%d]: %s", j, problem)
 			return
@@ -148,23 +149,8 @@ func httpMatch(m gwv1.HTTPRouteMatch) (routeMatch, string) {
 var httpMethods = []gwv1.HTTPMethod{gwv1.HTTPMethodGet, gwv1.HTTPMethodHead, gwv1.HTTPMethodPost, gwv1.HTTPMethodPut,
 	gwv1.HTTPMethodDelete, gwv1.HTTPMethodConnect, gwv1.HTTPMethodOptions, gwv1.HTTPMethodTrace, gwv1.HTTPMethodPatch}
 
-// grpcMatches converts a GRPCRoute rule's matches into paths: a gRPC
-// request's path is "/<service>/<method>". No match matches every request.
-func (b *ruleBuild) grpcMatches(ms []gwv1.GRPCRouteMatch) {
-	if len(ms) == 0 {
-		ms = []gwv1.GRPCRouteMatch{{}}
-	}
-	for j, m := range ms {
-		rm, problem := grpcMatch(m)
-		if problem != "" {
-			b.drop = fmt.Sprintf("matches[%d]: %s", j, problem)
-			return
-		}
-		rm.key.position = j
-		b.matches = append(b.matches, rm)
-	}
-}
-
+// grpcMatch converts a GRPCRoute match into a path match: a gRPC
+// request's path is "/<service>/<method>".
 func grpcMatch(m gwv1.GRPCRouteMatch) (routeMatch, string) {
 	var rm routeMatch
 	rm.m.Path = snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}
