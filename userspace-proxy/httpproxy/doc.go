@@ -4,7 +4,10 @@
 // TLS by ALPN, h2c with prior knowledge, gRPC with trailers and streaming,
 // WebSocket (HTTP/1.1 Upgrade relayed, and RFC 8441 extended CONNECT from
 // HTTP/2 clients bridged to an HTTP/1.1 Upgrade), server-sent events streamed
-// without buffering — and maps failures to the statuses users can act on.
+// without buffering — and maps failures to the statuses users can act on
+// (for gRPC requests, a trailers-only UNAVAILABLE whose message names the
+// reason, which gRPC clients show where an HTTP 503 would be "unexpected
+// content-type").
 //
 // Requests to a Service port with GAMMA routes (HTTPRoute, GRPCRoute with a
 // Service parent) follow the decision of package routes, for the client's
@@ -25,5 +28,5 @@
 // Request.Write, the server and the Transport); the fast path writes only
 // the framing of what they parsed. It must not dial anything but the
 // endpoints upstream.Backend hands out, and never answers a fail-closed
-// backend with anything but 503.
+// backend with anything but 503 (UNAVAILABLE for gRPC).
 package httpproxy

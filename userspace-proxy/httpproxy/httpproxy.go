@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -332,6 +333,14 @@ func headerHasToken(vv []string, token string) bool {
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, x *exchange, reason upstream.Reason, err error) {
 	code := h.report(r.Context(), x, reason, err)
 	if reason == upstream.ReasonCanceled {
+		return
+	}
+	if r.ProtoMajor == 2 && isGRPC(r) {
+		// A gRPC client reads HTTP 502/503/504 as UNAVAILABLE with a
+		// message about the content type; a trailers-only answer with the
+		// same code carries the reason, as a route's own answers do.
+		maps.Copy(w.Header(), grpcHeader(routes.GRPCUnavailable, string(reason)))
+		w.WriteHeader(http.StatusOK)
 		return
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")

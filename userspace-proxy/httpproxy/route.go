@@ -188,11 +188,7 @@ func answerFor(d *routes.Decision, r *http.Request) localAnswer {
 		return localAnswer{status: d.Status, header: h}
 	}
 	if d.GRPCStatus != 0 && r.ProtoMajor == 2 && isGRPC(r) {
-		return localAnswer{status: http.StatusOK, grpc: true, header: http.Header{
-			"Content-Type": grpcContentType,
-			"Grpc-Status":  []string{strconv.Itoa(d.GRPCStatus)},
-			"Grpc-Message": []string{"sockmesh: " + string(d.Reason)},
-		}}
+		return localAnswer{status: http.StatusOK, grpc: true, header: grpcHeader(d.GRPCStatus, string(d.Reason))}
 	}
 	return localAnswer{status: d.Status, header: http.Header{
 		"Content-Type":           textPlain,
@@ -213,6 +209,16 @@ var (
 		return m
 	}()
 )
+
+// grpcHeader is the header of a trailers-only gRPC answer: status code,
+// and the reason as the message a gRPC client shows.
+func grpcHeader(code int, reason string) http.Header {
+	return http.Header{
+		"Content-Type": grpcContentType,
+		"Grpc-Status":  []string{strconv.Itoa(code)},
+		"Grpc-Message": []string{"sockmesh: " + reason},
+	}
+}
 
 // isGRPC reports a gRPC request (application/grpc, +proto, ...; not
 // gRPC-Web, which is plain HTTP to a proxy).

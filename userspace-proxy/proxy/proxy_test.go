@@ -20,13 +20,16 @@ import (
 
 	"github.com/coder/websocket"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/test/echo"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
 var vip = netip.MustParseAddrPort("10.96.0.10:80")
@@ -309,6 +312,45 @@ func TestGRPC(t *testing.T) {
 			}
 			if st.Trailer().Get(echo.TrailerKey)[0] != name {
 				t.Errorf("stream trailer = %v", st.Trailer())
+			}
+		})
+	}
+}
+
+// TestGRPCFailures: a gRPC app whose request the proxy cannot forward gets
+// a gRPC status it can read (UNAVAILABLE) with the reason in its message,
+// not an HTTP error page: fail-closed policy, no ready endpoint, and a
+// backend certificate that fails verification.
+func TestGRPCFailures(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	impostor := startEcho(t, "impostor", serverTLS(e.pki.otherSrv))
+	inv := &snapshot.Invalid{Policy: snapshot.ObjectRef{Kind: "BackendTLSPolicy", Namespace: "b", Name: "broken"}, Reason: "NoValidCACertificate"}
+	vInvalid, vNone, vVerify := netip.MustParseAddrPort("10.96.2.11:9000"), netip.MustParseAddrPort("10.96.2.12:9000"), netip.MustParseAddrPort("10.96.2.13:9000")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "invalid", vip: vInvalid, backend: snapshot.Backend{Protocol: snapshot.ProtocolGRPC, TLS: tlsPolicy(e), Invalid: inv, Endpoints: endpoints(impostor.addr)}},
+		service{name: "none", vip: vNone, backend: snapshot.Backend{Protocol: snapshot.ProtocolGRPC, TLS: tlsPolicy(e)}},
+		service{name: "verify", vip: vVerify, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(impostor.addr)}},
+	))
+	for name, c := range map[string]struct {
+		dst    netip.AddrPort
+		reason upstream.Reason
+	}{
+		"invalid": {vInvalid, upstream.ReasonInvalidPolicy},
+		"none":    {vNone, upstream.ReasonNoEndpoints},
+		"verify":  {vVerify, upstream.ReasonTLSVerify},
+	} {
+		t.Run(name, func(t *testing.T) {
+			cc, err := grpc.NewClient("passthrough:///"+name+".b.svc:9000",
+				grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(c.dst) }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer cc.Close()
+			err = cc.Invoke(context.Background(), echo.MethodUnary, wrapperspb.Bytes([]byte("ping")), new(wrapperspb.BytesValue))
+			if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "sockmesh: "+string(c.reason) {
+				t.Errorf("err = %v; want code Unavailable, message sockmesh: %s", err, c.reason)
 			}
 		})
 	}

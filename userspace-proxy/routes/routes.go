@@ -133,7 +133,8 @@ const (
 	ReasonInvalidTable Reason = "invalid_table"
 )
 
-// gRPC status codes (google.golang.org/grpc/codes) a gRPC set answers with.
+// gRPC status codes (google.golang.org/grpc/codes) the proxy answers gRPC
+// requests with: a gRPC set's own answers, and failures to forward.
 const (
 	GRPCUnimplemented = 12
 	GRPCUnavailable   = 14
