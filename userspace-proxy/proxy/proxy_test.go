@@ -260,6 +260,31 @@ func TestProtocols(t *testing.T) {
 	}
 }
 
+// TestExternalHostnameAuthority: an ExternalHostname backend gets its own
+// name as the request's authority whatever the app speaks, over TLS and
+// cleartext (relayed bytes could not carry the rewrite: such backends
+// take the L7 path).
+func TestExternalHostnameAuthority(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	const external = "api.partner.test"
+	tlsBE := startEcho(t, "partner-tls", serverTLS(e.pki.server))
+	clearBE := startEcho(t, "partner-clear", nil)
+	vTLS, vClear := netip.MustParseAddrPort("10.96.1.101:80"), netip.MustParseAddrPort("10.96.1.102:80")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "partner-tls", vip: vTLS, backend: snapshot.Backend{Hostname: external, TLS: tlsPolicy(e), Endpoints: endpoints(tlsBE.addr)}},
+		service{name: "partner-clear", vip: vClear, backend: snapshot.Backend{Hostname: external, Endpoints: endpoints(clearBE.addr)}},
+	))
+	for _, dst := range []netip.AddrPort{vTLS, vClear} {
+		for _, h2c := range []bool{false, true} {
+			code, rep := get(t, e.client(dst, h2c), "http://partner.b.svc/p")
+			if code != http.StatusOK || rep.Host != external {
+				t.Errorf("%s h2c-client=%v: status %d, backend saw host %q; want 200, %s", dst, h2c, code, rep.Host, external)
+			}
+		}
+	}
+}
+
 // TestGRPC: unary and bidirectional streaming with trailers intact, over h2
 // (TLS) and h2c backends, from a gRPC app speaking h2c to the Service.
 func TestGRPC(t *testing.T) {

@@ -71,7 +71,7 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 
 // choosePath is the two-speed decision: L7 whenever a request must be looked
 // at (GAMMA routes, fail-closed or no-endpoint answers, session
-// persistence, a protocol change) and, by default, for HTTP/1.x to a TLS
+// persistence, a protocol change, an ExternalHostname backend's authority) and, by default, for HTTP/1.x to a TLS
 // backend (pooled upstream TLS; see HTTP1TLSAuto); otherwise bytes are
 // relayed. On a port with routes, what is not HTTP — the app's own TLS
 // (passthrough: routes cannot see inside it) or other bytes — goes to the
@@ -95,6 +95,9 @@ func (p *Proxy) choosePath(kind sniff.Kind, fe *snapshot.Frontend, be *upstream.
 	l7 := p.l7For(kind)
 	if be.Err != nil || be.Picker.Len() == 0 || be.Spec.SessionPersistence != nil {
 		return l7 // the app gets a 503 it can read, or a sticky endpoint
+	}
+	if be.Spec.Hostname != "" {
+		return l7 // an external host gets its own name as authority
 	}
 	if !acceptsAsIs(be.Spec.Protocol, tls, kind) {
 		return l7
