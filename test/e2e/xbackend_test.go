@@ -85,6 +85,9 @@ func testXBackendServerOnly(s *scenario) {
 	})
 	rep := s.get(svc.url(false, 80, "/server-only"))
 	s.checkTLS(rep, hostname)
+	if rep.Host != hostname {
+		s.t.Errorf("external backend saw authority %q, want its own name %s", rep.Host, hostname)
+	}
 	s.checkFromNode(rep, b.pod)
 	if rep.TLS != nil && len(rep.TLS.PeerCertificates) != 0 {
 		s.t.Errorf("ServerOnly: the backend saw client certificates %+v", rep.TLS.PeerCertificates)
