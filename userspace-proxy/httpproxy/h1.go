@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net"
 	"net/http"
+	"net/textproto"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -150,6 +152,9 @@ type h1Conn struct {
 	// unread is set when the connection ends before the client's request
 	// was read whole (close lingers).
 	unread bool
+	// head is the next request's head as next found it buffered whole
+	// (nil: not yet whole), for checkFraming.
+	head []byte
 	// deadline is c's read deadline (zero: none); idleDeadline says it is
 	// the idle one.
 	deadline     time.Time
@@ -185,7 +190,10 @@ func (s *h1Conn) next() bool {
 			return false
 		}
 	}
-	if !headBuffered(s.br) {
+	s.head = nil
+	if b, _ := s.br.Peek(s.br.Buffered()); headComplete(b) {
+		s.head = b
+	} else {
 		s.setDeadline(now.Add(s.h.cfg.ReadHeaderTimeout), false)
 	}
 	return s.state.CompareAndSwap(stateIdle, stateActive)
@@ -201,10 +209,9 @@ func (s *h1Conn) setDeadline(t time.Time, idle bool) {
 	s.c.SetReadDeadline(t)
 }
 
-// headBuffered reports whether a whole request head (up to its empty line,
-// CRLF or bare LF as textproto accepts) is in br.
-func headBuffered(br *bufio.Reader) bool {
-	b, _ := br.Peek(br.Buffered())
+// headComplete reports whether b holds a whole request head (up to its
+// empty line, CRLF or bare LF as textproto accepts).
+func headComplete(b []byte) bool {
 	return bytes.Contains(b, crlfcrlf) || bytes.Contains(b, lflf)
 }
 
@@ -227,12 +234,56 @@ func (s *h1Conn) readRequest() (*http.Request, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := s.checkFraming(req); err != nil {
+		return nil, err
+	}
 	if !s.deadline.IsZero() && (!s.idleDeadline || req.Body != http.NoBody) {
 		// A body is read without a deadline, as by net/http's server.
 		s.setDeadline(time.Time{}, false)
 	}
 	s.answered, s.cont = false, nil
 	return req, nil
+}
+
+var errAmbiguousFraming = errors.New("request framing is ambiguous")
+
+// checkFraming refuses a request whose body length its sender and the
+// proxy may read differently, which is how requests are smuggled past a
+// component in front of the app (RFC 9112 §11.2): Content-Length with
+// Transfer-Encoding (§6.3; nginx refuses it too), or Transfer-Encoding in
+// HTTP/1.0 (§6.1). net/http's parser settles both silently — chunked
+// wins, Content-Length is dropped; HTTP/1.0's Transfer-Encoding is
+// dropped — so the fields are looked up in the head as received, read
+// again with net/textproto: the head is still in s.br's buffer, since
+// ReadRequest reads nothing more when it is whole (s.head). Only chunked
+// and HTTP/1.0 requests pay for it. One whose head was not buffered whole
+// cannot be checked: its connection ends after the answer, so nothing
+// after its body is taken for a request.
+func (s *h1Conn) checkFraming(req *http.Request) error {
+	chunked := req.TransferEncoding != nil
+	if !chunked && req.ProtoAtLeast(1, 1) {
+		return nil
+	}
+	head := s.head
+	s.head = nil
+	if head == nil {
+		req.Close = true
+		return nil
+	}
+	tp := textproto.NewReader(bufio.NewReader(bytes.NewReader(head)))
+	if _, err := tp.ReadLine(); err != nil {
+		return fmt.Errorf("read request line again: %w", err)
+	}
+	h, err := tp.ReadMIMEHeader()
+	if err != nil {
+		return fmt.Errorf("read request head again: %w", err)
+	}
+	_, cl := h["Content-Length"]
+	_, te := h["Transfer-Encoding"]
+	if chunked && cl || !req.ProtoAtLeast(1, 1) && te {
+		return errAmbiguousFraming
+	}
+	return nil
 }
 
 // close closes the client connection. When the client may still be
@@ -299,13 +350,18 @@ func (s *h1Conn) refuse(status string) {
 }
 
 // validRequest applies the checks net/http's server adds to ReadRequest's:
-// header field names are tokens, and the Host is a valid authority. A
-// backend could read anything else differently than the proxy does.
+// header field names are tokens, and the Host is a valid authority, given
+// in HTTP/1.1 (RFC 9112 §3.2: the proxy would otherwise send the backend
+// an empty one). A backend could read anything else differently than the
+// proxy does.
 func validRequest(req *http.Request) bool {
 	for k := range req.Header {
 		if !httpguts.ValidHeaderFieldName(k) {
 			return false
 		}
+	}
+	if req.Host == "" && req.ProtoAtLeast(1, 1) {
+		return false
 	}
 	return httpguts.ValidHostHeader(req.Host)
 }

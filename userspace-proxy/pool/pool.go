@@ -47,6 +47,13 @@ type Conn struct {
 // idle, so an idempotent request may be retried on another.
 func (c *Conn) Reused() bool { return c.uses > 0 }
 
+// Quiet reports whether the peer of c, an idle connection just taken from
+// the pool, has neither closed it nor sent anything since, at the cost of
+// a system call. Get checks only connections idle for a while: a caller
+// whose request may not be sent twice, and so cannot be retried when a
+// reused connection turns out closed, checks the others with Quiet.
+func (c *Conn) Quiet() bool { return c.R.Buffered() == 0 && quiet(c.Conn) }
+
 // Pool is a set of per-endpoint pools; safe for concurrent use.
 type Pool struct {
 	cfg Config
@@ -71,7 +78,8 @@ type endpoint struct {
 // that the peer has not closed it. Servers close idle connections after
 // seconds to minutes; a check costs a system call, so recently used
 // connections skip it, and a request that finds one closed anyway is
-// retried by the caller.
+// retried by the caller, or, when it may not be sent twice, checked by the
+// caller first (Conn.Quiet).
 const staleCheckAfter = time.Second
 
 // New returns an empty Pool.
@@ -160,8 +168,17 @@ func (p *Pool) dial(ctx context.Context, ep *endpoint, dial func(context.Context
 }
 
 // Put gives c back for reuse: the caller read its last response to the end,
-// nothing is buffered in W, and neither side asked to close.
+// nothing is buffered in W, and neither side asked to close. A connection
+// with bytes left in R is closed instead: the peer sent more than the
+// response it was asked for (a legacy server's body after HEAD, 204 or
+// 304, a stray CRLF), and the next caller would read them as its own
+// response's start. An idle connection must be silent (see quiet), and
+// these bytes were read before it went idle.
 func (p *Pool) Put(c *Conn) {
+	if c.R.Buffered() > 0 {
+		p.Discard(c)
+		return
+	}
 	c.uses++
 	p.mu.Lock()
 	ep := c.ep

@@ -249,3 +249,60 @@ func TestCloseIdle(t *testing.T) {
 	}
 	c2.Close()
 }
+
+// TestPutWithUnreadBytes: a connection put back with bytes its caller did
+// not read (a body after a HEAD answer) is closed, not pooled: the next
+// caller would read them as its answer.
+func TestPutWithUnreadBytes(t *testing.T) {
+	p := New(Config{})
+	d := newPipeDialer()
+	c, _ := p.Get(context.Background(), ep, d.dial)
+	peer := <-d.peers
+	go io.WriteString(peer, "xy")
+	if b, err := c.R.ReadByte(); err != nil || b != 'x' {
+		t.Fatalf("ReadByte = %q, %v", b, err)
+	}
+	p.Put(c)
+	if _, err := peer.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("peer read %v, want EOF (closed)", err)
+	}
+	if open, idle := p.Stats(ep); open != 0 || idle != 0 {
+		t.Errorf("open %d idle %d; want 0, 0", open, idle)
+	}
+}
+
+// TestQuiet: Quiet tells a recently used connection whose peer closed it
+// from an open one, which Get does not check.
+func TestQuiet(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	dial := func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", l.Addr().String())
+	}
+	p := New(Config{})
+	c, err := p.Get(context.Background(), ep, dial)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Discard(c)
+	peer, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Quiet() {
+		t.Error("Quiet = false on an open, silent connection")
+	}
+	peer.Close()
+	// Wait until the FIN has arrived, then ask.
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.R.Peek(1); err != io.EOF {
+		t.Fatalf("peek: %v, want EOF", err)
+	}
+	if c.Quiet() {
+		t.Error("Quiet = true on a connection its peer closed")
+	}
+}
