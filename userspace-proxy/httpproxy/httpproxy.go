@@ -278,6 +278,7 @@ func outgoing(r *http.Request, be *upstream.Backend, c *balance.Choice, websocke
 		upgrade = r.Header.Get("Upgrade")
 	}
 	removeHopByHop(out.Header)
+	keepUserAgent(out) // the Transport would add its own
 	if upgrade != "" {
 		out.Header["Connection"] = connectionUpgrade
 		out.Header["Upgrade"] = []string{upgrade}

@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -281,6 +282,36 @@ func TestExternalHostnameAuthority(t *testing.T) {
 			if code != http.StatusOK || rep.Host != external {
 				t.Errorf("%s h2c-client=%v: status %d, backend saw host %q; want 200, %s", dst, h2c, code, rep.Host, external)
 			}
+		}
+	}
+}
+
+// TestNoUserAgentAdded: an app's request without User-Agent reaches the
+// backend without one on the net/http path too (h2c app translated to
+// HTTP/1.1, h2c app to an h2 backend), where the Transport would add Go's.
+func TestNoUserAgentAdded(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	h1 := startEchoWith(t, echo.Config{Pod: "h1-0", TLS: serverTLS(e.pki.server), ALPN: echo.ALPNHTTP1})
+	h2 := startEcho(t, "h2-0", serverTLS(e.pki.server))
+	vH1, vH2 := netip.MustParseAddrPort("10.96.1.111:80"), netip.MustParseAddrPort("10.96.1.112:80")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "h1", vip: vH1, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(h1.addr)}},
+		service{name: "h2", vip: vH2, backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP2, TLS: tlsPolicy(e), Endpoints: endpoints(h2.addr),
+			SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "x-session"}}},
+	))
+	for _, dst := range []netip.AddrPort{vH1, vH2} {
+		req, _ := http.NewRequest(http.MethodGet, "http://app.b.svc/ua", nil)
+		req.Header["User-Agent"] = []string{""} // net/http's client then sends none
+		resp, err := e.client(dst, true).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep echo.Report
+		err = json.NewDecoder(resp.Body).Decode(&rep)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK || rep.Headers.Get("User-Agent") != "" {
+			t.Errorf("%s: status %d, backend saw User-Agent %q (%v); want 200 and none", dst, resp.StatusCode, rep.Headers.Get("User-Agent"), err)
 		}
 	}
 }
