@@ -76,7 +76,10 @@ const (
 	HTTP1TLSL4
 	// HTTP1TLSL7 forwards requests through net/http's server and Transport,
 	// which negotiate h2 with backends that offer it (XBackend HTTP); every
-	// HTTP/1.x app that needs L7 then takes that path too.
+	// HTTP/1.x app that needs L7 then takes that path too. It reads
+	// requests as net/http's server does, which settles ambiguous framing
+	// (Content-Length with chunked, Transfer-Encoding in HTTP/1.0) instead
+	// of refusing it as the fast path does.
 	HTTP1TLSL7
 	// HTTP1TLSPooled forwards requests on the HTTP/1 fast path
 	// (httpproxy.Handler.ServeHTTP1) over pooled HTTP/1.1 upstream
