@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
@@ -74,57 +75,34 @@ func startScripted(t *testing.T, tlsCfg *tls.Config, answer script) *scripted {
 	if tlsCfg != nil {
 		l = tls.NewListener(l, tlsCfg)
 	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	open := map[net.Conn]struct{}{}
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		for c := range open {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
+	tcpserve.Serve(t, l, func(c net.Conn) {
+		id := int(b.conns.Add(1))
+		defer func() {
+			c.Close() // before the signal, which says the backend closed
+			b.closed <- struct{}{}
+		}()
+		br := bufio.NewReader(c)
+		for n := 0; ; n++ {
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			mu.Lock()
-			open[c] = struct{}{}
-			mu.Unlock()
-			id := int(b.conns.Add(1))
-			wg.Go(func() {
-				defer func() {
-					c.Close()
-					b.closed <- struct{}{}
-				}()
-				br := bufio.NewReader(c)
-				for n := 0; ; n++ {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					body, err := io.ReadAll(req.Body)
-					if err != nil {
-						return
-					}
-					b.mu.Lock()
-					b.seen = append(b.seen, seenRequest{conn: id, n: n, method: req.Method, path: req.URL.Path, header: req.Header, body: string(body)})
-					b.mu.Unlock()
-					raw, closeAfter := answer(req, n)
-					if raw != "" {
-						if _, err := io.WriteString(c, raw); err != nil {
-							return
-						}
-					}
-					if closeAfter {
-						return
-					}
+			body, err := io.ReadAll(req.Body)
+			if err != nil {
+				return
+			}
+			b.mu.Lock()
+			b.seen = append(b.seen, seenRequest{conn: id, n: n, method: req.Method, path: req.URL.Path, header: req.Header, body: string(body)})
+			b.mu.Unlock()
+			raw, closeAfter := answer(req, n)
+			if raw != "" {
+				if _, err := io.WriteString(c, raw); err != nil {
+					return
 				}
-			})
+			}
+			if closeAfter {
+				return
+			}
 		}
 	})
 	return b
