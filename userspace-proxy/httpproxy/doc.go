@@ -7,7 +7,9 @@
 // without buffering — and maps failures to the statuses users can act on
 // (for gRPC requests, a trailers-only UNAVAILABLE whose message names the
 // reason, which gRPC clients show where an HTTP 503 would be "unexpected
-// content-type").
+// content-type"; for a call whose stream the backend resets, the status
+// gRPC maps the reset's code to, as a client of the backend would read it:
+// grpcstatus.go).
 //
 // Requests to a Service port with GAMMA routes (HTTPRoute, GRPCRoute with a
 // Service parent) follow the decision of package routes, for the client's

@@ -11,9 +11,11 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
+	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
@@ -35,6 +37,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 		// server allows that only when asked.
 		http.NewResponseController(w).EnableFullDuplex()
 	}
+	x.grpc = grpcCallOf(r)
 	resp, done, err := h.roundTrip(x, be.RoundTripper(WireFor(be, r.ProtoMajor, websocket)), out, c)
 	if err != nil {
 		h.fail(w, r, x, upstream.Classify(err), err)
@@ -73,9 +76,20 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 	w.WriteHeader(resp.StatusCode)
 	h.m.request(x.fe, resp.StatusCode, protocolOf(be))
 	if err := h.copyBody(w, resp, be); err != nil {
+		h.log.Debug("response body copy failed", "service", x.fe.Service.String(), "err", err)
+		if x.grpc != nil && errors.Is(err, errBackendBody) && r.Context().Err() == nil && isGRPCType(resp.Header) {
+			// A gRPC call ends with a status saying what broke it; a lost
+			// backend connection is UNAVAILABLE, as for a client
+			// connected to the backend.
+			code, reason, ok := x.grpc.resetStatus(err)
+			if !ok {
+				code, reason = routes.GRPCUnavailable, "backend connection lost"
+			}
+			setGRPCTrailers(hdr, code, reason)
+			return
+		}
 		// Headers are gone: abort so the client sees a truncated response
 		// (reset stream, or closed connection), never a clean short one.
-		h.log.Debug("response body copy failed", "service", x.fe.Service.String(), "err", err)
 		panic(http.ErrAbortHandler)
 	}
 	for k, vv := range resp.Trailer {
@@ -87,6 +101,9 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 		hdr[k] = vv
 	}
 }
+
+// errBackendBody marks copyBody's failures on the backend's side.
+var errBackendBody = errors.New("read response body")
 
 // copyBody streams the response body. Responses of unknown length (SSE, MCP,
 // gRPC streams, chunked) are flushed after every read so nothing waits in a
@@ -114,7 +131,7 @@ func (h *Handler) copyBody(w http.ResponseWriter, resp *http.Response, be *upstr
 			return nil
 		}
 		if rerr != nil {
-			return fmt.Errorf("read response body from %s: %w", be.Spec.Ref, rerr)
+			return fmt.Errorf("%w from %s: %w", errBackendBody, be.Spec.Ref, rerr)
 		}
 	}
 }
@@ -248,9 +265,17 @@ type h2Stream struct {
 	r  io.ReadCloser
 	w  io.Writer
 	rc *http.ResponseController
+	// ended is set by CloseWrite, whose closing of r is an orderly end.
+	ended atomic.Bool
 }
 
-func (s *h2Stream) Read(p []byte) (int, error) { return s.r.Read(p) }
+func (s *h2Stream) Read(p []byte) (int, error) {
+	n, err := s.r.Read(p)
+	if err != nil && s.ended.Load() {
+		err = io.EOF
+	}
+	return n, err
+}
 
 func (s *h2Stream) Write(p []byte) (int, error) {
 	n, err := s.w.Write(p)
@@ -261,3 +286,16 @@ func (s *h2Stream) Write(p []byte) (int, error) {
 }
 
 func (s *h2Stream) Close() error { return s.r.Close() }
+
+// CloseWrite is the relay's half-close after the backend's connection
+// ended: the app must see END_STREAM (RFC 8441 §5: an orderly TCP close is
+// END_STREAM), or a client waiting for the server to close after the
+// close handshake (RFC 6455 §7.1.1) waits forever, and the stream with it.
+// net/http ends a stream only when the handler returns, which the relay
+// lets it do once the app's direction ends too: closing the request body
+// ends it. Nothing the app still sends is owed to the backend: a WebSocket
+// server closes its connection fully, not half.
+func (s *h2Stream) CloseWrite() error {
+	s.ended.Store(true)
+	return s.r.Close()
+}

@@ -223,6 +223,9 @@ type exchange struct {
 	// cd bounds the fast path's current attempt on its pooled connection
 	// (route timeouts); nil without.
 	cd *connDeadline
+	// grpc is the gRPC call being forwarded on the net/http path; nil for
+	// other requests.
+	grpc *grpcCall
 }
 
 // WireFor decides the HTTP version toward the backend for a request of
@@ -339,8 +342,13 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, x *exchange, reas
 	if r.ProtoMajor == 2 && isGRPC(r) {
 		// A gRPC client reads HTTP 502/503/504 as UNAVAILABLE with a
 		// message about the content type; a trailers-only answer with the
-		// same code carries the reason, as a route's own answers do.
-		maps.Copy(w.Header(), grpcHeader(routes.GRPCUnavailable, string(reason)))
+		// same code carries the reason, as a route's own answers do. A
+		// backend's reset has its own code.
+		code, why, ok := x.grpc.resetStatus(err)
+		if !ok {
+			code, why = routes.GRPCUnavailable, string(reason)
+		}
+		maps.Copy(w.Header(), grpcHeader(code, why))
 		w.WriteHeader(http.StatusOK)
 		return
 	}

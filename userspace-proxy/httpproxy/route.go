@@ -222,8 +222,10 @@ func grpcHeader(code int, reason string) http.Header {
 
 // isGRPC reports a gRPC request (application/grpc, +proto, ...; not
 // gRPC-Web, which is plain HTTP to a proxy).
-func isGRPC(r *http.Request) bool {
-	ct := r.Header.Get("Content-Type")
+func isGRPC(r *http.Request) bool { return isGRPCType(r.Header) }
+
+func isGRPCType(h http.Header) bool {
+	ct := h.Get("Content-Type")
 	return strings.HasPrefix(ct, "application/grpc") && !strings.HasPrefix(ct, "application/grpc-web")
 }
 

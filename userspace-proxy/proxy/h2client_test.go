@@ -2,10 +2,12 @@ package proxy_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
 	"testing"
+	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -13,45 +15,43 @@ import (
 
 // An RFC 8441 client at the frame level. Go 1.27's HTTP/2 clients (net/http,
 // and golang.org/x/net/http2, which now wraps it) refuse the :protocol
-// pseudo-header (go.dev/issue/53208), so the test speaks frames through
+// pseudo-header (go.dev/issue/53208), so the tests speak frames through
 // x/net/http2's Framer and hpack: a real HTTP/2 connection, checked by the
 // proxy's net/http server.
-type h2Stream struct {
-	c    net.Conn
-	fr   *http2.Framer
-	buf  bytes.Buffer // DATA received and not yet consumed
-	id   uint32
-	last []byte
+
+// h2WS is one extended CONNECT stream, with flow control both ways so
+// that messages larger than a window can cross.
+type h2WS struct {
+	fr       *http2.Framer
+	id       uint32
+	in       bytes.Buffer // DATA received, not yet read
+	ended    bool         // the server's END_STREAM arrived
+	err      error        // RST_STREAM or GOAWAY
+	xconnect bool
+	// send windows: the connection's, the stream's, and the initial one
+	// the server's SETTINGS declared.
+	connWin, streamWin, initWin int64
+	status                      string
 }
 
-// openExtendedConnect sends the preface and SETTINGS, waits for the server's
+// openH2WS sends the preface and SETTINGS, waits for the server's
 // SETTINGS_ENABLE_CONNECT_PROTOCOL, opens a CONNECT :protocol=websocket
 // stream and checks the 200.
-func openExtendedConnect(t *testing.T, c net.Conn, authority, path string) *h2Stream {
+func openH2WS(t *testing.T, c net.Conn, authority, path string) *h2WS {
 	t.Helper()
+	c.SetDeadline(time.Now().Add(hangGuard))
 	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
 		t.Fatal(err)
 	}
-	s := &h2Stream{c: c, fr: http2.NewFramer(c, c), id: 1}
+	s := &h2WS{fr: http2.NewFramer(c, c), id: 1, connWin: 65535, streamWin: 65535, initWin: 65535}
+	s.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	if err := s.fr.WriteSettings(); err != nil {
 		t.Fatal(err)
 	}
-	enabled := false
-	for !enabled {
-		f, err := s.fr.ReadFrame()
-		if err != nil {
+	for !s.xconnect {
+		if err := s.step(); err != nil {
 			t.Fatalf("read server settings: %v", err)
 		}
-		sf, ok := f.(*http2.SettingsFrame)
-		if !ok || sf.IsAck() {
-			continue
-		}
-		v, ok := sf.Value(http2.SettingEnableConnectProtocol)
-		if !ok || v != 1 {
-			t.Fatalf("server does not enable extended CONNECT (is GODEBUG=http2xconnect=1 set?)")
-		}
-		enabled = true
-		s.fr.WriteSettingsAck()
 	}
 	var hb bytes.Buffer
 	enc := hpack.NewEncoder(&hb)
@@ -62,76 +62,177 @@ func openExtendedConnect(t *testing.T, c net.Conn, authority, path string) *h2St
 	if err := s.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: s.id, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
 		t.Fatal(err)
 	}
-	dec := hpack.NewDecoder(4096, nil)
-	for {
-		f, err := s.fr.ReadFrame()
-		if err != nil {
+	for s.status == "" {
+		if err := s.step(); err != nil {
 			t.Fatalf("read response headers: %v", err)
 		}
-		hf, ok := f.(*http2.HeadersFrame)
-		if !ok {
-			continue
+		if s.err != nil {
+			t.Fatal(s.err)
 		}
-		fields, err := dec.DecodeFull(hf.HeaderBlockFragment())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if fields[0].Name != ":status" || fields[0].Value != "200" {
-			t.Fatalf("extended CONNECT answered %v", fields)
-		}
-		return s
 	}
+	if s.status != "200" {
+		t.Fatalf("extended CONNECT answered %s", s.status)
+	}
+	return s
 }
 
-// writeWS sends one masked WebSocket text frame (RFC 6455 §5.2) as DATA.
-func (s *h2Stream) writeWS(payload []byte) error {
-	key := [4]byte{1, 2, 3, 4}
-	f := []byte{0x81, 0x80 | byte(len(payload))}
-	f = append(f, key[:]...)
-	for i, b := range payload {
-		f = append(f, b^key[i%4])
+// step reads and handles one frame.
+func (s *h2WS) step() error {
+	f, err := s.fr.ReadFrame()
+	if err != nil {
+		return err
 	}
-	return s.fr.WriteData(s.id, false, f)
+	switch f := f.(type) {
+	case *http2.SettingsFrame:
+		if f.IsAck() {
+			break
+		}
+		if v, ok := f.Value(http2.SettingInitialWindowSize); ok {
+			s.streamWin += int64(v) - s.initWin
+			s.initWin = int64(v)
+		}
+		if v, ok := f.Value(http2.SettingEnableConnectProtocol); ok && v == 1 {
+			s.xconnect = true
+		}
+		return s.fr.WriteSettingsAck()
+	case *http2.WindowUpdateFrame:
+		switch f.StreamID {
+		case 0:
+			s.connWin += int64(f.Increment)
+		case s.id:
+			s.streamWin += int64(f.Increment)
+		}
+	case *http2.MetaHeadersFrame:
+		if f.StreamID == s.id && s.status == "" {
+			s.status = f.PseudoValue("status")
+		}
+		s.ended = s.ended || f.StreamEnded()
+	case *http2.DataFrame:
+		if f.StreamID != s.id {
+			break
+		}
+		s.in.Write(f.Data())
+		if n := uint32(len(f.Data())); n > 0 {
+			s.fr.WriteWindowUpdate(0, n)
+			if !f.StreamEnded() {
+				s.fr.WriteWindowUpdate(s.id, n)
+			}
+		}
+		s.ended = s.ended || f.StreamEnded()
+	case *http2.RSTStreamFrame:
+		s.err = fmt.Errorf("stream reset: %v", f.ErrCode)
+	case *http2.GoAwayFrame:
+		s.err = fmt.Errorf("goaway: %v", f.ErrCode)
+	case *http2.PingFrame:
+		if !f.IsAck() {
+			return s.fr.WritePing(true, f.Data)
+		}
+	}
+	return nil
 }
 
-// readWS returns the payload of the next unmasked server frame (< 64 KiB).
-func (s *h2Stream) readWS() ([]byte, error) {
-	need := func(n int) error {
-		for s.buf.Len() < n {
-			f, err := s.fr.ReadFrame()
-			if err != nil {
-				return err
+// Read returns DATA of the stream; io.EOF after the server's END_STREAM.
+func (s *h2WS) Read(p []byte) (int, error) {
+	for s.in.Len() == 0 {
+		switch {
+		case s.ended:
+			return 0, io.EOF
+		case s.err != nil:
+			return 0, s.err
+		}
+		if err := s.step(); err != nil {
+			return 0, err
+		}
+	}
+	return s.in.Read(p)
+}
+
+// Write sends p as DATA within the peer's flow-control windows.
+func (s *h2WS) Write(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 {
+		for s.connWin <= 0 || s.streamWin <= 0 {
+			if s.err != nil {
+				return n, s.err
 			}
-			switch f := f.(type) {
-			case *http2.DataFrame:
-				s.buf.Write(f.Data())
-				if len(f.Data()) > 0 {
-					s.fr.WriteWindowUpdate(0, uint32(len(f.Data())))
-					s.fr.WriteWindowUpdate(s.id, uint32(len(f.Data())))
-				}
-			case *http2.RSTStreamFrame:
-				return fmt.Errorf("stream reset: %v", f.ErrCode)
-			case *http2.GoAwayFrame:
-				return fmt.Errorf("goaway: %v", f.ErrCode)
+			if err := s.step(); err != nil {
+				return n, err
 			}
 		}
-		return nil
-	}
-	if err := need(2); err != nil {
-		return nil, err
-	}
-	h := s.buf.Bytes()
-	n, hdr := int(h[1]&0x7f), 2
-	if n == 126 {
-		if err := need(4); err != nil {
-			return nil, err
+		k := int(min(int64(len(p)), 16384, s.connWin, s.streamWin))
+		if err := s.fr.WriteData(s.id, false, p[:k]); err != nil {
+			return n, err
 		}
-		h = s.buf.Bytes()
-		n, hdr = int(h[2])<<8|int(h[3]), 4
+		s.connWin -= int64(k)
+		s.streamWin -= int64(k)
+		n += k
+		p = p[k:]
 	}
-	if err := need(hdr + n); err != nil {
-		return nil, err
+	return n, nil
+}
+
+// WebSocket opcodes (RFC 6455 §5.2).
+const (
+	wsText   = 0x1
+	wsBinary = 0x2
+	wsClose  = 0x8
+	wsPing   = 0x9
+	wsPong   = 0xa
+)
+
+// writeWSFrame sends one masked client frame.
+func writeWSFrame(w io.Writer, op byte, payload []byte) error {
+	b := []byte{0x80 | op}
+	switch n := len(payload); {
+	case n < 126:
+		b = append(b, 0x80|byte(n))
+	case n < 1<<16:
+		b = append(b, 0x80|126, byte(n>>8), byte(n))
+	default:
+		b = append(b, 0x80|127)
+		b = binary.BigEndian.AppendUint64(b, uint64(n))
 	}
-	s.buf.Next(hdr)
-	return bytes.Clone(s.buf.Next(n)), nil
+	key := [4]byte{9, 8, 7, 6}
+	b = append(b, key[:]...)
+	for i, c := range payload {
+		b = append(b, c^key[i%4])
+	}
+	_, err := w.Write(b)
+	return err
+}
+
+// readWSFrame reads one unmasked server frame, joining continuations.
+func readWSFrame(r io.Reader) (op byte, payload []byte, err error) {
+	for {
+		var h [2]byte
+		if _, err := io.ReadFull(r, h[:]); err != nil {
+			return 0, nil, err
+		}
+		n := uint64(h[1] & 0x7f)
+		switch n {
+		case 126:
+			var l [2]byte
+			if _, err := io.ReadFull(r, l[:]); err != nil {
+				return 0, nil, err
+			}
+			n = uint64(binary.BigEndian.Uint16(l[:]))
+		case 127:
+			var l [8]byte
+			if _, err := io.ReadFull(r, l[:]); err != nil {
+				return 0, nil, err
+			}
+			n = binary.BigEndian.Uint64(l[:])
+		}
+		p := make([]byte, n)
+		if _, err := io.ReadFull(r, p); err != nil {
+			return 0, nil, err
+		}
+		if o := h[0] & 0x0f; o != 0 {
+			op = o
+		}
+		payload = append(payload, p...)
+		if h[0]&0x80 != 0 {
+			return op, payload, nil
+		}
+	}
 }

@@ -456,18 +456,18 @@ func TestWebSocket(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		st := openExtendedConnect(t, c, "wss.b.svc", "/ws")
-		first, err := st.readWS()
+		st := openH2WS(t, c, "wss.b.svc", "/ws")
+		_, first, err := readWSFrame(st)
 		if err != nil {
 			t.Fatal(err)
 		}
 		checkWSReport(t, first, true)
 		for i := range 20 {
 			msg := fmt.Appendf(nil, "over h2 %d", i)
-			if err := st.writeWS(msg); err != nil {
+			if err := writeWSFrame(st, wsText, msg); err != nil {
 				t.Fatal(err)
 			}
-			got, err := st.readWS()
+			_, got, err := readWSFrame(st)
 			if err != nil || !bytes.Equal(got, msg) {
 				t.Fatalf("echo %d = %q, %v", i, got, err)
 			}

@@ -258,12 +258,15 @@ func (cs *connState) serveHTTP(c *sniff.Conn, path Path) {
 	pm.active.Inc()
 	defer pm.active.Dec()
 	pm.conns.Inc()
+	// Tracked for Shutdown to force, on both paths: http.Server.Close
+	// leaves hijacked connections (WebSocket relays) open, and this call,
+	// which Shutdown waits for, lasts as long as they do.
+	p.trackConn(c, true)
+	defer p.trackConn(c, false)
 	var cc *countedConn
 	if path == PathHTTP1 {
 		cc = &countedConn{Conn: c}
-		p.trackConn(c, true) // for Shutdown to force
 		p.h.ServeHTTP1(cc, t)
-		p.trackConn(c, false)
 	} else {
 		lc := &l7Conn{countedConn: countedConn{Conn: c}, done: make(chan struct{}), target: t}
 		if !p.l7.push(lc) {

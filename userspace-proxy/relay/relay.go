@@ -6,6 +6,8 @@ import (
 	"io"
 	"net"
 	"sync"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
 
 // BufferSize is the size of each pooled copy buffer: large enough for four
@@ -38,9 +40,11 @@ type Result struct {
 
 // Relay copies a→b and b→a until both directions end, then closes both
 // streams. A clean end of stream on one side half-closes the other (when it
-// can: TCP and TLS connections can); an error on either direction closes both
-// at once so the other unblocks. Streams are usually net.Conns; WebSocket
-// bridges pass an upgraded HTTP body or an HTTP/2 stream.
+// can: TCP and TLS connections can); an error on either direction (a reset,
+// a broken TLS record) aborts both at once so the other unblocks: TCP
+// connections are reset, so that a peer never takes a stream cut short for
+// a complete one. Streams are usually net.Conns; WebSocket bridges pass an
+// upgraded HTTP body or an HTTP/2 stream.
 func Relay(a, b io.ReadWriteCloser, pool *Pool) Result {
 	var res Result
 	var bToAErr error
@@ -49,15 +53,15 @@ func Relay(a, b io.ReadWriteCloser, pool *Pool) Result {
 		defer close(done)
 		res.BToA, bToAErr = copyHalf(a, b, pool)
 		if bToAErr != nil {
-			a.Close()
-			b.Close()
+			abort(a)
+			abort(b)
 		}
 	}()
 	var aToBErr error
 	res.AToB, aToBErr = copyHalf(b, a, pool)
 	if aToBErr != nil {
-		a.Close()
-		b.Close()
+		abort(a)
+		abort(b)
 	}
 	<-done
 	a.Close()
@@ -89,6 +93,19 @@ func copyHalf(dst, src io.ReadWriteCloser, pool *Pool) (int64, error) {
 			return n, rerr
 		}
 	}
+}
+
+// abort closes c, with a reset (SO_LINGER 0) when a TCP connection is
+// found under its wrappers: a plain close would end the peer's stream
+// cleanly, as if everything had been sent, where an HTTP/1.0 body delimited
+// by the close, or any opaque protocol, would then be taken as complete.
+func abort(c io.Closer) {
+	if nc, ok := c.(net.Conn); ok {
+		if tc := sockio.TCP(nc); tc != nil {
+			tc.SetLinger(0)
+		}
+	}
+	c.Close()
 }
 
 type closeWriter interface{ CloseWrite() error }

@@ -3,6 +3,7 @@ package upstream
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -391,3 +392,12 @@ func (c *trackedConn) Close() error {
 
 // NetConn returns the TCP connection underneath (for half-close).
 func (c *trackedConn) NetConn() net.Conn { return c.Conn }
+
+// CloseWrite shuts the write half: net/http's body of a 101 answer
+// half-closes the connection it was dialed on only through this method.
+func (c *trackedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
+}

@@ -1,0 +1,111 @@
+package httpproxy
+
+import (
+	"errors"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
+)
+
+// gRPC status codes (google.golang.org/grpc/codes) for calls the backend
+// ends abnormally; routes has those of route decisions.
+const (
+	grpcCanceled          = 1
+	grpcDeadlineExceeded  = 4
+	grpcPermissionDenied  = 7
+	grpcResourceExhausted = 8
+	grpcInternal          = 13
+)
+
+// grpcCall is a gRPC request over HTTP/2 on the net/http path, whose
+// abnormal end the proxy reports as a gRPC status.
+type grpcCall struct {
+	// deadline is when the call's grpc-timeout runs out, counted from its
+	// arrival here; zero without one.
+	deadline time.Time
+}
+
+// grpcCallOf returns the call r is, or nil when r is not gRPC over HTTP/2.
+func grpcCallOf(r *http.Request) *grpcCall {
+	if r.ProtoMajor != 2 || !isGRPC(r) {
+		return nil
+	}
+	g := &grpcCall{}
+	if d, ok := parseGRPCTimeout(r.Header.Get("Grpc-Timeout")); ok {
+		g.deadline = time.Now().Add(d)
+	}
+	return g
+}
+
+// parseGRPCTimeout reads a grpc-timeout value: up to eight digits and a
+// unit (PROTOCOL-HTTP2.md).
+func parseGRPCTimeout(v string) (time.Duration, bool) {
+	if len(v) < 2 || len(v) > 9 {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(v[:len(v)-1], 10, 64)
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	var unit time.Duration
+	switch v[len(v)-1] {
+	case 'H':
+		unit = time.Hour
+	case 'M':
+		unit = time.Minute
+	case 'S':
+		unit = time.Second
+	case 'm':
+		unit = time.Millisecond
+	case 'u':
+		unit = time.Microsecond
+	case 'n':
+		unit = time.Nanosecond
+	default:
+		return 0, false
+	}
+	if n > math.MaxInt64/int64(unit) {
+		return 0, false // beyond any deadline a clock can hold
+	}
+	return time.Duration(n) * unit, true
+}
+
+// resetStatus is the status for a call whose stream the backend reset
+// (err carries an HTTP/2 stream error; ok false otherwise), by gRPC's
+// mapping of HTTP/2 errors (PROTOCOL-HTTP2.md, "Errors"), which is how a
+// client connected to the backend would read it. The proxy must say it
+// itself, in a status: net/http's server resets streams with
+// INTERNAL_ERROR only, which gRPC clients read as INTERNAL — a backend's
+// CANCEL at the call's deadline would reach the app as INTERNAL instead of
+// DEADLINE_EXCEEDED. g may be nil (not a gRPC call).
+func (g *grpcCall) resetStatus(err error) (code int, reason string, ok bool) {
+	var se http2.StreamError
+	if g == nil || !errors.As(err, &se) {
+		return 0, "", false
+	}
+	switch se.Code {
+	case http2.ErrCodeCancel:
+		if !g.deadline.IsZero() && !time.Now().Before(g.deadline) {
+			return grpcDeadlineExceeded, "deadline exceeded at the backend", true
+		}
+		return grpcCanceled, "backend cancelled the call", true
+	case http2.ErrCodeRefusedStream:
+		return routes.GRPCUnavailable, "backend refused the stream", true
+	case http2.ErrCodeEnhanceYourCalm:
+		return grpcResourceExhausted, "backend reset the stream: ENHANCE_YOUR_CALM", true
+	case http2.ErrCodeInadequateSecurity:
+		return grpcPermissionDenied, "backend reset the stream: INADEQUATE_SECURITY", true
+	}
+	return grpcInternal, "backend reset the stream: " + se.Code.String(), true
+}
+
+// setGRPCTrailers ends a gRPC answer whose headers are sent with a status.
+func setGRPCTrailers(h http.Header, code int, reason string) {
+	h[http.TrailerPrefix+"Grpc-Status"] = []string{strconv.Itoa(code)}
+	h[http.TrailerPrefix+"Grpc-Message"] = []string{"sockmesh: " + reason}
+}
