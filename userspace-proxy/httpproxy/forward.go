@@ -16,6 +16,7 @@ import (
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
@@ -88,8 +89,16 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 			setGRPCTrailers(hdr, code, reason)
 			return
 		}
-		// Headers are gone: abort so the client sees a truncated response
-		// (reset stream, or closed connection), never a clean short one.
+		// Headers are gone: the client must see a truncated answer, never a
+		// clean short one. HTTP/2 gets its stream reset; an HTTP/1.x
+		// connection a TCP reset, as net/http's abort would end it cleanly
+		// (which completes a close-delimited HTTP/1.0 body).
+		if r.ProtoMajor == 1 {
+			if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				sockio.Reset(c)
+				return
+			}
+		}
 		panic(http.ErrAbortHandler)
 	}
 	for k, vv := range resp.Trailer {

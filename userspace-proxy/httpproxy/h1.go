@@ -19,6 +19,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
@@ -152,6 +153,9 @@ type h1Conn struct {
 	// unread is set when the connection ends before the client's request
 	// was read whole (close lingers).
 	unread bool
+	// broken is set when an answer broke off: the connection ends with a
+	// reset.
+	broken bool
 	// head is the next request's head as next found it buffered whole
 	// (nil: not yet whole), for checkFraming.
 	head []byte
@@ -291,7 +295,19 @@ func (s *h1Conn) checkFraming(req *http.Request) error {
 // write side is shut first and what arrives is read and dropped for a
 // moment, so the client reads the answer before a reset would throw it
 // away (net/http's server waits likewise; nginx calls it lingering close).
+// answerFailed ends a connection whose answer broke off after it started
+// (the backend's failure or the client's): with a reset, as the client
+// must not take what it got for the whole answer.
+func (s *h1Conn) answerFailed(x *exchange, err error) {
+	s.h.log.Debug("answer failed", "service", x.fe.Service.String(), "client", s.t.client(), "err", err)
+	s.broken = true
+}
+
 func (s *h1Conn) close() {
+	if s.broken {
+		sockio.Reset(s.c)
+		return
+	}
 	if s.unread {
 		closeWrite(s.c)
 		s.c.SetReadDeadline(time.Now().Add(lingerTime))

@@ -401,7 +401,7 @@ func (s *h1Conn) respond(req *http.Request, resp *http.Response, x *exchange, c 
 	closeAfter, ended, err := s.answer(req, resp, x, c, setSession, uc.R)
 	consumed := s.release(x, ended) // when answer failed before it did
 	if err != nil {
-		s.h.log.Debug("answer failed", "service", x.fe.Service.String(), "client", s.t.client(), "err", err)
+		s.answerFailed(x, err)
 		return false
 	}
 	return !closeAfter && consumed
@@ -480,7 +480,7 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 	done()
 	consumed := s.finish(body, nil)
 	if err != nil {
-		s.h.log.Debug("answer failed", "service", x.fe.Service.String(), "client", s.t.client(), "err", err)
+		s.answerFailed(x, err)
 		return false
 	}
 	return !closeAfter && consumed

@@ -18,6 +18,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
 
 // HTTP/1.x interop: legacy and unusual backends and clients, through real
@@ -52,8 +53,11 @@ type scripted struct {
 	conns atomic.Int32
 	// closed gets a value each time the backend closed a connection.
 	closed chan struct{}
-	mu     sync.Mutex
-	seen   []seenRequest
+	// crash makes the backend close with a TCP reset, as a crashed one
+	// does.
+	crash atomic.Bool
+	mu    sync.Mutex
+	seen  []seenRequest
 }
 
 // seenRequest is what the backend received.
@@ -78,7 +82,12 @@ func startScripted(t *testing.T, tlsCfg *tls.Config, answer script) *scripted {
 	tcpserve.Serve(t, l, func(c net.Conn) {
 		id := int(b.conns.Add(1))
 		defer func() {
-			c.Close() // before the signal, which says the backend closed
+			// Before the signal, which says the backend closed.
+			if b.crash.Load() {
+				sockio.Reset(c) // no close_notify either
+			} else {
+				c.Close()
+			}
 			b.closed <- struct{}{}
 		}()
 		br := bufio.NewReader(c)
@@ -279,6 +288,32 @@ func TestInteropH1(t *testing.T) {
 				}
 				if got := b.conns.Load(); got != 3 {
 					t.Errorf("backend connections = %d, want 3 (a close-delimited answer's connection is never reused)", got)
+				}
+			}
+		}},
+		{"backend-crashes-mid-answer", false, func(t *testing.T, ie *interopEnv) func(t *testing.T) {
+			b := startScripted(t, ie.serverTLS(), func(*http.Request, int) (string, bool) {
+				return "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\npart of a body until close", true
+			})
+			b.crash.Store(true)
+			dst := ie.add(b.addr, "")
+			return func(t *testing.T) {
+				// Whether the proxy read the answer's head before the
+				// reset (then the app's connection is reset mid-body) or
+				// not (then a 502), the app never gets a 200 whose body
+				// ends cleanly — for an HTTP/1.0 app, whose body is
+				// delimited by the close, that would be a complete answer.
+				for _, proto := range []string{"HTTP/1.0", "HTTP/1.1"} {
+					c := ie.rawClient(t, dst)
+					c.send("GET /a " + proto + "\r\nHost: legacy\r\n\r\n")
+					resp, err := c.tryRead(http.MethodGet)
+					if err != nil {
+						continue // reset before the head: as good
+					}
+					body, err := io.ReadAll(resp.Body)
+					if resp.StatusCode == http.StatusOK && err == nil {
+						t.Errorf("%s app: 200 with body %q ending cleanly; want the connection reset", proto, body)
+					}
 				}
 			}
 		}},

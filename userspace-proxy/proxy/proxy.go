@@ -293,16 +293,7 @@ func (p *Proxy) accept(c net.Conn, pod *snapshot.ObjectRef) {
 func (p *Proxy) reject(c net.Conn, reason string, err error) {
 	p.m.rejected.WithLabelValues(reason).Inc()
 	p.log.Debug("connection rejected", "reason", reason, "remote", c.RemoteAddr().String(), "err", err)
-	reset(c)
-}
-
-// reset closes c with an RST where it can (SO_LINGER 0), so the client sees a
-// failure rather than a clean end of stream it could mistake for an answer.
-func reset(c net.Conn) {
-	if tc := sockio.TCP(c); tc != nil {
-		tc.SetLinger(0)
-	}
-	c.Close()
+	sockio.Reset(c)
 }
 
 // Shutdown stops accepting, lets L7 requests and relays finish (idle

@@ -245,7 +245,7 @@ func (cs *connState) fail(c net.Conn, path Path, reason upstream.Reason, err err
 		attrs = append(attrs, "policy", fc.Policy.String(), "policy_reason", fc.Reason)
 	}
 	p.log.Log(context.Background(), lvl, "connection failed", attrs...)
-	reset(c)
+	sockio.Reset(c)
 }
 
 // serveHTTP serves c on an L7 path: the fast path in this goroutine, or
@@ -270,7 +270,7 @@ func (cs *connState) serveHTTP(c *sniff.Conn, path Path) {
 	} else {
 		lc := &l7Conn{countedConn: countedConn{Conn: c}, done: make(chan struct{}), target: t}
 		if !p.l7.push(lc) {
-			reset(c)
+			sockio.Reset(c)
 			return
 		}
 		<-lc.done

@@ -95,15 +95,13 @@ func copyHalf(dst, src io.ReadWriteCloser, pool *Pool) (int64, error) {
 	}
 }
 
-// abort closes c, with a reset (SO_LINGER 0) when a TCP connection is
-// found under its wrappers: a plain close would end the peer's stream
-// cleanly, as if everything had been sent, where an HTTP/1.0 body delimited
-// by the close, or any opaque protocol, would then be taken as complete.
+// abort closes c, with a reset when it is a connection (sockio.Reset): a
+// plain close would end the peer's stream cleanly, as if everything had
+// been sent.
 func abort(c io.Closer) {
 	if nc, ok := c.(net.Conn); ok {
-		if tc := sockio.TCP(nc); tc != nil {
-			tc.SetLinger(0)
-		}
+		sockio.Reset(nc)
+		return
 	}
 	c.Close()
 }

@@ -202,3 +202,18 @@ func Cork(c net.Conn) {
 		syscall.RawSyscall6(syscall.SYS_SETSOCKOPT, fd, syscall.IPPROTO_TCP, syscall.TCP_CORK, uintptr(unsafe.Pointer(&on)), 4, 0)
 	})
 }
+
+// Reset closes c with a TCP reset (SO_LINGER 0) when a TCP connection is
+// under its wrappers, else plainly: a peer must never take a stream the
+// proxy cut short, or refused, for a complete one, as it would a clean end
+// of a close-delimited HTTP/1.0 body or of opaque bytes. The TCP connection
+// is closed first, as crypto/tls's Close would otherwise send close_notify,
+// a clean end, before the reset; closing c then lets its wrappers account
+// for it.
+func Reset(c net.Conn) {
+	if tc := TCP(c); tc != nil {
+		tc.SetLinger(0)
+		tc.Close()
+	}
+	c.Close()
+}

@@ -190,6 +190,40 @@ func TestTLSOverConn(t *testing.T) {
 	}
 }
 
+// TestResetTLS: Reset of a TLS connection reaches the peer as a reset,
+// with no close_notify before it, which the peer would take for a clean
+// end of the stream.
+func TestResetTLS(t *testing.T) {
+	c, s := pair(t)
+	ca, err := pki.NewCA("sockio test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.LeafOptions{DNSNames: []string{"backend.test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := make(chan error, 1)
+	go func() {
+		ts := tls.Server(s, &tls.Config{Certificates: []tls.Certificate{leaf.TLS}})
+		_, err := io.Copy(io.Discard, ts) // nil on close_notify
+		read <- err
+	}()
+	tc := tls.Client(c, &tls.Config{ServerName: "backend.test", RootCAs: ca.Pool()})
+	if _, err := tc.Write([]byte("cut short")); err != nil {
+		t.Fatal(err)
+	}
+	Reset(tc)
+	select {
+	case err := <-read:
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("peer read ended with %v, want a reset", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("peer saw no end")
+	}
+}
+
 func TestTCP(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
