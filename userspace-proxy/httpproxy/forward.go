@@ -260,6 +260,11 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 	}
 	res := relay.Relay(&h2Stream{r: r.Body, w: w, rc: rc}, upConn, h.bufs)
 	h.m.upgradedBytes.Add(float64(res.AToB + res.BToA))
+	if res.Err != nil {
+		// RFC 8441 §5: a connection error (the backend's reset) is a
+		// stream reset, never the END_STREAM of an orderly close.
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // acceptKey is RFC 6455 §4.2.2's Sec-WebSocket-Accept for key.

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha1"
 	"crypto/sha256"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -36,6 +38,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/test/echo"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
 
 // Interop on the HTTP/2, gRPC, WebSocket and TCP paths: real clients and
@@ -519,7 +522,8 @@ func checkProbeStatus(t *testing.T, err error, tr metadata.MD, want string, n in
 
 // wsProbe is a WebSocket backend: /echo echoes every message (up to 64 MiB)
 // and reports the close status the client sent; /close-first sends one
-// message and closes with 4001 "backend-bye".
+// message and closes with 4001 "backend-bye"; /crash sends one message and
+// resets its connection, as a crashed backend does.
 type wsProbe struct {
 	addr   netip.AddrPort
 	closed chan websocket.StatusCode
@@ -533,6 +537,10 @@ func startWSProbe(t *testing.T, tlsCfg *tls.Config) *wsProbe {
 	ctx, cancel := context.WithCancel(context.Background())
 	srv := &http.Server{Protocols: new(http.Protocols), TLSConfig: tlsCfg,
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/crash" {
+				crashWebSocket(w, r)
+				return
+			}
 			c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 			if err != nil {
 				return
@@ -567,6 +575,46 @@ func startWSProbe(t *testing.T, tlsCfg *tls.Config) *wsProbe {
 	return p
 }
 
+// crashWebSocket accepts a WebSocket upgrade by hand (the library keeps
+// the connection), sends "bye-soon" and resets the connection.
+func crashWebSocket(w http.ResponseWriter, r *http.Request) {
+	h := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+	c, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		return
+	}
+	fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n",
+		base64.StdEncoding.EncodeToString(h[:]))
+	brw.Write(append([]byte{0x80 | wsText, byte(len("bye-soon"))}, "bye-soon"...))
+	brw.Flush()
+	time.Sleep(50 * time.Millisecond) // the message goes ahead of the reset
+	sockio.Reset(c)
+}
+
+// testWSBackendCrash: a backend that resets an upgraded connection resets
+// the app's too (HTTP/1.1), never ending it cleanly.
+func testWSBackendCrash(t *testing.T, e *env, dst netip.AddrPort) {
+	c, err := e.dial(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(hangGuard))
+	io.WriteString(c, "GET /crash HTTP/1.1\r\nHost: svc.b.svc\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade: %v, %v", resp, err)
+	}
+	if op, p, err := readWSFrame(br); err != nil || op != wsText || string(p) != "bye-soon" {
+		t.Fatalf("first message op %#x %q, %v", op, p, err)
+	}
+	if _, err := io.ReadAll(br); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("after the backend's reset: %v, want a reset", err)
+	}
+}
+
 // TestInteropWebSocket: large messages both ways, ping/pong, a close
 // status reaching the backend, the backend closing first, and the app
 // half-closing, for an HTTP/1.1 app (ws relayed at L4; wss, and ws held on
@@ -593,6 +641,7 @@ func TestInteropWebSocket(t *testing.T) {
 			}{"ws": {vWS, clear}, "wss": {vWSS, secure}, "ws-sticky": {vSticky, clear}} {
 				t.Run("upgrade/"+name, func(t *testing.T) { testWSUpgrade(t, e, c.dst, c.be) })
 				t.Run("app-half-close/"+name, func(t *testing.T) { testWSAppHalfClose(t, e, c.dst, c.be) })
+				t.Run("backend-crash/"+name, func(t *testing.T) { testWSBackendCrash(t, e, c.dst) })
 			}
 			if path == proxy.HTTP1TLSAuto {
 				t.Run("extended-connect/ws", func(t *testing.T) { testWSExtendedConnect(t, e, vWS, clear) })
@@ -725,6 +774,16 @@ func testWSExtendedConnect(t *testing.T, e *env, dst netip.AddrPort, be *wsProbe
 	}
 	if _, err := s.Read(make([]byte, 1)); err != io.EOF {
 		t.Errorf("after the app's END_STREAM: %v, want END_STREAM", err)
+	}
+
+	// The backend resets its connection: the app's stream is reset
+	// (RFC 8441 §5), not ended as if the backend had closed.
+	s, _ = open("/crash")
+	if op, p, err := readWSFrame(s); err != nil || op != wsText || string(p) != "bye-soon" {
+		t.Fatalf("first message op %#x %q, %v", op, p, err)
+	}
+	if _, err := s.Read(make([]byte, 1)); err == nil || err == io.EOF || !strings.Contains(err.Error(), "stream reset") {
+		t.Errorf("after the backend's reset: %v, want RST_STREAM", err)
 	}
 }
 
