@@ -358,8 +358,10 @@ func (x *pathIndex) find(entries []entry, req *Request, path string) int {
 // normalizePath applies RFC 3986 §6.2.2 to an absolute, percent-encoded
 // path: percent-encoded unreserved characters are decoded, other
 // percent-encodings get upper-case hex digits, and "." and ".." segments
-// are removed (§5.2.4). It returns p itself, without allocating, when p is
-// already normal.
+// are removed (§5.2.4). A '%' that starts no encoding (net/http refuses
+// such paths) becomes "%25", so that normalizing twice changes nothing
+// ("%%370" would otherwise give "%70", then "p"). It returns p itself,
+// without allocating, when p is already normal.
 func normalizePath(p string) string {
 	if !strings.Contains(p, "%") && !hasDotSegment(p) {
 		return p
@@ -378,6 +380,10 @@ func normalizePath(p string) string {
 				b.WriteByte(upper(p[i+2]))
 			}
 			i += 2
+			continue
+		}
+		if c == '%' {
+			b.WriteString("%25")
 			continue
 		}
 		b.WriteByte(c)
