@@ -62,6 +62,20 @@ func waitFor[T any](t *testing.T, ch <-chan T, what string) T {
 	}
 }
 
+// serveLocal serves srv on loopback, over TLS when srv.TLSConfig is set,
+// until the test ends.
+func serveLocal(t *testing.T, srv *http.Server) netip.AddrPort {
+	t.Helper()
+	l := listenLocal(t)
+	if srv.TLSConfig != nil {
+		go srv.ServeTLS(l, "", "")
+	} else {
+		go srv.Serve(l)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return l.Addr().(*net.TCPAddr).AddrPort()
+}
+
 // holdBackend answers /hold with one line and then holds the response
 // open until the request is cancelled, which it reports on cancelled; any
 // other path answers "ok". tlsCfg nil serves h2c and HTTP/1.1; h1Only
@@ -86,14 +100,7 @@ func holdBackend(t *testing.T, tlsCfg *tls.Config, h1Only bool) (netip.AddrPort,
 	} else {
 		srv.Protocols.SetHTTP2(!h1Only)
 	}
-	l := listenLocal(t)
-	if tlsCfg != nil {
-		go srv.ServeTLS(l, "", "")
-	} else {
-		go srv.Serve(l)
-	}
-	t.Cleanup(func() { srv.Close() })
-	return l.Addr().(*net.TCPAddr).AddrPort(), cancelled
+	return serveLocal(t, srv), cancelled
 }
 
 // TestInteropH2StreamCancel: an h2c app that cancels one stream mid-response
@@ -327,14 +334,7 @@ func plainHTTPBackend(t *testing.T, tlsCfg *tls.Config) netip.AddrPort {
 	srv.Protocols.SetUnencryptedHTTP2(true)
 	srv.Protocols.SetHTTP2(true)
 	srv.Protocols.SetHTTP1(true)
-	l := listenLocal(t)
-	if tlsCfg != nil {
-		go srv.ServeTLS(l, "", "")
-	} else {
-		go srv.Serve(l)
-	}
-	t.Cleanup(func() { srv.Close() })
-	return l.Addr().(*net.TCPAddr).AddrPort()
+	return serveLocal(t, srv)
 }
 
 // TestInteropGRPC: gRPC streaming calls whose deadline passes or that the
@@ -564,14 +564,8 @@ func startWSProbe(t *testing.T, tlsCfg *tls.Config) *wsProbe {
 			}
 		})}
 	srv.Protocols.SetHTTP1(true) // WebSocket backends speak HTTP/1.1
-	l := listenLocal(t)
-	if tlsCfg != nil {
-		go srv.ServeTLS(l, "", "")
-	} else {
-		go srv.Serve(l)
-	}
-	t.Cleanup(func() { cancel(); srv.Close() })
-	p.addr = l.Addr().(*net.TCPAddr).AddrPort()
+	t.Cleanup(cancel)
+	p.addr = serveLocal(t, srv)
 	return p
 }
 
@@ -591,22 +585,30 @@ func crashWebSocket(w http.ResponseWriter, r *http.Request) {
 	sockio.Reset(c)
 }
 
-// testWSBackendCrash: a backend that resets an upgraded connection resets
-// the app's too (HTTP/1.1), never ending it cleanly.
-func testWSBackendCrash(t *testing.T, e *env, dst netip.AddrPort) {
+// rawUpgrade opens an HTTP/1.1 WebSocket upgrade to path, byte for byte,
+// and returns the connection and its reader after the 101.
+func rawUpgrade(t *testing.T, e *env, dst netip.AddrPort, path string) (net.Conn, *bufio.Reader) {
+	t.Helper()
 	c, err := e.dial(dst)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
+	t.Cleanup(func() { c.Close() })
 	c.SetDeadline(time.Now().Add(hangGuard))
-	io.WriteString(c, "GET /crash HTTP/1.1\r\nHost: svc.b.svc\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
+	io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: svc.b.svc\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
 		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
 	br := bufio.NewReader(c)
 	resp, err := http.ReadResponse(br, nil)
 	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
 		t.Fatalf("upgrade: %v, %v", resp, err)
 	}
+	return c, br
+}
+
+// testWSBackendCrash: a backend that resets an upgraded connection resets
+// the app's too (HTTP/1.1), never ending it cleanly.
+func testWSBackendCrash(t *testing.T, e *env, dst netip.AddrPort) {
+	_, br := rawUpgrade(t, e, dst, "/crash")
 	if op, p, err := readWSFrame(br); err != nil || op != wsText || string(p) != "bye-soon" {
 		t.Fatalf("first message op %#x %q, %v", op, p, err)
 	}
@@ -791,19 +793,7 @@ func testWSExtendedConnect(t *testing.T, e *env, dst netip.AddrPort, be *wsProbe
 // connection without a close frame: the backend sees the end, then the
 // app.
 func testWSAppHalfClose(t *testing.T, e *env, dst netip.AddrPort, be *wsProbe) {
-	c, err := e.dial(dst)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(hangGuard))
-	io.WriteString(c, "GET /echo HTTP/1.1\r\nHost: svc.b.svc\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
-		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
-	br := bufio.NewReader(c)
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
-		t.Fatalf("upgrade: %v, %v", resp, err)
-	}
+	c, br := rawUpgrade(t, e, dst, "/echo")
 	c.(*net.TCPConn).CloseWrite()
 	if got := waitFor(t, be.closed, "backend sees the app's end"); got != -1 {
 		t.Errorf("backend saw close status %v, want none (end of stream)", got)
@@ -862,17 +852,22 @@ func TestInteropTCPHalfClose(t *testing.T) {
 	tcpVIP := netip.MustParseAddrPort("10.96.43.1:5432")
 	e.p.Update(buildSnapshot(t, 1, service{name: "db", vip: tcpVIP, backend: snapshot.Backend{
 		Protocol: snapshot.ProtocolTCP, TLS: tlsPolicy(e), Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())}}))
-
-	t.Run("backend-half-closes-first", func(t *testing.T) {
+	// dial opens an app connection that asks the backend for mode.
+	dial := func(t *testing.T, mode byte) net.Conn {
 		c, err := e.dial(tcpVIP)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer c.Close()
+		t.Cleanup(func() { c.Close() })
 		c.SetDeadline(time.Now().Add(hangGuard))
-		if _, err := c.Write([]byte{'h'}); err != nil {
+		if _, err := c.Write([]byte{mode}); err != nil {
 			t.Fatal(err)
 		}
+		return c
+	}
+
+	t.Run("backend-half-closes-first", func(t *testing.T) {
+		c := dial(t, 'h')
 		b, err := io.ReadAll(c)
 		if err != nil || string(b) != "greeting" {
 			t.Fatalf("app read %q, %v; want greeting then EOF", b, err)
@@ -889,21 +884,15 @@ func TestInteropTCPHalfClose(t *testing.T) {
 		}
 	})
 	t.Run("backend-resets", func(t *testing.T) {
-		c, err := e.dial(tcpVIP)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(hangGuard))
+		c := dial(t, 'r')
 		go func() {
-			c.Write([]byte{'r'})
 			for {
 				if _, err := c.Write(make([]byte, 32<<10)); err != nil {
 					return
 				}
 			}
 		}()
-		_, err = io.Copy(io.Discard, c)
+		_, err := io.Copy(io.Discard, c)
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
 			t.Fatalf("app hung after the backend reset")
@@ -913,15 +902,7 @@ func TestInteropTCPHalfClose(t *testing.T) {
 	// read a clean end, which it could take for a complete answer (a
 	// close-delimited body), as the L7 path aborts such a response too.
 	t.Run("backend-resets-mid-answer", func(t *testing.T) {
-		c, err := e.dial(tcpVIP)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(hangGuard))
-		if _, err := c.Write([]byte{'p'}); err != nil {
-			t.Fatal(err)
-		}
+		c := dial(t, 'p')
 		b, err := io.ReadAll(c)
 		if !strings.HasPrefix("partial", string(b)) || !errors.Is(err, syscall.ECONNRESET) {
 			t.Errorf("app read %q, %v; want a prefix of partial, then a reset", b, err)

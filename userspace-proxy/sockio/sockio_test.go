@@ -161,8 +161,9 @@ func TestWriteToResetPeer(t *testing.T) {
 	}
 }
 
-func TestTLSOverConn(t *testing.T) {
-	c, s := pair(t)
+// testPKI returns a CA and a leaf it issued for backend.test.
+func testPKI(t *testing.T) (*pki.CA, *pki.Leaf) {
+	t.Helper()
 	ca, err := pki.NewCA("sockio test CA")
 	if err != nil {
 		t.Fatal(err)
@@ -171,6 +172,12 @@ func TestTLSOverConn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return ca, leaf
+}
+
+func TestTLSOverConn(t *testing.T) {
+	c, s := pair(t)
+	ca, leaf := testPKI(t)
 	go func() {
 		ts := tls.Server(s, &tls.Config{Certificates: []tls.Certificate{leaf.TLS}})
 		io.Copy(ts, ts) // echo
@@ -195,14 +202,7 @@ func TestTLSOverConn(t *testing.T) {
 // end of the stream.
 func TestResetTLS(t *testing.T) {
 	c, s := pair(t)
-	ca, err := pki.NewCA("sockio test CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := ca.Issue(pki.LeafOptions{DNSNames: []string{"backend.test"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, leaf := testPKI(t)
 	read := make(chan error, 1)
 	go func() {
 		ts := tls.Server(s, &tls.Config{Certificates: []tls.Certificate{leaf.TLS}})
