@@ -290,11 +290,6 @@ func (s *h1Conn) checkFraming(req *http.Request) error {
 	return nil
 }
 
-// close closes the client connection. When the client may still be
-// sending (an answer went out before its request was read whole), the
-// write side is shut first and what arrives is read and dropped for a
-// moment, so the client reads the answer before a reset would throw it
-// away (net/http's server waits likewise; nginx calls it lingering close).
 // answerFailed ends a connection whose answer broke off after it started
 // (the backend's failure or the client's): with a reset, as the client
 // must not take what it got for the whole answer.
@@ -303,6 +298,12 @@ func (s *h1Conn) answerFailed(x *exchange, err error) {
 	s.broken = true
 }
 
+// close closes the client connection. When the client may still be
+// sending (an answer went out before its request was read whole), the
+// write side is shut first and what arrives is read and dropped for a
+// moment, so the client reads the answer before a reset would throw it
+// away (net/http's server waits likewise; nginx calls it lingering close).
+// After a broken answer it resets instead (answerFailed).
 func (s *h1Conn) close() {
 	if s.broken {
 		sockio.Reset(s.c)
