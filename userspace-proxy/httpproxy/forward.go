@@ -15,7 +15,6 @@ import (
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
-	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
@@ -79,14 +78,11 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 	if err := h.copyBody(w, resp, be); err != nil {
 		h.log.Debug("response body copy failed", "service", x.fe.Service.String(), "err", err)
 		if x.grpc != nil && errors.Is(err, errBackendBody) && r.Context().Err() == nil && isGRPCType(resp.Header) {
-			// A gRPC call ends with a status saying what broke it; a lost
-			// backend connection is UNAVAILABLE, as for a client
-			// connected to the backend.
-			code, reason, ok := x.grpc.resetStatus(err)
-			if !ok {
-				code, reason = routes.GRPCUnavailable, "backend connection lost"
-			}
-			setGRPCTrailers(hdr, code, reason)
+			// A gRPC call ends with a status saying what broke it (a lost
+			// backend connection: UNAVAILABLE, as for a client of the
+			// backend).
+			code, why := x.grpc.failStatus(err, upstream.Classify(err))
+			setGRPCTrailers(hdr, code, why)
 			return
 		}
 		// Headers are gone: the client must see a truncated answer, never a

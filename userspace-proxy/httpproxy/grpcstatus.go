@@ -10,6 +10,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
 // gRPC status codes (google.golang.org/grpc/codes) for calls the backend
@@ -102,6 +103,17 @@ func (g *grpcCall) resetStatus(err error) (code int, reason string, ok bool) {
 		return grpcPermissionDenied, "backend reset the stream: INADEQUATE_SECURITY", true
 	}
 	return grpcInternal, "backend reset the stream: " + se.Code.String(), true
+}
+
+// failStatus is the status for a call that failed with err, of class
+// reason: the backend's reset maps as resetStatus says; anything else is
+// UNAVAILABLE, what gRPC makes of the 502, 503 or 504 an HTTP client would
+// get, with the reason as message.
+func (g *grpcCall) failStatus(err error, reason upstream.Reason) (code int, why string) {
+	if code, why, ok := g.resetStatus(err); ok {
+		return code, why
+	}
+	return routes.GRPCUnavailable, string(reason)
 }
 
 // setGRPCTrailers ends a gRPC answer whose headers are sent with a status.

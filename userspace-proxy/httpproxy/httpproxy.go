@@ -344,11 +344,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, x *exchange, reas
 		// message about the content type; a trailers-only answer with the
 		// same code carries the reason, as a route's own answers do. A
 		// backend's reset has its own code.
-		code, why, ok := x.grpc.resetStatus(err)
-		if !ok {
-			code, why = routes.GRPCUnavailable, string(reason)
-		}
-		maps.Copy(w.Header(), grpcHeader(code, why))
+		maps.Copy(w.Header(), grpcHeader(x.grpc.failStatus(err, reason)))
 		w.WriteHeader(http.StatusOK)
 		return
 	}
