@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/test/echo"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
@@ -78,4 +79,32 @@ func startReverseProxy(b *testing.B, e *env, be *backend) string {
 	go srv.Serve(l)
 	b.Cleanup(func() { srv.Close() })
 	return "http://" + l.Addr().String() + "/bytes/100"
+}
+
+// BenchmarkH2AppToH1Backend measures an h2c app's new connection and one
+// small request to a TLS backend that speaks HTTP/1.1 only (translated by
+// the L7 path), with the upstream handshakes each cost.
+//
+//	go test -run '^$' -bench H2AppToH1Backend -benchmem ./userspace-proxy/proxy/
+func BenchmarkH2AppToH1Backend(b *testing.B) {
+	e := newEnv(b, envOptions{})
+	be := startEchoWith(b, echo.Config{Pod: "bench", TLS: serverTLS(e.pki.server), ALPN: echo.ALPNHTTP1})
+	e.p.Update(buildSnapshot(b, 1, service{name: "echo", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(be.addr)}}))
+	handshakes := func() float64 {
+		return e.counter("sockmesh_proxy_upstream_tls_handshakes_total", map[string]string{"result": "full"}) +
+			e.counter("sockmesh_proxy_upstream_tls_handshakes_total", map[string]string{"result": "resumed"})
+	}
+	cl := e.client(vip, true)
+	cl.Transport.(*http.Transport).DisableKeepAlives = true
+	b.ReportAllocs()
+	before := handshakes()
+	for b.Loop() {
+		resp, err := cl.Get("http://echo.b.svc/bytes/100")
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	b.ReportMetric((handshakes()-before)/float64(b.N), "handshakes/op")
 }

@@ -261,6 +261,44 @@ func TestProtocols(t *testing.T) {
 	}
 }
 
+// TestH2AppLearnsH1OnlyBackend: an h2c app's connections to a TLS backend
+// that answers an offer of h2 with HTTP/1.1 (by ALPN or by having none) pay
+// the relay's refused attempt once: later connections go straight to the
+// translating path, whose pooled upstream connection serves them all.
+func TestH2AppLearnsH1OnlyBackend(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	backends := map[string]echo.ALPN{"h1": echo.ALPNHTTP1, "noalpn": echo.ALPNNone}
+	var svcs []service
+	for name, alpn := range backends {
+		be := startEchoWith(t, echo.Config{Pod: name + "-0", TLS: serverTLS(e.pki.server), ALPN: alpn})
+		vip := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 1, byte(121 + len(svcs))}), 80)
+		svcs = append(svcs, service{name: name, vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(be.addr)}})
+	}
+	e.p.Update(buildSnapshot(t, 1, svcs...))
+	handshakes := func() float64 {
+		return e.counter("sockmesh_proxy_upstream_tls_handshakes_total", map[string]string{"result": "full"}) +
+			e.counter("sockmesh_proxy_upstream_tls_handshakes_total", map[string]string{"result": "resumed"})
+	}
+	const conns = 4
+	for _, svc := range svcs {
+		before := handshakes()
+		for i := range conns {
+			c := e.client(svc.vip, true) // a connection of its own
+			code, rep := get(t, c, "http://"+svc.name+".b.svc/")
+			c.CloseIdleConnections()
+			if code != http.StatusOK || rep.Proto != "HTTP/1.1" {
+				t.Fatalf("%s connection %d: status %d, backend saw %s; want 200 over HTTP/1.1", svc.name, i, code, rep.Proto)
+			}
+		}
+		// One for the relay's attempt, one for the translating path's
+		// connection; without the memory, one more per app connection.
+		if got := handshakes() - before; got != 2 {
+			t.Errorf("%s: %d app connections cost %v upstream handshakes, want 2", svc.name, conns, got)
+		}
+	}
+}
+
 // TestExternalHostnameAuthority: an ExternalHostname backend gets its own
 // name as the request's authority whatever the app speaks, over TLS and
 // cleartext (relayed bytes could not carry the rewrite: such backends

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
@@ -71,9 +72,10 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 
 // choosePath is the two-speed decision: L7 whenever a request must be looked
 // at (GAMMA routes, fail-closed or no-endpoint answers, session
-// persistence, a protocol change, an ExternalHostname backend's authority) and, by default, for HTTP/1.x to a TLS
-// backend (pooled upstream TLS; see HTTP1TLSAuto); otherwise bytes are
-// relayed. On a port with routes, what is not HTTP — the app's own TLS
+// persistence, a protocol change — including HTTP/2 to a TLS backend that
+// lately declined h2 — an ExternalHostname backend's authority) and, by
+// default, for HTTP/1.x to a TLS backend (pooled upstream TLS; see
+// HTTP1TLSAuto); otherwise bytes are relayed. On a port with routes, what is not HTTP — the app's own TLS
 // (passthrough: routes cannot see inside it) or other bytes — goes to the
 // frontend's own backend, as routes only govern HTTP.
 func (p *Proxy) choosePath(kind sniff.Kind, fe *snapshot.Frontend, be *upstream.Backend) Path {
@@ -104,6 +106,9 @@ func (p *Proxy) choosePath(kind sniff.Kind, fe *snapshot.Frontend, be *upstream.
 	}
 	if tls && kind == sniff.HTTP1 && p.cfg.HTTP1TLS != HTTP1TLSL4 {
 		return l7
+	}
+	if tls && kind == sniff.HTTP2 && be.SpeaksH1Only(time.Now()) {
+		return l7 // the relay's h2 would be refused again (serveL4)
 	}
 	return l4
 }
@@ -173,7 +178,9 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 	}
 	if kind == sniff.HTTP2 && path == PathL4TLS && !negotiated(up, upstreamtls.ALPNH2) {
 		// The backend speaks HTTP/1.1 only (by ALPN or by having none):
-		// the L7 path translates the app's HTTP/2.
+		// the L7 path translates the app's HTTP/2, and takes the
+		// backend's next HTTP/2 apps directly for a while.
+		cs.be.DeclinedH2(time.Now())
 		up.Close()
 		cs.serveHTTP(c, p.l7For(kind))
 		return

@@ -132,7 +132,16 @@ type wireState struct {
 	h1         *pool.Pool
 	mu         sync.Mutex
 	transports [wireCount]*http.Transport
+	// declinedH2 is when an endpoint last answered an offer of h2 with
+	// HTTP/1.1 (unix nanoseconds; 0: never); see SpeaksH1Only.
+	declinedH2 atomic.Int64
 }
+
+// h1OnlyFor is how long a backend whose endpoint answered an offer of h2
+// with HTTP/1.1 is taken to speak HTTP/1.1 only. Learning it again costs an
+// HTTP/2 app's connection a TLS handshake; asking again after a while
+// notices a backend upgraded to h2.
+const h1OnlyFor = time.Minute
 
 // Build returns the Set for s, keeping prev's pools for backends whose wire
 // is unchanged (and their retry budgets while their constraint is) and
@@ -211,6 +220,25 @@ func (s *Set) Get(ref snapshot.BackendRef) *Backend {
 		return nil
 	}
 	return s.byRef[ref]
+}
+
+// DeclinedH2 records that an endpoint of b, offered h2 at now, chose
+// HTTP/1.1 (or no ALPN).
+func (b *Backend) DeclinedH2(now time.Time) {
+	if b.w != nil {
+		b.w.declinedH2.Store(now.UnixNano())
+	}
+}
+
+// SpeaksH1Only reports whether an endpoint of b declined h2 less than
+// h1OnlyFor before now. It is kept across snapshots while b's wire is,
+// and forgotten when its protocol or TLS settings change.
+func (b *Backend) SpeaksH1Only(now time.Time) bool {
+	if b.w == nil {
+		return false
+	}
+	at := b.w.declinedH2.Load()
+	return at != 0 && now.Sub(time.Unix(0, at)) < h1OnlyFor
 }
 
 // TLS reports whether the wire to b is TLS.

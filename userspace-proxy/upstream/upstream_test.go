@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -239,5 +240,37 @@ func TestBuildKeepsPools(t *testing.T) {
 	}
 	if !strings.Contains(w.logs.String(), "upstream pools replaced") {
 		t.Errorf("no log of the replaced pools:\n%s", w.logs)
+	}
+}
+
+// TestSpeaksH1Only: a backend that declined h2 is taken to speak HTTP/1.1
+// only for h1OnlyFor, across snapshots that keep its wire, and not after
+// its TLS settings change.
+func TestSpeaksH1Only(t *testing.T) {
+	w := newWorld(t)
+	s1 := w.pools.Build(w.snapshot(t, 1, w.policy()), nil)
+	be1 := s1.Get(ref)
+	t0 := time.Now()
+	if be1.SpeaksH1Only(t0) {
+		t.Fatal("a new backend speaks HTTP/1.1 only")
+	}
+	be1.DeclinedH2(t0)
+	for _, c := range []struct {
+		after time.Duration
+		want  bool
+	}{{0, true}, {h1OnlyFor - time.Second, true}, {h1OnlyFor, false}, {2 * h1OnlyFor, false}} {
+		if got := be1.SpeaksH1Only(t0.Add(c.after)); got != c.want {
+			t.Errorf("%v after declining: SpeaksH1Only = %v, want %v", c.after, got, c.want)
+		}
+	}
+	s2 := w.pools.Build(w.snapshot(t, 2, w.policy()), s1)
+	if !s2.Get(ref).SpeaksH1Only(t0) {
+		t.Error("forgotten by a snapshot with the same wire")
+	}
+	changed := w.policy()
+	changed.MinVersion = tls.VersionTLS13
+	s3 := w.pools.Build(w.snapshot(t, 3, changed), s2)
+	if s3.Get(ref).SpeaksH1Only(t0) {
+		t.Error("kept across a change of TLS settings")
 	}
 }
