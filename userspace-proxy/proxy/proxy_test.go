@@ -523,29 +523,79 @@ func checkWSReport(t *testing.T, first []byte, wantTLS bool) {
 	}
 }
 
-// TestSSEStreams: an MCP backend's event stream reaches the client event by
-// event. The server waits an hour between the first and second event, so
-// the first arrives only if nothing buffers.
+// TestSSEStreams: an MCP backend's event stream — MCP's streamable HTTP,
+// answering a GET or a JSON-RPC POST — reaches the app event by event on
+// every path: relayed h2 (h2c app, h2 backend), the HTTP/1 fast path, the
+// net/http path translating an h2c app for an HTTP/1.1-only backend or
+// serving HTTP/1.1 apps (HTTP1TLSL7), cleartext, and GAMMA routes. The
+// backend waits an hour after the first event, so it arrives only if
+// nothing between buffers.
 func TestSSEStreams(t *testing.T) {
-	checkNoLeaks(t)
-	e := newEnv(t, envOptions{})
-	be := startEcho(t, "mcp-0", serverTLS(e.pki.server))
-	e.p.Update(buildSnapshot(t, 1, service{name: "mcp", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolMCP, TLS: tlsPolicy(e), Endpoints: endpoints(be.addr)}}))
-	for _, h2 := range []bool{false, true} {
-		t.Run(fmt.Sprintf("h2c-client=%v", h2), func(t *testing.T) {
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://mcp.b.svc/sse?n=2&interval=1h", nil)
-			resp, err := e.client(vip, h2).Do(req)
-			if err != nil {
-				t.Fatal(err)
+	for name, http1 := range map[string]proxy.HTTP1TLSPath{"http1-default": proxy.HTTP1TLSAuto, "http1-nethttp": proxy.HTTP1TLSL7} {
+		t.Run(name, func(t *testing.T) {
+			checkNoLeaks(t)
+			e := newEnv(t, envOptions{http1TLS: http1})
+			m := &mesh{t: t}
+			mcp := func(name string, cfg echo.Config, tls bool) snapshot.BackendRef {
+				cfg.Pod = name + "-0"
+				be := snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: endpoints(startEchoWith(t, cfg).addr)}
+				if tls {
+					be.TLS = tlsPolicy(e)
+				}
+				return m.backend(name, be)
 			}
-			defer resp.Body.Close()
-			line, err := bufio.NewReader(resp.Body).ReadString('\n')
-			if err != nil || line != "id: 0\n" {
-				t.Fatalf("first event line = %q, %v", line, err)
+			h2TLS := mcp("mcp", echo.Config{TLS: serverTLS(e.pki.server)}, true)
+			h1TLS := mcp("mcp-h1", echo.Config{TLS: serverTLS(e.pki.server), ALPN: echo.ALPNHTTP1}, true)
+			clear := mcp("mcp-clear", echo.Config{}, false)
+			vips := map[string]netip.AddrPort{}
+			front := func(name string, own snapshot.BackendRef, rt *snapshot.RouteTable) {
+				vips[name] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 5, byte(len(vips) + 1)}), 80)
+				m.frontend(name, vips[name], own, rt)
+			}
+			front("mcp", h2TLS, nil)
+			front("mcp-h1", h1TLS, nil)
+			front("mcp-clear", clear, nil)
+			front("mcp-routed", h2TLS, producer(routeSet(snapshot.KindHTTPRoute, rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(h1TLS)}})))
+			e.p.Update(m.snapshot(1))
+			for name, dst := range vips {
+				for _, h2c := range []bool{false, true} {
+					for _, method := range []string{http.MethodGet, http.MethodPost} {
+						t.Run(fmt.Sprintf("%s/h2c-client=%v/%s", name, h2c, method), func(t *testing.T) {
+							firstEvent(t, e.client(dst, h2c), method, "http://"+name+".b.svc/sse?n=2&interval=1h")
+						})
+					}
+				}
 			}
 		})
+	}
+}
+
+// firstEvent asks url for an event stream as an MCP client does and checks
+// that its first event arrives.
+func firstEvent(t *testing.T, c *http.Client, method, url string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var body io.Reader
+	if method == http.MethodPost {
+		body = strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); resp.StatusCode != http.StatusOK || ct != "text/event-stream" {
+		t.Fatalf("status %d, content type %q; want 200 text/event-stream", resp.StatusCode, ct)
+	}
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	if err != nil || line != "id: 0\n" {
+		t.Fatalf("first event line = %q, %v", line, err)
 	}
 }
 
