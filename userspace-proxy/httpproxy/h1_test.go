@@ -278,8 +278,8 @@ func TestExpectContinue(t *testing.T) {
 	}
 	c.send("PUT /deny HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n")
 	resp, _ = c.read(http.MethodPut)
-	if resp.StatusCode != http.StatusUnauthorized {
-		t.Fatalf("denied upload: %s, want 401 without a 100", resp.Status)
+	if resp.StatusCode != http.StatusUnauthorized || !resp.Close {
+		t.Fatalf("denied upload: %s, close=%v; want 401 without a 100, and Connection: close", resp.Status, resp.Close)
 	}
 	if !c.closed() {
 		t.Error("connection with an unread body left open")
@@ -338,24 +338,30 @@ func TestLargeStreams(t *testing.T) {
 }
 
 // TestEarlyAnswerToUpload: a backend that answers and closes before reading
-// a large body: the client gets the answer, the connection closes, nothing
-// hangs or leaks.
+// a large body, over the pooled HTTP/1.1 wire and over h2c (net/http's
+// Transport): the client gets the answer, told that the connection closes
+// (or it might send its next request on it), the connection closes,
+// nothing hangs or leaks.
 func TestEarlyAnswerToUpload(t *testing.T) {
 	ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Connection", "close")
 		http.Error(w, "too large", http.StatusRequestEntityTooLarge)
 	}))
-	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
-	c := f.dial()
-	const size = 64 << 20
-	c.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: " + strconv.Itoa(size) + "\r\n\r\n")
-	go c.c.Write(make([]byte, size)) // fails once the proxy closes
-	resp, _ := c.read(http.MethodPost)
-	if resp.StatusCode != http.StatusRequestEntityTooLarge {
-		t.Fatalf("answer %s, want 413", resp.Status)
-	}
-	if !c.closed() {
-		t.Error("connection with an unsent body left open")
+	for _, proto := range []snapshot.Protocol{snapshot.ProtocolAuto, snapshot.ProtocolH2C} {
+		t.Run(string(proto), func(t *testing.T) {
+			f := newFixture(t, Config{}, snapshot.Backend{Protocol: proto, Endpoints: []snapshot.Endpoint{ep}})
+			c := f.dial()
+			const size = 64 << 20
+			c.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: " + strconv.Itoa(size) + "\r\n\r\n")
+			go c.c.Write(make([]byte, size)) // fails once the proxy closes
+			resp, _ := c.read(http.MethodPost)
+			if resp.StatusCode != http.StatusRequestEntityTooLarge || !resp.Close {
+				t.Fatalf("answer %s, close=%v; want 413 with Connection: close", resp.Status, resp.Close)
+			}
+			if !c.closed() {
+				t.Error("connection with an unsent body left open")
+			}
+		})
 	}
 }
 

@@ -62,7 +62,10 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 		x.be.Picker.SetSession(resp.Header, req, c, x.now, x.sessionFor())
 	}
 	f := framingFor(req, resp)
-	closeAfter = s.closeAfter || f == framingClose || s.h.h1.draining.Load()
+	// An answer that starts before the client's body was read to its end
+	// ends the connection (finish stops the body): say so, or the client
+	// may send its next request on a connection about to close.
+	closeAfter = s.closeAfter || f == framingClose || s.h.h1.draining.Load() || s.sent.unread()
 	bw := s.startAnswer()
 	defer s.putWriter(bw)
 	writeStatusLine(bw, resp)

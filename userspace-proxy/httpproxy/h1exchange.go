@@ -33,6 +33,7 @@ func (s *h1Conn) serve(req *http.Request) bool {
 		return false
 	}
 	s.closeAfter = req.Close
+	s.sent.on = false
 	x := &s.x
 	*x = exchange{t: s.t}
 	x.v, x.fe = s.t.view()
@@ -467,6 +468,7 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 	case x.r != nil && x.r.kept:
 		// The Transport reads a kept body at once; roundTrip replays it.
 	default:
+		s.sent.track(req)
 		body = make(chan error, 1)
 		out.Body = &bodyTracker{r: req.Body, done: body}
 	}
@@ -500,6 +502,10 @@ func (s *h1Conn) finish(body chan error, uc *pool.Conn) bool {
 	}
 	select {
 	case err := <-body:
+		// net/http's Transport may have given up on the body (an early
+		// answer): what the client still sends is unread, and the close
+		// must linger for the answer to reach it.
+		s.unread = s.unread || err != nil && s.sent.unread()
 		return err == nil
 	default:
 	}
@@ -540,16 +546,23 @@ const bodyTailWait = time.Second
 type sentBody struct {
 	io.ReadCloser
 	eof atomic.Bool
+	// on is set while it tracks the current request's body.
+	on bool
 }
 
 // track makes req's body report its end on s.
 func (s *sentBody) track(req *http.Request) {
+	s.on = true
 	s.eof.Store(false)
 	if req.Body != s {
 		s.ReadCloser = req.Body
 		req.Body = s
 	}
 }
+
+// unread reports whether the current request's body is being sent and
+// the client's side of it was not read to its end.
+func (s *sentBody) unread() bool { return s.on && !s.eof.Load() }
 
 func (s *sentBody) Read(p []byte) (int, error) {
 	n, err := s.ReadCloser.Read(p)

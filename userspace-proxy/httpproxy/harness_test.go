@@ -172,7 +172,9 @@ func startBackend(t *testing.T, h http.Handler) snapshot.Endpoint {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: h}
+	srv := &http.Server{Handler: h, Protocols: new(http.Protocols)}
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true) // for backends of protocol H2C
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	return snapshot.Endpoint{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true, Serving: true}
