@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -28,13 +29,15 @@ import (
 // side; these catch what only another one exposes.
 
 // nginxReport is what the nginx backend answers at /report: how it saw the
-// request, one field per '|'.
-const nginxReport = `location = /report { return 200 "$server_protocol|$ssl_server_name|$ssl_alpn_protocol|$host|$request_method|$request_uri|$ssl_client_s_dn\n"; }`
+// request, one field per '|': version, SNI, ALPN, authority, method, URI,
+// client certificate, TLS version.
+const nginxReport = `location = /report { return 200 "$server_protocol|$ssl_server_name|$ssl_alpn_protocol|$host|$request_method|$request_uri|$ssl_client_s_dn|$ssl_protocol\n"; }`
 
-// TestInteropNative: every protocol row the issue lists for HTTP, with
-// non-Go apps and backends: what the backend saw (version, SNI, ALPN,
-// authority, client certificate), byte-exact large downloads and uploads,
-// and connection reuse after a request body.
+// TestInteropNative: the proxy's HTTP rows with non-Go apps and backends:
+// what the backend saw (version, SNI, ALPN, authority, client certificate,
+// TLS version), failing closed on a TLS version the backend lacks, an
+// app's own TLS passed through, byte-exact large downloads and uploads
+// (chunked too), and answers that come before the request body ends.
 func TestInteropNative(t *testing.T) {
 	curl, nghttp := nativeTool(t, "curl"), nativeTool(t, "nghttp")
 	checkNoLeaks(t)
@@ -52,10 +55,14 @@ func TestInteropNative(t *testing.T) {
 	mutual := tlsPolicy(e)
 	mutual.Mode = snapshot.TLSMutual
 	mutual.ClientCertificatePEM, mutual.ClientKeyPEM = string(e.pki.client.CertPEM), string(e.pki.client.KeyPEM)
+	tls13 := tlsPolicy(e)
+	tls13.MinVersion = tls.VersionTLS13
 	svcs := []service{
 		{name: "web", backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(ngx.both)}},
 		{name: "web-h1", backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(ngx.h1)}},
 		{name: "web-mtls", backend: snapshot.Backend{TLS: mutual, Endpoints: endpoints(ngx.mutual)}},
+		{name: "web-tls12", backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(ngx.tls12)}},
+		{name: "web-tls12-want13", backend: snapshot.Backend{TLS: tls13, Endpoints: endpoints(ngx.tls12)}},
 		{name: "h2-tls", backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP2, TLS: tlsPolicy(e), Endpoints: endpoints(h2TLS)}},
 		{name: "h2c", backend: snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(h2c)}},
 	}
@@ -93,22 +100,23 @@ func TestInteropNative(t *testing.T) {
 	}
 	h1, curlH2C, nghttpH2C := app{"curl-http1.1", curlApp(false)}, app{"curl-h2c", curlApp(true)}, app{"nghttp-h2c", nghttpApp}
 
-	// What nginx saw: version, SNI, ALPN, authority, method, URI, client
-	// certificate.
+	// What nginx saw (nginxReport).
 	for _, c := range []struct {
 		app  app
 		svc  string
 		want string
 	}{
-		{h1, "web", "HTTP/1.1|echo.test|http/1.1|web.b.svc|GET|/report?q=1|"},
-		{curlH2C, "web", "HTTP/2.0|echo.test|h2|web.b.svc|GET|/report?q=1|"},
-		{nghttpH2C, "web", "HTTP/2.0|echo.test|h2|web.b.svc|GET|/report?q=1|"},
+		{h1, "web", "HTTP/1.1|echo.test|http/1.1|web.b.svc|GET|/report?q=1||TLSv1.3"},
+		{curlH2C, "web", "HTTP/2.0|echo.test|h2|web.b.svc|GET|/report?q=1||TLSv1.3"},
+		{nghttpH2C, "web", "HTTP/2.0|echo.test|h2|web.b.svc|GET|/report?q=1||TLSv1.3"},
 		// An HTTP/1.1-only backend: the h2c apps' requests are translated.
-		{h1, "web-h1", "HTTP/1.1|echo.test|http/1.1|web-h1.b.svc|GET|/report?q=1|"},
-		{curlH2C, "web-h1", "HTTP/1.1|echo.test|http/1.1|web-h1.b.svc|GET|/report?q=1|"},
-		{nghttpH2C, "web-h1", "HTTP/1.1|echo.test|http/1.1|web-h1.b.svc|GET|/report?q=1|"},
-		{h1, "web-mtls", "HTTP/1.1|echo.test|http/1.1|web-mtls.b.svc|GET|/report?q=1|CN=sockmesh-proxy"},
-		{curlH2C, "web-mtls", "HTTP/2.0|echo.test|h2|web-mtls.b.svc|GET|/report?q=1|CN=sockmesh-proxy"},
+		{h1, "web-h1", "HTTP/1.1|echo.test|http/1.1|web-h1.b.svc|GET|/report?q=1||TLSv1.3"},
+		{curlH2C, "web-h1", "HTTP/1.1|echo.test|http/1.1|web-h1.b.svc|GET|/report?q=1||TLSv1.3"},
+		{nghttpH2C, "web-h1", "HTTP/1.1|echo.test|http/1.1|web-h1.b.svc|GET|/report?q=1||TLSv1.3"},
+		{h1, "web-mtls", "HTTP/1.1|echo.test|http/1.1|web-mtls.b.svc|GET|/report?q=1|CN=sockmesh-proxy|TLSv1.3"},
+		{curlH2C, "web-mtls", "HTTP/2.0|echo.test|h2|web-mtls.b.svc|GET|/report?q=1|CN=sockmesh-proxy|TLSv1.3"},
+		{h1, "web-tls12", "HTTP/1.1|echo.test|http/1.1|web-tls12.b.svc|GET|/report?q=1||TLSv1.2"},
+		{curlH2C, "web-tls12", "HTTP/2.0|echo.test|h2|web-tls12.b.svc|GET|/report?q=1||TLSv1.2"},
 	} {
 		t.Run(fmt.Sprintf("report/%s/%s", c.app.name, c.svc), func(t *testing.T) {
 			if got := strings.TrimSpace(string(c.app.run(t, c.svc, "/report?q=1"))); got != c.want {
@@ -116,6 +124,37 @@ func TestInteropNative(t *testing.T) {
 			}
 		})
 	}
+
+	// A policy asking for TLS 1.3 of a backend that offers 1.2 only fails
+	// closed, with a 502 naming the reason, for HTTP/1.1 and h2c apps.
+	want13 := "http://web-tls12-want13.b.svc/report"
+	for name, cmd := range map[string]*exec.Cmd{
+		h1.name:        exec.Command(curl, append(curlArgs(false, "web-tls12-want13"), "-w", "%{http_code}", want13)...),
+		curlH2C.name:   exec.Command(curl, append(curlArgs(true, "web-tls12-want13"), "-w", "%{http_code}", want13)...),
+		nghttpH2C.name: exec.Command(nghttp, "-v", "-t", "60", "http://"+addr["web-tls12-want13"]+"/report"),
+	} {
+		t.Run("tls13-required/"+name, func(t *testing.T) {
+			out, _ := cmd.Output() // curl fails on a 502
+			if !bytes.Contains(out, []byte("sockmesh: tls_handshake")) || !bytes.Contains(out, []byte("502")) || bytes.Contains(out, []byte("|GET|")) {
+				t.Errorf("want a 502 naming tls_handshake; got:\n%s", out)
+			}
+		})
+	}
+
+	// An app that speaks TLS itself (curl, OpenSSL, h2 by ALPN) is passed
+	// through: nginx sees curl's own SNI, ALPN and TLS version (TLS inside
+	// TLS would fail the handshake).
+	t.Run("passthrough/curl-https", func(t *testing.T) {
+		ca, err := e.pki.ca.WriteFile(t.TempDir(), "ca")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := runTool(t, curl, "-sS", "--fail-with-body", "--max-time", "60", "--cacert", ca, "--connect-to", "::"+addr["web-tls12"],
+			"https://"+sniName+"/report")
+		if got, want := strings.TrimSpace(string(out)), "HTTP/2.0|echo.test|h2|echo.test|GET|/report||TLSv1.2"; got != want {
+			t.Errorf("nginx saw %q, want %q", got, want)
+		}
+	})
 
 	// A 4 MiB download from nginx and nghttpd, and a 4 MiB upload echoed
 	// by nghttpd, byte for byte, on every wire.
@@ -138,6 +177,11 @@ func TestInteropNative(t *testing.T) {
 				}
 				checkBlob(t, a.run(t, svc, "/echo", extra...), want)
 			})
+			if a.name == h1.name {
+				t.Run(fmt.Sprintf("upload-chunked/%s/%s", a.name, svc), func(t *testing.T) {
+					checkBlob(t, a.run(t, svc, "/echo", "-H", "Transfer-Encoding: chunked", "--data-binary", "@"+upload), want)
+				})
+			}
 		}
 	}
 
@@ -215,11 +259,12 @@ func (e *env) listenFor(dst netip.AddrPort) string {
 }
 
 // nginxBackend is Debian's nginx serving TLS (the test PKI's server
-// certificate) on three addresses.
+// certificate) on four addresses.
 type nginxBackend struct {
 	both   netip.AddrPort // HTTP/1.1 and h2 by ALPN
 	h1     netip.AddrPort // HTTP/1.1 only
 	mutual netip.AddrPort // h2 and HTTP/1.1, client certificate required
+	tls12  netip.AddrPort // h2 and HTTP/1.1, TLS 1.2 only
 }
 
 // startNginx runs nginx in the foreground with files under www and the
@@ -239,7 +284,7 @@ func startNginx(t *testing.T, e *env, www string) *nginxBackend {
 	}
 	var files []*os.File
 	var addrs []netip.AddrPort
-	for range 3 {
+	for range 4 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -271,19 +316,20 @@ http {
   server { listen %[7]s ssl http2; %[8]s }
   server { listen %[9]s ssl; %[8]s }
   server { listen %[10]s ssl http2; ssl_verify_client on; ssl_client_certificate %[5]s; %[8]s }
+  server { listen %[11]s ssl http2; ssl_protocols TLSv1.2; %[8]s }
 }
-`, user, dir, cert, key, ca, www, addrs[0], nginxReport, addrs[1], addrs[2])
+`, user, dir, cert, key, ca, www, addrs[0], nginxReport, addrs[1], addrs[2], addrs[3])
 	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-g", "daemon off;")
 	cmd.ExtraFiles = files
-	cmd.Env = append(os.Environ(), "NGINX=3;4;5;")
+	cmd.Env = append(os.Environ(), "NGINX=3;4;5;6;")
 	startProcess(t, cmd, filepath.Join(dir, "error.log"), addrs...)
 	for _, f := range files {
 		f.Close()
 	}
-	return &nginxBackend{both: addrs[0], h1: addrs[1], mutual: addrs[2]}
+	return &nginxBackend{both: addrs[0], h1: addrs[1], mutual: addrs[2], tls12: addrs[3]}
 }
 
 // startNghttpd runs nghttp2's server on docroot www: HTTP/2 only, over TLS
