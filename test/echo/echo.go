@@ -244,6 +244,7 @@ func (s *Server) websocket(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer c.CloseNow()
+	c.SetReadLimit(16 << 20) // large messages cross the proxy too (not only 32 KiB)
 	ctx := r.Context()
 	b, _ := json.Marshal(rep)
 	if err := c.Write(ctx, websocket.MessageText, b); err != nil {
