@@ -30,12 +30,15 @@ import (
 
 // nginxReport is what the nginx backend answers at /report: how it saw the
 // request, one field per '|': version, SNI, ALPN, authority, method, URI,
-// client certificate, TLS version.
-const nginxReport = `location = /report { return 200 "$server_protocol|$ssl_server_name|$ssl_alpn_protocol|$host|$request_method|$request_uri|$ssl_client_s_dn|$ssl_protocol\n"; }`
+// client certificate, TLS version; at /tls, the TLS version, cipher suite
+// and curve.
+const nginxReport = `location = /report { return 200 "$server_protocol|$ssl_server_name|$ssl_alpn_protocol|$host|$request_method|$request_uri|$ssl_client_s_dn|$ssl_protocol\n"; }
+location = /tls { return 200 "$ssl_protocol $ssl_cipher $ssl_curve\n"; }`
 
 // TestInteropNative: the proxy's HTTP rows with non-Go apps and backends:
 // what the backend saw (version, SNI, ALPN, authority, client certificate,
-// TLS version), failing closed on a TLS version the backend lacks, an
+// TLS version, suite, curve), failing closed on TLS options the backend
+// lacks, an
 // app's own TLS passed through, byte-exact large downloads and uploads
 // (chunked too), and answers that come before the request body ends.
 func TestInteropNative(t *testing.T) {
@@ -57,12 +60,25 @@ func TestInteropNative(t *testing.T) {
 	mutual.ClientCertificatePEM, mutual.ClientKeyPEM = string(e.pki.client.CertPEM), string(e.pki.client.KeyPEM)
 	tls13 := tlsPolicy(e)
 	tls13.MinVersion = tls.VersionTLS13
+	// The legacy server offers one TLS 1.2 suite and one key exchange
+	// curve; policies naming them (TLS options) reach it, policies naming
+	// others do not. P-256 is always listed: in TLS 1.2 the curves also
+	// admit the server's ECDSA certificate, which is on P-256.
+	legacy := func(suite uint16, curve tls.CurveID) *snapshot.TLS {
+		p := tlsPolicy(e)
+		p.CipherSuites = []uint16{suite, tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305}
+		p.Curves = []tls.CurveID{curve, tls.CurveP256}
+		return p
+	}
 	svcs := []service{
 		{name: "web", backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(ngx.both)}},
 		{name: "web-h1", backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(ngx.h1)}},
 		{name: "web-mtls", backend: snapshot.Backend{TLS: mutual, Endpoints: endpoints(ngx.mutual)}},
 		{name: "web-tls12", backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(ngx.tls12)}},
 		{name: "web-tls12-want13", backend: snapshot.Backend{TLS: tls13, Endpoints: endpoints(ngx.tls12)}},
+		{name: "legacy", backend: snapshot.Backend{TLS: legacy(tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, tls.CurveP384), Endpoints: endpoints(ngx.legacy)}},
+		{name: "legacy-suite", backend: snapshot.Backend{TLS: legacy(tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, tls.CurveP384), Endpoints: endpoints(ngx.legacy)}},
+		{name: "legacy-curve", backend: snapshot.Backend{TLS: legacy(tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, tls.X25519), Endpoints: endpoints(ngx.legacy)}},
 		{name: "h2-tls", backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP2, TLS: tlsPolicy(e), Endpoints: endpoints(h2TLS)}},
 		{name: "h2c", backend: snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(h2c)}},
 	}
@@ -125,20 +141,29 @@ func TestInteropNative(t *testing.T) {
 		})
 	}
 
-	// A policy asking for TLS 1.3 of a backend that offers 1.2 only fails
+	// The TLS options reach OpenSSL as set: the legacy server's suite and
+	// curve when the policy names them.
+	t.Run("tls-options", func(t *testing.T) {
+		if got, want := strings.TrimSpace(string(h1.run(t, "legacy", "/tls"))), "TLSv1.2 ECDHE-ECDSA-AES128-GCM-SHA256 secp384r1"; got != want {
+			t.Errorf("nginx negotiated %q, want %q", got, want)
+		}
+	})
+	// A policy whose TLS version, suites or curves the backend lacks fails
 	// closed, with a 502 naming the reason, for HTTP/1.1 and h2c apps.
-	want13 := "http://web-tls12-want13.b.svc/report"
-	for name, cmd := range map[string]*exec.Cmd{
-		h1.name:        exec.Command(curl, append(curlArgs(false, "web-tls12-want13"), "-w", "%{http_code}", want13)...),
-		curlH2C.name:   exec.Command(curl, append(curlArgs(true, "web-tls12-want13"), "-w", "%{http_code}", want13)...),
-		nghttpH2C.name: exec.Command(nghttp, "-v", "-t", "60", "http://"+addr["web-tls12-want13"]+"/report"),
-	} {
-		t.Run("tls13-required/"+name, func(t *testing.T) {
-			out, _ := cmd.Output() // curl fails on a 502
-			if !bytes.Contains(out, []byte("sockmesh: tls_handshake")) || !bytes.Contains(out, []byte("502")) || bytes.Contains(out, []byte("|GET|")) {
-				t.Errorf("want a 502 naming tls_handshake; got:\n%s", out)
-			}
-		})
+	for _, svc := range []string{"web-tls12-want13", "legacy-suite", "legacy-curve"} {
+		url := "http://" + svc + ".b.svc/report"
+		for name, cmd := range map[string]*exec.Cmd{
+			h1.name:        exec.Command(curl, append(curlArgs(false, svc), "-w", "%{http_code}", url)...),
+			curlH2C.name:   exec.Command(curl, append(curlArgs(true, svc), "-w", "%{http_code}", url)...),
+			nghttpH2C.name: exec.Command(nghttp, "-v", "-t", "60", "http://"+addr[svc]+"/report"),
+		} {
+			t.Run(fmt.Sprintf("fail-closed/%s/%s", name, svc), func(t *testing.T) {
+				out, _ := cmd.Output() // curl fails on a 502
+				if !bytes.Contains(out, []byte("sockmesh: tls_handshake")) || !bytes.Contains(out, []byte("502")) || bytes.Contains(out, []byte("|GET|")) {
+					t.Errorf("want a 502 naming tls_handshake; got:\n%s", out)
+				}
+			})
+		}
 	}
 
 	// An app that speaks TLS itself (curl, OpenSSL, h2 by ALPN) is passed
@@ -259,12 +284,13 @@ func (e *env) listenFor(dst netip.AddrPort) string {
 }
 
 // nginxBackend is Debian's nginx serving TLS (the test PKI's server
-// certificate) on four addresses.
+// certificate) on five addresses.
 type nginxBackend struct {
 	both   netip.AddrPort // HTTP/1.1 and h2 by ALPN
 	h1     netip.AddrPort // HTTP/1.1 only
 	mutual netip.AddrPort // h2 and HTTP/1.1, client certificate required
 	tls12  netip.AddrPort // h2 and HTTP/1.1, TLS 1.2 only
+	legacy netip.AddrPort // TLS 1.2 with one suite and one curve (P-384)
 }
 
 // startNginx runs nginx in the foreground with files under www and the
@@ -284,7 +310,7 @@ func startNginx(t *testing.T, e *env, www string) *nginxBackend {
 	}
 	var files []*os.File
 	var addrs []netip.AddrPort
-	for range 4 {
+	for range 5 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -317,19 +343,20 @@ http {
   server { listen %[9]s ssl; %[8]s }
   server { listen %[10]s ssl http2; ssl_verify_client on; ssl_client_certificate %[5]s; %[8]s }
   server { listen %[11]s ssl http2; ssl_protocols TLSv1.2; %[8]s }
+  server { listen %[12]s ssl; ssl_protocols TLSv1.2; ssl_ciphers ECDHE-ECDSA-AES128-GCM-SHA256; ssl_ecdh_curve secp384r1; %[8]s }
 }
-`, user, dir, cert, key, ca, www, addrs[0], nginxReport, addrs[1], addrs[2], addrs[3])
+`, user, dir, cert, key, ca, www, addrs[0], nginxReport, addrs[1], addrs[2], addrs[3], addrs[4])
 	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-g", "daemon off;")
 	cmd.ExtraFiles = files
-	cmd.Env = append(os.Environ(), "NGINX=3;4;5;6;")
+	cmd.Env = append(os.Environ(), "NGINX=3;4;5;6;7;")
 	startProcess(t, cmd, filepath.Join(dir, "error.log"), addrs...)
 	for _, f := range files {
 		f.Close()
 	}
-	return &nginxBackend{both: addrs[0], h1: addrs[1], mutual: addrs[2], tls12: addrs[3]}
+	return &nginxBackend{both: addrs[0], h1: addrs[1], mutual: addrs[2], tls12: addrs[3], legacy: addrs[4]}
 }
 
 // startNghttpd runs nghttp2's server on docroot www: HTTP/2 only, over TLS

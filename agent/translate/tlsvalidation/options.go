@@ -32,6 +32,9 @@ const (
 	// OptionCurves lists key exchange groups in preference order:
 	// X25519, CurveP256 (or P-256), CurveP384 (P-384), CurveP521 (P-521),
 	// X25519MLKEM768, SecP256r1MLKEM768, SecP384r1MLKEM1024, MLKEM1024.
+	// With TLS 1.2 the list also bounds the curves of the backend's ECDSA
+	// certificate (RFC 8422): OpenSSL refuses a P-256 certificate to a
+	// list without P-256 (proxy.TestInteropNative).
 	OptionCurves = "sockmesh.io/curves"
 	// OptionALPN lists the ALPN protocol IDs to offer (e.g. "h2,http/1.1"),
 	// replacing the ones the backend protocol implies.
