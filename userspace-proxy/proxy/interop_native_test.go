@@ -104,9 +104,9 @@ func TestInteropNative(t *testing.T) {
 		}
 		return append(args, "--http1.1")
 	}
-	curlApp := func(h2c bool) func(t *testing.T, svc, path string, extra ...string) []byte {
+	curlApp := func(h2c bool, more ...string) func(t *testing.T, svc, path string, extra ...string) []byte {
 		return func(t *testing.T, svc, path string, extra ...string) []byte {
-			args := append(append(curlArgs(h2c, svc), extra...), "http://"+svc+".b.svc"+path)
+			args := append(append(append(curlArgs(h2c, svc), more...), extra...), "http://"+svc+".b.svc"+path)
 			return runTool(t, curl, args...)
 		}
 	}
@@ -115,6 +115,7 @@ func TestInteropNative(t *testing.T) {
 		return runTool(t, nghttp, append(args, "http://"+addr[svc]+path)...)
 	}
 	h1, curlH2C, nghttpH2C := app{"curl-http1.1", curlApp(false)}, app{"curl-h2c", curlApp(true)}, app{"nghttp-h2c", nghttpApp}
+	h10 := app{"curl-http1.0", curlApp(false, "--http1.0")} // answers without chunks or keep-alive
 
 	// What nginx saw (nginxReport).
 	for _, c := range []struct {
@@ -123,6 +124,7 @@ func TestInteropNative(t *testing.T) {
 		want string
 	}{
 		{h1, "web", "HTTP/1.1|echo.test|http/1.1|web.b.svc|GET|/report?q=1||TLSv1.3"},
+		{h10, "web", "HTTP/1.1|echo.test|http/1.1|web.b.svc|GET|/report?q=1||TLSv1.3"},
 		{curlH2C, "web", "HTTP/2.0|echo.test|h2|web.b.svc|GET|/report?q=1||TLSv1.3"},
 		{nghttpH2C, "web", "HTTP/2.0|echo.test|h2|web.b.svc|GET|/report?q=1||TLSv1.3"},
 		// An HTTP/1.1-only backend: the h2c apps' requests are translated.
@@ -188,11 +190,14 @@ func TestInteropNative(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := sha256.Sum256(blob)
-	for _, a := range []app{h1, curlH2C, nghttpH2C} {
+	for _, a := range []app{h1, curlH2C, nghttpH2C, h10} {
 		for _, svc := range []string{"web", "web-h1", "h2-tls", "h2c"} {
 			t.Run(fmt.Sprintf("download/%s/%s", a.name, svc), func(t *testing.T) {
 				checkBlob(t, a.run(t, svc, "/blob"), want)
 			})
+		}
+		if a.name == h10.name {
+			continue
 		}
 		for _, svc := range []string{"h2-tls", "h2c"} {
 			t.Run(fmt.Sprintf("upload/%s/%s", a.name, svc), func(t *testing.T) {
