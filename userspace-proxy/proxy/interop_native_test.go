@@ -79,6 +79,7 @@ func TestInteropNative(t *testing.T) {
 		{name: "legacy", backend: snapshot.Backend{TLS: legacy(tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, tls.CurveP384), Endpoints: endpoints(ngx.legacy)}},
 		{name: "legacy-suite", backend: snapshot.Backend{TLS: legacy(tls.TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384, tls.CurveP384), Endpoints: endpoints(ngx.legacy)}},
 		{name: "legacy-curve", backend: snapshot.Backend{TLS: legacy(tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, tls.X25519), Endpoints: endpoints(ngx.legacy)}},
+		{name: "brief", backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(ngx.brief)}},
 		{name: "h2-tls", backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP2, TLS: tlsPolicy(e), Endpoints: endpoints(h2TLS)}},
 		{name: "h2c", backend: snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(h2c)}},
 	}
@@ -215,6 +216,50 @@ func TestInteropNative(t *testing.T) {
 		}
 	}
 
+	// A backend that closes its connections after 3 requests, or 200 ms
+	// idle: the pooled connections it closed are never used again, and no
+	// request fails for it — not a burst of ten on one app connection, nor
+	// a GET or POST (which cannot be sent twice) after the backend closed
+	// the idle connection it would have taken. (No curl h2c burst: curl
+	// 7.88 sends no second request on an h2c connection, nghttpd's either.)
+	for _, a := range []app{h1, nghttpH2C} {
+		t.Run("backend-closes/burst/"+a.name, func(t *testing.T) {
+			var more []string
+			for i := range 9 {
+				if a.name == nghttpH2C.name {
+					more = append(more, fmt.Sprintf("http://%s/report?%d", addr["brief"], i))
+				} else {
+					more = append(more, fmt.Sprintf("http://brief.b.svc/report?%d", i))
+				}
+			}
+			out := a.run(t, "brief", "/report?last", more...)
+			if n := bytes.Count(out, []byte("|GET|/report?")); n != 10 {
+				t.Errorf("%d of 10 answered:\n%s", n, out)
+			}
+		})
+	}
+	for _, a := range []app{h1, curlH2C, nghttpH2C} {
+		for _, post := range []bool{false, true} {
+			t.Run(fmt.Sprintf("backend-closes/idle/%s/post=%v", a.name, post), func(t *testing.T) {
+				var extra []string
+				if post {
+					extra = []string{"--data-binary", "x"}
+					if a.name == nghttpH2C.name {
+						extra = []string{"-d", upload}
+					}
+				}
+				for i := range 2 {
+					if i > 0 {
+						time.Sleep(500 * time.Millisecond) // nginx closes what idles for 200 ms
+					}
+					if out := a.run(t, "brief", "/report", extra...); !bytes.Contains(out, []byte("|/report|")) {
+						t.Fatalf("request %d: %s", i, out)
+					}
+				}
+			})
+		}
+	}
+
 	// nginx answers a POST at once, discarding its body. An HTTP/1.1 app
 	// then sends another request: on the same connection, or on a new one
 	// when the answer said the connection closes (an answer that starts
@@ -289,13 +334,16 @@ func (e *env) listenFor(dst netip.AddrPort) string {
 }
 
 // nginxBackend is Debian's nginx serving TLS (the test PKI's server
-// certificate) on five addresses.
+// certificate) on six addresses.
 type nginxBackend struct {
 	both   netip.AddrPort // HTTP/1.1 and h2 by ALPN
 	h1     netip.AddrPort // HTTP/1.1 only
 	mutual netip.AddrPort // h2 and HTTP/1.1, client certificate required
 	tls12  netip.AddrPort // h2 and HTTP/1.1, TLS 1.2 only
 	legacy netip.AddrPort // TLS 1.2 with one suite and one curve (P-384)
+	// brief is HTTP/1.1 only and keeps a connection for 3 requests or
+	// 200 ms idle, as backends with short keep-alive limits do.
+	brief netip.AddrPort
 }
 
 // startNginx runs nginx in the foreground with files under www and the
@@ -315,7 +363,7 @@ func startNginx(t *testing.T, e *env, www string) *nginxBackend {
 	}
 	var files []*os.File
 	var addrs []netip.AddrPort
-	for range 5 {
+	for range 6 {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -349,19 +397,20 @@ http {
   server { listen %[10]s ssl http2; ssl_verify_client on; ssl_client_certificate %[5]s; %[8]s }
   server { listen %[11]s ssl http2; ssl_protocols TLSv1.2; %[8]s }
   server { listen %[12]s ssl; ssl_protocols TLSv1.2; ssl_ciphers ECDHE-ECDSA-AES128-GCM-SHA256; ssl_ecdh_curve secp384r1; %[8]s }
+  server { listen %[13]s ssl; keepalive_requests 3; keepalive_timeout 200ms; %[8]s }
 }
-`, user, dir, cert, key, ca, www, addrs[0], nginxReport, addrs[1], addrs[2], addrs[3], addrs[4])
+`, user, dir, cert, key, ca, www, addrs[0], nginxReport, addrs[1], addrs[2], addrs[3], addrs[4], addrs[5])
 	if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(bin, "-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-g", "daemon off;")
 	cmd.ExtraFiles = files
-	cmd.Env = append(os.Environ(), "NGINX=3;4;5;6;7;")
+	cmd.Env = append(os.Environ(), "NGINX=3;4;5;6;7;8;")
 	startProcess(t, cmd, filepath.Join(dir, "error.log"), addrs...)
 	for _, f := range files {
 		f.Close()
 	}
-	return &nginxBackend{both: addrs[0], h1: addrs[1], mutual: addrs[2], tls12: addrs[3], legacy: addrs[4]}
+	return &nginxBackend{both: addrs[0], h1: addrs[1], mutual: addrs[2], tls12: addrs[3], legacy: addrs[4], brief: addrs[5]}
 }
 
 // startNghttpd runs nghttp2's server on docroot www: HTTP/2 only, over TLS
