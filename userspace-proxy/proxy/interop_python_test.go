@@ -43,6 +43,20 @@ func python(t *testing.T) string {
 	return py
 }
 
+// pythonEnv is a Python test's start: the interpreter, the proxy, and
+// the test PKI's server certificate and key as files for Python servers.
+func pythonEnv(t *testing.T) (py string, e *env, cert, key string) {
+	t.Helper()
+	py = python(t)
+	checkNoLeaks(t)
+	e = newEnv(t, envOptions{})
+	cert, key, err := e.pki.server.WriteFiles(t.TempDir(), "server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return py, e, cert, key
+}
+
 // startPeer runs interop.py as a server and returns the port it printed;
 // the test's cleanup ends it.
 func startPeer(t *testing.T, py string, args ...string) netip.AddrPort {
@@ -99,13 +113,7 @@ func runPeer(t *testing.T, py string, out any, args ...string) {
 // trailers and status codes cross unchanged; a fail-closed backend gives
 // grpcio UNAVAILABLE naming the reason.
 func TestInteropPythonGRPC(t *testing.T) {
-	py := python(t)
-	checkNoLeaks(t)
-	e := newEnv(t, envOptions{})
-	cert, key, err := e.pki.server.WriteFiles(t.TempDir(), "server")
-	if err != nil {
-		t.Fatal(err)
-	}
+	py, e, cert, key := pythonEnv(t)
 	m := &mesh{t: t}
 	goRef := m.backend("grpc-go", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, TLS: tlsPolicy(e),
 		Endpoints: endpoints(startEcho(t, "grpc-go", serverTLS(e.pki.server)).addr)})
@@ -198,13 +206,7 @@ func TestInteropPythonGRPC(t *testing.T) {
 // to a websockets server over TLS (kubernetes.io/wss): text, a 1 MiB
 // binary message, and a clean close.
 func TestInteropPythonWebSocket(t *testing.T) {
-	py := python(t)
-	checkNoLeaks(t)
-	e := newEnv(t, envOptions{})
-	cert, key, err := e.pki.server.WriteFiles(t.TempDir(), "server")
-	if err != nil {
-		t.Fatal(err)
-	}
+	py, e, cert, key := pythonEnv(t)
 	svcs := []service{
 		{name: "ws", backend: snapshot.Backend{Protocol: snapshot.ProtocolWS, Endpoints: endpoints(startEcho(t, "ws-0", nil).addr)}},
 		{name: "wss", backend: snapshot.Backend{Protocol: snapshot.ProtocolWSS, TLS: tlsPolicy(e), Endpoints: endpoints(startEcho(t, "wss-0", serverTLS(e.pki.server)).addr)}},
