@@ -432,10 +432,11 @@ func startNghttpd(t *testing.T, e *env, www string, useTLS bool) netip.AddrPort 
 		} else {
 			args = append([]string{"--no-tls"}, args...)
 		}
-		log := filepath.Join(dir, "nghttpd.log")
-		cmd := exec.Command(bin, args...)
-		if started(t, cmd, log, addr) || attempt == 2 {
+		if started(t, exec.Command(bin, args...), filepath.Join(dir, "nghttpd.log"), addr) {
 			return addr
+		}
+		if attempt == 2 {
+			t.Fatalf("nghttpd exited at once, three times (log below)")
 		}
 	}
 }
