@@ -202,38 +202,45 @@ func TestInteropPythonGRPC(t *testing.T) {
 }
 
 // TestInteropPythonWebSocket: Python's websockets client through the
-// proxy to the echo backend (ws relayed, wss originated), and Go's client
-// to a websockets server over TLS (kubernetes.io/wss): text, a 1 MiB
-// binary message, and a clean close.
+// proxy to the echo backend (ws relayed, wss originated, and through an
+// HTTPRoute that rewrites the path and sends it to the wss backend), and
+// Go's client to a websockets server over TLS (kubernetes.io/wss): text,
+// a 1 MiB binary message, and a clean close.
 func TestInteropPythonWebSocket(t *testing.T) {
 	py, e, cert, key := pythonEnv(t)
-	svcs := []service{
-		{name: "ws", backend: snapshot.Backend{Protocol: snapshot.ProtocolWS, Endpoints: endpoints(startEcho(t, "ws-0", nil).addr)}},
-		{name: "wss", backend: snapshot.Backend{Protocol: snapshot.ProtocolWSS, TLS: tlsPolicy(e), Endpoints: endpoints(startEcho(t, "wss-0", serverTLS(e.pki.server)).addr)}},
-		{name: "wss-py", backend: snapshot.Backend{Protocol: snapshot.ProtocolWSS, TLS: tlsPolicy(e), Endpoints: endpoints(startPeer(t, py, "wss-server", cert, key))}},
+	m := &mesh{t: t}
+	ws := m.backend("ws", snapshot.Backend{Protocol: snapshot.ProtocolWS, Endpoints: endpoints(startEcho(t, "ws-0", nil).addr)})
+	wss := m.backend("wss", snapshot.Backend{Protocol: snapshot.ProtocolWSS, TLS: tlsPolicy(e), Endpoints: endpoints(startEcho(t, "wss-0", serverTLS(e.pki.server)).addr)})
+	wssPy := m.backend("wss-py", snapshot.Backend{Protocol: snapshot.ProtocolWSS, TLS: tlsPolicy(e), Endpoints: endpoints(startPeer(t, py, "wss-server", cert, key))})
+	vips := map[string]netip.AddrPort{}
+	front := func(name string, own snapshot.BackendRef, rt *snapshot.RouteTable) {
+		vips[name] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 8, byte(len(vips) + 1)}), 80)
+		m.frontend(name, vips[name], own, rt)
 	}
-	for i := range svcs {
-		svcs[i].vip = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 8, byte(i + 1)}), 80)
-	}
-	e.p.Update(buildSnapshot(t, 1, svcs...))
-	for _, svc := range svcs[:2] {
-		t.Run("websockets-client/"+svc.name, func(t *testing.T) {
+	front("ws", ws, nil)
+	front("wss", wss, nil)
+	front("wss-py", wssPy, nil)
+	front("ws-routed", ws, producer(routeSet(snapshot.KindHTTPRoute, rule{[]snapshot.RouteMatch{prefixMatch("/chat")}, snapshot.RouteRule{
+		Backends: to(wss), Filters: snapshot.Filters{Rewrite: &snapshot.Rewrite{Path: &snapshot.PathModifier{Type: snapshot.ReplacePrefixMatch, Value: "/ws"}}}}})))
+	e.p.Update(m.snapshot(1))
+	for svc, path := range map[string]string{"ws": "/ws", "wss": "/ws", "ws-routed": "/chat"} {
+		t.Run("websockets-client/"+svc, func(t *testing.T) {
 			var r struct {
 				Report       echo.Report
 				Text, Binary bool
 				CloseCode    int
 			}
-			runPeer(t, py, &r, "ws-client", e.listenFor(svc.vip), "ws://"+svc.name+".b.svc/ws")
-			if r.Report.Path != "/ws" || r.Report.Host != svc.name+".b.svc" || (r.Report.TLS != nil) != (svc.name == "wss") ||
+			runPeer(t, py, &r, "ws-client", e.listenFor(vips[svc]), "ws://"+svc+".b.svc"+path)
+			if r.Report.Path != "/ws" || r.Report.Host != svc+".b.svc" || (r.Report.TLS != nil) != (svc != "ws") ||
 				!r.Text || !r.Binary || r.CloseCode != int(websocket.StatusNormalClosure) {
-				t.Errorf("got %+v; want the report of /ws (TLS for wss), both echoes, close 1000", r)
+				t.Errorf("got %+v; want the report of /ws (TLS but for ws), both echoes, close 1000", r)
 			}
 		})
 	}
 	t.Run("go-client/wss-py", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		ws, _, err := websocket.Dial(ctx, "ws://wss-py.b.svc/chat", &websocket.DialOptions{HTTPClient: e.client(svcs[2].vip, false)})
+		ws, _, err := websocket.Dial(ctx, "ws://wss-py.b.svc/chat", &websocket.DialOptions{HTTPClient: e.client(vips["wss-py"], false)})
 		if err != nil {
 			t.Fatal(err)
 		}
