@@ -38,13 +38,21 @@ location = /tls { return 200 "$ssl_protocol $ssl_cipher $ssl_curve\n"; }`
 // TestInteropNative: the proxy's HTTP rows with non-Go apps and backends:
 // what the backend saw (version, SNI, ALPN, authority, client certificate,
 // TLS version, suite, curve), failing closed on TLS options the backend
-// lacks, an
-// app's own TLS passed through, byte-exact large downloads and uploads
-// (chunked too), and answers that come before the request body ends.
+// lacks, an app's own TLS passed through, byte-exact large downloads and
+// uploads (chunked too), backends that close connections early, and
+// answers that come before the request body ends. HTTP/1.x apps take both
+// of their paths: the fast path (the default) and net/http's server and
+// Transport (HTTP1TLSL7).
 func TestInteropNative(t *testing.T) {
+	for name, http1 := range map[string]proxy.HTTP1TLSPath{"http1-default": proxy.HTTP1TLSAuto, "http1-nethttp": proxy.HTTP1TLSL7} {
+		t.Run(name, func(t *testing.T) { interopNative(t, http1) })
+	}
+}
+
+func interopNative(t *testing.T, http1 proxy.HTTP1TLSPath) {
 	curl, nghttp := nativeTool(t, "curl"), nativeTool(t, "nghttp")
 	checkNoLeaks(t)
-	e := newEnv(t, envOptions{})
+	e := newEnv(t, envOptions{http1TLS: http1})
 	www := t.TempDir()
 	blob := make([]byte, 4<<20+123)
 	rand.Read(blob)
