@@ -125,6 +125,11 @@ func interopNative(t *testing.T, http1 proxy.HTTP1TLSPath) {
 	}
 	h1, curlH2C, nghttpH2C := app{"curl-http1.1", curlApp(false)}, app{"curl-h2c", curlApp(true)}, app{"nghttp-h2c", nghttpApp}
 	h10 := app{"curl-http1.0", curlApp(false, "--http1.0")} // answers without chunks or keep-alive
+	// nghttp with 4 KiB stream and 16 KiB connection windows: the proxy's
+	// HTTP/2 must wait for WINDOW_UPDATEs, not overrun or stall.
+	smallWindow := app{"nghttp-h2c-small-window", func(t *testing.T, svc, path string, extra ...string) []byte {
+		return nghttpApp(t, svc, path, append([]string{"-w", "12", "-W", "14"}, extra...)...)
+	}}
 
 	// What nginx saw (nginxReport).
 	for _, c := range []struct {
@@ -199,13 +204,13 @@ func interopNative(t *testing.T, http1 proxy.HTTP1TLSPath) {
 		t.Fatal(err)
 	}
 	want := sha256.Sum256(blob)
-	for _, a := range []app{h1, curlH2C, nghttpH2C, h10} {
+	for _, a := range []app{h1, curlH2C, nghttpH2C, h10, smallWindow} {
 		for _, svc := range []string{"web", "web-h1", "h2-tls", "h2c"} {
 			t.Run(fmt.Sprintf("download/%s/%s", a.name, svc), func(t *testing.T) {
 				checkBlob(t, a.run(t, svc, "/blob"), want)
 			})
 		}
-		if a.name == h10.name {
+		if a.name == h10.name || a.name == smallWindow.name {
 			continue
 		}
 		for _, svc := range []string{"h2-tls", "h2c"} {
