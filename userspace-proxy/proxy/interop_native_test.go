@@ -125,6 +125,9 @@ func interopNative(t *testing.T, http1 proxy.HTTP1TLSPath) {
 	}
 	h1, curlH2C, nghttpH2C := app{"curl-http1.1", curlApp(false)}, app{"curl-h2c", curlApp(true)}, app{"nghttp-h2c", nghttpApp}
 	h10 := app{"curl-http1.0", curlApp(false, "--http1.0")} // answers without chunks or keep-alive
+	// curl --http2 on http:// asks for Upgrade: h2c, which the proxy
+	// declines (the request goes on as HTTP/1.1).
+	h2cUpgrade := app{"curl-upgrade-h2c", curlApp(false, "--http2")}
 	// nghttp with 4 KiB stream and 16 KiB connection windows: the proxy's
 	// HTTP/2 must wait for WINDOW_UPDATEs, not overrun or stall.
 	smallWindow := app{"nghttp-h2c-small-window", func(t *testing.T, svc, path string, extra ...string) []byte {
@@ -139,6 +142,7 @@ func interopNative(t *testing.T, http1 proxy.HTTP1TLSPath) {
 	}{
 		{h1, "web", "HTTP/1.1|echo.test|http/1.1|web.b.svc|GET|/report?q=1||TLSv1.3"},
 		{h10, "web", "HTTP/1.1|echo.test|http/1.1|web.b.svc|GET|/report?q=1||TLSv1.3"},
+		{h2cUpgrade, "web", "HTTP/1.1|echo.test|http/1.1|web.b.svc|GET|/report?q=1||TLSv1.3"},
 		{curlH2C, "web", "HTTP/2.0|echo.test|h2|web.b.svc|GET|/report?q=1||TLSv1.3"},
 		{nghttpH2C, "web", "HTTP/2.0|echo.test|h2|web.b.svc|GET|/report?q=1||TLSv1.3"},
 		// An HTTP/1.1-only backend: the h2c apps' requests are translated.
@@ -204,13 +208,13 @@ func interopNative(t *testing.T, http1 proxy.HTTP1TLSPath) {
 		t.Fatal(err)
 	}
 	want := sha256.Sum256(blob)
-	for _, a := range []app{h1, curlH2C, nghttpH2C, h10, smallWindow} {
+	for _, a := range []app{h1, curlH2C, nghttpH2C, h10, smallWindow, h2cUpgrade} {
 		for _, svc := range []string{"web", "web-h1", "h2-tls", "h2c"} {
 			t.Run(fmt.Sprintf("download/%s/%s", a.name, svc), func(t *testing.T) {
 				checkBlob(t, a.run(t, svc, "/blob"), want)
 			})
 		}
-		if a.name == h10.name || a.name == smallWindow.name {
+		if a.name == h10.name || a.name == smallWindow.name || a.name == h2cUpgrade.name {
 			continue
 		}
 		for _, svc := range []string{"h2-tls", "h2c"} {
