@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/netip"
@@ -23,8 +24,8 @@ import (
 )
 
 // Interop with HTTP implementations other than Go's, as production meets
-// them: curl (libcurl, nghttp2) and nghttp as apps, nginx and nghttpd as
-// backends, all from Debian (.ci/run installs them). Go's client talking to
+// them: curl (libcurl, nghttp2), nghttp and Node.js as apps, nginx and
+// nghttpd as backends, all from Debian (.ci/run installs them). Go's client talking to
 // Go's server through a Go proxy shares one HTTP/2 implementation on every
 // side; these catch what only another one exposes.
 
@@ -510,4 +511,63 @@ func started(t *testing.T, cmd *exec.Cmd, log string, addrs ...netip.AddrPort) b
 		}
 	}
 	return true
+}
+
+// TestInteropNode: Node's HTTP/1.1 client parses answers with llhttp,
+// stricter than Go's and curl's parsers. On one keep-alive connection it
+// reads every kind of answer the proxy writes for HTTP/1.1 apps — with a
+// length, to HEAD, 204, 304, streamed, after a chunked upload, large —
+// from the fast path over TLS, through a route, and translated from an
+// h2c backend's answers.
+func TestInteropNode(t *testing.T) {
+	node := nativeTool(t, "node")
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	m := &mesh{t: t}
+	tlsRef := m.backend("echo-tls", snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(startEcho(t, "echo-tls-0", serverTLS(e.pki.server)).addr)})
+	h2cRef := m.backend("echo-h2c", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(startEcho(t, "echo-h2c-0", nil).addr)})
+	vips := map[string]netip.AddrPort{}
+	front := func(name string, own snapshot.BackendRef, rt *snapshot.RouteTable) {
+		vips[name] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 9, byte(len(vips) + 1)}), 80)
+		m.frontend(name, vips[name], own, rt)
+	}
+	front("echo-tls", tlsRef, nil)
+	front("echo-routed", tlsRef, producer(routeSet(snapshot.KindHTTPRoute, rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(tlsRef)}})))
+	front("echo-h2c", h2cRef, nil)
+	e.p.Update(m.snapshot(1))
+	for svc, dst := range vips {
+		t.Run(svc, func(t *testing.T) {
+			out := runTool(t, node, filepath.Join("testdata", "interop.js"), e.listenFor(dst), svc+".b.svc")
+			var r struct {
+				Exchanges []struct {
+					Method, Path, Body, Error string
+					Status, Bytes             int
+				}
+				Connections int
+			}
+			if err := json.Unmarshal(out, &r); err != nil {
+				t.Fatalf("node printed %q: %v", out, err)
+			}
+			want := []struct {
+				status int
+				check  func(bytes int, body string) bool
+			}{
+				{200, func(n int, _ string) bool { return n == 100 }},
+				{200, func(n int, _ string) bool { return n == 0 }}, // HEAD
+				{204, func(n int, _ string) bool { return n == 0 }},
+				{304, func(n int, _ string) bool { return n == 0 }},
+				{200, func(_ int, b string) bool { return strings.Contains(b, "id: 2\n") }},
+				{200, func(_ int, b string) bool { return strings.Contains(b, `"bodyBytes":300000`) }},
+				{200, func(n int, _ string) bool { return n == 65536 }},
+			}
+			if len(r.Exchanges) != len(want) || r.Connections != 1 {
+				t.Fatalf("%d exchanges on %d connections, want %d on 1: %+v", len(r.Exchanges), r.Connections, len(want), r.Exchanges)
+			}
+			for i, x := range r.Exchanges {
+				if x.Status != want[i].status || !want[i].check(x.Bytes, x.Body) {
+					t.Errorf("%s %s: status %d, %d bytes %.200q", x.Method, x.Path, x.Status, x.Bytes, x.Body)
+				}
+			}
+		})
+	}
 }
