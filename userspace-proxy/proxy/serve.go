@@ -75,9 +75,10 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 // persistence, a protocol change — including HTTP/2 to a TLS backend that
 // lately declined h2 — an ExternalHostname backend's authority) and, by
 // default, for HTTP/1.x to a TLS backend (pooled upstream TLS; see
-// HTTP1TLSAuto); otherwise bytes are relayed. On a port with routes, what is not HTTP — the app's own TLS
-// (passthrough: routes cannot see inside it) or other bytes — goes to the
-// frontend's own backend, as routes only govern HTTP.
+// HTTP1TLSAuto); otherwise bytes are relayed. On a port with routes, what
+// is not HTTP — the app's own TLS (passthrough: routes cannot see inside
+// it) or other bytes — goes to the frontend's own backend, as routes only
+// govern HTTP.
 func (p *Proxy) choosePath(kind sniff.Kind, fe *snapshot.Frontend, be *upstream.Backend) Path {
 	if kind == sniff.TLS {
 		return PathPassthrough
