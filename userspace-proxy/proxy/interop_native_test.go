@@ -256,6 +256,21 @@ func interopNative(t *testing.T, http1 proxy.HTTP1TLSPath) {
 			}
 		})
 	}
+	// 100 concurrent streams on one h2c connection, each to its own
+	// request to the HTTP/1.1 backend (the translating path's pool opens
+	// what it needs), and relayed to nginx's h2.
+	for _, svc := range []string{"web-h1", "web"} {
+		t.Run("concurrent-streams/nghttp-h2c/"+svc, func(t *testing.T) {
+			var more []string
+			for i := range 99 {
+				more = append(more, fmt.Sprintf("http://%s/report?%d", addr[svc], i))
+			}
+			out := nghttpApp(t, svc, "/report?last", more...) // nghttp sends them all at once
+			if n := bytes.Count(out, []byte("|GET|/report?")); n != 100 {
+				t.Errorf("%d of 100 answered:\n%.2000s", n, out)
+			}
+		})
+	}
 	for _, a := range []app{h1, curlH2C, nghttpH2C} {
 		for _, post := range []bool{false, true} {
 			t.Run(fmt.Sprintf("backend-closes/idle/%s/post=%v", a.name, post), func(t *testing.T) {
