@@ -186,6 +186,7 @@ func (t *translator) evalHTTPRoute(r *gwv1.HTTPRoute) *routeEval {
 		}
 		out.Timeouts = timeouts(&b, rule.Timeouts)
 		out.Retry = retry(&b, rule.Retry)
+		//lint:ignore SA1019 deprecated in v1.7 (GEP-4894) but still served; routes that set it are honoured
 		out.SessionPersistence = rb.sessionPersistence(&b, i, rule.SessionPersistence, &out)
 		rb.add(i, deref(rule.Name), &b, out)
 	}
@@ -208,6 +209,7 @@ func (t *translator) evalGRPCRoute(r *gwv1.GRPCRoute) *routeEval {
 		for j, br := range rule.BackendRefs {
 			out.Backends = append(out.Backends, rb.weighted(&b, j, br.BackendRef, grpcFilters(br.Filters)))
 		}
+		//lint:ignore SA1019 deprecated in v1.7 (GEP-4894) but still served; routes that set it are honoured
 		out.SessionPersistence = rb.sessionPersistence(&b, i, rule.SessionPersistence, &out)
 		rb.add(i, deref(rule.Name), &b, out)
 	}

@@ -100,6 +100,7 @@ func (t *translator) evalTrafficPolicy(p *gwxv1alpha1.XBackendTrafficPolicy) *tr
 		e.retry = retryConstraint(rc, &invalid)
 		e.retry.Policy = e.ref
 	}
+	//lint:ignore SA1019 deprecated in v1.7 (GEP-4894) but still served; policies that set it are honoured
 	if sp := p.Spec.SessionPersistence; sp != nil {
 		var msg string
 		if e.session, msg = sessionPersistence(sp, e.ref); msg != "" {

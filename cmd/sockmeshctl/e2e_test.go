@@ -135,8 +135,8 @@ func TestCLI(t *testing.T) {
 		}{
 			{[]string{"explain", "-n", ns, "nosuchpod", "secure:80"}, `pods "nosuchpod" not found`},
 			{[]string{"explain", "-n", ns, "remote", "secure:80"}, `serves node "` + e.nodeName + `", but pod app/remote runs on node "elsewhere"`},
-			{[]string{"explain", "-n", ns, "client", "nosuch:80"}, "Service app/nosuch not found"},
-			{[]string{"explain", "-n", ns, "client", "secure:8080"}, "has no port 8080 (ports: http/80)"},
+			{[]string{"explain", "-n", ns, "client", "nosuch:80"}, "no Service app/nosuch"},
+			{[]string{"explain", "-n", ns, "client", "secure:8080"}, "no port 8080 in Service app/secure (ports: http/80)"},
 			{[]string{"explain", "-n", ns, "client", "secure"}, "want SERVICE:PORT or IP:PORT"},
 			{[]string{"explain", "-n", ns, "client", "secure:80", "-o", "xml"}, "want table, yaml or json"},
 		} {

@@ -194,10 +194,10 @@ func resolveService(ctx context.Context, g *globals, q *explain.Query, dst desti
 	} else {
 		s, err := kube.CoreV1().Services(dst.service.Namespace).Get(ctx, dst.service.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
-			return nil, fmt.Errorf("Service %s not found", dst.service)
+			return nil, fmt.Errorf("no Service %s", dst.service)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("Service %s: %w", dst.service, err)
+			return nil, fmt.Errorf("get Service %s: %w", dst.service, err)
 		}
 		svc = s
 		for _, ip := range svc.Spec.ClusterIPs {
@@ -224,7 +224,7 @@ func resolveService(ctx context.Context, g *globals, q *explain.Query, dst desti
 		for _, p := range svc.Spec.Ports {
 			ports = append(ports, fmt.Sprintf("%s/%d", p.Name, p.Port))
 		}
-		return nil, fmt.Errorf("Service %s/%s has no port %s (ports: %s)", svc.Namespace, svc.Name, dst.port, strings.Join(ports, ", "))
+		return nil, fmt.Errorf("no port %s in Service %s/%s (ports: %s)", dst.port, svc.Namespace, svc.Name, strings.Join(ports, ", "))
 	}
 	q.Port = uint16(svc.Spec.Ports[i].Port)
 	return svc, nil

@@ -134,11 +134,11 @@ func (m *manifests) servicePort(namespace, name, slice string) (vip netip.AddrPo
 	ip, _, _ := unstructured.NestedString(svc.Object, "spec", "clusterIP")
 	addr, err := netip.ParseAddr(ip)
 	if err != nil {
-		return vip, 0, fmt.Errorf("Service %s/%s: clusterIP %q: %w", namespace, name, ip, err)
+		return vip, 0, fmt.Errorf("clusterIP %q of Service %s/%s: %w", ip, namespace, name, err)
 	}
 	ports, _, _ := unstructured.NestedSlice(svc.Object, "spec", "ports")
 	if len(ports) == 0 {
-		return vip, 0, fmt.Errorf("Service %s/%s has no ports", namespace, name)
+		return vip, 0, fmt.Errorf("no ports in Service %s/%s", namespace, name)
 	}
 	port, _, _ := unstructured.NestedInt64(ports[0].(map[string]any), "port")
 	vip = netip.AddrPortFrom(addr, uint16(port))

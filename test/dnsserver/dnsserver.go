@@ -92,13 +92,6 @@ func (s *Server) SetCNAME(name, target string, ttl uint32) {
 	s.put(name, Record{CNAME: target, TTL: ttl})
 }
 
-// Delete removes name: it answers NXDOMAIN from now on.
-func (s *Server) Delete(name string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.records, canonical(name))
-}
-
 // Queries returns how many questions for name (any type) the server has
 // answered, and how many of them came over TCP.
 func (s *Server) Queries(name string) (total, overTCP int) {

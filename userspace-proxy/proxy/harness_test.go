@@ -52,9 +52,9 @@ func TestMain(m *testing.M) {
 // pkiSet is the test's certificate world: a CA the backends use, another CA
 // nobody trusts, and leaves.
 type pkiSet struct {
-	ca, other          *pki.CA
-	server, otherSrv   *pki.Leaf // server: DNS echo.test + URI spiffe://test/ns/b/sa/echo
-	client, untrustedC *pki.Leaf
+	ca, other        *pki.CA
+	server, otherSrv *pki.Leaf // server: DNS echo.test + URI spiffe://test/ns/b/sa/echo
+	client           *pki.Leaf
 }
 
 const (

@@ -51,8 +51,6 @@ var interopPaths = []interopPath{
 type scripted struct {
 	addr  netip.AddrPort
 	conns atomic.Int32
-	// closed gets a value each time the backend closed a connection.
-	closed chan struct{}
 	// crash makes the backend close with a TCP reset, as a crashed one
 	// does.
 	crash atomic.Bool
@@ -75,20 +73,18 @@ type script func(req *http.Request, n int) (raw string, close bool)
 func startScripted(t *testing.T, tlsCfg *tls.Config, answer script) *scripted {
 	t.Helper()
 	l := listenLocal(t)
-	b := &scripted{addr: l.Addr().(*net.TCPAddr).AddrPort(), closed: make(chan struct{}, 100)}
+	b := &scripted{addr: l.Addr().(*net.TCPAddr).AddrPort()}
 	if tlsCfg != nil {
 		l = tls.NewListener(l, tlsCfg)
 	}
 	tcpserve.Serve(t, l, func(c net.Conn) {
 		id := int(b.conns.Add(1))
 		defer func() {
-			// Before the signal, which says the backend closed.
 			if b.crash.Load() {
 				sockio.Reset(c) // no close_notify either
 			} else {
 				c.Close()
 			}
-			b.closed <- struct{}{}
 		}()
 		br := bufio.NewReader(c)
 		for n := 0; ; n++ {
@@ -133,17 +129,6 @@ func (b *scripted) count(method, path string) int {
 		}
 	}
 	return n
-}
-
-// waitClosed waits until the backend has closed a connection (a hang
-// guard only).
-func (b *scripted) waitClosed(t *testing.T) {
-	t.Helper()
-	select {
-	case <-b.closed:
-	case <-time.After(10 * time.Second):
-		t.Fatal("backend did not close its connection")
-	}
 }
 
 // rawClient is an app connection written byte for byte; answers are read

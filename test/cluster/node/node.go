@@ -368,12 +368,6 @@ func kubeProxyBin(b apiserver.Binaries) string {
 	return filepath.Join(b.Dir, "kube-proxy")
 }
 
-// ImportImage loads a docker-archive tarball into the node's containerd.
-// Prefer Config.Images, imported before the kubelet starts.
-func (n *Node) ImportImage(ctx context.Context, tarball string) error {
-	return importImage(ctx, n.lay.ContainerdSocket, tarball)
-}
-
 // Kubectl runs the cached kubectl against the node as admin and returns
 // its combined output.
 func (n *Node) Kubectl(ctx context.Context, args ...string) ([]byte, error) {
