@@ -24,6 +24,7 @@ type benchConfig struct {
 	rounds   int
 	duration time.Duration
 	conns    int
+	streams  int // concurrent streams per connection in the multiplexed h2c scenarios
 	only     string
 	paths    []string // sockmesh speeds: pooled, l4, l7
 	gogc     string
@@ -58,9 +59,13 @@ type result struct {
 
 type scenario struct {
 	name string
-	h2   bool   // h2load (h2c to the proxies, h2 over TLS direct) instead of wrk
-	path string // request path
-	cpr  bool   // one connection per request
+	h2   bool // h2load (h2c to the proxies, h2 over TLS direct) instead of wrk
+	// streams is h2load's concurrent streams per connection (-m): 1 uses
+	// HTTP/2 as HTTP/1.1 is used, one request at a time; more multiplexes,
+	// as gRPC channels and browsers do.
+	streams int
+	path    string // request path
+	cpr     bool   // one connection per request
 }
 
 // versusName is the name of target c, the proxy sockmesh is measured
@@ -72,11 +77,15 @@ func (c benchConfig) versusName() string { return "c " + c.versus }
 // listener for HTTP/1.1 clients and one for h2c clients. nginx can only
 // speak HTTP/1.1 to the backend; HAProxy speaks h2 there to h2c clients'
 // requests (alpn h2, one backend connection multiplexing many clients).
-func startVersus(versus, dir string, start func(*exec.Cmd) (*exec.Cmd, error)) (target, error) {
+func startVersus(versus, dir string, concurrency int, start func(*exec.Cmd) (*exec.Cmd, error)) (target, error) {
 	var cmd *exec.Cmd
 	switch versus {
 	case "nginx":
-		if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), fmt.Appendf(nil, nginxConf, dir, backendAddr, versusH1, versusH2C, sni), 0o600); err != nil {
+		// Idle upstream connections kept per worker: at least as many as
+		// requests in flight, or every request beyond them pays a new TLS
+		// connection to the backend.
+		keepalive := max(64, concurrency)
+		if err := os.WriteFile(filepath.Join(dir, "nginx.conf"), fmt.Appendf(nil, nginxConf, dir, backendAddr, versusH1, versusH2C, sni, keepalive), 0o600); err != nil {
 			return target{}, err
 		}
 		cmd = exec.Command("/usr/sbin/nginx", "-p", dir, "-c", filepath.Join(dir, "nginx.conf"), "-g", "daemon off;")
@@ -189,7 +198,7 @@ func runBench(c benchConfig) error {
 		targets = append(targets, target{name: "b sockmesh " + strings.ReplaceAll(spec, "@", " "), pid: p.Process.Pid, proxy: listen,
 			url: func(s scenario) string { return "http://" + svc.String() + s.path }})
 	}
-	versus, err := startVersus(c.versus, dir, start)
+	versus, err := startVersus(c.versus, dir, c.conns*c.streams, start)
 	if err != nil {
 		return err
 	}
@@ -199,8 +208,10 @@ func runBench(c benchConfig) error {
 		{name: "keep-alive 100 B", path: "/bytes/100"},
 		{name: "keep-alive 64 KiB", path: "/bytes/65536"},
 		{name: "conn-per-request 100 B", path: "/bytes/100", cpr: true},
-		{name: "h2c client 100 B", path: "/bytes/100", h2: true},
-		{name: "h2c client 64 KiB", path: "/bytes/65536", h2: true},
+		{name: "h2c client 100 B", path: "/bytes/100", h2: true, streams: 1},
+		{name: "h2c client 64 KiB", path: "/bytes/65536", h2: true, streams: 1},
+		{name: fmt.Sprintf("h2c client %d streams 100 B", c.streams), path: "/bytes/100", h2: true, streams: c.streams},
+		{name: fmt.Sprintf("h2c client %d streams 64 KiB", c.streams), path: "/bytes/65536", h2: true, streams: c.streams},
 	}
 	gogc, maxprocs := c.gogc, c.gomaxprocs
 	if gogc == "" {
@@ -305,7 +316,7 @@ var (
 // URL), as the report shows it.
 func loadCommand(s scenario, c benchConfig) []string {
 	if s.h2 {
-		return []string{"h2load", "-c", strconv.Itoa(c.conns), "-m", "1", "-t", "1", "-D", strconv.Itoa(int(c.duration.Seconds()))}
+		return []string{"h2load", "-c", strconv.Itoa(c.conns), "-m", strconv.Itoa(s.streams), "-t", "1", "-D", strconv.Itoa(int(c.duration.Seconds()))}
 	}
 	args := []string{"wrk", "-t", "1", "-c", strconv.Itoa(c.conns), "-d", c.duration.String(), "--latency"}
 	if s.cpr {

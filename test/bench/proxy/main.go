@@ -28,7 +28,16 @@
 //
 // Run as root:
 //
-//	go run ./test/bench/proxy [-rounds 5] [-duration 5s] [-paths pooled,l4,l7] [-only keep-alive] [-gogc 100] [-accelerate] [-versus nginx|haproxy] [-cpuprofile DIR]
+//	go run ./test/bench/proxy [-rounds 5] [-duration 5s] [-paths pooled,l4,l7] [-only keep-alive] [-streams 10] [-gogc 100] [-accelerate] [-versus nginx|haproxy] [-cpuprofile DIR]
+//
+// HTTP/2 clients run twice: with one stream per connection (h2load -m 1,
+// HTTP/2 used as HTTP/1.1 is, one request at a time) and with -streams
+// concurrent streams per connection (10 by default), as gRPC channels and
+// browsers multiplex. nginx keeps as many idle upstream connections per
+// worker as requests can be in flight (at least 64, ../shared/BENCH.md's
+// value): with 64 and 500 requests in flight, most of its requests paid a
+// new TLS connection to the backend, and it made a quarter of the
+// requests/s it makes with enough of them.
 //
 // Measured on the 2-core machine of ../shared/BENCH.md with nothing else
 // running, -rounds 11 -duration 4s -paths pooled, with the agent's GC heap
@@ -43,6 +52,30 @@
 //	h2c client 100 B (L4)    0.84 (0.71–0.96)  1.15 (0.93–1.54)  0.88            1.14          14 % / 10 %
 //	h2c client 64 KiB (L4)   0.79 (0.64–0.96)  1.02 (0.90–1.27)  1.14            1.28          8 % / 8 %
 //
+// The first session of 2026-11-26, the same flags and -rounds 9, with the
+// multiplexed rows (nginx with 500 idle upstream connections per worker):
+//
+//	scenario                       req/s             p99               proxy CPU/req   all CPU/req   idle
+//	keep-alive 100 B               0.91 (0.82–1.08)  1.05 (0.78–1.21)  1.11            1.08          7 % / 5 %
+//	keep-alive 64 KiB              1.06 (0.82–1.27)  0.92 (0.72–1.16)  0.91            0.96          6 % / 7 %
+//	conn-per-request 100 B         0.87 (0.71–0.96)  0.94 (0.83–1.20)  1.23            1.08          16 % / 12 %
+//	h2c client 100 B               0.83 (0.72–0.97)  1.16 (1.03–1.40)  0.84            1.17          12 % / 9 %
+//	h2c client 64 KiB              0.76 (0.66–0.87)  0.99 (0.87–1.09)  1.05            1.31          7 % / 7 %
+//	h2c client 10 streams 100 B    1.23 (0.98–1.43)  0.71 (0.65–1.96)  0.34            0.80          2 % / 1 %
+//	h2c client 10 streams 64 KiB   1.00 (0.82–1.28)  0.85 (0.64–1.12)  0.68            1.00          3 % / 2 %
+//
+// (a 3-round run of the multiplexed rows the same hour: 1.08, p99 0.81 and
+// 1.00, 0.88; one 8-second round of the 100 B row: 1.00, 0.95, proxy
+// CPU/req 0.42). Multiplexed, the relay moves the frames of several
+// streams in each read and write, and sockmesh's CPU per request falls to
+// a third of nginx's (15.7 against 45.3 µs), which pays for the Go
+// backend's dearer HTTP/2 (51.3 against 37.8 µs per request); one stream
+// at a time, each system call of the relay carries one request, and it
+// does not. The backend's HTTP/2 cost per request does not fall with
+// multiplexing (a Go h2 server alone, h2load -c 10 -n 100000: 24 µs per
+// request with -m 1, 27 with -m 10), nor is it its writes: it answers a
+// small request in one write (strace -c), as its HTTP/1.1 server does.
+//
 // h2c clients lose on the backend's side, not the proxy's: sockmesh keeps
 // HTTP/2 end to end (the app's h2 relayed over TLS), where nginx can only
 // send HTTP/1.1 upstream, and the Go backend spends 60 µs per 100 B h2
@@ -52,7 +85,9 @@
 // connection multiplexes the clients' streams): h2c 100 B req/s 0.94
 // (0.78–1.08), p99 1.09 in 11 rounds and 0.86, 1.21 in 7; h2c 64 KiB 1.42
 // (1.25–1.61), p99 0.83, proxy CPU/req 0.56 (11 rounds); keep-alive 100 B
-// 1.02, 0.97 and a connection per request 0.94, 0.98 (7 rounds).
+// 1.02, 0.97 and a connection per request 0.94, 0.98 (7 rounds). With 10
+// streams a connection (2026-11-26, 3 rounds): 100 B 1.05 (1.00–1.12),
+// p99 0.90, proxy CPU/req 0.66; 64 KiB 1.40 (1.33–1.52), 0.92, 0.51.
 //
 // With -accelerate (the agent's --accelerate: sk_msg hands the app's and
 // the proxy's bytes to each other's socket, skipping loopback TCP), the
@@ -177,6 +212,7 @@ func main() {
 	rounds := flag.Int("rounds", 5, "interleaved rounds")
 	duration := flag.Duration("duration", 0, "duration of one load run (default 5s)")
 	conns := flag.Int("conns", 50, "client connections")
+	streams := flag.Int("streams", 10, "concurrent streams per connection in the multiplexed h2c scenarios (h2load -m)")
 	dir := flag.String("dir", "", "internal: working directory with certificates")
 	mode := flag.String("mode", "", "internal: proxy speed for HTTP/1.1 over TLS (pooled | l4 | l7 | http11: pooled, with the backend's protocol HTTP11)")
 	listen := flag.String("listen", "", "internal: proxy listen address")
@@ -197,11 +233,15 @@ func main() {
 	case "proxy":
 		err = runProxy(*dir, *mode, *listen, *vip, *curves, *profile)
 	case "":
+		if *streams < 1 {
+			err = fmt.Errorf("-streams %d: want at least 1", *streams)
+			break
+		}
 		if os.Geteuid() != 0 {
 			err = fmt.Errorf("needs root (network namespace, cgroup, eBPF)")
 			break
 		}
-		err = runBench(benchConfig{rounds: *rounds, duration: *duration, conns: *conns, only: *only,
+		err = runBench(benchConfig{rounds: *rounds, duration: *duration, conns: *conns, streams: *streams, only: *only,
 			paths: strings.Split(*paths, ","), gogc: *gogc, gomaxprocs: *procs, curves: *curves, profile: *profile, accelerate: *accelerate, versus: *versus, command: commandLine()})
 	default:
 		err = fmt.Errorf("unknown role %q", *role)

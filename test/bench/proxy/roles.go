@@ -184,7 +184,7 @@ http {
   uwsgi_temp_path %[1]s/uwsgi;
   scgi_temp_path %[1]s/scgi;
   keepalive_requests 1000000;
-  upstream be { server %[2]s; keepalive 64; }
+  upstream be { server %[2]s; keepalive %[6]d; }
   server {
     listen %[3]s;
     listen %[4]s http2;
