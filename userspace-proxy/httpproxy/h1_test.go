@@ -366,11 +366,11 @@ func TestEarlyAnswerToUpload(t *testing.T) {
 }
 
 // TestStaleConnectionRetried: a backend that closes each connection after
-// one answer without saying so. A GET that meets such a pooled connection
-// goes again on a new one; a POST (not replayable) is not sent on it: the
-// proxy checks a reused connection before it sends what it cannot send
-// twice, and takes a new one (a POST the backend drops unanswered gets a
-// 502: proxy.TestInteropH1).
+// one answer without saying so. No request, GET or POST, fails for it: the
+// pool checks a reused connection before it is handed out and takes a new
+// one, and a GET whose connection closes before any answer (the close
+// racing the check) goes again on another (a POST the backend drops
+// unanswered gets a 502: proxy.TestInteropH1).
 func TestStaleConnectionRetried(t *testing.T) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -412,6 +412,61 @@ func TestStaleConnectionRetried(t *testing.T) {
 	}
 	if n := posts.Load(); n != 1 {
 		t.Errorf("backend received the POST %d times, want once", n)
+	}
+}
+
+// TestStrayAnswerNotForwarded: an answer a backend sends on a pooled
+// connection after the one asked for (as one does that took a request for
+// two) never reaches the app whose request next takes the connection: the
+// pool hands out only connections on which nothing arrived since their
+// last answer.
+func TestStrayAnswerNotForwarded(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stray, sent := make(chan struct{}), make(chan struct{})
+	var wg sync.WaitGroup
+	t.Cleanup(wg.Wait)
+	t.Cleanup(func() { l.Close() })
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					r, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(r.URL.Path))+"\r\n\r\n"+r.URL.Path)
+					if r.URL.Path == "/first" {
+						<-stray
+						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\n/stray")
+						close(sent) // on loopback, in the proxy's socket once written
+					}
+				}
+			})
+		}
+	})
+	ep := snapshot.Endpoint{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true}
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	a, b := f.dial(), f.dial()
+	a.send("GET /first HTTP/1.1\r\nHost: x\r\n\r\n")
+	if _, body := a.read(http.MethodGet); body != "/first" {
+		t.Fatalf("first app got %q", body)
+	}
+	close(stray)
+	<-sent
+	for _, c := range []*client{b, a} {
+		c.send("GET /second HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, body := c.read(http.MethodGet); resp.StatusCode != http.StatusOK || body != "/second" {
+			t.Errorf("request after the stray answer: %s %q, want 200 /second", resp.Status, body)
+		}
 	}
 }
 

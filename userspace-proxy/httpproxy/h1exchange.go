@@ -163,14 +163,6 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 			continue
 		}
 		choice = c
-		if !replayable && uc.Reused() && !uc.Quiet() {
-			// The backend closed (or wrote on) this idle connection, which
-			// the pool did not check, being recently used: a request that
-			// cannot go again after errStale takes another connection
-			// rather than a 502.
-			be.DiscardH1(uc)
-			continue
-		}
 		cd := armConn(x, uc)
 		resp, body, err := s.send(uc, req, replayable, inline)
 		if err == nil && x.r != nil && x.r.pol.retryStatus(resp.StatusCode) && s.mayRetry(x, retry, "status", req) {

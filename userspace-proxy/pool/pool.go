@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
@@ -47,12 +46,33 @@ type Conn struct {
 // idle, so an idempotent request may be retried on another.
 func (c *Conn) Reused() bool { return c.uses > 0 }
 
-// Quiet reports whether the peer of c, an idle connection just taken from
-// the pool, has neither closed it nor sent anything since, at the cost of
-// a system call. Get checks only connections idle for a while: a caller
-// whose request may not be sent twice, and so cannot be retried when a
-// reused connection turns out closed, checks the others with Quiet.
-func (c *Conn) Quiet() bool { return c.R.Buffered() == 0 && quiet(c.Conn) }
+// silent reports whether nothing has arrived on c, an idle connection
+// taken from the pool, since its last answer was read to the end: an idle
+// HTTP/1.1 connection must be silent, so a byte means the peer is closing
+// (a TLS close_notify, an end of stream) or sent an answer nobody asked
+// for, which the next caller would take for its own (response queue
+// poisoning: a backend that took one request for two answers both, and
+// the second would reach another app). Every reuse pays for the look, a
+// read that does not wait (sockio.NoWait; one system call): in the second
+// or so after an answer, when checks were once skipped, is just when such
+// an answer arrives. The read goes through crypto/tls, where records that
+// came in with the answer's last read wait, not in the socket. What it
+// takes stays in R, and a connection that is not silent is closed.
+// Connections with no sockio.Conn underneath (tests' pipes) are taken as
+// silent.
+func (c *Conn) silent() bool {
+	if c.R.Buffered() > 0 {
+		return false
+	}
+	sc := sockio.Of(c.Conn)
+	if sc == nil {
+		return true
+	}
+	sc.NoWait(true)
+	_, err := c.R.Peek(1)
+	sc.NoWait(false)
+	return errors.Is(err, sockio.ErrWouldBlock)
+}
 
 // Pool is a set of per-endpoint pools; safe for concurrent use.
 type Pool struct {
@@ -73,14 +93,6 @@ type endpoint struct {
 	open    int     // connections counted against MaxOpen, including dials in progress
 	waiters []chan *Conn
 }
-
-// staleCheckAfter is how long a connection may sit idle before Get checks
-// that the peer has not closed it. Servers close idle connections after
-// seconds to minutes; a check costs a system call, so recently used
-// connections skip it, and a request that finds one closed anyway is
-// retried by the caller, or, when it may not be sent twice, checked by the
-// caller first (Conn.Quiet).
-const staleCheckAfter = time.Second
 
 // New returns an empty Pool.
 func New(cfg Config) *Pool {
@@ -119,7 +131,7 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.C
 			ep.idle[n-1] = nil
 			ep.idle = ep.idle[:n-1]
 			p.mu.Unlock()
-			if time.Since(c.idleSince) < staleCheckAfter || quiet(c.Conn) {
+			if c.silent() {
 				return c, nil
 			}
 			p.Discard(c)
@@ -135,10 +147,13 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.C
 		p.mu.Unlock()
 		select {
 		case c := <-w:
-			if c != nil {
+			if c == nil {
+				return p.dial(ctx, ep, dial) // a slot was freed for us
+			}
+			if c.silent() {
 				return c, nil
 			}
-			return p.dial(ctx, ep, dial) // a slot was freed for us
+			p.Discard(c)
 		case <-ctx.Done():
 			p.mu.Lock()
 			if i := slices.Index(ep.waiters, w); i >= 0 {
@@ -172,8 +187,7 @@ func (p *Pool) dial(ctx context.Context, ep *endpoint, dial func(context.Context
 // with bytes left in R is closed instead: the peer sent more than the
 // response it was asked for (a legacy server's body after HEAD, 204 or
 // 304, a stray CRLF), and the next caller would read them as its own
-// response's start. An idle connection must be silent (see quiet), and
-// these bytes were read before it went idle.
+// response's start. Get checks what arrives later (see silent).
 func (p *Pool) Put(c *Conn) {
 	if c.R.Buffered() > 0 {
 		p.Discard(c)
@@ -286,29 +300,4 @@ func (p *Pool) Stats(addr netip.AddrPort) (open, idle int) {
 		return ep.open, len(ep.idle)
 	}
 	return 0, 0
-}
-
-// quiet reports whether the peer of an idle connection has neither closed
-// it nor sent anything: an idle HTTP/1.1 connection must be silent, so a
-// byte (a TLS close_notify, a stray response) or an end of stream means it
-// is closing. It peeks without blocking at the socket under any wrappers
-// (TLS, counters) that expose it through NetConn, as crypto/tls does;
-// anything else is assumed open.
-func quiet(c net.Conn) bool {
-	tc := sockio.TCP(c)
-	if tc == nil {
-		return true
-	}
-	rc, err := tc.SyscallConn()
-	if err != nil {
-		return false
-	}
-	open := true
-	rerr := rc.Read(func(fd uintptr) bool {
-		var b [1]byte
-		_, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		open = errors.Is(err, syscall.EAGAIN)
-		return true
-	})
-	return open && rerr == nil
 }

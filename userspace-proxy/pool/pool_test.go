@@ -2,15 +2,18 @@ package pool
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
 	"net/netip"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/sockmesh/sockmesh/test/pki"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
 
 var ep = netip.MustParseAddrPort("10.0.0.1:443")
@@ -164,68 +167,133 @@ func TestIdleTimeout(t *testing.T) {
 	})
 }
 
-// TestStaleDropped: a connection the peer closed while it sat idle is not
-// handed out (real TCP: the check peeks at the socket).
-func TestStaleDropped(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+// TestIdleMustBeSilent: a connection on which anything arrived after its
+// last answer — the peer's end of stream, or bytes nobody asked for, with
+// the answer or however soon after — is not handed out again (real TCP:
+// the check peeks at the socket; behind TLS, records that arrived with the
+// answer wait in crypto/tls, not in the socket).
+func TestIdleMustBeSilent(t *testing.T) {
+	ca, err := pki.NewCA("pool test ca")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l.Close()
-	accepted := make(chan net.Conn, 2)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
+	leaf, err := ca.Issue(pki.LeafOptions{CommonName: "backend", DNSNames: []string{"backend"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type peerAct struct {
+		name string
+		do   func(net.Conn)
+	}
+	var cases []struct {
+		name         string
+		tls, waiting bool
+		act          peerAct
+	}
+	for _, tls := range []bool{false, true} {
+		for _, waiting := range []bool{false, true} {
+			for _, act := range []peerAct{
+				{"closes", func(c net.Conn) { c.Close() }}, // TLS: close_notify too
+				{"answers unasked", func(c net.Conn) { io.WriteString(c, "HTTP/1.1 200 OK\r\n\r\n") }},
+			} {
+				name := act.name
+				if waiting {
+					name += " after the answer was read"
+				} else {
+					name += " with the answer"
+				}
+				if tls {
+					name = "TLS " + name
+				}
+				cases = append(cases, struct {
+					name         string
+					tls, waiting bool
+					act          peerAct
+				}{name, tls, waiting, act})
 			}
-			accepted <- c
 		}
-	}()
-	dial := func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "tcp", l.Addr().String())
 	}
-	p := New(Config{})
-	c1, err := p.Get(context.Background(), ep, dial)
-	if err != nil {
-		t.Fatal(err)
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			accepted := make(chan net.Conn, 2)
+			go func() {
+				for {
+					nc, err := l.Accept()
+					if err != nil {
+						return
+					}
+					if c.tls {
+						tc := tls.Server(nc, &tls.Config{Certificates: []tls.Certificate{leaf.TLS}})
+						tc.Handshake() // with the client's, in dial
+						nc = tc
+					}
+					accepted <- nc
+				}
+			}()
+			dial := func(ctx context.Context) (net.Conn, error) {
+				var d net.Dialer
+				raw, err := d.DialContext(ctx, "tcp", l.Addr().String())
+				if err != nil {
+					return nil, err
+				}
+				nc := sockio.Wrap(raw.(*net.TCPConn)) // as the proxy's dial.Direct
+				if !c.tls {
+					return nc, nil
+				}
+				tc := tls.Client(nc, &tls.Config{ServerName: "backend", RootCAs: ca.Pool()})
+				return tc, tc.HandshakeContext(ctx)
+			}
+			p := New(Config{})
+			c1, err := p.Get(context.Background(), ep, dial)
+			if err != nil {
+				t.Fatal(err)
+			}
+			far := <-accepted
+			defer far.Close()
+			// An exchange, then back to the pool and out again: a silent
+			// connection is reused.
+			io.WriteString(far, "answer")
+			if _, err := io.ReadFull(c1.R, make([]byte, 6)); err != nil {
+				t.Fatal(err)
+			}
+			p.Put(c1)
+			if c, err := p.Get(context.Background(), ep, dial); err != nil || c != c1 {
+				t.Fatalf("Get = %p, %v; want the silent connection back", c, err)
+			}
+			// The answer and, in a write (a TLS record) of its own, what
+			// the peer does next: at once, so that both have arrived when
+			// the answer is read (loopback delivers a write before it
+			// returns) and its read may take both, or once the connection
+			// is idle in the pool.
+			io.WriteString(far, "answer")
+			if !c.waiting {
+				c.act.do(far)
+			}
+			if _, err := io.ReadFull(c1.R, make([]byte, 6)); err != nil {
+				t.Fatal(err)
+			}
+			p.Put(c1)
+			if c.waiting {
+				c.act.do(far)
+			}
+			c2, err := p.Get(context.Background(), ep, dial)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c2 == c1 || c2.Reused() {
+				t.Errorf("Get handed out a connection on which the peer had spoken")
+			}
+			if open, _ := p.Stats(ep); open != 1 {
+				t.Errorf("open = %d, want 1 (the noisy one released)", open)
+			}
+			c2.Close()
+		})
 	}
-	// The check runs for connections idle longer than staleCheckAfter; age
-	// this one instead of sleeping.
-	age := func() {
-		p.mu.Lock()
-		c1.idleSince = time.Now().Add(-2 * staleCheckAfter)
-		p.mu.Unlock()
-	}
-	p.Put(c1)
-	age()
-	if c, err := p.Get(context.Background(), ep, dial); err != nil || c != c1 {
-		t.Fatalf("Get = %p, %v; want the old but open connection back", c, err)
-	}
-	p.Put(c1)
-	age()
-	(<-accepted).Close()
-	// Wait until the FIN has arrived: the socket turns readable.
-	rc, err := c1.Conn.(syscall.Conn).SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc.Read(func(fd uintptr) bool {
-		_, _, err := syscall.Recvfrom(int(fd), make([]byte, 1), syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-		return !errors.Is(err, syscall.EAGAIN)
-	})
-	c2, err := p.Get(context.Background(), ep, dial)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c2 == c1 || c2.Reused() {
-		t.Errorf("Get handed out the connection the peer closed")
-	}
-	if open, _ := p.Stats(ep); open != 1 {
-		t.Errorf("open = %d, want 1 (the stale one released)", open)
-	}
-	c2.Close()
 }
 
 // TestCloseIdle closes idle connections only.
@@ -268,41 +336,5 @@ func TestPutWithUnreadBytes(t *testing.T) {
 	}
 	if open, idle := p.Stats(ep); open != 0 || idle != 0 {
 		t.Errorf("open %d idle %d; want 0, 0", open, idle)
-	}
-}
-
-// TestQuiet: Quiet tells a recently used connection whose peer closed it
-// from an open one, which Get does not check.
-func TestQuiet(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	dial := func(ctx context.Context) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "tcp", l.Addr().String())
-	}
-	p := New(Config{})
-	c, err := p.Get(context.Background(), ep, dial)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Discard(c)
-	peer, err := l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !c.Quiet() {
-		t.Error("Quiet = false on an open, silent connection")
-	}
-	peer.Close()
-	// Wait until the FIN has arrived, then ask.
-	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	if _, err := c.R.Peek(1); err != io.EOF {
-		t.Fatalf("peek: %v, want EOF", err)
-	}
-	if c.Quiet() {
-		t.Error("Quiet = true on a connection its peer closed")
 	}
 }

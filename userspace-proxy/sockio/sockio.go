@@ -36,12 +36,15 @@ type Conn struct {
 // its poller wait and callback bound once: a closure per call would be
 // allocated, as RawConn's callbacks escape.
 type call struct {
-	mu    sync.Mutex
-	wait  func(func(fd uintptr) bool) error // RawConn's Read or Write
-	fn    func(fd uintptr) bool             // readOnce or writeAll
-	p     []byte
-	n     int
-	errno syscall.Errno
+	mu sync.Mutex
+	// noWait makes a read that finds nothing return ErrWouldBlock rather
+	// than wait in the poller (see NoWait).
+	noWait bool
+	wait   func(func(fd uintptr) bool) error // RawConn's Read or Write
+	fn     func(fd uintptr) bool             // readOnce or writeAll
+	p      []byte
+	n      int
+	errno  syscall.Errno
 }
 
 // run makes the call on p and returns what its callback recorded.
@@ -86,6 +89,8 @@ func (c *Conn) Read(p []byte) (int, error) {
 	switch {
 	case err != nil:
 		return 0, err
+	case errno == syscall.EAGAIN:
+		return 0, ErrWouldBlock
 	case errno != 0:
 		return 0, c.opError("read", errno)
 	case n == 0:
@@ -93,6 +98,25 @@ func (c *Conn) Read(p []byte) (int, error) {
 	}
 	return n, nil
 }
+
+// NoWait switches c's reads to return ErrWouldBlock when nothing is there
+// to read, instead of waiting for something. With it, a read through the
+// layers above c (crypto/tls, a bufio.Reader) returns what those layers
+// hold, or what has arrived on the socket, or ErrWouldBlock, in at most one
+// system call: how a pool finds that a peer spoke on an idle connection.
+// Not while a read is in progress.
+func (c *Conn) NoWait(on bool) { c.r.noWait = on }
+
+// ErrWouldBlock is the error of a read in NoWait mode that found nothing.
+// It is a temporary net.Error, so crypto/tls does not take it for the
+// connection's end.
+var ErrWouldBlock net.Error = wouldBlock{}
+
+type wouldBlock struct{}
+
+func (wouldBlock) Error() string   { return "sockio: nothing to read" }
+func (wouldBlock) Timeout() bool   { return true }
+func (wouldBlock) Temporary() bool { return true }
 
 // readOnce is Read's callback: false sends the caller to wait in the
 // poller.
@@ -104,7 +128,9 @@ func (c *Conn) readOnce(fd uintptr) bool {
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
-			return false
+			if !c.r.noWait {
+				return false
+			}
 		}
 		c.r.n, c.r.errno = int(n), errno
 		return true
@@ -176,6 +202,21 @@ func TCP(c net.Conn) *net.TCPConn {
 	for {
 		if tc, ok := c.(*net.TCPConn); ok {
 			return tc
+		}
+		u, ok := c.(interface{ NetConn() net.Conn })
+		if !ok {
+			return nil
+		}
+		c = u.NetConn()
+	}
+}
+
+// Of returns the Conn under c's wrappers (those that expose the connection
+// underneath through NetConn, as crypto/tls does), or nil.
+func Of(c net.Conn) *Conn {
+	for {
+		if sc, ok := c.(*Conn); ok {
+			return sc
 		}
 		u, ok := c.(interface{ NetConn() net.Conn })
 		if !ok {

@@ -275,3 +275,30 @@ func BenchmarkPingPong(b *testing.B) {
 		})
 	}
 }
+
+// TestNoWait: in NoWait mode a read that finds nothing returns
+// ErrWouldBlock at once, one that finds bytes or the end returns them, and
+// the mode's end brings back reads that wait.
+func TestNoWait(t *testing.T) {
+	c, peer := pair(t)
+	buf := make([]byte, 8)
+	c.NoWait(true)
+	if n, err := c.Read(buf); n != 0 || err != ErrWouldBlock {
+		t.Fatalf("read of nothing = %d, %v; want ErrWouldBlock", n, err)
+	}
+	peer.Write([]byte("hi")) // on loopback, there once written
+	if n, err := c.Read(buf); err != nil || string(buf[:n]) != "hi" {
+		t.Fatalf("read = %q, %v; want hi", buf[:n], err)
+	}
+	c.NoWait(false)
+	c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if _, err := c.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read after NoWait(false) = %v; want it to wait until its deadline", err)
+	}
+	c.SetReadDeadline(time.Time{})
+	peer.Close()
+	c.NoWait(true)
+	if n, err := c.Read(buf); n != 0 || err != io.EOF {
+		t.Fatalf("read at the end = %d, %v; want EOF", n, err)
+	}
+}
