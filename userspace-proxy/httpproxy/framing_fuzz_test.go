@@ -120,37 +120,18 @@ func parseRequests(in []byte) []framed {
 // records them and answers each with a 200.
 type recorder struct {
 	ep   snapshot.Endpoint
-	wg   sync.WaitGroup
 	mu   sync.Mutex
 	seen []framed
 	bad  string // the first error other than the connection's end
 }
 
 func startRecorder(t *testing.T) *recorder {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &recorder{ep: snapshot.Endpoint{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true, Serving: true}}
-	r.wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			r.wg.Go(func() { r.serve(c) })
-		}
-	})
-	t.Cleanup(func() {
-		l.Close()
-		r.wg.Wait() // the proxy has closed its connections by now
-	})
+	r := &recorder{}
+	r.ep = serveRaw(t, r.serve)
 	return r
 }
 
 func (r *recorder) serve(c net.Conn) {
-	defer c.Close()
 	br := bufio.NewReader(c)
 	for {
 		req, err := readStrict(br)
@@ -417,41 +398,21 @@ func readStrictAnswer(br *bufio.Reader) (a answer, closed bool, err error) {
 // before it closes, which ends an answer delimited by the close; it
 // answers any other request with "second".
 func startScriptedBackend(t *testing.T, raw []byte) snapshot.Endpoint {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() {
+	return serveRaw(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
 		for {
-			c, err := l.Accept()
+			req, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			wg.Go(func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					req, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					answer := []byte("HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond")
-					if req.URL.Path == "/fuzz" {
-						answer = raw
-					}
-					if _, err := c.Write(answer); err != nil {
-						return
-					}
-					c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-				}
-			})
+			answer := []byte("HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond")
+			if req.URL.Path == "/fuzz" {
+				answer = raw
+			}
+			if _, err := c.Write(answer); err != nil {
+				return
+			}
+			c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 		}
 	})
-	t.Cleanup(func() {
-		l.Close()
-		wg.Wait()
-	})
-	return snapshot.Endpoint{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true, Serving: true}
 }

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -372,32 +371,16 @@ func TestEarlyAnswerToUpload(t *testing.T) {
 // racing the check) goes again on another (a POST the backend drops
 // unanswered gets a 502: proxy.TestInteropH1).
 func TestStaleConnectionRetried(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
 	var posts atomic.Int32
-	t.Cleanup(wg.Wait)
-	t.Cleanup(func() { l.Close() })
-	wg.Go(func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
+	ep := serveRaw(t, func(c net.Conn) {
+		if r, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+			if r.Method == http.MethodPost {
+				posts.Add(1)
 			}
-			br := bufio.NewReader(c)
-			if r, err := http.ReadRequest(br); err == nil {
-				if r.Method == http.MethodPost {
-					posts.Add(1)
-				}
-				io.Copy(io.Discard, r.Body)
-				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-			}
-			c.Close()
+			io.Copy(io.Discard, r.Body)
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
 	})
-	ep := snapshot.Endpoint{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true}
 	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
 	c := f.dial()
 	for i := range 4 {
@@ -421,39 +404,26 @@ func TestStaleConnectionRetried(t *testing.T) {
 // pool hands out only connections on which nothing arrived since their
 // last answer.
 func TestStrayAnswerNotForwarded(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	stray, sent := make(chan struct{}), make(chan struct{})
-	var wg sync.WaitGroup
-	t.Cleanup(wg.Wait)
-	t.Cleanup(func() { l.Close() })
-	wg.Go(func() {
+	ep := serveRaw(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
 		for {
-			c, err := l.Accept()
+			r, err := http.ReadRequest(br)
 			if err != nil {
 				return
 			}
-			wg.Go(func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					r, err := http.ReadRequest(br)
-					if err != nil {
-						return
-					}
-					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(r.URL.Path))+"\r\n\r\n"+r.URL.Path)
-					if r.URL.Path == "/first" {
-						<-stray
-						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\n/stray")
-						close(sent) // on loopback, in the proxy's socket once written
-					}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(r.URL.Path))+"\r\n\r\n"+r.URL.Path)
+			if r.URL.Path == "/first" {
+				select {
+				case <-stray:
+				case <-t.Context().Done(): // the test failed before it asked
+					return
 				}
-			})
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\n/stray")
+				close(sent) // on loopback, in the proxy's socket once written
+			}
 		}
 	})
-	ep := snapshot.Endpoint{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true}
 	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
 	a, b := f.dial(), f.dial()
 	a.send("GET /first HTTP/1.1\r\nHost: x\r\n\r\n")

@@ -19,6 +19,7 @@ import (
 	"github.com/sockmesh/sockmesh/internal/leakcheck"
 	"github.com/sockmesh/sockmesh/internal/metricsum"
 	"github.com/sockmesh/sockmesh/internal/syncbuf"
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
@@ -177,6 +178,18 @@ func startBackend(t *testing.T, h http.Handler) snapshot.Endpoint {
 	srv.Protocols.SetUnencryptedHTTP2(true) // for backends of protocol H2C
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
+	return snapshot.Endpoint{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true, Serving: true}
+}
+
+// serveRaw runs a backend that handles each connection with handle
+// (closed after it) until t ends, and returns its endpoint.
+func serveRaw(t *testing.T, handle func(net.Conn)) snapshot.Endpoint {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcpserve.Serve(t, l, handle)
 	return snapshot.Endpoint{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true, Serving: true}
 }
 
