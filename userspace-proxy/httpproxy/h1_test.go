@@ -398,6 +398,36 @@ func TestStaleConnectionRetried(t *testing.T) {
 	}
 }
 
+// TestClosedUnderRequestRetried: a backend whose idle close crosses the
+// next request on the connection (it reads the request, then closes
+// without an answer) after the pool's check found the connection silent.
+// A GET goes again on a new connection (errStale), as net/http's Transport
+// does; without that every second request would get a 502.
+func TestClosedUnderRequestRetried(t *testing.T) {
+	var seen atomic.Int32
+	ep := serveRaw(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for n := 0; ; n++ {
+			if _, err := http.ReadRequest(br); err != nil || n == 1 {
+				return
+			}
+			seen.Add(1)
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	c := f.dial()
+	for i := range 4 {
+		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, body := c.read(http.MethodGet); resp.StatusCode != http.StatusOK || body != "ok" {
+			t.Fatalf("GET %d: %s %q", i, resp.Status, body)
+		}
+	}
+	if n := seen.Load(); n != 4 {
+		t.Errorf("backend answered %d GETs, want 4", n)
+	}
+}
+
 // TestStrayAnswerNotForwarded: an answer a backend sends on a pooled
 // connection after the one asked for (as one does that took a request for
 // two) never reaches the app whose request next takes the connection: the
