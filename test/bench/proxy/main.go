@@ -64,9 +64,12 @@
 //	h2c client 10 streams 100 B    1.23 (0.98–1.43)  0.71 (0.65–1.96)  0.34            0.80          2 % / 1 %
 //	h2c client 10 streams 64 KiB   1.00 (0.82–1.28)  0.85 (0.64–1.12)  0.68            1.00          3 % / 2 %
 //
-// (a 3-round run of the multiplexed rows the same hour: 1.08, p99 0.81 and
-// 1.00, 0.88; one 8-second round of the 100 B row: 1.00, 0.95, proxy
-// CPU/req 0.42). Multiplexed, the relay moves the frames of several
+// (the keep-alive 100 B row's 0.91 is this machine's noise, not a change:
+// three interleaved pairs of 3-round runs of that row, a build of the
+// fifth session's code against this one, gave 0.88, 1.02, 1.10 and 1.04,
+// 1.01, 1.01; a 3-round run of the multiplexed rows the same hour: 1.08,
+// p99 0.81 and 1.00, 0.88; one 8-second round of their 100 B row: 1.00,
+// 0.95, proxy CPU/req 0.42). Multiplexed, the relay moves the frames of several
 // streams in each read and write, and sockmesh's CPU per request falls to
 // a third of nginx's (15.7 against 45.3 µs), which pays for the Go
 // backend's dearer HTTP/2 (51.3 against 37.8 µs per request); one stream
