@@ -383,12 +383,7 @@ func TestStaleConnectionRetried(t *testing.T) {
 	})
 	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
 	c := f.dial()
-	for i := range 4 {
-		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-		if resp, body := c.read(http.MethodGet); resp.StatusCode != http.StatusOK || body != "ok" {
-			t.Fatalf("GET %d: %s %q", i, resp.Status, body)
-		}
-	}
+	c.getOK(4)
 	c.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\nx")
 	if resp, body := c.read(http.MethodPost); resp.StatusCode != http.StatusOK || body != "ok" {
 		t.Errorf("POST after the backend closed the pooled connection: %s %q, want 200 ok", resp.Status, body)
@@ -417,12 +412,7 @@ func TestClosedUnderRequestRetried(t *testing.T) {
 	})
 	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
 	c := f.dial()
-	for i := range 4 {
-		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-		if resp, body := c.read(http.MethodGet); resp.StatusCode != http.StatusOK || body != "ok" {
-			t.Fatalf("GET %d: %s %q", i, resp.Status, body)
-		}
-	}
+	c.getOK(4)
 	if n := seen.Load(); n != 4 {
 		t.Errorf("backend answered %d GETs, want 4", n)
 	}
@@ -466,6 +456,18 @@ func TestStrayAnswerNotForwarded(t *testing.T) {
 		c.send("GET /second HTTP/1.1\r\nHost: x\r\n\r\n")
 		if resp, body := c.read(http.MethodGet); resp.StatusCode != http.StatusOK || body != "/second" {
 			t.Errorf("request after the stray answer: %s %q, want 200 /second", resp.Status, body)
+		}
+	}
+}
+
+// getOK sends n GETs on c, one after the other, each of which must get a
+// 200 "ok".
+func (c *client) getOK(n int) {
+	c.t.Helper()
+	for i := range n {
+		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, body := c.read(http.MethodGet); resp.StatusCode != http.StatusOK || body != "ok" {
+			c.t.Fatalf("GET %d: %s %q", i, resp.Status, body)
 		}
 	}
 }
