@@ -54,6 +54,8 @@ type scripted struct {
 	// crash makes the backend close with a TCP reset, as a crashed one
 	// does.
 	crash atomic.Bool
+	// written counts the answers written whole.
+	written atomic.Int32
 	mu    sync.Mutex
 	seen  []seenRequest
 }
@@ -67,8 +69,11 @@ type seenRequest struct {
 }
 
 // script answers the n-th request on a backend connection: raw bytes to
-// write (none: write nothing) and whether to close after.
+// write (none: write nothing) and whether to close after. The parts of raw
+// between flushMarks go out in writes (TLS records) of their own.
 type script func(req *http.Request, n int) (raw string, close bool)
+
+const flushMark = "\x00flush\x00"
 
 func startScripted(t *testing.T, tlsCfg *tls.Config, answer script) *scripted {
 	t.Helper()
@@ -100,17 +105,29 @@ func startScripted(t *testing.T, tlsCfg *tls.Config, answer script) *scripted {
 			b.seen = append(b.seen, seenRequest{conn: id, n: n, method: req.Method, path: req.URL.Path, header: req.Header, body: string(body)})
 			b.mu.Unlock()
 			raw, closeAfter := answer(req, n)
-			if raw != "" {
-				if _, err := io.WriteString(c, raw); err != nil {
+			for part := range strings.SplitSeq(raw, flushMark) {
+				if _, err := io.WriteString(c, part); err != nil {
 					return
 				}
 			}
+			b.written.Add(1)
 			if closeAfter {
 				return
 			}
 		}
 	})
 	return b
+}
+
+// waitWritten waits until the backend has written n answers whole (on
+// loopback, in the proxy's socket by then).
+func (b *scripted) waitWritten(t *testing.T, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); b.written.Load() < int32(n); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the backend wrote %d answers, want %d", b.written.Load(), n)
+		}
+	}
 }
 
 // requests returns what the backend received so far.
@@ -237,7 +254,8 @@ type interopCase struct {
 	// racyOnNetHTTP: net/http's Transport notices what this case does to
 	// an idle connection in its read loop, which may run after the next
 	// request was already sent on it: the net/http path then answers 502
-	// at times (the fast path checks before it sends).
+	// at times, or, for a stray answer, gives it to the next request (the
+	// fast path checks before it sends).
 	racyOnNetHTTP bool
 	// setup starts the backend, adds its Service and returns the test,
 	// run after the snapshot is published.
@@ -450,6 +468,37 @@ func TestInteropH1(t *testing.T) {
 					c2.send("GET /other HTTP/1.1\r\nHost: x\r\n\r\n")
 					if resp, body := c2.read(http.MethodGet); resp.StatusCode != 200 || body != "fine" {
 						t.Errorf("another app's GET after %s %s: %s %q, want 200 fine", r.method, r.path, resp.Status, body)
+					}
+				}
+			}
+		}},
+		{"stray-answer-in-its-own-write", true, func(t *testing.T, ie *interopEnv) func(t *testing.T) {
+			// An answer nobody asked for, right after the one asked for
+			// but in a write (a TLS record) of its own, as from a backend
+			// that took one request for two: arrived before the next
+			// request on the pooled connection, another app's, it must not
+			// become that request's answer. (One that arrives after the
+			// request was sent cannot be told from its answer, by any
+			// HTTP/1.1 client.)
+			b := startScripted(t, ie.serverTLS(), func(req *http.Request, _ int) (string, bool) {
+				if req.URL.Path == "/first" {
+					return okAnswer("first") + flushMark + okAnswer("stray"), false
+				}
+				return okAnswer(req.URL.Path), false
+			})
+			dst := ie.add(b.addr, "")
+			return func(t *testing.T) {
+				for i := range 5 {
+					c := ie.rawClient(t, dst)
+					c.send("GET /first HTTP/1.1\r\nHost: x\r\n\r\n")
+					if resp, body := c.read(http.MethodGet); resp.StatusCode != 200 || body != "first" {
+						t.Fatalf("round %d, first app: %s %q", i, resp.Status, body)
+					}
+					b.waitWritten(t, 2*i+1) // the stray answer too
+					c2 := ie.rawClient(t, dst)
+					c2.send("GET /other HTTP/1.1\r\nHost: x\r\n\r\n")
+					if resp, body := c2.read(http.MethodGet); resp.StatusCode != 200 || body != "/other" {
+						t.Errorf("round %d, the next app: %s %q, want 200 /other", i, resp.Status, body)
 					}
 				}
 			}
