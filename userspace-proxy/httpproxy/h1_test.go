@@ -458,6 +458,9 @@ func TestStrayAnswerNotForwarded(t *testing.T) {
 			t.Errorf("request after the stray answer: %s %q, want 200 /second", resp.Status, body)
 		}
 	}
+	if n := f.counter("sockmesh_proxy_upstream_pool_dropped_total", map[string]string{"reason": "unsolicited"}); n != 1 {
+		t.Errorf("pool_dropped_total{reason=unsolicited} = %v, want 1", n)
+	}
 }
 
 // getOK sends n GETs on c, one after the other, each of which must get a

@@ -26,7 +26,23 @@ type Config struct {
 	// BufferSize sizes each connection's read and write buffers; 0 means
 	// 16 KiB, one full TLS record, so a record is read or written in one go.
 	BufferSize int
+	// Dropped, when set, is told of each connection closed because its
+	// peer did not stay silent after an answer (see Conn.silent).
+	Dropped func(DropReason)
 }
+
+// DropReason says why the pool closed a connection instead of reusing it.
+type DropReason int
+
+const (
+	// DropClosed: the peer ended the connection while it was idle, as
+	// servers do after an idle timeout.
+	DropClosed DropReason = iota
+	// DropUnsolicited: the peer sent bytes nobody asked for — more than
+	// the answer, or an answer with no request: a broken backend, or one
+	// that read a request as two (request smuggling in front of it).
+	DropUnsolicited
+)
 
 // Conn is a pooled connection with its buffers. Between Get and Put,
 // Discard or Detach it belongs to the caller alone.
@@ -60,18 +76,24 @@ func (c *Conn) Reused() bool { return c.uses > 0 }
 // takes stays in R, and a connection that is not silent is closed.
 // Connections with no sockio.Conn underneath (tests' pipes) are taken as
 // silent.
-func (c *Conn) silent() bool {
+func (c *Conn) silent() (bool, DropReason) {
 	if c.R.Buffered() > 0 {
-		return false
+		return false, DropUnsolicited
 	}
 	sc := sockio.Of(c.Conn)
 	if sc == nil {
-		return true
+		return true, 0
 	}
 	sc.NoWait(true)
 	_, err := c.R.Peek(1)
 	sc.NoWait(false)
-	return errors.Is(err, sockio.ErrWouldBlock)
+	switch {
+	case err == nil:
+		return false, DropUnsolicited
+	case errors.Is(err, sockio.ErrWouldBlock):
+		return true, 0
+	}
+	return false, DropClosed // an end of stream, a close_notify, a reset
 }
 
 // Pool is a set of per-endpoint pools; safe for concurrent use.
@@ -131,11 +153,11 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.C
 			ep.idle[n-1] = nil
 			ep.idle = ep.idle[:n-1]
 			p.mu.Unlock()
-			if c.silent() {
-				return c, nil
+			if ok, why := c.silent(); !ok {
+				p.drop(c, why)
+				continue
 			}
-			p.Discard(c)
-			continue
+			return c, nil
 		}
 		if ep.open < p.cfg.MaxOpen {
 			ep.open++
@@ -150,10 +172,11 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.C
 			if c == nil {
 				return p.dial(ctx, ep, dial) // a slot was freed for us
 			}
-			if c.silent() {
-				return c, nil
+			if ok, why := c.silent(); !ok {
+				p.drop(c, why)
+				continue
 			}
-			p.Discard(c)
+			return c, nil
 		case <-ctx.Done():
 			p.mu.Lock()
 			if i := slices.Index(ep.waiters, w); i >= 0 {
@@ -182,6 +205,14 @@ func (p *Pool) dial(ctx context.Context, ep *endpoint, dial func(context.Context
 	return &Conn{Conn: nc, R: bufio.NewReaderSize(nc, p.cfg.BufferSize), W: bufio.NewWriterSize(nc, p.cfg.BufferSize), ep: ep}, nil
 }
 
+// drop closes c, which its peer did not leave silent, and says why.
+func (p *Pool) drop(c *Conn, why DropReason) {
+	p.Discard(c)
+	if p.cfg.Dropped != nil {
+		p.cfg.Dropped(why)
+	}
+}
+
 // Put gives c back for reuse: the caller read its last response to the end,
 // nothing is buffered in W, and neither side asked to close. A connection
 // with bytes left in R is closed instead: the peer sent more than the
@@ -190,7 +221,7 @@ func (p *Pool) dial(ctx context.Context, ep *endpoint, dial func(context.Context
 // response's start. Get checks what arrives later (see silent).
 func (p *Pool) Put(c *Conn) {
 	if c.R.Buffered() > 0 {
-		p.Discard(c)
+		p.drop(c, DropUnsolicited)
 		return
 	}
 	c.uses++

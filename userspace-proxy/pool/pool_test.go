@@ -184,6 +184,7 @@ func TestIdleMustBeSilent(t *testing.T) {
 	type peerAct struct {
 		name string
 		do   func(net.Conn)
+		why  DropReason
 	}
 	var cases []struct {
 		name         string
@@ -193,8 +194,8 @@ func TestIdleMustBeSilent(t *testing.T) {
 	for _, tls := range []bool{false, true} {
 		for _, waiting := range []bool{false, true} {
 			for _, act := range []peerAct{
-				{"closes", func(c net.Conn) { c.Close() }}, // TLS: close_notify too
-				{"answers unasked", func(c net.Conn) { io.WriteString(c, "HTTP/1.1 200 OK\r\n\r\n") }},
+				{"closes", func(c net.Conn) { c.Close() }, DropClosed}, // TLS: close_notify too
+				{"answers unasked", func(c net.Conn) { io.WriteString(c, "HTTP/1.1 200 OK\r\n\r\n") }, DropUnsolicited},
 			} {
 				name := act.name
 				if waiting {
@@ -248,7 +249,8 @@ func TestIdleMustBeSilent(t *testing.T) {
 				tc := tls.Client(nc, &tls.Config{ServerName: "backend", RootCAs: ca.Pool()})
 				return tc, tc.HandshakeContext(ctx)
 			}
-			p := New(Config{})
+			var dropped []DropReason
+			p := New(Config{Dropped: func(why DropReason) { dropped = append(dropped, why) }})
 			c1, err := p.Get(context.Background(), ep, dial)
 			if err != nil {
 				t.Fatal(err)
@@ -290,6 +292,9 @@ func TestIdleMustBeSilent(t *testing.T) {
 			}
 			if open, _ := p.Stats(ep); open != 1 {
 				t.Errorf("open = %d, want 1 (the noisy one released)", open)
+			}
+			if len(dropped) != 1 || dropped[0] != c.act.why {
+				t.Errorf("dropped for %v, want [%v]", dropped, c.act.why)
 			}
 			c2.Close()
 		})

@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 )
 
 type metrics struct {
@@ -17,6 +19,7 @@ type metrics struct {
 	handshakeSeconds  prometheus.Histogram
 	open              *prometheus.GaugeVec
 	poolGets          [2]prometheus.Counter // new, reused
+	poolDropped       [2]prometheus.Counter // by pool.DropReason
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -44,9 +47,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		Help: "HTTP/1.1 upstream connections taken for a request, by result (reused: from the pool, new: dialed).",
 	}, []string{"result"})
 	m.poolGets = [2]prometheus.Counter{poolGets.WithLabelValues("new"), poolGets.WithLabelValues("reused")}
+	poolDropped := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sockmesh_proxy_upstream_pool_dropped_total",
+		Help: "HTTP/1.1 upstream connections closed instead of reused because the backend did not stay silent after an answer, by reason (closed: it ended the connection while idle; unsolicited: it sent bytes nobody asked for).",
+	}, []string{"reason"})
+	m.poolDropped = [2]prometheus.Counter{pool.DropClosed: poolDropped.WithLabelValues("closed"), pool.DropUnsolicited: poolDropped.WithLabelValues("unsolicited")}
 	m.dialsOK = m.dials.WithLabelValues("ok")
 	m.handshakesFull, m.handshakesResumed = m.handshakes.WithLabelValues("full"), m.handshakes.WithLabelValues("resumed")
-	for _, c := range []prometheus.Collector{m.dials, m.handshakes, m.handshakeSeconds, m.open, poolGets} {
+	for _, c := range []prometheus.Collector{m.dials, m.handshakes, m.handshakeSeconds, m.open, poolGets, poolDropped} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register upstream metrics: %w", err)
 		}

@@ -181,7 +181,8 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 			}
 			w.tls = o
 		}
-		w.h1 = pool.New(pool.Config{MaxIdle: p.cfg.MaxIdleConnsPerEndpoint, MaxOpen: p.cfg.MaxConnsPerEndpoint, IdleTimeout: p.cfg.IdleConnTimeout})
+		w.h1 = pool.New(pool.Config{MaxIdle: p.cfg.MaxIdleConnsPerEndpoint, MaxOpen: p.cfg.MaxConnsPerEndpoint, IdleTimeout: p.cfg.IdleConnTimeout,
+			Dropped: func(why pool.DropReason) { p.m.poolDropped[why].Inc() }})
 		if old := prev.Get(spec.Ref); old != nil && old.w != nil {
 			// New TLS settings or protocol: connections and TLS sessions
 			// of the old ones are not reused (closeIdle below).
