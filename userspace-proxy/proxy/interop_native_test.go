@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -494,13 +495,16 @@ func started(t *testing.T, cmd *exec.Cmd, log string, addrs ...netip.AddrPort) b
 	}
 	defer out.Close()
 	cmd.Stdout, cmd.Stderr = out, out
+	// A process group of its own, ended whole: nginx's workers outlive a
+	// master killed alone.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
 	t.Cleanup(func() {
-		cmd.Process.Kill()
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-exited
 		if t.Failed() {
 			b, _ := os.ReadFile(log)
