@@ -25,12 +25,14 @@ demo: build
 	$(GO) build -o bin/sockmesh-demo ./test/demo
 	./bin/sockmesh-demo -bin bin -manifests examples/demo
 
-# Static checks: vet, staticcheck, and no function that neither a binary nor
-# a test reaches (deadcode prints them; any output fails). Versions pinned so
-# a fresh machine runs the same checks.
+# Static checks: gofmt, vet, staticcheck, and no function that neither a
+# binary nor a test reaches (deadcode prints them; any output fails).
+# Versions pinned so a fresh machine runs the same checks.
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 DEADCODE := golang.org/x/tools/cmd/deadcode@v0.52.0
 lint:
+	@unformatted="$$($(GO) run cmd/gofmt -l .)" || exit 1; \
+	if [ -n "$$unformatted" ]; then echo "$$unformatted"; echo "not gofmt-formatted: run gofmt -w"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) run $(STATICCHECK) ./...
 	@dead="$$($(GO) run $(DEADCODE) -test ./...)" || exit 1; \

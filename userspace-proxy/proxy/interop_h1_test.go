@@ -56,8 +56,8 @@ type scripted struct {
 	crash atomic.Bool
 	// written counts the answers written whole.
 	written atomic.Int32
-	mu    sync.Mutex
-	seen  []seenRequest
+	mu      sync.Mutex
+	seen    []seenRequest
 }
 
 // seenRequest is what the backend received.
