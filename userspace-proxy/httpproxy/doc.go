@@ -21,7 +21,9 @@
 //
 // It has two front ends sharing routing, header rules, failure answers and
 // metrics: Handler.ServeHTTP, an http.Handler behind net/http's server (HTTP/2
-// apps), which reads the connection's Target from the connection context;
+// apps), which reads the connection's Target from the connection context
+// and sends requests through upstream.Backend.RoundTripper (HTTP/1.1 over
+// the pool the fast path uses, HTTP/2 over net/http's Transport);
 // and Handler.ServeHTTP1, the HTTP/1 fast path, which serves one HTTP/1.x
 // client connection in one goroutine over pooled upstream HTTP/1.1
 // connections (net/http's Transport only for h2/h2c backends).

@@ -8,8 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
 	"strings"
 	"sync/atomic"
 
@@ -38,6 +39,9 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 		http.NewResponseController(w).EnableFullDuplex()
 	}
 	x.grpc = grpcCallOf(r)
+	if r.ProtoAtLeast(1, 1) {
+		out = out.WithContext(httptrace.WithClientTrace(out.Context(), informational(w)))
+	}
 	resp, done, err := h.roundTrip(x, be.RoundTripper(WireFor(be, r.ProtoMajor, websocket)), out, c)
 	if err != nil {
 		h.fail(w, r, x, upstream.Classify(err), err)
@@ -107,6 +111,27 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 	}
 }
 
+// informational passes the backend's 1xx answers (103 Early Hints, 102)
+// to the client, as the fast path does; 100 Continue is the server's own
+// to send. The transports call it before they return the final answer,
+// while the handler waits for it.
+func informational(w http.ResponseWriter) *httptrace.ClientTrace {
+	return &httptrace.ClientTrace{Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
+		if code == http.StatusContinue {
+			return nil
+		}
+		hdr := w.Header()
+		for k, vv := range h {
+			hdr[k] = vv
+		}
+		w.WriteHeader(code)
+		for k := range h {
+			delete(hdr, k)
+		}
+		return nil
+	}}
+}
+
 // errBackendBody marks copyBody's failures on the backend's side.
 var errBackendBody = errors.New("read response body")
 
@@ -163,7 +188,7 @@ func (h *Handler) switchProtocols(w http.ResponseWriter, r *http.Request, x *exc
 		up.Close()
 		return
 	}
-	client := &bufferedConn{Conn: conn, r: brw.Reader}
+	client := &relay.BufferedConn{Conn: conn, R: brw.Reader}
 	res := relay.Relay(client, up, h.bufs)
 	h.m.upgradedBytes.Add(float64(res.AToB + res.BToA))
 }
@@ -180,17 +205,6 @@ func writeSwitch(bw *bufio.Writer, resp *http.Response) error {
 	}
 	return bw.Flush()
 }
-
-// bufferedConn reads what net/http had already buffered before the hijack.
-type bufferedConn struct {
-	net.Conn
-	r *bufio.Reader
-}
-
-func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
-
-// NetConn exposes the connection for half-close.
-func (c *bufferedConn) NetConn() net.Conn { return c.Conn }
 
 // bridgeWebSocket serves an RFC 8441 extended CONNECT from an HTTP/2 client
 // by opening an HTTP/1.1 WebSocket Upgrade to the backend (RFC 6455 §4.1: a

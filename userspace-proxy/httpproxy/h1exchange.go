@@ -144,7 +144,7 @@ var errStale = errors.New("pooled connection closed by the backend")
 func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice, setSession, websocket bool) bool {
 	be := x.be
 	stale := 0
-	replayable := req.Body == http.NoBody && isIdempotent(req)
+	replayable := req.Body == http.NoBody && upstream.Idempotent(req)
 	// inline: the body is at hand (kept, or buffered from the client), so
 	// it is written with the head, not by a goroutine.
 	inline := req.Body == http.NoBody || x.r != nil && x.r.kept ||
@@ -361,17 +361,6 @@ func staleIf(err error, stale bool) error {
 		return fmt.Errorf("%w: %w", errStale, err)
 	}
 	return err
-}
-
-// isIdempotent is net/http's rule for requests it may send twice.
-func isIdempotent(req *http.Request) bool {
-	switch req.Method {
-	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
-		return true
-	}
-	_, key := req.Header["Idempotency-Key"]
-	_, xkey := req.Header["X-Idempotency-Key"]
-	return key || xkey
 }
 
 // respond answers the client from resp, read on uc, and gives uc back

@@ -8,7 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/netip"
+	"net/textproto"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -251,12 +253,6 @@ func okAnswer(body string) string {
 // interopCase is one probe: start a backend, capture it, talk to it.
 type interopCase struct {
 	name string
-	// racyOnNetHTTP: net/http's Transport notices what this case does to
-	// an idle connection in its read loop, which may run after the next
-	// request was already sent on it: the net/http path then answers 502
-	// at times, or, for a stray answer, gives it to the next request (the
-	// fast path checks before it sends).
-	racyOnNetHTTP bool
 	// setup starts the backend, adds its Service and returns the test,
 	// run after the snapshot is published.
 	setup func(t *testing.T, ie *interopEnv) func(t *testing.T)
@@ -270,7 +266,7 @@ type interopCase struct {
 func TestInteropH1(t *testing.T) {
 	checkNoLeaks(t)
 	cases := []interopCase{
-		{"http10-body-until-close", false, func(t *testing.T, ie *interopEnv) func(t *testing.T) {
+		{"http10-body-until-close", func(t *testing.T, ie *interopEnv) func(t *testing.T) {
 			b := startScripted(t, ie.serverTLS(), func(*http.Request, int) (string, bool) {
 				return "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\nbody until close", true
 			})
@@ -294,7 +290,7 @@ func TestInteropH1(t *testing.T) {
 				}
 			}
 		}},
-		{"backend-crashes-mid-answer", false, func(t *testing.T, ie *interopEnv) func(t *testing.T) {
+		{"backend-crashes-mid-answer", func(t *testing.T, ie *interopEnv) func(t *testing.T) {
 			b := startScripted(t, ie.serverTLS(), func(*http.Request, int) (string, bool) {
 				return "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\n\r\npart of a body until close", true
 			})
@@ -320,7 +316,7 @@ func TestInteropH1(t *testing.T) {
 				}
 			}
 		}},
-		{"backend-connection-close", false, func(t *testing.T, ie *interopEnv) func(t *testing.T) {
+		{"backend-connection-close", func(t *testing.T, ie *interopEnv) func(t *testing.T) {
 			b := startScripted(t, ie.serverTLS(), func(*http.Request, int) (string, bool) {
 				return "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", true
 			})
@@ -338,7 +334,7 @@ func TestInteropH1(t *testing.T) {
 				}
 			}
 		}},
-		{"backend-idle-timeout", true, func(t *testing.T, ie *interopEnv) func(t *testing.T) {
+		{"backend-idle-timeout", func(t *testing.T, ie *interopEnv) func(t *testing.T) {
 			// A real server whose keep-alive ends after a short idle time
 			// (Node.js's is 5 s): the proxy's pooled connection is gone
 			// when the app's next request comes.
@@ -392,7 +388,7 @@ func TestInteropH1(t *testing.T) {
 				}
 			}
 		}},
-		{"reused-connection-dropped", false, func(t *testing.T, ie *interopEnv) func(t *testing.T) {
+		{"reused-connection-dropped", func(t *testing.T, ie *interopEnv) func(t *testing.T) {
 			// The backend reads the second request on each connection and
 			// closes without answering: a GET may go again on a new
 			// connection, a POST must not.
@@ -427,7 +423,7 @@ func TestInteropH1(t *testing.T) {
 				}
 			}
 		}},
-		{"bytes-where-no-body-belongs", true, func(t *testing.T, ie *interopEnv) func(t *testing.T) {
+		{"bytes-where-no-body-belongs", func(t *testing.T, ie *interopEnv) func(t *testing.T) {
 			// Legacy servers that send a body with HEAD, 204 or 304: the
 			// stray bytes must not become the next request's answer.
 			b := startScripted(t, ie.serverTLS(), func(req *http.Request, _ int) (string, bool) {
@@ -472,7 +468,7 @@ func TestInteropH1(t *testing.T) {
 				}
 			}
 		}},
-		{"stray-answer-in-its-own-write", true, func(t *testing.T, ie *interopEnv) func(t *testing.T) {
+		{"stray-answer-in-its-own-write", func(t *testing.T, ie *interopEnv) func(t *testing.T) {
 			// An answer nobody asked for, right after the one asked for
 			// but in a write (a TLS record) of its own, as from a backend
 			// that took one request for two: arrived before the next
@@ -501,9 +497,30 @@ func TestInteropH1(t *testing.T) {
 						t.Errorf("round %d, the next app: %s %q, want 200 /other", i, resp.Status, body)
 					}
 				}
+				if !ie.path.tls {
+					return // an h2c app's HTTP/2 is relayed to a cleartext backend
+				}
+				// HTTP/2 apps, whose requests are translated for the
+				// HTTP/1.1 backend, share its pool.
+				for i := range 5 {
+					for n, want := range []string{"first", "/other"} {
+						resp, err := ie.client(dst, true).Get("http://x/" + strings.TrimPrefix(want, "/"))
+						if err != nil {
+							t.Fatalf("round %d, h2 app %d: %v", i, n, err)
+						}
+						body, _ := io.ReadAll(resp.Body)
+						resp.Body.Close()
+						if resp.StatusCode != 200 || string(body) != want {
+							t.Errorf("round %d, h2 app %d: %s %q, want 200 %q", i, n, resp.Status, body, want)
+						}
+						if n == 0 {
+							b.waitWritten(t, 10+2*i+1)
+						}
+					}
+				}
 			}
 		}},
-		{"informational", false, func(t *testing.T, ie *interopEnv) func(t *testing.T) {
+		{"informational", func(t *testing.T, ie *interopEnv) func(t *testing.T) {
 			b := startScripted(t, ie.serverTLS(), func(*http.Request, int) (string, bool) {
 				return "HTTP/1.1 100 Continue\r\n\r\n" +
 					"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n" +
@@ -531,8 +548,7 @@ func TestInteropH1(t *testing.T) {
 							t.Errorf("request %d: a 100 Continue the app did not ask for", i)
 						}
 					}
-					if !ie.path.l7 && fmt.Sprint(codes) != "[103 102 200]" {
-						// net/http's Transport keeps 1xx answers to itself.
+					if fmt.Sprint(codes) != "[103 102 200]" {
 						t.Errorf("request %d: answers %v, want [103 102 200]", i, codes)
 					}
 				}
@@ -540,6 +556,24 @@ func TestInteropH1(t *testing.T) {
 				c10.send("GET / HTTP/1.0\r\nHost: x\r\n\r\n")
 				if resp, body := c10.read(http.MethodGet); resp.StatusCode != 200 || body != "done" {
 					t.Errorf("HTTP/1.0 app: first answer %s %q, want 200 done (no 1xx to HTTP/1.0)", resp.Status, body)
+				}
+				if !ie.path.tls {
+					return // an h2c app's HTTP/2 is relayed to a cleartext backend
+				}
+				var codes []string
+				trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
+					codes = append(codes, fmt.Sprint(code, h["Link"]))
+					return nil
+				}}
+				req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(t.Context(), trace), http.MethodGet, "http://x/", nil)
+				resp, err := ie.client(dst, true).Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 || string(body) != "done" || fmt.Sprint(codes) != "[103 [</style.css>; rel=preload] 102 []]" {
+					t.Errorf("h2 app: %s %q after 1xx %v, want 200 done after 103 (with its Link) and 102", resp.Status, body, codes)
 				}
 			}
 		}},
@@ -553,9 +587,6 @@ func TestInteropH1(t *testing.T) {
 			}
 			ie.publish(t)
 			for i, c := range cases {
-				if p.l7 && c.racyOnNetHTTP {
-					continue // see interopCase.racyOnNetHTTP
-				}
 				t.Run(c.name, runs[i])
 			}
 		})

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bufio"
 	"crypto/tls"
 	"errors"
 	"io"
@@ -126,3 +127,16 @@ func closeWrite(c io.Writer) {
 		closeWrite(u.NetConn())
 	}
 }
+
+// BufferedConn is a connection whose reads first return what R already
+// buffered from it (bytes read with an HTTP head, before an upgrade or a
+// hijack). NetConn exposes the connection for half-close.
+type BufferedConn struct {
+	net.Conn
+	R *bufio.Reader
+}
+
+func (c *BufferedConn) Read(p []byte) (int, error) { return c.R.Read(p) }
+
+// NetConn returns the connection underneath.
+func (c *BufferedConn) NetConn() net.Conn { return c.Conn }

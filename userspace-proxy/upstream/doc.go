@@ -1,8 +1,9 @@
 // Package upstream is the proxy's side toward backends: for each backend of a
 // snapshot it holds the endpoint picker, the TLS origination built once from
 // the backend's policy, and the bounded connection pools that requests
-// share: the HTTP/1.1 pool of the proxy's fast path (GetH1, package pool),
-// and net/http's Transports for HTTP/2 multiplexing and the net/http path.
+// share: the HTTP/1.1 pool (package pool) that the proxy's fast path takes
+// connections from (GetH1) and every other HTTP/1.1 request goes through
+// (RoundTripper), and net/http's Transports for HTTP/2 multiplexing.
 //
 // A Set is built per snapshot; a backend whose wire settings (protocol, TLS)
 // did not change keeps its pools and TLS session caches across snapshots, so

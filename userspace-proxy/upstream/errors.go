@@ -104,7 +104,7 @@ func Classify(err error) Reason {
 		return ReasonDialFailed
 	case errors.Is(err, errHandshake), isRemoteAlert(err):
 		return ReasonTLSHandshake
-	case errors.Is(err, ErrNotHTTP11):
+	case errors.Is(err, ErrNotHTTP11), errors.Is(err, ErrNotHTTP2):
 		return ReasonProtocol
 	case errors.Is(err, context.Canceled):
 		return ReasonCanceled

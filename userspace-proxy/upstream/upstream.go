@@ -127,8 +127,8 @@ type wireState struct {
 	tls      *upstreamtls.Origination // nil: cleartext
 	labels   [2]string                // namespace, backend name
 	open     prometheus.Gauge
-	// h1 pools the HTTP/1.1 connections of the proxy's own forwarding path
-	// (GetH1); transports are net/http's, for every other wire.
+	// h1 pools the HTTP/1.1 connections (GetH1, h1Transport); transports
+	// are net/http's, for HTTP/2 (WireH2, and WireNegotiate's h2 side).
 	h1         *pool.Pool
 	mu         sync.Mutex
 	transports [wireCount]*http.Transport
@@ -265,7 +265,16 @@ func (b *Backend) DialRaw(ctx context.Context, ep snapshot.Endpoint) (net.Conn, 
 
 // RoundTripper returns the pooled transport for wire w; requests' URLs must
 // name the endpoint ("http://ip:port", "https://ip:port" when TLS).
+// HTTP/1.1 goes over the fast path's pool (h1Transport), HTTP/2 over
+// net/http's Transport; negotiating, over the one the backend chose
+// (negotiated).
 func (b *Backend) RoundTripper(w Wire) http.RoundTripper {
+	switch {
+	case w == WireNegotiate && b.TLS():
+		return negotiated{b}
+	case w != WireH2:
+		return h1Transport{b} // without TLS nothing negotiates
+	}
 	return b.w.transport(w)
 }
 
@@ -286,6 +295,9 @@ func WithEndpoint(ctx context.Context, ep *snapshot.Endpoint) context.Context {
 	return context.WithValue(ctx, endpointKey{}, ep)
 }
 
+// transport is net/http's Transport for HTTP/2 (wire WireH2, or
+// WireNegotiate for the h2 side of negotiated): it speaks HTTP/2 only, as
+// its connections refuse any other protocol (dialH2).
 func (w *wireState) transport(wire Wire) *http.Transport {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -309,26 +321,14 @@ func (w *wireState) transport(wire Wire) *http.Transport {
 		if err != nil {
 			return nil, err
 		}
-		return w.dial(ctx, ep, wire.ALPN())
+		return w.dialH2(ctx, ep, wire)
 	}
 	if w.tls != nil {
 		t.DialTLSContext = dialFn
-		switch wire {
-		case WireH1:
-			t.Protocols.SetHTTP1(true)
-		case WireH2:
-			t.Protocols.SetHTTP2(true)
-		default:
-			t.Protocols.SetHTTP1(true)
-			t.Protocols.SetHTTP2(true)
-		}
+		t.Protocols.SetHTTP2(true)
 	} else {
 		t.DialContext = dialFn
-		if wire == WireH2 {
-			t.Protocols.SetUnencryptedHTTP2(true)
-		} else {
-			t.Protocols.SetHTTP1(true)
-		}
+		t.Protocols.SetUnencryptedHTTP2(true)
 	}
 	w.transports[wire] = t
 	return t

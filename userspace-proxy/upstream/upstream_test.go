@@ -28,14 +28,23 @@ const sni = "backend.test"
 // world is a TLS backend (net/http, TLS 1.3, ALPN h2 and http/1.1) and the
 // pools that reach it.
 type world struct {
-	ca    *pki.CA
-	addr  netip.AddrPort
-	pools *Pools
-	reg   *prometheus.Registry
-	logs  *bytes.Buffer
+	ca   *pki.CA
+	addr netip.AddrPort
+	// serverTLS is the backend's certificate, for backends of a test's own.
+	serverTLS *tls.Config
+	pools     *Pools
+	reg       *prometheus.Registry
+	logs      *bytes.Buffer
 }
 
 func newWorld(t *testing.T) *world {
+	t.Helper()
+	return newWorldServing(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, r.Proto) }), false)
+}
+
+// newWorldServing is a world whose backend serves h, over HTTP/1.1 only
+// (ALPN http/1.1) when h1Only.
+func newWorldServing(t *testing.T, h http.Handler, h1Only bool) *world {
 	t.Helper()
 	ca, err := pki.NewCA("upstream test ca")
 	if err != nil {
@@ -49,13 +58,15 @@ func newWorld(t *testing.T) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{
-		Handler:   http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, r.Proto) }),
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf.TLS}},
+	srv := &http.Server{Handler: h, TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf.TLS}}}
+	if h1Only {
+		srv.TLSConfig.NextProtos = []string{"http/1.1"}
+		srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
 	}
 	go srv.ServeTLS(l, "", "")
 	t.Cleanup(func() { srv.Close() })
-	w := &world{ca: ca, addr: l.Addr().(*net.TCPAddr).AddrPort(), reg: prometheus.NewRegistry(), logs: &bytes.Buffer{}}
+	w := &world{ca: ca, addr: l.Addr().(*net.TCPAddr).AddrPort(), reg: prometheus.NewRegistry(), logs: &bytes.Buffer{},
+		serverTLS: &tls.Config{Certificates: []tls.Certificate{leaf.TLS}}}
 	log := slog.New(slog.NewTextHandler(&lockedWriter{w: w.logs}, nil))
 	w.pools, err = New(Config{}, dial.NewDirect(dial.Config{Unmarked: true}), log, w.reg)
 	if err != nil {
@@ -75,8 +86,9 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
-// counter reads the counter name{result=result} from the registry.
-func (w *world) counter(t *testing.T, name, result string) float64 {
+// counter reads the counter of name with a label of value v (its one
+// label: result or reason) from the registry.
+func (w *world) counter(t *testing.T, name, v string) float64 {
 	t.Helper()
 	mfs, err := w.reg.Gather()
 	if err != nil {
@@ -85,7 +97,7 @@ func (w *world) counter(t *testing.T, name, result string) float64 {
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if mf.GetName() == name && l.GetName() == "result" && l.GetValue() == result {
+				if mf.GetName() == name && l.GetValue() == v {
 					return m.GetCounter().GetValue()
 				}
 			}

@@ -1,0 +1,287 @@
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
+	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
+)
+
+// h1Transport is the RoundTripper of WireH1: net/http's request writer
+// and response parser over the HTTP/1.1 pool of the fast path (GetH1), so
+// that a connection is handed to a request only after the pool saw it
+// silent since its last answer (pool.Conn.silent). net/http's Transport
+// keeps a read pending on idle connections and, when bytes arrive just as
+// one is handed to the next request, takes them for that request's
+// answer: an answer a backend sent unasked reached another app
+// (docs/design.md).
+//
+// As the Transport configured here did: the body goes at once (no wait
+// for 100 Continue), concurrently with reading the answer (full duplex);
+// 1xx answers go to the request's httptrace.ClientTrace; a 101 answer's
+// body is the upgraded connection; a request without body that is
+// idempotent is sent again when its reused connection failed before
+// answering (the backend closed it while idle); the request's context
+// ends the exchange, body included.
+type h1Transport struct{ b *Backend }
+
+// staleTries bounds the tries of a request whose reused connections keep
+// failing before an answer.
+const staleTries = 3
+
+func (t h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	ep, err := endpointFor(ctx, req.URL.Host)
+	if err != nil {
+		closeBody(req)
+		return nil, err
+	}
+	bodiless := req.Body == nil || req.Body == http.NoBody
+	for try := 1; ; try++ {
+		uc, err := t.b.GetH1(ctx, &ep)
+		if err != nil {
+			closeBody(req)
+			return nil, err
+		}
+		// A body is the exchange's to close: Request.Write closes it
+		// once it ends, which may be after the answer (full duplex).
+		resp, err := t.exchange(ctx, uc, req, bodiless)
+		if err == nil || !errors.Is(err, errStaleConn) || !Idempotent(req) || try == staleTries {
+			return resp, err
+		}
+	}
+}
+
+// errStaleConn marks a failure on a reused connection before any byte of
+// an answer: the backend probably closed it while it was idle.
+var errStaleConn = errors.New("pooled connection closed by the backend")
+
+// Idempotent is net/http's rule for requests it may send twice.
+func Idempotent(req *http.Request) bool {
+	switch req.Method {
+	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace:
+		return true
+	}
+	_, key := req.Header["Idempotency-Key"]
+	_, xkey := req.Header["X-Idempotency-Key"]
+	return key || xkey
+}
+
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+}
+
+// exchange sends req on uc and reads the head of its final answer.
+func (t h1Transport) exchange(ctx context.Context, uc *pool.Conn, req *http.Request, bodiless bool) (*http.Response, error) {
+	x := &h1Exchange{b: t.b, uc: uc, ctx: ctx, close: req.Close}
+	// Closing the connection ends a read or write in progress, whichever
+	// side of the exchange is waiting when the context ends.
+	x.stop = context.AfterFunc(ctx, func() { uc.Conn.Close() })
+	if bodiless {
+		if err := writeRequest(uc, req); err != nil {
+			return nil, x.fail(err, uc.Reused())
+		}
+	} else {
+		x.wrote = make(chan error, 1)
+		src := &sourceBody{ReadCloser: req.Body}
+		out := *req
+		out.Body = src
+		go func() {
+			err := writeRequest(uc, &out)
+			if err != nil && src.err != nil {
+				// The app's body failed: the backend would wait for the
+				// rest forever. A failed write to the backend leaves the
+				// connection to the read side, where an early answer may
+				// still be waiting.
+				uc.Conn.Close()
+			}
+			x.wrote <- err
+		}()
+	}
+	if _, err := uc.R.Peek(1); err != nil {
+		return nil, x.fail(fmt.Errorf("read answer: %w", err), bodiless && uc.Reused())
+	}
+	trace := httptrace.ContextClientTrace(ctx)
+	for {
+		resp, err := http.ReadResponse(uc.R, req)
+		if err != nil {
+			return nil, x.fail(fmt.Errorf("read answer: %w", err), false)
+		}
+		switch {
+		case resp.StatusCode == http.StatusSwitchingProtocols:
+			return x.upgraded(resp)
+		case resp.StatusCode < http.StatusOK:
+			if trace != nil && trace.Got1xxResponse != nil {
+				if err := trace.Got1xxResponse(resp.StatusCode, textproto.MIMEHeader(resp.Header)); err != nil {
+					return nil, x.fail(err, false)
+				}
+			}
+			continue
+		}
+		x.close = x.close || resp.Close
+		if resp.Body == http.NoBody {
+			x.finish(true) // HEAD, 204, 304, an empty body
+		} else {
+			resp.Body = &h1Body{r: resp.Body, x: x}
+		}
+		return resp, nil
+	}
+}
+
+// writeRequest writes req with Request.Write (its framing: Content-Length
+// or chunks and trailers, flushed chunk by chunk for streamed bodies).
+func writeRequest(uc *pool.Conn, req *http.Request) error {
+	err := req.Write(uc.W)
+	if err == nil {
+		err = uc.W.Flush()
+	}
+	if err != nil {
+		return fmt.Errorf("write request: %w", err)
+	}
+	return nil
+}
+
+// sourceBody remembers that reading the app's body failed.
+type sourceBody struct {
+	io.ReadCloser
+	err error
+}
+
+func (s *sourceBody) Read(p []byte) (int, error) {
+	n, err := s.ReadCloser.Read(p)
+	if err != nil && err != io.EOF {
+		s.err = err
+	}
+	return n, err
+}
+
+// h1Exchange is one request's use of a pooled connection.
+type h1Exchange struct {
+	b   *Backend
+	uc  *pool.Conn
+	ctx context.Context
+	// stop unhooks the context; false when it already ended and closed
+	// the connection.
+	stop func() bool
+	// wrote reports the end of the body's goroutine (nil: none).
+	wrote chan error
+	// close says either side asked to close the connection.
+	close bool
+	done  sync.Once
+}
+
+// fail ends an exchange that produced no answer. The connection is closed;
+// stale says it failed as an idle connection the backend closed would.
+func (x *h1Exchange) fail(err error, stale bool) error {
+	x.stop()
+	x.b.DiscardH1(x.uc)
+	if x.wrote != nil {
+		// The body's goroutine may wait for the app's next bytes; it ends
+		// when the app's body does (the server closes it).
+		select {
+		case werr := <-x.wrote:
+			if werr != nil && errors.Is(err, io.EOF) {
+				err = werr // the write's failure says more than the read's end
+			}
+		default:
+		}
+	}
+	if cerr := x.ctx.Err(); cerr != nil {
+		return fmt.Errorf("%w: %w", cerr, err)
+	}
+	if stale {
+		return fmt.Errorf("%w: %w", errStaleConn, err)
+	}
+	return err
+}
+
+// finish ends the exchange once its answer's body was read to its end
+// (clean) or given up: the connection goes back to the pool when the
+// request went out whole, the context did not end, and neither side asked
+// to close; else it is closed.
+func (x *h1Exchange) finish(clean bool) {
+	x.done.Do(func() {
+		reuse := x.stop() && clean && !x.close
+		if x.wrote != nil && reuse {
+			// A backend may answer before it read the whole body; the
+			// rest must still go out before the connection can serve
+			// another request.
+			t := time.NewTimer(bodyTailWait)
+			select {
+			case err := <-x.wrote:
+				reuse = err == nil
+			case <-t.C:
+				reuse = false
+			}
+			t.Stop()
+		}
+		if reuse {
+			x.b.PutH1(x.uc)
+		} else {
+			x.b.DiscardH1(x.uc)
+		}
+	})
+}
+
+// bodyTailWait bounds how long a finished answer waits for the end of its
+// request's body to be written before the connection is given up.
+const bodyTailWait = 50 * time.Millisecond
+
+// upgraded hands over the connection of a 101 answer as its body. The
+// exchange is over: the context no longer bounds the connection (a
+// WebSocket may idle), and the pool forgets it.
+func (x *h1Exchange) upgraded(resp *http.Response) (*http.Response, error) {
+	if x.wrote != nil || !x.stop() {
+		// A request with a body is no upgrade; a context that ended
+		// closed the connection.
+		return nil, x.fail(errors.New("backend switched protocols"), false)
+	}
+	x.b.DetachH1(x.uc)
+	resp.Body = &relay.BufferedConn{Conn: x.uc.Conn, R: x.uc.R}
+	return resp, nil
+}
+
+// h1Body is an answer's body; reading it to its end or closing it ends
+// the exchange. Closing it early closes the connection rather than
+// reading the rest (as net/http's response bodies would).
+type h1Body struct {
+	r      io.ReadCloser
+	x      *h1Exchange
+	closed atomic.Bool
+}
+
+var errBodyClosed = errors.New("read on a closed response body")
+
+func (b *h1Body) Read(p []byte) (int, error) {
+	if b.closed.Load() {
+		return 0, errBodyClosed
+	}
+	n, err := b.r.Read(p)
+	switch {
+	case err == io.EOF:
+		b.x.finish(true)
+	case err != nil:
+		b.x.finish(false)
+		if cerr := b.x.ctx.Err(); cerr != nil {
+			err = fmt.Errorf("%w: %w", cerr, err)
+		}
+	}
+	return n, err
+}
+
+func (b *h1Body) Close() error {
+	b.closed.Store(true)
+	b.x.finish(false)
+	return nil
+}

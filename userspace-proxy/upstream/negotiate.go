@@ -1,0 +1,126 @@
+package upstream
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
+)
+
+// ErrNotHTTP2 is returned for a TLS backend that must speak HTTP/2 (its
+// protocol says so) but did not negotiate h2 by ALPN.
+var ErrNotHTTP2 = errors.New("backend did not negotiate h2")
+
+// errDeclinedH2: offered h2 and http/1.1, the endpoint chose http/1.1 (or
+// no ALPN); negotiated sends the request over HTTP/1.1 instead.
+var errDeclinedH2 = errors.New("backend declined h2")
+
+// dialH2 opens a connection for net/http's HTTP/2 Transport of wire. A TLS
+// connection that did not negotiate h2 is closed rather than handed over:
+// the Transport would speak HTTP/1.1 on it, with the weakness h1Transport
+// avoids.
+func (w *wireState) dialH2(ctx context.Context, ep snapshot.Endpoint, wire Wire) (net.Conn, error) {
+	c, err := w.dial(ctx, ep, wire.ALPN())
+	if err != nil {
+		return nil, err
+	}
+	tc, ok := c.(*tls.Conn)
+	if !ok || tc.ConnectionState().NegotiatedProtocol == upstreamtls.ALPNH2 {
+		return c, nil
+	}
+	c.Close()
+	p := tc.ConnectionState().NegotiatedProtocol
+	if wire == WireNegotiate {
+		w.declinedH2.Store(time.Now().UnixNano())
+		return nil, fmt.Errorf("tls to %s: %w (got %q)", ep.Addr, errDeclinedH2, p)
+	}
+	return nil, fmt.Errorf("tls to %s: %w (got %q)", ep.Addr, ErrNotHTTP2, p)
+}
+
+// negotiated is the RoundTripper of WireNegotiate to a TLS backend: h2
+// when the endpoint picks it by ALPN, else HTTP/1.1 through h1Transport.
+// A backend that declined h2 gets HTTP/1.1 directly for a while
+// (SpeaksH1Only); the request that learns it is sent again over HTTP/1.1,
+// which is safe, as nothing of it went out.
+type negotiated struct{ b *Backend }
+
+func (n negotiated) RoundTrip(req *http.Request) (*http.Response, error) {
+	if n.b.SpeaksH1Only(time.Now()) {
+		return h1Transport(n).RoundTrip(req)
+	}
+	out, held := req, (*heldBody)(nil)
+	if req.Body != nil && req.Body != http.NoBody {
+		// The Transport closes the body of a request it fails; one that
+		// goes again over HTTP/1.1 must stay open.
+		held = &heldBody{r: req.Body, holding: true}
+		out = new(http.Request)
+		*out = *req
+		out.Body = held
+	}
+	resp, err := n.b.w.transport(WireNegotiate).RoundTrip(out)
+	if errors.Is(err, errDeclinedH2) && held.untouched() {
+		return h1Transport(n).RoundTrip(req)
+	}
+	held.release()
+	return resp, err
+}
+
+// heldBody defers a Close until release, and tells whether it was read.
+type heldBody struct {
+	r       io.ReadCloser
+	mu      sync.Mutex
+	read    bool
+	holding bool // Close waits for release
+	closed  bool // Close was called while holding
+}
+
+func (h *heldBody) Read(p []byte) (int, error) {
+	h.mu.Lock()
+	h.read = true
+	h.mu.Unlock()
+	return h.r.Read(p)
+}
+
+func (h *heldBody) Close() error {
+	h.mu.Lock()
+	if h.holding {
+		h.closed = true
+		h.mu.Unlock()
+		return nil
+	}
+	h.mu.Unlock()
+	return h.r.Close()
+}
+
+// untouched reports whether nothing read h; a nil h (no body) is untouched.
+func (h *heldBody) untouched() bool {
+	if h == nil {
+		return true
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return !h.read
+}
+
+// release passes Close through from now on, and performs one that came
+// while holding.
+func (h *heldBody) release() {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.holding = false
+	closed := h.closed
+	h.mu.Unlock()
+	if closed {
+		h.r.Close()
+	}
+}
