@@ -308,6 +308,7 @@ func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline bool)
 			return nil, body, fmt.Errorf("read answer: %w", err)
 		}
 		if resp.StatusCode >= http.StatusOK || resp.StatusCode == http.StatusSwitchingProtocols {
+			uc.EndHead()
 			return resp, body, nil
 		}
 		if resp.StatusCode == http.StatusContinue && s.cont != nil {

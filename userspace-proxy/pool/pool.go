@@ -4,7 +4,10 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"io"
+	"math"
 	"net"
+	"net/http"
 	"net/netip"
 	"slices"
 	"sync"
@@ -29,7 +32,16 @@ type Config struct {
 	// Dropped, when set, is told of each connection closed because its
 	// peer did not stay silent after an answer (see Conn.silent).
 	Dropped func(DropReason)
+	// MaxHeadBytes bounds what R reads from a connection handed out by Get
+	// until EndHead: the heads of an answer, informational ones included;
+	// 0 means http.DefaultMaxHeaderBytes (1 MiB).
+	MaxHeadBytes int
 }
+
+// ErrHeadTooLarge is R's error when an answer's heads exceed MaxHeadBytes:
+// without a bound, a backend sending header fields (or 1xx answers)
+// without end would have the proxy buffer them without end.
+var ErrHeadTooLarge = errors.New("answer head too large")
 
 // DropReason says why the pool closed a connection instead of reusing it.
 type DropReason int
@@ -55,6 +67,29 @@ type Conn struct {
 	ep        *endpoint
 	uses      int       // times it went back to the pool
 	idleSince time.Time // when it last went back
+	lim       headLimit // R reads through it
+}
+
+// EndHead lifts the bound on what R reads, once the final answer's head
+// was read: bodies are not bounded.
+func (c *Conn) EndHead() { c.lim.n = math.MaxInt64 }
+
+// headLimit is io.LimitedReader with ErrHeadTooLarge at the limit.
+type headLimit struct {
+	r io.Reader
+	n int64
+}
+
+func (l *headLimit) Read(p []byte) (int, error) {
+	if l.n <= 0 {
+		return 0, ErrHeadTooLarge
+	}
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.r.Read(p)
+	l.n -= int64(n)
+	return n, err
 }
 
 // Reused reports whether c served an earlier caller: a failure before any
@@ -130,6 +165,9 @@ func New(cfg Config) *Pool {
 	if cfg.BufferSize <= 0 {
 		cfg.BufferSize = 16 << 10
 	}
+	if cfg.MaxHeadBytes <= 0 {
+		cfg.MaxHeadBytes = http.DefaultMaxHeaderBytes
+	}
 	p := &Pool{cfg: cfg, eps: make(map[netip.AddrPort]*endpoint)}
 	p.sweep = time.AfterFunc(time.Hour, p.expire)
 	p.sweep.Stop()
@@ -157,7 +195,7 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.C
 				p.drop(c, why)
 				continue
 			}
-			return c, nil
+			return p.handOut(c), nil
 		}
 		if ep.open < p.cfg.MaxOpen {
 			ep.open++
@@ -176,7 +214,7 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.C
 				p.drop(c, why)
 				continue
 			}
-			return c, nil
+			return p.handOut(c), nil
 		case <-ctx.Done():
 			p.mu.Lock()
 			if i := slices.Index(ep.waiters, w); i >= 0 {
@@ -202,7 +240,16 @@ func (p *Pool) dial(ctx context.Context, ep *endpoint, dial func(context.Context
 		p.release(ep)
 		return nil, err
 	}
-	return &Conn{Conn: nc, R: bufio.NewReaderSize(nc, p.cfg.BufferSize), W: bufio.NewWriterSize(nc, p.cfg.BufferSize), ep: ep}, nil
+	c := &Conn{Conn: nc, W: bufio.NewWriterSize(nc, p.cfg.BufferSize), ep: ep, lim: headLimit{r: nc}}
+	c.R = bufio.NewReaderSize(&c.lim, p.cfg.BufferSize)
+	return p.handOut(c), nil
+}
+
+// handOut bounds the heads of c's next answer: MaxHeadBytes, plus what R
+// may read ahead of the head's end.
+func (p *Pool) handOut(c *Conn) *Conn {
+	c.lim.n = int64(p.cfg.MaxHeadBytes + p.cfg.BufferSize)
+	return c
 }
 
 // drop closes c, which its peer did not leave silent, and says why.

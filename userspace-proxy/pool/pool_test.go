@@ -6,7 +6,10 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -342,4 +345,54 @@ func TestPutWithUnreadBytes(t *testing.T) {
 	if open, idle := p.Stats(ep); open != 0 || idle != 0 {
 		t.Errorf("open %d idle %d; want 0, 0", open, idle)
 	}
+}
+
+// TestHeadBound: R reads at most MaxHeadBytes (plus a buffer's read-ahead)
+// of a connection until EndHead — an answer whose head does not end there
+// fails with ErrHeadTooLarge rather than being buffered whole — and
+// without bound after it; each hand-out bounds the next head again.
+func TestHeadBound(t *testing.T) {
+	const limit, buffer = 1024, 512
+	d := newPipeDialer()
+	p := New(Config{MaxHeadBytes: limit, BufferSize: buffer})
+	get := func() (*Conn, net.Conn) {
+		c, err := p.Get(context.Background(), ep, d.dial)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.Reused() {
+			return c, nil
+		}
+		return c, <-d.peers
+	}
+	answer := func(peer net.Conn, head int, body string) {
+		go io.WriteString(peer, "HTTP/1.1 200 OK\r\nX: "+strings.Repeat("h", head)+"\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+	}
+
+	c, peer := get()
+	answer(peer, limit+buffer, "")
+	if _, err := http.ReadResponse(c.R, nil); !errors.Is(err, ErrHeadTooLarge) {
+		t.Errorf("a head past the bound: %v, want ErrHeadTooLarge", err)
+	}
+	p.Discard(c)
+
+	c, peer = get()
+	big := strings.Repeat("b", 4*limit)
+	answer(peer, limit/2, big)
+	resp, err := http.ReadResponse(c.R, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.EndHead()
+	if b, err := io.ReadAll(resp.Body); err != nil || string(b) != big {
+		t.Fatalf("a body four times the bound after EndHead: %d bytes, %v", len(b), err)
+	}
+	p.Put(c)
+
+	c, _ = get()
+	answer(peer, limit+buffer, "")
+	if _, err := http.ReadResponse(c.R, nil); !errors.Is(err, ErrHeadTooLarge) {
+		t.Errorf("a reused connection's head past the bound: %v, want ErrHeadTooLarge", err)
+	}
+	p.Discard(c)
 }

@@ -520,6 +520,45 @@ func TestInteropH1(t *testing.T) {
 				}
 			}
 		}},
+		{"head-without-bound", func(t *testing.T, ie *interopEnv) func(t *testing.T) {
+			// A backend whose answer's head has no end in sight — header
+			// fields, or 1xx answers, by the megabyte — gets the app a
+			// 502 once the proxy read 1 MiB of it, instead of having the
+			// proxy, shared by the node's pods, buffer it all.
+			huge := "HTTP/1.1 200 OK\r\n" + strings.Repeat("X-Filler: "+strings.Repeat("f", 1000)+"\r\n", 2<<10) + "Content-Length: 2\r\n\r\nok"
+			processing := strings.Repeat("HTTP/1.1 102 Processing\r\n\r\n", (2<<20)/26) + okAnswer("ok")
+			b := startScripted(t, ie.serverTLS(), func(req *http.Request, _ int) (string, bool) {
+				if req.URL.Path == "/processing" {
+					return processing, true
+				}
+				return huge, true
+			})
+			dst := ie.add(b.addr, "")
+			return func(t *testing.T) {
+				for _, path := range []string{"/fields", "/processing"} {
+					c := ie.rawClient(t, dst)
+					c.send("GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n")
+					resp, _ := c.read(http.MethodGet)
+					for resp.StatusCode == http.StatusProcessing {
+						resp, _ = c.read(http.MethodGet)
+					}
+					if resp.StatusCode != http.StatusBadGateway {
+						t.Errorf("GET %s: %s, want 502", path, resp.Status)
+					}
+					if !ie.path.tls {
+						continue // an h2c app's HTTP/2 is relayed to a cleartext backend
+					}
+					resp2, err := ie.client(dst, true).Get("http://x" + path)
+					if err != nil {
+						t.Fatalf("h2 app, GET %s: %v", path, err)
+					}
+					resp2.Body.Close()
+					if resp2.StatusCode != http.StatusBadGateway {
+						t.Errorf("h2 app, GET %s: %s, want 502", path, resp2.Status)
+					}
+				}
+			}
+		}},
 		{"informational", func(t *testing.T, ie *interopEnv) func(t *testing.T) {
 			b := startScripted(t, ie.serverTLS(), func(*http.Request, int) (string, bool) {
 				return "HTTP/1.1 100 Continue\r\n\r\n" +

@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
 )
 
@@ -104,7 +105,7 @@ func Classify(err error) Reason {
 		return ReasonDialFailed
 	case errors.Is(err, errHandshake), isRemoteAlert(err):
 		return ReasonTLSHandshake
-	case errors.Is(err, ErrNotHTTP11), errors.Is(err, ErrNotHTTP2):
+	case errors.Is(err, ErrNotHTTP11), errors.Is(err, ErrNotHTTP2), errors.Is(err, pool.ErrHeadTooLarge):
 		return ReasonProtocol
 	case errors.Is(err, context.Canceled):
 		return ReasonCanceled

@@ -118,6 +118,9 @@ func (t h1Transport) exchange(ctx context.Context, uc *pool.Conn, req *http.Requ
 		if err != nil {
 			return nil, x.fail(fmt.Errorf("read answer: %w", err), false)
 		}
+		if resp.StatusCode >= http.StatusOK || resp.StatusCode == http.StatusSwitchingProtocols {
+			uc.EndHead()
+		}
 		switch {
 		case resp.StatusCode == http.StatusSwitchingProtocols:
 			return x.upgraded(resp)

@@ -314,7 +314,9 @@ func (w *wireState) transport(wire Wire) *http.Transport {
 		DisableCompression: true,
 		WriteBufferSize:    32 << 10,
 		ReadBufferSize:     32 << 10,
-		Protocols:          new(http.Protocols),
+		// As the HTTP/1.1 pool bounds heads (pool.Config.MaxHeadBytes).
+		MaxResponseHeaderBytes: http.DefaultMaxHeaderBytes,
+		Protocols:              new(http.Protocols),
 	}
 	dialFn := func(ctx context.Context, _, addr string) (net.Conn, error) {
 		ep, err := endpointFor(ctx, addr)
