@@ -41,6 +41,7 @@ import (
 // takes ownership of c and closes it.
 func (h *Handler) ServeHTTP1(c net.Conn, t *Target) {
 	s := &h1Conn{h: h, c: c, t: t}
+	s.watch.s = s
 	defer s.close()
 	if !h.h1.track(s) {
 		return
@@ -141,6 +142,8 @@ type h1Conn struct {
 	// sent wraps a request body that a goroutine writes upstream, to tell
 	// when the client's side of it was read whole (finish).
 	sent sentBody
+	// watch ends an exchange whose client left (h1watch.go).
+	watch clientWatch
 	// wmu orders the fast path's writes to c against a 100 Continue sent
 	// from the request body's goroutine; answered is set under it once the
 	// final answer starts.

@@ -150,6 +150,7 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 	inline := req.Body == http.NoBody || x.r != nil && x.r.kept ||
 		s.cont == nil && req.ContentLength > 0 && req.ContentLength <= int64(s.br.Buffered())
 	countRequest(x)
+	defer s.watch.stop()
 	for retry := 0; ; {
 		uc, c, err := s.conn(x, choice)
 		if err != nil {
@@ -166,6 +167,7 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 		cd := armConn(x, uc)
 		resp, body, err := s.send(uc, req, replayable, inline)
 		if err == nil && x.r != nil && x.r.pol.retryStatus(resp.StatusCode) && s.mayRetry(x, retry, "status", req) {
+			s.watch.stop()
 			discardAnswer(be, uc, resp, cd)
 			if ok, keep := s.again(x, &retry, "status", req, nil, resp, timeoutError(true, errRetryBackoff)); !ok {
 				return keep
@@ -177,8 +179,12 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 			x.cd = cd
 			return s.respond(req, resp, x, choice, setSession, websocket, uc, body)
 		}
+		s.watch.stop()
 		s.finish(body, uc)
 		be.DiscardH1(uc)
+		if s.watch.gone.Load() {
+			return s.fail(req, x, upstream.ReasonCanceled, errClientGone)
+		}
 		if cd.stop() {
 			if cd.request {
 				return s.fail(req, x, upstream.ReasonTimeout, timeoutError(true, err))
@@ -299,6 +305,7 @@ func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline bool)
 		body = make(chan error, 1)
 		go func() { body <- writeRequest(uc, req) }()
 	}
+	s.watch.start(uc, nil) // until forward returns, or uc is released
 	if _, err := uc.R.Peek(1); err != nil {
 		return nil, body, staleIf(fmt.Errorf("read answer: %w", err), replayable && uc.Reused() && body == nil)
 	}
@@ -372,6 +379,7 @@ func (s *h1Conn) respond(req *http.Request, resp *http.Response, x *exchange, c 
 		// The exchange is complete; the relay that follows has no route
 		// timeout (a WebSocket may idle).
 		fired := x.cd.stop()
+		s.watch.stop() // the relay reads the client
 		if !websocket || fired || !s.finish(body, uc) {
 			x.be.DiscardH1(uc)
 			s.fail(req, x, upstream.ReasonProtocol, errors.New("backend switched protocols without a websocket upgrade"))
@@ -419,6 +427,7 @@ func (s *h1Conn) release(x *exchange, ended bool) bool {
 	if x.cd.stop() {
 		ended = false // the deadline cut the connection, maybe after the end
 	}
+	s.watch.detach()
 	if ended && u.consumed && !u.close {
 		x.be.PutH1(u.uc)
 	} else {
@@ -433,7 +442,9 @@ func (s *h1Conn) release(x *exchange, ended bool) bool {
 // as the pooled path does.
 func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wire upstream.Wire, setSession bool) bool {
 	be := x.be
-	out := req.WithContext(upstream.WithEndpoint(context.Background(), &c.Endpoint))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := req.WithContext(upstream.WithEndpoint(ctx, &c.Endpoint))
 	out.URL = &url.URL{Scheme: be.Scheme(), Host: c.Host, Path: req.URL.Path, RawPath: req.URL.RawPath, RawQuery: req.URL.RawQuery}
 	out.RequestURI = ""
 	keepUserAgent(req)
@@ -454,9 +465,14 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 		body = make(chan error, 1)
 		out.Body = &bodyTracker{r: req.Body, done: body}
 	}
+	s.watch.start(nil, cancel)
+	defer s.watch.stop()
 	resp, done, err := s.h.roundTrip(x, be.RoundTripper(wire), out, c)
 	if err != nil {
 		s.finish(body, nil)
+		if s.watch.gone.Load() {
+			return s.fail(req, x, upstream.ReasonCanceled, errClientGone)
+		}
 		return s.fail(req, x, upstream.Classify(err), err)
 	}
 	closeAfter, _, err := s.answer(req, resp, x, c, setSession, nil)

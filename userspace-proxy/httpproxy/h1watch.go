@@ -1,0 +1,132 @@
+package httpproxy
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
+)
+
+// An app that leaves while its request is answered (it timed out, or
+// crashed) must not hold the fast path's goroutine and its upstream
+// connection until a backend that does not answer does: each such request
+// would keep one of the endpoint's MaxConnsPerEndpoint connections, and
+// apps that retry would use them all up, after which every request to the
+// endpoint waits. net/http's server notices with a read running in the
+// background during every request; the fast path starts one only when an
+// exchange outlasts watchAfter, so quick answers pay a timer's reset and
+// stop, not a goroutine. As nginx, an app's end of stream counts as
+// leaving: an HTTP/1.x client that half-closes gets no answer.
+
+// watchAfter is how long an exchange runs before the app's connection is
+// watched.
+const watchAfter = time.Second
+
+// errClientGone ends an exchange whose app left.
+var errClientGone = errors.New("client closed its connection before the answer")
+
+// clientWatch watches an h1Conn's client while its exchange waits on the
+// backend. One per connection, reused.
+type clientWatch struct {
+	s  *h1Conn
+	t  *time.Timer
+	mu sync.Mutex
+	// on is set while an exchange is watched; uc or cancel is what ends
+	// its wait on the backend.
+	on     bool
+	uc     *pool.Conn
+	cancel context.CancelFunc
+	// done is non-nil while a read of the client runs, closed when it
+	// returns.
+	done chan struct{}
+	// gone is set when the client left and the exchange was ended.
+	gone atomic.Bool
+}
+
+// start watches the client from watchAfter on, until stop, ending the
+// exchange by closing uc or calling cancel when it leaves. The caller
+// must not read the client until stop.
+func (w *clientWatch) start(uc *pool.Conn, cancel context.CancelFunc) {
+	w.mu.Lock()
+	w.on, w.uc, w.cancel = true, uc, cancel
+	w.mu.Unlock()
+	w.gone.Store(false)
+	if w.t == nil {
+		w.t = time.AfterFunc(watchAfter, w.fire)
+	} else {
+		w.t.Reset(watchAfter)
+	}
+}
+
+// fire reads the client (it runs in a goroutine of its own) until data,
+// an error or stop comes: an error other than stop's deadline means the
+// client left. While a request body is still read from the client (by
+// the body's goroutine) it tries again later.
+func (w *clientWatch) fire() {
+	w.mu.Lock()
+	if !w.on || w.done != nil {
+		w.mu.Unlock()
+		return
+	}
+	s := w.s
+	if s.sent.unread() {
+		w.t.Reset(watchAfter)
+		w.mu.Unlock()
+		return
+	}
+	done := make(chan struct{})
+	w.done = done
+	s.c.SetReadDeadline(time.Time{}) // an idle deadline may be armed; stop restores it
+	w.mu.Unlock()
+	defer close(done)
+	_, err := s.br.Peek(1)
+	if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		return // a pipelined request, or stop
+	}
+	// Under the lock: detach may be about to give uc back to the pool.
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.on {
+		return
+	}
+	w.gone.Store(true)
+	if w.uc != nil {
+		w.uc.Conn.Close()
+	}
+	if w.cancel != nil {
+		w.cancel()
+	}
+}
+
+// detach forgets the exchange's upstream connection before it goes back
+// to the pool, where closing it would hurt another exchange.
+func (w *clientWatch) detach() {
+	w.mu.Lock()
+	w.uc = nil
+	w.mu.Unlock()
+}
+
+// stop ends the watch; once it returns, nothing reads the client but the
+// caller, and its read deadline is s.deadline again.
+func (w *clientWatch) stop() {
+	if w.t == nil {
+		return
+	}
+	w.mu.Lock()
+	w.on, w.uc, w.cancel = false, nil, nil
+	done := w.done
+	w.done = nil
+	if done != nil {
+		w.s.c.SetReadDeadline(aLongTimeAgo) // ends the read
+	}
+	w.mu.Unlock()
+	w.t.Stop()
+	if done != nil {
+		<-done
+		w.s.c.SetReadDeadline(w.s.deadline)
+	}
+}

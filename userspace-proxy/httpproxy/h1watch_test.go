@@ -1,0 +1,109 @@
+package httpproxy
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// TestClientGoneEndsExchange: an app that leaves while its request waits
+// on a backend that does not answer ends the exchange — the upstream
+// connection closes, on the pooled HTTP/1.1 wire and on h2c — rather than
+// holding it until the backend answers; an app that stays gets its slow
+// answer, pipelined requests included, and its connection keeps serving.
+func TestClientGoneEndsExchange(t *testing.T) {
+	left := make(chan string, 4)
+	ep := serveRaw(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			r, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, r.Body)
+			switch r.URL.Path {
+			case "/hang":
+				io.Copy(io.Discard, br) // until the proxy closes
+				left <- r.Method
+				return
+			case "/slow":
+				time.Sleep(watchAfter + watchAfter/2)
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+strconv.Itoa(len(r.URL.Path))+"\r\n\r\n"+r.URL.Path)
+		}
+	})
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	waitLeft := func(method string) {
+		t.Helper()
+		select {
+		case m := <-left:
+			if m != method {
+				t.Errorf("the backend saw %s leave, want %s", m, method)
+			}
+		case <-time.After(4 * watchAfter):
+			t.Fatalf("%s: the upstream connection is still open %v after the app left", method, 4*watchAfter)
+		}
+	}
+
+	a := f.dial()
+	a.send("GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")
+	a.c.Close()
+	waitLeft(http.MethodGet)
+
+	a = f.dial()
+	a.send("POST /hang HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+	a.c.Close()
+	waitLeft(http.MethodPost)
+	// Counted once the proxy's side is over, just after the close.
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n := f.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": "canceled"})
+		if n == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("failures{reason=canceled} = %v, want 2", n)
+			break
+		}
+	}
+
+	b := f.dial()
+	b.send("GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /fast HTTP/1.1\r\nHost: x\r\n\r\n")
+	for _, want := range []string{"/slow", "/fast"} {
+		if resp, body := b.read(http.MethodGet); resp.StatusCode != http.StatusOK || body != want {
+			t.Errorf("staying app: %s %q, want 200 %s", resp.Status, body, want)
+		}
+	}
+	b.send("GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, body := b.read(http.MethodGet); resp.StatusCode != http.StatusOK || body != "/slow" {
+		t.Errorf("staying app, second slow request: %s %q", resp.Status, body)
+	}
+	b.send("GET /fast HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, body := b.read(http.MethodGet); resp.StatusCode != http.StatusOK || body != "/fast" {
+		t.Errorf("staying app, after the slow requests: %s %q", resp.Status, body)
+	}
+}
+
+// TestClientGoneEndsH2CExchange: the same for a backend of protocol H2C
+// (net/http's Transport): the app's leaving cancels the backend's stream.
+func TestClientGoneEndsH2CExchange(t *testing.T) {
+	canceled := make(chan struct{})
+	ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-r.Context().Done()
+		close(canceled)
+	}))
+	f := newFixture(t, Config{}, snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: []snapshot.Endpoint{ep}})
+	a := f.dial()
+	a.send("GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")
+	a.c.Close()
+	select {
+	case <-canceled:
+	case <-time.After(4 * watchAfter):
+		t.Fatalf("the backend's stream is still open %v after the app left", 4*watchAfter)
+	}
+}
