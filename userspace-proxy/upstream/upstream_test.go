@@ -37,14 +37,14 @@ type world struct {
 	logs      *bytes.Buffer
 }
 
-func newWorld(t *testing.T) *world {
+func newWorld(t testing.TB) *world {
 	t.Helper()
 	return newWorldServing(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, r.Proto) }), false)
 }
 
 // newWorldServing is a world whose backend serves h, over HTTP/1.1 only
 // (ALPN http/1.1) when h1Only.
-func newWorldServing(t *testing.T, h http.Handler, h1Only bool) *world {
+func newWorldServing(t testing.TB, h http.Handler, h1Only bool) *world {
 	t.Helper()
 	ca, err := pki.NewCA("upstream test ca")
 	if err != nil {
