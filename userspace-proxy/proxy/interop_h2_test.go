@@ -1111,3 +1111,32 @@ func TestInteropGRPCBackendResets(t *testing.T) {
 		}
 	}
 }
+
+// TestInteropShutdownForcesHungExchange: a forced shutdown ends a fast-path
+// request waiting on a backend that never answers (closing the app's
+// connection ends the exchange: the fast path watches an app whose
+// exchange lasts), instead of waiting for the backend forever.
+func TestInteropShutdownForcesHungExchange(t *testing.T) {
+	checkNoLeaks(t)
+	ie := newInteropEnv(t, interopPaths[0])
+	b := startScripted(t, ie.serverTLS(), func(*http.Request, int) (string, bool) { return "", false })
+	dst := ie.add(b.addr, "")
+	ie.publish(t)
+	c := ie.rawClient(t, dst)
+	c.send("GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")
+	for deadline := time.Now().Add(hangGuard); b.count(http.MethodGet, "/hang") == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the backend never got the request")
+		}
+	}
+	done := make(chan error, 1)
+	forced, stop := context.WithCancel(context.Background())
+	stop()
+	go func() { done <- ie.p.Shutdown(forced) }()
+	if err := waitFor(t, done, "shutdown returns"); !errors.Is(err, context.Canceled) {
+		t.Errorf("shutdown = %v, want context.Canceled (forced)", err)
+	}
+	if !c.closed() {
+		t.Error("the app's connection is still open after the shutdown")
+	}
+}
