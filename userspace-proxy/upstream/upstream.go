@@ -36,6 +36,12 @@ type Config struct {
 	MaxConnsPerEndpoint int
 	// IdleConnTimeout closes pooled connections idle this long; 0 means 90 s.
 	IdleConnTimeout time.Duration
+	// H2PingAfter is how long an HTTP/2 connection to a backend may go
+	// without a frame from it before the proxy pings it; without an answer
+	// within H2PingTimeout the connection closes and its requests fail
+	// (502), where a backend frozen or gone with its node would otherwise
+	// hold them until the app gives up. 0 means 30 s and 15 s.
+	H2PingAfter, H2PingTimeout time.Duration
 }
 
 // Wire is the HTTP version toward the backend.
@@ -86,6 +92,12 @@ func New(cfg Config, d dial.Dialer, log *slog.Logger, reg prometheus.Registerer)
 	}
 	if cfg.IdleConnTimeout == 0 {
 		cfg.IdleConnTimeout = 90 * time.Second
+	}
+	if cfg.H2PingAfter == 0 {
+		cfg.H2PingAfter = 30 * time.Second
+	}
+	if cfg.H2PingTimeout == 0 {
+		cfg.H2PingTimeout = 15 * time.Second
 	}
 	m, err := newMetrics(reg)
 	if err != nil {
@@ -316,6 +328,7 @@ func (w *wireState) transport(wire Wire) *http.Transport {
 		ReadBufferSize:     32 << 10,
 		// As the HTTP/1.1 pool bounds heads (pool.Config.MaxHeadBytes).
 		MaxResponseHeaderBytes: http.DefaultMaxHeaderBytes,
+		HTTP2:                  &http.HTTP2Config{SendPingTimeout: cfg.H2PingAfter, PingTimeout: cfg.H2PingTimeout},
 		Protocols:              new(http.Protocols),
 	}
 	dialFn := func(ctx context.Context, _, addr string) (net.Conn, error) {

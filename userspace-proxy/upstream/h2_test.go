@@ -1,0 +1,119 @@
+package upstream
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
+)
+
+// TestH2PingsFrozenBackend: an HTTP/2 connection to a backend that stops
+// answering (frozen, or gone with its node, while its kernel or a middle
+// box still takes the bytes) is pinged after H2PingAfter without frames,
+// and closed after H2PingTimeout without the ping's answer: the request on
+// it fails then, not when the app gives up, and the next one gets a new
+// connection.
+func TestH2PingsFrozenBackend(t *testing.T) {
+	w := newWorld(t)
+	addr, freeze := startFreezer(t, w.addr)
+	pools, err := New(Config{H2PingAfter: 100 * time.Millisecond, H2PingTimeout: 200 * time.Millisecond},
+		dial.NewDirect(dial.Config{Unmarked: true}), slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := snapshot.New(1, nil, []snapshot.Backend{{Ref: ref, TLS: w.policy(), Endpoints: []snapshot.Endpoint{{Addr: addr, Ready: true}}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := pools.Build(s, nil)
+	defer set.CloseIdle()
+	be := set.Get(ref)
+	rt := be.RoundTripper(WireH2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, body := roundTrip(t, rt, request(t, ctx, be, http.MethodGet, "/", nil)); body != "HTTP/2.0" {
+		t.Fatalf("first request: %q", body)
+	}
+	freeze()
+	start := time.Now()
+	_, err = rt.RoundTrip(request(t, ctx, be, http.MethodGet, "/", nil))
+	if err == nil || ctx.Err() != nil {
+		t.Fatalf("a request to the frozen backend: %v after %v, want the ping's failure", err, time.Since(start))
+	}
+	if _, body := roundTrip(t, rt, request(t, ctx, be, http.MethodGet, "/", nil)); body != "HTTP/2.0" {
+		t.Errorf("the request after: %q", body)
+	}
+}
+
+// startFreezer relays TCP connections to target until freeze, after which
+// the connections open then take bytes both ways and pass none on (a frozen
+// peer whose kernel still acknowledges); later connections relay.
+func startFreezer(t *testing.T, target netip.AddrPort) (netip.AddrPort, func()) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var flags []*atomic.Bool
+	var conns []net.Conn
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	pipe := func(dst, src net.Conn, frozen *atomic.Bool) {
+		buf := make([]byte, 32<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 && !frozen.Load() {
+				dst.Write(buf[:n])
+			}
+			if err != nil {
+				dst.Close()
+				return
+			}
+		}
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", target.String())
+			if err != nil {
+				c.Close()
+				continue
+			}
+			f := new(atomic.Bool)
+			mu.Lock()
+			flags = append(flags, f)
+			conns = append(conns, c, up)
+			mu.Unlock()
+			go pipe(up, c, f)
+			go pipe(c, up, f)
+		}
+	}()
+	freeze := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, f := range flags {
+			f.Store(true)
+		}
+	}
+	return l.Addr().(*net.TCPAddr).AddrPort(), freeze
+}
