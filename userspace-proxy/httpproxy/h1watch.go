@@ -51,12 +51,12 @@ type clientWatch struct {
 // exchange by closing uc or calling cancel when it leaves. The caller
 // must not read the client until stop.
 func (w *clientWatch) start(uc *pool.Conn, cancel context.CancelFunc) {
-	w.mu.Lock()
-	w.on, w.uc, w.cancel = true, uc, cancel
-	w.mu.Unlock()
 	w.gone.Store(false)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.on, w.uc, w.cancel = true, uc, cancel
 	if w.t == nil {
-		w.t = time.AfterFunc(watchAfter, w.fire)
+		w.t = time.AfterFunc(watchAfter, w.fire) // fire reads w.t under mu
 	} else {
 		w.t.Reset(watchAfter)
 	}
