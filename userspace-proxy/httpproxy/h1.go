@@ -19,6 +19,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
@@ -47,7 +48,7 @@ func (h *Handler) ServeHTTP1(c net.Conn, t *Target) {
 		return
 	}
 	defer h.h1.untrack(s)
-	s.lim = limitReader{r: c, n: math.MaxInt64}
+	s.lim = pool.LimitReader{R: c, N: math.MaxInt64, Err: errHeaderTooLarge}
 	s.br = h.h1.readers.Get().(*bufio.Reader)
 	s.br.Reset(&s.lim)
 	defer func() {
@@ -129,7 +130,7 @@ type h1Conn struct {
 	h     *Handler
 	c     net.Conn
 	t     *Target
-	lim   limitReader
+	lim   pool.LimitReader
 	br    *bufio.Reader
 	state atomic.Int32
 	x     exchange // the current request's, reused
@@ -187,7 +188,7 @@ type h1Conn struct {
 // head is not already buffered (then no read can stall).
 func (s *h1Conn) next() bool {
 	// As net/http: the header block plus what bufio may read ahead.
-	s.lim.n = int64(s.h.cfg.MaxHeaderBytes) + 4096
+	s.lim.N = int64(s.h.cfg.MaxHeaderBytes) + 4096
 	now := time.Now()
 	if s.br.Buffered() == 0 {
 		if want := now.Add(s.h.cfg.IdleTimeout); !s.idleDeadline || want.Sub(s.deadline) > deadlineSlack {
@@ -237,7 +238,7 @@ var errHeaderTooLarge = errors.New("request header too large")
 // without either limit, as net/http's server does.
 func (s *h1Conn) readRequest() (*http.Request, error) {
 	req, err := http.ReadRequest(s.br)
-	s.lim.n = math.MaxInt64
+	s.lim.N = math.MaxInt64
 	if err != nil {
 		return nil, err
 	}
@@ -384,25 +385,6 @@ func validRequest(req *http.Request) bool {
 		return false
 	}
 	return httpguts.ValidHostHeader(req.Host)
-}
-
-// limitReader is io.LimitedReader with the error net/http's server gives
-// when a header block is too large.
-type limitReader struct {
-	r io.Reader
-	n int64
-}
-
-func (l *limitReader) Read(p []byte) (int, error) {
-	if l.n <= 0 {
-		return 0, errHeaderTooLarge
-	}
-	if int64(len(p)) > l.n {
-		p = p[:l.n]
-	}
-	n, err := l.r.Read(p)
-	l.n -= int64(n)
-	return n, err
 }
 
 // count adds one answered request to the requests metric.

@@ -65,30 +65,33 @@ type Conn struct {
 	W *bufio.Writer
 
 	ep        *endpoint
-	uses      int       // times it went back to the pool
-	idleSince time.Time // when it last went back
-	lim       headLimit // R reads through it
+	uses      int         // times it went back to the pool
+	idleSince time.Time   // when it last went back
+	lim       LimitReader // R reads through it
 }
 
 // EndHead lifts the bound on what R reads, once the final answer's head
 // was read: bodies are not bounded.
-func (c *Conn) EndHead() { c.lim.n = math.MaxInt64 }
+func (c *Conn) EndHead() { c.lim.N = math.MaxInt64 }
 
-// headLimit is io.LimitedReader with ErrHeadTooLarge at the limit.
-type headLimit struct {
-	r io.Reader
-	n int64
+// LimitReader is io.LimitedReader with an error of its own at the limit
+// (a head too large, not the end of the stream), and reusable: N is set
+// again for each head.
+type LimitReader struct {
+	R   io.Reader
+	N   int64
+	Err error
 }
 
-func (l *headLimit) Read(p []byte) (int, error) {
-	if l.n <= 0 {
-		return 0, ErrHeadTooLarge
+func (l *LimitReader) Read(p []byte) (int, error) {
+	if l.N <= 0 {
+		return 0, l.Err
 	}
-	if int64(len(p)) > l.n {
-		p = p[:l.n]
+	if int64(len(p)) > l.N {
+		p = p[:l.N]
 	}
-	n, err := l.r.Read(p)
-	l.n -= int64(n)
+	n, err := l.R.Read(p)
+	l.N -= int64(n)
 	return n, err
 }
 
@@ -240,7 +243,7 @@ func (p *Pool) dial(ctx context.Context, ep *endpoint, dial func(context.Context
 		p.release(ep)
 		return nil, err
 	}
-	c := &Conn{Conn: nc, W: bufio.NewWriterSize(nc, p.cfg.BufferSize), ep: ep, lim: headLimit{r: nc}}
+	c := &Conn{Conn: nc, W: bufio.NewWriterSize(nc, p.cfg.BufferSize), ep: ep, lim: LimitReader{R: nc, Err: ErrHeadTooLarge}}
 	c.R = bufio.NewReaderSize(&c.lim, p.cfg.BufferSize)
 	return p.handOut(c), nil
 }
@@ -248,7 +251,7 @@ func (p *Pool) dial(ctx context.Context, ep *endpoint, dial func(context.Context
 // handOut bounds the heads of c's next answer: MaxHeadBytes, plus what R
 // may read ahead of the head's end.
 func (p *Pool) handOut(c *Conn) *Conn {
-	c.lim.n = int64(p.cfg.MaxHeadBytes + p.cfg.BufferSize)
+	c.lim.N = int64(p.cfg.MaxHeadBytes + p.cfg.BufferSize)
 	return c
 }
 

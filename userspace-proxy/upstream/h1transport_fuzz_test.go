@@ -8,8 +8,6 @@ import (
 	"net/http"
 	"testing"
 	"time"
-
-	"github.com/sockmesh/sockmesh/agent/snapshot"
 )
 
 // FuzzH1TransportAnswer has a TLS backend answer a request with arbitrary
@@ -57,13 +55,7 @@ func FuzzH1TransportAnswer(f *testing.F) {
 				c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 			}
 		})
-		s, err := snapshot.New(1, nil, []snapshot.Backend{{Ref: ref, TLS: w.policy(), Endpoints: []snapshot.Endpoint{{Addr: addr, Ready: true}}}}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		set := w.pools.Build(s, nil)
-		defer set.CloseIdle()
-		be := set.Get(ref)
+		be := backendAt(t, w.pools, addr, w.policy())
 		rt := be.RoundTripper(WireH1)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

@@ -17,8 +17,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/sockmesh/sockmesh/agent/snapshot"
 )
 
 // request builds a request for be's first endpoint, as the proxy's
@@ -148,11 +146,7 @@ func TestH1TransportStrayAnswer(t *testing.T) {
 			if !tlsOn {
 				pol = nil
 			}
-			s, err := snapshot.New(1, nil, []snapshot.Backend{{Ref: ref, TLS: pol, Endpoints: []snapshot.Endpoint{{Addr: addr, Ready: true}}}}, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			be := w.pools.Build(s, nil).Get(ref)
+			be := backendAt(t, w.pools, addr, pol)
 			rt := be.RoundTripper(WireH1)
 			if _, body := roundTrip(t, rt, request(t, context.Background(), be, http.MethodGet, "/first", nil)); body != "/first" {
 				t.Fatalf("first answer %q", body)
@@ -222,11 +216,7 @@ func TestH1TransportStaleRetry(t *testing.T) {
 			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 		}
 	})
-	s, err := snapshot.New(1, nil, []snapshot.Backend{{Ref: ref, TLS: w.policy(), Endpoints: []snapshot.Endpoint{{Addr: addr, Ready: true}}}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	be := w.pools.Build(s, nil).Get(ref)
+	be := backendAt(t, w.pools, addr, w.policy())
 	rt := be.RoundTripper(WireH1)
 	ctx := context.Background()
 	for i := range 3 {
@@ -341,11 +331,7 @@ func TestH1TransportUpgrade(t *testing.T) {
 		io.WriteString(c, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\nhello")
 		io.Copy(c, br)
 	})
-	s, err := snapshot.New(1, nil, []snapshot.Backend{{Ref: ref, TLS: w.policy(), Endpoints: []snapshot.Endpoint{{Addr: addr, Ready: true}}}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	be := w.pools.Build(s, nil).Get(ref)
+	be := backendAt(t, w.pools, addr, w.policy())
 	req := request(t, context.Background(), be, http.MethodGet, "/", nil)
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", "echo")
@@ -405,12 +391,8 @@ func TestNegotiated(t *testing.T) {
 	// A server without ALPN (one that knows http/1.1 alone refuses an
 	// offer of h2 in the handshake: a 502 of another reason).
 	noALPN := serveRawTLS(t, h1, true, func(c net.Conn) { io.Copy(io.Discard, c) })
-	s, err := snapshot.New(2, nil, []snapshot.Backend{{Ref: ref, TLS: h1.policy(), Endpoints: []snapshot.Endpoint{{Addr: noALPN, Ready: true}}}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	be = h1.pools.Build(s, nil).Get(ref)
-	_, err = be.RoundTripper(WireH2).RoundTrip(request(t, context.Background(), be, http.MethodGet, "/", nil))
+	be = backendAt(t, h1.pools, noALPN, h1.policy())
+	_, err := be.RoundTripper(WireH2).RoundTrip(request(t, context.Background(), be, http.MethodGet, "/", nil))
 	if !errors.Is(err, ErrNotHTTP2) || Classify(err) != ReasonProtocol {
 		t.Errorf("HTTP/2 required of a backend without ALPN: %v (reason %s), want ErrNotHTTP2", err, Classify(err))
 	}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 )
 
@@ -31,13 +30,7 @@ func TestH2PingsFrozenBackend(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := snapshot.New(1, nil, []snapshot.Backend{{Ref: ref, TLS: w.policy(), Endpoints: []snapshot.Endpoint{{Addr: addr, Ready: true}}}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	set := pools.Build(s, nil)
-	defer set.CloseIdle()
-	be := set.Get(ref)
+	be := backendAt(t, pools, addr, w.policy())
 	rt := be.RoundTripper(WireH2)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

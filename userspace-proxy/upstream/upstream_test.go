@@ -119,6 +119,20 @@ func (w *world) snapshot(t *testing.T, version uint64, tlsSettings *snapshot.TLS
 	return s
 }
 
+// backendAt builds, with p, a snapshot whose one backend has the endpoint
+// addr and the TLS settings pol, and returns that backend; its idle
+// connections close when the test ends.
+func backendAt(t testing.TB, p *Pools, addr netip.AddrPort, pol *snapshot.TLS) *Backend {
+	t.Helper()
+	s, err := snapshot.New(1, nil, []snapshot.Backend{{Ref: ref, TLS: pol, Endpoints: []snapshot.Endpoint{{Addr: addr, Ready: true}}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := p.Build(s, nil)
+	t.Cleanup(set.CloseIdle)
+	return set.Get(ref)
+}
+
 func (w *world) policy() *snapshot.TLS {
 	return &snapshot.TLS{Mode: snapshot.TLSServerOnly, ServerName: sni, RootsPEM: string(w.ca.CertPEM)}
 }
