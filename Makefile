@@ -39,9 +39,11 @@ lint:
 	if [ -n "$$dead" ]; then echo "$$dead"; echo "unreachable functions: remove them"; exit 1; fi
 
 # Everything CI runs. Privileged tests need root; SOCKMESH_REQUIRE_PRIVILEGED=1
-# turns their skips into failures.
+# turns their skips into failures. The proxy's packages, where its
+# concurrency lives, run again under the race detector (about a minute).
 test: lint
 	$(GO) test -count=1 -timeout 60m ./...
+	$(GO) test -race -count=1 -timeout 20m ./userspace-proxy/...
 
 # Build kube-apiserver, etcd and the other Kubernetes components the
 # integration and cluster tests run, from the Go module proxy, into
