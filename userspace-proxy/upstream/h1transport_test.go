@@ -17,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
 )
 
 // request builds a request for be's first endpoint, as the proxy's
@@ -171,23 +173,12 @@ func serveRawTLS(t *testing.T, w *world, tlsOn bool, handle func(net.Conn)) neti
 	if err != nil {
 		t.Fatal(err)
 	}
+	addr := l.Addr().(*net.TCPAddr).AddrPort()
 	if tlsOn {
 		l = tls.NewListener(l, w.serverTLS)
 	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				handle(c)
-			}()
-		}
-	}()
-	return l.Addr().(*net.TCPAddr).AddrPort()
+	tcpserve.Serve(t, l, handle)
+	return addr
 }
 
 // TestH1TransportStaleRetry: a request that finds its reused connection
