@@ -3,6 +3,7 @@ package httpproxy
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -145,6 +146,11 @@ type h1Conn struct {
 	sent sentBody
 	// watch ends an exchange whose client left (h1watch.go).
 	watch clientWatch
+	// ctx bounds waits for an upstream connection; the watch ends it
+	// (leave) when the client leaves. Made by the first request that
+	// takes a pooled connection.
+	ctx   context.Context
+	leave context.CancelFunc
 	// wmu orders the fast path's writes to c against a 100 Continue sent
 	// from the request body's goroutine; answered is set under it once the
 	// final answer starts.
@@ -309,6 +315,9 @@ func (s *h1Conn) answerFailed(x *exchange, err error) {
 // away (net/http's server waits likewise; nginx calls it lingering close).
 // After a broken answer it resets instead (answerFailed).
 func (s *h1Conn) close() {
+	if s.leave != nil {
+		s.leave()
+	}
 	if s.broken {
 		sockio.Reset(s.c)
 		return

@@ -152,8 +152,11 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 	countRequest(x)
 	defer s.watch.stop()
 	for retry := 0; ; {
-		uc, c, err := s.conn(x, choice)
+		uc, c, err := s.conn(x, choice, req.Body == http.NoBody || x.r != nil && x.r.kept)
 		if err != nil {
+			if s.watch.gone.Load() {
+				return s.fail(req, x, upstream.ReasonCanceled, errClientGone)
+			}
 			if !connectFailed(err) || !s.mayRetry(x, retry, "connect", req) {
 				return s.fail(req, x, upstream.Classify(err), err)
 			}
@@ -265,10 +268,19 @@ func discardAnswer(be *upstream.Backend, uc *pool.Conn, resp *http.Response, cd 
 // unless a session pins the endpoint.
 //
 // A route's timeouts bound the wait for a connection too; when the
-// request timeout ends it, the error says so (ErrTimeout).
-func (s *h1Conn) conn(x *exchange, choice *balance.Choice) (*pool.Conn, *balance.Choice, error) {
+// request timeout ends it, the error says so (ErrTimeout). So does the
+// app's leaving, when every connection the endpoint may have is busy:
+// read is set when nothing of the request is left to read from the app,
+// and the app is watched meanwhile (the watch goes on through send).
+func (s *h1Conn) conn(x *exchange, choice *balance.Choice, read bool) (*pool.Conn, *balance.Choice, error) {
 	be := x.be
-	ctx := context.Background()
+	if s.ctx == nil || s.ctx.Err() != nil {
+		s.ctx, s.leave = context.WithCancel(context.Background())
+	}
+	ctx := s.ctx
+	if read {
+		s.watch.start(nil, s.leave)
+	}
 	if x.r != nil && x.r.pol.active {
 		if d, _, ok := x.r.pol.limit(time.Now()); ok {
 			var cancel context.CancelFunc

@@ -19,8 +19,10 @@ import (
 // endpoint waits. net/http's server notices with a read running in the
 // background during every request; the fast path starts one only when an
 // exchange outlasts watchAfter, so quick answers pay a timer's reset and
-// stop, not a goroutine. As nginx, an app's end of stream counts as
-// leaving: an HTTP/1.x client that half-closes gets no answer.
+// stop, not a goroutine. The same holds for a request waiting for one of
+// those connections to come free (h1Conn.conn). As nginx, an app's end of
+// stream counts as leaving: an HTTP/1.x client that half-closes gets no
+// answer.
 
 // watchAfter is how long an exchange runs before the app's connection is
 // watched.
@@ -49,11 +51,20 @@ type clientWatch struct {
 
 // start watches the client from watchAfter on, until stop, ending the
 // exchange by closing uc or calling cancel when it leaves. The caller
-// must not read the client until stop.
+// must not read the client until stop. On a watch already started (while
+// the request waited for uc), it says what now ends the exchange, and
+// ends it at once if the client has left.
 func (w *clientWatch) start(uc *pool.Conn, cancel context.CancelFunc) {
-	w.gone.Store(false)
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if w.on {
+		w.uc, w.cancel = uc, cancel
+		if uc != nil && w.gone.Load() {
+			uc.Conn.Close()
+		}
+		return
+	}
+	w.gone.Store(false)
 	w.on, w.uc, w.cancel = true, uc, cancel
 	if w.t == nil {
 		w.t = time.AfterFunc(watchAfter, w.fire) // fire reads w.t under mu

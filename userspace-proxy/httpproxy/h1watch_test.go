@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
 // TestClientGoneEndsExchange: an app that leaves while its request waits
@@ -105,5 +106,66 @@ func TestClientGoneEndsH2CExchange(t *testing.T) {
 	case <-canceled:
 	case <-time.After(4 * watchAfter):
 		t.Fatalf("the backend's stream is still open %v after the app left", 4*watchAfter)
+	}
+}
+
+// TestClientGoneEndsConnWait: an app that leaves while its request waits
+// for an upstream connection (the endpoint's one allowed is busy) stops
+// waiting: its request never reaches the backend, it is counted canceled,
+// and the connection, once free, serves the next app.
+func TestClientGoneEndsConnWait(t *testing.T) {
+	seen := make(chan string, 8)
+	ep := serveRaw(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			r, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			seen <- r.URL.Path
+			if r.URL.Path == "/hang" {
+				io.Copy(io.Discard, br) // until the proxy closes
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	f := newFixtureWith(t, Config{}, upstream.Config{MaxConnsPerEndpoint: 1}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	next := func() string {
+		t.Helper()
+		select {
+		case p := <-seen:
+			return p
+		case <-time.After(4 * watchAfter):
+			t.Fatal("the backend got no request")
+			return ""
+		}
+	}
+
+	a := f.dial()
+	a.send("GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")
+	if p := next(); p != "/hang" {
+		t.Fatalf("the backend got %s, want /hang", p)
+	}
+	b := f.dial()
+	b.send("GET /left HTTP/1.1\r\nHost: x\r\n\r\n")
+	b.c.Close()
+	for deadline := time.Now().Add(4 * watchAfter); ; time.Sleep(10 * time.Millisecond) {
+		if f.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": "canceled"}) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the request of an app that left still waits for a connection %v later", 4*watchAfter)
+		}
+	}
+	a.c.Close() // frees the connection
+
+	c := f.dial()
+	c.send("GET /next HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, body := c.read(http.MethodGet); resp.StatusCode != http.StatusOK || body != "ok" {
+		t.Errorf("next app: %s %q, want 200 ok", resp.Status, body)
+	}
+	if p := next(); p != "/next" {
+		t.Errorf("after /hang the backend got %s, want /next (never /left)", p)
 	}
 }

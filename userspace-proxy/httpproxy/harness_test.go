@@ -45,6 +45,12 @@ type fixture struct {
 
 func newFixture(t *testing.T, cfg Config, be snapshot.Backend) *fixture {
 	t.Helper()
+	return newFixtureWith(t, cfg, upstream.Config{}, be)
+}
+
+// newFixtureWith is newFixture with the upstream pools' configuration.
+func newFixtureWith(t *testing.T, cfg Config, ucfg upstream.Config, be snapshot.Backend) *fixture {
+	t.Helper()
 	checkNoLeaks(t)
 	f := &fixture{t: t, reg: prometheus.NewRegistry(), logs: &syncbuf.Buffer{}}
 	log := slog.New(slog.NewJSONHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -52,7 +58,7 @@ func newFixture(t *testing.T, cfg Config, be snapshot.Backend) *fixture {
 	if f.h, err = New(cfg, log, f.reg); err != nil {
 		t.Fatal(err)
 	}
-	if f.pools, err = upstream.New(upstream.Config{}, dial.NewDirect(dial.Config{Unmarked: true}), log, f.reg); err != nil {
+	if f.pools, err = upstream.New(ucfg, dial.NewDirect(dial.Config{Unmarked: true}), log, f.reg); err != nil {
 		t.Fatal(err)
 	}
 	f.update(1, be)
