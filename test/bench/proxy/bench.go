@@ -38,6 +38,9 @@ type benchConfig struct {
 	// versus is the proxy target c runs: nginx, or haproxy, which unlike
 	// nginx can keep HTTP/2 to the backend.
 	versus string
+	// backend is the server behind every target: go (the echo backend,
+	// net/http) or nginx.
+	backend string
 	// backendPID is the backend's process, whose CPU each run reports.
 	backendPID int
 	capture    *capture
@@ -159,7 +162,15 @@ func runBench(c benchConfig) error {
 		})
 		return cmd, nil
 	}
-	backend, err := start(exec.Command(exe, "-role", "backend", "-dir", dir))
+	var backend *exec.Cmd
+	switch c.backend {
+	case "go":
+		backend, err = start(exec.Command(exe, "-role", "backend", "-dir", dir))
+	case "nginx":
+		backend, err = startNginxBackend(dir, start)
+	default:
+		err = fmt.Errorf("-backend %q: want go or nginx", c.backend)
+	}
 	if err != nil {
 		return err
 	}
@@ -220,10 +231,10 @@ func runBench(c benchConfig) error {
 	if maxprocs == "" {
 		maxprocs = "default"
 	}
-	fmt.Printf("# %s\n\n%d interleaved rounds of %s per target, %d connections; backend: Go, TLS 1.3, X25519, ECDSA P-256; "+
+	fmt.Printf("# %s\n\n%d interleaved rounds of %s per target, %d connections; backend: %s, TLS 1.3, X25519, ECDSA P-256; "+
 		"proxy curves: %s, GOGC %s, GOMAXPROCS %s; %d CPUs shared by load generator, backend and proxies. "+
 		"Ratios are medians of per-round ratios (min–max); CPU is user+system of the proxy process (nginx: master and workers) per request.\n",
-		c.command, c.rounds, c.duration, c.conns, c.curves, gogc, maxprocs, runtimeCPUs())
+		c.command, c.rounds, c.duration, c.conns, c.backend, c.curves, gogc, maxprocs, runtimeCPUs())
 	var summary []scenarioResult
 	for _, s := range scenarios {
 		if c.only != "" && !strings.Contains(s.name, c.only) {

@@ -28,7 +28,7 @@
 //
 // Run as root:
 //
-//	go run ./test/bench/proxy [-rounds 5] [-duration 5s] [-paths pooled,l4,l7] [-only keep-alive] [-streams 10] [-gogc 100] [-accelerate] [-versus nginx|haproxy] [-cpuprofile DIR]
+//	go run ./test/bench/proxy [-rounds 5] [-duration 5s] [-paths pooled,l4,l7] [-only keep-alive] [-streams 10] [-gogc 100] [-accelerate] [-versus nginx|haproxy] [-backend go|nginx] [-cpuprofile DIR]
 //
 // HTTP/2 clients run twice: with one stream per connection (h2load -m 1,
 // HTTP/2 used as HTTP/1.1 is, one request at a time) and with -streams
@@ -38,6 +38,37 @@
 // value): with 64 and 500 requests in flight, most of its requests paid a
 // new TLS connection to the backend, and it made a quarter of the
 // requests/s it makes with enough of them.
+//
+// The backend is Go's net/http (the echo backend) unless -backend nginx:
+// Debian's nginx serving the same answers as files, on the same address,
+// certificate and TLS settings. Go's HTTP/2 server costs it 1.5–1.75× the
+// CPU per request of its HTTP/1.1; nginx's costs about the same, so with
+// it the h2c rows measure the proxies rather than the backend's h2. On
+// shared cores the backend's cost also dilutes the proxies' differences.
+// The fourth session of 2026-11-26 (nothing else running), -rounds 5
+// -duration 4s -paths pooled -backend nginx:
+//
+//	scenario                       req/s             p99               proxy CPU/req   all CPU/req   idle
+//	keep-alive 100 B               0.80 (0.73–1.08)  1.10 (0.99–1.17)  1.29            1.18          8 % / 1 %
+//	keep-alive 64 KiB              0.92 (0.74–0.99)  1.22 (1.01–1.52)  1.07            1.06          8 % / 5 %
+//	conn-per-request 100 B         0.92 (0.85–0.99)  1.40 (1.21–1.67)  1.32            1.18          10 % / 15 %
+//	h2c client 100 B               1.32 (1.26–1.71)  0.51 (0.45–0.66)  0.53            0.73          9 % / 5 %
+//	h2c client 64 KiB              0.99 (0.94–1.12)  1.06 (0.99–1.13)  0.85            0.97          8 % / 2 %
+//	h2c client 10 streams 100 B    2.49 (2.22–2.77)  0.35 (0.31–0.43)  0.20            0.37          8 % / 1 %
+//	h2c client 10 streams 64 KiB   1.40 (1.29–1.43)  0.35 (0.14–0.38)  0.60            0.72          1 % / 0 %
+//
+// Behind nginx the backend spends about the same per request on the h2
+// that sockmesh keeps as on the HTTP/1.1 that nginx sends it (20.3 and
+// 21.3 µs, h2c 100 B), and sockmesh's relay of the app's h2 costs half of
+// nginx's CPU: the one-stream h2c rows meet the target that they miss with
+// the Go backend. The HTTP/1.1 rows go the other way: sockmesh's fast path
+// spends 1.3× nginx's CPU per small request (33.7 against 26.2 µs; 18.7
+// for the same request relayed as h2), which the Go backend's 50–60 µs of
+// the shared cores hid. In a profile of that row 43 % of the proxy's CPU
+// is system calls (fewer per request than nginx's, strace -c: 5.4 against
+// 6) and the rest is spread thin; net/http's parsing of the request and
+// of nginx's eight-field answer heads costs 1.6 and 3.4 µs alone (a
+// microbenchmark, hot caches).
 //
 // Measured on the 2-core machine of ../shared/BENCH.md with nothing else
 // running, -rounds 11 -duration 4s -paths pooled, with the agent's GC heap
@@ -227,6 +258,7 @@ func main() {
 	curves := flag.String("curves", "x25519", "key exchanges the proxy offers: x25519 | default")
 	accelerate := flag.Bool("accelerate", false, "accelerate the app-to-proxy leg with sk_msg, as the agent's --accelerate does")
 	versus := flag.String("versus", "nginx", "the proxy sockmesh is compared with (target c): nginx | haproxy (keeps h2 to the backend for h2c clients)")
+	backend := flag.String("backend", "go", "the backend behind every target: go (net/http, whose HTTP/2 costs it 1.5–1.75× its HTTP/1.1) | nginx")
 	profile := flag.String("cpuprofile", "", "write each proxy's CPU profile over the whole run to this directory (<n>-<speed>.pprof)")
 	flag.Parse()
 	var err error
@@ -245,7 +277,7 @@ func main() {
 			break
 		}
 		err = runBench(benchConfig{rounds: *rounds, duration: *duration, conns: *conns, streams: *streams, only: *only,
-			paths: strings.Split(*paths, ","), gogc: *gogc, gomaxprocs: *procs, curves: *curves, profile: *profile, accelerate: *accelerate, versus: *versus, command: commandLine()})
+			paths: strings.Split(*paths, ","), gogc: *gogc, gomaxprocs: *procs, curves: *curves, profile: *profile, accelerate: *accelerate, versus: *versus, backend: *backend, command: commandLine()})
 	default:
 		err = fmt.Errorf("unknown role %q", *role)
 	}
