@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -215,6 +216,7 @@ func (p *Proxy) serve(l net.Listener, pod *snapshot.ObjectRef) error {
 		return nil
 	}
 	defer p.untrack(l)
+	var delay time.Duration
 	for {
 		c, err := l.Accept()
 		if err != nil {
@@ -225,10 +227,36 @@ func (p *Proxy) serve(l net.Listener, pod *snapshot.ObjectRef) error {
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
 			}
-			return fmt.Errorf("accept on %s: %w", l.Addr(), err)
+			if !shortage(err) {
+				return fmt.Errorf("accept on %s: %w", l.Addr(), err)
+			}
+			// Out of descriptors or memory: connections ending will free
+			// them, while returning would stop the node's proxy (the agent
+			// exits). As net/http's Server, wait and try again.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			p.m.acceptErrors.Inc()
+			p.log.Warn("accept failed, retrying", "addr", l.Addr().String(), "err", err, "retry_in", delay)
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-p.stop:
+				t.Stop()
+			}
+			continue
 		}
+		delay = 0
 		p.dispatch(accepted{c, pod})
 	}
+}
+
+// shortage reports an accept error that passes once resources are freed.
+func shortage(err error) bool {
+	for _, errno := range []syscall.Errno{syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM} {
+		if errors.Is(err, errno) {
+			return true
+		}
+	}
+	return false
 }
 
 // accepted is a connection for a worker.

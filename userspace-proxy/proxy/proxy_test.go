@@ -14,10 +14,12 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/coder/websocket"
 	"google.golang.org/grpc"
@@ -60,6 +62,84 @@ func TestAcceptLoopRefusesUnredirected(t *testing.T) {
 		if n != 0 || err == nil {
 			t.Fatalf("read on unredirected connection = %d, %v; want closed", n, err)
 		}
+	}
+	if got := e.counter("sockmesh_proxy_rejected_connections_total", map[string]string{"reason": "not_redirected"}); got != 1 {
+		t.Errorf("rejected{not_redirected} = %v, want 1", got)
+	}
+	if err := e.p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err != nil {
+		t.Errorf("Serve after Shutdown = %v, want nil", err)
+	}
+}
+
+// TestAcceptWaitsOutShortage: when the process runs out of descriptors,
+// Accept fails (EMFILE). Serve used to return then, which stops the node's
+// proxy (the agent exits); it now waits, counts, and accepts the waiting
+// connection once descriptors are free.
+func TestAcceptWaitsOutShortage(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- e.p.Serve(l) }()
+
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	low := lim
+	low.Cur = min(lim.Cur, 1024) // few descriptors to use up
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	var fill []*os.File
+	release := func() {
+		for _, f := range fill {
+			f.Close()
+		}
+		fill = nil
+		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+	}
+	defer release()
+	for {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			if !errors.Is(err, syscall.EMFILE) {
+				t.Fatal(err)
+			}
+			break
+		}
+		fill = append(fill, f)
+	}
+	fill[len(fill)-1].Close()
+	fill = fill[:len(fill)-1]
+	c, err := net.Dial("tcp", l.Addr().String()) // takes the last descriptor
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for deadline := time.Now().Add(5 * time.Second); e.counter("sockmesh_proxy_accept_errors_total", nil) < 2; time.Sleep(5 * time.Millisecond) {
+		select {
+		case err := <-served:
+			release()
+			t.Fatalf("Serve returned while descriptors were short: %v", err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no failed accept counted while the process had no descriptor left")
+		}
+	}
+	release()
+
+	// Accepted now, and, not redirected, closed.
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := c.Read(make([]byte, 1)); n != 0 || err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read after the shortage = %d, %v; want the connection closed by the proxy", n, err)
 	}
 	if got := e.counter("sockmesh_proxy_rejected_connections_total", map[string]string{"reason": "not_redirected"}); got != 1 {
 		t.Errorf("rejected{not_redirected} = %v, want 1", got)
