@@ -3,11 +3,13 @@ package httpproxy
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -494,6 +496,59 @@ func TestFailures(t *testing.T) {
 	}
 	if !strings.Contains(f.logs.String(), `"policy":"BackendTLSPolicy/b/broken"`) {
 		t.Errorf("log does not name the policy:\n%s", f.logs)
+	}
+}
+
+// TestFailureLogThrottled: a failure of one kind (service, backend,
+// reason) is logged at Warn once per FailureLogEvery, the others at Debug,
+// and the next Warn line says how many were not; another kind has its own.
+func TestFailureLogThrottled(t *testing.T) {
+	const every = time.Second
+	f := newFixture(t, Config{FailureLogEvery: every}, snapshot.Backend{})
+	c := f.dial()
+	get := func(want string) {
+		t.Helper()
+		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, body := c.read(http.MethodGet); resp.StatusCode != http.StatusServiceUnavailable || body != "sockmesh: "+want+"\n" {
+			t.Fatalf("%s %q, want 503 %s", resp.Status, body, want)
+		}
+	}
+	start := time.Now()
+	for range 4 {
+		get("no_endpoints")
+	}
+	f.update(2, snapshot.Backend{Invalid: &snapshot.Invalid{
+		Policy: snapshot.ObjectRef{Kind: "BackendTLSPolicy", Namespace: "b", Name: "broken"}, Reason: "NoValidCACertificate"}})
+	get("invalid_policy")
+	f.update(3, snapshot.Backend{})
+	if d := time.Since(start); d >= every {
+		t.Fatalf("five requests took %v, longer than the period of %v the test relies on", d, every)
+	}
+	time.Sleep(every)
+	get("no_endpoints")
+
+	type line struct {
+		Level, Msg, Reason string
+		Suppressed         uint64
+	}
+	var warn []line
+	debug := 0
+	for _, l := range strings.Split(strings.TrimSpace(f.logs.String()), "\n") {
+		var e line
+		if err := json.Unmarshal([]byte(l), &e); err != nil {
+			t.Fatalf("log line %q: %v", l, err)
+		}
+		switch {
+		case e.Msg != "request failed":
+		case e.Level == "WARN":
+			warn = append(warn, e)
+		default:
+			debug++
+		}
+	}
+	want := []line{{"WARN", "request failed", "no_endpoints", 0}, {"WARN", "request failed", "invalid_policy", 0}, {"WARN", "request failed", "no_endpoints", 3}}
+	if !slices.Equal(warn, want) || debug != 3 {
+		t.Errorf("Warn lines %+v and %d Debug lines; want %+v and 3\n%s", warn, debug, want, f.logs)
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/logthrottle"
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
@@ -118,6 +119,17 @@ type Config struct {
 	// Routing says how route rules are executed where they leave it to
 	// the proxy (default timeouts, retry backoff, body replay, mirrors).
 	Routing RoutingConfig
+	// FailureLogEvery is how often a failure of one kind (service,
+	// backend, reason) is logged at most; the others go to Debug and are
+	// counted on the next line. 0 means 10 s.
+	FailureLogEvery time.Duration
+}
+
+// failureKey is what failure log lines are throttled by.
+type failureKey struct {
+	Service snapshot.ObjectRef
+	Backend snapshot.BackendRef
+	Reason  upstream.Reason
 }
 
 // Handler forwards requests; one per proxy, safe for concurrent use.
@@ -132,6 +144,8 @@ type Handler struct {
 	mirrorSlots chan struct{}
 	mirrorCtx   context.Context
 	stopMirrors context.CancelFunc
+	// failures throttles "request failed" lines (report).
+	failures *logthrottle.Throttle[failureKey]
 }
 
 // New returns a Handler.
@@ -148,12 +162,16 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Handler, err
 	if cfg.MaxHeaderBytes <= 0 {
 		cfg.MaxHeaderBytes = http.DefaultMaxHeaderBytes
 	}
+	if cfg.FailureLogEvery <= 0 {
+		cfg.FailureLogEvery = 10 * time.Second
+	}
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, err
 	}
 	cfg.Routing.setDefaults()
-	h := &Handler{cfg: cfg, log: log, bufs: cfg.Buffers, m: m, mirrorSlots: make(chan struct{}, cfg.Routing.MaxMirrors)}
+	h := &Handler{cfg: cfg, log: log, bufs: cfg.Buffers, m: m, mirrorSlots: make(chan struct{}, cfg.Routing.MaxMirrors),
+		failures: logthrottle.New[failureKey](cfg.FailureLogEvery)}
 	h.mirrorCtx, h.stopMirrors = context.WithCancel(context.Background())
 	h.h1.init()
 	return h, nil
@@ -357,18 +375,34 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, x *exchange, reas
 
 // report logs and counts a request that could not be forwarded, and
 // returns the status its client gets. A fail-closed backend is logged with
-// its policy and reason once per snapshot (at Debug afterwards), so a broken
-// policy cannot flood the log.
+// its policy and reason once per snapshot, other failures once per
+// FailureLogEvery and kind (at Debug otherwise), so that a broken policy
+// or backend cannot flood the log.
 func (h *Handler) report(ctx context.Context, x *exchange, reason upstream.Reason, err error) int {
 	be := x.be
 	code := reason.Status()
 	var fc *upstream.FailClosedError
 	lvl := slog.LevelWarn
+	var held uint64
 	switch {
 	case reason == upstream.ReasonCanceled:
 		lvl = slog.LevelDebug
-	case errors.As(err, &fc) && !be.FirstFailure():
-		lvl = slog.LevelDebug
+	case errors.As(err, &fc):
+		if !be.FirstFailure() {
+			lvl = slog.LevelDebug
+		}
+	default:
+		k := failureKey{Reason: reason}
+		if x.fe != nil {
+			k.Service = x.fe.Service
+		}
+		if be != nil {
+			k.Backend = be.Spec.Ref
+		}
+		var ok bool
+		if ok, held = h.failures.Allow(k, time.Now()); !ok {
+			lvl = slog.LevelDebug
+		}
 	}
 	if h.log.Enabled(ctx, lvl) {
 		attrs := []slog.Attr{
@@ -387,6 +421,9 @@ func (h *Handler) report(ctx context.Context, x *exchange, reason upstream.Reaso
 		}
 		if be != nil {
 			attrs = append(attrs, slog.String("backend", be.Spec.Ref.String()))
+		}
+		if held > 0 {
+			attrs = append(attrs, slog.Uint64("suppressed", held))
 		}
 		h.log.LogAttrs(ctx, lvl, "request failed", attrs...)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/logthrottle"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/origdst"
@@ -56,6 +57,10 @@ type Config struct {
 	// it to the proxy (default timeouts, retry backoff, body replay,
 	// mirrors); the zero value is httpproxy's documented defaults.
 	Routing httpproxy.RoutingConfig
+	// FailureLogEvery is how often a failure of one kind (service,
+	// backend, path or HTTP, reason) is logged at Warn at most; the others
+	// go to Debug and are counted on the next line. 0 means 10 s.
+	FailureLogEvery time.Duration
 }
 
 // HTTP1TLSPath chooses how HTTP/1.x apps reach a backend that needs TLS
@@ -118,6 +123,16 @@ type Proxy struct {
 	// work hands accepted connections to idle workers; stop ends them.
 	work chan accepted
 	stop chan struct{}
+	// failures throttles "connection failed" lines (connState.fail).
+	failures *logthrottle.Throttle[failureKey]
+}
+
+// failureKey is what "connection failed" lines are throttled by.
+type failureKey struct {
+	service snapshot.ObjectRef
+	backend snapshot.BackendRef
+	path    Path
+	reason  upstream.Reason
 }
 
 // New returns a Proxy serving the empty snapshot until Update.
@@ -127,6 +142,9 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 	}
 	if cfg.ReadHeaderTimeout == 0 {
 		cfg.ReadHeaderTimeout = 30 * time.Second
+	}
+	if cfg.FailureLogEvery <= 0 {
+		cfg.FailureLogEvery = 10 * time.Second
 	}
 	if cfg.IdleTimeout == 0 {
 		cfg.IdleTimeout = 5 * time.Minute
@@ -145,13 +163,14 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 		return nil, err
 	}
 	bufs := relay.NewPool()
-	h, err := httpproxy.New(httpproxy.Config{Buffers: bufs, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout, Routing: cfg.Routing}, log, reg)
+	h, err := httpproxy.New(httpproxy.Config{Buffers: bufs, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout, Routing: cfg.Routing, FailureLogEvery: cfg.FailureLogEvery}, log, reg)
 	if err != nil {
 		return nil, err
 	}
 	p := &Proxy{
 		cfg: cfg, log: log, m: m, pools: pools, bufs: bufs, h: h,
 		l7:        newConnListener(),
+		failures:  logthrottle.New[failureKey](cfg.FailureLogEvery),
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[net.Conn]struct{}),
 		work:      make(chan accepted),

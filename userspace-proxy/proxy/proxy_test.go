@@ -152,6 +152,40 @@ func TestAcceptWaitsOutShortage(t *testing.T) {
 	}
 }
 
+// TestConnectionFailureLogThrottled: on the L4 path too, a failure of one
+// kind is logged at Warn once per period (10 s by default), the others at
+// Debug.
+func TestConnectionFailureLogThrottled(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	v := netip.MustParseAddrPort("10.96.5.9:5432")
+	e.p.Update(buildSnapshot(t, 1, service{name: "db", vip: v, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP}}))
+	for range 3 {
+		c, err := e.dial(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write([]byte("\x00binary protocol hello"))
+		if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("tcp to a backend without endpoints: read err = %v, want connection reset", err)
+		}
+		c.Close()
+	}
+	levels := map[string]int{}
+	for _, l := range strings.Split(strings.TrimSpace(e.logs.String()), "\n") {
+		var line struct{ Level, Msg string }
+		if err := json.Unmarshal([]byte(l), &line); err != nil {
+			t.Fatalf("log line %q: %v", l, err)
+		}
+		if line.Msg == "connection failed" {
+			levels[line.Level]++
+		}
+	}
+	if levels["WARN"] != 1 || levels["DEBUG"] != 2 {
+		t.Errorf(`"connection failed" lines by level: %v; want WARN 1, DEBUG 2`, levels)
+	}
+}
+
 // TestNotCapturedRefused: a redirected connection whose destination the
 // snapshot does not capture is closed, never relayed to that address.
 func TestNotCapturedRefused(t *testing.T) {

@@ -242,15 +242,29 @@ func negotiated(c net.Conn, proto string) bool {
 func (cs *connState) fail(c net.Conn, path Path, reason upstream.Reason, err error) {
 	p := cs.p
 	p.m.failed.WithLabelValues(string(path), string(reason)).Inc()
+	// As httpproxy's report: a fail-closed backend loudly once per
+	// snapshot, other failures once per FailureLogEvery and kind.
 	lvl := slog.LevelWarn
 	var fc *upstream.FailClosedError
-	if errors.As(err, &fc) && !cs.be.FirstFailure() {
-		lvl = slog.LevelDebug
+	var held uint64
+	if errors.As(err, &fc) {
+		if !cs.be.FirstFailure() {
+			lvl = slog.LevelDebug
+		}
+	} else {
+		var ok bool
+		k := failureKey{service: cs.fe.Service, backend: cs.be.Spec.Ref, path: path, reason: reason}
+		if ok, held = p.failures.Allow(k, time.Now()); !ok {
+			lvl = slog.LevelDebug
+		}
 	}
 	attrs := []any{"service", cs.fe.Service.String(), "backend", cs.be.Spec.Ref.String(), "orig_dst", cs.dst.String(),
 		"client", httpproxy.ClientName(cs.v.Snapshot, cs.client.Addr, cs.client.Pod), "path", string(path), "reason", string(reason), "snapshot_version", cs.v.Snapshot.Version, "err", err}
 	if fc != nil {
 		attrs = append(attrs, "policy", fc.Policy.String(), "policy_reason", fc.Reason)
+	}
+	if held > 0 {
+		attrs = append(attrs, "suppressed", held)
 	}
 	p.log.Log(context.Background(), lvl, "connection failed", attrs...)
 	sockio.Reset(c)
