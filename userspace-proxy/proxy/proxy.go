@@ -123,8 +123,10 @@ type Proxy struct {
 	// work hands accepted connections to idle workers; stop ends them.
 	work chan accepted
 	stop chan struct{}
-	// failures throttles "connection failed" lines (connState.fail).
+	// failures throttles "connection failed" lines (connState.fail),
+	// panics the lines of recovered panics (contain).
 	failures *logthrottle.Throttle[failureKey]
+	panics   *logthrottle.Throttle[struct{}]
 }
 
 // failureKey is what "connection failed" lines are throttled by.
@@ -171,6 +173,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 		cfg: cfg, log: log, m: m, pools: pools, bufs: bufs, h: h,
 		l7:        newConnListener(),
 		failures:  logthrottle.New[failureKey](cfg.FailureLogEvery),
+		panics:    logthrottle.New[struct{}](cfg.FailureLogEvery),
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[net.Conn]struct{}),
 		work:      make(chan accepted),

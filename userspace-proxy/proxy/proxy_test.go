@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -22,6 +23,7 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -30,6 +32,8 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/metricsum"
+	"github.com/sockmesh/sockmesh/internal/syncbuf"
 	"github.com/sockmesh/sockmesh/test/echo"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
@@ -1096,5 +1100,57 @@ func TestListenConfig(t *testing.T) {
 	})
 	if err != nil || keepAlive != 0 {
 		t.Errorf("SO_KEEPALIVE = %d, %v; want 0", keepAlive, err)
+	}
+}
+
+// panicDialer panics: a bug on the connection's goroutine.
+type panicDialer struct{}
+
+func (panicDialer) Dial(context.Context, snapshot.Endpoint) (net.Conn, error) {
+	panic("panicDialer: a bug")
+}
+
+// TestPanicContained: a panic while serving one connection resets that
+// connection, is counted and logged with its stack, and the proxy goes on
+// serving (it used to end the process: the node's proxy, every pod's
+// connections).
+func TestPanicContained(t *testing.T) {
+	checkNoLeaks(t)
+	reg := prometheus.NewRegistry()
+	logs := &syncbuf.Buffer{}
+	p, err := proxy.New(proxy.Config{Dialer: panicDialer{}}, slog.New(slog.NewJSONHandler(logs, nil)), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Shutdown(context.Background())
+	vTCP, vHTTP := netip.MustParseAddrPort("10.96.6.1:5432"), netip.MustParseAddrPort("10.96.6.2:80")
+	ep := endpoints(netip.MustParseAddrPort("10.0.0.1:5432"))
+	p.Update(buildSnapshot(t, 1,
+		service{name: "db", vip: vTCP, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, Endpoints: ep}},
+		service{name: "web", vip: vHTTP, backend: snapshot.Backend{Endpoints: ep}},
+	))
+	for i, tc := range []struct {
+		vip   netip.AddrPort
+		hello string
+	}{{vTCP, "\x00binary protocol hello"}, {vHTTP, "GET / HTTP/1.1\r\nHost: web\r\n\r\n"}, {vTCP, "\x00again"}} {
+		c, s := net.Pipe()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			p.ServeConn(s, tc.vip, proxy.Client{})
+		}()
+		c.Write([]byte(tc.hello))
+		if n, err := c.Read(make([]byte, 1)); n != 0 || err == nil {
+			t.Errorf("connection %d: read = %d, %v; want it closed", i, n, err)
+		}
+		c.Close()
+		<-done
+		if got := metricsum.Sum(t, reg, "sockmesh_proxy_panics_total", nil); got != float64(i+1) {
+			t.Errorf("after connection %d: panics = %v, want %d", i, got, i+1)
+		}
+	}
+	if l := logs.String(); !strings.Contains(l, "panic serving a connection") || !strings.Contains(l, "panicDialer") ||
+		strings.Count(l, "panic serving a connection") != 1 {
+		t.Errorf("want one error line with the panic and its stack (the others held back):\n%s", l)
 	}
 }

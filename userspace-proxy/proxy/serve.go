@@ -4,9 +4,11 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +48,7 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 		return
 	}
 	defer p.active.Done()
+	defer p.contain(c, origDst)
 	v := p.current.Load()
 	fe, ok := v.Snapshot.Frontend(origDst)
 	if !ok {
@@ -68,6 +71,24 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 	default:
 		cs.serveL4(sc, path, kind)
 	}
+}
+
+// contain recovers a panic of the connection's goroutine, as net/http's
+// server does for its handlers: one connection's bug must not end the
+// node's proxy, and every other pod's connections with it. The connection
+// is reset; what it held (an upstream connection, a pool slot) may stay
+// held. Panics in the goroutines it started are not recovered.
+func (p *Proxy) contain(c net.Conn, origDst netip.AddrPort) {
+	r := recover()
+	if r == nil {
+		return
+	}
+	p.m.panics.Inc()
+	if ok, held := p.panics.Allow(struct{}{}, time.Now()); ok {
+		p.log.Error("panic serving a connection; connection reset", "orig_dst", origDst.String(), "panic", fmt.Sprint(r),
+			"stack", string(debug.Stack()), "suppressed", held)
+	}
+	sockio.Reset(c)
 }
 
 // choosePath is the two-speed decision: L7 whenever a request must be looked
