@@ -16,13 +16,14 @@ func TestLog(t *testing.T) {
 	io.WriteString(w, `{"msg":"listening","listener":"health","addr":"127.0.0.1:1"}`+"\n")
 	io.WriteString(w, "Error: not JSON\n")
 	io.WriteString(w, `{"msg":"introspection report","report":{"node":"n1"}}`+"\n")
-	io.WriteString(w, `{"msg":"adopted pinned link"}`+"\n"+`{"msg":"adopted pinned link"}`+"\n")
+	io.WriteString(w, `{"msg":"adopted pinned link"}`+"\n"+`{"msg":"adopted pinned link","link":"b"}`+"\n")
 
 	rec, err := l.Wait(Listening("health"))
 	if err != nil || rec.Str("addr") != "127.0.0.1:1" {
 		t.Fatalf("Wait(health listener) = %v, %v", rec, err)
 	}
-	if _, err := l.Wait(func(r Record) bool { return r.Msg() == "adopted pinned link" }); err != nil {
+	// The last line: records are read in order, so every line is in.
+	if _, err := l.Wait(func(r Record) bool { return r.Str("link") == "b" }); err != nil {
 		t.Fatal(err)
 	}
 	if n := l.Count(func(r Record) bool { return r.Msg() == "adopted pinned link" }); n != 2 {
@@ -35,7 +36,7 @@ func TestLog(t *testing.T) {
 		t.Errorf("waitReport(0) = %s, %v", got, err)
 	}
 	// Three lines kept, the report not among them.
-	if got, want := l.Tail(0), "Error: not JSON\n"+`{"msg":"adopted pinned link"}`+"\n"+`{"msg":"adopted pinned link"}`; got != want {
+	if got, want := l.Tail(0), "Error: not JSON\n"+`{"msg":"adopted pinned link"}`+"\n"+`{"msg":"adopted pinned link","link":"b"}`; got != want {
 		t.Errorf("Tail(0) = %q, want %q", got, want)
 	}
 	w.Close()
