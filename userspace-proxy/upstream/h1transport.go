@@ -2,9 +2,11 @@ package upstream
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
@@ -104,7 +106,7 @@ func (t h1Transport) exchange(ctx context.Context, uc *pool.Conn, req *http.Requ
 				// rest forever. A failed write to the backend leaves the
 				// connection to the read side, where an early answer may
 				// still be waiting.
-				uc.Conn.Close()
+				abort(uc.Conn)
 			}
 			x.wrote <- err
 		}()
@@ -140,6 +142,17 @@ func (t h1Transport) exchange(ctx context.Context, uc *pool.Conn, req *http.Requ
 		}
 		return resp, nil
 	}
+}
+
+// abort closes c under its TLS, without a close_notify: a backend told
+// that the connection ended cleanly may end its answer cleanly in the
+// moment before the socket closes, and the app would take a request whose
+// body broke off for answered.
+func abort(c net.Conn) {
+	if tc, ok := c.(*tls.Conn); ok {
+		tc.NetConn().Close()
+	}
+	c.Close()
 }
 
 // writeRequest writes req with Request.Write (its framing: Content-Length
