@@ -46,17 +46,36 @@ func tlsPolicy(e *env) *snapshot.TLS {
 		Policy: snapshot.ObjectRef{Kind: "BackendTLSPolicy", Namespace: "b", Name: "echo-tls"}}
 }
 
+// serveLoopback runs e's proxy on a loopback listener, whose connections
+// have no original destination. end checks that one was rejected as not
+// redirected, shuts the proxy down and checks that Serve returned nil.
+func serveLoopback(t *testing.T, e *env) (l net.Listener, served chan error, end func()) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served = make(chan error, 1)
+	go func() { served <- e.p.Serve(l) }()
+	return l, served, func() {
+		t.Helper()
+		if got := e.counter("sockmesh_proxy_rejected_connections_total", map[string]string{"reason": "not_redirected"}); got != 1 {
+			t.Errorf("rejected{not_redirected} = %v, want 1", got)
+		}
+		if err := e.p.Shutdown(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-served; err != nil {
+			t.Errorf("Serve after Shutdown = %v, want nil", err)
+		}
+	}
+}
+
 // TestAcceptLoopRefusesUnredirected: a plain listener's connections have no
 // original destination, so Serve closes them at once and counts them.
 func TestAcceptLoopRefusesUnredirected(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- e.p.Serve(l) }()
+	l, _, end := serveLoopback(t, e)
 	// The reset may even beat connect's return on loopback; either way the
 	// client must get no byte.
 	if c, err := net.Dial("tcp", l.Addr().String()); err == nil {
@@ -67,15 +86,7 @@ func TestAcceptLoopRefusesUnredirected(t *testing.T) {
 			t.Fatalf("read on unredirected connection = %d, %v; want closed", n, err)
 		}
 	}
-	if got := e.counter("sockmesh_proxy_rejected_connections_total", map[string]string{"reason": "not_redirected"}); got != 1 {
-		t.Errorf("rejected{not_redirected} = %v, want 1", got)
-	}
-	if err := e.p.Shutdown(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-served; err != nil {
-		t.Errorf("Serve after Shutdown = %v, want nil", err)
-	}
+	end()
 }
 
 // TestAcceptWaitsOutShortage: when the process runs out of descriptors,
@@ -85,12 +96,7 @@ func TestAcceptLoopRefusesUnredirected(t *testing.T) {
 func TestAcceptWaitsOutShortage(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- e.p.Serve(l) }()
+	l, served, end := serveLoopback(t, e)
 
 	var lim syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
@@ -145,15 +151,7 @@ func TestAcceptWaitsOutShortage(t *testing.T) {
 	if n, err := c.Read(make([]byte, 1)); n != 0 || err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("read after the shortage = %d, %v; want the connection closed by the proxy", n, err)
 	}
-	if got := e.counter("sockmesh_proxy_rejected_connections_total", map[string]string{"reason": "not_redirected"}); got != 1 {
-		t.Errorf("rejected{not_redirected} = %v, want 1", got)
-	}
-	if err := e.p.Shutdown(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-served; err != nil {
-		t.Errorf("Serve after Shutdown = %v, want nil", err)
-	}
+	end()
 }
 
 // TestConnectionFailureLogThrottled: on the L4 path too, a failure of one
