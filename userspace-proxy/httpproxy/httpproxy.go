@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
-	"github.com/sockmesh/sockmesh/internal/logthrottle"
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
@@ -125,13 +124,6 @@ type Config struct {
 	FailureLogEvery time.Duration
 }
 
-// failureKey is what failure log lines are throttled by.
-type failureKey struct {
-	Service snapshot.ObjectRef
-	Backend snapshot.BackendRef
-	Reason  upstream.Reason
-}
-
 // Handler forwards requests; one per proxy, safe for concurrent use.
 type Handler struct {
 	cfg  Config
@@ -144,8 +136,8 @@ type Handler struct {
 	mirrorSlots chan struct{}
 	mirrorCtx   context.Context
 	stopMirrors context.CancelFunc
-	// failures throttles "request failed" lines (report).
-	failures *logthrottle.Throttle[failureKey]
+	// failures sets the level of "request failed" lines (report).
+	failures *upstream.FailureLog
 }
 
 // New returns a Handler.
@@ -171,7 +163,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Handler, err
 	}
 	cfg.Routing.setDefaults()
 	h := &Handler{cfg: cfg, log: log, bufs: cfg.Buffers, m: m, mirrorSlots: make(chan struct{}, cfg.Routing.MaxMirrors),
-		failures: logthrottle.New[failureKey](cfg.FailureLogEvery)}
+		failures: upstream.NewFailureLog(cfg.FailureLogEvery)}
 	h.mirrorCtx, h.stopMirrors = context.WithCancel(context.Background())
 	h.h1.init()
 	return h, nil
@@ -381,28 +373,18 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, x *exchange, reas
 func (h *Handler) report(ctx context.Context, x *exchange, reason upstream.Reason, err error) int {
 	be := x.be
 	code := reason.Status()
-	var fc *upstream.FailClosedError
-	lvl := slog.LevelWarn
+	lvl := slog.LevelDebug // an app that left: nothing to act on
 	var held uint64
-	switch {
-	case reason == upstream.ReasonCanceled:
-		lvl = slog.LevelDebug
-	case errors.As(err, &fc):
-		if !be.FirstFailure() {
-			lvl = slog.LevelDebug
-		}
-	default:
-		k := failureKey{Reason: reason}
+	var fc *upstream.FailClosedError
+	if reason != upstream.ReasonCanceled {
+		k := upstream.FailureKey{Reason: reason}
 		if x.fe != nil {
 			k.Service = x.fe.Service
 		}
 		if be != nil {
 			k.Backend = be.Spec.Ref
 		}
-		var ok bool
-		if ok, held = h.failures.Allow(k, time.Now()); !ok {
-			lvl = slog.LevelDebug
-		}
+		lvl, held, fc = h.failures.Level(k, be, err)
 	}
 	if h.log.Enabled(ctx, lvl) {
 		attrs := []slog.Attr{

@@ -123,18 +123,11 @@ type Proxy struct {
 	// work hands accepted connections to idle workers; stop ends them.
 	work chan accepted
 	stop chan struct{}
-	// failures throttles "connection failed" lines (connState.fail),
-	// panics the lines of recovered panics (contain).
-	failures *logthrottle.Throttle[failureKey]
+	// failures sets the level of "connection failed" lines
+	// (connState.fail); panics throttles those of recovered panics
+	// (contain).
+	failures *upstream.FailureLog
 	panics   *logthrottle.Throttle[struct{}]
-}
-
-// failureKey is what "connection failed" lines are throttled by.
-type failureKey struct {
-	service snapshot.ObjectRef
-	backend snapshot.BackendRef
-	path    Path
-	reason  upstream.Reason
 }
 
 // New returns a Proxy serving the empty snapshot until Update.
@@ -172,7 +165,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 	p := &Proxy{
 		cfg: cfg, log: log, m: m, pools: pools, bufs: bufs, h: h,
 		l7:        newConnListener(),
-		failures:  logthrottle.New[failureKey](cfg.FailureLogEvery),
+		failures:  upstream.NewFailureLog(cfg.FailureLogEvery),
 		panics:    logthrottle.New[struct{}](cfg.FailureLogEvery),
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[net.Conn]struct{}),

@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"runtime/debug"
@@ -263,22 +262,7 @@ func negotiated(c net.Conn, proto string) bool {
 func (cs *connState) fail(c net.Conn, path Path, reason upstream.Reason, err error) {
 	p := cs.p
 	p.m.failed.WithLabelValues(string(path), string(reason)).Inc()
-	// As httpproxy's report: a fail-closed backend loudly once per
-	// snapshot, other failures once per FailureLogEvery and kind.
-	lvl := slog.LevelWarn
-	var fc *upstream.FailClosedError
-	var held uint64
-	if errors.As(err, &fc) {
-		if !cs.be.FirstFailure() {
-			lvl = slog.LevelDebug
-		}
-	} else {
-		var ok bool
-		k := failureKey{service: cs.fe.Service, backend: cs.be.Spec.Ref, path: path, reason: reason}
-		if ok, held = p.failures.Allow(k, time.Now()); !ok {
-			lvl = slog.LevelDebug
-		}
-	}
+	lvl, held, fc := p.failures.Level(upstream.FailureKey{Service: cs.fe.Service, Backend: cs.be.Spec.Ref, Path: string(path), Reason: reason}, cs.be, err)
 	attrs := []any{"service", cs.fe.Service.String(), "backend", cs.be.Spec.Ref.String(), "orig_dst", cs.dst.String(),
 		"client", httpproxy.ClientName(cs.v.Snapshot, cs.client.Addr, cs.client.Pod), "path", string(path), "reason", string(reason), "snapshot_version", cs.v.Snapshot.Version, "err", err}
 	if fc != nil {
