@@ -189,7 +189,7 @@ func (h *Handler) switchProtocols(w http.ResponseWriter, r *http.Request, x *exc
 		return
 	}
 	client := &relay.BufferedConn{Conn: conn, R: brw.Reader}
-	res := relay.Relay(client, up, h.bufs)
+	res := relay.Relay(client, up, h.bufs, h.cfg.Panics)
 	h.m.upgradedBytes.Add(float64(res.AToB + res.BToA))
 }
 
@@ -268,7 +268,7 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 		upConn.Close()
 		return
 	}
-	res := relay.Relay(&h2Stream{r: r.Body, w: w, rc: rc}, upConn, h.bufs)
+	res := relay.Relay(&h2Stream{r: r.Body, w: w, rc: rc}, upConn, h.bufs, h.cfg.Panics)
 	h.m.upgradedBytes.Add(float64(res.AToB + res.BToA))
 	if res.Err != nil {
 		// RFC 8441 §5: a connection error (the backend's reset) is a

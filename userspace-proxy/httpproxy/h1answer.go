@@ -239,7 +239,7 @@ func (s *h1Conn) upgrade(resp *http.Response, x *exchange, uc *pool.Conn) {
 	if !s.deadline.IsZero() {
 		s.setDeadline(time.Time{}, false) // a WebSocket may idle
 	}
-	res := relay.Relay(&relay.BufferedConn{Conn: s.c, R: s.br}, &relay.BufferedConn{Conn: uc.Conn, R: uc.R}, s.h.bufs)
+	res := relay.Relay(&relay.BufferedConn{Conn: s.c, R: s.br}, &relay.BufferedConn{Conn: uc.Conn, R: uc.R}, s.h.bufs, s.h.cfg.Panics)
 	s.h.m.upgradedBytes.Add(float64(res.AToB + res.BToA))
 }
 

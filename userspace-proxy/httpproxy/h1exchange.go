@@ -315,7 +315,13 @@ func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline bool)
 	} else {
 		s.sent.track(req)
 		body = make(chan error, 1)
-		go func() { body <- writeRequest(uc, req) }()
+		go func() {
+			var err error
+			defer func() { body <- err }()
+			// Closing uc ends the answer's read, which waits on this.
+			defer s.h.cfg.Panics.Recover("request body", &err, func() { uc.Conn.Close() })
+			err = writeRequest(uc, req)
+		}()
 	}
 	s.watch.start(uc, nil) // until forward returns, or uc is released
 	if _, err := uc.R.Peek(1); err != nil {

@@ -94,7 +94,12 @@ func (w *clientWatch) fire() {
 	s.c.SetReadDeadline(time.Time{}) // an idle deadline may be armed; stop restores it
 	w.mu.Unlock()
 	defer close(done)
-	_, err := s.br.Peek(1)
+	var err error
+	func() {
+		// A panic here reads as the client gone: the exchange ends.
+		defer s.h.cfg.Panics.Recover("client watch", &err, nil)
+		_, err = s.br.Peek(1)
+	}()
 	if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 		return // a pipelined request, or stop
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
+	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
@@ -122,6 +123,9 @@ type Config struct {
 	// backend, reason) is logged at most; the others go to Debug and are
 	// counted on the next line. 0 means 10 s.
 	FailureLogEvery time.Duration
+	// Panics reports the panics the Handler recovers: in its requests and
+	// in the goroutines they start (a body writer, a relay, a mirror).
+	Panics *contain.Reporter
 }
 
 // Handler forwards requests; one per proxy, safe for concurrent use.
@@ -169,9 +173,25 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Handler, err
 	return h, nil
 }
 
+// contain reports a panic of a request on net/http's server, which would
+// otherwise recover it with no more than a debug line, and ends the request
+// as net/http does (the stream reset, or the connection closed). The
+// handler's own aborts (http.ErrAbortHandler) pass as they are.
+func (h *Handler) contain(r *http.Request) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	if v != http.ErrAbortHandler {
+		h.cfg.Panics.Report(v, "request", "host", r.Host, "path", r.URL.Path)
+	}
+	panic(http.ErrAbortHandler)
+}
+
 // ServeHTTP forwards r to the backend of the connection's Target, or
 // answers it as the frontend's route says.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	defer h.contain(r)
 	t, _ := r.Context().Value(targetKey{}).(*Target)
 	if t == nil {
 		// Only the proxy's own server calls this handler, always with a

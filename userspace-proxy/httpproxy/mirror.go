@@ -64,21 +64,32 @@ func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 		}
 		rt := be.RoundTripper(WireFor(be, r.ProtoMajor, false))
 		go func() {
+			var err error
 			defer func() {
 				cancel()
 				<-h.mirrorSlots
+				result := "sent"
+				if err != nil {
+					result = "failed"
+					h.log.Debug("mirror failed", "backend", be.Spec.Ref.String(), "err", err)
+				}
+				h.m.mirrors.WithLabelValues(result).Inc()
 			}()
-			resp, err := rt.RoundTrip(m)
-			if err != nil {
-				h.m.mirrors.WithLabelValues("failed").Inc()
-				h.log.Debug("mirror failed", "backend", be.Spec.Ref.String(), "err", err)
-				return
-			}
-			io.Copy(io.Discard, io.LimitReader(resp.Body, mirrorReadLimit))
-			resp.Body.Close()
-			h.m.mirrors.WithLabelValues("sent").Inc()
+			defer h.cfg.Panics.Recover("mirror", &err, nil)
+			err = sendMirror(rt, m)
 		}()
 	}
+}
+
+// sendMirror sends m and drops its answer.
+func sendMirror(rt http.RoundTripper, m *http.Request) error {
+	resp, err := rt.RoundTrip(m)
+	if err != nil {
+		return err
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, mirrorReadLimit))
+	resp.Body.Close()
+	return nil
 }
 
 // mirrorReadLimit is how much of a mirror's answer is read (so that its

@@ -215,6 +215,8 @@ type redirected struct {
 type envOptions struct {
 	http1TLS    proxy.HTTP1TLSPath
 	systemRoots bool // the "system" pool trusts the test CA
+	// dialer, when set, wraps the proxy's direct dialer.
+	dialer func(dial.Dialer) dial.Dialer
 }
 
 func newEnv(t testing.TB, o envOptions) *env {
@@ -226,6 +228,9 @@ func newEnv(t testing.TB, o envOptions) *env {
 		// server-first traffic do not exist here, so keep it generous.
 		SniffTimeout: 2 * time.Second,
 		Dial:         dial.Config{Unmarked: os.Geteuid() != 0},
+	}
+	if o.dialer != nil {
+		cfg.Dialer = o.dialer(dial.NewDirect(cfg.Dial))
 	}
 	if o.systemRoots {
 		cfg.Upstream.TLS = upstreamtls.Options{SystemRoots: e.pki.ca.Pool()}

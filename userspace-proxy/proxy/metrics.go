@@ -13,12 +13,10 @@ type metrics struct {
 	// acceptErrors counts accepts that failed for want of descriptors or
 	// memory, which the proxy waits out.
 	acceptErrors prometheus.Counter
-	// panics counts connections whose goroutine panicked (contain).
-	panics    prometheus.Counter
-	failed    *prometheus.CounterVec
-	bytesUp   prometheus.Counter
-	bytesDown prometheus.Counter
-	version   prometheus.Gauge
+	failed       *prometheus.CounterVec
+	bytesUp      prometheus.Counter
+	bytesDown    prometheus.Counter
+	version      prometheus.Gauge
 	// byPath holds each path's connection counter and gauge, looked up
 	// once here rather than per connection.
 	byPath map[Path]pathMetrics
@@ -51,10 +49,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sockmesh_proxy_accept_errors_total",
 			Help: "Accepts that failed for want of file descriptors or memory; the proxy waits (5 ms, doubling to 1 s) and accepts again.",
 		}),
-		panics: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sockmesh_proxy_panics_total",
-			Help: "Connections whose serving goroutine panicked; each was reset, and the proxy went on (a bug: the log has the stack).",
-		}),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_connection_failures_total",
 			Help: "Relayed connections reset because the backend could not be reached or honoured, by path and reason.",
@@ -70,7 +64,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, p := range []Path{PathPassthrough, PathL4, PathL4TLS, PathL7, PathHTTP1} {
 		m.byPath[p] = pathMetrics{conns: m.conns.WithLabelValues(string(p)), active: m.active.WithLabelValues(string(p))}
 	}
-	for _, c := range []prometheus.Collector{m.conns, m.active, m.rejected, m.acceptErrors, m.panics, m.failed, bytes, m.version} {
+	for _, c := range []prometheus.Collector{m.conns, m.active, m.rejected, m.acceptErrors, m.failed, bytes, m.version} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register proxy metrics: %w", err)
 		}

@@ -18,7 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
-	"github.com/sockmesh/sockmesh/internal/logthrottle"
+	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/origdst"
@@ -124,10 +124,9 @@ type Proxy struct {
 	work chan accepted
 	stop chan struct{}
 	// failures sets the level of "connection failed" lines
-	// (connState.fail); panics throttles those of recovered panics
-	// (contain).
+	// (connState.fail); panics reports recovered panics (contain).
 	failures *upstream.FailureLog
-	panics   *logthrottle.Throttle[struct{}]
+	panics   *contain.Reporter
 }
 
 // New returns a Proxy serving the empty snapshot until Update.
@@ -149,16 +148,22 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 	if err != nil {
 		return nil, err
 	}
+	panics, err := contain.New(log, reg, cfg.FailureLogEvery)
+	if err != nil {
+		return nil, err
+	}
 	d := cfg.Dialer
 	if d == nil {
 		d = dial.NewDirect(cfg.Dial)
 	}
+	cfg.Upstream.Panics = panics
 	pools, err := upstream.New(cfg.Upstream, d, log, reg)
 	if err != nil {
 		return nil, err
 	}
 	bufs := relay.NewPool()
-	h, err := httpproxy.New(httpproxy.Config{Buffers: bufs, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout, Routing: cfg.Routing, FailureLogEvery: cfg.FailureLogEvery}, log, reg)
+	h, err := httpproxy.New(httpproxy.Config{Buffers: bufs, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout, Routing: cfg.Routing,
+		FailureLogEvery: cfg.FailureLogEvery, Panics: panics}, log, reg)
 	if err != nil {
 		return nil, err
 	}
@@ -166,7 +171,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 		cfg: cfg, log: log, m: m, pools: pools, bufs: bufs, h: h,
 		l7:        newConnListener(),
 		failures:  upstream.NewFailureLog(cfg.FailureLogEvery),
-		panics:    logthrottle.New[struct{}](cfg.FailureLogEvery),
+		panics:    panics,
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[net.Conn]struct{}),
 		work:      make(chan accepted),

@@ -1147,8 +1147,8 @@ func TestPanicContained(t *testing.T) {
 			t.Errorf("after connection %d: panics = %v, want %d", i, got, i+1)
 		}
 	}
-	if l := logs.String(); !strings.Contains(l, "panic serving a connection") || !strings.Contains(l, "panicDialer") ||
-		strings.Count(l, "panic serving a connection") != 1 {
+	if l := logs.String(); !strings.Contains(l, "panic recovered") || !strings.Contains(l, "panicDialer") ||
+		strings.Count(l, "panic recovered") != 1 {
 		t.Errorf("want one error line with the panic and its stack (the others held back):\n%s", l)
 	}
 }

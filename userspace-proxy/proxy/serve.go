@@ -4,10 +4,8 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"net"
 	"net/netip"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,17 +74,13 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 // server does for its handlers: one connection's bug must not end the
 // node's proxy, and every other pod's connections with it. The connection
 // is reset; what it held (an upstream connection, a pool slot) may stay
-// held. Panics in the goroutines it started are not recovered.
+// held. The goroutines it starts recover their own (package contain).
 func (p *Proxy) contain(c net.Conn, origDst netip.AddrPort) {
 	r := recover()
 	if r == nil {
 		return
 	}
-	p.m.panics.Inc()
-	if ok, held := p.panics.Allow(struct{}{}, time.Now()); ok {
-		p.log.Error("panic serving a connection; connection reset", "orig_dst", origDst.String(), "panic", fmt.Sprint(r),
-			"stack", string(debug.Stack()), "suppressed", held)
-	}
+	p.panics.Report(r, "connection", "orig_dst", origDst.String())
 	sockio.Reset(c)
 }
 
@@ -217,7 +211,7 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 	pm.conns.Inc()
 	p.trackConn(c, true)
 	p.trackConn(up, true)
-	res := relay.Relay(c, up, p.bufs)
+	res := relay.Relay(c, up, p.bufs, p.panics)
 	p.trackConn(c, false)
 	p.trackConn(up, false)
 	p.m.bytesUp.Add(float64(res.AToB))

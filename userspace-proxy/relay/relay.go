@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync"
 
+	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
 
@@ -46,12 +47,15 @@ type Result struct {
 // connections are reset, so that a peer never takes a stream cut short for
 // a complete one. Streams are usually net.Conns; WebSocket bridges pass an
 // upgraded HTTP body or an HTTP/2 stream.
-func Relay(a, b io.ReadWriteCloser, pool *Pool) Result {
+// A panic in the b→a goroutine is recovered and reported to panics, and
+// aborts both streams; its error is Result.Err.
+func Relay(a, b io.ReadWriteCloser, pool *Pool, panics *contain.Reporter) Result {
 	var res Result
 	var bToAErr error
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
+		defer panics.Recover("relay", &bToAErr, func() { abort(a); abort(b) })
 		res.BToA, bToAErr = copyHalf(a, b, pool)
 		if bToAErr != nil {
 			abort(a)

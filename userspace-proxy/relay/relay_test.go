@@ -34,7 +34,7 @@ func TestRelayHalfClose(t *testing.T) {
 	defer app.Close()
 	defer backend.Close()
 	done := make(chan Result)
-	go func() { done <- Relay(proxyIn, proxyOut, NewPool()) }()
+	go func() { done <- Relay(proxyIn, proxyOut, NewPool(), nil) }()
 
 	req := bytes.Repeat([]byte("q"), 3*BufferSize+7)
 	go func() {
@@ -65,7 +65,7 @@ func TestRelayErrorClosesBoth(t *testing.T) {
 	proxyOut, backend := tcpPair(t)
 	defer app.Close()
 	done := make(chan Result)
-	go func() { done <- Relay(proxyIn, proxyOut, NewPool()) }()
+	go func() { done <- Relay(proxyIn, proxyOut, NewPool(), nil) }()
 	backend.(*net.TCPConn).SetLinger(0)
 	backend.Close()
 	if _, err := io.ReadAll(app); err != nil {

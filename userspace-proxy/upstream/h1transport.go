@@ -100,7 +100,10 @@ func (t h1Transport) exchange(ctx context.Context, uc *pool.Conn, req *http.Requ
 		out := *req
 		out.Body = src
 		go func() {
-			err := writeRequest(uc, &out)
+			var err error
+			defer func() { x.wrote <- err }()
+			defer t.b.w.p.cfg.Panics.Recover("request body", &err, func() { abort(uc.Conn) })
+			err = writeRequest(uc, &out)
 			if err != nil && src.err != nil {
 				// The app's body failed: the backend would wait for the
 				// rest forever. A failed write to the backend leaves the
@@ -108,7 +111,6 @@ func (t h1Transport) exchange(ctx context.Context, uc *pool.Conn, req *http.Requ
 				// still be waiting.
 				abort(uc.Conn)
 			}
-			x.wrote <- err
 		}()
 	}
 	if _, err := uc.R.Peek(1); err != nil {

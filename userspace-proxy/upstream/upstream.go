@@ -17,6 +17,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
+	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/retrybudget"
@@ -42,6 +43,10 @@ type Config struct {
 	// (502), where a backend frozen or gone with its node would otherwise
 	// hold them until the app gives up. 0 means 30 s and 15 s.
 	H2PingAfter, H2PingTimeout time.Duration
+	// Panics reports the panics recovered in the goroutines the
+	// transports run: a request body's writer, and the dials net/http's
+	// Transport makes on goroutines of its own (TLS verification is ours).
+	Panics *contain.Reporter
 }
 
 // Wire is the HTTP version toward the backend.
@@ -331,7 +336,8 @@ func (w *wireState) transport(wire Wire) *http.Transport {
 		HTTP2:                  &http.HTTP2Config{SendPingTimeout: cfg.H2PingAfter, PingTimeout: cfg.H2PingTimeout},
 		Protocols:              new(http.Protocols),
 	}
-	dialFn := func(ctx context.Context, _, addr string) (net.Conn, error) {
+	dialFn := func(ctx context.Context, _, addr string) (c net.Conn, err error) {
+		defer cfg.Panics.Recover("dial", &err, nil)
 		ep, err := endpointFor(ctx, addr)
 		if err != nil {
 			return nil, err
