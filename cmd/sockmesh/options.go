@@ -52,6 +52,7 @@ type options struct {
 	gcHeapFloor             string
 	kubeAPIQPS              float32
 	kubeAPIBurst            int
+	maxConnsPerPod          int
 	introspection           httpapi.Config
 }
 
@@ -104,6 +105,10 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	// start them, past the 10 s after which it treats them as missing.
 	fs.Float32Var(&o.kubeAPIQPS, "kube-api-qps", 100, "requests per second to the API server (kubernetes source), sustained")
 	fs.IntVar(&o.kubeAPIBurst, "kube-api-burst", 200, "requests to the API server in a burst (kubernetes source)")
+	// A default a pod hardly reaches (its connections through the proxy
+	// at once), yet low enough that one pod cannot take most of the memory
+	// of an agent limited to 512 MiB (some 10–20 KiB per idle connection).
+	fs.IntVar(&o.maxConnsPerPod, "max-conns-per-pod", 4096, "connections one pod may have open through the proxy at once (in node-ip mode: one source address); past it, its new ones are reset, counted and logged, so that one app opening connections without end cannot take the proxy from every other pod (0: no limit)")
 	fs.StringVar(&o.gcHeapFloor, "gc-heap-floor", resource.NewQuantity(gcfloor.Default, resource.BinarySI).String(), "heap the Go garbage collector lets grow before it collects (bytes or a quantity; 0: GOGC alone): a proxy with a small heap otherwise collects many times a second under load; above the floor GOGC applies, and the soft memory limit always wins")
 	fs.StringVar(&o.memoryLimit, "memory-limit", getenv(envMemoryLimit), "memory the agent's container may use (bytes, or a quantity like 512Mi): the Go runtime's soft memory limit is set to 90% of it, so that the GC works harder before the OOM killer would end the agent; $GOMEMLIMIT, when set, wins (default $"+envMemoryLimit+"; empty or 0: no soft limit)")
 	in := &o.introspection
@@ -224,6 +229,8 @@ type settings struct {
 	// kubeQPS and kubeBurst rate-limit the kubernetes source's clients.
 	kubeQPS   float32
 	kubeBurst int
+	// maxConnsPerPod is the proxy's MaxConnsPerClient.
+	maxConnsPerPod int
 	// introspection is the introspection API server's configuration.
 	introspection httpapi.Config
 }
@@ -247,7 +254,7 @@ func (o *options) settings(getenv func(string) string, hostIP func() (netip.Addr
 		podName: getenv(envPodName), mode: enrol.Mode(o.proxyMode), inPodPort: o.inPodPort,
 		healthListen: o.healthListen, metricsListen: o.metricsListen, bpffs: o.bpffs, accelerate: o.accelerate, cgroup: o.cgroup,
 		leaderElect: o.leaderElect, leaderNS: o.leaderElectionNamespace, drainTimeout: o.drainTimeout,
-		introspection: o.introspection, kubeQPS: o.kubeAPIQPS, kubeBurst: o.kubeAPIBurst,
+		introspection: o.introspection, kubeQPS: o.kubeAPIQPS, kubeBurst: o.kubeAPIBurst, maxConnsPerPod: o.maxConnsPerPod,
 	}
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
@@ -326,6 +333,9 @@ func (o *options) settings(getenv func(string) string, hostIP func() (netip.Addr
 	}
 	if s.kubeQPS <= 0 || s.kubeBurst <= 0 {
 		bad("--kube-api-qps and --kube-api-burst must be positive")
+	}
+	if s.maxConnsPerPod < 0 {
+		bad("--max-conns-per-pod must not be negative (0: no limit)")
 	}
 	if o.memoryLimit != "" {
 		q, err := resource.ParseQuantity(o.memoryLimit)

@@ -55,7 +55,7 @@ func TestDefaults(t *testing.T) {
 		logLevel: slog.LevelInfo, drainTimeout: 20 * time.Second,
 		introspection: httpapi.Config{Socket: httpapi.DefaultSocket},
 		gcHeapFloor:   gcfloor.Default,
-		kubeQPS:       100, kubeBurst: 200,
+		kubeQPS:       100, kubeBurst: 200, maxConnsPerPod: 4096,
 	}
 	if diff := cmp.Diff(want, got, cmp.AllowUnexported(settings{}), cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
 		cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b })); diff != "" {
@@ -111,6 +111,7 @@ log-level: debug
 log-format: json
 drain-timeout: 5s
 health-listen: 127.0.0.1:0
+max-conns-per-pod: 100
 `
 	got, err := parse(t, nil, file, "--proxy-mode=node-ip", "--proxy-listen=10.1.2.3:0", "--log-level=warn")
 	if err != nil {
@@ -135,6 +136,7 @@ health-listen: 127.0.0.1:0
 		{"drain timeout (file)", got.drainTimeout, 5 * time.Second},
 		{"health listen (file)", got.healthListen, "127.0.0.1:0"},
 		{"metrics listen (default)", got.metricsListen, ":15090"},
+		{"connections per pod (file)", got.maxConnsPerPod, 100},
 	} {
 		if diff := cmp.Diff(c.want, c.got, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
 			cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b }),
@@ -192,6 +194,7 @@ func TestSettingsErrors(t *testing.T) {
 		{"bad log level", node, []string{"--log-level=loud"}, "--log-level"},
 		{"bad log format", node, []string{"--log-format=xml"}, "--log-format"},
 		{"negative drain", node, []string{"--drain-timeout=-1s"}, "--drain-timeout"},
+		{"negative connection limit", node, []string{"--max-conns-per-pod=-1"}, "--max-conns-per-pod"},
 		{"no introspection socket", node, []string{"--introspection-socket="}, "--introspection-socket"},
 		{"introspection port without TLS", node, []string{"--introspection-listen=:9443"}, "--introspection-tls-cert"},
 	} {

@@ -217,6 +217,8 @@ type envOptions struct {
 	systemRoots bool // the "system" pool trusts the test CA
 	// dialer, when set, wraps the proxy's direct dialer.
 	dialer func(dial.Dialer) dial.Dialer
+	// maxConnsPerClient is Config.MaxConnsPerClient.
+	maxConnsPerClient int
 }
 
 func newEnv(t testing.TB, o envOptions) *env {
@@ -226,8 +228,9 @@ func newEnv(t testing.TB, o envOptions) *env {
 		HTTP1TLS: o.http1TLS,
 		// A silent client is judged opaque after this; tests with
 		// server-first traffic do not exist here, so keep it generous.
-		SniffTimeout: 2 * time.Second,
-		Dial:         dial.Config{Unmarked: os.Geteuid() != 0},
+		SniffTimeout:      2 * time.Second,
+		Dial:              dial.Config{Unmarked: os.Geteuid() != 0},
+		MaxConnsPerClient: o.maxConnsPerClient,
 	}
 	if o.dialer != nil {
 		cfg.Dialer = o.dialer(dial.NewDirect(cfg.Dial))

@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 )
 
 type metrics struct {
@@ -27,7 +29,7 @@ type pathMetrics struct {
 	active prometheus.Gauge
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, bufs *relay.Pool) (*metrics, error) {
 	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sockmesh_proxy_bytes_total",
 		Help: "Bytes the proxy moved on client connections, by direction (upstream: from clients, downstream: to clients).",
@@ -43,7 +45,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"path"}),
 		rejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_rejected_connections_total",
-			Help: "Connections closed unserved, by reason (not_redirected, not_captured, closed_early, shutting_down).",
+			Help: "Connections closed unserved, by reason (not_redirected, not_captured, closed_early, shutting_down, client_limit).",
 		}, []string{"reason"}),
 		acceptErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_accept_errors_total",
@@ -64,7 +66,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, p := range []Path{PathPassthrough, PathL4, PathL4TLS, PathL7, PathHTTP1} {
 		m.byPath[p] = pathMetrics{conns: m.conns.WithLabelValues(string(p)), active: m.active.WithLabelValues(string(p))}
 	}
-	for _, c := range []prometheus.Collector{m.conns, m.active, m.rejected, m.acceptErrors, m.failed, bytes, m.version} {
+	buffers := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sockmesh_proxy_copy_buffers_in_use",
+		Help: "Copy buffers (64 KiB each) held by relays and streamed answer bodies; an idle relayed connection holds none.",
+	}, func() float64 { return float64(bufs.InUse()) })
+	for _, c := range []prometheus.Collector{m.conns, m.active, m.rejected, m.acceptErrors, m.failed, bytes, m.version, buffers} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register proxy metrics: %w", err)
 		}

@@ -61,6 +61,12 @@ type Config struct {
 	// backend, path or HTTP, reason) is logged at Warn at most; the others
 	// go to Debug and are counted on the next line. 0 means 10 s.
 	FailureLogEvery time.Duration
+	// MaxConnsPerClient bounds the connections one client — a pod on an
+	// in-pod listener, a source address on a node listener — has open
+	// through the proxy; past it, its new connections are reset
+	// (rejected, reason client_limit) while other clients are served. 0
+	// means no limit.
+	MaxConnsPerClient int
 }
 
 // HTTP1TLSPath chooses how HTTP/1.x apps reach a backend that needs TLS
@@ -127,6 +133,7 @@ type Proxy struct {
 	// (connState.fail); panics reports recovered panics (contain).
 	failures *upstream.FailureLog
 	panics   *contain.Reporter
+	clients  *clientConns
 }
 
 // New returns a Proxy serving the empty snapshot until Update.
@@ -144,7 +151,8 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 		cfg.IdleTimeout = 5 * time.Minute
 	}
 	log = log.With("component", "proxy")
-	m, err := newMetrics(reg)
+	bufs := relay.NewPool()
+	m, err := newMetrics(reg, bufs)
 	if err != nil {
 		return nil, err
 	}
@@ -161,7 +169,6 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 	if err != nil {
 		return nil, err
 	}
-	bufs := relay.NewPool()
 	h, err := httpproxy.New(httpproxy.Config{Buffers: bufs, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout, Routing: cfg.Routing,
 		FailureLogEvery: cfg.FailureLogEvery, Panics: panics}, log, reg)
 	if err != nil {
@@ -172,6 +179,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 		l7:        newConnListener(),
 		failures:  upstream.NewFailureLog(cfg.FailureLogEvery),
 		panics:    panics,
+		clients:   newClientConns(cfg.MaxConnsPerClient, cfg.FailureLogEvery),
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[net.Conn]struct{}),
 		work:      make(chan accepted),
@@ -334,7 +342,7 @@ func (p *Proxy) accept(c net.Conn, pod *snapshot.ObjectRef) {
 	if ra, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		client.Addr = ra.AddrPort()
 	}
-	p.ServeConn(sockio.Wrap(tc), dst, client)
+	p.ServeConn(tc, dst, client)
 }
 
 // reject closes c unserved with a reset and counts why.

@@ -567,11 +567,18 @@ func TestGRPCFailures(t *testing.T) {
 }
 
 // TestWebSocket: an HTTP/1.1 Upgrade relayed to ws (cleartext) and wss
-// (TLS, ALPN http/1.1) backends, and an HTTP/2 client's extended CONNECT
-// bridged to an HTTP/1.1 Upgrade.
+// (TLS, ALPN http/1.1) backends, on the fast path and net/http's, and an
+// HTTP/2 client's extended CONNECT bridged to an HTTP/1.1 Upgrade. An idle
+// WebSocket's relay holds no copy buffer.
 func TestWebSocket(t *testing.T) {
 	checkNoLeaks(t)
-	e := newEnv(t, envOptions{})
+	for name, path := range map[string]proxy.HTTP1TLSPath{"fast": proxy.HTTP1TLSAuto, "nethttp": proxy.HTTP1TLSL7} {
+		t.Run(name, func(t *testing.T) { testWebSocket(t, path) })
+	}
+}
+
+func testWebSocket(t *testing.T, path proxy.HTTP1TLSPath) {
+	e := newEnv(t, envOptions{http1TLS: path})
 	tlsBE := startEcho(t, "wss-0", serverTLS(e.pki.server))
 	clearBE := startEcho(t, "ws-0", nil)
 	vWS, vWSS := netip.MustParseAddrPort("10.96.3.1:80"), netip.MustParseAddrPort("10.96.3.2:80")
@@ -601,6 +608,8 @@ func TestWebSocket(t *testing.T) {
 					t.Fatalf("echo %d = %q, %v", i, got, err)
 				}
 			}
+			eventually(t, func() bool { return e.counter("sockmesh_proxy_copy_buffers_in_use", nil) == 0 },
+				"the idle WebSocket's relay to give its copy buffers back")
 			c.Close(websocket.StatusNormalClosure, "")
 		})
 	}
@@ -743,6 +752,108 @@ func TestTCP(t *testing.T) {
 				t.Fatalf("echo: %d bytes, %v; want %d bytes", len(got), err, len(payload))
 			}
 		})
+	}
+}
+
+// TestIdleRelaysHoldNoBuffers: relayed connections that wait — database
+// pools, idle gRPC channels — hold no copy buffer (64 KiB a direction
+// while they lived, before), with TLS origination or without, and relay
+// again when bytes come.
+func TestIdleRelaysHoldNoBuffers(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	vTLS, vClear := netip.MustParseAddrPort("10.96.4.3:5432"), netip.MustParseAddrPort("10.96.4.4:5432")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "db", vip: vTLS, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, TLS: tlsPolicy(e),
+			Endpoints: endpoints(startTCPEcho(t, serverTLS(e.pki.server)))}},
+		service{name: "raw", vip: vClear, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, Endpoints: endpoints(startTCPEcho(t, nil))}},
+	))
+	var conns []net.Conn
+	echo := func(msg string) {
+		t.Helper()
+		for _, c := range conns {
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			io.WriteString(c, msg)
+			got := make([]byte, len(msg))
+			if _, err := io.ReadFull(c, got); err != nil || string(got) != msg {
+				t.Fatalf("echo: %q, %v; want %q", got, err, msg)
+			}
+		}
+	}
+	held := func() float64 { return e.counter("sockmesh_proxy_copy_buffers_in_use", nil) }
+	for i := range 20 {
+		c, err := e.dial([]netip.AddrPort{vTLS, vClear}[i%2])
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		conns = append(conns, c)
+	}
+	for _, msg := range []string{"\x00first", "\x00second"} {
+		echo(msg)
+		eventually(t, func() bool { return held() == 0 }, "idle relays to give their buffers back")
+	}
+	if got := e.counter("sockmesh_proxy_active_connections", map[string]string{"path": "l4_tls"}); got != 10 {
+		t.Errorf("l4_tls connections = %v, want 10", got)
+	}
+}
+
+// TestClientConnectionLimit: a client at MaxConnsPerClient open
+// connections gets its next one reset, counted and logged, while other
+// clients — other source addresses on a node listener, other pods on
+// in-pod listeners — are served; a connection that ends frees its place.
+func TestClientConnectionLimit(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{maxConnsPerClient: 2})
+	vip := netip.MustParseAddrPort("10.96.4.5:5432")
+	e.p.Update(buildSnapshot(t, 1, service{name: "db", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, Endpoints: endpoints(startTCPEcho(t, nil))}}))
+	podA := &snapshot.ObjectRef{Namespace: "a", Name: "a-0"}
+	podB := &snapshot.ObjectRef{Namespace: "a", Name: "b-0"}
+	// open dials from src (and pod, in-pod mode) and reports whether the
+	// connection is served: its bytes come back.
+	open := func(src netip.Addr, pod *snapshot.ObjectRef) (net.Conn, bool) {
+		t.Helper()
+		c, err := e.dialFrom(vip, src, pod)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		io.WriteString(c, "\x00hello")
+		got := make([]byte, 6)
+		_, err = io.ReadFull(c, got)
+		return c, err == nil && string(got) == "\x00hello"
+	}
+	rejected := func() float64 {
+		return e.counter("sockmesh_proxy_rejected_connections_total", map[string]string{"reason": "client_limit"})
+	}
+	first, ok1 := open(producerClient, nil)
+	_, ok2 := open(producerClient, nil)
+	if !ok1 || !ok2 {
+		t.Fatal("connections within the limit not served")
+	}
+	if _, ok := open(producerClient, nil); ok || rejected() != 1 {
+		t.Fatalf("third connection of %s: served %v, rejected %v; want it reset and counted", producerClient, ok, rejected())
+	}
+	if !strings.Contains(e.logs.String(), `"client":"127.0.0.1"`) {
+		t.Errorf("no log line names the client at its limit:\n%s", e.logs.String())
+	}
+	if _, ok := open(consumerClient, nil); !ok {
+		t.Errorf("another client's connection was not served")
+	}
+	first.Close()
+	eventually(t, func() bool {
+		_, ok := open(producerClient, nil)
+		return ok
+	}, "a closed connection to free its place")
+	// In-pod listeners count pods, whatever their addresses.
+	_, okA1 := open(producerClient, podA)
+	_, okA2 := open(consumerClient, podA)
+	if _, ok := open(unknownClient, podA); !okA1 || !okA2 || ok {
+		t.Errorf("pod a's connections served: %v, %v, %v; want the first two", okA1, okA2, ok)
+	}
+	if _, ok := open(producerClient, podB); !ok {
+		t.Errorf("pod b's connection was not served")
 	}
 }
 

@@ -38,14 +38,24 @@ const (
 // of c. The accept loop calls it after resolving origDst; callers that
 // resolve the destination themselves (tests, other listeners) may call it
 // directly. A destination the current snapshot does not capture is closed
-// at once.
+// at once. A *net.TCPConn is read and written with raw system calls
+// (sockio).
 func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		c = sockio.Wrap(tc)
+	}
 	if !p.begin() {
 		p.reject(c, "shutting_down", nil)
 		return
 	}
 	defer p.active.Done()
 	defer p.contain(c, origDst)
+	k := keyOf(client)
+	if !p.clients.enter(k) {
+		p.overLimit(c, k)
+		return
+	}
+	defer p.clients.leave(k)
 	v := p.current.Load()
 	fe, ok := v.Snapshot.Frontend(origDst)
 	if !ok {
@@ -68,6 +78,16 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 	default:
 		cs.serveL4(sc, path, kind)
 	}
+}
+
+// overLimit resets a connection of client k, which has as many open as
+// it may.
+func (p *Proxy) overLimit(c net.Conn, k clientKey) {
+	if ok, held := p.clients.log.Allow(k, time.Now()); ok {
+		p.log.Warn("client at its connection limit; new connection reset", "client", k.String(),
+			"limit", p.cfg.MaxConnsPerClient, "suppressed", held)
+	}
+	p.reject(c, "client_limit", nil)
 }
 
 // contain recovers a panic of the connection's goroutine, as net/http's
@@ -321,6 +341,14 @@ func (c *countedConn) Write(b []byte) (int, error) {
 
 // NetConn exposes the connection underneath (half-close, reset).
 func (c *countedConn) NetConn() net.Conn { return c.Conn }
+
+// ReadPooled is Read for a relay (sockio.Pooled) when the connection
+// underneath is a sockio.PooledReader.
+func (c *countedConn) ReadPooled(bufs sockio.Buffers) (*[]byte, int, error) {
+	bp, n, err := c.Conn.(sockio.PooledReader).ReadPooled(bufs)
+	c.rx.Add(int64(n))
+	return bp, n, err
+}
 
 // l7Conn carries a connection's Target into the HTTP server and tells
 // serveHTTP when the connection is closed.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
@@ -18,7 +19,8 @@ const BufferSize = 64 << 10
 
 // Pool hands out copy buffers; share one per proxy.
 type Pool struct {
-	p sync.Pool
+	p     sync.Pool
+	inUse atomic.Int64
 }
 
 // NewPool returns an empty buffer pool.
@@ -27,10 +29,19 @@ func NewPool() *Pool {
 }
 
 // Get returns a buffer of BufferSize bytes.
-func (p *Pool) Get() *[]byte { return p.p.Get().(*[]byte) }
+func (p *Pool) Get() *[]byte {
+	p.inUse.Add(1)
+	return p.p.Get().(*[]byte)
+}
 
 // Put returns b to the pool.
-func (p *Pool) Put(b *[]byte) { p.p.Put(b) }
+func (p *Pool) Put(b *[]byte) {
+	p.inUse.Add(-1)
+	p.p.Put(b)
+}
+
+// InUse is how many buffers are out of the pool.
+func (p *Pool) InUse() int64 { return p.inUse.Load() }
 
 // Result is what one Relay moved.
 type Result struct {
@@ -77,18 +88,20 @@ func Relay(a, b io.ReadWriteCloser, pool *Pool, panics *contain.Reporter) Result
 
 // copyHalf copies src to dst until src ends, then shuts dst's write half.
 func copyHalf(dst, src io.ReadWriteCloser, pool *Pool) (int64, error) {
-	bp := pool.Get()
-	defer pool.Put(bp)
-	buf := *bp
+	rd := newSource(src)
 	var n int64
 	for {
-		nr, rerr := src.Read(buf)
+		bp, nr, rerr := rd.read(pool)
 		if nr > 0 {
-			nw, werr := dst.Write(buf[:nr])
+			nw, werr := dst.Write((*bp)[:nr])
 			n += int64(nw)
 			if werr != nil {
+				pool.Put(bp)
 				return n, werr
 			}
+		}
+		if bp != nil {
+			pool.Put(bp)
 		}
 		if rerr == io.EOF {
 			closeWrite(dst)
@@ -98,6 +111,82 @@ func copyHalf(dst, src io.ReadWriteCloser, pool *Pool) (int64, error) {
 			return n, rerr
 		}
 	}
+}
+
+// source reads one direction of a relay, and takes a copy buffer only
+// once there are bytes to put in it where it can: idle relayed
+// connections — a database client's pool of them, an idle gRPC channel, a
+// WebSocket — then hold no buffer, where they held one of BufferSize per
+// direction for as long as they lived (for a few thousand connections
+// across a node's pods, the proxy's memory limit). How depends on what is
+// under the stream:
+//
+//   - the proxy's TCP connection under wrappers that pass reads through
+//     (sockio.Pooled: a sniffed connection's replay, an upgraded one's
+//     buffered reader, byte counters): sockio's ReadPooled takes a buffer
+//     only when a read finds bytes, at no extra system call;
+//   - TLS over such a connection: a read of one byte waits for a record
+//     (crypto/tls keeps it in its own buffer), then the rest is read into
+//     a buffer without waiting (sockio's NoWait);
+//   - anything else (an HTTP/2 stream): a buffer is taken for each read,
+//     waits included.
+type source struct {
+	r      io.Reader
+	pooled sockio.PooledReader
+	// under is the connection beneath a TLS layer, for probe reads.
+	under *sockio.Conn
+	probe [1]byte
+}
+
+func newSource(r io.Reader) *source {
+	s := &source{r: r}
+	c, ok := r.(net.Conn)
+	if !ok {
+		return s
+	}
+	if s.pooled = sockio.Pooled(c); s.pooled != nil {
+		return s
+	}
+	// TLS under wrappers that pass reads through. A handshake still to
+	// come would fail on reads that do not wait; the proxy hands relays
+	// finished ones.
+	for {
+		if tc, ok := c.(*tls.Conn); ok {
+			if tc.ConnectionState().HandshakeComplete {
+				s.under = sockio.Of(tc.NetConn())
+			}
+			return s
+		}
+		u, ok := c.(interface{ NetConn() net.Conn })
+		if _, through := c.(sockio.PooledReader); !ok || !through {
+			return s
+		}
+		c = u.NetConn()
+	}
+}
+
+// read returns the stream's next bytes in a buffer from pool (nil when
+// there are none), or an error.
+func (s *source) read(pool *Pool) (*[]byte, int, error) {
+	switch {
+	case s.pooled != nil:
+		return s.pooled.ReadPooled(pool)
+	case s.under != nil:
+		n, err := s.r.Read(s.probe[:])
+		if n == 0 {
+			return nil, 0, err
+		}
+		bp := pool.Get()
+		(*bp)[0] = s.probe[0]
+		s.under.NoWait(true)
+		m, err := s.r.Read((*bp)[1:])
+		s.under.NoWait(false)
+		if errors.Is(err, sockio.ErrWouldBlock) {
+			err = nil
+		}
+		return bp, 1 + m, err
+	}
+	return sockio.ReadInto(s.r, pool)
 }
 
 // abort closes c, with a reset when it is a connection (sockio.Reset): a
@@ -144,3 +233,12 @@ func (c *BufferedConn) Read(p []byte) (int, error) { return c.R.Read(p) }
 
 // NetConn returns the connection underneath.
 func (c *BufferedConn) NetConn() net.Conn { return c.Conn }
+
+// ReadPooled serves what R holds, then reads the connection underneath
+// (which must be a sockio.PooledReader) as R would.
+func (c *BufferedConn) ReadPooled(bufs sockio.Buffers) (*[]byte, int, error) {
+	if c.R.Buffered() > 0 {
+		return sockio.ReadInto(c.R, bufs)
+	}
+	return c.Conn.(sockio.PooledReader).ReadPooled(bufs)
+}

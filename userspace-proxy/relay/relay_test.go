@@ -2,9 +2,14 @@ package relay
 
 import (
 	"bytes"
+	"crypto/tls"
 	"io"
 	"net"
 	"testing"
+	"time"
+
+	"github.com/sockmesh/sockmesh/test/pki"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
 
 func tcpPair(t *testing.T) (client, server net.Conn) {
@@ -25,16 +30,33 @@ func tcpPair(t *testing.T) (client, server net.Conn) {
 	return client, server
 }
 
+// proxySides are the ways the proxy's own ends of a relay come: raw system
+// calls (sockio, the proxy's TCP connections: the copy waits without a
+// buffer) and plain net.Conns (the copy holds its buffer).
+var proxySides = []struct {
+	name string
+	wrap func(net.Conn) net.Conn
+}{
+	{"sockio", func(c net.Conn) net.Conn { return sockio.Wrap(c.(*net.TCPConn)) }},
+	{"net", func(c net.Conn) net.Conn { return c }},
+}
+
 // TestRelayHalfClose: the app half-closes after its request; the relay
 // passes the end on, the backend still answers, and the app reads the whole
 // answer before its end.
 func TestRelayHalfClose(t *testing.T) {
+	for _, side := range proxySides {
+		t.Run(side.name, func(t *testing.T) { testRelayHalfClose(t, side.wrap) })
+	}
+}
+
+func testRelayHalfClose(t *testing.T, wrap func(net.Conn) net.Conn) {
 	app, proxyIn := tcpPair(t)
 	proxyOut, backend := tcpPair(t)
 	defer app.Close()
 	defer backend.Close()
 	done := make(chan Result)
-	go func() { done <- Relay(proxyIn, proxyOut, NewPool(), nil) }()
+	go func() { done <- Relay(wrap(proxyIn), wrap(proxyOut), NewPool(), nil) }()
 
 	req := bytes.Repeat([]byte("q"), 3*BufferSize+7)
 	go func() {
@@ -61,15 +83,95 @@ func TestRelayHalfClose(t *testing.T) {
 // TestRelayErrorClosesBoth: when one side resets, the other is closed too
 // rather than left waiting.
 func TestRelayErrorClosesBoth(t *testing.T) {
+	for _, side := range proxySides {
+		t.Run(side.name, func(t *testing.T) { testRelayErrorClosesBoth(t, side.wrap) })
+	}
+}
+
+func testRelayErrorClosesBoth(t *testing.T, wrap func(net.Conn) net.Conn) {
 	app, proxyIn := tcpPair(t)
 	proxyOut, backend := tcpPair(t)
 	defer app.Close()
 	done := make(chan Result)
-	go func() { done <- Relay(proxyIn, proxyOut, NewPool(), nil) }()
+	go func() { done <- Relay(wrap(proxyIn), wrap(proxyOut), NewPool(), nil) }()
 	backend.(*net.TCPConn).SetLinger(0)
 	backend.Close()
 	if _, err := io.ReadAll(app); err != nil {
 		t.Logf("app read ended with %v", err)
 	}
 	<-done
+}
+
+// TestIdleRelayHoldsNoBuffer: relays between the proxy's TCP connections,
+// cleartext or with TLS toward the backend, give their copy buffers back
+// once the bytes at hand are moved, and still relay what comes after.
+// (They used to hold two of BufferSize each for as long as they lived.)
+func TestIdleRelayHoldsNoBuffer(t *testing.T) {
+	ca, err := pki.NewCA("relay test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.LeafOptions{DNSNames: []string{"backend"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, withTLS := range []bool{false, true} {
+		pool := NewPool()
+		type relayed struct{ app, backend net.Conn }
+		var rs []relayed
+		done := make(chan Result, 8)
+		for range cap(done) {
+			app, proxyIn := tcpPair(t)
+			proxyOut, backend := tcpPair(t)
+			out := sockio.Wrap(proxyOut.(*net.TCPConn))
+			if withTLS {
+				tc := tls.Client(out, &tls.Config{ServerName: "backend", RootCAs: ca.Pool()})
+				ts := tls.Server(backend, &tls.Config{Certificates: []tls.Certificate{leaf.TLS}})
+				go ts.Handshake()
+				if err := tc.Handshake(); err != nil { // as the proxy's dial does
+					t.Fatal(err)
+				}
+				out, backend = tc, ts
+			}
+			go func() { done <- Relay(sockio.Wrap(proxyIn.(*net.TCPConn)), out, pool, nil) }()
+			rs = append(rs, relayed{app, backend})
+		}
+		exchange := func(msg string) {
+			t.Helper()
+			for _, r := range rs {
+				r.app.SetDeadline(time.Now().Add(10 * time.Second))
+				r.backend.SetDeadline(time.Now().Add(10 * time.Second))
+				io.WriteString(r.app, msg)
+				got := make([]byte, len(msg))
+				if _, err := io.ReadFull(r.backend, got); err != nil || string(got) != msg {
+					t.Fatalf("backend read %q, %v", got, err)
+				}
+				io.WriteString(r.backend, msg)
+				if _, err := io.ReadFull(r.app, got); err != nil || string(got) != msg {
+					t.Fatalf("app read %q, %v", got, err)
+				}
+			}
+		}
+		idle := func() {
+			t.Helper()
+			deadline := time.Now().Add(10 * time.Second)
+			for pool.InUse() != 0 {
+				if time.Now().After(deadline) {
+					t.Fatalf("TLS %v: %d idle relays hold %d copy buffers, want none", withTLS, len(rs), pool.InUse())
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		exchange("ping")
+		idle()
+		exchange("pong")
+		idle()
+		for _, r := range rs {
+			r.app.Close()
+			r.backend.Close()
+		}
+		for range rs {
+			<-done
+		}
+	}
 }

@@ -7,6 +7,8 @@ import (
 	"net"
 	"os"
 	"time"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
 
 // Kind is what the first bytes of a connection look like.
@@ -103,6 +105,16 @@ type Conn struct {
 
 // NetConn returns the connection underneath, as crypto/tls's Conn does.
 func (c *Conn) NetConn() net.Conn { return c.Conn }
+
+// ReadPooled is Read for a connection underneath that is a
+// sockio.PooledReader: the replay first, then its ReadPooled.
+func (c *Conn) ReadPooled(bufs sockio.Buffers) (*[]byte, int, error) {
+	if c.r != nil && c.r.Buffered() > 0 {
+		return sockio.ReadInto(c.r, bufs)
+	}
+	c.r = nil
+	return c.Conn.(sockio.PooledReader).ReadPooled(bufs)
+}
 
 // Read reads the peeked bytes first, then from the connection.
 func (c *Conn) Read(p []byte) (int, error) {

@@ -30,6 +30,8 @@ type Conn struct {
 	*net.TCPConn
 	rc   syscall.RawConn
 	r, w call
+	// readPooled is ReadPooled's callback, bound once.
+	readPooled func(fd uintptr) bool
 }
 
 // call is one direction's system call in progress (one at a time), with
@@ -45,6 +47,10 @@ type call struct {
 	p      []byte
 	n      int
 	errno  syscall.Errno
+	// bufs and bp are ReadPooled's: where it takes a buffer, and the one
+	// it filled.
+	bufs Buffers
+	bp   *[]byte
 }
 
 // run makes the call on p and returns what its callback recorded.
@@ -67,6 +73,7 @@ func Wrap(c *net.TCPConn) net.Conn {
 	w := &Conn{TCPConn: c, rc: rc}
 	w.r.wait, w.r.fn = rc.Read, w.readOnce
 	w.w.wait, w.w.fn = rc.Write, w.writeAll
+	w.readPooled = w.readPooledOnce
 	return w
 }
 
@@ -106,6 +113,105 @@ func (c *Conn) Read(p []byte) (int, error) {
 // system call: how a pool finds that a peer spoke on an idle connection.
 // Not while a read is in progress.
 func (c *Conn) NoWait(on bool) { c.r.noWait = on }
+
+// Buffers lends the buffers of ReadPooled (relay.Pool is one).
+type Buffers interface {
+	Get() *[]byte
+	Put(*[]byte)
+}
+
+// ReadPooled reads like Read into a buffer it takes from bufs only when
+// the read finds something: a reader waiting for bytes holds no buffer
+// (an idle relayed connection would otherwise hold one per direction for
+// as long as it lives). The buffer holds n bytes and is the caller's to
+// put back; it is nil when an error comes without bytes.
+func (c *Conn) ReadPooled(bufs Buffers) (*[]byte, int, error) {
+	k := &c.r
+	k.mu.Lock()
+	k.bufs, k.bp, k.n, k.errno = bufs, nil, 0, 0
+	err := k.wait(c.readPooled)
+	bp, n, errno := k.bp, k.n, k.errno
+	k.bufs, k.bp = nil, nil
+	k.mu.Unlock()
+	switch {
+	case err == nil && errno == syscall.EAGAIN:
+		err = ErrWouldBlock
+	case err == nil && errno != 0:
+		err = c.opError("read", errno)
+	case err == nil && n == 0:
+		err = io.EOF
+	}
+	if err != nil {
+		if bp != nil {
+			bufs.Put(bp)
+		}
+		return nil, 0, err
+	}
+	return bp, n, nil
+}
+
+// PooledReader is a connection that reads with ReadPooled: a Conn, or a
+// wrapper over one that serves what it read ahead first and passes the
+// rest of its reads through (counting them, say).
+type PooledReader interface {
+	net.Conn
+	ReadPooled(Buffers) (*[]byte, int, error)
+}
+
+// Pooled returns c as a PooledReader when c and every wrapper under it
+// (NetConn) down to a Conn are PooledReaders, else nil.
+func Pooled(c net.Conn) PooledReader {
+	top, ok := c.(PooledReader)
+	for ok {
+		if _, isConn := c.(*Conn); isConn {
+			return top
+		}
+		var u interface{ NetConn() net.Conn }
+		if u, ok = c.(interface{ NetConn() net.Conn }); ok {
+			c = u.NetConn()
+			_, ok = c.(PooledReader)
+		}
+	}
+	return nil
+}
+
+// ReadInto reads r into a buffer from bufs, taken for the whole read: for
+// a wrapper's read-ahead, which is there without waiting, or a reader
+// with no ReadPooled. The buffer is nil when no byte was read.
+func ReadInto(r io.Reader, bufs Buffers) (*[]byte, int, error) {
+	bp := bufs.Get()
+	n, err := r.Read(*bp)
+	if n == 0 {
+		bufs.Put(bp)
+		return nil, 0, err
+	}
+	return bp, n, err
+}
+
+// readPooledOnce is ReadPooled's callback: it takes a buffer for each
+// read, and gives it back before the caller waits in the poller.
+func (c *Conn) readPooledOnce(fd uintptr) bool {
+	k := &c.r
+	bp := k.bufs.Get()
+	p := *bp
+	if len(p) > maxRW {
+		p = p[:maxRW]
+	}
+	for {
+		n, _, errno := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
+		switch errno {
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			if !k.noWait {
+				k.bufs.Put(bp)
+				return false
+			}
+		}
+		k.bp, k.n, k.errno = bp, int(n), errno
+		return true
+	}
+}
 
 // ErrWouldBlock is the error of a read in NoWait mode that found nothing.
 // It is a temporary net.Error, so crypto/tls does not take it for the

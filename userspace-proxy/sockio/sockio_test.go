@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -300,5 +301,60 @@ func TestNoWait(t *testing.T) {
 	c.NoWait(true)
 	if n, err := c.Read(buf); n != 0 || err != io.EOF {
 		t.Fatalf("read at the end = %d, %v; want EOF", n, err)
+	}
+}
+
+// countingBuffers lends 8-byte buffers and counts those out.
+type countingBuffers struct{ out atomic.Int64 }
+
+func (b *countingBuffers) Get() *[]byte {
+	b.out.Add(1)
+	p := make([]byte, 8)
+	return &p
+}
+
+func (b *countingBuffers) Put(*[]byte) { b.out.Add(-1) }
+
+// TestReadPooled: a read takes its buffer only when there are bytes; while
+// it waits it holds none; at the end, or without waiting, none is left out.
+func TestReadPooled(t *testing.T) {
+	c, peer := pair(t)
+	bufs := &countingBuffers{}
+	type result struct {
+		bp  *[]byte
+		n   int
+		err error
+	}
+	got := make(chan result)
+	go func() {
+		bp, n, err := c.ReadPooled(bufs)
+		got <- result{bp, n, err}
+	}()
+	time.Sleep(20 * time.Millisecond) // let it wait (if it does not, the check below passes anyway)
+	if out := bufs.out.Load(); out != 0 {
+		t.Errorf("a waiting read holds %d buffers, want none", out)
+	}
+	peer.Write([]byte("0123456789"))
+	r := <-got
+	if r.err != nil || r.bp == nil || string((*r.bp)[:r.n]) != "01234567" || bufs.out.Load() != 1 {
+		t.Fatalf("ReadPooled = %q, %v with %d buffers out; want 8 bytes in the one buffer", (*r.bp)[:r.n], r.err, bufs.out.Load())
+	}
+	bufs.Put(r.bp)
+	if bp, n, err := c.ReadPooled(bufs); err != nil || string((*bp)[:n]) != "89" {
+		t.Fatalf("second ReadPooled = %d, %v; want the rest", n, err)
+	} else {
+		bufs.Put(bp)
+	}
+	c.NoWait(true)
+	if bp, n, err := c.ReadPooled(bufs); bp != nil || n != 0 || err != ErrWouldBlock {
+		t.Fatalf("ReadPooled of nothing without waiting = %v, %d, %v; want ErrWouldBlock and no buffer", bp, n, err)
+	}
+	c.NoWait(false)
+	peer.Close()
+	if bp, n, err := c.ReadPooled(bufs); bp != nil || n != 0 || err != io.EOF {
+		t.Fatalf("ReadPooled at the end = %v, %d, %v; want io.EOF and no buffer", bp, n, err)
+	}
+	if out := bufs.out.Load(); out != 0 {
+		t.Errorf("%d buffers left out", out)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/retrybudget"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
 )
 
@@ -442,6 +443,12 @@ func (c *trackedConn) Close() error {
 
 // NetConn returns the TCP connection underneath (for half-close).
 func (c *trackedConn) NetConn() net.Conn { return c.Conn }
+
+// ReadPooled passes the read to the connection underneath, which must be a
+// sockio.PooledReader (a relay's, see sockio.Pooled).
+func (c *trackedConn) ReadPooled(bufs sockio.Buffers) (*[]byte, int, error) {
+	return c.Conn.(sockio.PooledReader).ReadPooled(bufs)
+}
 
 // CloseWrite shuts the write half: net/http's body of a 101 answer
 // half-closes the connection it was dialed on only through this method.
