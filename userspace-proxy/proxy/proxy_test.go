@@ -635,6 +635,8 @@ func testWebSocket(t *testing.T, path proxy.HTTP1TLSPath) {
 				t.Fatalf("echo %d = %q, %v", i, got, err)
 			}
 		}
+		eventually(t, func() bool { return e.counter("sockmesh_proxy_copy_buffers_in_use", nil) == 0 },
+			"the idle WebSocket's relay to give its copy buffers back")
 	})
 }
 

@@ -125,15 +125,17 @@ func copyHalf(dst, src io.ReadWriteCloser, pool *Pool) (int64, error) {
 //     (sockio.Pooled: a sniffed connection's replay, an upgraded one's
 //     buffered reader, byte counters): sockio's ReadPooled takes a buffer
 //     only when a read finds bytes, at no extra system call;
-//   - TLS over such a connection: a read of one byte waits for a record
-//     (crypto/tls keeps it in its own buffer), then the rest is read into
-//     a buffer without waiting (sockio's NoWait);
-//   - anything else (an HTTP/2 stream): a buffer is taken for each read,
-//     waits included.
+//   - anything else — TLS over such a connection, an HTTP/2 stream — waits
+//     in a read of one byte (crypto/tls holds the record that byte came
+//     in, HTTP/2 the DATA frame), and then what came with it is read into
+//     a buffer: beneath TLS without waiting (sockio's
+//     NoWait), on an HTTP/2 stream usually so (a DATA frame arrives whole;
+//     after a frame of one byte the read waits for the next, buffer held).
 type source struct {
 	r      io.Reader
 	pooled sockio.PooledReader
-	// under is the connection beneath a TLS layer, for probe reads.
+	// under is the connection beneath a TLS layer, read without waiting
+	// after a probe.
 	under *sockio.Conn
 	probe [1]byte
 }
@@ -168,25 +170,27 @@ func newSource(r io.Reader) *source {
 // read returns the stream's next bytes in a buffer from pool (nil when
 // there are none), or an error.
 func (s *source) read(pool *Pool) (*[]byte, int, error) {
-	switch {
-	case s.pooled != nil:
+	if s.pooled != nil {
 		return s.pooled.ReadPooled(pool)
-	case s.under != nil:
-		n, err := s.r.Read(s.probe[:])
-		if n == 0 {
-			return nil, 0, err
-		}
-		bp := pool.Get()
-		(*bp)[0] = s.probe[0]
-		s.under.NoWait(true)
-		m, err := s.r.Read((*bp)[1:])
-		s.under.NoWait(false)
-		if errors.Is(err, sockio.ErrWouldBlock) {
-			err = nil
-		}
-		return bp, 1 + m, err
 	}
-	return sockio.ReadInto(s.r, pool)
+	n, err := s.r.Read(s.probe[:])
+	if n == 0 {
+		return nil, 0, err
+	}
+	bp := pool.Get()
+	(*bp)[0] = s.probe[0]
+	if err != nil {
+		return bp, 1, err
+	}
+	if s.under != nil {
+		s.under.NoWait(true)
+		defer s.under.NoWait(false)
+	}
+	m, err := s.r.Read((*bp)[1:])
+	if errors.Is(err, sockio.ErrWouldBlock) {
+		err = nil
+	}
+	return bp, 1 + m, err
 }
 
 // abort closes c, with a reset when it is a connection (sockio.Reset): a
