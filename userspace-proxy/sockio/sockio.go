@@ -89,9 +89,6 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if len(p) == 0 {
 		return 0, nil
 	}
-	if len(p) > maxRW {
-		p = p[:maxRW]
-	}
 	n, errno, err := c.r.run(p)
 	switch {
 	case err != nil:
@@ -193,24 +190,13 @@ func ReadInto(r io.Reader, bufs Buffers) (*[]byte, int, error) {
 func (c *Conn) readPooledOnce(fd uintptr) bool {
 	k := &c.r
 	bp := k.bufs.Get()
-	p := *bp
-	if len(p) > maxRW {
-		p = p[:maxRW]
+	n, errno := sysRead(fd, *bp)
+	if errno == syscall.EAGAIN && !k.noWait {
+		k.bufs.Put(bp)
+		return false
 	}
-	for {
-		n, _, errno := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-		switch errno {
-		case syscall.EINTR:
-			continue
-		case syscall.EAGAIN:
-			if !k.noWait {
-				k.bufs.Put(bp)
-				return false
-			}
-		}
-		k.bp, k.n, k.errno = bp, int(n), errno
-		return true
-	}
+	k.bp, k.n, k.errno = bp, n, errno
+	return true
 }
 
 // ErrWouldBlock is the error of a read in NoWait mode that found nothing.
@@ -227,19 +213,25 @@ func (wouldBlock) Temporary() bool { return true }
 // readOnce is Read's callback: false sends the caller to wait in the
 // poller.
 func (c *Conn) readOnce(fd uintptr) bool {
-	p := c.r.p
+	n, errno := sysRead(fd, c.r.p)
+	if errno == syscall.EAGAIN && !c.r.noWait {
+		return false
+	}
+	c.r.n, c.r.errno = n, errno
+	return true
+}
+
+// sysRead is one read(2) of fd into p (at most maxRW bytes), made again
+// when interrupted.
+func sysRead(fd uintptr, p []byte) (int, syscall.Errno) {
+	if len(p) > maxRW {
+		p = p[:maxRW]
+	}
 	for {
 		n, _, errno := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&p[0])), uintptr(len(p)))
-		switch errno {
-		case syscall.EINTR:
-			continue
-		case syscall.EAGAIN:
-			if !c.r.noWait {
-				return false
-			}
+		if errno != syscall.EINTR {
+			return int(n), errno
 		}
-		c.r.n, c.r.errno = int(n), errno
-		return true
 	}
 }
 
