@@ -137,20 +137,25 @@ var errBackendBody = errors.New("read response body")
 
 // copyBody streams the response body. Responses of unknown length (SSE, MCP,
 // gRPC streams, chunked) are flushed after every read so nothing waits in a
-// buffer; sized ones go through net/http's buffered writer.
+// buffer; sized ones go through net/http's buffered writer. A stream that
+// probably waits for its next event (its last read was small:
+// streamWaitBelow) waits in a read of one byte, without a copy buffer; the
+// rest of what arrives waits in the transport's own buffers.
 func (h *Handler) copyBody(w http.ResponseWriter, resp *http.Response, be *upstream.Backend) error {
 	flush := resp.ContentLength < 0 || strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	var flusher http.Flusher
 	if flush {
 		flusher, _ = w.(http.Flusher)
 	}
-	bp := h.bufs.Get()
-	defer h.bufs.Put(bp)
-	buf := *bp
+	var probe [1]byte
+	last := 0
 	for {
-		n, rerr := resp.Body.Read(buf)
+		bp, n, rerr := h.readBody(resp.Body, flusher != nil && last < streamWaitBelow, &probe)
+		last = n
 		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
+			_, werr := w.Write((*bp)[:n])
+			h.bufs.Put(bp)
+			if werr != nil {
 				return fmt.Errorf("write response body: %w", werr)
 			}
 			if flusher != nil {
@@ -164,6 +169,30 @@ func (h *Handler) copyBody(w http.ResponseWriter, resp *http.Response, be *upstr
 			return fmt.Errorf("%w from %s: %w", errBackendBody, be.Spec.Ref, rerr)
 		}
 	}
+}
+
+// readBody reads body's next bytes into a copy buffer (nil when there are
+// none); wait says they may be long to come: the wait is then a read of
+// one byte into probe, and the buffer is taken once it returns.
+func (h *Handler) readBody(body io.Reader, wait bool, probe *[1]byte) (*[]byte, int, error) {
+	pre := 0
+	var err error
+	if wait {
+		if pre, err = body.Read(probe[:]); pre == 0 {
+			return nil, 0, err
+		}
+	}
+	bp := h.bufs.Get()
+	(*bp)[0] = probe[0] // the probe's byte, when there is one
+	n := 0
+	if err == nil {
+		n, err = body.Read((*bp)[pre:])
+	}
+	if pre+n == 0 {
+		h.bufs.Put(bp)
+		return nil, 0, err
+	}
+	return bp, pre + n, err
 }
 
 // switchProtocols completes an HTTP/1.1 Upgrade the backend accepted: the

@@ -9,9 +9,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -675,4 +677,67 @@ func TestTimeouts(t *testing.T) {
 			app.Close()
 		}
 	})
+}
+
+// TestWaitingStreamHoldsNoBuffers: event streams (server-sent events, MCP)
+// that wait for their next event hold neither an answer writer nor a copy
+// buffer — streams opened one after another reuse the one writer instead
+// of each keeping its own — and their next events arrive whole, the byte
+// they waited in included; HTTP/1.0 clients (the close ends the body) too.
+func TestWaitingStreamHoldsNoBuffers(t *testing.T) {
+	debug.SetGCPercent(-1) // the writers' pool keeps what it is given
+	defer debug.SetGCPercent(100)
+	release := make(chan struct{})
+	var once sync.Once
+	send := func() { once.Do(func() { close(release) }) }
+	defer send() // the backend's handlers end, even when the test fails
+	ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		<-release
+		io.WriteString(w, "data: second\n\n")
+	}))
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	var created atomic.Int32
+	newWriter := f.h.h1.writers.New
+	f.h.h1.writers.New = func() any { created.Add(1); return newWriter() }
+	type stream struct {
+		c    *client
+		body io.Reader
+	}
+	var streams []stream
+	for i := range 8 {
+		c := f.dial()
+		c.c.SetDeadline(time.Now().Add(10 * time.Second))
+		proto := "HTTP/1.1"
+		if i%2 == 1 {
+			proto = "HTTP/1.0"
+		}
+		c.send("GET /events " + proto + "\r\nHost: echo\r\n\r\n")
+		resp, err := http.ReadResponse(c.r, &http.Request{Method: http.MethodGet})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, len("data: first\n\n"))
+		if _, err := io.ReadFull(resp.Body, got); err != nil || string(got) != "data: first\n\n" {
+			t.Fatalf("stream %d (%s): first event %q, %v", i, proto, got, err)
+		}
+		streams = append(streams, stream{c, resp.Body})
+		for deadline := time.Now().Add(10 * time.Second); f.h.bufs.InUse() != 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d waiting streams hold %d copy buffers, want none", i+1, f.h.bufs.InUse())
+			}
+		}
+	}
+	if n := created.Load(); n > 3 {
+		t.Errorf("%d waiting streams made %d answer writers; want them to hold none, and share", len(streams), n)
+	}
+	send()
+	for i, s := range streams {
+		rest, err := io.ReadAll(s.body)
+		if err != nil || string(rest) != "data: second\n\n" {
+			t.Errorf("stream %d: rest %q, %v; want the second event whole", i, rest, err)
+		}
+	}
 }

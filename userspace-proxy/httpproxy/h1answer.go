@@ -67,7 +67,7 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 	// may send its next request on a connection about to close.
 	closeAfter = s.closeAfter || f == framingClose || s.h.h1.draining.Load() || s.sent.unread()
 	bw := s.startAnswer()
-	defer s.putWriter(bw)
+	defer func() { s.putWriter(bw) }() // copyBody may have swapped it
 	writeStatusLine(bw, resp)
 	if f == framingNone {
 		// HEAD and 304 keep the Content-Length the backend gave.
@@ -104,7 +104,7 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 	s.count(x, resp.StatusCode)
 	ended = true
 	if f != framingNone {
-		ended, err = s.copyBody(bw, resp, f, src)
+		ended, err = s.copyBody(&bw, resp, f, src)
 	}
 	if err == nil {
 		if s.up.uc != nil {
@@ -168,39 +168,32 @@ func writeStatusLine(bw *bufio.Writer, resp *http.Response) {
 // read to its end. A sized body is read straight into bw's buffer and goes
 // out in full buffers; a body of unknown length (chunked, server-sent
 // events, MCP, streamed gRPC-Web) is flushed whenever the backend has
-// nothing more buffered, so nothing waits in the proxy.
-func (s *h1Conn) copyBody(bw *bufio.Writer, resp *http.Response, f framing, src *bufio.Reader) (bool, error) {
+// nothing more buffered, so nothing waits in the proxy. *bwp is the
+// answer's writer, which a stream that waits gives back (see waitBody).
+func (s *h1Conn) copyBody(bwp **bufio.Writer, resp *http.Response, f framing, src *bufio.Reader) (bool, error) {
+	b := bodyCopy{s: s, bwp: bwp, chunked: f == framingChunked}
+	b.take()
+	defer b.drop()
 	stream := f != framingLength
-	var cw io.WriteCloser
-	var buf []byte
-	if f == framingChunked {
-		cw = httputil.NewChunkedWriter(bw)
-		bp := s.h.bufs.Get()
-		defer s.h.bufs.Put(bp)
-		buf = *bp
-	}
+	last := 0
 	for {
+		var p []byte
 		var n int
 		var rerr error
-		if cw != nil {
-			n, rerr = resp.Body.Read(buf)
-			if n > 0 {
-				if _, err := cw.Write(buf[:n]); err != nil {
-					return false, fmt.Errorf("write answer: %w", err)
-				}
-			}
+		if stream && last < streamWaitBelow && (src == nil || src.Buffered() == 0) {
+			p, n, rerr = b.waitBody(resp.Body)
 		} else {
-			if bw.Available() < 2<<10 {
-				if err := bw.Flush(); err != nil {
-					return false, fmt.Errorf("write answer: %w", err)
-				}
+			p = b.target()
+			n, rerr = resp.Body.Read(p)
+		}
+		last = n
+		if n > 0 {
+			if err := b.commit(p[:n]); err != nil {
+				return false, fmt.Errorf("write answer: %w", err)
 			}
-			b := bw.AvailableBuffer()
-			n, rerr = resp.Body.Read(b[:cap(b)])
-			bw.Write(b[:n])
 		}
 		if stream && n > 0 && (src == nil || src.Buffered() == 0) {
-			if err := bw.Flush(); err != nil {
+			if err := (*bwp).Flush(); err != nil {
 				return false, fmt.Errorf("write answer: %w", err)
 			}
 		}
@@ -211,14 +204,98 @@ func (s *h1Conn) copyBody(bw *bufio.Writer, resp *http.Response, f framing, src 
 			return false, fmt.Errorf("read answer body: %w", rerr)
 		}
 	}
-	if cw != nil {
-		cw.Close() // the last chunk; its trailer section follows
+	if b.cw != nil {
+		bw := *bwp
+		b.cw.Close() // the last chunk; its trailer section follows
 		if err := resp.Trailer.Write(bw); err != nil {
 			return true, fmt.Errorf("write answer: %w", err)
 		}
 		bw.WriteString("\r\n")
 	}
 	return true, nil
+}
+
+// streamWaitBelow: a streamed answer whose last read brought less than
+// this, with nothing more from the backend buffered, probably waits for
+// its next event — server-sent events and MCP streams may idle for
+// minutes — and waits without buffers (waitBody). Bulk bodies read in
+// larger pieces and go on without the detour.
+const streamWaitBelow = 4 << 10
+
+// bodyCopy is copyBody's buffers: the answer's writer (*bwp) and, for a
+// chunked answer, a copy buffer and the chunked writer over *bwp.
+type bodyCopy struct {
+	s       *h1Conn
+	bwp     **bufio.Writer
+	chunked bool
+	bp      *[]byte
+	cw      io.WriteCloser
+}
+
+// take gets the copy buffer and chunked writer a chunked answer needs.
+func (b *bodyCopy) take() {
+	if b.chunked {
+		b.bp = b.s.h.bufs.Get()
+		b.cw = httputil.NewChunkedWriter(*b.bwp)
+	}
+}
+
+func (b *bodyCopy) drop() {
+	if b.bp != nil {
+		b.s.h.bufs.Put(b.bp)
+		b.bp = nil
+	}
+}
+
+// target is where the next read of the body goes: the copy buffer, or
+// the writer's own free space (flushed first when little is left).
+func (b *bodyCopy) target() []byte {
+	if b.chunked {
+		return *b.bp
+	}
+	bw := *b.bwp
+	if bw.Available() < 2<<10 {
+		bw.Flush() // an error stays in bw for the next write to report
+	}
+	p := bw.AvailableBuffer()
+	return p[:cap(p)]
+}
+
+// commit writes p, read into target, to the client.
+func (b *bodyCopy) commit(p []byte) error {
+	if b.chunked {
+		_, err := b.cw.Write(p)
+		return err
+	}
+	_, err := (*b.bwp).Write(p)
+	return err
+}
+
+// waitBody waits for the body's next bytes holding neither the answer's
+// writer nor a copy buffer (32 and 64 KiB, for as long as an event stream
+// idles): it flushes and gives them back, reads one byte (the rest of
+// what arrives waits in the upstream connection's own buffer), takes
+// them again and reads what came with that byte after it.
+func (b *bodyCopy) waitBody(body io.Reader) ([]byte, int, error) {
+	bw := *b.bwp
+	if err := bw.Flush(); err != nil {
+		return nil, 0, err
+	}
+	b.drop()
+	b.s.putWriter(bw)
+	n, err := body.Read(b.s.probe[:])
+	*b.bwp = b.s.writer()
+	b.take()
+	if n == 0 {
+		return nil, 0, err
+	}
+	p := b.target()
+	p[0] = b.s.probe[0]
+	if err != nil {
+		return p, 1, err
+	}
+	m, err := body.Read(p[1:])
+	return p, 1 + m, err
 }
 
 // upgrade completes a WebSocket upgrade the backend accepted: the 101 goes

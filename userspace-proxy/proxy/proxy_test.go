@@ -688,7 +688,10 @@ func TestSSEStreams(t *testing.T) {
 				for _, h2c := range []bool{false, true} {
 					for _, method := range []string{http.MethodGet, http.MethodPost} {
 						t.Run(fmt.Sprintf("%s/h2c-client=%v/%s", name, h2c, method), func(t *testing.T) {
-							firstEvent(t, e.client(dst, h2c), method, "http://"+name+".b.svc/sse?n=2&interval=1h")
+							firstEvent(t, e.client(dst, h2c), method, "http://"+name+".b.svc/sse?n=2&interval=1h", func() {
+								eventually(t, func() bool { return e.counter("sockmesh_proxy_copy_buffers_in_use", nil) == 0 },
+									"the waiting stream to hold no copy buffer")
+							})
 						})
 					}
 				}
@@ -699,7 +702,7 @@ func TestSSEStreams(t *testing.T) {
 
 // firstEvent asks url for an event stream as an MCP client does and checks
 // that its first event arrives.
-func firstEvent(t *testing.T, c *http.Client, method, url string) {
+func firstEvent(t *testing.T, c *http.Client, method, url string, whileOpen func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -723,6 +726,9 @@ func firstEvent(t *testing.T, c *http.Client, method, url string) {
 	line, err := bufio.NewReader(resp.Body).ReadString('\n')
 	if err != nil || line != "id: 0\n" {
 		t.Fatalf("first event line = %q, %v", line, err)
+	}
+	if whileOpen != nil {
+		whileOpen()
 	}
 }
 
