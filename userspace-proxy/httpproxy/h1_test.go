@@ -681,9 +681,10 @@ func TestTimeouts(t *testing.T) {
 
 // TestWaitingStreamHoldsNoBuffers: event streams (server-sent events, MCP)
 // that wait for their next event hold neither an answer writer nor a copy
-// buffer — streams opened one after another reuse the one writer instead
-// of each keeping its own — and their next events arrive whole, the byte
-// they waited in included; HTTP/1.0 clients (the close ends the body) too.
+// buffer — streams opened one after another reuse writers instead of each
+// keeping its own (sync.Pool keeps one per P where others cannot take it,
+// hence a few) — and their next events arrive whole, the byte they waited
+// in included; HTTP/1.0 clients (the close ends the body) too.
 func TestWaitingStreamHoldsNoBuffers(t *testing.T) {
 	debug.SetGCPercent(-1) // the writers' pool keeps what it is given
 	defer debug.SetGCPercent(100)
@@ -707,7 +708,7 @@ func TestWaitingStreamHoldsNoBuffers(t *testing.T) {
 		body io.Reader
 	}
 	var streams []stream
-	for i := range 8 {
+	for i := range 16 {
 		c := f.dial()
 		c.c.SetDeadline(time.Now().Add(10 * time.Second))
 		proto := "HTTP/1.1"
@@ -730,7 +731,9 @@ func TestWaitingStreamHoldsNoBuffers(t *testing.T) {
 			}
 		}
 	}
-	if n := created.Load(); n > 3 {
+	n := created.Load()
+	t.Logf("%d waiting streams made %d answer writers", len(streams), n)
+	if !raceEnabled && int(n) > len(streams)/2 {
 		t.Errorf("%d waiting streams made %d answer writers; want them to hold none, and share", len(streams), n)
 	}
 	send()

@@ -1,0 +1,5 @@
+//go:build !race
+
+package httpproxy
+
+const raceEnabled = false
