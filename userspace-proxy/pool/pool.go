@@ -60,7 +60,9 @@ const (
 // Discard or Detach it belongs to the caller alone.
 type Conn struct {
 	net.Conn
-	// R and W buffer Conn; they travel with it through the pool.
+	// R and W buffer Conn. They travel with it through the pool, except
+	// that a connection idle for trimAfter gives them back until Get hands
+	// it out again.
 	R *bufio.Reader
 	W *bufio.Writer
 
@@ -139,10 +141,13 @@ type Pool struct {
 	cfg Config
 	mu  sync.Mutex
 	eps map[netip.AddrPort]*endpoint
-	// sweep closes connections idle for IdleTimeout. One timer for the
-	// pool, armed while any connection is idle, rather than one per
-	// connection: a per-connection timer is stopped and reset on every
-	// request, two timer-heap updates per request on the hot path.
+	// readers and writers hold the buffers of connections long idle.
+	readers, writers sync.Pool
+	// sweep closes connections idle for IdleTimeout and trims those idle
+	// for trimAfter. One timer for the pool, armed while any connection is
+	// idle, rather than one per connection: a per-connection timer is
+	// stopped and reset on every request, two timer-heap updates per
+	// request on the hot path.
 	sweep    *time.Timer
 	sweeping bool // sweep is armed
 }
@@ -172,6 +177,8 @@ func New(cfg Config) *Pool {
 		cfg.MaxHeadBytes = http.DefaultMaxHeaderBytes
 	}
 	p := &Pool{cfg: cfg, eps: make(map[netip.AddrPort]*endpoint)}
+	p.readers.New = func() any { return bufio.NewReaderSize(nil, cfg.BufferSize) }
+	p.writers.New = func() any { return bufio.NewWriterSize(nil, cfg.BufferSize) }
 	p.sweep = time.AfterFunc(time.Hour, p.expire)
 	p.sweep.Stop()
 	return p
@@ -194,6 +201,9 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.C
 			ep.idle[n-1] = nil
 			ep.idle = ep.idle[:n-1]
 			p.mu.Unlock()
+			if c.R == nil {
+				p.untrim(c)
+			}
 			if ok, why := c.silent(); !ok {
 				p.drop(c, why)
 				continue
@@ -243,9 +253,33 @@ func (p *Pool) dial(ctx context.Context, ep *endpoint, dial func(context.Context
 		p.release(ep)
 		return nil, err
 	}
-	c := &Conn{Conn: nc, W: bufio.NewWriterSize(nc, p.cfg.BufferSize), ep: ep, lim: LimitReader{R: nc, Err: ErrHeadTooLarge}}
-	c.R = bufio.NewReaderSize(&c.lim, p.cfg.BufferSize)
+	c := &Conn{Conn: nc, ep: ep, lim: LimitReader{R: nc, Err: ErrHeadTooLarge}}
+	p.untrim(c)
 	return p.handOut(c), nil
+}
+
+// trimAfter is how long a connection stays idle before it gives its
+// buffers back: a pool keeps up to MaxIdle connections per endpoint, each
+// with 2×BufferSize (32 KiB) it needs only while in use, and connections
+// reused within seconds should not pay to take them again.
+const trimAfter = 10 * time.Second
+
+// trim gives back the buffers of c, idle and empty (Put checked R; W was
+// flushed by the last request).
+func (p *Pool) trim(c *Conn) {
+	c.R.Reset(nil)
+	c.W.Reset(nil)
+	p.readers.Put(c.R)
+	p.writers.Put(c.W)
+	c.R, c.W = nil, nil
+}
+
+// untrim gives c buffers again.
+func (p *Pool) untrim(c *Conn) {
+	c.R = p.readers.Get().(*bufio.Reader)
+	c.R.Reset(&c.lim)
+	c.W = p.writers.Get().(*bufio.Writer)
+	c.W.Reset(c.Conn)
 }
 
 // handOut bounds the heads of c's next answer: MaxHeadBytes, plus what R
@@ -293,7 +327,7 @@ func (p *Pool) Put(c *Conn) {
 	ep.idle = append(ep.idle, c)
 	if !p.sweeping {
 		p.sweeping = true
-		p.sweep.Reset(p.cfg.IdleTimeout)
+		p.sweep.Reset(min(trimAfter, p.cfg.IdleTimeout))
 	}
 	p.mu.Unlock()
 }
@@ -325,14 +359,20 @@ func (p *Pool) release(ep *endpoint) {
 	}
 }
 
-// expire closes the connections idle for IdleTimeout or longer, and arms
-// the sweep again for the next one to reach it. Idle lists are oldest
-// first, so the expired ones are a prefix of each.
+// expire closes the connections idle for IdleTimeout or longer, trims
+// those idle for trimAfter, and arms the sweep again for the next one to
+// reach either. Idle lists are oldest first, so the expired ones are a
+// prefix of each, and the trimmed ones the prefix after.
 func (p *Pool) expire() {
 	now := time.Now()
 	var expired []*Conn
 	p.mu.Lock()
 	var next time.Duration
+	at := func(d time.Duration) {
+		if next == 0 || d < next {
+			next = d
+		}
+	}
 	for _, ep := range p.eps {
 		n := 0
 		for n < len(ep.idle) && now.Sub(ep.idle[n].idleSince) >= p.cfg.IdleTimeout {
@@ -340,10 +380,17 @@ func (p *Pool) expire() {
 		}
 		expired = append(expired, ep.idle[:n]...)
 		ep.idle = slices.Delete(ep.idle, 0, n)
-		if len(ep.idle) > 0 {
-			if d := p.cfg.IdleTimeout - now.Sub(ep.idle[0].idleSince); next == 0 || d < next {
-				next = d
+		for _, c := range ep.idle {
+			if idle := now.Sub(c.idleSince); idle < trimAfter {
+				at(trimAfter - idle)
+				break
 			}
+			if c.R != nil {
+				p.trim(c)
+			}
+		}
+		if len(ep.idle) > 0 {
+			at(p.cfg.IdleTimeout - now.Sub(ep.idle[0].idleSince))
 		}
 	}
 	p.sweeping = next > 0

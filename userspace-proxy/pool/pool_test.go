@@ -170,6 +170,60 @@ func TestIdleTimeout(t *testing.T) {
 	})
 }
 
+// TestIdleTrim: a connection idle for trimAfter gives its buffers back,
+// the one put back later keeps them until its own turn, and a trimmed
+// connection handed out again reads and writes as before; expiry is
+// unchanged.
+func TestIdleTrim(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := New(Config{IdleTimeout: time.Minute})
+		d := newPipeDialer()
+		c1, _ := p.Get(context.Background(), ep, d.dial)
+		c2, _ := p.Get(context.Background(), ep, d.dial)
+		peer1, peer2 := <-d.peers, <-d.peers
+		// The sweep trims under the pool's lock.
+		buffered := func(c *Conn) bool {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return c.R != nil && c.W != nil
+		}
+		p.Put(c1)
+		time.Sleep(trimAfter / 2)
+		p.Put(c2)
+		time.Sleep(trimAfter/2 + time.Second)
+		synctest.Wait()
+		if buffered(c1) || !buffered(c2) {
+			t.Fatalf("after %v: first connection buffered %v (want its buffers given back), second %v (want kept)",
+				trimAfter+time.Second, buffered(c1), buffered(c2))
+		}
+		time.Sleep(trimAfter / 2)
+		synctest.Wait()
+		if buffered(c2) {
+			t.Fatal("second connection kept its buffers past trimAfter")
+		}
+		c, _ := p.Get(context.Background(), ep, d.dial)
+		if c != c2 || c.R == nil || c.W == nil {
+			t.Fatalf("Get = %p with buffers %v %v; want the second connection, buffered again", c, c.R != nil, c.W != nil)
+		}
+		go func() {
+			buf := make([]byte, 4)
+			io.ReadFull(peer2, buf)
+			peer2.Write(append(buf, "pong"...))
+		}()
+		c.W.WriteString("ping")
+		c.W.Flush()
+		got := make([]byte, 8)
+		if _, err := io.ReadFull(c.R, got); err != nil || string(got) != "pingpong" {
+			t.Errorf("through the new buffers: %q, %v", got, err)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if _, err := peer1.Read(make([]byte, 1)); err != io.EOF {
+			t.Errorf("trimmed connection's peer read %v after the idle timeout, want EOF", err)
+		}
+	})
+}
+
 // TestIdleMustBeSilent: a connection on which anything arrived after its
 // last answer — the peer's end of stream, or bytes nobody asked for, with
 // the answer or however soon after — is not handed out again (real TCP:
