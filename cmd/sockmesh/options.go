@@ -108,7 +108,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	// A default a pod hardly reaches (its connections through the proxy
 	// at once), yet low enough that one pod cannot take most of the memory
 	// of an agent limited to 512 MiB (some 10–20 KiB per idle connection).
-	fs.IntVar(&o.maxConnsPerPod, "max-conns-per-pod", 4096, "connections one pod may have open through the proxy at once (in node-ip mode: one source address); past it, its new ones are reset, counted and logged, so that one app opening connections without end cannot take the proxy from every other pod (0: no limit)")
+	fs.IntVar(&o.maxConnsPerPod, "max-conns-per-pod", 4096, "connections one pod may have open through the proxy at once (in node-ip mode: one source address, so enrolled hostNetwork pods share one count); past it, its new ones are reset, counted and logged, so that one app opening connections without end cannot take the proxy from every other pod (0: no limit)")
 	fs.StringVar(&o.gcHeapFloor, "gc-heap-floor", resource.NewQuantity(gcfloor.Default, resource.BinarySI).String(), "heap the Go garbage collector lets grow before it collects (bytes or a quantity; 0: GOGC alone): a proxy with a small heap otherwise collects many times a second under load; above the floor GOGC applies, and the soft memory limit always wins")
 	fs.StringVar(&o.memoryLimit, "memory-limit", getenv(envMemoryLimit), "memory the agent's container may use (bytes, or a quantity like 512Mi): the Go runtime's soft memory limit is set to 90% of it, so that the GC works harder before the OOM killer would end the agent; $GOMEMLIMIT, when set, wins (default $"+envMemoryLimit+"; empty or 0: no soft limit)")
 	in := &o.introspection
