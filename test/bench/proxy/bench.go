@@ -44,6 +44,9 @@ type benchConfig struct {
 	// backendPID is the backend's process, whose CPU each run reports.
 	backendPID int
 	capture    *capture
+	// idle, when positive, measures memory per idle connection with that
+	// many connections instead of the load scenarios (idle.go).
+	idle int
 }
 
 // result is one load run.
@@ -215,6 +218,9 @@ func runBench(c benchConfig) error {
 	}
 	targets = append(targets, versus)
 	time.Sleep(time.Second) // let the servers bind
+	if c.idle > 0 {
+		return idleMemory(c, targets)
+	}
 	scenarios := []scenario{
 		{name: "keep-alive 100 B", path: "/bytes/100"},
 		{name: "keep-alive 64 KiB", path: "/bytes/65536"},
@@ -289,19 +295,8 @@ func writePKI(dir string) error {
 // cpuSeconds is the user+system CPU time of pid and its direct children
 // (nginx workers), from /proc/PID/stat fields 14 and 15.
 func cpuSeconds(pid int) float64 {
-	if pid == 0 {
-		return 0
-	}
-	pids := []int{pid}
-	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid)); err == nil {
-		for _, f := range strings.Fields(string(b)) {
-			if n, err := strconv.Atoi(f); err == nil {
-				pids = append(pids, n)
-			}
-		}
-	}
 	var ticks float64
-	for _, p := range pids {
+	for _, p := range withChildren(pid) {
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
 		if err != nil {
 			continue
@@ -313,6 +308,22 @@ func cpuSeconds(pid int) float64 {
 		ticks += u + st
 	}
 	return ticks / 100 // USER_HZ
+}
+
+// withChildren is pid and its direct children (nginx workers); none for 0.
+func withChildren(pid int) []int {
+	if pid == 0 {
+		return nil
+	}
+	pids := []int{pid}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", pid, pid)); err == nil {
+		for _, f := range strings.Fields(string(b)) {
+			if n, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, n)
+			}
+		}
+	}
+	return pids
 }
 
 var (

@@ -29,6 +29,7 @@
 // Run as root:
 //
 //	go run ./test/bench/proxy [-rounds 5] [-duration 5s] [-paths pooled,l4,l7] [-only keep-alive] [-streams 10] [-gogc 100] [-accelerate] [-versus nginx|haproxy] [-backend go|nginx] [-cpuprofile DIR]
+//	go run ./test/bench/proxy -idle 1000 -only "h2c client 64" -paths pooled   # memory per idle connection
 //
 // HTTP/2 clients run twice: with one stream per connection (h2load -m 1,
 // HTTP/2 used as HTTP/1.1 is, one request at a time) and with -streams
@@ -137,6 +138,23 @@
 // request pays for), and the fifth session's, -only "h2c client"
 // -accelerate: 100 B req/s 1.02 (0.89–1.11), p99 1.05, proxy CPU/req 0.71;
 // 64 KiB 0.94 (0.80–1.12), 0.95, 0.81. Runs vary by about ±0.1.
+//
+// Memory per idle connection (-idle 1000 -paths pooled, 2026-11-26;
+// resident memory of the proxy process, sockmesh's after a GC that returns
+// free memory, each process fresh, one scenario a run):
+//
+//	connections, after one request each          sockmesh    nginx
+//	keep-alive HTTP/1.1, 100 B answer             19.1 KiB    11.0 KiB
+//	keep-alive HTTP/1.1, 64 KiB answer            21.6 KiB    15.6 KiB
+//	h2c (relayed, TLS to the backend), 100 B      35.7 KiB    16.0 KiB
+//	h2c (relayed, TLS to the backend), 64 KiB     54.5 KiB    20.1 KiB
+//
+// Before relays gave their copy buffers back while waiting, the h2c rows
+// were 37.1 and 82.3 KiB (buffers that carried a 64 KiB answer are
+// resident; fresh ones are not, though the Go heap, and so the soft
+// memory limit, counts them either way). nginx ends h2 and reuses its
+// pooled upstream connections; a relay keeps an upstream TLS connection
+// per app connection, whose crypto/tls buffers are most of the rest.
 //
 // Relays that hold no copy buffer while they wait (relay's source,
 // 2026-11-26: 146.6 to 18.7 KiB per idle relayed connection) cost nothing
@@ -252,7 +270,7 @@ import (
 )
 
 func main() {
-	role := flag.String("role", "", "internal: backend | proxy")
+	role := flag.String("role", "", "internal: backend | proxy | idle")
 	rounds := flag.Int("rounds", 5, "interleaved rounds")
 	duration := flag.Duration("duration", 0, "duration of one load run (default 5s)")
 	conns := flag.Int("conns", 50, "client connections")
@@ -270,6 +288,10 @@ func main() {
 	versus := flag.String("versus", "nginx", "the proxy sockmesh is compared with (target c): nginx | haproxy (keeps h2 to the backend for h2c clients)")
 	backend := flag.String("backend", "go", "the backend behind every target: go (net/http, whose HTTP/2 costs it 1.5–1.75× its HTTP/1.1) | nginx")
 	profile := flag.String("cpuprofile", "", "write each proxy's CPU profile over the whole run to this directory (<n>-<speed>.pprof)")
+	idle := flag.Int("idle", 0, "instead of load, the memory each proxy keeps per idle connection, with this many connections (one scenario a run: -only keep-alive or -only h2c)")
+	url := flag.String("url", "", "internal: the idle client's URL")
+	n := flag.Int("n", 0, "internal: the idle client's connections")
+	h2c := flag.Bool("h2c", false, "internal: the idle client speaks h2c")
 	flag.Parse()
 	var err error
 	switch *role {
@@ -277,6 +299,8 @@ func main() {
 		err = runBackend(*dir)
 	case "proxy":
 		err = runProxy(*dir, *mode, *listen, *vip, *curves, *profile)
+	case "idle":
+		err = runIdleClient(*url, *n, *h2c)
 	case "":
 		if *streams < 1 {
 			err = fmt.Errorf("-streams %d: want at least 1", *streams)
@@ -287,7 +311,8 @@ func main() {
 			break
 		}
 		err = runBench(benchConfig{rounds: *rounds, duration: *duration, conns: *conns, streams: *streams, only: *only,
-			paths: strings.Split(*paths, ","), gogc: *gogc, gomaxprocs: *procs, curves: *curves, profile: *profile, accelerate: *accelerate, versus: *versus, backend: *backend, command: commandLine()})
+			paths: strings.Split(*paths, ","), gogc: *gogc, gomaxprocs: *procs, curves: *curves, profile: *profile, accelerate: *accelerate, versus: *versus, backend: *backend, command: commandLine(),
+			idle: *idle})
 	default:
 		err = fmt.Errorf("unknown role %q", *role)
 	}

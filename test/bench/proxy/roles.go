@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"syscall"
@@ -127,6 +128,15 @@ func runProxy(dir, mode, listen, vip, curves, profile string) error {
 		floor = n
 	}
 	defer gcfloor.Start(floor)()
+	// -idle reads resident memory: SIGUSR1 collects, and returns what is
+	// free to the system, as the GC and its scavenger would in minutes.
+	usr1 := make(chan os.Signal, 1)
+	signal.Notify(usr1, syscall.SIGUSR1)
+	go func() {
+		for range usr1 {
+			debug.FreeOSMemory() // collects first
+		}
+	}()
 	ca, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
 	if err != nil {
 		return err
