@@ -142,19 +142,28 @@ func TestDialErrorFreesSlot(t *testing.T) {
 	}
 }
 
+// twoConns returns a pool whose connections idle a minute at most, two
+// connections from it, and their peers.
+func twoConns() (p *Pool, c1, c2 *Conn, peer1, peer2 net.Conn) {
+	p = New(Config{IdleTimeout: time.Minute})
+	d := newPipeDialer()
+	c1, _ = p.Get(context.Background(), ep, d.dial)
+	c2, _ = p.Get(context.Background(), ep, d.dial)
+	return p, c1, c2, <-d.peers, <-d.peers
+}
+
+// noDial is the dialer of a Get that must find an idle connection.
+func noDial(context.Context) (net.Conn, error) { return nil, errors.New("dialed: no idle connection") }
+
 // TestIdleTimeout: an idle connection is closed when IdleTimeout passes;
 // one taken before is not.
 func TestIdleTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := New(Config{IdleTimeout: time.Minute})
-		d := newPipeDialer()
-		c1, _ := p.Get(context.Background(), ep, d.dial)
-		c2, _ := p.Get(context.Background(), ep, d.dial)
-		peer1, peer2 := <-d.peers, <-d.peers
+		p, c1, c2, peer1, peer2 := twoConns()
 		p.Put(c1)
 		p.Put(c2)
 		time.Sleep(30 * time.Second)
-		taken, _ := p.Get(context.Background(), ep, d.dial) // c2, before its timer
+		taken, _ := p.Get(context.Background(), ep, noDial) // c2, before its timer
 		time.Sleep(31 * time.Second)
 		synctest.Wait()
 		if _, err := peer1.Read(make([]byte, 1)); err != io.EOF {
@@ -176,11 +185,7 @@ func TestIdleTimeout(t *testing.T) {
 // unchanged.
 func TestIdleTrim(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := New(Config{IdleTimeout: time.Minute})
-		d := newPipeDialer()
-		c1, _ := p.Get(context.Background(), ep, d.dial)
-		c2, _ := p.Get(context.Background(), ep, d.dial)
-		peer1, peer2 := <-d.peers, <-d.peers
+		p, c1, c2, peer1, peer2 := twoConns()
 		// The sweep trims under the pool's lock.
 		buffered := func(c *Conn) bool {
 			p.mu.Lock()
@@ -201,7 +206,7 @@ func TestIdleTrim(t *testing.T) {
 		if buffered(c2) {
 			t.Fatal("second connection kept its buffers past trimAfter")
 		}
-		c, _ := p.Get(context.Background(), ep, d.dial)
+		c, _ := p.Get(context.Background(), ep, noDial)
 		if c != c2 || c.R == nil || c.W == nil {
 			t.Fatalf("Get = %p with buffers %v %v; want the second connection, buffered again", c, c.R != nil, c.W != nil)
 		}
