@@ -744,3 +744,54 @@ func TestWaitingStreamHoldsNoBuffers(t *testing.T) {
 		}
 	}
 }
+
+// TestClientGoneMidAnswer: an app that leaves in the middle of a large
+// sized answer ends the exchange: the fast path returns and gives the
+// backend's connection up. (A version of the body copy kept going on a
+// writer whose flush had failed, reading nothing into no room, forever —
+// each app that left mid-answer cost a spinning goroutine and an upstream
+// connection, until the endpoint had none left.)
+func TestClientGoneMidAnswer(t *testing.T) {
+	const size = 64 << 20
+	ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		chunk := make([]byte, 64<<10)
+		for sent := 0; sent < size; sent += len(chunk) {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	}))
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	app, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { // not the fixture's: a copy that never ends must not hang its cleanup
+		defer close(done)
+		f.h.ServeHTTP1(c, &Target{OrigDst: vip, Start: f.cur.Load(), Current: &f.cur, ClientAddr: c.RemoteAddr().(*net.TCPAddr).AddrPort()})
+	}()
+	io.WriteString(app, "GET /big HTTP/1.1\r\nHost: echo\r\n\r\n")
+	if _, err := io.ReadFull(app, make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	app.Close()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the fast path went on with an answer whose app left")
+	}
+	if got := f.counter("sockmesh_proxy_upstream_connections", nil); got != 0 {
+		t.Errorf("upstream connections open = %v, want 0: the one the answer came on is given up", got)
+	}
+}

@@ -183,7 +183,10 @@ func (s *h1Conn) copyBody(bwp **bufio.Writer, resp *http.Response, f framing, sr
 		if stream && last < streamWaitBelow && (src == nil || src.Buffered() == 0) {
 			p, n, rerr = b.waitBody(resp.Body)
 		} else {
-			p = b.target()
+			var err error
+			if p, err = b.target(); err != nil {
+				return false, fmt.Errorf("write answer: %w", err)
+			}
 			n, rerr = resp.Body.Read(p)
 		}
 		last = n
@@ -248,17 +251,20 @@ func (b *bodyCopy) drop() {
 }
 
 // target is where the next read of the body goes: the copy buffer, or
-// the writer's own free space (flushed first when little is left).
-func (b *bodyCopy) target() []byte {
+// the writer's own free space (flushed first when little is left; an
+// error there, the client gone, ends the copy).
+func (b *bodyCopy) target() ([]byte, error) {
 	if b.chunked {
-		return *b.bp
+		return *b.bp, nil
 	}
 	bw := *b.bwp
 	if bw.Available() < 2<<10 {
-		bw.Flush() // an error stays in bw for the next write to report
+		if err := bw.Flush(); err != nil {
+			return nil, err
+		}
 	}
 	p := bw.AvailableBuffer()
-	return p[:cap(p)]
+	return p[:cap(p)], nil
 }
 
 // commit writes p, read into target, to the client.
@@ -289,7 +295,10 @@ func (b *bodyCopy) waitBody(body io.Reader) ([]byte, int, error) {
 	if n == 0 {
 		return nil, 0, err
 	}
-	p := b.target()
+	p, terr := b.target()
+	if terr != nil {
+		return nil, 0, terr
+	}
 	p[0] = b.s.probe[0]
 	if err != nil {
 		return p, 1, err
