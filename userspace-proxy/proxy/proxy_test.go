@@ -843,8 +843,8 @@ func TestClientConnectionLimit(t *testing.T) {
 	if _, ok := open(producerClient, nil); ok || rejected() != 1 {
 		t.Fatalf("third connection of %s: served %v, rejected %v; want it reset and counted", producerClient, ok, rejected())
 	}
-	if !strings.Contains(e.logs.String(), `"client":"127.0.0.1"`) {
-		t.Errorf("no log line names the client at its limit:\n%s", e.logs.String())
+	if !strings.Contains(e.logs.String(), `"client":"a/client","addr":"127.0.0.1"`) {
+		t.Errorf("no log line names the pod at its limit:\n%s", e.logs.String())
 	}
 	if _, ok := open(consumerClient, nil); !ok {
 		t.Errorf("another client's connection was not served")
@@ -862,6 +862,9 @@ func TestClientConnectionLimit(t *testing.T) {
 	}
 	if _, ok := open(producerClient, podB); !ok {
 		t.Errorf("pod b's connection was not served")
+	}
+	if !strings.Contains(e.logs.String(), `"client":"a/a-0","limit":2`) {
+		t.Errorf("no log line names the in-pod listener's pod at its limit:\n%s", e.logs.String())
 	}
 }
 

@@ -81,11 +81,17 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 }
 
 // overLimit resets a connection of client k, which has as many open as
-// it may.
+// it may. The log names the pod, found by address on node listeners.
 func (p *Proxy) overLimit(c net.Conn, k clientKey) {
 	if ok, held := p.clients.log.Allow(k, time.Now()); ok {
-		p.log.Warn("client at its connection limit; new connection reset", "client", k.String(),
-			"limit", p.cfg.MaxConnsPerClient, "suppressed", held)
+		attrs := []any{"client", k.String()}
+		if k.addr.IsValid() {
+			if w, found := p.current.Load().Snapshot.Workload(k.addr); found {
+				attrs[1] = w.Pod.String()
+			}
+			attrs = append(attrs, "addr", k.addr.String())
+		}
+		p.log.Warn("client at its connection limit; new connection reset", append(attrs, "limit", p.cfg.MaxConnsPerClient, "suppressed", held)...)
 	}
 	p.reject(c, "client_limit", nil)
 }
