@@ -144,13 +144,14 @@ var errBackendBody = errors.New("read response body")
 func (h *Handler) copyBody(w http.ResponseWriter, resp *http.Response, be *upstream.Backend) error {
 	flush := resp.ContentLength < 0 || strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	var flusher http.Flusher
+	var probe *[1]byte // streams only: it escapes, an allocation
 	if flush {
 		flusher, _ = w.(http.Flusher)
+		probe = new([1]byte)
 	}
-	var probe [1]byte
 	last := 0
 	for {
-		bp, n, rerr := h.readBody(resp.Body, flusher != nil && last < streamWaitBelow, &probe)
+		bp, n, rerr := h.readBody(resp.Body, flusher != nil && last < streamWaitBelow, probe)
 		last = n
 		if n > 0 {
 			_, werr := w.Write((*bp)[:n])
@@ -183,7 +184,9 @@ func (h *Handler) readBody(body io.Reader, wait bool, probe *[1]byte) (*[]byte, 
 		}
 	}
 	bp := h.bufs.Get()
-	(*bp)[0] = probe[0] // the probe's byte, when there is one
+	if pre > 0 {
+		(*bp)[0] = probe[0]
+	}
 	n := 0
 	if err == nil {
 		n, err = body.Read((*bp)[pre:])

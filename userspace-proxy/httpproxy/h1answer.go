@@ -104,7 +104,7 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 	s.count(x, resp.StatusCode)
 	ended = true
 	if f != framingNone {
-		ended, err = s.copyBody(&bw, resp, f, src)
+		ended, bw, err = s.copyBody(bw, resp, f, src)
 	}
 	if err == nil {
 		if s.up.uc != nil {
@@ -168,10 +168,11 @@ func writeStatusLine(bw *bufio.Writer, resp *http.Response) {
 // read to its end. A sized body is read straight into bw's buffer and goes
 // out in full buffers; a body of unknown length (chunked, server-sent
 // events, MCP, streamed gRPC-Web) is flushed whenever the backend has
-// nothing more buffered, so nothing waits in the proxy. *bwp is the
-// answer's writer, which a stream that waits gives back (see waitBody).
-func (s *h1Conn) copyBody(bwp **bufio.Writer, resp *http.Response, f framing, src *bufio.Reader) (bool, error) {
-	b := bodyCopy{s: s, bwp: bwp, chunked: f == framingChunked}
+// nothing more buffered, so nothing waits in the proxy. It returns the
+// answer's writer, bw or, when a stream that waited gave bw back (see
+// waitBody), the one it took again.
+func (s *h1Conn) copyBody(bw *bufio.Writer, resp *http.Response, f framing, src *bufio.Reader) (bool, *bufio.Writer, error) {
+	b := bodyCopy{s: s, bw: bw, chunked: f == framingChunked}
 	b.take()
 	defer b.drop()
 	stream := f != framingLength
@@ -185,37 +186,36 @@ func (s *h1Conn) copyBody(bwp **bufio.Writer, resp *http.Response, f framing, sr
 		} else {
 			var err error
 			if p, err = b.target(); err != nil {
-				return false, fmt.Errorf("write answer: %w", err)
+				return false, b.bw, fmt.Errorf("write answer: %w", err)
 			}
 			n, rerr = resp.Body.Read(p)
 		}
 		last = n
 		if n > 0 {
 			if err := b.commit(p[:n]); err != nil {
-				return false, fmt.Errorf("write answer: %w", err)
+				return false, b.bw, fmt.Errorf("write answer: %w", err)
 			}
 		}
 		if stream && n > 0 && (src == nil || src.Buffered() == 0) {
-			if err := (*bwp).Flush(); err != nil {
-				return false, fmt.Errorf("write answer: %w", err)
+			if err := b.bw.Flush(); err != nil {
+				return false, b.bw, fmt.Errorf("write answer: %w", err)
 			}
 		}
 		if rerr == io.EOF {
 			break
 		}
 		if rerr != nil {
-			return false, fmt.Errorf("read answer body: %w", rerr)
+			return false, b.bw, fmt.Errorf("read answer body: %w", rerr)
 		}
 	}
 	if b.cw != nil {
-		bw := *bwp
 		b.cw.Close() // the last chunk; its trailer section follows
-		if err := resp.Trailer.Write(bw); err != nil {
-			return true, fmt.Errorf("write answer: %w", err)
+		if err := resp.Trailer.Write(b.bw); err != nil {
+			return true, b.bw, fmt.Errorf("write answer: %w", err)
 		}
-		bw.WriteString("\r\n")
+		b.bw.WriteString("\r\n")
 	}
-	return true, nil
+	return true, b.bw, nil
 }
 
 // streamWaitBelow: a streamed answer whose last read brought less than
@@ -225,11 +225,11 @@ func (s *h1Conn) copyBody(bwp **bufio.Writer, resp *http.Response, f framing, sr
 // larger pieces and go on without the detour.
 const streamWaitBelow = 4 << 10
 
-// bodyCopy is copyBody's buffers: the answer's writer (*bwp) and, for a
-// chunked answer, a copy buffer and the chunked writer over *bwp.
+// bodyCopy is copyBody's buffers: the answer's writer and, for a chunked
+// answer, a copy buffer and the chunked writer over bw.
 type bodyCopy struct {
 	s       *h1Conn
-	bwp     **bufio.Writer
+	bw      *bufio.Writer
 	chunked bool
 	bp      *[]byte
 	cw      io.WriteCloser
@@ -239,7 +239,7 @@ type bodyCopy struct {
 func (b *bodyCopy) take() {
 	if b.chunked {
 		b.bp = b.s.h.bufs.Get()
-		b.cw = httputil.NewChunkedWriter(*b.bwp)
+		b.cw = httputil.NewChunkedWriter(b.bw)
 	}
 }
 
@@ -257,13 +257,12 @@ func (b *bodyCopy) target() ([]byte, error) {
 	if b.chunked {
 		return *b.bp, nil
 	}
-	bw := *b.bwp
-	if bw.Available() < 2<<10 {
-		if err := bw.Flush(); err != nil {
+	if b.bw.Available() < 2<<10 {
+		if err := b.bw.Flush(); err != nil {
 			return nil, err
 		}
 	}
-	p := bw.AvailableBuffer()
+	p := b.bw.AvailableBuffer()
 	return p[:cap(p)], nil
 }
 
@@ -273,7 +272,7 @@ func (b *bodyCopy) commit(p []byte) error {
 		_, err := b.cw.Write(p)
 		return err
 	}
-	_, err := (*b.bwp).Write(p)
+	_, err := b.bw.Write(p)
 	return err
 }
 
@@ -283,14 +282,13 @@ func (b *bodyCopy) commit(p []byte) error {
 // what arrives waits in the upstream connection's own buffer), takes
 // them again and reads what came with that byte after it.
 func (b *bodyCopy) waitBody(body io.Reader) ([]byte, int, error) {
-	bw := *b.bwp
-	if err := bw.Flush(); err != nil {
+	if err := b.bw.Flush(); err != nil {
 		return nil, 0, err
 	}
 	b.drop()
-	b.s.putWriter(bw)
+	b.s.putWriter(b.bw)
 	n, err := body.Read(b.s.probe[:])
-	*b.bwp = b.s.writer()
+	b.bw = b.s.writer()
 	b.take()
 	if n == 0 {
 		return nil, 0, err

@@ -91,17 +91,14 @@ func copyHalf(dst, src io.ReadWriteCloser, pool *Pool) (int64, error) {
 	rd := newSource(src)
 	var n int64
 	for {
-		bp, nr, rerr := rd.read(pool)
+		bp, nr, rerr := rd.read(pool) // a buffer exactly when nr > 0
 		if nr > 0 {
 			nw, werr := dst.Write((*bp)[:nr])
+			pool.Put(bp)
 			n += int64(nw)
 			if werr != nil {
-				pool.Put(bp)
 				return n, werr
 			}
-		}
-		if bp != nil {
-			pool.Put(bp)
 		}
 		if rerr == io.EOF {
 			closeWrite(dst)
@@ -128,9 +125,9 @@ func copyHalf(dst, src io.ReadWriteCloser, pool *Pool) (int64, error) {
 //   - anything else — TLS over such a connection, an HTTP/2 stream — waits
 //     in a read of one byte (crypto/tls holds the record that byte came
 //     in, HTTP/2 the DATA frame), and then what came with it is read into
-//     a buffer: beneath TLS without waiting (sockio's
-//     NoWait), on an HTTP/2 stream usually so (a DATA frame arrives whole;
-//     after a frame of one byte the read waits for the next, buffer held).
+//     a buffer: beneath TLS without waiting (sockio's NoWait), on an
+//     HTTP/2 stream usually so (a DATA frame arrives whole; after a frame
+//     of one byte the read waits for the next, buffer held).
 type source struct {
 	r      io.Reader
 	pooled sockio.PooledReader
