@@ -125,8 +125,9 @@ func copyHalf(dst, src io.ReadWriteCloser, pool *Pool) (int64, error) {
 //   - anything else — TLS over such a connection, an HTTP/2 stream — waits
 //     in a read of one byte (crypto/tls holds the record that byte came
 //     in, HTTP/2 the DATA frame), and then what came with it is read into
-//     a buffer: beneath TLS without waiting (sockio's NoWait), on an
-//     HTTP/2 stream usually so (a DATA frame arrives whole; after a frame
+//     a buffer: beneath TLS every record at hand, without waiting
+//     (sockio's NoWait), on an HTTP/2 stream the rest of the frame,
+//     usually without waiting (a DATA frame arrives whole; after a frame
 //     of one byte the read waits for the next, buffer held).
 type source struct {
 	r      io.Reader
@@ -179,15 +180,26 @@ func (s *source) read(pool *Pool) (*[]byte, int, error) {
 	if err != nil {
 		return bp, 1, err
 	}
-	if s.under != nil {
-		s.under.NoWait(true)
-		defer s.under.NoWait(false)
+	if s.under == nil {
+		var m int
+		m, err = s.r.Read((*bp)[1:])
+		return bp, 1 + m, err
 	}
-	m, err := s.r.Read((*bp)[1:])
+	// Beneath TLS a read returns one record's bytes at most (16 KiB): read
+	// on while more are at hand, so that a bulk transfer goes out in few
+	// large writes rather than one per record.
+	s.under.NoWait(true)
+	defer s.under.NoWait(false)
+	n = 1
+	for err == nil && n < len(*bp) {
+		var m int
+		m, err = s.r.Read((*bp)[n:])
+		n += m
+	}
 	if errors.Is(err, sockio.ErrWouldBlock) {
 		err = nil
 	}
-	return bp, 1 + m, err
+	return bp, n, err
 }
 
 // abort closes c, with a reset when it is a connection (sockio.Reset): a

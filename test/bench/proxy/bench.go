@@ -188,6 +188,11 @@ func runBench(c benchConfig) error {
 	if c.gomaxprocs != "" {
 		env = append(env, "GOMAXPROCS="+c.gomaxprocs)
 	}
+	if c.profile != "" {
+		if err := os.MkdirAll(c.profile, 0o755); err != nil {
+			return fmt.Errorf("profile directory: %w", err)
+		}
+	}
 	for i, spec := range c.paths {
 		// A speed may carry its own environment, to compare settings in
 		// one run: "pooled@GOGC=400@GOMAXPROCS=1".
