@@ -3,12 +3,14 @@ package contain
 import (
 	"fmt"
 	"log/slog"
+	"net"
 	"runtime/debug"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/internal/logthrottle"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
 
 // Panic is a recovered panic as an error, with the stack of the goroutine
@@ -80,4 +82,39 @@ func (r *Reporter) Recover(what string, err *error, cleanup func()) {
 	if cleanup != nil {
 		cleanup()
 	}
+}
+
+// Conn is a connection read and written on goroutines the proxy does not
+// start — net/http's server and HTTP/2 Transport run their own for each
+// connection — whose Read and Write recover a panic in the code beneath (the proxy's
+// socket layer and its wrappers): it is reported as in, the connection is
+// closed, so that the other goroutines on it end too, and the call
+// returns it as an error. What is above — crypto/tls, net/http — is not
+// the proxy's code.
+type Conn struct {
+	net.Conn
+	r  *Reporter
+	in string
+}
+
+// Conn wraps c; in names the connection in reports.
+func (r *Reporter) Conn(c net.Conn, in string) *Conn { return &Conn{Conn: c, r: r, in: in} }
+
+func (c *Conn) Read(p []byte) (n int, err error) {
+	defer c.r.Recover(c.in, &err, func() { c.Conn.Close() })
+	return c.Conn.Read(p)
+}
+
+func (c *Conn) Write(p []byte) (n int, err error) {
+	defer c.r.Recover(c.in, &err, func() { c.Conn.Close() })
+	return c.Conn.Write(p)
+}
+
+// NetConn returns the connection underneath, as crypto/tls's does.
+func (c *Conn) NetConn() net.Conn { return c.Conn }
+
+// ReadPooled passes a relay's read (sockio.Pooled) through: relays recover
+// their own goroutines' panics.
+func (c *Conn) ReadPooled(bufs sockio.Buffers) (*[]byte, int, error) {
+	return c.Conn.(sockio.PooledReader).ReadPooled(bufs)
 }

@@ -3,6 +3,7 @@ package contain
 import (
 	"errors"
 	"log/slog"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -63,5 +64,39 @@ func TestNilReporterRecovers(t *testing.T) {
 	var r *Reporter
 	if err, cleaned := run(r, "relay", func() { panic("a bug") }); err == nil || !cleaned {
 		t.Errorf("err %v, cleanup ran %v; want the panic as an error, and cleanup", err, cleaned)
+	}
+}
+
+// panicConn panics on Read and Write, and remembers being closed.
+type panicConn struct {
+	net.Conn
+	closed bool
+}
+
+func (c *panicConn) Read([]byte) (int, error)  { panic("a bug reading") }
+func (c *panicConn) Write([]byte) (int, error) { panic("a bug writing") }
+func (c *panicConn) Close() error              { c.closed = true; return nil }
+
+// TestConn: a panic beneath a Conn's Read or Write comes back as the
+// call's error, counted, with the connection closed for the goroutines
+// that wait on it.
+func TestConn(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r, err := New(slog.New(slog.DiscardHandler), reg, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, op := range map[string]func(net.Conn) error{
+		"read":  func(c net.Conn) error { _, err := c.Read(make([]byte, 1)); return err },
+		"write": func(c net.Conn) error { _, err := c.Write([]byte("x")); return err },
+	} {
+		under := &panicConn{}
+		var p *Panic
+		if err := op(r.Conn(under, "upstream connection")); !errors.As(err, &p) || !under.closed {
+			t.Errorf("%s: err %v, closed %v; want the panic as the error, and the connection closed", name, err, under.closed)
+		}
+	}
+	if got := metricsum.Sum(t, reg, "sockmesh_proxy_panics_total", nil); got != 2 {
+		t.Errorf("counted %v panics, want 2", got)
 	}
 }

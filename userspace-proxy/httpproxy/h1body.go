@@ -6,6 +6,8 @@ import (
 	"io"
 	"sync"
 	"time"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
 )
 
 // Request bodies on the fast path: held back until 100 Continue, and
@@ -66,9 +68,12 @@ func (c *continueReader) Close() error { return c.r.Close() }
 // bodyTracker reports on done when net/http's Transport is finished with a
 // request body: read to its end (nil), failed, or closed early. A Read in
 // progress when the Transport closes it still owns the client's reader, so
-// the report waits for that Read to return.
+// the report waits for that Read to return. The HTTP/2 Transport reads it
+// on a goroutine of its own: a panic in the readers beneath fails the
+// body (reported to panics), not the process.
 type bodyTracker struct {
 	r       io.Reader
+	panics  *contain.Reporter
 	done    chan error
 	mu      sync.Mutex
 	reading bool
@@ -86,7 +91,7 @@ func (b *bodyTracker) Read(p []byte) (int, error) {
 	}
 	b.reading = true
 	b.mu.Unlock()
-	n, err := b.r.Read(p)
+	n, err := b.read(p)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.reading = false
@@ -99,6 +104,11 @@ func (b *bodyTracker) Read(p []byte) (int, error) {
 		b.end(errBodyAbandoned)
 	}
 	return n, err
+}
+
+func (b *bodyTracker) read(p []byte) (n int, err error) {
+	defer b.panics.Recover("request body", &err, nil)
+	return b.r.Read(p)
 }
 
 // Close does not close the client's body: that would wait for a Read in

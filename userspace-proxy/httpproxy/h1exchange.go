@@ -481,7 +481,7 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 	default:
 		s.sent.track(req)
 		body = make(chan error, 1)
-		out.Body = &bodyTracker{r: req.Body, done: body}
+		out.Body = &bodyTracker{r: req.Body, panics: s.h.cfg.Panics, done: body}
 	}
 	s.watch.start(nil, cancel)
 	defer s.watch.stop()

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -54,9 +55,13 @@ func (f faultDialer) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn, 
 // faultConn panics reading panicOnRead or writing panicOnWrite.
 type faultConn struct{ net.Conn }
 
-// CloseWrite half-closes the connection underneath, as relays do.
+// CloseWrite half-closes the connection underneath, as relays do (a
+// net.Pipe cannot).
 func (c faultConn) CloseWrite() error {
-	return c.Conn.(interface{ CloseWrite() error }).CloseWrite()
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return errors.ErrUnsupported
 }
 
 func (c faultConn) Read(p []byte) (int, error) {
@@ -223,6 +228,94 @@ func TestPanicInStartedGoroutine(t *testing.T) {
 		if !strings.Contains(e.logs.String(), `"in":"dial"`) {
 			t.Errorf("no panic line for the dial; log:\n%s", e.logs.String())
 		}
+	})
+
+	// net/http's HTTP/2 Transport reads and writes its connections, and
+	// sends request bodies, on goroutines of its own; the proxy's code
+	// beneath — its socket layer, the fast path's body readers — must not
+	// end the process from there.
+	t.Run("h2-connection-read", func(t *testing.T) {
+		// The echo's answer carries the path: the Transport's read loop
+		// reads the marker — with the answer's head, which then fails
+		// (5xx), or after it, which cuts the answer (a reset).
+		e := start(t, faultDialer{}, snapshot.ProtocolH2C)
+		c := e.client(vip, false)
+		resp, err := c.Get("http://echo.b.svc/" + panicOnRead)
+		if err == nil {
+			_, err = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if err == nil && resp.StatusCode < 500 {
+				t.Errorf("request whose answer's read panicked: %d, want a 5xx or the answer cut", resp.StatusCode)
+			}
+		}
+		served(t, e, "upstream connection", c)
+	})
+
+	t.Run("h2-connection-write", func(t *testing.T) {
+		// The body's DATA frame carries the marker (HPACK would hide it in
+		// a header).
+		e := start(t, faultDialer{}, snapshot.ProtocolH2C)
+		c := e.client(vip, false)
+		resp, err := c.Post("http://echo.b.svc/upload", "text/plain", strings.NewReader("body "+panicOnWrite))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode < 500 {
+			t.Errorf("request whose body's write panicked: %d, want a 5xx", resp.StatusCode)
+		}
+		served(t, e, "upstream connection", c)
+	})
+
+	t.Run("h2-request-body", func(t *testing.T) {
+		// The app's connection reads the marker: Expect: 100-continue
+		// makes the app send its body only once the Transport's goroutine
+		// reads it, through the fast path's body readers.
+		e := start(t, faultDialer{}, snapshot.ProtocolH2C)
+		app, s := net.Pipe()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			e.p.ServeConn(faultConn{s}, vip, proxy.Client{})
+		}()
+		app.SetDeadline(time.Now().Add(10 * time.Second))
+		body := "body " + panicOnRead
+		io.WriteString(app, "POST /upload HTTP/1.1\r\nHost: echo.b.svc\r\nExpect: 100-continue\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n")
+		br := bufio.NewReader(app)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil || resp.StatusCode != http.StatusContinue {
+			t.Fatalf("want 100 Continue, got %v, %v", resp, err)
+		}
+		io.WriteString(app, body)
+		if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusBadGateway {
+			t.Errorf("request whose body's reader panicked: %v, %v; want 502; log:\n%s", resp, err, e.logs.String())
+		}
+		app.Close()
+		<-done
+		served(t, e, "request body", e.client(vip, false))
+	})
+
+	t.Run("nethttp-connection", func(t *testing.T) {
+		// An h2c app whose DATA frame carries the marker: net/http's
+		// server reads it in the connection's frame-reading goroutine.
+		e := start(t, faultDialer{}, snapshot.ProtocolHTTP11)
+		app, s := net.Pipe()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			e.p.ServeConn(faultConn{s}, vip, proxy.Client{})
+		}()
+		tr := &http.Transport{Protocols: new(http.Protocols)}
+		tr.Protocols.SetUnencryptedHTTP2(true)
+		tr.DialContext = func(context.Context, string, string) (net.Conn, error) { return app, nil }
+		defer tr.CloseIdleConnections()
+		c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+		if resp, err := c.Post("http://echo.b.svc/upload", "text/plain", strings.NewReader("body "+panicOnRead)); err == nil {
+			resp.Body.Close()
+			t.Errorf("request on a connection whose read panicked: %d, want the connection ended", resp.StatusCode)
+		}
+		<-done
+		served(t, e, "app connection", e.client(vip, true))
 	})
 
 	t.Run("nethttp-handler", func(t *testing.T) {

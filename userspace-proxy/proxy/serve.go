@@ -315,7 +315,10 @@ func (cs *connState) serveHTTP(c *sniff.Conn, path Path) {
 		cc = &countedConn{Conn: c}
 		p.h.ServeHTTP1(cc, t)
 	} else {
-		lc := &l7Conn{countedConn: countedConn{Conn: c}, done: make(chan struct{}), target: t}
+		// net/http's server reads and writes c on goroutines of its own
+		// (an HTTP/2 connection's frame reader, an HTTP/1.1 connection's
+		// background read): contain panics in the proxy's layers beneath.
+		lc := &l7Conn{countedConn: countedConn{Conn: p.panics.Conn(c, "app connection")}, done: make(chan struct{}), target: t}
 		if !p.l7.push(lc) {
 			sockio.Reset(c)
 			return

@@ -48,7 +48,7 @@ func (b *Backend) DiscardH1(c *pool.Conn) { b.w.h1.Discard(c) }
 func (b *Backend) DetachH1(c *pool.Conn) { b.w.h1.Detach(c) }
 
 func (w *wireState) dialH1(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error) {
-	c, err := w.dial(ctx, ep, alpnH1)
+	c, err := w.dial(ctx, ep, alpnH1, false)
 	if err != nil {
 		return nil, err
 	}

@@ -28,7 +28,7 @@ var errDeclinedH2 = errors.New("backend declined h2")
 // the Transport would speak HTTP/1.1 on it, with the weakness h1Transport
 // avoids.
 func (w *wireState) dialH2(ctx context.Context, ep snapshot.Endpoint, wire Wire) (net.Conn, error) {
-	c, err := w.dial(ctx, ep, wire.ALPN())
+	c, err := w.dial(ctx, ep, wire.ALPN(), true)
 	if err != nil {
 		return nil, err
 	}

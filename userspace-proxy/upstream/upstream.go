@@ -269,7 +269,7 @@ func (b *Backend) Dial(ctx context.Context, ep snapshot.Endpoint, alpn []string)
 	if b.Err != nil {
 		return nil, b.Err
 	}
-	return b.w.dial(ctx, ep, alpn)
+	return b.w.dial(ctx, ep, alpn, false)
 }
 
 // DialRaw opens a plain TCP connection to ep, for apps that already speak
@@ -390,10 +390,19 @@ func (w *wireState) dialTCP(ctx context.Context, ep snapshot.Endpoint) (*tracked
 	return &trackedConn{Conn: raw, open: w.open}, nil
 }
 
-func (w *wireState) dial(ctx context.Context, ep snapshot.Endpoint, alpn []string) (net.Conn, error) {
-	c, err := w.dialTCP(ctx, ep)
+// dial opens a connection to ep, with TLS offering alpn when the wire
+// needs it. One for net/http's HTTP/2 Transport (forH2), which reads and
+// writes it on goroutines of its own, contains panics beneath TLS
+// (contain.Conn): on the proxy's own goroutines they are recovered where
+// they start.
+func (w *wireState) dial(ctx context.Context, ep snapshot.Endpoint, alpn []string, forH2 bool) (net.Conn, error) {
+	tcp, err := w.dialTCP(ctx, ep)
 	if err != nil {
 		return nil, err
+	}
+	var c net.Conn = tcp
+	if forH2 {
+		c = w.p.cfg.Panics.Conn(tcp, "upstream connection")
 	}
 	if w.tls == nil {
 		return c, nil
