@@ -191,10 +191,13 @@ func (s *source) read(pool *Pool) (*[]byte, int, error) {
 	s.under.NoWait(true)
 	defer s.under.NoWait(false)
 	n = 1
-	for err == nil && n < len(*bp) {
+	for n < len(*bp) {
 		var m int
 		m, err = s.r.Read((*bp)[n:])
 		n += m
+		if err != nil || m == 0 {
+			break
+		}
 	}
 	if errors.Is(err, sockio.ErrWouldBlock) {
 		err = nil
