@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"math"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -223,6 +224,17 @@ func runBench(c benchConfig) error {
 	}
 	targets = append(targets, versus)
 	time.Sleep(time.Second) // let the servers bind
+	for _, t := range targets {
+		// A proxy that could not start (a bad flag, an unwritable profile)
+		// would otherwise show as connections the datapath never redirected.
+		if t.proxy.IsValid() {
+			conn, err := net.DialTimeout("tcp", t.proxy.String(), 5*time.Second)
+			if err != nil {
+				return fmt.Errorf("%s is not listening on %s (its output above says why): %w", t.name, t.proxy, err)
+			}
+			conn.Close()
+		}
+	}
 	if c.idle > 0 {
 		return idleMemory(c, targets)
 	}
