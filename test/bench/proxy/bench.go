@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"math"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -228,11 +227,9 @@ func runBench(c benchConfig) error {
 		// A proxy that could not start (a bad flag, an unwritable profile)
 		// would otherwise show as connections the datapath never redirected.
 		if t.proxy.IsValid() {
-			conn, err := net.DialTimeout("tcp", t.proxy.String(), 5*time.Second)
-			if err != nil {
+			if err := capture.dial(t.proxy); err != nil {
 				return fmt.Errorf("%s is not listening on %s (its output above says why): %w", t.name, t.proxy, err)
 			}
-			conn.Close()
 		}
 	}
 	if c.idle > 0 {

@@ -2,10 +2,12 @@ package main
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"syscall"
+	"time"
 
 	"github.com/sockmesh/sockmesh/datapath"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
@@ -71,6 +73,18 @@ func (c *capture) inCgroup(cmd *exec.Cmd) *exec.Cmd {
 
 // start starts cmd in the netns.
 func (c *capture) start(cmd *exec.Cmd) error { return c.ns.Do(cmd.Start) }
+
+// dial connects to addr from the netns, where the proxies listen, and
+// hangs up.
+func (c *capture) dial(addr netip.AddrPort) error {
+	return c.ns.Do(func() error {
+		conn, err := net.DialTimeout("tcp", addr.String(), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		return conn.Close()
+	})
+}
 
 // output runs cmd in the netns and returns its combined output.
 func (c *capture) output(cmd *exec.Cmd) (out []byte, err error) {
