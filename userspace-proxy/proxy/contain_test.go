@@ -163,16 +163,7 @@ func TestPanicInStartedGoroutine(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		c.SetDeadline(time.Now().Add(10 * time.Second))
-		body := "body " + panicOnWrite
-		io.WriteString(c, "POST /upload HTTP/1.1\r\nHost: echo.b.svc\r\nExpect: 100-continue\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n")
-		br := bufio.NewReader(c)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil || resp.StatusCode != http.StatusContinue {
-			t.Fatalf("want 100 Continue, got %v, %v", resp, err)
-		}
-		io.WriteString(c, body)
-		if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusBadGateway {
+		if resp, err := postAfterContinue(t, c, "body "+panicOnWrite); err != nil || resp.StatusCode != http.StatusBadGateway {
 			t.Errorf("request whose body's writer panicked: %v, %v; want 502", resp, err)
 		}
 		served(t, e, "request body", e.client(vip, false))
@@ -272,22 +263,8 @@ func TestPanicInStartedGoroutine(t *testing.T) {
 		// makes the app send its body only once the Transport's goroutine
 		// reads it, through the fast path's body readers.
 		e := start(t, faultDialer{}, snapshot.ProtocolH2C)
-		app, s := net.Pipe()
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			e.p.ServeConn(faultConn{s}, vip, proxy.Client{})
-		}()
-		app.SetDeadline(time.Now().Add(10 * time.Second))
-		body := "body " + panicOnRead
-		io.WriteString(app, "POST /upload HTTP/1.1\r\nHost: echo.b.svc\r\nExpect: 100-continue\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n")
-		br := bufio.NewReader(app)
-		resp, err := http.ReadResponse(br, nil)
-		if err != nil || resp.StatusCode != http.StatusContinue {
-			t.Fatalf("want 100 Continue, got %v, %v", resp, err)
-		}
-		io.WriteString(app, body)
-		if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusBadGateway {
+		app, done := faultyApp(e, vip)
+		if resp, err := postAfterContinue(t, app, "body "+panicOnRead); err != nil || resp.StatusCode != http.StatusBadGateway {
 			t.Errorf("request whose body's reader panicked: %v, %v; want 502; log:\n%s", resp, err, e.logs.String())
 		}
 		app.Close()
@@ -299,12 +276,7 @@ func TestPanicInStartedGoroutine(t *testing.T) {
 		// An h2c app whose DATA frame carries the marker: net/http's
 		// server reads it in the connection's frame-reading goroutine.
 		e := start(t, faultDialer{}, snapshot.ProtocolHTTP11)
-		app, s := net.Pipe()
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			e.p.ServeConn(faultConn{s}, vip, proxy.Client{})
-		}()
+		app, done := faultyApp(e, vip)
 		tr := &http.Transport{Protocols: new(http.Protocols)}
 		tr.Protocols.SetUnencryptedHTTP2(true)
 		tr.DialContext = func(context.Context, string, string) (net.Conn, error) { return app, nil }
@@ -350,12 +322,7 @@ func TestPanicInStartedGoroutine(t *testing.T) {
 		ref := m.backend("slow", snapshot.Backend{Endpoints: endpoints(rec.addr)})
 		m.frontend("slow", vip, ref, producer(routeSet(snapshot.KindHTTPRoute, rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(ref)}})))
 		e.p.Update(m.snapshot(1))
-		app, s := net.Pipe()
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			e.p.ServeConn(faultConn{s}, vip, proxy.Client{})
-		}()
+		app, done := faultyApp(e, vip)
 		app.SetDeadline(time.Now().Add(10 * time.Second))
 		io.WriteString(app, "GET /slow HTTP/1.1\r\nHost: slow.b.svc\r\n\r\n")
 		<-rec.seen
@@ -370,6 +337,35 @@ func TestPanicInStartedGoroutine(t *testing.T) {
 			t.Errorf("no panic line for the client watch; log:\n%s", e.logs.String())
 		}
 	})
+}
+
+// postAfterContinue posts body on c with Expect: 100-continue, sending it
+// once the 100 came (when the proxy's goroutine that sends the body reads
+// it), and returns the final answer.
+func postAfterContinue(t *testing.T, c net.Conn, body string) (*http.Response, error) {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "POST /upload HTTP/1.1\r\nHost: echo.b.svc\r\nExpect: 100-continue\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n")
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != http.StatusContinue {
+		t.Fatalf("want 100 Continue, got %v, %v", resp, err)
+	}
+	io.WriteString(c, body)
+	return http.ReadResponse(br, nil)
+}
+
+// faultyApp serves the proxy's end of a pipe, in faultConn, as a
+// connection to vip, and returns the app's end; done is closed when
+// ServeConn returns.
+func faultyApp(e *env, vip netip.AddrPort) (app net.Conn, done <-chan struct{}) {
+	app, s := net.Pipe()
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		e.p.ServeConn(faultConn{s}, vip, proxy.Client{})
+	}()
+	return app, served
 }
 
 // eventually polls cond for up to 10 s.

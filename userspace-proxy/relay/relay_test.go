@@ -33,6 +33,20 @@ func tcpPair(t *testing.T) (client, server net.Conn) {
 	return client, server
 }
 
+// backendCert returns a test CA and a certificate it issued for "backend".
+func backendCert(t *testing.T) (*pki.CA, *pki.Leaf) {
+	t.Helper()
+	ca, err := pki.NewCA("relay test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.LeafOptions{DNSNames: []string{"backend"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca, leaf
+}
+
 // proxySides are the ways the proxy's own ends of a relay come: raw system
 // calls (sockio, the proxy's TCP connections: the copy waits without a
 // buffer) and plain net.Conns (the copy holds its buffer).
@@ -110,14 +124,7 @@ func testRelayErrorClosesBoth(t *testing.T, wrap func(net.Conn) net.Conn) {
 // once the bytes at hand are moved, and still relay what comes after.
 // (They used to hold two of BufferSize each for as long as they lived.)
 func TestIdleRelayHoldsNoBuffer(t *testing.T) {
-	ca, err := pki.NewCA("relay test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := ca.Issue(pki.LeafOptions{DNSNames: []string{"backend"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, leaf := backendCert(t)
 	for _, withTLS := range []bool{false, true} {
 		pool := NewPool()
 		type relayed struct{ app, backend net.Conn }
@@ -184,14 +191,7 @@ func TestIdleRelayHoldsNoBuffer(t *testing.T) {
 // per record (a bulk answer relayed at 16 KiB a record made four writes to
 // the app per 64 KiB, a quarter more of the proxy's CPU).
 func TestTLSRecordsGoOutTogether(t *testing.T) {
-	ca, err := pki.NewCA("relay test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := ca.Issue(pki.LeafOptions{DNSNames: []string{"backend"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ca, leaf := backendCert(t)
 	app, proxyIn := tcpPair(t)
 	proxyOut, backend := tcpPair(t)
 	sent := &countedConn{Conn: backend}
