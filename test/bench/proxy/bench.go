@@ -227,7 +227,7 @@ func runBench(c benchConfig) error {
 		// A proxy that could not start (a bad flag, an unwritable profile)
 		// would otherwise show as connections the datapath never redirected.
 		if t.proxy.IsValid() {
-			if err := capture.dial(t.proxy); err != nil {
+			if err := capture.listening(t.proxy); err != nil {
 				return fmt.Errorf("%s is not listening on %s (its output above says why): %w", t.name, t.proxy, err)
 			}
 		}

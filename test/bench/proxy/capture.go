@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -74,15 +75,21 @@ func (c *capture) inCgroup(cmd *exec.Cmd) *exec.Cmd {
 // start starts cmd in the netns.
 func (c *capture) start(cmd *exec.Cmd) error { return c.ns.Do(cmd.Start) }
 
-// dial connects to addr from the netns, where the proxies listen, and
-// hangs up.
-func (c *capture) dial(addr netip.AddrPort) error {
+// listening says whether something listens on addr in the netns, where
+// the proxies listen: a proxy closes a connection that was not redirected
+// at once, sometimes before connect returns (a reset), so only a refused
+// connection or no answer at all says no one is there.
+func (c *capture) listening(addr netip.AddrPort) error {
 	return c.ns.Do(func() error {
 		conn, err := net.DialTimeout("tcp", addr.String(), 5*time.Second)
-		if err != nil {
+		if err == nil {
+			return conn.Close()
+		}
+		var ne net.Error
+		if errors.Is(err, syscall.ECONNREFUSED) || errors.As(err, &ne) && ne.Timeout() {
 			return err
 		}
-		return conn.Close()
+		return nil
 	})
 }
 
