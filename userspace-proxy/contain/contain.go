@@ -86,11 +86,11 @@ func (r *Reporter) Recover(what string, err *error, cleanup func()) {
 
 // Conn is a connection read and written on goroutines the proxy does not
 // start — net/http's server and HTTP/2 Transport run their own for each
-// connection — whose Read and Write recover a panic in the code beneath (the proxy's
-// socket layer and its wrappers): it is reported as in, the connection is
-// closed, so that the other goroutines on it end too, and the call
-// returns it as an error. What is above — crypto/tls, net/http — is not
-// the proxy's code.
+// connection. Its Read and Write recover a panic in the code beneath (the
+// proxy's socket layer and its wrappers): it is reported as in, the
+// connection is closed, so that the other goroutines on it end too, and
+// the call returns it as an error. What is above — crypto/tls, net/http —
+// is not the proxy's code.
 type Conn struct {
 	net.Conn
 	r  *Reporter
