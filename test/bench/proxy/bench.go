@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"math"
 	"net/netip"
@@ -72,6 +73,9 @@ type scenario struct {
 	streams int
 	path    string // request path
 	cpr     bool   // one connection per request
+	// upload, when set, is a file of bytes each request POSTs (the load
+	// generator's script for wrk, its data file for h2load).
+	upload string
 }
 
 // versusName is the name of target c, the proxy sockmesh is measured
@@ -244,6 +248,17 @@ func runBench(c benchConfig) error {
 		{name: fmt.Sprintf("h2c client %d streams 100 B", c.streams), path: "/bytes/100", h2: true, streams: c.streams},
 		{name: fmt.Sprintf("h2c client %d streams 64 KiB", c.streams), path: "/bytes/65536", h2: true, streams: c.streams},
 	}
+	if c.backend == "go" {
+		// Uploads: the app POSTs 64 KiB and gets 100 B back (nginx as a
+		// backend serves files, and refuses POSTs).
+		wrkPost, h2Post, err := uploadFiles(dir, 64<<10)
+		if err != nil {
+			return err
+		}
+		scenarios = append(scenarios,
+			scenario{name: "upload 64 KiB", path: "/bytes/100", upload: wrkPost},
+			scenario{name: "h2c client upload 64 KiB", path: "/bytes/100", h2: true, streams: 1, upload: h2Post})
+	}
 	gogc, maxprocs := c.gogc, c.gomaxprocs
 	if gogc == "" {
 		gogc = "100 (default)"
@@ -352,13 +367,35 @@ var (
 // URL), as the report shows it.
 func loadCommand(s scenario, c benchConfig) []string {
 	if s.h2 {
-		return []string{"h2load", "-c", strconv.Itoa(c.conns), "-m", strconv.Itoa(s.streams), "-t", "1", "-D", strconv.Itoa(int(c.duration.Seconds()))}
+		args := []string{"h2load", "-c", strconv.Itoa(c.conns), "-m", strconv.Itoa(s.streams), "-t", "1", "-D", strconv.Itoa(int(c.duration.Seconds()))}
+		if s.upload != "" {
+			args = append(args, "-d", s.upload)
+		}
+		return args
 	}
 	args := []string{"wrk", "-t", "1", "-c", strconv.Itoa(c.conns), "-d", c.duration.String(), "--latency"}
 	if s.cpr {
 		args = append(args, "-H", "Connection: close")
 	}
+	if s.upload != "" {
+		args = append(args, "-s", s.upload)
+	}
 	return args
+}
+
+// uploadFiles writes, in dir, a wrk script that POSTs n bytes and a file
+// of n bytes for h2load's -d.
+func uploadFiles(dir string, n int) (wrkScript, data string, err error) {
+	wrkScript = filepath.Join(dir, fmt.Sprintf("post-%d.lua", n))
+	script := fmt.Sprintf("wrk.method = \"POST\"\nwrk.headers[\"Content-Type\"] = \"application/octet-stream\"\nwrk.body = string.rep(\"x\", %d)\n", n)
+	if err := os.WriteFile(wrkScript, []byte(script), 0o644); err != nil {
+		return "", "", err
+	}
+	data = filepath.Join(dir, fmt.Sprintf("post-%d.bin", n))
+	if err := os.WriteFile(data, bytes.Repeat([]byte("x"), n), 0o644); err != nil {
+		return "", "", err
+	}
+	return wrkScript, data, nil
 }
 
 func load(s scenario, t target, c benchConfig) (result, error) {

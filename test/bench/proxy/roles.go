@@ -242,6 +242,9 @@ events { worker_connections 4096; }
 http {
   access_log off;
   client_body_temp_path %[1]s/body;
+  # Request bodies up to 128 KiB stay in memory: by default nginx writes
+  # those over 16 KiB to a temporary file before it forwards them.
+  client_body_buffer_size 128k;
   proxy_temp_path %[1]s/proxy;
   fastcgi_temp_path %[1]s/fastcgi;
   uwsgi_temp_path %[1]s/uwsgi;
