@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -219,6 +220,8 @@ type envOptions struct {
 	dialer func(dial.Dialer) dial.Dialer
 	// maxConnsPerClient is Config.MaxConnsPerClient.
 	maxConnsPerClient int
+	// sniffTimeout is Config.SniffTimeout (0: 2 s).
+	sniffTimeout time.Duration
 }
 
 func newEnv(t testing.TB, o envOptions) *env {
@@ -226,9 +229,9 @@ func newEnv(t testing.TB, o envOptions) *env {
 	e := &env{t: t, pki: newPKI(t), reg: prometheus.NewRegistry(), logs: &syncbuf.Buffer{}, dsts: make(map[string]chan redirected)}
 	cfg := proxy.Config{
 		HTTP1TLS: o.http1TLS,
-		// A silent client is judged opaque after this; tests with
-		// server-first traffic do not exist here, so keep it generous.
-		SniffTimeout:      2 * time.Second,
+		// A silent client is judged opaque after this: generous, as
+		// only TestServerFirstProtocol's apps wait for the server.
+		SniffTimeout:      cmp.Or(o.sniffTimeout, 2*time.Second),
 		Dial:              dial.Config{Unmarked: os.Geteuid() != 0},
 		MaxConnsPerClient: o.maxConnsPerClient,
 	}

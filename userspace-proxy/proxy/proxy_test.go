@@ -763,6 +763,57 @@ func TestTCP(t *testing.T) {
 	}
 }
 
+// TestServerFirstProtocol: an app that waits for its server to speak
+// first (MySQL's greeting, an SMTP banner) gets the greeting once the
+// proxy has waited out its sniff, with TLS origination and without, and
+// the connection then carries bytes both ways (the sniff's read deadline
+// is gone).
+func TestServerFirstProtocol(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{sniffTimeout: 100 * time.Millisecond})
+	greet := func(l net.Listener) netip.AddrPort {
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer c.Close()
+					io.WriteString(c, "220 ready\r\n")
+					io.Copy(c, c)
+				}()
+			}
+		}()
+		return l.Addr().(*net.TCPAddr).AddrPort()
+	}
+	vTLS, vClear := netip.MustParseAddrPort("10.96.4.3:25"), netip.MustParseAddrPort("10.96.4.4:25")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "mail", vip: vTLS, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, TLS: tlsPolicy(e),
+			Endpoints: endpoints(greet(tls.NewListener(listenLocal(t), serverTLS(e.pki.server))))}},
+		service{name: "mail-clear", vip: vClear, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP,
+			Endpoints: endpoints(greet(listenLocal(t)))}},
+	))
+	for name, dst := range map[string]netip.AddrPort{"tls": vTLS, "clear": vClear} {
+		t.Run(name, func(t *testing.T) {
+			c, err := e.dial(dst)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			br := bufio.NewReader(c)
+			if line, err := br.ReadString('\n'); err != nil || line != "220 ready\r\n" {
+				t.Fatalf("greeting: %q, %v", line, err)
+			}
+			io.WriteString(c, "EHLO app\r\n")
+			if line, err := br.ReadString('\n'); err != nil || line != "EHLO app\r\n" {
+				t.Fatalf("echo after the greeting: %q, %v", line, err)
+			}
+		})
+	}
+}
+
 // TestIdleRelaysHoldNoBuffers: relayed connections that wait — database
 // pools, idle gRPC channels — hold no copy buffer (64 KiB a direction
 // while they lived, before), with TLS origination or without, and relay
