@@ -28,9 +28,11 @@
 // client connection in one goroutine over pooled upstream HTTP/1.1
 // connections (net/http's Transport only for h2/h2c backends).
 //
-// It never parses HTTP itself: net/http does (ReadRequest, ReadResponse,
-// Request.Write, the server and the Transport); the fast path writes only
-// the framing of what they parsed. It must not dial anything but the
+// net/http parses HTTP (ReadRequest, ReadResponse, Request.Write, the
+// server and the Transport); the fast path writes only the framing of what
+// they parsed, but for answer heads of the common shape, which it checks
+// and forwards as they came when it needs none of their fields
+// (h1head.go: what it takes, net/http reads alike — FuzzPlainHead). It must not dial anything but the
 // endpoints upstream.Backend hands out, and never answers a fail-closed
 // backend with anything but 503 (UNAVAILABLE for gRPC).
 package httpproxy

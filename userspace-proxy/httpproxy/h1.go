@@ -144,6 +144,8 @@ type h1Conn struct {
 	// sent wraps a request body that a goroutine writes upstream, to tell
 	// when the client's side of it was read whole (finish).
 	sent sentBody
+	// plain is the current answer when its head was plain (h1head.go).
+	plain plainAnswer
 	// watch ends an exchange whose client left (h1watch.go).
 	watch clientWatch
 	// probe is where a streamed answer waiting for its next event reads

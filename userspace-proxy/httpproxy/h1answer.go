@@ -54,12 +54,15 @@ func framingFor(req *http.Request, resp *http.Response) framing {
 // failure: the client then got a truncated answer (never a clean short
 // one), and its connection must close.
 func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *balance.Choice, setSession bool, src *bufio.Reader) (closeAfter, ended bool, err error) {
-	removeHopByHop(resp.Header)
-	if x.r != nil {
-		x.r.d.ApplyResponse(resp.Header)
-	}
-	if setSession {
-		x.be.Picker.SetSession(resp.Header, req, c, x.now, x.sessionFor())
+	plain := resp == &s.plain.resp // its fields are in src's buffer
+	if !plain {
+		removeHopByHop(resp.Header)
+		if x.r != nil {
+			x.r.d.ApplyResponse(resp.Header)
+		}
+		if setSession {
+			x.be.Picker.SetSession(resp.Header, req, c, x.now, x.sessionFor())
+		}
 	}
 	f := framingFor(req, resp)
 	// An answer that starts before the client's body was read to its end
@@ -68,19 +71,24 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 	closeAfter = s.closeAfter || f == framingClose || s.h.h1.draining.Load() || s.sent.unread()
 	bw := s.startAnswer()
 	defer func() { s.putWriter(bw) }() // copyBody may have swapped it
-	writeStatusLine(bw, resp)
-	if f == framingNone {
+	switch {
+	case plain:
+		s.plain.writeHead(bw, src) // with its Content-Length: framingLength
+	case f == framingNone:
 		// HEAD and 304 keep the Content-Length the backend gave.
+		writeStatusLine(bw, resp)
 		writeHeader(bw, resp.Header, "")
-	} else {
+	default:
+		writeStatusLine(bw, resp)
 		writeHeader(bw, resp.Header, "Content-Length") // the framing's own follows
 	}
-	switch f {
-	case framingLength:
+	switch {
+	case plain:
+	case f == framingLength:
 		bw.WriteString("Content-Length: ")
 		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), resp.ContentLength, 10))
 		bw.WriteString("\r\n")
-	case framingChunked:
+	case f == framingChunked:
 		bw.WriteString("Transfer-Encoding: chunked\r\n")
 		if len(resp.Trailer) > 0 {
 			bw.WriteString("Trailer: ")

@@ -168,7 +168,7 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 		}
 		choice = c
 		cd := armConn(x, uc)
-		resp, body, err := s.send(uc, req, replayable, inline)
+		resp, body, err := s.send(uc, req, replayable, inline, x.r == nil && !setSession)
 		if err == nil && x.r != nil && x.r.pol.retryStatus(resp.StatusCode) && s.mayRetry(x, retry, "status", req) {
 			s.watch.stop()
 			discardAnswer(be, uc, resp, cd)
@@ -306,7 +306,8 @@ func (s *h1Conn) conn(x *exchange, choice *balance.Choice, read bool) (*pool.Con
 // answers on. A body that is not at hand (inline) is written by another
 // goroutine, which reports on the returned channel, so the answer can
 // start before the body ends (full duplex); the caller must finish it.
-func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline bool) (*http.Response, chan error, error) {
+// plain says the answer's fields need not be read (readAnswer).
+func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline, plain bool) (*http.Response, chan error, error) {
 	var body chan error
 	if inline {
 		if err := writeRequest(uc, req); err != nil {
@@ -328,7 +329,7 @@ func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline bool)
 		return nil, body, staleIf(fmt.Errorf("read answer: %w", err), replayable && uc.Reused() && body == nil)
 	}
 	for {
-		resp, err := http.ReadResponse(uc.R, req)
+		resp, err := s.readAnswer(uc.R, req, plain)
 		if err != nil {
 			return nil, body, fmt.Errorf("read answer: %w", err)
 		}
