@@ -43,39 +43,38 @@ const maxPlainLines = 64
 // a field named Close (which Connection: close would remove), no line
 // folded. The caller makes sure the request was not HEAD.
 func scanPlainHead(b []byte) (h plainHead, ok bool) {
-	end := bytes.Index(b, emptyLine)
-	if end < 0 {
+	// Line by line to the empty one. A line must end in CRLF and keep no
+	// CR or LF (the checks of its bytes see to it), so none ends where
+	// textproto, which also takes a bare LF, would end it.
+	line, rest, ok := cutLine(b)
+	if !ok {
 		return h, false
 	}
-	h.n = end + len(emptyLine)
-	// The lines with their CRLFs. No byte a line keeps is CR or LF, so
-	// none ends where textproto, which also takes a bare LF, would end it.
-	line, rest, _ := bytes.Cut(b[:end+2], crlf)
 	if h.status, ok = plainStatus(line); !ok {
 		return h, false
 	}
 	h.length = -1
-	for i := 1; len(rest) > 0; i++ {
-		if i == maxPlainLines {
+	for i := 1; ; i++ {
+		if line, rest, ok = cutLine(rest); !ok || i == maxPlainLines {
 			return h, false
 		}
-		var found bool
-		if line, rest, found = bytes.Cut(rest, crlf); !found {
-			return h, false
+		if len(line) == 0 {
+			h.n = len(b) - len(rest)
+			return h, h.length >= 0
 		}
 		name, value, found := bytes.Cut(line, colon)
 		if !found || !validFieldName(name) || !validFieldValue(value) {
 			return h, false // also a folded line: it starts with a space
 		}
 		switch {
-		case bytes.EqualFold(name, contentLength):
+		case equalFold(name, contentLength):
 			if h.length >= 0 {
 				return h, false
 			}
 			if h.length, ok = plainLength(value); !ok {
 				return h, false
 			}
-		case bytes.EqualFold(name, connection):
+		case equalFold(name, connection):
 			if !plainConnection(value, &h.close) {
 				return h, false
 			}
@@ -86,12 +85,21 @@ func scanPlainHead(b []byte) (h plainHead, ok bool) {
 			h.drop |= 1 << i
 		}
 	}
-	return h, h.length >= 0
 }
 
+// cutLine cuts b's first line, which must end in CRLF, off the rest.
+func cutLine(b []byte) (line, rest []byte, ok bool) {
+	i := bytes.IndexByte(b, '\n')
+	if i < 1 || b[i-1] != '\r' {
+		return nil, nil, false
+	}
+	return b[:i-1], b[i+1:], true
+}
+
+// equalFold is bytes.EqualFold that first compares the lengths.
+func equalFold(a, b []byte) bool { return len(a) == len(b) && bytes.EqualFold(a, b) }
+
 var (
-	emptyLine     = []byte("\r\n\r\n")
-	crlf          = []byte("\r\n")
 	colon         = []byte(":")
 	connection    = []byte("Connection")
 	contentLength = []byte("Content-Length")
@@ -103,7 +111,7 @@ var (
 
 func oneOf(name []byte, names [][]byte) bool {
 	for _, k := range names {
-		if bytes.EqualFold(name, k) {
+		if equalFold(name, k) {
 			return true
 		}
 	}
@@ -212,7 +220,7 @@ var tokenByte = func() (t [256]bool) {
 func (h *plainHead) write(w *bufio.Writer, head []byte) {
 	head = head[:h.n-2]
 	for i := 0; len(head) > 0; i++ {
-		line := head[:bytes.Index(head, crlf)+2]
+		line := head[:bytes.IndexByte(head, '\n')+1]
 		head = head[len(line):]
 		if h.drop&(1<<i) == 0 {
 			w.Write(line)
