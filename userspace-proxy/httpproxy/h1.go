@@ -144,7 +144,16 @@ type h1Conn struct {
 	// sent wraps a request body that a goroutine writes upstream, to tell
 	// when the client's side of it was read whole (finish).
 	sent sentBody
-	// plain is the current answer when its head was plain (h1head.go).
+	// v and fe are the snapshot view and frontend the current request is
+	// served on, looked up before it is read when its head is at hand
+	// (plainFor), else by serve.
+	v  *View
+	fe *snapshot.Frontend
+	// plainReq says the current request was read plain (h1head.go); fields
+	// are its header lines to forward.
+	plainReq bool
+	fields   []byte
+	// plain is the current answer when its head was plain.
 	plain plainAnswer
 	// watch ends an exchange whose client left (h1watch.go).
 	watch clientWatch
@@ -238,22 +247,30 @@ var crlfcrlf, lflf = []byte("\n\r\n"), []byte("\n\n")
 
 // idle marks the connection as waiting for a request; false when draining.
 func (s *h1Conn) idle() bool {
+	if cap(s.fields) > maxKeptFields {
+		s.fields = nil
+	}
 	s.state.Store(stateIdle)
 	return !s.h.h1.draining.Load()
 }
 
 var errHeaderTooLarge = errors.New("request header too large")
 
-// readRequest parses the next request (net/http's parser) within the
-// MaxHeaderBytes and ReadHeaderTimeout next set; its body is read later,
+// readRequest parses the next request (plain, or with net/http's parser)
+// within the MaxHeaderBytes and ReadHeaderTimeout next set; its body is read later,
 // without either limit, as net/http's server does.
 func (s *h1Conn) readRequest() (*http.Request, error) {
-	req, err := http.ReadRequest(s.br)
-	s.lim.N = math.MaxInt64
-	if err != nil {
-		return nil, err
+	s.v, s.fe = nil, nil
+	var err error
+	req := s.readPlainRequest()
+	if req == nil {
+		req, err = http.ReadRequest(s.br)
 	}
-	if err := s.checkFraming(req); err != nil {
+	s.lim.N = math.MaxInt64
+	if err == nil && !s.plainReq {
+		err = s.checkFraming(req)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if !s.deadline.IsZero() && (!s.idleDeadline || req.Body != http.NoBody) {

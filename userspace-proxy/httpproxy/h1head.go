@@ -5,47 +5,52 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"net/url"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
-// Plain answer heads. Most answers a backend sends are HTTP/1.1 with a
-// body whose length one Content-Length gives, and fields that net/http's
-// parser would take as they are. When the proxy has nothing to read in
-// those fields (no route filters, no session to set), such a head is
-// checked where it lies in the upstream connection's buffer and passed to
-// the client as received, less its hop-by-hop lines: no http.Header is
-// built and none written again. Against http.ReadResponse and writeHeader
-// that is a sixth of the proxy's CPU per small answer (test/bench/proxy,
-// keep-alive 100 B from nginx). Everything else — another version, a
-// status without a body, Transfer-Encoding, a field net/http would
-// rewrite or refuse, a head not yet whole in the buffer — goes through
-// http.ReadResponse as before. FuzzPlainHead checks that a head
-// scanPlainHead takes is read alike by net/http, and forwarded with the
-// same fields.
+// Plain heads. Most requests an app sends through the proxy are GETs
+// without a body, and most answers a backend sends are HTTP/1.1 with a
+// body whose length one Content-Length gives; their fields are ones
+// net/http's parser would take as they are. When the proxy has nothing to
+// read in those fields (no routes, no session persistence, an HTTP/1.1
+// backend), such a head is checked where it lies in the connection's
+// buffer and passed on as received, less its hop-by-hop lines: no
+// http.Header is built and none written again. Against http.ReadResponse
+// and writeHeader that was a sixth of the proxy's CPU per small answer
+// (test/bench/proxy, keep-alive 100 B from nginx); against
+// http.ReadRequest a tenth. Everything else — another version or method,
+// a status without a body, a body with a request, Transfer-Encoding, a
+// field net/http would rewrite or refuse, a head not yet whole in the
+// buffer — goes through net/http's parser as before. FuzzPlainAnswer and
+// FuzzPlainRequest check that a head taken as plain is read alike by
+// net/http, and forwarded with the same fields.
 
-// plainHead is an answer head scanPlainHead took.
+// plainHead is a head scanPlainAnswer or scanPlainRequest took.
 type plainHead struct {
-	n      int    // its length, through the empty line that ends it
-	drop   uint64 // lines not to forward (bit i: line i; 0 is the status line)
+	n     int    // its length, through the empty line that ends it
+	drop  uint64 // lines not to forward (bit i: line i; 0 is the start line)
+	close bool   // Connection: close
+	// An answer's:
 	status int
 	length int64 // the Content-Length
-	close  bool  // Connection: close
+	// A request's:
+	method       string
+	target, host []byte
+	hasHost      bool
 }
 
 // maxPlainLines bounds the lines of a plain head: drop has a bit for each.
 const maxPlainLines = 64
 
-// scanPlainHead reports whether b starts with a plain answer head, and
+// scanPlainAnswer reports whether b starts with a plain answer head, and
 // which. It takes only what it is sure net/http reads the same way:
-// "HTTP/1.1", a 3-digit status from 200 to 599 but 204 and 304, lines
-// ending in CRLF with token names and value bytes textproto accepts, one
-// Content-Length of digits, Connection with close and keep-alive only; no
-// Transfer-Encoding, TE, Pragma (net/http adds a Cache-Control for it) or
-// a field named Close (which Connection: close would remove), no line
-// folded. The caller makes sure the request was not HEAD.
-func scanPlainHead(b []byte) (h plainHead, ok bool) {
-	// Line by line to the empty one. A line must end in CRLF and keep no
-	// CR or LF (the checks of its bytes see to it), so none ends where
-	// textproto, which also takes a bare LF, would end it.
+// "HTTP/1.1", a 3-digit status from 200 to 599 but 204 and 304, plain
+// fields (scanFields) with one Content-Length of digits. The caller makes
+// sure the request was not HEAD.
+func scanPlainAnswer(b []byte) (h plainHead, ok bool) {
 	line, rest, ok := cutLine(b)
 	if !ok {
 		return h, false
@@ -54,37 +59,111 @@ func scanPlainHead(b []byte) (h plainHead, ok bool) {
 		return h, false
 	}
 	h.length = -1
+	return h, h.scanFields(b, rest, false) && h.length >= 0
+}
+
+// scanPlainRequest reports whether b starts with a plain request head,
+// and which: "GET" or "HEAD", a target in origin form, "HTTP/1.1", plain
+// fields (scanFields) with at most one Host, and no Content-Length or
+// Expect. The target is checked further by url.ParseRequestURI, as
+// net/http does.
+func scanPlainRequest(b []byte) (h plainHead, ok bool) {
+	line, rest, ok := cutLine(b)
+	if !ok || !h.requestLine(line) {
+		return h, false
+	}
+	return h, h.scanFields(b, rest, true)
+}
+
+// scanFields reads the field lines in rest, which follows b's start line,
+// to the empty line, and sets h.n. Each line must end in CRLF and keep no
+// CR or LF (the checks of its bytes see to it), so none ends where
+// textproto, which also takes a bare LF, would end it; it must have a
+// token name and value bytes textproto accepts, and no line may be folded.
+// Connection may list close and keep-alive only: other options name
+// fields to remove, which net/http's path does. requestField or
+// answerField classes the others: a line to drop, or one that makes the
+// head not plain.
+func (h *plainHead) scanFields(b, rest []byte, request bool) bool {
 	for i := 1; ; i++ {
-		if line, rest, ok = cutLine(rest); !ok || i == maxPlainLines {
-			return h, false
+		line, next, ok := cutLine(rest)
+		if !ok || i == maxPlainLines {
+			return false
 		}
+		rest = next
 		if len(line) == 0 {
 			h.n = len(b) - len(rest)
-			return h, h.length >= 0
+			return true
 		}
 		name, value, found := bytes.Cut(line, colon)
 		if !found || !validFieldName(name) || !validFieldValue(value) {
-			return h, false // also a folded line: it starts with a space
+			return false // also a folded line: it starts with a space
 		}
+		drop := true
 		switch {
-		case equalFold(name, contentLength):
-			if h.length >= 0 {
-				return h, false
-			}
-			if h.length, ok = plainLength(value); !ok {
-				return h, false
-			}
 		case equalFold(name, connection):
-			if !plainConnection(value, &h.close) {
-				return h, false
-			}
-			h.drop |= 1 << i
+			ok = plainConnection(value, &h.close)
 		case oneOf(name, unplain):
-			return h, false
-		case oneOf(name, dropped):
+			ok = false
+		case request:
+			drop, ok = requestField(h, name, value)
+		default:
+			drop, ok = answerField(h, name, value)
+		}
+		if !ok {
+			return false
+		}
+		if drop {
 			h.drop |= 1 << i
 		}
 	}
+}
+
+// answerField classes an answer's field for scanFields.
+func answerField(h *plainHead, name, value []byte) (drop, ok bool) {
+	if equalFold(name, contentLength) {
+		if h.length >= 0 {
+			return false, false
+		}
+		h.length, ok = plainLength(value)
+		return false, ok
+	}
+	return oneOf(name, dropped), true
+}
+
+// requestField classes a request's field for scanFields. Host is dropped:
+// writeHead writes it.
+func requestField(h *plainHead, name, value []byte) (drop, ok bool) {
+	switch {
+	case equalFold(name, host):
+		if h.hasHost {
+			return false, false
+		}
+		h.hasHost, h.host = true, bytes.Trim(value, " \t")
+		return true, true
+	case equalFold(name, contentLength), equalFold(name, expect):
+		return false, false
+	}
+	return oneOf(name, dropped), true
+}
+
+// requestLine reads a plain request line into h.
+func (h *plainHead) requestLine(line []byte) bool {
+	method, rest, ok1 := bytes.Cut(line, sp)
+	target, proto, ok2 := bytes.Cut(rest, sp)
+	if !ok1 || !ok2 || string(proto) != "HTTP/1.1" || len(target) == 0 || target[0] != '/' || !validFieldValue(target) {
+		return false
+	}
+	switch string(method) {
+	case http.MethodGet:
+		h.method = http.MethodGet
+	case http.MethodHead:
+		h.method = http.MethodHead
+	default:
+		return false
+	}
+	h.target = target
+	return true
 }
 
 // cutLine cuts b's first line, which must end in CRLF, off the rest.
@@ -101,10 +180,15 @@ func equalFold(a, b []byte) bool { return len(a) == len(b) && bytes.EqualFold(a,
 
 var (
 	colon         = []byte(":")
+	sp            = []byte(" ")
 	connection    = []byte("Connection")
 	contentLength = []byte("Content-Length")
-	// unplain are the fields that make a head not plain; dropped the
-	// hop-by-hop ones removeHopByHop removes but Connection.
+	host          = []byte("Host")
+	expect        = []byte("Expect")
+	// unplain are the fields that make any head not plain: Pragma, as
+	// net/http adds a Cache-Control for it; Close, as Connection: close
+	// would remove it. dropped are the hop-by-hop ones removeHopByHop
+	// removes, but Connection.
 	unplain = [][]byte{[]byte("Transfer-Encoding"), []byte("TE"), []byte("Pragma"), []byte("Close")}
 	dropped = [][]byte{[]byte("Proxy-Connection"), []byte("Keep-Alive"), []byte("Upgrade"), []byte("Trailer")}
 )
@@ -215,17 +299,18 @@ var tokenByte = func() (t [256]bool) {
 	return t
 }()
 
-// write writes the head's lines but those it drops, each with its CRLF,
-// and not the empty line that ends it.
-func (h *plainHead) write(w *bufio.Writer, head []byte) {
+// appendKept appends the head's lines from line first on but those it
+// drops, each with its CRLF, and not the empty line that ends it.
+func (h *plainHead) appendKept(dst, head []byte, first int) []byte {
 	head = head[:h.n-2]
 	for i := 0; len(head) > 0; i++ {
 		line := head[:bytes.IndexByte(head, '\n')+1]
 		head = head[len(line):]
-		if h.drop&(1<<i) == 0 {
-			w.Write(line)
+		if i >= first && h.drop&(1<<i) == 0 {
+			dst = append(dst, line...)
 		}
 	}
+	return dst
 }
 
 // plainAnswer is the answer of a plain head, an h1Conn's, reused: resp
@@ -243,7 +328,7 @@ type plainAnswer struct {
 func (s *h1Conn) readAnswer(r *bufio.Reader, req *http.Request, plain bool) (*http.Response, error) {
 	if plain && req.Method != http.MethodHead {
 		b, _ := r.Peek(r.Buffered())
-		if h, ok := scanPlainHead(b); ok {
+		if h, ok := scanPlainAnswer(b); ok {
 			p := &s.plain
 			p.head = h
 			p.body = sizedBody{r: r, n: h.length}
@@ -261,7 +346,7 @@ func (s *h1Conn) readAnswer(r *bufio.Reader, req *http.Request, plain bool) (*ht
 // empty line that ends it, and drops it from r, where it still lies.
 func (p *plainAnswer) writeHead(w *bufio.Writer, r *bufio.Reader) {
 	head, _ := r.Peek(p.head.n)
-	p.head.write(w, head)
+	w.Write(p.head.appendKept(w.AvailableBuffer(), head, 0))
 	r.Discard(p.head.n)
 }
 
@@ -292,3 +377,54 @@ func (b *sizedBody) Read(p []byte) (int, error) {
 }
 
 func (b *sizedBody) Close() error { return nil }
+
+// readPlainRequest reads the next request as plain when nothing the proxy
+// does with it reads its fields (plainFor) and it is: the fields to
+// forward go to s.fields, for writeHead. nil when it is not.
+func (s *h1Conn) readPlainRequest() *http.Request {
+	s.plainReq = false
+	if s.head == nil {
+		return nil
+	}
+	if s.v, s.fe = s.t.view(); !plainFor(s.v, s.fe) {
+		return nil
+	}
+	h, ok := scanPlainRequest(s.head)
+	if !ok {
+		return nil
+	}
+	target := string(h.target)
+	u, err := url.ParseRequestURI(target)
+	if err != nil {
+		return nil // net/http refuses it too, with its own error
+	}
+	s.fields = h.appendKept(s.fields[:0], s.head, 1)
+	s.br.Discard(h.n)
+	s.head, s.plainReq = nil, true
+	return &http.Request{
+		Method: h.method, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{}, Body: http.NoBody, Host: string(h.host), RequestURI: target, Close: h.close,
+	}
+}
+
+// maxKeptFields is the most of a plain request's fields an idle
+// connection keeps room for.
+const maxKeptFields = 1 << 10
+
+// plainFor reports whether requests to fe, on view v, may be read plain:
+// no routes, no session persistence, and the backend takes HTTP/1.1 —
+// or the request is answered by the proxy itself.
+func plainFor(v *View, fe *snapshot.Frontend) bool {
+	if fe == nil {
+		return true
+	}
+	if fe.Routes != nil {
+		return false
+	}
+	be := v.Backends.Get(fe.Backend)
+	if be == nil || be.Err != nil {
+		return true
+	}
+	w := WireFor(be, 1, false)
+	return be.Spec.SessionPersistence == nil && (w == upstream.WireH1 || w == upstream.WireNegotiate)
+}

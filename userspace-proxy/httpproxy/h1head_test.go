@@ -6,11 +6,12 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"net/url"
 	"slices"
 	"testing"
 )
 
-func TestScanPlainHead(t *testing.T) {
+func TestScanPlainAnswer(t *testing.T) {
 	for _, c := range []struct {
 		head  string
 		plain bool
@@ -41,7 +42,7 @@ func TestScanPlainHead(t *testing.T) {
 		{head: "HTTP/1.1 200 OK\r\nPragma: no-cache\r\nContent-Length: 2\r\n\r\n"},                    // net/http adds Cache-Control
 		{head: "HTTP/1.1 2000 OK\r\nContent-Length: 2\r\n\r\n"},                                       // status of 4 digits
 	} {
-		h, ok := scanPlainHead([]byte(c.head))
+		h, ok := scanPlainAnswer([]byte(c.head))
 		if ok != c.plain {
 			t.Errorf("%q: plain %v, want %v", c.head, ok, c.plain)
 			continue
@@ -52,20 +53,16 @@ func TestScanPlainHead(t *testing.T) {
 		if h.n != len(c.head) || h.close != c.close {
 			t.Errorf("%q: length %d close %v, want %d %v", c.head, h.n, h.close, len(c.head), c.close)
 		}
-		var out bytes.Buffer
-		w := bufio.NewWriter(&out)
-		h.write(w, []byte(c.head))
-		w.Flush()
-		if out.String() != c.out {
-			t.Errorf("%q: forwarded %q, want %q", c.head, out.String(), c.out)
+		if out := h.appendKept(nil, []byte(c.head), 0); string(out) != c.out {
+			t.Errorf("%q: forwarded %q, want %q", c.head, out, c.out)
 		}
 	}
 }
 
-// FuzzPlainHead checks scanPlainHead against net/http: a head it takes,
-// net/http reads with the same status, length, close and end, and the
-// lines it forwards carry the fields net/http's path forwards.
-func FuzzPlainHead(f *testing.F) {
+// FuzzPlainAnswer checks scanPlainAnswer against net/http: a head it
+// takes, net/http reads with the same status, length, close and end, and
+// the lines it forwards carry the fields net/http's path forwards.
+func FuzzPlainAnswer(f *testing.F) {
 	for _, s := range []string{
 		"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
 		"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\nConnection: keep-alive, close\r\nKeep-Alive: timeout=5\r\n\r\nhello",
@@ -75,7 +72,7 @@ func FuzzPlainHead(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		h, ok := scanPlainHead(raw)
+		h, ok := scanPlainAnswer(raw)
 		if !ok {
 			return
 		}
@@ -90,14 +87,10 @@ func FuzzPlainHead(f *testing.F) {
 		if want := raw[h.n:min(len(raw), h.n+int(h.length))]; !bytes.Equal(body, want) {
 			t.Fatalf("net/http reads the body %q (%v), plain %q\nhead: %q", body, err, want, raw)
 		}
-		var out bytes.Buffer
-		w := bufio.NewWriter(&out)
-		h.write(w, raw)
-		w.WriteString("\r\n")
-		w.Flush()
-		fwd, err := http.ReadResponse(bufio.NewReader(&out), &http.Request{Method: http.MethodGet})
+		out := append(h.appendKept(nil, raw, 0), "\r\n"...)
+		fwd, err := http.ReadResponse(bufio.NewReader(bytes.NewReader(out)), &http.Request{Method: http.MethodGet})
 		if err != nil {
-			t.Fatalf("the forwarded head %q does not parse: %v", out.String(), err)
+			t.Fatalf("the forwarded head %q does not parse: %v", out, err)
 		}
 		removeHopByHop(resp.Header)
 		if !maps.EqualFunc(fwd.Header, resp.Header, slices.Equal) {
@@ -106,24 +99,54 @@ func FuzzPlainHead(f *testing.F) {
 	})
 }
 
-// BenchmarkAnswerHead reads nginx's answer head as plain and, the
-// baseline, with net/http's parser and the header's rewrite.
-func BenchmarkAnswerHead(b *testing.B) {
-	head := []byte("HTTP/1.1 200 OK\r\nServer: nginx/1.22.1\r\nDate: Fri, 27 Nov 2026 02:12:42 GMT\r\nContent-Type: text/plain\r\nContent-Length: 100\r\nLast-Modified: Fri, 27 Nov 2026 02:00:00 GMT\r\nConnection: keep-alive\r\nETag: \"6745a3c0-64\"\r\nAccept-Ranges: bytes\r\n\r\n")
+// BenchmarkHeads reads a curl request's head and nginx's answer head as
+// plain and, the baseline, with net/http's parser and the rewrite of the
+// header.
+func BenchmarkHeads(b *testing.B) {
+	request := []byte("GET /a?b=c HTTP/1.1\r\nHost: svc.ns:8080\r\nUser-Agent: curl/7.88.1\r\nAccept: */*\r\n\r\n")
+	answer := []byte("HTTP/1.1 200 OK\r\nServer: nginx/1.22.1\r\nDate: Fri, 27 Nov 2026 02:12:42 GMT\r\nContent-Type: text/plain\r\nContent-Length: 100\r\nLast-Modified: Fri, 27 Nov 2026 02:00:00 GMT\r\nConnection: keep-alive\r\nETag: \"6745a3c0-64\"\r\nAccept-Ranges: bytes\r\n\r\n")
 	w := bufio.NewWriter(io.Discard)
-	b.Run("plain", func(b *testing.B) {
+	r := bufio.NewReader(nil)
+	b.Run("request/plain", func(b *testing.B) {
+		var fields []byte
 		for b.Loop() {
-			h, ok := scanPlainHead(head)
+			h, ok := scanPlainRequest(request)
 			if !ok {
 				b.Fatal("not plain")
 			}
-			h.write(w, head)
+			u, err := url.ParseRequestURI(string(h.target))
+			if err != nil {
+				b.Fatal(err)
+			}
+			fields = h.appendKept(fields[:0], request, 1)
+			req := &http.Request{Method: h.method, URL: u, Header: http.Header{}, Host: string(h.host), RequestURI: u.Path}
+			writeHead(w, req, &fields)
 		}
 	})
-	b.Run("nethttp", func(b *testing.B) {
-		r := bufio.NewReader(nil)
+	b.Run("request/nethttp", func(b *testing.B) {
 		for b.Loop() {
-			r.Reset(bytes.NewReader(head))
+			r.Reset(bytes.NewReader(request))
+			req, err := http.ReadRequest(r)
+			if err != nil {
+				b.Fatal(err)
+			}
+			removeHopByHop(req.Header)
+			writeHead(w, req, nil)
+		}
+	})
+	b.Run("answer/plain", func(b *testing.B) {
+		for b.Loop() {
+			h, ok := scanPlainAnswer(answer)
+			if !ok {
+				b.Fatal("not plain")
+			}
+			w.Reset(io.Discard) // a fresh writer per answer, as answer's
+			w.Write(h.appendKept(w.AvailableBuffer(), answer, 0))
+		}
+	})
+	b.Run("answer/nethttp", func(b *testing.B) {
+		for b.Loop() {
+			r.Reset(bytes.NewReader(answer))
 			resp, err := http.ReadResponse(r, &http.Request{Method: http.MethodGet})
 			if err != nil {
 				b.Fatal(err)
@@ -131,6 +154,95 @@ func BenchmarkAnswerHead(b *testing.B) {
 			removeHopByHop(resp.Header)
 			writeStatusLine(w, resp)
 			writeHeader(w, resp.Header, "Content-Length")
+		}
+	})
+}
+
+func TestScanPlainRequest(t *testing.T) {
+	for _, c := range []struct {
+		head   string
+		plain  bool
+		close  bool
+		host   string
+		fields string // the lines forwarded, when plain
+	}{
+		{head: "GET /a?b=c HTTP/1.1\r\nHost: svc.ns:8080\r\nUser-Agent: curl/7.88.1\r\nAccept: */*\r\n\r\n",
+			plain: true, host: "svc.ns:8080", fields: "User-Agent: curl/7.88.1\r\nAccept: */*\r\n"},
+		{head: "HEAD / HTTP/1.1\r\nhost:  a \r\nConnection: close\r\nKeep-Alive: 5\r\nX: y\r\n\r\n",
+			plain: true, close: true, host: "a", fields: "X: y\r\n"},
+		{head: "GET / HTTP/1.1\r\n\r\n", plain: true}, // no Host: validRequest refuses it, as on net/http's path
+		// Not plain.
+		{head: "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nok"},
+		{head: "GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n"},
+		{head: "GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"},
+		{head: "GET / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n\r\n"},
+		{head: "GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"},
+		{head: "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"},
+		{head: "GET / HTTP/1.0\r\nHost: a\r\n\r\n"},
+		{head: "GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n"},
+		{head: "GET  / HTTP/1.1\r\nHost: a\r\n\r\n"},
+		{head: "get / HTTP/1.1\r\nHost: a\r\n\r\n"},
+		{head: "GET / HTTP/1.1\r\nHost: a\r\n"},
+		{head: "GET / HTTP/1.1\nHost: a\n\n"},
+	} {
+		h, ok := scanPlainRequest([]byte(c.head))
+		if ok != c.plain {
+			t.Errorf("%q: plain %v, want %v", c.head, ok, c.plain)
+			continue
+		}
+		if !ok {
+			continue
+		}
+		if h.n != len(c.head) || h.close != c.close || string(h.host) != c.host {
+			t.Errorf("%q: length %d close %v host %q, want %d %v %q", c.head, h.n, h.close, h.host, len(c.head), c.close, c.host)
+		}
+		if out := h.appendKept(nil, []byte(c.head), 1); string(out) != c.fields {
+			t.Errorf("%q: forwarded %q, want %q", c.head, out, c.fields)
+		}
+	}
+}
+
+// FuzzPlainRequest checks scanPlainRequest against net/http: a head it
+// takes (and url.ParseRequestURI, as readPlainRequest asks), net/http
+// reads as the same bodiless request, with the same end, and the lines it
+// forwards carry the fields net/http's path forwards.
+func FuzzPlainRequest(f *testing.F) {
+	for _, s := range []string{
+		"GET / HTTP/1.1\r\nHost: a\r\n\r\n",
+		"GET /p?q HTTP/1.1\r\nHost: a:80\r\nConnection: keep-alive\r\nUser-Agent: x\r\nX-A: 1\r\nX-A: 2\r\n\r\nGET / HTTP/1.1\r\n",
+		"HEAD /%41 HTTP/1.1\r\nConnection: close, close\r\nProxy-Connection: x\r\nTrailer: y\r\nHost: b\r\n\r\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		h, ok := scanPlainRequest(raw)
+		if !ok {
+			return
+		}
+		if _, err := url.ParseRequestURI(string(h.target)); err != nil {
+			return
+		}
+		br := bufio.NewReader(bytes.NewReader(raw))
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			t.Fatalf("plain, but net/http reads no request: %v\nhead: %q", err, raw)
+		}
+		if req.Method != h.method || req.RequestURI != string(h.target) || req.Host != string(h.host) || req.Close != h.close ||
+			req.Body != http.NoBody || req.ContentLength != 0 || req.ProtoMinor != 1 {
+			t.Fatalf("plain %+v, net/http reads %s %q host %q close %v body %v length %d\nhead: %q",
+				h, req.Method, req.RequestURI, req.Host, req.Close, req.Body, req.ContentLength, raw)
+		}
+		if rest, _ := io.ReadAll(br); !bytes.Equal(rest, raw[h.n:]) {
+			t.Fatalf("net/http leaves %q after the head, plain %q\nhead: %q", rest, raw[h.n:], raw)
+		}
+		out := append([]byte("GET / HTTP/1.1\r\n"), h.appendKept(nil, raw, 1)...)
+		fwd, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(append(out, "\r\n"...))))
+		if err != nil {
+			t.Fatalf("the forwarded fields %q do not parse: %v", out, err)
+		}
+		removeHopByHop(req.Header)
+		if !maps.EqualFunc(fwd.Header, req.Header, slices.Equal) {
+			t.Fatalf("forwarded fields %v, net/http's path forwards %v\nhead: %q", fwd.Header, req.Header, raw)
 		}
 	})
 }
