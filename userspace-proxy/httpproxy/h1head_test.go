@@ -5,10 +5,15 @@ import (
 	"bytes"
 	"io"
 	"maps"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
 )
 
 func TestScanPlainAnswer(t *testing.T) {
@@ -245,4 +250,78 @@ func FuzzPlainRequest(f *testing.F) {
 			t.Fatalf("forwarded fields %v, net/http's path forwards %v\nhead: %q", fwd.Header, req.Header, raw)
 		}
 	})
+}
+
+// TestPlainHeads: a request and an answer whose fields the proxy does not
+// read go through as they came, less their hop-by-hop lines (names in
+// their case, values with their spaces); with session persistence, whose
+// header the proxy reads and sets, net/http's parser reads them and the
+// fields arrive as it writes them.
+func TestPlainHeads(t *testing.T) {
+	heads := make(chan string, 1)
+	ep := serveRaw(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			var head strings.Builder
+			for !strings.HasSuffix(head.String(), "\r\n\r\n") {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					return
+				}
+				head.WriteString(line)
+			}
+			heads <- head.String()
+			io.WriteString(c, "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-odd:  v  \r\nKeep-Alive: timeout=5\r\nConnection: keep-alive\r\n\r\nok")
+		}
+	})
+	const request = "GET /p?q=1 HTTP/1.1\r\nHost: svc\r\nx-lower:  v \r\nConnection: keep-alive\r\n\r\n"
+	for _, c := range []struct {
+		name     string
+		sp       *snapshot.SessionPersistence
+		sent     string
+		answered []string // the answer head's lines, in any order after the first
+	}{
+		{"plain", nil,
+			"GET /p?q=1 HTTP/1.1\r\nHost: svc\r\nx-lower:  v \r\n\r\n",
+			[]string{"HTTP/1.1 200 OK", "content-length: 2", "x-odd:  v  "}},
+		{"session persistence", &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "x-session"},
+			"GET /p?q=1 HTTP/1.1\r\nHost: svc\r\nX-Lower: v\r\n\r\n",
+			[]string{"HTTP/1.1 200 OK", "Content-Length: 2", "X-Odd: v", "X-Session: "}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			fx := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}, SessionPersistence: c.sp})
+			cl := fx.dial()
+			cl.c.SetDeadline(time.Now().Add(10 * time.Second))
+			for range 2 { // the second on the pooled connection
+				cl.send(request)
+				if got := <-heads; got != c.sent {
+					t.Errorf("the backend got %q, want %q", got, c.sent)
+				}
+				var head strings.Builder
+				for !strings.HasSuffix(head.String(), "\r\n\r\n") {
+					line, err := cl.r.ReadString('\n')
+					if err != nil {
+						t.Fatalf("read answer: %v", err)
+					}
+					head.WriteString(line)
+				}
+				body := make([]byte, 2)
+				if _, err := io.ReadFull(cl.r, body); err != nil || string(body) != "ok" {
+					t.Fatalf("body %q: %v", body, err)
+				}
+				lines := strings.Split(strings.TrimSuffix(head.String(), "\r\n\r\n"), "\r\n")
+				slices.Sort(lines[1:])
+				for i, l := range lines {
+					if strings.HasPrefix(l, "X-Session: ") {
+						lines[i] = "X-Session: " // the session's token
+					}
+				}
+				want := slices.Clone(c.answered)
+				slices.Sort(want[1:])
+				if !slices.Equal(lines, want) {
+					t.Errorf("the app got %q, want the lines %q", head.String(), c.answered)
+				}
+			}
+		})
+	}
 }
