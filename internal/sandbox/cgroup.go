@@ -2,9 +2,12 @@ package sandbox
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
+	"time"
 
 	"github.com/sockmesh/sockmesh/datapath/cgroup2"
 )
@@ -26,7 +29,7 @@ func NewCgroup(t TB) *Cgroup {
 	}
 	c := &Cgroup{Path: filepath.Join(root, Name())}
 	t.Cleanup(func() {
-		if err := os.Remove(c.Path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := c.remove(); err != nil {
 			t.Errorf("remove cgroup %s: %v", c.Path, err)
 		}
 	})
@@ -60,4 +63,29 @@ func (c *Cgroup) Enter(t TB) {
 	if err := os.WriteFile(filepath.Join(c.Path, "cgroup.procs"), pid, 0); err != nil {
 		t.Fatalf("move test process into cgroup %s: %v", c.Path, err)
 	}
+}
+
+// remove removes c. Processes still in it — a program interrupted while
+// a child it started there runs — are killed first (cgroup.kill), and
+// their exit awaited, as a populated cgroup cannot be removed.
+func (c *Cgroup) remove() error {
+	err := os.Remove(c.Path)
+	if err == nil || errors.Is(err, os.ErrNotExist) || !errors.Is(err, syscall.EBUSY) {
+		return ignoreNotExist(err)
+	}
+	if kerr := os.WriteFile(filepath.Join(c.Path, "cgroup.kill"), []byte("1"), 0); kerr != nil {
+		return fmt.Errorf("%w (and kill its processes: %w)", err, kerr)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if err = os.Remove(c.Path); !errors.Is(err, syscall.EBUSY) || time.Now().After(deadline) {
+			return ignoreNotExist(err)
+		}
+	}
+}
+
+func ignoreNotExist(err error) error {
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	return err
 }

@@ -18,6 +18,10 @@ type Runner struct {
 	name     string
 	mu       sync.Mutex
 	cleanups []func()
+	// closing is held while cleanups run: a signal's Close and the
+	// program's own may overlap, and the second must not return (and the
+	// program exit) before the first is done.
+	closing sync.Mutex
 }
 
 // New returns a Runner whose messages start with name. An interrupt or
@@ -57,8 +61,11 @@ func (r *Runner) TempDir() string {
 	return dir
 }
 
-// Close runs the cleanups, newest first.
+// Close runs the cleanups, newest first, and returns when they are done,
+// also when another Close runs them.
 func (r *Runner) Close() {
+	r.closing.Lock()
+	defer r.closing.Unlock()
 	r.mu.Lock()
 	cleanups := r.cleanups
 	r.cleanups = nil
