@@ -112,6 +112,43 @@
 // -bench AESGCM/Open-128-8192 crypto/cipher) — and per answer nginx made
 // more system calls than sockmesh (perf trace -s: 8.9 against 7.8).)
 //
+// Since the second session of 2026-11-27 the fast path reads plain heads
+// (userspace-proxy/httpproxy/h1head.go): a bodiless GET or HEAD, and an
+// answer with one Content-Length, whose fields the proxy does not need go
+// through as received instead of through net/http's parser and a rewrite
+// of their header (BenchmarkHeads: nginx's answer head 0.75–0.96 µs and no
+// allocation against 3.9–5.8 µs and 18; curl's request 0.83–0.95 µs
+// against 2.9–3.1). A/B in one run against net/http's parser for every
+// head (a temporary switch, since removed; -rounds 5 -duration 4s -only
+// keep-alive), req/s and proxy CPU/req ÷ nginx: nginx backend, 100 B 0.94,
+// 0.98 against 0.83, 1.25 and 64 KiB 0.98, 0.97 against 0.94, 1.07; Go
+// backend, 100 B 1.09, 0.94 against 0.97, 1.13 and 64 KiB 1.02, 0.90
+// against 1.02, 0.88 (the body's copy is most of that row). The rows
+// afterwards (-rounds 3 -duration 4s -paths pooled), req/s, p99, proxy
+// CPU/req ÷ nginx, Go backend / nginx backend:
+//
+//	keep-alive 100 B               0.92, 1.00, 1.05  /  0.94, 1.06, 1.00
+//	keep-alive 64 KiB              1.11, 0.84, 0.89  /  0.86, 1.12, 1.02
+//	conn-per-request 100 B         0.97, 0.88, 1.13  /  0.81, 1.31, 1.30
+//	h2c client 100 B               0.83, 1.18, 0.78  /  1.30, 0.59, 0.55
+//	h2c client 64 KiB              0.86, 0.98, 0.79  /  1.11, 0.92, 0.69
+//	h2c client 10 streams 100 B    1.22, 0.75, 0.28  /  2.88, 0.37, 0.14
+//	h2c client 10 streams 64 KiB   1.05, 0.71, 0.57  /  1.57, 0.34, 0.48
+//	upload 64 KiB                  0.99, 1.10, 0.97
+//	h2c client upload 64 KiB       0.88, 1.10, 0.71
+//
+// Between whole runs a row moves by ±15 % on this machine (keep-alive
+// 100 B, Go backend: 0.99 and 0.92 in two runs of the same build), which
+// is why changes are measured A/B within one run. With a connection per
+// request sockmesh makes 14.5 system calls a connection against nginx's
+// 11.3 (perf trace -s over a whole run, Go backend): Go's TCP_NODELAY and
+// getsockname on accept, the TCP_CORK of the last answer and the pooled
+// connection's check that nothing arrived (a read that finds nothing),
+// against nginx's extra epoll_wait. Waiting for connections without a
+// timer per worker (a janitor retiring idle workers instead) measured no
+// difference (-rounds 5: req/s 0.82 against 0.83, proxy CPU/req 1.31
+// against 1.33) and was left out.
+//
 // Measured on the 2-core machine of ../shared/BENCH.md with nothing else
 // running, -rounds 11 -duration 4s -paths pooled, with the agent's GC heap
 // floor (internal/gcfloor); medians of per-round ratios to nginx (min–max),
