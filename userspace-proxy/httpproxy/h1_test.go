@@ -795,3 +795,42 @@ func TestClientGoneMidAnswer(t *testing.T) {
 		t.Errorf("upstream connections open = %v, want 0: the one the answer came on is given up", got)
 	}
 }
+
+// TestBrokenRequestBody: a request body that breaks off before its end
+// (the app half-closes in the middle of it) or is malformed (a chunk size
+// that is not hex) ends the exchange: the backend, which waits for the
+// rest, sees its connection closed, and the app gets 400 and the close —
+// it waited for an answer that would never come.
+func TestBrokenRequestBody(t *testing.T) {
+	for _, c := range []struct {
+		name, send string
+		halfClose  bool
+	}{
+		{"cut", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel", true},
+		{"malformed", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n", false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ended := make(chan struct{})
+			ep := serveRaw(t, func(c net.Conn) {
+				io.Copy(io.Discard, c) // the head and what came of the body, until the proxy closes
+				close(ended)
+			})
+			fx := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+			cl := fx.dial()
+			cl.c.SetDeadline(time.Now().Add(10 * time.Second))
+			cl.send(c.send)
+			if c.halfClose {
+				cl.c.(*net.TCPConn).CloseWrite()
+			}
+			resp, _ := cl.read(http.MethodPost)
+			if resp.StatusCode != http.StatusBadRequest || !cl.closed() {
+				t.Errorf("answer %s; want 400 and the close", resp.Status)
+			}
+			select {
+			case <-ended:
+			case <-time.After(10 * time.Second):
+				t.Error("the backend's connection stayed open")
+			}
+		})
+	}
+}
