@@ -15,7 +15,6 @@ import (
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
-	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
@@ -402,15 +401,12 @@ func writeHead(w *bufio.Writer, req *http.Request, fields *[]byte) error {
 }
 
 // abandon ends an exchange whose request body broke before its answer
-// started, by resetting the upstream connection the answer is read from:
-// a clean close (TLS's close_notify) could let the backend end an answer
-// cleanly in the moment before the socket closes, and the app would take
-// a request whose body broke off for answered.
+// started, by closing the upstream connection the answer is read from.
 func (s *h1Conn) abandon(uc *pool.Conn) {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	if !s.answered {
-		sockio.Reset(uc.Conn)
+		uc.Conn.Close()
 	}
 }
 
