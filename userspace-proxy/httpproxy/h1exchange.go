@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -192,11 +191,6 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 		if s.watch.gone.Load() {
 			return s.fail(req, x, upstream.ReasonCanceled, errClientGone)
 		}
-		if s.sent.broken.Load() {
-			s.h.log.Debug("request body broken", "service", x.fe.Service.String(), "client", s.t.client(), "err", err)
-			s.refuse("400 Bad Request")
-			return false
-		}
 		if cd.stop() {
 			if cd.request {
 				return s.fail(req, x, upstream.ReasonTimeout, timeoutError(true, err))
@@ -330,11 +324,7 @@ func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline, plai
 			defer func() { body <- err }()
 			// Closing uc ends the answer's read, which waits on this.
 			defer s.h.cfg.Panics.Recover("request body", &err, func() { uc.Conn.Close() })
-			if err = writeRequest(uc, req, nil); err != nil && s.sent.broken.Load() {
-				// The app's body broke off or is malformed: the backend
-				// waits for its rest, and the answer would never come.
-				s.abandon(uc)
-			}
+			err = writeRequest(uc, req, nil)
 		}()
 	}
 	s.watch.start(uc, nil) // until forward returns, or uc is released
@@ -398,16 +388,6 @@ func writeHead(w *bufio.Writer, req *http.Request, fields *[]byte) error {
 	writeHeader(w, req.Header, "") // a plain request's is empty
 	_, err := w.WriteString("\r\n")
 	return err
-}
-
-// abandon ends an exchange whose request body broke before its answer
-// started, by closing the upstream connection the answer is read from.
-func (s *h1Conn) abandon(uc *pool.Conn) {
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
-	if !s.answered {
-		uc.Conn.Close()
-	}
 }
 
 // plainFields is the current request's header lines when it was read
@@ -594,13 +574,11 @@ var aLongTimeAgo = time.Unix(1, 0)
 const bodyTailWait = time.Second
 
 // sentBody is a request body being written upstream by a goroutine; eof
-// is set once the client's side of it was read to its end, broken when
-// reading it failed on its own (the app left in the middle of it, or sent
-// a malformed one), not because finish stopped it. An h1Conn keeps one
-// and reuses it.
+// is set once the client's side of it was read to its end. An h1Conn
+// keeps one and reuses it.
 type sentBody struct {
 	io.ReadCloser
-	eof, broken atomic.Bool
+	eof atomic.Bool
 	// on is set while it tracks the current request's body.
 	on bool
 }
@@ -609,7 +587,6 @@ type sentBody struct {
 func (s *sentBody) track(req *http.Request) {
 	s.on = true
 	s.eof.Store(false)
-	s.broken.Store(false)
 	if req.Body != s {
 		s.ReadCloser = req.Body
 		req.Body = s
@@ -622,11 +599,8 @@ func (s *sentBody) unread() bool { return s.on && !s.eof.Load() }
 
 func (s *sentBody) Read(p []byte) (int, error) {
 	n, err := s.ReadCloser.Read(p)
-	switch {
-	case err == io.EOF:
+	if err == io.EOF {
 		s.eof.Store(true)
-	case err != nil && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, errBodyAbandoned):
-		s.broken.Store(true)
 	}
 	return n, err
 }
