@@ -73,7 +73,7 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 	defer func() { s.putWriter(bw) }() // copyBody may have swapped it
 	switch {
 	case plain:
-		s.plain.writeHead(bw, src) // with its Content-Length: framingLength
+		s.plain.writeHead(bw, src) // framingLength
 	case f == framingNone:
 		// HEAD and 304 keep the Content-Length the backend gave.
 		writeStatusLine(bw, resp)
@@ -83,7 +83,7 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 		writeHeader(bw, resp.Header, "Content-Length") // the framing's own follows
 	}
 	switch {
-	case plain:
+	case plain: // its head has its Content-Length
 	case f == framingLength:
 		bw.WriteString("Content-Length: ")
 		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), resp.ContentLength, 10))

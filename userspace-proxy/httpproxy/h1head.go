@@ -260,7 +260,9 @@ func plainConnection(v []byte, close *bool) bool {
 	return true
 }
 
-// validFieldName reports a non-empty token (RFC 9110 §5.1).
+// validFieldName reports a non-empty token (RFC 9110 §5.1): what
+// httpguts.ValidHeaderFieldName checks, on bytes, without converting each
+// name to a string (an allocation per field).
 func validFieldName(b []byte) bool {
 	if len(b) == 0 {
 		return false
@@ -273,7 +275,8 @@ func validFieldName(b []byte) bool {
 	return true
 }
 
-// validFieldValue reports bytes textproto accepts in a field value:
+// validFieldValue reports bytes textproto accepts in a field value (as
+// httpguts.ValidHeaderFieldValue, on bytes):
 // visible ASCII, space, tab and obs-text; no other control, so no CR or LF.
 func validFieldValue(b []byte) bool {
 	for _, c := range b {
