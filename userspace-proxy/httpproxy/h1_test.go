@@ -795,3 +795,112 @@ func TestClientGoneMidAnswer(t *testing.T) {
 		t.Errorf("upstream connections open = %v, want 0: the one the answer came on is given up", got)
 	}
 }
+
+// brokenBodies are request bodies that break off before their end (the
+// app half-closes in the middle of one) or are malformed (a chunk size
+// that is not hex).
+var brokenBodies = []struct {
+	name, send string
+	halfClose  bool
+}{
+	{"cut", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel", true},
+	{"malformed", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n", false},
+	// After the backend's 100 Continue, which is not its answer.
+	{"cut-after-continue", "POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\nhel", true},
+}
+
+// TestBrokenRequestBody: a broken request body ends its exchange. The
+// backend, which waits for the rest of the body, sees its request end
+// (its connection closed, or its stream reset), and the app gets 400 and
+// the close — it would otherwise wait for an answer that never comes.
+func TestBrokenRequestBody(t *testing.T) {
+	for _, proto := range []snapshot.Protocol{snapshot.ProtocolHTTP11, snapshot.ProtocolH2C} {
+		for _, b := range brokenBodies {
+			t.Run(string(proto)+"/"+b.name, func(t *testing.T) {
+				// The backend's cleanup runs first: without the fix, it
+				// ends the exchange the fixture's cleanup waits for.
+				fx := newFixture(t, Config{}, snapshot.Backend{})
+				ended := make(chan error, 1)
+				ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					_, err := io.Copy(io.Discard, r.Body)
+					ended <- err
+				}))
+				fx.update(2, snapshot.Backend{Protocol: proto, Endpoints: []snapshot.Endpoint{ep}})
+				cl := fx.dial()
+				cl.c.SetDeadline(time.Now().Add(10 * time.Second))
+				cl.send(b.send)
+				if b.halfClose {
+					cl.c.(*net.TCPConn).CloseWrite()
+				}
+				resp, _ := cl.read(http.MethodPost)
+				for resp.StatusCode == http.StatusContinue {
+					resp, _ = cl.read(http.MethodPost)
+				}
+				if resp.StatusCode != http.StatusBadRequest || !cl.closed() {
+					t.Errorf("answer %s; want 400 and the close", resp.Status)
+				}
+				select {
+				case err := <-ended:
+					if err == nil {
+						t.Error("the backend read the broken body as whole")
+					}
+				case <-time.After(10 * time.Second):
+					t.Error("the backend still waits for the body")
+				}
+			})
+		}
+	}
+}
+
+// TestBrokenBodyEarlyAnswer: a backend that answers before it read the
+// request body gets its answer to the app whole, whether the body broke
+// after the answer started (the answer then outlasting the client watch's
+// first look, watchAfter) or just before it came.
+func TestBrokenBodyEarlyAnswer(t *testing.T) {
+	for _, b := range brokenBodies {
+		for _, breakFirst := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/break-first=%v", b.name, breakFirst), func(t *testing.T) {
+				fx := newFixture(t, Config{}, snapshot.Backend{}) // cleaned up after the backend
+				answered, broke := make(chan struct{}), make(chan struct{})
+				ep := serveRaw(t, func(c net.Conn) {
+					if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+						return
+					}
+					if breakFirst {
+						<-broke
+						time.Sleep(100 * time.Millisecond)
+						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhelloworld")
+					} else {
+						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhello")
+						close(answered)
+						<-broke
+						time.Sleep(watchAfter + watchAfter/2)
+						io.WriteString(c, "world")
+					}
+					io.Copy(io.Discard, c)
+				})
+				fx.update(2, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+				cl := fx.dial()
+				cl.c.SetDeadline(time.Now().Add(10 * time.Second))
+				head, rest, _ := strings.Cut(b.send, "\r\n\r\n")
+				cl.send(head + "\r\n\r\n")
+				if !breakFirst {
+					<-answered
+					time.Sleep(100 * time.Millisecond) // for the proxy to read it
+				}
+				cl.send(rest)
+				if b.halfClose {
+					cl.c.(*net.TCPConn).CloseWrite()
+				}
+				close(broke)
+				resp, body := cl.read(http.MethodPost)
+				if resp.StatusCode != http.StatusOK || body != "helloworld" || !resp.Close {
+					t.Errorf("answer %s %q, close=%v; want 200 helloworld with Connection: close", resp.Status, body, resp.Close)
+				}
+				if !cl.closed() {
+					t.Error("connection with a broken body left open")
+				}
+			})
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -191,6 +192,9 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 		if s.watch.gone.Load() {
 			return s.fail(req, x, upstream.ReasonCanceled, errClientGone)
 		}
+		if s.refuseBrokenBody(x, err) {
+			return false
+		}
 		if cd.stop() {
 			if cd.request {
 				return s.fail(req, x, upstream.ReasonTimeout, timeoutError(true, err))
@@ -332,6 +336,9 @@ func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline, plai
 		return nil, body, staleIf(fmt.Errorf("read answer: %w", err), replayable && uc.Reused() && body == nil)
 	}
 	for {
+		// The final answer may be coming: the watch lets it come even if
+		// the body breaks (sentBody.stranded).
+		s.sent.heard.Store(body != nil)
 		resp, err := s.readAnswer(uc.R, req, plain)
 		if err != nil {
 			return nil, body, fmt.Errorf("read answer: %w", err)
@@ -340,10 +347,14 @@ func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline, plai
 			uc.EndHead()
 			return resp, body, nil
 		}
+		s.sent.heard.Store(false)
 		if resp.StatusCode == http.StatusContinue && s.cont != nil {
 			s.cont.release()
 		}
 		s.informational(req, resp)
+		if _, err := uc.R.Peek(1); err != nil {
+			return nil, body, fmt.Errorf("read answer: %w", err)
+		}
 	}
 }
 
@@ -508,6 +519,9 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 		if s.watch.gone.Load() {
 			return s.fail(req, x, upstream.ReasonCanceled, errClientGone)
 		}
+		if s.refuseBrokenBody(x, err) {
+			return false
+		}
 		return s.fail(req, x, upstream.Classify(err), err)
 	}
 	closeAfter, _, err := s.answer(req, resp, x, c, setSession, nil)
@@ -519,6 +533,19 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 		return false
 	}
 	return !closeAfter && consumed
+}
+
+// refuseBrokenBody answers 400 and ends the connection when the exchange
+// failed after the request's body broke off or proved malformed (the
+// backend could not answer it: the watch ends the wait, clientWatch.fire;
+// net/http's Transport resets the stream), and reports whether it did.
+func (s *h1Conn) refuseBrokenBody(x *exchange, err error) bool {
+	if !s.sent.failed() {
+		return false
+	}
+	s.h.log.Debug("request body broken", "service", x.fe.Service.String(), "client", s.t.client(), "err", s.sent.err, "upstream_err", err)
+	s.refuse("400 Bad Request")
+	return true
 }
 
 // finish waits for the goroutine sending the request body, if any, and
@@ -574,11 +601,15 @@ var aLongTimeAgo = time.Unix(1, 0)
 const bodyTailWait = time.Second
 
 // sentBody is a request body being written upstream by a goroutine; eof
-// is set once the client's side of it was read to its end. An h1Conn
-// keeps one and reuses it.
+// is set once the client's side of it was read to its end, broken when
+// reading it failed on its own (the app left in the middle of it, or sent
+// a malformed one) rather than because finish stopped it, heard once the
+// answer's first byte came. An h1Conn keeps one and reuses it.
 type sentBody struct {
 	io.ReadCloser
-	eof atomic.Bool
+	eof, broken, heard atomic.Bool
+	// err is why it broke, written before broken is set.
+	err error
 	// on is set while it tracks the current request's body.
 	on bool
 }
@@ -587,6 +618,8 @@ type sentBody struct {
 func (s *sentBody) track(req *http.Request) {
 	s.on = true
 	s.eof.Store(false)
+	s.broken.Store(false)
+	s.heard.Store(false)
 	if req.Body != s {
 		s.ReadCloser = req.Body
 		req.Body = s
@@ -597,10 +630,24 @@ func (s *sentBody) track(req *http.Request) {
 // the client's side of it was not read to its end.
 func (s *sentBody) unread() bool { return s.on && !s.eof.Load() }
 
+// failed reports whether reading the current request's body broke.
+func (s *sentBody) failed() bool { return s.on && s.broken.Load() }
+
+// stranded reports whether the current request's body broke before any
+// answer came: the backend waits for the rest, which will never come, so
+// it will not answer either.
+func (s *sentBody) stranded() bool { return s.failed() && !s.heard.Load() }
+
 func (s *sentBody) Read(p []byte) (int, error) {
 	n, err := s.ReadCloser.Read(p)
-	if err == io.EOF {
+	switch {
+	case err == io.EOF:
 		s.eof.Store(true)
+	case err != nil && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, errBodyAbandoned):
+		// A body is read without a deadline (readRequest): finish's
+		// deadline and halt are the only others.
+		s.err = err
+		s.broken.Store(true)
 	}
 	return n, err
 }

@@ -76,7 +76,11 @@ func (w *clientWatch) start(uc *pool.Conn, cancel context.CancelFunc) {
 // fire reads the client (it runs in a goroutine of its own) until data,
 // an error or stop comes: an error other than stop's deadline means the
 // client left. While a request body is still read from the client (by
-// the body's goroutine) it tries again later.
+// the body's goroutine) it tries again later, unless the body broke off
+// or is malformed and no answer came: the backend waits for the rest of
+// the body and will not answer, so the exchange ends (forward answers
+// 400). An answer that had started by then was the backend's early one,
+// and goes on.
 func (w *clientWatch) fire() {
 	w.mu.Lock()
 	if !w.on || w.done != nil {
@@ -85,7 +89,11 @@ func (w *clientWatch) fire() {
 	}
 	s := w.s
 	if s.sent.unread() {
-		w.t.Reset(watchAfter)
+		if s.sent.stranded() {
+			w.end()
+		} else {
+			w.t.Reset(watchAfter)
+		}
 		w.mu.Unlock()
 		return
 	}
@@ -110,6 +118,11 @@ func (w *clientWatch) fire() {
 		return
 	}
 	w.gone.Store(true)
+	w.end()
+}
+
+// end ends the watched exchange's wait on the backend; under mu.
+func (w *clientWatch) end() {
 	if w.uc != nil {
 		w.uc.Conn.Close()
 	}
