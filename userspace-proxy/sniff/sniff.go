@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
@@ -52,6 +53,9 @@ const maxPeek = len(http2Preface)
 // readSize is the most Sniff reads at once: an API client's request head
 // fits (nginx's client_header_buffer_size is the same 1 KiB).
 const readSize = 1 << 10
+
+// readers hold what Sniff read until a Conn replayed it.
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, readSize) }}
 
 // Classify decides what bytes b (the start of a stream) are, or reports more
 // = true when b is a prefix of a pattern and more bytes would decide.
@@ -109,11 +113,12 @@ func (c *Conn) NetConn() net.Conn { return c.Conn }
 // ReadPooled is Read for a connection underneath that is a
 // sockio.PooledReader: the replay first, then its ReadPooled.
 func (c *Conn) ReadPooled(bufs sockio.Buffers) (*[]byte, int, error) {
-	if c.r != nil && c.r.Buffered() > 0 {
-		return sockio.ReadInto(c.r, bufs)
+	if c.r == nil {
+		return c.Conn.(sockio.PooledReader).ReadPooled(bufs)
 	}
-	c.r = nil
-	return c.Conn.(sockio.PooledReader).ReadPooled(bufs)
+	bp, n, err := sockio.ReadInto(c.r, bufs)
+	c.dropDrained()
+	return bp, n, err
 }
 
 // Read reads the peeked bytes first, then from the connection.
@@ -121,32 +126,71 @@ func (c *Conn) Read(p []byte) (int, error) {
 	if c.r == nil {
 		return c.Conn.Read(p)
 	}
+	n, err := c.r.Read(p)
+	c.dropDrained()
+	return n, err
+}
+
+// dropDrained gives the replay's reader back once it is drained: later
+// reads go straight to the socket without a copy, and a connection that
+// reads nothing more (one request) still returns it.
+func (c *Conn) dropDrained() {
 	if c.r.Buffered() == 0 {
-		// Drop the reader once drained so later reads go straight to the
-		// socket without a copy.
+		c.r.Reset(nil)
+		readers.Put(c.r)
 		c.r = nil
-		return c.Conn.Read(p)
 	}
-	return c.r.Read(p)
 }
 
 // Sniff reads from c until Classify decides or timeout passes without a
 // decision, and returns the kind with a Conn replaying the bytes read. A
 // timeout, or end of stream after some bytes, yields Opaque; a connection
 // that ends before sending anything is an error. timeout 0 means no limit.
+//
+// Most clients have sent their first bytes by the time the proxy takes
+// their connection. On a sockio.Conn, reads first take what is there
+// without waiting, and the deadline, two timer updates, is set only when
+// one would wait.
 func Sniff(c net.Conn, timeout time.Duration) (Kind, *Conn, error) {
-	if timeout > 0 {
+	var now *sockio.Conn // reads do not wait while set
+	armed := false       // the deadline is set
+	arm := func() error {
+		if now != nil {
+			now.NoWait(false)
+			now = nil
+		}
+		armed = true
 		if err := c.SetReadDeadline(time.Now().Add(timeout)); err != nil {
-			return Opaque, nil, fmt.Errorf("sniff: set deadline: %w", err)
+			return fmt.Errorf("sniff: set deadline: %w", err)
+		}
+		return nil
+	}
+	if timeout > 0 {
+		if now = sockio.Of(c); now != nil {
+			now.NoWait(true)
+			defer func() {
+				if now != nil {
+					now.NoWait(false)
+				}
+			}()
+		} else if err := arm(); err != nil {
+			return Opaque, nil, err
 		}
 	}
 	// The first read takes whatever the client sent, up to readSize: a
 	// typical request in one system call instead of two.
-	r := bufio.NewReaderSize(c, readSize)
+	r := readers.Get().(*bufio.Reader)
+	r.Reset(c)
 	var kind Kind
 	for {
 		// Wait for at least one more byte, then judge all that arrived.
 		_, err := r.Peek(r.Buffered() + 1)
+		if now != nil && errors.Is(err, sockio.ErrWouldBlock) {
+			if err := arm(); err != nil {
+				return Opaque, nil, err
+			}
+			continue
+		}
 		b, _ := r.Peek(r.Buffered())
 		k, more := Classify(b)
 		if !more || len(b) >= maxPeek {
@@ -163,7 +207,7 @@ func Sniff(c net.Conn, timeout time.Duration) (Kind, *Conn, error) {
 			break
 		}
 	}
-	if timeout > 0 {
+	if armed {
 		if err := c.SetReadDeadline(time.Time{}); err != nil {
 			return Opaque, nil, fmt.Errorf("sniff: clear deadline: %w", err)
 		}

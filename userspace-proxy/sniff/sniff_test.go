@@ -3,9 +3,12 @@ package sniff
 import (
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
 
 func TestClassify(t *testing.T) {
@@ -96,4 +99,65 @@ func TestSniffClosedEarly(t *testing.T) {
 	if _, _, err := Sniff(b, 0); err == nil {
 		t.Fatal("Sniff on a closed connection: no error")
 	}
+}
+
+// TestSniffSockio: on a sockio.Conn, Sniff takes what already arrived
+// without waiting, waits with its deadline for what has not, and leaves
+// the connection as it found it either way — reads wait again, with no
+// deadline (the later bytes come after more than the timeout).
+func TestSniffSockio(t *testing.T) {
+	const timeout = 100 * time.Millisecond
+	for _, c := range []struct {
+		name   string
+		chunks []string // the first sent before Sniff, each next after a pause
+		kind   Kind
+	}{
+		{"there", []string{"GET / HTTP/1.1\r\n\r\n"}, HTTP1},
+		{"in pieces", []string{"GE", "T / HTTP/1.1\r\n\r\n"}, HTTP1},
+		{"late", []string{"", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"}, HTTP2},
+		{"silent", []string{""}, Opaque},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			app, conn := tcpPair(t)
+			app.Write([]byte(c.chunks[0]))
+			time.Sleep(10 * time.Millisecond) // for it to arrive
+			go func() {
+				for _, ch := range c.chunks[1:] {
+					time.Sleep(timeout / 4)
+					app.Write([]byte(ch))
+				}
+				time.Sleep(3 * timeout)
+				app.Write([]byte("later"))
+			}()
+			k, sc, err := Sniff(sockio.Wrap(conn), timeout)
+			if err != nil || k != c.kind {
+				t.Fatalf("Sniff = %v, %v; want %v", k, err, c.kind)
+			}
+			want := strings.Join(c.chunks, "") + "later"
+			got := make([]byte, len(want))
+			if _, err := io.ReadFull(sc, got); err != nil || string(got) != want {
+				t.Errorf("read %q, %v; want %q", got, err, want)
+			}
+		})
+	}
+}
+
+// tcpPair returns the two ends of a loopback TCP connection.
+func tcpPair(t *testing.T) (app, conn *net.TCPConn) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	a, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); c.Close() })
+	return a.(*net.TCPConn), c.(*net.TCPConn)
 }
