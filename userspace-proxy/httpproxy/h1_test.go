@@ -904,3 +904,50 @@ func TestBrokenBodyEarlyAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestSizedAnswerNotHeld: what a backend sent of an answer of known
+// length reaches the app while the backend pauses in the middle of it —
+// the head and a first part larger than a segment — instead of waiting in
+// the proxy for the rest of a 32 KiB write. Over TLS and cleartext.
+func TestSizedAnswerNotHeld(t *testing.T) {
+	first, rest := strings.Repeat("a", 3000), strings.Repeat("b", 3000)
+	for _, useTLS := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", useTLS), func(t *testing.T) {
+			fx := newFixture(t, Config{}, snapshot.Backend{}) // cleaned up after the backend
+			more := make(chan struct{})
+			handle := func(c net.Conn) {
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 6000\r\n\r\n"+first)
+				<-more
+				io.WriteString(c, rest)
+				io.Copy(io.Discard, c)
+			}
+			be := snapshot.Backend{}
+			if useTLS {
+				be = tlsBackend(t, handle)
+			} else {
+				be.Endpoints = []snapshot.Endpoint{serveRaw(t, handle)}
+			}
+			fx.update(2, be)
+			cl := fx.dial()
+			cl.c.SetDeadline(time.Now().Add(5 * time.Second))
+			cl.send("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+			resp, err := http.ReadResponse(cl.r, &http.Request{Method: http.MethodGet})
+			if err != nil {
+				close(more)
+				t.Fatalf("no answer while the backend pauses: %v", err)
+			}
+			got := make([]byte, len(first))
+			_, err = io.ReadFull(resp.Body, got)
+			close(more)
+			if err != nil || string(got) != first {
+				t.Fatalf("first part %q…, %v; want what the backend sent", got[:10], err)
+			}
+			if b, err := io.ReadAll(resp.Body); err != nil || string(b) != rest {
+				t.Errorf("rest %d bytes, %v; want %d", len(b), err, len(rest))
+			}
+		})
+	}
+}

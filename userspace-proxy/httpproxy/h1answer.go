@@ -3,6 +3,7 @@ package httpproxy
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -174,7 +175,9 @@ func writeStatusLine(bw *bufio.Writer, resp *http.Response) {
 
 // copyBody streams resp's body to the client and reports whether it was
 // read to its end. A sized body is read straight into bw's buffer and goes
-// out in full buffers; a body of unknown length (chunked, server-sent
+// out in full buffers, or, on the pooled path, when the backend has
+// nothing more at hand and bw holds postponeBelow (readAtHand); a body of
+// unknown length (chunked, server-sent
 // events, MCP, streamed gRPC-Web) is flushed whenever the backend has
 // nothing more buffered, so nothing waits in the proxy. It returns the
 // answer's writer, bw or, when a stream that waited gave bw back (see
@@ -184,6 +187,10 @@ func (s *h1Conn) copyBody(bw *bufio.Writer, resp *http.Response, f framing, src 
 	b.take()
 	defer b.drop()
 	stream := f != framingLength
+	var under *sockio.Conn // the upstream socket, for a sized body's reads (readAtHand)
+	if !stream && src != nil && s.up.uc != nil {
+		under = sockio.Of(s.up.uc.Conn)
+	}
 	last := 0
 	for {
 		var p []byte
@@ -196,7 +203,13 @@ func (s *h1Conn) copyBody(bw *bufio.Writer, resp *http.Response, f framing, src 
 			if p, err = b.target(); err != nil {
 				return false, b.bw, fmt.Errorf("write answer: %w", err)
 			}
-			n, rerr = resp.Body.Read(p)
+			if under != nil && b.bw.Buffered() >= postponeBelow && src.Buffered() == 0 {
+				if p, n, rerr, err = b.readAtHand(resp.Body, p, under); err != nil {
+					return false, b.bw, fmt.Errorf("write answer: %w", err)
+				}
+			} else {
+				n, rerr = resp.Body.Read(p)
+			}
 		}
 		last = n
 		if n > 0 {
@@ -224,6 +237,36 @@ func (s *h1Conn) copyBody(bw *bufio.Writer, resp *http.Response, f framing, src 
 		b.bw.WriteString("\r\n")
 	}
 	return true, b.bw, nil
+}
+
+// postponeBelow is how much of a sized answer may wait in the proxy while
+// the backend pauses: as nginx's postpone_output, a segment's worth.
+const postponeBelow = 1460
+
+// readAtHand reads a sized body into p as Read would, but when nothing of
+// it is at hand it first writes out what the answer's writer holds (at
+// least postponeBelow: the head, the body so far), then waits: bytes the
+// backend sent do not wait in the proxy for the rest of a 32 KiB write.
+// It returns the buffer the bytes are in (the writer's, taken again after
+// the write), and werr when that write failed.
+func (b *bodyCopy) readAtHand(body io.Reader, p []byte, under *sockio.Conn) (_ []byte, n int, err, werr error) {
+	under.NoWait(true)
+	n, err = body.Read(p)
+	under.NoWait(false)
+	switch {
+	case !errors.Is(err, sockio.ErrWouldBlock):
+		return p, n, err, nil
+	case n > 0:
+		return p, n, nil, nil
+	}
+	if werr = b.bw.Flush(); werr != nil {
+		return nil, 0, nil, werr
+	}
+	if p, werr = b.target(); werr != nil {
+		return nil, 0, nil, werr
+	}
+	n, err = body.Read(p)
+	return p, n, err, nil
 }
 
 // streamWaitBelow: a streamed answer whose last read brought less than

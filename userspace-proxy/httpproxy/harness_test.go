@@ -3,6 +3,7 @@ package httpproxy
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"io"
 	"log/slog"
 	"net"
@@ -20,6 +21,7 @@ import (
 	"github.com/sockmesh/sockmesh/internal/metricsum"
 	"github.com/sockmesh/sockmesh/internal/syncbuf"
 	"github.com/sockmesh/sockmesh/internal/tcpserve"
+	"github.com/sockmesh/sockmesh/test/pki"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
@@ -208,3 +210,27 @@ func (f *fixture) counter(name string, labels map[string]string) float64 {
 // checkNoLeaks fails t if goroutines running this package's code outlive
 // the test; it runs after every other cleanup (register it first).
 func checkNoLeaks(t *testing.T) { leakcheck.Register(t, "/userspace-proxy/httpproxy/") }
+
+// tlsBackend is serveRaw behind TLS (a certificate for echo.test from a
+// CA of its own), and returns a backend whose policy trusts it.
+func tlsBackend(t *testing.T, handle func(net.Conn)) snapshot.Backend {
+	t.Helper()
+	ca, err := pki.NewCA("httpproxy test ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.LeafOptions{CommonName: "echo", DNSNames: []string{"echo.test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{Certificates: []tls.Certificate{leaf.TLS}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcpserve.Serve(t, l, handle)
+	return snapshot.Backend{
+		TLS: &snapshot.TLS{Mode: snapshot.TLSServerOnly, ServerName: "echo.test", RootsPEM: string(ca.CertPEM),
+			Policy: snapshot.ObjectRef{Kind: "BackendTLSPolicy", Namespace: "b", Name: "echo-tls"}},
+		Endpoints: []snapshot.Endpoint{{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true, Serving: true}},
+	}
+}
