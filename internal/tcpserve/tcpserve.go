@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"testing"
 )
 
 // Cleanuper registers a function to run when a test ends: *testing.T,
@@ -68,4 +69,26 @@ func Relay(t Cleanuper, ln net.Listener, target string) {
 		c.Close()
 		<-done
 	})
+}
+
+// Pair returns the two ends of a loopback TCP connection, both closed
+// when t ends.
+func Pair(t testing.TB) (client, server *net.TCPConn) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := l.Accept()
+	if err != nil {
+		c.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close(); s.Close() })
+	return c.(*net.TCPConn), s.(*net.TCPConn)
 }

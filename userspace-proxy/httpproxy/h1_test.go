@@ -22,6 +22,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
 )
 
 // echoHeaders answers with what the backend saw: the upstream connection,
@@ -763,19 +764,7 @@ func TestClientGoneMidAnswer(t *testing.T) {
 		}
 	}))
 	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	app, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
+	app, c := tcpserve.Pair(t)
 	done := make(chan struct{})
 	go func() { // not the fixture's: a copy that never ends must not hang its cleanup
 		defer close(done)

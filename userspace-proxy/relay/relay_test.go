@@ -11,27 +11,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/test/pki"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
-
-func tcpPair(t *testing.T) (client, server net.Conn) {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	client, err = net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	server, err = l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return client, server
-}
 
 // backendCert returns a test CA and a certificate it issued for "backend".
 func backendCert(t *testing.T) (*pki.CA, *pki.Leaf) {
@@ -68,8 +51,8 @@ func TestRelayHalfClose(t *testing.T) {
 }
 
 func testRelayHalfClose(t *testing.T, wrap func(net.Conn) net.Conn) {
-	app, proxyIn := tcpPair(t)
-	proxyOut, backend := tcpPair(t)
+	app, proxyIn := tcpserve.Pair(t)
+	proxyOut, backend := tcpserve.Pair(t)
 	defer app.Close()
 	defer backend.Close()
 	done := make(chan Result)
@@ -78,7 +61,7 @@ func testRelayHalfClose(t *testing.T, wrap func(net.Conn) net.Conn) {
 	req := bytes.Repeat([]byte("q"), 3*BufferSize+7)
 	go func() {
 		app.Write(req)
-		app.(*net.TCPConn).CloseWrite()
+		app.CloseWrite()
 	}()
 	got, err := io.ReadAll(backend) // ends only if the half-close arrived
 	if err != nil || !bytes.Equal(got, req) {
@@ -86,7 +69,7 @@ func testRelayHalfClose(t *testing.T, wrap func(net.Conn) net.Conn) {
 	}
 	answer := bytes.Repeat([]byte("a"), BufferSize+1)
 	backend.Write(answer)
-	backend.(*net.TCPConn).CloseWrite()
+	backend.CloseWrite()
 	got, err = io.ReadAll(app)
 	if err != nil || !bytes.Equal(got, answer) {
 		t.Fatalf("app read %d bytes, %v; want %d", len(got), err, len(answer))
@@ -106,12 +89,12 @@ func TestRelayErrorClosesBoth(t *testing.T) {
 }
 
 func testRelayErrorClosesBoth(t *testing.T, wrap func(net.Conn) net.Conn) {
-	app, proxyIn := tcpPair(t)
-	proxyOut, backend := tcpPair(t)
+	app, proxyIn := tcpserve.Pair(t)
+	proxyOut, backend := tcpserve.Pair(t)
 	defer app.Close()
 	done := make(chan Result)
 	go func() { done <- Relay(wrap(proxyIn), wrap(proxyOut), NewPool(), nil) }()
-	backend.(*net.TCPConn).SetLinger(0)
+	backend.SetLinger(0)
 	backend.Close()
 	if _, err := io.ReadAll(app); err != nil {
 		t.Logf("app read ended with %v", err)
@@ -131,9 +114,9 @@ func TestIdleRelayHoldsNoBuffer(t *testing.T) {
 		var rs []relayed
 		done := make(chan Result, 8)
 		for range cap(done) {
-			app, proxyIn := tcpPair(t)
-			proxyOut, backend := tcpPair(t)
-			out := sockio.Wrap(proxyOut.(*net.TCPConn))
+			app, proxyIn := tcpserve.Pair(t)
+			proxyOut, backendTCP := tcpserve.Pair(t)
+			out, backend := sockio.Wrap(proxyOut), net.Conn(backendTCP)
 			if withTLS {
 				tc := tls.Client(out, &tls.Config{ServerName: "backend", RootCAs: ca.Pool()})
 				ts := tls.Server(backend, &tls.Config{Certificates: []tls.Certificate{leaf.TLS}})
@@ -143,7 +126,7 @@ func TestIdleRelayHoldsNoBuffer(t *testing.T) {
 				}
 				out, backend = tc, ts
 			}
-			go func() { done <- Relay(sockio.Wrap(proxyIn.(*net.TCPConn)), out, pool, nil) }()
+			go func() { done <- Relay(sockio.Wrap(proxyIn), out, pool, nil) }()
 			rs = append(rs, relayed{app, backend})
 		}
 		exchange := func(msg string) {
@@ -192,10 +175,10 @@ func TestIdleRelayHoldsNoBuffer(t *testing.T) {
 // the app per 64 KiB, a quarter more of the proxy's CPU).
 func TestTLSRecordsGoOutTogether(t *testing.T) {
 	ca, leaf := backendCert(t)
-	app, proxyIn := tcpPair(t)
-	proxyOut, backend := tcpPair(t)
+	app, proxyIn := tcpserve.Pair(t)
+	proxyOut, backend := tcpserve.Pair(t)
 	sent := &countedConn{Conn: backend}
-	tc := tls.Client(sockio.Wrap(proxyOut.(*net.TCPConn)), &tls.Config{ServerName: "backend", RootCAs: ca.Pool()})
+	tc := tls.Client(sockio.Wrap(proxyOut), &tls.Config{ServerName: "backend", RootCAs: ca.Pool()})
 	// No session tickets: nothing but the answer follows the handshake.
 	ts := tls.Server(sent, &tls.Config{Certificates: []tls.Certificate{leaf.TLS}, SessionTicketsDisabled: true})
 	shook := make(chan error)
@@ -213,9 +196,9 @@ func TestTLSRecordsGoOutTogether(t *testing.T) {
 	if _, err := ts.Write(answer); err != nil {
 		t.Fatal(err)
 	}
-	waitArrived(t, proxyOut.(*net.TCPConn), sent.written.Load()-handshake)
+	waitArrived(t, proxyOut, sent.written.Load()-handshake)
 
-	in := &countedConn{Conn: sockio.Wrap(proxyIn.(*net.TCPConn))}
+	in := &countedConn{Conn: sockio.Wrap(proxyIn)}
 	done := make(chan Result)
 	go func() { done <- Relay(in, tc, NewPool(), nil) }()
 	app.SetDeadline(time.Now().Add(10 * time.Second))

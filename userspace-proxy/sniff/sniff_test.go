@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
 
@@ -118,7 +119,7 @@ func TestSniffSockio(t *testing.T) {
 		{"silent", []string{""}, Opaque},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			app, conn := tcpPair(t)
+			app, conn := tcpserve.Pair(t)
 			app.Write([]byte(c.chunks[0]))
 			time.Sleep(10 * time.Millisecond) // for it to arrive
 			go func() {
@@ -140,24 +141,4 @@ func TestSniffSockio(t *testing.T) {
 			}
 		})
 	}
-}
-
-// tcpPair returns the two ends of a loopback TCP connection.
-func tcpPair(t *testing.T) (app, conn *net.TCPConn) {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	a, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { a.Close(); c.Close() })
-	return a.(*net.TCPConn), c.(*net.TCPConn)
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/test/pki"
 )
 
@@ -20,30 +21,12 @@ import (
 // loopback.
 func pair(t testing.TB) (*Conn, *net.TCPConn) {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := l.Accept()
-		accepted <- c
-	}()
-	c, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := <-accepted
-	if s == nil {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() { c.Close(); s.Close() })
-	w, ok := Wrap(c.(*net.TCPConn)).(*Conn)
+	c, s := tcpserve.Pair(t)
+	w, ok := Wrap(c).(*Conn)
 	if !ok {
 		t.Fatal("Wrap did not wrap a TCP connection")
 	}
-	return w, s.(*net.TCPConn)
+	return w, s
 }
 
 func TestReadWriteWholeStream(t *testing.T) {
