@@ -828,6 +828,9 @@ func TestBrokenRequestBody(t *testing.T) {
 				if resp.StatusCode != http.StatusBadRequest || !cl.closed() {
 					t.Errorf("answer %s; want 400 and the close", resp.Status)
 				}
+				if got := fx.counter("sockmesh_proxy_requests_total", map[string]string{"code": "400"}); got != 1 {
+					t.Errorf("requests counted with code 400: %v, want 1", got)
+				}
 				select {
 				case err := <-ended:
 					if err == nil {

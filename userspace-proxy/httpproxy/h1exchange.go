@@ -545,6 +545,7 @@ func (s *h1Conn) refuseBrokenBody(x *exchange, err error) bool {
 	}
 	s.h.log.Debug("request body broken", "service", x.fe.Service.String(), "client", s.t.client(), "err", s.sent.err, "upstream_err", err)
 	s.refuse("400 Bad Request")
+	s.count(x, http.StatusBadRequest)
 	return true
 }
 
