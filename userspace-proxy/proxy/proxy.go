@@ -75,13 +75,13 @@ type HTTP1TLSPath uint8
 
 const (
 	// HTTP1TLSAuto is the measured default, HTTP1TLSPooled. Measured with
-	// test/bench/proxy (its package documentation has the table; 2 cores,
-	// provisional): against nginx, the pooled fast path served 0.8–0.9× the
-	// requests/s with keep-alive and 100 B answers (L4 0.9–1.0×, net/http
-	// 0.65×), 1.0–1.1× with 64 KiB answers, and 0.87× with a connection per
-	// request, where L4 served 0.2–0.26× (an L4 connection pays a resumed
-	// TLS handshake, the pool reuses a connection) and net/http 0.7×. It
-	// also sees each request (metrics, snapshot swaps, 503s).
+	// test/bench/proxy (test/bench/proxy/RESULTS.md; 2 shared cores):
+	// against nginx, the pooled fast path serves about 1.0× the requests/s
+	// with keep-alive and 100 B or 64 KiB answers (L4 1.0×, net/http
+	// 0.6×), and 0.85–0.95× with a connection per request, where L4 served
+	// 0.16–0.26× (an L4 connection pays a resumed TLS handshake, the pool
+	// reuses a connection) and net/http 0.7×. It also sees each request
+	// (metrics, snapshot swaps, 503s).
 	HTTP1TLSAuto HTTP1TLSPath = iota
 	// HTTP1TLSL4 wraps the app's bytes in TLS, one upstream connection (with
 	// session resumption) per client connection.
