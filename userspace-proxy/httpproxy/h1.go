@@ -21,6 +21,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
+	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
@@ -49,12 +50,12 @@ func (h *Handler) ServeHTTP1(c net.Conn, t *Target) {
 		return
 	}
 	defer h.h1.untrack(s)
-	s.lim = pool.LimitReader{R: c, N: math.MaxInt64, Err: errHeaderTooLarge}
-	s.br = h.h1.readers.Get().(*bufio.Reader)
-	s.br.Reset(&s.lim)
+	s.ahead = aheadReader{r: c, bufs: h.h1.heads}
+	s.lim = pool.LimitReader{R: &s.ahead, N: math.MaxInt64, Err: errHeaderTooLarge}
+	s.pooled = sockio.Pooled(c)
 	defer func() {
-		s.br.Reset(nil)
-		h.h1.readers.Put(s.br)
+		h.h1.readers.put(s.br)
+		s.ahead.release()
 	}()
 	for s.next() {
 		req, err := s.readRequest()
@@ -89,17 +90,52 @@ type h1State struct {
 	draining atomic.Bool
 	mu       sync.Mutex
 	conns    map[*h1Conn]struct{}
-	// readers hold a client connection's unread bytes for its lifetime;
-	// writers only while an answer is written, so an idle connection keeps
-	// 4 KiB, not 36.
-	readers, writers sync.Pool
+	// readers hold a client connection's unread bytes from the moment
+	// its next request starts to arrive, writers while an answer is
+	// written: a connection waiting for a request holds neither
+	// (waitRequest), where it held 4 KiB, once 36.
+	readers readerPool
+	writers sync.Pool
+	// heads lend waitRequest a reader's worth of buffer for the bytes
+	// that end a wait.
+	heads *relay.Pool
+}
+
+// readerSize sizes the readers of client connections (net/http's too).
+const readerSize = 4 << 10
+
+// readerPool lends the readers of client connections, counting those out.
+type readerPool struct {
+	p     sync.Pool
+	inUse atomic.Int64
+}
+
+// get returns a reader of readerSize bytes reading r.
+func (p *readerPool) get(r io.Reader) *bufio.Reader {
+	p.inUse.Add(1)
+	br, _ := p.p.Get().(*bufio.Reader)
+	if br == nil {
+		return bufio.NewReaderSize(r, readerSize)
+	}
+	br.Reset(r)
+	return br
+}
+
+// put gives br back, if there is one.
+func (p *readerPool) put(br *bufio.Reader) {
+	if br == nil {
+		return
+	}
+	p.inUse.Add(-1)
+	br.Reset(nil)
+	p.p.Put(br)
 }
 
 const answerBufferSize = 32 << 10 // two full TLS records of a large body per write
 
 func (s *h1State) init() {
 	s.conns = make(map[*h1Conn]struct{})
-	s.readers.New = func() any { return bufio.NewReaderSize(nil, 4<<10) }
+	s.heads = relay.NewPoolSize(readerSize)
 	s.writers.New = func() any { return bufio.NewWriterSize(nil, answerBufferSize) }
 }
 
@@ -128,13 +164,19 @@ const (
 
 // h1Conn is one client connection on the fast path.
 type h1Conn struct {
-	h     *Handler
-	c     net.Conn
-	t     *Target
-	lim   pool.LimitReader
+	h   *Handler
+	c   net.Conn
+	t   *Target
+	lim pool.LimitReader
+	// br reads lim, which reads ahead, then c; nil while the connection
+	// waits for a request (waitRequest).
 	br    *bufio.Reader
-	state atomic.Int32
-	x     exchange // the current request's, reused
+	ahead aheadReader
+	// pooled is c as a sockio.PooledReader; nil when a layer of c cannot
+	// read that way, and then br stays for the connection's life.
+	pooled sockio.PooledReader
+	state  atomic.Int32
+	x      exchange // the current request's, reused
 	// rt is the current request's route decision, allocated by the
 	// first routed request and reused: connections to frontends without
 	// routes do not carry it.
@@ -210,11 +252,11 @@ func (s *h1Conn) next() bool {
 	// As net/http: the header block plus what bufio may read ahead.
 	s.lim.N = int64(s.h.cfg.MaxHeaderBytes) + 4096
 	now := time.Now()
-	if s.br.Buffered() == 0 {
+	if s.br == nil || s.br.Buffered() == 0 {
 		if want := now.Add(s.h.cfg.IdleTimeout); !s.idleDeadline || want.Sub(s.deadline) > deadlineSlack {
 			s.setDeadline(want, true)
 		}
-		if _, err := s.br.Peek(1); err != nil {
+		if !s.waitRequest() {
 			return false
 		}
 	}
@@ -228,6 +270,63 @@ func (s *h1Conn) next() bool {
 }
 
 const deadlineSlack = time.Second
+
+// waitRequest waits for the client's next bytes, holding no reader while
+// it waits: a node's proxy keeps every pod's idle keep-alive connections,
+// and a reader was a fifth of the memory each kept (test/bench/proxy
+// -idle). The read that ends the wait takes a buffer from heads only once
+// bytes are there (sockio's ReadPooled: one read, as before), and a reader
+// takes them in through ahead. False when the client is gone or the idle
+// deadline passed.
+func (s *h1Conn) waitRequest() bool {
+	if s.pooled == nil {
+		if s.br == nil {
+			s.br = s.h.h1.readers.get(&s.lim)
+		}
+		_, err := s.br.Peek(1)
+		return err == nil
+	}
+	s.h.h1.readers.put(s.br)
+	s.br = nil
+	bp, n, err := s.pooled.ReadPooled(s.h.h1.heads)
+	if err != nil {
+		return false
+	}
+	s.ahead.b, s.ahead.bp = (*bp)[:n], bp
+	s.br = s.h.h1.readers.get(&s.lim)
+	// An empty reader's first read takes all of ahead (a head buffer is
+	// no larger than a reader): whoever reads the connection past br
+	// (a WebSocket's relay) misses nothing.
+	_, err = s.br.Peek(1)
+	return err == nil
+}
+
+// aheadReader serves the bytes that ended waitRequest's wait, then reads r.
+type aheadReader struct {
+	r    io.Reader
+	bufs sockio.Buffers
+	b    []byte
+	bp   *[]byte // b's buffer, from bufs; nil when b is served
+}
+
+func (a *aheadReader) Read(p []byte) (int, error) {
+	if a.bp == nil {
+		return a.r.Read(p)
+	}
+	n := copy(p, a.b)
+	if a.b = a.b[n:]; len(a.b) == 0 {
+		a.release()
+	}
+	return n, nil
+}
+
+// release gives the buffer back.
+func (a *aheadReader) release() {
+	if a.bp != nil {
+		a.bufs.Put(a.bp)
+		a.bp, a.b = nil, nil
+	}
+}
 
 // setDeadline sets c's read deadline; idle says it is the idle deadline,
 // which may stay armed while a bodiless request is forwarded (nothing reads

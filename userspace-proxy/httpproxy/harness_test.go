@@ -23,6 +23,7 @@ import (
 	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/test/pki"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
@@ -74,7 +75,8 @@ func newFixtureWith(t *testing.T, cfg Config, ucfg upstream.Config, be snapshot.
 				return
 			}
 			f.wg.Go(func() {
-				f.h.ServeHTTP1(c, &Target{OrigDst: vip, Start: f.cur.Load(), Current: &f.cur, ClientAddr: c.RemoteAddr().(*net.TCPAddr).AddrPort()})
+				// As the proxy: raw reads and writes (sockio) under the connection.
+				f.h.ServeHTTP1(sockio.Wrap(c.(*net.TCPConn)), &Target{OrigDst: vip, Start: f.cur.Load(), Current: &f.cur, ClientAddr: c.RemoteAddr().(*net.TCPAddr).AddrPort()})
 			})
 		}
 	})

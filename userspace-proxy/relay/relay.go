@@ -23,12 +23,15 @@ type Pool struct {
 	inUse atomic.Int64
 }
 
-// NewPool returns an empty buffer pool.
-func NewPool() *Pool {
-	return &Pool{p: sync.Pool{New: func() any { b := make([]byte, BufferSize); return &b }}}
+// NewPool returns an empty pool of BufferSize buffers.
+func NewPool() *Pool { return NewPoolSize(BufferSize) }
+
+// NewPoolSize returns an empty pool of buffers of size bytes.
+func NewPoolSize(size int) *Pool {
+	return &Pool{p: sync.Pool{New: func() any { b := make([]byte, size); return &b }}}
 }
 
-// Get returns a buffer of BufferSize bytes.
+// Get returns one of the pool's buffers.
 func (p *Pool) Get() *[]byte {
 	p.inUse.Add(1)
 	return p.p.Get().(*[]byte)
