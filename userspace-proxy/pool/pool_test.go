@@ -56,23 +56,52 @@ func TestReuseLIFO(t *testing.T) {
 	}
 }
 
-// TestMaxIdle: beyond MaxIdle, a connection put back is closed (its peer
-// sees the end) and its slot freed.
+// TestMaxIdle: connections a burst opened beyond MaxIdle wait for reuse,
+// so the next burst dials none; after trimAfter idle those beyond MaxIdle
+// close, least recently used first (their peers see the end), and free
+// their slots, while the newest MaxIdle stay.
 func TestMaxIdle(t *testing.T) {
-	p := New(Config{MaxIdle: 1})
-	d := newPipeDialer()
-	c1, _ := p.Get(context.Background(), ep, d.dial)
-	c2, _ := p.Get(context.Background(), ep, d.dial)
-	<-d.peers
-	peer2 := <-d.peers
-	p.Put(c1)
-	p.Put(c2)
-	if _, err := peer2.Read(make([]byte, 1)); err != io.EOF {
-		t.Errorf("peer of the surplus connection read %v, want EOF", err)
-	}
-	if open, idle := p.Stats(ep); open != 1 || idle != 1 {
-		t.Errorf("open %d idle %d; want 1, 1", open, idle)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		p := New(Config{MaxIdle: 1})
+		d := newPipeDialer()
+		burst := func() []*Conn {
+			cs := make([]*Conn, 3)
+			for i := range cs {
+				cs[i], _ = p.Get(context.Background(), ep, d.dial)
+			}
+			for _, c := range cs {
+				p.Put(c)
+			}
+			return cs
+		}
+		first := burst()
+		peers := []net.Conn{<-d.peers, <-d.peers, <-d.peers} // first's, in order
+		second := burst()                                    // LIFO: first[2], first[1], first[0]
+		if n := d.dials.Load(); n != 3 {
+			t.Fatalf("two bursts of 3 requests dialed %d connections, want 3", n)
+		}
+		if second[2] != first[0] {
+			t.Fatalf("second burst took %p last, want %p", second[2], first[0])
+		}
+		time.Sleep(trimAfter - time.Second)
+		synctest.Wait()
+		if open, idle := p.Stats(ep); open != 3 || idle != 3 {
+			t.Fatalf("before trimAfter: open %d idle %d; want 3, 3", open, idle)
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		for _, i := range []int{1, 2} {
+			if _, err := peers[i].Read(make([]byte, 1)); err != io.EOF {
+				t.Errorf("peer of surplus connection %d read %v, want EOF", i, err)
+			}
+		}
+		if open, idle := p.Stats(ep); open != 1 || idle != 1 {
+			t.Errorf("after trimAfter: open %d idle %d; want 1, 1", open, idle)
+		}
+		if c, err := p.Get(context.Background(), ep, noDial); err != nil || c != first[0] {
+			t.Errorf("Get = %p, %v; want the connection put back last, %p", c, err, first[0])
+		}
+	})
 }
 
 // TestMaxOpenWaits: at MaxOpen, Get waits; a Put hands the connection over,

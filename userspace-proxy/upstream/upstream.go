@@ -30,8 +30,9 @@ type Config struct {
 	// TLS holds the proxy-wide TLS inputs (system pool override, session
 	// cache size).
 	TLS upstreamtls.Options
-	// MaxIdleConnsPerEndpoint bounds idle keep-alive connections kept per
-	// endpoint and wire; 0 means 64.
+	// MaxIdleConnsPerEndpoint bounds the keep-alive connections kept idle
+	// per endpoint and wire (HTTP/1.1: past 10 s, pool.Config.MaxIdle); 0
+	// means 64.
 	MaxIdleConnsPerEndpoint int
 	// MaxConnsPerEndpoint bounds connections per endpoint and wire (requests
 	// wait for one beyond it); 0 means 1024.

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"fmt"
 	"math"
 	"net/netip"
@@ -73,6 +74,8 @@ type scenario struct {
 	streams int
 	path    string // request path
 	cpr     bool   // one connection per request
+	// conns is the client connections, when not -conns.
+	conns int
 	// upload, when set, is a file of bytes each request POSTs (the load
 	// generator's script for wrk, its data file for h2load).
 	upload string
@@ -221,7 +224,7 @@ func runBench(c benchConfig) error {
 		targets = append(targets, target{name: "b sockmesh " + strings.ReplaceAll(spec, "@", " "), pid: p.Process.Pid, proxy: listen,
 			url: func(s scenario) string { return "http://" + svc.String() + s.path }})
 	}
-	versus, err := startVersus(c.versus, dir, c.conns*c.streams, start)
+	versus, err := startVersus(c.versus, dir, max(c.conns*c.streams, 4*c.conns), start)
 	if err != nil {
 		return err
 	}
@@ -242,6 +245,7 @@ func runBench(c benchConfig) error {
 	scenarios := []scenario{
 		{name: "keep-alive 100 B", path: "/bytes/100"},
 		{name: "keep-alive 64 KiB", path: "/bytes/65536"},
+		{name: fmt.Sprintf("keep-alive 100 B, %d conns", 4*c.conns), path: "/bytes/100", conns: 4 * c.conns},
 		{name: "conn-per-request 100 B", path: "/bytes/100", cpr: true},
 		{name: "h2c client 100 B", path: "/bytes/100", h2: true, streams: 1},
 		{name: "h2c client 64 KiB", path: "/bytes/65536", h2: true, streams: 1},
@@ -366,14 +370,15 @@ var (
 // loadCommand is the load generator invocation of scenario s (without the
 // URL), as the report shows it.
 func loadCommand(s scenario, c benchConfig) []string {
+	conns := strconv.Itoa(cmp.Or(s.conns, c.conns))
 	if s.h2 {
-		args := []string{"h2load", "-c", strconv.Itoa(c.conns), "-m", strconv.Itoa(s.streams), "-t", "1", "-D", strconv.Itoa(int(c.duration.Seconds()))}
+		args := []string{"h2load", "-c", conns, "-m", strconv.Itoa(s.streams), "-t", "1", "-D", strconv.Itoa(int(c.duration.Seconds()))}
 		if s.upload != "" {
 			args = append(args, "-d", s.upload)
 		}
 		return args
 	}
-	args := []string{"wrk", "-t", "1", "-c", strconv.Itoa(c.conns), "-d", c.duration.String(), "--latency"}
+	args := []string{"wrk", "-t", "1", "-c", conns, "-d", c.duration.String(), "--latency"}
 	if s.cpr {
 		args = append(args, "-H", "Connection: close")
 	}

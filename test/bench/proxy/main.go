@@ -44,7 +44,10 @@
 // worker as requests can be in flight (at least 64, ../shared/BENCH.md's
 // value): with 64 and 500 requests in flight, most of its requests paid a
 // new TLS connection to the backend, and it made a quarter of the
-// requests/s it makes with enough of them.
+// requests/s it makes with enough of them. The row "keep-alive 100 B, 200
+// conns" (four times -conns) puts more requests in flight than sockmesh's
+// pool keeps idle per endpoint for long (64): a node's proxy carries many
+// pods' requests to one backend.
 //
 // The backend is Go's net/http (the echo backend) unless -backend nginx:
 // Debian's nginx serving the same answers as files, on the same address,
