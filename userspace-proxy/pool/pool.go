@@ -152,8 +152,8 @@ type Pool struct {
 	// idle, rather than one per connection: a per-connection timer is
 	// stopped and reset on every request, two timer-heap updates per
 	// request on the hot path.
-	sweep    *time.Timer
-	sweeping bool // sweep is armed
+	sweep   *time.Timer
+	sweepAt time.Time // when sweep fires; zero when it is not armed
 }
 
 type endpoint struct {
@@ -330,9 +330,11 @@ func (p *Pool) Put(c *Conn) {
 	}
 	c.idleSince = time.Now()
 	ep.idle = append(ep.idle, c)
-	if !p.sweeping {
-		p.sweeping = true
-		p.sweep.Reset(min(trimAfter, p.cfg.IdleTimeout))
+	// Armed for later (every idle connection trimmed, waiting to expire),
+	// the sweep comes sooner for this one's turn.
+	if due := c.idleSince.Add(min(trimAfter, p.cfg.IdleTimeout)); p.sweepAt.IsZero() || due.Before(p.sweepAt) {
+		p.sweepAt = due
+		p.sweep.Reset(due.Sub(c.idleSince))
 	}
 	p.mu.Unlock()
 }
@@ -402,8 +404,9 @@ func (p *Pool) expire() {
 			at(p.cfg.IdleTimeout - now.Sub(ep.idle[0].idleSince))
 		}
 	}
-	p.sweeping = next > 0
-	if p.sweeping {
+	p.sweepAt = time.Time{}
+	if next > 0 {
+		p.sweepAt = now.Add(next)
 		p.sweep.Reset(next)
 	}
 	p.mu.Unlock()

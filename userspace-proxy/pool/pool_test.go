@@ -59,7 +59,8 @@ func TestReuseLIFO(t *testing.T) {
 // TestMaxIdle: connections a burst opened beyond MaxIdle wait for reuse,
 // so the next burst dials none; after trimAfter idle those beyond MaxIdle
 // close, least recently used first (their peers see the end), and free
-// their slots, while the newest MaxIdle stay.
+// their slots, while the newest MaxIdle stay — also when a burst comes
+// while the sweep waits only for a trimmed connection's expiry.
 func TestMaxIdle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := New(Config{MaxIdle: 1})
@@ -99,7 +100,17 @@ func TestMaxIdle(t *testing.T) {
 			t.Errorf("after trimAfter: open %d idle %d; want 1, 1", open, idle)
 		}
 		if c, err := p.Get(context.Background(), ep, noDial); err != nil || c != first[0] {
-			t.Errorf("Get = %p, %v; want the connection put back last, %p", c, err, first[0])
+			t.Fatalf("Get = %p, %v; want the connection put back last, %p", c, err, first[0])
+		} else {
+			p.Put(c)
+		}
+		time.Sleep(trimAfter + time.Second) // first[0] trimmed: the sweep waits for its expiry
+		synctest.Wait()
+		burst()
+		time.Sleep(trimAfter + time.Second)
+		synctest.Wait()
+		if open, idle := p.Stats(ep); open != 1 || idle != 1 || d.dials.Load() != 5 {
+			t.Errorf("after a second burst and trimAfter: open %d idle %d dials %d; want 1, 1, 5", open, idle, d.dials.Load())
 		}
 	})
 }
