@@ -23,7 +23,7 @@ type Config struct {
 	// wait for reuse until then: closed as they came back, they made a
 	// load steadily above MaxIdle dial, and handshake, a connection for
 	// most of its requests (200 keep-alive clients through one endpoint:
-	// 0.31 of nginx's requests/s, the proxy's CPU mostly TLS handshakes).
+	// a third of nginx's requests/s, the proxy's CPU mostly handshakes).
 	MaxIdle int
 	// MaxOpen bounds the connections open per endpoint, idle or in use; Get
 	// waits beyond it. 0 means 1024.
@@ -332,9 +332,10 @@ func (p *Pool) Put(c *Conn) {
 	ep.idle = append(ep.idle, c)
 	// Armed for later (every idle connection trimmed, waiting to expire),
 	// the sweep comes sooner for this one's turn.
-	if due := c.idleSince.Add(min(trimAfter, p.cfg.IdleTimeout)); p.sweepAt.IsZero() || due.Before(p.sweepAt) {
+	wait := min(trimAfter, p.cfg.IdleTimeout)
+	if due := c.idleSince.Add(wait); p.sweepAt.IsZero() || due.Before(p.sweepAt) {
 		p.sweepAt = due
-		p.sweep.Reset(due.Sub(c.idleSince))
+		p.sweep.Reset(wait)
 	}
 	p.mu.Unlock()
 }
