@@ -415,6 +415,54 @@ func TestH2AppLearnsH1OnlyBackend(t *testing.T) {
 	}
 }
 
+// TestBurstKeepsUpstreamConnections: a burst of concurrent requests to
+// one endpoint, more than the pool keeps idle past a few seconds, leaves
+// its upstream connections to the next burst, which makes no TLS
+// handshake: closed as they came back, the connections beyond the pool's
+// 64 had to be dialed again, and a load steadily above 64 requests in
+// flight dialed for most of its requests.
+func TestBurstKeepsUpstreamConnections(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	be := startEcho(t, "burst-0", serverTLS(e.pki.server))
+	vip := netip.MustParseAddrPort("10.96.1.130:80")
+	e.p.Update(buildSnapshot(t, 1, service{name: "burst", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(be.addr)}}))
+	handshakes := func() float64 {
+		return e.counter("sockmesh_proxy_upstream_tls_handshakes_total", map[string]string{"result": "full"}) +
+			e.counter("sockmesh_proxy_upstream_tls_handshakes_total", map[string]string{"result": "resumed"})
+	}
+	const inFlight = 100
+	c := e.client(vip, false)
+	burst := func() {
+		var wg sync.WaitGroup
+		for range inFlight {
+			wg.Go(func() {
+				// Two events 300 ms apart hold each request's upstream
+				// connection while the others start.
+				resp, err := c.Get("http://burst.b.svc/sse?n=2&interval=300ms")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				defer resp.Body.Close()
+				if _, err := io.Copy(io.Discard, resp.Body); err != nil || resp.StatusCode != http.StatusOK {
+					t.Errorf("status %d, body: %v", resp.StatusCode, err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	burst()
+	first := handshakes()
+	if first <= 64 {
+		t.Fatalf("the first burst made %v upstream connections; the test needs more than the pool's 64 in flight", first)
+	}
+	burst()
+	if got := handshakes() - first; got != 0 {
+		t.Errorf("a second burst of %d requests made %v upstream TLS handshakes after the first made %v, want none", inFlight, got, first)
+	}
+}
+
 // TestExternalHostnameAuthority: an ExternalHostname backend gets its own
 // name as the request's authority whatever the app speaks, over TLS and
 // cleartext (relayed bytes could not carry the rewrite: such backends
