@@ -23,13 +23,15 @@ type Choice struct {
 
 // Picker chooses among a backend's ready endpoints.
 type Picker struct {
-	ready []Choice
-	next  atomic.Uint32
+	ready  []Choice
+	next   atomic.Uint32
+	health *Health
 }
 
-// New returns a Picker over b's ready endpoints.
-func New(b *snapshot.Backend) *Picker {
-	p := &Picker{}
+// New returns a Picker over b's ready endpoints that passes over those h
+// has ejected; h may be nil.
+func New(b *snapshot.Backend, h *Health) *Picker {
+	p := &Picker{health: h}
 	for _, ep := range b.Endpoints {
 		if ep.Ready {
 			p.ready = append(p.ready, Choice{Endpoint: ep, Host: ep.Addr.String(), token: token(ep)})
@@ -41,20 +43,54 @@ func New(b *snapshot.Backend) *Picker {
 // Len is the number of ready endpoints.
 func (p *Picker) Len() int { return len(p.ready) }
 
-// Pick returns the next ready endpoint, or nil when there is none. The
-// result is shared: callers must not modify it.
+// Pick returns the next ready endpoint not ejected, or nil when there is
+// none ready; when all are ejected, the next ready one. The result is
+// shared: callers must not modify it.
 func (p *Picker) Pick() *Choice {
-	if len(p.ready) == 0 {
+	n := uint32(len(p.ready))
+	if n == 0 {
 		return nil
 	}
-	return &p.ready[p.next.Add(1)%uint32(len(p.ready))]
+	first := &p.ready[p.next.Add(1)%n]
+	if !p.health.any() {
+		return first
+	}
+	now := time.Now()
+	if p.health.admit(first.Endpoint.Addr, now) {
+		return first
+	}
+	// Each step takes its own turn, so that the endpoints after an
+	// ejected one share its requests rather than the next taking them all.
+	for range n - 1 {
+		if c := &p.ready[p.next.Add(1)%n]; p.health.admit(c.Endpoint.Addr, now) {
+			return c
+		}
+	}
+	// Every ready endpoint is ejected: one turn more (n+1 in all), so that
+	// they still take turns.
+	return &p.ready[p.next.Add(1)%n]
+}
+
+// ejected reports whether c is ejected at now while another ready endpoint
+// is not: a session pinned to c then moves.
+func (p *Picker) ejected(c *Choice, now time.Time) bool {
+	if !p.health.any() || !p.health.passedOver(c.Endpoint.Addr, now) {
+		return false
+	}
+	for i := range p.ready {
+		if !p.health.passedOver(p.ready[i].Endpoint.Addr, now) {
+			return true
+		}
+	}
+	return false
 }
 
 // PickRequest returns the endpoint for r at time now under session
 // persistence sp — the backend's own (snapshot.Backend.SessionPersistence)
 // or the one a route rule sets in its place; nil means none: the one r's
-// session names when that endpoint is still ready and the session has not
-// timed out; otherwise the next one (nil when none is ready). setSession
+// session names when that endpoint is still ready, not ejected (Health)
+// and the session has not timed out; otherwise the next one (nil when
+// none is ready). setSession
 // is true when the response must carry the session (SetSession): a new
 // session, or one whose idle clock restarts.
 func (p *Picker) PickRequest(r *http.Request, now time.Time, sp *snapshot.SessionPersistence) (c *Choice, setSession bool) {
@@ -63,8 +99,8 @@ func (p *Picker) PickRequest(r *http.Request, now time.Time, sp *snapshot.Sessio
 	}
 	if s, ok := parseSession(sessionOf(r, sp)); ok && !expired(sp, s, now) {
 		for i := range p.ready {
-			if p.ready[i].token == s.endpoint {
-				return &p.ready[i], sp.IdleTimeoutSeconds > 0
+			if c := &p.ready[i]; c.token == s.endpoint && !p.ejected(c, now) {
+				return c, sp.IdleTimeoutSeconds > 0
 			}
 		}
 	}
@@ -73,7 +109,7 @@ func (p *Picker) PickRequest(r *http.Request, now time.Time, sp *snapshot.Sessio
 }
 
 // Holds reports whether r's session under sp names one of p's ready
-// endpoints and has not timed out: a rule that splits across several
+// endpoints, not ejected, and has not timed out: a rule that splits across several
 // backends sends such a request to this one (GEP-1619 persists the
 // session across the rule's backendRefs).
 func (p *Picker) Holds(r *http.Request, now time.Time, sp *snapshot.SessionPersistence) bool {
@@ -82,8 +118,8 @@ func (p *Picker) Holds(r *http.Request, now time.Time, sp *snapshot.SessionPersi
 		return false
 	}
 	for i := range p.ready {
-		if p.ready[i].token == s.endpoint {
-			return true
+		if c := &p.ready[i]; c.token == s.endpoint {
+			return !p.ejected(c, now)
 		}
 	}
 	return false

@@ -15,7 +15,7 @@ func TestPickOnlyReady(t *testing.T) {
 		{Addr: netip.MustParseAddrPort("10.0.0.2:80"), Ready: false, Terminating: true},
 		{Addr: netip.MustParseAddrPort("10.0.0.3:80"), Ready: true},
 	}}
-	p := New(b)
+	p := New(b, nil)
 	seen := map[string]int{}
 	for range 10 {
 		seen[p.Pick().Host]++
@@ -23,7 +23,7 @@ func TestPickOnlyReady(t *testing.T) {
 	if len(seen) != 2 || seen["10.0.0.2:80"] != 0 || seen["10.0.0.1:80"] != 5 {
 		t.Errorf("picks = %v, want the two ready endpoints in turn", seen)
 	}
-	if New(&snapshot.Backend{}).Pick() != nil {
+	if New(&snapshot.Backend{}, nil).Pick() != nil {
 		t.Error("Pick with no endpoint returned one")
 	}
 }
@@ -36,7 +36,7 @@ func TestHeaderSession(t *testing.T) {
 		},
 		SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "X-Session"},
 	}
-	p := New(b)
+	p := New(b, nil)
 	r, _ := http.NewRequest(http.MethodGet, "/", nil)
 	now := time.Unix(1_000_000, 0)
 	first, isNew := p.PickRequest(r, now, b.SessionPersistence)
@@ -66,7 +66,7 @@ func TestSessionTimeouts(t *testing.T) {
 		SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionCookie, Name: "s",
 			IdleTimeoutSeconds: 10, AbsoluteTimeoutSeconds: 100, Permanent: true},
 	}
-	p := New(b)
+	p := New(b, nil)
 	t0 := time.Unix(1_000_000, 0)
 	// request sends a request at now with the current cookie and keeps the
 	// cookie its answer sets.

@@ -296,10 +296,7 @@ func (s *h1Conn) conn(x *exchange, choice *balance.Choice, read bool) (*pool.Con
 		}
 	}
 	uc, err := be.GetH1(ctx, &choice.Endpoint)
-	for i := 1; err != nil && x.sessionFor() == nil && i < min(be.Picker.Len(), 3); i++ {
-		if r := upstream.Classify(err); r != upstream.ReasonRefused && r != upstream.ReasonDialFailed {
-			break
-		}
+	for i := 1; err != nil && x.sessionFor() == nil && i < min(be.Picker.Len(), 3) && upstream.NoConnection(err); i++ {
 		choice = be.Picker.Pick()
 		uc, err = be.GetH1(ctx, &choice.Endpoint)
 	}

@@ -213,7 +213,7 @@ func (x *exchange) repick(c *balance.Choice) *balance.Choice {
 func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request, c *balance.Choice) (resp *http.Response, done func(), err error) {
 	countRequest(x)
 	if x.r == nil || !x.r.pol.active {
-		resp, err := rt.RoundTrip(out)
+		resp, err := x.roundTripAny(rt, out)
 		return resp, noop, err
 	}
 	p := &x.r.pol
@@ -234,7 +234,7 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 		if x.r.kept {
 			o.Body = replayBody(x.r.body)
 		}
-		resp, err = rt.RoundTrip(o)
+		resp, err = x.roundTripAny(rt, o)
 		why := ""
 		switch {
 		case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
@@ -274,6 +274,25 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 		}
 		c = x.repick(c)
 	}
+}
+
+// roundTripAny sends out through rt to the endpoint it names and, as the
+// fast path does (h1Conn.conn), when the connect fails, to other endpoints
+// (three in all): nothing went out, so a request whose body can go again
+// may go elsewhere, unless a session pins the endpoint.
+func (x *exchange) roundTripAny(rt http.RoundTripper, out *http.Request) (*http.Response, error) {
+	resp, err := rt.RoundTrip(out)
+	for i := 1; err != nil && i < min(x.be.Picker.Len(), 3) && upstream.NoConnection(err) &&
+		x.replayable(out) && x.sessionFor() == nil; i++ {
+		c := x.be.Picker.Pick()
+		o := out.WithContext(upstream.WithEndpoint(out.Context(), &c.Endpoint))
+		o.URL = withURLHost(out.URL, c.Host)
+		if x.r != nil && x.r.kept {
+			o.Body = replayBody(x.r.body)
+		}
+		resp, err = rt.RoundTrip(o)
+	}
+	return resp, err
 }
 
 func noop() {}

@@ -222,6 +222,10 @@ type envOptions struct {
 	maxConnsPerClient int
 	// sniffTimeout is Config.SniffTimeout (0: 2 s).
 	sniffTimeout time.Duration
+	// dialTimeout bounds the proxy's connects (0: dial.Config's 5 s).
+	dialTimeout time.Duration
+	// ejectFor is upstream.Config.EjectFor, and EjectMax (0: 1 s and 30 s).
+	ejectFor time.Duration
 }
 
 func newEnv(t testing.TB, o envOptions) *env {
@@ -232,9 +236,10 @@ func newEnv(t testing.TB, o envOptions) *env {
 		// A silent client is judged opaque after this: generous, as
 		// only TestServerFirstProtocol's apps wait for the server.
 		SniffTimeout:      cmp.Or(o.sniffTimeout, 2*time.Second),
-		Dial:              dial.Config{Unmarked: os.Geteuid() != 0},
+		Dial:              dial.Config{Unmarked: os.Geteuid() != 0, Timeout: o.dialTimeout},
 		MaxConnsPerClient: o.maxConnsPerClient,
 	}
+	cfg.Upstream.EjectFor, cfg.Upstream.EjectMax = o.ejectFor, o.ejectFor
 	if o.dialer != nil {
 		cfg.Dialer = o.dialer(dial.NewDirect(cfg.Dial))
 	}

@@ -450,8 +450,8 @@ func TestRouteRetryConnectError(t *testing.T) {
 			if got := e.counter("sockmesh_proxy_request_retries_total", map[string]string{"reason": "connect"}); got != 3 {
 				t.Errorf("retries{connect} = %v, want 3", got)
 			}
-			// The fast path tries another endpoint after a refused connect
-			// anyway; net/http's Transport needs the retry.
+			// Either path tries the other endpoint after a refused connect,
+			// within the attempt, and passes the refusing one over after.
 			for i := range 10 {
 				if a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/mixed", nil)); a.status != 200 || a.report.Pod != "healthy" {
 					t.Fatalf("request %d with a refusing endpoint beside a healthy one: %d %s", i, a.status, a.body)

@@ -264,7 +264,7 @@ func (cs *connState) dialAny(path Path, alpn []string) (net.Conn, error) {
 			return up, nil
 		}
 		errs = errors.Join(errs, err)
-		if r := upstream.Classify(err); r != upstream.ReasonRefused && r != upstream.ReasonDialFailed {
+		if !upstream.NoConnection(err) {
 			break
 		}
 	}

@@ -113,6 +113,13 @@ func Classify(err error) Reason {
 	return ReasonUpstream
 }
 
+// NoConnection reports whether err is a connect that failed (refused, or
+// no answer): nothing went to the endpoint, so another may be tried.
+func NoConnection(err error) bool {
+	r := Classify(err)
+	return r == ReasonRefused || r == ReasonDialFailed
+}
+
 var errHandshake = errors.New("upstream tls handshake")
 
 // isRemoteAlert reports a TLS alert from the backend, which crypto/tls

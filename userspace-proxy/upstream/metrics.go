@@ -2,9 +2,11 @@ package upstream
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 )
 
@@ -18,11 +20,12 @@ type metrics struct {
 	handshakesResumed prometheus.Counter
 	handshakeSeconds  prometheus.Histogram
 	open              *prometheus.GaugeVec
+	ejections         *prometheus.CounterVec
 	poolGets          [2]prometheus.Counter // new, reused
 	poolDropped       [2]prometheus.Counter // by pool.DropReason
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, health *balance.Health) (*metrics, error) {
 	m := &metrics{
 		dials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_upstream_dials_total",
@@ -41,7 +44,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "sockmesh_proxy_upstream_connections",
 			Help: "Open connections to backend endpoints (pooled, in use, or relaying), by backend.",
 		}, []string{"namespace", "backend"}),
+		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sockmesh_proxy_upstream_endpoint_ejections_total",
+			Help: "Times an endpoint was passed over for a while because a connect to it failed for want of it (refused, unreachable, timed out), by backend.",
+		}, []string{"namespace", "backend"}),
 	}
+	ejected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sockmesh_proxy_upstream_endpoints_ejected",
+		Help: "Endpoints passed over now because their last connect failed, or awaiting the one connection that tries them again.",
+	}, func() float64 { return float64(health.Ejected(time.Now())) })
 	poolGets := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sockmesh_proxy_upstream_pool_gets_total",
 		Help: "HTTP/1.1 upstream connections taken for a request, by result (reused: from the pool, new: dialed).",
@@ -54,7 +65,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m.poolDropped = [2]prometheus.Counter{pool.DropClosed: poolDropped.WithLabelValues("closed"), pool.DropUnsolicited: poolDropped.WithLabelValues("unsolicited")}
 	m.dialsOK = m.dials.WithLabelValues("ok")
 	m.handshakesFull, m.handshakesResumed = m.handshakes.WithLabelValues("full"), m.handshakes.WithLabelValues("resumed")
-	for _, c := range []prometheus.Collector{m.dials, m.handshakes, m.handshakeSeconds, m.open, poolGets, poolDropped} {
+	for _, c := range []prometheus.Collector{m.dials, m.handshakes, m.handshakeSeconds, m.open, m.ejections, ejected, poolGets, poolDropped} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register upstream metrics: %w", err)
 		}

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -45,6 +46,10 @@ type Config struct {
 	// (502), where a backend frozen or gone with its node would otherwise
 	// hold them until the app gives up. 0 means 30 s and 15 s.
 	H2PingAfter, H2PingTimeout time.Duration
+	// EjectFor is how long an endpoint whose connect failed for want of it
+	// (refused, unreachable, timed out) is passed over, doubling with each
+	// failed probe up to EjectMax (balance.Health); 0 means 1 s and 30 s.
+	EjectFor, EjectMax time.Duration
 	// Panics reports the panics recovered in the goroutines the
 	// transports run: a request body's writer, and the dials net/http's
 	// Transport makes on goroutines of its own (TLS verification is ours).
@@ -87,6 +92,7 @@ type Pools struct {
 	dialer dial.Dialer
 	log    *slog.Logger
 	m      *metrics
+	health *balance.Health // across snapshots: an endpoint is a pod's
 }
 
 // New returns Pools dialing through d.
@@ -106,11 +112,18 @@ func New(cfg Config, d dial.Dialer, log *slog.Logger, reg prometheus.Registerer)
 	if cfg.H2PingTimeout == 0 {
 		cfg.H2PingTimeout = 15 * time.Second
 	}
-	m, err := newMetrics(reg)
+	if cfg.EjectFor == 0 {
+		cfg.EjectFor = time.Second
+	}
+	if cfg.EjectMax == 0 {
+		cfg.EjectMax = 30 * time.Second
+	}
+	health := balance.NewHealth(cfg.EjectFor, cfg.EjectMax)
+	m, err := newMetrics(reg, health)
 	if err != nil {
 		return nil, err
 	}
-	return &Pools{cfg: cfg, dialer: d, log: log, m: m}, nil
+	return &Pools{cfg: cfg, dialer: d, log: log, m: m, health: health}, nil
 }
 
 // Set is the upstream side of one snapshot.
@@ -141,11 +154,12 @@ func (b *Backend) FirstFailure() bool { return b.reported.CompareAndSwap(false, 
 // wireState is what survives a snapshot swap when protocol and TLS settings
 // are unchanged: the TLS configs with their session caches and the pools.
 type wireState struct {
-	p        *Pools
-	protocol snapshot.Protocol
-	tls      *upstreamtls.Origination // nil: cleartext
-	labels   [2]string                // namespace, backend name
-	open     prometheus.Gauge
+	p         *Pools
+	protocol  snapshot.Protocol
+	tls       *upstreamtls.Origination // nil: cleartext
+	labels    [2]string                // namespace, backend name
+	open      prometheus.Gauge
+	ejections prometheus.Counter
 	// h1 pools the HTTP/1.1 connections (GetH1, h1Transport); transports
 	// are net/http's, for HTTP/2 (WireH2, and WireNegotiate's h2 side).
 	h1         *pool.Pool
@@ -168,10 +182,11 @@ const h1OnlyFor = time.Minute
 func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 	log := p.log.With("snapshot_version", s.Version)
 	set := &Set{byRef: make(map[snapshot.BackendRef]*Backend, len(s.Backends))}
+	p.health.Retain(readyIn(s))
 	kept := make(map[*wireState]bool)
 	for i := range s.Backends {
 		spec := &s.Backends[i]
-		b := &Backend{Spec: spec, Picker: balance.New(spec)}
+		b := &Backend{Spec: spec, Picker: balance.New(spec, p.health)}
 		set.byRef[spec.Ref] = b
 		var prevBudget *retrybudget.Budget
 		if old := prev.Get(spec.Ref); old != nil {
@@ -190,6 +205,7 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 		}
 		w := &wireState{p: p, protocol: spec.Protocol, labels: [2]string{spec.Ref.Namespace, spec.Ref.Name}}
 		w.open = p.m.open.WithLabelValues(w.labels[0], w.labels[1])
+		w.ejections = p.m.ejections.WithLabelValues(w.labels[0], w.labels[1])
 		if spec.TLS != nil {
 			o, err := upstreamtls.New(spec.TLS, p.cfg.TLS)
 			if err != nil {
@@ -384,8 +400,12 @@ func (w *wireState) dialTCP(ctx context.Context, ep snapshot.Endpoint) (*tracked
 	raw, err := w.p.dialer.Dial(ctx, ep)
 	if err != nil {
 		m.dials.WithLabelValues(string(classifyDial(err))).Inc()
+		if ctx.Err() == nil && endpointFault(err) {
+			w.eject(ep, err)
+		}
 		return nil, &dialError{err: err}
 	}
+	w.p.health.OK(ep.Addr)
 	m.dialsOK.Inc()
 	w.open.Inc()
 	return &trackedConn{Conn: raw, open: w.open}, nil
@@ -428,6 +448,43 @@ func (w *wireState) dial(ctx context.Context, ep snapshot.Endpoint, alpn []strin
 		m.handshakesFull.Inc()
 	}
 	return tc, nil
+}
+
+// readyIn reports whether an address is a ready endpoint of a backend of s.
+func readyIn(s *snapshot.Snapshot) func(netip.AddrPort) bool {
+	var ready map[netip.AddrPort]bool
+	return func(ep netip.AddrPort) bool {
+		if ready == nil { // only when an endpoint is ejected
+			ready = make(map[netip.AddrPort]bool)
+			for i := range s.Backends {
+				for _, e := range s.Backends[i].Endpoints {
+					ready[e.Addr] = ready[e.Addr] || e.Ready
+				}
+			}
+		}
+		return ready[ep]
+	}
+}
+
+// eject passes ep over for a while: its connect failed for want of it.
+func (w *wireState) eject(ep snapshot.Endpoint, err error) {
+	d := w.p.health.Failed(ep.Addr, time.Now())
+	if d == 0 {
+		return // already ejected
+	}
+	w.ejections.Inc()
+	w.p.log.Warn("endpoint ejected: its connect failed", "endpoint", ep.Addr.String(),
+		"backend", w.labels[0]+"/"+w.labels[1], "for", d.String(), "err", err)
+}
+
+// endpointFault reports whether a connect failed for want of the endpoint
+// (refused, unreachable, no answer in time), rather than of this node
+// (out of file descriptors or ports) or of the caller (its context).
+func endpointFault(err error) bool {
+	var ne net.Error
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) ||
+		errors.Is(err, syscall.ENETUNREACH) || errors.Is(err, syscall.EHOSTDOWN) ||
+		errors.As(err, &ne) && ne.Timeout()
 }
 
 func classifyDial(err error) Reason {

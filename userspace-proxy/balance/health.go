@@ -1,0 +1,156 @@
+package balance
+
+import (
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Health remembers, for the whole proxy, the endpoints whose last connect
+// failed for want of the endpoint (refused, unreachable, no answer in
+// time). Pickers pass over such an endpoint for a while — it is ejected —
+// so that once one request has found a pod gone, the requests after it do
+// not try it too; a pod gone with its node would otherwise cost every
+// request sent its way a whole connect timeout before the next endpoint is
+// tried, until the EndpointSlice says so, which takes tens of seconds.
+//
+// When its ejection ends, an endpoint gets one connection at a time (a
+// probe) until a connect settles it: a failed one ejects it again for
+// twice as long, up to Max; one that succeeds ends the ejection. An
+// endpoint no longer ready in the snapshot is forgotten (Retain), so a pod
+// that restarts and turns ready again starts afresh. When every ready
+// endpoint of a backend is ejected, its Picker ignores the ejections:
+// requests then find out for themselves rather than fail in the proxy.
+//
+// Health is safe for concurrent use; a Picker reads no more than one
+// atomic counter of it while no endpoint is ejected.
+type Health struct {
+	base, max time.Duration
+	n         atomic.Int32 // len(eps)
+	mu        sync.Mutex
+	eps       map[netip.AddrPort]*ejection
+}
+
+type ejection struct {
+	until time.Time // passed over until then
+	probe time.Time // when the current probe was handed out; zero if none
+	fails int       // connects failed in a row, one per ejection
+}
+
+// probeWait is how long a probe handed out may go unsettled before another
+// is: longer than a connect may take (dial.Config's timeout, 5 s), and a
+// probe whose request found an idle connection instead never settles.
+const probeWait = 15 * time.Second
+
+// NewHealth returns a Health that ejects an endpoint for base after its
+// first failed connect, doubling with each failed probe up to max.
+func NewHealth(base, max time.Duration) *Health {
+	return &Health{base: base, max: max, eps: make(map[netip.AddrPort]*ejection)}
+}
+
+// Failed records that a connect to ep, started before now, failed at now
+// for want of the endpoint. It returns how long ep is now ejected, or 0
+// when it already was (connects started before its ejection settle
+// nothing).
+func (h *Health) Failed(ep netip.AddrPort, now time.Time) time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.eps[ep]
+	switch {
+	case e == nil:
+		e = &ejection{}
+		h.eps[ep] = e
+		h.n.Store(int32(len(h.eps)))
+	case now.Before(e.until):
+		return 0
+	}
+	e.fails++
+	d := h.base
+	for i := 1; i < e.fails && d < h.max; i++ {
+		d *= 2
+	}
+	d = min(d, h.max)
+	e.until, e.probe = now.Add(d), time.Time{}
+	return d
+}
+
+// OK records a connect to ep that succeeded: its ejection, if any, ends.
+func (h *Health) OK(ep netip.AddrPort) {
+	if h.n.Load() == 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.forget(ep)
+}
+
+func (h *Health) forget(ep netip.AddrPort) {
+	if _, ok := h.eps[ep]; ok {
+		delete(h.eps, ep)
+		h.n.Store(int32(len(h.eps)))
+	}
+}
+
+// Retain forgets the endpoints for which ready is false: those the
+// snapshot no longer has as ready, whose next turn to ready is a new start.
+func (h *Health) Retain(ready func(netip.AddrPort) bool) {
+	if h.n.Load() == 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for ep := range h.eps {
+		if !ready(ep) {
+			h.forget(ep)
+		}
+	}
+}
+
+// Ejected is the number of endpoints passed over at now.
+func (h *Health) Ejected(now time.Time) int {
+	if h.n.Load() == 0 {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, e := range h.eps {
+		if e.passedOver(now) {
+			n++
+		}
+	}
+	return n
+}
+
+// any reports whether an endpoint may be ejected: false lets a Picker skip
+// the rest.
+func (h *Health) any() bool { return h != nil && h.n.Load() > 0 }
+
+// admit reports whether ep may take a connection at now, handing out the
+// probe when its ejection has ended.
+func (h *Health) admit(ep netip.AddrPort, now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.eps[ep]
+	if e == nil {
+		return true
+	}
+	if e.passedOver(now) {
+		return false
+	}
+	e.probe = now
+	return true
+}
+
+// passedOver reports whether ep is ejected at now, or its probe is out.
+func (h *Health) passedOver(ep netip.AddrPort, now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.eps[ep]
+	return e != nil && e.passedOver(now)
+}
+
+func (e *ejection) passedOver(now time.Time) bool {
+	return now.Before(e.until) || !e.probe.IsZero() && now.Sub(e.probe) < probeWait
+}

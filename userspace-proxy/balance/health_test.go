@@ -1,0 +1,148 @@
+package balance
+
+import (
+	"net/http"
+	"net/netip"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// picks counts the endpoints n Picks return, by host.
+func picks(p *Picker, n int) map[string]int {
+	seen := map[string]int{}
+	for range n {
+		seen[p.Pick().Host]++
+	}
+	return seen
+}
+
+// TestEjection: an endpoint whose connect failed is passed over, the
+// others sharing its turns; when its ejection ends it gets one connection
+// (the probe) and nothing more until the probe settles; each failed probe
+// doubles the ejection up to the maximum, and a connect that succeeds ends
+// it. Connects that started before the ejection and fail after it settle
+// nothing.
+func TestEjection(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := NewHealth(time.Second, 4*time.Second)
+		p := New(&snapshot.Backend{Endpoints: endpoints(3)}, h)
+		dead := p.ready[1].Endpoint.Addr
+		if got := picks(p, 30); got[dead.String()] != 10 {
+			t.Fatalf("before any failure: %v, want 10 each", got)
+		}
+		if d := h.Failed(dead, time.Now()); d != time.Second {
+			t.Fatalf("first ejection %v, want 1s", d)
+		}
+		if d := h.Failed(dead, time.Now()); d != 0 {
+			t.Errorf("a connect that started before the ejection ejected it again for %v", d)
+		}
+		if got := picks(p, 30); got[dead.String()] != 0 || got["10.0.0.1:80"] != 15 || got["10.0.0.3:80"] != 15 {
+			t.Fatalf("ejected: %v, want the other two 15 each", got)
+		}
+		if n := h.Ejected(time.Now()); n != 1 {
+			t.Errorf("Ejected = %d, want 1", n)
+		}
+		cur := time.Second
+		for _, want := range []time.Duration{2 * time.Second, 4 * time.Second, 4 * time.Second} {
+			time.Sleep(cur - time.Millisecond)
+			if got := picks(p, 30); got[dead.String()] != 0 {
+				t.Fatalf("just before the ejection ends: %v", got)
+			}
+			time.Sleep(time.Millisecond)
+			if got := picks(p, 30); got[dead.String()] != 1 {
+				t.Fatalf("after the ejection: %v, want one probe", got)
+			}
+			if d := h.Failed(dead, time.Now()); d != want {
+				t.Fatalf("failed probe: ejected for %v, want %v", d, want)
+			}
+			cur = want
+		}
+		time.Sleep(cur)
+		if got := picks(p, 3); got[dead.String()] != 1 {
+			t.Fatalf("after the last ejection: %v, want one probe", got)
+		}
+		h.OK(dead)
+		if got := picks(p, 30); got[dead.String()] != 10 {
+			t.Errorf("after a connect succeeded: %v, want 10 each", got)
+		}
+		if n := h.Ejected(time.Now()); n != 0 {
+			t.Errorf("Ejected = %d, want 0", n)
+		}
+		if d := h.Failed(dead, time.Now()); d != time.Second {
+			t.Errorf("a failure after recovery ejected for %v, want 1s again", d)
+		}
+	})
+}
+
+// TestProbeUnsettled: a probe handed out but never settled (its request
+// found an idle connection, or ended first) frees the endpoint for another
+// after probeWait.
+func TestProbeUnsettled(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := NewHealth(time.Second, time.Second)
+		p := New(&snapshot.Backend{Endpoints: endpoints(2)}, h)
+		dead := p.ready[0].Endpoint.Addr
+		h.Failed(dead, time.Now())
+		time.Sleep(time.Second)
+		if got := picks(p, 10); got[dead.String()] != 1 {
+			t.Fatalf("%v, want one probe", got)
+		}
+		time.Sleep(probeWait - time.Millisecond)
+		if got := picks(p, 10); got[dead.String()] != 0 {
+			t.Fatalf("%v while the probe is out", got)
+		}
+		time.Sleep(time.Millisecond)
+		if got := picks(p, 10); got[dead.String()] != 1 {
+			t.Fatalf("%v after probeWait, want another probe", got)
+		}
+	})
+}
+
+// TestAllEjected: when every ready endpoint is ejected, the Picker ignores
+// ejections, and a session stays where it is.
+func TestAllEjected(t *testing.T) {
+	h := NewHealth(time.Minute, time.Minute)
+	sp := &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "s"}
+	b := &snapshot.Backend{Endpoints: endpoints(2), SessionPersistence: sp}
+	p := New(b, h)
+	now := time.Now()
+	r, _ := http.NewRequest(http.MethodGet, "/", nil)
+	first, _ := p.PickRequest(r, now, sp)
+	hdr := http.Header{}
+	p.SetSession(hdr, r, first, now, sp)
+	r.Header.Set("s", hdr.Get("s"))
+
+	h.Failed(first.Endpoint.Addr, now)
+	if !p.ejected(first, now) || p.Holds(r, now, sp) {
+		t.Fatal("the session's endpoint ejected beside a healthy one is not passed over")
+	}
+	if c, set := p.PickRequest(r, now, sp); c == first || !set {
+		t.Errorf("session on an ejected endpoint went to %s (new %v), want the other, as a new session", c.Host, set)
+	}
+	for _, c := range p.ready {
+		h.Failed(c.Endpoint.Addr, now)
+	}
+	if got := picks(p, 10); len(got) != 2 || got[first.Host] != 5 {
+		t.Errorf("every endpoint ejected: %v, want both in turn", got)
+	}
+	if c, set := p.PickRequest(r, now, sp); c != first || set || !p.Holds(r, now, sp) {
+		t.Errorf("every endpoint ejected: session went to %s (new %v), want it kept", c.Host, set)
+	}
+}
+
+// TestRetain: an endpoint the snapshot no longer has as ready is forgotten,
+// so it starts afresh when it turns ready again.
+func TestRetain(t *testing.T) {
+	h := NewHealth(time.Minute, time.Minute)
+	a, b := netip.MustParseAddrPort("10.0.0.1:80"), netip.MustParseAddrPort("10.0.0.2:80")
+	now := time.Now()
+	h.Failed(a, now)
+	h.Failed(b, now)
+	h.Retain(func(ep netip.AddrPort) bool { return ep == b })
+	if h.passedOver(a, now) || !h.passedOver(b, now) || h.Ejected(now) != 1 {
+		t.Errorf("after Retain(b): a passed over %v, b %v; want only b", h.passedOver(a, now), h.passedOver(b, now))
+	}
+}

@@ -1,0 +1,205 @@
+package proxy_test
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/test/echo"
+)
+
+// TestEjectRefusedEndpoint: beside a healthy endpoint, one that refuses
+// connections (its pod's process gone, the EndpointSlice not yet updated)
+// costs one connect in all, on every path: the request that finds it
+// refusing goes to the other endpoint, and the requests after it are not
+// sent its way while it is ejected.
+func TestEjectRefusedEndpoint(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{ejectFor: time.Minute})
+	tlsBackend := startEcho(t, "tls-0", serverTLS(e.pki.server))
+	h2cBackend := startEcho(t, "h2c-0", nil)
+	vFast, vH2C, vTCP := netip.MustParseAddrPort("10.96.8.1:80"), netip.MustParseAddrPort("10.96.8.2:80"), netip.MustParseAddrPort("10.96.8.3:5432")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "fast", vip: vFast, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(tlsBackend.addr, closedPort(t))}},
+		service{name: "h2c", vip: vH2C, backend: snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(h2cBackend.addr, closedPort(t))}},
+		service{name: "tcp", vip: vTCP, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, Endpoints: endpoints(startTCPEcho(t, nil), closedPort(t))}},
+	))
+	const n = 20
+	paths := []struct {
+		name string
+		try  func(i int) error
+	}{
+		{"fast", httpGet(e, vFast, "tls-0")},                 // the HTTP/1.1 fast path
+		{"h2c", httpGet(e, vH2C, "h2c-0")},                   // net/http's HTTP/2 Transport
+		{"tcp", func(int) error { return echoTCP(e, vTCP) }}, // the L4 relay
+	}
+	for _, p := range paths {
+		before := e.counter("sockmesh_proxy_upstream_dials_total", map[string]string{"result": "refused"})
+		for i := range n {
+			if err := p.try(i); err != nil {
+				t.Fatalf("%s: request %d: %v", p.name, i, err)
+			}
+		}
+		if got := e.counter("sockmesh_proxy_upstream_dials_total", map[string]string{"result": "refused"}) - before; got != 1 {
+			t.Errorf("%s: %d requests made %v refused connects, want 1", p.name, n, got)
+		}
+		if got := e.counter("sockmesh_proxy_upstream_endpoint_ejections_total", map[string]string{"namespace": "b", "backend": p.name}); got != 1 {
+			t.Errorf("%s: ejections = %v, want 1", p.name, got)
+		}
+	}
+	if got := e.counter("sockmesh_proxy_upstream_endpoints_ejected", nil); got != 3 {
+		t.Errorf("endpoints ejected = %v, want 3", got)
+	}
+	if got := strings.Count(e.logs.String(), `"msg":"endpoint ejected: its connect failed"`); got != 3 {
+		t.Errorf("%d ejection log lines, want 3; log:\n%s", got, e.logs.String())
+	}
+}
+
+// TestEjectBlackholedEndpoint: an endpoint that does not answer at all, as
+// a pod gone with its node, costs one request a connect timeout, not every
+// request sent its way; once it answers again, the connection that tries
+// it after its ejection brings it back.
+func TestEjectBlackholedEndpoint(t *testing.T) {
+	checkNoLeaks(t)
+	const dialTimeout = 300 * time.Millisecond
+	for _, revive := range []bool{false, true} {
+		name := map[bool]string{false: "stays-away", true: "comes-back"}[revive]
+		t.Run(name, func(t *testing.T) {
+			ejectFor := time.Minute
+			if revive {
+				ejectFor = 200 * time.Millisecond
+			}
+			e := newEnv(t, envOptions{dialTimeout: dialTimeout, ejectFor: ejectFor})
+			healthy := startEcho(t, "healthy", serverTLS(e.pki.server))
+			hole, l := blackhole(t)
+			vip := netip.MustParseAddrPort("10.96.8.10:80")
+			e.p.Update(buildSnapshot(t, 1, service{name: "svc", vip: vip,
+				backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(healthy.addr, hole)}}))
+			try := httpGet(e, vip, "healthy")
+			for i := range 10 {
+				if err := try(i); err != nil {
+					t.Fatalf("request %d: %v", i, err)
+				}
+			}
+			failed := e.counter("sockmesh_proxy_upstream_dials_total", map[string]string{"result": "dial_failed"})
+			if !revive {
+				if failed != 1 {
+					t.Errorf("10 requests made %v connects that timed out, want 1", failed)
+				}
+				return
+			}
+			if failed < 1 {
+				t.Fatalf("no connect timed out: the blackhole answered")
+			}
+			srv := echo.New(echo.Config{Pod: "revived", Namespace: "b", TLS: serverTLS(e.pki.server)})
+			go srv.Serve(l)
+			t.Cleanup(func() { srv.Close() })
+			c := e.client(vip, false)
+			for deadline := time.Now().Add(20 * time.Second); ; {
+				if code, rep := get(t, c, "http://svc.b.svc/"); code == http.StatusOK && rep.Pod == "revived" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("the endpoint, answering again, got no request")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if got := e.counter("sockmesh_proxy_upstream_endpoints_ejected", nil); got != 0 {
+				t.Errorf("endpoints ejected = %v after it came back, want 0", got)
+			}
+		})
+	}
+}
+
+// httpGet returns a function making request i through a client of its own
+// to vip, which must reach pod.
+func httpGet(e *env, vip netip.AddrPort, pod string) func(int) error {
+	c := e.client(vip, false)
+	return func(i int) error {
+		resp, err := c.Get("http://svc.b.svc/")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"pod":"`+pod+`"`) {
+			return &unexpected{resp.StatusCode, string(body)}
+		}
+		return nil
+	}
+}
+
+type unexpected struct {
+	code int
+	body string
+}
+
+func (u *unexpected) Error() string { return http.StatusText(u.code) + ": " + u.body }
+
+// echoTCP sends a line through the relay to vip's echo and reads it back.
+func echoTCP(e *env, vip netip.AddrPort) error {
+	c, err := e.dial(vip)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	const msg = "\x00ping\n"
+	if _, err := io.WriteString(c, msg); err != nil {
+		return err
+	}
+	buf := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return err
+	}
+	if string(buf) != msg {
+		return &unexpected{0, string(buf)}
+	}
+	return nil
+}
+
+// blackhole listens on loopback with an accept queue of one connection,
+// filled: the kernel drops the connection requests of a full queue, so a
+// connect waits for an answer that never comes, as to a pod gone with its
+// node, until something accepts from the returned listener.
+func blackhole(t *testing.T) (netip.AddrPort, net.Listener) {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := os.NewFile(uintptr(fd), "blackhole")
+	defer f.Close()
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(fd, 0); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.FileListener(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	addr := l.Addr().(*net.TCPAddr).AddrPort()
+	fill, err := net.Dial("tcp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fill.Close() })
+	if c, err := net.DialTimeout("tcp", addr.String(), 200*time.Millisecond); err == nil {
+		c.Close()
+		t.Fatal("a connect to a full accept queue was answered")
+	}
+	return addr, l
+}
