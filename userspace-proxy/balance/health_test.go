@@ -146,3 +146,23 @@ func TestRetain(t *testing.T) {
 		t.Errorf("after Retain(b): a passed over %v, b %v; want only b", h.passedOver(a, now), h.passedOver(b, now))
 	}
 }
+
+// BenchmarkPick: what a request pays the Picker, with a Health that has
+// nothing ejected (every request's case) and with one endpoint of eight
+// ejected.
+func BenchmarkPick(b *testing.B) {
+	for _, ejected := range []bool{false, true} {
+		b.Run(map[bool]string{false: "none-ejected", true: "one-ejected"}[ejected], func(b *testing.B) {
+			h := NewHealth(time.Hour, time.Hour)
+			p := New(&snapshot.Backend{Endpoints: endpoints(8)}, h)
+			if ejected {
+				h.Failed(p.ready[3].Endpoint.Addr, time.Now())
+			}
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					p.Pick()
+				}
+			})
+		})
+	}
+}
