@@ -259,7 +259,7 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 	if x.r != nil {
 		h.applyRoute(x, up, r.Host, false, true) // no body to keep: cannot fail
 	}
-	resp, err := be.RoundTripper(upstream.WireH1).RoundTrip(up)
+	resp, err := x.roundTripAny(be.RoundTripper(upstream.WireH1), up)
 	if err != nil {
 		h.fail(w, r, x, upstream.Classify(err), err)
 		return

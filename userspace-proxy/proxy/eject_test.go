@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -26,7 +27,9 @@ func TestEjectRefusedEndpoint(t *testing.T) {
 	tlsBackend := startEcho(t, "tls-0", serverTLS(e.pki.server))
 	h2cBackend := startEcho(t, "h2c-0", nil)
 	vFast, vH2C, vTCP := netip.MustParseAddrPort("10.96.8.1:80"), netip.MustParseAddrPort("10.96.8.2:80"), netip.MustParseAddrPort("10.96.8.3:5432")
+	vWSS := netip.MustParseAddrPort("10.96.8.4:80")
 	e.p.Update(buildSnapshot(t, 1,
+		service{name: "wss", vip: vWSS, backend: snapshot.Backend{Protocol: snapshot.ProtocolWSS, TLS: tlsPolicy(e), Endpoints: endpoints(tlsBackend.addr, closedPort(t))}},
 		service{name: "fast", vip: vFast, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(tlsBackend.addr, closedPort(t))}},
 		service{name: "h2c", vip: vH2C, backend: snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(h2cBackend.addr, closedPort(t))}},
 		service{name: "tcp", vip: vTCP, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, Endpoints: endpoints(startTCPEcho(t, nil), closedPort(t))}},
@@ -36,9 +39,10 @@ func TestEjectRefusedEndpoint(t *testing.T) {
 		name string
 		try  func(i int) error
 	}{
-		{"fast", httpGet(e, vFast, "tls-0")},                 // the HTTP/1.1 fast path
-		{"h2c", httpGet(e, vH2C, "h2c-0")},                   // net/http's HTTP/2 Transport
-		{"tcp", func(int) error { return echoTCP(e, vTCP) }}, // the L4 relay
+		{"fast", httpGet(e, vFast, "tls-0")},                     // the HTTP/1.1 fast path
+		{"h2c", httpGet(e, vH2C, "h2c-0")},                       // net/http's HTTP/2 Transport
+		{"tcp", func(int) error { return echoTCP(e, vTCP) }},     // the L4 relay
+		{"wss", func(int) error { return wsOverH2(t, e, vWSS) }}, // RFC 8441 bridged to an Upgrade
 	}
 	for _, p := range paths {
 		before := e.counter("sockmesh_proxy_upstream_dials_total", map[string]string{"result": "refused"})
@@ -54,11 +58,11 @@ func TestEjectRefusedEndpoint(t *testing.T) {
 			t.Errorf("%s: ejections = %v, want 1", p.name, got)
 		}
 	}
-	if got := e.counter("sockmesh_proxy_upstream_endpoints_ejected", nil); got != 3 {
-		t.Errorf("endpoints ejected = %v, want 3", got)
+	if got := e.counter("sockmesh_proxy_upstream_endpoints_ejected", nil); got != float64(len(paths)) {
+		t.Errorf("endpoints ejected = %v, want %d", got, len(paths))
 	}
-	if got := strings.Count(e.logs.String(), `"msg":"endpoint ejected: its connect failed"`); got != 3 {
-		t.Errorf("%d ejection log lines, want 3; log:\n%s", got, e.logs.String())
+	if got := strings.Count(e.logs.String(), `"msg":"endpoint ejected: its connect failed"`); got != len(paths) {
+		t.Errorf("%d ejection log lines, want %d; log:\n%s", got, len(paths), e.logs.String())
 	}
 }
 
@@ -164,6 +168,27 @@ func echoTCP(e *env, vip netip.AddrPort) error {
 	}
 	if string(buf) != msg {
 		return &unexpected{0, string(buf)}
+	}
+	return nil
+}
+
+// wsOverH2 opens a WebSocket over an HTTP/2 connection of its own to vip
+// (extended CONNECT) and exchanges a message with the backend's echo.
+func wsOverH2(t *testing.T, e *env, vip netip.AddrPort) error {
+	c, err := e.dial(vip)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	st := openH2WS(t, c, "wss.b.svc", "/ws")
+	if _, _, err := readWSFrame(st); err != nil { // the backend's report
+		return err
+	}
+	if err := writeWSFrame(st, wsText, []byte("ping")); err != nil {
+		return err
+	}
+	if _, got, err := readWSFrame(st); err != nil || string(got) != "ping" {
+		return fmt.Errorf("echo %q, %v", got, err)
 	}
 	return nil
 }
