@@ -228,3 +228,38 @@ func blackhole(t *testing.T) (netip.AddrPort, net.Listener) {
 	}
 	return addr, l
 }
+
+// TestEjectFrozenEndpoint: an endpoint whose kernel takes connections
+// that its process never serves (frozen, or not calling accept) answers no
+// TLS handshake; the handshake's timeout ends the wait, the connection
+// goes to another endpoint, and the frozen one is passed over, on the relay
+// (which dials for the app with no deadline of its own) and the fast path.
+func TestEjectFrozenEndpoint(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{handshakeTimeout: 300 * time.Millisecond, ejectFor: time.Minute})
+	frozen := func() netip.AddrPort { // never accepts: the kernel completes the connects
+		return listenLocal(t).Addr().(*net.TCPAddr).AddrPort()
+	}
+	tcpEcho := startTCPEcho(t, serverTLS(e.pki.server))
+	web := startEcho(t, "web-0", serverTLS(e.pki.server))
+	vTCP, vWeb := netip.MustParseAddrPort("10.96.8.20:5432"), netip.MustParseAddrPort("10.96.8.21:80")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "tcp", vip: vTCP, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, TLS: tlsPolicy(e), Endpoints: endpoints(tcpEcho, frozen())}},
+		service{name: "web", vip: vWeb, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(web.addr, frozen())}},
+	))
+	web0 := httpGet(e, vWeb, "web-0")
+	for i := range 5 {
+		if err := echoTCP(e, vTCP); err != nil {
+			t.Fatalf("relay, connection %d: %v", i, err)
+		}
+		if err := web0(i); err != nil {
+			t.Fatalf("fast path, request %d: %v", i, err)
+		}
+	}
+	if got := e.counter("sockmesh_proxy_upstream_endpoint_ejections_total", nil); got != 2 {
+		t.Errorf("ejections = %v, want 2 (one per backend)", got)
+	}
+	if got := e.counter("sockmesh_proxy_upstream_tls_handshakes_total", map[string]string{"result": "timeout"}); got != 2 {
+		t.Errorf("handshakes{timeout} = %v, want 2", got)
+	}
+}

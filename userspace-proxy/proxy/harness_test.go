@@ -226,6 +226,8 @@ type envOptions struct {
 	dialTimeout time.Duration
 	// ejectFor is upstream.Config.EjectFor, and EjectMax (0: 1 s and 30 s).
 	ejectFor time.Duration
+	// handshakeTimeout is upstream.Config.HandshakeTimeout (0: 10 s).
+	handshakeTimeout time.Duration
 }
 
 func newEnv(t testing.TB, o envOptions) *env {
@@ -240,6 +242,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		MaxConnsPerClient: o.maxConnsPerClient,
 	}
 	cfg.Upstream.EjectFor, cfg.Upstream.EjectMax = o.ejectFor, o.ejectFor
+	cfg.Upstream.HandshakeTimeout = o.handshakeTimeout
 	if o.dialer != nil {
 		cfg.Dialer = o.dialer(dial.NewDirect(cfg.Dial))
 	}

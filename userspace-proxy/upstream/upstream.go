@@ -47,9 +47,13 @@ type Config struct {
 	// hold them until the app gives up. 0 means 30 s and 15 s.
 	H2PingAfter, H2PingTimeout time.Duration
 	// EjectFor is how long an endpoint whose connect failed for want of it
-	// (refused, unreachable, timed out) is passed over, doubling with each
-	// failed probe up to EjectMax (balance.Health); 0 means 1 s and 30 s.
+	// (refused, unreachable, timed out, or no TLS handshake within
+	// HandshakeTimeout) is passed over, doubling with each failed probe up
+	// to EjectMax (balance.Health); 0 means 1 s and 30 s.
 	EjectFor, EjectMax time.Duration
+	// HandshakeTimeout bounds a TLS handshake with an endpoint; 0 means
+	// 10 s.
+	HandshakeTimeout time.Duration
 	// Panics reports the panics recovered in the goroutines the
 	// transports run: a request body's writer, and the dials net/http's
 	// Transport makes on goroutines of its own (TLS verification is ours).
@@ -117,6 +121,9 @@ func New(cfg Config, d dial.Dialer, log *slog.Logger, reg prometheus.Registerer)
 	}
 	if cfg.EjectMax == 0 {
 		cfg.EjectMax = 30 * time.Second
+	}
+	if cfg.HandshakeTimeout == 0 {
+		cfg.HandshakeTimeout = 10 * time.Second
 	}
 	health := balance.NewHealth(cfg.EjectFor, cfg.EjectMax)
 	m, err := newMetrics(reg, health)
@@ -295,7 +302,12 @@ func (b *Backend) DialRaw(ctx context.Context, ep snapshot.Endpoint) (net.Conn, 
 	if b.Err != nil {
 		return nil, b.Err
 	}
-	return b.w.dialTCP(ctx, ep)
+	c, err := b.w.dialTCP(ctx, ep)
+	if err != nil {
+		return nil, err
+	}
+	b.w.p.health.OK(ep.Addr)
+	return c, nil
 }
 
 // RoundTripper returns the pooled transport for wire w; requests' URLs must
@@ -405,7 +417,6 @@ func (w *wireState) dialTCP(ctx context.Context, ep snapshot.Endpoint) (*tracked
 		}
 		return nil, &dialError{err: err}
 	}
-	w.p.health.OK(ep.Addr)
 	m.dialsOK.Inc()
 	w.open.Inc()
 	return &trackedConn{Conn: raw, open: w.open}, nil
@@ -426,15 +437,27 @@ func (w *wireState) dial(ctx context.Context, ep snapshot.Endpoint, alpn []strin
 		c = w.p.cfg.Panics.Conn(tcp, "upstream connection")
 	}
 	if w.tls == nil {
+		w.p.health.OK(ep.Addr)
 		return c, nil
 	}
 	m := w.p.m
 	tc := tls.Client(c, w.tls.Config(ep.Addr, alpn))
 	start := time.Now()
-	err = tc.HandshakeContext(ctx)
+	hctx, cancel := context.WithTimeout(ctx, w.p.cfg.HandshakeTimeout)
+	err = tc.HandshakeContext(hctx)
+	cancel()
 	m.handshakeSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
 		c.Close()
+		if ctx.Err() == nil && errors.Is(hctx.Err(), context.DeadlineExceeded) {
+			// The endpoint's kernel took the connection, but nothing
+			// serves it (a frozen process, one not calling accept): as a
+			// connect that timed out, nothing went out, and it is ejected.
+			m.handshakes.WithLabelValues("timeout").Inc()
+			err = fmt.Errorf("tls to %s (%s): no handshake within %v: %w", ep.Addr, w.tls.Settings().ServerName, w.p.cfg.HandshakeTimeout, err)
+			w.eject(ep, err)
+			return nil, &dialError{err: err}
+		}
 		if upstreamtls.IsVerifyError(err) {
 			m.handshakes.WithLabelValues("verify_failed").Inc()
 			return nil, fmt.Errorf("tls to %s (%s): %w", ep.Addr, w.tls.Settings().ServerName, err)
@@ -442,6 +465,7 @@ func (w *wireState) dial(ctx context.Context, ep snapshot.Endpoint, alpn []strin
 		m.handshakes.WithLabelValues("failed").Inc()
 		return nil, fmt.Errorf("%w to %s (%s): %w", errHandshake, ep.Addr, w.tls.Settings().ServerName, err)
 	}
+	w.p.health.OK(ep.Addr)
 	if tc.ConnectionState().DidResume {
 		m.handshakesResumed.Inc()
 	} else {
