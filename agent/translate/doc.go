@@ -30,7 +30,13 @@
 // slice port with the Service port's name (its number is the resolved
 // targetPort), IPv4 and IPv6 slices (FQDN slices are skipped), conditions as
 // the EndpointSlice API defines their nil values, zone, nodeName and Pod
-// targetRef.
+// targetRef. Of those, the snapshot keeps the ones this node's proxy may
+// use, as kube-proxy chooses them on this node (serviceEndpoints): with
+// internalTrafficPolicy Local, this node's only; otherwise, when the
+// EndpointSlice controller hinted every ready endpoint for a node or zone
+// (trafficDistribution) and one for this node or its zone
+// (Input.Node.Zone), the ready ones so hinted. Endpoints not ready stay:
+// the proxy falls back to those serving while terminating.
 //
 // Headless (clusterIP None) and ExternalName Services are never captured:
 // sockmesh redirects connections by their destination, a ClusterIP, and

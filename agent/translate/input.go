@@ -58,6 +58,9 @@ type Input struct {
 // Node is what Translate knows about where it runs.
 type Node struct {
 	Name string
+	// Zone is the node's topology.kubernetes.io/zone label: the zone a
+	// Service's topology hints must name for this node (serviceEndpoints).
+	Zone string
 	// IPs are the node's own addresses.
 	IPs []netip.Addr
 	// PodCIDRs and ServiceCIDRs are the cluster's ranges.

@@ -34,7 +34,7 @@ func (t *translator) serviceBackend(svc *corev1.Service, sp corev1.ServicePort) 
 	b := snapshot.Backend{
 		Ref:       snapshot.BackendRef{Kind: snapshot.KindService, Namespace: svc.Namespace, Name: svc.Name, Port: uint16(sp.Port)},
 		Protocol:  portProtocol(deref(sp.AppProtocol), tls != nil || invalid != nil),
-		Endpoints: t.endpoints(svc.Namespace, svc.Name, sp.Name, corev1.ProtocolTCP),
+		Endpoints: t.serviceEndpoints(svc, sp),
 		TLS:       tls,
 		Invalid:   invalid,
 	}

@@ -125,8 +125,23 @@ func validPort(p int32) bool { return p > 0 && p <= 65535 }
 // the slice port with the Service port's name (EndpointSlice ports carry
 // the resolved targetPort number), both address families, deduplicated.
 func (t *translator) endpoints(namespace, service, portName string, proto corev1.Protocol) []snapshot.Endpoint {
+	hinted := t.hintedEndpoints(namespace, service, portName, proto)
+	out := make([]snapshot.Endpoint, len(hinted))
+	for i, h := range hinted {
+		out[i] = h.Endpoint
+	}
+	return out
+}
+
+// hinted is an endpoint with the topology hints of its EndpointSlice entry.
+type hinted struct {
+	snapshot.Endpoint
+	forZones, forNodes []string
+}
+
+func (t *translator) hintedEndpoints(namespace, service, portName string, proto corev1.Protocol) []hinted {
 	seen := map[netip.AddrPort]bool{}
-	var out []snapshot.Endpoint
+	var out []hinted
 	for _, es := range t.slices[types.NamespacedName{Namespace: namespace, Name: service}] {
 		if es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6 {
 			continue // FQDN slices are not dialled
@@ -146,12 +161,81 @@ func (t *translator) endpoints(namespace, service, portName string, proto corev1
 					continue
 				}
 				seen[ap] = true
-				out = append(out, endpoint(ap, ep, es.Namespace))
+				h := hinted{Endpoint: endpoint(ap, ep, es.Namespace)}
+				if ep.Hints != nil {
+					for _, z := range ep.Hints.ForZones {
+						h.forZones = append(h.forZones, z.Name)
+					}
+					for _, n := range ep.Hints.ForNodes {
+						h.forNodes = append(h.forNodes, n.Name)
+					}
+				}
+				out = append(out, h)
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b snapshot.Endpoint) int { return a.Addr.Compare(b.Addr) })
+	slices.SortFunc(out, func(a, b hinted) int { return a.Addr.Compare(b.Addr) })
 	return out
+}
+
+// serviceEndpoints lists the endpoints of a Service port that this node's
+// proxy may use, as kube-proxy chooses them on this node, since the proxy
+// takes its place for the port (pkg/proxy/topology.go): with
+// internalTrafficPolicy Local, those on this node only (none: the app's
+// connections fail, as without sockmesh); otherwise, when every ready
+// endpoint carries topology hints (trafficDistribution, or the
+// topology-mode annotation) and one is hinted for this node
+// (PreferSameNode) or else for its zone, the ready ones so hinted.
+// Endpoints not ready stay either way: the proxy falls back to those still
+// serving while terminating when none is ready (balance.New). A node whose
+// name the agent does not know (a manifest file's) takes every endpoint.
+func (t *translator) serviceEndpoints(svc *corev1.Service, sp corev1.ServicePort) []snapshot.Endpoint {
+	eps := t.hintedEndpoints(svc.Namespace, svc.Name, sp.Name, corev1.ProtocolTCP)
+	node := t.in.Node
+	keep := func(hinted) bool { return true }
+	switch {
+	case node.Name == "":
+	case svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal:
+		keep = func(h hinted) bool { return h.NodeName == node.Name }
+	default:
+		if hints, mine := topologyHints(eps, node); hints != nil {
+			keep = func(h hinted) bool { return !h.Ready || slices.Contains(hints(h), mine) }
+		}
+	}
+	out := make([]snapshot.Endpoint, 0, len(eps))
+	for _, h := range eps {
+		if keep(h) {
+			out = append(out, h.Endpoint)
+		}
+	}
+	return out
+}
+
+// topologyHints chooses the hints that decide for this node, as kube-proxy
+// does: node hints when every ready endpoint has one and one names this
+// node, else zone hints when every ready endpoint has one and one names
+// this node's zone; nil when neither. mine is what the hints must name.
+func topologyHints(eps []hinted, node Node) (hints func(hinted) []string, mine string) {
+	byNode := func(h hinted) []string { return h.forNodes }
+	byZone := func(h hinted) []string { return h.forZones }
+	for _, c := range []struct {
+		hints func(hinted) []string
+		mine  string
+	}{{byNode, node.Name}, {byZone, node.Zone}} {
+		all, found := true, false
+		for _, h := range eps {
+			if !h.Ready {
+				continue
+			}
+			hs := c.hints(h)
+			all = all && len(hs) > 0
+			found = found || c.mine != "" && slices.Contains(hs, c.mine)
+		}
+		if all && found {
+			return c.hints, c.mine
+		}
+	}
+	return nil, ""
 }
 
 func slicePort(es *discoveryv1.EndpointSlice, name string, proto corev1.Protocol) (uint16, bool) {

@@ -28,12 +28,22 @@ type Picker struct {
 	health *Health
 }
 
-// New returns a Picker over b's ready endpoints that passes over those h
-// has ejected; h may be nil.
+// New returns a Picker over b's ready endpoints, or, when none is ready,
+// over those still serving while they terminate (as kube-proxy does, KEP
+// 1669: a rollout that replaces a Service's only pod keeps its clients),
+// passing over those h has ejected; h may be nil.
 func New(b *snapshot.Backend, h *Health) *Picker {
 	p := &Picker{health: h}
 	for _, ep := range b.Endpoints {
 		if ep.Ready {
+			p.ready = append(p.ready, Choice{Endpoint: ep, Host: ep.Addr.String(), token: token(ep)})
+		}
+	}
+	if len(p.ready) > 0 {
+		return p
+	}
+	for _, ep := range b.Endpoints {
+		if ep.Serving && ep.Terminating {
 			p.ready = append(p.ready, Choice{Endpoint: ep, Host: ep.Addr.String(), token: token(ep)})
 		}
 	}

@@ -28,6 +28,27 @@ func TestPickOnlyReady(t *testing.T) {
 	}
 }
 
+// TestPickServingTerminating: with no ready endpoint, those still serving
+// while they terminate take the requests (KEP-1669, as kube-proxy); one
+// ready endpoint ends that.
+func TestPickServingTerminating(t *testing.T) {
+	old := snapshot.Endpoint{Addr: netip.MustParseAddrPort("10.0.0.1:80"), Serving: true, Terminating: true}
+	gone := snapshot.Endpoint{Addr: netip.MustParseAddrPort("10.0.0.2:80"), Terminating: true}
+	starting := snapshot.Endpoint{Addr: netip.MustParseAddrPort("10.0.0.3:80")}
+	p := New(&snapshot.Backend{Endpoints: []snapshot.Endpoint{old, gone, starting}}, nil)
+	if got := picks(p, 4); got[old.Addr.String()] != 4 {
+		t.Errorf("no endpoint ready: picks %v, want the serving terminating one only", got)
+	}
+	starting.Ready, starting.Serving = true, true
+	p = New(&snapshot.Backend{Endpoints: []snapshot.Endpoint{old, gone, starting}}, nil)
+	if got := picks(p, 4); got[starting.Addr.String()] != 4 {
+		t.Errorf("one endpoint ready: picks %v, want it only", got)
+	}
+	if New(&snapshot.Backend{Endpoints: []snapshot.Endpoint{gone}}, nil).Pick() != nil {
+		t.Error("an endpoint neither ready nor serving was picked")
+	}
+}
+
 func TestHeaderSession(t *testing.T) {
 	b := &snapshot.Backend{
 		Endpoints: []snapshot.Endpoint{

@@ -1,5 +1,5 @@
 // Package balance picks the endpoint a connection or request goes to: ready
-// endpoints only, round robin, passing over those whose connect failed
+// endpoints (or, when none is, those serving while terminating), round robin, passing over those whose connect failed
 // lately (Health), and, under session persistence (the backend's own, or a
 // route rule's in its place), the endpoint a session cookie or header
 // names, until the session's absolute or idle timeout (Gateway API
@@ -8,5 +8,5 @@
 // A Picker is built per backend per snapshot and is safe for concurrent use.
 // It must not dial, reads the clock only while an endpoint is ejected
 // (callers pass the time sessions need), and never returns an endpoint that
-// is not ready.
+// is neither ready nor serving.
 package balance

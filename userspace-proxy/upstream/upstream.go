@@ -474,7 +474,8 @@ func (w *wireState) dial(ctx context.Context, ep snapshot.Endpoint, alpn []strin
 	return tc, nil
 }
 
-// readyIn reports whether an address is a ready endpoint of a backend of s.
+// readyIn reports whether an address is an endpoint of a backend of s that
+// a Picker may hand out: ready, or serving while it terminates.
 func readyIn(s *snapshot.Snapshot) func(netip.AddrPort) bool {
 	var ready map[netip.AddrPort]bool
 	return func(ep netip.AddrPort) bool {
@@ -482,7 +483,7 @@ func readyIn(s *snapshot.Snapshot) func(netip.AddrPort) bool {
 			ready = make(map[netip.AddrPort]bool)
 			for i := range s.Backends {
 				for _, e := range s.Backends[i].Endpoints {
-					ready[e.Addr] = ready[e.Addr] || e.Ready
+					ready[e.Addr] = ready[e.Addr] || e.Ready || e.Serving && e.Terminating
 				}
 			}
 		}

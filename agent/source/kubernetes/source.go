@@ -364,6 +364,7 @@ func (s *Source) node(l *listers) translate.Node {
 	if err != nil {
 		return n
 	}
+	n.Zone = obj.Labels[corev1.LabelTopologyZone]
 	for _, a := range obj.Status.Addresses {
 		if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
 			continue
@@ -434,8 +435,8 @@ func stripObject(obj any) {
 		// Every slice the EndpointSlice controller writes carries a
 		// trigger-time annotation; every endpoint a targetRef with the
 		// pod's UID and resourceVersion. translate reads addresses,
-		// conditions, zone, nodeName and the targetRef's kind, namespace
-		// and name.
+		// conditions, zone, nodeName, topology hints and the targetRef's
+		// kind, namespace and name.
 		o.Annotations = nil
 		// The decoder grows the endpoints by appending: five endpoints
 		// sit in room for eight. An exact copy saves a third of a
@@ -443,7 +444,7 @@ func stripObject(obj any) {
 		o.Endpoints = slices.Clone(o.Endpoints)
 		for i := range o.Endpoints {
 			ep := &o.Endpoints[i]
-			ep.Hostname, ep.Hints, ep.DeprecatedTopology = nil, nil, nil
+			ep.Hostname, ep.DeprecatedTopology = nil, nil
 			if r := ep.TargetRef; r != nil {
 				ep.TargetRef = &corev1.ObjectReference{Kind: r.Kind, Namespace: r.Namespace, Name: r.Name}
 			}
@@ -456,8 +457,8 @@ func stripObject(obj any) {
 		o.Spec = corev1.PodSpec{NodeName: o.Spec.NodeName, ServiceAccountName: o.Spec.ServiceAccountName, HostNetwork: o.Spec.HostNetwork}
 		o.Status = corev1.PodStatus{Phase: o.Status.Phase, PodIP: o.Status.PodIP, PodIPs: o.Status.PodIPs}
 	case *corev1.Node:
-		// Of its Node the agent reads addresses and pod CIDRs; a Node's
-		// status also lists every image on it.
+		// Of its Node the agent reads addresses, pod CIDRs and the zone
+		// label; a Node's status also lists every image on it.
 		o.Annotations = nil
 		o.Spec = corev1.NodeSpec{PodCIDR: o.Spec.PodCIDR, PodCIDRs: o.Spec.PodCIDRs}
 		o.Status = corev1.NodeStatus{Addresses: o.Status.Addresses}

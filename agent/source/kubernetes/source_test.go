@@ -87,7 +87,7 @@ func TestSourceAgainstAPIServer(t *testing.T) {
 	// No controller-manager runs to create it, and pods need it.
 	must.Succeed(t)(kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}))
 	must.Succeed(t)(kube.CoreV1().Nodes().Create(ctx, &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: nodeName},
+		ObjectMeta: metav1.ObjectMeta{Name: nodeName, Labels: map[string]string{corev1.LabelTopologyZone: "zone-a"}},
 		Spec:       corev1.NodeSpec{PodCIDRs: []string{"10.244.1.0/24", "fd00:10:244:1::/64"}, PodCIDR: "10.244.1.0/24"},
 	}, metav1.CreateOptions{}))
 	node := must.Value[*corev1.Node](t)(kube.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{}))
@@ -97,8 +97,8 @@ func TestSourceAgainstAPIServer(t *testing.T) {
 	s := startSource(t, env)
 	in := waitInput(t, s, "the first listing", func(translate.Input) bool { return true })
 	if want := []netip.Addr{netip.MustParseAddr("192.0.2.7")}; in.Node.Name != nodeName || !slices.Equal(in.Node.IPs, want) ||
-		len(in.Node.PodCIDRs) != 2 {
-		t.Errorf("Input.Node = %+v; want name %s, IPs %v and two pod CIDRs", in.Node, nodeName, want)
+		len(in.Node.PodCIDRs) != 2 || in.Node.Zone != "zone-a" {
+		t.Errorf("Input.Node = %+v; want name %s, IPs %v, two pod CIDRs and zone-a", in.Node, nodeName, want)
 	}
 	if in.ClusterTrustBundlesUnavailable {
 		t.Error("ClusterTrustBundles reported unavailable on Kubernetes 1.37")
@@ -111,8 +111,9 @@ func TestSourceAgainstAPIServer(t *testing.T) {
 	must.Succeed(t)(kube.DiscoveryV1().EndpointSlices(ns).Create(ctx, &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Name: "svc-1", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: "svc"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.5"}}},
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr("https"), Port: ptr(int32(8443))}},
+		Endpoints: []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.5"},
+			Hints: &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-a"}}}}},
+		Ports: []discoveryv1.EndpointPort{{Name: ptr("https"), Port: ptr(int32(8443))}},
 	}, metav1.CreateOptions{}))
 	for _, p := range []struct{ name, node string }{{"here", nodeName}, {"elsewhere", "other-node"}} {
 		must.Succeed(t)(kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
@@ -184,6 +185,14 @@ func TestSourceAgainstAPIServer(t *testing.T) {
 			len(in.XBackends) == 1 && len(in.HTTPRoutes) == 1 && len(in.ReferenceGrants) == 1 && len(in.XMeshes) == 1 &&
 			len(in.Namespaces) >= 1
 	})
+	for _, es := range in.EndpointSlices {
+		if es.Name != "svc-1" {
+			continue
+		}
+		if h := es.Endpoints[0].Hints; h == nil || len(h.ForZones) != 1 {
+			t.Errorf("endpoint hints = %v, want zone-a's (translate reads them)", h)
+		}
+	}
 	if got := names(in.Pods); !slices.Equal(got, []string{ns + "/here"}) {
 		t.Errorf("pods = %v, want only this node's", got)
 	}

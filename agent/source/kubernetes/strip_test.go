@@ -53,7 +53,7 @@ func TestStripForCache(t *testing.T) {
 			out:  &corev1.Service{ObjectMeta: kept(nil)},
 		},
 		{
-			name: "EndpointSlice keeps addresses, conditions, zone, node and the target's name",
+			name: "EndpointSlice keeps addresses, conditions, zone, node, topology hints and the target's name",
 			in: &discoveryv1.EndpointSlice{ObjectMeta: meta(map[string]string{"endpoints.kubernetes.io/last-change-trigger-time": "2026-01-01T00:00:00Z"}),
 				AddressType: discoveryv1.AddressTypeIPv4,
 				Endpoints: append(make([]discoveryv1.Endpoint, 0, 8), discoveryv1.Endpoint{
@@ -72,6 +72,7 @@ func TestStripForCache(t *testing.T) {
 					Conditions: discoveryv1.EndpointConditions{Ready: &yes, Serving: &yes, Terminating: &no},
 					NodeName:   &node, Zone: &zone,
 					TargetRef: &corev1.ObjectReference{Kind: "Pod", Namespace: "ns", Name: "p"},
+					Hints:     &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "z1"}}},
 				}},
 				Ports: []discoveryv1.EndpointPort{{Name: ptr("https"), Port: &port}}},
 		},
@@ -87,7 +88,7 @@ func TestStripForCache(t *testing.T) {
 				Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.244.0.5", PodIPs: []corev1.PodIP{{IP: "10.244.0.5"}}}},
 		},
 		{
-			name: "Node keeps addresses and pod CIDRs",
+			name: "Node keeps addresses, pod CIDRs and labels",
 			in: &corev1.Node{ObjectMeta: meta(otherAnnotations()),
 				Spec: corev1.NodeSpec{PodCIDR: "10.244.0.0/24", PodCIDRs: []string{"10.244.0.0/24"}, ProviderID: "p"},
 				Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "192.0.2.7"}},

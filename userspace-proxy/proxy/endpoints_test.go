@@ -263,3 +263,28 @@ func TestEjectFrozenEndpoint(t *testing.T) {
 		t.Errorf("handshakes{timeout} = %v, want 2", got)
 	}
 }
+
+// TestServingTerminatingEndpoint: while a Service's only pod is replaced
+// (the old one terminating but still serving, the new one not ready yet)
+// its requests go to the old one, as kube-proxy sends them, not 503; once
+// the new one is ready, to it.
+func TestServingTerminatingEndpoint(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	old, next := startEcho(t, "web-old", serverTLS(e.pki.server)), startEcho(t, "web-new", serverTLS(e.pki.server))
+	vip := netip.MustParseAddrPort("10.96.8.30:80")
+	rollout := func(version uint64, newReady bool) {
+		e.p.Update(buildSnapshot(t, version, service{name: "web", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: []snapshot.Endpoint{
+			{Addr: old.addr, Serving: true, Terminating: true},
+			{Addr: next.addr, Ready: newReady, Serving: newReady},
+		}}}))
+	}
+	rollout(1, false)
+	if err := httpGet(e, vip, "web-old")(0); err != nil {
+		t.Fatalf("the new pod not ready yet: %v", err)
+	}
+	rollout(2, true)
+	if err := httpGet(e, vip, "web-new")(0); err != nil {
+		t.Fatalf("the new pod ready: %v", err)
+	}
+}
