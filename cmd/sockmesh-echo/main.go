@@ -13,6 +13,9 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
+	"syscall"
+	"time"
 
 	"github.com/sockmesh/sockmesh/test/echo"
 )
@@ -30,6 +33,7 @@ func run() error {
 	keyFile := flag.String("tls-key", "", "server private key (PEM)")
 	clientCA := flag.String("client-ca", "", "CA bundle (PEM); when set, client certificates signed by it are required")
 	tcpListen := flag.String("tcp-listen", "", "raw TCP echo listen address (TLS too when -tls-cert is set); empty: off")
+	drain := flag.Duration("drain", 0, "on SIGTERM, go on serving this long before exiting, as an app that finishes its work when its pod terminates; 0: exit at once")
 	flag.Parse()
 
 	cfg := echo.Config{Namespace: os.Getenv("POD_NAMESPACE"), Pod: os.Getenv("POD_NAME")}
@@ -57,7 +61,17 @@ func run() error {
 	} else if *clientCA != "" {
 		return errors.New("-client-ca needs -tls-cert")
 	}
-	errs := make(chan error, 2)
+	errs := make(chan error, 3)
+	if *drain > 0 {
+		term := make(chan os.Signal, 1)
+		signal.Notify(term, syscall.SIGTERM)
+		go func() {
+			<-term
+			slog.Info("terminating: serving on", "for", drain.String())
+			time.Sleep(*drain)
+			errs <- nil
+		}()
+	}
 	if *tcpListen != "" {
 		l, err := net.Listen("tcp", *tcpListen)
 		if err != nil {

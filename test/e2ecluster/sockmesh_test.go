@@ -20,7 +20,9 @@ import (
 	"github.com/cilium/ebpf/link"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
@@ -103,6 +105,8 @@ func TestSockmesh(t *testing.T) {
 	runScenarios(t, n, w, "in-pod")
 	checkMode(t, n, w, "in-pod")
 	timing("scenarios in-pod", start)
+
+	t.Run("serving-terminating", func(t *testing.T) { checkServingTerminating(t, n, w, agentDiag) })
 }
 
 // checkMode checks that the agent enrolled the app pod and proxies for it
@@ -162,6 +166,9 @@ func checkWithoutAgent(t *testing.T, w workloads) {
 type workloads struct {
 	app                    string // the app pod's IP
 	tlsVIP, wssVIP, h2cVIP string
+	// drainingVIP is an h2c Service whose echo serves on for a while
+	// after SIGTERM (checkServingTerminating).
+	drainingVIP string
 }
 
 // deployScenarioWorkloads creates, in scenarioNS: a TLS echo backend with a
@@ -200,6 +207,7 @@ func deployScenarioWorkloads(t *testing.T, n *node.Node) workloads {
 		deployment(scenarioNS, "tls-echo", echoImage, []string{"-listen=:8443", "-tls-cert=/tls/tls.crt", "-tls-key=/tls/tls.key"}, tlsVolume, tlsMount),
 		deployment(scenarioNS, "plain-echo", echoImage, []string{"-listen=:8080"}, nil, nil),
 		deployment(scenarioNS, "app", appImage, []string{"serve", "-listen=:" + strconv.Itoa(appClientPort)}, nil, nil),
+		draining(deployment(scenarioNS, "draining-echo", echoImage, []string{"-listen=:8080", "-drain=30s"}, nil, nil)),
 	} {
 		if _, err := n.Kube.AppsV1().Deployments(scenarioNS).Create(ctx, d, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -209,6 +217,7 @@ func deployScenarioWorkloads(t *testing.T, n *node.Node) workloads {
 		service(scenarioNS, "tls", "tls-echo", 8443, ""),
 		service(scenarioNS, "wss", "tls-echo", 8443, "kubernetes.io/wss"),
 		service(scenarioNS, "h2c", "plain-echo", 8080, "kubernetes.io/h2c"),
+		service(scenarioNS, "draining", "draining-echo", 8080, "kubernetes.io/h2c"),
 	} {
 		if _, err := core.Services(scenarioNS).Create(ctx, s, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -237,12 +246,60 @@ func deployScenarioWorkloads(t *testing.T, n *node.Node) workloads {
 	}
 	readyPod(t, n, scenarioNS, "tls-echo")
 	readyPod(t, n, scenarioNS, "plain-echo")
+	readyPod(t, n, scenarioNS, "draining-echo")
 	return workloads{
-		app:    readyPod(t, n, scenarioNS, "app").Status.PodIP,
-		tlsVIP: clusterIP(t, n, scenarioNS, "tls"),
-		wssVIP: clusterIP(t, n, scenarioNS, "wss"),
-		h2cVIP: clusterIP(t, n, scenarioNS, "h2c"),
+		app:         readyPod(t, n, scenarioNS, "app").Status.PodIP,
+		tlsVIP:      clusterIP(t, n, scenarioNS, "tls"),
+		wssVIP:      clusterIP(t, n, scenarioNS, "wss"),
+		h2cVIP:      clusterIP(t, n, scenarioNS, "h2c"),
+		drainingVIP: clusterIP(t, n, scenarioNS, "draining"),
 	}
+}
+
+// draining gives d's pod the time its echo serves on after SIGTERM.
+func draining(d *appsv1.Deployment) *appsv1.Deployment {
+	grace := int64(60)
+	d.Spec.Template.Spec.TerminationGracePeriodSeconds = &grace
+	return d
+}
+
+// checkServingTerminating scales the draining echo's Deployment to zero:
+// its pod terminates but serves on (-drain), so the EndpointSlice
+// controller lists it not ready but serving, and, as kube-proxy would,
+// the proxy sends the app's requests there rather than answer 503 for
+// want of a ready endpoint.
+func checkServingTerminating(t *testing.T, n *node.Node, w workloads, diag func() string) {
+	ctx := t.Context()
+	if _, err := n.Kube.AppsV1().Deployments(scenarioNS).Patch(ctx, "draining-echo", types.MergePatchType,
+		[]byte(`{"spec":{"replicas":0}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "the draining echo's endpoint serving while terminating", func(ctx context.Context) error {
+		list, err := n.Kube.DiscoveryV1().EndpointSlices(scenarioNS).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=draining"})
+		if err != nil {
+			return err
+		}
+		for _, es := range list.Items {
+			for _, ep := range es.Endpoints {
+				c := ep.Conditions
+				if c.Ready != nil && !*c.Ready && c.Serving != nil && *c.Serving && c.Terminating != nil && *c.Terminating {
+					return nil
+				}
+			}
+		}
+		return fmt.Errorf("endpoints: %+v", list.Items)
+	}, nil)
+	waitFor(t, 15*time.Second, "a request through the proxy to the terminating endpoint", func(ctx context.Context) error {
+		res, err := call(ctx, w.app, Call{URL: "http://" + w.drainingVIP + "/drain", Mode: "http1"})
+		if err != nil {
+			return err
+		}
+		rep, err := res.Report()
+		if err != nil || res.Status != http.StatusOK || !strings.HasPrefix(rep.Pod, "draining-echo-") {
+			return fmt.Errorf("status %d, report %+v (%v), want 200 from the draining pod", res.Status, rep, err)
+		}
+		return nil
+	}, diag)
 }
 
 // runScenarios sends the app's plaintext requests and checks what the
