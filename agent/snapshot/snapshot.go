@@ -150,6 +150,11 @@ type Backend struct {
 	Invalid *Invalid `json:"invalid,omitempty"`
 	// SessionPersistence is nil when requests may go to any endpoint.
 	SessionPersistence *SessionPersistence `json:"sessionPersistence,omitempty"`
+	// ClientIPAffinitySeconds, when not 0, is the Service's sessionAffinity
+	// ClientIP: a client's connections and requests go to the endpoint its
+	// last one went to while it sends one at least this often (kube-proxy's
+	// rule). Session persistence, when set, decides instead.
+	ClientIPAffinitySeconds int32 `json:"clientIPAffinitySeconds,omitempty"`
 	// RetryConstraint bounds the retries the proxy sends to this backend
 	// (XBackendTrafficPolicy retryConstraint); nil leaves route rules'
 	// retry attempts as the only bound.

@@ -41,6 +41,12 @@ func (t *translator) serviceBackend(svc *corev1.Service, sp corev1.ServicePort) 
 	if policy != nil {
 		b.Sources = []snapshot.ObjectRef{*policy}
 	}
+	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+		b.ClientIPAffinitySeconds = corev1.DefaultClientIPServiceAffinitySeconds
+		if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil && *c.ClientIP.TimeoutSeconds > 0 {
+			b.ClientIPAffinitySeconds = *c.ClientIP.TimeoutSeconds
+		}
+	}
 	t.applyTrafficPolicy(&b)
 	return b
 }

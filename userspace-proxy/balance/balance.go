@@ -23,17 +23,19 @@ type Choice struct {
 
 // Picker chooses among a backend's ready endpoints.
 type Picker struct {
-	ready  []Choice
-	next   atomic.Uint32
-	health *Health
+	ready    []Choice
+	next     atomic.Uint32
+	health   *Health
+	affinity *Affinity
 }
 
 // New returns a Picker over b's ready endpoints, or, when none is ready,
 // over those still serving while they terminate (as kube-proxy does, KEP
 // 1669: a rollout that replaces a Service's only pod keeps its clients),
-// passing over those h has ejected; h may be nil.
-func New(b *snapshot.Backend, h *Health) *Picker {
-	p := &Picker{health: h}
+// passing over those h has ejected, and pinning clients under a (see
+// PickClient); h and a may be nil.
+func New(b *snapshot.Backend, h *Health, a *Affinity) *Picker {
+	p := &Picker{health: h, affinity: a}
 	for _, ep := range b.Endpoints {
 		if ep.Ready {
 			p.ready = append(p.ready, Choice{Endpoint: ep, Host: ep.Addr.String(), token: token(ep)})
@@ -95,17 +97,17 @@ func (p *Picker) ejected(c *Choice, now time.Time) bool {
 	return false
 }
 
-// PickRequest returns the endpoint for r at time now under session
-// persistence sp — the backend's own (snapshot.Backend.SessionPersistence)
-// or the one a route rule sets in its place; nil means none: the one r's
-// session names when that endpoint is still ready, not ejected (Health)
-// and the session has not timed out; otherwise the next one (nil when
-// none is ready). setSession
-// is true when the response must carry the session (SetSession): a new
-// session, or one whose idle clock restarts.
-func (p *Picker) PickRequest(r *http.Request, now time.Time, sp *snapshot.SessionPersistence) (c *Choice, setSession bool) {
+// PickRequest returns the endpoint for r, from client, at time now under
+// session persistence sp — the backend's own
+// (snapshot.Backend.SessionPersistence) or the one a route rule sets in its
+// place: the one r's session names when that endpoint is still ready, not
+// ejected (Health) and the session has not timed out; otherwise the next
+// one (nil when none is ready). Without sp, PickClient's. setSession is true
+// when the response must carry the session (SetSession): a new session, or
+// one whose idle clock restarts.
+func (p *Picker) PickRequest(r *http.Request, client ClientKey, now time.Time, sp *snapshot.SessionPersistence) (c *Choice, setSession bool) {
 	if sp == nil {
-		return p.Pick(), false
+		return p.PickClient(client), false
 	}
 	if s, ok := parseSession(sessionOf(r, sp)); ok && !expired(sp, s, now) {
 		for i := range p.ready {

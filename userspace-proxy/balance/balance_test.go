@@ -15,7 +15,7 @@ func TestPickOnlyReady(t *testing.T) {
 		{Addr: netip.MustParseAddrPort("10.0.0.2:80"), Ready: false, Terminating: true},
 		{Addr: netip.MustParseAddrPort("10.0.0.3:80"), Ready: true},
 	}}
-	p := New(b, nil)
+	p := New(b, nil, nil)
 	seen := map[string]int{}
 	for range 10 {
 		seen[p.Pick().Host]++
@@ -23,7 +23,7 @@ func TestPickOnlyReady(t *testing.T) {
 	if len(seen) != 2 || seen["10.0.0.2:80"] != 0 || seen["10.0.0.1:80"] != 5 {
 		t.Errorf("picks = %v, want the two ready endpoints in turn", seen)
 	}
-	if New(&snapshot.Backend{}, nil).Pick() != nil {
+	if New(&snapshot.Backend{}, nil, nil).Pick() != nil {
 		t.Error("Pick with no endpoint returned one")
 	}
 }
@@ -35,16 +35,16 @@ func TestPickServingTerminating(t *testing.T) {
 	old := snapshot.Endpoint{Addr: netip.MustParseAddrPort("10.0.0.1:80"), Serving: true, Terminating: true}
 	gone := snapshot.Endpoint{Addr: netip.MustParseAddrPort("10.0.0.2:80"), Terminating: true}
 	starting := snapshot.Endpoint{Addr: netip.MustParseAddrPort("10.0.0.3:80")}
-	p := New(&snapshot.Backend{Endpoints: []snapshot.Endpoint{old, gone, starting}}, nil)
+	p := New(&snapshot.Backend{Endpoints: []snapshot.Endpoint{old, gone, starting}}, nil, nil)
 	if got := picks(p, 4); got[old.Addr.String()] != 4 {
 		t.Errorf("no endpoint ready: picks %v, want the serving terminating one only", got)
 	}
 	starting.Ready, starting.Serving = true, true
-	p = New(&snapshot.Backend{Endpoints: []snapshot.Endpoint{old, gone, starting}}, nil)
+	p = New(&snapshot.Backend{Endpoints: []snapshot.Endpoint{old, gone, starting}}, nil, nil)
 	if got := picks(p, 4); got[starting.Addr.String()] != 4 {
 		t.Errorf("one endpoint ready: picks %v, want it only", got)
 	}
-	if New(&snapshot.Backend{Endpoints: []snapshot.Endpoint{gone}}, nil).Pick() != nil {
+	if New(&snapshot.Backend{Endpoints: []snapshot.Endpoint{gone}}, nil, nil).Pick() != nil {
 		t.Error("an endpoint neither ready nor serving was picked")
 	}
 }
@@ -57,10 +57,10 @@ func TestHeaderSession(t *testing.T) {
 		},
 		SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "X-Session"},
 	}
-	p := New(b, nil)
+	p := New(b, nil, nil)
 	r, _ := http.NewRequest(http.MethodGet, "/", nil)
 	now := time.Unix(1_000_000, 0)
-	first, isNew := p.PickRequest(r, now, b.SessionPersistence)
+	first, isNew := p.PickRequest(r, ClientKey{}, now, b.SessionPersistence)
 	if !isNew {
 		t.Fatal("first request not a new session")
 	}
@@ -68,12 +68,12 @@ func TestHeaderSession(t *testing.T) {
 	p.SetSession(h, r, first, now, b.SessionPersistence)
 	r.Header.Set("X-Session", h.Get("X-Session"))
 	for range 5 {
-		if c, isNew := p.PickRequest(r, now, b.SessionPersistence); c != first || isNew {
+		if c, isNew := p.PickRequest(r, ClientKey{}, now, b.SessionPersistence); c != first || isNew {
 			t.Fatalf("session request went to %s (new=%v), want %s", c.Host, isNew, first.Host)
 		}
 	}
 	r.Header.Set("X-Session", "unknown")
-	if _, isNew := p.PickRequest(r, now, b.SessionPersistence); !isNew {
+	if _, isNew := p.PickRequest(r, ClientKey{}, now, b.SessionPersistence); !isNew {
 		t.Error("a stale session did not start a new one")
 	}
 }
@@ -87,7 +87,7 @@ func TestSessionTimeouts(t *testing.T) {
 		SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionCookie, Name: "s",
 			IdleTimeoutSeconds: 10, AbsoluteTimeoutSeconds: 100, Permanent: true},
 	}
-	p := New(b, nil)
+	p := New(b, nil, nil)
 	t0 := time.Unix(1_000_000, 0)
 	// request sends a request at now with the current cookie and keeps the
 	// cookie its answer sets.
@@ -98,7 +98,7 @@ func TestSessionTimeouts(t *testing.T) {
 		if cookie != "" {
 			r.Header.Set("Cookie", "s="+cookie)
 		}
-		c, set = p.PickRequest(r, now, b.SessionPersistence)
+		c, set = p.PickRequest(r, ClientKey{}, now, b.SessionPersistence)
 		if set {
 			h := http.Header{}
 			p.SetSession(h, r, c, now, b.SessionPersistence)

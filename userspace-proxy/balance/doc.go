@@ -1,12 +1,14 @@
 // Package balance picks the endpoint a connection or request goes to: ready
-// endpoints (or, when none is, those serving while terminating), round robin, passing over those whose connect failed
-// lately (Health), and, under session persistence (the backend's own, or a
-// route rule's in its place), the endpoint a session cookie or header
-// names, until the session's absolute or idle timeout (Gateway API
+// endpoints (or, when none is, those serving while terminating), round
+// robin, passing over those whose connect failed lately (Health), keeping
+// each client on one endpoint under a Service's sessionAffinity ClientIP
+// (Affinity), and, under session persistence (the backend's own, or a route
+// rule's in its place), the endpoint a session cookie or header names,
+// until the session's absolute or idle timeout (Gateway API
 // sessionPersistence).
 //
 // A Picker is built per backend per snapshot and is safe for concurrent use.
-// It must not dial, reads the clock only while an endpoint is ejected
-// (callers pass the time sessions need), and never returns an endpoint that
-// is neither ready nor serving.
+// It must not dial, reads the clock only while an endpoint is ejected or
+// clients are pinned (callers pass the time sessions need), and never
+// returns an endpoint that is neither ready nor serving.
 package balance

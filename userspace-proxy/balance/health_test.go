@@ -28,7 +28,7 @@ func picks(p *Picker, n int) map[string]int {
 func TestEjection(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := NewHealth(time.Second, 4*time.Second)
-		p := New(&snapshot.Backend{Endpoints: endpoints(3)}, h)
+		p := New(&snapshot.Backend{Endpoints: endpoints(3)}, h, nil)
 		dead := p.ready[1].Endpoint.Addr
 		if got := picks(p, 30); got[dead.String()] != 10 {
 			t.Fatalf("before any failure: %v, want 10 each", got)
@@ -83,7 +83,7 @@ func TestEjection(t *testing.T) {
 func TestProbeUnsettled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := NewHealth(time.Second, time.Second)
-		p := New(&snapshot.Backend{Endpoints: endpoints(2)}, h)
+		p := New(&snapshot.Backend{Endpoints: endpoints(2)}, h, nil)
 		dead := p.ready[0].Endpoint.Addr
 		h.Failed(dead, time.Now())
 		time.Sleep(time.Second)
@@ -107,10 +107,10 @@ func TestAllEjected(t *testing.T) {
 	h := NewHealth(time.Minute, time.Minute)
 	sp := &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "s"}
 	b := &snapshot.Backend{Endpoints: endpoints(2), SessionPersistence: sp}
-	p := New(b, h)
+	p := New(b, h, nil)
 	now := time.Now()
 	r, _ := http.NewRequest(http.MethodGet, "/", nil)
-	first, _ := p.PickRequest(r, now, sp)
+	first, _ := p.PickRequest(r, ClientKey{}, now, sp)
 	hdr := http.Header{}
 	p.SetSession(hdr, r, first, now, sp)
 	r.Header.Set("s", hdr.Get("s"))
@@ -119,7 +119,7 @@ func TestAllEjected(t *testing.T) {
 	if !p.ejected(first, now) || p.Holds(r, now, sp) {
 		t.Fatal("the session's endpoint ejected beside a healthy one is not passed over")
 	}
-	if c, set := p.PickRequest(r, now, sp); c == first || !set {
+	if c, set := p.PickRequest(r, ClientKey{}, now, sp); c == first || !set {
 		t.Errorf("session on an ejected endpoint went to %s (new %v), want the other, as a new session", c.Host, set)
 	}
 	for _, c := range p.ready {
@@ -128,7 +128,7 @@ func TestAllEjected(t *testing.T) {
 	if got := picks(p, 10); len(got) != 2 || got[first.Host] != 5 {
 		t.Errorf("every endpoint ejected: %v, want both in turn", got)
 	}
-	if c, set := p.PickRequest(r, now, sp); c != first || set || !p.Holds(r, now, sp) {
+	if c, set := p.PickRequest(r, ClientKey{}, now, sp); c != first || set || !p.Holds(r, now, sp) {
 		t.Errorf("every endpoint ejected: session went to %s (new %v), want it kept", c.Host, set)
 	}
 }
@@ -154,7 +154,7 @@ func BenchmarkPick(b *testing.B) {
 	for _, ejected := range []bool{false, true} {
 		b.Run(map[bool]string{false: "none-ejected", true: "one-ejected"}[ejected], func(b *testing.B) {
 			h := NewHealth(time.Hour, time.Hour)
-			p := New(&snapshot.Backend{Endpoints: endpoints(8)}, h)
+			p := New(&snapshot.Backend{Endpoints: endpoints(8)}, h, nil)
 			if ejected {
 				h.Failed(p.ready[3].Endpoint.Addr, time.Now())
 			}

@@ -64,7 +64,7 @@ func (s *h1Conn) serve(req *http.Request) bool {
 	if sp != nil {
 		x.now = time.Now() // sessions time out; other requests need no clock
 	}
-	choice, setSession := x.be.Picker.PickRequest(req, x.now, sp)
+	choice, setSession := x.be.Picker.PickRequest(req, x.t.clientKey(), x.now, sp)
 	if choice == nil {
 		return s.fail(req, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 	}

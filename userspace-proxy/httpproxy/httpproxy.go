@@ -75,6 +75,9 @@ func ClientName(s *snapshot.Snapshot, addr netip.AddrPort, pod *snapshot.ObjectR
 	return addr.Addr().String()
 }
 
+// clientKey is t's client as balance tells clients apart (affinity).
+func (t *Target) clientKey() balance.ClientKey { return balance.ClientOf(t.ClientAddr, t.ClientPod) }
+
 // client is t's client as a log value, named only if the line is written.
 func (t *Target) client() slog.LogValuer { return clientName{t} }
 
@@ -228,7 +231,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if sp != nil {
 		x.now = time.Now() // sessions time out; other requests need no clock
 	}
-	choice, setSession := x.be.Picker.PickRequest(r, x.now, sp)
+	choice, setSession := x.be.Picker.PickRequest(r, x.t.clientKey(), x.now, sp)
 	if choice == nil {
 		h.fail(w, r, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 		return

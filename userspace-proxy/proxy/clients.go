@@ -1,12 +1,11 @@
 package proxy
 
 import (
-	"net/netip"
 	"sync"
 	"time"
 
-	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/internal/logthrottle"
+	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 )
 
 // The node's one proxy serves every pod: without a bound, one app that
@@ -16,44 +15,22 @@ import (
 // ones are reset at once, counted and logged, and other clients are
 // served as before.
 
-// clientKey is a client as the limit counts it: its pod when the listener
-// knows it (in-pod mode), else its address (node-IP mode, where each pod
-// has its own).
-type clientKey struct {
-	pod  snapshot.ObjectRef
-	addr netip.Addr
-}
-
-func keyOf(c Client) clientKey {
-	if c.Pod != nil {
-		return clientKey{pod: *c.Pod}
-	}
-	return clientKey{addr: c.Addr.Addr()}
-}
-
-func (k clientKey) String() string {
-	if k.pod != (snapshot.ObjectRef{}) {
-		return k.pod.String()
-	}
-	return k.addr.String()
-}
-
 // clientConns counts each client's open connections.
 type clientConns struct {
 	max int // 0: no limit
 	mu  sync.Mutex
-	n   map[clientKey]int
+	n   map[balance.ClientKey]int
 	// log throttles the "over its limit" lines per client.
-	log *logthrottle.Throttle[clientKey]
+	log *logthrottle.Throttle[balance.ClientKey]
 }
 
 func newClientConns(max int, logEvery time.Duration) *clientConns {
-	return &clientConns{max: max, n: make(map[clientKey]int), log: logthrottle.New[clientKey](logEvery)}
+	return &clientConns{max: max, n: make(map[balance.ClientKey]int), log: logthrottle.New[balance.ClientKey](logEvery)}
 }
 
 // enter counts a new connection of k, or reports false when k is at its
 // limit.
-func (cc *clientConns) enter(k clientKey) bool {
+func (cc *clientConns) enter(k balance.ClientKey) bool {
 	if cc.max <= 0 {
 		return true
 	}
@@ -67,7 +44,7 @@ func (cc *clientConns) enter(k clientKey) bool {
 }
 
 // leave uncounts a connection enter counted.
-func (cc *clientConns) leave(k clientKey) {
+func (cc *clientConns) leave(k balance.ClientKey) {
 	if cc.max <= 0 {
 		return
 	}

@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -286,5 +287,52 @@ func TestServingTerminatingEndpoint(t *testing.T) {
 	rollout(2, true)
 	if err := httpGet(e, vip, "web-new")(0); err != nil {
 		t.Fatalf("the new pod ready: %v", err)
+	}
+}
+
+// TestClientIPAffinity: a Service with sessionAffinity ClientIP sends each
+// client's connections to one endpoint, as kube-proxy does — on the relay
+// (an h2c app) and on net/http's path (an HTTP/1.1 app), each connection
+// fresh — and a new snapshot does not move them.
+func TestClientIPAffinity(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	var eps []netip.AddrPort
+	for i := range 3 {
+		eps = append(eps, startEcho(t, fmt.Sprintf("h2c-%d", i), nil).addr)
+	}
+	vip := netip.MustParseAddrPort("10.96.8.40:80")
+	update := func(version uint64) {
+		e.p.Update(buildSnapshot(t, version, service{name: "sticky", vip: vip, backend: snapshot.Backend{
+			Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(eps...), ClientIPAffinitySeconds: 60}}))
+	}
+	update(1)
+	for _, src := range []string{"127.0.0.1", "127.0.0.2", "127.0.0.3"} {
+		pods := map[string]int{}
+		for i := range 6 {
+			if i == 3 {
+				update(uint64(i) + 10) // a new snapshot, the same backend
+			}
+			tr := &http.Transport{
+				DialContext: func(context.Context, string, string) (net.Conn, error) {
+					return e.dialFrom(vip, netip.MustParseAddr(src), nil)
+				},
+				Protocols: new(http.Protocols),
+			}
+			if i%2 == 0 {
+				tr.Protocols.SetUnencryptedHTTP2(true) // relayed
+			} else {
+				tr.Protocols.SetHTTP1(true) // translated to h2c
+			}
+			code, rep := get(t, &http.Client{Transport: tr, Timeout: 10 * time.Second}, "http://sticky.b.svc/")
+			tr.CloseIdleConnections()
+			if code != http.StatusOK {
+				t.Fatalf("%s, connection %d: status %d", src, i, code)
+			}
+			pods[rep.Pod]++
+		}
+		if len(pods) != 1 {
+			t.Errorf("client %s reached %v, want one pod", src, pods)
+		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sniff"
@@ -50,7 +51,7 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 	}
 	defer p.active.Done()
 	defer p.contain(c, origDst)
-	k := keyOf(client)
+	k := balance.ClientOf(client.Addr, client.Pod)
 	if !p.clients.enter(k) {
 		p.overLimit(c, k)
 		return
@@ -82,14 +83,14 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 
 // overLimit resets a connection of client k, which has as many open as
 // it may. The log names the pod, found by address on node listeners.
-func (p *Proxy) overLimit(c net.Conn, k clientKey) {
+func (p *Proxy) overLimit(c net.Conn, k balance.ClientKey) {
 	if ok, held := p.clients.log.Allow(k, time.Now()); ok {
 		attrs := []any{"client", k.String()}
-		if k.addr.IsValid() {
-			if w, found := p.current.Load().Snapshot.Workload(k.addr); found {
+		if k.Addr.IsValid() {
+			if w, found := p.current.Load().Snapshot.Workload(k.Addr); found {
 				attrs[1] = w.Pod.String()
 			}
-			attrs = append(attrs, "addr", k.addr.String())
+			attrs = append(attrs, "addr", k.Addr.String())
 		}
 		p.log.Warn("client at its connection limit; new connection reset", append(attrs, "limit", p.cfg.MaxConnsPerClient, "suppressed", held)...)
 	}
@@ -249,7 +250,7 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 func (cs *connState) dialAny(path Path, alpn []string) (net.Conn, error) {
 	var errs error
 	for range min(cs.be.Picker.Len(), 3) {
-		choice := cs.be.Picker.Pick()
+		choice := cs.be.Picker.PickClient(balance.ClientOf(cs.client.Addr, cs.client.Pod))
 		var (
 			up  net.Conn
 			err error

@@ -150,6 +150,9 @@ type Backend struct {
 	// Err is non-nil (a *FailClosedError) when the backend must fail closed.
 	Err error
 	w   *wireState
+	// affinity pins clients to endpoints (the Service's sessionAffinity
+	// ClientIP), kept across snapshots while its timeout is; nil without.
+	affinity *balance.Affinity
 	// reported is set by the first FirstFailure call.
 	reported atomic.Bool
 }
@@ -193,12 +196,14 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 	kept := make(map[*wireState]bool)
 	for i := range s.Backends {
 		spec := &s.Backends[i]
-		b := &Backend{Spec: spec, Picker: balance.New(spec, p.health)}
-		set.byRef[spec.Ref] = b
 		var prevBudget *retrybudget.Budget
+		var prevAffinity *balance.Affinity
 		if old := prev.Get(spec.Ref); old != nil {
-			prevBudget = old.Budget
+			prevBudget, prevAffinity = old.Budget, old.affinity
 		}
+		aff := balance.CarryAffinity(prevAffinity, spec.ClientIPAffinitySeconds)
+		b := &Backend{Spec: spec, Picker: balance.New(spec, p.health, aff), affinity: aff}
+		set.byRef[spec.Ref] = b
 		b.Budget = retrybudget.Carry(prevBudget, spec.RetryConstraint, time.Now())
 		if spec.Invalid != nil {
 			b.Err = &FailClosedError{Policy: spec.Invalid.Policy, Reason: spec.Invalid.Reason, Message: spec.Invalid.Message}

@@ -1,0 +1,108 @@
+package balance
+
+import (
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// Affinity is a backend's sessionAffinity ClientIP, as kube-proxy applies
+// it: a client's connections and requests go to the endpoint its last one
+// went to, while it sends one at least every timeout and that endpoint is
+// still handed out (ready, not ejected). It outlives snapshots (Carry): a
+// new snapshot must not move the clients. The proxy serves one node's
+// pods, so it remembers few clients.
+type Affinity struct {
+	timeout time.Duration
+	mu      sync.Mutex
+	pinned  map[ClientKey]pin
+	sweep   time.Time // when expired pins are next dropped
+}
+
+type pin struct {
+	ep   netip.AddrPort
+	last time.Time
+}
+
+// CarryAffinity returns prev when it keeps pins for seconds, a new
+// Affinity when seconds changed, and nil when seconds is 0 (no affinity).
+func CarryAffinity(prev *Affinity, seconds int32) *Affinity {
+	if seconds <= 0 {
+		return nil
+	}
+	d := time.Duration(seconds) * time.Second
+	if prev != nil && prev.timeout == d {
+		return prev
+	}
+	return &Affinity{timeout: d, pinned: make(map[ClientKey]pin)}
+}
+
+// PickClient is Pick for a connection or request of client under p's
+// Affinity, if any: the endpoint client is pinned to while p hands it out,
+// else the next one, to which client is pinned from then on.
+func (p *Picker) PickClient(client ClientKey) *Choice {
+	a := p.affinity
+	if a == nil || client == (ClientKey{}) {
+		return p.Pick()
+	}
+	now := time.Now()
+	if ep, ok := a.lookup(client, now); ok {
+		for i := range p.ready {
+			if c := &p.ready[i]; c.Endpoint.Addr == ep && !p.ejected(c, now) {
+				a.set(client, ep, now)
+				return c
+			}
+		}
+	}
+	c := p.Pick()
+	if c != nil {
+		a.set(client, c.Endpoint.Addr, now)
+	}
+	return c
+}
+
+func (a *Affinity) lookup(client ClientKey, now time.Time) (netip.AddrPort, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	p, ok := a.pinned[client]
+	return p.ep, ok && now.Sub(p.last) < a.timeout
+}
+
+func (a *Affinity) set(client ClientKey, ep netip.AddrPort, now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.pinned[client] = pin{ep: ep, last: now}
+	if now.After(a.sweep) {
+		for c, p := range a.pinned {
+			if now.Sub(p.last) >= a.timeout {
+				delete(a.pinned, c)
+			}
+		}
+		a.sweep = now.Add(time.Minute)
+	}
+}
+
+// ClientKey is a client as the proxy tells clients apart: its pod when the
+// listener knows it (in-pod mode, where every connection comes from
+// loopback), else its address (node-IP mode, where each pod has its own).
+type ClientKey struct {
+	Pod  snapshot.ObjectRef
+	Addr netip.Addr
+}
+
+// ClientOf returns the key of the client at addr, of pod when known.
+func ClientOf(addr netip.AddrPort, pod *snapshot.ObjectRef) ClientKey {
+	if pod != nil {
+		return ClientKey{Pod: *pod}
+	}
+	return ClientKey{Addr: addr.Addr()}
+}
+
+func (k ClientKey) String() string {
+	if k.Pod != (snapshot.ObjectRef{}) {
+		return k.Pod.String()
+	}
+	return k.Addr.String()
+}
