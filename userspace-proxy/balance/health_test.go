@@ -19,6 +19,20 @@ func picks(p *Picker, n int) map[string]int {
 	return seen
 }
 
+// probeAfter checks, in a synctest bubble, that p passes dead over until
+// d has passed, and then hands it out once.
+func probeAfter(t *testing.T, p *Picker, dead netip.AddrPort, d time.Duration) {
+	t.Helper()
+	time.Sleep(d - time.Millisecond)
+	if got := picks(p, 30); got[dead.String()] != 0 {
+		t.Fatalf("%v before %v passed, want it passed over", got, d)
+	}
+	time.Sleep(time.Millisecond)
+	if got := picks(p, 30); got[dead.String()] != 1 {
+		t.Fatalf("%v after %v, want one probe", got, d)
+	}
+}
+
 // TestEjection: an endpoint whose connect failed is passed over, the
 // others sharing its turns; when its ejection ends it gets one connection
 // (the probe) and nothing more until the probe settles; each failed probe
@@ -47,14 +61,7 @@ func TestEjection(t *testing.T) {
 		}
 		cur := time.Second
 		for _, want := range []time.Duration{2 * time.Second, 4 * time.Second, 4 * time.Second} {
-			time.Sleep(cur - time.Millisecond)
-			if got := picks(p, 30); got[dead.String()] != 0 {
-				t.Fatalf("just before the ejection ends: %v", got)
-			}
-			time.Sleep(time.Millisecond)
-			if got := picks(p, 30); got[dead.String()] != 1 {
-				t.Fatalf("after the ejection: %v, want one probe", got)
-			}
+			probeAfter(t, p, dead, cur)
 			if d := h.Failed(dead, time.Now()); d != want {
 				t.Fatalf("failed probe: ejected for %v, want %v", d, want)
 			}
@@ -90,14 +97,7 @@ func TestProbeUnsettled(t *testing.T) {
 		if got := picks(p, 10); got[dead.String()] != 1 {
 			t.Fatalf("%v, want one probe", got)
 		}
-		time.Sleep(probeWait - time.Millisecond)
-		if got := picks(p, 10); got[dead.String()] != 0 {
-			t.Fatalf("%v while the probe is out", got)
-		}
-		time.Sleep(time.Millisecond)
-		if got := picks(p, 10); got[dead.String()] != 1 {
-			t.Fatalf("%v after probeWait, want another probe", got)
-		}
+		probeAfter(t, p, dead, probeWait)
 	})
 }
 
