@@ -67,6 +67,9 @@ type ProxyStatus struct {
 	ActiveConnections map[string]float64 `json:"activeConnections,omitempty"`
 	// SnapshotVersion is the version the proxy serves new connections with.
 	SnapshotVersion float64 `json:"snapshotVersion"`
+	// EjectedEndpoints are the endpoints the proxy passes over now because
+	// their last connect failed (docs/design.md).
+	EjectedEndpoints float64 `json:"ejectedEndpoints,omitempty"`
 }
 
 // PodsStatus counts the enrolled pods by state and lists those that are not
@@ -146,6 +149,10 @@ func proxyStatus(families []*dto.MetricFamily) ProxyStatus {
 		case "sockmesh_proxy_snapshot_version":
 			for _, m := range mf.GetMetric() {
 				p.SnapshotVersion = m.GetGauge().GetValue()
+			}
+		case "sockmesh_proxy_upstream_endpoints_ejected":
+			for _, m := range mf.GetMetric() {
+				p.EjectedEndpoints = m.GetGauge().GetValue()
 			}
 		}
 	}

@@ -51,7 +51,7 @@ func statusFixture() []introspect.Status {
 			Services: 4, Enrolments: 2,
 			Counters: map[datapath.Decision]uint64{datapath.Redirected: 1042, datapath.SkippedNotEnrolled: 99, datapath.DeniedNoProxy: 0},
 		},
-		Proxy: introspect.ProxyStatus{ActiveConnections: map[string]float64{"l4_tls": 3, "http1": 1, "l7": 0}, SnapshotVersion: 12},
+		Proxy: introspect.ProxyStatus{ActiveConnections: map[string]float64{"l4_tls": 3, "http1": 1, "l7": 0}, SnapshotVersion: 12, EjectedEndpoints: 1},
 		Pods: introspect.PodsStatus{Enrolled: 2, Pending: 1, NotEnrolled: 2, Unsettled: []enrol.Pod{
 			{Pod: ref("", "app", "starting"), State: enrol.Pending, Since: t0.Add(-30 * time.Second), Reason: "no network namespace holds 10.244.0.13"},
 		}},

@@ -67,7 +67,8 @@ func statusDetails(w io.Writer, st introspect.Status) {
 		b.add("Snapshot", "v%d applied %s ago: %d captured ports, %d backends (%d failing closed), %d pods",
 			sn.Version, age(st.Time.Sub(sn.AppliedAt)), sn.Frontends, sn.Backends, sn.Invalid, sn.Workloads)
 	}
-	b.add("Proxy", "serving v%g, active connections %s", st.Proxy.SnapshotVersion, counts(st.Proxy.ActiveConnections, "%g"))
+	b.add("Proxy", "serving v%g, active connections %s, endpoints ejected after failed connects %g", st.Proxy.SnapshotVersion,
+		counts(st.Proxy.ActiveConnections, "%g"), st.Proxy.EjectedEndpoints)
 	b.add("Pods", "%s; %d of the node's pods not enrolled by policy", podsSummary(st.Pods), st.Pods.NotEnrolled)
 	b.add("Pin dir", "%s", orDash(st.Datapath.State.PinDir))
 	b.add("Cgroup", "%s", orDash(st.Datapath.State.Cgroup))

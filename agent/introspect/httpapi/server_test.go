@@ -46,7 +46,9 @@ func testSources(t *testing.T) *introspect.Sources {
 	active := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "sockmesh_proxy_active_connections", Help: "h"}, []string{"path"})
 	active.WithLabelValues("l4_tls").Set(2)
 	active.WithLabelValues("http1").Set(1)
-	cat.MustRegister(active)
+	ejected := prometheus.NewGauge(prometheus.GaugeOpts{Name: "sockmesh_proxy_upstream_endpoints_ejected", Help: "h"})
+	ejected.Set(1)
+	cat.MustRegister(active, ejected)
 	return &introspect.Sources{
 		Node: "n1", Mode: "node-ip", Version: "v1", Metrics: cat,
 		Applied: func() (*snapshot.Snapshot, time.Time) { return snap, time.Unix(100, 0) },
@@ -153,7 +155,7 @@ func TestServer(t *testing.T) {
 		t.Fatalf("status: %d", code)
 	}
 	if st.Node != "n1" || !st.Ready || st.Snapshot.Version != 3 || st.Snapshot.Frontends != 1 || st.Pods.Enrolled != 1 ||
-		st.Pods.Pending != 1 || len(st.Pods.Unsettled) != 1 || st.Proxy.ActiveConnections["l4_tls"] != 2 ||
+		st.Pods.Pending != 1 || len(st.Pods.Unsettled) != 1 || st.Proxy.ActiveConnections["l4_tls"] != 2 || st.Proxy.EjectedEndpoints != 1 ||
 		len(st.Datapath.State.Hooks) != 1 || st.Datapath.Counters[datapath.Redirected] != 3 {
 		t.Errorf("status = %+v", st)
 	}
