@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"hash/fnv"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -54,6 +55,15 @@ func New(b *snapshot.Backend, h *Health, a *Affinity) *Picker {
 
 // Len is the number of ready endpoints.
 func (p *Picker) Len() int { return len(p.ready) }
+
+// Addrs returns the endpoints p hands out.
+func (p *Picker) Addrs() []netip.AddrPort {
+	a := make([]netip.AddrPort, len(p.ready))
+	for i := range p.ready {
+		a[i] = p.ready[i].Endpoint.Addr
+	}
+	return a
+}
 
 // Pick returns the next ready endpoint not ejected, or nil when there is
 // none ready; when all are ejected, the next ready one. The result is

@@ -228,6 +228,8 @@ type envOptions struct {
 	ejectFor time.Duration
 	// handshakeTimeout is upstream.Config.HandshakeTimeout (0: 10 s).
 	handshakeTimeout time.Duration
+	// rebalanceSpread is Config.RebalanceSpread (0: 5 s).
+	rebalanceSpread time.Duration
 }
 
 func newEnv(t testing.TB, o envOptions) *env {
@@ -240,6 +242,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		SniffTimeout:      cmp.Or(o.sniffTimeout, 2*time.Second),
 		Dial:              dial.Config{Unmarked: os.Geteuid() != 0, Timeout: o.dialTimeout},
 		MaxConnsPerClient: o.maxConnsPerClient,
+		RebalanceSpread:   o.rebalanceSpread,
 	}
 	cfg.Upstream.EjectFor, cfg.Upstream.EjectMax = o.ejectFor, o.ejectFor
 	cfg.Upstream.HandshakeTimeout = o.handshakeTimeout

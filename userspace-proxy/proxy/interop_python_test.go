@@ -201,6 +201,59 @@ func TestInteropPythonGRPC(t *testing.T) {
 	}
 }
 
+// TestInteropPythonGRPCMoves: grpcio's channel, relayed to an endpoint
+// that then stops being ready, takes the proxy's GOAWAY: its calls move to
+// the ready pod. An idle C-core channel reads the GOAWAY only with its next
+// call (still there, a second later too), which so goes to the old pod —
+// serving while it terminates — and the call after it to the ready one.
+func TestInteropPythonGRPCMoves(t *testing.T) {
+	py, e, _, _ := pythonEnv(t)
+	old, next := startEcho(t, "grpc-old", serverTLS(e.pki.server)), startEcho(t, "grpc-new", serverTLS(e.pki.server))
+	vip := netip.MustParseAddrPort("10.96.7.20:9000")
+	e.p.Update(buildSnapshot(t, 1, service{name: "grpc", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolGRPC, TLS: tlsPolicy(e),
+		Endpoints: endpoints(old.addr)}}))
+	cmd := exec.Command(py, filepath.Join("testdata", "interop.py"), "grpc-move", e.listenFor(vip), "grpc.b.svc:9000")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		if t.Failed() {
+			t.Logf("interop.py grpc-move:\n%s", stderr.String())
+		}
+	})
+	lines := json.NewDecoder(stdout)
+	var r struct {
+		First, Next string
+		Calls       int
+	}
+	if err := lines.Decode(&r); err != nil || r.First != "grpc-old" {
+		t.Fatalf("first call: %+v, %v; want grpc-old", r, err)
+	}
+	e.p.Update(buildSnapshot(t, 2, service{name: "grpc", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolGRPC, TLS: tlsPolicy(e),
+		Endpoints: []snapshot.Endpoint{{Addr: old.addr, Serving: true, Terminating: true}, {Addr: next.addr, Ready: true, Serving: true}}}}))
+	for deadline := time.Now().Add(10 * time.Second); e.counter("sockmesh_proxy_goaways_total", map[string]string{"reason": "endpoint_gone"}) != 1; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no GOAWAY sent")
+		}
+	}
+	io.WriteString(stdin, "go\n")
+	if err := lines.Decode(&r); err != nil || r.Next != "grpc-new" || r.Calls > 2 {
+		t.Fatalf("after the GOAWAY: %+v, %v; want grpc-new by the second call", r, err)
+	}
+}
+
 // TestInteropPythonWebSocket: Python's websockets client through the
 // proxy to the echo backend (ws relayed, wss originated, and through an
 // HTTPRoute that rewrites the path and sends it to the wss backend), and

@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/h2drain"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 )
 
@@ -19,6 +21,7 @@ type metrics struct {
 	bytesUp      prometheus.Counter
 	bytesDown    prometheus.Counter
 	version      prometheus.Gauge
+	goAways      *prometheus.CounterVec
 	// byPath holds each path's connection counter and gauge, looked up
 	// once here rather than per connection.
 	byPath map[Path]pathMetrics
@@ -61,6 +64,10 @@ func newMetrics(reg prometheus.Registerer, bufs *relay.Pool) (*metrics, error) {
 			Name: "sockmesh_proxy_snapshot_version",
 			Help: "Version of the snapshot the proxy serves new connections with.",
 		}),
+		goAways: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "sockmesh_proxy_goaways_total",
+			Help: "Relayed HTTP/2 connections the proxy asked (GOAWAY) to open their next streams on a new connection, by backend and reason (endpoint_gone, rebalance, shutdown).",
+		}, []string{"namespace", "backend", "reason"}),
 	}
 	m.byPath = make(map[Path]pathMetrics)
 	for _, p := range []Path{PathPassthrough, PathL4, PathL4TLS, PathL7, PathHTTP1} {
@@ -70,10 +77,16 @@ func newMetrics(reg prometheus.Registerer, bufs *relay.Pool) (*metrics, error) {
 		Name: "sockmesh_proxy_copy_buffers_in_use",
 		Help: "Copy buffers (64 KiB each) held by relays and streamed answer bodies; an idle relayed connection holds none.",
 	}, func() float64 { return float64(bufs.InUse()) })
-	for _, c := range []prometheus.Collector{m.conns, m.active, m.rejected, m.acceptErrors, m.failed, bytes, m.version, buffers} {
+	for _, c := range []prometheus.Collector{m.conns, m.active, m.rejected, m.acceptErrors, m.failed, bytes, m.version, buffers, m.goAways} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register proxy metrics: %w", err)
 		}
 	}
 	return m, nil
+}
+
+// goAway counts a relayed HTTP/2 connection of backend ref asked to go
+// away (h2drain.Registry).
+func (m *metrics) goAway(ref snapshot.BackendRef, why h2drain.Reason) {
+	m.goAways.WithLabelValues(ref.Namespace, ref.Name, string(why)).Inc()
 }

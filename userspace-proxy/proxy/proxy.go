@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
+	"github.com/sockmesh/sockmesh/userspace-proxy/h2drain"
 	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/origdst"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
@@ -67,6 +69,11 @@ type Config struct {
 	// (rejected, reason client_limit) while other clients are served. 0
 	// means no limit.
 	MaxConnsPerClient int
+	// RebalanceSpread is how long the GOAWAYs that move relayed HTTP/2
+	// connections onto a backend's new endpoints are spread over, so that
+	// their clients do not all connect again at once (package h2drain); 0
+	// means 5 s.
+	RebalanceSpread time.Duration
 }
 
 // HTTP1TLSPath chooses how HTTP/1.x apps reach a backend that needs TLS
@@ -134,6 +141,9 @@ type Proxy struct {
 	failures *upstream.FailureLog
 	panics   *contain.Reporter
 	clients  *clientConns
+	// h2 holds the relayed HTTP/2 connections, to ask them to go away
+	// when their backend's endpoints change.
+	h2 *h2drain.Registry
 }
 
 // New returns a Proxy serving the empty snapshot until Update.
@@ -149,6 +159,9 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 	}
 	if cfg.IdleTimeout == 0 {
 		cfg.IdleTimeout = 5 * time.Minute
+	}
+	if cfg.RebalanceSpread == 0 {
+		cfg.RebalanceSpread = 5 * time.Second
 	}
 	log = log.With("component", "proxy")
 	bufs := relay.NewPool()
@@ -180,6 +193,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 		failures:  upstream.NewFailureLog(cfg.FailureLogEvery),
 		panics:    panics,
 		clients:   newClientConns(cfg.MaxConnsPerClient, cfg.FailureLogEvery),
+		h2:        h2drain.NewRegistry(cfg.RebalanceSpread, m.goAway, panics),
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[net.Conn]struct{}),
 		work:      make(chan accepted),
@@ -216,9 +230,28 @@ func (p *Proxy) Update(s *snapshot.Snapshot) {
 	if v := p.current.Load(); v != nil {
 		prev = v.Backends
 	}
-	p.current.Store(httpproxy.NewView(s, p.pools.Build(s, prev)))
+	set := p.pools.Build(s, prev)
+	p.current.Store(httpproxy.NewView(s, set))
+	p.h2.Update(func(ref snapshot.BackendRef) (h2drain.Endpoints, bool) { return changed(prev.Get(ref), set.Get(ref)) })
 	p.m.version.Set(float64(s.Version))
 	p.log.Info("snapshot applied", "snapshot_version", s.Version, "frontends", len(s.Frontends), "backends", len(s.Backends))
+}
+
+// changed says how a backend's endpoints changed from old to b (either
+// may be nil), for the relayed HTTP/2 connections to it; false when b is
+// gone from the snapshot.
+func changed(old, b *upstream.Backend) (h2drain.Endpoints, bool) {
+	if b == nil {
+		return h2drain.Endpoints{}, false
+	}
+	eps := h2drain.Endpoints{Addrs: b.Picker.Addrs(), Sticky: b.Spec.ClientIPAffinitySeconds != 0}
+	if old != nil {
+		before := old.Picker.Addrs()
+		for _, a := range eps.Addrs {
+			eps.Gained = eps.Gained || !slices.Contains(before, a)
+		}
+	}
+	return eps, true
 }
 
 // ListenConfig is how the proxy's listeners should be made: without TCP
@@ -365,6 +398,8 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		l.Close()
 	}
 	p.mu.Unlock()
+	// Relayed HTTP/2 clients move to the next proxy as their streams end.
+	p.h2.GoAwayAll(h2drain.ReasonShutdown)
 	defer func() { p.current.Load().Backends.CloseIdle() }()
 	p.h.Drain()
 	err := p.srv.Shutdown(ctx)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
+	"github.com/sockmesh/sockmesh/userspace-proxy/h2drain"
 	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sniff"
@@ -207,7 +208,7 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 			alpn = httpproxy.WireFor(cs.be, 2, false).ALPN()
 		}
 	}
-	up, err := cs.dialAny(path, alpn)
+	up, ep, err := cs.dialAny(path, alpn)
 	if err != nil && (kind == sniff.HTTP1 || kind == sniff.HTTP2) {
 		// An HTTP client can read an error: let the L7 path answer (it
 		// dials again and maps the failure to 503 or 502).
@@ -232,22 +233,32 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 		// client (see ListenConfig).
 		tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true})
 	}
+	var app net.Conn = c
+	if kind == sniff.HTTP2 && cs.be.Spec.Protocol != snapshot.ProtocolTCP {
+		// The app's streams all reach ep: it is asked to move them when
+		// ep goes or the backend gains endpoints (package h2drain).
+		dc := h2drain.NewConn(c)
+		p.h2.Add(cs.be.Spec.Ref, ep, dc)
+		defer p.h2.Remove(cs.be.Spec.Ref, dc)
+		app = dc
+	}
 	pm := p.m.byPath[path]
 	pm.active.Inc()
 	defer pm.active.Dec()
 	pm.conns.Inc()
 	p.trackConn(c, true)
 	p.trackConn(up, true)
-	res := relay.Relay(c, up, p.bufs, p.panics)
+	res := relay.Relay(app, up, p.bufs, p.panics)
 	p.trackConn(c, false)
 	p.trackConn(up, false)
 	p.m.bytesUp.Add(float64(res.AToB))
 	p.m.bytesDown.Add(float64(res.BToA))
 }
 
-// dialAny dials ready endpoints in turn until one answers: a failed connect
-// sent no byte, so another endpoint may be tried (at most three).
-func (cs *connState) dialAny(path Path, alpn []string) (net.Conn, error) {
+// dialAny dials ready endpoints in turn until one answers, and returns its
+// connection and address: a failed connect sent no byte, so another
+// endpoint may be tried (at most three).
+func (cs *connState) dialAny(path Path, alpn []string) (net.Conn, netip.AddrPort, error) {
 	var errs error
 	for range min(cs.be.Picker.Len(), 3) {
 		choice := cs.be.Picker.PickClient(balance.ClientOf(cs.client.Addr, cs.client.Pod))
@@ -262,7 +273,7 @@ func (cs *connState) dialAny(path Path, alpn []string) (net.Conn, error) {
 			up, err = cs.be.Dial(context.Background(), choice.Endpoint, alpn)
 		}
 		if err == nil {
-			return up, nil
+			return up, choice.Endpoint.Addr, nil
 		}
 		errs = errors.Join(errs, err)
 		if !upstream.NoConnection(err) {
@@ -270,9 +281,9 @@ func (cs *connState) dialAny(path Path, alpn []string) (net.Conn, error) {
 		}
 	}
 	if errs == nil {
-		return nil, upstream.ErrNoEndpoints
+		return nil, netip.AddrPort{}, upstream.ErrNoEndpoints
 	}
-	return nil, errs
+	return nil, netip.AddrPort{}, errs
 }
 
 func negotiated(c net.Conn, proto string) bool {

@@ -4,6 +4,7 @@ either side of the proxy. Debian 12's python3-grpcio, python3-protobuf and
 python3-websockets; run with /usr/bin/python3.
 
   interop.py grpc-client TARGET AUTHORITY   calls sockmesh.echo.Echo, prints JSON
+  interop.py grpc-move TARGET AUTHORITY     a call; on a line from stdin, calls until another pod answers
   interop.py grpc-server CERT KEY           serves it over TLS, prints its port
   interop.py ws-client ADDR URI             talks to an echo WebSocket, prints JSON
   interop.py wss-server CERT KEY            serves an echo WebSocket over TLS, prints its port
@@ -13,6 +14,7 @@ import asyncio
 import json
 import ssl
 import sys
+import time
 from concurrent import futures
 
 import grpc
@@ -44,6 +46,31 @@ def grpc_client(target, authority):
     except grpc.RpcError as e:
         out["code"], out["details"] = e.code().name, e.details()
     print(json.dumps(out))
+
+
+def grpc_move(target, authority):
+    """One call, whose pod it prints as JSON; then, after a line on stdin
+    (the proxy was told that pod terminates), calls until another pod
+    answers or 10 s pass, and prints the pod and how many calls it took:
+    C-core's answer to the proxy's GOAWAY."""
+    ch = grpc.insecure_channel(target, options=[("grpc.default_authority", authority)])
+    unary = ch.unary_unary("/" + SERVICE + "/Unary", request_serializer=wrappers_pb2.BytesValue.SerializeToString,
+                           response_deserializer=wrappers_pb2.BytesValue.FromString)
+
+    def pod():
+        _, call = unary.with_call(wrappers_pb2.BytesValue(value=b"ping"), timeout=30)
+        return dict(call.trailing_metadata()).get(TRAILER, "")
+
+    out = {"first": pod()}
+    print(json.dumps(out), flush=True)
+    sys.stdin.readline()
+    deadline, calls = time.monotonic() + 10, 0
+    while True:
+        out["next"], calls = pod(), calls + 1
+        if out["next"] != out["first"] or time.monotonic() > deadline:
+            break
+    out["calls"] = calls
+    print(json.dumps(out), flush=True)
 
 
 def grpc_server(cert, key):
@@ -113,6 +140,8 @@ def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "grpc-client":
         grpc_client(*args)
+    elif cmd == "grpc-move":
+        grpc_move(*args)
     elif cmd == "grpc-server":
         grpc_server(*args)
     elif cmd == "ws-client":

@@ -1,0 +1,191 @@
+package h2drain
+
+import (
+	"encoding/binary"
+	"net"
+	"sync"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
+)
+
+// Reason is why a connection is asked to go away; it is the metric label
+// and, in the frame's debug data, what a client's log shows.
+type Reason string
+
+const (
+	// ReasonEndpointGone: the connection's endpoint is no longer handed
+	// out (not ready, or gone from the EndpointSlice).
+	ReasonEndpointGone Reason = "endpoint_gone"
+	// ReasonRebalance: the backend gained endpoints, and this one holds
+	// more than its share of the node's connections.
+	ReasonRebalance Reason = "rebalance"
+	// ReasonShutdown: the proxy is shutting down.
+	ReasonShutdown Reason = "shutdown"
+)
+
+// frame type and flag values of RFC 9113 §6.
+const (
+	frameHeaders      = 0x1
+	framePushPromise  = 0x5
+	frameGoAway       = 0x7
+	frameContinuation = 0x9
+	flagEndHeaders    = 0x4
+	frameHeaderLen    = 9
+)
+
+// goAwayFrame is a GOAWAY with the highest stream identifier, NO_ERROR
+// and "sockmesh: <reason>" as debug data.
+func goAwayFrame(why Reason) []byte {
+	debug := "sockmesh: " + string(why)
+	f := make([]byte, frameHeaderLen+8+len(debug))
+	n := 8 + len(debug)
+	f[0], f[1], f[2] = byte(n>>16), byte(n>>8), byte(n)
+	f[3] = frameGoAway
+	binary.BigEndian.PutUint32(f[9:], 1<<31-1) // last stream: any the client opened
+	copy(f[17:], debug)                        // error code 0 (NO_ERROR) between
+	return f
+}
+
+// frames follows the frames of a byte stream written in pieces.
+type frames struct {
+	hdr [frameHeaderLen]byte
+	hn  int // bytes of hdr held
+	// left is what remains of the current frame's payload.
+	left int
+	// ended counts the frames complete: the first is the server's
+	// SETTINGS, which must come before any other frame.
+	ended int
+	// inBlock is set while a header block waits for its CONTINUATION.
+	inBlock bool
+	// goAway is set once the backend's own GOAWAY went by.
+	goAway bool
+}
+
+// feed takes p, the next bytes of the stream, and returns the offset in p
+// just after the last frame that ended outside a header block (-1 if
+// none), where another frame may go.
+func (f *frames) feed(p []byte) int {
+	safe := -1
+	for i := 0; i < len(p); {
+		if f.left > 0 {
+			n := min(f.left, len(p)-i)
+			f.left -= n
+			i += n
+		} else {
+			n := copy(f.hdr[f.hn:], p[i:])
+			f.hn += n
+			i += n
+			if f.hn < frameHeaderLen {
+				break
+			}
+			f.hn = 0
+			f.left = int(f.hdr[0])<<16 | int(f.hdr[1])<<8 | int(f.hdr[2])
+			switch typ, flags := f.hdr[3], f.hdr[4]; typ {
+			case frameHeaders, framePushPromise, frameContinuation:
+				f.inBlock = flags&flagEndHeaders == 0
+			case frameGoAway:
+				f.goAway = true
+			}
+		}
+		if f.left == 0 {
+			f.ended++
+			if !f.inBlock {
+				safe = i
+			}
+		}
+	}
+	return safe
+}
+
+// between reports whether a frame may go in now.
+func (f *frames) between() bool {
+	return f.hn == 0 && f.left == 0 && f.ended > 0 && !f.inBlock
+}
+
+// Conn is the app's side of a relayed HTTP/2 connection: the relay
+// writes the backend's frames to it, and GoAway slips a GOAWAY in
+// between two of them. Reads, closes and half-closes go to the connection
+// underneath.
+type Conn struct {
+	net.Conn
+	mu sync.Mutex
+	fr frames
+	// pending is the GOAWAY asked for and not yet written (nil: none).
+	pending []byte
+	asked   bool
+}
+
+// NewConn wraps c, an app's connection whose first bytes were an HTTP/2
+// client preface.
+func NewConn(c net.Conn) *Conn { return &Conn{Conn: c} }
+
+// Write writes the backend's bytes p to the app, with a GOAWAY asked for
+// at the last point in p where a frame may go.
+func (c *Conn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pending == nil {
+		c.fr.feed(p)
+		return c.Conn.Write(p)
+	}
+	if c.fr.between() {
+		// Asked for while the backend's last frame was still coming.
+		if err := c.flushPending(); err != nil {
+			return 0, err
+		}
+		c.fr.feed(p)
+		return c.Conn.Write(p)
+	}
+	at := c.fr.feed(p)
+	if c.fr.goAway {
+		c.pending = nil // the backend's own comes: the client moves anyway
+	}
+	if at < 0 || c.pending == nil {
+		return c.Conn.Write(p)
+	}
+	// Once per connection: one write of p with the frame inside.
+	f := c.pending
+	c.pending = nil
+	b := make([]byte, 0, len(p)+len(f))
+	b = append(append(append(b, p[:at]...), f...), p[at:]...)
+	n, err := c.Conn.Write(b)
+	if n > at {
+		n = max(at, n-len(f)) // of p's bytes
+	}
+	return n, err
+}
+
+func (c *Conn) flushPending() error {
+	f := c.pending
+	c.pending = nil
+	_, err := c.Conn.Write(f)
+	return err
+}
+
+// GoAway asks the app to open its next streams on a new connection, and
+// reports whether it did: false when asked before, or when the backend
+// sent its own GOAWAY. The frame goes out at once when the backend is
+// between frames, else after the frame it is sending. It may block while
+// the app is not reading (as the relay's writes do), until the relay ends.
+func (c *Conn) GoAway(why Reason) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.asked || c.fr.goAway {
+		return false
+	}
+	c.asked = true
+	c.pending = goAwayFrame(why)
+	if c.fr.between() {
+		c.flushPending() // a failed write is the relay's to see
+	}
+	return true
+}
+
+// NetConn returns the connection underneath (half-close, reset).
+func (c *Conn) NetConn() net.Conn { return c.Conn }
+
+// ReadPooled is Read for a relay (sockio.Pooled), when the connection
+// underneath is a sockio.PooledReader.
+func (c *Conn) ReadPooled(bufs sockio.Buffers) (*[]byte, int, error) {
+	return c.Conn.(sockio.PooledReader).ReadPooled(bufs)
+}

@@ -1,0 +1,209 @@
+package h2drain
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+)
+
+// serverFrames is what a backend sends an app: its SETTINGS first, then
+// answers — a header block split over CONTINUATIONs, DATA of all sizes
+// (empty, and larger than a write), a PING.
+func serverFrames(t *testing.T) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	fr := http2.NewFramer(&b, nil)
+	must := func(err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(fr.WriteSettings(http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: 100}))
+	must(fr.WriteSettingsAck())
+	for id := uint32(1); id < 12; id += 2 {
+		must(fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: bytes.Repeat([]byte{'h'}, 40), EndHeaders: false}))
+		must(fr.WriteContinuation(id, false, bytes.Repeat([]byte{'c'}, 30)))
+		must(fr.WriteContinuation(id, true, []byte("end")))
+		must(fr.WriteData(id, false, bytes.Repeat([]byte{'d'}, int(id)*1000)))
+		must(fr.WriteData(id, false, nil))
+		must(fr.WritePing(false, [8]byte{byte(id)}))
+		must(fr.WriteData(id, true, []byte("last")))
+	}
+	return b.Bytes()
+}
+
+// app reads what a Conn writes over a pipe.
+func app(t *testing.T) (*Conn, <-chan []byte) {
+	t.Helper()
+	a, b := net.Pipe()
+	t.Cleanup(func() { a.Close(); b.Close() })
+	got := make(chan []byte, 1)
+	go func() {
+		all, _ := io.ReadAll(b)
+		got <- all
+	}()
+	return NewConn(a), got
+}
+
+type frameSeen struct {
+	typ        http2.FrameType
+	endHeaders bool
+	goAway     *goAwaySeen
+}
+
+// goAwaySeen is a GOAWAY's fields (a Framer reuses its frames).
+type goAwaySeen struct {
+	last  uint32
+	code  http2.ErrCode
+	debug string
+}
+
+// parse reads frames off b as an HTTP/2 client would.
+func parse(t *testing.T, b []byte) []frameSeen {
+	t.Helper()
+	fr := http2.NewFramer(nil, bytes.NewReader(b))
+	fr.SetMaxReadFrameSize(1 << 24)
+	var seen []frameSeen
+	for {
+		f, err := fr.ReadFrame()
+		if errors.Is(err, io.EOF) {
+			return seen
+		}
+		if err != nil {
+			t.Fatalf("after %d frames: %v", len(seen), err)
+		}
+		s := frameSeen{typ: f.Header().Type}
+		switch f := f.(type) {
+		case *http2.HeadersFrame:
+			s.endHeaders = f.HeadersEnded()
+		case *http2.ContinuationFrame:
+			s.endHeaders = f.HeadersEnded()
+		case *http2.GoAwayFrame:
+			s.goAway = &goAwaySeen{last: f.LastStreamID, code: f.ErrCode, debug: string(f.DebugData())}
+		}
+		seen = append(seen, s)
+	}
+}
+
+// TestGoAwayBetweenFrames: whatever pieces the backend's bytes come in and
+// whenever the GOAWAY is asked for, the app reads every frame of the
+// backend, in order, and one GOAWAY between two of them: after SETTINGS,
+// never inside a header block.
+func TestGoAwayBetweenFrames(t *testing.T) {
+	stream := serverFrames(t)
+	want := parse(t, stream)
+	for round := range 300 {
+		rng := rand.New(rand.NewPCG(uint64(round), 7))
+		c, got := app(t)
+		var pieces [][]byte
+		for rest := stream; len(rest) > 0; {
+			n := min(len(rest), 1+rng.IntN(3000))
+			pieces, rest = append(pieces, rest[:n]), rest[n:]
+		}
+		ask := rng.IntN(len(pieces) + 1) // before piece ask; after all when len
+		for i, p := range pieces {
+			if i == ask && !c.GoAway(ReasonRebalance) {
+				t.Fatal("GoAway refused")
+			}
+			if n, err := c.Write(p); n != len(p) || err != nil {
+				t.Fatalf("write = %d, %v", n, err)
+			}
+		}
+		if ask == len(pieces) && !c.GoAway(ReasonRebalance) {
+			t.Fatal("GoAway refused")
+		}
+		c.Close()
+		seen := parse(t, <-got)
+		if len(seen) != len(want)+1 {
+			t.Fatalf("round %d: %d frames, want %d and a GOAWAY", round, len(seen), len(want))
+		}
+		at := -1
+		for i, s := range seen {
+			if s.goAway != nil {
+				at = i
+				break
+			}
+		}
+		if at < 1 {
+			t.Fatalf("round %d: GOAWAY at %d, want after SETTINGS", round, at)
+		}
+		if prev := seen[at-1]; (prev.typ == http2.FrameHeaders || prev.typ == http2.FrameContinuation) && !prev.endHeaders {
+			t.Fatalf("round %d: GOAWAY inside a header block", round)
+		}
+		g := seen[at].goAway
+		if *g != (goAwaySeen{last: 1<<31 - 1, code: http2.ErrCodeNo, debug: "sockmesh: rebalance"}) {
+			t.Fatalf("round %d: GOAWAY %+v", round, *g)
+		}
+		rest := append(seen[:at:at], seen[at+1:]...)
+		for i := range want {
+			if rest[i].typ != want[i].typ {
+				t.Fatalf("round %d: frame %d is %v, want %v", round, i, rest[i].typ, want[i].typ)
+			}
+		}
+	}
+}
+
+// TestGoAwayWhileIdle: a GOAWAY asked for between frames goes out at
+// once, with nothing more from the backend.
+func TestGoAwayWhileIdle(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	c := NewConn(a)
+	var settings bytes.Buffer
+	http2.NewFramer(&settings, nil).WriteSettings()
+	go c.Write(settings.Bytes())
+	fr := http2.NewFramer(nil, b)
+	b.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if f, err := fr.ReadFrame(); err != nil || f.Header().Type != http2.FrameSettings {
+		t.Fatalf("first frame %v, %v", f, err)
+	}
+	go c.GoAway(ReasonEndpointGone)
+	f, err := fr.ReadFrame()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g, ok := f.(*http2.GoAwayFrame); !ok || string(g.DebugData()) != "sockmesh: endpoint_gone" {
+		t.Fatalf("got %v, want the GOAWAY", f)
+	}
+}
+
+// TestBackendGoAwayFirst: once the backend sent its own GOAWAY, the proxy
+// sends none (it would raise the last stream identifier); and a GOAWAY
+// asked for in the middle of a frame gives way to the backend's that
+// follows it.
+func TestBackendGoAwayFirst(t *testing.T) {
+	var b bytes.Buffer
+	fr := http2.NewFramer(&b, nil)
+	fr.WriteSettings()
+	fr.WriteGoAway(7, http2.ErrCodeNo, nil)
+	stream := b.Bytes()
+
+	c, got := app(t)
+	c.Write(stream)
+	if c.GoAway(ReasonRebalance) {
+		t.Error("GoAway after the backend's GOAWAY: asked")
+	}
+	c.Close()
+	if seen := parse(t, <-got); len(seen) != 2 {
+		t.Errorf("app read %d frames, want the backend's 2", len(seen))
+	}
+
+	c, got = app(t)
+	c.Write(stream[:5]) // inside SETTINGS' header
+	if !c.GoAway(ReasonRebalance) {
+		t.Fatal("GoAway refused")
+	}
+	c.Write(stream[5:])
+	c.Close()
+	seen := parse(t, <-got)
+	if len(seen) != 2 || seen[1].goAway == nil || seen[1].goAway.last != 7 {
+		t.Errorf("app read %+v, want SETTINGS and the backend's GOAWAY only", seen)
+	}
+}

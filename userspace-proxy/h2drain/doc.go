@@ -1,0 +1,22 @@
+// Package h2drain asks HTTP/2 clients whose connections the proxy relays
+// to move their next streams to a new connection, with a GOAWAY frame the
+// proxy slips in between the backend's frames.
+//
+// A relayed HTTP/2 connection (an h2c app to an h2 or h2c backend: a gRPC
+// channel, say) reaches one endpoint for as long as it lives, as under
+// kube-proxy, since the relay never looks at its streams. Without this, a
+// client keeps sending every stream to the endpoint it first reached: to
+// a pod that is terminating until the pod is killed under its streams,
+// and never to the pods a Deployment scaled up to. A GOAWAY with the
+// highest stream identifier and NO_ERROR (RFC 9113 §6.8, the graceful
+// first step a server takes) lets the client's streams in flight finish
+// and sends its next ones over a new connection, which the proxy balances
+// afresh. The backend learns nothing of it: it still serves every stream
+// the client opened.
+//
+// Only the backend-to-app direction is looked at, and only frame headers:
+// where each frame ends, whether a header block is still open (no frame
+// may come between its parts) and whether the backend sent its own GOAWAY
+// (then the proxy's would raise the last stream identifier, which a client
+// may take for a protocol error, so none is sent).
+package h2drain

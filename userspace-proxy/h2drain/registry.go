@@ -1,0 +1,148 @@
+package h2drain
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
+)
+
+// Registry holds the proxy's relayed HTTP/2 connections by backend, with
+// the endpoint each reached, and asks them to go away when the endpoints
+// change.
+type Registry struct {
+	spread time.Duration
+	asked  func(snapshot.BackendRef, Reason)
+	panics *contain.Reporter
+
+	mu    sync.Mutex
+	conns map[snapshot.BackendRef]map[*Conn]*entry
+}
+
+type entry struct {
+	ep netip.AddrPort
+	// leaving is set once the connection is asked to go away (or will
+	// be, by timer); it no longer counts toward its endpoint's share.
+	leaving bool
+	// timer is a GoAway to come (rebalancing), stopped if the
+	// connection ends first.
+	timer *time.Timer
+}
+
+// NewRegistry returns an empty Registry that spreads the GOAWAYs of a
+// rebalancing over spread and calls asked (which must not block) for
+// each connection asked to go away. Panics in its goroutines go to panics.
+func NewRegistry(spread time.Duration, asked func(snapshot.BackendRef, Reason), panics *contain.Reporter) *Registry {
+	return &Registry{spread: spread, asked: asked, panics: panics, conns: make(map[snapshot.BackendRef]map[*Conn]*entry)}
+}
+
+// Add registers c, relayed to endpoint ep of backend ref.
+func (r *Registry) Add(ref snapshot.BackendRef, ep netip.AddrPort, c *Conn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.conns[ref]
+	if m == nil {
+		m = make(map[*Conn]*entry)
+		r.conns[ref] = m
+	}
+	m[c] = &entry{ep: ep}
+}
+
+// Remove forgets c (its relay ended).
+func (r *Registry) Remove(ref snapshot.BackendRef, c *Conn) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	m := r.conns[ref]
+	if e := m[c]; e != nil && e.timer != nil {
+		e.timer.Stop()
+	}
+	delete(m, c)
+	if len(m) == 0 {
+		delete(r.conns, ref)
+	}
+}
+
+// Endpoints is what a new snapshot says of one backend's endpoints.
+type Endpoints struct {
+	// Addrs are the endpoints handed out now.
+	Addrs []netip.AddrPort
+	// Gained is set when one of Addrs was not handed out before.
+	Gained bool
+	// Sticky is set when clients come back to their endpoint
+	// (sessionAffinity ClientIP): moving them would not spread them.
+	Sticky bool
+}
+
+// Update asks connections to go away after a snapshot change, for each
+// backend of, given its reference, returns Endpoints for (false: gone
+// from the snapshot, its connections left to finish): at once those whose
+// endpoint is no longer handed out; and, when the backend gained
+// endpoints, those beyond their endpoint's share of the backend's
+// connections (ceil(connections / endpoints)), each at a random moment
+// within the spread, so that their clients do not all come back at once.
+// New connections are balanced as any are, so the spread evens out
+// rather than exactly.
+func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for ref, m := range r.conns {
+		eps, ok := of(ref)
+		if !ok {
+			continue
+		}
+		handed := make(map[netip.AddrPort][]*Conn, len(eps.Addrs))
+		for _, a := range eps.Addrs {
+			handed[a] = nil
+		}
+		staying := 0
+		for c, e := range m {
+			if e.leaving {
+				continue
+			}
+			if _, ok := handed[e.ep]; !ok {
+				e.leaving = true
+				go r.ask(ref, c, ReasonEndpointGone)
+				continue
+			}
+			handed[e.ep] = append(handed[e.ep], c)
+			staying++
+		}
+		if !eps.Gained || eps.Sticky || len(eps.Addrs) == 0 {
+			continue
+		}
+		share := (staying + len(eps.Addrs) - 1) / len(eps.Addrs)
+		for _, cs := range handed {
+			for _, c := range cs[min(share, len(cs)):] {
+				e := m[c]
+				e.leaving = true
+				e.timer = time.AfterFunc(rand.N(r.spread+1), func() { r.ask(ref, c, ReasonRebalance) })
+			}
+		}
+	}
+}
+
+// GoAwayAll asks every connection to go away (the proxy shuts down).
+func (r *Registry) GoAwayAll(why Reason) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for ref, m := range r.conns {
+		for c, e := range m {
+			e.leaving = true
+			go r.ask(ref, c, why)
+		}
+	}
+}
+
+// ask asks c to go away; it runs in a goroutine of its own, as the write
+// may wait for an app that is not reading.
+func (r *Registry) ask(ref snapshot.BackendRef, c *Conn, why Reason) {
+	var err error
+	defer r.panics.Recover("h2 goaway", &err, func() { sockio.Reset(c) })
+	if c.GoAway(why) {
+		r.asked(ref, why)
+	}
+}

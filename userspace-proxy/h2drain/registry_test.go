@@ -1,0 +1,184 @@
+package h2drain
+
+import (
+	"bytes"
+	"net"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+var (
+	epA = netip.MustParseAddrPort("10.1.0.1:8080")
+	epB = netip.MustParseAddrPort("10.1.0.2:8080")
+	epC = netip.MustParseAddrPort("10.1.0.3:8080")
+)
+
+// counts records the connections asked to go away, by reason, and each
+// connection's GOAWAY as its app reads it.
+type counts struct {
+	mu    sync.Mutex
+	asked map[Reason]int
+	read  chan *Conn
+}
+
+func (k *counts) add(_ snapshot.BackendRef, why Reason) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.asked[why]++
+}
+
+// wantAsked waits until n connections were counted as asked for why,
+// and fails if more were.
+func (k *counts) wantAsked(t *testing.T, why Reason, n int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		k.mu.Lock()
+		got := k.asked[why]
+		k.mu.Unlock()
+		if got == n {
+			return
+		}
+		if got > n || time.Now().After(deadline) {
+			t.Fatalf("%d asked for %s, want %d", got, why, n)
+		}
+	}
+}
+
+// relayed registers n connections to ep whose backend has sent its
+// SETTINGS; each GOAWAY their apps read is sent to k.read.
+func relayed(t *testing.T, r *Registry, k *counts, ref snapshot.BackendRef, ep netip.AddrPort, n int) []*Conn {
+	var settings bytes.Buffer
+	http2.NewFramer(&settings, nil).WriteSettings()
+	var cs []*Conn
+	for range n {
+		a, b := net.Pipe()
+		c := NewConn(a)
+		t.Cleanup(func() { r.Remove(ref, c); a.Close(); b.Close() })
+		go func() {
+			fr := http2.NewFramer(nil, b)
+			for {
+				f, err := fr.ReadFrame()
+				if err != nil {
+					return
+				}
+				if _, ok := f.(*http2.GoAwayFrame); ok {
+					k.read <- c
+				}
+			}
+		}()
+		if _, err := c.Write(settings.Bytes()); err != nil {
+			t.Fatal(err)
+		}
+		r.Add(ref, ep, c)
+		cs = append(cs, c)
+	}
+	return cs
+}
+
+func newRegistry(spread time.Duration) (*Registry, *counts) {
+	k := &counts{asked: make(map[Reason]int), read: make(chan *Conn, 100)}
+	return NewRegistry(spread, k.add, nil), k
+}
+
+// wantRead waits for n GOAWAYs read by apps and returns their connections.
+func wantRead(t *testing.T, k *counts, n int) map[*Conn]bool {
+	t.Helper()
+	got := make(map[*Conn]bool)
+	for range n {
+		select {
+		case c := <-k.read:
+			got[c] = true
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%d GOAWAYs read, want %d", len(got), n)
+		}
+	}
+	return got
+}
+
+// leaving counts the registered connections of ref asked to go away (or
+// about to be).
+func leaving(r *Registry, ref snapshot.BackendRef) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, e := range r.conns[ref] {
+		if e.leaving {
+			n++
+		}
+	}
+	return n
+}
+
+var web = snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: "web", Port: 80}
+
+// TestEndpointGone: the connections to an endpoint no longer handed out
+// are asked to go away at once; the others stay.
+func TestEndpointGone(t *testing.T) {
+	r, k := newRegistry(time.Hour)
+	onA := relayed(t, r, k, web, epA, 3)
+	relayed(t, r, k, web, epB, 2)
+	r.Update(func(snapshot.BackendRef) (Endpoints, bool) { return Endpoints{Addrs: []netip.AddrPort{epB}}, true })
+	got := wantRead(t, k, 3)
+	for _, c := range onA {
+		if !got[c] {
+			t.Error("a connection to the gone endpoint got no GOAWAY")
+		}
+	}
+	if n := leaving(r, web); n != 3 {
+		t.Errorf("%d connections leaving, want 3", n)
+	}
+	k.wantAsked(t, ReasonEndpointGone, 3)
+}
+
+// TestRebalance: when a backend gains endpoints, the connections beyond
+// each endpoint's share go (6 on one endpoint, 3 endpoints: 4 go), spread
+// in time; a later snapshot that gains nothing moves none, and a sticky
+// backend (ClientIP affinity) or one gone from the snapshot none either.
+func TestRebalance(t *testing.T) {
+	r, k := newRegistry(50 * time.Millisecond)
+	relayed(t, r, k, web, epA, 6)
+	all := []netip.AddrPort{epA, epB, epC}
+	r.Update(func(snapshot.BackendRef) (Endpoints, bool) { return Endpoints{Addrs: all, Gained: true}, true })
+	wantRead(t, k, 4)
+	r.Update(func(snapshot.BackendRef) (Endpoints, bool) { return Endpoints{Addrs: all}, true })
+	if n := leaving(r, web); n != 4 {
+		t.Errorf("%d leaving, want 4", n)
+	}
+	k.wantAsked(t, ReasonRebalance, 4)
+
+	sticky := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: "sticky", Port: 80}
+	gone := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: "gone", Port: 80}
+	relayed(t, r, k, sticky, epA, 3)
+	relayed(t, r, k, gone, epA, 3)
+	r.Update(func(ref snapshot.BackendRef) (Endpoints, bool) {
+		if ref == gone {
+			return Endpoints{}, false
+		}
+		return Endpoints{Addrs: all, Gained: true, Sticky: ref == sticky}, true
+	})
+	if leaving(r, sticky) != 0 || leaving(r, gone) != 0 {
+		t.Error("a sticky backend's or a gone backend's connections asked to go")
+	}
+}
+
+// TestShutdown asks every connection to go, once.
+func TestShutdown(t *testing.T) {
+	r, k := newRegistry(time.Hour)
+	relayed(t, r, k, web, epA, 2)
+	relayed(t, r, k, web, epB, 1)
+	r.GoAwayAll(ReasonShutdown)
+	wantRead(t, k, 3)
+	r.GoAwayAll(ReasonShutdown)
+	select {
+	case <-k.read:
+		t.Error("a second GOAWAY")
+	case <-time.After(100 * time.Millisecond):
+	}
+	k.wantAsked(t, ReasonShutdown, 3)
+}

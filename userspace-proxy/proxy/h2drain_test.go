@@ -1,0 +1,228 @@
+package proxy_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/test/echo"
+)
+
+// TestRelayedH2Rebalance: gRPC channels relayed to a backend's only
+// endpoint spread over the endpoints it scales up to. Six channels reach
+// one pod; when the backend gains two more, four of them are asked to go
+// away (each endpoint's share is two), their streams in flight go on to
+// the end, and their next calls reach all three pods. Over h2c and h2
+// (TLS origination).
+func TestRelayedH2Rebalance(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{rebalanceSpread: 20 * time.Millisecond})
+	for _, withTLS := range []bool{false, true} {
+		name, path := "h2c", "l4"
+		if withTLS {
+			name, path = "h2", "l4_tls"
+		}
+		t.Run(name, func(t *testing.T) {
+			var eps []netip.AddrPort
+			for i := range 3 {
+				var cfg = serverTLS(e.pki.server)
+				if !withTLS {
+					cfg = nil
+				}
+				eps = append(eps, startEcho(t, fmt.Sprintf("%s-%d", name, i), cfg).addr)
+			}
+			vip := netip.MustParseAddrPort(map[bool]string{false: "10.96.9.1:9000", true: "10.96.9.2:9000"}[withTLS])
+			update := func(version uint64, eps ...netip.AddrPort) {
+				be := snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(eps...)}
+				if withTLS {
+					be.TLS = tlsPolicy(e)
+				}
+				e.p.Update(buildSnapshot(t, version, service{name: name, vip: vip, backend: be}))
+			}
+			update(1, eps[0])
+			var ccs []*grpc.ClientConn
+			var streams []grpc.ClientStream
+			for range 6 {
+				cc, err := grpc.NewClient("passthrough:///"+name+".b.svc:9000", grpc.WithTransportCredentials(insecure.NewCredentials()),
+					grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(vip) }))
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { cc.Close() })
+				if pod := unaryPod(t, cc); pod != name+"-0" {
+					t.Fatalf("reached %s before the scale-up", pod)
+				}
+				st, err := cc.NewStream(t.Context(), &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, echo.MethodStream)
+				if err != nil {
+					t.Fatal(err)
+				}
+				pingStream(t, st, 0)
+				ccs, streams = append(ccs, cc), append(streams, st)
+			}
+			update(2, eps...)
+
+			// A channel that read the GOAWAY goes idle until its next call.
+			var idle int
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+				idle = 0
+				for _, cc := range ccs {
+					if cc.GetState() == connectivity.Idle {
+						idle++
+					}
+				}
+				if idle >= 4 || time.Now().After(deadline) {
+					break
+				}
+			}
+			if idle != 4 {
+				t.Fatalf("%d channels moved off the first endpoint, want 4", idle)
+			}
+			if got := e.counter("sockmesh_proxy_goaways_total", map[string]string{"backend": name, "reason": "rebalance"}); got != 4 {
+				t.Errorf("goaways counted %v, want 4", got)
+			}
+			for i, st := range streams {
+				pingStream(t, st, 1) // streams in flight go on
+				st.CloseSend()
+				if err := st.RecvMsg(new(wrapperspb.BytesValue)); err == nil {
+					t.Errorf("channel %d: stream not ended", i)
+				}
+			}
+			pods := map[string]int{}
+			for _, cc := range ccs {
+				pods[unaryPod(t, cc)]++
+			}
+			if len(pods) != 3 || pods[name+"-0"] < 2 {
+				t.Errorf("after the scale-up, channels reach %v; want all three pods, two or more the first", pods)
+			}
+			if got := e.counter("sockmesh_proxy_connections_total", map[string]string{"path": path}); got != 10 {
+				t.Errorf("%v relayed connections, want 10 (6, then 4 again)", got)
+			}
+		})
+	}
+}
+
+// unaryPod makes a unary call on cc and returns the pod that answered.
+func unaryPod(t *testing.T, cc *grpc.ClientConn) string {
+	t.Helper()
+	var trailer metadata.MD
+	if err := cc.Invoke(t.Context(), echo.MethodUnary, wrapperspb.Bytes([]byte("ping")), new(wrapperspb.BytesValue), grpc.Trailer(&trailer)); err != nil {
+		t.Fatalf("unary: %v", err)
+	}
+	return strings.Join(trailer.Get(echo.TrailerKey), ",")
+}
+
+// pingStream sends one message on st and reads its echo.
+func pingStream(t *testing.T, st grpc.ClientStream, i int) {
+	t.Helper()
+	msg := fmt.Appendf(nil, "m%d", i)
+	if err := st.SendMsg(wrapperspb.Bytes(msg)); err != nil {
+		t.Fatalf("send %d: %v", i, err)
+	}
+	got := new(wrapperspb.BytesValue)
+	if err := st.RecvMsg(got); err != nil || string(got.Value) != string(msg) {
+		t.Fatalf("recv %d = %q, %v", i, got.Value, err)
+	}
+}
+
+// TestRelayedH2EndpointGone: when the endpoint an h2c app's relayed
+// connection reaches stops being ready (its pod terminates), the app is
+// asked to go away at once: the event stream it is reading goes on to
+// its end, and its next request opens a connection to the ready pod.
+func TestRelayedH2EndpointGone(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	old, next := startEcho(t, "web-old", serverTLS(e.pki.server)), startEcho(t, "web-new", serverTLS(e.pki.server))
+	vip := netip.MustParseAddrPort("10.96.9.3:80")
+	e.p.Update(buildSnapshot(t, 1, service{name: "web", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(old.addr)}}))
+	c := e.client(vip, true)
+	resp, err := c.Get("http://web.b.svc/sse?n=20&interval=20ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	events := bufio.NewScanner(resp.Body)
+	readEvent := func() string {
+		for events.Scan() {
+			if data, ok := strings.CutPrefix(events.Text(), "data: "); ok {
+				return data
+			}
+		}
+		return ""
+	}
+	if ev := readEvent(); !strings.Contains(ev, `"web-old"`) {
+		t.Fatalf("first event %q", ev)
+	}
+	e.p.Update(buildSnapshot(t, 2, service{name: "web", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: []snapshot.Endpoint{
+		{Addr: old.addr, Serving: true, Terminating: true},
+		{Addr: next.addr, Ready: true, Serving: true},
+	}}}))
+	n := 1
+	for readEvent() != "" {
+		n++
+	}
+	if n != 20 || events.Err() != nil {
+		t.Fatalf("the stream in flight ended after %d of 20 events: %v", n, events.Err())
+	}
+	resp.Body.Close()
+	if code, rep := get(t, c, "http://web.b.svc/"); code != http.StatusOK || rep.Pod != "web-new" {
+		t.Errorf("next request: %d from %q, want 200 from web-new", code, rep.Pod)
+	}
+	if got := e.counter("sockmesh_proxy_goaways_total", map[string]string{"backend": "web", "reason": "endpoint_gone"}); got != 1 {
+		t.Errorf("goaways counted %v, want 1", got)
+	}
+}
+
+// TestShutdownDrainsRelayedH2: a proxy shutting down asks relayed gRPC
+// channels to go away, and returns as soon as their streams in flight
+// have ended (without it, it waits for its deadline and cuts them).
+func TestShutdownDrainsRelayedH2(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	be := startEcho(t, "grpc-0", nil)
+	vip := netip.MustParseAddrPort("10.96.9.4:9000")
+	e.p.Update(buildSnapshot(t, 1, service{name: "grpc", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(be.addr)}}))
+	cc, err := grpc.NewClient("passthrough:///grpc.b.svc:9000", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(vip) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	st, err := cc.NewStream(t.Context(), &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, echo.MethodStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pingStream(t, st, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	shut := make(chan error, 1)
+	go func() { shut <- e.p.Shutdown(ctx) }()
+	for deadline := time.Now().Add(10 * time.Second); cc.GetState() != connectivity.Idle; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the channel did not leave its connection: %v", cc.GetState())
+		}
+	}
+	pingStream(t, st, 1)
+	st.CloseSend()
+	st.RecvMsg(new(wrapperspb.BytesValue))
+	select {
+	case err := <-shut:
+		if err != nil {
+			t.Errorf("shutdown: %v, want nil (drained)", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("shutdown still waiting 10 s after the stream ended")
+	}
+}
