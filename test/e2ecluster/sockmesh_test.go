@@ -106,6 +106,7 @@ func TestSockmesh(t *testing.T) {
 	checkMode(t, n, w, "in-pod")
 	timing("scenarios in-pod", start)
 
+	t.Run("rollout-moves-h2", func(t *testing.T) { checkRolloutMovesH2(t, n, w, agentDiag) })
 	t.Run("serving-terminating", func(t *testing.T) { checkServingTerminating(t, n, w, agentDiag) })
 }
 
@@ -261,6 +262,63 @@ func draining(d *appsv1.Deployment) *appsv1.Deployment {
 	grace := int64(60)
 	d.Spec.Template.Spec.TerminationGracePeriodSeconds = &grace
 	return d
+}
+
+// checkRolloutMovesH2 rolls the draining echo's Deployment out while the
+// app keeps an h2c connection to it (relayed: appProtocol
+// kubernetes.io/h2c): once the new pod is ready and the old one
+// terminates, the proxy's GOAWAY moves the app's next calls to the new
+// pod, where without it they stayed on the old pod for as long as it
+// served on (-drain, 30 s) and then failed with its connection.
+func checkRolloutMovesH2(t *testing.T, n *node.Node, w workloads, diag func() string) {
+	kept := Call{URL: "http://" + w.drainingVIP + "/kept", Mode: "h2c-kept"}
+	podOf := func(ctx context.Context) (string, error) {
+		res, err := call(ctx, w.app, kept)
+		if err != nil {
+			return "", err
+		}
+		rep, err := res.Report()
+		if err != nil || res.Status != http.StatusOK || res.Proto != "HTTP/2.0" || !strings.HasPrefix(rep.Pod, "draining-echo-") {
+			return "", fmt.Errorf("status %d %s (%s %s), report %+v (%v), want 200 over HTTP/2 from a draining-echo pod", res.Status, res.Proto, res.Text, res.Error, rep, err)
+		}
+		return rep.Pod, nil
+	}
+	var old string
+	waitFor(t, 15*time.Second, "a kept h2c connection to the draining echo", func(ctx context.Context) (err error) {
+		old, err = podOf(ctx)
+		return err
+	}, diag)
+	ctx := t.Context()
+	if _, err := n.Kube.AppsV1().Deployments(scenarioNS).Patch(ctx, "draining-echo", types.MergePatchType,
+		[]byte(`{"spec":{"template":{"metadata":{"annotations":{"e2e.sockmesh.dev/rollout":"1"}}}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the rollout's new pod ready and "+old+" terminating", func(ctx context.Context) error {
+		list, err := n.Kube.DiscoveryV1().EndpointSlices(scenarioNS).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=draining"})
+		if err != nil {
+			return err
+		}
+		var ready, leaving bool
+		for _, es := range list.Items {
+			for _, ep := range es.Endpoints {
+				c := ep.Conditions
+				isOld := ep.TargetRef != nil && ep.TargetRef.Name == old
+				ready = ready || (!isOld && c.Ready != nil && *c.Ready)
+				leaving = leaving || (isOld && c.Terminating != nil && *c.Terminating)
+			}
+		}
+		if !ready || !leaving {
+			return fmt.Errorf("endpoints: %+v", list.Items)
+		}
+		return nil
+	}, nil)
+	waitFor(t, 15*time.Second, "the kept connection's calls on the new pod", func(ctx context.Context) error {
+		pod, err := podOf(ctx)
+		if err == nil && pod == old {
+			err = fmt.Errorf("still reaching %s", old)
+		}
+		return err
+	}, diag)
 }
 
 // checkServingTerminating scales the draining echo's Deployment to zero:

@@ -5,9 +5,11 @@ import "encoding/json"
 // Call asks the app client for one request from inside its pod.
 type Call struct {
 	URL string `json:"url"`
-	// Mode: http1 (plaintext HTTP/1.1), h2c (HTTP/2 with prior knowledge)
-	// or websocket (an HTTP/1.1 upgrade; the server's first message is the
-	// body, Message is then sent and its echo read).
+	// Mode: http1 (plaintext HTTP/1.1), h2c (HTTP/2 with prior knowledge),
+	// h2c-kept (h2c over one connection kept between calls while the
+	// server lets it, as a gRPC channel keeps one) or websocket (an
+	// HTTP/1.1 upgrade; the server's first message is the body, Message is
+	// then sent and its echo read).
 	Mode    string `json:"mode"`
 	Message string `json:"message,omitempty"`
 }

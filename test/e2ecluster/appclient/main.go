@@ -100,7 +100,7 @@ func handleCall(w http.ResponseWriter, r *http.Request) {
 	var res appapi.Result
 	var err error
 	switch c.Mode {
-	case "http1", "h2c":
+	case "http1", "h2c", "h2c-kept":
 		res, err = doHTTP(ctx, c)
 	case "websocket":
 		res, err = doWebSocket(ctx, c)
@@ -116,8 +116,12 @@ func handleCall(w http.ResponseWriter, r *http.Request) {
 }
 
 // transport returns a fresh transport per call: every call is a new
-// connection, the thing sockmesh's connect hook sees.
+// connection, the thing sockmesh's connect hook sees; for h2c-kept, the
+// one transport whose connection calls share.
 func transport(mode string) *http.Transport {
+	if mode == "h2c-kept" {
+		return kept
+	}
 	t := &http.Transport{DisableKeepAlives: true, Protocols: new(http.Protocols)}
 	if mode == "h2c" {
 		t.Protocols.SetUnencryptedHTTP2(true)
@@ -127,13 +131,21 @@ func transport(mode string) *http.Transport {
 	return t
 }
 
+var kept = func() *http.Transport {
+	t := &http.Transport{Protocols: new(http.Protocols)}
+	t.Protocols.SetUnencryptedHTTP2(true)
+	return t
+}()
+
 func doHTTP(ctx context.Context, c appapi.Call) (appapi.Result, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.URL, nil)
 	if err != nil {
 		return appapi.Result{}, err
 	}
 	t := transport(c.Mode)
-	defer t.CloseIdleConnections()
+	if t != kept {
+		defer t.CloseIdleConnections()
+	}
 	resp, err := t.RoundTrip(req)
 	if err != nil {
 		return appapi.Result{}, err
