@@ -93,6 +93,35 @@ func (p *Picker) Pick() *Choice {
 	return &p.ready[p.next.Add(1)%n]
 }
 
+// PickFewest returns the ready endpoint, not ejected, that carries the
+// fewest of the caller's connections (load), taking turns among equals;
+// when every ready endpoint is ejected, Pick's. It is for connections that
+// live long and carry many requests each (relayed HTTP/2): round robin
+// over their connects leaves them uneven once endpoints come and go.
+func (p *Picker) PickFewest(load func(netip.AddrPort) int) *Choice {
+	n := uint32(len(p.ready))
+	if n == 0 {
+		return nil
+	}
+	now := time.Now()
+	start := p.next.Add(1)
+	var best *Choice
+	least := 0
+	for i := range n {
+		c := &p.ready[(start+i)%n]
+		if p.health.any() && p.health.passedOver(c.Endpoint.Addr, now) {
+			continue
+		}
+		if l := load(c.Endpoint.Addr); best == nil || l < least {
+			best, least = c, l
+		}
+	}
+	if best == nil || p.health.any() && !p.health.admit(best.Endpoint.Addr, now) {
+		return p.Pick()
+	}
+	return best
+}
+
 // ejected reports whether c is ejected at now while another ready endpoint
 // is not: a session pinned to c then moves.
 func (p *Picker) ejected(c *Choice, now time.Time) bool {

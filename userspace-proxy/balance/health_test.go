@@ -166,3 +166,45 @@ func BenchmarkPick(b *testing.B) {
 		})
 	}
 }
+
+// TestPickFewest: PickFewest takes the endpoint with the least load,
+// takes turns among equals, passes over ejected ones, and when all are
+// ejected picks as Pick does.
+func TestPickFewest(t *testing.T) {
+	h := NewHealth(time.Minute, time.Minute)
+	p := New(&snapshot.Backend{Endpoints: endpoints(3)}, h, nil)
+	load := map[netip.AddrPort]int{}
+	of := func(a netip.AddrPort) int { return load[a] }
+	eps := p.Addrs()
+	load[eps[0]], load[eps[1]], load[eps[2]] = 2, 0, 1
+	if c := p.PickFewest(of); c.Endpoint.Addr != eps[1] {
+		t.Errorf("loads 2, 0, 1: picked %s, want the second", c.Host)
+	}
+	// Each pick adds to the load it chose by: the loads even out.
+	for range 6 {
+		load[p.PickFewest(of).Endpoint.Addr]++
+	}
+	if load[eps[0]] != 3 || load[eps[1]] != 3 || load[eps[2]] != 3 {
+		t.Errorf("after six more: %v, want 3 each", load)
+	}
+	fewest := func(n int) map[netip.AddrPort]int {
+		seen := map[netip.AddrPort]int{}
+		for range n {
+			seen[p.PickFewest(of).Endpoint.Addr]++
+		}
+		return seen
+	}
+	if seen := fewest(6); len(seen) != 3 {
+		t.Errorf("equal loads: picked %v, want all three in turn", seen)
+	}
+	h.Failed(eps[1], time.Now())
+	load[eps[1]] = 0
+	if seen := fewest(6); seen[eps[1]] != 0 {
+		t.Errorf("picked %v, the ejected endpoint among them", seen)
+	}
+	h.Failed(eps[0], time.Now())
+	h.Failed(eps[2], time.Now())
+	if seen := fewest(6); len(seen) != 3 {
+		t.Errorf("every endpoint ejected: picked %v, want all three in turn", seen)
+	}
+}

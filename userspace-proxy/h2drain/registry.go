@@ -21,6 +21,8 @@ type Registry struct {
 
 	mu    sync.Mutex
 	conns map[snapshot.BackendRef]map[*Conn]*entry
+	// staying counts the connections not leaving, by backend and endpoint.
+	staying map[snapshot.BackendRef]map[netip.AddrPort]int
 }
 
 type entry struct {
@@ -37,7 +39,18 @@ type entry struct {
 // rebalancing over spread and calls asked (which must not block) for
 // each connection asked to go away. Panics in its goroutines go to panics.
 func NewRegistry(spread time.Duration, asked func(snapshot.BackendRef, Reason), panics *contain.Reporter) *Registry {
-	return &Registry{spread: spread, asked: asked, panics: panics, conns: make(map[snapshot.BackendRef]map[*Conn]*entry)}
+	return &Registry{spread: spread, asked: asked, panics: panics, conns: make(map[snapshot.BackendRef]map[*Conn]*entry),
+		staying: make(map[snapshot.BackendRef]map[netip.AddrPort]int)}
+}
+
+// Load returns, for backend ref, how many of its connections each
+// endpoint holds and keeps (balance.Picker.PickFewest's load).
+func (r *Registry) Load(ref snapshot.BackendRef) func(netip.AddrPort) int {
+	return func(ep netip.AddrPort) int {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.staying[ref][ep]
+	}
 }
 
 // Add registers c, relayed to endpoint ep of backend ref.
@@ -48,8 +61,10 @@ func (r *Registry) Add(ref snapshot.BackendRef, ep netip.AddrPort, c *Conn) {
 	if m == nil {
 		m = make(map[*Conn]*entry)
 		r.conns[ref] = m
+		r.staying[ref] = make(map[netip.AddrPort]int)
 	}
 	m[c] = &entry{ep: ep}
+	r.staying[ref][ep]++
 }
 
 // Remove forgets c (its relay ended).
@@ -57,12 +72,26 @@ func (r *Registry) Remove(ref snapshot.BackendRef, c *Conn) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m := r.conns[ref]
-	if e := m[c]; e != nil && e.timer != nil {
+	e := m[c]
+	if e == nil {
+		return
+	}
+	if e.timer != nil {
 		e.timer.Stop()
 	}
+	r.leave(ref, e)
 	delete(m, c)
 	if len(m) == 0 {
 		delete(r.conns, ref)
+		delete(r.staying, ref)
+	}
+}
+
+// leave marks e leaving: it no longer counts toward its endpoint's share.
+func (r *Registry) leave(ref snapshot.BackendRef, e *entry) {
+	if !e.leaving {
+		e.leaving = true
+		r.staying[ref][e.ep]--
 	}
 }
 
@@ -83,9 +112,9 @@ type Endpoints struct {
 // endpoint is no longer handed out; and, when the backend gained
 // endpoints, those beyond their endpoint's share of the backend's
 // connections (ceil(connections / endpoints)), each at a random moment
-// within the spread, so that their clients do not all come back at once.
-// New connections are balanced as any are, so the spread evens out
-// rather than exactly.
+// within the spread, so that their clients do not all come back at once;
+// dialed again with Load's counts (balance.Picker.PickFewest), they go to
+// the endpoints below their share.
 func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -104,7 +133,7 @@ func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 				continue
 			}
 			if _, ok := handed[e.ep]; !ok {
-				e.leaving = true
+				r.leave(ref, e)
 				go r.ask(ref, c, ReasonEndpointGone)
 				continue
 			}
@@ -118,7 +147,7 @@ func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 		for _, cs := range handed {
 			for _, c := range cs[min(share, len(cs)):] {
 				e := m[c]
-				e.leaving = true
+				r.leave(ref, e)
 				e.timer = time.AfterFunc(rand.N(r.spread+1), func() { r.ask(ref, c, ReasonRebalance) })
 			}
 		}
@@ -131,7 +160,7 @@ func (r *Registry) GoAwayAll(why Reason) {
 	defer r.mu.Unlock()
 	for ref, m := range r.conns {
 		for c, e := range m {
-			e.leaving = true
+			r.leave(ref, e)
 			go r.ask(ref, c, why)
 		}
 	}

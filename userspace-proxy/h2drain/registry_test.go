@@ -142,15 +142,28 @@ func TestEndpointGone(t *testing.T) {
 // backend (ClientIP affinity) or one gone from the snapshot none either.
 func TestRebalance(t *testing.T) {
 	r, k := newRegistry(50 * time.Millisecond)
-	relayed(t, r, k, web, epA, 6)
+	onA := relayed(t, r, k, web, epA, 6)
+	load := r.Load(web)
+	if load(epA) != 6 || load(epB) != 0 {
+		t.Fatalf("load %d, %d; want 6 on A, none on B", load(epA), load(epB))
+	}
 	all := []netip.AddrPort{epA, epB, epC}
 	r.Update(func(snapshot.BackendRef) (Endpoints, bool) { return Endpoints{Addrs: all, Gained: true}, true })
+	if load(epA) != 2 {
+		t.Errorf("load on A %d once four are leaving, want 2", load(epA))
+	}
 	wantRead(t, k, 4)
 	r.Update(func(snapshot.BackendRef) (Endpoints, bool) { return Endpoints{Addrs: all}, true })
 	if n := leaving(r, web); n != 4 {
 		t.Errorf("%d leaving, want 4", n)
 	}
 	k.wantAsked(t, ReasonRebalance, 4)
+	for _, c := range onA {
+		r.Remove(web, c)
+	}
+	if load(epA) != 0 {
+		t.Errorf("load on A %d once all are gone, want 0", load(epA))
+	}
 
 	sticky := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: "sticky", Port: 80}
 	gone := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: "gone", Port: 80}

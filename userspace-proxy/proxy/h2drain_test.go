@@ -25,8 +25,9 @@ import (
 // endpoint spread over the endpoints it scales up to. Six channels reach
 // one pod; when the backend gains two more, four of them are asked to go
 // away (each endpoint's share is two), their streams in flight go on to
-// the end, and their next calls reach all three pods. Over h2c and h2
-// (TLS origination).
+// the end, and their next calls reach the new pods, two each (the
+// endpoints with the fewest relayed connections). Over h2c and h2 (TLS
+// origination).
 func TestRelayedH2Rebalance(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{rebalanceSpread: 20 * time.Millisecond})
@@ -104,8 +105,8 @@ func TestRelayedH2Rebalance(t *testing.T) {
 			for _, cc := range ccs {
 				pods[unaryPod(t, cc)]++
 			}
-			if len(pods) != 3 || pods[name+"-0"] < 2 {
-				t.Errorf("after the scale-up, channels reach %v; want all three pods, two or more the first", pods)
+			if len(pods) != 3 || pods[name+"-0"] != 2 || pods[name+"-1"] != 2 {
+				t.Errorf("after the scale-up, channels reach %v; want two on each pod", pods)
 			}
 			if got := e.counter("sockmesh_proxy_connections_total", map[string]string{"path": path}); got != 10 {
 				t.Errorf("%v relayed connections, want 10 (6, then 4 again)", got)

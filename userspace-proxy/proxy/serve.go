@@ -208,7 +208,16 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 			alpn = httpproxy.WireFor(cs.be, 2, false).ALPN()
 		}
 	}
-	up, ep, err := cs.dialAny(path, alpn)
+	// A relayed HTTP/2 connection carries many requests for long: it goes
+	// to the endpoint with the fewest of them (unless clients are pinned),
+	// and is asked to move when that endpoint goes or the backend gains
+	// endpoints (package h2drain).
+	relayedH2 := kind == sniff.HTTP2 && cs.be.Spec.Protocol != snapshot.ProtocolTCP
+	var load func(netip.AddrPort) int
+	if relayedH2 && cs.be.Spec.ClientIPAffinitySeconds == 0 {
+		load = p.h2.Load(cs.be.Spec.Ref)
+	}
+	up, ep, err := cs.dialAny(path, alpn, load)
 	if err != nil && (kind == sniff.HTTP1 || kind == sniff.HTTP2) {
 		// An HTTP client can read an error: let the L7 path answer (it
 		// dials again and maps the failure to 503 or 502).
@@ -234,9 +243,7 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 		tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true})
 	}
 	var app net.Conn = c
-	if kind == sniff.HTTP2 && cs.be.Spec.Protocol != snapshot.ProtocolTCP {
-		// The app's streams all reach ep: it is asked to move them when
-		// ep goes or the backend gains endpoints (package h2drain).
+	if relayedH2 {
 		dc := h2drain.NewConn(c)
 		p.h2.Add(cs.be.Spec.Ref, ep, dc)
 		defer p.h2.Remove(cs.be.Spec.Ref, dc)
@@ -257,11 +264,17 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 
 // dialAny dials ready endpoints in turn until one answers, and returns its
 // connection and address: a failed connect sent no byte, so another
-// endpoint may be tried (at most three).
-func (cs *connState) dialAny(path Path, alpn []string) (net.Conn, netip.AddrPort, error) {
+// endpoint may be tried (at most three). With load, each is the endpoint
+// with the least load (balance.Picker.PickFewest).
+func (cs *connState) dialAny(path Path, alpn []string, load func(netip.AddrPort) int) (net.Conn, netip.AddrPort, error) {
 	var errs error
 	for range min(cs.be.Picker.Len(), 3) {
-		choice := cs.be.Picker.PickClient(balance.ClientOf(cs.client.Addr, cs.client.Pod))
+		var choice *balance.Choice
+		if load != nil {
+			choice = cs.be.Picker.PickFewest(load)
+		} else {
+			choice = cs.be.Picker.PickClient(balance.ClientOf(cs.client.Addr, cs.client.Pod))
+		}
 		var (
 			up  net.Conn
 			err error
