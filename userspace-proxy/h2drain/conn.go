@@ -19,6 +19,9 @@ const (
 	// ReasonRebalance: the backend gained endpoints, and this one holds
 	// more than its share of the node's connections.
 	ReasonRebalance Reason = "rebalance"
+	// ReasonPolicyChanged: the backend's protocol or TLS settings changed,
+	// or it now fails closed: the next connection gets the new ones.
+	ReasonPolicyChanged Reason = "policy_changed"
 	// ReasonShutdown: the proxy is shutting down.
 	ReasonShutdown Reason = "shutdown"
 )

@@ -7,12 +7,13 @@
 // kube-proxy, since the relay never looks at its streams. Without this, a
 // client keeps sending every stream to the endpoint it first reached: to
 // a pod that is terminating until the pod is killed under its streams,
-// and never to the pods a Deployment scaled up to. A GOAWAY with the
-// highest stream identifier and NO_ERROR (RFC 9113 §6.8, the graceful
-// first step a server takes) lets the client's streams in flight finish
-// and sends its next ones over a new connection, which the proxy balances
-// afresh. The backend learns nothing of it: it still serves every stream
-// the client opened.
+// never to the pods a Deployment scaled up to, and with the TLS settings
+// its connection began with, whatever the policy says since. A GOAWAY
+// with the highest stream identifier and NO_ERROR (RFC 9113 §6.8, the
+// graceful first step a server takes) lets the client's streams in flight
+// finish and sends its next ones over a new connection, which the proxy
+// balances afresh. The backend learns nothing of it: it still serves
+// every stream the client opened.
 //
 // Only the backend-to-app direction is looked at, and only frame headers:
 // where each frame ends, whether a header block is still open (no frame

@@ -104,12 +104,18 @@ type Endpoints struct {
 	// Sticky is set when clients come back to their endpoint
 	// (sessionAffinity ClientIP): moving them would not spread them.
 	Sticky bool
+	// Changed is set when the backend's protocol or TLS settings changed,
+	// or it fails closed now: every connection moves.
+	Changed bool
 }
 
 // Update asks connections to go away after a snapshot change, for each
 // backend of, given its reference, returns Endpoints for (false: gone
-// from the snapshot, its connections left to finish): at once those whose
-// endpoint is no longer handed out; and, when the backend gained
+// from the snapshot, its connections left to finish): all of them when
+// the backend's settings changed, each at a random moment within the
+// spread (a CA bundle's update must not have every channel of the node
+// hand-shake at once); or else at once those whose endpoint is no longer
+// handed out; and, when the backend gained
 // endpoints, those beyond their endpoint's share of the backend's
 // connections (ceil(connections / endpoints)), each at a random moment
 // within the spread, so that their clients do not all come back at once;
@@ -132,6 +138,10 @@ func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 			if e.leaving {
 				continue
 			}
+			if eps.Changed {
+				r.askWithin(ref, c, e, ReasonPolicyChanged)
+				continue
+			}
 			if _, ok := handed[e.ep]; !ok {
 				r.leave(ref, e)
 				go r.ask(ref, c, ReasonEndpointGone)
@@ -146,9 +156,7 @@ func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 		share := (staying + len(eps.Addrs) - 1) / len(eps.Addrs)
 		for _, cs := range handed {
 			for _, c := range cs[min(share, len(cs)):] {
-				e := m[c]
-				r.leave(ref, e)
-				e.timer = time.AfterFunc(rand.N(r.spread+1), func() { r.ask(ref, c, ReasonRebalance) })
+				r.askWithin(ref, c, m[c], ReasonRebalance)
 			}
 		}
 	}
@@ -164,6 +172,13 @@ func (r *Registry) GoAwayAll(why Reason) {
 			go r.ask(ref, c, why)
 		}
 	}
+}
+
+// askWithin marks c leaving and asks it to go away at a random moment
+// within the spread.
+func (r *Registry) askWithin(ref snapshot.BackendRef, c *Conn, e *entry, why Reason) {
+	r.leave(ref, e)
+	e.timer = time.AfterFunc(rand.N(r.spread+1), func() { r.ask(ref, c, why) })
 }
 
 // ask asks c to go away; it runs in a goroutine of its own, as the write

@@ -180,6 +180,19 @@ func TestRebalance(t *testing.T) {
 	}
 }
 
+// TestPolicyChanged: when the backend's settings change, every connection
+// goes, whatever its endpoint.
+func TestPolicyChanged(t *testing.T) {
+	r, k := newRegistry(20 * time.Millisecond)
+	relayed(t, r, k, web, epA, 3)
+	relayed(t, r, k, web, epB, 1)
+	r.Update(func(snapshot.BackendRef) (Endpoints, bool) {
+		return Endpoints{Addrs: []netip.AddrPort{epA, epB}, Changed: true}, true
+	})
+	wantRead(t, k, 4)
+	k.wantAsked(t, ReasonPolicyChanged, 4)
+}
+
 // TestShutdown asks every connection to go, once.
 func TestShutdown(t *testing.T) {
 	r, k := newRegistry(time.Hour)

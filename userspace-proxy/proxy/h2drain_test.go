@@ -186,6 +186,37 @@ func TestRelayedH2EndpointGone(t *testing.T) {
 	}
 }
 
+// TestRelayedH2PolicyChanged: a relayed h2c connection does not outlive
+// its backend's TLS policy: when the policy turns invalid, the app is
+// asked to go away, and its next request, on a new connection, gets the
+// fail-closed 503 rather than the backend's answer over the connection
+// the old policy let through.
+func TestRelayedH2PolicyChanged(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{rebalanceSpread: 20 * time.Millisecond})
+	be := startEcho(t, "web", serverTLS(e.pki.server))
+	vip := netip.MustParseAddrPort("10.96.9.5:80")
+	e.p.Update(buildSnapshot(t, 1, service{name: "web", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(be.addr)}}))
+	c := e.client(vip, true)
+	if code, rep := get(t, c, "http://web.b.svc/"); code != http.StatusOK || rep.Proto != "HTTP/2.0" {
+		t.Fatalf("before: %d over %s, want 200 over HTTP/2", code, rep.Proto)
+	}
+	e.p.Update(buildSnapshot(t, 2, service{name: "web", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(be.addr),
+		Invalid: &snapshot.Invalid{Policy: snapshot.ObjectRef{Kind: "BackendTLSPolicy", Namespace: "b", Name: "echo-tls"}, Reason: "NoValidCACertificate", Message: "no ca.crt"}}}))
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		code, _ := get(t, c, "http://web.b.svc/")
+		if code == http.StatusServiceUnavailable {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after the policy turned invalid: %d, want the fail-closed 503", code)
+		}
+	}
+	if got := e.counter("sockmesh_proxy_goaways_total", map[string]string{"backend": "web", "reason": "policy_changed"}); got != 1 {
+		t.Errorf("goaways counted %v, want 1", got)
+	}
+}
+
 // TestShutdownDrainsRelayedH2: a proxy shutting down asks relayed gRPC
 // channels to go away, and returns as soon as their streams in flight
 // have ended (without it, it waits for its deadline and cuts them).

@@ -246,6 +246,7 @@ func changed(old, b *upstream.Backend) (h2drain.Endpoints, bool) {
 	}
 	eps := h2drain.Endpoints{Addrs: b.Picker.Addrs(), Sticky: b.Spec.ClientIPAffinitySeconds != 0}
 	if old != nil {
+		eps.Changed = !b.SameWire(old)
 		before := old.Picker.Addrs()
 		for _, a := range eps.Addrs {
 			eps.Gained = eps.Gained || !slices.Contains(before, a)

@@ -270,6 +270,12 @@ func (s *Set) Get(ref snapshot.BackendRef) *Backend {
 	return s.byRef[ref]
 }
 
+// SameWire reports whether b speaks to its endpoints as old did: the same
+// protocol and TLS settings (hence the same pools), neither failing closed.
+func (b *Backend) SameWire(old *Backend) bool {
+	return old != nil && b.w != nil && b.w == old.w
+}
+
 // DeclinedH2 records that an endpoint of b, offered h2 at now, chose
 // HTTP/1.1 (or no ALPN).
 func (b *Backend) DeclinedH2(now time.Time) {
