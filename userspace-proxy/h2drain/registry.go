@@ -30,14 +30,15 @@ type entry struct {
 	// leaving is set once the connection is asked to go away (or will
 	// be, by timer); it no longer counts toward its endpoint's share.
 	leaving bool
-	// timer is a GoAway to come (rebalancing), stopped if the
-	// connection ends first.
+	// timer is a GoAway to come (a rebalancing, a policy change),
+	// stopped if the connection ends first.
 	timer *time.Timer
 }
 
 // NewRegistry returns an empty Registry that spreads the GOAWAYs of a
-// rebalancing over spread and calls asked (which must not block) for
-// each connection asked to go away. Panics in its goroutines go to panics.
+// rebalancing or a policy change over spread and calls asked (which must
+// not block) for each connection asked to go away. Panics in its
+// goroutines go to panics.
 func NewRegistry(spread time.Duration, asked func(snapshot.BackendRef, Reason), panics *contain.Reporter) *Registry {
 	return &Registry{spread: spread, asked: asked, panics: panics, conns: make(map[snapshot.BackendRef]map[*Conn]*entry),
 		staying: make(map[snapshot.BackendRef]map[netip.AddrPort]int)}
@@ -111,16 +112,14 @@ type Endpoints struct {
 
 // Update asks connections to go away after a snapshot change, for each
 // backend of, given its reference, returns Endpoints for (false: gone
-// from the snapshot, its connections left to finish): all of them when
-// the backend's settings changed, each at a random moment within the
-// spread (a CA bundle's update must not have every channel of the node
-// hand-shake at once); or else at once those whose endpoint is no longer
-// handed out; and, when the backend gained
-// endpoints, those beyond their endpoint's share of the backend's
-// connections (ceil(connections / endpoints)), each at a random moment
-// within the spread, so that their clients do not all come back at once;
-// dialed again with Load's counts (balance.Picker.PickFewest), they go to
-// the endpoints below their share.
+// from the snapshot, its connections left to finish): at once those whose
+// endpoint is no longer handed out; all the others when the backend's
+// settings changed, or, when it gained endpoints, those beyond their
+// endpoint's share of the backend's connections (ceil(connections /
+// endpoints)) — each at a random moment within the spread, so that their
+// clients do not all connect and hand-shake again at once. Dialed again
+// with Load's counts (balance.Picker.PickFewest), they go to the
+// endpoints below their share.
 func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -138,13 +137,13 @@ func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 			if e.leaving {
 				continue
 			}
-			if eps.Changed {
-				r.askWithin(ref, c, e, ReasonPolicyChanged)
-				continue
-			}
 			if _, ok := handed[e.ep]; !ok {
 				r.leave(ref, e)
 				go r.ask(ref, c, ReasonEndpointGone)
+				continue
+			}
+			if eps.Changed {
+				r.askWithin(ref, c, e, ReasonPolicyChanged)
 				continue
 			}
 			handed[e.ep] = append(handed[e.ep], c)

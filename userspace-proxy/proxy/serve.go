@@ -210,8 +210,8 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 	}
 	// A relayed HTTP/2 connection carries many requests for long: it goes
 	// to the endpoint with the fewest of them (unless clients are pinned),
-	// and is asked to move when that endpoint goes or the backend gains
-	// endpoints (package h2drain).
+	// and is asked to move when that endpoint goes, the backend gains
+	// endpoints or its settings change (package h2drain).
 	relayedH2 := kind == sniff.HTTP2 && cs.be.Spec.Protocol != snapshot.ProtocolTCP
 	var load func(netip.AddrPort) int
 	if relayedH2 && cs.be.Spec.ClientIPAffinitySeconds == 0 {
