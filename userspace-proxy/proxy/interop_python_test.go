@@ -57,11 +57,15 @@ func pythonEnv(t *testing.T) (py string, e *env, cert, key string) {
 	return py, e, cert, key
 }
 
-// startPeer runs interop.py as a server and returns the port it printed;
-// the test's cleanup ends it.
-func startPeer(t *testing.T, py string, args ...string) netip.AddrPort {
+// launchPeer starts interop.py and returns its stdin and stdout; the
+// test's cleanup ends it, and logs its stderr if the test failed.
+func launchPeer(t *testing.T, py string, args ...string) (io.WriteCloser, io.Reader) {
 	t.Helper()
 	cmd := exec.Command(py, append([]string{filepath.Join("testdata", "interop.py")}, args...)...)
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -78,6 +82,14 @@ func startPeer(t *testing.T, py string, args ...string) netip.AddrPort {
 			t.Logf("interop.py %s:\n%s", args[0], stderr.String())
 		}
 	})
+	return in, out
+}
+
+// startPeer runs interop.py as a server and returns the port it printed;
+// the test's cleanup ends it.
+func startPeer(t *testing.T, py string, args ...string) netip.AddrPort {
+	t.Helper()
+	_, out := launchPeer(t, py, args...)
 	line := make(chan string, 1)
 	go func() {
 		l, _ := bufio.NewReader(out).ReadString('\n')
@@ -212,27 +224,7 @@ func TestInteropPythonGRPCMoves(t *testing.T) {
 	vip := netip.MustParseAddrPort("10.96.7.20:9000")
 	e.p.Update(buildSnapshot(t, 1, service{name: "grpc", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolGRPC, TLS: tlsPolicy(e),
 		Endpoints: endpoints(old.addr)}}))
-	cmd := exec.Command(py, filepath.Join("testdata", "interop.py"), "grpc-move", e.listenFor(vip), "grpc.b.svc:9000")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-		if t.Failed() {
-			t.Logf("interop.py grpc-move:\n%s", stderr.String())
-		}
-	})
+	stdin, stdout := launchPeer(t, py, "grpc-move", e.listenFor(vip), "grpc.b.svc:9000")
 	lines := json.NewDecoder(stdout)
 	var r struct {
 		First, Next string
