@@ -590,3 +590,59 @@ func TestInteropNode(t *testing.T) {
 		})
 	}
 }
+
+// TestInteropGoAwayMidStream: nghttp2's clients — curl and nghttp — read
+// the GOAWAY the proxy slips in between the frames of a relayed
+// connection's event stream (its endpoint stopped being ready while the
+// stream was on) and carry the stream to its end: the frame goes where
+// a strict HTTP/2 implementation accepts it.
+func TestInteropGoAwayMidStream(t *testing.T) {
+	const path, events = "/sse?n=40&interval=25ms", 40
+	for _, tool := range []string{"curl", "nghttp"} {
+		t.Run(tool, func(t *testing.T) {
+			bin := nativeTool(t, tool)
+			checkNoLeaks(t)
+			e := newEnv(t, envOptions{})
+			old, next := startEcho(t, "web-old", serverTLS(e.pki.server)), startEcho(t, "web-new", serverTLS(e.pki.server))
+			vip := netip.MustParseAddrPort("10.96.9.6:80")
+			update := func(version uint64, eps []snapshot.Endpoint) {
+				e.p.Update(buildSnapshot(t, version, service{name: "web", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: eps}}))
+			}
+			update(1, endpoints(old.addr))
+			addr := e.listenFor(vip)
+			args := []string{"-sS", "--max-time", "60", "--connect-to", "::" + addr, "--http2-prior-knowledge", "http://web.b.svc" + path}
+			if tool == "nghttp" {
+				args = []string{"-v", "-H", ":authority: web.b.svc", "-t", "60", "http://" + addr + path}
+			}
+			var stdout, stderr bytes.Buffer
+			cmd := exec.Command(bin, args...)
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() { done <- cmd.Wait() }()
+			for deadline := time.Now().Add(10 * time.Second); e.counter("sockmesh_proxy_active_connections", map[string]string{"path": "l4_tls"}) != 1; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					cmd.Process.Kill()
+					t.Fatalf("%s's connection never relayed", tool)
+				}
+			}
+			time.Sleep(200 * time.Millisecond) // the request is on its way; the stream has 800 ms to go
+			update(2, []snapshot.Endpoint{{Addr: old.addr, Serving: true, Terminating: true}, {Addr: next.addr, Ready: true, Serving: true}})
+			if err := <-done; err != nil {
+				t.Fatalf("%s: %v\n%s%s", tool, err, stdout.Bytes(), stderr.Bytes())
+			}
+			out := stdout.String()
+			if n := strings.Count(out, "data: {"); n != events {
+				t.Errorf("%s read %d of %d events:\n%s", tool, n, events, out)
+			}
+			if tool == "nghttp" && !strings.Contains(out, "last_stream_id=2147483647") {
+				t.Errorf("nghttp saw no GOAWAY:\n%s", out)
+			}
+			if got := e.counter("sockmesh_proxy_goaways_total", map[string]string{"reason": "endpoint_gone"}); got != 1 {
+				t.Errorf("goaways counted %v, want 1", got)
+			}
+		})
+	}
+}
