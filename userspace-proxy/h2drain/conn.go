@@ -131,14 +131,8 @@ func (c *Conn) Write(p []byte) (int, error) {
 		c.fr.feed(p)
 		return c.Conn.Write(p)
 	}
-	if c.fr.between() {
-		// Asked for while the backend's last frame was still coming.
-		if err := c.flushPending(); err != nil {
-			return 0, err
-		}
-		c.fr.feed(p)
-		return c.Conn.Write(p)
-	}
+	// Asked for while a frame was coming (GoAway sends at once between
+	// frames): it goes in at the last place p has for it.
 	at := c.fr.feed(p)
 	if c.fr.goAway {
 		c.pending = nil // the backend's own comes: the client moves anyway
@@ -158,18 +152,12 @@ func (c *Conn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-func (c *Conn) flushPending() error {
-	f := c.pending
-	c.pending = nil
-	_, err := c.Conn.Write(f)
-	return err
-}
-
 // GoAway asks the app to open its next streams on a new connection, and
 // reports whether it did: false when asked before, or when the backend
 // sent its own GOAWAY. The frame goes out at once when the backend is
-// between frames, else after the frame it is sending. It may block while
-// the app is not reading (as the relay's writes do), until the relay ends.
+// between frames, else in the next write where one ends (outside a
+// header block). It may block while the app is not reading (as the
+// relay's writes do), until the relay ends.
 func (c *Conn) GoAway(why Reason) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -177,10 +165,11 @@ func (c *Conn) GoAway(why Reason) bool {
 		return false
 	}
 	c.asked = true
-	c.pending = goAwayFrame(why)
-	if c.fr.between() {
-		c.flushPending() // a failed write is the relay's to see
+	if !c.fr.between() {
+		c.pending = goAwayFrame(why)
+		return true
 	}
+	c.Conn.Write(goAwayFrame(why)) // a failed write is the relay's to see
 	return true
 }
 
