@@ -3,11 +3,13 @@ package proxy_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/test/echo"
+	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 )
 
 // TestRelayedH2Rebalance: gRPC channels relayed to a backend's only
@@ -215,6 +218,65 @@ func TestRelayedH2PolicyChanged(t *testing.T) {
 	if got := e.counter("sockmesh_proxy_goaways_total", map[string]string{"backend": "web", "reason": "policy_changed"}); got != 1 {
 		t.Errorf("goaways counted %v, want 1", got)
 	}
+}
+
+// TestRelayedH2DialedAcrossSnapshot: a connection whose dial was under
+// way when a snapshot removed its endpoint (the snapshot's update did not
+// see it yet) is asked to go away once it is relayed, not left there until
+// some later snapshot.
+func TestRelayedH2DialedAcrossSnapshot(t *testing.T) {
+	checkNoLeaks(t)
+	g := &gatedDialer{dialing: make(chan struct{}), release: make(chan struct{})}
+	e := newEnv(t, envOptions{dialer: func(d dial.Dialer) dial.Dialer { g.d = d; return g }})
+	old, next := startEcho(t, "h2c-old", nil), startEcho(t, "h2c-new", nil)
+	vip := netip.MustParseAddrPort("10.96.9.7:80")
+	update := func(version uint64, eps []snapshot.Endpoint) {
+		e.p.Update(buildSnapshot(t, version, service{name: "web", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: eps}}))
+	}
+	update(1, endpoints(old.addr))
+	c := e.client(vip, true)
+	first := make(chan string, 1)
+	go func() {
+		resp, err := c.Get("http://web.b.svc/")
+		if err != nil {
+			first <- err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		var rep echo.Report
+		json.NewDecoder(resp.Body).Decode(&rep)
+		first <- rep.Pod
+	}()
+	<-g.dialing
+	update(2, []snapshot.Endpoint{{Addr: old.addr, Serving: true, Terminating: true}, {Addr: next.addr, Ready: true, Serving: true}})
+	close(g.release)
+	if pod := <-first; pod != "h2c-old" {
+		t.Fatalf("the request whose dial began before the update: %q, want h2c-old", pod)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod == "h2c-new" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("10 s on, the connection still reaches the endpoint gone before it was relayed")
+		}
+	}
+}
+
+// gatedDialer holds its first dial until release is closed, after
+// closing dialing.
+type gatedDialer struct {
+	d                dial.Dialer
+	once             sync.Once
+	dialing, release chan struct{}
+}
+
+func (g *gatedDialer) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error) {
+	g.once.Do(func() {
+		close(g.dialing)
+		<-g.release
+	})
+	return g.d.Dial(ctx, ep)
 }
 
 // TestShutdownDrainsRelayedH2: a proxy shutting down asks relayed gRPC

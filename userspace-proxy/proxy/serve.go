@@ -244,10 +244,21 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 	}
 	var app net.Conn = c
 	if relayedH2 {
+		ref := cs.be.Spec.Ref
 		dc := h2drain.NewConn(c)
-		p.h2.Add(cs.be.Spec.Ref, ep, dc)
-		defer p.h2.Remove(cs.be.Spec.Ref, dc)
+		p.h2.Add(ref, ep, dc)
+		defer p.h2.Remove(ref, dc)
 		app = dc
+		if now := p.current.Load(); now != cs.v {
+			// A snapshot applied while this connection was dialed did
+			// not see it: measure it against that one now.
+			p.h2.Update(func(r snapshot.BackendRef) (h2drain.Endpoints, bool) {
+				if r != ref {
+					return h2drain.Endpoints{}, false
+				}
+				return changed(cs.be, now.Backends.Get(r))
+			})
+		}
 	}
 	pm := p.m.byPath[path]
 	pm.active.Inc()
