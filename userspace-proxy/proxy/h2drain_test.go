@@ -169,10 +169,7 @@ func TestRelayedH2EndpointGone(t *testing.T) {
 	if ev := readEvent(); !strings.Contains(ev, `"web-old"`) {
 		t.Fatalf("first event %q", ev)
 	}
-	e.p.Update(buildSnapshot(t, 2, service{name: "web", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: []snapshot.Endpoint{
-		{Addr: old.addr, Serving: true, Terminating: true},
-		{Addr: next.addr, Ready: true, Serving: true},
-	}}}))
+	e.p.Update(buildSnapshot(t, 2, service{name: "web", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: replaced(old.addr, next.addr)}}))
 	n := 1
 	for readEvent() != "" {
 		n++
@@ -248,7 +245,7 @@ func TestRelayedH2DialedAcrossSnapshot(t *testing.T) {
 		first <- rep.Pod
 	}()
 	<-g.dialing
-	update(2, []snapshot.Endpoint{{Addr: old.addr, Serving: true, Terminating: true}, {Addr: next.addr, Ready: true, Serving: true}})
+	update(2, replaced(old.addr, next.addr))
 	close(g.release)
 	if pod := <-first; pod != "h2c-old" {
 		t.Fatalf("the request whose dial began before the update: %q, want h2c-old", pod)

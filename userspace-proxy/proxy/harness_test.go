@@ -169,6 +169,12 @@ func endpoints(addrs ...netip.AddrPort) []snapshot.Endpoint {
 	return eps
 }
 
+// replaced is a rollout's endpoints once its new pod is ready: old
+// terminating (serving on), next ready.
+func replaced(old, next netip.AddrPort) []snapshot.Endpoint {
+	return []snapshot.Endpoint{{Addr: old, Serving: true, Terminating: true}, {Addr: next, Ready: true, Serving: true}}
+}
+
 func buildSnapshot(t testing.TB, version uint64, svcs ...service) *snapshot.Snapshot {
 	t.Helper()
 	var fes []snapshot.Frontend

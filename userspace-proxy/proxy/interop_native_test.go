@@ -629,7 +629,7 @@ func TestInteropGoAwayMidStream(t *testing.T) {
 				}
 			}
 			time.Sleep(200 * time.Millisecond) // the request is on its way; the stream has 800 ms to go
-			update(2, []snapshot.Endpoint{{Addr: old.addr, Serving: true, Terminating: true}, {Addr: next.addr, Ready: true, Serving: true}})
+			update(2, replaced(old.addr, next.addr))
 			if err := <-done; err != nil {
 				t.Fatalf("%s: %v\n%s%s", tool, err, stdout.Bytes(), stderr.Bytes())
 			}

@@ -234,7 +234,7 @@ func TestInteropPythonGRPCMoves(t *testing.T) {
 		t.Fatalf("first call: %+v, %v; want grpc-old", r, err)
 	}
 	e.p.Update(buildSnapshot(t, 2, service{name: "grpc", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolGRPC, TLS: tlsPolicy(e),
-		Endpoints: []snapshot.Endpoint{{Addr: old.addr, Serving: true, Terminating: true}, {Addr: next.addr, Ready: true, Serving: true}}}}))
+		Endpoints: replaced(old.addr, next.addr)}}))
 	for deadline := time.Now().Add(10 * time.Second); e.counter("sockmesh_proxy_goaways_total", map[string]string{"reason": "endpoint_gone"}) != 1; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("no GOAWAY sent")
