@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -247,9 +246,12 @@ func changed(old, b *upstream.Backend) (h2drain.Endpoints, bool) {
 	eps := h2drain.Endpoints{Addrs: b.Picker.Addrs(), Sticky: b.Spec.ClientIPAffinitySeconds != 0}
 	if old != nil {
 		eps.Changed = !b.SameWire(old)
-		before := old.Picker.Addrs()
+		before := make(map[netip.AddrPort]bool)
+		for _, a := range old.Picker.Addrs() {
+			before[a] = true
+		}
 		for _, a := range eps.Addrs {
-			eps.Gained = eps.Gained || !slices.Contains(before, a)
+			eps.Gained = eps.Gained || !before[a]
 		}
 	}
 	return eps, true
