@@ -23,6 +23,9 @@ type Registry struct {
 	conns map[snapshot.BackendRef]map[*Conn]*entry
 	// staying counts the connections not leaving, by backend and endpoint.
 	staying map[snapshot.BackendRef]map[netip.AddrPort]int
+	// closing is GoAwayAll's reason once called: a connection added
+	// afterwards (its dial was under way) is asked at once.
+	closing Reason
 }
 
 type entry struct {
@@ -64,8 +67,13 @@ func (r *Registry) Add(ref snapshot.BackendRef, ep netip.AddrPort, c *Conn) {
 		r.conns[ref] = m
 		r.staying[ref] = make(map[netip.AddrPort]int)
 	}
-	m[c] = &entry{ep: ep}
+	e := &entry{ep: ep}
+	m[c] = e
 	r.staying[ref][ep]++
+	if r.closing != "" {
+		r.leave(ref, e)
+		go r.ask(ref, c, r.closing)
+	}
 }
 
 // Remove forgets c (its relay ended).
@@ -161,10 +169,12 @@ func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 	}
 }
 
-// GoAwayAll asks every connection to go away (the proxy shuts down).
+// GoAwayAll asks every connection to go away, and those added later at
+// once (the proxy shuts down).
 func (r *Registry) GoAwayAll(why Reason) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.closing = why
 	for ref, m := range r.conns {
 		for c, e := range m {
 			r.leave(ref, e)

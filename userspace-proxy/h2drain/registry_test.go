@@ -193,7 +193,8 @@ func TestPolicyChanged(t *testing.T) {
 	k.wantAsked(t, ReasonPolicyChanged, 4)
 }
 
-// TestShutdown asks every connection to go, once.
+// TestShutdown asks every connection to go, once, and one added after
+// (its dial was under way) at once.
 func TestShutdown(t *testing.T) {
 	r, k := newRegistry(time.Hour)
 	relayed(t, r, k, web, epA, 2)
@@ -207,4 +208,7 @@ func TestShutdown(t *testing.T) {
 	case <-time.After(100 * time.Millisecond):
 	}
 	k.wantAsked(t, ReasonShutdown, 3)
+	relayed(t, r, k, web, epC, 1)
+	wantRead(t, k, 1)
+	k.wantAsked(t, ReasonShutdown, 4)
 }

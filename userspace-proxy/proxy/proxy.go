@@ -69,9 +69,9 @@ type Config struct {
 	// means no limit.
 	MaxConnsPerClient int
 	// RebalanceSpread is how long the GOAWAYs that move relayed HTTP/2
-	// connections onto a backend's new endpoints are spread over, so that
-	// their clients do not all connect again at once (package h2drain); 0
-	// means 5 s.
+	// connections onto a backend's new endpoints, or onto its new
+	// settings, are spread over, so that their clients do not all connect
+	// again at once (package h2drain); 0 means 5 s.
 	RebalanceSpread time.Duration
 }
 
@@ -141,7 +141,8 @@ type Proxy struct {
 	panics   *contain.Reporter
 	clients  *clientConns
 	// h2 holds the relayed HTTP/2 connections, to ask them to go away
-	// when their backend's endpoints change.
+	// when their endpoint goes, their backend gains endpoints or changes
+	// settings, or the proxy shuts down.
 	h2 *h2drain.Registry
 }
 
