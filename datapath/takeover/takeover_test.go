@@ -1,0 +1,169 @@
+package takeover
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/sockmesh/sockmesh/internal/testenv"
+)
+
+// listen opens a reuseport listener on addr (127.0.0.1:0 for a new port).
+func listen(t *testing.T, addr string) *net.TCPListener {
+	t.Helper()
+	ln, err := ListenConfig(nil).Listen(context.Background(), "tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln.(*net.TCPListener)
+}
+
+func mustTake(t *testing.T, ln net.Listener) {
+	t.Helper()
+	if err := Take(ln); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// dial opens n connections to addr; the kernel completes their handshakes
+// whether or not anyone accepts them.
+func dial(t *testing.T, addr string, n int) []net.Conn {
+	t.Helper()
+	var cs []net.Conn
+	for range n {
+		c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		cs = append(cs, c)
+	}
+	return cs
+}
+
+// accepted accepts what ln has waiting (giving the kernel wait to deliver)
+// and answers each connection "ok" so that its client can tell it arrived.
+func accepted(t *testing.T, ln *net.TCPListener, wait time.Duration) int {
+	t.Helper()
+	n := 0
+	for {
+		ln.SetDeadline(time.Now().Add(wait))
+		c, err := ln.Accept()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return n
+			}
+			t.Fatal(err)
+		}
+		n++
+		c.Write([]byte("ok"))
+		t.Cleanup(func() { c.Close() })
+	}
+}
+
+// answered counts the connections whose server said "ok".
+func answered(cs []net.Conn) (ok int, errs []error) {
+	for _, c := range cs {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b := make([]byte, 2)
+		if _, err := io.ReadFull(c, b); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		ok++
+	}
+	return ok, errs
+}
+
+func TestTakeSteersNewConnections(t *testing.T) {
+	testenv.RequireRoot(t)
+	const n = 16
+	old := listen(t, "127.0.0.1:0")
+	addr := old.Addr().String()
+	mustTake(t, old)
+	next := listen(t, addr) // joined, not taken: the kernel alone would hash half to it
+
+	cs := dial(t, addr, n)
+	if got, stray := accepted(t, old, 200*time.Millisecond), accepted(t, next, 50*time.Millisecond); got != n || stray != 0 {
+		t.Errorf("before the new listener takes over: old accepted %d, new %d of %d; want all on the old", got, stray, n)
+	}
+	answered(cs)
+
+	mustTake(t, next)
+	cs = dial(t, addr, n)
+	if got, stray := accepted(t, next, 200*time.Millisecond), accepted(t, old, 50*time.Millisecond); got != n || stray != 0 {
+		t.Errorf("after the new listener took over: new accepted %d, old %d of %d; want all on the new", got, stray, n)
+	}
+	if ok, errs := answered(cs); ok != n {
+		t.Errorf("%d of %d connections answered: %v", ok, n, errs)
+	}
+}
+
+// TestClosingListenerHandsOver: connections waiting in the old listener's
+// queue when it closes reach the new one; without takeover the kernel
+// resets them.
+func TestClosingListenerHandsOver(t *testing.T) {
+	testenv.RequireRoot(t)
+	const n = 16
+	for _, withTakeover := range []bool{true, false} {
+		t.Run(fmt.Sprintf("takeover=%v", withTakeover), func(t *testing.T) {
+			old := listen(t, "127.0.0.1:0")
+			addr := old.Addr().String()
+			if withTakeover {
+				mustTake(t, old)
+			}
+			cs := dial(t, addr, n) // waiting in the old listener's queue, unaccepted
+			next := listen(t, addr)
+			if withTakeover {
+				mustTake(t, next)
+			}
+			old.Close()
+			got := accepted(t, next, 200*time.Millisecond)
+			ok, errs := answered(cs)
+			switch {
+			case withTakeover && (got != n || ok != n):
+				t.Errorf("the new listener accepted %d and answered %d of the %d connections the old one left: %v", got, ok, n, errs)
+			case !withTakeover && ok == n:
+				t.Errorf("without takeover all %d connections the old listener left still reached the new one: the test cannot tell", n)
+			}
+		})
+	}
+}
+
+// TestNewestClosedFallsBack: once the listener that took over closes, the
+// ones left get the new connections.
+func TestNewestClosedFallsBack(t *testing.T) {
+	testenv.RequireRoot(t)
+	const n = 16
+	old := listen(t, "127.0.0.1:0")
+	addr := old.Addr().String()
+	mustTake(t, old)
+	next := listen(t, addr)
+	mustTake(t, next)
+	next.Close()
+	cs := dial(t, addr, n)
+	if got := accepted(t, old, 200*time.Millisecond); got != n {
+		t.Errorf("after the newest listener closed, the old one accepted %d of %d", got, n)
+	}
+	if ok, errs := answered(cs); ok != n {
+		t.Errorf("%d of %d connections answered: %v", ok, n, errs)
+	}
+}
+
+func TestTakeNeedsReuseport(t *testing.T) {
+	testenv.RequireRoot(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if err := Take(ln); err == nil {
+		t.Error("Take on a listener without SO_REUSEPORT succeeded")
+	}
+}
