@@ -29,7 +29,10 @@ type Datapath struct {
 	links     map[string]link.Link // by hook name
 	reg       prometheus.Registerer
 	collector prometheus.Collector
+	pins      *os.File // the pin directory, for its lock (owner.go)
 	closed    bool
+	// superseded: a newer agent took the datapath over (owner.go).
+	superseded bool
 }
 
 // objects are the parts of the generated collection that production loads:
@@ -100,25 +103,13 @@ func Open(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Datapath, e
 	if err := configure(spec, cfg); err != nil {
 		return nil, err
 	}
-	d := &Datapath{cfg: cfg, log: log, links: make(map[string]link.Link), reg: reg}
-	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}})
+	pins, err := openPins(dir)
 	if err != nil {
-		var ve *ebpf.VerifierError
-		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("load eBPF programs: %w\nverifier log:\n%+v", err, ve)
-		}
-		return nil, fmt.Errorf("load eBPF objects pinned in %s: %w", dir, err)
-	}
-	if err := d.attachAll(); err != nil {
-		d.objs.Close()
 		return nil, err
 	}
-	if err := d.pinPrograms(); err != nil {
-		d.Close()
-		return nil, err
-	}
-	if err := d.setupAccel(); err != nil {
-		d.Close()
+	d := &Datapath{cfg: cfg, log: log, links: make(map[string]link.Link), reg: reg, pins: pins}
+	if err := d.load(spec); err != nil {
+		pins.Close()
 		return nil, err
 	}
 	if others, err := d.Conflicts(); err != nil {
@@ -142,6 +133,36 @@ func Open(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Datapath, e
 	}
 	log.Info("datapath ready", "cgroup", cfg.Cgroup, "pin_dir", dir)
 	return d, nil
+}
+
+// load loads the objects, adopting pinned maps, and attaches the programs,
+// taking the datapath over from an agent still running (owner.go).
+func (d *Datapath) load(spec *ebpf.CollectionSpec) error {
+	dir := d.cfg.pinDir()
+	unlock, err := d.lockPins()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}})
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return fmt.Errorf("load eBPF programs: %w\nverifier log:\n%+v", err, ve)
+		}
+		return fmt.Errorf("load eBPF objects pinned in %s: %w", dir, err)
+	}
+	if err := d.attachAll(); err != nil {
+		d.objs.Close()
+		return err
+	}
+	for _, step := range []func() error{d.pinPrograms, d.setupAccel} {
+		if err := step(); err != nil {
+			d.closeObjects()
+			return err
+		}
+	}
+	return nil
 }
 
 // configure sets the programs' load-time constants.
@@ -270,6 +291,11 @@ func (d *Datapath) Close() error {
 		d.reg.Unregister(d.collector)
 		d.collector = nil
 	}
+	return errors.Join(d.closeObjects(), d.pins.Close())
+}
+
+// closeObjects releases the links and objects this process holds.
+func (d *Datapath) closeObjects() error {
 	var errs []error
 	for name, l := range d.links {
 		errs = append(errs, l.Close())

@@ -71,8 +71,10 @@ func (d *Datapath) Enrolments() (map[uint64]Proxy, error) {
 // SetEnrolments makes the enrolment map hold exactly want: it enrols
 // first, then unenrols the netns cookies not in want.
 func (d *Datapath) SetEnrolments(want map[uint64]Proxy) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	return d.reconcile("set enrolments", func() error { return d.setEnrolments(want) })
+}
+
+func (d *Datapath) setEnrolments(want map[uint64]Proxy) error {
 	for ns, p := range want {
 		if err := d.Enrol(ns, p); err != nil {
 			return err

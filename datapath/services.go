@@ -50,8 +50,10 @@ func (d *Datapath) Apply(s *snapshot.Snapshot) error {
 // changed entries before deleting stale ones, so a Service present before and
 // after is never missing in between.
 func (d *Datapath) SetServices(svcs []Service) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+	return d.reconcile("set services", func() error { return d.setServices(svcs) })
+}
+
+func (d *Datapath) setServices(svcs []Service) error {
 	want := make(map[sockmeshSmServiceKey]sockmeshSmService, len(svcs))
 	for _, s := range svcs {
 		k, err := serviceKey(s.Addr)
