@@ -85,8 +85,12 @@ func TestDaemonSet(t *testing.T) {
 	if len(spec.Tolerations) != 1 || spec.Tolerations[0].Operator != corev1.TolerationOpExists || spec.Tolerations[0].Key != "" {
 		t.Errorf("tolerations = %+v, want one that tolerates every taint", spec.Tolerations)
 	}
-	if u := ds.Spec.UpdateStrategy; u.Type != appsv1.RollingUpdateDaemonSetStrategyType || u.RollingUpdate == nil || u.RollingUpdate.MaxUnavailable.IntValue() != 1 {
-		t.Errorf("updateStrategy = %+v, want RollingUpdate with maxUnavailable 1", u)
+	// The next agent starts beside the old one and takes its addresses
+	// over (datapath/takeover): no node is ever without a serving proxy.
+	if u := ds.Spec.UpdateStrategy; u.Type != appsv1.RollingUpdateDaemonSetStrategyType || u.RollingUpdate == nil ||
+		u.RollingUpdate.MaxSurge == nil || u.RollingUpdate.MaxSurge.IntValue() != 1 ||
+		u.RollingUpdate.MaxUnavailable == nil || u.RollingUpdate.MaxUnavailable.IntValue() != 0 {
+		t.Errorf("updateStrategy = %+v, want RollingUpdate with maxSurge 1 and maxUnavailable 0", u)
 	}
 	if spec.TerminationGracePeriodSeconds == nil || *spec.TerminationGracePeriodSeconds <= 0 {
 		t.Errorf("terminationGracePeriodSeconds unset")
@@ -160,8 +164,8 @@ func TestDaemonSet(t *testing.T) {
 		}
 	}
 	for name, p := range map[string]*corev1.Probe{"liveness": agent.LivenessProbe, "readiness": agent.ReadinessProbe, "startup": agent.StartupProbe} {
-		if p == nil || p.HTTPGet == nil || p.HTTPGet.Port.String() != "health" {
-			t.Errorf("%s probe must be an HTTP GET on the health port: %+v", name, p)
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Port.IntValue() != 15021 {
+			t.Errorf("%s probe must be an HTTP GET on the health port, 15021: %+v", name, p)
 		}
 	}
 	if agent.ReadinessProbe != nil && agent.ReadinessProbe.HTTPGet != nil && agent.ReadinessProbe.HTTPGet.Path != "/readyz" {
@@ -170,12 +174,15 @@ func TestDaemonSet(t *testing.T) {
 	if agent.LivenessProbe != nil && agent.LivenessProbe.HTTPGet != nil && agent.LivenessProbe.HTTPGet.Path != "/healthz" {
 		t.Errorf("liveness probe path = %q, want /healthz", agent.LivenessProbe.HTTPGet.Path)
 	}
-	ports := map[string]int32{}
-	for _, p := range agent.Ports {
-		ports[p.Name] = p.ContainerPort
+	// With hostNetwork a declared port becomes a hostPort, and a hostPort
+	// keeps the surge pod off its node.
+	if len(agent.Ports) != 0 {
+		t.Errorf("ports = %v, want none: the next agent of a rolling update could not be scheduled", agent.Ports)
 	}
-	if ports["health"] != 15021 || ports["metrics"] != 15090 {
-		t.Errorf("ports = %v, want health 15021 and metrics 15090", ports)
+	for _, arg := range []string{"--health-listen=:15021", "--metrics-listen=:15090"} {
+		if !slices.Contains(agent.Args, arg) {
+			t.Errorf("args = %q, want %s", agent.Args, arg)
+		}
 	}
 	if agent.Resources.Requests.Cpu().IsZero() || agent.Resources.Requests.Memory().IsZero() || agent.Resources.Limits.Memory().IsZero() {
 		t.Errorf("agent resources must request CPU and memory and limit memory: %+v", agent.Resources)

@@ -18,6 +18,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/datapath"
 	"github.com/sockmesh/sockmesh/datapath/podns"
+	"github.com/sockmesh/sockmesh/datapath/takeover"
 )
 
 // Mode is where the proxy listens for enrolled pods.
@@ -44,7 +45,8 @@ type Config struct {
 	NodeProxy datapath.Proxy
 	// PodPort is the port of in-pod listeners (zero: DefaultPodPort).
 	PodPort uint16
-	// ListenConfig makes in-pod listeners (nil: a zero net.ListenConfig).
+	// ListenConfig makes in-pod listeners (nil: a zero net.ListenConfig),
+	// with SO_REUSEPORT added.
 	ListenConfig *net.ListenConfig
 	// Retry is how soon pods whose namespace was not found, or failed, are
 	// looked at again (zero: 1 s). While some stay unfound the wait
@@ -168,9 +170,9 @@ func New(cfg Config, dp Enrolments, srv Server, log *slog.Logger, reg prometheus
 	if cfg.PodPort == 0 {
 		cfg.PodPort = DefaultPodPort
 	}
-	if cfg.ListenConfig == nil {
-		cfg.ListenConfig = &net.ListenConfig{}
-	}
+	// Shared with the agent that may still run beside this one (a rolling
+	// update), which open takes over.
+	cfg.ListenConfig = takeover.ListenConfig(cfg.ListenConfig)
 	if cfg.Retry <= 0 {
 		cfg.Retry = time.Second
 	}
@@ -522,6 +524,12 @@ func (e *Enroller) open(ns *podns.NS, ino uint64, owner snapshot.ObjectRef) (*ne
 			return nil, fmt.Errorf("open in-pod listener: %w", err)
 		}
 		n.lns = append(n.lns, ln)
+		// An agent still running (a rolling update) listens here too:
+		// new connections come to this one, which serves at once.
+		if err := takeover.Take(ln); err != nil {
+			e.log.Warn("cannot take the in-pod listener's address over: while agents overlap, the older one keeps its share",
+				"pod", owner.String(), "err", err)
+		}
 		bound := ln.Addr().(*net.TCPAddr).AddrPort()
 		if lo.Is4() {
 			n.proxy.V4 = bound

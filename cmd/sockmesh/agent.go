@@ -33,6 +33,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/introspect/httpapi"
 	"github.com/sockmesh/sockmesh/datapath"
 	"github.com/sockmesh/sockmesh/datapath/podns"
+	"github.com/sockmesh/sockmesh/datapath/takeover"
 	"github.com/sockmesh/sockmesh/internal/gcfloor"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
@@ -55,8 +56,19 @@ is fresh.
 Signals: SIGTERM or SIGINT stops accepting, stops the heartbeat (fail-open
 Services go direct once it is stale), drains connections for up to
 --drain-timeout and exits, leaving capture pinned for the next agent
-(fail-closed Services refuse connections meanwhile); a second one exits at
-once. SIGUSR1 logs an introspection report (snapshot, enrolments, datapath
+(fail-closed Services refuse connections meanwhile, unless the next agent
+already runs); a second one exits at once.
+
+Two agents may run on a node at once, as a rolling update with maxSurge
+runs them: every TCP listener is shared (SO_REUSEPORT), the newer agent
+takes the datapath over when it starts (the older one then leaves the maps
+to it and logs so), and takes each address over (an eBPF program steers
+the address's new connections to it) once it can serve there: health,
+metrics and introspection at once, the proxy's once its first Snapshot is
+applied. Connections waiting in a closing listener's queue move to the
+newer agent's instead of being reset.
+
+SIGUSR1 logs an introspection report (snapshot, enrolments, datapath
 counters and conflicts, recent warnings) as one "introspection report"
 record. The read-only introspection API that sockmeshctl uses (status,
 explain, snapshot, counters, metrics) is served on --introspection-socket
@@ -310,7 +322,8 @@ func (a *agent) listenNode(ctx context.Context) (datapath.Proxy, error) {
 	}
 	p := datapath.Proxy{NetNSCookie: cookie}
 	for _, addr := range a.s.proxyListen {
-		ln, err := proxy.ListenConfig().Listen(ctx, "tcp", addr.String())
+		// SO_REUSEPORT: the next agent binds here while this one serves.
+		ln, err := takeover.ListenConfig(proxy.ListenConfig()).Listen(ctx, "tcp", addr.String())
 		if err != nil {
 			return datapath.Proxy{}, fmt.Errorf("proxy listener: %w", err)
 		}
@@ -349,6 +362,12 @@ func (a *agent) run(ctx context.Context) error {
 		case <-a.ap.First():
 		}
 		for _, ln := range a.nodeLns {
+			// New connections come here from now on, not to an agent
+			// still draining; its queue moves here when it closes.
+			if err := takeover.Take(ln); err != nil {
+				a.log.Warn("cannot take the proxy's address over: while agents overlap, connections may wait for the older one's drain",
+					"err", err)
+			}
 			serveWG.Go(func() {
 				if err := a.px.Serve(ln); err != nil {
 					cancel(err)

@@ -1,10 +1,10 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/sockmesh/sockmesh/agent/introspect"
+	"github.com/sockmesh/sockmesh/datapath/takeover"
 )
 
 // httpServers are the health and metrics servers (one when both listen on
@@ -51,10 +52,17 @@ func startHTTP(s settings, healthHandler http.Handler, reg *introspect.Catalog, 
 
 	hs := &httpServers{}
 	for _, addr := range order {
-		ln, err := net.Listen("tcp", addr)
+		// A rolling update runs the next agent beside this one (host
+		// network): it binds the same port and takes it over, so that the
+		// kubelet's probes of the new pod reach the new agent.
+		ln, err := takeover.ListenConfig(nil).Listen(context.Background(), "tcp", addr)
 		if err != nil {
 			hs.close()
 			return nil, fmt.Errorf("%s listener: %w", strings.Join(sites[addr].names, " and "), err)
+		}
+		if err := takeover.Take(ln); err != nil {
+			log.Warn("cannot take the address over: while agents overlap, either may answer on it",
+				"listener", strings.Join(sites[addr].names, " and "), "err", err)
 		}
 		srv := &http.Server{
 			Handler:           sites[addr].mux,

@@ -15,6 +15,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/introspect"
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/ctl/agentclient"
 	"github.com/sockmesh/sockmesh/internal/agentproc"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 	clusternode "github.com/sockmesh/sockmesh/test/cluster/node"
@@ -41,6 +42,7 @@ type agent struct {
 	// read.
 	p      *sandbox.Process
 	exited <-chan struct{}
+	socket string // its introspection socket
 }
 
 // startAgent runs `sockmesh agent` in the node's namespace and cgroup (its
@@ -50,6 +52,7 @@ type agent struct {
 // the agent would.
 func (n *node) startAgent(t *testing.T) *agent {
 	t.Helper()
+	socket := filepath.Join(t.TempDir(), "agent.sock")
 	args := []string{"agent",
 		"--source=kubernetes", "--kubeconfig=" + n.kubeconfig, "--node-name=" + n.name,
 		"--proxy-mode=" + string(n.mode),
@@ -60,7 +63,7 @@ func (n *node) startAgent(t *testing.T) *agent {
 		"--dns-server=" + n.dnsAddr.String(),
 		"--log-format=json", "--drain-timeout=5s",
 		// Not the host's /run/sockmesh: every test agent has its own socket.
-		"--introspection-socket=" + filepath.Join(t.TempDir(), "agent.sock"),
+		"--introspection-socket=" + socket,
 	}
 	if n.mode == inPod {
 		// In-pod nodes run with acceleration, node-IP nodes without, so
@@ -74,7 +77,7 @@ func (n *node) startAgent(t *testing.T) *agent {
 	cmd := exec.Command(n.c.agentBin, args...)
 	// The pod name makes the Lease identity differ between runs on a node.
 	cmd.Env = append(os.Environ(), "POD_NAME="+sandbox.Name())
-	a := &agent{n: n, Agent: agentproc.Start(t, agentproc.Config{
+	a := &agent{n: n, socket: socket, Agent: agentproc.Start(t, agentproc.Config{
 		Name: "agent " + n.name, Cmd: cmd, NetNS: n.ns, Cgroup: n.cg,
 		KeepLines: 2000, FailureLines: 150, Timeout: waitFor,
 	})}
@@ -99,6 +102,27 @@ func (n *node) startAgent(t *testing.T) *agent {
 		}
 	})
 	return a
+}
+
+// served is how many connections the agent's proxy has served
+// (sockmesh_proxy_connections_total, every path).
+func (a *agent) served(t testing.TB) float64 {
+	t.Helper()
+	c, err := agentclient.New(agentclient.Config{Socket: a.socket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mfs, err := c.Metrics(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	if mf := mfs["sockmesh_proxy_connections_total"]; mf != nil {
+		for _, m := range mf.GetMetric() {
+			n += m.GetCounter().GetValue()
+		}
+	}
+	return n
 }
 
 // waitReady polls /readyz until it answers 200.

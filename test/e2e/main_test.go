@@ -53,6 +53,7 @@ var scenarios = append([]scenarioDef{
 	{name: "xbackend-server-only", run: testXBackendServerOnly},
 	{name: "xbackend-client-and-server", run: testXBackendMutual},
 	{name: "agent-restart", bothModes: true, ownNode: true, run: testRestart},
+	{name: "agent-rolling-restart", bothModes: true, ownNode: true, run: testRollingRestart},
 }, gammaScenarios...)
 
 // TestFastTier runs every scenario against one API server, with one node

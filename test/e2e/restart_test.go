@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/sockmesh/sockmesh/internal/agentproc"
 )
 
 // attempt is one connection of the steady traffic.
@@ -18,34 +20,36 @@ type attempt struct {
 	sni        string // "" when the backend saw plaintext or nothing
 }
 
-// testRestart restarts the agent (SIGTERM, a new process) under steady
-// traffic, a new connection every 10 ms, to a TLS-only backend. Capture
-// stays pinned meanwhile and the Service fails closed, so every connection
-// either reaches the backend in TLS or fails (refused, as a rule); once the
-// new agent is ready, none is lost. The kube-proxy stand-in would deliver any connection
-// that bypassed the proxy in plaintext: the backend counts none.
-func testRestart(s *scenario) {
-	const hostname = "steady.e2e.test"
-	ca := s.newCA()
-	b, svc := s.tlsBackend("steady", s.serverCert(ca, hostname))
-	s.apply(caConfigMap("steady-ca", ca) + tlsPolicy("steady", "steady", `    hostname: `+hostname+`
-    caCertificateRefs: [{group: "", kind: ConfigMap, name: steady-ca}]`))
-	s.waitCaptured(svc.addr(false, httpsPort), originatesTLS(hostname))
+// steady is a new connection every 10 ms to a TLS-only backend, recorded.
+type steady struct {
+	s        *scenario
+	mu       sync.Mutex
+	attempts []attempt
+	stop     chan struct{}
+	done     chan struct{}
+}
 
-	var (
-		mu       sync.Mutex
-		attempts []attempt
-		stop     = make(chan struct{})
-		done     = make(chan struct{})
-	)
+const steadyHostname = "steady.e2e.test"
+
+// startSteady creates the backend, its policy and the traffic, and waits
+// until it flows. The kube-proxy stand-in would deliver any connection that
+// bypassed the proxy in plaintext: the end checks the backend saw none.
+func startSteady(s *scenario) (*steady, *backend) {
+	ca := s.newCA()
+	b, svc := s.tlsBackend("steady", s.serverCert(ca, steadyHostname))
+	s.apply(caConfigMap("steady-ca", ca) + tlsPolicy("steady", "steady", `    hostname: `+steadyHostname+`
+    caCertificateRefs: [{group: "", kind: ConfigMap, name: steady-ca}]`))
+	s.waitCaptured(svc.addr(false, httpsPort), originatesTLS(steadyHostname))
+
+	st := &steady{s: s, stop: make(chan struct{}), done: make(chan struct{})}
 	client := s.httpClient(nil)
 	go func() {
-		defer close(done)
+		defer close(st.done)
 		tick := time.NewTicker(10 * time.Millisecond) // the traffic's pace, not a synchronisation
 		defer tick.Stop()
 		for i := 0; ; i++ {
 			select {
-			case <-stop:
+			case <-st.stop:
 				return
 			case <-tick.C:
 			}
@@ -58,39 +62,62 @@ func testRestart(s *scenario) {
 					a.sni = r.report.TLS.ServerName
 				}
 			}
-			mu.Lock()
-			attempts = append(attempts, a)
-			mu.Unlock()
+			st.mu.Lock()
+			st.attempts = append(st.attempts, a)
+			st.mu.Unlock()
 		}
 	}()
-	defer func() {
-		select {
-		case <-done:
-		default:
-			close(stop)
-			<-done
-		}
-	}()
-	// count counts the attempts that started after since and have ended.
-	count := func(since time.Time) int {
-		mu.Lock()
-		defer mu.Unlock()
-		n := 0
-		for _, a := range attempts {
+	s.t.Cleanup(func() { st.end() })
+	st.wait("steady traffic before the restart", time.Now(), 20)
+	return st, b
+}
+
+// wait waits until n attempts that started after since have ended.
+func (st *steady) wait(what string, since time.Time, n int) {
+	eventually(st.s.t, what, func() error {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		got := 0
+		for _, a := range st.attempts {
 			if !a.start.Before(since) {
-				n++
+				got++
 			}
 		}
-		return n
-	}
-	begin := time.Now()
-	eventually(s.t, "steady traffic before the restart", func() error {
-		if n := count(begin); n < 20 {
-			return fmt.Errorf("%d attempts", n)
+		if got < n {
+			return fmt.Errorf("%d attempts", got)
 		}
 		return nil
 	})
+}
 
+// end stops the traffic and returns what it recorded.
+func (st *steady) end() []attempt {
+	select {
+	case <-st.stop:
+	default:
+		close(st.stop)
+	}
+	<-st.done
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return st.attempts
+}
+
+// ok: the backend answered in TLS.
+func (a attempt) ok() bool {
+	return a.err == nil && a.status == http.StatusOK && a.sni == steadyHostname
+}
+
+func (a attempt) String() string {
+	return fmt.Sprintf("attempt at %s: status %d, SNI %q, %v", a.start.Format(time.StampMicro), a.status, a.sni, a.err)
+}
+
+// testRestart restarts the agent (SIGTERM, then a new process) under steady
+// traffic. Capture stays pinned meanwhile and the Service fails closed, so
+// every connection either reaches the backend in TLS or fails (refused, as
+// a rule); once the new agent is ready, none is lost.
+func testRestart(s *scenario) {
+	st, b := startSteady(s)
 	stopAt := time.Now()
 	if err := s.n.agent.stop(); err != nil {
 		s.t.Fatal(err)
@@ -98,14 +125,7 @@ func testRestart(s *scenario) {
 	s.n.agent = s.n.startAgent(s.t)
 	s.n.agent.waitReady(s.t)
 	readyAt := time.Now()
-	eventually(s.t, "steady traffic after the restart", func() error {
-		if n := count(readyAt); n < 50 {
-			return fmt.Errorf("%d attempts", n)
-		}
-		return nil
-	})
-	close(stop)
-	<-done
+	st.wait("steady traffic after the restart", readyAt, 50)
 
 	// A connection that ended before SIGTERM, or began once the new agent
 	// was ready, must have reached the backend in TLS. One in between may
@@ -113,8 +133,8 @@ func testRestart(s *scenario) {
 	// never answered by a backend that saw plaintext.
 	var before, gap, refused, after int
 	var bad []string
-	for _, a := range attempts {
-		ok := a.err == nil && a.status == http.StatusOK && a.sni == hostname
+	for _, a := range st.end() {
+		ok := a.ok()
 		phase := "during the restart"
 		switch {
 		case a.end.Before(stopAt):
@@ -133,17 +153,62 @@ func testRestart(s *scenario) {
 			}
 		}
 		if !ok {
-			bad = append(bad, fmt.Sprintf("%s, attempt at %s: status %d, SNI %q, %v",
-				phase, a.start.Format(time.StampMicro), a.status, a.sni, a.err))
+			bad = append(bad, phase+", "+a.String())
 		}
 	}
 	s.t.Logf("steady traffic: %d attempts before the restart, %d during it (%d refused), %d after; the agent was away for %s",
 		before, gap, refused, after, readyAt.Sub(stopAt).Round(time.Millisecond))
 	if len(bad) > 0 {
-		s.t.Errorf("%d of %d attempts went wrong, first ones:\n%s", len(bad), len(attempts), strings.Join(bad[:min(len(bad), 5)], "\n"))
+		s.t.Errorf("%d attempts went wrong, first ones:\n%s", len(bad), strings.Join(bad[:min(len(bad), 5)], "\n"))
 	}
 	if refused == 0 {
 		s.t.Errorf("no connection was refused while no agent ran (%d attempts then): the fail-closed path went unexercised", gap)
+	}
+	s.checkNoPlaintext(b)
+}
+
+// testRollingRestart replaces the agent as the DaemonSet's rolling update
+// does (maxSurge): the next agent starts beside the running one and, once
+// ready, the old one gets SIGTERM and drains. Every connection must reach
+// the backend in TLS: none refused, reset or answered 5xx at any moment.
+func testRollingRestart(s *scenario) {
+	st, b := startSteady(s)
+	old := s.n.agent
+	next := s.n.startAgent(s.t)
+	s.n.agent = next // the newest agent uninstalls at the end
+	next.waitReady(s.t)
+	readyAt := time.Now()
+	// Once the new agent serves, new connections go to it, none to the old
+	// one, which only finishes what it has.
+	st.wait("steady traffic with both agents", readyAt, 5)
+	oldServed, nextServed := old.served(s.t), next.served(s.t)
+	st.wait("steady traffic with both agents", time.Now(), 20)
+	if o, n := old.served(s.t)-oldServed, next.served(s.t)-nextServed; o != 0 || n < 20 {
+		s.t.Errorf("while both agents ran, the old one served %v new connections and the new one %v: want all on the new one", o, n)
+	}
+	stopAt := time.Now()
+	if err := old.stop(); err != nil {
+		s.t.Fatal(err)
+	}
+	st.wait("steady traffic after the old agent stopped", time.Now(), 50)
+	if _, err := old.Log.Wait(func(r agentproc.Record) bool {
+		return r.Msg() == "a newer agent runs the datapath: this one leaves the maps to it"
+	}); err != nil {
+		s.t.Errorf("the old agent did not leave the datapath's maps to the new one: %v", err)
+	}
+
+	var bad []string
+	attempts := st.end()
+	for _, a := range attempts {
+		if !a.ok() {
+			bad = append(bad, a.String())
+		}
+	}
+	s.t.Logf("steady traffic: %d attempts, the new agent ready %s before the old one was stopped",
+		len(attempts), stopAt.Sub(readyAt).Round(time.Millisecond))
+	if len(bad) > 0 {
+		s.t.Errorf("%d of %d attempts went wrong while the agents overlapped, first ones:\n%s",
+			len(bad), len(attempts), strings.Join(bad[:min(len(bad), 5)], "\n"))
 	}
 	s.checkNoPlaintext(b)
 }

@@ -100,12 +100,18 @@ func TestSockmesh(t *testing.T) {
 	timing("scenarios node-ip", start)
 
 	start = time.Now()
-	setProxyMode(t, n, "in-pod")
-	waitDaemonSetReady(t, n, agentNS, agentDS, 3*time.Minute)
+	t.Run("rollout-to-in-pod", func(t *testing.T) {
+		rolloutUnderTraffic(t, n, w, "the rolling update from node-ip to in-pod mode", func() { setProxyMode(t, n, "in-pod") })
+	})
+	timing("rollout to in-pod", start)
+	start = time.Now()
 	runScenarios(t, n, w, "in-pod")
 	checkMode(t, n, w, "in-pod")
 	timing("scenarios in-pod", start)
 
+	t.Run("rollout-same-mode", func(t *testing.T) {
+		rolloutUnderTraffic(t, n, w, "a rolling restart of the agent", func() { restartAgents(t, n) })
+	})
 	t.Run("rollout-moves-h2", func(t *testing.T) { checkRolloutMovesH2(t, n, w, agentDiag) })
 	t.Run("serving-terminating", func(t *testing.T) { checkServingTerminating(t, n, w, agentDiag) })
 }
@@ -522,6 +528,16 @@ func setProxyMode(t *testing.T, n *node.Node, mode string) {
 	}
 	args[i] = "--proxy-mode=" + mode
 	if _, err := dss.Update(t.Context(), ds, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// restartAgents changes the agent's pod template without changing the
+// agent, as `kubectl rollout restart` does.
+func restartAgents(t *testing.T, n *node.Node) {
+	t.Helper()
+	if _, err := n.Kube.AppsV1().DaemonSets(agentNS).Patch(t.Context(), agentDS, types.MergePatchType,
+		[]byte(`{"spec":{"template":{"metadata":{"annotations":{"e2e.sockmesh.dev/restart":"1"}}}}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/explain"
 	"github.com/sockmesh/sockmesh/agent/introspect"
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/datapath/takeover"
 )
 
 // DefaultSocket is where the agent serves the introspection API when
@@ -138,9 +139,13 @@ func NewServer(cfg Config, src *introspect.Sources, log *slog.Logger, reg promet
 	if _, err := os.Stat(cfg.TokenFile); err != nil {
 		return nil, fmt.Errorf("introspection listener: token file: %w", err)
 	}
-	tcp, err := net.Listen("tcp", cfg.Listen)
+	// Shared with the next agent of a rolling update, which takes it over.
+	tcp, err := takeover.ListenConfig(nil).Listen(context.Background(), "tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("introspection listener: %w", err)
+	}
+	if err := takeover.Take(tcp); err != nil {
+		log.Warn("cannot take the introspection address over: while agents overlap, either may answer on it", "err", err)
 	}
 	tlsLn := tls.NewListener(tcp, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13})
 	s.add(tlsLn, requireToken(api, cfg.TokenFile), nil)

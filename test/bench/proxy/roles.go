@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/datapath/takeover"
 	"github.com/sockmesh/sockmesh/internal/gcfloor"
 	"github.com/sockmesh/sockmesh/test/echo"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
@@ -185,8 +186,12 @@ func runProxy(dir, mode, listen, vip, curves, profile string) error {
 		return err
 	}
 	p.Update(snap)
-	l, err := proxy.ListenConfig().Listen(context.Background(), "tcp", listen)
+	// As the agent listens: plain TCP, shared with a next agent, taken.
+	l, err := takeover.ListenConfig(proxy.ListenConfig()).Listen(context.Background(), "tcp", listen)
 	if err != nil {
+		return err
+	}
+	if err := takeover.Take(l); err != nil {
 		return err
 	}
 	go waitSignal(func() {

@@ -1,0 +1,122 @@
+package e2ecluster
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sockmesh/sockmesh/test/cluster/node"
+)
+
+// rolloutUnderTraffic runs change, a change of the agent's DaemonSet, while
+// the app calls the TLS Service every 20 ms, each call a new connection.
+// The rolling update starts the next agent beside the running one
+// (maxSurge), which takes the proxy's addresses and the datapath over once
+// ready; the old one then drains. Not one call may fail: refused, reset,
+// 5xx or plaintext.
+func rolloutUnderTraffic(t *testing.T, n *node.Node, w workloads, what string, change func()) {
+	t.Helper()
+	before := agentPods(t, n)
+	var (
+		mu       sync.Mutex
+		calls    int
+		failures []string
+		stop     = make(chan struct{})
+		done     = make(chan struct{})
+	)
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(20 * time.Millisecond) // the traffic's pace, not a synchronisation
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			at := time.Now()
+			res, err := call(context.Background(), w.app, Call{URL: fmt.Sprintf("http://%s/rollout/%d", w.tlsVIP, i), Mode: "http1"})
+			if err == nil && res.Error != "" {
+				err = fmt.Errorf("app: %s", res.Error)
+			}
+			if err == nil {
+				err = tlsAnswer(res)
+			}
+			mu.Lock()
+			calls++
+			if err != nil {
+				failures = append(failures, fmt.Sprintf("call at %s: %v", at.Format(time.StampMilli), err))
+			}
+			mu.Unlock()
+		}
+	}()
+	finish := func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		<-done
+	}
+	defer finish()
+
+	start := time.Now()
+	change()
+	waitDaemonSetReady(t, n, agentNS, agentDS, 3*time.Minute)
+	// Until the old agent has drained and exited: its listener closing is
+	// part of what must lose nothing.
+	waitFor(t, time.Minute, "the old agent pods gone", func(ctx context.Context) error {
+		for _, name := range before {
+			_, err := n.Kube.CoreV1().Pods(agentNS).Get(ctx, name, metav1.GetOptions{})
+			if err == nil {
+				return fmt.Errorf("%s still there", name)
+			}
+			if !errors.IsNotFound(err) {
+				return err
+			}
+		}
+		return nil
+	}, nil)
+	time.Sleep(time.Second) // traffic on the new agent alone
+	finish()
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("%s: %d calls in %s, %d failed", what, calls, time.Since(start).Round(time.Millisecond), len(failures))
+	if len(failures) > 0 {
+		t.Errorf("%s: %d of %d calls failed, first ones:\n%s\n%s", what, len(failures), calls,
+			strings.Join(failures[:min(len(failures), 5)], "\n"), agentLogs(n))
+	}
+}
+
+// tlsAnswer checks that the backend answered 200 in TLS.
+func tlsAnswer(res Result) error {
+	rep, err := res.Report()
+	switch {
+	case err != nil:
+		return err
+	case res.Status != http.StatusOK:
+		return fmt.Errorf("status %d", res.Status)
+	}
+	return wantTLS(rep)
+}
+
+// agentPods names the agent's pods.
+func agentPods(t *testing.T, n *node.Node) []string {
+	t.Helper()
+	list, err := n.Kube.CoreV1().Pods(agentNS).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range list.Items {
+		names = append(names, p.Name)
+	}
+	return names
+}
