@@ -323,7 +323,7 @@ func (a *agent) listenNode(ctx context.Context) (datapath.Proxy, error) {
 	p := datapath.Proxy{NetNSCookie: cookie}
 	for _, addr := range a.s.proxyListen {
 		// SO_REUSEPORT: the next agent binds here while this one serves.
-		ln, err := takeover.ListenConfig(proxy.ListenConfig()).Listen(ctx, "tcp", addr.String())
+		ln, err := takeover.Listen(ctx, proxy.ListenConfig(), addr.String())
 		if err != nil {
 			return datapath.Proxy{}, fmt.Errorf("proxy listener: %w", err)
 		}

@@ -55,7 +55,7 @@ func startHTTP(s settings, healthHandler http.Handler, reg *introspect.Catalog, 
 		// A rolling update runs the next agent beside this one (host
 		// network): it binds the same port and takes it over, so that the
 		// kubelet's probes of the new pod reach the new agent.
-		ln, err := takeover.ListenConfig(nil).Listen(context.Background(), "tcp", addr)
+		ln, err := takeover.Listen(context.Background(), nil, addr)
 		if err != nil {
 			hs.close()
 			return nil, fmt.Errorf("%s listener: %w", strings.Join(sites[addr].names, " and "), err)

@@ -23,6 +23,7 @@
 package takeover
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -60,6 +61,18 @@ func ListenConfig(lc *net.ListenConfig) *net.ListenConfig {
 		return nil
 	}
 	return out
+}
+
+// Listen listens on the TCP address with ListenConfig(lc). An address held
+// by a socket that does not share it gets an error that says so: an agent
+// of a build before this package, or another program.
+func Listen(ctx context.Context, lc *net.ListenConfig, address string) (net.Listener, error) {
+	ln, err := ListenConfig(lc).Listen(ctx, "tcp", address)
+	if errors.Is(err, unix.EADDRINUSE) {
+		return nil, fmt.Errorf("%w (held by a socket without SO_REUSEPORT, which a newer agent cannot share: "+
+			"another program, or an agent of a build that did not share its addresses, whose pod must be deleted for this one to start)", err)
+	}
+	return ln, err
 }
 
 // Take steers the new connections of ln's reuseport group to ln from now

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -153,6 +154,20 @@ func TestNewestClosedFallsBack(t *testing.T) {
 	}
 	if ok, errs := answered(cs); ok != n {
 		t.Errorf("%d of %d connections answered: %v", ok, n, errs)
+	}
+}
+
+// TestListenSaysWhoHoldsTheAddress: an address held without SO_REUSEPORT
+// (an agent of an older build) cannot be shared, and the error says why.
+func TestListenSaysWhoHoldsTheAddress(t *testing.T) {
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	_, err = Listen(context.Background(), nil, held.Addr().String())
+	if err == nil || !strings.Contains(err.Error(), "without SO_REUSEPORT") {
+		t.Errorf("Listen on an address held without SO_REUSEPORT: %v, want an error that says so", err)
 	}
 }
 

@@ -140,7 +140,7 @@ func NewServer(cfg Config, src *introspect.Sources, log *slog.Logger, reg promet
 		return nil, fmt.Errorf("introspection listener: token file: %w", err)
 	}
 	// Shared with the next agent of a rolling update, which takes it over.
-	tcp, err := takeover.ListenConfig(nil).Listen(context.Background(), "tcp", cfg.Listen)
+	tcp, err := takeover.Listen(context.Background(), nil, cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("introspection listener: %w", err)
 	}

@@ -187,7 +187,7 @@ func runProxy(dir, mode, listen, vip, curves, profile string) error {
 	}
 	p.Update(snap)
 	// As the agent listens: plain TCP, shared with a next agent, taken.
-	l, err := takeover.ListenConfig(proxy.ListenConfig()).Listen(context.Background(), "tcp", listen)
+	l, err := takeover.Listen(context.Background(), proxy.ListenConfig(), listen)
 	if err != nil {
 		return err
 	}
