@@ -182,3 +182,37 @@ func TestTakeNeedsReuseport(t *testing.T) {
 		t.Error("Take on a listener without SO_REUSEPORT succeeded")
 	}
 }
+
+// BenchmarkConnect: a loopback connection, dialed, accepted and closed, on
+// a listener alone and on one that took its address over, whose program
+// runs for each connection's SYN.
+func BenchmarkConnect(b *testing.B) {
+	testenv.RequireRoot(b)
+	for _, taken := range []bool{false, true} {
+		b.Run(fmt.Sprintf("taken=%v", taken), func(b *testing.B) {
+			ln, err := ListenConfig(nil).Listen(context.Background(), "tcp", "127.0.0.1:0")
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ln.Close()
+			if taken {
+				if err := Take(ln); err != nil {
+					b.Fatal(err)
+				}
+			}
+			addr := ln.Addr().String()
+			for b.Loop() {
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					b.Fatal(err)
+				}
+				s, err := ln.Accept()
+				if err != nil {
+					b.Fatal(err)
+				}
+				s.Close()
+				c.Close()
+			}
+		})
+	}
+}

@@ -8,8 +8,6 @@ import (
 	"sync"
 	"syscall"
 	"time"
-
-	"github.com/sockmesh/sockmesh/internal/agentproc"
 )
 
 // attempt is one connection of the steady traffic.
@@ -20,7 +18,7 @@ type attempt struct {
 	sni        string // "" when the backend saw plaintext or nothing
 }
 
-// steady is a new connection every 10 ms to a TLS-only backend, recorded.
+// steady is a request every 10 ms to a TLS-only backend, recorded.
 type steady struct {
 	s        *scenario
 	mu       sync.Mutex
@@ -31,18 +29,22 @@ type steady struct {
 
 const steadyHostname = "steady.e2e.test"
 
-// startSteady creates the backend, its policy and the traffic, and waits
-// until it flows. The kube-proxy stand-in would deliver any connection that
-// bypassed the proxy in plaintext: the end checks the backend saw none.
-func startSteady(s *scenario) (*steady, *backend) {
+// steadyBackend creates a TLS-only backend and its policy. The kube-proxy
+// stand-in would deliver any connection that bypassed the proxy in
+// plaintext: checkNoPlaintext at the end tells.
+func steadyBackend(s *scenario) (*backend, *service) {
 	ca := s.newCA()
 	b, svc := s.tlsBackend("steady", s.serverCert(ca, steadyHostname))
 	s.apply(caConfigMap("steady-ca", ca) + tlsPolicy("steady", "steady", `    hostname: `+steadyHostname+`
     caCertificateRefs: [{group: "", kind: ConfigMap, name: steady-ca}]`))
 	s.waitCaptured(svc.addr(false, httpsPort), originatesTLS(steadyHostname))
+	return b, svc
+}
 
+// startSteady sends client's requests to svc every 10 ms until the end and
+// waits until they flow.
+func startSteady(s *scenario, svc *service, client *http.Client, name string) *steady {
 	st := &steady{s: s, stop: make(chan struct{}), done: make(chan struct{})}
-	client := s.httpClient(nil)
 	go func() {
 		defer close(st.done)
 		tick := time.NewTicker(10 * time.Millisecond) // the traffic's pace, not a synchronisation
@@ -54,7 +56,7 @@ func startSteady(s *scenario) (*steady, *backend) {
 			case <-tick.C:
 			}
 			a := attempt{start: time.Now()}
-			r, err := s.request(client, svc.url(false, httpsPort, fmt.Sprintf("/steady/%d", i)))
+			r, err := s.request(client, svc.url(false, httpsPort, fmt.Sprintf("/%s/%d", name, i)))
 			a.end, a.err = time.Now(), err
 			if r != nil {
 				a.status = r.status
@@ -68,8 +70,8 @@ func startSteady(s *scenario) (*steady, *backend) {
 		}
 	}()
 	s.t.Cleanup(func() { st.end() })
-	st.wait("steady traffic before the restart", time.Now(), 20)
-	return st, b
+	st.wait(name+" traffic before the restart", time.Now(), 20)
+	return st
 }
 
 // wait waits until n attempts that started after since have ended.
@@ -117,7 +119,8 @@ func (a attempt) String() string {
 // every connection either reaches the backend in TLS or fails (refused, as
 // a rule); once the new agent is ready, none is lost.
 func testRestart(s *scenario) {
-	st, b := startSteady(s)
+	b, svc := steadyBackend(s)
+	st := startSteady(s, svc, s.httpClient(nil), "steady")
 	stopAt := time.Now()
 	if err := s.n.agent.stop(); err != nil {
 		s.t.Fatal(err)
@@ -169,20 +172,24 @@ func testRestart(s *scenario) {
 
 // testRollingRestart replaces the agent as the DaemonSet's rolling update
 // does (maxSurge): the next agent starts beside the running one and, once
-// ready, the old one gets SIGTERM and drains. Every connection must reach
-// the backend in TLS: none refused, reset or answered 5xx at any moment.
+// ready, the old one gets SIGTERM and drains. Every request must reach the
+// backend in TLS — none refused, reset or answered 5xx at any moment — on
+// a new connection each and on one kept h2c connection, which the old
+// agent asks to move (GOAWAY) as it stops.
 func testRollingRestart(s *scenario) {
-	st, b := startSteady(s)
+	b, svc := steadyBackend(s)
+	fresh := startSteady(s, svc, s.httpClient(nil), "fresh")
+	kept := startSteady(s, svc, s.h2cKeptClient(), "kept")
 	old := s.n.agent
 	next := s.n.startAgent(s.t)
 	s.n.agent = next // the newest agent uninstalls at the end
 	next.waitReady(s.t)
 	readyAt := time.Now()
 	// Once the new agent serves, new connections go to it, none to the old
-	// one, which only finishes what it has.
-	st.wait("steady traffic with both agents", readyAt, 5)
+	// one, which only finishes what it has (the kept connection).
+	fresh.wait("new connections with both agents", readyAt, 5)
 	oldServed, nextServed := old.served(s.t), next.served(s.t)
-	st.wait("steady traffic with both agents", time.Now(), 20)
+	fresh.wait("new connections with both agents", time.Now(), 20)
 	if o, n := old.served(s.t)-oldServed, next.served(s.t)-nextServed; o != 0 || n < 20 {
 		s.t.Errorf("while both agents ran, the old one served %v new connections and the new one %v: want all on the new one", o, n)
 	}
@@ -190,25 +197,26 @@ func testRollingRestart(s *scenario) {
 	if err := old.stop(); err != nil {
 		s.t.Fatal(err)
 	}
-	st.wait("steady traffic after the old agent stopped", time.Now(), 50)
-	if _, err := old.Log.Wait(func(r agentproc.Record) bool {
-		return r.Msg() == "a newer agent runs the datapath: this one leaves the maps to it"
-	}); err != nil {
-		s.t.Errorf("the old agent did not leave the datapath's maps to the new one: %v", err)
-	}
+	fresh.wait("new connections after the old agent stopped", time.Now(), 50)
+	kept.wait("the kept connection's requests after the old agent stopped", time.Now(), 50)
 
-	var bad []string
-	attempts := st.end()
-	for _, a := range attempts {
-		if !a.ok() {
-			bad = append(bad, a.String())
+	for _, c := range []struct {
+		name string
+		st   *steady
+	}{{"new connections", fresh}, {"the kept h2c connection", kept}} {
+		var bad []string
+		attempts := c.st.end()
+		for _, a := range attempts {
+			if !a.ok() {
+				bad = append(bad, a.String())
+			}
 		}
-	}
-	s.t.Logf("steady traffic: %d attempts, the new agent ready %s before the old one was stopped",
-		len(attempts), stopAt.Sub(readyAt).Round(time.Millisecond))
-	if len(bad) > 0 {
-		s.t.Errorf("%d of %d attempts went wrong while the agents overlapped, first ones:\n%s",
-			len(bad), len(attempts), strings.Join(bad[:min(len(bad), 5)], "\n"))
+		s.t.Logf("%s: %d requests, the new agent ready %s before the old one was stopped",
+			c.name, len(attempts), stopAt.Sub(readyAt).Round(time.Millisecond))
+		if len(bad) > 0 {
+			s.t.Errorf("%s: %d of %d requests went wrong while the agents overlapped, first ones:\n%s",
+				c.name, len(bad), len(attempts), strings.Join(bad[:min(len(bad), 5)], "\n"))
+		}
 	}
 	s.checkNoPlaintext(b)
 }

@@ -241,6 +241,15 @@ func (s *scenario) httpClient(tlsCfg *tls.Config) *http.Client {
 	}}
 }
 
+// h2cKeptClient is the client pod's HTTP client for one h2c connection
+// that its requests share (prior knowledge, no TLS).
+func (s *scenario) h2cKeptClient() *http.Client {
+	t := &http.Transport{DialContext: s.n.client.dialer.DialContext, Protocols: new(http.Protocols)}
+	t.Protocols.SetUnencryptedHTTP2(true)
+	s.t.Cleanup(t.CloseIdleConnections)
+	return &http.Client{Timeout: 15 * time.Second, Transport: t}
+}
+
 // response is what the client pod got.
 type response struct {
 	status int
