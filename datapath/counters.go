@@ -100,8 +100,9 @@ func (d *Datapath) Counters() (map[Decision]uint64, error) {
 	return out, nil
 }
 
-// Heartbeat records that the proxy is alive now. Fail-open services stop
-// being redirected once the last heartbeat is older than
+// Heartbeat records that the proxy is alive now, and takes the datapath
+// back if the agent that took it over has exited (owner.go). Fail-open
+// services stop being redirected once the last heartbeat is older than
 // Config.HeartbeatMaxAge, so the process serving the proxy should call it
 // well within that period (e.g. every HeartbeatMaxAge/3). A proxy that never
 // beat counts as stale.
@@ -113,6 +114,10 @@ func (d *Datapath) Heartbeat() error {
 	}
 	key, now := uint32(0), uint64(ts.Nano())
 	if err := d.objs.SmHeartbeat.Put(&key, &now); err != nil {
+		return fmt.Errorf("heartbeat: %w", err)
+	}
+	// Each beat also notices a newer agent's takeover, or its exit.
+	if err := d.checkOwner(); err != nil {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
 	return nil

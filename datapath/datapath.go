@@ -29,10 +29,13 @@ type Datapath struct {
 	links     map[string]link.Link // by hook name
 	reg       prometheus.Registerer
 	collector prometheus.Collector
-	pins      *os.File // the pin directory, for its lock (owner.go)
+	pins      *os.File  // the pin directory, for its lock (owner.go)
+	ownerMap  *ebpf.Map // sm_owner (owner.go)
 	closed    bool
 	// superseded: a newer agent took the datapath over (owner.go).
 	superseded bool
+	// latest is the last write of each kind of reconcile (owner.go).
+	latest map[string]func() error
 }
 
 // objects are the parts of the generated collection that production loads:
@@ -107,7 +110,8 @@ func Open(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Datapath, e
 	if err != nil {
 		return nil, err
 	}
-	d := &Datapath{cfg: cfg, log: log, links: make(map[string]link.Link), reg: reg, pins: pins}
+	d := &Datapath{cfg: cfg, log: log, links: make(map[string]link.Link), reg: reg, pins: pins,
+		latest: make(map[string]func() error)}
 	if err := d.load(spec); err != nil {
 		pins.Close()
 		return nil, err
@@ -152,11 +156,16 @@ func (d *Datapath) load(spec *ebpf.CollectionSpec) error {
 		}
 		return fmt.Errorf("load eBPF objects pinned in %s: %w", dir, err)
 	}
-	if err := d.attachAll(); err != nil {
+	if d.ownerMap, err = openOwnerMap(dir); err != nil {
 		d.objs.Close()
 		return err
 	}
-	for _, step := range []func() error{d.pinPrograms, d.setupAccel} {
+	if err := d.attachAll(); err != nil {
+		d.objs.Close()
+		d.ownerMap.Close()
+		return err
+	}
+	for _, step := range []func() error{d.pinPrograms, d.setupAccel, d.claim} {
 		if err := step(); err != nil {
 			d.closeObjects()
 			return err
@@ -301,7 +310,7 @@ func (d *Datapath) closeObjects() error {
 		errs = append(errs, l.Close())
 		delete(d.links, name)
 	}
-	errs = append(errs, d.objs.Close())
+	errs = append(errs, d.objs.Close(), d.ownerMap.Close())
 	return errors.Join(errs...)
 }
 

@@ -22,8 +22,9 @@
 // links get the freshly loaded programs through an atomic bpf_link update, so
 // an agent restart or upgrade never leaves a moment without capture and never
 // attaches twice. The last process to Open owns the maps: an older one still
-// running (a rolling update's overlap) stops writing them (owner.go). Close
-// releases this process's descriptors only.
+// running (a rolling update's overlap) stops writing them, and takes them
+// back if the newer one exits first (owner.go). Close releases this
+// process's descriptors only.
 //
 // Hooks: cgroup/connect4, connect6, getpeername4, getpeername6, getsockopt
 // and sockops, attached with bpf_link (always BPF_F_ALLOW_MULTI for cgroup

@@ -1,8 +1,11 @@
 package datapath
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
 	"os"
+	"strconv"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -17,6 +20,55 @@ import (
 // the links under it, and each reconcile checks under it that this process
 // still owns the datapath, so no write of the older agent lands after the
 // newer one took over. Heartbeats are not guarded: both proxies serve.
+//
+// If the newer agent dies while the older still runs (a build that
+// crashes after it opened the datapath), the older takes the datapath back
+// at its next heartbeat: it attaches its programs again and writes its
+// latest services and enrolments. The sm_owner map, which this package
+// creates and pins beside the programs' maps, says which process opened
+// the datapath last and with which program, so that a process gone can be
+// told from one running; an owner it does not name (a build before it)
+// counts as running.
+
+// ownerRecord is the sm_owner map's one value.
+type ownerRecord struct {
+	PID    uint32
+	ProgID uint32 // its connect4 program
+	// Start is when the process started (clock ticks after boot, field
+	// 22 of /proc/PID/stat): a PID alone may have been reused.
+	Start uint64
+}
+
+// openOwnerMap opens (or creates) the pinned sm_owner map in dir.
+func openOwnerMap(dir string) (*ebpf.Map, error) {
+	m, err := ebpf.NewMapWithOptions(&ebpf.MapSpec{
+		Name: "sm_owner", Type: ebpf.Array, KeySize: 4, ValueSize: 16, MaxEntries: 1, Pinning: ebpf.PinByName,
+	}, ebpf.MapOptions{PinPath: dir})
+	if err != nil {
+		return nil, fmt.Errorf("open the owner map in %s: %w", dir, err)
+	}
+	return m, nil
+}
+
+// processStart returns when process pid started, or an error wrapping
+// os.ErrNotExist when there is no such process.
+func processStart(pid int) (uint64, error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command name, field 2, is in parentheses and may hold spaces;
+	// field 22 is the 20th after it.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	fields := bytes.Fields(b[i+1:])
+	if len(fields) < 20 {
+		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
+	}
+	return strconv.ParseUint(string(fields[19]), 10, 64)
+}
 
 // lockPins takes the pin directory's lock (flock: released if the process
 // dies) and returns its release.
@@ -41,7 +93,7 @@ func openPins(dir string) (*os.File, error) {
 func (d *Datapath) owner() (running, ours ebpf.ProgramID, err error) {
 	l, ok := d.links["connect4"]
 	if !ok {
-		return 0, 0, fmt.Errorf("datapath closed")
+		return 0, 0, errors.New("datapath closed")
 	}
 	info, err := l.Info()
 	if err != nil {
@@ -55,28 +107,133 @@ func (d *Datapath) owner() (running, ours ebpf.ProgramID, err error) {
 	return info.Program, ours, nil
 }
 
-// reconcile runs write, with d.mu held, if this process still owns the
-// datapath, under the pin lock; a superseded one writes nothing and says
-// so once.
+// claim records this process as the owner. Called under the pin lock.
+func (d *Datapath) claim() error {
+	_, ours, err := d.owner()
+	if err != nil {
+		return err
+	}
+	start, err := processStart(os.Getpid())
+	if err != nil {
+		return fmt.Errorf("claim the datapath: %w", err)
+	}
+	rec := ownerRecord{PID: uint32(os.Getpid()), ProgID: uint32(ours), Start: start}
+	if err := d.ownerMap.Put(uint32(0), rec); err != nil {
+		return fmt.Errorf("claim the datapath: %w", err)
+	}
+	return nil
+}
+
+// ownerGone reports whether the process that runs program running has
+// exited. Called under the pin lock.
+func (d *Datapath) ownerGone(running ebpf.ProgramID) (bool, error) {
+	var rec ownerRecord
+	if err := d.ownerMap.Lookup(uint32(0), &rec); err != nil {
+		return false, fmt.Errorf("read the owner map: %w", err)
+	}
+	if rec.PID == 0 || ebpf.ProgramID(rec.ProgID) != running {
+		return false, nil // an owner it does not name: take it for running
+	}
+	start, err := processStart(int(rec.PID))
+	if errors.Is(err, os.ErrNotExist) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return start != rec.Start, nil
+}
+
+// owned reports, with d.mu and the pin lock held, whether this process
+// owns the datapath, and whether it just took it back from an owner gone.
+func (d *Datapath) owned() (mine, tookBack bool, err error) {
+	running, ours, err := d.owner()
+	if err != nil || running == ours {
+		return err == nil, false, err
+	}
+	gone, err := d.ownerGone(running)
+	if err != nil || !gone {
+		if err == nil && !d.superseded {
+			d.superseded = true
+			d.log.Info("a newer agent runs the datapath: this one leaves the maps to it",
+				"running_program_id", running, "own_program_id", ours)
+		}
+		return false, false, err
+	}
+	if err := d.takeBack(); err != nil {
+		return false, false, err
+	}
+	d.superseded = false
+	d.log.Warn("the agent that took the datapath over has exited: this one runs it again",
+		"exited_program_id", running, "own_program_id", ours)
+	return true, true, nil
+}
+
+// takeBack attaches this process's programs again and claims the datapath.
+func (d *Datapath) takeBack() error {
+	for _, h := range hooks {
+		if err := d.links[h.name].Update(h.prog(&d.objs)); err != nil {
+			return fmt.Errorf("take the datapath back: update %s link: %w", h.name, err)
+		}
+	}
+	if l, ok := d.links[accelLink]; ok {
+		if err := l.Update(d.objs.Msg); err != nil {
+			return fmt.Errorf("take the datapath back: update %s link: %w", accelLink, err)
+		}
+	}
+	return d.claim()
+}
+
+// reconcile runs write under the pin lock if this process owns the
+// datapath, and keeps it as the latest of its kind (what), to write again
+// when this process takes the datapath back.
 func (d *Datapath) reconcile(what string, write func() error) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.latest[what] = write
 	unlock, err := d.lockPins()
 	if err != nil {
 		return err
 	}
 	defer unlock()
-	running, ours, err := d.owner()
-	if err != nil {
+	mine, tookBack, err := d.owned()
+	switch {
+	case err != nil:
 		return fmt.Errorf("%s: %w", what, err)
+	case tookBack:
+		return d.writeLatest()
+	case mine:
+		return write()
 	}
-	if running != ours {
-		if !d.superseded {
-			d.superseded = true
-			d.log.Info("a newer agent runs the datapath: this one leaves the maps to it",
-				"running_program_id", running, "own_program_id", ours)
+	return nil
+}
+
+// checkOwner notices, between reconciles, that a newer agent took the
+// datapath over, or that it exited, and then takes the datapath back with
+// the latest services and enrolments.
+func (d *Datapath) checkOwner() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if running, ours, err := d.owner(); err != nil || running == ours {
+		return err
+	}
+	unlock, err := d.lockPins()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	if _, tookBack, err := d.owned(); err != nil || !tookBack {
+		return err
+	}
+	return d.writeLatest()
+}
+
+// writeLatest writes what every kind of reconcile wrote last.
+func (d *Datapath) writeLatest() error {
+	for what, write := range d.latest {
+		if err := write(); err != nil {
+			return fmt.Errorf("%s: %w", what, err)
 		}
-		return nil
 	}
-	return write()
+	return nil
 }

@@ -1,9 +1,13 @@
 package datapath
 
 import (
+	"bytes"
+	"encoding/json"
 	"maps"
 	"slices"
 	"testing"
+
+	"github.com/sockmesh/sockmesh/internal/sandbox"
 )
 
 // TestNewerOpenOwnsTheMaps: two agents on one node, as a rolling update
@@ -61,5 +65,57 @@ func TestNewerOpenOwnsTheMaps(t *testing.T) {
 	}
 	if len(enrolled) != 0 {
 		t.Errorf("enrolments = %v, want the newer agent's (none)", slices.Collect(maps.Keys(enrolled)))
+	}
+}
+
+// TestTakenBackWhenTheNewerExits: a newer agent — a process of its own —
+// opens the datapath, writes its view and exits, as a build that crashes
+// after opening would. The older agent's next heartbeat takes the datapath
+// back: its programs run the hooks again, and its latest services and
+// enrolments are in the maps.
+func TestTakenBackWhenTheNewerExits(t *testing.T) {
+	tp := newTopology(t)
+	older := tp.open(t)
+	if err := older.SetServices([]Service{{Addr: vip4}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := older.SetEnrolments(map[uint64]Proxy{tp.podCookie: tp.nodeProxy()}); err != nil {
+		t.Fatal(err)
+	}
+	const strayCookie = 12345
+	job, err := json.Marshal(loaderJob{Config: tp.cfg, Cookie: strayCookie, Proxy: tp.nodeProxy(),
+		Services: []Service{{Addr: vip6}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd := sandbox.HelperCommand(t, "load", string(job))
+	cmd.Stderr = &stderr
+	if err := sandbox.Start(t, cmd, nil, nil).Wait(); err != nil {
+		t.Fatalf("newer agent: %v\n%s", err, stderr.String())
+	}
+	if svcs, err := older.Services(); err != nil || !slices.Equal(svcs, []Service{{Addr: vip6}}) {
+		t.Fatalf("services after the newer agent = %v, %v; want its [%v]", svcs, err, vip6)
+	}
+
+	if err := older.Heartbeat(); err != nil {
+		t.Fatal(err)
+	}
+	running, ours, err := older.owner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if running != ours {
+		t.Errorf("the links run program %d after the heartbeat, want the older agent's own %d", running, ours)
+	}
+	if svcs, err := older.Services(); err != nil || !slices.Equal(svcs, []Service{{Addr: vip4}}) {
+		t.Errorf("services = %v, %v; want the older agent's latest [%v]", svcs, err, vip4)
+	}
+	enrolled, err := older.Enrolments()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !maps.Equal(enrolled, map[uint64]Proxy{tp.podCookie: tp.nodeProxy()}) {
+		t.Errorf("enrolments = %v, want the older agent's latest (the pod's only)", slices.Collect(maps.Keys(enrolled)))
 	}
 }

@@ -62,7 +62,8 @@ already runs); a second one exits at once.
 Two agents may run on a node at once, as a rolling update with maxSurge
 runs them: every TCP listener is shared (SO_REUSEPORT), the newer agent
 takes the datapath over when it starts (the older one then leaves the maps
-to it and logs so), and takes each address over (an eBPF program steers
+to it and logs so, and takes them back if the newer one exits first), and
+takes each address over (an eBPF program steers
 the address's new connections to it) once it can serve there: health,
 metrics and introspection at once, the proxy's once its first Snapshot is
 applied. Connections waiting in a closing listener's queue move to the

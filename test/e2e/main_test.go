@@ -54,6 +54,7 @@ var scenarios = append([]scenarioDef{
 	{name: "xbackend-client-and-server", run: testXBackendMutual},
 	{name: "agent-restart", bothModes: true, ownNode: true, run: testRestart},
 	{name: "agent-rolling-restart", bothModes: true, ownNode: true, run: testRollingRestart},
+	{name: "agent-next-dies", ownNode: true, run: testNextAgentDies},
 }, gammaScenarios...)
 
 // TestFastTier runs every scenario against one API server, with one node

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/sockmesh/sockmesh/internal/agentproc"
 )
 
 // attempt is one connection of the steady traffic.
@@ -219,4 +221,53 @@ func testRollingRestart(s *scenario) {
 		}
 	}
 	s.checkNoPlaintext(b)
+}
+
+// testNextAgentDies: a rolling update whose new agent dies once it has
+// taken the node over, as a build that crashes would. The old agent, still
+// running, takes the datapath back at its next heartbeat, so a Service
+// created afterwards is captured on the node — its requests reach the
+// backend in TLS — and new connections keep working throughout: the dead
+// agent's listeners hand their waiting connections to the old one's.
+func testNextAgentDies(s *scenario) {
+	b, svc := steadyBackend(s)
+	fresh := startSteady(s, svc, s.httpClient(nil), "fresh")
+	old := s.n.agent
+	next := s.n.startAgent(s.t)
+	next.waitReady(s.t)
+	fresh.wait("new connections with both agents", time.Now(), 20)
+	if err := next.p.Cmd.Process.Kill(); err != nil {
+		s.t.Fatal(err)
+	}
+	<-next.exited
+	killedAt := time.Now()
+	if _, err := old.Log.Wait(func(r agentproc.Record) bool {
+		return r.Msg() == "the agent that took the datapath over has exited: this one runs it again"
+	}); err != nil {
+		s.t.Fatalf("the old agent did not take the datapath back: %v", err)
+	}
+
+	// Only an agent that writes the datapath can capture a new Service.
+	const hostname = "late.e2e.test"
+	ca := s.newCA()
+	late, lateSvc := s.tlsBackend("late", s.serverCert(ca, hostname))
+	s.apply(caConfigMap("late-ca", ca) + tlsPolicy("late", "late", `    hostname: `+hostname+`
+    caCertificateRefs: [{group: "", kind: ConfigMap, name: late-ca}]`))
+	s.waitCaptured(lateSvc.addr(false, httpsPort), originatesTLS(hostname))
+	s.checkTLS(s.get(lateSvc.url(false, httpsPort, "/late")), hostname)
+	fresh.wait("new connections after the new agent died", time.Now(), 20)
+
+	// A request in flight on the killed agent may fail; no other.
+	var bad []string
+	attempts := fresh.end()
+	for _, a := range attempts {
+		if !a.ok() && !(a.start.Before(killedAt) && a.end.After(killedAt.Add(-time.Second))) {
+			bad = append(bad, a.String())
+		}
+	}
+	if len(bad) > 0 {
+		s.t.Errorf("%d of %d requests went wrong, first ones:\n%s", len(bad), len(attempts), strings.Join(bad[:min(len(bad), 5)], "\n"))
+	}
+	s.checkNoPlaintext(b)
+	s.checkNoPlaintext(late)
 }
