@@ -10,13 +10,10 @@ import (
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 )
 
-// TestNewerOpenOwnsTheMaps: two agents on one node, as a rolling update
-// with maxSurge runs them. Once the newer has opened the datapath the older
-// writes nothing, whatever order their writes come in: its view (another
-// build's, another proxy mode's) would otherwise stay whenever it wrote
-// last.
-func TestNewerOpenOwnsTheMaps(t *testing.T) {
-	tp := newTopology(t)
+// openOlder opens the datapath as the older of two agents and writes its
+// view: vip4 captured, the pod enrolled.
+func openOlder(t *testing.T, tp *topology) *Datapath {
+	t.Helper()
 	older := tp.open(t)
 	if err := older.SetServices([]Service{{Addr: vip4}}); err != nil {
 		t.Fatal(err)
@@ -24,6 +21,17 @@ func TestNewerOpenOwnsTheMaps(t *testing.T) {
 	if err := older.SetEnrolments(map[uint64]Proxy{tp.podCookie: tp.nodeProxy()}); err != nil {
 		t.Fatal(err)
 	}
+	return older
+}
+
+// TestNewerOpenOwnsTheMaps: two agents on one node, as a rolling update
+// with maxSurge runs them. Once the newer has opened the datapath the older
+// writes nothing, whatever order their writes come in: its view (another
+// build's, another proxy mode's) would otherwise stay whenever it wrote
+// last.
+func TestNewerOpenOwnsTheMaps(t *testing.T) {
+	tp := newTopology(t)
+	older := openOlder(t, tp)
 	newer := tp.open(t)
 	for _, c := range []struct {
 		name string
@@ -75,13 +83,7 @@ func TestNewerOpenOwnsTheMaps(t *testing.T) {
 // enrolments are in the maps.
 func TestTakenBackWhenTheNewerExits(t *testing.T) {
 	tp := newTopology(t)
-	older := tp.open(t)
-	if err := older.SetServices([]Service{{Addr: vip4}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := older.SetEnrolments(map[uint64]Proxy{tp.podCookie: tp.nodeProxy()}); err != nil {
-		t.Fatal(err)
-	}
+	older := openOlder(t, tp)
 	const strayCookie = 12345
 	job, err := json.Marshal(loaderJob{Config: tp.cfg, Cookie: strayCookie, Proxy: tp.nodeProxy(),
 		Services: []Service{{Addr: vip6}}})

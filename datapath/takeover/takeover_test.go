@@ -31,6 +31,16 @@ func mustTake(t *testing.T, ln net.Listener) {
 	}
 }
 
+// joined opens a listener that takes a new address over and another that
+// joins it, and returns them and the address.
+func joined(t *testing.T) (old, next *net.TCPListener, addr string) {
+	t.Helper()
+	old = listen(t, "127.0.0.1:0")
+	addr = old.Addr().String()
+	mustTake(t, old)
+	return old, listen(t, addr), addr
+}
+
 // dial opens n connections to addr; the kernel completes their handshakes
 // whether or not anyone accepts them.
 func dial(t *testing.T, addr string, n int) []net.Conn {
@@ -85,10 +95,7 @@ func answered(cs []net.Conn) (ok int, errs []error) {
 func TestTakeSteersNewConnections(t *testing.T) {
 	testenv.RequireRoot(t)
 	const n = 16
-	old := listen(t, "127.0.0.1:0")
-	addr := old.Addr().String()
-	mustTake(t, old)
-	next := listen(t, addr) // joined, not taken: the kernel alone would hash half to it
+	old, next, addr := joined(t) // next not taken: the kernel alone would hash half to it
 
 	cs := dial(t, addr, n)
 	if got, stray := accepted(t, old, 200*time.Millisecond), accepted(t, next, 50*time.Millisecond); got != n || stray != 0 {
@@ -142,10 +149,7 @@ func TestClosingListenerHandsOver(t *testing.T) {
 func TestNewestClosedFallsBack(t *testing.T) {
 	testenv.RequireRoot(t)
 	const n = 16
-	old := listen(t, "127.0.0.1:0")
-	addr := old.Addr().String()
-	mustTake(t, old)
-	next := listen(t, addr)
+	old, next, addr := joined(t)
 	mustTake(t, next)
 	next.Close()
 	cs := dial(t, addr, n)

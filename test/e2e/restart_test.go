@@ -31,16 +31,11 @@ type steady struct {
 
 const steadyHostname = "steady.e2e.test"
 
-// steadyBackend creates a TLS-only backend and its policy. The kube-proxy
-// stand-in would deliver any connection that bypassed the proxy in
-// plaintext: checkNoPlaintext at the end tells.
+// steadyBackend is the TLS-only backend of the steady traffic. The
+// kube-proxy stand-in would deliver any connection that bypassed the proxy
+// in plaintext: checkNoPlaintext at the end tells.
 func steadyBackend(s *scenario) (*backend, *service) {
-	ca := s.newCA()
-	b, svc := s.tlsBackend("steady", s.serverCert(ca, steadyHostname))
-	s.apply(caConfigMap("steady-ca", ca) + tlsPolicy("steady", "steady", `    hostname: `+steadyHostname+`
-    caCertificateRefs: [{group: "", kind: ConfigMap, name: steady-ca}]`))
-	s.waitCaptured(svc.addr(false, httpsPort), originatesTLS(steadyHostname))
-	return b, svc
+	return s.trustedTLSBackend("steady", steadyHostname)
 }
 
 // startSteady sends client's requests to svc every 10 ms until the end and
@@ -249,11 +244,7 @@ func testNextAgentDies(s *scenario) {
 
 	// Only an agent that writes the datapath can capture a new Service.
 	const hostname = "late.e2e.test"
-	ca := s.newCA()
-	late, lateSvc := s.tlsBackend("late", s.serverCert(ca, hostname))
-	s.apply(caConfigMap("late-ca", ca) + tlsPolicy("late", "late", `    hostname: `+hostname+`
-    caCertificateRefs: [{group: "", kind: ConfigMap, name: late-ca}]`))
-	s.waitCaptured(lateSvc.addr(false, httpsPort), originatesTLS(hostname))
+	late, lateSvc := s.trustedTLSBackend("late", hostname)
 	s.checkTLS(s.get(lateSvc.url(false, httpsPort, "/late")), hostname)
 	fresh.wait("new connections after the new agent died", time.Now(), 20)
 

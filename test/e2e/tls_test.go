@@ -54,15 +54,24 @@ func (s *scenario) tlsBackend(name string, cert *pki.Leaf) (*backend, *service) 
 	return b, svc
 }
 
+// trustedTLSBackend is a TLS-only backend with a certificate for hostname
+// and a BackendTLSPolicy that trusts its CA from a ConfigMap (name-ca),
+// once the agent captures it.
+func (s *scenario) trustedTLSBackend(name, hostname string) (*backend, *service) {
+	s.t.Helper()
+	ca := s.newCA()
+	b, svc := s.tlsBackend(name, s.serverCert(ca, hostname))
+	s.apply(caConfigMap(name+"-ca", ca) + tlsPolicy(name, name, `    hostname: `+hostname+`
+    caCertificateRefs: [{group: "", kind: ConfigMap, name: `+name+`-ca}]`))
+	s.waitCaptured(svc.addr(false, httpsPort), originatesTLS(hostname))
+	return b, svc
+}
+
 // testConfigMapCA: trust from a ConfigMap. The app's socket still sees
 // the Service address as its peer (getpeername hook).
 func testConfigMapCA(s *scenario) {
 	const hostname = "web.e2e.test"
-	ca := s.newCA()
-	b, svc := s.tlsBackend("web", s.serverCert(ca, hostname))
-	s.apply(caConfigMap("web-ca", ca) + tlsPolicy("web", "web", `    hostname: `+hostname+`
-    caCertificateRefs: [{group: "", kind: ConfigMap, name: web-ca}]`))
-	s.waitCaptured(svc.addr(false, httpsPort), originatesTLS(hostname))
+	b, svc := s.trustedTLSBackend("web", hostname)
 
 	rep := s.get(svc.url(false, httpsPort, "/configmap-ca"))
 	s.checkTLS(rep, hostname)
