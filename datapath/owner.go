@@ -27,8 +27,8 @@ import (
 // latest services and enrolments. The sm_owner map, which this package
 // creates and pins beside the programs' maps, says which process opened
 // the datapath last and with which program, so that a process gone can be
-// told from one running; an owner it does not name (a build before it)
-// counts as running.
+// told from one running; an owner it does not name (a build before it) or
+// cannot see (another PID namespace) counts as running.
 
 // ownerRecord is the sm_owner map's one value.
 type ownerRecord struct {
@@ -37,12 +37,15 @@ type ownerRecord struct {
 	// Start is when the process started (clock ticks after boot, field
 	// 22 of /proc/PID/stat): a PID alone may have been reused.
 	Start uint64
+	// PIDNS is the inode of the process's PID namespace: a PID means
+	// nothing in another one (an agent run without hostPID).
+	PIDNS uint64
 }
 
 // openOwnerMap opens (or creates) the pinned sm_owner map in dir.
 func openOwnerMap(dir string) (*ebpf.Map, error) {
 	m, err := ebpf.NewMapWithOptions(&ebpf.MapSpec{
-		Name: "sm_owner", Type: ebpf.Array, KeySize: 4, ValueSize: 16, MaxEntries: 1, Pinning: ebpf.PinByName,
+		Name: "sm_owner", Type: ebpf.Array, KeySize: 4, ValueSize: 24, MaxEntries: 1, Pinning: ebpf.PinByName,
 	}, ebpf.MapOptions{PinPath: dir})
 	if err != nil {
 		return nil, fmt.Errorf("open the owner map in %s: %w", dir, err)
@@ -68,6 +71,15 @@ func processStart(pid int) (uint64, error) {
 		return 0, fmt.Errorf("parse /proc/%d/stat", pid)
 	}
 	return strconv.ParseUint(string(fields[19]), 10, 64)
+}
+
+// pidNamespace returns the inode of this process's PID namespace.
+func pidNamespace() (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/pid", &st); err != nil {
+		return 0, fmt.Errorf("stat /proc/self/ns/pid: %w", err)
+	}
+	return st.Ino, nil
 }
 
 // lockPins takes the pin directory's lock (flock: released if the process
@@ -117,7 +129,11 @@ func (d *Datapath) claim() error {
 	if err != nil {
 		return fmt.Errorf("claim the datapath: %w", err)
 	}
-	rec := ownerRecord{PID: uint32(os.Getpid()), ProgID: uint32(ours), Start: start}
+	pidns, err := pidNamespace()
+	if err != nil {
+		return fmt.Errorf("claim the datapath: %w", err)
+	}
+	rec := ownerRecord{PID: uint32(os.Getpid()), ProgID: uint32(ours), Start: start, PIDNS: pidns}
 	if err := d.ownerMap.Put(uint32(0), rec); err != nil {
 		return fmt.Errorf("claim the datapath: %w", err)
 	}
@@ -131,8 +147,12 @@ func (d *Datapath) ownerGone(running ebpf.ProgramID) (bool, error) {
 	if err := d.ownerMap.Lookup(uint32(0), &rec); err != nil {
 		return false, fmt.Errorf("read the owner map: %w", err)
 	}
-	if rec.PID == 0 || ebpf.ProgramID(rec.ProgID) != running {
-		return false, nil // an owner it does not name: take it for running
+	pidns, err := pidNamespace()
+	if err != nil {
+		return false, err
+	}
+	if rec.PID == 0 || ebpf.ProgramID(rec.ProgID) != running || rec.PIDNS != pidns {
+		return false, nil // an owner it does not name or cannot see: take it for running
 	}
 	start, err := processStart(int(rec.PID))
 	if errors.Is(err, os.ErrNotExist) {
