@@ -6,9 +6,11 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -67,6 +69,34 @@ func rolloutUnderTraffic(t *testing.T, n *node.Node, w workloads, what string, c
 	}
 	defer finish()
 
+	// The most agent pods running at once, not terminating: two, if the
+	// next agent really started beside the old one.
+	var overlap atomic.Int32
+	go func() {
+		tick := time.NewTicker(100 * time.Millisecond) // sampling, not a synchronisation
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			list, err := n.Kube.CoreV1().Pods(agentNS).List(context.Background(), metav1.ListOptions{})
+			if err != nil {
+				continue
+			}
+			running := int32(0)
+			for _, p := range list.Items {
+				if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+					running++
+				}
+			}
+			if running > overlap.Load() {
+				overlap.Store(running)
+			}
+		}
+	}()
+
 	start := time.Now()
 	change()
 	waitDaemonSetReady(t, n, agentNS, agentDS, 3*time.Minute)
@@ -88,7 +118,11 @@ func rolloutUnderTraffic(t *testing.T, n *node.Node, w workloads, what string, c
 	finish()
 	mu.Lock()
 	defer mu.Unlock()
-	t.Logf("%s: %d calls in %s, %d failed", what, calls, time.Since(start).Round(time.Millisecond), len(failures))
+	t.Logf("%s: %d calls in %s, %d failed; at most %d agent pods running at once", what, calls,
+		time.Since(start).Round(time.Millisecond), len(failures), overlap.Load())
+	if overlap.Load() < 2 {
+		t.Errorf("%s: the next agent never ran beside the old one (at most %d running at once): the DaemonSet did not surge", what, overlap.Load())
+	}
 	if len(failures) > 0 {
 		t.Errorf("%s: %d of %d calls failed, first ones:\n%s\n%s", what, len(failures), calls,
 			strings.Join(failures[:min(len(failures), 5)], "\n"), agentLogs(n))
