@@ -94,7 +94,13 @@ func TestRelayedH2Rebalance(t *testing.T) {
 			if idle != 4 {
 				t.Fatalf("%d channels moved off the first endpoint, want 4", idle)
 			}
-			if got := e.counter("sockmesh_proxy_goaways_total", map[string]string{"backend": name, "reason": "rebalance"}); got != 4 {
+			// Counted once written: a channel may read it first.
+			goaways := func() float64 {
+				return e.counter("sockmesh_proxy_goaways_total", map[string]string{"backend": name, "reason": "rebalance"})
+			}
+			for deadline := time.Now().Add(10 * time.Second); goaways() < 4 && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			}
+			if got := goaways(); got != 4 {
 				t.Errorf("goaways counted %v, want 4", got)
 			}
 			for i, st := range streams {
