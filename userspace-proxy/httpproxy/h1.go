@@ -41,32 +41,86 @@ import (
 // ServeHTTP1 serves the HTTP/1.x requests of client connection c, whose
 // original destination and client are t's, until the client or Drain ends
 // it, an error makes it unusable, or it switches protocols (WebSocket). It
-// takes ownership of c and closes it.
+// takes ownership of c and closes it, and calls t.Ended then. A connection
+// that waits Config.ParkAfter for its next request parks (h1Conn.park):
+// ServeHTTP1 returns, and the connection lives on.
 func (h *Handler) ServeHTTP1(c net.Conn, t *Target) {
 	s := &h1Conn{h: h, c: c, t: t}
 	s.watch.s = s
-	defer s.close()
 	if !h.h1.track(s) {
+		s.close()
+		t.ended()
 		return
 	}
-	defer h.h1.untrack(s)
 	s.ahead = aheadReader{r: c, bufs: h.h1.heads}
 	s.lim = pool.LimitReader{R: &s.ahead, N: math.MaxInt64, Err: errHeaderTooLarge}
 	s.pooled = sockio.Pooled(c)
+	s.run(false)
+}
+
+// run serves the connection's requests until it ends, parks, or becomes a
+// WebSocket (relayTunnel); resumed says it parked, and waits for a request
+// first.
+func (s *h1Conn) run(resumed bool) {
+	handedOff := false
 	defer func() {
-		h.h1.readers.put(s.br)
-		s.ahead.release()
+		if !handedOff {
+			s.end()
+		}
 	}()
-	for s.next() {
+	if resumed {
+		s.setDeadline(s.idleSince.Add(s.h.cfg.IdleTimeout), true)
+		ok := s.waitRequest()
+		s.idleDeadline = false // the next wait arms its own
+		if !ok {
+			return
+		}
+	}
+	for {
+		switch s.next() {
+		case waitEnded:
+			return
+		case waitPark:
+			handedOff = true
+			go s.park()
+			return
+		}
 		req, err := s.readRequest()
 		if err != nil {
 			s.badRequest(err)
 			return
 		}
 		if !s.serve(req) || !s.idle() {
+			if s.tunnel != nil {
+				handedOff = true
+				go s.relayTunnel()
+			}
 			return
 		}
 	}
+}
+
+// park waits for the connection's next request in a goroutine of its own,
+// and serves it there. The goroutine that served the requests before has
+// a stack grown to 8 KiB on the way (crypto/tls's records, the parsers),
+// which the GC cannot shrink while the connection waits 3 KiB deep in
+// it; this one waits in 2 KiB. A node's proxy keeps every pod's idle
+// keep-alive connections: parked, each holds 11 KiB where it held 17
+// (test/bench/proxy -idle), for a goroutine start and a stack grown again
+// per wait that outlasts ParkAfter.
+func (s *h1Conn) park() {
+	var err error
+	defer s.h.cfg.Panics.Recover("connection", &err, func() { sockio.Reset(s.c) })
+	s.run(true)
+}
+
+// end releases what the connection holds and closes it, once it ends.
+func (s *h1Conn) end() {
+	s.h.h1.readers.put(s.br)
+	s.ahead.release()
+	s.h.h1.untrack(s)
+	s.close()
+	s.t.ended()
 }
 
 // Drain stops the fast path's keep-alive: connections waiting for a request
@@ -197,6 +251,9 @@ type h1Conn struct {
 	fields   []byte
 	// plain is the current answer when its head was plain.
 	plain plainAnswer
+	// tunnel is the upstream connection of a WebSocket upgrade the
+	// backend accepted, relayed by relayTunnel.
+	tunnel *pool.Conn
 	// watch ends an exchange whose client left (h1watch.go).
 	watch clientWatch
 	// probe is where a streamed answer waiting for its next event reads
@@ -229,6 +286,11 @@ type h1Conn struct {
 	// the idle one.
 	deadline     time.Time
 	idleDeadline bool
+	// idleSince is when the connection last started to wait for a
+	// request; waitErr is why waitRequest's read of the connection ended
+	// a wait.
+	idleSince time.Time
+	waitErr   error
 	// counted caches the requests counter of the last answer's labels:
 	// a connection's requests mostly share service, backend and status.
 	counted struct {
@@ -239,25 +301,39 @@ type h1Conn struct {
 	}
 }
 
-// next waits for the start of the next request (at most IdleTimeout) and
-// marks the connection busy; false when the client is gone or Drain closed
-// it.
+// What next found.
+const (
+	waitReady = iota // a request starts
+	waitEnded        // the client is gone, Drain closed it, or it idled out
+	waitPark         // it waited ParkAfter: park it
+)
+
+// next waits for the start of the next request (at most ParkAfter, or
+// IdleTimeout when it does not park) and marks the connection busy.
 //
 // Deadlines are timer updates, three per request done naively; a
 // keep-alive connection instead re-arms its idle deadline when it has
-// drifted by more than deadlineSlack (so the idle timeout may fire up to
-// that much early), and sets the header deadline only when the request
-// head is not already buffered (then no read can stall).
-func (s *h1Conn) next() bool {
+// drifted by more than deadlineSlack (so the idle timeout, or the park,
+// may come up to that much early), and sets the header deadline only when
+// the request head is not already buffered (then no read can stall).
+func (s *h1Conn) next() int {
 	// As net/http: the header block plus what bufio may read ahead.
 	s.lim.N = int64(s.h.cfg.MaxHeaderBytes) + 4096
 	now := time.Now()
 	if s.br == nil || s.br.Buffered() == 0 {
-		if want := now.Add(s.h.cfg.IdleTimeout); !s.idleDeadline || want.Sub(s.deadline) > deadlineSlack {
+		s.idleSince = now
+		wait, parks := s.h.cfg.IdleTimeout, s.parks()
+		if parks {
+			wait = s.h.cfg.ParkAfter
+		}
+		if want := now.Add(wait); !s.idleDeadline || want.Sub(s.deadline) > deadlineSlack {
 			s.setDeadline(want, true)
 		}
 		if !s.waitRequest() {
-			return false
+			if parks && errors.Is(s.waitErr, os.ErrDeadlineExceeded) && time.Since(now) < s.h.cfg.IdleTimeout {
+				return waitPark
+			}
+			return waitEnded
 		}
 	}
 	s.head = nil
@@ -266,7 +342,16 @@ func (s *h1Conn) next() bool {
 	} else {
 		s.setDeadline(now.Add(s.h.cfg.ReadHeaderTimeout), false)
 	}
-	return s.state.CompareAndSwap(stateIdle, stateActive)
+	if !s.state.CompareAndSwap(stateIdle, stateActive) {
+		return waitEnded
+	}
+	return waitReady
+}
+
+// parks says whether the connection parks when it idles: it waits holding
+// no reader (waitRequest), and ParkAfter comes before IdleTimeout.
+func (s *h1Conn) parks() bool {
+	return s.pooled != nil && s.h.cfg.ParkAfter > 0 && s.h.cfg.ParkAfter < s.h.cfg.IdleTimeout
 }
 
 const deadlineSlack = time.Second
@@ -290,6 +375,7 @@ func (s *h1Conn) waitRequest() bool {
 	s.br = nil
 	bp, n, err := s.pooled.ReadPooled(s.h.h1.heads)
 	if err != nil {
+		s.waitErr = err
 		return false
 	}
 	s.ahead.b, s.ahead.bp = (*bp)[:n], bp

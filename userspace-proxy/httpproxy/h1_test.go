@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"strconv"
@@ -815,6 +816,72 @@ func TestIdleHoldsNoReader(t *testing.T) {
 	plain.Close()
 	<-done
 	noneHeld("idle again, and the plain connection ended")
+}
+
+// TestParked: a keep-alive connection that waits ParkAfter for its next
+// request parks — it waits in a goroutine of its own, none in ServeHTTP1,
+// holding no reader — and its next requests are served as before, after
+// each of which it parks again; IdleTimeout still ends it, counted from
+// its last request, not from when it parked; Drain closes a parked one.
+// Each connection's Ended is called once (the fixture's close would panic
+// on a second call, and its cleanup wait on none).
+func TestParked(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(echoHeaders))
+	const idle = time.Second
+	f := newFixture(t, Config{ParkAfter: 20 * time.Millisecond, IdleTimeout: idle}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	parked := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+			serving, waiting := goroutinesIn("httpproxy.(*Handler).ServeHTTP1("), goroutinesIn("httpproxy.(*h1Conn).park(")
+			readers := f.h.h1.readers.inUse.Load()
+			if serving == 0 && waiting == n && readers == 0 {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d goroutines in ServeHTTP1, %d in park, %d readers held; want 0, %d, 0", serving, waiting, readers, n)
+			}
+		}
+	}
+	c := f.dial()
+	var last time.Time
+	for i := range 3 {
+		c.send(fmt.Sprintf("GET /p/%d HTTP/1.1\r\nHost: echo\r\n\r\n", i))
+		resp, body := c.read(http.MethodGet)
+		last = time.Now()
+		if want := fmt.Sprintf("GET /p/%d HTTP/1.1", i); resp.StatusCode != http.StatusOK || field(body, "line") != want {
+			t.Fatalf("answer %s, backend saw %q; want 200 and %q", resp.Status, field(body, "line"), want)
+		}
+		parked(1)
+	}
+	if !c.closed() {
+		t.Fatal("parked connection still open 10 s after its last request")
+	}
+	if waited := time.Since(last); waited < idle*9/10 {
+		t.Errorf("parked connection closed %v after its last request, want IdleTimeout's %v", waited, idle)
+	}
+
+	d := f.dial()
+	d.send("GET /p/d HTTP/1.1\r\nHost: echo\r\n\r\n")
+	d.read(http.MethodGet)
+	parked(1)
+	f.h.Drain()
+	if !d.closed() {
+		t.Error("parked connection not closed by Drain")
+	}
+	parked(0)
+}
+
+// goroutinesIn counts the goroutines with fn (package.function, as stacks
+// name it, and its opening parenthesis) on their stacks.
+func goroutinesIn(fn string) int {
+	buf := make([]byte, 1<<20)
+	n := 0
+	for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+		if strings.Contains(g, fn) {
+			n++
+		}
+	}
+	return n
 }
 
 // TestClientGoneMidAnswer: an app that leaves in the middle of a large

@@ -374,6 +374,17 @@ func (s *h1Conn) upgrade(resp *http.Response, x *exchange, uc *pool.Conn) {
 	if !s.deadline.IsZero() {
 		s.setDeadline(time.Time{}, false) // a WebSocket may idle
 	}
+	s.tunnel = uc // relayed once the exchange has unwound (run)
+}
+
+// relayTunnel relays the WebSocket of an accepted upgrade in a goroutine
+// of its own, where it waits with a small stack (as a parked connection),
+// then ends the connection.
+func (s *h1Conn) relayTunnel() {
+	defer s.end()
+	var err error
+	defer s.h.cfg.Panics.Recover("websocket relay", &err, func() { sockio.Reset(s.c); s.tunnel.Close() })
+	uc := s.tunnel
 	res := relay.Relay(&relay.BufferedConn{Conn: s.c, R: s.br}, &relay.BufferedConn{Conn: uc.Conn, R: uc.R}, s.h.bufs, s.h.cfg.Panics)
 	s.h.m.upgradedBytes.Add(float64(res.AToB + res.BToA))
 }

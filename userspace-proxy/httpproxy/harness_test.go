@@ -75,8 +75,12 @@ func newFixtureWith(t *testing.T, cfg Config, ucfg upstream.Config, be snapshot.
 				return
 			}
 			f.wg.Go(func() {
-				// As the proxy: raw reads and writes (sockio) under the connection.
-				f.h.ServeHTTP1(sockio.Wrap(c.(*net.TCPConn)), &Target{OrigDst: vip, Start: f.cur.Load(), Current: &f.cur, ClientAddr: c.RemoteAddr().(*net.TCPAddr).AddrPort()})
+				// As the proxy: raw reads and writes (sockio) under the
+				// connection, and its end is Ended (it may park).
+				ended := make(chan struct{})
+				f.h.ServeHTTP1(sockio.Wrap(c.(*net.TCPConn)), &Target{OrigDst: vip, Start: f.cur.Load(), Current: &f.cur,
+					ClientAddr: c.RemoteAddr().(*net.TCPAddr).AddrPort(), Ended: func() { close(ended) }})
+				<-ended
 			})
 		}
 	})

@@ -61,6 +61,10 @@ type Target struct {
 	// address (ClientName), only when they name the client.
 	ClientAddr netip.AddrPort
 	ClientPod  *snapshot.ObjectRef
+	// Ended, when set, is called once the connection has ended, by
+	// whichever goroutine serves it then: ServeHTTP1 may return before,
+	// having parked it.
+	Ended func()
 }
 
 // ClientName names a client in logs: its pod when known (given, or the
@@ -76,6 +80,13 @@ func ClientName(s *snapshot.Snapshot, addr netip.AddrPort, pod *snapshot.ObjectR
 }
 
 // clientKey is t's client as balance tells clients apart (affinity).
+// ended calls Ended, if set.
+func (t *Target) ended() {
+	if t.Ended != nil {
+		t.Ended()
+	}
+}
+
 func (t *Target) clientKey() balance.ClientKey { return balance.ClientOf(t.ClientAddr, t.ClientPod) }
 
 // client is t's client as a log value, named only if the line is written.
@@ -116,6 +127,11 @@ type Config struct {
 	// IdleTimeout closes fast-path client connections that wait this long
 	// for their next request; 0 means 5 min.
 	IdleTimeout time.Duration
+	// ParkAfter is how long a fast-path connection waits for its next
+	// request on the goroutine that served it before it parks: it waits on
+	// in a goroutine of its own, whose stack is a quarter of the other's
+	// (ServeHTTP1); 0 means DefaultParkAfter, negative never.
+	ParkAfter time.Duration
 	// MaxHeaderBytes bounds a fast-path request's header block; 0 means
 	// 1 MiB, net/http's default.
 	MaxHeaderBytes int
@@ -130,6 +146,9 @@ type Config struct {
 	// in the goroutines they start (a body writer, a relay, a mirror).
 	Panics *contain.Reporter
 }
+
+// DefaultParkAfter is Config.ParkAfter's default.
+const DefaultParkAfter = 5 * time.Second
 
 // Handler forwards requests; one per proxy, safe for concurrent use.
 type Handler struct {
@@ -157,6 +176,9 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Handler, err
 	}
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = 5 * time.Minute
+	}
+	if cfg.ParkAfter == 0 {
+		cfg.ParkAfter = DefaultParkAfter
 	}
 	if cfg.MaxHeaderBytes <= 0 {
 		cfg.MaxHeaderBytes = http.DefaultMaxHeaderBytes

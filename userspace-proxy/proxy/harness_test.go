@@ -236,6 +236,8 @@ type envOptions struct {
 	handshakeTimeout time.Duration
 	// rebalanceSpread is Config.RebalanceSpread (0: 5 s).
 	rebalanceSpread time.Duration
+	// parkAfter is Config.ParkAfter (0: httpproxy's 5 s).
+	parkAfter time.Duration
 }
 
 func newEnv(t testing.TB, o envOptions) *env {
@@ -249,6 +251,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		Dial:              dial.Config{Unmarked: os.Geteuid() != 0, Timeout: o.dialTimeout},
 		MaxConnsPerClient: o.maxConnsPerClient,
 		RebalanceSpread:   o.rebalanceSpread,
+		ParkAfter:         o.parkAfter,
 	}
 	cfg.Upstream.EjectFor, cfg.Upstream.EjectMax = o.ejectFor, o.ejectFor
 	cfg.Upstream.HandshakeTimeout = o.handshakeTimeout

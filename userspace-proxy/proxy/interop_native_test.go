@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
-	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/internal/testenv"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
@@ -361,9 +360,18 @@ func (e *env) listenFor(dst netip.AddrPort) string {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	tcpserve.Serve(e.t, ln, func(c net.Conn) {
-		e.p.ServeConn(c, dst, proxy.Client{Addr: c.RemoteAddr().(*net.TCPAddr).AddrPort()})
-	})
+	// Not tcpserve: ServeConn may return while the connection goes on
+	// (a relay, a parked connection); the proxy's Shutdown ends those.
+	e.t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go e.p.ServeConn(c, dst, proxy.Client{Addr: c.RemoteAddr().(*net.TCPAddr).AddrPort()})
+		}
+	}()
 	return ln.Addr().String()
 }
 

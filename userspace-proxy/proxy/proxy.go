@@ -54,6 +54,9 @@ type Config struct {
 	// IdleTimeout closes L7 client connections idle this long; 0 means
 	// 5 min.
 	IdleTimeout time.Duration
+	// ParkAfter is httpproxy.Config.ParkAfter: how long an HTTP/1 fast-path
+	// connection waits for a request before it waits with a smaller stack.
+	ParkAfter time.Duration
 	// Routing says how GAMMA route rules are executed where a rule leaves
 	// it to the proxy (default timeouts, retry backoff, body replay,
 	// mirrors); the zero value is httpproxy's documented defaults.
@@ -182,7 +185,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 	if err != nil {
 		return nil, err
 	}
-	h, err := httpproxy.New(httpproxy.Config{Buffers: bufs, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout, Routing: cfg.Routing,
+	h, err := httpproxy.New(httpproxy.Config{Buffers: bufs, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout, ParkAfter: cfg.ParkAfter, Routing: cfg.Routing,
 		FailureLogEvery: cfg.FailureLogEvery, Panics: panics}, log, reg)
 	if err != nil {
 		return nil, err

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -1276,6 +1277,71 @@ func TestShutdownDrains(t *testing.T) {
 		}
 		c.Close()
 	}
+}
+
+// TestShutdownEndsParked: an HTTP/1.1 keep-alive connection that parked
+// (its ServeConn returned when it did) still counts as an active
+// connection, and as one of its client's (at a limit of one, the client's
+// next connection is reset), is served again, and Shutdown closes it and
+// returns without having to force anything.
+func TestShutdownEndsParked(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{parkAfter: 20 * time.Millisecond, maxConnsPerClient: 1})
+	be := startEcho(t, "tls-0", serverTLS(e.pki.server))
+	e.p.Update(buildSnapshot(t, 1, service{name: "web", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(be.addr)}}))
+	app, err := e.dial(vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	app.SetDeadline(time.Now().Add(hangGuard))
+	br := bufio.NewReader(app)
+	for i := range 2 {
+		fmt.Fprintf(app, "GET /%d HTTP/1.1\r\nHost: web.b.svc\r\n\r\n", i)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("answer %d: %s", i, resp.Status)
+		}
+		for deadline := time.Now().Add(hangGuard); !parked(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the connection never parked")
+			}
+		}
+		if got := e.counter("sockmesh_proxy_active_connections", map[string]string{"path": "http1"}); got != 1 {
+			t.Fatalf("active connections on the fast path, parked: %v, want 1", got)
+		}
+		if c, err := e.dial(vip); err == nil {
+			c.SetDeadline(time.Now().Add(hangGuard))
+			io.WriteString(c, "GET / HTTP/1.1\r\nHost: web.b.svc\r\n\r\n")
+			if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err == nil || os.IsTimeout(err) {
+				t.Errorf("second connection of a client at its limit of one: %v, %v; want it reset", resp, err)
+			}
+			c.Close()
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	if err := e.p.Shutdown(ctx); err != nil {
+		t.Fatalf("shutdown with a parked connection: %v", err)
+	}
+	if n, err := br.ReadByte(); err == nil {
+		t.Errorf("parked connection still open after shutdown (read %q)", n)
+	}
+	if got := e.counter("sockmesh_proxy_active_connections", map[string]string{"path": "http1"}); got != 0 {
+		t.Errorf("active connections after shutdown: %v, want 0", got)
+	}
+}
+
+// parked reports whether an HTTP/1 fast-path connection waits parked, and
+// none in ServeConn.
+func parked() bool {
+	buf := make([]byte, 1<<20)
+	stacks := string(buf[:runtime.Stack(buf, true)])
+	return strings.Contains(stacks, "httpproxy.(*h1Conn).park(") && !strings.Contains(stacks, "proxy.(*Proxy).ServeConn(")
 }
 
 // TestL7NegotiatesH2: on the L7 speed an HTTP/1.1 app's requests to an

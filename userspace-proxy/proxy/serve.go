@@ -36,12 +36,15 @@ const (
 )
 
 // ServeConn serves one redirected connection whose original destination is
-// origDst, and returns when the connection is finished. It takes ownership
-// of c. The accept loop calls it after resolving origDst; callers that
-// resolve the destination themselves (tests, other listeners) may call it
-// directly. A destination the current snapshot does not capture is closed
-// at once. A *net.TCPConn is read and written with raw system calls
-// (sockio).
+// origDst. It takes ownership of c, and returns when the connection ends or
+// goes on in goroutines of its own: a relay, net/http's server, an HTTP/1
+// connection that parked. Those wait with small stacks, where the
+// goroutine that accepted, sniffed, dialed and shook hands has grown to
+// 8 KiB (test/bench/proxy -idle); Shutdown waits for them too. The accept
+// loop calls it after resolving origDst; callers that resolve the
+// destination themselves (tests, other listeners) may call it directly. A
+// destination the current snapshot does not capture is closed at once. A
+// *net.TCPConn is read and written with raw system calls (sockio).
 func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		c = sockio.Wrap(tc)
@@ -50,14 +53,20 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 		p.reject(c, "shutting_down", nil)
 		return
 	}
-	defer p.active.Done()
+	cs := &connState{p: p, dst: origDst, client: client}
+	handedOff := false
+	defer func() {
+		if !handedOff {
+			cs.end()
+		}
+	}()
 	defer p.contain(c, origDst)
-	k := balance.ClientOf(client.Addr, client.Pod)
-	if !p.clients.enter(k) {
-		p.overLimit(c, k)
+	cs.key = balance.ClientOf(client.Addr, client.Pod)
+	if !p.clients.enter(cs.key) {
+		p.overLimit(c, cs.key)
 		return
 	}
-	defer p.clients.leave(k)
+	cs.entered = true
 	v := p.current.Load()
 	fe, ok := v.Snapshot.Frontend(origDst)
 	if !ok {
@@ -73,12 +82,12 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 		c.Close()
 		return
 	}
-	cs := &connState{p: p, v: v, fe: fe, be: be, dst: origDst, client: client}
+	cs.v, cs.fe, cs.be = v, fe, be
 	switch path := p.choosePath(kind, fe, be); path {
 	case PathL7, PathHTTP1:
-		cs.serveHTTP(sc, path)
+		handedOff = cs.serveHTTP(sc, path)
 	default:
-		cs.serveL4(sc, path, kind)
+		handedOff = cs.serveL4(sc, path, kind)
 	}
 }
 
@@ -187,17 +196,30 @@ type connState struct {
 	be     *upstream.Backend
 	dst    netip.AddrPort
 	client Client
+	// key is the client the connection counts against, once entered.
+	key     balance.ClientKey
+	entered bool
+}
+
+// end is the connection's end for the proxy: its client's count and
+// Shutdown's wait. ServeConn calls it, unless the connection went on past
+// its return (serveHTTP, serveL4's relay), whose end calls it then.
+func (cs *connState) end() {
+	if cs.entered {
+		cs.p.clients.leave(cs.key)
+	}
+	cs.p.active.Done()
 }
 
 // serveL4 relays bytes to an endpoint: untouched for passthrough and
 // cleartext, inside TLS when the backend asks. An invalid backend, no
 // endpoint or a failed dial or handshake resets the client: opaque bytes
 // have no way to carry an error.
-func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
+func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) (handedOff bool) {
 	p := cs.p
 	if cs.be.Err != nil {
 		cs.fail(c, path, upstream.ReasonInvalidPolicy, cs.be.Err)
-		return
+		return false
 	}
 	var alpn []string
 	if path == PathL4TLS {
@@ -221,12 +243,11 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 	if err != nil && (kind == sniff.HTTP1 || kind == sniff.HTTP2) {
 		// An HTTP client can read an error: let the L7 path answer (it
 		// dials again and maps the failure to 503 or 502).
-		cs.serveHTTP(c, p.l7For(kind))
-		return
+		return cs.serveHTTP(c, p.l7For(kind))
 	}
 	if err != nil {
 		cs.fail(c, path, upstream.Classify(err), err)
-		return
+		return false
 	}
 	if kind == sniff.HTTP2 && path == PathL4TLS && !negotiated(up, upstreamtls.ALPNH2) {
 		// The backend speaks HTTP/1.1 only (by ALPN or by having none):
@@ -234,8 +255,7 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 		// backend's next HTTP/2 apps directly for a while.
 		cs.be.DeclinedH2(time.Now())
 		up.Close()
-		cs.serveHTTP(c, p.l7For(kind))
-		return
+		return cs.serveHTTP(c, p.l7For(kind))
 	}
 	if tc := sockio.TCP(c); tc != nil {
 		// A relay has no idle timeout: keep-alive probes find a vanished
@@ -243,11 +263,12 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 		tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true})
 	}
 	var app net.Conn = c
+	var untrackH2 func()
 	if relayedH2 {
 		ref := cs.be.Spec.Ref
 		dc := h2drain.NewConn(c)
 		p.h2.Add(ref, ep, dc)
-		defer p.h2.Remove(ref, dc)
+		untrackH2 = func() { p.h2.Remove(ref, dc) }
 		app = dc
 		if now := p.current.Load(); now != cs.v {
 			// A snapshot applied while this connection was dialed did
@@ -262,10 +283,27 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 	}
 	pm := p.m.byPath[path]
 	pm.active.Inc()
-	defer pm.active.Dec()
 	pm.conns.Inc()
 	p.trackConn(c, true)
 	p.trackConn(up, true)
+	go cs.relay(c, app, up, pm, untrackH2)
+	return true
+}
+
+// relay relays c (as app: c, or c under a wrapper) and up until both
+// directions end, in a goroutine of its own: a relay lasts as long as its
+// connection, often idle (a gRPC channel, a database client's pool), and
+// waits there with the small stack of a goroutine that never dialed or
+// shook hands, where the one that did has grown to 8 KiB
+// (test/bench/proxy -idle).
+func (cs *connState) relay(c, app, up net.Conn, pm pathMetrics, untrackH2 func()) {
+	p := cs.p
+	defer cs.end()
+	defer p.contain(c, cs.dst)
+	if untrackH2 != nil {
+		defer untrackH2()
+	}
+	defer pm.active.Dec()
 	res := relay.Relay(app, up, p.bufs, p.panics)
 	p.trackConn(c, false)
 	p.trackConn(up, false)
@@ -332,38 +370,41 @@ func (cs *connState) fail(c net.Conn, path Path, reason upstream.Reason, err err
 }
 
 // serveHTTP serves c on an L7 path: the fast path in this goroutine, or
-// net/http's server, waiting until it closes c (itself, or the WebSocket
-// relay after a hijack).
-func (cs *connState) serveHTTP(c *sniff.Conn, path Path) {
+// net/http's server. Either may serve c past its return (a fast-path
+// connection that parked; net/http's server always), and then it reports
+// true, and ends cs when c closes.
+func (cs *connState) serveHTTP(c *sniff.Conn, path Path) (handedOff bool) {
 	p := cs.p
-	t := &httpproxy.Target{OrigDst: cs.dst, Start: cs.v, Current: &p.current, ClientAddr: cs.client.Addr, ClientPod: cs.client.Pod}
 	pm := p.m.byPath[path]
 	pm.active.Inc()
-	defer pm.active.Dec()
 	pm.conns.Inc()
 	// Tracked for Shutdown to force, on both paths: http.Server.Close
-	// leaves hijacked connections (WebSocket relays) open, and this call,
-	// which Shutdown waits for, lasts as long as they do.
+	// leaves hijacked connections (WebSocket relays) open.
 	p.trackConn(c, true)
-	defer p.trackConn(c, false)
 	var cc *countedConn
+	ended := func() {
+		pm.active.Dec()
+		p.trackConn(c, false)
+		p.m.bytesUp.Add(float64(cc.rx.Load()))
+		p.m.bytesDown.Add(float64(cc.tx.Load()))
+		cs.end()
+	}
+	t := &httpproxy.Target{OrigDst: cs.dst, Start: cs.v, Current: &p.current, ClientAddr: cs.client.Addr, ClientPod: cs.client.Pod, Ended: ended}
 	if path == PathHTTP1 {
 		cc = &countedConn{Conn: c}
 		p.h.ServeHTTP1(cc, t)
-	} else {
-		// net/http's server reads and writes c on goroutines of its own
-		// (an HTTP/2 connection's frame reader, an HTTP/1.1 connection's
-		// background read): contain panics in the proxy's layers beneath.
-		lc := &l7Conn{countedConn: countedConn{Conn: p.panics.Conn(c, "app connection")}, done: make(chan struct{}), target: t}
-		if !p.l7.push(lc) {
-			sockio.Reset(c)
-			return
-		}
-		<-lc.done
-		cc = &lc.countedConn
+		return true
 	}
-	p.m.bytesUp.Add(float64(cc.rx.Load()))
-	p.m.bytesDown.Add(float64(cc.tx.Load()))
+	// net/http's server reads and writes c on goroutines of its own
+	// (an HTTP/2 connection's frame reader, an HTTP/1.1 connection's
+	// background read): contain panics in the proxy's layers beneath.
+	lc := &l7Conn{countedConn: countedConn{Conn: p.panics.Conn(c, "app connection")}, target: t}
+	cc = &lc.countedConn
+	if !p.l7.push(lc) {
+		sockio.Reset(c)
+		ended()
+	}
+	return true
 }
 
 // countedConn counts the bytes a served connection moves.
@@ -395,18 +436,17 @@ func (c *countedConn) ReadPooled(bufs sockio.Buffers) (*[]byte, int, error) {
 	return bp, n, err
 }
 
-// l7Conn carries a connection's Target into the HTTP server and tells
-// serveHTTP when the connection is closed.
+// l7Conn carries a connection's Target into the HTTP server, whose
+// Ended it calls when the server closes the connection.
 type l7Conn struct {
 	countedConn
 	target *httpproxy.Target
 	once   sync.Once
-	done   chan struct{}
 }
 
 func (c *l7Conn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(func() { close(c.done) })
+	c.once.Do(c.target.Ended)
 	return err
 }
 

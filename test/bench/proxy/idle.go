@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
 )
 
 // The -idle mode: what each proxy keeps per connection that waits — apps
@@ -64,6 +66,12 @@ func idleMemory(c benchConfig, targets []target) error {
 	return nil
 }
 
+// settle is how long idle connections wait before the proxies' memory is
+// read: long enough for sockmesh's to park (httpproxy.DefaultParkAfter)
+// and for the workers that served them to retire (10 s idle), as on a
+// node whose connections idle for long.
+const settle = httpproxy.DefaultParkAfter + 12*time.Second
+
 // idleRun opens c.idle connections through t and returns t's resident
 // memory before and while they are open.
 func idleRun(c benchConfig, t target, s scenario) (before, with float64, err error) {
@@ -101,7 +109,7 @@ func idleRun(c benchConfig, t target, s scenario) (before, with float64, err err
 	if err != nil || line != "ready\n" {
 		return 0, 0, fmt.Errorf("idle client did not get ready: %q, %v", line, err)
 	}
-	time.Sleep(time.Second) // let the proxy settle into waiting
+	time.Sleep(settle)
 	return before, settledRSS(t), nil
 }
 
