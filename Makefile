@@ -41,7 +41,12 @@ lint:
 # Everything CI runs. Privileged tests need root; SOCKMESH_REQUIRE_PRIVILEGED=1
 # turns their skips into failures. The proxy's packages, where its
 # concurrency lives, run again under the race detector (about a minute).
+# First the static binaries the demo, e2e and cluster tests build
+# (test/cluster/node.BuildBinary's flags) are compiled once: on a cold build
+# cache three test packages compiled them at once, on 2 cores, and the
+# demo's build ran out of its 5 minutes.
 test: lint
+	CGO_ENABLED=0 $(GO) build -trimpath ./cmd/... ./test/e2ecluster/appclient ./test/cluster/node/pause
 	$(GO) test -count=1 -timeout 60m ./...
 	$(GO) test -race -count=1 -timeout 20m ./userspace-proxy/...
 
