@@ -55,13 +55,16 @@ type frames struct {
 	hn  int // bytes of hdr held
 	// left is what remains of the current frame's payload.
 	left int
-	// ended counts the frames complete: the first is the server's
-	// SETTINGS, which must come before any other frame.
-	ended int
 	// inBlock is set while a header block waits for its CONTINUATION.
 	inBlock bool
 	// goAway is set once the backend's own GOAWAY went by.
 	goAway bool
+	// answered is set once a HEADERS frame went by: the app has opened a
+	// stream. A GOAWAY before that, right after the backend's SETTINGS,
+	// can reach a client that has not sent its first request yet, and
+	// Go's fails it ("http2: client conn could not be established")
+	// rather than sending it again on a new connection.
+	answered bool
 }
 
 // feed takes p, the next bytes of the stream, and returns the offset in p
@@ -86,23 +89,21 @@ func (f *frames) feed(p []byte) int {
 			switch typ, flags := f.hdr[3], f.hdr[4]; typ {
 			case frameHeaders, framePushPromise, frameContinuation:
 				f.inBlock = flags&flagEndHeaders == 0
+				f.answered = f.answered || typ == frameHeaders
 			case frameGoAway:
 				f.goAway = true
 			}
 		}
-		if f.left == 0 {
-			f.ended++
-			if !f.inBlock {
-				safe = i
-			}
+		if f.left == 0 && !f.inBlock {
+			safe = i
 		}
 	}
 	return safe
 }
 
-// between reports whether a frame may go in now.
+// between reports whether a GOAWAY may go in now.
 func (f *frames) between() bool {
-	return f.hn == 0 && f.left == 0 && f.ended > 0 && !f.inBlock
+	return f.hn == 0 && f.left == 0 && f.answered && !f.inBlock
 }
 
 // Conn is the app's side of a relayed HTTP/2 connection: the relay
@@ -137,7 +138,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 	if c.fr.goAway {
 		c.pending = nil // the backend's own comes: the client moves anyway
 	}
-	if at < 0 || c.pending == nil {
+	if at < 0 || c.pending == nil || !c.fr.answered {
 		return c.Conn.Write(p)
 	}
 	// Once per connection: one write of p with the frame inside.
@@ -155,8 +156,8 @@ func (c *Conn) Write(p []byte) (int, error) {
 // GoAway asks the app to open its next streams on a new connection, and
 // reports whether it did: false when asked before, or when the backend
 // sent its own GOAWAY. The frame goes out at once when the backend is
-// between frames, else in the next write where one ends (outside a
-// header block). It may block while the app is not reading (as the
+// between frames and has begun an answer, else in the next write where a
+// frame ends (outside a header block) once one has begun. It may block while the app is not reading (as the
 // relay's writes do), until the relay ends.
 func (c *Conn) GoAway(why Reason) bool {
 	c.mu.Lock()

@@ -17,7 +17,10 @@
 //
 // Only the backend-to-app direction is looked at, and only frame headers:
 // where each frame ends, whether a header block is still open (no frame
-// may come between its parts) and whether the backend sent its own GOAWAY
+// may come between its parts), whether the backend sent its own GOAWAY
 // (then the proxy's would raise the last stream identifier, which a client
-// may take for a protocol error, so none is sent).
+// may take for a protocol error, so none is sent) and whether it has begun
+// an answer (until then the client may not have sent its first request,
+// and a GOAWAY makes Go's client fail it rather than send it again, so
+// the proxy's waits for the backend's first HEADERS).
 package h2drain

@@ -51,10 +51,13 @@ func (k *counts) wantAsked(t *testing.T, why Reason, n int) {
 }
 
 // relayed registers n connections to ep whose backend has sent its
-// SETTINGS; each GOAWAY their apps read is sent to k.read.
+// SETTINGS and a first answer; each GOAWAY their apps read is sent to
+// k.read.
 func relayed(t *testing.T, r *Registry, k *counts, ref snapshot.BackendRef, ep netip.AddrPort, n int) []*Conn {
 	var settings bytes.Buffer
-	http2.NewFramer(&settings, nil).WriteSettings()
+	fw := http2.NewFramer(&settings, nil)
+	fw.WriteSettings()
+	fw.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte("h"), EndHeaders: true})
 	var cs []*Conn
 	for range n {
 		a, b := net.Pipe()
