@@ -85,7 +85,8 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 	cs.v, cs.fe, cs.be = v, fe, be
 	switch path := p.choosePath(kind, fe, be); path {
 	case PathL7, PathHTTP1:
-		handedOff = cs.serveHTTP(sc, path)
+		handedOff = true // serveHTTP ends cs
+		cs.serveHTTP(sc, path)
 	default:
 		handedOff = cs.serveL4(sc, path, kind)
 	}
@@ -214,7 +215,8 @@ func (cs *connState) end() {
 // serveL4 relays bytes to an endpoint: untouched for passthrough and
 // cleartext, inside TLS when the backend asks. An invalid backend, no
 // endpoint or a failed dial or handshake resets the client: opaque bytes
-// have no way to carry an error.
+// have no way to carry an error. It reports whether the connection went on
+// (to its relay, or to serveHTTP), which ends cs when it ends.
 func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) (handedOff bool) {
 	p := cs.p
 	if cs.be.Err != nil {
@@ -243,7 +245,8 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) (handedO
 	if err != nil && (kind == sniff.HTTP1 || kind == sniff.HTTP2) {
 		// An HTTP client can read an error: let the L7 path answer (it
 		// dials again and maps the failure to 503 or 502).
-		return cs.serveHTTP(c, p.l7For(kind))
+		cs.serveHTTP(c, p.l7For(kind))
+		return true
 	}
 	if err != nil {
 		cs.fail(c, path, upstream.Classify(err), err)
@@ -255,7 +258,8 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) (handedO
 		// backend's next HTTP/2 apps directly for a while.
 		cs.be.DeclinedH2(time.Now())
 		up.Close()
-		return cs.serveHTTP(c, p.l7For(kind))
+		cs.serveHTTP(c, p.l7For(kind))
+		return true
 	}
 	if tc := sockio.TCP(c); tc != nil {
 		// A relay has no idle timeout: keep-alive probes find a vanished
@@ -371,9 +375,8 @@ func (cs *connState) fail(c net.Conn, path Path, reason upstream.Reason, err err
 
 // serveHTTP serves c on an L7 path: the fast path in this goroutine, or
 // net/http's server. Either may serve c past its return (a fast-path
-// connection that parked; net/http's server always), and then it reports
-// true, and ends cs when c closes.
-func (cs *connState) serveHTTP(c *sniff.Conn, path Path) (handedOff bool) {
+// connection that parked; net/http's server always); cs ends when c does.
+func (cs *connState) serveHTTP(c *sniff.Conn, path Path) {
 	p := cs.p
 	pm := p.m.byPath[path]
 	pm.active.Inc()
@@ -393,7 +396,7 @@ func (cs *connState) serveHTTP(c *sniff.Conn, path Path) (handedOff bool) {
 	if path == PathHTTP1 {
 		cc = &countedConn{Conn: c}
 		p.h.ServeHTTP1(cc, t)
-		return true
+		return
 	}
 	// net/http's server reads and writes c on goroutines of its own
 	// (an HTTP/2 connection's frame reader, an HTTP/1.1 connection's
@@ -404,7 +407,6 @@ func (cs *connState) serveHTTP(c *sniff.Conn, path Path) (handedOff bool) {
 		sockio.Reset(c)
 		ended()
 	}
-	return true
 }
 
 // countedConn counts the bytes a served connection moves.
