@@ -79,7 +79,6 @@ func ClientName(s *snapshot.Snapshot, addr netip.AddrPort, pod *snapshot.ObjectR
 	return addr.Addr().String()
 }
 
-// clientKey is t's client as balance tells clients apart (affinity).
 // ended calls Ended, if set.
 func (t *Target) ended() {
 	if t.Ended != nil {
@@ -87,6 +86,7 @@ func (t *Target) ended() {
 	}
 }
 
+// clientKey is t's client as balance tells clients apart (affinity).
 func (t *Target) clientKey() balance.ClientKey { return balance.ClientOf(t.ClientAddr, t.ClientPod) }
 
 // client is t's client as a log value, named only if the line is written.
