@@ -68,8 +68,9 @@ type frames struct {
 }
 
 // feed takes p, the next bytes of the stream, and returns the offset in p
-// just after the last frame that ended outside a header block (-1 if
-// none), where another frame may go.
+// just after the last frame that ended outside a header block once the
+// first HEADERS had gone by (-1 if none), where a GOAWAY may go: an end of
+// frame before the first HEADERS in the same p is no such place.
 func (f *frames) feed(p []byte) int {
 	safe := -1
 	for i := 0; i < len(p); {
@@ -94,7 +95,7 @@ func (f *frames) feed(p []byte) int {
 				f.goAway = true
 			}
 		}
-		if f.left == 0 && !f.inBlock {
+		if f.left == 0 && !f.inBlock && f.answered {
 			safe = i
 		}
 	}
@@ -138,7 +139,7 @@ func (c *Conn) Write(p []byte) (int, error) {
 	if c.fr.goAway {
 		c.pending = nil // the backend's own comes: the client moves anyway
 	}
-	if at < 0 || c.pending == nil || !c.fr.answered {
+	if at < 0 || c.pending == nil {
 		return c.Conn.Write(p)
 	}
 	// Once per connection: one write of p with the frame inside.
@@ -157,8 +158,9 @@ func (c *Conn) Write(p []byte) (int, error) {
 // reports whether it did: false when asked before, or when the backend
 // sent its own GOAWAY. The frame goes out at once when the backend is
 // between frames and has begun an answer, else in the next write where a
-// frame ends (outside a header block) once one has begun. It may block while the app is not reading (as the
-// relay's writes do), until the relay ends.
+// frame ends (outside a header block) once one has begun. It may block
+// while the app is not reading (as the relay's writes do), until the
+// relay ends.
 func (c *Conn) GoAway(why Reason) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -93,10 +93,12 @@ func parse(t *testing.T, b []byte) []frameSeen {
 	}
 }
 
-// TestGoAwayBetweenFrames: whatever pieces the backend's bytes come in and
-// whenever the GOAWAY is asked for, the app reads every frame of the
-// backend, in order, and one GOAWAY between two of them: after the first
-// HEADERS (the app has opened a stream), never inside a header block.
+// TestGoAwayBetweenFrames: whatever pieces the backend's bytes come in (a
+// few bytes to 3000) and whenever the GOAWAY is asked for, the app reads
+// every frame of the backend, in order, and one GOAWAY between two of
+// them: after the first HEADERS (the app has opened a stream), never
+// inside a header block — also when one write holds the end of the
+// backend's SETTINGS and the start of its first HEADERS.
 func TestGoAwayBetweenFrames(t *testing.T) {
 	stream := serverFrames(t)
 	want := parse(t, stream)
@@ -105,10 +107,15 @@ func TestGoAwayBetweenFrames(t *testing.T) {
 		c, got := app(t)
 		var pieces [][]byte
 		for rest := stream; len(rest) > 0; {
-			n := min(len(rest), 1+rng.IntN(3000))
+			n := min(len(rest), 1+rng.IntN([]int{20, 200, 3000}[round%3]))
 			pieces, rest = append(pieces, rest[:n]), rest[n:]
 		}
-		ask := rng.IntN(len(pieces) + 1) // before piece ask; after all when len
+		// Before piece ask; after all when len. Every other round asks
+		// within the first pieces, around the first HEADERS.
+		ask := rng.IntN(len(pieces) + 1)
+		if round%2 == 1 {
+			ask = rng.IntN(min(len(pieces)+1, 4))
+		}
 		for i, p := range pieces {
 			if i == ask && !c.GoAway(ReasonRebalance) {
 				t.Fatal("GoAway refused")
