@@ -19,6 +19,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -1437,5 +1438,82 @@ func TestPanicContained(t *testing.T) {
 	if l := logs.String(); !strings.Contains(l, "panic recovered") || !strings.Contains(l, "panicDialer") ||
 		strings.Count(l, "panic recovered") != 1 {
 		t.Errorf("want one error line with the panic and its stack (the others held back):\n%s", l)
+	}
+}
+
+// refusedThenPanic refuses every other dial and panics on the others.
+type refusedThenPanic struct{ n *atomic.Int32 }
+
+func (d refusedThenPanic) Dial(context.Context, snapshot.Endpoint) (net.Conn, error) {
+	if d.n.Add(1)%2 == 1 {
+		return nil, syscall.ECONNREFUSED
+	}
+	panic("refusedThenPanic: a bug")
+}
+
+// TestPanicAfterHandOff: a panic in what a connection was handed to — here
+// the fast path, which answers an HTTP client whose relay's dial was
+// refused, and whose own dial panics — ends the connection once. The
+// connection's end ran twice on the code before (the fast path's, then
+// ServeConn's), and the second ended the process ("sync: negative
+// WaitGroup counter"); a client's count left twice would let it past
+// --max-conns-per-pod.
+func TestPanicAfterHandOff(t *testing.T) {
+	checkNoLeaks(t)
+	reg := prometheus.NewRegistry()
+	p, err := proxy.New(proxy.Config{Dialer: refusedThenPanic{new(atomic.Int32)}, MaxConnsPerClient: 1},
+		slog.New(slog.NewJSONHandler(io.Discard, nil)), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := netip.MustParseAddrPort("10.96.6.2:80")
+	p.Update(buildSnapshot(t, 1, service{name: "web", vip: v, backend: snapshot.Backend{Endpoints: endpoints(netip.MustParseAddrPort("10.0.0.1:80"))}}))
+	client := proxy.Client{Addr: netip.MustParseAddrPort("10.0.9.9:40000")}
+	for i := range 3 {
+		c, s := net.Pipe()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			p.ServeConn(s, v, client)
+		}()
+		c.Write([]byte("GET / HTTP/1.1\r\nHost: web\r\n\r\n"))
+		if n, err := c.Read(make([]byte, 1)); n != 0 || err == nil {
+			t.Errorf("connection %d: read = %d, %v; want it closed", i, n, err)
+		}
+		c.Close()
+		<-done
+		if got := metricsum.Sum(t, reg, "sockmesh_proxy_panics_total", nil); got != float64(i+1) {
+			t.Errorf("after connection %d: panics = %v, want %d", i, got, i+1)
+		}
+	}
+	// The client's one allowed connection is free again, once: of two
+	// connections held open, one waits to be sniffed and the other is
+	// reset at once, over the limit.
+	var held [2]net.Conn
+	ended := make(chan int, 2)
+	for i := range held {
+		c, s := net.Pipe()
+		held[i] = c
+		go func() {
+			p.ServeConn(s, v, client)
+			ended <- i
+		}()
+	}
+	over := <-ended
+	if n, err := held[over].Read(make([]byte, 1)); n != 0 || err == nil {
+		t.Errorf("connection over the limit: read = %d, %v; want it reset", n, err)
+	}
+	select {
+	case i := <-ended:
+		t.Errorf("both held connections ended (%d too): the client's count is off", i)
+	default:
+	}
+	held[0].Close()
+	held[1].Close()
+	<-ended
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	if err := p.Shutdown(ctx); err != nil {
+		t.Errorf("shutdown: %v; want every connection's end counted once", err)
 	}
 }

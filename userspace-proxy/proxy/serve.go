@@ -54,9 +54,8 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 		return
 	}
 	cs := &connState{p: p, dst: origDst, client: client}
-	handedOff := false
 	defer func() {
-		if !handedOff {
+		if !cs.handedOff {
 			cs.end()
 		}
 	}()
@@ -85,10 +84,9 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 	cs.v, cs.fe, cs.be = v, fe, be
 	switch path := p.choosePath(kind, fe, be); path {
 	case PathL7, PathHTTP1:
-		handedOff = true // serveHTTP ends cs
 		cs.serveHTTP(sc, path)
 	default:
-		handedOff = cs.serveL4(sc, path, kind)
+		cs.serveL4(sc, path, kind)
 	}
 }
 
@@ -200,11 +198,15 @@ type connState struct {
 	// key is the client the connection counts against, once entered.
 	key     balance.ClientKey
 	entered bool
+	// handedOff is set once what serves the connection on (the HTTP
+	// paths, a relay) will call end: ServeConn then does not, also when
+	// a panic unwinds through it from there.
+	handedOff bool
 }
 
 // end is the connection's end for the proxy: its client's count and
-// Shutdown's wait. ServeConn calls it, unless the connection went on past
-// its return (serveHTTP, serveL4's relay), whose end calls it then.
+// Shutdown's wait. ServeConn calls it, unless the connection was handed
+// off (serveHTTP, serveL4's relay), whose end calls it then.
 func (cs *connState) end() {
 	if cs.entered {
 		cs.p.clients.leave(cs.key)
@@ -215,13 +217,12 @@ func (cs *connState) end() {
 // serveL4 relays bytes to an endpoint: untouched for passthrough and
 // cleartext, inside TLS when the backend asks. An invalid backend, no
 // endpoint or a failed dial or handshake resets the client: opaque bytes
-// have no way to carry an error. It reports whether the connection went on
-// (to its relay, or to serveHTTP), which ends cs when it ends.
-func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) (handedOff bool) {
+// have no way to carry an error.
+func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 	p := cs.p
 	if cs.be.Err != nil {
 		cs.fail(c, path, upstream.ReasonInvalidPolicy, cs.be.Err)
-		return false
+		return
 	}
 	var alpn []string
 	if path == PathL4TLS {
@@ -246,11 +247,11 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) (handedO
 		// An HTTP client can read an error: let the L7 path answer (it
 		// dials again and maps the failure to 503 or 502).
 		cs.serveHTTP(c, p.l7For(kind))
-		return true
+		return
 	}
 	if err != nil {
 		cs.fail(c, path, upstream.Classify(err), err)
-		return false
+		return
 	}
 	if kind == sniff.HTTP2 && path == PathL4TLS && !negotiated(up, upstreamtls.ALPNH2) {
 		// The backend speaks HTTP/1.1 only (by ALPN or by having none):
@@ -259,7 +260,7 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) (handedO
 		cs.be.DeclinedH2(time.Now())
 		up.Close()
 		cs.serveHTTP(c, p.l7For(kind))
-		return true
+		return
 	}
 	if tc := sockio.TCP(c); tc != nil {
 		// A relay has no idle timeout: keep-alive probes find a vanished
@@ -290,8 +291,8 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) (handedO
 	pm.conns.Inc()
 	p.trackConn(c, true)
 	p.trackConn(up, true)
+	cs.handedOff = true
 	go cs.relay(c, app, up, pm, untrackH2)
-	return true
 }
 
 // relay relays c (as app: c, or c under a wrapper) and up until both
@@ -393,6 +394,7 @@ func (cs *connState) serveHTTP(c *sniff.Conn, path Path) {
 		cs.end()
 	}
 	t := &httpproxy.Target{OrigDst: cs.dst, Start: cs.v, Current: &p.current, ClientAddr: cs.client.Addr, ClientPod: cs.client.Pod, Ended: ended}
+	cs.handedOff = true // ServeHTTP1, net/http's server or a failed push calls ended
 	if path == PathHTTP1 {
 		cc = &countedConn{Conn: c}
 		p.h.ServeHTTP1(cc, t)
