@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -145,7 +146,8 @@ func (c *Conn) dropDrained() {
 // Sniff reads from c until Classify decides or timeout passes without a
 // decision, and returns the kind with a Conn replaying the bytes read. A
 // timeout, or end of stream after some bytes, yields Opaque; a connection
-// that ends before sending anything is an error. timeout 0 means no limit.
+// that ends before sending anything, or is reset, is an error. timeout 0
+// means no limit.
 //
 // Most clients have sent their first bytes by the time the proxy takes
 // their connection. On a sockio.Conn, reads first take what is there
@@ -198,11 +200,15 @@ func Sniff(c net.Conn, timeout time.Duration) (Kind, *Conn, error) {
 			break
 		}
 		if err != nil {
-			if len(b) == 0 && !errors.Is(err, os.ErrDeadlineExceeded) {
+			// Nothing decisive in time (a server-first protocol, a slow
+			// client) or a short stream: opaque bytes. Any other error (a
+			// reset) is the connection's: the socket reports it once and
+			// ends cleanly after, so the bytes would be relayed with a
+			// clean end, as if complete.
+			timedOut := errors.Is(err, os.ErrDeadlineExceeded)
+			if !timedOut && (len(b) == 0 || !errors.Is(err, io.EOF)) {
 				return Opaque, nil, fmt.Errorf("sniff: %w", err)
 			}
-			// Nothing decisive in time (a server-first protocol, a slow
-			// client) or a short stream: opaque bytes.
 			kind = Opaque
 			break
 		}

@@ -1,9 +1,11 @@
 package sniff
 
 import (
+	"errors"
 	"io"
 	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -140,5 +142,25 @@ func TestSniffSockio(t *testing.T) {
 				t.Errorf("read %q, %v; want %q", got, err, want)
 			}
 		})
+	}
+}
+
+// TestSniffReset: a client that resets its connection after a few bytes
+// that decide nothing is an error, not opaque bytes: the socket reports a
+// reset once, and reads after it end cleanly, so the bytes relayed on
+// would reach the backend followed by a clean end of stream, a truncated
+// request taken for a complete one.
+func TestSniffReset(t *testing.T) {
+	app, conn := tcpserve.Pair(t)
+	app.Write([]byte("GE"))
+	app.SetLinger(0)
+	app.Close()
+	k, sc, err := Sniff(sockio.Wrap(conn), time.Minute)
+	if err == nil {
+		got, rerr := io.ReadAll(sc)
+		t.Fatalf("Sniff = %v with no error, then read %q, %v; want the reset as Sniff's error", k, got, rerr)
+	}
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("Sniff error = %v, want the reset", err)
 	}
 }
