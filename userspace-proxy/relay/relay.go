@@ -61,7 +61,7 @@ type Result struct {
 // connections are reset, so that a peer never takes a stream cut short for
 // a complete one. Streams are usually net.Conns; WebSocket bridges pass an
 // upgraded HTTP body or an HTTP/2 stream.
-// A panic in the b→a goroutine is recovered and reported to panics, and
+// A panic in either direction is recovered and reported to panics, and
 // aborts both streams; its error is Result.Err.
 func Relay(a, b io.ReadWriteCloser, pool *Pool, panics *contain.Reporter) Result {
 	var res Result
@@ -77,7 +77,12 @@ func Relay(a, b io.ReadWriteCloser, pool *Pool, panics *contain.Reporter) Result
 		}
 	}()
 	var aToBErr error
-	res.AToB, aToBErr = copyHalf(b, a, pool)
+	func() {
+		// Recovered here too: unwinding out of Relay would leave b open,
+		// and b→a waiting on it.
+		defer panics.Recover("relay", &aToBErr, nil)
+		res.AToB, aToBErr = copyHalf(b, a, pool)
+	}()
 	if aToBErr != nil {
 		abort(a)
 		abort(b)

@@ -3,6 +3,7 @@ package relay
 import (
 	"bytes"
 	"crypto/tls"
+	"errors"
 	"io"
 	"net"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/test/pki"
+	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
 
@@ -249,5 +251,48 @@ func waitArrived(t *testing.T, c *net.TCPConn, n int64) {
 			t.Fatalf("%d of %d bytes arrived", queued, n)
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// panicWriter panics on Write: a bug beneath the relay's a→b direction.
+type panicWriter struct{ net.Conn }
+
+func (panicWriter) Write([]byte) (int, error) { panic("a bug writing") }
+
+func (w panicWriter) NetConn() net.Conn { return w.Conn }
+
+// TestRelayPanicAToB: a panic in the a→b direction, which runs on the
+// caller's goroutine, is recovered as one in b→a is: it is Result.Err and
+// both streams are aborted. It used to unwind out of Relay, leaving b open
+// and b→a's goroutine waiting on it for as long as the backend stayed
+// silent.
+func TestRelayPanicAToB(t *testing.T) {
+	app, proxyIn := tcpserve.Pair(t)
+	proxyOut, backend := tcpserve.Pair(t)
+	defer app.Close()
+	defer backend.Close()
+	done := make(chan any, 1)
+	go func() {
+		defer func() {
+			if v := recover(); v != nil {
+				done <- v
+			}
+		}()
+		done <- Relay(sockio.Wrap(proxyIn), panicWriter{sockio.Wrap(proxyOut)}, NewPool(), nil)
+	}()
+	app.Write([]byte("x"))
+	got := <-done
+	res, ok := got.(Result)
+	if !ok {
+		t.Fatalf("Relay panicked (%v); want the panic recovered", got)
+	}
+	if p := (*contain.Panic)(nil); !errors.As(res.Err, &p) {
+		t.Errorf("Result.Err = %v, want the panic", res.Err)
+	}
+	if _, err := io.ReadAll(backend); err == nil {
+		t.Error("backend's stream ended cleanly, want a reset")
+	}
+	if _, err := io.ReadAll(app); err == nil {
+		t.Error("app's stream ended cleanly, want a reset")
 	}
 }
