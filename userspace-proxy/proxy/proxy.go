@@ -394,7 +394,8 @@ func (p *Proxy) reject(c net.Conn, reason string, err error) {
 
 // Shutdown stops accepting, lets L7 requests and relays finish (idle
 // keep-alive connections close at once), and when ctx ends closes whatever
-// is left. It returns ctx's error if it had to force.
+// is left (the connections it tracks with a reset). It returns ctx's error
+// if it had to force.
 func (p *Proxy) Shutdown(ctx context.Context) error {
 	p.mu.Lock()
 	if !p.closing {
@@ -418,7 +419,9 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 		p.srv.Close()
 		p.mu.Lock()
 		for c := range p.conns {
-			c.Close()
+			// Reset: closed, a relay's peer would read a clean end of
+			// what it cut short.
+			sockio.Reset(c)
 		}
 		p.mu.Unlock()
 		<-done

@@ -1280,6 +1280,78 @@ func TestShutdownDrains(t *testing.T) {
 	}
 }
 
+// TestShutdownForcedResets: relays that Shutdown cuts when its context
+// ends are reset on both sides, cleartext or with TLS toward the backend:
+// they used to be closed, and the first side closed read a clean end of
+// stream (a FIN; a close_notify), as if the relayed bytes were complete —
+// the rest of a close-delimited answer, say.
+func TestShutdownForcedResets(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	type ended struct {
+		name string
+		err  error
+	}
+	backendEnd := make(chan ended, 2)
+	// A backend that sends part of an answer, then reads until its end.
+	partial := func(name string, tlsCfg *tls.Config) netip.AddrPort {
+		l := listenLocal(t)
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer c.Close()
+					if tlsCfg != nil {
+						c = tls.Server(c, tlsCfg)
+					}
+					io.WriteString(c, "partial")
+					_, err := io.Copy(io.Discard, c)
+					backendEnd <- ended{name, err}
+				}()
+			}
+		}()
+		return l.Addr().(*net.TCPAddr).AddrPort()
+	}
+	vClear, vTLS := netip.MustParseAddrPort("10.96.4.5:5432"), netip.MustParseAddrPort("10.96.4.6:5432")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "clear", vip: vClear, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, Endpoints: endpoints(partial("clear", nil))}},
+		service{name: "tls", vip: vTLS, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, TLS: tlsPolicy(e),
+			Endpoints: endpoints(partial("tls", serverTLS(e.pki.server)))}},
+	))
+	apps := map[string]net.Conn{}
+	for name, dst := range map[string]netip.AddrPort{"clear": vClear, "tls": vTLS} {
+		c, err := e.dial(dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(hangGuard))
+		io.WriteString(c, "hello")
+		if _, err := io.ReadFull(c, make([]byte, len("partial"))); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		apps[name] = c
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := e.p.Shutdown(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Shutdown = %v, want it to force the relays", err)
+	}
+	for name, c := range apps {
+		if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("%s: app read %v, want a reset", name, err)
+		}
+	}
+	for range apps {
+		if b := <-backendEnd; !errors.Is(b.err, syscall.ECONNRESET) {
+			t.Errorf("%s: backend read %v, want a reset", b.name, b.err)
+		}
+	}
+}
+
 // TestShutdownEndsParked: an HTTP/1.1 keep-alive connection that parked
 // (its ServeConn returned when it did) still counts as an active
 // connection, and as one of its client's (at a limit of one, the client's
