@@ -907,6 +907,44 @@ func TestIdleRelaysHoldNoBuffers(t *testing.T) {
 	}
 }
 
+// TestSilentAppRelayHoldsNoBuffer: an app that sends nothing — it waits
+// for a server that speaks first, or only — is relayed once the sniff
+// times out, and while it stays silent its relay holds no copy buffer, as
+// any idle relay: the app's direction read through the sniff's empty
+// replay, which took a buffer (64 KiB) for as long as the app did not
+// speak.
+func TestSilentAppRelayHoldsNoBuffer(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{sniffTimeout: 100 * time.Millisecond})
+	l := listenLocal(t)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				io.WriteString(c, "220 ready\r\n")
+				io.Copy(io.Discard, c)
+			}()
+		}
+	}()
+	v := netip.MustParseAddrPort("10.96.4.7:25")
+	e.p.Update(buildSnapshot(t, 1, service{name: "push", vip: v, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP,
+		Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())}}))
+	c, err := e.dial(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(hangGuard))
+	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "220 ready\r\n" {
+		t.Fatalf("greeting: %q, %v", line, err)
+	}
+	eventually(t, func() bool { return e.counter("sockmesh_proxy_copy_buffers_in_use", nil) == 0 }, "the silent app's relay to hold no buffer")
+}
+
 // TestClientConnectionLimit: a client at MaxConnsPerClient open
 // connections gets its next one reset, counted and logged, while other
 // clients — other source addresses on a node listener, other pods on

@@ -218,5 +218,10 @@ func Sniff(c net.Conn, timeout time.Duration) (Kind, *Conn, error) {
 			return Opaque, nil, fmt.Errorf("sniff: clear deadline: %w", err)
 		}
 	}
-	return kind, &Conn{Conn: c, r: r}, nil
+	sc := &Conn{Conn: c, r: r}
+	// A silent client's reader replays nothing: given back now, so that
+	// its reads are the socket's own (a relay's ReadPooled holds no buffer
+	// while the client stays silent).
+	sc.dropDrained()
+	return kind, sc, nil
 }
