@@ -3,8 +3,11 @@ package upstreamtls
 import (
 	"crypto/tls"
 	"errors"
+	"net"
 	"net/netip"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/test/pki"
@@ -75,4 +78,66 @@ func TestEqual(t *testing.T) {
 	if Equal(a, &b) || Equal(a, nil) || !Equal(nil, nil) {
 		t.Error("Equal ignores a difference")
 	}
+}
+
+// TestSANVerifierChainExpiry: with subjectAltNames, a leaf verified once
+// is accepted again only while the chain it was verified with is valid:
+// once its CA expires, a handshake presenting it fails, as the first would
+// have. The verifier used to remember the leaf until the leaf's own
+// expiry, and took a certificate whose CA had expired for a day.
+func TestSANVerifierChainExpiry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ca, err := pki.NewCA("ca") // valid for a day
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf, err := ca.Issue(pki.LeafOptions{DNSNames: []string{"a.test"}, NotAfter: time.Now().Add(48 * time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o, err := New(&snapshot.TLS{ServerName: "a.test", RootsPEM: string(ca.CertPEM),
+			SubjectAltNames: []snapshot.SubjectAltName{{Type: snapshot.SANHostname, Value: "a.test"}}}, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Over TCP (net.Pipe does not buffer: a client's alert and the
+		// server's flight would wait for each other).
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		handshake := func() (*tls.Conn, error) {
+			served := make(chan struct{})
+			go func() {
+				defer close(served)
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				tls.Server(c, &tls.Config{Certificates: []tls.Certificate{leaf.TLS}}).Handshake()
+				c.Close()
+			}()
+			defer func() { <-served }()
+			a, err := net.Dial("tcp", l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := tls.Client(a, o.Config(netip.MustParseAddrPort("10.0.0.1:443"), nil))
+			return c, c.Handshake()
+		}
+		first, err := handshake()
+		if err != nil {
+			t.Fatalf("handshake while the chain is valid: %v", err)
+		}
+		defer first.Close()
+		time.Sleep(25 * time.Hour)
+		second, err := handshake()
+		if err == nil {
+			second.Close()
+		}
+		if !IsVerifyError(err) {
+			t.Errorf("handshake after the CA expired, with the leaf still valid: %v, want a verification error", err)
+		}
+	})
 }

@@ -30,10 +30,11 @@ type sanVerifier struct {
 	roots     *x509.CertPool // nil: system roots
 	hostnames []string
 	uris      []string
-	// verified remembers leaves already checked, until they expire: resumed
-	// handshakes present the same *x509.Certificate from the session cache,
-	// and re-verifying the chain each time would cost what resumption saves.
-	verified sync.Map // *x509.Certificate -> struct{}
+	// verified remembers leaves already checked, until their chain
+	// expires (a CA may expire before the leaf): resumed handshakes
+	// present the same *x509.Certificate from the session cache, and
+	// re-verifying the chain each time would cost what resumption saves.
+	verified sync.Map // *x509.Certificate -> time.Time
 }
 
 func newSANVerifier(sans []snapshot.SubjectAltName, roots *x509.CertPool) (*sanVerifier, error) {
@@ -56,22 +57,41 @@ func (v *sanVerifier) verify(cs tls.ConnectionState) error {
 		return fmt.Errorf("%w: no certificate presented", ErrVerify)
 	}
 	leaf := cs.PeerCertificates[0]
-	if _, ok := v.verified.Load(leaf); ok && time.Now().Before(leaf.NotAfter) {
+	if until, ok := v.verified.Load(leaf); ok && time.Now().Before(until.(time.Time)) {
 		return nil
 	}
 	opts := x509.VerifyOptions{Roots: v.roots, Intermediates: x509.NewCertPool()}
 	for _, c := range cs.PeerCertificates[1:] {
 		opts.Intermediates.AddCert(c)
 	}
-	if _, err := leaf.Verify(opts); err != nil {
+	chains, err := leaf.Verify(opts)
+	if err != nil {
 		return fmt.Errorf("%w: %w", ErrVerify, err)
 	}
 	if !v.matches(leaf) {
 		return fmt.Errorf("%w: certificate names %s match none of the subjectAltNames %s",
 			ErrVerify, names(leaf), v.want())
 	}
-	v.verified.Store(leaf, struct{}{})
+	v.verified.Store(leaf, validUntil(chains))
 	return nil
+}
+
+// validUntil is when the last of chains to stay valid expires: each, when
+// the first of its certificates does.
+func validUntil(chains [][]*x509.Certificate) time.Time {
+	var until time.Time
+	for _, chain := range chains {
+		end := chain[0].NotAfter
+		for _, c := range chain[1:] {
+			if c.NotAfter.Before(end) {
+				end = c.NotAfter
+			}
+		}
+		if end.After(until) {
+			until = end
+		}
+	}
+	return until
 }
 
 func (v *sanVerifier) matches(leaf *x509.Certificate) bool {
