@@ -213,6 +213,9 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 			upstreamtls.Equal(old.Spec.TLS, spec.TLS) {
 			b.w = old.w
 			kept[old.w] = true
+			if b.w.tls != nil {
+				b.w.tls.Retain(endpointOf(spec))
+			}
 			continue
 		}
 		w := &wireState{p: p, protocol: spec.Protocol, labels: [2]string{spec.Ref.Namespace, spec.Ref.Name}}
@@ -483,6 +486,15 @@ func (w *wireState) dial(ctx context.Context, ep snapshot.Endpoint, alpn []strin
 		m.handshakesFull.Inc()
 	}
 	return tc, nil
+}
+
+// endpointOf reports whether an address is one of spec's endpoints.
+func endpointOf(spec *snapshot.Backend) func(netip.AddrPort) bool {
+	eps := make(map[netip.AddrPort]bool, len(spec.Endpoints))
+	for _, e := range spec.Endpoints {
+		eps[e.Addr] = true
+	}
+	return func(a netip.AddrPort) bool { return eps[a] }
 }
 
 // readyIn reports whether an address is an endpoint of a backend of s that

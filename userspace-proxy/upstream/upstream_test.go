@@ -219,6 +219,53 @@ func TestSessionResumption(t *testing.T) {
 	}
 }
 
+// TestBuildForgetsGoneEndpoints: a snapshot that keeps a backend's TLS
+// settings forgets the TLS configs and sessions of the endpoints it no
+// longer has: an endpoint that comes back gets a full handshake, where one
+// that stayed resumes. Kept, every address a backend ever had held a
+// config and a session cache for the agent's life.
+func TestBuildForgetsGoneEndpoints(t *testing.T) {
+	w := newWorld(t)
+	other := netip.MustParseAddrPort("127.0.0.1:1") // never dialed
+	build := func(version uint64, prev *Set, eps ...netip.AddrPort) *Set {
+		var list []snapshot.Endpoint
+		for _, a := range eps {
+			list = append(list, snapshot.Endpoint{Addr: a, Ready: true})
+		}
+		s, err := snapshot.New(version, nil, []snapshot.Backend{{Ref: ref, TLS: w.policy(), Endpoints: list}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w.pools.Build(s, prev)
+	}
+	resumes := func(set *Set) bool {
+		be := set.Get(ref)
+		c, err := be.Dial(context.Background(), snapshot.Endpoint{Addr: w.addr, Ready: true}, WireH1.ALPN())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		exchange(t, c) // takes the session ticket in
+		return c.(*tls.Conn).ConnectionState().DidResume
+	}
+	s1 := build(1, nil, w.addr)
+	if resumes(s1) {
+		t.Fatal("first connection resumed")
+	}
+	s2 := build(2, s1, w.addr, other)
+	if s2.Get(ref).w != s1.Get(ref).w {
+		t.Fatal("same settings: the wire was not kept")
+	}
+	if !resumes(s2) {
+		t.Error("an endpoint that stayed: its session was forgotten")
+	}
+	s3 := build(3, s2, other)
+	s4 := build(4, s3, w.addr, other)
+	if resumes(s4) {
+		t.Error("an endpoint that left and came back resumed: its TLS config was kept while it was gone")
+	}
+}
+
 // TestGetH1RefusesOtherProtocols: a policy whose ALPN list leaves out
 // http/1.1 gets an h2 connection, which the HTTP/1.1 pool refuses as a
 // protocol error (502), never speaking HTTP/1.1 on it.

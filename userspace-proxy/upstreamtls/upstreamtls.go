@@ -137,6 +137,20 @@ func (o *Origination) Config(ep netip.AddrPort, alpn []string) *tls.Config {
 	return got.(*tls.Config)
 }
 
+// Retain forgets the configs, and their sessions, of the endpoints keep
+// does not name. An Origination outlives snapshots while its settings do
+// (Equal): without it, every address its backend ever had — each rollout
+// brings new pod IPs, an external host new DNS answers — kept a config and
+// a session cache for the agent's life.
+func (o *Origination) Retain(keep func(netip.AddrPort) bool) {
+	o.perEndpoint.Range(func(k, _ any) bool {
+		if !keep(k.(endpointKey).addr) {
+			o.perEndpoint.Delete(k)
+		}
+		return true
+	})
+}
+
 // Equal reports whether a and b would build the same Origination, so a new
 // snapshot can keep an unchanged backend's configs and session caches.
 func Equal(a, b *snapshot.TLS) bool {
