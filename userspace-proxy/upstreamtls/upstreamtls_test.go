@@ -2,6 +2,7 @@ package upstreamtls
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"net"
 	"net/netip"
@@ -138,6 +139,57 @@ func TestSANVerifierChainExpiry(t *testing.T) {
 		}
 		if !IsVerifyError(err) {
 			t.Errorf("handshake after the CA expired, with the leaf still valid: %v, want a verification error", err)
+		}
+	})
+}
+
+// TestSANVerifierRemembersByDER: the verifier remembers a certificate
+// once, however many times crypto/tls parsed it (it parses one again once
+// no connection or session holds it), and forgets those whose chain has
+// expired when it remembers the next (a rotated certificate). Keyed by
+// the parsed certificate, each parse stayed an entry until its chain
+// expired.
+func TestSANVerifierRemembersByDER(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ca, err := pki.NewCA("ca") // valid for a day
+		if err != nil {
+			t.Fatal(err)
+		}
+		sans := []snapshot.SubjectAltName{{Type: snapshot.SANHostname, Value: "a.test"}}
+		pool := x509.NewCertPool()
+		pool.AddCert(ca.Cert)
+		v, err := newSANVerifier(sans, pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		present := func(l *pki.Leaf) {
+			t.Helper()
+			leaf, err := x509.ParseCertificate(l.TLS.Certificate[0]) // a fresh parse each time
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := v.verify(tls.ConnectionState{PeerCertificates: []*x509.Certificate{leaf}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		leaf, err := ca.Issue(pki.LeafOptions{DNSNames: []string{"a.test"}, NotAfter: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			present(leaf)
+		}
+		if n := len(v.verified); n != 1 {
+			t.Errorf("one certificate parsed three times: %d entries, want 1", n)
+		}
+		time.Sleep(2 * time.Hour)
+		rotated, err := ca.Issue(pki.LeafOptions{DNSNames: []string{"a.test"}, NotAfter: time.Now().Add(time.Hour)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		present(rotated)
+		if n := len(v.verified); n != 1 {
+			t.Errorf("after a rotation past the old certificate's expiry: %d entries, want 1", n)
 		}
 	})
 }

@@ -30,15 +30,19 @@ type sanVerifier struct {
 	roots     *x509.CertPool // nil: system roots
 	hostnames []string
 	uris      []string
-	// verified remembers leaves already checked, until their chain
-	// expires (a CA may expire before the leaf): resumed handshakes
-	// present the same *x509.Certificate from the session cache, and
-	// re-verifying the chain each time would cost what resumption saves.
-	verified sync.Map // *x509.Certificate -> time.Time
+	// verified remembers leaves already checked, by their DER, until
+	// their chain expires (a CA may expire before the leaf): resumed
+	// handshakes present the same certificate, and re-verifying the chain
+	// each time would cost what resumption saves. Keyed by DER, not by
+	// *x509.Certificate: crypto/tls parses a certificate again once no
+	// connection or session holds it, and each parse stayed an entry,
+	// holding its certificate, until its chain expired.
+	mu       sync.Mutex
+	verified map[string]time.Time
 }
 
 func newSANVerifier(sans []snapshot.SubjectAltName, roots *x509.CertPool) (*sanVerifier, error) {
-	v := &sanVerifier{roots: roots}
+	v := &sanVerifier{roots: roots, verified: make(map[string]time.Time)}
 	for _, s := range sans {
 		switch s.Type {
 		case snapshot.SANHostname:
@@ -57,7 +61,11 @@ func (v *sanVerifier) verify(cs tls.ConnectionState) error {
 		return fmt.Errorf("%w: no certificate presented", ErrVerify)
 	}
 	leaf := cs.PeerCertificates[0]
-	if until, ok := v.verified.Load(leaf); ok && time.Now().Before(until.(time.Time)) {
+	now := time.Now()
+	v.mu.Lock()
+	until, ok := v.verified[string(leaf.Raw)]
+	v.mu.Unlock()
+	if ok && now.Before(until) {
 		return nil
 	}
 	opts := x509.VerifyOptions{Roots: v.roots, Intermediates: x509.NewCertPool()}
@@ -72,8 +80,22 @@ func (v *sanVerifier) verify(cs tls.ConnectionState) error {
 		return fmt.Errorf("%w: certificate names %s match none of the subjectAltNames %s",
 			ErrVerify, names(leaf), v.want())
 	}
-	v.verified.Store(leaf, validUntil(chains))
+	v.remember(leaf, validUntil(chains), now)
 	return nil
+}
+
+// remember records leaf as verified until until, and forgets the leaves
+// whose time has passed (rotated certificates): what it holds are the
+// certificates the backend presents now.
+func (v *sanVerifier) remember(leaf *x509.Certificate, until, now time.Time) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	for k, u := range v.verified {
+		if !now.Before(u) {
+			delete(v.verified, k)
+		}
+	}
+	v.verified[string(leaf.Raw)] = until
 }
 
 // validUntil is when the last of chains to stay valid expires: each, when
