@@ -71,7 +71,6 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 	// may send its next request on a connection about to close.
 	closeAfter = s.closeAfter || f == framingClose || s.h.h1.draining.Load() || s.sent.unread()
 	bw := s.startAnswer()
-	defer func() { s.putWriter(bw) }() // copyBody may have swapped it
 	switch {
 	case plain:
 		s.plain.writeHead(bw, src) // framingLength
@@ -133,6 +132,10 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 			err = fmt.Errorf("write answer: %w", err)
 		}
 	}
+	// copyBody may have swapped bw. Not deferred: a panic in a waiting
+	// stream's read (waitBody) finds bw given back already, and a second
+	// Put would lend it to two connections at once.
+	s.putWriter(bw)
 	return closeAfter, ended, err
 }
 

@@ -54,6 +54,12 @@ func newFixture(t *testing.T, cfg Config, be snapshot.Backend) *fixture {
 // newFixtureWith is newFixture with the upstream pools' configuration.
 func newFixtureWith(t *testing.T, cfg Config, ucfg upstream.Config, be snapshot.Backend) *fixture {
 	t.Helper()
+	return newFixtureDialing(t, cfg, ucfg, dial.NewDirect(dial.Config{Unmarked: true}), be)
+}
+
+// newFixtureDialing is newFixtureWith with the upstream pools' dialer.
+func newFixtureDialing(t *testing.T, cfg Config, ucfg upstream.Config, d dial.Dialer, be snapshot.Backend) *fixture {
+	t.Helper()
 	checkNoLeaks(t)
 	f := &fixture{t: t, reg: prometheus.NewRegistry(), logs: &syncbuf.Buffer{}}
 	log := slog.New(slog.NewJSONHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -61,7 +67,7 @@ func newFixtureWith(t *testing.T, cfg Config, ucfg upstream.Config, be snapshot.
 	if f.h, err = New(cfg, log, f.reg); err != nil {
 		t.Fatal(err)
 	}
-	if f.pools, err = upstream.New(ucfg, dial.NewDirect(dial.Config{Unmarked: true}), log, f.reg); err != nil {
+	if f.pools, err = upstream.New(ucfg, d, log, f.reg); err != nil {
 		t.Fatal(err)
 	}
 	f.update(1, be)
