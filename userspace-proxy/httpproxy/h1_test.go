@@ -24,7 +24,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/metricsum"
 	"github.com/sockmesh/sockmesh/internal/tcpserve"
+	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
@@ -1178,4 +1180,45 @@ func TestPanicInWaitingStream(t *testing.T) {
 	}
 	f.h.h1.writers.Put(a)
 	f.h.h1.writers.Put(b)
+}
+
+// TestSwitchNotAskedForWhileBodySent: a backend that switches protocols
+// when no WebSocket was asked for, while the request's body is still
+// being sent, gets its exchange ended (502) only once the goroutine
+// sending the body ends: it reads the client's reader, which the
+// connection's end gives back to the readers' pool. It went on reading
+// that reader, and when the lingering close ended its wait for the
+// client, read it again after it was given back — a nil pointer
+// dereference (a panic, counted) here, another connection's reader had one
+// taken it meanwhile.
+func TestSwitchNotAskedForWhileBodySent(t *testing.T) {
+	ep := serveRaw(t, func(conn net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(conn)); err != nil {
+			return
+		}
+		io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: other\r\n\r\n")
+		io.Copy(io.Discard, conn)
+	})
+	reg := prometheus.NewRegistry()
+	panics, err := contain.New(slog.New(slog.DiscardHandler), reg, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, Config{Panics: panics}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	c := f.dial()
+	c.send("POST /upload HTTP/1.1\r\nHost: echo\r\nContent-Length: 100\r\n\r\npart of it")
+	if resp, _ := c.read(http.MethodPost); resp.StatusCode != http.StatusBadGateway || !resp.Close {
+		t.Fatalf("answer %s, close=%v; want 502 and close", resp.Status, resp.Close)
+	}
+	if !c.closed() {
+		t.Fatal("connection open after the failed exchange")
+	}
+	for deadline := time.Now().Add(10 * time.Second); goroutinesIn("httpproxy.(*h1Conn).send.func1(") != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the request body's goroutine outlived its connection")
+		}
+	}
+	if n := metricsum.Sum(t, reg, "sockmesh_proxy_panics_total", nil); n != 0 {
+		t.Errorf("%v panics; want none", n)
+	}
 }

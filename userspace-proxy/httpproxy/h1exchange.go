@@ -423,7 +423,10 @@ func (s *h1Conn) respond(req *http.Request, resp *http.Response, x *exchange, c 
 		// timeout (a WebSocket may idle).
 		fired := x.cd.stop()
 		s.watch.stop() // the relay reads the client
-		if !websocket || fired || !s.finish(body, uc) {
+		// The body's goroutine ends first, also when the switch fails: it
+		// reads the client's reader, which the connection's end gives back.
+		consumed := s.finish(body, uc)
+		if !websocket || fired || !consumed {
 			x.be.DiscardH1(uc)
 			s.fail(req, x, upstream.ReasonProtocol, errors.New("backend switched protocols without a websocket upgrade"))
 			return false
