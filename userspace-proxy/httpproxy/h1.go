@@ -116,6 +116,12 @@ func (s *h1Conn) park() {
 
 // end releases what the connection holds and closes it, once it ends.
 func (s *h1Conn) end() {
+	if s.up.uc != nil {
+		// A panic unwound the exchange (the connection's recover contains
+		// it): its pooled connection is closed and frees its place, once
+		// the request body's goroutine, which reads br, has ended.
+		s.release(&s.x, false)
+	}
 	s.h.h1.readers.put(s.br)
 	s.ahead.release()
 	s.h.h1.untrack(s)

@@ -1222,3 +1222,72 @@ func TestSwitchNotAskedForWhileBodySent(t *testing.T) {
 		t.Errorf("%v panics; want none", n)
 	}
 }
+
+// TestPanicReleasesUpstream: a panic that ends a connection in the middle
+// of an exchange (a bug beneath, contained) closes the exchange's pooled
+// upstream connection and frees its place in the pool — after ending the
+// goroutine that sends the request body, which reads the client's reader
+// that the end gives back. The place was kept before: with one connection
+// allowed per endpoint, every later request waited for it. A parked
+// connection serves the exchange, so that the handler recovers the panic
+// (park) rather than the proxy.
+func TestPanicReleasesUpstream(t *testing.T) {
+	for _, c := range []struct{ name, req string }{
+		{"answer-streamed", "GET /events HTTP/1.1\r\nHost: echo\r\n\r\n"},
+		{"body-sent", "POST /upload HTTP/1.1\r\nHost: echo\r\nContent-Length: 100\r\n\r\npart of it"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			next := make(chan struct{})
+			ep := serveRaw(t, func(conn net.Conn) {
+				br := bufio.NewReader(conn)
+				for {
+					r, err := http.ReadRequest(br)
+					if err != nil {
+						return
+					}
+					switch r.URL.Path {
+					case "/events":
+						io.WriteString(conn, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nd\r\ndata: first\n\n\r\n")
+						select {
+						case <-next:
+						case <-t.Context().Done():
+							return
+						}
+						io.WriteString(conn, "1b\r\ndata: "+panicOnRead+"\n\n\r\n")
+					case "/upload": // answered before its body
+						io.WriteString(conn, "HTTP/1.1 200 OK\r\nX-Bug: "+panicOnRead+"\r\nContent-Length: 2\r\n\r\nok")
+					default:
+						io.Copy(io.Discard, r.Body)
+						io.WriteString(conn, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+					}
+				}
+			})
+			f := newFixtureDialing(t, Config{ParkAfter: 20 * time.Millisecond, IdleTimeout: time.Minute}, upstream.Config{MaxConnsPerEndpoint: 1},
+				panicDialer{dial.NewDirect(dial.Config{Unmarked: true})}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+			cl := f.dial()
+			cl.getOK(1)
+			for deadline := time.Now().Add(10 * time.Second); goroutinesIn("httpproxy.(*h1Conn).park(") != 1; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("connection not parked")
+				}
+			}
+			cl.send(c.req)
+			if c.name == "answer-streamed" {
+				resp, err := http.ReadResponse(cl.r, &http.Request{Method: http.MethodGet})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := io.ReadFull(resp.Body, make([]byte, len("data: first\n\n"))); err != nil {
+					t.Fatalf("first event: %v", err)
+				}
+				close(next)
+			}
+			if !cl.closed() {
+				t.Fatal("connection open after the panic")
+			}
+			again := f.dial()
+			again.c.SetReadDeadline(time.Now().Add(10 * time.Second)) // it waited without end
+			again.getOK(1)
+		})
+	}
+}

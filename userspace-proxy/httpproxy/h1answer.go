@@ -370,6 +370,7 @@ func (s *h1Conn) upgrade(resp *http.Response, x *exchange, uc *pool.Conn) {
 	s.putWriter(bw)
 	s.count(x, resp.StatusCode)
 	x.be.DetachH1(uc)
+	s.up.uc = nil
 	if err != nil {
 		uc.Close()
 		return

@@ -171,11 +171,13 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 			continue
 		}
 		choice = c
+		s.up = upstreamConn{uc: uc} // for end, should a panic unwind the exchange
 		cd := armConn(x, uc)
 		resp, body, err := s.send(uc, req, replayable, inline, x.r == nil && !setSession)
 		if err == nil && x.r != nil && x.r.pol.retryStatus(resp.StatusCode) && s.mayRetry(x, retry, "status", req) {
 			s.watch.stop()
 			discardAnswer(be, uc, resp, cd)
+			s.up = upstreamConn{}
 			if ok, keep := s.again(x, &retry, "status", req, nil, resp, timeoutError(true, errRetryBackoff)); !ok {
 				return keep
 			}
@@ -187,8 +189,7 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 			return s.respond(req, resp, x, choice, setSession, websocket, uc, body)
 		}
 		s.watch.stop()
-		s.finish(body, uc)
-		be.DiscardH1(uc)
+		s.release(x, false)
 		if s.watch.gone.Load() {
 			return s.fail(req, x, upstream.ReasonCanceled, errClientGone)
 		}
@@ -320,6 +321,7 @@ func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline, plai
 	} else {
 		s.sent.track(req)
 		body = make(chan error, 1)
+		s.up.body = body
 		go func() {
 			var err error
 			defer func() { body <- err }()
@@ -426,8 +428,9 @@ func (s *h1Conn) respond(req *http.Request, resp *http.Response, x *exchange, c 
 		// The body's goroutine ends first, also when the switch fails: it
 		// reads the client's reader, which the connection's end gives back.
 		consumed := s.finish(body, uc)
+		s.up.body = nil
 		if !websocket || fired || !consumed {
-			x.be.DiscardH1(uc)
+			s.release(x, false)
 			s.fail(req, x, upstream.ReasonProtocol, errors.New("backend switched protocols without a websocket upgrade"))
 			return false
 		}
