@@ -571,9 +571,11 @@ func closeWrite(c net.Conn) {
 func (s *h1Conn) badRequest(err error) {
 	var status string
 	switch {
-	case !s.deadline.IsZero() && !time.Now().Before(s.deadline):
+	case !s.idleDeadline && !s.deadline.IsZero() && !time.Now().Before(s.deadline):
 		// Too slow with its head (textproto reports the cut line as
-		// malformed, hiding the timeout): nothing to answer.
+		// malformed, hiding the timeout): nothing to answer. Not the idle
+		// deadline, kept for a head next found whole, which nothing read
+		// under: it may have passed while the request before was served.
 		return
 	case errors.Is(err, errHeaderTooLarge):
 		status = "431 Request Header Fields Too Large"

@@ -588,6 +588,37 @@ func TestBadRequests(t *testing.T) {
 	}
 }
 
+// TestBadRequestPipelinedAfterSlowAnswer: a malformed request pipelined
+// behind one whose answer outlasted the idle deadline (armed while the
+// connection waited, kept while a whole head is parsed) is answered 400
+// too. It was taken for a head too slow to arrive, and the connection
+// closed without an answer.
+func TestBadRequestPipelinedAfterSlowAnswer(t *testing.T) {
+	release := make(chan struct{})
+	ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			<-release
+		}
+		io.WriteString(w, "ok")
+	}))
+	const park = 20 * time.Millisecond
+	f := newFixture(t, Config{ParkAfter: park, IdleTimeout: time.Minute}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	c := f.dial()
+	c.send("GET /slow HTTP/1.1\r\nHost: x\r\n\r\nGET /bad HTTP/1.1\r\nHost: x\r\nno colon\r\n\r\n")
+	time.Sleep(5 * park) // the idle deadline, ParkAfter from the wait, passes
+	close(release)
+	if resp, body := c.read(http.MethodGet); resp.StatusCode != http.StatusOK || body != "ok" {
+		t.Fatalf("first answer %s %q", resp.Status, body)
+	}
+	resp, err := http.ReadResponse(c.r, nil)
+	if err != nil {
+		t.Fatalf("no answer to the malformed request: %v", err)
+	}
+	if resp.StatusCode != http.StatusBadRequest || !resp.Close {
+		t.Errorf("answer %s, close=%v; want 400 and close", resp.Status, resp.Close)
+	}
+}
+
 // TestInformational: a 103 Early Hints reaches the client before the
 // answer.
 func TestInformational(t *testing.T) {
