@@ -131,8 +131,9 @@ func (s *h1Conn) end() {
 
 // Drain stops the fast path's keep-alive: connections waiting for a request
 // are closed now, the others after their current answer (which says
-// Connection: close), and mirrored requests in flight are cancelled. The
-// proxy calls it on shutdown and waits for ServeHTTP1 calls to return.
+// Connection: close), parked ones too, and mirrored requests in flight are
+// cancelled. The proxy calls it on shutdown and waits for each
+// connection's Target.Ended (ServeHTTP1 may have returned before: parked).
 func (h *Handler) Drain() {
 	h.stopMirrors()
 	h.h1.draining.Store(true)
