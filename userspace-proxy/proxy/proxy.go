@@ -416,14 +416,16 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	select {
 	case <-done:
 	case <-ctx.Done():
-		p.srv.Close()
 		p.mu.Lock()
 		for c := range p.conns {
 			// Reset: closed, a relay's peer would read a clean end of
-			// what it cut short.
+			// what it cut short. Before net/http's server closes its
+			// connections (tracked too): an HTTP/1.0 answer that runs to
+			// the close would read as complete.
 			sockio.Reset(c)
 		}
 		p.mu.Unlock()
+		p.srv.Close()
 		<-done
 		err = ctx.Err()
 	}

@@ -1390,6 +1390,60 @@ func TestShutdownForcedResets(t *testing.T) {
 	}
 }
 
+// TestShutdownForcedResetsL7: on net/http's path too, what a forced
+// Shutdown cuts short is reset: an HTTP/1.0 app's answer of no stated
+// length runs to the close, and a plain close (http.Server.Close, which
+// ran before the resets) completed the cut answer.
+func TestShutdownForcedResetsL7(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{http1TLS: proxy.HTTP1TLSL7})
+	l := listenLocal(t)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				tc := tls.Server(c, serverTLS(e.pki.server))
+				// An answer of no stated length, cut short: part of it,
+				// then the backend waits for the end.
+				io.WriteString(tc, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\npartial")
+				io.Copy(io.Discard, tc)
+			}()
+		}
+	}()
+	e.p.Update(buildSnapshot(t, 1, service{name: "web", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e),
+		Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())}}))
+	app, err := e.dial(vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	app.SetDeadline(time.Now().Add(hangGuard))
+	io.WriteString(app, "GET / HTTP/1.0\r\nHost: web.b.svc\r\n\r\n")
+	br := bufio.NewReader(app)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodGet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.ContentLength != -1 || len(resp.TransferEncoding) != 0 {
+		t.Fatalf("answer framed by length %d, %v; want it to run to the close", resp.ContentLength, resp.TransferEncoding)
+	}
+	if _, err := io.ReadFull(resp.Body, make([]byte, len("partial"))); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := e.p.Shutdown(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Shutdown = %v, want it to force the exchange", err)
+	}
+	if _, err := io.ReadAll(resp.Body); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("app read %v, want a reset: a clean end completes the cut answer", err)
+	}
+}
+
 // TestShutdownEndsParked: an HTTP/1.1 keep-alive connection that parked
 // (its ServeConn returned when it did) still counts as an active
 // connection, and as one of its client's (at a limit of one, the client's
