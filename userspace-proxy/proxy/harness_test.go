@@ -138,6 +138,30 @@ func listenLocal(t testing.TB) net.Listener {
 	return l
 }
 
+// serveTCP serves connections on 127.0.0.1:0 until cleanup, each in a
+// goroutine of its own, over TLS when tlsCfg is set, and closes each when
+// handle returns.
+func serveTCP(t testing.TB, tlsCfg *tls.Config, handle func(net.Conn)) netip.AddrPort {
+	t.Helper()
+	l := listenLocal(t)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				if tlsCfg != nil {
+					c = tls.Server(c, tlsCfg)
+				}
+				defer c.Close()
+				handle(c)
+			}()
+		}
+	}()
+	return l.Addr().(*net.TCPAddr).AddrPort()
+}
+
 // closedPort returns an address nothing listens on (listen, then close).
 func closedPort(t testing.TB) netip.AddrPort {
 	t.Helper()

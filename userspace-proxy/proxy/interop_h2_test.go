@@ -952,21 +952,10 @@ func TestInteropShutdownForcesUpgraded(t *testing.T) {
 // cannot be told which code to reset with.
 func startResetBackend(t *testing.T) netip.AddrPort {
 	t.Helper()
-	l := listenLocal(t)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go serveResets(c)
-		}
-	}()
-	return l.Addr().(*net.TCPAddr).AddrPort()
+	return serveTCP(t, nil, serveResets)
 }
 
 func serveResets(c net.Conn) {
-	defer c.Close()
 	if _, err := io.ReadFull(c, make([]byte, len(http2.ClientPreface))); err != nil {
 		return
 	}

@@ -821,28 +821,16 @@ func TestTCP(t *testing.T) {
 func TestServerFirstProtocol(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{sniffTimeout: 100 * time.Millisecond})
-	greet := func(l net.Listener) netip.AddrPort {
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				go func() {
-					defer c.Close()
-					io.WriteString(c, "220 ready\r\n")
-					io.Copy(c, c)
-				}()
-			}
-		}()
-		return l.Addr().(*net.TCPAddr).AddrPort()
+	greet := func(c net.Conn) {
+		io.WriteString(c, "220 ready\r\n")
+		io.Copy(c, c)
 	}
 	vTLS, vClear := netip.MustParseAddrPort("10.96.4.3:25"), netip.MustParseAddrPort("10.96.4.4:25")
 	e.p.Update(buildSnapshot(t, 1,
 		service{name: "mail", vip: vTLS, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, TLS: tlsPolicy(e),
-			Endpoints: endpoints(greet(tls.NewListener(listenLocal(t), serverTLS(e.pki.server))))}},
+			Endpoints: endpoints(serveTCP(t, serverTLS(e.pki.server), greet))}},
 		service{name: "mail-clear", vip: vClear, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP,
-			Endpoints: endpoints(greet(listenLocal(t)))}},
+			Endpoints: endpoints(serveTCP(t, nil, greet))}},
 	))
 	for name, dst := range map[string]netip.AddrPort{"tls": vTLS, "clear": vClear} {
 		t.Run(name, func(t *testing.T) {
@@ -916,23 +904,13 @@ func TestIdleRelaysHoldNoBuffers(t *testing.T) {
 func TestSilentAppRelayHoldsNoBuffer(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{sniffTimeout: 100 * time.Millisecond})
-	l := listenLocal(t)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				io.WriteString(c, "220 ready\r\n")
-				io.Copy(io.Discard, c)
-			}()
-		}
-	}()
+	be := serveTCP(t, nil, func(c net.Conn) {
+		io.WriteString(c, "220 ready\r\n")
+		io.Copy(io.Discard, c)
+	})
 	v := netip.MustParseAddrPort("10.96.4.7:25")
 	e.p.Update(buildSnapshot(t, 1, service{name: "push", vip: v, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP,
-		Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())}}))
+		Endpoints: endpoints(be)}}))
 	c, err := e.dial(v)
 	if err != nil {
 		t.Fatal(err)
@@ -1333,25 +1311,11 @@ func TestShutdownForcedResets(t *testing.T) {
 	backendEnd := make(chan ended, 2)
 	// A backend that sends part of an answer, then reads until its end.
 	partial := func(name string, tlsCfg *tls.Config) netip.AddrPort {
-		l := listenLocal(t)
-		go func() {
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				go func() {
-					defer c.Close()
-					if tlsCfg != nil {
-						c = tls.Server(c, tlsCfg)
-					}
-					io.WriteString(c, "partial")
-					_, err := io.Copy(io.Discard, c)
-					backendEnd <- ended{name, err}
-				}()
-			}
-		}()
-		return l.Addr().(*net.TCPAddr).AddrPort()
+		return serveTCP(t, tlsCfg, func(c net.Conn) {
+			io.WriteString(c, "partial")
+			_, err := io.Copy(io.Discard, c)
+			backendEnd <- ended{name, err}
+		})
 	}
 	vClear, vTLS := netip.MustParseAddrPort("10.96.4.5:5432"), netip.MustParseAddrPort("10.96.4.6:5432")
 	e.p.Update(buildSnapshot(t, 1,
@@ -1397,25 +1361,13 @@ func TestShutdownForcedResets(t *testing.T) {
 func TestShutdownForcedResetsL7(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{http1TLS: proxy.HTTP1TLSL7})
-	l := listenLocal(t)
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				tc := tls.Server(c, serverTLS(e.pki.server))
-				// An answer of no stated length, cut short: part of it,
-				// then the backend waits for the end.
-				io.WriteString(tc, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\npartial")
-				io.Copy(io.Discard, tc)
-			}()
-		}
-	}()
-	e.p.Update(buildSnapshot(t, 1, service{name: "web", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e),
-		Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())}}))
+	// An answer of no stated length, cut short: part of it, then the
+	// backend waits for the end.
+	be := serveTCP(t, serverTLS(e.pki.server), func(c net.Conn) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\npartial")
+		io.Copy(io.Discard, c)
+	})
+	e.p.Update(buildSnapshot(t, 1, service{name: "web", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(be)}}))
 	app, err := e.dial(vip)
 	if err != nil {
 		t.Fatal(err)
