@@ -12,6 +12,7 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apivalidation "k8s.io/apimachinery/pkg/api/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -186,6 +187,19 @@ func checkResult(t *testing.T, res translate.Result) {
 				if len(p.Conditions) < 2 || p.Conditions[0].Type != "Accepted" || p.Conditions[1].Type != "ResolvedRefs" {
 					t.Errorf("route %s: conditions %+v, want Accepted and ResolvedRefs first", k, p.Conditions)
 				}
+			}
+		}
+	}
+	for _, s := range res.EndpointSelectorServices {
+		// What the API server checks of a Service it creates: generateName
+		// is a DNS-1035 label prefix, and so is the name it generates (58
+		// characters of it, then 5 random ones).
+		if s.Name == "" {
+			for _, msg := range apivalidation.NameIsDNS1035Label(s.GenerateName, true) {
+				t.Errorf("generated Service %s/%s: generateName: %s", s.Namespace, s.GenerateName, msg)
+			}
+			for _, msg := range apivalidation.NameIsDNS1035Label(s.GenerateName[:min(len(s.GenerateName), 58)]+"x7k2p", false) {
+				t.Errorf("generated Service %s/%s: generated name: %s", s.Namespace, s.GenerateName, msg)
 			}
 		}
 	}

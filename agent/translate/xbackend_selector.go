@@ -19,7 +19,8 @@ import (
 // An EndpointSelector XBackend is backed by a headless Service that
 // sockmesh creates, as the API's implementer notes suggest until the
 // upstream EndpointSelector resource exists (KEP-6116): named with
-// generateName "<xbackend>-" so no one relies on its DNS name, clusterIP
+// generateName "<xbackend>-" (selectorServiceGenerateName) so no one
+// relies on its DNS name, clusterIP
 // None, selector = matchLabels, one port whose targetPort is port.number,
 // and a controller ownerReference to the XBackend so it goes with it. The
 // EndpointSlice controller then does the selecting.
@@ -98,6 +99,27 @@ func xbackendLabelValue(name string) string {
 	return "sha256-" + shortHash(name)
 }
 
+// selectorServiceGenerateName derives the generated Service's generateName
+// from an XBackend name. The API server refuses a Service whose
+// generateName is not a DNS-1035 label prefix (a letter first, no dots, at
+// most 63 characters), while an XBackend name is a DNS subdomain: the
+// Service of "api.v2", "2fa" or a long name was never created, and such an
+// XBackend never had endpoints.
+func selectorServiceGenerateName(name string) string {
+	prefix := []byte(strings.ToLower(name))
+	for i, c := range prefix {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			prefix[i] = '-'
+		}
+	}
+	if len(prefix) == 0 || prefix[0] < 'a' || prefix[0] > 'z' {
+		prefix = append([]byte("xb-"), prefix...)
+	}
+	// The API server keeps 58 characters of a generateName before its 5
+	// random ones; keep what it keeps, dash included.
+	return string(prefix[:min(len(prefix), 57)]) + "-"
+}
+
 func desiredSelectorService(xb *gwxv1alpha1.XBackend) *corev1.Service {
 	selector := map[string]string{}
 	for k, v := range xb.Spec.EndpointSelector.MatchLabels {
@@ -107,7 +129,7 @@ func desiredSelectorService(xb *gwxv1alpha1.XBackend) *corev1.Service {
 	controller := true
 	return &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{
-			GenerateName: xb.Name + "-",
+			GenerateName: selectorServiceGenerateName(xb.Name),
 			Namespace:    xb.Namespace,
 			Labels:       map[string]string{LabelXBackend: xbackendLabelValue(xb.Name)},
 			OwnerReferences: []metav1.OwnerReference{{
