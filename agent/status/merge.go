@@ -20,7 +20,7 @@ type entryKind[E any] struct {
 // refKey identifies an ancestor or parent with the CRDs' defaults applied
 // (group gateway.networking.k8s.io, kind Gateway, the object's namespace),
 // so that a reference the API server defaulted matches the one translate
-// wrote.
+// wrote. keyOf with objNamespace "" leaves an unset namespace unset.
 type refKey struct {
 	group, kind, namespace, name, section string
 	port                                  gwv1.PortNumber
@@ -54,25 +54,44 @@ func keyOf(r gwv1.ParentReference, objNamespace string) refKey {
 // adding to a full list) and counted in dropped. changed reports whether
 // the result differs from existing.
 func mergeEntries[E any](k entryKind[E], objNamespace string, existing, ours []E, max int) (merged []E, changed bool, dropped int) {
-	want := make(map[refKey]int, len(ours))
-	for i := range ours {
-		want[keyOf(k.ref(&ours[i]), objNamespace)] = i
+	// Stored entries of ours pair with wanted ones by reference as written
+	// first, then with an unset namespace read as the object's. A route
+	// may name one Service twice, with and without its namespace (the CRD
+	// counts them as two parents, and translate wants an entry for each):
+	// paired by the defaulted key alone, both wanted entries went to one
+	// stored entry, so every write removed the other and appended it anew.
+	pair := make([]int, len(existing)) // index into ours, or -1
+	for i := range pair {
+		pair[i] = -1
 	}
 	used := make([]bool, len(ours))
+	for _, ns := range []string{"", objNamespace} {
+		for i := range existing {
+			if pair[i] >= 0 || k.controller(&existing[i]) != translate.ControllerName {
+				continue
+			}
+			key := keyOf(k.ref(&existing[i]), ns)
+			for j := range ours {
+				if !used[j] && keyOf(k.ref(&ours[j]), ns) == key {
+					pair[i], used[j] = j, true
+					break
+				}
+			}
+		}
+	}
 	for i := range existing {
 		e := existing[i]
 		if k.controller(&e) != translate.ControllerName {
 			merged = append(merged, e)
 			continue
 		}
-		j, ok := want[keyOf(k.ref(&e), objNamespace)]
-		if !ok || used[j] {
+		j := pair[i]
+		if j < 0 {
 			// No longer related, or a duplicate of ours left by an
 			// older writer: remove it.
 			changed = true
 			continue
 		}
-		used[j] = true
 		// Keep the stored entry (its reference as the API server
 		// defaulted it) and merge the conditions into it.
 		conds, condsChanged := mergeConditions(*k.conditions(&e), *k.conditions(&ours[j]))

@@ -26,6 +26,11 @@ func svcRef(name, section string) gwv1.ParentReference {
 	return r
 }
 
+func withNamespace(r gwv1.ParentReference, ns string) gwv1.ParentReference {
+	r.Namespace = ptr(gwv1.Namespace(ns))
+	return r
+}
+
 func cond(typ, status, reason, msg string, gen int64, at metav1.Time) metav1.Condition {
 	return metav1.Condition{Type: typ, Status: metav1.ConditionStatus(status), Reason: reason, Message: msg, ObservedGeneration: gen, LastTransitionTime: at}
 }
@@ -107,6 +112,25 @@ func TestMergeEntries(t *testing.T) {
 		merged: []gwv1.PolicyAncestorStatus{ancestor(ours, gwv1.ParentReference{
 			Group: ptr(gwv1.Group(gwv1.GroupName)), Kind: ptr(gwv1.Kind("Gateway")), Namespace: ptr(gwv1.Namespace("ns")), Name: "gw"},
 			accepted(1, t0))},
+	}, {
+		// A route may name one Service twice, with and without its
+		// namespace: the CRD counts them as two parents, and translate
+		// writes an entry for each.
+		name: "one parent written with and without its namespace keeps both entries",
+		existing: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""), accepted(1, t0)),
+			ancestor(ours, withNamespace(svcRef("svc", ""), "ns"), accepted(1, t0))},
+		want: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""), accepted(1, t1)),
+			ancestor(ours, withNamespace(svcRef("svc", ""), "ns"), accepted(1, t1))},
+		merged: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""), accepted(1, t0)),
+			ancestor(ours, withNamespace(svcRef("svc", ""), "ns"), accepted(1, t0))},
+	}, {
+		name:     "the form written is matched first",
+		existing: []gwv1.PolicyAncestorStatus{ancestor(ours, withNamespace(svcRef("svc", ""), "ns"), accepted(1, t0))},
+		want: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""), accepted(1, t1)),
+			ancestor(ours, withNamespace(svcRef("svc", ""), "ns"), accepted(1, t1))},
+		merged: []gwv1.PolicyAncestorStatus{ancestor(ours, withNamespace(svcRef("svc", ""), "ns"), accepted(1, t0)),
+			ancestor(ours, svcRef("svc", ""), accepted(1, t1))},
+		changed: true,
 	}, {
 		name:     "sectionName distinguishes ancestors",
 		existing: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", "https"), accepted(1, t0))},
