@@ -124,10 +124,19 @@ func (rb *routeBuilder) resolveBackend(ref gwv1.BackendObjectReference) (resolve
 		}
 		if xb, ok := svc.Annotations[AnnotationXBackend]; ok {
 			out.backend, out.xbackend = t.xbackendServiceBackend(svc, xb)
-		} else if b := t.backends[snapshot.BackendRef{Kind: snapshot.KindService, Namespace: ns, Name: name, Port: uint16(*ref.Port)}]; b != nil {
+			break
+		}
+		if b := t.backends[snapshot.BackendRef{Kind: snapshot.KindService, Namespace: ns, Name: name, Port: uint16(*ref.Port)}]; b != nil {
 			out.backend = *b // built for an earlier reference
 		} else {
 			out.backend = t.serviceBackend(svc, svc.Spec.Ports[i])
+		}
+		if deref(svc.Spec.Ports[i].AppProtocol) == appProtocolWSS && out.backend.TLS == nil && out.backend.Invalid == nil {
+			// GEP-1911: routes reach a wss port only through TLS that a
+			// BackendTLSPolicy originates; without one, requests would go
+			// in plaintext to a TLS server.
+			return out, &refProblem{string(gwv1.RouteReasonUnsupportedProtocol), fmt.Sprintf(
+				"%s: port %d has appProtocol %s, and no BackendTLSPolicy tells sockmesh how to originate its TLS", what, *ref.Port, appProtocolWSS)}
 		}
 	case group == gwxv1alpha1.GroupName && kind == "XBackend":
 		if ref.Port != nil {
