@@ -275,10 +275,16 @@ func statusPatch(resourceVersion string, status map[string]any) any {
 
 // writeObject patches obj's status with what update derives from it. On a
 // conflict it reads the object again and derives anew, so a concurrent
-// writer's entries are merged rather than overwritten.
+// writer's entries are merged rather than overwritten. An object read
+// again with another UID was deleted and recreated since translate judged
+// obj: it gets nothing, since its generation need not have moved past the
+// one judged (the watch event of the new object brings a fresh judgement).
 func writeObject[O metav1.Object](ctx context.Context, w *Writer, t target[O], obj O, update func(O) (any, bool)) error {
-	ns, name := obj.GetNamespace(), obj.GetName()
+	ns, name, uid := obj.GetNamespace(), obj.GetName(), obj.GetUID()
 	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		if uid != "" && obj.GetUID() != uid {
+			return nil
+		}
 		patch, ok := update(obj)
 		if !ok {
 			return nil

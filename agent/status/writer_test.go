@@ -220,6 +220,25 @@ func TestWriterAgainstAPIServer(t *testing.T) {
 	if diff := cmp.Diff([]gwv1.GatewayController{other}, controllers(got.Status.Ancestors)); diff != "" {
 		t.Errorf("after removal, controllers (-want +got):\n%s", diff)
 	}
+
+	// The policy is deleted and another of the same name created before
+	// the status judged on the old one is written: the new policy is not
+	// what translate judged, and gets nothing.
+	judged := listInput(t, env)
+	if err := env.Gateway.GatewayV1().BackendTLSPolicies(ns).Delete(ctx, "p", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	policy.ObjectMeta = metav1.ObjectMeta{Name: "p", Namespace: ns}
+	policy.Status = gwv1.PolicyStatus{}
+	if _, err := env.Gateway.GatewayV1().BackendTLSPolicies(ns).Create(ctx, policy, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Write(ctx, judged, accepted(2, "judged on the deleted policy")); err != nil {
+		t.Fatal(err)
+	}
+	if got := getPolicy(t, env, "p"); len(got.Status.Ancestors) != 0 {
+		t.Errorf("the recreated policy got the deleted one's status: %+v", got.Status.Ancestors)
+	}
 }
 
 func controllers(as []gwv1.PolicyAncestorStatus) []gwv1.GatewayController {
