@@ -92,7 +92,9 @@ func (t *translator) translatePolicies() {
 				continue
 			}
 			for _, sp := range tcpPorts {
-				claim(portKey{svc.Namespace, svc.Name, sp.Port}, portPolicy{eval: e, target: tg}, tg.ref.SectionName != nil)
+				// An empty sectionName names the whole Service, as in
+				// resolveTarget and the CRD's targetRefs rules.
+				claim(portKey{svc.Namespace, svc.Name, sp.Port}, portPolicy{eval: e, target: tg}, deref(tg.ref.SectionName) != "")
 			}
 		}
 	}
