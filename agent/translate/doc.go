@@ -28,7 +28,8 @@
 // The Frontend's Backend is the Service port itself (kind Service) with
 // endpoints from the EndpointSlices labelled kubernetes.io/service-name: the
 // slice port with the Service port's name (its number is the resolved
-// targetPort), IPv4 and IPv6 slices (FQDN slices are skipped), conditions as
+// targetPort), IPv4 and IPv6 slices (FQDN slices are skipped), each
+// endpoint's first address (kube-proxy ignores the others), conditions as
 // the EndpointSlice API defines their nil values, zone, nodeName and Pod
 // targetRef. Of those, the snapshot keeps the ones this node's proxy may
 // use, as kube-proxy chooses them on this node (serviceEndpoints): with

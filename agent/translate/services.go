@@ -151,27 +151,30 @@ func (t *translator) hintedEndpoints(namespace, service, portName string, proto 
 			continue
 		}
 		for _, ep := range es.Endpoints {
-			for _, s := range ep.Addresses {
-				a, err := netip.ParseAddr(s)
-				if err != nil {
-					continue
-				}
-				ap := netip.AddrPortFrom(a.Unmap(), port)
-				if seen[ap] {
-					continue
-				}
-				seen[ap] = true
-				h := hinted{Endpoint: endpoint(ap, ep, es.Namespace)}
-				if ep.Hints != nil {
-					for _, z := range ep.Hints.ForZones {
-						h.forZones = append(h.forZones, z.Name)
-					}
-					for _, n := range ep.Hints.ForNodes {
-						h.forNodes = append(h.forNodes, n.Name)
-					}
-				}
-				out = append(out, h)
+			// An endpoint is its first address: the API gives further ones
+			// no meaning, and kube-proxy never looks at them.
+			if len(ep.Addresses) == 0 {
+				continue
 			}
+			a, err := netip.ParseAddr(ep.Addresses[0])
+			if err != nil {
+				continue
+			}
+			ap := netip.AddrPortFrom(a.Unmap(), port)
+			if seen[ap] {
+				continue
+			}
+			seen[ap] = true
+			h := hinted{Endpoint: endpoint(ap, ep, es.Namespace)}
+			if ep.Hints != nil {
+				for _, z := range ep.Hints.ForZones {
+					h.forZones = append(h.forZones, z.Name)
+				}
+				for _, n := range ep.Hints.ForNodes {
+					h.forNodes = append(h.forNodes, n.Name)
+				}
+			}
+			out = append(out, h)
 		}
 	}
 	slices.SortFunc(out, func(a, b hinted) int { return a.Addr.Compare(b.Addr) })
