@@ -111,7 +111,9 @@ func (rb *routeBuilder) resolveBackend(ref gwv1.BackendObjectReference) (resolve
 			// backends (CVE-2021-25740).
 			return out, &refProblem{string(gwv1.RouteReasonInvalidKind), what + ": ExternalName Services are not supported as backends"}
 		}
-		i := slices.IndexFunc(svc.Spec.Ports, func(sp corev1.ServicePort) bool { return isTCP(sp) && sp.Port == *ref.Port })
+		// A port number out of range is no port: in 16 bits it would
+		// stand for another port's backend (and that port's TLS).
+		i := slices.IndexFunc(svc.Spec.Ports, func(sp corev1.ServicePort) bool { return isTCP(sp) && validPort(sp.Port) && sp.Port == *ref.Port })
 		if i < 0 {
 			return out, &refProblem{string(gwv1.RouteReasonBackendNotFound), fmt.Sprintf("%s: the Service has no TCP port %d", what, *ref.Port)}
 		}
