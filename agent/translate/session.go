@@ -39,6 +39,11 @@ func sessionPersistence(sp *gwv1.SessionPersistence, owner snapshot.ObjectRef) (
 		out.Name = "sockmesh-session-" + shortHash(owner.String())
 		if c := sp.Cookie; c != nil {
 			if c.Name != nil && *c.Name != "" {
+				// No Set-Cookie can carry a name that is not a token: the
+				// proxy's cookie would be dropped, sessions left unpinned.
+				if !validHeaderName(string(*c.Name)) {
+					return nil, fmt.Sprintf("sessionPersistence.cookie.name %q is not a valid cookie name (an RFC 7230 token)", *c.Name)
+				}
 				out.Name = string(*c.Name)
 			}
 			if c.Path != nil {
@@ -57,6 +62,9 @@ func sessionPersistence(sp *gwv1.SessionPersistence, owner snapshot.ObjectRef) (
 		}
 		if sp.Header == nil || sp.Header.Name == "" {
 			return nil, "sessionPersistence.header.name is required when type is Header"
+		}
+		if !validHeaderName(string(sp.Header.Name)) {
+			return nil, fmt.Sprintf("sessionPersistence.header.name %q is not a valid header name", sp.Header.Name)
 		}
 		out.Name = string(sp.Header.Name)
 	default:
