@@ -139,29 +139,46 @@ var errBackendBody = errors.New("read response body")
 // gRPC streams, chunked) are flushed after every read so nothing waits in a
 // buffer; sized ones go through net/http's buffered writer. A stream that
 // probably waits for its next event (its last read was small:
-// streamWaitBelow) waits in a read of one byte, without a copy buffer; the
-// rest of what arrives waits in the transport's own buffers.
+// streamWaitBelow) waits in a read into a small probe, without a copy
+// buffer, and passes on what it brought before it reads again: a read
+// that waits for more must not hold back bytes the app is owed (a
+// heartbeat, a line's end flushed alone). A probe that came back full
+// may have left more at hand, read next with a copy buffer; the rest of
+// what arrives waits in the transport's own buffers.
 func (h *Handler) copyBody(w http.ResponseWriter, resp *http.Response, be *upstream.Backend) error {
 	flush := resp.ContentLength < 0 || strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	var flusher http.Flusher
-	var probe *[1]byte // streams only: it escapes, an allocation
+	var probe *[probeSize]byte // streams only: it escapes, an allocation
 	if flush {
 		flusher, _ = w.(http.Flusher)
-		probe = new([1]byte)
+		probe = new([probeSize]byte)
 	}
 	last := 0
 	for {
-		bp, n, rerr := h.readBody(resp.Body, flusher != nil && last < streamWaitBelow, probe)
+		var bp *[]byte
+		var p []byte
+		if flusher != nil && last < streamWaitBelow {
+			p = probe[:]
+		} else {
+			bp = h.bufs.Get()
+			p = *bp
+		}
+		n, rerr := resp.Body.Read(p)
 		last = n
+		if bp == nil && n == len(p) {
+			last = streamWaitBelow
+		}
+		var werr error
 		if n > 0 {
-			_, werr := w.Write((*bp)[:n])
-			h.bufs.Put(bp)
-			if werr != nil {
-				return fmt.Errorf("write response body: %w", werr)
-			}
-			if flusher != nil {
+			if _, werr = w.Write(p[:n]); werr == nil && flusher != nil {
 				flusher.Flush()
 			}
+		}
+		if bp != nil {
+			h.bufs.Put(bp)
+		}
+		if werr != nil {
+			return fmt.Errorf("write response body: %w", werr)
 		}
 		if rerr == io.EOF {
 			return nil
@@ -172,31 +189,9 @@ func (h *Handler) copyBody(w http.ResponseWriter, resp *http.Response, be *upstr
 	}
 }
 
-// readBody reads body's next bytes into a copy buffer (nil when there are
-// none); wait says they may be long to come: the wait is then a read of
-// one byte into probe, and the buffer is taken once it returns.
-func (h *Handler) readBody(body io.Reader, wait bool, probe *[1]byte) (*[]byte, int, error) {
-	pre := 0
-	var err error
-	if wait {
-		if pre, err = body.Read(probe[:]); pre == 0 {
-			return nil, 0, err
-		}
-	}
-	bp := h.bufs.Get()
-	if pre > 0 {
-		(*bp)[0] = probe[0]
-	}
-	n := 0
-	if err == nil {
-		n, err = body.Read((*bp)[pre:])
-	}
-	if pre+n == 0 {
-		h.bufs.Put(bp)
-		return nil, 0, err
-	}
-	return bp, pre + n, err
-}
+// probeSize is the read a waiting stream waits in: most events and
+// messages fit, so they go out in one write.
+const probeSize = 512
 
 // switchProtocols completes an HTTP/1.1 Upgrade the backend accepted: the
 // 101 goes to the client, then bytes flow both ways until either side ends.

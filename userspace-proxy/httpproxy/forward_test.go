@@ -1,0 +1,89 @@
+package httpproxy
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// serveL7 runs the fixture's Handler behind net/http's server (HTTP/1.1
+// and h2c), as the proxy does for HTTP/2 apps, and returns a client of
+// it; h2c makes the client speak HTTP/2 with prior knowledge.
+func (f *fixture) serveL7(h2c bool) *http.Client {
+	f.t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	srv := &http.Server{Handler: f.h, Protocols: new(http.Protocols),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return WithTarget(ctx, &Target{OrigDst: vip, Start: f.cur.Load(), Current: &f.cur,
+				ClientAddr: c.RemoteAddr().(*net.TCPAddr).AddrPort()})
+		}}
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	go srv.Serve(l)
+	f.t.Cleanup(func() { srv.Close() })
+	tr := &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", l.Addr().String())
+		},
+		DisableCompression: true,
+		Protocols:          new(http.Protocols),
+	}
+	if h2c {
+		tr.Protocols.SetUnencryptedHTTP2(true)
+	} else {
+		tr.Protocols.SetHTTP1(true)
+	}
+	f.t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
+// TestStreamByteNotHeld: a streamed answer's byte that came alone (a
+// heartbeat, a line's end flushed on its own) reaches the app at once,
+// not with the backend's next write.
+func TestStreamByteNotHeld(t *testing.T) {
+	for _, proto := range []snapshot.Protocol{snapshot.ProtocolH2C, snapshot.ProtocolHTTP11} {
+		t.Run(string(proto), func(t *testing.T) {
+			next := make(chan struct{})
+			ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				for _, b := range []string{"first event\n", "x", "last"} {
+					io.WriteString(w, b)
+					w.(http.Flusher).Flush()
+					select {
+					case <-next:
+					case <-r.Context().Done():
+						return
+					}
+				}
+			}))
+			f := newFixture(t, Config{}, snapshot.Backend{Protocol: proto, Endpoints: []snapshot.Endpoint{ep}})
+			resp, err := f.serveL7(true).Get("http://echo.b.svc/stream")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			for _, want := range []string{"first event\n", "x"} {
+				got := make([]byte, len(want))
+				done := make(chan error, 1)
+				go func() { _, err := io.ReadFull(resp.Body, got); done <- err }()
+				select {
+				case err := <-done:
+					if err != nil || string(got) != want {
+						t.Fatalf("read %q, %v; want %q", got, err, want)
+					}
+				case <-time.After(10 * time.Second):
+					t.Fatalf("%q did not arrive before the backend's next write", want)
+				}
+				next <- struct{}{}
+			}
+		})
+	}
+}
