@@ -87,3 +87,44 @@ func TestStreamByteNotHeld(t *testing.T) {
 		})
 	}
 }
+
+// TestStreamedBodyAfterRefusedConnect: a request whose body streams (an
+// HTTP/2 upload, a gRPC call: no Content-Length) goes to another endpoint
+// when its endpoint refuses the connection, as one with a sized body
+// does: none of its body was read.
+func TestStreamedBodyAfterRefusedConnect(t *testing.T) {
+	for _, proto := range []snapshot.Protocol{snapshot.ProtocolH2C, snapshot.ProtocolHTTP11} {
+		t.Run(string(proto), func(t *testing.T) {
+			ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				b, _ := io.ReadAll(r.Body)
+				w.Write(b)
+			}))
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			refused := snapshot.Endpoint{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true, Serving: true}
+			l.Close()
+			f := newFixture(t, Config{}, snapshot.Backend{Protocol: proto, Endpoints: []snapshot.Endpoint{refused, ep}})
+			c := f.serveL7(true)
+			// Endpoints take turns: one of the two requests is sent to
+			// the refusing one first.
+			for i := range 2 {
+				pr, pw := io.Pipe()
+				go func() {
+					io.WriteString(pw, "streamed body")
+					pw.Close()
+				}()
+				resp, err := c.Post("http://echo.b.svc/upload", "text/plain", pr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != http.StatusOK || string(b) != "streamed body" || err != nil {
+					t.Fatalf("request %d: %d %q %v, want 200 with the body", i, resp.StatusCode, b, err)
+				}
+			}
+		})
+	}
+}

@@ -281,6 +281,9 @@ type exchange struct {
 	// grpc is the gRPC call being forwarded on the net/http path; nil for
 	// other requests.
 	grpc *grpcCall
+	// held is the streamed body of the request being sent (roundTrip):
+	// one whose connect failed before any of it was read may go again.
+	held *upstream.HeldBody
 }
 
 // WireFor decides the HTTP version toward the backend for a request of

@@ -195,6 +195,26 @@ func (x *exchange) replayable(r *http.Request) bool {
 	return r.Body == nil || r.Body == http.NoBody || x.r != nil && x.r.kept
 }
 
+// resendable reports whether the request may be sent again after its
+// connect failed: it is replayable, or none of its streamed body was read.
+func (x *exchange) resendable(r *http.Request) bool {
+	return x.replayable(r) || x.held != nil && x.held.Untouched()
+}
+
+// again is the body for try n (0 for the first) of a request whose body
+// is body: a kept one afresh; after the first, a streamed one held anew,
+// as a try whose connect failed closed it.
+func (x *exchange) again(body io.ReadCloser, n int) io.ReadCloser {
+	switch {
+	case x.r != nil && x.r.kept:
+		return replayBody(x.r.body)
+	case n > 0 && x.held != nil:
+		x.held = x.held.Again()
+		return x.held
+	}
+	return body
+}
+
 // repick is the endpoint for a retry: the same one when a session pins it,
 // else the next ready one.
 func (x *exchange) repick(c *balance.Choice) *balance.Choice {
@@ -212,6 +232,13 @@ func (x *exchange) repick(c *balance.Choice) *balance.Choice {
 // called once the response body is read (it ends the contexts).
 func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request, c *balance.Choice) (resp *http.Response, done func(), err error) {
 	countRequest(x)
+	if !x.replayable(out) {
+		// The transports close the body of a request they fail, and a
+		// connect that failed read none of it: held, it can go again.
+		x.held = upstream.HoldBody(out.Body)
+		out.Body = x.held
+		defer func() { x.held.Release() }()
+	}
 	if x.r == nil || !x.r.pol.active {
 		resp, err := x.roundTripAny(rt, out)
 		return resp, noop, err
@@ -231,9 +258,7 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 		if n > 0 {
 			o.URL = withURLHost(out.URL, c.Host)
 		}
-		if x.r.kept {
-			o.Body = replayBody(x.r.body)
-		}
+		o.Body = x.again(o.Body, n)
 		resp, err = x.roundTripAny(rt, o)
 		why := ""
 		switch {
@@ -248,7 +273,7 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 		case err == nil && p.retryStatus(resp.StatusCode):
 			why = "status"
 		}
-		if why == "" || !replay || n >= p.retries {
+		if why == "" || !replay && !(why == "connect" && x.resendable(out)) || n >= p.retries {
 			if err != nil {
 				cancel()
 				cancelReq()
@@ -283,13 +308,11 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 func (x *exchange) roundTripAny(rt http.RoundTripper, out *http.Request) (*http.Response, error) {
 	resp, err := rt.RoundTrip(out)
 	for i := 1; err != nil && i < min(x.be.Picker.Len(), 3) && upstream.NoConnection(err) &&
-		x.replayable(out) && x.sessionFor() == nil; i++ {
+		x.resendable(out) && x.sessionFor() == nil; i++ {
 		c := x.be.Picker.Pick()
 		o := out.WithContext(upstream.WithEndpoint(out.Context(), &c.Endpoint))
 		o.URL = withURLHost(out.URL, c.Host)
-		if x.r != nil && x.r.kept {
-			o.Body = replayBody(x.r.body)
-		}
+		o.Body = x.again(o.Body, i)
 		resp, err = rt.RoundTrip(o)
 	}
 	return resp, err

@@ -431,11 +431,13 @@ func TestRouteRetryConnectError(t *testing.T) {
 				return m.backend(name, snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
 			}
 			retried := broken("retried", 2)
+			streamed := broken("streamed", 2)
 			exhausted := broken("exhausted", 2)
 			healthy := startEcho(t, "healthy", nil)
 			mixed := m.backend("mixed", snapshot.Backend{Endpoints: endpoints(closedPort(t), healthy.addr)})
 			m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindHTTPRoute,
 				rule{[]snapshot.RouteMatch{prefixMatch("/retried")}, snapshot.RouteRule{Backends: to(retried), Retry: &snapshot.Retry{Attempts: 2, Backoff: dur(1e6)}}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/streamed")}, snapshot.RouteRule{Backends: to(streamed), Retry: &snapshot.Retry{Attempts: 2, Backoff: dur(1e6)}}},
 				rule{[]snapshot.RouteMatch{prefixMatch("/exhausted")}, snapshot.RouteRule{Backends: to(exhausted), Retry: &snapshot.Retry{Attempts: 1, Backoff: dur(1e6)}}},
 				rule{[]snapshot.RouteMatch{prefixMatch("/mixed")}, snapshot.RouteRule{Backends: to(mixed), Retry: &snapshot.Retry{Attempts: 1}}},
 			)))
@@ -444,11 +446,21 @@ func TestRouteRetryConnectError(t *testing.T) {
 			if a := send(t, c, newReq(t, http.MethodPost, "http://front.b.svc/retried", strings.NewReader("x"))); a.status != 200 || a.report.Pod != "retried" {
 				t.Errorf("two failed handshakes, two retries: %d %s", a.status, a.body)
 			}
+			// A streamed body (no Content-Length) is not kept, but none of
+			// it went out either.
+			pr, pw := io.Pipe()
+			go func() {
+				io.WriteString(pw, "streamed")
+				pw.Close()
+			}()
+			if a := send(t, c, newReq(t, http.MethodPost, "http://front.b.svc/streamed", pr)); a.status != 200 || a.report.Pod != "streamed" || a.report.BodyBytes != 8 {
+				t.Errorf("streamed body, two failed handshakes, two retries: %d %s", a.status, a.body)
+			}
 			if a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/exhausted", nil)); a.status != http.StatusBadGateway {
 				t.Errorf("two failed handshakes, one retry: %d %s, want 502", a.status, a.body)
 			}
-			if got := e.counter("sockmesh_proxy_request_retries_total", map[string]string{"reason": "connect"}); got != 3 {
-				t.Errorf("retries{connect} = %v, want 3", got)
+			if got := e.counter("sockmesh_proxy_request_retries_total", map[string]string{"reason": "connect"}); got != 5 {
+				t.Errorf("retries{connect} = %v, want 5", got)
 			}
 			// Either path tries the other endpoint after a refused connect,
 			// within the attempt, and passes the refusing one over after.

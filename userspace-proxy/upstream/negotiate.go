@@ -56,40 +56,46 @@ func (n negotiated) RoundTrip(req *http.Request) (*http.Response, error) {
 	if n.b.SpeaksH1Only(time.Now()) {
 		return h1Transport(n).RoundTrip(req)
 	}
-	out, held := req, (*heldBody)(nil)
+	out, held := req, (*HeldBody)(nil)
 	if req.Body != nil && req.Body != http.NoBody {
 		// The Transport closes the body of a request it fails; one that
 		// goes again over HTTP/1.1 must stay open.
-		held = &heldBody{r: req.Body, holding: true}
+		held = HoldBody(req.Body)
 		out = new(http.Request)
 		*out = *req
 		out.Body = held
 	}
 	resp, err := n.b.w.transport(WireNegotiate).RoundTrip(out)
-	if errors.Is(err, errDeclinedH2) && held.untouched() {
+	if errors.Is(err, errDeclinedH2) && held.Untouched() {
 		return h1Transport(n).RoundTrip(req)
 	}
-	held.release()
+	held.Release()
 	return resp, err
 }
 
-// heldBody defers a Close until release, and tells whether it was read.
-type heldBody struct {
+// HeldBody is a request body whose Close waits for Release, and which
+// tells whether it was read: a request that failed before any of its body
+// went out (its connect failed, or h2 was declined) may go again with it,
+// though the transport closed it.
+type HeldBody struct {
 	r       io.ReadCloser
 	mu      sync.Mutex
 	read    bool
-	holding bool // Close waits for release
+	holding bool // Close waits for Release
 	closed  bool // Close was called while holding
 }
 
-func (h *heldBody) Read(p []byte) (int, error) {
+// HoldBody returns r held until Release.
+func HoldBody(r io.ReadCloser) *HeldBody { return &HeldBody{r: r, holding: true} }
+
+func (h *HeldBody) Read(p []byte) (int, error) {
 	h.mu.Lock()
 	h.read = true
 	h.mu.Unlock()
 	return h.r.Read(p)
 }
 
-func (h *heldBody) Close() error {
+func (h *HeldBody) Close() error {
 	h.mu.Lock()
 	if h.holding {
 		h.closed = true
@@ -100,8 +106,12 @@ func (h *heldBody) Close() error {
 	return h.r.Close()
 }
 
-// untouched reports whether nothing read h; a nil h (no body) is untouched.
-func (h *heldBody) untouched() bool {
+// Again returns h's body held anew, for another try of a request whose
+// try read none of it: a Close that try made stays with h, never done.
+func (h *HeldBody) Again() *HeldBody { return HoldBody(h.r) }
+
+// Untouched reports whether nothing read h; a nil h (no body) is untouched.
+func (h *HeldBody) Untouched() bool {
 	if h == nil {
 		return true
 	}
@@ -110,9 +120,9 @@ func (h *heldBody) untouched() bool {
 	return !h.read
 }
 
-// release passes Close through from now on, and performs one that came
-// while holding.
-func (h *heldBody) release() {
+// Release passes Close through from now on, and performs one that came
+// while holding. A nil h does nothing.
+func (h *HeldBody) Release() {
 	if h == nil {
 		return
 	}
