@@ -2,6 +2,7 @@ package httpproxy
 
 import (
 	"bufio"
+	"context"
 	"crypto/rand"
 	"crypto/sha1"
 	"encoding/base64"
@@ -12,6 +13,7 @@ import (
 	"net/http/httptrace"
 	"net/textproto"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
@@ -39,10 +41,14 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 		http.NewResponseController(w).EnableFullDuplex()
 	}
 	x.grpc = grpcCallOf(r)
+	stop := noop
 	if r.ProtoAtLeast(1, 1) {
-		out = out.WithContext(httptrace.WithClientTrace(out.Context(), informational(w)))
+		var trace *httptrace.ClientTrace
+		trace, stop = informational(r.Context(), w)
+		out = out.WithContext(httptrace.WithClientTrace(out.Context(), trace))
 	}
 	resp, done, err := h.roundTrip(x, be.RoundTripper(WireFor(be, r.ProtoMajor, websocket)), out, c)
+	stop()
 	if err != nil {
 		h.fail(w, r, x, upstream.Classify(err), err)
 		return
@@ -114,10 +120,24 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 // informational passes the backend's 1xx answers (103 Early Hints, 102)
 // to the client, as the fast path does; 100 Continue is the server's own
 // to send. The transports call it before they return the final answer,
-// while the handler waits for it.
-func informational(w http.ResponseWriter) *httptrace.ClientTrace {
-	return &httptrace.ClientTrace{Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
+// while the handler waits for it, but HTTP/2's calls it from its
+// connection's read loop, which may still deliver a 1xx after the round
+// trip ended (the client left, a timeout passed): stop, called before the
+// handler writes anything else, ends the passing. Past it, w is being
+// written by the handler or finished, and net/http then panics on the
+// read loop, where nothing recovers: the whole proxy would end. A 1xx
+// sent as the app's stream ends leaves w's header as it is: net/http's
+// HTTP/2 server may still be writing it out.
+func informational(ctx context.Context, w http.ResponseWriter) (trace *httptrace.ClientTrace, stop func()) {
+	var mu sync.Mutex
+	stopped := false
+	got := func(code int, h textproto.MIMEHeader) error {
 		if code == http.StatusContinue {
+			return nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if stopped {
 			return nil
 		}
 		hdr := w.Header()
@@ -125,11 +145,21 @@ func informational(w http.ResponseWriter) *httptrace.ClientTrace {
 			hdr[k] = vv
 		}
 		w.WriteHeader(code)
+		if ctx.Err() != nil {
+			stopped = true
+			return nil
+		}
 		for k := range h {
 			delete(hdr, k)
 		}
 		return nil
-	}}
+	}
+	stop = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stopped = true
+	}
+	return &httptrace.ClientTrace{Got1xxResponse: got}, stop
 }
 
 // errBackendBody marks copyBody's failures on the backend's side.

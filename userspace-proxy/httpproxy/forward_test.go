@@ -5,6 +5,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
 	"testing"
 	"time"
 
@@ -126,5 +128,36 @@ func TestStreamedBodyAfterRefusedConnect(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestInformationalAfterEnd: a 1xx the backend sends as the app's request
+// ends (here the app leaves on the first of a stream of 103s) is dropped.
+// net/http's HTTP/2 transport may deliver it from its read loop after the
+// round trip returned, and passing it on to the finished request panicked
+// there, where nothing recovers: the proxy ended.
+func TestInformationalAfterEnd(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		for r.Context().Err() == nil {
+			w.WriteHeader(http.StatusEarlyHints)
+		}
+	}))
+	f := newFixture(t, Config{}, snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: []snapshot.Endpoint{ep}})
+	c := f.serveL7(true)
+	for range 50 {
+		ctx, cancel := context.WithCancel(context.Background())
+		ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{Got1xxResponse: func(int, textproto.MIMEHeader) error {
+			cancel()
+			return nil
+		}})
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://echo.b.svc/hints", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp, err := c.Do(req); err == nil {
+			resp.Body.Close()
+		}
+		cancel()
 	}
 }
