@@ -34,10 +34,11 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 			return
 		}
 	}
-	if r.ProtoMajor == 1 && r.ContentLength < 0 {
-		// A streamed request body (chunked) may need the response to start
-		// before it ends, as in bidirectional streaming; net/http's HTTP/1
-		// server allows that only when asked.
+	if r.ProtoMajor == 1 && r.ContentLength != 0 {
+		// A request body may still be on its way to the backend when the
+		// response starts (bidirectional streaming, an early answer);
+		// net/http's HTTP/1 server would then read the rest and drop it,
+		// unless asked not to.
 		http.NewResponseController(w).EnableFullDuplex()
 	}
 	x.grpc = grpcCallOf(r)

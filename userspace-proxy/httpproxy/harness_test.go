@@ -44,6 +44,8 @@ type fixture struct {
 	ln    net.Listener
 	logs  *syncbuf.Buffer
 	wg    sync.WaitGroup
+	// l7 is the address of the server serveL7 started.
+	l7 string
 }
 
 func newFixture(t *testing.T, cfg Config, be snapshot.Backend) *fixture {
