@@ -167,47 +167,53 @@ func TestInformationalAfterEnd(t *testing.T) {
 
 // TestUploadAnsweredWhileSent: an HTTP/1.1 app's request body of known
 // length goes on to the backend after the backend's answer started (a
-// streaming echo, progress reported during an upload). net/http's HTTP/1
-// server reads and drops what is left of a request body when the answer
-// starts, unless the handler is full duplex: the backend never got the
-// rest, and an app waiting for the answer to send more waited forever.
+// streaming echo, progress reported during an upload), each piece as it
+// comes. net/http's HTTP/1 server reads and drops what is left of a
+// request body when the answer starts, unless the handler is full duplex,
+// and the HTTP/1.1 transport held such a body's pieces in its writer until
+// the end: the backend never got the rest, and an app waiting for the
+// answer to send more waited forever.
 func TestUploadAnsweredWhileSent(t *testing.T) {
-	ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		http.NewResponseController(w).EnableFullDuplex()
-		buf := make([]byte, 1024)
-		for {
-			n, err := r.Body.Read(buf)
-			if n > 0 {
-				w.Write(buf[:n])
-				w.(http.Flusher).Flush()
-			}
+	for _, proto := range []snapshot.Protocol{snapshot.ProtocolH2C, snapshot.ProtocolHTTP11} {
+		t.Run(string(proto), func(t *testing.T) {
+			ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				http.NewResponseController(w).EnableFullDuplex()
+				buf := make([]byte, 1024)
+				for {
+					n, err := r.Body.Read(buf)
+					if n > 0 {
+						w.Write(buf[:n])
+						w.(http.Flusher).Flush()
+					}
+					if err != nil {
+						return
+					}
+				}
+			}))
+			f := newFixture(t, Config{}, snapshot.Backend{Protocol: proto, Endpoints: []snapshot.Endpoint{ep}})
+			f.serveL7(false)
+			c, err := net.Dial("tcp", f.l7)
 			if err != nil {
-				return
+				t.Fatal(err)
 			}
-		}
-	}))
-	f := newFixture(t, Config{}, snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: []snapshot.Endpoint{ep}})
-	f.serveL7(false)
-	c, err := net.Dial("tcp", f.l7)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	piece := strings.Repeat("a", 1024)
-	// Each piece after the first is sent once the one before came back.
-	io.WriteString(c, "POST /echo HTTP/1.1\r\nHost: echo.b.svc\r\nContent-Length: 4096\r\n\r\n"+piece)
-	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
-	if err != nil {
-		t.Fatalf("answer head: %v", err)
-	}
-	buf := make([]byte, len(piece))
-	for i := range 4 {
-		if _, err := io.ReadFull(resp.Body, buf); err != nil {
-			t.Fatalf("echo of piece %d: %v", i, err)
-		}
-		if i < 3 {
-			io.WriteString(c, piece)
-		}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			piece := strings.Repeat("a", 1024)
+			// Each piece after the first is sent once the one before came back.
+			io.WriteString(c, "POST /echo HTTP/1.1\r\nHost: echo.b.svc\r\nContent-Length: 4096\r\n\r\n"+piece)
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatalf("answer head: %v", err)
+			}
+			buf := make([]byte, len(piece))
+			for i := range 4 {
+				if _, err := io.ReadFull(resp.Body, buf); err != nil {
+					t.Fatalf("echo of piece %d: %v", i, err)
+				}
+				if i < 3 {
+					io.WriteString(c, piece)
+				}
+			}
+		})
 	}
 }

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -158,9 +159,14 @@ func abort(c net.Conn) {
 }
 
 // writeRequest writes req with Request.Write (its framing: Content-Length
-// or chunks and trailers, flushed chunk by chunk for streamed bodies).
+// or chunks and trailers, flushed chunk by chunk for chunked bodies; a
+// body of known length goes out as it is read: sizedWriter).
 func writeRequest(uc *pool.Conn, req *http.Request) error {
-	err := req.Write(uc.W)
+	var w io.Writer = uc.W
+	if req.ContentLength > 0 {
+		w = sizedWriter{uc.W}
+	}
+	err := req.Write(w)
 	if err == nil {
 		err = uc.W.Flush()
 	}
@@ -168,6 +174,32 @@ func writeRequest(uc *pool.Conn, req *http.Request) error {
 		return fmt.Errorf("write request: %w", err)
 	}
 	return nil
+}
+
+// sizedWriter is the connection's writer for a request body of known
+// length, which Request.Write flushes only at its end: its bytes go out
+// as they are read, as a chunked body's do, or a backend answering as it
+// reads (a streaming echo) waits for pieces held here, and the app for
+// their answers. The writer's buffer is the copy buffer.
+type sizedWriter struct{ *bufio.Writer }
+
+func (w sizedWriter) ReadFrom(r io.Reader) (int64, error) {
+	var n int64
+	for {
+		if err := w.Flush(); err != nil {
+			return n, err
+		}
+		p := w.AvailableBuffer()
+		m, err := r.Read(p[:cap(p)])
+		w.Write(p[:m]) // into its own free space: cannot fail
+		n += int64(m)
+		if err == io.EOF {
+			return n, nil
+		}
+		if err != nil {
+			return n, err
+		}
+	}
 }
 
 // sourceBody remembers that reading the app's body failed.

@@ -269,9 +269,10 @@ func TestH1TransportContext(t *testing.T) {
 }
 
 // TestH1TransportFullDuplex: the request body streams while the answer
-// does — each chunk the app sends comes back before it sends the next —
-// and a body cut short by the app fails the exchange rather than leaving
-// the backend waiting for the rest.
+// does — each piece the app sends comes back before it sends the next,
+// chunked or of known length (whose pieces waited in the connection's
+// writer, for the rest) — and a body cut short by the app fails the
+// exchange rather than leaving the backend waiting for the rest.
 func TestH1TransportFullDuplex(t *testing.T) {
 	w := newWorldServing(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		http.NewResponseController(rw).EnableFullDuplex()
@@ -291,23 +292,29 @@ func TestH1TransportFullDuplex(t *testing.T) {
 	}), false)
 	be := w.pools.Build(w.snapshot(t, 1, w.policy()), nil).Get(ref)
 	rt := be.RoundTripper(WireH1)
-	pr, pw := io.Pipe()
-	resp, err := rt.RoundTrip(request(t, context.Background(), be, http.MethodPost, "/echo", pr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, msg := range []string{"one", "two", "three"} {
-		pw.Write([]byte(msg))
-		buf := make([]byte, len(msg))
-		if _, err := io.ReadFull(resp.Body, buf); err != nil || string(buf) != msg {
-			t.Fatalf("echo of %q: %q, %v", msg, buf, err)
+	for _, size := range []int64{-1, int64(len("onetwothree"))} {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		pr, pw := io.Pipe()
+		req := request(t, ctx, be, http.MethodPost, "/echo", pr)
+		req.ContentLength = size
+		resp, err := rt.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
 		}
+		for _, msg := range []string{"one", "two", "three"} {
+			go pw.Write([]byte(msg))
+			buf := make([]byte, len(msg))
+			if _, err := io.ReadFull(resp.Body, buf); err != nil || string(buf) != msg {
+				t.Fatalf("length %d: echo of %q: %q, %v", size, msg, buf, err)
+			}
+		}
+		pw.CloseWithError(errors.New("app went away"))
+		if _, err := io.ReadAll(resp.Body); err == nil && size < 0 {
+			t.Error("an answer to a request whose body was cut short ended cleanly")
+		}
+		resp.Body.Close()
 	}
-	pw.CloseWithError(errors.New("app went away"))
-	if _, err := io.ReadAll(resp.Body); err == nil {
-		t.Error("an answer to a request whose body was cut short ended cleanly")
-	}
-	resp.Body.Close()
 }
 
 // TestH1TransportUpgrade: a 101 answer's body is the upgraded connection,
