@@ -295,6 +295,12 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 			resp.Body.Close()
 		}
 	}()
+	if resp.StatusCode >= http.StatusOK && resp.StatusCode < http.StatusMultipleChoices {
+		// A 2xx is RFC 8441's success: the app would take the answer
+		// for an open WebSocket.
+		h.fail(w, r, x, upstream.ReasonProtocol, fmt.Errorf("backend answered a websocket upgrade with %d", resp.StatusCode))
+		return
+	}
 	if resp.StatusCode != http.StatusSwitchingProtocols {
 		// Not upgraded: relay the backend's answer as is (e.g. 403, 404).
 		hdr := w.Header()

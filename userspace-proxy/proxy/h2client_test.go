@@ -39,6 +39,16 @@ type h2WS struct {
 // stream and checks the 200.
 func openH2WS(t *testing.T, c net.Conn, authority, path string) *h2WS {
 	t.Helper()
+	s := connectH2WS(t, c, authority, path)
+	if s.status != "200" {
+		t.Fatalf("extended CONNECT answered %s", s.status)
+	}
+	return s
+}
+
+// connectH2WS is openH2WS up to the answer's status, whatever it is.
+func connectH2WS(t *testing.T, c net.Conn, authority, path string) *h2WS {
+	t.Helper()
 	c.SetDeadline(time.Now().Add(hangGuard))
 	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
 		t.Fatal(err)
@@ -69,9 +79,6 @@ func openH2WS(t *testing.T, c net.Conn, authority, path string) *h2WS {
 		if s.err != nil {
 			t.Fatal(s.err)
 		}
-	}
-	if s.status != "200" {
-		t.Fatalf("extended CONNECT answered %s", s.status)
 	}
 	return s
 }

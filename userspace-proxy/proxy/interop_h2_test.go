@@ -789,6 +789,35 @@ func testWSExtendedConnect(t *testing.T, e *env, dst netip.AddrPort, be *wsProbe
 	}
 }
 
+// TestExtendedConnectNotUpgraded: an h2c app's RFC 8441 WebSocket to a
+// backend that does not upgrade gets the backend's refusal (403) as it
+// came, but never a 2xx, which is RFC 8441's success: a backend answering
+// 200 to everything (a single-page app's server) had the app take its
+// page for an open WebSocket.
+func TestExtendedConnectNotUpgraded(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	addr := serveLocal(t, &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/forbidden" {
+			http.Error(w, "no", http.StatusForbidden)
+			return
+		}
+		io.WriteString(w, "<html>index</html>")
+	})})
+	vip := netip.MustParseAddrPort("10.96.42.9:80")
+	e.p.Update(buildSnapshot(t, 1, service{name: "web", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolWS, Endpoints: endpoints(addr)}}))
+	for path, want := range map[string]string{"/forbidden": "403", "/": "502"} {
+		c, err := e.dial(vip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s := connectH2WS(t, c, "web.b.svc", path); s.status != want {
+			t.Errorf("extended CONNECT to %s answered %s, want %s", path, s.status, want)
+		}
+		c.Close()
+	}
+}
+
 // testWSAppHalfClose: an HTTP/1.1 app that half-closes an upgraded
 // connection without a close frame: the backend sees the end, then the
 // app.
