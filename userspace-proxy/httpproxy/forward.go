@@ -310,7 +310,11 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 		}
 		w.WriteHeader(resp.StatusCode)
 		h.m.request(x.fe, resp.StatusCode, protocolOf(be))
-		h.copyBody(w, resp, be)
+		if err := h.copyBody(w, resp, be); err != nil {
+			// As forward's: a stream reset, never a clean short answer.
+			h.log.Debug("response body copy failed", "service", x.fe.Service.String(), "err", err)
+			panic(http.ErrAbortHandler)
+		}
 		return
 	}
 	upConn, ok := resp.Body.(io.ReadWriteCloser)

@@ -793,13 +793,23 @@ func testWSExtendedConnect(t *testing.T, e *env, dst netip.AddrPort, be *wsProbe
 // backend that does not upgrade gets the backend's refusal (403) as it
 // came, but never a 2xx, which is RFC 8441's success: a backend answering
 // 200 to everything (a single-page app's server) had the app take its
-// page for an open WebSocket.
+// page for an open WebSocket. A refusal whose body breaks off is a reset
+// stream, never one that ended as if it were whole.
 func TestExtendedConnectNotUpgraded(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
 	addr := serveLocal(t, &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/forbidden" {
+		switch r.URL.Path {
+		case "/forbidden":
 			http.Error(w, "no", http.StatusForbidden)
+			return
+		case "/broken":
+			w.WriteHeader(http.StatusForbidden)
+			io.WriteString(w, "no, because")
+			w.(http.Flusher).Flush()
+			if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+				c.Close()
+			}
 			return
 		}
 		io.WriteString(w, "<html>index</html>")
@@ -815,6 +825,15 @@ func TestExtendedConnectNotUpgraded(t *testing.T) {
 			t.Errorf("extended CONNECT to %s answered %s, want %s", path, s.status, want)
 		}
 		c.Close()
+	}
+	c, err := e.dial(vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s := connectH2WS(t, c, "web.b.svc", "/broken")
+	if _, err := io.ReadAll(s); s.status != "403" || err == nil {
+		t.Errorf("a refusal cut short: %s, %v; want 403 and a reset", s.status, err)
 	}
 }
 
