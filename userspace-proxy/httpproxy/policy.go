@@ -56,6 +56,11 @@ type policy struct {
 	request, backend time.Duration
 	// deadline is when request passes (zero: never); set by start.
 	deadline time.Time
+	// pause is the wait before retry planned (0: none), drawn by plan;
+	// late says the request deadline comes first.
+	pause   time.Duration
+	planned int
+	late    bool
 }
 
 // policyFor resolves a Forward decision's policy.
@@ -123,18 +128,26 @@ func (p *policy) limit(now time.Time) (d time.Duration, request, ok bool) {
 	return 0, false, false
 }
 
+// plan draws the wait before retry n and reports whether the request
+// deadline allows the retry after it; wait then takes it.
+func (p *policy) plan(n int) bool {
+	p.pause, p.planned, p.late = p.delay(n), n, false
+	if !p.deadline.IsZero() {
+		if left := time.Until(p.deadline); left <= p.pause {
+			p.pause, p.late = left, true
+		}
+	}
+	return !p.late
+}
+
 // wait sleeps before retry n and reports whether the request deadline
 // allows the retry; when it does not, wait returns at the deadline.
 func (p *policy) wait(ctx context.Context, n int) bool {
-	d := p.delay(n)
-	late := false
-	if !p.deadline.IsZero() {
-		if left := time.Until(p.deadline); left <= d {
-			d, late = left, true
-		}
+	if p.planned != n {
+		p.plan(n)
 	}
-	if d > 0 {
-		t := time.NewTimer(d)
+	if p.pause > 0 {
+		t := time.NewTimer(p.pause)
 		defer t.Stop()
 		select {
 		case <-t.C:
@@ -142,7 +155,7 @@ func (p *policy) wait(ctx context.Context, n int) bool {
 			return false
 		}
 	}
-	return !late
+	return !p.late
 }
 
 // errRequestTimeout and errBackendTimeout are what a request ended by a
@@ -289,7 +302,6 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 			cancelReq()
 			return nil, noop, err
 		}
-		h.m.retries.WithLabelValues(why).Inc()
 		if !p.wait(ctx, n+1) {
 			cancelReq()
 			if err := out.Context().Err(); err != nil {
@@ -297,6 +309,7 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 			}
 			return nil, noop, timeoutError(true, context.DeadlineExceeded)
 		}
+		h.m.retries.WithLabelValues(why).Inc()
 		c = x.repick(c)
 	}
 }
@@ -330,10 +343,12 @@ func countRequest(x *exchange) {
 // spendRetry takes retry n+1 of a request (why: connect, status,
 // backend_timeout) from its backend's retry budget. When the budget is
 // spent it counts the refusal and returns the error the client's 503 is
-// made of, naming what the last try got (err, or resp's status).
+// made of, naming what the last try got (err, or resp's status). A retry
+// whose wait the request deadline cuts short (plan) is never sent, and
+// takes nothing.
 func (h *Handler) spendRetry(x *exchange, why string, n int, err error, resp *http.Response) error {
 	b := x.be.Budget
-	if b == nil || b.Retry(time.Now()) {
+	if b == nil || !x.r.pol.plan(n+1) || b.Retry(time.Now()) {
 		return nil
 	}
 	h.m.budgetExhausted.WithLabelValues(why).Inc()

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -673,5 +674,48 @@ func TestRouteGRPC(t *testing.T) {
 	// The connection carries on after local answers.
 	if _, backend, err := call("/svc.A/Get"); err != nil || backend != "v2" {
 		t.Errorf("after local answers: backend %q err %v", backend, err)
+	}
+}
+
+// TestRouteRetryPastDeadline: a retry whose backoff would end past the
+// request timeout is not sent, and is not taken from the backend's retry
+// budget either: the request gets 504 at its deadline, and a later
+// request's retry, which the budget allows, goes out. Taken, it left the
+// later request 503 (budget exhausted) for a retry nobody sent.
+func TestRouteRetryPastDeadline(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			m := &mesh{t: t}
+			flaky := startRecorder(t, nil, func(w http.ResponseWriter, r *http.Request, n int) bool {
+				if n == 1 {
+					w.WriteHeader(http.StatusServiceUnavailable)
+					return true
+				}
+				return false
+			})
+			front := m.echoBackend("front")
+			// One retry per 10 s at most.
+			be := m.backend("flaky", snapshot.Backend{Endpoints: endpoints(flaky.addr), RetryConstraint: &snapshot.RetryConstraint{
+				MinRetryCount: 1, MinRetryInterval: snapshot.Duration(10 * time.Second), BudgetInterval: snapshot.Duration(10 * time.Second),
+				Policy: snapshot.ObjectRef{Kind: "XBackendTrafficPolicy", Namespace: "b", Name: "budget"},
+			}})
+			m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/late")}, snapshot.RouteRule{Backends: to(be),
+					Timeouts: &snapshot.Timeouts{Request: dur(100 * time.Millisecond)},
+					Retry:    &snapshot.Retry{Attempts: 1, Codes: []int{503}, Backoff: dur(time.Hour)}}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be),
+					Retry: &snapshot.Retry{Attempts: 1, Codes: []int{503}, Backoff: dur(0)}}},
+			)))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, k.h2c)
+			if a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/late?id=1", nil)); a.status != http.StatusGatewayTimeout || flaky.count("1") != 1 {
+				t.Errorf("a retry past the request timeout: %d after %d tries, want 504 after 1", a.status, flaky.count("1"))
+			}
+			if a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/now?id=2", nil)); a.status != http.StatusOK || flaky.count("2") != 2 {
+				t.Errorf("a retry the budget allows: %d after %d tries, want 200 after 2", a.status, flaky.count("2"))
+			}
+		})
 	}
 }
