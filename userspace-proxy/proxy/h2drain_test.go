@@ -94,13 +94,7 @@ func TestRelayedH2Rebalance(t *testing.T) {
 			if idle != 4 {
 				t.Fatalf("%d channels moved off the first endpoint, want 4", idle)
 			}
-			// Counted once written: a channel may read it first.
-			goaways := func() float64 {
-				return e.counter("sockmesh_proxy_goaways_total", map[string]string{"backend": name, "reason": "rebalance"})
-			}
-			for deadline := time.Now().Add(10 * time.Second); goaways() < 4 && time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-			}
-			if got := goaways(); got != 4 {
+			if got := e.counterReaches("sockmesh_proxy_goaways_total", map[string]string{"backend": name, "reason": "rebalance"}, 4); got != 4 {
 				t.Errorf("goaways counted %v, want 4", got)
 			}
 			for i, st := range streams {
@@ -187,7 +181,7 @@ func TestRelayedH2EndpointGone(t *testing.T) {
 	if code, rep := get(t, c, "http://web.b.svc/"); code != http.StatusOK || rep.Pod != "web-new" {
 		t.Errorf("next request: %d from %q, want 200 from web-new", code, rep.Pod)
 	}
-	if got := e.counter("sockmesh_proxy_goaways_total", map[string]string{"backend": "web", "reason": "endpoint_gone"}); got != 1 {
+	if got := e.counterReaches("sockmesh_proxy_goaways_total", map[string]string{"backend": "web", "reason": "endpoint_gone"}, 1); got != 1 {
 		t.Errorf("goaways counted %v, want 1", got)
 	}
 }
@@ -218,7 +212,7 @@ func TestRelayedH2PolicyChanged(t *testing.T) {
 			t.Fatalf("10 s after the policy turned invalid: %d, want the fail-closed 503", code)
 		}
 	}
-	if got := e.counter("sockmesh_proxy_goaways_total", map[string]string{"backend": "web", "reason": "policy_changed"}); got != 1 {
+	if got := e.counterReaches("sockmesh_proxy_goaways_total", map[string]string{"backend": "web", "reason": "policy_changed"}, 1); got != 1 {
 		t.Errorf("goaways counted %v, want 1", got)
 	}
 }

@@ -400,6 +400,18 @@ func (e *env) counter(name string, labels map[string]string) float64 {
 	return metricsum.Sum(e.t, e.reg, name, labels)
 }
 
+// counterReaches waits, at most hangGuard, for the counter of name with
+// labels to reach want, and returns it: some are counted once a write is
+// done, which the test's client may have read before.
+func (e *env) counterReaches(name string, labels map[string]string, want float64) float64 {
+	e.t.Helper()
+	for deadline := time.Now().Add(hangGuard); ; time.Sleep(time.Millisecond) {
+		if got := e.counter(name, labels); got >= want || time.Now().After(deadline) {
+			return got
+		}
+	}
+}
+
 // checkNoLeaks fails t if goroutines of the proxy packages outlive the test.
 // It runs after every cleanup (register it first).
 func checkNoLeaks(t *testing.T) { leakcheck.Register(t, "/userspace-proxy/") }
