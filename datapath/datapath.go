@@ -160,18 +160,18 @@ func (d *Datapath) load(spec *ebpf.CollectionSpec) error {
 		d.objs.Close()
 		return err
 	}
-	if err := d.attachAll(); err != nil {
+	settle, err := d.attachAll()
+	if err != nil {
 		d.objs.Close()
 		d.ownerMap.Close()
 		return err
 	}
 	for _, step := range []func() error{d.pinPrograms, d.setupAccel, d.claim} {
 		if err := step(); err != nil {
-			d.closeObjects()
-			return err
+			return errors.Join(err, settle(true), d.closeObjects())
 		}
 	}
-	return nil
+	return settle(false)
 }
 
 // configure sets the programs' load-time constants.
@@ -197,74 +197,103 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 	return nil
 }
 
-// attachAll attaches every hook, adopting pinned links. On failure it
-// removes the links it created (adopted ones keep running, now with the new
-// programs, which share the maps of the old).
-func (d *Datapath) attachAll() error {
+// attachAll attaches every hook, adopting pinned links. On failure, and
+// when Open fails later (settle(true)), it removes the links it created and
+// gives the adopted ones their programs back: this process's programs, left
+// running, would pass for a newer agent's, and the agent that ran them would
+// leave the maps to nobody (owner.go). settle(false) keeps the new state.
+func (d *Datapath) attachAll() (settle func(failed bool) error, err error) {
 	cg, err := os.Open(d.cfg.Cgroup)
 	if err != nil {
-		return fmt.Errorf("open cgroup %s: %w", d.cfg.Cgroup, err)
+		return nil, fmt.Errorf("open cgroup %s: %w", d.cfg.Cgroup, err)
 	}
 	defer cg.Close()
 	var st unix.Stat_t
 	if err := unix.Fstat(int(cg.Fd()), &st); err != nil {
-		return fmt.Errorf("stat cgroup %s: %w", d.cfg.Cgroup, err)
+		return nil, fmt.Errorf("stat cgroup %s: %w", d.cfg.Cgroup, err)
 	}
 	// On cgroup v2 the directory's inode number is the cgroup ID that link
 	// info reports.
 	cgID := st.Ino
 
-	created := make(map[string]bool)
+	// prev holds the programs adopted links ran (nil for created links),
+	// so that they outlive the update.
+	prev := make(map[string]*ebpf.Program)
+	settle = func(failed bool) error {
+		var errs []error
+		for name, l := range d.links {
+			if p, ok := prev[name]; !ok || !failed {
+				continue
+			} else if p == nil {
+				errs = append(errs, l.Unpin())
+			} else {
+				errs = append(errs, l.Update(p))
+			}
+		}
+		for _, p := range prev {
+			errs = append(errs, p.Close())
+		}
+		if err := errors.Join(errs...); err != nil {
+			return fmt.Errorf("restore the links: %w", err)
+		}
+		return nil
+	}
 	for _, h := range hooks {
-		l, isNew, err := d.attach(h, cg, cgID)
+		l, p, err := d.attach(h, cg, cgID)
 		if err != nil {
+			err = errors.Join(err, settle(true))
 			for name, l := range d.links {
-				if created[name] {
-					l.Unpin()
-				}
 				l.Close()
 				delete(d.links, name)
 			}
-			return err
+			return nil, err
 		}
 		d.links[h.name] = l
-		created[h.name] = isNew
+		prev[h.name] = p
 	}
-	return nil
+	return settle, nil
 }
 
-func (d *Datapath) attach(h hook, cg *os.File, cgID uint64) (l link.Link, isNew bool, err error) {
+// attach adopts h's pinned link, returning the program it ran, or creates
+// and pins a link (prev nil).
+func (d *Datapath) attach(h hook, cg *os.File, cgID uint64) (l link.Link, prev *ebpf.Program, err error) {
 	path := filepath.Join(d.cfg.pinDir(), "links", h.name)
 	prog := h.prog(&d.objs)
 	if _, err := os.Stat(path); err == nil {
 		l, err := link.LoadPinnedLink(path, nil)
 		if err != nil {
-			return nil, false, fmt.Errorf("adopt %s link: %w", h.name, err)
+			return nil, nil, fmt.Errorf("adopt %s link: %w", h.name, err)
 		}
 		info, err := l.Info()
 		if err == nil && info.Cgroup() != nil && info.Cgroup().CgroupId == cgID {
-			if err := l.Update(prog); err != nil {
+			prev, err := ebpf.NewProgramFromID(info.Program)
+			if err != nil {
 				l.Close()
-				return nil, false, fmt.Errorf("update %s link: %w", h.name, err)
+				return nil, nil, fmt.Errorf("adopt %s link: open its program: %w", h.name, err)
+			}
+			if err := l.Update(prog); err != nil {
+				prev.Close()
+				l.Close()
+				return nil, nil, fmt.Errorf("update %s link: %w", h.name, err)
 			}
 			d.log.Info("adopted pinned link", "hook", h.name, "link_id", info.ID)
-			return l, false, nil
+			return l, prev, nil
 		}
 		// Pinned for another cgroup: Config.Cgroup changed since.
 		d.log.Info("moving pinned link to another cgroup", "hook", h.name, "cgroup", d.cfg.Cgroup)
 		if err := errors.Join(l.Detach(), l.Unpin(), l.Close()); err != nil {
-			return nil, false, fmt.Errorf("remove %s link of another cgroup: %w", h.name, err)
+			return nil, nil, fmt.Errorf("remove %s link of another cgroup: %w", h.name, err)
 		}
 	}
 	raw, err := link.AttachRawLink(link.RawLinkOptions{Target: int(cg.Fd()), Program: prog, Attach: h.attach})
 	if err != nil {
-		return nil, false, fmt.Errorf("attach %s to %s: %w", h.name, d.cfg.Cgroup, err)
+		return nil, nil, fmt.Errorf("attach %s to %s: %w", h.name, d.cfg.Cgroup, err)
 	}
 	if err := raw.Pin(path); err != nil {
 		raw.Close()
-		return nil, false, fmt.Errorf("pin %s link: %w", h.name, err)
+		return nil, nil, fmt.Errorf("pin %s link: %w", h.name, err)
 	}
-	return raw, true, nil
+	return raw, nil, nil
 }
 
 // pinPrograms pins (or re-pins) each hook's program under progs/, for

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -119,5 +121,42 @@ func TestTakenBackWhenTheNewerExits(t *testing.T) {
 	}
 	if !maps.Equal(enrolled, map[uint64]Proxy{tp.podCookie: tp.nodeProxy()}) {
 		t.Errorf("enrolments = %v, want the older agent's latest (the pod's only)", slices.Collect(maps.Keys(enrolled)))
+	}
+}
+
+// TestFailedOpenLeavesTheOlderOwner: a newer agent whose Open fails after
+// it attached its programs (here: its program pins cannot be replaced)
+// must not leave them running the hooks, or the older agent, which cannot
+// tell them from a running newer agent's, stops writing the maps for good.
+func TestFailedOpenLeavesTheOlderOwner(t *testing.T) {
+	tp := newTopology(t)
+	older := openOlder(t, tp)
+	pin := filepath.Join(tp.cfg.pinDir(), "progs", "connect6")
+	if err := os.Remove(pin); err != nil {
+		t.Fatal(err)
+	}
+	// A non-empty directory: renaming the new program's pin over it fails.
+	if err := os.MkdirAll(filepath.Join(pin, "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := Open(tp.cfg, nil, nil); err == nil {
+		d.Close()
+		t.Fatal("the newer agent's Open succeeded, want its failure")
+	}
+	if err := os.RemoveAll(pin); err != nil {
+		t.Fatal(err)
+	}
+	running, ours, err := older.owner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if running != ours {
+		t.Errorf("the links run program %d after the failed Open, want the older agent's own %d", running, ours)
+	}
+	if err := older.SetServices([]Service{{Addr: vip6}}); err != nil {
+		t.Fatal(err)
+	}
+	if svcs, err := older.Services(); err != nil || !slices.Equal(svcs, []Service{{Addr: vip6}}) {
+		t.Errorf("services = %v, %v; want the older agent's [%v]", svcs, err, vip6)
 	}
 }
