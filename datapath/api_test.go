@@ -213,3 +213,30 @@ func TestIncompatiblePins(t *testing.T) {
 	}
 	d.Uninstall()
 }
+
+// TestSetServicesAtCapacity: with the services map full, a snapshot that
+// replaces one Service by another (as many as before) applies: the one
+// removed makes room for the one added, which must be captured.
+func TestSetServicesAtCapacity(t *testing.T) {
+	d := openBare(t)
+	n := int(d.objs.SmServices.MaxEntries())
+	svcs := make([]Service, n)
+	for i := range svcs {
+		svcs[i] = Service{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), 80)}
+	}
+	if err := d.SetServices(svcs); err != nil {
+		t.Fatal(err)
+	}
+	added := Service{Addr: netip.MustParseAddrPort("10.97.0.1:443")}
+	svcs[0] = added
+	if err := d.SetServices(svcs); err != nil {
+		t.Fatalf("replace one service in a full map: %v", err)
+	}
+	got, err := d.Services()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != n || !slices.Contains(got, added) {
+		t.Errorf("services: %d, %v among them: %v; want %d with it", len(got), added, slices.Contains(got, added), n)
+	}
+}

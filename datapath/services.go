@@ -46,9 +46,9 @@ func (d *Datapath) Apply(s *snapshot.Snapshot) error {
 	return d.SetServices(ServicesFromSnapshot(s))
 }
 
-// SetServices makes the services map hold exactly svcs. It writes new and
-// changed entries before deleting stale ones, so a Service present before and
-// after is never missing in between.
+// SetServices makes the services map hold exactly svcs. A Service present
+// before and after is updated in place, so it is never missing in between;
+// stale ones are deleted first, to make room in a full map for new ones.
 func (d *Datapath) SetServices(svcs []Service) error {
 	return d.reconcile("set services", func() error { return d.setServices(svcs) })
 }
@@ -67,11 +67,6 @@ func (d *Datapath) setServices(svcs []Service) error {
 		want[k] = v
 	}
 	m := d.objs.SmServices
-	for k, v := range want {
-		if err := m.Update(&k, &v, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("set service %s: %w", keyAddr(k), err)
-		}
-	}
 	var (
 		k     sockmeshSmServiceKey
 		v     sockmeshSmService
@@ -89,6 +84,11 @@ func (d *Datapath) setServices(svcs []Service) error {
 	for _, k := range stale {
 		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete service %s: %w", keyAddr(k), err)
+		}
+	}
+	for k, v := range want {
+		if err := m.Update(&k, &v, ebpf.UpdateAny); err != nil {
+			return fmt.Errorf("set service %s: %w", keyAddr(k), err)
 		}
 	}
 	return nil
