@@ -240,3 +240,31 @@ func TestSetServicesAtCapacity(t *testing.T) {
 		t.Errorf("services: %d, %v among them: %v; want %d with it", len(got), added, slices.Contains(got, added), n)
 	}
 }
+
+// TestSetEnrolmentsAtCapacity: with the enrolment map full, a pod gone and
+// another started apply: the one gone makes room for the new one, which
+// must be captured.
+func TestSetEnrolmentsAtCapacity(t *testing.T) {
+	d := openBare(t)
+	p := Proxy{NetNSCookie: 1, V4: netip.MustParseAddrPort("10.0.0.1:15001")}
+	n := uint64(d.objs.SmNetns.MaxEntries())
+	want := make(map[uint64]Proxy, n)
+	for ns := range n {
+		want[100+ns] = p
+	}
+	if err := d.SetEnrolments(want); err != nil {
+		t.Fatal(err)
+	}
+	delete(want, 100)
+	want[100+n] = p
+	if err := d.SetEnrolments(want); err != nil {
+		t.Fatalf("replace one enrolment in a full map: %v", err)
+	}
+	got, err := d.Enrolments()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := got[100+n]; len(got) != int(n) || !ok {
+		t.Errorf("enrolments: %d, netns %d among them: %v; want %d with it", len(got), 100+n, ok, n)
+	}
+}

@@ -68,18 +68,14 @@ func (d *Datapath) Enrolments() (map[uint64]Proxy, error) {
 	return out, nil
 }
 
-// SetEnrolments makes the enrolment map hold exactly want: it enrols
-// first, then unenrols the netns cookies not in want.
+// SetEnrolments makes the enrolment map hold exactly want: it unenrols the
+// netns cookies not in want first, to make room in a full map, then enrols
+// (a netns enrolled before and after is updated in place, never missing).
 func (d *Datapath) SetEnrolments(want map[uint64]Proxy) error {
 	return d.reconcile("set enrolments", func() error { return d.setEnrolments(want) })
 }
 
 func (d *Datapath) setEnrolments(want map[uint64]Proxy) error {
-	for ns, p := range want {
-		if err := d.Enrol(ns, p); err != nil {
-			return err
-		}
-	}
 	have, err := d.Enrolments()
 	if err != nil {
 		return err
@@ -89,6 +85,11 @@ func (d *Datapath) setEnrolments(want map[uint64]Proxy) error {
 			if err := d.Unenrol(ns); err != nil {
 				return err
 			}
+		}
+	}
+	for ns, p := range want {
+		if err := d.Enrol(ns, p); err != nil {
+			return err
 		}
 	}
 	return nil
