@@ -196,10 +196,15 @@ func (d *Datapath) takeBack() error {
 			return fmt.Errorf("take the datapath back: update %s link: %w", h.name, err)
 		}
 	}
+	// The sk_msg link is set up afresh: an agent that ran without
+	// Config.Accelerate detached ours, and one that ran with it may have
+	// left its own pinned.
 	if l, ok := d.links[accelLink]; ok {
-		if err := l.Update(d.objs.Msg); err != nil {
-			return fmt.Errorf("take the datapath back: update %s link: %w", accelLink, err)
-		}
+		l.Close()
+		delete(d.links, accelLink)
+	}
+	if err := d.setupAccel(); err != nil {
+		return fmt.Errorf("take the datapath back: %w", err)
 	}
 	return d.claim()
 }

@@ -160,3 +160,36 @@ func TestFailedOpenLeavesTheOlderOwner(t *testing.T) {
 		t.Errorf("services = %v, %v; want the older agent's [%v]", svcs, err, vip6)
 	}
 }
+
+// TestTakenBackAfterAccelTurnedOff: the newer agent that exits ran without
+// Config.Accelerate, so its Open detached the sk_msg link the older agent
+// holds. The older agent's heartbeat still takes the datapath back, with
+// its acceleration attached again and its latest services written.
+func TestTakenBackAfterAccelTurnedOff(t *testing.T) {
+	tp := newTopology(t)
+	tp.cfg.Accelerate = true
+	older := openOlder(t, tp)
+	newer := tp.cfg
+	newer.Accelerate = false
+	job, err := json.Marshal(loaderJob{Config: newer, Cookie: 12345, Proxy: tp.nodeProxy(),
+		Services: []Service{{Addr: vip6}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd := sandbox.HelperCommand(t, "load", string(job))
+	cmd.Stderr = &stderr
+	if err := sandbox.Start(t, cmd, nil, nil).Wait(); err != nil {
+		t.Fatalf("newer agent: %v\n%s", err, stderr.String())
+	}
+
+	if err := older.Heartbeat(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := older.State(); err != nil || !s.Accelerated {
+		t.Errorf("State() = accelerated %v, %v; want true", s.Accelerated, err)
+	}
+	if svcs, err := older.Services(); err != nil || !slices.Equal(svcs, []Service{{Addr: vip4}}) {
+		t.Errorf("services = %v, %v; want the older agent's latest [%v]", svcs, err, vip4)
+	}
+}
