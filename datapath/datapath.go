@@ -305,7 +305,15 @@ func (d *Datapath) pinPrograms() error {
 		// (No dot in the name: bpffs reserves names with dots, EPERM.)
 		tmp := path + "-new"
 		os.Remove(tmp)
-		if err := h.prog(&d.objs).Pin(tmp); err != nil {
+		// Pin a clone: a Program remembers where it pinned and pins
+		// nothing when asked for that path again (a take-back re-pins).
+		p, err := h.prog(&d.objs).Clone()
+		if err != nil {
+			return fmt.Errorf("pin %s program: %w", h.name, err)
+		}
+		err = p.Pin(tmp)
+		p.Close()
+		if err != nil {
 			return fmt.Errorf("pin %s program: %w", h.name, err)
 		}
 		if err := os.Rename(tmp, path); err != nil {

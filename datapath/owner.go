@@ -189,12 +189,18 @@ func (d *Datapath) owned() (mine, tookBack bool, err error) {
 	return true, true, nil
 }
 
-// takeBack attaches this process's programs again and claims the datapath.
+// takeBack attaches and pins this process's programs again and claims the
+// datapath.
 func (d *Datapath) takeBack() error {
 	for _, h := range hooks {
 		if err := d.links[h.name].Update(h.prog(&d.objs)); err != nil {
 			return fmt.Errorf("take the datapath back: update %s link: %w", h.name, err)
 		}
+	}
+	// The pins under progs/ name the exited agent's programs, which they
+	// would keep loaded, and show operators what no longer runs.
+	if err := d.pinPrograms(); err != nil {
+		return fmt.Errorf("take the datapath back: %w", err)
 	}
 	// The sk_msg link is set up afresh: an agent that ran without
 	// Config.Accelerate detached ours, and one that ran with it may have

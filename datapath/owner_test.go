@@ -9,6 +9,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/cilium/ebpf"
+
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 )
 
@@ -111,6 +113,27 @@ func TestTakenBackWhenTheNewerExits(t *testing.T) {
 	}
 	if running != ours {
 		t.Errorf("the links run program %d after the heartbeat, want the older agent's own %d", running, ours)
+	}
+	// What operators read with bpftool: the programs that run, not the
+	// exited agent's.
+	for _, h := range hooks {
+		pinned, err := ebpf.LoadPinnedProgram(filepath.Join(tp.cfg.pinDir(), "progs", h.name), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := pinned.Info()
+		pinned.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		own, err := h.prog(&older.objs).Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := info.ID()
+		if ownID, _ := own.ID(); id != ownID {
+			t.Errorf("progs/%s pins program %d, want the older agent's own %d", h.name, id, ownID)
+		}
 	}
 	if svcs, err := older.Services(); err != nil || !slices.Equal(svcs, []Service{{Addr: vip4}}) {
 		t.Errorf("services = %v, %v; want the older agent's latest [%v]", svcs, err, vip4)
