@@ -34,6 +34,8 @@ type Datapath struct {
 	closed    bool
 	// superseded: a newer agent took the datapath over (owner.go).
 	superseded bool
+	// retaking: a take-back has not finished (owner.go).
+	retaking bool
 	// latest is the last write of each kind of reconcile (owner.go).
 	latest map[string]func() error
 }

@@ -168,22 +168,30 @@ func (d *Datapath) ownerGone(running ebpf.ProgramID) (bool, error) {
 // owns the datapath, and whether it just took it back from an owner gone.
 func (d *Datapath) owned() (mine, tookBack bool, err error) {
 	running, ours, err := d.owner()
-	if err != nil || running == ours {
-		return err == nil, false, err
-	}
-	gone, err := d.ownerGone(running)
-	if err != nil || !gone {
-		if err == nil && !d.superseded {
-			d.superseded = true
-			d.log.Info("a newer agent runs the datapath: this one leaves the maps to it",
-				"running_program_id", running, "own_program_id", ours)
-		}
+	if err != nil {
 		return false, false, err
 	}
+	// d.retaking: a take-back failed part way, perhaps once the links ran
+	// our programs again; it is finished before anything else is written.
+	if running == ours && !d.retaking {
+		return true, false, nil
+	}
+	if running != ours {
+		gone, err := d.ownerGone(running)
+		if err != nil || !gone {
+			if err == nil && !d.superseded {
+				d.superseded = true
+				d.log.Info("a newer agent runs the datapath: this one leaves the maps to it",
+					"running_program_id", running, "own_program_id", ours)
+			}
+			return false, false, err
+		}
+	}
+	d.retaking = true
 	if err := d.takeBack(); err != nil {
 		return false, false, err
 	}
-	d.superseded = false
+	d.retaking, d.superseded = false, false
 	d.log.Warn("the agent that took the datapath over has exited: this one runs it again",
 		"exited_program_id", running, "own_program_id", ours)
 	return true, true, nil
@@ -245,7 +253,7 @@ func (d *Datapath) reconcile(what string, write func() error) error {
 func (d *Datapath) checkOwner() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if running, ours, err := d.owner(); err != nil || running == ours {
+	if running, ours, err := d.owner(); err != nil || running == ours && !d.retaking {
 		return err
 	}
 	unlock, err := d.lockPins()

@@ -216,3 +216,46 @@ func TestTakenBackAfterAccelTurnedOff(t *testing.T) {
 		t.Errorf("services = %v, %v; want the older agent's latest [%v]", svcs, err, vip4)
 	}
 }
+
+// TestTakeBackFinishedAfterFailure: the older agent's take-back fails once
+// its programs run the links again (here: a program pin cannot be
+// replaced). Its next heartbeat finishes it: its latest services are
+// written, not left as the exited agent's.
+func TestTakeBackFinishedAfterFailure(t *testing.T) {
+	tp := newTopology(t)
+	older := openOlder(t, tp)
+	job, err := json.Marshal(loaderJob{Config: tp.cfg, Cookie: 12345, Proxy: tp.nodeProxy(),
+		Services: []Service{{Addr: vip6}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd := sandbox.HelperCommand(t, "load", string(job))
+	cmd.Stderr = &stderr
+	if err := sandbox.Start(t, cmd, nil, nil).Wait(); err != nil {
+		t.Fatalf("newer agent: %v\n%s", err, stderr.String())
+	}
+	pin := filepath.Join(tp.cfg.pinDir(), "progs", "connect6")
+	if err := os.Remove(pin); err != nil {
+		t.Fatal(err)
+	}
+	// A non-empty directory: renaming a program's pin over it fails.
+	if err := os.MkdirAll(filepath.Join(pin, "x"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := older.Heartbeat(); err == nil {
+		t.Fatal("the heartbeat took the datapath back, want its failure")
+	}
+	if err := os.RemoveAll(pin); err != nil {
+		t.Fatal(err)
+	}
+	if err := older.Heartbeat(); err != nil {
+		t.Fatal(err)
+	}
+	if svcs, err := older.Services(); err != nil || !slices.Equal(svcs, []Service{{Addr: vip4}}) {
+		t.Errorf("services = %v, %v; want the older agent's latest [%v]", svcs, err, vip4)
+	}
+	if _, err := os.Lstat(pin); err != nil {
+		t.Errorf("program pin: %v", err)
+	}
+}
