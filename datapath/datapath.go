@@ -201,9 +201,10 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 
 // attachAll attaches every hook, adopting pinned links. On failure, and
 // when Open fails later (settle(true)), it removes the links it created and
-// gives the adopted ones their programs back: this process's programs, left
-// running, would pass for a newer agent's, and the agent that ran them would
-// leave the maps to nobody (owner.go). settle(false) keeps the new state.
+// gives the adopted ones their programs (and progs/ pins) back: this
+// process's programs, left running, would pass for a newer agent's, and the
+// agent that ran them would leave the maps to nobody (owner.go).
+// settle(false) keeps the new state.
 func (d *Datapath) attachAll() (settle func(failed bool) error, err error) {
 	cg, err := os.Open(d.cfg.Cgroup)
 	if err != nil {
@@ -229,7 +230,7 @@ func (d *Datapath) attachAll() (settle func(failed bool) error, err error) {
 			} else if p == nil {
 				errs = append(errs, l.Unpin())
 			} else {
-				errs = append(errs, l.Update(p))
+				errs = append(errs, l.Update(p), d.pinProgram(name, p))
 			}
 		}
 		for _, p := range prev {
@@ -302,25 +303,33 @@ func (d *Datapath) attach(h hook, cg *os.File, cgID uint64) (l link.Link, prev *
 // bpftool and operators; the links keep the programs alive either way.
 func (d *Datapath) pinPrograms() error {
 	for _, h := range hooks {
-		path := filepath.Join(d.cfg.pinDir(), "progs", h.name)
-		// Pin refuses to replace a pin; pin beside it and rename over it.
-		// (No dot in the name: bpffs reserves names with dots, EPERM.)
-		tmp := path + "-new"
-		os.Remove(tmp)
-		// Pin a clone: a Program remembers where it pinned and pins
-		// nothing when asked for that path again (a take-back re-pins).
-		p, err := h.prog(&d.objs).Clone()
-		if err != nil {
-			return fmt.Errorf("pin %s program: %w", h.name, err)
+		if err := d.pinProgram(h.name, h.prog(&d.objs)); err != nil {
+			return err
 		}
-		err = p.Pin(tmp)
-		p.Close()
-		if err != nil {
-			return fmt.Errorf("pin %s program: %w", h.name, err)
-		}
-		if err := os.Rename(tmp, path); err != nil {
-			return fmt.Errorf("replace pinned %s program: %w", h.name, err)
-		}
+	}
+	return nil
+}
+
+// pinProgram pins prog as progs/name, replacing the pin there.
+func (d *Datapath) pinProgram(name string, prog *ebpf.Program) error {
+	path := filepath.Join(d.cfg.pinDir(), "progs", name)
+	// Pin refuses to replace a pin; pin beside it and rename over it.
+	// (No dot in the name: bpffs reserves names with dots, EPERM.)
+	tmp := path + "-new"
+	os.Remove(tmp)
+	// Pin a clone: a Program remembers where it pinned and pins nothing
+	// when asked for that path again (a take-back re-pins).
+	p, err := prog.Clone()
+	if err != nil {
+		return fmt.Errorf("pin %s program: %w", name, err)
+	}
+	err = p.Pin(tmp)
+	p.Close()
+	if err != nil {
+		return fmt.Errorf("pin %s program: %w", name, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("replace pinned %s program: %w", name, err)
 	}
 	return nil
 }

@@ -114,27 +114,7 @@ func TestTakenBackWhenTheNewerExits(t *testing.T) {
 	if running != ours {
 		t.Errorf("the links run program %d after the heartbeat, want the older agent's own %d", running, ours)
 	}
-	// What operators read with bpftool: the programs that run, not the
-	// exited agent's.
-	for _, h := range hooks {
-		pinned, err := ebpf.LoadPinnedProgram(filepath.Join(tp.cfg.pinDir(), "progs", h.name), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		info, err := pinned.Info()
-		pinned.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		own, err := h.prog(&older.objs).Info()
-		if err != nil {
-			t.Fatal(err)
-		}
-		id, _ := info.ID()
-		if ownID, _ := own.ID(); id != ownID {
-			t.Errorf("progs/%s pins program %d, want the older agent's own %d", h.name, id, ownID)
-		}
-	}
+	wantOwnPins(t, tp, older, "")
 	if svcs, err := older.Services(); err != nil || !slices.Equal(svcs, []Service{{Addr: vip4}}) {
 		t.Errorf("services = %v, %v; want the older agent's latest [%v]", svcs, err, vip4)
 	}
@@ -176,6 +156,7 @@ func TestFailedOpenLeavesTheOlderOwner(t *testing.T) {
 	if running != ours {
 		t.Errorf("the links run program %d after the failed Open, want the older agent's own %d", running, ours)
 	}
+	wantOwnPins(t, tp, older, "connect6") // its pin was in the way
 	if err := older.SetServices([]Service{{Addr: vip6}}); err != nil {
 		t.Fatal(err)
 	}
@@ -257,5 +238,33 @@ func TestTakeBackFinishedAfterFailure(t *testing.T) {
 	}
 	if _, err := os.Lstat(pin); err != nil {
 		t.Errorf("program pin: %v", err)
+	}
+}
+
+// wantOwnPins checks that progs/ pins d's programs (but except's): what
+// operators read with bpftool, and what the pins keep loaded.
+func wantOwnPins(t *testing.T, tp *topology, d *Datapath, except string) {
+	t.Helper()
+	for _, h := range hooks {
+		if h.name == except {
+			continue
+		}
+		pinned, err := ebpf.LoadPinnedProgram(filepath.Join(tp.cfg.pinDir(), "progs", h.name), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := pinned.Info()
+		pinned.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		own, err := h.prog(&d.objs).Info()
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := info.ID()
+		if ownID, _ := own.ID(); id != ownID {
+			t.Errorf("progs/%s pins program %d, want this agent's own %d", h.name, id, ownID)
+		}
 	}
 }
