@@ -294,6 +294,12 @@ static __always_inline enum sm_decision sm_connect(struct bpf_sock_addr *ctx,
 	sm_count_pair(f, d);
 	if (d == SM_REDIRECTED)
 		sm_remember(ctx->sk, f, proxy_netns);
+	else
+		/* A socket may connect() again after a redirected connect()
+		 * failed (no proxy listening): the original destination it
+		 * kept would show in getpeername and be published as a
+		 * handoff for a connection that is not redirected. */
+		bpf_sk_storage_delete(&sm_app_sk, ctx->sk);
 	return d;
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -659,4 +660,50 @@ func family(ap netip.AddrPort) string {
 		return "ipv4"
 	}
 	return "ipv6"
+}
+
+// TestReconnectForgetsOriginalDestination: a socket whose redirected
+// connect() failed (no proxy listens) may connect() again, elsewhere; that
+// connection is not redirected, and getpeername shows where it went — not
+// the Service of the first connect(), which the socket's storage kept.
+func TestReconnectForgetsOriginalDestination(t *testing.T) {
+	tp := newTopology(t)
+	d := tp.open(t)
+	if err := d.SetServices([]Service{{Addr: vip4}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Enrol(tp.podCookie, tp.nodeProxy()); err != nil {
+		t.Fatal(err)
+	}
+	sockaddr := func(a netip.AddrPort) *unix.SockaddrInet4 {
+		return &unix.SockaddrInet4{Addr: a.Addr().As4(), Port: int(a.Port())}
+	}
+	var peer netip.AddrPort
+	err := tp.pod.Do(func() error {
+		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
+		if err != nil {
+			return err
+		}
+		defer unix.Close(fd)
+		if err := unix.Connect(fd, sockaddr(vip4)); !errors.Is(err, unix.ECONNREFUSED) {
+			return fmt.Errorf("connect to the Service, no proxy listening: %v, want refused", err)
+		}
+		if err := unix.Connect(fd, sockaddr(tp.server4)); err != nil {
+			return fmt.Errorf("connect again, to %s: %w", tp.server4, err)
+		}
+		sa, err := unix.Getpeername(fd)
+		if err != nil {
+			return err
+		}
+		in4 := sa.(*unix.SockaddrInet4)
+		peer = netip.AddrPortFrom(netip.AddrFrom4(in4.Addr), uint16(in4.Port))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if peer != tp.server4 {
+		t.Errorf("getpeername after connecting again = %s, want %s", peer, tp.server4)
+	}
+	wantNoHandoffs(t, d)
 }
