@@ -264,8 +264,8 @@ type h1Conn struct {
 	// watch ends an exchange whose client left (h1watch.go).
 	watch clientWatch
 	// probe is where a streamed answer waiting for its next event reads
-	// the event's first byte (bodyCopy.waitBody).
-	probe [1]byte
+	// it (bodyCopy.waitBody); taken the first time one waits.
+	probe *[probeSize]byte
 	// ctx bounds waits for an upstream connection; the watch ends it
 	// (leave) when the client leaves. Made by the first request that
 	// takes a pooled connection.

@@ -1118,6 +1118,58 @@ func TestSizedAnswerNotHeld(t *testing.T) {
 	}
 }
 
+// TestStreamByteNotHeldFastPath: on the fast path too, bytes of a streamed
+// answer that come alone — a chunk of one byte — reach the app before the
+// backend writes again, over TLS and cleartext. After the read a waiting
+// stream waits in, a second read for what came with it waited for the
+// backend's next chunk, and held the byte until then.
+func TestStreamByteNotHeldFastPath(t *testing.T) {
+	for _, useTLS := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tls=%v", useTLS), func(t *testing.T) {
+			fx := newFixture(t, Config{}, snapshot.Backend{}) // cleaned up after the backend
+			next := make(chan struct{})
+			handle := func(c net.Conn) {
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+				for _, chunk := range []string{"first event\n", "x"} {
+					fmt.Fprintf(c, "%x\r\n%s\r\n", len(chunk), chunk)
+					<-next
+				}
+				io.WriteString(c, "0\r\n\r\n")
+				io.Copy(io.Discard, c)
+			}
+			be := snapshot.Backend{}
+			if useTLS {
+				be = tlsBackend(t, handle)
+			} else {
+				be.Endpoints = []snapshot.Endpoint{serveRaw(t, handle)}
+			}
+			fx.update(2, be)
+			cl := fx.dial()
+			cl.c.SetDeadline(time.Now().Add(10 * time.Second))
+			cl.send("GET /stream HTTP/1.1\r\nHost: a\r\n\r\n")
+			resp, err := http.ReadResponse(cl.r, &http.Request{Method: http.MethodGet})
+			if err != nil {
+				close(next)
+				t.Fatal(err)
+			}
+			for _, want := range []string{"first event\n", "x"} {
+				got := make([]byte, len(want))
+				if _, err := io.ReadFull(resp.Body, got); err != nil || string(got) != want {
+					close(next)
+					t.Fatalf("read %q, %v; want %q before the backend's next write", got, err, want)
+				}
+				next <- struct{}{}
+			}
+			if b, err := io.ReadAll(resp.Body); err != nil || len(b) != 0 {
+				t.Errorf("end of the stream: %q, %v", b, err)
+			}
+		})
+	}
+}
+
 // panicDialer dials with Dialer; its connections panic reading
 // panicOnRead, as a bug in the layers under an upstream connection would.
 type panicDialer struct{ dial.Dialer }

@@ -199,8 +199,9 @@ func (s *h1Conn) copyBody(bw *bufio.Writer, resp *http.Response, f framing, src 
 		var p []byte
 		var n int
 		var rerr error
+		full := false
 		if stream && last < streamWaitBelow && (src == nil || src.Buffered() == 0) {
-			p, n, rerr = b.waitBody(resp.Body)
+			p, n, full, rerr = b.waitBody(resp.Body)
 		} else {
 			var err error
 			if p, err = b.target(); err != nil {
@@ -215,6 +216,9 @@ func (s *h1Conn) copyBody(bw *bufio.Writer, resp *http.Response, f framing, src 
 			}
 		}
 		last = n
+		if full {
+			last = streamWaitBelow // more may be at hand: read on with the buffer
+		}
 		if n > 0 {
 			if err := b.commit(p[:n]); err != nil {
 				return false, b.bw, fmt.Errorf("write answer: %w", err)
@@ -332,31 +336,33 @@ func (b *bodyCopy) commit(p []byte) error {
 
 // waitBody waits for the body's next bytes holding neither the answer's
 // writer nor a copy buffer (32 and 64 KiB, for as long as an event stream
-// idles): it flushes and gives them back, reads one byte (the rest of
-// what arrives waits in the upstream connection's own buffer), takes
-// them again and reads what came with that byte after it.
-func (b *bodyCopy) waitBody(body io.Reader) ([]byte, int, error) {
+// idles): it flushes and gives them back, reads into the connection's
+// probe (the rest of what arrives waits in the upstream connection's own
+// buffer) and takes them again. One read: a second, for what came with
+// the first bytes, waited for the backend's next write when they had come
+// alone (a one-byte chunk, a heartbeat), and held them from the app until
+// then. full says the probe came back full: more may be at hand.
+func (b *bodyCopy) waitBody(body io.Reader) (p []byte, n int, full bool, err error) {
 	if err := b.bw.Flush(); err != nil {
-		return nil, 0, err
+		return nil, 0, false, err
 	}
 	b.drop()
 	b.s.putWriter(b.bw)
-	n, err := body.Read(b.s.probe[:])
+	if b.s.probe == nil {
+		b.s.probe = new([probeSize]byte)
+	}
+	n, err = body.Read(b.s.probe[:])
 	b.bw = b.s.writer()
 	b.take()
 	if n == 0 {
-		return nil, 0, err
+		return nil, 0, false, err
 	}
 	p, terr := b.target()
 	if terr != nil {
-		return nil, 0, terr
+		return nil, 0, false, terr
 	}
-	p[0] = b.s.probe[0]
-	if err != nil {
-		return p, 1, err
-	}
-	m, err := body.Read(p[1:])
-	return p, 1 + m, err
+	copy(p, b.s.probe[:n]) // target has room for a probe: 2 KiB or more
+	return p, n, n == probeSize, err
 }
 
 // upgrade completes a WebSocket upgrade the backend accepted: the 101 goes
