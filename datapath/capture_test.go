@@ -1,9 +1,7 @@
 package datapath
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -27,13 +25,7 @@ import (
 
 func TestNodeIPMode(t *testing.T) {
 	tp := newTopology(t)
-	d := tp.open(t)
-	if err := d.SetServices([]Service{{Addr: vip4}, {Addr: vip6}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Enrol(tp.podCookie, tp.nodeProxy()); err != nil {
-		t.Fatal(err)
-	}
+	d := tp.openCapturing(t, Service{Addr: vip4}, Service{Addr: vip6})
 	proxy := startProxy(t, tp.node, tp.node, []netip.AddrPort{tp.nodeProxy().V4, tp.nodeProxy().V6},
 		map[netip.AddrPort]netip.AddrPort{vip4: tp.server4, vip6: tp.server6})
 
@@ -330,13 +322,7 @@ func setHeartbeatAge(t *testing.T, d *Datapath, age interface{ Nanoseconds() int
 // socket is answered, and every other getsockopt keeps the kernel's answer.
 func TestGetsockopt(t *testing.T) {
 	tp := newTopology(t)
-	d := tp.open(t)
-	if err := d.SetServices([]Service{{Addr: vip4}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Enrol(tp.podCookie, tp.nodeProxy()); err != nil {
-		t.Fatal(err)
-	}
+	tp.openCapturing(t, Service{Addr: vip4})
 	ln, err := tp.node.Listen(context.Background(), nil, "tcp", tp.nodeProxy().V4.String())
 	if err != nil {
 		t.Fatal(err)
@@ -412,29 +398,16 @@ func TestRestart(t *testing.T) {
 	tp := newTopology(t)
 	proxy := startProxy(t, tp.node, tp.node, []netip.AddrPort{tp.nodeProxy().V4},
 		map[netip.AddrPort]netip.AddrPort{vip4: tp.server4})
-	job, err := json.Marshal(loaderJob{Config: tp.cfg, Cookie: tp.podCookie, Proxy: tp.nodeProxy(),
-		Services: []Service{{Addr: vip4}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	runLoader := func() {
-		t.Helper()
-		var stderr bytes.Buffer
-		cmd := sandbox.HelperCommand(t, "load", string(job))
-		cmd.Stderr = &stderr
-		if err := sandbox.Start(t, cmd, nil, nil).Wait(); err != nil {
-			t.Fatalf("loader process: %v\n%s", err, stderr.String())
-		}
-	}
+	job := loaderJob{Config: tp.cfg, Cookie: tp.podCookie, Proxy: tp.nodeProxy(), Services: []Service{{Addr: vip4}}}
 
-	runLoader()
+	runLoader(t, job)
 	// The loader has exited; nothing in this process holds the programs.
 	v, err := dialAndGreet(tp.pod, vip4, nil)
 	wantRedirected(t, v, err, vip4)
 	proxy.next(t)
 	firstLinks := pinnedLinkIDs(t, tp.cfg)
 
-	runLoader()
+	runLoader(t, job)
 	d := tp.open(t) // a third loader, in this process
 	if got := pinnedLinkIDs(t, tp.cfg); !equalMaps(got, firstLinks) {
 		t.Errorf("links after restarts = %v, want the first loader's %v (adopted, not re-attached)", got, firstLinks)
@@ -668,13 +641,7 @@ func family(ap netip.AddrPort) string {
 // the Service of the first connect(), which the socket's storage kept.
 func TestReconnectForgetsOriginalDestination(t *testing.T) {
 	tp := newTopology(t)
-	d := tp.open(t)
-	if err := d.SetServices([]Service{{Addr: vip4}}); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Enrol(tp.podCookie, tp.nodeProxy()); err != nil {
-		t.Fatal(err)
-	}
+	d := tp.openCapturing(t, Service{Addr: vip4})
 	sockaddr := func(a netip.AddrPort) *unix.SockaddrInet4 {
 		return &unix.SockaddrInet4{Addr: a.Addr().As4(), Port: int(a.Port())}
 	}

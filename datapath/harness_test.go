@@ -97,6 +97,20 @@ func (tp *topology) open(t *testing.T) *Datapath {
 	return d
 }
 
+// openCapturing loads the datapath and captures svcs for the pod, whose
+// proxy listens on the node's addresses (nodeProxy).
+func (tp *topology) openCapturing(t *testing.T, svcs ...Service) *Datapath {
+	t.Helper()
+	d := tp.open(t)
+	if err := d.SetServices(svcs); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Enrol(tp.podCookie, tp.nodeProxy()); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
 // nodeProxy is the node-IP mode enrolment: listeners on the node's addresses.
 func (tp *topology) nodeProxy() Proxy {
 	return Proxy{

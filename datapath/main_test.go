@@ -1,6 +1,7 @@
 package datapath
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"testing"
@@ -19,6 +20,22 @@ type loaderJob struct {
 	Cookie   uint64
 	Proxy    Proxy
 	Services []Service
+}
+
+// runLoader runs job in a loader process — another agent that opens the
+// datapath, applies job and exits — and waits for it.
+func runLoader(t *testing.T, job loaderJob) {
+	t.Helper()
+	b, err := json.Marshal(job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr bytes.Buffer
+	cmd := sandbox.HelperCommand(t, "load", string(b))
+	cmd.Stderr = &stderr
+	if err := sandbox.Start(t, cmd, nil, nil).Wait(); err != nil {
+		t.Fatalf("loader process: %v\n%s", err, stderr.String())
+	}
 }
 
 // loadHelper runs in a child process: it loads (or adopts) the datapath,

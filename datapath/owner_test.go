@@ -1,8 +1,6 @@
 package datapath
 
 import (
-	"bytes"
-	"encoding/json"
 	"maps"
 	"os"
 	"path/filepath"
@@ -10,8 +8,6 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
-
-	"github.com/sockmesh/sockmesh/internal/sandbox"
 )
 
 // openOlder opens the datapath as the older of two agents and writes its
@@ -89,17 +85,8 @@ func TestTakenBackWhenTheNewerExits(t *testing.T) {
 	tp := newTopology(t)
 	older := openOlder(t, tp)
 	const strayCookie = 12345
-	job, err := json.Marshal(loaderJob{Config: tp.cfg, Cookie: strayCookie, Proxy: tp.nodeProxy(),
+	runLoader(t, loaderJob{Config: tp.cfg, Cookie: strayCookie, Proxy: tp.nodeProxy(),
 		Services: []Service{{Addr: vip6}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd := sandbox.HelperCommand(t, "load", string(job))
-	cmd.Stderr = &stderr
-	if err := sandbox.Start(t, cmd, nil, nil).Wait(); err != nil {
-		t.Fatalf("newer agent: %v\n%s", err, stderr.String())
-	}
 	if svcs, err := older.Services(); err != nil || !slices.Equal(svcs, []Service{{Addr: vip6}}) {
 		t.Fatalf("services after the newer agent = %v, %v; want its [%v]", svcs, err, vip6)
 	}
@@ -175,17 +162,8 @@ func TestTakenBackAfterAccelTurnedOff(t *testing.T) {
 	older := openOlder(t, tp)
 	newer := tp.cfg
 	newer.Accelerate = false
-	job, err := json.Marshal(loaderJob{Config: newer, Cookie: 12345, Proxy: tp.nodeProxy(),
+	runLoader(t, loaderJob{Config: newer, Cookie: 12345, Proxy: tp.nodeProxy(),
 		Services: []Service{{Addr: vip6}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd := sandbox.HelperCommand(t, "load", string(job))
-	cmd.Stderr = &stderr
-	if err := sandbox.Start(t, cmd, nil, nil).Wait(); err != nil {
-		t.Fatalf("newer agent: %v\n%s", err, stderr.String())
-	}
 
 	if err := older.Heartbeat(); err != nil {
 		t.Fatal(err)
@@ -205,17 +183,8 @@ func TestTakenBackAfterAccelTurnedOff(t *testing.T) {
 func TestTakeBackFinishedAfterFailure(t *testing.T) {
 	tp := newTopology(t)
 	older := openOlder(t, tp)
-	job, err := json.Marshal(loaderJob{Config: tp.cfg, Cookie: 12345, Proxy: tp.nodeProxy(),
+	runLoader(t, loaderJob{Config: tp.cfg, Cookie: 12345, Proxy: tp.nodeProxy(),
 		Services: []Service{{Addr: vip6}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr bytes.Buffer
-	cmd := sandbox.HelperCommand(t, "load", string(job))
-	cmd.Stderr = &stderr
-	if err := sandbox.Start(t, cmd, nil, nil).Wait(); err != nil {
-		t.Fatalf("newer agent: %v\n%s", err, stderr.String())
-	}
 	pin := filepath.Join(tp.cfg.pinDir(), "progs", "connect6")
 	if err := os.Remove(pin); err != nil {
 		t.Fatal(err)

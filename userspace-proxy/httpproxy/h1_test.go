@@ -1071,6 +1071,21 @@ func TestBrokenBodyEarlyAnswer(t *testing.T) {
 	}
 }
 
+// dialRawBackend runs the fast path before a backend whose connections
+// handle serves, over TLS or cleartext, and returns a client connection.
+func dialRawBackend(t *testing.T, useTLS bool, handle func(net.Conn)) *client {
+	t.Helper()
+	fx := newFixture(t, Config{}, snapshot.Backend{}) // cleaned up after the backend
+	be := snapshot.Backend{}
+	if useTLS {
+		be = tlsBackend(t, handle)
+	} else {
+		be.Endpoints = []snapshot.Endpoint{serveRaw(t, handle)}
+	}
+	fx.update(2, be)
+	return fx.dial()
+}
+
 // TestSizedAnswerNotHeld: what a backend sent of an answer of known
 // length reaches the app while the backend pauses in the middle of it —
 // the head and a first part larger than a segment — instead of waiting in
@@ -1079,9 +1094,8 @@ func TestSizedAnswerNotHeld(t *testing.T) {
 	first, rest := strings.Repeat("a", 3000), strings.Repeat("b", 3000)
 	for _, useTLS := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tls=%v", useTLS), func(t *testing.T) {
-			fx := newFixture(t, Config{}, snapshot.Backend{}) // cleaned up after the backend
 			more := make(chan struct{})
-			handle := func(c net.Conn) {
+			cl := dialRawBackend(t, useTLS, func(c net.Conn) {
 				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
 					return
 				}
@@ -1089,15 +1103,7 @@ func TestSizedAnswerNotHeld(t *testing.T) {
 				<-more
 				io.WriteString(c, rest)
 				io.Copy(io.Discard, c)
-			}
-			be := snapshot.Backend{}
-			if useTLS {
-				be = tlsBackend(t, handle)
-			} else {
-				be.Endpoints = []snapshot.Endpoint{serveRaw(t, handle)}
-			}
-			fx.update(2, be)
-			cl := fx.dial()
+			})
 			cl.c.SetDeadline(time.Now().Add(5 * time.Second))
 			cl.send("GET / HTTP/1.1\r\nHost: a\r\n\r\n")
 			resp, err := http.ReadResponse(cl.r, &http.Request{Method: http.MethodGet})
@@ -1126,9 +1132,8 @@ func TestSizedAnswerNotHeld(t *testing.T) {
 func TestStreamByteNotHeldFastPath(t *testing.T) {
 	for _, useTLS := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tls=%v", useTLS), func(t *testing.T) {
-			fx := newFixture(t, Config{}, snapshot.Backend{}) // cleaned up after the backend
 			next := make(chan struct{})
-			handle := func(c net.Conn) {
+			cl := dialRawBackend(t, useTLS, func(c net.Conn) {
 				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
 					return
 				}
@@ -1139,15 +1144,7 @@ func TestStreamByteNotHeldFastPath(t *testing.T) {
 				}
 				io.WriteString(c, "0\r\n\r\n")
 				io.Copy(io.Discard, c)
-			}
-			be := snapshot.Backend{}
-			if useTLS {
-				be = tlsBackend(t, handle)
-			} else {
-				be.Endpoints = []snapshot.Endpoint{serveRaw(t, handle)}
-			}
-			fx.update(2, be)
-			cl := fx.dial()
+			})
 			cl.c.SetDeadline(time.Now().Add(10 * time.Second))
 			cl.send("GET /stream HTTP/1.1\r\nHost: a\r\n\r\n")
 			resp, err := http.ReadResponse(cl.r, &http.Request{Method: http.MethodGet})

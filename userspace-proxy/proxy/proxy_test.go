@@ -1300,10 +1300,12 @@ func TestShutdownDrains(t *testing.T) {
 // ends are reset on both sides, cleartext or with TLS toward the backend:
 // they used to be closed, and the first side closed read a clean end of
 // stream (a FIN; a close_notify), as if the relayed bytes were complete —
-// the rest of a close-delimited answer, say.
+// the rest of a close-delimited answer, say. On net/http's path too: an
+// HTTP/1.0 app's answer of no stated length runs to the close, and a plain
+// close (http.Server.Close, which ran before the resets) completed it.
 func TestShutdownForcedResets(t *testing.T) {
 	checkNoLeaks(t)
-	e := newEnv(t, envOptions{})
+	e := newEnv(t, envOptions{http1TLS: proxy.HTTP1TLSL7})
 	type ended struct {
 		name string
 		err  error
@@ -1317,8 +1319,15 @@ func TestShutdownForcedResets(t *testing.T) {
 			backendEnd <- ended{name, err}
 		})
 	}
+	// An answer of no stated length, cut short: part of it, then the
+	// backend waits for the end.
+	web := serveTCP(t, serverTLS(e.pki.server), func(c net.Conn) {
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\npartial")
+		io.Copy(io.Discard, c)
+	})
 	vClear, vTLS := netip.MustParseAddrPort("10.96.4.5:5432"), netip.MustParseAddrPort("10.96.4.6:5432")
 	e.p.Update(buildSnapshot(t, 1,
+		service{name: "web", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(web)}},
 		service{name: "clear", vip: vClear, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, Endpoints: endpoints(partial("clear", nil))}},
 		service{name: "tls", vip: vTLS, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, TLS: tlsPolicy(e),
 			Endpoints: endpoints(partial("tls", serverTLS(e.pki.server)))}},
@@ -1337,37 +1346,7 @@ func TestShutdownForcedResets(t *testing.T) {
 		}
 		apps[name] = c
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if err := e.p.Shutdown(ctx); !errors.Is(err, context.Canceled) {
-		t.Fatalf("Shutdown = %v, want it to force the relays", err)
-	}
-	for name, c := range apps {
-		if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
-			t.Errorf("%s: app read %v, want a reset", name, err)
-		}
-	}
-	for range apps {
-		if b := <-backendEnd; !errors.Is(b.err, syscall.ECONNRESET) {
-			t.Errorf("%s: backend read %v, want a reset", b.name, b.err)
-		}
-	}
-}
-
-// TestShutdownForcedResetsL7: on net/http's path too, what a forced
-// Shutdown cuts short is reset: an HTTP/1.0 app's answer of no stated
-// length runs to the close, and a plain close (http.Server.Close, which
-// ran before the resets) completed the cut answer.
-func TestShutdownForcedResetsL7(t *testing.T) {
-	checkNoLeaks(t)
-	e := newEnv(t, envOptions{http1TLS: proxy.HTTP1TLSL7})
-	// An answer of no stated length, cut short: part of it, then the
-	// backend waits for the end.
-	be := serveTCP(t, serverTLS(e.pki.server), func(c net.Conn) {
-		io.WriteString(c, "HTTP/1.1 200 OK\r\nConnection: close\r\n\r\npartial")
-		io.Copy(io.Discard, c)
-	})
-	e.p.Update(buildSnapshot(t, 1, service{name: "web", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(be)}}))
+	relays := len(apps)
 	app, err := e.dial(vip)
 	if err != nil {
 		t.Fatal(err)
@@ -1375,8 +1354,7 @@ func TestShutdownForcedResetsL7(t *testing.T) {
 	defer app.Close()
 	app.SetDeadline(time.Now().Add(hangGuard))
 	io.WriteString(app, "GET / HTTP/1.0\r\nHost: web.b.svc\r\n\r\n")
-	br := bufio.NewReader(app)
-	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodGet})
+	resp, err := http.ReadResponse(bufio.NewReader(app), &http.Request{Method: http.MethodGet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1389,10 +1367,20 @@ func TestShutdownForcedResetsL7(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if err := e.p.Shutdown(ctx); !errors.Is(err, context.Canceled) {
-		t.Fatalf("Shutdown = %v, want it to force the exchange", err)
+		t.Fatalf("Shutdown = %v, want it to force the relays", err)
+	}
+	for name, c := range apps {
+		if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("%s: app read %v, want a reset", name, err)
+		}
 	}
 	if _, err := io.ReadAll(resp.Body); !errors.Is(err, syscall.ECONNRESET) {
-		t.Errorf("app read %v, want a reset: a clean end completes the cut answer", err)
+		t.Errorf("http/1.0 app read %v, want a reset: a clean end completes the cut answer", err)
+	}
+	for range relays {
+		if b := <-backendEnd; !errors.Is(b.err, syscall.ECONNRESET) {
+			t.Errorf("%s: backend read %v, want a reset", b.name, b.err)
+		}
 	}
 }
 
