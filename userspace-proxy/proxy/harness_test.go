@@ -340,6 +340,19 @@ func (e *env) dial(dst netip.AddrPort) (net.Conn, error) {
 	return e.dialFrom(dst, netip.Addr{}, nil)
 }
 
+// appConn is an app's connection to dst, closed when t ends, whose reads
+// and writes fail after hangGuard rather than hang.
+func (e *env) appConn(t testing.TB, dst netip.AddrPort) net.Conn {
+	t.Helper()
+	c, err := e.dial(dst)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(hangGuard))
+	return c
+}
+
 // dialFrom opens a client connection whose original destination is dst
 // from the loopback address src (zero: any), whose pod, when pod is set,
 // the listener knows (in-pod mode).

@@ -589,12 +589,7 @@ func crashWebSocket(w http.ResponseWriter, r *http.Request) {
 // and returns the connection and its reader after the 101.
 func rawUpgrade(t *testing.T, e *env, dst netip.AddrPort, path string) (net.Conn, *bufio.Reader) {
 	t.Helper()
-	c, err := e.dial(dst)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	c.SetDeadline(time.Now().Add(hangGuard))
+	c := e.appConn(t, dst)
 	io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: svc.b.svc\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
 		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
 	br := bufio.NewReader(c)
@@ -902,12 +897,7 @@ func TestInteropTCPHalfClose(t *testing.T) {
 		Protocol: snapshot.ProtocolTCP, TLS: tlsPolicy(e), Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())}}))
 	// dial opens an app connection that asks the backend for mode.
 	dial := func(t *testing.T, mode byte) net.Conn {
-		c, err := e.dial(tcpVIP)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		c.SetDeadline(time.Now().Add(hangGuard))
+		c := e.appConn(t, tcpVIP)
 		if _, err := c.Write([]byte{mode}); err != nil {
 			t.Fatal(err)
 		}

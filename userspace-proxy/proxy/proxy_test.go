@@ -911,12 +911,7 @@ func TestSilentAppRelayHoldsNoBuffer(t *testing.T) {
 	v := netip.MustParseAddrPort("10.96.4.7:25")
 	e.p.Update(buildSnapshot(t, 1, service{name: "push", vip: v, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP,
 		Endpoints: endpoints(be)}}))
-	c, err := e.dial(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(hangGuard))
+	c := e.appConn(t, v)
 	if line, err := bufio.NewReader(c).ReadString('\n'); err != nil || line != "220 ready\r\n" {
 		t.Fatalf("greeting: %q, %v", line, err)
 	}
@@ -1334,12 +1329,7 @@ func TestShutdownForcedResets(t *testing.T) {
 	))
 	apps := map[string]net.Conn{}
 	for name, dst := range map[string]netip.AddrPort{"clear": vClear, "tls": vTLS} {
-		c, err := e.dial(dst)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		c.SetDeadline(time.Now().Add(hangGuard))
+		c := e.appConn(t, dst)
 		io.WriteString(c, "hello")
 		if _, err := io.ReadFull(c, make([]byte, len("partial"))); err != nil {
 			t.Fatalf("%s: %v", name, err)
@@ -1347,12 +1337,7 @@ func TestShutdownForcedResets(t *testing.T) {
 		apps[name] = c
 	}
 	relays := len(apps)
-	app, err := e.dial(vip)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer app.Close()
-	app.SetDeadline(time.Now().Add(hangGuard))
+	app := e.appConn(t, vip)
 	io.WriteString(app, "GET / HTTP/1.0\r\nHost: web.b.svc\r\n\r\n")
 	resp, err := http.ReadResponse(bufio.NewReader(app), &http.Request{Method: http.MethodGet})
 	if err != nil {
@@ -1394,12 +1379,7 @@ func TestShutdownEndsParked(t *testing.T) {
 	e := newEnv(t, envOptions{parkAfter: 20 * time.Millisecond, maxConnsPerClient: 1})
 	be := startEcho(t, "tls-0", serverTLS(e.pki.server))
 	e.p.Update(buildSnapshot(t, 1, service{name: "web", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(be.addr)}}))
-	app, err := e.dial(vip)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer app.Close()
-	app.SetDeadline(time.Now().Add(hangGuard))
+	app := e.appConn(t, vip)
 	br := bufio.NewReader(app)
 	for i := range 2 {
 		fmt.Fprintf(app, "GET /%d HTTP/1.1\r\nHost: web.b.svc\r\n\r\n", i)
