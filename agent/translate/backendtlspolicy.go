@@ -25,14 +25,16 @@ type policyEval struct {
 	invalid      *tlsvalidation.Problem
 	resolvedRefs *tlsvalidation.Problem
 	targets      []*policyTarget
+	// others counts other controllers' entries in the policy's status.
+	others int
 }
 
 // policyTarget is one distinct targetRef of a policy: one status ancestor.
 type policyTarget struct {
 	ref    gwv1.LocalPolicyTargetReferenceWithSectionName
 	parent gwv1.ParentReference
-	// overLimit is set past the 16 ancestors PolicyStatus can hold: the
-	// target gets no status and its ports fail closed.
+	// overLimit is set when the policy's status has no room for the
+	// target (fitAncestors): it gets no status and its ports fail closed.
 	overLimit bool
 	// problem is this target's own Accepted=False reason
 	// (TargetNotFound, Invalid or Conflicted), or nil.
@@ -156,8 +158,14 @@ func (t *translator) evalPolicy(p *gwv1.BackendTLSPolicy) *policyEval {
 		e.targets = append(e.targets, &policyTarget{ref: ref, parent: parent})
 	}
 	slices.SortFunc(e.targets, func(a, b *policyTarget) int { return compareParents(a.parent, b.parent) })
+	parents := make([]gwv1.ParentReference, len(e.targets))
 	for i, tg := range e.targets {
-		tg.overLimit = i >= maxPolicyAncestors
+		parents[i] = tg.parent
+	}
+	fits, others := fitAncestors(p.Status.Ancestors, parents)
+	e.others = others
+	for i, tg := range e.targets {
+		tg.overLimit = !fits[i]
 	}
 	return e
 }
@@ -269,7 +277,8 @@ func (t *translator) portTLS(k portKey) (tls *snapshot.TLS, invalid *snapshot.In
 	switch {
 	case pp.target.overLimit:
 		return nil, &snapshot.Invalid{Policy: e.ref, Reason: string(gwv1.PolicyReasonInvalid),
-			Message: fmt.Sprintf("policy has more than %d targets, the most its status can report; it is not applied to this Service", maxPolicyAncestors)}, &e.ref
+			Message: fmt.Sprintf("the policy's status has no room for this Service (it holds at most %d ancestors, %d of them other controllers'): "+
+				"the Gateway API makes the policy unimplementable here", maxPolicyAncestors, e.others)}, &e.ref
 	case e.invalid != nil:
 		return nil, &snapshot.Invalid{Policy: e.ref, Reason: e.invalid.Reason, Message: e.invalid.Message}, &e.ref
 	}

@@ -106,6 +106,41 @@ func deref[T ~string](p *T) string {
 	return string(*p)
 }
 
+// fitAncestors tells which of a policy's targets (parents, in status
+// order) get a status entry. The 16 entries a PolicyStatus holds are shared
+// with other controllers, and the Gateway API forbids adding to a full
+// list: the policy is then unimplementable for a target that finds no room
+// (its caller fails that target closed or leaves it unapplied). A target
+// that holds an entry of ours already is represented, full list or not, so
+// it keeps its room first; the others take what is left, in order. existing
+// is the status as the informer shows it, so every agent decides alike.
+// others counts the other controllers' entries, for messages.
+func fitAncestors(existing []gwv1.PolicyAncestorStatus, parents []gwv1.ParentReference) (fits []bool, others int) {
+	room := maxPolicyAncestors
+	for _, a := range existing {
+		if a.ControllerName != ControllerName {
+			room--
+			others++
+		}
+	}
+	fits = make([]bool, len(parents))
+	for i, p := range parents {
+		if room > 0 && slices.ContainsFunc(existing, func(a gwv1.PolicyAncestorStatus) bool {
+			return a.ControllerName == ControllerName && compareParents(a.AncestorRef, p) == 0
+		}) {
+			fits[i] = true
+			room--
+		}
+	}
+	for i := range fits {
+		if !fits[i] && room > 0 {
+			fits[i] = true
+			room--
+		}
+	}
+	return fits, others
+}
+
 func sortPolicyAncestors(s []gwv1.PolicyAncestorStatus) {
 	slices.SortFunc(s, func(a, b gwv1.PolicyAncestorStatus) int { return compareParents(a.AncestorRef, b.AncestorRef) })
 }

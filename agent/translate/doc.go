@@ -159,9 +159,14 @@
 // lastTransitionTime Input.Now (the status writer keeps older timestamps for
 // unchanged conditions). Accepted: Accepted, Conflicted, NoValidCACertificate,
 // Invalid or TargetNotFound; ResolvedRefs: ResolvedRefs,
-// InvalidCACertificateRef or InvalidKind. A PolicyStatus holds 16 ancestors;
-// past that the API calls the policy unimplementable, so further targets get
-// no entry and their ports fail closed. Every case in which a policy cannot
+// InvalidCACertificateRef or InvalidKind. A PolicyStatus holds 16 ancestors,
+// other controllers' entries included, and the API forbids adding to a full
+// list: the policy is unimplementable for a target its status has no room
+// for, which gets no entry and whose ports fail closed (a route leading to
+// them has ResolvedRefs=False/InvalidBackend). A target with an entry of
+// ours keeps it, full list or not; the others take the room left, in
+// order. Every agent reads the room from the policy's status as its
+// informer shows it, so all decide alike. Every case in which a policy cannot
 // be honoured for a port it governs gives that port a Backend.Invalid entry:
 // the proxy answers 5xx or resets, never plaintext.
 //
@@ -219,12 +224,14 @@
 // 1-1000000, a bad sessionPersistence) makes the policy Invalid: it is
 // applied nowhere and takes part in no conflict.
 //
-// Status: one PolicyAncestorStatus per distinct targetRef (at most 16):
-// ancestorRef group "" kind Service, or group gateway.networking.x-k8s.io
-// kind XBackend, in the policy's namespace; controllerName ControllerName,
-// observedGeneration. Accepted: Accepted, Conflicted, Invalid or
-// TargetNotFound; ResolvedRefs: ResolvedRefs, or InvalidKind for a target
-// kind sockmesh does not know (then also TargetNotFound).
+// Status: one PolicyAncestorStatus per distinct targetRef that has room in
+// the policy's status, as for BackendTLSPolicy; the policy is not applied
+// to a target without room. ancestorRef group "" kind Service, or group
+// gateway.networking.x-k8s.io kind XBackend, in the policy's namespace;
+// controllerName ControllerName, observedGeneration. Accepted: Accepted,
+// Conflicted, Invalid or TargetNotFound; ResolvedRefs: ResolvedRefs, or
+// InvalidKind for a target kind sockmesh does not know (then also
+// TargetNotFound).
 //
 // # XMesh
 //

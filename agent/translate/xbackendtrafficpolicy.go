@@ -42,8 +42,9 @@ type trafficTarget struct {
 	ref    gwv1.LocalPolicyTargetReference
 	parent gwv1.ParentReference
 	key    trafficKey
-	// overLimit is set past the 16 ancestors PolicyStatus holds: the
-	// target gets no status and the policy is not applied to it.
+	// overLimit is set when the policy's status has no room for the
+	// target (fitAncestors): it gets no status and the policy is not
+	// applied to it.
 	overLimit bool
 	// problem is the target's own Accepted=False reason (TargetNotFound
 	// or Invalid); resolvedRefs its ResolvedRefs=False reason.
@@ -121,8 +122,13 @@ func (t *translator) evalTrafficPolicy(p *gwxv1alpha1.XBackendTrafficPolicy) *tr
 		e.targets = append(e.targets, tg)
 	}
 	slices.SortFunc(e.targets, func(a, b *trafficTarget) int { return compareParents(a.parent, b.parent) })
+	parents := make([]gwv1.ParentReference, len(e.targets))
 	for i, tg := range e.targets {
-		tg.overLimit = i >= maxPolicyAncestors
+		parents[i] = tg.parent
+	}
+	fits, _ := fitAncestors(p.Status.Ancestors, parents)
+	for i, tg := range e.targets {
+		tg.overLimit = !fits[i]
 	}
 	return e
 }
