@@ -192,11 +192,12 @@ func (s *Source) Run(ctx context.Context) error {
 		l.trustBundles = ctb.Lister()
 	}
 	// Gateway API objects: only spec, labels and annotations matter, not
-	// status. Skipping status-only updates also keeps our own status writes
-	// from echoing back as a rebuild.
+	// status (but for how many ancestors other controllers hold in a
+	// policy's). Skipping status-only updates also keeps our own status
+	// writes from echoing back as a rebuild.
 	if served[kindBackendTLSPolicy] {
 		i := gw.Gateway().V1().BackendTLSPolicies()
-		watch(kindBackendTLSPolicy, i.Informer(), specChanged)
+		watch(kindBackendTLSPolicy, i.Informer(), policyChanged)
 		l.backendTLSPolicies = i.Lister()
 	}
 	if served[kindReferenceGrant] {
@@ -221,7 +222,7 @@ func (s *Source) Run(ctx context.Context) error {
 	}
 	if served[kindXBackendTrafficPolicy] {
 		i := gw.Experimental().V1alpha1().XBackendTrafficPolicies()
-		watch(kindXBackendTrafficPolicy, i.Informer(), specChanged)
+		watch(kindXBackendTrafficPolicy, i.Informer(), policyChanged)
 		l.xbackendTrafficPolicies = i.Lister()
 	}
 	if served[kindXMesh] {
@@ -492,6 +493,31 @@ func specChanged(old, new any) bool {
 	o, n := old.(metav1.Object), new.(metav1.Object)
 	return o.GetGeneration() != n.GetGeneration() || o.GetUID() != n.GetUID() ||
 		!maps.Equal(o.GetLabels(), n.GetLabels()) || !maps.Equal(o.GetAnnotations(), n.GetAnnotations())
+}
+
+// policyChanged is specChanged for a policy, or another controller's
+// ancestor entries came or went: translate gives the policy's targets only
+// the room those leave in its status (PolicyStatus holds 16 ancestors).
+// sockmesh's own status writes change neither.
+func policyChanged(old, new any) bool {
+	return specChanged(old, new) || othersAncestors(old) != othersAncestors(new)
+}
+
+func othersAncestors(obj any) int {
+	var ancestors []gwv1.PolicyAncestorStatus
+	switch o := obj.(type) {
+	case *gwv1.BackendTLSPolicy:
+		ancestors = o.Status.Ancestors
+	case *gwxv1alpha1.XBackendTrafficPolicy:
+		ancestors = o.Status.Ancestors
+	}
+	n := 0
+	for _, a := range ancestors {
+		if a.ControllerName != translate.ControllerName {
+			n++
+		}
+	}
+	return n
 }
 
 func podChanged(old, new any) bool {

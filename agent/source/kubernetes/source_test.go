@@ -300,5 +300,60 @@ func TestRelevantUpdates(t *testing.T) {
 		if got := specChanged(base, tc.new); got != tc.want {
 			t.Errorf("specChanged(%s) = %v, want %v", name, got, tc.want)
 		}
+		if got := policyChanged(base, tc.new); got != tc.want {
+			t.Errorf("policyChanged(%s) = %v, want %v", name, got, tc.want)
+		}
 	}
+	// Our own status writes are no rebuild; another controller's entries
+	// take room in the policy's status, which translate gives out.
+	theirs := statusOnly.DeepCopy()
+	theirs.Status.Ancestors = append(theirs.Status.Ancestors, gwv1.PolicyAncestorStatus{ControllerName: "example.net/gateway"})
+	if !policyChanged(statusOnly, theirs) {
+		t.Error("policyChanged(another controller's ancestor) = false, want true")
+	}
+}
+
+// TestOtherControllersAncestorsSignal: another controller's new ancestor
+// entry in a policy's status signals a change (translate gives the
+// policy's targets the room left in its status), though status-only
+// updates otherwise do not.
+func TestOtherControllersAncestorsSignal(t *testing.T) {
+	env := apiserver.Start(t)
+	ctx := t.Context()
+	gw := env.Gateway
+	must.Succeed(t)(env.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}))
+	s := startSource(t, env)
+	waitInput(t, s, "the first listing", func(translate.Input) bool { return true })
+	target := []gwv1.LocalPolicyTargetReference{{Group: "", Kind: "Service", Name: "svc"}}
+	tp := must.Value[*gwxv1alpha1.XBackendTrafficPolicy](t)(gw.ExperimentalV1alpha1().XBackendTrafficPolicies(ns).Create(ctx, &gwxv1alpha1.XBackendTrafficPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "budget", Namespace: ns},
+		Spec:       gwxv1alpha1.BackendTrafficPolicySpec{TargetRefs: target},
+	}, metav1.CreateOptions{}))
+	tlsp := must.Value[*gwv1.BackendTLSPolicy](t)(gw.GatewayV1().BackendTLSPolicies(ns).Create(ctx, &gwv1.BackendTLSPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "tls", Namespace: ns},
+		Spec: gwv1.BackendTLSPolicySpec{
+			TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{{LocalPolicyTargetReference: target[0]}},
+			Validation: gwv1.BackendTLSPolicyValidation{WellKnownCACertificates: ptr(gwv1.WellKnownCACertificatesSystem), Hostname: "svc.example.com"},
+		},
+	}, metav1.CreateOptions{}))
+	waitInput(t, s, "the policies", func(in translate.Input) bool {
+		return len(in.BackendTLSPolicies) == 1 && len(in.XBackendTrafficPolicies) == 1
+	})
+
+	theirs := []gwv1.PolicyAncestorStatus{{
+		AncestorRef:    gwv1.ParentReference{Name: "gw"},
+		ControllerName: "example.net/gateway-controller",
+		Conditions: []metav1.Condition{{Type: "Accepted", Status: metav1.ConditionTrue, Reason: "Accepted",
+			LastTransitionTime: metav1.Now()}},
+	}}
+	tlsp.Status.Ancestors = theirs
+	must.Succeed(t)(gw.GatewayV1().BackendTLSPolicies(ns).UpdateStatus(ctx, tlsp, metav1.UpdateOptions{}))
+	waitInput(t, s, "the BackendTLSPolicy's new ancestor", func(in translate.Input) bool {
+		return len(in.BackendTLSPolicies) == 1 && len(in.BackendTLSPolicies[0].Status.Ancestors) == 1
+	})
+	tp.Status.Ancestors = theirs
+	must.Succeed(t)(gw.ExperimentalV1alpha1().XBackendTrafficPolicies(ns).UpdateStatus(ctx, tp, metav1.UpdateOptions{}))
+	waitInput(t, s, "the XBackendTrafficPolicy's new ancestor", func(in translate.Input) bool {
+		return len(in.XBackendTrafficPolicies) == 1 && len(in.XBackendTrafficPolicies[0].Status.Ancestors) == 1
+	})
 }
