@@ -206,18 +206,11 @@ func configure(spec *ebpf.CollectionSpec, cfg Config) error {
 // agent that ran them would leave the maps to nobody (owner.go).
 // settle(false) keeps the new state.
 func (d *Datapath) attachAll() (settle func(failed bool) error, err error) {
-	cg, err := os.Open(d.cfg.Cgroup)
+	cg, cgID, err := openCgroup(d.cfg.Cgroup)
 	if err != nil {
-		return nil, fmt.Errorf("open cgroup %s: %w", d.cfg.Cgroup, err)
+		return nil, err
 	}
 	defer cg.Close()
-	var st unix.Stat_t
-	if err := unix.Fstat(int(cg.Fd()), &st); err != nil {
-		return nil, fmt.Errorf("stat cgroup %s: %w", d.cfg.Cgroup, err)
-	}
-	// On cgroup v2 the directory's inode number is the cgroup ID that link
-	// info reports.
-	cgID := st.Ino
 
 	// prev holds the programs adopted links ran (nil for created links),
 	// so that they outlive the update.
@@ -257,6 +250,22 @@ func (d *Datapath) attachAll() (settle func(failed bool) error, err error) {
 	return settle, nil
 }
 
+// openCgroup opens the cgroup at path and returns it with its ID.
+func openCgroup(path string) (*os.File, uint64, error) {
+	cg, err := os.Open(path)
+	if err != nil {
+		return nil, 0, fmt.Errorf("open cgroup %s: %w", path, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(cg.Fd()), &st); err != nil {
+		cg.Close()
+		return nil, 0, fmt.Errorf("stat cgroup %s: %w", path, err)
+	}
+	// On cgroup v2 the directory's inode number is the cgroup ID that link
+	// info reports.
+	return cg, st.Ino, nil
+}
+
 // attach adopts h's pinned link, returning the program it ran, or creates
 // and pins a link (prev nil).
 func (d *Datapath) attach(h hook, cg *os.File, cgID uint64) (l link.Link, prev *ebpf.Program, err error) {
@@ -282,7 +291,14 @@ func (d *Datapath) attach(h hook, cg *os.File, cgID uint64) (l link.Link, prev *
 			d.log.Info("adopted pinned link", "hook", h.name, "link_id", info.ID)
 			return l, prev, nil
 		}
-		// Pinned for another cgroup: Config.Cgroup changed since.
+		// Pinned for another cgroup: Config.Cgroup changed since, in a
+		// restart or in a rolling update whose older agent still runs. The
+		// datapath moves here whole, the older agent's programs detached
+		// rather than left capturing beside ours: on nested cgroups both
+		// connect programs would run, and the second, seeing the proxy's
+		// address, forgets the original destination the first kept
+		// (sm_connect); and an operator who changed --cgroup expects
+		// capture where it now points, as after a restart (owner.go).
 		d.log.Info("moving pinned link to another cgroup", "hook", h.name, "cgroup", d.cfg.Cgroup)
 		if err := errors.Join(l.Detach(), l.Unpin(), l.Close()); err != nil {
 			return nil, nil, fmt.Errorf("remove %s link of another cgroup: %w", h.name, err)

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 )
 
@@ -29,6 +31,12 @@ import (
 // the datapath last and with which program, so that a process gone can be
 // told from one running; an owner it does not name (a build before it) or
 // cannot see (another PID namespace) counts as running.
+//
+// A newer agent given another --cgroup moves the links there: the pins
+// then hold links of its own, and the older agent's links, detached, no
+// longer capture anything. So ownership is read from the pins, and a
+// take-back attaches afresh on this process's cgroup, detaching the exited
+// agent's programs from its own.
 
 // ownerRecord is the sm_owner map's one value.
 type ownerRecord struct {
@@ -101,15 +109,21 @@ func openPins(dir string) (*os.File, error) {
 }
 
 // owner returns the ID of the connect4 program the pinned link runs, and
-// this process's.
+// this process's. The pinned link, not the one this process holds: a newer
+// agent attached to another cgroup pins links of its own and detaches ours,
+// which go on naming our program.
 func (d *Datapath) owner() (running, ours ebpf.ProgramID, err error) {
-	l, ok := d.links["connect4"]
-	if !ok {
+	if d.closed {
 		return 0, 0, errors.New("datapath closed")
 	}
-	info, err := l.Info()
+	l, err := link.LoadPinnedLink(filepath.Join(d.cfg.pinDir(), "links", "connect4"), nil)
 	if err != nil {
-		return 0, 0, fmt.Errorf("read the connect4 link: %w", err)
+		return 0, 0, fmt.Errorf("read the pinned connect4 link: %w", err)
+	}
+	info, err := l.Info()
+	l.Close()
+	if err != nil {
+		return 0, 0, fmt.Errorf("read the pinned connect4 link: %w", err)
 	}
 	pinfo, err := d.objs.Connect4.Info()
 	if err != nil {
@@ -200,10 +214,23 @@ func (d *Datapath) owned() (mine, tookBack bool, err error) {
 // takeBack attaches and pins this process's programs again and claims the
 // datapath.
 func (d *Datapath) takeBack() error {
+	cg, cgID, err := openCgroup(d.cfg.Cgroup)
+	if err != nil {
+		return fmt.Errorf("take the datapath back: %w", err)
+	}
+	defer cg.Close()
+	// As Open does: an exited agent that ran on another cgroup moved the
+	// pinned links there and detached ours, which no update revives.
 	for _, h := range hooks {
-		if err := d.links[h.name].Update(h.prog(&d.objs)); err != nil {
-			return fmt.Errorf("take the datapath back: update %s link: %w", h.name, err)
+		l, prev, err := d.attach(h, cg, cgID)
+		if err != nil {
+			return fmt.Errorf("take the datapath back: %w", err)
 		}
+		if prev != nil {
+			prev.Close()
+		}
+		d.links[h.name].Close()
+		d.links[h.name] = l
 	}
 	// The pins under progs/ name the exited agent's programs, which they
 	// would keep loaded, and show operators what no longer runs.
@@ -253,8 +280,10 @@ func (d *Datapath) reconcile(what string, write func() error) error {
 func (d *Datapath) checkOwner() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if running, ours, err := d.owner(); err != nil || running == ours && !d.retaking {
-		return err
+	// Unlocked, a newer agent's Open may be moving the pins: only what is
+	// surely ours skips the lock.
+	if running, ours, err := d.owner(); err == nil && running == ours && !d.retaking {
+		return nil
 	}
 	unlock, err := d.lockPins()
 	if err != nil {

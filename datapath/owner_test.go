@@ -2,12 +2,16 @@ package datapath
 
 import (
 	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/sockmesh/sockmesh/internal/sandbox"
 )
 
 // openOlder opens the datapath as the older of two agents and writes its
@@ -73,6 +77,74 @@ func TestNewerOpenOwnsTheMaps(t *testing.T) {
 	}
 	if len(enrolled) != 0 {
 		t.Errorf("enrolments = %v, want the newer agent's (none)", slices.Collect(maps.Keys(enrolled)))
+	}
+}
+
+// TestNewerOnAnotherCgroupOwnsTheMaps: the newer agent attaches to another
+// cgroup (its --cgroup changed in the update), which moves the pinned links
+// there and detaches the older agent's. The older, whose links still name
+// its programs, must still leave the maps to the newer one.
+func TestNewerOnAnotherCgroupOwnsTheMaps(t *testing.T) {
+	tp := newTopology(t)
+	newerCfg := tp.cfg
+	newerCfg.Cgroup = sandbox.NewCgroup(t).Path
+	older := openOlder(t, tp)
+	newer, err := Open(newerCfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer newer.Close()
+	if err := newer.SetServices([]Service{{Addr: vip6}}); err != nil {
+		t.Fatal(err)
+	}
+	// The older agent writes after the newer: nothing of it may land.
+	if err := older.SetServices([]Service{{Addr: vip4}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := older.Heartbeat(); err != nil {
+		t.Fatal(err)
+	}
+	if svcs, err := newer.Services(); err != nil || !slices.Equal(svcs, []Service{{Addr: vip6}}) {
+		t.Errorf("services = %v, %v; want the newer agent's [%v]", svcs, err, vip6)
+	}
+	wantAttached(t, newer, true)
+	wantAttached(t, older, false)
+}
+
+// TestTakenBackFromAnotherCgroup: the newer agent that exits had attached
+// to another cgroup. The older agent's heartbeat takes the datapath back
+// to its own cgroup, where capture works again, and detaches the exited
+// agent's programs from the other.
+func TestTakenBackFromAnotherCgroup(t *testing.T) {
+	tp := newTopology(t)
+	newerCfg := tp.cfg
+	newerCfg.Cgroup = sandbox.NewCgroup(t).Path
+	older := openOlder(t, tp)
+	runLoader(t, loaderJob{Config: newerCfg, Cookie: 12345, Proxy: tp.nodeProxy(),
+		Services: []Service{{Addr: vip6}}})
+
+	if err := older.Heartbeat(); err != nil {
+		t.Fatal(err)
+	}
+	wantAttached(t, older, true)
+	wantOwnPins(t, tp, older, "")
+	if svcs, err := older.Services(); err != nil || !slices.Equal(svcs, []Service{{Addr: vip4}}) {
+		t.Errorf("services = %v, %v; want the older agent's latest [%v]", svcs, err, vip4)
+	}
+	startProxy(t, tp.node, tp.node, []netip.AddrPort{tp.nodeProxy().V4}, map[netip.AddrPort]netip.AddrPort{vip4: tp.server4})
+	v, err := dialAndGreet(tp.pod, vip4, nil)
+	wantRedirected(t, v, err, vip4)
+	cg, err := os.Open(newerCfg.Cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	others, err := link.QueryPrograms(link.QueryOptions{Target: int(cg.Fd()), Attach: ebpf.AttachCGroupInet4Connect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(others.Programs) != 0 {
+		t.Errorf("programs on the exited agent's cgroup: %v, want none", others.Programs)
 	}
 }
 
@@ -234,6 +306,21 @@ func wantOwnPins(t *testing.T, tp *topology, d *Datapath, except string) {
 		id, _ := info.ID()
 		if ownID, _ := own.ID(); id != ownID {
 			t.Errorf("progs/%s pins program %d, want this agent's own %d", h.name, id, ownID)
+		}
+	}
+}
+
+// wantAttached checks whether d's programs run on d's cgroup, as State
+// reports them.
+func wantAttached(t *testing.T, d *Datapath, want bool) {
+	t.Helper()
+	s, err := d.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range s.Hooks {
+		if h.Attached != want {
+			t.Errorf("%s on %s: attached = %v, want %v", h.Name, s.Cgroup, h.Attached, want)
 		}
 	}
 }
