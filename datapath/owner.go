@@ -116,7 +116,15 @@ func (d *Datapath) owner() (running, ours ebpf.ProgramID, err error) {
 	if d.closed {
 		return 0, 0, errors.New("datapath closed")
 	}
+	pinfo, err := d.objs.Connect4.Info()
+	if err != nil {
+		return 0, 0, fmt.Errorf("read our connect4 program: %w", err)
+	}
+	ours, _ = pinfo.ID()
 	l, err := link.LoadPinnedLink(filepath.Join(d.cfg.pinDir(), "links", "connect4"), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, ours, nil // no one runs the datapath (ownerGone)
+	}
 	if err != nil {
 		return 0, 0, fmt.Errorf("read the pinned connect4 link: %w", err)
 	}
@@ -125,11 +133,6 @@ func (d *Datapath) owner() (running, ours ebpf.ProgramID, err error) {
 	if err != nil {
 		return 0, 0, fmt.Errorf("read the pinned connect4 link: %w", err)
 	}
-	pinfo, err := d.objs.Connect4.Info()
-	if err != nil {
-		return 0, 0, fmt.Errorf("read our connect4 program: %w", err)
-	}
-	ours, _ = pinfo.ID()
 	return info.Program, ours, nil
 }
 
@@ -157,6 +160,12 @@ func (d *Datapath) claim() error {
 // ownerGone reports whether the process that runs program running has
 // exited. Called under the pin lock.
 func (d *Datapath) ownerGone(running ebpf.ProgramID) (bool, error) {
+	// No link pinned: an Open on another cgroup detached ours, then failed
+	// or died before its own links were pinned. Nothing captures until
+	// this process attaches again.
+	if running == 0 {
+		return true, nil
+	}
 	var rec ownerRecord
 	if err := d.ownerMap.Lookup(uint32(0), &rec); err != nil {
 		return false, fmt.Errorf("read the owner map: %w", err)
@@ -206,8 +215,11 @@ func (d *Datapath) owned() (mine, tookBack bool, err error) {
 		return false, false, err
 	}
 	d.retaking, d.superseded = false, false
-	d.log.Warn("the agent that took the datapath over has exited: this one runs it again",
-		"exited_program_id", running, "own_program_id", ours)
+	msg := "the agent that took the datapath over has exited: this one runs it again"
+	if running == 0 {
+		msg = "no links were pinned (another agent's Open failed part way): this one attached its programs again"
+	}
+	d.log.Warn(msg, "exited_program_id", running, "own_program_id", ours)
 	return true, true, nil
 }
 

@@ -190,37 +190,56 @@ func TestTakenBackWhenTheNewerExits(t *testing.T) {
 // it attached its programs (here: its program pins cannot be replaced)
 // must not leave them running the hooks, or the older agent, which cannot
 // tell them from a running newer agent's, stops writing the maps for good.
+// Nor may the older agent's programs stay detached, as a newer agent on
+// another cgroup detaches them.
 func TestFailedOpenLeavesTheOlderOwner(t *testing.T) {
-	tp := newTopology(t)
-	older := openOlder(t, tp)
-	pin := filepath.Join(tp.cfg.pinDir(), "progs", "connect6")
-	if err := os.Remove(pin); err != nil {
-		t.Fatal(err)
-	}
-	// A non-empty directory: renaming the new program's pin over it fails.
-	if err := os.MkdirAll(filepath.Join(pin, "x"), 0o700); err != nil {
-		t.Fatal(err)
-	}
-	if d, err := Open(tp.cfg, nil, nil); err == nil {
-		d.Close()
-		t.Fatal("the newer agent's Open succeeded, want its failure")
-	}
-	if err := os.RemoveAll(pin); err != nil {
-		t.Fatal(err)
-	}
-	running, ours, err := older.owner()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if running != ours {
-		t.Errorf("the links run program %d after the failed Open, want the older agent's own %d", running, ours)
-	}
-	wantOwnPins(t, tp, older, "connect6") // its pin was in the way
-	if err := older.SetServices([]Service{{Addr: vip6}}); err != nil {
-		t.Fatal(err)
-	}
-	if svcs, err := older.Services(); err != nil || !slices.Equal(svcs, []Service{{Addr: vip6}}) {
-		t.Errorf("services = %v, %v; want the older agent's [%v]", svcs, err, vip6)
+	for _, c := range []struct {
+		name        string
+		otherCgroup bool
+	}{{"same cgroup", false}, {"another cgroup", true}} {
+		t.Run(c.name, func(t *testing.T) {
+			tp := newTopology(t)
+			newerCfg := tp.cfg
+			if c.otherCgroup {
+				newerCfg.Cgroup = sandbox.NewCgroup(t).Path
+			}
+			older := openOlder(t, tp)
+			pin := filepath.Join(tp.cfg.pinDir(), "progs", "connect6")
+			if err := os.Remove(pin); err != nil {
+				t.Fatal(err)
+			}
+			// A non-empty directory: renaming the new program's pin over it fails.
+			if err := os.MkdirAll(filepath.Join(pin, "x"), 0o700); err != nil {
+				t.Fatal(err)
+			}
+			if d, err := Open(newerCfg, nil, nil); err == nil {
+				d.Close()
+				t.Fatal("the newer agent's Open succeeded, want its failure")
+			}
+			if err := os.RemoveAll(pin); err != nil {
+				t.Fatal(err)
+			}
+			// On another cgroup the failed Open had detached the older
+			// agent's links, which its next heartbeat attaches again.
+			if err := older.Heartbeat(); err != nil {
+				t.Fatal(err)
+			}
+			running, ours, err := older.owner()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if running != ours {
+				t.Errorf("the links run program %d after the failed Open, want the older agent's own %d", running, ours)
+			}
+			wantAttached(t, older, true)
+			wantOwnPins(t, tp, older, "connect6") // its pin was in the way
+			if err := older.SetServices([]Service{{Addr: vip6}}); err != nil {
+				t.Fatal(err)
+			}
+			if svcs, err := older.Services(); err != nil || !slices.Equal(svcs, []Service{{Addr: vip6}}) {
+				t.Errorf("services = %v, %v; want the older agent's [%v]", svcs, err, vip6)
+			}
+		})
 	}
 }
 
