@@ -111,7 +111,8 @@ func openPins(dir string) (*os.File, error) {
 // owner returns the ID of the connect4 program the pinned link runs, and
 // this process's. The pinned link, not the one this process holds: a newer
 // agent attached to another cgroup pins links of its own and detaches ours,
-// which go on naming our program.
+// which go on naming our program. running is 0 while a hook has no pinned
+// link.
 func (d *Datapath) owner() (running, ours ebpf.ProgramID, err error) {
 	if d.closed {
 		return 0, 0, errors.New("datapath closed")
@@ -121,10 +122,12 @@ func (d *Datapath) owner() (running, ours ebpf.ProgramID, err error) {
 		return 0, 0, fmt.Errorf("read our connect4 program: %w", err)
 	}
 	ours, _ = pinfo.ID()
-	l, err := link.LoadPinnedLink(filepath.Join(d.cfg.pinDir(), "links", "connect4"), nil)
-	if errors.Is(err, os.ErrNotExist) {
-		return 0, ours, nil // no one runs the datapath (ownerGone)
+	for _, h := range hooks {
+		if !exists(filepath.Join(d.cfg.pinDir(), "links", h.name)) {
+			return 0, ours, nil // no one runs the datapath (ownerGone)
+		}
 	}
+	l, err := link.LoadPinnedLink(filepath.Join(d.cfg.pinDir(), "links", "connect4"), nil)
 	if err != nil {
 		return 0, 0, fmt.Errorf("read the pinned connect4 link: %w", err)
 	}
@@ -160,9 +163,9 @@ func (d *Datapath) claim() error {
 // ownerGone reports whether the process that runs program running has
 // exited. Called under the pin lock.
 func (d *Datapath) ownerGone(running ebpf.ProgramID) (bool, error) {
-	// No link pinned: an Open on another cgroup detached ours, then failed
-	// or died before its own links were pinned. Nothing captures until
-	// this process attaches again.
+	// A hook without a pinned link: an Open on another cgroup detached
+	// ours, then failed or died before its own links were pinned. That
+	// hook runs nothing until this process attaches again.
 	if running == 0 {
 		return true, nil
 	}
@@ -217,7 +220,7 @@ func (d *Datapath) owned() (mine, tookBack bool, err error) {
 	d.retaking, d.superseded = false, false
 	msg := "the agent that took the datapath over has exited: this one runs it again"
 	if running == 0 {
-		msg = "no links were pinned (another agent's Open failed part way): this one attached its programs again"
+		msg = "hooks had no pinned link (another agent's Open failed part way): this one attached its programs again"
 	}
 	d.log.Warn(msg, "exited_program_id", running, "own_program_id", ours)
 	return true, true, nil

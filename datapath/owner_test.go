@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 
 	"github.com/sockmesh/sockmesh/internal/sandbox"
@@ -240,6 +241,58 @@ func TestFailedOpenLeavesTheOlderOwner(t *testing.T) {
 				t.Errorf("services = %v, %v; want the older agent's [%v]", svcs, err, vip6)
 			}
 		})
+	}
+}
+
+// TestFailedAttachOnAnotherCgroup: a newer agent on another cgroup moves
+// sockops there, then cannot attach getsockopt (the cgroup holds the 64
+// programs the kernel allows on a hook), so its Open fails with the older
+// agent's sockops link detached. The older agent, whose connect4 still
+// runs, attaches its programs again at its next heartbeat: without
+// sockops no redirected connection would reach the proxy with its
+// original destination.
+func TestFailedAttachOnAnotherCgroup(t *testing.T) {
+	tp := newTopology(t)
+	newerCfg := tp.cfg
+	newerCfg.Cgroup = sandbox.NewCgroup(t).Path
+	fillHook(t, newerCfg.Cgroup, ebpf.CGroupSockopt, ebpf.AttachCGroupGetsockopt)
+	older := openOlder(t, tp)
+	if d, err := Open(newerCfg, nil, nil); err == nil {
+		d.Close()
+		t.Fatal("the newer agent's Open succeeded, want its failure")
+	}
+	if err := older.Heartbeat(); err != nil {
+		t.Fatal(err)
+	}
+	wantAttached(t, older, true)
+	startProxy(t, tp.node, tp.node, []netip.AddrPort{tp.nodeProxy().V4}, map[netip.AddrPort]netip.AddrPort{vip4: tp.server4})
+	v, err := dialAndGreet(tp.pod, vip4, nil)
+	wantRedirected(t, v, err, vip4)
+}
+
+// fillHook attaches to the cgroup at path as many programs as the kernel
+// allows on one hook (BPF_CGROUP_MAX_PROGS), so that one more fails.
+func fillHook(t *testing.T, path string, typ ebpf.ProgramType, attach ebpf.AttachType) {
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type: typ, AttachType: attach, License: "Dual BSD/GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer prog.Close()
+	cg, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	for range 64 {
+		l, err := link.AttachRawLink(link.RawLinkOptions{Target: int(cg.Fd()), Program: prog, Attach: attach})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
 	}
 }
 
