@@ -31,6 +31,7 @@ type Datapath struct {
 	collector prometheus.Collector
 	pins      *os.File  // the pin directory, for its lock (owner.go)
 	ownerMap  *ebpf.Map // sm_owner (owner.go)
+	owners    *ebpf.Map // sm_owners (owner.go)
 	closed    bool
 	// superseded: a newer agent took the datapath over (owner.go).
 	superseded bool
@@ -158,14 +159,20 @@ func (d *Datapath) load(spec *ebpf.CollectionSpec) error {
 		}
 		return fmt.Errorf("load eBPF objects pinned in %s: %w", dir, err)
 	}
-	if d.ownerMap, err = openOwnerMap(dir); err != nil {
+	if d.ownerMap, err = openOwnerMap(dir, "sm_owner", 1); err != nil {
 		d.objs.Close()
+		return err
+	}
+	if d.owners, err = openOwnerMap(dir, "sm_owners", ownersLen); err != nil {
+		d.objs.Close()
+		d.ownerMap.Close()
 		return err
 	}
 	settle, err := d.attachAll()
 	if err != nil {
 		d.objs.Close()
 		d.ownerMap.Close()
+		d.owners.Close()
 		return err
 	}
 	for _, step := range []func() error{d.pinPrograms, d.setupAccel, d.claim} {
@@ -374,7 +381,7 @@ func (d *Datapath) closeObjects() error {
 		errs = append(errs, l.Close())
 		delete(d.links, name)
 	}
-	errs = append(errs, d.objs.Close(), d.ownerMap.Close())
+	errs = append(errs, d.objs.Close(), d.ownerMap.Close(), d.owners.Close())
 	return errors.Join(errs...)
 }
 

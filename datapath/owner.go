@@ -30,7 +30,10 @@ import (
 // creates and pins beside the programs' maps, says which process opened
 // the datapath last and with which program, so that a process gone can be
 // told from one running; an owner it does not name (a build before it) or
-// cannot see (another PID namespace) counts as running.
+// cannot see (another PID namespace) counts as running. With three agents
+// (an update started during another), the newer of the two left takes it
+// back, whichever heartbeat comes first: the sm_owners map lists the
+// owners still running, newest first.
 //
 // A newer agent given another --cgroup moves the links there: the pins
 // then hold links of its own, and the older agent's links, detached, no
@@ -38,7 +41,7 @@ import (
 // take-back attaches afresh on this process's cgroup, detaching the exited
 // agent's programs from its own.
 
-// ownerRecord is the sm_owner map's one value.
+// ownerRecord is the sm_owner map's one value, and sm_owners' values.
 type ownerRecord struct {
 	PID    uint32
 	ProgID uint32 // its connect4 program
@@ -50,13 +53,17 @@ type ownerRecord struct {
 	PIDNS uint64
 }
 
-// openOwnerMap opens (or creates) the pinned sm_owner map in dir.
-func openOwnerMap(dir string) (*ebpf.Map, error) {
+// ownersLen is how many running owners sm_owners remembers.
+const ownersLen = 8
+
+// openOwnerMap opens (or creates) the pinned owner map name in dir, with
+// room for n records.
+func openOwnerMap(dir, name string, n uint32) (*ebpf.Map, error) {
 	m, err := ebpf.NewMapWithOptions(&ebpf.MapSpec{
-		Name: "sm_owner", Type: ebpf.Array, KeySize: 4, ValueSize: 24, MaxEntries: 1, Pinning: ebpf.PinByName,
+		Name: name, Type: ebpf.Array, KeySize: 4, ValueSize: 24, MaxEntries: n, Pinning: ebpf.PinByName,
 	}, ebpf.MapOptions{PinPath: dir})
 	if err != nil {
-		return nil, fmt.Errorf("open the owner map in %s: %w", dir, err)
+		return nil, fmt.Errorf("open the owner map %s in %s: %w", name, dir, err)
 	}
 	return m, nil
 }
@@ -157,7 +164,77 @@ func (d *Datapath) claim() error {
 	if err := d.ownerMap.Put(uint32(0), rec); err != nil {
 		return fmt.Errorf("claim the datapath: %w", err)
 	}
+	// sm_owners: this process, then the earlier owners still running. The
+	// others are dropped, or a crash-looping agent's restarts would push
+	// the running ones out.
+	recs := []ownerRecord{rec}
+	for i := range uint32(ownersLen) {
+		var prev ownerRecord
+		if err := d.owners.Lookup(i, &prev); err != nil {
+			return fmt.Errorf("claim the datapath: read the owners map: %w", err)
+		}
+		if prev.PID == 0 || len(recs) == ownersLen {
+			break
+		}
+		// One it cannot check (a process exiting as it is read) is kept.
+		if running, err := isRunning(prev, pidns); (err != nil || running) && prev != rec {
+			recs = append(recs, prev)
+		}
+	}
+	for i := range uint32(ownersLen) {
+		var r ownerRecord
+		if int(i) < len(recs) {
+			r = recs[i]
+		}
+		if err := d.owners.Put(i, r); err != nil {
+			return fmt.Errorf("claim the datapath: write the owners map: %w", err)
+		}
+	}
 	return nil
+}
+
+// isRunning reports whether the process rec names runs. One in another PID
+// namespace than pidns, which it cannot see, counts as running.
+func isRunning(rec ownerRecord, pidns uint64) (bool, error) {
+	if rec.PIDNS != pidns {
+		return true, nil
+	}
+	start, err := processStart(int(rec.PID))
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	return start == rec.Start, nil
+}
+
+// nextInLine reports whether this process, whose program is ours, is the
+// latest owner in sm_owners still running: the one to take the datapath
+// back from an owner gone. An older one leaves it to a newer, whose view
+// is the later (one draining before it exits counts too: the take-back
+// waits for it). Called under the pin lock.
+func (d *Datapath) nextInLine(ours ebpf.ProgramID) (bool, error) {
+	pidns, err := pidNamespace()
+	if err != nil {
+		return false, err
+	}
+	for i := range uint32(ownersLen) {
+		var rec ownerRecord
+		if err := d.owners.Lookup(i, &rec); err != nil {
+			return false, fmt.Errorf("read the owners map: %w", err)
+		}
+		if rec.PID == 0 {
+			break
+		}
+		if ebpf.ProgramID(rec.ProgID) == ours && rec.PID == uint32(os.Getpid()) {
+			return true, nil
+		}
+		if running, err := isRunning(rec, pidns); err != nil || running {
+			return false, err
+		}
+	}
+	return true, nil // no owner it remembers runs (or a build before it wrote none)
 }
 
 // ownerGone reports whether the process that runs program running has
@@ -177,17 +254,11 @@ func (d *Datapath) ownerGone(running ebpf.ProgramID) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	if rec.PID == 0 || ebpf.ProgramID(rec.ProgID) != running || rec.PIDNS != pidns {
-		return false, nil // an owner it does not name or cannot see: take it for running
+	if rec.PID == 0 || ebpf.ProgramID(rec.ProgID) != running {
+		return false, nil // an owner it does not name: take it for running
 	}
-	start, err := processStart(int(rec.PID))
-	if errors.Is(err, os.ErrNotExist) {
-		return true, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	return start != rec.Start, nil
+	alive, err := isRunning(rec, pidns)
+	return !alive, err
 }
 
 // owned reports, with d.mu and the pin lock held, whether this process
@@ -204,6 +275,10 @@ func (d *Datapath) owned() (mine, tookBack bool, err error) {
 	}
 	if running != ours {
 		gone, err := d.ownerGone(running)
+		if err == nil && gone {
+			// The latest earlier owner still running takes it back.
+			gone, err = d.nextInLine(ours)
+		}
 		if err != nil || !gone {
 			if err == nil && !d.superseded {
 				d.superseded = true

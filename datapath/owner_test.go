@@ -187,6 +187,47 @@ func TestTakenBackWhenTheNewerExits(t *testing.T) {
 	}
 }
 
+// TestTakenBackByTheNewerOfTwoLeft: three agents, as an update started
+// during another runs them, and the newest exits — here it crash-loops,
+// opening the datapath more times than sm_owners has slots. The newer of
+// the two left takes the datapath back, with its view, even when the
+// oldest's heartbeat comes first.
+func TestTakenBackByTheNewerOfTwoLeft(t *testing.T) {
+	tp := newTopology(t)
+	oldest := openOlder(t, tp)
+	middle := tp.open(t)
+	middleSvcs := []Service{{Addr: vip4, FailOpen: true}}
+	if err := middle.SetServices(middleSvcs); err != nil {
+		t.Fatal(err)
+	}
+	for range ownersLen {
+		runLoader(t, loaderJob{Config: tp.cfg, Cookie: 12345, Proxy: tp.nodeProxy(),
+			Services: []Service{{Addr: vip6}}})
+	}
+
+	for _, d := range []*Datapath{oldest, middle} {
+		if err := d.Heartbeat(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		name string
+		d    *Datapath
+		want bool
+	}{{"oldest", oldest, false}, {"middle", middle, true}} {
+		running, ours, err := c.d.owner()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if owns := running == ours; owns != c.want {
+			t.Errorf("%s agent owns the datapath: %v (links run program %d, its own is %d), want %v", c.name, owns, running, ours, c.want)
+		}
+	}
+	if svcs, err := middle.Services(); err != nil || !slices.Equal(svcs, middleSvcs) {
+		t.Errorf("services = %v, %v; want the middle agent's %v", svcs, err, middleSvcs)
+	}
+}
+
 // TestFailedOpenLeavesTheOlderOwner: a newer agent whose Open fails after
 // it attached its programs (here: its program pins cannot be replaced)
 // must not leave them running the hooks, or the older agent, which cannot
