@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -212,6 +213,44 @@ func TestUploadAnsweredWhileSent(t *testing.T) {
 				}
 				if i < 3 {
 					io.WriteString(c, piece)
+				}
+			}
+		})
+	}
+}
+
+// TestRequestTargetKept: the backend gets the request target as the app
+// sent it — an empty query ("/p?"), escapes and characters net/http's URL
+// would spell otherwise ({, |, ^, UTF-8) — from HTTP/1.1 apps on the fast
+// path and net/http's, and h2c apps, to HTTP/1.1 and h2c backends, with
+// and without a body.
+func TestRequestTargetKept(t *testing.T) {
+	targets := []string{"/p?", "/p?x=%2F&y=a;b", "/a%2Fb;c=d/%2f", "/p{x}|y^z", "/caf\xc3\xa9?q=\xc3\xa9"}
+	for _, proto := range []snapshot.Protocol{snapshot.ProtocolHTTP11, snapshot.ProtocolH2C} {
+		t.Run(string(proto), func(t *testing.T) {
+			ep := startBackend(t, http.HandlerFunc(echoHeaders))
+			f := newFixture(t, Config{}, snapshot.Backend{Protocol: proto, Endpoints: []snapshot.Endpoint{ep}})
+			h2c := f.serveL7(true)
+			for _, target := range targets {
+				for _, method := range []string{http.MethodGet, http.MethodPost} {
+					want := method + " " + target
+					for front, c := range map[string]*client{"fast": f.dial(), "nethttp": f.dialL7()} {
+						c.send(method + " " + target + " HTTP/1.1\r\nHost: echo.b.svc\r\nContent-Length: 1\r\n\r\nx")
+						if _, body := c.read(method); !strings.HasPrefix(field(body, "line"), want+" ") {
+							t.Errorf("%s: %s reached the backend as %q", front, want, field(body, "line"))
+						}
+					}
+					path, query, _ := strings.Cut(target, "?")
+					u := &url.URL{Scheme: "http", Host: "echo.b.svc", Opaque: path, RawQuery: query, ForceQuery: strings.HasSuffix(target, "?")}
+					resp, err := h2c.Do(&http.Request{Method: method, URL: u, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("x")), ContentLength: 1})
+					if err != nil {
+						t.Fatalf("h2c %s: %v", want, err)
+					}
+					body, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if got := field(string(body), "line"); !strings.HasPrefix(got, want+" ") {
+						t.Errorf("h2c: %s reached the backend as %q", want, got)
+					}
 				}
 			}
 		})

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -90,8 +89,9 @@ func (s *h1Conn) serve(req *http.Request) bool {
 
 // prepare turns the client's request into the one sent upstream, in place:
 // hop-by-hop fields go (the WebSocket Upgrade is kept), the backend's own
-// name replaces Host for an external hostname, and a body that waits for
-// 100 Continue is held until the backend asks for it (continueReader).
+// name replaces Host for an external hostname, the target stays the app's,
+// and a body that waits for 100 Continue is held until the backend asks for
+// it (continueReader).
 func (s *h1Conn) prepare(req *http.Request, be *upstream.Backend, websocket bool) {
 	upgrade := ""
 	if websocket {
@@ -121,6 +121,9 @@ func (s *h1Conn) prepare(req *http.Request, be *upstream.Backend, websocket bool
 		// An ExternalHostname backend's own name is the authority it serves.
 		req.Host = be.Spec.Hostname
 	}
+	// As the app sent it also where net/http writes the target from the
+	// URL (a request with a body, an HTTP/2 backend, a mirror).
+	req.URL.Opaque = sentPath(req.RequestURI)
 	// Connection: close from the client ends the client's connection
 	// (closeAfter), not the pooled one.
 	req.Close = false
@@ -494,7 +497,7 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	out := req.WithContext(upstream.WithEndpoint(ctx, &c.Endpoint))
-	out.URL = &url.URL{Scheme: be.Scheme(), Host: c.Host, Path: req.URL.Path, RawPath: req.URL.RawPath, RawQuery: req.URL.RawQuery}
+	out.URL = upstreamURL(req.URL, be.Scheme(), c.Host)
 	out.RequestURI = ""
 	keepUserAgent(req)
 	if s.cont != nil {

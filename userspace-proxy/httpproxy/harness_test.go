@@ -132,7 +132,18 @@ type client struct {
 
 func (f *fixture) dial() *client {
 	f.t.Helper()
-	c, err := net.Dial("tcp", f.ln.Addr().String())
+	return f.dialTo(f.ln.Addr().String())
+}
+
+// dialL7 is dial to the server serveL7 started: net/http's path.
+func (f *fixture) dialL7() *client {
+	f.t.Helper()
+	return f.dialTo(f.l7)
+}
+
+func (f *fixture) dialTo(addr string) *client {
+	f.t.Helper()
+	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -323,7 +323,8 @@ func WireFor(be *upstream.Backend, protoMajor int, websocket bool) upstream.Wire
 func outgoing(r *http.Request, be *upstream.Backend, c *balance.Choice, websocket bool) *http.Request {
 	ctx := upstream.WithEndpoint(r.Context(), &c.Endpoint)
 	out := r.WithContext(ctx)
-	out.URL = &url.URL{Scheme: be.Scheme(), Host: c.Host, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
+	out.URL = upstreamURL(r.URL, be.Scheme(), c.Host)
+	out.URL.Opaque = sentPath(r.RequestURI)
 	out.RequestURI = ""
 	out.Close = false
 	if be.Spec.Hostname != "" {
@@ -348,6 +349,31 @@ func outgoing(r *http.Request, be *upstream.Backend, c *balance.Choice, websocke
 }
 
 var connectionUpgrade = []string{"Upgrade"}
+
+// upstreamURL is u, a request's URL, addressed to host. The transports
+// write u.RequestURI() as the request target: the path as u.Opaque holds
+// it, and an empty query ("/p?", ForceQuery) as the app sent it.
+func upstreamURL(u *url.URL, scheme, host string) *url.URL {
+	return &url.URL{Scheme: scheme, Host: host, Opaque: u.Opaque, Path: u.Path, RawPath: u.RawPath,
+		ForceQuery: u.ForceQuery, RawQuery: u.RawQuery}
+}
+
+// sentPath is the path of the request target an app sent, for URL.Opaque:
+// URL.RequestURI would otherwise write the path escaped again from
+// URL.Path wherever the app's own spelling is not one URL.EscapedPath
+// keeps ({, |, ^, bytes past ASCII: /p{x} became /p%7Bx%7D). "" for a
+// target not in origin form (absolute-form, "*": the URL's path is
+// written) and for a path starting with "//", which RequestURI would
+// write as an authority.
+func sentPath(target string) string {
+	if !strings.HasPrefix(target, "/") || strings.HasPrefix(target, "//") {
+		return ""
+	}
+	if i := strings.IndexByte(target, '?'); i >= 0 {
+		return target[:i]
+	}
+	return target
+}
 
 // hopByHop are the RFC 9110 §7.6.1 connection-specific fields (plus the
 // non-standard Proxy-Connection); TE survives as "trailers" for gRPC.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"net/url"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
@@ -52,7 +51,7 @@ func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 		}
 		ctx, cancel := context.WithTimeout(h.mirrorCtx, h.cfg.Routing.MirrorTimeout)
 		m := r.Clone(upstream.WithEndpoint(ctx, &c.Endpoint))
-		m.URL = &url.URL{Scheme: be.Scheme(), Host: c.Host, Path: r.URL.Path, RawPath: r.URL.RawPath, RawQuery: r.URL.RawQuery}
+		m.URL = upstreamURL(r.URL, be.Scheme(), c.Host)
 		m.RequestURI, m.Close = "", false
 		removeHopByHop(m.Header)
 		if be.Spec.Hostname != "" {

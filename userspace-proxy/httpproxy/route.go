@@ -152,7 +152,9 @@ func (h *Handler) applyRoute(x *exchange, out *http.Request, host string, expect
 	out.Host = host
 	d.ApplyRequest(out)
 	if d.RewritePath {
-		out.RequestURI = "" // the fast path writes the target from the URL then
+		// The target is the URL's then, with the rewritten path (the
+		// fast path writes RequestURI as it came otherwise).
+		out.RequestURI, out.URL.Opaque = "", ""
 	}
 	if err := h.keepBody(out, x.r, expects); err != nil {
 		return err

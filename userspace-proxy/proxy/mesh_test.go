@@ -147,9 +147,10 @@ func (e *env) clientFrom(dst netip.AddrPort, src netip.Addr, pod *snapshot.Objec
 
 // recorded is a request a recorder backend saw.
 type recorded struct {
-	Method, Path, RawQuery, Host string
-	Header                       http.Header
-	Body                         []byte
+	// Target is the request target as it came (RequestURI).
+	Method, Target, Path, RawQuery, Host string
+	Header                               http.Header
+	Body                                 []byte
 }
 
 // recorder is a backend that records every request and answers as its
@@ -172,7 +173,7 @@ func startRecorder(t testing.TB, tlsCfg *tls.Config, answer func(w http.Response
 	srv := &http.Server{Protocols: new(http.Protocols), TLSConfig: tlsCfg,
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			body, _ := io.ReadAll(r.Body)
-			got := recorded{Method: r.Method, Path: r.URL.Path, RawQuery: r.URL.RawQuery, Host: r.Host, Header: r.Header.Clone(), Body: body}
+			got := recorded{Method: r.Method, Target: r.RequestURI, Path: r.URL.Path, RawQuery: r.URL.RawQuery, Host: r.Host, Header: r.Header.Clone(), Body: body}
 			rec.mu.Lock()
 			rec.reqs = append(rec.reqs, got)
 			key := r.URL.Query().Get("id")

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -328,6 +329,45 @@ func TestRouteMirror(t *testing.T) {
 			}
 			if n := mirror.count("2"); n != 0 {
 				t.Errorf("mirror got %d streamed requests, want none", n)
+			}
+		})
+	}
+}
+
+// TestRouteRewriteKeepsTarget: a URLRewrite changes the path only, and
+// the backend and a RequestMirror's get the rest of the target as the app
+// sent it: an empty query ("?"), escapes in the query and past the prefix.
+func TestRouteRewriteKeepsTarget(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			m := &mesh{t: t}
+			main, mirror := startRecorder(t, nil, nil), startRecorder(t, nil, nil)
+			mref := m.backend("mirror", snapshot.Backend{Endpoints: endpoints(mirror.addr)})
+			m.frontend("front", routedVIP, m.echoBackend("front"), producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/old")}, snapshot.RouteRule{
+					Backends: to(m.backend("main", snapshot.Backend{Endpoints: endpoints(main.addr)})),
+					Filters: snapshot.Filters{
+						Rewrite: &snapshot.Rewrite{Path: &snapshot.PathModifier{Type: snapshot.ReplacePrefixMatch, Value: "/new"}},
+						Mirrors: []snapshot.Mirror{{Backend: mref, Numerator: 1, Denominator: 1}},
+					}}},
+			)))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, k.h2c)
+			for _, tc := range []struct{ path, query, want string }{
+				{"/old/p", "", "/new/p?"},
+				{"/old/a%2Fb;c", "x=%2F&y", "/new/a%2Fb;c?x=%2F&y"},
+			} {
+				u := &url.URL{Scheme: "http", Host: "front.b.svc", Opaque: tc.path, RawQuery: tc.query, ForceQuery: true}
+				if a := send(t, c, &http.Request{Method: http.MethodGet, URL: u, Header: http.Header{}}); a.status != 200 {
+					t.Fatalf("GET %s: %d", u.RequestURI(), a.status)
+				}
+				for name, rec := range map[string]*recorder{"backend": main, "mirror": mirror} {
+					if got := <-rec.seen; got.Target != tc.want {
+						t.Errorf("%s got %s for %s, want %s", name, got.Target, u.RequestURI(), tc.want)
+					}
+				}
 			}
 		})
 	}
