@@ -256,3 +256,29 @@ func TestRequestTargetKept(t *testing.T) {
 		})
 	}
 }
+
+// TestTETrailersKept: an HTTP/1.1 app that accepts trailers says so to the
+// backend as "TE: trailers" (gRPC needs it), also when it lists TE in
+// Connection, as it must; other transfer codings stay on the app's hop.
+func TestTETrailersKept(t *testing.T) {
+	for _, proto := range []snapshot.Protocol{snapshot.ProtocolHTTP11, snapshot.ProtocolH2C} {
+		t.Run(string(proto), func(t *testing.T) {
+			ep := startBackend(t, http.HandlerFunc(echoHeaders))
+			f := newFixture(t, Config{}, snapshot.Backend{Protocol: proto, Endpoints: []snapshot.Endpoint{ep}})
+			f.serveL7(false)
+			for _, tc := range []struct{ fields, want string }{
+				{"TE: trailers\r\nConnection: TE\r\n", "trailers"},
+				{"TE: deflate, trailers\r\nConnection: keep-alive, te\r\n", "trailers"},
+				{"TE: trailers\r\n", "trailers"},
+				{"TE: deflate\r\nConnection: TE\r\n", ""},
+			} {
+				for front, c := range map[string]*client{"fast": f.dial(), "nethttp": f.dialL7()} {
+					c.send("GET /p HTTP/1.1\r\nHost: echo.b.svc\r\n" + tc.fields + "\r\n")
+					if _, body := c.read(http.MethodGet); field(body, "Te") != tc.want {
+						t.Errorf("%s: %q reached the backend with TE %q, want %q", front, tc.fields, field(body, "Te"), tc.want)
+					}
+				}
+			}
+		})
+	}
+}

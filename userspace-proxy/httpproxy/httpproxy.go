@@ -376,10 +376,19 @@ func sentPath(target string) string {
 }
 
 // hopByHop are the RFC 9110 §7.6.1 connection-specific fields (plus the
-// non-standard Proxy-Connection); TE survives as "trailers" for gRPC.
+// non-standard Proxy-Connection), TE apart.
 var hopByHop = [...]string{"Connection", "Proxy-Connection", "Keep-Alive", "Transfer-Encoding", "Upgrade", "Trailer"}
 
+var teTrailers = []string{"trailers"}
+
+// removeHopByHop removes h's hop-by-hop fields, and those its Connection
+// names. TE is one (RFC 9110 §10.1.4), but a client that accepts trailers
+// goes on as "TE: trailers", the one value HTTP/2 allows (RFC 9113
+// §8.2.2): gRPC asks for it of every call, and an HTTP/1.1 client
+// that lists TE in Connection, as it must (curl, gRPC-Web shims), would
+// otherwise lose it.
 func removeHopByHop(h http.Header) {
+	trailers := headerHasToken(h["Te"], "trailers")
 	for _, v := range h["Connection"] {
 		for f := range strings.SplitSeq(v, ",") {
 			if f = strings.TrimSpace(f); f != "" {
@@ -390,7 +399,9 @@ func removeHopByHop(h http.Header) {
 	for _, k := range hopByHop {
 		delete(h, k)
 	}
-	if te, ok := h["Te"]; ok && !(len(te) == 1 && te[0] == "trailers") {
+	if trailers {
+		h["Te"] = teTrailers
+	} else {
 		delete(h, "Te")
 	}
 }
