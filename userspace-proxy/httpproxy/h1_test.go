@@ -166,6 +166,23 @@ func TestConnectionClose(t *testing.T) {
 	}
 }
 
+// TestHTTP10KeepAliveOwnAnswers: an HTTP/1.0 app that asks for keep-alive
+// keeps it through the proxy's own answers too (here 503: no endpoints),
+// told so with Connection: keep-alive as for the backend's answers: an
+// HTTP/1.0 client takes an answer without it for the connection's last.
+func TestHTTP10KeepAliveOwnAnswers(t *testing.T) {
+	f := newFixture(t, Config{}, snapshot.Backend{})
+	f.serveL7(false)
+	for front, c := range map[string]*client{"fast": f.dial(), "nethttp": f.dialL7()} {
+		for i := range 2 {
+			c.send("GET / HTTP/1.0\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+			if resp, _ := c.read(http.MethodGet); resp.StatusCode != http.StatusServiceUnavailable || !strings.EqualFold(resp.Header.Get("Connection"), "keep-alive") {
+				t.Errorf("%s: answer %d: %s, Connection %q; want 503, keep-alive", front, i, resp.Status, resp.Header.Get("Connection"))
+			}
+		}
+	}
+}
+
 // TestUnknownLengthToHTTP10: an answer of unknown length is chunked to an
 // HTTP/1.1 client and delimited by the close to an HTTP/1.0 one.
 func TestUnknownLengthToHTTP10(t *testing.T) {

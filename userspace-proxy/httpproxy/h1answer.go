@@ -455,6 +455,8 @@ func (s *h1Conn) writeLocal(req *http.Request, code int, header http.Header, fix
 	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(body)), 10))
 	if !keep {
 		bw.WriteString("\r\nConnection: close")
+	} else if !req.ProtoAtLeast(1, 1) {
+		bw.WriteString("\r\nConnection: keep-alive") // as answer says it
 	}
 	bw.WriteString("\r\n\r\n")
 	if req.Method != http.MethodHead {
