@@ -91,7 +91,8 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 		if x.grpc != nil && errors.Is(err, errBackendBody) && r.Context().Err() == nil && isGRPCType(resp.Header) {
 			// A gRPC call ends with a status saying what broke it (a lost
 			// backend connection: UNAVAILABLE, as for a client of the
-			// backend).
+			// backend; a route timeout: what it gets before the answer).
+			err = x.timedOut(err)
 			code, why := x.grpc.failStatus(err, upstream.Classify(err))
 			setGRPCTrailers(hdr, code, why)
 			return

@@ -173,6 +173,16 @@ func timeoutError(request bool, err error) error {
 	return fmt.Errorf("%w: %w", errBackendTimeout, err)
 }
 
+// timedOut is err, the failure of an answer's body, as the route timeout
+// that ended it, if one did: the only deadlines a body's read runs under
+// are the route's request and backendRequest timeouts.
+func (x *exchange) timedOut(err error) error {
+	if x.r == nil || !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return timeoutError(x.r.pol.expired(time.Now()), err)
+}
+
 // connectFailed reports an error from making the connection (no byte of
 // the request reached the backend): a retry is safe.
 func connectFailed(err error) bool {

@@ -94,7 +94,8 @@ func (l *pipeListener) Addr() net.Addr { return net.TCPAddrFromAddrPort(l.addr) 
 //   - ?delay=D: waits D, then 200 "ok";
 //   - ?id=I&fail=F&code=C&delayRetry=R: the n-th request for I waits D and,
 //     after the first, R more; the first F answer C, the others 200;
-//   - /stream?n=N&every=E: 200 at once, then N chunks E apart.
+//   - /stream?n=N&every=E: 200 at once, then N chunks E apart (of
+//     Content-Type application/grpc for a gRPC request).
 func slowBackend(t *testing.T, l net.Listener) {
 	var mu sync.Mutex
 	counts := map[string]int{}
@@ -102,6 +103,9 @@ func slowBackend(t *testing.T, l net.Listener) {
 		io.Copy(io.Discard, r.Body)
 		q := r.URL.Query()
 		if r.URL.Path == "/stream" {
+			if ct := r.Header.Get("Content-Type"); strings.HasPrefix(ct, "application/grpc") {
+				w.Header().Set("Content-Type", ct)
+			}
 			n, _ := strconv.Atoi(q.Get("n"))
 			every, _ := time.ParseDuration(q.Get("every"))
 			for i := range n {
@@ -281,6 +285,24 @@ func testRouteTimeouts(t *testing.T, h2c bool, proto snapshot.Protocol) {
 	resp.Body.Close()
 	if err == nil || errors.Is(err, io.EOF) || string(body) != "chunk 0\nchunk 1\nchunk 2\n" || time.Since(start) != 500*ms {
 		t.Errorf("stream cut by the request timeout: %q, %v after %v; want three chunks, an error, at 500ms", body, err, time.Since(start))
+	}
+	if h2c {
+		// A gRPC call cut so ends with the status a timeout gets before
+		// the answer (failures.md), not as if the backend had failed.
+		start := time.Now()
+		req, _ := http.NewRequest(http.MethodPost, "http://slow.b.svc/stream?n=5&every=200ms", strings.NewReader("\x00\x00\x00\x00\x00"))
+		req.Header = http.Header{"Content-Type": {"application/grpc"}, "Te": {"trailers"}}
+		resp, err := client.Do(req)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("gRPC stream: %v %v", resp, err)
+		}
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || string(body) != "chunk 0\nchunk 1\nchunk 2\n" || time.Since(start) != 500*ms ||
+			resp.Trailer.Get("Grpc-Status") != "14" || resp.Trailer.Get("Grpc-Message") != "sockmesh: timeout" {
+			t.Errorf("gRPC stream cut by the request timeout: %q, %v, grpc-status %q %q after %v; want three chunks, then 14 sockmesh: timeout at 500ms",
+				body, err, resp.Trailer.Get("Grpc-Status"), resp.Trailer.Get("Grpc-Message"), time.Since(start))
+		}
 	}
 	// The proxy still serves.
 	if resp, err := client.Get("http://slow.b.svc/ok"); err != nil || resp.StatusCode != 200 {
