@@ -83,6 +83,12 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 			keys = append(keys, k)
 		}
 		hdr["Trailer"] = []string{strings.Join(keys, ", ")}
+		if r.ProtoMajor == 1 && r.ProtoMinor == 1 {
+			// Only chunks carry trailers to an HTTP/1.1 app, and
+			// net/http's server chunks an answer only without a length
+			// (an HTTP/2 backend may send both).
+			delete(hdr, "Content-Length")
+		}
 	}
 	w.WriteHeader(resp.StatusCode)
 	h.m.request(x.fe, resp.StatusCode, protocolOf(be))

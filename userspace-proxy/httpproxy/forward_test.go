@@ -282,3 +282,23 @@ func TestTETrailersKept(t *testing.T) {
 		})
 	}
 }
+
+// TestAnnouncedTrailersWithLength: trailers an HTTP/2 backend announced
+// reach an HTTP/1.1 app, also when the answer has a length too (Go's
+// HTTP/2 server sends one for a short body): it goes chunked, the framing
+// that carries trailers, as the backend's own HTTP/1.1 answer would.
+func TestAnnouncedTrailersWithLength(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Trailer", "X-Checksum")
+		io.WriteString(w, "abc")
+		w.Header().Set("X-Checksum", "900150983cd24fb0")
+	}))
+	f := newFixture(t, Config{}, snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: []snapshot.Endpoint{ep}})
+	f.serveL7(false)
+	for front, c := range map[string]*client{"fast": f.dial(), "nethttp": f.dialL7()} {
+		c.send("GET / HTTP/1.1\r\nHost: echo.b.svc\r\nTE: trailers\r\n\r\n")
+		if resp, body := c.read(http.MethodGet); body != "abc" || resp.Trailer.Get("X-Checksum") != "900150983cd24fb0" {
+			t.Errorf("%s: body %q, trailers %v; want abc and X-Checksum", front, body, resp.Trailer)
+		}
+	}
+}

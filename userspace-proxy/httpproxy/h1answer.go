@@ -40,6 +40,10 @@ func framingFor(req *http.Request, resp *http.Response) framing {
 	case req.Method == http.MethodHead || resp.StatusCode < http.StatusOK ||
 		resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified:
 		return framingNone
+	case req.ProtoAtLeast(1, 1) && len(resp.Trailer) > 0:
+		// Only chunks carry trailers, whatever length the answer
+		// has (an HTTP/2 backend may send both).
+		return framingChunked
 	case resp.ContentLength >= 0:
 		return framingLength
 	case req.ProtoAtLeast(1, 1):
