@@ -1103,6 +1103,27 @@ func dialRawBackend(t *testing.T, useTLS bool, handle func(net.Conn)) *client {
 	return fx.dial()
 }
 
+// TestNoContentWithoutLength: a 204 reaches the app without the
+// Content-Length its backend sent (RFC 9110 §8.6: a server must not send
+// one), as net/http's path answers it.
+func TestNoContentWithoutLength(t *testing.T) {
+	c := dialRawBackend(t, false, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			if _, err := http.ReadRequest(br); err != nil {
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n")
+		}
+	})
+	for i := range 2 {
+		c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+		if resp, _ := c.read(http.MethodGet); resp.StatusCode != http.StatusNoContent || resp.Header["Content-Length"] != nil {
+			t.Errorf("answer %d: %s with Content-Length %q; want 204 without", i, resp.Status, resp.Header["Content-Length"])
+		}
+	}
+}
+
 // TestSizedAnswerNotHeld: what a backend sent of an answer of known
 // length reaches the app while the backend pauses in the middle of it —
 // the head and a first part larger than a segment — instead of waiting in

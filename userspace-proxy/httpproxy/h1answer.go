@@ -79,9 +79,14 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 	case plain:
 		s.plain.writeHead(bw, src) // framingLength
 	case f == framingNone:
-		// HEAD and 304 keep the Content-Length the backend gave.
+		// HEAD and 304 keep the Content-Length the backend gave; a 204
+		// has none (RFC 9110 §8.6), whatever the backend sent.
+		skip := ""
+		if resp.StatusCode == http.StatusNoContent {
+			skip = "Content-Length"
+		}
 		writeStatusLine(bw, resp)
-		writeHeader(bw, resp.Header, "")
+		writeHeader(bw, resp.Header, skip)
 	default:
 		writeStatusLine(bw, resp)
 		writeHeader(bw, resp.Header, "Content-Length") // the framing's own follows
