@@ -5,9 +5,10 @@
 // WebSocket (HTTP/1.1 Upgrade relayed, and RFC 8441 extended CONNECT from
 // HTTP/2 clients bridged to an HTTP/1.1 Upgrade), server-sent events streamed
 // without buffering — and maps failures to the statuses users can act on
-// (for gRPC requests, a trailers-only UNAVAILABLE whose message names the
-// reason, which gRPC clients show where an HTTP 503 would be "unexpected
-// content-type"; for a call whose stream the backend resets, the status
+// (for gRPC requests, a trailers-only UNAVAILABLE — DEADLINE_EXCEEDED for a
+// route's timeout — whose message names the reason, which gRPC clients show
+// where an HTTP 503 would be "unexpected content-type"; for a call whose
+// stream the backend resets, the status
 // gRPC maps the reset's code to, as a client of the backend would read it:
 // grpcstatus.go).
 //

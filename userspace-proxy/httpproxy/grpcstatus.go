@@ -106,12 +106,17 @@ func (g *grpcCall) resetStatus(err error) (code int, reason string, ok bool) {
 }
 
 // failStatus is the status for a call that failed with err, of class
-// reason: the backend's reset maps as resetStatus says; anything else is
-// UNAVAILABLE, what gRPC makes of the 502, 503 or 504 an HTTP client would
-// get, with the reason as message.
+// reason: the backend's reset maps as resetStatus says; a route's timeout
+// is DEADLINE_EXCEEDED (a deadline the proxy enforced has passed, and
+// clients retry UNAVAILABLE: Envoy answers so since envoyproxy/envoy#44479);
+// anything else is UNAVAILABLE, what gRPC makes of the 502 or 503 an HTTP
+// client would get. The message is the reason.
 func (g *grpcCall) failStatus(err error, reason upstream.Reason) (code int, why string) {
 	if code, why, ok := g.resetStatus(err); ok {
 		return code, why
+	}
+	if reason == upstream.ReasonTimeout {
+		return grpcDeadlineExceeded, string(reason)
 	}
 	return routes.GRPCUnavailable, string(reason)
 }
