@@ -183,7 +183,7 @@ func (s *Source) Run(ctx context.Context) error {
 	l.pods = pods.Lister()
 	nodes := node.Core().V1().Nodes()
 	// A kubelet rewrites its Node's status every few minutes for
-	// heartbeats; only addresses and pod CIDRs matter here.
+	// heartbeats; only addresses, pod CIDRs and the zone matter here.
 	watch("Node", nodes.Informer(), nodeChanged)
 	l.nodes = nodes.Lister()
 	if served[kindClusterTrustBundle] {
@@ -531,5 +531,6 @@ func podChanged(old, new any) bool {
 func nodeChanged(old, new any) bool {
 	o, n := old.(*corev1.Node), new.(*corev1.Node)
 	return !slices.Equal(o.Status.Addresses, n.Status.Addresses) ||
-		!slices.Equal(o.Spec.PodCIDRs, n.Spec.PodCIDRs) || o.Spec.PodCIDR != n.Spec.PodCIDR
+		!slices.Equal(o.Spec.PodCIDRs, n.Spec.PodCIDRs) || o.Spec.PodCIDR != n.Spec.PodCIDR ||
+		o.Labels[corev1.LabelTopologyZone] != n.Labels[corev1.LabelTopologyZone]
 }

@@ -244,6 +244,13 @@ func TestSourceAgainstAPIServer(t *testing.T) {
 	if n != 1 {
 		t.Errorf("%d reference watches after the policy went, want 1 (the XBackend's client certificate)", n)
 	}
+
+	// The node moves zone (a cloud controller labels it after the kubelet
+	// registered it): topology hints must be judged by the new one.
+	node = must.Value[*corev1.Node](t)(kube.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{}))
+	node.Labels[corev1.LabelTopologyZone] = "zone-b"
+	must.Succeed(t)(kube.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}))
+	waitInput(t, s, "the node's new zone", func(in translate.Input) bool { return in.Node.Zone == "zone-b" })
 }
 
 // TestSourceMissingCRDs: a kind whose CRD is not installed lists as empty
