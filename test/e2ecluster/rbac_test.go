@@ -57,8 +57,9 @@ func TestAgentRBAC(t *testing.T) {
 		{"delete", "", "services", "", "app", true},
 		{"create", "coordination.k8s.io", "leases", "", "sockmesh-system", true},
 		{"update", "coordination.k8s.io", "leases", "", "sockmesh-system", true},
-		{"create", "", "events", "", "app", true},
 		// What it must not.
+		{"update", gw, "httproutes", "status", "app", false},
+		{"create", "", "events", "", "app", false},
 		{"update", gw, "backendtlspolicies", "", "app", false},
 		{"patch", gwx, "xbackends", "", "app", false},
 		{"delete", gw, "httproutes", "", "app", false},
