@@ -54,9 +54,9 @@ func (f WriterFunc) Write(ctx context.Context, in translate.Input, res translate
 type Config struct {
 	// Node is what the agent is configured with about its node and cluster
 	// (service and pod CIDRs, egress allow-list, cluster domain). It is
-	// merged with what the source observes (the Node object's addresses and
-	// pod CIDRs): lists are joined, and a source's node name is used only
-	// when Node.Name is empty.
+	// merged with what the source observes (the Node object's addresses,
+	// pod CIDRs and zone): lists are joined, and a source's node name and
+	// zone are used only when Node's are empty.
 	Node translate.Node
 	// Resolver resolves ExternalHostname XBackends. Nil: no hostname is
 	// ever resolved, so such XBackends fail closed.
@@ -321,6 +321,9 @@ func mergeNode(cfg, seen translate.Node) translate.Node {
 	n := cfg
 	if n.Name == "" {
 		n.Name = seen.Name
+	}
+	if n.Zone == "" {
+		n.Zone = seen.Zone
 	}
 	n.IPs = union(cfg.IPs, seen.IPs)
 	n.PodCIDRs = union(cfg.PodCIDRs, seen.PodCIDRs)

@@ -282,11 +282,12 @@ func TestMergeNode(t *testing.T) {
 	}
 	seen := translate.Node{
 		Name:     "node-1",
+		Zone:     "zone-a",
 		IPs:      []netip.Addr{netip.MustParseAddr("192.0.2.7")},
 		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00::/64")},
 	}
 	n := mergeNode(cfg, seen)
-	if n.Name != "node-1" || len(n.IPs) != 1 || len(n.PodCIDRs) != 2 || len(n.ServiceCIDRs) != 1 || len(n.EgressAllow) != 1 {
+	if n.Name != "node-1" || n.Zone != "zone-a" || len(n.IPs) != 1 || len(n.PodCIDRs) != 2 || len(n.ServiceCIDRs) != 1 || len(n.EgressAllow) != 1 {
 		t.Errorf("mergeNode = %+v", n)
 	}
 }

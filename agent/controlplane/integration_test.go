@@ -188,7 +188,8 @@ func TestControlPlaneAgainstAPIServer(t *testing.T) {
 	ca1, ca2 := newCA(t, "ca-1"), newCA(t, "ca-2")
 
 	must.Succeed(t)(kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}))
-	must.Succeed(t)(kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName}}, metav1.CreateOptions{}))
+	must.Succeed(t)(kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: nodeName,
+		Labels: map[string]string{corev1.LabelTopologyZone: "zone-a"}}}, metav1.CreateOptions{}))
 	must.Succeed(t)(kube.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Name: "web-ca", Namespace: ns}, Data: map[string]string{"ca.crt": ca1},
 	}, metav1.CreateOptions{}))
@@ -199,8 +200,15 @@ func TestControlPlaneAgainstAPIServer(t *testing.T) {
 	must.Succeed(t)(kube.DiscoveryV1().EndpointSlices(ns).Create(ctx, &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
-		Endpoints:   []discoveryv1.Endpoint{{Addresses: []string{"10.244.1.5"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}}},
-		Ports:       []discoveryv1.EndpointPort{{Name: ptr("https"), Port: ptr(int32(8443))}},
+		// Topology hints: the node's zone (its Node's label) keeps the
+		// first endpoint only.
+		Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{"10.244.1.5"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)},
+				Hints: &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-a"}}}},
+			{Addresses: []string{"10.244.2.5"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)},
+				Hints: &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-b"}}}},
+		},
+		Ports: []discoveryv1.EndpointPort{{Name: ptr("https"), Port: ptr(int32(8443))}},
 	}, metav1.CreateOptions{}))
 	policy := must.Value[*gwv1.BackendTLSPolicy](t)(gw.GatewayV1().BackendTLSPolicies(ns).Create(ctx, &gwv1.BackendTLSPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "web-tls", Namespace: ns},
