@@ -49,9 +49,10 @@ listener=proxy|health|metrics and addr= the bound address (useful with
 port 0); "agent ready" when /readyz first turns ready; "snapshot applied"
 per Snapshot; "pod enrolled" per pod.
 
-/readyz is ready when the programs are attached, the first Snapshot is
-applied everywhere, the node-ip listeners serve, and the datapath heartbeat
-is fresh.
+/readyz is ready when this agent's programs run on their hooks (not after
+` + "`sockmesh uninstall`" + `, nor once a newer agent took the node over), the first
+Snapshot is applied everywhere, the node-ip listeners serve, and the
+datapath heartbeat is fresh.
 
 Signals: SIGTERM or SIGINT stops accepting, stops the heartbeat (fail-open
 Services go direct once it is stale), drains connections for up to
@@ -278,10 +279,24 @@ func (a *agent) addChecks() {
 		return nil
 	})
 	check("datapath", func() error {
-		// Open attached every program; reading a map proves they are
-		// still reachable.
-		_, err := a.dp.Counters()
-		return err
+		// Open attached every program, but they may stop running on their
+		// hooks: `sockmesh uninstall` detaches the links, a newer agent
+		// that took the node over runs its own. This agent then captures
+		// nothing.
+		st, err := a.dp.State()
+		if err != nil {
+			return err
+		}
+		var detached []string
+		for _, h := range st.Hooks {
+			if !h.Attached {
+				detached = append(detached, h.Name)
+			}
+		}
+		if len(detached) > 0 {
+			return fmt.Errorf("our programs do not run on %s at %s", strings.Join(detached, ", "), st.Cgroup)
+		}
+		return nil
 	})
 	check("snapshot", func() error {
 		if snap, _ := a.ap.Applied(); snap == nil {

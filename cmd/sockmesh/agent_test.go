@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -177,6 +178,29 @@ func TestAgentNodeIP(t *testing.T) {
 	if n := attachedPrograms(t, e.cg.Path); n != 0 {
 		t.Errorf("%d programs attached to %s after uninstall, want none", n, e.cg.Path)
 	}
+}
+
+// TestAgentNotReadyWithoutCapture: /readyz fails once the agent's programs
+// no longer run on their hooks (here `sockmesh uninstall` while it runs),
+// since fail-closed Services are then reached in cleartext.
+func TestAgentNotReadyWithoutCapture(t *testing.T) {
+	e := newEnv(t)
+	a := e.startAgent(t, "--proxy-mode=node-ip", "--proxy-listen="+addrs.Node.String()+":0")
+	a.waitReady(t)
+	out, err := sandbox.HelperCommand(t, "sockmesh", "uninstall", "--bpffs="+e.bpffs).CombinedOutput()
+	if err != nil {
+		t.Fatalf("sockmesh uninstall: %v\n%s", err, out)
+	}
+	resp, err := nshttp.Client(e.node, waitFor).Get("http://" + a.Health + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "[-]datapath") {
+		t.Errorf("/readyz with no program attached: %s\n%s, want 503 and a failing datapath check", resp.Status, body)
+	}
+	a.stop(t)
 }
 
 // TestAgentInPod runs the agent in in-pod mode: the proxy listens inside
