@@ -112,7 +112,9 @@ func (c *Cluster) Service(namespace, name string) (*Service, error) {
 			p.AppProtocol = *sp.AppProtocol
 		}
 		for _, f := range c.snap.Frontends {
-			if f.Service != ref || f.Port != p.Port {
+			// By name too: a UDP port may share a captured TCP port's
+			// number, and names are unique within a Service.
+			if f.Service != ref || f.Port != p.Port || f.PortName != sp.Name {
 				continue
 			}
 			p.Captured, p.Addresses, p.FailurePolicy = true, f.Addresses, f.FailurePolicy
