@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"log/slog"
 	"os"
@@ -93,13 +94,14 @@ func restConfig(path string) (*rest.Config, error) {
 }
 
 // leaderIdentity names this agent in the Lease: the node, and the pod when
-// known (two agents may overlap on a node during a rollout).
+// known (two agents may overlap on a node during a rollout). Without a pod
+// name the host name is no help (with hostNetwork two agents on a node share
+// the node's) and two agents with one identity would both lead: a random
+// suffix tells them apart.
 func leaderIdentity(s settings) string {
-	id := s.nodeName
 	if s.podName != "" {
-		id += "/" + s.podName
-	} else if h, err := os.Hostname(); err == nil {
-		id += "/" + h
+		return s.nodeName + "/" + s.podName
 	}
-	return id
+	h, _ := os.Hostname()
+	return s.nodeName + "/" + h + "_" + rand.Text()
 }
