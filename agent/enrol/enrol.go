@@ -49,7 +49,8 @@ type Config struct {
 	// with SO_REUSEPORT added.
 	ListenConfig *net.ListenConfig
 	// Retry is how soon pods whose namespace was not found, or failed, are
-	// looked at again (zero: 1 s). While some stay unfound the wait
+	// looked at again, and a failed write of the enrolment map is tried
+	// again (zero: 1 s). While some stay unfound the wait
 	// doubles, up to 16 times Retry, since each look scans every namespace
 	// on the node; a new Snapshot starts over.
 	Retry time.Duration
@@ -118,6 +119,9 @@ type Enroller struct {
 	// next is due.
 	retryWait time.Duration
 	nextRetry time.Time
+	// unwritten is set while the last write of the enrolment map failed:
+	// the pods it enrols are Enrolled here, not in the datapath.
+	unwritten bool
 }
 
 type podKey struct {
@@ -294,8 +298,12 @@ func (e *Enroller) Pods() []Pod {
 	return out
 }
 
-// unsettled reports whether some pod or namespace waits for a retry.
+// unsettled reports whether some pod or namespace, or the enrolment map,
+// waits for a retry.
 func (e *Enroller) unsettled() bool {
+	if e.unwritten {
+		return true
+	}
 	for _, p := range e.pods {
 		if p.state != Enrolled {
 			return true
@@ -377,7 +385,9 @@ func (e *Enroller) reconcile(verify bool) error {
 	for s, c := range counts {
 		e.m.pods.WithLabelValues(string(s)).Set(float64(c))
 	}
-	if err := e.dp.SetEnrolments(enrolments); err != nil {
+	err := e.dp.SetEnrolments(enrolments)
+	e.unwritten = err != nil
+	if err != nil {
 		return fmt.Errorf("write %d enrolments: %w", len(enrolments), err)
 	}
 	return nil

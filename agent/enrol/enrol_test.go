@@ -39,14 +39,26 @@ type recorder struct {
 	mu     sync.Mutex
 	writes int
 	last   map[uint64]datapath.Proxy
+	// failures is how many of the next writes fail, as a map update may.
+	failures int
 }
 
 func (r *recorder) SetEnrolments(want map[uint64]datapath.Proxy) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.failures > 0 {
+		r.failures--
+		return errors.New("update enrolments: cannot allocate memory")
+	}
 	r.writes++
 	r.last = maps.Clone(want)
 	return nil
+}
+
+func (r *recorder) failNext() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.failures++
 }
 
 func (r *recorder) get() (map[uint64]datapath.Proxy, int) {
@@ -191,6 +203,24 @@ func TestNodeIPMode(t *testing.T) {
 	if got, _ := rec.get(); !maps.Equal(got, map[uint64]datapath.Proxy{cookieA: nodeProxy}) {
 		t.Errorf("enrolments after pods left = %v, want only %d", got, cookieA)
 	}
+}
+
+// TestFailedWriteRetried: when writing the enrolments fails after a retry
+// found a pod's netns, they are written at the next retry. The pod counts
+// as Enrolled already; waiting for the next Snapshot or verify left it
+// uncaptured meanwhile.
+func TestFailedWriteRetried(t *testing.T) {
+	rec := &recorder{}
+	e := newEnroller(t, Config{NodeProxy: nodeProxy, Retry: 10 * time.Millisecond, Verify: time.Hour}, rec, nil)
+	if err := e.Update(snap(t, workload("later", true, ipA))); err != nil {
+		t.Fatal(err)
+	}
+	rec.failNext()
+	_, cookie := podNS(t, ipA)
+	eventually(t, "the enrolment written after a failed write", func() bool {
+		got, _ := rec.get()
+		return got[cookie] == nodeProxy
+	})
 }
 
 // TestNothingWrittenBeforeUpdate: until the first Snapshot the enrolments
