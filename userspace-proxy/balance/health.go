@@ -9,11 +9,12 @@ import (
 
 // Health remembers, for the whole proxy, the endpoints whose last connect
 // failed for want of the endpoint (refused, unreachable, no answer in
-// time). Pickers pass over such an endpoint for a while — it is ejected —
-// so that once one request has found a pod gone, the requests after it do
-// not try it too; a pod gone with its node would otherwise cost every
-// request sent its way a whole connect timeout before the next endpoint is
-// tried, until the EndpointSlice says so, which takes tens of seconds.
+// time, a TLS handshake it broke off). Pickers pass over such an endpoint
+// for a while — it is ejected — so that once one request has found a pod
+// gone, the requests after it do not try it too; a pod gone with its node
+// would otherwise cost every request sent its way a whole connect timeout
+// before the next endpoint is tried, until the EndpointSlice says so,
+// which takes tens of seconds.
 //
 // When its ejection ends, an endpoint gets one connection at a time (a
 // probe) until a connect settles it: a failed one ejects it again for

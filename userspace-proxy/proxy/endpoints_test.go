@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"io"
 	"net"
@@ -262,6 +263,75 @@ func TestEjectFrozenEndpoint(t *testing.T) {
 	}
 	if got := e.counter("sockmesh_proxy_upstream_tls_handshakes_total", map[string]string{"result": "timeout"}); got != 2 {
 		t.Errorf("handshakes{timeout} = %v, want 2", got)
+	}
+}
+
+// TestEjectEndpointBreakingHandshake: beside a healthy endpoint, one
+// whose TLS handshake breaks off — its pod killed, its TLS listener
+// crashed: the connection reset, or closed, once the ClientHello came —
+// costs one handshake in all, on every path, as a refused connect does:
+// nothing of the app's went out, so the connection or request goes to the
+// other endpoint, and the broken one is ejected.
+func TestEjectEndpointBreakingHandshake(t *testing.T) {
+	checkNoLeaks(t)
+	for _, reset := range []bool{true, false} {
+		t.Run(map[bool]string{true: "reset", false: "closed"}[reset], func(t *testing.T) {
+			e := newEnv(t, envOptions{ejectFor: time.Minute})
+			broken := func() netip.AddrPort {
+				return serveTCP(t, nil, func(c net.Conn) {
+					var hdr [5]byte // the ClientHello's record, whole
+					if _, err := io.ReadFull(c, hdr[:]); err != nil {
+						return
+					}
+					io.CopyN(io.Discard, c, int64(binary.BigEndian.Uint16(hdr[3:])))
+					if reset {
+						c.(*net.TCPConn).SetLinger(0)
+					}
+				})
+			}
+			tcpEcho := startTCPEcho(t, serverTLS(e.pki.server))
+			web := startEcho(t, "web-0", serverTLS(e.pki.server))
+			vTCP, vFast := netip.MustParseAddrPort("10.96.8.50:5432"), netip.MustParseAddrPort("10.96.8.51:80")
+			vH2, vL7 := netip.MustParseAddrPort("10.96.8.52:80"), netip.MustParseAddrPort("10.96.8.53:80")
+			e.p.Update(buildSnapshot(t, 1,
+				service{name: "tcp", vip: vTCP, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, TLS: tlsPolicy(e), Endpoints: endpoints(tcpEcho, broken())}},
+				service{name: "fast", vip: vFast, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(web.addr, broken())}},
+				service{name: "h2", vip: vH2, backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP2, TLS: tlsPolicy(e), Endpoints: endpoints(web.addr, broken())}},
+				service{name: "l7", vip: vL7, backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, TLS: tlsPolicy(e), Endpoints: endpoints(web.addr, broken())}},
+			))
+			const n = 10
+			h2cApp := e.client(vL7, true)
+			paths := []struct {
+				name string
+				try  func(i int) error
+			}{
+				{"tcp", func(int) error { return echoTCP(e, vTCP) }}, // the L4 relay
+				{"fast", httpGet(e, vFast, "web-0")},                 // the HTTP/1.1 fast path
+				{"h2", httpGet(e, vH2, "web-0")},                     // net/http's HTTP/2 Transport
+				{"l7", func(int) error { // net/http's server, an h2c app translated to HTTP/1.1
+					code, rep := get(t, h2cApp, "http://l7.b.svc/")
+					if code != http.StatusOK || rep.Pod != "web-0" {
+						return &unexpected{code, rep.Pod}
+					}
+					return nil
+				}},
+			}
+			for _, p := range paths {
+				failed := map[string]string{"result": "failed"}
+				before := e.counter("sockmesh_proxy_upstream_tls_handshakes_total", failed)
+				for i := range n {
+					if err := p.try(i); err != nil {
+						t.Fatalf("%s: connection or request %d: %v", p.name, i, err)
+					}
+				}
+				if got := e.counter("sockmesh_proxy_upstream_tls_handshakes_total", failed) - before; got != 1 {
+					t.Errorf("%s: %d connections or requests made %v failed handshakes, want 1", p.name, n, got)
+				}
+				if got := e.counter("sockmesh_proxy_upstream_endpoint_ejections_total", map[string]string{"namespace": "b", "backend": p.name}); got != 1 {
+					t.Errorf("%s: ejections = %v, want 1", p.name, got)
+				}
+			}
+		})
 	}
 }
 

@@ -74,8 +74,10 @@ var ErrTimeout = errors.New("route timeout passed")
 // budget refused (ReasonRetryBudget).
 var ErrRetryBudgetExhausted = errors.New("retry budget exhausted")
 
-// dialError marks errors from opening the TCP connection, before any byte
-// reached the backend (safe to retry elsewhere).
+// dialError marks errors from opening the connection — the TCP connect,
+// or a TLS handshake that never came or that the endpoint broke off —
+// before any byte of the app's reached the backend (safe to retry
+// elsewhere).
 type dialError struct{ err error }
 
 func (e *dialError) Error() string { return e.err.Error() }
@@ -101,10 +103,10 @@ func Classify(err error) Reason {
 		return ReasonTLSVerify
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return ReasonRefused
-	case errors.As(err, &de):
-		return ReasonDialFailed
 	case errors.Is(err, errHandshake), isRemoteAlert(err):
 		return ReasonTLSHandshake
+	case errors.As(err, &de):
+		return ReasonDialFailed
 	case errors.Is(err, ErrNotHTTP11), errors.Is(err, ErrNotHTTP2), errors.Is(err, pool.ErrHeadTooLarge):
 		return ReasonProtocol
 	case errors.Is(err, context.Canceled):
@@ -113,11 +115,12 @@ func Classify(err error) Reason {
 	return ReasonUpstream
 }
 
-// NoConnection reports whether err is a connect that failed (refused, or
-// no answer): nothing went to the endpoint, so another may be tried.
+// NoConnection reports whether err is a connect that failed (refused, no
+// answer, a TLS handshake the endpoint broke off): nothing went to the
+// endpoint, so another may be tried.
 func NoConnection(err error) bool {
-	r := Classify(err)
-	return r == ReasonRefused || r == ReasonDialFailed
+	var de *dialError
+	return errors.As(err, &de)
 }
 
 var errHandshake = errors.New("upstream tls handshake")

@@ -46,7 +46,7 @@ func newMetrics(reg prometheus.Registerer, health *balance.Health) (*metrics, er
 		}, []string{"namespace", "backend"}),
 		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_upstream_endpoint_ejections_total",
-			Help: "Times an endpoint was passed over for a while because a connect to it failed for want of it (refused, unreachable, timed out), by backend.",
+			Help: "Times an endpoint was passed over for a while because a connect to it failed for want of it (refused, unreachable, timed out, or a TLS handshake it did not answer or broke off), by backend.",
 		}, []string{"namespace", "backend"}),
 	}
 	ejected := prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -47,9 +48,10 @@ type Config struct {
 	// hold them until the app gives up. 0 means 30 s and 15 s.
 	H2PingAfter, H2PingTimeout time.Duration
 	// EjectFor is how long an endpoint whose connect failed for want of it
-	// (refused, unreachable, timed out, or no TLS handshake within
-	// HandshakeTimeout) is passed over, doubling with each failed probe up
-	// to EjectMax (balance.Health); 0 means 1 s and 30 s.
+	// (refused, unreachable, timed out, no TLS handshake within
+	// HandshakeTimeout, or one it broke off) is passed over, doubling with
+	// each failed probe up to EjectMax (balance.Health); 0 means 1 s and
+	// 30 s.
 	EjectFor, EjectMax time.Duration
 	// HandshakeTimeout bounds a TLS handshake with an endpoint; 0 means
 	// 10 s.
@@ -477,7 +479,20 @@ func (w *wireState) dial(ctx context.Context, ep snapshot.Endpoint, alpn []strin
 			return nil, fmt.Errorf("tls to %s (%s): %w", ep.Addr, w.tls.Settings().ServerName, err)
 		}
 		m.handshakes.WithLabelValues("failed").Inc()
-		return nil, fmt.Errorf("%w to %s (%s): %w", errHandshake, ep.Addr, w.tls.Settings().ServerName, err)
+		err = fmt.Errorf("%w to %s (%s): %w", errHandshake, ep.Addr, w.tls.Settings().ServerName, err)
+		if ctx.Err() == nil && brokeOff(err) {
+			// The endpoint reset or closed the connection before the
+			// handshake ended (its pod killed, its TLS listener gone): as a
+			// refused connect, nothing went out, another endpoint may
+			// serve, and this one is ejected. A certificate that fails
+			// verification, or an alert, fails the connection as before:
+			// the TLS policy that causes it is most often every
+			// endpoint's, so trying others would triple the handshakes
+			// of a misconfigured backend and eject every endpoint.
+			w.eject(ep, err)
+			return nil, &dialError{err: err}
+		}
+		return nil, err
 	}
 	w.p.health.OK(ep.Addr)
 	if tc.ConnectionState().DidResume {
@@ -533,6 +548,13 @@ func endpointFault(err error) bool {
 	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EHOSTUNREACH) ||
 		errors.Is(err, syscall.ENETUNREACH) || errors.Is(err, syscall.EHOSTDOWN) ||
 		errors.As(err, &ne) && ne.Timeout()
+}
+
+// brokeOff reports whether a TLS handshake ended because the endpoint
+// reset or closed the connection.
+func brokeOff(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 func classifyDial(err error) Reason {
