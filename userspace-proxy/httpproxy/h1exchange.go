@@ -245,14 +245,15 @@ func (s *h1Conn) again(x *exchange, retry *int, why string, req *http.Request, l
 	return true, false
 }
 
-// backoff counts a retry, waits before it and readies the body; false
-// when the request timeout passed meanwhile.
+// backoff waits before a retry, then counts it and readies the body;
+// false when the request timeout passed meanwhile: that retry is never
+// sent, and not counted.
 func (s *h1Conn) backoff(x *exchange, retry *int, why string, req *http.Request) bool {
 	*retry++
-	s.h.m.retries.WithLabelValues(why).Inc()
 	if !x.r.pol.wait(context.Background(), *retry) {
 		return false
 	}
+	s.h.m.retries.WithLabelValues(why).Inc()
 	if x.r.kept {
 		req.Body = replayBody(x.r.body)
 	}

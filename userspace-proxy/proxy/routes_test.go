@@ -721,7 +721,9 @@ func TestRouteGRPC(t *testing.T) {
 // request timeout is not sent, and is not taken from the backend's retry
 // budget either: the request gets 504 at its deadline, and a later
 // request's retry, which the budget allows, goes out. Taken, it left the
-// later request 503 (budget exhausted) for a retry nobody sent.
+// later request 503 (budget exhausted) for a retry nobody sent. Nor is it
+// counted in sockmesh_proxy_request_retries_total, which counts the later
+// request's.
 func TestRouteRetryPastDeadline(t *testing.T) {
 	checkNoLeaks(t)
 	for _, k := range clientKinds {
@@ -753,8 +755,15 @@ func TestRouteRetryPastDeadline(t *testing.T) {
 			if a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/late?id=1", nil)); a.status != http.StatusGatewayTimeout || flaky.count("1") != 1 {
 				t.Errorf("a retry past the request timeout: %d after %d tries, want 504 after 1", a.status, flaky.count("1"))
 			}
+			retries := map[string]string{"reason": "status"}
+			if got := e.counter("sockmesh_proxy_request_retries_total", retries); got != 0 {
+				t.Errorf("retries counted for a retry never sent: %v, want 0", got)
+			}
 			if a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/now?id=2", nil)); a.status != http.StatusOK || flaky.count("2") != 2 {
 				t.Errorf("a retry the budget allows: %d after %d tries, want 200 after 2", a.status, flaky.count("2"))
+			}
+			if got := e.counter("sockmesh_proxy_request_retries_total", retries); got != 1 {
+				t.Errorf("retries counted: %v, want 1", got)
 			}
 		})
 	}
