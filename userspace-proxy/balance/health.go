@@ -41,7 +41,9 @@ type ejection struct {
 
 // probeWait is how long a probe handed out may go unsettled before another
 // is: longer than a connect may take (dial.Config's timeout, 5 s), and a
-// probe whose request found an idle connection instead never settles.
+// probe whose request found an idle connection of net/http's HTTP/2
+// Transport instead never settles (the HTTP/1.1 pool's hands it back:
+// Reused).
 const probeWait = 15 * time.Second
 
 // NewHealth returns a Health that ejects an endpoint for base after its
@@ -84,6 +86,22 @@ func (h *Health) OK(ep netip.AddrPort) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.forget(ep)
+}
+
+// Reused records that a connection to ep was taken already open (an idle
+// pooled one) rather than connected: it tells nothing of ep's connects,
+// so a probe out for ep is handed back, for the next connection to take.
+// Held, it left ep one request per probeWait for as long as its pooled
+// connections lived.
+func (h *Health) Reused(ep netip.AddrPort) {
+	if h.n.Load() == 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if e := h.eps[ep]; e != nil {
+		e.probe = time.Time{}
+	}
 }
 
 func (h *Health) forget(ep netip.AddrPort) {

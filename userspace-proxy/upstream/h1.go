@@ -31,6 +31,7 @@ func (b *Backend) GetH1(ctx context.Context, ep *snapshot.Endpoint) (*pool.Conn,
 	}
 	if c.Reused() {
 		w.p.m.poolGets[1].Inc()
+		w.p.health.Reused(ep.Addr)
 	} else {
 		w.p.m.poolGets[0].Inc()
 	}
