@@ -74,7 +74,7 @@ func (p *Picker) Pick() *Choice {
 		return nil
 	}
 	first := &p.ready[p.next.Add(1)%n]
-	if !p.health.any() {
+	if !p.health.Any() {
 		return first
 	}
 	now := time.Now()
@@ -109,14 +109,14 @@ func (p *Picker) PickFewest(load func(netip.AddrPort) int) *Choice {
 	least := 0
 	for i := range n {
 		c := &p.ready[(start+i)%n]
-		if p.health.any() && p.health.passedOver(c.Endpoint.Addr, now) {
+		if p.health.Any() && p.health.passedOver(c.Endpoint.Addr, now) {
 			continue
 		}
 		if l := load(c.Endpoint.Addr); best == nil || l < least {
 			best, least = c, l
 		}
 	}
-	if best == nil || p.health.any() && !p.health.admit(best.Endpoint.Addr, now) {
+	if best == nil || p.health.Any() && !p.health.admit(best.Endpoint.Addr, now) {
 		return p.Pick()
 	}
 	return best
@@ -125,7 +125,7 @@ func (p *Picker) PickFewest(load func(netip.AddrPort) int) *Choice {
 // ejected reports whether c is ejected at now while another ready endpoint
 // is not: a session pinned to c then moves.
 func (p *Picker) ejected(c *Choice, now time.Time) bool {
-	if !p.health.any() || !p.health.passedOver(c.Endpoint.Addr, now) {
+	if !p.health.Any() || !p.health.passedOver(c.Endpoint.Addr, now) {
 		return false
 	}
 	for i := range p.ready {

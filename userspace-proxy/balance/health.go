@@ -40,10 +40,10 @@ type ejection struct {
 }
 
 // probeWait is how long a probe handed out may go unsettled before another
-// is: longer than a connect may take (dial.Config's timeout, 5 s), and a
-// probe whose request found an idle connection of net/http's HTTP/2
-// Transport instead never settles (the HTTP/1.1 pool's hands it back:
-// Reused).
+// is: longer than a connect may take (dial.Config's timeout, 5 s); and some
+// settle nothing — a connect that failed for want of this node or of its
+// caller, a certificate that failed verification. (One whose request took
+// a connection already open hands the probe back: Reused.)
 const probeWait = 15 * time.Second
 
 // NewHealth returns a Health that ejects an endpoint for base after its
@@ -89,10 +89,10 @@ func (h *Health) OK(ep netip.AddrPort) {
 }
 
 // Reused records that a connection to ep was taken already open (an idle
-// pooled one) rather than connected: it tells nothing of ep's connects,
-// so a probe out for ep is handed back, for the next connection to take.
-// Held, it left ep one request per probeWait for as long as its pooled
-// connections lived.
+// pooled one, an HTTP/2 one with room for a stream) rather than connected:
+// it tells nothing of ep's connects, so a probe out for ep is handed back,
+// for the next connection to take. Held, it left ep one request per
+// probeWait for as long as its pooled connections lived.
 func (h *Health) Reused(ep netip.AddrPort) {
 	if h.n.Load() == 0 {
 		return
@@ -142,9 +142,9 @@ func (h *Health) Ejected(now time.Time) int {
 	return n
 }
 
-// any reports whether an endpoint may be ejected: false lets a Picker skip
-// the rest.
-func (h *Health) any() bool { return h != nil && h.n.Load() > 0 }
+// Any reports whether an endpoint may be ejected: false lets a Picker, or
+// a caller about to tell h of a connection (Reused), skip the rest.
+func (h *Health) Any() bool { return h != nil && h.n.Load() > 0 }
 
 // admit reports whether ep may take a connection at now, handing out the
 // probe when its ejection has ended.

@@ -335,67 +335,73 @@ func TestEjectEndpointBreakingHandshake(t *testing.T) {
 	}
 }
 
-// TestEjectionEndsOverPooledConnections: an endpoint ejected while the
-// HTTP/1.1 pool holds a connection to it — its process closed its listener
-// for a moment, and a connect was refused — gets its share again once its
-// ejection is over, though the request that tries it takes the pooled
-// connection and connects nothing: such a request settles nothing, and
-// the one after it may try the endpoint too. Holding the probe, it left
-// the endpoint one request per 15 s for as long as that connection lived.
+// TestEjectionEndsOverPooledConnections: an endpoint ejected while a
+// connection to it lives on — in the HTTP/1.1 pool, or net/http's HTTP/2
+// Transport — (its process closed its listener for a moment, and a
+// connect was refused) gets its share again once its ejection is over,
+// though the request that tries it takes that connection and connects
+// nothing: such a request settles nothing, and the one after it may try
+// the endpoint too. Holding the probe, it left the endpoint one request
+// per 15 s for as long as that connection lived.
 func TestEjectionEndsOverPooledConnections(t *testing.T) {
 	checkNoLeaks(t)
-	e := newEnv(t, envOptions{ejectFor: 50 * time.Millisecond})
-	a := startEcho(t, "web-a", serverTLS(e.pki.server))
-	l := listenLocal(t)
-	b := l.Addr().(*net.TCPAddr).AddrPort()
-	serveB := func(l net.Listener) {
-		s := echo.New(echo.Config{Pod: "web-b", Namespace: "b", TLS: serverTLS(e.pki.server)})
-		go s.Serve(l)
-		t.Cleanup(func() { s.Close() })
-	}
-	serveB(l)
-	vWeb, vB := netip.MustParseAddrPort("10.96.8.60:80"), netip.MustParseAddrPort("10.96.8.61:80")
-	e.p.Update(buildSnapshot(t, 1,
-		service{name: "web", vip: vWeb, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(a.addr, b)}},
-		service{name: "only-b", vip: vB, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(b)}},
-	))
-	web := e.client(vWeb, false)
-	pods := func(n int) map[string]int {
-		seen := map[string]int{}
-		for range n {
-			code, rep := get(t, web, "http://web.b.svc/")
-			if code != http.StatusOK {
-				t.Fatalf("status %d", code)
+	for _, proto := range []snapshot.Protocol{snapshot.ProtocolAuto, snapshot.ProtocolHTTP2} {
+		t.Run(map[snapshot.Protocol]string{snapshot.ProtocolAuto: "h1-pool", snapshot.ProtocolHTTP2: "h2-transport"}[proto], func(t *testing.T) {
+			e := newEnv(t, envOptions{ejectFor: 50 * time.Millisecond})
+			a := startEcho(t, "web-a", serverTLS(e.pki.server))
+			l := listenLocal(t)
+			b := l.Addr().(*net.TCPAddr).AddrPort()
+			serveB := func(l net.Listener) {
+				s := echo.New(echo.Config{Pod: "web-b", Namespace: "b", TLS: serverTLS(e.pki.server)})
+				go s.Serve(l)
+				t.Cleanup(func() { s.Close() })
 			}
-			seen[rep.Pod]++
-		}
-		return seen
-	}
-	if seen := pods(2); seen["web-b"] != 1 {
-		t.Fatalf("first requests reached %v, want web-b once", seen)
-	}
-	// B's listener closes, its connections serve on: a connect through
-	// another backend is refused and ejects it; then it listens again.
-	l.Close()
-	if code, _ := get(t, e.client(vB, false), "http://only-b.b.svc/"); code != http.StatusServiceUnavailable {
-		t.Fatalf("B not listening: status %d, want 503", code)
-	}
-	l2, err := net.Listen("tcp", b.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l2.Close() })
-	serveB(l2)
-	for deadline := time.Now().Add(10 * time.Second); pods(1)["web-b"] == 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("10 s on, B's ejection has not ended")
-		}
-	}
-	if seen := pods(10); seen["web-b"] != 5 {
-		t.Errorf("after B's ejection ended, 10 requests reached %v, want web-b 5 times", seen)
-	}
-	if got := e.counter("sockmesh_proxy_upstream_endpoints_ejected", nil); got != 0 {
-		t.Errorf("endpoints ejected = %v, want 0", got)
+			serveB(l)
+			vWeb, vB := netip.MustParseAddrPort("10.96.8.60:80"), netip.MustParseAddrPort("10.96.8.61:80")
+			e.p.Update(buildSnapshot(t, 1,
+				service{name: "web", vip: vWeb, backend: snapshot.Backend{Protocol: proto, TLS: tlsPolicy(e), Endpoints: endpoints(a.addr, b)}},
+				service{name: "only-b", vip: vB, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(b)}},
+			))
+			web := e.client(vWeb, false)
+			pods := func(n int) map[string]int {
+				seen := map[string]int{}
+				for range n {
+					code, rep := get(t, web, "http://web.b.svc/")
+					if code != http.StatusOK {
+						t.Fatalf("status %d", code)
+					}
+					seen[rep.Pod]++
+				}
+				return seen
+			}
+			if seen := pods(2); seen["web-b"] != 1 {
+				t.Fatalf("first requests reached %v, want web-b once", seen)
+			}
+			// B's listener closes, its connections serve on: a connect
+			// through another backend is refused and ejects it; then it
+			// listens again.
+			l.Close()
+			if code, _ := get(t, e.client(vB, false), "http://only-b.b.svc/"); code != http.StatusServiceUnavailable {
+				t.Fatalf("B not listening: status %d, want 503", code)
+			}
+			l2, err := net.Listen("tcp", b.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { l2.Close() })
+			serveB(l2)
+			for deadline := time.Now().Add(10 * time.Second); pods(1)["web-b"] == 0; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatal("10 s on, B's ejection has not ended")
+				}
+			}
+			if seen := pods(10); seen["web-b"] != 5 {
+				t.Errorf("after B's ejection ended, 10 requests reached %v, want web-b 5 times", seen)
+			}
+			if got := e.counter("sockmesh_proxy_upstream_endpoints_ejected", nil); got != 0 {
+				t.Errorf("endpoints ejected = %v, want 0", got)
+			}
+		})
 	}
 }
 

@@ -65,7 +65,7 @@ func (n negotiated) RoundTrip(req *http.Request) (*http.Response, error) {
 		*out = *req
 		out.Body = held
 	}
-	resp, err := n.b.w.transport(WireNegotiate).RoundTrip(out)
+	resp, err := h2Transport{n.b.w, WireNegotiate}.RoundTrip(out)
 	if errors.Is(err, errDeclinedH2) && held.Untouched() {
 		return h1Transport(n).RoundTrip(req)
 	}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -338,7 +339,38 @@ func (b *Backend) RoundTripper(w Wire) http.RoundTripper {
 	case w != WireH2:
 		return h1Transport{b} // without TLS nothing negotiates
 	}
-	return b.w.transport(w)
+	return h2Transport{b.w, w}
+}
+
+// h2Transport is net/http's HTTP/2 Transport of a wire (transport).
+type h2Transport struct {
+	w    *wireState
+	wire Wire
+}
+
+func (t h2Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	return t.w.transport(t.wire).RoundTrip(t.w.traceReuse(req))
+}
+
+// traceReuse returns req with a trace that tells the Health when the
+// Transport sends it on a connection already open (Reused), so that a
+// probe which connects nothing is handed back; while no endpoint is
+// ejected, req itself (a trace costs allocations).
+func (w *wireState) traceReuse(req *http.Request) *http.Request {
+	h := w.p.health
+	if !h.Any() {
+		return req
+	}
+	ep, err := netip.ParseAddrPort(req.URL.Host)
+	if err != nil {
+		return req
+	}
+	trace := &httptrace.ClientTrace{GotConn: func(c httptrace.GotConnInfo) {
+		if c.Reused {
+			h.Reused(ep)
+		}
+	}}
+	return req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
 }
 
 // Scheme is the URL scheme requests to b use.
