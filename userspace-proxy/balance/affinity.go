@@ -40,8 +40,11 @@ func CarryAffinity(prev *Affinity, seconds int32) *Affinity {
 }
 
 // PickClient is Pick for a connection or request of client under p's
-// Affinity, if any: the endpoint client is pinned to while p hands it out,
-// else the next one, to which client is pinned from then on.
+// Affinity, if any: the endpoint client is pinned to while p hands it out
+// and it is not ejected, else the next one, to which client is pinned from
+// then on. When every endpoint is ejected, the client takes turns as Pick
+// does: pinned, its connection tried only its own endpoint, again and
+// again, while another had come back.
 func (p *Picker) PickClient(client ClientKey) *Choice {
 	a := p.affinity
 	if a == nil || client == (ClientKey{}) {
@@ -50,7 +53,7 @@ func (p *Picker) PickClient(client ClientKey) *Choice {
 	now := time.Now()
 	if ep, ok := a.lookup(client, now); ok {
 		for i := range p.ready {
-			if c := &p.ready[i]; c.Endpoint.Addr == ep && !p.ejected(c, now) {
+			if c := &p.ready[i]; c.Endpoint.Addr == ep && !(p.health.Any() && p.health.passedOver(ep, now)) {
 				a.set(client, ep, now)
 				return c
 			}

@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -427,6 +428,46 @@ func TestServingTerminatingEndpoint(t *testing.T) {
 	rollout(2, true)
 	if err := httpGet(e, vip, "web-new")(0); err != nil {
 		t.Fatalf("the new pod ready: %v", err)
+	}
+}
+
+// TestClientIPAffinityAllEjected: when every endpoint of a backend with
+// sessionAffinity ClientIP is ejected, a client's connection tries them
+// in turn, as other clients' do, rather than only the one it is pinned
+// to: the one that came back serves it. Pinned, the relay tried the
+// client's dead endpoint three times and reset the app, until the other's
+// ejection ended (up to 30 s).
+func TestClientIPAffinityAllEjected(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{ejectFor: time.Minute})
+	eps := []netip.AddrPort{closedPort(t), closedPort(t)}
+	vip := netip.MustParseAddrPort("10.96.8.41:5432")
+	e.p.Update(buildSnapshot(t, 1, service{name: "db", vip: vip, backend: snapshot.Backend{
+		Protocol: snapshot.ProtocolTCP, Endpoints: endpoints(eps...), ClientIPAffinitySeconds: 60}}))
+	if err := echoTCP(e, vip); err == nil {
+		t.Fatal("a connection served with every endpoint refusing")
+	}
+	// Both are ejected, and the client pinned to the one tried last: the
+	// one tried first comes back.
+	var first netip.AddrPort
+	for line := range strings.Lines(e.logs.String()) {
+		var l struct{ Msg, Endpoint string }
+		if json.Unmarshal([]byte(line), &l) == nil && l.Msg == "endpoint ejected: its connect failed" {
+			first = netip.MustParseAddrPort(l.Endpoint)
+			break
+		}
+	}
+	if got := e.counter("sockmesh_proxy_upstream_endpoints_ejected", nil); got != 2 || !first.IsValid() {
+		t.Fatalf("%v endpoints ejected, the first %v; want 2", got, first)
+	}
+	l, err := net.Listen("tcp", first.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go echo.ServeTCPEcho(l)
+	if err := echoTCP(e, vip); err != nil {
+		t.Errorf("with the endpoint tried first back: %v", err)
 	}
 }
 
