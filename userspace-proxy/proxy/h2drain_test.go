@@ -9,7 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -261,18 +261,18 @@ func TestRelayedH2DialedAcrossSnapshot(t *testing.T) {
 }
 
 // gatedDialer holds its first dial until release is closed, after
-// closing dialing.
+// closing dialing; the others go at once.
 type gatedDialer struct {
 	d                dial.Dialer
-	once             sync.Once
+	first            atomic.Bool
 	dialing, release chan struct{}
 }
 
 func (g *gatedDialer) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error) {
-	g.once.Do(func() {
+	if g.first.CompareAndSwap(false, true) {
 		close(g.dialing)
 		<-g.release
-	})
+	}
 	return g.d.Dial(ctx, ep)
 }
 

@@ -129,8 +129,11 @@ type Proxy struct {
 	srv     *http.Server
 	l7      *connListener
 
-	mu        sync.Mutex
-	closing   bool
+	mu      sync.Mutex
+	closing bool
+	// forced is set once Shutdown reset what was open: a connection
+	// tracked after that (its dial was under way) is reset at once.
+	forced    bool
 	listeners map[net.Listener]struct{}
 	conns     map[net.Conn]struct{} // L4 and passthrough connections
 	active    sync.WaitGroup        // running ServeConn calls
@@ -417,6 +420,7 @@ func (p *Proxy) Shutdown(ctx context.Context) error {
 	case <-done:
 	case <-ctx.Done():
 		p.mu.Lock()
+		p.forced = true
 		for c := range p.conns {
 			// Reset: closed, a relay's peer would read a clean end of
 			// what it cut short. Before net/http's server closes its
@@ -465,12 +469,20 @@ func (p *Proxy) begin() bool {
 	return true
 }
 
+// trackConn adds c to the connections Shutdown resets when it forces, or,
+// with on false, takes it out. Once Shutdown forced, c is reset at once
+// instead: what serves it then (a relay whose dial ended after the resets)
+// would otherwise run on, and Shutdown wait for it, for as long as the app
+// kept its connection.
 func (p *Proxy) trackConn(c net.Conn, on bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if on {
+	switch {
+	case on && p.forced:
+		sockio.Reset(c)
+	case on:
 		p.conns[c] = struct{}{}
-	} else {
+	default:
 		delete(p.conns, c)
 	}
 }

@@ -37,6 +37,7 @@ import (
 	"github.com/sockmesh/sockmesh/internal/metricsum"
 	"github.com/sockmesh/sockmesh/internal/syncbuf"
 	"github.com/sockmesh/sockmesh/test/echo"
+	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
@@ -1366,6 +1367,58 @@ func TestShutdownForcedResets(t *testing.T) {
 		if b := <-backendEnd; !errors.Is(b.err, syscall.ECONNRESET) {
 			t.Errorf("%s: backend read %v, want a reset", b.name, b.err)
 		}
+	}
+}
+
+// TestShutdownForcedDialedAfter: a relay whose dial was under way when
+// Shutdown forced its way out is reset once dialed, not relayed: started
+// after the resets, it went on relaying, and Shutdown waited for it, for
+// as long as the app kept its connection (a database client's pool: for
+// good).
+func TestShutdownForcedDialedAfter(t *testing.T) {
+	checkNoLeaks(t)
+	g := &gatedDialer{dialing: make(chan struct{}), release: make(chan struct{})}
+	e := newEnv(t, envOptions{dialer: func(d dial.Dialer) dial.Dialer { g.d = d; return g }})
+	released := false
+	release := func() {
+		if !released {
+			released = true
+			close(g.release)
+		}
+	}
+	t.Cleanup(release) // before the env's Shutdown, should the test stop early
+	db := netip.MustParseAddrPort("10.96.4.7:5432")
+	e.p.Update(buildSnapshot(t, 1, service{name: "db", vip: db, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, Endpoints: endpoints(startTCPEcho(t, nil))}}))
+	const msg = "\x00ping\n"
+	late := e.appConn(t, db)
+	io.WriteString(late, msg)
+	<-g.dialing
+	// A relay before the Shutdown: its reset says Shutdown forced.
+	early := e.appConn(t, db)
+	io.WriteString(early, msg)
+	if _, err := io.ReadFull(early, make([]byte, len(msg))); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	shut := make(chan error, 1)
+	go func() { shut <- e.p.Shutdown(ctx) }()
+	if _, err := io.ReadAll(early); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("relay before the Shutdown: app read %v, want a reset", err)
+	}
+	release()
+	select {
+	case err := <-shut:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Shutdown = %v, want it to force", err)
+		}
+	case <-time.After(hangGuard):
+		t.Error("Shutdown still waits for a relay dialed after it forced")
+		late.Close()
+		<-shut
+	}
+	if _, err := io.ReadAll(late); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("connection dialed after the Shutdown forced: app read %v, want a reset", err)
 	}
 }
 
