@@ -168,16 +168,25 @@ func (d *Datapath) load(spec *ebpf.CollectionSpec) error {
 		d.ownerMap.Close()
 		return err
 	}
+	// Claimed before the links run our programs: they outlive this
+	// process, pinned, and were it to die before naming itself their owner
+	// the running agent could not tell them from a live agent's and would
+	// leave the maps to no one (owner.go). A failed Open gives the record
+	// back.
+	restore, err := d.saveOwners()
+	if err != nil {
+		return errors.Join(err, d.closeObjects())
+	}
+	if err := d.claim(); err != nil {
+		return errors.Join(err, restore(), d.closeObjects())
+	}
 	settle, err := d.attachAll()
 	if err != nil {
-		d.objs.Close()
-		d.ownerMap.Close()
-		d.owners.Close()
-		return err
+		return errors.Join(err, restore(), d.closeObjects())
 	}
-	for _, step := range []func() error{d.pinPrograms, d.setupAccel, d.claim} {
+	for _, step := range []func() error{d.pinPrograms, d.setupAccel} {
 		if err := step(); err != nil {
-			return errors.Join(err, settle(true), d.closeObjects())
+			return errors.Join(err, settle(true), restore(), d.closeObjects())
 		}
 	}
 	return settle(false)

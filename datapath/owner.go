@@ -193,6 +193,31 @@ func (d *Datapath) claim() error {
 	return nil
 }
 
+// saveOwners returns a function that writes back what sm_owner and
+// sm_owners hold now. Called under the pin lock.
+func (d *Datapath) saveOwners() (restore func() error, err error) {
+	var owner ownerRecord
+	if err := d.ownerMap.Lookup(uint32(0), &owner); err != nil {
+		return nil, fmt.Errorf("read the owner map: %w", err)
+	}
+	owners := make([]ownerRecord, ownersLen)
+	for i := range owners {
+		if err := d.owners.Lookup(uint32(i), &owners[i]); err != nil {
+			return nil, fmt.Errorf("read the owners map: %w", err)
+		}
+	}
+	return func() error {
+		errs := []error{d.ownerMap.Put(uint32(0), owner)}
+		for i, r := range owners {
+			errs = append(errs, d.owners.Put(uint32(i), r))
+		}
+		if err := errors.Join(errs...); err != nil {
+			return fmt.Errorf("restore the owner maps: %w", err)
+		}
+		return nil
+	}, nil
+}
+
 // isRunning reports whether the process rec names runs. One in another PID
 // namespace than pidns, which it cannot see, counts as running.
 func isRunning(rec ownerRecord, pidns uint64) (bool, error) {

@@ -233,7 +233,8 @@ func TestTakenBackByTheNewerOfTwoLeft(t *testing.T) {
 // must not leave them running the hooks, or the older agent, which cannot
 // tell them from a running newer agent's, stops writing the maps for good.
 // Nor may the older agent's programs stay detached, as a newer agent on
-// another cgroup detaches them.
+// another cgroup detaches them, nor the failed agent stay recorded as the
+// owner.
 func TestFailedOpenLeavesTheOlderOwner(t *testing.T) {
 	for _, c := range []struct {
 		name        string
@@ -254,9 +255,15 @@ func TestFailedOpenLeavesTheOlderOwner(t *testing.T) {
 			if err := os.MkdirAll(filepath.Join(pin, "x"), 0o700); err != nil {
 				t.Fatal(err)
 			}
+			records := ownerRecords(t, older)
 			if d, err := Open(newerCfg, nil, nil); err == nil {
 				d.Close()
 				t.Fatal("the newer agent's Open succeeded, want its failure")
+			}
+			// Or an agent whose Open failed, still running, would pass
+			// for the next in line to take the datapath back.
+			if got := ownerRecords(t, older); !slices.Equal(got, records) {
+				t.Errorf("owner records after the failed Open = %+v, want those before %+v", got, records)
 			}
 			if err := os.RemoveAll(pin); err != nil {
 				t.Fatal(err)
@@ -282,6 +289,37 @@ func TestFailedOpenLeavesTheOlderOwner(t *testing.T) {
 				t.Errorf("services = %v, %v; want the older agent's [%v]", svcs, err, vip6)
 			}
 		})
+	}
+}
+
+// TestCrashedOpenLeavesTheOlderOwner: a newer agent dies in Open once its
+// programs run the links, before it would pin them. The older agent takes
+// the datapath back at its next heartbeat: the dead agent's programs must
+// not pass for a running agent's, which would keep the older one off the
+// maps until the newer one restarted.
+func TestCrashedOpenLeavesTheOlderOwner(t *testing.T) {
+	tp := newTopology(t)
+	older := openOlder(t, tp)
+	runKilledLoader(t, loaderJob{Config: tp.cfg})
+	if running, ours, err := older.owner(); err != nil || running == ours {
+		t.Fatalf("links run program %d (the older agent's is %d), %v; want the killed agent's", running, ours, err)
+	}
+
+	if err := older.Heartbeat(); err != nil {
+		t.Fatal(err)
+	}
+	running, ours, err := older.owner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if running != ours {
+		t.Errorf("the links run program %d after the heartbeat, want the older agent's own %d", running, ours)
+	}
+	if err := older.SetServices([]Service{{Addr: vip6}}); err != nil {
+		t.Fatal(err)
+	}
+	if svcs, err := older.Services(); err != nil || !slices.Equal(svcs, []Service{{Addr: vip6}}) {
+		t.Errorf("services = %v, %v; want the older agent's [%v]", svcs, err, vip6)
 	}
 }
 
@@ -393,6 +431,21 @@ func TestTakeBackFinishedAfterFailure(t *testing.T) {
 	if _, err := os.Lstat(pin); err != nil {
 		t.Errorf("program pin: %v", err)
 	}
+}
+
+// ownerRecords returns sm_owner's record, then sm_owners'.
+func ownerRecords(t *testing.T, d *Datapath) []ownerRecord {
+	t.Helper()
+	recs := make([]ownerRecord, 1+ownersLen)
+	if err := d.ownerMap.Lookup(uint32(0), &recs[0]); err != nil {
+		t.Fatal(err)
+	}
+	for i := range uint32(ownersLen) {
+		if err := d.owners.Lookup(i, &recs[1+i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return recs
 }
 
 // wantOwnPins checks that progs/ pins d's programs (but except's): what
