@@ -13,8 +13,15 @@
 // BPF_SK_REUSEPORT_SELECT_OR_MIGRATE attach type, Linux 5.14). A listener
 // joins the group when it listens but receives nothing until it calls Take:
 // an agent takes the proxy's address once it has a snapshot to serve with.
-// When the taking listener closes, the group falls back to the kernel's
-// hash over those left.
+// When the taking listener closes, the one that took the address before
+// it gets the connections (with three agents, the newer of the two left,
+// whose snapshot is the later); the group falls back to the kernel's hash
+// over those left only once no listener that took it is open.
+//
+// The program selects from a socket array that every Take of the group
+// adds its listener to, newest last. The next agent finds it by a state
+// map beside it, which names the group: both live as long as the group
+// holds the program.
 //
 // Any process of the same user may join a reuseport group; the agent runs
 // as root, so only root can.
@@ -27,7 +34,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
+	"os"
 	"syscall"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
@@ -76,10 +86,10 @@ func Listen(ctx context.Context, lc *net.ListenConfig, address string) (net.List
 }
 
 // Take steers the new connections of ln's reuseport group to ln from now
-// on, and makes a closing member hand its waiting connections to the
-// others. ln must come from a ListenConfig of this package. Nothing is left
-// to release: the group holds the program, the program its map, and the
-// map drops ln when it closes.
+// on, and to the listener that took it before once ln closes, and makes a
+// closing member hand its waiting connections to the newest left. ln must come from a ListenConfig of this package. Nothing is left
+// to release: the group holds the program, the program its maps, and the
+// socket array drops ln when it closes.
 func Take(ln net.Listener) error {
 	sc, ok := ln.(syscall.Conn)
 	if !ok {
@@ -99,44 +109,205 @@ func Take(ln net.Listener) error {
 	return nil
 }
 
+// slots is how many of a group's listeners the steering remembers, newest
+// first: more than the agents a node runs at once (two in a rolling
+// update, three when an update starts during another). A power of two.
+const slots = 8
+
+// group is the value of a reuseport group's state map: which group its
+// socket array serves, so that the next listener to take it finds the
+// array, and how many listeners took it.
+type group struct {
+	NetNS uint64   // the listeners' network namespace cookie
+	Addr  [16]byte // their address, an IPv4 one mapped
+	Port  uint16
+	_     uint16
+	Takes uint32 // the newest listener is in slot Takes % slots
+	Socks uint32 // the socket array's map ID
+	_     uint32
+}
+
+const (
+	socksName = "sm_takeover"
+	stateName = "sm_takeover_grp"
+)
+
+// take puts the listener fd in the next slot of its group's socket array
+// (created if no listener of this package took the group before) and
+// attaches a program that selects the newest listener still open.
 func take(fd int) error {
-	socks, err := ebpf.NewMap(&ebpf.MapSpec{
-		Name: "sm_takeover", Type: ebpf.ReusePortSockArray, KeySize: 4, ValueSize: 8, MaxEntries: 1,
-	})
+	want, err := groupOf(fd)
 	if err != nil {
-		return fmt.Errorf("create socket array: %w", err)
+		return err
 	}
+	state, socks, g, err := findGroup(want)
+	if err != nil {
+		return err
+	}
+	if state == nil {
+		if state, socks, g, err = newGroup(want); err != nil {
+			return err
+		}
+	}
+	defer state.Close()
 	defer socks.Close()
-	if err := socks.Put(uint32(0), uint64(fd)); err != nil {
-		return fmt.Errorf("add the listener to the socket array: %w", err)
-	}
 	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-		Name:       "sm_takeover",
-		Type:       ebpf.SkReuseport,
-		AttachType: ebpf.AttachSkReuseportSelectOrMigrate,
-		License:    "Dual BSD/GPL",
-		Instructions: asm.Instructions{
-			// bpf_sk_select_reuseport(ctx, socks, &0, 0): the newest
-			// listener, for a new connection and for one moving from a
-			// closing listener. It fails once that listener has closed (its
-			// entry is gone), and SK_PASS without a selection lets the
-			// kernel hash over the listeners left.
-			asm.StoreImm(asm.RFP, -4, 0, asm.Word),
-			asm.LoadMapPtr(asm.R2, socks.FD()),
-			asm.Mov.Reg(asm.R3, asm.RFP),
-			asm.Add.Imm(asm.R3, -4),
-			asm.Mov.Imm(asm.R4, 0),
-			asm.FnSkSelectReuseport.Call(),
-			asm.Mov.Imm(asm.R0, 1), // SK_PASS
-			asm.Return(),
-		},
+		Name:         "sm_takeover",
+		Type:         ebpf.SkReuseport,
+		AttachType:   ebpf.AttachSkReuseportSelectOrMigrate,
+		License:      "Dual BSD/GPL",
+		Instructions: steering(state, socks),
 	})
 	if err != nil {
 		return fmt.Errorf("load the steering program: %w", err)
 	}
 	defer prog.Close()
+	// Two agents taking one address at the same moment (in in-pod mode, a
+	// pod created while they overlap) may pick the same slot: the later
+	// drops the other's listener from the array, which then gets new
+	// connections only from the kernel's hash, once none it holds is open.
+	g.Takes++
+	if err := socks.Put(g.Takes%slots, uint64(fd)); err != nil {
+		return fmt.Errorf("add the listener to the socket array: %w", err)
+	}
+	if err := state.Put(uint32(0), g); err != nil {
+		return fmt.Errorf("update the group's state: %w", err)
+	}
 	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_ATTACH_REUSEPORT_EBPF, prog.FD()); err != nil {
 		return fmt.Errorf("attach the steering program: %w", err)
 	}
 	return nil
+}
+
+// steering returns a program that selects, for a new connection and for
+// one moving from a closing listener, the newest listener of socks still
+// open: a closed one's slot is empty, and bpf_sk_select_reuseport fails on
+// it. So once the newest agent's listener closes, the next newest gets the
+// connections, not all those left by the kernel's hash (which SK_PASS
+// without a selection falls back to when none is left).
+func steering(state, socks *ebpf.Map) asm.Instructions {
+	insns := asm.Instructions{
+		asm.Mov.Reg(asm.R6, asm.R1), // the context, kept across calls
+		asm.StoreImm(asm.RFP, -4, 0, asm.Word),
+		asm.LoadMapPtr(asm.R1, state.FD()),
+		asm.Mov.Reg(asm.R2, asm.RFP),
+		asm.Add.Imm(asm.R2, -4),
+		asm.FnMapLookupElem.Call(),
+		asm.JEq.Imm(asm.R0, 0, "pass"),
+		asm.LoadMem(asm.R7, asm.R0, int16(unsafe.Offsetof(group{}.Takes)), asm.Word),
+	}
+	for i := range int32(slots) {
+		insns = append(insns,
+			// bpf_sk_select_reuseport(ctx, socks, &((Takes-i) % slots), 0)
+			asm.Mov.Reg(asm.R1, asm.R7),
+			asm.Add.Imm(asm.R1, -i),
+			asm.And.Imm(asm.R1, slots-1),
+			asm.StoreMem(asm.RFP, -8, asm.R1, asm.Word),
+			asm.Mov.Reg(asm.R1, asm.R6),
+			asm.LoadMapPtr(asm.R2, socks.FD()),
+			asm.Mov.Reg(asm.R3, asm.RFP),
+			asm.Add.Imm(asm.R3, -8),
+			asm.Mov.Imm(asm.R4, 0),
+			asm.FnSkSelectReuseport.Call(),
+			asm.JEq.Imm(asm.R0, 0, "pass"),
+		)
+	}
+	return append(insns,
+		asm.Mov.Imm(asm.R0, 1).WithSymbol("pass"), // SK_PASS
+		asm.Return(),
+	)
+}
+
+// groupOf returns the group of the listener fd: its netns (SO_NETNS_COOKIE,
+// Linux 5.14 as SELECT_OR_MIGRATE) and address.
+func groupOf(fd int) (group, error) {
+	var g group
+	cookie, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	if err != nil {
+		return g, fmt.Errorf("read the listener's netns cookie: %w", err)
+	}
+	g.NetNS = cookie
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		return g, fmt.Errorf("read the listener's address: %w", err)
+	}
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		g.Addr, g.Port = netip.AddrFrom4(sa.Addr).As16(), uint16(sa.Port)
+	case *unix.SockaddrInet6:
+		g.Addr, g.Port = sa.Addr, uint16(sa.Port)
+	default:
+		return g, fmt.Errorf("listener address %T is not TCP", sa)
+	}
+	return g, nil
+}
+
+// findGroup returns the state map and socket array of want's group, which
+// live as long as the group holds the program of the last Take (nil maps
+// when no Take of this package set them up: a new address, or one only
+// agents of an earlier build took). It looks through every map on the
+// host: the group does not say which program it holds.
+func findGroup(want group) (state, socks *ebpf.Map, g group, err error) {
+	for id := ebpf.MapID(0); ; {
+		id, err = ebpf.MapGetNextID(id)
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, nil, g, nil
+		}
+		if err != nil {
+			return nil, nil, g, fmt.Errorf("list maps: %w", err)
+		}
+		if state, socks, g = openGroup(id, want); state != nil {
+			return state, socks, g, nil
+		}
+	}
+}
+
+// openGroup returns the maps of want's group if id is its state map.
+// Errors mean it is not: a map freed since it was listed, another map.
+func openGroup(id ebpf.MapID, want group) (state, socks *ebpf.Map, g group) {
+	m, err := ebpf.NewMapFromID(id)
+	if err != nil {
+		return nil, nil, g
+	}
+	if info, err := m.Info(); err != nil || info.Name != stateName || info.Type != ebpf.Array ||
+		m.Lookup(uint32(0), &g) != nil || g.NetNS != want.NetNS || g.Addr != want.Addr || g.Port != want.Port {
+		m.Close()
+		return nil, nil, g
+	}
+	socks, err = ebpf.NewMapFromID(ebpf.MapID(g.Socks))
+	if err != nil {
+		m.Close()
+		return nil, nil, g
+	}
+	if info, err := socks.Info(); err != nil || info.Type != ebpf.ReusePortSockArray {
+		m.Close()
+		socks.Close()
+		return nil, nil, g
+	}
+	return m, socks, g
+}
+
+// newGroup creates the state map and socket array of g's group.
+func newGroup(g group) (state, socks *ebpf.Map, _ group, err error) {
+	socks, err = ebpf.NewMap(&ebpf.MapSpec{
+		Name: socksName, Type: ebpf.ReusePortSockArray, KeySize: 4, ValueSize: 8, MaxEntries: slots,
+	})
+	if err != nil {
+		return nil, nil, g, fmt.Errorf("create socket array: %w", err)
+	}
+	info, err := socks.Info()
+	if err != nil {
+		socks.Close()
+		return nil, nil, g, fmt.Errorf("read the socket array's ID: %w", err)
+	}
+	id, _ := info.ID()
+	g.Socks = uint32(id)
+	state, err = ebpf.NewMap(&ebpf.MapSpec{
+		Name: stateName, Type: ebpf.Array, KeySize: 4, ValueSize: uint32(unsafe.Sizeof(g)), MaxEntries: 1,
+	})
+	if err != nil {
+		socks.Close()
+		return nil, nil, g, fmt.Errorf("create the group's state map: %w", err)
+	}
+	return state, socks, g, nil
 }

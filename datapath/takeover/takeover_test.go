@@ -161,6 +161,40 @@ func TestNewestClosedFallsBack(t *testing.T) {
 	}
 }
 
+// TestNewestClosedSteersToTheNextNewest: three listeners took the address
+// in turn, as an update started during another runs three agents. Once the
+// newest closes, the connections waiting in its queue and the new ones all
+// go to the listener that took it before, the next newest agent's, not
+// over the two left: the oldest agent serves an older snapshot. Also on an
+// address that more rolling updates than the steering has slots took
+// before.
+func TestNewestClosedSteersToTheNextNewest(t *testing.T) {
+	testenv.RequireRoot(t)
+	const n = 16
+	for _, updates := range []int{0, slots + 1} {
+		t.Run(fmt.Sprintf("updates=%d", updates), func(t *testing.T) {
+			oldest, middle, addr := joined(t)
+			for range updates {
+				mustTake(t, middle)
+				oldest.Close()
+				oldest, middle = middle, listen(t, addr)
+			}
+			mustTake(t, middle)
+			newest := listen(t, addr)
+			mustTake(t, newest)
+			cs := dial(t, addr, n) // waiting in the newest listener's queue
+			newest.Close()
+			cs = append(cs, dial(t, addr, n)...)
+			if got, stray := accepted(t, middle, 200*time.Millisecond), accepted(t, oldest, 50*time.Millisecond); got != 2*n || stray != 0 {
+				t.Errorf("after the newest listener closed: the next newest accepted %d, the oldest %d of %d; want all on the next newest", got, stray, 2*n)
+			}
+			if ok, errs := answered(cs); ok != 2*n {
+				t.Errorf("%d of %d connections answered: %v", ok, 2*n, errs)
+			}
+		})
+	}
+}
+
 // TestListenSaysWhoHoldsTheAddress: an address held without SO_REUSEPORT
 // (an agent of an older build) cannot be shared, and the error says why.
 func TestListenSaysWhoHoldsTheAddress(t *testing.T) {
