@@ -154,8 +154,8 @@ func TestDaemonSet(t *testing.T) {
 	if e := env["POD_NAMESPACE"]; e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "metadata.namespace" {
 		t.Errorf("POD_NAMESPACE must come from metadata.namespace: %+v", e)
 	}
-	if e := env["HOST_IP"]; e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "status.hostIP" {
-		t.Errorf("HOST_IP must come from status.hostIP (node-IP mode listens there): %+v", e)
+	if e := env["HOST_IPS"]; e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "status.hostIPs" {
+		t.Errorf("HOST_IPS must come from status.hostIPs (node-IP mode listens on each family's address): %+v", e)
 	}
 	// The agent would re-execute itself to add a missing one.
 	for _, setting := range proxy.RuntimeSettings {

@@ -63,6 +63,7 @@ const (
 	envPodNamespace = "POD_NAMESPACE" // metadata.namespace
 	envPodName      = "POD_NAME"      // metadata.name
 	envHostIP       = "HOST_IP"       // status.hostIP
+	envHostIPs      = "HOST_IPS"      // status.hostIPs: comma-separated, one per family
 	envMemoryLimit  = "MEMORY_LIMIT"  // resourceFieldRef limits.memory, in bytes
 )
 
@@ -82,8 +83,8 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&o.manifests, "manifests", "", "directory of YAML manifests (file source)")
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (kubernetes source; default: $KUBECONFIG, ~/.kube/config, then the in-cluster service account)")
 	fs.StringVar(&o.nodeName, "node-name", getenv(envNodeName), "this node's name: only its pods are enrolled (default $"+envNodeName+"; required for the kubernetes source)")
-	fs.StringVar(&o.proxyMode, "proxy-mode", string(enrol.NodeIP), "where the proxy listens: node-ip (one listener on a node address) or in-pod (listeners inside each pod's network namespace)")
-	fs.StringSliceVar(&o.proxyListen, "proxy-listen", nil, "node-ip mode listener addresses, IP:port, at most one per family; port 0 picks a free port (default: $"+envHostIP+" or the address of the default route's interface, port "+strconv.Itoa(defaultProxyPort)+")")
+	fs.StringVar(&o.proxyMode, "proxy-mode", string(enrol.NodeIP), "where the proxy listens: node-ip (listeners on the node's addresses, one per family) or in-pod (listeners inside each pod's network namespace)")
+	fs.StringSliceVar(&o.proxyListen, "proxy-listen", nil, "node-ip mode listener addresses, IP:port, at most one per family; port 0 picks a free port (default: the first address of each family in $"+envHostIPs+", else $"+envHostIP+", else the address of the default route's interface; port "+strconv.Itoa(defaultProxyPort)+")")
 	fs.Uint16Var(&o.inPodPort, "in-pod-port", enrol.DefaultPodPort, "in-pod mode listener port, on the pod's loopback addresses")
 	fs.StringVar(&o.healthListen, "health-listen", ":15021", "address serving /healthz and /readyz (empty: off)")
 	fs.StringVar(&o.metricsListen, "metrics-listen", ":15090", "address serving Prometheus /metrics (empty: off; may equal --health-listen)")
@@ -358,17 +359,19 @@ func (o *options) settings(getenv func(string) string, hostIP func() (netip.Addr
 	return s, errors.Join(errs...)
 }
 
-// proxyListen parses --proxy-listen, or makes its default: the node address
-// ($HOST_IP, else hostIP) on port 15001.
+// proxyListen parses --proxy-listen, or makes its default: the node's
+// addresses (nodeAddrs) on port 15001.
 func proxyListen(flag []string, getenv func(string) string, hostIP func() (netip.Addr, error)) ([]netip.AddrPort, error) {
 	if len(flag) == 0 {
-		ip, err := netip.ParseAddr(getenv(envHostIP))
+		ips, err := nodeAddrs(getenv, hostIP)
 		if err != nil {
-			if ip, err = hostIP(); err != nil {
-				return nil, fmt.Errorf("find the node address for the proxy listener (set --proxy-listen): %w", err)
-			}
+			return nil, err
 		}
-		return []netip.AddrPort{netip.AddrPortFrom(ip.Unmap(), defaultProxyPort)}, nil
+		out := make([]netip.AddrPort, len(ips))
+		for i, ip := range ips {
+			out[i] = netip.AddrPortFrom(ip, defaultProxyPort)
+		}
+		return out, nil
 	}
 	var out []netip.AddrPort
 	for _, s := range flag {
@@ -388,6 +391,39 @@ func proxyListen(flag []string, getenv func(string) string, hostIP func() (netip
 		out = append(out, ap)
 	}
 	return out, nil
+}
+
+// nodeAddrs are the node addresses the proxy listens on by default: the
+// first of each family in $HOST_IPS, else $HOST_IP, else hostIP. A
+// dual-stack node needs both families: a pod's connection finds no listener
+// in a family the node does not listen in, and one to a fail-closed Service
+// is then refused.
+func nodeAddrs(getenv func(string) string, hostIP func() (netip.Addr, error)) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for s := range strings.SplitSeq(getenv(envHostIPs), ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("$%s=%q: want IP addresses, comma-separated: %w", envHostIPs, getenv(envHostIPs), err)
+		}
+		ip = ip.Unmap()
+		if !slices.ContainsFunc(out, func(o netip.Addr) bool { return o.Is4() == ip.Is4() }) {
+			out = append(out, ip)
+		}
+	}
+	if len(out) > 0 {
+		return out, nil
+	}
+	if ip, err := netip.ParseAddr(getenv(envHostIP)); err == nil {
+		return []netip.Addr{ip.Unmap()}, nil
+	}
+	ip, err := hostIP()
+	if err != nil {
+		return nil, fmt.Errorf("find the node address for the proxy listener (set --proxy-listen): %w", err)
+	}
+	return []netip.Addr{ip.Unmap()}, nil
 }
 
 func prefixes(flag string, values []string) ([]netip.Prefix, error) {

@@ -73,13 +73,50 @@ func TestAccelerateFlag(t *testing.T) {
 	}
 }
 
-func TestHostIPEnvIsTheProxyDefault(t *testing.T) {
-	got, err := parse(t, map[string]string{"NODE_NAME": "n", "HOST_IP": "10.250.0.1"}, "")
-	if err != nil {
-		t.Fatal(err)
+// TestNodeAddressesAreTheProxyDefault: without --proxy-listen the proxy
+// listens on the node's addresses from the downward API, one per family, so
+// that a dual-stack node serves its pods' IPv6 connections too.
+func TestNodeAddressesAreTheProxyDefault(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		env  map[string]string
+		want []string
+	}{
+		{"dual-stack ($HOST_IPS)", map[string]string{"HOST_IPS": "10.250.0.1,fd00:250::1", "HOST_IP": "10.250.0.1"},
+			[]string{"10.250.0.1:15001", "[fd00:250::1]:15001"}},
+		{"IPv6 primary", map[string]string{"HOST_IPS": "fd00:250::1,10.250.0.1"}, []string{"[fd00:250::1]:15001", "10.250.0.1:15001"}},
+		{"first of a family", map[string]string{"HOST_IPS": "10.250.0.1, 10.250.0.2,::ffff:10.250.0.3"}, []string{"10.250.0.1:15001"}},
+		{"single-stack ($HOST_IPS)", map[string]string{"HOST_IPS": "fd00:250::1"}, []string{"[fd00:250::1]:15001"}},
+		{"$HOST_IP without $HOST_IPS", map[string]string{"HOST_IP": "10.250.0.1"}, []string{"10.250.0.1:15001"}},
+		{"default route's interface", nil, []string{"192.0.2.7:15001"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			env := maps.Clone(c.env)
+			if env == nil {
+				env = map[string]string{}
+			}
+			env["NODE_NAME"] = "n"
+			got, err := parse(t, env, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var want []netip.AddrPort
+			var wantIPs []netip.Addr
+			for _, s := range c.want {
+				ap := netip.MustParseAddrPort(s)
+				want, wantIPs = append(want, ap), append(wantIPs, ap.Addr())
+			}
+			if !slices.Equal(got.proxyListen, want) {
+				t.Errorf("proxyListen = %v, want %v", got.proxyListen, want)
+			}
+			if !slices.Equal(got.node.IPs, wantIPs) {
+				t.Errorf("node IPs = %v, want %v", got.node.IPs, wantIPs)
+			}
+		})
 	}
-	if want := []netip.AddrPort{netip.MustParseAddrPort("10.250.0.1:15001")}; !slices.Equal(got.proxyListen, want) {
-		t.Errorf("proxyListen = %v, want %v ($HOST_IP)", got.proxyListen, want)
+	_, err := parse(t, map[string]string{"NODE_NAME": "n", "HOST_IPS": "10.250.0.1,node-a"}, "")
+	if err == nil || !strings.Contains(err.Error(), "HOST_IPS") {
+		t.Errorf("settings with $HOST_IPS=10.250.0.1,node-a: %v, want an error naming $HOST_IPS", err)
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -70,13 +69,12 @@ func (n *node) startAgent(t *testing.T) *agent {
 		// every scenario of both modes covers both datapaths.
 		args = append(args, "--accelerate")
 	}
-	if n.mode == nodeIP {
-		args = append(args, "--proxy-listen="+netip.AddrPortFrom(n.ip4, proxyPort).String()+","+
-			netip.AddrPortFrom(n.ip6, proxyPort).String())
-	}
 	cmd := exec.Command(n.c.agentBin, args...)
 	// The pod name makes the Lease identity differ between runs on a node.
-	cmd.Env = append(os.Environ(), "POD_NAME="+sandbox.Name())
+	// The node's addresses come as daemonset/ passes a dual-stack node's
+	// status.hostIPs: node-IP mode's listeners are --proxy-listen's
+	// default, one per family (on port proxyPort).
+	cmd.Env = append(os.Environ(), "POD_NAME="+sandbox.Name(), "HOST_IPS="+n.ip4.String()+","+n.ip6.String())
 	a := &agent{n: n, socket: socket, Agent: agentproc.Start(t, agentproc.Config{
 		Name: "agent " + n.name, Cmd: cmd, NetNS: n.ns, Cgroup: n.cg,
 		KeepLines: 2000, FailureLines: 150, Timeout: waitFor,

@@ -28,9 +28,9 @@ const (
 	inPod  mode = "in-pod"
 )
 
-// proxyPort is the node-IP listener's port, fixed (not 0) because a
-// restarted agent must listen where its predecessor's pinned enrolments
-// send pods. It is inside the node's namespace, not the host's.
+// proxyPort is the node-IP listeners' port, the agent's default (not 0,
+// since a restarted agent must listen where its predecessor's pinned
+// enrolments send pods). It is inside the node's namespace, not the host's.
 const proxyPort = 15001
 
 // node is one "node": a network namespace standing for its root namespace,
