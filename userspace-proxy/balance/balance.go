@@ -141,22 +141,24 @@ func (p *Picker) ejected(c *Choice, now time.Time) bool {
 // (snapshot.Backend.SessionPersistence) or the one a route rule sets in its
 // place: the one r's session names when that endpoint is still ready, not
 // ejected (Health) and the session has not timed out; otherwise the next
-// one (nil when none is ready). Without sp, PickClient's. setSession is true
-// when the response must carry the session (SetSession): a new session, or
-// one whose idle clock restarts.
-func (p *Picker) PickRequest(r *http.Request, client ClientKey, now time.Time, sp *snapshot.SessionPersistence) (c *Choice, setSession bool) {
+// one (nil when none is ready). Without sp, PickClient's. pinned is true
+// when r's session chose c: the request goes there and nowhere else. Any
+// other request may go to another endpoint when c fails it, and then starts
+// its session there. setSession is true when the response must carry the
+// session (SetSession): a new session, or one whose idle clock restarts.
+func (p *Picker) PickRequest(r *http.Request, client ClientKey, now time.Time, sp *snapshot.SessionPersistence) (c *Choice, pinned, setSession bool) {
 	if sp == nil {
-		return p.PickClient(client), false
+		return p.PickClient(client), false, false
 	}
 	if s, ok := parseSession(sessionOf(r, sp)); ok && !expired(sp, s, now) {
 		for i := range p.ready {
 			if c := &p.ready[i]; c.token == s.endpoint && !p.ejected(c, now) {
-				return c, sp.IdleTimeoutSeconds > 0
+				return c, true, sp.IdleTimeoutSeconds > 0
 			}
 		}
 	}
 	c = p.Pick()
-	return c, c != nil
+	return c, false, c != nil
 }
 
 // Holds reports whether r's session under sp names one of p's ready

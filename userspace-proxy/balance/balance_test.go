@@ -60,21 +60,21 @@ func TestHeaderSession(t *testing.T) {
 	p := New(b, nil, nil)
 	r, _ := http.NewRequest(http.MethodGet, "/", nil)
 	now := time.Unix(1_000_000, 0)
-	first, isNew := p.PickRequest(r, ClientKey{}, now, b.SessionPersistence)
-	if !isNew {
-		t.Fatal("first request not a new session")
+	first, pinned, isNew := p.PickRequest(r, ClientKey{}, now, b.SessionPersistence)
+	if pinned || !isNew {
+		t.Fatalf("first request: pinned %v, new %v; want a new session", pinned, isNew)
 	}
 	h := http.Header{}
 	p.SetSession(h, r, first, now, b.SessionPersistence)
 	r.Header.Set("X-Session", h.Get("X-Session"))
 	for range 5 {
-		if c, isNew := p.PickRequest(r, ClientKey{}, now, b.SessionPersistence); c != first || isNew {
-			t.Fatalf("session request went to %s (new=%v), want %s", c.Host, isNew, first.Host)
+		if c, pinned, isNew := p.PickRequest(r, ClientKey{}, now, b.SessionPersistence); c != first || !pinned || isNew {
+			t.Fatalf("session request went to %s (pinned=%v, new=%v), want %s, pinned", c.Host, pinned, isNew, first.Host)
 		}
 	}
 	r.Header.Set("X-Session", "unknown")
-	if _, isNew := p.PickRequest(r, ClientKey{}, now, b.SessionPersistence); !isNew {
-		t.Error("a stale session did not start a new one")
+	if _, pinned, isNew := p.PickRequest(r, ClientKey{}, now, b.SessionPersistence); pinned || !isNew {
+		t.Errorf("a stale session: pinned %v, new %v; want a new one", pinned, isNew)
 	}
 }
 
@@ -98,7 +98,7 @@ func TestSessionTimeouts(t *testing.T) {
 		if cookie != "" {
 			r.Header.Set("Cookie", "s="+cookie)
 		}
-		c, set = p.PickRequest(r, ClientKey{}, now, b.SessionPersistence)
+		c, _, set = p.PickRequest(r, ClientKey{}, now, b.SessionPersistence)
 		if set {
 			h := http.Header{}
 			p.SetSession(h, r, c, now, b.SessionPersistence)

@@ -110,7 +110,7 @@ func TestAllEjected(t *testing.T) {
 	p := New(b, h, nil)
 	now := time.Now()
 	r, _ := http.NewRequest(http.MethodGet, "/", nil)
-	first, _ := p.PickRequest(r, ClientKey{}, now, sp)
+	first, _, _ := p.PickRequest(r, ClientKey{}, now, sp)
 	hdr := http.Header{}
 	p.SetSession(hdr, r, first, now, sp)
 	r.Header.Set("s", hdr.Get("s"))
@@ -119,8 +119,8 @@ func TestAllEjected(t *testing.T) {
 	if !p.ejected(first, now) || p.Holds(r, now, sp) {
 		t.Fatal("the session's endpoint ejected beside a healthy one is not passed over")
 	}
-	if c, set := p.PickRequest(r, ClientKey{}, now, sp); c == first || !set {
-		t.Errorf("session on an ejected endpoint went to %s (new %v), want the other, as a new session", c.Host, set)
+	if c, pinned, set := p.PickRequest(r, ClientKey{}, now, sp); c == first || pinned || !set {
+		t.Errorf("session on an ejected endpoint went to %s (pinned %v, new %v), want the other, as a new session", c.Host, pinned, set)
 	}
 	for _, c := range p.ready {
 		h.Failed(c.Endpoint.Addr, now)
@@ -128,8 +128,8 @@ func TestAllEjected(t *testing.T) {
 	if got := picks(p, 10); len(got) != 2 || got[first.Host] != 5 {
 		t.Errorf("every endpoint ejected: %v, want both in turn", got)
 	}
-	if c, set := p.PickRequest(r, ClientKey{}, now, sp); c != first || set || !p.Holds(r, now, sp) {
-		t.Errorf("every endpoint ejected: session went to %s (new %v), want it kept", c.Host, set)
+	if c, pinned, set := p.PickRequest(r, ClientKey{}, now, sp); c != first || !pinned || set || !p.Holds(r, now, sp) {
+		t.Errorf("every endpoint ejected: session went to %s (pinned %v, new %v), want it kept", c.Host, pinned, set)
 	}
 }
 

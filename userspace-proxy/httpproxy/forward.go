@@ -48,7 +48,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 		trace, stop = informational(r.Context(), w)
 		out = out.WithContext(httptrace.WithClientTrace(out.Context(), trace))
 	}
-	resp, done, err := h.roundTrip(x, be.RoundTripper(WireFor(be, r.ProtoMajor, websocket)), out, c)
+	resp, c, done, err := h.roundTrip(x, be.RoundTripper(WireFor(be, r.ProtoMajor, websocket)), out, c)
 	stop()
 	if err != nil {
 		h.fail(w, r, x, upstream.Classify(err), err)
@@ -292,7 +292,7 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 	if x.r != nil {
 		h.applyRoute(x, up, r.Host, false, true) // no body to keep: cannot fail
 	}
-	resp, err := x.roundTripAny(be.RoundTripper(upstream.WireH1), up)
+	resp, _, err := x.roundTripAny(be.RoundTripper(upstream.WireH1), up, c)
 	if err != nil {
 		h.fail(w, r, x, upstream.Classify(err), err)
 		return

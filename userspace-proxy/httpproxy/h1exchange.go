@@ -63,7 +63,8 @@ func (s *h1Conn) serve(req *http.Request) bool {
 	if sp != nil {
 		x.now = time.Now() // sessions time out; other requests need no clock
 	}
-	choice, setSession := x.be.Picker.PickRequest(req, x.t.clientKey(), x.now, sp)
+	choice, pinned, setSession := x.be.Picker.PickRequest(req, x.t.clientKey(), x.now, sp)
+	x.pinned = pinned
 	if choice == nil {
 		return s.fail(req, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 	}
@@ -277,7 +278,8 @@ func discardAnswer(be *upstream.Backend, uc *pool.Conn, resp *http.Response, cd 
 
 // conn takes a connection to choice's endpoint. A failed connect sent no
 // byte, so, as on the L4 path, other endpoints are tried (three in all)
-// unless a session pins the endpoint.
+// unless the request's session pins the endpoint; it returns the endpoint
+// connected to, which a new session then names.
 //
 // A route's timeouts bound the wait for a connection too; when the
 // request timeout ends it, the error says so (ErrTimeout). So does the
@@ -301,7 +303,7 @@ func (s *h1Conn) conn(x *exchange, choice *balance.Choice, read bool) (*pool.Con
 		}
 	}
 	uc, err := be.GetH1(ctx, &choice.Endpoint)
-	for i := 1; err != nil && x.sessionFor() == nil && i < min(be.Picker.Len(), 3) && upstream.NoConnection(err); i++ {
+	for i := 1; err != nil && !x.pinned && i < min(be.Picker.Len(), 3) && upstream.NoConnection(err); i++ {
 		choice = be.Picker.Pick()
 		uc, err = be.GetH1(ctx, &choice.Endpoint)
 	}
@@ -520,7 +522,7 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 	}
 	s.watch.start(nil, cancel)
 	defer s.watch.stop()
-	resp, done, err := s.h.roundTrip(x, be.RoundTripper(wire), out, c)
+	resp, c, done, err := s.h.roundTrip(x, be.RoundTripper(wire), out, c)
 	if err != nil {
 		s.finish(body, nil)
 		if s.watch.gone.Load() {

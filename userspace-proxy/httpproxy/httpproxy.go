@@ -253,7 +253,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if sp != nil {
 		x.now = time.Now() // sessions time out; other requests need no clock
 	}
-	choice, setSession := x.be.Picker.PickRequest(r, x.t.clientKey(), x.now, sp)
+	choice, pinned, setSession := x.be.Picker.PickRequest(r, x.t.clientKey(), x.now, sp)
+	x.pinned = pinned
 	if choice == nil {
 		h.fail(w, r, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 		return
@@ -272,6 +273,9 @@ type exchange struct {
 	fe  *snapshot.Frontend
 	be  *upstream.Backend // nil until routed
 	now time.Time         // when the request was routed (sessions)
+	// pinned says the request's session chose its endpoint
+	// (Picker.PickRequest): a failed connect or a retry does not move it.
+	pinned bool
 	// r is the route decision when the frontend has routes that apply
 	// to this client; nil otherwise.
 	r *routed

@@ -251,9 +251,11 @@ func (x *exchange) repick(c *balance.Choice) *balance.Choice {
 }
 
 // roundTrip sends out (addressed to c) through rt, under x's route policy
-// when it has one: timeouts as contexts, retries per the rule. done must be
-// called once the response body is read (it ends the contexts).
-func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request, c *balance.Choice) (resp *http.Response, done func(), err error) {
+// when it has one: timeouts as contexts, retries per the rule. served is
+// the endpoint of the last try, which failed connects and retries may have
+// moved from c. done must be called once the response body is read (it
+// ends the contexts).
+func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request, c *balance.Choice) (resp *http.Response, served *balance.Choice, done func(), err error) {
 	countRequest(x)
 	if !x.replayable(out) {
 		// The transports close the body of a request they fail, and a
@@ -263,8 +265,8 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 		defer func() { x.held.Release() }()
 	}
 	if x.r == nil || !x.r.pol.active {
-		resp, err := x.roundTripAny(rt, out)
-		return resp, noop, err
+		resp, served, err = x.roundTripAny(rt, out, c)
+		return resp, served, noop, err
 	}
 	p := &x.r.pol
 	ctx, cancelReq := out.Context(), noop
@@ -282,13 +284,13 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 			o.URL = withURLHost(out.URL, c.Host)
 		}
 		o.Body = x.again(o.Body, n)
-		resp, err = x.roundTripAny(rt, o)
+		resp, c, err = x.roundTripAny(rt, o, c)
 		why := ""
 		switch {
 		case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
 			cancel()
 			cancelReq()
-			return nil, noop, timeoutError(true, err)
+			return nil, c, noop, timeoutError(true, err)
 		case err != nil && errors.Is(actx.Err(), context.DeadlineExceeded):
 			err, why = timeoutError(false, err), "backend_timeout"
 		case err != nil && connectFailed(err):
@@ -300,9 +302,9 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 			if err != nil {
 				cancel()
 				cancelReq()
-				return nil, noop, err
+				return nil, c, noop, err
 			}
-			return resp, func() { cancel(); cancelReq() }, nil
+			return resp, c, func() { cancel(); cancelReq() }, nil
 		}
 		if resp != nil {
 			drain(resp)
@@ -310,35 +312,36 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 		cancel()
 		if err := h.spendRetry(x, why, n, err, resp); err != nil {
 			cancelReq()
-			return nil, noop, err
+			return nil, c, noop, err
 		}
 		if !p.wait(ctx, n+1) {
 			cancelReq()
 			if err := out.Context().Err(); err != nil {
-				return nil, noop, err // the client went away
+				return nil, c, noop, err // the client went away
 			}
-			return nil, noop, timeoutError(true, context.DeadlineExceeded)
+			return nil, c, noop, timeoutError(true, context.DeadlineExceeded)
 		}
 		h.m.retries.WithLabelValues(why).Inc()
 		c = x.repick(c)
 	}
 }
 
-// roundTripAny sends out through rt to the endpoint it names and, as the
-// fast path does (h1Conn.conn), when the connect fails, to other endpoints
-// (three in all): nothing went out, so a request whose body can go again
-// may go elsewhere, unless a session pins the endpoint.
-func (x *exchange) roundTripAny(rt http.RoundTripper, out *http.Request) (*http.Response, error) {
+// roundTripAny sends out through rt to c, the endpoint it names, and, as
+// the fast path does (h1Conn.conn), when the connect fails, to other
+// endpoints (three in all): nothing went out, so a request whose body can
+// go again may go elsewhere, unless its session pins the endpoint. It
+// returns the endpoint tried last, which a new session then names.
+func (x *exchange) roundTripAny(rt http.RoundTripper, out *http.Request, c *balance.Choice) (*http.Response, *balance.Choice, error) {
 	resp, err := rt.RoundTrip(out)
 	for i := 1; err != nil && i < min(x.be.Picker.Len(), 3) && upstream.NoConnection(err) &&
-		x.resendable(out) && x.sessionFor() == nil; i++ {
-		c := x.be.Picker.Pick()
+		x.resendable(out) && !x.pinned; i++ {
+		c = x.be.Picker.Pick()
 		o := out.WithContext(upstream.WithEndpoint(out.Context(), &c.Endpoint))
 		o.URL = withURLHost(out.URL, c.Host)
 		o.Body = x.again(o.Body, i)
 		resp, err = rt.RoundTrip(o)
 	}
-	return resp, err
+	return resp, c, err
 }
 
 func noop() {}

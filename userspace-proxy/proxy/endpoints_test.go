@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -403,6 +404,91 @@ func TestEjectionEndsOverPooledConnections(t *testing.T) {
 				t.Errorf("endpoints ejected = %v, want 0", got)
 			}
 		})
+	}
+}
+
+// TestSessionFailover: under session persistence, a request that carries
+// no session yet goes to another endpoint when its connect is refused, as
+// any request does, and the session it starts names the endpoint that
+// answered; one whose session names an endpoint goes there only: a refused
+// connect answers 503 and ejects it, and the session's next request starts
+// afresh on another. On every L7 path, toward HTTP/1.1 and h2c backends.
+// Before, a request without a session got the dead endpoint's 503 too.
+func TestSessionFailover(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		for _, proto := range []snapshot.Protocol{"", snapshot.ProtocolH2C} {
+			t.Run(fmt.Sprintf("%s/backend=%s", k.name, cmp.Or(proto, "HTTP")), func(t *testing.T) {
+				e := newEnv(t, envOptions{http1TLS: k.path, ejectFor: time.Minute})
+				sp := &snapshot.SessionPersistence{Type: snapshot.SessionCookie, Name: "sm-session"}
+				gone := startEcho(t, "gone", nil)
+				podA, podB := startEcho(t, "pod-a", nil).addr, startEcho(t, "pod-b", nil).addr
+				vGone, vFresh, vPinned := netip.MustParseAddrPort("10.96.8.50:80"), netip.MustParseAddrPort("10.96.8.51:80"), netip.MustParseAddrPort("10.96.8.52:80")
+				sticky := func(eps ...netip.AddrPort) snapshot.Backend {
+					return snapshot.Backend{Protocol: proto, Endpoints: endpoints(eps...), SessionPersistence: sp}
+				}
+				// Backends have pools of their own, and a session names its
+				// endpoint by address: "gone" hands out a session for an
+				// endpoint that "pinned" has never connected to.
+				e.p.Update(buildSnapshot(t, 1,
+					service{name: "gone", vip: vGone, backend: sticky(gone.addr)},
+					service{name: "fresh", vip: vFresh, backend: sticky(podA, closedPort(t), podB)},
+					service{name: "pinned", vip: vPinned, backend: sticky(gone.addr, podA)},
+				))
+				refused := func() float64 {
+					return e.counter("sockmesh_proxy_upstream_dials_total", map[string]string{"result": "refused"})
+				}
+				clients := map[netip.AddrPort]*http.Client{}
+				// get sends a request with cookie (nil: none) to vip and
+				// returns the answer and the session cookie it sets.
+				get := func(vip netip.AddrPort, cookie *http.Cookie) (answer, *http.Cookie) {
+					t.Helper()
+					if clients[vip] == nil {
+						clients[vip] = e.client(vip, k.h2c)
+					}
+					req := newReq(t, http.MethodGet, "http://svc.b.svc/", nil)
+					if cookie != nil {
+						req.AddCookie(cookie)
+					}
+					a := send(t, clients[vip], req)
+					for _, c := range (&http.Response{Header: a.header}).Cookies() {
+						if c.Name == sp.Name {
+							return a, c
+						}
+					}
+					return a, nil
+				}
+
+				// The Picker's first turn is the refused endpoint.
+				first, session := get(vFresh, nil)
+				if first.status != http.StatusOK || session == nil || refused() != 1 {
+					t.Fatalf("no session, the refused endpoint tried first: %d %s, session %v, %v refused connects; want 200, a session, 1",
+						first.status, first.body, session, refused())
+				}
+				for i := range 4 {
+					// No Set-Cookie: the session named the endpoint it went to.
+					if a, set := get(vFresh, session); a.status != http.StatusOK || a.report.Pod != first.report.Pod || set != nil {
+						t.Fatalf("request %d with the session: %d from %q, Set-Cookie %v; want 200 from %s, none", i, a.status, a.report.Pod, set, first.report.Pod)
+					}
+				}
+
+				a, session := get(vGone, nil)
+				if a.report.Pod != "gone" || session == nil {
+					t.Fatalf("gone: answered by %q, session %v", a.report.Pod, session)
+				}
+				gone.srv.Close()
+				if a, _ := get(vPinned, session); a.status != http.StatusServiceUnavailable || refused() != 2 {
+					t.Errorf("session on a refusing endpoint: %d from %q, %v refused connects; want 503, 2", a.status, a.report.Pod, refused())
+				}
+				a, session = get(vPinned, session)
+				if a.status != http.StatusOK || a.report.Pod != "pod-a" || session == nil {
+					t.Fatalf("the session's endpoint ejected: %d from %q, session %v; want 200 from pod-a, a new session", a.status, a.report.Pod, session)
+				}
+				if a, set := get(vPinned, session); a.report.Pod != "pod-a" || set != nil {
+					t.Errorf("the new session: answered by %q, Set-Cookie %v; want pod-a, none", a.report.Pod, set)
+				}
+			})
+		}
 	}
 }
 
