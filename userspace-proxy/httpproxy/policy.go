@@ -31,7 +31,7 @@ import (
 //     answer starts, the request is retried if the retry policy allows it,
 //     else 504.
 //   - A request is retried (attempts = retries after the first try, each
-//     on a newly picked endpoint unless a session pins one) when no
+//     on a newly picked endpoint unless its session pins one) when no
 //     connection could be made (refused, unreachable, TLS handshake
 //     failure), when backendRequest passed, and when the backend answered
 //     one of retry.codes. Never after an answer started toward the client,
@@ -238,10 +238,11 @@ func (x *exchange) again(body io.ReadCloser, n int) io.ReadCloser {
 	return body
 }
 
-// repick is the endpoint for a retry: the same one when a session pins it,
-// else the next ready one.
+// repick is the endpoint for a retry: the same one when the request's
+// session pins it, else the next ready one (a session the request starts
+// names the endpoint that answers).
 func (x *exchange) repick(c *balance.Choice) *balance.Choice {
-	if x.sessionFor() != nil {
+	if x.pinned {
 		return c
 	}
 	if n := x.be.Picker.Pick(); n != nil {

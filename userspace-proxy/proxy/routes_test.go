@@ -596,6 +596,70 @@ func TestRouteSessionPersistence(t *testing.T) {
 	}
 }
 
+// TestRouteRetrySession: a rule's retry of a request that carries no
+// session yet goes to another endpoint, and the session it starts names the
+// one that answered; a request whose session names an endpoint is retried
+// there. Before, the retry stayed on the failing endpoint either way.
+func TestRouteRetrySession(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			m := &mesh{t: t}
+			flaky := startRecorder(t, nil, func(w http.ResponseWriter, r *http.Request, _ int) bool {
+				if r.URL.Path != "/retry" {
+					return false
+				}
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return true
+			})
+			pair := m.backend("pair", snapshot.Backend{Endpoints: endpoints(startEcho(t, "ok", nil).addr, flaky.addr)})
+			// A session names its endpoint by address: "only" hands out
+			// one for flaky.
+			only := m.backend("only", snapshot.Backend{Endpoints: endpoints(flaky.addr)})
+			sticky := &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "X-Session"}
+			m.frontend("front", routedVIP, m.echoBackend("front"), producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/retry")}, snapshot.RouteRule{Backends: to(pair), SessionPersistence: sticky,
+					Retry: &snapshot.Retry{Attempts: 1, Codes: []int{503}, Backoff: dur(1e6)}}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/only")}, snapshot.RouteRule{Backends: to(only), SessionPersistence: sticky}},
+			)))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, k.h2c)
+
+			// The Picker's first turn is flaky.
+			a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/retry?id=new", nil))
+			session := a.header.Get("X-Session")
+			if a.status != 200 || a.report.Pod != "ok" || session == "" || flaky.count("new") != 1 {
+				t.Fatalf("no session, flaky tried first: %d from %q, session %q, flaky got %d; want 200 from ok, a session, 1",
+					a.status, a.report.Pod, session, flaky.count("new"))
+			}
+			for i := range 4 {
+				// No session header: the session named the endpoint it went to.
+				a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/retry?id=ok", nil, "X-Session", session))
+				if a.status != 200 || a.report.Pod != "ok" || a.header.Get("X-Session") != "" {
+					t.Fatalf("request %d with the session: %d from %q, session %q; want 200 from ok, none", i, a.status, a.report.Pod, a.header.Get("X-Session"))
+				}
+			}
+			if n := flaky.count("ok"); n != 0 {
+				t.Errorf("flaky got %d requests of the session on ok", n)
+			}
+
+			if session = send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/only", nil)).header.Get("X-Session"); session == "" {
+				t.Fatal("no session for flaky")
+			}
+			// Twice: the Picker's turns alternate, so a retry that took
+			// the next would reach ok in one of them.
+			for i := range 2 {
+				id := fmt.Sprint("pinned-", i)
+				a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/retry?id="+id, nil, "X-Session", session))
+				if a.status != http.StatusServiceUnavailable || flaky.count(id) != 2 {
+					t.Errorf("request %d of a session on flaky: %d from %q, flaky got %d; want 503, 2 (the try and its retry)", i, a.status, a.report.Pod, flaky.count(id))
+				}
+			}
+		})
+	}
+}
+
 // TestRouteNonHTTP: on a routed port, bytes that are not HTTP go to the
 // Service's own backend, and an app's own TLS passes through to it
 // untouched (a route cannot see inside it).
