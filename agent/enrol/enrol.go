@@ -335,6 +335,12 @@ func (e *Enroller) reconcile(verify bool) error {
 	}
 	for k, w := range want {
 		if p, ok := e.pods[k]; ok {
+			if p.state == Enrolled && !w.SandboxReady.Equal(p.w.SandboxReady) {
+				// A new sandbox is a new namespace holding the pod's
+				// address: look for it now, not at the next verify.
+				e.setState(p, Pending, "its sandbox was replaced", now)
+				p.ino = 0
+			}
 			p.w = w
 			continue
 		}

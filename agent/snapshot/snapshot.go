@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"time"
 )
 
 // Snapshot is one immutable version of the node's routing table.
@@ -291,6 +292,11 @@ type Workload struct {
 	ServiceAccount string       `json:"serviceAccount,omitempty"`
 	IPs            []netip.Addr `json:"ips,omitempty"`
 	HostNetwork    bool         `json:"hostNetwork,omitempty"`
+	// SandboxReady is when the pod's sandbox last got its network (its
+	// PodReadyToStartContainers condition turned True; zero while it is
+	// not True). A later time means a new sandbox, in a new network
+	// namespace, though the pod's IPs may be the same.
+	SandboxReady time.Time `json:"sandboxReady,omitzero"`
 	// Enrolled pods have their connections captured.
 	Enrolled bool `json:"enrolled"`
 	// NotEnrolled says why Enrolled is false (an opt-out label, host

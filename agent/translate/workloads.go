@@ -3,6 +3,7 @@ package translate
 import (
 	"net/netip"
 	"slices"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -43,6 +44,7 @@ func workloads(in Input) []snapshot.Workload {
 			ServiceAccount: p.Spec.ServiceAccountName,
 			IPs:            podIPs(p),
 			HostNetwork:    p.Spec.HostNetwork,
+			SandboxReady:   sandboxReady(p),
 		}
 		w.NotEnrolled = notEnrolled(p, disabledNS[p.Namespace], len(w.IPs) > 0)
 		w.Enrolled = w.NotEnrolled == ""
@@ -72,6 +74,21 @@ func notEnrolled(p *corev1.Pod, namespaceDisabled, hasIPs bool) string {
 		return "the pod has no IP address yet"
 	}
 	return ""
+}
+
+// sandboxReady is when the kubelet last set the pod's
+// PodReadyToStartContainers condition True: when its sandbox was created and
+// its network configured. A sandbox the kubelet recreates (after the pause
+// container died, or the container runtime restarted) turns the condition
+// False and then True again, with a new transition time, while the pod's IPs
+// may stay the same (KEP-3085, story 4).
+func sandboxReady(p *corev1.Pod) time.Time {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReadyToStartContainers && c.Status == corev1.ConditionTrue {
+			return c.LastTransitionTime.Time
+		}
+	}
+	return time.Time{}
 }
 
 // podIPs reads status.podIPs (status.podIP when the list is empty), in

@@ -452,11 +452,16 @@ func stripObject(obj any) {
 		}
 	case *corev1.Pod:
 		// Enrolment needs the pod's labels, node, service account, host
-		// networking, phase and addresses; not its containers, volumes
-		// or container statuses.
+		// networking, phase, addresses and PodReadyToStartContainers
+		// condition (a new sandbox); not its containers, volumes,
+		// container statuses or other conditions.
 		o.Annotations = nil
 		o.Spec = corev1.PodSpec{NodeName: o.Spec.NodeName, ServiceAccountName: o.Spec.ServiceAccountName, HostNetwork: o.Spec.HostNetwork}
-		o.Status = corev1.PodStatus{Phase: o.Status.Phase, PodIP: o.Status.PodIP, PodIPs: o.Status.PodIPs}
+		var conds []corev1.PodCondition
+		if c := readyToStart(o); c != nil {
+			conds = []corev1.PodCondition{*c}
+		}
+		o.Status = corev1.PodStatus{Phase: o.Status.Phase, PodIP: o.Status.PodIP, PodIPs: o.Status.PodIPs, Conditions: conds}
 	case *corev1.Node:
 		// Of its Node the agent reads addresses, pod CIDRs and the zone
 		// label; a Node's status also lists every image on it.
@@ -525,7 +530,28 @@ func podChanged(old, new any) bool {
 	return o.UID != n.UID || !maps.Equal(o.Labels, n.Labels) || o.Status.Phase != n.Status.Phase ||
 		o.Status.PodIP != n.Status.PodIP || !slices.Equal(o.Status.PodIPs, n.Status.PodIPs) ||
 		o.Spec.NodeName != n.Spec.NodeName || o.Spec.HostNetwork != n.Spec.HostNetwork ||
-		o.Spec.ServiceAccountName != n.Spec.ServiceAccountName || o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero()
+		o.Spec.ServiceAccountName != n.Spec.ServiceAccountName || o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero() ||
+		sandboxChanged(readyToStart(o), readyToStart(n))
+}
+
+// sandboxChanged: the kubelet turns PodReadyToStartContainers False when a
+// pod's sandbox goes and True, with a new transition time, once a new one
+// has its network — a new network namespace for enrolment to find, while
+// the pod's IPs may stay the same.
+func sandboxChanged(o, n *corev1.PodCondition) bool {
+	if o == nil || n == nil {
+		return o != n
+	}
+	return o.Status != n.Status || !o.LastTransitionTime.Equal(&n.LastTransitionTime)
+}
+
+func readyToStart(p *corev1.Pod) *corev1.PodCondition {
+	for i, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReadyToStartContainers {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
 }
 
 func nodeChanged(old, new any) bool {

@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
@@ -33,6 +34,7 @@ func TestStripForCache(t *testing.T) {
 	yes, no := true, false
 	zone, node, host := "z1", "n1", "h1"
 	port := int32(8443)
+	sandboxTime := metav1.Date(2026, 4, 1, 10, 0, 0, 0, time.UTC)
 	ports := []corev1.ServicePort{{Name: "https", Port: 443, AppProtocol: ptr("kubernetes.io/h2c")}}
 
 	for _, tc := range []struct {
@@ -82,10 +84,15 @@ func TestStripForCache(t *testing.T) {
 				Spec: corev1.PodSpec{NodeName: "n1", ServiceAccountName: "sa", HostNetwork: true,
 					Containers: []corev1.Container{{Name: "c", Image: "i", Env: []corev1.EnvVar{{Name: "A", Value: "B"}}}}},
 				Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.244.0.5", PodIPs: []corev1.PodIP{{IP: "10.244.0.5"}},
+					Conditions: []corev1.PodCondition{
+						{Type: corev1.PodScheduled, Status: corev1.ConditionTrue},
+						{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionTrue, LastTransitionTime: sandboxTime},
+						{Type: corev1.PodReady, Status: corev1.ConditionTrue}},
 					ContainerStatuses: []corev1.ContainerStatus{{Name: "c", Ready: true}}}},
 			out: &corev1.Pod{ObjectMeta: kept(nil),
-				Spec:   corev1.PodSpec{NodeName: "n1", ServiceAccountName: "sa", HostNetwork: true},
-				Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.244.0.5", PodIPs: []corev1.PodIP{{IP: "10.244.0.5"}}}},
+				Spec: corev1.PodSpec{NodeName: "n1", ServiceAccountName: "sa", HostNetwork: true},
+				Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.244.0.5", PodIPs: []corev1.PodIP{{IP: "10.244.0.5"}},
+					Conditions: []corev1.PodCondition{{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionTrue, LastTransitionTime: sandboxTime}}}},
 		},
 		{
 			name: "Node keeps addresses, pod CIDRs and labels",
