@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -243,8 +244,14 @@ func listenUnix(path string, gid int) (net.Listener, uint64, error) {
 	mode := os.FileMode(0o600)
 	if gid >= 0 {
 		mode = 0o660
+		// chown(2) gives a file to a group its owner is a member of
+		// without CAP_CHOWN: in a pod, the group goes in
+		// securityContext.supplementalGroups, no capability added.
 		if err := os.Chown(bound, -1, gid); err != nil {
 			ln.Close()
+			if errors.Is(err, fs.ErrPermission) {
+				err = fmt.Errorf("%w: the agent must be a member of group %d (in a pod, list it in securityContext.supplementalGroups) or have CAP_CHOWN", err, gid)
+			}
 			return nil, 0, fmt.Errorf("introspection socket: %w", err)
 		}
 	}
