@@ -24,7 +24,8 @@ IDs, whether they are pinned (so capture survives an agent restart), other
 programs on the same hooks, the Snapshot version and its age, the proxy's
 open connections, pods whose enrolment is pending or failed, and recent
 warnings and errors. With --all-nodes and --agent-port it asks every node's
-agent, found through the API server.`,
+agent, found through the API server (not with --agent-address, which names
+one agent).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f, err := g.format()
@@ -43,7 +44,7 @@ agent, found through the API server.`,
 			return err // nodes that did not answer, after those that did
 		},
 	}
-	cmd.Flags().BoolVar(&allNodes, "all-nodes", false, "ask every node's agent (needs --agent-port and the API server)")
+	cmd.Flags().BoolVar(&allNodes, "all-nodes", false, "ask every node's agent (needs --agent-port and the API server; not with --agent-address)")
 	return cmd
 }
 
@@ -58,6 +59,10 @@ func statuses(ctx context.Context, g *globals, allNodes bool) ([]introspect.Stat
 			return nil, err
 		}
 		return []introspect.Status{st}, nil
+	}
+	// --agent-address names one agent: every node's answer would be its.
+	if g.agentAddress != "" {
+		return nil, errors.New("--all-nodes asks each node's agent at its InternalIP and --agent-port; drop --agent-address")
 	}
 	if g.agentPort == 0 {
 		return nil, errors.New("--all-nodes needs --agent-port")

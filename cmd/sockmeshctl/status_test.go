@@ -1,0 +1,70 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/sockmesh/sockmesh/agent/introspect"
+	"github.com/sockmesh/sockmesh/agent/introspect/httpapi"
+	"github.com/sockmesh/sockmesh/internal/must"
+	"github.com/sockmesh/sockmesh/test/apiserver"
+	"github.com/sockmesh/sockmesh/test/pki"
+)
+
+// TestStatusAllNodesWithAddress: --agent-address names one agent, so with
+// --all-nodes every node's row was that one agent's answer, under each of
+// the cluster's nodes. The command refuses the pair and asks no one.
+func TestStatusAllNodesWithAddress(t *testing.T) {
+	api := apiserver.Start(t)
+	for _, n := range []string{"node-a", "node-b"} {
+		must.Succeed(t)(api.Kube.CoreV1().Nodes().Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}))
+	}
+	// One agent, serving its introspection API over TLS with a token.
+	dir := t.TempDir()
+	ca := must.Value[*pki.CA](t)(pki.NewCA("sockmeshctl status test CA"))
+	leaf := must.Value[*pki.Leaf](t)(ca.Issue(pki.LeafOptions{IPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}))
+	certFile, keyFile, err := leaf.WriteFiles(dir, "agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile, tokenFile := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "token")
+	if err := os.WriteFile(caFile, ca.CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tokenFile, []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := httpapi.NewServer(httpapi.Config{Socket: filepath.Join(dir, "agent.sock"), Listen: "127.0.0.1:0",
+		TLSCertFile: certFile, TLSKeyFile: keyFile, TokenFile: tokenFile}, &introspect.Sources{Node: "node-a"}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	_, addr := srv.Addrs()
+
+	cmd := newRootCommand()
+	var out bytes.Buffer
+	cmd.SetOut(&out)
+	cmd.SetErr(&out)
+	cmd.SetArgs([]string{"status", "--all-nodes", "--agent-port=9443", "--agent-address=" + addr.String(),
+		"--agent-ca=" + caFile, "--agent-token-file=" + tokenFile, "--kubeconfig=" + api.Kubeconfig, "-o", "json"})
+	if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "--agent-address") {
+		t.Errorf("status --all-nodes --agent-address: error %v, want one naming --agent-address; output:\n%s", err, out.String())
+	}
+}
