@@ -164,16 +164,7 @@ func TestTakenBackWhenTheNewerExits(t *testing.T) {
 		t.Fatalf("services after the newer agent = %v, %v; want its [%v]", svcs, err, vip6)
 	}
 
-	if err := older.Heartbeat(); err != nil {
-		t.Fatal(err)
-	}
-	running, ours, err := older.owner()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if running != ours {
-		t.Errorf("the links run program %d after the heartbeat, want the older agent's own %d", running, ours)
-	}
+	wantTakenBack(t, older, "after the heartbeat")
 	wantOwnPins(t, tp, older, "")
 	if svcs, err := older.Services(); err != nil || !slices.Equal(svcs, []Service{{Addr: vip4}}) {
 		t.Errorf("services = %v, %v; want the older agent's latest [%v]", svcs, err, vip4)
@@ -270,16 +261,7 @@ func TestFailedOpenLeavesTheOlderOwner(t *testing.T) {
 			}
 			// On another cgroup the failed Open had detached the older
 			// agent's links, which its next heartbeat attaches again.
-			if err := older.Heartbeat(); err != nil {
-				t.Fatal(err)
-			}
-			running, ours, err := older.owner()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if running != ours {
-				t.Errorf("the links run program %d after the failed Open, want the older agent's own %d", running, ours)
-			}
+			wantTakenBack(t, older, "after the failed Open")
 			wantAttached(t, older, true)
 			wantOwnPins(t, tp, older, "connect6") // its pin was in the way
 			if err := older.SetServices([]Service{{Addr: vip6}}); err != nil {
@@ -305,16 +287,7 @@ func TestCrashedOpenLeavesTheOlderOwner(t *testing.T) {
 		t.Fatalf("links run program %d (the older agent's is %d), %v; want the killed agent's", running, ours, err)
 	}
 
-	if err := older.Heartbeat(); err != nil {
-		t.Fatal(err)
-	}
-	running, ours, err := older.owner()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if running != ours {
-		t.Errorf("the links run program %d after the heartbeat, want the older agent's own %d", running, ours)
-	}
+	wantTakenBack(t, older, "after the heartbeat")
 	if err := older.SetServices([]Service{{Addr: vip6}}); err != nil {
 		t.Fatal(err)
 	}
@@ -478,6 +451,22 @@ func wantOwnPins(t *testing.T, tp *topology, d *Datapath, except string) {
 
 // wantAttached checks whether d's programs run on d's cgroup, as State
 // reports them.
+// wantTakenBack runs d's heartbeat, after which d's programs must run the
+// links again.
+func wantTakenBack(t *testing.T, d *Datapath, after string) {
+	t.Helper()
+	if err := d.Heartbeat(); err != nil {
+		t.Fatal(err)
+	}
+	running, ours, err := d.owner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if running != ours {
+		t.Errorf("the links run program %d %s, want the older agent's own %d", running, after, ours)
+	}
+}
+
 func wantAttached(t *testing.T, d *Datapath, want bool) {
 	t.Helper()
 	s, err := d.State()
