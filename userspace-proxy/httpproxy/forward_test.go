@@ -302,3 +302,26 @@ func TestAnnouncedTrailersWithLength(t *testing.T) {
 		}
 	}
 }
+
+// TestHostlessRequestNamesTheService: an HTTP/1.0 request without Host
+// reaches HTTP/1.1 and h2c backends with the Service's address, the one
+// the app connected to (RFC 9112 §3.3), from the fast path and net/http's
+// alike.
+func TestHostlessRequestNamesTheService(t *testing.T) {
+	for _, proto := range []snapshot.Protocol{snapshot.ProtocolHTTP11, snapshot.ProtocolH2C} {
+		t.Run(string(proto), func(t *testing.T) {
+			ep := startBackend(t, http.HandlerFunc(echoHeaders))
+			f := newFixture(t, Config{}, snapshot.Backend{Protocol: proto, Endpoints: []snapshot.Endpoint{ep}})
+			f.serveL7(false)
+			for _, req := range []string{"GET / HTTP/1.0\r\n\r\n", "POST / HTTP/1.0\r\nContent-Length: 1\r\n\r\nx"} {
+				// HTTP/1.0: one request per connection.
+				for front, c := range map[string]*client{"fast": f.dial(), "nethttp": f.dialL7()} {
+					c.send(req)
+					if _, body := c.read(""); field(body, "host") != vip.String() {
+						t.Errorf("%s: %q reached the backend with Host %q, want %s", front, req, field(body, "host"), vip)
+					}
+				}
+			}
+		})
+	}
+}

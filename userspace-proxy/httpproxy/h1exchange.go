@@ -32,6 +32,7 @@ func (s *h1Conn) serve(req *http.Request) bool {
 		s.refuse("405 Method Not Allowed")
 		return false
 	}
+	s.t.nameService(req)
 	s.closeAfter = req.Close
 	s.sent.on = false
 	x := &s.x

@@ -87,6 +87,18 @@ func (t *Target) ended() {
 }
 
 // clientKey is t's client as balance tells clients apart (affinity).
+// nameService gives r, when it names no authority (an HTTP/1.0 request
+// without Host), the Service's address, the one the app connected to: RFC
+// 9112 §3.3 rebuilds such a request's target URI from the authority the
+// connection reached, and the Service's DNS name is not known here.
+// Backends would get an empty Host from the fast path and the endpoint's
+// address from net/http's.
+func (t *Target) nameService(r *http.Request) {
+	if r.Host == "" {
+		r.Host = t.OrigDst.String()
+	}
+}
+
 func (t *Target) clientKey() balance.ClientKey { return balance.ClientOf(t.ClientAddr, t.ClientPod) }
 
 // client is t's client as a log value, named only if the line is written.
@@ -224,6 +236,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no target", http.StatusInternalServerError)
 		return
 	}
+	t.nameService(r)
 	v, fe := t.view()
 	x := &exchange{t: t, v: v, fe: fe}
 	if fe == nil {
