@@ -3,6 +3,7 @@ package httpproxy
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -323,5 +324,43 @@ func TestHostlessRequestNamesTheService(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// echoHead is a raw HTTP/1.1 backend that answers each request with its
+// head as it arrived (the request must have no body).
+func echoHead(c net.Conn) {
+	br := bufio.NewReader(c)
+	for {
+		var head strings.Builder
+		for {
+			line, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			if line == "\r\n" {
+				break
+			}
+			head.WriteString(line)
+		}
+		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", head.Len(), head.String())
+	}
+}
+
+// TestEmptyBodyLength: a bodiless request whose app sent Content-Length: 0
+// reaches an HTTP/1.1 backend with it (RFC 9110 §8.6; a server may answer
+// 411 without), from the fast path and net/http's. (Go's HTTP/2 client
+// sends content-length 0 only for POST, PUT and PATCH, which Request.Write
+// sends it for too.)
+func TestEmptyBodyLength(t *testing.T) {
+	f := newFixture(t, Config{}, snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: []snapshot.Endpoint{serveRaw(t, echoHead)}})
+	f.serveL7(false)
+	for _, method := range []string{http.MethodPost, http.MethodDelete} {
+		for front, c := range map[string]*client{"fast": f.dial(), "nethttp": f.dialL7()} {
+			c.send(method + " / HTTP/1.1\r\nHost: echo.b.svc\r\nContent-Length: 0\r\n\r\n")
+			if _, head := c.read(method); !strings.Contains(head, "\r\nContent-Length: 0\r\n") {
+				t.Errorf("%s: %s with Content-Length: 0 reached the backend as\n%s", front, method, head)
+			}
+		}
 	}
 }

@@ -351,6 +351,13 @@ func outgoing(r *http.Request, be *upstream.Backend, c *balance.Choice, websocke
 	}
 	if r.ContentLength == 0 {
 		out.Body = nil // Transport then sends no body and can retry
+		if _, ok := r.Header["Content-Length"]; ok {
+			// As the app sent it (RFC 9110 §8.6; some servers answer 411
+			// without): Request.Write sends "Content-Length: 0" for POST,
+			// PUT and PATCH only, and for other methods with a non-nil
+			// empty body sent as "identity".
+			out.Body, out.TransferEncoding = http.NoBody, identity
+		}
 	}
 	upgrade := ""
 	if websocket {
@@ -365,7 +372,10 @@ func outgoing(r *http.Request, be *upstream.Backend, c *balance.Choice, websocke
 	return out
 }
 
-var connectionUpgrade = []string{"Upgrade"}
+var (
+	connectionUpgrade = []string{"Upgrade"}
+	identity          = []string{"identity"}
+)
 
 // upstreamURL is u, a request's URL, addressed to host. The transports
 // write u.RequestURI() as the request target: the path as u.Opaque holds
