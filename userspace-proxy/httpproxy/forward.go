@@ -275,7 +275,8 @@ func writeSwitch(bw *bufio.Writer, resp *http.Response) error {
 // by opening an HTTP/1.1 WebSocket Upgrade to the backend (RFC 6455 §4.1: a
 // fresh Sec-WebSocket-Key, whose Accept it checks), answering 200 on the
 // stream, and relaying the stream's DATA to and from the upgraded connection.
-func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exchange, c *balance.Choice) {
+// setSession says the answer starts a session, as forward's does.
+func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exchange, c *balance.Choice, setSession bool) {
 	be := x.be
 	key := make([]byte, 16)
 	rand.Read(key)
@@ -292,7 +293,7 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 	if x.r != nil {
 		h.applyRoute(x, up, r.Host, false, true) // no body to keep: cannot fail
 	}
-	resp, _, err := x.roundTripAny(be.RoundTripper(upstream.WireH1), up, c)
+	resp, c, err := x.roundTripAny(be.RoundTripper(upstream.WireH1), up, c)
 	if err != nil {
 		h.fail(w, r, x, upstream.Classify(err), err)
 		return
@@ -315,6 +316,9 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 		for k, vv := range resp.Header {
 			hdr[k] = vv
 		}
+		if setSession {
+			be.Picker.SetSession(hdr, r, c, x.now, x.sessionFor())
+		}
 		w.WriteHeader(resp.StatusCode)
 		h.m.request(x.fe, resp.StatusCode, protocolOf(be))
 		if err := h.copyBody(w, resp, be); err != nil {
@@ -335,6 +339,9 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 		if v, ok := resp.Header[k]; ok {
 			hdr[k] = v
 		}
+	}
+	if setSession {
+		be.Picker.SetSession(hdr, r, c, x.now, x.sessionFor())
 	}
 	w.WriteHeader(http.StatusOK)
 	h.m.request(x.fe, http.StatusOK, protocolOf(be))

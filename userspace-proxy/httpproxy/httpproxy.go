@@ -273,7 +273,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if isExtendedConnect(r) {
-		h.bridgeWebSocket(w, r, x, choice)
+		h.bridgeWebSocket(w, r, x, choice, setSession)
 		return
 	}
 	h.forward(w, r, x, choice, setSession)

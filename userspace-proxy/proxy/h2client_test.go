@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"testing"
 	"time"
 
@@ -32,6 +33,7 @@ type h2WS struct {
 	// the server's SETTINGS declared.
 	connWin, streamWin, initWin int64
 	status                      string
+	header                      http.Header // the answer's fields
 }
 
 // openH2WS sends the preface and SETTINGS, waits for the server's
@@ -112,6 +114,10 @@ func (s *h2WS) step() error {
 	case *http2.MetaHeadersFrame:
 		if f.StreamID == s.id && s.status == "" {
 			s.status = f.PseudoValue("status")
+			s.header = http.Header{}
+			for _, hf := range f.RegularFields() {
+				s.header.Add(hf.Name, hf.Value)
+			}
 		}
 		s.ended = s.ended || f.StreamEnded()
 	case *http2.DataFrame:

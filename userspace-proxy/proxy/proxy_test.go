@@ -691,6 +691,56 @@ func testWebSocket(t *testing.T, path proxy.HTTP1TLSPath) {
 	})
 }
 
+// TestWebSocketSession: a WebSocket to a backend with session persistence
+// starts a session naming the endpoint that took it, as an HTTP/1.1
+// Upgrade does, also when an HTTP/2 app opens it by extended CONNECT.
+func TestWebSocketSession(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	e.p.Update(buildSnapshot(t, 1, service{name: "ws", vip: vip, backend: snapshot.Backend{
+		Protocol: snapshot.ProtocolWS, Endpoints: endpoints(startEcho(t, "ws-0", nil).addr, startEcho(t, "ws-1", nil).addr),
+		SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionCookie, Name: "sm-session"},
+	}}))
+	c, err := e.dial(vip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	st := openH2WS(t, c, "ws.b.svc", "/ws")
+	_, first, err := readWSFrame(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := http.Header{"Cookie": {}}
+	for _, sc := range st.header.Values("Set-Cookie") {
+		if ck, err := http.ParseSetCookie(sc); err == nil && ck.Name == "sm-session" {
+			h["Cookie"] = append(h["Cookie"], ck.Name+"="+ck.Value)
+		}
+	}
+	if len(h["Cookie"]) != 1 {
+		t.Fatalf("extended CONNECT answered with fields %v, want one sm-session cookie", st.header)
+	}
+	// The session names the endpoint the WebSocket reached.
+	pod := "ws-0"
+	if !bytes.Contains(first, []byte(`"pod":"ws-0"`)) {
+		pod = "ws-1"
+	}
+	cl := e.client(vip, false)
+	for range 4 {
+		req, _ := http.NewRequest(http.MethodGet, "http://ws.b.svc/", nil)
+		req.Header = h
+		resp, err := cl.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !bytes.Contains(b, []byte(`"pod":"`+pod+`"`)) {
+			t.Errorf("a request in the WebSocket's session reached another pod than %s: %s", pod, b)
+		}
+	}
+}
+
 func checkWSReport(t *testing.T, first []byte, wantTLS bool) {
 	t.Helper()
 	if !bytes.Contains(first, []byte(`"path":"/ws"`)) {
