@@ -16,6 +16,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
@@ -27,9 +29,18 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 	be := x.be
 	websocket := isWebSocketUpgrade(r)
 	out := outgoing(r, be, c, websocket)
+	// net/http's HTTP/1 server sends 100 Continue when the body is first
+	// read, and leaves the Expect to the handler: it goes to the backend,
+	// whose 100 has the transports read the body. (Its HTTP/2 server
+	// removes the Expect before the handler runs, and a read is all that
+	// tells it: an HTTP/2 app gets its 100 when the body goes, at once.)
+	expects := r.ProtoMajor == 1 && r.ProtoMinor >= 1 && r.ContentLength != 0 &&
+		httpguts.HeaderValuesContainsToken(r.Header["Expect"], "100-continue")
+	if r.ProtoMajor == 1 && !expects {
+		delete(out.Header, "Expect") // nothing to expect from HTTP/1.0, or without a body
+	}
 	if x.r != nil {
-		// net/http's server sends 100 Continue itself when the body is read.
-		if err := h.applyRoute(x, out, r.Host, false, websocket); err != nil {
+		if err := h.applyRoute(x, out, r.Host, expects, websocket); err != nil {
 			h.fail(w, r, x, upstream.ReasonCanceled, err)
 			return
 		}

@@ -364,3 +364,40 @@ func TestEmptyBodyLength(t *testing.T) {
 		}
 	}
 }
+
+// TestExpectContinueAwaitsBackend: an HTTP/1.1 app's request that expects
+// 100 Continue gets it only when the backend asks for the body, on
+// net/http's path as on the fast path, to HTTP/1.1 and h2c backends: a
+// backend that refuses the upload (401) answers before the app sends it,
+// and one that reads it gets it after its 100.
+func TestExpectContinueAwaitsBackend(t *testing.T) {
+	for _, proto := range []snapshot.Protocol{snapshot.ProtocolHTTP11, snapshot.ProtocolH2C} {
+		t.Run(string(proto), func(t *testing.T) {
+			ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/refuse" {
+					w.WriteHeader(http.StatusUnauthorized)
+					return
+				}
+				echoHeaders(w, r)
+			}))
+			f := newFixture(t, Config{}, snapshot.Backend{Protocol: proto, Endpoints: []snapshot.Endpoint{ep}})
+			f.serveL7(false)
+			for front, dial := range map[string]func() *client{"fast": f.dial, "nethttp": f.dialL7} {
+				c := dial()
+				c.send("POST /refuse HTTP/1.1\r\nHost: echo.b.svc\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+				if resp, _ := c.read(http.MethodPost); resp.StatusCode != http.StatusUnauthorized {
+					t.Errorf("%s: refused upload answered %s first, want 401", front, resp.Status)
+				}
+				c = dial()
+				c.send("POST /echo HTTP/1.1\r\nHost: echo.b.svc\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+				if resp, _ := c.read(http.MethodPost); resp.StatusCode != http.StatusContinue {
+					t.Fatalf("%s: upload answered %s first, want 100", front, resp.Status)
+				}
+				c.send("hello")
+				if resp, body := c.read(http.MethodPost); resp.StatusCode != http.StatusOK || field(body, "body") != "5" {
+					t.Errorf("%s: upload after 100 answered %s with %q, want 200 and the body", front, resp.Status, body)
+				}
+			}
+		})
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
 // Request bodies on the fast path: held back until 100 Continue, and
@@ -15,9 +16,8 @@ import (
 
 // continueReader holds back a body the client sends only after a 100
 // Continue: on the first read it waits until the backend sends its 100
-// (release), or ignores the Expect for expectTimeout (as net/http's
-// Transport with ExpectContinueTimeout), then passes the 100 on and reads
-// the body. If the final answer comes first, the client sends no body
+// (release), or ignores the Expect for upstream.ExpectContinueTimeout (as
+// the transports do), then passes the 100 on and reads the body. If the final answer comes first, the client sends no body
 // (RFC 9110 §10.1.1): finish stops the wait and the connection closes after
 // the answer.
 type continueReader struct {
@@ -29,10 +29,6 @@ type continueReader struct {
 	started       bool
 }
 
-// expectTimeout is how long a backend may take to answer an Expect:
-// 100-continue before the body goes anyway (curl waits as long).
-const expectTimeout = time.Second
-
 func (c *continueReader) release() { c.released.Do(func() { close(c.proceed) }) }
 
 func (c *continueReader) halt() { c.halted.Do(func() { close(c.stop) }) }
@@ -40,7 +36,7 @@ func (c *continueReader) halt() { c.halted.Do(func() { close(c.stop) }) }
 func (c *continueReader) Read(p []byte) (int, error) {
 	if !c.started {
 		c.started = true
-		t := time.NewTimer(expectTimeout)
+		t := time.NewTimer(upstream.ExpectContinueTimeout)
 		select {
 		case <-c.proceed:
 		case <-t.C:

@@ -505,9 +505,9 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 	out.RequestURI = ""
 	keepUserAgent(req)
 	if s.cont != nil {
-		// net/http's Transport sends the body at once (no
-		// ExpectContinueTimeout): the client gets its 100 on the first read.
-		delete(req.Header, "Expect")
+		// net/http's Transport reads the body once the backend's 100
+		// arrives (upstream.ExpectContinueTimeout): the client gets its
+		// 100 then, on the first read.
 		s.cont.release()
 	}
 	var body chan error

@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/test/echo"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
 // routedVIP is the captured Service the route tests send to.
@@ -828,6 +830,49 @@ func TestRouteRetryPastDeadline(t *testing.T) {
 			}
 			if got := e.counter("sockmesh_proxy_request_retries_total", retries); got != 1 {
 				t.Errorf("retries counted: %v, want 1", got)
+			}
+		})
+	}
+}
+
+// TestRouteRetryExpectContinue: under a route with retries, a request that
+// expects 100 Continue gets it only when the backend asks for the body, on
+// the fast path and net/http's: the body is streamed, not read ahead to be
+// kept for a retry, so an upload the backend refuses is never sent.
+func TestRouteRetryExpectContinue(t *testing.T) {
+	checkNoLeaks(t)
+	for name, path := range map[string]proxy.HTTP1TLSPath{"fast": proxy.HTTP1TLSPooled, "nethttp": proxy.HTTP1TLSL7} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: path})
+			m := &mesh{t: t}
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(http.StatusUnauthorized) // the body unread: no 100
+			})}
+			go srv.Serve(l)
+			t.Cleanup(func() { srv.Close() })
+			refusing := m.backend("refusing", snapshot.Backend{Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
+			m.frontend("front", routedVIP, m.echoBackend("front"), producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(refusing),
+					Retry: &snapshot.Retry{Attempts: 2, Codes: []int{503}, Backoff: dur(1e6)}}},
+			)))
+			e.p.Update(m.snapshot(1))
+			c, err := e.dial(routedVIP)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(hangGuard))
+			io.WriteString(c, "POST /upload HTTP/1.1\r\nHost: front.b.svc\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n")
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != http.StatusUnauthorized {
+				t.Errorf("refused upload answered %s first, want 401", resp.Status)
 			}
 		})
 	}

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 )
@@ -28,14 +30,22 @@ import (
 // answer: an answer a backend sent unasked reached another app
 // (docs/design.md).
 //
-// As the Transport configured here did: the body goes at once (no wait
-// for 100 Continue), concurrently with reading the answer (full duplex);
+// As the Transport configured here does: the body goes concurrently with
+// reading the answer (full duplex), at once or, when the request expects
+// 100 Continue, once the backend's 100 arrives or ExpectContinueTimeout
+// passes (a final answer first: never; continueGate);
 // 1xx answers go to the request's httptrace.ClientTrace; a 101 answer's
 // body is the upgraded connection; a request without body that is
 // idempotent is sent again when its reused connection failed before
 // answering (the backend closed it while idle); the request's context
 // ends the exchange, body included.
 type h1Transport struct{ b *Backend }
+
+// ExpectContinueTimeout is how long a request that expects 100 Continue
+// waits for the backend's before its body goes anyway (curl waits as
+// long), on every wire: a backend that ignores the Expect must still get
+// the body.
+const ExpectContinueTimeout = time.Second
 
 // staleTries bounds the tries of a request whose reused connections keep
 // failing before an answer.
@@ -98,6 +108,10 @@ func (t h1Transport) exchange(ctx context.Context, uc *pool.Conn, req *http.Requ
 	} else {
 		x.wrote = make(chan error, 1)
 		src := &sourceBody{ReadCloser: req.Body}
+		if httpguts.HeaderValuesContainsToken(req.Header["Expect"], "100-continue") {
+			x.cont = &continueGate{r: req.Body, proceed: make(chan struct{}), stop: make(chan struct{})}
+			src.ReadCloser = x.cont
+		}
 		out := *req
 		out.Body = src
 		go func() {
@@ -105,7 +119,7 @@ func (t h1Transport) exchange(ctx context.Context, uc *pool.Conn, req *http.Requ
 			defer func() { x.wrote <- err }()
 			defer t.b.w.p.cfg.Panics.Recover("request body", &err, func() { abort(uc.Conn) })
 			err = writeRequest(uc, &out)
-			if err != nil && src.err != nil {
+			if err != nil && src.err != nil && !errors.Is(src.err, errNoContinue) {
 				// The app's body failed: the backend would wait for the
 				// rest forever. A failed write to the backend leaves the
 				// connection to the read side, where an early answer may
@@ -125,6 +139,9 @@ func (t h1Transport) exchange(ctx context.Context, uc *pool.Conn, req *http.Requ
 		}
 		if resp.StatusCode >= http.StatusOK || resp.StatusCode == http.StatusSwitchingProtocols {
 			uc.EndHead()
+			x.cont.halt() // the body it held back is not sent: the connection closes after the answer
+		} else if resp.StatusCode == http.StatusContinue {
+			x.cont.release()
 		}
 		switch {
 		case resp.StatusCode == http.StatusSwitchingProtocols:
@@ -229,12 +246,15 @@ type h1Exchange struct {
 	// close says either side asked to close the connection.
 	close bool
 	done  sync.Once
+	// cont holds back a body that waits for 100 Continue; nil for others.
+	cont *continueGate
 }
 
 // fail ends an exchange that produced no answer. The connection is closed;
 // stale says it failed as an idle connection the backend closed would.
 func (x *h1Exchange) fail(err error, stale bool) error {
 	x.stop()
+	x.cont.halt()
 	x.b.DiscardH1(x.uc)
 	if x.wrote != nil {
 		// The body's goroutine may wait for the app's next bytes; it ends
@@ -335,3 +355,49 @@ func (b *h1Body) Close() error {
 	b.x.finish(false)
 	return nil
 }
+
+// continueGate holds back a request body that expects 100 Continue: its
+// first read waits until the backend sends its 100 (release) or
+// ExpectContinueTimeout passes; a final answer first (halt) ends it with
+// errNoContinue, and the body is never read (RFC 9110 §10.1.1: the app,
+// which gets its 100 only when the body is read, then sends none). Its
+// methods are no-ops on a nil gate.
+type continueGate struct {
+	r             io.ReadCloser
+	proceed, stop chan struct{}
+	released      sync.Once
+	halted        sync.Once
+	started       bool
+}
+
+// errNoContinue ends a held-back body whose answer came first.
+var errNoContinue = errors.New("final answer before 100 Continue: request body not sent")
+
+func (g *continueGate) release() {
+	if g != nil {
+		g.released.Do(func() { close(g.proceed) })
+	}
+}
+
+func (g *continueGate) halt() {
+	if g != nil {
+		g.halted.Do(func() { close(g.stop) })
+	}
+}
+
+func (g *continueGate) Read(p []byte) (int, error) {
+	if !g.started {
+		g.started = true
+		t := time.NewTimer(ExpectContinueTimeout)
+		defer t.Stop()
+		select {
+		case <-g.proceed:
+		case <-t.C:
+		case <-g.stop:
+			return 0, errNoContinue
+		}
+	}
+	return g.r.Read(p)
+}
+
+func (g *continueGate) Close() error { return g.r.Close() }

@@ -409,6 +409,9 @@ func (w *wireState) transport(wire Wire) *http.Transport {
 		DisableCompression: true,
 		WriteBufferSize:    32 << 10,
 		ReadBufferSize:     32 << 10,
+		// A request that expects 100 Continue sends its body when the
+		// backend asks for it, as the HTTP/1.1 wire does.
+		ExpectContinueTimeout: ExpectContinueTimeout,
 		// As the HTTP/1.1 pool bounds heads (pool.Config.MaxHeadBytes).
 		MaxResponseHeaderBytes: http.DefaultMaxHeaderBytes,
 		HTTP2:                  &http.HTTP2Config{SendPingTimeout: cfg.H2PingAfter, PingTimeout: cfg.H2PingTimeout},
