@@ -350,11 +350,28 @@ func New(version uint64, frontends []Frontend, backends []Backend, workloads []W
 			s.byAddr[ap] = f
 		}
 	}
+	// An address names the enrolled pod that alone holds it: only enrolled
+	// pods' connections reach the proxy, a finished pod keeps in its status
+	// an address the node may have given to a new pod, and host-network
+	// pods share the node's. The proxy takes the client's namespace from
+	// it, and another namespace's consumer routes must never apply to a
+	// client's requests (GEP-1294).
+	shared := map[netip.Addr]bool{}
 	for i := range workloads {
 		w := &workloads[i]
-		for _, ip := range w.IPs {
-			s.byWorkload[ip.Unmap()] = w
+		if !w.Enrolled {
+			continue
 		}
+		for _, ip := range w.IPs {
+			ip = ip.Unmap()
+			if _, taken := s.byWorkload[ip]; taken {
+				shared[ip] = true
+			}
+			s.byWorkload[ip] = w
+		}
+	}
+	for ip := range shared {
+		delete(s.byWorkload, ip)
 	}
 	return s, nil
 }
@@ -377,7 +394,8 @@ func (s *Snapshot) Backend(ref BackendRef) (*Backend, bool) {
 	return b, ok
 }
 
-// Workload returns the local pod that owns ip.
+// Workload returns the enrolled local pod that owns ip; none when no
+// enrolled pod or several (host-network pods) hold it.
 func (s *Snapshot) Workload(ip netip.Addr) (*Workload, bool) {
 	w, ok := s.byWorkload[ip.Unmap()]
 	return w, ok

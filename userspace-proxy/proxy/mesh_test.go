@@ -33,6 +33,8 @@ type mesh struct {
 	t         testing.TB
 	frontends []snapshot.Frontend
 	backends  []snapshot.Backend
+	// workloads are the node's pods besides a/client and c/consumer.
+	workloads []snapshot.Workload
 }
 
 // backend adds Service b/name port 80 with be's properties, reachable as a
@@ -60,10 +62,10 @@ func (m *mesh) frontend(name string, vip netip.AddrPort, own snapshot.BackendRef
 
 func (m *mesh) snapshot(version uint64) *snapshot.Snapshot {
 	m.t.Helper()
-	s, err := snapshot.New(version, m.frontends, m.backends, []snapshot.Workload{
+	s, err := snapshot.New(version, m.frontends, m.backends, append([]snapshot.Workload{
 		{Pod: snapshot.ObjectRef{Namespace: "a", Name: "client"}, IPs: []netip.Addr{producerClient}, Enrolled: true},
 		{Pod: snapshot.ObjectRef{Namespace: "c", Name: "consumer"}, IPs: []netip.Addr{consumerClient}, Enrolled: true},
-	})
+	}, m.workloads...))
 	if err != nil {
 		m.t.Fatal(err)
 	}

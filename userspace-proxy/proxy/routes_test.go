@@ -243,11 +243,13 @@ func TestRouteWeights(t *testing.T) {
 // TestRouteConsumerProducer: a consumer route set replaces the producer set
 // for clients in its namespace only: found by source address in node-IP
 // mode, by the listener's pod in in-pod mode; an unknown client gets the
-// producer routes.
+// producer routes. A finished pod of the consumer namespace that once had
+// a/client's address does not make a/client a consumer client.
 func TestRouteConsumerProducer(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
-	m := &mesh{t: t}
+	m := &mesh{t: t, workloads: []snapshot.Workload{{Pod: snapshot.ObjectRef{Namespace: "c", Name: "job-done"},
+		IPs: []netip.Addr{producerClient}, NotEnrolled: "the pod's phase is Succeeded"}}}
 	front := m.echoBackend("front")
 	v1 := m.echoBackend("v1")
 	v2 := m.echoBackend("v2")

@@ -1,0 +1,49 @@
+package snapshot
+
+import (
+	"net/netip"
+	"testing"
+)
+
+// TestWorkloadByAddress: an address names the enrolled pod that alone
+// holds it. A finished pod keeps in its status an address the node may
+// have given to a new pod, and host-network pods share the node's; taking
+// either for the client would apply another namespace's consumer routes
+// to its requests (GEP-1294).
+func TestWorkloadByAddress(t *testing.T) {
+	podIP := netip.MustParseAddr("10.244.0.5")
+	nodeIP := netip.MustParseAddr("192.168.1.10")
+	hostIP := netip.MustParseAddr("192.168.1.11")
+	w := func(ns, name string, enrolled bool, ip netip.Addr) Workload {
+		return Workload{Pod: ObjectRef{Namespace: ns, Name: name}, IPs: []netip.Addr{ip}, Enrolled: enrolled, HostNetwork: ip != podIP}
+	}
+	s, err := New(1, nil, nil, []Workload{
+		w("app", "web", true, podIP),
+		w("batch", "job-done", false, podIP), // Succeeded; sorts after app/web
+		w("a", "agent", true, nodeIP),
+		w("z", "exporter", true, nodeIP),
+		w("kube-system", "proxy", true, hostIP),
+		w("zz", "not-enrolled", false, hostIP),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		ip   netip.Addr
+		want string // "" for no workload
+	}{
+		{podIP, "app/web"},
+		{nodeIP, ""}, // two enrolled host-network pods: which one sent it is unknown
+		{hostIP, "kube-system/proxy"},
+		{netip.MustParseAddr("::ffff:10.244.0.5"), "app/web"},
+	}
+	for _, tc := range tests {
+		got := ""
+		if w, ok := s.Workload(tc.ip); ok {
+			got = w.Pod.String()
+		}
+		if got != tc.want {
+			t.Errorf("Workload(%s) = %q, want %q", tc.ip, got, tc.want)
+		}
+	}
+}
