@@ -60,6 +60,10 @@ type Applier struct {
 
 	// first is closed once the first Snapshot is applied.
 	first chan struct{}
+	// served is the Snapshot the proxy holds: it covers every frontend the
+	// datapath may capture and every pod that may be enrolled. Only Run
+	// touches it.
+	served *snapshot.Snapshot
 
 	mu        sync.Mutex
 	applied   *snapshot.Snapshot
@@ -83,7 +87,7 @@ func New(cfg Config, pub Publisher, proxy Proxy, dp Datapath, en Enroller, log *
 	}
 	a := &Applier{
 		cfg: cfg, pub: pub, proxy: proxy, dp: dp, en: en, log: log.With("component", "apply"),
-		first: make(chan struct{}),
+		first: make(chan struct{}), served: snapshot.Empty(),
 		m: metrics{
 			version: prometheus.NewGauge(prometheus.GaugeOpts{
 				Name: "sockmesh_apply_snapshot_version",
@@ -147,7 +151,12 @@ func (a *Applier) Run(ctx context.Context) error {
 // apply hands s to every data plane; see the package documentation for
 // the order.
 func (a *Applier) apply(s *snapshot.Snapshot) error {
-	a.proxy.Update(s)
+	c, err := cover(a.served, s)
+	if err != nil {
+		return err
+	}
+	a.proxy.Update(c)
+	a.served = c
 	var errs []error
 	if err := a.dp.Apply(s); err != nil {
 		a.m.failures.WithLabelValues("datapath").Inc()
@@ -158,7 +167,13 @@ func (a *Applier) apply(s *snapshot.Snapshot) error {
 		errs = append(errs, fmt.Errorf("enrol: %w", err))
 	}
 	if err := errors.Join(errs...); err != nil {
+		// The proxy keeps the cover: a failed step may have left some of
+		// what s drops in place.
 		return err
+	}
+	if c != s {
+		a.proxy.Update(s)
+		a.served = s
 	}
 	a.mu.Lock()
 	a.applied, a.appliedAt = s, time.Now()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"sync"
 	"testing"
@@ -18,7 +19,10 @@ import (
 )
 
 // planes fakes the control plane and the three data planes, recording
-// every call in order.
+// every call in order. At every call it checks the invariant the order
+// keeps: the proxy's current Snapshot has a frontend for every address
+// the datapath may redirect and names the pod of every client that may be
+// enrolled, as the proxy's lookups (Frontend, Workload) find them.
 type planes struct {
 	mu       sync.Mutex
 	current  *snapshot.Snapshot
@@ -26,15 +30,27 @@ type planes struct {
 	calls    []string
 	beats    int
 	dpErrors int // Apply fails this many more times
+
+	proxied  []*snapshot.Snapshot // every Snapshot the proxy got, in order
+	captured map[netip.AddrPort]snapshot.ObjectRef
+	enrolled map[netip.Addr]snapshot.ObjectRef
+	gaps     []string // what the proxy lacked, and when
 }
 
-func newPlanes() *planes { return &planes{current: snapshot.Empty(), updated: make(chan struct{})} }
+func newPlanes() *planes {
+	return &planes{current: snapshot.Empty(), updated: make(chan struct{}),
+		captured: map[netip.AddrPort]snapshot.ObjectRef{}, enrolled: map[netip.Addr]snapshot.ObjectRef{}}
+}
 
 func (p *planes) publish(version uint64) {
 	s, err := snapshot.New(version, nil, nil, nil)
 	if err != nil {
 		panic(err)
 	}
+	p.publishSnapshot(s)
+}
+
+func (p *planes) publishSnapshot(s *snapshot.Snapshot) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.current = s
@@ -48,15 +64,37 @@ func (p *planes) Current() (*snapshot.Snapshot, <-chan struct{}) {
 	return p.current, p.updated
 }
 
+// record notes a call and checks the invariant as it stands after it.
 func (p *planes) record(what string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.calls = append(p.calls, what)
+	if len(p.proxied) == 0 {
+		return
+	}
+	s := p.proxied[len(p.proxied)-1]
+	for ap, svc := range p.captured {
+		if _, ok := s.Frontend(ap); !ok {
+			p.gaps = append(p.gaps, fmt.Sprintf("after %q: the datapath redirects %s (%s), the proxy's snapshot %d has no frontend for it",
+				what, ap, svc, s.Version))
+		}
+	}
+	for ip, pod := range p.enrolled {
+		if w, ok := s.Workload(ip); !ok || w.Pod != pod {
+			p.gaps = append(p.gaps, fmt.Sprintf("after %q: %s (%s) is enrolled, the proxy's snapshot %d does not name it",
+				what, ip, pod, s.Version))
+		}
+	}
 }
 
 type proxyFake struct{ *planes }
 
-func (f proxyFake) Update(s *snapshot.Snapshot) { f.record(fmt.Sprintf("proxy %d", s.Version)) }
+func (f proxyFake) Update(s *snapshot.Snapshot) {
+	f.mu.Lock()
+	f.proxied = append(f.proxied, s)
+	f.mu.Unlock()
+	f.record(fmt.Sprintf("proxy %d", s.Version))
+}
 
 type datapathFake struct{ *planes }
 
@@ -65,6 +103,14 @@ func (f datapathFake) Apply(s *snapshot.Snapshot) error {
 	fail := f.dpErrors > 0
 	if fail {
 		f.dpErrors--
+	} else {
+		clear(f.captured)
+	}
+	// A failed apply may have added s's services before it stopped.
+	for _, fe := range s.Frontends {
+		for _, a := range fe.Addresses {
+			f.captured[netip.AddrPortFrom(a, fe.Port)] = fe.Service
+		}
 	}
 	f.mu.Unlock()
 	if fail {
@@ -85,6 +131,17 @@ func (f datapathFake) Heartbeat() error {
 type enrolFake struct{ *planes }
 
 func (f enrolFake) Update(s *snapshot.Snapshot) error {
+	f.mu.Lock()
+	clear(f.enrolled)
+	for _, w := range s.Workloads {
+		for _, ip := range w.IPs {
+			// Addresses shared by enrolled pods name none (snapshot.New).
+			if named, ok := s.Workload(ip); ok && w.Enrolled {
+				f.enrolled[ip] = named.Pod
+			}
+		}
+	}
+	f.mu.Unlock()
 	f.record(fmt.Sprintf("enrol %d", s.Version))
 	return nil
 }
@@ -205,6 +262,147 @@ func TestRetryAfterFailure(t *testing.T) {
 		}
 		if got := value(t, a.m.version); got != 2 {
 			t.Errorf("sockmesh_apply_snapshot_version = %v, want 2", got)
+		}
+	})
+}
+
+// svc is a captured Service port 80 of namespace app.
+type svc struct {
+	name, vip string
+	tls       bool // its backend's wire is TLS (a BackendTLSPolicy)
+}
+
+// pod is a pod of namespace app on the node.
+type pod struct {
+	name, ip string
+	enrolled bool
+}
+
+func build(t *testing.T, version uint64, svcs []svc, pods []pod) *snapshot.Snapshot {
+	t.Helper()
+	var (
+		fes []snapshot.Frontend
+		bes []snapshot.Backend
+		ws  []snapshot.Workload
+	)
+	for _, sv := range svcs {
+		ref := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "app", Name: sv.name, Port: 80}
+		fes = append(fes, snapshot.Frontend{Service: snapshot.ObjectRef{Namespace: "app", Name: sv.name}, Port: 80,
+			Addresses: []netip.Addr{netip.MustParseAddr(sv.vip)}, FailurePolicy: snapshot.FailClosed, Backend: ref})
+		b := snapshot.Backend{Ref: ref}
+		if sv.tls {
+			b.TLS = &snapshot.TLS{Mode: snapshot.TLSServerOnly, ServerName: sv.name + ".example", SystemRoots: true}
+		}
+		bes = append(bes, b)
+	}
+	for _, pd := range pods {
+		ws = append(ws, snapshot.Workload{Pod: snapshot.ObjectRef{Namespace: "app", Name: pd.name}, UID: pd.name + "-uid",
+			IPs: []netip.Addr{netip.MustParseAddr(pd.ip)}, Enrolled: pd.enrolled})
+	}
+	s, err := snapshot.New(version, fes, bes, ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+var (
+	web    = svc{name: "web", vip: "10.96.0.1"}
+	webTLS = svc{name: "web", vip: "10.96.0.1", tls: true}
+	db     = svc{name: "db", vip: "10.96.0.2"}
+	api    = svc{name: "api", vip: "10.96.0.3"}
+	client = pod{name: "client", ip: "10.0.0.5", enrolled: true}
+	batch  = pod{name: "batch", ip: "10.0.0.6", enrolled: true}
+)
+
+// TestDroppedStaysServedUntilUncaptured: a Service deleted (db) and a pod
+// no longer enrolled (batch) stay in the proxy's snapshot until the
+// datapath and the enrolments have dropped them, so a connection
+// redirected in between finds its frontend and its client's pod; a
+// Service that changed (web gains TLS) or is new (api) is served as the
+// new snapshot says from the first step.
+func TestDroppedStaysServedUntilUncaptured(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newPlanes()
+		reg := prometheus.NewRegistry()
+		a, _ := start(t, p, reg)
+		p.publishSnapshot(build(t, 1, []svc{web, db}, []pod{client, batch}))
+		synctest.Wait()
+		s2 := build(t, 2, []svc{webTLS, api}, []pod{client, {name: "batch", ip: "10.0.0.6"}})
+		p.publishSnapshot(s2)
+		synctest.Wait()
+
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, g := range p.gaps {
+			t.Error(g)
+		}
+		want := []string{"proxy 1", "datapath 1", "enrol 1", "proxy 1", "datapath 2", "enrol 2", "proxy 2"}
+		if !slices.Equal(p.calls, want) {
+			t.Fatalf("calls = %q, want %q: the proxy gets a cover first and snapshot 2 last", p.calls, want)
+		}
+		cover := p.proxied[1]
+		if fe, ok := cover.Frontend(netip.MustParseAddrPort("10.96.0.2:80")); !ok || fe.Service.Name != "db" {
+			t.Errorf("cover: Frontend(db) = %v, %v; want app/db, as snapshot 1 had it", fe, ok)
+		}
+		if fe, ok := cover.Frontend(netip.MustParseAddrPort("10.96.0.1:80")); !ok {
+			t.Error("cover: no frontend for web")
+		} else if b, _ := cover.Backend(fe.Backend); b == nil || b.TLS == nil {
+			t.Errorf("cover: web's backend %v, want snapshot 2's, with TLS", b)
+		}
+		if _, ok := cover.Frontend(netip.MustParseAddrPort("10.96.0.3:80")); !ok {
+			t.Error("cover: no frontend for api, new in snapshot 2")
+		}
+		if w, ok := cover.Workload(netip.MustParseAddr("10.0.0.6")); !ok || w.Pod.Name != "batch" {
+			t.Errorf("cover: Workload(10.0.0.6) = %v, %v; want app/batch, still enrolled", w, ok)
+		}
+		if p.proxied[2] != s2 {
+			t.Errorf("the proxy ends with snapshot %d, want snapshot 2 itself", p.proxied[2].Version)
+		}
+		if s, _ := a.Applied(); s != s2 {
+			t.Errorf("Applied() = %v, want snapshot 2", s)
+		}
+		if got := value(t, a.m.version); got != 2 {
+			t.Errorf("sockmesh_apply_snapshot_version = %v, want 2", got)
+		}
+	})
+}
+
+// TestCoverAfterFailedDatapath: after a failed datapath step the proxy
+// keeps the cover, since the datapath may still capture what the snapshot
+// drops, and the next snapshot's cover keeps that too.
+func TestCoverAfterFailedDatapath(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newPlanes()
+		a, _ := start(t, p, nil)
+		p.publishSnapshot(build(t, 1, []svc{web, db}, []pod{client}))
+		synctest.Wait()
+		p.mu.Lock()
+		p.dpErrors = 1
+		p.mu.Unlock()
+		p.publishSnapshot(build(t, 2, []svc{web}, []pod{client}))
+		synctest.Wait()
+		s3 := build(t, 3, []svc{api}, []pod{client})
+		p.publishSnapshot(s3)
+		synctest.Wait()
+
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, g := range p.gaps {
+			t.Error(g)
+		}
+		want := []string{"proxy 1", "datapath 1", "enrol 1", "proxy 1", "datapath 2 failed", "enrol 2",
+			"proxy 1", "datapath 3", "enrol 3", "proxy 3"}
+		if !slices.Equal(p.calls, want) {
+			t.Fatalf("calls = %q, want %q", p.calls, want)
+		}
+		for _, ap := range []string{"10.96.0.1:80", "10.96.0.2:80", "10.96.0.3:80"} {
+			if _, ok := p.proxied[2].Frontend(netip.MustParseAddrPort(ap)); !ok {
+				t.Errorf("cover for snapshot 3 after a failed datapath step: no frontend for %s", ap)
+			}
+		}
+		if s, _ := a.Applied(); s != s3 || p.proxied[3] != s3 {
+			t.Errorf("Applied() = %v, proxy ends with %v; want snapshot 3 for both", s, p.proxied[3])
 		}
 	})
 }
