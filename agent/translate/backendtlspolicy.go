@@ -240,6 +240,8 @@ func (t *translator) policyAncestors(e *policyEval) []gwv1.PolicyAncestorStatus 
 	out := []gwv1.PolicyAncestorStatus{}
 	for _, tg := range e.targets {
 		if tg.overLimit {
+			t.unrepresented = append(t.unrepresented, Unrepresented{Policy: e.ref, Target: tg.parent,
+				Message: noRoomMessage("Service", e.others) + "; its ports fail closed"})
 			continue
 		}
 		c := conditionSet{generation: e.policy.Generation, now: t.now}
@@ -276,9 +278,7 @@ func (t *translator) portTLS(k portKey) (tls *snapshot.TLS, invalid *snapshot.In
 	e := pp.eval
 	switch {
 	case pp.target.overLimit:
-		return nil, &snapshot.Invalid{Policy: e.ref, Reason: string(gwv1.PolicyReasonInvalid),
-			Message: fmt.Sprintf("the policy's status has no room for this Service (it holds at most %d ancestors, %d of them other controllers'): "+
-				"the Gateway API makes the policy unimplementable here", maxPolicyAncestors, e.others)}, &e.ref
+		return nil, &snapshot.Invalid{Policy: e.ref, Reason: string(gwv1.PolicyReasonInvalid), Message: noRoomMessage("Service", e.others)}, &e.ref
 	case e.invalid != nil:
 		return nil, &snapshot.Invalid{Policy: e.ref, Reason: e.invalid.Reason, Message: e.invalid.Message}, &e.ref
 	}

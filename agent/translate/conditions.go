@@ -2,6 +2,7 @@ package translate
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -139,6 +140,13 @@ func fitAncestors(existing []gwv1.PolicyAncestorStatus, parents []gwv1.ParentRef
 		}
 	}
 	return fits, others
+}
+
+// noRoomMessage says why a policy is unimplementable for a target its
+// status has no room for; others counts other controllers' entries.
+func noRoomMessage(target string, others int) string {
+	return fmt.Sprintf("the policy's status has no room for this %s (it holds at most %d ancestors, %d of them other controllers'): "+
+		"the Gateway API makes the policy unimplementable here", target, maxPolicyAncestors, others)
 }
 
 func sortPolicyAncestors(s []gwv1.PolicyAncestorStatus) {

@@ -2,6 +2,7 @@ package translate
 
 import (
 	corev1 "k8s.io/api/core/v1"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 )
@@ -22,6 +23,21 @@ type Result struct {
 	// it if it differs); one with only GenerateName is to be created. The
 	// writer deletes labelled, XBackend-owned Services not listed here.
 	EndpointSelectorServices []*corev1.Service
+	// Unrepresented are the policy targets left without a status entry
+	// because other controllers' entries fill the policy's status: the
+	// policy is unimplementable there, and no condition can say so, so
+	// sockmeshctl shows these instead. In policy order (older first, as
+	// translate meets them), then target order.
+	Unrepresented []Unrepresented
+}
+
+// Unrepresented is one target of a policy whose status had no room for it
+// (BackendTLSPolicy: its ports fail closed; XBackendTrafficPolicy: the
+// policy is not applied to it).
+type Unrepresented struct {
+	Policy  snapshot.ObjectRef   `json:"policy"`
+	Target  gwv1.ParentReference `json:"target"`
+	Message string               `json:"message"`
 }
 
 // LabelXBackend marks a headless Service sockmesh generated for an

@@ -47,6 +47,7 @@ func Translate(in Input) (Result, error) {
 			XMeshes:                 meshes(in),
 		},
 		EndpointSelectorServices: t.selectorServices,
+		Unrepresented:            t.unrepresented,
 	}
 	res.Frontends, res.Backends = t.snapshotParts()
 
@@ -88,6 +89,7 @@ type translator struct {
 	backends         map[snapshot.BackendRef]*snapshot.Backend
 	policyStatus     map[types.NamespacedName][]gwv1.PolicyAncestorStatus
 	trafficStatus    map[types.NamespacedName][]gwv1.PolicyAncestorStatus
+	unrepresented    []Unrepresented
 	xbackendStatuses map[types.NamespacedName][]gwxv1alpha1.BackendAncestorStatus
 	httpRouteStatus  map[types.NamespacedName][]gwv1.RouteParentStatus
 	grpcRouteStatus  map[types.NamespacedName][]gwv1.RouteParentStatus

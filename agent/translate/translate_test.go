@@ -55,11 +55,12 @@ var defaultNow = time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
 // golden is what an .out.yaml holds: the Result, status maps keyed by
 // "namespace/name" so they marshal.
 type golden struct {
-	Frontends                []snapshot.Frontend `json:"frontends"`
-	Backends                 []snapshot.Backend  `json:"backends"`
-	Workloads                []snapshot.Workload `json:"workloads"`
-	EndpointSelectorServices []*corev1.Service   `json:"endpointSelectorServices,omitempty"`
-	Status                   goldenStatus        `json:"status"`
+	Frontends                []snapshot.Frontend       `json:"frontends"`
+	Backends                 []snapshot.Backend        `json:"backends"`
+	Workloads                []snapshot.Workload       `json:"workloads"`
+	EndpointSelectorServices []*corev1.Service         `json:"endpointSelectorServices,omitempty"`
+	Status                   goldenStatus              `json:"status"`
+	Unrepresented            []translate.Unrepresented `json:"unrepresented,omitempty"`
 }
 
 type goldenStatus struct {
@@ -85,6 +86,7 @@ func toGolden(r translate.Result) golden {
 			GRPCRoutes:              byName(r.Status.GRPCRoutes),
 			XMeshes:                 r.Status.XMeshes,
 		},
+		Unrepresented: r.Unrepresented,
 	}
 }
 

@@ -35,6 +35,8 @@ type trafficEval struct {
 	retry   *snapshot.RetryConstraint
 	session *snapshot.SessionPersistence
 	targets []*trafficTarget
+	// others counts other controllers' entries in the policy's status.
+	others int
 }
 
 // trafficTarget is one distinct targetRef of a policy: one status ancestor.
@@ -126,7 +128,8 @@ func (t *translator) evalTrafficPolicy(p *gwxv1alpha1.XBackendTrafficPolicy) *tr
 	for i, tg := range e.targets {
 		parents[i] = tg.parent
 	}
-	fits, _ := fitAncestors(p.Status.Ancestors, parents)
+	fits, others := fitAncestors(p.Status.Ancestors, parents)
+	e.others = others
 	for i, tg := range e.targets {
 		tg.overLimit = !fits[i]
 	}
@@ -261,6 +264,8 @@ func (t *translator) trafficAncestors(e *trafficEval) []gwv1.PolicyAncestorStatu
 	out := []gwv1.PolicyAncestorStatus{}
 	for _, tg := range e.targets {
 		if tg.overLimit {
+			t.unrepresented = append(t.unrepresented, Unrepresented{Policy: e.ref, Target: tg.parent,
+				Message: noRoomMessage("target", e.others) + "; it is not applied to this backend"})
 			continue
 		}
 		c := conditionSet{generation: e.policy.Generation, now: t.now}

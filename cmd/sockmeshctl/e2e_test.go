@@ -94,7 +94,7 @@ func TestCLI(t *testing.T) {
 			"Verdict:      NotCaptured",
 			"Captured:  no: Service app/plain port 80 is not captured",
 			"none: the destination is not captured",
-			"Cluster: no BackendTLSPolicy, XBackend or route names Service app/plain",
+			"Cluster: no BackendTLSPolicy, XBackendTrafficPolicy, XBackend or route names Service app/plain",
 		)
 		if strings.Contains(out, "Backend:") {
 			t.Errorf("an uncaptured Service shows a backend:\n%s", out)

@@ -57,7 +57,11 @@ type Condition struct {
 type Ancestor struct {
 	// Ref names it: Service namespace/name, with a port or section.
 	Ref        string      `json:"ref"`
-	Conditions []Condition `json:"conditions"`
+	Conditions []Condition `json:"conditions,omitempty"`
+	// NoStatus says why a policy has no status entry toward it: other
+	// controllers' entries fill the policy's status, which makes the
+	// policy unimplementable there and leaves no condition to say so.
+	NoStatus string `json:"noStatus,omitempty"`
 }
 
 // Object is a policy, XBackend or route with the status translate
@@ -73,13 +77,15 @@ type Object struct {
 type Service struct {
 	Service snapshot.ObjectRef `json:"service"`
 	Ports   []Port             `json:"ports"`
-	// Policies, XBackends and Routes are the objects that target this
-	// Service, with their status toward it; policies oldest first (the
-	// precedence order among equals).
-	Policies  []Object `json:"policies,omitempty"`
-	XBackends []Object `json:"xbackends,omitempty"`
-	Routes    []Object `json:"routes,omitempty"`
-	Warnings  []string `json:"warnings,omitempty"`
+	// Policies (BackendTLSPolicies), TrafficPolicies
+	// (XBackendTrafficPolicies), XBackends and Routes are the objects that
+	// target this Service, with their status toward it; policies oldest
+	// first (the precedence order among equals).
+	Policies        []Object `json:"policies,omitempty"`
+	TrafficPolicies []Object `json:"trafficPolicies,omitempty"`
+	XBackends       []Object `json:"xbackends,omitempty"`
+	Routes          []Object `json:"routes,omitempty"`
+	Warnings        []string `json:"warnings,omitempty"`
 }
 
 // Port is one Service port.
@@ -143,17 +149,31 @@ func (c *Cluster) Service(namespace, name string) (*Service, error) {
 		}
 		return target == namespace && string(n) == name
 	}
-	for key, as := range c.res.Status.BackendTLSPolicies {
-		var mine []Ancestor
-		for _, a := range as {
-			if isThis(a.AncestorRef.Namespace, key.Namespace, a.AncestorRef.Group, a.AncestorRef.Kind, a.AncestorRef.Name) {
-				mine = append(mine, ancestor(a.AncestorRef, key.Namespace, a.Conditions))
+	policies := func(kind string, statuses map[types.NamespacedName][]gwv1.PolicyAncestorStatus) []Object {
+		mine := map[types.NamespacedName][]Ancestor{}
+		for key, as := range statuses {
+			for _, a := range as {
+				if isThis(a.AncestorRef.Namespace, key.Namespace, a.AncestorRef.Group, a.AncestorRef.Kind, a.AncestorRef.Name) {
+					mine[key] = append(mine[key], ancestor(a.AncestorRef, key.Namespace, a.Conditions))
+				}
 			}
 		}
-		if mine != nil {
-			out.Policies = append(out.Policies, c.object("BackendTLSPolicy", key, mine))
+		for _, u := range c.res.Unrepresented {
+			key := types.NamespacedName{Namespace: u.Policy.Namespace, Name: u.Policy.Name}
+			if u.Policy.Kind == kind && isThis(u.Target.Namespace, key.Namespace, u.Target.Group, u.Target.Kind, u.Target.Name) {
+				a := ancestor(u.Target, key.Namespace, nil)
+				a.NoStatus = u.Message
+				mine[key] = append(mine[key], a)
+			}
 		}
+		var objs []Object
+		for key, as := range mine {
+			objs = append(objs, c.object(kind, key, as))
+		}
+		return objs
 	}
+	out.Policies = policies("BackendTLSPolicy", c.res.Status.BackendTLSPolicies)
+	out.TrafficPolicies = policies("XBackendTrafficPolicy", c.res.Status.XBackendTrafficPolicies)
 	for key, as := range c.res.Status.XBackends {
 		var mine []Ancestor
 		for _, a := range as {
@@ -181,6 +201,7 @@ func (c *Cluster) Service(namespace, name string) (*Service, error) {
 		}
 	}
 	sortObjects(out.Policies)
+	sortObjects(out.TrafficPolicies)
 	sortObjects(out.XBackends)
 	sortObjects(out.Routes)
 	return out, nil
@@ -336,6 +357,8 @@ func (c *Cluster) object(kind string, key types.NamespacedName, as []Ancestor) O
 		meta = findMeta(c.in.HTTPRoutes, key, func(p *gwv1.HTTPRoute) *metav1.ObjectMeta { return &p.ObjectMeta })
 	case "GRPCRoute":
 		meta = findMeta(c.in.GRPCRoutes, key, func(p *gwv1.GRPCRoute) *metav1.ObjectMeta { return &p.ObjectMeta })
+	case "XBackendTrafficPolicy":
+		meta = findMeta(c.in.XBackendTrafficPolicies, key, func(p *gwxv1alpha1.XBackendTrafficPolicy) *metav1.ObjectMeta { return &p.ObjectMeta })
 	case "XBackend":
 		meta = findMeta(c.in.XBackends, key, func(p *gwxv1alpha1.XBackend) *metav1.ObjectMeta { return &p.ObjectMeta })
 	}

@@ -115,3 +115,26 @@ func TestHTTPRoute(t *testing.T) {
 		t.Errorf("error = %v, want ErrNotFound", err)
 	}
 }
+
+// A policy whose status other controllers fill is applied nowhere it found
+// no room, and no condition can say so: describe must.
+func TestServiceTrafficPolicies(t *testing.T) {
+	c := cluster(t)
+	s, err := c.Service("app", "budgeted")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.TrafficPolicies) != 2 {
+		t.Fatalf("traffic policies = %+v, want full and budget", s.TrafficPolicies)
+	}
+	full, budget := s.TrafficPolicies[0], s.TrafficPolicies[1]
+	if full.Ref.Name != "full" || len(full.Ancestors) != 1 || full.Ancestors[0].Ref != "Service app/budgeted" ||
+		full.Ancestors[0].Conditions != nil || !strings.Contains(full.Ancestors[0].NoStatus, "16 of them other controllers'") ||
+		!strings.Contains(full.Ancestors[0].NoStatus, "not applied") {
+		t.Errorf("full = %+v, want no status entry toward app/budgeted, saying why", full)
+	}
+	if budget.Ref.Name != "budget" || len(budget.Ancestors) != 1 || !hasCondition(budget.Ancestors[0], "Accepted", "True", "Accepted") ||
+		budget.Ancestors[0].NoStatus != "" {
+		t.Errorf("budget = %+v, want Accepted", budget)
+	}
+}

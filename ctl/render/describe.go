@@ -12,9 +12,9 @@ import (
 func Service(w io.Writer, s *describe.Service) error {
 	fmt.Fprintf(w, "Service %s\n", s.Service)
 	servicePorts(w, s)
-	if len(s.Policies)+len(s.XBackends)+len(s.Routes) > 0 {
+	if len(s.Policies)+len(s.TrafficPolicies)+len(s.XBackends)+len(s.Routes) > 0 {
 		fmt.Fprintln(w, "Objects naming it (status as translate computes it now; the oldest policy wins among equals):")
-		objects(w, 2, s.Policies, s.XBackends, s.Routes)
+		objects(w, 2, s.Policies, s.TrafficPolicies, s.XBackends, s.Routes)
 	} else {
 		fmt.Fprintln(w, "Objects naming it: none")
 	}

@@ -267,11 +267,11 @@ func routesTable(w io.Writer, indent int, rules []explain.Rule) {
 
 // related writes what the cluster says about the destination Service.
 func related(w io.Writer, s *describe.Service) {
-	if len(s.Policies)+len(s.XBackends)+len(s.Routes) == 0 {
-		fmt.Fprintf(w, "Cluster: no BackendTLSPolicy, XBackend or route names Service %s\n", s.Service)
+	if len(s.Policies)+len(s.TrafficPolicies)+len(s.XBackends)+len(s.Routes) == 0 {
+		fmt.Fprintf(w, "Cluster: no BackendTLSPolicy, XBackendTrafficPolicy, XBackend or route names Service %s\n", s.Service)
 	} else {
 		fmt.Fprintf(w, "Cluster: objects naming Service %s (status as translate computes it now):\n", s.Service)
-		objects(w, 2, s.Policies, s.XBackends, s.Routes)
+		objects(w, 2, s.Policies, s.TrafficPolicies, s.XBackends, s.Routes)
 	}
 	for _, warn := range s.Warnings {
 		fmt.Fprintf(w, "Warning: %s\n", warn)
@@ -286,17 +286,24 @@ func objects(w io.Writer, indent int, groups ...[]describe.Object) {
 	for _, objs := range groups {
 		for _, o := range objs {
 			first := true
+			head := func() (name, created string) {
+				if !first {
+					return "", ""
+				}
+				first = false
+				if o.Created.IsZero() {
+					return o.Ref.String(), "-"
+				}
+				return o.Ref.String(), o.Created.Format(time.DateTime)
+			}
 			for _, a := range o.Ancestors {
 				for _, c := range a.Conditions {
-					name, created := "", ""
-					if first {
-						name, created = o.Ref.String(), o.Created.Format(time.DateTime)
-						if o.Created.IsZero() {
-							created = "-"
-						}
-						first = false
-					}
+					name, created := head()
 					row(t, pad+name, created, a.Ref, c.Type+"="+c.Status, c.Reason, c.Message)
+				}
+				if a.NoStatus != "" {
+					name, created := head()
+					row(t, pad+name, created, a.Ref, "no status entry", "-", a.NoStatus)
 				}
 			}
 			if first {

@@ -119,6 +119,13 @@ func serviceFixture() *describe.Service {
 			{Ref: ref("BackendTLSPolicy", "app", "late"), Created: t0, Ancestors: []describe.Ancestor{{Ref: "Service app/secure",
 				Conditions: []describe.Condition{cond("Accepted", "False", "Conflicted", "BackendTLSPolicy app/secure targets the same Service ports and takes precedence")}}}},
 		},
+		TrafficPolicies: []describe.Object{
+			{Ref: ref("XBackendTrafficPolicy", "app", "full"), Created: t0.Add(-2 * time.Hour), Ancestors: []describe.Ancestor{{Ref: "Service app/secure",
+				NoStatus: "the policy's status has no room for this target (it holds at most 16 ancestors, 16 of them other controllers'): " +
+					"the Gateway API makes the policy unimplementable here; it is not applied to this backend"}}},
+			{Ref: ref("XBackendTrafficPolicy", "app", "budget"), Created: t0, Ancestors: []describe.Ancestor{{Ref: "Service app/secure",
+				Conditions: []describe.Condition{cond("Accepted", "True", "Accepted", "policy applies to the requests sockmesh sends to this backend")}}}},
+		},
 		Routes:   []describe.Object{{Ref: ref("HTTPRoute", "app", "split")}},
 		Warnings: []string{"cannot list ClusterTrustBundles (forbidden): what depends on them may be shown wrong"},
 	}
