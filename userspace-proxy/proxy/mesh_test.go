@@ -172,7 +172,9 @@ func startRecorder(t testing.TB, tlsCfg *tls.Config, answer func(w http.Response
 	t.Helper()
 	rec := &recorder{seen: make(chan recorded, 1024)}
 	counts := map[string]int{}
-	srv := &http.Server{Protocols: new(http.Protocols), TLSConfig: tlsCfg,
+	// DisableGeneralOptionsHandler: the handler records "OPTIONS *" too,
+	// which net/http's server would otherwise answer itself.
+	srv := &http.Server{Protocols: new(http.Protocols), TLSConfig: tlsCfg, DisableGeneralOptionsHandler: true,
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			body, _ := io.ReadAll(r.Body)
 			got := recorded{Method: r.Method, Target: r.RequestURI, Path: r.URL.Path, RawQuery: r.URL.RawQuery, Host: r.Host, Header: r.Header.Clone(), Body: body}

@@ -210,6 +210,9 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 		Protocols:         new(http.Protocols),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
+		// "OPTIONS *" asks the backend's server, as the fast path forwards
+		// it: net/http's server would answer it itself, past routes.
+		DisableGeneralOptionsHandler: true,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return httpproxy.WithTarget(ctx, c.(*l7Conn).target)
 		},

@@ -377,6 +377,68 @@ func TestRouteRewriteKeepsTarget(t *testing.T) {
 	}
 }
 
+// TestRouteAsterisk: "OPTIONS *" (RFC 9112 §3.2.4) names the server, not
+// a path. A rule whose match is the "/" prefix (the API's default, "has
+// the effect of matching every HTTP request") takes it, its other
+// conditions permitting: a forward reaches the backend as "OPTIONS *"
+// (a path rewrite has no path to change; the hostname one applies), a
+// redirect points at the root; an Exact "/" or a longer prefix never
+// matches it.
+func TestRouteAsterisk(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			m := &mesh{t: t}
+			main, other := startRecorder(t, nil, nil), startRecorder(t, nil, nil)
+			otherRef := m.backend("other", snapshot.Backend{Endpoints: endpoints(other.addr)})
+			redirect, forward := prefixMatch("/"), prefixMatch("/")
+			redirect.Headers = []snapshot.StringMatch{{Name: "X-Redirect", Type: snapshot.MatchExact, Value: "yes"}}
+			forward.Headers = []snapshot.StringMatch{{Name: "X-Forward", Type: snapshot.MatchExact, Value: "yes"}}
+			m.frontend("front", routedVIP, m.echoBackend("front"), producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{exactMatch("/")}, snapshot.RouteRule{Backends: to(otherRef)}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/api")}, snapshot.RouteRule{Backends: to(otherRef)}},
+				rule{[]snapshot.RouteMatch{redirect}, snapshot.RouteRule{Filters: snapshot.Filters{
+					Redirect: &snapshot.Redirect{Scheme: "https", Hostname: "example.org", StatusCode: 301},
+				}}},
+				rule{[]snapshot.RouteMatch{forward}, snapshot.RouteRule{
+					Backends: to(m.backend("main", snapshot.Backend{Endpoints: endpoints(main.addr)})),
+					Filters: snapshot.Filters{Rewrite: &snapshot.Rewrite{Hostname: "rewritten.example",
+						Path: &snapshot.PathModifier{Type: snapshot.ReplaceFullPath, Value: "/replaced"}}},
+				}},
+			)))
+			e.p.Update(m.snapshot(1))
+			c := noRedirects(e.client(routedVIP, k.h2c))
+			options := func(header ...string) *http.Request {
+				req := &http.Request{Method: http.MethodOptions, Header: http.Header{},
+					URL: &url.URL{Scheme: "http", Host: "front.b.svc", Opaque: "*"}}
+				for i := 0; i+1 < len(header); i += 2 {
+					req.Header.Set(header[i], header[i+1])
+				}
+				return req
+			}
+
+			// The recorder records a request before answering it.
+			if a := send(t, c, options("X-Forward", "yes")); a.status != 200 || len(main.seen) != 1 {
+				t.Errorf("OPTIONS * to the default rule: %d %q, %d at the backend; want the backend's 200", a.status, a.body, len(main.seen))
+			} else if got := <-main.seen; got.Method != http.MethodOptions || got.Target != "*" || got.Host != "rewritten.example" {
+				t.Errorf("backend got %s %s (Host %s), want OPTIONS * (Host rewritten.example)", got.Method, got.Target, got.Host)
+			}
+			a := send(t, c, options("X-Redirect", "yes"))
+			if a.status != 301 || a.header.Get("Location") != "https://example.org/" {
+				t.Errorf("OPTIONS * to a redirect: %d Location %q, want 301 https://example.org/", a.status, a.header.Get("Location"))
+			}
+			a = send(t, c, options())
+			if a.status != 404 || string(a.body) != "sockmesh: no_match\n" {
+				t.Errorf("OPTIONS * with only Exact / and /api left: %d %q, want 404", a.status, a.body)
+			}
+			if n := len(other.seen); n != 0 {
+				t.Errorf("Exact / or PathPrefix /api took %d OPTIONS * requests, want none", n)
+			}
+		})
+	}
+}
+
 // TestRouteRetries: GEP-1731 retries on status codes, with the attempt
 // budget the rule sets (0 disables), the body sent again whole each time,
 // as the upstream HTTPRouteRetry conformance cases have it; the backend

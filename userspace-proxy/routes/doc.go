@@ -19,6 +19,10 @@
 // encoded and never splits a segment), applied alike to the request path
 // and to Exact and PathPrefix values, so "/%61dmin" cannot slip past a rule
 // for "/admin". Regular expressions are RE2 matching the whole value.
+// "OPTIONS *" (RFC 9112 §3.2.4) names the server, not a path: only the "/"
+// prefix, the API's default match "of every HTTP request", matches it; it
+// is forwarded as "*" (a path rewrite has nothing to change) and a
+// redirect's Location names the root.
 //
 // # How the proxy uses it
 //

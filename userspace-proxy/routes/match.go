@@ -224,11 +224,13 @@ func (e *entry) matches(req *Request, path string) bool {
 			return false
 		}
 	case pathPrefix:
-		if !hasPathPrefix(path, e.path) {
+		// "*" names the server, not a path: only the "/" prefix, which the
+		// Gateway API says matches every HTTP request, matches it.
+		if !hasPathPrefix(path, e.path) && (path != asterisk || e.path != "") {
 			return false
 		}
 	case pathRegex:
-		if !e.re.MatchString(path) {
+		if path == asterisk || !e.re.MatchString(path) {
 			return false
 		}
 	}
@@ -247,6 +249,10 @@ func (e *entry) matches(req *Request, path string) bool {
 	}
 	return true
 }
+
+// asterisk is the request target of "OPTIONS *" (RFC 9112 §3.2.4): the
+// server as a whole, which no path names.
+const asterisk = "*"
 
 // hasPathPrefix reports whether prefix (without a trailing "/") matches
 // path element by element: "/abc" matches "/abc", "/abc/" and "/abc/d",

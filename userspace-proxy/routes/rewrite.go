@@ -81,7 +81,8 @@ func rewrite(d *Decision, path string, e *entry, rule, be *snapshot.Rewrite) {
 		if rw.Hostname != "" {
 			d.Host, d.RewriteHost = rw.Hostname, true
 		}
-		if rw.Path != nil {
+		// "*" has no path to rewrite: OPTIONS * goes on as it came.
+		if rw.Path != nil && path != asterisk {
 			d.Path, d.RewritePath = modifyPath(path, e, rw.Path), true
 		}
 	}
@@ -115,6 +116,10 @@ func replacePrefix(path, prefix, replacement string) string {
 // are left out of Location. The query is kept.
 func (s *Set) redirect(d *Decision, req *Request, path string, e *entry, rd *snapshot.Redirect) {
 	d.Action, d.Status = Redirect, rd.StatusCode
+	if path == asterisk {
+		// A Location cannot say "*": it names the server by its root.
+		path = "/"
+	}
 	scheme := "http"
 	if req.TLS {
 		scheme = "https"

@@ -93,6 +93,11 @@ func TestMatchPath(t *testing.T) {
 		{exact("/exact/~user"), "/exact/%7euser", true},
 		{regex("/a/b"), "/a/./b", true},
 		{exact("/a%zz"), "/a%zz", true}, // not an escape: left alone on both sides
+		// "OPTIONS *" names the server: only the "/" prefix matches it.
+		{prefix("/"), "*", true},
+		{exact("/"), "*", false},
+		{prefix("/a"), "*", false},
+		{regex(".*"), "*", false},
 	}
 	for _, tc := range tests {
 		s := oneRule(to(v1), snapshot.RouteMatch{Path: tc.match})
@@ -262,6 +267,9 @@ func TestIndexAgreesWithScan(t *testing.T) {
 		scanned.index = nil
 		for range 200 {
 			req := get(randPath())
+			if rng.IntN(10) == 0 {
+				req.Path = "*"
+			}
 			if rng.IntN(2) == 0 {
 				req.Method = "POST"
 			}
