@@ -15,7 +15,6 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/agent/translate"
-	"github.com/sockmesh/sockmesh/test/apiserver"
 )
 
 // TestPolicyAncestorsFull runs translate and the writer over policies whose
@@ -27,11 +26,8 @@ import (
 // A policy with room for one entry gets ours, and keeps being applied once
 // that entry fills its list.
 func TestPolicyAncestorsFull(t *testing.T) {
-	env := apiserver.Start(t)
+	env := startWithNamespace(t)
 	ctx := t.Context()
-	if _, err := env.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	for _, name := range []string{"full", "kept", "client"} {
 		if _, err := env.Kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Name: name},

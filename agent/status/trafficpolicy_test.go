@@ -11,7 +11,6 @@ import (
 	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
 
 	"github.com/sockmesh/sockmesh/agent/translate"
-	"github.com/sockmesh/sockmesh/test/apiserver"
 )
 
 // TestWriterXBackendTrafficPolicy runs translate over XBackendTrafficPolicies
@@ -21,11 +20,8 @@ import (
 // policy's generation, beside another controller's entry that is never
 // touched; a policy that no longer targets something loses that entry.
 func TestWriterXBackendTrafficPolicy(t *testing.T) {
-	env := apiserver.Start(t)
+	env := startWithNamespace(t)
 	ctx := t.Context()
-	if _, err := env.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := env.Kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "api"},
 		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},

@@ -87,11 +87,8 @@ func getPolicy(t *testing.T, env *apiserver.Env, name string) *gwv1.BackendTLSPo
 // duplicating entries, lastTransitionTime moves only with a transition, and
 // a status for an older generation is not written.
 func TestWriterAgainstAPIServer(t *testing.T) {
-	env := apiserver.Start(t)
+	env := startWithNamespace(t)
 	ctx := t.Context()
-	if _, err := env.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	policy := &gwv1.BackendTLSPolicy{
 		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns},
 		Spec: gwv1.BackendTLSPolicySpec{
@@ -252,11 +249,8 @@ func controllers(as []gwv1.PolicyAncestorStatus) []gwv1.GatewayController {
 // TestWriterOtherKinds writes XBackend ancestors, HTTPRoute parents and an
 // XMesh's status.
 func TestWriterOtherKinds(t *testing.T) {
-	env := apiserver.Start(t)
+	env := startWithNamespace(t)
 	ctx := t.Context()
-	if _, err := env.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := env.Gateway.ExperimentalV1alpha1().XBackends(ns).Create(ctx, &gwxv1alpha1.XBackend{
 		ObjectMeta: metav1.ObjectMeta{Name: "ext", Namespace: ns},
 		Spec: gwxv1alpha1.BackendSpec{
@@ -333,4 +327,14 @@ func TestWriterOtherKinds(t *testing.T) {
 	if got := []string{in.XBackends[0].ResourceVersion, in.HTTPRoutes[0].ResourceVersion, in.XMeshes[0].ResourceVersion}; !cmp.Equal(got, rvs) {
 		t.Errorf("resource versions after an unchanged write = %v, want %v", got, rvs)
 	}
+}
+
+// startWithNamespace starts an API server holding the tests' namespace ns.
+func startWithNamespace(t *testing.T) *apiserver.Env {
+	t.Helper()
+	env := apiserver.Start(t)
+	if _, err := env.Kube.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return env
 }
