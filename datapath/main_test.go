@@ -1,10 +1,13 @@
 package datapath
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
+	"os/exec"
 	"syscall"
 	"testing"
 	"unsafe"
@@ -28,13 +31,19 @@ type loaderJob struct {
 	// KilledAtRename has the kernel kill the loader at its first rename:
 	// in Open, once it attached its programs, when it pins them.
 	KilledAtRename bool
+	// KilledTakingBack: once it applied the job the loader waits for its
+	// stdin to close, then heartbeats with KilledAtRename: a take-back,
+	// were another agent to open the datapath and exit meanwhile, killed
+	// once its programs run the links again, when it pins them.
+	KilledTakingBack bool
 }
 
 // runLoader runs job in a loader process — another agent that opens the
 // datapath, applies job and exits — and waits for it.
 func runLoader(t *testing.T, job loaderJob) {
 	t.Helper()
-	if _, stderr, err := execLoader(t, job); err != nil {
+	cmd, stderr := loaderCommand(t, job)
+	if err := sandbox.Start(t, cmd, nil, nil).Wait(); err != nil {
 		t.Fatalf("loader process: %v\n%s", err, stderr)
 	}
 }
@@ -44,14 +53,46 @@ func runLoader(t *testing.T, job loaderJob) {
 func runKilledLoader(t *testing.T, job loaderJob) {
 	t.Helper()
 	job.KilledAtRename = true
-	state, stderr, err := execLoader(t, job)
-	if ws, ok := state.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGSYS {
+	cmd, stderr := loaderCommand(t, job)
+	wantKilled(t, cmd, sandbox.Start(t, cmd, nil, nil).Wait(), stderr)
+}
+
+// runKilledTakingBack runs job in a loader process (KilledTakingBack),
+// runs meanwhile once the loader has applied it, then lets the loader
+// heartbeat and waits for the kernel to kill it.
+func runKilledTakingBack(t *testing.T, job loaderJob, meanwhile func()) {
+	t.Helper()
+	job.KilledTakingBack = true
+	cmd, stderr := loaderCommand(t, job)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := sandbox.Start(t, cmd, nil, nil)
+	if _, err := bufio.NewReader(stdout).ReadString('\n'); err != nil {
+		t.Fatalf("loader process: %v before it applied its job\n%s", p.Wait(), stderr)
+	}
+	meanwhile()
+	stdin.Close()
+	wantKilled(t, cmd, p.Wait(), stderr)
+}
+
+// wantKilled checks that the loader cmd, which ended with err, was killed
+// at a rename (SIGSYS).
+func wantKilled(t *testing.T, cmd *exec.Cmd, err error, stderr *bytes.Buffer) {
+	t.Helper()
+	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || ws.Signal() != syscall.SIGSYS {
 		t.Fatalf("loader process: %v, want it killed at its first rename (SIGSYS)\n%s", err, stderr)
 	}
 }
 
-// execLoader runs job in a loader process and returns how it ended.
-func execLoader(t *testing.T, job loaderJob) (state *os.ProcessState, stderr string, err error) {
+// loaderCommand returns the command of a loader process that runs job, and
+// the buffer its stderr goes to.
+func loaderCommand(t *testing.T, job loaderJob) (*exec.Cmd, *bytes.Buffer) {
 	t.Helper()
 	b, err := json.Marshal(job)
 	if err != nil {
@@ -60,8 +101,7 @@ func execLoader(t *testing.T, job loaderJob) (state *os.ProcessState, stderr str
 	var buf bytes.Buffer
 	cmd := sandbox.HelperCommand(t, "load", string(b))
 	cmd.Stderr = &buf
-	err = sandbox.Start(t, cmd, nil, nil).Wait()
-	return cmd.ProcessState, buf.String(), err
+	return cmd, &buf
 }
 
 // loadHelper runs in a child process: it loads (or adopts) the datapath,
@@ -88,6 +128,16 @@ func loadHelper(args []string) error {
 		return err
 	}
 	if err := d.Enrol(job.Cookie, job.Proxy); err != nil {
+		return err
+	}
+	if err := d.Heartbeat(); err != nil || !job.KilledTakingBack {
+		return err
+	}
+	fmt.Println("applied")
+	if _, err := io.Copy(io.Discard, os.Stdin); err != nil {
+		return err
+	}
+	if err := killAtRename(); err != nil {
 		return err
 	}
 	return d.Heartbeat()

@@ -146,27 +146,43 @@ func (d *Datapath) owner() (running, ours ebpf.ProgramID, err error) {
 	return info.Program, ours, nil
 }
 
-// claim records this process as the owner. Called under the pin lock.
+// claim records this process as the owner, in sm_owners and sm_owner.
+// Called under the pin lock.
 func (d *Datapath) claim() error {
-	_, ours, err := d.owner()
+	rec, err := d.record()
 	if err != nil {
 		return err
 	}
-	start, err := processStart(os.Getpid())
-	if err != nil {
-		return fmt.Errorf("claim the datapath: %w", err)
+	if err := d.lead(rec); err != nil {
+		return err
 	}
-	pidns, err := pidNamespace()
-	if err != nil {
-		return fmt.Errorf("claim the datapath: %w", err)
-	}
-	rec := ownerRecord{PID: uint32(os.Getpid()), ProgID: uint32(ours), Start: start, PIDNS: pidns}
 	if err := d.ownerMap.Put(uint32(0), rec); err != nil {
 		return fmt.Errorf("claim the datapath: %w", err)
 	}
-	// sm_owners: this process, then the earlier owners still running. The
-	// others are dropped, or a crash-looping agent's restarts would push
-	// the running ones out.
+	return nil
+}
+
+// record returns this process's owner record.
+func (d *Datapath) record() (ownerRecord, error) {
+	_, ours, err := d.owner()
+	if err != nil {
+		return ownerRecord{}, err
+	}
+	start, err := processStart(os.Getpid())
+	if err != nil {
+		return ownerRecord{}, fmt.Errorf("claim the datapath: %w", err)
+	}
+	pidns, err := pidNamespace()
+	if err != nil {
+		return ownerRecord{}, fmt.Errorf("claim the datapath: %w", err)
+	}
+	return ownerRecord{PID: uint32(os.Getpid()), ProgID: uint32(ours), Start: start, PIDNS: pidns}, nil
+}
+
+// lead writes sm_owners: rec, then the earlier owners still running. The
+// others are dropped, or a crash-looping agent's restarts would push the
+// running ones out. Called under the pin lock.
+func (d *Datapath) lead(rec ownerRecord) error {
 	recs := []ownerRecord{rec}
 	for i := range uint32(ownersLen) {
 		var prev ownerRecord
@@ -177,7 +193,7 @@ func (d *Datapath) claim() error {
 			break
 		}
 		// One it cannot check (a process exiting as it is read) is kept.
-		if running, err := isRunning(prev, pidns); (err != nil || running) && prev != rec {
+		if running, err := isRunning(prev, rec.PIDNS); (err != nil || running) && prev != rec {
 			recs = append(recs, prev)
 		}
 	}
@@ -271,19 +287,38 @@ func (d *Datapath) ownerGone(running ebpf.ProgramID) (bool, error) {
 	if running == 0 {
 		return true, nil
 	}
-	var rec ownerRecord
-	if err := d.ownerMap.Lookup(uint32(0), &rec); err != nil {
-		return false, fmt.Errorf("read the owner map: %w", err)
+	rec, found, err := d.recordOf(running)
+	if err != nil || !found {
+		return false, err // an owner no record names: take it for running
 	}
 	pidns, err := pidNamespace()
 	if err != nil {
 		return false, err
 	}
-	if rec.PID == 0 || ebpf.ProgramID(rec.ProgID) != running {
-		return false, nil // an owner it does not name: take it for running
-	}
 	alive, err := isRunning(rec, pidns)
 	return !alive, err
+}
+
+// recordOf returns the record of the process whose program is prog:
+// sm_owner's, or else one in sm_owners, where an agent taking the datapath
+// back names itself before sm_owner does (takeBack).
+func (d *Datapath) recordOf(prog ebpf.ProgramID) (rec ownerRecord, found bool, err error) {
+	names := func(r ownerRecord) bool { return r.PID != 0 && ebpf.ProgramID(r.ProgID) == prog }
+	if err := d.ownerMap.Lookup(uint32(0), &rec); err != nil {
+		return rec, false, fmt.Errorf("read the owner map: %w", err)
+	}
+	if names(rec) {
+		return rec, true, nil
+	}
+	for i := range uint32(ownersLen) {
+		if err := d.owners.Lookup(i, &rec); err != nil {
+			return rec, false, fmt.Errorf("read the owners map: %w", err)
+		}
+		if names(rec) {
+			return rec, true, nil
+		}
+	}
+	return ownerRecord{}, false, nil
 }
 
 // owned reports, with d.mu and the pin lock held, whether this process
@@ -329,6 +364,19 @@ func (d *Datapath) owned() (mine, tookBack bool, err error) {
 // takeBack attaches and pins this process's programs again and claims the
 // datapath.
 func (d *Datapath) takeBack() error {
+	// This process heads sm_owners before its programs run the links, and
+	// sm_owner names the exited owner until the end: were this process to
+	// die part way, the links run the exited owner's programs or ours, each
+	// named by a record of a process gone, and the next in line takes the
+	// datapath back (ownerGone). One that fails part way, still heading
+	// sm_owners, is next in line and retries.
+	rec, err := d.record()
+	if err != nil {
+		return err
+	}
+	if err := d.lead(rec); err != nil {
+		return err
+	}
 	cg, cgID, err := openCgroup(d.cfg.Cgroup)
 	if err != nil {
 		return fmt.Errorf("take the datapath back: %w", err)

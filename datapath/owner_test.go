@@ -296,6 +296,28 @@ func TestCrashedOpenLeavesTheOlderOwner(t *testing.T) {
 	}
 }
 
+// TestCrashedTakeBackLeavesTheNextInLine: three agents, as an update
+// started during another runs them. The middle one takes the datapath back
+// when the newest exits, and dies once its programs run the links again,
+// before it would pin them. The oldest, the one left, takes the datapath
+// back at its next heartbeat: the dead agent's programs must not pass for
+// a running agent's, which would keep it off the maps until the middle one
+// restarted.
+func TestCrashedTakeBackLeavesTheNextInLine(t *testing.T) {
+	tp := newTopology(t)
+	oldest := openOlder(t, tp)
+	job := loaderJob{Config: tp.cfg, Cookie: 12345, Proxy: tp.nodeProxy(), Services: []Service{{Addr: vip6}}}
+	runKilledTakingBack(t, job, func() { runLoader(t, job) })
+	if running, ours, err := oldest.owner(); err != nil || running == ours {
+		t.Fatalf("links run program %d (the oldest agent's is %d), %v; want the killed agent's", running, ours, err)
+	}
+
+	wantTakenBack(t, oldest, "after the heartbeat")
+	if svcs, err := oldest.Services(); err != nil || !slices.Equal(svcs, []Service{{Addr: vip4}}) {
+		t.Errorf("services = %v, %v; want the oldest agent's latest [%v]", svcs, err, vip4)
+	}
+}
+
 // TestFailedAttachOnAnotherCgroup: a newer agent on another cgroup moves
 // sockops there, then cannot attach getsockopt (the cgroup holds the 64
 // programs the kernel allows on a hook), so its Open fails with the older
