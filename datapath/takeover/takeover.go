@@ -21,7 +21,9 @@
 // The program selects from a socket array that every Take of the group
 // adds its listener to, newest last. The next agent finds it by a state
 // map beside it, which names the group: both live as long as the group
-// holds the program.
+// holds the program. Takes in one network namespace run one at a time,
+// under a lock on it, so two agents taking an address at once both join
+// the array.
 //
 // Any process of the same user may join a reuseport group; the agent runs
 // as root, so only root can.
@@ -140,6 +142,15 @@ func take(fd int) error {
 	if err != nil {
 		return err
 	}
+	// Two agents taking one address at the same moment (in in-pod mode, a
+	// pod created while they overlap) would both create the group's maps,
+	// or both pick the same slot: one listener would be left out of the
+	// steering, which then gives it connections only by the kernel's hash.
+	unlock, err := lockNetNS(fd)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	state, socks, g, err := findGroup(want)
 	if err != nil {
 		return err
@@ -162,10 +173,6 @@ func take(fd int) error {
 		return fmt.Errorf("load the steering program: %w", err)
 	}
 	defer prog.Close()
-	// Two agents taking one address at the same moment (in in-pod mode, a
-	// pod created while they overlap) may pick the same slot: the later
-	// drops the other's listener from the array, which then gets new
-	// connections only from the kernel's hash, once none it holds is open.
 	g.Takes++
 	if err := socks.Put(g.Takes%slots, uint64(fd)); err != nil {
 		return fmt.Errorf("add the listener to the socket array: %w", err)
@@ -177,6 +184,26 @@ func take(fd int) error {
 		return fmt.Errorf("attach the steering program: %w", err)
 	}
 	return nil
+}
+
+// lockNetNS takes an exclusive lock on the network namespace of the socket
+// fd, for processes that take its addresses one at a time, and returns its
+// release. The lock is flock(2) on the namespace's nsfs file (SIOCGSKNS,
+// Linux 4.9), one inode for every process whatever its mount namespace,
+// and released if the process dies.
+func lockNetNS(fd int) (unlock func(), err error) {
+	ns, err := unix.IoctlRetInt(fd, unix.SIOCGSKNS)
+	if err != nil {
+		return nil, fmt.Errorf("open the listener's network namespace: %w", err)
+	}
+	if err := unix.Flock(ns, unix.LOCK_EX); err != nil {
+		unix.Close(ns)
+		return nil, fmt.Errorf("lock the listener's network namespace: %w", err)
+	}
+	return func() {
+		unix.Flock(ns, unix.LOCK_UN)
+		unix.Close(ns)
+	}, nil
 }
 
 // steering returns a program that selects, for a new connection and for

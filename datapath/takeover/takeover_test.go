@@ -6,9 +6,13 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/sockmesh/sockmesh/internal/testenv"
 )
@@ -193,6 +197,163 @@ func TestNewestClosedSteersToTheNextNewest(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestConcurrentTakes: two listeners take one address at once, as two
+// agents take the in-pod listener of a pod created while they overlap, on
+// a new address and on one a listener took before. The first taker stops
+// once it has read the group, before it loads its program; the second
+// takes meanwhile as far as it can (to the end, or to the first's lock).
+// Both must join the steering: the new connections go to one of them, and
+// once it closes to the other, not to the listener that joined first.
+func TestConcurrentTakes(t *testing.T) {
+	testenv.RequireRoot(t)
+	const n = 16
+	// cilium/ebpf's feature probes, run once, load programs of their own.
+	mustTake(t, listen(t, "127.0.0.1:0"))
+	for _, takenBefore := range []bool{false, true} {
+		t.Run(fmt.Sprintf("takenBefore=%v", takenBefore), func(t *testing.T) {
+			first := listen(t, "127.0.0.1:0")
+			addr := first.Addr().String()
+			if takenBefore {
+				mustTake(t, first)
+			}
+			a, b := listen(t, addr), listen(t, addr)
+			aStopped, aResume, aDone := takeStopped(t, a, unix.SYS_BPF, 0, unix.BPF_PROG_LOAD)
+			select {
+			case <-aStopped:
+			case err := <-aDone:
+				t.Fatalf("the first taker did not stop at its program load: %v", err)
+			}
+			bStopped, bResume, bDone := takeStopped(t, b, unix.SYS_FLOCK, 1, unix.LOCK_EX)
+			select {
+			case <-bStopped:
+				bResume() // and it waits for the lock
+			case err := <-bDone:
+				bDone = holding(err)
+			}
+			aResume()
+			for _, done := range []<-chan error{aDone, bDone} {
+				if err := <-done; err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			cs := dial(t, addr, n)
+			gotA, gotB := accepted(t, a, 200*time.Millisecond), accepted(t, b, 50*time.Millisecond)
+			if stray := accepted(t, first, 50*time.Millisecond); max(gotA, gotB) != n || stray != 0 {
+				t.Fatalf("the takers accepted %d and %d, the first listener %d of %d; want all on one taker", gotA, gotB, stray, n)
+			}
+			newest, next := a, b
+			if gotB == n {
+				newest, next = b, a
+			}
+			newest.Close()
+			cs = append(cs, dial(t, addr, n)...)
+			if got, stray := accepted(t, next, 200*time.Millisecond), accepted(t, first, 50*time.Millisecond); got != n || stray != 0 {
+				t.Errorf("after the newest taker closed, the other accepted %d, the first listener %d of %d; want all on the other taker", got, stray, n)
+			}
+			if ok, errs := answered(cs); ok != 2*n {
+				t.Errorf("%d of %d connections answered: %v", ok, 2*n, errs)
+			}
+		})
+	}
+}
+
+// holding returns a channel that holds err.
+func holding(err error) <-chan error {
+	c := make(chan error, 1)
+	c <- err
+	return c
+}
+
+// takeStopped runs Take(ln) on a thread of its own, which the kernel stops
+// at its first call of syscall nr whose argument arg is val (a seccomp
+// user notification). It returns a channel closed once the thread stops
+// there, the function that lets it go on, and Take's result.
+func takeStopped(t *testing.T, ln net.Listener, nr, arg, val uint32) (stopped <-chan struct{}, resume func(), done <-chan error) {
+	t.Helper()
+	res, notify := make(chan error, 1), make(chan int, 1)
+	go func() {
+		// Never unlocked: the filtered thread exits with the goroutine.
+		runtime.LockOSThread()
+		fd, err := stopAt(nr, arg, val)
+		notify <- fd
+		if err != nil {
+			res <- err
+			return
+		}
+		res <- Take(ln)
+	}()
+	fd := <-notify
+	if fd < 0 {
+		t.Fatal(<-res)
+	}
+	// A thread still stopped then gets ENOSYS.
+	t.Cleanup(func() { unix.Close(fd) })
+	stop := make(chan struct{})
+	var req seccompNotif
+	go func() {
+		// POLLHUP once the thread has exited, never stopped.
+		pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+		if _, err := unix.Poll(pfd, -1); err != nil || pfd[0].Revents&unix.POLLIN == 0 {
+			return
+		}
+		if ioctl(fd, unix.SECCOMP_IOCTL_NOTIF_RECV, unsafe.Pointer(&req)) == nil {
+			close(stop)
+		}
+	}()
+	resume = func() {
+		resp := seccompNotifResp{ID: req.ID, Flags: unix.SECCOMP_USER_NOTIF_FLAG_CONTINUE}
+		if err := ioctl(fd, unix.SECCOMP_IOCTL_NOTIF_SEND, unsafe.Pointer(&resp)); err != nil {
+			t.Fatalf("resume the stopped taker: %v", err)
+		}
+	}
+	return stop, resume, res
+}
+
+// seccompNotif and seccompNotifResp are the kernel's struct seccomp_notif
+// and seccomp_notif_resp.
+type seccompNotif struct {
+	ID    uint64
+	PID   uint32
+	Flags uint32
+	Data  [64]byte // struct seccomp_data
+}
+
+type seccompNotifResp struct {
+	ID    uint64
+	Val   int64
+	Error int32
+	Flags uint32
+}
+
+// stopAt installs on the calling thread a seccomp filter under which its
+// calls of syscall nr whose argument arg is val wait for the returned
+// notification descriptor's answer.
+func stopAt(nr, arg, val uint32) (int, error) {
+	filter := []unix.SockFilter{
+		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: 0}, // seccomp_data.nr
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, K: nr, Jf: 3},
+		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: 16 + 8*arg}, // the argument's low half
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, K: val, Jf: 1},
+		{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_USER_NOTIF},
+		{Code: unix.BPF_RET | unix.BPF_K, K: unix.SECCOMP_RET_ALLOW},
+	}
+	prog := unix.SockFprog{Len: uint16(len(filter)), Filter: &filter[0]}
+	fd, _, errno := unix.Syscall(unix.SYS_SECCOMP, unix.SECCOMP_SET_MODE_FILTER, unix.SECCOMP_FILTER_FLAG_NEW_LISTENER,
+		uintptr(unsafe.Pointer(&prog)))
+	if errno != 0 {
+		return -1, fmt.Errorf("install the seccomp filter: %w", errno)
+	}
+	return int(fd), nil
+}
+
+func ioctl(fd int, req uint, arg unsafe.Pointer) error {
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(req), uintptr(arg)); errno != 0 {
+		return errno
+	}
+	return nil
 }
 
 // TestListenSaysWhoHoldsTheAddress: an address held without SO_REUSEPORT
