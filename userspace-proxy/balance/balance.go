@@ -142,10 +142,11 @@ func (p *Picker) ejected(c *Choice, now time.Time) bool {
 // place: the one r's session names when that endpoint is still ready, not
 // ejected (Health) and the session has not timed out; otherwise the next
 // one (nil when none is ready). Without sp, PickClient's. pinned is true
-// when r's session chose c: the request goes there and nowhere else. Any
-// other request may go to another endpoint when c fails it, and then starts
-// its session there. setSession is true when the response must carry the
-// session (SetSession): a new session, or one whose idle clock restarts.
+// when r's session chose c: the request's retries go there too. Only a
+// connect to c that fails (nothing reached it) moves it, as it moves any
+// other request, and its session then starts on the endpoint that answers.
+// setSession is true when the response must carry the session
+// (SetSession): a new session, or one whose idle clock restarts.
 func (p *Picker) PickRequest(r *http.Request, client ClientKey, now time.Time, sp *snapshot.SessionPersistence) (c *Choice, pinned, setSession bool) {
 	if sp == nil {
 		return p.PickClient(client), false, false

@@ -25,7 +25,7 @@ import (
 )
 
 // forward sends r to c over the backend's pool and streams the response back.
-func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c *balance.Choice, setSession bool) {
+func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c *balance.Choice) {
 	be := x.be
 	websocket := isWebSocketUpgrade(r)
 	out := outgoing(r, be, c, websocket)
@@ -84,7 +84,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 		// the body and add one.
 		hdr["Content-Type"] = nil
 	}
-	if setSession {
+	if x.setSession {
 		be.Picker.SetSession(hdr, r, c, x.now, x.sessionFor())
 	}
 	announced := len(resp.Trailer)
@@ -286,8 +286,8 @@ func writeSwitch(bw *bufio.Writer, resp *http.Response) error {
 // by opening an HTTP/1.1 WebSocket Upgrade to the backend (RFC 6455 §4.1: a
 // fresh Sec-WebSocket-Key, whose Accept it checks), answering 200 on the
 // stream, and relaying the stream's DATA to and from the upgraded connection.
-// setSession says the answer starts a session, as forward's does.
-func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exchange, c *balance.Choice, setSession bool) {
+// Its answer carries the session as forward's does (x.setSession).
+func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exchange, c *balance.Choice) {
 	be := x.be
 	key := make([]byte, 16)
 	rand.Read(key)
@@ -327,7 +327,7 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 		for k, vv := range resp.Header {
 			hdr[k] = vv
 		}
-		if setSession {
+		if x.setSession {
 			be.Picker.SetSession(hdr, r, c, x.now, x.sessionFor())
 		}
 		w.WriteHeader(resp.StatusCode)
@@ -351,7 +351,7 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 			hdr[k] = v
 		}
 	}
-	if setSession {
+	if x.setSession {
 		be.Picker.SetSession(hdr, r, c, x.now, x.sessionFor())
 	}
 	w.WriteHeader(http.StatusOK)

@@ -58,14 +58,14 @@ func framingFor(req *http.Request, resp *http.Response) framing {
 // connection is released before the last write to the client. err is the first read or write
 // failure: the client then got a truncated answer (never a clean short
 // one), and its connection must close.
-func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *balance.Choice, setSession bool, src *bufio.Reader) (closeAfter, ended bool, err error) {
+func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *balance.Choice, src *bufio.Reader) (closeAfter, ended bool, err error) {
 	plain := resp == &s.plain.resp // its fields are in src's buffer
 	if !plain {
 		removeHopByHop(resp.Header)
 		if x.r != nil {
 			x.r.d.ApplyResponse(resp.Header)
 		}
-		if setSession {
+		if x.setSession {
 			x.be.Picker.SetSession(resp.Header, req, c, x.now, x.sessionFor())
 		}
 	}

@@ -64,8 +64,8 @@ func (s *h1Conn) serve(req *http.Request) bool {
 	if sp != nil {
 		x.now = time.Now() // sessions time out; other requests need no clock
 	}
-	choice, pinned, setSession := x.be.Picker.PickRequest(req, x.t.clientKey(), x.now, sp)
-	x.pinned = pinned
+	var choice *balance.Choice
+	choice, x.pinned, x.setSession = x.be.Picker.PickRequest(req, x.t.clientKey(), x.now, sp)
 	if choice == nil {
 		return s.fail(req, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 	}
@@ -84,9 +84,9 @@ func (s *h1Conn) serve(req *http.Request) bool {
 		wire = upstream.WireH1
 	}
 	if wire != upstream.WireH1 {
-		return s.roundTrip(req, x, choice, wire, setSession)
+		return s.roundTrip(req, x, choice, wire)
 	}
-	return s.forward(req, x, choice, setSession, websocket)
+	return s.forward(req, x, choice, websocket)
 }
 
 // prepare turns the client's request into the one sent upstream, in place:
@@ -150,7 +150,7 @@ var errStale = errors.New("pooled connection closed by the backend")
 // request that failed on a reused connection before any answer came is
 // sent again when it is replayable (errStale); a routed request is also
 // retried as its rule's policy says (policy.go).
-func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice, setSession, websocket bool) bool {
+func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice, websocket bool) bool {
 	be := x.be
 	stale := 0
 	replayable := req.Body == http.NoBody && upstream.Idempotent(req)
@@ -178,7 +178,7 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 		choice = c
 		s.up = upstreamConn{uc: uc} // for end, should a panic unwind the exchange
 		cd := armConn(x, uc)
-		resp, body, err := s.send(uc, req, replayable, inline, x.r == nil && !setSession)
+		resp, body, err := s.send(uc, req, replayable, inline, x.r == nil && !x.setSession)
 		if err == nil && x.r != nil && x.r.pol.retryStatus(resp.StatusCode) && s.mayRetry(x, retry, "status", req) {
 			s.watch.stop()
 			discardAnswer(be, uc, resp, cd)
@@ -191,7 +191,7 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 		}
 		if err == nil {
 			x.cd = cd
-			return s.respond(req, resp, x, choice, setSession, websocket, uc, body)
+			return s.respond(req, resp, x, choice, websocket, uc, body)
 		}
 		s.watch.stop()
 		s.release(x, false)
@@ -278,9 +278,9 @@ func discardAnswer(be *upstream.Backend, uc *pool.Conn, resp *http.Response, cd 
 }
 
 // conn takes a connection to choice's endpoint. A failed connect sent no
-// byte, so, as on the L4 path, other endpoints are tried (three in all)
-// unless the request's session pins the endpoint; it returns the endpoint
-// connected to, which a new session then names.
+// byte, so, as on the L4 path, other endpoints are tried (three in all),
+// also when the request's session named the first (unpin); it returns the
+// endpoint connected to, which the session then names.
 //
 // A route's timeouts bound the wait for a connection too; when the
 // request timeout ends it, the error says so (ErrTimeout). So does the
@@ -304,7 +304,8 @@ func (s *h1Conn) conn(x *exchange, choice *balance.Choice, read bool) (*pool.Con
 		}
 	}
 	uc, err := be.GetH1(ctx, &choice.Endpoint)
-	for i := 1; err != nil && !x.pinned && i < min(be.Picker.Len(), 3) && upstream.NoConnection(err); i++ {
+	for i := 1; err != nil && i < min(be.Picker.Len(), 3) && upstream.NoConnection(err); i++ {
+		x.unpin()
 		choice = be.Picker.Pick()
 		uc, err = be.GetH1(ctx, &choice.Endpoint)
 	}
@@ -426,7 +427,7 @@ func staleIf(err error, stale bool) error {
 // respond answers the client from resp, read on uc, and gives uc back
 // (release) when both messages ended cleanly and neither side asked to
 // close.
-func (s *h1Conn) respond(req *http.Request, resp *http.Response, x *exchange, c *balance.Choice, setSession, websocket bool, uc *pool.Conn, body chan error) bool {
+func (s *h1Conn) respond(req *http.Request, resp *http.Response, x *exchange, c *balance.Choice, websocket bool, uc *pool.Conn, body chan error) bool {
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// The exchange is complete; the relay that follows has no route
 		// timeout (a WebSocket may idle).
@@ -445,7 +446,7 @@ func (s *h1Conn) respond(req *http.Request, resp *http.Response, x *exchange, c 
 		return false
 	}
 	s.up = upstreamConn{uc: uc, body: body, close: resp.Close}
-	closeAfter, ended, err := s.answer(req, resp, x, c, setSession, uc.R)
+	closeAfter, ended, err := s.answer(req, resp, x, c, uc.R)
 	consumed := s.release(x, ended) // when answer failed before it did
 	if err != nil {
 		s.answerFailed(x, err)
@@ -496,7 +497,7 @@ func (s *h1Conn) release(x *exchange, ended bool) bool {
 // roundTrip forwards a request whose backend needs another wire than
 // HTTP/1.1 (h2, h2c) through the backend's net/http Transport, and answers
 // as the pooled path does.
-func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wire upstream.Wire, setSession bool) bool {
+func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wire upstream.Wire) bool {
 	be := x.be
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -534,7 +535,7 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 		}
 		return s.fail(req, x, upstream.Classify(err), err)
 	}
-	closeAfter, _, err := s.answer(req, resp, x, c, setSession, nil)
+	closeAfter, _, err := s.answer(req, resp, x, c, nil)
 	resp.Body.Close()
 	done()
 	consumed := s.finish(body, nil)

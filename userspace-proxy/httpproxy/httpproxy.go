@@ -266,17 +266,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if sp != nil {
 		x.now = time.Now() // sessions time out; other requests need no clock
 	}
-	choice, pinned, setSession := x.be.Picker.PickRequest(r, x.t.clientKey(), x.now, sp)
-	x.pinned = pinned
+	var choice *balance.Choice
+	choice, x.pinned, x.setSession = x.be.Picker.PickRequest(r, x.t.clientKey(), x.now, sp)
 	if choice == nil {
 		h.fail(w, r, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 		return
 	}
 	if isExtendedConnect(r) {
-		h.bridgeWebSocket(w, r, x, choice, setSession)
+		h.bridgeWebSocket(w, r, x, choice)
 		return
 	}
-	h.forward(w, r, x, choice, setSession)
+	h.forward(w, r, x, choice)
 }
 
 // exchange is what one request resolved to.
@@ -287,8 +287,11 @@ type exchange struct {
 	be  *upstream.Backend // nil until routed
 	now time.Time         // when the request was routed (sessions)
 	// pinned says the request's session chose its endpoint
-	// (Picker.PickRequest): a failed connect or a retry does not move it.
+	// (Picker.PickRequest): a retry does not move it; a failed connect
+	// does (unpin).
 	pinned bool
+	// setSession says the answer carries the session (Picker.SetSession).
+	setSession bool
 	// r is the route decision when the frontend has routes that apply
 	// to this client; nil otherwise.
 	r *routed

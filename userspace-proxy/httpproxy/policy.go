@@ -238,6 +238,17 @@ func (x *exchange) again(body io.ReadCloser, n int) io.ReadCloser {
 	return body
 }
 
+// unpin lets a request whose session named the endpoint its connect failed
+// to go to another: nothing reached that endpoint, and the session starts
+// afresh on the one that answers, as under Envoy's non-strict stateful
+// sessions (GEP-1619: a session whose endpoint is unavailable goes on
+// elsewhere).
+func (x *exchange) unpin() {
+	if x.pinned {
+		x.pinned, x.setSession = false, true
+	}
+}
+
 // repick is the endpoint for a retry: the same one when the request's
 // session pins it, else the next ready one (a session the request starts
 // names the endpoint that answers).
@@ -330,12 +341,12 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 // roundTripAny sends out through rt to c, the endpoint it names, and, as
 // the fast path does (h1Conn.conn), when the connect fails, to other
 // endpoints (three in all): nothing went out, so a request whose body can
-// go again may go elsewhere, unless its session pins the endpoint. It
-// returns the endpoint tried last, which a new session then names.
+// go again may go elsewhere, also one whose session named c (unpin). It
+// returns the endpoint tried last, which the session then names.
 func (x *exchange) roundTripAny(rt http.RoundTripper, out *http.Request, c *balance.Choice) (*http.Response, *balance.Choice, error) {
 	resp, err := rt.RoundTrip(out)
-	for i := 1; err != nil && i < min(x.be.Picker.Len(), 3) && upstream.NoConnection(err) &&
-		x.resendable(out) && !x.pinned; i++ {
+	for i := 1; err != nil && i < min(x.be.Picker.Len(), 3) && upstream.NoConnection(err) && x.resendable(out); i++ {
+		x.unpin()
 		c = x.be.Picker.Pick()
 		o := out.WithContext(upstream.WithEndpoint(out.Context(), &c.Endpoint))
 		o.URL = withURLHost(out.URL, c.Host)
