@@ -200,8 +200,8 @@ func TestControlPlaneAgainstAPIServer(t *testing.T) {
 	must.Succeed(t)(kube.DiscoveryV1().EndpointSlices(ns).Create(ctx, &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Name: "web-1", Namespace: ns, Labels: map[string]string{discoveryv1.LabelServiceName: "web"}},
 		AddressType: discoveryv1.AddressTypeIPv4,
-		// Topology hints: the node's zone (its Node's label) keeps the
-		// first endpoint only.
+		// Topology hints: the node's zone (its Node's label) prefers the
+		// first endpoint, the other is its fallback.
 		Endpoints: []discoveryv1.Endpoint{
 			{Addresses: []string{"10.244.1.5"}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)},
 				Hints: &discoveryv1.EndpointHints{ForZones: []discoveryv1.ForZone{{Name: "zone-a"}}}},
@@ -276,8 +276,9 @@ func TestControlPlaneAgainstAPIServer(t *testing.T) {
 		t.Errorf("frontend for %s:443 = %+v, %v", clusterIP, f, found)
 	}
 	webBackend := backendFor(s, "web", 443)
-	if got, want := endpointAddrs(webBackend), []netip.AddrPort{netip.MustParseAddrPort("10.244.1.5:8443")}; !slices.Equal(got, want) {
-		t.Errorf("web endpoints = %v, want %v", got, want)
+	if got, want := endpointAddrs(webBackend), []netip.AddrPort{netip.MustParseAddrPort("10.244.1.5:8443"), netip.MustParseAddrPort("10.244.2.5:8443")}; !slices.Equal(got, want) ||
+		webBackend.Endpoints[0].Fallback || !webBackend.Endpoints[1].Fallback {
+		t.Errorf("web endpoints = %+v, want %v, the second a fallback", webBackend.Endpoints, want)
 	}
 	if webBackend.TLS.ServerName != "web.example.com" || webBackend.Invalid != nil {
 		t.Errorf("web TLS = %+v, invalid %+v", webBackend.TLS, webBackend.Invalid)

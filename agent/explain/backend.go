@@ -26,9 +26,13 @@ type Backend struct {
 	// Hostname is an ExternalHostname XBackend's host.
 	Hostname string `json:"hostname,omitempty"`
 	TLS      *TLS   `json:"tls,omitempty"`
-	// Endpoints and ReadyEndpoints count the addresses the proxy may dial.
-	Endpoints      int `json:"endpoints"`
-	ReadyEndpoints int `json:"readyEndpoints"`
+	// Endpoints counts the addresses the proxy may dial; ReadyEndpoints the
+	// ready ones it prefers, FallbackEndpoints the ready ones topology
+	// hints leave to other nodes or zones, which it takes only while none
+	// of the others can (snapshot.Endpoint.Fallback).
+	Endpoints         int `json:"endpoints"`
+	ReadyEndpoints    int `json:"readyEndpoints"`
+	FallbackEndpoints int `json:"fallbackEndpoints,omitempty"`
 	// Invalid says why the proxy refuses every connection to it (fail
 	// closed: HTTP 503 or a TCP reset, never plaintext).
 	Invalid            *snapshot.Invalid            `json:"invalid,omitempty"`
@@ -75,7 +79,10 @@ func DescribeBackend(b *snapshot.Backend) Backend {
 		Endpoints: len(b.Endpoints), Wire: Wire(b.Protocol, b.TLS != nil),
 	}
 	for _, ep := range b.Endpoints {
-		if ep.Ready {
+		switch {
+		case ep.Ready && ep.Fallback:
+			out.FallbackEndpoints++
+		case ep.Ready:
 			out.ReadyEndpoints++
 		}
 	}

@@ -19,10 +19,10 @@ import (
 	"github.com/sockmesh/sockmesh/test/pki"
 )
 
-// node translates testdata/node.yaml for node-a, as the agent would.
+// node translates testdata/node.yaml for node-a in zone-a, as the agent would.
 func node(t *testing.T) *snapshot.Snapshot {
 	t.Helper()
-	in := translate.Input{Now: time.Unix(0, 0), Node: translate.Node{Name: "node-a"}}
+	in := translate.Input{Now: time.Unix(0, 0), Node: translate.Node{Name: "node-a", Zone: "zone-a"}}
 	in.ReferenceGrants = []*gwv1.ReferenceGrant{{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "other-to-app"},
 		Spec: gwv1.ReferenceGrantSpec{
@@ -85,7 +85,7 @@ func TestExplain(t *testing.T) {
 			if e.Backend == nil || e.Backend.TLS == nil || e.Backend.TLS.ServerName != "secure.app.svc" ||
 				e.Backend.TLS.Policy != (snapshot.ObjectRef{Kind: "BackendTLSPolicy", Namespace: "app", Name: "secure"}) ||
 				len(e.Backend.TLS.CAs) != 1 || !strings.Contains(e.Backend.TLS.CAs[0].Subject, "explain test CA") ||
-				e.Backend.Endpoints != 2 || e.Backend.ReadyEndpoints != 1 {
+				e.Backend.Endpoints != 3 || e.Backend.ReadyEndpoints != 1 || e.Backend.FallbackEndpoints != 1 {
 				t.Errorf("backend = %+v", e.Backend)
 			}
 			if e.Capture.FailurePolicy != snapshot.FailClosed || len(e.Capture.Addrs) != 1 || !e.Capture.Addrs[0].InDatapath {

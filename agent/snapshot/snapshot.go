@@ -176,6 +176,11 @@ type Endpoint struct {
 	NodeName    string `json:"nodeName,omitempty"`
 	// Pod is the endpoint's targetRef when it is a Pod.
 	Pod *ObjectRef `json:"pod,omitempty"`
+	// Fallback marks a ready endpoint that topology hints leave to other
+	// nodes or zones: the proxy sends it connections only while none of
+	// the backend's other endpoints can take them (none ready, or all
+	// ejected after failed connects), as a mesh's locality failover does.
+	Fallback bool `json:"fallback,omitempty"`
 }
 
 // TLSMode is how the proxy authenticates toward the backend.

@@ -36,8 +36,10 @@
 // internalTrafficPolicy Local, this node's only; otherwise, when the
 // EndpointSlice controller hinted every ready endpoint for a node or zone
 // (trafficDistribution) and one for this node or its zone
-// (Input.Node.Zone), the ready ones so hinted. Endpoints not ready stay:
-// the proxy falls back to those serving while terminating.
+// (Input.Node.Zone), the ready ones so hinted, the other ready ones
+// marked Fallback: the proxy takes them only while none of the hinted ones
+// takes connections. Endpoints not ready stay: the proxy falls back to
+// those serving while terminating.
 //
 // Headless (clusterIP None) and ExternalName Services are never captured:
 // sockmesh redirects connections by their destination, a ClusterIP, and

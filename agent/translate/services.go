@@ -188,28 +188,30 @@ func (t *translator) hintedEndpoints(namespace, service, portName string, proto 
 // connections fail, as without sockmesh); otherwise, when every ready
 // endpoint carries topology hints (trafficDistribution, or the
 // topology-mode annotation) and one is hinted for this node
-// (PreferSameNode) or else for its zone, the ready ones so hinted.
+// (PreferSameNode) or else for its zone, the ready ones so hinted, and the
+// other ready ones as a Fallback: kube-proxy cannot know that this node's
+// or zone's endpoints stopped taking connections, the proxy can (its
+// ejections), and then sends them to the others rather than answer 503.
 // Endpoints not ready stay either way: the proxy falls back to those still
 // serving while terminating when none is ready (balance.New). A node whose
 // name the agent does not know (a manifest file's) takes every endpoint.
 func (t *translator) serviceEndpoints(svc *corev1.Service, sp corev1.ServicePort) []snapshot.Endpoint {
 	eps := t.hintedEndpoints(svc.Namespace, svc.Name, sp.Name, corev1.ProtocolTCP)
 	node := t.in.Node
-	keep := func(hinted) bool { return true }
-	switch {
-	case node.Name == "":
-	case svc.Spec.InternalTrafficPolicy != nil && *svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal:
-		keep = func(h hinted) bool { return h.NodeName == node.Name }
-	default:
-		if hints, mine := topologyHints(eps, node); hints != nil {
-			keep = func(h hinted) bool { return !h.Ready || slices.Contains(hints(h), mine) }
-		}
+	local := node.Name != "" && svc.Spec.InternalTrafficPolicy != nil &&
+		*svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal
+	var hints func(hinted) []string
+	var mine string
+	if node.Name != "" && !local {
+		hints, mine = topologyHints(eps, node)
 	}
 	out := make([]snapshot.Endpoint, 0, len(eps))
 	for _, h := range eps {
-		if keep(h) {
-			out = append(out, h.Endpoint)
+		if local && h.NodeName != node.Name {
+			continue
 		}
+		h.Fallback = hints != nil && h.Ready && !slices.Contains(hints(h), mine)
+		out = append(out, h.Endpoint)
 	}
 	return out
 }

@@ -182,7 +182,12 @@ func backendBlock(w io.Writer, indent int, be explain.Backend) {
 	if be.Hostname != "" {
 		b.add("Hostname", "%s", be.Hostname)
 	}
-	b.add("Endpoints", "%d (%d ready)", be.Endpoints, be.ReadyEndpoints)
+	if be.FallbackEndpoints > 0 {
+		b.add("Endpoints", "%d (%d ready, %d fallback in other zones or nodes: used only while no ready one takes connections)",
+			be.Endpoints, be.ReadyEndpoints, be.FallbackEndpoints)
+	} else {
+		b.add("Endpoints", "%d (%d ready)", be.Endpoints, be.ReadyEndpoints)
+	}
 	if t := be.TLS; t != nil {
 		b.add("TLS", "%s, policy %s", t.Mode, t.Policy)
 		b.add("SNI", "%s", t.ServerName)

@@ -24,39 +24,52 @@ type Choice struct {
 
 // Picker chooses among a backend's ready endpoints.
 type Picker struct {
-	ready    []Choice
-	next     atomic.Uint32
-	health   *Health
-	affinity *Affinity
+	// ready holds the endpoints handed out: the first preferred ones, then
+	// the fallback ones (snapshot.Endpoint.Fallback), picked only while
+	// every preferred one is ejected.
+	ready     []Choice
+	preferred int
+	// next and nextFallback take the turns among the preferred and the
+	// fallback endpoints: one counter would hand a fallback endpoint the
+	// same turn every time when the preferred ones' steps are a multiple of
+	// their number.
+	next, nextFallback atomic.Uint32
+	health             *Health
+	affinity           *Affinity
 }
 
 // New returns a Picker over b's ready endpoints, or, when none is ready,
 // over those still serving while they terminate (as kube-proxy does, KEP
 // 1669: a rollout that replaces a Service's only pod keeps its clients),
 // passing over those h has ejected, and pinning clients under a (see
-// PickClient); h and a may be nil.
+// PickClient); h and a may be nil. Ready endpoints marked Fallback take
+// connections only while every other one is ejected, or when no other is
+// ready.
 func New(b *snapshot.Backend, h *Health, a *Affinity) *Picker {
 	p := &Picker{health: h, affinity: a}
-	for _, ep := range b.Endpoints {
-		if ep.Ready {
-			p.ready = append(p.ready, Choice{Endpoint: ep, Host: ep.Addr.String(), token: token(ep)})
+	add := func(take func(snapshot.Endpoint) bool) {
+		for _, ep := range b.Endpoints {
+			if take(ep) {
+				p.ready = append(p.ready, Choice{Endpoint: ep, Host: ep.Addr.String(), token: token(ep)})
+			}
 		}
 	}
-	if len(p.ready) > 0 {
-		return p
+	add(func(ep snapshot.Endpoint) bool { return ep.Ready && !ep.Fallback })
+	p.preferred = len(p.ready)
+	add(func(ep snapshot.Endpoint) bool { return ep.Ready && ep.Fallback })
+	if len(p.ready) == 0 {
+		add(func(ep snapshot.Endpoint) bool { return ep.Serving && ep.Terminating })
 	}
-	for _, ep := range b.Endpoints {
-		if ep.Serving && ep.Terminating {
-			p.ready = append(p.ready, Choice{Endpoint: ep, Host: ep.Addr.String(), token: token(ep)})
-		}
+	if p.preferred == 0 {
+		p.preferred = len(p.ready) // what there is, fallback or not
 	}
 	return p
 }
 
-// Len is the number of ready endpoints.
+// Len is the number of endpoints handed out, fallback ones included.
 func (p *Picker) Len() int { return len(p.ready) }
 
-// Addrs returns the endpoints p hands out.
+// Addrs returns the endpoints p hands out, fallback ones included.
 func (p *Picker) Addrs() []netip.AddrPort {
 	a := make([]netip.AddrPort, len(p.ready))
 	for i := range p.ready {
@@ -65,11 +78,12 @@ func (p *Picker) Addrs() []netip.AddrPort {
 	return a
 }
 
-// Pick returns the next ready endpoint not ejected, or nil when there is
-// none ready; when all are ejected, the next ready one. The result is
-// shared: callers must not modify it.
+// Pick returns the next preferred endpoint not ejected, else the next
+// fallback one not ejected, or nil when there is none ready; when all are
+// ejected, the next preferred one. The result is shared: callers must not
+// modify it.
 func (p *Picker) Pick() *Choice {
-	n := uint32(len(p.ready))
+	n := uint32(p.preferred)
 	if n == 0 {
 		return nil
 	}
@@ -88,42 +102,50 @@ func (p *Picker) Pick() *Choice {
 			return c
 		}
 	}
-	// Every ready endpoint is ejected: one turn more (n+1 in all), so that
-	// they still take turns.
+	fallback := p.ready[n:]
+	for range len(fallback) {
+		if c := &fallback[p.nextFallback.Add(1)%uint32(len(fallback))]; p.health.admit(c.Endpoint.Addr, now) {
+			return c
+		}
+	}
+	// Every endpoint is ejected: one turn more (n+1 in all), so that the
+	// preferred ones still take turns.
 	return &p.ready[p.next.Add(1)%n]
 }
 
 // PickFewest returns the ready endpoint, not ejected, that carries the
-// fewest of the caller's connections (load), taking turns among equals;
-// when every ready endpoint is ejected, Pick's. It is for connections that
-// live long and carry many requests each (relayed HTTP/2): round robin
-// over their connects leaves them uneven once endpoints come and go.
+// fewest of the caller's connections (load), taking turns among equals,
+// from the preferred ones, else from the fallback ones; when every ready
+// endpoint is ejected, Pick's. It is for connections that live long and
+// carry many requests each (relayed HTTP/2): round robin over their
+// connects leaves them uneven once endpoints come and go.
 func (p *Picker) PickFewest(load func(netip.AddrPort) int) *Choice {
-	n := uint32(len(p.ready))
-	if n == 0 {
+	if p.preferred == 0 {
 		return nil
 	}
 	now := time.Now()
 	start := p.next.Add(1)
-	var best *Choice
-	least := 0
-	for i := range n {
-		c := &p.ready[(start+i)%n]
-		if p.health.Any() && p.health.passedOver(c.Endpoint.Addr, now) {
-			continue
+	for _, tier := range [...][]Choice{p.ready[:p.preferred], p.ready[p.preferred:]} {
+		var best *Choice
+		least := 0
+		for i := range uint32(len(tier)) {
+			c := &tier[(start+i)%uint32(len(tier))]
+			if p.health.Any() && p.health.passedOver(c.Endpoint.Addr, now) {
+				continue
+			}
+			if l := load(c.Endpoint.Addr); best == nil || l < least {
+				best, least = c, l
+			}
 		}
-		if l := load(c.Endpoint.Addr); best == nil || l < least {
-			best, least = c, l
+		if best != nil && (!p.health.Any() || p.health.admit(best.Endpoint.Addr, now)) {
+			return best
 		}
 	}
-	if best == nil || p.health.Any() && !p.health.admit(best.Endpoint.Addr, now) {
-		return p.Pick()
-	}
-	return best
+	return p.Pick()
 }
 
 // ejected reports whether c is ejected at now while another ready endpoint
-// is not: a session pinned to c then moves.
+// (a fallback one too) is not: a session pinned to c then moves.
 func (p *Picker) ejected(c *Choice, now time.Time) bool {
 	if !p.health.Any() || !p.health.passedOver(c.Endpoint.Addr, now) {
 		return false

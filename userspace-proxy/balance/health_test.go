@@ -208,3 +208,62 @@ func TestPickFewest(t *testing.T) {
 		t.Errorf("every endpoint ejected: picked %v, want all three in turn", seen)
 	}
 }
+
+// TestFallback: endpoints topology hints left to other zones take nothing
+// while a preferred one is not ejected; once every preferred one is, they
+// take the connections in turn (Pick, PickFewest) and the sessions of the
+// ejected ones; when they too are ejected, the preferred ones take turns
+// again. With no preferred endpoint ready, they are all there is.
+func TestFallback(t *testing.T) {
+	h := NewHealth(time.Minute, time.Minute)
+	sp := &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "s"}
+	eps := endpoints(5)
+	eps[3].Fallback, eps[4].Fallback = true, true
+	p := New(&snapshot.Backend{Endpoints: eps, SessionPersistence: sp}, h, nil)
+	// only reports whether seen holds the endpoints of eps at is, each n
+	// times, and nothing else.
+	only := func(seen map[string]int, n int, is ...int) bool {
+		for _, i := range is {
+			if seen[eps[i].Addr.String()] != n {
+				return false
+			}
+		}
+		return len(seen) == len(is)
+	}
+	fewest := func(n int) map[string]int {
+		seen := map[string]int{}
+		for range n {
+			seen[p.PickFewest(func(netip.AddrPort) int { return 0 }).Host]++
+		}
+		return seen
+	}
+	if got := picks(p, 6); !only(got, 2, 0, 1, 2) {
+		t.Errorf("preferred endpoints healthy: picks %v, want them only, in turn", got)
+	}
+	now := time.Now()
+	h.Failed(eps[0].Addr, now)
+	h.Failed(eps[1].Addr, now)
+	if got, few := picks(p, 4), fewest(4); !only(got, 4, 2) || !only(few, 4, 2) {
+		t.Errorf("two preferred endpoints ejected: picks %v, fewest %v; want the third only", got, few)
+	}
+	r, _ := http.NewRequest(http.MethodGet, "/", nil)
+	hdr := http.Header{}
+	p.SetSession(hdr, r, &p.ready[2], now, sp)
+	r.Header.Set("s", hdr.Get("s"))
+	h.Failed(eps[2].Addr, now)
+	if got, few := picks(p, 4), fewest(4); !only(got, 2, 3, 4) || !only(few, 2, 3, 4) {
+		t.Errorf("every preferred endpoint ejected: picks %v, fewest %v; want the fallback ones in turn", got, few)
+	}
+	if c, pinned, set := p.PickRequest(r, ClientKey{}, now, sp); !c.Endpoint.Fallback || pinned || !set {
+		t.Errorf("session on an ejected endpoint went to %s (pinned %v, new %v), want a fallback one, as a new session", c.Host, pinned, set)
+	}
+	h.Failed(eps[3].Addr, now)
+	h.Failed(eps[4].Addr, now)
+	if got := picks(p, 6); !only(got, 2, 0, 1, 2) {
+		t.Errorf("every endpoint ejected: picks %v, want the preferred ones in turn", got)
+	}
+	eps[0].Ready, eps[1].Ready, eps[2].Ready = false, false, false
+	if got := picks(New(&snapshot.Backend{Endpoints: eps}, nil, nil), 4); !only(got, 2, 3, 4) {
+		t.Errorf("no preferred endpoint ready: picks %v, want the fallback ones in turn", got)
+	}
+}

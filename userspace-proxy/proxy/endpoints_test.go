@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -488,6 +489,62 @@ func TestSessionFailover(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestZoneFallback: a backend's endpoints in other zones, which topology
+// hints leave to those zones (snapshot.Endpoint.Fallback), take nothing
+// while the zone's own endpoint serves, and take the requests and
+// connections once it refuses, on every path: before, the agent left them
+// out of the snapshot, and the proxy answered 503 or reset the app while
+// they served.
+func TestZoneFallback(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{ejectFor: time.Minute})
+	paths := []struct {
+		name  string
+		proto snapshot.Protocol
+		h2c   bool // the app speaks h2c
+	}{
+		{"http1-fast", "", false},
+		{"http1-to-h2c", snapshot.ProtocolH2C, false},    // the fast path's HTTP/2 round trip
+		{"h2c-to-http11", snapshot.ProtocolHTTP11, true}, // net/http's path
+		{"h2c-relayed", "", true},                        // relayed HTTP/2: PickFewest
+		{"tcp", snapshot.ProtocolTCP, false},             // HTTP/1.1 relayed as opaque TCP: the L4 path
+	}
+	for i, p := range paths {
+		t.Run(p.name, func(t *testing.T) {
+			there := startEcho(t, "zone-b", nil).addr
+			zoned := func(here netip.AddrPort) snapshot.Backend {
+				eps := endpoints(here, there)
+				eps[0].Zone, eps[1].Zone, eps[1].Fallback = "zone-a", "zone-b", true
+				return snapshot.Backend{Protocol: p.proto, Endpoints: eps}
+			}
+			vServing := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 8, byte(70 + 2*i)}), 80)
+			vRefusing := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 8, byte(71 + 2*i)}), 80)
+			e.p.Update(buildSnapshot(t, uint64(i+1),
+				service{name: "serving", vip: vServing, backend: zoned(startEcho(t, "zone-a", nil).addr)},
+				service{name: "refusing", vip: vRefusing, backend: zoned(closedPort(t))},
+			))
+			answers := func(vip netip.AddrPort) map[string]int {
+				c := e.client(vip, p.h2c)
+				if p.proto == snapshot.ProtocolTCP {
+					c.Transport.(*http.Transport).DisableKeepAlives = true // the L4 path picks per connection
+				}
+				seen := map[string]int{}
+				for range 4 {
+					code, rep := get(t, c, "http://svc.b.svc/")
+					seen[cmp.Or(rep.Pod, strconv.Itoa(code))]++
+				}
+				return seen
+			}
+			if seen := answers(vServing); seen["zone-a"] != 4 {
+				t.Errorf("the zone's endpoint serving: answers %v, want zone-a's only", seen)
+			}
+			if seen := answers(vRefusing); seen["zone-b"] != 4 {
+				t.Errorf("the zone's endpoint refusing: answers %v, want zone-b's", seen)
+			}
+		})
 	}
 }
 
