@@ -28,6 +28,7 @@ type Snapshot struct {
 	byAddr     map[netip.AddrPort]*Frontend
 	byBackend  map[BackendRef]*Backend
 	byWorkload map[netip.Addr]*Workload
+	hostNet    map[netip.Addr]bool
 }
 
 // ObjectRef names the Kubernetes object a piece of the Snapshot came from, for
@@ -329,6 +330,7 @@ func New(version uint64, frontends []Frontend, backends []Backend, workloads []W
 		byAddr:     make(map[netip.AddrPort]*Frontend),
 		byBackend:  make(map[BackendRef]*Backend, len(backends)),
 		byWorkload: make(map[netip.Addr]*Workload),
+		hostNet:    make(map[netip.Addr]bool),
 	}
 	for i := range backends {
 		b := &backends[i]
@@ -373,6 +375,9 @@ func New(version uint64, frontends []Frontend, backends []Backend, workloads []W
 				shared[ip] = true
 			}
 			s.byWorkload[ip] = w
+			if w.HostNetwork {
+				s.hostNet[ip] = true
+			}
 		}
 	}
 	for ip := range shared {
@@ -404,6 +409,13 @@ func (s *Snapshot) Backend(ref BackendRef) (*Backend, bool) {
 func (s *Snapshot) Workload(ip netip.Addr) (*Workload, bool) {
 	w, ok := s.byWorkload[ip.Unmap()]
 	return w, ok
+}
+
+// HostNetwork reports whether an enrolled host-network pod holds ip: it is
+// then one of the node's own addresses, from which every process of the
+// node's network namespace connects, whichever pod it belongs to.
+func (s *Snapshot) HostNetwork(ip netip.Addr) bool {
+	return s.hostNet[ip.Unmap()]
 }
 
 func compareRefs(a, b BackendRef) int {

@@ -46,4 +46,12 @@ func TestWorkloadByAddress(t *testing.T) {
 			t.Errorf("Workload(%s) = %q, want %q", tc.ip, got, tc.want)
 		}
 	}
+	// The node's addresses, held by enrolled host-network pods, are one
+	// client's for the proxy's connection limit, however many pods share
+	// them.
+	for ip, want := range map[netip.Addr]bool{podIP: false, nodeIP: true, hostIP: true, netip.MustParseAddr("::ffff:192.168.1.10"): true} {
+		if got := s.HostNetwork(ip); got != want {
+			t.Errorf("HostNetwork(%s) = %v, want %v", ip, got, want)
+		}
+	}
 }

@@ -231,6 +231,7 @@ type env struct {
 	p    *proxy.Proxy
 	reg  *prometheus.Registry
 	ln   net.Listener
+	ln6  net.Listener // [::1], with envOptions.ipv6
 	logs *syncbuf.Buffer
 	mu   sync.Mutex
 	dsts map[string]chan redirected
@@ -262,6 +263,9 @@ type envOptions struct {
 	rebalanceSpread time.Duration
 	// parkAfter is Config.ParkAfter (0: httpproxy's 5 s).
 	parkAfter time.Duration
+	// ipv6 adds a listener on [::1], which dialFrom uses for IPv6
+	// sources, as a dual-stack node has a node listener per family.
+	ipv6 bool
 }
 
 func newEnv(t testing.TB, o envOptions) *env {
@@ -293,25 +297,15 @@ func newEnv(t testing.TB, o envOptions) *env {
 		t.Fatal(err)
 	}
 	e.p = p
-	e.ln, err = net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	e.ln = e.listen("127.0.0.1:0")
+	if o.ipv6 {
+		e.ln6 = e.listen("[::1]:0")
 	}
-	go func() {
-		for {
-			c, err := e.ln.Accept()
-			if err != nil {
-				return
-			}
-			ch := e.slot(c.RemoteAddr().String())
-			go func() {
-				r := <-ch
-				e.p.ServeConn(c, r.dst, proxy.Client{Addr: c.RemoteAddr().(*net.TCPAddr).AddrPort(), Pod: r.pod})
-			}()
-		}
-	}()
 	t.Cleanup(func() {
 		e.ln.Close()
+		if e.ln6 != nil {
+			e.ln6.Close()
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := p.Shutdown(ctx); err != nil {
@@ -322,6 +316,30 @@ func newEnv(t testing.TB, o envOptions) *env {
 		}
 	})
 	return e
+}
+
+// listen accepts connections at addr, each handed to ServeConn once its
+// dialer registered it; closed at cleanup.
+func (e *env) listen(addr string) net.Listener {
+	e.t.Helper()
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			ch := e.slot(c.RemoteAddr().String())
+			go func() {
+				r := <-ch
+				e.p.ServeConn(c, r.dst, proxy.Client{Addr: c.RemoteAddr().(*net.TCPAddr).AddrPort(), Pod: r.pod})
+			}()
+		}
+	}()
+	return ln
 }
 
 func (e *env) slot(key string) chan redirected {
@@ -354,19 +372,40 @@ func (e *env) appConn(t testing.TB, dst netip.AddrPort) net.Conn {
 }
 
 // dialFrom opens a client connection whose original destination is dst
-// from the loopback address src (zero: any), whose pod, when pod is set,
-// the listener knows (in-pod mode).
+// from the loopback address src (zero: any; IPv6 reaches the [::1]
+// listener), whose pod, when pod is set, the listener knows (in-pod mode).
 func (e *env) dialFrom(dst netip.AddrPort, src netip.Addr, pod *snapshot.ObjectRef) (net.Conn, error) {
 	d := net.Dialer{}
+	ln := e.ln
 	if src.IsValid() {
 		d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
+		if src.Is6() {
+			ln = e.ln6
+		}
 	}
-	c, err := d.Dial("tcp", e.ln.Addr().String())
+	c, err := d.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		return nil, err
 	}
 	e.slot(c.LocalAddr().String()) <- redirected{dst: dst, pod: pod}
 	return c, nil
+}
+
+// echoFrom opens a connection to a raw echo at dst, as dialFrom does,
+// closed when t ends, and reports whether it is served: its bytes come
+// back.
+func (e *env) echoFrom(t testing.TB, dst netip.AddrPort, src netip.Addr, pod *snapshot.ObjectRef) (net.Conn, bool) {
+	t.Helper()
+	c, err := e.dialFrom(dst, src, pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "\x00hello")
+	got := make([]byte, 6)
+	_, err = io.ReadFull(c, got)
+	return c, err == nil && string(got) == "\x00hello"
 }
 
 // client returns an HTTP client whose every connection is redirected to dst;

@@ -65,9 +65,11 @@ type Config struct {
 	// backend, path or HTTP, reason) is logged at Warn at most; the others
 	// go to Debug and are counted on the next line. 0 means 10 s.
 	FailureLogEvery time.Duration
-	// MaxConnsPerClient bounds the connections one client — a pod on an
-	// in-pod listener, a source address on a node listener — has open
-	// through the proxy; past it, its new connections are reset
+	// MaxConnsPerClient bounds the connections one client has open
+	// through the proxy: a pod (on a node listener, the enrolled pod
+	// holding the source address, both families together), the node's
+	// host network (every enrolled host-network pod), or a source address
+	// no enrolled pod holds. Past it, its new connections are reset
 	// (rejected, reason client_limit) while other clients are served. 0
 	// means no limit.
 	MaxConnsPerClient int

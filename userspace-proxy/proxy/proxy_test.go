@@ -980,20 +980,9 @@ func TestClientConnectionLimit(t *testing.T) {
 	e.p.Update(buildSnapshot(t, 1, service{name: "db", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, Endpoints: endpoints(startTCPEcho(t, nil))}}))
 	podA := &snapshot.ObjectRef{Namespace: "a", Name: "a-0"}
 	podB := &snapshot.ObjectRef{Namespace: "a", Name: "b-0"}
-	// open dials from src (and pod, in-pod mode) and reports whether the
-	// connection is served: its bytes come back.
 	open := func(src netip.Addr, pod *snapshot.ObjectRef) (net.Conn, bool) {
 		t.Helper()
-		c, err := e.dialFrom(vip, src, pod)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		c.SetDeadline(time.Now().Add(10 * time.Second))
-		io.WriteString(c, "\x00hello")
-		got := make([]byte, 6)
-		_, err = io.ReadFull(c, got)
-		return c, err == nil && string(got) == "\x00hello"
+		return e.echoFrom(t, vip, src, pod)
 	}
 	rejected := func() float64 {
 		return e.counter("sockmesh_proxy_rejected_connections_total", map[string]string{"reason": "client_limit"})
@@ -1028,6 +1017,50 @@ func TestClientConnectionLimit(t *testing.T) {
 	}
 	if !strings.Contains(e.logs.String(), `"client":"a/a-0","limit":2`) {
 		t.Errorf("no log line names the in-pod listener's pod at its limit:\n%s", e.logs.String())
+	}
+}
+
+// TestClientConnectionLimitDualStack: on node listeners a dual-stack pod
+// is one client, its IPv4 and IPv6 connections counted together, and so
+// are the node's addresses, from which every enrolled host-network pod
+// connects; an address no pod holds is still a client of its own.
+func TestClientConnectionLimitDualStack(t *testing.T) {
+	checkNoLeaks(t)
+	vip := netip.MustParseAddrPort("10.96.4.5:5432")
+	v4, v6 := netip.MustParseAddr("127.0.0.4"), netip.MustParseAddr("::1")
+	pod := func(ns, name string, hostNetwork bool) snapshot.Workload {
+		return snapshot.Workload{Pod: snapshot.ObjectRef{Namespace: ns, Name: name}, IPs: []netip.Addr{v4, v6}, HostNetwork: hostNetwork, Enrolled: true}
+	}
+	for _, tc := range []struct {
+		name      string
+		workloads []snapshot.Workload
+		client    string // as logged
+	}{
+		{"pod", []snapshot.Workload{pod("d", "dual", false)}, "d/dual"},
+		{"host network", []snapshot.Workload{pod("kube-system", "exporter", true), pod("monitoring", "agent", true)}, "host network"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{maxConnsPerClient: 2, ipv6: true})
+			m := &mesh{t: t, workloads: tc.workloads}
+			m.frontend("db", vip, m.backend("db", snapshot.Backend{Protocol: snapshot.ProtocolTCP, Endpoints: endpoints(startTCPEcho(t, nil))}), nil)
+			e.p.Update(m.snapshot(1))
+			_, ok4 := e.echoFrom(t, vip, v4, nil)
+			_, ok6 := e.echoFrom(t, vip, v6, nil)
+			if !ok4 || !ok6 {
+				t.Fatalf("connections within the limit served: IPv4 %v, IPv6 %v", ok4, ok6)
+			}
+			for _, src := range []netip.Addr{v6, v4} {
+				if _, ok := e.echoFrom(t, vip, src, nil); ok {
+					t.Errorf("third connection, from %s: served; want it reset, as %s had two open", src, tc.client)
+				}
+			}
+			if want := fmt.Sprintf(`"client":%q,"addr":"::1"`, tc.client); !strings.Contains(e.logs.String(), want) {
+				t.Errorf("no log line has %s:\n%s", want, e.logs.String())
+			}
+			if _, ok := e.echoFrom(t, vip, unknownClient, nil); !ok {
+				t.Errorf("a connection from %s, no pod's address, was not served", unknownClient)
+			}
+		})
 	}
 }
 

@@ -60,13 +60,13 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 		}
 	}()
 	defer p.contain(c, origDst)
-	cs.key = balance.ClientOf(client.Addr, client.Pod)
+	v := p.current.Load()
+	cs.key = limitKey(v.Snapshot, client)
 	if !p.clients.enter(cs.key) {
-		p.overLimit(c, cs.key)
+		p.overLimit(c, cs.key, client)
 		return
 	}
 	cs.entered = true
-	v := p.current.Load()
 	fe, ok := v.Snapshot.Frontend(origDst)
 	if !ok {
 		// Redirected but not (or no longer) captured: relaying to origDst
@@ -91,15 +91,12 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 }
 
 // overLimit resets a connection of client k, which has as many open as
-// it may. The log names the pod, found by address on node listeners.
-func (p *Proxy) overLimit(c net.Conn, k balance.ClientKey) {
+// it may. On node listeners the log also names the source address.
+func (p *Proxy) overLimit(c net.Conn, k clientKey, client Client) {
 	if ok, held := p.clients.log.Allow(k, time.Now()); ok {
 		attrs := []any{"client", k.String()}
-		if k.Addr.IsValid() {
-			if w, found := p.current.Load().Snapshot.Workload(k.Addr); found {
-				attrs[1] = w.Pod.String()
-			}
-			attrs = append(attrs, "addr", k.Addr.String())
+		if client.Pod == nil {
+			attrs = append(attrs, "addr", client.Addr.Addr().String())
 		}
 		p.log.Warn("client at its connection limit; new connection reset", append(attrs, "limit", p.cfg.MaxConnsPerClient, "suppressed", held)...)
 	}
@@ -196,7 +193,7 @@ type connState struct {
 	dst    netip.AddrPort
 	client Client
 	// key is the client the connection counts against, once entered.
-	key     balance.ClientKey
+	key     clientKey
 	entered bool
 	// handedOff is set once what serves the connection on (the HTTP
 	// paths, a relay) will call end: ServeConn then does not, also when
