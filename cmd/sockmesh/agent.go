@@ -22,7 +22,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
-	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/klog/v2"
 
 	"github.com/sockmesh/sockmesh/agent/apply"
@@ -94,7 +93,7 @@ func newAgentCommand(getenv func(string) string) *cobra.Command {
 			if err := reexecWithRuntimeSettings(); err != nil {
 				return err
 			}
-			s, err := o.load(cmd.Flags(), getenv, hostInterfaceIP)
+			s, err := o.load(cmd.Flags(), getenv, defaultRouteAddrs)
 			if err != nil {
 				return err
 			}
@@ -143,19 +142,17 @@ func newLogger(w io.Writer, s settings, events *introspect.Events) *slog.Logger 
 	return slog.New(events.Handler(h))
 }
 
-// hostInterfaceIP is the address of the interface holding the default
-// route, as the kubelet picks a node IP when --node-ip is unset. Pods reach
+// defaultRouteAddrs are the addresses of the families the calling thread's
+// network namespace has a default route in (podns.NS.DefaultRouteAddrs):
+// the node's, one per family, when no downward API names them. Pods reach
 // every address of their node.
-func hostInterfaceIP() (netip.Addr, error) {
-	ip, err := utilnet.ChooseHostInterface()
+func defaultRouteAddrs() ([]netip.Addr, error) {
+	self, err := podns.Open("/proc/thread-self/ns/net")
 	if err != nil {
-		return netip.Addr{}, err
+		return nil, err
 	}
-	a, ok := netip.AddrFromSlice(ip)
-	if !ok {
-		return netip.Addr{}, fmt.Errorf("host interface address %v", ip)
-	}
-	return a.Unmap(), nil
+	defer self.Close()
+	return self.DefaultRouteAddrs()
 }
 
 // agent is one run of the agent: its parts and what shutdown must undo.

@@ -84,7 +84,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (kubernetes source; default: $KUBECONFIG, ~/.kube/config, then the in-cluster service account)")
 	fs.StringVar(&o.nodeName, "node-name", getenv(envNodeName), "this node's name: only its pods are enrolled (default $"+envNodeName+"; required for the kubernetes source)")
 	fs.StringVar(&o.proxyMode, "proxy-mode", string(enrol.NodeIP), "where the proxy listens: node-ip (listeners on the node's addresses, one per family) or in-pod (listeners inside each pod's network namespace)")
-	fs.StringSliceVar(&o.proxyListen, "proxy-listen", nil, "node-ip mode listener addresses, IP:port, at most one per family; port 0 picks a free port (default: the first address of each family in $"+envHostIPs+", else $"+envHostIP+", else the address of the default route's interface; port "+strconv.Itoa(defaultProxyPort)+")")
+	fs.StringSliceVar(&o.proxyListen, "proxy-listen", nil, "node-ip mode listener addresses, IP:port, at most one per family; port 0 picks a free port (default: the first address of each family in $"+envHostIPs+", else $"+envHostIP+", else each family's default-route address: the route's src, else the first global address of its interface; port "+strconv.Itoa(defaultProxyPort)+")")
 	fs.Uint16Var(&o.inPodPort, "in-pod-port", enrol.DefaultPodPort, "in-pod mode listener port, on the pod's loopback addresses")
 	fs.StringVar(&o.healthListen, "health-listen", ":15021", "address serving /healthz and /readyz (empty: off)")
 	fs.StringVar(&o.metricsListen, "metrics-listen", ":15090", "address serving Prometheus /metrics (empty: off; may equal --health-listen)")
@@ -238,18 +238,19 @@ type settings struct {
 
 // load applies the --config file under the flags parsed into fs, and
 // checks the result (see settings).
-func (o *options) load(fs *pflag.FlagSet, getenv func(string) string, hostIP func() (netip.Addr, error)) (settings, error) {
+func (o *options) load(fs *pflag.FlagSet, getenv func(string) string, hostIPs func() ([]netip.Addr, error)) (settings, error) {
 	if o.configFile != "" {
 		if err := applyConfigFile(fs, o.configFile); err != nil {
 			return settings{}, err
 		}
 	}
-	return o.settings(getenv, hostIP)
+	return o.settings(getenv, hostIPs)
 }
 
-// settings checks o. hostIP finds the node address for --proxy-listen's
-// default; it is only called in node-ip mode without --proxy-listen.
-func (o *options) settings(getenv func(string) string, hostIP func() (netip.Addr, error)) (settings, error) {
+// settings checks o. hostIPs finds the node addresses for --proxy-listen's
+// default; it is only called in node-ip mode without --proxy-listen,
+// $HOST_IPS and $HOST_IP.
+func (o *options) settings(getenv func(string) string, hostIPs func() ([]netip.Addr, error)) (settings, error) {
 	s := settings{
 		source: o.source, manifests: o.manifests, kubeconfig: o.kubeconfig, nodeName: o.nodeName,
 		podName: getenv(envPodName), mode: enrol.Mode(o.proxyMode), inPodPort: o.inPodPort,
@@ -281,7 +282,7 @@ func (o *options) settings(getenv func(string) string, hostIP func() (netip.Addr
 
 	switch s.mode {
 	case enrol.NodeIP:
-		addrs, err := proxyListen(o.proxyListen, getenv, hostIP)
+		addrs, err := proxyListen(o.proxyListen, getenv, hostIPs)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -361,9 +362,9 @@ func (o *options) settings(getenv func(string) string, hostIP func() (netip.Addr
 
 // proxyListen parses --proxy-listen, or makes its default: the node's
 // addresses (nodeAddrs) on port 15001.
-func proxyListen(flag []string, getenv func(string) string, hostIP func() (netip.Addr, error)) ([]netip.AddrPort, error) {
+func proxyListen(flag []string, getenv func(string) string, hostIPs func() ([]netip.Addr, error)) ([]netip.AddrPort, error) {
 	if len(flag) == 0 {
-		ips, err := nodeAddrs(getenv, hostIP)
+		ips, err := nodeAddrs(getenv, hostIPs)
 		if err != nil {
 			return nil, err
 		}
@@ -394,11 +395,12 @@ func proxyListen(flag []string, getenv func(string) string, hostIP func() (netip
 }
 
 // nodeAddrs are the node addresses the proxy listens on by default: the
-// first of each family in $HOST_IPS, else $HOST_IP, else hostIP. A
+// first of each family in $HOST_IPS, else $HOST_IP, else hostIPs (the
+// default route's address of each family, for an agent run by hand). A
 // dual-stack node needs both families: a pod's connection finds no listener
 // in a family the node does not listen in, and one to a fail-closed Service
 // is then refused.
-func nodeAddrs(getenv func(string) string, hostIP func() (netip.Addr, error)) ([]netip.Addr, error) {
+func nodeAddrs(getenv func(string) string, hostIPs func() ([]netip.Addr, error)) ([]netip.Addr, error) {
 	var out []netip.Addr
 	for s := range strings.SplitSeq(getenv(envHostIPs), ",") {
 		if s = strings.TrimSpace(s); s == "" {
@@ -419,11 +421,11 @@ func nodeAddrs(getenv func(string) string, hostIP func() (netip.Addr, error)) ([
 	if ip, err := netip.ParseAddr(getenv(envHostIP)); err == nil {
 		return []netip.Addr{ip.Unmap()}, nil
 	}
-	ip, err := hostIP()
+	ips, err := hostIPs()
 	if err != nil {
-		return nil, fmt.Errorf("find the node address for the proxy listener (set --proxy-listen): %w", err)
+		return nil, fmt.Errorf("find the node addresses for the proxy listeners (set --proxy-listen): %w", err)
 	}
-	return []netip.Addr{ip.Unmap()}, nil
+	return ips, nil
 }
 
 func prefixes(flag string, values []string) ([]netip.Prefix, error) {

@@ -19,11 +19,19 @@ import (
 	"github.com/sockmesh/sockmesh/agent/introspect/httpapi"
 	"github.com/sockmesh/sockmesh/agent/translate"
 	"github.com/sockmesh/sockmesh/internal/gcfloor"
+	"github.com/sockmesh/sockmesh/internal/sandbox"
 )
 
 // parse runs the agent command's flag handling: defaults from env, the
-// command line, then the config file under it.
+// command line, then the config file under it; the node's default-route
+// address is 192.0.2.7.
 func parse(t *testing.T, env map[string]string, configFile string, args ...string) (settings, error) {
+	t.Helper()
+	return parseWith(t, env, func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("192.0.2.7")}, nil }, configFile, args...)
+}
+
+// parseWith is parse with hostIPs finding the default-route addresses.
+func parseWith(t *testing.T, env map[string]string, hostIPs func() ([]netip.Addr, error), configFile string, args ...string) (settings, error) {
 	t.Helper()
 	getenv := func(k string) string { return env[k] }
 	var o options
@@ -39,7 +47,7 @@ func parse(t *testing.T, env map[string]string, configFile string, args ...strin
 	if err := fs.Parse(args); err != nil {
 		return settings{}, err
 	}
-	return o.load(fs, getenv, func() (netip.Addr, error) { return netip.MustParseAddr("192.0.2.7"), nil })
+	return o.load(fs, getenv, hostIPs)
 }
 
 func TestDefaults(t *testing.T) {
@@ -120,6 +128,41 @@ func TestNodeAddressesAreTheProxyDefault(t *testing.T) {
 	}
 }
 
+// TestDefaultRouteAddrsWithoutDownwardAPI: an agent run by hand (no
+// $HOST_IPS, no $HOST_IP) listens on its node's default-route address of
+// each family the node routes — both on a dual-stack node, whose pods'
+// connections in either family must find a listener.
+func TestDefaultRouteAddrsWithoutDownwardAPI(t *testing.T) {
+	node4, node6 := netip.MustParsePrefix("10.219.1.2/24"), netip.MustParsePrefix("fd00:219:1::2/64")
+	gw4, gw6 := netip.MustParseAddr("10.219.1.1"), netip.MustParseAddr("fd00:219:1::1")
+	for _, tc := range []struct {
+		name string
+		ipv6 bool // a default route in IPv6 too
+		want []netip.AddrPort
+	}{
+		{"dual-stack", true, []netip.AddrPort{netip.AddrPortFrom(node4.Addr(), 15001), netip.AddrPortFrom(node6.Addr(), 15001)}},
+		{"IPv4 only", false, []netip.AddrPort{netip.AddrPortFrom(node4.Addr(), 15001)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node, router := sandbox.NewNetNS(t), sandbox.NewNetNS(t)
+			sandbox.NewVeth(t, node, router, []netip.Prefix{node4, node6},
+				[]netip.Prefix{netip.PrefixFrom(gw4, 24), netip.PrefixFrom(gw6, 64)})
+			node.AddRoute(t, netip.MustParsePrefix("0.0.0.0/0"), gw4)
+			if tc.ipv6 {
+				node.AddRoute(t, netip.MustParsePrefix("::/0"), gw6)
+			}
+			var got settings
+			err := node.Do(func() (err error) {
+				got, err = parseWith(t, map[string]string{"NODE_NAME": "n"}, defaultRouteAddrs, "")
+				return err
+			})
+			if err != nil || !slices.Equal(got.proxyListen, tc.want) {
+				t.Errorf("proxyListen = %v, %v; want %v", got.proxyListen, err, tc.want)
+			}
+		})
+	}
+}
+
 func TestNoNodeAddress(t *testing.T) {
 	var o options
 	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
@@ -128,7 +171,7 @@ func TestNoNodeAddress(t *testing.T) {
 	if err := fs.Parse([]string{"--source=file", "--manifests=/m"}); err != nil {
 		t.Fatal(err)
 	}
-	_, err := o.load(fs, getenv, func() (netip.Addr, error) { return netip.Addr{}, errors.New("no default route") })
+	_, err := o.load(fs, getenv, func() ([]netip.Addr, error) { return nil, errors.New("no default route") })
 	if err == nil || !strings.Contains(err.Error(), "--proxy-listen") || !strings.Contains(err.Error(), "no default route") {
 		t.Errorf("settings without a node address = %v, want an error naming --proxy-listen and the cause", err)
 	}

@@ -138,11 +138,7 @@ func (n *NS) Addrs() ([]netip.Addr, error) {
 			return err
 		}
 		defer h.Close()
-		addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)
-		for tries := 1; errors.Is(err, netlink.ErrDumpInterrupted) && tries < 5; tries++ {
-			// The address list changed during the dump; ask again.
-			addrs, err = h.AddrList(nil, netlink.FAMILY_ALL)
-		}
+		addrs, err := retryDump(func() ([]netlink.Addr, error) { return h.AddrList(nil, netlink.FAMILY_ALL) })
 		if err != nil {
 			return err
 		}

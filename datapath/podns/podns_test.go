@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/sockmesh/sockmesh/datapath/podns"
@@ -93,5 +94,48 @@ func TestOpenRejectsOtherFiles(t *testing.T) {
 	}
 	if _, err := podns.Open("/nonexistent/netns"); err == nil {
 		t.Error("Open(missing path) succeeded")
+	}
+}
+
+// TestDefaultRouteAddrs: a node gets an address per family it has a
+// default route in — both on a dual-stack node, whose proxy must listen in
+// each — and none for a family without one.
+func TestDefaultRouteAddrs(t *testing.T) {
+	v4, v6 := netip.MustParsePrefix("10.219.0.2/24"), netip.MustParsePrefix("fd00:219::2/64")
+	gw4, gw6 := netip.MustParseAddr("10.219.0.1"), netip.MustParseAddr("fd00:219::1")
+	for _, tc := range []struct {
+		name   string
+		routes []netip.Addr // default routes via these gateways
+		want   []netip.Addr
+	}{
+		{"dual-stack", []netip.Addr{gw6, gw4}, []netip.Addr{v4.Addr(), v6.Addr()}},
+		{"IPv4 only", []netip.Addr{gw4}, []netip.Addr{v4.Addr()}},
+		{"IPv6 only", []netip.Addr{gw6}, []netip.Addr{v6.Addr()}},
+		{"no default route", nil, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node, router := sandbox.NewNetNS(t), sandbox.NewNetNS(t)
+			// Both families' addresses, whatever the routes: a family
+			// without a default route has no node address to offer.
+			sandbox.NewVeth(t, node, router, []netip.Prefix{v4, v6},
+				[]netip.Prefix{netip.PrefixFrom(gw4, 24), netip.PrefixFrom(gw6, 64)})
+			for _, gw := range tc.routes {
+				def := netip.PrefixFrom(netip.IPv4Unspecified(), 0)
+				if gw.Is6() {
+					def = netip.PrefixFrom(netip.IPv6Unspecified(), 0)
+				}
+				node.AddRoute(t, def, gw)
+			}
+			got, err := node.DefaultRouteAddrs()
+			if tc.want == nil {
+				if err == nil {
+					t.Errorf("DefaultRouteAddrs() = %v, want an error", got)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(got, tc.want) {
+				t.Errorf("DefaultRouteAddrs() = %v, %v; want %v", got, err, tc.want)
+			}
+		})
 	}
 }
