@@ -381,10 +381,14 @@ func proxyListen(flag []string, getenv func(string) string, hostIPs func() ([]ne
 			return nil, fmt.Errorf("--proxy-listen=%q: want IP:port: %w", s, err)
 		}
 		ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
-		if ap.Addr().IsUnspecified() || ap.Addr().IsLoopback() {
+		if a := ap.Addr(); a.IsUnspecified() || a.IsLoopback() || (a.Is6() && a.IsLinkLocalUnicast()) {
 			// Pods redirect to this address from their own namespaces:
-			// it must be one they reach, and name one listener.
-			return nil, fmt.Errorf("--proxy-listen=%q: want a node address pods can reach, not %s", s, ap.Addr())
+			// it must be one they reach, and name one listener. An IPv6
+			// link-local one is on the node's side of one link, and a
+			// connect redirected to it has no scope (interface) to reach
+			// it by: the kernel fails it (EINVAL), as a fail-closed
+			// Service's every IPv6 connection then would.
+			return nil, fmt.Errorf("--proxy-listen=%q: want a node address pods can reach, not %s", s, a)
 		}
 		if slices.ContainsFunc(out, func(o netip.AddrPort) bool { return o.Addr().Is4() == ap.Addr().Is4() }) {
 			return nil, fmt.Errorf("--proxy-listen: at most one address per family, got %q", flag)

@@ -264,6 +264,7 @@ func TestSettingsErrors(t *testing.T) {
 		{"unknown mode", node, []string{"--proxy-mode=sidecar"}, "--proxy-mode"},
 		{"unspecified listener", node, []string{"--proxy-listen=0.0.0.0:15001"}, "pods can reach"},
 		{"loopback listener", node, []string{"--proxy-listen=127.0.0.1:15001"}, "pods can reach"},
+		{"IPv6 link-local listener", node, []string{"--proxy-listen=10.0.0.1:15001,[fe80::1%eth0]:15001"}, "pods can reach"},
 		{"listener without port", node, []string{"--proxy-listen=10.0.0.1"}, "IP:port"},
 		{"two IPv4 listeners", node, []string{"--proxy-listen=10.0.0.1:1,10.0.0.2:1"}, "one address per family"},
 		{"in-pod with a listener", node, []string{"--proxy-mode=in-pod", "--proxy-listen=10.0.0.1:1"}, "applies to --proxy-mode=node-ip only"},
