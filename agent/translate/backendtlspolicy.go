@@ -132,13 +132,14 @@ func (t *translator) evalPolicy(p *gwv1.BackendTLSPolicy) *policyEval {
 	e.tls.Mode = snapshot.TLSServerOnly
 	e.tls.Policy = e.ref
 	if optProblem := tlsvalidation.ApplyOptions(p.Spec.Options, &e.tls); optProblem != nil {
-		if e.invalid == nil || e.invalid.Reason != tlsvalidation.ReasonInvalid {
-			e.invalid = optProblem
-		} else {
-			e.invalid = &tlsvalidation.Problem{Reason: tlsvalidation.ReasonInvalid, Message: e.invalid.Message + "; " + optProblem.Message}
-		}
+		e.invalidate(optProblem.Message)
+	}
+	if msg := targetRefsProblem(p.Spec.TargetRefs); msg != "" {
+		e.invalidate(msg)
 	}
 
+	// A target named twice gets one status entry; the policy is Invalid
+	// then (targetRefsProblem), but its entries still say so per target.
 	seen := map[string]bool{}
 	for _, ref := range p.Spec.TargetRefs {
 		parent := gwv1.ParentReference{
@@ -168,6 +169,52 @@ func (t *translator) evalPolicy(p *gwv1.BackendTLSPolicy) *policyEval {
 		tg.overLimit = !fits[i]
 	}
 	return e
+}
+
+// invalidate makes the policy Invalid for msg, keeping the messages of
+// other fields that made it so (Invalid wins over NoValidCACertificate:
+// the policy is wrong whatever its references hold).
+func (e *policyEval) invalidate(msg string) {
+	if e.invalid != nil && e.invalid.Reason == tlsvalidation.ReasonInvalid {
+		msg = e.invalid.Message + "; " + msg
+	}
+	e.invalid = &tlsvalidation.Problem{Reason: tlsvalidation.ReasonInvalid, Message: msg}
+}
+
+// maxTargetRefs is BackendTLSPolicySpec.TargetRefs' MaxItems.
+const maxTargetRefs = 16
+
+// targetRefsProblem says what the CRD's rules for targetRefs would refuse
+// ("" when nothing): more than 16 entries, or a target named more than once
+// without distinct, non-empty sectionNames (its two CEL rules, messages as
+// they word them). Manifests from the file source never met the CRD.
+func targetRefsProblem(refs []gwv1.LocalPolicyTargetReferenceWithSectionName) string {
+	if len(refs) > maxTargetRefs {
+		return fmt.Sprintf("spec.targetRefs has %d entries, more than the %d allowed", len(refs), maxTargetRefs)
+	}
+	type section struct {
+		target gwv1.LocalPolicyTargetReference
+		name   string
+	}
+	firstSectioned := map[gwv1.LocalPolicyTargetReference]bool{}
+	mixed := map[gwv1.LocalPolicyTargetReference]bool{}
+	seen := map[section]bool{}
+	var errs []string
+	for _, ref := range refs {
+		target, sn := ref.LocalPolicyTargetReference, deref(ref.SectionName)
+		if s, ok := firstSectioned[target]; !ok {
+			firstSectioned[target] = sn != ""
+		} else if s != (sn != "") && !mixed[target] {
+			mixed[target] = true
+			errs = append(errs, fmt.Sprintf("spec.targetRefs: sectionName must be specified when targetRefs includes 2 or more references to the same target (%s %s)", ref.Kind, ref.Name))
+		}
+		k := section{target, sn}
+		if seen[k] {
+			errs = append(errs, fmt.Sprintf("spec.targetRefs: sectionName must be unique when targetRefs includes 2 or more references to the same target (%s %s, sectionName %q)", ref.Kind, ref.Name, sn))
+		}
+		seen[k] = true
+	}
+	return strings.Join(errs, "; ")
 }
 
 // resolveTarget finds the Service and the TCP ports a target names,

@@ -137,7 +137,10 @@
 //
 // Targets are core Services in the policy's namespace, with sectionName (the
 // port's name) or without (every TCP port; UDP and SCTP ports are left alone
-// and the Accepted message says so). Trust comes from caCertificateRefs —
+// and the Accepted message says so). targetRefs the CRD's rules refuse
+// (more than 16; a Service named twice, or both whole and by a port) make
+// the policy Invalid, as a manifest file may hold them. Trust comes from
+// caCertificateRefs —
 // ConfigMap ca.crt (Core), Secret ca.crt, certificates.k8s.io
 // ClusterTrustBundle (GEP-5075, cluster-scoped) — or wellKnownCACertificates
 // System; hostname is the SNI, and subjectAltNames (Hostname, URI) replace it
