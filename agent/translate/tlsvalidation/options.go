@@ -43,6 +43,14 @@ const (
 
 const optionPrefix = "sockmesh.io/"
 
+// Limits of BackendTLSPolicySpec.Options (CRD MaxProperties, and
+// AnnotationValue's MaxLength), checked again: the file source never met
+// the CRD.
+const (
+	maxOptions        = 16
+	maxOptionValueLen = 4096
+)
+
 // ApplyOptions checks BackendTLSPolicy options and sets the TLS fields
 // they configure on t. It returns a Problem with reason Invalid naming
 // every bad option; t is then partly set and must not be used.
@@ -56,7 +64,14 @@ func ApplyOptions(opts map[gwv1.AnnotationKey]gwv1.AnnotationValue, t *snapshot.
 		keys = append(keys, k)
 	}
 	slices.Sort(keys) // messages in a stable order
+	if len(opts) > maxOptions {
+		errs = append(errs, fmt.Sprintf("options has %d entries, more than the %d allowed", len(opts), maxOptions))
+	}
 	for _, key := range keys {
+		if len(opts[key]) > maxOptionValueLen {
+			bad(key, "is longer than %d bytes", maxOptionValueLen)
+			continue
+		}
 		val := strings.TrimSpace(string(opts[key]))
 		switch key {
 		case OptionMinTLSVersion, OptionMaxTLSVersion:

@@ -19,6 +19,14 @@ import (
 // CAKey is the key of a ConfigMap or Secret that holds a CA bundle.
 const CAKey = "ca.crt"
 
+// Limits of BackendTLSPolicyValidation's fields (CRD MaxItems and
+// MaxLength), checked again: the file source never met the CRD.
+const (
+	maxCACertificateRefs = 8
+	maxSubjectAltNames   = 5
+	maxNameLen           = 253 // PreciseHostname, Hostname, AbsoluteURI
+)
+
 // Objects gives the validators the objects a reference may name. Each
 // method returns nil when the object does not exist.
 type Objects interface {
@@ -71,6 +79,12 @@ func Validate(v *gwv1.BackendTLSPolicyValidation, field, namespace string, objs 
 		invalid = append(invalid, field+".hostname "+err)
 	}
 	r.TLS.ServerName = string(v.Hostname)
+	if len(v.SubjectAltNames) > maxSubjectAltNames {
+		invalid = append(invalid, fmt.Sprintf("%s.subjectAltNames has %d entries, more than the %d allowed", field, len(v.SubjectAltNames), maxSubjectAltNames))
+	}
+	if len(v.CACertificateRefs) > maxCACertificateRefs {
+		invalid = append(invalid, fmt.Sprintf("%s.caCertificateRefs has %d entries, more than the %d allowed", field, len(v.CACertificateRefs), maxCACertificateRefs))
+	}
 	for i, san := range v.SubjectAltNames {
 		s, err := subjectAltName(san)
 		if err != "" {
@@ -320,8 +334,10 @@ func subjectAltName(san gwv1.SubjectAltName) (snapshot.SubjectAltName, string) {
 		if san.Hostname != "" {
 			return snapshot.SubjectAltName{}, "must not set hostname when type is URI"
 		}
-		u, err := url.Parse(string(san.URI))
-		if err != nil || u.Scheme == "" || !strings.Contains(string(san.URI), "://") {
+		if len(san.URI) > maxNameLen {
+			return snapshot.SubjectAltName{}, fmt.Sprintf("uri is longer than %d bytes", maxNameLen)
+		}
+		if _, err := url.Parse(string(san.URI)); err != nil || !absoluteURI(string(san.URI)) {
 			return snapshot.SubjectAltName{}, fmt.Sprintf("uri %q is not an absolute URI (scheme://authority...)", san.URI)
 		}
 		return snapshot.SubjectAltName{Type: snapshot.SANURI, Value: string(san.URI)}, ""
@@ -329,11 +345,22 @@ func subjectAltName(san gwv1.SubjectAltName) (snapshot.SubjectAltName, string) {
 	return snapshot.SubjectAltName{}, fmt.Sprintf("type %q is not Hostname or URI", san.Type)
 }
 
+// absoluteURI reports whether s starts as the AbsoluteURI type's pattern
+// requires, ^([^:/?#]+):// (RFC 3986's URI regex with the authority made
+// mandatory): a scheme, then "://" right after it.
+func absoluteURI(s string) bool {
+	scheme, rest, ok := strings.Cut(s, ":")
+	return ok && scheme != "" && !strings.ContainsAny(scheme, "/?#") && strings.HasPrefix(rest, "//")
+}
+
 // checkHostname returns why h is not a DNS name ("" when it is). A leading
 // "*." label is allowed when wildcard is set (SAN hostnames).
 func checkHostname(h string, wildcard bool) string {
 	if h == "" {
 		return "is empty"
+	}
+	if len(h) > maxNameLen {
+		return fmt.Sprintf("is longer than %d bytes", maxNameLen)
 	}
 	name := h
 	if wildcard {
