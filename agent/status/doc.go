@@ -8,7 +8,10 @@
 // entries under translate.ControllerName and never touches another
 // controller's, so agents that restart or take over leadership never
 // duplicate an entry. A condition keeps its lastTransitionTime while its
-// status, reason and message stay the same. An object whose merged status
+// status, reason and message stay the same. Within an entry of sockmesh's,
+// conditions of a domain-prefixed type (another party's extensions) stay
+// where they are: the Gateway API forbids removing or reordering
+// conditions a controller is not responsible for. An object whose merged status
 // equals what it has is not written at all, so a rebuild that changes
 // nothing costs the API server nothing. Writes are JSON merge patches of the
 // status subresource carrying the resourceVersion the merge started from:

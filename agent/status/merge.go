@@ -1,6 +1,8 @@
 package status
 
 import (
+	"slices"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -118,34 +120,48 @@ func mergeEntries[E any](k entryKind[E], objNamespace string, existing, ours []E
 	return merged, changed, dropped
 }
 
-// mergeConditions returns want, each condition keeping the
-// lastTransitionTime of the existing condition of its type while status,
-// reason and message are the same. changed reports whether the result
-// differs from existing.
+// mergeConditions returns want merged into existing: each wanted condition
+// takes the place of the existing one of its type (new types go last, in
+// want's order) and keeps its lastTransitionTime while status, reason and
+// message are the same. Existing conditions of a domain-prefixed type want
+// does not name stay where they are: extensions another party added to the
+// entry, which the Gateway API says never to remove or reorder (sockmesh
+// writes only the API's own, unprefixed types); other types want no longer
+// names are removed. changed reports whether the result differs from
+// existing.
 func mergeConditions(existing, want []metav1.Condition) ([]metav1.Condition, bool) {
-	out := make([]metav1.Condition, len(want))
-	changed := len(existing) != len(want)
-	for i, c := range want {
-		if c.LastTransitionTime.IsZero() {
-			c.LastTransitionTime = metav1.NewTime(time.Now())
-		}
-		// The API server stores seconds.
-		c.LastTransitionTime = metav1.NewTime(c.LastTransitionTime.Truncate(time.Second))
-		for _, old := range existing {
-			if old.Type != c.Type {
-				continue
-			}
-			if old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message {
-				c.LastTransitionTime = old.LastTransitionTime
-			}
-			break
-		}
-		out[i] = c
-		if i >= len(existing) || !sameCondition(existing[i], c) {
-			changed = true
+	out := make([]metav1.Condition, 0, len(want)+len(existing))
+	placed := make([]bool, len(want))
+	for _, old := range existing {
+		i := slices.IndexFunc(want, func(c metav1.Condition) bool { return c.Type == old.Type })
+		switch {
+		case i >= 0 && !placed[i]:
+			placed[i] = true
+			out = append(out, settle(want[i], &old))
+		case i < 0 && strings.Contains(old.Type, "/"):
+			out = append(out, old)
 		}
 	}
-	return out, changed
+	for i, c := range want {
+		if !placed[i] {
+			out = append(out, settle(c, nil))
+		}
+	}
+	return out, !slices.EqualFunc(existing, out, sameCondition)
+}
+
+// settle gives c its lastTransitionTime: old's while status, reason and
+// message are the same, else c's own (now when unset), in seconds.
+func settle(c metav1.Condition, old *metav1.Condition) metav1.Condition {
+	if c.LastTransitionTime.IsZero() {
+		c.LastTransitionTime = metav1.NewTime(time.Now())
+	}
+	// The API server stores seconds.
+	c.LastTransitionTime = metav1.NewTime(c.LastTransitionTime.Truncate(time.Second))
+	if old != nil && old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message {
+		c.LastTransitionTime = old.LastTransitionTime
+	}
+	return c
 }
 
 func sameCondition(a, b metav1.Condition) bool {

@@ -86,6 +86,26 @@ func TestMergeEntries(t *testing.T) {
 			cond("Accepted", "False", "NoValidCACertificate", "ca missing", 1, t1))},
 		changed: true,
 	}, {
+		// PolicyAncestorStatus.Conditions: "Implementations MUST NOT
+		// remove or reorder Conditions that they are not directly
+		// responsible for", such as special.io/SomeField.
+		name: "another party's condition in our entry stays in place",
+		existing: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""),
+			cond("special.io/SomeField", "True", "Set", "theirs", 1, t0), accepted(1, t0),
+			cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t0))},
+		want: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""),
+			cond("Accepted", "False", "Conflicted", "older policy", 2, t1))},
+		merged: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""),
+			cond("special.io/SomeField", "True", "Set", "theirs", 1, t0), cond("Accepted", "False", "Conflicted", "older policy", 2, t1))},
+		changed: true,
+	}, {
+		name: "another party's condition alone changes nothing",
+		existing: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""),
+			accepted(1, t0), cond("special.io/SomeField", "True", "Set", "theirs", 1, t0))},
+		want: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""), accepted(1, t1))},
+		merged: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""),
+			accepted(1, t0), cond("special.io/SomeField", "True", "Set", "theirs", 1, t0))},
+	}, {
 		name:     "an ancestor no longer related is removed, others stay in place",
 		existing: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("gone", ""), accepted(1, t0)), theirs, ancestor(ours, svcRef("svc", ""), accepted(1, t0))},
 		want:     []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""), accepted(1, t1))},
