@@ -148,7 +148,9 @@
 // valid references form one bundle, so a bad reference beside good ones sets
 // ResolvedRefs=False but keeps Accepted=True (trusting fewer anchors never
 // weakens verification). Options under sockmesh.io/ are listed in package
-// tlsvalidation; an unknown sockmesh.io/ key or a bad value is Invalid. So
+// tlsvalidation; an unknown sockmesh.io/ key, an unprefixed key (reserved
+// for keys Gateway API defines; it defines none yet) or a bad value is
+// Invalid, never silently ignored. So
 // is what the CRD's limits refuse: more than 8 caCertificateRefs, 5
 // subjectAltNames or 16 options, a name or URI over 253 bytes, an option
 // value over 4096.

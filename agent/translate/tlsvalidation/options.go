@@ -14,8 +14,10 @@ import (
 // BackendTLSPolicy option keys sockmesh understands. Values are
 // comma-separated lists where several values make sense; spaces around
 // items are ignored. Keys under another domain belong to other
-// implementations and are ignored; an unknown sockmesh.io/ key, or a value
-// sockmesh cannot honour, makes the policy Invalid (never silently weaker).
+// implementations and are ignored; an unknown sockmesh.io/ key (the domain
+// in any case), an unprefixed key (Gateway API reserves those for keys it
+// defines, and v1.7.0 defines none), or a value sockmesh cannot honour,
+// makes the policy Invalid (never silently weaker).
 const (
 	// OptionMinTLSVersion is "1.2" or "1.3" (also "TLSv1.2", "TLSv1.3");
 	// older versions are refused.
@@ -123,7 +125,9 @@ func ApplyOptions(opts map[gwv1.AnnotationKey]gwv1.AnnotationValue, t *snapshot.
 				bad(key, "is empty")
 			}
 		default:
-			if strings.HasPrefix(string(key), optionPrefix) {
+			if !strings.Contains(string(key), "/") {
+				bad(key, "is unprefixed: Gateway API reserves such keys for options it defines, and it defines none sockmesh knows")
+			} else if strings.HasPrefix(strings.ToLower(string(key)), optionPrefix) {
 				bad(key, "is not an option sockmesh knows (%s, %s, %s, %s, %s)",
 					OptionMinTLSVersion, OptionMaxTLSVersion, OptionCipherSuites, OptionCurves, OptionALPN)
 			}

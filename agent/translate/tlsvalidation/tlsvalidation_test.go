@@ -78,7 +78,11 @@ func TestApplyOptions(t *testing.T) {
 		wantErr string
 	}{
 		{name: "none"},
-		{name: "other implementations' keys", opts: map[gwv1.AnnotationKey]gwv1.AnnotationValue{"example.com/min-tls-version": "1.0", "min-tls-version": "1.0"}},
+		{name: "other implementations' keys", opts: map[gwv1.AnnotationKey]gwv1.AnnotationValue{"example.com/min-tls-version": "1.0"}},
+		// Un-prefixed names are reserved for keys Gateway API defines:
+		// ignoring one would be silently weaker than the policy asks.
+		{name: "unprefixed key", opts: map[gwv1.AnnotationKey]gwv1.AnnotationValue{"min-tls-version": "1.3"}, wantErr: "options[min-tls-version] is unprefixed"},
+		{name: "sockmesh key in capitals", opts: map[gwv1.AnnotationKey]gwv1.AnnotationValue{"Sockmesh.io/min-tls-version": "1.3"}, wantErr: "options[Sockmesh.io/min-tls-version] is not an option sockmesh knows"},
 		{
 			name: "all",
 			opts: map[gwv1.AnnotationKey]gwv1.AnnotationValue{
