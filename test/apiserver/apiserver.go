@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -44,12 +45,14 @@ type Env struct {
 	Dir string
 
 	etcd, apiserver *childproc.Process
+	apiserverArgs   []string // every flag but the ones a start adds
 	ownDir          bool
 }
 
-// Start runs an Env for t and stops it when t ends. It skips t (fails it in
+// Start runs an Env for t and stops it when t ends, kube-apiserver with
+// apiserverArgs added to its flags (see Options). It skips t (fails it in
 // CI) when the binaries are missing and fails t on any other error.
-func Start(t testing.TB) *Env {
+func Start(t testing.TB, apiserverArgs ...string) *Env {
 	t.Helper()
 	bins, err := FindBinaries()
 	if errors.Is(err, ErrNoBinaries) {
@@ -60,7 +63,7 @@ func Start(t testing.TB) *Env {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	env, err := Run(ctx, Options{Binaries: bins, Dir: t.TempDir()})
+	env, err := Run(ctx, Options{Binaries: bins, Dir: t.TempDir(), APIServerArgs: apiserverArgs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,6 +83,9 @@ func Start(t testing.TB) *Env {
 type Options struct {
 	Binaries Binaries
 	Dir      string
+	// APIServerArgs are added to kube-apiserver's flags, e.g.
+	// --runtime-config to turn an API off.
+	APIServerArgs []string
 }
 
 // Run starts etcd and kube-apiserver, waits for /readyz and installs the
@@ -135,23 +141,23 @@ func Run(ctx context.Context, opts Options) (_ *Env, err error) {
 	}
 
 	port := ports[2]
-	env.apiserver, err = childproc.Start("kube-apiserver", filepath.Join(env.Dir, "kube-apiserver.log"), env.Binaries.KubeAPIServer,
-		"--etcd-servers="+etcdURL,
+	env.apiserverArgs = []string{
+		"--etcd-servers=" + etcdURL,
 		"--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-		"--secure-port="+strconv.Itoa(port),
+		"--secure-port=" + strconv.Itoa(port),
 		// The default reconciler writes the advertise address into the
 		// kubernetes Endpoints and complains every 10 s that it is loopback.
 		"--endpoint-reconciler-type=none",
-		"--cert-dir="+filepath.Join(env.Dir, "certs"),
-		"--tls-cert-file="+certs.serverCertFile, "--tls-private-key-file="+certs.serverKeyFile,
-		"--client-ca-file="+certs.caFile,
+		"--cert-dir=" + filepath.Join(env.Dir, "certs"),
+		"--tls-cert-file=" + certs.serverCertFile, "--tls-private-key-file=" + certs.serverKeyFile,
+		"--client-ca-file=" + certs.caFile,
 		"--service-account-issuer=https://kubernetes.default.svc",
-		"--service-account-key-file="+certs.saPubFile,
-		"--service-account-signing-key-file="+certs.saKeyFile,
-		"--service-cluster-ip-range="+ServiceCIDR,
+		"--service-account-key-file=" + certs.saPubFile,
+		"--service-account-signing-key-file=" + certs.saKeyFile,
+		"--service-cluster-ip-range=" + ServiceCIDR,
 		"--authorization-mode=Node,RBAC",
-	)
-	if err != nil {
+	}
+	if env.apiserver, err = env.startAPIServer(opts.APIServerArgs); err != nil {
 		return nil, err
 	}
 
@@ -186,6 +192,26 @@ func Run(ctx context.Context, opts Options) (_ *Env, err error) {
 		return nil, err
 	}
 	return env, nil
+}
+
+func (e *Env) startAPIServer(extra []string) (*childproc.Process, error) {
+	return childproc.Start("kube-apiserver", filepath.Join(e.Dir, "kube-apiserver.log"), e.Binaries.KubeAPIServer,
+		append(slices.Clone(e.apiserverArgs), extra...)...)
+}
+
+// RestartAPIServer stops kube-apiserver and starts it again on the same
+// address and etcd with extra added to its base flags (those of Run's
+// APIServerArgs are dropped), e.g. to serve an API it did not. Clients
+// reconnect as to any API server that restarts.
+func (e *Env) RestartAPIServer(ctx context.Context, extra ...string) error {
+	if err := e.apiserver.Stop(2 * time.Second); err != nil {
+		return fmt.Errorf("stop kube-apiserver: %w", err)
+	}
+	var err error
+	if e.apiserver, err = e.startAPIServer(extra); err != nil {
+		return err
+	}
+	return e.waitReady(ctx)
 }
 
 // waitReady polls /readyz until it answers ok, the API server exits or ctx

@@ -14,6 +14,11 @@
 // ConfigMaps and Secrets its pods mount, so the API server is built for the
 // pattern; it costs one LIST and one WATCH stream per referenced object.
 //
+// Which optional kinds the cluster serves is asked at start; a Gateway API
+// CRD installed later takes an agent restart. ClusterTrustBundles are the
+// exception GEP-5075 asks for: a cluster that does not serve them is asked
+// again every Config.DiscoveryInterval, and they are watched once it does.
+//
 // It only lists, watches and signals. It must not translate, write to the
 // API server or mutate an object it hands out.
 package kubernetes

@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -51,6 +52,11 @@ type Config struct {
 	// as if the object did not exist, and translate fails the policy closed
 	// (zero: 10 s).
 	ReferenceSyncTimeout time.Duration
+	// DiscoveryInterval is how often a cluster that did not serve
+	// certificates.k8s.io/v1 ClusterTrustBundles is asked again: GEP-5075
+	// wants the API found once it is turned on, without a restart, so that
+	// references to bundles stop failing closed (zero: 1 min).
+	DiscoveryInterval time.Duration
 }
 
 // Source lists and watches the cluster. Create it with New, start Run, and
@@ -96,6 +102,9 @@ func New(cfg Config, kube k8s.Interface, gw gwclient.Interface, log *slog.Logger
 	}
 	if cfg.ReferenceSyncTimeout <= 0 {
 		cfg.ReferenceSyncTimeout = 10 * time.Second
+	}
+	if cfg.DiscoveryInterval <= 0 {
+		cfg.DiscoveryInterval = time.Minute
 	}
 	s := &Source{
 		cfg:     cfg,
@@ -257,9 +266,50 @@ func (s *Source) Run(ctx context.Context) error {
 	s.synced.Store(true)
 	s.log.Info("caches synced", "duration", time.Since(start).Round(time.Millisecond))
 	s.signal()
+	if !served[kindClusterTrustBundle] {
+		s.awaitTrustBundles(ctx, strip)
+	}
 	<-ctx.Done()
 	s.synced.Store(false)
 	return nil
+}
+
+// awaitTrustBundles asks every Config.DiscoveryInterval whether the
+// cluster serves ClusterTrustBundles now (GEP-5075: availability is
+// probed at intervals, not only at startup) and, once it does, watches
+// them until ctx ends. The other optional kinds are CRDs, whose
+// installation takes an agent restart.
+func (s *Source) awaitTrustBundles(ctx context.Context, strip informers.SharedInformerOption) {
+	tick := time.NewTicker(s.cfg.DiscoveryInterval)
+	defer tick.Stop()
+	for served := false; !served; {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		list, err := s.kube.Discovery().ServerResourcesForGroupVersion(certificatesv1.SchemeGroupVersion.String())
+		served = err == nil && slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Kind == kindClusterTrustBundle })
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(s.kube, 0, strip)
+	ctb := f.Certificates().V1().ClusterTrustBundles()
+	if _, err := ctb.Informer().AddEventHandler(s.handler(kindClusterTrustBundle, nil)); err != nil {
+		s.log.Warn("cannot watch a kind the api server now serves", "kind", kindClusterTrustBundle, "err", err)
+		return
+	}
+	f.Start(ctx.Done())
+	defer f.Shutdown()
+	if !f.WaitForCacheSync(ctx.Done())[reflect.TypeFor[*certificatesv1.ClusterTrustBundle]()] {
+		return // ctx ended
+	}
+	s.mu.Lock()
+	l := *s.l
+	l.trustBundles = ctb.Lister()
+	s.l = &l
+	s.mu.Unlock()
+	s.log.Info("kind now served by the api server; watching it", "kind", kindClusterTrustBundle)
+	s.signal()
+	<-ctx.Done()
 }
 
 // The optional kinds: served only when their API (a CRD, or

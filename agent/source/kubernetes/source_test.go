@@ -32,9 +32,13 @@ const (
 
 func ptr[T any](v T) *T { return &v }
 
-func startSource(t *testing.T, env *apiserver.Env) *Source {
+func startSource(t *testing.T, env *apiserver.Env, configure ...func(*Config)) *Source {
 	t.Helper()
-	s, err := New(Config{NodeName: nodeName}, env.Kube, env.Gateway, slog.New(slog.DiscardHandler), nil)
+	cfg := Config{NodeName: nodeName}
+	for _, f := range configure {
+		f(&cfg)
+	}
+	s, err := New(cfg, env.Kube, env.Gateway, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,6 +280,27 @@ func TestSourceMissingCRDs(t *testing.T) {
 	if in.XMeshes != nil {
 		t.Errorf("XMeshes = %v, want none", in.XMeshes)
 	}
+}
+
+// TestClusterTrustBundlesTurnedOn: a cluster that starts serving
+// ClusterTrustBundles is noticed without an agent restart (GEP-5075: the
+// API's availability is probed at intervals), and its bundles reach Input.
+func TestClusterTrustBundlesTurnedOn(t *testing.T) {
+	env := apiserver.Start(t, "--runtime-config=certificates.k8s.io/v1/clustertrustbundles=false")
+	ctx := t.Context()
+	s := startSource(t, env, func(c *Config) { c.DiscoveryInterval = 100 * time.Millisecond })
+	if in := waitInput(t, s, "the first listing", func(translate.Input) bool { return true }); !in.ClusterTrustBundlesUnavailable {
+		t.Fatal("ClusterTrustBundles reported available while the API server does not serve them")
+	}
+	if err := env.RestartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	must.Succeed(t)(env.Kube.CertificatesV1().ClusterTrustBundles().Create(ctx, &certificatesv1.ClusterTrustBundle{
+		ObjectMeta: metav1.ObjectMeta{Name: "corp"}, Spec: certificatesv1.ClusterTrustBundleSpec{TrustBundle: testCA(t)},
+	}, metav1.CreateOptions{}))
+	waitInput(t, s, "the ClusterTrustBundle", func(in translate.Input) bool {
+		return !in.ClusterTrustBundlesUnavailable && len(in.ClusterTrustBundles) == 1
+	})
 }
 
 var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
