@@ -97,6 +97,11 @@ func Validate(v *gwv1.BackendTLSPolicyValidation, field, namespace string, objs 
 	wellKnown := ""
 	if v.WellKnownCACertificates != nil {
 		wellKnown = string(*v.WellKnownCACertificates)
+		if wellKnown == "" {
+			// The CRD (MinLength 1) refuses "", though its CEL rules read
+			// it as unset.
+			invalid = append(invalid, field+".wellKnownCACertificates is set but empty")
+		}
 	}
 	switch {
 	case wellKnown != "" && len(v.CACertificateRefs) > 0:
