@@ -36,25 +36,34 @@ func sessionPersistence(sp *gwv1.SessionPersistence, owner snapshot.ObjectRef) (
 		if sp.Header != nil {
 			return nil, "sessionPersistence.header must not be set when type is Cookie"
 		}
+		// type defaults to Cookie before the CRD's rule "cookie must be
+		// specified for Cookie type" runs: {} and {absoluteTimeout: 1h}
+		// are refused.
+		c := sp.Cookie
+		if c == nil {
+			return nil, "sessionPersistence.cookie is required when type is Cookie (the default)"
+		}
 		out.Name = "sockmesh-session-" + shortHash(owner.String())
-		if c := sp.Cookie; c != nil {
-			if c.Name != nil && *c.Name != "" {
-				// No Set-Cookie can carry a name that is not a token: the
-				// proxy's cookie would be dropped, sessions left unpinned.
-				if !validHeaderName(string(*c.Name)) {
-					return nil, fmt.Sprintf("sessionPersistence.cookie.name %q is not a valid cookie name (an RFC 7230 token)", *c.Name)
-				}
-				out.Name = string(*c.Name)
+		if c.Name != nil && *c.Name != "" {
+			// No Set-Cookie can carry a name that is not a token: the
+			// proxy's cookie would be dropped, sessions left unpinned.
+			if !validHeaderName(string(*c.Name)) {
+				return nil, fmt.Sprintf("sessionPersistence.cookie.name %q is not a valid cookie name (an RFC 7230 token)", *c.Name)
 			}
-			if c.Path != nil {
-				out.CookiePath = *c.Path
+			out.Name = string(*c.Name)
+		}
+		if c.Path != nil {
+			out.CookiePath = *c.Path
+		}
+		switch deref(c.LifetimeType) {
+		case "", string(gwv1.SessionCookieLifetimeType):
+		case string(gwv1.PermanentCookieLifetimeType):
+			if out.AbsoluteTimeoutSeconds == 0 {
+				return nil, "sessionPersistence.absoluteTimeout is required when cookie.lifetimeType is Permanent"
 			}
-			if c.LifetimeType != nil && *c.LifetimeType == gwv1.PermanentCookieLifetimeType {
-				if out.AbsoluteTimeoutSeconds == 0 {
-					return nil, "sessionPersistence.absoluteTimeout is required when cookie.lifetimeType is Permanent"
-				}
-				out.Permanent = true
-			}
+			out.Permanent = true
+		default:
+			return nil, fmt.Sprintf("sessionPersistence.cookie.lifetimeType %q is not Permanent or Session", *c.LifetimeType)
 		}
 	case snapshot.SessionHeader:
 		if sp.Cookie != nil {
