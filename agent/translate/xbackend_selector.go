@@ -25,10 +25,16 @@ import (
 // and a controller ownerReference to the XBackend so it goes with it. The
 // EndpointSlice controller then does the selecting.
 
+// maxMatchLabels is the CRD's maxProperties of endpointSelector.matchLabels.
+const maxMatchLabels = 64
+
 // selectorProblem checks matchLabels the way the CRD does.
 func selectorProblem(labels map[gwv1.LabelKey]gwv1.LabelValue) string {
-	if len(labels) == 0 {
+	switch {
+	case len(labels) == 0:
 		return "endpointSelector.matchLabels must not be empty"
+	case len(labels) > maxMatchLabels:
+		return fmt.Sprintf("endpointSelector.matchLabels has %d entries; at most %d", len(labels), maxMatchLabels)
 	}
 	for _, k := range slices.Sorted(maps.Keys(labels)) {
 		if errs := validation.IsQualifiedName(string(k)); len(errs) > 0 {
