@@ -231,8 +231,9 @@
 // same object, the older wins, then namespace/name; the others are
 // Conflicted there. What the CRD would refuse (percent outside 0-100,
 // intervals out of range or not GEP-2257 durations, count outside
-// 1-1000000, a bad sessionPersistence) makes the policy Invalid: it is
-// applied nowhere and takes part in no conflict.
+// 1-1000000, a bad sessionPersistence, more than 16 targetRefs or a target
+// named twice) makes the policy Invalid: it is applied nowhere and takes
+// part in no conflict.
 //
 // Status: one PolicyAncestorStatus per distinct targetRef that has room in
 // the policy's status, as for BackendTLSPolicy; the policy is not applied

@@ -25,6 +25,9 @@ const (
 	defaultMinRetryInterval = time.Second
 )
 
+// maxTrafficTargetRefs is the CRD's maxItems of spec.targetRefs.
+const maxTrafficTargetRefs = 16
+
 // trafficEval is one XBackendTrafficPolicy, checked once.
 type trafficEval struct {
 	policy *gwxv1alpha1.XBackendTrafficPolicy
@@ -110,18 +113,24 @@ func (t *translator) evalTrafficPolicy(p *gwxv1alpha1.XBackendTrafficPolicy) *tr
 			invalid = append(invalid, msg)
 		}
 	}
-	if len(invalid) > 0 {
-		e.invalid = &tlsvalidation.Problem{Reason: string(gwv1.PolicyReasonInvalid), Message: strings.Join(invalid, "; ")}
+	if n := len(p.Spec.TargetRefs); n > maxTrafficTargetRefs {
+		invalid = append(invalid, fmt.Sprintf("targetRefs has %d entries, more than the %d allowed", n, maxTrafficTargetRefs))
 	}
 
+	// targetRefs is a map keyed by group, kind and name: the CRD refuses a
+	// target named twice. It gets one status entry, which says so.
 	seen := map[trafficKey]bool{}
 	for _, ref := range p.Spec.TargetRefs {
 		tg := t.trafficTarget(p.Namespace, ref)
 		if seen[tg.key] {
-			continue // targetRefs is a map keyed by group, kind and name
+			invalid = append(invalid, fmt.Sprintf("targetRefs names %s %s more than once", ref.Kind, ref.Name))
+			continue
 		}
 		seen[tg.key] = true
 		e.targets = append(e.targets, tg)
+	}
+	if len(invalid) > 0 {
+		e.invalid = &tlsvalidation.Problem{Reason: string(gwv1.PolicyReasonInvalid), Message: strings.Join(invalid, "; ")}
 	}
 	slices.SortFunc(e.targets, func(a, b *trafficTarget) int { return compareParents(a.parent, b.parent) })
 	parents := make([]gwv1.ParentReference, len(e.targets))
