@@ -107,9 +107,11 @@
 // XBackend is invalid: requests fail closed with 503, as without the
 // route). A mirror whose backendRef does not resolve is dropped.
 //
-// Cross-namespace backendRefs need a ReferenceGrant in the backend's
-// namespace (from the route's kind and namespace, to Service or XBackend),
-// unless the backendRef names one of the route's own parent Services.
+// Cross-namespace backendRefs to Services need a ReferenceGrant in the
+// backend's namespace (from the route's kind and namespace, to Service),
+// unless the backendRef names one of the route's own parent Services. An
+// XBackend in another namespace is RefNotPermitted, grant or not: GEP-4894
+// says Backends MUST live in the namespace of the routes referencing them.
 // GEP-1294 lets meshes skip grants when routes cannot reach further than
 // clients could; sockmesh's proxy dials from the node, outside the
 // client's NetworkPolicy, so it asks for grants — except toward a parent

@@ -76,10 +76,10 @@ type resolved struct {
 
 // resolveBackend resolves a backendRef (or a mirror's) of the route being
 // built. Core Services (with a port) and XBackends (group
-// gateway.networking.x-k8s.io, without one) are backends; a reference into
-// another namespace needs a ReferenceGrant there, unless it names one of
-// the route's own parent Services (clients already reach those through
-// sockmesh, so the reference exposes nothing new).
+// gateway.networking.x-k8s.io, without one, in the route's namespace) are
+// backends; a Service in another namespace needs a ReferenceGrant there,
+// unless it is one of the route's own parent Services (clients already
+// reach those through sockmesh, so the reference exposes nothing new).
 func (rb *routeBuilder) resolveBackend(ref gwv1.BackendObjectReference) (resolved, *refProblem) {
 	t := rb.t
 	group, kind := deref(ref.Group), cmp.Or(deref(ref.Kind), "Service")
@@ -144,8 +144,11 @@ func (rb *routeBuilder) resolveBackend(ref gwv1.BackendObjectReference) (resolve
 		if ref.Port != nil {
 			return out, &refProblem{string(gwv1.RouteReasonUnsupportedValue), what + ": port must not be set; the XBackend has its own"}
 		}
-		if p := permitted(); p != nil {
-			return out, p
+		if ns != rb.e.ref.Namespace {
+			// GEP-4894: Backends MUST live in the namespace of the routes
+			// that reference them; no ReferenceGrant lifts that.
+			return out, &refProblem{string(gwv1.RouteReasonRefNotPermitted), fmt.Sprintf(
+				"%s: an XBackend must be in the route's namespace %s; ReferenceGrants do not extend to XBackends (GEP-4894)", what, rb.e.ref.Namespace)}
 		}
 		e := t.xbackends[types.NamespacedName{Namespace: ns, Name: name}]
 		if e == nil {
