@@ -1,0 +1,130 @@
+package manifests_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/yaml"
+
+	"github.com/sockmesh/sockmesh/agent/source/manifests"
+	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/test/apiserver"
+)
+
+// TestCRDRefusalsAreInvalid: manifests from the file source never meet the
+// CRDs' schema and CEL rules, so translate checks them again. Each case is
+// one XBackend or XBackendTrafficPolicy that the v1.7 experimental CRD
+// refuses — the real API server is asked, so a case it would accept fails
+// instead of passing for nothing — and that translate must find Invalid on
+// every status entry.
+func TestCRDRefusalsAreInvalid(t *testing.T) {
+	const ns = "crd"
+	xbackend := func(spec string) string {
+		return "apiVersion: gateway.networking.x-k8s.io/v1alpha1\nkind: XBackend\nmetadata: {name: x, namespace: crd}\nspec: " + spec
+	}
+	policy := func(spec string) string {
+		return "apiVersion: gateway.networking.x-k8s.io/v1alpha1\nkind: XBackendTrafficPolicy\nmetadata: {name: p, namespace: crd}\nspec: " + spec
+	}
+	selector := `type: EndpointSelector, endpointSelector: {matchLabels: {app: a}}, port: {number: 80}`
+	external := `type: ExternalHostname, externalHostname: {hostname: a.example.com}, port: {number: 443}`
+	list := func(n int, item string) string {
+		items := make([]string, n)
+		for i := range items {
+			items[i] = fmt.Sprintf(item, i)
+		}
+		return "[" + strings.Join(items, ", ") + "]"
+	}
+	api := `{group: "", kind: Service, name: api}`
+	cases := map[string]string{
+		"session without cookie":   xbackend(`{` + selector + `, sessionPersistence: {absoluteTimeout: 1h}}`),
+		"session defaults only":    xbackend(`{` + selector + `, sessionPersistence: {}}`),
+		"cookie lifetime":          xbackend(`{` + selector + `, sessionPersistence: {cookie: {lifetimeType: Forever}}}`),
+		"session on external":      xbackend(`{` + external + `, sessionPersistence: {cookie: {}}}`),
+		"65 matchLabels":           xbackend(`{type: EndpointSelector, port: {number: 80}, endpointSelector: {matchLabels: {` + strings.Trim(list(65, "l%d: v"), "[]") + `}}}`),
+		"no port number":           xbackend(`{` + strings.Replace(selector, "{number: 80}", "{}", 1) + `}`),
+		"cluster.local hostname":   xbackend(`{type: ExternalHostname, externalHostname: {hostname: api.cluster.local}, port: {number: 443}}`),
+		"h2c with tls":             xbackend(`{` + external + `, protocol: H2C, tls: {mode: ServerOnly, validation: {hostname: a.example.com, wellKnownCACertificates: System}}}`),
+		"http2 without tls":        xbackend(`{` + external + `, protocol: HTTP2}`),
+		"client cert without mode": xbackend(`{` + external + `, tls: {mode: ServerOnly, clientCertificateRef: {name: c}, validation: {hostname: a.example.com, wellKnownCACertificates: System}}}`),
+		"target twice":             policy(`{targetRefs: [` + api + `, ` + api + `], retryConstraint: {}}`),
+		"17 targets":               policy(`{targetRefs: ` + list(17, `{group: "", kind: Service, name: api%d}`) + `, retryConstraint: {}}`),
+		"budget percent":           policy(`{targetRefs: [` + api + `], retryConstraint: {budget: {percent: 101}}}`),
+		"budget interval":          policy(`{targetRefs: [` + api + `], retryConstraint: {budget: {interval: 2h}}}`),
+		"policy session":           policy(`{targetRefs: [` + api + `], sessionPersistence: {type: Header}}`),
+		"min retry rate zero":      policy(`{targetRefs: [` + api + `], retryConstraint: {minRetryRate: {count: 1, interval: 0s}}}`),
+	}
+
+	env := apiserver.Start(t)
+	if _, err := env.Kube.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dec, err := manifests.NewDecoder()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The Services the objects need for a status entry: one standing for
+	// the XBackend, and every policy target.
+	services := "apiVersion: v1\nkind: Service\nmetadata: {name: front, namespace: crd, annotations: {sockmesh.io/xbackend: x}}\nspec: {clusterIP: 10.96.0.10, ports: [{port: 80}]}\n"
+	for i := range 18 {
+		name := fmt.Sprintf("api%d", i)
+		if i == 17 {
+			name = "api"
+		}
+		services += fmt.Sprintf("---\napiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: crd}\nspec: {clusterIP: 10.96.1.%d, ports: [{port: 80}]}\n", name, i+1)
+	}
+
+	for name, doc := range cases {
+		t.Run(name, func(t *testing.T) {
+			var u unstructured.Unstructured
+			if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+				t.Fatal(err)
+			}
+			gvk := u.GroupVersionKind()
+			gvr := schema.GroupVersionResource{Group: gvk.Group, Version: gvk.Version, Resource: strings.ToLower(gvk.Kind) + "s"}
+			if gvk.Kind == "XBackendTrafficPolicy" {
+				gvr.Resource = "xbackendtrafficpolicies"
+			}
+			if _, err := env.Dynamic.Resource(gvr).Namespace(ns).Create(t.Context(), &u, metav1.CreateOptions{}); !apierrors.IsInvalid(err) {
+				t.Fatalf("the API server's create: err = %v, want Invalid (the case is not one the CRD refuses)", err)
+			}
+
+			objs, err := dec.Decode(strings.NewReader(services + "---\n" + doc))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var in translate.Input
+			for _, o := range objs {
+				if err := manifests.Add(&in, o); err != nil {
+					t.Fatal(err)
+				}
+			}
+			res, err := translate.Translate(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var conds [][]metav1.Condition
+			for _, a := range res.Status.XBackends[types.NamespacedName{Namespace: ns, Name: "x"}] {
+				conds = append(conds, a.Conditions)
+			}
+			for _, a := range res.Status.XBackendTrafficPolicies[types.NamespacedName{Namespace: ns, Name: "p"}] {
+				conds = append(conds, a.Conditions)
+			}
+			if len(conds) == 0 {
+				t.Fatal("translate wrote no status entry")
+			}
+			for i, c := range conds {
+				if a := meta.FindStatusCondition(c, "Accepted"); a == nil || a.Status != metav1.ConditionFalse || a.Reason != "Invalid" {
+					t.Fatalf("translate's Accepted (status entry %d of %d) = %+v, want False/Invalid", i+1, len(conds), a)
+				}
+			}
+		})
+	}
+}
