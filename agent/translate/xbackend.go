@@ -162,6 +162,13 @@ func (t *translator) xbackendTLS(e *xbackendEval, mode gwxv1alpha1.BackendTLSMod
 		bad("tls.validation must be set when tls.mode is %s", mode)
 		return nil
 	}
+	// XBackend's CRD is experimental only, where caCertificateRefs has
+	// MinItems=1. Validate, shared with BackendTLSPolicy, whose standard
+	// channel accepts an empty list beside wellKnownCACertificates, reads
+	// one as unset.
+	if refs := spec.Validation.CACertificateRefs; refs != nil && len(refs) == 0 {
+		bad("tls.validation.caCertificateRefs must not be empty; leave it out")
+	}
 	v := tlsvalidation.Validate(spec.Validation, "tls.validation", e.xb.Namespace, t, t.in.ClusterTrustBundlesUnavailable)
 	tls := v.TLS
 	tls.Mode = snapshot.TLSServerOnly

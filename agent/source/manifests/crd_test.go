@@ -54,12 +54,18 @@ func TestCRDRefusalsAreInvalid(t *testing.T) {
 		"h2c with tls":             xbackend(`{` + external + `, protocol: H2C, tls: {mode: ServerOnly, validation: {hostname: a.example.com, wellKnownCACertificates: System}}}`),
 		"http2 without tls":        xbackend(`{` + external + `, protocol: HTTP2}`),
 		"client cert without mode": xbackend(`{` + external + `, tls: {mode: ServerOnly, clientCertificateRef: {name: c}, validation: {hostname: a.example.com, wellKnownCACertificates: System}}}`),
-		"target twice":             policy(`{targetRefs: [` + api + `, ` + api + `], retryConstraint: {}}`),
-		"17 targets":               policy(`{targetRefs: ` + list(17, `{group: "", kind: Service, name: api%d}`) + `, retryConstraint: {}}`),
-		"budget percent":           policy(`{targetRefs: [` + api + `], retryConstraint: {budget: {percent: 101}}}`),
-		"budget interval":          policy(`{targetRefs: [` + api + `], retryConstraint: {budget: {interval: 2h}}}`),
-		"policy session":           policy(`{targetRefs: [` + api + `], sessionPersistence: {type: Header}}`),
-		"min retry rate zero":      policy(`{targetRefs: [` + api + `], retryConstraint: {minRetryRate: {count: 1, interval: 0s}}}`),
+		"6 subjectAltNames": xbackend(`{` + external + `, tls: {mode: ServerOnly, validation: {hostname: a.example.com, wellKnownCACertificates: System, subjectAltNames: ` +
+			list(6, "{type: Hostname, hostname: s%d.example.com}") + `}}}`),
+		"9 caCertificateRefs": xbackend(`{` + external + `, tls: {mode: ServerOnly, validation: {hostname: a.example.com, caCertificateRefs: ` +
+			list(9, `{group: "", kind: ConfigMap, name: ca%d}`) + `}}}`),
+		"empty caCertificateRefs":       xbackend(`{` + external + `, tls: {mode: ServerOnly, validation: {hostname: a.example.com, wellKnownCACertificates: System, caCertificateRefs: []}}}`),
+		"empty wellKnownCACertificates": xbackend(`{` + external + `, tls: {mode: ServerOnly, validation: {hostname: a.example.com, wellKnownCACertificates: "", caCertificateRefs: [{group: "", kind: ConfigMap, name: ca}]}}}`),
+		"target twice":                  policy(`{targetRefs: [` + api + `, ` + api + `], retryConstraint: {}}`),
+		"17 targets":                    policy(`{targetRefs: ` + list(17, `{group: "", kind: Service, name: api%d}`) + `, retryConstraint: {}}`),
+		"budget percent":                policy(`{targetRefs: [` + api + `], retryConstraint: {budget: {percent: 101}}}`),
+		"budget interval":               policy(`{targetRefs: [` + api + `], retryConstraint: {budget: {interval: 2h}}}`),
+		"policy session":                policy(`{targetRefs: [` + api + `], sessionPersistence: {type: Header}}`),
+		"min retry rate zero":           policy(`{targetRefs: [` + api + `], retryConstraint: {minRetryRate: {count: 1, interval: 0s}}}`),
 	}
 
 	env := apiserver.Start(t)
