@@ -164,9 +164,15 @@ func grpcMatch(m gwv1.GRPCRouteMatch) (routeMatch, string) {
 		}
 		switch typ {
 		case gwv1.GRPCMethodMatchExact:
-			for _, v := range []string{service, method} {
-				if strings.ContainsAny(v, "/") || hasControl(v) || len(v) > 1024 {
-					return rm, fmt.Sprintf("method: exact value %q must not contain \"/\" or control characters", v)
+			// The CRD's patterns: a value that is set, even empty, must be
+			// a gRPC service (dotted) or method name.
+			for _, v := range []struct {
+				field string
+				value *string
+				re    *regexp.Regexp
+			}{{"service", mm.Service, grpcServiceName}, {"method", mm.Method, grpcMethodName}} {
+				if v.value != nil && (len(*v.value) > 1024 || !v.re.MatchString(*v.value)) {
+					return rm, fmt.Sprintf("method.%s: exact value %q must match %s", v.field, *v.value, v.re)
 				}
 			}
 			switch {
@@ -208,6 +214,13 @@ func grpcMatch(m gwv1.GRPCRouteMatch) (routeMatch, string) {
 	rm.key.headers = len(rm.m.Headers)
 	return rm, ""
 }
+
+// grpcServiceName and grpcMethodName are the GRPCMethodMatch CRD's
+// patterns for Exact values.
+var (
+	grpcServiceName = regexp.MustCompile(`^(?i)\.?[a-z_][a-z_0-9]*(\.[a-z_][a-z_0-9]*)*$`)
+	grpcMethodName  = regexp.MustCompile(`^[A-Za-z_][A-Za-z_0-9]*$`)
+)
 
 // stringMatchIn is a header or query param match of either route kind.
 type stringMatchIn struct {
