@@ -34,8 +34,9 @@ type RoutingConfig struct {
 	// can send it again and mirrors get a copy; 0 means 64 KiB. A body
 	// that is larger, of unknown length (chunked, streams) or expects
 	// 100 Continue is streamed instead: such a request is retried only
-	// when no byte of it reached a backend (a connect error), and it is
-	// not mirrored.
+	// when no byte of it reached a backend (a connect error). Mirrors get
+	// a body of unknown length (every gRPC call) as it streams, and fail
+	// once it passes ReplayBytes; other streamed bodies are not mirrored.
 	ReplayBytes int
 	// MaxMirrors bounds the mirrored requests in flight; 0 means 64. A
 	// mirror beyond it is dropped (and counted), never queued: mirrors

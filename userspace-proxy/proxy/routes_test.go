@@ -288,7 +288,9 @@ func TestRouteConsumerProducer(t *testing.T) {
 
 // TestRouteMirror: a mirror gets the request as the rule changed it, body
 // included, while the client gets the main backend's answer; a streamed
-// body is not mirrored, and says so in the metrics.
+// body of unknown length is teed to the mirror as it goes (it was not
+// mirrored at all), and one that outgrows Routing.ReplayBytes fails its
+// mirror rather than send a short copy.
 func TestRouteMirror(t *testing.T) {
 	checkNoLeaks(t)
 	for _, k := range clientKinds {
@@ -318,21 +320,29 @@ func TestRouteMirror(t *testing.T) {
 				string(got.Body) != payload || got.Header.Get("X-Set") != "rule" || got.Header["X-Remove"] != nil || got.Header.Get("X-App") != "app" {
 				t.Errorf("mirror saw %s %s?%s host %q body %q headers %v", got.Method, got.Path, got.RawQuery, got.Host, got.Body, got.Header)
 			}
-			// A chunked body of unknown length cannot be kept: not mirrored.
-			pr, pw := io.Pipe()
-			go func() {
-				pw.Write([]byte("streamed"))
-				pw.Close()
-			}()
-			req := newReq(t, http.MethodPost, "http://front.b.svc/mirror?id=2", pr)
-			if a := send(t, c, req); a.status != 200 || a.report.BodyBytes != 8 {
-				t.Fatalf("streamed request: %d with %d body bytes", a.status, a.report.BodyBytes)
+			// A chunked body of unknown length is not kept: the mirror gets
+			// it as it streams.
+			stream := func(id string, body []byte) {
+				pr, pw := io.Pipe()
+				go func() {
+					pw.Write(body)
+					pw.Close()
+				}()
+				req := newReq(t, http.MethodPost, "http://front.b.svc/mirror?id="+id, pr)
+				if a := send(t, c, req); a.status != 200 || a.report.BodyBytes != int64(len(body)) {
+					t.Fatalf("streamed request %s: %d with %d body bytes, want %d", id, a.status, a.report.BodyBytes, len(body))
+				}
 			}
-			if got := e.counter("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": "dropped_body"}); got != 1 {
-				t.Errorf("mirrors{dropped_body} = %v, want 1", got)
+			stream("2", []byte("streamed"))
+			if got := <-mirror.seen; got.RawQuery != "id=2" || string(got.Body) != "streamed" {
+				t.Errorf("mirror saw %s with body %q, want id=2 with the streamed body", got.RawQuery, got.Body)
 			}
-			if n := mirror.count("2"); n != 0 {
-				t.Errorf("mirror got %d streamed requests, want none", n)
+			stream("3", bytes.Repeat([]byte("x"), 64<<10+1))
+			if got := e.counterReaches("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": "failed"}, 1); got != 1 {
+				t.Errorf("mirrors{failed} = %v, want 1: a body beyond Routing.ReplayBytes cuts its mirror", got)
+			}
+			if got := e.counterReaches("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": "sent"}, 2); got != 2 {
+				t.Errorf("mirrors{sent} = %v, want 2", got)
 			}
 		})
 	}
@@ -773,20 +783,25 @@ func TestRouteNonHTTP(t *testing.T) {
 }
 
 // TestRouteGRPC: a GRPCRoute matches service, method and headers, changes
-// request headers, and answers gRPC clients in gRPC: UNIMPLEMENTED when no
-// rule matches, UNAVAILABLE for an invalid backendRef, as trailers-only
-// responses.
+// request headers, mirrors calls (whose bodies have no length: they are
+// copied as they stream; they were never mirrored), and answers gRPC
+// clients in gRPC: UNIMPLEMENTED when no rule matches, UNAVAILABLE for an
+// invalid backendRef, as trailers-only responses.
 func TestRouteGRPC(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
 	m := &mesh{t: t}
-	// v1 and v2 are gRPC servers that answer any method with the metadata
-	// they received.
+	// v1, v2 and mirror are gRPC servers that answer any method with the
+	// metadata they received; mirror also passes on the messages it gets.
+	mirrored := make(chan string, 1)
 	grpcBackend := func(name string) snapshot.BackendRef {
 		srv := grpc.NewServer(grpc.UnknownServiceHandler(func(_ any, st grpc.ServerStream) error {
 			in := new(wrapperspb.BytesValue)
 			if err := st.RecvMsg(in); err != nil {
 				return err
+			}
+			if name == "mirror" {
+				mirrored <- string(in.Value)
 			}
 			md, _ := metadata.FromIncomingContext(st.Context())
 			st.SetTrailer(metadata.Pairs("x-backend", name))
@@ -799,7 +814,7 @@ func TestRouteGRPC(t *testing.T) {
 		return m.backend(name, snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
 	}
 	front := m.backend("front", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(startEcho(t, "front-0", nil).addr)})
-	v1, v2 := grpcBackend("v1"), grpcBackend("v2")
+	v1, v2, mirror := grpcBackend("v1"), grpcBackend("v2"), grpcBackend("mirror")
 	setMatch := exactMatch("/svc.A/Get")
 	setMatch.Headers = []snapshot.StringMatch{{Name: "x-test-case", Type: snapshot.MatchExact, Value: "set"}}
 	m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindGRPCRoute,
@@ -807,6 +822,8 @@ func TestRouteGRPC(t *testing.T) {
 			RequestHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "x-header-set", Value: "set-overwrites-values"}}, Remove: []string{"x-header-remove"}}}}},
 		rule{[]snapshot.RouteMatch{exactMatch("/svc.A/Get")}, snapshot.RouteRule{Backends: to(v2)}},
 		rule{[]snapshot.RouteMatch{prefixMatch("/svc.B")}, snapshot.RouteRule{Backends: []snapshot.WeightedBackend{{Weight: 1, Invalid: &snapshot.Invalid{Reason: "BackendNotFound"}}}}},
+		rule{[]snapshot.RouteMatch{prefixMatch("/svc.M")}, snapshot.RouteRule{Backends: to(v1), Filters: snapshot.Filters{
+			Mirrors: []snapshot.Mirror{{Backend: mirror, Numerator: 1, Denominator: 1}}}}},
 	)))
 	e.p.Update(m.snapshot(1))
 	cc, err := grpc.NewClient("passthrough:///front.b.svc:80", grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -840,6 +857,17 @@ func TestRouteGRPC(t *testing.T) {
 	}
 	if _, _, err := call("/svc.B/Any"); status.Code(err) != codes.Unavailable {
 		t.Errorf("invalid backendRef: %v, want Unavailable", err)
+	}
+	if _, backend, err := call("/svc.M/Copy"); err != nil || backend != "v1" {
+		t.Errorf("mirrored call: backend %q err %v, want v1", backend, err)
+	}
+	e.counterReaches("sockmesh_proxy_mirrored_requests_total", nil, 1)
+	if got := e.counter("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": "sent"}); got != 1 {
+		t.Fatalf("mirrors{sent} = %v, want 1 (dropped_body: %v)", got,
+			e.counter("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": "dropped_body"}))
+	}
+	if got := <-mirrored; got != "ping" {
+		t.Errorf("mirror got message %q, want the call's ping", got)
 	}
 	// The connection carries on after local answers.
 	if _, backend, err := call("/svc.A/Get"); err != nil || backend != "v2" {
