@@ -86,7 +86,8 @@
 // CRD. A rule whose matches are invalid is left out. A rule whose matches
 // are valid but whose filters or settings cannot be honoured — including
 // the CORS, ExternalAuth and ExtensionRef filters sockmesh does not
-// implement — stays and answers 500: a filter is never skipped. Status
+// implement — stays and answers 500 (a GRPCRoute's, UNAVAILABLE, as the
+// API asks where it cannot route): a filter is never skipped. Status
 // then follows the API's "Drop Rule(s)" form: Accepted=True with
 // PartiallyInvalid=True (UnsupportedValue, or IncompatibleFilters for
 // RequestRedirect with URLRewrite). When no rule routes, Accepted=False

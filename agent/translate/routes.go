@@ -492,8 +492,12 @@ func (t *translator) routeStatus(e *routeEval) []gwv1.RouteParentStatus {
 	for _, d := range e.dropped {
 		problems = append(problems, d+" (the rule is left out)")
 	}
+	answer := "HTTP 500"
+	if e.kind == snapshot.KindGRPCRoute {
+		answer = "UNAVAILABLE" // the API's answer where a GRPCRoute cannot route
+	}
 	for _, f := range e.failing {
-		problems = append(problems, f+" (requests the rule matches get HTTP 500: sockmesh never skips a filter)")
+		problems = append(problems, f+" (requests the rule matches get "+answer+": sockmesh never skips a filter)")
 	}
 	for i, po := range e.parents {
 		if i == maxRouteParents {
