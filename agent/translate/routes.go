@@ -39,6 +39,10 @@ type routeEval struct {
 	parentServices map[types.NamespacedName]bool
 	// specRules is how many rules the spec has.
 	specRules int
+	// invalid says what the CRD would refuse in the spec as a whole: the
+	// route, converted all the same for its status, then takes part in no
+	// routing.
+	invalid string
 	// rules are the rules that take part in routing (valid, or Invalid
 	// and answering 500); matches index them.
 	rules   []snapshot.RouteRule
@@ -71,7 +75,9 @@ type parentOutcome struct {
 // installed reports whether the route takes part in routing: it has rules
 // that do, or none at all (a GRPCRoute may have no rules; every request
 // then finds no match).
-func (e *routeEval) installed() bool { return len(e.rules) > 0 || e.specRules == 0 }
+func (e *routeEval) installed() bool {
+	return e.invalid == "" && (len(e.rules) > 0 || e.specRules == 0)
+}
 
 // validRules counts the rules that route rather than answer 500.
 func (e *routeEval) validRules() int {
@@ -162,6 +168,7 @@ func isServiceParent(p gwv1.ParentReference) bool {
 func (t *translator) evalHTTPRoute(r *gwv1.HTTPRoute) *routeEval {
 	e := newRouteEval(snapshot.KindHTTPRoute, r.ObjectMeta, r.Spec.ParentRefs)
 	rb := &routeBuilder{t: t, e: e, kind: snapshot.KindHTTPRoute}
+	e.invalid = specProblem(r.Spec.Hostnames, r.Spec.Rules, func(r *gwv1.HTTPRouteRule) (*gwv1.SectionName, int) { return r.Name, len(r.Matches) })
 	rules := r.Spec.Rules
 	if len(rules) == 0 {
 		// The CRD's default: one rule matching every request (which, with
@@ -196,6 +203,7 @@ func (t *translator) evalHTTPRoute(r *gwv1.HTTPRoute) *routeEval {
 func (t *translator) evalGRPCRoute(r *gwv1.GRPCRoute) *routeEval {
 	e := newRouteEval(snapshot.KindGRPCRoute, r.ObjectMeta, r.Spec.ParentRefs)
 	rb := &routeBuilder{t: t, e: e, kind: snapshot.KindGRPCRoute}
+	e.invalid = specProblem(r.Spec.Hostnames, r.Spec.Rules, func(r *gwv1.GRPCRouteRule) (*gwv1.SectionName, int) { return r.Name, len(r.Matches) })
 	e.specRules = len(r.Spec.Rules)
 	for i := range r.Spec.Rules {
 		rule := &r.Spec.Rules[i]
@@ -214,6 +222,43 @@ func (t *translator) evalGRPCRoute(r *gwv1.GRPCRoute) *routeEval {
 		rb.add(i, deref(rule.Name), &b, out)
 	}
 	return e
+}
+
+// specProblem is what the CRD would refuse in a route's spec as a whole
+// (the file source never met it), or "": more than 16 hostnames or one
+// that is no Hostname, more than 16 rules or 128 matches in all, a rule
+// name that is no SectionName or that repeats. What it would refuse
+// within a rule leaves out or fails that rule only.
+func specProblem[R any](hostnames []gwv1.Hostname, rules []R, shape func(*R) (name *gwv1.SectionName, matches int)) string {
+	if len(hostnames) > 16 {
+		return fmt.Sprintf("%d hostnames, more than 16", len(hostnames))
+	}
+	for _, h := range hostnames {
+		if len(h) > 253 || !validPreciseHostname(strings.TrimPrefix(string(h), "*.")) {
+			return fmt.Sprintf("hostname %q is not a DNS name, optionally led by \"*.\"", h)
+		}
+	}
+	if len(rules) > 16 {
+		return fmt.Sprintf("%d rules, more than 16", len(rules))
+	}
+	matches, names := 0, map[gwv1.SectionName]bool{}
+	for i := range rules {
+		name, n := shape(&rules[i])
+		matches += n
+		switch {
+		case name == nil:
+		case !validPreciseHostname(string(*name)):
+			return fmt.Sprintf("rules[%d].name %q is not a section name (lower-case DNS labels)", i, *name)
+		case names[*name]:
+			return fmt.Sprintf("rules[%d].name %q is not unique within the route", i, *name)
+		default:
+			names[*name] = true
+		}
+	}
+	if matches > 128 {
+		return fmt.Sprintf("%d matches in all rules, more than 128", matches)
+	}
+	return ""
 }
 
 // weighted converts backendRef j of a rule. A reference that does not
@@ -508,6 +553,8 @@ func (t *translator) routeStatus(e *routeEval) []gwv1.RouteParentStatus {
 		switch {
 		case po.problem != nil:
 			c.set(condAccepted, false, po.problem.reason, po.problem.message)
+		case e.invalid != "":
+			c.set(condAccepted, false, string(gwv1.RouteReasonUnsupportedValue), "the route is invalid: "+e.invalid)
 		case !e.installed() || valid == 0 && e.specRules > 0:
 			c.set(condAccepted, false, string(invalidReason), "no rule can be honoured: "+strings.Join(problems, "; "))
 		case len(po.conflicted) == len(po.ports):
