@@ -379,6 +379,9 @@ func (rb *routeBuilder) add(i int, name string, b *ruleBuild, out snapshot.Route
 		e.dropped = append(e.dropped, fmt.Sprintf("%s: %s", label, b.drop))
 		return
 	}
+	if len(out.Backends) > 16 {
+		b.badf("%d backendRefs, more than 16", len(out.Backends))
+	}
 	onePrefix := len(b.matches) == 1 && b.matches[0].m.Path.Type == snapshot.PathPrefix
 	if !onePrefix && (prefixReplaced(&out.Filters) ||
 		slices.ContainsFunc(out.Backends, func(wb snapshot.WeightedBackend) bool { return prefixReplaced(&wb.Filters) })) {

@@ -76,6 +76,10 @@ func (b *ruleBuild) badf(format string, args ...any) {
 // default, a zero match (for HTTPRoute a PathPrefix "/" match, for
 // GRPCRoute every request). The first unusable match drops the rule.
 func addMatches[M any](b *ruleBuild, ms []M, conv func(M) (routeMatch, string)) {
+	if len(ms) > 64 {
+		b.drop = fmt.Sprintf("%d matches, more than 64", len(ms))
+		return
+	}
 	if len(ms) == 0 {
 		ms = make([]M, 1)
 	}
@@ -232,6 +236,9 @@ type stringMatchIn struct {
 // query param matches. Of entries with equivalent names only the first
 // counts, as the API says.
 func stringMatches(field string, in []stringMatchIn, fold bool, maxLen int) ([]snapshot.StringMatch, string) {
+	if len(in) > 16 {
+		return nil, fmt.Sprintf("%d %s, more than 16", len(in), field)
+	}
 	var out []snapshot.StringMatch
 	for i, s := range in {
 		if !validHeaderName(s.name) {
@@ -373,6 +380,9 @@ func count(bs ...bool) int {
 // ResolvedRefs, as the API asks.
 func (rb *routeBuilder) filters(b *ruleBuild, where string, fs []filterIn) snapshot.Filters {
 	var out snapshot.Filters
+	if len(fs) > 16 {
+		b.badf("%d %sfilters, more than 16", len(fs), where)
+	}
 	seen := map[string]bool{}
 	for i, f := range fs {
 		at := fmt.Sprintf("%sfilters[%d]", where, i)
@@ -456,6 +466,11 @@ func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter) *snapshot
 			out = append(out, snapshot.Header{Name: string(h.Name), Value: h.Value})
 		}
 		return out
+	}
+	for i, n := range []int{len(f.Set), len(f.Add), len(f.Remove)} {
+		if n > 16 {
+			b.badf("%s.%s: %d headers, more than 16", at, []string{"set", "add", "remove"}[i], n)
+		}
 	}
 	out.Set = headers("set", f.Set)
 	out.Add = headers("add", f.Add)
