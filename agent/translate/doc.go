@@ -84,12 +84,13 @@
 // to 1, codes, backoff), plus route-inline sessionPersistence. What the
 // CRD would refuse is checked again, since the file source never met the
 // CRD. What it would refuse in the spec as a whole (a rule name that is
-// no section name or repeats, a hostname that is no Hostname, more than
-// 16 hostnames or rules or 128 matches) makes the route Accepted=False
-// (UnsupportedValue) on every parent, routing nothing; hostnames are
-// otherwise ignored. A rule whose matches are invalid is left out. A rule
-// whose matches are valid but whose filters or settings cannot be
-// honoured — including
+// no section name or repeats, a hostname that is no Hostname, references
+// to one parent that disagree on giving sectionName and port or repeat
+// one, more than 32 parentRefs, 16 hostnames or rules or 128 matches)
+// makes the route Accepted=False (UnsupportedValue) on every parent,
+// routing nothing; hostnames are otherwise ignored. A rule whose matches
+// are invalid is left out. A rule whose matches are valid but whose
+// filters or settings cannot be honoured — including
 // the CORS, ExternalAuth and ExtensionRef filters sockmesh does not
 // implement — stays and answers 500 (a GRPCRoute's, UNAVAILABLE, as the
 // API asks where it cannot route): a filter is never skipped. Status

@@ -168,7 +168,7 @@ func isServiceParent(p gwv1.ParentReference) bool {
 func (t *translator) evalHTTPRoute(r *gwv1.HTTPRoute) *routeEval {
 	e := newRouteEval(snapshot.KindHTTPRoute, r.ObjectMeta, r.Spec.ParentRefs)
 	rb := &routeBuilder{t: t, e: e, kind: snapshot.KindHTTPRoute}
-	e.invalid = specProblem(r.Spec.Hostnames, r.Spec.Rules, func(r *gwv1.HTTPRouteRule) (*gwv1.SectionName, int) { return r.Name, len(r.Matches) })
+	e.invalid = specProblem(r.Spec.ParentRefs, r.Spec.Hostnames, r.Spec.Rules, func(r *gwv1.HTTPRouteRule) (*gwv1.SectionName, int) { return r.Name, len(r.Matches) })
 	rules := r.Spec.Rules
 	if len(rules) == 0 {
 		// The CRD's default: one rule matching every request (which, with
@@ -203,7 +203,7 @@ func (t *translator) evalHTTPRoute(r *gwv1.HTTPRoute) *routeEval {
 func (t *translator) evalGRPCRoute(r *gwv1.GRPCRoute) *routeEval {
 	e := newRouteEval(snapshot.KindGRPCRoute, r.ObjectMeta, r.Spec.ParentRefs)
 	rb := &routeBuilder{t: t, e: e, kind: snapshot.KindGRPCRoute}
-	e.invalid = specProblem(r.Spec.Hostnames, r.Spec.Rules, func(r *gwv1.GRPCRouteRule) (*gwv1.SectionName, int) { return r.Name, len(r.Matches) })
+	e.invalid = specProblem(r.Spec.ParentRefs, r.Spec.Hostnames, r.Spec.Rules, func(r *gwv1.GRPCRouteRule) (*gwv1.SectionName, int) { return r.Name, len(r.Matches) })
 	e.specRules = len(r.Spec.Rules)
 	for i := range r.Spec.Rules {
 		rule := &r.Spec.Rules[i]
@@ -225,11 +225,15 @@ func (t *translator) evalGRPCRoute(r *gwv1.GRPCRoute) *routeEval {
 }
 
 // specProblem is what the CRD would refuse in a route's spec as a whole
-// (the file source never met it), or "": more than 16 hostnames or one
-// that is no Hostname, more than 16 rules or 128 matches in all, a rule
-// name that is no SectionName or that repeats. What it would refuse
-// within a rule leaves out or fails that rule only.
-func specProblem[R any](hostnames []gwv1.Hostname, rules []R, shape func(*R) (name *gwv1.SectionName, matches int)) string {
+// (the file source never met it), or "": parentRefs parentRefsProblem
+// refuses, more than 16 hostnames or one that is no Hostname, more than
+// 16 rules or 128 matches in all, a rule name that is no SectionName or
+// that repeats. What it would refuse within a rule leaves out or fails
+// that rule only.
+func specProblem[R any](parents []gwv1.ParentReference, hostnames []gwv1.Hostname, rules []R, shape func(*R) (name *gwv1.SectionName, matches int)) string {
+	if p := parentRefsProblem(parents); p != "" {
+		return p
+	}
 	if len(hostnames) > 16 {
 		return fmt.Sprintf("%d hostnames, more than 16", len(hostnames))
 	}
@@ -257,6 +261,45 @@ func specProblem[R any](hostnames []gwv1.Hostname, rules []R, shape func(*R) (na
 	}
 	if matches > 128 {
 		return fmt.Sprintf("%d matches in all rules, more than 128", matches)
+	}
+	return ""
+}
+
+// parentRefsProblem applies the CRD's rules (experimental channel, which
+// sockmesh installs) to parentRefs: at most 32, and those naming one
+// parent more than once must all give a sectionName or none, all a port
+// or none, and no two the same pair.
+func parentRefsProblem(ps []gwv1.ParentReference) string {
+	if len(ps) > maxRouteParents {
+		return fmt.Sprintf("%d parentRefs, more than %d", len(ps), maxRouteParents)
+	}
+	type parent struct{ group, kind, namespace, name string }
+	type selector struct {
+		section string
+		port    gwv1.PortNumber
+	}
+	seen := map[parent][]selector{}
+	for i, p := range ps {
+		k := parent{gwv1.GroupName, "Gateway", deref(p.Namespace), string(p.Name)} // the CRD's defaults
+		if p.Group != nil {
+			k.group = string(*p.Group)
+		}
+		if p.Kind != nil {
+			k.kind = string(*p.Kind)
+		}
+		s := selector{section: deref(p.SectionName)}
+		if p.Port != nil {
+			s.port = *p.Port
+		}
+		for _, o := range seen[k] {
+			switch {
+			case (o.section == "") != (s.section == "") || (o.port == 0) != (s.port == 0):
+				return fmt.Sprintf("parentRefs[%d]: references to one parent must all give a sectionName or none, and all a port or none", i)
+			case o == s:
+				return fmt.Sprintf("parentRefs[%d] repeats an earlier reference: sectionName or port must tell them apart", i)
+			}
+		}
+		seen[k] = append(seen[k], s)
 	}
 	return ""
 }
