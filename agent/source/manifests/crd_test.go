@@ -68,14 +68,7 @@ func TestCRDRefusalsAreInvalid(t *testing.T) {
 		"min retry rate zero":           policy(`{targetRefs: [` + api + `], retryConstraint: {minRetryRate: {count: 1, interval: 0s}}}`),
 	}
 
-	env := apiserver.Start(t)
-	if _, err := env.Kube.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	dec, err := manifests.NewDecoder()
-	if err != nil {
-		t.Fatal(err)
-	}
+	env, dec := startCRDServer(t, ns)
 	// The Services the objects need for a status entry: one standing for
 	// the XBackend, and every policy target.
 	services := "apiVersion: v1\nkind: Service\nmetadata: {name: front, namespace: crd, annotations: {sockmesh.io/xbackend: x}}\nspec: {clusterIP: 10.96.0.10, ports: [{port: 80}]}\n"
@@ -89,33 +82,7 @@ func TestCRDRefusalsAreInvalid(t *testing.T) {
 
 	for name, doc := range cases {
 		t.Run(name, func(t *testing.T) {
-			var u unstructured.Unstructured
-			if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
-				t.Fatal(err)
-			}
-			gvk := u.GroupVersionKind()
-			gvr := schema.GroupVersionResource{Group: gvk.Group, Version: gvk.Version, Resource: strings.ToLower(gvk.Kind) + "s"}
-			if gvk.Kind == "XBackendTrafficPolicy" {
-				gvr.Resource = "xbackendtrafficpolicies"
-			}
-			if _, err := env.Dynamic.Resource(gvr).Namespace(ns).Create(t.Context(), &u, metav1.CreateOptions{}); !apierrors.IsInvalid(err) {
-				t.Fatalf("the API server's create: err = %v, want Invalid (the case is not one the CRD refuses)", err)
-			}
-
-			objs, err := dec.Decode(strings.NewReader(services + "---\n" + doc))
-			if err != nil {
-				t.Fatal(err)
-			}
-			var in translate.Input
-			for _, o := range objs {
-				if err := manifests.Add(&in, o); err != nil {
-					t.Fatal(err)
-				}
-			}
-			res, err := translate.Translate(in)
-			if err != nil {
-				t.Fatal(err)
-			}
+			res := translateRefused(t, env, dec, ns, services, doc)
 			var conds [][]metav1.Condition
 			for _, a := range res.Status.XBackends[types.NamespacedName{Namespace: ns, Name: "x"}] {
 				conds = append(conds, a.Conditions)
@@ -133,4 +100,53 @@ func TestCRDRefusalsAreInvalid(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startCRDServer starts a real API server with the v1.7 experimental
+// Gateway API CRDs and namespace ns, and the decoder the file source uses.
+func startCRDServer(t *testing.T, ns string) (*apiserver.Env, *manifests.Decoder) {
+	t.Helper()
+	env := apiserver.Start(t)
+	if _, err := env.Kube.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dec, err := manifests.NewDecoder()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return env, dec
+}
+
+// translateRefused has env's API server create doc in ns, which it must
+// refuse (a case it accepts is no CRD refusal), and returns what translate
+// makes of doc beside services when the file source hands them over.
+func translateRefused(t *testing.T, env *apiserver.Env, dec *manifests.Decoder, ns, services, doc string) translate.Result {
+	t.Helper()
+	var u unstructured.Unstructured
+	if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+		t.Fatal(err)
+	}
+	gvk := u.GroupVersionKind()
+	gvr := schema.GroupVersionResource{Group: gvk.Group, Version: gvk.Version, Resource: strings.ToLower(gvk.Kind) + "s"}
+	if gvk.Kind == "XBackendTrafficPolicy" {
+		gvr.Resource = "xbackendtrafficpolicies"
+	}
+	if _, err := env.Dynamic.Resource(gvr).Namespace(ns).Create(t.Context(), &u, metav1.CreateOptions{}); !apierrors.IsInvalid(err) {
+		t.Fatalf("the API server's create: err = %v, want Invalid (the case is not one the CRD refuses)", err)
+	}
+	objs, err := dec.Decode(strings.NewReader(services + "---\n" + doc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in translate.Input
+	for _, o := range objs {
+		if err := manifests.Add(&in, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := translate.Translate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
 }
