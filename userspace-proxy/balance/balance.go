@@ -78,6 +78,21 @@ func (p *Picker) Addrs() []netip.AddrPort {
 	return a
 }
 
+// Standby returns p's fallback endpoints while one of its preferred ones
+// may take connections at now (is not ejected): they take none then. It is
+// nil when there are none, or every preferred endpoint is ejected.
+func (p *Picker) Standby(now time.Time) []netip.AddrPort {
+	if p.preferred == len(p.ready) {
+		return nil
+	}
+	for i := range p.preferred {
+		if !p.health.Any() || !p.health.passedOver(p.ready[i].Endpoint.Addr, now) {
+			return p.Addrs()[p.preferred:]
+		}
+	}
+	return nil
+}
+
 // Pick returns the next preferred endpoint not ejected, else the next
 // fallback one not ejected, or nil when there is none ready; when all are
 // ejected, the next preferred one. The result is shared: callers must not

@@ -3,6 +3,7 @@ package balance
 import (
 	"net/http"
 	"net/netip"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -212,7 +213,7 @@ func TestPickFewest(t *testing.T) {
 // TestFallback: endpoints topology hints left to other zones take nothing
 // while a preferred one is not ejected; once every preferred one is, they
 // take the connections in turn (Pick, PickFewest) and the sessions of the
-// ejected ones; when they too are ejected, the preferred ones take turns
+// ejected ones, and are on standby no longer (Standby); when they too are ejected, the preferred ones take turns
 // again. With no preferred endpoint ready, they are all there is.
 func TestFallback(t *testing.T) {
 	h := NewHealth(time.Minute, time.Minute)
@@ -246,6 +247,9 @@ func TestFallback(t *testing.T) {
 	if got, few := picks(p, 4), fewest(4); !only(got, 4, 2) || !only(few, 4, 2) {
 		t.Errorf("two preferred endpoints ejected: picks %v, fewest %v; want the third only", got, few)
 	}
+	if got := p.Standby(now); !slices.Equal(got, []netip.AddrPort{eps[3].Addr, eps[4].Addr}) {
+		t.Errorf("a preferred endpoint not ejected: standby %v, want the fallback ones", got)
+	}
 	r, _ := http.NewRequest(http.MethodGet, "/", nil)
 	hdr := http.Header{}
 	p.SetSession(hdr, r, &p.ready[2], now, sp)
@@ -253,6 +257,9 @@ func TestFallback(t *testing.T) {
 	h.Failed(eps[2].Addr, now)
 	if got, few := picks(p, 4), fewest(4); !only(got, 2, 3, 4) || !only(few, 2, 3, 4) {
 		t.Errorf("every preferred endpoint ejected: picks %v, fewest %v; want the fallback ones in turn", got, few)
+	}
+	if got := p.Standby(now); got != nil {
+		t.Errorf("every preferred endpoint ejected: standby %v, want none", got)
 	}
 	if c, pinned, set := p.PickRequest(r, ClientKey{}, now, sp); !c.Endpoint.Fallback || pinned || !set {
 		t.Errorf("session on an ejected endpoint went to %s (pinned %v, new %v), want a fallback one, as a new session", c.Host, pinned, set)
@@ -263,7 +270,8 @@ func TestFallback(t *testing.T) {
 		t.Errorf("every endpoint ejected: picks %v, want the preferred ones in turn", got)
 	}
 	eps[0].Ready, eps[1].Ready, eps[2].Ready = false, false, false
-	if got := picks(New(&snapshot.Backend{Endpoints: eps}, nil, nil), 4); !only(got, 2, 3, 4) {
-		t.Errorf("no preferred endpoint ready: picks %v, want the fallback ones in turn", got)
+	p = New(&snapshot.Backend{Endpoints: eps}, nil, nil)
+	if got, standby := picks(p, 4), p.Standby(now); !only(got, 2, 3, 4) || standby != nil {
+		t.Errorf("no preferred endpoint ready: picks %v, standby %v; want the fallback ones in turn, none on standby", got, standby)
 	}
 }

@@ -108,7 +108,11 @@ func (r *Registry) leave(ref snapshot.BackendRef, e *entry) {
 type Endpoints struct {
 	// Addrs are the endpoints handed out now.
 	Addrs []netip.AddrPort
-	// Gained is set when one of Addrs was not handed out before.
+	// Standby are those of Addrs that take no connection now: fallback
+	// endpoints (balance.Picker.Standby). They count toward no share.
+	Standby []netip.AddrPort
+	// Gained is set when one of Addrs not on Standby took no connection
+	// before (it was not handed out, or on standby).
 	Gained bool
 	// Sticky is set when clients come back to their endpoint
 	// (sessionAffinity ClientIP): moving them would not spread them.
@@ -124,10 +128,10 @@ type Endpoints struct {
 // endpoint is no longer handed out; all the others when the backend's
 // settings changed, or, when it gained endpoints, those beyond their
 // endpoint's share of the backend's connections (ceil(connections /
-// endpoints)) — each at a random moment within the spread, so that their
-// clients do not all connect and hand-shake again at once. Dialed again
-// with Load's counts (balance.Picker.PickFewest), they go to the
-// endpoints below their share.
+// endpoints), those on standby left out) — each at a random moment within
+// the spread, so that their clients do not all connect and hand-shake
+// again at once. Dialed again with Load's counts
+// (balance.Picker.PickFewest), they go to the endpoints below their share.
 func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -139,6 +143,10 @@ func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 		handed := make(map[netip.AddrPort][]*Conn, len(eps.Addrs))
 		for _, a := range eps.Addrs {
 			handed[a] = nil
+		}
+		standby := make(map[netip.AddrPort]bool, len(eps.Standby))
+		for _, a := range eps.Standby {
+			standby[a] = true
 		}
 		staying := 0
 		for c, e := range m {
@@ -154,13 +162,16 @@ func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 				r.askWithin(ref, c, e, ReasonPolicyChanged)
 				continue
 			}
-			handed[e.ep] = append(handed[e.ep], c)
-			staying++
+			if !standby[e.ep] {
+				handed[e.ep] = append(handed[e.ep], c)
+				staying++
+			}
 		}
-		if !eps.Gained || eps.Sticky || len(eps.Addrs) == 0 {
+		taking := len(eps.Addrs) - len(standby)
+		if !eps.Gained || eps.Sticky || taking == 0 {
 			continue
 		}
-		share := (staying + len(eps.Addrs) - 1) / len(eps.Addrs)
+		share := (staying + taking - 1) / taking
 		for _, cs := range handed {
 			for _, c := range cs[min(share, len(cs)):] {
 				r.askWithin(ref, c, m[c], ReasonRebalance)

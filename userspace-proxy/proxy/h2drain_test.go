@@ -118,6 +118,54 @@ func TestRelayedH2Rebalance(t *testing.T) {
 	}
 }
 
+// TestRelayedH2RebalanceBesideFallback: when a backend gains an endpoint,
+// as many relayed h2c connections are asked to move with fallback
+// endpoints (other zones', which take none) as without: each endpoint's
+// share counts the endpoints taking connections only. Eight connections
+// reach A; once B is added, four go, and the next four connections all
+// reach B. Before, the two fallback endpoints made the share two: six
+// went, and one of the next four reached A.
+func TestRelayedH2RebalanceBesideFallback(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{rebalanceSpread: 20 * time.Millisecond})
+	for i, fallbacks := range []int{0, 2} {
+		name := fmt.Sprintf("fallbacks-%d", fallbacks)
+		t.Run(name, func(t *testing.T) {
+			a, b := startEcho(t, "a", nil).addr, startEcho(t, "b", nil).addr
+			var others []snapshot.Endpoint
+			for range fallbacks {
+				others = append(others, snapshot.Endpoint{Addr: startEcho(t, "other-zone", nil).addr, Ready: true, Serving: true, Fallback: true})
+			}
+			vip := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 9, byte(20 + i)}), 80)
+			update := func(version uint64, eps ...netip.AddrPort) {
+				be := snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: append(endpoints(eps...), others...)}
+				e.p.Update(buildSnapshot(t, version, service{name: name, vip: vip, backend: be}))
+			}
+			reach := func(n int) map[string]int {
+				pods := map[string]int{}
+				for range n {
+					_, rep := get(t, e.client(vip, true), "http://web.b.svc/")
+					pods[rep.Pod]++
+				}
+				return pods
+			}
+			update(1, a)
+			if pods := reach(8); pods["a"] != 8 {
+				t.Fatalf("before B: connections reach %v, want A only", pods)
+			}
+			update(2, a, b)
+			// Those asked to move no longer count toward A's load: new
+			// connections go to B until it carries as many as A keeps.
+			if pods := reach(4); pods["b"] != 4 {
+				t.Errorf("after B was added, new connections reach %v, want B only (four left A)", pods)
+			}
+			if got := e.counterReaches("sockmesh_proxy_goaways_total", map[string]string{"backend": name, "reason": "rebalance"}, 4); got != 4 {
+				t.Errorf("goaways counted %v, want 4", got)
+			}
+		})
+	}
+}
+
 // unaryPod makes a unary call on cc and returns the pod that answered.
 func unaryPod(t *testing.T, cc *grpc.ClientConn) string {
 	t.Helper()

@@ -255,18 +255,30 @@ func changed(old, b *upstream.Backend) (h2drain.Endpoints, bool) {
 	if b == nil {
 		return h2drain.Endpoints{}, false
 	}
-	eps := h2drain.Endpoints{Addrs: b.Picker.Addrs(), Sticky: b.Spec.ClientIPAffinitySeconds != 0}
+	now := time.Now()
+	eps := h2drain.Endpoints{Addrs: b.Picker.Addrs(), Standby: b.Picker.Standby(now), Sticky: b.Spec.ClientIPAffinitySeconds != 0}
 	if old != nil {
 		eps.Changed = !b.SameWire(old)
-		before := make(map[netip.AddrPort]bool)
-		for _, a := range old.Picker.Addrs() {
-			before[a] = true
-		}
-		for _, a := range eps.Addrs {
+		// Gained counts the endpoints that take connections: a fallback
+		// one on standby takes none.
+		before := taking(old.Picker.Addrs(), old.Picker.Standby(now))
+		for a := range taking(eps.Addrs, eps.Standby) {
 			eps.Gained = eps.Gained || !before[a]
 		}
 	}
 	return eps, true
+}
+
+// taking returns the endpoints of addrs not on standby.
+func taking(addrs, standby []netip.AddrPort) map[netip.AddrPort]bool {
+	t := make(map[netip.AddrPort]bool, len(addrs))
+	for _, a := range addrs {
+		t[a] = true
+	}
+	for _, a := range standby {
+		delete(t, a)
+	}
+	return t
 }
 
 // ListenConfig is how the proxy's listeners should be made: without TCP
