@@ -16,7 +16,7 @@ import (
 func TestClientIPAffinity(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := &snapshot.Backend{Endpoints: endpoints(3), ClientIPAffinitySeconds: 10}
-		h := NewHealth(time.Minute, time.Minute)
+		h := NewHealth(time.Minute, time.Minute, nil)
 		aff := CarryAffinity(nil, b.ClientIPAffinitySeconds)
 		p := New(b, h, aff)
 		a := ClientOf(netip.MustParseAddrPort("10.1.0.1:40000"), nil)

@@ -80,17 +80,26 @@ func (p *Picker) Addrs() []netip.AddrPort {
 
 // Standby returns p's fallback endpoints while one of its preferred ones
 // may take connections at now (is not ejected): they take none then. It is
-// nil when there are none, or every preferred endpoint is ejected.
-func (p *Picker) Standby(now time.Time) []netip.AddrPort {
+// nil when there are none, or every preferred endpoint is ejected. untried
+// is set when each preferred one that may is only due a probe, its
+// ejection over: whether it serves again, only a connect will tell.
+func (p *Picker) Standby(now time.Time) (fallback []netip.AddrPort, untried bool) {
 	if p.preferred == len(p.ready) {
-		return nil
+		return nil, false
 	}
+	if !p.health.Any() {
+		return p.Addrs()[p.preferred:], false
+	}
+	takes, untried := false, true
 	for i := range p.preferred {
-		if !p.health.Any() || !p.health.passedOver(p.ready[i].Endpoint.Addr, now) {
-			return p.Addrs()[p.preferred:]
+		if ok, probe := p.health.state(p.ready[i].Endpoint.Addr, now); ok {
+			takes, untried = true, untried && probe
 		}
 	}
-	return nil
+	if !takes {
+		return nil, false
+	}
+	return p.Addrs()[p.preferred:], untried
 }
 
 // Pick returns the next preferred endpoint not ejected, else the next

@@ -28,6 +28,7 @@ import (
 // atomic counter of it while no endpoint is ejected.
 type Health struct {
 	base, max time.Duration
+	back      func()
 	n         atomic.Int32 // len(eps)
 	mu        sync.Mutex
 	eps       map[netip.AddrPort]*ejection
@@ -47,9 +48,12 @@ type ejection struct {
 const probeWait = 15 * time.Second
 
 // NewHealth returns a Health that ejects an endpoint for base after its
-// first failed connect, doubling with each failed probe up to max.
-func NewHealth(base, max time.Duration) *Health {
-	return &Health{base: base, max: max, eps: make(map[netip.AddrPort]*ejection)}
+// first failed connect, doubling with each failed probe up to max. back,
+// unless nil, is called on a goroutine of its own whenever an ejected
+// endpoint may take connections again: its ejection ends (a probe is due),
+// or a connect to it succeeds.
+func NewHealth(base, max time.Duration, back func()) *Health {
+	return &Health{base: base, max: max, back: back, eps: make(map[netip.AddrPort]*ejection)}
 }
 
 // Failed records that a connect to ep, started before now, failed at now
@@ -75,6 +79,9 @@ func (h *Health) Failed(ep netip.AddrPort, now time.Time) time.Duration {
 	}
 	d = min(d, h.max)
 	e.until, e.probe = now.Add(d), time.Time{}
+	if h.back != nil {
+		time.AfterFunc(d, h.back)
+	}
 	return d
 }
 
@@ -84,8 +91,11 @@ func (h *Health) OK(ep netip.AddrPort) {
 		return
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.forget(ep)
+	ended := h.forget(ep)
+	h.mu.Unlock()
+	if ended && h.back != nil {
+		go h.back()
+	}
 }
 
 // Reused records that a connection to ep was taken already open (an idle
@@ -104,11 +114,14 @@ func (h *Health) Reused(ep netip.AddrPort) {
 	}
 }
 
-func (h *Health) forget(ep netip.AddrPort) {
-	if _, ok := h.eps[ep]; ok {
-		delete(h.eps, ep)
-		h.n.Store(int32(len(h.eps)))
+// forget drops ep's ejection, reporting whether it had one.
+func (h *Health) forget(ep netip.AddrPort) bool {
+	if _, ok := h.eps[ep]; !ok {
+		return false
 	}
+	delete(h.eps, ep)
+	h.n.Store(int32(len(h.eps)))
+	return true
 }
 
 // Retain forgets the endpoints for which ready is false: those the
@@ -160,6 +173,19 @@ func (h *Health) admit(ep netip.AddrPort, now time.Time) bool {
 	}
 	e.probe = now
 	return true
+}
+
+// state reports whether ep may take a connection at now (its ejection
+// over, its probe not out) and, if so, whether only as a probe: no
+// connect to it has succeeded since it was ejected.
+func (h *Health) state(ep netip.AddrPort, now time.Time) (takes, probe bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.eps[ep]
+	if e == nil {
+		return true, false
+	}
+	return !e.passedOver(now), true
 }
 
 // passedOver reports whether ep is ejected at now, or its probe is out.

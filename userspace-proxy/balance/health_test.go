@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -42,7 +43,7 @@ func probeAfter(t *testing.T, p *Picker, dead netip.AddrPort, d time.Duration) {
 // nothing.
 func TestEjection(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := NewHealth(time.Second, 4*time.Second)
+		h := NewHealth(time.Second, 4*time.Second, nil)
 		p := New(&snapshot.Backend{Endpoints: endpoints(3)}, h, nil)
 		dead := p.ready[1].Endpoint.Addr
 		if got := picks(p, 30); got[dead.String()] != 10 {
@@ -85,12 +86,40 @@ func TestEjection(t *testing.T) {
 	})
 }
 
+// TestBack: Health tells when an ejected endpoint may take connections
+// again — its ejection over, or a connect to it that succeeded — and at
+// no other time.
+func TestBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var backs atomic.Int32
+		h := NewHealth(time.Second, time.Second, func() { backs.Add(1) })
+		eps := endpoints(2)
+		h.Failed(eps[0].Addr, time.Now())
+		time.Sleep(time.Second - time.Nanosecond)
+		synctest.Wait()
+		if n := backs.Load(); n != 0 {
+			t.Fatalf("ejected: told %d times, want none", n)
+		}
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		if n := backs.Load(); n != 1 {
+			t.Fatalf("ejection over: told %d times, want once", n)
+		}
+		h.OK(eps[1].Addr) // never ejected
+		h.OK(eps[0].Addr)
+		synctest.Wait()
+		if n := backs.Load(); n != 2 {
+			t.Errorf("after connects to a healthy endpoint and the one ejected: told %d times, want twice", n)
+		}
+	})
+}
+
 // TestProbeUnsettled: a probe handed out but never settled (its request
 // found an idle connection, or ended first) frees the endpoint for another
 // after probeWait.
 func TestProbeUnsettled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		h := NewHealth(time.Second, time.Second)
+		h := NewHealth(time.Second, time.Second, nil)
 		p := New(&snapshot.Backend{Endpoints: endpoints(2)}, h, nil)
 		dead := p.ready[0].Endpoint.Addr
 		h.Failed(dead, time.Now())
@@ -105,7 +134,7 @@ func TestProbeUnsettled(t *testing.T) {
 // TestAllEjected: when every ready endpoint is ejected, the Picker ignores
 // ejections, and a session stays where it is.
 func TestAllEjected(t *testing.T) {
-	h := NewHealth(time.Minute, time.Minute)
+	h := NewHealth(time.Minute, time.Minute, nil)
 	sp := &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "s"}
 	b := &snapshot.Backend{Endpoints: endpoints(2), SessionPersistence: sp}
 	p := New(b, h, nil)
@@ -137,7 +166,7 @@ func TestAllEjected(t *testing.T) {
 // TestRetain: an endpoint the snapshot no longer has as ready is forgotten,
 // so it starts afresh when it turns ready again.
 func TestRetain(t *testing.T) {
-	h := NewHealth(time.Minute, time.Minute)
+	h := NewHealth(time.Minute, time.Minute, nil)
 	a, b := netip.MustParseAddrPort("10.0.0.1:80"), netip.MustParseAddrPort("10.0.0.2:80")
 	now := time.Now()
 	h.Failed(a, now)
@@ -154,7 +183,7 @@ func TestRetain(t *testing.T) {
 func BenchmarkPick(b *testing.B) {
 	for _, ejected := range []bool{false, true} {
 		b.Run(map[bool]string{false: "none-ejected", true: "one-ejected"}[ejected], func(b *testing.B) {
-			h := NewHealth(time.Hour, time.Hour)
+			h := NewHealth(time.Hour, time.Hour, nil)
 			p := New(&snapshot.Backend{Endpoints: endpoints(8)}, h, nil)
 			if ejected {
 				h.Failed(p.ready[3].Endpoint.Addr, time.Now())
@@ -172,7 +201,7 @@ func BenchmarkPick(b *testing.B) {
 // takes turns among equals, passes over ejected ones, and when all are
 // ejected picks as Pick does.
 func TestPickFewest(t *testing.T) {
-	h := NewHealth(time.Minute, time.Minute)
+	h := NewHealth(time.Minute, time.Minute, nil)
 	p := New(&snapshot.Backend{Endpoints: endpoints(3)}, h, nil)
 	load := map[netip.AddrPort]int{}
 	of := func(a netip.AddrPort) int { return load[a] }
@@ -216,7 +245,7 @@ func TestPickFewest(t *testing.T) {
 // ejected ones, and are on standby no longer (Standby); when they too are ejected, the preferred ones take turns
 // again. With no preferred endpoint ready, they are all there is.
 func TestFallback(t *testing.T) {
-	h := NewHealth(time.Minute, time.Minute)
+	h := NewHealth(time.Minute, time.Minute, nil)
 	sp := &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "s"}
 	eps := endpoints(5)
 	eps[3].Fallback, eps[4].Fallback = true, true
@@ -247,8 +276,8 @@ func TestFallback(t *testing.T) {
 	if got, few := picks(p, 4), fewest(4); !only(got, 4, 2) || !only(few, 4, 2) {
 		t.Errorf("two preferred endpoints ejected: picks %v, fewest %v; want the third only", got, few)
 	}
-	if got := p.Standby(now); !slices.Equal(got, []netip.AddrPort{eps[3].Addr, eps[4].Addr}) {
-		t.Errorf("a preferred endpoint not ejected: standby %v, want the fallback ones", got)
+	if got, untried := p.Standby(now); !slices.Equal(got, []netip.AddrPort{eps[3].Addr, eps[4].Addr}) || untried {
+		t.Errorf("a preferred endpoint not ejected: standby %v (untried %v), want the fallback ones", got, untried)
 	}
 	r, _ := http.NewRequest(http.MethodGet, "/", nil)
 	hdr := http.Header{}
@@ -258,8 +287,11 @@ func TestFallback(t *testing.T) {
 	if got, few := picks(p, 4), fewest(4); !only(got, 2, 3, 4) || !only(few, 2, 3, 4) {
 		t.Errorf("every preferred endpoint ejected: picks %v, fewest %v; want the fallback ones in turn", got, few)
 	}
-	if got := p.Standby(now); got != nil {
+	if got, _ := p.Standby(now); got != nil {
 		t.Errorf("every preferred endpoint ejected: standby %v, want none", got)
+	}
+	if got, untried := p.Standby(now.Add(time.Minute)); len(got) != 2 || !untried {
+		t.Errorf("every preferred endpoint's ejection over: standby %v (untried %v), want the fallback ones, untried", got, untried)
 	}
 	if c, pinned, set := p.PickRequest(r, ClientKey{}, now, sp); !c.Endpoint.Fallback || pinned || !set {
 		t.Errorf("session on an ejected endpoint went to %s (pinned %v, new %v), want a fallback one, as a new session", c.Host, pinned, set)
@@ -271,7 +303,8 @@ func TestFallback(t *testing.T) {
 	}
 	eps[0].Ready, eps[1].Ready, eps[2].Ready = false, false, false
 	p = New(&snapshot.Backend{Endpoints: eps}, nil, nil)
-	if got, standby := picks(p, 4), p.Standby(now); !only(got, 2, 3, 4) || standby != nil {
+	standby, _ := p.Standby(now)
+	if got := picks(p, 4); !only(got, 2, 3, 4) || standby != nil {
 		t.Errorf("no preferred endpoint ready: picks %v, standby %v; want the fallback ones in turn, none on standby", got, standby)
 	}
 }

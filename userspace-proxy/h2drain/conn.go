@@ -19,6 +19,10 @@ const (
 	// ReasonRebalance: the backend gained endpoints, and this one holds
 	// more than its share of the node's connections.
 	ReasonRebalance Reason = "rebalance"
+	// ReasonPreferredBack: the connection's endpoint is a fallback one
+	// (another zone's or node's, snapshot.Endpoint.Fallback), and one of
+	// the backend's preferred endpoints takes connections again.
+	ReasonPreferredBack Reason = "preferred_back"
 	// ReasonPolicyChanged: the backend's protocol or TLS settings changed,
 	// or it now fails closed: the next connection gets the new ones.
 	ReasonPolicyChanged Reason = "policy_changed"

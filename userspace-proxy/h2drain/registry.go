@@ -109,8 +109,14 @@ type Endpoints struct {
 	// Addrs are the endpoints handed out now.
 	Addrs []netip.AddrPort
 	// Standby are those of Addrs that take no connection now: fallback
-	// endpoints (balance.Picker.Standby). They count toward no share.
+	// endpoints, while a preferred one takes them (balance.Picker.Standby).
+	// They count toward no share, and their connections move back.
 	Standby []netip.AddrPort
+	// Untried is set when the preferred endpoints that put Standby on
+	// standby are only due a probe, their ejection over: one connection
+	// moves back, whose connect tries them, and the others once one
+	// succeeded (then the update comes again, Untried unset).
+	Untried bool
 	// Gained is set when one of Addrs not on Standby took no connection
 	// before (it was not handed out, or on standby).
 	Gained bool
@@ -122,16 +128,18 @@ type Endpoints struct {
 	Changed bool
 }
 
-// Update asks connections to go away after a snapshot change, for each
-// backend of, given its reference, returns Endpoints for (false: gone
-// from the snapshot, its connections left to finish): at once those whose
-// endpoint is no longer handed out; all the others when the backend's
-// settings changed, or, when it gained endpoints, those beyond their
-// endpoint's share of the backend's connections (ceil(connections /
-// endpoints), those on standby left out) — each at a random moment within
-// the spread, so that their clients do not all connect and hand-shake
-// again at once. Dialed again with Load's counts
-// (balance.Picker.PickFewest), they go to the endpoints below their share.
+// Update asks connections to go away after a snapshot change (or an
+// endpoint's ejection ended), for each backend of, given its reference,
+// returns Endpoints for (false: gone from the snapshot, its connections
+// left to finish): at once those whose endpoint is no longer handed out;
+// all the others when the backend's settings changed; those on standby
+// endpoints, unless clients come back to theirs (Sticky); or, when it
+// gained endpoints, those beyond their endpoint's share of the backend's
+// connections (ceil(connections / endpoints), those on standby left out)
+// — each at a random moment within the spread, so that their clients do
+// not all connect and hand-shake again at once. Dialed again with Load's
+// counts (balance.Picker.PickFewest), they go to the endpoints below their
+// share.
 func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -148,7 +156,7 @@ func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 		for _, a := range eps.Standby {
 			standby[a] = true
 		}
-		staying := 0
+		staying, movedBack := 0, false
 		for c, e := range m {
 			if e.leaving {
 				continue
@@ -165,6 +173,9 @@ func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 			if !standby[e.ep] {
 				handed[e.ep] = append(handed[e.ep], c)
 				staying++
+			} else if !eps.Sticky && !(eps.Untried && movedBack) {
+				r.askWithin(ref, c, e, ReasonPreferredBack)
+				movedBack = true
 			}
 		}
 		taking := len(eps.Addrs) - len(standby)

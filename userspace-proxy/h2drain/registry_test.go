@@ -215,3 +215,36 @@ func TestShutdown(t *testing.T) {
 	wantRead(t, k, 1)
 	k.wantAsked(t, ReasonShutdown, 4)
 }
+
+// TestStandby: the connections on standby endpoints (fallback ones, while
+// a preferred one takes connections) move back within the spread: one
+// while the preferred ones are only due a probe (Untried), the others once
+// one serves; none when clients come back to their endpoint (Sticky). The
+// others stay.
+func TestStandby(t *testing.T) {
+	r, k := newRegistry(20 * time.Millisecond)
+	relayed(t, r, k, web, epA, 2)
+	relayed(t, r, k, web, epC, 3)
+	eps := Endpoints{Addrs: []netip.AddrPort{epA, epC}, Standby: []netip.AddrPort{epC}, Untried: true}
+	r.Update(func(snapshot.BackendRef) (Endpoints, bool) { return eps, true })
+	if n := leaving(r, web); n != 1 {
+		t.Errorf("preferred ones untried: %d leaving, want 1", n)
+	}
+	wantRead(t, k, 1)
+	eps.Untried = false
+	r.Update(func(snapshot.BackendRef) (Endpoints, bool) { return eps, true })
+	wantRead(t, k, 2)
+	if n := leaving(r, web); n != 3 {
+		t.Errorf("%d leaving, want the 3 on standby", n)
+	}
+	k.wantAsked(t, ReasonPreferredBack, 3)
+
+	sticky := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: "sticky", Port: 80}
+	relayed(t, r, k, sticky, epC, 2)
+	r.Update(func(ref snapshot.BackendRef) (Endpoints, bool) {
+		return Endpoints{Addrs: eps.Addrs, Standby: eps.Standby, Sticky: ref == sticky}, ref == sticky
+	})
+	if n := leaving(r, sticky); n != 0 {
+		t.Errorf("sticky backend: %d leaving, want none", n)
+	}
+}

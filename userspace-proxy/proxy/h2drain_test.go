@@ -166,6 +166,52 @@ func TestRelayedH2RebalanceBesideFallback(t *testing.T) {
 	}
 }
 
+// TestRelayedH2BackToZone: a relayed h2c connection that went to another
+// zone's endpoint (a fallback) while its own zone's took none is asked to
+// go away once the zone's endpoint takes connections again — a snapshot
+// shows it ready again, or its ejection after refused connects ends and it
+// serves — and the app's next request reaches it. Before, the connection
+// stayed in the other zone for as long as it lived.
+func TestRelayedH2BackToZone(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{ejectFor: 100 * time.Millisecond, rebalanceSpread: 20 * time.Millisecond})
+	for i, name := range []string{"ready-again", "ejection-over"} {
+		t.Run(name, func(t *testing.T) {
+			here := closedPort(t)
+			there := startEcho(t, "zone-b", nil).addr
+			vip := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 9, byte(30 + i)}), 80)
+			update := func(version uint64, hereReady bool) {
+				eps := endpoints(here, there)
+				eps[0].Ready, eps[0].Serving = hereReady, hereReady
+				eps[0].Zone, eps[1].Zone, eps[1].Fallback = "zone-a", "zone-b", true
+				e.p.Update(buildSnapshot(t, version, service{name: name, vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: eps}}))
+			}
+			// ready-again: the zone's endpoint is not ready; ejection-over:
+			// it refuses, and is ejected.
+			update(1, name == "ejection-over")
+			c := e.client(vip, true)
+			if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod != "zone-b" {
+				t.Fatalf("the zone's endpoint taking none: reached %q, want zone-b", rep.Pod)
+			}
+			startEchoOn(t, here.String(), echo.Config{Pod: "zone-a"})
+			if name == "ready-again" {
+				update(2, true)
+			}
+			for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
+				if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod == "zone-a" {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%v after the zone's endpoint serves again, the connection still reaches zone-b", hangGuard)
+				}
+			}
+			if got := e.counterReaches("sockmesh_proxy_goaways_total", map[string]string{"backend": name, "reason": "preferred_back"}, 1); got != 1 {
+				t.Errorf("goaways counted %v, want 1", got)
+			}
+		})
+	}
+}
+
 // unaryPod makes a unary call on cc and returns the pod that answered.
 func unaryPod(t *testing.T, cc *grpc.ClientConn) string {
 	t.Helper()

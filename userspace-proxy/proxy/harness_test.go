@@ -100,7 +100,13 @@ func startEcho(t testing.TB, pod string, tlsCfg *tls.Config) *backend {
 // startEchoWith runs an echo server of namespace "b" configured by cfg.
 func startEchoWith(t testing.TB, cfg echo.Config) *backend {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	return startEchoOn(t, "127.0.0.1:0", cfg)
+}
+
+// startEchoOn is startEchoWith listening on addr.
+func startEchoOn(t testing.TB, addr string, cfg echo.Config) *backend {
+	t.Helper()
+	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}

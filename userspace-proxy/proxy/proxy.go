@@ -186,6 +186,8 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 		d = dial.NewDirect(cfg.Dial)
 	}
 	cfg.Upstream.Panics = panics
+	var p *Proxy // set below, before any connect
+	cfg.Upstream.EndpointBack = func() { p.endpointBack() }
 	pools, err := upstream.New(cfg.Upstream, d, log, reg)
 	if err != nil {
 		return nil, err
@@ -195,7 +197,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{
+	p = &Proxy{
 		cfg: cfg, log: log, m: m, pools: pools, bufs: bufs, h: h,
 		l7:        newConnListener(),
 		failures:  upstream.NewFailureLog(cfg.FailureLogEvery),
@@ -248,6 +250,20 @@ func (p *Proxy) Update(s *snapshot.Snapshot) {
 	p.log.Info("snapshot applied", "snapshot_version", s.Version, "frontends", len(s.Frontends), "backends", len(s.Backends))
 }
 
+// endpointBack asks the relayed HTTP/2 connections on fallback endpoints
+// to move back once a preferred endpoint may take them again (its
+// ejection over, or a connect to it succeeded): a snapshot's update sees
+// only what the snapshot changes.
+func (p *Proxy) endpointBack() {
+	// Not beside a snapshot's update: measured against the snapshot
+	// before it, the connections dialed on it could seem to reach
+	// endpoints gone.
+	p.updateMu.Lock()
+	defer p.updateMu.Unlock()
+	set := p.current.Load().Backends
+	p.h2.Update(func(ref snapshot.BackendRef) (h2drain.Endpoints, bool) { return changed(nil, set.Get(ref)) })
+}
+
 // changed says how a backend's endpoints changed from old to b (either
 // may be nil), for the relayed HTTP/2 connections to it; false when b is
 // gone from the snapshot.
@@ -256,12 +272,14 @@ func changed(old, b *upstream.Backend) (h2drain.Endpoints, bool) {
 		return h2drain.Endpoints{}, false
 	}
 	now := time.Now()
-	eps := h2drain.Endpoints{Addrs: b.Picker.Addrs(), Standby: b.Picker.Standby(now), Sticky: b.Spec.ClientIPAffinitySeconds != 0}
+	eps := h2drain.Endpoints{Addrs: b.Picker.Addrs(), Sticky: b.Spec.ClientIPAffinitySeconds != 0}
+	eps.Standby, eps.Untried = b.Picker.Standby(now)
 	if old != nil {
 		eps.Changed = !b.SameWire(old)
 		// Gained counts the endpoints that take connections: a fallback
 		// one on standby takes none.
-		before := taking(old.Picker.Addrs(), old.Picker.Standby(now))
+		oldStandby, _ := old.Picker.Standby(now)
+		before := taking(old.Picker.Addrs(), oldStandby)
 		for a := range taking(eps.Addrs, eps.Standby) {
 			eps.Gained = eps.Gained || !before[a]
 		}

@@ -54,6 +54,10 @@ type Config struct {
 	// each failed probe up to EjectMax (balance.Health); 0 means 1 s and
 	// 30 s.
 	EjectFor, EjectMax time.Duration
+	// EndpointBack, unless nil, is called on a goroutine of its own
+	// whenever an ejected endpoint may take connections again: its
+	// ejection ends, or a connect to it succeeds (balance.NewHealth).
+	EndpointBack func()
 	// HandshakeTimeout bounds a TLS handshake with an endpoint; 0 means
 	// 10 s.
 	HandshakeTimeout time.Duration
@@ -128,7 +132,7 @@ func New(cfg Config, d dial.Dialer, log *slog.Logger, reg prometheus.Registerer)
 	if cfg.HandshakeTimeout == 0 {
 		cfg.HandshakeTimeout = 10 * time.Second
 	}
-	health := balance.NewHealth(cfg.EjectFor, cfg.EjectMax)
+	health := balance.NewHealth(cfg.EjectFor, cfg.EjectMax, cfg.EndpointBack)
 	m, err := newMetrics(reg, health)
 	if err != nil {
 		return nil, err
