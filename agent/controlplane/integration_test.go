@@ -277,7 +277,7 @@ func TestControlPlaneAgainstAPIServer(t *testing.T) {
 	}
 	webBackend := backendFor(s, "web", 443)
 	if got, want := endpointAddrs(webBackend), []netip.AddrPort{netip.MustParseAddrPort("10.244.1.5:8443"), netip.MustParseAddrPort("10.244.2.5:8443")}; !slices.Equal(got, want) ||
-		webBackend.Endpoints[0].Fallback || !webBackend.Endpoints[1].Fallback {
+		webBackend.Endpoints[0].Fallback != 0 || webBackend.Endpoints[1].Fallback != snapshot.FallbackFar {
 		t.Errorf("web endpoints = %+v, want %v, the second a fallback", webBackend.Endpoints, want)
 	}
 	if webBackend.TLS.ServerName != "web.example.com" || webBackend.Invalid != nil {

@@ -80,7 +80,7 @@ func DescribeBackend(b *snapshot.Backend) Backend {
 	}
 	for _, ep := range b.Endpoints {
 		switch {
-		case ep.Ready && ep.Fallback:
+		case ep.Ready && ep.Fallback > 0:
 			out.FallbackEndpoints++
 		case ep.Ready:
 			out.ReadyEndpoints++

@@ -177,12 +177,26 @@ type Endpoint struct {
 	NodeName    string `json:"nodeName,omitempty"`
 	// Pod is the endpoint's targetRef when it is a Pod.
 	Pod *ObjectRef `json:"pod,omitempty"`
-	// Fallback marks a ready endpoint that topology hints leave to other
-	// nodes or zones: the proxy sends it connections only while none of
-	// the backend's other endpoints can take them (none ready, or all
-	// ejected after failed connects), as a mesh's locality failover does.
-	Fallback bool `json:"fallback,omitempty"`
+	// Fallback is, for a ready endpoint that topology hints leave to other
+	// nodes or zones, its fallback level: FallbackZone for one in this
+	// node's zone (another node's, under PreferSameNode), FallbackFar for
+	// one elsewhere; 0 for the others. The proxy sends an endpoint
+	// connections only while none of a lower level can take them (none
+	// ready, or all ejected after failed connects), as a mesh's locality
+	// failover does (Envoy's priority levels).
+	Fallback FallbackLevel `json:"fallback,omitempty"`
 }
+
+// FallbackLevel orders the endpoints topology hints leave to others
+// (Endpoint.Fallback): a lower level is taken first.
+type FallbackLevel uint8
+
+const (
+	// FallbackZone: the endpoint is in this node's zone.
+	FallbackZone FallbackLevel = 1
+	// FallbackFar: the endpoint is in another zone, or its zone is unknown.
+	FallbackFar FallbackLevel = 2
+)
 
 // TLSMode is how the proxy authenticates toward the backend.
 type TLSMode string

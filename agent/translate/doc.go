@@ -37,8 +37,9 @@
 // EndpointSlice controller hinted every ready endpoint for a node or zone
 // (trafficDistribution) and one for this node or its zone
 // (Input.Node.Zone), the ready ones so hinted, the other ready ones
-// marked Fallback: the proxy takes them only while none of the hinted ones
-// takes connections. Endpoints not ready stay: the proxy falls back to
+// marked Fallback, this node's zone's before the others (two levels under
+// PreferSameNode): the proxy takes them only while none of the hinted ones,
+// or of a lower level, takes connections. Endpoints not ready stay: the proxy falls back to
 // those serving while terminating.
 //
 // Headless (clusterIP None) and ExternalName Services are never captured:

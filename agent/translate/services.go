@@ -189,9 +189,10 @@ func (t *translator) hintedEndpoints(namespace, service, portName string, proto 
 // endpoint carries topology hints (trafficDistribution, or the
 // topology-mode annotation) and one is hinted for this node
 // (PreferSameNode) or else for its zone, the ready ones so hinted, and the
-// other ready ones as a Fallback: kube-proxy cannot know that this node's
-// or zone's endpoints stopped taking connections, the proxy can (its
-// ejections), and then sends them to the others rather than answer 503.
+// other ready ones as a Fallback, those of this node's zone first:
+// kube-proxy cannot know that this node's or zone's endpoints stopped
+// taking connections, the proxy can (its ejections), and then sends them
+// to the others rather than answer 503.
 // Endpoints not ready stay either way: the proxy falls back to those still
 // serving while terminating when none is ready (balance.New). A node whose
 // name the agent does not know (a manifest file's) takes every endpoint.
@@ -210,7 +211,14 @@ func (t *translator) serviceEndpoints(svc *corev1.Service, sp corev1.ServicePort
 		if local && h.NodeName != node.Name {
 			continue
 		}
-		h.Fallback = hints != nil && h.Ready && !slices.Contains(hints(h), mine)
+		if hints != nil && h.Ready && !slices.Contains(hints(h), mine) {
+			// This zone's first, as Istio's locality failover: nearer,
+			// and no cross-zone traffic to pay for.
+			h.Fallback = snapshot.FallbackFar
+			if node.Zone != "" && h.Zone == node.Zone {
+				h.Fallback = snapshot.FallbackZone
+			}
+		}
 		out = append(out, h.Endpoint)
 	}
 	return out

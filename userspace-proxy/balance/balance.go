@@ -24,18 +24,18 @@ type Choice struct {
 
 // Picker chooses among a backend's ready endpoints.
 type Picker struct {
-	// ready holds the endpoints handed out: the first preferred ones, then
-	// the fallback ones (snapshot.Endpoint.Fallback), picked only while
-	// every preferred one is ejected.
-	ready     []Choice
-	preferred int
-	// next and nextFallback take the turns among the preferred and the
-	// fallback endpoints: one counter would hand a fallback endpoint the
-	// same turn every time when the preferred ones' steps are a multiple of
-	// their number.
-	next, nextFallback atomic.Uint32
-	health             *Health
-	affinity           *Affinity
+	// ready holds the endpoints handed out; tiers split it: the preferred
+	// ones, then the fallback ones level by level
+	// (snapshot.Endpoint.Fallback), each tier picked only while every
+	// endpoint of those before it is ejected.
+	ready []Choice
+	tiers [][]Choice
+	// next[i] takes the turns in tiers[i]: one counter would hand a
+	// fallback endpoint the same turn every time when the preferred ones'
+	// steps are a multiple of their number.
+	next     []atomic.Uint32
+	health   *Health
+	affinity *Affinity
 }
 
 // New returns a Picker over b's ready endpoints, or, when none is ready,
@@ -43,26 +43,35 @@ type Picker struct {
 // 1669: a rollout that replaces a Service's only pod keeps its clients),
 // passing over those h has ejected, and pinning clients under a (see
 // PickClient); h and a may be nil. Ready endpoints marked Fallback take
-// connections only while every other one is ejected, or when no other is
-// ready.
+// connections only while every one of a lower level is ejected, or when
+// none of a lower level is ready.
 func New(b *snapshot.Backend, h *Health, a *Affinity) *Picker {
 	p := &Picker{health: h, affinity: a}
+	var ends []int // of the tiers in ready, sliced once ready is whole
+	// add appends the endpoints that take as a tier (none if none does).
 	add := func(take func(snapshot.Endpoint) bool) {
+		from := len(p.ready)
 		for _, ep := range b.Endpoints {
 			if take(ep) {
 				p.ready = append(p.ready, Choice{Endpoint: ep, Host: ep.Addr.String(), token: token(ep)})
 			}
 		}
+		if len(p.ready) > from {
+			ends = append(ends, len(p.ready))
+		}
 	}
-	add(func(ep snapshot.Endpoint) bool { return ep.Ready && !ep.Fallback })
-	p.preferred = len(p.ready)
-	add(func(ep snapshot.Endpoint) bool { return ep.Ready && ep.Fallback })
+	for _, level := range []snapshot.FallbackLevel{0, snapshot.FallbackZone, snapshot.FallbackFar} {
+		add(func(ep snapshot.Endpoint) bool { return ep.Ready && ep.Fallback == level })
+	}
 	if len(p.ready) == 0 {
 		add(func(ep snapshot.Endpoint) bool { return ep.Serving && ep.Terminating })
 	}
-	if p.preferred == 0 {
-		p.preferred = len(p.ready) // what there is, fallback or not
+	from := 0
+	for _, end := range ends {
+		p.tiers = append(p.tiers, p.ready[from:end])
+		from = end
 	}
+	p.next = make([]atomic.Uint32, len(p.tiers))
 	return p
 }
 
@@ -78,78 +87,90 @@ func (p *Picker) Addrs() []netip.AddrPort {
 	return a
 }
 
-// Standby returns p's fallback endpoints while one of its preferred ones
-// may take connections at now (is not ejected): they take none then. It is
-// nil when there are none, or every preferred endpoint is ejected. untried
-// is set when each preferred one that may is only due a probe, its
-// ejection over: whether it serves again, only a connect will tell.
-func (p *Picker) Standby(now time.Time) (fallback []netip.AddrPort, untried bool) {
-	if p.preferred == len(p.ready) {
-		return nil, false
+// Standby returns the endpoints of p's tiers after the first one with an
+// endpoint that may take connections at now (is not ejected): they take
+// none then. It is nil when every endpoint is ejected, or the last tier is
+// the first that may. untried is set when each endpoint of that tier that
+// may is only due a probe, its ejection over: whether it serves again,
+// only a connect will tell.
+func (p *Picker) Standby(now time.Time) (standby []netip.AddrPort, untried bool) {
+	for i := range max(len(p.tiers)-1, 0) {
+		if takes, untried := p.takes(p.tiers[i], now); takes {
+			for _, t := range p.tiers[i+1:] {
+				for j := range t {
+					standby = append(standby, t[j].Endpoint.Addr)
+				}
+			}
+			return standby, untried
+		}
 	}
+	return nil, false
+}
+
+// takes reports whether an endpoint of tier may take connections at now
+// and, if so, whether each that may is only due a probe (Standby).
+func (p *Picker) takes(tier []Choice, now time.Time) (takes, untried bool) {
 	if !p.health.Any() {
-		return p.Addrs()[p.preferred:], false
+		return true, false
 	}
-	takes, untried := false, true
-	for i := range p.preferred {
-		if ok, probe := p.health.state(p.ready[i].Endpoint.Addr, now); ok {
+	untried = true
+	for i := range tier {
+		if ok, probe := p.health.state(tier[i].Endpoint.Addr, now); ok {
 			takes, untried = true, untried && probe
 		}
 	}
-	if !takes {
-		return nil, false
-	}
-	return p.Addrs()[p.preferred:], untried
+	return takes, takes && untried
 }
 
 // Pick returns the next preferred endpoint not ejected, else the next
-// fallback one not ejected, or nil when there is none ready; when all are
-// ejected, the next preferred one. The result is shared: callers must not
-// modify it.
+// fallback one not ejected, level by level, or nil when there is none
+// ready; when all are ejected, the next preferred one. The result is
+// shared: callers must not modify it.
 func (p *Picker) Pick() *Choice {
-	n := uint32(p.preferred)
-	if n == 0 {
+	if len(p.tiers) == 0 {
 		return nil
 	}
-	first := &p.ready[p.next.Add(1)%n]
+	first := p.tiers[0]
+	n := uint32(len(first))
+	c := &first[p.next[0].Add(1)%n]
 	if !p.health.Any() {
-		return first
+		return c
 	}
 	now := time.Now()
-	if p.health.admit(first.Endpoint.Addr, now) {
-		return first
+	if p.health.admit(c.Endpoint.Addr, now) {
+		return c
 	}
 	// Each step takes its own turn, so that the endpoints after an
 	// ejected one share its requests rather than the next taking them all.
-	for range n - 1 {
-		if c := &p.ready[p.next.Add(1)%n]; p.health.admit(c.Endpoint.Addr, now) {
-			return c
+	for i, tier := range p.tiers {
+		steps := len(tier)
+		if i == 0 {
+			steps-- // the first step was taken above
 		}
-	}
-	fallback := p.ready[n:]
-	for range len(fallback) {
-		if c := &fallback[p.nextFallback.Add(1)%uint32(len(fallback))]; p.health.admit(c.Endpoint.Addr, now) {
-			return c
+		for range steps {
+			if c := &tier[p.next[i].Add(1)%uint32(len(tier))]; p.health.admit(c.Endpoint.Addr, now) {
+				return c
+			}
 		}
 	}
 	// Every endpoint is ejected: one turn more (n+1 in all), so that the
 	// preferred ones still take turns.
-	return &p.ready[p.next.Add(1)%n]
+	return &first[p.next[0].Add(1)%n]
 }
 
 // PickFewest returns the ready endpoint, not ejected, that carries the
 // fewest of the caller's connections (load), taking turns among equals,
-// from the preferred ones, else from the fallback ones; when every ready
-// endpoint is ejected, Pick's. It is for connections that live long and
-// carry many requests each (relayed HTTP/2): round robin over their
-// connects leaves them uneven once endpoints come and go.
+// from the preferred ones, else from the fallback ones, level by level;
+// when every ready endpoint is ejected, Pick's. It is for connections that
+// live long and carry many requests each (relayed HTTP/2): round robin
+// over their connects leaves them uneven once endpoints come and go.
 func (p *Picker) PickFewest(load func(netip.AddrPort) int) *Choice {
-	if p.preferred == 0 {
+	if len(p.tiers) == 0 {
 		return nil
 	}
 	now := time.Now()
-	start := p.next.Add(1)
-	for _, tier := range [...][]Choice{p.ready[:p.preferred], p.ready[p.preferred:]} {
+	start := p.next[0].Add(1)
+	for _, tier := range p.tiers {
 		var best *Choice
 		least := 0
 		for i := range uint32(len(tier)) {

@@ -1,8 +1,9 @@
 // Package balance picks the endpoint a connection or request goes to: ready
 // endpoints (or, when none is, those serving while terminating), round
 // robin, passing over those whose connect failed lately (Health) — and
-// over those topology hints left to other zones (snapshot.Endpoint.Fallback)
-// while any other is not passed over — keeping
+// over those topology hints left to other nodes or zones
+// (snapshot.Endpoint.Fallback) while any of a lower level is not passed
+// over — keeping
 // each client on one endpoint under a Service's sessionAffinity ClientIP
 // (Affinity), and, under session persistence (the backend's own, or a route
 // rule's in its place), the endpoint a session cookie or header names,

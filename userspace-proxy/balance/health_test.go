@@ -248,7 +248,7 @@ func TestFallback(t *testing.T) {
 	h := NewHealth(time.Minute, time.Minute, nil)
 	sp := &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "s"}
 	eps := endpoints(5)
-	eps[3].Fallback, eps[4].Fallback = true, true
+	eps[3].Fallback, eps[4].Fallback = snapshot.FallbackFar, snapshot.FallbackFar
 	p := New(&snapshot.Backend{Endpoints: eps, SessionPersistence: sp}, h, nil)
 	// only reports whether seen holds the endpoints of eps at is, each n
 	// times, and nothing else.
@@ -293,7 +293,7 @@ func TestFallback(t *testing.T) {
 	if got, untried := p.Standby(now.Add(time.Minute)); len(got) != 2 || !untried {
 		t.Errorf("every preferred endpoint's ejection over: standby %v (untried %v), want the fallback ones, untried", got, untried)
 	}
-	if c, pinned, set := p.PickRequest(r, ClientKey{}, now, sp); !c.Endpoint.Fallback || pinned || !set {
+	if c, pinned, set := p.PickRequest(r, ClientKey{}, now, sp); c.Endpoint.Fallback == 0 || pinned || !set {
 		t.Errorf("session on an ejected endpoint went to %s (pinned %v, new %v), want a fallback one, as a new session", c.Host, pinned, set)
 	}
 	h.Failed(eps[3].Addr, now)
@@ -307,4 +307,62 @@ func TestFallback(t *testing.T) {
 	if got := picks(p, 4); !only(got, 2, 3, 4) || standby != nil {
 		t.Errorf("no preferred endpoint ready: picks %v, standby %v; want the fallback ones in turn, none on standby", got, standby)
 	}
+}
+
+// TestFallbackLevels: fallback endpoints of this node's zone take the
+// connections while every preferred one is ejected, those of other zones
+// only once they are too (Pick, PickFewest); each level is on standby
+// while one before it takes connections. With no preferred endpoint ready,
+// the zone's come first.
+func TestFallbackLevels(t *testing.T) {
+	h := NewHealth(time.Minute, time.Minute, nil)
+	eps := endpoints(4)
+	eps[1].Fallback, eps[2].Fallback, eps[3].Fallback = snapshot.FallbackZone, snapshot.FallbackZone, snapshot.FallbackFar
+	p := New(&snapshot.Backend{Endpoints: eps}, h, nil)
+	addrs := func(is ...int) []netip.AddrPort {
+		var a []netip.AddrPort
+		for _, i := range is {
+			a = append(a, eps[i].Addr)
+		}
+		return a
+	}
+	only := func(seen map[string]int, is ...int) bool {
+		for _, i := range is {
+			if seen[eps[i].Addr.String()] == 0 {
+				return false
+			}
+		}
+		return len(seen) == len(is)
+	}
+	fewest := func(n int) map[string]int {
+		seen := map[string]int{}
+		for range n {
+			seen[p.PickFewest(func(netip.AddrPort) int { return 0 }).Host]++
+		}
+		return seen
+	}
+	now := time.Now()
+	if got, few, standby := picks(p, 4), fewest(4), onStandby(p, now); !only(got, 0) || !only(few, 0) || !slices.Equal(standby, addrs(1, 2, 3)) {
+		t.Errorf("preferred endpoint healthy: picks %v, fewest %v, standby %v; want it only, the others on standby", got, few, standby)
+	}
+	h.Failed(eps[0].Addr, now)
+	if got, few, standby := picks(p, 4), fewest(4), onStandby(p, now); !only(got, 1, 2) || !only(few, 1, 2) || !slices.Equal(standby, addrs(3)) {
+		t.Errorf("preferred endpoint ejected: picks %v, fewest %v, standby %v; want the zone's, the other zone's on standby", got, few, standby)
+	}
+	h.Failed(eps[1].Addr, now)
+	h.Failed(eps[2].Addr, now)
+	if got, few, standby := picks(p, 4), fewest(4), onStandby(p, now); !only(got, 3) || !only(few, 3) || standby != nil {
+		t.Errorf("the zone's endpoints ejected: picks %v, fewest %v, standby %v; want the other zone's, none on standby", got, few, standby)
+	}
+	eps[0].Ready = false
+	p = New(&snapshot.Backend{Endpoints: eps}, nil, nil)
+	if got, standby := picks(p, 4), onStandby(p, now); !only(got, 1, 2) || !slices.Equal(standby, addrs(3)) {
+		t.Errorf("no preferred endpoint ready: picks %v, standby %v; want the zone's, the other zone's on standby", got, standby)
+	}
+}
+
+// onStandby is p's Standby endpoints at now.
+func onStandby(p *Picker, now time.Time) []netip.AddrPort {
+	s, _ := p.Standby(now)
+	return s
 }

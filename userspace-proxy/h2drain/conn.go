@@ -20,8 +20,8 @@ const (
 	// more than its share of the node's connections.
 	ReasonRebalance Reason = "rebalance"
 	// ReasonPreferredBack: the connection's endpoint is a fallback one
-	// (another zone's or node's, snapshot.Endpoint.Fallback), and one of
-	// the backend's preferred endpoints takes connections again.
+	// (another zone's or node's, snapshot.Endpoint.Fallback), and one the
+	// backend prefers to it (its node's or zone's) takes connections again.
 	ReasonPreferredBack Reason = "preferred_back"
 	// ReasonPolicyChanged: the backend's protocol or TLS settings changed,
 	// or it now fails closed: the next connection gets the new ones.

@@ -492,12 +492,14 @@ func TestSessionFailover(t *testing.T) {
 	}
 }
 
-// TestZoneFallback: a backend's endpoints in other zones, which topology
-// hints leave to those zones (snapshot.Endpoint.Fallback), take nothing
-// while the zone's own endpoint serves, and take the requests and
-// connections once it refuses, on every path: before, the agent left them
-// out of the snapshot, and the proxy answered 503 or reset the app while
-// they served.
+// TestZoneFallback: a backend's endpoints on other nodes or in other
+// zones, which topology hints leave to those (snapshot.Endpoint.Fallback),
+// take nothing while the node's own endpoint serves, and take the requests
+// and connections once it refuses, on every path — the zone's other
+// node's first, other zones' once that refuses too, as Istio's locality
+// failover: before, the agent left them out of the snapshot, and the proxy
+// answered 503 or reset the app while they served; then the zone's and
+// the other zone's took turns.
 func TestZoneFallback(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{ejectFor: time.Minute})
@@ -515,16 +517,22 @@ func TestZoneFallback(t *testing.T) {
 	for i, p := range paths {
 		t.Run(p.name, func(t *testing.T) {
 			there := startEcho(t, "zone-b", nil).addr
-			zoned := func(here netip.AddrPort) snapshot.Backend {
-				eps := endpoints(here, there)
-				eps[0].Zone, eps[1].Zone, eps[1].Fallback = "zone-a", "zone-b", true
+			// zoned: here on this node (preferred, PreferSameNode), near on
+			// another node of its zone, there in another zone.
+			zoned := func(here, near netip.AddrPort) snapshot.Backend {
+				eps := endpoints(here, near, there)
+				eps[0].Zone, eps[1].Zone, eps[2].Zone = "zone-a", "zone-a", "zone-b"
+				eps[1].Fallback, eps[2].Fallback = snapshot.FallbackZone, snapshot.FallbackFar
 				return snapshot.Backend{Protocol: p.proto, Endpoints: eps}
 			}
-			vServing := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 8, byte(70 + 2*i)}), 80)
-			vRefusing := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 8, byte(71 + 2*i)}), 80)
+			vip := func(k int) netip.AddrPort {
+				return netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 8, byte(70 + 3*i + k)}), 80)
+			}
+			near := startEcho(t, "node-a2", nil).addr
 			e.p.Update(buildSnapshot(t, uint64(i+1),
-				service{name: "serving", vip: vServing, backend: zoned(startEcho(t, "zone-a", nil).addr)},
-				service{name: "refusing", vip: vRefusing, backend: zoned(closedPort(t))},
+				service{name: "serving", vip: vip(0), backend: zoned(startEcho(t, "node-a", nil).addr, near)},
+				service{name: "node-refusing", vip: vip(1), backend: zoned(closedPort(t), near)},
+				service{name: "zone-refusing", vip: vip(2), backend: zoned(closedPort(t), closedPort(t))},
 			))
 			answers := func(vip netip.AddrPort) map[string]int {
 				c := e.client(vip, p.h2c)
@@ -538,11 +546,14 @@ func TestZoneFallback(t *testing.T) {
 				}
 				return seen
 			}
-			if seen := answers(vServing); seen["zone-a"] != 4 {
-				t.Errorf("the zone's endpoint serving: answers %v, want zone-a's only", seen)
+			if seen := answers(vip(0)); seen["node-a"] != 4 {
+				t.Errorf("the node's endpoint serving: answers %v, want node-a's only", seen)
 			}
-			if seen := answers(vRefusing); seen["zone-b"] != 4 {
-				t.Errorf("the zone's endpoint refusing: answers %v, want zone-b's", seen)
+			if seen := answers(vip(1)); seen["node-a2"] != 4 {
+				t.Errorf("the node's endpoint refusing: answers %v, want the zone's other node's only", seen)
+			}
+			if seen := answers(vip(2)); seen["zone-b"] != 4 {
+				t.Errorf("the zone's endpoints refusing: answers %v, want zone-b's", seen)
 			}
 		})
 	}

@@ -134,7 +134,7 @@ func TestRelayedH2RebalanceBesideFallback(t *testing.T) {
 			a, b := startEcho(t, "a", nil).addr, startEcho(t, "b", nil).addr
 			var others []snapshot.Endpoint
 			for range fallbacks {
-				others = append(others, snapshot.Endpoint{Addr: startEcho(t, "other-zone", nil).addr, Ready: true, Serving: true, Fallback: true})
+				others = append(others, snapshot.Endpoint{Addr: startEcho(t, "other-zone", nil).addr, Ready: true, Serving: true, Fallback: snapshot.FallbackFar})
 			}
 			vip := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 9, byte(20 + i)}), 80)
 			update := func(version uint64, eps ...netip.AddrPort) {
@@ -183,7 +183,7 @@ func TestRelayedH2BackToZone(t *testing.T) {
 			update := func(version uint64, hereReady bool) {
 				eps := endpoints(here, there)
 				eps[0].Ready, eps[0].Serving = hereReady, hereReady
-				eps[0].Zone, eps[1].Zone, eps[1].Fallback = "zone-a", "zone-b", true
+				eps[0].Zone, eps[1].Zone, eps[1].Fallback = "zone-a", "zone-b", snapshot.FallbackFar
 				e.p.Update(buildSnapshot(t, version, service{name: name, vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: eps}}))
 			}
 			// ready-again: the zone's endpoint is not ready; ejection-over:
