@@ -212,6 +212,58 @@ func TestRelayedH2BackToZone(t *testing.T) {
 	}
 }
 
+// TestRelayedH2FallbackDialedAcrossBack: a connection whose dial to
+// another zone's endpoint was under way when the zone's endpoint came back
+// (its ejection over, an HTTP/1.1 app's connect to it succeeded: nothing
+// was relayed to the fallback yet to be asked back) is asked back once
+// relayed, not left in the other zone for as long as it lives.
+func TestRelayedH2FallbackDialedAcrossBack(t *testing.T) {
+	checkNoLeaks(t)
+	there := startEcho(t, "zone-b", nil).addr
+	g := &gatedDialer{to: there, dialing: make(chan struct{}), release: make(chan struct{})}
+	e := newEnv(t, envOptions{ejectFor: 100 * time.Millisecond, rebalanceSpread: 20 * time.Millisecond,
+		dialer: func(d dial.Dialer) dial.Dialer { g.d = d; return g }})
+	here := closedPort(t)
+	vip := netip.MustParseAddrPort("10.96.9.40:80")
+	eps := endpoints(here, there)
+	eps[0].Zone, eps[1].Zone, eps[1].Fallback = "zone-a", "zone-b", snapshot.FallbackFar
+	e.p.Update(buildSnapshot(t, 1, service{name: "web", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: eps}}))
+	c := e.client(vip, true)
+	first := make(chan int, 1)
+	go func() {
+		resp, err := c.Get("http://web.b.svc/")
+		if err != nil {
+			first <- 0
+			return
+		}
+		resp.Body.Close()
+		first <- resp.StatusCode
+	}()
+	<-g.dialing // the zone's endpoint refused, and is ejected
+	startEchoOn(t, here.String(), echo.Config{Pod: "zone-a"})
+	h1 := e.client(vip, false)
+	for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
+		if _, rep := get(t, h1, "http://web.b.svc/"); rep.Pod == "zone-a" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the zone's endpoint never took the HTTP/1.1 app's requests back")
+		}
+	}
+	close(g.release)
+	if code := <-first; code != http.StatusOK {
+		t.Fatalf("the request dialed to the other zone: %d, want 200", code)
+	}
+	for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
+		if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod == "zone-a" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v after it was relayed, the connection still reaches zone-b", hangGuard)
+		}
+	}
+}
+
 // unaryPod makes a unary call on cc and returns the pod that answered.
 func unaryPod(t *testing.T, cc *grpc.ClientConn) string {
 	t.Helper()
@@ -354,16 +406,17 @@ func TestRelayedH2DialedAcrossSnapshot(t *testing.T) {
 	}
 }
 
-// gatedDialer holds its first dial until release is closed, after
-// closing dialing; the others go at once.
+// gatedDialer holds its first dial (to the endpoint at to, when set)
+// until release is closed, after closing dialing; the others go at once.
 type gatedDialer struct {
 	d                dial.Dialer
+	to               netip.AddrPort
 	first            atomic.Bool
 	dialing, release chan struct{}
 }
 
 func (g *gatedDialer) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error) {
-	if g.first.CompareAndSwap(false, true) {
+	if (!g.to.IsValid() || ep.Addr == g.to) && g.first.CompareAndSwap(false, true) {
 		close(g.dialing)
 		<-g.release
 	}

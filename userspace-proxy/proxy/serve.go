@@ -269,12 +269,14 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 	if relayedH2 {
 		ref := cs.be.Spec.Ref
 		dc := h2drain.NewConn(c)
-		p.h2.Add(ref, ep, dc)
+		p.h2.Add(ref, ep.Addr, dc)
 		untrackH2 = func() { p.h2.Remove(ref, dc) }
 		app = dc
-		if now := p.current.Load(); now != cs.v {
+		if now := p.current.Load(); now != cs.v || ep.Fallback > 0 {
 			// A snapshot applied while this connection was dialed did
-			// not see it: measure it against that one now.
+			// not see it, nor, on a fallback endpoint, an endpoint
+			// preferred to it that came back meanwhile (endpointBack):
+			// measure it now.
 			p.h2.Update(func(r snapshot.BackendRef) (h2drain.Endpoints, bool) {
 				if r != ref {
 					return h2drain.Endpoints{}, false
@@ -314,10 +316,10 @@ func (cs *connState) relay(c, app, up net.Conn, pm pathMetrics, untrackH2 func()
 }
 
 // dialAny dials ready endpoints in turn until one answers, and returns its
-// connection and address: a failed connect sent no byte, so another
+// connection and endpoint: a failed connect sent no byte, so another
 // endpoint may be tried (at most three). With load, each is the endpoint
 // with the least load (balance.Picker.PickFewest).
-func (cs *connState) dialAny(path Path, alpn []string, load func(netip.AddrPort) int) (net.Conn, netip.AddrPort, error) {
+func (cs *connState) dialAny(path Path, alpn []string, load func(netip.AddrPort) int) (net.Conn, snapshot.Endpoint, error) {
 	var errs error
 	for range min(cs.be.Picker.Len(), 3) {
 		var choice *balance.Choice
@@ -337,7 +339,7 @@ func (cs *connState) dialAny(path Path, alpn []string, load func(netip.AddrPort)
 			up, err = cs.be.Dial(context.Background(), choice.Endpoint, alpn)
 		}
 		if err == nil {
-			return up, choice.Endpoint.Addr, nil
+			return up, choice.Endpoint, nil
 		}
 		errs = errors.Join(errs, err)
 		if !upstream.NoConnection(err) {
@@ -345,9 +347,9 @@ func (cs *connState) dialAny(path Path, alpn []string, load func(netip.AddrPort)
 		}
 	}
 	if errs == nil {
-		return nil, netip.AddrPort{}, upstream.ErrNoEndpoints
+		return nil, snapshot.Endpoint{}, upstream.ErrNoEndpoints
 	}
-	return nil, netip.AddrPort{}, errs
+	return nil, snapshot.Endpoint{}, errs
 }
 
 func negotiated(c net.Conn, proto string) bool {
