@@ -101,39 +101,14 @@ func TestSANVerifierChainExpiry(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Over TCP (net.Pipe does not buffer: a client's alert and the
-		// server's flight would wait for each other).
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		handshake := func() (*tls.Conn, error) {
-			served := make(chan struct{})
-			go func() {
-				defer close(served)
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				tls.Server(c, &tls.Config{Certificates: []tls.Certificate{leaf.TLS}}).Handshake()
-				c.Close()
-			}()
-			defer func() { <-served }()
-			a, err := net.Dial("tcp", l.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			c := tls.Client(a, o.Config(netip.MustParseAddrPort("10.0.0.1:443"), nil))
-			return c, c.Handshake()
-		}
-		first, err := handshake()
+		l := listen(t)
+		first, err := handshake(t, l, leaf, o)
 		if err != nil {
 			t.Fatalf("handshake while the chain is valid: %v", err)
 		}
 		defer first.Close()
 		time.Sleep(25 * time.Hour)
-		second, err := handshake()
+		second, err := handshake(t, l, leaf, o)
 		if err == nil {
 			second.Close()
 		}
@@ -141,6 +116,86 @@ func TestSANVerifierChainExpiry(t *testing.T) {
 			t.Errorf("handshake after the CA expired, with the leaf still valid: %v, want a verification error", err)
 		}
 	})
+}
+
+// TestSANVerifierURICase: a URI subjectAltName matches the certificate's
+// with its scheme and host in any case, as RFC 3986 (§3.1, §3.2.2) makes
+// them case-insensitive, and its path only as written. The policy's URI
+// was compared as written with the certificate's as Go prints it (scheme
+// lowercased), so "SPIFFE://..." matched no certificate and the backend
+// answered 502.
+func TestSANVerifierURICase(t *testing.T) {
+	ca, err := pki.NewCA("ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.LeafOptions{URIs: []string{"spiffe://cluster.local/ns/a/sa/b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := listen(t)
+	for _, c := range []struct {
+		uri  string
+		want bool
+	}{
+		{"spiffe://cluster.local/ns/a/sa/b", true},
+		{"SPIFFE://cluster.local/ns/a/sa/b", true},
+		{"Spiffe://Cluster.LOCAL/ns/a/sa/b", true},
+		{"spiffe://cluster.local/ns/a/sa/B", false},
+		{"spiffe://cluster.local/NS/a/sa/b", false},
+	} {
+		o, err := New(&snapshot.TLS{ServerName: "a.test", RootsPEM: string(ca.CertPEM),
+			SubjectAltNames: []snapshot.SubjectAltName{{Type: snapshot.SANURI, Value: c.uri}}}, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := handshake(t, l, leaf, o)
+		if err == nil {
+			conn.Close()
+		}
+		if got := err == nil; got != c.want {
+			t.Errorf("subjectAltName %s against the certificate's spiffe://cluster.local/ns/a/sa/b: handshake error %v, want a match %v", c.uri, err, c.want)
+		}
+		if err != nil && !IsVerifyError(err) {
+			t.Errorf("subjectAltName %s: handshake error %v, want a verification error", c.uri, err)
+		}
+	}
+}
+
+// listen opens the TCP listener handshake serves on (net.Pipe does not
+// buffer: a client's alert and the server's flight would wait for each
+// other).
+func listen(t *testing.T) net.Listener {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// handshake serves one TLS handshake on l with leaf and returns the
+// client's end, configured by o, with its handshake's error.
+func handshake(t *testing.T, l net.Listener, leaf *pki.Leaf, o *Origination) (*tls.Conn, error) {
+	t.Helper()
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		tls.Server(c, &tls.Config{Certificates: []tls.Certificate{leaf.TLS}}).Handshake()
+		c.Close()
+	}()
+	defer func() { <-served }()
+	a, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := tls.Client(a, o.Config(netip.MustParseAddrPort("10.0.0.1:443"), nil))
+	return c, c.Handshake()
 }
 
 // TestSANVerifierRemembersByDER: the verifier remembers a certificate

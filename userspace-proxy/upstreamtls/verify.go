@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -29,7 +30,7 @@ func IsVerifyError(err error) bool {
 type sanVerifier struct {
 	roots     *x509.CertPool // nil: system roots
 	hostnames []string
-	uris      []string
+	uris      []*url.URL // hosts lowercased, as sameURI compares them
 	// verified remembers leaves already checked, by their DER, until
 	// their chain expires (a CA may expire before the leaf): resumed
 	// handshakes present the same certificate, and re-verifying the chain
@@ -48,7 +49,12 @@ func newSANVerifier(sans []snapshot.SubjectAltName, roots *x509.CertPool) (*sanV
 		case snapshot.SANHostname:
 			v.hostnames = append(v.hostnames, s.Value)
 		case snapshot.SANURI:
-			v.uris = append(v.uris, s.Value)
+			u, err := url.Parse(s.Value)
+			if err != nil {
+				return nil, fmt.Errorf("subjectAltName URI %q: %w", s.Value, err)
+			}
+			u.Host = strings.ToLower(u.Host)
+			v.uris = append(v.uris, u)
 		default:
 			return nil, fmt.Errorf("unknown subjectAltName type %q", s.Type)
 		}
@@ -124,7 +130,7 @@ func (v *sanVerifier) matches(leaf *x509.Certificate) bool {
 	}
 	for _, want := range v.uris {
 		for _, u := range leaf.URIs {
-			if u.String() == want {
+			if sameURI(want, u) {
 				return true
 			}
 		}
@@ -132,9 +138,21 @@ func (v *sanVerifier) matches(leaf *x509.Certificate) bool {
 	return false
 }
 
+// sameURI compares a wanted URI (host lowercased) with a certificate's as
+// RFC 3986 does: the scheme (§3.1; url.Parse lowercases it) and the host
+// (§3.2.2) case-insensitively, the rest, userinfo and path included, exactly.
+func sameURI(want, got *url.URL) bool {
+	g := *got
+	g.Host = strings.ToLower(g.Host)
+	return g.String() == want.String()
+}
+
 func (v *sanVerifier) want() string {
 	w := append([]string(nil), v.hostnames...)
-	return "[" + strings.Join(append(w, v.uris...), " ") + "]"
+	for _, u := range v.uris {
+		w = append(w, u.String())
+	}
+	return "[" + strings.Join(w, " ") + "]"
 }
 
 func names(c *x509.Certificate) string {
