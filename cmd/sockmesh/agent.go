@@ -93,7 +93,15 @@ func newAgentCommand(getenv func(string) string) *cobra.Command {
 			if err := reexecWithRuntimeSettings(); err != nil {
 				return err
 			}
-			s, err := o.load(cmd.Flags(), getenv, defaultRouteAddrs)
+			// The agent's network namespace is the node's (hostNetwork):
+			// its addresses are the node's where neither the downward API
+			// nor a Node object names them.
+			self, err := podns.Open("/proc/self/ns/net")
+			if err != nil {
+				return err
+			}
+			s, err := o.load(cmd.Flags(), getenv, self)
+			self.Close()
 			if err != nil {
 				return err
 			}
@@ -140,19 +148,6 @@ func newLogger(w io.Writer, s settings, events *introspect.Events) *slog.Logger 
 		h = slog.NewJSONHandler(w, opts)
 	}
 	return slog.New(events.Handler(h))
-}
-
-// defaultRouteAddrs are the addresses of the families the calling thread's
-// network namespace has a default route in (podns.NS.DefaultRouteAddrs):
-// the node's, one per family, when no downward API names them. Pods reach
-// every address of their node.
-func defaultRouteAddrs() ([]netip.Addr, error) {
-	self, err := podns.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		return nil, err
-	}
-	defer self.Close()
-	return self.DefaultRouteAddrs()
 }
 
 // agent is one run of the agent: its parts and what shutdown must undo.

@@ -215,7 +215,8 @@ type settings struct {
 	leaderElect   bool
 	leaderNS      string
 	// node is what the control plane is told about the node and cluster;
-	// its IPs are the proxy's node addresses.
+	// its IPs are the proxy's node addresses and, for the file source,
+	// every global address of the node.
 	node         translate.Node
 	dnsServers   []string
 	logLevel     slog.Level
@@ -236,21 +237,28 @@ type settings struct {
 	introspection httpapi.Config
 }
 
+// hostNetns reads the node's addresses from the agent's network namespace,
+// the node's (the DaemonSet runs in hostNetwork): a *podns.NS.
+type hostNetns interface {
+	DefaultRouteAddrs() ([]netip.Addr, error)
+	Addrs() ([]netip.Addr, error)
+}
+
 // load applies the --config file under the flags parsed into fs, and
 // checks the result (see settings).
-func (o *options) load(fs *pflag.FlagSet, getenv func(string) string, hostIPs func() ([]netip.Addr, error)) (settings, error) {
+func (o *options) load(fs *pflag.FlagSet, getenv func(string) string, host hostNetns) (settings, error) {
 	if o.configFile != "" {
 		if err := applyConfigFile(fs, o.configFile); err != nil {
 			return settings{}, err
 		}
 	}
-	return o.settings(getenv, hostIPs)
+	return o.settings(getenv, host)
 }
 
-// settings checks o. hostIPs finds the node addresses for --proxy-listen's
-// default; it is only called in node-ip mode without --proxy-listen,
-// $HOST_IPS and $HOST_IP.
-func (o *options) settings(getenv func(string) string, hostIPs func() ([]netip.Addr, error)) (settings, error) {
+// settings checks o. host's default-route addresses are --proxy-listen's
+// default, read only in node-ip mode without --proxy-listen, $HOST_IPS and
+// $HOST_IP; its addresses are the node's for the file source.
+func (o *options) settings(getenv func(string) string, host hostNetns) (settings, error) {
 	s := settings{
 		source: o.source, manifests: o.manifests, kubeconfig: o.kubeconfig, nodeName: o.nodeName,
 		podName: getenv(envPodName), mode: enrol.Mode(o.proxyMode), inPodPort: o.inPodPort,
@@ -282,7 +290,7 @@ func (o *options) settings(getenv func(string) string, hostIPs func() ([]netip.A
 
 	switch s.mode {
 	case enrol.NodeIP:
-		addrs, err := proxyListen(o.proxyListen, getenv, hostIPs)
+		addrs, err := proxyListen(o.proxyListen, getenv, host.DefaultRouteAddrs)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -299,6 +307,21 @@ func (o *options) settings(getenv func(string) string, hostIPs func() ([]netip.A
 		}
 	default:
 		bad("--proxy-mode=%q: want node-ip or in-pod", o.proxyMode)
+	}
+	if s.source == "file" {
+		// No Node object names the node's addresses, which ExternalHostname
+		// answers must not lead to (translate.Node.IPs): they are all of
+		// the namespace's, not only the proxy's listeners (none in in-pod
+		// mode).
+		addrs, err := host.Addrs()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("find the node's addresses for --source=file: %w", err))
+		}
+		for _, a := range addrs {
+			if a.IsGlobalUnicast() && !slices.Contains(s.node.IPs, a) {
+				s.node.IPs = append(s.node.IPs, a)
+			}
+		}
 	}
 
 	var err error

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/spf13/pflag"
 
 	"github.com/sockmesh/sockmesh/agent/enrol"
@@ -23,15 +24,25 @@ import (
 )
 
 // parse runs the agent command's flag handling: defaults from env, the
-// command line, then the config file under it; the node's default-route
-// address is 192.0.2.7.
+// command line, then the config file under it; the node's address, its
+// default-route one, is 192.0.2.7.
 func parse(t *testing.T, env map[string]string, configFile string, args ...string) (settings, error) {
 	t.Helper()
-	return parseWith(t, env, func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("192.0.2.7")}, nil }, configFile, args...)
+	return parseWith(t, env, fixedHost{ips: []netip.Addr{netip.MustParseAddr("192.0.2.7")}}, configFile, args...)
 }
 
-// parseWith is parse with hostIPs finding the default-route addresses.
-func parseWith(t *testing.T, env map[string]string, hostIPs func() ([]netip.Addr, error), configFile string, args ...string) (settings, error) {
+// fixedHost is a node whose only addresses, default-route ones, are ips,
+// or which fails to tell with err.
+type fixedHost struct {
+	ips []netip.Addr
+	err error
+}
+
+func (h fixedHost) DefaultRouteAddrs() ([]netip.Addr, error) { return h.ips, h.err }
+func (h fixedHost) Addrs() ([]netip.Addr, error)             { return h.ips, h.err }
+
+// parseWith is parse on the node host.
+func parseWith(t *testing.T, env map[string]string, host hostNetns, configFile string, args ...string) (settings, error) {
 	t.Helper()
 	getenv := func(k string) string { return env[k] }
 	var o options
@@ -47,7 +58,7 @@ func parseWith(t *testing.T, env map[string]string, hostIPs func() ([]netip.Addr
 	if err := fs.Parse(args); err != nil {
 		return settings{}, err
 	}
-	return o.load(fs, getenv, hostIPs)
+	return o.load(fs, getenv, host)
 }
 
 func TestDefaults(t *testing.T) {
@@ -151,15 +162,36 @@ func TestDefaultRouteAddrsWithoutDownwardAPI(t *testing.T) {
 			if tc.ipv6 {
 				node.AddRoute(t, netip.MustParsePrefix("::/0"), gw6)
 			}
-			var got settings
-			err := node.Do(func() (err error) {
-				got, err = parseWith(t, map[string]string{"NODE_NAME": "n"}, defaultRouteAddrs, "")
-				return err
-			})
+			got, err := parseWith(t, map[string]string{"NODE_NAME": "n"}, node, "")
 			if err != nil || !slices.Equal(got.proxyListen, tc.want) {
 				t.Errorf("proxyListen = %v, %v; want %v", got.proxyListen, err, tc.want)
 			}
 		})
+	}
+}
+
+// TestFileSourceNodeAddresses: with the file source, which has no Node
+// object, the node's addresses (translate refuses ExternalHostname answers
+// that lead to them) are every global address of the agent's network
+// namespace, in both families, not only the proxy's listeners: in in-pod
+// mode there were none, and an external hostname resolving to the node
+// was used.
+func TestFileSourceNodeAddresses(t *testing.T) {
+	node4, node6 := netip.MustParsePrefix("10.219.2.2/24"), netip.MustParsePrefix("fd00:219:2::2/64")
+	node, router := sandbox.NewNetNS(t), sandbox.NewNetNS(t)
+	sandbox.NewVeth(t, node, router, []netip.Prefix{node4, node6},
+		[]netip.Prefix{netip.MustParsePrefix("10.219.2.1/24"), netip.MustParsePrefix("fd00:219:2::1/64")})
+	other := netip.MustParsePrefix("10.219.3.2/24") // an address beyond the default route's interface
+	node.AddAddr(t, "lo", other)
+	for _, mode := range [][]string{{"--proxy-mode=in-pod"}, {"--proxy-mode=node-ip", "--proxy-listen=10.219.2.2:15001"}} {
+		got, err := parseWith(t, nil, node, "", append([]string{"--source=file", "--manifests=/m"}, mode...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []netip.Addr{node4.Addr(), other.Addr(), node6.Addr()}
+		if !cmp.Equal(got.node.IPs, want, cmpopts.SortSlices(netip.Addr.Less), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })) {
+			t.Errorf("%s: node IPs = %v, want %v", mode, got.node.IPs, want)
+		}
 	}
 }
 
@@ -171,7 +203,7 @@ func TestNoNodeAddress(t *testing.T) {
 	if err := fs.Parse([]string{"--source=file", "--manifests=/m"}); err != nil {
 		t.Fatal(err)
 	}
-	_, err := o.load(fs, getenv, func() ([]netip.Addr, error) { return nil, errors.New("no default route") })
+	_, err := o.load(fs, getenv, fixedHost{err: errors.New("no default route")})
 	if err == nil || !strings.Contains(err.Error(), "--proxy-listen") || !strings.Contains(err.Error(), "no default route") {
 		t.Errorf("settings without a node address = %v, want an error naming --proxy-listen and the cause", err)
 	}
@@ -205,7 +237,7 @@ max-conns-per-pod: 100
 		{"manifests (file)", got.manifests, "/etc/sockmesh/manifests"},
 		{"mode (flag over file)", got.mode, enrol.NodeIP},
 		{"proxy listen (flag)", got.proxyListen, []netip.AddrPort{netip.MustParseAddrPort("10.1.2.3:0")}},
-		{"node IPs (from the proxy listener)", got.node.IPs, []netip.Addr{netip.MustParseAddr("10.1.2.3")}},
+		{"node IPs (the proxy listener's, the node's)", got.node.IPs, []netip.Addr{netip.MustParseAddr("10.1.2.3"), netip.MustParseAddr("192.0.2.7")}},
 		{"in-pod port (file, number)", got.inPodPort, uint16(15006)},
 		{"service CIDRs (file, YAML list)", got.node.ServiceCIDRs, []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}},
 		{"pod CIDRs (file, comma-separated)", got.node.PodCIDRs, []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/56")}},
