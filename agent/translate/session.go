@@ -5,12 +5,16 @@ import (
 	"encoding/hex"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/gateway-api/pkg/utils"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 )
+
+// maxCookiePathLen is the CRD's limit on sessionPersistence.cookie.path.
+const maxCookiePathLen = 1024
 
 // sessionPersistence maps a Gateway API sessionPersistence to the
 // Snapshot's, or says why it is invalid. owner names the object it belongs
@@ -53,6 +57,10 @@ func sessionPersistence(sp *gwv1.SessionPersistence, owner snapshot.ObjectRef) (
 			out.Name = string(*c.Name)
 		}
 		if c.Path != nil {
+			// The CRD's MaxLength counts characters, not bytes.
+			if n := utf8.RuneCountInString(*c.Path); n > maxCookiePathLen {
+				return nil, fmt.Sprintf("sessionPersistence.cookie.path is %d characters long, more than %d", n, maxCookiePathLen)
+			}
 			out.CookiePath = *c.Path
 		}
 		switch deref(c.LifetimeType) {
