@@ -48,9 +48,10 @@ func sessionPersistence(sp *gwv1.SessionPersistence, owner snapshot.ObjectRef) (
 			return nil, "sessionPersistence.cookie is required when type is Cookie (the default)"
 		}
 		out.Name = "sockmesh-session-" + shortHash(owner.String())
-		if c.Name != nil && *c.Name != "" {
+		if c.Name != nil {
 			// No Set-Cookie can carry a name that is not a token: the
-			// proxy's cookie would be dropped, sessions left unpinned.
+			// proxy's cookie would be dropped, sessions left unpinned. The
+			// CRD's CookieName refuses "" too (MinLength 1).
 			if !validHeaderName(string(*c.Name)) {
 				return nil, fmt.Sprintf("sessionPersistence.cookie.name %q is not a valid cookie name (an RFC 7230 token)", *c.Name)
 			}

@@ -48,6 +48,7 @@ func TestCRDRefusalsAreInvalid(t *testing.T) {
 		"session defaults only":    xbackend(`{` + selector + `, sessionPersistence: {}}`),
 		"cookie lifetime":          xbackend(`{` + selector + `, sessionPersistence: {cookie: {lifetimeType: Forever}}}`),
 		"cookie path 1025":         xbackend(`{` + selector + `, sessionPersistence: {cookie: {path: /` + strings.Repeat("é", 1024) + `}}}`),
+		"empty cookie name":        xbackend(`{` + selector + `, sessionPersistence: {cookie: {name: ""}}}`),
 		"session on external":      xbackend(`{` + external + `, sessionPersistence: {cookie: {}}}`),
 		"65 matchLabels":           xbackend(`{type: EndpointSelector, port: {number: 80}, endpointSelector: {matchLabels: {` + strings.Trim(list(65, "l%d: v"), "[]") + `}}}`),
 		"no port number":           xbackend(`{` + strings.Replace(selector, "{number: 80}", "{}", 1) + `}`),
