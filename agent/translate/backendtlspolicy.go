@@ -2,8 +2,10 @@ package translate
 
 import (
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -187,7 +189,8 @@ const maxTargetRefs = 16
 // targetRefsProblem says what the CRD's rules for targetRefs would refuse
 // ("" when nothing): more than 16 entries, or a target named more than once
 // without distinct, non-empty sectionNames (its two CEL rules, messages as
-// they word them). Manifests from the file source never met the CRD.
+// they word them), or a target its schema refuses (targetRefProblem).
+// Manifests from the file source never met the CRD.
 func targetRefsProblem(refs []gwv1.LocalPolicyTargetReferenceWithSectionName) string {
 	if len(refs) > maxTargetRefs {
 		return fmt.Sprintf("spec.targetRefs has %d entries, more than the %d allowed", len(refs), maxTargetRefs)
@@ -202,6 +205,9 @@ func targetRefsProblem(refs []gwv1.LocalPolicyTargetReferenceWithSectionName) st
 	var errs []string
 	for _, ref := range refs {
 		target, sn := ref.LocalPolicyTargetReference, deref(ref.SectionName)
+		if msg := targetRefProblem(target); msg != "" {
+			errs = append(errs, "spec.targetRefs: "+msg)
+		}
 		if s, ok := firstSectioned[target]; !ok {
 			firstSectioned[target] = sn != ""
 		} else if s != (sn != "") && !mixed[target] {
@@ -217,6 +223,27 @@ func targetRefsProblem(refs []gwv1.LocalPolicyTargetReferenceWithSectionName) st
 	return strings.Join(errs, "; ")
 }
 
+// kindName is the CRD's Kind pattern (at most 63 characters).
+var kindName = regexp.MustCompile(`^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$`)
+
+// targetRefProblem says what the CRD's schema refuses in a policy's
+// targetRef ("" when nothing): a group that is not a DNS subdomain, a kind
+// that is not a kind name, a name empty or over 253 characters. Such a
+// target is Invalid, not TargetNotFound: no object could be named so.
+func targetRefProblem(ref gwv1.LocalPolicyTargetReference) string {
+	var errs []string
+	if ref.Group != "" && !validPreciseHostname(string(ref.Group)) {
+		errs = append(errs, fmt.Sprintf("group %q is not a DNS subdomain", ref.Group))
+	}
+	if len(ref.Kind) > 63 || !kindName.MatchString(string(ref.Kind)) {
+		errs = append(errs, fmt.Sprintf("kind %q is not a kind name (a letter, then letters, digits or '-', at most 63 characters)", ref.Kind))
+	}
+	if n := utf8.RuneCountInString(string(ref.Name)); n == 0 || n > 253 {
+		errs = append(errs, fmt.Sprintf("name must be 1 to 253 characters, not %d", n))
+	}
+	return strings.Join(errs, ", ")
+}
+
 // resolveTarget finds the Service and the TCP ports a target names,
 // recording on the target why it does not apply where it does not.
 func (t *translator) resolveTarget(tg *policyTarget) (*corev1.Service, []corev1.ServicePort) {
@@ -229,6 +256,9 @@ func (t *translator) resolveTarget(tg *policyTarget) (*corev1.Service, []corev1.
 	invalid := func(format string, args ...any) (*corev1.Service, []corev1.ServicePort) {
 		tg.problem = &tlsvalidation.Problem{Reason: string(gwv1.PolicyReasonInvalid), Message: fmt.Sprintf(format, args...)}
 		return nil, nil
+	}
+	if msg := targetRefProblem(tg.ref.LocalPolicyTargetReference); msg != "" {
+		return invalid("%s", msg) // the policy is Invalid too (targetRefsProblem)
 	}
 	switch {
 	case tg.ref.Group == gwxv1alpha1.GroupName && tg.ref.Kind == "XBackend":

@@ -148,8 +148,9 @@
 // Targets are core Services in the policy's namespace, with sectionName (the
 // port's name) or without (every TCP port; UDP and SCTP ports are left alone
 // and the Accepted message says so). targetRefs the CRD's rules refuse
-// (more than 16; a Service named twice, or both whole and by a port) make
-// the policy Invalid, as a manifest file may hold them. Trust comes from
+// (more than 16; a Service named twice, or both whole and by a port; a
+// group, kind or name its schema refuses) make the policy Invalid, as a
+// manifest file may hold them. Trust comes from
 // caCertificateRefs —
 // ConfigMap ca.crt (Core), Secret ca.crt, certificates.k8s.io
 // ClusterTrustBundle (GEP-5075, cluster-scoped) — or wellKnownCACertificates
@@ -241,9 +242,9 @@
 // same object, the older wins, then namespace/name; the others are
 // Conflicted there. What the CRD would refuse (percent outside 0-100,
 // intervals out of range or not GEP-2257 durations, count outside
-// 1-1000000, a bad sessionPersistence, more than 16 targetRefs or a target
-// named twice) makes the policy Invalid: it is applied nowhere and takes
-// part in no conflict.
+// 1-1000000, a bad sessionPersistence, more than 16 targetRefs, a target
+// named twice or with a group, kind or name the schema refuses) makes the
+// policy Invalid: it is applied nowhere and takes part in no conflict.
 //
 // Status: one PolicyAncestorStatus per distinct targetRef that has room in
 // the policy's status, as for BackendTLSPolicy; the policy is not applied
@@ -252,7 +253,7 @@
 // controllerName ControllerName, observedGeneration. Accepted: Accepted,
 // Conflicted, Invalid or TargetNotFound; ResolvedRefs: ResolvedRefs, or
 // InvalidKind for a target kind sockmesh does not know (then also
-// TargetNotFound).
+// TargetNotFound, or Invalid when the schema refuses the kind).
 //
 // # XMesh
 //

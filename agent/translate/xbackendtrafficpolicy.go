@@ -122,6 +122,12 @@ func (t *translator) evalTrafficPolicy(p *gwxv1alpha1.XBackendTrafficPolicy) *tr
 	seen := map[trafficKey]bool{}
 	for _, ref := range p.Spec.TargetRefs {
 		tg := t.trafficTarget(p.Namespace, ref)
+		if msg := targetRefProblem(ref); msg != "" {
+			// No object could be named so: Invalid, not TargetNotFound,
+			// so that its status entry says why the policy is.
+			invalid = append(invalid, "targetRefs: "+msg)
+			tg.problem = &tlsvalidation.Problem{Reason: string(gwv1.PolicyReasonInvalid), Message: msg}
+		}
 		if seen[tg.key] {
 			invalid = append(invalid, fmt.Sprintf("targetRefs names %s %s more than once", ref.Kind, ref.Name))
 			continue

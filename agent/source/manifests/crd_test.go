@@ -21,10 +21,10 @@ import (
 
 // TestCRDRefusalsAreInvalid: manifests from the file source never meet the
 // CRDs' schema and CEL rules, so translate checks them again. Each case is
-// one XBackend or XBackendTrafficPolicy that the v1.7 experimental CRD
-// refuses — the real API server is asked, so a case it would accept fails
-// instead of passing for nothing — and that translate must find Invalid on
-// every status entry.
+// one XBackend, XBackendTrafficPolicy or BackendTLSPolicy that the v1.7
+// experimental CRD refuses — the real API server is asked, so a case it
+// would accept fails instead of passing for nothing — and that translate
+// must find Invalid on every status entry.
 func TestCRDRefusalsAreInvalid(t *testing.T) {
 	const ns = "crd"
 	xbackend := func(spec string) string {
@@ -32,6 +32,10 @@ func TestCRDRefusalsAreInvalid(t *testing.T) {
 	}
 	policy := func(spec string) string {
 		return "apiVersion: gateway.networking.x-k8s.io/v1alpha1\nkind: XBackendTrafficPolicy\nmetadata: {name: p, namespace: crd}\nspec: " + spec
+	}
+	tlsPolicy := func(targetRef string) string {
+		return "apiVersion: gateway.networking.k8s.io/v1\nkind: BackendTLSPolicy\nmetadata: {name: t, namespace: crd}\nspec: " +
+			"{targetRefs: [" + targetRef + "], validation: {hostname: api.example.com, wellKnownCACertificates: System}}"
 	}
 	selector := `type: EndpointSelector, endpointSelector: {matchLabels: {app: a}}, port: {number: 80}`
 	external := `type: ExternalHostname, externalHostname: {hostname: a.example.com}, port: {number: 443}`
@@ -67,6 +71,13 @@ func TestCRDRefusalsAreInvalid(t *testing.T) {
 		"budget percent":                policy(`{targetRefs: [` + api + `], retryConstraint: {budget: {percent: 101}}}`),
 		"budget interval":               policy(`{targetRefs: [` + api + `], retryConstraint: {budget: {interval: 2h}}}`),
 		"policy session":                policy(`{targetRefs: [` + api + `], sessionPersistence: {type: Header}}`),
+		"target without kind":           policy(`{targetRefs: [{group: "", kind: "", name: api}], retryConstraint: {}}`),
+		"target kind with a dot":        policy(`{targetRefs: [{group: "", kind: Service.v1, name: api}], retryConstraint: {}}`),
+		"target group in capitals":      policy(`{targetRefs: [{group: Gateway.Networking.X-K8s.io, kind: XBackend, name: x}], retryConstraint: {}}`),
+		"target without name":           policy(`{targetRefs: [{group: "", kind: Service, name: ""}], retryConstraint: {}}`),
+		"TLS target without kind":       tlsPolicy(`{group: "", kind: "", name: api}`),
+		"TLS target group with _":       tlsPolicy(`{group: core_v1, kind: Service, name: api}`),
+		"TLS target kind with a space":  tlsPolicy(`{group: "", kind: "Ser vice", name: api}`),
 		"min retry rate zero":           policy(`{targetRefs: [` + api + `], retryConstraint: {minRetryRate: {count: 1, interval: 0s}}}`),
 	}
 
@@ -90,6 +101,9 @@ func TestCRDRefusalsAreInvalid(t *testing.T) {
 				conds = append(conds, a.Conditions)
 			}
 			for _, a := range res.Status.XBackendTrafficPolicies[types.NamespacedName{Namespace: ns, Name: "p"}] {
+				conds = append(conds, a.Conditions)
+			}
+			for _, a := range res.Status.BackendTLSPolicies[types.NamespacedName{Namespace: ns, Name: "t"}] {
 				conds = append(conds, a.Conditions)
 			}
 			if len(conds) == 0 {
@@ -130,8 +144,11 @@ func translateRefused(t *testing.T, env *apiserver.Env, dec *manifests.Decoder, 
 	}
 	gvk := u.GroupVersionKind()
 	gvr := schema.GroupVersionResource{Group: gvk.Group, Version: gvk.Version, Resource: strings.ToLower(gvk.Kind) + "s"}
-	if gvk.Kind == "XBackendTrafficPolicy" {
+	switch gvk.Kind {
+	case "XBackendTrafficPolicy":
 		gvr.Resource = "xbackendtrafficpolicies"
+	case "BackendTLSPolicy":
+		gvr.Resource = "backendtlspolicies"
 	}
 	if _, err := env.Dynamic.Resource(gvr).Namespace(ns).Create(t.Context(), &u, metav1.CreateOptions{}); !apierrors.IsInvalid(err) {
 		t.Fatalf("the API server's create: err = %v, want Invalid (the case is not one the CRD refuses)", err)
