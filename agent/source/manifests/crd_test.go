@@ -24,7 +24,8 @@ import (
 // one XBackend, XBackendTrafficPolicy or BackendTLSPolicy that the v1.7
 // experimental CRD refuses — the real API server is asked, so a case it
 // would accept fails instead of passing for nothing — and that translate
-// must find Invalid on every status entry.
+// must find Invalid on every status entry, or, for a policy without
+// targets, that the decoder refuses.
 func TestCRDRefusalsAreInvalid(t *testing.T) {
 	const ns = "crd"
 	xbackend := func(spec string) string {
@@ -93,6 +94,21 @@ func TestCRDRefusalsAreInvalid(t *testing.T) {
 		services += fmt.Sprintf("---\napiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: crd}\nspec: {clusterIP: 10.96.1.%d, ports: [{port: 80}]}\n", name, i+1)
 	}
 
+	// A policy without targets would have no status entry to say it is
+	// Invalid: the decoder refuses it instead, naming it, and the file
+	// source reports that (its errors, a Warn line, a metric).
+	for name, doc := range map[string]string{
+		"TLS policy without targetRefs":        "apiVersion: gateway.networking.k8s.io/v1\nkind: BackendTLSPolicy\nmetadata: {name: t, namespace: crd}\nspec: {validation: {hostname: api.example.com, wellKnownCACertificates: System}}",
+		"traffic policy with empty targetRefs": policy(`{targetRefs: [], retryConstraint: {}}`),
+	} {
+		t.Run(name, func(t *testing.T) {
+			createRefused(t, env, ns, doc)
+			if _, err := dec.Decode(strings.NewReader(doc)); err == nil || !strings.Contains(err.Error(), "spec.targetRefs is empty") {
+				t.Fatalf("Decode error = %v, want one saying spec.targetRefs is empty", err)
+			}
+		})
+	}
+
 	for name, doc := range cases {
 		t.Run(name, func(t *testing.T) {
 			res := translateRefused(t, env, dec, ns, services, doc)
@@ -133,26 +149,12 @@ func startCRDServer(t *testing.T, ns string) (*apiserver.Env, *manifests.Decoder
 	return env, dec
 }
 
-// translateRefused has env's API server create doc in ns, which it must
-// refuse (a case it accepts is no CRD refusal), and returns what translate
-// makes of doc beside services when the file source hands them over.
+// translateRefused has env's API server refuse doc (createRefused) and
+// returns what translate makes of doc beside services when the file source
+// hands them over.
 func translateRefused(t *testing.T, env *apiserver.Env, dec *manifests.Decoder, ns, services, doc string) translate.Result {
 	t.Helper()
-	var u unstructured.Unstructured
-	if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
-		t.Fatal(err)
-	}
-	gvk := u.GroupVersionKind()
-	gvr := schema.GroupVersionResource{Group: gvk.Group, Version: gvk.Version, Resource: strings.ToLower(gvk.Kind) + "s"}
-	switch gvk.Kind {
-	case "XBackendTrafficPolicy":
-		gvr.Resource = "xbackendtrafficpolicies"
-	case "BackendTLSPolicy":
-		gvr.Resource = "backendtlspolicies"
-	}
-	if _, err := env.Dynamic.Resource(gvr).Namespace(ns).Create(t.Context(), &u, metav1.CreateOptions{}); !apierrors.IsInvalid(err) {
-		t.Fatalf("the API server's create: err = %v, want Invalid (the case is not one the CRD refuses)", err)
-	}
+	createRefused(t, env, ns, doc)
 	objs, err := dec.Decode(strings.NewReader(services + "---\n" + doc))
 	if err != nil {
 		t.Fatal(err)
@@ -168,4 +170,32 @@ func translateRefused(t *testing.T, env *apiserver.Env, dec *manifests.Decoder, 
 		t.Fatal(err)
 	}
 	return res
+}
+
+// createRefused has env's API server create doc in ns, which it must
+// refuse: a case it accepts is no CRD refusal.
+func createRefused(t *testing.T, env *apiserver.Env, ns, doc string) {
+	t.Helper()
+	var u unstructured.Unstructured
+	if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+		t.Fatal(err)
+	}
+	gvk := u.GroupVersionKind()
+	gvr := schema.GroupVersionResource{Group: gvk.Group, Version: gvk.Version, Resource: resourceOf(t, gvk.Kind)}
+	if _, err := env.Dynamic.Resource(gvr).Namespace(ns).Create(t.Context(), &u, metav1.CreateOptions{}); !apierrors.IsInvalid(err) {
+		t.Fatalf("the API server's create: err = %v, want Invalid (the case is not one the CRD refuses)", err)
+	}
+}
+
+// resourceOf is the API resource of the Gateway API kind the tests create.
+func resourceOf(t *testing.T, kind string) string {
+	t.Helper()
+	r, ok := map[string]string{
+		"BackendTLSPolicy": "backendtlspolicies", "XBackendTrafficPolicy": "xbackendtrafficpolicies",
+		"XBackend": "xbackends", "HTTPRoute": "httproutes", "GRPCRoute": "grpcroutes",
+	}[kind]
+	if !ok {
+		t.Fatalf("no API resource known for kind %q: add it to resourceOf", kind)
+	}
+	return r
 }

@@ -107,7 +107,30 @@ func (d *Decoder) decodeDocument(doc []byte) ([]runtime.Object, error) {
 		return nil, fmt.Errorf("%s is not a kind sockmesh reads", kindOf(gvk))
 	}
 	normalize(obj)
+	if err := untargeted(obj); err != nil {
+		return nil, err
+	}
 	return []runtime.Object{obj}, nil
+}
+
+// untargeted refuses a BackendTLSPolicy or XBackendTrafficPolicy without
+// targetRefs, as their CRDs do (minItems 1). Translate would find it
+// applying nowhere with no status entry to say so: refused here, it is
+// reported as the file's error.
+func untargeted(obj runtime.Object) error {
+	var n int
+	switch o := obj.(type) {
+	case *gwv1.BackendTLSPolicy:
+		n = len(o.Spec.TargetRefs)
+	case *gwxv1alpha1.XBackendTrafficPolicy:
+		n = len(o.Spec.TargetRefs)
+	default:
+		return nil
+	}
+	if n == 0 {
+		return fmt.Errorf("%s: spec.targetRefs is empty, where the CRD requires at least one target", Key(obj))
+	}
+	return nil
 }
 
 func describe(err error, gvk *schema.GroupVersionKind) error {

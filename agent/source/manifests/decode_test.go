@@ -59,7 +59,7 @@ spec: {trustBundle: ""}
 apiVersion: gateway.networking.k8s.io/v1
 kind: BackendTLSPolicy
 metadata: {name: b, namespace: apps}
-spec: {validation: {hostname: a.example.com}}
+spec: {targetRefs: [{group: "", kind: Service, name: s}], validation: {hostname: a.example.com}}
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
@@ -77,7 +77,7 @@ spec: {type: ExternalHostname, port: {number: 443}}
 apiVersion: gateway.networking.x-k8s.io/v1alpha1
 kind: XBackendTrafficPolicy
 metadata: {name: xbtp, namespace: apps}
-spec: {targetRefs: []}
+spec: {targetRefs: [{group: "", kind: Service, name: s}]}
 ---
 apiVersion: gateway.networking.x-k8s.io/v1alpha1
 kind: XMesh
@@ -103,6 +103,12 @@ spec: {from: [], to: []}
 		{name: "kind sockmesh does not read", in: "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n", wantErr: "document 2: kind Deployment (apiVersion apps/v1) is not a kind sockmesh reads"},
 		{name: "unregistered kind", in: "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n", wantErr: `document 1: decode: no kind "Widget" is registered for version "example.com/v1"`},
 		{name: "older API version", in: "apiVersion: gateway.networking.k8s.io/v1alpha3\nkind: BackendTLSPolicy\nmetadata: {name: w}\n", wantErr: `no kind "BackendTLSPolicy" is registered for version "gateway.networking.k8s.io/v1alpha3"`},
+		// The CRDs' minItems 1: with no target, no status could say the
+		// policy applies nowhere.
+		{name: "policy without targetRefs", in: "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n---\napiVersion: gateway.networking.k8s.io/v1\nkind: BackendTLSPolicy\nmetadata: {name: b, namespace: apps}\nspec: {validation: {hostname: a.example.com}}\n",
+			wantErr: "document 2: BackendTLSPolicy apps/b: spec.targetRefs is empty"},
+		{name: "traffic policy with empty targetRefs", in: "apiVersion: gateway.networking.x-k8s.io/v1alpha1\nkind: XBackendTrafficPolicy\nmetadata: {name: p}\nspec: {targetRefs: []}\n",
+			wantErr: "document 1: XBackendTrafficPolicy default/p: spec.targetRefs is empty"},
 		{name: "broken YAML", in: "apiVersion: v1\nkind: [\n", wantErr: "document 1: decode"},
 		{name: "no kind", in: "metadata: {name: a}\n", wantErr: "document 1: decode"},
 		{name: "bad item in a List", in: "apiVersion: v1\nkind: List\nitems:\n- apiVersion: apps/v1\n  kind: Deployment\n  metadata: {name: d}\n", wantErr: "document 1: items[0]: kind Deployment"},

@@ -8,7 +8,10 @@
 //
 // Decoding is strict, because nothing else checks these files: an unknown
 // field (a typo), an unknown or unsupported kind, or a malformed document
-// is an error naming the document. Defaults an API server would apply are
+// is an error naming the document. So is a BackendTLSPolicy or
+// XBackendTrafficPolicy without targetRefs, which the CRDs refuse (minItems
+// 1): other values the CRDs refuse translate reports Invalid in the
+// policy's status, but with no target the policy has no status entry. Defaults an API server would apply are
 // not applied (translate copes with undefaulted objects), with two
 // exceptions that make files behave as kubectl apply would: a namespaced
 // object without a namespace is in "default", and a Secret's stringData is

@@ -6,14 +6,10 @@ import (
 	"strings"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/yaml"
-
-	"github.com/sockmesh/sockmesh/agent/source/manifests"
-	"github.com/sockmesh/sockmesh/test/apiserver"
 )
 
 // TestPolicyExamples: every YAML example of docs/policies.md, the app
@@ -29,13 +25,9 @@ func TestPolicyExamples(t *testing.T) {
 	if len(blocks) == 0 {
 		t.Fatal("docs/policies.md has no YAML example")
 	}
-	resources := map[string]string{"BackendTLSPolicy": "backendtlspolicies", "XBackend": "xbackends", "HTTPRoute": "httproutes"}
-	dec, err := manifests.NewDecoder()
-	if err != nil {
-		t.Fatal(err)
-	}
-	env := apiserver.Start(t)
-	namespaces := map[string]bool{}
+	// The examples live in one namespace, which the server has.
+	const ns = "shop"
+	env, dec := startCRDServer(t, ns)
 	for _, b := range blocks {
 		doc := b[1]
 		if _, err := dec.Decode(strings.NewReader(doc)); err != nil {
@@ -46,18 +38,11 @@ func TestPolicyExamples(t *testing.T) {
 		if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
 			t.Fatal(err)
 		}
+		if u.GetNamespace() != ns {
+			t.Fatalf("an example in namespace %q: keep them in %q", u.GetNamespace(), ns)
+		}
 		gvk := u.GroupVersionKind()
-		res, ok := resources[gvk.Kind]
-		if !ok {
-			t.Fatalf("an example of kind %q: add its resource name to the test", gvk.Kind)
-		}
-		if ns := u.GetNamespace(); !namespaces[ns] {
-			if _, err := env.Kube.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-			namespaces[ns] = true
-		}
-		gvr := schema.GroupVersionResource{Group: gvk.Group, Version: gvk.Version, Resource: res}
+		gvr := schema.GroupVersionResource{Group: gvk.Group, Version: gvk.Version, Resource: resourceOf(t, gvk.Kind)}
 		if _, err := env.Dynamic.Resource(gvr).Namespace(u.GetNamespace()).Create(t.Context(), &u, metav1.CreateOptions{}); err != nil {
 			t.Errorf("the API server refuses the %s example: %v", gvk.Kind, err)
 		}
