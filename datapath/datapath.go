@@ -60,22 +60,25 @@ func (o *objects) Close() error {
 }
 
 // hook is one of our attach points; name is its pin name and report label.
+// redirects: its program decides capture (the connect hooks); the others
+// act only on sockets a connect program redirected.
 type hook struct {
-	name   string
-	attach ebpf.AttachType
-	prog   func(*objects) *ebpf.Program
+	name      string
+	attach    ebpf.AttachType
+	prog      func(*objects) *ebpf.Program
+	redirects bool
 }
 
 // hooks lists our attach points (a read-only table). sockops comes before
 // connect so that by the time a connection can be redirected its handoff is
 // already tracked.
 var hooks = []hook{
-	{"sockops", ebpf.AttachCGroupSockOps, func(o *objects) *ebpf.Program { return o.Sockops }},
-	{"getsockopt", ebpf.AttachCGroupGetsockopt, func(o *objects) *ebpf.Program { return o.Getsockopt }},
-	{"getpeername4", ebpf.AttachCgroupInet4GetPeername, func(o *objects) *ebpf.Program { return o.Getpeername4 }},
-	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, func(o *objects) *ebpf.Program { return o.Getpeername6 }},
-	{"connect4", ebpf.AttachCGroupInet4Connect, func(o *objects) *ebpf.Program { return o.Connect4 }},
-	{"connect6", ebpf.AttachCGroupInet6Connect, func(o *objects) *ebpf.Program { return o.Connect6 }},
+	{"sockops", ebpf.AttachCGroupSockOps, func(o *objects) *ebpf.Program { return o.Sockops }, false},
+	{"getsockopt", ebpf.AttachCGroupGetsockopt, func(o *objects) *ebpf.Program { return o.Getsockopt }, false},
+	{"getpeername4", ebpf.AttachCgroupInet4GetPeername, func(o *objects) *ebpf.Program { return o.Getpeername4 }, false},
+	{"getpeername6", ebpf.AttachCgroupInet6GetPeername, func(o *objects) *ebpf.Program { return o.Getpeername6 }, false},
+	{"connect4", ebpf.AttachCGroupInet4Connect, func(o *objects) *ebpf.Program { return o.Connect4 }, true},
+	{"connect6", ebpf.AttachCGroupInet6Connect, func(o *objects) *ebpf.Program { return o.Connect6 }, true},
 }
 
 // Open loads the programs with cfg's settings and attaches them, adopting
@@ -309,14 +312,26 @@ func (d *Datapath) attach(h hook, cg *os.File, cgID uint64) (l link.Link, prev *
 		}
 		// Pinned for another cgroup: Config.Cgroup changed since, in a
 		// restart or in a rolling update whose older agent still runs. The
-		// datapath moves here whole, the older agent's programs detached
-		// rather than left capturing beside ours: on nested cgroups both
-		// connect programs would run, and the second, seeing the proxy's
+		// datapath moves here whole, the older agent's connect programs
+		// detached rather than left capturing beside ours: on nested
+		// cgroups both would run, and the second, seeing the proxy's
 		// address, forgets the original destination the first kept
 		// (sm_connect); and an operator who changed --cgroup expects
 		// capture where it now points, as after a restart (owner.go).
+		// Its other links are only unpinned: they stay attached while the
+		// older agent holds them, until it closes the datapath. Its proxy,
+		// which this cgroup may not hold, accepts redirected connections
+		// until this agent takes its addresses over, and gets their
+		// original destinations only from sockops and getsockopt programs
+		// on its own cgroup (the accepted socket's). These programs act
+		// only on sockets a connect program redirected, and two on nested
+		// cgroups write the same values.
 		d.log.Info("moving pinned link to another cgroup", "hook", h.name, "cgroup", d.cfg.Cgroup)
-		if err := errors.Join(l.Detach(), l.Unpin(), l.Close()); err != nil {
+		var detach error
+		if h.redirects {
+			detach = l.Detach()
+		}
+		if err := errors.Join(detach, l.Unpin(), l.Close()); err != nil {
 			return nil, nil, fmt.Errorf("remove %s link of another cgroup: %w", h.name, err)
 		}
 	}

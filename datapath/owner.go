@@ -36,10 +36,11 @@ import (
 // owners still running, newest first.
 //
 // A newer agent given another --cgroup moves the links there: the pins
-// then hold links of its own, and the older agent's links, detached, no
-// longer capture anything. So ownership is read from the pins, and a
-// take-back attaches afresh on this process's cgroup, detaching the exited
-// agent's programs from its own.
+// then hold links of its own, and the older agent's connect links,
+// detached, no longer capture anything (its other links serve its proxy
+// until it closes the datapath: attach). So ownership is read from the
+// pins, and a take-back attaches afresh on this process's cgroup,
+// detaching the exited agent's programs from its own.
 
 // ownerRecord is the sm_owner map's one value, and sm_owners' values.
 type ownerRecord struct {

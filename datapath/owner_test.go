@@ -108,8 +108,54 @@ func TestNewerOnAnotherCgroupOwnsTheMaps(t *testing.T) {
 	if svcs, err := newer.Services(); err != nil || !slices.Equal(svcs, []Service{{Addr: vip6}}) {
 		t.Errorf("services = %v, %v; want the newer agent's [%v]", svcs, err, vip6)
 	}
-	wantAttached(t, newer, true)
-	wantAttached(t, older, false)
+	wantAttached(t, newer, true, true)
+	// Its other programs run on until it closes the datapath: its proxy
+	// still serves (TestOlderProxyOnAnotherCgroup).
+	wantAttached(t, older, false, true)
+}
+
+// TestOlderProxyOnAnotherCgroup: the newer agent attaches to another
+// cgroup that holds the pods but not the older agent's proxy (the
+// DaemonSet's --cgroup changed in the update). Until the newer agent takes
+// the proxy's address over, the older agent's listener accepts the pods'
+// redirected connections: its proxy must still read their original
+// destinations, or it closes them. Once the older agent closes the
+// datapath, as it does when it exits, none of its programs stays behind.
+func TestOlderProxyOnAnotherCgroup(t *testing.T) {
+	tp := newTopology(t)
+	pods := sandbox.NewCgroup(t)
+	newerCfg := tp.cfg
+	newerCfg.Cgroup = pods.Path
+	older := openOlder(t, tp)
+	// The older agent's proxy listens from its own cgroup, tp.cg.
+	p := startProxy(t, tp.node, tp.node, []netip.AddrPort{tp.nodeProxy().V4}, map[netip.AddrPort]netip.AddrPort{vip4: tp.server4})
+	runLoader(t, loaderJob{Config: newerCfg, Cookie: tp.podCookie, Proxy: tp.nodeProxy(),
+		Services: []Service{{Addr: vip4}}})
+
+	pods.Enter(t) // the application's socket is made in the newer agent's cgroup
+	v, err := dialAndGreet(tp.pod, vip4, nil)
+	if a := p.next(t); a.err != nil {
+		t.Errorf("the older agent's proxy read no original destination: %v", a.err)
+	}
+	wantRedirected(t, v, err, vip4)
+
+	if err := older.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cg, err := os.Open(tp.cfg.Cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cg.Close()
+	for _, h := range hooks {
+		left, err := link.QueryPrograms(link.QueryOptions{Target: int(cg.Fd()), Attach: h.attach})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(left.Programs) != 0 {
+			t.Errorf("%s programs on the older agent's cgroup after it closed: %v, want none", h.name, left.Programs)
+		}
+	}
 }
 
 // TestTakenBackFromAnotherCgroup: the newer agent that exits had attached
@@ -127,7 +173,7 @@ func TestTakenBackFromAnotherCgroup(t *testing.T) {
 	if err := older.Heartbeat(); err != nil {
 		t.Fatal(err)
 	}
-	wantAttached(t, older, true)
+	wantAttached(t, older, true, true)
 	wantOwnPins(t, tp, older, "")
 	if svcs, err := older.Services(); err != nil || !slices.Equal(svcs, []Service{{Addr: vip4}}) {
 		t.Errorf("services = %v, %v; want the older agent's latest [%v]", svcs, err, vip4)
@@ -262,7 +308,7 @@ func TestFailedOpenLeavesTheOlderOwner(t *testing.T) {
 			// On another cgroup the failed Open had detached the older
 			// agent's links, which its next heartbeat attaches again.
 			wantTakenBack(t, older, "after the failed Open")
-			wantAttached(t, older, true)
+			wantAttached(t, older, true, true)
 			wantOwnPins(t, tp, older, "connect6") // its pin was in the way
 			if err := older.SetServices([]Service{{Addr: vip6}}); err != nil {
 				t.Fatal(err)
@@ -321,10 +367,11 @@ func TestCrashedTakeBackLeavesTheNextInLine(t *testing.T) {
 // TestFailedAttachOnAnotherCgroup: a newer agent on another cgroup moves
 // sockops there, then cannot attach getsockopt (the cgroup holds the 64
 // programs the kernel allows on a hook), so its Open fails with the older
-// agent's sockops link detached. The older agent, whose connect4 still
-// runs, attaches its programs again at its next heartbeat: without
-// sockops no redirected connection would reach the proxy with its
-// original destination.
+// agent's sockops link unpinned (the older agent's descriptor keeps it
+// attached). The older agent, whose connect4 still runs, attaches and pins
+// its programs again at its next heartbeat: unpinned, its sockops would go
+// when it exits, and the pinned connect4 left behind would redirect
+// connections whose original destinations sockops no longer hands off.
 func TestFailedAttachOnAnotherCgroup(t *testing.T) {
 	tp := newTopology(t)
 	newerCfg := tp.cfg
@@ -338,7 +385,7 @@ func TestFailedAttachOnAnotherCgroup(t *testing.T) {
 	if err := older.Heartbeat(); err != nil {
 		t.Fatal(err)
 	}
-	wantAttached(t, older, true)
+	wantAttached(t, older, true, true)
 	startProxy(t, tp.node, tp.node, []netip.AddrPort{tp.nodeProxy().V4}, map[netip.AddrPort]netip.AddrPort{vip4: tp.server4})
 	v, err := dialAndGreet(tp.pod, vip4, nil)
 	wantRedirected(t, v, err, vip4)
@@ -471,8 +518,6 @@ func wantOwnPins(t *testing.T, tp *topology, d *Datapath, except string) {
 	}
 }
 
-// wantAttached checks whether d's programs run on d's cgroup, as State
-// reports them.
 // wantTakenBack runs d's heartbeat, after which d's programs must run the
 // links again.
 func wantTakenBack(t *testing.T, d *Datapath, after string) {
@@ -489,14 +534,16 @@ func wantTakenBack(t *testing.T, d *Datapath, after string) {
 	}
 }
 
-func wantAttached(t *testing.T, d *Datapath, want bool) {
+// wantAttached checks whether d's programs run on d's cgroup, as State
+// reports them: the connect programs if capture, the others if rest.
+func wantAttached(t *testing.T, d *Datapath, capture, rest bool) {
 	t.Helper()
 	s, err := d.State()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, h := range s.Hooks {
-		if h.Attached != want {
+	for i, h := range s.Hooks {
+		if want := hooks[i].redirects && capture || !hooks[i].redirects && rest; h.Attached != want {
 			t.Errorf("%s on %s: attached = %v, want %v", h.Name, s.Cgroup, h.Attached, want)
 		}
 	}
