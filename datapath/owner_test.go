@@ -1,18 +1,24 @@
 package datapath
 
 import (
+	"context"
+	"errors"
 	"maps"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 
+	"github.com/sockmesh/sockmesh/datapath/takeover"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
+	"github.com/sockmesh/sockmesh/userspace-proxy/origdst"
 )
 
 // openOlder opens the datapath as the older of two agents and writes its
@@ -155,6 +161,64 @@ func TestOlderProxyOnAnotherCgroup(t *testing.T) {
 		if len(left.Programs) != 0 {
 			t.Errorf("%s programs on the older agent's cgroup after it closed: %v, want none", h.name, left.Programs)
 		}
+	}
+}
+
+// TestHandedOverFromAnotherCgroup: a redirected connection waits in the
+// queue of the older agent's listener when the newer agent, on another
+// cgroup, takes the proxy's address over; the older agent's listener
+// closes, which hands the connection to the newer's (takeover), and the
+// older agent exits before the newer accepts it. No getsockopt program
+// runs any more for the connection's cgroup, the one the older agent's
+// listener was made in, but the newer agent's proxy must still learn its
+// original destination, or it closes the connection.
+func TestHandedOverFromAnotherCgroup(t *testing.T) {
+	tp := newTopology(t)
+	pods := sandbox.NewCgroup(t)
+	newerCfg := tp.cfg
+	newerCfg.Cgroup = pods.Path
+	older := openOlder(t, tp)
+	listen := func() *net.TCPListener {
+		t.Helper()
+		ln, err := tp.node.Listen(context.Background(), takeover.ListenConfig(nil), "tcp", tp.nodeProxy().V4.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		if err := takeover.Take(ln); err != nil {
+			t.Fatal(err)
+		}
+		return ln.(*net.TCPListener)
+	}
+	olderLn := listen()
+	newer, err := Open(newerCfg, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer newer.Close()
+
+	pods.Enter(t) // the application's sockets and the newer agent's listener
+	app, err := tp.pod.Dial(&net.Dialer{Timeout: ioTimeout}, "tcp", vip4.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	newerLn := listen()
+	olderLn.Close()
+	if err := older.Close(); err != nil {
+		t.Fatal(err)
+	}
+	newerLn.SetDeadline(time.Now().Add(ioTimeout))
+	c, err := newerLn.AcceptTCP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := origdst.Get(c); !errors.Is(err, origdst.ErrNotRedirected) {
+		t.Fatalf("getsockopt answered (%v): the connection's cgroup still runs a getsockopt program, the test cannot tell", err)
+	}
+	if got, err := newer.OrigDst(c); err != nil || got != vip4 {
+		t.Errorf("the newer agent's OrigDst = %v, %v; want %v", got, err, vip4)
 	}
 }
 

@@ -269,6 +269,8 @@ type envOptions struct {
 	rebalanceSpread time.Duration
 	// parkAfter is Config.ParkAfter (0: httpproxy's 5 s).
 	parkAfter time.Duration
+	// origDst is Config.OrigDst.
+	origDst func(syscall.Conn) (netip.AddrPort, error)
 	// ipv6 adds a listener on [::1], which dialFrom uses for IPv6
 	// sources, as a dual-stack node has a node listener per family.
 	ipv6 bool
@@ -286,6 +288,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		MaxConnsPerClient: o.maxConnsPerClient,
 		RebalanceSpread:   o.rebalanceSpread,
 		ParkAfter:         o.parkAfter,
+		OrigDst:           o.origDst,
 	}
 	cfg.Upstream.EjectFor, cfg.Upstream.EjectMax = o.ejectFor, o.ejectFor
 	cfg.Upstream.HandshakeTimeout = o.handshakeTimeout

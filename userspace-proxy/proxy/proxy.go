@@ -73,6 +73,13 @@ type Config struct {
 	// (rejected, reason client_limit) while other clients are served. 0
 	// means no limit.
 	MaxConnsPerClient int
+	// OrigDst, when set, is asked for the original destination of an
+	// accepted connection getsockopt(SO_ORIGINAL_DST) has none for: the
+	// agent passes the datapath's record (datapath.Datapath.OrigDst),
+	// which answers where no getsockopt program runs for the socket's
+	// cgroup (a connection an older agent's listener accepted and handed
+	// over as it closed). nil: getsockopt only.
+	OrigDst func(syscall.Conn) (netip.AddrPort, error)
 	// RebalanceSpread is how long the GOAWAYs that move relayed HTTP/2
 	// connections onto a backend's new endpoints, or onto its new
 	// settings, are spread over, so that their clients do not all connect
@@ -412,6 +419,9 @@ func (p *Proxy) accept(c net.Conn, pod *snapshot.ObjectRef) {
 		return
 	}
 	dst, err := origdst.Get(tc)
+	if errors.Is(err, origdst.ErrNotRedirected) && p.cfg.OrigDst != nil {
+		dst, err = p.cfg.OrigDst(tc)
+	}
 	if err != nil {
 		p.reject(c, "not_redirected", err)
 		return

@@ -92,6 +92,43 @@ func TestAcceptLoopRefusesUnredirected(t *testing.T) {
 	end()
 }
 
+// TestAcceptAsksOrigDst: a connection getsockopt has no original
+// destination for (here: a plain listener's) is served with the one
+// Config.OrigDst gives, the datapath's record in the agent, which answers
+// where no getsockopt program runs for the socket's cgroup
+// (datapath.TestHandedOverFromAnotherCgroup).
+func TestAcceptAsksOrigDst(t *testing.T) {
+	checkNoLeaks(t)
+	tcpVIP := netip.MustParseAddrPort("10.96.7.2:5432")
+	e := newEnv(t, envOptions{origDst: func(syscall.Conn) (netip.AddrPort, error) { return tcpVIP, nil }})
+	e.p.Update(buildSnapshot(t, 1, service{name: "db", vip: tcpVIP,
+		backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, Endpoints: endpoints(startTCPEcho(t, nil))}}))
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- e.p.Serve(l) }()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	io.WriteString(c, "\x00hello")
+	buf := make([]byte, len("\x00hello"))
+	n, err := io.ReadFull(c, buf)
+	c.Close()
+	if err != nil || string(buf) != "\x00hello" {
+		t.Errorf("echo through the proxy = %q, %v; want %q", buf[:n], err, "\x00hello")
+	}
+	if err := e.p.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-served; err != nil {
+		t.Errorf("Serve after Shutdown = %v, want nil", err)
+	}
+}
+
 // TestAcceptWaitsOutShortage: when the process runs out of descriptors,
 // Accept fails (EMFILE). Serve used to return then, which stops the node's
 // proxy (the agent exits); it now waits, counts, and accepts the waiting
