@@ -378,6 +378,57 @@ func TestGetsockopt(t *testing.T) {
 	}
 }
 
+// TestOrigDstOutsideTheCgroup: the proxy's listener was made outside
+// Config.Cgroup (a --cgroup that holds the pods but not the agent), so no
+// sockops or getsockopt program runs for the sockets it accepts. OrigDst
+// must still find a redirected connection's original destination, and
+// none for a connection that dialled the listener itself.
+func TestOrigDstOutsideTheCgroup(t *testing.T) {
+	tp := newTopology(t)
+	pods := sandbox.NewCgroup(t)
+	tp.cfg.Cgroup = pods.Path
+	d := tp.openCapturing(t, Service{Addr: vip4}, Service{Addr: vip6})
+	lns := make(map[netip.AddrPort]net.Listener)
+	for _, a := range []netip.AddrPort{tp.nodeProxy().V4, tp.nodeProxy().V6} {
+		ln, err := tp.node.Listen(context.Background(), nil, "tcp", a.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		lns[a] = ln
+	}
+	pods.Enter(t) // the application's sockets
+	accept := func(dst, proxy netip.AddrPort) *net.TCPConn {
+		t.Helper()
+		c, err := tp.pod.Dial(&net.Dialer{Timeout: ioTimeout}, "tcp", dst.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := lns[proxy].Accept()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close(); s.Close() })
+		return s.(*net.TCPConn)
+	}
+
+	for vip, proxy := range map[netip.AddrPort]netip.AddrPort{vip4: tp.nodeProxy().V4, vip6: tp.nodeProxy().V6} {
+		redirected := accept(vip, proxy)
+		if _, err := origdst.Get(redirected); !errors.Is(err, origdst.ErrNotRedirected) {
+			t.Fatalf("getsockopt answered (%v): a getsockopt program runs for the listener's cgroup, the test cannot tell", err)
+		}
+		for range 2 { // the answer stays the socket's
+			if got, err := d.OrigDst(redirected); err != nil || got != vip {
+				t.Errorf("OrigDst(redirected) = %v, %v; want %s", got, err, vip)
+			}
+		}
+		if got, err := d.OrigDst(accept(proxy, proxy)); !errors.Is(err, ebpf.ErrKeyNotExist) {
+			t.Errorf("OrigDst(direct to %s) = %v, %v; want ErrKeyNotExist", proxy, got, err)
+		}
+	}
+	wantNoHandoffs(t, d)
+}
+
 func getsockoptErr(t *testing.T, c *net.TCPConn, level, opt int) error {
 	t.Helper()
 	rc, err := c.SyscallConn()

@@ -321,11 +321,13 @@ func (d *Datapath) attach(h hook, cg *os.File, cgID uint64) (l link.Link, prev *
 		// Its other links are only unpinned: they stay attached while the
 		// older agent holds them, until it closes the datapath. Its proxy,
 		// which this cgroup may not hold, accepts redirected connections
-		// until this agent takes its addresses over, and gets their
-		// original destinations only from sockops and getsockopt programs
-		// on its own cgroup (the accepted socket's). These programs act
-		// only on sockets a connect program redirected, and two on nested
-		// cgroups write the same values.
+		// until this agent takes its addresses over, and one of a build
+		// without OrigDst gets their original destinations only from
+		// sockops and getsockopt programs on its own cgroup (the accepted
+		// socket's). These programs act only on sockets a connect program
+		// redirected, and two on nested cgroups write the same values
+		// (with Config.Accelerate, an application's socket joined twice
+		// sends over TCP: correct, not accelerated).
 		d.log.Info("moving pinned link to another cgroup", "hook", h.name, "cgroup", d.cfg.Cgroup)
 		var detach error
 		if h.redirects {

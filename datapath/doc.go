@@ -11,7 +11,7 @@
 //	err = dp.Apply(snap)                                  // services map := snap.Frontends
 //	err = dp.Enrol(cookie, datapath.Proxy{...})           // a pod's netns (see podns)
 //	err = dp.Heartbeat()                                  // the proxy is alive
-//	dst, err := dp.OrigDst(conn)                          // a proxy connection's original destination, without getsockopt
+//	dst, err := dp.OrigDst(conn)                          // a proxy connection's original destination, from its record
 //	n, err := dp.Counters()                               // per-decision counts
 //	n, err = dp.PairCounter(cookie, addr)                 // the same, for one pod and Service address
 //	st, err := dp.State()                                 // hooks, program and link IDs, pins

@@ -125,8 +125,10 @@ func TestNewerOnAnotherCgroupOwnsTheMaps(t *testing.T) {
 // DaemonSet's --cgroup changed in the update). Until the newer agent takes
 // the proxy's address over, the older agent's listener accepts the pods'
 // redirected connections: its proxy must still read their original
-// destinations, or it closes them. Once the older agent closes the
-// datapath, as it does when it exits, none of its programs stays behind.
+// destinations with getsockopt, or it closes them (an earlier build's
+// proxy has no Datapath.OrigDst to turn to). Once the older agent closes
+// the datapath, as it does when it exits, none of its programs stays
+// behind.
 func TestOlderProxyOnAnotherCgroup(t *testing.T) {
 	tp := newTopology(t)
 	pods := sandbox.NewCgroup(t)

@@ -203,6 +203,21 @@ func TestAgentNotReadyWithoutCapture(t *testing.T) {
 	a.stop(t)
 }
 
+// TestAgentOutsideItsCgroup: --cgroup holds the pods but not the agent (a
+// sub-tree of the pods' cgroups), so no sockops or getsockopt program runs
+// for its proxy's sockets. The proxy still learns each connection's
+// original destination, from the datapath's record, and originates TLS.
+func TestAgentOutsideItsCgroup(t *testing.T) {
+	e := newEnv(t)
+	pods := sandbox.NewCgroup(t)
+	// The agent is born in e.cg, outside the cgroup its programs attach to.
+	a := e.startAgent(t, "--proxy-mode=node-ip", "--proxy-listen="+addrs.Node.String()+":0", "--cgroup="+pods.Path)
+	a.waitReady(t)
+	pods.Enter(t) // the client's sockets
+	checkTLSOriginated(t, e.get(t, "/hello"))
+	a.stop(t)
+}
+
 // TestAgentInPod runs the agent in in-pod mode: the proxy listens inside
 // the client pod's netns on its loopback (IPv4 and IPv6), TLS is
 // originated, and the listeners close when the pod goes.

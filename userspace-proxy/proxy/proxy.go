@@ -77,8 +77,9 @@ type Config struct {
 	// accepted connection getsockopt(SO_ORIGINAL_DST) has none for: the
 	// agent passes the datapath's record (datapath.Datapath.OrigDst),
 	// which answers where no getsockopt program runs for the socket's
-	// cgroup (a connection an older agent's listener accepted and handed
-	// over as it closed). nil: getsockopt only.
+	// cgroup (an agent outside its --cgroup; a connection an older
+	// agent's listener accepted and handed over as it closed). nil:
+	// getsockopt only.
 	OrigDst func(syscall.Conn) (netip.AddrPort, error)
 	// RebalanceSpread is how long the GOAWAYs that move relayed HTTP/2
 	// connections onto a backend's new endpoints, or onto its new
