@@ -14,10 +14,16 @@
 // ConfigMaps and Secrets its pods mount, so the API server is built for the
 // pattern; it costs one LIST and one WATCH stream per referenced object.
 //
-// Which optional kinds the cluster serves is asked at start; a Gateway API
-// CRD installed later takes an agent restart. ClusterTrustBundles are the
-// exception GEP-5075 asks for: a cluster that does not serve them is asked
-// again every Config.DiscoveryInterval, and they are watched once it does.
+// Which optional kinds the cluster serves (the Gateway API CRDs, of either
+// channel, and ClusterTrustBundles) is asked at start and again every
+// Config.DiscoveryInterval, as GEP-5075 asks of ClusterTrustBundles: a kind
+// that becomes served (a CRD installed, a channel upgraded) is watched and
+// its objects reach Input once listed; a kind that two answers in a row
+// find not served (its CRD deleted, its version no longer served) stops
+// being watched and its objects leave Input, as the cluster says they are
+// gone. Either is logged, and sockmesh_source_kind_watched says which
+// kinds are watched now. Asking costs one discovery request per group
+// version per interval; watching the CRDs instead would take RBAC on them.
 //
 // It only lists, watches and signals. It must not translate, write to the
 // API server or mutate an object it hands out.

@@ -23,17 +23,16 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
+	certinformers "k8s.io/client-go/informers/certificates/v1"
 	k8s "k8s.io/client-go/kubernetes"
-	certlisters "k8s.io/client-go/listers/certificates/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
-	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions"
-	gwlisters "sigs.k8s.io/gateway-api/pkg/client/listers/apis/v1"
-	gwxlisters "sigs.k8s.io/gateway-api/pkg/client/listers/apisx/v1alpha1"
+	gwinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions/apis/v1"
+	gwxinformers "sigs.k8s.io/gateway-api/pkg/client/informers/externalversions/apisx/v1alpha1"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -52,10 +51,11 @@ type Config struct {
 	// as if the object did not exist, and translate fails the policy closed
 	// (zero: 10 s).
 	ReferenceSyncTimeout time.Duration
-	// DiscoveryInterval is how often a cluster that did not serve
-	// certificates.k8s.io/v1 ClusterTrustBundles is asked again: GEP-5075
-	// wants the API found once it is turned on, without a restart, so that
-	// references to bundles stop failing closed (zero: 1 min).
+	// DiscoveryInterval is how often the API server is asked again which
+	// optional kinds it serves: a Gateway API CRD installed, or a channel
+	// upgraded, is watched and one removed is dropped without an agent
+	// restart, and ClusterTrustBundles are found once turned on, as
+	// GEP-5075 asks (zero: 1 min).
 	DiscoveryInterval time.Duration
 }
 
@@ -68,31 +68,27 @@ type Source struct {
 	gw      gwclient.Interface
 	changed chan struct{}
 	events  *prometheus.CounterVec
+	watched *prometheus.GaugeVec
 	refs    *references
 
 	synced atomic.Bool
-	// mu guards l, which Run fills before the first signal.
+	// mu guards l, which Run fills before the first signal and replaces
+	// when an optional kind starts or stops being served.
 	mu sync.Mutex
 	l  *listers
 }
 
-// listers read the informers' caches. A nil lister is a kind the cluster
-// does not serve (its CRD is not installed): it lists as empty.
+// listers read the informers' caches.
 type listers struct {
 	services       corelisters.ServiceLister
 	endpointSlices discoverylisters.EndpointSliceLister
 	namespaces     corelisters.NamespaceLister
 	pods           corelisters.PodLister
 	nodes          corelisters.NodeLister
-	trustBundles   certlisters.ClusterTrustBundleLister
-
-	backendTLSPolicies      gwlisters.BackendTLSPolicyLister
-	referenceGrants         gwlisters.ReferenceGrantLister
-	httpRoutes              gwlisters.HTTPRouteLister
-	grpcRoutes              gwlisters.GRPCRouteLister
-	xbackends               gwxlisters.XBackendLister
-	xbackendTrafficPolicies gwxlisters.XBackendTrafficPolicyLister
-	xmeshes                 gwxlisters.XMeshLister
+	// optional holds the cache of each optional kind listed; a kind the
+	// cluster does not serve (its CRD is not installed) is absent and
+	// lists as empty.
+	optional map[string]cache.Indexer
 }
 
 // New returns a Source for the cluster kube and gw reach.
@@ -116,13 +112,17 @@ func New(cfg Config, kube k8s.Interface, gw gwclient.Interface, log *slog.Logger
 			Name: "sockmesh_source_events_total",
 			Help: "Watch events the kubernetes source received that may change the Snapshot, by kind.",
 		}, []string{"kind"}),
+		watched: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "sockmesh_source_kind_watched",
+			Help: "1 when the API server serves an optional kind (a Gateway API CRD, ClusterTrustBundle) and the source lists it; 0 when its objects are taken as none.",
+		}, []string{"kind"}),
 	}
 	refWatches := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "sockmesh_source_reference_watches",
 		Help: "ConfigMaps and Secrets watched because a policy or XBackend references them.",
 	})
 	if reg != nil {
-		for _, c := range []prometheus.Collector{s.events, refWatches} {
+		for _, c := range []prometheus.Collector{s.events, s.watched, refWatches} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("register source metrics: %w", err)
 			}
@@ -155,6 +155,11 @@ func (s *Source) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	for _, k := range optionalKinds {
+		if !served[k.kind] {
+			s.log.Warn("kind not served by the api server; treating it as empty", "kind", k.kind, "group_version", k.groupVersion)
+		}
+	}
 	s.refs.start(ctx)
 
 	strip := informers.WithTransform(stripForCache)
@@ -167,7 +172,6 @@ func (s *Source) Run(ctx context.Context) error {
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", s.cfg.NodeName).String()
 		}))
-	gw := gwinformers.NewSharedInformerFactoryWithOptions(s.gw, 0, gwinformers.WithTransform(stripForCache))
 
 	l := &listers{}
 	var errs []error
@@ -195,51 +199,16 @@ func (s *Source) Run(ctx context.Context) error {
 	// heartbeats; only addresses, pod CIDRs and the zone matter here.
 	watch("Node", nodes.Informer(), nodeChanged)
 	l.nodes = nodes.Lister()
-	if served[kindClusterTrustBundle] {
-		ctb := core.Certificates().V1().ClusterTrustBundles()
-		watch("ClusterTrustBundle", ctb.Informer(), nil)
-		l.trustBundles = ctb.Lister()
-	}
-	// Gateway API objects: only spec, labels and annotations matter, not
-	// status (but for how many ancestors other controllers hold in a
-	// policy's). Skipping status-only updates also keeps our own status
-	// writes from echoing back as a rebuild.
-	if served[kindBackendTLSPolicy] {
-		i := gw.Gateway().V1().BackendTLSPolicies()
-		watch(kindBackendTLSPolicy, i.Informer(), policyChanged)
-		l.backendTLSPolicies = i.Lister()
-	}
-	if served[kindReferenceGrant] {
-		i := gw.Gateway().V1().ReferenceGrants()
-		watch(kindReferenceGrant, i.Informer(), specChanged)
-		l.referenceGrants = i.Lister()
-	}
-	if served[kindHTTPRoute] {
-		i := gw.Gateway().V1().HTTPRoutes()
-		watch(kindHTTPRoute, i.Informer(), specChanged)
-		l.httpRoutes = i.Lister()
-	}
-	if served[kindGRPCRoute] {
-		i := gw.Gateway().V1().GRPCRoutes()
-		watch(kindGRPCRoute, i.Informer(), specChanged)
-		l.grpcRoutes = i.Lister()
-	}
-	if served[kindXBackend] {
-		i := gw.Experimental().V1alpha1().XBackends()
-		watch(kindXBackend, i.Informer(), specChanged)
-		l.xbackends = i.Lister()
-	}
-	if served[kindXBackendTrafficPolicy] {
-		i := gw.Experimental().V1alpha1().XBackendTrafficPolicies()
-		watch(kindXBackendTrafficPolicy, i.Informer(), policyChanged)
-		l.xbackendTrafficPolicies = i.Lister()
-	}
-	if served[kindXMesh] {
-		i := gw.Experimental().V1alpha1().XMeshes()
-		watch(kindXMesh, i.Informer(), specChanged)
-		l.xmeshes = i.Lister()
-	}
 	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	watches := make(map[string]*kindWatch)
+	defer func() {
+		for _, w := range watches {
+			w.end()
+		}
+	}()
+	if err := s.follow(ctx, watches, served); err != nil {
 		return err
 	}
 
@@ -247,7 +216,7 @@ func (s *Source) Run(ctx context.Context) error {
 		Start(<-chan struct{})
 		WaitForCacheSync(<-chan struct{}) map[reflect.Type]bool
 		Shutdown()
-	}{core, onNode, node, gw}
+	}{core, onNode, node}
 	start := time.Now()
 	for _, f := range factories {
 		f.Start(ctx.Done())
@@ -257,63 +226,35 @@ func (s *Source) Run(ctx context.Context) error {
 	for _, f := range factories {
 		f.WaitForCacheSync(ctx.Done())
 	}
+	waitListed(ctx, watches)
 	if ctx.Err() != nil {
 		return nil
 	}
+	l.optional = listed(watches)
 	s.mu.Lock()
 	s.l = l
 	s.mu.Unlock()
+	s.setWatched(l.optional)
 	s.synced.Store(true)
 	s.log.Info("caches synced", "duration", time.Since(start).Round(time.Millisecond))
 	s.signal()
-	if !served[kindClusterTrustBundle] {
-		s.awaitTrustBundles(ctx, strip)
-	}
-	<-ctx.Done()
+	s.rediscover(ctx, watches)
 	s.synced.Store(false)
 	return nil
 }
 
-// awaitTrustBundles asks every Config.DiscoveryInterval whether the
-// cluster serves ClusterTrustBundles now (GEP-5075: availability is
-// probed at intervals, not only at startup) and, once it does, watches
-// them until ctx ends. The other optional kinds are CRDs, whose
-// installation takes an agent restart.
-func (s *Source) awaitTrustBundles(ctx context.Context, strip informers.SharedInformerOption) {
-	tick := time.NewTicker(s.cfg.DiscoveryInterval)
-	defer tick.Stop()
-	for served := false; !served; {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		list, err := s.kube.Discovery().ServerResourcesForGroupVersion(certificatesv1.SchemeGroupVersion.String())
-		served = err == nil && slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Kind == kindClusterTrustBundle })
-	}
-	f := informers.NewSharedInformerFactoryWithOptions(s.kube, 0, strip)
-	ctb := f.Certificates().V1().ClusterTrustBundles()
-	if _, err := ctb.Informer().AddEventHandler(s.handler(kindClusterTrustBundle, nil)); err != nil {
-		s.log.Warn("cannot watch a kind the api server now serves", "kind", kindClusterTrustBundle, "err", err)
-		return
-	}
-	f.Start(ctx.Done())
-	defer f.Shutdown()
-	if !f.WaitForCacheSync(ctx.Done())[reflect.TypeFor[*certificatesv1.ClusterTrustBundle]()] {
-		return // ctx ended
-	}
-	s.mu.Lock()
-	l := *s.l
-	l.trustBundles = ctb.Lister()
-	s.l = &l
-	s.mu.Unlock()
-	s.log.Info("kind now served by the api server; watching it", "kind", kindClusterTrustBundle)
-	s.signal()
-	<-ctx.Done()
+// optionalKind is a kind served only when its API is there: a Gateway API
+// CRD (of the standard or the experimental channel), or
+// certificates.k8s.io/v1 ClusterTrustBundles (Kubernetes >= 1.37, or
+// turned on).
+type optionalKind struct {
+	kind, groupVersion string
+	// relevant lets updates through to a rebuild (nil: all; see handler).
+	relevant func(old, new any) bool
+	informer func(k8s.Interface, gwclient.Interface) cache.SharedIndexInformer
 }
 
-// The optional kinds: served only when their API (a CRD, or
-// certificates.k8s.io/v1 in Kubernetes >= 1.37) is there.
+// The optional kinds.
 const (
 	kindClusterTrustBundle    = "ClusterTrustBundle"
 	kindBackendTLSPolicy      = "BackendTLSPolicy"
@@ -325,35 +266,225 @@ const (
 	kindXMesh                 = "XMesh"
 )
 
-// discover asks the API server which optional kinds it serves. A kind whose
-// CRD is missing is watched as empty, with a warning: installing the CRD
-// later takes an agent restart.
+// optionalKinds are the optional kinds the source watches. Of Gateway API
+// objects only spec, labels and annotations matter, not status (but for
+// how many ancestors other controllers hold in a policy's); skipping
+// status-only updates also keeps our own status writes from echoing back
+// as a rebuild.
+var optionalKinds = []optionalKind{
+	{kindClusterTrustBundle, certificatesv1.SchemeGroupVersion.String(), nil, func(kube k8s.Interface, _ gwclient.Interface) cache.SharedIndexInformer {
+		return certinformers.NewClusterTrustBundleInformer(kube, 0, cache.Indexers{})
+	}},
+	{kindBackendTLSPolicy, gwv1.GroupVersion.String(), policyChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
+		return gwinformers.NewBackendTLSPolicyInformer(gw, metav1.NamespaceAll, 0, cache.Indexers{})
+	}},
+	{kindReferenceGrant, gwv1.GroupVersion.String(), specChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
+		return gwinformers.NewReferenceGrantInformer(gw, metav1.NamespaceAll, 0, cache.Indexers{})
+	}},
+	{kindHTTPRoute, gwv1.GroupVersion.String(), specChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
+		return gwinformers.NewHTTPRouteInformer(gw, metav1.NamespaceAll, 0, cache.Indexers{})
+	}},
+	{kindGRPCRoute, gwv1.GroupVersion.String(), specChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
+		return gwinformers.NewGRPCRouteInformer(gw, metav1.NamespaceAll, 0, cache.Indexers{})
+	}},
+	{kindXBackend, gwxv1alpha1.GroupVersion.String(), specChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
+		return gwxinformers.NewXBackendInformer(gw, metav1.NamespaceAll, 0, cache.Indexers{})
+	}},
+	{kindXBackendTrafficPolicy, gwxv1alpha1.GroupVersion.String(), policyChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
+		return gwxinformers.NewXBackendTrafficPolicyInformer(gw, metav1.NamespaceAll, 0, cache.Indexers{})
+	}},
+	{kindXMesh, gwxv1alpha1.GroupVersion.String(), specChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
+		return gwxinformers.NewXMeshInformer(gw, 0, cache.Indexers{})
+	}},
+}
+
+// discover asks the API server which optional kinds it serves.
 func (s *Source) discover(ctx context.Context) (map[string]bool, error) {
-	want := map[string][]string{
-		"certificates.k8s.io/v1":          {kindClusterTrustBundle},
-		gwv1.GroupVersion.String():        {kindBackendTLSPolicy, kindHTTPRoute, kindGRPCRoute, kindReferenceGrant},
-		gwxv1alpha1.GroupVersion.String(): {kindXBackend, kindXBackendTrafficPolicy, kindXMesh},
-	}
 	served := make(map[string]bool)
-	for gv, kinds := range want {
-		list, err := s.kube.Discovery().ServerResourcesForGroupVersion(gv)
-		if apierrors.IsNotFound(err) {
-			list, err = &metav1.APIResourceList{}, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("discover %s: %w", gv, err)
-		}
-		for _, kind := range kinds {
-			served[kind] = slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Kind == kind })
-			if !served[kind] {
-				s.log.Warn("kind not served by the api server; treating it as empty", "kind", kind, "group_version", gv)
+	asked := make(map[string]*metav1.APIResourceList)
+	for _, k := range optionalKinds {
+		list, ok := asked[k.groupVersion]
+		if !ok {
+			var err error
+			list, err = s.kube.Discovery().ServerResourcesForGroupVersion(k.groupVersion)
+			if apierrors.IsNotFound(err) {
+				list, err = &metav1.APIResourceList{}, nil
 			}
+			if err != nil {
+				return nil, fmt.Errorf("discover %s: %w", k.groupVersion, err)
+			}
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			asked[k.groupVersion] = list
 		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
+		served[k.kind] = slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Kind == k.kind })
 	}
 	return served, nil
+}
+
+// rediscover asks the API server every Config.DiscoveryInterval which
+// optional kinds it serves, until ctx ends: a CRD installed (or a channel
+// upgraded) after the agent started is watched, and a kind whose CRD is
+// deleted, or whose version is no longer served, is dropped with its
+// objects, rather than left to an informer that fails to list forever
+// while the cache holds what the cluster no longer has. GEP-5075 asks the
+// same of ClusterTrustBundles.
+func (s *Source) rediscover(ctx context.Context, watches map[string]*kindWatch) {
+	tick := time.NewTicker(s.cfg.DiscoveryInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		served, err := s.discover(ctx)
+		if err != nil {
+			// An API server that does not answer has removed nothing:
+			// keep what is watched. The informers log their own errors.
+			s.log.Debug("cannot ask the api server which kinds it serves", "err", err)
+			continue
+		}
+		if err := s.follow(ctx, watches, served); err != nil {
+			s.log.Warn("cannot watch a kind the api server now serves", "err", err)
+		}
+		// A new kind's first listing is waited for until the next
+		// discovery at most, which may find its CRD gone again; one still
+		// listing then is published later.
+		wait, cancel := context.WithTimeout(ctx, s.cfg.DiscoveryInterval)
+		waitListed(wait, watches)
+		cancel()
+		s.publish(listed(watches))
+	}
+}
+
+// follow starts watching the optional kinds served and ends the watch of a
+// kind that two discoveries in a row found not served. One answer is not
+// enough: an API server that is starting may not serve the CRDs' group
+// versions yet, and dropping BackendTLSPolicies on its word would send
+// their Services' traffic in cleartext until the next discovery.
+func (s *Source) follow(ctx context.Context, watches map[string]*kindWatch, served map[string]bool) error {
+	var errs []error
+	for _, k := range optionalKinds {
+		w := watches[k.kind]
+		switch {
+		case served[k.kind] && w == nil:
+			w, err := s.startWatch(ctx, k)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			watches[k.kind] = w
+		case served[k.kind]:
+			w.unserved = false
+		case w != nil && !w.unserved:
+			w.unserved = true
+		case w != nil:
+			w.end()
+			delete(watches, k.kind)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// publish hands Input the caches of the optional kinds listed now, and
+// signals when a kind came or went. A kind gone takes its objects with it,
+// which is what the cluster says: a deleted BackendTLSPolicy CRD means no
+// policies, so their Services fall back to what they are without one
+// rather than failing closed, as a deleted policy does; routes to a kind
+// gone no longer resolve, and ClusterTrustBundles turned off make
+// references to them fail closed again (ClusterTrustBundlesUnavailable).
+func (s *Source) publish(optional map[string]cache.Indexer) {
+	s.mu.Lock()
+	l := *s.l
+	s.mu.Unlock()
+	changed := false
+	for _, k := range optionalKinds {
+		_, was := l.optional[k.kind]
+		_, is := optional[k.kind]
+		switch {
+		case is && !was:
+			s.log.Info("kind now served by the api server; watching it", "kind", k.kind, "group_version", k.groupVersion)
+		case was && !is:
+			s.log.Warn("kind no longer served by the api server; dropping its objects", "kind", k.kind, "group_version", k.groupVersion)
+		default:
+			continue
+		}
+		changed = true
+	}
+	if !changed {
+		return
+	}
+	// Only rediscover replaces l once Run has filled it.
+	l.optional = optional
+	s.mu.Lock()
+	s.l = &l
+	s.mu.Unlock()
+	s.setWatched(optional)
+	s.signal()
+}
+
+func (s *Source) setWatched(optional map[string]cache.Indexer) {
+	for _, k := range optionalKinds {
+		v := 0.0
+		if _, ok := optional[k.kind]; ok {
+			v = 1
+		}
+		s.watched.WithLabelValues(k.kind).Set(v)
+	}
+}
+
+// kindWatch is the informer of an optional kind the API server serves.
+type kindWatch struct {
+	informer cache.SharedIndexInformer
+	stop     context.CancelFunc
+	done     chan struct{}
+	// unserved: the last discovery did not find the kind.
+	unserved bool
+}
+
+func (s *Source) startWatch(ctx context.Context, k optionalKind) (*kindWatch, error) {
+	inf := k.informer(s.kube, s.gw)
+	if err := inf.SetTransform(stripForCache); err != nil {
+		return nil, fmt.Errorf("watch %s: %w", k.kind, err)
+	}
+	if _, err := inf.AddEventHandler(s.handler(k.kind, k.relevant)); err != nil {
+		return nil, fmt.Errorf("watch %s: %w", k.kind, err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	w := &kindWatch{informer: inf, stop: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		inf.RunWithContext(ctx)
+	}()
+	return w, nil
+}
+
+// end stops the informer and waits for its goroutines.
+func (w *kindWatch) end() {
+	w.stop()
+	<-w.done
+}
+
+// waitListed waits until every watch has its first listing or ctx ends.
+func waitListed(ctx context.Context, watches map[string]*kindWatch) {
+	var synced []cache.InformerSynced
+	for _, w := range watches {
+		synced = append(synced, w.informer.HasSynced)
+	}
+	cache.WaitForCacheSync(ctx.Done(), synced...)
+}
+
+// listed returns the caches of the watches whose first listing is done.
+func listed(watches map[string]*kindWatch) map[string]cache.Indexer {
+	out := make(map[string]cache.Indexer)
+	for kind, w := range watches {
+		if w.informer.HasSynced() {
+			out[kind] = w.informer.GetIndexer()
+		}
+	}
+	return out
 }
 
 // handler counts and signals the events that relevant (nil: all) lets
@@ -391,17 +522,17 @@ func (s *Source) Input() translate.Input {
 		EndpointSlices:          list(l.endpointSlices),
 		Namespaces:              list(l.namespaces),
 		Pods:                    list(l.pods),
-		ClusterTrustBundles:     list(l.trustBundles),
-		BackendTLSPolicies:      list(l.backendTLSPolicies),
-		ReferenceGrants:         list(l.referenceGrants),
-		HTTPRoutes:              list(l.httpRoutes),
-		GRPCRoutes:              list(l.grpcRoutes),
-		XBackends:               list(l.xbackends),
-		XBackendTrafficPolicies: list(l.xbackendTrafficPolicies),
-		XMeshes:                 list(l.xmeshes),
+		ClusterTrustBundles:     cached[*certificatesv1.ClusterTrustBundle](l.optional[kindClusterTrustBundle]),
+		BackendTLSPolicies:      cached[*gwv1.BackendTLSPolicy](l.optional[kindBackendTLSPolicy]),
+		ReferenceGrants:         cached[*gwv1.ReferenceGrant](l.optional[kindReferenceGrant]),
+		HTTPRoutes:              cached[*gwv1.HTTPRoute](l.optional[kindHTTPRoute]),
+		GRPCRoutes:              cached[*gwv1.GRPCRoute](l.optional[kindGRPCRoute]),
+		XBackends:               cached[*gwxv1alpha1.XBackend](l.optional[kindXBackend]),
+		XBackendTrafficPolicies: cached[*gwxv1alpha1.XBackendTrafficPolicy](l.optional[kindXBackendTrafficPolicy]),
+		XMeshes:                 cached[*gwxv1alpha1.XMesh](l.optional[kindXMesh]),
 		Node:                    s.node(l),
 
-		ClusterTrustBundlesUnavailable: l.trustBundles == nil,
+		ClusterTrustBundlesUnavailable: l.optional[kindClusterTrustBundle] == nil,
 	}
 	in.ConfigMaps, in.Secrets = s.refs.objects(tlsrefs.Of(in.BackendTLSPolicies, in.XBackends))
 	return in
@@ -441,13 +572,23 @@ type lister[T any] interface {
 	List(labels.Selector) ([]T, error)
 }
 
-// list returns every cached object, or nil for a kind not served. The
-// cache lister's List never fails with labels.Everything().
+// list returns every cached object. The cache lister's List never fails
+// with labels.Everything().
 func list[T any, L lister[T]](l L) []T {
-	if any(l) == nil {
+	objs, _ := l.List(labels.Everything())
+	return objs
+}
+
+// cached returns every object in the cache of an optional kind, or nil for
+// a kind not served.
+func cached[T any](c cache.Indexer) []T {
+	if c == nil {
 		return nil
 	}
-	objs, _ := l.List(labels.Everything())
+	var objs []T
+	for _, o := range c.List() {
+		objs = append(objs, o.(T))
+	}
 	return objs
 }
 

@@ -11,10 +11,14 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
+
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sockmesh/sockmesh/agent/source"
 	"github.com/sockmesh/sockmesh/agent/translate"
@@ -265,16 +269,7 @@ func TestSourceMissingCRDs(t *testing.T) {
 	if err := env.Dynamic.Resource(crdResource).Delete(ctx, "xmeshes.gateway.networking.x-k8s.io", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// Discovery drops the kind once the CRD is gone.
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		list, err := env.Kube.Discovery().ServerResourcesForGroupVersion(gwxv1alpha1.GroupVersion.String())
-		if err == nil && !slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Kind == "XMesh" }) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("XMesh still served after deleting its CRD")
-		}
-	}
+	waitUnserved(t, env, gwxv1alpha1.GroupVersion.String(), kindXMesh)
 	s := startSource(t, env)
 	in := waitInput(t, s, "the first listing", func(translate.Input) bool { return true })
 	if in.XMeshes != nil {
@@ -301,6 +296,148 @@ func TestClusterTrustBundlesTurnedOn(t *testing.T) {
 	waitInput(t, s, "the ClusterTrustBundle", func(in translate.Input) bool {
 		return !in.ClusterTrustBundlesUnavailable && len(in.ClusterTrustBundles) == 1
 	})
+}
+
+// TestCRDsInstalledLater: Gateway API CRDs installed after the agent
+// started are watched without a restart, and a BackendTLSPolicy created
+// then reaches Input.
+func TestCRDsInstalledLater(t *testing.T) {
+	env := apiserver.Start(t)
+	ctx := t.Context()
+	for _, name := range env.CRDs {
+		if err := env.Dynamic.Resource(crdResource).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range optionalKinds {
+		if k.kind != kindClusterTrustBundle {
+			waitUnserved(t, env, k.groupVersion, k.kind)
+		}
+	}
+	s := startSource(t, env, func(c *Config) { c.DiscoveryInterval = 100 * time.Millisecond })
+	if in := waitInput(t, s, "the first listing", func(translate.Input) bool { return true }); in.BackendTLSPolicies != nil {
+		t.Fatalf("BackendTLSPolicies = %v before their CRD is installed", in.BackendTLSPolicies)
+	}
+	if got := watched(t, s, kindBackendTLSPolicy); got != 0 {
+		t.Errorf("sockmesh_source_kind_watched{kind=BackendTLSPolicy} = %v without its CRD, want 0", got)
+	}
+
+	dir := must.Value[string](t)(apiserver.GatewayAPICRDDir(ctx))
+	must.Succeed(t)(apiserver.InstallCRDs(ctx, env.Dynamic, dir))
+	must.Succeed(t)(env.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}))
+	must.Succeed(t)(env.Gateway.GatewayV1().BackendTLSPolicies(ns).Create(ctx, tlsPolicy("late"), metav1.CreateOptions{}))
+	waitInput(t, s, "the BackendTLSPolicy created after its CRD", func(in translate.Input) bool {
+		return len(in.BackendTLSPolicies) == 1
+	})
+	if got := watched(t, s, kindBackendTLSPolicy); got != 1 {
+		t.Errorf("sockmesh_source_kind_watched{kind=BackendTLSPolicy} = %v once its CRD is installed, want 1", got)
+	}
+}
+
+// TestCRDsRemoved: a kind whose CRD no longer serves the version the
+// source watches, or is deleted, is dropped with its objects: the policies
+// are gone, which is what the cluster says, and must no longer be applied.
+func TestCRDsRemoved(t *testing.T) {
+	env := apiserver.Start(t)
+	ctx := t.Context()
+	must.Succeed(t)(env.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}))
+	must.Succeed(t)(env.Gateway.GatewayV1().BackendTLSPolicies(ns).Create(ctx, tlsPolicy("policy"), metav1.CreateOptions{}))
+	must.Succeed(t)(env.Gateway.GatewayV1().GRPCRoutes(ns).Create(ctx, &gwv1.GRPCRoute{
+		ObjectMeta: metav1.ObjectMeta{Name: "route", Namespace: ns},
+		Spec: gwv1.GRPCRouteSpec{CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{{
+			Group: ptr(gwv1.Group("")), Kind: ptr(gwv1.Kind("Service")), Name: "svc"}}}},
+	}, metav1.CreateOptions{}))
+	s := startSource(t, env, func(c *Config) { c.DiscoveryInterval = 100 * time.Millisecond })
+	waitInput(t, s, "the policy and the route", func(in translate.Input) bool {
+		return len(in.BackendTLSPolicies) == 1 && len(in.GRPCRoutes) == 1
+	})
+
+	// BackendTLSPolicy v1 no longer served (as when an older Gateway API
+	// release's CRD, v1alpha3 only, is applied over it): the policy stays
+	// in etcd, but the source's v1 informer can list it no more.
+	patch := `[{"op":"test","path":"/spec/versions/0/name","value":"v1"},{"op":"replace","path":"/spec/versions/0/served","value":false}]`
+	must.Succeed(t)(env.Dynamic.Resource(crdResource).Patch(ctx, "backendtlspolicies.gateway.networking.k8s.io",
+		types.JSONPatchType, []byte(patch), metav1.PatchOptions{}))
+	waitInput(t, s, "the BackendTLSPolicy to be dropped", func(in translate.Input) bool { return in.BackendTLSPolicies == nil })
+	if got := watched(t, s, kindBackendTLSPolicy); got != 0 {
+		t.Errorf("sockmesh_source_kind_watched{kind=BackendTLSPolicy} = %v once v1 is not served, want 0", got)
+	}
+
+	if err := env.Dynamic.Resource(crdResource).Delete(ctx, "grpcroutes.gateway.networking.k8s.io", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The CRD's cleanup deletes the route first; the kind itself must then
+	// stop being watched, not be listed, failing, forever.
+	waitInput(t, s, "GRPCRoutes to stop being watched", func(in translate.Input) bool {
+		return in.GRPCRoutes == nil && watched(t, s, kindGRPCRoute) == 0
+	})
+}
+
+// TestOneUnservedAnswerKeepsAKind: a kind is dropped only when two
+// discoveries in a row do not find it; one may come from an API server
+// that is starting.
+func TestOneUnservedAnswerKeepsAKind(t *testing.T) {
+	env := apiserver.Start(t)
+	s, err := New(Config{NodeName: nodeName}, env.Kube, env.Gateway, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	watches := make(map[string]*kindWatch)
+	t.Cleanup(func() {
+		for _, w := range watches {
+			w.end()
+		}
+	})
+	if err := s.follow(t.Context(), watches, map[string]bool{kindBackendTLSPolicy: true}); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []bool{true, false} {
+		if err := s.follow(t.Context(), watches, map[string]bool{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, got := watches[kindBackendTLSPolicy]; got != want {
+			t.Errorf("after %d answers without BackendTLSPolicy: watched %v, want %v", i+1, got, want)
+		}
+	}
+}
+
+// tlsPolicy returns a BackendTLSPolicy for Service svc in ns.
+func tlsPolicy(name string) *gwv1.BackendTLSPolicy {
+	return &gwv1.BackendTLSPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: gwv1.BackendTLSPolicySpec{
+			TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{{
+				LocalPolicyTargetReference: gwv1.LocalPolicyTargetReference{Group: "", Kind: "Service", Name: "svc"},
+			}},
+			Validation: gwv1.BackendTLSPolicyValidation{WellKnownCACertificates: ptr(gwv1.WellKnownCACertificatesSystem), Hostname: "svc.example.com"},
+		},
+	}
+}
+
+// waitUnserved waits until discovery no longer lists kind in groupVersion,
+// as it does a little after its CRD is deleted.
+func waitUnserved(t *testing.T, env *apiserver.Env, groupVersion, kind string) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		list, err := env.Kube.Discovery().ServerResourcesForGroupVersion(groupVersion)
+		if apierrors.IsNotFound(err) ||
+			err == nil && !slices.ContainsFunc(list.APIResources, func(r metav1.APIResource) bool { return r.Kind == kind }) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s still served after deleting its CRD", kind)
+		}
+	}
+}
+
+// watched reads sockmesh_source_kind_watched for kind.
+func watched(t *testing.T, s *Source, kind string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := s.watched.WithLabelValues(kind).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetGauge().GetValue()
 }
 
 var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
