@@ -149,7 +149,8 @@ func (s *Source) signal() {
 // Run starts the informers, signals once every kind is listed and returns
 // when ctx ends. It fails only when the API server cannot be asked which
 // kinds it serves. A kind it may not list (missing RBAC) keeps the first
-// signal from coming; client-go's reflector logs why.
+// signal from coming, unless the API server stops serving it meanwhile;
+// client-go's reflector logs why.
 func (s *Source) Run(ctx context.Context) error {
 	served, err := s.discover(ctx)
 	if err != nil {
@@ -226,7 +227,7 @@ func (s *Source) Run(ctx context.Context) error {
 	for _, f := range factories {
 		f.WaitForCacheSync(ctx.Done())
 	}
-	waitListed(ctx, watches)
+	s.settle(ctx, watches)
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -339,23 +340,35 @@ func (s *Source) rediscover(ctx context.Context, watches map[string]*kindWatch) 
 			return
 		case <-tick.C:
 		}
-		served, err := s.discover(ctx)
-		if err != nil {
-			// An API server that does not answer has removed nothing:
-			// keep what is watched. The informers log their own errors.
-			s.log.Debug("cannot ask the api server which kinds it serves", "err", err)
-			continue
-		}
-		if err := s.follow(ctx, watches, served); err != nil {
-			s.log.Warn("cannot watch a kind the api server now serves", "err", err)
-		}
-		// A new kind's first listing is waited for until the next
-		// discovery at most, which may find its CRD gone again; one still
-		// listing then is published later.
-		wait, cancel := context.WithTimeout(ctx, s.cfg.DiscoveryInterval)
-		waitListed(wait, watches)
-		cancel()
+		s.refresh(ctx, watches)
+		// A kind still listing is published after a later discovery.
+		s.waitListed(ctx, watches)
 		s.publish(listed(watches))
+	}
+}
+
+// settle waits for the first listing of every kind watched, asking the API
+// server again every Config.DiscoveryInterval meanwhile which kinds it
+// serves: a kind that cannot be listed and whose CRD is then deleted would
+// otherwise hold the first signal back until the agent restarts.
+func (s *Source) settle(ctx context.Context, watches map[string]*kindWatch) {
+	for !s.waitListed(ctx, watches) && ctx.Err() == nil {
+		s.refresh(ctx, watches)
+	}
+}
+
+// refresh asks the API server which optional kinds it serves and follows
+// its answer.
+func (s *Source) refresh(ctx context.Context, watches map[string]*kindWatch) {
+	served, err := s.discover(ctx)
+	if err != nil {
+		// An API server that does not answer has removed nothing: keep
+		// what is watched. The informers log their own errors.
+		s.log.Debug("cannot ask the api server which kinds it serves", "err", err)
+		return
+	}
+	if err := s.follow(ctx, watches, served); err != nil {
+		s.log.Warn("cannot watch a kind the api server now serves", "err", err)
 	}
 }
 
@@ -467,13 +480,17 @@ func (w *kindWatch) end() {
 	<-w.done
 }
 
-// waitListed waits until every watch has its first listing or ctx ends.
-func waitListed(ctx context.Context, watches map[string]*kindWatch) {
+// waitListed waits until every watch has its first listing, for one
+// Config.DiscoveryInterval at most (the next discovery may find a kind
+// gone), and says whether they all have.
+func (s *Source) waitListed(ctx context.Context, watches map[string]*kindWatch) bool {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.DiscoveryInterval)
+	defer cancel()
 	var synced []cache.InformerSynced
 	for _, w := range watches {
 		synced = append(synced, w.informer.HasSynced)
 	}
-	cache.WaitForCacheSync(ctx.Done(), synced...)
+	return cache.WaitForCacheSync(ctx.Done(), synced...)
 }
 
 // listed returns the caches of the watches whose first listing is done.

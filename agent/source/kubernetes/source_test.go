@@ -11,10 +11,12 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
 
@@ -371,6 +373,47 @@ func TestCRDsRemoved(t *testing.T) {
 	waitInput(t, s, "GRPCRoutes to stop being watched", func(in translate.Input) bool {
 		return in.GRPCRoutes == nil && watched(t, s, kindGRPCRoute) == 0
 	})
+}
+
+// TestCRDDeletedBeforeFirstListing: a kind the source waits to list (here
+// its RBAC is missing) whose CRD is then deleted no longer holds back the
+// first signal, which would otherwise keep the agent unready until it
+// restarts.
+func TestCRDDeletedBeforeFirstListing(t *testing.T) {
+	env := apiserver.Start(t)
+	ctx := t.Context()
+	const user = "smt-agent"
+	must.Succeed(t)(env.Kube.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: user},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{""}, Resources: []string{"services", "namespaces", "pods", "nodes", "configmaps", "secrets"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{"certificates.k8s.io"}, Resources: []string{"clustertrustbundles"}, Verbs: []string{"list", "watch"}},
+			// Not backendtlspolicies.
+			{APIGroups: []string{gwv1.GroupName}, Resources: []string{"httproutes", "grpcroutes", "referencegrants"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{gwxv1alpha1.GroupName}, Resources: []string{"xbackends", "xbackendtrafficpolicies", "xmeshes"}, Verbs: []string{"list", "watch"}},
+		},
+	}, metav1.CreateOptions{}))
+	must.Succeed(t)(env.Kube.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: user},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: user},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: user}},
+	}, metav1.CreateOptions{}))
+	cfg := rest.CopyConfig(env.Config)
+	cfg.Impersonate.UserName = user
+	restricted := *env
+	var err error
+	if restricted.Kube, restricted.Gateway, err = NewClients(cfg); err != nil {
+		t.Fatal(err)
+	}
+
+	// The source asks discovery at once; the CRD leaves discovery only
+	// once its cleanup is done.
+	s := startSource(t, &restricted, func(c *Config) { c.DiscoveryInterval = 100 * time.Millisecond })
+	if err := env.Dynamic.Resource(crdResource).Delete(ctx, "backendtlspolicies.gateway.networking.k8s.io", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitInput(t, s, "the first listing", func(translate.Input) bool { return true })
 }
 
 // TestOneUnservedAnswerKeepsAKind: a kind is dropped only when two
