@@ -41,6 +41,25 @@ func testMeshBasicSplit(s *scenario) {
 	}
 }
 
+// testMeshSimpleSameNamespace is MeshHTTPRouteSimpleSameNamespace: a
+// route in the Service's own namespace sends a client of that namespace to
+// its backendRef's port (echo-v1:8080), through the proxy.
+func testMeshSimpleSameNamespace(s *scenario) {
+	a := s.meshApps()
+	client := s.clientPod(s.ns, "echo-v1-client")
+	s.apply(`apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: gateway-conformance-mesh-test}
+spec:
+  parentRefs: [{group: "", kind: Service, name: echo, port: 80}]
+  rules:
+  - backendRefs: [{name: echo-v1, port: 8080}]
+`)
+	s.waitRouted(a.echo.v4(80), "gateway-conformance-mesh-test")
+	s.waitRouteStatus("HTTPRoute", s.ns, "gateway-conformance-mesh-test", "echo", routeAccepted...)
+	s.expect(client, call{url: httpURL(a.echo.v4(80), "/"), host: "echo"}, want{backend: "v1", path: "/", host: "echo"})
+}
+
 // testMeshConsumerRoute is MeshConsumerRoute: a route in the client's
 // namespace whose parent is a Service elsewhere changes only that
 // namespace's requests; stricter, a producer route on the same Service

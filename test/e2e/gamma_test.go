@@ -36,6 +36,7 @@ import (
 var gammaScenarios = []scenarioDef{
 	{name: "gamma-basic-split", bothModes: true, run: testMeshBasicSplit},
 	{name: "gamma-consumer-route", bothModes: true, run: testMeshConsumerRoute},
+	{name: "gamma-simple-same-namespace", run: testMeshSimpleSameNamespace},
 	{name: "gamma-frontend", run: testMeshFrontend},
 	{name: "gamma-ports", run: testMeshPorts},
 	{name: "gamma-matching", run: testMeshMatching},

@@ -114,10 +114,11 @@ stringData: {ca.crt: %s}
 // testSubjectAltNames: subjectAltNames replace the hostname for
 // verification (the SNI stays the hostname). The certificates do not
 // carry the hostname at all, so a proxy that verified it would fail; the
-// third backend's certificate carries neither SAN and must be refused.
+// certificates of the cases marked reject carry none of their policy's
+// SANs and must be refused.
 func testSubjectAltNames(s *scenario) {
 	const sni = "sni.e2e.test"
-	const uri = "spiffe://e2e.test/ns/payments/sa/api"
+	const uri, otherURI = "spiffe://e2e.test/ns/payments/sa/api", "spiffe://other.e2e.test/ns/payments/sa/api"
 	ca := s.newCA()
 	s.apply(caConfigMap("san-ca", ca))
 	cases := []struct {
@@ -132,6 +133,15 @@ func testSubjectAltNames(s *scenario) {
 			`[{type: URI, uri: "` + uri + `"}]`, false},
 		{"wrong-san", pki.LeafOptions{CommonName: "other", DNSNames: []string{"other.e2e.test", sni}},
 			`[{type: Hostname, hostname: san.e2e.test}]`, true},
+		// BackendTLSPolicySANValidation's san-uri-mismatch, multiple-sans
+		// and multiple-mismatch-sans: one matching name of either type
+		// suffices, and none refuses.
+		{"uri-mismatch", pki.LeafOptions{CommonName: "uri", URIs: []string{uri}},
+			`[{type: URI, uri: "` + otherURI + `"}]`, true},
+		{"multiple-sans", pki.LeafOptions{CommonName: "both", DNSNames: []string{"san.e2e.test"}, URIs: []string{uri}},
+			`[{type: URI, uri: "` + uri + `"}, {type: Hostname, hostname: san.e2e.test}]`, false},
+		{"multiple-mismatch", pki.LeafOptions{CommonName: "both", DNSNames: []string{"san.e2e.test"}, URIs: []string{uri}},
+			`[{type: URI, uri: "` + otherURI + `"}, {type: Hostname, hostname: other.e2e.test}]`, true},
 	}
 	for _, tc := range cases {
 		b, svc := s.tlsBackend(tc.name, s.leaf(ca, tc.cert))
@@ -255,7 +265,8 @@ func testCARotation(s *scenario) {
 	s.checkTLS(s.get(svc.url(false, httpsPort, "/before")), hostname)
 
 	// The backend restarts with a certificate of the new CA: its old
-	// connections (the proxy's pool) are gone.
+	// connections (the proxy's pool) are gone. Refused, as
+	// BackendTLSPolicy's cert-mismatch case wants.
 	b.restart(s.t, backendOptions{Wire: TLSOnly, Cert: s.serverCert(newCA, hostname), HTTPPort: backendPort})
 	if code, body := s.getStatus(svc.url(false, httpsPort, "/untrusted")); code < 500 {
 		s.t.Errorf("a backend certificate from a CA the policy does not trust: %d %s, want a 5xx", code, body)
