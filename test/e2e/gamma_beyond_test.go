@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -12,6 +13,10 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
@@ -63,6 +68,72 @@ spec:
 	if st := broken.stats(s.t); st.Accepted != 0 {
 		s.t.Errorf("backend with an invalid policy got %d connections, want none", st.Accepted)
 	}
+}
+
+// testMeshBackendTLSGRPC is BackendTLSPolicyGRPCRoute with a Service
+// parent: a GRPCRoute's backendRef Service without appProtocol, with an
+// Accepted policy, gets the app's gRPC (h2c to the proxy) as h2 over TLS
+// with the policy's hostname as SNI; one whose policy names a hostname its
+// certificate lacks (Accepted too) fails the call, reaching no handler,
+// until the policy names the certificate's hostname.
+func testMeshBackendTLSGRPC(s *scenario) {
+	const hostname, port = "abc.e2e.test", 7070
+	ca := s.newCA()
+	secure, _ := s.tlsBackend("secure", s.serverCert(ca, hostname))
+	mismatch, _ := s.tlsBackend("mismatch", s.serverCert(ca, hostname))
+	front := s.service("front", serviceSpec{Backend: secure, Ports: []servicePort{{Name: "grpc", Port: port, TargetPort: backendPort}}})
+	s.apply(caConfigMap("tls-checks-ca", ca) +
+		tlsPolicy("grpc-normative-test", "secure", "    hostname: "+hostname+"\n    caCertificateRefs: [{group: \"\", kind: ConfigMap, name: tls-checks-ca}]") +
+		tlsPolicy("grpc-host-mismatch", "mismatch", "    hostname: mismatch.e2e.test\n    caCertificateRefs: [{group: \"\", kind: ConfigMap, name: tls-checks-ca}]") + `
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: backendtlspolicy-grpcroute}
+spec:
+  parentRefs: [{group: "", kind: Service, name: front, port: 7070}]
+  rules:
+  - matches: [{headers: [{name: x-test-case, value: host-mismatch}]}]
+    backendRefs: [{name: mismatch, port: 443}]
+  - backendRefs: [{name: secure, port: 443}]
+`)
+	s.waitRouted(front.v4(port), "backendtlspolicy-grpcroute")
+	s.waitRouteStatus("GRPCRoute", s.ns, "backendtlspolicy-grpcroute", "front", routeAccepted...)
+	s.waitPolicyStatus("grpc-normative-test", "secure", accepted, resolvedRefs)
+	s.waitPolicyStatus("grpc-host-mismatch", "mismatch", accepted, resolvedRefs)
+
+	cc, err := grpc.NewClient("passthrough:///"+front.v4(port).String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			return s.n.client.dialer.DialContext(ctx, "tcp", addr)
+		}))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer cc.Close()
+	call := func(testCase string) (string, error) {
+		ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "x-test-case", testCase), waitFor)
+		defer cancel()
+		var trailer metadata.MD
+		err := cc.Invoke(ctx, echo.MethodUnary, wrapperspb.Bytes([]byte("ping")), new(wrapperspb.BytesValue), grpc.Trailer(&trailer))
+		return strings.Join(trailer.Get(echo.TrailerKey), ","), err
+	}
+	if pod, err := call("normative"); err != nil || pod != secure.pod.name {
+		s.t.Errorf("gRPC call to the backend with a valid policy: answered by %q, %v; want %s", pod, err, secure.pod.name)
+	}
+	if pod, err := call("host-mismatch"); err == nil {
+		s.t.Errorf("gRPC call to the backend whose certificate lacks the policy's hostname succeeded (answered by %s), want a failure", pod)
+	}
+	// BackendTLSPolicyObservedGenerationBump: a new hostname is a new
+	// generation, which the status then names; here the certificate's, so
+	// the calls succeed.
+	s.apply(tlsPolicy("grpc-host-mismatch", "mismatch", "    hostname: "+hostname+"\n    caCertificateRefs: [{group: \"\", kind: ConfigMap, name: tls-checks-ca}]"))
+	s.waitPolicyStatus("grpc-host-mismatch", "mismatch", accepted, resolvedRefs)
+	eventually(s.t, "a call through the fixed policy", func() error {
+		if pod, err := call("host-mismatch"); err != nil || pod != mismatch.pod.name {
+			return fmt.Errorf("answered by %q, %v; want %s", pod, err, mismatch.pod.name)
+		}
+		return nil
+	})
+	s.checkNoPlaintext(secure)
+	s.checkNoPlaintext(mismatch)
 }
 
 // testMeshH2CWebSocket: HTTPRouteBackendProtocolH2C and

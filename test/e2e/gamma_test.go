@@ -45,6 +45,7 @@ var gammaScenarios = []scenarioDef{
 	{name: "gamma-weight", run: testMeshWeight},
 	{name: "gamma-grpc", bothModes: true, run: testMeshGRPC},
 	{name: "gamma-backend-tls", bothModes: true, run: testMeshBackendTLS},
+	{name: "gamma-backend-tls-grpc", run: testMeshBackendTLSGRPC},
 	{name: "gamma-h2c-websocket", run: testMeshH2CWebSocket},
 	{name: "gamma-timeouts", bothModes: true, run: testMeshTimeouts},
 	{name: "gamma-retries", bothModes: true, run: testMeshRetries},
