@@ -40,9 +40,14 @@ func CarryAffinity(prev *Affinity, seconds int32) *Affinity {
 }
 
 // PickClient is Pick for a connection or request of client under p's
-// Affinity, if any: the endpoint client is pinned to while p hands it out
-// and it is not ejected, else the next one, to which client is pinned from
-// then on. When every endpoint is ejected, the client takes turns as Pick
+// Affinity, if any: the endpoint client is pinned to while p hands it out,
+// it is not ejected and, if a fallback one, no endpoint of a tier before
+// its own may take connections; else the next one, to which client is
+// pinned from then on. kube-proxy applies affinity within the endpoints
+// topology hints give the node, and the fallback ones are not among them
+// once the zone's serve again: kept, a client pinned while its zone was
+// down crossed zones for as long as it came back within the timeout
+// (hours). When every endpoint is ejected, the client takes turns as Pick
 // does: pinned, its connection tried only its own endpoint, again and
 // again, while another had come back.
 func (p *Picker) PickClient(client ClientKey) *Choice {
@@ -53,7 +58,7 @@ func (p *Picker) PickClient(client ClientKey) *Choice {
 	now := time.Now()
 	if ep, ok := a.lookup(client, now); ok {
 		for i := range p.ready {
-			if c := &p.ready[i]; c.Endpoint.Addr == ep && !(p.health.Any() && p.health.passedOver(ep, now)) {
+			if c := &p.ready[i]; c.Endpoint.Addr == ep && !(p.health.Any() && p.health.passedOver(ep, now)) && !p.nearerTakes(i, now) {
 				a.set(client, ep, now)
 				return c
 			}

@@ -1,6 +1,7 @@
 package balance
 
 import (
+	"net/http"
 	"net/netip"
 	"testing"
 	"testing/synctest"
@@ -64,6 +65,58 @@ func TestClientIPAffinity(t *testing.T) {
 		}
 		if p.PickClient(ClientKey{}) == nil {
 			t.Error("a client without a key got nothing")
+		}
+	})
+}
+
+// TestClientIPAffinityFallback: a client pinned to a fallback endpoint is
+// pinned to one of a nearer level as soon as that takes connections — the
+// zone's once it is back, the node's once it is — and, while the nearer
+// ones are only due a probe, only the client that takes the probe moves. A
+// session on a fallback endpoint stays there (its state may live there).
+func TestClientIPAffinityFallback(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		eps := endpoints(3)
+		eps[1].Fallback, eps[2].Fallback = snapshot.FallbackZone, snapshot.FallbackFar
+		h := NewHealth(time.Minute, time.Minute, nil)
+		p := New(&snapshot.Backend{Endpoints: eps, ClientIPAffinitySeconds: 3600}, h, CarryAffinity(nil, 3600))
+		a := ClientOf(netip.MustParseAddrPort("10.1.0.1:40000"), nil)
+		b := ClientOf(netip.MustParseAddrPort("10.1.0.2:40000"), nil)
+		now := time.Now()
+		h.Failed(eps[0].Addr, now)
+		h.Failed(eps[1].Addr, now)
+		for _, k := range []ClientKey{a, b} {
+			if got := p.PickClient(k); got.Endpoint.Addr != eps[2].Addr {
+				t.Fatalf("node and zone ejected: %v went to %s, want the other zone's", k, got.Host)
+			}
+		}
+		h.OK(eps[1].Addr)
+		for _, k := range []ClientKey{a, b} {
+			if got := p.PickClient(k); got.Endpoint.Addr != eps[1].Addr {
+				t.Errorf("the zone's endpoint back: %v went to %s, want it", k, got.Host)
+			}
+		}
+		time.Sleep(time.Minute) // the node's ejection over: a probe is due
+		if got := p.PickClient(a); got.Endpoint.Addr != eps[0].Addr {
+			t.Errorf("the node's endpoint due a probe: a went to %s, want it", got.Host)
+		}
+		if got := p.PickClient(b); got.Endpoint.Addr != eps[1].Addr {
+			t.Errorf("the node's probe out: b went to %s, want the zone's", got.Host)
+		}
+		h.OK(eps[0].Addr)
+		for _, k := range []ClientKey{a, b} {
+			if got := p.PickClient(k); got.Endpoint.Addr != eps[0].Addr {
+				t.Errorf("the node's endpoint serving: %v went to %s, want it", k, got.Host)
+			}
+		}
+
+		sp := &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "s"}
+		r, _ := http.NewRequest(http.MethodGet, "/", nil)
+		hdr := http.Header{}
+		p.SetSession(hdr, r, &p.ready[2], now, sp)
+		r.Header.Set("s", hdr.Get("s"))
+		if c, pinned, _ := p.PickRequest(r, a, now, sp); c.Endpoint.Addr != eps[2].Addr || !pinned {
+			t.Errorf("a session on the other zone's endpoint went to %s (pinned %v), want it", c.Host, pinned)
 		}
 	})
 }

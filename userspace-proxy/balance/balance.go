@@ -122,6 +122,21 @@ func (p *Picker) takes(tier []Choice, now time.Time) (takes, untried bool) {
 	return takes, takes && untried
 }
 
+// nearerTakes reports whether an endpoint of a tier before the one of
+// p.ready[i] may take connections at now.
+func (p *Picker) nearerTakes(i int, now time.Time) bool {
+	for _, tier := range p.tiers {
+		if i < len(tier) {
+			return false
+		}
+		if takes, _ := p.takes(tier, now); takes {
+			return true
+		}
+		i -= len(tier)
+	}
+	return false
+}
+
 // Pick returns the next preferred endpoint not ejected, else the next
 // fallback one not ejected, level by level, or nil when there is none
 // ready; when all are ejected, the next preferred one. The result is
@@ -218,6 +233,10 @@ func (p *Picker) PickRequest(r *http.Request, client ClientKey, now time.Time, s
 	if sp == nil {
 		return p.PickClient(client), false, false
 	}
+	// Unlike a ClientIP pin, a session stays on a fallback endpoint once a
+	// nearer one serves again: its state may live in that pod (GEP-1619
+	// persists a session for as long as its endpoint serves), and it ends
+	// by its own timeouts.
 	if s, ok := parseSession(sessionOf(r, sp)); ok && !expired(sp, s, now) {
 		for i := range p.ready {
 			if c := &p.ready[i]; c.token == s.endpoint && !p.ejected(c, now) {

@@ -670,3 +670,61 @@ func TestClientIPAffinity(t *testing.T) {
 		}
 	}
 }
+
+// TestClientIPAffinityBackToZone: a client of a Service with
+// sessionAffinity ClientIP, pinned to another zone's endpoint (a
+// fallback) while its own zone's took no connection, is pinned back to the
+// zone's endpoint once it takes connections again — a snapshot shows it
+// ready again, or its ejection after refused connects ends and it serves —
+// on the relay (an h2c app) and on net/http's path (an HTTP/1.1 app), each
+// connection fresh. Before, the client stayed in the other zone for as
+// long as it came back within the affinity timeout.
+func TestClientIPAffinityBackToZone(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{ejectFor: 100 * time.Millisecond})
+	for i, name := range []string{"ready-again", "ejection-over"} {
+		t.Run(name, func(t *testing.T) {
+			here := closedPort(t)
+			there := startEcho(t, "zone-b", nil).addr
+			vip := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 8, byte(42 + i)}), 80)
+			update := func(version uint64, hereReady bool) {
+				eps := endpoints(here, there)
+				eps[0].Ready, eps[0].Serving = hereReady, hereReady
+				eps[0].Zone, eps[1].Zone, eps[1].Fallback = "zone-a", "zone-b", snapshot.FallbackFar
+				e.p.Update(buildSnapshot(t, version, service{name: name, vip: vip, backend: snapshot.Backend{
+					Protocol: snapshot.ProtocolH2C, Endpoints: eps, ClientIPAffinitySeconds: 60}}))
+			}
+			// Each request on a connection of its own, relayed or translated.
+			n := 0
+			reached := func() string {
+				n++
+				c := e.client(vip, n%2 == 0)
+				defer c.CloseIdleConnections()
+				code, rep := get(t, c, "http://sticky.b.svc/")
+				return cmp.Or(rep.Pod, strconv.Itoa(code))
+			}
+			// ready-again: the zone's endpoint is not ready; ejection-over:
+			// it refuses, and is ejected.
+			update(1, name == "ejection-over")
+			for range 2 {
+				if pod := reached(); pod != "zone-b" {
+					t.Fatalf("the zone's endpoint taking none: reached %q, want zone-b", pod)
+				}
+			}
+			startEchoOn(t, here.String(), echo.Config{Pod: "zone-a"})
+			if name == "ready-again" {
+				update(2, true)
+			}
+			for deadline := time.Now().Add(hangGuard); reached() != "zone-a"; time.Sleep(5 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("%v after the zone's endpoint serves again, the client still reaches zone-b", hangGuard)
+				}
+			}
+			for range 4 {
+				if pod := reached(); pod != "zone-a" {
+					t.Fatalf("pinned back to the zone: reached %q, want zone-a", pod)
+				}
+			}
+		})
+	}
+}
