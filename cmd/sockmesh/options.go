@@ -96,7 +96,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringSliceVar(&o.serviceCIDRs, "service-cidr", nil, "the cluster's Service ranges; external hostnames resolving into them are refused")
 	fs.StringSliceVar(&o.podCIDRs, "pod-cidr", nil, "the cluster's pod ranges; external hostnames resolving into them are refused")
 	fs.StringVar(&o.clusterDomain, "cluster-domain", "", "the cluster's DNS domain when not cluster.local; external hostnames may not be in it")
-	fs.StringSliceVar(&o.dnsServers, "dns-server", nil, "DNS servers (host or host:port) resolving ExternalHostname XBackends (default: /etc/resolv.conf)")
+	fs.StringSliceVar(&o.dnsServers, "dns-server", nil, "DNS servers (IP or IP:port, port 53 by default; IPv6 with or without brackets) resolving ExternalHostname XBackends (default: /etc/resolv.conf)")
 	fs.StringSliceVar(&o.egressAllow, "egress-allow", nil, "hostname patterns (example.com, *.example.com) ExternalHostname XBackends may use (default: any)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: json or text")
@@ -333,12 +333,19 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 	}
 	s.node.ClusterDomain = strings.TrimSuffix(o.clusterDomain, ".")
 	s.node.EgressAllow = o.egressAllow
-	for _, d := range o.dnsServers {
+	for _, flag := range o.dnsServers {
+		d := flag
 		if _, _, err := net.SplitHostPort(d); err != nil {
-			d = net.JoinHostPort(d, "53")
+			// No port: 53. An IPv6 address may come in brackets, as
+			// beside a port (netip refuses an IPv4 one in brackets).
+			if strings.HasPrefix(d, "[") {
+				d += ":53"
+			} else {
+				d = net.JoinHostPort(d, "53")
+			}
 		}
 		if _, err := netip.ParseAddrPort(d); err != nil {
-			bad("--dns-server=%q: want an IP address, optionally with :port", d)
+			bad("--dns-server=%q: want an IP address, optionally with :port", flag)
 			continue
 		}
 		s.dnsServers = append(s.dnsServers, d)

@@ -280,6 +280,25 @@ func TestConfigFileErrors(t *testing.T) {
 	}
 }
 
+// TestDNSServers: --dns-server takes an IP address with or without a
+// port (53), an IPv6 one also in brackets without a port, as users write
+// IPv6 resolvers — refused as invalid before.
+func TestDNSServers(t *testing.T) {
+	node := map[string]string{"NODE_NAME": "n"}
+	for flag, want := range map[string]string{
+		"10.0.0.10":      "10.0.0.10:53",
+		"10.0.0.10:5353": "10.0.0.10:5353",
+		"fd00::53":       "[fd00::53]:53",
+		"[fd00::53]":     "[fd00::53]:53",
+		"[fd00::53]:54":  "[fd00::53]:54",
+	} {
+		got, err := parse(t, node, "", "--dns-server="+flag)
+		if err != nil || !slices.Equal(got.dnsServers, []string{want}) {
+			t.Errorf("--dns-server=%s: %q, %v; want %q", flag, got.dnsServers, err, want)
+		}
+	}
+}
+
 func TestSettingsErrors(t *testing.T) {
 	node := map[string]string{"NODE_NAME": "n"}
 	for _, c := range []struct {
@@ -304,6 +323,8 @@ func TestSettingsErrors(t *testing.T) {
 		{"bad service CIDR", node, []string{"--service-cidr=10.96.0.0"}, "--service-cidr"},
 		{"bad pod CIDR", node, []string{"--pod-cidr=pods"}, "--pod-cidr"},
 		{"bad DNS server", node, []string{"--dns-server=dns.example"}, "--dns-server"},
+		{"IPv4 DNS server in brackets", node, []string{"--dns-server=[10.0.0.10]"}, "--dns-server"},
+		{"DNS server with a bracket missing", node, []string{"--dns-server=[fd00::53"}, "--dns-server"},
 		{"bad log level", node, []string{"--log-level=loud"}, "--log-level"},
 		{"bad log format", node, []string{"--log-format=xml"}, "--log-format"},
 		{"negative drain", node, []string{"--drain-timeout=-1s"}, "--drain-timeout"},
