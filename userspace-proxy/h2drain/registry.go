@@ -121,7 +121,9 @@ type Endpoints struct {
 	// before (it was not handed out, or on standby).
 	Gained bool
 	// Sticky is set when clients come back to their endpoint
-	// (sessionAffinity ClientIP): moving them would not spread them.
+	// (sessionAffinity ClientIP): moving them would not spread them. Those
+	// on Standby move back all the same: their clients are pinned back to
+	// a preferred endpoint (balance.Picker.PickClient).
 	Sticky bool
 	// Changed is set when the backend's protocol or TLS settings changed,
 	// or it fails closed now: every connection moves.
@@ -133,7 +135,7 @@ type Endpoints struct {
 // returns Endpoints for (false: gone from the snapshot, its connections
 // left to finish): at once those whose endpoint is no longer handed out;
 // all the others when the backend's settings changed; those on standby
-// endpoints, unless clients come back to theirs (Sticky); or, when it
+// endpoints; or, unless clients come back to theirs (Sticky), when it
 // gained endpoints, those beyond their endpoint's share of the backend's
 // connections (ceil(connections / endpoints), those on standby left out)
 // — each at a random moment within the spread, so that their clients do
@@ -173,7 +175,7 @@ func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 			if !standby[e.ep] {
 				handed[e.ep] = append(handed[e.ep], c)
 				staying++
-			} else if !eps.Sticky && !(eps.Untried && movedBack) {
+			} else if !(eps.Untried && movedBack) {
 				r.askWithin(ref, c, e, ReasonPreferredBack)
 				movedBack = true
 			}

@@ -219,8 +219,8 @@ func TestShutdown(t *testing.T) {
 // TestStandby: the connections on standby endpoints (fallback ones, while
 // a preferred one takes connections) move back within the spread: one
 // while the preferred ones are only due a probe (Untried), the others once
-// one serves; none when clients come back to their endpoint (Sticky). The
-// others stay.
+// one serves; also when clients come back to their endpoint (Sticky), as
+// theirs are pinned back to a preferred one. The others stay.
 func TestStandby(t *testing.T) {
 	r, k := newRegistry(20 * time.Millisecond)
 	relayed(t, r, k, web, epA, 2)
@@ -244,7 +244,8 @@ func TestStandby(t *testing.T) {
 	r.Update(func(ref snapshot.BackendRef) (Endpoints, bool) {
 		return Endpoints{Addrs: eps.Addrs, Standby: eps.Standby, Sticky: ref == sticky}, ref == sticky
 	})
-	if n := leaving(r, sticky); n != 0 {
-		t.Errorf("sticky backend: %d leaving, want none", n)
+	wantRead(t, k, 2)
+	if n := leaving(r, sticky); n != 2 {
+		t.Errorf("sticky backend: %d leaving, want the 2 on standby", n)
 	}
 }

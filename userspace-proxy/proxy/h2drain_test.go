@@ -171,12 +171,19 @@ func TestRelayedH2RebalanceBesideFallback(t *testing.T) {
 // go away once the zone's endpoint takes connections again — a snapshot
 // shows it ready again, or its ejection after refused connects ends and it
 // serves — and the app's next request reaches it. Before, the connection
-// stayed in the other zone for as long as it lived.
+// stayed in the other zone for as long as it lived. Under sessionAffinity
+// ClientIP too (client-ip, the zone's endpoint ready again), whose client
+// is pinned back to the zone: it was left on zone-b while its client was
+// pinned there, and then once the client no longer was.
 func TestRelayedH2BackToZone(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{ejectFor: 100 * time.Millisecond, rebalanceSpread: 20 * time.Millisecond})
-	for i, name := range []string{"ready-again", "ejection-over"} {
+	for i, name := range []string{"ready-again", "ejection-over", "client-ip"} {
 		t.Run(name, func(t *testing.T) {
+			var affinity int32
+			if name == "client-ip" {
+				affinity = 60
+			}
 			here := closedPort(t)
 			there := startEcho(t, "zone-b", nil).addr
 			vip := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 9, byte(30 + i)}), 80)
@@ -184,7 +191,8 @@ func TestRelayedH2BackToZone(t *testing.T) {
 				eps := endpoints(here, there)
 				eps[0].Ready, eps[0].Serving = hereReady, hereReady
 				eps[0].Zone, eps[1].Zone, eps[1].Fallback = "zone-a", "zone-b", snapshot.FallbackFar
-				e.p.Update(buildSnapshot(t, version, service{name: name, vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: eps}}))
+				e.p.Update(buildSnapshot(t, version, service{name: name, vip: vip, backend: snapshot.Backend{
+					Protocol: snapshot.ProtocolH2C, Endpoints: eps, ClientIPAffinitySeconds: affinity}}))
 			}
 			// ready-again: the zone's endpoint is not ready; ejection-over:
 			// it refuses, and is ejected.
@@ -194,7 +202,7 @@ func TestRelayedH2BackToZone(t *testing.T) {
 				t.Fatalf("the zone's endpoint taking none: reached %q, want zone-b", rep.Pod)
 			}
 			startEchoOn(t, here.String(), echo.Config{Pod: "zone-a"})
-			if name == "ready-again" {
+			if name != "ejection-over" {
 				update(2, true)
 			}
 			for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
