@@ -382,6 +382,15 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 	} else {
 		s.gcHeapFloor = uint64(q.Value())
 	}
+	// A listener address wants host:port. Found only when it opened, a bad
+	// --introspection-listen stopped the agent after the datapath and the
+	// node listeners had taken over from an older agent.
+	for _, l := range [][2]string{{"--health-listen", s.healthListen}, {"--metrics-listen", s.metricsListen},
+		{"--introspection-listen", s.introspection.Listen}} {
+		if _, _, err := net.SplitHostPort(l[1]); l[1] != "" && err != nil {
+			bad("%s=%q: want host:port (an IPv6 host in brackets): %w", l[0], l[1], err)
+		}
+	}
 	if in := s.introspection; in.Socket == "" {
 		bad("--introspection-socket must not be empty")
 	} else if in.Listen != "" && (in.TLSCertFile == "" || in.TLSKeyFile == "" || in.TokenFile == "") {

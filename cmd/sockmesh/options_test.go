@@ -331,6 +331,10 @@ func TestSettingsErrors(t *testing.T) {
 		{"negative connection limit", node, []string{"--max-conns-per-pod=-1"}, "--max-conns-per-pod"},
 		{"no introspection socket", node, []string{"--introspection-socket="}, "--introspection-socket"},
 		{"introspection port without TLS", node, []string{"--introspection-listen=:9443"}, "--introspection-tls-cert"},
+		{"health address without port", node, []string{"--health-listen=[::1]"}, "--health-listen"},
+		{"metrics address without port", node, []string{"--metrics-listen=127.0.0.1"}, "--metrics-listen"},
+		{"introspection address without port", node, []string{"--introspection-listen=[::1]", "--introspection-tls-cert=c",
+			"--introspection-tls-key=k", "--introspection-token-file=t"}, "--introspection-listen"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := parse(t, c.env, "", c.args...)
