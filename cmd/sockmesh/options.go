@@ -87,7 +87,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringSliceVar(&o.proxyListen, "proxy-listen", nil, "node-ip mode listener addresses, IP:port, at most one per family; port 0 picks a free port (default: the first address of each family in $"+envHostIPs+", else $"+envHostIP+", else each family's default-route address: the route's src, else the first global address of its interface; port "+strconv.Itoa(defaultProxyPort)+")")
 	fs.Uint16Var(&o.inPodPort, "in-pod-port", enrol.DefaultPodPort, "in-pod mode listener port, on the pod's loopback addresses")
 	fs.StringVar(&o.healthListen, "health-listen", ":15021", "address serving /healthz and /readyz (empty: off)")
-	fs.StringVar(&o.metricsListen, "metrics-listen", ":15090", "address serving Prometheus /metrics (empty: off; may equal --health-listen)")
+	fs.StringVar(&o.metricsListen, "metrics-listen", ":15090", "address serving Prometheus /metrics (empty: off; may equal --health-listen, written alike, but not share its port otherwise)")
 	fs.StringVar(&o.bpffs, "bpffs", "/sys/fs/bpf", "BPF filesystem holding the pinned programs, links and maps (mounted when absent)")
 	fs.BoolVar(&o.accelerate, "accelerate", false, "hand bytes between apps and the proxy with sockhash/sk_msg instead of loopback TCP (Linux 6.10; a socket turns back to TCP, which pushes back, once 256 KiB went unanswered or lie unread)")
 	fs.StringVar(&o.cgroup, "cgroup", "", "cgroup v2 directory the programs attach to (empty: the root of the cgroup v2 hierarchy)")
@@ -385,10 +385,25 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 	// A listener address wants host:port. Found only when it opened, a bad
 	// --introspection-listen stopped the agent after the datapath and the
 	// node listeners had taken over from an older agent.
+	var listens [][2]string // the valid ones
 	for _, l := range [][2]string{{"--health-listen", s.healthListen}, {"--metrics-listen", s.metricsListen},
 		{"--introspection-listen", s.introspection.Listen}} {
 		if _, _, err := net.SplitHostPort(l[1]); l[1] != "" && err != nil {
 			bad("%s=%q: want host:port (an IPv6 host in brackets): %w", l[0], l[1], err)
+		} else if l[1] != "" {
+			listens = append(listens, l)
+		}
+	}
+	// Each listener takes its address over from any other on it
+	// (datapath/takeover), the next agent's of a rolling update as this
+	// agent's own: /healthz answered 404 once --metrics-listen=0.0.0.0:15021
+	// had taken --health-listen=:15021 over. Health and metrics share one
+	// listener only when given the same address as written.
+	for i, a := range listens {
+		for _, b := range listens[i+1:] {
+			if shareAddress(a[1], b[1]) && (a[1] != b[1] || b[0] == "--introspection-listen") {
+				bad("%s=%q is on %s=%q's port: give another port (health and metrics may share one address, written alike)", b[0], b[1], a[0], a[1])
+			}
 		}
 	}
 	if in := s.introspection; in.Socket == "" {
@@ -397,6 +412,20 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 		bad("--introspection-listen needs --introspection-tls-cert, --introspection-tls-key and --introspection-token-file")
 	}
 	return s, errors.Join(errs...)
+}
+
+// shareAddress reports whether listeners on a and b (host:port) would be
+// on one socket address: the same port, not 0, and a host unspecified or
+// the same (hostnames as written).
+func shareAddress(a, b string) bool {
+	ha, pa, _ := net.SplitHostPort(a)
+	hb, pb, _ := net.SplitHostPort(b)
+	if pa != pb || pa == "0" {
+		return false
+	}
+	ia, errA := netip.ParseAddr(ha)
+	ib, errB := netip.ParseAddr(hb)
+	return ha == "" || hb == "" || ha == hb || errA == nil && errB == nil && (ia == ib || ia.IsUnspecified() || ib.IsUnspecified())
 }
 
 // proxyListen parses --proxy-listen, or makes its default: the node's

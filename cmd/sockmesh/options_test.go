@@ -299,6 +299,22 @@ func TestDNSServers(t *testing.T) {
 	}
 }
 
+// TestListenersSharingAPort: health and metrics may share one listener,
+// given the same address; listeners on distinct addresses, or on port 0,
+// may share a port number (TestSettingsErrors has those that may not).
+func TestListenersSharingAPort(t *testing.T) {
+	node := map[string]string{"NODE_NAME": "n"}
+	for _, args := range [][]string{
+		{"--health-listen=:15021", "--metrics-listen=:15021"},
+		{"--health-listen=10.0.0.1:15021", "--metrics-listen=10.0.0.2:15021"},
+		{"--health-listen=:0", "--metrics-listen=127.0.0.1:0"},
+	} {
+		if _, err := parse(t, node, "", args...); err != nil {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+}
+
 func TestSettingsErrors(t *testing.T) {
 	node := map[string]string{"NODE_NAME": "n"}
 	for _, c := range []struct {
@@ -333,6 +349,10 @@ func TestSettingsErrors(t *testing.T) {
 		{"introspection port without TLS", node, []string{"--introspection-listen=:9443"}, "--introspection-tls-cert"},
 		{"health address without port", node, []string{"--health-listen=[::1]"}, "--health-listen"},
 		{"metrics address without port", node, []string{"--metrics-listen=127.0.0.1"}, "--metrics-listen"},
+		{"metrics on health's port", node, []string{"--health-listen=:15021", "--metrics-listen=0.0.0.0:15021"}, "--metrics-listen"},
+		{"metrics on health's port, IPv6", node, []string{"--health-listen=:15021", "--metrics-listen=[::]:15021"}, "--metrics-listen"},
+		{"introspection on health's address", node, []string{"--health-listen=10.0.0.1:9443", "--introspection-listen=10.0.0.1:9443",
+			"--introspection-tls-cert=c", "--introspection-tls-key=k", "--introspection-token-file=t"}, "--introspection-listen"},
 		{"introspection address without port", node, []string{"--introspection-listen=[::1]", "--introspection-tls-cert=c",
 			"--introspection-tls-key=k", "--introspection-token-file=t"}, "--introspection-listen"},
 	} {
