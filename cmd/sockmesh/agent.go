@@ -44,9 +44,9 @@ and the pods' enrolments in line with every Snapshot the control plane
 publishes.
 
 Logs (structured, on stderr): "listening" once per listener, with
-listener=proxy|health|metrics and addr= the bound address (useful with
-port 0); "agent ready" when /readyz first turns ready; "snapshot applied"
-per Snapshot; "pod enrolled" per pod.
+listener=proxy|health|metrics|introspection and addr= the bound address
+(useful with port 0); "agent ready" when /readyz first turns ready;
+"snapshot applied" per Snapshot; "pod enrolled" per pod.
 
 /readyz is ready when this agent's programs run on their hooks (not after
 ` + "`sockmesh uninstall`" + `, nor once a newer agent took the node over), the first
