@@ -31,7 +31,7 @@ the cluster.`
 func newDescribeCommand(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:       "describe service|backendtlspolicy|xbackend|httproute NAME",
-		Short:     "show the effective backend properties of a Service, policy, XBackend or route",
+		Short:     "show the effective backend properties of a Service, BackendTLSPolicy, XBackend or HTTPRoute",
 		Long:      describeLong,
 		Example:   "  sockmeshctl describe service -n app secure\n  sockmeshctl describe backendtlspolicy app/secure -o yaml",
 		Args:      cobra.ExactArgs(2),
