@@ -46,7 +46,7 @@ func (g *globals) addFlags(fs *pflag.FlagSet) {
 	fs.StringVarP(&g.output, "output", "o", "table", "output format: table, yaml or json")
 	fs.StringVar(&g.agentSocket, "agent-socket", httpapi.DefaultSocket, "the node agent's introspection socket")
 	fs.StringVar(&g.agentAddress, "agent-address", "", "host:port of an agent's --introspection-listen (instead of the socket)")
-	fs.IntVar(&g.agentPort, "agent-port", 0, "reach the agent of the pod's node (status: of every node) at the node's InternalIP on this --introspection-listen port")
+	fs.IntVar(&g.agentPort, "agent-port", 0, "reach the agent of the pod's node (explain) or of every node (status --all-nodes) at the node's InternalIP on this --introspection-listen port")
 	fs.StringVar(&g.agentCA, "agent-ca", "", "CA bundle verifying agents' TLS certificates (default: system roots)")
 	fs.StringVar(&g.agentTokenFile, "agent-token-file", "", "file holding the bearer token of agents' --introspection-listen")
 	fs.DurationVar(&g.timeout, "request-timeout", 30*time.Second, "timeout of each request to an agent or the API server")
@@ -100,12 +100,15 @@ func (g *globals) ns() string {
 
 // agentFor returns a client of node's agent: --agent-address when set,
 // else with --agent-port the node's InternalIP (from the API server),
-// else the local socket.
+// else the local socket. --agent-port without a node is refused: the
+// local socket's agent would answer for a remote one asked for.
 func (g *globals) agentFor(ctx context.Context, node string) (*agentclient.Client, error) {
 	cfg := agentclient.Config{Socket: g.agentSocket, CAFile: g.agentCA, TokenFile: g.agentTokenFile, Timeout: g.timeout}
 	switch {
 	case g.agentAddress != "":
 		cfg.Address = g.agentAddress
+	case g.agentPort > 0 && node == "":
+		return nil, errors.New("--agent-port reaches the agent of a pod's node (explain, with the API server) or of every node (status --all-nodes); name one agent with --agent-address")
 	case g.agentPort > 0 && node != "":
 		kube, _, err := g.kube()
 		if err != nil {

@@ -68,3 +68,34 @@ func TestStatusAllNodesWithAddress(t *testing.T) {
 		t.Errorf("status --all-nodes --agent-address: error %v, want one naming --agent-address; output:\n%s", err, out.String())
 	}
 }
+
+// TestAgentPortWithoutNode: --agent-port finds a node's agent through the
+// API server, which status (without --all-nodes), top and metrics never ask:
+// they answered from the local socket's agent, as if it were the one asked
+// for. They refuse the flag instead.
+func TestAgentPortWithoutNode(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	srv, err := httpapi.NewServer(httpapi.Config{Socket: sock}, &introspect.Sources{Node: "node-a", Metrics: introspect.NewCatalog()}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	for _, args := range [][]string{{"status"}, {"metrics"}, {"top", "--count=1"}} {
+		cmd := newRootCommand()
+		var out bytes.Buffer
+		cmd.SetOut(&out)
+		cmd.SetErr(&out)
+		cmd.SetArgs(append(args, "--agent-port=9443", "--agent-socket="+sock))
+		if err := cmd.Execute(); err == nil || !strings.Contains(err.Error(), "--agent-port") {
+			t.Errorf("%s --agent-port: error %v, want one naming --agent-port; output:\n%s", args[0], err, out.String())
+		}
+	}
+}
