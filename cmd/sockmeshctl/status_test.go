@@ -47,15 +47,7 @@ func TestStatusAllNodesWithAddress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
+	serve(t, srv)
 	_, addr := srv.Addrs()
 
 	cmd := newRootCommand()
@@ -79,15 +71,7 @@ func TestAgentPortWithoutNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
+	serve(t, srv)
 	for _, args := range [][]string{{"status"}, {"metrics"}, {"top", "--count=1"}} {
 		cmd := newRootCommand()
 		var out bytes.Buffer
@@ -98,4 +82,18 @@ func TestAgentPortWithoutNode(t *testing.T) {
 			t.Errorf("%s --agent-port: error %v, want one naming --agent-port; output:\n%s", args[0], err, out.String())
 		}
 	}
+}
+
+// serve runs srv until the test ends.
+func serve(t *testing.T, srv *httpapi.Server) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
 }

@@ -132,12 +132,7 @@ func (n *NS) Listen(ctx context.Context, lc *net.ListenConfig, network, address 
 // read over netlink.
 func (n *NS) Addrs() ([]netip.Addr, error) {
 	var out []netip.Addr
-	err := n.Do(func() error {
-		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
-		if err != nil {
-			return err
-		}
-		defer h.Close()
+	err := n.netlink(func(h *netlink.Handle) error {
 		addrs, err := retryDump(func() ([]netlink.Addr, error) { return h.AddrList(nil, netlink.FAMILY_ALL) })
 		if err != nil {
 			return err
@@ -153,4 +148,16 @@ func (n *NS) Addrs() ([]netip.Addr, error) {
 		return nil, fmt.Errorf("list addresses in netns %s: %w", n.Path(), err)
 	}
 	return out, nil
+}
+
+// netlink runs f with a route netlink handle opened inside the namespace.
+func (n *NS) netlink(f func(*netlink.Handle) error) error {
+	return n.Do(func() error {
+		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
+		if err != nil {
+			return err
+		}
+		defer h.Close()
+		return f(h)
+	})
 }

@@ -18,12 +18,7 @@ import (
 // in each. It fails when no family has one.
 func (n *NS) DefaultRouteAddrs() ([]netip.Addr, error) {
 	var out []netip.Addr
-	err := n.Do(func() error {
-		h, err := netlink.NewHandle(unix.NETLINK_ROUTE)
-		if err != nil {
-			return err
-		}
-		defer h.Close()
+	err := n.netlink(func(h *netlink.Handle) error {
 		for _, family := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
 			ip, err := defaultRouteAddr(h, family)
 			if err != nil {

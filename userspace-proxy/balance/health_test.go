@@ -217,24 +217,24 @@ func TestPickFewest(t *testing.T) {
 	if load[eps[0]] != 3 || load[eps[1]] != 3 || load[eps[2]] != 3 {
 		t.Errorf("after six more: %v, want 3 each", load)
 	}
-	fewest := func(n int) map[netip.AddrPort]int {
+	loaded := func(n int) map[netip.AddrPort]int {
 		seen := map[netip.AddrPort]int{}
 		for range n {
 			seen[p.PickFewest(of).Endpoint.Addr]++
 		}
 		return seen
 	}
-	if seen := fewest(6); len(seen) != 3 {
+	if seen := loaded(6); len(seen) != 3 {
 		t.Errorf("equal loads: picked %v, want all three in turn", seen)
 	}
 	h.Failed(eps[1], time.Now())
 	load[eps[1]] = 0
-	if seen := fewest(6); seen[eps[1]] != 0 {
+	if seen := loaded(6); seen[eps[1]] != 0 {
 		t.Errorf("picked %v, the ejected endpoint among them", seen)
 	}
 	h.Failed(eps[0], time.Now())
 	h.Failed(eps[2], time.Now())
-	if seen := fewest(6); len(seen) != 3 {
+	if seen := loaded(6); len(seen) != 3 {
 		t.Errorf("every endpoint ejected: picked %v, want all three in turn", seen)
 	}
 }
@@ -260,20 +260,13 @@ func TestFallback(t *testing.T) {
 		}
 		return len(seen) == len(is)
 	}
-	fewest := func(n int) map[string]int {
-		seen := map[string]int{}
-		for range n {
-			seen[p.PickFewest(func(netip.AddrPort) int { return 0 }).Host]++
-		}
-		return seen
-	}
 	if got := picks(p, 6); !only(got, 2, 0, 1, 2) {
 		t.Errorf("preferred endpoints healthy: picks %v, want them only, in turn", got)
 	}
 	now := time.Now()
 	h.Failed(eps[0].Addr, now)
 	h.Failed(eps[1].Addr, now)
-	if got, few := picks(p, 4), fewest(4); !only(got, 4, 2) || !only(few, 4, 2) {
+	if got, few := picks(p, 4), fewest(p, 4); !only(got, 4, 2) || !only(few, 4, 2) {
 		t.Errorf("two preferred endpoints ejected: picks %v, fewest %v; want the third only", got, few)
 	}
 	if got, untried := p.Standby(now); !slices.Equal(got, []netip.AddrPort{eps[3].Addr, eps[4].Addr}) || untried {
@@ -284,7 +277,7 @@ func TestFallback(t *testing.T) {
 	p.SetSession(hdr, r, &p.ready[2], now, sp)
 	r.Header.Set("s", hdr.Get("s"))
 	h.Failed(eps[2].Addr, now)
-	if got, few := picks(p, 4), fewest(4); !only(got, 2, 3, 4) || !only(few, 2, 3, 4) {
+	if got, few := picks(p, 4), fewest(p, 4); !only(got, 2, 3, 4) || !only(few, 2, 3, 4) {
 		t.Errorf("every preferred endpoint ejected: picks %v, fewest %v; want the fallback ones in turn", got, few)
 	}
 	if got, _ := p.Standby(now); got != nil {
@@ -334,24 +327,17 @@ func TestFallbackLevels(t *testing.T) {
 		}
 		return len(seen) == len(is)
 	}
-	fewest := func(n int) map[string]int {
-		seen := map[string]int{}
-		for range n {
-			seen[p.PickFewest(func(netip.AddrPort) int { return 0 }).Host]++
-		}
-		return seen
-	}
 	now := time.Now()
-	if got, few, standby := picks(p, 4), fewest(4), onStandby(p, now); !only(got, 0) || !only(few, 0) || !slices.Equal(standby, addrs(1, 2, 3)) {
+	if got, few, standby := picks(p, 4), fewest(p, 4), onStandby(p, now); !only(got, 0) || !only(few, 0) || !slices.Equal(standby, addrs(1, 2, 3)) {
 		t.Errorf("preferred endpoint healthy: picks %v, fewest %v, standby %v; want it only, the others on standby", got, few, standby)
 	}
 	h.Failed(eps[0].Addr, now)
-	if got, few, standby := picks(p, 4), fewest(4), onStandby(p, now); !only(got, 1, 2) || !only(few, 1, 2) || !slices.Equal(standby, addrs(3)) {
+	if got, few, standby := picks(p, 4), fewest(p, 4), onStandby(p, now); !only(got, 1, 2) || !only(few, 1, 2) || !slices.Equal(standby, addrs(3)) {
 		t.Errorf("preferred endpoint ejected: picks %v, fewest %v, standby %v; want the zone's, the other zone's on standby", got, few, standby)
 	}
 	h.Failed(eps[1].Addr, now)
 	h.Failed(eps[2].Addr, now)
-	if got, few, standby := picks(p, 4), fewest(4), onStandby(p, now); !only(got, 3) || !only(few, 3) || standby != nil {
+	if got, few, standby := picks(p, 4), fewest(p, 4), onStandby(p, now); !only(got, 3) || !only(few, 3) || standby != nil {
 		t.Errorf("the zone's endpoints ejected: picks %v, fewest %v, standby %v; want the other zone's, none on standby", got, few, standby)
 	}
 	eps[0].Ready = false
@@ -365,4 +351,14 @@ func TestFallbackLevels(t *testing.T) {
 func onStandby(p *Picker, now time.Time) []netip.AddrPort {
 	s, _ := p.Standby(now)
 	return s
+}
+
+// fewest counts the endpoints n PickFewest calls return, every endpoint
+// carrying no load.
+func fewest(p *Picker, n int) map[string]int {
+	seen := map[string]int{}
+	for range n {
+		seen[p.PickFewest(func(netip.AddrPort) int { return 0 }).Host]++
+	}
+	return seen
 }
