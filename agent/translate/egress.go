@@ -16,7 +16,8 @@ import (
 // confused deputy (GEP-4894): an external name must not lead the proxy to
 // this node, to pods or Services, or to addresses that mean "here". It
 // returns the Invalid reason and message when no endpoint remains.
-func externalEndpoints(host string, port uint16, in Input) ([]snapshot.Endpoint, string, string) {
+func (t *translator) externalEndpoints(host string, port uint16) ([]snapshot.Endpoint, string, string) {
+	in := t.in
 	answers, resolved := in.Resolved[host]
 	if !resolved {
 		return nil, ReasonUnresolved, fmt.Sprintf("%s has not been resolved yet", host)
@@ -27,7 +28,7 @@ func externalEndpoints(host string, port uint16, in Input) ([]snapshot.Endpoint,
 	)
 	for _, a := range answers {
 		a = a.Unmap()
-		if why := refusedAddress(a, in.Node); why != "" {
+		if why := refusedAddress(a, in.Node, t.clusterAddresses()); why != "" {
 			refused = append(refused, fmt.Sprintf("%s (%s)", a, why))
 			continue
 		}
@@ -49,7 +50,9 @@ func externalEndpoints(host string, port uint16, in Input) ([]snapshot.Endpoint,
 }
 
 // refusedAddress says why an external name may not lead to a, or "".
-func refusedAddress(a netip.Addr, node Node) string {
+// cluster maps the Services' ClusterIPs and endpoint addresses to what they
+// are (clusterAddresses).
+func refusedAddress(a netip.Addr, node Node, cluster map[netip.Addr]string) string {
 	switch {
 	case !a.IsValid():
 		return "invalid"
@@ -65,12 +68,49 @@ func refusedAddress(a netip.Addr, node Node) string {
 		return "broadcast"
 	case slices.ContainsFunc(node.IPs, func(n netip.Addr) bool { return n.Unmap() == a }):
 		return "node address"
+	case cluster[a] != "":
+		return cluster[a]
 	case slices.ContainsFunc(node.PodCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }):
 		return "pod range"
 	case slices.ContainsFunc(node.ServiceCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }):
 		return "service range"
 	}
 	return ""
+}
+
+// clusterAddresses returns every Service ClusterIP and EndpointSlice
+// endpoint address of the cluster, built on first use: the proxy dials from
+// the node, outside the pods' NetworkPolicies, so an external name must not
+// lead to a pod or Service anywhere, though the agent knows no pod range but
+// its own node's (and --pod-cidr's). Pods that back no Service are covered
+// by the pod ranges only. Values say what the address is, without naming
+// the Service: the message reaches whoever owns the XBackend.
+func (t *translator) clusterAddresses() map[netip.Addr]string {
+	if t.clusterAddrs != nil {
+		return t.clusterAddrs
+	}
+	t.clusterAddrs = map[netip.Addr]string{}
+	for _, es := range t.in.EndpointSlices {
+		if es == nil {
+			continue
+		}
+		for _, ep := range es.Endpoints {
+			for _, s := range ep.Addresses {
+				if a, err := netip.ParseAddr(s); err == nil {
+					t.clusterAddrs[a.Unmap()] = "Service endpoint"
+				}
+			}
+		}
+	}
+	// ClusterIPs last: an address that is both is named as the ClusterIP.
+	for _, svc := range t.services {
+		for _, s := range append([]string{svc.Spec.ClusterIP}, svc.Spec.ClusterIPs...) {
+			if a, err := netip.ParseAddr(s); err == nil { // "" and "None" do not parse
+				t.clusterAddrs[a.Unmap()] = "Service ClusterIP"
+			}
+		}
+	}
+	return t.clusterAddrs
 }
 
 // externalHostnameProblem says why an ExternalHostname may not be used

@@ -34,7 +34,7 @@ func TestRefusedAddress(t *testing.T) {
 		"10.100.0.1":      "service range",
 		"fd00:96::1":      "service range",
 	} {
-		if got := refusedAddress(netip.MustParseAddr(addr), node); got != want {
+		if got := refusedAddress(netip.MustParseAddr(addr), node, nil); got != want {
 			t.Errorf("refusedAddress(%s) = %q, want %q", addr, got, want)
 		}
 	}

@@ -75,6 +75,8 @@ type translator struct {
 	xbackends  map[types.NamespacedName]*xbackendEval
 	grants     map[string][]*gwv1.ReferenceGrant // by namespace, sorted by name
 	certs      tlsvalidation.CertCache
+	// clusterAddrs is clusterAddresses' index, nil until first used.
+	clusterAddrs map[netip.Addr]string
 
 	// portPolicies holds the BackendTLSPolicy that governs each Service port.
 	portPolicies map[portKey]*portPolicy

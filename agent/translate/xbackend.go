@@ -124,7 +124,7 @@ func (t *translator) evalXBackend(xb *gwxv1alpha1.XBackend) *xbackendEval {
 
 	switch spec.Type {
 	case gwxv1alpha1.BackendTypeExternalHostname:
-		eps, reason, msg := externalEndpoints(b.Hostname, b.Ref.Port, t.in)
+		eps, reason, msg := t.externalEndpoints(b.Hostname, b.Ref.Port)
 		b.Endpoints = eps
 		if reason != "" {
 			b.TLS = nil // an Invalid backend carries no settings to use
