@@ -63,7 +63,8 @@ type Node struct {
 	Zone string
 	// IPs are the node's own addresses.
 	IPs []netip.Addr
-	// PodCIDRs and ServiceCIDRs are the cluster's ranges.
+	// PodCIDRs and ServiceCIDRs are the cluster's ranges (the kubernetes
+	// source gives this node's podCIDRs and the ServiceCIDR objects').
 	PodCIDRs     []netip.Prefix
 	ServiceCIDRs []netip.Prefix
 	// EgressAllow, when not empty, is the list of hostname patterns

@@ -93,7 +93,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&o.cgroup, "cgroup", "", "cgroup v2 directory the programs attach to (empty: the root of the cgroup v2 hierarchy)")
 	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect one agent (a Lease) to write status and generated Services (kubernetes source)")
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", getenv(envPodNamespace), "namespace of the leader Lease (default $"+envPodNamespace+")")
-	fs.StringSliceVar(&o.serviceCIDRs, "service-cidr", nil, "the cluster's Service ranges; external hostnames resolving into them are refused")
+	fs.StringSliceVar(&o.serviceCIDRs, "service-cidr", nil, "the cluster's Service ranges, besides its ServiceCIDR objects' (Kubernetes 1.33+); external hostnames resolving into them are refused")
 	fs.StringSliceVar(&o.podCIDRs, "pod-cidr", nil, "the cluster's pod ranges; external hostnames resolving into them are refused (without it, only this node's pod range, from its Node, and the pods EndpointSlices list: another node's pod that backs no Service is reachable)")
 	fs.StringVar(&o.clusterDomain, "cluster-domain", "", "the cluster's DNS domain when not cluster.local; external hostnames may not be in it")
 	fs.StringSliceVar(&o.dnsServers, "dns-server", nil, "DNS servers (IP or IP:port, port 53 by default; IPv6 with or without brackets) resolving ExternalHostname XBackends (default: /etc/resolv.conf)")

@@ -39,6 +39,7 @@ func TestAgentRBAC(t *testing.T) {
 		{"watch", "", "configmaps", "", "app", true},
 		{"watch", "", "secrets", "", "app", true},
 		{"list", "certificates.k8s.io", "clustertrustbundles", "", "", true},
+		{"watch", "networking.k8s.io", "servicecidrs", "", "", true},
 		{"watch", gw, "backendtlspolicies", "", "", true},
 		{"watch", gw, "httproutes", "", "", true},
 		{"watch", gw, "grpcroutes", "", "", true},

@@ -1,7 +1,8 @@
 // Package kubernetes is the config source that watches a Kubernetes API
 // server with client-go informers and hands translate the objects it lists:
 // Services, EndpointSlices, Namespaces, the Pods and the Node of this node,
-// ClusterTrustBundles, and the Gateway API kinds sockmesh implements
+// ClusterTrustBundles, ServiceCIDRs (Input.Node.ServiceCIDRs: the ranges
+// external hostnames may not resolve into), and the Gateway API kinds sockmesh implements
 // (BackendTLSPolicy, HTTPRoute, GRPCRoute, ReferenceGrant, XBackend,
 // XBackendTrafficPolicy, XMesh). It implements agent/source.Source.
 //
@@ -15,7 +16,7 @@
 // pattern; it costs one LIST and one WATCH stream per referenced object.
 //
 // Which optional kinds the cluster serves (the Gateway API CRDs, of either
-// channel, and ClusterTrustBundles) is asked at start and again every
+// channel, ClusterTrustBundles and ServiceCIDRs) is asked at start and again every
 // Config.DiscoveryInterval, as GEP-5075 asks of ClusterTrustBundles: a kind
 // that becomes served (a CRD installed, a channel upgraded) is watched and
 // its objects reach Input once listed; a kind that two answers in a row

@@ -17,6 +17,7 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -24,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
 	certinformers "k8s.io/client-go/informers/certificates/v1"
+	networkinginformers "k8s.io/client-go/informers/networking/v1"
 	k8s "k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	discoverylisters "k8s.io/client-go/listers/discovery/v1"
@@ -114,7 +116,7 @@ func New(cfg Config, kube k8s.Interface, gw gwclient.Interface, log *slog.Logger
 		}, []string{"kind"}),
 		watched: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "sockmesh_source_kind_watched",
-			Help: "1 when the API server serves an optional kind (a Gateway API CRD, ClusterTrustBundle) and the source lists it; 0 when its objects are taken as none.",
+			Help: "1 when the API server serves an optional kind (a Gateway API CRD, ClusterTrustBundle, ServiceCIDR) and the source lists it; 0 when its objects are taken as none.",
 		}, []string{"kind"}),
 	}
 	refWatches := prometheus.NewGauge(prometheus.GaugeOpts{
@@ -245,9 +247,9 @@ func (s *Source) Run(ctx context.Context) error {
 }
 
 // optionalKind is a kind served only when its API is there: a Gateway API
-// CRD (of the standard or the experimental channel), or
+// CRD (of the standard or the experimental channel),
 // certificates.k8s.io/v1 ClusterTrustBundles (Kubernetes >= 1.37, or
-// turned on).
+// turned on), or networking.k8s.io/v1 ServiceCIDRs (Kubernetes >= 1.33).
 type optionalKind struct {
 	kind, groupVersion string
 	// relevant lets updates through to a rebuild (nil: all; see handler).
@@ -258,6 +260,7 @@ type optionalKind struct {
 // The optional kinds.
 const (
 	kindClusterTrustBundle    = "ClusterTrustBundle"
+	kindServiceCIDR           = "ServiceCIDR"
 	kindBackendTLSPolicy      = "BackendTLSPolicy"
 	kindReferenceGrant        = "ReferenceGrant"
 	kindHTTPRoute             = "HTTPRoute"
@@ -275,6 +278,10 @@ const (
 var optionalKinds = []optionalKind{
 	{kindClusterTrustBundle, certificatesv1.SchemeGroupVersion.String(), nil, func(kube k8s.Interface, _ gwclient.Interface) cache.SharedIndexInformer {
 		return certinformers.NewClusterTrustBundleInformer(kube, 0, cache.Indexers{})
+	}},
+	// A handful of objects, rarely updated: every update counts.
+	{kindServiceCIDR, networkingv1.SchemeGroupVersion.String(), nil, func(kube k8s.Interface, _ gwclient.Interface) cache.SharedIndexInformer {
+		return networkinginformers.NewServiceCIDRInformer(kube, 0, cache.Indexers{})
 	}},
 	{kindBackendTLSPolicy, gwv1.GroupVersion.String(), policyChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
 		return gwinformers.NewBackendTLSPolicyInformer(gw, metav1.NamespaceAll, 0, cache.Indexers{})
@@ -551,12 +558,13 @@ func (s *Source) Input() translate.Input {
 
 		ClusterTrustBundlesUnavailable: l.optional[kindClusterTrustBundle] == nil,
 	}
+	in.Node.ServiceCIDRs = serviceCIDRs(cached[*networkingv1.ServiceCIDR](l.optional[kindServiceCIDR]))
 	in.ConfigMaps, in.Secrets = s.refs.objects(tlsrefs.Of(in.BackendTLSPolicies, in.XBackends))
 	return in
 }
 
 // node describes this node from its Node object; the agent adds what it
-// is configured with (service CIDRs, egress allow-list).
+// is configured with (--service-cidr, --pod-cidr, egress allow-list).
 func (s *Source) node(l *listers) translate.Node {
 	n := translate.Node{Name: s.cfg.NodeName}
 	obj, err := l.nodes.Get(s.cfg.NodeName)
@@ -582,6 +590,21 @@ func (s *Source) node(l *listers) translate.Node {
 		}
 	}
 	return n
+}
+
+// serviceCIDRs returns the ranges of the cluster's ServiceCIDRs, every
+// one, ready or being deleted: its ClusterIPs may still be in use.
+func serviceCIDRs(objs []*networkingv1.ServiceCIDR) []netip.Prefix {
+	var out []netip.Prefix
+	for _, o := range objs {
+		for _, c := range o.Spec.CIDRs {
+			if p, err := netip.ParsePrefix(c); err == nil && !slices.Contains(out, p.Masked()) {
+				out = append(out, p.Masked())
+			}
+		}
+	}
+	slices.SortFunc(out, netip.Prefix.Compare) // the cache lists in no order
+	return out
 }
 
 // lister is what every generated lister has.

@@ -11,6 +11,7 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -300,6 +301,24 @@ func TestClusterTrustBundlesTurnedOn(t *testing.T) {
 	})
 }
 
+// TestServiceCIDRs: the cluster's ServiceCIDRs (the API server's default
+// one and any added later) are Input's service ranges, which external
+// hostnames may not resolve into, though --service-cidr names none.
+func TestServiceCIDRs(t *testing.T) {
+	env := apiserver.Start(t)
+	s := startSource(t, env)
+	def := netip.MustParsePrefix(apiserver.ServiceCIDR)
+	waitInput(t, s, "the default ServiceCIDR", func(in translate.Input) bool {
+		return slices.Equal(in.Node.ServiceCIDRs, []netip.Prefix{def})
+	})
+	must.Succeed(t)(env.Kube.NetworkingV1().ServiceCIDRs().Create(t.Context(), &networkingv1.ServiceCIDR{
+		ObjectMeta: metav1.ObjectMeta{Name: "extra"}, Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.200.0.0/16"}},
+	}, metav1.CreateOptions{}))
+	waitInput(t, s, "the added ServiceCIDR", func(in translate.Input) bool {
+		return slices.Equal(in.Node.ServiceCIDRs, []netip.Prefix{def, netip.MustParsePrefix("10.200.0.0/16")})
+	})
+}
+
 // TestCRDsInstalledLater: Gateway API CRDs installed after the agent
 // started are watched without a restart, and a BackendTLSPolicy created
 // then reaches Input.
@@ -312,7 +331,7 @@ func TestCRDsInstalledLater(t *testing.T) {
 		}
 	}
 	for _, k := range optionalKinds {
-		if k.kind != kindClusterTrustBundle {
+		if k.kind != kindClusterTrustBundle && k.kind != kindServiceCIDR { // built in, not CRDs
 			waitUnserved(t, env, k.groupVersion, k.kind)
 		}
 	}
@@ -389,6 +408,7 @@ func TestCRDDeletedBeforeFirstListing(t *testing.T) {
 			{APIGroups: []string{""}, Resources: []string{"services", "namespaces", "pods", "nodes", "configmaps", "secrets"}, Verbs: []string{"list", "watch"}},
 			{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}},
 			{APIGroups: []string{"certificates.k8s.io"}, Resources: []string{"clustertrustbundles"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"servicecidrs"}, Verbs: []string{"list", "watch"}},
 			// Not backendtlspolicies.
 			{APIGroups: []string{gwv1.GroupName}, Resources: []string{"httproutes", "grpcroutes", "referencegrants"}, Verbs: []string{"list", "watch"}},
 			{APIGroups: []string{gwxv1alpha1.GroupName}, Resources: []string{"xbackends", "xbackendtrafficpolicies", "xmeshes"}, Verbs: []string{"list", "watch"}},
