@@ -87,7 +87,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringSliceVar(&o.proxyListen, "proxy-listen", nil, "node-ip mode listener addresses, IP:port, at most one per family; port 0 picks a free port (default: the first address of each family in $"+envHostIPs+", else $"+envHostIP+", else each family's default-route address: the route's src, else the first global address of its interface; port "+strconv.Itoa(defaultProxyPort)+")")
 	fs.Uint16Var(&o.inPodPort, "in-pod-port", enrol.DefaultPodPort, "in-pod mode listener port, on the pod's loopback addresses")
 	fs.StringVar(&o.healthListen, "health-listen", ":15021", "address serving /healthz and /readyz (empty: off)")
-	fs.StringVar(&o.metricsListen, "metrics-listen", ":15090", "address serving Prometheus /metrics (empty: off; may equal --health-listen, written alike, but not share its port otherwise)")
+	fs.StringVar(&o.metricsListen, "metrics-listen", ":15090", "address serving Prometheus /metrics (empty: off; may equal --health-listen, written alike, but not overlap it on its port otherwise: 0.0.0.0 beside an IPv6 address does not)")
 	fs.StringVar(&o.bpffs, "bpffs", "/sys/fs/bpf", "BPF filesystem holding the pinned programs, links and maps (mounted when absent)")
 	fs.BoolVar(&o.accelerate, "accelerate", false, "hand bytes between apps and the proxy with sockhash/sk_msg instead of loopback TCP (Linux 6.10; a socket turns back to TCP, which pushes back, once 256 KiB went unanswered or lie unread)")
 	fs.StringVar(&o.cgroup, "cgroup", "", "cgroup v2 directory the programs attach to (empty: the root of the cgroup v2 hierarchy)")
@@ -415,17 +415,27 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 }
 
 // shareAddress reports whether listeners on a and b (host:port) would be
-// on one socket address: the same port, not 0, and a host unspecified or
-// the same (hostnames as written).
+// on one socket address: the same port, not 0, and the same host
+// (hostnames as written) or an unspecified one of the other's family. An
+// empty host or [::] listens on both families (Go's dual-stack socket),
+// 0.0.0.0 on IPv4 alone: beside [::1] it shares no connection.
 func shareAddress(a, b string) bool {
 	ha, pa, _ := net.SplitHostPort(a)
 	hb, pb, _ := net.SplitHostPort(b)
 	if pa != pb || pa == "0" {
 		return false
 	}
+	if ha == hb || ha == "" || hb == "" {
+		return true
+	}
 	ia, errA := netip.ParseAddr(ha)
 	ib, errB := netip.ParseAddr(hb)
-	return ha == "" || hb == "" || ha == hb || errA == nil && errB == nil && (ia == ib || ia.IsUnspecified() || ib.IsUnspecified())
+	if errA != nil || errB != nil {
+		return false
+	}
+	ia, ib = ia.Unmap(), ib.Unmap()
+	return ia == ib || ia == netip.IPv6Unspecified() || ib == netip.IPv6Unspecified() ||
+		ia.IsUnspecified() && ib.Is4() || ib.IsUnspecified() && ia.Is4()
 }
 
 // proxyListen parses --proxy-listen, or makes its default: the node's

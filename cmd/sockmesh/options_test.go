@@ -300,14 +300,17 @@ func TestDNSServers(t *testing.T) {
 }
 
 // TestListenersSharingAPort: health and metrics may share one listener,
-// given the same address; listeners on distinct addresses, or on port 0,
-// may share a port number (TestSettingsErrors has those that may not).
+// given the same address; listeners on distinct addresses, on port 0, or
+// on 0.0.0.0 beside an IPv6 address (an IPv4-only socket), may share a port
+// number (TestSettingsErrors has those that may not).
 func TestListenersSharingAPort(t *testing.T) {
 	node := map[string]string{"NODE_NAME": "n"}
 	for _, args := range [][]string{
 		{"--health-listen=:15021", "--metrics-listen=:15021"},
 		{"--health-listen=10.0.0.1:15021", "--metrics-listen=10.0.0.2:15021"},
 		{"--health-listen=:0", "--metrics-listen=127.0.0.1:0"},
+		{"--health-listen=0.0.0.0:15021", "--metrics-listen=[::1]:15021"},
+		{"--health-listen=[fd00::1]:15021", "--metrics-listen=0.0.0.0:15021"},
 	} {
 		if _, err := parse(t, node, "", args...); err != nil {
 			t.Errorf("%v: %v", args, err)
@@ -351,6 +354,8 @@ func TestSettingsErrors(t *testing.T) {
 		{"metrics address without port", node, []string{"--metrics-listen=127.0.0.1"}, "--metrics-listen"},
 		{"metrics on health's port", node, []string{"--health-listen=:15021", "--metrics-listen=0.0.0.0:15021"}, "--metrics-listen"},
 		{"metrics on health's port, IPv6", node, []string{"--health-listen=:15021", "--metrics-listen=[::]:15021"}, "--metrics-listen"},
+		{"metrics on health's port, both families", node, []string{"--health-listen=0.0.0.0:15021", "--metrics-listen=[::]:15021"}, "--metrics-listen"},
+		{"metrics on health's address, IPv4-mapped", node, []string{"--health-listen=127.0.0.1:15021", "--metrics-listen=[::ffff:127.0.0.1]:15021"}, "--metrics-listen"},
 		{"introspection on health's address", node, []string{"--health-listen=10.0.0.1:9443", "--introspection-listen=10.0.0.1:9443",
 			"--introspection-tls-cert=c", "--introspection-tls-key=k", "--introspection-token-file=t"}, "--introspection-listen"},
 		{"introspection address without port", node, []string{"--introspection-listen=[::1]", "--introspection-tls-cert=c",
