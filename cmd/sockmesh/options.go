@@ -386,6 +386,9 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 	// --introspection-listen stopped the agent after the datapath and the
 	// node listeners had taken over from an older agent.
 	var listens [][2]string // the valid ones
+	for _, a := range s.proxyListen {
+		listens = append(listens, [2]string{"--proxy-listen", a.String()})
+	}
 	for _, l := range [][2]string{{"--health-listen", s.healthListen}, {"--metrics-listen", s.metricsListen},
 		{"--introspection-listen", s.introspection.Listen}} {
 		if _, _, err := net.SplitHostPort(l[1]); l[1] != "" && err != nil {
@@ -397,11 +400,13 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 	// Each listener takes its address over from any other on it
 	// (datapath/takeover), the next agent's of a rolling update as this
 	// agent's own: /healthz answered 404 once --metrics-listen=0.0.0.0:15021
-	// had taken --health-listen=:15021 over. Health and metrics share one
+	// had taken --health-listen=:15021 over, and one on a proxy address
+	// would take the redirected connections. Health and metrics share one
 	// listener only when given the same address as written.
 	for i, a := range listens {
 		for _, b := range listens[i+1:] {
-			if shareAddress(a[1], b[1]) && (a[1] != b[1] || b[0] == "--introspection-listen") {
+			sameSite := a[1] == b[1] && a[0] == "--health-listen" && b[0] == "--metrics-listen"
+			if shareAddress(a[1], b[1]) && !sameSite {
 				bad("%s=%q is on %s=%q's port: give another port (health and metrics may share one address, written alike)", b[0], b[1], a[0], a[1])
 			}
 		}

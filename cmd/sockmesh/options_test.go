@@ -355,6 +355,8 @@ func TestSettingsErrors(t *testing.T) {
 		{"metrics on health's port", node, []string{"--health-listen=:15021", "--metrics-listen=0.0.0.0:15021"}, "--metrics-listen"},
 		{"metrics on health's port, IPv6", node, []string{"--health-listen=:15021", "--metrics-listen=[::]:15021"}, "--metrics-listen"},
 		{"metrics on health's port, both families", node, []string{"--health-listen=0.0.0.0:15021", "--metrics-listen=[::]:15021"}, "--metrics-listen"},
+		{"health on the proxy's port", node, []string{"--proxy-listen=10.0.0.1:15021"}, "--health-listen"},
+		{"metrics on the proxy's address", node, []string{"--proxy-listen=10.0.0.1:15001", "--metrics-listen=10.0.0.1:15001"}, "--metrics-listen"},
 		{"metrics on health's address, IPv4-mapped", node, []string{"--health-listen=127.0.0.1:15021", "--metrics-listen=[::ffff:127.0.0.1]:15021"}, "--metrics-listen"},
 		{"introspection on health's address", node, []string{"--health-listen=10.0.0.1:9443", "--introspection-listen=10.0.0.1:9443",
 			"--introspection-tls-cert=c", "--introspection-tls-key=k", "--introspection-token-file=t"}, "--introspection-listen"},
