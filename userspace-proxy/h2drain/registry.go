@@ -36,6 +36,9 @@ type entry struct {
 	// timer is a GoAway to come (a rebalancing, a policy change),
 	// stopped if the connection ends first.
 	timer *time.Timer
+	// backDue is when its preferred_back GoAway is due: until then, no
+	// other connection moves back to untried endpoints (Endpoints.Untried).
+	backDue time.Time
 }
 
 // NewRegistry returns an empty Registry that spreads the GOAWAYs of a
@@ -145,6 +148,7 @@ type Endpoints struct {
 func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	now := time.Now()
 	for ref, m := range r.conns {
 		eps, ok := of(ref)
 		if !ok {
@@ -158,7 +162,13 @@ func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 		for _, a := range eps.Standby {
 			standby[a] = true
 		}
+		// One asked back whose GOAWAY is still to come is the one that
+		// tries untried endpoints: updates meanwhile (any snapshot, any
+		// ejection ending on the node) move no other.
 		staying, movedBack := 0, false
+		for _, e := range m {
+			movedBack = movedBack || now.Before(e.backDue)
+		}
 		for c, e := range m {
 			if e.leaving {
 				continue
@@ -211,7 +221,11 @@ func (r *Registry) GoAwayAll(why Reason) {
 // within the spread.
 func (r *Registry) askWithin(ref snapshot.BackendRef, c *Conn, e *entry, why Reason) {
 	r.leave(ref, e)
-	e.timer = time.AfterFunc(rand.N(r.spread+1), func() { r.ask(ref, c, why) })
+	d := rand.N(r.spread + 1)
+	if why == ReasonPreferredBack {
+		e.backDue = time.Now().Add(d)
+	}
+	e.timer = time.AfterFunc(d, func() { r.ask(ref, c, why) })
 }
 
 // ask asks c to go away; it runs in a goroutine of its own, as the write

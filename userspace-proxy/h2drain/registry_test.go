@@ -249,3 +249,19 @@ func TestStandby(t *testing.T) {
 		t.Errorf("sticky backend: %d leaving, want the 2 on standby", n)
 	}
 }
+
+// TestStandbyUntriedOnce: while the preferred endpoints are untried, an
+// update before the one connection asked back has its GOAWAY (another
+// snapshot, another ejection ending on the node) moves no other.
+func TestStandbyUntriedOnce(t *testing.T) {
+	r, k := newRegistry(time.Hour)
+	relayed(t, r, k, web, epA, 1)
+	relayed(t, r, k, web, epC, 3)
+	eps := Endpoints{Addrs: []netip.AddrPort{epA, epC}, Standby: []netip.AddrPort{epC}, Untried: true}
+	for range 2 {
+		r.Update(func(snapshot.BackendRef) (Endpoints, bool) { return eps, true })
+	}
+	if n := leaving(r, web); n != 1 {
+		t.Errorf("preferred ones untried, updated twice: %d leaving, want 1", n)
+	}
+}
