@@ -37,6 +37,10 @@ func (s *h1Conn) serve(req *http.Request) bool {
 	s.sent.on = false
 	x := &s.x
 	*x = exchange{t: s.t}
+	// A request that failed before its body was read (no endpoint took
+	// its connect) left its mirrors waiting for the rest until
+	// MirrorTimeout, each holding one of MaxMirrors.
+	defer func() { x.tee.cut() }()
 	if s.v == nil {
 		s.v, s.fe = s.t.view()
 	}

@@ -292,6 +292,9 @@ type exchange struct {
 	pinned bool
 	// setSession says the answer carries the session (Picker.SetSession).
 	setSession bool
+	// tee is the request's body teed to its mirrors (mirror), cut once
+	// the exchange is over on the fast path, which never closes it.
+	tee *teeBody
 	// r is the route decision when the frontend has routes that apply
 	// to this client; nil otherwise.
 	r *routed

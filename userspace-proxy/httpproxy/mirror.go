@@ -36,7 +36,7 @@ func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 	case x.replayable(r):
 	case r.ContentLength < 0:
 		tee = &teeBody{ReadCloser: r.Body, limit: h.cfg.Routing.ReplayBytes, grew: make(chan struct{})}
-		r.Body = tee
+		r.Body, x.tee = tee, tee
 	default:
 		h.m.mirrors.WithLabelValues("dropped_body").Add(float64(len(refs)))
 		return
@@ -151,13 +151,23 @@ func (t *teeBody) Read(p []byte) (int, error) {
 }
 
 func (t *teeBody) Close() error {
+	t.cut()
+	return t.ReadCloser.Close()
+}
+
+// cut ends t's copies short unless its body ended: its request is over
+// (or closed it) before reading the rest, which nothing will read now. A
+// nil t does nothing.
+func (t *teeBody) cut() {
+	if t == nil {
+		return
+	}
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	if t.end == nil {
 		t.end = errMirrorCut
 		close(t.grew)
 	}
-	t.mu.Unlock()
-	return t.ReadCloser.Close()
 }
 
 // teeReader is one mirror's copy of a teeBody. It waits for the

@@ -27,6 +27,7 @@ import (
 	"github.com/sockmesh/sockmesh/test/echo"
 	"github.com/sockmesh/sockmesh/test/pki"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
+	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
 )
@@ -271,6 +272,8 @@ type envOptions struct {
 	parkAfter time.Duration
 	// origDst is Config.OrigDst.
 	origDst func(syscall.Conn) (netip.AddrPort, error)
+	// routing is Config.Routing.
+	routing httpproxy.RoutingConfig
 	// ipv6 adds a listener on [::1], which dialFrom uses for IPv6
 	// sources, as a dual-stack node has a node listener per family.
 	ipv6 bool
@@ -289,6 +292,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 		RebalanceSpread:   o.rebalanceSpread,
 		ParkAfter:         o.parkAfter,
 		OrigDst:           o.origDst,
+		Routing:           o.routing,
 	}
 	cfg.Upstream.EjectFor, cfg.Upstream.EjectMax = o.ejectFor, o.ejectFor
 	cfg.Upstream.HandshakeTimeout = o.handshakeTimeout

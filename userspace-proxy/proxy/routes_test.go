@@ -26,6 +26,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/test/echo"
+	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
@@ -343,6 +344,40 @@ func TestRouteMirror(t *testing.T) {
 			}
 			if got := e.counterReaches("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": "sent"}, 2); got != 2 {
 				t.Errorf("mirrors{sent} = %v, want 2", got)
+			}
+		})
+	}
+}
+
+// TestRouteMirrorMainRefused: a mirror of a streamed body whose request
+// no endpoint took fails once the request is answered — on the fast path
+// it waited for the rest of the body until MirrorTimeout, holding one of
+// MaxMirrors.
+func TestRouteMirrorMainRefused(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path, routing: httpproxy.RoutingConfig{MirrorTimeout: time.Hour}})
+			m := &mesh{t: t}
+			mirror := startRecorder(t, nil, nil)
+			mref := m.backend("mirror", snapshot.Backend{Endpoints: endpoints(mirror.addr)})
+			refusing := m.backend("refusing", snapshot.Backend{Endpoints: endpoints(closedPort(t))})
+			m.frontend("front", routedVIP, m.echoBackend("front"), producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(refusing),
+					Filters: snapshot.Filters{Mirrors: []snapshot.Mirror{{Backend: mref, Numerator: 1, Denominator: 1}}}}},
+			)))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, k.h2c)
+			pr, pw := io.Pipe()
+			go func() {
+				pw.Write([]byte("streamed"))
+				pw.Close()
+			}()
+			if a := send(t, c, newReq(t, http.MethodPost, "http://front.b.svc/", pr)); a.status != http.StatusServiceUnavailable {
+				t.Fatalf("streamed request to a refusing endpoint: %d, want 503", a.status)
+			}
+			if got := e.counterReaches("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": "failed"}, 1); got != 1 {
+				t.Errorf("mirrors{failed} = %v, want 1: the request was over, its body never to be read", got)
 			}
 		})
 	}
