@@ -274,7 +274,11 @@ func printIntro(w io.Writer, topo *nodetopo.Topology, cases []*demoCase, args []
 		case c.serverName != "":
 			kind = "TLS"
 		}
-		servers = append(servers, fmt.Sprintf(":%d %s (%s)", c.backendPort, c.service, kind))
+		server := fmt.Sprintf(":%d %s (%s)", c.backendPort, c.service, kind)
+		if c.externalHost != "" {
+			server = fmt.Sprintf("%s:%d %s (%s, outside the cluster)", c.listenAddr(), c.backendPort, c.service, kind)
+		}
+		servers = append(servers, server)
 	}
 	fmt.Fprintf(w, `sockmesh demo: an app speaks plaintext HTTP/1.1 to Service addresses; sockmesh makes
 each wire what the backend's owner declared. Three network namespaces stand in for a node:
@@ -342,4 +346,13 @@ func redirects(node *sandbox.NetNS) (uint64, error) {
 		}
 	}
 	return 0, fmt.Errorf("the agent's metrics have no %s", strings.TrimSpace(series))
+}
+
+// listenAddr is where c's backend listens: an external host's address
+// apart from the in-cluster pods' one.
+func (c *demoCase) listenAddr() netip.Addr {
+	if c.externalHost != "" {
+		return externalAddr
+	}
+	return addrs.Backend.Addr()
 }

@@ -35,6 +35,11 @@ type config struct {
 // node IP, on the node's lo, is the proxy's node address.
 var addrs = nodetopo.Plan(231)
 
+// externalAddr is where the external hostname resolves: an address of the
+// backend namespace that no Service or endpoint holds, since sockmesh
+// refuses an external name that leads to a pod or a Service (GEP-4894).
+var externalAddr = addrs.Backend.Addr().Next()
+
 const (
 	demoNamespace = "demo"
 	nodeName      = "demo-node" // spec.nodeName of the example's pods
@@ -71,13 +76,14 @@ func run(ctx context.Context, t sandbox.TB, cfg config) error {
 	}
 
 	topo := nodetopo.New(t, addrs)
+	topo.Backend.AddAddr(t, "lo", netip.PrefixFrom(externalAddr, externalAddr.BitLen()))
 	for _, c := range cases {
 		startEcho(t, topo.Backend, echoBin, c, certs)
 	}
 	dns := startDNS(t, topo.Node)
 	for _, c := range cases {
 		if c.externalHost != "" {
-			dns.Set(c.externalHost, 30, addrs.Backend.Addr())
+			dns.Set(c.externalHost, 30, externalAddr)
 		}
 	}
 	manifestDir := filepath.Join(dir, "manifests")
@@ -218,7 +224,7 @@ func writeManifests(m *manifests, dir string, c *certs) error {
 // startEcho runs one sockmesh-echo server for c in the backend pod.
 func startEcho(t sandbox.TB, backend *sandbox.NetNS, bin string, c *demoCase, crt *certs) {
 	t.Helper()
-	addr := netip.AddrPortFrom(addrs.Backend.Addr(), c.backendPort)
+	addr := netip.AddrPortFrom(c.listenAddr(), c.backendPort)
 	args := []string{"-listen=" + addr.String()}
 	if c.serverName != "" {
 		args = append(args, "-tls-cert="+crt.serverCert[c.service], "-tls-key="+crt.serverKey[c.service])
