@@ -15,6 +15,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -268,10 +269,7 @@ func TestSourceAgainstAPIServer(t *testing.T) {
 // rather than blocking the first signal.
 func TestSourceMissingCRDs(t *testing.T) {
 	env := apiserver.Start(t)
-	ctx := t.Context()
-	if err := env.Dynamic.Resource(crdResource).Delete(ctx, "xmeshes.gateway.networking.x-k8s.io", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	deleteCRD(t, env, "xmeshes.gateway.networking.x-k8s.io")
 	waitUnserved(t, env, gwxv1alpha1.GroupVersion.String(), kindXMesh)
 	s := startSource(t, env)
 	in := waitInput(t, s, "the first listing", func(translate.Input) bool { return true })
@@ -326,9 +324,7 @@ func TestCRDsInstalledLater(t *testing.T) {
 	env := apiserver.Start(t)
 	ctx := t.Context()
 	for _, name := range env.CRDs {
-		if err := env.Dynamic.Resource(crdResource).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		deleteCRD(t, env, name)
 	}
 	for _, k := range optionalKinds {
 		if k.kind != kindClusterTrustBundle && k.kind != kindServiceCIDR { // built in, not CRDs
@@ -384,9 +380,7 @@ func TestCRDsRemoved(t *testing.T) {
 		t.Errorf("sockmesh_source_kind_watched{kind=BackendTLSPolicy} = %v once v1 is not served, want 0", got)
 	}
 
-	if err := env.Dynamic.Resource(crdResource).Delete(ctx, "grpcroutes.gateway.networking.k8s.io", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	deleteCRD(t, env, "grpcroutes.gateway.networking.k8s.io")
 	// The CRD's cleanup deletes the route first; the kind itself must then
 	// stop being watched, not be listed, failing, forever.
 	waitInput(t, s, "GRPCRoutes to stop being watched", func(in translate.Input) bool {
@@ -430,9 +424,7 @@ func TestCRDDeletedBeforeFirstListing(t *testing.T) {
 	// The source asks discovery at once; the CRD leaves discovery only
 	// once its cleanup is done.
 	s := startSource(t, &restricted, func(c *Config) { c.DiscoveryInterval = 100 * time.Millisecond })
-	if err := env.Dynamic.Resource(crdResource).Delete(ctx, "backendtlspolicies.gateway.networking.k8s.io", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	deleteCRD(t, env, "backendtlspolicies.gateway.networking.k8s.io")
 	waitInput(t, s, "the first listing", func(translate.Input) bool { return true })
 }
 
@@ -506,6 +498,40 @@ func watched(t *testing.T, s *Source, kind string) float64 {
 }
 
 var crdResource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
+
+// deleteCRD deletes the CRD name once every version it serves lists: the
+// API server re-initialises a new CRD's storage a little after it is
+// Established, and a CRD deleted meanwhile is finalised only after the
+// finalizer's growing retries ("storage is (re)initializing"), minutes on
+// a loaded machine — waitUnserved would then wait past its bound.
+func deleteCRD(t *testing.T, env *apiserver.Env, name string) {
+	t.Helper()
+	ctx := t.Context()
+	crd := must.Value[*unstructured.Unstructured](t)(env.Dynamic.Resource(crdResource).Get(ctx, name, metav1.GetOptions{}))
+	group, _, _ := unstructured.NestedString(crd.Object, "spec", "group")
+	plural, _, _ := unstructured.NestedString(crd.Object, "spec", "names", "plural")
+	versions, _, _ := unstructured.NestedSlice(crd.Object, "spec", "versions")
+	for _, v := range versions {
+		v, _ := v.(map[string]any)
+		if served, _ := v["served"].(bool); !served {
+			continue
+		}
+		version, _ := v["name"].(string)
+		gvr := schema.GroupVersionResource{Group: group, Version: version, Resource: plural}
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+			_, err := env.Dynamic.Resource(gvr).List(ctx, metav1.ListOptions{Limit: 1})
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("list %s before deleting its CRD: %v", gvr, err)
+			}
+		}
+	}
+	if err := env.Dynamic.Resource(crdResource).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
 
 // testCA returns a CA certificate in PEM, as a ClusterTrustBundle must
 // hold.
