@@ -684,16 +684,8 @@ func TestClientIPAffinityBackToZone(t *testing.T) {
 	e := newEnv(t, envOptions{ejectFor: 100 * time.Millisecond})
 	for i, name := range []string{"ready-again", "ejection-over"} {
 		t.Run(name, func(t *testing.T) {
-			here := closedPort(t)
-			there := startEcho(t, "zone-b", nil).addr
 			vip := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 8, byte(42 + i)}), 80)
-			update := func(version uint64, hereReady bool) {
-				eps := endpoints(here, there)
-				eps[0].Ready, eps[0].Serving = hereReady, hereReady
-				eps[0].Zone, eps[1].Zone, eps[1].Fallback = "zone-a", "zone-b", snapshot.FallbackFar
-				e.p.Update(buildSnapshot(t, version, service{name: name, vip: vip, backend: snapshot.Backend{
-					Protocol: snapshot.ProtocolH2C, Endpoints: eps, ClientIPAffinitySeconds: 60}}))
-			}
+			here, update := e.zoneBackend(t, name, vip, 60)
 			// Each request on a connection of its own, relayed or translated.
 			n := 0
 			reached := func() string {
@@ -726,5 +718,21 @@ func TestClientIPAffinityBackToZone(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// zoneBackend is an h2c Service name at vip whose endpoint in this node's
+// zone, here, refuses until the test serves it, and whose other one, in
+// another zone, serves as the fallback; update publishes it at version,
+// here ready or not, with ClientIP affinity of affinity seconds (0: none).
+func (e *env) zoneBackend(t *testing.T, name string, vip netip.AddrPort, affinity int32) (here netip.AddrPort, update func(version uint64, hereReady bool)) {
+	here = closedPort(t)
+	there := startEcho(t, "zone-b", nil).addr
+	return here, func(version uint64, hereReady bool) {
+		eps := endpoints(here, there)
+		eps[0].Ready, eps[0].Serving = hereReady, hereReady
+		eps[0].Zone, eps[1].Zone, eps[1].Fallback = "zone-a", "zone-b", snapshot.FallbackFar
+		e.p.Update(buildSnapshot(t, version, service{name: name, vip: vip, backend: snapshot.Backend{
+			Protocol: snapshot.ProtocolH2C, Endpoints: eps, ClientIPAffinitySeconds: affinity}}))
 	}
 }

@@ -184,16 +184,8 @@ func TestRelayedH2BackToZone(t *testing.T) {
 			if name == "client-ip" {
 				affinity = 60
 			}
-			here := closedPort(t)
-			there := startEcho(t, "zone-b", nil).addr
 			vip := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 9, byte(30 + i)}), 80)
-			update := func(version uint64, hereReady bool) {
-				eps := endpoints(here, there)
-				eps[0].Ready, eps[0].Serving = hereReady, hereReady
-				eps[0].Zone, eps[1].Zone, eps[1].Fallback = "zone-a", "zone-b", snapshot.FallbackFar
-				e.p.Update(buildSnapshot(t, version, service{name: name, vip: vip, backend: snapshot.Backend{
-					Protocol: snapshot.ProtocolH2C, Endpoints: eps, ClientIPAffinitySeconds: affinity}}))
-			}
+			here, update := e.zoneBackend(t, name, vip, affinity)
 			// ready-again: the zone's endpoint is not ready; ejection-over:
 			// it refuses, and is ejected.
 			update(1, name == "ejection-over")
