@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -87,7 +88,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringSliceVar(&o.proxyListen, "proxy-listen", nil, "node-ip mode listener addresses, IP:port, at most one per family; port 0 picks a free port (default: the first address of each family in $"+envHostIPs+", else $"+envHostIP+", else each family's default-route address: the route's src, else the first global address of its interface; port "+strconv.Itoa(defaultProxyPort)+")")
 	fs.Uint16Var(&o.inPodPort, "in-pod-port", enrol.DefaultPodPort, "in-pod mode listener port, on the pod's loopback addresses")
 	fs.StringVar(&o.healthListen, "health-listen", ":15021", "address serving /healthz and /readyz (empty: off)")
-	fs.StringVar(&o.metricsListen, "metrics-listen", ":15090", "address serving Prometheus /metrics (empty: off; may equal --health-listen, written alike, but not overlap it on its port otherwise: 0.0.0.0 beside an IPv6 address does not)")
+	fs.StringVar(&o.metricsListen, "metrics-listen", ":15090", "address serving Prometheus /metrics (empty: off; may equal --health-listen, written alike, but not overlap it on its port otherwise: localhost beside 127.0.0.1 does, and so does 0.0.0.0, which Go listens on for both families, beside any address)")
 	fs.StringVar(&o.bpffs, "bpffs", "/sys/fs/bpf", "BPF filesystem holding the pinned programs, links and maps (mounted when absent)")
 	fs.BoolVar(&o.accelerate, "accelerate", false, "hand bytes between apps and the proxy with sockhash/sk_msg instead of loopback TCP (Linux 6.10; a socket turns back to TCP, which pushes back, once 256 KiB went unanswered or lie unread)")
 	fs.StringVar(&o.cgroup, "cgroup", "", "cgroup v2 directory the programs attach to (empty: the root of the cgroup v2 hierarchy)")
@@ -382,32 +383,42 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 	} else {
 		s.gcHeapFloor = uint64(q.Value())
 	}
-	// A listener address wants host:port. Found only when it opened, a bad
-	// --introspection-listen stopped the agent after the datapath and the
-	// node listeners had taken over from an older agent.
-	var listens [][2]string // the valid ones
+	// A listener address wants host:port, and a host that resolves.
+	// Found only when it opened, a bad --introspection-listen stopped the
+	// agent after the datapath and the node listeners had taken over from
+	// an older agent.
+	type listen struct {
+		flag, written string
+		addr          netip.AddrPort
+	}
+	var listens []listen // the valid ones
 	for _, a := range s.proxyListen {
-		listens = append(listens, [2]string{"--proxy-listen", a.String()})
+		listens = append(listens, listen{"--proxy-listen", a.String(), a})
 	}
 	for _, l := range [][2]string{{"--health-listen", s.healthListen}, {"--metrics-listen", s.metricsListen},
 		{"--introspection-listen", s.introspection.Listen}} {
-		if _, _, err := net.SplitHostPort(l[1]); l[1] != "" && err != nil {
-			bad("%s=%q: want host:port (an IPv6 host in brackets): %w", l[0], l[1], err)
-		} else if l[1] != "" {
-			listens = append(listens, l)
+		if l[1] == "" {
+			continue
+		}
+		if addr, err := listenAddr(l[1]); err != nil {
+			bad("%s=%q: %w", l[0], l[1], err)
+		} else {
+			listens = append(listens, listen{l[0], l[1], addr})
 		}
 	}
 	// Each listener takes its address over from any other on it
 	// (datapath/takeover), the next agent's of a rolling update as this
 	// agent's own: /healthz answered 404 once --metrics-listen=0.0.0.0:15021
-	// had taken --health-listen=:15021 over, and one on a proxy address
-	// would take the redirected connections. Health and metrics share one
+	// had taken --health-listen=:15021 over; and a listener on one address
+	// takes the connections to it from another on the unspecified one:
+	// one on a proxy address would take the redirected connections, a proxy
+	// on the node IP the kubelet's probes. Health and metrics share one
 	// listener only when given the same address as written.
 	for i, a := range listens {
 		for _, b := range listens[i+1:] {
-			sameSite := a[1] == b[1] && a[0] == "--health-listen" && b[0] == "--metrics-listen"
-			if shareAddress(a[1], b[1]) && !sameSite {
-				bad("%s=%q is on %s=%q's port: give another port (health and metrics may share one address, written alike)", b[0], b[1], a[0], a[1])
+			sameSite := a.written == b.written && a.flag == "--health-listen" && b.flag == "--metrics-listen"
+			if overlap(a.addr, b.addr) && !sameSite {
+				bad("%s=%q is on %s=%q's port: give another port (health and metrics may share one address, written alike)", b.flag, b.written, a.flag, a.written)
 			}
 		}
 	}
@@ -419,28 +430,43 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 	return s, errors.Join(errs...)
 }
 
-// shareAddress reports whether listeners on a and b (host:port) would be
-// on one socket address: the same port, not 0, and the same host
-// (hostnames as written) or an unspecified one of the other's family. An
-// empty host or [::] listens on both families (Go's dual-stack socket),
-// 0.0.0.0 on IPv4 alone: beside [::1] it shares no connection.
-func shareAddress(a, b string) bool {
-	ha, pa, _ := net.SplitHostPort(a)
-	hb, pb, _ := net.SplitHostPort(b)
-	if pa != pb || pa == "0" {
-		return false
+// listenAddr is the socket address net.Listen("tcp", address) binds: the
+// port may be a service name; a host name is its first IPv4 address, else
+// its first; and an unspecified host, 0.0.0.0 as well, is [::], where Go
+// listens on both families (one dual-stack socket, IPV6_V6ONLY off).
+func listenAddr(address string) (netip.AddrPort, error) {
+	host, port, err := net.SplitHostPort(address)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("want host:port (an IPv6 host in brackets): %w", err)
 	}
-	if ha == hb || ha == "" || hb == "" {
-		return true
+	ctx := context.Background()
+	p, err := net.DefaultResolver.LookupPort(ctx, "tcp", port)
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("resolve the port: %w", err)
 	}
-	ia, errA := netip.ParseAddr(ha)
-	ib, errB := netip.ParseAddr(hb)
-	if errA != nil || errB != nil {
-		return false
+	ip := netip.IPv6Unspecified()
+	if host != "" {
+		ips, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		if err != nil {
+			return netip.AddrPort{}, fmt.Errorf("resolve the host: %w", err)
+		}
+		ip = ips[0]
+		if i := slices.IndexFunc(ips, func(a netip.Addr) bool { return a.Unmap().Is4() }); i >= 0 {
+			ip = ips[i]
+		}
+		if ip = ip.Unmap(); ip.IsUnspecified() {
+			ip = netip.IPv6Unspecified()
+		}
 	}
-	ia, ib = ia.Unmap(), ib.Unmap()
-	return ia == ib || ia == netip.IPv6Unspecified() || ib == netip.IPv6Unspecified() ||
-		ia.IsUnspecified() && ib.Is4() || ib.IsUnspecified() && ia.Is4()
+	return netip.AddrPortFrom(ip, uint16(p)), nil
+}
+
+// overlap reports whether listeners on a and b (listenAddr's) would share
+// connections: on one port, not 0, at the same address or one of them on
+// the unspecified one, which takes every address of both families.
+func overlap(a, b netip.AddrPort) bool {
+	return a.Port() == b.Port() && a.Port() != 0 &&
+		(a.Addr() == b.Addr() || a.Addr().IsUnspecified() || b.Addr().IsUnspecified())
 }
 
 // proxyListen parses --proxy-listen, or makes its default: the node's

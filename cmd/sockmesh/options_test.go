@@ -300,17 +300,17 @@ func TestDNSServers(t *testing.T) {
 }
 
 // TestListenersSharingAPort: health and metrics may share one listener,
-// given the same address; listeners on distinct addresses, on port 0, or
-// on 0.0.0.0 beside an IPv6 address (an IPv4-only socket), may share a port
-// number (TestSettingsErrors has those that may not).
+// given the same address; listeners on distinct addresses (localhost is
+// the IPv4 one Go listens on), or on port 0, may share a port number
+// (TestSettingsErrors has those that may not).
 func TestListenersSharingAPort(t *testing.T) {
 	node := map[string]string{"NODE_NAME": "n"}
 	for _, args := range [][]string{
 		{"--health-listen=:15021", "--metrics-listen=:15021"},
+		{"--health-listen=localhost:15021", "--metrics-listen=localhost:15021"},
 		{"--health-listen=10.0.0.1:15021", "--metrics-listen=10.0.0.2:15021"},
+		{"--health-listen=localhost:15021", "--metrics-listen=[::1]:15021"},
 		{"--health-listen=:0", "--metrics-listen=127.0.0.1:0"},
-		{"--health-listen=0.0.0.0:15021", "--metrics-listen=[::1]:15021"},
-		{"--health-listen=[fd00::1]:15021", "--metrics-listen=0.0.0.0:15021"},
 	} {
 		if _, err := parse(t, node, "", args...); err != nil {
 			t.Errorf("%v: %v", args, err)
@@ -358,9 +358,16 @@ func TestSettingsErrors(t *testing.T) {
 		{"health on the proxy's port", node, []string{"--proxy-listen=10.0.0.1:15021"}, "--health-listen"},
 		{"metrics on the proxy's address", node, []string{"--proxy-listen=10.0.0.1:15001", "--metrics-listen=10.0.0.1:15001"}, "--metrics-listen"},
 		{"metrics on health's address, IPv4-mapped", node, []string{"--health-listen=127.0.0.1:15021", "--metrics-listen=[::ffff:127.0.0.1]:15021"}, "--metrics-listen"},
+		{"metrics on health's address, a host name", node, []string{"--health-listen=localhost:15021", "--metrics-listen=127.0.0.1:15021"}, "--metrics-listen"},
+		{"metrics on health's port, a service name", node, []string{"--health-listen=:http", "--metrics-listen=127.0.0.1:80"}, "--metrics-listen"},
+		{"metrics on health's port, 0.0.0.0 beside IPv6", node, []string{"--health-listen=0.0.0.0:15021", "--metrics-listen=[::1]:15021"}, "--metrics-listen"},
+		{"metrics on health's port, IPv6 beside 0.0.0.0", node, []string{"--health-listen=[fd00::1]:15021", "--metrics-listen=0.0.0.0:15021"}, "--metrics-listen"},
+		{"health host that does not resolve", node, []string{"--health-listen=health.invalid:15021"}, "--health-listen"},
 		{"introspection on health's address", node, []string{"--health-listen=10.0.0.1:9443", "--introspection-listen=10.0.0.1:9443",
 			"--introspection-tls-cert=c", "--introspection-tls-key=k", "--introspection-token-file=t"}, "--introspection-listen"},
 		{"introspection address without port", node, []string{"--introspection-listen=[::1]", "--introspection-tls-cert=c",
+			"--introspection-tls-key=k", "--introspection-token-file=t"}, "--introspection-listen"},
+		{"introspection host that does not resolve", node, []string{"--introspection-listen=introspection.invalid:9443", "--introspection-tls-cert=c",
 			"--introspection-tls-key=k", "--introspection-token-file=t"}, "--introspection-listen"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
