@@ -8,6 +8,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	kubesource "github.com/sockmesh/sockmesh/agent/source/kubernetes"
 	"github.com/sockmesh/sockmesh/datapath"
 )
 
@@ -44,6 +45,8 @@ type Sources struct {
 	// Metrics is the agent's registry: the proxy's load is read from it,
 	// and the introspection API serves its metrics and their catalog.
 	Metrics *Catalog
+	// Kinds says which optional kinds the kubernetes source watches.
+	Kinds func() []kubesource.KindStatus
 }
 
 // Report is a point-in-time view of one agent. It marshals to JSON and YAML

@@ -11,6 +11,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/explain"
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	kubesource "github.com/sockmesh/sockmesh/agent/source/kubernetes"
 	"github.com/sockmesh/sockmesh/datapath"
 )
 
@@ -27,6 +28,10 @@ type Status struct {
 	Datapath DatapathStatus `json:"datapath"`
 	Proxy    ProxyStatus    `json:"proxy"`
 	Pods     PodsStatus     `json:"pods"`
+	// Kinds are the optional kinds (Gateway API CRDs, ClusterTrustBundle,
+	// ServiceCIDR) the kubernetes source watches or not, and why not;
+	// none for the file source.
+	Kinds []kubesource.KindStatus `json:"kinds,omitempty"`
 	// Events are the recent warnings and errors, oldest first;
 	// EventsTotal counts every one since start.
 	Events      []Event `json:"events,omitempty"`
@@ -133,6 +138,9 @@ func (s *Sources) Status() Status {
 	if s.Metrics != nil {
 		families, _ := s.Metrics.Gather() // a failing collector leaves its part out
 		st.Proxy = proxyStatus(families)
+	}
+	if s.Kinds != nil {
+		st.Kinds = s.Kinds()
 	}
 	return st
 }

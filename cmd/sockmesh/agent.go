@@ -30,6 +30,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/health"
 	"github.com/sockmesh/sockmesh/agent/introspect"
 	"github.com/sockmesh/sockmesh/agent/introspect/httpapi"
+	kubesource "github.com/sockmesh/sockmesh/agent/source/kubernetes"
 	"github.com/sockmesh/sockmesh/datapath"
 	"github.com/sockmesh/sockmesh/datapath/podns"
 	"github.com/sockmesh/sockmesh/datapath/takeover"
@@ -225,7 +226,8 @@ func (a *agent) start(ctx context.Context, events *introspect.Events) error {
 			return err
 		}
 	}
-	if a.cp, err = newControlPlane(s, log, a.reg); err != nil {
+	var kinds func() []kubesource.KindStatus
+	if a.cp, kinds, err = newControlPlane(s, log, a.reg); err != nil {
 		return err
 	}
 	a.en, err = enrol.New(enrol.Config{Mode: s.mode, NodeProxy: nodeProxy, PodPort: s.inPodPort,
@@ -240,7 +242,7 @@ func (a *agent) start(ctx context.Context, events *introspect.Events) error {
 	a.report = &introspect.Sources{
 		Node: s.nodeName, Mode: string(s.mode), Version: buildVersion(),
 		Applied: a.ap.Applied, Pods: a.en.Pods, Ready: a.checks.Ready, Datapath: a.dp, Events: events,
-		Metrics: a.reg,
+		Metrics: a.reg, Kinds: kinds,
 	}
 	if a.intro, err = httpapi.NewServer(s.introspection, a.report, log, a.reg); err != nil {
 		return err

@@ -24,11 +24,12 @@ import (
 
 // newControlPlane builds the config source, the resolver and, for the
 // kubernetes source, the status and generated-Service writers (behind the
-// leader lease with --leader-elect), and the control plane that runs them.
-func newControlPlane(s settings, log *slog.Logger, reg prometheus.Registerer) (*controlplane.ControlPlane, error) {
+// leader lease with --leader-elect), and the control plane that runs them;
+// kinds is the kubernetes source's Kinds (nil for the file source).
+func newControlPlane(s settings, log *slog.Logger, reg prometheus.Registerer) (_ *controlplane.ControlPlane, kinds func() []kubesource.KindStatus, _ error) {
 	res, err := resolve.New(resolve.Config{Servers: s.dnsServers}, log, reg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cfg := controlplane.Config{Node: s.node, Resolver: res}
 	cfg.Node.Name = s.nodeName
@@ -37,28 +38,30 @@ func newControlPlane(s settings, log *slog.Logger, reg prometheus.Registerer) (*
 	switch s.source {
 	case "file":
 		if src, err = file.New(file.Config{Dir: s.manifests}, log, reg); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	case "kubernetes":
 		rc, err := restConfig(s.kubeconfig)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		rc.QPS, rc.Burst = s.kubeQPS, s.kubeBurst
 		kube, gw, err := kubesource.NewClients(rc)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		if src, err = kubesource.New(kubesource.Config{NodeName: s.nodeName}, kube, gw, log, reg); err != nil {
-			return nil, err
+		ks, err := kubesource.New(kubesource.Config{NodeName: s.nodeName}, kube, gw, log, reg)
+		if err != nil {
+			return nil, nil, err
 		}
+		src, kinds = ks, ks.Kinds
 		sw, err := status.New(status.Config{}, gw, log, reg)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		svcs, err := selectorsvc.New(selectorsvc.Config{}, kube, log, reg)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		cfg.Writers = []controlplane.Writer{
 			controlplane.WriterFunc(func(ctx context.Context, in translate.Input, r translate.Result) error {
@@ -71,12 +74,13 @@ func newControlPlane(s settings, log *slog.Logger, reg prometheus.Registerer) (*
 		if s.leaderElect {
 			el, err := leader.New(leader.Config{Namespace: s.leaderNS, Identity: leaderIdentity(s)}, kube, log, reg)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			cfg.Leader = el
 		}
 	}
-	return controlplane.New(cfg, src, log, reg)
+	cp, err := controlplane.New(cfg, src, log, reg)
+	return cp, kinds, err
 }
 
 // restConfig loads --kubeconfig, else $KUBECONFIG or ~/.kube/config, else

@@ -20,6 +20,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/explain"
 	"github.com/sockmesh/sockmesh/agent/introspect"
+	kubesource "github.com/sockmesh/sockmesh/agent/source/kubernetes"
 	"github.com/sockmesh/sockmesh/ctl/describe"
 	"github.com/sockmesh/sockmesh/ctl/render"
 	"github.com/sockmesh/sockmesh/ctl/top"
@@ -200,7 +201,8 @@ func TestCLI(t *testing.T) {
 	t.Run("status", func(t *testing.T) {
 		other := attachForeignProgram(t, e.cg.Path)
 		out := e.ok(t, a, "status")
-		wantLines(t, out, e.nodeName+"   yes", "6/6", "connect4       sm_connect4", "Other programs on our hooks:", "after ours")
+		wantLines(t, out, e.nodeName+"   yes", "6/6", "connect4       sm_connect4", "Other programs on our hooks:", "after ours",
+			"Optional kinds:", "BackendTLSPolicy gateway.networking.k8s.io/v1 yes -", "XBackend gateway.networking.x-k8s.io/v1alpha1 yes -")
 		var sts []introspect.Status
 		e.okJSON(t, a, &sts, "status")
 		if len(sts) != 1 {
@@ -224,6 +226,9 @@ func TestCLI(t *testing.T) {
 		}
 		if !slices.ContainsFunc(st.Events, func(ev introspect.Event) bool { return strings.Contains(ev.Attrs["err"], "NoValidCACertificate") }) {
 			t.Errorf("events = %+v, want the proxy's fail-closed warning", st.Events)
+		}
+		if !slices.ContainsFunc(st.Kinds, func(k kubesource.KindStatus) bool { return k.Kind == "HTTPRoute" && k.Watched }) {
+			t.Errorf("kinds = %+v, want HTTPRoute watched", st.Kinds)
 		}
 	})
 

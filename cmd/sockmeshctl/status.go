@@ -17,13 +17,14 @@ func newStatusCommand(g *globals) *cobra.Command {
 	var allNodes bool
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "show the node agent's programs, pins, conflicts, snapshot, proxy connections and recent errors",
+		Short: "show the node agent's programs, pins, conflicts, snapshot, proxy connections, watched kinds and recent errors",
 		Long: `status asks the node's agent (its socket, or --agent-address) how it
 stands: the eBPF programs attached to each hook with their program and link
 IDs, whether they are pinned (so capture survives an agent restart), other
 programs on the same hooks, the Snapshot version and its age, the proxy's
-open connections, pods whose enrolment is pending or failed, and recent
-warnings and errors. With --all-nodes and --agent-port it asks every node's
+open connections, pods whose enrolment is pending or failed, which optional
+kinds (Gateway API CRDs, ClusterTrustBundle, ServiceCIDR) it watches and why
+not (NotServed, Forbidden, Listing), and recent warnings and errors. With --all-nodes and --agent-port it asks every node's
 agent, found through the API server (not with --agent-address, which names
 one agent).`,
 		Args: cobra.NoArgs,

@@ -19,6 +19,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/explain"
 	"github.com/sockmesh/sockmesh/agent/introspect"
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	kubesource "github.com/sockmesh/sockmesh/agent/source/kubernetes"
 	"github.com/sockmesh/sockmesh/ctl/describe"
 	"github.com/sockmesh/sockmesh/ctl/top"
 	"github.com/sockmesh/sockmesh/datapath"
@@ -55,6 +56,12 @@ func statusFixture() []introspect.Status {
 		Pods: introspect.PodsStatus{Enrolled: 2, Pending: 1, NotEnrolled: 2, Unsettled: []enrol.Pod{
 			{Pod: ref("", "app", "starting"), State: enrol.Pending, Since: t0.Add(-30 * time.Second), Reason: "no network namespace holds 10.244.0.13"},
 		}},
+		Kinds: []kubesource.KindStatus{
+			{Kind: "ClusterTrustBundle", GroupVersion: "certificates.k8s.io/v1", Reason: kubesource.KindNotServed},
+			{Kind: "BackendTLSPolicy", GroupVersion: "gateway.networking.k8s.io/v1", Watched: true},
+			{Kind: "XBackend", GroupVersion: "gateway.networking.x-k8s.io/v1alpha1", Reason: kubesource.KindForbidden,
+				Error: `xbackends.gateway.networking.x-k8s.io is forbidden: User "system:serviceaccount:sockmesh-system:sockmesh" cannot list resource "xbackends"`},
+		},
 		Events: []introspect.Event{
 			{Time: t0.Add(-3 * time.Minute), Level: "WARN", Component: "datapath", Message: "other connect program runs before ours and may rewrite service addresses first"},
 			{Time: t0.Add(-10 * time.Second), Level: "ERROR", Component: "apply", Message: "apply failed", Attrs: map[string]string{"err": "enrol netns 9: EPERM"}},

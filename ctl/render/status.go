@@ -6,13 +6,14 @@ import (
 	"strings"
 
 	"github.com/sockmesh/sockmesh/agent/introspect"
+	kubesource "github.com/sockmesh/sockmesh/agent/source/kubernetes"
 	"github.com/sockmesh/sockmesh/datapath"
 )
 
 // Status writes one row per agent, then each agent's details.
 func Status(w io.Writer, sts []introspect.Status) error {
 	t := tw(w)
-	row(t, "NODE", "READY", "MODE", "VERSION", "SNAPSHOT", "APPLIED", "HOOKS", "PINNED", "CONFLICTS", "SERVICES", "PODS", "PROXY CONNS", "WARNINGS")
+	row(t, "NODE", "READY", "MODE", "VERSION", "SNAPSHOT", "APPLIED", "HOOKS", "PINNED", "CONFLICTS", "SERVICES", "PODS", "PROXY CONNS", "KINDS", "WARNINGS")
 	for _, st := range sts {
 		attached, pinned := 0, 0
 		for _, h := range st.Datapath.State.Hooks {
@@ -33,7 +34,7 @@ func Status(w io.Writer, sts []introspect.Status) error {
 		}
 		row(t, st.Node, yesNo(st.Ready), st.Mode, st.Version, fmt.Sprintf("v%d", st.Snapshot.Version), applied,
 			fmt.Sprintf("%d/%d", attached, len(st.Datapath.State.Hooks)), fmt.Sprintf("%d/%d", pinned, len(st.Datapath.State.Hooks)),
-			len(st.Datapath.Conflicts), st.Datapath.Services, podsSummary(st.Pods), conns, len(st.Events))
+			len(st.Datapath.Conflicts), st.Datapath.Services, podsSummary(st.Pods), conns, kindsSummary(st.Kinds), len(st.Events))
 	}
 	if err := t.Flush(); err != nil {
 		return err
@@ -50,6 +51,21 @@ func podsSummary(p introspect.PodsStatus) string {
 		s += fmt.Sprintf(", %d pending, %d failed", p.Pending, p.Failed)
 	}
 	return s
+}
+
+// kindsSummary is how many optional kinds the agent watches, of those
+// its source knows ("-": the file source, which has none).
+func kindsSummary(kinds []kubesource.KindStatus) string {
+	if len(kinds) == 0 {
+		return "-"
+	}
+	watched := 0
+	for _, k := range kinds {
+		if k.Watched {
+			watched++
+		}
+	}
+	return fmt.Sprintf("%d/%d", watched, len(kinds))
 }
 
 func statusDetails(w io.Writer, st introspect.Status) {
@@ -96,6 +112,19 @@ func statusDetails(w io.Writer, st introspect.Status) {
 				}
 			}
 			row(t, "    "+c.Hook, orDash(c.Name), c.ProgramID, runs)
+		}
+		t.Flush()
+	}
+	if len(st.Kinds) > 0 {
+		fmt.Fprintln(w, "  Optional kinds:")
+		t := tw(w)
+		row(t, "    KIND", "GROUP VERSION", "WATCHED", "WHY NOT")
+		for _, k := range st.Kinds {
+			why := k.Reason
+			if k.Error != "" {
+				why += ": " + k.Error
+			}
+			row(t, "    "+k.Kind, k.GroupVersion, yesNo(k.Watched), orDash(why))
 		}
 		t.Flush()
 	}

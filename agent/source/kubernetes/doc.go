@@ -22,8 +22,9 @@
 // its objects reach Input once listed; a kind that two answers in a row
 // find not served (its CRD deleted, its version no longer served) stops
 // being watched and its objects leave Input, as the cluster says they are
-// gone. Either is logged, and sockmesh_source_kind_watched says which
-// kinds are watched now. Asking costs one discovery request per group
+// gone. Either is logged; sockmesh_source_kind_watched says which kinds
+// are watched now, and Kinds also why the others are not (not served, or
+// forbidden to the agent), for sockmeshctl status. Asking costs one discovery request per group
 // version per interval; watching the CRDs instead would take RBAC on them.
 //
 // It only lists, watches and signals. It must not translate, write to the

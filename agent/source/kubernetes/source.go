@@ -75,9 +75,13 @@ type Source struct {
 
 	synced atomic.Bool
 	// mu guards l, which Run fills before the first signal and replaces
-	// when an optional kind starts or stops being served.
-	mu sync.Mutex
-	l  *listers
+	// when an optional kind starts or stops being served, and what Kinds
+	// reports: the last discovery's answer (served) and the watches of
+	// the optional kinds (watching, with their errors).
+	mu       sync.Mutex
+	l        *listers
+	served   map[string]bool
+	watching map[string]*kindWatch
 }
 
 // listers read the informers' caches.
@@ -405,6 +409,9 @@ func (s *Source) follow(ctx context.Context, watches map[string]*kindWatch, serv
 			delete(watches, k.kind)
 		}
 	}
+	s.mu.Lock()
+	s.served, s.watching = served, maps.Clone(watches)
+	s.mu.Unlock()
 	return errors.Join(errs...)
 }
 
@@ -462,6 +469,9 @@ type kindWatch struct {
 	done     chan struct{}
 	// unserved: the last discovery did not find the kind.
 	unserved bool
+	// err is the informer's last error listing or watching the kind
+	// before its first listing was done; Source.mu guards it.
+	err error
 }
 
 func (s *Source) startWatch(ctx context.Context, k optionalKind) (*kindWatch, error) {
@@ -472,8 +482,19 @@ func (s *Source) startWatch(ctx context.Context, k optionalKind) (*kindWatch, er
 	if _, err := inf.AddEventHandler(s.handler(k.kind, k.relevant)); err != nil {
 		return nil, fmt.Errorf("watch %s: %w", k.kind, err)
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	w := &kindWatch{informer: inf, stop: cancel, done: make(chan struct{})}
+	w := &kindWatch{informer: inf, done: make(chan struct{})}
+	// Kinds says why a kind is not listed yet: its RBAC missing, most often.
+	if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		if !inf.HasSynced() {
+			s.mu.Lock()
+			w.err = err
+			s.mu.Unlock()
+		}
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+	}); err != nil {
+		return nil, fmt.Errorf("watch %s: %w", k.kind, err)
+	}
+	ctx, w.stop = context.WithCancel(ctx)
 	go func() {
 		defer close(w.done)
 		inf.RunWithContext(ctx)

@@ -394,6 +394,59 @@ func TestCRDsRemoved(t *testing.T) {
 // restarts.
 func TestCRDDeletedBeforeFirstListing(t *testing.T) {
 	env := apiserver.Start(t)
+	// The source asks discovery at once; the CRD leaves discovery only
+	// once its cleanup is done.
+	s := startSource(t, withoutBackendTLSPolicies(t, env), func(c *Config) { c.DiscoveryInterval = 100 * time.Millisecond })
+	deleteCRD(t, env, "backendtlspolicies.gateway.networking.k8s.io")
+	waitInput(t, s, "the first listing", func(translate.Input) bool { return true })
+}
+
+// TestKinds: Kinds says which optional kinds the source watches and why
+// not the others — a kind the API server does not serve, one the agent's
+// RBAC does not let it list — which an operator otherwise learns from a
+// gauge and the logs.
+func TestKinds(t *testing.T) {
+	env := apiserver.Start(t, "--runtime-config=certificates.k8s.io/v1/clustertrustbundles=false")
+	want := func(kinds []KindStatus, kind string, watched bool, reason string) bool {
+		i := slices.IndexFunc(kinds, func(k KindStatus) bool { return k.Kind == kind })
+		return i >= 0 && kinds[i].Watched == watched && kinds[i].Reason == reason
+	}
+
+	// Without RBAC on BackendTLSPolicies, the first listing never ends:
+	// Kinds says why while the agent is not ready.
+	restricted := startSource(t, withoutBackendTLSPolicies(t, env))
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		kinds := restricted.Kinds()
+		if want(kinds, kindBackendTLSPolicy, false, KindForbidden) && want(kinds, kindClusterTrustBundle, false, KindNotServed) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Kinds() = %+v; want BackendTLSPolicy Forbidden, ClusterTrustBundle NotServed", kinds)
+		}
+	}
+
+	s := startSource(t, env)
+	waitInput(t, s, "the first listing", func(translate.Input) bool { return true })
+	kinds := s.Kinds()
+	if len(kinds) != len(optionalKinds) {
+		t.Fatalf("Kinds() = %+v, want every optional kind", kinds)
+	}
+	for _, k := range kinds {
+		if k.Kind == kindClusterTrustBundle {
+			if !want(kinds, k.Kind, false, KindNotServed) {
+				t.Errorf("%+v, want ClusterTrustBundle NotServed", k)
+			}
+		} else if !want(kinds, k.Kind, true, "") {
+			t.Errorf("%+v, want it watched", k)
+		}
+	}
+}
+
+// withoutBackendTLSPolicies returns env with clients acting as a user
+// whose RBAC lets it list and watch every kind the source reads but
+// BackendTLSPolicies.
+func withoutBackendTLSPolicies(t *testing.T, env *apiserver.Env) *apiserver.Env {
+	t.Helper()
 	ctx := t.Context()
 	const user = "smt-agent"
 	must.Succeed(t)(env.Kube.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
@@ -420,12 +473,7 @@ func TestCRDDeletedBeforeFirstListing(t *testing.T) {
 	if restricted.Kube, restricted.Gateway, err = NewClients(cfg); err != nil {
 		t.Fatal(err)
 	}
-
-	// The source asks discovery at once; the CRD leaves discovery only
-	// once its cleanup is done.
-	s := startSource(t, &restricted, func(c *Config) { c.DiscoveryInterval = 100 * time.Millisecond })
-	deleteCRD(t, env, "backendtlspolicies.gateway.networking.k8s.io")
-	waitInput(t, s, "the first listing", func(translate.Input) bool { return true })
+	return &restricted
 }
 
 // TestOneUnservedAnswerKeepsAKind: a kind is dropped only when two
