@@ -438,9 +438,16 @@ func headComplete(b []byte) bool {
 var crlfcrlf, lflf = []byte("\n\r\n"), []byte("\n\n")
 
 // idle marks the connection as waiting for a request; false when draining.
+// It keeps nothing of the last request's body: kept for a retry or a
+// mirror, or teed to mirrors, that is up to ReplayBytes, which a parked
+// connection held until its next request or its end.
 func (s *h1Conn) idle() bool {
 	if cap(s.fields) > maxKeptFields {
 		s.fields = nil
+	}
+	s.x.tee, s.sent.ReadCloser = nil, nil
+	if s.rt != nil {
+		s.rt.body, s.rt.kept = nil, false
 	}
 	s.state.Store(stateIdle)
 	return !s.h.h1.draining.Load()

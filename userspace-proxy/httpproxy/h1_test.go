@@ -871,6 +871,53 @@ func TestIdleHoldsNoReader(t *testing.T) {
 	noneHeld("idle again, and the plain connection ended")
 }
 
+// TestIdleHoldsNoBody: a keep-alive connection waiting for its next
+// request holds none of its last one's body, kept for a RequestMirror
+// (known length) or teed to it (chunked) — it held either, up to
+// ReplayBytes, until its next request or its end.
+func TestIdleHoldsNoBody(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(echoHeaders))
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	f.updateRoutes(2, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}}, &snapshot.RouteTable{Producer: &snapshot.RouteSet{
+		Kind:    snapshot.KindHTTPRoute,
+		Matches: []snapshot.RouteMatch{{Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}}},
+		Rules: []snapshot.RouteRule{{
+			Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: backendRef}},
+			Filters:  snapshot.Filters{Mirrors: []snapshot.Mirror{{Backend: backendRef, Numerator: 1, Denominator: 1}}},
+		}},
+	}})
+	for _, tc := range []struct{ name, request string }{
+		{"kept", "POST /kept HTTP/1.1\r\nHost: echo\r\nContent-Length: 4\r\n\r\nbody"},
+		{"teed", "POST /teed HTTP/1.1\r\nHost: echo\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nbody\r\n0\r\n\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := f.dial()
+			c.c.SetDeadline(time.Now().Add(10 * time.Second))
+			c.send(tc.request)
+			if resp, _ := c.read(http.MethodPost); resp.StatusCode != http.StatusOK {
+				t.Fatalf("answer %s, want 200", resp.Status)
+			}
+			// The connection's state is idle once its answer is done;
+			// its atomic orders what serve left in s before it.
+			f.h.h1.mu.Lock()
+			defer f.h.h1.mu.Unlock()
+			for s := range f.h.h1.conns {
+				for deadline := time.Now().Add(10 * time.Second); s.state.Load() != stateIdle; time.Sleep(time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatal("the connection never idled")
+					}
+				}
+				if s.x.tee != nil || s.sent.ReadCloser != nil {
+					t.Errorf("an idle connection holds its last request's body: teed %v, sent %T", s.x.tee != nil, s.sent.ReadCloser)
+				}
+				if s.rt != nil && s.rt.body != nil {
+					t.Errorf("an idle connection holds its last request's kept body %q", s.rt.body)
+				}
+			}
+		})
+	}
+}
+
 // TestParked: a keep-alive connection that waits ParkAfter for its next
 // request parks — it waits in a goroutine of its own, none in ServeHTTP1,
 // holding no reader — and its next requests are served as before, after

@@ -107,10 +107,17 @@ func newFixtureDialing(t *testing.T, cfg Config, ucfg upstream.Config, d dial.Di
 // update publishes a snapshot whose Service vip leads to be.
 func (f *fixture) update(version uint64, be snapshot.Backend) {
 	f.t.Helper()
+	f.updateRoutes(version, be, nil)
+}
+
+// updateRoutes is update with the Service port's GAMMA routes, whose
+// rules may name be (backendRef).
+func (f *fixture) updateRoutes(version uint64, be snapshot.Backend, routes *snapshot.RouteTable) {
+	f.t.Helper()
 	be.Ref = backendRef
 	s, err := snapshot.New(version, []snapshot.Frontend{{
 		Service: snapshot.ObjectRef{Namespace: "b", Name: "echo"}, Port: vip.Port(), Addresses: []netip.Addr{vip.Addr()},
-		FailurePolicy: snapshot.FailClosed, Backend: backendRef,
+		FailurePolicy: snapshot.FailClosed, Backend: backendRef, Routes: routes,
 	}}, []snapshot.Backend{be}, nil)
 	if err != nil {
 		f.t.Fatal(err)
