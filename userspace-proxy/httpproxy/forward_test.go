@@ -258,15 +258,28 @@ func TestRequestTargetKept(t *testing.T) {
 	}
 }
 
-// TestTETrailersKept: an HTTP/1.1 app that accepts trailers says so to the
-// backend as "TE: trailers" (gRPC needs it), also when it lists TE in
+// TestTETrailersKept: an app that accepts trailers says so to the backend
+// as "TE: trailers" (gRPC needs it), also when an HTTP/1.1 app lists TE in
 // Connection, as it must; other transfer codings stay on the app's hop.
+// An HTTP/1.1 backend gets TE listed in Connection too (RFC 9110
+// §10.1.4), from each path (it got none); an HTTP/2 one has no
+// Connection field.
 func TestTETrailersKept(t *testing.T) {
 	for _, proto := range []snapshot.Protocol{snapshot.ProtocolHTTP11, snapshot.ProtocolH2C} {
 		t.Run(string(proto), func(t *testing.T) {
 			ep := startBackend(t, http.HandlerFunc(echoHeaders))
 			f := newFixture(t, Config{}, snapshot.Backend{Protocol: proto, Endpoints: []snapshot.Endpoint{ep}})
-			f.serveL7(false)
+			h2 := f.serveL7(true)
+			check := func(front, fields, body, want string) {
+				t.Helper()
+				connection := ""
+				if proto == snapshot.ProtocolHTTP11 && want != "" {
+					connection = "TE"
+				}
+				if te, c := field(body, "Te"), field(body, "Connection"); te != want || c != connection {
+					t.Errorf("%s: %q reached the backend with TE %q, Connection %q; want %q, %q", front, fields, te, c, want, connection)
+				}
+			}
 			for _, tc := range []struct{ fields, want string }{
 				{"TE: trailers\r\nConnection: TE\r\n", "trailers"},
 				{"TE: deflate, trailers\r\nConnection: keep-alive, te\r\n", "trailers"},
@@ -275,11 +288,22 @@ func TestTETrailersKept(t *testing.T) {
 			} {
 				for front, c := range map[string]*client{"fast": f.dial(), "nethttp": f.dialL7()} {
 					c.send("GET /p HTTP/1.1\r\nHost: echo.b.svc\r\n" + tc.fields + "\r\n")
-					if _, body := c.read(http.MethodGet); field(body, "Te") != tc.want {
-						t.Errorf("%s: %q reached the backend with TE %q, want %q", front, tc.fields, field(body, "Te"), tc.want)
-					}
+					_, body := c.read(http.MethodGet)
+					check(front, tc.fields, body, tc.want)
 				}
 			}
+			req, err := http.NewRequest(http.MethodGet, "http://echo.b.svc/p", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("TE", "trailers")
+			resp, err := h2.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			check("h2c", "te: trailers", string(body), "trailers")
 		})
 	}
 }

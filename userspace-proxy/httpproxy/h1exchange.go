@@ -90,6 +90,9 @@ func (s *h1Conn) serve(req *http.Request) bool {
 	if wire != upstream.WireH1 {
 		return s.roundTrip(req, x, choice, wire)
 	}
+	if c := upstream.ConnectionTE(req.Header); c != nil {
+		req.Header["Connection"] = c
+	}
 	return s.forward(req, x, choice, websocket)
 }
 

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,6 +53,13 @@ const ExpectContinueTimeout = time.Second
 const staleTries = 3
 
 func (t h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if c := ConnectionTE(req.Header); c != nil {
+		// On a copy: req may go again over h2 (negotiated, a retry).
+		out := *req
+		out.Header = req.Header.Clone()
+		out.Header["Connection"] = c
+		req = &out
+	}
 	ctx := req.Context()
 	ep, err := endpointFor(ctx, req.URL.Host)
 	if err != nil {
@@ -72,6 +80,19 @@ func (t h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, err
 		}
 	}
+}
+
+// ConnectionTE is the Connection field of a request with header h sent
+// over HTTP/1.1 when h has a TE field Connection does not list: its
+// options and "TE", as a sender of TE must (RFC 9110 §10.1.4); nil
+// otherwise. HTTP/2 has no Connection field, and net/http's HTTP/2
+// Transport refuses one: only HTTP/1.1's writers (h1Transport, the fast
+// path) add it.
+func ConnectionTE(h http.Header) []string {
+	if _, ok := h["Te"]; !ok || httpguts.HeaderValuesContainsToken(h["Connection"], "te") {
+		return nil
+	}
+	return append(slices.Clip(h["Connection"]), "TE")
 }
 
 // errStaleConn marks a failure on a reused connection before any byte of
