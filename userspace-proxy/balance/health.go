@@ -38,20 +38,26 @@ type ejection struct {
 	until time.Time // passed over until then
 	probe time.Time // when the current probe was handed out; zero if none
 	fails int       // connects failed in a row, one per ejection
+	// awaited is set when a Picker's Standby found the endpoint passed
+	// over only while its probe was out: a probe handed back tells it
+	// (back).
+	awaited bool
 }
 
 // probeWait is how long a probe handed out may go unsettled before another
 // is: longer than a connect may take (dial.Config's timeout, 5 s); and some
-// settle nothing — a connect that failed for want of this node or of its
-// caller, a certificate that failed verification. (One whose request took
-// a connection already open hands the probe back: Reused.)
+// settle nothing — a connect that failed for want of this node, a
+// certificate that failed verification. (One whose request took a
+// connection already open, or whose caller left, hands the probe back:
+// Reused, Canceled.)
 const probeWait = 15 * time.Second
 
 // NewHealth returns a Health that ejects an endpoint for base after its
 // first failed connect, doubling with each failed probe up to max. back,
 // unless nil, is called on a goroutine of its own whenever an ejected
-// endpoint may take connections again: its ejection ends (a probe is due),
-// or a connect to it succeeds.
+// endpoint may take connections again: its ejection ends or a probe a
+// Picker's Standby waited for is handed back (a probe is due), or a
+// connect to it succeeds.
 func NewHealth(base, max time.Duration, back func()) *Health {
 	return &Health{base: base, max: max, back: back, eps: make(map[netip.AddrPort]*ejection)}
 }
@@ -78,7 +84,7 @@ func (h *Health) Failed(ep netip.AddrPort, now time.Time) time.Duration {
 		d *= 2
 	}
 	d = min(d, h.max)
-	e.until, e.probe = now.Add(d), time.Time{}
+	e.until, e.probe, e.awaited = now.Add(d), time.Time{}, false
 	if h.back != nil {
 		time.AfterFunc(d, h.back)
 	}
@@ -100,17 +106,34 @@ func (h *Health) OK(ep netip.AddrPort) {
 
 // Reused records that a connection to ep was taken already open (an idle
 // pooled one, an HTTP/2 one with room for a stream) rather than connected:
-// it tells nothing of ep's connects, so a probe out for ep is handed back,
-// for the next connection to take. Held, it left ep one request per
-// probeWait for as long as its pooled connections lived.
-func (h *Health) Reused(ep netip.AddrPort) {
+// it tells nothing of ep's connects, so a probe out for ep is handed back
+// (handBack). Held, it left ep one request per probeWait for as long as
+// its pooled connections lived.
+func (h *Health) Reused(ep netip.AddrPort) { h.handBack(ep) }
+
+// Canceled records that a connect to ep ended because its caller left (its
+// context ended): it tells nothing of ep, so a probe out for ep is handed
+// back (handBack).
+func (h *Health) Canceled(ep netip.AddrPort) { h.handBack(ep) }
+
+// handBack hands a probe out for ep back, for the next connection to take,
+// and calls back when the probe was awaited: what waited for ep to take
+// connections (relayed HTTP/2 connections on fallback endpoints) would
+// otherwise wait for an unrelated event. Unawaited (requests that reuse
+// connections hand probes back one after another), it calls nothing.
+func (h *Health) handBack(ep netip.AddrPort) {
 	if h.n.Load() == 0 {
 		return
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	if e := h.eps[ep]; e != nil {
-		e.probe = time.Time{}
+	awaited := false
+	if e := h.eps[ep]; e != nil && !e.probe.IsZero() {
+		awaited = e.awaited
+		e.probe, e.awaited = time.Time{}, false
+	}
+	h.mu.Unlock()
+	if awaited && h.back != nil {
+		go h.back()
 	}
 }
 
@@ -177,7 +200,8 @@ func (h *Health) admit(ep netip.AddrPort, now time.Time) bool {
 
 // state reports whether ep may take a connection at now (its ejection
 // over, its probe not out) and, if so, whether only as a probe: no
-// connect to it has succeeded since it was ejected.
+// connect to it has succeeded since it was ejected. A probe out is
+// awaited then (handBack).
 func (h *Health) state(ep netip.AddrPort, now time.Time) (takes, probe bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -185,7 +209,9 @@ func (h *Health) state(ep netip.AddrPort, now time.Time) (takes, probe bool) {
 	if e == nil {
 		return true, false
 	}
-	return !e.passedOver(now), true
+	takes = !e.passedOver(now)
+	e.awaited = e.awaited || !takes && !now.Before(e.until)
+	return takes, true
 }
 
 // passedOver reports whether ep is ejected at now, or its probe is out.

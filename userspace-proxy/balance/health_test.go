@@ -87,13 +87,18 @@ func TestEjection(t *testing.T) {
 }
 
 // TestBack: Health tells when an ejected endpoint may take connections
-// again — its ejection over, or a connect to it that succeeded — and at
-// no other time.
+// again — its ejection over, a probe that Standby found out handed back
+// (its request took a connection already open, or its caller left during
+// the connect), or a connect to it that succeeded — and at no other time.
+// A probe handed back told nothing before: what stood by for the
+// endpoint waited for an unrelated event.
 func TestBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var backs atomic.Int32
 		h := NewHealth(time.Second, time.Second, func() { backs.Add(1) })
 		eps := endpoints(2)
+		eps[1].Fallback = snapshot.FallbackFar
+		p := New(&snapshot.Backend{Endpoints: eps}, h, nil)
 		h.Failed(eps[0].Addr, time.Now())
 		time.Sleep(time.Second - time.Nanosecond)
 		synctest.Wait()
@@ -105,11 +110,30 @@ func TestBack(t *testing.T) {
 		if n := backs.Load(); n != 1 {
 			t.Fatalf("ejection over: told %d times, want once", n)
 		}
+		for i, handBack := range []func(netip.AddrPort){h.Reused, h.Canceled} {
+			for _, standby := range []bool{false, true} {
+				if c := p.Pick(); c.Endpoint != eps[0] {
+					t.Fatalf("probe %d not handed out: picked %s", i, c.Host)
+				}
+				if standby {
+					if got, _ := p.Standby(time.Now()); len(got) != 0 {
+						t.Fatalf("probe %d out: standby %v, want none", i, got)
+					}
+				}
+				handBack(eps[0].Addr)
+				handBack(eps[0].Addr) // no probe out now
+				handBack(eps[1].Addr) // never ejected
+			}
+			synctest.Wait()
+			if n := backs.Load(); n != int32(i+2) {
+				t.Fatalf("probe %d handed back, once unawaited, once awaited: told %d times in all, want %d", i, n, i+2)
+			}
+		}
 		h.OK(eps[1].Addr) // never ejected
 		h.OK(eps[0].Addr)
 		synctest.Wait()
-		if n := backs.Load(); n != 2 {
-			t.Errorf("after connects to a healthy endpoint and the one ejected: told %d times, want twice", n)
+		if n := backs.Load(); n != 4 {
+			t.Errorf("after connects to a healthy endpoint and the one ejected: told %d times in all, want 4", n)
 		}
 	})
 }

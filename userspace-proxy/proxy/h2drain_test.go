@@ -264,6 +264,81 @@ func TestRelayedH2FallbackDialedAcrossBack(t *testing.T) {
 	}
 }
 
+// TestRelayedH2BackAfterCanceledProbe: when the connect that probes the
+// zone's endpoint, its ejection over, ends because its app left, the
+// relayed h2c connection on another zone's endpoint is still asked back,
+// and the app's next request reaches the zone. Before, the probe stayed
+// out for 15 s, and no event came after it: the connection stayed in the
+// other zone until the next snapshot or ejection.
+func TestRelayedH2BackAfterCanceledProbe(t *testing.T) {
+	checkNoLeaks(t)
+	here, there := closedPort(t), startEcho(t, "zone-b", nil).addr
+	// The relay's dial to the zone's endpoint is refused, which ejects
+	// it; the next, the probe, is held.
+	g := &gatedDialer{to: here, pass: 1, dialing: make(chan struct{}), release: make(chan struct{})}
+	e := newEnv(t, envOptions{ejectFor: 100 * time.Millisecond, rebalanceSpread: 20 * time.Millisecond,
+		dialer: func(d dial.Dialer) dial.Dialer { g.d = d; return g }})
+	t.Cleanup(func() { close(g.release) })
+	eps := endpoints(here, there)
+	eps[0].Zone, eps[1].Zone, eps[1].Fallback = "zone-a", "zone-b", snapshot.FallbackFar
+	relayed, sticky := netip.MustParseAddrPort("10.96.9.41:80"), netip.MustParseAddrPort("10.96.9.42:80")
+	// sticky's session persistence serves its HTTP/1.1 apps on the fast
+	// path, whose connects end when their app leaves; the endpoints'
+	// health is the proxy's.
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "web", vip: relayed, backend: snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: eps}},
+		service{name: "sticky", vip: sticky, backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: eps,
+			SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "session"}}}))
+	c := e.client(relayed, true)
+	if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod != "zone-b" {
+		t.Fatalf("the zone's endpoint refusing: reached %q, want zone-b", rep.Pod)
+	}
+	startEchoOn(t, here.String(), echo.Config{Pod: "zone-a"})
+	h1 := e.client(sticky, false)
+	for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
+		// Once the ejection is over, a request takes the probe, and
+		// its app leaves while it connects.
+		ctx, cancel := context.WithCancel(t.Context())
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://sticky.b.svc/", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() {
+			resp, err := h1.Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			done <- err
+		}()
+		probing := false
+		select {
+		case <-g.dialing:
+			probing = true
+		case err = <-done:
+		}
+		cancel()
+		if probing {
+			<-done
+			break
+		}
+		if err != nil {
+			t.Fatalf("a request before the probe: %v", err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v on, no request probed the zone's endpoint", hangGuard)
+		}
+	}
+	for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
+		if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod == "zone-a" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v after the probe's app left, the connection still reaches zone-b", hangGuard)
+		}
+	}
+}
+
 // unaryPod makes a unary call on cc and returns the pod that answered.
 func unaryPod(t *testing.T, cc *grpc.ClientConn) string {
 	t.Helper()
@@ -406,19 +481,24 @@ func TestRelayedH2DialedAcrossSnapshot(t *testing.T) {
 	}
 }
 
-// gatedDialer holds its first dial (to the endpoint at to, when set)
-// until release is closed, after closing dialing; the others go at once.
+// gatedDialer holds one dial — the first (to the endpoint at to, when
+// set) after pass others — until release is closed or the dial's context
+// ends, after closing dialing; the others go at once.
 type gatedDialer struct {
 	d                dial.Dialer
 	to               netip.AddrPort
-	first            atomic.Bool
+	pass             int32
+	dials            atomic.Int32
 	dialing, release chan struct{}
 }
 
 func (g *gatedDialer) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error) {
-	if (!g.to.IsValid() || ep.Addr == g.to) && g.first.CompareAndSwap(false, true) {
+	if (!g.to.IsValid() || ep.Addr == g.to) && g.dials.Add(1) == g.pass+1 {
 		close(g.dialing)
-		<-g.release
+		select {
+		case <-g.release:
+		case <-ctx.Done():
+		}
 	}
 	return g.d.Dial(ctx, ep)
 }

@@ -56,7 +56,8 @@ type Config struct {
 	EjectFor, EjectMax time.Duration
 	// EndpointBack, unless nil, is called on a goroutine of its own
 	// whenever an ejected endpoint may take connections again: its
-	// ejection ends, or a connect to it succeeds (balance.NewHealth).
+	// ejection ends, a probe waited for is handed back, or a connect to
+	// it succeeds (balance.NewHealth).
 	EndpointBack func()
 	// HandshakeTimeout bounds a TLS handshake with an endpoint; 0 means
 	// 10 s.
@@ -467,7 +468,10 @@ func (w *wireState) dialTCP(ctx context.Context, ep snapshot.Endpoint) (*tracked
 	raw, err := w.p.dialer.Dial(ctx, ep)
 	if err != nil {
 		m.dials.WithLabelValues(string(classifyDial(err))).Inc()
-		if ctx.Err() == nil && endpointFault(err) {
+		switch {
+		case ctx.Err() != nil:
+			w.p.health.Canceled(ep.Addr)
+		case endpointFault(err):
 			w.eject(ep, err)
 		}
 		return nil, &dialError{err: err}
@@ -504,6 +508,9 @@ func (w *wireState) dial(ctx context.Context, ep snapshot.Endpoint, alpn []strin
 	m.handshakeSeconds.Observe(time.Since(start).Seconds())
 	if err != nil {
 		c.Close()
+		if ctx.Err() != nil {
+			w.p.health.Canceled(ep.Addr)
+		}
 		if ctx.Err() == nil && errors.Is(hctx.Err(), context.DeadlineExceeded) {
 			// The endpoint's kernel took the connection, but nothing
 			// serves it (a frozen process, one not calling accept): as a
