@@ -308,6 +308,27 @@ func TestTETrailersKept(t *testing.T) {
 	}
 }
 
+// TestUnannouncedTrailersKept: the trailers of an HTTP/1.1 app's chunked
+// body reach an HTTP/1.1 backend, from the fast path and from net/http's,
+// also when no Trailer field announced them (RFC 9112 §7.1.2 lets a
+// sender leave them unannounced); net/http's request writer dropped such
+// trailers.
+func TestUnannouncedTrailersKept(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(echoHeaders))
+	f := newFixture(t, Config{}, snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: []snapshot.Endpoint{ep}})
+	f.serveL7(false)
+	for front, c := range map[string]*client{"fast": f.dial(), "nethttp": f.dialL7()} {
+		for _, announce := range []string{"", "Trailer: X-Sum\r\n"} {
+			c.send("POST / HTTP/1.1\r\nHost: echo.b.svc\r\nTransfer-Encoding: chunked\r\n" + announce + "\r\n" +
+				"3\r\nabc\r\n0\r\nX-Sum: 1\r\nX-Other: 2\r\n\r\n")
+			_, body := c.read(http.MethodPost)
+			if field(body, "body") != "3" || field(body, "trailer X-Sum") != "1" || field(body, "trailer X-Other") != "2" {
+				t.Errorf("%s, announced %q: the backend saw\n%s\nwant the body and both trailers", front, announce, body)
+			}
+		}
+	}
+}
+
 // TestAnnouncedTrailersWithLength: trailers an HTTP/2 backend announced
 // reach an HTTP/1.1 app, also when the answer has a length too (Go's
 // HTTP/2 server sends one for a short body): it goes chunked, the framing

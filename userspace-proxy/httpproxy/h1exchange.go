@@ -125,6 +125,7 @@ func (s *h1Conn) prepare(req *http.Request, be *upstream.Backend, websocket bool
 	}
 	if req.Body != http.NoBody {
 		keepUserAgent(req) // for Request.Write (writeRequest)
+		keepTrailers(req)
 	}
 	if be.Spec.Hostname != "" {
 		// An ExternalHostname backend's own name is the authority it serves.
@@ -136,6 +137,18 @@ func (s *h1Conn) prepare(req *http.Request, be *upstream.Backend, websocket bool
 	// Connection: close from the client ends the client's connection
 	// (closeAfter), not the pooled one.
 	req.Close = false
+}
+
+// keepTrailers makes net/http's writers send the trailers of an HTTP/1.1
+// app's chunked body that no Trailer field announced: its reader merges
+// them into req.Trailer at the body's end, making the map when there is
+// none — after Request.Write and the HTTP/2 Transport took req.Trailer,
+// whose entries they write once the body ended. Without the map they
+// dropped them.
+func keepTrailers(req *http.Request) {
+	if req.ProtoMajor == 1 && req.ContentLength < 0 && req.Trailer == nil {
+		req.Trailer = make(http.Header)
+	}
 }
 
 // keepUserAgent makes Request.Write and net/http's Transport send what the

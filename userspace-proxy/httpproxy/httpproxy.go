@@ -344,6 +344,7 @@ func WireFor(be *upstream.Backend, protoMajor int, websocket bool) upstream.Wire
 // (net/http decided keep-alive when it read the request), and a copy per
 // request is the proxy's largest avoidable allocation.
 func outgoing(r *http.Request, be *upstream.Backend, c *balance.Choice, websocket bool) *http.Request {
+	keepTrailers(r) // before out shares r.Trailer
 	ctx := upstream.WithEndpoint(r.Context(), &c.Endpoint)
 	out := r.WithContext(ctx)
 	out.URL = upstreamURL(r.URL, be.Scheme(), c.Host)
