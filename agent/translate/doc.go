@@ -97,7 +97,8 @@
 // API asks where it cannot route): a filter is never skipped. Status
 // then follows the API's "Drop Rule(s)" form: Accepted=True with
 // PartiallyInvalid=True (UnsupportedValue, or IncompatibleFilters for
-// RequestRedirect with URLRewrite). When no rule routes, Accepted=False
+// RequestRedirect with URLRewrite in one rule, a backendRef's redirect
+// beside the rule's rewrite included). When no rule routes, Accepted=False
 // with that reason, and rules that answer 500 still do so.
 //
 // backendRefs: core Services (port required; ExternalName is InvalidKind)

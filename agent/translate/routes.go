@@ -191,6 +191,14 @@ func (t *translator) evalHTTPRoute(r *gwv1.HTTPRoute) *routeEval {
 		for j, br := range rule.BackendRefs {
 			out.Backends = append(out.Backends, rb.weighted(&b, j, br.BackendRef, httpFilters(br.Filters)))
 		}
+		// The API forbids RequestRedirect and URLRewrite on the same rule,
+		// which a backendRef's redirect beside the rule's rewrite is; the
+		// CRD checks each filter list alone. Redirecting there would skip
+		// the rewrite.
+		if out.Rewrite != nil && slices.ContainsFunc(out.Backends, func(wb snapshot.WeightedBackend) bool { return wb.Filters.Redirect != nil }) {
+			b.incompatible = true
+			b.badf("a URLRewrite filter on the rule cannot be combined with a RequestRedirect filter on a backendRef")
+		}
 		out.Timeouts = timeouts(&b, rule.Timeouts)
 		out.Retry = retry(&b, rule.Retry)
 		//lint:ignore SA1019 deprecated in v1.7 (GEP-4894) but still served; routes that set it are honoured
