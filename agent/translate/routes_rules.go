@@ -126,6 +126,11 @@ func httpMatch(m gwv1.HTTPRouteMatch) (routeMatch, string) {
 	rm.m.Path = path
 	headers := make([]stringMatchIn, len(m.Headers))
 	for i, h := range m.Headers {
+		// The experimental CRD's pattern, for Exact and RegularExpression
+		// values alike (a GRPCRoute's header matches have none).
+		if !validHeaderValue(h.Value) {
+			return rm, fmt.Sprintf("headers[%d].value %q %s", i, h.Value, headerValueRule)
+		}
 		headers[i] = stringMatchIn{typ: (*string)(h.Type), name: string(h.Name), value: h.Value}
 	}
 	var problem string
@@ -310,6 +315,16 @@ func validHeaderName(s string) bool {
 
 var headerNameChars = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+\\-.^_`|~]+$")
 
+// validHeaderValue applies the experimental CRD's HTTPHeader and
+// HTTPHeaderMatch value rules.
+func validHeaderValue(s string) bool {
+	return len(s) <= 4096 && headerValueChars.MatchString(s)
+}
+
+var headerValueChars = regexp.MustCompile(`^[!-~]+([\t ]?[!-~]+)*$`)
+
+const headerValueRule = "must be 1-4096 printable US-ASCII characters, single spaces or tabs between them"
+
 func hasControl(s string) bool {
 	return strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 && r != '\t' || r == 0x7f })
 }
@@ -459,8 +474,8 @@ func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter) *snapshot
 			if !name(string(h.Name)) {
 				continue
 			}
-			if h.Value == "" || len(h.Value) > 4096 || hasControl(h.Value) {
-				b.badf("%s.%s: value of %q must be 1-4096 characters without control characters", at, action, h.Name)
+			if !validHeaderValue(h.Value) {
+				b.badf("%s.%s: value of %q %s", at, action, h.Name, headerValueRule)
 				continue
 			}
 			out = append(out, snapshot.Header{Name: string(h.Name), Value: h.Value})
