@@ -87,8 +87,8 @@
 // CRD. What it would refuse in the spec as a whole (a rule name that is
 // no section name or repeats, a hostname that is no Hostname, references
 // to one parent that disagree on giving sectionName and port or repeat
-// one, more than 32 parentRefs, 16 hostnames or rules or 128 matches)
-// makes the route Accepted=False (UnsupportedValue) on every parent,
+// one, more than 32 parentRefs, 16 hostnames or rules or 128 matches, an
+// HTTPRoute's empty rules list) makes the route Accepted=False (UnsupportedValue) on every parent,
 // routing nothing; hostnames are otherwise ignored. A rule whose matches
 // are invalid is left out. A rule whose matches are valid but whose
 // filters or settings cannot be honoured — including

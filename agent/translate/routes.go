@@ -170,6 +170,11 @@ func (t *translator) evalHTTPRoute(r *gwv1.HTTPRoute) *routeEval {
 	rb := &routeBuilder{t: t, e: e, kind: snapshot.KindHTTPRoute}
 	e.invalid = specProblem(r.Spec.ParentRefs, r.Spec.Hostnames, r.Spec.Rules, func(r *gwv1.HTTPRouteRule) (*gwv1.SectionName, int) { return r.Name, len(r.Matches) })
 	rules := r.Spec.Rules
+	if e.invalid == "" && rules != nil && len(rules) == 0 {
+		// The CRD defaults absent rules but refuses an empty list
+		// (MinItems 1), which only a manifest file can hold.
+		e.invalid = "rules is an empty list"
+	}
 	if len(rules) == 0 {
 		// The CRD's default: one rule matching every request (which, with
 		// no backendRefs, answers 500).

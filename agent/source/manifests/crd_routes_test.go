@@ -44,6 +44,7 @@ func TestCRDRefusedRoutesAreNotAccepted(t *testing.T) {
 		"wildcard hostname case": route("GRPCRoute", `{parentRefs: [`+api+`], hostnames: ["*.Example.com"], rules: [{`+backend+`}]}`),
 		"parent twice":           route("GRPCRoute", `{parentRefs: [`+api+`, `+api+`], rules: [{`+backend+`}]}`),
 		"parents disagree":       route("HTTPRoute", `{parentRefs: [`+api+`, {group: "", kind: Service, name: api, sectionName: http}], rules: [{`+backend+`}]}`),
+		"empty rules":            route("HTTPRoute", `{parentRefs: [`+api+`], rules: []}`),
 		"header match spaces":    route("HTTPRoute", `{parentRefs: [`+api+`], rules: [{matches: [{headers: [{name: x, value: "a  b"}]}], `+backend+`}]}`),
 		"header set not ASCII":   route("HTTPRoute", `{parentRefs: [`+api+`], rules: [{filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x, value: "é"}]}}], `+backend+`}]}`),
 		"header add led by SP":   grpc(`[{filters: [{type: ResponseHeaderModifier, responseHeaderModifier: {add: [{name: x, value: " v"}]}}], ` + backend + `}]`),
