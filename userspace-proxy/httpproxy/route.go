@@ -107,30 +107,7 @@ func (h *Handler) route(x *exchange, r *http.Request, rt *routed) (ref snapshot.
 		return snapshot.BackendRef{}, false
 	}
 	rt.pol = h.policyFor(&rt.d)
-	if ref, ok := x.sessionBackend(r, &rt.d); ok {
-		return ref, true
-	}
 	return rt.d.Backend, true
-}
-
-// sessionBackend is the backendRef of d's rule that r's session is
-// pinned to, when the rule persists sessions and splits across several
-// backends: the weights chose d.Backend for a new session only.
-func (x *exchange) sessionBackend(r *http.Request, d *routes.Decision) (snapshot.BackendRef, bool) {
-	sp := d.SessionPersistence
-	if sp == nil || d.Rule == nil || len(d.Rule.Backends) < 2 {
-		return snapshot.BackendRef{}, false
-	}
-	now := time.Now()
-	for _, wb := range d.Rule.Backends {
-		if wb.Invalid != nil || wb.Weight == 0 {
-			continue
-		}
-		if be := x.v.Backends.Get(wb.Backend); be != nil && be.Picker.Holds(r, now, sp) {
-			return wb.Backend, true
-		}
-	}
-	return snapshot.BackendRef{}, false
 }
 
 // sessionFor is the session persistence in force: the route rule's when it

@@ -643,8 +643,11 @@ func (l *dropFirst) Accept() (net.Conn, error) {
 }
 
 // TestRouteSessionPersistence: a rule's session persistence pins a client
-// to one endpoint of a backend that has none of its own, and, when the
-// rule splits across backendRefs, to the backendRef it started on.
+// to one endpoint of a backend that has none of its own; when the rule
+// splits across backendRefs, the weights still pick one for every request
+// (GEP-1619: session persistence "MUST NOT override which backend is
+// selected during traffic splitting"), and a session moves to the one
+// they pick.
 func TestRouteSessionPersistence(t *testing.T) {
 	checkNoLeaks(t)
 	for _, h2c := range []bool{false, true} {
@@ -660,8 +663,9 @@ func TestRouteSessionPersistence(t *testing.T) {
 			sticky := &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "X-Session"}
 			m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindHTTPRoute,
 				rule{[]snapshot.RouteMatch{prefixMatch("/sticky")}, snapshot.RouteRule{Backends: to(front), SessionPersistence: sticky}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/on-v1")}, snapshot.RouteRule{Backends: to(v1), SessionPersistence: sticky}},
 				rule{[]snapshot.RouteMatch{prefixMatch("/split")}, snapshot.RouteRule{SessionPersistence: sticky,
-					Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: v1}, {Weight: 1, Backend: v2}}}},
+					Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: v1}, {Weight: 1000000, Backend: v2}}}},
 				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(front)}},
 			)))
 			e.p.Update(m.snapshot(1))
@@ -688,19 +692,17 @@ func TestRouteSessionPersistence(t *testing.T) {
 			if len(pods) != 3 {
 				t.Errorf("requests outside the sticky rule reached %v, want all three endpoints", pods)
 			}
-			// A rule split across two backendRefs keeps a session on the
-			// backend it started on, whatever the weights pick next.
+			// A session on v1 meets a split whose weights pick v2 (all but
+			// once in a million): it goes to v2, and a session starts there.
+			start := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/on-v1", nil))
+			token := start.header.Get("X-Session")
+			if start.status != 200 || start.report.Pod != "v1-0" || token == "" {
+				t.Fatalf("first request to v1: %d %s, session %q", start.status, start.report.Pod, token)
+			}
 			for range 4 {
-				start := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/split", nil))
-				token := start.header.Get("X-Session")
-				if start.status != 200 || token == "" {
-					t.Fatalf("split rule, first request: %d, session %q", start.status, token)
-				}
-				for range 6 {
-					a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/split", nil, "X-Session", token))
-					if a.report.Pod != start.report.Pod {
-						t.Fatalf("split rule: session started on %s went to %s", start.report.Pod, a.report.Pod)
-					}
+				a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/split", nil, "X-Session", token))
+				if a.report.Pod != "v2-0" || a.header.Get("X-Session") == "" || a.header.Get("X-Session") == token {
+					t.Fatalf("split rule weighted 1:1000000: session on v1 went to %s, session %q, want v2 and a new session", a.report.Pod, a.header.Get("X-Session"))
 				}
 			}
 		})
