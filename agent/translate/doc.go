@@ -110,7 +110,8 @@
 // resolve stays in the rule, Invalid, so its share of requests gets 500;
 // ResolvedRefs=False says why: BackendNotFound, InvalidKind,
 // RefNotPermitted, UnsupportedProtocol (gRPC to an HTTP/1-only or TCP
-// backend; a kubernetes.io/wss port without a BackendTLSPolicy, GEP-1911),
+// backend; a UDP or SCTP port; a kubernetes.io/wss port without a
+// BackendTLSPolicy, GEP-1911),
 // UnsupportedValue (a Service without port, an XBackend with
 // one), or ReasonInvalidBackend (it resolves, but its TLS policy or
 // XBackend is invalid: requests fail closed with 503, as without the

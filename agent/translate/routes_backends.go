@@ -115,6 +115,12 @@ func (rb *routeBuilder) resolveBackend(ref gwv1.BackendObjectReference) (resolve
 		// stand for another port's backend (and that port's TLS).
 		i := slices.IndexFunc(svc.Spec.Ports, func(sp corev1.ServicePort) bool { return isTCP(sp) && validPort(sp.Port) && sp.Port == *ref.Port })
 		if i < 0 {
+			if slices.ContainsFunc(svc.Spec.Ports, func(sp corev1.ServicePort) bool { return validPort(sp.Port) && sp.Port == *ref.Port }) {
+				// GEP-1911: a backend the route cannot speak to is
+				// UnsupportedProtocol; it exists.
+				return out, &refProblem{string(gwv1.RouteReasonUnsupportedProtocol), fmt.Sprintf(
+					"%s: port %d is not TCP, and %ss send requests over TCP", what, *ref.Port, rb.kind)}
+			}
 			return out, &refProblem{string(gwv1.RouteReasonBackendNotFound), fmt.Sprintf("%s: the Service has no TCP port %d", what, *ref.Port)}
 		}
 		if p := t.headlessPolicy(svc); p != "" {
