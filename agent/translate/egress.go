@@ -78,36 +78,51 @@ func refusedAddress(a netip.Addr, node Node, cluster map[netip.Addr]string) stri
 	return ""
 }
 
-// clusterAddresses returns every Service ClusterIP and EndpointSlice
-// endpoint address of the cluster, built on first use: the proxy dials from
-// the node, outside the pods' NetworkPolicies, so an external name must not
-// lead to a pod or Service anywhere, though the agent knows no pod range but
-// its own node's (and --pod-cidr's). Pods that back no Service are covered
-// by the pod ranges only. Values say what the address is, without naming
-// the Service: the message reaches whoever owns the XBackend.
+// clusterAddresses returns every Service ClusterIP, external IP and
+// load-balancer IP and every EndpointSlice endpoint address of the cluster,
+// built on first use: the proxy dials from the node, outside the pods'
+// NetworkPolicies, so an external name must not lead to a pod or Service
+// anywhere, though the agent knows no pod range but its own node's (and
+// --pod-cidr's). Pods that back no Service are covered by the pod ranges
+// only. Values say what the address is, without naming the Service: the
+// message reaches whoever owns the XBackend.
 func (t *translator) clusterAddresses() map[netip.Addr]string {
 	if t.clusterAddrs != nil {
 		return t.clusterAddrs
 	}
 	t.clusterAddrs = map[netip.Addr]string{}
+	add := func(s, what string) {
+		if a, err := netip.ParseAddr(s); err == nil { // "", "None" and hostnames do not parse
+			t.clusterAddrs[a.Unmap()] = what
+		}
+	}
 	for _, es := range t.in.EndpointSlices {
 		if es == nil {
 			continue
 		}
 		for _, ep := range es.Endpoints {
 			for _, s := range ep.Addresses {
-				if a, err := netip.ParseAddr(s); err == nil {
-					t.clusterAddrs[a.Unmap()] = "Service endpoint"
-				}
+				add(s, "Service endpoint")
 			}
+		}
+	}
+	// A Service's external and load-balancer IPs are its own, never an
+	// external host's: kube-proxy and most CNIs take them, inside the
+	// cluster, straight to the Service's pods (ipMode VIP, the default).
+	// Those of ipMode Proxy are refused too: the load balancer they go
+	// through leads to the same pods.
+	for _, svc := range t.services {
+		for _, s := range svc.Spec.ExternalIPs {
+			add(s, "Service external IP")
+		}
+		for _, ing := range svc.Status.LoadBalancer.Ingress {
+			add(ing.IP, "Service load-balancer IP")
 		}
 	}
 	// ClusterIPs last: an address that is both is named as the ClusterIP.
 	for _, svc := range t.services {
 		for _, s := range append([]string{svc.Spec.ClusterIP}, svc.Spec.ClusterIPs...) {
-			if a, err := netip.ParseAddr(s); err == nil { // "" and "None" do not parse
-				t.clusterAddrs[a.Unmap()] = "Service ClusterIP"
-			}
+			add(s, "Service ClusterIP")
 		}
 	}
 	return t.clusterAddrs

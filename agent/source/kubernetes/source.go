@@ -680,10 +680,17 @@ func stripObject(obj any) {
 	switch o := obj.(type) {
 	case *corev1.Service:
 		// translate reads only sockmesh.io/ annotations; the rest (load
-		// balancer settings, Helm's bookkeeping) and the status
-		// (load-balancer ingress) are dropped.
+		// balancer settings, Helm's bookkeeping) is dropped, and of the
+		// status only the load-balancer IPs are kept, which external
+		// hostnames may not resolve to.
 		o.Annotations = ownAnnotations(o.Annotations)
-		o.Status = corev1.ServiceStatus{}
+		var ingress []corev1.LoadBalancerIngress
+		for _, ing := range o.Status.LoadBalancer.Ingress {
+			if ing.IP != "" {
+				ingress = append(ingress, corev1.LoadBalancerIngress{IP: ing.IP})
+			}
+		}
+		o.Status = corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: ingress}}
 	case *discoveryv1.EndpointSlice:
 		// Every slice the EndpointSlice controller writes carries a
 		// trigger-time annotation; every endpoint a targetRef with the

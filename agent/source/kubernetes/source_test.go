@@ -263,6 +263,20 @@ func TestSourceAgainstAPIServer(t *testing.T) {
 	node.Labels[corev1.LabelTopologyZone] = "zone-b"
 	must.Succeed(t)(kube.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}))
 	waitInput(t, s, "the node's new zone", func(in translate.Input) bool { return in.Node.Zone == "zone-b" })
+
+	// A load balancer controller gives a Service an address: translate
+	// refuses external hostnames resolving to it, so the cache keeps it.
+	lb := must.Value[*corev1.Service](t)(kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "lb", Namespace: ns},
+		Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Ports: []corev1.ServicePort{{Name: "https", Port: 443}}},
+	}, metav1.CreateOptions{}))
+	lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.7"}}
+	must.Succeed(t)(kube.CoreV1().Services(ns).UpdateStatus(ctx, lb, metav1.UpdateOptions{}))
+	waitInput(t, s, "the Service's load-balancer IP", func(in translate.Input) bool {
+		return slices.ContainsFunc(in.Services, func(s *corev1.Service) bool {
+			return s.Name == "lb" && len(s.Status.LoadBalancer.Ingress) == 1 && s.Status.LoadBalancer.Ingress[0].IP == "198.51.100.7"
+		})
+	})
 }
 
 // TestSourceMissingCRDs: a kind whose CRD is not installed lists as empty

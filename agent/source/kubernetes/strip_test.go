@@ -42,12 +42,16 @@ func TestStripForCache(t *testing.T) {
 		in, out any
 	}{
 		{
-			name: "Service keeps its spec and sockmesh.io annotations",
+			name: "Service keeps its spec, sockmesh.io annotations and load-balancer IPs",
 			in: &corev1.Service{ObjectMeta: meta(withOwn),
-				Spec:   corev1.ServiceSpec{ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10"}, Ports: ports, Type: corev1.ServiceTypeClusterIP},
-				Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: "192.0.2.1"}}}}},
+				Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10"}, Ports: ports, Type: corev1.ServiceTypeLoadBalancer},
+				Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{
+					{IP: "192.0.2.1", IPMode: ptr(corev1.LoadBalancerIPModeProxy), Ports: []corev1.PortStatus{{Port: 443, Protocol: corev1.ProtocolTCP}}},
+					{Hostname: "lb.example"},
+				}}}},
 			out: &corev1.Service{ObjectMeta: kept(own),
-				Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10"}, Ports: ports, Type: corev1.ServiceTypeClusterIP}},
+				Spec:   corev1.ServiceSpec{ClusterIP: "10.96.0.10", ClusterIPs: []string{"10.96.0.10"}, Ports: ports, Type: corev1.ServiceTypeLoadBalancer},
+				Status: corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: []corev1.LoadBalancerIngress{{IP: "192.0.2.1"}}}}},
 		},
 		{
 			name: "Service without own annotations",
