@@ -218,12 +218,13 @@
 //
 // ExternalHostname: endpoints are Input.Resolved's answers on port.number,
 // without loopback, link-local, unspecified, multicast and broadcast
-// addresses, the node's own, the pod and service ranges, and every Service
-// ClusterIP, external IP and load-balancer IP and EndpointSlice endpoint
-// address in Input (the API's confused-deputy warning: the proxy dials
-// from the node, outside the pods' NetworkPolicies, and knows no pod range
-// but Node.PodCIDRs); names that are IP addresses or inside cluster.local
-// (or Node.ClusterDomain) are Invalid. EndpointSelector: see
+// addresses, the node's own, the pod, service and node ranges, and every
+// Service ClusterIP, external IP and load-balancer IP and EndpointSlice
+// endpoint address in Input (the API's confused-deputy warning: the proxy
+// dials from the node, outside the pods' NetworkPolicies, and knows no pod
+// range but Node.PodCIDRs and no other node but Node.NodeCIDRs and the
+// hostNetwork endpoints); names that are IP addresses or inside
+// cluster.local (or Node.ClusterDomain) are Invalid. EndpointSelector: see
 // xbackend_selector.go for the generated headless Service and
 // Result.EndpointSelectorServices. TLS None, ServerOnly or ClientAndServer
 // uses the same validation code as BackendTLSPolicy, plus the client key

@@ -74,6 +74,8 @@ func refusedAddress(a netip.Addr, node Node, cluster map[netip.Addr]string) stri
 		return "pod range"
 	case slices.ContainsFunc(node.ServiceCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }):
 		return "service range"
+	case slices.ContainsFunc(node.NodeCIDRs, func(p netip.Prefix) bool { return p.Contains(a) }):
+		return "node range"
 	}
 	return ""
 }
@@ -84,8 +86,9 @@ func refusedAddress(a netip.Addr, node Node, cluster map[netip.Addr]string) stri
 // NetworkPolicies, so an external name must not lead to a pod or Service
 // anywhere, though the agent knows no pod range but its own node's (and
 // --pod-cidr's). Pods that back no Service are covered by the pod ranges
-// only. Values say what the address is, without naming the Service: the
-// message reaches whoever owns the XBackend.
+// only; other nodes by their hostNetwork pods that back a Service, and by
+// --node-cidr. Values say what the address is, without naming the Service:
+// the message reaches whoever owns the XBackend.
 func (t *translator) clusterAddresses() map[netip.Addr]string {
 	if t.clusterAddrs != nil {
 		return t.clusterAddrs

@@ -10,6 +10,7 @@ func TestRefusedAddress(t *testing.T) {
 		IPs:          []netip.Addr{netip.MustParseAddr("192.168.1.5"), netip.MustParseAddr("2001:db8:1::5")},
 		PodCIDRs:     []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("fd00:96::/112")},
+		NodeCIDRs:    []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24"), netip.MustParsePrefix("2001:db8:1::/64")},
 	}
 	for addr, want := range map[string]string{
 		"203.0.113.9":     "",
@@ -30,6 +31,9 @@ func TestRefusedAddress(t *testing.T) {
 		"255.255.255.255": "broadcast",
 		"192.168.1.5":     "node address",
 		"2001:db8:1::5":   "node address",
+		"192.168.1.6":     "node range", // another node
+		"2001:db8:1::6":   "node range",
+		"192.168.2.6":     "",
 		"10.244.7.7":      "pod range",
 		"10.100.0.1":      "service range",
 		"fd00:96::1":      "service range",

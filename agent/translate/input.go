@@ -67,6 +67,10 @@ type Node struct {
 	// source gives this node's podCIDRs and the ServiceCIDR objects').
 	PodCIDRs     []netip.Prefix
 	ServiceCIDRs []netip.Prefix
+	// NodeCIDRs are the ranges of the cluster's nodes (--node-cidr): the
+	// agent watches only its own Node, so these are all it knows of the
+	// others' addresses.
+	NodeCIDRs []netip.Prefix
 	// EgressAllow, when not empty, is the list of hostname patterns
 	// ("example.com", "*.example.com") ExternalHostname XBackends may use.
 	// "*.example.com" matches any name below example.com, not example.com

@@ -43,6 +43,7 @@ type options struct {
 	leaderElectionNamespace string
 	serviceCIDRs            []string
 	podCIDRs                []string
+	nodeCIDRs               []string
 	clusterDomain           string
 	dnsServers              []string
 	egressAllow             []string
@@ -96,6 +97,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", getenv(envPodNamespace), "namespace of the leader Lease (default $"+envPodNamespace+")")
 	fs.StringSliceVar(&o.serviceCIDRs, "service-cidr", nil, "the cluster's Service ranges, besides its ServiceCIDR objects' (Kubernetes 1.33+); external hostnames resolving into them are refused")
 	fs.StringSliceVar(&o.podCIDRs, "pod-cidr", nil, "the cluster's pod ranges; external hostnames resolving into them are refused (without it, only this node's pod range, from its Node, and the pods EndpointSlices list: another node's pod that backs no Service is reachable)")
+	fs.StringSliceVar(&o.nodeCIDRs, "node-cidr", nil, "the ranges of the cluster's node addresses; external hostnames resolving into them are refused (without it, only this node's addresses, from its Node, and the hostNetwork pods EndpointSlices list: another node is reachable)")
 	fs.StringVar(&o.clusterDomain, "cluster-domain", "", "the cluster's DNS domain when not cluster.local; external hostnames may not be in it")
 	fs.StringSliceVar(&o.dnsServers, "dns-server", nil, "DNS servers (IP or IP:port, port 53 by default; IPv6 with or without brackets) resolving ExternalHostname XBackends (default: /etc/resolv.conf)")
 	fs.StringSliceVar(&o.egressAllow, "egress-allow", nil, "hostname patterns (example.com, *.example.com) ExternalHostname XBackends may use (default: any)")
@@ -330,6 +332,9 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 		errs = append(errs, err)
 	}
 	if s.node.PodCIDRs, err = prefixes("--pod-cidr", o.podCIDRs); err != nil {
+		errs = append(errs, err)
+	}
+	if s.node.NodeCIDRs, err = prefixes("--node-cidr", o.nodeCIDRs); err != nil {
 		errs = append(errs, err)
 	}
 	s.node.ClusterDomain = strings.TrimSuffix(o.clusterDomain, ".")

@@ -217,6 +217,7 @@ proxy-mode: in-pod
 in-pod-port: 15006
 service-cidr: [10.96.0.0/16, "fd00:96::/112"]
 pod-cidr: 10.244.0.0/16,fd00:244::/56
+node-cidr: [192.168.0.0/24, "2001:db8:1::/64"]
 egress-allow: ["*.example.com"]
 dns-server: [10.0.0.10]
 log-level: debug
@@ -241,6 +242,7 @@ max-conns-per-pod: 100
 		{"in-pod port (file, number)", got.inPodPort, uint16(15006)},
 		{"service CIDRs (file, YAML list)", got.node.ServiceCIDRs, []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}},
 		{"pod CIDRs (file, comma-separated)", got.node.PodCIDRs, []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/56")}},
+		{"node CIDRs (file, YAML list)", got.node.NodeCIDRs, []netip.Prefix{netip.MustParsePrefix("192.168.0.0/24"), netip.MustParsePrefix("2001:db8:1::/64")}},
 		{"egress allow (file)", got.node.EgressAllow, []string{"*.example.com"}},
 		{"dns servers (file, default port)", got.dnsServers, []string{"10.0.0.10:53"}},
 		{"log level (flag over file)", got.logLevel, slog.LevelWarn},
@@ -341,6 +343,7 @@ func TestSettingsErrors(t *testing.T) {
 		{"in-pod port 0", node, []string{"--proxy-mode=in-pod", "--in-pod-port=0"}, "--in-pod-port"},
 		{"bad service CIDR", node, []string{"--service-cidr=10.96.0.0"}, "--service-cidr"},
 		{"bad pod CIDR", node, []string{"--pod-cidr=pods"}, "--pod-cidr"},
+		{"bad node CIDR", node, []string{"--node-cidr=192.168.0.0/33"}, "--node-cidr"},
 		{"bad DNS server", node, []string{"--dns-server=dns.example"}, "--dns-server"},
 		{"IPv4 DNS server in brackets", node, []string{"--dns-server=[10.0.0.10]"}, "--dns-server"},
 		{"DNS server with a bracket missing", node, []string{"--dns-server=[fd00::53"}, "--dns-server"},
