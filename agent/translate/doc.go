@@ -218,8 +218,9 @@
 //
 // ExternalHostname: endpoints are Input.Resolved's answers on port.number,
 // without loopback, link-local, unspecified, multicast and broadcast
-// addresses, the node's own, the pod, service and node ranges, and every
-// Service ClusterIP, external IP and load-balancer IP and EndpointSlice
+// addresses, the clouds' metadata services outside link-local (AWS's IPv6
+// one, Alibaba's, Azure's WireServer), the node's own, the pod, service
+// and node ranges, and every Service ClusterIP, external IP and load-balancer IP and EndpointSlice
 // endpoint address in Input (the API's confused-deputy warning: the proxy
 // dials from the node, outside the pods' NetworkPolicies, and knows no pod
 // range but Node.PodCIDRs and no other node but Node.NodeCIDRs and the

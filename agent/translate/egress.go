@@ -49,6 +49,16 @@ func (t *translator) externalEndpoints(host string, port uint16) ([]snapshot.End
 	return nil, ReasonUnresolved, fmt.Sprintf("%s resolves to no address", host)
 }
 
+// cloudMetadata are the clouds' instance metadata services that are not
+// link-local, as 169.254.169.254 is: reached from the node, they hand out
+// the node's credentials, the address GEP-4894 names for the confused
+// deputy.
+var cloudMetadata = []netip.Addr{
+	netip.MustParseAddr("fd00:ec2::254"),   // AWS's IMDS over IPv6
+	netip.MustParseAddr("100.100.100.200"), // Alibaba Cloud's metadata service
+	netip.MustParseAddr("168.63.129.16"),   // Azure's WireServer (extension settings)
+}
+
 // refusedAddress says why an external name may not lead to a, or "".
 // cluster maps the Services' ClusterIPs and endpoint addresses to what they
 // are (clusterAddresses).
@@ -66,6 +76,8 @@ func refusedAddress(a netip.Addr, node Node, cluster map[netip.Addr]string) stri
 		return "multicast"
 	case a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
 		return "broadcast"
+	case slices.Contains(cloudMetadata, a):
+		return "cloud metadata"
 	case slices.ContainsFunc(node.IPs, func(n netip.Addr) bool { return n.Unmap() == a }):
 		return "node address"
 	case cluster[a] != "":

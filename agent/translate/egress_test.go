@@ -29,6 +29,10 @@ func TestRefusedAddress(t *testing.T) {
 		"ff02::1":         "link-local",
 		"ff0e::1":         "multicast",
 		"255.255.255.255": "broadcast",
+		"fd00:ec2::254":   "cloud metadata",
+		"fd00:ec2::1":     "",
+		"100.100.100.200": "cloud metadata",
+		"168.63.129.16":   "cloud metadata",
 		"192.168.1.5":     "node address",
 		"2001:db8:1::5":   "node address",
 		"192.168.1.6":     "node range", // another node
