@@ -95,8 +95,7 @@ func newAgentCommand(getenv func(string) string) *cobra.Command {
 				return err
 			}
 			// The agent's network namespace is the node's (hostNetwork):
-			// its addresses are the node's where neither the downward API
-			// nor a Node object names them.
+			// its addresses are the node's.
 			self, err := podns.Open("/proc/self/ns/net")
 			if err != nil {
 				return err

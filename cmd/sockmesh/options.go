@@ -311,23 +311,21 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 	default:
 		bad("--proxy-mode=%q: want node-ip or in-pod", o.proxyMode)
 	}
-	if s.source == "file" {
-		// No Node object names the node's addresses, which ExternalHostname
-		// answers must not lead to (translate.Node.IPs): they are all of
-		// the namespace's, not only the proxy's listeners (none in in-pod
-		// mode).
-		addrs, err := host.Addrs()
-		if err != nil {
-			errs = append(errs, fmt.Errorf("find the node's addresses for --source=file: %w", err))
-		}
-		for _, a := range addrs {
-			if a.IsGlobalUnicast() && !slices.Contains(s.node.IPs, a) {
-				s.node.IPs = append(s.node.IPs, a)
-			}
+	// The node's addresses, which ExternalHostname answers must not lead
+	// to (translate.Node.IPs), are all of the namespace's, not only the
+	// proxy's listeners (none in in-pod mode) nor the few a Node object
+	// lists: a connection to any of them, a second interface's or a
+	// bridge's, reaches the node's own services. They are read once, here.
+	addrs, err := host.Addrs()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("find the node's addresses: %w", err))
+	}
+	for _, a := range addrs {
+		if a.IsGlobalUnicast() && !slices.Contains(s.node.IPs, a) {
+			s.node.IPs = append(s.node.IPs, a)
 		}
 	}
 
-	var err error
 	if s.node.ServiceCIDRs, err = prefixes("--service-cidr", o.serviceCIDRs); err != nil {
 		errs = append(errs, err)
 	}

@@ -125,6 +125,11 @@ func TestNodeAddressesAreTheProxyDefault(t *testing.T) {
 				ap := netip.MustParseAddrPort(s)
 				want, wantIPs = append(want, ap), append(wantIPs, ap.Addr())
 			}
+			// The node's addresses are the listeners' and its network
+			// namespace's (parse's host: 192.0.2.7).
+			if host := netip.MustParseAddr("192.0.2.7"); !slices.Contains(wantIPs, host) {
+				wantIPs = append(wantIPs, host)
+			}
 			if !slices.Equal(got.proxyListen, want) {
 				t.Errorf("proxyListen = %v, want %v", got.proxyListen, want)
 			}
@@ -170,27 +175,29 @@ func TestDefaultRouteAddrsWithoutDownwardAPI(t *testing.T) {
 	}
 }
 
-// TestFileSourceNodeAddresses: with the file source, which has no Node
-// object, the node's addresses (translate refuses ExternalHostname answers
-// that lead to them) are every global address of the agent's network
-// namespace, in both families, not only the proxy's listeners: in in-pod
-// mode there were none, and an external hostname resolving to the node
-// was used.
-func TestFileSourceNodeAddresses(t *testing.T) {
+// TestNodeAddresses: the node's addresses (translate refuses
+// ExternalHostname answers that lead to them) are every global address of
+// the agent's network namespace, in both families, not only the proxy's
+// listeners: in in-pod mode there were none, and an external hostname
+// resolving to the node was used. With the kubernetes source they were
+// only the Node's (and the listeners'): another interface's was used.
+func TestNodeAddresses(t *testing.T) {
 	node4, node6 := netip.MustParsePrefix("10.219.2.2/24"), netip.MustParsePrefix("fd00:219:2::2/64")
 	node, router := sandbox.NewNetNS(t), sandbox.NewNetNS(t)
 	sandbox.NewVeth(t, node, router, []netip.Prefix{node4, node6},
 		[]netip.Prefix{netip.MustParsePrefix("10.219.2.1/24"), netip.MustParsePrefix("fd00:219:2::1/64")})
 	other := netip.MustParsePrefix("10.219.3.2/24") // an address beyond the default route's interface
 	node.AddAddr(t, "lo", other)
-	for _, mode := range [][]string{{"--proxy-mode=in-pod"}, {"--proxy-mode=node-ip", "--proxy-listen=10.219.2.2:15001"}} {
-		got, err := parseWith(t, nil, node, "", append([]string{"--source=file", "--manifests=/m"}, mode...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := []netip.Addr{node4.Addr(), other.Addr(), node6.Addr()}
-		if !cmp.Equal(got.node.IPs, want, cmpopts.SortSlices(netip.Addr.Less), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })) {
-			t.Errorf("%s: node IPs = %v, want %v", mode, got.node.IPs, want)
+	for _, source := range [][]string{{"--source=file", "--manifests=/m"}, {"--source=kubernetes", "--node-name=n"}} {
+		for _, mode := range [][]string{{"--proxy-mode=in-pod"}, {"--proxy-mode=node-ip", "--proxy-listen=10.219.2.2:15001"}} {
+			got, err := parseWith(t, nil, node, "", append(slices.Clone(source), mode...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []netip.Addr{node4.Addr(), other.Addr(), node6.Addr()}
+			if !cmp.Equal(got.node.IPs, want, cmpopts.SortSlices(netip.Addr.Less), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })) {
+				t.Errorf("%s %s: node IPs = %v, want %v", source[0], mode, got.node.IPs, want)
+			}
 		}
 	}
 }
