@@ -153,8 +153,9 @@ func externalHostnameProblem(host, clusterDomain string) string {
 	if errs := validation.IsDNS1123Subdomain(host); len(errs) > 0 {
 		return fmt.Sprintf("externalHostname.hostname %q is not a valid DNS name: %s", host, errs[0])
 	}
-	// The CRD refuses cluster.local whatever the cluster's domain is.
-	for _, domain := range []string{"cluster.local", strings.Trim(clusterDomain, ".")} {
+	// The CRD refuses cluster.local whatever the cluster's domain is. The
+	// host is lower-case (a valid name); the domain, as configured, may not be.
+	for _, domain := range []string{"cluster.local", strings.ToLower(strings.Trim(clusterDomain, "."))} {
 		if domain != "" && (host == domain || strings.HasSuffix(host, "."+domain)) {
 			return fmt.Sprintf("externalHostname.hostname %q is inside the cluster domain %s; use a Service", host, domain)
 		}
