@@ -372,12 +372,12 @@ func TestSettingsErrors(t *testing.T) {
 		{"metrics on health's port, a service name", node, []string{"--health-listen=:http", "--metrics-listen=127.0.0.1:80"}, "--metrics-listen"},
 		{"metrics on health's port, 0.0.0.0 beside IPv6", node, []string{"--health-listen=0.0.0.0:15021", "--metrics-listen=[::1]:15021"}, "--metrics-listen"},
 		{"metrics on health's port, IPv6 beside 0.0.0.0", node, []string{"--health-listen=[fd00::1]:15021", "--metrics-listen=0.0.0.0:15021"}, "--metrics-listen"},
-		{"health host that does not resolve", node, []string{"--health-listen=health.invalid:15021"}, "--health-listen"},
+		{"health host that does not resolve", node, []string{"--health-listen=health!host:15021"}, "--health-listen"},
 		{"introspection on health's address", node, []string{"--health-listen=10.0.0.1:9443", "--introspection-listen=10.0.0.1:9443",
 			"--introspection-tls-cert=c", "--introspection-tls-key=k", "--introspection-token-file=t"}, "--introspection-listen"},
 		{"introspection address without port", node, []string{"--introspection-listen=[::1]", "--introspection-tls-cert=c",
 			"--introspection-tls-key=k", "--introspection-token-file=t"}, "--introspection-listen"},
-		{"introspection host that does not resolve", node, []string{"--introspection-listen=introspection.invalid:9443", "--introspection-tls-cert=c",
+		{"introspection host that does not resolve", node, []string{"--introspection-listen=introspection!host:9443", "--introspection-tls-cert=c",
 			"--introspection-tls-key=k", "--introspection-token-file=t"}, "--introspection-listen"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
