@@ -579,7 +579,8 @@ func TestFailureLogThrottled(t *testing.T) {
 }
 
 // TestBadRequests: what the fast path cannot or will not forward is
-// answered as net/http's server would, and the connection closes.
+// answered as net/http's server would, and the connection closes; a
+// CONNECT alike on net/http's path.
 func TestBadRequests(t *testing.T) {
 	ep := startBackend(t, http.HandlerFunc(echoHeaders))
 	f := newFixture(t, Config{MaxHeaderBytes: 1 << 10}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
@@ -602,6 +603,14 @@ func TestBadRequests(t *testing.T) {
 				t.Errorf("%s, close=%v; want %d and close", resp.Status, resp.Close, c.code)
 			}
 		})
+	}
+	// net/http's path refuses a CONNECT too: it went to the backend,
+	// whose 200 the app took for its tunnel.
+	f.serveL7(false)
+	cl := f.dialL7()
+	cl.send("CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
+	if resp, _ := cl.read(http.MethodGet); resp.StatusCode != http.StatusMethodNotAllowed || !resp.Close {
+		t.Errorf("net/http's path: %s, close=%v; want 405 and close", resp.Status, resp.Close)
 	}
 }
 

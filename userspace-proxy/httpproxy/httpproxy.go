@@ -236,6 +236,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "no target", http.StatusInternalServerError)
 		return
 	}
+	if r.Method == http.MethodConnect && !isExtendedConnect(r) {
+		// As on the fast path: a tunnel through a Service address is not a
+		// mesh request, and an extended CONNECT for another protocol than
+		// WebSocket has no HTTP/1.1 form (RFC 8441 §4) — forwarded as a
+		// CONNECT, a backend's 200 read as the tunnel's success.
+		if r.ProtoMajor == 1 {
+			w.Header().Set("Connection", "close")
+		}
+		http.Error(w, "405 Method Not Allowed", http.StatusMethodNotAllowed)
+		return
+	}
 	t.nameService(r)
 	v, fe := t.view()
 	x := &exchange{t: t, v: v, fe: fe}

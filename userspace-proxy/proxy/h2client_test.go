@@ -41,15 +41,16 @@ type h2WS struct {
 // stream and checks the 200.
 func openH2WS(t *testing.T, c net.Conn, authority, path string) *h2WS {
 	t.Helper()
-	s := connectH2WS(t, c, authority, path)
+	s := connectH2WS(t, c, "websocket", authority, path)
 	if s.status != "200" {
 		t.Fatalf("extended CONNECT answered %s", s.status)
 	}
 	return s
 }
 
-// connectH2WS is openH2WS up to the answer's status, whatever it is.
-func connectH2WS(t *testing.T, c net.Conn, authority, path string) *h2WS {
+// connectH2WS is openH2WS, for :protocol protocol, up to the answer's
+// status, whatever it is.
+func connectH2WS(t *testing.T, c net.Conn, protocol, authority, path string) *h2WS {
 	t.Helper()
 	c.SetDeadline(time.Now().Add(hangGuard))
 	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
@@ -67,7 +68,7 @@ func connectH2WS(t *testing.T, c net.Conn, authority, path string) *h2WS {
 	}
 	var hb bytes.Buffer
 	enc := hpack.NewEncoder(&hb)
-	for _, f := range [][2]string{{":method", "CONNECT"}, {":protocol", "websocket"}, {":scheme", "http"},
+	for _, f := range [][2]string{{":method", "CONNECT"}, {":protocol", protocol}, {":scheme", "http"},
 		{":path", path}, {":authority", authority}, {"sec-websocket-version", "13"}} {
 		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
 	}

@@ -789,7 +789,8 @@ func testWSExtendedConnect(t *testing.T, e *env, dst netip.AddrPort, be *wsProbe
 // came, but never a 2xx, which is RFC 8441's success: a backend answering
 // 200 to everything (a single-page app's server) had the app take its
 // page for an open WebSocket. A refusal whose body breaks off is a reset
-// stream, never one that ended as if it were whole.
+// stream, never one that ended as if it were whole. An extended CONNECT
+// for another protocol than WebSocket is refused (405).
 func TestExtendedConnectNotUpgraded(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
@@ -811,13 +812,19 @@ func TestExtendedConnectNotUpgraded(t *testing.T) {
 	})})
 	vip := netip.MustParseAddrPort("10.96.42.9:80")
 	e.p.Update(buildSnapshot(t, 1, service{name: "web", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolWS, Endpoints: endpoints(addr)}}))
-	for path, want := range map[string]string{"/forbidden": "403", "/": "502"} {
+	for _, tc := range []struct{ protocol, path, want string }{
+		{"websocket", "/forbidden", "403"}, {"websocket", "/", "502"},
+		// Another protocol has no HTTP/1.1 Upgrade to bridge to: it went
+		// to the backend as a CONNECT, whose 200 the app took for its
+		// tunnel.
+		{"connect-udp", "/", "405"},
+	} {
 		c, err := e.dial(vip)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if s := connectH2WS(t, c, "web.b.svc", path); s.status != want {
-			t.Errorf("extended CONNECT to %s answered %s, want %s", path, s.status, want)
+		if s := connectH2WS(t, c, tc.protocol, "web.b.svc", tc.path); s.status != tc.want {
+			t.Errorf("extended CONNECT (%s) to %s answered %s, want %s", tc.protocol, tc.path, s.status, tc.want)
 		}
 		c.Close()
 	}
@@ -826,7 +833,7 @@ func TestExtendedConnectNotUpgraded(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	s := connectH2WS(t, c, "web.b.svc", "/broken")
+	s := connectH2WS(t, c, "websocket", "web.b.svc", "/broken")
 	if _, err := io.ReadAll(s); s.status != "403" || err == nil {
 		t.Errorf("a refusal cut short: %s, %v; want 403 and a reset", s.status, err)
 	}
