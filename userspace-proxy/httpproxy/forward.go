@@ -68,7 +68,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 	defer done()
 	defer resp.Body.Close()
 	if resp.StatusCode == http.StatusSwitchingProtocols {
-		h.switchProtocols(w, r, x, resp, websocket)
+		h.switchProtocols(w, r, x, c, resp, websocket)
 		return
 	}
 	hdr := w.Header()
@@ -243,8 +243,9 @@ func (h *Handler) copyBody(w http.ResponseWriter, resp *http.Response, be *upstr
 const probeSize = 512
 
 // switchProtocols completes an HTTP/1.1 Upgrade the backend accepted: the
-// 101 goes to the client, then bytes flow both ways until either side ends.
-func (h *Handler) switchProtocols(w http.ResponseWriter, r *http.Request, x *exchange, resp *http.Response, websocket bool) {
+// 101 goes to the client, with the session it starts on c (x.setSession),
+// then bytes flow both ways until either side ends.
+func (h *Handler) switchProtocols(w http.ResponseWriter, r *http.Request, x *exchange, c *balance.Choice, resp *http.Response, websocket bool) {
 	be := x.be
 	up, ok := resp.Body.(io.ReadWriteCloser)
 	if !websocket || !ok {
@@ -259,6 +260,9 @@ func (h *Handler) switchProtocols(w http.ResponseWriter, r *http.Request, x *exc
 	}
 	h.m.request(x.fe, resp.StatusCode, protocolOf(be))
 	resp.Body = nil // the relay owns it now
+	if x.setSession {
+		be.Picker.SetSession(resp.Header, r, c, x.now, x.sessionFor())
+	}
 	if err := writeSwitch(brw.Writer, resp); err != nil {
 		conn.Close()
 		up.Close()

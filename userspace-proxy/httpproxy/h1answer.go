@@ -375,8 +375,12 @@ func (b *bodyCopy) waitBody(body io.Reader) (p []byte, n int, full bool, err err
 }
 
 // upgrade completes a WebSocket upgrade the backend accepted: the 101 goes
-// to the client, then bytes flow both ways until either side ends.
-func (s *h1Conn) upgrade(resp *http.Response, x *exchange, uc *pool.Conn) {
+// to the client, with the session it starts on c (x.setSession), then
+// bytes flow both ways until either side ends.
+func (s *h1Conn) upgrade(req *http.Request, resp *http.Response, x *exchange, c *balance.Choice, uc *pool.Conn) {
+	if x.setSession {
+		x.be.Picker.SetSession(resp.Header, req, c, x.now, x.sessionFor())
+	}
 	bw := s.startAnswer()
 	writeStatusLine(bw, resp)
 	resp.Header.Write(bw) // Connection, Upgrade and Sec-WebSocket-* as the backend sent them

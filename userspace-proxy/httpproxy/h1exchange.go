@@ -462,7 +462,7 @@ func (s *h1Conn) respond(req *http.Request, resp *http.Response, x *exchange, c 
 			s.fail(req, x, upstream.ReasonProtocol, errors.New("backend switched protocols without a websocket upgrade"))
 			return false
 		}
-		s.upgrade(resp, x, uc)
+		s.upgrade(req, resp, x, c, uc)
 		return false
 	}
 	s.up = upstreamConn{uc: uc, body: body, close: resp.Close}

@@ -586,8 +586,8 @@ func crashWebSocket(w http.ResponseWriter, r *http.Request) {
 }
 
 // rawUpgrade opens an HTTP/1.1 WebSocket upgrade to path, byte for byte,
-// and returns the connection and its reader after the 101.
-func rawUpgrade(t *testing.T, e *env, dst netip.AddrPort, path string) (net.Conn, *bufio.Reader) {
+// and returns the connection, its reader after the 101, and the 101.
+func rawUpgrade(t *testing.T, e *env, dst netip.AddrPort, path string) (net.Conn, *bufio.Reader, *http.Response) {
 	t.Helper()
 	c := e.appConn(t, dst)
 	io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: svc.b.svc\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
@@ -597,13 +597,13 @@ func rawUpgrade(t *testing.T, e *env, dst netip.AddrPort, path string) (net.Conn
 	if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
 		t.Fatalf("upgrade: %v, %v", resp, err)
 	}
-	return c, br
+	return c, br, resp
 }
 
 // testWSBackendCrash: a backend that resets an upgraded connection resets
 // the app's too (HTTP/1.1), never ending it cleanly.
 func testWSBackendCrash(t *testing.T, e *env, dst netip.AddrPort) {
-	_, br := rawUpgrade(t, e, dst, "/crash")
+	_, br, _ := rawUpgrade(t, e, dst, "/crash")
 	if op, p, err := readWSFrame(br); err != nil || op != wsText || string(p) != "bye-soon" {
 		t.Fatalf("first message op %#x %q, %v", op, p, err)
 	}
@@ -843,7 +843,7 @@ func TestExtendedConnectNotUpgraded(t *testing.T) {
 // connection without a close frame: the backend sees the end, then the
 // app.
 func testWSAppHalfClose(t *testing.T, e *env, dst netip.AddrPort, be *wsProbe) {
-	c, br := rawUpgrade(t, e, dst, "/echo")
+	c, br, _ := rawUpgrade(t, e, dst, "/echo")
 	c.(*net.TCPConn).CloseWrite()
 	if got := waitFor(t, be.closed, "backend sees the app's end"); got != -1 {
 		t.Errorf("backend saw close status %v, want none (end of stream)", got)

@@ -729,35 +729,59 @@ func testWebSocket(t *testing.T, path proxy.HTTP1TLSPath) {
 }
 
 // TestWebSocketSession: a WebSocket to a backend with session persistence
-// starts a session naming the endpoint that took it, as an HTTP/1.1
-// Upgrade does, also when an HTTP/2 app opens it by extended CONNECT.
+// starts a session naming the endpoint that took it, when an HTTP/1.1 app
+// opens it by Upgrade (on the fast path and on net/http's server) and when
+// an HTTP/2 app opens it by extended CONNECT. The 101 of an Upgrade
+// carried no session on either HTTP/1 path.
 func TestWebSocketSession(t *testing.T) {
 	checkNoLeaks(t)
-	e := newEnv(t, envOptions{})
-	e.p.Update(buildSnapshot(t, 1, service{name: "ws", vip: vip, backend: snapshot.Backend{
-		Protocol: snapshot.ProtocolWS, Endpoints: endpoints(startEcho(t, "ws-0", nil).addr, startEcho(t, "ws-1", nil).addr),
-		SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionCookie, Name: "sm-session"},
-	}}))
-	c, err := e.dial(vip)
-	if err != nil {
-		t.Fatal(err)
+	for _, path := range []proxy.HTTP1TLSPath{proxy.HTTP1TLSAuto, proxy.HTTP1TLSL7} {
+		e := newEnv(t, envOptions{http1TLS: path})
+		e.p.Update(buildSnapshot(t, 1, service{name: "ws", vip: vip, backend: snapshot.Backend{
+			Protocol: snapshot.ProtocolWS, Endpoints: endpoints(startEcho(t, "ws-0", nil).addr, startEcho(t, "ws-1", nil).addr),
+			SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionCookie, Name: "sm-session"},
+		}}))
+		// Each opens a WebSocket and returns its answer's fields and the
+		// backend's first message.
+		opens := map[string]func(t *testing.T) (http.Header, io.Reader){
+			"upgrade": func(t *testing.T) (http.Header, io.Reader) {
+				_, br, resp := rawUpgrade(t, e, vip, "/ws")
+				return resp.Header, br
+			},
+		}
+		if path == proxy.HTTP1TLSAuto {
+			opens["extended-connect"] = func(t *testing.T) (http.Header, io.Reader) {
+				st := openH2WS(t, e.appConn(t, vip), "ws.b.svc", "/ws")
+				return st.header, st
+			}
+		}
+		for name, open := range opens {
+			t.Run(fmt.Sprint(name, "/path=", path), func(t *testing.T) {
+				header, ws := open(t)
+				_, first, err := readWSFrame(ws)
+				if err != nil {
+					t.Fatal(err)
+				}
+				checkSessionPod(t, e, header, first)
+			})
+		}
 	}
-	defer c.Close()
-	st := openH2WS(t, c, "ws.b.svc", "/ws")
-	_, first, err := readWSFrame(st)
-	if err != nil {
-		t.Fatal(err)
-	}
+}
+
+// checkSessionPod checks that header, a WebSocket's answer fields, starts
+// a session whose requests reach the pod that sent first, the WebSocket's
+// first message.
+func checkSessionPod(t *testing.T, e *env, header http.Header, first []byte) {
+	t.Helper()
 	h := http.Header{"Cookie": {}}
-	for _, sc := range st.header.Values("Set-Cookie") {
+	for _, sc := range header.Values("Set-Cookie") {
 		if ck, err := http.ParseSetCookie(sc); err == nil && ck.Name == "sm-session" {
 			h["Cookie"] = append(h["Cookie"], ck.Name+"="+ck.Value)
 		}
 	}
 	if len(h["Cookie"]) != 1 {
-		t.Fatalf("extended CONNECT answered with fields %v, want one sm-session cookie", st.header)
+		t.Fatalf("WebSocket answered with fields %v, want one sm-session cookie", header)
 	}
-	// The session names the endpoint the WebSocket reached.
 	pod := "ws-0"
 	if !bytes.Contains(first, []byte(`"pod":"ws-0"`)) {
 		pod = "ws-1"
