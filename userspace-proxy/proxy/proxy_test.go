@@ -417,6 +417,34 @@ func TestProtocols(t *testing.T) {
 	}
 }
 
+// TestExtensionMethodIsHTTP: an HTTP/1.1 connection that starts with a
+// method RFC 9110 does not list (WebDAV's PROPFIND) is served as HTTP,
+// here translated to the h2c its backend declared. Sniffing knew only the
+// listed methods: the request was taken for opaque bytes and relayed as
+// HTTP/1.1, past routes and session persistence too.
+func TestExtensionMethodIsHTTP(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	be := startEcho(t, "dav-0", nil)
+	e.p.Update(buildSnapshot(t, 1, service{name: "dav", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(be.addr)}}))
+	req, err := http.NewRequest("PROPFIND", "http://dav.b.svc/calendars/user/home/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := e.client(vip, false).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var rep echo.Report
+	if err := json.NewDecoder(resp.Body).Decode(&rep); err != nil {
+		t.Fatalf("%s: %v", resp.Status, err)
+	}
+	if rep.Method != "PROPFIND" || rep.Proto != "HTTP/2.0" {
+		t.Errorf("backend saw %s over %s, want PROPFIND over HTTP/2.0 (h2c)", rep.Method, rep.Proto)
+	}
+}
+
 // TestH2AppLearnsH1OnlyBackend: an h2c app's connections to a TLS backend
 // that answers an offer of h2 with HTTP/1.1 (by ALPN or by having none) pay
 // the relay's refused attempt once: later connections go straight to the

@@ -3,6 +3,6 @@
 // TLS), the HTTP/2 connection preface, an HTTP/1.x request line, or anything
 // else (opaque). It returns a net.Conn that replays what it peeked.
 //
-// It only looks: it never parses HTTP beyond the method token and never
-// writes to the connection.
+// It only looks: it never parses HTTP beyond the request line (the method
+// token, for the methods of RFC 9110 §9) and never writes to the connection.
 package sniff

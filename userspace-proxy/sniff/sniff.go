@@ -2,6 +2,7 @@ package sniff
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -22,7 +23,8 @@ const (
 	Opaque Kind = iota
 	// TLS: a TLS handshake record carrying a ClientHello.
 	TLS
-	// HTTP1: an HTTP/1.x request line.
+	// HTTP1: an HTTP/1.x request line (a method of RFC 9110 §9's, or a
+	// whole line).
 	HTTP1
 	// HTTP2: the HTTP/2 prior-knowledge preface (RFC 9113 §3.4).
 	HTTP2
@@ -44,15 +46,14 @@ func (k Kind) String() string {
 const http2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 // methods are the request methods of RFC 9110 §9 plus PATCH (RFC 5789), each
-// with the space that ends the token.
+// with the space that ends the token: known at once. Other methods (WebDAV's
+// PROPFIND, QUERY) are judged by their whole request line (requestLine).
 var methods = [...]string{"GET ", "HEAD ", "POST ", "PUT ", "DELETE ", "CONNECT ", "OPTIONS ", "TRACE ", "PATCH "}
 
-// maxPeek bounds how much Classify reads before deciding: the longest
-// pattern is the HTTP/2 preface.
-const maxPeek = len(http2Preface)
-
 // readSize is the most Sniff reads at once: an API client's request head
-// fits (nginx's client_header_buffer_size is the same 1 KiB).
+// fits (nginx's client_header_buffer_size is the same 1 KiB). It bounds
+// how much Classify reads before deciding: the longest pattern is the
+// request line of a method it does not know.
 const readSize = 1 << 10
 
 // readers hold what Sniff read until a Conn replayed it.
@@ -93,8 +94,50 @@ func Classify(b []byte) (k Kind, more bool) {
 			more = true
 		}
 	}
-	return Opaque, more
+	if more {
+		return Opaque, true
+	}
+	return requestLine(b)
 }
+
+// requestLine classifies b as an HTTP/1.x request by its first line,
+// "method SP target SP HTTP/1.x" (RFC 9112 §3), for a method that is not
+// one of methods: HTTP allows others, and such a request taken for opaque
+// bytes was relayed past everything the L7 paths apply (routes, session
+// persistence, a translation to h2c). Its method is taken as the IANA
+// registry spells them all (WebDAV's PROPFIND, QUERY), in capitals and
+// dashes, at most maxMethod long, so that the short lowercase greetings
+// of other protocols are judged at once, not when the line or the
+// timeout comes; lines of theirs that start alike (Redis' "SET k v") end
+// otherwise.
+func requestLine(b []byte) (Kind, bool) {
+	i := 0
+	for i < len(b) && i <= maxMethod && ('A' <= b[i] && b[i] <= 'Z' || b[i] == '-') {
+		i++
+	}
+	switch {
+	case i == 0, i > maxMethod, i < len(b) && b[i] != ' ':
+		return Opaque, false
+	}
+	end := bytes.IndexByte(b, '\n')
+	if end < 0 {
+		return Opaque, len(b) < readSize
+	}
+	target, proto, ok := bytes.Cut(bytes.TrimSuffix(b[i+1:end], []byte("\r")), []byte(" "))
+	if !ok || len(target) == 0 || (string(proto) != "HTTP/1.1" && string(proto) != "HTTP/1.0") {
+		return Opaque, false
+	}
+	for _, c := range target {
+		if c <= ' ' || c == 0x7f {
+			return Opaque, false
+		}
+	}
+	return HTTP1, false
+}
+
+// maxMethod bounds the method requestLine takes: the longest registered,
+// UPDATEREDIRECTREF, has 17 bytes.
+const maxMethod = 20
 
 // isPrefixEither reports whether one of b and p is a prefix of the other.
 func isPrefixEither(b []byte, p string) bool {
@@ -195,7 +238,7 @@ func Sniff(c net.Conn, timeout time.Duration) (Kind, *Conn, error) {
 		}
 		b, _ := r.Peek(r.Buffered())
 		k, more := Classify(b)
-		if !more || len(b) >= maxPeek {
+		if !more || len(b) >= readSize {
 			kind = k
 			break
 		}
