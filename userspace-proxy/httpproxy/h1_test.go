@@ -646,22 +646,26 @@ func TestBadRequestPipelinedAfterSlowAnswer(t *testing.T) {
 }
 
 // TestInformational: a 103 Early Hints reaches the client before the
-// answer.
+// answer, from HTTP/1.1 and h2c backends.
 func TestInformational(t *testing.T) {
 	ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Link", "</style.css>; rel=preload")
 		w.WriteHeader(http.StatusEarlyHints)
 		io.WriteString(w, "done")
 	}))
-	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
-	c := f.dial()
-	c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-	hints, err := http.ReadResponse(c.r, nil)
-	if err != nil || hints.StatusCode != http.StatusEarlyHints || hints.Header.Get("Link") == "" {
-		t.Fatalf("first answer %v, %v; want 103 with Link", hints, err)
-	}
-	if resp, body := c.read(http.MethodGet); resp.StatusCode != http.StatusOK || body != "done" {
-		t.Errorf("final answer %s %q", resp.Status, body)
+	for _, proto := range []snapshot.Protocol{snapshot.ProtocolHTTP11, snapshot.ProtocolH2C} {
+		t.Run(string(proto), func(t *testing.T) {
+			f := newFixture(t, Config{}, snapshot.Backend{Protocol: proto, Endpoints: []snapshot.Endpoint{ep}})
+			c := f.dial()
+			c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+			hints, err := http.ReadResponse(c.r, nil)
+			if err != nil || hints.StatusCode != http.StatusEarlyHints || hints.Header.Get("Link") == "" {
+				t.Fatalf("first answer %v, %v; want 103 with Link", hints, err)
+			}
+			if resp, body := c.read(http.MethodGet); resp.StatusCode != http.StatusOK || body != "done" {
+				t.Errorf("final answer %s %q", resp.Status, body)
+			}
+		})
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/http/httputil"
 	"net/textproto"
 	"strconv"
@@ -415,11 +416,39 @@ func (s *h1Conn) relayTunnel() {
 // informational passes a 1xx answer (103 Early Hints, 102) to an HTTP/1.1
 // client; 100 Continue is the proxy's own to send.
 func (s *h1Conn) informational(req *http.Request, resp *http.Response) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.writeInformational(req, resp)
+}
+
+// informationalTrace passes the 1xx answers of a round trip through
+// net/http's Transport (to an h2 or h2c backend) as informational does,
+// until stop. HTTP/2's calls it from its connection's read loop, which may
+// still deliver one after the round trip returned: written then, it would
+// land in the answer, or in the next request's.
+func (s *h1Conn) informationalTrace(req *http.Request) (trace *httptrace.ClientTrace, stop func()) {
+	stopped := false // under wmu
+	got := func(code int, h textproto.MIMEHeader) error {
+		s.wmu.Lock()
+		defer s.wmu.Unlock()
+		if !stopped {
+			s.writeInformational(req, &http.Response{StatusCode: code, Header: http.Header(h)})
+		}
+		return nil
+	}
+	stop = func() {
+		s.wmu.Lock()
+		defer s.wmu.Unlock()
+		stopped = true
+	}
+	return &httptrace.ClientTrace{Got1xxResponse: got}, stop
+}
+
+// writeInformational writes informational's answer; under wmu.
+func (s *h1Conn) writeInformational(req *http.Request, resp *http.Response) {
 	if resp.StatusCode == http.StatusContinue || !req.ProtoAtLeast(1, 1) {
 		return
 	}
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
 	bw := s.writer()
 	defer s.putWriter(bw)
 	writeStatusLine(bw, resp)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -521,7 +522,8 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 	be := x.be
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	out := req.WithContext(upstream.WithEndpoint(ctx, &c.Endpoint))
+	trace, stop := s.informationalTrace(req)
+	out := req.WithContext(upstream.WithEndpoint(httptrace.WithClientTrace(ctx, trace), &c.Endpoint))
 	out.URL = upstreamURL(req.URL, be.Scheme(), c.Host)
 	out.RequestURI = ""
 	keepUserAgent(req)
@@ -545,6 +547,7 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 	s.watch.start(nil, cancel)
 	defer s.watch.stop()
 	resp, c, done, err := s.h.roundTrip(x, be.RoundTripper(wire), out, c)
+	stop()
 	if err != nil {
 		s.finish(body, nil)
 		if s.watch.gone.Load() {
