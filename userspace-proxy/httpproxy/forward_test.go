@@ -258,6 +258,24 @@ func TestRequestTargetKept(t *testing.T) {
 	}
 }
 
+// TestSpaceInTargetRefused: an HTTP/2 app's :path with a space, which
+// net/http's server takes and no HTTP/1.1 request line can carry, is
+// refused (400), as the fast path refuses such a request line; it reached
+// the backend as "GET /a HTTP/1.1 HTTP/1.1".
+func TestSpaceInTargetRefused(t *testing.T) {
+	f := newFixture(t, Config{}, snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: []snapshot.Endpoint{serveRaw(t, echoHead)}})
+	u := &url.URL{Scheme: "http", Host: "echo.b.svc", Opaque: "/a HTTP/1.1"}
+	resp, err := f.serveL7(true).Do(&http.Request{Method: http.MethodGet, URL: u, Header: http.Header{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("%s %q, want 400", resp.Status, body)
+	}
+}
+
 // TestTETrailersKept: an app that accepts trailers says so to the backend
 // as "TE: trailers" (gRPC needs it), also when an HTTP/1.1 app lists TE in
 // Connection, as it must; other transfer codings stay on the app's hop.

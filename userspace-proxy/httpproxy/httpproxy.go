@@ -247,6 +247,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "405 Method Not Allowed", http.StatusMethodNotAllowed)
 		return
 	}
+	if strings.IndexByte(r.RequestURI, ' ') >= 0 {
+		// An HTTP/2 app's :path may hold a space (net/http's server takes
+		// it), which no HTTP/1.1 request line can (RFC 9112 §3.2): sent
+		// as it came, "GET /a b HTTP/1.1" gave the backend another target
+		// or version to read than the one routed. nginx refuses it alike.
+		http.Error(w, "400 Bad Request", http.StatusBadRequest)
+		return
+	}
 	t.nameService(r)
 	v, fe := t.view()
 	x := &exchange{t: t, v: v, fe: fe}
