@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/http/httpguts"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
@@ -247,11 +248,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "405 Method Not Allowed", http.StatusMethodNotAllowed)
 		return
 	}
-	if strings.IndexByte(r.RequestURI, ' ') >= 0 {
-		// An HTTP/2 app's :path may hold a space (net/http's server takes
-		// it), which no HTTP/1.1 request line can (RFC 9112 §3.2): sent
-		// as it came, "GET /a b HTTP/1.1" gave the backend another target
-		// or version to read than the one routed. nginx refuses it alike.
+	if !httpguts.ValidHeaderFieldName(r.Method) || strings.IndexByte(r.RequestURI, ' ') >= 0 {
+		// An HTTP/2 app's :method and :path may hold what no HTTP/1.1
+		// request line can (RFC 9112 §3: a method is a token, as a field
+		// name is; a target has no space), and net/http's server takes
+		// them: sent as they came, "GET /admin /a HTTP/1.1" gave the
+		// backend another target or version to read than the one routed.
+		// nginx refuses them alike.
 		http.Error(w, "400 Bad Request", http.StatusBadRequest)
 		return
 	}

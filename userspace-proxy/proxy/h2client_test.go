@@ -52,6 +52,15 @@ func openH2WS(t *testing.T, c net.Conn, authority, path string) *h2WS {
 // status, whatever it is.
 func connectH2WS(t *testing.T, c net.Conn, protocol, authority, path string) *h2WS {
 	t.Helper()
+	return requestH2(t, c, [][2]string{{":method", "CONNECT"}, {":protocol", protocol}, {":scheme", "http"},
+		{":path", path}, {":authority", authority}, {"sec-websocket-version", "13"}}, false)
+}
+
+// requestH2 opens a stream with the header fields given, which may be any
+// (Go's clients refuse to send some), ending it at once when end is set,
+// and reads up to the answer's status.
+func requestH2(t *testing.T, c net.Conn, fields [][2]string, end bool) *h2WS {
+	t.Helper()
 	c.SetDeadline(time.Now().Add(hangGuard))
 	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
 		t.Fatal(err)
@@ -68,11 +77,10 @@ func connectH2WS(t *testing.T, c net.Conn, protocol, authority, path string) *h2
 	}
 	var hb bytes.Buffer
 	enc := hpack.NewEncoder(&hb)
-	for _, f := range [][2]string{{":method", "CONNECT"}, {":protocol", protocol}, {":scheme", "http"},
-		{":path", path}, {":authority", authority}, {"sec-websocket-version", "13"}} {
+	for _, f := range fields {
 		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
 	}
-	if err := s.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: s.id, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
+	if err := s.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: s.id, BlockFragment: hb.Bytes(), EndHeaders: true, EndStream: end}); err != nil {
 		t.Fatal(err)
 	}
 	for s.status == "" {
