@@ -202,6 +202,15 @@ func (h *Handler) copyBody(w http.ResponseWriter, resp *http.Response, be *upstr
 		flusher, _ = w.(http.Flusher)
 		probe = new([probeSize]byte)
 	}
+	if flusher != nil && !isGRPCType(resp.Header) {
+		// The head goes now, as on the fast path: net/http's server sends
+		// it with the first write, and a stream may wait long for its
+		// first event while its app waits for the head (an EventSource
+		// opens on it). Not a gRPC call's: its client waits for messages,
+		// and the head would go alone, a write more per call (and no
+		// trailers-only answer).
+		flusher.Flush()
+	}
 	last := 0
 	for {
 		var bp *[]byte

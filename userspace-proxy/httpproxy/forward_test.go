@@ -95,6 +95,52 @@ func TestStreamByteNotHeld(t *testing.T) {
 	}
 }
 
+// TestStreamHeadNotHeld: a streamed answer's head reaches the app before
+// its first event, which may come much later (server-sent events, an MCP
+// stream). net/http's server sent it with the first body bytes.
+func TestStreamHeadNotHeld(t *testing.T) {
+	for _, proto := range []snapshot.Protocol{snapshot.ProtocolH2C, snapshot.ProtocolHTTP11} {
+		t.Run(string(proto), func(t *testing.T) {
+			first := make(chan struct{})
+			ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				w.(http.Flusher).Flush()
+				select {
+				case <-first:
+					io.WriteString(w, "data: first\n\n")
+				case <-r.Context().Done():
+				}
+			}))
+			f := newFixture(t, Config{}, snapshot.Backend{Protocol: proto, Endpoints: []snapshot.Endpoint{ep}})
+			c := f.serveL7(true)
+			head := make(chan *http.Response, 1)
+			go func() {
+				resp, err := c.Get("http://echo.b.svc/events")
+				if err != nil {
+					t.Error(err)
+				}
+				head <- resp
+			}()
+			var resp *http.Response
+			select {
+			case resp = <-head:
+				close(first)
+			case <-time.After(10 * time.Second):
+				t.Error("the head did not arrive before the first event")
+				close(first)
+				resp = <-head
+			}
+			if resp == nil {
+				return
+			}
+			defer resp.Body.Close()
+			if b, err := io.ReadAll(resp.Body); string(b) != "data: first\n\n" || err != nil {
+				t.Errorf("events %q, %v", b, err)
+			}
+		})
+	}
+}
+
 // TestStreamedBodyAfterRefusedConnect: a request whose body streams (an
 // HTTP/2 upload, a gRPC call: no Content-Length) goes to another endpoint
 // when its endpoint refuses the connection, as one with a sized body
