@@ -19,6 +19,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
+	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
@@ -150,6 +151,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 func informational(ctx context.Context, w http.ResponseWriter) (trace *httptrace.ClientTrace, stop func()) {
 	var mu sync.Mutex
 	stopped := false
+	budget := hintsBudget(http.DefaultMaxHeaderBytes)
 	got := func(code int, h textproto.MIMEHeader) error {
 		if code == http.StatusContinue {
 			return nil
@@ -158,6 +160,9 @@ func informational(ctx context.Context, w http.ResponseWriter) (trace *httptrace
 		defer mu.Unlock()
 		if stopped {
 			return nil
+		}
+		if err := budget.spend(h); err != nil {
+			return err
 		}
 		hdr := w.Header()
 		for k, vv := range h {
@@ -179,6 +184,27 @@ func informational(ctx context.Context, w http.ResponseWriter) (trace *httptrace
 		stopped = true
 	}
 	return &httptrace.ClientTrace{Got1xxResponse: got}, stop
+}
+
+// hintsBudget is what is left of the bound on the heads of the 1xx
+// answers a round trip through net/http's Transport passes on: its HTTP/2
+// Transport bounds them only when nobody reads them, and a trace does; the
+// HTTP/1.1 pool bounds an answer's heads, 1xx included
+// (pool.Config.MaxHeadBytes). A backend would otherwise hold a request
+// open with 1xx answers without end.
+type hintsBudget int
+
+// spend takes h, a 1xx answer's fields, from b, and fails past its end.
+func (b *hintsBudget) spend(h textproto.MIMEHeader) error {
+	for k, vv := range h {
+		for _, v := range vv {
+			*b -= hintsBudget(len(k) + len(v) + 32) // a field's size in HPACK (RFC 7541 §4.1)
+		}
+	}
+	if *b < 0 {
+		return fmt.Errorf("1xx answers: %w", pool.ErrHeadTooLarge)
+	}
+	return nil
 }
 
 // errBackendBody marks copyBody's failures on the backend's side.

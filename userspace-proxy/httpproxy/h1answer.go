@@ -428,12 +428,17 @@ func (s *h1Conn) informational(req *http.Request, resp *http.Response) {
 // land in the answer, or in the next request's.
 func (s *h1Conn) informationalTrace(req *http.Request) (trace *httptrace.ClientTrace, stop func()) {
 	stopped := false // under wmu
+	budget := hintsBudget(http.DefaultMaxHeaderBytes)
 	got := func(code int, h textproto.MIMEHeader) error {
 		s.wmu.Lock()
 		defer s.wmu.Unlock()
-		if !stopped {
-			s.writeInformational(req, &http.Response{StatusCode: code, Header: http.Header(h)})
+		if stopped {
+			return nil
 		}
+		if err := budget.spend(h); err != nil {
+			return err
+		}
+		s.writeInformational(req, &http.Response{StatusCode: code, Header: http.Header(h)})
 		return nil
 	}
 	stop = func() {

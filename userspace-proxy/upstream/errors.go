@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"syscall"
 
+	"golang.org/x/net/http2"
+
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
@@ -107,12 +109,24 @@ func Classify(err error) Reason {
 		return ReasonTLSHandshake
 	case errors.As(err, &de):
 		return ReasonDialFailed
-	case errors.Is(err, ErrNotHTTP11), errors.Is(err, ErrNotHTTP2), errors.Is(err, pool.ErrHeadTooLarge):
+	case errors.Is(err, ErrNotHTTP11), errors.Is(err, ErrNotHTTP2), errors.Is(err, pool.ErrHeadTooLarge),
+		errors.Is(streamCause(err), pool.ErrHeadTooLarge):
 		return ReasonProtocol
 	case errors.Is(err, context.Canceled):
 		return ReasonCanceled
 	}
 	return ReasonUpstream
+}
+
+// streamCause is the cause of err's HTTP/2 stream error, if it has one:
+// net/http's HTTP/2 Transport wraps what failed a stream on the proxy's
+// side (a 1xx answer past its bound) in one that does not unwrap to it.
+func streamCause(err error) error {
+	var se http2.StreamError
+	if !errors.As(err, &se) {
+		return nil
+	}
+	return se.Cause
 }
 
 // NoConnection reports whether err is a connect that failed (refused, no
