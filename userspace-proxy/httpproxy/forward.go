@@ -74,9 +74,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 	}
 	hdr := w.Header()
 	removeHopByHop(resp.Header)
-	if x.r != nil {
-		x.r.d.ApplyResponse(resp.Header)
-	}
+	x.decorate(resp.Header, r, c)
 	for k, vv := range resp.Header {
 		hdr[k] = vv
 	}
@@ -84,9 +82,6 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 		// As the backend sent it: net/http's server would otherwise sniff
 		// the body and add one.
 		hdr["Content-Type"] = nil
-	}
-	if x.setSession {
-		be.Picker.SetSession(hdr, r, c, x.now, x.sessionFor())
 	}
 	announced := len(resp.Trailer)
 	if announced > 0 {
@@ -278,8 +273,8 @@ func (h *Handler) copyBody(w http.ResponseWriter, resp *http.Response, be *upstr
 const probeSize = 512
 
 // switchProtocols completes an HTTP/1.1 Upgrade the backend accepted: the
-// 101 goes to the client, with the session it starts on c (x.setSession),
-// then bytes flow both ways until either side ends.
+// 101 goes to the client, decorated as every answer (x.decorate), then
+// bytes flow both ways until either side ends.
 func (h *Handler) switchProtocols(w http.ResponseWriter, r *http.Request, x *exchange, c *balance.Choice, resp *http.Response, websocket bool) {
 	be := x.be
 	up, ok := resp.Body.(io.ReadWriteCloser)
@@ -295,9 +290,7 @@ func (h *Handler) switchProtocols(w http.ResponseWriter, r *http.Request, x *exc
 	}
 	h.m.request(x.fe, resp.StatusCode, protocolOf(be))
 	resp.Body = nil // the relay owns it now
-	if x.setSession {
-		be.Picker.SetSession(resp.Header, r, c, x.now, x.sessionFor())
-	}
+	x.decorate(resp.Header, r, c)
 	if err := writeSwitch(brw.Writer, resp); err != nil {
 		conn.Close()
 		up.Close()
@@ -325,7 +318,7 @@ func writeSwitch(bw *bufio.Writer, resp *http.Response) error {
 // by opening an HTTP/1.1 WebSocket Upgrade to the backend (RFC 6455 §4.1: a
 // fresh Sec-WebSocket-Key, whose Accept it checks), answering 200 on the
 // stream, and relaying the stream's DATA to and from the upgraded connection.
-// Its answer carries the session as forward's does (x.setSession).
+// Its answer is decorated as forward's is (x.decorate).
 func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exchange, c *balance.Choice) {
 	be := x.be
 	key := make([]byte, 16)
@@ -363,11 +356,9 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 		// Not upgraded: relay the backend's answer as is (e.g. 403, 404).
 		hdr := w.Header()
 		removeHopByHop(resp.Header)
+		x.decorate(resp.Header, r, c)
 		for k, vv := range resp.Header {
 			hdr[k] = vv
-		}
-		if x.setSession {
-			be.Picker.SetSession(hdr, r, c, x.now, x.sessionFor())
 		}
 		w.WriteHeader(resp.StatusCode)
 		h.m.request(x.fe, resp.StatusCode, protocolOf(be))
@@ -390,9 +381,7 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 			hdr[k] = v
 		}
 	}
-	if x.setSession {
-		be.Picker.SetSession(hdr, r, c, x.now, x.sessionFor())
-	}
+	x.decorate(hdr, r, c)
 	w.WriteHeader(http.StatusOK)
 	h.m.request(x.fe, http.StatusOK, protocolOf(be))
 	rc := http.NewResponseController(w)

@@ -63,12 +63,7 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 	plain := resp == &s.plain.resp // its fields are in src's buffer
 	if !plain {
 		removeHopByHop(resp.Header)
-		if x.r != nil {
-			x.r.d.ApplyResponse(resp.Header)
-		}
-		if x.setSession {
-			x.be.Picker.SetSession(resp.Header, req, c, x.now, x.sessionFor())
-		}
+		x.decorate(resp.Header, req, c)
 	}
 	f := framingFor(req, resp)
 	// An answer that starts before the client's body was read to its end
@@ -376,12 +371,10 @@ func (b *bodyCopy) waitBody(body io.Reader) (p []byte, n int, full bool, err err
 }
 
 // upgrade completes a WebSocket upgrade the backend accepted: the 101 goes
-// to the client, with the session it starts on c (x.setSession), then
-// bytes flow both ways until either side ends.
+// to the client, decorated as every answer (x.decorate), then bytes flow
+// both ways until either side ends.
 func (s *h1Conn) upgrade(req *http.Request, resp *http.Response, x *exchange, c *balance.Choice, uc *pool.Conn) {
-	if x.setSession {
-		x.be.Picker.SetSession(resp.Header, req, c, x.now, x.sessionFor())
-	}
+	x.decorate(resp.Header, req, c)
 	bw := s.startAnswer()
 	writeStatusLine(bw, resp)
 	resp.Header.Write(bw) // Connection, Upgrade and Sec-WebSocket-* as the backend sent them

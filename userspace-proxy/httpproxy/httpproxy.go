@@ -331,6 +331,19 @@ type exchange struct {
 	held *upstream.HeldBody
 }
 
+// decorate adds to h, the header of the answer to r from c's endpoint,
+// what the proxy adds to every answer it passes on, a WebSocket's 101 (or
+// its RFC 8441 200) included: the route rule's response header changes,
+// then the session the answer starts (setSession).
+func (x *exchange) decorate(h http.Header, r *http.Request, c *balance.Choice) {
+	if x.r != nil {
+		x.r.d.ApplyResponse(h)
+	}
+	if x.setSession {
+		x.be.Picker.SetSession(h, r, c, x.now, x.sessionFor())
+	}
+}
+
 // WireFor decides the HTTP version toward the backend for a request of
 // HTTP major version protoMajor: what the backend's protocol demands, else
 // what the app speaks. WebSocket always goes over HTTP/1.1

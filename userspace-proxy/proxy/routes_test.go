@@ -73,6 +73,34 @@ func newReq(t *testing.T, method, url string, body io.Reader, header ...string) 
 	return req
 }
 
+// TestRouteWebSocketHeaders: a route's response header changes reach the
+// app on a WebSocket's answer too — the 101 of an HTTP/1.1 Upgrade, on the
+// fast path and on net/http's server, and the 200 of an RFC 8441 extended
+// CONNECT — as on every other answer. Those went as the backend sent them.
+func TestRouteWebSocketHeaders(t *testing.T) {
+	checkNoLeaks(t)
+	for _, path := range []proxy.HTTP1TLSPath{proxy.HTTP1TLSAuto, proxy.HTTP1TLSL7} {
+		t.Run(fmt.Sprint("path=", path), func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: path})
+			m := &mesh{t: t}
+			ws := m.echoBackend("ws")
+			m.frontend("front", routedVIP, ws, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(ws), Filters: snapshot.Filters{
+					ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Resp", Value: "rule"}}},
+				}}})))
+			e.p.Update(m.snapshot(1))
+			if _, _, resp := rawUpgrade(t, e, routedVIP, "/ws"); resp.Header.Get("X-Resp") != "rule" {
+				t.Errorf("the 101 came with fields %v, want X-Resp: rule", resp.Header)
+			}
+			if path == proxy.HTTP1TLSAuto {
+				if st := openH2WS(t, e.appConn(t, routedVIP), "front.b.svc", "/ws"); st.header.Get("X-Resp") != "rule" {
+					t.Errorf("the extended CONNECT's 200 came with fields %v, want X-Resp: rule", st.header)
+				}
+			}
+		})
+	}
+}
+
 // TestRouteMatchingAndFilters: which rule a request matches, what the
 // backend then sees (path, Host, headers after rule- and backendRef-level
 // changes, rewrites) and what the client gets (response header changes,
