@@ -375,13 +375,17 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 		return
 	}
 	resp.Body = nil
+	// The 200 carries the 101's fields (the subprotocol and extensions
+	// chosen, cookies the backend set) but the HTTP/1.1 handshake's own
+	// and a length, which would end the stream.
+	removeHopByHop(resp.Header)
+	delete(resp.Header, "Sec-Websocket-Accept")
+	delete(resp.Header, "Content-Length")
+	x.decorate(resp.Header, r, c)
 	hdr := w.Header()
-	for _, k := range [...]string{"Sec-Websocket-Protocol", "Sec-Websocket-Extensions"} {
-		if v, ok := resp.Header[k]; ok {
-			hdr[k] = v
-		}
+	for k, vv := range resp.Header {
+		hdr[k] = vv
 	}
-	x.decorate(hdr, r, c)
 	w.WriteHeader(http.StatusOK)
 	h.m.request(x.fe, http.StatusOK, protocolOf(be))
 	rc := http.NewResponseController(w)

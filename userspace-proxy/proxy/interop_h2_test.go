@@ -541,6 +541,8 @@ func startWSProbe(t *testing.T, tlsCfg *tls.Config) *wsProbe {
 				crashWebSocket(w, r)
 				return
 			}
+			// A cookie of the backend's own in its handshake's answer.
+			w.Header().Set("Set-Cookie", "probe=1")
 			c, err := websocket.Accept(w, r, &websocket.AcceptOptions{InsecureSkipVerify: true})
 			if err != nil {
 				return
@@ -704,6 +706,10 @@ func closePayload(code uint16, reason string) []byte {
 	return append(binary.BigEndian.AppendUint16(nil, code), reason...)
 }
 
+// testWSExtendedConnect: an h2c app's RFC 8441 WebSocket gets the fields
+// of the backend's 101 on its 200 (a cookie the backend set: only the
+// subprotocol and extensions went), pings, large messages both ways and
+// closes from either side.
 func testWSExtendedConnect(t *testing.T, e *env, dst netip.AddrPort, be *wsProbe) {
 	open := func(path string) (*h2WS, net.Conn) {
 		c, err := e.dial(dst)
@@ -714,6 +720,9 @@ func testWSExtendedConnect(t *testing.T, e *env, dst netip.AddrPort, be *wsProbe
 		return openH2WS(t, c, "svc.b.svc", path), c
 	}
 	s, _ := open("/echo")
+	if got := s.header.Get("Set-Cookie"); got != "probe=1" {
+		t.Errorf("the 200 came with Set-Cookie %q, want the backend's probe=1 (fields %v)", got, s.header)
+	}
 	if err := writeWSFrame(s, wsPing, []byte("p1")); err != nil {
 		t.Fatal(err)
 	}
