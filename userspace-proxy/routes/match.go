@@ -177,8 +177,16 @@ func compileFilters(f *snapshot.Filters) filters {
 	out := filters{
 		reqHeaders:  compileHeaderMods(f.RequestHeaders),
 		respHeaders: compileHeaderMods(f.ResponseHeaders),
-		redirect:    f.Redirect,
-		rewrite:     f.Rewrite,
+	}
+	if rd := f.Redirect; rd != nil {
+		c := *rd
+		c.Path = escapedModifier(rd.Path)
+		out.redirect = &c
+	}
+	if rw := f.Rewrite; rw != nil {
+		c := *rw
+		c.Path = escapedModifier(rw.Path)
+		out.rewrite = &c
 	}
 	for _, m := range f.Mirrors {
 		out.mirrors = append(out.mirrors, mirror{ref: m.Backend, num: uint64(m.Numerator), den: max(uint64(m.Denominator), 1)})

@@ -1,6 +1,7 @@
 package routes
 
 import (
+	"fmt"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -94,6 +95,33 @@ func modifyPath(path string, e *entry, m *snapshot.PathModifier) string {
 		return m.Value
 	}
 	return replacePrefix(path, e.path, m.Value)
+}
+
+// escapedModifier returns m with its value percent-encoded as a URL path.
+// The API's value is any string (the CRD has no pattern), and a space, "?",
+// "#" or non-ASCII byte written as it is would break the Location or the
+// request target, or end the path there; percent-encodings already in the
+// value are kept, as in path match values.
+func escapedModifier(m *snapshot.PathModifier) *snapshot.PathModifier {
+	if m == nil {
+		return nil
+	}
+	var b strings.Builder
+	for i := 0; i < len(m.Value); i++ {
+		c := m.Value[i]
+		if pathByte(c) || c == '%' && i+2 < len(m.Value) && isHex(m.Value[i+1]) && isHex(m.Value[i+2]) {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return &snapshot.PathModifier{Type: m.Type, Value: b.String()}
+}
+
+// pathByte reports whether c may stand in a URL path as it is: a pchar
+// of RFC 3986 §3.3 other than a percent-encoding, or "/".
+func pathByte(c byte) bool {
+	return unreserved(c) || c == '/' || c == ':' || c == '@' || strings.IndexByte("!$&'()*+,;=", c) >= 0
 }
 
 // replacePrefix replaces prefix (a PathPrefix match without its trailing

@@ -335,6 +335,9 @@ func TestRedirect(t *testing.T) {
 		{"prefix root", 80, prefix("/"), snapshot.Redirect{Path: pfx("/new")}, "echo", "/a/b", "", false, 302, "http://echo/new/a/b"},
 		{"prefix trailing slash", 80, prefix("/foo/"), snapshot.Redirect{Path: pfx("/xyz/")}, "echo", "/foo/", "", false, 302, "http://echo/xyz/"},
 		{"encoded path kept", 80, prefix("/a"), snapshot.Redirect{Hostname: "example.org"}, "echo", "/a/b%2Fc%20d", "", false, 302, "http://example.org/a/b%2Fc%20d"},
+		// The filter's path is a path: what a URL path cannot hold as it is gets percent-encoded.
+		{"full path encoded", 80, prefix("/"), snapshot.Redirect{Path: full("/a b?c#d/é%/%2F")}, "echo", "/x", "q=1", false, 302, "http://echo/a%20b%3Fc%23d/%C3%A9%25/%2F?q=1"},
+		{"prefix encoded", 80, prefix("/old"), snapshot.Redirect{Path: pfx("/new docs?")}, "echo", "/old/x%20y", "", false, 302, "http://echo/new%20docs%3F/x%20y"},
 	}
 	for _, tc := range tests {
 		s := compileSet(tc.port, &snapshot.RouteSet{Kind: snapshot.KindHTTPRoute,
@@ -431,6 +434,20 @@ func TestApplyRequest(t *testing.T) {
 	d.ApplyRequest(r)
 	if got := r.URL.EscapedPath(); got != "/new/a%2Fb" {
 		t.Errorf("rewritten escaped path = %q, want /new/a%%2Fb", got)
+	}
+
+	// A replacement that is no valid URL path is encoded, and the
+	// request's own encoding survives beside it.
+	spaced := oneRule(snapshot.RouteRule{
+		Filters:  snapshot.Filters{Rewrite: &snapshot.Rewrite{Path: &snapshot.PathModifier{Type: snapshot.ReplacePrefixMatch, Value: "/my docs"}}},
+		Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: v1}},
+	}, snapshot.RouteMatch{Path: prefix("/old")})
+	r = &http.Request{Method: "GET", URL: &url.URL{Path: "/old/a/b", RawPath: "/old/a%2Fb"}, Header: http.Header{}}
+	req = FromHTTP(r)
+	d = decide(spaced, &req)
+	d.ApplyRequest(r)
+	if got := r.URL.RequestURI(); d.Path != "/my%20docs/a%2Fb" || got != "/my%20docs/a%2Fb" {
+		t.Errorf("rewrite to %q: Decision.Path %q, request target %q, want /my%%20docs/a%%2Fb", "/my docs", d.Path, got)
 	}
 
 	// A "Host" header change sets the authority.
