@@ -125,11 +125,13 @@ func (t *translator) clusterAddresses() map[netip.Addr]string {
 	// external host's: kube-proxy and most CNIs take them, inside the
 	// cluster, straight to the Service's pods (ipMode VIP, the default).
 	// Those of ipMode Proxy are refused too: the load balancer they go
-	// through leads to the same pods.
+	// through leads to the same pods. The deprecated spec.loadBalancerIP
+	// is the address a cloud provider may give before status says so.
 	for _, svc := range t.services {
 		for _, s := range svc.Spec.ExternalIPs {
 			add(s, "Service external IP")
 		}
+		add(svc.Spec.LoadBalancerIP, "Service load-balancer IP")
 		for _, ing := range svc.Status.LoadBalancer.Ingress {
 			add(ing.IP, "Service load-balancer IP")
 		}
