@@ -450,18 +450,26 @@ func knownFilter(kind snapshot.RouteKind, typ gwv1.HTTPRouteFilterType) bool {
 }
 
 // headerModifier converts a header filter. Each name may appear in one
-// action only (the API calls other filters invalid); values must be
-// printable, so no filter can inject a header line.
+// action only (the API calls other filters invalid); names set or added
+// must be header names, and values printable, so no filter can inject a
+// header line.
 func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter) *snapshot.HeaderModifier {
 	out := &snapshot.HeaderModifier{}
 	names := map[string]bool{}
-	name := func(n string) bool {
+	// name reports whether n may be changed; remove says it is to be
+	// removed, where the CRD takes any string: one that is no header name
+	// names no header a request or response can carry, nothing to remove
+	// (listed twice, it is refused as the CRD does).
+	name := func(n string, remove bool) bool {
 		key := strings.ToLower(n)
 		switch {
-		case !validHeaderName(n):
-			b.badf("%s: header name %q is not valid", at, n)
 		case names[key]:
 			b.badf("%s: header %q appears in more than one action", at, n)
+		case !validHeaderName(n):
+			names[key] = true
+			if !remove {
+				b.badf("%s: header name %q is not valid", at, n)
+			}
 		default:
 			names[key] = true
 			return true
@@ -471,7 +479,7 @@ func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter) *snapshot
 	headers := func(action string, hs []gwv1.HTTPHeader) []snapshot.Header {
 		var out []snapshot.Header
 		for _, h := range hs {
-			if !name(string(h.Name)) {
+			if !name(string(h.Name), false) {
 				continue
 			}
 			if !validHeaderValue(h.Value) {
@@ -490,7 +498,7 @@ func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter) *snapshot
 	out.Set = headers("set", f.Set)
 	out.Add = headers("add", f.Add)
 	for _, n := range f.Remove {
-		if name(n) {
+		if name(n, true) {
 			out.Remove = append(out.Remove, n)
 		}
 	}

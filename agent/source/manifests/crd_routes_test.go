@@ -47,6 +47,7 @@ func TestCRDRefusedRoutesAreNotAccepted(t *testing.T) {
 		"empty rules":            route("HTTPRoute", `{parentRefs: [`+api+`], rules: []}`),
 		"header match spaces":    route("HTTPRoute", `{parentRefs: [`+api+`], rules: [{matches: [{headers: [{name: x, value: "a  b"}]}], `+backend+`}]}`),
 		"header set not ASCII":   route("HTTPRoute", `{parentRefs: [`+api+`], rules: [{filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x, value: "é"}]}}], `+backend+`}]}`),
+		"remove no name twice":   route("HTTPRoute", `{parentRefs: [`+api+`], rules: [{filters: [{type: RequestHeaderModifier, requestHeaderModifier: {remove: ["a b", "a b"]}}], `+backend+`}]}`),
 		"header add led by SP":   grpc(`[{filters: [{type: ResponseHeaderModifier, responseHeaderModifier: {add: [{name: x, value: " v"}]}}], ` + backend + `}]`),
 	}
 	env, dec := startCRDServer(t, ns)
