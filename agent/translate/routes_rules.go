@@ -624,14 +624,18 @@ func retry(b *ruleBuild, r *gwv1.HTTPRouteRetry) *snapshot.Retry {
 		}
 	}
 	for _, c := range r.Codes {
-		if c < 400 || c > 599 {
+		switch {
+		case c < 400 || c > 599:
 			b.badf("retry.codes: %d is not an HTTP status 400-599", c)
-			continue
+		case slices.Contains(out.Codes, int(c)):
+			// The CRD refuses it (a set), so a manifest from the file
+			// source must not route with it.
+			b.badf("retry.codes: %d is listed more than once", c)
+		default:
+			out.Codes = append(out.Codes, int(c))
 		}
-		out.Codes = append(out.Codes, int(c))
 	}
 	slices.Sort(out.Codes)
-	out.Codes = slices.Compact(out.Codes)
 	return out
 }
 

@@ -49,6 +49,7 @@ func TestCRDRefusedRoutesAreNotAccepted(t *testing.T) {
 		"header set not ASCII":   route("HTTPRoute", `{parentRefs: [`+api+`], rules: [{filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x, value: "é"}]}}], `+backend+`}]}`),
 		"remove no name twice":   route("HTTPRoute", `{parentRefs: [`+api+`], rules: [{filters: [{type: RequestHeaderModifier, requestHeaderModifier: {remove: ["a b", "a b"]}}], `+backend+`}]}`),
 		"header add led by SP":   grpc(`[{filters: [{type: ResponseHeaderModifier, responseHeaderModifier: {add: [{name: x, value: " v"}]}}], ` + backend + `}]`),
+		"retry code twice":       route("HTTPRoute", `{parentRefs: [`+api+`], rules: [{retry: {codes: [503, 500, 503]}, `+backend+`}]}`),
 	}
 	env, dec := startCRDServer(t, ns)
 	services := "apiVersion: v1\nkind: Service\nmetadata: {name: api, namespace: crd}\nspec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]}\n"
