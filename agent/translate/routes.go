@@ -279,12 +279,17 @@ func specProblem[R any](parents []gwv1.ParentReference, hostnames []gwv1.Hostnam
 }
 
 // parentRefsProblem applies the CRD's rules (experimental channel, which
-// sockmesh installs) to parentRefs: at most 32, and those naming one
-// parent more than once must all give a sectionName or none, all a port
-// or none, and no two the same pair.
+// sockmesh installs) to parentRefs: at most 32, ports 1-65535, and those
+// naming one parent more than once must all give a sectionName or none,
+// all a port or none, and no two the same pair.
 func parentRefsProblem(ps []gwv1.ParentReference) string {
 	if len(ps) > maxRouteParents {
 		return fmt.Sprintf("%d parentRefs, more than %d", len(ps), maxRouteParents)
+	}
+	for i, p := range ps {
+		if p.Port != nil && !validPort(*p.Port) {
+			return fmt.Sprintf("parentRefs[%d].port %d is not 1-65535", i, *p.Port)
+		}
 	}
 	type parent struct{ group, kind, namespace, name string }
 	type selector struct {
@@ -480,6 +485,11 @@ func (t *translator) attach(e *routeEval, attached map[portKey]map[string][]*rou
 		}
 		po := &parentOutcome{ref: ref}
 		e.parents = append(e.parents, po)
+		if ref.Port != nil && !validPort(*ref.Port) {
+			// parentRefsProblem made the route invalid, which its status
+			// says, not that no Service port matched.
+			continue
+		}
 		ns := cmp.Or(deref(ref.Namespace), e.ref.Namespace)
 		what := fmt.Sprintf("Service %s/%s", ns, ref.Name)
 		po.svc = t.byService[types.NamespacedName{Namespace: ns, Name: string(ref.Name)}]

@@ -49,6 +49,8 @@ func TestCRDRefusedRoutesAreNotAccepted(t *testing.T) {
 		"header set not ASCII":   route("HTTPRoute", `{parentRefs: [`+api+`], rules: [{filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: x, value: "é"}]}}], `+backend+`}]}`),
 		"remove no name twice":   route("HTTPRoute", `{parentRefs: [`+api+`], rules: [{filters: [{type: RequestHeaderModifier, requestHeaderModifier: {remove: ["a b", "a b"]}}], `+backend+`}]}`),
 		"header add led by SP":   grpc(`[{filters: [{type: ResponseHeaderModifier, responseHeaderModifier: {add: [{name: x, value: " v"}]}}], ` + backend + `}]`),
+		"parent port 0":          route("GRPCRoute", `{parentRefs: [{group: "", kind: Service, name: api, port: 0}], rules: [{`+backend+`}]}`),
+		"parent port 65536":      route("HTTPRoute", `{parentRefs: [`+api+`, {group: "", kind: Service, name: api, port: 65536}], rules: [{`+backend+`}]}`),
 		"retry code twice":       route("HTTPRoute", `{parentRefs: [`+api+`], rules: [{retry: {codes: [503, 500, 503]}, `+backend+`}]}`),
 	}
 	env, dec := startCRDServer(t, ns)
