@@ -123,8 +123,10 @@ func (x *exchange) sessionFor() *snapshot.SessionPersistence {
 // decision says, keeps its body when retries or mirrors need it, and
 // starts the mirrors. host is the app's own authority, which rewrites and
 // mirrors start from; expects says the body waits for 100 Continue (it is
-// then streamed, not kept). An ExternalHostname backend still gets its own
-// name as authority: it serves no other.
+// then streamed, not kept). An ExternalHostname backend gets its own name
+// as authority, unless a filter of the rule set one (a URLRewrite hostname,
+// a Host header change): the API makes that the Host sent upstream. Its
+// TLS server name stays the backend's.
 func (h *Handler) applyRoute(x *exchange, out *http.Request, host string, expects, websocket bool) error {
 	d := &x.r.d
 	out.Host = host
@@ -138,7 +140,7 @@ func (h *Handler) applyRoute(x *exchange, out *http.Request, host string, expect
 		return err
 	}
 	h.mirror(x, out, websocket)
-	if name := x.be.Spec.Hostname; name != "" {
+	if name := x.be.Spec.Hostname; name != "" && !d.SetsAuthority() {
 		out.Host = name
 	}
 	return nil

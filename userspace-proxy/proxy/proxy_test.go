@@ -556,6 +556,40 @@ func TestExternalHostnameAuthority(t *testing.T) {
 	}
 }
 
+// TestExternalHostnameRouteAuthority: a route rule's URLRewrite hostname
+// or RequestHeaderModifier Host is the authority an ExternalHostname
+// backend gets, as the API says of the filter; without one the backend
+// gets its own name, on every L7 front end. The TLS server name stays the
+// backend's policy's (the handshake verifies it).
+func TestExternalHostnameRouteAuthority(t *testing.T) {
+	checkNoLeaks(t)
+	const external = "api.partner.test"
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			m := &mesh{t: t}
+			partner := m.backend("partner", snapshot.Backend{Hostname: external, TLS: tlsPolicy(e),
+				Endpoints: endpoints(startEcho(t, "partner-0", serverTLS(e.pki.server)).addr)})
+			m.frontend("front", routedVIP, partner, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/rewrite")}, snapshot.RouteRule{Backends: to(partner), Filters: snapshot.Filters{
+					Rewrite: &snapshot.Rewrite{Hostname: "rewritten.example"},
+				}}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/header")}, snapshot.RouteRule{Backends: to(partner), Filters: snapshot.Filters{
+					RequestHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "Host", Value: "set.example"}}},
+				}}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(partner)}},
+			)))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, k.h2c)
+			for path, want := range map[string]string{"/rewrite": "rewritten.example", "/header": "set.example", "/plain": external} {
+				if a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc"+path, nil)); a.status != 200 || a.report.Host != want {
+					t.Errorf("%s: status %d, backend saw host %q; want 200, %s", path, a.status, a.report.Host, want)
+				}
+			}
+		})
+	}
+}
+
 // TestNoUserAgentAdded: an app's request without User-Agent reaches the
 // backend without one on the net/http path too (h2c app translated to
 // HTTP/1.1, h2c app to an h2 backend), where the Transport would add Go's.

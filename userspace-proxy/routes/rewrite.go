@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -15,6 +16,8 @@ import (
 type headerMods struct {
 	set, add []headerValue
 	remove   []string
+	// host: set or add holds "Host", which sets a request's authority.
+	host bool
 }
 
 type headerValue struct {
@@ -35,6 +38,8 @@ func compileHeaderMods(m *snapshot.HeaderModifier) *headerMods {
 		return vs
 	}
 	out.set, out.add = conv(m.Set), conv(m.Add)
+	isHost := func(v headerValue) bool { return v.key == "Host" }
+	out.host = slices.ContainsFunc(out.set, isHost) || slices.ContainsFunc(out.add, isHost)
 	for _, r := range m.Remove {
 		out.remove = append(out.remove, http.CanonicalHeaderKey(r))
 	}

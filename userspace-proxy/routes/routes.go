@@ -277,6 +277,17 @@ func (d *Decision) ApplyRequest(out *http.Request) {
 	}
 }
 
+// SetsAuthority reports whether ApplyRequest sets the authority: a
+// URLRewrite hostname, or "Host" in a request header change.
+func (d *Decision) SetsAuthority() bool {
+	for _, m := range d.reqMods {
+		if m != nil && m.host {
+			return true
+		}
+	}
+	return d.RewriteHost
+}
+
 // ApplyResponse changes the headers of a Forward's response, or of a
 // Redirect answer, as the rule and backendRef say.
 func (d *Decision) ApplyResponse(h http.Header) {
