@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"sync"
 	"time"
 
@@ -34,9 +35,11 @@ import (
 //     on a newly picked endpoint unless its session pins one) when no
 //     connection could be made (refused, unreachable, TLS handshake
 //     failure), when backendRequest passed, and when the backend answered
-//     one of retry.codes. Never after an answer started toward the client,
+//     one of retry.codes or a trailers-only gRPC UNAVAILABLE
+//     (grpcTurnedAway). Never after an answer started toward the client,
 //     and, unless the body was kept (RoutingConfig.ReplayBytes), never once
-//     a byte of the body was sent. HTTP/2 backends that refuse a stream
+//     a byte of the body was sent (a gRPC call's body, of unknown length,
+//     never is). HTTP/2 backends that refuse a stream
 //     (REFUSED_STREAM, GOAWAY) are retried by net/http's Transport itself
 //     when the body is kept or empty.
 //   - A backend with a retry budget (XBackendTrafficPolicy retryConstraint,
@@ -183,6 +186,18 @@ func (x *exchange) timedOut(err error) error {
 	return timeoutError(x.r.pol.expired(time.Now()), err)
 }
 
+// grpcTurnedAway reports a trailers-only gRPC answer with status
+// UNAVAILABLE: the stream ended with the headers that carry it, no message
+// came. HTTPRouteRetry names it among the answers of a backend that
+// "explicitly rejected the request before processing it", which a rule
+// with a retry stanza SHOULD retry; an UNAVAILABLE in trailers after a
+// message has reached the app's side and is not.
+func grpcTurnedAway(resp *http.Response) bool {
+	return resp.Body == http.NoBody && isGRPCType(resp.Header) && resp.Header.Get("Grpc-Status") == grpcUnavailable
+}
+
+var grpcUnavailable = strconv.Itoa(routes.GRPCUnavailable)
+
 // connectFailed reports an error from making the connection (no byte of
 // the request reached the backend): a retry is safe.
 func connectFailed(err error) bool {
@@ -307,7 +322,7 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 			err, why = timeoutError(false, err), "backend_timeout"
 		case err != nil && connectFailed(err):
 			why = "connect"
-		case err == nil && p.retryStatus(resp.StatusCode):
+		case err == nil && (p.retryStatus(resp.StatusCode) || grpcTurnedAway(resp)):
 			why = "status"
 		}
 		if why == "" || !replay && !(why == "connect" && x.resendable(out)) || n >= p.retries {

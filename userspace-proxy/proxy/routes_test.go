@@ -35,10 +35,11 @@ var routedVIP = netip.MustParseAddrPort("10.96.5.1:80")
 
 // answer is what a client got through the proxy.
 type answer struct {
-	status int
-	header http.Header
-	body   []byte
-	report echo.Report // when the body is an echo report
+	status  int
+	header  http.Header
+	trailer http.Header
+	body    []byte
+	report  echo.Report // when the body is an echo report
 }
 
 // send sends req through c and reads the whole answer.
@@ -53,6 +54,7 @@ func send(t *testing.T, c *http.Client, req *http.Request) answer {
 	if a.body, err = io.ReadAll(resp.Body); err != nil {
 		t.Fatalf("%s %s: read body: %v", req.Method, req.URL, err)
 	}
+	a.trailer = resp.Trailer
 	if bytes.HasPrefix(a.body, []byte("{")) { // an echo report (whatever Content-Type a route left)
 		if err := json.Unmarshal(a.body, &a.report); err != nil {
 			t.Fatalf("%s %s: decode report %q: %v", req.Method, req.URL, a.body, err)
@@ -586,6 +588,72 @@ func TestRouteRetries(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRouteRetryGRPCUnavailable: a rule with a retry stanza retries a gRPC
+// call the backend turned away with a trailers-only UNAVAILABLE (the
+// status in the answer's headers, no message), which HTTPRouteRetry names
+// as rejected before processing, when the call's body was kept; not one
+// whose body streamed, nor one whose UNAVAILABLE came in trailers after a
+// message, nor one whose rule has no retry stanza.
+func TestRouteRetryGRPCUnavailable(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	m := &mesh{t: t}
+	// The backend turns away the first call of each ?id= as ?at= says:
+	// "headers" trailers-only, "trailers" after a message.
+	flaky := startRecorder(t, nil, func(w http.ResponseWriter, r *http.Request, n int) bool {
+		w.Header().Set("Content-Type", "application/grpc")
+		if n > 1 {
+			w.Header().Set("Grpc-Status", "0")
+			w.WriteHeader(http.StatusOK)
+			return true
+		}
+		if r.URL.Query().Get("at") == "trailers" {
+			w.Header().Set("Trailer", "Grpc-Status")
+			w.WriteHeader(http.StatusOK)
+			w.Write([]byte{0, 0, 0, 0, 0})
+			w.Header().Set("Grpc-Status", "14")
+			return true
+		}
+		w.Header().Set("Grpc-Status", "14")
+		w.WriteHeader(http.StatusOK)
+		return true
+	})
+	front := m.echoBackend("front")
+	be := m.backend("flaky", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(flaky.addr)})
+	m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/retry")}, snapshot.RouteRule{Backends: to(be), Retry: &snapshot.Retry{Attempts: 2, Backoff: dur(1e6)}}},
+		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}},
+	)))
+	e.p.Update(m.snapshot(1))
+	c := e.client(routedVIP, true)
+	for i, tc := range []struct {
+		path, at string
+		streamed bool
+		status   string
+		seen     int
+	}{
+		{"/retry", "headers", false, "0", 2},
+		{"/retry", "headers", true, "14", 1},
+		{"/retry", "trailers", false, "14", 1},
+		{"/none", "headers", false, "14", 1},
+	} {
+		var body io.Reader = bytes.NewReader([]byte{0, 0, 0, 0, 0})
+		if tc.streamed {
+			body = struct{ io.Reader }{body} // no length: the body streams
+		}
+		url := fmt.Sprintf("http://front.b.svc%s/svc.A/Get?id=%d&at=%s", tc.path, i, tc.at)
+		a := send(t, c, newReq(t, http.MethodPost, url, body, "Content-Type", "application/grpc", "Te", "trailers"))
+		got := a.header.Get("Grpc-Status")
+		if got == "" {
+			got = a.trailer.Get("Grpc-Status")
+		}
+		if a.status != 200 || got != tc.status || flaky.count(fmt.Sprint(i)) != tc.seen {
+			t.Errorf("%s at %s, streamed body %v: %d grpc-status %q, backend got %d calls; want grpc-status %s after %d",
+				tc.path, tc.at, tc.streamed, a.status, got, flaky.count(fmt.Sprint(i)), tc.status, tc.seen)
+		}
 	}
 }
 
