@@ -37,11 +37,11 @@ import (
 //     failure), when backendRequest passed, and when the backend answered
 //     one of retry.codes or a trailers-only gRPC UNAVAILABLE
 //     (grpcTurnedAway). Never after an answer started toward the client,
-//     and, unless the body was kept (RoutingConfig.ReplayBytes), never once
-//     a byte of the body was sent (a gRPC call's body, of unknown length,
-//     never is). HTTP/2 backends that refuse a stream
-//     (REFUSED_STREAM, GOAWAY) are retried by net/http's Transport itself
-//     when the body is kept or empty.
+//     and, unless the body was kept (RoutingConfig.ReplayBytes; a gRPC
+//     call's, of unknown length, is not), never once a byte of the body
+//     was sent. HTTP/2 backends that refuse a stream (REFUSED_STREAM,
+//     GOAWAY) are retried by net/http's Transport itself when the body is
+//     kept (keepBody gives it GetBody) or empty, whatever the rule says.
 //   - A backend with a retry budget (XBackendTrafficPolicy retryConstraint,
 //     package retrybudget) counts every request sent to it (countRequest)
 //     and every retry; a retry the budget refuses is not sent, and the
@@ -222,6 +222,9 @@ func (h *Handler) keepBody(r *http.Request, rt *routed, expects bool) error {
 	}
 	rt.body, rt.kept = buf, true
 	r.Body = replayBody(buf)
+	// net/http's HTTP/2 Transport retries a refused stream (REFUSED_STREAM,
+	// GOAWAY) of a request with a body only when it can get the body again.
+	r.GetBody = func() (io.ReadCloser, error) { return replayBody(buf), nil }
 	return nil
 }
 

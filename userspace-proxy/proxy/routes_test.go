@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -653,6 +655,71 @@ func TestRouteRetryGRPCUnavailable(t *testing.T) {
 		if a.status != 200 || got != tc.status || flaky.count(fmt.Sprint(i)) != tc.seen {
 			t.Errorf("%s at %s, streamed body %v: %d grpc-status %q, backend got %d calls; want grpc-status %s after %d",
 				tc.path, tc.at, tc.streamed, a.status, got, flaky.count(fmt.Sprint(i)), tc.status, tc.seen)
+		}
+	}
+}
+
+// TestRouteRetryRefusedStream: an HTTP/2 backend's REFUSED_STREAM, which
+// HTTPRouteRetry names as rejected before processing, is retried for a
+// request whose body the proxy kept, as for one without a body.
+func TestRouteRetryRefusedStream(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			m := &mesh{t: t}
+			var streams atomic.Int32
+			be := m.backend("refusing", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(serveTCP(t, nil, refuseFirstStream(&streams)))})
+			m.frontend("front", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be), Retry: &snapshot.Retry{Attempts: 1, Backoff: dur(1e6)}}},
+			)))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, k.h2c)
+			for _, body := range []string{"", "kept body"} {
+				method := http.MethodGet
+				if body != "" {
+					method = http.MethodPost
+				}
+				streams.Store(0)
+				if a := send(t, c, newReq(t, method, "http://front.b.svc/", strings.NewReader(body))); a.status != 200 || streams.Load() != 2 {
+					t.Errorf("%s: %d %q after %d streams, want 200 after 2", method, a.status, a.body, streams.Load())
+				}
+			}
+		})
+	}
+}
+
+// refuseFirstStream serves h2c at the frame level: counting every stream
+// in streams, it refuses the first after each even count with
+// REFUSED_STREAM and answers the others 200 at once. A real server cannot
+// be told to refuse a stream.
+func refuseFirstStream(streams *atomic.Int32) func(net.Conn) {
+	return func(c net.Conn) {
+		if _, err := io.ReadFull(c, make([]byte, len(http2.ClientPreface))); err != nil {
+			return
+		}
+		fr := http2.NewFramer(c, c)
+		fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+		fr.WriteSettings()
+		var hb bytes.Buffer
+		hpack.NewEncoder(&hb).WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			switch f := f.(type) {
+			case *http2.SettingsFrame:
+				if !f.IsAck() {
+					fr.WriteSettingsAck()
+				}
+			case *http2.MetaHeadersFrame:
+				if streams.Add(1)%2 == 1 {
+					fr.WriteRSTStream(f.StreamID, http2.ErrCodeRefusedStream)
+					continue
+				}
+				fr.WriteHeaders(http2.HeadersFrameParam{StreamID: f.StreamID, BlockFragment: hb.Bytes(), EndHeaders: true, EndStream: true})
+			}
 		}
 	}
 }
