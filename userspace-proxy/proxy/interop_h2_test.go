@@ -1030,22 +1030,48 @@ func startResetBackend(t *testing.T) netip.AddrPort {
 }
 
 func serveResets(c net.Conn) {
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	msg, _ := proto.Marshal(wrapperspb.Bytes([]byte("m0")))
+	serveFrames(c, func(fr *http2.Framer, f *http2.MetaHeadersFrame) bool {
+		field := func(name string) string {
+			for _, hf := range f.Fields {
+				if hf.Name == name {
+					return hf.Value
+				}
+			}
+			return ""
+		}
+		if d, err := grpcTimeout(field("grpc-timeout")); err == nil && field("x-reset-past-deadline") != "" {
+			time.Sleep(d + 50*time.Millisecond)
+		}
+		if field("x-reset-at") != "headers" {
+			hb.Reset()
+			enc.WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
+			enc.WriteField(hpack.HeaderField{Name: "content-type", Value: "application/grpc"})
+			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: f.StreamID, BlockFragment: hb.Bytes(), EndHeaders: true})
+			fr.WriteData(f.StreamID, false, append(binary.BigEndian.AppendUint32([]byte{0}, uint32(len(msg))), msg...))
+		}
+		code := field("x-reset")
+		if code == "close" {
+			return false
+		}
+		n, _ := strconv.Atoi(code)
+		fr.WriteRSTStream(f.StreamID, http2.ErrCode(n))
+		return true
+	})
+}
+
+// serveFrames serves h2c on c at the frame level, for backends a real
+// server cannot imitate: it settles SETTINGS and PING itself and hands
+// each request's headers to onHeaders until that returns false or c ends.
+func serveFrames(c net.Conn, onHeaders func(*http2.Framer, *http2.MetaHeadersFrame) bool) {
 	if _, err := io.ReadFull(c, make([]byte, len(http2.ClientPreface))); err != nil {
 		return
 	}
 	fr := http2.NewFramer(c, c)
 	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	fr.WriteSettings()
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	headers := func(id uint32, fields ...string) {
-		hb.Reset()
-		for i := 0; i < len(fields); i += 2 {
-			enc.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1]})
-		}
-		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true})
-	}
-	msg, _ := proto.Marshal(wrapperspb.Bytes([]byte("m0")))
 	for {
 		f, err := fr.ReadFrame()
 		if err != nil {
@@ -1061,27 +1087,9 @@ func serveResets(c net.Conn) {
 				fr.WritePing(true, f.Data)
 			}
 		case *http2.MetaHeadersFrame:
-			field := func(name string) string {
-				for _, hf := range f.Fields {
-					if hf.Name == name {
-						return hf.Value
-					}
-				}
-				return ""
-			}
-			if d, err := grpcTimeout(field("grpc-timeout")); err == nil && field("x-reset-past-deadline") != "" {
-				time.Sleep(d + 50*time.Millisecond)
-			}
-			if field("x-reset-at") != "headers" {
-				headers(f.StreamID, ":status", "200", "content-type", "application/grpc")
-				fr.WriteData(f.StreamID, false, append(binary.BigEndian.AppendUint32([]byte{0}, uint32(len(msg))), msg...))
-			}
-			code := field("x-reset")
-			if code == "close" {
+			if !onHeaders(fr, f) {
 				return
 			}
-			n, _ := strconv.Atoi(code)
-			fr.WriteRSTStream(f.StreamID, http2.ErrCode(n))
 		}
 	}
 }

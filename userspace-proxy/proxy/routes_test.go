@@ -695,32 +695,16 @@ func TestRouteRetryRefusedStream(t *testing.T) {
 // be told to refuse a stream.
 func refuseFirstStream(streams *atomic.Int32) func(net.Conn) {
 	return func(c net.Conn) {
-		if _, err := io.ReadFull(c, make([]byte, len(http2.ClientPreface))); err != nil {
-			return
-		}
-		fr := http2.NewFramer(c, c)
-		fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-		fr.WriteSettings()
 		var hb bytes.Buffer
 		hpack.NewEncoder(&hb).WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
-		for {
-			f, err := fr.ReadFrame()
-			if err != nil {
-				return
-			}
-			switch f := f.(type) {
-			case *http2.SettingsFrame:
-				if !f.IsAck() {
-					fr.WriteSettingsAck()
-				}
-			case *http2.MetaHeadersFrame:
-				if streams.Add(1)%2 == 1 {
-					fr.WriteRSTStream(f.StreamID, http2.ErrCodeRefusedStream)
-					continue
-				}
+		serveFrames(c, func(fr *http2.Framer, f *http2.MetaHeadersFrame) bool {
+			if streams.Add(1)%2 == 1 {
+				fr.WriteRSTStream(f.StreamID, http2.ErrCodeRefusedStream)
+			} else {
 				fr.WriteHeaders(http2.HeadersFrameParam{StreamID: f.StreamID, BlockFragment: hb.Bytes(), EndHeaders: true, EndStream: true})
 			}
-		}
+			return true
+		})
 	}
 }
 
