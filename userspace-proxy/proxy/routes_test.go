@@ -27,6 +27,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/test/echo"
 	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
@@ -669,7 +670,13 @@ func TestRouteRetryRefusedStream(t *testing.T) {
 			e := newEnv(t, envOptions{http1TLS: k.path})
 			m := &mesh{t: t}
 			var streams atomic.Int32
-			be := m.backend("refusing", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(serveTCP(t, nil, refuseFirstStream(&streams)))})
+			// tcpserve ends the backend's connection with the test, as a
+			// real server's Close does: when the proxy's last stream on it
+			// ends only after the env closed its idle connections, the
+			// pool keeps it (until its idle timeout) beyond the test.
+			l := listenLocal(t)
+			tcpserve.Serve(t, l, refuseFirstStream(&streams))
+			be := m.backend("refusing", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
 			m.frontend("front", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
 				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be), Retry: &snapshot.Retry{Attempts: 1, Backoff: dur(1e6)}}},
 			)))
