@@ -246,7 +246,9 @@ type TLS struct {
 	// empty leaves crypto/tls's defaults.
 	CipherSuites []uint16      `json:"cipherSuites,omitempty"`
 	Curves       []tls.CurveID `json:"curves,omitempty"`
-	// ALPN overrides the protocols the proxy would offer for Protocol.
+	// ALPN, when set, narrows and orders the protocols a connection
+	// offers to those of it the connection speaks; one speaking none of
+	// them (opaque TCP) offers ALPN as is.
 	ALPN []string `json:"alpn,omitempty"`
 	// Policy is the object these settings came from.
 	Policy ObjectRef `json:"policy"`

@@ -366,6 +366,9 @@ func TestProtocols(t *testing.T) {
 	add("auto-clear", snapshot.Backend{Endpoints: endpoints(clearBE.addr)})
 	add("auto-tls-h1", snapshot.Backend{TLS: pol, Endpoints: endpoints(h1BE.addr)})
 	add("auto-tls-noalpn", snapshot.Backend{TLS: pol, Endpoints: endpoints(noALPNBE.addr)})
+	alpnPol := tlsPolicy(e)
+	alpnPol.ALPN = []string{"h2", "http/1.1"} // options sockmesh.io/alpn: "h2,http/1.1"
+	add("auto-tls-alpn-option", snapshot.Backend{TLS: alpnPol, Endpoints: endpoints(tlsBE.addr)})
 	e.p.Update(buildSnapshot(t, 1, svcs...))
 
 	cases := []struct {
@@ -393,6 +396,11 @@ func TestProtocols(t *testing.T) {
 		{"auto-tls-h1", true, "HTTP/1.1", "http/1.1"},
 		{"auto-tls-noalpn", false, "HTTP/1.1", noALPN},
 		{"auto-tls-noalpn", true, "HTTP/1.1", noALPN},
+		// A policy's ALPN list offers only what the request's wire
+		// speaks: offered whole, the backend picked h2 for the fast
+		// path's HTTP/1.1 connection, which then failed (502).
+		{"auto-tls-alpn-option", false, "HTTP/1.1", "http/1.1"},
+		{"auto-tls-alpn-option", true, "HTTP/2.0", "h2"},
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("%s/h2c-client=%v", c.svc, c.h2cClient), func(t *testing.T) {

@@ -119,13 +119,11 @@ func New(s *snapshot.TLS, o Options) (*Origination, error) {
 // Settings returns the snapshot settings o was built from.
 func (o *Origination) Settings() *snapshot.TLS { return o.settings }
 
-// Config returns the client configuration for endpoint ep offering alpn
-// (the policy's own ALPN list, when set, wins). The result is shared: callers
-// must not modify it.
+// Config returns the client configuration for endpoint ep offering alpn,
+// the protocols the caller speaks on the connection (none for opaque
+// bytes). The result is shared: callers must not modify it.
 func (o *Origination) Config(ep netip.AddrPort, alpn []string) *tls.Config {
-	if len(o.settings.ALPN) > 0 {
-		alpn = o.settings.ALPN
-	}
+	alpn = o.offer(alpn)
 	k := endpointKey{addr: ep, alpn: alpnKey(alpn)}
 	if c, ok := o.perEndpoint.Load(k); ok {
 		return c.(*tls.Config)
@@ -135,6 +133,30 @@ func (o *Origination) Config(ep netip.AddrPort, alpn []string) *tls.Config {
 	c.ClientSessionCache = tls.NewLRUClientSessionCache(o.cacheLen)
 	got, _ := o.perEndpoint.LoadOrStore(k, c)
 	return got.(*tls.Config)
+}
+
+// offer returns the ALPN list for a caller that speaks speaks: with a
+// policy list, the policy's protocols the caller speaks, in the policy's
+// order. Offered whole, the list let the backend pick a protocol the
+// caller then refused: with "h2,http/1.1", every HTTP/1.1 request to a
+// backend that speaks h2 failed. A caller that speaks none of them (opaque
+// bytes, or a list of other protocols) offers the policy's list as is, and
+// refuses by name what the backend picks.
+func (o *Origination) offer(speaks []string) []string {
+	policy := o.settings.ALPN
+	if len(policy) == 0 {
+		return speaks
+	}
+	var both []string
+	for _, p := range policy {
+		if slices.Contains(speaks, p) {
+			both = append(both, p)
+		}
+	}
+	if len(both) == 0 {
+		return policy
+	}
+	return both
 }
 
 // Retain forgets the configs, and their sessions, of the endpoints keep

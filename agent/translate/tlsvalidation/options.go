@@ -39,7 +39,9 @@ const (
 	// list without P-256 (proxy.TestInteropNative).
 	OptionCurves = "sockmesh.io/curves"
 	// OptionALPN lists the ALPN protocol IDs to offer (e.g. "h2,http/1.1"),
-	// replacing the ones the backend protocol implies.
+	// in preference order: a connection offers those of them it can speak
+	// (an HTTP/1.1 request's, http/1.1), or the whole list when it speaks
+	// none of them (opaque TCP).
 	OptionALPN = "sockmesh.io/alpn"
 )
 
