@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,7 @@ import (
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
 )
 
 // View is one snapshot with its upstream side, as the proxy publishes it.
@@ -348,9 +350,11 @@ func (x *exchange) decorate(h http.Header, r *http.Request, c *balance.Choice) {
 // HTTP major version protoMajor: what the backend's protocol demands, else
 // what the app speaks. WebSocket always goes over HTTP/1.1
 // (kubernetes.io/wss and XBackend WSS force http/1.1, and an Upgrade cannot
-// cross HTTP/2). An HTTP/2 app's requests to a TLS backend that declared
-// no HTTP version offer both by ALPN: they stay HTTP/2 where the backend
-// speaks it and become HTTP/1.1 where it does not (or has no ALPN).
+// cross HTTP/2). A TLS policy whose ALPN list has h2 and not http/1.1
+// declares HTTP/2 where the protocol does not. An HTTP/2 app's requests to
+// a TLS backend that declared no HTTP version offer both by ALPN: they stay
+// HTTP/2 where the backend speaks it and become HTTP/1.1 where it does not
+// (or has no ALPN).
 func WireFor(be *upstream.Backend, protoMajor int, websocket bool) upstream.Wire {
 	if websocket {
 		return upstream.WireH1
@@ -360,18 +364,23 @@ func WireFor(be *upstream.Backend, protoMajor int, websocket bool) upstream.Wire
 		return upstream.WireH2
 	case snapshot.ProtocolHTTP11, snapshot.ProtocolWS, snapshot.ProtocolWSS:
 		return upstream.WireH1
-	case snapshot.ProtocolHTTP:
-		if be.TLS() {
-			return upstream.WireNegotiate
-		}
 	}
 	switch {
-	case protoMajor == 2 && be.TLS():
+	case onlyH2(be.Spec.TLS):
+		return upstream.WireH2
+	case be.TLS() && (be.Spec.Protocol == snapshot.ProtocolHTTP || protoMajor == 2):
 		return upstream.WireNegotiate
 	case protoMajor == 2:
 		return upstream.WireH2
 	}
 	return upstream.WireH1
+}
+
+// onlyH2 reports whether t's ALPN list offers h2 and not http/1.1. An
+// HTTP/1.1 connection would offer that list as is and refuse the h2 the
+// backend picks: every HTTP/1.1 request to such a backend got 502.
+func onlyH2(t *snapshot.TLS) bool {
+	return t != nil && slices.Contains(t.ALPN, upstreamtls.ALPNH2) && !slices.Contains(t.ALPN, upstreamtls.ALPNHTTP11)
 }
 
 // outgoing builds the request to send upstream. It shares r's header map,

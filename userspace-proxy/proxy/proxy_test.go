@@ -369,6 +369,9 @@ func TestProtocols(t *testing.T) {
 	alpnPol := tlsPolicy(e)
 	alpnPol.ALPN = []string{"h2", "http/1.1"} // options sockmesh.io/alpn: "h2,http/1.1"
 	add("auto-tls-alpn-option", snapshot.Backend{TLS: alpnPol, Endpoints: endpoints(tlsBE.addr)})
+	h2Pol := tlsPolicy(e)
+	h2Pol.ALPN = []string{"h2"}
+	add("auto-tls-alpn-h2", snapshot.Backend{TLS: h2Pol, Endpoints: endpoints(tlsBE.addr)})
 	e.p.Update(buildSnapshot(t, 1, svcs...))
 
 	cases := []struct {
@@ -401,6 +404,10 @@ func TestProtocols(t *testing.T) {
 		// path's HTTP/1.1 connection, which then failed (502).
 		{"auto-tls-alpn-option", false, "HTTP/1.1", "http/1.1"},
 		{"auto-tls-alpn-option", true, "HTTP/2.0", "h2"},
+		// One that offers h2 alone declares HTTP/2: an HTTP/1.1 app's
+		// requests are translated, where its h2 answer failed them.
+		{"auto-tls-alpn-h2", false, "HTTP/2.0", "h2"},
+		{"auto-tls-alpn-h2", true, "HTTP/2.0", "h2"},
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("%s/h2c-client=%v", c.svc, c.h2cClient), func(t *testing.T) {
