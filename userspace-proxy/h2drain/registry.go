@@ -33,7 +33,7 @@ type entry struct {
 	// leaving is set once the connection is asked to go away (or will
 	// be, by timer); it no longer counts toward its endpoint's share.
 	leaving bool
-	// timer is a GoAway to come (a rebalancing, a policy change),
+	// timer is a GoAway to come (a rebalancing, a move back),
 	// stopped if the connection ends first.
 	timer *time.Timer
 	// backDue is when its preferred_back GoAway is due: until then, no
@@ -42,9 +42,9 @@ type entry struct {
 }
 
 // NewRegistry returns an empty Registry that spreads the GOAWAYs of a
-// rebalancing or a policy change over spread and calls asked (which must
-// not block) for each connection asked to go away. Panics in its
-// goroutines go to panics.
+// rebalancing or a move back from fallback endpoints over spread, and
+// calls asked (which must not block) for each connection asked to go
+// away. Panics in its goroutines go to panics.
 func NewRegistry(spread time.Duration, asked func(snapshot.BackendRef, Reason), panics *contain.Reporter) *Registry {
 	return &Registry{spread: spread, asked: asked, panics: panics, conns: make(map[snapshot.BackendRef]map[*Conn]*entry),
 		staying: make(map[snapshot.BackendRef]map[netip.AddrPort]int)}
@@ -136,13 +136,13 @@ type Endpoints struct {
 // Update asks connections to go away after a snapshot change (or an
 // endpoint's ejection ended), for each backend of, given its reference,
 // returns Endpoints for (false: gone from the snapshot, its connections
-// left to finish): at once those whose endpoint is no longer handed out;
-// all the others when the backend's settings changed; those on standby
-// endpoints; or, unless clients come back to theirs (Sticky), when it
-// gained endpoints, those beyond their endpoint's share of the backend's
-// connections (ceil(connections / endpoints), those on standby left out)
-// — each at a random moment within the spread, so that their clients do
-// not all connect and hand-shake again at once. Dialed again with Load's
+// left to finish): at once those whose endpoint is no longer handed out,
+// and all the others when the backend's settings changed; those on
+// standby endpoints; or, unless clients come back to theirs (Sticky), when
+// it gained endpoints, those beyond their endpoint's share of the
+// backend's connections (ceil(connections / endpoints), those on standby
+// left out) — these each at a random moment within the spread, so that
+// their clients do not all connect and hand-shake again at once. Dialed again with Load's
 // counts (balance.Picker.PickFewest), they go to the endpoints below their
 // share.
 func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
@@ -179,7 +179,12 @@ func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 				continue
 			}
 			if eps.Changed {
-				r.askWithin(ref, c, e, ReasonPolicyChanged)
+				// At once, not spread: the settings it was verified
+				// with may be withdrawn (a CA rotated out, a policy
+				// turned invalid), and its streams until the GOAWAY
+				// would reach the backend under them.
+				r.leave(ref, e)
+				go r.ask(ref, c, ReasonPolicyChanged)
 				continue
 			}
 			if !standby[e.ep] {

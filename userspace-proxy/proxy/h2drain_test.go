@@ -409,12 +409,13 @@ func TestRelayedH2EndpointGone(t *testing.T) {
 
 // TestRelayedH2PolicyChanged: a relayed h2c connection does not outlive
 // its backend's TLS policy: when the policy turns invalid, the app is
-// asked to go away, and its next request, on a new connection, gets the
-// fail-closed 503 rather than the backend's answer over the connection
-// the old policy let through.
+// asked at once to go away (not within the spread of a rebalancing), and
+// its next request, on a new connection, gets the fail-closed 503 rather
+// than the backend's answer over the connection the old policy let
+// through.
 func TestRelayedH2PolicyChanged(t *testing.T) {
 	checkNoLeaks(t)
-	e := newEnv(t, envOptions{rebalanceSpread: 20 * time.Millisecond})
+	e := newEnv(t, envOptions{rebalanceSpread: time.Hour})
 	be := startEcho(t, "web", serverTLS(e.pki.server))
 	vip := netip.MustParseAddrPort("10.96.9.5:80")
 	e.p.Update(buildSnapshot(t, 1, service{name: "web", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(be.addr)}}))

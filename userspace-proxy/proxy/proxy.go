@@ -82,9 +82,10 @@ type Config struct {
 	// getsockopt only.
 	OrigDst func(syscall.Conn) (netip.AddrPort, error)
 	// RebalanceSpread is how long the GOAWAYs that move relayed HTTP/2
-	// connections onto a backend's new endpoints, or onto its new
-	// settings, are spread over, so that their clients do not all connect
-	// again at once (package h2drain); 0 means 5 s.
+	// connections onto a backend's new endpoints, or back from fallback
+	// ones, are spread over, so that their clients do not all connect
+	// again at once (package h2drain; those of new TLS or protocol
+	// settings go at once); 0 means 5 s.
 	RebalanceSpread time.Duration
 }
 
