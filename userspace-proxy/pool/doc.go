@@ -4,7 +4,8 @@
 // MaxOpen open (callers beyond it wait for one to come back or close), idle
 // ones closed after IdleTimeout, or after 10 s beyond MaxIdle idle (what a
 // burst opened serves the next before it closes), and a connection idle long
-// enough to have been closed by its peer checked before it is handed out.
+// enough to have been closed by its peer checked before it is handed out,
+// as is the end of what verified it (Conn.Until).
 //
 // It neither dials (the caller passes the dial) nor speaks HTTP: whether a
 // connection may go back is the caller's call (Put, Discard, Detach). It

@@ -34,7 +34,8 @@ type Config struct {
 	// 16 KiB, one full TLS record, so a record is read or written in one go.
 	BufferSize int
 	// Dropped, when set, is told of each connection closed because its
-	// peer did not stay silent after an answer (see Conn.silent).
+	// peer did not stay silent after an answer (see Conn.silent) or its
+	// Until passed.
 	Dropped func(DropReason)
 	// MaxHeadBytes bounds what R reads from a connection handed out by Get
 	// until EndHead: the heads of an answer, informational ones included;
@@ -58,6 +59,8 @@ const (
 	// the answer, or an answer with no request: a broken backend, or one
 	// that read a request as two (request smuggling in front of it).
 	DropUnsolicited
+	// DropExpired: what verified the peer expired (Conn.Until).
+	DropExpired
 )
 
 // Conn is a pooled connection with its buffers. Between Get and Put,
@@ -69,6 +72,10 @@ type Conn struct {
 	// it out again.
 	R *bufio.Reader
 	W *bufio.Writer
+	// Until, unless zero, is when the connection may no longer be handed
+	// out: its caller sets it (the end of the certificate chain its TLS
+	// handshake verified), and Get closes it from then on instead.
+	Until time.Time
 
 	ep        *endpoint
 	uses      int         // times it went back to the pool
@@ -105,6 +112,15 @@ func (l *LimitReader) Read(p []byte) (int, error) {
 // response byte on a reused connection may mean the peer closed it while
 // idle, so an idempotent request may be retried on another.
 func (c *Conn) Reused() bool { return c.uses > 0 }
+
+// reusable reports whether c, idle, may serve again: its Until has not
+// passed and it is silent.
+func (c *Conn) reusable() (bool, DropReason) {
+	if !c.Until.IsZero() && !time.Now().Before(c.Until) {
+		return false, DropExpired
+	}
+	return c.silent()
+}
 
 // silent reports whether nothing has arrived on c, an idle connection
 // taken from the pool, since its last answer was read to the end: an idle
@@ -208,7 +224,7 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.C
 			if c.R == nil {
 				p.untrim(c)
 			}
-			if ok, why := c.silent(); !ok {
+			if ok, why := c.reusable(); !ok {
 				p.drop(c, why)
 				continue
 			}
@@ -227,7 +243,7 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.C
 			if c == nil {
 				return p.dial(ctx, ep, dial) // a slot was freed for us
 			}
-			if ok, why := c.silent(); !ok {
+			if ok, why := c.reusable(); !ok {
 				p.drop(c, why)
 				continue
 			}
@@ -294,7 +310,7 @@ func (p *Pool) handOut(c *Conn) *Conn {
 	return c
 }
 
-// drop closes c, which its peer did not leave silent, and says why.
+// drop closes c, which is not reusable, and says why.
 func (p *Pool) drop(c *Conn, why DropReason) {
 	p.Discard(c)
 	if p.cfg.Dropped != nil {

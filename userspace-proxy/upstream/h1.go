@@ -32,8 +32,14 @@ func (b *Backend) GetH1(ctx context.Context, ep *snapshot.Endpoint) (*pool.Conn,
 	if c.Reused() {
 		w.p.m.poolGets[1].Inc()
 		w.p.health.Reused(ep.Addr)
-	} else {
-		w.p.m.poolGets[0].Inc()
+		return c, nil
+	}
+	w.p.m.poolGets[0].Inc()
+	if tc, ok := c.Conn.(*tls.Conn); ok {
+		// Not reused past its chain's expiry: a certificate (or CA)
+		// that expired while the connection idled would fail the next
+		// handshake, and the pool served its requests all the same.
+		c.Until = w.tls.ValidUntil(tc.ConnectionState())
 	}
 	return c, nil
 }

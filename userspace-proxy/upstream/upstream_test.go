@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -13,7 +14,9 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -346,4 +349,94 @@ func TestSpeaksH1Only(t *testing.T) {
 	if s3.Get(ref).SpeaksH1Only(t0) {
 		t.Error("kept across a change of TLS settings")
 	}
+}
+
+// TestGetH1DropsExpired: an idle connection is not handed out once the
+// certificate chain its handshake verified has expired — its leaf or its
+// CA, checked by crypto/tls or against subjectAltNames: the pool closes it
+// and dials again, where a new handshake would fail verification. The
+// pool handed it out until its idle timeout, so requests went on reaching
+// a backend whose certificate no handshake would accept.
+func TestGetH1DropsExpired(t *testing.T) {
+	for _, c := range []struct {
+		expires   string
+		leafLives time.Duration // the CA lives a day
+		idle      time.Duration
+	}{{"leaf", 30 * time.Second, time.Minute}, {"ca", 48 * time.Hour, 25 * time.Hour}} {
+		for _, sans := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/subjectAltNames=%v", c.expires, sans), func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) {
+					ca, err := pki.NewCA("ca")
+					if err != nil {
+						t.Fatal(err)
+					}
+					leaf, err := ca.Issue(pki.LeafOptions{DNSNames: []string{sni}, NotAfter: time.Now().Add(c.leafLives)})
+					if err != nil {
+						t.Fatal(err)
+					}
+					reg := prometheus.NewRegistry()
+					d := &onePipe{cfg: &tls.Config{Certificates: []tls.Certificate{leaf.TLS}}}
+					p, err := New(Config{IdleConnTimeout: 2 * c.idle}, d, slog.New(slog.DiscardHandler), reg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					pol := &snapshot.TLS{Mode: snapshot.TLSServerOnly, ServerName: sni, RootsPEM: string(ca.CertPEM)}
+					if sans {
+						pol.SubjectAltNames = []snapshot.SubjectAltName{{Type: snapshot.SANHostname, Value: sni}}
+					}
+					be := backendAt(t, p, netip.MustParseAddrPort("10.0.0.1:443"), pol)
+					ep := &be.Spec.Endpoints[0]
+					first, err := be.GetH1(t.Context(), ep)
+					if err != nil {
+						t.Fatal(err)
+					}
+					exchange(t, first)
+					be.PutH1(first)
+					time.Sleep(c.idle) // past the expiry, within the idle timeout
+					again, err := be.GetH1(t.Context(), ep)
+					if err == nil {
+						be.DiscardH1(again)
+						t.Fatalf("a connection handed out after its chain expired (the one before: %v)", again == first)
+					}
+					if !errors.Is(err, syscall.ECONNREFUSED) {
+						t.Errorf("GetH1 after the chain expired: %v, want the second dial's refusal", err)
+					}
+					w := &world{reg: reg}
+					if n := w.counter(t, "sockmesh_proxy_upstream_pool_dropped_total", "expired"); n != 1 {
+						t.Errorf("pool dropped{reason=expired} = %v, want 1", n)
+					}
+				})
+			})
+		}
+	}
+}
+
+// onePipe connects its first dial over net.Pipe to a TLS server of its
+// own, which answers each HTTP/1.1 request with 200 "ok", and refuses the
+// others: its goroutines block on channels, which synctest can wait out.
+type onePipe struct {
+	cfg    *tls.Config
+	dialed bool
+}
+
+func (d *onePipe) Dial(context.Context, snapshot.Endpoint) (net.Conn, error) {
+	if d.dialed {
+		return nil, syscall.ECONNREFUSED
+	}
+	d.dialed = true
+	c, s := net.Pipe()
+	go func() {
+		tc := tls.Server(s, d.cfg)
+		defer tc.Close()
+		r := bufio.NewReader(tc)
+		for {
+			if _, err := http.ReadRequest(r); err != nil {
+				return
+			}
+			if _, err := io.WriteString(tc, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+				return
+			}
+		}
+	}()
+	return c, nil
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 )
@@ -38,6 +39,7 @@ type Options struct {
 type Origination struct {
 	settings *snapshot.TLS
 	base     *tls.Config
+	san      *sanVerifier // nil: crypto/tls verifies
 	cacheLen int
 	// perEndpoint holds, per endpoint and ALPN list, a clone of base with its
 	// own session cache: crypto/tls keys cached sessions by ServerName, which
@@ -87,6 +89,7 @@ func New(s *snapshot.TLS, o Options) (*Origination, error) {
 	default:
 		return nil, fmt.Errorf("build upstream tls: %w: no trust roots", ErrInvalid)
 	}
+	var san *sanVerifier
 	if len(s.SubjectAltNames) > 0 {
 		v, err := newSANVerifier(s.SubjectAltNames, c.RootCAs)
 		if err != nil {
@@ -97,6 +100,7 @@ func New(s *snapshot.TLS, o Options) (*Origination, error) {
 		// and SAN checks itself, on full and resumed handshakes alike.
 		c.InsecureSkipVerify = true
 		c.VerifyConnection = v.verify
+		san = v
 	}
 	switch s.Mode {
 	case snapshot.TLSServerOnly, "":
@@ -113,7 +117,7 @@ func New(s *snapshot.TLS, o Options) (*Origination, error) {
 	if n == 0 {
 		n = 64
 	}
-	return &Origination{settings: s, base: c, cacheLen: n}, nil
+	return &Origination{settings: s, base: c, san: san, cacheLen: n}, nil
 }
 
 // Settings returns the snapshot settings o was built from.
@@ -157,6 +161,17 @@ func (o *Origination) offer(speaks []string) []string {
 		return policy
 	}
 	return both
+}
+
+// ValidUntil returns when the trust in cs, the state of a connection o
+// verified, ends: when the last of its verified chains expires, each when
+// its first certificate does. A connection kept open past it would carry
+// requests to a backend that no handshake would accept any more.
+func (o *Origination) ValidUntil(cs tls.ConnectionState) time.Time {
+	if o.san != nil {
+		return o.san.validUntil(cs.PeerCertificates[0])
+	}
+	return validUntil(cs.VerifiedChains)
 }
 
 // Retain forgets the configs, and their sessions, of the endpoints keep

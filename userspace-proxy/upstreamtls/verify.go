@@ -90,6 +90,17 @@ func (v *sanVerifier) verify(cs tls.ConnectionState) error {
 	return nil
 }
 
+// validUntil returns when leaf's verification ends: what verify
+// remembered, or now when it has forgotten it (its chain expired).
+func (v *sanVerifier) validUntil(leaf *x509.Certificate) time.Time {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if until, ok := v.verified[string(leaf.Raw)]; ok {
+		return until
+	}
+	return time.Now()
+}
+
 // remember records leaf as verified until until, and forgets the leaves
 // whose time has passed (rotated certificates): what it holds are the
 // certificates the backend presents now.
