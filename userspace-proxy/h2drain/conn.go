@@ -26,6 +26,9 @@ const (
 	// ReasonPolicyChanged: the backend's protocol or TLS settings changed,
 	// or it now fails closed: the next connection gets the new ones.
 	ReasonPolicyChanged Reason = "policy_changed"
+	// ReasonExpired: the certificate chain the connection's TLS handshake
+	// verified expired, so a new handshake would fail.
+	ReasonExpired Reason = "expired"
 	// ReasonShutdown: the proxy is shutting down.
 	ReasonShutdown Reason = "shutdown"
 )

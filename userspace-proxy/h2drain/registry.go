@@ -33,9 +33,10 @@ type entry struct {
 	// leaving is set once the connection is asked to go away (or will
 	// be, by timer); it no longer counts toward its endpoint's share.
 	leaving bool
-	// timer is a GoAway to come (a rebalancing, a move back),
-	// stopped if the connection ends first.
-	timer *time.Timer
+	// timer is a GoAway to come (a rebalancing, a move back), and
+	// expiry the one due when its TLS trust ends; both stopped if the
+	// connection ends first.
+	timer, expiry *time.Timer
 	// backDue is when its preferred_back GoAway is due: until then, no
 	// other connection moves back to untried endpoints (Endpoints.Untried).
 	backDue time.Time
@@ -60,8 +61,11 @@ func (r *Registry) Load(ref snapshot.BackendRef) func(netip.AddrPort) int {
 	}
 }
 
-// Add registers c, relayed to endpoint ep of backend ref.
-func (r *Registry) Add(ref snapshot.BackendRef, ep netip.AddrPort, c *Conn) {
+// Add registers c, relayed to endpoint ep of backend ref; unless zero,
+// until is when the certificate chain its TLS handshake verified expires,
+// and c is asked to go away then: its streams would go on reaching a
+// backend no new handshake accepts.
+func (r *Registry) Add(ref snapshot.BackendRef, ep netip.AddrPort, c *Conn, until time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m := r.conns[ref]
@@ -76,6 +80,23 @@ func (r *Registry) Add(ref snapshot.BackendRef, ep netip.AddrPort, c *Conn) {
 	if r.closing != "" {
 		r.leave(ref, e)
 		go r.ask(ref, c, r.closing)
+		return
+	}
+	if !until.IsZero() {
+		e.expiry = time.AfterFunc(time.Until(until), func() { r.expire(ref, c) })
+	}
+}
+
+// expire asks c to go away, if still registered: its TLS trust ended.
+func (r *Registry) expire(ref snapshot.BackendRef, c *Conn) {
+	r.mu.Lock()
+	e := r.conns[ref][c]
+	if e != nil {
+		r.leave(ref, e)
+	}
+	r.mu.Unlock()
+	if e != nil {
+		r.ask(ref, c, ReasonExpired)
 	}
 }
 
@@ -88,8 +109,10 @@ func (r *Registry) Remove(ref snapshot.BackendRef, c *Conn) {
 	if e == nil {
 		return
 	}
-	if e.timer != nil {
-		e.timer.Stop()
+	for _, tm := range []*time.Timer{e.timer, e.expiry} {
+		if tm != nil {
+			tm.Stop()
+		}
 	}
 	r.leave(ref, e)
 	delete(m, c)

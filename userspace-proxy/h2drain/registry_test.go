@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -54,6 +55,11 @@ func (k *counts) wantAsked(t *testing.T, why Reason, n int) {
 // SETTINGS and a first answer; each GOAWAY their apps read is sent to
 // k.read.
 func relayed(t *testing.T, r *Registry, k *counts, ref snapshot.BackendRef, ep netip.AddrPort, n int) []*Conn {
+	return relayedUntil(t, r, k, ref, ep, n, time.Time{})
+}
+
+// relayedUntil is relayed for connections whose TLS trust ends at until.
+func relayedUntil(t *testing.T, r *Registry, k *counts, ref snapshot.BackendRef, ep netip.AddrPort, n int, until time.Time) []*Conn {
 	var settings bytes.Buffer
 	fw := http2.NewFramer(&settings, nil)
 	fw.WriteSettings()
@@ -78,7 +84,7 @@ func relayed(t *testing.T, r *Registry, k *counts, ref snapshot.BackendRef, ep n
 		if _, err := c.Write(settings.Bytes()); err != nil {
 			t.Fatal(err)
 		}
-		r.Add(ref, ep, c)
+		r.Add(ref, ep, c, until)
 		cs = append(cs, c)
 	}
 	return cs
@@ -195,6 +201,31 @@ func TestPolicyChanged(t *testing.T) {
 	})
 	wantRead(t, k, 4)
 	k.wantAsked(t, ReasonPolicyChanged, 4)
+}
+
+// TestExpired: a connection is asked to go away when the certificate
+// chain its TLS handshake verified expires, and only then: its streams
+// went on reaching a backend no new handshake accepted, for as long as
+// the app kept it.
+func TestExpired(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, k := newRegistry(time.Hour)
+		due := relayedUntil(t, r, k, web, epA, 2, time.Now().Add(time.Hour))
+		relayedUntil(t, r, k, web, epA, 1, time.Now().Add(48*time.Hour))
+		relayed(t, r, k, web, epB, 1) // cleartext
+		time.Sleep(2 * time.Hour)
+		synctest.Wait()
+		got := wantRead(t, k, 2)
+		for _, c := range due {
+			if !got[c] {
+				t.Error("a connection whose chain expired got no GOAWAY")
+			}
+		}
+		if n := leaving(r, web); n != 2 {
+			t.Errorf("%d connections leaving, want 2", n)
+		}
+		k.wantAsked(t, ReasonExpired, 2)
+	})
 }
 
 // TestShutdown asks every connection to go, once, and one added after

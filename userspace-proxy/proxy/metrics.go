@@ -66,7 +66,7 @@ func newMetrics(reg prometheus.Registerer, bufs *relay.Pool) (*metrics, error) {
 		}),
 		goAways: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_goaways_total",
-			Help: "Relayed HTTP/2 connections the proxy asked (GOAWAY) to open their next streams on a new connection, by backend and reason (endpoint_gone, preferred_back, rebalance, policy_changed, shutdown).",
+			Help: "Relayed HTTP/2 connections the proxy asked (GOAWAY) to open their next streams on a new connection, by backend and reason (endpoint_gone, preferred_back, rebalance, policy_changed, expired, shutdown).",
 		}, []string{"namespace", "backend", "reason"}),
 	}
 	m.byPath = make(map[Path]pathMetrics)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
@@ -35,13 +36,20 @@ func (b *Backend) GetH1(ctx context.Context, ep *snapshot.Endpoint) (*pool.Conn,
 		return c, nil
 	}
 	w.p.m.poolGets[0].Inc()
-	if tc, ok := c.Conn.(*tls.Conn); ok {
-		// Not reused past its chain's expiry: a certificate (or CA)
-		// that expired while the connection idled would fail the next
-		// handshake, and the pool served its requests all the same.
-		c.Until = w.tls.ValidUntil(tc.ConnectionState())
-	}
+	// Not reused past its chain's expiry: a certificate (or CA) that
+	// expired while the connection idled would fail the next handshake,
+	// and the pool served its requests all the same.
+	c.Until = b.ValidUntil(c.Conn)
 	return c, nil
+}
+
+// ValidUntil returns when the trust in c, a connection to an endpoint of
+// b, ends (upstreamtls.Origination.ValidUntil); zero when c is cleartext.
+func (b *Backend) ValidUntil(c net.Conn) time.Time {
+	if tc, ok := c.(*tls.Conn); ok && b.w != nil && b.w.tls != nil {
+		return b.w.tls.ValidUntil(tc.ConnectionState())
+	}
+	return time.Time{}
 }
 
 // PutH1 returns c to b's pool for the next request.
