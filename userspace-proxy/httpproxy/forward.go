@@ -207,7 +207,12 @@ var errBackendBody = errors.New("read response body")
 
 // copyBody streams the response body. Responses of unknown length (SSE, MCP,
 // gRPC streams, chunked) are flushed after every read so nothing waits in a
-// buffer; sized ones go through net/http's buffered writer. A stream that
+// buffer; sized ones go through net/http's buffered writer, flushed when a
+// read came short of both its buffer and what the backend still owes: the
+// transport's buffer is then drained (HTTP/2's stream pipe and the HTTP/1.1
+// pool's bufio.Reader return what they hold), and the next read may wait
+// on a backend that paused mid-body (the fast path's readAtHand). A body
+// that came whole adds no flush: its last read owes nothing. A stream that
 // probably waits for its next event (its last read was small:
 // streamWaitBelow) waits in a read into a small probe, without a copy
 // buffer, and passes on what it brought before it reads again: a read
@@ -217,13 +222,13 @@ var errBackendBody = errors.New("read response body")
 // what arrives waits in the transport's own buffers.
 func (h *Handler) copyBody(w http.ResponseWriter, resp *http.Response, be *upstream.Backend) error {
 	flush := resp.ContentLength < 0 || strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
-	var flusher http.Flusher
+	flusher, _ := w.(http.Flusher)
 	var probe *[probeSize]byte // streams only: it escapes, an allocation
-	if flush {
-		flusher, _ = w.(http.Flusher)
+	if flush && flusher != nil {
 		probe = new([probeSize]byte)
 	}
-	if flusher != nil && !isGRPCType(resp.Header) {
+	owed := resp.ContentLength // sized answers: what the backend has yet to send
+	if probe != nil && !isGRPCType(resp.Header) {
 		// The head goes now, as on the fast path: net/http's server sends
 		// it with the first write, and a stream may wait long for its
 		// first event while its app waits for the head (an EventSource
@@ -236,7 +241,7 @@ func (h *Handler) copyBody(w http.ResponseWriter, resp *http.Response, be *upstr
 	for {
 		var bp *[]byte
 		var p []byte
-		if flusher != nil && last < streamWaitBelow {
+		if probe != nil && last < streamWaitBelow {
 			p = probe[:]
 		} else {
 			bp = h.bufs.Get()
@@ -247,9 +252,11 @@ func (h *Handler) copyBody(w http.ResponseWriter, resp *http.Response, be *upstr
 		if bp == nil && n == len(p) {
 			last = streamWaitBelow
 		}
+		owed -= int64(n)
 		var werr error
 		if n > 0 {
-			if _, werr = w.Write(p[:n]); werr == nil && flusher != nil {
+			_, werr = w.Write(p[:n])
+			if werr == nil && flusher != nil && (probe != nil || n < len(p) && owed > 0) {
 				flusher.Flush()
 			}
 		}

@@ -141,6 +141,60 @@ func TestStreamHeadNotHeld(t *testing.T) {
 	}
 }
 
+// TestSizedHeadNotHeld: the head and first bytes of a sized answer reach
+// an HTTP/2 app while the backend pauses mid-body. net/http's server held
+// them in its 4 KiB buffer until the rest came.
+func TestSizedHeadNotHeld(t *testing.T) {
+	for _, proto := range []snapshot.Protocol{snapshot.ProtocolH2C, snapshot.ProtocolHTTP11} {
+		t.Run(string(proto), func(t *testing.T) {
+			rest := make(chan struct{})
+			ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Length", "200")
+				io.WriteString(w, strings.Repeat("a", 100))
+				w.(http.Flusher).Flush()
+				select {
+				case <-rest:
+					io.WriteString(w, strings.Repeat("b", 100))
+				case <-r.Context().Done():
+				}
+			}))
+			f := newFixture(t, Config{}, snapshot.Backend{Protocol: proto, Endpoints: []snapshot.Endpoint{ep}})
+			c := f.serveL7(true)
+			first := make(chan string, 1)
+			var resp *http.Response
+			go func() {
+				var err error
+				if resp, err = c.Get("http://echo.b.svc/sized"); err != nil {
+					t.Error(err)
+					first <- ""
+					return
+				}
+				b := make([]byte, 100)
+				_, err = io.ReadFull(resp.Body, b)
+				first <- fmt.Sprint(string(b), err)
+			}()
+			select {
+			case got := <-first:
+				close(rest)
+				if want := strings.Repeat("a", 100) + "<nil>"; got != want {
+					t.Errorf("first bytes %q, want %q", got, want)
+				}
+			case <-time.After(10 * time.Second):
+				t.Error("the head and first bytes did not arrive before the rest of the body")
+				close(rest)
+				<-first
+			}
+			if resp == nil {
+				return
+			}
+			defer resp.Body.Close()
+			if b, err := io.ReadAll(resp.Body); string(b) != strings.Repeat("b", 100) || err != nil {
+				t.Errorf("rest %q, %v", b, err)
+			}
+		})
+	}
+}
+
 // TestStreamedBodyAfterRefusedConnect: a request whose body streams (an
 // HTTP/2 upload, a gRPC call: no Content-Length) goes to another endpoint
 // when its endpoint refuses the connection, as one with a sized body
