@@ -490,6 +490,24 @@ func TestHostlessRequestNamesTheService(t *testing.T) {
 	}
 }
 
+// TestUpgradeIgnoredInHTTP10: an HTTP/1.0 request's Upgrade is ignored
+// (RFC 9110 §7.8: a server MUST), on the fast path and net/http's alike:
+// the backend gets an ordinary request, not a WebSocket upgrade.
+func TestUpgradeIgnoredInHTTP10(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(echoHeaders))
+	f := newFixture(t, Config{}, snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: []snapshot.Endpoint{ep}})
+	f.serveL7(false)
+	for front, c := range map[string]*client{"fast": f.dial(), "nethttp": f.dialL7()} {
+		c.send("GET / HTTP/1.0\r\nHost: echo.b.svc\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n" +
+			"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n")
+		resp, body := c.read(http.MethodGet)
+		if resp.StatusCode != http.StatusOK || field(body, "Upgrade") != "" || field(body, "Connection") != "" {
+			t.Errorf("%s: %s; the backend got Upgrade %q, Connection %q; want 200 and neither",
+				front, resp.Status, field(body, "Upgrade"), field(body, "Connection"))
+		}
+	}
+}
+
 // echoHead is a raw HTTP/1.1 backend that answers each request with its
 // head as it arrived (the request must have no body).
 func echoHead(c net.Conn) {

@@ -484,8 +484,11 @@ func removeHopByHop(h http.Header) {
 	}
 }
 
+// isWebSocketUpgrade reports an HTTP/1.1 WebSocket upgrade. An HTTP/1.0
+// request's Upgrade is ignored (RFC 9110 §7.8: a server MUST), and goes
+// with the other hop-by-hop fields.
 func isWebSocketUpgrade(r *http.Request) bool {
-	return r.ProtoMajor == 1 && headerHasToken(r.Header["Connection"], "upgrade") &&
+	return r.ProtoMajor == 1 && r.ProtoMinor >= 1 && headerHasToken(r.Header["Connection"], "upgrade") &&
 		strings.EqualFold(r.Header.Get("Upgrade"), "websocket")
 }
 
