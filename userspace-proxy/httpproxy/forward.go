@@ -19,6 +19,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
+	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
@@ -57,7 +58,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 	stop := noop
 	if r.ProtoAtLeast(1, 1) {
 		var trace *httptrace.ClientTrace
-		trace, stop = informational(r.Context(), w)
+		trace, stop = h.informational(r.Context(), w)
 		out = out.WithContext(httptrace.WithClientTrace(out.Context(), trace))
 	}
 	resp, c, done, err := h.roundTrip(x, be.RoundTripper(WireFor(be, r.ProtoMajor, websocket)), out, c)
@@ -133,52 +134,118 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 }
 
 // informational passes the backend's 1xx answers (103 Early Hints, 102)
-// to the client, as the fast path does; 100 Continue is the server's own
-// to send. The transports call it before they return the final answer,
-// while the handler waits for it, but HTTP/2's calls it from its
-// connection's read loop, which may still deliver a 1xx after the round
-// trip ended (the client left, a timeout passed): stop, called before the
-// handler writes anything else, ends the passing. Past it, w is being
-// written by the handler or finished, and net/http then panics on the
-// read loop, where nothing recovers: the whole proxy would end. A 1xx
-// sent as the app's stream ends leaves w's header as it is: net/http's
-// HTTP/2 server may still be writing it out.
-func informational(ctx context.Context, w http.ResponseWriter) (trace *httptrace.ClientTrace, stop func()) {
-	var mu sync.Mutex
-	stopped := false
-	budget := hintsBudget(http.DefaultMaxHeaderBytes)
-	got := func(code int, h textproto.MIMEHeader) error {
-		if code == http.StatusContinue {
-			return nil
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if stopped {
-			return nil
-		}
-		if err := budget.spend(h); err != nil {
-			return err
-		}
+// to the client, as the fast path does (passHints); 100 Continue is the
+// server's own to send. A 1xx sent as the app's stream ends leaves w's
+// header as it is, and is the last: net/http's HTTP/2 server may still be
+// writing it out.
+func (h *Handler) informational(ctx context.Context, w http.ResponseWriter) (trace *httptrace.ClientTrace, stop func()) {
+	return h.passHints(func(code int, fields textproto.MIMEHeader) bool {
 		hdr := w.Header()
-		for k, vv := range h {
+		for k, vv := range fields {
 			hdr[k] = vv
 		}
 		w.WriteHeader(code)
 		if ctx.Err() != nil {
-			stopped = true
-			return nil
+			return false
 		}
-		for k := range h {
+		for k := range fields {
 			delete(hdr, k)
 		}
+		return true
+	})
+}
+
+// passHints passes the 1xx answers of a round trip through net/http's
+// Transport to the app with write, in order, until stop; write reports
+// whether more may follow. The Transports call Got1xxResponse before they
+// return the final answer, but HTTP/2's calls it from its connection's
+// read loop: a write there that waits for an app that does not read held
+// every stream of the upstream connection. So the answers wait in a queue
+// (bounded: hintsBudget) that a goroutine writes, started by the first to
+// come. The read loop may also deliver a 1xx after the round trip ended
+// (the client left, a timeout passed): stop, called before the handler
+// writes anything else, takes no more, and returns once those that came
+// before are written, ahead of the final answer; past it, net/http panics
+// on a write to a finished w.
+func (h *Handler) passHints(write func(code int, fields textproto.MIMEHeader) bool) (trace *httptrace.ClientTrace, stop func()) {
+	q := &hintQueue{write: write, panics: h.cfg.Panics, budget: hintsBudget(http.DefaultMaxHeaderBytes)}
+	return &httptrace.ClientTrace{Got1xxResponse: q.got}, q.stop
+}
+
+// hintQueue is passHints' queue.
+type hintQueue struct {
+	write   func(code int, fields textproto.MIMEHeader) bool
+	panics  *contain.Reporter
+	mu      sync.Mutex
+	waiting []hint
+	budget  hintsBudget
+	stopped bool
+	// writer is closed when the goroutine writing the queue ends; nil
+	// while none runs.
+	writer chan struct{}
+}
+
+type hint struct {
+	code   int
+	fields textproto.MIMEHeader
+}
+
+func (q *hintQueue) got(code int, fields textproto.MIMEHeader) error {
+	if code == http.StatusContinue {
 		return nil
 	}
-	stop = func() {
-		mu.Lock()
-		defer mu.Unlock()
-		stopped = true
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.stopped {
+		return nil
 	}
-	return &httptrace.ClientTrace{Got1xxResponse: got}, stop
+	if err := q.budget.spend(fields); err != nil {
+		return err
+	}
+	q.waiting = append(q.waiting, hint{code, fields})
+	if q.writer == nil {
+		q.writer = make(chan struct{})
+		go q.run()
+	}
+	return nil
+}
+
+func (q *hintQueue) run() {
+	var err error
+	defer q.panics.Recover("1xx answers", &err, func() { q.next(false) })
+	more := true
+	for next, ok := q.next(more); ok; next, ok = q.next(more) {
+		more = q.write(next.code, next.fields)
+	}
+}
+
+// next takes the next answer to write; when none waits, or no more may
+// follow (!more, stop), it ends the writer.
+func (q *hintQueue) next(more bool) (hint, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if !more {
+		q.stopped = true
+		q.waiting = nil
+	}
+	if len(q.waiting) == 0 {
+		close(q.writer)
+		q.writer = nil
+		return hint{}, false
+	}
+	next := q.waiting[0]
+	q.waiting = q.waiting[1:]
+	return next, true
+}
+
+func (q *hintQueue) stop() {
+	q.mu.Lock()
+	q.stopped = true
+	writer := q.writer
+	q.mu.Unlock()
+	if writer != nil {
+		<-writer
+	}
 }
 
 // hintsBudget is what is left of the bound on the heads of the 1xx

@@ -35,7 +35,7 @@ func (f *fixture) serveL7(h2c bool) *http.Client {
 	srv.Protocols.SetUnencryptedHTTP2(true)
 	go srv.Serve(l)
 	f.t.Cleanup(func() { srv.Close() })
-	f.l7 = l.Addr().String()
+	f.l7 = l
 	tr := &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
@@ -294,7 +294,7 @@ func TestUploadAnsweredWhileSent(t *testing.T) {
 			}))
 			f := newFixture(t, Config{}, snapshot.Backend{Protocol: proto, Endpoints: []snapshot.Endpoint{ep}})
 			f.serveL7(false)
-			c, err := net.Dial("tcp", f.l7)
+			c, err := net.Dial("tcp", f.l7.Addr().String())
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -720,6 +720,63 @@ func TestInformationalBounded(t *testing.T) {
 	}
 }
 
+// TestInformationalToStalledApp: an app that stops reading while an h2c
+// backend sends it large 1xx answers does not hold another request on the
+// same upstream connection, from the fast path and net/http's. Both wrote
+// the 1xx from the HTTP/2 Transport's read loop, which then waited on the
+// stalled app, and every stream of the connection with it.
+func TestInformationalToStalledApp(t *testing.T) {
+	for _, front := range []string{"fast", "nethttp"} {
+		t.Run(front, func(t *testing.T) {
+			flooded := make(chan struct{})
+			ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/other" {
+					<-flooded // its answer follows the 1xx on the connection
+					io.WriteString(w, "ok")
+					return
+				}
+				w.Header().Set("Link", strings.Repeat("a", 8<<10)) // larger than HPACK's table: sent whole each time
+				for range 120 {                                    // 960 KiB, under the bound of TestInformationalBounded
+					w.WriteHeader(http.StatusEarlyHints)
+				}
+				close(flooded)
+				<-r.Context().Done()
+			}))
+			f := newFixture(t, Config{}, snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: []snapshot.Endpoint{ep}})
+			c := f.serveL7(true)
+			ln, dial := f.ln, f.dial
+			if front == "nethttp" {
+				ln, dial = f.l7, f.dialL7
+			}
+			smallBuffers(t, ln) // the proxy's end of the connection: the 1xx fill it
+			stalled := dial()
+			smallBuffers(t, stalled.c)
+			stalled.send("GET /flood HTTP/1.1\r\nHost: x\r\n\r\n") // and never read
+			answered := make(chan string, 1)
+			go func() {
+				resp, err := c.Get("http://echo.b.svc/other")
+				if err != nil {
+					answered <- err.Error()
+					return
+				}
+				defer resp.Body.Close()
+				b, err := io.ReadAll(resp.Body)
+				answered <- fmt.Sprint(string(b), err)
+			}()
+			select {
+			case got := <-answered:
+				if got != "ok<nil>" {
+					t.Errorf("other request: %s, want ok", got)
+				}
+			case <-time.After(10 * time.Second):
+				t.Error("the other request waited on the stalled app")
+				stalled.c.Close()
+				<-answered
+			}
+		})
+	}
+}
+
 // TestDrain: a waiting connection closes at once; a busy one finishes its
 // answer, then closes.
 func TestDrain(t *testing.T) {

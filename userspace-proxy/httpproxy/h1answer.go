@@ -416,30 +416,13 @@ func (s *h1Conn) informational(req *http.Request, resp *http.Response) {
 
 // informationalTrace passes the 1xx answers of a round trip through
 // net/http's Transport (to an h2 or h2c backend) as informational does,
-// until stop. HTTP/2's calls it from its connection's read loop, which may
-// still deliver one after the round trip returned: written then, it would
-// land in the answer, or in the next request's.
+// until stop (passHints): written after it, one would land in the answer,
+// or in the next request's.
 func (s *h1Conn) informationalTrace(req *http.Request) (trace *httptrace.ClientTrace, stop func()) {
-	stopped := false // under wmu
-	budget := hintsBudget(http.DefaultMaxHeaderBytes)
-	got := func(code int, h textproto.MIMEHeader) error {
-		s.wmu.Lock()
-		defer s.wmu.Unlock()
-		if stopped {
-			return nil
-		}
-		if err := budget.spend(h); err != nil {
-			return err
-		}
-		s.writeInformational(req, &http.Response{StatusCode: code, Header: http.Header(h)})
-		return nil
-	}
-	stop = func() {
-		s.wmu.Lock()
-		defer s.wmu.Unlock()
-		stopped = true
-	}
-	return &httptrace.ClientTrace{Got1xxResponse: got}, stop
+	return s.h.passHints(func(code int, fields textproto.MIMEHeader) bool {
+		s.informational(req, &http.Response{StatusCode: code, Header: http.Header(fields)})
+		return true
+	})
 }
 
 // writeInformational writes informational's answer; under wmu.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -44,8 +46,8 @@ type fixture struct {
 	ln    net.Listener
 	logs  *syncbuf.Buffer
 	wg    sync.WaitGroup
-	// l7 is the address of the server serveL7 started.
-	l7 string
+	// l7 is the listener of the server serveL7 started.
+	l7 net.Listener
 }
 
 func newFixture(t *testing.T, cfg Config, be snapshot.Backend) *fixture {
@@ -145,7 +147,7 @@ func (f *fixture) dial() *client {
 // dialL7 is dial to the server serveL7 started: net/http's path.
 func (f *fixture) dialL7() *client {
 	f.t.Helper()
-	return f.dialTo(f.l7)
+	return f.dialTo(f.l7.Addr().String())
 }
 
 func (f *fixture) dialTo(addr string) *client {
@@ -231,6 +233,30 @@ func serveRaw(t *testing.T, handle func(net.Conn)) snapshot.Endpoint {
 	}
 	tcpserve.Serve(t, l, handle)
 	return snapshot.Endpoint{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true, Serving: true}
+}
+
+// smallBuffers gives c (a connection, or a listener: the connections it
+// accepts from then on inherit them) the kernel's least socket buffers, so
+// that a peer that stops reading soon holds up its writer.
+func smallBuffers(t *testing.T, c any) {
+	t.Helper()
+	rc, err := c.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		for _, opt := range []int{syscall.SO_SNDBUF, syscall.SO_RCVBUF} {
+			if err := syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, opt, 0); err != nil {
+				serr = fmt.Errorf("setsockopt %d: %w", opt, err)
+			}
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if serr != nil {
+		t.Fatal(serr)
+	}
 }
 
 // counter reads a counter by name and label values.
