@@ -108,8 +108,9 @@ func Classify(b []byte) (k Kind, more bool) {
 // registry spells them all (WebDAV's PROPFIND, QUERY), in capitals and
 // dashes, at most maxMethod long, so that the short lowercase greetings
 // of other protocols are judged at once, not when the line or the
-// timeout comes; lines of theirs that start alike (Redis' "SET k v") end
-// otherwise.
+// timeout comes. A line yet to end is judged as far as it goes: bytes no
+// request line holds there (Redis' "SET k v", a control byte) decide at
+// once, and only a prefix of a request line waits for more.
 func requestLine(b []byte) (Kind, bool) {
 	i := 0
 	for i < len(b) && i <= maxMethod && ('A' <= b[i] && b[i] <= 'Z' || b[i] == '-') {
@@ -118,21 +119,35 @@ func requestLine(b []byte) (Kind, bool) {
 	switch {
 	case i == 0, i > maxMethod, i < len(b) && b[i] != ' ':
 		return Opaque, false
+	case i == len(b):
+		return Opaque, true
 	}
-	end := bytes.IndexByte(b, '\n')
-	if end < 0 {
-		return Opaque, len(b) < readSize
+	line := b[i+1:]
+	end := bytes.IndexByte(line, '\n')
+	if end >= 0 {
+		line = bytes.TrimSuffix(line[:end], []byte("\r"))
 	}
-	target, proto, ok := bytes.Cut(bytes.TrimSuffix(b[i+1:end], []byte("\r")), []byte(" "))
-	if !ok || len(target) == 0 || (string(proto) != "HTTP/1.1" && string(proto) != "HTTP/1.0") {
-		return Opaque, false
-	}
+	target, proto, spaced := bytes.Cut(line, []byte(" "))
 	for _, c := range target {
 		if c <= ' ' || c == 0x7f {
 			return Opaque, false
 		}
 	}
-	return HTTP1, false
+	if end >= 0 {
+		if len(target) == 0 || (string(proto) != "HTTP/1.1" && string(proto) != "HTTP/1.0") {
+			return Opaque, false
+		}
+		return HTTP1, false
+	}
+	if spaced && (len(target) == 0 || !isPrefixOf(proto, "HTTP/1.1\r") && !isPrefixOf(proto, "HTTP/1.0\r")) {
+		return Opaque, false
+	}
+	return Opaque, len(b) < readSize
+}
+
+// isPrefixOf reports whether b is a prefix of p.
+func isPrefixOf(b []byte, p string) bool {
+	return len(b) <= len(p) && string(b) == p[:len(b)]
 }
 
 // maxMethod bounds the method requestLine takes: the longest registered,

@@ -35,6 +35,13 @@ func TestClassify(t *testing.T) {
 		{"extension method, line to come", "PROPFIND /dav/ HTTP/1", Opaque, true},
 		{"no line within a read", "PROPFIND /" + strings.Repeat("d", readSize), Opaque, false},
 		{"redis inline", "SET k v\r\n", Opaque, false},
+		{"redis inline, line to come", "SET k v", Opaque, false},
+		{"extension method, version to come", "PROPFIND /dav/ HTTP/1.1\r", Opaque, true},
+		{"extension method, target to come", "PROPFIND /da", Opaque, true},
+		{"extension method, space to come", "PROPFIND", Opaque, true},
+		{"not a version, line to come", "PROPFIND /dav/ HTTP/2", Opaque, false},
+		{"control byte in target, line to come", "FOO /a\x01", Opaque, false},
+		{"no target, line to come", "FOO  /a", Opaque, false},
 		{"token without space", "PING\r\n", Opaque, false},
 		{"lowercase greeting", "hello", Opaque, false},
 		{"longer than a method", strings.Repeat("A", 21), Opaque, false},
@@ -49,6 +56,26 @@ func TestClassify(t *testing.T) {
 			t.Errorf("%s: Classify(%q) = %v, %v; want %v, %v", c.name, c.in, k, more, c.kind, c.more)
 		}
 	}
+}
+
+// FuzzClassifyPrefixes: the bytes of a request line Classify takes for
+// HTTP/1 are never judged opaque before they are all there — a client
+// that sends its request in pieces is still sniffed as HTTP.
+func FuzzClassifyPrefixes(f *testing.F) {
+	for _, seed := range []string{"GET / HTTP/1.1\r\n", "PROPFIND /dav/ HTTP/1.1\r\n", "QUERY /q HTTP/1.0\n",
+		"M-SEARCH * HTTP/1.1\r\n", "UPDATEREDIRECTREF /a%20b?c=d HTTP/1.1\r\n", "SET k v\r\n"} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if k, _ := Classify(b); k != HTTP1 {
+			return
+		}
+		for n := range len(b) {
+			if k, more := Classify(b[:n]); k != HTTP1 && !more {
+				t.Fatalf("Classify(%q) = %v, %v; its request line %q is HTTP/1", b[:n], k, more, b)
+			}
+		}
+	})
 }
 
 // TestSniffReplays: what Sniff read comes back first, byte for byte, also
