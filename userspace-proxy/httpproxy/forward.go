@@ -257,7 +257,10 @@ func (q *hintQueue) stop() {
 type hintsBudget int
 
 // spend takes h, a 1xx answer's fields, from b, and fails past its end.
+// Its :status counts too, as net/http's HTTP/2 Transport counts it when
+// nobody reads the 1xx: answers without fields would cost nothing.
 func (b *hintsBudget) spend(h textproto.MIMEHeader) error {
+	*b -= hintsBudget(len(":status") + len("103") + 32)
 	for k, vv := range h {
 		for _, v := range vv {
 			*b -= hintsBudget(len(k) + len(v) + 32) // a field's size in HPACK (RFC 7541 §4.1)
