@@ -18,7 +18,7 @@ import (
 //
 // When its ejection ends, an endpoint gets one connection at a time (a
 // probe) until a connect settles it: a failed one ejects it again for
-// twice as long, up to Max; one that succeeds ends the ejection. An
+// twice as long, up to Max; one that reaches it ends the ejection. An
 // endpoint no longer ready in the snapshot is forgotten (Retain), so a pod
 // that restarts and turns ready again starts afresh. When every ready
 // endpoint of a backend is ejected, its Picker ignores the ejections:
@@ -46,10 +46,9 @@ type ejection struct {
 
 // probeWait is how long a probe handed out may go unsettled before another
 // is: longer than a connect may take (dial.Config's timeout, 5 s); and some
-// settle nothing — a connect that failed for want of this node, a
-// certificate that failed verification. (One whose request took a
-// connection already open, or whose caller left, hands the probe back:
-// Reused, Canceled.)
+// settle nothing — a connect that failed for want of this node. (One whose
+// request took a connection already open, or whose caller left, hands the
+// probe back: Reused, Canceled.)
 const probeWait = 15 * time.Second
 
 // NewHealth returns a Health that ejects an endpoint for base after its
@@ -91,7 +90,10 @@ func (h *Health) Failed(ep netip.AddrPort, now time.Time) time.Duration {
 	return d
 }
 
-// OK records a connect to ep that succeeded: its ejection, if any, ends.
+// OK records a connect to ep that reached it — it succeeded, or the
+// endpoint answered and failed it (a TLS handshake it refused with an
+// alert, a certificate that failed verification): its ejection, if any,
+// ends.
 func (h *Health) OK(ep netip.AddrPort) {
 	if h.n.Load() == 0 {
 		return

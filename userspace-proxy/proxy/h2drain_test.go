@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -335,6 +336,78 @@ func TestRelayedH2BackAfterCanceledProbe(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%v after the probe's app left, the connection still reaches zone-b", hangGuard)
+		}
+	}
+}
+
+// TestRelayedH2BackAfterProbeVerifyFailed: when the connect that probes
+// the zone's endpoint, its ejection over, reaches it but its certificate
+// fails verification, the endpoint takes connections again as one never
+// ejected does (its TLS policy fails them, and the probe's app gets 502):
+// once its certificate is fixed, an HTTP/1.1 app's next request reaches
+// it, and the relayed HTTP/2 connection on another zone's endpoint is
+// asked back. Before, the probe stayed out for 15 s, the next request went
+// to the other zone, and no event came after it: the connection stayed
+// there until the next snapshot or ejection.
+func TestRelayedH2BackAfterProbeVerifyFailed(t *testing.T) {
+	checkNoLeaks(t)
+	here := closedPort(t)
+	// The relay's dial to the zone's endpoint is refused, which ejects
+	// it; the next one is the probe.
+	released := make(chan struct{})
+	close(released)
+	g := &gatedDialer{to: here, pass: 1, dialing: make(chan struct{}), release: released}
+	e := newEnv(t, envOptions{ejectFor: 100 * time.Millisecond, rebalanceSpread: 20 * time.Millisecond,
+		dialer: func(d dial.Dialer) dial.Dialer { g.d = d; return g }})
+	there := startEcho(t, "zone-b", serverTLS(e.pki.server)).addr
+	eps := endpoints(here, there)
+	eps[0].Zone, eps[1].Zone, eps[1].Fallback = "zone-a", "zone-b", snapshot.FallbackFar
+	relayed, sticky := netip.MustParseAddrPort("10.96.9.43:80"), netip.MustParseAddrPort("10.96.9.44:80")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "web", vip: relayed, backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP2, TLS: tlsPolicy(e), Endpoints: eps}},
+		service{name: "sticky", vip: sticky, backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, TLS: tlsPolicy(e), Endpoints: eps,
+			SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "session"}}}))
+	c := e.client(relayed, true)
+	if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod != "zone-b" {
+		t.Fatalf("the zone's endpoint refusing: reached %q, want zone-b", rep.Pod)
+	}
+	// The zone's endpoint comes back with a certificate the policy's CA
+	// did not sign.
+	var fixed atomic.Bool
+	startEchoOn(t, here.String(), echo.Config{Pod: "zone-a", TLS: &tls.Config{
+		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			if fixed.Load() {
+				return &e.pki.server.TLS, nil
+			}
+			return &e.pki.otherSrv.TLS, nil
+		}}})
+	h1 := e.client(sticky, false)
+	for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
+		// Once the ejection is over, a request takes the probe.
+		code, _ := get(t, h1, "http://sticky.b.svc/")
+		select {
+		case <-g.dialing:
+			if code != http.StatusBadGateway {
+				t.Fatalf("the probe met the untrusted certificate: %d, want 502", code)
+			}
+		default:
+			if time.Now().After(deadline) {
+				t.Fatalf("%v on, no request probed the zone's endpoint", hangGuard)
+			}
+			continue
+		}
+		break
+	}
+	fixed.Store(true)
+	if _, rep := get(t, h1, "http://sticky.b.svc/"); rep.Pod != "zone-a" {
+		t.Errorf("after the probe met the untrusted certificate, then the certificate was fixed: reached %q, want zone-a", rep.Pod)
+	}
+	for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
+		if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod == "zone-a" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v after the probe met the untrusted certificate, the connection still reaches zone-b", hangGuard)
 		}
 	}
 }

@@ -522,21 +522,31 @@ func (w *wireState) dial(ctx context.Context, ep snapshot.Endpoint, alpn []strin
 		}
 		if upstreamtls.IsVerifyError(err) {
 			m.handshakes.WithLabelValues("verify_failed").Inc()
-			return nil, fmt.Errorf("tls to %s (%s): %w", ep.Addr, w.tls.Settings().ServerName, err)
+			err = fmt.Errorf("tls to %s (%s): %w", ep.Addr, w.tls.Settings().ServerName, err)
+		} else {
+			m.handshakes.WithLabelValues("failed").Inc()
+			err = fmt.Errorf("%w to %s (%s): %w", errHandshake, ep.Addr, w.tls.Settings().ServerName, err)
+			if ctx.Err() == nil && brokeOff(err) {
+				// The endpoint reset or closed the connection before the
+				// handshake ended (its pod killed, its TLS listener gone): as a
+				// refused connect, nothing went out, another endpoint may
+				// serve, and this one is ejected. A certificate that fails
+				// verification, or an alert, fails the connection as before:
+				// the TLS policy that causes it is most often every
+				// endpoint's, so trying others would triple the handshakes
+				// of a misconfigured backend and eject every endpoint.
+				w.eject(ep, err)
+				return nil, &dialError{err: err}
+			}
 		}
-		m.handshakes.WithLabelValues("failed").Inc()
-		err = fmt.Errorf("%w to %s (%s): %w", errHandshake, ep.Addr, w.tls.Settings().ServerName, err)
-		if ctx.Err() == nil && brokeOff(err) {
-			// The endpoint reset or closed the connection before the
-			// handshake ended (its pod killed, its TLS listener gone): as a
-			// refused connect, nothing went out, another endpoint may
-			// serve, and this one is ejected. A certificate that fails
-			// verification, or an alert, fails the connection as before:
-			// the TLS policy that causes it is most often every
-			// endpoint's, so trying others would triple the handshakes
-			// of a misconfigured backend and eject every endpoint.
-			w.eject(ep, err)
-			return nil, &dialError{err: err}
+		if ctx.Err() == nil {
+			// The endpoint answered the handshake (a certificate, an
+			// alert): it takes connections, which is all Health judges,
+			// so its ejection ends as for a connect that succeeds, and
+			// it is where an endpoint never ejected is — the TLS policy
+			// fails its connections. Unsettled, its probe held it out
+			// for probeWait, and nothing told what waited for it.
+			w.p.health.OK(ep.Addr)
 		}
 		return nil, err
 	}
