@@ -45,10 +45,9 @@ type ejection struct {
 }
 
 // probeWait is how long a probe handed out may go unsettled before another
-// is: longer than a connect may take (dial.Config's timeout, 5 s); and some
-// settle nothing — a connect that failed for want of this node. (One whose
-// request took a connection already open, or whose caller left, hands the
-// probe back: Reused, Canceled.)
+// is: longer than a connect may take (dial.Config's timeout, 5 s). A probe
+// whose connect tells nothing of the endpoint is handed back (Reused,
+// Canceled, FailedHere): this is for one lost.
 const probeWait = 15 * time.Second
 
 // NewHealth returns a Health that ejects an endpoint for base after its
@@ -117,6 +116,11 @@ func (h *Health) Reused(ep netip.AddrPort) { h.handBack(ep) }
 // context ended): it tells nothing of ep, so a probe out for ep is handed
 // back (handBack).
 func (h *Health) Canceled(ep netip.AddrPort) { h.handBack(ep) }
+
+// FailedHere records that a connect to ep failed for want of this node (no
+// source address or port left, out of file descriptors, a local refusal):
+// it tells nothing of ep, so a probe out for ep is handed back (handBack).
+func (h *Health) FailedHere(ep netip.AddrPort) { h.handBack(ep) }
 
 // handBack hands a probe out for ep back, for the next connection to take,
 // and calls back when the probe was awaited: what waited for ep to take

@@ -88,8 +88,9 @@ func TestEjection(t *testing.T) {
 
 // TestBack: Health tells when an ejected endpoint may take connections
 // again — its ejection over, a probe that Standby found out handed back
-// (its request took a connection already open, or its caller left during
-// the connect), or a connect to it that succeeded — and at no other time.
+// (its request took a connection already open, its caller left during
+// the connect, or the connect failed for want of this node), or a connect
+// to it that succeeded — and at no other time.
 // A probe handed back told nothing before: what stood by for the
 // endpoint waited for an unrelated event.
 func TestBack(t *testing.T) {
@@ -110,7 +111,7 @@ func TestBack(t *testing.T) {
 		if n := backs.Load(); n != 1 {
 			t.Fatalf("ejection over: told %d times, want once", n)
 		}
-		for i, handBack := range []func(netip.AddrPort){h.Reused, h.Canceled} {
+		for i, handBack := range []func(netip.AddrPort){h.Reused, h.Canceled, h.FailedHere} {
 			for _, standby := range []bool{false, true} {
 				if c := p.Pick(); c.Endpoint != eps[0] {
 					t.Fatalf("probe %d not handed out: picked %s", i, c.Host)
@@ -132,8 +133,8 @@ func TestBack(t *testing.T) {
 		h.OK(eps[1].Addr) // never ejected
 		h.OK(eps[0].Addr)
 		synctest.Wait()
-		if n := backs.Load(); n != 4 {
-			t.Errorf("after connects to a healthy endpoint and the one ejected: told %d times in all, want 4", n)
+		if n := backs.Load(); n != 5 {
+			t.Errorf("after connects to a healthy endpoint and the one ejected: told %d times in all, want 5", n)
 		}
 	})
 }

@@ -382,21 +382,8 @@ func TestRelayedH2BackAfterProbeVerifyFailed(t *testing.T) {
 			return &e.pki.otherSrv.TLS, nil
 		}}})
 	h1 := e.client(sticky, false)
-	for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
-		// Once the ejection is over, a request takes the probe.
-		code, _ := get(t, h1, "http://sticky.b.svc/")
-		select {
-		case <-g.dialing:
-			if code != http.StatusBadGateway {
-				t.Fatalf("the probe met the untrusted certificate: %d, want 502", code)
-			}
-		default:
-			if time.Now().After(deadline) {
-				t.Fatalf("%v on, no request probed the zone's endpoint", hangGuard)
-			}
-			continue
-		}
-		break
+	if code := getUntilDialed(t, g, h1, "http://sticky.b.svc/"); code != http.StatusBadGateway {
+		t.Fatalf("the probe met the untrusted certificate: %d, want 502", code)
 	}
 	fixed.Store(true)
 	if _, rep := get(t, h1, "http://sticky.b.svc/"); rep.Pod != "zone-a" {
@@ -408,6 +395,72 @@ func TestRelayedH2BackAfterProbeVerifyFailed(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("%v after the probe met the untrusted certificate, the connection still reaches zone-b", hangGuard)
+		}
+	}
+}
+
+// TestRelayedH2BackAfterProbeFailedHere: when the connect that probes the
+// zone's endpoint, its ejection over, fails for want of this node (here,
+// no such source address), the probe goes to the next connection: the
+// relayed HTTP/2 connection on another zone's endpoint is asked back and
+// reaches the zone, as does an HTTP/1.1 app's next request. Before, the
+// probe stayed out for 15 s, the next request went to the other zone, and
+// no event came after it: the connection stayed there until the next
+// snapshot or ejection.
+func TestRelayedH2BackAfterProbeFailedHere(t *testing.T) {
+	checkNoLeaks(t)
+	here, there := closedPort(t), startEcho(t, "zone-b", nil).addr
+	// The relay's dial to the zone's endpoint is refused, which ejects
+	// it; the next one, the probe, fails on this node.
+	released := make(chan struct{})
+	close(released)
+	g := &gatedDialer{to: here, pass: 1, from: netip.MustParseAddr("192.0.2.1"), dialing: make(chan struct{}), release: released}
+	e := newEnv(t, envOptions{ejectFor: 100 * time.Millisecond, rebalanceSpread: 20 * time.Millisecond,
+		dialer: func(d dial.Dialer) dial.Dialer { g.d = d; return g }})
+	eps := endpoints(here, there)
+	eps[0].Zone, eps[1].Zone, eps[1].Fallback = "zone-a", "zone-b", snapshot.FallbackFar
+	relayed, sticky := netip.MustParseAddrPort("10.96.9.45:80"), netip.MustParseAddrPort("10.96.9.46:80")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "web", vip: relayed, backend: snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: eps}},
+		service{name: "sticky", vip: sticky, backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: eps,
+			SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "session"}}}))
+	c := e.client(relayed, true)
+	if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod != "zone-b" {
+		t.Fatalf("the zone's endpoint refusing: reached %q, want zone-b", rep.Pod)
+	}
+	startEchoOn(t, here.String(), echo.Config{Pod: "zone-a"})
+	h1 := e.client(sticky, false)
+	getUntilDialed(t, g, h1, "http://sticky.b.svc/")
+	if got := e.counter("sockmesh_proxy_upstream_dials_total", map[string]string{"result": "dial_failed"}); got != 1 {
+		t.Fatalf("dials failed for want of this node: %v, want 1 (the probe)", got)
+	}
+	for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
+		if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod == "zone-a" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v after the probe failed for want of this node, the connection still reaches zone-b", hangGuard)
+		}
+	}
+	if _, rep := get(t, h1, "http://sticky.b.svc/"); rep.Pod != "zone-a" {
+		t.Errorf("after the probe failed for want of this node: reached %q, want zone-a", rep.Pod)
+	}
+}
+
+// getUntilDialed GETs url through c until a request makes the dial g
+// holds (the probe, once the endpoint's ejection is over), and returns
+// that request's status.
+func getUntilDialed(t *testing.T, g *gatedDialer, c *http.Client, url string) int {
+	t.Helper()
+	for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
+		code, _ := get(t, c, url)
+		select {
+		case <-g.dialing:
+			return code
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v on, no request made the dial held", hangGuard)
 		}
 	}
 }
@@ -557,11 +610,15 @@ func TestRelayedH2DialedAcrossSnapshot(t *testing.T) {
 
 // gatedDialer holds one dial — the first (to the endpoint at to, when
 // set) after pass others — until release is closed or the dial's context
-// ends, after closing dialing; the others go at once.
+// ends, after closing dialing; the others go at once. With from, the held
+// dial then binds its socket to from, an address no interface has, which
+// the kernel refuses (EADDRNOTAVAIL): a connect that fails for want of
+// this node.
 type gatedDialer struct {
 	d                dial.Dialer
 	to               netip.AddrPort
 	pass             int32
+	from             netip.Addr
 	dials            atomic.Int32
 	dialing, release chan struct{}
 }
@@ -572,6 +629,10 @@ func (g *gatedDialer) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn,
 		select {
 		case <-g.release:
 		case <-ctx.Done():
+		}
+		if g.from.IsValid() {
+			d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(g.from, 0))}
+			return d.DialContext(ctx, "tcp", ep.Addr.String())
 		}
 	}
 	return g.d.Dial(ctx, ep)

@@ -473,6 +473,8 @@ func (w *wireState) dialTCP(ctx context.Context, ep snapshot.Endpoint) (*tracked
 			w.p.health.Canceled(ep.Addr)
 		case endpointFault(err):
 			w.eject(ep, err)
+		default:
+			w.p.health.FailedHere(ep.Addr)
 		}
 		return nil, &dialError{err: err}
 	}
