@@ -112,9 +112,10 @@ func (h *Health) OK(ep netip.AddrPort) {
 // its pooled connections lived.
 func (h *Health) Reused(ep netip.AddrPort) { h.handBack(ep) }
 
-// Canceled records that a connect to ep ended because its caller left (its
-// context ended): it tells nothing of ep, so a probe out for ep is handed
-// back (handBack).
+// Canceled records that a connection to ep was given up because its
+// caller left (its context ended) while it connected, or waited for one of
+// ep's connections to come free: it tells nothing of ep, so a probe out
+// for ep is handed back (handBack).
 func (h *Health) Canceled(ep netip.AddrPort) { h.handBack(ep) }
 
 // FailedHere records that a connect to ep failed for want of this node (no

@@ -408,6 +408,94 @@ func TestEjectionEndsOverPooledConnections(t *testing.T) {
 	}
 }
 
+// TestProbeHandedBackByCanceledWait: a request that takes the probe of an
+// endpoint whose ejection is over, and whose app leaves while it waits for
+// one of the endpoint's connections (all MaxConnsPerEndpoint in use),
+// hands the probe to the next: once the connection comes back, the next
+// request reaches the endpoint. Before, the probe stayed out for 15 s,
+// and requests went to another zone's endpoint meanwhile.
+func TestProbeHandedBackByCanceledWait(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{ejectFor: 50 * time.Millisecond, maxConnsPerEndpoint: 1})
+	l := listenLocal(t)
+	here := l.Addr().(*net.TCPAddr).AddrPort()
+	s := echo.New(echo.Config{Pod: "zone-a", Namespace: "b", TLS: serverTLS(e.pki.server)})
+	go s.Serve(l)
+	t.Cleanup(func() { s.Close() })
+	there := startEcho(t, "zone-b", serverTLS(e.pki.server)).addr
+	eps := endpoints(here, there)
+	eps[0].Zone, eps[1].Zone, eps[1].Fallback = "zone-a", "zone-b", snapshot.FallbackFar
+	vWeb, vHere := netip.MustParseAddrPort("10.96.8.62:80"), netip.MustParseAddrPort("10.96.8.63:80")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "web", vip: vWeb, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: eps}},
+		service{name: "only-here", vip: vHere, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(here)}},
+	))
+	web := e.client(vWeb, false)
+	// A request holds the zone's endpoint's one connection: its body is
+	// still to come.
+	body, sendBody := io.Pipe()
+	held := make(chan string, 1)
+	go func() {
+		resp, err := web.Post("http://web.b.svc/", "text/plain", io.MultiReader(strings.NewReader("first"), body))
+		if err != nil {
+			held <- err.Error()
+			return
+		}
+		defer resp.Body.Close()
+		var rep echo.Report
+		json.NewDecoder(resp.Body).Decode(&rep)
+		held <- rep.Pod
+	}()
+	t.Cleanup(func() { sendBody.Close() })
+	if got := e.counterReaches("sockmesh_proxy_upstream_tls_handshakes_total", map[string]string{"result": "full"}, 1); got != 1 {
+		t.Fatalf("handshakes with the zone's endpoint: %v, want 1", got)
+	}
+	// Its listener closes, its connection serves on: a connect through
+	// another backend is refused and ejects it.
+	l.Close()
+	if code, _ := get(t, e.client(vHere, false), "http://only-here.b.svc/"); code != http.StatusServiceUnavailable {
+		t.Fatalf("the zone's endpoint not listening: status %d, want 503", code)
+	}
+	// Once its ejection is over, the next request takes the probe.
+	for deadline := time.Now().Add(hangGuard); e.counter("sockmesh_proxy_upstream_endpoints_ejected", nil) != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%v on, the zone's endpoint is still ejected", hangGuard)
+		}
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://web.b.svc/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		resp, err := web.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	// It holds the probe, and waits for the endpoint's connection.
+	if got := e.counterReaches("sockmesh_proxy_upstream_endpoints_ejected", nil, 1); got != 1 {
+		t.Fatalf("endpoints ejected or probed: %v, want 1", got)
+	}
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("the request waiting for the endpoint's connection was answered")
+	}
+	// The proxy saw it leave before the connection comes back.
+	if got := e.counterReaches("sockmesh_proxy_request_failures_total", map[string]string{"reason": "canceled"}, 1); got != 1 {
+		t.Fatalf("requests canceled: %v, want 1", got)
+	}
+	sendBody.Close()
+	if pod := <-held; pod != "zone-a" {
+		t.Fatalf("the request holding the connection: %q, want zone-a", pod)
+	}
+	if _, rep := get(t, web, "http://web.b.svc/"); rep.Pod != "zone-a" {
+		t.Errorf("after the app waiting with the probe left: reached %q, want zone-a", rep.Pod)
+	}
+}
+
 // TestSessionFailover: under session persistence, a request whose connect
 // is refused goes to another endpoint, as any request does, and the
 // session it gets names the endpoint that answered: one that carries no

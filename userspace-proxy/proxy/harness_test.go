@@ -266,6 +266,8 @@ type envOptions struct {
 	ejectFor time.Duration
 	// handshakeTimeout is upstream.Config.HandshakeTimeout (0: 10 s).
 	handshakeTimeout time.Duration
+	// maxConnsPerEndpoint is upstream.Config.MaxConnsPerEndpoint (0: 1024).
+	maxConnsPerEndpoint int
 	// rebalanceSpread is Config.RebalanceSpread (0: 5 s).
 	rebalanceSpread time.Duration
 	// parkAfter is Config.ParkAfter (0: httpproxy's 5 s).
@@ -296,6 +298,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	}
 	cfg.Upstream.EjectFor, cfg.Upstream.EjectMax = o.ejectFor, o.ejectFor
 	cfg.Upstream.HandshakeTimeout = o.handshakeTimeout
+	cfg.Upstream.MaxConnsPerEndpoint = o.maxConnsPerEndpoint
 	if o.dialer != nil {
 		cfg.Dialer = o.dialer(dial.NewDirect(cfg.Dial))
 	}

@@ -26,8 +26,18 @@ func (b *Backend) GetH1(ctx context.Context, ep *snapshot.Endpoint) (*pool.Conn,
 		return nil, b.Err
 	}
 	w := b.w
-	c, err := w.h1.Get(ctx, ep.Addr, func(ctx context.Context) (net.Conn, error) { return w.dialH1(ctx, *ep) })
+	dialed := false
+	c, err := w.h1.Get(ctx, ep.Addr, func(ctx context.Context) (net.Conn, error) {
+		dialed = true
+		return w.dialH1(ctx, *ep)
+	})
 	if err != nil {
+		if !dialed {
+			// ctx ended while the request waited for a connection (ep
+			// had MaxConnsPerEndpoint open): it connected nothing, and
+			// a probe it held must not stay out for its caller gone.
+			w.p.health.Canceled(ep.Addr)
+		}
 		return nil, err
 	}
 	if c.Reused() {
