@@ -40,22 +40,23 @@ type ejection struct {
 	fails int       // connects failed in a row, one per ejection
 	// awaited is set when a Picker's Standby found the endpoint passed
 	// over only while its probe was out: a probe handed back tells it
-	// (back).
+	// (back), as does its expiry, should it be lost.
 	awaited bool
 }
 
 // probeWait is how long a probe handed out may go unsettled before another
 // is: longer than a connect may take (dial.Config's timeout, 5 s). A probe
 // whose connect tells nothing of the endpoint is handed back (Reused,
-// Canceled, FailedHere): this is for one lost.
+// Canceled, FailedHere): this is for one lost, whose expiry tells what
+// awaited it (state).
 const probeWait = 15 * time.Second
 
 // NewHealth returns a Health that ejects an endpoint for base after its
 // first failed connect, doubling with each failed probe up to max. back,
 // unless nil, is called on a goroutine of its own whenever an ejected
 // endpoint may take connections again: its ejection ends or a probe a
-// Picker's Standby waited for is handed back (a probe is due), or a
-// connect to it succeeds.
+// Picker's Standby waited for is handed back or expires (a probe is due),
+// or a connect to it succeeds.
 func NewHealth(base, max time.Duration, back func()) *Health {
 	return &Health{base: base, max: max, back: back, eps: make(map[netip.AddrPort]*ejection)}
 }
@@ -217,7 +218,14 @@ func (h *Health) state(ep netip.AddrPort, now time.Time) (takes, probe bool) {
 		return true, false
 	}
 	takes = !e.passedOver(now)
-	e.awaited = e.awaited || !takes && !now.Before(e.until)
+	if !takes && !now.Before(e.until) && !e.awaited {
+		e.awaited = true
+		if h.back != nil {
+			// Should the probe be lost (never settled nor handed back),
+			// what awaits it would otherwise wait for an unrelated event.
+			time.AfterFunc(e.probe.Add(probeWait).Sub(now), h.back)
+		}
+	}
 	return takes, true
 }
 

@@ -139,9 +139,41 @@ func TestBack(t *testing.T) {
 	})
 }
 
-// TestProbeUnsettled: a probe handed out but never settled (its request
-// found an idle connection, or ended first) frees the endpoint for another
-// after probeWait.
+// TestBackAfterLostProbe: a probe that a Picker's Standby found out, and
+// that is never settled nor handed back (lost), tells when it expires, once
+// however often Standby asked; one nobody awaited does not. Before, an
+// expired probe told nothing: what stood by for the endpoint waited for an
+// unrelated event.
+func TestBackAfterLostProbe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var backs atomic.Int32
+		h := NewHealth(time.Second, time.Second, func() { backs.Add(1) })
+		eps := endpoints(2)
+		eps[1].Fallback = snapshot.FallbackFar
+		p := New(&snapshot.Backend{Endpoints: eps}, h, nil)
+		h.Failed(eps[0].Addr, time.Now())
+		time.Sleep(time.Second)
+		synctest.Wait()
+		for _, standby := range []bool{false, true} {
+			if c := p.Pick(); c.Endpoint != eps[0] {
+				t.Fatalf("probe not handed out: picked %s", c.Host)
+			}
+			if standby {
+				p.Standby(time.Now())
+				p.Standby(time.Now())
+			}
+			time.Sleep(probeWait)
+			synctest.Wait()
+		}
+		if n := backs.Load(); n != 2 {
+			t.Errorf("ejection over, then a probe lost unawaited and one lost awaited: told %d times, want twice", n)
+		}
+	})
+}
+
+// TestProbeUnsettled: a probe handed out but never settled nor handed back
+// (lost: its caller connected nothing and told nothing) frees the endpoint
+// for another after probeWait.
 func TestProbeUnsettled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := NewHealth(time.Second, time.Second, nil)

@@ -56,8 +56,8 @@ type Config struct {
 	EjectFor, EjectMax time.Duration
 	// EndpointBack, unless nil, is called on a goroutine of its own
 	// whenever an ejected endpoint may take connections again: its
-	// ejection ends, a probe waited for is handed back, or a connect to
-	// it succeeds (balance.NewHealth).
+	// ejection ends, a probe waited for is handed back or expires, or a
+	// connect to it succeeds (balance.NewHealth).
 	EndpointBack func()
 	// HandshakeTimeout bounds a TLS handshake with an endpoint; 0 means
 	// 10 s.
