@@ -173,6 +173,16 @@ func (p *Picker) Pick() *Choice {
 	return &first[p.next[0].Add(1)%n]
 }
 
+// Unused records that c, picked, took no connection: its request ended
+// before it connected (its app left while the proxy read the body it
+// keeps). A probe c took is handed back (Health.Canceled): held, it left
+// c passed over for probeWait.
+func (p *Picker) Unused(c *Choice) {
+	if p.health.Any() {
+		p.health.Canceled(c.Endpoint.Addr)
+	}
+}
+
 // PickFewest returns the ready endpoint, not ejected, that carries the
 // fewest of the caller's connections (load), taking turns among equals,
 // from the preferred ones, else from the fallback ones, level by level;

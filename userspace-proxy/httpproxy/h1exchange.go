@@ -79,6 +79,7 @@ func (s *h1Conn) serve(req *http.Request) bool {
 	s.prepare(req, x.be, websocket)
 	if x.r != nil {
 		if err := s.h.applyRoute(x, req, host, s.cont != nil, websocket); err != nil {
+			x.be.Picker.Unused(choice)
 			return s.fail(req, x, upstream.ReasonCanceled, err)
 		}
 	}

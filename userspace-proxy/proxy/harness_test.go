@@ -480,6 +480,17 @@ func (e *env) counterReaches(name string, labels map[string]string, want float64
 	}
 }
 
+// ejectionsOver waits, at most hangGuard, until no endpoint is ejected or
+// probed: the next request to one that was takes its probe.
+func (e *env) ejectionsOver() {
+	e.t.Helper()
+	for deadline := time.Now().Add(hangGuard); e.counter("sockmesh_proxy_upstream_endpoints_ejected", nil) != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%v on, an endpoint is still ejected", hangGuard)
+		}
+	}
+}
+
 // checkNoLeaks fails t if goroutines of the proxy packages outlive the test.
 // It runs after every cleanup (register it first).
 func checkNoLeaks(t *testing.T) { leakcheck.Register(t, "/userspace-proxy/") }

@@ -715,6 +715,50 @@ func refuseFirstStream(streams *atomic.Int32) func(net.Conn) {
 	}
 }
 
+// TestRouteProbeHandedBackByBodyCut: a routed request that takes the probe
+// of an endpoint whose ejection is over, and whose app leaves while the
+// proxy reads the body it keeps for a retry, hands the probe to the next
+// request, which reaches that endpoint. Before, the probe stayed out for
+// 15 s, and requests went to another zone's endpoint meanwhile. On both
+// HTTP/1.1 paths.
+func TestRouteProbeHandedBackByBodyCut(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds[:2] {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path, ejectFor: 50 * time.Millisecond})
+			m := &mesh{t: t}
+			here, there := closedPort(t), startEcho(t, "zone-b", nil).addr
+			eps := endpoints(here, there)
+			eps[0].Zone, eps[1].Zone, eps[1].Fallback = "zone-a", "zone-b", snapshot.FallbackFar
+			be := m.backend("web", snapshot.Backend{Endpoints: eps})
+			m.frontend("front", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be), Retry: &snapshot.Retry{Attempts: 1}}},
+			)))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, false)
+			if a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/", nil)); a.report.Pod != "zone-b" {
+				t.Fatalf("the zone's endpoint refusing: %d from %q, want zone-b", a.status, a.report.Pod)
+			}
+			startEchoOn(t, here.String(), echo.Config{Pod: "zone-a"})
+			e.ejectionsOver()
+			app := e.appConn(t, routedVIP)
+			if _, err := io.WriteString(app, "POST / HTTP/1.1\r\nHost: front.b.svc\r\nContent-Length: 100\r\n\r\npart"); err != nil {
+				t.Fatal(err)
+			}
+			if got := e.counterReaches("sockmesh_proxy_upstream_endpoints_ejected", nil, 1); got != 1 {
+				t.Fatalf("endpoints probed: %v, want 1", got)
+			}
+			app.Close()
+			if got := e.counterReaches("sockmesh_proxy_request_failures_total", map[string]string{"reason": "canceled"}, 1); got != 1 {
+				t.Fatalf("requests canceled: %v, want 1", got)
+			}
+			if a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/", nil)); a.report.Pod != "zone-a" {
+				t.Errorf("after the app left the probe's body: %d from %q, want zone-a", a.status, a.report.Pod)
+			}
+		})
+	}
+}
+
 // TestRouteRetryConnectError: a backend whose first connections fail
 // during the TLS handshake is reached when the retry budget covers them
 // (a failed handshake sent no byte of the request), and answers 502 when
