@@ -15,9 +15,10 @@ import (
 // the endpoint each reached, and asks them to go away when the endpoints
 // change.
 type Registry struct {
-	spread time.Duration
-	asked  func(snapshot.BackendRef, Reason)
-	panics *contain.Reporter
+	spread  time.Duration
+	asked   func(snapshot.BackendRef, Reason)
+	recheck func()
+	panics  *contain.Reporter
 
 	mu    sync.Mutex
 	conns map[snapshot.BackendRef]map[*Conn]*entry
@@ -43,11 +44,16 @@ type entry struct {
 }
 
 // NewRegistry returns an empty Registry that spreads the GOAWAYs of a
-// rebalancing or a move back from fallback endpoints over spread, and
-// calls asked (which must not block) for each connection asked to go
-// away. Panics in its goroutines go to panics.
-func NewRegistry(spread time.Duration, asked func(snapshot.BackendRef, Reason), panics *contain.Reporter) *Registry {
-	return &Registry{spread: spread, asked: asked, panics: panics, conns: make(map[snapshot.BackendRef]map[*Conn]*entry),
+// rebalancing or a move back from fallback endpoints over spread and calls
+// asked (which must not block) for each connection asked to go away.
+// recheck, unless nil, is called on a goroutine of its own twice the spread
+// after a connection was asked back to untried endpoints
+// (Endpoints.Untried), for the caller to Update again: should that
+// connection's app not connect again (idle), the update moves another,
+// rather than leave the others on standby endpoints until an unrelated one.
+// Panics in its goroutines go to panics.
+func NewRegistry(spread time.Duration, asked func(snapshot.BackendRef, Reason), recheck func(), panics *contain.Reporter) *Registry {
+	return &Registry{spread: spread, asked: asked, recheck: recheck, panics: panics, conns: make(map[snapshot.BackendRef]map[*Conn]*entry),
 		staying: make(map[snapshot.BackendRef]map[netip.AddrPort]int)}
 }
 
@@ -141,7 +147,8 @@ type Endpoints struct {
 	// Untried is set when the preferred endpoints that put Standby on
 	// standby are only due a probe, their ejection over: one connection
 	// moves back, whose connect tries them, and the others once one
-	// succeeded (then the update comes again, Untried unset).
+	// succeeded (then the update comes again, Untried unset), or one
+	// by one, should none connect (NewRegistry's recheck).
 	Untried bool
 	// Gained is set when one of Addrs not on Standby took no connection
 	// before (it was not handed out, or on standby).
@@ -216,6 +223,9 @@ func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 			} else if !(eps.Untried && movedBack) {
 				r.askWithin(ref, c, e, ReasonPreferredBack)
 				movedBack = true
+				if eps.Untried && r.recheck != nil {
+					time.AfterFunc(2*r.spread, r.recheck)
+				}
 			}
 		}
 		taking := len(eps.Addrs) - len(standby)

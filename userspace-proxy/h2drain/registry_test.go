@@ -92,7 +92,7 @@ func relayedUntil(t *testing.T, r *Registry, k *counts, ref snapshot.BackendRef,
 
 func newRegistry(spread time.Duration) (*Registry, *counts) {
 	k := &counts{asked: make(map[Reason]int), read: make(chan *Conn, 100)}
-	return NewRegistry(spread, k.add, nil), k
+	return NewRegistry(spread, k.add, nil, nil), k
 }
 
 // wantRead waits for n GOAWAYs read by apps and returns their connections.

@@ -340,6 +340,41 @@ func TestRelayedH2BackAfterCanceledProbe(t *testing.T) {
 	}
 }
 
+// TestRelayedH2AllBackAfterIdleMove: of two relayed h2c connections on
+// another zone's endpoint, one is asked back when the zone's endpoint's
+// ejection ends (its connect would probe it); when its app stays idle, so
+// that no connect comes, the other is asked back too, and its app's next
+// request reaches the zone. Before, the other stayed in the other zone
+// until the idle app's next request or an unrelated snapshot or ejection.
+func TestRelayedH2AllBackAfterIdleMove(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{ejectFor: 100 * time.Millisecond, rebalanceSpread: 20 * time.Millisecond})
+	vip := netip.MustParseAddrPort("10.96.9.47:80")
+	here, update := e.zoneBackend(t, "web", vip, 0)
+	update(1, true) // the zone's endpoint refuses, and is ejected
+	apps := []*http.Client{e.client(vip, true), e.client(vip, true)}
+	for i, c := range apps {
+		if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod != "zone-b" {
+			t.Fatalf("app %d, the zone's endpoint taking none: reached %q, want zone-b", i, rep.Pod)
+		}
+	}
+	startEchoOn(t, here.String(), echo.Config{Pod: "zone-a"})
+	if got := e.counterReaches("sockmesh_proxy_goaways_total", map[string]string{"backend": "web", "reason": "preferred_back"}, 2); got != 2 {
+		t.Fatalf("goaways counted %v, want 2 (both apps idle)", got)
+	}
+	// Each app reads its GOAWAY before its next request, or with it.
+	for i, c := range apps {
+		for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
+			if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod == "zone-a" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("app %d: %v after both were asked back, it still reaches zone-b", i, hangGuard)
+			}
+		}
+	}
+}
+
 // TestRelayedH2BackAfterProbeVerifyFailed: when the connect that probes
 // the zone's endpoint, its ejection over, reaches it but its certificate
 // fails verification, the endpoint takes connections again as one never

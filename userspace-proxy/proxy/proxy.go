@@ -212,7 +212,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 		failures:  upstream.NewFailureLog(cfg.FailureLogEvery),
 		panics:    panics,
 		clients:   newClientConns(cfg.MaxConnsPerClient, cfg.FailureLogEvery),
-		h2:        h2drain.NewRegistry(cfg.RebalanceSpread, m.goAway, panics),
+		h2:        h2drain.NewRegistry(cfg.RebalanceSpread, m.goAway, func() { p.endpointBack() }, panics),
 		listeners: make(map[net.Listener]struct{}),
 		conns:     make(map[net.Conn]struct{}),
 		work:      make(chan accepted),
