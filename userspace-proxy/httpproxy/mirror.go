@@ -47,15 +47,18 @@ func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 			h.m.mirrors.WithLabelValues("failed").Inc()
 			continue
 		}
-		c := be.Picker.Pick()
-		if c == nil {
-			h.m.mirrors.WithLabelValues("failed").Inc()
-			continue
-		}
+		// A slot first: a pick may take an endpoint's probe (balance.Health),
+		// which a mirror dropped would hold out for 15 s.
 		select {
 		case h.mirrorSlots <- struct{}{}:
 		default:
 			h.m.mirrors.WithLabelValues("dropped_busy").Inc()
+			continue
+		}
+		c := be.Picker.Pick()
+		if c == nil {
+			<-h.mirrorSlots
+			h.m.mirrors.WithLabelValues("failed").Inc()
 			continue
 		}
 		ctx, cancel := context.WithTimeout(h.mirrorCtx, h.cfg.Routing.MirrorTimeout)

@@ -416,6 +416,63 @@ func TestRouteMirrorMainRefused(t *testing.T) {
 	}
 }
 
+// TestRouteMirrorBusyLeavesProbe: a mirror dropped because MaxMirrors are
+// in flight takes no endpoint's probe: the endpoint, its ejection over,
+// takes the next request of another Service that reaches it. Before, the
+// dropped mirror held the probe for 15 s, and that request went to
+// another zone's endpoint.
+func TestRouteMirrorBusyLeavesProbe(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{ejectFor: 50 * time.Millisecond, routing: httpproxy.RoutingConfig{MaxMirrors: 1, MirrorTimeout: time.Hour}})
+	m := &mesh{t: t}
+	held := make(chan struct{}, 1)
+	slow := serveTCP(t, nil, func(c net.Conn) {
+		held <- struct{}{}
+		io.Copy(io.Discard, c) // never answers
+	})
+	here, there := closedPort(t), startEcho(t, "zone-b", nil).addr
+	mirror := func(ref snapshot.BackendRef) snapshot.Filters {
+		return snapshot.Filters{Mirrors: []snapshot.Mirror{{Backend: ref, Numerator: 1, Denominator: 1}}}
+	}
+	front := m.echoBackend("front")
+	m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/hold")}, snapshot.RouteRule{Backends: to(front),
+			Filters: mirror(m.backend("slow", snapshot.Backend{Endpoints: endpoints(slow)}))}},
+		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(front),
+			Filters: mirror(m.backend("here", snapshot.Backend{Endpoints: endpoints(here)}))}},
+	)))
+	eps := endpoints(here, there)
+	eps[0].Zone, eps[1].Zone, eps[1].Fallback = "zone-a", "zone-b", snapshot.FallbackFar
+	vWeb := netip.MustParseAddrPort("10.96.5.2:80")
+	m.frontend("web", vWeb, m.backend("web", snapshot.Backend{Endpoints: eps}), nil)
+	e.p.Update(m.snapshot(1))
+	c := e.client(routedVIP, false)
+	// The mirror's connect is refused, which ejects the endpoint.
+	if a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/", nil)); a.status != 200 {
+		t.Fatalf("main request: %d", a.status)
+	}
+	if got := e.counterReaches("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": "failed"}, 1); got != 1 {
+		t.Fatalf("mirrors{failed} = %v, want 1 (refused)", got)
+	}
+	startEchoOn(t, here.String(), echo.Config{Pod: "zone-a"})
+	e.ejectionsOver()
+	// A mirror that is never answered holds the only slot; the next is
+	// dropped.
+	if a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/hold", nil)); a.status != 200 {
+		t.Fatalf("main request: %d", a.status)
+	}
+	<-held
+	if a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc/", nil)); a.status != 200 {
+		t.Fatalf("main request: %d", a.status)
+	}
+	if got := e.counter("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": "dropped_busy"}); got != 1 {
+		t.Fatalf("mirrors{dropped_busy} = %v, want 1", got)
+	}
+	if _, rep := get(t, e.client(vWeb, false), "http://web.b.svc/"); rep.Pod != "zone-a" {
+		t.Errorf("after a mirror to the zone's endpoint was dropped: reached %q, want zone-a", rep.Pod)
+	}
+}
+
 // TestRouteRewriteKeepsTarget: a URLRewrite changes the path only, and
 // the backend and a RequestMirror's get the rest of the target as the app
 // sent it: an empty query ("?"), escapes in the query and past the prefix.
