@@ -41,7 +41,10 @@ func (s *h1Conn) serve(req *http.Request) bool {
 	// A request that failed before its body was read (no endpoint took
 	// its connect) left its mirrors waiting for the rest until
 	// MirrorTimeout, each holding one of MaxMirrors.
-	defer func() { x.tee.cut() }()
+	defer func() {
+		x.tee.release()
+		x.tee.cut()
+	}()
 	if s.v == nil {
 		s.v, s.fe = s.t.view()
 	}
@@ -203,7 +206,7 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 		resp, body, err := s.send(uc, req, replayable, inline, x.r == nil && !x.setSession)
 		if err == nil && x.r != nil && x.r.pol.retryStatus(resp.StatusCode) && s.mayRetry(x, retry, "status", req) {
 			s.watch.stop()
-			discardAnswer(be, uc, resp, cd)
+			discardAnswer(be, uc, resp, cd, halt(body, uc))
 			s.up = upstreamConn{}
 			if ok, keep := s.again(x, &retry, "status", req, nil, resp, timeoutError(true, errRetryBackoff)); !ok {
 				return keep
@@ -243,10 +246,11 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 }
 
 // mayRetry reports whether a routed request may be tried again after
-// retry retries: the rule allows more, and the body can be sent again or
-// none was sent (why "connect": no connection was made).
+// retry retries: the rule allows more, and the body can be sent again
+// (resendable; not once finish stopped the client's) or none was sent
+// (why "connect": no connection was made).
 func (s *h1Conn) mayRetry(x *exchange, retry int, why string, req *http.Request) bool {
-	return x.r != nil && retry < x.r.pol.retries && (why == "connect" || x.replayable(req))
+	return x.r != nil && retry < x.r.pol.retries && (why == "connect" || x.replayable(req) || !s.unread && x.resendable(req))
 }
 
 // errRetryBackoff is what a request whose timeout passed while it waited
@@ -278,16 +282,34 @@ func (s *h1Conn) backoff(x *exchange, retry *int, why string, req *http.Request)
 		return false
 	}
 	s.h.m.retries.WithLabelValues(why).Inc()
-	if x.r.kept {
-		req.Body = replayBody(x.r.body)
-	}
+	req.Body = x.again(req.Body, *retry)
 	return true
 }
 
+// halt ends the goroutine sending the body of a try that is retried, if
+// any, and reports whether it sent the body whole. A write in progress
+// fails at once; a read of the client's body in progress ends as the
+// client sends on (the next try would wait for those bytes too), and the
+// try reads no more: the next one reads on from there.
+func halt(body chan error, uc *pool.Conn) bool {
+	if body == nil {
+		return true
+	}
+	select {
+	case err := <-body:
+		return err == nil
+	default:
+	}
+	uc.SetWriteDeadline(aLongTimeAgo)
+	<-body
+	return false
+}
+
 // discardAnswer drops an answer that is retried: a short body is read so
-// the connection can serve again, a longer one costs the connection.
-func discardAnswer(be *upstream.Backend, uc *pool.Conn, resp *http.Response, cd *connDeadline) {
-	keep := !resp.Close && resp.ContentLength >= 0 && resp.ContentLength <= drainLimit
+// the connection can serve again, a longer one (or a request whose body
+// was not sent whole) costs the connection.
+func discardAnswer(be *upstream.Backend, uc *pool.Conn, resp *http.Response, cd *connDeadline, sent bool) {
+	keep := sent && !resp.Close && resp.ContentLength >= 0 && resp.ContentLength <= drainLimit
 	if keep {
 		_, err := io.Copy(io.Discard, resp.Body)
 		keep = err == nil
@@ -349,7 +371,7 @@ func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline, plai
 			return nil, nil, staleIf(err, replayable && uc.Reused())
 		}
 	} else {
-		s.sent.track(req)
+		s.sent.track(&req.Body)
 		body = make(chan error, 1)
 		s.up.body = body
 		go func() {
@@ -541,9 +563,15 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 	case x.r != nil && x.r.kept:
 		// The Transport reads a kept body at once; roundTrip replays it.
 	default:
-		s.sent.track(req)
+		// Beneath a recording (keepBody), which each try reads through:
+		// the client's body is what the tracker reports on.
+		under := &out.Body
+		if x.tee != nil {
+			under = &x.tee.src
+		}
+		s.sent.track(under)
 		body = make(chan error, 1)
-		out.Body = &bodyTracker{r: req.Body, panics: s.h.cfg.Panics, done: body}
+		*under = &bodyTracker{r: *under, panics: s.h.cfg.Panics, done: body}
 	}
 	s.watch.start(nil, cancel)
 	defer s.watch.stop()
@@ -650,15 +678,15 @@ type sentBody struct {
 	on bool
 }
 
-// track makes req's body report its end on s.
-func (s *sentBody) track(req *http.Request) {
+// track makes the body in *body report its end on s.
+func (s *sentBody) track(body *io.ReadCloser) {
 	s.on = true
 	s.eof.Store(false)
 	s.broken.Store(false)
 	s.heard.Store(false)
-	if req.Body != s {
-		s.ReadCloser = req.Body
-		req.Body = s
+	if *body != s {
+		s.ReadCloser = *body
+		*body = s
 	}
 }
 

@@ -316,8 +316,10 @@ type exchange struct {
 	pinned bool
 	// setSession says the answer carries the session (Picker.SetSession).
 	setSession bool
-	// tee is the request's body teed to its mirrors (mirror), cut once
-	// the exchange is over on the fast path, which never closes it.
+	// tee is the request's streamed body as its tries read it, recorded
+	// for retries and mirrors (keepBody), or only so that a try whose
+	// connect failed can go again (roundTrip); cut once the exchange is
+	// over on the fast path, which never closes it.
 	tee *teeBody
 	// r is the route decision when the frontend has routes that apply
 	// to this client; nil otherwise.
@@ -328,9 +330,6 @@ type exchange struct {
 	// grpc is the gRPC call being forwarded on the net/http path; nil for
 	// other requests.
 	grpc *grpcCall
-	// held is the streamed body of the request being sent (roundTrip):
-	// one whose connect failed before any of it was read may go again.
-	held *upstream.HeldBody
 }
 
 // decorate adds to h, the header of the answer to r from c's endpoint,

@@ -20,23 +20,20 @@ import (
 // drains.
 
 // mirror sends copies of r to x's mirror backends. A kept body is shared;
-// a body of unknown length (every gRPC call, a chunked upload) is teed:
-// the mirrors get its bytes as r's own send reads them. A body of known
+// a body of unknown length (every gRPC call, a chunked upload) is teed
+// (keepBody): the mirrors get its bytes as r's own send reads them. A body of known
 // length too large to keep is not mirrored, nor is a WebSocket upgrade.
 func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 	refs := x.r.d.Mirrors
 	if len(refs) == 0 {
 		return
 	}
-	var tee *teeBody
+	tee := x.tee
 	switch {
 	case websocket:
 		h.m.mirrors.WithLabelValues("dropped_upgrade").Add(float64(len(refs)))
 		return
-	case x.replayable(r):
-	case r.ContentLength < 0:
-		tee = &teeBody{ReadCloser: r.Body, limit: h.cfg.Routing.ReplayBytes, grew: make(chan struct{})}
-		r.Body, x.tee = tee, tee
+	case x.replayable(r), tee != nil:
 	default:
 		h.m.mirrors.WithLabelValues("dropped_body").Add(float64(len(refs)))
 		return
@@ -116,51 +113,112 @@ const mirrorReadLimit = 64 << 10
 // look complete.
 var errMirrorCut = errors.New("mirrored body cut short")
 
-// teeBody is a request body of unknown length whose bytes, as its own
-// send reads them, are kept for the mirrors' teeReaders, up to limit. It
-// never waits for a mirror: a mirror reads only what the request has sent.
+// teeBody is a request body sent as it streams (not kept) whose bytes, as
+// the request's tries read them, are recorded up to limit: the mirrors'
+// teeReaders copy them, and a retry sends them again (again) before the
+// rest of the body. A body that outgrew limit is sent on by the try that
+// read past it, its recording dropped (memory is bounded per request) and
+// its mirrors cut; it goes to no other try. It never waits for a mirror:
+// a mirror reads only what the request has sent.
+//
+// The transports may still read a try's body after their RoundTrip
+// failed (net/http's HTTP/2 Transport writes it on a goroutine of its
+// own): reads of the app's body are one at a time (reading), and a try
+// made stale by the next one reads no more of it once its read in
+// progress returns, whose bytes the recording keeps for the next try
+// (past limit too: by at most that one read).
 type teeBody struct {
-	io.ReadCloser
+	src   io.ReadCloser
 	limit int
 
-	mu   sync.Mutex
-	buf  []byte
-	end  error         // io.EOF, errMirrorCut, or nil while the body goes on
-	grew chan struct{} // closed, and replaced, when buf grows or end is set
+	reading sync.Mutex // held by the try reading src
+
+	mu    sync.Mutex
+	buf   []byte        // the body's first bytes, all read while it stays within limit
+	read  int           // bytes read from src
+	over  bool          // read passed limit: no other try, mirrors cut
+	end   error         // src's io.EOF or error, or errMirrorCut once the request is over
+	grew  chan struct{} // a mirror waits on it (nil: none); closed when buf grows or end is set
+	cur   *tryBody      // the try under way
+	first tryBody       // most requests have but one try
+	held  bool          // tries may follow: Close waits for release
+	ended bool          // close was done
 }
 
-func (t *teeBody) Read(p []byte) (int, error) {
-	n, err := t.ReadCloser.Read(p)
+// record makes r's streamed body x's teeBody, keeping up to limit bytes
+// of it, unless it is one already; r's body is then its first try.
+func (x *exchange) record(r *http.Request, limit int) {
+	if x.tee != nil {
+		return
+	}
+	x.tee = &teeBody{src: r.Body, limit: limit, held: true}
+	r.Body = x.tee.again()
+}
+
+// handOver reports whether another try may start: nothing read of the
+// body outgrew the recording, nor failed. If so, the try under way is
+// stale from now on, so that it cannot read past limit (and drop the
+// recording) before the next starts: what its read in progress gets goes
+// to the next. A nil t cannot.
+func (t *teeBody) handOver() bool {
+	if t == nil {
+		return false
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.end != nil {
-		return n, err
+	if t.over || t.end != nil && t.end != io.EOF {
+		return false
 	}
-	switch {
-	case len(t.buf)+n > t.limit:
-		t.buf, t.end = nil, errMirrorCut
-	case err == io.EOF:
-		t.buf, t.end = append(t.buf, p[:n]...), io.EOF
-	case err != nil:
-		t.end = errMirrorCut
-	case n == 0:
-		return n, err
-	default:
-		t.buf = append(t.buf, p[:n]...)
-	}
-	close(t.grew)
-	t.grew = make(chan struct{})
-	return n, err
+	t.cur.stale = true
+	return true
 }
 
-func (t *teeBody) Close() error {
-	t.cut()
-	return t.ReadCloser.Close()
+// again is a new try of t's body, from its start; the one before is
+// stale.
+func (t *teeBody) again() *tryBody {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.cur == nil {
+		t.first.t = t
+		t.cur = &t.first
+		return t.cur
+	}
+	t.cur.stale = true
+	t.cur = &tryBody{t: t}
+	return t.cur
+}
+
+// release ends t's tries: a Close of the last passes through from now on,
+// and one already made is done.
+func (t *teeBody) release() {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	t.held = false
+	closed := t.cur != nil && t.cur.closed
+	t.mu.Unlock()
+	if closed {
+		t.close()
+	}
+}
+
+// close ends the body, once: the mirrors' copies are cut unless it
+// ended, and src is closed.
+func (t *teeBody) close() {
+	t.mu.Lock()
+	ended := t.ended
+	t.ended = true
+	t.mu.Unlock()
+	if !ended {
+		t.cut()
+		t.src.Close()
+	}
 }
 
 // cut ends t's copies short unless its body ended: its request is over
-// (or closed it) before reading the rest, which nothing will read now. A
-// nil t does nothing.
+// before reading the rest, which nothing will read now. A nil t does
+// nothing.
 func (t *teeBody) cut() {
 	if t == nil {
 		return
@@ -169,8 +227,105 @@ func (t *teeBody) cut() {
 	defer t.mu.Unlock()
 	if t.end == nil {
 		t.end = errMirrorCut
-		close(t.grew)
+		t.grown()
 	}
+}
+
+// grown wakes the mirrors; t.mu is held.
+func (t *teeBody) grown() {
+	if t.grew != nil {
+		close(t.grew)
+		t.grew = nil
+	}
+}
+
+// tryBody is one try's copy of a teeBody: the recorded bytes, then the
+// rest of the body as it reads it.
+type tryBody struct {
+	t   *teeBody
+	off int
+	// stale (a later try started) and closed (its transport is done)
+	// are t.mu's.
+	stale, closed bool
+}
+
+func (r *tryBody) Read(p []byte) (int, error) {
+	t := r.t
+	locked := false
+	defer func() {
+		if locked {
+			t.reading.Unlock()
+		}
+	}()
+	for {
+		t.mu.Lock()
+		switch {
+		case r.stale, r.off < t.read && len(t.buf) != t.read:
+			// A later try started, or the body outgrew limit before this.
+			t.mu.Unlock()
+			return 0, errBodyAbandoned
+		case r.off < t.read:
+			n := copy(p, t.buf[r.off:])
+			r.off += n
+			t.mu.Unlock()
+			return n, nil
+		case t.end != nil && t.end != errMirrorCut:
+			end := t.end
+			t.mu.Unlock()
+			return 0, end
+		}
+		t.mu.Unlock()
+		if locked {
+			return r.readOn(p)
+		}
+		// Another try may be reading src: wait for it, then look again.
+		t.reading.Lock()
+		locked = true
+	}
+}
+
+// readOn reads the body on from src, where r is, with t.reading held, and
+// records what it read.
+func (r *tryBody) readOn(p []byte) (int, error) {
+	t := r.t
+	n, err := t.src.Read(p)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	recorded, wasOver := len(t.buf) == t.read, t.over
+	t.read += n
+	t.over = wasOver || t.read > t.limit
+	switch {
+	case !r.stale && t.over:
+		t.buf = nil // no try will want it again
+	case recorded:
+		// Also what a stale try read: the next try sends it.
+		t.buf = append(t.buf, p[:n]...)
+	}
+	if err != nil && t.end == nil {
+		t.end = err
+	}
+	if !wasOver {
+		t.grown() // once over, the mirrors were cut
+	}
+	if r.stale {
+		return 0, errBodyAbandoned
+	}
+	r.off += n
+	return n, err
+}
+
+// Close ends r's try; the body is closed once the request's tries are
+// over (release).
+func (r *tryBody) Close() error {
+	t := r.t
+	t.mu.Lock()
+	r.closed = true
+	last := !t.held && t.cur == r
+	t.mu.Unlock()
+	if last {
+		t.close()
+	}
+	return nil
 }
 
 // teeReader is one mirror's copy of a teeBody. It waits for the
@@ -183,20 +338,28 @@ type teeReader struct {
 }
 
 func (r *teeReader) Read(p []byte) (int, error) {
+	t := r.t
 	for {
-		r.t.mu.Lock()
-		buf, end, grew := r.t.buf, r.t.end, r.t.grew
-		r.t.mu.Unlock()
+		t.mu.Lock()
 		switch {
-		case end == errMirrorCut:
-			return 0, end
-		case r.off < len(buf):
-			n := copy(p, buf[r.off:])
+		case t.end == errMirrorCut || t.over:
+			t.mu.Unlock()
+			return 0, errMirrorCut
+		case r.off < len(t.buf):
+			n := copy(p, t.buf[r.off:])
+			t.mu.Unlock()
 			r.off += n
 			return n, nil
-		case end != nil:
+		case t.end != nil:
+			end := t.end
+			t.mu.Unlock()
 			return 0, end
 		}
+		if t.grew == nil {
+			t.grew = make(chan struct{})
+		}
+		grew := t.grew
+		t.mu.Unlock()
 		select {
 		case <-grew:
 		case <-r.done:

@@ -37,11 +37,12 @@ import (
 //     failure), when backendRequest passed, and when the backend answered
 //     one of retry.codes or a trailers-only gRPC UNAVAILABLE
 //     (grpcTurnedAway). Never after an answer started toward the client,
-//     and, unless the body was kept (RoutingConfig.ReplayBytes; a gRPC
-//     call's, of unknown length, is not), never once a byte of the body
-//     was sent. HTTP/2 backends that refuse a stream (REFUSED_STREAM,
-//     GOAWAY) are retried by net/http's Transport itself when the body is
-//     kept (keepBody gives it GetBody) or empty, whatever the rule says.
+//     and, unless the body was kept or, of unknown length (a gRPC call's),
+//     recorded within RoutingConfig.ReplayBytes (keepBody, teeBody), never
+//     once a byte of the body was sent. HTTP/2 backends that refuse a
+//     stream (REFUSED_STREAM, GOAWAY) are retried by net/http's Transport
+//     itself when the body is kept (keepBody gives it GetBody) or empty,
+//     whatever the rule says.
 //   - A backend with a retry budget (XBackendTrafficPolicy retryConstraint,
 //     package retrybudget) counts every request sent to it (countRequest)
 //     and every retry; a retry the budget refuses is not sent, and the
@@ -208,12 +209,20 @@ func connectFailed(err error) bool {
 	return false
 }
 
-// keepBody reads a request body the policy or mirrors may send more than
-// once, when it has a known length within ReplayBytes and expects no
-// 100 Continue, and replaces r's body with the kept copy.
-func (h *Handler) keepBody(r *http.Request, rt *routed, expects bool) error {
-	if r.Body == nil || r.Body == http.NoBody || expects || r.ContentLength <= 0 ||
-		r.ContentLength > int64(h.cfg.Routing.ReplayBytes) || rt.pol.retries == 0 && len(rt.d.Mirrors) == 0 {
+// keepBody readies a request body the policy or mirrors may send more
+// than once: one of known length within ReplayBytes that expects no 100
+// Continue is read and kept, and replaces r's body; one of unknown length
+// is recorded as it streams, up to ReplayBytes (x.record).
+func (h *Handler) keepBody(x *exchange, r *http.Request, expects bool) error {
+	rt := x.r
+	if r.Body == nil || r.Body == http.NoBody || rt.pol.retries == 0 && len(rt.d.Mirrors) == 0 {
+		return nil
+	}
+	if r.ContentLength < 0 {
+		x.record(r, h.cfg.Routing.ReplayBytes)
+		return nil
+	}
+	if expects || r.ContentLength == 0 || r.ContentLength > int64(h.cfg.Routing.ReplayBytes) {
 		return nil
 	}
 	buf := make([]byte, r.ContentLength)
@@ -230,28 +239,30 @@ func (h *Handler) keepBody(r *http.Request, rt *routed, expects bool) error {
 
 func replayBody(b []byte) io.ReadCloser { return io.NopCloser(bytes.NewReader(b)) }
 
-// replayable reports whether the request may be sent again after bytes of
-// it went out: it has no body, or the body was kept.
+// replayable reports whether the request's whole body is at hand: it has
+// none, or it was kept.
 func (x *exchange) replayable(r *http.Request) bool {
 	return r.Body == nil || r.Body == http.NoBody || x.r != nil && x.r.kept
 }
 
-// resendable reports whether the request may be sent again after its
-// connect failed: it is replayable, or none of its streamed body was read.
+// resendable reports whether the request may be sent again now: it is
+// replayable, or all that its tries read of its streamed body was
+// recorded (x.tee; with a limit of 0, none was read: its connects
+// failed), which the try under way then hands over (teeBody.handOver).
+// Ask only when a retry follows a yes.
 func (x *exchange) resendable(r *http.Request) bool {
-	return x.replayable(r) || x.held != nil && x.held.Untouched()
+	return x.replayable(r) || x.tee.handOver()
 }
 
 // again is the body for try n (0 for the first) of a request whose body
-// is body: a kept one afresh; after the first, a streamed one held anew,
-// as a try whose connect failed closed it.
+// is body: a kept one afresh; after the first, a streamed one's next try
+// (teeBody.again).
 func (x *exchange) again(body io.ReadCloser, n int) io.ReadCloser {
 	switch {
 	case x.r != nil && x.r.kept:
 		return replayBody(x.r.body)
-	case n > 0 && x.held != nil:
-		x.held = x.held.Again()
-		return x.held
+	case n > 0 && x.tee != nil:
+		return x.tee.again()
 	}
 	return body
 }
@@ -288,11 +299,13 @@ func (x *exchange) repick(c *balance.Choice) *balance.Choice {
 func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request, c *balance.Choice) (resp *http.Response, served *balance.Choice, done func(), err error) {
 	countRequest(x)
 	if !x.replayable(out) {
-		// The transports close the body of a request they fail, and a
-		// connect that failed read none of it: held, it can go again.
-		x.held = upstream.HoldBody(out.Body)
-		out.Body = x.held
-		defer func() { x.held.Release() }()
+		// The transports close the body of a request they fail, and may
+		// read it after: each try gets its own (x.again), and the body is
+		// closed once the tries are over. Unless a route's retries or
+		// mirrors recorded it, a body can go again only when no try read
+		// any of it (their connects failed).
+		x.record(out, 0)
+		defer x.tee.release()
 	}
 	if x.r == nil || !x.r.pol.active {
 		resp, served, err = x.roundTripAny(rt, out, c)
@@ -303,7 +316,6 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 	if !p.deadline.IsZero() {
 		ctx, cancelReq = context.WithDeadline(ctx, p.deadline)
 	}
-	replay := x.replayable(out)
 	for n := 0; ; n++ {
 		actx, cancel := ctx, noop
 		if p.backend > 0 {
@@ -328,7 +340,7 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 		case err == nil && (p.retryStatus(resp.StatusCode) || grpcTurnedAway(resp)):
 			why = "status"
 		}
-		if why == "" || !replay && !(why == "connect" && x.resendable(out)) || n >= p.retries {
+		if why == "" || n >= p.retries || !x.resendable(out) {
 			if err != nil {
 				cancel()
 				cancelReq()

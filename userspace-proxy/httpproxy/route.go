@@ -32,11 +32,12 @@ type RoutingConfig struct {
 	RetryBackoff time.Duration
 	// ReplayBytes bounds the request body kept in memory so that a retry
 	// can send it again and mirrors get a copy; 0 means 64 KiB. A body
-	// that is larger, of unknown length (chunked, streams) or expects
-	// 100 Continue is streamed instead: such a request is retried only
-	// when no byte of it reached a backend (a connect error). Mirrors get
-	// a body of unknown length (every gRPC call) as it streams, and fail
-	// once it passes ReplayBytes; other streamed bodies are not mirrored.
+	// that is larger or expects 100 Continue is streamed instead: such a
+	// request is retried only when no byte of it reached a backend (a
+	// connect error). A body of unknown length (chunked, every gRPC call)
+	// streams too, recorded as it goes (teeBody): retries and mirrors get
+	// it until it passes ReplayBytes; other streamed bodies are not
+	// mirrored.
 	ReplayBytes int
 	// MaxMirrors bounds the mirrored requests in flight; 0 means 64. A
 	// mirror beyond it is dropped (and counted), never queued: mirrors
@@ -136,7 +137,7 @@ func (h *Handler) applyRoute(x *exchange, out *http.Request, host string, expect
 		// fast path writes RequestURI as it came otherwise).
 		out.RequestURI, out.URL.Opaque = "", ""
 	}
-	if err := h.keepBody(out, x.r, expects); err != nil {
+	if err := h.keepBody(x, out, expects); err != nil {
 		return err
 	}
 	h.mirror(x, out, websocket)

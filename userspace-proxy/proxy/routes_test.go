@@ -654,9 +654,9 @@ func TestRouteRetries(t *testing.T) {
 // TestRouteRetryGRPCUnavailable: a rule with a retry stanza retries a gRPC
 // call the backend turned away with a trailers-only UNAVAILABLE (the
 // status in the answer's headers, no message), which HTTPRouteRetry names
-// as rejected before processing, when the call's body was kept; not one
-// whose body streamed, nor one whose UNAVAILABLE came in trailers after a
-// message, nor one whose rule has no retry stanza.
+// as rejected before processing, whether the call's body was kept or
+// streamed (within Routing.ReplayBytes); not one whose UNAVAILABLE came in
+// trailers after a message, nor one whose rule has no retry stanza.
 func TestRouteRetryGRPCUnavailable(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
@@ -696,7 +696,7 @@ func TestRouteRetryGRPCUnavailable(t *testing.T) {
 		seen     int
 	}{
 		{"/retry", "headers", false, "0", 2},
-		{"/retry", "headers", true, "14", 1},
+		{"/retry", "headers", true, "0", 2},
 		{"/retry", "trailers", false, "14", 1},
 		{"/none", "headers", false, "14", 1},
 	} {
@@ -714,6 +714,180 @@ func TestRouteRetryGRPCUnavailable(t *testing.T) {
 			t.Errorf("%s at %s, streamed body %v: %d grpc-status %q, backend got %d calls; want grpc-status %s after %d",
 				tc.path, tc.at, tc.streamed, a.status, got, flaky.count(fmt.Sprint(i)), tc.status, tc.seen)
 		}
+	}
+}
+
+// TestRouteRetryGRPCCall: a grpc-go unary call, whose body has no
+// length, that the backend turns away with a trailers-only UNAVAILABLE is
+// retried as its rule says, and the backend gets the same message again —
+// such a body streamed, unkept, and the app got UNAVAILABLE.
+func TestRouteRetryGRPCCall(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	m := &mesh{t: t}
+	// The backend turns the first call away, and answers the next with
+	// an empty message.
+	flaky := startRecorder(t, nil, func(w http.ResponseWriter, r *http.Request, n int) bool {
+		w.Header().Set("Content-Type", "application/grpc")
+		if n == 1 {
+			w.Header().Set("Grpc-Status", "14")
+			w.WriteHeader(http.StatusOK)
+			return true
+		}
+		w.Header().Set("Trailer", "Grpc-Status")
+		w.WriteHeader(http.StatusOK)
+		w.Write([]byte{0, 0, 0, 0, 0})
+		w.Header().Set("Grpc-Status", "0")
+		return true
+	})
+	be := m.backend("flaky", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(flaky.addr)})
+	m.frontend("front", routedVIP, be, producer(routeSet(snapshot.KindGRPCRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be), Retry: &snapshot.Retry{Attempts: 1, Backoff: dur(1e6)}}},
+	)))
+	e.p.Update(m.snapshot(1))
+	cc, err := grpc.NewClient("passthrough:///front.b.svc:80", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(routedVIP) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	if err := cc.Invoke(ctx, "/svc.A/Get", wrapperspb.Bytes([]byte("the call's message")), new(wrapperspb.BytesValue)); err != nil {
+		t.Fatalf("call turned away once, one retry: %v", err)
+	}
+	flaky.mu.Lock()
+	defer flaky.mu.Unlock()
+	if len(flaky.reqs) != 2 || !bytes.Contains(flaky.reqs[1].Body, []byte("the call's message")) || !bytes.Equal(flaky.reqs[0].Body, flaky.reqs[1].Body) {
+		t.Errorf("backend got %d calls, bodies %q; want 2 with the same message", len(flaky.reqs), bodies(flaky.reqs))
+	}
+	if got := e.counter("sockmesh_proxy_request_retries_total", map[string]string{"reason": "status"}); got != 1 {
+		t.Errorf("retries{status} = %v, want 1", got)
+	}
+}
+
+func bodies(reqs []recorded) []string {
+	var b []string
+	for _, r := range reqs {
+		b = append(b, string(r.Body))
+	}
+	return b
+}
+
+// TestRouteRetryStreamedBody: a request body of unknown length (chunked
+// from an HTTP/1.1 app, without content-length over h2c) is retried as its
+// rule says, the backend getting it whole each time, while it stays within
+// Routing.ReplayBytes: the proxy records it as the first try sends it. One
+// that outgrows it is sent once. Such bodies were never retried once a
+// byte of them went out, and the app got the 503.
+func TestRouteRetryStreamedBody(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			m := &mesh{t: t}
+			flaky := startRecorder(t, nil, func(w http.ResponseWriter, r *http.Request, n int) bool {
+				if n == 1 {
+					w.WriteHeader(http.StatusServiceUnavailable)
+					return true
+				}
+				return false
+			})
+			be := m.backend("flaky", snapshot.Backend{Endpoints: endpoints(flaky.addr)})
+			m.frontend("front", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be),
+					Retry: &snapshot.Retry{Attempts: 1, Codes: []int{503}, Backoff: dur(1e6)}}},
+			)))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, k.h2c)
+			for i, tc := range []struct {
+				size, status, seen int
+			}{
+				{10 << 10, 200, 2},
+				{64 << 10, 200, 2},
+				{64<<10 + 1, 503, 1},
+			} {
+				body := bytes.Repeat([]byte{'a' + byte(i)}, tc.size)
+				pr, pw := io.Pipe()
+				go func() {
+					pw.Write(body[:tc.size/2])
+					pw.Write(body[tc.size/2:])
+					pw.Close()
+				}()
+				id := fmt.Sprint(i)
+				a := send(t, c, newReq(t, http.MethodPost, "http://front.b.svc/?id="+id, pr))
+				if a.status != tc.status || flaky.count(id) != tc.seen {
+					t.Errorf("%d-byte streamed body: %d after %d tries, want %d after %d", tc.size, a.status, flaky.count(id), tc.status, tc.seen)
+				}
+			}
+			flaky.mu.Lock()
+			for _, r := range flaky.reqs {
+				if want := bytes.Repeat(r.Body[:1], len(r.Body)); len(r.Body) < 10<<10 || !bytes.Equal(r.Body, want) {
+					t.Errorf("%s reached the backend with %d body bytes, not all alike", r.RawQuery, len(r.Body))
+				}
+			}
+			flaky.mu.Unlock()
+			if got := e.counter("sockmesh_proxy_request_retries_total", map[string]string{"reason": "status"}); got != 2 {
+				t.Errorf("retries{status} = %v, want 2", got)
+			}
+		})
+	}
+}
+
+// TestRouteRetryEarlyAnswer: a streamed body that the backend turns away
+// before the app has sent it all goes whole to the retry, which starts
+// from the bytes the first try sent and reads on the rest from the app as
+// it comes, over an HTTP/1.1 backend (the fast path and net/http's) and
+// an h2c one. Before, only the 503 came back.
+func TestRouteRetryEarlyAnswer(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			m := &mesh{t: t}
+			half := bytes.Repeat([]byte("first half "), 1000)
+			rest := bytes.Repeat([]byte("second half "), 1000)
+			turnedAway := make(chan struct{})
+			var tries atomic.Int32
+			got := make(chan []byte, 1)
+			srv := &http.Server{Protocols: new(http.Protocols), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if tries.Add(1) == 1 {
+					// Answer once the first half came, the rest unread.
+					io.ReadFull(r.Body, make([]byte, len(half)))
+					http.NewResponseController(w).EnableFullDuplex()
+					w.WriteHeader(http.StatusServiceUnavailable)
+					w.(http.Flusher).Flush()
+					close(turnedAway)
+					return
+				}
+				body, _ := io.ReadAll(r.Body)
+				got <- body
+			})}
+			srv.Protocols.SetHTTP1(true)
+			srv.Protocols.SetUnencryptedHTTP2(true)
+			l := listenLocal(t)
+			go srv.Serve(l)
+			t.Cleanup(func() { srv.Close() })
+			be := m.backend("early", snapshot.Backend{Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
+			m.frontend("front", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be),
+					Retry: &snapshot.Retry{Attempts: 1, Codes: []int{503}, Backoff: dur(1e6)}}},
+			)))
+			e.p.Update(m.snapshot(1))
+			pr, pw := io.Pipe()
+			go func() {
+				pw.Write(half)
+				<-turnedAway
+				pw.Write(rest)
+				pw.Close()
+			}()
+			if a := send(t, e.client(routedVIP, k.h2c), newReq(t, http.MethodPost, "http://front.b.svc/", pr)); a.status != 200 || tries.Load() != 2 {
+				t.Fatalf("body turned away half sent: %d after %d tries, want 200 after 2", a.status, tries.Load())
+			}
+			if body := <-got; !bytes.Equal(body, append(half, rest...)) {
+				t.Errorf("the retry got %d body bytes, want the %d the app sent", len(body), len(half)+len(rest))
+			}
+		})
 	}
 }
 

@@ -75,8 +75,8 @@ func (n negotiated) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // HeldBody is a request body whose Close waits for Release, and which
 // tells whether it was read: a request that failed before any of its body
-// went out (its connect failed, or h2 was declined) may go again with it,
-// though the transport closed it.
+// went out (h2 was declined) may go again with it, though the transport
+// closed it.
 type HeldBody struct {
 	r       io.ReadCloser
 	mu      sync.Mutex
@@ -105,10 +105,6 @@ func (h *HeldBody) Close() error {
 	h.mu.Unlock()
 	return h.r.Close()
 }
-
-// Again returns h's body held anew, for another try of a request whose
-// try read none of it: a Close that try made stays with h, never done.
-func (h *HeldBody) Again() *HeldBody { return HoldBody(h.r) }
 
 // Untouched reports whether nothing read h; a nil h (no body) is untouched.
 func (h *HeldBody) Untouched() bool {

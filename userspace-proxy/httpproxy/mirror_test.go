@@ -1,0 +1,66 @@
+package httpproxy
+
+import (
+	"io"
+	"net/http"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+// TestRecordedBody: a streamed body's tries read it from the start — the
+// recorded bytes, then the rest — while it stays within the limit; one
+// that outgrows it is read on by the try that passed it, no other, and
+// nothing of it stays recorded. A try made stale while it waits for the
+// app's next bytes hands them to the next try.
+func TestRecordedBody(t *testing.T) {
+	body := strings.Repeat("0123456789", 10)
+	for _, limit := range []int{len(body), len(body) - 1} {
+		pr, pw := io.Pipe()
+		x := &exchange{}
+		r := &http.Request{Body: pr}
+		x.record(r, limit)
+		go io.WriteString(pw, body[:40])
+		first := make([]byte, 40)
+		if _, err := io.ReadFull(r.Body, first); err != nil {
+			t.Fatal(err)
+		}
+		// The first try waits for the app's next bytes when the next
+		// starts: it gets none of them, the next try all.
+		stale := make(chan error, 1)
+		go func() {
+			_, err := r.Body.Read(make([]byte, 100))
+			stale <- err
+		}()
+		for x.tee.reading.TryLock() { // until it waits in the app's body
+			x.tee.reading.Unlock()
+			runtime.Gosched()
+		}
+		next := x.again(r.Body, 1)
+		go func() {
+			io.WriteString(pw, body[40:70])
+			io.WriteString(pw, body[70:])
+			pw.Close()
+		}()
+		got, err := io.ReadAll(next)
+		if err != nil || string(got) != body {
+			t.Errorf("limit %d: the next try read %q, %v; want the body", limit, got, err)
+		}
+		if err := <-stale; err != errBodyAbandoned {
+			t.Errorf("limit %d: the stale try read on: %v", limit, err)
+		}
+		within := limit >= len(body)
+		if x.tee.handOver() != within || within != (len(x.tee.buf) == len(body)) {
+			t.Errorf("limit %d: after %d bytes, another try may start: %v, with %d bytes recorded", limit, len(body), !within, len(x.tee.buf))
+		}
+		if !within && x.tee.buf != nil {
+			t.Errorf("limit %d: the recording of a body past it was kept", limit)
+		}
+		r.Body.Close()
+		next.Close()
+		x.tee.release()
+		if _, err := pw.Write([]byte("x")); err != io.ErrClosedPipe {
+			t.Errorf("limit %d: the app's body was left open once the tries were over", limit)
+		}
+	}
+}
