@@ -71,7 +71,8 @@ func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 		case x.r.kept:
 			m.Body, m.ContentLength = replayBody(x.r.body), int64(len(x.r.body))
 		case tee != nil:
-			m.Body, m.ContentLength = io.NopCloser(&teeReader{t: tee, done: ctx.Done()}), -1
+			// GetBody gives the request's own next try (keepBody).
+			m.Body, m.ContentLength, m.GetBody = io.NopCloser(&teeReader{t: tee, done: ctx.Done()}), -1, nil
 		}
 		rt := be.RoundTripper(WireFor(be, r.ProtoMajor, false))
 		go func() {

@@ -41,8 +41,12 @@ import (
 //     recorded within RoutingConfig.ReplayBytes (keepBody, teeBody), never
 //     once a byte of the body was sent. HTTP/2 backends that refuse a
 //     stream (REFUSED_STREAM, GOAWAY) are retried by net/http's Transport
-//     itself when the body is kept (keepBody gives it GetBody) or empty,
-//     whatever the rule says.
+//     itself when the body is kept or recorded (keepBody gives it
+//     GetBody) or empty, whatever the rule says: up to 7 more streams
+//     within its RoundTrip, backing off from 1 s to 32 s, which neither
+//     the retry budget nor the retries metric sees, nor can stop (a
+//     bodiless request gives it nothing to refuse); the request timeout
+//     bounds them.
 //   - A backend with a retry budget (XBackendTrafficPolicy retryConstraint,
 //     package retrybudget) counts every request sent to it (countRequest)
 //     and every retry; a retry the budget refuses is not sent, and the
@@ -213,6 +217,10 @@ func connectFailed(err error) bool {
 // than once: one of known length within ReplayBytes that expects no 100
 // Continue is read and kept, and replaces r's body; one of unknown length
 // is recorded as it streams, up to ReplayBytes (x.record).
+//
+// net/http's HTTP/2 Transport sends a refused stream (REFUSED_STREAM,
+// GOAWAY) of a request with a body again on its own only when GetBody
+// gives it the body again: both kinds get one.
 func (h *Handler) keepBody(x *exchange, r *http.Request, expects bool) error {
 	rt := x.r
 	if r.Body == nil || r.Body == http.NoBody || rt.pol.retries == 0 && len(rt.d.Mirrors) == 0 {
@@ -220,6 +228,13 @@ func (h *Handler) keepBody(x *exchange, r *http.Request, expects bool) error {
 	}
 	if r.ContentLength < 0 {
 		x.record(r, h.cfg.Routing.ReplayBytes)
+		t := x.tee
+		r.GetBody = func() (io.ReadCloser, error) {
+			if !t.handOver() {
+				return nil, errNotRecorded
+			}
+			return t.again(), nil
+		}
 		return nil
 	}
 	if expects || r.ContentLength == 0 || r.ContentLength > int64(h.cfg.Routing.ReplayBytes) {
@@ -231,11 +246,13 @@ func (h *Handler) keepBody(x *exchange, r *http.Request, expects bool) error {
 	}
 	rt.body, rt.kept = buf, true
 	r.Body = replayBody(buf)
-	// net/http's HTTP/2 Transport retries a refused stream (REFUSED_STREAM,
-	// GOAWAY) of a request with a body only when it can get the body again.
 	r.GetBody = func() (io.ReadCloser, error) { return replayBody(buf), nil }
 	return nil
 }
+
+// errNotRecorded is why net/http's Transport cannot send a streamed body
+// again: it outgrew its recording (ReplayBytes), or reading it failed.
+var errNotRecorded = errors.New("request body not recorded whole: cannot send it again")
 
 func replayBody(b []byte) io.ReadCloser { return io.NopCloser(bytes.NewReader(b)) }
 

@@ -893,7 +893,8 @@ func TestRouteRetryEarlyAnswer(t *testing.T) {
 
 // TestRouteRetryRefusedStream: an HTTP/2 backend's REFUSED_STREAM, which
 // HTTPRouteRetry names as rejected before processing, is retried for a
-// request whose body the proxy kept, as for one without a body.
+// request whose body the proxy kept or recorded (of unknown length: 502
+// before), as for one without a body.
 func TestRouteRetryRefusedStream(t *testing.T) {
 	checkNoLeaks(t)
 	for _, k := range clientKinds {
@@ -913,14 +914,20 @@ func TestRouteRetryRefusedStream(t *testing.T) {
 			)))
 			e.p.Update(m.snapshot(1))
 			c := e.client(routedVIP, k.h2c)
-			for _, body := range []string{"", "kept body"} {
+			for _, body := range []string{"", "kept body", "streamed body"} {
 				method := http.MethodGet
-				if body != "" {
+				var r io.Reader = strings.NewReader(body)
+				switch body {
+				case "":
+				case "streamed body":
+					r = struct{ io.Reader }{r} // no length
+					fallthrough
+				default:
 					method = http.MethodPost
 				}
 				streams.Store(0)
-				if a := send(t, c, newReq(t, method, "http://front.b.svc/", strings.NewReader(body))); a.status != 200 || streams.Load() != 2 {
-					t.Errorf("%s: %d %q after %d streams, want 200 after 2", method, a.status, a.body, streams.Load())
+				if a := send(t, c, newReq(t, method, "http://front.b.svc/", r)); a.status != 200 || streams.Load() != 2 {
+					t.Errorf("%s %s: %d %q after %d streams, want 200 after 2", method, body, a.status, a.body, streams.Load())
 				}
 			}
 		})
