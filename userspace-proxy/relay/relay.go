@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -57,9 +58,9 @@ type Result struct {
 // Relay copies a→b and b→a until both directions end, then closes both
 // streams. A clean end of stream on one side half-closes the other (when it
 // can: TCP and TLS connections can); an error on either direction (a reset,
-// a broken TLS record) aborts both at once so the other unblocks: TCP
-// connections are reset, so that a peer never takes a stream cut short for
-// a complete one. Streams are usually net.Conns; WebSocket bridges pass an
+// a broken TLS record, a TLS stream ended without close_notify) aborts
+// both at once so the other unblocks: TCP connections are reset, so that a
+// peer never takes a stream cut short for a complete one. Streams are usually net.Conns; WebSocket bridges pass an
 // upgraded HTTP body or an HTTP/2 stream.
 // A panic in either direction is recovered and reported to panics, and
 // aborts both streams; its error is Result.Err.
@@ -108,6 +109,9 @@ func copyHalf(dst, src io.ReadWriteCloser, pool *Pool) (int64, error) {
 				return n, werr
 			}
 		}
+		if rerr == io.EOF && rd.truncated() {
+			return n, errTruncated
+		}
 		if rerr == io.EOF {
 			closeWrite(dst)
 			return n, nil
@@ -117,6 +121,12 @@ func copyHalf(dst, src io.ReadWriteCloser, pool *Pool) (int64, error) {
 		}
 	}
 }
+
+// errTruncated ends a TLS stream that ended without close_notify (RFC 8446
+// §6.1): whoever, or whatever on the path, cut it, what came may not be
+// all that was sent, so the relay aborts as on a reset rather than pass a
+// clean end on.
+var errTruncated = fmt.Errorf("tls stream ended without close_notify: %w", io.ErrUnexpectedEOF)
 
 // source reads one direction of a relay, and takes a copy buffer only
 // once there are bytes to put in it where it can: idle relayed
@@ -172,6 +182,10 @@ func newSource(r io.Reader) *source {
 		c = u.NetConn()
 	}
 }
+
+// truncated reports whether the end of stream read last was the TCP
+// connection's beneath TLS rather than the TLS stream's own.
+func (s *source) truncated() bool { return s.under != nil && s.under.Ended() }
 
 // read returns the stream's next bytes in a buffer from pool (nil when
 // there are none), or an error.

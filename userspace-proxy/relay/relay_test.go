@@ -296,3 +296,52 @@ func TestRelayPanicAToB(t *testing.T) {
 		t.Error("app's stream ended cleanly, want a reset")
 	}
 }
+
+// TestTLSTruncationResets: a backend's TLS stream that ends without
+// close_notify — its TCP FIN at a record boundary, from the backend or
+// from something on the path — reaches the app as a reset after the bytes
+// that came, never as a clean end (crypto/tls reads both as io.EOF: the
+// app took a cut answer for a whole one); one that ends with close_notify
+// reaches it as a clean end.
+func TestTLSTruncationResets(t *testing.T) {
+	ca, leaf := backendCert(t)
+	for _, tc := range []struct {
+		name        string
+		closeNotify bool
+		want        error
+	}{
+		{"close_notify", true, nil},
+		{"fin-only", false, unix.ECONNRESET},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			app, proxyIn := tcpserve.Pair(t)
+			proxyOut, backend := tcpserve.Pair(t)
+			defer app.Close()
+			defer backend.Close()
+			up := tls.Client(sockio.Wrap(proxyOut), &tls.Config{ServerName: "backend", RootCAs: ca.Pool()})
+			ts := tls.Server(backend, &tls.Config{Certificates: []tls.Certificate{leaf.TLS}})
+			shook := make(chan error)
+			go func() { shook <- ts.Handshake() }()
+			if err := up.Handshake(); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-shook; err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan Result)
+			go func() { done <- Relay(sockio.Wrap(proxyIn), up, NewPool(), nil) }()
+			io.WriteString(ts, "partial")
+			if tc.closeNotify {
+				ts.CloseWrite()
+			}
+			backend.CloseWrite()
+			app.SetDeadline(time.Now().Add(10 * time.Second))
+			got, err := io.ReadAll(app)
+			if string(got) != "partial" || !errors.Is(err, tc.want) {
+				t.Errorf("app read %q, %v; want partial, then %v", got, err, tc.want)
+			}
+			app.Close()
+			<-done
+		})
+	}
+}

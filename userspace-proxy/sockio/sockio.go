@@ -32,6 +32,8 @@ type Conn struct {
 	r, w call
 	// readPooled is ReadPooled's callback, bound once.
 	readPooled func(fd uintptr) bool
+	// ended is set by the Read that met the end of the stream (Ended).
+	ended bool
 }
 
 // call is one direction's system call in progress (one at a time), with
@@ -98,10 +100,18 @@ func (c *Conn) Read(p []byte) (int, error) {
 	case errno != 0:
 		return 0, c.opError("read", errno)
 	case n == 0:
+		c.ended = true
 		return 0, io.EOF
 	}
 	return n, nil
 }
+
+// Ended reports whether a Read met the end of the stream (the peer's FIN).
+// Beneath crypto/tls it tells a TLS stream cut short from one that ended
+// cleanly, which crypto/tls's Read reports alike (io.EOF, when the FIN
+// comes at a record boundary): after a close_notify, crypto/tls reads no
+// further. For the goroutine reading c.
+func (c *Conn) Ended() bool { return c.ended }
 
 // NoWait switches c's reads to return ErrWouldBlock when nothing is there
 // to read, instead of waiting for something. With it, a read through the
