@@ -1002,6 +1002,37 @@ func TestTCP(t *testing.T) {
 	}
 }
 
+// TestTCPLooksLikeHTTP: an opaque TCP backend with TLS origination gets
+// an app's bytes unchanged when they start like HTTP — the HTTP/2 preface,
+// an HTTP/1.1 request line — and its TLS handshake offers no ALPN. The
+// proxy offered h2 or http/1.1, which a backend that knows its own ALPN
+// refuses, and took the HTTP/2 of a backend that negotiated none for an
+// HTTP/1.1 backend's: net/http's server answered the app and translated
+// its requests.
+func TestTCPLooksLikeHTTP(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	cfg := serverTLS(e.pki.server)
+	cfg.NextProtos = []string{"x-opaque"} // refuses a handshake that offers only others
+	v := netip.MustParseAddrPort("10.96.4.8:5432")
+	e.p.Update(buildSnapshot(t, 1, service{name: "db", vip: v, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, TLS: tlsPolicy(e),
+		Endpoints: endpoints(startTCPEcho(t, cfg))}}))
+	for name, payload := range map[string]string{
+		"h2-preface": "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00opaque",
+		"http1":      "GET / HTTP/1.1\r\nHost: db\r\n\r\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := e.appConn(t, v)
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			io.WriteString(c, payload)
+			c.(*net.TCPConn).CloseWrite()
+			if got, err := io.ReadAll(c); err != nil || string(got) != payload {
+				t.Fatalf("echo: %q, %v; want %q", got, err, payload)
+			}
+		})
+	}
+}
+
 // TestServerFirstProtocol: an app that waits for its server to speak
 // first (MySQL's greeting, an SMTP banner) gets the greeting once the
 // proxy has waited out its sniff, with TLS origination and without, and

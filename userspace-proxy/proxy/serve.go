@@ -221,8 +221,11 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 		cs.fail(c, path, upstream.ReasonInvalidPolicy, cs.be.Err)
 		return
 	}
+	// An opaque TCP backend gets the app's bytes as they come, whatever
+	// they look like: no ALPN offers HTTP, and nothing translates them.
+	opaque := cs.be.Spec.Protocol == snapshot.ProtocolTCP
 	var alpn []string
-	if path == PathL4TLS {
+	if path == PathL4TLS && !opaque {
 		switch kind {
 		case sniff.HTTP1:
 			alpn = upstream.WireH1.ALPN()
@@ -234,7 +237,7 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 	// to the endpoint with the fewest of them (unless clients are pinned),
 	// and is asked to move when that endpoint goes, the backend gains
 	// endpoints or its settings change (package h2drain).
-	relayedH2 := kind == sniff.HTTP2 && cs.be.Spec.Protocol != snapshot.ProtocolTCP
+	relayedH2 := kind == sniff.HTTP2 && !opaque
 	var load func(netip.AddrPort) int
 	if relayedH2 && cs.be.Spec.ClientIPAffinitySeconds == 0 {
 		load = p.h2.Load(cs.be.Spec.Ref)
@@ -250,7 +253,7 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 		cs.fail(c, path, upstream.Classify(err), err)
 		return
 	}
-	if kind == sniff.HTTP2 && path == PathL4TLS && !negotiated(up, upstreamtls.ALPNH2) {
+	if relayedH2 && path == PathL4TLS && !negotiated(up, upstreamtls.ALPNH2) {
 		// The backend speaks HTTP/1.1 only (by ALPN or by having none):
 		// the L7 path translates the app's HTTP/2, and takes the
 		// backend's next HTTP/2 apps directly for a while.
