@@ -1072,6 +1072,38 @@ func TestServerFirstProtocol(t *testing.T) {
 	}
 }
 
+// TestServerFirstHalfClosedApp: an app that sends nothing, shuts its
+// sending side and reads what its server says (a banner grab, a client of
+// a server that only pushes) gets the server's bytes and end, with TLS
+// origination and without, as it would from the server directly. Its FIN
+// before any byte was taken for a close: the connection was closed
+// unserved (closed_early) and the app read an empty, clean end.
+func TestServerFirstHalfClosedApp(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	greet := func(c net.Conn) {
+		io.WriteString(c, "220 ready\r\n")
+		io.Copy(io.Discard, c)
+	}
+	vTLS, vClear := netip.MustParseAddrPort("10.96.4.9:25"), netip.MustParseAddrPort("10.96.4.10:25")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "mail", vip: vTLS, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, TLS: tlsPolicy(e),
+			Endpoints: endpoints(serveTCP(t, serverTLS(e.pki.server), greet))}},
+		service{name: "mail-clear", vip: vClear, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP,
+			Endpoints: endpoints(serveTCP(t, nil, greet))}},
+	))
+	for name, dst := range map[string]netip.AddrPort{"tls": vTLS, "clear": vClear} {
+		t.Run(name, func(t *testing.T) {
+			c := e.appConn(t, dst)
+			c.SetDeadline(time.Now().Add(10 * time.Second))
+			c.(*net.TCPConn).CloseWrite()
+			if got, err := io.ReadAll(c); err != nil || string(got) != "220 ready\r\n" {
+				t.Fatalf("app read %q, %v; want the greeting, then the end", got, err)
+			}
+		})
+	}
+}
+
 // TestIdleRelaysHoldNoBuffers: relayed connections that wait — database
 // pools, idle gRPC channels — hold no copy buffer (64 KiB a direction
 // while they lived, before), with TLS origination or without, and relay

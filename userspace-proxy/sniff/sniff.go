@@ -203,9 +203,9 @@ func (c *Conn) dropDrained() {
 
 // Sniff reads from c until Classify decides or timeout passes without a
 // decision, and returns the kind with a Conn replaying the bytes read. A
-// timeout, or end of stream after some bytes, yields Opaque; a connection
-// that ends before sending anything, or is reset, is an error. timeout 0
-// means no limit.
+// timeout, or end of stream, yields Opaque (an end before any byte may be
+// a half-close: an app that waits for its server to speak, or only listens
+// to it); a reset is an error. timeout 0 means no limit.
 //
 // Most clients have sent their first bytes by the time the proxy takes
 // their connection. On a sockio.Conn, reads first take what is there
@@ -259,12 +259,11 @@ func Sniff(c net.Conn, timeout time.Duration) (Kind, *Conn, error) {
 		}
 		if err != nil {
 			// Nothing decisive in time (a server-first protocol, a slow
-			// client) or a short stream: opaque bytes. Any other error (a
-			// reset) is the connection's: the socket reports it once and
-			// ends cleanly after, so the bytes would be relayed with a
-			// clean end, as if complete.
-			timedOut := errors.Is(err, os.ErrDeadlineExceeded)
-			if !timedOut && (len(b) == 0 || !errors.Is(err, io.EOF)) {
+			// client) or a short stream, maybe empty: opaque bytes. Any
+			// other error (a reset) is the connection's: the socket
+			// reports it once and ends cleanly after, so the bytes would
+			// be relayed with a clean end, as if complete.
+			if !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, io.EOF) {
 				return Opaque, nil, fmt.Errorf("sniff: %w", err)
 			}
 			kind = Opaque

@@ -132,12 +132,18 @@ func TestSniffSilentClient(t *testing.T) {
 	})
 }
 
-// TestSniffClosedEarly: a connection that ends before any byte is an error.
-func TestSniffClosedEarly(t *testing.T) {
+// TestSniffEndsEmpty: a connection that ends before any byte is opaque,
+// and replays that end: Sniff cannot tell a close from a half-close, after
+// which the app still reads (proxy's TestServerFirstHalfClosedApp).
+func TestSniffEndsEmpty(t *testing.T) {
 	a, b := net.Pipe()
 	a.Close()
-	if _, _, err := Sniff(b, 0); err == nil {
-		t.Fatal("Sniff on a closed connection: no error")
+	k, sc, err := Sniff(b, 0)
+	if err != nil || k != Opaque {
+		t.Fatalf("Sniff = %v, %v; want opaque", k, err)
+	}
+	if n, err := sc.Read(make([]byte, 1)); n != 0 || err != io.EOF {
+		t.Fatalf("read = %d, %v; want EOF", n, err)
 	}
 }
 
