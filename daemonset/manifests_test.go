@@ -220,7 +220,7 @@ func checkMount(t *testing.T, c corev1.Container, volumes map[string]string, pat
 // TestRBACLeastPrivilege keeps the agent's rights to what it needs: no
 // wildcards, writes only the verbs its code uses (merge patches of status
 // subresources, generated Services, a Lease in its own namespace); Secrets
-// read-only, no Events (nothing in the agent records one).
+// read-only, no Events (nothing in the agent records one); and to no less.
 func TestRBACLeastPrivilege(t *testing.T) {
 	objs := objects(t)
 	writeVerbs := []string{"create", "update", "patch", "delete", "deletecollection"}
@@ -260,8 +260,41 @@ func TestRBACLeastPrivilege(t *testing.T) {
 			}
 		}
 	}
+	granted := map[string][]string{}
 	for _, cr := range typed[rbacv1.ClusterRole](t, objs, "ClusterRole") {
 		check("ClusterRole", cr.Name, cr.Rules, nil)
+		for _, r := range cr.Rules {
+			for _, g := range r.APIGroups {
+				for _, res := range r.Resources {
+					granted[g+"/"+res] = append(granted[g+"/"+res], r.Verbs...)
+				}
+			}
+		}
+	}
+	// And it holds every right it uses: a missing read makes its kind
+	// Forbidden (agent/source/kubernetes watches each with an informer), a
+	// missing write fails what agent/selectorsvc or agent/status does.
+	needed := map[string][]string{}
+	for _, res := range []string{
+		"/services", "/namespaces", "/pods", "/nodes", "/configmaps", "/secrets",
+		"discovery.k8s.io/endpointslices", "certificates.k8s.io/clustertrustbundles",
+		"networking.k8s.io/servicecidrs",
+		"gateway.networking.k8s.io/backendtlspolicies", "gateway.networking.k8s.io/httproutes",
+		"gateway.networking.k8s.io/grpcroutes", "gateway.networking.k8s.io/referencegrants",
+		"gateway.networking.x-k8s.io/xbackends", "gateway.networking.x-k8s.io/xbackendtrafficpolicies",
+		"gateway.networking.x-k8s.io/xmeshes",
+	} {
+		needed[res] = []string{"get", "list", "watch"}
+	}
+	for res, verbs := range allowedWrites {
+		needed[res] = append(needed[res], verbs...)
+	}
+	for res, verbs := range needed {
+		for _, v := range verbs {
+			if !slices.Contains(granted[res], v) {
+				t.Errorf("ClusterRole lacks %s %s, which the agent uses", v, res)
+			}
+		}
 	}
 	roles := typed[rbacv1.Role](t, objs, "Role")
 	for _, r := range roles {
