@@ -103,7 +103,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringSliceVar(&o.egressAllow, "egress-allow", nil, "hostname patterns (example.com, *.example.com) ExternalHostname XBackends may use (default: any)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: json or text")
-	fs.DurationVar(&o.drainTimeout, "drain-timeout", 20*time.Second, "on SIGTERM, how long connections may drain before they are closed")
+	fs.DurationVar(&o.drainTimeout, "drain-timeout", 20*time.Second, "on SIGTERM, how long connections may drain before those still open are reset (never closed: a cut answer must not read as complete)")
 	// client-go's own default, 5 requests/s, makes an agent that watches
 	// a hundred referenced CA ConfigMaps (one watch each) wait 20 s to
 	// start them, past the 10 s after which it treats them as missing.
