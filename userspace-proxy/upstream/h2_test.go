@@ -110,3 +110,33 @@ func startFreezer(t *testing.T, target netip.AddrPort) (netip.AddrPort, func()) 
 	}
 	return l.Addr().(*net.TCPAddr).AddrPort(), freeze
 }
+
+// TestH2ProbeHandedBackWithoutDial: a request over net/http's HTTP/2
+// Transport that holds an endpoint's probe and whose context ends before
+// the Transport dials hands the probe back. Before, nothing did: the
+// endpoint was passed over for probeWait (15 s).
+func TestH2ProbeHandedBackWithoutDial(t *testing.T) {
+	w := newWorld(t)
+	b := backendAt(t, w.pools, w.addr, w.policy())
+	h := w.pools.health
+	h.Failed(w.addr, time.Now().Add(-time.Hour)) // an ejection long over
+	if c := b.Picker.Pick(); c == nil || c.Endpoint.Addr != w.addr {
+		t.Fatalf("picked %v, want %v", c, w.addr)
+	}
+	if n := h.Ejected(time.Now()); n != 1 {
+		t.Fatalf("endpoints passed over with the probe out: %d, want 1", n)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+w.addr.String()+"/", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := b.RoundTripper(WireH2).RoundTrip(req); err == nil {
+		resp.Body.Close()
+		t.Fatal("a request whose context had ended was answered")
+	}
+	if n := h.Ejected(time.Now()); n != 0 {
+		t.Errorf("endpoints passed over after the request left undialed: %d, want 0", n)
+	}
+}

@@ -354,28 +354,48 @@ type h2Transport struct {
 }
 
 func (t h2Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	return t.w.transport(t.wire).RoundTrip(t.w.traceReuse(req))
+	req, connected := t.w.traceConn(req)
+	resp, err := t.w.transport(t.wire).RoundTrip(req)
+	if connected != nil && !connected.Load() {
+		// Ended (its context, most often) before the Transport dialed
+		// or took a connection: nothing settles a probe it holds.
+		t.w.p.health.Canceled(connected.ep)
+	}
+	return resp, err
 }
 
-// traceReuse returns req with a trace that tells the Health when the
-// Transport sends it on a connection already open (Reused), so that a
-// probe which connects nothing is handed back; while no endpoint is
-// ejected, req itself (a trace costs allocations).
-func (w *wireState) traceReuse(req *http.Request) *http.Request {
+// connTry records whether a request to ep got to a connection: the
+// Transport took one (GotConn) or dialed ep for it (dialFn).
+type connTry struct {
+	atomic.Bool
+	ep netip.AddrPort
+}
+
+type connTryKey struct{}
+
+// traceConn returns req with a trace that tells the Health when the
+// Transport sends it on a connection already open (Reused), and the
+// connTry its RoundTrip fills in, so that a probe which connects nothing
+// is handed back; while no endpoint is ejected, req itself and nil (a
+// trace costs allocations).
+func (w *wireState) traceConn(req *http.Request) (*http.Request, *connTry) {
 	h := w.p.health
 	if !h.Any() {
-		return req
+		return req, nil
 	}
 	ep, err := netip.ParseAddrPort(req.URL.Host)
 	if err != nil {
-		return req
+		return req, nil
 	}
+	try := &connTry{ep: ep}
 	trace := &httptrace.ClientTrace{GotConn: func(c httptrace.GotConnInfo) {
+		try.Store(true)
 		if c.Reused {
 			h.Reused(ep)
 		}
 	}}
-	return req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
+	ctx := context.WithValue(httptrace.WithClientTrace(req.Context(), trace), connTryKey{}, try)
+	return req.WithContext(ctx), try
 }
 
 // Scheme is the URL scheme requests to b use.
@@ -427,6 +447,9 @@ func (w *wireState) transport(wire Wire) *http.Transport {
 		ep, err := endpointFor(ctx, addr)
 		if err != nil {
 			return nil, err
+		}
+		if try, ok := ctx.Value(connTryKey{}).(*connTry); ok && try.ep == ep.Addr {
+			try.Store(true) // this dial settles or hands back the probe
 		}
 		return w.dialH2(ctx, ep, wire)
 	}
