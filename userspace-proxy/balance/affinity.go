@@ -41,8 +41,9 @@ func CarryAffinity(prev *Affinity, seconds int32) *Affinity {
 
 // PickClient is Pick for a connection or request of client under p's
 // Affinity, if any: the endpoint client is pinned to while p hands it out,
-// it is not ejected and, if a fallback one, no endpoint of a tier before
-// its own may take connections; else the next one, to which client is
+// it is not ejected (a probe of it out, another's, does not move client:
+// Health.ejected) and, if a fallback one, no endpoint of a tier before its
+// own may take connections; else the next one, to which client is
 // pinned from then on. kube-proxy applies affinity within the endpoints
 // topology hints give the node, and the fallback ones are not among them
 // once the zone's serve again: kept, a client pinned while its zone was
@@ -58,7 +59,7 @@ func (p *Picker) PickClient(client ClientKey) *Choice {
 	now := time.Now()
 	if ep, ok := a.lookup(client, now); ok {
 		for i := range p.ready {
-			if c := &p.ready[i]; c.Endpoint.Addr == ep && !(p.health.Any() && p.health.passedOver(ep, now)) && !p.nearerTakes(i, now) {
+			if c := &p.ready[i]; c.Endpoint.Addr == ep && !(p.health.Any() && p.health.ejected(ep, now)) && !p.nearerTakes(i, now) {
 				a.set(client, ep, now)
 				return c
 			}

@@ -120,3 +120,37 @@ func TestClientIPAffinityFallback(t *testing.T) {
 		}
 	})
 }
+
+// TestPinnedRidesAlongProbe: a client pinned (ClientIP) and a session
+// whose endpoint's ejection is over keep it while another request's probe
+// of it is out: only an ejection moves them. Before, they moved to another
+// endpoint for as long as the probe was out (up to probeWait), though the
+// endpoint had just been let back in.
+func TestPinnedRidesAlongProbe(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := NewHealth(time.Minute, time.Minute, nil)
+		p := New(&snapshot.Backend{Endpoints: endpoints(2), ClientIPAffinitySeconds: 3600}, h, CarryAffinity(nil, 3600))
+		a := ClientOf(netip.MustParseAddrPort("10.1.0.1:40000"), nil)
+		home := p.PickClient(a)
+		sp := &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "s"}
+		r, _ := http.NewRequest(http.MethodGet, "/", nil)
+		hdr := http.Header{}
+		p.SetSession(hdr, r, home, time.Now(), sp)
+		r.Header.Set("s", hdr.Get("s"))
+
+		h.Failed(home.Endpoint.Addr, time.Now())
+		time.Sleep(time.Minute) // the ejection over
+		for p.Pick() != home {
+		} // another request takes the probe
+		if got := p.PickClient(a); got != home {
+			t.Errorf("probe out: the pinned client went to %s, want its endpoint %s", got.Host, home.Host)
+		}
+		if c, pinned, _ := p.PickRequest(r, ClientKey{}, time.Now(), sp); c != home || !pinned {
+			t.Errorf("probe out: the session went to %s (pinned %v), want its endpoint %s", c.Host, pinned, home.Host)
+		}
+		h.Failed(home.Endpoint.Addr, time.Now()) // the probe failed: ejected again
+		if got := p.PickClient(a); got == home {
+			t.Errorf("ejected: the pinned client went to it, %s", got.Host)
+		}
+	})
+}

@@ -215,9 +215,10 @@ func (p *Picker) PickFewest(load func(netip.AddrPort) int) *Choice {
 }
 
 // ejected reports whether c is ejected at now while another ready endpoint
-// (a fallback one too) is not: a session pinned to c then moves.
+// (a fallback one too) is not passed over: a session pinned to c then
+// moves. A probe of c out does not move it (Health.ejected).
 func (p *Picker) ejected(c *Choice, now time.Time) bool {
-	if !p.health.Any() || !p.health.passedOver(c.Endpoint.Addr, now) {
+	if !p.health.Any() || !p.health.ejected(c.Endpoint.Addr, now) {
 		return false
 	}
 	for i := range p.ready {

@@ -237,6 +237,17 @@ func (h *Health) passedOver(ep netip.AddrPort, now time.Time) bool {
 	return e != nil && e.passedOver(now)
 }
 
+// ejected reports whether ep's ejection lasts at now, its probe out or
+// not: what moves a client or session pinned to ep (Picker.PickClient,
+// PickRequest). A probe out does not: the endpoint was let back in, and
+// their connections are judged as the probe's are.
+func (h *Health) ejected(ep netip.AddrPort, now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	e := h.eps[ep]
+	return e != nil && now.Before(e.until)
+}
+
 func (e *ejection) passedOver(now time.Time) bool {
 	return now.Before(e.until) || !e.probe.IsZero() && now.Sub(e.probe) < probeWait
 }
