@@ -1104,6 +1104,51 @@ func TestServerFirstHalfClosedApp(t *testing.T) {
 	}
 }
 
+// TestServerFirstGreetingAtOnce: an app of a server-first protocol (an
+// SMTP banner, MySQL's greeting) behind an opaque TCP backend without TLS
+// origination reads its server's greeting while it has sent nothing, and
+// talks on after. The proxy waited for the app's first bytes until the
+// sniff timeout (here an hour) before it dialed, though nothing it could
+// see would have changed how they are relayed.
+func TestServerFirstGreetingAtOnce(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{sniffTimeout: time.Hour})
+	vip := netip.MustParseAddrPort("10.96.4.11:25")
+	e.p.Update(buildSnapshot(t, 1, service{name: "mail", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP,
+		Endpoints: endpoints(serveTCP(t, nil, func(c net.Conn) {
+			io.WriteString(c, "220 ready\r\n")
+			io.Copy(c, c)
+		}))}}))
+	c := e.appConn(t, vip)
+	r := bufio.NewReader(c)
+	if line, err := r.ReadString('\n'); err != nil || line != "220 ready\r\n" {
+		t.Fatalf("app read %q, %v before sending; want the greeting", line, err)
+	}
+	io.WriteString(c, "HELO app\r\n")
+	if line, err := r.ReadString('\n'); err != nil || line != "HELO app\r\n" {
+		t.Fatalf("app read %q, %v; want its bytes echoed", line, err)
+	}
+}
+
+// TestOpaqueTCPLateHTTPAnswered: an HTTP app behind an opaque TCP backend
+// that has no endpoint reads a 503, also when its request came after the
+// proxy took the connection (on a pipe the proxy cannot read without
+// waiting), as it did when the proxy waited for its first bytes.
+func TestOpaqueTCPLateHTTPAnswered(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	vip := netip.MustParseAddrPort("10.96.4.12:80")
+	e.p.Update(buildSnapshot(t, 1, service{name: "none", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP}}))
+	app, s := net.Pipe()
+	defer app.Close()
+	app.SetDeadline(time.Now().Add(hangGuard))
+	go e.p.ServeConn(s, vip, proxy.Client{})
+	go io.WriteString(app, "GET / HTTP/1.1\r\nHost: none\r\n\r\n")
+	if rep, err := http.ReadResponse(bufio.NewReader(app), nil); err != nil || rep.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("app read %v, %v; want a 503", rep, err)
+	}
+}
+
 // TestIdleRelaysHoldNoBuffers: relayed connections that wait — database
 // pools, idle gRPC channels — hold no copy buffer (64 KiB a direction
 // while they lived, before), with TLS origination or without, and relay

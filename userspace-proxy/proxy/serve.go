@@ -75,7 +75,13 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 		return
 	}
 	be := v.Backends.Get(fe.Backend)
-	kind, sc, err := sniff.Sniff(c, p.cfg.SniffTimeout)
+	timeout := p.cfg.SniffTimeout
+	if relaysAsIs(fe, be) {
+		// Waiting for the app would only delay a server-first protocol's
+		// greeting: what came already still labels the connection.
+		timeout = sniff.Now
+	}
+	kind, sc, err := sniff.Sniff(c, timeout)
 	if err != nil {
 		p.m.rejected.WithLabelValues("closed_early").Inc()
 		c.Close()
@@ -161,6 +167,14 @@ func (p *Proxy) choosePath(kind sniff.Kind, fe *snapshot.Frontend, be *upstream.
 	return l4
 }
 
+// relaysAsIs reports whether a connection to fe is relayed unchanged
+// whatever its first bytes are: no routes to look at them, and an opaque
+// TCP backend without TLS origination, so an app's own TLS is never wrapped
+// again (choosePath picks passthrough or l4 alike).
+func relaysAsIs(fe *snapshot.Frontend, be *upstream.Backend) bool {
+	return fe.Routes == nil && be.Err == nil && !be.TLS() && be.Spec.Protocol == snapshot.ProtocolTCP
+}
+
 // l7For is the L7 path for an app speaking kind: the fast path for HTTP/1.x
 // unless configured otherwise, net/http's server for HTTP/2.
 func (p *Proxy) l7For(kind sniff.Kind) Path {
@@ -243,6 +257,13 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 		load = p.h2.Load(cs.be.Spec.Ref)
 	}
 	up, ep, err := cs.dialAny(path, alpn, load)
+	if err != nil && kind == sniff.Opaque && relaysAsIs(cs.fe, cs.be) {
+		// ServeConn did not wait for the app's first bytes; without a
+		// backend they decide again how it learns of the failure.
+		if k, sc, serr := sniff.Sniff(c, p.cfg.SniffTimeout); serr == nil {
+			kind, c, path = k, sc, p.choosePath(k, cs.fe, cs.be)
+		}
+	}
 	if err != nil && (kind == sniff.HTTP1 || kind == sniff.HTTP2) {
 		// An HTTP client can read an error: let the L7 path answer (it
 		// dials again and maps the failure to 503 or 502).

@@ -201,11 +201,16 @@ func (c *Conn) dropDrained() {
 	}
 }
 
+// Now is the timeout of a Sniff that never waits: for a caller that relays
+// the bytes the same whatever they are, and only labels them.
+const Now time.Duration = -1
+
 // Sniff reads from c until Classify decides or timeout passes without a
 // decision, and returns the kind with a Conn replaying the bytes read. A
 // timeout, or end of stream, yields Opaque (an end before any byte may be
 // a half-close: an app that waits for its server to speak, or only listens
-// to it); a reset is an error. timeout 0 means no limit.
+// to it); a reset is an error. timeout 0 means no limit; timeout Now
+// judges only the bytes that already arrived, undecided ones as Opaque.
 //
 // Most clients have sent their first bytes by the time the proxy takes
 // their connection. On a sockio.Conn, reads first take what is there
@@ -225,7 +230,7 @@ func Sniff(c net.Conn, timeout time.Duration) (Kind, *Conn, error) {
 		}
 		return nil
 	}
-	if timeout > 0 {
+	if timeout != 0 {
 		if now = sockio.Of(c); now != nil {
 			now.NoWait(true)
 			defer func() {
@@ -233,6 +238,8 @@ func Sniff(c net.Conn, timeout time.Duration) (Kind, *Conn, error) {
 					now.NoWait(false)
 				}
 			}()
+		} else if timeout == Now {
+			return Opaque, &Conn{Conn: c}, nil // cannot read without waiting
 		} else if err := arm(); err != nil {
 			return Opaque, nil, err
 		}
@@ -246,6 +253,10 @@ func Sniff(c net.Conn, timeout time.Duration) (Kind, *Conn, error) {
 		// Wait for at least one more byte, then judge all that arrived.
 		_, err := r.Peek(r.Buffered() + 1)
 		if now != nil && errors.Is(err, sockio.ErrWouldBlock) {
+			if timeout == Now {
+				kind = Opaque
+				break
+			}
 			if err := arm(); err != nil {
 				return Opaque, nil, err
 			}

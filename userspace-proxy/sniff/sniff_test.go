@@ -188,6 +188,31 @@ func TestSniffSockio(t *testing.T) {
 	}
 }
 
+// TestSniffNow: Sniff with timeout Now does not wait for a silent client
+// (on a sockio.Conn, or any other connection, which it cannot read without
+// waiting), and its later bytes still arrive.
+func TestSniffNow(t *testing.T) {
+	app, conn := tcpserve.Pair(t)
+	a, b := net.Pipe()
+	defer a.Close()
+	for name, c := range map[string]struct {
+		app  io.Writer
+		conn net.Conn
+	}{"sockio": {app, sockio.Wrap(conn)}, "pipe": {a, b}} {
+		t.Run(name, func(t *testing.T) {
+			k, sc, err := Sniff(c.conn, Now)
+			if err != nil || k != Opaque {
+				t.Fatalf("Sniff = %v, %v; want opaque", k, err)
+			}
+			go c.app.Write([]byte("GET / HTTP/1.1\r\n\r\n"))
+			got := make([]byte, 18)
+			if _, err := io.ReadFull(sc, got); err != nil || string(got) != "GET / HTTP/1.1\r\n\r\n" {
+				t.Errorf("read %q, %v; want the request", got, err)
+			}
+		})
+	}
+}
+
 // TestSniffReset: a client that resets its connection after a few bytes
 // that decide nothing is an error, not opaque bytes: the socket reports a
 // reset once, and reads after it end cleanly, so the bytes relayed on
