@@ -540,7 +540,6 @@ func (h *Handler) report(ctx context.Context, x *exchange, reason upstream.Reaso
 	code := reason.Status()
 	lvl := slog.LevelDebug // an app that left: nothing to act on
 	var held uint64
-	var fc *upstream.FailClosedError
 	if reason != upstream.ReasonCanceled {
 		k := upstream.FailureKey{Reason: reason}
 		if x.fe != nil {
@@ -549,7 +548,7 @@ func (h *Handler) report(ctx context.Context, x *exchange, reason upstream.Reaso
 		if be != nil {
 			k.Backend = be.Spec.Ref
 		}
-		lvl, held, fc = h.failures.Level(k, be, err)
+		lvl, held = h.failures.Level(k, be, err)
 	}
 	if h.log.Enabled(ctx, lvl) {
 		attrs := []slog.Attr{
@@ -560,9 +559,7 @@ func (h *Handler) report(ctx context.Context, x *exchange, reason upstream.Reaso
 			slog.Uint64("snapshot_version", x.v.Snapshot.Version),
 			slog.Any("err", err),
 		}
-		if fc != nil {
-			attrs = append(attrs, slog.String("policy", fc.Policy.String()), slog.String("policy_reason", fc.Reason))
-		}
+		attrs = append(attrs, upstream.PolicyAttrs(be, reason, err)...)
 		if x.fe != nil {
 			attrs = append(attrs, slog.String("service", x.fe.Service.String()))
 		}

@@ -17,6 +17,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -1335,6 +1336,38 @@ func TestNoDoubleTLS(t *testing.T) {
 	}
 	if got := e.counter("sockmesh_proxy_connections_total", map[string]string{"path": "passthrough"}); got != 1 {
 		t.Errorf("passthrough connections = %v, want 1", got)
+	}
+}
+
+// TestTLSFailureLogNamesPolicy: the log line of a backend certificate that
+// fails verification names the policy whose TLS settings failed, on the
+// HTTP path and the opaque TCP one, as an invalid policy's line does; it
+// named the Service, backend and reason only, and left the operator to
+// find the policy.
+func TestTLSFailureLogNamesPolicy(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	impostor := startEcho(t, "impostor", serverTLS(e.pki.otherSrv))
+	vHTTP, vTCP := netip.MustParseAddrPort("10.96.5.4:443"), netip.MustParseAddrPort("10.96.5.5:443")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "web", vip: vHTTP, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(impostor.addr)}},
+		service{name: "db", vip: vTCP, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, TLS: tlsPolicy(e), Endpoints: endpoints(impostor.addr)}},
+	))
+	if code, _ := get(t, e.client(vHTTP, false), "http://web.b.svc/"); code != http.StatusBadGateway {
+		t.Errorf("http: status %d, want 502", code)
+	}
+	c := e.appConn(t, vTCP)
+	c.Write([]byte("\x00binary protocol hello"))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("tcp: read err = %v, want connection reset", err)
+	}
+	for _, msg := range []string{"request failed", "connection failed"} {
+		if !slices.ContainsFunc(strings.Split(e.logs.String(), "\n"), func(l string) bool {
+			return strings.Contains(l, `"msg":"`+msg+`"`) && strings.Contains(l, `"reason":"tls_verify"`) &&
+				strings.Contains(l, `"policy":"BackendTLSPolicy/b/echo-tls"`)
+		}) {
+			t.Errorf("no %q line with reason tls_verify names the policy:\n%s", msg, e.logs)
+		}
 	}
 }
 

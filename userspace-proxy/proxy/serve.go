@@ -384,11 +384,11 @@ func negotiated(c net.Conn, proto string) bool {
 func (cs *connState) fail(c net.Conn, path Path, reason upstream.Reason, err error) {
 	p := cs.p
 	p.m.failed.WithLabelValues(string(path), string(reason)).Inc()
-	lvl, held, fc := p.failures.Level(upstream.FailureKey{Service: cs.fe.Service, Backend: cs.be.Spec.Ref, Path: string(path), Reason: reason}, cs.be, err)
+	lvl, held := p.failures.Level(upstream.FailureKey{Service: cs.fe.Service, Backend: cs.be.Spec.Ref, Path: string(path), Reason: reason}, cs.be, err)
 	attrs := []any{"service", cs.fe.Service.String(), "backend", cs.be.Spec.Ref.String(), "orig_dst", cs.dst.String(),
 		"client", httpproxy.ClientName(cs.v.Snapshot, cs.client.Addr, cs.client.Pod), "path", string(path), "reason", string(reason), "snapshot_version", cs.v.Snapshot.Version, "err", err}
-	if fc != nil {
-		attrs = append(attrs, "policy", fc.Policy.String(), "policy_reason", fc.Reason)
+	for _, a := range upstream.PolicyAttrs(cs.be, reason, err) {
+		attrs = append(attrs, a)
 	}
 	if held > 0 {
 		attrs = append(attrs, "suppressed", held)

@@ -33,18 +33,32 @@ func NewFailureLog(every time.Duration) *FailureLog {
 }
 
 // Level returns the level of the line for a failure of kind k with err
-// (be may be nil), how many lines of k went to Debug since the last at
-// Warn, and err's *FailClosedError if it is one.
-func (l *FailureLog) Level(k FailureKey, be *Backend, err error) (lvl slog.Level, held uint64, fc *FailClosedError) {
-	if errors.As(err, &fc) {
+// (be may be nil), and how many lines of k went to Debug since the last at
+// Warn.
+func (l *FailureLog) Level(k FailureKey, be *Backend, err error) (lvl slog.Level, held uint64) {
+	if _, ok := errors.AsType[*FailClosedError](err); ok {
 		if be != nil && !be.FirstFailure() {
-			return slog.LevelDebug, 0, fc
+			return slog.LevelDebug, 0
 		}
-		return slog.LevelWarn, 0, fc
+		return slog.LevelWarn, 0
 	}
 	ok, held := l.t.Allow(k, time.Now())
 	if !ok {
-		return slog.LevelDebug, 0, nil
+		return slog.LevelDebug, 0
 	}
-	return slog.LevelWarn, held, nil
+	return slog.LevelWarn, held
+}
+
+// PolicyAttrs name, for the log line of a failure of reason with err, the
+// policy an operator has to look at: a fail-closed backend's invalid one
+// and why, or the one whose TLS settings (BackendTLSPolicy, XBackend) a
+// failed certificate verification or handshake used. be may be nil.
+func PolicyAttrs(be *Backend, reason Reason, err error) []slog.Attr {
+	if fc, ok := errors.AsType[*FailClosedError](err); ok {
+		return []slog.Attr{slog.String("policy", fc.Policy.String()), slog.String("policy_reason", fc.Reason)}
+	}
+	if (reason == ReasonTLSVerify || reason == ReasonTLSHandshake) && be != nil && be.Spec.TLS != nil {
+		return []slog.Attr{slog.String("policy", be.Spec.TLS.Policy.String())}
+	}
+	return nil
 }
