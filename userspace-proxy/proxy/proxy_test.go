@@ -1150,6 +1150,40 @@ func TestOpaqueTCPLateHTTPAnswered(t *testing.T) {
 	}
 }
 
+// TestRelayBytesCountedLive: sockmesh_proxy_bytes_total shows what a
+// relay moved while it lives, with TLS origination or without; it counted
+// a relay's bytes when its connection ended, so a database pool or a
+// WebSocket showed nothing for as long as it lasted.
+func TestRelayBytesCountedLive(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	vTLS, vClear := netip.MustParseAddrPort("10.96.4.13:5432"), netip.MustParseAddrPort("10.96.4.14:5432")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "db", vip: vTLS, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, TLS: tlsPolicy(e),
+			Endpoints: endpoints(startTCPEcho(t, serverTLS(e.pki.server)))}},
+		service{name: "raw", vip: vClear, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, Endpoints: endpoints(startTCPEcho(t, nil))}},
+	))
+	up, down := map[string]string{"direction": "upstream"}, map[string]string{"direction": "downstream"}
+	for name, dst := range map[string]netip.AddrPort{"tls": vTLS, "clear": vClear} {
+		t.Run(name, func(t *testing.T) {
+			wantUp, wantDown := e.counter("sockmesh_proxy_bytes_total", up)+5, e.counter("sockmesh_proxy_bytes_total", down)+5
+			c := e.appConn(t, dst)
+			io.WriteString(c, "\x00ping")
+			if _, err := io.ReadFull(c, make([]byte, 5)); err != nil {
+				t.Fatal(err)
+			}
+			// The proxy counted the app's bytes before it sent them on;
+			// the echo's, once written, maybe after the app read them.
+			if got := e.counter("sockmesh_proxy_bytes_total", up); got != wantUp {
+				t.Errorf("upstream bytes = %v while the relay lives, want %v", got, wantUp)
+			}
+			if got := e.counterReaches("sockmesh_proxy_bytes_total", down, wantDown); got != wantDown {
+				t.Errorf("downstream bytes = %v while the relay lives, want %v", got, wantDown)
+			}
+		})
+	}
+}
+
 // TestIdleRelaysHoldNoBuffers: relayed connections that wait — database
 // pools, idle gRPC channels — hold no copy buffer (64 KiB a direction
 // while they lived, before), with TLS origination or without, and relay

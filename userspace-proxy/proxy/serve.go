@@ -7,8 +7,9 @@ import (
 	"net"
 	"net/netip"
 	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
@@ -288,11 +289,11 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 		// client (see ListenConfig).
 		tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true})
 	}
-	var app net.Conn = c
+	var app net.Conn = p.counted(c)
 	var untrackH2 func()
 	if relayedH2 {
 		ref := cs.be.Spec.Ref
-		dc := h2drain.NewConn(c)
+		dc := h2drain.NewConn(app)
 		p.h2.Add(ref, ep.Addr, dc, cs.be.ValidUntil(up))
 		untrackH2 = func() { p.h2.Remove(ref, dc) }
 		app = dc
@@ -332,11 +333,9 @@ func (cs *connState) relay(c, app, up net.Conn, pm pathMetrics, untrackH2 func()
 		defer untrackH2()
 	}
 	defer pm.active.Dec()
-	res := relay.Relay(app, up, p.bufs, p.panics)
+	relay.Relay(app, up, p.bufs, p.panics)
 	p.trackConn(c, false)
 	p.trackConn(up, false)
-	p.m.bytesUp.Add(float64(res.AToB))
-	p.m.bytesDown.Add(float64(res.BToA))
 }
 
 // dialAny dials ready endpoints in turn until one answers, and returns its
@@ -408,47 +407,51 @@ func (cs *connState) serveHTTP(c *sniff.Conn, path Path) {
 	// Tracked for Shutdown to force, on both paths: http.Server.Close
 	// leaves hijacked connections (WebSocket relays) open.
 	p.trackConn(c, true)
-	var cc *countedConn
 	ended := func() {
 		pm.active.Dec()
 		p.trackConn(c, false)
-		p.m.bytesUp.Add(float64(cc.rx.Load()))
-		p.m.bytesDown.Add(float64(cc.tx.Load()))
 		cs.end()
 	}
 	t := &httpproxy.Target{OrigDst: cs.dst, Start: cs.v, Current: &p.current, ClientAddr: cs.client.Addr, ClientPod: cs.client.Pod, Ended: ended}
 	cs.handedOff = true // ServeHTTP1, net/http's server or a failed push calls ended
 	if path == PathHTTP1 {
-		cc = &countedConn{Conn: c}
-		p.h.ServeHTTP1(cc, t)
+		p.h.ServeHTTP1(p.counted(c), t)
 		return
 	}
 	// net/http's server reads and writes c on goroutines of its own
 	// (an HTTP/2 connection's frame reader, an HTTP/1.1 connection's
 	// background read): contain panics in the proxy's layers beneath.
-	lc := &l7Conn{countedConn: countedConn{Conn: p.panics.Conn(c, "app connection")}, target: t}
-	cc = &lc.countedConn
+	lc := &l7Conn{countedConn: *p.counted(p.panics.Conn(c, "app connection")), target: t}
 	if !p.l7.push(lc) {
 		sockio.Reset(c)
 		ended()
 	}
 }
 
-// countedConn counts the bytes a served connection moves.
+// countedConn counts the bytes a served connection moves in
+// sockmesh_proxy_bytes_total as they move: a relay or WebSocket that lives
+// for days shows its traffic meanwhile, not when it ends. A read or write
+// moves at most a copy buffer (64 KiB), and the counters add integers
+// atomically.
 type countedConn struct {
 	net.Conn
-	rx, tx atomic.Int64
+	rx, tx prometheus.Counter
+}
+
+// counted is c counted in the proxy's byte counters.
+func (p *Proxy) counted(c net.Conn) *countedConn {
+	return &countedConn{Conn: c, rx: p.m.bytesUp, tx: p.m.bytesDown}
 }
 
 func (c *countedConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
-	c.rx.Add(int64(n))
+	c.rx.Add(float64(n))
 	return n, err
 }
 
 func (c *countedConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
-	c.tx.Add(int64(n))
+	c.tx.Add(float64(n))
 	return n, err
 }
 
@@ -459,7 +462,7 @@ func (c *countedConn) NetConn() net.Conn { return c.Conn }
 // underneath is a sockio.PooledReader.
 func (c *countedConn) ReadPooled(bufs sockio.Buffers) (*[]byte, int, error) {
 	bp, n, err := c.Conn.(sockio.PooledReader).ReadPooled(bufs)
-	c.rx.Add(int64(n))
+	c.rx.Add(float64(n))
 	return bp, n, err
 }
 
