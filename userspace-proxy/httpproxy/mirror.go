@@ -72,7 +72,7 @@ func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 			m.Body, m.ContentLength = replayBody(x.r.body), int64(len(x.r.body))
 		case tee != nil:
 			// GetBody gives the request's own next try (keepBody).
-			m.Body, m.ContentLength, m.GetBody = io.NopCloser(&teeReader{t: tee, done: ctx.Done()}), -1, nil
+			m.Body, m.ContentLength, m.GetBody = newTeeReader(tee, ctx.Done()), -1, nil
 		}
 		rt := be.RoundTripper(WireFor(be, r.ProtoMajor, false))
 		go func() {
@@ -330,12 +330,27 @@ func (r *tryBody) Close() error {
 }
 
 // teeReader is one mirror's copy of a teeBody. It waits for the
-// request's next bytes until done: the mirror ended (its timeout, or its
-// answer read), whether or not its transport still reads the body.
+// request's next bytes until done (the mirror ended: its timeout, or its
+// answer read) or until its transport closes it: net/http's HTTP/2
+// Transport waits for its body's read in progress before a RoundTrip whose
+// stream the backend refused or reset returns, which would otherwise hold
+// the mirror's slot until MirrorTimeout.
 type teeReader struct {
-	t    *teeBody
-	off  int
-	done <-chan struct{}
+	t      *teeBody
+	off    int
+	done   <-chan struct{}
+	closed chan struct{}
+	once   sync.Once
+}
+
+func newTeeReader(t *teeBody, done <-chan struct{}) *teeReader {
+	return &teeReader{t: t, done: done, closed: make(chan struct{})}
+}
+
+// Close ends r's reads, the one waiting included.
+func (r *teeReader) Close() error {
+	r.once.Do(func() { close(r.closed) })
+	return nil
 }
 
 func (r *teeReader) Read(p []byte) (int, error) {
@@ -364,6 +379,8 @@ func (r *teeReader) Read(p []byte) (int, error) {
 		select {
 		case <-grew:
 		case <-r.done:
+			return 0, errMirrorCut
+		case <-r.closed:
 			return 0, errMirrorCut
 		}
 	}

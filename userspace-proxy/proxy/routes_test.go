@@ -416,6 +416,60 @@ func TestRouteMirrorMainRefused(t *testing.T) {
 	}
 }
 
+// TestRouteMirrorResetFreesSlot: a mirror of a streamed body whose HTTP/2
+// backend resets its stream gives its slot back while the app still sends
+// the body. Before, the Transport waited for the mirror's read of the
+// app's next bytes, which its Close of the body did not end, and the
+// mirror held one of MaxMirrors until MirrorTimeout.
+func TestRouteMirrorResetFreesSlot(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path, routing: httpproxy.RoutingConfig{MaxMirrors: 1, MirrorTimeout: time.Hour}})
+			m := &mesh{t: t}
+			l := listenLocal(t)
+			tcpserve.Serve(t, l, func(c net.Conn) {
+				serveFrames(c, func(fr *http2.Framer, f *http2.MetaHeadersFrame) bool {
+					fr.WriteRSTStream(f.StreamID, http2.ErrCodeInternal)
+					return true
+				})
+			})
+			mref := m.backend("resetting", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
+			front := m.echoBackend("front")
+			m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(front),
+					Filters: snapshot.Filters{Mirrors: []snapshot.Mirror{{Backend: mref, Numerator: 1, Denominator: 1}}}}},
+			)))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, k.h2c)
+			pr, pw := io.Pipe()
+			// The app's body is not over when the mirror's stream is reset.
+			failed := make(chan float64, 1)
+			go func() {
+				pw.Write([]byte("first"))
+				failed <- e.counterReaches("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": "failed"}, 1)
+				pw.Write([]byte(" rest"))
+				pw.Close()
+			}()
+			if a := send(t, c, newReq(t, http.MethodPost, "http://front.b.svc/", pr)); a.status != 200 || a.report.BodyBytes != int64(len("first rest")) {
+				t.Fatalf("main request: %d with %d body bytes", a.status, a.report.BodyBytes)
+			}
+			if got := <-failed; got != 1 {
+				t.Errorf("mirrors{failed} = %v while the body streamed, want 1: the reset mirror held its slot", got)
+			}
+			if a := send(t, c, newReq(t, http.MethodPost, "http://front.b.svc/", strings.NewReader("next"))); a.status != 200 {
+				t.Fatalf("next request: %d", a.status)
+			}
+			if got := e.counterReaches("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": "failed"}, 2); got != 2 {
+				t.Errorf("mirrors{failed} = %v, want 2", got)
+			}
+			if got := e.counter("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": "dropped_busy"}); got != 0 {
+				t.Errorf("mirrors{dropped_busy} = %v, want 0: the reset mirror's slot was free", got)
+			}
+		})
+	}
+}
+
 // TestRouteMirrorBusyLeavesProbe: a mirror dropped because MaxMirrors are
 // in flight takes no endpoint's probe: the endpoint, its ejection over,
 // takes the next request of another Service that reaches it. Before, the
