@@ -216,6 +216,7 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 		}
 		if err == nil {
 			x.cd = cd
+			x.tee.settle()
 			return s.respond(req, resp, x, choice, websocket, uc, body)
 		}
 		s.watch.stop()

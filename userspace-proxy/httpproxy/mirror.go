@@ -71,6 +71,9 @@ func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 		case x.r.kept:
 			m.Body, m.ContentLength = replayBody(x.r.body), int64(len(x.r.body))
 		case tee != nil:
+			tee.mu.Lock()
+			tee.teed = true
+			tee.mu.Unlock()
 			// GetBody gives the request's own next try (keepBody).
 			m.Body, m.ContentLength, m.GetBody = newTeeReader(tee, ctx.Done()), -1, nil
 		}
@@ -143,6 +146,7 @@ type teeBody struct {
 	cur   *tryBody      // the try under way
 	first tryBody       // most requests have but one try
 	held  bool          // tries may follow: Close waits for release
+	teed  bool          // mirrors read buf: settle keeps it
 	ended bool          // close was done
 }
 
@@ -187,6 +191,26 @@ func (t *teeBody) again() *tryBody {
 	t.cur.stale = true
 	t.cur = &tryBody{t: t}
 	return t.cur
+}
+
+// settle tells t that no try follows the one under way: its answer's
+// head goes to the app. The recording, which a long stream (a gRPC call)
+// would hold for as long as it lives, is dropped once that try has read
+// it, unless mirrors read it (they may be behind; MirrorTimeout ends
+// them). A nil t does nothing.
+func (t *teeBody) settle() {
+	if t == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.teed {
+		return
+	}
+	t.over = true // no other try: its reads drop the recording
+	if t.cur != nil && t.cur.off == t.read {
+		t.buf = nil
+	}
 }
 
 // release ends t's tries: a Close of the last passes through from now on,
@@ -268,6 +292,9 @@ func (r *tryBody) Read(p []byte) (int, error) {
 		case r.off < t.read:
 			n := copy(p, t.buf[r.off:])
 			r.off += n
+			if t.over && r.off == t.read {
+				t.buf = nil // settled: no try will want it again
+			}
 			t.mu.Unlock()
 			return n, nil
 		case t.end != nil && t.end != errMirrorCut:

@@ -64,3 +64,40 @@ func TestRecordedBody(t *testing.T) {
 		}
 	}
 }
+
+// TestRecordedBodySettled: once a try's answer goes to the app, no try
+// follows, and the recording is dropped as soon as that try has read it —
+// a long stream held it for as long as it lived. Mirrors, which may be
+// behind, keep it.
+func TestRecordedBodySettled(t *testing.T) {
+	for _, mirrored := range []bool{false, true} {
+		pr, pw := io.Pipe()
+		x := &exchange{}
+		r := &http.Request{Body: pr}
+		x.record(r, 64)
+		x.tee.teed = mirrored
+		go io.WriteString(pw, "streamed")
+		if _, err := io.ReadFull(r.Body, make([]byte, 8)); err != nil {
+			t.Fatal(err)
+		}
+		x.tee.settle()
+		if !mirrored && x.tee.handOver() {
+			t.Errorf("mirrored %v: another try may start after the answer went to the app", mirrored)
+		}
+		if kept := x.tee.buf != nil; kept != mirrored {
+			t.Errorf("mirrored %v: recording kept %v after the answer went to the app", mirrored, kept)
+		}
+		go func() {
+			io.WriteString(pw, " on")
+			pw.Close()
+		}()
+		if rest, err := io.ReadAll(r.Body); err != nil || string(rest) != " on" {
+			t.Errorf("mirrored %v: the try read on %q, %v", mirrored, rest, err)
+		}
+		if kept := x.tee.buf != nil; kept != mirrored {
+			t.Errorf("mirrored %v: recording kept %v as the stream went on", mirrored, kept)
+		}
+		r.Body.Close()
+		x.tee.release()
+	}
+}

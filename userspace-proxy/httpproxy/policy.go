@@ -363,6 +363,7 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 				cancelReq()
 				return nil, c, noop, err
 			}
+			x.tee.settle()
 			return resp, c, func() { cancel(); cancelReq() }, nil
 		}
 		if resp != nil {
