@@ -321,6 +321,10 @@ type exchange struct {
 	// connect failed can go again (roundTrip); cut once the exchange is
 	// over on the fast path, which never closes it.
 	tee *teeBody
+	// retried counts the rule's retries sent on the net/http paths: the
+	// proxy's own (roundTrip) and the streams net/http's HTTP/2 Transport
+	// sends again on its own (resend).
+	retried int
 	// r is the route decision when the frontend has routes that apply
 	// to this client; nil otherwise.
 	r *routed

@@ -41,12 +41,13 @@ import (
 //     recorded within RoutingConfig.ReplayBytes (keepBody, teeBody), never
 //     once a byte of the body was sent. HTTP/2 backends that refuse a
 //     stream (REFUSED_STREAM, GOAWAY) are retried by net/http's Transport
-//     itself when the body is kept or recorded (keepBody gives it
-//     GetBody) or empty, whatever the rule says: up to 7 more streams
-//     within its RoundTrip, backing off from 1 s to 32 s, which neither
-//     the retry budget nor the retries metric sees, nor can stop (a
-//     bodiless request gives it nothing to refuse); the request timeout
-//     bounds them.
+//     itself: one with a kept or recorded body asks GetBody (keepBody),
+//     which takes it as one of the rule's retries (resend) and refuses it
+//     once they are spent; an empty one is sent up to 7 more times
+//     within its RoundTrip, backing off from 1 s to 32 s, whatever the
+//     rule says, which neither the retry budget nor the retries metric
+//     sees, nor can stop (it asks nothing); the request timeout bounds
+//     them.
 //   - A backend with a retry budget (XBackendTrafficPolicy retryConstraint,
 //     package retrybudget) counts every request sent to it (countRequest)
 //     and every retry; a retry the budget refuses is not sent, and the
@@ -230,8 +231,8 @@ func (h *Handler) keepBody(x *exchange, r *http.Request, expects bool) error {
 		x.record(r, h.cfg.Routing.ReplayBytes)
 		t := x.tee
 		r.GetBody = func() (io.ReadCloser, error) {
-			if !t.handOver() {
-				return nil, errNotRecorded
+			if err := h.resend(x, func() bool { return t.handOver() }); err != nil {
+				return nil, err
 			}
 			return t.again(), nil
 		}
@@ -246,9 +247,39 @@ func (h *Handler) keepBody(x *exchange, r *http.Request, expects bool) error {
 	}
 	rt.body, rt.kept = buf, true
 	r.Body = replayBody(buf)
-	r.GetBody = func() (io.ReadCloser, error) { return replayBody(buf), nil }
+	r.GetBody = func() (io.ReadCloser, error) {
+		if err := h.resend(x, func() bool { return true }); err != nil {
+			return nil, err
+		}
+		return replayBody(buf), nil
+	}
 	return nil
 }
+
+// resend takes a stream net/http's HTTP/2 Transport sends again on its
+// own (REFUSED_STREAM, GOAWAY: it asks GetBody for the body) as one of
+// the rule's retries: counted, taken from the retry budget, and refused
+// once the rule's attempts are spent — as Envoy, the proxy resends a
+// refused stream only under a retry rule. ready says whether the body can
+// go again; it is asked last, as it may make the try under way stale.
+func (h *Handler) resend(x *exchange, ready func() bool) error {
+	switch {
+	case x.retried >= x.r.pol.retries:
+		return errResendsSpent
+	case !ready():
+		return errNotRecorded
+	}
+	if err := h.spendRetry(x, "refused_stream", x.retried, errResendsSpent, nil); err != nil {
+		return err
+	}
+	x.retried++
+	h.m.retries.WithLabelValues("refused_stream").Inc()
+	return nil
+}
+
+// errResendsSpent is why net/http's Transport gives up on a refused stream
+// the rule's retries cannot send again.
+var errResendsSpent = errors.New("stream refused: the route's retries are spent")
 
 // errNotRecorded is why net/http's Transport cannot send a streamed body
 // again: it outgrew its recording (ReplayBytes), or reading it failed.
@@ -357,7 +388,7 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 		case err == nil && (p.retryStatus(resp.StatusCode) || grpcTurnedAway(resp)):
 			why = "status"
 		}
-		if why == "" || n >= p.retries || !x.resendable(out) {
+		if why == "" || x.retried >= p.retries || !x.resendable(out) {
 			if err != nil {
 				cancel()
 				cancelReq()
@@ -370,11 +401,11 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 			drain(resp)
 		}
 		cancel()
-		if err := h.spendRetry(x, why, n, err, resp); err != nil {
+		if err := h.spendRetry(x, why, x.retried, err, resp); err != nil {
 			cancelReq()
 			return nil, c, noop, err
 		}
-		if !p.wait(ctx, n+1) {
+		if !p.wait(ctx, x.retried+1) {
 			cancelReq()
 			if err := out.Context().Err(); err != nil {
 				return nil, c, noop, err // the client went away
@@ -382,6 +413,7 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 			return nil, c, noop, timeoutError(true, context.DeadlineExceeded)
 		}
 		h.m.retries.WithLabelValues(why).Inc()
+		x.retried++
 		c = x.repick(c)
 	}
 }
