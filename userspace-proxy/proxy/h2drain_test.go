@@ -198,14 +198,7 @@ func TestRelayedH2BackToZone(t *testing.T) {
 			if name != "ejection-over" {
 				update(2, true)
 			}
-			for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
-				if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod == "zone-a" {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("%v after the zone's endpoint serves again, the connection still reaches zone-b", hangGuard)
-				}
-			}
+			untilZoneA(t, c, "the zone's endpoint serves again")
 			if got := e.counterReaches("sockmesh_proxy_goaways_total", map[string]string{"backend": name, "reason": "preferred_back"}, 1); got != 1 {
 				t.Errorf("goaways counted %v, want 1", got)
 			}
@@ -243,26 +236,12 @@ func TestRelayedH2FallbackDialedAcrossBack(t *testing.T) {
 	<-g.dialing // the zone's endpoint refused, and is ejected
 	startEchoOn(t, here.String(), echo.Config{Pod: "zone-a"})
 	h1 := e.client(vip, false)
-	for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
-		if _, rep := get(t, h1, "http://web.b.svc/"); rep.Pod == "zone-a" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the zone's endpoint never took the HTTP/1.1 app's requests back")
-		}
-	}
+	untilZoneA(t, h1, "the zone's endpoint serves again (an HTTP/1.1 app)")
 	close(g.release)
 	if code := <-first; code != http.StatusOK {
 		t.Fatalf("the request dialed to the other zone: %d, want 200", code)
 	}
-	for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
-		if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod == "zone-a" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%v after it was relayed, the connection still reaches zone-b", hangGuard)
-		}
-	}
+	untilZoneA(t, c, "it was relayed")
 }
 
 // TestRelayedH2BackAfterCanceledProbe: when the connect that probes the
@@ -330,14 +309,7 @@ func TestRelayedH2BackAfterCanceledProbe(t *testing.T) {
 			t.Fatalf("%v on, no request probed the zone's endpoint", hangGuard)
 		}
 	}
-	for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
-		if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod == "zone-a" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%v after the probe's app left, the connection still reaches zone-b", hangGuard)
-		}
-	}
+	untilZoneA(t, c, "the probe's app left")
 }
 
 // TestRelayedH2AllBackAfterIdleMove: of two relayed h2c connections on
@@ -364,14 +336,7 @@ func TestRelayedH2AllBackAfterIdleMove(t *testing.T) {
 	}
 	// Each app reads its GOAWAY before its next request, or with it.
 	for i, c := range apps {
-		for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
-			if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod == "zone-a" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("app %d: %v after both were asked back, it still reaches zone-b", i, hangGuard)
-			}
-		}
+		untilZoneA(t, c, fmt.Sprintf("both apps were asked back (app %d)", i))
 	}
 }
 
@@ -424,14 +389,7 @@ func TestRelayedH2BackAfterProbeVerifyFailed(t *testing.T) {
 	if _, rep := get(t, h1, "http://sticky.b.svc/"); rep.Pod != "zone-a" {
 		t.Errorf("after the probe met the untrusted certificate, then the certificate was fixed: reached %q, want zone-a", rep.Pod)
 	}
-	for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
-		if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod == "zone-a" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%v after the probe met the untrusted certificate, the connection still reaches zone-b", hangGuard)
-		}
-	}
+	untilZoneA(t, c, "the probe met the untrusted certificate")
 }
 
 // TestRelayedH2BackAfterProbeFailedHere: when the connect that probes the
@@ -469,14 +427,7 @@ func TestRelayedH2BackAfterProbeFailedHere(t *testing.T) {
 	if got := e.counter("sockmesh_proxy_upstream_dials_total", map[string]string{"result": "dial_failed"}); got != 1 {
 		t.Fatalf("dials failed for want of this node: %v, want 1 (the probe)", got)
 	}
-	for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
-		if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod == "zone-a" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%v after the probe failed for want of this node, the connection still reaches zone-b", hangGuard)
-		}
-	}
+	untilZoneA(t, c, "the probe failed for want of this node")
 	if _, rep := get(t, h1, "http://sticky.b.svc/"); rep.Pod != "zone-a" {
 		t.Errorf("after the probe failed for want of this node: reached %q, want zone-a", rep.Pod)
 	}
@@ -712,5 +663,19 @@ func TestShutdownDrainsRelayedH2(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Error("shutdown still waiting 10 s after the stream ended")
+	}
+}
+
+// untilZoneA sends requests on c to web.b.svc until one reaches zone-a,
+// and fails once hangGuard passes after what happened (after).
+func untilZoneA(t *testing.T, c *http.Client, after string) {
+	t.Helper()
+	for deadline := time.Now().Add(hangGuard); ; time.Sleep(5 * time.Millisecond) {
+		if _, rep := get(t, c, "http://web.b.svc/"); rep.Pod == "zone-a" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%v after %s, requests still reach zone-b", hangGuard, after)
+		}
 	}
 }
