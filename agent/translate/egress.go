@@ -59,10 +59,28 @@ var cloudMetadata = []netip.Addr{
 	netip.MustParseAddr("168.63.129.16"),   // Azure's WireServer (extension settings)
 }
 
+// nat64Prefixes hold IPv6 addresses that a NAT64 gateway (RFC 6146) takes
+// to the IPv4 address in their last 32 bits: RFC 6052's well-known prefix
+// and RFC 8215's local-use block, whose networks are /96s in the common
+// layout that this decodes (the other RFC 6052 lengths split the IPv4
+// address around a reserved octet, and are not decoded).
+var nat64Prefixes = []netip.Prefix{
+	netip.MustParsePrefix("64:ff9b::/96"),
+	netip.MustParsePrefix("64:ff9b:1::/48"),
+}
+
 // refusedAddress says why an external name may not lead to a, or "".
 // cluster maps the Services' ClusterIPs and endpoint addresses to what they
-// are (clusterAddresses).
+// are (clusterAddresses). A NAT64 address is judged by the IPv4 address it
+// leads to: from a node behind a NAT64 gateway, 64:ff9b::a9fe:a9fe is
+// 169.254.169.254.
 func refusedAddress(a netip.Addr, node Node, cluster map[netip.Addr]string) string {
+	if slices.ContainsFunc(nat64Prefixes, func(p netip.Prefix) bool { return p.Contains(a) }) {
+		b := a.As16()
+		if why := refusedAddress(netip.AddrFrom4([4]byte(b[12:])), node, cluster); why != "" {
+			return "NAT64 of " + why
+		}
+	}
 	switch {
 	case !a.IsValid():
 		return "invalid"

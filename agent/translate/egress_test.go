@@ -41,6 +41,14 @@ func TestRefusedAddress(t *testing.T) {
 		"10.244.7.7":      "pod range",
 		"10.100.0.1":      "service range",
 		"fd00:96::1":      "service range",
+		// NAT64: judged by the IPv4 address the gateway takes it to.
+		"64:ff9b::a9fe:a9fe":  "NAT64 of link-local",
+		"64:ff9b::7f00:1":     "NAT64 of loopback",
+		"64:ff9b::c0a8:105":   "NAT64 of node address",
+		"64:ff9b::af4:707":    "NAT64 of pod range",
+		"64:ff9b:1:2::a64:1":  "NAT64 of service range",
+		"64:ff9b::cb00:7109":  "", // 203.0.113.9
+		"64:ff9b:2::c0a8:105": "", // outside the NAT64 prefixes
 	} {
 		if got := refusedAddress(netip.MustParseAddr(addr), node, nil); got != want {
 			t.Errorf("refusedAddress(%s) = %q, want %q", addr, got, want)
