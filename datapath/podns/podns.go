@@ -128,8 +128,13 @@ func (n *NS) Listen(ctx context.Context, lc *net.ListenConfig, network, address 
 	return ln, nil
 }
 
+// ipvsDevice is the dummy interface on which kube-proxy's IPVS mode puts
+// every Service's ClusterIPs, so that the node accepts their packets.
+const ipvsDevice = "kube-ipvs0"
+
 // Addrs lists the IP addresses configured on the namespace's interfaces,
-// read over netlink.
+// read over netlink, but those on kube-ipvs0: they are Services' addresses,
+// not the namespace's own.
 func (n *NS) Addrs() ([]netip.Addr, error) {
 	var out []netip.Addr
 	err := n.netlink(func(h *netlink.Handle) error {
@@ -137,7 +142,14 @@ func (n *NS) Addrs() ([]netip.Addr, error) {
 		if err != nil {
 			return err
 		}
+		ipvs := -1
+		if l, err := h.LinkByName(ipvsDevice); err == nil {
+			ipvs = l.Attrs().Index
+		}
 		for _, a := range addrs {
+			if a.LinkIndex == ipvs {
+				continue
+			}
 			if ip, ok := netip.AddrFromSlice(a.IP); ok {
 				out = append(out, ip.Unmap())
 			}

@@ -3,10 +3,13 @@ package podns_test
 import (
 	"context"
 	"errors"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
 	"testing"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/sockmesh/sockmesh/datapath/podns"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
@@ -137,5 +140,31 @@ func TestDefaultRouteAddrs(t *testing.T) {
 				t.Errorf("DefaultRouteAddrs() = %v, %v; want %v", got, err, tc.want)
 			}
 		})
+	}
+}
+
+// TestAddrsLeaveOutIPVS: a namespace's addresses leave out those on
+// kube-ipvs0, the dummy interface where kube-proxy's IPVS mode puts every
+// ClusterIP: they are Services', and an ExternalHostname answer that is
+// one is refused as a Service's, not as the node's.
+func TestAddrsLeaveOutIPVS(t *testing.T) {
+	node, peer := sandbox.NewNetNS(t), sandbox.NewNetNS(t)
+	own := netip.MustParsePrefix("10.218.0.2/24")
+	sandbox.NewVeth(t, node, peer, []netip.Prefix{own}, []netip.Prefix{netip.MustParsePrefix("10.218.0.1/24")})
+	clusterIP := netip.MustParseAddr("10.96.7.7")
+	if err := <-node.Go(func() error {
+		// kube-proxy's is a dummy; this kernel has no dummy driver, and
+		// the name is what counts.
+		ipvs := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "kube-ipvs0"}}
+		if err := netlink.LinkAdd(ipvs); err != nil {
+			return err
+		}
+		return netlink.AddrAdd(ipvs, &netlink.Addr{IPNet: &net.IPNet{IP: clusterIP.AsSlice(), Mask: net.CIDRMask(32, 32)}})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := node.Addrs()
+	if err != nil || !slices.Contains(got, own.Addr()) || slices.Contains(got, clusterIP) {
+		t.Errorf("Addrs() = %v, %v; want %s and not kube-ipvs0's %s", got, err, own.Addr(), clusterIP)
 	}
 }
