@@ -10,6 +10,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
 // GAMMA routes on the L7 paths. A frontend without routes costs one nil
@@ -124,10 +125,7 @@ func (x *exchange) sessionFor() *snapshot.SessionPersistence {
 // decision says, keeps its body when retries or mirrors need it, and
 // starts the mirrors. host is the app's own authority, which rewrites and
 // mirrors start from; expects says the body waits for 100 Continue (it is
-// then streamed, not kept). An ExternalHostname backend gets its own name
-// as authority, unless a filter of the rule set one (a URLRewrite hostname,
-// a Host header change): the API makes that the Host sent upstream. Its
-// TLS server name stays the backend's.
+// then streamed, not kept).
 func (h *Handler) applyRoute(x *exchange, out *http.Request, host string, expects, websocket bool) error {
 	d := &x.r.d
 	out.Host = host
@@ -141,10 +139,19 @@ func (h *Handler) applyRoute(x *exchange, out *http.Request, host string, expect
 		return err
 	}
 	h.mirror(x, out, websocket)
-	if name := x.be.Spec.Hostname; name != "" && !d.SetsAuthority() {
-		out.Host = name
-	}
+	externalAuthority(out, x.be, d)
 	return nil
+}
+
+// externalAuthority gives r, bound for be (the route's backend or a
+// mirror's), be's own name as authority when be is an ExternalHostname,
+// unless a filter of the rule set one (a URLRewrite hostname, a Host header
+// change): the API makes that the Host sent upstream. Its TLS server name
+// stays the backend's.
+func externalAuthority(r *http.Request, be *upstream.Backend, d *routes.Decision) {
+	if name := be.Spec.Hostname; name != "" && !d.SetsAuthority() {
+		r.Host = name
+	}
 }
 
 // localAnswer is a route's own answer: its status, the headers beyond the

@@ -575,31 +575,43 @@ func TestExternalHostnameAuthority(t *testing.T) {
 // TestExternalHostnameRouteAuthority: a route rule's URLRewrite hostname
 // or RequestHeaderModifier Host is the authority an ExternalHostname
 // backend gets, as the API says of the filter; without one the backend
-// gets its own name, on every L7 front end. The TLS server name stays the
-// backend's policy's (the handshake verifies it).
+// gets its own name, on every L7 front end — a RequestMirror's
+// ExternalHostname backend too (it got its own name whatever the rule
+// set). The TLS server name stays the backend's policy's (the handshake
+// verifies it).
 func TestExternalHostnameRouteAuthority(t *testing.T) {
 	checkNoLeaks(t)
-	const external = "api.partner.test"
+	const external, mirrorExternal = "api.partner.test", "shadow.partner.test"
 	for _, k := range clientKinds {
 		t.Run(k.name, func(t *testing.T) {
 			e := newEnv(t, envOptions{http1TLS: k.path})
 			m := &mesh{t: t}
 			partner := m.backend("partner", snapshot.Backend{Hostname: external, TLS: tlsPolicy(e),
 				Endpoints: endpoints(startEcho(t, "partner-0", serverTLS(e.pki.server)).addr)})
+			shadow := startRecorder(t, nil, nil)
+			mirrors := []snapshot.Mirror{{Backend: m.backend("shadow", snapshot.Backend{Hostname: mirrorExternal,
+				Endpoints: endpoints(shadow.addr)}), Numerator: 1, Denominator: 1}}
 			m.frontend("front", routedVIP, partner, producer(routeSet(snapshot.KindHTTPRoute,
 				rule{[]snapshot.RouteMatch{prefixMatch("/rewrite")}, snapshot.RouteRule{Backends: to(partner), Filters: snapshot.Filters{
-					Rewrite: &snapshot.Rewrite{Hostname: "rewritten.example"},
+					Rewrite: &snapshot.Rewrite{Hostname: "rewritten.example"}, Mirrors: mirrors,
 				}}},
 				rule{[]snapshot.RouteMatch{prefixMatch("/header")}, snapshot.RouteRule{Backends: to(partner), Filters: snapshot.Filters{
-					RequestHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "Host", Value: "set.example"}}},
+					RequestHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "Host", Value: "set.example"}}}, Mirrors: mirrors,
 				}}},
-				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(partner)}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(partner), Filters: snapshot.Filters{Mirrors: mirrors}}},
 			)))
 			e.p.Update(m.snapshot(1))
 			c := e.client(routedVIP, k.h2c)
-			for path, want := range map[string]string{"/rewrite": "rewritten.example", "/header": "set.example", "/plain": external} {
-				if a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc"+path, nil)); a.status != 200 || a.report.Host != want {
-					t.Errorf("%s: status %d, backend saw host %q; want 200, %s", path, a.status, a.report.Host, want)
+			for _, tc := range []struct{ path, want, mirrorWant string }{
+				{"/rewrite", "rewritten.example", "rewritten.example"},
+				{"/header", "set.example", "set.example"},
+				{"/plain", external, mirrorExternal},
+			} {
+				if a := send(t, c, newReq(t, http.MethodGet, "http://front.b.svc"+tc.path, nil)); a.status != 200 || a.report.Host != tc.want {
+					t.Errorf("%s: status %d, backend saw host %q; want 200, %s", tc.path, a.status, a.report.Host, tc.want)
+				}
+				if got := <-shadow.seen; got.Path != tc.path || got.Host != tc.mirrorWant {
+					t.Errorf("%s: mirror saw %s with host %q, want host %s", tc.path, got.Path, got.Host, tc.mirrorWant)
 				}
 			}
 		})
