@@ -8,7 +8,8 @@
 // entries under translate.ControllerName and never touches another
 // controller's, so agents that restart or take over leadership never
 // duplicate an entry. A condition keeps its lastTransitionTime while its
-// status, reason and message stay the same. Within an entry of sockmesh's,
+// status stays the same (a new reason or message is written under the old
+// time, as metav1.Condition defines it). Within an entry of sockmesh's,
 // conditions of a domain-prefixed type (another party's extensions) stay
 // where they are: the Gateway API forbids removing or reordering
 // conditions a controller is not responsible for. An object whose merged status

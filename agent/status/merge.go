@@ -150,15 +150,18 @@ func mergeConditions(existing, want []metav1.Condition) ([]metav1.Condition, boo
 	return out, !slices.EqualFunc(existing, out, sameCondition)
 }
 
-// settle gives c its lastTransitionTime: old's while status, reason and
-// message are the same, else c's own (now when unset), in seconds.
+// settle gives c its lastTransitionTime: old's while the status is the
+// same, else c's own (now when unset), in seconds. metav1.Condition defines
+// it as "the last time the condition transitioned from one status to
+// another", as apimachinery's meta.SetStatusCondition keeps it: a reason or
+// message that changes under the same status is no transition.
 func settle(c metav1.Condition, old *metav1.Condition) metav1.Condition {
 	if c.LastTransitionTime.IsZero() {
 		c.LastTransitionTime = metav1.NewTime(time.Now())
 	}
 	// The API server stores seconds.
 	c.LastTransitionTime = metav1.NewTime(c.LastTransitionTime.Truncate(time.Second))
-	if old != nil && old.Status == c.Status && old.Reason == c.Reason && old.Message == c.Message {
+	if old != nil && old.Status == c.Status {
 		c.LastTransitionTime = old.LastTransitionTime
 	}
 	return c

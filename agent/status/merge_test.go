@@ -78,12 +78,23 @@ func TestMergeEntries(t *testing.T) {
 		merged:   []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""), accepted(2, t0))},
 		changed:  true,
 	}, {
-		name:     "a new message is a transition",
+		name:     "a new status is a transition",
 		existing: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""), accepted(1, t0))},
 		want: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""),
 			cond("Accepted", "False", "NoValidCACertificate", "ca missing", 1, t1))},
 		merged: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""),
 			cond("Accepted", "False", "NoValidCACertificate", "ca missing", 1, t1))},
+		changed: true,
+	}, {
+		// metav1.Condition: "the last time the condition transitioned
+		// from one status to another".
+		name: "a new reason and message under the same status keep the time",
+		existing: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""),
+			cond("Accepted", "False", "NoValidCACertificate", "ca missing", 1, t0))},
+		want: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""),
+			cond("Accepted", "False", "Conflicted", "older policy", 1, t1))},
+		merged: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""),
+			cond("Accepted", "False", "Conflicted", "older policy", 1, t0))},
 		changed: true,
 	}, {
 		// PolicyAncestorStatus.Conditions: "Implementations MUST NOT

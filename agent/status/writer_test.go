@@ -178,8 +178,8 @@ func TestWriterAgainstAPIServer(t *testing.T) {
 		t.Errorf("the other controller's entry became %q", msg)
 	}
 	ours := got.Status.Ancestors[1]
-	if ours.Conditions[0].Message != "ok, reworded" || ours.Conditions[0].LastTransitionTime.Equal(&firstLTT) {
-		t.Errorf("a changed message must be a transition: %+v (first time %v)", ours.Conditions[0], firstLTT)
+	if ours.Conditions[0].Message != "ok, reworded" || !ours.Conditions[0].LastTransitionTime.Equal(&firstLTT) {
+		t.Errorf("a changed message under the same status is written and is no transition: %+v (first time %v)", ours.Conditions[0], firstLTT)
 	}
 	if !ours.Conditions[1].LastTransitionTime.Equal(&firstLTT) {
 		t.Errorf("the unchanged ResolvedRefs condition moved its time: %v, want %v", ours.Conditions[1].LastTransitionTime, firstLTT)
