@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -138,5 +140,36 @@ func TestH2ProbeHandedBackWithoutDial(t *testing.T) {
 	}
 	if n := h.Ejected(time.Now()); n != 0 {
 		t.Errorf("endpoints passed over after the request left undialed: %d, want 0", n)
+	}
+}
+
+// TestH2TransportRetiredAtFirstExpiry: net/http's HTTP/2 Transport of a
+// wire is set aside for a new one when the first certificate chain its
+// connections' handshakes verified expires, whether the connection that
+// holds it was dialed first or last (expireAt), and not before.
+func TestH2TransportRetiredAtFirstExpiry(t *testing.T) {
+	for _, lives := range [][]time.Duration{{time.Minute, time.Hour}, {time.Hour, time.Minute}} {
+		t.Run(fmt.Sprint(lives), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				p, err := New(Config{}, dial.NewDirect(dial.Config{Unmarked: true}), slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+				if err != nil {
+					t.Fatal(err)
+				}
+				w := backendAt(t, p, netip.MustParseAddrPort("10.0.0.1:443"), nil).w
+				first := w.transport(WireH2)
+				for _, d := range lives {
+					w.expireAt(WireH2, first, time.Now().Add(d))
+				}
+				time.Sleep(time.Minute - time.Nanosecond)
+				if w.transport(WireH2) != first {
+					t.Fatal("set aside before the first chain expired")
+				}
+				time.Sleep(time.Nanosecond)
+				synctest.Wait()
+				if w.transport(WireH2) == first {
+					t.Error("kept after the first chain expired")
+				}
+			})
+		})
 	}
 }

@@ -183,6 +183,10 @@ type wireState struct {
 	h1         *pool.Pool
 	mu         sync.Mutex
 	transports [wireCount]*http.Transport
+	// expires retires transports[wire] at expiresAt[wire], when the first
+	// certificate chain its connections' handshakes verified expires.
+	expires   [wireCount]*time.Timer
+	expiresAt [wireCount]time.Time
 	// declinedH2 is when an endpoint last answered an offer of h2 with
 	// HTTP/1.1 (unix nanoseconds; 0: never); see SpeaksH1Only.
 	declinedH2 atomic.Int64
@@ -451,7 +455,11 @@ func (w *wireState) transport(wire Wire) *http.Transport {
 		if try, ok := ctx.Value(connTryKey{}).(*connTry); ok && try.ep == ep.Addr {
 			try.Store(true) // this dial settles or hands back the probe
 		}
-		return w.dialH2(ctx, ep, wire)
+		c, err = w.dialH2(ctx, ep, wire)
+		if tc, ok := c.(*tls.Conn); ok {
+			w.expireAt(wire, t, w.tls.ValidUntil(tc.ConnectionState()))
+		}
+		return c, err
 	}
 	if w.tls != nil {
 		t.DialTLSContext = dialFn
@@ -462,6 +470,37 @@ func (w *wireState) transport(wire Wire) *http.Transport {
 	}
 	w.transports[wire] = t
 	return t
+}
+
+// expireAt retires t, transports[wire], at until, when the certificate
+// chain a connection of t verified expires, unless one of its other
+// connections' expires before.
+func (w *wireState) expireAt(wire Wire, t *http.Transport, until time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.transports[wire] != t || w.expires[wire] != nil && !until.Before(w.expiresAt[wire]) {
+		return
+	}
+	if w.expires[wire] != nil {
+		w.expires[wire].Stop()
+	}
+	w.expires[wire] = time.AfterFunc(time.Until(until), func() { w.retire(wire, t) })
+	w.expiresAt[wire] = until
+}
+
+// retire sends the next requests of wire over a new Transport (transport),
+// t's connections set aside: net/http's Transport would reuse the one
+// whose certificate chain expired while requests keep it busy, where no
+// new handshake accepts that chain. t's requests in flight finish; its
+// idle connections close now, the others IdleConnTimeout after their last
+// request.
+func (w *wireState) retire(wire Wire, t *http.Transport) {
+	w.mu.Lock()
+	if w.transports[wire] == t {
+		w.transports[wire], w.expires[wire] = nil, nil
+	}
+	w.mu.Unlock()
+	t.CloseIdleConnections()
 }
 
 func (w *wireState) closeIdle() {

@@ -1,0 +1,192 @@
+package proxy_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/test/pki"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
+)
+
+// TestExpiredChainH2: an HTTP/2 upstream connection that net/http's
+// Transport holds is not used for requests made after the certificate
+// chain its handshake verified expired: they get a new connection, whose
+// handshake meets the expired certificate (502 tls_verify), or the renewed
+// one the backend serves by then (200). Before, they were answered over
+// the old connection (200) for as long as it did not idle out. From an
+// HTTP/2 app (L7, routed) to an h2 backend and to one that negotiates, and
+// from an HTTP/1.1 app to an h2 backend; in a synctest bubble, whose clock
+// passes the certificate's end without waiting.
+func TestExpiredChainH2(t *testing.T) {
+	for _, k := range []struct {
+		name    string
+		h2c     bool
+		proto   snapshot.Protocol
+		renewed bool
+	}{
+		{"h2c-to-h2", true, snapshot.ProtocolHTTP2, false},
+		{"h2c-to-negotiated", true, snapshot.ProtocolAuto, false},
+		{"http1-to-h2", false, snapshot.ProtocolHTTP2, false},
+		{"h2c-to-h2-renewed", true, snapshot.ProtocolHTTP2, true},
+	} {
+		t.Run(k.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { testExpiredChainH2(t, k.h2c, k.proto, k.renewed) })
+		})
+	}
+}
+
+func testExpiredChainH2(t *testing.T, h2c bool, proto snapshot.Protocol, renewed bool) {
+	ca, err := pki.NewCA("expiry test ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	issue := func(valid time.Duration) *tls.Certificate {
+		leaf, err := ca.Issue(pki.LeafOptions{CommonName: "echo", DNSNames: []string{sniName}, NotAfter: time.Now().Add(valid)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &leaf.TLS
+	}
+	// Within the Transport's idle timeout (90 s): the connection stays.
+	const lifetime = time.Minute
+	var cert atomic.Pointer[tls.Certificate]
+	cert.Store(issue(lifetime))
+	var pn pipeNet
+	backendAddr := netip.MustParseAddrPort("10.0.0.1:443")
+	var conns atomic.Int32
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/slow" {
+				time.Sleep(2 * lifetime)
+			}
+			io.WriteString(w, r.Proto)
+		}),
+		TLSConfig: &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return cert.Load(), nil
+		}},
+		ErrorLog: log.New(io.Discard, "", 0), // the refused handshakes
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				conns.Add(1)
+			}
+		},
+	}
+	go srv.ServeTLS(bufferedListener{pn.listen(backendAddr)}, "", "")
+	t.Cleanup(func() { srv.Close() })
+
+	p, err := proxy.New(proxy.Config{Dialer: &pn}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Shutdown(context.Background())
+	m := &mesh{t: t}
+	be := m.backend("tls", snapshot.Backend{Protocol: proto, Endpoints: endpoints(backendAddr),
+		TLS: &snapshot.TLS{Mode: snapshot.TLSServerOnly, ServerName: sniName, RootsPEM: string(ca.CertPEM)}})
+	m.frontend("tls", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute, rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
+	p.Update(m.snapshot(1))
+	client := pipeClient(t, p, h2c)
+	get := func(path string) (int, string) {
+		resp, err := client.Get("http://tls.b.svc" + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get("/"); code != 200 || body != "HTTP/2.0" {
+		t.Fatalf("before the certificate expired: %d %q, want 200 over HTTP/2", code, body)
+	}
+	// A request in flight when the certificate expires finishes (the
+	// bubble's clock moves on once it waits in the backend).
+	slow := make(chan string)
+	go func() {
+		code, body := get("/slow")
+		slow <- fmt.Sprint(code, " ", body)
+	}()
+	if renewed {
+		cert.Store(issue(24 * time.Hour))
+	}
+	time.Sleep(lifetime + time.Second)
+	code, body := get("/")
+	if got := <-slow; got != "200 HTTP/2.0" {
+		t.Errorf("the request in flight when the certificate expired: %s, want 200 HTTP/2.0", got)
+	}
+	switch {
+	case renewed && (code != 200 || conns.Load() != 2):
+		t.Errorf("after the certificate was renewed and the old one expired: %d %q over %d backend connections, want 200 over a second one", code, body, conns.Load())
+	case !renewed && (code != http.StatusBadGateway || !strings.Contains(body, "tls_verify")):
+		t.Errorf("after the certificate expired: %d %q, want 502 tls_verify", code, body)
+	}
+}
+
+// bufferedListener's connections take writes without waiting for the peer
+// to read them, as a socket's buffer does: over net.Pipe, a TLS client
+// that refuses the server's certificate writes its alert while the server
+// still writes the rest of its flight, and each would wait for the other.
+type bufferedListener struct{ net.Listener }
+
+func (l bufferedListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	b := &bufferedConn{Conn: c, writes: make(chan []byte, 64)}
+	go b.flush()
+	return b, nil
+}
+
+type bufferedConn struct {
+	net.Conn
+	mu     sync.Mutex
+	closed bool
+	writes chan []byte
+}
+
+func (b *bufferedConn) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return 0, net.ErrClosed
+	}
+	b.writes <- bytes.Clone(p)
+	return len(p), nil
+}
+
+// Close closes the connection once what was written has gone out, or
+// the peer closed its end.
+func (b *bufferedConn) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.closed {
+		b.closed = true
+		close(b.writes)
+	}
+	return nil
+}
+
+func (b *bufferedConn) flush() {
+	defer b.Conn.Close()
+	for p := range b.writes {
+		if _, err := b.Conn.Write(p); err != nil {
+			b.Conn.Close() // the writes left fail at once
+		}
+	}
+}
