@@ -169,6 +169,13 @@ func TestH2TransportRetiredAtFirstExpiry(t *testing.T) {
 				if w.transport(WireH2) == first {
 					t.Error("kept after the first chain expired")
 				}
+				// Dropped (its settings changed): its timer goes too, or it
+				// would hold the dropped state until the chain expires.
+				w.expireAt(WireH2, w.transport(WireH2), time.Now().Add(24*time.Hour))
+				w.closeIdle()
+				if w.expires[WireH2] != nil {
+					t.Error("a dropped state's expiry timer still runs")
+				}
 			})
 		})
 	}

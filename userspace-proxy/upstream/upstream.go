@@ -503,13 +503,21 @@ func (w *wireState) retire(wire Wire, t *http.Transport) {
 	t.CloseIdleConnections()
 }
 
+// closeIdle closes w's idle connections when w is dropped (its backend's
+// settings changed or it left the snapshot) or the proxy shuts down, and
+// stops its expiry timers, which would otherwise hold w until its chains
+// expire — months, for every TLS settings change meanwhile.
 func (w *wireState) closeIdle() {
 	w.h1.CloseIdle()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for _, t := range w.transports {
+	for i, t := range w.transports {
 		if t != nil {
 			t.CloseIdleConnections()
+		}
+		if w.expires[i] != nil {
+			w.expires[i].Stop()
+			w.expires[i] = nil
 		}
 	}
 }
