@@ -9,6 +9,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
 )
 
 // Registry holds the proxy's relayed HTTP/2 connections by backend, with
@@ -31,6 +32,9 @@ type Registry struct {
 
 type entry struct {
 	ep netip.AddrPort
+	// held is its TLS, which a change of the backend's settings must
+	// keep (Endpoints.TLS).
+	held upstreamtls.Held
 	// leaving is set once the connection is asked to go away (or will
 	// be, by timer); it no longer counts toward its endpoint's share.
 	leaving bool
@@ -67,11 +71,11 @@ func (r *Registry) Load(ref snapshot.BackendRef) func(netip.AddrPort) int {
 	}
 }
 
-// Add registers c, relayed to endpoint ep of backend ref; unless zero,
-// until is when the certificate chain its TLS handshake verified expires,
-// and c is asked to go away then: its streams would go on reaching a
-// backend no new handshake accepts.
-func (r *Registry) Add(ref snapshot.BackendRef, ep netip.AddrPort, c *Conn, until time.Time) {
+// Add registers c, relayed to endpoint ep of backend ref over TLS held
+// (the zero Held: cleartext). c is asked to go away when the certificate
+// chain its handshake verified expires (held.Until): its streams would
+// go on reaching a backend no new handshake accepts.
+func (r *Registry) Add(ref snapshot.BackendRef, ep netip.AddrPort, c *Conn, held upstreamtls.Held) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	m := r.conns[ref]
@@ -80,7 +84,7 @@ func (r *Registry) Add(ref snapshot.BackendRef, ep netip.AddrPort, c *Conn, unti
 		r.conns[ref] = m
 		r.staying[ref] = make(map[netip.AddrPort]int)
 	}
-	e := &entry{ep: ep}
+	e := &entry{ep: ep, held: held}
 	m[c] = e
 	r.staying[ref][ep]++
 	if r.closing != "" {
@@ -88,9 +92,33 @@ func (r *Registry) Add(ref snapshot.BackendRef, ep netip.AddrPort, c *Conn, unti
 		go r.ask(ref, c, r.closing)
 		return
 	}
-	if !until.IsZero() {
+	r.expireAt(ref, c, e)
+}
+
+// expireAt arms e's expiry for when its TLS trust ends, if it does.
+func (r *Registry) expireAt(ref snapshot.BackendRef, c *Conn, e *entry) {
+	if until := e.held.Until(); !until.IsZero() {
 		e.expiry = time.AfterFunc(time.Until(until), func() { r.expire(ref, c) })
 	}
+}
+
+// rekey reports whether e's TLS stays under o, the backend's new settings
+// (upstreamtls.Origination.Keep), and holds it under them, its expiry
+// moved to where their trust in it ends.
+func (r *Registry) rekey(ref snapshot.BackendRef, c *Conn, e *entry, o *upstreamtls.Origination) bool {
+	if o == nil {
+		return false
+	}
+	h, err := o.Keep(e.held)
+	if err != nil {
+		return false
+	}
+	e.held = h
+	if e.expiry != nil {
+		e.expiry.Stop()
+	}
+	r.expireAt(ref, c, e)
+	return true
 }
 
 // expire asks c to go away, if still registered: its TLS trust ended.
@@ -159,22 +187,27 @@ type Endpoints struct {
 	// a preferred endpoint (balance.Picker.PickClient).
 	Sticky bool
 	// Changed is set when the backend's protocol or TLS settings changed,
-	// or it fails closed now: every connection moves.
+	// or it fails closed now: every connection moves but those TLS keeps.
 	Changed bool
+	// TLS, when Changed, is the new settings under which a connection's
+	// TLS may stay (upstreamtls.Origination.Keep): trust that only widened
+	// (a CA added beside the old one) moves no connection. nil: none stays
+	// (the protocol changed, the backend fails closed or is cleartext).
+	TLS *upstreamtls.Origination
 }
 
 // Update asks connections to go away after a snapshot change (or an
 // endpoint's ejection ended), for each backend of, given its reference,
 // returns Endpoints for (false: gone from the snapshot, its connections
 // left to finish): at once those whose endpoint is no longer handed out,
-// and all the others when the backend's settings changed; those on
-// standby endpoints; or, unless clients come back to theirs (Sticky), when
-// it gained endpoints, those beyond their endpoint's share of the
-// backend's connections (ceil(connections / endpoints), those on standby
-// left out) — these each at a random moment within the spread, so that
-// their clients do not all connect and hand-shake again at once. Dialed again with Load's
-// counts (balance.Picker.PickFewest), they go to the endpoints below their
-// share.
+// and, when the backend's settings changed, those they do not keep
+// (Endpoints.TLS); those on standby endpoints; or, unless clients come
+// back to theirs (Sticky), when it gained endpoints, those beyond their
+// endpoint's share of the backend's connections (ceil(connections /
+// endpoints), those on standby left out) — these each at a random moment
+// within the spread, so that their clients do not all connect and
+// hand-shake again at once. Dialed again with Load's counts
+// (balance.Picker.PickFewest), they go to the endpoints below their share.
 func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -208,9 +241,9 @@ func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 				go r.ask(ref, c, ReasonEndpointGone)
 				continue
 			}
-			if eps.Changed {
+			if eps.Changed && !r.rekey(ref, c, e, eps.TLS) {
 				// At once, not spread: the settings it was verified
-				// with may be withdrawn (a CA rotated out, a policy
+				// with were withdrawn (a CA rotated out, a policy
 				// turned invalid), and its streams until the GOAWAY
 				// would reach the backend under them.
 				r.leave(ref, e)

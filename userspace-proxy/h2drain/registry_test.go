@@ -2,6 +2,7 @@ package h2drain
 
 import (
 	"bytes"
+	"crypto/tls"
 	"net"
 	"net/netip"
 	"sync"
@@ -12,6 +13,8 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/test/pki"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
 )
 
 var (
@@ -55,11 +58,11 @@ func (k *counts) wantAsked(t *testing.T, why Reason, n int) {
 // SETTINGS and a first answer; each GOAWAY their apps read is sent to
 // k.read.
 func relayed(t *testing.T, r *Registry, k *counts, ref snapshot.BackendRef, ep netip.AddrPort, n int) []*Conn {
-	return relayedUntil(t, r, k, ref, ep, n, time.Time{})
+	return relayedOver(t, r, k, ref, ep, n, upstreamtls.Held{})
 }
 
-// relayedUntil is relayed for connections whose TLS trust ends at until.
-func relayedUntil(t *testing.T, r *Registry, k *counts, ref snapshot.BackendRef, ep netip.AddrPort, n int, until time.Time) []*Conn {
+// relayedOver is relayed for connections over TLS held.
+func relayedOver(t *testing.T, r *Registry, k *counts, ref snapshot.BackendRef, ep netip.AddrPort, n int, held upstreamtls.Held) []*Conn {
 	var settings bytes.Buffer
 	fw := http2.NewFramer(&settings, nil)
 	fw.WriteSettings()
@@ -84,7 +87,7 @@ func relayedUntil(t *testing.T, r *Registry, k *counts, ref snapshot.BackendRef,
 		if _, err := c.Write(settings.Bytes()); err != nil {
 			t.Fatal(err)
 		}
-		r.Add(ref, ep, c, until)
+		r.Add(ref, ep, c, held)
 		cs = append(cs, c)
 	}
 	return cs
@@ -122,6 +125,52 @@ func leaving(r *Registry, ref snapshot.BackendRef) int {
 		}
 	}
 	return n
+}
+
+// newCA returns a CA valid for a day.
+func newCA(t *testing.T) *pki.CA {
+	t.Helper()
+	ca, err := pki.NewCA("ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+// origination returns the TLS settings of a backend web.test trusting roots.
+func origination(t *testing.T, roots ...*pki.CA) *upstreamtls.Origination {
+	t.Helper()
+	s := &snapshot.TLS{ServerName: "web.test"}
+	for _, ca := range roots {
+		s.RootsPEM += string(ca.CertPEM)
+	}
+	o, err := upstreamtls.New(s, upstreamtls.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+// heldUntil returns the TLS of a connection, made trusting ca, to a
+// backend whose certificate from ca expires at until.
+func heldUntil(t *testing.T, ca *pki.CA, until time.Time) upstreamtls.Held {
+	t.Helper()
+	leaf, err := ca.Issue(pki.LeafOptions{DNSNames: []string{"web.test"}, NotAfter: until})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := origination(t, ca)
+	a, b := net.Pipe()
+	defer a.Close()
+	go func() {
+		defer b.Close()
+		tls.Server(b, &tls.Config{Certificates: []tls.Certificate{leaf.TLS}}).Handshake()
+	}()
+	c := tls.Client(a, o.Config(epA, nil))
+	if err := c.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	return o.Hold(c.ConnectionState(), nil)
 }
 
 var web = snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: "web", Port: 80}
@@ -189,9 +238,10 @@ func TestRebalance(t *testing.T) {
 	}
 }
 
-// TestPolicyChanged: when the backend's settings change, every connection
-// goes at once, whatever its endpoint: spread, their streams went on
-// reaching the backend under settings the policy may have withdrawn.
+// TestPolicyChanged: when the backend's settings change and keep no
+// connection, every connection goes at once, whatever its endpoint:
+// spread, their streams went on reaching the backend under settings the
+// policy may have withdrawn.
 func TestPolicyChanged(t *testing.T) {
 	r, k := newRegistry(time.Hour)
 	relayed(t, r, k, web, epA, 3)
@@ -203,6 +253,30 @@ func TestPolicyChanged(t *testing.T) {
 	k.wantAsked(t, ReasonPolicyChanged, 4)
 }
 
+// TestPolicyChangedKept: a connection the backend's new TLS settings
+// still verify (a CA added beside its own) stays, and their trust in it
+// ends, as before, when its certificate expires. Every connection went
+// at once on any change of the settings.
+func TestPolicyChangedKept(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r, k := newRegistry(time.Hour)
+		ca := newCA(t)
+		relayedOver(t, r, k, web, epA, 1, heldUntil(t, ca, time.Now().Add(time.Hour)))
+		gone := relayedOver(t, r, k, web, epA, 1, heldUntil(t, newCA(t), time.Now().Add(time.Hour)))
+		r.Update(func(snapshot.BackendRef) (Endpoints, bool) {
+			return Endpoints{Addrs: []netip.AddrPort{epA}, Changed: true, TLS: origination(t, ca, newCA(t))}, true
+		})
+		if got := wantRead(t, k, 1); !got[gone[0]] {
+			t.Error("the connection whose CA the new settings leave out got no GOAWAY")
+		}
+		k.wantAsked(t, ReasonPolicyChanged, 1)
+		time.Sleep(2 * time.Hour)
+		synctest.Wait()
+		wantRead(t, k, 1)
+		k.wantAsked(t, ReasonExpired, 1)
+	})
+}
+
 // TestExpired: a connection is asked to go away when the certificate
 // chain its TLS handshake verified expires, and only then: its streams
 // went on reaching a backend no new handshake accepted, for as long as
@@ -210,8 +284,9 @@ func TestPolicyChanged(t *testing.T) {
 func TestExpired(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		r, k := newRegistry(time.Hour)
-		due := relayedUntil(t, r, k, web, epA, 2, time.Now().Add(time.Hour))
-		relayedUntil(t, r, k, web, epA, 1, time.Now().Add(48*time.Hour))
+		ca := newCA(t)
+		due := relayedOver(t, r, k, web, epA, 2, heldUntil(t, ca, time.Now().Add(time.Hour)))
+		relayedOver(t, r, k, web, epA, 1, heldUntil(t, ca, time.Now().Add(12*time.Hour)))
 		relayed(t, r, k, web, epB, 1) // cleartext
 		time.Sleep(2 * time.Hour)
 		synctest.Wait()

@@ -5,7 +5,9 @@
 // ones closed after IdleTimeout, or after 10 s beyond MaxIdle idle (what a
 // burst opened serves the next before it closes), and a connection idle long
 // enough to have been closed by its peer checked before it is handed out,
-// as is the end of what verified it (Conn.Until).
+// as is the end of what verified it (Conn.Until). MoveIdle hands the idle
+// connections the caller's check accepts to another pool (a backend's new
+// settings', which still verify them).
 //
 // It neither dials (the caller passes the dial) nor speaks HTTP: whether a
 // connection may go back is the caller's call (Put, Discard, Detach). It

@@ -211,11 +211,7 @@ func New(cfg Config) *Pool {
 func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.Context) (net.Conn, error)) (*Conn, error) {
 	for {
 		p.mu.Lock()
-		ep := p.eps[addr]
-		if ep == nil {
-			ep = &endpoint{addr: addr}
-			p.eps[addr] = ep
-		}
+		ep := p.endpoint(addr)
 		if n := len(ep.idle); n > 0 {
 			c := ep.idle[n-1]
 			ep.idle[n-1] = nil
@@ -265,6 +261,16 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.C
 			return nil, ctx.Err()
 		}
 	}
+}
+
+// endpoint returns addr's endpoint, new if it has none; p.mu is held.
+func (p *Pool) endpoint(addr netip.AddrPort) *endpoint {
+	ep := p.eps[addr]
+	if ep == nil {
+		ep = &endpoint{addr: addr}
+		p.eps[addr] = ep
+	}
+	return ep
 }
 
 func (p *Pool) dial(ctx context.Context, ep *endpoint, dial func(context.Context) (net.Conn, error)) (*Conn, error) {
@@ -345,15 +351,20 @@ func (p *Pool) Put(c *Conn) {
 		return
 	}
 	c.idleSince = time.Now()
-	ep.idle = append(ep.idle, c)
+	p.park(c)
+	p.mu.Unlock()
+}
+
+// park adds c, idle since c.idleSince, to its endpoint's idle ones; p.mu
+// is held.
+func (p *Pool) park(c *Conn) {
+	c.ep.idle = append(c.ep.idle, c)
 	// Armed for later (every idle connection trimmed, waiting to expire),
 	// the sweep comes sooner for this one's turn.
-	wait := min(trimAfter, p.cfg.IdleTimeout)
-	if due := c.idleSince.Add(wait); p.sweepAt.IsZero() || due.Before(p.sweepAt) {
+	if due := c.idleSince.Add(min(trimAfter, p.cfg.IdleTimeout)); p.sweepAt.IsZero() || due.Before(p.sweepAt) {
 		p.sweepAt = due
-		p.sweep.Reset(wait)
+		p.sweep.Reset(time.Until(due))
 	}
-	p.mu.Unlock()
 }
 
 // Discard closes c and frees its slot.
@@ -432,20 +443,45 @@ func (p *Pool) expire() {
 	}
 }
 
-// CloseIdle closes every idle connection (the backend's settings changed,
-// or the proxy is shutting down). Connections in use are unaffected.
+// CloseIdle closes every idle connection (the proxy is shutting down).
+// Connections in use are unaffected.
 func (p *Pool) CloseIdle() {
+	for _, c := range p.takeIdle() {
+		p.Discard(c)
+	}
+}
+
+// MoveIdle moves the idle connections keep accepts to to, idle there
+// since they were here, and closes the others (the backend's settings
+// changed: to is the new settings' pool, which hands out nothing yet).
+// Connections in use are unaffected.
+func (p *Pool) MoveIdle(to *Pool, keep func(*Conn) bool) {
+	for _, c := range p.takeIdle() {
+		if !keep(c) {
+			p.Discard(c)
+			continue
+		}
+		p.release(c.ep)
+		to.mu.Lock()
+		ep := to.endpoint(c.ep.addr)
+		ep.open++
+		c.ep = ep
+		to.park(c)
+		to.mu.Unlock()
+	}
+}
+
+// takeIdle takes every idle connection out of p.
+func (p *Pool) takeIdle() []*Conn {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	var idle []*Conn
 	for _, ep := range p.eps {
 		idle = append(idle, ep.idle...)
 		clear(ep.idle)
 		ep.idle = ep.idle[:0]
 	}
-	p.mu.Unlock()
-	for _, c := range idle {
-		p.Discard(c)
-	}
+	return idle
 }
 
 // Stats returns how many connections to addr are open (idle, in use or

@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/test/echo"
+	"github.com/sockmesh/sockmesh/test/pki"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 )
 
@@ -546,6 +548,64 @@ func TestRelayedH2PolicyChanged(t *testing.T) {
 			t.Fatalf("10 s after the policy turned invalid: %d, want the fail-closed 503", code)
 		}
 	}
+	if got := e.counterReaches("sockmesh_proxy_goaways_total", map[string]string{"backend": "web", "reason": "policy_changed"}, 1); got != 1 {
+		t.Errorf("goaways counted %v, want 1", got)
+	}
+}
+
+// TestRelayedH2TrustWidened: a relayed h2c connection stays when its
+// backend's TLS settings change in a way that still verifies its
+// connection — a CA added beside the one that verified it, the first step
+// of a CA rotation: its next request goes over the same connection to the
+// backend; once that CA is rotated out, it is asked to go away at once,
+// and its next request, on a new connection, fails verification. Every
+// relayed connection was asked to go away on any change: a node's gRPC
+// channels all connected again at once, for trust that only widened.
+func TestRelayedH2TrustWidened(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{rebalanceSpread: time.Hour})
+	be := startEcho(t, "web", serverTLS(e.pki.server))
+	vip := netip.MustParseAddrPort("10.96.9.8:80")
+	update := func(version uint64, roots ...*pki.CA) {
+		pol := tlsPolicy(e)
+		pol.RootsPEM = ""
+		for _, ca := range roots {
+			pol.RootsPEM += string(ca.CertPEM)
+		}
+		e.p.Update(buildSnapshot(t, version, service{name: "web", vip: vip, backend: snapshot.Backend{TLS: pol, Endpoints: endpoints(be.addr)}}))
+	}
+	update(1, e.pki.ca)
+	c := e.client(vip, true)
+	code, first := get(t, c, "http://web.b.svc/")
+	if code != http.StatusOK || first.Proto != "HTTP/2.0" {
+		t.Fatalf("before: %d over %s, want 200 over HTTP/2", code, first.Proto)
+	}
+	// An event stream across the update: a GOAWAY would come between its
+	// events, so the next request would see it.
+	resp, err := c.Get("http://web.b.svc/sse?n=20&interval=20ms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	update(2, e.pki.ca, e.pki.other)
+	if _, err := io.ReadAll(resp.Body); err != nil {
+		t.Fatalf("the stream across the update: %v", err)
+	}
+	resp.Body.Close()
+	if code, rep := get(t, c, "http://web.b.svc/"); code != http.StatusOK || rep.RemoteAddr != first.RemoteAddr {
+		t.Errorf("after a CA was added: %d from the proxy's %s, want 200 over the connection from %s", code, rep.RemoteAddr, first.RemoteAddr)
+	}
+	update(3, e.pki.other)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		code, _ := get(t, c, "http://web.b.svc/")
+		if code == http.StatusBadGateway {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after the CA that verified the backend was rotated out: %d, want 502", code)
+		}
+	}
+	// One GOAWAY: the connection was not asked away when the CA was added
+	// (then its successor, verified under both CAs, would be the second).
 	if got := e.counterReaches("sockmesh_proxy_goaways_total", map[string]string{"backend": "web", "reason": "policy_changed"}, 1); got != 1 {
 		t.Errorf("goaways counted %v, want 1", got)
 	}

@@ -84,8 +84,8 @@ type Config struct {
 	// RebalanceSpread is how long the GOAWAYs that move relayed HTTP/2
 	// connections onto a backend's new endpoints, or back from fallback
 	// ones, are spread over, so that their clients do not all connect
-	// again at once (package h2drain; those of new TLS or protocol
-	// settings go at once); 0 means 5 s.
+	// again at once (package h2drain; those new TLS or protocol settings
+	// do not keep go at once); 0 means 5 s.
 	RebalanceSpread time.Duration
 }
 
@@ -244,7 +244,9 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 // Update makes s the snapshot for new connections and requests. Connections
 // already relaying keep the snapshot they started with; each L7 request uses
 // the snapshot current when it started. Backends whose protocol and TLS
-// settings are unchanged keep their pools and TLS session caches.
+// settings are unchanged keep their pools and TLS session caches; those
+// whose TLS settings changed keep the pooled and relayed connections the
+// new settings still verify (upstreamtls.Origination.Keep).
 func (p *Proxy) Update(s *snapshot.Snapshot) {
 	p.updateMu.Lock()
 	defer p.updateMu.Unlock()
@@ -284,7 +286,9 @@ func changed(old, b *upstream.Backend) (h2drain.Endpoints, bool) {
 	eps := h2drain.Endpoints{Addrs: b.Picker.Addrs(), Sticky: b.Spec.ClientIPAffinitySeconds != 0}
 	eps.Standby, eps.Untried = b.Picker.Standby(now)
 	if old != nil {
-		eps.Changed = !b.SameWire(old)
+		if eps.Changed = !b.SameWire(old); eps.Changed {
+			eps.TLS = b.Rekeyed(old)
+		}
 		// Gained counts the endpoints that take connections: a fallback
 		// one on standby takes none.
 		oldStandby, _ := old.Picker.Standby(now)

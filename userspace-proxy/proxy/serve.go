@@ -294,7 +294,7 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 	if relayedH2 {
 		ref := cs.be.Spec.Ref
 		dc := h2drain.NewConn(app)
-		p.h2.Add(ref, ep.Addr, dc, cs.be.ValidUntil(up))
+		p.h2.Add(ref, ep.Addr, dc, cs.be.Held(up, alpn))
 		untrackH2 = func() { p.h2.Remove(ref, dc) }
 		app = dc
 		if now := p.current.Load(); now != cs.v || ep.Fallback > 0 {

@@ -55,11 +55,15 @@ func (b *Backend) GetH1(ctx context.Context, ep *snapshot.Endpoint) (*pool.Conn,
 
 // ValidUntil returns when the trust in c, a connection to an endpoint of
 // b, ends (upstreamtls.Origination.ValidUntil); zero when c is cleartext.
-func (b *Backend) ValidUntil(c net.Conn) time.Time {
+func (b *Backend) ValidUntil(c net.Conn) time.Time { return b.Held(c, nil).Until() }
+
+// Held returns the TLS of c, a connection b dialed offering what speaks
+// speaks (Dial's alpn); the zero Held when c is cleartext.
+func (b *Backend) Held(c net.Conn, speaks []string) upstreamtls.Held {
 	if tc, ok := c.(*tls.Conn); ok && b.w != nil && b.w.tls != nil {
-		return b.w.tls.ValidUntil(tc.ConnectionState())
+		return b.w.tls.Hold(tc.ConnectionState(), speaks)
 	}
-	return time.Time{}
+	return upstreamtls.Held{}
 }
 
 // PutH1 returns c to b's pool for the next request.

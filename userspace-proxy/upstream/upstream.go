@@ -246,8 +246,11 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 		w.h1 = pool.New(pool.Config{MaxIdle: p.cfg.MaxIdleConnsPerEndpoint, MaxOpen: p.cfg.MaxConnsPerEndpoint, IdleTimeout: p.cfg.IdleConnTimeout,
 			Dropped: func(why pool.DropReason) { p.m.poolDropped[why].Inc() }})
 		if old := prev.Get(spec.Ref); old != nil && old.w != nil {
-			// New TLS settings or protocol: connections and TLS sessions
-			// of the old ones are not reused (closeIdle below).
+			// New TLS settings or protocol: TLS sessions and net/http's
+			// connections of the old ones are not reused (closeIdle
+			// below), nor the idle HTTP/1.1 connections the new ones
+			// would not have made (keeps).
+			old.w.h1.MoveIdle(w.h1, w.keeps(old.w))
 			log.Info("upstream pools replaced", "backend", spec.Ref.String())
 		}
 		b.w = w
@@ -289,6 +292,43 @@ func (s *Set) Get(ref snapshot.BackendRef) *Backend {
 // protocol and TLS settings (hence the same pools), neither failing closed.
 func (b *Backend) SameWire(old *Backend) bool {
 	return old != nil && b.w != nil && b.w == old.w
+}
+
+// Rekeyed returns, when b's wire replaced old's (SameWire is false), the
+// TLS settings under which a connection old's made may stay
+// (upstreamtls.Origination.Keep); nil when none may: b fails closed, is
+// cleartext, or speaks another protocol.
+func (b *Backend) Rekeyed(old *Backend) *upstreamtls.Origination {
+	if old == nil {
+		return nil
+	}
+	return b.w.keeping(old.w)
+}
+
+// keeping is Rekeyed for wires.
+func (w *wireState) keeping(old *wireState) *upstreamtls.Origination {
+	if w == nil || old == nil || w.protocol != old.protocol {
+		return nil
+	}
+	return w.tls
+}
+
+// keeps reports whether an idle HTTP/1.1 connection of old's pool may
+// serve w's requests, and sets its Until under w's settings.
+func (w *wireState) keeps(old *wireState) func(*pool.Conn) bool {
+	o := w.keeping(old)
+	return func(c *pool.Conn) bool {
+		tc, ok := c.Conn.(*tls.Conn)
+		if !ok || o == nil {
+			return false
+		}
+		h, err := o.Keep(old.tls.Hold(tc.ConnectionState(), alpnH1))
+		if err != nil {
+			return false
+		}
+		c.Until = h.Until()
+		return true
+	}
 }
 
 // DeclinedH2 records that an endpoint of b, offered h2 at now, chose

@@ -305,7 +305,7 @@ func TestBuildKeepsPools(t *testing.T) {
 	be2.PutH1(c)
 
 	changed := w.policy()
-	changed.MinVersion = tls.VersionTLS13
+	changed.MaxVersion = tls.VersionTLS12 // below the connection's TLS 1.3
 	s3 := w.pools.Build(w.snapshot(t, 3, changed), s2)
 	if _, err := c.R.ReadByte(); err == nil {
 		t.Error("the old settings' idle connection is still open")
@@ -316,6 +316,95 @@ func TestBuildKeepsPools(t *testing.T) {
 	}
 	if !strings.Contains(w.logs.String(), "upstream pools replaced") {
 		t.Errorf("no log of the replaced pools:\n%s", w.logs)
+	}
+}
+
+// TestBuildKeepsWhatStillVerifies: when a backend's TLS settings change,
+// an idle HTTP/1.1 connection stays in its pool if the new settings would
+// have made it — its certificate verified under them (a CA or a
+// subjectAltName added), its TLS version and client certificate theirs —
+// and is closed otherwise (the CA or subjectAltName that verified it
+// removed, a minimum version above the one it speaks, a rotated client
+// certificate). Every idle connection was closed on any change, and each
+// next request paid a handshake, for trust that only widened.
+func TestBuildKeepsWhatStillVerifies(t *testing.T) {
+	w := newWorld(t)
+	other, err := pki.NewCA("other ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clients := make([]*pki.Leaf, 2)
+	for i := range clients {
+		if clients[i], err = w.ca.Issue(pki.LeafOptions{CommonName: "proxy", Client: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sans := func(names ...string) func(*snapshot.TLS) {
+		return func(p *snapshot.TLS) {
+			p.SubjectAltNames = nil
+			for _, n := range names {
+				p.SubjectAltNames = append(p.SubjectAltNames, snapshot.SubjectAltName{Type: snapshot.SANHostname, Value: n})
+			}
+		}
+	}
+	roots := func(cas ...*pki.CA) func(*snapshot.TLS) {
+		return func(p *snapshot.TLS) {
+			p.RootsPEM = ""
+			for _, ca := range cas {
+				p.RootsPEM += string(ca.CertPEM)
+			}
+		}
+	}
+	client := func(l *pki.Leaf) func(*snapshot.TLS) {
+		return func(p *snapshot.TLS) {
+			p.Mode, p.ClientCertificatePEM, p.ClientKeyPEM = snapshot.TLSMutual, string(l.CertPEM), string(l.KeyPEM)
+		}
+	}
+	for _, c := range []struct {
+		name     string
+		from, to func(*snapshot.TLS)
+		kept     bool
+	}{
+		{"subjectAltName added", sans(sni), sans(sni, "other.test"), true},
+		{"subjectAltName it matched removed", sans(sni, "other.test"), sans("other.test"), false},
+		{"CA added", roots(w.ca), roots(w.ca, other), true},
+		{"CA that verified it removed", roots(w.ca, other), roots(other), false},
+		{"min version raised to its own", func(*snapshot.TLS) {}, func(p *snapshot.TLS) { p.MinVersion = tls.VersionTLS13 }, true},
+		{"min version raised above its own", func(p *snapshot.TLS) { p.MaxVersion = tls.VersionTLS12 }, func(p *snapshot.TLS) { p.MinVersion = tls.VersionTLS13 }, false},
+		{"client certificate rotated", client(clients[0]), client(clients[1]), false},
+		{"CA added, same client certificate", client(clients[0]), func(p *snapshot.TLS) { client(clients[0])(p); roots(w.ca, other)(p) }, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			from, to := w.policy(), w.policy()
+			c.from(from)
+			c.to(to)
+			s1 := w.pools.Build(w.snapshot(t, 1, from), nil)
+			be1 := s1.Get(ref)
+			conn, err := be1.GetH1(t.Context(), &be1.Spec.Endpoints[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			exchange(t, conn)
+			be1.PutH1(conn)
+			s2 := w.pools.Build(w.snapshot(t, 2, to), s1)
+			t.Cleanup(s2.CloseIdle)
+			if open, idle := s2.Get(ref).w.h1.Stats(w.addr); open != idle || idle != map[bool]int{true: 1}[c.kept] {
+				t.Errorf("new settings' pool: %d open, %d idle; want the connection idle there: %v", open, idle, c.kept)
+			}
+			if !c.kept {
+				if _, err := conn.R.ReadByte(); err == nil {
+					t.Error("the connection is still open")
+				}
+				return
+			}
+			be2 := s2.Get(ref)
+			got, err := be2.GetH1(t.Context(), &be2.Spec.Endpoints[0])
+			if err != nil || got != conn {
+				t.Fatalf("GetH1 = %p, %v; want the connection from before", got, err)
+			}
+			exchange(t, got)
+			be2.PutH1(got)
+		})
 	}
 }
 

@@ -248,3 +248,91 @@ func TestSANVerifierRemembersByDER(t *testing.T) {
 		}
 	})
 }
+
+// TestKeep: a connection made under one set of settings is kept under
+// another only when that one would have made it as it is — its
+// certificate verified by the new roots and names, its server name and
+// client certificate the same, its version, cipher suite, curve and ALPN
+// protocol among the new ones.
+func TestKeep(t *testing.T) {
+	ca, err := pki.NewCA("ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := pki.NewCA("other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.LeafOptions{DNSNames: []string{"a.test", "b.test"}, URIs: []string{"spiffe://a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := ca.Issue(pki.LeafOptions{Client: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := func() *snapshot.TLS { return &snapshot.TLS{ServerName: "a.test", RootsPEM: string(ca.CertPEM)} }
+	uri := func(v string) snapshot.SubjectAltName {
+		return snapshot.SubjectAltName{Type: snapshot.SANURI, Value: v}
+	}
+	tls12 := func(suites ...uint16) func(*snapshot.TLS) {
+		return func(s *snapshot.TLS) { s.MaxVersion, s.CipherSuites = tls.VersionTLS12, suites }
+	}
+	const aes, chacha = tls.TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256, tls.TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305
+	l := listen(t)
+	for _, c := range []struct {
+		name     string
+		from, to func(*snapshot.TLS)
+		keep     bool
+	}{
+		{"same settings", func(*snapshot.TLS) {}, func(*snapshot.TLS) {}, true},
+		{"CA added", func(*snapshot.TLS) {}, func(s *snapshot.TLS) { s.RootsPEM += string(other.CertPEM) }, true},
+		{"CA replaced", func(*snapshot.TLS) {}, func(s *snapshot.TLS) { s.RootsPEM = string(other.CertPEM) }, false},
+		{"server name changed", func(*snapshot.TLS) {}, func(s *snapshot.TLS) { s.ServerName = "b.test" }, false},
+		{"client certificate added", func(*snapshot.TLS) {}, func(s *snapshot.TLS) {
+			s.Mode, s.ClientCertificatePEM, s.ClientKeyPEM = snapshot.TLSMutual, string(client.CertPEM), string(client.KeyPEM)
+		}, false},
+		{"max version below its own", func(*snapshot.TLS) {}, func(s *snapshot.TLS) { s.MaxVersion = tls.VersionTLS12 }, false},
+		{"cipher suite added", tls12(aes), tls12(aes, chacha), true},
+		{"cipher suite removed", tls12(aes), tls12(chacha), false},
+		{"cipher suites listed, none before", tls12(), tls12(chacha), false},
+		{"curve added", func(s *snapshot.TLS) { s.Curves = []tls.CurveID{tls.X25519} }, func(s *snapshot.TLS) { s.Curves = []tls.CurveID{tls.CurveP256, tls.X25519} }, true},
+		{"curve removed", func(s *snapshot.TLS) { s.Curves = []tls.CurveID{tls.X25519} }, func(s *snapshot.TLS) { s.Curves = []tls.CurveID{tls.CurveP256} }, false},
+		{"ALPN offered, none before", func(*snapshot.TLS) {}, func(s *snapshot.TLS) { s.ALPN = []string{ALPNH2} }, false},
+		{"subjectAltName added", func(s *snapshot.TLS) { s.SubjectAltNames = []snapshot.SubjectAltName{uri("spiffe://a")} },
+			func(s *snapshot.TLS) {
+				s.SubjectAltNames = []snapshot.SubjectAltName{uri("spiffe://b"), uri("spiffe://a")}
+			}, true},
+		{"subjectAltName replaced", func(s *snapshot.TLS) { s.SubjectAltNames = []snapshot.SubjectAltName{uri("spiffe://a")} },
+			func(s *snapshot.TLS) { s.SubjectAltNames = []snapshot.SubjectAltName{uri("spiffe://b")} }, false},
+		{"subjectAltNames dropped for the hostname", func(s *snapshot.TLS) { s.SubjectAltNames = []snapshot.SubjectAltName{uri("spiffe://a")} },
+			func(*snapshot.TLS) {}, true},
+	} {
+		from, to := base(), base()
+		c.from(from)
+		c.to(to)
+		was, err := New(from, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		now, err := New(to, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn, err := handshake(t, l, leaf, was)
+		if err != nil {
+			t.Fatalf("%s: handshake: %v", c.name, err)
+		}
+		conn.Close()
+		h, err := now.Keep(was.Hold(conn.ConnectionState(), nil))
+		if (err == nil) != c.keep {
+			t.Errorf("%s: Keep = %v, want kept %v", c.name, err, c.keep)
+		}
+		if err == nil && !h.Until().Equal(leaf.TLS.Leaf.NotAfter) {
+			t.Errorf("%s: kept until %v, want the certificate's %v", c.name, h.Until(), leaf.TLS.Leaf.NotAfter)
+		}
+	}
+	if _, err := (&Origination{}).Keep(Held{}); err == nil {
+		t.Error("a cleartext connection kept")
+	}
+}

@@ -74,13 +74,9 @@ func (v *sanVerifier) verify(cs tls.ConnectionState) error {
 	if ok && now.Before(until) {
 		return nil
 	}
-	opts := x509.VerifyOptions{Roots: v.roots, Intermediates: x509.NewCertPool()}
-	for _, c := range cs.PeerCertificates[1:] {
-		opts.Intermediates.AddCert(c)
-	}
-	chains, err := leaf.Verify(opts)
+	chains, err := verifyChain(cs.PeerCertificates, v.roots, "")
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrVerify, err)
+		return err
 	}
 	if !v.matches(leaf) {
 		return fmt.Errorf("%w: certificate names %s match none of the subjectAltNames %s",
@@ -88,6 +84,21 @@ func (v *sanVerifier) verify(cs tls.ConnectionState) error {
 	}
 	v.remember(leaf, validUntil(chains), now)
 	return nil
+}
+
+// verifyChain verifies certs, a peer's certificates leaf first, against
+// roots (nil: the system's) at now, and the leaf against dnsName unless
+// empty, as crypto/tls does in a handshake.
+func verifyChain(certs []*x509.Certificate, roots *x509.CertPool, dnsName string) ([][]*x509.Certificate, error) {
+	opts := x509.VerifyOptions{Roots: roots, DNSName: dnsName, Intermediates: x509.NewCertPool()}
+	for _, c := range certs[1:] {
+		opts.Intermediates.AddCert(c)
+	}
+	chains, err := certs[0].Verify(opts)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrVerify, err)
+	}
+	return chains, nil
 }
 
 // validUntil returns when leaf's verification ends: what verify

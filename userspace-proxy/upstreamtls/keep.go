@@ -1,0 +1,103 @@
+package upstreamtls
+
+import (
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Held is one connection's TLS: the state its handshake settled, and the
+// Origination it was made, or since kept, under. When its backend's
+// settings change, Keep decides from it whether the connection may stay.
+// The zero Held (a cleartext connection) stays under none.
+type Held struct {
+	by     *Origination
+	state  tls.ConnectionState
+	speaks []string
+}
+
+// Hold returns the Held of a connection o made for a caller that speaks
+// speaks (Config's alpn), whose handshake settled cs.
+func (o *Origination) Hold(cs tls.ConnectionState, speaks []string) Held {
+	return Held{by: o, state: cs, speaks: speaks}
+}
+
+// Until returns when h's trust ends (ValidUntil); zero for the zero Held.
+func (h Held) Until() time.Time {
+	if h.by == nil {
+		return time.Time{}
+	}
+	return h.by.ValidUntil(h.state)
+}
+
+// Keep returns h held under o when o would have made the connection as it
+// is: the same server name and client certificate (a rotated one too,
+// since what a backend authorizes by, and whether the old key is still
+// trusted, is not the proxy's to know), its TLS version, cipher suite,
+// curve and ALPN protocol among those o offers, and its peer's
+// certificates verified now as a handshake under o verifies them (o's
+// roots, subjectAltNames or server name, expiry). Trust that only widened
+// (a CA added beside the one that verified it, a subjectAltName added)
+// keeps the connection; trust withdrawn from it, or anything Keep cannot
+// tell, does not. The error says why.
+func (o *Origination) Keep(h Held) (Held, error) {
+	if h.by == o {
+		return h, nil
+	}
+	if h.by == nil || !h.state.HandshakeComplete || len(h.state.PeerCertificates) == 0 {
+		return Held{}, errors.New("keep upstream tls connection: no verified handshake")
+	}
+	chains, err := o.accepts(h)
+	if err != nil {
+		return Held{}, fmt.Errorf("keep upstream tls connection: %w", err)
+	}
+	h.by = o
+	if chains != nil {
+		h.state.VerifiedChains = chains // ValidUntil's, under o
+	}
+	return h, nil
+}
+
+// accepts checks h against o (Keep) and returns the chains that verify
+// its peer under o, nil when o checks subjectAltNames (ValidUntil then
+// asks o's verifier).
+func (o *Origination) accepts(h Held) ([][]*x509.Certificate, error) {
+	was, now, cs := h.by.base, o.base, h.state
+	switch {
+	case was.ServerName != now.ServerName:
+		return nil, fmt.Errorf("server name %s, now %s", was.ServerName, now.ServerName)
+	case !sameCertificates(was.Certificates, now.Certificates):
+		return nil, errors.New("client certificate changed")
+	case cs.Version < now.MinVersion || now.MaxVersion != 0 && cs.Version > now.MaxVersion:
+		return nil, fmt.Errorf("%s no longer allowed", tls.VersionName(cs.Version))
+	case cs.Version < tls.VersionTLS13 && !allowed(was.CipherSuites, now.CipherSuites, cs.CipherSuite):
+		// TLS 1.3's suites are not configurable.
+		return nil, fmt.Errorf("cipher suite %s no longer allowed", tls.CipherSuiteName(cs.CipherSuite))
+	case !allowed(was.CurvePreferences, now.CurvePreferences, cs.CurveID):
+		return nil, fmt.Errorf("curve %s no longer allowed", cs.CurveID)
+	}
+	// The protocol it speaks must be one o offers; without one (the
+	// backend chose none), o must offer what it offered.
+	if offer := o.offer(h.speaks); !slices.Contains(offer, cs.NegotiatedProtocol) && !slices.Equal(offer, h.by.offer(h.speaks)) {
+		return nil, fmt.Errorf("alpn protocol %q no longer offered", cs.NegotiatedProtocol)
+	}
+	if o.san != nil {
+		return nil, o.san.verify(cs)
+	}
+	return verifyChain(cs.PeerCertificates, now.RootCAs, now.ServerName)
+}
+
+// allowed reports whether v, negotiated when the connection's settings
+// listed was, is one now allows: in now, or crypto/tls's defaults both
+// times (both empty).
+func allowed[T comparable](was, now []T, v T) bool {
+	return len(was) == 0 && len(now) == 0 || slices.Contains(now, v)
+}
+
+func sameCertificates(a, b []tls.Certificate) bool {
+	return slices.EqualFunc(a, b, func(x, y tls.Certificate) bool { return slices.EqualFunc(x.Certificate, y.Certificate, bytes.Equal) })
+}
