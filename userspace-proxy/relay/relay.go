@@ -9,6 +9,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
@@ -60,45 +61,69 @@ type Result struct {
 // can: TCP and TLS connections can); an error on either direction (a reset,
 // a broken TLS record, a TLS stream ended without close_notify) aborts
 // both at once so the other unblocks: TCP connections are reset, so that a
-// peer never takes a stream cut short for a complete one. Streams are usually net.Conns; WebSocket bridges pass an
-// upgraded HTTP body or an HTTP/2 stream.
+// peer never takes a stream cut short for a complete one. A write that
+// fails is the exception: the other direction reads from the stream that
+// failed, and first passes on what that stream's peer sent before it
+// failed (a backend's error line ahead of its reset of an upload), for at
+// most drainTime, as a socket connected to that peer directly would read
+// it; then both are aborted. Streams are usually net.Conns; WebSocket
+// bridges pass an upgraded HTTP body or an HTTP/2 stream.
 // A panic in either direction is recovered and reported to panics, and
 // aborts both streams; its error is Result.Err.
 func Relay(a, b io.ReadWriteCloser, pool *Pool, panics *contain.Reporter) Result {
 	var res Result
+	abortBoth := func() { abort(a); abort(b) }
+	var drain *time.Timer
+	var draining sync.Once
+	stop := func(err error, writeFailed bool) {
+		switch {
+		case err == nil:
+		case writeFailed:
+			// The other direction reads what came before the failure.
+			draining.Do(func() { drain = time.AfterFunc(drainTime, abortBoth) })
+		default:
+			abortBoth()
+		}
+	}
 	var bToAErr error
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		defer panics.Recover("relay", &bToAErr, func() { abort(a); abort(b) })
-		res.BToA, bToAErr = copyHalf(a, b, pool)
-		if bToAErr != nil {
-			abort(a)
-			abort(b)
-		}
+		defer panics.Recover("relay", &bToAErr, abortBoth)
+		var writeFailed bool
+		res.BToA, writeFailed, bToAErr = copyHalf(a, b, pool)
+		stop(bToAErr, writeFailed)
 	}()
 	var aToBErr error
+	var writeFailed bool
 	func() {
 		// Recovered here too: unwinding out of Relay would leave b open,
 		// and b→a waiting on it.
 		defer panics.Recover("relay", &aToBErr, nil)
-		res.AToB, aToBErr = copyHalf(b, a, pool)
+		res.AToB, writeFailed, aToBErr = copyHalf(b, a, pool)
 	}()
-	if aToBErr != nil {
-		abort(a)
-		abort(b)
-	}
+	stop(aToBErr, writeFailed)
 	<-done
+	res.Err = errors.Join(aToBErr, bToAErr)
+	if drain != nil {
+		drain.Stop()
+	}
+	if res.Err != nil {
+		abortBoth()
+	}
 	a.Close()
 	b.Close()
-	res.Err = errors.Join(aToBErr, bToAErr)
 	return res
 }
 
+// drainTime bounds how long a relay whose write failed goes on reading
+// from the stream that failed.
+const drainTime = 5 * time.Second
+
 // copyHalf copies src to dst until src ends, then shuts dst's write half.
-func copyHalf(dst, src io.ReadWriteCloser, pool *Pool) (int64, error) {
+// writeFailed reports that the error was a write to dst's.
+func copyHalf(dst, src io.ReadWriteCloser, pool *Pool) (n int64, writeFailed bool, err error) {
 	rd := newSource(src)
-	var n int64
 	for {
 		bp, nr, rerr := rd.read(pool) // a buffer exactly when nr > 0
 		if nr > 0 {
@@ -106,18 +131,18 @@ func copyHalf(dst, src io.ReadWriteCloser, pool *Pool) (int64, error) {
 			pool.Put(bp)
 			n += int64(nw)
 			if werr != nil {
-				return n, werr
+				return n, true, werr
 			}
 		}
 		if rerr == io.EOF && rd.truncated() {
-			return n, errTruncated
+			return n, false, errTruncated
 		}
 		if rerr == io.EOF {
 			closeWrite(dst)
-			return n, nil
+			return n, false, nil
 		}
 		if rerr != nil {
-			return n, rerr
+			return n, false, rerr
 		}
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"unsafe"
 )
@@ -34,6 +35,8 @@ type Conn struct {
 	readPooled func(fd uintptr) bool
 	// ended is set by the Read that met the end of the stream (Ended).
 	ended bool
+	// shut is set once CloseWrite has shut the write half.
+	shut atomic.Bool
 }
 
 // call is one direction's system call in progress (one at a time), with
@@ -200,7 +203,7 @@ func ReadInto(r io.Reader, bufs Buffers) (*[]byte, int, error) {
 func (c *Conn) readPooledOnce(fd uintptr) bool {
 	k := &c.r
 	bp := k.bufs.Get()
-	n, errno := sysRead(fd, *bp)
+	n, errno := c.read(fd, *bp)
 	if errno == syscall.EAGAIN && !k.noWait {
 		k.bufs.Put(bp)
 		return false
@@ -223,12 +226,40 @@ func (wouldBlock) Temporary() bool { return true }
 // readOnce is Read's callback: false sends the caller to wait in the
 // poller.
 func (c *Conn) readOnce(fd uintptr) bool {
-	n, errno := sysRead(fd, c.r.p)
+	n, errno := c.read(fd, c.r.p)
 	if errno == syscall.EAGAIN && !c.r.noWait {
 		return false
 	}
 	c.r.n, c.r.errno = n, errno
 	return true
+}
+
+// read is sysRead, with the end of a stream the peer reset read as
+// ECONNRESET: the kernel reports a reset once, to the first call after it,
+// and when that was a write (the relay's other direction, uploading), the
+// reads after it find the end of the stream, a clean end to whoever the
+// relay passes it on. The socket's state tells: reset, it is closed; ended
+// by the peer's FIN, it waits for its own side's close (CLOSE_WAIT), or,
+// once that side was shut too, it is closed as well (TIME_WAIT's
+// socket), which is why shut counts.
+func (c *Conn) read(fd uintptr, p []byte) (int, syscall.Errno) {
+	n, errno := sysRead(fd, p)
+	if n == 0 && errno == 0 && !c.shut.Load() && tcpState(fd) == tcpClose {
+		errno = syscall.ECONNRESET
+	}
+	return n, errno
+}
+
+// tcpClose is TCP_CLOSE, the state of a TCP socket that is reset.
+const tcpClose = 7
+
+// tcpState is the TCP state of the socket fd (tcpi_state, TCP_INFO's
+// first byte), or 0 when it is unknown.
+func tcpState(fd uintptr) uint8 {
+	var state uint8
+	size := uint32(1)
+	syscall.RawSyscall6(syscall.SYS_GETSOCKOPT, fd, syscall.IPPROTO_TCP, syscall.TCP_INFO, uintptr(unsafe.Pointer(&state)), uintptr(unsafe.Pointer(&size)), 0)
+	return state
 }
 
 // sysRead is one read(2) of fd into p (at most maxRW bytes), made again
@@ -297,6 +328,7 @@ func (c *Conn) CloseWrite() error {
 	if errno != 0 {
 		return c.opError("shutdown", errno)
 	}
+	c.shut.Store(true)
 	return nil
 }
 

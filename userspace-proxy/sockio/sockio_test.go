@@ -145,6 +145,38 @@ func TestWriteToResetPeer(t *testing.T) {
 	}
 }
 
+// TestReadAfterWriteTookReset: a peer's reset that a write reported is
+// still a reset to the reads after it, not the end of the stream (the
+// kernel reports it once: those reads found a clean end); a peer's FIN is
+// the end of the stream, whether or not c shut its own side first.
+func TestReadAfterWriteTookReset(t *testing.T) {
+	c, s := pair(t)
+	s.SetLinger(0)
+	s.Close()
+	var err error
+	for i := 0; i < 100 && err == nil; i++ {
+		_, err = c.Write([]byte("after the reset"))
+		time.Sleep(time.Millisecond)
+	}
+	if err == nil {
+		t.Fatal("writes to a reset peer succeeded")
+	}
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("Read after the failed write = %v; want ECONNRESET", err)
+	}
+	for _, shutFirst := range []bool{false, true} {
+		c, s := pair(t)
+		if shutFirst {
+			c.CloseWrite()
+			io.ReadAll(s)
+		}
+		s.CloseWrite()
+		if got, err := io.ReadAll(c); err != nil || len(got) != 0 {
+			t.Errorf("shut first %v: Read after the peer's FIN = %v; want the end of the stream", shutFirst, err)
+		}
+	}
+}
+
 // testPKI returns a CA and a leaf it issued for backend.test.
 func testPKI(t *testing.T) (*pki.CA, *pki.Leaf) {
 	t.Helper()
