@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -1285,6 +1286,52 @@ func dialRawBackend(t *testing.T, useTLS bool, handle func(net.Conn)) *client {
 	}
 	fx.update(2, be)
 	return fx.dial()
+}
+
+// TestCloseDelimitedAnswerOverTLS: an answer delimited by the close (an
+// HTTP/1.0 backend's, without Content-Length) over a pooled TLS connection
+// whose stream ends without close_notify reaches the app cut, on the fast
+// path and net/http's — to an HTTP/1.1 app chunked without its last
+// chunk, to an HTTP/1.0 app with a reset — never whole: whoever ended the
+// TCP connection, the answer may not be all the backend sent (RFC 8446
+// §6.1). One that ends with close_notify reaches it whole.
+func TestCloseDelimitedAnswerOverTLS(t *testing.T) {
+	for _, closeNotify := range []bool{true, false} {
+		t.Run(fmt.Sprintf("close_notify=%v", closeNotify), func(t *testing.T) {
+			f := newFixture(t, Config{}, snapshot.Backend{}) // cleaned up after the backend
+			f.update(2, tlsBackend(t, func(c net.Conn) {
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+					return
+				}
+				io.WriteString(c, "HTTP/1.0 200 OK\r\n\r\npartial")
+				if !closeNotify {
+					c.(*tls.Conn).NetConn().Close()
+				}
+			}))
+			f.serveL7(false)
+			for _, front := range []struct {
+				name string
+				dial func() *client
+			}{{"fast", f.dial}, {"net/http", f.dialL7}} {
+				for _, proto := range []string{"HTTP/1.1", "HTTP/1.0"} {
+					cl := front.dial()
+					cl.c.SetDeadline(time.Now().Add(10 * time.Second))
+					cl.send("GET / " + proto + "\r\nHost: x\r\n\r\n")
+					resp, err := http.ReadResponse(cl.r, &http.Request{Method: http.MethodGet})
+					if err != nil {
+						t.Fatalf("%s, %s: answer head: %v", front.name, proto, err)
+					}
+					body, err := io.ReadAll(resp.Body)
+					if closeNotify && (string(body) != "partial" || err != nil) {
+						t.Errorf("%s, %s: body %q, %v; want it whole", front.name, proto, body, err)
+					}
+					if !closeNotify && err == nil {
+						t.Errorf("%s, %s: body %q, whole; want it cut", front.name, proto, body)
+					}
+				}
+			}
+		})
+	}
 }
 
 // TestNoContentWithoutLength: a 204 reaches the app without the

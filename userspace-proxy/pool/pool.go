@@ -3,6 +3,7 @@ package pool
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io"
 	"math"
@@ -81,11 +82,33 @@ type Conn struct {
 	uses      int         // times it went back to the pool
 	idleSince time.Time   // when it last went back
 	lim       LimitReader // R reads through it
+	// body is what lim reads once the head is read (EndHead): Conn, or
+	// beneath TLS a tlsBody.
+	body io.Reader
 }
 
 // EndHead lifts the bound on what R reads, once the final answer's head
-// was read: bodies are not bounded.
-func (c *Conn) EndHead() { c.lim.N = math.MaxInt64 }
+// was read: bodies are not bounded. A body's TLS stream that ends without
+// close_notify ends it with sockio.ErrTLSTruncated, not io.EOF: a body
+// that runs to the close (an HTTP/1.0 answer without Content-Length) would
+// otherwise be passed on whole, however short whoever ended the TCP
+// connection cut it.
+func (c *Conn) EndHead() { c.lim.R, c.lim.N = c.body, math.MaxInt64 }
+
+// tlsBody reads a TLS connection, the end of the TCP connection under it
+// (a FIN that came without close_notify) being sockio.ErrTLSTruncated.
+type tlsBody struct {
+	*tls.Conn
+	under *sockio.Conn
+}
+
+func (b tlsBody) Read(p []byte) (int, error) {
+	n, err := b.Conn.Read(p)
+	if err == io.EOF && b.under.Ended() {
+		err = sockio.ErrTLSTruncated
+	}
+	return n, err
+}
 
 // LimitReader is io.LimitedReader with an error of its own at the limit
 // (a head too large, not the end of the stream), and reusable: N is set
@@ -279,7 +302,12 @@ func (p *Pool) dial(ctx context.Context, ep *endpoint, dial func(context.Context
 		p.release(ep)
 		return nil, err
 	}
-	c := &Conn{Conn: nc, ep: ep, lim: LimitReader{R: nc, Err: ErrHeadTooLarge}}
+	c := &Conn{Conn: nc, ep: ep, lim: LimitReader{Err: ErrHeadTooLarge}, body: nc}
+	if tc, ok := nc.(*tls.Conn); ok {
+		if under := sockio.Of(tc.NetConn()); under != nil {
+			c.body = tlsBody{tc, under}
+		}
+	}
 	p.untrim(c)
 	return p.handOut(c), nil
 }
@@ -312,7 +340,7 @@ func (p *Pool) untrim(c *Conn) {
 // handOut bounds the heads of c's next answer: MaxHeadBytes, plus what R
 // may read ahead of the head's end.
 func (p *Pool) handOut(c *Conn) *Conn {
-	c.lim.N = int64(p.cfg.MaxHeadBytes + p.cfg.BufferSize)
+	c.lim.R, c.lim.N = c.Conn, int64(p.cfg.MaxHeadBytes+p.cfg.BufferSize)
 	return c
 }
 

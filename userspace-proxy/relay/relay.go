@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -135,7 +134,7 @@ func copyHalf(dst, src io.ReadWriteCloser, pool *Pool) (n int64, writeFailed boo
 			}
 		}
 		if rerr == io.EOF && rd.truncated() {
-			return n, false, errTruncated
+			return n, false, sockio.ErrTLSTruncated
 		}
 		if rerr == io.EOF {
 			closeWrite(dst)
@@ -146,12 +145,6 @@ func copyHalf(dst, src io.ReadWriteCloser, pool *Pool) (n int64, writeFailed boo
 		}
 	}
 }
-
-// errTruncated ends a TLS stream that ended without close_notify (RFC 8446
-// §6.1): whoever, or whatever on the path, cut it, what came may not be
-// all that was sent, so the relay aborts as on a reset rather than pass a
-// clean end on.
-var errTruncated = fmt.Errorf("tls stream ended without close_notify: %w", io.ErrUnexpectedEOF)
 
 // source reads one direction of a relay, and takes a copy buffer only
 // once there are bytes to put in it where it can: idle relayed

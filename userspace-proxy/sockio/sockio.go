@@ -15,6 +15,7 @@
 package sockio
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -211,6 +212,13 @@ func (c *Conn) readPooledOnce(fd uintptr) bool {
 	k.bp, k.n, k.errno = bp, n, errno
 	return true
 }
+
+// ErrTLSTruncated is the end of a TLS stream that came without close_notify
+// (RFC 8446 §6.1): the TCP connection's end beneath it (Ended), which
+// crypto/tls reads as io.EOF, as it does a close_notify. Whoever, or
+// whatever on the path, ended the connection, what came may not be all
+// that was sent, so it must not be passed on as a clean end.
+var ErrTLSTruncated = fmt.Errorf("tls stream ended without close_notify: %w", io.ErrUnexpectedEOF)
 
 // ErrWouldBlock is the error of a read in NoWait mode that found nothing.
 // It is a temporary net.Error, so crypto/tls does not take it for the
