@@ -694,9 +694,8 @@ func TestInformationalBounded(t *testing.T) {
 		protos     []snapshot.Protocol
 	}{
 		{"large", strings.Repeat("a", 8<<10), 300, []snapshot.Protocol{h11, h2c}}, // 2.4 MiB
-		// 1.6 MiB in HPACK's sizes. (The HTTP/1.1 pool cuts their
-		// bytes at 1 MiB mid-line: a malformed answer, upstream_error.)
-		{"empty", "", 40000, []snapshot.Protocol{h2c}},
+		// 1.6 MiB in HPACK's sizes, 1.1 MiB in HTTP/1.1's.
+		{"empty", "", 40000, []snapshot.Protocol{h11, h2c}},
 	} {
 		ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if hints.link != "" {
@@ -734,6 +733,41 @@ func TestInformationalBounded(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestEndlessContinueIsProtocol: an HTTP/1.1 backend that answers with
+// empty 100 Continues without end gets the reason of other heads past
+// 1 MiB, protocol, on the fast path and net/http's. The pool's cut of
+// their bytes at the bound fell mid-line, and the line read as malformed:
+// upstream_error.
+func TestEndlessContinueIsProtocol(t *testing.T) {
+	f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{serveRaw(t, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
+		}
+		for {
+			if _, err := io.WriteString(c, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
+				return
+			}
+		}
+	})}})
+	c := f.dial()
+	c.send("GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, body := c.read(http.MethodGet); resp.StatusCode != http.StatusBadGateway || body != "sockmesh: protocol\n" {
+		t.Errorf("fast path: %s %q, want 502 protocol", resp.Status, body)
+	}
+	resp, err := f.serveL7(false).Get("http://echo.b.svc/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || string(body) != "sockmesh: protocol\n" {
+		t.Errorf("net/http's path: %s %q, want 502 protocol", resp.Status, body)
+	}
+	if n := f.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": "protocol"}); n != 2 {
+		t.Errorf("%v failures counted as protocol, want 2", n)
 	}
 }
 

@@ -393,7 +393,7 @@ func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline, plai
 		s.sent.heard.Store(body != nil)
 		resp, err := s.readAnswer(uc.R, req, plain)
 		if err != nil {
-			return nil, body, fmt.Errorf("read answer: %w", err)
+			return nil, body, fmt.Errorf("read answer: %w", uc.HeadErr(err))
 		}
 		if resp.StatusCode >= http.StatusOK || resp.StatusCode == http.StatusSwitchingProtocols {
 			uc.EndHead()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net"
@@ -94,6 +95,17 @@ type Conn struct {
 // otherwise be passed on whole, however short whoever ended the TCP
 // connection cut it.
 func (c *Conn) EndHead() { c.lim.R, c.lim.N = c.body, math.MaxInt64 }
+
+// HeadErr is err, the failure of a read of an answer's heads, as
+// ErrHeadTooLarge when the read met the bound: the bound cuts the heads'
+// bytes where it falls, mid-line as likely as not, and a parser reads
+// the cut line as malformed, never reaching the bound's error.
+func (c *Conn) HeadErr(err error) error {
+	if c.lim.N <= 0 && !errors.Is(err, ErrHeadTooLarge) {
+		return fmt.Errorf("%w (%v)", ErrHeadTooLarge, err)
+	}
+	return err
+}
 
 // tlsBody reads a TLS connection, the end of the TCP connection under it
 // (a FIN that came without close_notify) being sockio.ErrTLSTruncated.

@@ -156,7 +156,7 @@ func (t h1Transport) exchange(ctx context.Context, uc *pool.Conn, req *http.Requ
 	for {
 		resp, err := http.ReadResponse(uc.R, req)
 		if err != nil {
-			return nil, x.fail(fmt.Errorf("read answer: %w", err), false)
+			return nil, x.fail(fmt.Errorf("read answer: %w", uc.HeadErr(err)), false)
 		}
 		if resp.StatusCode >= http.StatusOK || resp.StatusCode == http.StatusSwitchingProtocols {
 			uc.EndHead()
