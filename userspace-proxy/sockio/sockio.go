@@ -327,6 +327,10 @@ func (c *Conn) writeAll(fd uintptr) bool {
 // queued and the FIN leave now (on loopback, sending them runs the
 // receiver's TCP input).
 func (c *Conn) CloseWrite() error {
+	// Before the call: on loopback the peer may answer the FIN with its
+	// own before the call returns, and a read on the other direction would
+	// then find the socket closed (read), as a reset leaves it.
+	c.shut.Store(true)
 	var errno syscall.Errno
 	if err := c.rc.Control(func(fd uintptr) {
 		_, _, errno = syscall.RawSyscall(syscall.SYS_SHUTDOWN, fd, syscall.SHUT_WR, 0)
@@ -336,7 +340,6 @@ func (c *Conn) CloseWrite() error {
 	if errno != 0 {
 		return c.opError("shutdown", errno)
 	}
-	c.shut.Store(true)
 	return nil
 }
 
