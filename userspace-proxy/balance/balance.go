@@ -20,7 +20,17 @@ type Choice struct {
 	// the pools key connections by.
 	Host  string
 	token string
+	// probe numbers the probe of Endpoint the pick took (Health.admit), 0
+	// if none. The Picker's Choices hold none: a pick that takes one gets
+	// a copy, its own, so that a hand-back names the probe, not the
+	// endpoint, and costs nothing while no endpoint is ejected.
+	probe uint64
 }
+
+// Probing reports whether c, picked, holds its endpoint's probe (Health):
+// only then is there a probe to hand back (Health.Reused, Canceled,
+// FailedHere).
+func (c *Choice) Probing() bool { return c.probe != 0 }
 
 // Picker chooses among a backend's ready endpoints.
 type Picker struct {
@@ -140,7 +150,7 @@ func (p *Picker) nearerTakes(i int, now time.Time) bool {
 // Pick returns the next preferred endpoint not ejected, else the next
 // fallback one not ejected, level by level, or nil when there is none
 // ready; when all are ejected, the next preferred one. The result is
-// shared: callers must not modify it.
+// shared (unless it holds a probe): callers must not modify it.
 func (p *Picker) Pick() *Choice {
 	if len(p.tiers) == 0 {
 		return nil
@@ -152,8 +162,8 @@ func (p *Picker) Pick() *Choice {
 		return c
 	}
 	now := time.Now()
-	if p.health.admit(c.Endpoint.Addr, now) {
-		return c
+	if a := p.admit(c, now); a != nil {
+		return a
 	}
 	// Each step takes its own turn, so that the endpoints after an
 	// ejected one share its requests rather than the next taking them all.
@@ -163,8 +173,8 @@ func (p *Picker) Pick() *Choice {
 			steps-- // the first step was taken above
 		}
 		for range steps {
-			if c := &tier[p.next[i].Add(1)%uint32(len(tier))]; p.health.admit(c.Endpoint.Addr, now) {
-				return c
+			if a := p.admit(&tier[p.next[i].Add(1)%uint32(len(tier))], now); a != nil {
+				return a
 			}
 		}
 	}
@@ -173,15 +183,30 @@ func (p *Picker) Pick() *Choice {
 	return &first[p.next[0].Add(1)%n]
 }
 
+// admit returns c when its endpoint may take a connection at now — a
+// copy of it that names the probe when it is handed out as one
+// (Health.admit) — else nil.
+func (p *Picker) admit(c *Choice, now time.Time) *Choice {
+	if !p.health.Any() {
+		return c
+	}
+	ok, probe := p.health.admit(c.Endpoint.Addr, now)
+	switch {
+	case !ok:
+		return nil
+	case probe != 0:
+		held := *c
+		held.probe = probe
+		return &held
+	}
+	return c
+}
+
 // Unused records that c, picked, took no connection: its request ended
 // before it connected (its app left while the proxy read the body it
 // keeps). A probe c took is handed back (Health.Canceled): held, it left
 // c passed over for probeWait.
-func (p *Picker) Unused(c *Choice) {
-	if p.health.Any() {
-		p.health.Canceled(c.Endpoint.Addr)
-	}
-}
+func (p *Picker) Unused(c *Choice) { p.health.Canceled(c) }
 
 // PickFewest returns the ready endpoint, not ejected, that carries the
 // fewest of the caller's connections (load), taking turns among equals,
@@ -207,8 +232,10 @@ func (p *Picker) PickFewest(load func(netip.AddrPort) int) *Choice {
 				best, least = c, l
 			}
 		}
-		if best != nil && (!p.health.Any() || p.health.admit(best.Endpoint.Addr, now)) {
-			return best
+		if best != nil {
+			if a := p.admit(best, now); a != nil {
+				return a
+			}
 		}
 	}
 	return p.Pick()

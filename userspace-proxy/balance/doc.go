@@ -10,6 +10,13 @@
 // until the session's absolute or idle timeout (Gateway API
 // sessionPersistence).
 //
+// A pick that takes an ejected endpoint's probe (Health) gets a Choice of
+// its own that names the probe, which the caller passes on to where its
+// connection's outcome is known: a hand-back (Health.Reused, Canceled,
+// FailedHere) returns that probe only, once, so that one from a pick that
+// took none, or of a probe handed back or lost before, lets no second
+// probe out. Other picks share the Picker's Choices.
+//
 // A Picker is built per backend per snapshot and is safe for concurrent use.
 // It must not dial, reads the clock only while an endpoint is ejected or
 // clients are pinned (callers pass the time sessions need), and never

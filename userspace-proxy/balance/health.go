@@ -18,7 +18,10 @@ import (
 //
 // When its ejection ends, an endpoint gets one connection at a time (a
 // probe) until a connect settles it: a failed one ejects it again for
-// twice as long, up to Max; one that reaches it ends the ejection. An
+// twice as long, up to Max; one that reaches it ends the ejection. The
+// pick that takes a probe carries its number (Choice) to where its
+// connection's outcome is known: a connection that tells nothing of the
+// endpoint hands that probe back, and no other. An
 // endpoint no longer ready in the snapshot is forgotten (Retain), so a pod
 // that restarts and turns ready again starts afresh. When every ready
 // endpoint of a backend is ejected, its Picker ignores the ejections:
@@ -32,12 +35,17 @@ type Health struct {
 	n         atomic.Int32 // len(eps)
 	mu        sync.Mutex
 	eps       map[netip.AddrPort]*ejection
+	probes    uint64 // probes handed out, the last one's number (Choice.probe)
 }
 
 type ejection struct {
 	until time.Time // passed over until then
 	probe time.Time // when the current probe was handed out; zero if none
-	fails int       // connects failed in a row, one per ejection
+	// held numbers the current probe (0 if none): a hand-back returns the
+	// probe it names only, so that one of another (handed back or lost
+	// before) or of none (a pick that took none) lets no second out.
+	held  uint64
+	fails int // connects failed in a row, one per ejection
 	// awaited is set when a Picker's Standby found the endpoint passed
 	// over only while its probe was out: a probe handed back tells it
 	// (back), as does its expiry, should it be lost.
@@ -83,7 +91,7 @@ func (h *Health) Failed(ep netip.AddrPort, now time.Time) time.Duration {
 		d *= 2
 	}
 	d = min(d, h.max)
-	e.until, e.probe, e.awaited = now.Add(d), time.Time{}, false
+	e.until, e.probe, e.held, e.awaited = now.Add(d), time.Time{}, 0, false
 	if h.back != nil {
 		time.AfterFunc(d, h.back)
 	}
@@ -106,38 +114,44 @@ func (h *Health) OK(ep netip.AddrPort) {
 	}
 }
 
-// Reused records that a connection to ep was taken already open (an idle
-// pooled one, an HTTP/2 one with room for a stream) rather than connected:
-// it tells nothing of ep's connects, so a probe out for ep is handed back
-// (handBack). Held, it left ep one request per probeWait for as long as
-// its pooled connections lived.
-func (h *Health) Reused(ep netip.AddrPort) { h.handBack(ep) }
+// Reused records that the connection for c, picked, was taken already
+// open (an idle pooled one, an HTTP/2 one with room for a stream) rather
+// than connected: it tells nothing of the endpoint's connects, so a probe
+// c holds is handed back (handBack). Held, it left the endpoint one
+// request per probeWait for as long as its pooled connections lived.
+func (h *Health) Reused(c *Choice) { h.handBack(c) }
 
-// Canceled records that a connection to ep was given up because its
-// caller left (its context ended) while it connected, or waited for one of
-// ep's connections to come free: it tells nothing of ep, so a probe out
-// for ep is handed back (handBack).
-func (h *Health) Canceled(ep netip.AddrPort) { h.handBack(ep) }
+// Canceled records that the connection for c, picked, was given up
+// because its caller left (its context ended) while it connected, or
+// waited for one of the endpoint's connections to come free, or before
+// either: it tells nothing of the endpoint, so a probe c holds is handed
+// back (handBack).
+func (h *Health) Canceled(c *Choice) { h.handBack(c) }
 
-// FailedHere records that a connect to ep failed for want of this node (no
-// source address or port left, out of file descriptors, a local refusal):
-// it tells nothing of ep, so a probe out for ep is handed back (handBack).
-func (h *Health) FailedHere(ep netip.AddrPort) { h.handBack(ep) }
+// FailedHere records that the connect for c, picked, failed for want of
+// this node (no source address or port left, out of file descriptors, a
+// local refusal): it tells nothing of the endpoint, so a probe c holds is
+// handed back (handBack).
+func (h *Health) FailedHere(c *Choice) { h.handBack(c) }
 
-// handBack hands a probe out for ep back, for the next connection to take,
-// and calls back when the probe was awaited: what waited for ep to take
-// connections (relayed HTTP/2 connections on fallback endpoints) would
-// otherwise wait for an unrelated event. Unawaited (requests that reuse
-// connections hand probes back one after another), it calls nothing.
-func (h *Health) handBack(ep netip.AddrPort) {
-	if h.n.Load() == 0 {
-		return
+// handBack hands the probe c holds back, if it is still out, for the next
+// connection to take, and calls back when the probe was awaited: what
+// waited for the endpoint to take connections (relayed HTTP/2 connections
+// on fallback endpoints) would otherwise wait for an unrelated event.
+// Unawaited (requests that reuse connections hand probes back one after
+// another), it calls nothing. A probe is handed back once: a connection's
+// outcome may be told twice (net/http's Transport dials on after the
+// RoundTrip that asked has returned, without it), and a probe handed out
+// since is another's.
+func (h *Health) handBack(c *Choice) {
+	if c.probe == 0 {
+		return // the pick took no probe; h may be nil
 	}
 	h.mu.Lock()
 	awaited := false
-	if e := h.eps[ep]; e != nil && !e.probe.IsZero() {
+	if e := h.eps[c.Endpoint.Addr]; e != nil && e.held == c.probe {
 		awaited = e.awaited
-		e.probe, e.awaited = time.Time{}, false
+		e.probe, e.held, e.awaited = time.Time{}, 0, false
 	}
 	h.mu.Unlock()
 	if awaited && h.back != nil {
@@ -186,24 +200,26 @@ func (h *Health) Ejected(now time.Time) int {
 	return n
 }
 
-// Any reports whether an endpoint may be ejected: false lets a Picker, or
-// a caller about to tell h of a connection (Reused), skip the rest.
+// Any reports whether an endpoint may be ejected: false lets a Picker skip
+// the rest.
 func (h *Health) Any() bool { return h != nil && h.n.Load() > 0 }
 
 // admit reports whether ep may take a connection at now, handing out the
-// probe when its ejection has ended.
-func (h *Health) admit(ep netip.AddrPort, now time.Time) bool {
+// probe when its ejection has ended: probe numbers it, 0 when ep is not
+// ejected.
+func (h *Health) admit(ep netip.AddrPort, now time.Time) (ok bool, probe uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	e := h.eps[ep]
 	if e == nil {
-		return true
+		return true, 0
 	}
 	if e.passedOver(now) {
-		return false
+		return false, 0
 	}
-	e.probe = now
-	return true
+	h.probes++
+	e.probe, e.held = now, h.probes
+	return true, h.probes
 }
 
 // state reports whether ep may take a connection at now (its ejection

@@ -111,9 +111,10 @@ func TestBack(t *testing.T) {
 		if n := backs.Load(); n != 1 {
 			t.Fatalf("ejection over: told %d times, want once", n)
 		}
-		for i, handBack := range []func(netip.AddrPort){h.Reused, h.Canceled, h.FailedHere} {
+		for i, handBack := range []func(*Choice){h.Reused, h.Canceled, h.FailedHere} {
 			for _, standby := range []bool{false, true} {
-				if c := p.Pick(); c.Endpoint != eps[0] {
+				c := p.Pick()
+				if c.Endpoint != eps[0] {
 					t.Fatalf("probe %d not handed out: picked %s", i, c.Host)
 				}
 				if standby {
@@ -121,9 +122,9 @@ func TestBack(t *testing.T) {
 						t.Fatalf("probe %d out: standby %v, want none", i, got)
 					}
 				}
-				handBack(eps[0].Addr)
-				handBack(eps[0].Addr) // no probe out now
-				handBack(eps[1].Addr) // never ejected
+				handBack(c)
+				handBack(c)           // no probe out now
+				handBack(&p.ready[1]) // never ejected
 			}
 			synctest.Wait()
 			if n := backs.Load(); n != int32(i+2) {
@@ -168,6 +169,55 @@ func TestBackAfterLostProbe(t *testing.T) {
 		if n := backs.Load(); n != 2 {
 			t.Errorf("ejection over, then a probe lost unawaited and one lost awaited: told %d times, want twice", n)
 		}
+	})
+}
+
+// TestStaleHandBack: a hand-back returns the probe its pick took, once,
+// and no other: not one handed out since the one handed back or lost
+// before, nor one out while a client pinned to the endpoint (who holds
+// none) reuses a connection. Before, a hand-back named the endpoint: such
+// a stale one let a second probe out, another connect to an endpoint that
+// may be dead.
+func TestStaleHandBack(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := NewHealth(time.Second, time.Second, nil)
+		p := New(&snapshot.Backend{Endpoints: endpoints(2), ClientIPAffinitySeconds: 3600}, h, CarryAffinity(nil, 3600))
+		client := ClientOf(netip.MustParseAddrPort("10.1.0.1:40000"), nil)
+		dead := p.PickClient(client).Endpoint.Addr
+		h.Failed(dead, time.Now())
+		time.Sleep(time.Second)
+		// probe picks until the probe of dead is handed out.
+		probe := func(why string) *Choice {
+			t.Helper()
+			for range p.Len() {
+				if c := p.Pick(); c.Endpoint.Addr == dead {
+					return c
+				}
+			}
+			t.Fatalf("%s: no probe handed out", why)
+			return nil
+		}
+		outOnly := func(why string) {
+			t.Helper()
+			if got := picks(p, 10); got[dead.String()] != 0 {
+				t.Fatalf("%s: %v, want the endpoint passed over while its probe is out", why, got)
+			}
+		}
+		first := probe("ejection over")
+		h.Canceled(first)
+		second := probe("first probe handed back")
+		for _, handBack := range []func(*Choice){h.Reused, h.Canceled, h.FailedHere} {
+			handBack(first)
+			outOnly("the first probe handed back again")
+			handBack(p.PickClient(client)) // rides along the probe
+			outOnly("the pinned client's connection told")
+		}
+		time.Sleep(probeWait) // the second probe is lost
+		third := probe("second probe lost")
+		h.Canceled(second)
+		outOnly("the lost probe handed back")
+		h.Canceled(third)
+		probe("third probe handed back")
 	})
 }
 

@@ -348,11 +348,11 @@ func (s *h1Conn) conn(x *exchange, choice *balance.Choice, read bool) (*pool.Con
 			defer cancel()
 		}
 	}
-	uc, err := be.GetH1(ctx, &choice.Endpoint)
+	uc, err := be.GetH1(ctx, choice)
 	for i := 1; err != nil && i < min(be.Picker.Len(), 3) && upstream.NoConnection(err); i++ {
 		x.unpin()
 		choice = be.Picker.Pick()
-		uc, err = be.GetH1(ctx, &choice.Endpoint)
+		uc, err = be.GetH1(ctx, choice)
 	}
 	if err != nil && x.r != nil && x.r.pol.expired(time.Now()) {
 		err = timeoutError(true, err)
@@ -547,7 +547,7 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	trace, stop := s.informationalTrace(req)
-	out := req.WithContext(upstream.WithEndpoint(httptrace.WithClientTrace(ctx, trace), &c.Endpoint))
+	out := req.WithContext(upstream.WithEndpoint(httptrace.WithClientTrace(ctx, trace), c))
 	out.URL = upstreamURL(req.URL, be.Scheme(), c.Host)
 	out.RequestURI = ""
 	keepUserAgent(req)

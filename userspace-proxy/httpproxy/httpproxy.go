@@ -392,7 +392,7 @@ func onlyH2(t *snapshot.TLS) bool {
 // request is the proxy's largest avoidable allocation.
 func outgoing(r *http.Request, be *upstream.Backend, c *balance.Choice, websocket bool) *http.Request {
 	keepTrailers(r) // before out shares r.Trailer
-	ctx := upstream.WithEndpoint(r.Context(), &c.Endpoint)
+	ctx := upstream.WithEndpoint(r.Context(), c)
 	out := r.WithContext(ctx)
 	out.URL = upstreamURL(r.URL, be.Scheme(), c.Host)
 	out.URL.Opaque = sentPath(r.RequestURI)

@@ -59,7 +59,7 @@ func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(h.mirrorCtx, h.cfg.Routing.MirrorTimeout)
-		m := r.Clone(upstream.WithEndpoint(ctx, &c.Endpoint))
+		m := r.Clone(upstream.WithEndpoint(ctx, c))
 		m.URL = upstreamURL(r.URL, be.Scheme(), c.Host)
 		m.RequestURI, m.Close = "", false
 		removeHopByHop(m.Header)

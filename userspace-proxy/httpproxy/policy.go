@@ -369,7 +369,7 @@ func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request
 		if p.backend > 0 {
 			actx, cancel = context.WithTimeout(ctx, p.backend)
 		}
-		o := out.WithContext(upstream.WithEndpoint(actx, &c.Endpoint))
+		o := out.WithContext(upstream.WithEndpoint(actx, c))
 		if n > 0 {
 			o.URL = withURLHost(out.URL, c.Host)
 		}
@@ -428,7 +428,7 @@ func (x *exchange) roundTripAny(rt http.RoundTripper, out *http.Request, c *bala
 	for i := 1; err != nil && i < min(x.be.Picker.Len(), 3) && upstream.NoConnection(err) && x.resendable(out); i++ {
 		x.unpin()
 		c = x.be.Picker.Pick()
-		o := out.WithContext(upstream.WithEndpoint(out.Context(), &c.Endpoint))
+		o := out.WithContext(upstream.WithEndpoint(out.Context(), c))
 		o.URL = withURLHost(out.URL, c.Host)
 		o.Body = x.again(o.Body, i)
 		resp, err = rt.RoundTrip(o)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/test/echo"
+	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 )
 
 // TestEjectRefusedEndpoint: beside a healthy endpoint, one that refuses
@@ -488,6 +489,72 @@ func TestProbeHandedBackByCanceledWait(t *testing.T) {
 	}
 	if _, rep := get(t, web, "http://web.b.svc/"); rep.Pod != "zone-a" {
 		t.Errorf("after the app waiting with the probe left: reached %q, want zone-a", rep.Pod)
+	}
+}
+
+// TestStaleHandBackLeavesProbe: while a request's probe of an endpoint
+// whose ejection is over is out (its connect held), a request whose
+// session names the endpoint rides along on a pooled connection and hands
+// no probe back, as it holds none: the next request passes the endpoint
+// over, which gets one connect at a time. Before, a hand-back named the
+// endpoint, not the probe: the session's request let the probe out go,
+// and the next request took a second, another connect to an endpoint
+// that refuses.
+func TestStaleHandBackLeavesProbe(t *testing.T) {
+	checkNoLeaks(t)
+	l := listenLocal(t)
+	here := l.Addr().(*net.TCPAddr).AddrPort()
+	// Its dials: the session's, the refused one that ejects it, the probe
+	// (held).
+	g := &gatedDialer{to: here, pass: 2, dialing: make(chan struct{}), release: make(chan struct{})}
+	e := newEnv(t, envOptions{ejectFor: 50 * time.Millisecond, dialer: func(d dial.Dialer) dial.Dialer { g.d = d; return g }})
+	s := echo.New(echo.Config{Pod: "zone-a", Namespace: "b", TLS: serverTLS(e.pki.server)})
+	go s.Serve(l)
+	t.Cleanup(func() { s.Close() })
+	eps := endpoints(here, startEcho(t, "zone-b", serverTLS(e.pki.server)).addr)
+	eps[0].Zone, eps[1].Zone, eps[1].Fallback = "zone-a", "zone-b", snapshot.FallbackFar
+	vWeb, vSticky, vHere := netip.MustParseAddrPort("10.96.8.64:80"), netip.MustParseAddrPort("10.96.8.65:80"), netip.MustParseAddrPort("10.96.8.66:80")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "web", vip: vWeb, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: eps}},
+		service{name: "sticky", vip: vSticky, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: eps,
+			SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "session"}}},
+		service{name: "only-here", vip: vHere, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(here)}},
+	))
+	sticky := e.client(vSticky, false)
+	a := send(t, sticky, newReq(t, http.MethodGet, "http://sticky.b.svc/", nil))
+	session := a.header.Get("session")
+	if a.report.Pod != "zone-a" || session == "" {
+		t.Fatalf("first request: %q, session %q; want zone-a, a session", a.report.Pod, session)
+	}
+	// Its listener closes, the session's connection serves on: a connect
+	// through another backend is refused and ejects it.
+	l.Close()
+	if code, _ := get(t, e.client(vHere, false), "http://only-here.b.svc/"); code != http.StatusServiceUnavailable {
+		t.Fatalf("the zone's endpoint not listening: status %d, want 503", code)
+	}
+	e.ejectionsOver()
+	web := e.client(vWeb, false)
+	probed := make(chan error, 1)
+	go func() {
+		resp, err := web.Get("http://web.b.svc/")
+		if err == nil {
+			resp.Body.Close()
+		}
+		probed <- err
+	}()
+	<-g.dialing // the probe's connect, held
+	if a := send(t, sticky, newReq(t, http.MethodGet, "http://sticky.b.svc/", nil, "session", session)); a.report.Pod != "zone-a" {
+		t.Fatalf("the session's request with the probe out: %d from %q, want zone-a", a.status, a.report.Pod)
+	}
+	if _, rep := get(t, web, "http://web.b.svc/"); rep.Pod != "zone-b" {
+		t.Errorf("with the probe out: reached %q, want zone-b", rep.Pod)
+	}
+	if n := g.dials.Load(); n != 3 {
+		t.Errorf("connects to the zone's endpoint: %d, want 3 (one probe)", n)
+	}
+	close(g.release)
+	if err := <-probed; err != nil {
+		t.Fatalf("the probing request: %v", err)
 	}
 }
 

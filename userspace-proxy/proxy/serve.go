@@ -357,9 +357,9 @@ func (cs *connState) dialAny(path Path, alpn []string, load func(netip.AddrPort)
 		)
 		if path == PathPassthrough {
 			// The app's own TLS goes through untouched: no origination.
-			up, err = cs.be.DialRaw(context.Background(), choice.Endpoint)
+			up, err = cs.be.DialRaw(context.Background(), choice)
 		} else {
-			up, err = cs.be.Dial(context.Background(), choice.Endpoint, alpn)
+			up, err = cs.be.Dial(context.Background(), choice, alpn)
 		}
 		if err == nil {
 			return up, choice.Endpoint, nil

@@ -8,7 +8,7 @@ import (
 	"net"
 	"time"
 
-	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
 )
@@ -17,32 +17,34 @@ import (
 // protocol than http/1.1 (its policy's ALPN list leaves it out).
 var ErrNotHTTP11 = errors.New("backend did not negotiate http/1.1")
 
-// GetH1 returns a connection to ep (an endpoint of b) for one HTTP/1.1
-// exchange: an idle one from b's pool, or a new one (over TLS with ALPN
-// http/1.1 and session resumption when b needs TLS). Hand it back with
-// PutH1 when the exchange left it reusable, else DiscardH1 or DetachH1.
-func (b *Backend) GetH1(ctx context.Context, ep *snapshot.Endpoint) (*pool.Conn, error) {
+// GetH1 returns a connection to picked, an endpoint of b, for one
+// HTTP/1.1 exchange: an idle one from b's pool, or a new one (over TLS
+// with ALPN http/1.1 and session resumption when b needs TLS). Hand it
+// back with PutH1 when the exchange left it reusable, else DiscardH1 or
+// DetachH1.
+func (b *Backend) GetH1(ctx context.Context, picked *balance.Choice) (*pool.Conn, error) {
 	if b.Err != nil {
 		return nil, b.Err
 	}
 	w := b.w
 	dialed := false
-	c, err := w.h1.Get(ctx, ep.Addr, func(ctx context.Context) (net.Conn, error) {
+	c, err := w.h1.Get(ctx, picked.Endpoint.Addr, func(ctx context.Context) (net.Conn, error) {
 		dialed = true
-		return w.dialH1(ctx, *ep)
+		return w.dialH1(ctx, picked)
 	})
 	if err != nil {
 		if !dialed {
-			// ctx ended while the request waited for a connection (ep
-			// had MaxConnsPerEndpoint open): it connected nothing, and
-			// a probe it held must not stay out for its caller gone.
-			w.p.health.Canceled(ep.Addr)
+			// ctx ended while the request waited for a connection (the
+			// endpoint had MaxConnsPerEndpoint open): it connected
+			// nothing, and a probe it held must not stay out for its
+			// caller gone.
+			w.p.health.Canceled(picked)
 		}
 		return nil, err
 	}
 	if c.Reused() {
 		w.p.m.poolGets[1].Inc()
-		w.p.health.Reused(ep.Addr)
+		w.p.health.Reused(picked)
 		return c, nil
 	}
 	w.p.m.poolGets[0].Inc()
@@ -76,15 +78,15 @@ func (b *Backend) DiscardH1(c *pool.Conn) { b.w.h1.Discard(c) }
 // (a WebSocket relay after 101 Switching Protocols).
 func (b *Backend) DetachH1(c *pool.Conn) { b.w.h1.Detach(c) }
 
-func (w *wireState) dialH1(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error) {
-	c, err := w.dial(ctx, ep, alpnH1, false)
+func (w *wireState) dialH1(ctx context.Context, picked *balance.Choice) (net.Conn, error) {
+	c, err := w.dial(ctx, picked, alpnH1, false)
 	if err != nil {
 		return nil, err
 	}
 	if tc, ok := c.(*tls.Conn); ok {
 		if p := tc.ConnectionState().NegotiatedProtocol; p != "" && p != upstreamtls.ALPNHTTP11 {
 			c.Close()
-			return nil, fmt.Errorf("tls to %s: %w (got %q)", ep.Addr, ErrNotHTTP11, p)
+			return nil, fmt.Errorf("tls to %s: %w (got %q)", picked.Endpoint.Addr, ErrNotHTTP11, p)
 		}
 	}
 	return c, nil

@@ -61,14 +61,14 @@ func (t h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		req = &out
 	}
 	ctx := req.Context()
-	ep, err := endpointFor(ctx, req.URL.Host)
+	c, err := endpointFor(ctx, req.URL.Host)
 	if err != nil {
 		closeBody(req)
 		return nil, err
 	}
 	bodiless := req.Body == nil || req.Body == http.NoBody
 	for try := 1; ; try++ {
-		uc, err := t.b.GetH1(ctx, &ep)
+		uc, err := t.b.GetH1(ctx, c)
 		if err != nil {
 			closeBody(req)
 			return nil, err

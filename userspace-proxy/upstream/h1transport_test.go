@@ -26,7 +26,7 @@ import (
 func request(t *testing.T, ctx context.Context, be *Backend, method, path string, body io.Reader) *http.Request {
 	t.Helper()
 	u := &url.URL{Scheme: be.Scheme(), Host: be.Spec.Endpoints[0].Addr.String(), Path: path}
-	req, err := http.NewRequestWithContext(WithEndpoint(ctx, &be.Spec.Endpoints[0]), method, u.String(), body)
+	req, err := http.NewRequestWithContext(WithEndpoint(ctx, be.Picker.Pick()), method, u.String(), body)
 	if err != nil {
 		t.Fatal(err)
 	}

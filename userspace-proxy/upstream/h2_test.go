@@ -122,13 +122,14 @@ func TestH2ProbeHandedBackWithoutDial(t *testing.T) {
 	b := backendAt(t, w.pools, w.addr, w.policy())
 	h := w.pools.health
 	h.Failed(w.addr, time.Now().Add(-time.Hour)) // an ejection long over
-	if c := b.Picker.Pick(); c == nil || c.Endpoint.Addr != w.addr {
+	c := b.Picker.Pick()
+	if c == nil || c.Endpoint.Addr != w.addr {
 		t.Fatalf("picked %v, want %v", c, w.addr)
 	}
 	if n := h.Ejected(time.Now()); n != 1 {
 		t.Fatalf("endpoints passed over with the probe out: %d, want 1", n)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
+	ctx, cancel := context.WithCancel(WithEndpoint(t.Context(), c))
 	cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+w.addr.String()+"/", nil)
 	if err != nil {

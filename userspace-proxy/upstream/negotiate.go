@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
 )
 
@@ -27,8 +27,8 @@ var errDeclinedH2 = errors.New("backend declined h2")
 // connection that did not negotiate h2 is closed rather than handed over:
 // the Transport would speak HTTP/1.1 on it, with the weakness h1Transport
 // avoids.
-func (w *wireState) dialH2(ctx context.Context, ep snapshot.Endpoint, wire Wire) (net.Conn, error) {
-	c, err := w.dial(ctx, ep, wire.ALPN(), true)
+func (w *wireState) dialH2(ctx context.Context, picked *balance.Choice, wire Wire) (net.Conn, error) {
+	c, err := w.dial(ctx, picked, wire.ALPN(), true)
 	if err != nil {
 		return nil, err
 	}
@@ -40,9 +40,9 @@ func (w *wireState) dialH2(ctx context.Context, ep snapshot.Endpoint, wire Wire)
 	p := tc.ConnectionState().NegotiatedProtocol
 	if wire == WireNegotiate {
 		w.declinedH2.Store(time.Now().UnixNano())
-		return nil, fmt.Errorf("tls to %s: %w (got %q)", ep.Addr, errDeclinedH2, p)
+		return nil, fmt.Errorf("tls to %s: %w (got %q)", picked.Endpoint.Addr, errDeclinedH2, p)
 	}
-	return nil, fmt.Errorf("tls to %s: %w (got %q)", ep.Addr, ErrNotHTTP2, p)
+	return nil, fmt.Errorf("tls to %s: %w (got %q)", picked.Endpoint.Addr, ErrNotHTTP2, p)
 }
 
 // negotiated is the RoundTripper of WireNegotiate to a TLS backend: h2

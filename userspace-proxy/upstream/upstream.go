@@ -353,26 +353,27 @@ func (b *Backend) SpeaksH1Only(now time.Time) bool {
 // TLS reports whether the wire to b is TLS.
 func (b *Backend) TLS() bool { return b.w != nil && b.w.tls != nil }
 
-// Dial opens a connection to ep (an endpoint of b), completing the TLS
+// Dial opens a connection to picked, an endpoint of b, completing the TLS
 // handshake offering alpn when b needs TLS.
-func (b *Backend) Dial(ctx context.Context, ep snapshot.Endpoint, alpn []string) (net.Conn, error) {
+func (b *Backend) Dial(ctx context.Context, picked *balance.Choice, alpn []string) (net.Conn, error) {
 	if b.Err != nil {
 		return nil, b.Err
 	}
-	return b.w.dial(ctx, ep, alpn, false)
+	return b.w.dial(ctx, picked, alpn, false)
 }
 
-// DialRaw opens a plain TCP connection to ep, for apps that already speak
-// TLS themselves (passthrough): no origination, whatever b's settings.
-func (b *Backend) DialRaw(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error) {
+// DialRaw opens a plain TCP connection to picked, an endpoint of b, for
+// apps that already speak TLS themselves (passthrough): no origination,
+// whatever b's settings.
+func (b *Backend) DialRaw(ctx context.Context, picked *balance.Choice) (net.Conn, error) {
 	if b.Err != nil {
 		return nil, b.Err
 	}
-	c, err := b.w.dialTCP(ctx, ep)
+	c, err := b.w.dialTCP(ctx, picked)
 	if err != nil {
 		return nil, err
 	}
-	b.w.p.health.OK(ep.Addr)
+	b.w.p.health.OK(picked.Endpoint.Addr)
 	return c, nil
 }
 
@@ -402,17 +403,20 @@ func (t h2Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := t.w.transport(t.wire).RoundTrip(req)
 	if connected != nil && !connected.Load() {
 		// Ended (its context, most often) before the Transport dialed
-		// or took a connection: nothing settles a probe it holds.
-		t.w.p.health.Canceled(connected.ep)
+		// or took a connection: nothing settles a probe it holds. Should
+		// the Transport dial for it all the same (it dials on after the
+		// request has left, for later ones), that dial carries the same
+		// Choice, and hands back nothing more (Health.handBack).
+		t.w.p.health.Canceled(connected.c)
 	}
 	return resp, err
 }
 
-// connTry records whether a request to ep got to a connection: the
-// Transport took one (GotConn) or dialed ep for it (dialFn).
+// connTry records whether a request to c got to a connection: the
+// Transport took one (GotConn) or dialed c for it (dialFn).
 type connTry struct {
 	atomic.Bool
-	ep netip.AddrPort
+	c *balance.Choice
 }
 
 type connTryKey struct{}
@@ -420,22 +424,19 @@ type connTryKey struct{}
 // traceConn returns req with a trace that tells the Health when the
 // Transport sends it on a connection already open (Reused), and the
 // connTry its RoundTrip fills in, so that a probe which connects nothing
-// is handed back; while no endpoint is ejected, req itself and nil (a
-// trace costs allocations).
+// is handed back; unless req holds a probe (WithEndpoint), req itself and
+// nil (a trace costs allocations).
 func (w *wireState) traceConn(req *http.Request) (*http.Request, *connTry) {
+	c, ok := req.Context().Value(endpointKey{}).(*balance.Choice)
+	if !ok || !c.Probing() {
+		return req, nil
+	}
 	h := w.p.health
-	if !h.Any() {
-		return req, nil
-	}
-	ep, err := netip.ParseAddrPort(req.URL.Host)
-	if err != nil {
-		return req, nil
-	}
-	try := &connTry{ep: ep}
-	trace := &httptrace.ClientTrace{GotConn: func(c httptrace.GotConnInfo) {
+	try := &connTry{c: c}
+	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
 		try.Store(true)
-		if c.Reused {
-			h.Reused(ep)
+		if info.Reused {
+			h.Reused(c)
 		}
 	}}
 	ctx := context.WithValue(httptrace.WithClientTrace(req.Context(), trace), connTryKey{}, try)
@@ -452,11 +453,11 @@ func (b *Backend) Scheme() string {
 
 type endpointKey struct{}
 
-// WithEndpoint attaches the picked endpoint to a request context so the pool
-// dials it with its full identity (node, pod) for dialers that need more
-// than the address.
-func WithEndpoint(ctx context.Context, ep *snapshot.Endpoint) context.Context {
-	return context.WithValue(ctx, endpointKey{}, ep)
+// WithEndpoint attaches c, the picked endpoint, to a request context so
+// the pool dials it with its full identity (node, pod) for dialers that
+// need more than the address, and tells the Health of a probe c holds.
+func WithEndpoint(ctx context.Context, c *balance.Choice) context.Context {
+	return context.WithValue(ctx, endpointKey{}, c)
 }
 
 // transport is net/http's Transport for HTTP/2 (wire WireH2, or
@@ -488,14 +489,14 @@ func (w *wireState) transport(wire Wire) *http.Transport {
 	}
 	dialFn := func(ctx context.Context, _, addr string) (c net.Conn, err error) {
 		defer cfg.Panics.Recover("dial", &err, nil)
-		ep, err := endpointFor(ctx, addr)
+		picked, err := endpointFor(ctx, addr)
 		if err != nil {
 			return nil, err
 		}
-		if try, ok := ctx.Value(connTryKey{}).(*connTry); ok && try.ep == ep.Addr {
+		if try, ok := ctx.Value(connTryKey{}).(*connTry); ok && try.c == picked {
 			try.Store(true) // this dial settles or hands back the probe
 		}
-		c, err = w.dialH2(ctx, ep, wire)
+		c, err = w.dialH2(ctx, picked, wire)
 		if tc, ok := c.(*tls.Conn); ok {
 			w.expireAt(wire, t, w.tls.ValidUntil(tc.ConnectionState()))
 		}
@@ -562,29 +563,31 @@ func (w *wireState) closeIdle() {
 	}
 }
 
-func endpointFor(ctx context.Context, addr string) (snapshot.Endpoint, error) {
-	if ep, ok := ctx.Value(endpointKey{}).(*snapshot.Endpoint); ok && ep.Addr.String() == addr {
-		return *ep, nil
+// endpointFor returns the endpoint picked for a request to addr
+// (WithEndpoint), or, without one, addr's.
+func endpointFor(ctx context.Context, addr string) (*balance.Choice, error) {
+	if c, ok := ctx.Value(endpointKey{}).(*balance.Choice); ok && c.Endpoint.Addr.String() == addr {
+		return c, nil
 	}
 	ap, err := netip.ParseAddrPort(addr)
 	if err != nil {
-		return snapshot.Endpoint{}, fmt.Errorf("pool dial %q: %w", addr, err)
+		return nil, fmt.Errorf("pool dial %q: %w", addr, err)
 	}
-	return snapshot.Endpoint{Addr: ap, Ready: true}, nil
+	return &balance.Choice{Endpoint: snapshot.Endpoint{Addr: ap, Ready: true}, Host: addr}, nil
 }
 
-func (w *wireState) dialTCP(ctx context.Context, ep snapshot.Endpoint) (*trackedConn, error) {
+func (w *wireState) dialTCP(ctx context.Context, c *balance.Choice) (*trackedConn, error) {
 	m := w.p.m
-	raw, err := w.p.dialer.Dial(ctx, ep)
+	raw, err := w.p.dialer.Dial(ctx, c.Endpoint)
 	if err != nil {
 		m.dials.WithLabelValues(string(classifyDial(err))).Inc()
 		switch {
 		case ctx.Err() != nil:
-			w.p.health.Canceled(ep.Addr)
+			w.p.health.Canceled(c)
 		case endpointFault(err):
-			w.eject(ep, err)
+			w.eject(c.Endpoint, err)
 		default:
-			w.p.health.FailedHere(ep.Addr)
+			w.p.health.FailedHere(c)
 		}
 		return nil, &dialError{err: err}
 	}
@@ -593,16 +596,17 @@ func (w *wireState) dialTCP(ctx context.Context, ep snapshot.Endpoint) (*tracked
 	return &trackedConn{Conn: raw, open: w.open}, nil
 }
 
-// dial opens a connection to ep, with TLS offering alpn when the wire
+// dial opens a connection to picked, with TLS offering alpn when the wire
 // needs it. One for net/http's HTTP/2 Transport (forH2), which reads and
 // writes it on goroutines of its own, contains panics beneath TLS
 // (contain.Conn): on the proxy's own goroutines they are recovered where
 // they start.
-func (w *wireState) dial(ctx context.Context, ep snapshot.Endpoint, alpn []string, forH2 bool) (net.Conn, error) {
-	tcp, err := w.dialTCP(ctx, ep)
+func (w *wireState) dial(ctx context.Context, picked *balance.Choice, alpn []string, forH2 bool) (net.Conn, error) {
+	tcp, err := w.dialTCP(ctx, picked)
 	if err != nil {
 		return nil, err
 	}
+	ep := picked.Endpoint
 	var c net.Conn = tcp
 	if forH2 {
 		c = w.p.cfg.Panics.Conn(tcp, "upstream connection")
@@ -621,7 +625,7 @@ func (w *wireState) dial(ctx context.Context, ep snapshot.Endpoint, alpn []strin
 	if err != nil {
 		c.Close()
 		if ctx.Err() != nil {
-			w.p.health.Canceled(ep.Addr)
+			w.p.health.Canceled(picked)
 		}
 		if ctx.Err() == nil && errors.Is(hctx.Err(), context.DeadlineExceeded) {
 			// The endpoint's kernel took the connection, but nothing

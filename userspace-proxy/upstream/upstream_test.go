@@ -23,6 +23,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/test/pki"
+	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 )
 
@@ -161,7 +162,7 @@ func exchange(t *testing.T, c net.Conn) string {
 func TestGetH1Pools(t *testing.T) {
 	w := newWorld(t)
 	be := w.pools.Build(w.snapshot(t, 1, w.policy()), nil).Get(ref)
-	ep := &be.Spec.Endpoints[0]
+	ep := be.Picker.Pick()
 	c1, err := be.GetH1(context.Background(), ep)
 	if err != nil {
 		t.Fatal(err)
@@ -204,7 +205,7 @@ func TestSessionResumption(t *testing.T) {
 	w := newWorld(t)
 	be := w.pools.Build(w.snapshot(t, 1, w.policy()), nil).Get(ref)
 	for i := range 3 {
-		c, err := be.Dial(context.Background(), be.Spec.Endpoints[0], WireH1.ALPN())
+		c, err := be.Dial(context.Background(), be.Picker.Pick(), WireH1.ALPN())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -243,7 +244,7 @@ func TestBuildForgetsGoneEndpoints(t *testing.T) {
 	}
 	resumes := func(set *Set) bool {
 		be := set.Get(ref)
-		c, err := be.Dial(context.Background(), snapshot.Endpoint{Addr: w.addr, Ready: true}, WireH1.ALPN())
+		c, err := be.Dial(context.Background(), &balance.Choice{Endpoint: snapshot.Endpoint{Addr: w.addr, Ready: true}}, WireH1.ALPN())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -277,7 +278,7 @@ func TestGetH1RefusesOtherProtocols(t *testing.T) {
 	pol := w.policy()
 	pol.ALPN = []string{"h2"}
 	be := w.pools.Build(w.snapshot(t, 1, pol), nil).Get(ref)
-	_, err := be.GetH1(context.Background(), &be.Spec.Endpoints[0])
+	_, err := be.GetH1(context.Background(), be.Picker.Pick())
 	if !errors.Is(err, ErrNotHTTP11) || Classify(err) != ReasonProtocol || ReasonProtocol.Status() != http.StatusBadGateway {
 		t.Fatalf("GetH1 = %v (reason %s), want ErrNotHTTP11 as a protocol error", err, Classify(err))
 	}
@@ -290,7 +291,7 @@ func TestBuildKeepsPools(t *testing.T) {
 	w := newWorld(t)
 	s1 := w.pools.Build(w.snapshot(t, 1, w.policy()), nil)
 	be1 := s1.Get(ref)
-	c, err := be1.GetH1(context.Background(), &be1.Spec.Endpoints[0])
+	c, err := be1.GetH1(context.Background(), be1.Picker.Pick())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +300,7 @@ func TestBuildKeepsPools(t *testing.T) {
 
 	s2 := w.pools.Build(w.snapshot(t, 2, w.policy()), s1)
 	be2 := s2.Get(ref)
-	if got, err := be2.GetH1(context.Background(), &be2.Spec.Endpoints[0]); err != nil || got != c {
+	if got, err := be2.GetH1(context.Background(), be2.Picker.Pick()); err != nil || got != c {
 		t.Fatalf("same settings: GetH1 = %p, %v; want the pooled connection", got, err)
 	}
 	be2.PutH1(c)
@@ -311,7 +312,7 @@ func TestBuildKeepsPools(t *testing.T) {
 		t.Error("the old settings' idle connection is still open")
 	}
 	be3 := s3.Get(ref)
-	if got, err := be3.GetH1(context.Background(), &be3.Spec.Endpoints[0]); err != nil || got == c {
+	if got, err := be3.GetH1(context.Background(), be3.Picker.Pick()); err != nil || got == c {
 		t.Fatalf("changed settings: GetH1 = %p, %v; want a new connection", got, err)
 	}
 	if !strings.Contains(w.logs.String(), "upstream pools replaced") {
@@ -380,7 +381,7 @@ func TestBuildKeepsWhatStillVerifies(t *testing.T) {
 			c.to(to)
 			s1 := w.pools.Build(w.snapshot(t, 1, from), nil)
 			be1 := s1.Get(ref)
-			conn, err := be1.GetH1(t.Context(), &be1.Spec.Endpoints[0])
+			conn, err := be1.GetH1(t.Context(), be1.Picker.Pick())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -398,7 +399,7 @@ func TestBuildKeepsWhatStillVerifies(t *testing.T) {
 				return
 			}
 			be2 := s2.Get(ref)
-			got, err := be2.GetH1(t.Context(), &be2.Spec.Endpoints[0])
+			got, err := be2.GetH1(t.Context(), be2.Picker.Pick())
 			if err != nil || got != conn {
 				t.Fatalf("GetH1 = %p, %v; want the connection from before", got, err)
 			}
@@ -474,7 +475,7 @@ func TestGetH1DropsExpired(t *testing.T) {
 						pol.SubjectAltNames = []snapshot.SubjectAltName{{Type: snapshot.SANHostname, Value: sni}}
 					}
 					be := backendAt(t, p, netip.MustParseAddrPort("10.0.0.1:443"), pol)
-					ep := &be.Spec.Endpoints[0]
+					ep := be.Picker.Pick()
 					first, err := be.GetH1(t.Context(), ep)
 					if err != nil {
 						t.Fatal(err)
