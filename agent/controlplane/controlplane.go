@@ -29,6 +29,13 @@ type Resolver interface {
 	Changed() <-chan struct{}
 }
 
+// NodeAddrs keeps the node's own addresses current (podns.AddrWatch).
+type NodeAddrs interface {
+	Run(ctx context.Context) error
+	Addrs() []netip.Addr
+	Changed() <-chan struct{}
+}
+
 // Leader runs work only while this agent holds the writer lease
 // (agent/leader).
 type Leader interface {
@@ -58,6 +65,11 @@ type Config struct {
 	// pod CIDRs and zone): lists are joined, and a source's node name and
 	// zone are used only when Node's are empty.
 	Node translate.Node
+	// NodeAddrs are the node's addresses as they change, joined to
+	// Node.IPs: ExternalHostname answers must not lead to them, including
+	// an address the node gained after the agent started. Nil: Node.IPs
+	// alone.
+	NodeAddrs NodeAddrs
 	// Resolver resolves ExternalHostname XBackends. Nil: no hostname is
 	// ever resolved, so such XBackends fail closed.
 	Resolver Resolver
@@ -176,7 +188,14 @@ func (c *ControlPlane) Run(ctx context.Context) error {
 			cancel(fmt.Errorf("config source: %w", err))
 		}
 	})
-	var resolved <-chan struct{}
+	var resolved, readdressed <-chan struct{}
+	if a := c.cfg.NodeAddrs; a != nil {
+		wg.Go(func() {
+			if err := a.Run(ctx); err != nil {
+				cancel(fmt.Errorf("node addresses: %w", err))
+			}
+		})
+	}
 	if r := c.cfg.Resolver; r != nil {
 		resolved = r.Changed()
 		wg.Go(func() {
@@ -205,7 +224,14 @@ func (c *ControlPlane) Run(ctx context.Context) error {
 			}
 			return nil
 		case <-c.src.Changed():
+			// The node's addresses count once the source has objects to
+			// translate: a change before then must not publish a first,
+			// empty Snapshot that makes the agent ready with nothing.
+			if a := c.cfg.NodeAddrs; a != nil {
+				readdressed = a.Changed()
+			}
 		case <-resolved:
+		case <-readdressed:
 		}
 		c.rebuild()
 	}
@@ -220,6 +246,9 @@ func (c *ControlPlane) rebuild() {
 	in := c.src.Input()
 	in.Now = time.Now()
 	in.Node = mergeNode(c.cfg.Node, in.Node)
+	if a := c.cfg.NodeAddrs; a != nil {
+		in.Node.IPs = union(in.Node.IPs, a.Addrs())
+	}
 	if r := c.cfg.Resolver; r != nil {
 		r.SetHostnames(externalHostnames(in.XBackends))
 		in.Resolved = r.Answers()

@@ -1,8 +1,9 @@
 // Package controlplane is the agent's reconcile loop: it waits for a
-// config source (and the DNS resolver) to signal a change, translates the
-// source's objects, numbers and publishes the resulting Snapshot to the
-// data planes, and hands translate's status and generated-Service wishes to
-// the writers while this agent holds the writer lease.
+// config source (and the DNS resolver, and the watch of the node's
+// addresses) to signal a change, translates the source's objects, numbers
+// and publishes the resulting Snapshot to the data planes, and hands
+// translate's status and generated-Service wishes to the writers while this
+// agent holds the writer lease.
 //
 // Versions increase by one with every published Snapshot; a rebuild that
 // yields the same Snapshot publishes nothing. Subscribers read the current

@@ -100,8 +100,8 @@ func newAgentCommand(getenv func(string) string) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			defer self.Close()
 			s, err := o.load(cmd.Flags(), getenv, self)
-			self.Close()
 			if err != nil {
 				return err
 			}
@@ -117,7 +117,7 @@ func newAgentCommand(getenv func(string) string) *cobra.Command {
 				<-ctx.Done()
 				stop() // a second signal ends the process at once
 			}()
-			return runAgent(ctx, s, log, events)
+			return runAgent(ctx, s, self, log, events)
 		},
 	}
 	o.addFlags(cmd.Flags(), getenv)
@@ -154,6 +154,7 @@ func newLogger(w io.Writer, s settings, events *introspect.Events) *slog.Logger 
 type agent struct {
 	s        settings
 	log      *slog.Logger
+	self     *podns.NS           // the agent's network namespace, the node's (hostNetwork)
 	reg      *introspect.Catalog // the metrics registry, which remembers what is registered
 	checks   *health.Checks
 	cp       *controlplane.ControlPlane
@@ -171,8 +172,8 @@ type agent struct {
 
 // runAgent runs the agent until ctx ends (a signal) or a part fails, then
 // shuts down as the command's help describes.
-func runAgent(ctx context.Context, s settings, log *slog.Logger, events *introspect.Events) error {
-	a := &agent{s: s, log: log, reg: introspect.NewCatalog()}
+func runAgent(ctx context.Context, s settings, self *podns.NS, log *slog.Logger, events *introspect.Events) error {
+	a := &agent{s: s, self: self, log: log, reg: introspect.NewCatalog()}
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "sockmesh_build_info",
 		Help:        "Always 1; the labels name the agent's build.",
@@ -226,7 +227,7 @@ func (a *agent) start(ctx context.Context, events *introspect.Events) error {
 		}
 	}
 	var kinds func() []kubesource.KindStatus
-	if a.cp, kinds, err = newControlPlane(s, log, a.reg); err != nil {
+	if a.cp, kinds, err = newControlPlane(s, a.self, log, a.reg); err != nil {
 		return err
 	}
 	a.en, err = enrol.New(enrol.Config{Mode: s.mode, NodeProxy: nodeProxy, PodPort: s.inPodPort,
@@ -320,12 +321,7 @@ func (a *agent) addChecks() {
 // rather than meet an empty routing table) and returns the enrolments'
 // proxy address.
 func (a *agent) listenNode(ctx context.Context) (datapath.Proxy, error) {
-	self, err := podns.Open("/proc/self/ns/net")
-	if err != nil {
-		return datapath.Proxy{}, err
-	}
-	defer self.Close()
-	cookie, err := self.Cookie()
+	cookie, err := a.self.Cookie()
 	if err != nil {
 		return datapath.Proxy{}, err
 	}

@@ -19,12 +19,15 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
 
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/introspect"
+	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/internal/agentproc"
 	"github.com/sockmesh/sockmesh/internal/nshttp"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
+	"github.com/sockmesh/sockmesh/test/dnsserver"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
@@ -343,4 +346,97 @@ func attachedPrograms(t *testing.T, cgroup string) int {
 		n += len(res.Programs)
 	}
 	return n
+}
+
+const extYAML = `apiVersion: gateway.networking.x-k8s.io/v1alpha1
+kind: XBackend
+metadata: {name: ext, namespace: app}
+spec:
+  type: ExternalHostname
+  port: {number: 443}
+  externalHostname: {hostname: api.example.test}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: ext, namespace: app, annotations: {sockmesh.io/xbackend: ext}}
+spec:
+  clusterIP: 10.96.232.11
+  clusterIPs: [10.96.232.11]
+  ports: [{name: https, port: 443, protocol: TCP}]
+`
+
+// TestAgentNodeAddressAddedLater: an address the node gains while the
+// agent runs (here on a new interface) is a node address at once, and an
+// ExternalHostname answer that is it is refused; losing it lifts the
+// refusal. The node's addresses were read once at start: such an answer
+// led the proxy to the node until the agent restarted.
+func TestAgentNodeAddressAddedLater(t *testing.T) {
+	e := newEnv(t)
+	// The DNS server lives in the backend pod's namespace, which the node
+	// routes to.
+	dnsAddr := netip.AddrPortFrom(addrs.Backend.Addr(), 53)
+	var udp net.PacketConn
+	if err := e.backend.Do(func() (err error) {
+		udp, err = net.ListenPacket("udp", dnsAddr.String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	dns := &dnsserver.Server{Addr: dnsAddr.String()}
+	done := make(chan struct{})
+	go func() { dns.ServePacket(udp); close(done) }()
+	t.Cleanup(func() { udp.Close(); <-done })
+	later := netip.MustParseAddr("203.0.113.9")
+	dns.Set("api.example.test", 1, later)
+	e.writeFile(t, "ext.yaml", extYAML)
+
+	a := e.startAgent(t, "--proxy-mode=node-ip", "--proxy-listen="+addrs.Node.String()+":0", "--dns-server="+dnsAddr.String())
+	a.waitReady(t)
+	accepted := func(b *snapshot.Backend) bool {
+		return b.Invalid == nil && slices.ContainsFunc(b.Endpoints, func(ep snapshot.Endpoint) bool { return ep.Addr.Addr() == later })
+	}
+	waitExt(t, a, "the answer accepted", accepted)
+
+	br := sandbox.Name()
+	if err := <-e.node.Go(func() error {
+		return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: br}})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.node.AddAddr(t, br, netip.PrefixFrom(later, 32))
+	waitExt(t, a, "the answer refused as the node's", func(b *snapshot.Backend) bool {
+		return b.Invalid != nil && strings.Contains(b.Invalid.Message, later.String()+" (node address)")
+	})
+
+	if err := <-e.node.Go(func() error {
+		l, err := netlink.LinkByName(br)
+		if err != nil {
+			return err
+		}
+		return netlink.LinkDel(l)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitExt(t, a, "the answer accepted again", accepted)
+	a.stop(t)
+}
+
+// waitExt polls the agent's report until ext's backend satisfies ok.
+func waitExt(t *testing.T, a *agentRun, what string, ok func(*snapshot.Backend) bool) {
+	t.Helper()
+	deadline := time.Now().Add(waitFor)
+	for {
+		rep := report(t, a)
+		if rep.Snapshot != nil {
+			for _, b := range rep.Snapshot.Backends {
+				if b.Hostname == "api.example.test" && ok(&b) {
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ext's backend never had %s; last report's snapshot: %+v", what, rep.Snapshot)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }

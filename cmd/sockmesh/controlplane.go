@@ -20,18 +20,28 @@ import (
 	kubesource "github.com/sockmesh/sockmesh/agent/source/kubernetes"
 	"github.com/sockmesh/sockmesh/agent/status"
 	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/datapath/podns"
 )
 
-// newControlPlane builds the config source, the resolver and, for the
-// kubernetes source, the status and generated-Service writers (behind the
-// leader lease with --leader-elect), and the control plane that runs them;
-// kinds is the kubernetes source's Kinds (nil for the file source).
-func newControlPlane(s settings, log *slog.Logger, reg prometheus.Registerer) (_ *controlplane.ControlPlane, kinds func() []kubesource.KindStatus, _ error) {
+// newControlPlane builds the config source, the resolver, the watch of
+// host's addresses (the node's) and, for the kubernetes source, the status
+// and generated-Service writers (behind the leader lease with
+// --leader-elect), and the control plane that runs them; kinds is the
+// kubernetes source's Kinds (nil for the file source).
+func newControlPlane(s settings, host *podns.NS, log *slog.Logger, reg prometheus.Registerer) (_ *controlplane.ControlPlane, kinds func() []kubesource.KindStatus, _ error) {
 	res, err := resolve.New(resolve.Config{Servers: s.dnsServers}, log, reg)
 	if err != nil {
 		return nil, nil, err
 	}
-	cfg := controlplane.Config{Node: s.node, Resolver: res}
+	// Every address of the node, not only the proxy's listeners (none in
+	// in-pod mode) nor the few a Node object lists: a connection to any of
+	// them, a second interface's or a bridge's, reaches the node's own
+	// services.
+	addrs, err := host.WatchAddrs(log)
+	if err != nil {
+		return nil, nil, fmt.Errorf("find the node's addresses: %w", err)
+	}
+	cfg := controlplane.Config{Node: s.node, NodeAddrs: addrs, Resolver: res}
 	cfg.Node.Name = s.nodeName
 
 	var src source.Source

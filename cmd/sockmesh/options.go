@@ -218,8 +218,8 @@ type settings struct {
 	leaderElect   bool
 	leaderNS      string
 	// node is what the control plane is told about the node and cluster;
-	// its IPs are the proxy's node addresses and, for the file source,
-	// every global address of the node.
+	// its IPs are the proxy's node addresses (the control plane joins the
+	// node's others as they change).
 	node         translate.Node
 	dnsServers   []string
 	logLevel     slog.Level
@@ -240,11 +240,11 @@ type settings struct {
 	introspection httpapi.Config
 }
 
-// hostNetns reads the node's addresses from the agent's network namespace,
-// the node's (the DaemonSet runs in hostNetwork): a *podns.NS.
+// hostNetns reads the node's default-route addresses from the agent's
+// network namespace, the node's (the DaemonSet runs in hostNetwork): a
+// *podns.NS.
 type hostNetns interface {
 	DefaultRouteAddrs() ([]netip.Addr, error)
-	Addrs() ([]netip.Addr, error)
 }
 
 // load applies the --config file under the flags parsed into fs, and
@@ -260,7 +260,7 @@ func (o *options) load(fs *pflag.FlagSet, getenv func(string) string, host hostN
 
 // settings checks o. host's default-route addresses are --proxy-listen's
 // default, read only in node-ip mode without --proxy-listen, $HOST_IPS and
-// $HOST_IP; its addresses are the node's for the file source.
+// $HOST_IP.
 func (o *options) settings(getenv func(string) string, host hostNetns) (settings, error) {
 	s := settings{
 		source: o.source, manifests: o.manifests, kubeconfig: o.kubeconfig, nodeName: o.nodeName,
@@ -311,21 +311,7 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 	default:
 		bad("--proxy-mode=%q: want node-ip or in-pod", o.proxyMode)
 	}
-	// The node's addresses, which ExternalHostname answers must not lead
-	// to (translate.Node.IPs), are all of the namespace's, not only the
-	// proxy's listeners (none in in-pod mode) nor the few a Node object
-	// lists: a connection to any of them, a second interface's or a
-	// bridge's, reaches the node's own services. They are read once, here.
-	addrs, err := host.Addrs()
-	if err != nil {
-		errs = append(errs, fmt.Errorf("find the node's addresses: %w", err))
-	}
-	for _, a := range addrs {
-		if a.IsGlobalUnicast() && !slices.Contains(s.node.IPs, a) {
-			s.node.IPs = append(s.node.IPs, a)
-		}
-	}
-
+	var err error
 	if s.node.ServiceCIDRs, err = prefixes("--service-cidr", o.serviceCIDRs); err != nil {
 		errs = append(errs, err)
 	}

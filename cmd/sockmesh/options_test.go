@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/spf13/pflag"
 
 	"github.com/sockmesh/sockmesh/agent/enrol"
@@ -31,15 +30,14 @@ func parse(t *testing.T, env map[string]string, configFile string, args ...strin
 	return parseWith(t, env, fixedHost{ips: []netip.Addr{netip.MustParseAddr("192.0.2.7")}}, configFile, args...)
 }
 
-// fixedHost is a node whose only addresses, default-route ones, are ips,
-// or which fails to tell with err.
+// fixedHost is a node whose default-route addresses are ips, or which
+// fails to tell with err.
 type fixedHost struct {
 	ips []netip.Addr
 	err error
 }
 
 func (h fixedHost) DefaultRouteAddrs() ([]netip.Addr, error) { return h.ips, h.err }
-func (h fixedHost) Addrs() ([]netip.Addr, error)             { return h.ips, h.err }
 
 // parseWith is parse on the node host.
 func parseWith(t *testing.T, env map[string]string, host hostNetns, configFile string, args ...string) (settings, error) {
@@ -125,11 +123,6 @@ func TestNodeAddressesAreTheProxyDefault(t *testing.T) {
 				ap := netip.MustParseAddrPort(s)
 				want, wantIPs = append(want, ap), append(wantIPs, ap.Addr())
 			}
-			// The node's addresses are the listeners' and its network
-			// namespace's (parse's host: 192.0.2.7).
-			if host := netip.MustParseAddr("192.0.2.7"); !slices.Contains(wantIPs, host) {
-				wantIPs = append(wantIPs, host)
-			}
 			if !slices.Equal(got.proxyListen, want) {
 				t.Errorf("proxyListen = %v, want %v", got.proxyListen, want)
 			}
@@ -172,33 +165,6 @@ func TestDefaultRouteAddrsWithoutDownwardAPI(t *testing.T) {
 				t.Errorf("proxyListen = %v, %v; want %v", got.proxyListen, err, tc.want)
 			}
 		})
-	}
-}
-
-// TestNodeAddresses: the node's addresses (translate refuses
-// ExternalHostname answers that lead to them) are every global address of
-// the agent's network namespace, in both families, not only the proxy's
-// listeners: in in-pod mode there were none, and an external hostname
-// resolving to the node was used. With the kubernetes source they were
-// only the Node's (and the listeners'): another interface's was used.
-func TestNodeAddresses(t *testing.T) {
-	node4, node6 := netip.MustParsePrefix("10.219.2.2/24"), netip.MustParsePrefix("fd00:219:2::2/64")
-	node, router := sandbox.NewNetNS(t), sandbox.NewNetNS(t)
-	sandbox.NewVeth(t, node, router, []netip.Prefix{node4, node6},
-		[]netip.Prefix{netip.MustParsePrefix("10.219.2.1/24"), netip.MustParsePrefix("fd00:219:2::1/64")})
-	other := netip.MustParsePrefix("10.219.3.2/24") // an address beyond the default route's interface
-	node.AddAddr(t, "lo", other)
-	for _, source := range [][]string{{"--source=file", "--manifests=/m"}, {"--source=kubernetes", "--node-name=n"}} {
-		for _, mode := range [][]string{{"--proxy-mode=in-pod"}, {"--proxy-mode=node-ip", "--proxy-listen=10.219.2.2:15001"}} {
-			got, err := parseWith(t, nil, node, "", append(slices.Clone(source), mode...)...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := []netip.Addr{node4.Addr(), other.Addr(), node6.Addr()}
-			if !cmp.Equal(got.node.IPs, want, cmpopts.SortSlices(netip.Addr.Less), cmp.Comparer(func(a, b netip.Addr) bool { return a == b })) {
-				t.Errorf("%s %s: node IPs = %v, want %v", source[0], mode, got.node.IPs, want)
-			}
-		}
 	}
 }
 
@@ -245,7 +211,7 @@ max-conns-per-pod: 100
 		{"manifests (file)", got.manifests, "/etc/sockmesh/manifests"},
 		{"mode (flag over file)", got.mode, enrol.NodeIP},
 		{"proxy listen (flag)", got.proxyListen, []netip.AddrPort{netip.MustParseAddrPort("10.1.2.3:0")}},
-		{"node IPs (the proxy listener's, the node's)", got.node.IPs, []netip.Addr{netip.MustParseAddr("10.1.2.3"), netip.MustParseAddr("192.0.2.7")}},
+		{"node IPs (the proxy listener's)", got.node.IPs, []netip.Addr{netip.MustParseAddr("10.1.2.3")}},
 		{"in-pod port (file, number)", got.inPodPort, uint16(15006)},
 		{"service CIDRs (file, YAML list)", got.node.ServiceCIDRs, []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/112")}},
 		{"pod CIDRs (file, comma-separated)", got.node.PodCIDRs, []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/56")}},

@@ -2,13 +2,15 @@
 // this node, without Kubernetes: the agent maps a Snapshot Workload to its
 // netns by IP, enrols the netns by cookie, and in in-pod mode opens the
 // proxy's listener inside it; an agent run by hand takes its node-ip
-// listener addresses from its own netns's default routes.
+// listener addresses from its own netns's default routes; and the agent
+// follows its own netns's addresses, the node's.
 //
 //	ns, err := podns.FindByIP(ip)     // scan /var/run/netns and /proc/*/ns/net
 //	cookie, err := ns.Cookie()        // SO_NETNS_COOKIE, the datapath's key
 //	ln, err := ns.Listen(ctx, nil, "tcp", "127.0.0.1:15001") // in-pod listener
 //	err = ns.Do(func() error { ... }) // any work on a thread inside ns
 //	ips, err := ns.DefaultRouteAddrs() // one address per family with a default route
+//	w, err := ns.WatchAddrs(log)       // its global addresses, kept current by w.Run(ctx)
 //
 // Entering a netns is per OS thread. Do runs its function on a fresh
 // goroutine locked to its thread and puts the thread back into its own netns

@@ -3,6 +3,7 @@ package podns_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/sockmesh/sockmesh/datapath/podns"
+	"github.com/sockmesh/sockmesh/internal/leakcheck"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 )
 
@@ -166,5 +168,72 @@ func TestAddrsLeaveOutIPVS(t *testing.T) {
 	got, err := node.Addrs()
 	if err != nil || !slices.Contains(got, own.Addr()) || slices.Contains(got, clusterIP) {
 		t.Errorf("Addrs() = %v, %v; want %s and not kube-ipvs0's %s", got, err, own.Addr(), clusterIP)
+	}
+}
+
+// TestAddrWatch: the watch follows the namespace's global addresses in
+// both families, on every interface (lo's too, not its loopback ones), as
+// they come and go, on a new interface too; it leaves kube-ipvs0's out as
+// Addrs does, and its subscription ends with Run.
+func TestAddrWatch(t *testing.T) {
+	leakcheck.Register(t, "/datapath/podns/", "/vishvananda/netlink")
+	node, peer := sandbox.NewNetNS(t), sandbox.NewNetNS(t)
+	own := netip.MustParsePrefix("10.217.0.2/24")
+	sandbox.NewVeth(t, node, peer, []netip.Prefix{own}, []netip.Prefix{netip.MustParsePrefix("10.217.0.1/24")})
+	onLo := netip.MustParsePrefix("10.217.1.2/24")
+	node.AddAddr(t, "lo", onLo)
+	w, err := node.WatchAddrs(slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := w.Addrs(), []netip.Addr{own.Addr(), onLo.Addr()}; !slices.Equal(got, want) {
+		t.Fatalf("Addrs() = %v before Run, want %v", got, want)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	// until waits for the addresses to satisfy ok.
+	until := func(ok func([]netip.Addr) bool) {
+		t.Helper()
+		for !ok(w.Addrs()) {
+			<-w.Changed()
+		}
+	}
+
+	br, later := sandbox.Name(), netip.MustParsePrefix("fd00:217::9/64")
+	clusterIP := netip.MustParseAddr("10.96.217.7")
+	if err := <-node.Go(func() error {
+		for _, name := range []string{"kube-ipvs0", br} {
+			if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}); err != nil {
+				return err
+			}
+		}
+		l, err := netlink.LinkByName("kube-ipvs0")
+		if err != nil {
+			return err
+		}
+		return netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: clusterIP.AsSlice(), Mask: net.CIDRMask(32, 32)}})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	node.AddAddr(t, br, later)
+	until(func(a []netip.Addr) bool { return slices.Contains(a, later.Addr()) })
+	if got := w.Addrs(); slices.Contains(got, clusterIP) {
+		t.Errorf("Addrs() = %v, want kube-ipvs0's %s left out", got, clusterIP)
+	}
+	if err := <-node.Go(func() error {
+		l, err := netlink.LinkByName(br)
+		if err != nil {
+			return err
+		}
+		return netlink.LinkDel(l)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	until(func(a []netip.Addr) bool { return !slices.Contains(a, later.Addr()) })
+
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run() = %v, want nil when ctx ends", err)
 	}
 }
