@@ -88,7 +88,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&o.proxyMode, "proxy-mode", string(enrol.NodeIP), "where the proxy listens: node-ip (listeners on the node's addresses, one per family) or in-pod (listeners inside each pod's network namespace)")
 	fs.StringSliceVar(&o.proxyListen, "proxy-listen", nil, "node-ip mode listener addresses, IP:port, at most one per family; port 0 picks a free port (default: the first address of each family in $"+envHostIPs+", else $"+envHostIP+", else each family's default-route address: the route's src, else the first global address of its interface; port "+strconv.Itoa(defaultProxyPort)+")")
 	fs.Uint16Var(&o.inPodPort, "in-pod-port", enrol.DefaultPodPort, "in-pod mode listener port, on the pod's loopback addresses")
-	fs.StringVar(&o.healthListen, "health-listen", ":15021", "address serving /healthz and /readyz (empty: off)")
+	fs.StringVar(&o.healthListen, "health-listen", ":15021", "address serving /healthz and /readyz (empty: off; a host name is resolved once, at start, and its first IPv4 address, else its first, is bound; so for --metrics-listen and --introspection-listen)")
 	fs.StringVar(&o.metricsListen, "metrics-listen", ":15090", "address serving Prometheus /metrics (empty: off; may equal --health-listen, written alike, but not overlap it on its port otherwise: localhost beside 127.0.0.1 does, and so does 0.0.0.0, which Go listens on for both families, beside any address)")
 	fs.StringVar(&o.bpffs, "bpffs", "/sys/fs/bpf", "BPF filesystem holding the pinned programs, links and maps (mounted when absent)")
 	fs.BoolVar(&o.accelerate, "accelerate", false, "hand bytes between apps and the proxy with sockhash/sk_msg instead of loopback TCP (Linux 6.10; a socket turns back to TCP, which pushes back, once 256 KiB went unanswered or lie unread)")
@@ -208,8 +208,10 @@ type settings struct {
 	podName    string // for the leader identity
 	mode       enrol.Mode
 	// proxyListen are the node-ip listeners (empty in in-pod mode).
-	proxyListen   []netip.AddrPort
-	inPodPort     uint16
+	proxyListen []netip.AddrPort
+	inPodPort   uint16
+	// healthListen, metricsListen and introspection.Listen are IP:port,
+	// their flags' host names resolved (listenAddr), or empty: off.
 	healthListen  string
 	metricsListen string
 	bpffs         string
@@ -384,16 +386,29 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 	for _, a := range s.proxyListen {
 		listens = append(listens, listen{"--proxy-listen", a.String(), a})
 	}
-	for _, l := range [][2]string{{"--health-listen", s.healthListen}, {"--metrics-listen", s.metricsListen},
-		{"--introspection-listen", s.introspection.Listen}} {
-		if l[1] == "" {
+	resolved := map[string]netip.AddrPort{} // by address as written
+	for _, l := range []struct {
+		flag    string
+		address *string
+	}{{"--health-listen", &s.healthListen}, {"--metrics-listen", &s.metricsListen},
+		{"--introspection-listen", &s.introspection.Listen}} {
+		written := *l.address
+		if written == "" {
 			continue
 		}
-		if addr, err := listenAddr(l[1]); err != nil {
-			bad("%s=%q: %w", l[0], l[1], err)
-		} else {
-			listens = append(listens, listen{l[0], l[1], addr})
+		addr, ok := resolved[written]
+		if !ok {
+			var err error
+			if addr, err = listenAddr(written); err != nil {
+				bad("%s=%q: %w", l.flag, written, err)
+				continue
+			}
+			resolved[written] = addr
 		}
+		listens = append(listens, listen{l.flag, written, addr})
+		// The listener binds the address checked here: a host name
+		// resolved again at bind could give another (round-robin DNS).
+		*l.address = addr.String()
 	}
 	// Each listener takes its address over from any other on it
 	// (datapath/takeover), the next agent's of a rolling update as this

@@ -67,7 +67,7 @@ func TestDefaults(t *testing.T) {
 	want := settings{
 		source: "kubernetes", nodeName: "node-a", podName: "sockmesh-x1", mode: enrol.NodeIP,
 		proxyListen: []netip.AddrPort{netip.MustParseAddrPort("192.0.2.7:15001")}, inPodPort: 15001,
-		healthListen: ":15021", metricsListen: ":15090", bpffs: "/sys/fs/bpf", leaderNS: "sockmesh-system",
+		healthListen: "[::]:15021", metricsListen: "[::]:15090", bpffs: "/sys/fs/bpf", leaderNS: "sockmesh-system",
 		node:     translate.Node{IPs: []netip.Addr{netip.MustParseAddr("192.0.2.7")}},
 		logLevel: slog.LevelInfo, drainTimeout: 20 * time.Second,
 		introspection: httpapi.Config{Socket: httpapi.DefaultSocket},
@@ -222,7 +222,7 @@ max-conns-per-pod: 100
 		{"log json (file)", got.logJSON, true},
 		{"drain timeout (file)", got.drainTimeout, 5 * time.Second},
 		{"health listen (file)", got.healthListen, "127.0.0.1:0"},
-		{"metrics listen (default)", got.metricsListen, ":15090"},
+		{"metrics listen (default)", got.metricsListen, "[::]:15090"},
 		{"connections per pod (file)", got.maxConnsPerPod, 100},
 	} {
 		if diff := cmp.Diff(c.want, c.got, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
@@ -289,6 +289,28 @@ func TestListenersSharingAPort(t *testing.T) {
 	} {
 		if _, err := parse(t, node, "", args...); err != nil {
 			t.Errorf("%v: %v", args, err)
+		}
+	}
+}
+
+// TestListenersBindTheCheckedAddress: a listener flag's host name is
+// resolved once, for the checks, and the listener binds that address, not
+// the name: resolved again at bind, a round-robin name could give an
+// address the checks never saw (one another listener holds). Health and
+// metrics written alike share the one address.
+func TestListenersBindTheCheckedAddress(t *testing.T) {
+	got, err := parse(t, map[string]string{"NODE_NAME": "n"}, "", "--health-listen=localhost:0", "--metrics-listen=localhost:0",
+		"--introspection-listen=localhost:9443", "--introspection-tls-cert=c", "--introspection-tls-key=k", "--introspection-token-file=t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ flag, got, want string }{
+		{"--health-listen", got.healthListen, "127.0.0.1:0"},
+		{"--metrics-listen", got.metricsListen, "127.0.0.1:0"},
+		{"--introspection-listen", got.introspection.Listen, "127.0.0.1:9443"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s=localhost binds %q, want %q", c.flag, c.got, c.want)
 		}
 	}
 }
