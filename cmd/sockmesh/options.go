@@ -406,9 +406,13 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 			resolved[written] = addr
 		}
 		listens = append(listens, listen{l.flag, written, addr})
-		// The listener binds the address checked here: a host name
-		// resolved again at bind could give another (round-robin DNS).
-		*l.address = addr.String()
+		// A host name: the listener binds the address checked here, which
+		// a lookup at bind could give otherwise (round-robin DNS). An IP
+		// or no host is bound as written (":15021" falls back to IPv4
+		// where IPv6 is off, where "[::]:15021" fails).
+		if host, _, _ := net.SplitHostPort(written); host != "" && net.ParseIP(host) == nil {
+			*l.address = addr.String()
+		}
 	}
 	// Each listener takes its address over from any other on it
 	// (datapath/takeover), the next agent's of a rolling update as this

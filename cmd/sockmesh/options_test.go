@@ -67,7 +67,7 @@ func TestDefaults(t *testing.T) {
 	want := settings{
 		source: "kubernetes", nodeName: "node-a", podName: "sockmesh-x1", mode: enrol.NodeIP,
 		proxyListen: []netip.AddrPort{netip.MustParseAddrPort("192.0.2.7:15001")}, inPodPort: 15001,
-		healthListen: "[::]:15021", metricsListen: "[::]:15090", bpffs: "/sys/fs/bpf", leaderNS: "sockmesh-system",
+		healthListen: ":15021", metricsListen: ":15090", bpffs: "/sys/fs/bpf", leaderNS: "sockmesh-system",
 		node:     translate.Node{IPs: []netip.Addr{netip.MustParseAddr("192.0.2.7")}},
 		logLevel: slog.LevelInfo, drainTimeout: 20 * time.Second,
 		introspection: httpapi.Config{Socket: httpapi.DefaultSocket},
@@ -222,7 +222,7 @@ max-conns-per-pod: 100
 		{"log json (file)", got.logJSON, true},
 		{"drain timeout (file)", got.drainTimeout, 5 * time.Second},
 		{"health listen (file)", got.healthListen, "127.0.0.1:0"},
-		{"metrics listen (default)", got.metricsListen, "[::]:15090"},
+		{"metrics listen (default)", got.metricsListen, ":15090"},
 		{"connections per pod (file)", got.maxConnsPerPod, 100},
 	} {
 		if diff := cmp.Diff(c.want, c.got, cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
