@@ -166,10 +166,11 @@ type localAnswer struct {
 }
 
 // answerFor builds the answer to a Respond or Redirect decision. A gRPC
-// request to a GRPCRoute set gets a trailers-only answer with the gRPC
-// status the API asks for (UNIMPLEMENTED without a match, UNAVAILABLE for
-// an invalid rule or backend), which every gRPC client reads as that
-// code; an HTTP/1 client cannot read trailers and gets the HTTP status.
+// request, under a GRPCRoute or an HTTPRoute, gets a trailers-only answer
+// with the gRPC status the GRPCRoute API asks for (UNIMPLEMENTED without a
+// match, UNAVAILABLE for an invalid rule or backend), which every gRPC
+// client reads as that code; an HTTP/1 client cannot read trailers and
+// gets the HTTP status.
 func answerFor(d *routes.Decision, r *http.Request) localAnswer {
 	if d.Action == routes.Redirect {
 		h := http.Header{}

@@ -1440,6 +1440,39 @@ func TestRouteGRPC(t *testing.T) {
 	}
 }
 
+// TestRouteGRPCOverHTTPRoute: an HTTPRoute's own answers to a gRPC call —
+// no rule matches, the rule's backend does not resolve — are trailers-only
+// gRPC statuses naming the reason, as a GRPCRoute's are. The HTTP 500 and
+// 404 went out as text: grpc-go read the 500 as UNKNOWN, and both with a
+// message about the content type instead of the reason.
+func TestRouteGRPCOverHTTPRoute(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	m := &mesh{t: t}
+	front := m.backend("front", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(startEcho(t, "front-0", nil).addr)})
+	m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/" + echo.EchoService)}, snapshot.RouteRule{Backends: to(front)}},
+		rule{[]snapshot.RouteMatch{prefixMatch("/svc.B")}, snapshot.RouteRule{Backends: []snapshot.WeightedBackend{{Weight: 1, Invalid: &snapshot.Invalid{Reason: "BackendNotFound"}}}}},
+	)))
+	e.p.Update(m.snapshot(1))
+	cc, err := grpc.NewClient("passthrough:///front.b.svc:80", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(routedVIP) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	for method, want := range map[string]*status.Status{
+		echo.MethodUnary: status.New(codes.OK, ""),
+		"/svc.B/Any":     status.New(codes.Unavailable, "sockmesh: invalid_backend"),
+		"/svc.C/Any":     status.New(codes.Unimplemented, "sockmesh: no_match"),
+	} {
+		err := cc.Invoke(context.Background(), method, wrapperspb.Bytes([]byte("ping")), new(wrapperspb.BytesValue))
+		if st := status.Convert(err); st.Code() != want.Code() || st.Message() != want.Message() {
+			t.Errorf("%s: %v, want %v", method, err, want.Err())
+		}
+	}
+}
+
 // TestRouteRetryPastDeadline: a retry whose backoff would end past the
 // request timeout is not sent, and is not taken from the backend's retry
 // budget either: the request gets 504 at its deadline, and a later

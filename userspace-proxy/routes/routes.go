@@ -108,7 +108,7 @@ const (
 	// Redirect: answer Decision.Status with Location, and the response
 	// header changes (ApplyResponse).
 	Redirect
-	// Respond: answer Decision.Status (for a gRPC set, GRPCStatus) with no
+	// Respond: answer Decision.Status (a gRPC call: GRPCStatus) with no
 	// body from the backend.
 	Respond
 )
@@ -148,10 +148,10 @@ type Decision struct {
 	// Rule is the matching rule; nil when none matched.
 	Rule *snapshot.RouteRule
 
-	// Status is the HTTP status of Respond and Redirect. For a gRPC set,
-	// Respond also carries GRPCStatus, to answer gRPC clients
-	// trailers-only; Status is then the HTTP status that grpc-go maps to
-	// the same code (503 UNAVAILABLE, 404 UNIMPLEMENTED).
+	// Status is the HTTP status of Respond and Redirect. Respond also
+	// carries GRPCStatus, to answer gRPC clients trailers-only; for a
+	// gRPC set, Status is the HTTP status that grpc-go maps to the same
+	// code (503 UNAVAILABLE, 404 UNIMPLEMENTED).
 	Status     int
 	GRPCStatus int
 	Reason     Reason
@@ -237,18 +237,19 @@ func (s *Set) Decide(req *Request, rnd Rand, d *Decision) {
 	d.Timeouts, d.Retry, d.SessionPersistence = r.src.Timeouts, r.src.Retry, r.src.SessionPersistence
 }
 
+// respond sets a local answer. A gRPC call gets the API's GRPCRoute
+// statuses whichever kind of route carries it: an HTTPRoute's 500 would
+// reach it as UNKNOWN.
 func (s *Set) respond(d *Decision, why Reason) {
 	d.Action, d.Reason = Respond, why
 	switch {
-	case why == ReasonNoMatch && s.grpc:
-		d.Status, d.GRPCStatus = http.StatusNotFound, GRPCUnimplemented
 	case why == ReasonNoMatch:
-		d.Status = http.StatusNotFound
+		d.Status, d.GRPCStatus = http.StatusNotFound, GRPCUnimplemented
 	case s.grpc:
 		// The API asks GRPCRoutes for UNAVAILABLE where HTTPRoutes get 500.
 		d.Status, d.GRPCStatus = http.StatusServiceUnavailable, GRPCUnavailable
 	default:
-		d.Status = http.StatusInternalServerError
+		d.Status, d.GRPCStatus = http.StatusInternalServerError, GRPCUnavailable
 	}
 }
 
