@@ -1,12 +1,15 @@
 package upstream
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,7 +17,10 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 )
 
@@ -181,3 +187,134 @@ func TestH2TransportRetiredAtFirstExpiry(t *testing.T) {
 		})
 	}
 }
+
+// TestH2PingsWithinGRPCPolicy: a gRPC server stream that idles for
+// minutes (a watch between events) lives through the proxy's pings to its
+// backend. gRPC servers take a ping sooner than 5 minutes after the last
+// one, with no frame of theirs between, as a strike, and at the third
+// strike send GOAWAY ENHANCE_YOUR_CALM "too_many_pings" and close the
+// connection (grpc-go's default keepalive.EnforcementPolicy, as gRPC
+// core's and Java's): pinged every 30 s, the stream broke after about
+// two minutes.
+func TestH2PingsWithinGRPCPolicy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := newPipeListener()
+		srv := grpc.NewServer(grpc.UnknownServiceHandler(func(_ any, st grpc.ServerStream) error {
+			if err := st.SendMsg(wrapperspb.Bytes([]byte("first"))); err != nil {
+				return err
+			}
+			select {
+			case <-time.After(10 * time.Minute):
+			case <-st.Context().Done():
+				return st.Context().Err()
+			}
+			return st.SendMsg(wrapperspb.Bytes([]byte("second")))
+		}))
+		go srv.Serve(l)
+		defer srv.Stop()
+		p, err := New(Config{}, l, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		be := backendAt(t, p, netip.MustParseAddrPort("10.0.0.1:80"), nil)
+		req := request(t, t.Context(), be, http.MethodPost, "/svc.S/Watch", bytes.NewReader([]byte{0, 0, 0, 0, 0}))
+		req.Header = http.Header{"Content-Type": {"application/grpc"}, "Te": {"trailers"}}
+		resp, body := roundTrip(t, be.RoundTripper(WireH2), req)
+		if !strings.Contains(body, "second") || resp.Trailer.Get("Grpc-Status") != "0" {
+			t.Errorf("the idle stream ended with %q, grpc-status %q %q; want both messages and status 0",
+				body, resp.Trailer.Get("Grpc-Status"), resp.Trailer.Get("Grpc-Message"))
+		}
+	})
+}
+
+// pipeListener is a net.Listener whose connections are the far ends of
+// those its Dial (a dial.Dialer's) makes: in memory, and buffered both
+// ways, as both ends of HTTP/2 write their preface before they read (a
+// net.Pipe, unbuffered, would hold them both).
+type pipeListener struct {
+	conns chan net.Conn
+	done  chan struct{}
+	once  sync.Once
+}
+
+func newPipeListener() *pipeListener {
+	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
+}
+
+func (l *pipeListener) Dial(ctx context.Context, _ snapshot.Endpoint) (net.Conn, error) {
+	ab, ba := make(chan []byte, 1024), make(chan []byte, 1024)
+	closed := make(chan struct{})
+	once := new(sync.Once)
+	c, s := &memConn{in: ba, out: ab, closed: closed, once: once}, &memConn{in: ab, out: ba, closed: closed, once: once}
+	select {
+	case l.conns <- s:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error {
+	l.once.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *pipeListener) Addr() net.Addr { return memAddr{} }
+
+// memConn is one end of a pipeListener's connection; closing either end
+// closes both. Deadlines are not kept.
+type memConn struct {
+	in, out chan []byte
+	rest    []byte
+	closed  chan struct{}
+	once    *sync.Once
+}
+
+func (c *memConn) Read(b []byte) (int, error) {
+	if len(c.rest) == 0 {
+		select {
+		case c.rest = <-c.in:
+		case <-c.closed:
+			return 0, io.EOF
+		}
+	}
+	n := copy(b, c.rest)
+	c.rest = c.rest[n:]
+	return n, nil
+}
+
+func (c *memConn) Write(b []byte) (int, error) {
+	select {
+	case c.out <- bytes.Clone(b):
+		return len(b), nil
+	case <-c.closed:
+		return 0, net.ErrClosed
+	}
+}
+
+func (c *memConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return nil
+}
+
+func (c *memConn) LocalAddr() net.Addr              { return memAddr{} }
+func (c *memConn) RemoteAddr() net.Addr             { return memAddr{} }
+func (c *memConn) SetDeadline(time.Time) error      { return nil }
+func (c *memConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *memConn) SetWriteDeadline(time.Time) error { return nil }
+
+type memAddr struct{}
+
+func (memAddr) Network() string { return "mem" }
+func (memAddr) String() string  { return "mem" }

@@ -46,7 +46,12 @@ type Config struct {
 	// without a frame from it before the proxy pings it; without an answer
 	// within H2PingTimeout the connection closes and its requests fail
 	// (502), where a backend frozen or gone with its node would otherwise
-	// hold them until the app gives up. 0 means 30 s and 15 s.
+	// hold them until the app gives up. 0 means 5 min and 15 s: gRPC
+	// servers (grpc-go, gRPC core, Java) by default take a ping sooner than
+	// 5 min after the last, with no frame of theirs between, as a strike,
+	// and close the connection at the third (GOAWAY ENHANCE_YOUR_CALM
+	// "too_many_pings"), with the calls on it: a stream idle between
+	// events broke after three pings.
 	H2PingAfter, H2PingTimeout time.Duration
 	// EjectFor is how long an endpoint whose connect failed for want of it
 	// (refused, unreachable, timed out, no TLS handshake within
@@ -119,7 +124,7 @@ func New(cfg Config, d dial.Dialer, log *slog.Logger, reg prometheus.Registerer)
 		cfg.IdleConnTimeout = 90 * time.Second
 	}
 	if cfg.H2PingAfter == 0 {
-		cfg.H2PingAfter = 30 * time.Second
+		cfg.H2PingAfter = 5 * time.Minute
 	}
 	if cfg.H2PingTimeout == 0 {
 		cfg.H2PingTimeout = 15 * time.Second
