@@ -205,6 +205,8 @@ type Pool struct {
 	// request on the hot path.
 	sweep   *time.Timer
 	sweepAt time.Time // when sweep fires; zero when it is not armed
+	// closed is set by Close: connections put back are closed.
+	closed bool
 }
 
 type endpoint struct {
@@ -385,7 +387,7 @@ func (p *Pool) Put(c *Conn) {
 		w <- c
 		return
 	}
-	if p.cfg.MaxIdle < 0 {
+	if p.cfg.MaxIdle < 0 || p.closed {
 		p.mu.Unlock()
 		p.Discard(c)
 		return
@@ -483,9 +485,17 @@ func (p *Pool) expire() {
 	}
 }
 
-// CloseIdle closes every idle connection (the proxy is shutting down).
-// Connections in use are unaffected.
-func (p *Pool) CloseIdle() {
+// Close closes every idle connection, and each one in use as it is put
+// back (the backend left the snapshot or its settings changed, or the
+// proxy is shutting down): nothing takes them from this pool again, and
+// kept, they stayed open until IdleTimeout. A request still under way on
+// the old settings may Get and Put a connection as before; it is closed
+// once put back. Idle connections the new settings keep (MoveIdle) were
+// moved before.
+func (p *Pool) Close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
 	for _, c := range p.takeIdle() {
 		p.Discard(c)
 	}

@@ -403,26 +403,31 @@ func TestIdleMustBeSilent(t *testing.T) {
 	}
 }
 
-// TestCloseIdle closes idle connections only.
-func TestCloseIdle(t *testing.T) {
+// TestClose: Close closes the idle connections at once, and one in use
+// once it is put back: nothing takes it from the pool again. Pooled, it
+// stayed open until IdleTimeout (90 s), once for every snapshot that
+// changed a backend's TLS settings while a request was under way.
+func TestClose(t *testing.T) {
 	p := New(Config{})
 	d := newPipeDialer()
 	c1, _ := p.Get(context.Background(), ep, d.dial)
 	c2, _ := p.Get(context.Background(), ep, d.dial)
-	peer1 := <-d.peers
+	peer1, peer2 := <-d.peers, <-d.peers
 	p.Put(c1)
-	p.CloseIdle()
+	p.Close()
 	if _, err := peer1.Read(make([]byte, 1)); err != io.EOF {
 		t.Errorf("idle connection's peer read %v, want EOF", err)
 	}
 	if open, idle := p.Stats(ep); open != 1 || idle != 0 {
 		t.Errorf("open %d idle %d; want 1 (in use), 0", open, idle)
 	}
-	p.Detach(c2)
-	if open, _ := p.Stats(ep); open != 0 {
-		t.Errorf("open = %d after Detach, want 0", open)
+	p.Put(c2)
+	if open, idle := p.Stats(ep); open != 0 || idle != 0 {
+		t.Fatalf("open %d idle %d after Put; want 0, 0", open, idle)
 	}
-	c2.Close()
+	if _, err := peer2.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("the peer of a connection put back after Close read %v, want EOF", err)
+	}
 }
 
 // TestPutWithUnreadBytes: a connection put back with bytes its caller did

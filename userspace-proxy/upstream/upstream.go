@@ -554,7 +554,7 @@ func (w *wireState) retire(wire Wire, t *http.Transport) {
 // stops its expiry timers, which would otherwise hold w until its chains
 // expire — months, for every TLS settings change meanwhile.
 func (w *wireState) closeIdle() {
-	w.h1.CloseIdle()
+	w.h1.Close()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i, t := range w.transports {
