@@ -228,6 +228,10 @@ func (h *Handler) contain(r *http.Request) {
 	panic(http.ErrAbortHandler)
 }
 
+// Retain drops the request counts of the Services s does not capture; the
+// proxy calls it with each new snapshot.
+func (h *Handler) Retain(s *snapshot.Snapshot) { h.m.retain(s) }
+
 // ServeHTTP forwards r to the backend of the connection's Target, or
 // answers it as the frontend's route says.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -706,6 +710,24 @@ func (m *metrics) counter(f *snapshot.Frontend, code int, protocol string) prome
 		m.cache[k] = c
 	}
 	return c
+}
+
+// retain drops the requests series, and their cached counters, of the
+// Services s does not capture: the node's proxy outlives many Services,
+// and each kept a series per code and protocol for the agent's life.
+func (m *metrics) retain(s *snapshot.Snapshot) {
+	captured := make(map[[2]string]bool, len(s.Frontends))
+	for i := range s.Frontends {
+		captured[[2]string{s.Frontends[i].Service.Namespace, s.Frontends[i].Service.Name}] = true
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for k := range m.cache {
+		if k.service != "" && !captured[[2]string{k.namespace, k.service}] {
+			delete(m.cache, k)
+			m.requests.DeleteLabelValues(k.namespace, k.service, httpCode(k.code), k.protocol)
+		}
+	}
 }
 
 func httpCode(c int) string {

@@ -90,3 +90,18 @@ func newMetrics(reg prometheus.Registerer, bufs *relay.Pool) (*metrics, error) {
 func (m *metrics) goAway(ref snapshot.BackendRef, why h2drain.Reason) {
 	m.goAways.WithLabelValues(ref.Namespace, ref.Name, string(why)).Inc()
 }
+
+// forgetGoAways drops the goaways series of the backends of old that s
+// does not have: the node's proxy outlives many Services, and each kept
+// its series for the agent's life.
+func (m *metrics) forgetGoAways(old, s *snapshot.Snapshot) {
+	current := make(map[[2]string]bool, len(s.Backends))
+	for i := range s.Backends {
+		current[[2]string{s.Backends[i].Ref.Namespace, s.Backends[i].Ref.Name}] = true
+	}
+	for i := range old.Backends {
+		if ref := old.Backends[i].Ref; !current[[2]string{ref.Namespace, ref.Name}] {
+			m.goAways.DeletePartialMatch(prometheus.Labels{"namespace": ref.Namespace, "backend": ref.Name})
+		}
+	}
+}

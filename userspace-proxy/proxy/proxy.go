@@ -253,9 +253,11 @@ func (p *Proxy) Update(s *snapshot.Snapshot) {
 	var prev *upstream.Set
 	if v := p.current.Load(); v != nil {
 		prev = v.Backends
+		p.m.forgetGoAways(v.Snapshot, s)
 	}
 	set := p.pools.Build(s, prev)
 	p.current.Store(httpproxy.NewView(s, set))
+	p.h.Retain(s)
 	p.h2.Update(func(ref snapshot.BackendRef) (h2drain.Endpoints, bool) { return changed(prev.Get(ref), set.Get(ref)) })
 	p.m.version.Set(float64(s.Version))
 	p.log.Info("snapshot applied", "snapshot_version", s.Version, "frontends", len(s.Frontends), "backends", len(s.Backends))

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
@@ -110,6 +111,9 @@ type Pools struct {
 	log    *slog.Logger
 	m      *metrics
 	health *balance.Health // across snapshots: an endpoint is a pod's
+	// series are the backends (namespace, name) with metric series;
+	// Build forgets those gone from its snapshot (forgetSeries).
+	series map[[2]string]bool
 }
 
 // New returns Pools dialing through d.
@@ -143,7 +147,7 @@ func New(cfg Config, d dial.Dialer, log *slog.Logger, reg prometheus.Registerer)
 	if err != nil {
 		return nil, err
 	}
-	return &Pools{cfg: cfg, dialer: d, log: log, m: m, health: health}, nil
+	return &Pools{cfg: cfg, dialer: d, log: log, m: m, health: health, series: make(map[[2]string]bool)}, nil
 }
 
 // Set is the upstream side of one snapshot.
@@ -205,7 +209,8 @@ const h1OnlyFor = time.Minute
 
 // Build returns the Set for s, keeping prev's pools for backends whose wire
 // is unchanged (and their retry budgets while their constraint is) and
-// closing the idle connections of the others. prev may be nil.
+// closing the idle connections of the others. prev may be nil. Calls must
+// not overlap (the proxy serialises its updates).
 func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 	log := p.log.With("snapshot_version", s.Version)
 	set := &Set{byRef: make(map[snapshot.BackendRef]*Backend, len(s.Backends))}
@@ -238,6 +243,7 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 		w := &wireState{p: p, protocol: spec.Protocol, labels: [2]string{spec.Ref.Namespace, spec.Ref.Name}}
 		w.open = p.m.open.WithLabelValues(w.labels[0], w.labels[1])
 		w.ejections = p.m.ejections.WithLabelValues(w.labels[0], w.labels[1])
+		p.series[w.labels] = true
 		if spec.TLS != nil {
 			o, err := upstreamtls.New(spec.TLS, p.cfg.TLS)
 			if err != nil {
@@ -269,7 +275,31 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 			}
 		}
 	}
+	p.forgetSeries(set)
 	return set
+}
+
+// forgetSeries drops the metric series of the backends set does not have:
+// the node's proxy outlives many Services, and each kept its series for
+// the agent's life. A backend's open connections gauge stays while
+// connections to it are open (relays keep their snapshot), until a later
+// Build finds none.
+func (p *Pools) forgetSeries(set *Set) {
+	current := make(map[[2]string]bool, len(set.byRef))
+	for ref := range set.byRef {
+		current[[2]string{ref.Namespace, ref.Name}] = true
+	}
+	for l := range p.series {
+		if current[l] {
+			continue
+		}
+		p.m.ejections.DeleteLabelValues(l[0], l[1])
+		var open dto.Metric
+		if p.m.open.WithLabelValues(l[0], l[1]).Write(&open) == nil && open.GetGauge().GetValue() == 0 {
+			p.m.open.DeleteLabelValues(l[0], l[1])
+			delete(p.series, l)
+		}
+	}
 }
 
 // CloseIdle closes the idle upstream connections of every backend in s (the
