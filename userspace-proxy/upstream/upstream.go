@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -114,6 +115,9 @@ type Pools struct {
 	// series are the backends (namespace, name) with metric series;
 	// Build forgets those gone from its snapshot (forgetSeries).
 	series map[[2]string]bool
+	// retired are the wires Build replaced or dropped that still have
+	// connections open.
+	retired []*wireState
 }
 
 // New returns Pools dialing through d.
@@ -187,6 +191,11 @@ type wireState struct {
 	labels    [2]string                // namespace, backend name
 	open      prometheus.Gauge
 	ejections prometheus.Counter
+	// conns counts the wire's open connections (open counts the
+	// backend's, across wires), roundTrips its HTTP/2 requests under way
+	// in the Transport; retired is set once a Build replaced or dropped it.
+	conns, roundTrips atomic.Int64
+	retired           atomic.Bool
 	// h1 pools the HTTP/1.1 connections (GetH1, h1Transport); transports
 	// are net/http's, for HTTP/2 (WireH2, and WireNegotiate's h2 side).
 	h1         *pool.Pool
@@ -209,7 +218,8 @@ const h1OnlyFor = time.Minute
 
 // Build returns the Set for s, keeping prev's pools for backends whose wire
 // is unchanged (and their retry budgets while their constraint is) and
-// closing the idle connections of the others. prev may be nil. Calls must
+// closing the idle connections of the others, and of those an earlier
+// Build replaced whose connections came back since. prev may be nil. Calls must
 // not overlap (the proxy serialises its updates).
 func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 	log := p.log.With("snapshot_version", s.Version)
@@ -269,12 +279,22 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 	if prev != nil {
 		for _, old := range prev.byRef {
 			if old.w != nil && !kept[old.w] {
-				// In-flight requests finish on their connections; the
-				// transports' idle timeout closes those afterwards.
-				old.w.closeIdle()
+				old.w.retired.Store(true)
+				p.retired = append(p.retired, old.w)
 			}
 		}
 	}
+	// A retired wire's connections in use at the swap come back after it:
+	// its HTTP/1.1 pool closes them as they do, but net/http's HTTP/2
+	// Transport keeps them idle until its idle timeout (90 s), one set
+	// per snapshot that changed the backend's settings under traffic. So
+	// each Build closes those idle by then, until none is left and no
+	// request is under way; a request that starts later closes its
+	// connection itself (h2Transport).
+	p.retired = slices.DeleteFunc(p.retired, func(w *wireState) bool {
+		w.closeIdle()
+		return w.conns.Load() == 0 && w.roundTrips.Load() == 0
+	})
 	p.forgetSeries(set)
 	return set
 }
@@ -434,6 +454,15 @@ type h2Transport struct {
 }
 
 func (t h2Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	t.w.roundTrips.Add(1)
+	defer t.w.roundTrips.Add(-1)
+	if t.w.retired.Load() {
+		// Sent on a wire no snapshot has (the request's View is older):
+		// its connection closes once idle (Request.Close), as nothing
+		// would take it again.
+		req = req.WithContext(req.Context())
+		req.Close = true
+	}
 	req, connected := t.w.traceConn(req)
 	resp, err := t.w.transport(t.wire).RoundTrip(req)
 	if connected != nil && !connected.Load() {
@@ -628,7 +657,8 @@ func (w *wireState) dialTCP(ctx context.Context, c *balance.Choice) (*trackedCon
 	}
 	m.dialsOK.Inc()
 	w.open.Inc()
-	return &trackedConn{Conn: raw, open: w.open}, nil
+	w.conns.Add(1)
+	return &trackedConn{Conn: raw, w: w}, nil
 }
 
 // dial opens a connection to picked, with TLS offering alpn when the wire
@@ -771,16 +801,17 @@ func classifyDial(err error) Reason {
 	return ReasonDialFailed
 }
 
-// trackedConn keeps the open-connections gauge honest.
+// trackedConn keeps the open-connections counts honest.
 type trackedConn struct {
 	net.Conn
-	open   prometheus.Gauge
+	w      *wireState
 	closed atomic.Bool
 }
 
 func (c *trackedConn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {
-		c.open.Dec()
+		c.w.open.Dec()
+		c.w.conns.Add(-1)
 	}
 	return c.Conn.Close()
 }
