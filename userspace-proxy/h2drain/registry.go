@@ -71,6 +71,17 @@ func (r *Registry) Load(ref snapshot.BackendRef) func(netip.AddrPort) int {
 	}
 }
 
+// Len is how many connections r holds.
+func (r *Registry) Len() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, m := range r.conns {
+		n += len(m)
+	}
+	return n
+}
+
 // Add registers c, relayed to endpoint ep of backend ref over TLS held
 // (the zero Held: cleartext). c is asked to go away when the certificate
 // chain its handshake verified expires (held.Until): its streams would

@@ -21,6 +21,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/test/echo"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
 
@@ -306,6 +307,9 @@ func TestSoak(t *testing.T) {
 			if n := e.counter(g, nil); n != 0 {
 				left += fmt.Sprintf(" %s %v", g, n)
 			}
+		}
+		if n := proxy.RelayedH2(e.p); n != 0 {
+			left += fmt.Sprintf(" relayed HTTP/2 connections registered %d", n)
 		}
 		if n := runtime.NumGoroutine(); n > baseGoroutines {
 			left += fmt.Sprintf(" goroutines %d (baseline %d)", n, baseGoroutines)
