@@ -24,7 +24,7 @@ const (
 	// backend prefers to it (its node's or zone's) takes connections again.
 	ReasonPreferredBack Reason = "preferred_back"
 	// ReasonPolicyChanged: the backend's protocol or TLS settings changed
-	// and do not keep the connection's TLS (upstreamtls.Origination.Keep),
+	// and do not keep the connection's TLS (upstreamtls.Keeper.Keep),
 	// or it now fails closed: the next connection gets the new ones.
 	ReasonPolicyChanged Reason = "policy_changed"
 	// ReasonExpired: the certificate chain the connection's TLS handshake

@@ -113,14 +113,11 @@ func (r *Registry) expireAt(ref snapshot.BackendRef, c *Conn, e *entry) {
 	}
 }
 
-// rekey reports whether e's TLS stays under o, the backend's new settings
-// (upstreamtls.Origination.Keep), and holds it under them, its expiry
+// rekey reports whether e's TLS stays under the backend's new settings
+// (upstreamtls.Keeper.Keep), and holds it under them, its expiry
 // moved to where their trust in it ends.
-func (r *Registry) rekey(ref snapshot.BackendRef, c *Conn, e *entry, o *upstreamtls.Origination) bool {
-	if o == nil {
-		return false
-	}
-	h, err := o.Keep(e.held)
+func (r *Registry) rekey(ref snapshot.BackendRef, c *Conn, e *entry, k *upstreamtls.Keeper) bool {
+	h, err := k.Keep(e.held)
 	if err != nil {
 		return false
 	}
@@ -201,7 +198,7 @@ type Endpoints struct {
 	// or it fails closed now: every connection moves but those TLS keeps.
 	Changed bool
 	// TLS, when Changed, is the new settings under which a connection's
-	// TLS may stay (upstreamtls.Origination.Keep): trust that only widened
+	// TLS may stay (upstreamtls.Keeper.Keep): trust that only widened
 	// (a CA added beside the old one) moves no connection. nil: none stays
 	// (the protocol changed, the backend fails closed or is cleartext).
 	TLS *upstreamtls.Origination
@@ -239,6 +236,10 @@ func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 		// One asked back whose GOAWAY is still to come is the one that
 		// tries untried endpoints: updates meanwhile (any snapshot, any
 		// ejection ending on the node) move no other.
+		var keep *upstreamtls.Keeper // one for the backend's connections
+		if eps.Changed {
+			keep = eps.TLS.Keeper()
+		}
 		staying, movedBack := 0, false
 		for _, e := range m {
 			movedBack = movedBack || now.Before(e.backDue)
@@ -252,7 +253,7 @@ func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 				go r.ask(ref, c, ReasonEndpointGone)
 				continue
 			}
-			if eps.Changed && !r.rekey(ref, c, e, eps.TLS) {
+			if eps.Changed && !r.rekey(ref, c, e, keep) {
 				// At once, not spread: the settings it was verified
 				// with were withdrawn (a CA rotated out, a policy
 				// turned invalid), and its streams until the GOAWAY

@@ -62,7 +62,7 @@ func relayed(t *testing.T, r *Registry, k *counts, ref snapshot.BackendRef, ep n
 }
 
 // relayedOver is relayed for connections over TLS held.
-func relayedOver(t *testing.T, r *Registry, k *counts, ref snapshot.BackendRef, ep netip.AddrPort, n int, held upstreamtls.Held) []*Conn {
+func relayedOver(t testing.TB, r *Registry, k *counts, ref snapshot.BackendRef, ep netip.AddrPort, n int, held upstreamtls.Held) []*Conn {
 	var settings bytes.Buffer
 	fw := http2.NewFramer(&settings, nil)
 	fw.WriteSettings()
@@ -128,7 +128,7 @@ func leaving(r *Registry, ref snapshot.BackendRef) int {
 }
 
 // newCA returns a CA valid for a day.
-func newCA(t *testing.T) *pki.CA {
+func newCA(t testing.TB) *pki.CA {
 	t.Helper()
 	ca, err := pki.NewCA("ca")
 	if err != nil {
@@ -138,7 +138,7 @@ func newCA(t *testing.T) *pki.CA {
 }
 
 // origination returns the TLS settings of a backend web.test trusting roots.
-func origination(t *testing.T, roots ...*pki.CA) *upstreamtls.Origination {
+func origination(t testing.TB, roots ...*pki.CA) *upstreamtls.Origination {
 	t.Helper()
 	s := &snapshot.TLS{ServerName: "web.test"}
 	for _, ca := range roots {
@@ -153,7 +153,7 @@ func origination(t *testing.T, roots ...*pki.CA) *upstreamtls.Origination {
 
 // heldUntil returns the TLS of a connection, made trusting ca, to a
 // backend whose certificate from ca expires at until.
-func heldUntil(t *testing.T, ca *pki.CA, until time.Time) upstreamtls.Held {
+func heldUntil(t testing.TB, ca *pki.CA, until time.Time) upstreamtls.Held {
 	t.Helper()
 	leaf, err := ca.Issue(pki.LeafOptions{DNSNames: []string{"web.test"}, NotAfter: until})
 	if err != nil {
@@ -275,6 +275,26 @@ func TestPolicyChangedKept(t *testing.T) {
 		wantRead(t, k, 1)
 		k.wantAsked(t, ReasonExpired, 1)
 	})
+}
+
+// BenchmarkUpdateTLSChanged: an update under new TLS settings that keep
+// all of a backend's 1000 connections, which share one certificate chain
+// (gRPC channels to one backend), taken under the registry's lock.
+func BenchmarkUpdateTLSChanged(b *testing.B) {
+	r, k := newRegistry(time.Hour)
+	ca := newCA(b)
+	relayedOver(b, r, k, web, epA, 1000, heldUntil(b, ca, time.Now().Add(time.Hour)))
+	// Two settings in turn: a connection held under the settings of an
+	// update is kept without a look.
+	settings := [2]*upstreamtls.Origination{origination(b, ca), origination(b, ca, newCA(b))}
+	for i := 0; b.Loop(); i++ {
+		r.Update(func(snapshot.BackendRef) (Endpoints, bool) {
+			return Endpoints{Addrs: []netip.AddrPort{epA}, Changed: true, TLS: settings[i%2]}, true
+		})
+	}
+	if n := leaving(r, web); n != 0 {
+		b.Fatalf("%d connections leaving, want none", n)
+	}
 }
 
 // TestExpired: a connection is asked to go away when the certificate

@@ -246,7 +246,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 // the snapshot current when it started. Backends whose protocol and TLS
 // settings are unchanged keep their pools and TLS session caches; those
 // whose TLS settings changed keep the pooled and relayed connections the
-// new settings still verify (upstreamtls.Origination.Keep).
+// new settings still verify (upstreamtls.Keeper.Keep).
 func (p *Proxy) Update(s *snapshot.Snapshot) {
 	p.updateMu.Lock()
 	defer p.updateMu.Unlock()

@@ -351,7 +351,7 @@ func (b *Backend) SameWire(old *Backend) bool {
 
 // Rekeyed returns, when b's wire replaced old's (SameWire is false), the
 // TLS settings under which a connection old's made may stay
-// (upstreamtls.Origination.Keep); nil when none may: b fails closed, is
+// (upstreamtls.Keeper.Keep); nil when none may: b fails closed, is
 // cleartext, or speaks another protocol.
 func (b *Backend) Rekeyed(old *Backend) *upstreamtls.Origination {
 	if old == nil {
@@ -371,13 +371,13 @@ func (w *wireState) keeping(old *wireState) *upstreamtls.Origination {
 // keeps reports whether an idle HTTP/1.1 connection of old's pool may
 // serve w's requests, and sets its Until under w's settings.
 func (w *wireState) keeps(old *wireState) func(*pool.Conn) bool {
-	o := w.keeping(old)
+	k := w.keeping(old).Keeper() // one for all of old's idle connections
 	return func(c *pool.Conn) bool {
 		tc, ok := c.Conn.(*tls.Conn)
-		if !ok || o == nil {
+		if !ok {
 			return false
 		}
-		h, err := o.Keep(old.tls.Hold(tc.ConnectionState(), alpnH1))
+		h, err := k.Keep(old.tls.Hold(tc.ConnectionState(), alpnH1))
 		if err != nil {
 			return false
 		}

@@ -8,8 +8,8 @@
 // Configs are built once per backend per snapshot (New), never per
 // connection. Anything that cannot be honoured is an error from New: the
 // caller must fail closed on it, never fall back to cleartext. When a
-// backend's settings change, Keep re-verifies under the new ones what a
-// connection's handshake settled, so that only the connections they no
-// longer accept are closed. This package does no I/O and knows nothing of
+// backend's settings change, a Keeper re-verifies under the new ones what a
+// connection's handshake settled, each distinct certificate chain once,
+// so that only the connections they no longer accept are closed. This package does no I/O and knows nothing of
 // HTTP beyond ALPN names.
 package upstreamtls

@@ -324,7 +324,7 @@ func TestKeep(t *testing.T) {
 			t.Fatalf("%s: handshake: %v", c.name, err)
 		}
 		conn.Close()
-		h, err := now.Keep(was.Hold(conn.ConnectionState(), nil))
+		h, err := now.Keeper().Keep(was.Hold(conn.ConnectionState(), nil))
 		if (err == nil) != c.keep {
 			t.Errorf("%s: Keep = %v, want kept %v", c.name, err, c.keep)
 		}
@@ -332,7 +332,72 @@ func TestKeep(t *testing.T) {
 			t.Errorf("%s: kept until %v, want the certificate's %v", c.name, h.Until(), leaf.TLS.Leaf.NotAfter)
 		}
 	}
-	if _, err := (&Origination{}).Keep(Held{}); err == nil {
+	if _, err := (&Origination{}).Keeper().Keep(Held{}); err == nil {
 		t.Error("a cleartext connection kept")
+	}
+	if _, err := (*Origination)(nil).Keeper().Keep(Held{}); err == nil {
+		t.Error("a connection kept under no settings")
+	}
+}
+
+// TestKeeperPerConnection: a Keeper verifies each distinct certificate
+// chain once, and still judges each connection by its own: its chain's
+// verdict, and what else its handshake settled (here its server name).
+func TestKeeperPerConnection(t *testing.T) {
+	ca, err := pki.NewCA("ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := pki.NewCA("other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := ca.Issue(pki.LeafOptions{DNSNames: []string{"a.test", "b.test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	untrusted, err := other.Issue(pki.LeafOptions{DNSNames: []string{"a.test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	settings := func(name string, roots ...*pki.CA) *Origination {
+		s := &snapshot.TLS{ServerName: name}
+		for _, r := range roots {
+			s.RootsPEM += string(r.CertPEM)
+		}
+		o, err := New(s, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	was, wasB, now := settings("a.test", ca, other), settings("b.test", ca), settings("a.test", ca)
+	l := listen(t)
+	held := func(leaf *pki.Leaf, o *Origination) Held {
+		t.Helper()
+		c, err := handshake(t, l, leaf, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		return o.Hold(c.ConnectionState(), nil)
+	}
+	k := now.Keeper()
+	for i, c := range []struct {
+		held Held
+		keep bool
+	}{
+		{held(kept, was), true},
+		{held(untrusted, was), false},
+		{held(kept, was), true},
+		{held(untrusted, was), false},
+		{held(kept, wasB), false}, // its chain verifies; its server name changed
+	} {
+		if _, err := k.Keep(c.held); (err == nil) != c.keep {
+			t.Errorf("connection %d: Keep = %v, want kept %v", i, err, c.keep)
+		}
+	}
+	if n := len(k.verified); n != 2 {
+		t.Errorf("%d chains verified for two distinct ones", n)
 	}
 }
