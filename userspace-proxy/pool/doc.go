@@ -7,7 +7,8 @@
 // enough to have been closed by its peer checked before it is handed out,
 // as is the end of what verified it (Conn.Until). MoveIdle hands the idle
 // connections the caller's check accepts to another pool (a backend's new
-// settings', which still verify them).
+// settings', which still verify them) and closes the others, telling
+// Config.Dropped.
 //
 // It neither dials (the caller passes the dial) nor speaks HTTP: whether a
 // connection may go back is the caller's call (Put, Discard, Detach). It

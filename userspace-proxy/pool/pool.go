@@ -36,8 +36,8 @@ type Config struct {
 	// 16 KiB, one full TLS record, so a record is read or written in one go.
 	BufferSize int
 	// Dropped, when set, is told of each connection closed because its
-	// peer did not stay silent after an answer (see Conn.silent) or its
-	// Until passed.
+	// peer did not stay silent after an answer (see Conn.silent), its
+	// Until passed, or MoveIdle did not keep it.
 	Dropped func(DropReason)
 	// MaxHeadBytes bounds what R reads from a connection handed out by Get
 	// until EndHead: the heads of an answer, informational ones included;
@@ -63,6 +63,9 @@ const (
 	DropUnsolicited
 	// DropExpired: what verified the peer expired (Conn.Until).
 	DropExpired
+	// DropSettingsChanged: the settings it was made under changed, and
+	// the new ones would not have made it (MoveIdle).
+	DropSettingsChanged
 )
 
 // Conn is a pooled connection with its buffers. Between Get and Put,
@@ -508,7 +511,7 @@ func (p *Pool) Close() {
 func (p *Pool) MoveIdle(to *Pool, keep func(*Conn) bool) {
 	for _, c := range p.takeIdle() {
 		if !keep(c) {
-			p.Discard(c)
+			p.drop(c, DropSettingsChanged)
 			continue
 		}
 		p.release(c.ep)

@@ -22,7 +22,7 @@ type metrics struct {
 	open              *prometheus.GaugeVec
 	ejections         *prometheus.CounterVec
 	poolGets          [2]prometheus.Counter // new, reused
-	poolDropped       [3]prometheus.Counter // by pool.DropReason
+	poolDropped       [4]prometheus.Counter // by pool.DropReason
 }
 
 func newMetrics(reg prometheus.Registerer, health *balance.Health) (*metrics, error) {
@@ -60,10 +60,10 @@ func newMetrics(reg prometheus.Registerer, health *balance.Health) (*metrics, er
 	m.poolGets = [2]prometheus.Counter{poolGets.WithLabelValues("new"), poolGets.WithLabelValues("reused")}
 	poolDropped := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sockmesh_proxy_upstream_pool_dropped_total",
-		Help: "HTTP/1.1 upstream connections closed instead of reused, by reason (closed: the backend ended the connection while idle; unsolicited: it sent bytes nobody asked for; expired: the certificate chain its TLS handshake verified expired).",
+		Help: "HTTP/1.1 upstream connections closed instead of reused, by reason (closed: the backend ended the connection while idle; unsolicited: it sent bytes nobody asked for; expired: the certificate chain its TLS handshake verified expired; settings_changed: the backend's TLS settings or protocol changed, and the new ones would not have made it).",
 	}, []string{"reason"})
-	m.poolDropped = [3]prometheus.Counter{pool.DropClosed: poolDropped.WithLabelValues("closed"), pool.DropUnsolicited: poolDropped.WithLabelValues("unsolicited"),
-		pool.DropExpired: poolDropped.WithLabelValues("expired")}
+	m.poolDropped = [4]prometheus.Counter{pool.DropClosed: poolDropped.WithLabelValues("closed"), pool.DropUnsolicited: poolDropped.WithLabelValues("unsolicited"),
+		pool.DropExpired: poolDropped.WithLabelValues("expired"), pool.DropSettingsChanged: poolDropped.WithLabelValues("settings_changed")}
 	m.dialsOK = m.dials.WithLabelValues("ok")
 	m.handshakesFull, m.handshakesResumed = m.handshakes.WithLabelValues("full"), m.handshakes.WithLabelValues("resumed")
 	for _, c := range []prometheus.Collector{m.dials, m.handshakes, m.handshakeSeconds, m.open, m.ejections, ejected, poolGets, poolDropped} {

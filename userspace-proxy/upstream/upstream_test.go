@@ -387,10 +387,14 @@ func TestBuildKeepsWhatStillVerifies(t *testing.T) {
 			}
 			exchange(t, conn)
 			be1.PutH1(conn)
+			dropped := w.counter(t, "sockmesh_proxy_upstream_pool_dropped_total", "settings_changed")
 			s2 := w.pools.Build(w.snapshot(t, 2, to), s1)
 			t.Cleanup(s2.CloseIdle)
 			if open, idle := s2.Get(ref).w.h1.Stats(w.addr); open != idle || idle != map[bool]int{true: 1}[c.kept] {
 				t.Errorf("new settings' pool: %d open, %d idle; want the connection idle there: %v", open, idle, c.kept)
+			}
+			if n := w.counter(t, "sockmesh_proxy_upstream_pool_dropped_total", "settings_changed") - dropped; n != map[bool]float64{false: 1}[c.kept] {
+				t.Errorf("pool_dropped_total{reason=settings_changed} rose by %v; want 1 if the connection was closed (kept: %v)", n, c.kept)
 			}
 			if !c.kept {
 				if _, err := conn.R.ReadByte(); err == nil {
