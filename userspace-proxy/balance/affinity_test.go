@@ -51,7 +51,7 @@ func TestClientIPAffinity(t *testing.T) {
 		}
 
 		// Ejected: the client moves, and stays on its new endpoint.
-		h.Failed(first.Endpoint.Addr, time.Now())
+		h.Failed(first.Endpoint.Addr, time.Now(), time.Now())
 		moved := p.PickClient(a)
 		if moved.Endpoint.Addr == first.Endpoint.Addr {
 			t.Fatal("a client stayed on its ejected endpoint")
@@ -83,8 +83,8 @@ func TestClientIPAffinityFallback(t *testing.T) {
 		a := ClientOf(netip.MustParseAddrPort("10.1.0.1:40000"), nil)
 		b := ClientOf(netip.MustParseAddrPort("10.1.0.2:40000"), nil)
 		now := time.Now()
-		h.Failed(eps[0].Addr, now)
-		h.Failed(eps[1].Addr, now)
+		h.Failed(eps[0].Addr, now, now)
+		h.Failed(eps[1].Addr, now, now)
 		for _, k := range []ClientKey{a, b} {
 			if got := p.PickClient(k); got.Endpoint.Addr != eps[2].Addr {
 				t.Fatalf("node and zone ejected: %v went to %s, want the other zone's", k, got.Host)
@@ -138,7 +138,7 @@ func TestPinnedRidesAlongProbe(t *testing.T) {
 		p.SetSession(hdr, r, home, time.Now(), sp)
 		r.Header.Set("s", hdr.Get("s"))
 
-		h.Failed(home.Endpoint.Addr, time.Now())
+		h.Failed(home.Endpoint.Addr, time.Now(), time.Now())
 		time.Sleep(time.Minute) // the ejection over
 		for p.Pick().Endpoint != home.Endpoint {
 		} // another request takes the probe
@@ -148,7 +148,7 @@ func TestPinnedRidesAlongProbe(t *testing.T) {
 		if c, pinned, _ := p.PickRequest(r, ClientKey{}, time.Now(), sp); c != home || !pinned {
 			t.Errorf("probe out: the session went to %s (pinned %v), want its endpoint %s", c.Host, pinned, home.Host)
 		}
-		h.Failed(home.Endpoint.Addr, time.Now()) // the probe failed: ejected again
+		h.Failed(home.Endpoint.Addr, time.Now(), time.Now()) // the probe failed: ejected again
 		if got := p.PickClient(a); got == home {
 			t.Errorf("ejected: the pinned client went to it, %s", got.Host)
 		}

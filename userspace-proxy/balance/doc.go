@@ -15,7 +15,11 @@
 // connection's outcome is known: a hand-back (Health.Reused, Canceled,
 // FailedHere) returns that probe only, once, so that one from a pick that
 // took none, or of a probe handed back or lost before, lets no second
-// probe out. Other picks share the Picker's Choices.
+// probe out. Other picks share the Picker's Choices. What settles an
+// ejection is told by time, not by probe: a failed connect counts only
+// when it started after the ejection ended (the probe's, or one riding
+// along it), so a slow one started before settles nothing; a connect that
+// reaches the endpoint ends the ejection, whichever request made it.
 //
 // A Picker is built per backend per snapshot and is safe for concurrent use.
 // It must not dial, reads the clock only while an endpoint is ejected or

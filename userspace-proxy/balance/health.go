@@ -17,8 +17,9 @@ import (
 // which takes tens of seconds.
 //
 // When its ejection ends, an endpoint gets one connection at a time (a
-// probe) until a connect settles it: a failed one ejects it again for
-// twice as long, up to Max; one that reaches it ends the ejection. The
+// probe) until a connect settles it: a failed one started after the
+// ejection ended ejects it again for twice as long, up to Max; one that
+// reaches it ends the ejection. The
 // pick that takes a probe carries its number (Choice) to where its
 // connection's outcome is known: a connection that tells nothing of the
 // endpoint hands that probe back, and no other. An
@@ -69,11 +70,14 @@ func NewHealth(base, max time.Duration, back func()) *Health {
 	return &Health{base: base, max: max, back: back, eps: make(map[netip.AddrPort]*ejection)}
 }
 
-// Failed records that a connect to ep, started before now, failed at now
+// Failed records that a connect to ep, started at start, failed at now
 // for want of the endpoint. It returns how long ep is now ejected, or 0
-// when it already was (connects started before its ejection settle
-// nothing).
-func (h *Health) Failed(ep netip.AddrPort, now time.Time) time.Duration {
+// when the connect started before ep's ejection ended: it tells nothing
+// the ejection does not (a slow connect picked before it, net/http's dial
+// on after its request left), and counted, it would eject ep again in its
+// probe's place — for twice as long — while the probe's own outcome went
+// uncounted.
+func (h *Health) Failed(ep netip.AddrPort, start, now time.Time) time.Duration {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	e := h.eps[ep]
@@ -82,7 +86,7 @@ func (h *Health) Failed(ep netip.AddrPort, now time.Time) time.Duration {
 		e = &ejection{}
 		h.eps[ep] = e
 		h.n.Store(int32(len(h.eps)))
-	case now.Before(e.until):
+	case start.Before(e.until):
 		return 0
 	}
 	e.fails++

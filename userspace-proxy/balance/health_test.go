@@ -49,10 +49,10 @@ func TestEjection(t *testing.T) {
 		if got := picks(p, 30); got[dead.String()] != 10 {
 			t.Fatalf("before any failure: %v, want 10 each", got)
 		}
-		if d := h.Failed(dead, time.Now()); d != time.Second {
+		if d := h.Failed(dead, time.Now(), time.Now()); d != time.Second {
 			t.Fatalf("first ejection %v, want 1s", d)
 		}
-		if d := h.Failed(dead, time.Now()); d != 0 {
+		if d := h.Failed(dead, time.Now(), time.Now()); d != 0 {
 			t.Errorf("a connect that started before the ejection ejected it again for %v", d)
 		}
 		if got := picks(p, 30); got[dead.String()] != 0 || got["10.0.0.1:80"] != 15 || got["10.0.0.3:80"] != 15 {
@@ -64,7 +64,7 @@ func TestEjection(t *testing.T) {
 		cur := time.Second
 		for _, want := range []time.Duration{2 * time.Second, 4 * time.Second, 4 * time.Second} {
 			probeAfter(t, p, dead, cur)
-			if d := h.Failed(dead, time.Now()); d != want {
+			if d := h.Failed(dead, time.Now(), time.Now()); d != want {
 				t.Fatalf("failed probe: ejected for %v, want %v", d, want)
 			}
 			cur = want
@@ -80,8 +80,42 @@ func TestEjection(t *testing.T) {
 		if n := h.Ejected(time.Now()); n != 0 {
 			t.Errorf("Ejected = %d, want 0", n)
 		}
-		if d := h.Failed(dead, time.Now()); d != time.Second {
+		if d := h.Failed(dead, time.Now(), time.Now()); d != time.Second {
 			t.Errorf("a failure after recovery ejected for %v, want 1s again", d)
+		}
+	})
+}
+
+// TestStaleFailure: a connect that started before its endpoint's ejection
+// ended (picked before the ejection, or dialed on by net/http after its
+// request left) and fails after it settles nothing, whether the probe is
+// out yet or not: the probe's own outcome does. Before, it counted as the
+// probe's failure: the endpoint was ejected again for twice as long, and
+// the probe's failure then counted for nothing.
+func TestStaleFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := NewHealth(time.Second, 4*time.Second, nil)
+		p := New(&snapshot.Backend{Endpoints: endpoints(2)}, h, nil)
+		dead := p.ready[0].Endpoint.Addr
+		slow := time.Now()
+		time.Sleep(time.Millisecond)
+		if d := h.Failed(dead, time.Now(), time.Now()); d != time.Second {
+			t.Fatalf("first ejection %v, want 1s", d)
+		}
+		time.Sleep(time.Second)
+		if d := h.Failed(dead, slow, time.Now()); d != 0 {
+			t.Fatalf("a connect started before the ejection, failed after it ended, ejected for %v", d)
+		}
+		if got := picks(p, 10); got[dead.String()] != 1 {
+			t.Fatalf("ejection over: %v, want one probe", got)
+		}
+		probe := time.Now()
+		time.Sleep(time.Millisecond)
+		if d := h.Failed(dead, slow, time.Now()); d != 0 {
+			t.Fatalf("a connect started before the ejection, failed while the probe was out, ejected for %v", d)
+		}
+		if d := h.Failed(dead, probe, time.Now()); d != 2*time.Second {
+			t.Fatalf("the probe failed: ejected for %v, want 2s", d)
 		}
 	})
 }
@@ -100,7 +134,7 @@ func TestBack(t *testing.T) {
 		eps := endpoints(2)
 		eps[1].Fallback = snapshot.FallbackFar
 		p := New(&snapshot.Backend{Endpoints: eps}, h, nil)
-		h.Failed(eps[0].Addr, time.Now())
+		h.Failed(eps[0].Addr, time.Now(), time.Now())
 		time.Sleep(time.Second - time.Nanosecond)
 		synctest.Wait()
 		if n := backs.Load(); n != 0 {
@@ -152,7 +186,7 @@ func TestBackAfterLostProbe(t *testing.T) {
 		eps := endpoints(2)
 		eps[1].Fallback = snapshot.FallbackFar
 		p := New(&snapshot.Backend{Endpoints: eps}, h, nil)
-		h.Failed(eps[0].Addr, time.Now())
+		h.Failed(eps[0].Addr, time.Now(), time.Now())
 		time.Sleep(time.Second)
 		synctest.Wait()
 		for _, standby := range []bool{false, true} {
@@ -184,7 +218,7 @@ func TestStaleHandBack(t *testing.T) {
 		p := New(&snapshot.Backend{Endpoints: endpoints(2), ClientIPAffinitySeconds: 3600}, h, CarryAffinity(nil, 3600))
 		client := ClientOf(netip.MustParseAddrPort("10.1.0.1:40000"), nil)
 		dead := p.PickClient(client).Endpoint.Addr
-		h.Failed(dead, time.Now())
+		h.Failed(dead, time.Now(), time.Now())
 		time.Sleep(time.Second)
 		// probe picks until the probe of dead is handed out.
 		probe := func(why string) *Choice {
@@ -229,7 +263,7 @@ func TestProbeUnsettled(t *testing.T) {
 		h := NewHealth(time.Second, time.Second, nil)
 		p := New(&snapshot.Backend{Endpoints: endpoints(2)}, h, nil)
 		dead := p.ready[0].Endpoint.Addr
-		h.Failed(dead, time.Now())
+		h.Failed(dead, time.Now(), time.Now())
 		time.Sleep(time.Second)
 		if got := picks(p, 10); got[dead.String()] != 1 {
 			t.Fatalf("%v, want one probe", got)
@@ -252,7 +286,7 @@ func TestAllEjected(t *testing.T) {
 	p.SetSession(hdr, r, first, now, sp)
 	r.Header.Set("s", hdr.Get("s"))
 
-	h.Failed(first.Endpoint.Addr, now)
+	h.Failed(first.Endpoint.Addr, now, now)
 	if !p.ejected(first, now) {
 		t.Fatal("the session's endpoint ejected beside a healthy one is not passed over")
 	}
@@ -260,7 +294,7 @@ func TestAllEjected(t *testing.T) {
 		t.Errorf("session on an ejected endpoint went to %s (pinned %v, new %v), want the other, as a new session", c.Host, pinned, set)
 	}
 	for _, c := range p.ready {
-		h.Failed(c.Endpoint.Addr, now)
+		h.Failed(c.Endpoint.Addr, now, now)
 	}
 	if got := picks(p, 10); len(got) != 2 || got[first.Host] != 5 {
 		t.Errorf("every endpoint ejected: %v, want both in turn", got)
@@ -276,8 +310,8 @@ func TestRetain(t *testing.T) {
 	h := NewHealth(time.Minute, time.Minute, nil)
 	a, b := netip.MustParseAddrPort("10.0.0.1:80"), netip.MustParseAddrPort("10.0.0.2:80")
 	now := time.Now()
-	h.Failed(a, now)
-	h.Failed(b, now)
+	h.Failed(a, now, now)
+	h.Failed(b, now, now)
 	h.Retain(func(ep netip.AddrPort) bool { return ep == b })
 	if h.passedOver(a, now) || !h.passedOver(b, now) || h.Ejected(now) != 1 {
 		t.Errorf("after Retain(b): a passed over %v, b %v; want only b", h.passedOver(a, now), h.passedOver(b, now))
@@ -293,7 +327,7 @@ func BenchmarkPick(b *testing.B) {
 			h := NewHealth(time.Hour, time.Hour, nil)
 			p := New(&snapshot.Backend{Endpoints: endpoints(8)}, h, nil)
 			if ejected {
-				h.Failed(p.ready[3].Endpoint.Addr, time.Now())
+				h.Failed(p.ready[3].Endpoint.Addr, time.Now(), time.Now())
 			}
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
@@ -334,13 +368,13 @@ func TestPickFewest(t *testing.T) {
 	if seen := loaded(6); len(seen) != 3 {
 		t.Errorf("equal loads: picked %v, want all three in turn", seen)
 	}
-	h.Failed(eps[1], time.Now())
+	h.Failed(eps[1], time.Now(), time.Now())
 	load[eps[1]] = 0
 	if seen := loaded(6); seen[eps[1]] != 0 {
 		t.Errorf("picked %v, the ejected endpoint among them", seen)
 	}
-	h.Failed(eps[0], time.Now())
-	h.Failed(eps[2], time.Now())
+	h.Failed(eps[0], time.Now(), time.Now())
+	h.Failed(eps[2], time.Now(), time.Now())
 	if seen := loaded(6); len(seen) != 3 {
 		t.Errorf("every endpoint ejected: picked %v, want all three in turn", seen)
 	}
@@ -371,8 +405,8 @@ func TestFallback(t *testing.T) {
 		t.Errorf("preferred endpoints healthy: picks %v, want them only, in turn", got)
 	}
 	now := time.Now()
-	h.Failed(eps[0].Addr, now)
-	h.Failed(eps[1].Addr, now)
+	h.Failed(eps[0].Addr, now, now)
+	h.Failed(eps[1].Addr, now, now)
 	if got, few := picks(p, 4), fewest(p, 4); !only(got, 4, 2) || !only(few, 4, 2) {
 		t.Errorf("two preferred endpoints ejected: picks %v, fewest %v; want the third only", got, few)
 	}
@@ -383,7 +417,7 @@ func TestFallback(t *testing.T) {
 	hdr := http.Header{}
 	p.SetSession(hdr, r, &p.ready[2], now, sp)
 	r.Header.Set("s", hdr.Get("s"))
-	h.Failed(eps[2].Addr, now)
+	h.Failed(eps[2].Addr, now, now)
 	if got, few := picks(p, 4), fewest(p, 4); !only(got, 2, 3, 4) || !only(few, 2, 3, 4) {
 		t.Errorf("every preferred endpoint ejected: picks %v, fewest %v; want the fallback ones in turn", got, few)
 	}
@@ -396,8 +430,8 @@ func TestFallback(t *testing.T) {
 	if c, pinned, set := p.PickRequest(r, ClientKey{}, now, sp); c.Endpoint.Fallback == 0 || pinned || !set {
 		t.Errorf("session on an ejected endpoint went to %s (pinned %v, new %v), want a fallback one, as a new session", c.Host, pinned, set)
 	}
-	h.Failed(eps[3].Addr, now)
-	h.Failed(eps[4].Addr, now)
+	h.Failed(eps[3].Addr, now, now)
+	h.Failed(eps[4].Addr, now, now)
 	if got := picks(p, 6); !only(got, 2, 0, 1, 2) {
 		t.Errorf("every endpoint ejected: picks %v, want the preferred ones in turn", got)
 	}
@@ -438,12 +472,12 @@ func TestFallbackLevels(t *testing.T) {
 	if got, few, standby := picks(p, 4), fewest(p, 4), onStandby(p, now); !only(got, 0) || !only(few, 0) || !slices.Equal(standby, addrs(1, 2, 3)) {
 		t.Errorf("preferred endpoint healthy: picks %v, fewest %v, standby %v; want it only, the others on standby", got, few, standby)
 	}
-	h.Failed(eps[0].Addr, now)
+	h.Failed(eps[0].Addr, now, now)
 	if got, few, standby := picks(p, 4), fewest(p, 4), onStandby(p, now); !only(got, 1, 2) || !only(few, 1, 2) || !slices.Equal(standby, addrs(3)) {
 		t.Errorf("preferred endpoint ejected: picks %v, fewest %v, standby %v; want the zone's, the other zone's on standby", got, few, standby)
 	}
-	h.Failed(eps[1].Addr, now)
-	h.Failed(eps[2].Addr, now)
+	h.Failed(eps[1].Addr, now, now)
+	h.Failed(eps[2].Addr, now, now)
 	if got, few, standby := picks(p, 4), fewest(p, 4), onStandby(p, now); !only(got, 3) || !only(few, 3) || standby != nil {
 		t.Errorf("the zone's endpoints ejected: picks %v, fewest %v, standby %v; want the other zone's, none on standby", got, few, standby)
 	}

@@ -127,7 +127,8 @@ func TestH2ProbeHandedBackWithoutDial(t *testing.T) {
 	w := newWorld(t)
 	b := backendAt(t, w.pools, w.addr, w.policy())
 	h := w.pools.health
-	h.Failed(w.addr, time.Now().Add(-time.Hour)) // an ejection long over
+	long := time.Now().Add(-time.Hour)
+	h.Failed(w.addr, long, long) // an ejection long over
 	c := b.Picker.Pick()
 	if c == nil || c.Endpoint.Addr != w.addr {
 		t.Fatalf("picked %v, want %v", c, w.addr)

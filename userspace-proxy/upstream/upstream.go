@@ -642,6 +642,7 @@ func endpointFor(ctx context.Context, addr string) (*balance.Choice, error) {
 
 func (w *wireState) dialTCP(ctx context.Context, c *balance.Choice) (*trackedConn, error) {
 	m := w.p.m
+	start := time.Now()
 	raw, err := w.p.dialer.Dial(ctx, c.Endpoint)
 	if err != nil {
 		m.dials.WithLabelValues(string(classifyDial(err))).Inc()
@@ -649,7 +650,7 @@ func (w *wireState) dialTCP(ctx context.Context, c *balance.Choice) (*trackedCon
 		case ctx.Err() != nil:
 			w.p.health.Canceled(c)
 		case endpointFault(err):
-			w.eject(c.Endpoint, err)
+			w.eject(c.Endpoint, start, err)
 		default:
 			w.p.health.FailedHere(c)
 		}
@@ -698,7 +699,7 @@ func (w *wireState) dial(ctx context.Context, picked *balance.Choice, alpn []str
 			// connect that timed out, nothing went out, and it is ejected.
 			m.handshakes.WithLabelValues("timeout").Inc()
 			err = fmt.Errorf("tls to %s (%s): no handshake within %v: %w", ep.Addr, w.tls.Settings().ServerName, w.p.cfg.HandshakeTimeout, err)
-			w.eject(ep, err)
+			w.eject(ep, start, err)
 			return nil, &dialError{err: err}
 		}
 		if upstreamtls.IsVerifyError(err) {
@@ -716,7 +717,7 @@ func (w *wireState) dial(ctx context.Context, picked *balance.Choice, alpn []str
 				// the TLS policy that causes it is most often every
 				// endpoint's, so trying others would triple the handshakes
 				// of a misconfigured backend and eject every endpoint.
-				w.eject(ep, err)
+				w.eject(ep, start, err)
 				return nil, &dialError{err: err}
 			}
 		}
@@ -766,11 +767,12 @@ func readyIn(s *snapshot.Snapshot) func(netip.AddrPort) bool {
 	}
 }
 
-// eject passes ep over for a while: its connect failed for want of it.
-func (w *wireState) eject(ep snapshot.Endpoint, err error) {
-	d := w.p.health.Failed(ep.Addr, time.Now())
+// eject passes ep over for a while: its connect, started at start, failed
+// for want of it.
+func (w *wireState) eject(ep snapshot.Endpoint, start time.Time, err error) {
+	d := w.p.health.Failed(ep.Addr, start, time.Now())
 	if d == 0 {
-		return // already ejected
+		return // already ejected, or ejected since the connect started
 	}
 	w.ejections.Inc()
 	w.p.log.Warn("endpoint ejected: its connect failed", "endpoint", ep.Addr.String(),
