@@ -68,6 +68,9 @@ func (s *h1Conn) serve(req *http.Request) bool {
 	if x.be.Err != nil {
 		return s.fail(req, x, upstream.ReasonInvalidPolicy, x.be.Err)
 	}
+	if err := s.t.relayFailed(x.be); err != nil {
+		return s.fail(req, x, upstream.Classify(err), err)
+	}
 	sp := x.sessionFor()
 	if sp != nil {
 		x.now = time.Now() // sessions time out; other requests need no clock

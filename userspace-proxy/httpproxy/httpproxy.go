@@ -68,6 +68,30 @@ type Target struct {
 	// whichever goroutine serves it then: ServeHTTP1 may return before,
 	// having parked it.
 	Ended func()
+	// Relayed, when set, is how the L4 relay's connects for this
+	// connection failed before it was handed here.
+	Relayed *RelayFailure
+}
+
+// RelayFailure is how the L4 relay's connects to Backend's endpoints for a
+// connection failed, none taking it (upstream.NoConnection). They were its
+// first request's tries, as many as the L7 path makes: that request
+// answers with Err rather than connect to the same endpoints again, which
+// the Picker, every one of them ejected, would hand out anyway.
+type RelayFailure struct {
+	Backend *upstream.Backend
+	Err     error
+	told    atomic.Bool
+}
+
+// relayFailed returns, to the first request only, how the relay's
+// connects to be failed (Relayed), or nil: be's endpoints may have
+// changed when another snapshot made be.
+func (t *Target) relayFailed(be *upstream.Backend) error {
+	if f := t.Relayed; f != nil && f.Backend == be && f.told.CompareAndSwap(false, true) {
+		return f.Err
+	}
+	return nil
 }
 
 // ClientName names a client in logs: its pod when known (given, or the
@@ -288,6 +312,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if x.be.Err != nil {
 		h.fail(w, r, x, upstream.ReasonInvalidPolicy, x.be.Err)
+		return
+	}
+	if err := t.relayFailed(x.be); err != nil {
+		h.fail(w, r, x, upstream.Classify(err), err)
 		return
 	}
 	sp := x.sessionFor()

@@ -558,6 +558,30 @@ func TestStaleHandBackLeavesProbe(t *testing.T) {
 	}
 }
 
+// TestRelayRefusedAnsweredOnce: a cleartext HTTP app whose connection
+// the relay could not connect anywhere (every endpoint refusing) gets its
+// 503 from the L7 path without another connect: the relay's connects were
+// its request's tries, one per endpoint. Before, the L7 path connected to
+// each again (the endpoints ejected, all of them: so tried anyway) — two
+// connects per endpoint for one request.
+func TestRelayRefusedAnsweredOnce(t *testing.T) {
+	checkNoLeaks(t)
+	for _, h2c := range []bool{false, true} {
+		t.Run(map[bool]string{false: "http1", true: "h2c"}[h2c], func(t *testing.T) {
+			g := &gatedDialer{pass: 1000} // counts, holds none
+			e := newEnv(t, envOptions{ejectFor: time.Minute, dialer: func(d dial.Dialer) dial.Dialer { g.d = d; return g }})
+			vip := netip.MustParseAddrPort("10.96.8.70:80")
+			e.p.Update(buildSnapshot(t, 1, service{name: "web", vip: vip, backend: snapshot.Backend{Endpoints: endpoints(closedPort(t), closedPort(t))}}))
+			if code, _ := get(t, e.client(vip, h2c), "http://web.b.svc/"); code != http.StatusServiceUnavailable {
+				t.Fatalf("every endpoint refusing: status %d, want 503", code)
+			}
+			if n := g.dials.Load(); n != 2 {
+				t.Errorf("connects for one request to two refusing endpoints: %d, want 2", n)
+			}
+		})
+	}
+}
+
 // TestSessionFailover: under session persistence, a request whose connect
 // is refused goes to another endpoint, as any request does, and the
 // session it gets names the endpoint that answered: one that carries no

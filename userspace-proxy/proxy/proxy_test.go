@@ -1998,7 +1998,8 @@ func (d refusedThenPanic) Dial(context.Context, snapshot.Endpoint) (net.Conn, er
 
 // TestPanicAfterHandOff: a panic in what a connection was handed to — here
 // the fast path, which answers an HTTP client whose relay's dial was
-// refused, and whose own dial panics — ends the connection once. The
+// refused (its first request with that refusal, 503), and whose own dial
+// for the next request panics — ends the connection once. The
 // connection's end ran twice on the code before (the fast path's, then
 // ServeConn's), and the second ended the process ("sync: negative
 // WaitGroup counter"); a client's count left twice would let it past
@@ -2021,9 +2022,9 @@ func TestPanicAfterHandOff(t *testing.T) {
 			defer close(done)
 			p.ServeConn(s, v, client)
 		}()
-		c.Write([]byte("GET / HTTP/1.1\r\nHost: web\r\n\r\n"))
-		if n, err := c.Read(make([]byte, 1)); n != 0 || err == nil {
-			t.Errorf("connection %d: read = %d, %v; want it closed", i, n, err)
+		go c.Write([]byte("GET / HTTP/1.1\r\nHost: web\r\n\r\nGET / HTTP/1.1\r\nHost: web\r\n\r\n"))
+		if got, _ := io.ReadAll(c); strings.Count(string(got), "HTTP/1.1 ") != 1 || !strings.HasPrefix(string(got), "HTTP/1.1 503") {
+			t.Errorf("connection %d: read %q; want one 503, then the connection closed", i, got)
 		}
 		c.Close()
 		<-done

@@ -91,7 +91,7 @@ func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
 	cs.v, cs.fe, cs.be = v, fe, be
 	switch path := p.choosePath(kind, fe, be); path {
 	case PathL7, PathHTTP1:
-		cs.serveHTTP(sc, path)
+		cs.serveHTTP(sc, path, nil)
 	default:
 		cs.serveL4(sc, path, kind)
 	}
@@ -267,8 +267,14 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 	}
 	if err != nil && (kind == sniff.HTTP1 || kind == sniff.HTTP2) {
 		// An HTTP client can read an error: let the L7 path answer (it
-		// dials again and maps the failure to 503 or 502).
-		cs.serveHTTP(c, p.l7For(kind))
+		// maps the failure to 503 or 502). Connects that reached no
+		// endpoint were its first request's tries: it answers without
+		// connecting again (httpproxy.RelayFailure).
+		var relayed *httpproxy.RelayFailure
+		if upstream.NoConnection(err) {
+			relayed = &httpproxy.RelayFailure{Backend: cs.be, Err: err}
+		}
+		cs.serveHTTP(c, p.l7For(kind), relayed)
 		return
 	}
 	if err != nil {
@@ -281,7 +287,7 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 		// backend's next HTTP/2 apps directly for a while.
 		cs.be.DeclinedH2(time.Now())
 		up.Close()
-		cs.serveHTTP(c, p.l7For(kind))
+		cs.serveHTTP(c, p.l7For(kind), nil)
 		return
 	}
 	if tc := sockio.TCP(c); tc != nil {
@@ -397,9 +403,10 @@ func (cs *connState) fail(c net.Conn, path Path, reason upstream.Reason, err err
 }
 
 // serveHTTP serves c on an L7 path: the fast path in this goroutine, or
-// net/http's server. Either may serve c past its return (a fast-path
-// connection that parked; net/http's server always); cs ends when c does.
-func (cs *connState) serveHTTP(c *sniff.Conn, path Path) {
+// net/http's server, after the relay's failed connects when relayed is
+// set. Either may serve c past its return (a fast-path connection that
+// parked; net/http's server always); cs ends when c does.
+func (cs *connState) serveHTTP(c *sniff.Conn, path Path, relayed *httpproxy.RelayFailure) {
 	p := cs.p
 	pm := p.m.byPath[path]
 	pm.active.Inc()
@@ -412,7 +419,7 @@ func (cs *connState) serveHTTP(c *sniff.Conn, path Path) {
 		p.trackConn(c, false)
 		cs.end()
 	}
-	t := &httpproxy.Target{OrigDst: cs.dst, Start: cs.v, Current: &p.current, ClientAddr: cs.client.Addr, ClientPod: cs.client.Pod, Ended: ended}
+	t := &httpproxy.Target{OrigDst: cs.dst, Start: cs.v, Current: &p.current, ClientAddr: cs.client.Addr, ClientPod: cs.client.Pod, Ended: ended, Relayed: relayed}
 	cs.handedOff = true // ServeHTTP1, net/http's server or a failed push calls ended
 	if path == PathHTTP1 {
 		p.h.ServeHTTP1(p.counted(c), t)
