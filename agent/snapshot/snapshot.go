@@ -129,7 +129,8 @@ const (
 	// (appProtocol kubernetes.io/wss, XBackend WSS).
 	ProtocolWSS Protocol = "WSS"
 	// ProtocolMCP: Model Context Protocol, streamable HTTP with server-sent
-	// events; responses must stream without buffering.
+	// events; responses must stream without buffering, and a session's
+	// requests go to the endpoint that issued its Mcp-Session-Id.
 	ProtocolMCP Protocol = "MCP"
 )
 

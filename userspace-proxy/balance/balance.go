@@ -46,6 +46,9 @@ type Picker struct {
 	next     []atomic.Uint32
 	health   *Health
 	affinity *Affinity
+	// mcp says the backend speaks MCP, whose session IDs pin requests
+	// (PickRequest, MCPSession).
+	mcp bool
 }
 
 // New returns a Picker over b's ready endpoints, or, when none is ready,
@@ -56,7 +59,7 @@ type Picker struct {
 // connections only while every one of a lower level is ejected, or when
 // none of a lower level is ready.
 func New(b *snapshot.Backend, h *Health, a *Affinity) *Picker {
-	p := &Picker{health: h, affinity: a}
+	p := &Picker{health: h, affinity: a, mcp: b.Protocol == snapshot.ProtocolMCP}
 	var ends []int // of the tiers in ready, sliced once ready is whole
 	// add appends the endpoints that take as a tier (none if none does).
 	add := func(take func(snapshot.Endpoint) bool) {
@@ -267,23 +270,79 @@ func (p *Picker) ejected(c *Choice, now time.Time) bool {
 // other request, and its session then starts on the endpoint that answers.
 // setSession is true when the response must carry the session
 // (SetSession): a new session, or one whose idle clock restarts.
+//
+// For an MCP backend, an MCP session ID that MCPSession prefixed pins r
+// first, sp or not (the session's state lives in the server that issued
+// it, and sp's cookie or header stays as it is): the prefix goes from r's
+// header, the backend gets its own ID back, also when its endpoint is gone
+// (its 404 then has the client start a new session, as MCP says).
 func (p *Picker) PickRequest(r *http.Request, client ClientKey, now time.Time, sp *snapshot.SessionPersistence) (c *Choice, pinned, setSession bool) {
+	if p.mcp {
+		if c := p.mcpSession(r, now); c != nil {
+			return c, true, false
+		}
+	}
 	if sp == nil {
 		return p.PickClient(client), false, false
 	}
-	// Unlike a ClientIP pin, a session stays on a fallback endpoint once a
-	// nearer one serves again: its state may live in that pod (GEP-1619
-	// persists a session for as long as its endpoint serves), and it ends
-	// by its own timeouts.
 	if s, ok := parseSession(sessionOf(r, sp)); ok && !expired(sp, s, now) {
-		for i := range p.ready {
-			if c := &p.ready[i]; c.token == s.endpoint && !p.ejected(c, now) {
-				return c, true, sp.IdleTimeoutSeconds > 0
-			}
+		if c := p.session(s.endpoint, now); c != nil {
+			return c, true, sp.IdleTimeoutSeconds > 0
 		}
 	}
 	c = p.Pick()
 	return c, false, c != nil
+}
+
+// session returns the endpoint a session names by its token while it is
+// handed out and not ejected, else nil. Unlike a ClientIP pin, a session
+// stays on a fallback endpoint once a nearer one serves again: its state
+// may live in that pod (GEP-1619 persists a session for as long as its
+// endpoint serves), and it ends by its own timeouts.
+func (p *Picker) session(tok string, now time.Time) *Choice {
+	for i := range p.ready {
+		if c := &p.ready[i]; c.token == tok && !p.ejected(c, now) {
+			return c
+		}
+	}
+	return nil
+}
+
+// mcpSessionHeader is the header of MCP's streamable HTTP transport that carries
+// the session ID a server assigns: the client sends it back on every later
+// request (POST, the GET of an SSE stream, the DELETE that ends it), and a
+// server that does not know it answers 404.
+const mcpSessionHeader = "Mcp-Session-Id"
+
+// MCPSession prefixes the MCP session ID in h, the header of an answer of
+// any status from c's endpoint, with c's token and a dot, so that the
+// requests that send it back go to c (PickRequest) — with no state in the
+// proxy, so that a restart keeps sessions where they are. MCP allows the
+// dot (session IDs are visible ASCII); a hex token never holds one. For
+// other backends it does nothing.
+func (p *Picker) MCPSession(h http.Header, c *Choice) {
+	if !p.mcp {
+		return
+	}
+	if v := h.Get(mcpSessionHeader); v != "" {
+		h.Set(mcpSessionHeader, c.token+"."+v)
+	}
+}
+
+// mcpSession strips the prefix MCPSession added from r's MCP session ID
+// and returns the endpoint it names while PickRequest would keep a session
+// there; nil for an ID without one (a session begun before, or one the
+// client made), which goes to the backend as it is.
+func (p *Picker) mcpSession(r *http.Request, now time.Time) *Choice {
+	tok, id, ok := strings.Cut(r.Header.Get(mcpSessionHeader), ".")
+	if !ok || len(tok) != tokenLen || strings.Trim(tok, "0123456789abcdef") != "" {
+		return nil
+	}
+	r.Header.Set(mcpSessionHeader, id)
+	if now.IsZero() && p.health.Any() {
+		now = time.Now() // ejected reads it; callers pass it for sp's timeouts only
+	}
+	return p.session(tok, now)
 }
 
 // SetSession adds to h what tells the client its session under sp (as
@@ -364,6 +423,9 @@ func sessionOf(r *http.Request, sp *snapshot.SessionPersistence) string {
 	}
 	return c.Value
 }
+
+// tokenLen is the length of a token: an FNV-64a sum in hex.
+const tokenLen = 16
 
 // token names an endpoint without revealing its address to the client.
 func token(ep snapshot.Endpoint) string {

@@ -78,6 +78,49 @@ func TestHeaderSession(t *testing.T) {
 	}
 }
 
+// TestMCPSession: an MCP backend's session ID names the endpoint that
+// issued it, which the requests that send it back go to, its own ID
+// restored, with or without session persistence, until it is ejected; an
+// ID without the prefix goes unchanged, picked as any request.
+func TestMCPSession(t *testing.T) {
+	h := NewHealth(time.Second, time.Second, nil)
+	b := &snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: endpoints(3),
+		SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "X-Session"}}
+	p := New(b, h, nil)
+	issuer := p.Pick()
+	answer := http.Header{"Mcp-Session-Id": {"s1"}}
+	p.MCPSession(answer, issuer)
+	id := answer.Get("Mcp-Session-Id")
+	for _, sp := range []*snapshot.SessionPersistence{nil, b.SessionPersistence} {
+		for range 4 {
+			r, _ := http.NewRequest(http.MethodPost, "/", nil)
+			r.Header.Set("Mcp-Session-Id", id)
+			c, pinned, _ := p.PickRequest(r, ClientKey{}, time.Time{}, sp)
+			if got := r.Header.Get("Mcp-Session-Id"); c != issuer || !pinned || got != "s1" {
+				t.Fatalf("session %q (persistence %v): to %s (pinned %v) with %q, want %s, pinned, with s1", id, sp, c.Host, pinned, got, issuer.Host)
+			}
+		}
+	}
+	for _, own := range []string{"s1", "0123456789abcdeX.s1", "." + id} {
+		r, _ := http.NewRequest(http.MethodPost, "/", nil)
+		r.Header.Set("Mcp-Session-Id", own)
+		if _, pinned, _ := p.PickRequest(r, ClientKey{}, time.Time{}, nil); pinned || r.Header.Get("Mcp-Session-Id") != own {
+			t.Errorf("session %q: pinned %v, sent as %q; want it unpinned, unchanged", own, pinned, r.Header.Get("Mcp-Session-Id"))
+		}
+	}
+	h.Failed(issuer.Endpoint.Addr, time.Now(), time.Now())
+	r, _ := http.NewRequest(http.MethodPost, "/", nil)
+	r.Header.Set("Mcp-Session-Id", id)
+	if c, pinned, _ := p.PickRequest(r, ClientKey{}, time.Time{}, nil); c == issuer || pinned || r.Header.Get("Mcp-Session-Id") != "s1" {
+		t.Errorf("session of an ejected endpoint: to %s (pinned %v), want another, unpinned, with s1", c.Host, pinned)
+	}
+	other := http.Header{"Mcp-Session-Id": {"s1"}}
+	New(&snapshot.Backend{Endpoints: b.Endpoints}, nil, nil).MCPSession(other, issuer)
+	if got := other.Get("Mcp-Session-Id"); got != "s1" {
+		t.Errorf("an HTTP backend's Mcp-Session-Id became %q, want it unchanged", got)
+	}
+}
+
 // TestSessionTimeouts: a cookie session survives while used more often than
 // its idle timeout (each answer restarts the idle clock), ends after a pause
 // longer than that, and ends at its absolute timeout however busy.

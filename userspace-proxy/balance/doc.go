@@ -8,7 +8,9 @@
 // (Affinity), and, under session persistence (the backend's own, or a route
 // rule's in its place), the endpoint a session cookie or header names,
 // until the session's absolute or idle timeout (Gateway API
-// sessionPersistence).
+// sessionPersistence) — and, for an MCP backend, the endpoint that issued
+// a request's MCP session ID, which the answer that carried it prefixed
+// with the endpoint's token (Picker.MCPSession).
 //
 // A pick that takes an ejected endpoint's probe (Health) gets a Choice of
 // its own that names the probe, which the caller passes on to where its

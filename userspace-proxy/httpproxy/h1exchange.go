@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
@@ -206,7 +207,7 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 		choice = c
 		s.up = upstreamConn{uc: uc} // for end, should a panic unwind the exchange
 		cd := armConn(x, uc)
-		resp, body, err := s.send(uc, req, replayable, inline, x.r == nil && !x.setSession)
+		resp, body, err := s.send(uc, req, replayable, inline, x.r == nil && !x.setSession && be.Spec.Protocol != snapshot.ProtocolMCP)
 		if err == nil && x.r != nil && x.r.pol.retryStatus(resp.StatusCode) && s.mayRetry(x, retry, "status", req) {
 			s.watch.stop()
 			discardAnswer(be, uc, resp, cd, halt(body, uc))

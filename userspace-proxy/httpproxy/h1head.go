@@ -415,8 +415,9 @@ func (s *h1Conn) readPlainRequest() *http.Request {
 const maxKeptFields = 1 << 10
 
 // plainFor reports whether requests to fe, on view v, may be read plain:
-// no routes, no session persistence, and the backend takes HTTP/1.1 —
-// or the request is answered by the proxy itself.
+// no routes, no session persistence, no MCP session IDs to rewrite, and
+// the backend takes HTTP/1.1 — or the request is answered by the proxy
+// itself.
 func plainFor(v *View, fe *snapshot.Frontend) bool {
 	if fe == nil {
 		return true
@@ -429,5 +430,5 @@ func plainFor(v *View, fe *snapshot.Frontend) bool {
 		return true
 	}
 	w := WireFor(be, 1, false)
-	return be.Spec.SessionPersistence == nil && (w == upstream.WireH1 || w == upstream.WireNegotiate)
+	return be.Spec.SessionPersistence == nil && be.Spec.Protocol != snapshot.ProtocolMCP && (w == upstream.WireH1 || w == upstream.WireNegotiate)
 }

@@ -371,11 +371,13 @@ type exchange struct {
 // decorate adds to h, the header of the answer to r from c's endpoint,
 // what the proxy adds to every answer it passes on, a WebSocket's 101 (or
 // its RFC 8441 200) included: the route rule's response header changes,
-// then the session the answer starts (setSession).
+// the MCP session ID that names c (Picker.MCPSession), then the session
+// the answer starts (setSession).
 func (x *exchange) decorate(h http.Header, r *http.Request, c *balance.Choice) {
 	if x.r != nil {
 		x.r.d.ApplyResponse(h)
 	}
+	x.be.Picker.MCPSession(h, c)
 	if x.setSession {
 		x.be.Picker.SetSession(h, r, c, x.now, x.sessionFor())
 	}

@@ -319,10 +319,11 @@ func (x *exchange) again(body io.ReadCloser, n int) io.ReadCloser {
 // to go to another: nothing reached that endpoint, and the session starts
 // afresh on the one that answers, as under Envoy's non-strict stateful
 // sessions (GEP-1619: a session whose endpoint is unavailable goes on
-// elsewhere).
+// elsewhere). An MCP session pinned without session persistence starts
+// none: the backend's 404 has the client start a new one.
 func (x *exchange) unpin() {
 	if x.pinned {
-		x.pinned, x.setSession = false, true
+		x.pinned, x.setSession = false, x.sessionFor() != nil
 	}
 }
 

@@ -1,0 +1,162 @@
+package httpproxy
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// mcpServer is a stateful MCP server (streamable HTTP): a request without
+// an Mcp-Session-Id starts a session, one with an ID it does not know is
+// answered 404 (as the MCP spec says), a GET opens an SSE stream, a DELETE
+// ends the session. Every answer's body is "<name> <the ID received>".
+func mcpServer(t *testing.T, name string) snapshot.Endpoint {
+	return startBackend(t, mcpHandler(name))
+}
+
+func mcpHandler(name string) http.Handler {
+	var mu sync.Mutex
+	sessions := map[string]bool{}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Header.Get("Mcp-Session-Id")
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case id == "":
+			id = fmt.Sprintf("%s-session-%d", name, len(sessions))
+			sessions[id] = true
+		case !sessions[id]:
+			w.WriteHeader(http.StatusNotFound)
+			fmt.Fprintf(w, "%s %s", name, id)
+			return
+		case r.Method == http.MethodDelete:
+			delete(sessions, id)
+		case r.Method == http.MethodGet:
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprintf(w, "data: %s %s\n\n", name, id)
+			return
+		}
+		w.Header().Set("Mcp-Session-Id", id)
+		fmt.Fprintf(w, "%s %s", name, id)
+	})
+}
+
+// TestMCPSessionAffinity: the requests of an MCP session (POSTs, the GET
+// of its SSE stream, the DELETE that ends it) reach the replica that
+// issued it, whose ID the app gets prefixed with the endpoint's token and
+// the backend gets back as it issued it; an ID without the prefix goes as
+// it is, and one whose endpoint is gone goes elsewhere, answered 404.
+func TestMCPSessionAffinity(t *testing.T) {
+	for _, app := range []string{"h1", "h2c"} {
+		t.Run(app, func(t *testing.T) {
+			eps := []snapshot.Endpoint{mcpServer(t, "a"), mcpServer(t, "b"), mcpServer(t, "c")}
+			be := snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: eps}
+			f := newFixture(t, Config{}, be)
+			c := f.httpClient()
+			if app == "h2c" {
+				c = f.serveL7(true)
+			}
+			do := func(method, id string) (*http.Response, string) {
+				t.Helper()
+				var body io.Reader
+				if method == http.MethodPost {
+					body = strings.NewReader("{}") // JSON-RPC; a GET or DELETE has none
+				}
+				req, err := http.NewRequest(method, "http://echo.b.svc/mcp", body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if id != "" {
+					req.Header.Set("Mcp-Session-Id", id)
+				}
+				resp, err := c.Do(req)
+				if err != nil {
+					t.Fatalf("%s %q: %v", method, id, err)
+				}
+				b, err := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if err != nil {
+					t.Fatalf("%s %q: read body: %v", method, id, err)
+				}
+				return resp, string(b)
+			}
+
+			resp, body := do(http.MethodPost, "") // initialize
+			issuer, issued, _ := strings.Cut(body, " ")
+			id := resp.Header.Get("Mcp-Session-Id")
+			if tok, v, ok := strings.Cut(id, "."); !ok || v != issued || len(tok) != 16 {
+				t.Errorf("initialize: app got Mcp-Session-Id %q for the backend's %q, want <token>.%s", id, issued, issued)
+			}
+			want := issuer + " " + issued
+			for _, method := range []string{"POST", "POST", "POST", "POST", "GET", "POST", "DELETE"} {
+				resp, body := do(method, id)
+				if resp.StatusCode != http.StatusOK || strings.TrimSpace(strings.TrimPrefix(body, "data: ")) != want {
+					t.Errorf("%s with the session: %d %q, want 200 %q", method, resp.StatusCode, body, want)
+				}
+				if got := resp.Header.Get("Mcp-Session-Id"); method == "POST" && got != id {
+					t.Errorf("%s with the session: app got Mcp-Session-Id %q, want %q", method, got, id)
+				}
+			}
+
+			// Without the prefix: as it is, to whichever endpoint.
+			for _, own := range []string{"client-made", "0123456789abcdeX.x"} {
+				if _, body := do(http.MethodPost, own); !strings.HasSuffix(body, " "+own) {
+					t.Errorf("POST with %q: backend got %q, want it unchanged", own, body)
+				}
+			}
+
+			// The issuing endpoint gone: the request goes to another,
+			// which does not know the session.
+			resp, body = do(http.MethodPost, "") // a new session
+			issuer, issued, _ = strings.Cut(body, " ")
+			id = resp.Header.Get("Mcp-Session-Id")
+			var rest []snapshot.Endpoint
+			for i, name := range []string{"a", "b", "c"} {
+				if name != issuer {
+					rest = append(rest, eps[i])
+				}
+			}
+			f.update(2, snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: rest})
+			resp, body = do(http.MethodPost, id)
+			if other, got, _ := strings.Cut(body, " "); resp.StatusCode != http.StatusNotFound || other == issuer || got != issued {
+				t.Errorf("POST with a session of an endpoint gone: %d %q, want 404 from another endpoint, which got %q", resp.StatusCode, body, issued)
+			}
+		})
+	}
+}
+
+// TestMCPSessionEndpointRefuses: a request whose MCP session names an
+// endpoint that refuses the connect goes to another, which answers 404
+// (the client starts a new session), also where the backend sets no
+// session persistence.
+func TestMCPSessionEndpointRefuses(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	issuer := &http.Server{Handler: mcpHandler("a")}
+	go issuer.Serve(l)
+	t.Cleanup(func() { issuer.Close() })
+	eps := []snapshot.Endpoint{{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true, Serving: true}, mcpServer(t, "b")}
+	f := newFixture(t, Config{}, snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: eps})
+	c := f.dial()
+	var id string
+	for id == "" { // round robin: a's turn comes
+		c.send("POST /mcp HTTP/1.1\r\nHost: echo.b.svc\r\nContent-Length: 2\r\n\r\n{}")
+		resp, body := c.read(http.MethodPost)
+		if strings.HasPrefix(body, "a ") {
+			id = resp.Header.Get("Mcp-Session-Id")
+		}
+	}
+	issuer.Close() // a's connects are refused from now on
+	c.send("POST /mcp HTTP/1.1\r\nHost: echo.b.svc\r\nMcp-Session-Id: " + id + "\r\nContent-Length: 2\r\n\r\n{}")
+	if resp, body := c.read(http.MethodPost); resp.StatusCode != http.StatusNotFound || !strings.HasPrefix(body, "b ") {
+		t.Errorf("POST with a session of a refusing endpoint: %d %q, want 404 from b", resp.StatusCode, body)
+	}
+}
