@@ -910,3 +910,47 @@ func (e *env) zoneBackend(t *testing.T, name string, vip netip.AddrPort, affinit
 			Protocol: snapshot.ProtocolH2C, Endpoints: eps, ClientIPAffinitySeconds: affinity}}))
 	}
 }
+
+// TestMCPSessionPath: an app's connections to an MCP backend go through
+// the L7 paths, whose requests keep an MCP session on the replica that
+// issued it, on a new connection too. Before, a cleartext MCP backend
+// without routes or session persistence was relayed at L4: each
+// connection went to its own endpoint, whose replica did not know a
+// session begun on another one (404).
+func TestMCPSessionPath(t *testing.T) {
+	checkNoLeaks(t)
+	// replica issues its name as the session ID and answers 404 to
+	// another one.
+	replica := func(name string) netip.AddrPort {
+		srv := &http.Server{Protocols: new(http.Protocols), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if id := r.Header.Get("Mcp-Session-Id"); id != "" && id != name {
+				http.NotFound(w, r)
+				return
+			}
+			w.Header().Set("Mcp-Session-Id", name)
+			io.WriteString(w, name)
+		})}
+		srv.Protocols.SetHTTP1(true)
+		srv.Protocols.SetUnencryptedHTTP2(true)
+		return serveLocal(t, srv)
+	}
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			vip := netip.MustParseAddrPort("10.96.8.70:80")
+			e.p.Update(buildSnapshot(t, 1, service{name: "mcp", vip: vip,
+				backend: snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: endpoints(replica("pod-a"), replica("pod-b"), replica("pod-c"))}}))
+			init := send(t, e.client(vip, k.h2c), newReq(t, http.MethodPost, "http://mcp.b.svc/", strings.NewReader("{}")))
+			id := init.header.Get("Mcp-Session-Id")
+			if !strings.HasSuffix(id, "."+string(init.body)) {
+				t.Errorf("initialize: Mcp-Session-Id %q from %s, want it prefixed", id, init.body)
+			}
+			for range 4 { // each on a new connection
+				a := send(t, e.client(vip, k.h2c), newReq(t, http.MethodPost, "http://mcp.b.svc/", strings.NewReader("{}"), "Mcp-Session-Id", id))
+				if a.status != http.StatusOK || string(a.body) != string(init.body) {
+					t.Errorf("POST with the session: %d %q, want 200 from %s", a.status, a.body, init.body)
+				}
+			}
+		})
+	}
+}

@@ -904,9 +904,10 @@ func checkWSReport(t *testing.T, first []byte, wantTLS bool) {
 
 // TestSSEStreams: an MCP backend's event stream — MCP's streamable HTTP,
 // answering a GET or a JSON-RPC POST — reaches the app event by event on
-// every path: relayed h2 (h2c app, h2 backend), the HTTP/1 fast path, the
-// net/http path translating an h2c app for an HTTP/1.1-only backend or
-// serving HTTP/1.1 apps (HTTP1TLSL7), cleartext, and GAMMA routes. The
+// every L7 path (MCP takes no L4 relay: TestMCPSessionPath): the HTTP/1
+// fast path, the net/http path serving h2c apps, translating them for an
+// HTTP/1.1-only backend, or serving HTTP/1.1 apps (HTTP1TLSL7), cleartext,
+// and GAMMA routes. The
 // backend waits an hour after the first event, so it arrives only if
 // nothing between buffers.
 func TestSSEStreams(t *testing.T) {

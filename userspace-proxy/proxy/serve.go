@@ -150,8 +150,8 @@ func (p *Proxy) choosePath(kind sniff.Kind, fe *snapshot.Frontend, be *upstream.
 		return l4
 	}
 	l7 := p.l7For(kind)
-	if be.Err != nil || be.Picker.Len() == 0 || be.Spec.SessionPersistence != nil {
-		return l7 // the app gets a 503 it can read, or a sticky endpoint
+	if be.Err != nil || be.Picker.Len() == 0 || be.Spec.SessionPersistence != nil || be.Spec.Protocol == snapshot.ProtocolMCP {
+		return l7 // the app gets a 503 it can read, or a sticky endpoint (an MCP session's too)
 	}
 	if be.Spec.Hostname != "" {
 		return l7 // an external host gets its own name as authority
