@@ -18,8 +18,11 @@ func TestSeriesOfGoneBackends(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
 	be := startEcho(t, "web-0", serverTLS(e.pki.server))
+	// Trust withdrawn (another CA only): a trust that only widens would
+	// keep the relayed connection (upstreamtls.Keeper), and no GOAWAY
+	// series would be made.
 	rotated := tlsPolicy(e)
-	rotated.RootsPEM += string(e.pki.other.CertPEM)
+	rotated.RootsPEM = string(e.pki.other.CertPEM)
 	svc := func(name string, pol *snapshot.TLS) service {
 		return service{name: name, vip: vip, backend: snapshot.Backend{TLS: pol, Endpoints: endpoints(be.addr)}}
 	}
@@ -34,7 +37,9 @@ func TestSeriesOfGoneBackends(t *testing.T) {
 		}
 		// New TLS settings ask the relayed HTTP/2 connection to go away.
 		e.p.Update(buildSnapshot(t, uint64(2*v+2), svc(name, rotated)))
-		e.counterReaches("sockmesh_proxy_goaways_total", map[string]string{"backend": name}, 1)
+		if got := e.counterReaches("sockmesh_proxy_goaways_total", map[string]string{"backend": name}, 1); got != 1 {
+			t.Fatalf("%s: goaways = %v, want 1", name, got)
+		}
 		for _, c := range []*http.Client{h1, h2} {
 			c.Transport.(*http.Transport).CloseIdleConnections()
 		}
