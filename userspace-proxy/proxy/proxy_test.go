@@ -1055,16 +1055,12 @@ func TestTCPLooksLikeHTTP(t *testing.T) {
 func TestServerFirstProtocol(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{sniffTimeout: 100 * time.Millisecond})
-	greet := func(c net.Conn) {
-		io.WriteString(c, "220 ready\r\n")
-		io.Copy(c, c)
-	}
 	vTLS, vClear := netip.MustParseAddrPort("10.96.4.3:25"), netip.MustParseAddrPort("10.96.4.4:25")
 	e.p.Update(buildSnapshot(t, 1,
 		service{name: "mail", vip: vTLS, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, TLS: tlsPolicy(e),
-			Endpoints: endpoints(serveTCP(t, serverTLS(e.pki.server), greet))}},
+			Endpoints: endpoints(serveTCP(t, serverTLS(e.pki.server), greetThenEcho))}},
 		service{name: "mail-clear", vip: vClear, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP,
-			Endpoints: endpoints(serveTCP(t, nil, greet))}},
+			Endpoints: endpoints(serveTCP(t, nil, greetThenEcho))}},
 	))
 	for name, dst := range map[string]netip.AddrPort{"tls": vTLS, "clear": vClear} {
 		t.Run(name, func(t *testing.T) {
@@ -1074,14 +1070,7 @@ func TestServerFirstProtocol(t *testing.T) {
 			}
 			defer c.Close()
 			c.SetDeadline(time.Now().Add(10 * time.Second))
-			br := bufio.NewReader(c)
-			if line, err := br.ReadString('\n'); err != nil || line != "220 ready\r\n" {
-				t.Fatalf("greeting: %q, %v", line, err)
-			}
-			io.WriteString(c, "EHLO app\r\n")
-			if line, err := br.ReadString('\n'); err != nil || line != "EHLO app\r\n" {
-				t.Fatalf("echo after the greeting: %q, %v", line, err)
-			}
+			readGreetingThenEcho(t, c)
 		})
 	}
 }
@@ -1129,11 +1118,21 @@ func TestServerFirstGreetingAtOnce(t *testing.T) {
 	e := newEnv(t, envOptions{sniffTimeout: time.Hour})
 	vip := netip.MustParseAddrPort("10.96.4.11:25")
 	e.p.Update(buildSnapshot(t, 1, service{name: "mail", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP,
-		Endpoints: endpoints(serveTCP(t, nil, func(c net.Conn) {
-			io.WriteString(c, "220 ready\r\n")
-			io.Copy(c, c)
-		}))}}))
-	c := e.appConn(t, vip)
+		Endpoints: endpoints(serveTCP(t, nil, greetThenEcho))}}))
+	readGreetingThenEcho(t, e.appConn(t, vip))
+}
+
+// greetThenEcho is a server-first backend (an SMTP banner): it greets,
+// then echoes what it reads.
+func greetThenEcho(c net.Conn) {
+	io.WriteString(c, "220 ready\r\n")
+	io.Copy(c, c)
+}
+
+// readGreetingThenEcho reads greetThenEcho's greeting on c before sending
+// anything, then checks that what it sends comes back.
+func readGreetingThenEcho(t *testing.T, c net.Conn) {
+	t.Helper()
 	r := bufio.NewReader(c)
 	if line, err := r.ReadString('\n'); err != nil || line != "220 ready\r\n" {
 		t.Fatalf("app read %q, %v before sending; want the greeting", line, err)
