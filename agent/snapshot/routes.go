@@ -146,6 +146,27 @@ type Filters struct {
 	Rewrite  *Rewrite  `json:"rewrite,omitempty"`
 	// Mirrors receive copies of the request; their responses are dropped.
 	Mirrors []Mirror `json:"mirrors,omitempty"`
+	// CORS answers the rule's preflight requests and marks its responses
+	// for browsers; HTTPRoute rules only, never a backendRef's.
+	CORS *CORS `json:"cors,omitempty"`
+}
+
+// CORS is an HTTPRoute rule's CORS filter (GEP-1767). Lists are as the
+// route wrote them; userspace-proxy/routes says how each is answered.
+type CORS struct {
+	// AllowOrigins are "*" alone, or origins "<scheme>://<host>[:<port>]"
+	// whose host may start with "*" (any labels to its left) or be "*".
+	AllowOrigins     []string `json:"allowOrigins,omitempty"`
+	AllowCredentials bool     `json:"allowCredentials,omitempty"`
+	// AllowMethods are methods, or "*" alone.
+	AllowMethods []string `json:"allowMethods,omitempty"`
+	// AllowHeaders are header names, or "*" alone.
+	AllowHeaders []string `json:"allowHeaders,omitempty"`
+	// ExposeHeaders are header names; "*" among them exposes all.
+	ExposeHeaders []string `json:"exposeHeaders,omitempty"`
+	// MaxAge is how long a browser may keep a preflight's answer, in
+	// seconds; at least 1.
+	MaxAge int32 `json:"maxAge"`
 }
 
 // HeaderModifier sets, adds and removes headers; each name (case-

@@ -80,7 +80,8 @@
 // Rules keep their filters in the Snapshot: request and response header
 // modifiers (rule and backendRef level), RequestRedirect (scheme,
 // hostname, path, port, statusCode), URLRewrite (hostname, path),
-// RequestMirror (percent or fraction), and, for HTTPRoutes, timeouts
+// RequestMirror (percent or fraction), and, for HTTPRoutes, CORS (rule
+// level only: a backendRef's fails its rule), timeouts
 // (request, backendRequest; "0s" disables) and retry (attempts defaulting
 // to 1, codes, backoff), plus route-inline sessionPersistence. What the
 // CRD would refuse is checked again, since the file source never met the
@@ -92,7 +93,7 @@
 // routing nothing; hostnames are otherwise ignored. A rule whose matches
 // are invalid is left out. A rule whose matches are valid but whose
 // filters or settings cannot be honoured — including
-// the CORS, ExternalAuth and ExtensionRef filters sockmesh does not
+// the ExternalAuth and ExtensionRef filters sockmesh does not
 // implement — stays and answers 500 (a GRPCRoute's, UNAVAILABLE, as the
 // API asks where it cannot route): a filter is never skipped. Status
 // then follows the API's "Drop Rule(s)" form: Accepted=True with

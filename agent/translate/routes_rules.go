@@ -336,6 +336,7 @@ type filterIn struct {
 	redirect                *gwv1.HTTPRequestRedirectFilter
 	rewrite                 *gwv1.HTTPURLRewriteFilter
 	mirror                  *gwv1.HTTPRequestMirrorFilter
+	cors                    *gwv1.HTTPCORSFilter
 	// set counts the filter's configuration fields that are set; the API
 	// allows exactly the one its type names.
 	set int
@@ -345,7 +346,7 @@ func httpFilters(fs []gwv1.HTTPRouteFilter) []filterIn {
 	out := make([]filterIn, len(fs))
 	for i, f := range fs {
 		out[i] = filterIn{typ: string(f.Type), reqHeaders: f.RequestHeaderModifier, respHeaders: f.ResponseHeaderModifier,
-			redirect: f.RequestRedirect, rewrite: f.URLRewrite, mirror: f.RequestMirror,
+			redirect: f.RequestRedirect, rewrite: f.URLRewrite, mirror: f.RequestMirror, cors: f.CORS,
 			set: count(f.RequestHeaderModifier != nil, f.ResponseHeaderModifier != nil, f.RequestRedirect != nil,
 				f.URLRewrite != nil, f.RequestMirror != nil, f.CORS != nil, f.ExternalAuth != nil, f.ExtensionRef != nil)}
 	}
@@ -375,6 +376,8 @@ func (f *filterIn) configured(typ gwv1.HTTPRouteFilterType) bool {
 		return f.rewrite != nil
 	case gwv1.HTTPRouteFilterRequestMirror:
 		return f.mirror != nil
+	case gwv1.HTTPRouteFilterCORS:
+		return f.cors != nil
 	}
 	return false
 }
@@ -410,12 +413,18 @@ func (rb *routeBuilder) filters(b *ruleBuild, where string, fs []filterIn) snaps
 		}
 		typ := gwv1.HTTPRouteFilterType(f.typ)
 		switch {
-		case typ == gwv1.HTTPRouteFilterCORS || typ == gwv1.HTTPRouteFilterExternalAuth || typ == gwv1.HTTPRouteFilterExtensionRef:
+		case typ == gwv1.HTTPRouteFilterExternalAuth || typ == gwv1.HTTPRouteFilterExtensionRef:
 			b.badf("%s: filter type %s is not supported by sockmesh", at, typ)
 		case !knownFilter(rb.kind, typ):
 			b.badf("%s: filter type %q is not a %s filter", at, typ, rb.kind)
 		case f.set != 1 || !f.configured(typ):
 			b.badf("%s: type %s needs its own configuration field and no other", at, typ)
+		case typ == gwv1.HTTPRouteFilterCORS && where != "":
+			// The API makes it Extended there; a preflight is answered
+			// before any backend is picked, so sockmesh keeps it to rules.
+			b.badf("%s: filter type CORS is supported by sockmesh on rules, not on a backendRef", at)
+		case typ == gwv1.HTTPRouteFilterCORS:
+			out.CORS = cors(b, at+".cors", f.cors)
 		case typ == gwv1.HTTPRouteFilterRequestHeaderModifier:
 			out.RequestHeaders = headerModifier(b, at+".requestHeaderModifier", f.reqHeaders)
 		case typ == gwv1.HTTPRouteFilterResponseHeaderModifier:
@@ -443,7 +452,7 @@ func knownFilter(kind snapshot.RouteKind, typ gwv1.HTTPRouteFilterType) bool {
 	switch typ {
 	case gwv1.HTTPRouteFilterRequestHeaderModifier, gwv1.HTTPRouteFilterResponseHeaderModifier, gwv1.HTTPRouteFilterRequestMirror:
 		return true
-	case gwv1.HTTPRouteFilterRequestRedirect, gwv1.HTTPRouteFilterURLRewrite:
+	case gwv1.HTTPRouteFilterRequestRedirect, gwv1.HTTPRouteFilterURLRewrite, gwv1.HTTPRouteFilterCORS:
 		return kind == snapshot.KindHTTPRoute
 	}
 	return false
@@ -501,6 +510,59 @@ func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter) *snapshot
 		if name(n, true) {
 			out.Remove = append(out.Remove, n)
 		}
+	}
+	return out
+}
+
+// cors converts a CORS filter, with the CRD's rules: lists are sets of at
+// most 64 entries (methods: 9) in which "*" stands alone (exposeHeaders
+// excepted), origins match its pattern, methods are the API's, and maxAge
+// is at least 1, 5 when unset.
+func cors(b *ruleBuild, at string, f *gwv1.HTTPCORSFilter) *snapshot.CORS {
+	out := &snapshot.CORS{AllowCredentials: f.AllowCredentials != nil && *f.AllowCredentials, MaxAge: cmp.Or(f.MaxAge, 5)}
+	list := func(field string, vs []string, maxItems int, wildcardAlone bool, valid func(string) bool, rule string) []string {
+		if len(vs) > maxItems {
+			b.badf("%s.%s: %d entries, more than %d", at, field, len(vs), maxItems)
+		}
+		if wildcardAlone && len(vs) > 1 && slices.Contains(vs, "*") {
+			b.badf("%s.%s: \"*\" must be the only entry", at, field)
+		}
+		for i, v := range vs {
+			switch {
+			case !valid(v):
+				b.badf("%s.%s[%d] %q %s", at, field, i, v, rule)
+			case slices.Contains(vs[:i], v):
+				b.badf("%s.%s[%d] %q is listed more than once", at, field, i, v)
+			}
+		}
+		return vs
+	}
+	out.AllowOrigins = list("allowOrigins", strs(f.AllowOrigins), 64, true, validCORSOrigin,
+		"is not \"*\" or http(s)://host[:port] (host \"*\" or \"*.domain\" allowed)")
+	out.AllowMethods = list("allowMethods", strs(f.AllowMethods), 9, true, func(m string) bool {
+		return m == "*" || slices.Contains(httpMethods, gwv1.HTTPMethod(m))
+	}, fmt.Sprintf("is not \"*\" or one of %v", httpMethods))
+	out.AllowHeaders = list("allowHeaders", strs(f.AllowHeaders), 64, true, validHeaderName, "is not a header name")
+	out.ExposeHeaders = list("exposeHeaders", strs(f.ExposeHeaders), 64, false, validHeaderName, "is not a header name")
+	if out.MaxAge < 1 {
+		b.badf("%s.maxAge %d is less than 1", at, out.MaxAge)
+	}
+	return out
+}
+
+// validCORSOrigin applies the CORSOrigin CRD's pattern and length.
+func validCORSOrigin(o string) bool { return len(o) <= 253 && corsOrigin.MatchString(o) }
+
+var corsOrigin = regexp.MustCompile(`^(\*|https?://((\*\.)?([a-zA-Z0-9-]+\.)*[a-zA-Z0-9-]+|\*)(:[0-9]{1,5})?)$`)
+
+// strs converts a list of a string type.
+func strs[S ~string](vs []S) []string {
+	if vs == nil {
+		return nil
+	}
+	out := make([]string, len(vs))
+	for i, v := range vs {
+		out[i] = string(v)
 	}
 	return out
 }

@@ -34,7 +34,7 @@ func SupportedFeatures(clusterTrustBundlesUnavailable bool) []gwv1.SupportedFeat
 // meshRouteFeatures are the GAMMA features sockmesh runs end to end, each
 // proven by a test/e2e scenario with a Service parent: matching,
 // precedence, producer and consumer routes, redirects, rewrites, header
-// modifiers, weights, mirrors, timeouts, retries, ReferenceGrants, and h2c
+// modifiers, weights, mirrors, CORS, timeouts, retries, ReferenceGrants, and h2c
 // and WebSocket backends behind a route. A feature joins this list only
 // with its end-to-end test.
 var meshRouteFeatures = []features.FeatureName{
@@ -67,6 +67,7 @@ var meshRouteFeatures = []features.FeatureName{
 	features.SupportHTTPRouteRequestMirror,
 	features.SupportHTTPRouteRequestMultipleMirrors,
 	features.SupportHTTPRouteRequestPercentageMirror,
+	features.SupportHTTPRouteCORS,
 	features.SupportHTTPRouteRequestTimeout,
 	features.SupportHTTPRouteBackendTimeout,
 	features.SupportHTTPRouteRetryCodes,

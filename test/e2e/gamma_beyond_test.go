@@ -210,6 +210,72 @@ func (sb *simBackend) count(uuid string) int {
 	return sb.counts[uuid]
 }
 
+// testMeshCORS is HTTPRouteCORS and HTTPRouteCORSAllowCredentialsBehavior
+// with a Service parent: the client node's proxy answers a preflight
+// itself, 200 with the filter's headers for an allowed origin (listed, a
+// "*." wildcard with labels to its left, "*") and without them for
+// another, and the backend never sees one; a cross-origin request reaches
+// the backend and comes back with its origin echoed (never "*", which
+// credentials forbid), credentials and exposed headers.
+func testMeshCORS(s *scenario) {
+	sim := s.simBackend("cors")
+	svc := s.service("cors", serviceSpec{Backend: sim.backend, Ports: meshPorts()})
+	s.applyFile("testdata/mesh/mesh-cors.yaml")
+	routes := []string{"cors-multiple-origins-methods-headers", "cors-wildcard-methods", "cors-wildcard-origin"}
+	s.waitRouted(svc.v4(80), routes...)
+	for _, r := range routes {
+		s.waitRouteStatus("HTTPRoute", s.ns, r, "cors", routeAccepted...)
+	}
+	listed := func(origin string) map[string]string {
+		return map[string]string{"Access-Control-Allow-Origin": origin, "Access-Control-Allow-Credentials": "true",
+			"Access-Control-Allow-Methods": "GET, OPTIONS", "Access-Control-Allow-Headers": "x-header-1, x-header-2",
+			"Access-Control-Expose-Headers": "x-header-3, x-header-4", "Access-Control-Max-Age": "3600", "Vary": "Origin"}
+	}
+	for _, c := range []struct {
+		uuid, path, origin, method string // method: the preflight's Access-Control-Request-Method
+		want                       map[string]string
+		absent                     []string
+	}{
+		{"p1", "/cors-1", "https://www.foo.com", "GET", listed("https://www.foo.com"), nil},
+		{"p2", "/cors-1", "https://www.bar.com", "GET", listed("https://www.bar.com"), nil},
+		{"p3", "/cors-1", "https://xpto.www.bar.com", "GET", listed("https://xpto.www.bar.com"), nil},
+		{"p4", "/cors-1", "https://foobar.com", "GET", nil, []string{"Access-Control-Allow-Origin"}},
+		{"p5", "/cors-2", "https://www.foo.com", "POST", map[string]string{"Access-Control-Allow-Origin": "https://www.foo.com",
+			"Access-Control-Allow-Methods": "POST", "Access-Control-Max-Age": "5"}, []string{"Access-Control-Allow-Credentials"}},
+		{"p6", "/cors-wildcard-origin", "https://foobar.com:12345", "PUT", map[string]string{"Access-Control-Allow-Origin": "https://foobar.com:12345",
+			"Access-Control-Allow-Credentials": "true", "Access-Control-Allow-Methods": "PUT"}, nil},
+	} {
+		r := s.expect(nil, call{method: http.MethodOptions, url: httpURL(svc.v4(80), c.path+"?uuid="+c.uuid),
+			header: map[string]string{"Origin": c.origin, "Access-Control-Request-Method": c.method}},
+			want{respHeaders: c.want, respAbsent: c.absent})
+		if r != nil && len(r.body) > 0 {
+			s.t.Errorf("preflight %s from %s: body %q, want none", c.path, c.origin, truncate(r.body))
+		}
+		if n := sim.count(c.uuid); n != 0 {
+			s.t.Errorf("preflight %s from %s reached the backend %d times, want never", c.path, c.origin, n)
+		}
+	}
+	for _, c := range []struct {
+		uuid, path, origin string
+		want               map[string]string
+		absent             []string
+	}{
+		{"r1", "/cors-1", "https://www.foo.com", map[string]string{"Access-Control-Allow-Origin": "https://www.foo.com",
+			"Access-Control-Allow-Credentials": "true", "Access-Control-Expose-Headers": "x-header-3, x-header-4", "Vary": "Origin"},
+			[]string{"Access-Control-Allow-Methods", "Access-Control-Max-Age"}},
+		{"r2", "/cors-1", "https://foobar.com", map[string]string{"Vary": "Origin"},
+			[]string{"Access-Control-Allow-Origin", "Access-Control-Allow-Credentials"}},
+		{"r3", "/cors-wildcard-origin", "https://app.example", map[string]string{"Access-Control-Allow-Origin": "https://app.example",
+			"Access-Control-Allow-Credentials": "true"}, nil},
+	} {
+		s.expect(nil, call{url: httpURL(svc.v4(80), c.path+"?uuid="+c.uuid), header: map[string]string{"Origin": c.origin}},
+			want{backend: "cors", respHeaders: c.want, respAbsent: c.absent})
+		if n := sim.count(c.uuid); n != 1 {
+			s.t.Errorf("GET %s from %s reached the backend %d times, want once", c.path, c.origin, n)
+		}
+	}
+}
+
 // testMeshTimeouts is HTTPRouteTimeoutRequest and
 // HTTPRouteTimeoutBackendRequest with a Service parent: a slow backend
 // gets 504 within the timeout, "0s" disables it.

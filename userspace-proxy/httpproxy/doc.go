@@ -14,11 +14,11 @@
 //
 // Requests to a Service port with GAMMA routes (HTTPRoute, GRPCRoute with a
 // Service parent) follow the decision of package routes, for the client's
-// namespace: a local answer (404, 500, a redirect; trailers-only gRPC
-// statuses for gRPC clients) or a forward to the chosen backend with the
-// rule's header changes, rewrites, mirrors (mirror.go), session
-// persistence, timeouts and retries (policy.go). A port without routes
-// pays one nil check per request for all of it.
+// namespace: a local answer (404, 500, a redirect, a CORS preflight's 200;
+// trailers-only gRPC statuses for gRPC clients) or a forward to the chosen
+// backend with the rule's header changes, CORS headers, rewrites, mirrors
+// (mirror.go), session persistence, timeouts and retries (policy.go). A
+// port without routes pays one nil check per request for all of it.
 //
 // It has two front ends sharing routing, header rules, failure answers and
 // metrics: Handler.ServeHTTP, an http.Handler behind net/http's server (HTTP/2

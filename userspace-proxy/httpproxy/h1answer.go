@@ -448,7 +448,7 @@ func (s *h1Conn) fail(req *http.Request, x *exchange, reason upstream.Reason, er
 	return s.writeLocal(req, code, nil, "Content-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\n", reasonBodies[reason])
 }
 
-// answerLocally writes a route's own answer (a redirect, 404, 500).
+// answerLocally writes a route's own answer (a redirect, a CORS preflight's, 404, 500).
 func (s *h1Conn) answerLocally(req *http.Request, x *exchange) bool {
 	a := answerFor(&x.r.d, req)
 	keep := s.writeLocal(req, a.status, a.header, "", a.body)

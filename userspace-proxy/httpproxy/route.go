@@ -95,7 +95,7 @@ func (x *exchange) clientNamespace() string {
 // route decides where r goes. Without routes (or without a set for this
 // client) that is the frontend's own backend; otherwise the route set
 // decides into rt, which x keeps. forward is false when the decision is a
-// local answer (Respond, Redirect).
+// local answer (Respond, Redirect, Preflight).
 func (h *Handler) route(x *exchange, r *http.Request, rt *routed) (ref snapshot.BackendRef, forward bool) {
 	set := x.v.Routes.Lookup(x.fe, x.clientNamespace())
 	if set == nil {
@@ -165,17 +165,19 @@ type localAnswer struct {
 	grpc bool
 }
 
-// answerFor builds the answer to a Respond or Redirect decision. A gRPC
+// answerFor builds the answer to a Respond, Redirect or Preflight decision. A gRPC
 // request, under a GRPCRoute or an HTTPRoute, gets a trailers-only answer
 // with the gRPC status the GRPCRoute API asks for (UNIMPLEMENTED without a
 // match, UNAVAILABLE for an invalid rule or backend), which every gRPC
 // client reads as that code; an HTTP/1 client cannot read trailers and
 // gets the HTTP status.
 func answerFor(d *routes.Decision, r *http.Request) localAnswer {
-	if d.Action == routes.Redirect {
+	if d.Action == routes.Redirect || d.Action == routes.Preflight {
 		h := http.Header{}
 		d.ApplyResponse(h)
-		h["Location"] = []string{d.Location}
+		if d.Action == routes.Redirect {
+			h["Location"] = []string{d.Location}
+		}
 		return localAnswer{status: d.Status, header: h}
 	}
 	if d.GRPCStatus != 0 && r.ProtoMajor == 2 && isGRPC(r) {
@@ -236,8 +238,11 @@ func (h *Handler) answerLocally(w http.ResponseWriter, r *http.Request, x *excha
 func (h *Handler) countLocal(ctx context.Context, x *exchange, status int) {
 	d := &x.r.d
 	reason := string(d.Reason)
-	if d.Action == routes.Redirect {
+	switch d.Action {
+	case routes.Redirect:
 		reason = "redirect"
+	case routes.Preflight:
+		reason = "cors_preflight"
 	}
 	h.m.routeAnswers.WithLabelValues(reason).Inc()
 	h.m.request(x.fe, status, "none") // no backend answered

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -227,6 +228,114 @@ func TestRouteMatchingAndFilters(t *testing.T) {
 			}
 			if got := e.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": "redirect"}); got != 2 {
 				t.Errorf("route answers{redirect} = %v, want 2", got)
+			}
+		})
+	}
+}
+
+// TestRouteCORS: a rule's CORS filter (GEP-1767) on every L7 front end —
+// a preflight is answered by the proxy, 200 with the Access-Control-*
+// headers for an allowed origin (listed, or a "*." wildcard with labels to
+// its left) and without them for another, and never reaches the backend;
+// a cross-origin request does, and its answer gets the origin echoed
+// (never "*", credentials or not), credentials and exposed headers; every
+// answer of the rule varies with Origin. Such a rule answered 500 before.
+func TestRouteCORS(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			tc := &tryCounter{tries: map[string]int{}}
+			srv := &http.Server{Protocols: new(http.Protocols), Handler: tc}
+			srv.Protocols.SetHTTP1(true)
+			srv.Protocols.SetUnencryptedHTTP2(true)
+			m := &mesh{t: t}
+			be := m.backend("cors", snapshot.Backend{Endpoints: endpoints(serveLocal(t, srv))})
+			m.frontend("cors", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/listed")}, snapshot.RouteRule{Backends: to(be), Filters: snapshot.Filters{
+					CORS: &snapshot.CORS{
+						AllowOrigins: []string{"https://www.foo.com", "https://*.example.com"}, AllowCredentials: true,
+						AllowMethods: []string{"GET", "OPTIONS"}, AllowHeaders: []string{"x-header-1", "x-header-2"},
+						ExposeHeaders: []string{"x-header-3", "x-header-4"}, MaxAge: 3600,
+					},
+				}}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/wildcards")}, snapshot.RouteRule{Backends: to(be), Filters: snapshot.Filters{
+					CORS: &snapshot.CORS{AllowOrigins: []string{"*"}, AllowCredentials: true, AllowMethods: []string{"*"},
+						AllowHeaders: []string{"*"}, MaxAge: 5},
+				}}},
+			)))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, k.h2c)
+			base := "http://cors.b.svc"
+			preflight := func(path, origin, method, headers string) answer {
+				t.Helper()
+				h := []string{"Origin", origin, "Access-Control-Request-Method", method}
+				if headers != "" {
+					h = append(h, "Access-Control-Request-Headers", headers)
+				}
+				return send(t, c, newReq(t, http.MethodOptions, base+path, nil, h...))
+			}
+			cors := func(a answer) map[string]string {
+				out := map[string]string{}
+				for k, v := range a.header {
+					if strings.HasPrefix(k, "Access-Control-") || k == "Vary" {
+						out[k] = strings.Join(v, ",")
+					}
+				}
+				return out
+			}
+			listedPreflight := map[string]string{
+				"Access-Control-Allow-Credentials": "true", "Access-Control-Allow-Methods": "GET, OPTIONS",
+				"Access-Control-Allow-Headers": "x-header-1, x-header-2", "Access-Control-Expose-Headers": "x-header-3, x-header-4",
+				"Access-Control-Max-Age": "3600", "Vary": "Origin",
+			}
+			with := func(m map[string]string, origin string) map[string]string {
+				out := maps.Clone(m)
+				out["Access-Control-Allow-Origin"] = origin
+				return out
+			}
+			for _, tt := range []struct {
+				name string
+				a    answer
+				want map[string]string
+			}{
+				{"preflight, listed origin", preflight("/listed?id=p1", "https://www.foo.com", "GET", "x-header-1"),
+					with(listedPreflight, "https://www.foo.com")},
+				{"preflight, wildcard origin", preflight("/listed?id=p2", "https://a.b.example.com", "GET", ""),
+					with(listedPreflight, "https://a.b.example.com")},
+				{"preflight, origin not allowed", preflight("/listed?id=p3", "https://example.com", "GET", ""),
+					map[string]string{"Vary": "Origin"}},
+				{"preflight, wildcards with credentials", preflight("/wildcards?id=p4", "https://foobar.com:12345", "PUT", "x-a, x-b"),
+					map[string]string{"Access-Control-Allow-Origin": "https://foobar.com:12345", "Access-Control-Allow-Credentials": "true",
+						"Access-Control-Allow-Methods": "PUT", "Access-Control-Allow-Headers": "x-a, x-b", "Access-Control-Max-Age": "5", "Vary": "Origin"}},
+				{"request, wildcard origin", send(t, c, newReq(t, http.MethodGet, base+"/listed?id=r1", nil, "Origin", "https://api.example.com")),
+					map[string]string{"Access-Control-Allow-Origin": "https://api.example.com", "Access-Control-Allow-Credentials": "true",
+						"Access-Control-Expose-Headers": "x-header-3, x-header-4", "Vary": "Origin"}},
+				{"request, origin not allowed", send(t, c, newReq(t, http.MethodGet, base+"/listed?id=r2", nil, "Origin", "http://www.foo.com")),
+					map[string]string{"Vary": "Origin"}},
+				{"request, wildcards with credentials", send(t, c, newReq(t, http.MethodPost, base+"/wildcards?id=r3", strings.NewReader("x"), "Origin", "https://foobar.com")),
+					map[string]string{"Access-Control-Allow-Origin": "https://foobar.com", "Access-Control-Allow-Credentials": "true", "Vary": "Origin"}},
+			} {
+				preflight := strings.HasPrefix(tt.name, "preflight")
+				body := "ok"
+				if preflight {
+					body = ""
+				}
+				if tt.a.status != http.StatusOK || string(tt.a.body) != body || !maps.Equal(cors(tt.a), tt.want) {
+					t.Errorf("%s: %d %q with %v; want 200 %q with %v", tt.name, tt.a.status, tt.a.body, cors(tt.a), body, tt.want)
+				}
+			}
+			for _, id := range []string{"p1", "p2", "p3", "p4", "r1", "r2", "r3"} {
+				want := 1
+				if id[0] == 'p' {
+					want = 0 // a preflight is the proxy's to answer
+				}
+				if got := tc.count(id); got != want {
+					t.Errorf("the backend saw %d requests of %s, want %d", got, id, want)
+				}
+			}
+			if got := e.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": "cors_preflight"}); got != 4 {
+				t.Errorf("route answers{cors_preflight} = %v, want 4", got)
 			}
 		})
 	}

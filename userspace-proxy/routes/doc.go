@@ -1,7 +1,7 @@
 // Package routes decides what happens to one HTTP request sent to a
 // captured Service port that mesh routes (GAMMA HTTPRoute, GRPCRoute)
 // govern: which rule matches, and then a local answer (404, 500, a
-// redirect with its Location) or a forward to a backend chosen by weight,
+// redirect with its Location, a CORS preflight's) or a forward to a backend chosen by weight,
 // with the request and response changes, mirrors, timeouts, retry policy
 // and session persistence the rule asks for.
 //
@@ -38,7 +38,8 @@
 //
 // then by d.Action: Respond writes d.Status (a gRPC request gets a
 // trailers-only answer with grpc-status d.GRPCStatus); Redirect writes
-// d.Status with Location d.Location after d.ApplyResponse; Forward sends
+// d.Status with Location d.Location after d.ApplyResponse; Preflight
+// writes d.Status with the headers of d.ApplyResponse; Forward sends
 // to d.Backend's endpoints (picked with d.SessionPersistence when set,
 // else the backend's own), after d.ApplyRequest on the outgoing request,
 // copies it to d.Mirrors (responses dropped), bounds the exchange by

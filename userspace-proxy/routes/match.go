@@ -76,6 +76,7 @@ type filters struct {
 	redirect                *snapshot.Redirect
 	rewrite                 *snapshot.Rewrite
 	mirrors                 []mirror
+	cors                    *corsPolicy // rules only
 }
 
 type mirror struct {
@@ -177,6 +178,7 @@ func compileFilters(f *snapshot.Filters) filters {
 	out := filters{
 		reqHeaders:  compileHeaderMods(f.RequestHeaders),
 		respHeaders: compileHeaderMods(f.ResponseHeaders),
+		cors:        compileCORS(f.CORS),
 	}
 	if rd := f.Redirect; rd != nil {
 		c := *rd

@@ -3,6 +3,7 @@ package routes
 import (
 	"math/rand/v2"
 	"net/http"
+	"strings"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 )
@@ -111,6 +112,9 @@ const (
 	// Respond: answer Decision.Status (a gRPC call: GRPCStatus) with no
 	// body from the backend.
 	Respond
+	// Preflight: answer a CORS preflight, Decision.Status (200) with no
+	// body and the headers of ApplyResponse.
+	Preflight
 )
 
 // Reason says why a Decision is Respond, as a metric label.
@@ -178,6 +182,10 @@ type Decision struct {
 	SessionPersistence *snapshot.SessionPersistence
 
 	reqMods, respMods [2]*headerMods // rule, then backendRef
+	// cors is the rule's CORS filter; origin the request's Origin, and
+	// requestMethod, requestHeaders what a preflight asks for.
+	cors                                  *corsPolicy
+	origin, requestMethod, requestHeaders string
 }
 
 // Decide matches req against the set and fills d. rnd draws the backend
@@ -199,6 +207,9 @@ func (s *Set) Decide(req *Request, rnd Rand, d *Decision) {
 	d.Rule = r.src
 	if r.invalid {
 		s.respond(d, ReasonInvalidRule)
+		return
+	}
+	if r.filters.cors != nil && corsPreflight(d, req, r) {
 		return
 	}
 	if r.filters.redirect != nil {
@@ -235,6 +246,24 @@ func (s *Set) Decide(req *Request, rnd Rand, d *Decision) {
 	d.drawMirrors(rnd, r.filters.mirrors)
 	d.drawMirrors(rnd, b.filters.mirrors)
 	d.Timeouts, d.Retry, d.SessionPersistence = r.src.Timeouts, r.src.Retry, r.src.SessionPersistence
+}
+
+// corsPreflight notes r's CORS filter and the request's Origin in d, and
+// reports whether req is a preflight (OPTIONS with Origin and
+// Access-Control-Request-Method), which the proxy answers itself: a
+// backend's answer would say what its own CORS handling, not the route's,
+// allows.
+func corsPreflight(d *Decision, req *Request, r *rule) bool {
+	d.cors, d.origin = r.filters.cors, req.Header.Get("Origin")
+	method := req.Header.Get("Access-Control-Request-Method")
+	if req.Method != http.MethodOptions || d.origin == "" || method == "" {
+		return false
+	}
+	d.Action, d.Status = Preflight, http.StatusOK
+	d.respMods[0] = r.filters.respHeaders
+	d.requestMethod = method
+	d.requestHeaders = strings.Join(req.Header.Values("Access-Control-Request-Headers"), ", ")
+	return true
 }
 
 // respond sets a local answer. A gRPC call gets the API's GRPCRoute
@@ -290,9 +319,13 @@ func (d *Decision) SetsAuthority() bool {
 }
 
 // ApplyResponse changes the headers of a Forward's response, or of a
-// Redirect answer, as the rule and backendRef say.
+// Redirect or Preflight answer, as the rule and backendRef say: their
+// header changes, then the rule's CORS headers.
 func (d *Decision) ApplyResponse(h http.Header) {
 	for _, m := range d.respMods {
 		m.apply(h, nil)
+	}
+	if d.cors != nil {
+		d.cors.apply(h, d)
 	}
 }

@@ -1,0 +1,196 @@
+package routes
+
+import (
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// corsPolicy is a compiled CORS filter (GEP-1767): origins parsed, and the
+// answer's header values built once, shared by every request (never
+// modified).
+type corsPolicy struct {
+	anyOrigin   bool
+	origins     []originPattern
+	credentials bool
+	// anyMethod, anyHeader: "*", answered with what the preflight asks
+	// for, which the API requires with credentials and allows without.
+	anyMethod, anyHeader bool
+	// methods, headers, expose: the header values; nil sends none. "*"
+	// exposes every header only without credentials: with them a browser
+	// reads it as a header named "*", so the API forbids it.
+	methods, headers, expose []string
+	maxAge                   []string
+}
+
+// originPattern is an allowOrigins entry. host "" matches every host; one
+// starting with "." (from "*.") matches hosts of one label or more before
+// it.
+type originPattern struct {
+	scheme, host string
+	port         int
+}
+
+// The headers a CORS filter answers with; on a rule that has one, they are
+// the filter's alone, the backend's dropped.
+const (
+	headerAllowOrigin      = "Access-Control-Allow-Origin"
+	headerAllowCredentials = "Access-Control-Allow-Credentials"
+	headerAllowMethods     = "Access-Control-Allow-Methods"
+	headerAllowHeaders     = "Access-Control-Allow-Headers"
+	headerExposeHeaders    = "Access-Control-Expose-Headers"
+	headerMaxAge           = "Access-Control-Max-Age"
+)
+
+var corsHeaders = [...]string{headerAllowOrigin, headerAllowCredentials, headerAllowMethods, headerAllowHeaders, headerExposeHeaders, headerMaxAge}
+
+func compileCORS(c *snapshot.CORS) *corsPolicy {
+	if c == nil {
+		return nil
+	}
+	out := &corsPolicy{credentials: c.AllowCredentials, maxAge: shared(strconv.Itoa(int(c.MaxAge)))}
+	for _, o := range c.AllowOrigins {
+		if o == "*" {
+			out.anyOrigin = true
+			continue
+		}
+		// An entry that does not parse (translate refuses it) matches
+		// nothing: a skew fails closed.
+		if scheme, host, port, ok := parseOrigin(o); ok {
+			host = strings.TrimPrefix(host, "*")
+			out.origins = append(out.origins, originPattern{scheme: scheme, host: host, port: port})
+		}
+	}
+	list := func(vs []string, wildcard *bool) []string {
+		if len(vs) == 1 && vs[0] == "*" && wildcard != nil {
+			*wildcard = true
+			return nil
+		}
+		if len(vs) == 0 {
+			return nil
+		}
+		return shared(strings.Join(vs, ", "))
+	}
+	out.methods = list(c.AllowMethods, &out.anyMethod)
+	out.headers = list(c.AllowHeaders, &out.anyHeader)
+	expose := c.ExposeHeaders
+	if c.AllowCredentials {
+		expose = nil
+		for _, h := range c.ExposeHeaders {
+			if h != "*" {
+				expose = append(expose, h)
+			}
+		}
+	}
+	out.expose = list(expose, nil)
+	return out
+}
+
+// shared is a header value that an append copies.
+func shared(v string) []string { return []string{v}[:1:1] }
+
+// parseOrigin splits an origin, "<scheme>://<host>[:<port>]", with the
+// scheme's port when it has none; scheme and host in lower case. Only http
+// and https origins parse: those are the only ones allowOrigins can list.
+func parseOrigin(o string) (scheme, host string, port int, ok bool) {
+	scheme, rest, ok := strings.Cut(o, "://")
+	if !ok || rest == "" || strings.ContainsAny(rest, "/?#@[]") {
+		return "", "", 0, false
+	}
+	scheme = strings.ToLower(scheme)
+	port = int(wellKnownPort(scheme))
+	if port == 0 {
+		return "", "", 0, false
+	}
+	host = rest
+	if i := strings.LastIndexByte(rest, ':'); i >= 0 {
+		p, err := strconv.ParseUint(rest[i+1:], 10, 16)
+		if err != nil || p == 0 {
+			return "", "", 0, false
+		}
+		host, port = rest[:i], int(p)
+	}
+	return scheme, strings.ToLower(host), port, host != ""
+}
+
+// allows reports whether origin, a request's Origin, is allowed.
+func (c *corsPolicy) allows(origin string) bool {
+	if origin == "" {
+		return false
+	}
+	if c.anyOrigin {
+		return true
+	}
+	scheme, host, port, ok := parseOrigin(origin)
+	if !ok {
+		return false
+	}
+	for _, p := range c.origins {
+		if p.scheme == scheme && p.port == port && p.matchesHost(host) {
+			return true
+		}
+	}
+	return false
+}
+
+func (p *originPattern) matchesHost(host string) bool {
+	if strings.HasPrefix(p.host, ".") {
+		return len(host) > len(p.host) && strings.HasSuffix(host, p.host)
+	}
+	return p.host == "" || p.host == host
+}
+
+// apply writes the CORS headers of d's answer, a preflight's or any other
+// of the rule's, into h. Every answer of the rule varies with Origin, one
+// that allows none included: a cache must not hand it to another origin.
+func (c *corsPolicy) apply(h http.Header, d *Decision) {
+	for _, k := range corsHeaders {
+		delete(h, k)
+	}
+	addVary(h, "Origin")
+	if !c.allows(d.origin) {
+		return
+	}
+	// The origin is echoed, never "*", whether or not credentials are
+	// allowed: one answer shape for both.
+	h[headerAllowOrigin] = []string{d.origin}
+	if c.credentials {
+		h[headerAllowCredentials] = trueValue
+	}
+	if c.expose != nil {
+		h[headerExposeHeaders] = c.expose
+	}
+	if d.Action != Preflight {
+		return
+	}
+	switch {
+	case c.anyMethod:
+		h[headerAllowMethods] = []string{d.requestMethod}
+	case c.methods != nil:
+		h[headerAllowMethods] = c.methods
+	}
+	switch {
+	case c.anyHeader && d.requestHeaders != "":
+		h[headerAllowHeaders] = []string{d.requestHeaders}
+	case c.headers != nil:
+		h[headerAllowHeaders] = c.headers
+	}
+	h[headerMaxAge] = c.maxAge
+}
+
+var trueValue = shared("true")
+
+// addVary lists name in h's Vary unless it is there, or "*" is.
+func addVary(h http.Header, name string) {
+	old := h["Vary"]
+	for _, v := range old {
+		for t := range strings.SplitSeq(v, ",") {
+			if t = strings.TrimSpace(t); t == "*" || strings.EqualFold(t, name) {
+				return
+			}
+		}
+	}
+	h["Vary"] = append(old[:len(old):len(old)], name)
+}

@@ -1,0 +1,184 @@
+package routes
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+func corsRule(c snapshot.CORS) *Set {
+	r := to(v1)
+	r.CORS = &c
+	return oneRule(r, snapshot.RouteMatch{Path: prefix("/")})
+}
+
+func preflight(origin, method, headers string) *Request {
+	req := get("/")
+	req.Method = http.MethodOptions
+	req.Header.Set("Origin", origin)
+	req.Header.Set("Access-Control-Request-Method", method)
+	if headers != "" {
+		req.Header.Set("Access-Control-Request-Headers", headers)
+	}
+	return req
+}
+
+func fromOrigin(origin string) *Request {
+	req := get("/")
+	req.Header.Set("Origin", origin)
+	return req
+}
+
+func TestCORS(t *testing.T) {
+	listed := snapshot.CORS{
+		AllowOrigins:  []string{"https://www.foo.com", "https://*.bar.com", "http://localhost:8080", "http://*:8081"},
+		AllowMethods:  []string{"GET", "OPTIONS"},
+		AllowHeaders:  []string{"x-header-1", "x-header-2"},
+		ExposeHeaders: []string{"x-header-3", "x-header-4"},
+		MaxAge:        3600, AllowCredentials: true,
+	}
+	wildcards := snapshot.CORS{AllowOrigins: []string{"*"}, AllowMethods: []string{"*"}, AllowHeaders: []string{"*"},
+		ExposeHeaders: []string{"*"}, MaxAge: 5}
+	wildcardsCredentials := wildcards
+	wildcardsCredentials.AllowCredentials = true
+	wildcardsCredentials.ExposeHeaders = []string{"*", "x-a"}
+	tests := []struct {
+		name   string
+		cors   snapshot.CORS
+		req    *Request
+		action Action
+		// backend is the backend's answer's header, for a Forward.
+		backend http.Header
+		want    http.Header
+	}{
+		{"preflight exact origin", listed, preflight("https://www.foo.com", "GET", "x-header-1, x-header-2"), Preflight, nil, http.Header{
+			"Access-Control-Allow-Origin":      {"https://www.foo.com"},
+			"Access-Control-Allow-Credentials": {"true"},
+			"Access-Control-Allow-Methods":     {"GET, OPTIONS"},
+			"Access-Control-Allow-Headers":     {"x-header-1, x-header-2"},
+			"Access-Control-Expose-Headers":    {"x-header-3, x-header-4"},
+			"Access-Control-Max-Age":           {"3600"},
+			"Vary":                             {"Origin"},
+		}},
+		{"preflight default port written", listed, preflight("https://www.foo.com:443", "GET", ""), Preflight, nil, http.Header{
+			"Access-Control-Allow-Origin":      {"https://www.foo.com:443"},
+			"Access-Control-Allow-Credentials": {"true"},
+			"Access-Control-Allow-Methods":     {"GET, OPTIONS"},
+			"Access-Control-Allow-Headers":     {"x-header-1, x-header-2"},
+			"Access-Control-Expose-Headers":    {"x-header-3, x-header-4"},
+			"Access-Control-Max-Age":           {"3600"},
+			"Vary":                             {"Origin"},
+		}},
+		{"preflight denied origin", listed, preflight("https://foobar.com", "GET", ""), Preflight, nil, http.Header{"Vary": {"Origin"}}},
+		{"preflight other port", listed, preflight("https://www.foo.com:8443", "GET", ""), Preflight, nil, http.Header{"Vary": {"Origin"}}},
+		{"preflight other scheme", listed, preflight("http://www.foo.com", "GET", ""), Preflight, nil, http.Header{"Vary": {"Origin"}}},
+		{"preflight wildcard needs a label", listed, preflight("https://bar.com", "GET", ""), Preflight, nil, http.Header{"Vary": {"Origin"}}},
+		{"preflight null origin", listed, preflight("null", "GET", ""), Preflight, nil, http.Header{"Vary": {"Origin"}}},
+		{"simple wildcard origin, labels to the left", listed, fromOrigin("https://a.b.bar.com"), Forward, http.Header{}, http.Header{
+			"Access-Control-Allow-Origin":      {"https://a.b.bar.com"},
+			"Access-Control-Allow-Credentials": {"true"},
+			"Access-Control-Expose-Headers":    {"x-header-3, x-header-4"},
+			"Vary":                             {"Origin"},
+		}},
+		{"simple wildcard host with port", listed, fromOrigin("http://anything.example:8081"), Forward, http.Header{}, http.Header{
+			"Access-Control-Allow-Origin":      {"http://anything.example:8081"},
+			"Access-Control-Allow-Credentials": {"true"},
+			"Access-Control-Expose-Headers":    {"x-header-3, x-header-4"},
+			"Vary":                             {"Origin"},
+		}},
+		{"simple port and host case", listed, fromOrigin("http://LOCALHOST:8080"), Forward, http.Header{}, http.Header{
+			"Access-Control-Allow-Origin":      {"http://LOCALHOST:8080"},
+			"Access-Control-Allow-Credentials": {"true"},
+			"Access-Control-Expose-Headers":    {"x-header-3, x-header-4"},
+			"Vary":                             {"Origin"},
+		}},
+		{"simple denied: the backend's CORS headers go", listed, fromOrigin("https://evil.com"), Forward,
+			http.Header{"Access-Control-Allow-Origin": {"*"}, "Vary": {"Accept-Encoding"}, "X-Own": {"1"}},
+			http.Header{"Vary": {"Accept-Encoding", "Origin"}, "X-Own": {"1"}}},
+		{"no Origin: Vary only, once", listed, get("/"), Forward, http.Header{"Vary": {"accept, origin"}},
+			http.Header{"Vary": {"accept, origin"}}},
+		{"OPTIONS without request method goes on", listed, func() *Request {
+			r := fromOrigin("https://www.foo.com")
+			r.Method = http.MethodOptions
+			return r
+		}(), Forward, http.Header{}, http.Header{
+			"Access-Control-Allow-Origin":      {"https://www.foo.com"},
+			"Access-Control-Allow-Credentials": {"true"},
+			"Access-Control-Expose-Headers":    {"x-header-3, x-header-4"},
+			"Vary":                             {"Origin"},
+		}},
+		{"wildcards echo", wildcards, preflight("https://foobar.com:12345", "PUT", "x-a, x-b"), Preflight, nil, http.Header{
+			"Access-Control-Allow-Origin":   {"https://foobar.com:12345"},
+			"Access-Control-Allow-Methods":  {"PUT"},
+			"Access-Control-Allow-Headers":  {"x-a, x-b"},
+			"Access-Control-Expose-Headers": {"*"},
+			"Access-Control-Max-Age":        {"5"},
+			"Vary":                          {"Origin"},
+		}},
+		{"wildcards, no request headers", wildcards, preflight("https://foobar.com", "PUT", ""), Preflight, nil, http.Header{
+			"Access-Control-Allow-Origin":   {"https://foobar.com"},
+			"Access-Control-Allow-Methods":  {"PUT"},
+			"Access-Control-Expose-Headers": {"*"},
+			"Access-Control-Max-Age":        {"5"},
+			"Vary":                          {"Origin"},
+		}},
+		{"wildcards with credentials: echo, no * exposed", wildcardsCredentials, preflight("https://foobar.com", "DELETE", "x-a"), Preflight, nil, http.Header{
+			"Access-Control-Allow-Origin":      {"https://foobar.com"},
+			"Access-Control-Allow-Credentials": {"true"},
+			"Access-Control-Allow-Methods":     {"DELETE"},
+			"Access-Control-Allow-Headers":     {"x-a"},
+			"Access-Control-Expose-Headers":    {"x-a"},
+			"Access-Control-Max-Age":           {"5"},
+			"Vary":                             {"Origin"},
+		}},
+		{"no origins allowed", snapshot.CORS{MaxAge: 5}, preflight("https://foobar.com", "GET", ""), Preflight, nil, http.Header{"Vary": {"Origin"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := decide(corsRule(tt.cors), tt.req)
+			if d.Action != tt.action {
+				t.Fatalf("Decide: action %v, want %v", d.Action, tt.action)
+			}
+			h := tt.backend
+			if d.Action == Preflight {
+				if d.Status != http.StatusOK {
+					t.Errorf("preflight status %d, want 200", d.Status)
+				}
+				h = http.Header{}
+			}
+			d.ApplyResponse(h)
+			if !headersEqual(h, tt.want) {
+				t.Errorf("ApplyResponse: %v, want %v", h, tt.want)
+			}
+		})
+	}
+}
+
+// TestCORSRuleOrder: a preflight is answered before a redirect or the
+// pick of a backend, and the rule's response header changes apply to it
+// before the CORS headers, which are the filter's.
+func TestCORSRuleOrder(t *testing.T) {
+	r := snapshot.RouteRule{
+		Filters: snapshot.Filters{
+			Redirect:        &snapshot.Redirect{Hostname: "example.org", StatusCode: 302},
+			ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Rule", Value: "1"}, {Name: "Access-Control-Max-Age", Value: "1"}}},
+			CORS:            &snapshot.CORS{AllowOrigins: []string{"*"}, MaxAge: 7},
+		},
+	}
+	s := oneRule(r, snapshot.RouteMatch{Path: prefix("/")})
+	d := decide(s, preflight("https://a.example", "GET", ""))
+	h := http.Header{}
+	d.ApplyResponse(h)
+	want := http.Header{"X-Rule": {"1"}, "Access-Control-Allow-Origin": {"https://a.example"}, "Access-Control-Max-Age": {"7"}, "Vary": {"Origin"}}
+	if d.Action != Preflight || !headersEqual(h, want) {
+		t.Errorf("preflight: action %v header %v, want Preflight %v", d.Action, h, want)
+	}
+	d = decide(s, fromOrigin("https://a.example"))
+	h = http.Header{}
+	d.ApplyResponse(h)
+	want = http.Header{"X-Rule": {"1"}, "Access-Control-Allow-Origin": {"https://a.example"}, "Vary": {"Origin"}}
+	if d.Action != Redirect || !headersEqual(h, want) {
+		t.Errorf("redirect: action %v header %v, want Redirect %v", d.Action, h, want)
+	}
+}
