@@ -62,7 +62,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 		trace, stop = h.informational(r.Context(), w)
 		out = out.WithContext(httptrace.WithClientTrace(out.Context(), trace))
 	}
-	resp, c, done, err := h.roundTrip(x, be.RoundTripper(WireFor(be, r.ProtoMajor, websocket)), out, c)
+	resp, c, done, err := h.roundTrip(x, WireFor(be, r.ProtoMajor, websocket), out, c)
 	stop()
 	if err != nil {
 		h.fail(w, r, x, upstream.Classify(err), err)

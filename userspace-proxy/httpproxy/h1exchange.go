@@ -580,7 +580,7 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 	}
 	s.watch.start(nil, cancel)
 	defer s.watch.stop()
-	resp, c, done, err := s.h.roundTrip(x, be.RoundTripper(wire), out, c)
+	resp, c, done, err := s.h.roundTrip(x, wire, out, c)
 	stop()
 	if err != nil {
 		s.finish(body, nil)

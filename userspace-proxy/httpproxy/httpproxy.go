@@ -349,14 +349,15 @@ type exchange struct {
 	// setSession says the answer carries the session (Picker.SetSession).
 	setSession bool
 	// tee is the request's streamed body as its tries read it, recorded
-	// for retries and mirrors (keepBody), or only so that a try whose
-	// connect failed can go again (roundTrip); cut once the exchange is
-	// over on the fast path, which never closes it.
+	// for retries and mirrors (keepBody) or a stream an HTTP/2 backend
+	// refused (resend), or only so that a try whose connect failed can go
+	// again (roundTrip); cut once the exchange is over on the fast path,
+	// which never closes it.
 	tee *teeBody
-	// retried counts the rule's retries sent on the net/http paths: the
-	// proxy's own (roundTrip) and the streams net/http's HTTP/2 Transport
-	// sends again on its own (resend).
-	retried int
+	// retried counts the rule's retries sent on the net/http paths
+	// (roundTrip); resent the refused streams net/http's HTTP/2 Transport
+	// sent again (resend).
+	retried, resent int
 	// r is the route decision when the frontend has routes that apply
 	// to this client; nil otherwise.
 	r *routed

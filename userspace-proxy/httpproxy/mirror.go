@@ -72,7 +72,7 @@ func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 			tee.mu.Lock()
 			tee.teed = true
 			tee.mu.Unlock()
-			// GetBody gives the request's own next try (keepBody).
+			// GetBody gives the request's own next try (resend).
 			m.Body, m.ContentLength, m.GetBody = newTeeReader(tee, ctx.Done()), -1, nil
 		}
 		rt := be.RoundTripper(WireFor(be, r.ProtoMajor, false))

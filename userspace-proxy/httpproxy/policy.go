@@ -39,15 +39,17 @@ import (
 //     (grpcTurnedAway). Never after an answer started toward the client,
 //     and, unless the body was kept or, of unknown length (a gRPC call's),
 //     recorded within RoutingConfig.ReplayBytes (keepBody, teeBody), never
-//     once a byte of the body was sent. HTTP/2 backends that refuse a
-//     stream (REFUSED_STREAM, GOAWAY) are retried by net/http's Transport
-//     itself: one with a kept or recorded body asks GetBody (keepBody),
-//     which takes it as one of the rule's retries (resend) and refuses it
-//     once they are spent; an empty one is sent up to 7 more times
-//     within its RoundTrip, backing off from 1 s to 32 s, whatever the
-//     rule says, which neither the retry budget nor the retries metric
-//     sees, nor can stop (it asks nothing); the request timeout bounds
-//     them.
+//     once a byte of the body was sent.
+//   - A stream an HTTP/2 backend refuses (REFUSED_STREAM, or past its
+//     GOAWAY) was not processed, and net/http's Transport sends it again
+//     on its own, routed or not — the proxy's burst on a new connection
+//     outruns the backend's stream limit. One with a body asks GetBody
+//     (roundTrip), which gives it again while it is kept or recorded
+//     (toward HTTP/2 every streamed body is, up to ReplayBytes): none of
+//     the rule's retries nor of the budget, counted as refused_stream,
+//     up to maxResends (resend). An empty one is sent up to 7 more times
+//     within its RoundTrip, backing off from 1 s to 32 s, unseen (it asks
+//     nothing). The request timeout bounds both.
 //   - A backend with a retry budget (XBackendTrafficPolicy retryConstraint,
 //     package retrybudget) counts every request sent to it (countRequest)
 //     and every retry; a retry the budget refuses is not sent, and the
@@ -218,10 +220,6 @@ func connectFailed(err error) bool {
 // than once: one of known length within ReplayBytes that expects no 100
 // Continue is read and kept, and replaces r's body; one of unknown length
 // is recorded as it streams, up to ReplayBytes (x.record).
-//
-// net/http's HTTP/2 Transport sends a refused stream (REFUSED_STREAM,
-// GOAWAY) of a request with a body again on its own only when GetBody
-// gives it the body again: both kinds get one.
 func (h *Handler) keepBody(x *exchange, r *http.Request, expects bool) error {
 	rt := x.r
 	if r.Body == nil || r.Body == http.NoBody || rt.pol.retries == 0 && len(rt.d.Mirrors) == 0 {
@@ -229,13 +227,6 @@ func (h *Handler) keepBody(x *exchange, r *http.Request, expects bool) error {
 	}
 	if r.ContentLength < 0 {
 		x.record(r, h.cfg.Routing.ReplayBytes)
-		t := x.tee
-		r.GetBody = func() (io.ReadCloser, error) {
-			if err := h.resend(x, func() bool { return t.handOver() }); err != nil {
-				return nil, err
-			}
-			return t.again(), nil
-		}
 		return nil
 	}
 	if expects || r.ContentLength == 0 || r.ContentLength > int64(h.cfg.Routing.ReplayBytes) {
@@ -247,39 +238,49 @@ func (h *Handler) keepBody(x *exchange, r *http.Request, expects bool) error {
 	}
 	rt.body, rt.kept = buf, true
 	r.Body = replayBody(buf)
-	r.GetBody = func() (io.ReadCloser, error) {
-		if err := h.resend(x, func() bool { return true }); err != nil {
-			return nil, err
-		}
-		return replayBody(buf), nil
-	}
 	return nil
 }
 
-// resend takes a stream net/http's HTTP/2 Transport sends again on its
-// own (REFUSED_STREAM, GOAWAY: it asks GetBody for the body) as one of
-// the rule's retries: counted, taken from the retry budget, and refused
-// once the rule's attempts are spent — as Envoy, the proxy resends a
-// refused stream only under a retry rule. ready says whether the body can
-// go again; it is asked last, as it may make the try under way stale.
-func (h *Handler) resend(x *exchange, ready func() bool) error {
+// maxResends bounds the refused streams of a request sent again
+// (resend). net/http's Transport asks for the body at most 7 times on the
+// connections it has, backing off from 1 s after the second; a request it
+// moves to a new connection (every one at the backend's limit) asks again
+// at once, twice (its loop's ask, then net/http's rewind) — where a burst
+// over a slow backend is refused again before the new connection's
+// SETTINGS arrive (a burst of 150 over a limit of 10, each answered in
+// 100 ms, took up to 11).
+const maxResends = 16
+
+// resend is the body of x's request again for a stream net/http's HTTP/2
+// Transport sends again on its own (its GetBody): one the backend refused
+// (REFUSED_STREAM, or past its GOAWAY), which it never processed (RFC
+// 9113 §8.7, §6.8), so sending it again is safe whatever the method, and
+// is none of a rule's retries nor taken from the retry budget: the
+// proxy's own burst on a new connection outruns the backend's
+// SETTINGS_MAX_CONCURRENT_STREAMS, which the Transport does not wait for.
+// It fails once maxResends were sent, or when the body is not at hand
+// whole: not kept, and outgrown its recording (x.tee, up to ReplayBytes).
+func (h *Handler) resend(x *exchange) (io.ReadCloser, error) {
+	if x.resent >= maxResends {
+		return nil, errResendsSpent
+	}
+	var body io.ReadCloser
 	switch {
-	case x.retried >= x.r.pol.retries:
-		return errResendsSpent
-	case !ready():
-		return errNotRecorded
+	case x.r != nil && x.r.kept:
+		body = replayBody(x.r.body)
+	case x.tee.handOver():
+		body = x.tee.again()
+	default:
+		return nil, errNotRecorded
 	}
-	if err := h.spendRetry(x, "refused_stream", x.retried, errResendsSpent, nil); err != nil {
-		return err
-	}
-	x.retried++
+	x.resent++
 	h.m.retries.WithLabelValues("refused_stream").Inc()
-	return nil
+	return body, nil
 }
 
 // errResendsSpent is why net/http's Transport gives up on a refused stream
-// the rule's retries cannot send again.
-var errResendsSpent = errors.New("stream refused: the route's retries are spent")
+// sent again maxResends times.
+var errResendsSpent = fmt.Errorf("stream refused: sent again %d times", maxResends)
 
 // errNotRecorded is why net/http's Transport cannot send a streamed body
 // again: it outgrew its recording (ReplayBytes), or reading it failed.
@@ -345,19 +346,32 @@ func (x *exchange) repick(c *balance.Choice) *balance.Choice {
 // the endpoint of the last try, which failed connects and retries may have
 // moved from c. done must be called once the response body is read (it
 // ends the contexts).
-func (h *Handler) roundTrip(x *exchange, rt http.RoundTripper, out *http.Request, c *balance.Choice) (resp *http.Response, served *balance.Choice, done func(), err error) {
+func (h *Handler) roundTrip(x *exchange, wire upstream.Wire, out *http.Request, c *balance.Choice) (resp *http.Response, served *balance.Choice, done func(), err error) {
 	countRequest(x)
+	rt := x.be.RoundTripper(wire)
+	h2 := x.be.Multiplexed(wire) && out.Body != nil && out.Body != http.NoBody
 	if !x.replayable(out) {
 		// The transports close the body of a request they fail, and may
 		// read it after: each try gets its own (x.again), and the body is
 		// closed once the tries are over. Unless a route's retries or
-		// mirrors recorded it, a body can go again only when no try read
-		// any of it (their connects failed).
-		x.record(out, 0)
+		// mirrors recorded it, or a refused HTTP/2 stream may want it
+		// again (resend), a body can go again only when no try read any
+		// of it (their connects failed).
+		limit := 0
+		if h2 {
+			limit = h.cfg.Routing.ReplayBytes
+		}
+		x.record(out, limit)
 		defer x.tee.release()
+	}
+	if h2 {
+		out.GetBody = func() (io.ReadCloser, error) { return h.resend(x) }
 	}
 	if x.r == nil || !x.r.pol.active {
 		resp, served, err = x.roundTripAny(rt, out, c)
+		if err == nil {
+			x.tee.settle()
+		}
 		return resp, served, noop, err
 	}
 	p := &x.r.pol

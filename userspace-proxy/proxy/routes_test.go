@@ -30,6 +30,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/test/echo"
+	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
@@ -1070,7 +1071,7 @@ func TestRouteRetryRefusedStream(t *testing.T) {
 			// ends only after the env closed its idle connections, the
 			// pool keeps it (until its idle timeout) beyond the test.
 			l := listenLocal(t)
-			tcpserve.Serve(t, l, refuseFirstStream(&streams))
+			tcpserve.Serve(t, l, refuseStreams(&streams, 2))
 			be := m.backend("refusing", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
 			m.frontend("front", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
 				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be), Retry: &snapshot.Retry{Attempts: 1, Backoff: dur(1e6)}}},
@@ -1097,11 +1098,13 @@ func TestRouteRetryRefusedStream(t *testing.T) {
 	}
 }
 
-// TestRouteRetryRefusedEveryStream: the streams net/http's HTTP/2
+// TestRefusedStreamsBeyondRetries: the streams net/http's HTTP/2
 // Transport sends again on its own for a refused request with a body are
-// the rule's retries: counted (reason refused_stream) and no more than
-// its attempts. Before, it sent 7 more in about a minute, none counted.
-func TestRouteRetryRefusedEveryStream(t *testing.T) {
+// none of the rule's retries (a refused stream was not processed): a
+// request refused twice under a rule of one retry is answered, and both
+// resends are counted (reason refused_stream). Before, they were the
+// rule's retries, and the second refusal failed the request.
+func TestRefusedStreamsBeyondRetries(t *testing.T) {
 	checkNoLeaks(t)
 	for _, k := range clientKinds {
 		t.Run(k.name, func(t *testing.T) {
@@ -1109,13 +1112,7 @@ func TestRouteRetryRefusedEveryStream(t *testing.T) {
 			m := &mesh{t: t}
 			var streams atomic.Int32
 			l := listenLocal(t)
-			tcpserve.Serve(t, l, func(c net.Conn) {
-				serveFrames(c, func(fr *http2.Framer, f *http2.MetaHeadersFrame) bool {
-					streams.Add(1)
-					fr.WriteRSTStream(f.StreamID, http2.ErrCodeRefusedStream)
-					return true
-				})
-			})
+			tcpserve.Serve(t, l, refuseStreams(&streams, 3))
 			be := m.backend("refusing", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
 			m.frontend("front", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
 				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be), Retry: &snapshot.Retry{Attempts: 1, Backoff: dur(1e6)}}},
@@ -1124,27 +1121,26 @@ func TestRouteRetryRefusedEveryStream(t *testing.T) {
 			c := e.client(routedVIP, k.h2c)
 			for i, r := range []io.Reader{strings.NewReader("kept body"), struct{ io.Reader }{strings.NewReader("streamed body")}} {
 				streams.Store(0)
-				if a := send(t, c, newReq(t, http.MethodPost, "http://front.b.svc/", r)); a.status == 200 || streams.Load() != 2 {
-					t.Errorf("body %d: %d after %d streams, want a failure after 2", i, a.status, streams.Load())
+				if a := send(t, c, newReq(t, http.MethodPost, "http://front.b.svc/", r)); a.status != 200 || streams.Load() != 3 {
+					t.Errorf("body %d: %d after %d streams, want 200 after 3", i, a.status, streams.Load())
 				}
-				if got := e.counter("sockmesh_proxy_request_retries_total", map[string]string{"reason": "refused_stream"}); got != float64(i+1) {
-					t.Errorf("body %d: retries{refused_stream} = %v, want %d", i, got, i+1)
+				if got := e.counter("sockmesh_proxy_request_retries_total", map[string]string{"reason": "refused_stream"}); got != float64(2*(i+1)) {
+					t.Errorf("body %d: retries{refused_stream} = %v, want %d", i, got, 2*(i+1))
 				}
 			}
 		})
 	}
 }
 
-// refuseFirstStream serves h2c at the frame level: counting every stream
-// in streams, it refuses the first after each even count with
-// REFUSED_STREAM and answers the others 200 at once. A real server cannot
-// be told to refuse a stream.
-func refuseFirstStream(streams *atomic.Int32) func(net.Conn) {
+// refuseStreams serves h2c at the frame level: counting every stream in
+// streams, it answers each n-th 200 at once and refuses the others with
+// REFUSED_STREAM. A real server cannot be told to refuse a stream.
+func refuseStreams(streams *atomic.Int32, n int32) func(net.Conn) {
 	return func(c net.Conn) {
 		var hb bytes.Buffer
 		hpack.NewEncoder(&hb).WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
 		serveFrames(c, func(fr *http2.Framer, f *http2.MetaHeadersFrame) bool {
-			if streams.Add(1)%2 == 1 {
+			if streams.Add(1)%n != 0 {
 				fr.WriteRSTStream(f.StreamID, http2.ErrCodeRefusedStream)
 			} else {
 				fr.WriteHeaders(http2.HeadersFrameParam{StreamID: f.StreamID, BlockFragment: hb.Bytes(), EndHeaders: true, EndStream: true})
@@ -1675,4 +1671,132 @@ func TestRouteRetryExpectContinue(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestBurstOverStreamLimit: a burst of requests on a new connection to an
+// HTTP/2 backend that allows 10 streams at a time — more than net/http's
+// Transport sends before the backend's SETTINGS say so — is answered
+// whole: each stream the backend refuses is sent again. Before, those
+// with a body (every gRPC call; a POST translated from HTTP/1.1) failed
+// (UNAVAILABLE, 502) unless a retry rule kept the body.
+func TestBurstOverStreamLimit(t *testing.T) {
+	checkNoLeaks(t)
+	const burst, limit = 150, 10
+	t.Run("grpc", func(t *testing.T) {
+		held := &heldDials{n: burst, all: make(chan struct{})}
+		e := newEnv(t, envOptions{dialer: held.wrap})
+		m := &mesh{t: t}
+		srv := grpc.NewServer(grpc.MaxConcurrentStreams(limit), grpc.UnknownServiceHandler(func(_ any, st grpc.ServerStream) error {
+			in := new(wrapperspb.BytesValue)
+			if err := st.RecvMsg(in); err != nil {
+				return err
+			}
+			return st.SendMsg(in)
+		}))
+		l := listenLocal(t)
+		go srv.Serve(l)
+		t.Cleanup(srv.Stop)
+		be := m.backend("limited", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
+		m.frontend("front", routedVIP, be, producer(routeSet(snapshot.KindGRPCRoute,
+			rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
+		e.p.Update(m.snapshot(1))
+		cc, err := grpc.NewClient("passthrough:///front.b.svc:80", grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(routedVIP) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+		defer cancel()
+		failed := inBurst(burst, func(i int) error {
+			msg := []byte(fmt.Sprint("call ", i))
+			out := new(wrapperspb.BytesValue)
+			if err := cc.Invoke(ctx, "/svc.A/Echo", wrapperspb.Bytes(msg), out); err != nil {
+				return err
+			}
+			if !bytes.Equal(out.Value, msg) {
+				return fmt.Errorf("answer %q, want %q", out.Value, msg)
+			}
+			return nil
+		})
+		if len(failed) != 0 {
+			t.Errorf("%d of %d calls failed, the first: %v", len(failed), burst, failed[0])
+		}
+	})
+	t.Run("http1-to-h2c", func(t *testing.T) {
+		held := &heldDials{n: burst, all: make(chan struct{})}
+		e := newEnv(t, envOptions{dialer: held.wrap})
+		m := &mesh{t: t}
+		srv := &http.Server{Protocols: new(http.Protocols), HTTP2: &http.HTTP2Config{MaxConcurrentStreams: limit},
+			Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(w, r.Body) })}
+		srv.Protocols.SetUnencryptedHTTP2(true)
+		be := m.backend("limited", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(serveLocal(t, srv))})
+		m.frontend("front", routedVIP, be, nil)
+		e.p.Update(m.snapshot(1))
+		c := e.client(routedVIP, false)
+		failed := inBurst(burst, func(i int) error {
+			body := fmt.Sprint("post ", i)
+			resp, err := c.Post("http://front.b.svc/", "text/plain", strings.NewReader(body))
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			got, err := io.ReadAll(resp.Body)
+			if resp.StatusCode != 200 || err != nil || string(got) != body {
+				return fmt.Errorf("%d %q (%v), want 200 %q", resp.StatusCode, got, err, body)
+			}
+			return nil
+		})
+		if len(failed) != 0 {
+			t.Errorf("%d of %d POSTs failed, the first: %v", len(failed), burst, failed[0])
+		}
+	})
+}
+
+// inBurst runs n calls of do at once and returns their errors.
+func inBurst(n int, do func(i int) error) []error {
+	errs := make(chan error, n)
+	start := make(chan struct{})
+	for i := range n {
+		go func() {
+			<-start
+			errs <- do(i)
+		}()
+	}
+	close(start)
+	var failed []error
+	for range n {
+		if err := <-errs; err != nil {
+			failed = append(failed, err)
+		}
+	}
+	return failed
+}
+
+// heldDials holds every dial until n are waiting, or their contexts end:
+// the requests that made them (net/http's Transport dials for each
+// request that finds no connection) are then all in the Transport when
+// the first connection opens.
+type heldDials struct {
+	d       dial.Dialer
+	n       int32
+	waiting atomic.Int32
+	all     chan struct{}
+}
+
+func (h *heldDials) wrap(d dial.Dialer) dial.Dialer {
+	h.d = d
+	return h
+}
+
+func (h *heldDials) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error) {
+	if h.waiting.Add(1) == h.n {
+		close(h.all)
+	}
+	select {
+	case <-h.all:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return h.d.Dial(ctx, ep)
 }

@@ -447,6 +447,14 @@ func (b *Backend) RoundTripper(w Wire) http.RoundTripper {
 	return h2Transport{b.w, w}
 }
 
+// Multiplexed reports whether requests over w may go over HTTP/2 through
+// net/http's Transport (RoundTripper), which sends a stream the backend
+// refused again (REFUSED_STREAM, or past a GOAWAY) with the body the
+// request's GetBody gives.
+func (b *Backend) Multiplexed(w Wire) bool {
+	return w == WireH2 || w == WireNegotiate && b.TLS()
+}
+
 // h2Transport is net/http's HTTP/2 Transport of a wire (transport).
 type h2Transport struct {
 	w    *wireState
