@@ -19,7 +19,8 @@ import (
 // When its ejection ends, an endpoint gets one connection at a time (a
 // probe) until a connect settles it: a failed one started after the
 // ejection ended ejects it again for twice as long, up to Max; one that
-// reaches it ends the ejection. The
+// reaches it ends the ejection, and a failed one started before that
+// success then settles nothing. The
 // pick that takes a probe carries its number (Choice) to where its
 // connection's outcome is known: a connection that tells nothing of the
 // endpoint hands that probe back, and no other. An
@@ -37,6 +38,11 @@ type Health struct {
 	mu        sync.Mutex
 	eps       map[netip.AddrPort]*ejection
 	probes    uint64 // probes handed out, the last one's number (Choice.probe)
+	// up holds when a connect that reached an endpoint ended its
+	// ejection, for probeWait (longer than a connect may take): a connect
+	// started before it that fails after tells nothing the success did
+	// not.
+	up map[netip.AddrPort]time.Time
 }
 
 type ejection struct {
@@ -67,7 +73,7 @@ const probeWait = 15 * time.Second
 // Picker's Standby waited for is handed back or expires (a probe is due),
 // or a connect to it succeeds.
 func NewHealth(base, max time.Duration, back func()) *Health {
-	return &Health{base: base, max: max, back: back, eps: make(map[netip.AddrPort]*ejection)}
+	return &Health{base: base, max: max, back: back, eps: make(map[netip.AddrPort]*ejection), up: make(map[netip.AddrPort]time.Time)}
 }
 
 // Failed records that a connect to ep, started at start, failed at now
@@ -76,13 +82,17 @@ func NewHealth(base, max time.Duration, back func()) *Health {
 // the ejection does not (a slow connect picked before it, net/http's dial
 // on after its request left), and counted, it would eject ep again in its
 // probe's place — for twice as long — while the probe's own outcome went
-// uncounted.
+// uncounted. Likewise when it started before a connect that ended ep's
+// ejection: that one proved ep up since.
 func (h *Health) Failed(ep netip.AddrPort, start, now time.Time) time.Duration {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	e := h.eps[ep]
 	switch {
 	case e == nil:
+		if start.Before(h.up[ep]) {
+			return 0
+		}
 		e = &ejection{}
 		h.eps[ep] = e
 		h.n.Store(int32(len(h.eps)))
@@ -105,13 +115,25 @@ func (h *Health) Failed(ep netip.AddrPort, start, now time.Time) time.Duration {
 // OK records a connect to ep that reached it — it succeeded, or the
 // endpoint answered and failed it (a TLS handshake it refused with an
 // alert, a certificate that failed verification): its ejection, if any,
-// ends.
+// ends, and a connect started before that which fails later counts for
+// nothing (Failed).
 func (h *Health) OK(ep netip.AddrPort) {
 	if h.n.Load() == 0 {
 		return
 	}
 	h.mu.Lock()
 	ended := h.forget(ep)
+	if ended {
+		at := time.Now()
+		h.up[ep] = at
+		time.AfterFunc(probeWait, func() {
+			h.mu.Lock()
+			if h.up[ep].Equal(at) {
+				delete(h.up, ep)
+			}
+			h.mu.Unlock()
+		})
+	}
 	h.mu.Unlock()
 	if ended && h.back != nil {
 		go h.back()

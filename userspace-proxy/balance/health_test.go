@@ -120,6 +120,44 @@ func TestStaleFailure(t *testing.T) {
 	})
 }
 
+// TestFailureBeforeSuccess: a connect that started before one that ended
+// its endpoint's ejection, and fails after it, settles nothing: the
+// success proved the endpoint up. One started after the success counts.
+// Before, the ejection ended was forgotten, and the stale failure ejected
+// the endpoint afresh.
+func TestFailureBeforeSuccess(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		h := NewHealth(time.Second, 4*time.Second, nil)
+		p := New(&snapshot.Backend{Endpoints: endpoints(2)}, h, nil)
+		dead := p.ready[0].Endpoint.Addr
+		slow := time.Now()
+		time.Sleep(time.Millisecond)
+		h.Failed(dead, time.Now(), time.Now())
+		time.Sleep(time.Second)
+		if got := picks(p, 10); got[dead.String()] != 1 {
+			t.Fatalf("ejection over: %v, want one probe", got)
+		}
+		h.OK(dead)
+		time.Sleep(time.Millisecond)
+		if d := h.Failed(dead, slow, time.Now()); d != 0 {
+			t.Fatalf("a connect started before the probe succeeded, failed after it, ejected for %v", d)
+		}
+		if got := picks(p, 10); got[dead.String()] != 5 {
+			t.Fatalf("after the probe succeeded and a stale failure: %v, want 5 each", got)
+		}
+		if d := h.Failed(dead, time.Now(), time.Now()); d != time.Second {
+			t.Fatalf("a connect started after the success failed: ejected for %v, want 1s", d)
+		}
+		h.OK(dead)
+		time.Sleep(probeWait)
+		synctest.Wait()
+		if h.mu.Lock(); len(h.up) != 0 {
+			t.Errorf("%v after the success, it is still remembered: %v", probeWait, h.up)
+		}
+		h.mu.Unlock()
+	})
+}
+
 // TestBack: Health tells when an ejected endpoint may take connections
 // again — its ejection over, a probe that Standby found out handed back
 // (its request took a connection already open, its caller left during
