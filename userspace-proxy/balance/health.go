@@ -23,11 +23,12 @@ import (
 // success then settles nothing. The
 // pick that takes a probe carries its number (Choice) to where its
 // connection's outcome is known: a connection that tells nothing of the
-// endpoint hands that probe back, and no other. An
-// endpoint no longer ready in the snapshot is forgotten (Retain), so a pod
-// that restarts and turns ready again starts afresh. When every ready
-// endpoint of a backend is ejected, its Picker ignores the ejections:
-// requests then find out for themselves rather than fail in the proxy.
+// endpoint hands that probe back, and no other. An endpoint no longer
+// ready in the snapshot is forgotten (Retain), so a pod that restarts and
+// turns ready again starts afresh, and a failed connect to one (a request
+// on an older snapshot made it) ejects nothing. When every ready endpoint
+// of a backend is ejected, its Picker ignores the ejections: requests then
+// find out for themselves rather than fail in the proxy.
 //
 // Health is safe for concurrent use; a Picker reads no more than one
 // atomic counter of it while no endpoint is ejected.
@@ -43,6 +44,9 @@ type Health struct {
 	// started before it that fails after tells nothing the success did
 	// not.
 	up map[netip.AddrPort]time.Time
+	// ready is the last Retain's: endpoints no Picker hands out are not
+	// ejected, as Retain would forget them only at the next snapshot.
+	ready func(netip.AddrPort) bool
 }
 
 type ejection struct {
@@ -83,14 +87,15 @@ func NewHealth(base, max time.Duration, back func()) *Health {
 // on after its request left), and counted, it would eject ep again in its
 // probe's place — for twice as long — while the probe's own outcome went
 // uncounted. Likewise when it started before a connect that ended ep's
-// ejection: that one proved ep up since.
+// ejection: that one proved ep up since; and when the last Retain did not
+// keep ep.
 func (h *Health) Failed(ep netip.AddrPort, start, now time.Time) time.Duration {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	e := h.eps[ep]
 	switch {
 	case e == nil:
-		if start.Before(h.up[ep]) {
+		if start.Before(h.up[ep]) || h.ready != nil && !h.ready(ep) {
 			return 0
 		}
 		e = &ejection{}
@@ -197,12 +202,12 @@ func (h *Health) forget(ep netip.AddrPort) bool {
 
 // Retain forgets the endpoints for which ready is false: those the
 // snapshot no longer has as ready, whose next turn to ready is a new start.
+// Until the next call, Failed ejects none of them; ready is called with
+// Health locked only.
 func (h *Health) Retain(ready func(netip.AddrPort) bool) {
-	if h.n.Load() == 0 {
-		return
-	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.ready = ready
 	for ep := range h.eps {
 		if !ready(ep) {
 			h.forget(ep)

@@ -356,6 +356,20 @@ func TestRetain(t *testing.T) {
 	}
 }
 
+// TestFailedGone: a failed connect to an endpoint the snapshot no longer
+// has as ready (one a request on an older snapshot made) ejects nothing.
+// Before, it made an ejection that stayed until the next snapshot, one per
+// endpoint gone under a steady snapshot.
+func TestFailedGone(t *testing.T) {
+	h := NewHealth(time.Minute, time.Minute, nil)
+	gone := netip.MustParseAddrPort("10.0.0.1:80")
+	h.Retain(func(ep netip.AddrPort) bool { return ep != gone })
+	now := time.Now()
+	if d := h.Failed(gone, now, now); d != 0 || h.Any() {
+		t.Errorf("failed connect to an endpoint gone from the snapshot: ejected for %v, Any %v; want nothing kept", d, h.Any())
+	}
+}
+
 // BenchmarkPick: what a request pays the Picker, with a Health that has
 // nothing ejected (every request's case) and with one endpoint of eight
 // ejected.

@@ -759,11 +759,12 @@ func endpointOf(spec *snapshot.Backend) func(netip.AddrPort) bool {
 }
 
 // readyIn reports whether an address is an endpoint of a backend of s that
-// a Picker may hand out: ready, or serving while it terminates.
+// a Picker may hand out: ready, or serving while it terminates. Health
+// calls it under its lock only.
 func readyIn(s *snapshot.Snapshot) func(netip.AddrPort) bool {
 	var ready map[netip.AddrPort]bool
 	return func(ep netip.AddrPort) bool {
-		if ready == nil { // only when an endpoint is ejected
+		if ready == nil { // only when an endpoint is ejected or a connect fails
 			ready = make(map[netip.AddrPort]bool)
 			for i := range s.Backends {
 				for _, e := range s.Backends[i].Endpoints {
@@ -780,7 +781,7 @@ func readyIn(s *snapshot.Snapshot) func(netip.AddrPort) bool {
 func (w *wireState) eject(ep snapshot.Endpoint, start time.Time, err error) {
 	d := w.p.health.Failed(ep.Addr, start, time.Now())
 	if d == 0 {
-		return // already ejected, or ejected since the connect started
+		return // already ejected, a stale failure (balance.Health.Failed), or gone from the snapshot
 	}
 	w.ejections.Inc()
 	w.p.log.Warn("endpoint ejected: its connect failed", "endpoint", ep.Addr.String(),
