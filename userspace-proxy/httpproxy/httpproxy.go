@@ -252,8 +252,9 @@ func (h *Handler) contain(r *http.Request) {
 	panic(http.ErrAbortHandler)
 }
 
-// Retain drops the request counts of the Services s does not capture; the
-// proxy calls it with each new snapshot.
+// Retain drops the request counts of the Services s does not capture, and
+// counts requests of theirs still under way nowhere; the proxy calls it
+// with each new snapshot, before requests start on it.
 func (h *Handler) Retain(s *snapshot.Snapshot) { h.m.retain(s) }
 
 // ServeHTTP forwards r to the backend of the connection's Target, or
@@ -667,6 +668,13 @@ type metrics struct {
 	mirrors         *prometheus.CounterVec
 	mu              sync.Mutex
 	cache           map[requestKey]prometheus.Counter
+	// captured holds the Services of the last retain's snapshot (nil
+	// before the first). A request under way on an older snapshot that
+	// ends after its Service left counts in gone, registered nowhere: its
+	// series, made again, would stay until the next snapshot (as one that
+	// found its counter before counts in the series dropped).
+	captured map[[2]string]bool
+	gone     prometheus.Counter
 }
 
 type requestKey struct {
@@ -710,6 +718,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Request copies for RequestMirror filters, by result (sent, failed, dropped_busy, dropped_body, dropped_upgrade).",
 		}, []string{"result"}),
 		cache: make(map[requestKey]prometheus.Counter),
+		gone:  prometheus.NewCounter(prometheus.CounterOpts{Name: "sockmesh_proxy_requests_gone_total"}),
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.failures, m.upgradedBytes, m.routeAnswers, m.retries, m.budgetExhausted, m.timeouts, m.mirrors} {
 		if err := reg.Register(c); err != nil {
@@ -737,6 +746,9 @@ func (m *metrics) counter(f *snapshot.Frontend, code int, protocol string) prome
 	defer m.mu.Unlock()
 	c, ok := m.cache[k]
 	if !ok {
+		if k.service != "" && m.captured != nil && !m.captured[[2]string{k.namespace, k.service}] {
+			return m.gone
+		}
 		c = m.requests.WithLabelValues(k.namespace, k.service, httpCode(code), protocol)
 		m.cache[k] = c
 	}
@@ -744,8 +756,9 @@ func (m *metrics) counter(f *snapshot.Frontend, code int, protocol string) prome
 }
 
 // retain drops the requests series, and their cached counters, of the
-// Services s does not capture: the node's proxy outlives many Services,
-// and each kept a series per code and protocol for the agent's life.
+// Services s does not capture, and makes none for them until the next
+// call: the node's proxy outlives many Services, and each kept a series
+// per code and protocol for the agent's life.
 func (m *metrics) retain(s *snapshot.Snapshot) {
 	captured := make(map[[2]string]bool, len(s.Frontends))
 	for i := range s.Frontends {
@@ -753,6 +766,7 @@ func (m *metrics) retain(s *snapshot.Snapshot) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.captured = captured
 	for k := range m.cache {
 		if k.service != "" && !captured[[2]string{k.namespace, k.service}] {
 			delete(m.cache, k)

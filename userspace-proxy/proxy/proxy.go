@@ -256,8 +256,8 @@ func (p *Proxy) Update(s *snapshot.Snapshot) {
 		p.m.forgetGoAways(v.Snapshot, s)
 	}
 	set := p.pools.Build(s, prev)
+	p.h.Retain(s) // before requests of s's new Services count
 	p.current.Store(httpproxy.NewView(s, set))
-	p.h.Retain(s)
 	p.h2.Update(func(ref snapshot.BackendRef) (h2drain.Endpoints, bool) { return changed(prev.Get(ref), set.Get(ref)) })
 	p.m.version.Set(float64(s.Version))
 	p.log.Info("snapshot applied", "snapshot_version", s.Version, "frontends", len(s.Frontends), "backends", len(s.Backends))

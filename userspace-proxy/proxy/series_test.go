@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"testing"
@@ -54,6 +55,43 @@ func TestSeriesOfGoneBackends(t *testing.T) {
 	}
 	if len(names["web-2"]) == 0 {
 		t.Errorf("web-2, in the snapshot, has no series: %v", names)
+	}
+}
+
+// TestSeriesOfGoneServiceStragglers: a request still under way on the
+// snapshot its Service left makes no series for it when it ends. Before,
+// it made its requests series again, which stayed until the next snapshot.
+func TestSeriesOfGoneServiceStragglers(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	release := make(chan struct{})
+	rec := startRecorder(t, serverTLS(e.pki.server), func(http.ResponseWriter, *http.Request, int) bool {
+		<-release
+		return false
+	})
+	svc := func(name string) service {
+		return service{name: name, vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(rec.addr)}}
+	}
+	e.p.Update(buildSnapshot(t, 1, svc("web-0")))
+	code := make(chan int, 1)
+	go func() {
+		resp, err := e.client(vip, false).Get("http://web.b.svc/")
+		if err != nil {
+			code <- 0
+			return
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		code <- resp.StatusCode
+	}()
+	<-rec.seen
+	e.p.Update(buildSnapshot(t, 2, svc("web-1")))
+	close(release)
+	if c := <-code; c != http.StatusOK {
+		t.Fatalf("request under way at the swap: status %d", c)
+	}
+	if metrics := seriesNames(t, e)["web-0"]; slices.Contains(metrics, "sockmesh_proxy_requests_total") {
+		t.Errorf("web-0, gone from the snapshot, has its requests series again after a request under way ended")
 	}
 }
 
