@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -22,6 +23,12 @@ type metrics struct {
 	bytesDown    prometheus.Counter
 	version      prometheus.Gauge
 	goAways      *prometheus.CounterVec
+	// backends are those of the snapshot forgetGoAways last had (nil
+	// before): a connection of one gone since, asked to go away later
+	// (its TLS trust ended), makes no goaways series, which no snapshot
+	// after would drop.
+	mu       sync.Mutex
+	backends map[[2]string]bool
 	// byPath holds each path's connection counter and gauge, looked up
 	// once here rather than per connection.
 	byPath map[Path]pathMetrics
@@ -88,17 +95,25 @@ func newMetrics(reg prometheus.Registerer, bufs *relay.Pool) (*metrics, error) {
 // goAway counts a relayed HTTP/2 connection of backend ref asked to go
 // away (h2drain.Registry).
 func (m *metrics) goAway(ref snapshot.BackendRef, why h2drain.Reason) {
-	m.goAways.WithLabelValues(ref.Namespace, ref.Name, string(why)).Inc()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.backends == nil || m.backends[[2]string{ref.Namespace, ref.Name}] {
+		m.goAways.WithLabelValues(ref.Namespace, ref.Name, string(why)).Inc()
+	}
 }
 
 // forgetGoAways drops the goaways series of the backends of old that s
-// does not have: the node's proxy outlives many Services, and each kept
-// its series for the agent's life.
+// does not have, and makes none for them until the next call: the node's
+// proxy outlives many Services, and each kept its series for the agent's
+// life.
 func (m *metrics) forgetGoAways(old, s *snapshot.Snapshot) {
 	current := make(map[[2]string]bool, len(s.Backends))
 	for i := range s.Backends {
 		current[[2]string{s.Backends[i].Ref.Namespace, s.Backends[i].Ref.Name}] = true
 	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.backends = current
 	for i := range old.Backends {
 		if ref := old.Backends[i].Ref; !current[[2]string{ref.Namespace, ref.Name}] {
 			m.goAways.DeletePartialMatch(prometheus.Labels{"namespace": ref.Namespace, "backend": ref.Name})

@@ -1,13 +1,22 @@
 package proxy_test
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
+	"net/netip"
 	"slices"
 	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/test/pki"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
 // TestSeriesOfGoneBackends: the metric series of a Service or backend go
@@ -47,7 +56,7 @@ func TestSeriesOfGoneBackends(t *testing.T) {
 	}
 	eventually(t, func() bool { return e.counter("sockmesh_proxy_active_connections", nil) == 0 }, "the apps' connections to end")
 	e.p.Update(buildSnapshot(t, 7, svc("web-2", rotated)))
-	names := seriesNames(t, e)
+	names := seriesNames(t, e.reg)
 	for _, gone := range []string{"web-0", "web-1"} {
 		if metrics, ok := names[gone]; ok {
 			t.Errorf("%s, gone from the snapshot, still has series of %v", gone, metrics)
@@ -90,16 +99,76 @@ func TestSeriesOfGoneServiceStragglers(t *testing.T) {
 	if c := <-code; c != http.StatusOK {
 		t.Fatalf("request under way at the swap: status %d", c)
 	}
-	if metrics := seriesNames(t, e)["web-0"]; slices.Contains(metrics, "sockmesh_proxy_requests_total") {
+	if metrics := seriesNames(t, e.reg)["web-0"]; slices.Contains(metrics, "sockmesh_proxy_requests_total") {
 		t.Errorf("web-0, gone from the snapshot, has its requests series again after a request under way ended")
 	}
 }
 
-// seriesNames returns the Services and backends e's metrics name (their
+// TestSeriesOfGoneBackendGoAway: a relayed HTTP/2 connection to a backend
+// gone from the snapshot, asked to go away later (the certificate chain its
+// handshake verified expired), makes no goaways series for it; one of a
+// backend still there does. Before, it made one that no later snapshot
+// dropped (each drops those of the backends the one before had). In a
+// synctest bubble, whose clock passes the certificate's end without
+// waiting.
+func TestSeriesOfGoneBackendGoAway(t *testing.T) {
+	for _, gone := range []bool{false, true} {
+		t.Run(map[bool]string{false: "kept", true: "gone"}[gone], func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { testSeriesOfGoneBackendGoAway(t, gone) })
+		})
+	}
+}
+
+func testSeriesOfGoneBackendGoAway(t *testing.T, gone bool) {
+	ca, err := pki.NewCA("expiry test ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.LeafOptions{CommonName: "echo", DNSNames: []string{sniName}, NotAfter: time.Now().Add(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pn pipeNet
+	backendAddr := netip.MustParseAddrPort("10.0.0.1:443")
+	srv := &http.Server{
+		Handler:   http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, r.Proto) }),
+		TLSConfig: serverTLS(leaf),
+	}
+	go srv.ServeTLS(bufferedListener{pn.listen(backendAddr)}, "", "")
+	t.Cleanup(func() { srv.Close() })
+	reg := prometheus.NewRegistry()
+	p, err := proxy.New(proxy.Config{Dialer: &pn}, slog.New(slog.DiscardHandler), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Shutdown(context.Background())
+	m := &mesh{t: t}
+	be := m.backend("tls", snapshot.Backend{Protocol: snapshot.ProtocolHTTP2, Endpoints: endpoints(backendAddr),
+		TLS: &snapshot.TLS{Mode: snapshot.TLSServerOnly, ServerName: sniName, RootsPEM: string(ca.CertPEM)}})
+	m.frontend("tls", routedVIP, be, nil)
+	p.Update(m.snapshot(1))
+	resp, err := pipeClient(t, p, true).Get("http://tls.b.svc/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if gone {
+		m = &mesh{t: t}
+	}
+	p.Update(m.snapshot(2))
+	time.Sleep(time.Minute + time.Second)
+	synctest.Wait()
+	if has := slices.Contains(seriesNames(t, reg)["tls"], "sockmesh_proxy_goaways_total"); has == gone {
+		t.Errorf("backend gone from the snapshot %v, its connection asked to go away: goaways series %v, want %v", gone, has, !gone)
+	}
+}
+
+// seriesNames returns the Services and backends reg's metrics name (their
 // "service" and "backend" labels), each with the metrics naming it.
-func seriesNames(t *testing.T, e *env) map[string][]string {
+func seriesNames(t *testing.T, reg prometheus.Gatherer) map[string][]string {
 	t.Helper()
-	mfs, err := e.reg.Gather()
+	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

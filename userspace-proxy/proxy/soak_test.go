@@ -283,7 +283,7 @@ func TestSoak(t *testing.T) {
 		current[b.Ref.Name] = true
 	}
 	var gone []string
-	for name, metrics := range seriesNames(t, e) {
+	for name, metrics := range seriesNames(t, e.reg) {
 		if !current[name] {
 			gone = append(gone, fmt.Sprint(name, metrics))
 		}
