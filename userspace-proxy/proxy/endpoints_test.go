@@ -45,10 +45,10 @@ func TestEjectRefusedEndpoint(t *testing.T) {
 		name string
 		try  func(i int) error
 	}{
-		{"fast", httpGet(e, vFast, "tls-0")},                     // the HTTP/1.1 fast path
-		{"h2c", httpGet(e, vH2C, "h2c-0")},                       // net/http's HTTP/2 Transport
-		{"tcp", func(int) error { return echoTCP(e, vTCP) }},     // the L4 relay
-		{"wss", func(int) error { return wsOverH2(t, e, vWSS) }}, // RFC 8441 bridged to an Upgrade
+		{"fast", httpGet(e, vFast, "tls-0")},                  // the HTTP/1.1 fast path
+		{"h2c", httpGet(e, vH2C, "h2c-0")},                    // net/http's HTTP/2 Transport
+		{"tcp", func(int) error { return echoTCP(e, vTCP) }},  // the L4 relay
+		{"wss", func(int) error { return wsOverH2(e, vWSS) }}, // RFC 8441 bridged to an Upgrade
 	}
 	for _, p := range paths {
 		before := e.counter("sockmesh_proxy_upstream_dials_total", map[string]string{"result": "refused"})
@@ -180,13 +180,16 @@ func echoTCP(e *env, vip netip.AddrPort) error {
 
 // wsOverH2 opens a WebSocket over an HTTP/2 connection of its own to vip
 // (extended CONNECT) and exchanges a message with the backend's echo.
-func wsOverH2(t *testing.T, e *env, vip netip.AddrPort) error {
+func wsOverH2(e *env, vip netip.AddrPort) error {
 	c, err := e.dial(vip)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	st := openH2WS(t, c, "wss.b.svc", "/ws")
+	st, err := startH2WS(c, "wss.b.svc", "/ws")
+	if err != nil {
+		return err
+	}
 	if _, _, err := readWSFrame(st); err != nil { // the backend's report
 		return err
 	}

@@ -41,19 +41,33 @@ type h2WS struct {
 // stream and checks the 200.
 func openH2WS(t *testing.T, c net.Conn, authority, path string) *h2WS {
 	t.Helper()
-	s := connectH2WS(t, c, "websocket", authority, path)
-	if s.status != "200" {
-		t.Fatalf("extended CONNECT answered %s", s.status)
+	s, err := startH2WS(c, authority, path)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return s
+}
+
+// startH2WS is openH2WS returning its error, for goroutines of a test.
+func startH2WS(c net.Conn, authority, path string) (*h2WS, error) {
+	s, err := startH2(c, wsConnect("websocket", authority, path), false)
+	if err == nil && s.status != "200" {
+		err = fmt.Errorf("extended CONNECT answered %s", s.status)
+	}
+	return s, err
 }
 
 // connectH2WS is openH2WS, for :protocol protocol, up to the answer's
 // status, whatever it is.
 func connectH2WS(t *testing.T, c net.Conn, protocol, authority, path string) *h2WS {
 	t.Helper()
-	return requestH2(t, c, [][2]string{{":method", "CONNECT"}, {":protocol", protocol}, {":scheme", "http"},
-		{":path", path}, {":authority", authority}, {"sec-websocket-version", "13"}}, false)
+	return requestH2(t, c, wsConnect(protocol, authority, path), false)
+}
+
+// wsConnect is the header fields of an extended CONNECT for protocol.
+func wsConnect(protocol, authority, path string) [][2]string {
+	return [][2]string{{":method", "CONNECT"}, {":protocol", protocol}, {":scheme", "http"},
+		{":path", path}, {":authority", authority}, {"sec-websocket-version", "13"}}
 }
 
 // requestH2 opens a stream with the header fields given, which may be any
@@ -61,18 +75,27 @@ func connectH2WS(t *testing.T, c net.Conn, protocol, authority, path string) *h2
 // and reads up to the answer's status.
 func requestH2(t *testing.T, c net.Conn, fields [][2]string, end bool) *h2WS {
 	t.Helper()
+	s, err := startH2(c, fields, end)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// startH2 is requestH2 returning its error.
+func startH2(c net.Conn, fields [][2]string, end bool) (*h2WS, error) {
 	c.SetDeadline(time.Now().Add(hangGuard))
 	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	s := &h2WS{fr: http2.NewFramer(c, c), id: 1, connWin: 65535, streamWin: 65535, initWin: 65535}
 	s.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	if err := s.fr.WriteSettings(); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	for !s.xconnect {
 		if err := s.step(); err != nil {
-			t.Fatalf("read server settings: %v", err)
+			return nil, fmt.Errorf("read server settings: %w", err)
 		}
 	}
 	var hb bytes.Buffer
@@ -81,17 +104,17 @@ func requestH2(t *testing.T, c net.Conn, fields [][2]string, end bool) *h2WS {
 		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
 	}
 	if err := s.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: s.id, BlockFragment: hb.Bytes(), EndHeaders: true, EndStream: end}); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	for s.status == "" {
 		if err := s.step(); err != nil {
-			t.Fatalf("read response headers: %v", err)
+			return nil, fmt.Errorf("read response headers: %w", err)
 		}
 		if s.err != nil {
-			t.Fatal(s.err)
+			return nil, s.err
 		}
 	}
-	return s
+	return s, nil
 }
 
 // step reads and handles one frame.

@@ -279,6 +279,10 @@ type envOptions struct {
 	// ipv6 adds a listener on [::1], which dialFrom uses for IPv6
 	// sources, as a dual-stack node has a node listener per family.
 	ipv6 bool
+	// registeredDst makes Config.OrigDst answer with the original
+	// destination dialVia registered, as the datapath's record does for
+	// the connections of the proxy's own listeners (Serve, ServePod).
+	registeredDst bool
 }
 
 func newEnv(t testing.TB, o envOptions) *env {
@@ -295,6 +299,11 @@ func newEnv(t testing.TB, o envOptions) *env {
 		ParkAfter:         o.parkAfter,
 		OrigDst:           o.origDst,
 		Routing:           o.routing,
+	}
+	if o.registeredDst {
+		cfg.OrigDst = func(c syscall.Conn) (netip.AddrPort, error) {
+			return (<-e.slot(c.(net.Conn).RemoteAddr().String())).dst, nil
+		}
 	}
 	cfg.Upstream.EjectFor, cfg.Upstream.EjectMax = o.ejectFor, o.ejectFor
 	cfg.Upstream.HandshakeTimeout = o.handshakeTimeout
@@ -399,6 +408,12 @@ func (e *env) dialFrom(dst netip.AddrPort, src netip.Addr, pod *snapshot.ObjectR
 			ln = e.ln6
 		}
 	}
+	return e.dialVia(ln, d, dst, pod)
+}
+
+// dialVia opens a client connection to ln with d and registers its
+// original destination dst and pod for the side that accepts it.
+func (e *env) dialVia(ln net.Listener, d net.Dialer, dst netip.AddrPort, pod *snapshot.ObjectRef) (net.Conn, error) {
 	c, err := d.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		return nil, err

@@ -152,6 +152,8 @@ type Proxy struct {
 	// work hands accepted connections to idle workers; stop ends them.
 	work chan accepted
 	stop chan struct{}
+	// workerIdle ends a worker without one (the package's workerIdle).
+	workerIdle time.Duration
 	// failures sets the level of "connection failed" lines
 	// (connState.fail); panics reports recovered panics (contain).
 	failures *upstream.FailureLog
@@ -207,7 +209,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 		return nil, err
 	}
 	p = &Proxy{
-		cfg: cfg, log: log, m: m, pools: pools, bufs: bufs, h: h,
+		cfg: cfg, log: log, m: m, pools: pools, bufs: bufs, h: h, workerIdle: workerIdle,
 		l7:        newConnListener(),
 		failures:  upstream.NewFailureLog(cfg.FailureLogEvery),
 		panics:    panics,
@@ -386,8 +388,9 @@ type accepted struct {
 	pod *snapshot.ObjectRef
 }
 
-// workerIdle is how long a worker waits for another connection.
-const workerIdle = 10 * time.Second
+// workerIdle is how long a worker waits for another connection; each
+// Proxy takes it when made (tests shorten it: export_test.go).
+var workerIdle = 10 * time.Second
 
 // dispatch serves a on an idle worker, or on a new one. Workers outlive
 // their connections because a goroutine's stack grows on the way to its
@@ -403,11 +406,11 @@ func (p *Proxy) dispatch(a accepted) {
 }
 
 func (p *Proxy) worker(a accepted) {
-	idle := time.NewTimer(workerIdle)
+	idle := time.NewTimer(p.workerIdle)
 	defer idle.Stop()
 	for {
 		p.accept(a.c, a.pod)
-		idle.Reset(workerIdle)
+		idle.Reset(p.workerIdle)
 		select {
 		case a = <-p.work:
 		case <-idle.C:

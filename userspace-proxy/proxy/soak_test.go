@@ -1,7 +1,10 @@
 package proxy_test
 
 import (
+	"bufio"
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -9,6 +12,8 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -38,15 +43,21 @@ const (
 // retries, mirrors, timeouts and session persistence edited, a Service of a
 // new name per snapshot — with traffic on every path at once (HTTP/1.1
 // keep-alive and per-request, HTTP/1.1 to an h2 backend, h2c relayed, an
-// HTTP/2 app on the L7 path, gRPC streams, WebSocket, opaque TCP with and
-// without TLS, requests cancelled midway, a backend that resets), the
-// proxy comes back to where it started once traffic stops and the last
-// snapshot has no backend: no goroutine, descriptor, connection or copy
-// buffer left, no endpoint held ejected, and no metric series of a
-// Service or backend the current snapshot does not have.
+// HTTP/2 app on the L7 path, gRPC streams, WebSocket over HTTP/1.1 and
+// over HTTP/2 (RFC 8441), MCP's server-sent events, an app's own TLS
+// passed through, opaque TCP with and without TLS, connections through
+// in-pod listeners of pods that come and go (the accept loop and its
+// workers), requests cancelled midway, streams, WebSockets and TLS
+// handshakes the app gives up, backends that reset or go away
+// mid-stream), the proxy comes back to where it started once traffic stops
+// and the last snapshot has no backend: no goroutine, descriptor,
+// connection or copy buffer left, no endpoint held ejected, and no metric
+// series of a Service or backend the current snapshot does not have.
 func TestSoak(t *testing.T) {
 	checkNoLeaks(t)
-	e := newEnv(t, envOptions{})
+	proxy.SetWorkerIdle(t, 10*time.Millisecond) // idle workers end within the final wait
+	// Each client's connections are counted (under a limit never reached).
+	e := newEnv(t, envOptions{registeredDst: true, maxConnsPerClient: 1 << 20})
 	tlsA, tlsB := startEcho(t, "tls-a", serverTLS(e.pki.server)), startEcho(t, "tls-b", serverTLS(e.pki.server))
 	clearA, clearB := startEcho(t, "clear-a", nil), startEcho(t, "clear-b", nil)
 	tcp, tcpTLS := startTCPEcho(t, nil), startTCPEcho(t, serverTLS(e.pki.server))
@@ -54,8 +65,21 @@ func TestSoak(t *testing.T) {
 		c.Read(make([]byte, 1))
 		sockio.Reset(c)
 	})
+	// Backends that go away mid-stream: a WebSocket's resets after its
+	// first message (/crash), an event stream's is cut after its first
+	// event.
+	wsGone := startWSProbe(t, nil).addr
+	cut := &http.Server{Protocols: new(http.Protocols), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "id: 0\ndata: {}\n\n")
+		http.NewResponseController(w).Flush()
+		panic(http.ErrAbortHandler)
+	})}
+	cut.Protocols.SetHTTP1(true)
+	cut.Protocols.SetUnencryptedHTTP2(true)
+	sseGone := serveLocal(t, cut)
 	vips := map[string]netip.AddrPort{}
-	for i, name := range []string{"tls", "h2", "h2c", "grpc", "ws", "tcp", "tcptls", "front", "reset", "churn"} {
+	for i, name := range []string{"tls", "h2", "h2c", "grpc", "ws", "tcp", "tcptls", "front", "reset", "churn", "mcp", "mcp-gone", "ws-gone", "wss"} {
 		vips[name] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 7, byte(i + 1)}), 80)
 	}
 	// Each version rotates the CA bundle (the test CA alone, or with
@@ -86,9 +110,13 @@ func TestSoak(t *testing.T) {
 		own("h2c", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: two(clearA, clearB)})
 		own("grpc", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, TLS: pol, Endpoints: two(tlsA, tlsB)})
 		own("ws", snapshot.Backend{Protocol: snapshot.ProtocolWS, Endpoints: two(clearB, clearA)})
+		own("wss", snapshot.Backend{Protocol: snapshot.ProtocolWSS, TLS: pol, Endpoints: two(tlsA, tlsB)})
 		own("tcp", snapshot.Backend{Protocol: snapshot.ProtocolTCP, Endpoints: endpoints(tcp)})
 		own("tcptls", snapshot.Backend{Protocol: snapshot.ProtocolTCP, TLS: pol, Endpoints: endpoints(tcpTLS)})
 		own("reset", snapshot.Backend{Endpoints: endpoints(resets)})
+		own("mcp", snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: two(clearA, clearB)})
+		own("mcp-gone", snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: endpoints(sseGone)})
+		own("ws-gone", snapshot.Backend{Protocol: snapshot.ProtocolWS, Endpoints: endpoints(wsGone)})
 		v1 := m.backend("v1", snapshot.Backend{Endpoints: two(clearA, clearB), RetryConstraint: &snapshot.RetryConstraint{
 			BudgetPercent: 20 + v%2, BudgetInterval: snapshot.Duration(10 * time.Second), MinRetryCount: 3, MinRetryInterval: snapshot.Duration(time.Second)}})
 		v2 := m.backend("v2", snapshot.Backend{Endpoints: endpoints(clearB.addr)})
@@ -108,6 +136,15 @@ func TestSoak(t *testing.T) {
 		return m.snapshot(uint64(v))
 	}
 	e.p.Update(snap(0, true))
+	// In-pod listeners, each of a pod of its own, served by the accept
+	// loop and its workers.
+	podServed := make(chan error, soakRounds)
+	openPod := func(n int) net.Listener {
+		l := listenLocal(t)
+		go func() { podServed <- e.p.ServePod(l, snapshot.ObjectRef{Namespace: "a", Name: fmt.Sprint("pod-", n)}) }()
+		return l
+	}
+	pods, podLn := 1, openPod(0)
 	baseGoroutines, baseFDs := runtime.NumGoroutine(), openFDs(t)
 
 	var (
@@ -200,10 +237,12 @@ func TestSoak(t *testing.T) {
 		}
 		return nil
 	})
-	wsClient := e.client(vips["ws"], false)
-	traffic("websocket", func(int) error {
+	// WebSockets relayed (ws) and on the HTTP/1 fast path (wss), half of
+	// them given up.
+	wsClients := []*http.Client{e.client(vips["ws"], false), e.client(vips["wss"], false)}
+	traffic("websocket", func(i int) error {
 		ctx := context.Background()
-		c, _, err := websocket.Dial(ctx, "ws://ws.b.svc/ws", &websocket.DialOptions{HTTPClient: wsClient})
+		c, _, err := websocket.Dial(ctx, "ws://ws.b.svc/ws", &websocket.DialOptions{HTTPClient: wsClients[i/2%2]})
 		if err != nil {
 			return err
 		}
@@ -217,7 +256,169 @@ func TestSoak(t *testing.T) {
 		if _, got, err := c.Read(ctx); err != nil || string(got) != "hi" {
 			return fmt.Errorf("echo %q: %v", got, err)
 		}
+		if i%2 == 1 {
+			return nil // given up: closed without a closing handshake
+		}
 		return c.Close(websocket.StatusNormalClosure, "")
+	})
+	// Over HTTP/2, the app's connection closes with the stream open.
+	traffic("websocket-h2", func(i int) error { return wsOverH2(e, vips[[]string{"ws", "wss"}[i%2]]) })
+	wsGoneClient := e.client(vips["ws-gone"], false)
+	traffic("websocket-backend-gone", func(i int) error {
+		var msgs func() (string, error)
+		if i%2 == 0 {
+			ctx := context.Background()
+			c, _, err := websocket.Dial(ctx, "ws://ws-gone.b.svc/crash", &websocket.DialOptions{HTTPClient: wsGoneClient})
+			if err != nil {
+				return err
+			}
+			defer c.CloseNow()
+			msgs = func() (string, error) { _, m, err := c.Read(ctx); return string(m), err }
+		} else {
+			c, err := e.dial(vips["ws-gone"])
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			st, err := startH2WS(c, "ws-gone.b.svc", "/crash")
+			if err != nil {
+				return err
+			}
+			msgs = func() (string, error) { _, m, err := readWSFrame(st); return string(m), err }
+		}
+		if m, err := msgs(); err != nil || m != "bye-soon" {
+			return fmt.Errorf("first message %q: %v", m, err)
+		}
+		if m, err := msgs(); err == nil {
+			return fmt.Errorf("a message %q after the backend's reset", m)
+		}
+		return nil
+	})
+	// MCP's event streams, from HTTP/1.1 and HTTP/2 apps: one in three
+	// runs to its end, one in six ends with its HTTP/2 app's connection,
+	// the others stay open (across swaps) until the app gives them up a
+	// round later.
+	sseClients := []*http.Client{e.client(vips["mcp"], false), e.client(vips["mcp"], true)}
+	firstEvent := func(c *http.Client, url string) (*bufio.Reader, context.CancelFunc, error) {
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		req.Header.Set("Accept", "text/event-stream")
+		resp, err := c.Do(req)
+		if err == nil && resp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("%s", resp.Status)
+		}
+		if err != nil {
+			cancel()
+			return nil, nil, err
+		}
+		r := bufio.NewReader(resp.Body)
+		if line, err := r.ReadString('\n'); err != nil || line != "id: 0\n" {
+			cancel()
+			return nil, nil, fmt.Errorf("first event %q: %v", line, err)
+		}
+		return r, cancel, nil
+	}
+	giveUp := func() {}
+	traffic("sse", func(i int) error {
+		c := sseClients[i%2]
+		if i%3 == 0 {
+			r, cancel, err := firstEvent(c, "http://mcp.b.svc/sse?n=3&interval=1ms")
+			if err != nil {
+				return err
+			}
+			defer cancel()
+			if rest, err := io.ReadAll(r); err != nil || !strings.Contains(string(rest), "id: 2\n") {
+				return fmt.Errorf("rest of the stream %q: %v", rest, err)
+			}
+			return nil
+		}
+		if i%6 == 5 {
+			c, err := e.dial(vips["mcp"])
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			st, err := startH2(c, [][2]string{{":method", "GET"}, {":scheme", "http"}, {":path", "/sse?n=2&interval=1h"}, {":authority", "mcp.b.svc"}}, true)
+			if err != nil {
+				return err
+			}
+			if line, err := bufio.NewReader(st).ReadString('\n'); st.status != "200" || line != "id: 0\n" {
+				return fmt.Errorf("%s, first event %q: %v", st.status, line, err)
+			}
+			return nil
+		}
+		_, cancel, err := firstEvent(c, "http://mcp.b.svc/sse?n=2&interval=1h")
+		if err != nil {
+			return err
+		}
+		giveUp()
+		giveUp = cancel
+		return nil
+	})
+	sseGoneClients := []*http.Client{e.client(vips["mcp-gone"], false), e.client(vips["mcp-gone"], true)}
+	traffic("sse-backend-gone", func(i int) error {
+		r, cancel, err := firstEvent(sseGoneClients[i%2], "http://mcp-gone.b.svc/sse")
+		if err != nil {
+			return err
+		}
+		defer cancel()
+		if _, err := io.ReadAll(r); err == nil {
+			return fmt.Errorf("a stream its backend cut ended as if whole")
+		}
+		return nil
+	})
+	// The app's own TLS, passed through: one in four requests, the
+	// others handshakes the app gives up, within its ClientHello's record
+	// or once it is sent, or the backend does (it resets).
+	appTLS := &tls.Config{ServerName: sniName, RootCAs: e.pki.ca.Pool(), NextProtos: []string{"http/1.1"}}
+	passthrough := e.client(vips["tls"], false)
+	passthrough.Transport.(*http.Transport).DialTLSContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+		c, err := e.dial(vips["tls"])
+		if err != nil {
+			return nil, err
+		}
+		tc := tls.Client(c, appTLS)
+		return tc, tc.HandshakeContext(ctx)
+	}
+	traffic("passthrough", func(i int) error {
+		if i%4 == 0 {
+			return getOK(passthrough, "https://tls.b.svc/")
+		}
+		dst, app := vips["tls"], func(c net.Conn) net.Conn { return givesUp{c, []int{10, 1 << 16}[i%4-1]} }
+		if i%4 == 3 {
+			dst, app = vips["reset"], func(c net.Conn) net.Conn { return c }
+		}
+		c, err := e.dial(dst)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if err := tls.Client(app(c), appTLS).Handshake(); err == nil {
+			return errors.New("a handshake given up completed")
+		}
+		return nil
+	})
+	// Through in-pod listeners: every fifth round the pod before goes
+	// away (its listener closes; its keep-alive connections are served
+	// on) and another comes.
+	podClient := func(name string, h2c bool) *http.Client {
+		c := e.client(vips[name], h2c)
+		c.Transport.(*http.Transport).DialContext = func(context.Context, string, string) (net.Conn, error) {
+			return e.dialVia(podLn, net.Dialer{}, vips[name], nil)
+		}
+		return c
+	}
+	podH1, podH2C := podClient("tls", false), podClient("h2c", true)
+	traffic("in-pod", func(i int) error {
+		if i > 0 && i%5 == 0 {
+			podLn.Close()
+			podLn = openPod(pods)
+			pods++
+		}
+		if i%2 == 0 {
+			return getOK(podH1, "http://tls.b.svc/")
+		}
+		return getOK(podH2C, "http://h2c.b.svc/")
 	})
 	for _, name := range []string{"tcp", "tcptls"} {
 		traffic(name, func(int) error { return echoTCP(e, vips[name]) })
@@ -260,9 +461,15 @@ func TestSoak(t *testing.T) {
 		}
 	})
 	wg.Wait()
-	for _, c := range []*http.Client{keepAlive, perRequest, toH2, routed, routedH1, wsClient, resetClient, churn} {
-		c.Transport.(*http.Transport).CloseIdleConnections()
+	giveUp()
+	podLn.Close()
+	for range pods {
+		if err := <-podServed; !errors.Is(err, net.ErrClosed) {
+			t.Errorf("ServePod on a closed listener = %v, want net.ErrClosed", err)
+		}
 	}
+	clients := append([]*http.Client{keepAlive, perRequest, toH2, routed, routedH1, wsGoneClient, resetClient, churn, passthrough, podH1, podH2C},
+		slices.Concat(wsClients, sseClients, sseGoneClients)...)
 	t.Logf("served per path over %d swaps: %v; first failures: %v", soakSwaps, served, failed)
 	for _, path := range paths {
 		if served[path] == 0 {
@@ -270,7 +477,14 @@ func TestSoak(t *testing.T) {
 		}
 	}
 
-	eventually(t, func() bool { return e.counter("sockmesh_proxy_active_connections", nil) == 0 }, "the apps' connections to end")
+	// The apps close their connections once idle: a stream given up
+	// last leaves its connection a moment later.
+	eventually(t, func() bool {
+		for _, c := range clients {
+			c.Transport.(*http.Transport).CloseIdleConnections()
+		}
+		return e.counter("sockmesh_proxy_active_connections", nil) == 0
+	}, "the apps' connections to end")
 	// The Services and backends of the last snapshot are the only ones
 	// metrics name.
 	last := snap(soakSwaps+1, false)
@@ -311,6 +525,9 @@ func TestSoak(t *testing.T) {
 		if n := proxy.RelayedH2(e.p); n != 0 {
 			left += fmt.Sprintf(" relayed HTTP/2 connections registered %d", n)
 		}
+		if held, counted := proxy.Held(e.p); held+counted != 0 {
+			left += fmt.Sprintf(" connections held for Shutdown %d, clients counted %d", held, counted)
+		}
 		if n := runtime.NumGoroutine(); n > baseGoroutines {
 			left += fmt.Sprintf(" goroutines %d (baseline %d)", n, baseGoroutines)
 		}
@@ -329,4 +546,17 @@ func openFDs(t *testing.T) int {
 		t.Fatal(err)
 	}
 	return len(fds)
+}
+
+// givesUp is an app that gives up its TLS handshake: of its first write
+// (the ClientHello) n bytes go out, and it closes the connection.
+type givesUp struct {
+	net.Conn
+	n int
+}
+
+func (g givesUp) Write(b []byte) (int, error) {
+	g.Conn.Write(b[:min(len(b), g.n)])
+	g.Conn.Close()
+	return len(b), nil
 }
