@@ -128,33 +128,40 @@ func TestGoAwayBetweenFrames(t *testing.T) {
 			t.Fatal("GoAway refused")
 		}
 		c.Close()
-		seen := parse(t, <-got)
-		if len(seen) != len(want)+1 {
-			t.Fatalf("round %d: %d frames, want %d and a GOAWAY", round, len(seen), len(want))
+		wantGoAwayAmong(t, round, parse(t, <-got), want, "sockmesh: rebalance")
+	}
+}
+
+// wantGoAwayAmong checks that seen holds the frames of want, in order, and
+// one GOAWAY with debug data debug between two of them: after the first
+// HEADERS, outside any header block.
+func wantGoAwayAmong(t *testing.T, round int, seen, want []frameSeen, debug string) {
+	t.Helper()
+	if len(seen) != len(want)+1 {
+		t.Fatalf("round %d: %d frames, want %d and a GOAWAY", round, len(seen), len(want))
+	}
+	at := -1
+	for i, s := range seen {
+		if s.goAway != nil {
+			at = i
+			break
 		}
-		at := -1
-		for i, s := range seen {
-			if s.goAway != nil {
-				at = i
-				break
-			}
-		}
-		first := slices.IndexFunc(seen, func(s frameSeen) bool { return s.typ == http2.FrameHeaders })
-		if at < first {
-			t.Fatalf("round %d: GOAWAY at %d, want after the first HEADERS (%d)", round, at, first)
-		}
-		if prev := seen[at-1]; (prev.typ == http2.FrameHeaders || prev.typ == http2.FrameContinuation) && !prev.endHeaders {
-			t.Fatalf("round %d: GOAWAY inside a header block", round)
-		}
-		g := seen[at].goAway
-		if *g != (goAwaySeen{last: 1<<31 - 1, code: http2.ErrCodeNo, debug: "sockmesh: rebalance"}) {
-			t.Fatalf("round %d: GOAWAY %+v", round, *g)
-		}
-		rest := append(seen[:at:at], seen[at+1:]...)
-		for i := range want {
-			if rest[i].typ != want[i].typ {
-				t.Fatalf("round %d: frame %d is %v, want %v", round, i, rest[i].typ, want[i].typ)
-			}
+	}
+	first := slices.IndexFunc(seen, func(s frameSeen) bool { return s.typ == http2.FrameHeaders })
+	if at < first {
+		t.Fatalf("round %d: GOAWAY at %d, want after the first HEADERS (%d)", round, at, first)
+	}
+	if prev := seen[at-1]; (prev.typ == http2.FrameHeaders || prev.typ == http2.FrameContinuation) && !prev.endHeaders {
+		t.Fatalf("round %d: GOAWAY inside a header block", round)
+	}
+	g := seen[at].goAway
+	if *g != (goAwaySeen{last: 1<<31 - 1, code: http2.ErrCodeNo, debug: debug}) {
+		t.Fatalf("round %d: GOAWAY %+v", round, *g)
+	}
+	rest := append(seen[:at:at], seen[at+1:]...)
+	for i := range want {
+		if rest[i].typ != want[i].typ {
+			t.Fatalf("round %d: frame %d is %v, want %v", round, i, rest[i].typ, want[i].typ)
 		}
 	}
 }

@@ -23,4 +23,11 @@
 // an answer (until then the client may not have sent its first request,
 // and a GOAWAY makes Go's client fail it rather than send it again, so
 // the proxy's waits for the backend's first HEADERS).
+//
+// Upstream does the same toward the proxy's own client: net/http's HTTP/2
+// Transport, which reads a GOAWAY slipped into what a backend sends it as
+// the backend's own, and closes that connection once its streams end. It
+// is how the proxy sets one of the Transport's connections aside (its TLS
+// settings changed, its certificate chain expired), net/http giving no
+// hook for one connection of its pool.
 package h2drain

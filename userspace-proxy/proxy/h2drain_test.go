@@ -611,6 +611,52 @@ func TestRelayedH2TrustWidened(t *testing.T) {
 	}
 }
 
+// TestL7H2TrustWidened: TestRelayedH2TrustWidened's twin on the L7 path,
+// an HTTP/1.1 app to an h2 backend, whose requests go over net/http's
+// HTTP/2 Transport: a CA added beside the one that verified the proxy's
+// connection to the backend keeps that connection; once that CA is
+// rotated out, the connection is set aside (pool_dropped_total{reason=
+// "settings_changed"}), and the next request's new one fails
+// verification. Any change of the settings made a new connection.
+func TestL7H2TrustWidened(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	be := startEcho(t, "web", serverTLS(e.pki.server))
+	vip := netip.MustParseAddrPort("10.96.9.9:80")
+	update := func(version uint64, roots ...*pki.CA) {
+		pol := tlsPolicy(e)
+		pol.RootsPEM = ""
+		for _, ca := range roots {
+			pol.RootsPEM += string(ca.CertPEM)
+		}
+		e.p.Update(buildSnapshot(t, version, service{name: "web", vip: vip,
+			backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP2, TLS: pol, Endpoints: endpoints(be.addr)}}))
+	}
+	update(1, e.pki.ca)
+	c := e.client(vip, false)
+	code, first := get(t, c, "http://web.b.svc/")
+	if code != http.StatusOK || first.Proto != "HTTP/2.0" {
+		t.Fatalf("before: %d over %s, want 200 over HTTP/2", code, first.Proto)
+	}
+	update(2, e.pki.ca, e.pki.other)
+	if code, rep := get(t, c, "http://web.b.svc/"); code != http.StatusOK || rep.RemoteAddr != first.RemoteAddr {
+		t.Errorf("after a CA was added: %d from the proxy's %s, want 200 over the connection from %s", code, rep.RemoteAddr, first.RemoteAddr)
+	}
+	update(3, e.pki.other)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		code, _ := get(t, c, "http://web.b.svc/")
+		if code == http.StatusBadGateway {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after the CA that verified the backend was rotated out: %d, want 502", code)
+		}
+	}
+	if got := e.counterReaches("sockmesh_proxy_upstream_pool_dropped_total", map[string]string{"reason": "settings_changed"}, 1); got != 1 {
+		t.Errorf("pool_dropped_total{reason=settings_changed} = %v, want 1", got)
+	}
+}
+
 // TestRelayedH2DialedAcrossSnapshot: a connection whose dial was under
 // way when a snapshot removed its endpoint (the snapshot's update did not
 // see it yet) is asked to go away once it is relayed, not left there until

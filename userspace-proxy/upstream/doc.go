@@ -9,7 +9,12 @@
 //
 // A Set is built per snapshot; a backend whose wire settings (protocol, TLS)
 // did not change keeps its pools and TLS session caches across snapshots, so
-// an endpoint update does not cost every client a fresh handshake.
+// an endpoint update does not cost every client a fresh handshake. When only
+// its TLS settings changed, its pooled connections that the new settings
+// still verify (upstreamtls.Keeper) stay, idle HTTP/1.1 ones and net/http's
+// HTTP/2 Transports with theirs; an HTTP/2 one they do not verify is set
+// aside with a GOAWAY slipped into what the Transport reads
+// (h2drain.Upstream), to close once its requests end.
 //
 // Errors are classified here, once, into the reasons and HTTP statuses users
 // see (Classify). It must never dial anything but a backend's endpoints, and

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/test/pki"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 )
 
@@ -166,7 +167,7 @@ func TestH2TransportRetiredAtFirstExpiry(t *testing.T) {
 				w := backendAt(t, p, netip.MustParseAddrPort("10.0.0.1:443"), nil).w
 				first := w.transport(WireH2)
 				for _, d := range lives {
-					w.expireAt(WireH2, first, time.Now().Add(d))
+					w.expireAt(WireH2, w.transports[WireH2], time.Now().Add(d))
 				}
 				time.Sleep(time.Minute - time.Nanosecond)
 				if w.transport(WireH2) != first {
@@ -179,13 +180,94 @@ func TestH2TransportRetiredAtFirstExpiry(t *testing.T) {
 				}
 				// Dropped (its settings changed): its timer goes too, or it
 				// would hold the dropped state until the chain expires.
-				w.expireAt(WireH2, w.transport(WireH2), time.Now().Add(24*time.Hour))
+				w.transport(WireH2)
+				w.expireAt(WireH2, w.transports[WireH2], time.Now().Add(24*time.Hour))
 				w.closeIdle()
 				if w.expires[WireH2] != nil {
 					t.Error("a dropped state's expiry timer still runs")
 				}
 			})
 		})
+	}
+}
+
+// TestH2KeepsWhatStillVerifies: when a backend's TLS settings change, an
+// HTTP/2 connection of net/http's Transport stays if the new settings
+// verify it, as relayed and pooled HTTP/1.1 connections do: a CA added
+// beside the one that verified it (a CA rotation's first step) makes no
+// new connection. One they no longer verify (that CA removed, the
+// backend's certificate renewed under the new one) finishes its request
+// under way, takes no other, and closes once it ends, counted as
+// pool_dropped_total{reason="settings_changed"}. Any change built a new
+// Transport: every connection to the backend was made again.
+func TestH2KeepsWhatStillVerifies(t *testing.T) {
+	release := make(chan struct{})
+	w := newWorldServing(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			rw.WriteHeader(http.StatusOK)
+			http.NewResponseController(rw).Flush()
+			<-release
+		}
+		io.WriteString(rw, r.Proto)
+	}), false)
+	next, err := pki.NewCA("next ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := func(cas ...*pki.CA) *snapshot.TLS {
+		p := w.policy()
+		p.RootsPEM = ""
+		for _, ca := range cas {
+			p.RootsPEM += string(ca.CertPEM)
+		}
+		return p
+	}
+	get := func(s *Set, path string) *http.Response {
+		be := s.Get(ref)
+		resp, err := be.RoundTripper(WireH2).RoundTrip(request(t, t.Context(), be, http.MethodGet, path, nil))
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		return resp
+	}
+	dropped := func() float64 { return w.counter(t, "sockmesh_proxy_upstream_pool_dropped_total", "settings_changed") }
+
+	s1 := w.pools.Build(w.snapshot(t, 1, roots(w.ca)), nil)
+	get(s1, "/").Body.Close()
+	s2 := w.pools.Build(w.snapshot(t, 2, roots(w.ca, next)), s1)
+	get(s2, "/").Body.Close()
+	if n := w.accepted.Load(); n != 1 {
+		t.Fatalf("a CA added beside the one that verified the connection: %d connections to the backend, want the first only", n)
+	}
+	if n := dropped(); n != 0 {
+		t.Errorf("pool_dropped_total{reason=settings_changed} = %v after a CA was added, want 0", n)
+	}
+
+	renewed, err := next.Issue(pki.LeafOptions{CommonName: "backend", DNSNames: []string{sni}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.cert.Store(&renewed.TLS)
+	slow := get(s2, "/slow")
+	s3 := w.pools.Build(w.snapshot(t, 3, roots(next)), s2)
+	t.Cleanup(s3.CloseIdle)
+	if n := dropped(); n != 1 {
+		t.Errorf("pool_dropped_total{reason=settings_changed} = %v after the CA that verified the connection was removed, want 1", n)
+	}
+	close(release)
+	body, err := io.ReadAll(slow.Body)
+	slow.Body.Close()
+	if err != nil || string(body) != "HTTP/2.0" {
+		t.Errorf("the request under way when its connection's CA was removed: %q, %v; want it answered", body, err)
+	}
+	select {
+	case <-w.closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the connection the new settings do not verify is still open after its last request")
+	}
+	get(s3, "/").Body.Close()
+	if n := w.accepted.Load(); n != 2 {
+		t.Errorf("after the CA that verified the first connection was removed: %d connections to the backend, want a second", n)
 	}
 }
 

@@ -191,16 +191,15 @@ type wireState struct {
 	labels    [2]string                // namespace, backend name
 	open      prometheus.Gauge
 	ejections prometheus.Counter
-	// conns counts the wire's open connections (open counts the
-	// backend's, across wires), roundTrips its HTTP/2 requests under way
-	// in the Transport; retired is set once a Build replaced or dropped it.
-	conns, roundTrips atomic.Int64
-	retired           atomic.Bool
+	// roundTrips counts its HTTP/2 requests under way in the Transport;
+	// retired is set once a Build replaced or dropped it.
+	roundTrips atomic.Int64
+	retired    atomic.Bool
 	// h1 pools the HTTP/1.1 connections (GetH1, h1Transport); transports
-	// are net/http's, for HTTP/2 (WireH2, and WireNegotiate's h2 side).
+	// hold net/http's, for HTTP/2 (WireH2, and WireNegotiate's h2 side).
 	h1         *pool.Pool
 	mu         sync.Mutex
-	transports [wireCount]*http.Transport
+	transports [wireCount]*h2pool
 	// expires retires transports[wire] at expiresAt[wire], when the first
 	// certificate chain its connections' handshakes verified expires.
 	expires   [wireCount]*time.Timer
@@ -267,11 +266,13 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 		w.h1 = pool.New(pool.Config{MaxIdle: p.cfg.MaxIdleConnsPerEndpoint, MaxOpen: p.cfg.MaxConnsPerEndpoint, IdleTimeout: p.cfg.IdleConnTimeout,
 			Dropped: func(why pool.DropReason) { p.m.poolDropped[why].Inc() }})
 		if old := prev.Get(spec.Ref); old != nil && old.w != nil {
-			// New TLS settings or protocol: TLS sessions and net/http's
-			// connections of the old ones are not reused (closeIdle
-			// below), nor the idle HTTP/1.1 connections the new ones
-			// would not have made (keeps).
-			old.w.h1.MoveIdle(w.h1, w.keeps(old.w))
+			// New TLS settings or protocol: TLS sessions of the old ones
+			// are not reused, nor the connections the new ones would not
+			// have made: idle HTTP/1.1 ones (keeps), net/http's HTTP/2 ones
+			// (adopt; without TLS both ways, closeIdle below).
+			k := w.keeping(old.w).Keeper() // one for all of old's connections
+			old.w.h1.MoveIdle(w.h1, w.keeps(old.w, k))
+			w.adopt(old.w, k)
 			log.Info("upstream pools replaced", "backend", spec.Ref.String())
 		}
 		b.w = w
@@ -293,7 +294,7 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 	// connection itself (h2Transport).
 	p.retired = slices.DeleteFunc(p.retired, func(w *wireState) bool {
 		w.closeIdle()
-		return w.conns.Load() == 0 && w.roundTrips.Load() == 0
+		return !w.holdsH2() && w.roundTrips.Load() == 0
 	})
 	p.forgetSeries(set)
 	return set
@@ -369,9 +370,9 @@ func (w *wireState) keeping(old *wireState) *upstreamtls.Origination {
 }
 
 // keeps reports whether an idle HTTP/1.1 connection of old's pool may
-// serve w's requests, and sets its Until under w's settings.
-func (w *wireState) keeps(old *wireState) func(*pool.Conn) bool {
-	k := w.keeping(old).Keeper() // one for all of old's idle connections
+// serve w's requests under k, the Keeper of w's settings, and sets its
+// Until under them.
+func (w *wireState) keeps(old *wireState, k *upstreamtls.Keeper) func(*pool.Conn) bool {
 	return func(c *pool.Conn) bool {
 		tc, ok := c.Conn.(*tls.Conn)
 		if !ok {
@@ -532,109 +533,6 @@ func WithEndpoint(ctx context.Context, c *balance.Choice) context.Context {
 	return context.WithValue(ctx, endpointKey{}, c)
 }
 
-// transport is net/http's Transport for HTTP/2 (wire WireH2, or
-// WireNegotiate for the h2 side of negotiated): it speaks HTTP/2 only, as
-// its connections refuse any other protocol (dialH2).
-func (w *wireState) transport(wire Wire) *http.Transport {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if t := w.transports[wire]; t != nil {
-		return t
-	}
-	cfg := w.p.cfg
-	t := &http.Transport{
-		MaxIdleConns:        0,
-		MaxIdleConnsPerHost: cfg.MaxIdleConnsPerEndpoint,
-		MaxConnsPerHost:     cfg.MaxConnsPerEndpoint,
-		IdleConnTimeout:     cfg.IdleConnTimeout,
-		// A proxy must not add Accept-Encoding nor decode bodies.
-		DisableCompression: true,
-		WriteBufferSize:    32 << 10,
-		ReadBufferSize:     32 << 10,
-		// A request that expects 100 Continue sends its body when the
-		// backend asks for it, as the HTTP/1.1 wire does.
-		ExpectContinueTimeout: ExpectContinueTimeout,
-		// As the HTTP/1.1 pool bounds heads (pool.Config.MaxHeadBytes).
-		MaxResponseHeaderBytes: http.DefaultMaxHeaderBytes,
-		HTTP2:                  &http.HTTP2Config{SendPingTimeout: cfg.H2PingAfter, PingTimeout: cfg.H2PingTimeout},
-		Protocols:              new(http.Protocols),
-	}
-	dialFn := func(ctx context.Context, _, addr string) (c net.Conn, err error) {
-		defer cfg.Panics.Recover("dial", &err, nil)
-		picked, err := endpointFor(ctx, addr)
-		if err != nil {
-			return nil, err
-		}
-		if try, ok := ctx.Value(connTryKey{}).(*connTry); ok && try.c == picked {
-			try.Store(true) // this dial settles or hands back the probe
-		}
-		c, err = w.dialH2(ctx, picked, wire)
-		if tc, ok := c.(*tls.Conn); ok {
-			w.expireAt(wire, t, w.tls.ValidUntil(tc.ConnectionState()))
-		}
-		return c, err
-	}
-	if w.tls != nil {
-		t.DialTLSContext = dialFn
-		t.Protocols.SetHTTP2(true)
-	} else {
-		t.DialContext = dialFn
-		t.Protocols.SetUnencryptedHTTP2(true)
-	}
-	w.transports[wire] = t
-	return t
-}
-
-// expireAt retires t, transports[wire], at until, when the certificate
-// chain a connection of t verified expires, unless one of its other
-// connections' expires before.
-func (w *wireState) expireAt(wire Wire, t *http.Transport, until time.Time) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.transports[wire] != t || w.expires[wire] != nil && !until.Before(w.expiresAt[wire]) {
-		return
-	}
-	if w.expires[wire] != nil {
-		w.expires[wire].Stop()
-	}
-	w.expires[wire] = time.AfterFunc(time.Until(until), func() { w.retire(wire, t) })
-	w.expiresAt[wire] = until
-}
-
-// retire sends the next requests of wire over a new Transport (transport),
-// t's connections set aside: net/http's Transport would reuse the one
-// whose certificate chain expired while requests keep it busy, where no
-// new handshake accepts that chain. t's requests in flight finish; its
-// idle connections close now, the others IdleConnTimeout after their last
-// request.
-func (w *wireState) retire(wire Wire, t *http.Transport) {
-	w.mu.Lock()
-	if w.transports[wire] == t {
-		w.transports[wire], w.expires[wire] = nil, nil
-	}
-	w.mu.Unlock()
-	t.CloseIdleConnections()
-}
-
-// closeIdle closes w's idle connections when w is dropped (its backend's
-// settings changed or it left the snapshot) or the proxy shuts down, and
-// stops its expiry timers, which would otherwise hold w until its chains
-// expire — months, for every TLS settings change meanwhile.
-func (w *wireState) closeIdle() {
-	w.h1.Close()
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for i, t := range w.transports {
-		if t != nil {
-			t.CloseIdleConnections()
-		}
-		if w.expires[i] != nil {
-			w.expires[i].Stop()
-			w.expires[i] = nil
-		}
-	}
-}
-
 // endpointFor returns the endpoint picked for a request to addr
 // (WithEndpoint), or, without one, addr's.
 func endpointFor(ctx context.Context, addr string) (*balance.Choice, error) {
@@ -666,7 +564,6 @@ func (w *wireState) dialTCP(ctx context.Context, c *balance.Choice) (*trackedCon
 	}
 	m.dialsOK.Inc()
 	w.open.Inc()
-	w.conns.Add(1)
 	return &trackedConn{Conn: raw, w: w}, nil
 }
 
@@ -812,7 +709,7 @@ func classifyDial(err error) Reason {
 	return ReasonDialFailed
 }
 
-// trackedConn keeps the open-connections counts honest.
+// trackedConn keeps the open connections gauge honest.
 type trackedConn struct {
 	net.Conn
 	w      *wireState
@@ -822,7 +719,6 @@ type trackedConn struct {
 func (c *trackedConn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {
 		c.w.open.Dec()
-		c.w.conns.Add(-1)
 	}
 	return c.Conn.Close()
 }

@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -36,9 +37,15 @@ type world struct {
 	addr netip.AddrPort
 	// serverTLS is the backend's certificate, for backends of a test's own.
 	serverTLS *tls.Config
-	pools     *Pools
-	reg       *prometheus.Registry
-	logs      *bytes.Buffer
+	// cert is the certificate the backend serves; a test may renew it.
+	cert  atomic.Pointer[tls.Certificate]
+	pools *Pools
+	reg   *prometheus.Registry
+	logs  *bytes.Buffer
+	// accepted counts the backend's connections; closed gets a value as
+	// each closes (while it has room).
+	accepted atomic.Int32
+	closed   chan struct{}
 }
 
 func newWorld(t testing.TB) *world {
@@ -62,15 +69,26 @@ func newWorldServing(t testing.TB, h http.Handler, h1Only bool) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: h, TLSConfig: &tls.Config{Certificates: []tls.Certificate{leaf.TLS}}}
+	w := &world{ca: ca, addr: l.Addr().(*net.TCPAddr).AddrPort(), reg: prometheus.NewRegistry(), logs: &bytes.Buffer{}, closed: make(chan struct{}, 16)}
+	w.cert.Store(&leaf.TLS)
+	w.serverTLS = &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return w.cert.Load(), nil }}
+	srv := &http.Server{Handler: h, TLSConfig: w.serverTLS.Clone(), ConnState: func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			w.accepted.Add(1)
+		case http.StateClosed:
+			select {
+			case w.closed <- struct{}{}:
+			default:
+			}
+		}
+	}}
 	if h1Only {
 		srv.TLSConfig.NextProtos = []string{"http/1.1"}
 		srv.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){}
 	}
 	go srv.ServeTLS(l, "", "")
 	t.Cleanup(func() { srv.Close() })
-	w := &world{ca: ca, addr: l.Addr().(*net.TCPAddr).AddrPort(), reg: prometheus.NewRegistry(), logs: &bytes.Buffer{},
-		serverTLS: &tls.Config{Certificates: []tls.Certificate{leaf.TLS}}}
 	log := slog.New(slog.NewTextHandler(&lockedWriter{w: w.logs}, nil))
 	w.pools, err = New(Config{}, dial.NewDirect(dial.Config{Unmarked: true}), log, w.reg)
 	if err != nil {
