@@ -57,60 +57,15 @@ func testExpiredChainH2(t *testing.T, h2c bool, proto snapshot.Protocol, renewed
 	if err != nil {
 		t.Fatal(err)
 	}
-	issue := func(valid time.Duration) *tls.Certificate {
-		leaf, err := ca.Issue(pki.LeafOptions{CommonName: "echo", DNSNames: []string{sniName}, NotAfter: time.Now().Add(valid)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return &leaf.TLS
-	}
-	// Within the Transport's idle timeout (90 s): the connection stays.
-	const lifetime = time.Minute
-	var cert atomic.Pointer[tls.Certificate]
-	cert.Store(issue(lifetime))
 	var pn pipeNet
 	backendAddr := netip.MustParseAddrPort("10.0.0.1:443")
-	var conns atomic.Int32
-	srv := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.URL.Path == "/slow" {
-				time.Sleep(2 * lifetime)
-			}
-			io.WriteString(w, r.Proto)
-		}),
-		TLSConfig: &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
-			return cert.Load(), nil
-		}},
-		ErrorLog: log.New(io.Discard, "", 0), // the refused handshakes
-		ConnState: func(_ net.Conn, s http.ConnState) {
-			if s == http.StateNew {
-				conns.Add(1)
-			}
-		},
-	}
-	go srv.ServeTLS(bufferedListener{pn.listen(backendAddr)}, "", "")
-	t.Cleanup(func() { srv.Close() })
-
+	b := serveExpiring(t, &pn, backendAddr, ca, expiryLifetime)
 	p, err := proxy.New(proxy.Config{Dialer: &pn}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer p.Shutdown(context.Background())
-	m := &mesh{t: t}
-	be := m.backend("tls", snapshot.Backend{Protocol: proto, Endpoints: endpoints(backendAddr),
-		TLS: &snapshot.TLS{Mode: snapshot.TLSServerOnly, ServerName: sniName, RootsPEM: string(ca.CertPEM)}})
-	m.frontend("tls", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute, rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
-	p.Update(m.snapshot(1))
-	client := pipeClient(t, p, h2c)
-	get := func(path string) (int, string) {
-		resp, err := client.Get("http://tls.b.svc" + path)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := routedTo(t, p, proto, h2c, ca, backendAddr)
 	if code, body := get("/"); code != 200 || body != "HTTP/2.0" {
 		t.Fatalf("before the certificate expired: %d %q, want 200 over HTTP/2", code, body)
 	}
@@ -122,19 +77,149 @@ func testExpiredChainH2(t *testing.T, h2c bool, proto snapshot.Protocol, renewed
 		slow <- fmt.Sprint(code, " ", body)
 	}()
 	if renewed {
-		cert.Store(issue(24 * time.Hour))
+		b.renew(t, ca, 24*time.Hour)
 	}
-	time.Sleep(lifetime + time.Second)
+	time.Sleep(expiryLifetime + time.Second)
 	code, body := get("/")
 	if got := <-slow; got != "200 HTTP/2.0" {
 		t.Errorf("the request in flight when the certificate expired: %s, want 200 HTTP/2.0", got)
 	}
 	switch {
-	case renewed && (code != 200 || conns.Load() != 2):
-		t.Errorf("after the certificate was renewed and the old one expired: %d %q over %d backend connections, want 200 over a second one", code, body, conns.Load())
+	case renewed && (code != 200 || b.conns.Load() != 2):
+		t.Errorf("after the certificate was renewed and the old one expired: %d %q over %d backend connections, want 200 over a second one", code, body, b.conns.Load())
 	case !renewed && (code != http.StatusBadGateway || !strings.Contains(body, "tls_verify")):
 		t.Errorf("after the certificate expired: %d %q, want 502 tls_verify", code, body)
 	}
+	// Its last request over, the expired connection closes, where
+	// net/http's Transport kept it for its idle timeout (90 s).
+	synctest.Wait()
+	if !b.firstClosed.Load() {
+		t.Error("the expired connection is still open after its last request")
+	}
+}
+
+// expiryLifetime is how long the certificates of serveExpiring live:
+// within the Transport's idle timeout (90 s), so that a connection stays
+// idle past their end.
+const expiryLifetime = time.Minute
+
+// expiringBackend is a TLS backend serving ca's certificate of the moment
+// (renew), for lifetime at first, whose /slow answers after twice that;
+// it counts its connections and tells whether its first one closed.
+type expiringBackend struct {
+	cert        atomic.Pointer[tls.Certificate]
+	conns       atomic.Int32
+	first       atomic.Pointer[net.Conn]
+	firstClosed atomic.Bool
+}
+
+func serveExpiring(t *testing.T, pn *pipeNet, addr netip.AddrPort, ca *pki.CA, lifetime time.Duration) *expiringBackend {
+	b := &expiringBackend{}
+	b.renew(t, ca, lifetime)
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/slow" {
+				time.Sleep(2 * lifetime)
+			}
+			io.WriteString(w, r.Proto)
+		}),
+		TLSConfig: &tls.Config{GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+			return b.cert.Load(), nil
+		}},
+		ErrorLog: log.New(io.Discard, "", 0), // the refused handshakes
+		ConnState: func(c net.Conn, s http.ConnState) {
+			switch {
+			case s == http.StateNew:
+				b.conns.Add(1)
+				b.first.CompareAndSwap(nil, &c)
+			case s == http.StateClosed && *b.first.Load() == c:
+				b.firstClosed.Store(true)
+			}
+		},
+	}
+	go srv.ServeTLS(bufferedListener{pn.listen(addr)}, "", "")
+	t.Cleanup(func() { srv.Close() })
+	return b
+}
+
+// renew has b serve a certificate of ca's that lives for valid.
+func (b *expiringBackend) renew(t *testing.T, ca *pki.CA, valid time.Duration) {
+	leaf, err := ca.Issue(pki.LeafOptions{CommonName: "echo", DNSNames: []string{sniName}, NotAfter: time.Now().Add(valid)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.cert.Store(&leaf.TLS)
+}
+
+// routedTo routes a producer's requests to routedVIP through p to a TLS
+// backend of protocol proto at addrs, verified with ca, and returns a GET
+// from an h2c or HTTP/1.1 app (a failed one: 0 and its error).
+func routedTo(t *testing.T, p *proxy.Proxy, proto snapshot.Protocol, h2c bool, ca *pki.CA, addrs ...netip.AddrPort) func(path string) (int, string) {
+	m := &mesh{t: t}
+	be := m.backend("tls", snapshot.Backend{Protocol: proto, Endpoints: endpoints(addrs...),
+		TLS: &snapshot.TLS{Mode: snapshot.TLSServerOnly, ServerName: sniName, RootsPEM: string(ca.CertPEM)}})
+	m.frontend("tls", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute, rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
+	p.Update(m.snapshot(1))
+	client := pipeClient(t, p, h2c)
+	return func(path string) (int, string) {
+		resp, err := client.Get("http://tls.b.svc" + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+}
+
+// TestExpiryPerConnectionH2: of the HTTP/2 connections net/http's
+// Transport holds for a backend, only the one whose certificate chain
+// expired is set aside (counted as pool_dropped_total{reason="expired"}):
+// another endpoint's, whose chain is valid still, keeps serving. All were
+// set aside at the first expiry among them, and each endpoint connected
+// again, uncounted.
+func TestExpiryPerConnectionH2(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ca, err := pki.NewCA("expiry test ca")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pn pipeNet
+		addrs := []netip.AddrPort{netip.MustParseAddrPort("10.0.0.1:443"), netip.MustParseAddrPort("10.0.0.2:443")}
+		soon, later := serveExpiring(t, &pn, addrs[0], ca, expiryLifetime), serveExpiring(t, &pn, addrs[1], ca, time.Hour)
+		reg := prometheus.NewRegistry()
+		p, err := proxy.New(proxy.Config{Dialer: &pn}, slog.New(slog.DiscardHandler), reg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Shutdown(context.Background())
+		get := routedTo(t, p, snapshot.ProtocolHTTP2, false, ca, addrs...)
+		for range 4 { // round robin: two to each endpoint
+			if code, body := get("/"); code != 200 {
+				t.Fatalf("before the first certificate expired: %d %q", code, body)
+			}
+		}
+		if soon.conns.Load() != 1 || later.conns.Load() != 1 {
+			t.Fatalf("connections before: %d and %d, want one to each endpoint", soon.conns.Load(), later.conns.Load())
+		}
+		soon.renew(t, ca, time.Hour)
+		time.Sleep(expiryLifetime + time.Second)
+		for range 4 {
+			if code, body := get("/"); code != 200 {
+				t.Fatalf("after the first certificate expired: %d %q", code, body)
+			}
+		}
+		synctest.Wait()
+		if !soon.firstClosed.Load() || soon.conns.Load() != 2 {
+			t.Errorf("the endpoint whose certificate expired: first connection closed %v, %d connections; want it closed and a second", soon.firstClosed.Load(), soon.conns.Load())
+		}
+		if later.firstClosed.Load() || later.conns.Load() != 1 {
+			t.Errorf("the endpoint whose certificate is valid: first connection closed %v, %d connections; want the first only, open", later.firstClosed.Load(), later.conns.Load())
+		}
+		if n := counterValue(t, reg, "sockmesh_proxy_upstream_pool_dropped_total", "reason", "expired"); n != 1 {
+			t.Errorf("pool_dropped_total{reason=expired} = %v, want 1", n)
+		}
+	})
 }
 
 // bufferedListener's connections take writes without waiting for the peer

@@ -3,9 +3,10 @@
 // the backend's policy, and the bounded connection pools that requests
 // share: the HTTP/1.1 pool (package pool) that the proxy's fast path takes
 // connections from (GetH1) and every other HTTP/1.1 request goes through
-// (RoundTripper), and net/http's Transports for HTTP/2 multiplexing, each
-// replaced for new requests when the first certificate chain its
-// connections verified expires.
+// (RoundTripper), and net/http's Transports for HTTP/2 multiplexing, whose
+// connections are each set aside (h2drain.Upstream: no new request, closed
+// once the last ends) when the certificate chain it verified expires, or
+// when a snapshot retires its wire.
 //
 // A Set is built per snapshot; a backend whose wire settings (protocol, TLS)
 // did not change keeps its pools and TLS session caches across snapshots, so

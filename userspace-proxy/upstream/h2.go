@@ -20,6 +20,7 @@ import (
 // verify with it.
 type h2pool struct {
 	t *http.Transport
+	m *metrics
 	// owner is the wire under whose settings its connections are dialed.
 	owner atomic.Pointer[wireState]
 	mu    sync.Mutex
@@ -32,12 +33,18 @@ type h2pool struct {
 type h2Conn struct {
 	*h2drain.Upstream
 	pool *h2pool
-	held upstreamtls.Held // under pool.mu
+	// held, and expiry, which sets it aside when held's trust ends, are
+	// under pool.mu.
+	held   upstreamtls.Held
+	expiry *time.Timer
 }
 
 func (c *h2Conn) Close() error {
 	c.pool.mu.Lock()
 	delete(c.pool.conns, c)
+	if c.expiry != nil {
+		c.expiry.Stop()
+	}
 	c.pool.mu.Unlock()
 	return c.Upstream.Close()
 }
@@ -77,7 +84,7 @@ func (w *wireState) transport(wire Wire) *http.Transport {
 		HTTP2:                  &http.HTTP2Config{SendPingTimeout: cfg.H2PingAfter, PingTimeout: cfg.H2PingTimeout},
 		Protocols:              new(http.Protocols),
 	}
-	hp := &h2pool{t: t, conns: make(map[*h2Conn]bool)}
+	hp := &h2pool{t: t, m: w.p.m, conns: make(map[*h2Conn]bool)}
 	hp.owner.Store(w)
 	dialFn := func(ctx context.Context, _, addr string) (c net.Conn, err error) {
 		defer cfg.Panics.Recover("dial", &err, nil)
@@ -114,14 +121,14 @@ func (hp *h2pool) add(by *wireState, wire Wire, c net.Conn) net.Conn {
 		hc.held = by.tls.Hold(tc.ConnectionState(), wire.ALPN())
 	}
 	hp.mu.Lock()
+	defer hp.mu.Unlock()
 	hp.conns[hc] = false
-	until, w := hc.held.Until(), hp.owner.Load()
-	if w != by {
+	if w := hp.owner.Load(); w != by {
 		// Taken over while it was dialed: the new settings must keep it.
-		until = hp.keep(w, hc, w.tls.Keeper())
+		hp.keep(hc, w.tls.Keeper())
+	} else {
+		hp.expireAt(hc)
 	}
-	hp.mu.Unlock()
-	w.expireAt(wire, hp, until)
 	if !ok {
 		return hc
 	}
@@ -149,34 +156,83 @@ func (w *wireState) adopt(old *wireState, k *upstreamtls.Keeper) {
 		w.transports[wire] = hp // w is not shared yet
 		hp.mu.Lock()
 		hp.owner.Store(w)
-		var untils []time.Time
 		for c, leaving := range hp.conns {
 			if !leaving {
-				untils = append(untils, hp.keep(w, c, k))
+				hp.keep(c, k)
 			}
 		}
 		hp.mu.Unlock()
-		for _, until := range untils {
-			w.expireAt(Wire(wire), hp, until)
-		}
 	}
 }
 
-// keep holds c under k, the Keeper of w's settings, and returns when
-// their trust in it ends; or asks it away (zero time): its requests under
-// way finish, no other starts on it, and it closes once the last ends.
-// hp.mu is held.
-func (hp *h2pool) keep(w *wireState, c *h2Conn, k *upstreamtls.Keeper) time.Time {
+// keep holds c under k, the Keeper of new settings, its expiry moved to
+// where their trust in it ends, or sets it aside. hp.mu is held.
+func (hp *h2pool) keep(c *h2Conn, k *upstreamtls.Keeper) {
 	h, err := k.Keep(c.held)
 	if err != nil {
-		hp.conns[c] = true
-		if c.GoAway(h2drain.ReasonPolicyChanged) {
-			w.p.m.poolDropped[pool.DropSettingsChanged].Inc()
+		if hp.setAside(c, h2drain.ReasonPolicyChanged) {
+			hp.m.poolDropped[pool.DropSettingsChanged].Inc()
 		}
-		return time.Time{}
+		return
 	}
 	c.held = h
-	return h.Until()
+	hp.expireAt(c)
+}
+
+// expireAt sets c aside when the trust in its TLS ends: net/http's
+// Transport would reuse it while requests keep it busy, where no new
+// handshake accepts the certificate chain it verified. hp.mu is held.
+func (hp *h2pool) expireAt(c *h2Conn) {
+	if c.expiry != nil {
+		c.expiry.Stop()
+	}
+	until := c.held.Until()
+	if until.IsZero() {
+		return // cleartext
+	}
+	c.expiry = time.AfterFunc(time.Until(until), func() {
+		hp.mu.Lock()
+		defer hp.mu.Unlock()
+		if !time.Now().Before(c.held.Until()) && hp.setAside(c, h2drain.ReasonExpired) {
+			hp.m.poolDropped[pool.DropExpired].Inc()
+		}
+	})
+}
+
+// setAside asks c, if open and not asked before, to go away for why: its
+// requests under way finish, none starts on it, and it closes once the
+// last ends, where the Transport kept it until its idle timeout (90 s)
+// after that. It reports whether it asked. hp.mu is held.
+func (hp *h2pool) setAside(c *h2Conn, why h2drain.Reason) bool {
+	if leaving, open := hp.conns[c]; leaving || !open {
+		return false
+	}
+	hp.conns[c] = true
+	if c.expiry != nil {
+		c.expiry.Stop()
+	}
+	return c.GoAway(why)
+}
+
+// setAside sets aside the connections of w's HTTP/2 Transports once a
+// Build retired w: only requests of older snapshots would take them
+// again. Those of a backend whose settings changed (replaced) count as
+// settings_changed.
+func (w *wireState) setAside(replaced bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, hp := range w.transports {
+		if hp == nil {
+			continue
+		}
+		hp.mu.Lock()
+		for c := range hp.conns {
+			if hp.setAside(c, h2drain.ReasonPolicyChanged) && replaced {
+				hp.m.poolDropped[pool.DropSettingsChanged].Inc()
+			}
+		}
+		hp.mu.Unlock()
+	}
 }
 
 // holdsH2 reports whether a connection of w's HTTP/2 Transports is open;
@@ -198,58 +254,15 @@ func (w *wireState) holdsH2() bool {
 	return false
 }
 
-// expireAt retires hp, transports[wire], at until, when the certificate
-// chain a connection of hp verified expires, unless one of its other
-// connections' expires before. A zero until (cleartext, or a connection
-// asked away) does nothing.
-func (w *wireState) expireAt(wire Wire, hp *h2pool, until time.Time) {
-	if until.IsZero() {
-		return
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.transports[wire] != hp || w.expires[wire] != nil && !until.Before(w.expiresAt[wire]) {
-		return
-	}
-	if w.expires[wire] != nil {
-		w.expires[wire].Stop()
-	}
-	w.expires[wire] = time.AfterFunc(time.Until(until), func() { w.retire(wire, hp) })
-	w.expiresAt[wire] = until
-}
-
-// retire sends the next requests of wire over a new Transport (transport),
-// hp's connections set aside: net/http's Transport would reuse the one
-// whose certificate chain expired while requests keep it busy, where no
-// new handshake accepts that chain. hp's requests in flight finish; its
-// idle connections close now, the others IdleConnTimeout after their last
-// request.
-func (w *wireState) retire(wire Wire, hp *h2pool) {
-	w.mu.Lock()
-	if w.transports[wire] != hp {
-		w.mu.Unlock()
-		return // taken over, or retired already
-	}
-	w.transports[wire], w.expires[wire] = nil, nil
-	w.mu.Unlock()
-	hp.t.CloseIdleConnections()
-}
-
 // closeIdle closes w's idle connections when w is dropped (its backend's
-// settings changed or it left the snapshot) or the proxy shuts down, and
-// stops its expiry timers, which would otherwise hold w until its chains
-// expire — months, for every TLS settings change meanwhile.
+// settings changed or it left the snapshot) or the proxy shuts down.
 func (w *wireState) closeIdle() {
 	w.h1.Close()
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	for i, hp := range w.transports {
+	for _, hp := range w.transports {
 		if hp != nil {
 			hp.t.CloseIdleConnections()
-		}
-		if w.expires[i] != nil {
-			w.expires[i].Stop()
-			w.expires[i] = nil
 		}
 	}
 }

@@ -3,7 +3,6 @@ package upstream
 import (
 	"bytes"
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -152,45 +151,6 @@ func TestH2ProbeHandedBackWithoutDial(t *testing.T) {
 	}
 }
 
-// TestH2TransportRetiredAtFirstExpiry: net/http's HTTP/2 Transport of a
-// wire is set aside for a new one when the first certificate chain its
-// connections' handshakes verified expires, whether the connection that
-// holds it was dialed first or last (expireAt), and not before.
-func TestH2TransportRetiredAtFirstExpiry(t *testing.T) {
-	for _, lives := range [][]time.Duration{{time.Minute, time.Hour}, {time.Hour, time.Minute}} {
-		t.Run(fmt.Sprint(lives), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				p, err := New(Config{}, dial.NewDirect(dial.Config{Unmarked: true}), slog.New(slog.DiscardHandler), prometheus.NewRegistry())
-				if err != nil {
-					t.Fatal(err)
-				}
-				w := backendAt(t, p, netip.MustParseAddrPort("10.0.0.1:443"), nil).w
-				first := w.transport(WireH2)
-				for _, d := range lives {
-					w.expireAt(WireH2, w.transports[WireH2], time.Now().Add(d))
-				}
-				time.Sleep(time.Minute - time.Nanosecond)
-				if w.transport(WireH2) != first {
-					t.Fatal("set aside before the first chain expired")
-				}
-				time.Sleep(time.Nanosecond)
-				synctest.Wait()
-				if w.transport(WireH2) == first {
-					t.Error("kept after the first chain expired")
-				}
-				// Dropped (its settings changed): its timer goes too, or it
-				// would hold the dropped state until the chain expires.
-				w.transport(WireH2)
-				w.expireAt(WireH2, w.transports[WireH2], time.Now().Add(24*time.Hour))
-				w.closeIdle()
-				if w.expires[WireH2] != nil {
-					t.Error("a dropped state's expiry timer still runs")
-				}
-			})
-		})
-	}
-}
-
 // TestH2KeepsWhatStillVerifies: when a backend's TLS settings change, an
 // HTTP/2 connection of net/http's Transport stays if the new settings
 // verify it, as relayed and pooled HTTP/1.1 connections do: a CA added
@@ -201,15 +161,7 @@ func TestH2TransportRetiredAtFirstExpiry(t *testing.T) {
 // pool_dropped_total{reason="settings_changed"}. Any change built a new
 // Transport: every connection to the backend was made again.
 func TestH2KeepsWhatStillVerifies(t *testing.T) {
-	release := make(chan struct{})
-	w := newWorldServing(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/slow" {
-			rw.WriteHeader(http.StatusOK)
-			http.NewResponseController(rw).Flush()
-			<-release
-		}
-		io.WriteString(rw, r.Proto)
-	}), false)
+	w, release := newSlowWorld(t)
 	next, err := pki.NewCA("next ca")
 	if err != nil {
 		t.Fatal(err)
@@ -222,14 +174,7 @@ func TestH2KeepsWhatStillVerifies(t *testing.T) {
 		}
 		return p
 	}
-	get := func(s *Set, path string) *http.Response {
-		be := s.Get(ref)
-		resp, err := be.RoundTripper(WireH2).RoundTrip(request(t, t.Context(), be, http.MethodGet, path, nil))
-		if err != nil {
-			t.Fatalf("GET %s: %v", path, err)
-		}
-		return resp
-	}
+	get := func(s *Set, path string) *http.Response { return getH2(t, s.Get(ref), path) }
 	dropped := func() float64 { return w.counter(t, "sockmesh_proxy_upstream_pool_dropped_total", "settings_changed") }
 
 	s1 := w.pools.Build(w.snapshot(t, 1, roots(w.ca)), nil)
@@ -255,19 +200,89 @@ func TestH2KeepsWhatStillVerifies(t *testing.T) {
 		t.Errorf("pool_dropped_total{reason=settings_changed} = %v after the CA that verified the connection was removed, want 1", n)
 	}
 	close(release)
+	w.wantClosedAfter(t, slow, "the request under way when its connection's CA was removed")
+	get(s3, "/").Body.Close()
+	if n := w.accepted.Load(); n != 2 {
+		t.Errorf("after the CA that verified the first connection was removed: %d connections to the backend, want a second", n)
+	}
+}
+
+// newSlowWorld is a world whose backend answers /slow at once with its
+// headers, and with its body once release is closed.
+func newSlowWorld(t *testing.T) (w *world, release chan struct{}) {
+	release = make(chan struct{})
+	return newWorldServing(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			rw.WriteHeader(http.StatusOK)
+			http.NewResponseController(rw).Flush()
+			<-release
+		}
+		io.WriteString(rw, r.Proto)
+	}), false), release
+}
+
+// getH2 sends GET path to be over HTTP/2 and returns the answer, its
+// body unread.
+func getH2(t *testing.T, be *Backend, path string) *http.Response {
+	t.Helper()
+	resp, err := be.RoundTripper(WireH2).RoundTrip(request(t, t.Context(), be, http.MethodGet, path, nil))
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	return resp
+}
+
+// wantClosedAfter reads slow, an answer of w's backend, to its end, and
+// wants its connection closed after it (a guard, not a measure: the
+// Transport would close it 90 s later).
+func (w *world) wantClosedAfter(t *testing.T, slow *http.Response, what string) {
+	t.Helper()
 	body, err := io.ReadAll(slow.Body)
 	slow.Body.Close()
 	if err != nil || string(body) != "HTTP/2.0" {
-		t.Errorf("the request under way when its connection's CA was removed: %q, %v; want it answered", body, err)
+		t.Errorf("%s: %q, %v; want it answered", what, body, err)
 	}
 	select {
 	case <-w.closed:
 	case <-time.After(10 * time.Second):
-		t.Fatal("the connection the new settings do not verify is still open after its last request")
+		t.Fatalf("%s: its connection still open after it ended", what)
 	}
-	get(s3, "/").Body.Close()
-	if n := w.accepted.Load(); n != 2 {
-		t.Errorf("after the CA that verified the first connection was removed: %d connections to the backend, want a second", n)
+}
+
+// TestH2RetiredClosesOnceIdle: an HTTP/2 connection of net/http's
+// Transport busy when a snapshot retired its wire (its backend left, or
+// its protocol changed) closes once its last request ends, with no
+// snapshot after; a protocol change counts it as
+// pool_dropped_total{reason="settings_changed"}. The Transport kept it
+// until its idle timeout, 90 s, after that request, unless a later
+// snapshot came.
+func TestH2RetiredClosesOnceIdle(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		next    []snapshot.Backend
+		counted float64
+	}{
+		{"backend gone", nil, 0},
+		{"protocol changed", []snapshot.Backend{{Ref: ref, Protocol: snapshot.ProtocolHTTP2}}, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w, release := newSlowWorld(t)
+			for i := range c.next {
+				c.next[i].TLS, c.next[i].Endpoints = w.policy(), []snapshot.Endpoint{{Addr: w.addr, Ready: true}}
+			}
+			s1 := w.pools.Build(w.snapshot(t, 1, w.policy()), nil)
+			slow := getH2(t, s1.Get(ref), "/slow")
+			next, err := snapshot.New(2, nil, c.next, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(w.pools.Build(next, s1).CloseIdle)
+			close(release)
+			w.wantClosedAfter(t, slow, "the request under way when its wire was retired")
+			if n := w.counter(t, "sockmesh_proxy_upstream_pool_dropped_total", "settings_changed"); n != c.counted {
+				t.Errorf("pool_dropped_total{reason=settings_changed} = %v, want %v", n, c.counted)
+			}
+		})
 	}
 }
 

@@ -60,7 +60,7 @@ func newMetrics(reg prometheus.Registerer, health *balance.Health) (*metrics, er
 	m.poolGets = [2]prometheus.Counter{poolGets.WithLabelValues("new"), poolGets.WithLabelValues("reused")}
 	poolDropped := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sockmesh_proxy_upstream_pool_dropped_total",
-		Help: "HTTP/1.1 upstream connections closed instead of reused, by reason (closed: the backend ended the connection while idle; unsolicited: it sent bytes nobody asked for; expired: the certificate chain its TLS handshake verified expired; settings_changed: the backend's TLS settings or protocol changed, and the new ones would not have made it: an idle one, or an HTTP/2 one of net/http's Transports, set aside to close once its requests end).",
+		Help: "Pooled upstream connections (HTTP/1.1; HTTP/2 for expired and settings_changed, set aside to close once their requests end) closed instead of reused, by reason (closed: the backend ended the connection while idle; unsolicited: it sent bytes nobody asked for; expired: the certificate chain its TLS handshake verified expired; settings_changed: the backend's TLS settings or protocol changed, and the new ones would not have made it).",
 	}, []string{"reason"})
 	m.poolDropped = [4]prometheus.Counter{pool.DropClosed: poolDropped.WithLabelValues("closed"), pool.DropUnsolicited: poolDropped.WithLabelValues("unsolicited"),
 		pool.DropExpired: poolDropped.WithLabelValues("expired"), pool.DropSettingsChanged: poolDropped.WithLabelValues("settings_changed")}

@@ -200,10 +200,6 @@ type wireState struct {
 	h1         *pool.Pool
 	mu         sync.Mutex
 	transports [wireCount]*h2pool
-	// expires retires transports[wire] at expiresAt[wire], when the first
-	// certificate chain its connections' handshakes verified expires.
-	expires   [wireCount]*time.Timer
-	expiresAt [wireCount]time.Time
 	// declinedH2 is when an endpoint last answered an offer of h2 with
 	// HTTP/1.1 (unix nanoseconds; 0: never); see SpeaksH1Only.
 	declinedH2 atomic.Int64
@@ -278,20 +274,23 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 		b.w = w
 	}
 	if prev != nil {
-		for _, old := range prev.byRef {
+		for ref, old := range prev.byRef {
 			if old.w != nil && !kept[old.w] {
 				old.w.retired.Store(true)
+				old.w.setAside(set.Get(ref) != nil)
 				p.retired = append(p.retired, old.w)
 			}
 		}
 	}
 	// A retired wire's connections in use at the swap come back after it:
-	// its HTTP/1.1 pool closes them as they do, but net/http's HTTP/2
-	// Transport keeps them idle until its idle timeout (90 s), one set
-	// per snapshot that changed the backend's settings under traffic. So
-	// each Build closes those idle by then, until none is left and no
-	// request is under way; a request that starts later closes its
-	// connection itself (h2Transport).
+	// its HTTP/1.1 pool closes them as they do, and its HTTP/2 ones, set
+	// aside above, close as their last request ends (net/http's Transport
+	// kept them until its idle timeout, 90 s, after it: a set per snapshot
+	// that changed the backend's settings under traffic). Each Build closes
+	// those idle by then that no GOAWAY reached (none goes before the
+	// backend's first answer), until none is left and no request is under
+	// way; a request that starts later closes its connection itself
+	// (h2Transport).
 	p.retired = slices.DeleteFunc(p.retired, func(w *wireState) bool {
 		w.closeIdle()
 		return !w.holdsH2() && w.roundTrips.Load() == 0
