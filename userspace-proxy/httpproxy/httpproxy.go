@@ -77,7 +77,10 @@ type Target struct {
 // connection failed, none taking it (upstream.NoConnection). They were its
 // first request's tries, as many as the L7 path makes: that request
 // answers with Err rather than connect to the same endpoints again, which
-// the Picker, every one of them ejected, would hand out anyway.
+// the Picker, every one of them ejected, would hand out anyway. Err may
+// also be an h2c backend's answer to the app's HTTP/2 preface in another
+// protocol (upstream.ErrNotHTTP2): the first request names it, and the
+// connection ends after it.
 type RelayFailure struct {
 	Backend *upstream.Backend
 	Err     error
@@ -316,6 +319,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := t.relayFailed(x.be); err != nil {
+		if errors.Is(err, upstream.ErrNotHTTP2) {
+			// net/http's server then sends a GOAWAY: the app's next
+			// connection meets the relay's check again, and its requests
+			// the same answer, where the L7 path's own connects would
+			// read the backend's HTTP/1.1 as a broken frame.
+			w.Header().Set("Connection", "close")
+		}
 		h.fail(w, r, x, upstream.Classify(err), err)
 		return
 	}

@@ -17,6 +17,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -39,6 +40,7 @@ import (
 	"github.com/sockmesh/sockmesh/test/echo"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
 // Interop on the HTTP/2, gRPC, WebSocket and TCP paths: real clients and
@@ -234,6 +236,69 @@ func TestInteropH2TLSVerifyFailure(t *testing.T) {
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusBadGateway || !bytes.Contains(b, []byte("tls_verify")) {
 			t.Errorf("%s: %d %q, want 502 tls_verify", dst, resp.StatusCode, b)
+		}
+	}
+}
+
+// TestH2BackendAnswersHTTP1: a backend declared to speak HTTP/2 in
+// cleartext (H2C, GRPC) that answers an h2c app's preface in HTTP/1.1 is a
+// misconfiguration the app reads: each gRPC call fails UNAVAILABLE with
+// "sockmesh: protocol", each h2c request gets 502 with the same body,
+// counted under reason protocol and logged with the cause. Before, the relay passed the backend's
+// HTTP/1.1 answer on: grpc-go failed reading the server preface, an h2c
+// client read garbage, and nothing was logged or counted.
+func TestH2BackendAnswersHTTP1(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	srv := &http.Server{Protocols: new(http.Protocols), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "HTTP/1.1 only")
+	})}
+	srv.Protocols.SetHTTP1(true)
+	h1 := serveLocal(t, srv)
+	vGRPC, vH2C := netip.MustParseAddrPort("10.96.40.21:9000"), netip.MustParseAddrPort("10.96.40.22:80")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "grpc", vip: vGRPC, backend: snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(h1)}},
+		service{name: "h2c", vip: vH2C, backend: snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(h1)}},
+	))
+	protocol := map[string]string{"reason": string(upstream.ReasonProtocol)}
+
+	cc, err := grpc.NewClient("passthrough:///grpc.b.svc:9000",
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(vGRPC) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	// Each call names it: the first on a connection is told the relay's
+	// check, which its next connection meets again.
+	for i := range 2 {
+		err = cc.Invoke(context.Background(), echo.MethodUnary, wrapperspb.Bytes([]byte("ping")), new(wrapperspb.BytesValue))
+		if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "sockmesh: protocol" {
+			t.Errorf("gRPC app, call %d: %v; want UNAVAILABLE, sockmesh: protocol", i, err)
+		}
+	}
+	if n := e.counter("sockmesh_proxy_request_failures_total", protocol); n != 2 {
+		t.Errorf("failures counted as protocol after the gRPC calls: %v, want 2", n)
+	}
+
+	c := e.client(vH2C, true)
+	for i := range 2 {
+		resp, err := c.Get("http://h2c.b.svc/")
+		if err != nil {
+			t.Fatalf("h2c app, request %d: %v", i, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadGateway || string(b) != "sockmesh: protocol\n" {
+			t.Errorf("h2c app, request %d: %d %q, want 502 sockmesh: protocol", i, resp.StatusCode, b)
+		}
+	}
+	if n := e.counter("sockmesh_proxy_request_failures_total", protocol); n != 4 {
+		t.Errorf("failures counted as protocol after the h2c requests: %v, want 4", n)
+	}
+	for _, svc := range []string{"grpc", "h2c"} {
+		if !regexp.MustCompile(`"msg":"request failed".*"reason":"protocol".*answered HTTP/1.x to the HTTP/2 preface.*"service":"b/` + svc + `"`).MatchString(e.logs.String()) {
+			t.Errorf("no line names %s's protocol mismatch; log:\n%s", svc, e.logs.String())
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -290,6 +291,17 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 		cs.serveHTTP(c, p.l7For(kind), nil)
 		return
 	}
+	var sent int
+	var head []byte
+	if relayedH2 && path == PathL4 {
+		if sent, head, err = checkH2C(c, up, p.cfg.SniffTimeout); err != nil {
+			// A backend declared HTTP/2 that speaks something else: the
+			// L7 path tells the app why, with its first request.
+			up.Close()
+			cs.serveHTTP(c, p.l7For(kind), &httpproxy.RelayFailure{Backend: cs.be, Err: err})
+			return
+		}
+	}
 	if tc := sockio.TCP(c); tc != nil {
 		// A relay has no idle timeout: keep-alive probes find a vanished
 		// client (see ListenConfig).
@@ -315,6 +327,13 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 				return changed(cs.be, now.Backends.Get(r))
 			})
 		}
+	}
+	if sent > 0 {
+		// Through app, whose frames h2drain follows from the first. The
+		// replay holds what the backend took, and a failed write is the
+		// relay's to meet.
+		io.CopyN(io.Discard, app, int64(sent))
+		app.Write(head)
 	}
 	pm := p.m.byPath[path]
 	pm.active.Inc()

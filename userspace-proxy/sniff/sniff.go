@@ -190,6 +190,21 @@ func (c *Conn) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// Peek returns the next n bytes (at most 1 KiB) without consuming them:
+// Read replays them. It reads from the connection as needed, under its
+// read deadline.
+func (c *Conn) Peek(n int) ([]byte, error) {
+	if c.r == nil {
+		c.r = readers.Get().(*bufio.Reader)
+		c.r.Reset(c.Conn)
+	}
+	b, err := c.r.Peek(n)
+	if err != nil {
+		c.dropDrained()
+	}
+	return b, err
+}
+
 // dropDrained gives the replay's reader back once it is drained: later
 // reads go straight to the socket without a copy, and a connection that
 // reads nothing more (one request) still returns it.

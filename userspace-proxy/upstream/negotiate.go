@@ -16,7 +16,8 @@ import (
 )
 
 // ErrNotHTTP2 is returned for a TLS backend that must speak HTTP/2 (its
-// protocol says so) but did not negotiate h2 by ALPN.
+// protocol says so) but did not negotiate h2 by ALPN, and wrapped for an
+// h2c backend that answered the HTTP/2 preface otherwise.
 var ErrNotHTTP2 = errors.New("backend did not negotiate h2")
 
 // errDeclinedH2: offered h2 and http/1.1, the endpoint chose http/1.1 (or

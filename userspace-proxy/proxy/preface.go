@@ -1,0 +1,59 @@
+package proxy
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"time"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/sniff"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
+)
+
+// The connection prefaces of RFC 9113 §3.4: the client's magic, followed
+// by a SETTINGS frame as the server's first frame is.
+const (
+	clientMagic    = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+	frameHeaderLen = 9
+	frameSettings  = 0x4
+)
+
+// checkH2C sends the app's connection preface (its magic and SETTINGS
+// frame) to up, an h2c backend, and reads the start of the backend's: h2c
+// has no ALPN to say what the backend speaks, so its first bytes are the
+// only word on it. One declared HTTP/2 that speaks HTTP/1.1 answers with
+// an HTTP/1.1 error that the app's client cannot read ("error reading
+// server preface"). checkH2C returns an error wrapping
+// upstream.ErrNotHTTP2 when the backend answered otherwise than with a
+// SETTINGS frame; the app's preface is then still in c for the L7 path
+// to read. Otherwise it returns how many of c's bytes up took, which the
+// relay is to skip, and what it read of the backend's, which the app is
+// to get first; an app or backend too slow to judge within timeout is
+// relayed as it comes.
+func checkH2C(c *sniff.Conn, up net.Conn, timeout time.Duration) (sent int, head []byte, err error) {
+	c.SetReadDeadline(time.Now().Add(timeout))
+	preface, err := c.Peek(len(clientMagic) + frameHeaderLen)
+	if err == nil && preface[len(clientMagic)+3] == frameSettings {
+		n := int(preface[len(clientMagic)])<<16 | int(preface[len(clientMagic)+1])<<8 | int(preface[len(clientMagic)+2])
+		preface, err = c.Peek(len(clientMagic) + frameHeaderLen + n)
+	}
+	c.SetReadDeadline(time.Time{})
+	if err != nil || preface[len(clientMagic)+3] != frameSettings {
+		return 0, nil, nil // nothing to judge by
+	}
+	if _, err := up.Write(preface); err != nil {
+		return 0, nil, nil // the relay meets the same error
+	}
+	head = make([]byte, frameHeaderLen)
+	up.SetReadDeadline(time.Now().Add(timeout))
+	n, err := io.ReadFull(up, head)
+	up.SetReadDeadline(time.Time{})
+	switch {
+	case bytes.HasPrefix(head[:n], []byte("HTTP/1.")):
+		return 0, nil, fmt.Errorf("h2c to %s: %w: it answered HTTP/1.x to the HTTP/2 preface", up.RemoteAddr(), upstream.ErrNotHTTP2)
+	case err == nil && head[3] != frameSettings:
+		return 0, nil, fmt.Errorf("h2c to %s: %w: its first frame is not SETTINGS", up.RemoteAddr(), upstream.ErrNotHTTP2)
+	}
+	return len(preface), head[:n], nil
+}
