@@ -1,7 +1,9 @@
 package snapshot
 
 import (
+	"encoding/base64"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -101,11 +103,37 @@ const (
 
 // StringMatch compares a named header or query parameter. A header
 // repeated in a request is compared as its values joined with ","
-// (RFC 9110 §5.3); "Host" names the request's authority.
+// (RFC 9110 §5.3); "Host" names the request's authority. Under a
+// GRPCRoute, an Exact match of a binary header (a name ending in "-bin")
+// compares bytes: the BinaryValue forms of Value and the request's.
 type StringMatch struct {
 	Name  string    `json:"name"`
 	Type  MatchType `json:"type"`
 	Value string    `json:"value"`
+}
+
+// BinaryValue is v, the value of a gRPC binary header, in the one form
+// that compares its bytes: each comma-separated value base64 without
+// padding. gRPC sends binary values in base64 (RFC 4648 §4), which
+// receivers must take padded and unpadded alike (gRPC's PROTOCOL-HTTP2):
+// grpc-go sends them unpadded, other clients pad. ok is false when a value
+// is not base64.
+func BinaryValue(v string) (form string, ok bool) {
+	parts := strings.Split(v, ",")
+	for i, p := range parts {
+		parts[i] = strings.TrimRight(strings.TrimSpace(p), "=")
+		// Strict: no other text than the unpadded form has its bytes.
+		if _, err := base64.RawStdEncoding.Strict().DecodeString(parts[i]); err != nil {
+			return "", false
+		}
+	}
+	return strings.Join(parts, ","), true
+}
+
+// IsBinaryHeader reports whether name, in any case, names a gRPC binary
+// header.
+func IsBinaryHeader(name string) bool {
+	return len(name) >= len("-bin") && strings.EqualFold(name[len(name)-len("-bin"):], "-bin")
 }
 
 // RouteRule is what a matching request gets.

@@ -220,6 +220,13 @@ func grpcMatch(m gwv1.GRPCRouteMatch) (routeMatch, string) {
 	if rm.m.Headers, problem = stringMatches("headers", headers, true, 4096); problem != "" {
 		return rm, problem
 	}
+	for _, h := range rm.m.Headers {
+		// The proxy compares a binary header's bytes, which gRPC sends in
+		// base64: a value that is not can match no gRPC client.
+		if _, ok := snapshot.BinaryValue(h.Value); !ok && h.Type == snapshot.MatchExact && snapshot.IsBinaryHeader(h.Name) {
+			return rm, fmt.Sprintf("headers: %s value %q is not base64, as gRPC sends a binary header's", h.Name, h.Value)
+		}
+	}
 	rm.key.headers = len(rm.m.Headers)
 	return rm, ""
 }

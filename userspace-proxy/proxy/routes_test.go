@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -1456,7 +1457,9 @@ func TestRouteNonHTTP(t *testing.T) {
 // request headers, mirrors calls (whose bodies have no length: they are
 // copied as they stream; they were never mirrored), and answers gRPC
 // clients in gRPC: UNIMPLEMENTED when no rule matches, UNAVAILABLE for an
-// invalid backendRef, as trailers-only responses.
+// invalid backendRef, as trailers-only responses. A binary header's match
+// written padded matches grpc-go's unpadded value (it compared the text,
+// and missed).
 func TestRouteGRPC(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
@@ -1487,9 +1490,13 @@ func TestRouteGRPC(t *testing.T) {
 	v1, v2, mirror := grpcBackend("v1"), grpcBackend("v2"), grpcBackend("mirror")
 	setMatch := exactMatch("/svc.A/Get")
 	setMatch.Headers = []snapshot.StringMatch{{Name: "x-test-case", Type: snapshot.MatchExact, Value: "set"}}
+	// Padded, as base64 is written by hand; grpc-go sends it unpadded.
+	binMatch := exactMatch("/svc.A/Get")
+	binMatch.Headers = []snapshot.StringMatch{{Name: "x-token-bin", Type: snapshot.MatchExact, Value: base64.StdEncoding.EncodeToString(probeBin)}}
 	m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindGRPCRoute,
 		rule{[]snapshot.RouteMatch{setMatch}, snapshot.RouteRule{Backends: to(v1), Filters: snapshot.Filters{
 			RequestHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "x-header-set", Value: "set-overwrites-values"}}, Remove: []string{"x-header-remove"}}}}},
+		rule{[]snapshot.RouteMatch{binMatch}, snapshot.RouteRule{Backends: to(v1)}},
 		rule{[]snapshot.RouteMatch{exactMatch("/svc.A/Get")}, snapshot.RouteRule{Backends: to(v2)}},
 		rule{[]snapshot.RouteMatch{prefixMatch("/svc.B")}, snapshot.RouteRule{Backends: []snapshot.WeightedBackend{{Weight: 1, Invalid: &snapshot.Invalid{Reason: "BackendNotFound"}}}}},
 		rule{[]snapshot.RouteMatch{prefixMatch("/svc.M")}, snapshot.RouteRule{Backends: to(v1), Filters: snapshot.Filters{
@@ -1521,6 +1528,12 @@ func TestRouteGRPC(t *testing.T) {
 	}
 	if _, backend, err := call("/svc.A/Get"); err != nil || backend != "v2" {
 		t.Errorf("unmatched header: backend %q err %v, want v2", backend, err)
+	}
+	if _, backend, err := call("/svc.A/Get", "x-token-bin", string(probeBin)); err != nil || backend != "v1" {
+		t.Errorf("binary header matched: backend %q err %v, want v1", backend, err)
+	}
+	if _, backend, err := call("/svc.A/Get", "x-token-bin", string(probeBin[:3])); err != nil || backend != "v2" {
+		t.Errorf("other binary header: backend %q err %v, want v2", backend, err)
 	}
 	if _, _, err := call("/svc.A/Put"); status.Code(err) != codes.Unimplemented {
 		t.Errorf("no matching method: %v, want Unimplemented", err)

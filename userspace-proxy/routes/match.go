@@ -53,7 +53,10 @@ type valueMatch struct {
 	key   string
 	host  bool // the "Host" header: the request's authority
 	exact string
-	re    *regexp.Regexp
+	// binary: exact is a gRPC binary header's snapshot.BinaryValue form,
+	// compared with the request's.
+	binary bool
+	re     *regexp.Regexp
 }
 
 type rule struct {
@@ -92,7 +95,7 @@ func compileSet(port uint16, rs *snapshot.RouteSet) *Set {
 	}
 	s.entries = make([]entry, 0, len(rs.Matches))
 	for _, m := range rs.Matches {
-		e, ok := compileEntry(m)
+		e, ok := compileEntry(m, s.grpc)
 		if !ok || m.Rule < 0 || m.Rule >= len(s.rules) {
 			return &Set{grpc: s.grpc, port: port, broken: true}
 		}
@@ -109,7 +112,7 @@ func compileSet(port uint16, rs *snapshot.RouteSet) *Set {
 	return s
 }
 
-func compileEntry(m snapshot.RouteMatch) (entry, bool) {
+func compileEntry(m snapshot.RouteMatch, grpc bool) (entry, bool) {
 	e := entry{rule: int32(m.Rule), method: m.Method}
 	switch m.Path.Type {
 	case snapshot.PathExact:
@@ -125,14 +128,14 @@ func compileEntry(m snapshot.RouteMatch) (entry, bool) {
 		return e, false
 	}
 	var ok bool
-	if e.headers, ok = compileValues(m.Headers, true); !ok {
+	if e.headers, ok = compileValues(m.Headers, true, grpc); !ok {
 		return e, false
 	}
-	e.queries, ok = compileValues(m.QueryParams, false)
+	e.queries, ok = compileValues(m.QueryParams, false, false)
 	return e, ok
 }
 
-func compileValues(ms []snapshot.StringMatch, header bool) ([]valueMatch, bool) {
+func compileValues(ms []snapshot.StringMatch, header, grpc bool) ([]valueMatch, bool) {
 	out := make([]valueMatch, 0, len(ms))
 	for _, m := range ms {
 		v := valueMatch{key: m.Name}
@@ -143,6 +146,12 @@ func compileValues(ms []snapshot.StringMatch, header bool) ([]valueMatch, bool) 
 		switch m.Type {
 		case snapshot.MatchExact:
 			v.exact = m.Value
+			if v.binary = grpc && header && snapshot.IsBinaryHeader(m.Name); v.binary {
+				var ok bool
+				if v.exact, ok = snapshot.BinaryValue(m.Value); !ok {
+					return nil, false
+				}
+			}
 		case snapshot.MatchRegularExpression:
 			if v.re = compileRegex(m.Value); v.re == nil {
 				return nil, false
@@ -318,6 +327,10 @@ func (v *valueMatch) matchQuery(rawQuery string) bool {
 func (v *valueMatch) compare(value string) bool {
 	if v.re != nil {
 		return v.re.MatchString(value)
+	}
+	if v.binary {
+		form, ok := snapshot.BinaryValue(value)
+		return ok && form == v.exact
 	}
 	return value == v.exact
 }

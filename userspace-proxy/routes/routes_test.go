@@ -671,6 +671,42 @@ func TestGRPC(t *testing.T) {
 	}
 }
 
+// TestGRPCBinaryHeader: under a GRPCRoute, an Exact match of a binary
+// header compares bytes, whichever base64 padding the route and the client
+// wrote (grpc-go sends none); as text under an HTTPRoute and for a
+// RegularExpression.
+func TestGRPCBinaryHeader(t *testing.T) {
+	bin := func(v string) snapshot.StringMatch {
+		return snapshot.StringMatch{Name: "x-token-bin", Type: snapshot.MatchExact, Value: v}
+	}
+	grpc, http1 := snapshot.KindGRPCRoute, snapshot.KindHTTPRoute
+	tests := []struct {
+		kind  snapshot.RouteKind
+		m     snapshot.StringMatch
+		sent  []string
+		match bool
+	}{
+		{grpc, bin("AAEC/w=="), []string{"AAEC/w"}, true},
+		{grpc, bin("AAEC/w"), []string{"AAEC/w=="}, true},
+		{grpc, bin("AAEC/w"), []string{"AAEC/w"}, true},
+		{grpc, bin("AAE=,AgM"), []string{"AAE", "AgM="}, true},
+		{grpc, bin("AAEC/w=="), []string{"AAEC_w"}, false}, // the URL alphabet is not gRPC's
+		{grpc, bin("AAEC/w=="), []string{"AAEC/x"}, false},
+		{grpc, snapshot.StringMatch{Name: "x-token-bin", Type: snapshot.MatchRegularExpression, Value: "AAEC/w"}, []string{"AAEC/w=="}, false},
+		{http1, bin("AAEC/w=="), []string{"AAEC/w"}, false},
+	}
+	for _, tc := range tests {
+		s := compileSet(7070, &snapshot.RouteSet{Kind: tc.kind, Rules: []snapshot.RouteRule{to(v1)},
+			Matches: []snapshot.RouteMatch{{Path: prefix("/"), Headers: []snapshot.StringMatch{tc.m}}}})
+		req := get("/svc.A/Get")
+		req.Header["X-Token-Bin"] = tc.sent
+		d := decide(s, req)
+		if got := d.Action == Forward && d.Backend == v1; got != tc.match {
+			t.Errorf("%s %s %q, sent %q: matched %v, want %v", tc.kind, tc.m.Type, tc.m.Value, tc.sent, got, tc.match)
+		}
+	}
+}
+
 func TestLookup(t *testing.T) {
 	set := func(ref snapshot.BackendRef) snapshot.RouteSet {
 		return snapshot.RouteSet{Kind: snapshot.KindHTTPRoute, Matches: []snapshot.RouteMatch{{Path: prefix("/")}}, Rules: []snapshot.RouteRule{to(ref)}}
