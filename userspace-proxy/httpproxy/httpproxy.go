@@ -74,10 +74,12 @@ type Target struct {
 }
 
 // RelayFailure is how the L4 relay's connects to Backend's endpoints for a
-// connection failed, none taking it (upstream.NoConnection). They were its
-// first request's tries, as many as the L7 path makes: that request
+// connection failed: the last one's error. They were its first request's
+// tries, made as the L7 path makes its own (another endpoint after one
+// that took nothing, upstream.NoConnection; at most three): that request
 // answers with Err rather than connect to the same endpoints again, which
-// the Picker, every one of them ejected, would hand out anyway. Err may
+// the Picker, every one of them ejected, would hand out anyway, or meet a
+// certificate that fails verification once more. Err may
 // also be an h2c backend's answer to the app's HTTP/2 preface in another
 // protocol (upstream.ErrNotHTTP2): the first request names it, and the
 // connection ends after it.

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,6 +21,8 @@ import (
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/test/echo"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
 // TestEjectRefusedEndpoint: beside a healthy endpoint, one that refuses
@@ -955,5 +958,71 @@ func TestMCPSessionPath(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRelayMixedFailures: a relay whose connects met a refusal and then an
+// endpoint whose TLS failed, or that endpoint alone, answers the app's
+// first request as the L7 path does the same tries: with the last one's
+// cause (a certificate that
+// failed verification, 502 tls_verify; a handshake the endpoint broke off,
+// 502 tls_handshake), logged alone, and without connecting again. Before,
+// the relay's causes were joined: a broken-off handshake after a refusal
+// answered 503 refused, where the L7 path answers 502, the log named both
+// causes, and a relay whose only try met a certificate that failed
+// verification was handed over without it, and the L7 path met it again.
+func TestRelayMixedFailures(t *testing.T) {
+	checkNoLeaks(t)
+	type answer struct {
+		status int
+		body   string
+		dials  int32
+	}
+	for _, bad := range []struct {
+		name   string
+		reason upstream.Reason
+	}{{"verify", upstream.ReasonTLSVerify}, {"broken-off", upstream.ReasonTLSHandshake}} {
+		for _, c := range []struct {
+			name  string
+			h2c   bool
+			path  proxy.HTTP1TLSPath
+			proto snapshot.Protocol
+		}{
+			{"l7", false, proxy.HTTP1TLSAuto, ""}, // the L7 path's own tries
+			{"relay-h2c", true, proxy.HTTP1TLSAuto, snapshot.ProtocolHTTP2},
+			{"relay-http1", false, proxy.HTTP1TLSL4, ""},
+		} {
+			for _, alone := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/%s/alone=%v", bad.name, c.name, alone), func(t *testing.T) {
+					g := &gatedDialer{pass: 1000} // counts, holds none
+					e := newEnv(t, envOptions{http1TLS: c.path, ejectFor: time.Minute, dialer: func(d dial.Dialer) dial.Dialer { g.d = d; return g }})
+					badTLS := serveTCP(t, nil, func(c net.Conn) { c.Close() })
+					if bad.reason == upstream.ReasonTLSVerify {
+						badTLS = startEcho(t, "impostor", serverTLS(e.pki.otherSrv)).addr
+					}
+					vip := netip.MustParseAddrPort("10.96.8.71:80")
+					// The Picker's first turn is the refused endpoint.
+					eps := endpoints(badTLS, closedPort(t))
+					if alone {
+						eps = endpoints(badTLS)
+					}
+					e.p.Update(buildSnapshot(t, 1, service{name: "web", vip: vip,
+						backend: snapshot.Backend{Protocol: c.proto, TLS: tlsPolicy(e), Endpoints: eps}}))
+					resp, err := e.client(vip, c.h2c).Get("http://web.b.svc/")
+					if err != nil {
+						t.Fatal(err)
+					}
+					b, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					want := answer{bad.reason.Status(), "sockmesh: " + string(bad.reason) + "\n", int32(len(eps))}
+					if got := (answer{resp.StatusCode, string(b), g.dials.Load()}); got != want {
+						t.Errorf("%v: %+v; want %+v", eps, got, want)
+					}
+					if l := e.logs.String(); !strings.Contains(l, `"msg":"request failed"`) || regexp.MustCompile(`"msg":"request failed".*connection refused`).MatchString(l) {
+						t.Errorf("the request's line should name the last try's cause alone; log:\n%s", l)
+					}
+				})
+			}
+		}
 	}
 }

@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"io"
 	"net"
 	"net/netip"
@@ -268,14 +267,10 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 	}
 	if err != nil && (kind == sniff.HTTP1 || kind == sniff.HTTP2) {
 		// An HTTP client can read an error: let the L7 path answer (it
-		// maps the failure to 503 or 502). Connects that reached no
-		// endpoint were its first request's tries: it answers without
+		// maps the failure to 503 or 502). The connects were its first
+		// request's tries, made as its own are: it answers without
 		// connecting again (httpproxy.RelayFailure).
-		var relayed *httpproxy.RelayFailure
-		if upstream.NoConnection(err) {
-			relayed = &httpproxy.RelayFailure{Backend: cs.be, Err: err}
-		}
-		cs.serveHTTP(c, p.l7For(kind), relayed)
+		cs.serveHTTP(c, p.l7For(kind), &httpproxy.RelayFailure{Backend: cs.be, Err: err})
 		return
 	}
 	if err != nil {
@@ -366,9 +361,11 @@ func (cs *connState) relay(c, app, up net.Conn, pm pathMetrics, untrackH2 func()
 // dialAny dials ready endpoints in turn until one answers, and returns its
 // connection and endpoint: a failed connect sent no byte, so another
 // endpoint may be tried (at most three). With load, each is the endpoint
-// with the least load (balance.Picker.PickFewest).
+// with the least load (balance.Picker.PickFewest). It fails with the last
+// try's error, as the L7 path's tries do: a certificate that failed
+// verification after a refused connect is a 502, not both.
 func (cs *connState) dialAny(path Path, alpn []string, load func(netip.AddrPort) int) (net.Conn, snapshot.Endpoint, error) {
-	var errs error
+	var err error
 	for range min(cs.be.Picker.Len(), 3) {
 		var choice *balance.Choice
 		if load != nil {
@@ -376,10 +373,7 @@ func (cs *connState) dialAny(path Path, alpn []string, load func(netip.AddrPort)
 		} else {
 			choice = cs.be.Picker.PickClient(balance.ClientOf(cs.client.Addr, cs.client.Pod))
 		}
-		var (
-			up  net.Conn
-			err error
-		)
+		var up net.Conn
 		if path == PathPassthrough {
 			// The app's own TLS goes through untouched: no origination.
 			up, err = cs.be.DialRaw(context.Background(), choice)
@@ -389,15 +383,14 @@ func (cs *connState) dialAny(path Path, alpn []string, load func(netip.AddrPort)
 		if err == nil {
 			return up, choice.Endpoint, nil
 		}
-		errs = errors.Join(errs, err)
 		if !upstream.NoConnection(err) {
 			break
 		}
 	}
-	if errs == nil {
+	if err == nil {
 		return nil, snapshot.Endpoint{}, upstream.ErrNoEndpoints
 	}
-	return nil, snapshot.Endpoint{}, errs
+	return nil, snapshot.Endpoint{}, err
 }
 
 func negotiated(c net.Conn, proto string) bool {
