@@ -113,6 +113,34 @@ func TestSniffReplays(t *testing.T) {
 	}
 }
 
+// TestPeek: Peek waits for bytes past those Sniff read, also once the
+// replay was drained and given back, and Read replays them after.
+func TestPeek(t *testing.T) {
+	a, b := net.Pipe()
+	go func() {
+		for _, ch := range []string{"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "settings", "next"} {
+			a.Write([]byte(ch))
+		}
+		a.Close()
+	}()
+	_, sc, err := Sniff(b, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := sc.Peek(len(http2Preface) + len("settings")); err != nil || string(p) != http2Preface+"settings" {
+		t.Fatalf("Peek past the sniffed bytes = %q, %v", p, err)
+	}
+	if got, err := io.ReadAll(io.LimitReader(sc, int64(len(http2Preface)+len("settings")))); err != nil || string(got) != http2Preface+"settings" {
+		t.Fatalf("read the peeked bytes = %q, %v", got, err)
+	}
+	if p, err := sc.Peek(len("next")); err != nil || string(p) != "next" {
+		t.Fatalf("Peek after the replay was drained = %q, %v", p, err)
+	}
+	if got, _ := io.ReadAll(sc); string(got) != "next" {
+		t.Errorf("replayed %q, want next", got)
+	}
+}
+
 // TestSniffSilentClient: a client that waits for the server (a server-first
 // protocol) is judged opaque when the timeout passes, and its later bytes
 // still arrive.
