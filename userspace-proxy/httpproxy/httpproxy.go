@@ -323,9 +323,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := t.relayFailed(x.be); err != nil {
 		if errors.Is(err, upstream.ErrNotHTTP2) {
 			// net/http's server then sends a GOAWAY: the app's next
-			// connection meets the relay's check again, and its requests
-			// the same answer, where the L7 path's own connects would
-			// read the backend's HTTP/1.1 as a broken frame.
+			// connection meets the relay's check again, and is relayed
+			// once the backend speaks HTTP/2, rather than stay on this
+			// path, which terminates HTTP/2, for as long as it lives.
 			w.Header().Set("Connection", "close")
 		}
 		h.fail(w, r, x, upstream.Classify(err), err)

@@ -296,6 +296,18 @@ func TestH2BackendAnswersHTTP1(t *testing.T) {
 	if n := e.counter("sockmesh_proxy_request_failures_total", protocol); n != 4 {
 		t.Errorf("failures counted as protocol after the h2c requests: %v, want 4", n)
 	}
+
+	// An HTTP/1.1 app's requests are translated on the L7 path, whose
+	// connects check the answer too.
+	resp, err := e.client(vH2C, false).Get("http://h2c.b.svc/")
+	if err != nil {
+		t.Fatalf("HTTP/1.1 app: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || string(b) != "sockmesh: protocol\n" {
+		t.Errorf("HTTP/1.1 app: %d %q, want 502 sockmesh: protocol", resp.StatusCode, b)
+	}
 	for _, svc := range []string{"grpc", "h2c"} {
 		if !regexp.MustCompile(`"msg":"request failed".*"reason":"protocol".*answered HTTP/1.x to the HTTP/2 preface.*"service":"b/` + svc + `"`).MatchString(e.logs.String()) {
 			t.Errorf("no line names %s's protocol mismatch; log:\n%s", svc, e.logs.String())

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"net"
@@ -49,10 +48,10 @@ func checkH2C(c *sniff.Conn, up net.Conn, timeout time.Duration) (sent int, head
 	up.SetReadDeadline(time.Now().Add(timeout))
 	n, err := io.ReadFull(up, head)
 	up.SetReadDeadline(time.Time{})
-	switch {
-	case bytes.HasPrefix(head[:n], []byte("HTTP/1.")):
-		return 0, nil, fmt.Errorf("h2c to %s: %w: it answered HTTP/1.x to the HTTP/2 preface", up.RemoteAddr(), upstream.ErrNotHTTP2)
-	case err == nil && head[3] != frameSettings:
+	if err := upstream.AnsweredHTTP1(up.RemoteAddr(), head[:n]); err != nil {
+		return 0, nil, err
+	}
+	if err == nil && head[3] != frameSettings {
 		return 0, nil, fmt.Errorf("h2c to %s: %w: its first frame is not SETTINGS", up.RemoteAddr(), upstream.ErrNotHTTP2)
 	}
 	return len(preface), head[:n], nil

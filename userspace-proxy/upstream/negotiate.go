@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -34,7 +35,10 @@ func (w *wireState) dialH2(ctx context.Context, picked *balance.Choice, wire Wir
 		return nil, err
 	}
 	tc, ok := c.(*tls.Conn)
-	if !ok || tc.ConnectionState().NegotiatedProtocol == upstreamtls.ALPNH2 {
+	if !ok {
+		return &h2cConn{Conn: c}, nil
+	}
+	if tc.ConnectionState().NegotiatedProtocol == upstreamtls.ALPNH2 {
 		return c, nil
 	}
 	c.Close()
@@ -44,6 +48,35 @@ func (w *wireState) dialH2(ctx context.Context, picked *balance.Choice, wire Wir
 		return nil, fmt.Errorf("tls to %s: %w (got %q)", picked.Endpoint.Addr, errDeclinedH2, p)
 	}
 	return nil, fmt.Errorf("tls to %s: %w (got %q)", picked.Endpoint.Addr, ErrNotHTTP2, p)
+}
+
+// AnsweredHTTP1 returns an error wrapping ErrNotHTTP2 when head, the first
+// bytes an h2c backend at addr sent, begin an HTTP/1.x answer: it speaks
+// HTTP/1.1 whatever its Service declares (h2c has no ALPN to tell).
+func AnsweredHTTP1(addr net.Addr, head []byte) error {
+	if !bytes.HasPrefix(head, []byte("HTTP/1.")) {
+		return nil
+	}
+	return fmt.Errorf("h2c to %s: %w: it answered HTTP/1.x to the HTTP/2 preface", addr, ErrNotHTTP2)
+}
+
+// h2cConn is a cleartext connection of net/http's HTTP/2 Transport whose
+// first read is checked (AnsweredHTTP1): its requests then fail as
+// protocol, not with net/http's frame "too large" (upstream_error).
+type h2cConn struct {
+	net.Conn
+	read bool // the Transport's reader alone reads
+}
+
+func (c *h2cConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if !c.read && n > 0 {
+		c.read = true
+		if err := AnsweredHTTP1(c.RemoteAddr(), p[:n]); err != nil {
+			return 0, err
+		}
+	}
+	return n, err
 }
 
 // negotiated is the RoundTripper of WireNegotiate to a TLS backend: h2
