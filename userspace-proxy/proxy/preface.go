@@ -10,10 +10,10 @@ import (
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
-// The connection prefaces of RFC 9113 §3.4: the client's magic, followed
-// by a SETTINGS frame as the server's first frame is.
+// The connection prefaces of RFC 9113 §3.4: the client's magic
+// (sniff.HTTP2Preface) and a SETTINGS frame, which is the server's first
+// frame too.
 const (
-	clientMagic    = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 	frameHeaderLen = 9
 	frameSettings  = 0x4
 )
@@ -32,13 +32,14 @@ const (
 // relayed as it comes.
 func checkH2C(c *sniff.Conn, up net.Conn, timeout time.Duration) (sent int, head []byte, err error) {
 	c.SetReadDeadline(time.Now().Add(timeout))
-	preface, err := c.Peek(len(clientMagic) + frameHeaderLen)
-	if err == nil && preface[len(clientMagic)+3] == frameSettings {
-		n := int(preface[len(clientMagic)])<<16 | int(preface[len(clientMagic)+1])<<8 | int(preface[len(clientMagic)+2])
-		preface, err = c.Peek(len(clientMagic) + frameHeaderLen + n)
+	const magic = len(sniff.HTTP2Preface)
+	preface, err := c.Peek(magic + frameHeaderLen)
+	if err == nil && preface[magic+3] == frameSettings {
+		n := int(preface[magic])<<16 | int(preface[magic+1])<<8 | int(preface[magic+2])
+		preface, err = c.Peek(magic + frameHeaderLen + n)
 	}
 	c.SetReadDeadline(time.Time{})
-	if err != nil || preface[len(clientMagic)+3] != frameSettings {
+	if err != nil || preface[magic+3] != frameSettings {
 		return 0, nil, nil // nothing to judge by
 	}
 	if _, err := up.Write(preface); err != nil {

@@ -42,8 +42,9 @@ func (k Kind) String() string {
 	return "opaque"
 }
 
-// http2Preface is the client connection preface of RFC 9113 §3.4.
-const http2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+// HTTP2Preface is the magic that begins the client connection preface of
+// RFC 9113 §3.4 (a SETTINGS frame follows).
+const HTTP2Preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 // methods are the request methods of RFC 9110 §9 plus PATCH (RFC 5789), each
 // with the space that ends the token: known at once. Other methods (WebDAV's
@@ -80,8 +81,8 @@ func Classify(b []byte) (k Kind, more bool) {
 		}
 		return Opaque, false
 	}
-	if isPrefixEither(b, http2Preface) {
-		if len(b) >= len(http2Preface) {
+	if isPrefixEither(b, HTTP2Preface) {
+		if len(b) >= len(HTTP2Preface) {
 			return HTTP2, false
 		}
 		return Opaque, true

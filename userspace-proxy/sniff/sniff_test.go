@@ -127,10 +127,10 @@ func TestPeek(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if p, err := sc.Peek(len(http2Preface) + len("settings")); err != nil || string(p) != http2Preface+"settings" {
+	if p, err := sc.Peek(len(HTTP2Preface) + len("settings")); err != nil || string(p) != HTTP2Preface+"settings" {
 		t.Fatalf("Peek past the sniffed bytes = %q, %v", p, err)
 	}
-	if got, err := io.ReadAll(io.LimitReader(sc, int64(len(http2Preface)+len("settings")))); err != nil || string(got) != http2Preface+"settings" {
+	if got, err := io.ReadAll(io.LimitReader(sc, int64(len(HTTP2Preface)+len("settings")))); err != nil || string(got) != HTTP2Preface+"settings" {
 		t.Fatalf("read the peeked bytes = %q, %v", got, err)
 	}
 	if p, err := sc.Peek(len("next")); err != nil || string(p) != "next" {
