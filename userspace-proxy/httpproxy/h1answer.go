@@ -438,14 +438,19 @@ func (s *h1Conn) writeInformational(req *http.Request, resp *http.Response) {
 	bw.Flush()
 }
 
-// fail answers a request the proxy could not forward, with the status and
-// body of the net/http path.
+// fail answers a request the proxy could not forward, with the status,
+// body and CORS headers of the net/http path.
 func (s *h1Conn) fail(req *http.Request, x *exchange, reason upstream.Reason, err error) bool {
 	code := s.h.report(context.Background(), x, reason, err)
 	if reason == upstream.ReasonCanceled {
 		return false
 	}
-	return s.writeLocal(req, code, nil, "Content-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\n", reasonBodies[reason])
+	var h http.Header
+	if x.r != nil {
+		h = http.Header{}
+		x.r.d.ApplyCORS(h)
+	}
+	return s.writeLocal(req, code, h, "Content-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\n", reasonBodies[reason])
 }
 
 // answerLocally writes a route's own answer (a redirect, a CORS preflight's, 404, 500).

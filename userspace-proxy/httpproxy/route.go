@@ -170,7 +170,7 @@ type localAnswer struct {
 // with the gRPC status the GRPCRoute API asks for (UNIMPLEMENTED without a
 // match, UNAVAILABLE for an invalid rule or backend), which every gRPC
 // client reads as that code; an HTTP/1 client cannot read trailers and
-// gets the HTTP status.
+// gets the HTTP status. A Respond carries the rule's CORS headers.
 func answerFor(d *routes.Decision, r *http.Request) localAnswer {
 	if d.Action == routes.Redirect || d.Action == routes.Preflight {
 		h := http.Header{}
@@ -180,13 +180,17 @@ func answerFor(d *routes.Decision, r *http.Request) localAnswer {
 		}
 		return localAnswer{status: d.Status, header: h}
 	}
+	var a localAnswer
 	if d.GRPCStatus != 0 && r.ProtoMajor == 2 && isGRPC(r) {
-		return localAnswer{status: http.StatusOK, grpc: true, header: grpcHeader(d.GRPCStatus, string(d.Reason))}
+		a = localAnswer{status: http.StatusOK, grpc: true, header: grpcHeader(d.GRPCStatus, string(d.Reason))}
+	} else {
+		a = localAnswer{status: d.Status, header: http.Header{
+			"Content-Type":           textPlain,
+			"X-Content-Type-Options": nosniff,
+		}, body: routeBodies[d.Reason]}
 	}
-	return localAnswer{status: d.Status, header: http.Header{
-		"Content-Type":           textPlain,
-		"X-Content-Type-Options": nosniff,
-	}, body: routeBodies[d.Reason]}
+	d.ApplyCORS(a.header)
+	return a
 }
 
 var (

@@ -277,15 +277,6 @@ func TestRouteCORS(t *testing.T) {
 				}
 				return send(t, c, newReq(t, http.MethodOptions, base+path, nil, h...))
 			}
-			cors := func(a answer) map[string]string {
-				out := map[string]string{}
-				for k, v := range a.header {
-					if strings.HasPrefix(k, "Access-Control-") || k == "Vary" {
-						out[k] = strings.Join(v, ",")
-					}
-				}
-				return out
-			}
 			listedPreflight := map[string]string{
 				"Access-Control-Allow-Credentials": "true", "Access-Control-Allow-Methods": "GET, OPTIONS",
 				"Access-Control-Allow-Headers": "x-header-1, x-header-2", "Access-Control-Expose-Headers": "x-header-3, x-header-4",
@@ -323,8 +314,8 @@ func TestRouteCORS(t *testing.T) {
 				if preflight {
 					body = ""
 				}
-				if tt.a.status != http.StatusOK || string(tt.a.body) != body || !maps.Equal(cors(tt.a), tt.want) {
-					t.Errorf("%s: %d %q with %v; want 200 %q with %v", tt.name, tt.a.status, tt.a.body, cors(tt.a), body, tt.want)
+				if tt.a.status != http.StatusOK || string(tt.a.body) != body || !maps.Equal(corsFields(tt.a), tt.want) {
+					t.Errorf("%s: %d %q with %v; want 200 %q with %v", tt.name, tt.a.status, tt.a.body, corsFields(tt.a), body, tt.want)
 				}
 			}
 			for _, id := range []string{"p1", "p2", "p3", "p4", "r1", "r2", "r3"} {
@@ -338,6 +329,64 @@ func TestRouteCORS(t *testing.T) {
 			}
 			if got := e.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": "cors_preflight"}); got != 4 {
 				t.Errorf("route answers{cors_preflight} = %v, want 4", got)
+			}
+		})
+	}
+}
+
+// corsFields are a's CORS fields and Vary, each joined.
+func corsFields(a answer) map[string]string {
+	out := map[string]string{}
+	for k, v := range a.header {
+		if strings.HasPrefix(k, "Access-Control-") || k == "Vary" {
+			out[k] = strings.Join(v, ",")
+		}
+	}
+	return out
+}
+
+// TestRouteCORSOwnAnswers: the proxy's own answers to the requests of a
+// rule with a CORS filter carry its CORS headers, on every L7 front end —
+// a failure to forward (no endpoint: 503; refused: 503) and the 500 of an
+// invalid backendRef — so that a page's script reads the status rather
+// than a CORS error; an origin not allowed gets none. They had none.
+func TestRouteCORSOwnAnswers(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			m := &mesh{t: t}
+			empty := m.backend("empty", snapshot.Backend{})
+			refusing := m.backend("refusing", snapshot.Backend{Endpoints: endpoints(closedPort(t))})
+			cors := snapshot.Filters{CORS: &snapshot.CORS{AllowOrigins: []string{"https://www.foo.com"}, AllowCredentials: true,
+				ExposeHeaders: []string{"x-header-3"}, MaxAge: 5}}
+			m.frontend("cors", routedVIP, empty, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/empty")}, snapshot.RouteRule{Backends: to(empty), Filters: cors}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/refusing")}, snapshot.RouteRule{Backends: to(refusing), Filters: cors}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/invalid")}, snapshot.RouteRule{Filters: cors, Backends: []snapshot.WeightedBackend{
+					{Weight: 1, Invalid: &snapshot.Invalid{Reason: "BackendNotFound", Message: "test"}}}}},
+			)))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, k.h2c)
+			allowed := map[string]string{"Access-Control-Allow-Origin": "https://www.foo.com", "Access-Control-Allow-Credentials": "true",
+				"Access-Control-Expose-Headers": "x-header-3", "Vary": "Origin"}
+			denied := map[string]string{"Vary": "Origin"}
+			for _, tt := range []struct {
+				path, origin string
+				status       int
+				want         map[string]string
+			}{
+				{"/empty", "https://www.foo.com", http.StatusServiceUnavailable, allowed},
+				{"/empty", "https://evil.com", http.StatusServiceUnavailable, denied},
+				{"/refusing", "https://www.foo.com", http.StatusServiceUnavailable, allowed},
+				{"/refusing", "https://evil.com", http.StatusServiceUnavailable, denied},
+				{"/invalid", "https://www.foo.com", http.StatusInternalServerError, allowed},
+				{"/invalid", "https://evil.com", http.StatusInternalServerError, denied},
+			} {
+				a := send(t, c, newReq(t, http.MethodGet, "http://cors.b.svc"+tt.path, nil, "Origin", tt.origin))
+				if a.status != tt.status || !maps.Equal(corsFields(a), tt.want) {
+					t.Errorf("%s from %s: %d with %v; want %d with %v", tt.path, tt.origin, a.status, corsFields(a), tt.status, tt.want)
+				}
 			}
 		})
 	}

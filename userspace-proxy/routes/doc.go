@@ -36,13 +36,15 @@
 //	var d Decision
 //	set.Decide(&req, GlobalRand{}, &d)
 //
-// then by d.Action: Respond writes d.Status (a gRPC request gets a
-// trailers-only answer with grpc-status d.GRPCStatus); Redirect writes
+// then by d.Action: Respond writes d.Status with the headers of
+// d.ApplyCORS (a gRPC request gets a trailers-only answer with grpc-status
+// d.GRPCStatus); Redirect writes
 // d.Status with Location d.Location after d.ApplyResponse; Preflight
 // writes d.Status with the headers of d.ApplyResponse; Forward sends
 // to d.Backend's endpoints (picked with d.SessionPersistence when set,
 // else the backend's own), after d.ApplyRequest on the outgoing request,
 // copies it to d.Mirrors (responses dropped), bounds the exchange by
 // d.Timeouts, retries per d.Retry, and calls d.ApplyResponse on the
-// response headers before writing them.
+// response headers before writing them, or d.ApplyCORS on those of its own
+// answer when forwarding failed.
 package routes

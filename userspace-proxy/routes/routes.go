@@ -325,6 +325,15 @@ func (d *Decision) ApplyResponse(h http.Header) {
 	for _, m := range d.respMods {
 		m.apply(h, nil)
 	}
+	d.ApplyCORS(h)
+}
+
+// ApplyCORS writes the CORS headers of the rule that took the request into
+// h; alone, it marks the proxy's own answers — a Respond for an invalid
+// backendRef, a Forward that failed (no endpoint, refused, timed out): a
+// browser shows the page's script the status of an answer only when the
+// answer passes its CORS check, and reports a CORS error otherwise.
+func (d *Decision) ApplyCORS(h http.Header) {
 	if d.cors != nil {
 		d.cors.apply(h, d)
 	}
