@@ -427,9 +427,14 @@ func (rb *routeBuilder) filters(b *ruleBuild, where string, fs []filterIn) snaps
 		case f.set != 1 || !f.configured(typ):
 			b.badf("%s: type %s needs its own configuration field and no other", at, typ)
 		case typ == gwv1.HTTPRouteFilterCORS && where != "":
-			// The API makes it Extended there; a preflight is answered
-			// before any backend is picked, so sockmesh keeps it to rules.
-			b.badf("%s: filter type CORS is supported by sockmesh on rules, not on a backendRef", at)
+			// The API makes it Extended there, but a backendRef's filters
+			// run only for requests forwarded to it, and a preflight is
+			// answered, never forwarded (GEP-1767); answered with the
+			// weighted pick's filter, it could allow what the actual
+			// request's pick refuses. Istio and Envoy Gateway refuse it too.
+			b.badf("%s: filter type CORS is supported by sockmesh in the rule's filters, not a backendRef's: "+
+				"the proxy answers a preflight itself, before any backendRef is picked, so a backendRef's CORS "+
+				"could not answer it (move the filter to the rule)", at)
 		case typ == gwv1.HTTPRouteFilterCORS:
 			out.CORS = cors(b, at+".cors", f.cors)
 		case typ == gwv1.HTTPRouteFilterRequestHeaderModifier:
