@@ -241,7 +241,9 @@ func TestRouteMatchingAndFilters(t *testing.T) {
 // its left) and without them for another, and never reaches the backend;
 // a cross-origin request does, and its answer gets the origin echoed
 // (never "*", credentials or not), credentials and exposed headers; every
-// answer of the rule varies with Origin. Such a rule answered 500 before.
+// answer of the rule varies with Origin. A preflight meets the rules as
+// the request it asks about: a rule matching only PUT answers one asking
+// for PUT. Such a rule answered 500 before.
 func TestRouteCORS(t *testing.T) {
 	checkNoLeaks(t)
 	for _, k := range clientKinds {
@@ -261,10 +263,11 @@ func TestRouteCORS(t *testing.T) {
 						ExposeHeaders: []string{"x-header-3", "x-header-4"}, MaxAge: 3600,
 					},
 				}}},
-				rule{[]snapshot.RouteMatch{prefixMatch("/wildcards")}, snapshot.RouteRule{Backends: to(be), Filters: snapshot.Filters{
-					CORS: &snapshot.CORS{AllowOrigins: []string{"*"}, AllowCredentials: true, AllowMethods: []string{"*"},
-						AllowHeaders: []string{"*"}, MaxAge: 5},
-				}}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/wildcards"), {Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/put-only"}, Method: http.MethodPut}},
+					snapshot.RouteRule{Backends: to(be), Filters: snapshot.Filters{
+						CORS: &snapshot.CORS{AllowOrigins: []string{"*"}, AllowCredentials: true, AllowMethods: []string{"*"},
+							AllowHeaders: []string{"*"}, MaxAge: 5},
+					}}},
 			)))
 			e.p.Update(m.snapshot(1))
 			c := e.client(routedVIP, k.h2c)
@@ -301,6 +304,9 @@ func TestRouteCORS(t *testing.T) {
 				{"preflight, wildcards with credentials", preflight("/wildcards?id=p4", "https://foobar.com:12345", "PUT", "x-a, x-b"),
 					map[string]string{"Access-Control-Allow-Origin": "https://foobar.com:12345", "Access-Control-Allow-Credentials": "true",
 						"Access-Control-Allow-Methods": "PUT", "Access-Control-Allow-Headers": "x-a, x-b", "Access-Control-Max-Age": "5", "Vary": "Origin"}},
+				{"preflight, a rule matching the method asked for", preflight("/put-only?id=p5", "https://foobar.com", "PUT", ""),
+					map[string]string{"Access-Control-Allow-Origin": "https://foobar.com", "Access-Control-Allow-Credentials": "true",
+						"Access-Control-Allow-Methods": "PUT", "Access-Control-Max-Age": "5", "Vary": "Origin"}},
 				{"request, wildcard origin", send(t, c, newReq(t, http.MethodGet, base+"/listed?id=r1", nil, "Origin", "https://api.example.com")),
 					map[string]string{"Access-Control-Allow-Origin": "https://api.example.com", "Access-Control-Allow-Credentials": "true",
 						"Access-Control-Expose-Headers": "x-header-3, x-header-4", "Vary": "Origin"}},
@@ -318,7 +324,7 @@ func TestRouteCORS(t *testing.T) {
 					t.Errorf("%s: %d %q with %v; want 200 %q with %v", tt.name, tt.a.status, tt.a.body, corsFields(tt.a), body, tt.want)
 				}
 			}
-			for _, id := range []string{"p1", "p2", "p3", "p4", "r1", "r2", "r3"} {
+			for _, id := range []string{"p1", "p2", "p3", "p4", "p5", "r1", "r2", "r3"} {
 				want := 1
 				if id[0] == 'p' {
 					want = 0 // a preflight is the proxy's to answer
@@ -327,8 +333,8 @@ func TestRouteCORS(t *testing.T) {
 					t.Errorf("the backend saw %d requests of %s, want %d", got, id, want)
 				}
 			}
-			if got := e.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": "cors_preflight"}); got != 4 {
-				t.Errorf("route answers{cors_preflight} = %v, want 4", got)
+			if got := e.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": "cors_preflight"}); got != 5 {
+				t.Errorf("route answers{cors_preflight} = %v, want 5", got)
 			}
 		})
 	}

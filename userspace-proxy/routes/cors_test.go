@@ -2,6 +2,7 @@ package routes
 
 import (
 	"net/http"
+	"slices"
 	"testing"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
@@ -180,5 +181,55 @@ func TestCORSRuleOrder(t *testing.T) {
 	want = http.Header{"X-Rule": {"1"}, "Access-Control-Allow-Origin": {"https://a.example"}, "Vary": {"Origin"}}
 	if d.Action != Redirect || !headersEqual(h, want) {
 		t.Errorf("redirect: action %v header %v, want Redirect %v", d.Action, h, want)
+	}
+}
+
+// TestCORSPreflightMethodMatch: a preflight meets the rules as the request
+// it asks about would — a rule with a CORS filter whose match names that
+// method (not OPTIONS) answers it, with its own policy — and any other
+// OPTIONS request as what it is. The preflight missed such a rule.
+func TestCORSPreflightMethodMatch(t *testing.T) {
+	withCORS := func(ref snapshot.BackendRef, origin string) snapshot.RouteRule {
+		r := to(ref)
+		r.CORS = &snapshot.CORS{AllowOrigins: []string{origin}, MaxAge: 5}
+		return r
+	}
+	s := compileSet(80, &snapshot.RouteSet{Kind: snapshot.KindHTTPRoute,
+		Matches: []snapshot.RouteMatch{
+			{Rule: 0, Path: prefix("/api"), Method: http.MethodGet},
+			{Rule: 1, Path: prefix("/api"), Method: http.MethodPut},
+			{Rule: 2, Path: prefix("/api"), Method: http.MethodDelete},
+			{Rule: 3, Path: prefix("/")},
+		},
+		Rules: []snapshot.RouteRule{withCORS(v1, "https://get.example"), withCORS(v2, "https://put.example"), to(v3), to(v1)},
+	})
+	asking := func(method string) *Request {
+		r := preflight("https://put.example", method, "")
+		r.Path = "/api/x"
+		return r
+	}
+	plainOptions := fromOrigin("https://put.example")
+	plainOptions.Method, plainOptions.Path = http.MethodOptions, "/api/x"
+	tests := []struct {
+		name   string
+		req    *Request
+		rule   int
+		action Action
+		origin string // the Access-Control-Allow-Origin answered
+	}{
+		{"PUT asked: the PUT rule's policy", asking(http.MethodPut), 1, Preflight, "https://put.example"},
+		{"GET asked: the GET rule's policy", asking(http.MethodGet), 0, Preflight, ""},
+		{"DELETE asked: its rule has no CORS", asking(http.MethodDelete), 3, Forward, ""},
+		{"PATCH asked: no rule for it", asking(http.MethodPatch), 3, Forward, ""},
+		{"OPTIONS, no preflight", plainOptions, 3, Forward, ""},
+	}
+	for _, tt := range tests {
+		d := decide(s, tt.req)
+		h := http.Header{}
+		d.ApplyResponse(h)
+		rule := slices.IndexFunc(s.rules, func(r rule) bool { return r.src == d.Rule })
+		if got := h.Get("Access-Control-Allow-Origin"); rule != tt.rule || d.Action != tt.action || got != tt.origin {
+			t.Errorf("%s: rule %d, %v, origin %q; want rule %d, %v, origin %q", tt.name, rule, d.Action, got, tt.rule, tt.action, tt.origin)
+		}
 	}
 }

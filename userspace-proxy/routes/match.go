@@ -39,6 +39,9 @@ const (
 type entry struct {
 	rule int32
 	kind pathKind
+	// preflights: a CORS preflight asking for method matches too (the
+	// rule has a CORS filter).
+	preflights bool
 	// path is the normalized Exact value, or the normalized PathPrefix
 	// value without its trailing "/" ("" for "/").
 	path    string
@@ -104,6 +107,12 @@ func compileSet(port uint16, rs *snapshot.RouteSet) *Set {
 			// PathPrefix match; without it there is no prefix to replace.
 			s.rules[m.Rule].invalid = true
 		}
+		// A preflight asks about the request to come, so the CORS filter
+		// of the rule that request would meet answers it; matched as the
+		// OPTIONS it is, it would miss the rule's method match and fall
+		// to another rule or 404 (Envoy Gateway, too, lets such a rule
+		// answer it).
+		e.preflights = e.method != "" && s.rules[m.Rule].filters.cors != nil
 		s.entries = append(s.entries, e)
 	}
 	if len(s.entries) >= indexFrom {
@@ -253,7 +262,7 @@ func (e *entry) matches(req *Request, path string) bool {
 			return false
 		}
 	}
-	if e.method != "" && req.Method != e.method {
+	if e.method != "" && req.Method != e.method && (!e.preflights || preflightMethod(req) != e.method) {
 		return false
 	}
 	for i := range e.headers {

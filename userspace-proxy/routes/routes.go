@@ -255,8 +255,8 @@ func (s *Set) Decide(req *Request, rnd Rand, d *Decision) {
 // allows.
 func corsPreflight(d *Decision, req *Request, r *rule) bool {
 	d.cors, d.origin = r.filters.cors, req.Header.Get("Origin")
-	method := req.Header.Get("Access-Control-Request-Method")
-	if req.Method != http.MethodOptions || d.origin == "" || method == "" {
+	method := preflightMethod(req)
+	if method == "" {
 		return false
 	}
 	d.Action, d.Status = Preflight, http.StatusOK
@@ -264,6 +264,15 @@ func corsPreflight(d *Decision, req *Request, r *rule) bool {
 	d.requestMethod = method
 	d.requestHeaders = strings.Join(req.Header.Values("Access-Control-Request-Headers"), ", ")
 	return true
+}
+
+// preflightMethod is the method a CORS preflight (OPTIONS with Origin and
+// Access-Control-Request-Method) asks for; "" when req is none.
+func preflightMethod(req *Request) string {
+	if req.Method != http.MethodOptions || req.Header.Get("Origin") == "" {
+		return ""
+	}
+	return req.Header.Get("Access-Control-Request-Method")
 }
 
 // respond sets a local answer. A gRPC call gets the API's GRPCRoute
