@@ -3,8 +3,9 @@
 // the backend's policy, and the bounded connection pools that requests
 // share: the HTTP/1.1 pool (package pool) that the proxy's fast path takes
 // connections from (GetH1) and every other HTTP/1.1 request goes through
-// (RoundTripper), and net/http's Transports for HTTP/2 multiplexing, whose
-// connections are each set aside (h2drain.Upstream: no new request, closed
+// (RoundTripper), and net/http's Transports for HTTP/2 multiplexing, which
+// dial an endpoint one connection at a time, and whose connections are
+// each set aside (h2drain.Upstream: no new request, closed
 // once the last ends) when the certificate chain it verified expires, or
 // when a snapshot retires its wire.
 //

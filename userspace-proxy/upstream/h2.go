@@ -3,6 +3,7 @@ package upstream
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"net"
 	"net/http"
 	"sync"
@@ -26,13 +27,30 @@ type h2pool struct {
 	mu    sync.Mutex
 	// conns are its open connections, true once asked away.
 	conns map[*h2Conn]bool
+	// dialing is the dial under way to each address that the Transport's
+	// other dials to it wait for (dialOnce).
+	dialing map[string]*h2Dial
 }
+
+// h2Dial is a dial of an h2pool's Transport under way; when done closes,
+// err is set, or gone is its connection's (h2Conn.gone).
+type h2Dial struct {
+	done chan struct{}
+	err  error
+	gone <-chan struct{}
+}
+
+// errDialShared ends a dial the Transport made for a request that a
+// connection another dial made has served: the Transport drops it.
+var errDialShared = errors.New("upstream: a connection dialed for another request served this one")
 
 // h2Conn is a connection of an h2pool, with its TLS (the zero Held when
 // cleartext) and the GOAWAY that sets it aside (h2drain.Upstream).
 type h2Conn struct {
 	*h2drain.Upstream
 	pool *h2pool
+	// gone closes with it.
+	gone chan struct{}
 	// held, and expiry, which sets it aside when held's trust ends, are
 	// under pool.mu.
 	held   upstreamtls.Held
@@ -41,7 +59,10 @@ type h2Conn struct {
 
 func (c *h2Conn) Close() error {
 	c.pool.mu.Lock()
-	delete(c.pool.conns, c)
+	if _, open := c.pool.conns[c]; open {
+		delete(c.pool.conns, c)
+		close(c.gone)
+	}
 	if c.expiry != nil {
 		c.expiry.Stop()
 	}
@@ -57,14 +78,14 @@ func (c h2TLSConn) ConnectionState() tls.ConnectionState {
 	return c.Upstream.Conn.(*tls.Conn).ConnectionState()
 }
 
-// transport is net/http's Transport for HTTP/2 (wire WireH2, or
-// WireNegotiate for the h2 side of negotiated): it speaks HTTP/2 only, as
-// its connections refuse any other protocol (dialH2).
-func (w *wireState) transport(wire Wire) *http.Transport {
+// pool is the h2pool whose Transport is net/http's for HTTP/2 (wire
+// WireH2, or WireNegotiate for the h2 side of negotiated): it speaks
+// HTTP/2 only, as its connections refuse any other protocol (dialH2).
+func (w *wireState) pool(wire Wire) *h2pool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if hp := w.transports[wire]; hp != nil {
-		return hp.t
+		return hp
 	}
 	cfg := w.p.cfg
 	t := &http.Transport{
@@ -84,7 +105,7 @@ func (w *wireState) transport(wire Wire) *http.Transport {
 		HTTP2:                  &http.HTTP2Config{SendPingTimeout: cfg.H2PingAfter, PingTimeout: cfg.H2PingTimeout},
 		Protocols:              new(http.Protocols),
 	}
-	hp := &h2pool{t: t, m: w.p.m, conns: make(map[*h2Conn]bool)}
+	hp := &h2pool{t: t, m: w.p.m, conns: make(map[*h2Conn]bool), dialing: make(map[string]*h2Dial)}
 	hp.owner.Store(w)
 	dialFn := func(ctx context.Context, _, addr string) (c net.Conn, err error) {
 		defer cfg.Panics.Recover("dial", &err, nil)
@@ -92,14 +113,18 @@ func (w *wireState) transport(wire Wire) *http.Transport {
 		if err != nil {
 			return nil, err
 		}
-		if try, ok := ctx.Value(connTryKey{}).(*connTry); ok && try.c == picked {
-			try.Store(true) // this dial settles or hands back the probe
-		}
-		by := hp.owner.Load()
-		if c, err = by.dialH2(ctx, picked, wire); err != nil {
-			return nil, err
-		}
-		return hp.add(by, wire, c), nil
+		try := ctx.Value(connTryKey{}).(*connTry) // h2Transport.RoundTrip's
+		return hp.dialOnce(ctx, addr, try.got, func() (*h2Conn, error) {
+			if try.c == picked {
+				try.Store(true) // this dial settles or hands back the probe
+			}
+			by := hp.owner.Load()
+			c, err := by.dialH2(ctx, picked, wire)
+			if err != nil {
+				return nil, err
+			}
+			return hp.add(by, wire, c), nil
+		})
 	}
 	if w.tls != nil {
 		t.DialTLSContext = dialFn
@@ -109,13 +134,74 @@ func (w *wireState) transport(wire Wire) *http.Transport {
 		t.Protocols.SetUnencryptedHTTP2(true)
 	}
 	w.transports[wire] = hp
-	return t
+	return hp
 }
 
-// add registers c, which by dialed for hp, and returns it as hp's
-// Transport is to use it.
-func (hp *h2pool) add(by *wireState, wire Wire, c net.Conn) net.Conn {
-	hc := &h2Conn{Upstream: h2drain.NewUpstream(c), pool: hp}
+// dialOnce dials addr for a request of hp's Transport, unless a dial to
+// addr is under way: net/http's Transport dials once per request waiting
+// for a connection, hands the first HTTP/2 one to every request waiting
+// then, and closes the others — a cold burst of 150 requests opened
+// dozens, over TLS each a handshake. It waits for that dial instead: once
+// it connected, until the request has a connection or has ended (got; the
+// Transport hands the connection over only after the dial returns), and
+// ends with errDialShared, which the Transport drops; when it failed,
+// with its error, as the request would have. Streams running out on the
+// connections open still make the Transport dial, one at a time: nothing
+// caps them.
+func (hp *h2pool) dialOnce(ctx context.Context, addr string, got <-chan struct{}, dial func() (*h2Conn, error)) (net.Conn, error) {
+	for {
+		select {
+		case <-got:
+			return nil, errDialShared // the Transport was late to start it
+		default:
+		}
+		hp.mu.Lock()
+		d := hp.dialing[addr]
+		if d == nil {
+			d = &h2Dial{done: make(chan struct{})}
+			hp.dialing[addr] = d
+			hp.mu.Unlock()
+			c, err := dial()
+			hp.mu.Lock()
+			delete(hp.dialing, addr)
+			if d.err = err; err == nil {
+				d.gone = c.gone
+			}
+			hp.mu.Unlock()
+			close(d.done)
+			if err != nil {
+				return nil, err
+			}
+			return c.transportConn(), nil
+		}
+		hp.mu.Unlock()
+		select {
+		case <-d.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		switch {
+		case d.err == nil:
+			select {
+			case <-got:
+				return nil, errDialShared
+			case <-d.gone:
+				// Closed before the Transport handed it over (its
+				// HTTP/2 preface failed): dial again.
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		case !errors.Is(d.err, context.Canceled):
+			return nil, d.err
+		}
+		// Else its dial was canceled (CloseIdleConnections): not the
+		// endpoint's failure.
+	}
+}
+
+// add registers c, which by dialed for hp.
+func (hp *h2pool) add(by *wireState, wire Wire, c net.Conn) *h2Conn {
+	hc := &h2Conn{Upstream: h2drain.NewUpstream(c), pool: hp, gone: make(chan struct{})}
 	tc, ok := c.(*tls.Conn)
 	if ok {
 		hc.held = by.tls.Hold(tc.ConnectionState(), wire.ALPN())
@@ -129,10 +215,15 @@ func (hp *h2pool) add(by *wireState, wire Wire, c net.Conn) net.Conn {
 	} else {
 		hp.expireAt(hc)
 	}
-	if !ok {
-		return hc
+	return hc
+}
+
+// transportConn returns c as hp's Transport is to use it.
+func (c *h2Conn) transportConn() net.Conn {
+	if _, ok := c.Upstream.Conn.(*tls.Conn); ok {
+		return h2TLSConn{c}
 	}
-	return h2TLSConn{hc}
+	return c
 }
 
 // adopt takes over old's HTTP/2 Transports, under k, the Keeper of w's

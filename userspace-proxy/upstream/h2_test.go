@@ -416,3 +416,194 @@ type memAddr struct{}
 
 func (memAddr) Network() string { return "mem" }
 func (memAddr) String() string  { return "mem" }
+
+// TestH2ColdBurstDialsOneAtATime: a burst of 150 requests to an endpoint
+// that net/http's HTTP/2 Transport holds no connection to dials it one
+// connection at a time, over TLS and h2c, and every request is answered.
+// The Transport dialed once per request waiting for a connection and
+// closed the extras once the first was up: a cold burst opened dozens at
+// once, over TLS each a full handshake. (How many it opens in all is
+// not 1: it puts no more than 100 requests on a connection before the
+// backend's SETTINGS tell how many it takes, and may start a dial for a
+// request after the connection that serves it came up.)
+func TestH2ColdBurstDialsOneAtATime(t *testing.T) {
+	for _, tls := range []bool{true, false} {
+		t.Run(map[bool]string{true: "h2", false: "h2c"}[tls], func(t *testing.T) {
+			pools, d := countingPools(t)
+			w := newWorld(t)
+			be := backendAt(t, pools, w.addr, w.policy())
+			if !tls {
+				addr, _ := startH2C(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { io.WriteString(rw, r.Proto) }), 0)
+				be = backendAt(t, pools, addr, nil)
+			}
+			const n = 150
+			for _, err := range burst(t, be, n) {
+				if err != nil {
+					t.Errorf("a request of the burst: %v", err)
+				}
+			}
+			if most := d.most.Load(); most != 1 {
+				t.Errorf("a cold burst of %d requests dialed the endpoint %d times at once, want once", n, most)
+			}
+		})
+	}
+}
+
+// TestH2ColdBurstRefused: the requests of a cold burst to an endpoint
+// that refuses connections, whose dials waited for one under way, fail as
+// it did: refused.
+func TestH2ColdBurstRefused(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	pools, d := countingPools(t)
+	be := backendAt(t, pools, l.Addr().(*net.TCPAddr).AddrPort(), nil)
+	for _, err := range burst(t, be, 50) {
+		if Classify(err) != ReasonRefused {
+			t.Errorf("a request of the burst: %v (reason %s), want refused", err, Classify(err))
+		}
+	}
+	if most := d.most.Load(); most != 1 {
+		t.Errorf("a cold burst dialed the endpoint %d times at once, want once", most)
+	}
+}
+
+// countingPools returns Pools that dial directly, through the
+// dialCounter it returns.
+func countingPools(t *testing.T) (*Pools, *dialCounter) {
+	t.Helper()
+	d := &dialCounter{Dialer: dial.NewDirect(dial.Config{Unmarked: true})}
+	pools, err := New(Config{}, d, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pools, d
+}
+
+// burst sends n GETs to be over HTTP/2 at once, reads their answers, and
+// returns their errors.
+func burst(t *testing.T, be *Backend, n int) []error {
+	t.Helper()
+	reqs := make([]*http.Request, n)
+	for i := range reqs {
+		reqs[i] = request(t, t.Context(), be, http.MethodGet, "/", nil)
+	}
+	rt := be.RoundTripper(WireH2)
+	start := make(chan struct{})
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i, req := range reqs {
+		wg.Go(func() {
+			<-start
+			resp, err := rt.RoundTrip(req)
+			if err == nil {
+				_, err = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			errs[i] = err
+		})
+	}
+	close(start)
+	wg.Wait()
+	return errs
+}
+
+// dialCounter is a dial.Dialer that records the most dials it had under
+// way at once.
+type dialCounter struct {
+	dial.Dialer
+	now, most atomic.Int32
+}
+
+func (d *dialCounter) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error) {
+	n := d.now.Add(1)
+	defer d.now.Add(-1)
+	for m := d.most.Load(); n > m; m = d.most.Load() {
+		if d.most.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	return d.Dialer.Dial(ctx, ep)
+}
+
+// TestH2ConnectsPastStreamLimit: connections to one endpoint are not
+// capped: once those open take no more streams (the backend's
+// MaxConcurrentStreams), the Transport opens another, and every request
+// is answered.
+func TestH2ConnectsPastStreamLimit(t *testing.T) {
+	release := make(chan struct{})
+	free := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(free)
+	addr, accepted := startH2C(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		rw.WriteHeader(http.StatusOK)
+		http.NewResponseController(rw).Flush()
+		<-release
+		io.WriteString(rw, r.Proto)
+	}), 10)
+	be := backendAt(t, newWorld(t).pools, addr, nil)
+	rt := be.RoundTripper(WireH2)
+	type answer struct {
+		resp *http.Response
+		err  error
+	}
+	var resps []*http.Response
+	// In rounds of 10, each answered before the next starts: a round's
+	// requests find the connections before it full, with the backend's
+	// SETTINGS read (they come before any answer).
+	for round := range 3 {
+		answers := make(chan answer, 10)
+		for range 10 {
+			req := request(t, t.Context(), be, http.MethodGet, "/", nil)
+			go func() {
+				resp, err := rt.RoundTrip(req)
+				answers <- answer{resp, err}
+			}()
+		}
+		for range 10 {
+			select {
+			case a := <-answers:
+				if a.err != nil {
+					t.Fatalf("round %d: %v", round, a.err)
+				}
+				resps = append(resps, a.resp)
+			case <-time.After(10 * time.Second): // a guard, not a measure
+				t.Fatalf("round %d: a request unanswered while %d connections take 10 streams each", round, accepted.Load())
+			}
+		}
+	}
+	if n := accepted.Load(); n < 3 {
+		t.Errorf("30 requests held open by a backend that takes 10 streams a connection: %d connections, want 3", n)
+	}
+	free()
+	for _, resp := range resps {
+		body, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || string(body) != "HTTP/2.0" {
+			t.Errorf("a request held open: %q, %v; want it answered", body, err)
+		}
+	}
+}
+
+// startH2C serves h over h2c (HTTP/2 with prior knowledge) on loopback,
+// at most streams requests at once on a connection (0: net/http's
+// default), and counts its connections.
+func startH2C(t *testing.T, h http.Handler, streams int) (netip.AddrPort, *atomic.Int32) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	accepted := new(atomic.Int32)
+	srv := &http.Server{Handler: h, Protocols: new(http.Protocols), HTTP2: &http.HTTP2Config{MaxConcurrentStreams: streams},
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateNew {
+				accepted.Add(1)
+			}
+		}}
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return l.Addr().(*net.TCPAddr).AddrPort(), accepted
+}

@@ -472,8 +472,9 @@ func (t h2Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		req.Close = true
 	}
 	req, connected := t.w.traceConn(req)
-	resp, err := t.w.transport(t.wire).RoundTrip(req)
-	if connected != nil && !connected.Load() {
+	resp, err := t.w.pool(t.wire).t.RoundTrip(req)
+	connected.settle()
+	if connected.c != nil && !connected.Load() {
 		// Ended (its context, most often) before the Transport dialed
 		// or took a connection: nothing settles a probe it holds. Should
 		// the Transport dial for it all the same (it dials on after the
@@ -488,26 +489,35 @@ func (t h2Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // Transport took one (GotConn) or dialed c for it (dialFn).
 type connTry struct {
 	atomic.Bool
-	c *balance.Choice
+	c *balance.Choice // nil unless the request holds a probe
+	// got closes once the request has a connection or has ended: a dial
+	// that waited on another for it then ends (h2pool.dialOnce).
+	got  chan struct{}
+	once sync.Once
 }
+
+func (t *connTry) settle() { t.once.Do(func() { close(t.got) }) }
 
 type connTryKey struct{}
 
-// traceConn returns req with a trace that tells the Health when the
-// Transport sends it on a connection already open (Reused), and the
-// connTry its RoundTrip fills in, so that a probe which connects nothing
-// is handed back; unless req holds a probe (WithEndpoint), req itself and
-// nil (a trace costs allocations).
+// traceConn returns req with a trace that tells when the Transport gives
+// it a connection, and the connTry its RoundTrip fills in: a dial the
+// Transport makes for it while another to the endpoint is under way waits
+// until then (h2pool.dialOnce); the Health learns that a request holding
+// a probe went on a connection already open (Reused), and a probe which
+// connects nothing is handed back. It costs every request a few
+// allocations, against a connection per request of a cold burst.
 func (w *wireState) traceConn(req *http.Request) (*http.Request, *connTry) {
 	c, ok := req.Context().Value(endpointKey{}).(*balance.Choice)
 	if !ok || !c.Probing() {
-		return req, nil
+		c = nil
 	}
 	h := w.p.health
-	try := &connTry{c: c}
+	try := &connTry{c: c, got: make(chan struct{})}
 	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
 		try.Store(true)
-		if info.Reused {
+		try.settle()
+		if info.Reused && c != nil {
 			h.Reused(c)
 		}
 	}}
