@@ -113,8 +113,10 @@ type Pools struct {
 	m      *metrics
 	health *balance.Health // across snapshots: an endpoint is a pod's
 	// series are the backends (namespace, name) with metric series;
-	// Build forgets those gone from its snapshot (forgetSeries).
-	series map[[2]string]bool
+	// Build forgets those gone from its snapshot (forgetSeries). seriesMu
+	// guards it and the open connections gauges' series (open).
+	seriesMu sync.Mutex
+	series   map[[2]string]bool
 	// retired are the wires Build replaced or dropped that still have
 	// connections open.
 	retired []*wireState
@@ -189,7 +191,6 @@ type wireState struct {
 	protocol  snapshot.Protocol
 	tls       *upstreamtls.Origination // nil: cleartext
 	labels    [2]string                // namespace, backend name
-	open      prometheus.Gauge
 	ejections prometheus.Counter
 	// roundTrips counts its HTTP/2 requests under way in the Transport;
 	// retired is set once a Build replaced or dropped it.
@@ -246,9 +247,8 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 			continue
 		}
 		w := &wireState{p: p, protocol: spec.Protocol, labels: [2]string{spec.Ref.Namespace, spec.Ref.Name}}
-		w.open = p.m.open.WithLabelValues(w.labels[0], w.labels[1])
+		p.open(w.labels, 0)
 		w.ejections = p.m.ejections.WithLabelValues(w.labels[0], w.labels[1])
-		p.series[w.labels] = true
 		if spec.TLS != nil {
 			o, err := upstreamtls.New(spec.TLS, p.cfg.TLS)
 			if err != nil {
@@ -309,6 +309,8 @@ func (p *Pools) forgetSeries(set *Set) {
 	for ref := range set.byRef {
 		current[[2]string{ref.Namespace, ref.Name}] = true
 	}
+	p.seriesMu.Lock()
+	defer p.seriesMu.Unlock()
 	for l := range p.series {
 		if current[l] {
 			continue
@@ -320,6 +322,21 @@ func (p *Pools) forgetSeries(set *Set) {
 			delete(p.series, l)
 		}
 	}
+}
+
+// open adds n to the open connections gauge of the backend of labels and
+// returns it: made again when a Build dropped it (forgetSeries), as a wire
+// retired with its backend still connects for a request under way on an
+// older snapshot (counted on the dropped gauge, such a connection was
+// exported nowhere), and added to under seriesMu, so that forgetSeries
+// drops none that counts a connection.
+func (p *Pools) open(labels [2]string, n float64) prometheus.Gauge {
+	p.seriesMu.Lock()
+	defer p.seriesMu.Unlock()
+	g := p.m.open.WithLabelValues(labels[0], labels[1])
+	g.Add(n)
+	p.series[labels] = true
+	return g
 }
 
 // CloseIdle closes the idle upstream connections of every backend in s (the
@@ -572,8 +589,7 @@ func (w *wireState) dialTCP(ctx context.Context, c *balance.Choice) (*trackedCon
 		return nil, &dialError{err: err}
 	}
 	m.dialsOK.Inc()
-	w.open.Inc()
-	return &trackedConn{Conn: raw, w: w}, nil
+	return &trackedConn{Conn: raw, open: w.p.open(w.labels, 1)}, nil
 }
 
 // dial opens a connection to picked, with TLS offering alpn when the wire
@@ -721,13 +737,13 @@ func classifyDial(err error) Reason {
 // trackedConn keeps the open connections gauge honest.
 type trackedConn struct {
 	net.Conn
-	w      *wireState
+	open   prometheus.Gauge
 	closed atomic.Bool
 }
 
 func (c *trackedConn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {
-		c.w.open.Dec()
+		c.open.Dec()
 	}
 	return c.Conn.Close()
 }

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/test/pki"
@@ -112,6 +113,13 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 // label: result or reason) from the registry.
 func (w *world) counter(t *testing.T, name, v string) float64 {
 	t.Helper()
+	return w.series(t, name, v).GetCounter().GetValue()
+}
+
+// series finds the series of name with a label of value v in the
+// registry; nil when it has none.
+func (w *world) series(t *testing.T, name, v string) *dto.Metric {
+	t.Helper()
 	mfs, err := w.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -120,12 +128,12 @@ func (w *world) counter(t *testing.T, name, v string) float64 {
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
 				if mf.GetName() == name && l.GetValue() == v {
-					return m.GetCounter().GetValue()
+					return m
 				}
 			}
 		}
 	}
-	return 0
+	return nil
 }
 
 var ref = snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: "echo", Port: 443}
@@ -551,4 +559,40 @@ func (d *onePipe) Dial(context.Context, snapshot.Endpoint) (net.Conn, error) {
 		}
 	}()
 	return c, nil
+}
+
+// TestConnectionsCountedAfterBackendLeft: a connection a backend's wire
+// opens after a snapshot without the backend dropped its
+// sockmesh_proxy_upstream_connections series (for a request under way on
+// an older snapshot) is counted on the series, made again, which goes
+// once the connection closed and a later snapshot came. It was counted on
+// the dropped series: exported nowhere while it was open.
+func TestConnectionsCountedAfterBackendLeft(t *testing.T) {
+	w := newWorld(t)
+	s1 := w.pools.Build(w.snapshot(t, 1, w.policy()), nil)
+	empty := func(version uint64) *snapshot.Snapshot {
+		s, err := snapshot.New(version, nil, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	s2 := w.pools.Build(empty(2), s1)
+	const name = "sockmesh_proxy_upstream_connections"
+	if m := w.series(t, name, ref.Name); m != nil {
+		t.Fatalf("%s of a backend gone with no connection open: %v, want none", name, m)
+	}
+	be := s1.Get(ref)
+	c, err := be.Dial(t.Context(), be.Picker.Pick(), alpnH1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := w.series(t, name, ref.Name).GetGauge().GetValue(); n != 1 {
+		t.Errorf("%s with a connection open to the gone backend = %v, want 1", name, n)
+	}
+	c.Close()
+	w.pools.Build(empty(3), s2)
+	if m := w.series(t, name, ref.Name); m != nil {
+		t.Errorf("%s after its connection closed and a snapshot came: %v, want none", name, m)
+	}
 }
