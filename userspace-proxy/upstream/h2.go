@@ -209,11 +209,17 @@ func (hp *h2pool) add(by *wireState, wire Wire, c net.Conn) *h2Conn {
 	hp.mu.Lock()
 	defer hp.mu.Unlock()
 	hp.conns[hc] = false
-	if w := hp.owner.Load(); w != by {
+	w := hp.owner.Load()
+	if w != by {
 		// Taken over while it was dialed: the new settings must keep it.
 		hp.keep(hc, w.tls.Keeper())
 	} else {
 		hp.expireAt(hc)
+	}
+	if w.retired.Load() {
+		// Dialed while a Build retired w: its GOAWAYs went to the
+		// connections open then.
+		w.retire(hp, hc)
 	}
 	return hc
 }
@@ -305,24 +311,32 @@ func (hp *h2pool) setAside(c *h2Conn, why h2drain.Reason) bool {
 	return c.GoAway(why)
 }
 
-// setAside sets aside the connections of w's HTTP/2 Transports once a
-// Build retired w: only requests of older snapshots would take them
-// again. Those of a backend whose settings changed (replaced) count as
-// settings_changed.
+// setAside retires w, and sets aside the connections of its HTTP/2
+// Transports: only requests of older snapshots would take them again.
+// Those of a backend whose settings changed (replaced) count as
+// settings_changed. One dialed after is set aside as it is added.
 func (w *wireState) setAside(replaced bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.replaced = replaced
+	w.retired.Store(true) // after replaced, which add reads once it sees retired
 	for _, hp := range w.transports {
 		if hp == nil {
 			continue
 		}
 		hp.mu.Lock()
 		for c := range hp.conns {
-			if hp.setAside(c, h2drain.ReasonPolicyChanged) && replaced {
-				hp.m.poolDropped[pool.DropSettingsChanged].Inc()
-			}
+			w.retire(hp, c)
 		}
 		hp.mu.Unlock()
+	}
+}
+
+// retire sets c, a connection of hp, aside once a Build retired w, which
+// owns hp. hp.mu is held.
+func (w *wireState) retire(hp *h2pool, c *h2Conn) {
+	if hp.setAside(c, h2drain.ReasonPolicyChanged) && w.replaced {
+		hp.m.poolDropped[pool.DropSettingsChanged].Inc()
 	}
 }
 

@@ -3,6 +3,7 @@ package upstream
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"io"
 	"log/slog"
 	"net"
@@ -606,4 +607,59 @@ func startH2C(t *testing.T, h http.Handler, streams int) (netip.AddrPort, *atomi
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	return l.Addr().(*net.TCPAddr).AddrPort(), accepted
+}
+
+// TestH2DialedAcrossRetire: an HTTP/2 connection net/http's Transport was
+// dialing when a snapshot retired its wire (its backend left) closes once
+// the request it was dialed for ends, as one open at the swap does
+// (TestH2RetiredClosesOnceIdle): the swap's GOAWAYs went to the
+// connections open then, and the Transport kept this one until its idle
+// timeout, 90 s, unless a later snapshot came.
+func TestH2DialedAcrossRetire(t *testing.T) {
+	w := newWorld(t)
+	// A backend of the test's own, whose handshake waits for the swap.
+	handshake, hold := make(chan struct{}), make(chan struct{})
+	cfg := w.serverTLS.Clone()
+	cfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		close(handshake)
+		<-hold
+		return nil, nil
+	}
+	srv := &http.Server{TLSConfig: cfg, Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { io.WriteString(rw, r.Proto) }),
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateClosed {
+				w.closed <- struct{}{}
+			}
+		}}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.ServeTLS(l, "", "")
+	t.Cleanup(func() { srv.Close() })
+	w.addr = l.Addr().(*net.TCPAddr).AddrPort()
+
+	s1 := w.pools.Build(w.snapshot(t, 1, w.policy()), nil)
+	be := s1.Get(ref)
+	req := request(t, t.Context(), be, http.MethodGet, "/", nil)
+	got := make(chan *http.Response, 1)
+	go func() {
+		resp, err := be.RoundTripper(WireH2).RoundTrip(req)
+		if err != nil {
+			t.Errorf("GET /: %v", err)
+		}
+		got <- resp
+	}()
+	<-handshake
+	gone, err := snapshot.New(2, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(w.pools.Build(gone, s1).CloseIdle)
+	close(hold)
+	resp := <-got
+	if resp == nil {
+		t.FailNow()
+	}
+	w.wantClosedAfter(t, resp, "the request whose connection was dialed across the swap")
 }

@@ -193,9 +193,11 @@ type wireState struct {
 	labels    [2]string                // namespace, backend name
 	ejections prometheus.Counter
 	// roundTrips counts its HTTP/2 requests under way in the Transport;
-	// retired is set once a Build replaced or dropped it.
+	// retired is set once a Build replaced or dropped it; replaced,
+	// before it, when its backend's settings changed (setAside).
 	roundTrips atomic.Int64
 	retired    atomic.Bool
+	replaced   bool
 	// h1 pools the HTTP/1.1 connections (GetH1, h1Transport); transports
 	// hold net/http's, for HTTP/2 (WireH2, and WireNegotiate's h2 side).
 	h1         *pool.Pool
@@ -276,7 +278,6 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 	if prev != nil {
 		for ref, old := range prev.byRef {
 			if old.w != nil && !kept[old.w] {
-				old.w.retired.Store(true)
 				old.w.setAside(set.Get(ref) != nil)
 				p.retired = append(p.retired, old.w)
 			}
