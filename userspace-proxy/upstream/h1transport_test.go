@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2"
+
 	"github.com/sockmesh/sockmesh/internal/tcpserve"
 )
 
@@ -399,5 +401,40 @@ func TestNegotiated(t *testing.T) {
 	be = h2.pools.Build(h2.snapshot(t, 1, h2.policy()), nil).Get(ref)
 	if _, body := roundTrip(t, be.RoundTripper(WireNegotiate), request(t, context.Background(), be, http.MethodPost, "/", strings.NewReader("data"))); body != `HTTP/2.0 "data"` {
 		t.Errorf("h2 backend: %q", body)
+	}
+}
+
+// TestH2CAnsweredHTTP1InPieces: a cleartext backend declared HTTP/2 whose
+// HTTP/1.1 answer's first bytes come apart from the rest (a segment of
+// their own) fails the request as protocol (ErrNotHTTP2), as one whose
+// answer comes whole does: the check judged the first read alone, and
+// net/http's HTTP/2 Transport read the rest as a frame too large
+// (upstream_error).
+func TestH2CAnsweredHTTP1InPieces(t *testing.T) {
+	w := newWorld(t)
+	addr := serveRawTLS(t, w, false, func(c net.Conn) {
+		if _, err := io.ReadFull(c, make([]byte, len(http2.ClientPreface))); err != nil {
+			return
+		}
+		io.WriteString(c, "HTT")
+		// The rest once the request came, which the Transport sends
+		// while its reader waits on the first bytes.
+		fr := http2.NewFramer(nil, c)
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			if f.Header().Type == http2.FrameHeaders {
+				break
+			}
+		}
+		io.WriteString(c, "P/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+		io.Copy(io.Discard, c)
+	})
+	be := backendAt(t, w.pools, addr, nil)
+	_, err := be.RoundTripper(WireH2).RoundTrip(request(t, context.Background(), be, http.MethodGet, "/", nil))
+	if !errors.Is(err, ErrNotHTTP2) || Classify(err) != ReasonProtocol {
+		t.Errorf("h2c backend answering HTTP/1.1 in pieces: %v (reason %s), want ErrNotHTTP2", err, Classify(err))
 	}
 }

@@ -54,11 +54,14 @@ func (w *wireState) dialH2(ctx context.Context, picked *balance.Choice, wire Wir
 // bytes an h2c backend at addr sent, begin an HTTP/1.x answer: it speaks
 // HTTP/1.1 whatever its Service declares (h2c has no ALPN to tell).
 func AnsweredHTTP1(addr net.Addr, head []byte) error {
-	if !bytes.HasPrefix(head, []byte("HTTP/1.")) {
+	if !bytes.HasPrefix(head, http1Answer) {
 		return nil
 	}
 	return fmt.Errorf("h2c to %s: %w: it answered HTTP/1.x to the HTTP/2 preface", addr, ErrNotHTTP2)
 }
+
+// http1Answer is how an HTTP/1.x answer begins.
+var http1Answer = []byte("HTTP/1.")
 
 // h2cConn is a cleartext connection of net/http's HTTP/2 Transport whose
 // first read is checked (AnsweredHTTP1): its requests then fail as
@@ -70,11 +73,19 @@ type h2cConn struct {
 
 func (c *h2cConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	if !c.read && n > 0 {
-		c.read = true
-		if err := AnsweredHTTP1(c.RemoteAddr(), p[:n]); err != nil {
-			return 0, err
-		}
+	if c.read || n == 0 {
+		return n, err
+	}
+	// The answer's first bytes may come apart from the rest: read on
+	// while they may begin an HTTP/1.x one (a SETTINGS frame does not).
+	for err == nil && n < min(len(http1Answer), len(p)) && bytes.HasPrefix(http1Answer, p[:n]) {
+		var m int
+		m, err = c.Conn.Read(p[n:])
+		n += m
+	}
+	c.read = true
+	if err := AnsweredHTTP1(c.RemoteAddr(), p[:n]); err != nil {
+		return 0, err
 	}
 	return n, err
 }
