@@ -67,7 +67,11 @@ func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 		m.Body, m.ContentLength = nil, 0
 		switch {
 		case x.r.kept:
-			m.Body, m.ContentLength = replayBody(x.r.body), int64(len(x.r.body))
+			body := x.r.body
+			m.Body, m.ContentLength = replayBody(body), int64(len(body))
+			// A stream its HTTP/2 backend refuses, which it did not
+			// process, goes again (net/http's Transport asks GetBody).
+			m.GetBody = func() (io.ReadCloser, error) { return replayBody(body), nil }
 		case tee != nil:
 			tee.mu.Lock()
 			tee.teed = true

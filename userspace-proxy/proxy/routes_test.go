@@ -582,6 +582,35 @@ func TestRouteMirrorMainRefused(t *testing.T) {
 	}
 }
 
+// TestRouteMirrorRefusedStream: a mirror whose HTTP/2 backend refuses its
+// stream (REFUSED_STREAM: not processed) is sent again with the kept body,
+// as the request's own is. Before, the mirror had no GetBody, and
+// net/http's Transport gave up on it ("cannot retry"): mirrors{failed}.
+func TestRouteMirrorRefusedStream(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			m := &mesh{t: t}
+			var streams atomic.Int32
+			l := listenLocal(t)
+			tcpserve.Serve(t, l, refuseStreams(&streams, 2))
+			mref := m.backend("refusing", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
+			m.frontend("front", routedVIP, m.echoBackend("front"), producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(m.echoBackend("v1")),
+					Filters: snapshot.Filters{Mirrors: []snapshot.Mirror{{Backend: mref, Numerator: 1, Denominator: 1}}}}},
+			)))
+			e.p.Update(m.snapshot(1))
+			if a := send(t, e.client(routedVIP, k.h2c), newReq(t, http.MethodPost, "http://front.b.svc/", strings.NewReader("kept body"))); a.status != 200 {
+				t.Fatalf("main request: %d", a.status)
+			}
+			if got := e.counterReaches("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": "sent"}, 1); got != 1 || streams.Load() != 2 {
+				t.Errorf("mirror refused once: mirrors{sent} = %v after %d streams, want 1 after 2", got, streams.Load())
+			}
+		})
+	}
+}
+
 // TestRouteMirrorResetFreesSlot: a mirror of a streamed body whose HTTP/2
 // backend resets its stream gives its slot back while the app still sends
 // the body. Before, the Transport waited for the mirror's read of the
