@@ -177,6 +177,28 @@ type Filters struct {
 	// CORS answers the rule's preflight requests and marks its responses
 	// for browsers; HTTPRoute rules only, never a backendRef's.
 	CORS *CORS `json:"cors,omitempty"`
+	// ExternalAuth asks an authorization server about each of the rule's
+	// requests before it goes on; HTTPRoute rules only.
+	ExternalAuth *ExternalAuth `json:"externalAuth,omitempty"`
+}
+
+// ExternalAuth is an HTTPRoute rule's ExternalAuth filter (GEP-1494) with
+// the HTTP protocol: the authorization server at Backend answers 200 to
+// let a request go on. userspace-proxy/httpproxy says what it is sent.
+type ExternalAuth struct {
+	Backend BackendRef `json:"backend"`
+	// PathPrefix goes before the request's path in the authorization
+	// request.
+	PathPrefix string `json:"pathPrefix,omitempty"`
+	// AllowedHeaders are the request headers sent beyond Host, Method,
+	// Path, Content-Length and Authorization.
+	AllowedHeaders []string `json:"allowedHeaders,omitempty"`
+	// AllowedResponseHeaders are the headers of the server's 200 copied
+	// into the request; none listed: all but Host.
+	AllowedResponseHeaders []string `json:"allowedResponseHeaders,omitempty"`
+	// MaxBody is the largest request body sent to the server (a larger
+	// one is refused, 413); 0 sends none.
+	MaxBody int32 `json:"maxBody,omitempty"`
 }
 
 // CORS is an HTTPRoute rule's CORS filter (GEP-1767). Lists are as the
@@ -335,6 +357,9 @@ func (s *Snapshot) checkRoutes(f *Frontend) error {
 		}
 		for _, r := range rs.Rules {
 			refs := mirrorRefs(nil, r.Mirrors)
+			if a := r.ExternalAuth; a != nil {
+				refs = append(refs, a.Backend)
+			}
 			for _, wb := range r.Backends {
 				if wb.Invalid == nil {
 					refs = append(refs, wb.Backend)

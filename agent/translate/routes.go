@@ -375,19 +375,27 @@ func (rb *routeBuilder) mirror(b *ruleBuild, at string, f *gwv1.HTTPRequestMirro
 			m.Numerator, m.Denominator = uint32(num), uint32(den)
 		}
 	}
-	r, p := rb.resolveBackend(f.BackendRef)
+	ref, ok := rb.filterBackend(b, "mirror", "the mirror is dropped", f.BackendRef)
+	m.Backend = ref
+	return m, ok
+}
+
+// filterBackend resolves the backendRef of a filter (what: "mirror"),
+// reporting its problems in ResolvedRefs; unresolved says what then
+// becomes of the filter.
+func (rb *routeBuilder) filterBackend(b *ruleBuild, what, unresolved string, ref gwv1.BackendObjectReference) (snapshot.BackendRef, bool) {
+	r, p := rb.resolveBackend(ref)
 	if p != nil {
-		p.message = "mirror " + p.message + "; the mirror is dropped"
+		p.message = what + " " + p.message + "; " + unresolved
 		rb.e.refProblems = append(rb.e.refProblems, *p)
-		return m, false
+		return snapshot.BackendRef{}, false
 	}
 	if p := r.configProblem(); p != nil {
-		p.message = "mirror " + p.message
+		p.message = what + " " + p.message
 		rb.e.refProblems = append(rb.e.refProblems, *p)
 	}
 	rb.use(b, r)
-	m.Backend = r.backend.Ref
-	return m, true
+	return r.backend.Ref, true
 }
 
 // use records a resolved backend for the snapshot, and its XBackend for

@@ -344,6 +344,7 @@ type filterIn struct {
 	rewrite                 *gwv1.HTTPURLRewriteFilter
 	mirror                  *gwv1.HTTPRequestMirrorFilter
 	cors                    *gwv1.HTTPCORSFilter
+	extAuth                 *gwv1.HTTPExternalAuthFilter
 	// set counts the filter's configuration fields that are set; the API
 	// allows exactly the one its type names.
 	set int
@@ -353,7 +354,7 @@ func httpFilters(fs []gwv1.HTTPRouteFilter) []filterIn {
 	out := make([]filterIn, len(fs))
 	for i, f := range fs {
 		out[i] = filterIn{typ: string(f.Type), reqHeaders: f.RequestHeaderModifier, respHeaders: f.ResponseHeaderModifier,
-			redirect: f.RequestRedirect, rewrite: f.URLRewrite, mirror: f.RequestMirror, cors: f.CORS,
+			redirect: f.RequestRedirect, rewrite: f.URLRewrite, mirror: f.RequestMirror, cors: f.CORS, extAuth: f.ExternalAuth,
 			set: count(f.RequestHeaderModifier != nil, f.ResponseHeaderModifier != nil, f.RequestRedirect != nil,
 				f.URLRewrite != nil, f.RequestMirror != nil, f.CORS != nil, f.ExternalAuth != nil, f.ExtensionRef != nil)}
 	}
@@ -385,6 +386,8 @@ func (f *filterIn) configured(typ gwv1.HTTPRouteFilterType) bool {
 		return f.mirror != nil
 	case gwv1.HTTPRouteFilterCORS:
 		return f.cors != nil
+	case gwv1.HTTPRouteFilterExternalAuth:
+		return f.extAuth != nil
 	}
 	return false
 }
@@ -420,7 +423,7 @@ func (rb *routeBuilder) filters(b *ruleBuild, where string, fs []filterIn) snaps
 		}
 		typ := gwv1.HTTPRouteFilterType(f.typ)
 		switch {
-		case typ == gwv1.HTTPRouteFilterExternalAuth || typ == gwv1.HTTPRouteFilterExtensionRef:
+		case typ == gwv1.HTTPRouteFilterExtensionRef:
 			b.badf("%s: filter type %s is not supported by sockmesh", at, typ)
 		case !knownFilter(rb.kind, typ):
 			b.badf("%s: filter type %q is not a %s filter", at, typ, rb.kind)
@@ -435,6 +438,12 @@ func (rb *routeBuilder) filters(b *ruleBuild, where string, fs []filterIn) snaps
 			b.badf("%s: filter type CORS is supported by sockmesh in the rule's filters, not a backendRef's: "+
 				"the proxy answers a preflight itself, before any backendRef is picked, so a backendRef's CORS "+
 				"could not answer it (move the filter to the rule)", at)
+		case typ == gwv1.HTTPRouteFilterExternalAuth && where != "":
+			// The API makes it Extended there; a request is authorized before
+			// any backend is picked, so sockmesh keeps it to rules.
+			b.badf("%s: filter type %s is supported by sockmesh on rules, not on a backendRef", at, typ)
+		case typ == gwv1.HTTPRouteFilterExternalAuth:
+			out.ExternalAuth = rb.externalAuth(b, at+".externalAuth", f.extAuth)
 		case typ == gwv1.HTTPRouteFilterCORS:
 			out.CORS = cors(b, at+".cors", f.cors)
 		case typ == gwv1.HTTPRouteFilterRequestHeaderModifier:
@@ -464,7 +473,7 @@ func knownFilter(kind snapshot.RouteKind, typ gwv1.HTTPRouteFilterType) bool {
 	switch typ {
 	case gwv1.HTTPRouteFilterRequestHeaderModifier, gwv1.HTTPRouteFilterResponseHeaderModifier, gwv1.HTTPRouteFilterRequestMirror:
 		return true
-	case gwv1.HTTPRouteFilterRequestRedirect, gwv1.HTTPRouteFilterURLRewrite, gwv1.HTTPRouteFilterCORS:
+	case gwv1.HTTPRouteFilterRequestRedirect, gwv1.HTTPRouteFilterURLRewrite, gwv1.HTTPRouteFilterCORS, gwv1.HTTPRouteFilterExternalAuth:
 		return kind == snapshot.KindHTTPRoute
 	}
 	return false
@@ -561,6 +570,62 @@ func cors(b *ruleBuild, at string, f *gwv1.HTTPCORSFilter) *snapshot.CORS {
 	}
 	return out
 }
+
+// externalAuth converts an ExternalAuth filter, with the CRD's rules: the
+// protocol names the one configuration set, http.path matches its pattern,
+// header lists are sets of at most 64, forwardBody.maxSize is not
+// negative. Its backendRef resolves as a mirror's; one that does not
+// fails the rule (500): its requests must not go unauthorized.
+func (rb *routeBuilder) externalAuth(b *ruleBuild, at string, f *gwv1.HTTPExternalAuthFilter) *snapshot.ExternalAuth {
+	out := &snapshot.ExternalAuth{}
+	switch p := f.ExternalAuthProtocol; {
+	case p == gwv1.HTTPRouteExternalAuthGRPCProtocol:
+		b.badf("%s.protocol GRPC is not supported by sockmesh (HTTP is)", at)
+	case p != gwv1.HTTPRouteExternalAuthHTTPProtocol:
+		b.badf("%s.protocol %q is not HTTP or GRPC", at, p)
+	case f.HTTPAuthConfig == nil || f.GRPCAuthConfig != nil:
+		b.badf("%s: protocol HTTP needs http and no grpc", at)
+	default:
+		h := f.HTTPAuthConfig
+		if h.Path != "" && (len(h.Path) > 1024 || !authPath.MatchString(h.Path)) {
+			b.badf("%s.http.path %q is not a path prefix the API allows", at, h.Path)
+		}
+		out.PathPrefix = h.Path
+		out.AllowedHeaders = headerSet(b, at+".http.allowedHeaders", h.AllowedRequestHeaders)
+		out.AllowedResponseHeaders = headerSet(b, at+".http.allowedResponseHeaders", h.AllowedResponseHeaders)
+	}
+	if fb := f.ForwardBody; fb != nil {
+		if fb.MaxSize < 0 {
+			b.badf("%s.forwardBody.maxSize %d is negative", at, fb.MaxSize)
+		}
+		out.MaxBody = max(fb.MaxSize, 0)
+	}
+	ref, ok := rb.filterBackend(b, "externalAuth", "the rule's requests are refused", f.BackendRef)
+	if !ok {
+		b.badf("%s.backendRef does not resolve", at)
+	}
+	out.Backend = ref
+	return out
+}
+
+// headerSet checks a list of header names that the CRD makes a set of at
+// most 64.
+func headerSet(b *ruleBuild, at string, vs []string) []string {
+	if len(vs) > 64 {
+		b.badf("%s: %d entries, more than 64", at, len(vs))
+	}
+	for i, v := range vs {
+		switch {
+		case !validHeaderName(v):
+			b.badf("%s[%d] %q is not a header name", at, i, v)
+		case slices.Contains(vs[:i], v):
+			b.badf("%s[%d] %q is listed more than once", at, i, v)
+		}
+	}
+	return vs
+}
+
+var authPath = regexp.MustCompile(`^(?:[-A-Za-z0-9/._~!$&'()*+,;=:@]|[%][0-9a-fA-F]{2})+$`)
 
 // validCORSOrigin applies the CORSOrigin CRD's pattern and length.
 func validCORSOrigin(o string) bool { return len(o) <= 253 && corsOrigin.MatchString(o) }

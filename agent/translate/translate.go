@@ -311,6 +311,9 @@ func markRouteBackends(used map[snapshot.BackendRef]bool, fs *snapshot.Filters) 
 	for _, m := range fs.Mirrors {
 		used[m.Backend] = true
 	}
+	if a := fs.ExternalAuth; a != nil {
+		used[a.Backend] = true
+	}
 }
 
 func compareBackendRefs(a, b snapshot.BackendRef) int {

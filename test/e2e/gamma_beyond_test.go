@@ -276,6 +276,61 @@ func testMeshCORS(s *scenario) {
 	}
 }
 
+// testMeshExternalAuth is HTTPRouteExternalAuthHTTP and
+// HTTPRouteExternalAuthForwardBody with a Service parent: the client
+// node's proxy asks the authorization Service (its path prefixed, Host,
+// Authorization, the allowed header, the body within maxSize, no other
+// header) before each request; a 200 lets the request on with the
+// allowed header of the answer, a 401 reaches the client as the server
+// gave it, a body over maxSize gets 413, and a refused request never
+// reaches the backend.
+func testMeshExternalAuth(s *scenario) {
+	sim := s.simBackend("extauth")
+	svc := s.service("extauth", serviceSpec{Backend: sim.backend, Ports: meshPorts()})
+	var mu sync.Mutex
+	asked := map[string]*http.Request{}
+	bodies := map[string]string{}
+	auth := s.handlerPod("auth", meshPort, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		asked[r.URL.Query().Get("uuid")], bodies[r.URL.Query().Get("uuid")] = r, string(body)
+		mu.Unlock()
+		if r.Header.Get("Authorization") != "Bearer good" {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="mesh"`)
+			w.WriteHeader(http.StatusUnauthorized)
+			io.WriteString(w, "denied")
+			return
+		}
+		w.Header().Set("X-Auth-User", "alice")
+		w.Header().Set("X-Other", "other")
+	}))
+	s.service("auth", serviceSpec{Backend: auth, Ports: meshPorts()})
+	s.applyFile("testdata/mesh/mesh-extauth.yaml")
+	s.waitRouted(svc.v4(80), "ext-auth")
+	s.waitRouteStatus("HTTPRoute", s.ns, "ext-auth", "extauth", routeAccepted...)
+	good := map[string]string{"Authorization": "Bearer good", "X-Tenant": "t1", "X-Secret": "s"}
+	s.expect(nil, call{method: http.MethodPost, url: httpURL(svc.v4(80), "/guarded/a?uuid=a1"), header: good, body: "small body"},
+		want{backend: "extauth", path: "/guarded/a", headers: map[string]string{"X-Auth-User": "alice", "X-Secret": "s"}, absent: []string{"X-Other"}})
+	mu.Lock()
+	if r := asked["a1"]; r == nil || r.Method != http.MethodPost || r.URL.Path != "/check/guarded/a" || r.Host != svc.v4(80).String() ||
+		r.Header.Get("X-Tenant") != "t1" || r.Header["X-Secret"] != nil || bodies["a1"] != "small body" {
+		s.t.Errorf("the authorization server saw %+v with body %q", r, bodies["a1"])
+	}
+	mu.Unlock()
+	r := s.expect(nil, call{url: httpURL(svc.v4(80), "/guarded/b?uuid=d1"), header: map[string]string{"Authorization": "Bearer bad"}},
+		want{status: http.StatusUnauthorized, respHeaders: map[string]string{"WWW-Authenticate": `Bearer realm="mesh"`}})
+	if r != nil && string(r.body) != "denied" {
+		s.t.Errorf("denied request: body %q, want the authorization server's", truncate(r.body))
+	}
+	s.expect(nil, call{method: http.MethodPost, url: httpURL(svc.v4(80), "/guarded/c?uuid=d2"), header: good, body: "a body over sixteen bytes"},
+		want{status: http.StatusRequestEntityTooLarge})
+	for _, uuid := range []string{"d1", "d2"} {
+		if n := sim.count(uuid); n != 0 {
+			s.t.Errorf("refused request %s reached the backend %d times", uuid, n)
+		}
+	}
+}
+
 // testMeshTimeouts is HTTPRouteTimeoutRequest and
 // HTTPRouteTimeoutBackendRequest with a Service parent: a slow backend
 // gets 504 within the timeout, "0s" disables it.

@@ -52,6 +52,7 @@ var gammaScenarios = []scenarioDef{
 	{name: "gamma-retry-budget", run: testMeshRetryBudget},
 	{name: "gamma-mirror", run: testMeshMirror},
 	{name: "gamma-cors", run: testMeshCORS},
+	{name: "gamma-external-auth", run: testMeshExternalAuth},
 	{name: "gamma-status", run: testMeshStatus},
 	{name: "gamma-reference-grant", run: testMeshReferenceGrant},
 	{name: "gamma-session-persistence", bothModes: true, run: testMeshSessionPersistence},

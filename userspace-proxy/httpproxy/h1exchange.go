@@ -59,7 +59,13 @@ func (s *h1Conn) serve(req *http.Request) bool {
 		if s.rt == nil {
 			s.rt = new(routed)
 		}
-		if ref, forward = s.h.route(x, req, s.rt); !forward {
+		ref, forward = s.h.route(x, req, s.rt)
+		if x.r != nil && x.r.d.ExternalAuth != nil {
+			if a, ok := s.h.authorize(x, req); !ok {
+				return s.writeLocal(req, a.status, a.header, "", a.body)
+			}
+		}
+		if !forward {
 			return s.answerLocally(req, x)
 		}
 	}

@@ -306,7 +306,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	ref := fe.Backend
 	if fe.Routes != nil {
 		var forward bool
-		if ref, forward = h.route(x, r, new(routed)); !forward {
+		ref, forward = h.route(x, r, new(routed))
+		if x.r != nil && x.r.d.ExternalAuth != nil {
+			if a, ok := h.authorize(x, r); !ok {
+				writeAnswer(w, a)
+				return
+			}
+		}
+		if !forward {
 			h.answerLocally(w, r, x)
 			return
 		}

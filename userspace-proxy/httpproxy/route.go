@@ -47,6 +47,10 @@ type RoutingConfig struct {
 	// MirrorTimeout bounds one mirrored request, response included; 0
 	// means 10 s.
 	MirrorTimeout time.Duration
+	// ExternalAuthTimeout bounds the authorization request of an
+	// ExternalAuth filter, answer included; 0 means 5 s. Past it the
+	// request fails closed (503).
+	ExternalAuthTimeout time.Duration
 }
 
 func (c *RoutingConfig) setDefaults() {
@@ -61,6 +65,9 @@ func (c *RoutingConfig) setDefaults() {
 	}
 	if c.MirrorTimeout <= 0 {
 		c.MirrorTimeout = 10 * time.Second
+	}
+	if c.ExternalAuthTimeout <= 0 {
+		c.ExternalAuthTimeout = 5 * time.Second
 	}
 	c.RequestTimeout = max(c.RequestTimeout, 0)
 	c.BackendRequestTimeout = max(c.BackendRequestTimeout, 0)
@@ -229,13 +236,18 @@ func isGRPCType(h http.Header) bool {
 // answerLocally writes a route's own answer on the net/http path.
 func (h *Handler) answerLocally(w http.ResponseWriter, r *http.Request, x *exchange) {
 	a := answerFor(&x.r.d, r)
+	writeAnswer(w, a)
+	h.countLocal(r.Context(), x, a.status)
+}
+
+// writeAnswer writes a on the net/http path.
+func writeAnswer(w http.ResponseWriter, a localAnswer) {
 	hdr := w.Header()
 	for k, v := range a.header {
 		hdr[k] = v
 	}
 	w.WriteHeader(a.status)
 	w.Write(a.body)
-	h.countLocal(r.Context(), x, a.status)
 }
 
 // countLocal logs and counts a route's own answer.

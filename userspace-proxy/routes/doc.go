@@ -2,7 +2,7 @@
 // captured Service port that mesh routes (GAMMA HTTPRoute, GRPCRoute)
 // govern: which rule matches, and then a local answer (404, 500, a
 // redirect with its Location, a CORS preflight's) or a forward to a backend chosen by weight,
-// with the request and response changes, mirrors, timeouts, retry policy
+// with the request and response changes, mirrors, external authorization, timeouts, retry policy
 // and session persistence the rule asks for.
 //
 // It is pure decision logic over a snapshot.Snapshot: no sockets, no

@@ -180,6 +180,10 @@ type Decision struct {
 	Timeouts           *snapshot.Timeouts
 	Retry              *snapshot.Retry
 	SessionPersistence *snapshot.SessionPersistence
+	// ExternalAuth is the rule's ExternalAuth filter: an authorization
+	// server must let the request go on (Forward) or be answered
+	// (Redirect, Respond) first; nil for a CORS preflight.
+	ExternalAuth *snapshot.ExternalAuth
 
 	reqMods, respMods [2]*headerMods // rule, then backendRef
 	// cors is the rule's CORS filter; origin the request's Origin, and
@@ -212,6 +216,9 @@ func (s *Set) Decide(req *Request, rnd Rand, d *Decision) {
 	if r.filters.cors != nil && corsPreflight(d, req, r) {
 		return
 	}
+	// A preflight carries no credentials (a browser's never does); every
+	// other request of the rule is authorized, whatever the rule answers.
+	d.ExternalAuth = r.src.ExternalAuth
 	if r.filters.redirect != nil {
 		d.respMods[0] = r.filters.respHeaders
 		s.redirect(d, req, path, e, r.filters.redirect)

@@ -1,0 +1,165 @@
+package httpproxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
+)
+
+// ExternalAuth filters (GEP-1494, HTTP protocol): before a request of the
+// rule goes on, its authorization server gets a request with the same
+// method, the path after the filter's prefix, the query, Host,
+// Authorization and the allowed headers, and the body when the filter
+// forwards it (Content-Length then says its size, else 0). Its 200 lets the
+// request go on with the answer's headers (the allowed ones; none listed:
+// all but Host and the answer's own Content-Length, Content-Type and Date);
+// any other answer goes to the client as the server gave it,
+// and the request goes nowhere. A server that cannot be asked (no
+// endpoint, refused, TLS failure, no answer within
+// RoutingConfig.ExternalAuthTimeout) fails the request closed with 503: the
+// fault is the proxy's, not the client's credentials.
+
+// authorize asks x's authorization server about r. It reports whether r
+// may go on (with the server's headers added); if not, a is the client's
+// answer.
+func (h *Handler) authorize(x *exchange, r *http.Request) (a localAnswer, ok bool) {
+	ea := x.r.d.ExternalAuth
+	body, err := authBody(r, ea.MaxBody)
+	if errors.Is(err, errAuthBodyTooLarge) {
+		return h.authRefused(x, "ext_auth_body_too_large", http.StatusRequestEntityTooLarge, err), false
+	}
+	if err == nil {
+		var resp *http.Response
+		if resp, body, err = h.askAuth(r.Context(), x, r, ea, body); err == nil {
+			if resp.StatusCode == http.StatusOK {
+				copyAuthHeaders(r.Header, resp.Header, ea.AllowedResponseHeaders)
+				return localAnswer{}, true
+			}
+			removeHopByHop(resp.Header)
+			delete(resp.Header, "Content-Length")
+			h.m.routeAnswers.WithLabelValues("ext_auth_denied").Inc()
+			h.m.request(x.fe, resp.StatusCode, "none")
+			return localAnswer{status: resp.StatusCode, header: resp.Header, body: body}, false
+		}
+	}
+	return h.authRefused(x, "ext_auth_error", http.StatusServiceUnavailable, err), false
+}
+
+// authRefused counts, logs and answers a request the filter refuses
+// without the server's word.
+func (h *Handler) authRefused(x *exchange, reason string, status int, err error) localAnswer {
+	h.log.Debug("external auth failed", "service", x.fe.Service.String(), "reason", reason, "err", err)
+	h.m.routeAnswers.WithLabelValues(reason).Inc()
+	h.m.request(x.fe, status, "none")
+	return localAnswer{status: status, header: http.Header{"Content-Type": textPlain, "X-Content-Type-Options": nosniff},
+		body: []byte("sockmesh: " + reason + "\n")}
+}
+
+// authBody reads r's body for the authorization server when the filter
+// forwards it (max > 0), and gives r the same bytes again.
+func authBody(r *http.Request, max int32) ([]byte, error) {
+	if max == 0 || r.Body == nil || r.Body == http.NoBody {
+		return nil, nil
+	}
+	if r.ContentLength > int64(max) {
+		return nil, errAuthBodyTooLarge
+	}
+	buf, err := io.ReadAll(io.LimitReader(r.Body, int64(max)+1))
+	if err != nil {
+		return nil, fmt.Errorf("read request body: %w", err)
+	}
+	if len(buf) > int(max) {
+		return nil, errAuthBodyTooLarge
+	}
+	r.Body = struct {
+		io.Reader
+		io.Closer
+	}{bytes.NewReader(buf), r.Body}
+	return buf, nil
+}
+
+// errAuthBodyTooLarge: the request body is over forwardBody.maxSize, which
+// the API has the filter refuse (413).
+var errAuthBodyTooLarge = errors.New("request body larger than the external auth filter's forwardBody.maxSize")
+
+// askAuth sends the authorization request about r to ea's backend and
+// returns its answer with the body read (up to authAnswerLimit).
+func (h *Handler) askAuth(ctx context.Context, x *exchange, r *http.Request, ea *snapshot.ExternalAuth, body []byte) (*http.Response, []byte, error) {
+	be := x.v.Backends.Get(ea.Backend)
+	switch {
+	case be == nil:
+		return nil, nil, fmt.Errorf("external auth backend %s: %w", ea.Backend, upstream.ErrNoEndpoints)
+	case be.Err != nil:
+		return nil, nil, fmt.Errorf("external auth backend %s: %w", ea.Backend, be.Err)
+	}
+	c := be.Picker.Pick()
+	if c == nil {
+		return nil, nil, fmt.Errorf("external auth backend %s: %w", ea.Backend, upstream.ErrNoEndpoints)
+	}
+	ctx, cancel := context.WithTimeout(ctx, h.cfg.Routing.ExternalAuthTimeout)
+	defer cancel()
+	u := upstreamURL(&url.URL{Path: ea.PathPrefix + r.URL.Path, RawQuery: r.URL.RawQuery}, be.Scheme(), c.Host)
+	ar, err := http.NewRequestWithContext(upstream.WithEndpoint(ctx, c), r.Method, u.String(), bytes.NewReader(body))
+	if err != nil {
+		return nil, nil, fmt.Errorf("external auth request: %w", err)
+	}
+	ar.Host = r.Host
+	for _, k := range ea.AllowedHeaders {
+		k = http.CanonicalHeaderKey(k)
+		if vv, ok := r.Header[k]; ok {
+			ar.Header[k] = vv
+		}
+	}
+	if vv, ok := r.Header["Authorization"]; ok {
+		ar.Header["Authorization"] = vv
+	}
+	removeHopByHop(ar.Header)
+	resp, err := be.RoundTripper(WireFor(be, r.ProtoMajor, false)).RoundTrip(ar)
+	if err != nil {
+		return nil, nil, fmt.Errorf("external auth backend %s: %w", ea.Backend, err)
+	}
+	defer resp.Body.Close()
+	answer, err := io.ReadAll(io.LimitReader(resp.Body, authAnswerLimit+1))
+	switch {
+	case err != nil:
+		return nil, nil, fmt.Errorf("external auth backend %s: read answer: %w", ea.Backend, err)
+	case len(answer) > authAnswerLimit:
+		return nil, nil, fmt.Errorf("external auth backend %s: answer body over %d bytes", ea.Backend, authAnswerLimit)
+	}
+	return resp, answer, nil
+}
+
+// authAnswerLimit bounds the authorization server's answer body the proxy
+// holds to pass on.
+const authAnswerLimit = 64 << 10
+
+// copyAuthHeaders copies the headers of the server's 200 into the request
+// to the backend: those allowed, or all but Host and the answer's own
+// hop-by-hop, framing and Date fields, which would misdescribe the
+// request.
+func copyAuthHeaders(dst, src http.Header, allowed []string) {
+	if len(allowed) > 0 {
+		for _, k := range allowed {
+			k = http.CanonicalHeaderKey(k)
+			if vv, ok := src[k]; ok {
+				dst[k] = vv
+			}
+		}
+		return
+	}
+	removeHopByHop(src)
+	for k, vv := range src {
+		switch k {
+		case "Host", "Content-Length", "Content-Type", "Date":
+			continue
+		}
+		dst[k] = vv
+	}
+}
