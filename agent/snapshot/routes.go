@@ -182,19 +182,23 @@ type Filters struct {
 	ExternalAuth *ExternalAuth `json:"externalAuth,omitempty"`
 }
 
-// ExternalAuth is an HTTPRoute rule's ExternalAuth filter (GEP-1494) with
-// the HTTP protocol: the authorization server at Backend answers 200 to
-// let a request go on. userspace-proxy/httpproxy says what it is sent.
+// ExternalAuth is an HTTPRoute rule's ExternalAuth filter (GEP-1494): the
+// authorization server at Backend lets a request go on, by a 200 (HTTP)
+// or an OK to Envoy's ext_authz Check (GRPC). userspace-proxy/httpproxy
+// says what it is sent.
 type ExternalAuth struct {
 	Backend BackendRef `json:"backend"`
+	// GRPC: the server speaks ext_authz v3; else plain HTTP.
+	GRPC bool `json:"grpc,omitempty"`
 	// PathPrefix goes before the request's path in the authorization
-	// request.
+	// request (HTTP).
 	PathPrefix string `json:"pathPrefix,omitempty"`
-	// AllowedHeaders are the request headers sent beyond Host, Method,
-	// Path, Content-Length and Authorization.
+	// AllowedHeaders are the request headers sent: HTTP, beyond Host,
+	// Method, Path, Content-Length and Authorization; GRPC, all when none
+	// are listed.
 	AllowedHeaders []string `json:"allowedHeaders,omitempty"`
 	// AllowedResponseHeaders are the headers of the server's 200 copied
-	// into the request; none listed: all but Host.
+	// into the request; none listed: all but Host (HTTP).
 	AllowedResponseHeaders []string `json:"allowedResponseHeaders,omitempty"`
 	// MaxBody is the largest request body sent to the server (a larger
 	// one is refused, 413); 0 sends none.

@@ -81,7 +81,7 @@
 // modifiers (rule and backendRef level), RequestRedirect (scheme,
 // hostname, path, port, statusCode), URLRewrite (hostname, path),
 // RequestMirror (percent or fraction), and, for HTTPRoutes, CORS and
-// ExternalAuth with the HTTP protocol (rule level only: a backendRef's
+// ExternalAuth, HTTP and GRPC protocols (rule level only: a backendRef's
 // fails its rule; its backendRef resolves as a mirror's, with
 // ReferenceGrants and ResolvedRefs, but one that does not resolve fails
 // the rule: its requests must not go unauthorized), timeouts
@@ -96,8 +96,7 @@
 // routing nothing; hostnames are otherwise ignored. A rule whose matches
 // are invalid is left out. A rule whose matches are valid but whose
 // filters or settings cannot be honoured — including
-// the ExtensionRef filter and ExternalAuth's GRPC protocol, which
-// sockmesh does not implement — stays and answers 500 (a GRPCRoute's, UNAVAILABLE, as the
+// the ExtensionRef filter sockmesh does not implement — stays and answers 500 (a GRPCRoute's, UNAVAILABLE, as the
 // API asks where it cannot route): a filter is never skipped. Status
 // then follows the API's "Drop Rule(s)" form: Accepted=True with
 // PartiallyInvalid=True (UnsupportedValue, or IncompatibleFilters for

@@ -571,7 +571,7 @@ func cors(b *ruleBuild, at string, f *gwv1.HTTPCORSFilter) *snapshot.CORS {
 	return out
 }
 
-// externalAuth converts an ExternalAuth filter, with the CRD's rules: the
+// externalAuth converts an ExternalAuth filter (HTTP or GRPC), with the CRD's rules: the
 // protocol names the one configuration set, http.path matches its pattern,
 // header lists are sets of at most 64, forwardBody.maxSize is not
 // negative. Its backendRef resolves as a mirror's; one that does not
@@ -579,8 +579,11 @@ func cors(b *ruleBuild, at string, f *gwv1.HTTPCORSFilter) *snapshot.CORS {
 func (rb *routeBuilder) externalAuth(b *ruleBuild, at string, f *gwv1.HTTPExternalAuthFilter) *snapshot.ExternalAuth {
 	out := &snapshot.ExternalAuth{}
 	switch p := f.ExternalAuthProtocol; {
+	case p == gwv1.HTTPRouteExternalAuthGRPCProtocol && (f.GRPCAuthConfig == nil || f.HTTPAuthConfig != nil):
+		b.badf("%s: protocol GRPC needs grpc and no http", at)
 	case p == gwv1.HTTPRouteExternalAuthGRPCProtocol:
-		b.badf("%s.protocol GRPC is not supported by sockmesh (HTTP is)", at)
+		out.GRPC = true
+		out.AllowedHeaders = headerSet(b, at+".grpc.allowedHeaders", f.GRPCAuthConfig.AllowedRequestHeaders)
 	case p != gwv1.HTTPRouteExternalAuthHTTPProtocol:
 		b.badf("%s.protocol %q is not HTTP or GRPC", at, p)
 	case f.HTTPAuthConfig == nil || f.GRPCAuthConfig != nil:

@@ -13,7 +13,12 @@ import (
 	"sync"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -283,7 +288,9 @@ func testMeshCORS(s *scenario) {
 // header) before each request; a 200 lets the request on with the
 // allowed header of the answer, a 401 reaches the client as the server
 // gave it, a body over maxSize gets 413, and a refused request never
-// reaches the backend.
+// reaches the backend. HTTPRouteExternalAuthGRPC likewise: an ext_authz
+// server's OK lets the request on with its header, its denial reaches the
+// client with the DeniedHttpResponse's status and body.
 func testMeshExternalAuth(s *scenario) {
 	sim := s.simBackend("extauth")
 	svc := s.service("extauth", serviceSpec{Backend: sim.backend, Ports: meshPorts()})
@@ -305,6 +312,10 @@ func testMeshExternalAuth(s *scenario) {
 		w.Header().Set("X-Other", "other")
 	}))
 	s.service("auth", serviceSpec{Backend: auth, Ports: meshPorts()})
+	gs := grpc.NewServer()
+	authv3.RegisterAuthorizationServer(gs, meshAuthz{})
+	s.service("authz", serviceSpec{Backend: s.handlerPod("authz", meshPort, gs),
+		Ports: []servicePort{{Name: "grpc", Port: 9000, TargetPort: meshPort, AppProtocol: "kubernetes.io/h2c"}}})
 	s.applyFile("testdata/mesh/mesh-extauth.yaml")
 	s.waitRouted(svc.v4(80), "ext-auth")
 	s.waitRouteStatus("HTTPRoute", s.ns, "ext-auth", "extauth", routeAccepted...)
@@ -324,11 +335,34 @@ func testMeshExternalAuth(s *scenario) {
 	}
 	s.expect(nil, call{method: http.MethodPost, url: httpURL(svc.v4(80), "/guarded/c?uuid=d2"), header: good, body: "a body over sixteen bytes"},
 		want{status: http.StatusRequestEntityTooLarge})
-	for _, uuid := range []string{"d1", "d2"} {
+	s.expect(nil, call{url: httpURL(svc.v4(80), "/guarded-grpc?uuid=g1"), header: good},
+		want{backend: "extauth", headers: map[string]string{"X-Auth-User": "alice"}})
+	r = s.expect(nil, call{url: httpURL(svc.v4(80), "/guarded-grpc?uuid=d3"), header: map[string]string{"Authorization": "Bearer bad"}},
+		want{status: http.StatusUnauthorized})
+	if r != nil && string(r.body) != "denied" {
+		s.t.Errorf("denied gRPC-authorized request: body %q, want the DeniedHttpResponse's", truncate(r.body))
+	}
+	for _, uuid := range []string{"d1", "d2", "d3"} {
 		if n := sim.count(uuid); n != 0 {
 			s.t.Errorf("refused request %s reached the backend %d times", uuid, n)
 		}
 	}
+}
+
+// meshAuthz is an ext_authz v3 server that lets "Bearer good" on as alice
+// and denies anything else 401.
+type meshAuthz struct {
+	authv3.UnimplementedAuthorizationServer
+}
+
+func (meshAuthz) Check(_ context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+	if req.GetAttributes().GetRequest().GetHttp().GetHeaders()["authorization"] != "Bearer good" {
+		return &authv3.CheckResponse{Status: &status.Status{Code: int32(codes.Unauthenticated)},
+			HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
+				Status: &typev3.HttpStatus{Code: typev3.StatusCode_Unauthorized}, Body: "denied"}}}, nil
+	}
+	return &authv3.CheckResponse{Status: &status.Status{}, HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: &authv3.OkHttpResponse{
+		Headers: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "x-auth-user", Value: "alice"}}}}}}, nil
 }
 
 // testMeshTimeouts is HTTPRouteTimeoutRequest and

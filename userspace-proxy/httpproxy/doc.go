@@ -15,7 +15,7 @@
 // Requests to a Service port with GAMMA routes (HTTPRoute, GRPCRoute with a
 // Service parent) follow the decision of package routes, for the client's
 // namespace, after the rule's ExternalAuth server let the request go on
-// (extauth.go): a local answer (404, 500, a redirect, a CORS preflight's 200;
+// (extauth.go, extauth_grpc.go): a local answer (404, 500, a redirect, a CORS preflight's 200;
 // trailers-only gRPC statuses for gRPC clients) or a forward to the chosen
 // backend with the rule's header changes, CORS headers, rewrites, mirrors
 // (mirror.go), session persistence, timeouts and retries (policy.go). A

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
@@ -35,21 +34,23 @@ func (h *Handler) authorize(x *exchange, r *http.Request) (a localAnswer, ok boo
 	if errors.Is(err, errAuthBodyTooLarge) {
 		return h.authRefused(x, "ext_auth_body_too_large", http.StatusRequestEntityTooLarge, err), false
 	}
+	var denied *localAnswer
 	if err == nil {
-		var resp *http.Response
-		if resp, body, err = h.askAuth(r.Context(), x, r, ea, body); err == nil {
-			if resp.StatusCode == http.StatusOK {
-				copyAuthHeaders(r.Header, resp.Header, ea.AllowedResponseHeaders)
-				return localAnswer{}, true
-			}
-			removeHopByHop(resp.Header)
-			delete(resp.Header, "Content-Length")
-			h.m.routeAnswers.WithLabelValues("ext_auth_denied").Inc()
-			h.m.request(x.fe, resp.StatusCode, "none")
-			return localAnswer{status: resp.StatusCode, header: resp.Header, body: body}, false
+		ask := h.askHTTP
+		if ea.GRPC {
+			ask = h.askGRPC
 		}
+		denied, err = ask(r.Context(), x, r, ea, body)
 	}
-	return h.authRefused(x, "ext_auth_error", http.StatusServiceUnavailable, err), false
+	switch {
+	case err != nil:
+		return h.authRefused(x, "ext_auth_error", http.StatusServiceUnavailable, err), false
+	case denied != nil:
+		h.m.routeAnswers.WithLabelValues("ext_auth_denied").Inc()
+		h.m.request(x.fe, denied.status, "none")
+		return *denied, false
+	}
+	return localAnswer{}, true
 }
 
 // authRefused counts, logs and answers a request the filter refuses
@@ -63,19 +64,19 @@ func (h *Handler) authRefused(x *exchange, reason string, status int, err error)
 }
 
 // authBody reads r's body for the authorization server when the filter
-// forwards it (max > 0), and gives r the same bytes again.
-func authBody(r *http.Request, max int32) ([]byte, error) {
-	if max == 0 || r.Body == nil || r.Body == http.NoBody {
+// forwards it (maxSize > 0), and gives r the same bytes again.
+func authBody(r *http.Request, maxSize int32) ([]byte, error) {
+	if maxSize == 0 || r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
-	if r.ContentLength > int64(max) {
+	if r.ContentLength > int64(maxSize) {
 		return nil, errAuthBodyTooLarge
 	}
-	buf, err := io.ReadAll(io.LimitReader(r.Body, int64(max)+1))
+	buf, err := io.ReadAll(io.LimitReader(r.Body, int64(maxSize)+1))
 	if err != nil {
 		return nil, fmt.Errorf("read request body: %w", err)
 	}
-	if len(buf) > int(max) {
+	if len(buf) > int(maxSize) {
 		return nil, errAuthBodyTooLarge
 	}
 	r.Body = struct {
@@ -89,9 +90,43 @@ func authBody(r *http.Request, max int32) ([]byte, error) {
 // the API has the filter refuse (413).
 var errAuthBodyTooLarge = errors.New("request body larger than the external auth filter's forwardBody.maxSize")
 
-// askAuth sends the authorization request about r to ea's backend and
-// returns its answer with the body read (up to authAnswerLimit).
-func (h *Handler) askAuth(ctx context.Context, x *exchange, r *http.Request, ea *snapshot.ExternalAuth, body []byte) (*http.Response, []byte, error) {
+// askHTTP asks ea's HTTP authorization server about r: on its 200, r gets
+// the answer's headers; another answer is the client's (denied).
+func (h *Handler) askHTTP(ctx context.Context, x *exchange, r *http.Request, ea *snapshot.ExternalAuth, body []byte) (denied *localAnswer, err error) {
+	ctx, cancel := context.WithTimeout(ctx, h.cfg.Routing.ExternalAuthTimeout)
+	defer cancel()
+	ar, err := http.NewRequestWithContext(ctx, r.Method, "/", bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("external auth request: %w", err)
+	}
+	ar.URL.Path, ar.URL.RawQuery, ar.Host = ea.PathPrefix+r.URL.Path, r.URL.RawQuery, r.Host
+	for _, k := range ea.AllowedHeaders {
+		k = http.CanonicalHeaderKey(k)
+		if vv, ok := r.Header[k]; ok {
+			ar.Header[k] = vv
+		}
+	}
+	if vv, ok := r.Header["Authorization"]; ok {
+		ar.Header["Authorization"] = vv
+	}
+	removeHopByHop(ar.Header)
+	resp, answer, err := h.sendAuth(x, ea, ar, r.ProtoMajor)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode == http.StatusOK {
+		copyAuthHeaders(r.Header, resp.Header, ea.AllowedResponseHeaders)
+		return nil, nil
+	}
+	removeHopByHop(resp.Header)
+	delete(resp.Header, "Content-Length")
+	return &localAnswer{status: resp.StatusCode, header: resp.Header, body: answer}, nil
+}
+
+// sendAuth sends ar, whose URL holds the path and query, to an endpoint
+// of ea's backend, in HTTP version protoMajor unless the backend demands
+// one, and returns the answer with its body read (up to authAnswerLimit).
+func (h *Handler) sendAuth(x *exchange, ea *snapshot.ExternalAuth, ar *http.Request, protoMajor int) (*http.Response, []byte, error) {
 	be := x.v.Backends.Get(ea.Backend)
 	switch {
 	case be == nil:
@@ -103,25 +138,9 @@ func (h *Handler) askAuth(ctx context.Context, x *exchange, r *http.Request, ea 
 	if c == nil {
 		return nil, nil, fmt.Errorf("external auth backend %s: %w", ea.Backend, upstream.ErrNoEndpoints)
 	}
-	ctx, cancel := context.WithTimeout(ctx, h.cfg.Routing.ExternalAuthTimeout)
-	defer cancel()
-	u := upstreamURL(&url.URL{Path: ea.PathPrefix + r.URL.Path, RawQuery: r.URL.RawQuery}, be.Scheme(), c.Host)
-	ar, err := http.NewRequestWithContext(upstream.WithEndpoint(ctx, c), r.Method, u.String(), bytes.NewReader(body))
-	if err != nil {
-		return nil, nil, fmt.Errorf("external auth request: %w", err)
-	}
-	ar.Host = r.Host
-	for _, k := range ea.AllowedHeaders {
-		k = http.CanonicalHeaderKey(k)
-		if vv, ok := r.Header[k]; ok {
-			ar.Header[k] = vv
-		}
-	}
-	if vv, ok := r.Header["Authorization"]; ok {
-		ar.Header["Authorization"] = vv
-	}
-	removeHopByHop(ar.Header)
-	resp, err := be.RoundTripper(WireFor(be, r.ProtoMajor, false)).RoundTrip(ar)
+	ar = ar.WithContext(upstream.WithEndpoint(ar.Context(), c))
+	ar.URL = upstreamURL(ar.URL, be.Scheme(), c.Host)
+	resp, err := be.RoundTripper(WireFor(be, protoMajor, false)).RoundTrip(ar)
 	if err != nil {
 		return nil, nil, fmt.Errorf("external auth backend %s: %w", ea.Backend, err)
 	}

@@ -1,11 +1,29 @@
 package proxy_test
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"maps"
+	"net"
 	"net/http"
+	"net/url"
 	"strings"
+	"sync"
 	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 )
@@ -160,5 +178,205 @@ func TestRouteExternalAuth(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// extAuthz is an Envoy ext_authz v3 server: "Bearer good" is let on with
+// X-Auth-User set, X-Tag added to and Authorization removed; anything
+// else is denied 401 with a header and a body. It keeps the requests it
+// was asked about, by their id query parameter.
+type extAuthz struct {
+	authv3.UnimplementedAuthorizationServer
+	mu   sync.Mutex
+	seen map[string]*authv3.AttributeContext_HttpRequest
+}
+
+func (s *extAuthz) Check(_ context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+	h := req.GetAttributes().GetRequest().GetHttp()
+	u, _ := url.Parse(h.GetPath())
+	s.mu.Lock()
+	s.seen[u.Query().Get("id")] = h
+	s.mu.Unlock()
+	if h.GetHeaders()["authorization"] != "Bearer good" {
+		return &authv3.CheckResponse{Status: &status.Status{Code: int32(codes.PermissionDenied)},
+			HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
+				Status:  &typev3.HttpStatus{Code: typev3.StatusCode_Unauthorized},
+				Headers: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "www-authenticate", Value: `Bearer realm="mesh"`}}},
+				Body:    "denied",
+			}}}, nil
+	}
+	return &authv3.CheckResponse{Status: &status.Status{Code: int32(codes.OK)},
+		HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: &authv3.OkHttpResponse{
+			Headers: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "x-auth-user", Value: "alice"}},
+				{Header: &corev3.HeaderValue{Key: "x-tag", Value: "b"}, Append: wrapperspb.Bool(true)}},
+			HeadersToRemove: []string{"authorization"},
+		}}}, nil
+}
+
+func (s *extAuthz) request(id string) *authv3.AttributeContext_HttpRequest {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.seen[id]
+}
+
+// TestRouteExternalAuthGRPC: the filter with the GRPC protocol asks a real
+// ext_authz server (grpc-go, over TLS) on every L7 front end — the
+// CheckRequest holds the method, path and query, host and the allowed
+// headers (all when none are listed) and the body up to maxSize; an OK lets
+// the request on with the answer's headers set, added and removed; a
+// denial reaches the client with the DeniedHttpResponse's status, header
+// and body, and never the backend; a server that does not speak gRPC
+// fails the request closed, 503.
+func TestRouteExternalAuthGRPC(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			az := &extAuthz{seen: map[string]*authv3.AttributeContext_HttpRequest{}}
+			srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(serverTLS(e.pki.server))))
+			authv3.RegisterAuthorizationServer(srv, az)
+			l := listenLocal(t)
+			go srv.Serve(l)
+			t.Cleanup(srv.Stop)
+			plain := startRecorder(t, nil, nil) // answers HTTP, not gRPC
+			backend := startRecorder(t, nil, nil)
+			m := &mesh{t: t}
+			be := m.backend("app", snapshot.Backend{Endpoints: endpoints(backend.addr)})
+			authRef := m.backend("authz", snapshot.Backend{Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort()),
+				TLS: tlsPolicy(e), Protocol: snapshot.ProtocolGRPC})
+			notGRPC := m.backend("not-grpc", snapshot.Backend{Endpoints: endpoints(plain.addr), Protocol: snapshot.ProtocolH2C})
+			authRule := func(prefix string, a snapshot.ExternalAuth) rule {
+				return rule{[]snapshot.RouteMatch{prefixMatch(prefix)}, snapshot.RouteRule{Backends: to(be),
+					Filters: snapshot.Filters{ExternalAuth: &a}}}
+			}
+			m.frontend("app", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+				authRule("/listed", snapshot.ExternalAuth{Backend: authRef, GRPC: true, AllowedHeaders: []string{"authorization", "x-user"}, MaxBody: 8}),
+				authRule("/all", snapshot.ExternalAuth{Backend: authRef, GRPC: true}),
+				authRule("/not-grpc", snapshot.ExternalAuth{Backend: notGRPC, GRPC: true}),
+			)))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, k.h2c)
+			base := "http://app.b.svc"
+			call := func(method, path, body, authorization string) answer {
+				t.Helper()
+				var r io.Reader
+				if body != "" {
+					r = strings.NewReader(body)
+				}
+				return send(t, c, newReq(t, method, base+path, r, "Authorization", authorization, "X-User", "u", "X-Secret", "s", "X-Tag", "a"))
+			}
+			seenBy := func(id string) recorded {
+				t.Helper()
+				backend.mu.Lock()
+				defer backend.mu.Unlock()
+				for _, q := range backend.reqs {
+					if strings.Contains(q.RawQuery, "id="+id) {
+						return q
+					}
+				}
+				t.Fatalf("the backend saw no request %s", id)
+				return recorded{}
+			}
+
+			if a := call(http.MethodPost, "/listed/x?id=g1", "1234", "Bearer good"); a.status != 200 {
+				t.Errorf("allowed: %d %q, want 200", a.status, a.body)
+			}
+			h := az.request("g1")
+			if h == nil || h.GetMethod() != http.MethodPost || h.GetPath() != "/listed/x?id=g1" || h.GetHost() != "app.b.svc" ||
+				h.GetBody() != "1234" || !maps.Equal(h.GetHeaders(), map[string]string{"authorization": "Bearer good", "x-user": "u"}) {
+				t.Errorf("ext_authz got %v", h)
+			}
+			if q := seenBy("g1"); q.Header.Get("X-Auth-User") != "alice" || strings.Join(q.Header["X-Tag"], ",") != "a,b" ||
+				q.Header["Authorization"] != nil || string(q.Body) != "1234" {
+				t.Errorf("backend saw headers %v body %q; want X-Auth-User set, X-Tag added, Authorization removed", q.Header, q.Body)
+			}
+			if a := call(http.MethodGet, "/all?id=g2", "", "Bearer good"); a.status != 200 || az.request("g2").GetHeaders()["x-secret"] != "s" {
+				t.Errorf("allowed, all headers: %d; ext_authz got %v", a.status, az.request("g2").GetHeaders())
+			}
+			if a := call(http.MethodGet, "/listed/x?id=d1", "", "Bearer bad"); a.status != http.StatusUnauthorized ||
+				string(a.body) != "denied" || a.header.Get("WWW-Authenticate") != `Bearer realm="mesh"` {
+				t.Errorf("denied: %d %q with %v; want the DeniedHttpResponse's 401", a.status, a.body, a.header)
+			}
+			if a := call(http.MethodPost, "/listed/x?id=d2", "123456789", "Bearer good"); a.status != http.StatusRequestEntityTooLarge {
+				t.Errorf("body over maxSize: %d, want 413", a.status)
+			}
+			if a := call(http.MethodGet, "/not-grpc?id=d3", "", "Bearer good"); a.status != http.StatusServiceUnavailable {
+				t.Errorf("server not speaking gRPC: %d %q, want 503", a.status, a.body)
+			}
+			for id, want := range map[string]int{"g1": 1, "g2": 1, "d1": 0, "d2": 0, "d3": 0} {
+				if got := backend.count(id); got != want {
+					t.Errorf("the backend saw %d requests of %s, want %d", got, id, want)
+				}
+			}
+			for reason, want := range map[string]float64{"ext_auth_denied": 1, "ext_auth_body_too_large": 1, "ext_auth_error": 1} {
+				if got := e.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": reason}); got != want {
+					t.Errorf("route answers{%s} = %v, want %v", reason, got, want)
+				}
+			}
+		})
+	}
+}
+
+// TestRouteExternalAuthGRPCApp: a gRPC app's calls under an HTTPRoute rule
+// with the filter (GRPC protocol, the body forwarded) are authorized too —
+// the ext_authz server gets the call's message, an allowed call reaches
+// the backend with the server's metadata, a denied one ends UNAUTHENTICATED
+// (the DeniedHttpResponse's 401) without reaching it.
+func TestRouteExternalAuthGRPCApp(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	az := &extAuthz{seen: map[string]*authv3.AttributeContext_HttpRequest{}}
+	as := grpc.NewServer()
+	authv3.RegisterAuthorizationServer(as, az)
+	al := listenLocal(t)
+	go as.Serve(al)
+	t.Cleanup(as.Stop)
+	calls := make(chan metadata.MD, 2)
+	bs := grpc.NewServer(grpc.UnknownServiceHandler(func(_ any, st grpc.ServerStream) error {
+		if err := st.RecvMsg(new(wrapperspb.BytesValue)); err != nil {
+			return err
+		}
+		md, _ := metadata.FromIncomingContext(st.Context())
+		calls <- md
+		return st.SendMsg(wrapperspb.Bytes(nil))
+	}))
+	bl := listenLocal(t)
+	go bs.Serve(bl)
+	t.Cleanup(bs.Stop)
+	m := &mesh{t: t}
+	be := m.backend("app", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(bl.Addr().(*net.TCPAddr).AddrPort())})
+	authRef := m.backend("authz", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(al.Addr().(*net.TCPAddr).AddrPort())})
+	m.frontend("app", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be), Filters: snapshot.Filters{
+			ExternalAuth: &snapshot.ExternalAuth{Backend: authRef, GRPC: true, MaxBody: 64}}}},
+	)))
+	e.p.Update(m.snapshot(1))
+	cc, err := grpc.NewClient("passthrough:///app.b.svc:80", grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(routedVIP) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	call := func(method, authorization string) error {
+		ctx := metadata.NewOutgoingContext(context.Background(), metadata.Pairs("authorization", authorization))
+		return cc.Invoke(ctx, method, wrapperspb.Bytes([]byte("ping")), new(wrapperspb.BytesValue))
+	}
+	if err := call("/svc.A/Get?id=g1", "Bearer good"); err != nil {
+		t.Fatalf("allowed call: %v", err)
+	}
+	if md := <-calls; strings.Join(md.Get("x-auth-user"), ",") != "alice" || md.Get("authorization") != nil {
+		t.Errorf("backend got metadata %v; want x-auth-user set and authorization removed", md)
+	}
+	// The call's one message, as gRPC frames it: uncompressed, its length,
+	// the BytesValue.
+	msg, _ := proto.Marshal(wrapperspb.Bytes([]byte("ping")))
+	if h := az.request("g1"); h == nil || h.GetBody() != string(append([]byte{0, 0, 0, 0, byte(len(msg))}, msg...)) {
+		t.Errorf("ext_authz got %v; want the call's message as its body", h)
+	}
+	if err := call("/svc.A/Get?id=d1", "Bearer bad"); grpcstatus.Code(err) != codes.Unauthenticated {
+		t.Errorf("denied call: %v, want Unauthenticated", err)
+	}
+	if len(calls) != 0 {
+		t.Errorf("the backend got a denied call")
 	}
 }

@@ -1,0 +1,133 @@
+package httpproxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// ExternalAuth filters with the GRPC protocol speak Envoy's ext_authz v3
+// (envoy.service.auth.v3.Authorization/Check) as one unary call over the
+// backend's own pool and TLS: the CheckRequest holds the request's method,
+// path and query, host, scheme (http: an app's TLS is passed through, never
+// seen here), protocol, its headers (the allowed ones;
+// none listed: all, lowercased, values joined by ",") and the body when
+// the filter forwards it. An OK lets the request on with OkHttpResponse's
+// headers (set, or added where append is true) and without its
+// headers_to_remove; another status is denied with DeniedHttpResponse's
+// status (403 when unset), headers and body. A call that fails (any gRPC
+// status but the answer's own, a message that does not decode) fails
+// closed as an HTTP server that cannot be asked does.
+
+const checkPath = "/envoy.service.auth.v3.Authorization/Check"
+
+// askGRPC asks ea's ext_authz server about r.
+func (h *Handler) askGRPC(ctx context.Context, x *exchange, r *http.Request, ea *snapshot.ExternalAuth, body []byte) (denied *localAnswer, err error) {
+	headers := make(map[string]string, len(r.Header))
+	for k, vv := range r.Header {
+		if len(ea.AllowedHeaders) == 0 || containsFold(ea.AllowedHeaders, k) {
+			headers[strings.ToLower(k)] = strings.Join(vv, ",")
+		}
+	}
+	msg, err := proto.Marshal(&authv3.CheckRequest{Attributes: &authv3.AttributeContext{Request: &authv3.AttributeContext_Request{
+		Http: &authv3.AttributeContext_HttpRequest{Method: r.Method, Path: r.URL.RequestURI(), Host: r.Host, Scheme: "http", // apps speak cleartext to the proxy
+			Protocol: r.Proto, Headers: headers, Body: string(body), Size: int64(len(body))},
+	}}})
+	if err != nil {
+		return nil, fmt.Errorf("external auth check request: %w", err)
+	}
+	// A gRPC message: uncompressed (0), its length, the message.
+	frame := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(msg)))
+	ctx, cancel := context.WithTimeout(ctx, h.cfg.Routing.ExternalAuthTimeout)
+	defer cancel()
+	ar, err := http.NewRequestWithContext(ctx, http.MethodPost, checkPath, bytes.NewReader(append(frame, msg...)))
+	if err != nil {
+		return nil, fmt.Errorf("external auth check request: %w", err)
+	}
+	ar.Header["Content-Type"], ar.Header["Te"] = []string{"application/grpc"}, teTrailers
+	resp, answer, err := h.sendAuth(x, ea, ar, 2)
+	if err != nil {
+		return nil, err
+	}
+	var out authv3.CheckResponse
+	if err := decodeCheckResponse(resp, answer, &out); err != nil {
+		return nil, fmt.Errorf("external auth backend %s: %w", ea.Backend, err)
+	}
+	if codes.Code(out.GetStatus().GetCode()) == codes.OK {
+		ok := out.GetOkResponse()
+		applyHeaderOptions(r.Header, ok.GetHeaders())
+		for _, k := range ok.GetHeadersToRemove() {
+			r.Header.Del(k)
+		}
+		return nil, nil
+	}
+	d := out.GetDeniedResponse()
+	a := &localAnswer{status: http.StatusForbidden, header: http.Header{}, body: []byte(d.GetBody())}
+	if code := int(d.GetStatus().GetCode()); code >= 200 && code <= 599 {
+		a.status = code
+	}
+	applyHeaderOptions(a.header, d.GetHeaders())
+	removeHopByHop(a.header)
+	delete(a.header, "Content-Length")
+	return a, nil
+}
+
+// decodeCheckResponse reads a unary call's answer: grpc-status 0 (in the
+// trailers, or the headers of a trailers-only answer) and one
+// uncompressed message.
+func decodeCheckResponse(resp *http.Response, answer []byte, out *authv3.CheckResponse) error {
+	st := resp.Trailer.Get("Grpc-Status")
+	if st == "" {
+		st = resp.Header.Get("Grpc-Status")
+	}
+	switch {
+	case resp.StatusCode != http.StatusOK || !isGRPCType(resp.Header):
+		return fmt.Errorf("check answered HTTP %d %q, not gRPC", resp.StatusCode, resp.Header.Get("Content-Type"))
+	case st != "0":
+		return fmt.Errorf("check failed: grpc-status %q: %s", st, resp.Trailer.Get("Grpc-Message")+resp.Header.Get("Grpc-Message"))
+	case len(answer) < 5 || answer[0] != 0 || int(binary.BigEndian.Uint32(answer[1:5])) != len(answer)-5:
+		return errors.New("check answer is not one uncompressed gRPC message")
+	}
+	if err := proto.Unmarshal(answer[5:], out); err != nil {
+		return fmt.Errorf("decode check response: %w", err)
+	}
+	return nil
+}
+
+// applyHeaderOptions applies ext_authz header options to h: a value set,
+// or added where append is true (ext_authz makes false its default).
+func applyHeaderOptions(h http.Header, opts []*corev3.HeaderValueOption) {
+	for _, o := range opts {
+		k, v := http.CanonicalHeaderKey(o.GetHeader().GetKey()), o.GetHeader().GetValue()
+		if v == "" {
+			v = string(o.GetHeader().GetRawValue())
+		}
+		switch {
+		case k == "" || k == "Host":
+		case o.GetAppend().GetValue():
+			h[k] = append(h[k], v)
+		default:
+			h[k] = []string{v}
+		}
+	}
+}
+
+func containsFold(list []string, s string) bool {
+	for _, v := range list {
+		if strings.EqualFold(v, s) {
+			return true
+		}
+	}
+	return false
+}
