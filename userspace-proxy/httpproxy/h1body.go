@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,6 +62,22 @@ func (c *continueReader) Read(p []byte) (int, error) {
 }
 
 func (c *continueReader) Close() error { return c.r.Close() }
+
+// continueNow sends the 100 Continue that req's client waits for before
+// its body, which the proxy reads itself (for an ExternalAuth server), and
+// drops the Expect: no backend is asked to decide.
+func (s *h1Conn) continueNow(req *http.Request) error {
+	if !strings.EqualFold(req.Header.Get("Expect"), "100-continue") || req.Body == http.NoBody || !req.ProtoAtLeast(1, 1) {
+		return nil
+	}
+	delete(req.Header, "Expect")
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	if _, err := io.WriteString(s.c, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
+		return fmt.Errorf("write 100 continue: %w", err)
+	}
+	return nil
+}
 
 // bodyTracker reports on done when net/http's Transport is finished with a
 // request body: read to its end (nil), failed, or closed early. A Read in

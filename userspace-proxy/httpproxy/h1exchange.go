@@ -61,6 +61,11 @@ func (s *h1Conn) serve(req *http.Request) bool {
 		}
 		ref, forward = s.h.route(x, req, s.rt)
 		if x.r != nil && x.r.d.ExternalAuth != nil {
+			if x.r.d.ExternalAuth.MaxBody > 0 {
+				if err := s.continueNow(req); err != nil {
+					return s.fail(req, x, upstream.ReasonCanceled, err)
+				}
+			}
 			if a, ok := s.h.authorize(x, req); !ok {
 				return s.writeLocal(req, a.status, a.header, "", a.body)
 			}

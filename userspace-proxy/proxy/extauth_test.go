@@ -132,6 +132,19 @@ func TestRouteExternalAuth(t *testing.T) {
 			if a := chunked("d5", "123456789"); a.status != http.StatusRequestEntityTooLarge {
 				t.Errorf("body of unknown length over maxSize: %d %q, want 413", a.status, a.body)
 			}
+			if !k.h2c {
+				// A client that waits for 100 Continue gets it from the
+				// proxy, which reads the body for the auth server.
+				rc := e.rawClient(t, routedVIP)
+				rc.send("POST /listed/x?id=a5 HTTP/1.1\r\nHost: app.b.svc\r\nExpect: 100-continue\r\nContent-Length: 3\r\n\r\n")
+				if resp, err := rc.tryRead(http.MethodPost); err != nil || resp.StatusCode != http.StatusContinue {
+					t.Fatalf("expecting 100 Continue: got %v, %v", resp, err)
+				}
+				rc.send("abc")
+				if resp, _ := rc.read(http.MethodPost); resp.StatusCode != 200 || string(seen(auth, "a5").Body) != "abc" || string(seen(backend, "a5").Body) != "abc" {
+					t.Errorf("after 100 Continue: %d; auth got %q, backend %q", resp.StatusCode, seen(auth, "a5").Body, seen(backend, "a5").Body)
+				}
+			}
 			if a := get("/all?id=a3"); a.status != 200 {
 				t.Errorf("allowed, all headers: %d %q", a.status, a.body)
 			}
