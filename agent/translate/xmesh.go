@@ -34,7 +34,7 @@ func SupportedFeatures(clusterTrustBundlesUnavailable bool) []gwv1.SupportedFeat
 // meshRouteFeatures are the GAMMA features sockmesh runs end to end, each
 // proven by a test/e2e scenario with a Service parent: matching,
 // precedence, producer and consumer routes, redirects, rewrites, header
-// modifiers, weights, mirrors, CORS, timeouts, retries, ReferenceGrants, and h2c
+// modifiers, weights, mirrors, CORS, external authorization, timeouts, retries, ReferenceGrants, and h2c
 // and WebSocket backends behind a route. A feature joins this list only
 // with its end-to-end test.
 var meshRouteFeatures = []features.FeatureName{
@@ -68,6 +68,9 @@ var meshRouteFeatures = []features.FeatureName{
 	features.SupportHTTPRouteRequestMultipleMirrors,
 	features.SupportHTTPRouteRequestPercentageMirror,
 	features.SupportHTTPRouteCORS,
+	featureHTTPRouteExternalAuthHTTP,
+	featureHTTPRouteExternalAuthGRPC,
+	featureHTTPRouteExternalAuthForwardBody,
 	features.SupportHTTPRouteRequestTimeout,
 	features.SupportHTTPRouteBackendTimeout,
 	features.SupportHTTPRouteRetryCodes,
@@ -79,6 +82,14 @@ var meshRouteFeatures = []features.FeatureName{
 	features.SupportGRPCRouteNamedRouteRule,
 	features.SupportGRPCRouteRequestHeaderModifier,
 }
+
+// The ExternalAuth filter's features, named as its API text names them:
+// gateway-api v1.7.0's features package has no constants for them.
+const (
+	featureHTTPRouteExternalAuthHTTP        features.FeatureName = "HTTPRouteExternalAuthHTTP"
+	featureHTTPRouteExternalAuthGRPC        features.FeatureName = "HTTPRouteExternalAuthGRPC"
+	featureHTTPRouteExternalAuthForwardBody features.FeatureName = "HTTPRouteExternalAuthForwardBody"
+)
 
 // meshes writes the status of every XMesh whose controllerName is ours.
 // sockmesh takes no parameters, so a parametersRef makes the XMesh
