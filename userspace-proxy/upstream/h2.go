@@ -114,7 +114,7 @@ func (w *wireState) pool(wire Wire) *h2pool {
 			return nil, err
 		}
 		try := ctx.Value(connTryKey{}).(*connTry) // h2Transport.RoundTrip's
-		return hp.dialOnce(ctx, addr, try.got, func() (*h2Conn, error) {
+		return hp.dialOnce(ctx, addr, try.wait(), func() (*h2Conn, error) {
 			if try.c == picked {
 				try.Store(true) // this dial settles or hands back the probe
 			}

@@ -508,13 +508,43 @@ func (t h2Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 type connTry struct {
 	atomic.Bool
 	c *balance.Choice // nil unless the request holds a probe
-	// got closes once the request has a connection or has ended: a dial
-	// that waited on another for it then ends (h2pool.dialOnce).
-	got  chan struct{}
-	once sync.Once
+	// got closes once the request's wait for a connection ends — the
+	// Transport gave it one, or the request ended: a dial that waited on
+	// another for it then ends (h2pool.dialOnce). A stream the backend
+	// refused waits again (sent again over another connection): each
+	// wait has its own.
+	mu    sync.Mutex
+	got   chan struct{}
+	ended bool
 }
 
-func (t *connTry) settle() { t.once.Do(func() { close(t.got) }) }
+// wait returns the channel that closes when the request's current wait
+// for a connection ends.
+func (t *connTry) wait() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.got
+}
+
+// gotConn ends the request's current wait: it has a connection.
+func (t *connTry) gotConn() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.ended {
+		close(t.got)
+		t.got = make(chan struct{})
+	}
+}
+
+// settle ends every wait of the request: it ended.
+func (t *connTry) settle() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !t.ended {
+		t.ended = true
+		close(t.got)
+	}
+}
 
 type connTryKey struct{}
 
@@ -534,7 +564,7 @@ func (w *wireState) traceConn(req *http.Request) (*http.Request, *connTry) {
 	try := &connTry{c: c, got: make(chan struct{})}
 	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
 		try.Store(true)
-		try.settle()
+		try.gotConn()
 		if info.Reused && c != nil {
 			h.Reused(c)
 		}
