@@ -19,7 +19,6 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
-	"github.com/vishvananda/netlink"
 
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/introspect"
@@ -398,25 +397,13 @@ func TestAgentNodeAddressAddedLater(t *testing.T) {
 	waitExt(t, a, "the answer accepted", accepted)
 
 	br := sandbox.Name()
-	if err := <-e.node.Go(func() error {
-		return netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: br}})
-	}); err != nil {
-		t.Fatal(err)
-	}
+	e.node.AddBridge(t, br)
 	e.node.AddAddr(t, br, netip.PrefixFrom(later, 32))
 	waitExt(t, a, "the answer refused as the node's", func(b *snapshot.Backend) bool {
 		return b.Invalid != nil && strings.Contains(b.Invalid.Message, later.String()+" (node address)")
 	})
 
-	if err := <-e.node.Go(func() error {
-		l, err := netlink.LinkByName(br)
-		if err != nil {
-			return err
-		}
-		return netlink.LinkDel(l)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	e.node.DelLink(t, br)
 	waitExt(t, a, "the answer accepted again", accepted)
 	a.stop(t)
 }

@@ -4,13 +4,10 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"net/netip"
 	"os"
 	"slices"
 	"testing"
-
-	"github.com/vishvananda/netlink"
 
 	"github.com/sockmesh/sockmesh/datapath/podns"
 	"github.com/sockmesh/sockmesh/internal/leakcheck"
@@ -154,17 +151,9 @@ func TestAddrsLeaveOutIPVS(t *testing.T) {
 	own := netip.MustParsePrefix("10.218.0.2/24")
 	sandbox.NewVeth(t, node, peer, []netip.Prefix{own}, []netip.Prefix{netip.MustParsePrefix("10.218.0.1/24")})
 	clusterIP := netip.MustParseAddr("10.96.7.7")
-	if err := <-node.Go(func() error {
-		// kube-proxy's is a dummy; this kernel has no dummy driver, and
-		// the name is what counts.
-		ipvs := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "kube-ipvs0"}}
-		if err := netlink.LinkAdd(ipvs); err != nil {
-			return err
-		}
-		return netlink.AddrAdd(ipvs, &netlink.Addr{IPNet: &net.IPNet{IP: clusterIP.AsSlice(), Mask: net.CIDRMask(32, 32)}})
-	}); err != nil {
-		t.Fatal(err)
-	}
+	// kube-proxy's is a dummy; a bridge will do, the name is what counts.
+	node.AddBridge(t, "kube-ipvs0")
+	node.AddAddr(t, "kube-ipvs0", netip.PrefixFrom(clusterIP, 32))
 	got, err := node.Addrs()
 	if err != nil || !slices.Contains(got, own.Addr()) || slices.Contains(got, clusterIP) {
 		t.Errorf("Addrs() = %v, %v; want %s and not kube-ipvs0's %s", got, err, own.Addr(), clusterIP)
@@ -202,34 +191,15 @@ func TestAddrWatch(t *testing.T) {
 
 	br, later := sandbox.Name(), netip.MustParsePrefix("fd00:217::9/64")
 	clusterIP := netip.MustParseAddr("10.96.217.7")
-	if err := <-node.Go(func() error {
-		for _, name := range []string{"kube-ipvs0", br} {
-			if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: name}}); err != nil {
-				return err
-			}
-		}
-		l, err := netlink.LinkByName("kube-ipvs0")
-		if err != nil {
-			return err
-		}
-		return netlink.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: clusterIP.AsSlice(), Mask: net.CIDRMask(32, 32)}})
-	}); err != nil {
-		t.Fatal(err)
-	}
+	node.AddBridge(t, "kube-ipvs0")
+	node.AddBridge(t, br)
+	node.AddAddr(t, "kube-ipvs0", netip.PrefixFrom(clusterIP, 32))
 	node.AddAddr(t, br, later)
 	until(func(a []netip.Addr) bool { return slices.Contains(a, later.Addr()) })
 	if got := w.Addrs(); slices.Contains(got, clusterIP) {
 		t.Errorf("Addrs() = %v, want kube-ipvs0's %s left out", got, clusterIP)
 	}
-	if err := <-node.Go(func() error {
-		l, err := netlink.LinkByName(br)
-		if err != nil {
-			return err
-		}
-		return netlink.LinkDel(l)
-	}); err != nil {
-		t.Fatal(err)
-	}
+	node.DelLink(t, br)
 	until(func(a []netip.Addr) bool { return !slices.Contains(a, later.Addr()) })
 
 	cancel()

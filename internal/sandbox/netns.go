@@ -146,6 +146,33 @@ func (n *NetNS) AddAddr(t TB, dev string, prefix netip.Prefix) {
 	n.do(t, func() error { return addAddr(dev, prefix) })
 }
 
+// AddBridge adds a bridge named dev inside n, left down: an interface to
+// put addresses on (this kernel has no dummy driver). It goes with n.
+func (n *NetNS) AddBridge(t TB, dev string) {
+	t.Helper()
+	n.do(t, func() error {
+		if err := netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: dev}}); err != nil {
+			return fmt.Errorf("add bridge %s: %w", dev, err)
+		}
+		return nil
+	})
+}
+
+// DelLink deletes the interface dev inside n, and its addresses with it.
+func (n *NetNS) DelLink(t TB, dev string) {
+	t.Helper()
+	n.do(t, func() error {
+		link, err := netlink.LinkByName(dev)
+		if err != nil {
+			return fmt.Errorf("find %s: %w", dev, err)
+		}
+		if err := netlink.LinkDel(link); err != nil {
+			return fmt.Errorf("delete %s: %w", dev, err)
+		}
+		return nil
+	})
+}
+
 func addAddr(dev string, prefix netip.Prefix) error {
 	link, err := netlink.LinkByName(dev)
 	if err != nil {
