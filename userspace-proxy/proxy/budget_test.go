@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/pipenet"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
@@ -79,13 +80,13 @@ func (c *tryCounter) count(id string) int {
 }
 
 func testRetryBudget(t *testing.T, h2c bool, path proxy.HTTP1TLSPath, proto snapshot.Protocol) {
-	var pn pipeNet
+	var pn pipenet.Net
 	backendAddr := netip.MustParseAddrPort("10.0.0.1:8080")
 	tc := &tryCounter{tries: map[string]int{}}
 	srv := &http.Server{Protocols: new(http.Protocols), Handler: tc}
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true)
-	go srv.Serve(pn.listen(backendAddr))
+	go srv.Serve(pn.Listen(backendAddr))
 	defer srv.Close()
 
 	reg := prometheus.NewRegistry()

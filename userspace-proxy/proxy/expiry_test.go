@@ -1,7 +1,6 @@
 package proxy_test
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -21,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/pipenet"
 	"github.com/sockmesh/sockmesh/test/pki"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
@@ -57,7 +56,7 @@ func testExpiredChainH2(t *testing.T, h2c bool, proto snapshot.Protocol, renewed
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pn pipeNet
+	var pn pipenet.Net
 	backendAddr := netip.MustParseAddrPort("10.0.0.1:443")
 	b := serveExpiring(t, &pn, backendAddr, ca, expiryLifetime)
 	p, err := proxy.New(proxy.Config{Dialer: &pn}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
@@ -113,7 +112,7 @@ type expiringBackend struct {
 	firstClosed atomic.Bool
 }
 
-func serveExpiring(t *testing.T, pn *pipeNet, addr netip.AddrPort, ca *pki.CA, lifetime time.Duration) *expiringBackend {
+func serveExpiring(t *testing.T, pn *pipenet.Net, addr netip.AddrPort, ca *pki.CA, lifetime time.Duration) *expiringBackend {
 	b := &expiringBackend{}
 	b.renew(t, ca, lifetime)
 	srv := &http.Server{
@@ -137,7 +136,7 @@ func serveExpiring(t *testing.T, pn *pipeNet, addr netip.AddrPort, ca *pki.CA, l
 			}
 		},
 	}
-	go srv.ServeTLS(bufferedListener{pn.listen(addr)}, "", "")
+	go srv.ServeTLS(pipenet.Buffered(pn.Listen(addr)), "", "")
 	t.Cleanup(func() { srv.Close() })
 	return b
 }
@@ -184,7 +183,7 @@ func TestExpiryPerConnectionH2(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var pn pipeNet
+		var pn pipenet.Net
 		addrs := []netip.AddrPort{netip.MustParseAddrPort("10.0.0.1:443"), netip.MustParseAddrPort("10.0.0.2:443")}
 		soon, later := serveExpiring(t, &pn, addrs[0], ca, expiryLifetime), serveExpiring(t, &pn, addrs[1], ca, time.Hour)
 		reg := prometheus.NewRegistry()
@@ -220,58 +219,4 @@ func TestExpiryPerConnectionH2(t *testing.T) {
 			t.Errorf("pool_dropped_total{reason=expired} = %v, want 1", n)
 		}
 	})
-}
-
-// bufferedListener's connections take writes without waiting for the peer
-// to read them, as a socket's buffer does: over net.Pipe, a TLS client
-// that refuses the server's certificate writes its alert while the server
-// still writes the rest of its flight, and each would wait for the other.
-type bufferedListener struct{ net.Listener }
-
-func (l bufferedListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	b := &bufferedConn{Conn: c, writes: make(chan []byte, 64)}
-	go b.flush()
-	return b, nil
-}
-
-type bufferedConn struct {
-	net.Conn
-	mu     sync.Mutex
-	closed bool
-	writes chan []byte
-}
-
-func (b *bufferedConn) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		return 0, net.ErrClosed
-	}
-	b.writes <- bytes.Clone(p)
-	return len(p), nil
-}
-
-// Close closes the connection once what was written has gone out, or
-// the peer closed its end.
-func (b *bufferedConn) Close() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if !b.closed {
-		b.closed = true
-		close(b.writes)
-	}
-	return nil
-}
-
-func (b *bufferedConn) flush() {
-	defer b.Conn.Close()
-	for p := range b.writes {
-		if _, err := b.Conn.Write(p); err != nil {
-			b.Conn.Close() // the writes left fail at once
-		}
-	}
 }

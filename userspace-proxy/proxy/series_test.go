@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/pipenet"
 	"github.com/sockmesh/sockmesh/test/pki"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
@@ -128,13 +129,13 @@ func testSeriesOfGoneBackendGoAway(t *testing.T, gone bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var pn pipeNet
+	var pn pipenet.Net
 	backendAddr := netip.MustParseAddrPort("10.0.0.1:443")
 	srv := &http.Server{
 		Handler:   http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, r.Proto) }),
 		TLSConfig: serverTLS(leaf),
 	}
-	go srv.ServeTLS(bufferedListener{pn.listen(backendAddr)}, "", "")
+	go srv.ServeTLS(pipenet.Buffered(pn.Listen(backendAddr)), "", "")
 	t.Cleanup(func() { srv.Close() })
 	reg := prometheus.NewRegistry()
 	p, err := proxy.New(proxy.Config{Dialer: &pn}, slog.New(slog.DiscardHandler), reg)

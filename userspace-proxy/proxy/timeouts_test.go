@@ -12,7 +12,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -20,75 +19,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/pipenet"
 	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
 // Route timeouts and retry backoff run in a synctest bubble: clients, the
-// proxy and the backend talk over net.Pipe connections, time is the
-// bubble's fake clock, and every duration below is exact, not a guess
+// proxy and the backend talk over net.Pipe connections (pipenet), time is
+// the bubble's fake clock, and every duration below is exact, not a guess
 // about a loaded machine.
-
-// pipeNet is an in-memory network of listeners; it is also the proxy's
-// dialer (dial.Dialer).
-type pipeNet struct {
-	mu sync.Mutex
-	ls map[netip.AddrPort]*pipeListener
-}
-
-type pipeListener struct {
-	n     *pipeNet
-	addr  netip.AddrPort
-	conns chan net.Conn
-	done  chan struct{}
-	once  sync.Once
-}
-
-func (n *pipeNet) listen(a netip.AddrPort) *pipeListener {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.ls == nil {
-		n.ls = map[netip.AddrPort]*pipeListener{}
-	}
-	l := &pipeListener{n: n, addr: a, conns: make(chan net.Conn), done: make(chan struct{})}
-	n.ls[a] = l
-	return l
-}
-
-// Dial connects to the listener at ep.Addr; none is a refused connection.
-func (n *pipeNet) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error) {
-	n.mu.Lock()
-	l := n.ls[ep.Addr]
-	n.mu.Unlock()
-	if l == nil {
-		return nil, fmt.Errorf("dial %s: %w", ep.Addr, syscall.ECONNREFUSED)
-	}
-	c, s := net.Pipe()
-	select {
-	case l.conns <- s:
-		return c, nil
-	case <-l.done:
-		return nil, fmt.Errorf("dial %s: %w", ep.Addr, syscall.ECONNREFUSED)
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-func (l *pipeListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *pipeListener) Close() error {
-	l.once.Do(func() { close(l.done) })
-	return nil
-}
-
-func (l *pipeListener) Addr() net.Addr { return net.TCPAddrFromAddrPort(l.addr) }
 
 // slowBackend serves, over HTTP/1.1 and h2c:
 //   - ?delay=D: waits D, then 200 "ok";
@@ -180,9 +119,9 @@ func TestRouteTimeouts(t *testing.T) {
 }
 
 func testRouteTimeouts(t *testing.T, h2c bool, proto snapshot.Protocol) {
-	var pn pipeNet
+	var pn pipenet.Net
 	backendAddr := netip.MustParseAddrPort("10.0.0.1:8080")
-	slowBackend(t, pn.listen(backendAddr))
+	slowBackend(t, pn.Listen(backendAddr))
 	reg := prometheus.NewRegistry()
 	p, err := proxy.New(proxy.Config{Dialer: &pn, Routing: httpproxy.RoutingConfig{RequestTimeout: 5 * time.Second}},
 		slog.New(slog.DiscardHandler), reg)

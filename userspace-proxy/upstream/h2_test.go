@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/pipenet"
 	"github.com/sockmesh/sockmesh/test/pki"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 )
@@ -297,7 +298,8 @@ func TestH2RetiredClosesOnceIdle(t *testing.T) {
 // two minutes.
 func TestH2PingsWithinGRPCPolicy(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := newPipeListener()
+		var pn pipenet.Net
+		addr := netip.MustParseAddrPort("10.0.0.1:80")
 		srv := grpc.NewServer(grpc.UnknownServiceHandler(func(_ any, st grpc.ServerStream) error {
 			if err := st.SendMsg(wrapperspb.Bytes([]byte("first"))); err != nil {
 				return err
@@ -309,13 +311,13 @@ func TestH2PingsWithinGRPCPolicy(t *testing.T) {
 			}
 			return st.SendMsg(wrapperspb.Bytes([]byte("second")))
 		}))
-		go srv.Serve(l)
+		go srv.Serve(pipenet.Buffered(pn.Listen(addr)))
 		defer srv.Stop()
-		p, err := New(Config{}, l, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+		p, err := New(Config{}, &pn, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 		if err != nil {
 			t.Fatal(err)
 		}
-		be := backendAt(t, p, netip.MustParseAddrPort("10.0.0.1:80"), nil)
+		be := backendAt(t, p, addr, nil)
 		req := request(t, t.Context(), be, http.MethodPost, "/svc.S/Watch", bytes.NewReader([]byte{0, 0, 0, 0, 0}))
 		req.Header = http.Header{"Content-Type": {"application/grpc"}, "Te": {"trailers"}}
 		resp, body := roundTrip(t, be.RoundTripper(WireH2), req)
@@ -325,98 +327,6 @@ func TestH2PingsWithinGRPCPolicy(t *testing.T) {
 		}
 	})
 }
-
-// pipeListener is a net.Listener whose connections are the far ends of
-// those its Dial (a dial.Dialer's) makes: in memory, and buffered both
-// ways, as both ends of HTTP/2 write their preface before they read (a
-// net.Pipe, unbuffered, would hold them both).
-type pipeListener struct {
-	conns chan net.Conn
-	done  chan struct{}
-	once  sync.Once
-}
-
-func newPipeListener() *pipeListener {
-	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
-}
-
-func (l *pipeListener) Dial(ctx context.Context, _ snapshot.Endpoint) (net.Conn, error) {
-	ab, ba := make(chan []byte, 1024), make(chan []byte, 1024)
-	closed := make(chan struct{})
-	once := new(sync.Once)
-	c, s := &memConn{in: ba, out: ab, closed: closed, once: once}, &memConn{in: ab, out: ba, closed: closed, once: once}
-	select {
-	case l.conns <- s:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
-func (l *pipeListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.conns:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-func (l *pipeListener) Close() error {
-	l.once.Do(func() { close(l.done) })
-	return nil
-}
-
-func (l *pipeListener) Addr() net.Addr { return memAddr{} }
-
-// memConn is one end of a pipeListener's connection; closing either end
-// closes both. Deadlines are not kept.
-type memConn struct {
-	in, out chan []byte
-	rest    []byte
-	closed  chan struct{}
-	once    *sync.Once
-}
-
-func (c *memConn) Read(b []byte) (int, error) {
-	if len(c.rest) == 0 {
-		select {
-		case c.rest = <-c.in:
-		case <-c.closed:
-			return 0, io.EOF
-		}
-	}
-	n := copy(b, c.rest)
-	c.rest = c.rest[n:]
-	return n, nil
-}
-
-func (c *memConn) Write(b []byte) (int, error) {
-	select {
-	case c.out <- bytes.Clone(b):
-		return len(b), nil
-	case <-c.closed:
-		return 0, net.ErrClosed
-	}
-}
-
-func (c *memConn) Close() error {
-	c.once.Do(func() { close(c.closed) })
-	return nil
-}
-
-func (c *memConn) LocalAddr() net.Addr              { return memAddr{} }
-func (c *memConn) RemoteAddr() net.Addr             { return memAddr{} }
-func (c *memConn) SetDeadline(time.Time) error      { return nil }
-func (c *memConn) SetReadDeadline(time.Time) error  { return nil }
-func (c *memConn) SetWriteDeadline(time.Time) error { return nil }
-
-type memAddr struct{}
-
-func (memAddr) Network() string { return "mem" }
-func (memAddr) String() string  { return "mem" }
 
 // TestH2ColdBurstDialsOneAtATime: a burst of 150 requests to an endpoint
 // that net/http's HTTP/2 Transport holds no connection to dials it one
