@@ -17,7 +17,6 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -63,11 +62,7 @@ func TestRelayedH2Rebalance(t *testing.T) {
 			var ccs []*grpc.ClientConn
 			var streams []grpc.ClientStream
 			for range 6 {
-				cc, err := grpc.NewClient("passthrough:///"+name+".b.svc:9000", grpc.WithTransportCredentials(insecure.NewCredentials()),
-					grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(vip) }))
-				if err != nil {
-					t.Fatal(err)
-				}
+				cc := e.grpcClient(t, name+".b.svc:9000", vip)
 				t.Cleanup(func() { cc.Close() })
 				if pod := unaryPod(t, cc); pod != name+"-0" {
 					t.Fatalf("reached %s before the scale-up", pod)
@@ -739,11 +734,7 @@ func TestShutdownDrainsRelayedH2(t *testing.T) {
 	be := startEcho(t, "grpc-0", nil)
 	vip := netip.MustParseAddrPort("10.96.9.4:9000")
 	e.p.Update(buildSnapshot(t, 1, service{name: "grpc", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(be.addr)}}))
-	cc, err := grpc.NewClient("passthrough:///grpc.b.svc:9000", grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(vip) }))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := e.grpcClient(t, "grpc.b.svc:9000", vip)
 	defer cc.Close()
 	st, err := cc.NewStream(t.Context(), &grpc.StreamDesc{ClientStreams: true, ServerStreams: true}, echo.MethodStream)
 	if err != nil {

@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/internal/leakcheck"
@@ -454,6 +456,19 @@ func (e *env) client(dst netip.AddrPort, h2c bool) *http.Client {
 	}
 	e.t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
+// grpcClient returns a grpc-go channel to target (host:port, the
+// authority it sends) whose every connection is redirected to dst; the
+// caller closes it.
+func (e *env) grpcClient(t testing.TB, target string, dst netip.AddrPort) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient("passthrough:///"+target, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(dst) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cc
 }
 
 // get fetches url through c and decodes the echo report (when 200).

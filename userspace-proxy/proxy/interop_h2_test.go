@@ -30,7 +30,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -262,17 +261,12 @@ func TestH2BackendAnswersHTTP1(t *testing.T) {
 	))
 	protocol := map[string]string{"reason": string(upstream.ReasonProtocol)}
 
-	cc, err := grpc.NewClient("passthrough:///grpc.b.svc:9000",
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(vGRPC) }))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := e.grpcClient(t, "grpc.b.svc:9000", vGRPC)
 	defer cc.Close()
 	// Each call names it: the first on a connection is told the relay's
 	// check, which its next connection meets again.
 	for i := range 2 {
-		err = cc.Invoke(context.Background(), echo.MethodUnary, wrapperspb.Bytes([]byte("ping")), new(wrapperspb.BytesValue))
+		err := cc.Invoke(context.Background(), echo.MethodUnary, wrapperspb.Bytes([]byte("ping")), new(wrapperspb.BytesValue))
 		if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "sockmesh: protocol" {
 			t.Errorf("gRPC app, call %d: %v; want UNAVAILABLE, sockmesh: protocol", i, err)
 		}
@@ -460,12 +454,7 @@ func TestInteropGRPC(t *testing.T) {
 	for name, tg := range targets {
 		t.Run(name, func(t *testing.T) {
 			before := e.counter("sockmesh_proxy_connections_total", map[string]string{"path": tg.path})
-			cc, err := grpc.NewClient("passthrough:///svc.b.svc:9000",
-				grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(tg.dst) }))
-			if err != nil {
-				t.Fatal(err)
-			}
+			cc := e.grpcClient(t, "svc.b.svc:9000", tg.dst)
 			defer cc.Close()
 			if tg.ended == nil {
 				for method, want := range map[string]codes.Code{"/probe.P/NotFound": codes.Unimplemented, "/probe.P/Any": codes.Unavailable} {
@@ -1208,12 +1197,7 @@ func TestInteropGRPCBackendResets(t *testing.T) {
 	}
 	for path, dst := range map[string]netip.AddrPort{"l4": l4, "l7": l7} {
 		t.Run(path, func(t *testing.T) {
-			cc, err := grpc.NewClient("passthrough:///resets.b.svc:9000",
-				grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(dst) }))
-			if err != nil {
-				t.Fatal(err)
-			}
+			cc := e.grpcClient(t, "resets.b.svc:9000", dst)
 			defer cc.Close()
 			for reset, want := range cases {
 				for _, at := range []string{"headers", "body"} {

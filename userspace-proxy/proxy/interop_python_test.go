@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/netip"
 	"os/exec"
 	"path/filepath"
@@ -18,7 +17,6 @@ import (
 	"github.com/coder/websocket"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -173,11 +171,7 @@ func TestInteropPythonGRPC(t *testing.T) {
 	for _, svc := range []string{"grpc-py", "grpc-py-routed"} {
 		t.Run("grpc-go-client/"+svc, func(t *testing.T) {
 			dst := vips[svc]
-			cc, err := grpc.NewClient("passthrough:///"+svc+".b.svc:9000", grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(dst) }))
-			if err != nil {
-				t.Fatal(err)
-			}
+			cc := e.grpcClient(t, svc+".b.svc:9000", dst)
 			defer cc.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()

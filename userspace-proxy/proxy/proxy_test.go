@@ -29,7 +29,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -662,12 +661,7 @@ func TestGRPC(t *testing.T) {
 	))
 	for name, dst := range map[string]netip.AddrPort{"grpc-tls": vTLS, "grpc-clear": vClear} {
 		t.Run(name, func(t *testing.T) {
-			cc, err := grpc.NewClient("passthrough:///"+name+".b.svc:9000",
-				grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(dst) }))
-			if err != nil {
-				t.Fatal(err)
-			}
+			cc := e.grpcClient(t, name+".b.svc:9000", dst)
 			defer cc.Close()
 			ctx := context.Background()
 			var trailer metadata.MD
@@ -729,14 +723,9 @@ func TestGRPCFailures(t *testing.T) {
 		"verify":  {vVerify, upstream.ReasonTLSVerify},
 	} {
 		t.Run(name, func(t *testing.T) {
-			cc, err := grpc.NewClient("passthrough:///"+name+".b.svc:9000",
-				grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(c.dst) }))
-			if err != nil {
-				t.Fatal(err)
-			}
+			cc := e.grpcClient(t, name+".b.svc:9000", c.dst)
 			defer cc.Close()
-			err = cc.Invoke(context.Background(), echo.MethodUnary, wrapperspb.Bytes([]byte("ping")), new(wrapperspb.BytesValue))
+			err := cc.Invoke(context.Background(), echo.MethodUnary, wrapperspb.Bytes([]byte("ping")), new(wrapperspb.BytesValue))
 			if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "sockmesh: "+string(c.reason) {
 				t.Errorf("err = %v; want code Unavailable, message sockmesh: %s", err, c.reason)
 			}

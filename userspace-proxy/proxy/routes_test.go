@@ -24,7 +24,6 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -995,11 +994,7 @@ func TestRouteRetryGRPCCall(t *testing.T) {
 		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be), Retry: &snapshot.Retry{Attempts: 1, Backoff: dur(1e6)}}},
 	)))
 	e.p.Update(m.snapshot(1))
-	cc, err := grpc.NewClient("passthrough:///front.b.svc:80", grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(routedVIP) }))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := e.grpcClient(t, "front.b.svc:80", routedVIP)
 	defer cc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
 	defer cancel()
@@ -1588,11 +1583,7 @@ func TestRouteGRPC(t *testing.T) {
 			Mirrors: []snapshot.Mirror{{Backend: mirror, Numerator: 1, Denominator: 1}}}}},
 	)))
 	e.p.Update(m.snapshot(1))
-	cc, err := grpc.NewClient("passthrough:///front.b.svc:80", grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(routedVIP) }))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := e.grpcClient(t, "front.b.svc:80", routedVIP)
 	defer cc.Close()
 	call := func(method string, md ...string) (metadata.MD, string, error) {
 		ctx := metadata.NewOutgoingContext(context.Background(), metadata.Pairs(md...))
@@ -1658,11 +1649,7 @@ func TestRouteGRPCOverHTTPRoute(t *testing.T) {
 		rule{[]snapshot.RouteMatch{prefixMatch("/svc.B")}, snapshot.RouteRule{Backends: []snapshot.WeightedBackend{{Weight: 1, Invalid: &snapshot.Invalid{Reason: "BackendNotFound"}}}}},
 	)))
 	e.p.Update(m.snapshot(1))
-	cc, err := grpc.NewClient("passthrough:///front.b.svc:80", grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(routedVIP) }))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := e.grpcClient(t, "front.b.svc:80", routedVIP)
 	defer cc.Close()
 	for method, want := range map[string]*status.Status{
 		echo.MethodUnary: status.New(codes.OK, ""),
@@ -1798,11 +1785,7 @@ func TestBurstOverStreamLimit(t *testing.T) {
 		m.frontend("front", routedVIP, be, producer(routeSet(snapshot.KindGRPCRoute,
 			rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
 		e.p.Update(m.snapshot(1))
-		cc, err := grpc.NewClient("passthrough:///front.b.svc:80", grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(routedVIP) }))
-		if err != nil {
-			t.Fatal(err)
-		}
+		cc := e.grpcClient(t, "front.b.svc:80", routedVIP)
 		defer cc.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
 		defer cancel()
