@@ -448,6 +448,21 @@ func getUntilDialed(t *testing.T, g *gatedDialer, c *http.Client, url string) in
 	}
 }
 
+// getUntil fetches url through c until it answers want, for up to 10 s
+// after what happened.
+func getUntil(t *testing.T, c *http.Client, url string, want int, after string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		code, _ := get(t, c, url)
+		if code == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("10 s after %s: %d, want %d", after, code, want)
+		}
+	}
+}
+
 // unaryPod makes a unary call on cc and returns the pod that answered.
 func unaryPod(t *testing.T, cc *grpc.ClientConn) string {
 	t.Helper()
@@ -534,15 +549,7 @@ func TestRelayedH2PolicyChanged(t *testing.T) {
 	}
 	e.p.Update(buildSnapshot(t, 2, service{name: "web", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(be.addr),
 		Invalid: &snapshot.Invalid{Policy: snapshot.ObjectRef{Kind: "BackendTLSPolicy", Namespace: "b", Name: "echo-tls"}, Reason: "NoValidCACertificate", Message: "no ca.crt"}}}))
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		code, _ := get(t, c, "http://web.b.svc/")
-		if code == http.StatusServiceUnavailable {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("10 s after the policy turned invalid: %d, want the fail-closed 503", code)
-		}
-	}
+	getUntil(t, c, "http://web.b.svc/", http.StatusServiceUnavailable, "the policy turned invalid")
 	if got := e.counterReaches("sockmesh_proxy_goaways_total", map[string]string{"backend": "web", "reason": "policy_changed"}, 1); got != 1 {
 		t.Errorf("goaways counted %v, want 1", got)
 	}
@@ -590,15 +597,7 @@ func TestRelayedH2TrustWidened(t *testing.T) {
 		t.Errorf("after a CA was added: %d from the proxy's %s, want 200 over the connection from %s", code, rep.RemoteAddr, first.RemoteAddr)
 	}
 	update(3, e.pki.other)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		code, _ := get(t, c, "http://web.b.svc/")
-		if code == http.StatusBadGateway {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("10 s after the CA that verified the backend was rotated out: %d, want 502", code)
-		}
-	}
+	getUntil(t, c, "http://web.b.svc/", http.StatusBadGateway, "the CA that verified the backend was rotated out")
 	// One GOAWAY: the connection was not asked away when the CA was added
 	// (then its successor, verified under both CAs, would be the second).
 	if got := e.counterReaches("sockmesh_proxy_goaways_total", map[string]string{"backend": "web", "reason": "policy_changed"}, 1); got != 1 {
@@ -638,15 +637,7 @@ func TestL7H2TrustWidened(t *testing.T) {
 		t.Errorf("after a CA was added: %d from the proxy's %s, want 200 over the connection from %s", code, rep.RemoteAddr, first.RemoteAddr)
 	}
 	update(3, e.pki.other)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-		code, _ := get(t, c, "http://web.b.svc/")
-		if code == http.StatusBadGateway {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("10 s after the CA that verified the backend was rotated out: %d, want 502", code)
-		}
-	}
+	getUntil(t, c, "http://web.b.svc/", http.StatusBadGateway, "the CA that verified the backend was rotated out")
 	if got := e.counterReaches("sockmesh_proxy_upstream_pool_dropped_total", map[string]string{"reason": "settings_changed"}, 1); got != 1 {
 		t.Errorf("pool_dropped_total{reason=settings_changed} = %v, want 1", got)
 	}
