@@ -105,30 +105,44 @@ func TestGoAwayBetweenFrames(t *testing.T) {
 	for round := range 300 {
 		rng := rand.New(rand.NewPCG(uint64(round), 7))
 		c, got := app(t)
-		var pieces [][]byte
-		for rest := stream; len(rest) > 0; {
-			n := min(len(rest), 1+rng.IntN([]int{20, 200, 3000}[round%3]))
-			pieces, rest = append(pieces, rest[:n]), rest[n:]
-		}
+		pieces := randomPieces(rng, stream, round)
 		// Before piece ask; after all when len. Every other round asks
 		// within the first pieces, around the first HEADERS.
 		ask := rng.IntN(len(pieces) + 1)
 		if round%2 == 1 {
 			ask = rng.IntN(min(len(pieces)+1, 4))
 		}
-		for i, p := range pieces {
-			if i == ask && !c.GoAway(ReasonRebalance) {
-				t.Fatal("GoAway refused")
-			}
-			if n, err := c.Write(p); n != len(p) || err != nil {
-				t.Fatalf("write = %d, %v", n, err)
-			}
-		}
-		if ask == len(pieces) && !c.GoAway(ReasonRebalance) {
-			t.Fatal("GoAway refused")
-		}
+		writeAsking(t, c, pieces, ask, func() bool { return c.GoAway(ReasonRebalance) })
 		c.Close()
 		wantGoAwayAmong(t, round, parse(t, <-got), want, "sockmesh: rebalance")
+	}
+}
+
+// randomPieces cuts stream into pieces of a few bytes up to 20, 200 or
+// 3000 by round.
+func randomPieces(rng *rand.Rand, stream []byte, round int) [][]byte {
+	var pieces [][]byte
+	for rest := stream; len(rest) > 0; {
+		n := min(len(rest), 1+rng.IntN([]int{20, 200, 3000}[round%3]))
+		pieces, rest = append(pieces, rest[:n]), rest[n:]
+	}
+	return pieces
+}
+
+// writeAsking writes pieces to w and asks for the GOAWAY (goAway) before
+// piece ask, or after all of them when ask is len(pieces).
+func writeAsking(t *testing.T, w io.Writer, pieces [][]byte, ask int, goAway func() bool) {
+	t.Helper()
+	for i, p := range pieces {
+		if i == ask && !goAway() {
+			t.Fatal("GoAway refused")
+		}
+		if n, err := w.Write(p); n != len(p) || err != nil {
+			t.Fatalf("write = %d, %v", n, err)
+		}
+	}
+	if ask == len(pieces) && !goAway() {
+		t.Fatal("GoAway refused")
 	}
 }
 

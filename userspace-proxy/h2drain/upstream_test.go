@@ -26,23 +26,9 @@ func TestUpstreamGoAwayBetweenFrames(t *testing.T) {
 			all, _ := io.ReadAll(c)
 			got <- all
 		}()
-		var pieces [][]byte
-		for rest := stream; len(rest) > 0; {
-			n := min(len(rest), 1+rng.IntN([]int{20, 200, 3000}[round%3]))
-			pieces, rest = append(pieces, rest[:n]), rest[n:]
-		}
+		pieces := randomPieces(rng, stream, round)
 		ask := rng.IntN(len(pieces) + 1)
-		for i, p := range pieces {
-			if i == ask && !c.GoAway(ReasonExpired) {
-				t.Fatal("GoAway refused")
-			}
-			if n, err := backend.Write(p); n != len(p) || err != nil {
-				t.Fatalf("write = %d, %v", n, err)
-			}
-		}
-		if ask == len(pieces) && !c.GoAway(ReasonExpired) {
-			t.Fatal("GoAway refused")
-		}
+		writeAsking(t, backend, pieces, ask, func() bool { return c.GoAway(ReasonExpired) })
 		backend.Close()
 		wantGoAwayAmong(t, round, parse(t, <-got), want, "sockmesh: expired")
 	}
