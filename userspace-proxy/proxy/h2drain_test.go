@@ -448,6 +448,19 @@ func getUntilDialed(t *testing.T, g *gatedDialer, c *http.Client, url string) in
 	}
 }
 
+// trustUpdate returns update, which gives the Service web at vip the
+// backend b under tlsPolicy trusting roots alone, as snapshot version.
+func trustUpdate(t *testing.T, e *env, vip netip.AddrPort, b snapshot.Backend) func(version uint64, roots ...*pki.CA) {
+	return func(version uint64, roots ...*pki.CA) {
+		b.TLS = tlsPolicy(e)
+		b.TLS.RootsPEM = ""
+		for _, ca := range roots {
+			b.TLS.RootsPEM += string(ca.CertPEM)
+		}
+		e.p.Update(buildSnapshot(t, version, service{name: "web", vip: vip, backend: b}))
+	}
+}
+
 // getUntil fetches url through c until it answers want, for up to 10 s
 // after what happened.
 func getUntil(t *testing.T, c *http.Client, url string, want int, after string) {
@@ -568,14 +581,7 @@ func TestRelayedH2TrustWidened(t *testing.T) {
 	e := newEnv(t, envOptions{rebalanceSpread: time.Hour})
 	be := startEcho(t, "web", serverTLS(e.pki.server))
 	vip := netip.MustParseAddrPort("10.96.9.8:80")
-	update := func(version uint64, roots ...*pki.CA) {
-		pol := tlsPolicy(e)
-		pol.RootsPEM = ""
-		for _, ca := range roots {
-			pol.RootsPEM += string(ca.CertPEM)
-		}
-		e.p.Update(buildSnapshot(t, version, service{name: "web", vip: vip, backend: snapshot.Backend{TLS: pol, Endpoints: endpoints(be.addr)}}))
-	}
+	update := trustUpdate(t, e, vip, snapshot.Backend{Endpoints: endpoints(be.addr)})
 	update(1, e.pki.ca)
 	c := e.client(vip, true)
 	code, first := get(t, c, "http://web.b.svc/")
@@ -617,15 +623,7 @@ func TestL7H2TrustWidened(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	be := startEcho(t, "web", serverTLS(e.pki.server))
 	vip := netip.MustParseAddrPort("10.96.9.9:80")
-	update := func(version uint64, roots ...*pki.CA) {
-		pol := tlsPolicy(e)
-		pol.RootsPEM = ""
-		for _, ca := range roots {
-			pol.RootsPEM += string(ca.CertPEM)
-		}
-		e.p.Update(buildSnapshot(t, version, service{name: "web", vip: vip,
-			backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP2, TLS: pol, Endpoints: endpoints(be.addr)}}))
-	}
+	update := trustUpdate(t, e, vip, snapshot.Backend{Protocol: snapshot.ProtocolHTTP2, Endpoints: endpoints(be.addr)})
 	update(1, e.pki.ca)
 	c := e.client(vip, false)
 	code, first := get(t, c, "http://web.b.svc/")
