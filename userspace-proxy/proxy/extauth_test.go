@@ -19,7 +19,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -364,11 +363,7 @@ func TestRouteExternalAuthGRPCApp(t *testing.T) {
 			ExternalAuth: &snapshot.ExternalAuth{Backend: authRef, GRPC: true, MaxBody: 64}}}},
 	)))
 	e.p.Update(m.snapshot(1))
-	cc, err := grpc.NewClient("passthrough:///app.b.svc:80", grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(context.Context, string) (net.Conn, error) { return e.dial(routedVIP) }))
-	if err != nil {
-		t.Fatal(err)
-	}
+	cc := e.grpcClient(t, "app.b.svc:80", routedVIP)
 	defer cc.Close()
 	call := func(method, authorization string) error {
 		ctx := metadata.NewOutgoingContext(context.Background(), metadata.Pairs("authorization", authorization))
