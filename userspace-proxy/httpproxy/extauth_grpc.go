@@ -115,6 +115,7 @@ func applyHeaderOptions(h http.Header, opts []*corev3.HeaderValueOption) {
 		}
 		switch {
 		case k == "" || k == "Host":
+		//lint:ignore SA1019 ext_authz servers (Envoy's own filter too) still say append with it; its successor, append_action, defaults to appending where ext_authz's append defaults to setting
 		case o.GetAppend().GetValue():
 			h[k] = append(h[k], v)
 		default:
