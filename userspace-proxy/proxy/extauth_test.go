@@ -86,38 +86,26 @@ func TestRouteExternalAuth(t *testing.T) {
 				t.Helper()
 				return send(t, c, newReq(t, http.MethodPost, base+path, strings.NewReader(body), "Authorization", "Bearer t"))
 			}
-			seen := func(r *recorder, id string) recorded {
-				t.Helper()
-				r.mu.Lock()
-				defer r.mu.Unlock()
-				for _, q := range r.reqs {
-					if strings.Contains(q.RawQuery, "id="+id) {
-						return q
-					}
-				}
-				t.Fatalf("no request %s seen", id)
-				return recorded{}
-			}
 
 			if a := get("/listed/x?id=a1"); a.status != 200 || string(a.body) != "ok" {
 				t.Errorf("allowed: %d %q, want 200 ok", a.status, a.body)
 			}
-			q := seen(auth, "a1")
+			q := seenID(t, auth, "a1")
 			if q.Method != http.MethodGet || q.Path != "/check/listed/x" || q.Host != "app.b.svc" || q.Header.Get("Authorization") != "Bearer t" ||
 				q.Header.Get("X-User") != "u" || q.Header["X-Secret"] != nil || len(q.Body) != 0 {
 				t.Errorf("auth server saw %s %s host %q headers %v body %q", q.Method, q.Path, q.Host, q.Header, q.Body)
 			}
-			q = seen(backend, "a1")
+			q = seenID(t, backend, "a1")
 			if q.Path != "/listed/x" || q.Header.Get("X-Auth-User") != "alice" || q.Header["X-Other"] != nil || q.Header.Get("X-Secret") != "s" {
 				t.Errorf("backend saw %s with headers %v; want X-Auth-User alone of the auth answer's", q.Path, q.Header)
 			}
 			if a := post("/listed/x?id=a2", "12345678"); a.status != 200 {
 				t.Errorf("body within maxSize: %d %q, want 200", a.status, a.body)
 			}
-			if q := seen(auth, "a2"); string(q.Body) != "12345678" || q.Header.Get("Content-Length") != "8" {
+			if q := seenID(t, auth, "a2"); string(q.Body) != "12345678" || q.Header.Get("Content-Length") != "8" {
 				t.Errorf("auth server got body %q, Content-Length %q; want the 8 bytes", q.Body, q.Header.Get("Content-Length"))
 			}
-			if q := seen(backend, "a2"); string(q.Body) != "12345678" {
+			if q := seenID(t, backend, "a2"); string(q.Body) != "12345678" {
 				t.Errorf("backend got body %q, want the 8 bytes", q.Body)
 			}
 			// A body of unknown length (chunked, or an h2c stream without
@@ -125,8 +113,8 @@ func TestRouteExternalAuth(t *testing.T) {
 			chunked := func(id, body string) answer {
 				return send(t, c, newReq(t, http.MethodPost, base+"/listed/x?id="+id, io.MultiReader(strings.NewReader(body))))
 			}
-			if a := chunked("a4", "1234"); a.status != 200 || string(seen(auth, "a4").Body) != "1234" || string(seen(backend, "a4").Body) != "1234" {
-				t.Errorf("body of unknown length within maxSize: %d; auth got %q, backend %q", a.status, seen(auth, "a4").Body, seen(backend, "a4").Body)
+			if a := chunked("a4", "1234"); a.status != 200 || string(seenID(t, auth, "a4").Body) != "1234" || string(seenID(t, backend, "a4").Body) != "1234" {
+				t.Errorf("body of unknown length within maxSize: %d; auth got %q, backend %q", a.status, seenID(t, auth, "a4").Body, seenID(t, backend, "a4").Body)
 			}
 			if a := chunked("d5", "123456789"); a.status != http.StatusRequestEntityTooLarge {
 				t.Errorf("body of unknown length over maxSize: %d %q, want 413", a.status, a.body)
@@ -140,14 +128,14 @@ func TestRouteExternalAuth(t *testing.T) {
 					t.Fatalf("expecting 100 Continue: got %v, %v", resp, err)
 				}
 				rc.send("abc")
-				if resp, _ := rc.read(http.MethodPost); resp.StatusCode != 200 || string(seen(auth, "a5").Body) != "abc" || string(seen(backend, "a5").Body) != "abc" {
-					t.Errorf("after 100 Continue: %d; auth got %q, backend %q", resp.StatusCode, seen(auth, "a5").Body, seen(backend, "a5").Body)
+				if resp, _ := rc.read(http.MethodPost); resp.StatusCode != 200 || string(seenID(t, auth, "a5").Body) != "abc" || string(seenID(t, backend, "a5").Body) != "abc" {
+					t.Errorf("after 100 Continue: %d; auth got %q, backend %q", resp.StatusCode, seenID(t, auth, "a5").Body, seenID(t, backend, "a5").Body)
 				}
 			}
 			if a := get("/all?id=a3"); a.status != 200 {
 				t.Errorf("allowed, all headers: %d %q", a.status, a.body)
 			}
-			if q := seen(backend, "a3"); q.Header.Get("X-Auth-User") != "alice" || q.Header.Get("X-Other") != "other" || q.Host != "app.b.svc" {
+			if q := seenID(t, backend, "a3"); q.Header.Get("X-Auth-User") != "alice" || q.Header.Get("X-Other") != "other" || q.Host != "app.b.svc" {
 				t.Errorf("backend saw host %q headers %v; want every header of the auth answer", q.Host, q.Header)
 			}
 			if a := get("/listed/x?id=d1&auth=deny"); a.status != http.StatusUnauthorized || string(a.body) != "go away" ||
@@ -277,18 +265,6 @@ func TestRouteExternalAuthGRPC(t *testing.T) {
 				}
 				return send(t, c, newReq(t, method, base+path, r, "Authorization", authorization, "X-User", "u", "X-Secret", "s", "X-Tag", "a"))
 			}
-			seenBy := func(id string) recorded {
-				t.Helper()
-				backend.mu.Lock()
-				defer backend.mu.Unlock()
-				for _, q := range backend.reqs {
-					if strings.Contains(q.RawQuery, "id="+id) {
-						return q
-					}
-				}
-				t.Fatalf("the backend saw no request %s", id)
-				return recorded{}
-			}
 
 			if a := call(http.MethodPost, "/listed/x?id=g1", "1234", "Bearer good"); a.status != 200 {
 				t.Errorf("allowed: %d %q, want 200", a.status, a.body)
@@ -298,7 +274,7 @@ func TestRouteExternalAuthGRPC(t *testing.T) {
 				h.GetBody() != "1234" || !maps.Equal(h.GetHeaders(), map[string]string{"authorization": "Bearer good", "x-user": "u"}) {
 				t.Errorf("ext_authz got %v", h)
 			}
-			if q := seenBy("g1"); q.Header.Get("X-Auth-User") != "alice" || strings.Join(q.Header["X-Tag"], ",") != "a,b" ||
+			if q := seenID(t, backend, "g1"); q.Header.Get("X-Auth-User") != "alice" || strings.Join(q.Header["X-Tag"], ",") != "a,b" ||
 				q.Header["Authorization"] != nil || string(q.Body) != "1234" {
 				t.Errorf("backend saw headers %v body %q; want X-Auth-User set, X-Tag added, Authorization removed", q.Header, q.Body)
 			}
@@ -387,4 +363,18 @@ func TestRouteExternalAuthGRPCApp(t *testing.T) {
 	if len(calls) != 0 {
 		t.Errorf("the backend got a denied call")
 	}
+}
+
+// seenID returns the request r recorded whose query names id (id=...).
+func seenID(t *testing.T, r *recorder, id string) recorded {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, q := range r.reqs {
+		if strings.Contains(q.RawQuery, "id="+id) {
+			return q
+		}
+	}
+	t.Fatalf("no request %s seen", id)
+	return recorded{}
 }
