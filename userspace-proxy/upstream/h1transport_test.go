@@ -438,3 +438,31 @@ func TestH2CAnsweredHTTP1InPieces(t *testing.T) {
 		t.Errorf("h2c backend answering HTTP/1.1 in pieces: %v (reason %s), want ErrNotHTTP2", err, Classify(err))
 	}
 }
+
+// TestH2CAnsweredHTTP1BeforeTheRequest: a cleartext backend declared
+// HTTP/2 that answers HTTP/1.x at once may have its connection closed by
+// net/http's reader before the first request takes it; that request fails
+// as protocol all the same, not with net/http's "client conn could not be
+// established" (upstream_error, as CI once saw: TestH2BackendAnswersHTTP1).
+func TestH2CAnsweredHTTP1BeforeTheRequest(t *testing.T) {
+	w := newWorld(t)
+	closed := make(chan struct{})
+	addr := serveRawTLS(t, w, false, func(c net.Conn) {
+		io.WriteString(c, "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+		io.Copy(io.Discard, c)
+		close(closed)
+	})
+	be := backendAt(t, w.pools, addr, nil)
+	// The request takes its connection only once the reader closed it.
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(httptrace.GotConnInfo) {
+		select {
+		case <-closed:
+		case <-time.After(5 * time.Second):
+			t.Error("the connection was not closed")
+		}
+	}})
+	_, err := be.RoundTripper(WireH2).RoundTrip(request(t, ctx, be, http.MethodGet, "/", nil))
+	if !errors.Is(err, ErrNotHTTP2) || Classify(err) != ReasonProtocol {
+		t.Errorf("h2c backend answering HTTP/1.1 before the request: %v (reason %s), want ErrNotHTTP2", err, Classify(err))
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
@@ -69,6 +70,10 @@ var http1Answer = []byte("HTTP/1.")
 type h2cConn struct {
 	net.Conn
 	read bool // the Transport's reader alone reads
+	// notH2 is the check's error once it failed: a request that took the
+	// connection after the reader closed it fails with net/http's "could
+	// not be established" and is told this instead (h2Transport).
+	notH2 atomic.Pointer[error]
 }
 
 func (c *h2cConn) Read(p []byte) (int, error) {
@@ -85,9 +90,25 @@ func (c *h2cConn) Read(p []byte) (int, error) {
 	}
 	c.read = true
 	if err := AnsweredHTTP1(c.RemoteAddr(), p[:n]); err != nil {
+		c.notH2.Store(&err)
 		return 0, err
 	}
 	return n, err
+}
+
+// answeredHTTP1 returns the error c, a connection of an h2pool's
+// Transport, failed its h2c check with, or nil.
+func answeredHTTP1(c net.Conn) error {
+	hc, ok := c.(*h2Conn)
+	if !ok {
+		return nil
+	}
+	if cc, ok := hc.Upstream.Conn.(*h2cConn); ok {
+		if err := cc.notH2.Load(); err != nil {
+			return *err
+		}
+	}
+	return nil
 }
 
 // negotiated is the RoundTripper of WireNegotiate to a TLS backend: h2

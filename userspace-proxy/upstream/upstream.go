@@ -492,6 +492,11 @@ func (t h2Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	req, connected := t.w.traceConn(req)
 	resp, err := t.w.pool(t.wire).t.RoundTrip(req)
 	connected.settle()
+	if err != nil {
+		if notH2 := answeredHTTP1(connected.lastConn()); notH2 != nil {
+			err = notH2
+		}
+	}
 	if connected.c != nil && !connected.Load() {
 		// Ended (its context, most often) before the Transport dialed
 		// or took a connection: nothing settles a probe it holds. Should
@@ -516,6 +521,7 @@ type connTry struct {
 	mu    sync.Mutex
 	got   chan struct{}
 	ended bool
+	conn  net.Conn // the last connection the Transport gave it
 }
 
 // wait returns the channel that closes when the request's current wait
@@ -526,14 +532,21 @@ func (t *connTry) wait() <-chan struct{} {
 	return t.got
 }
 
-// gotConn ends the request's current wait: it has a connection.
-func (t *connTry) gotConn() {
+// gotConn ends the request's current wait: it has c.
+func (t *connTry) gotConn(c net.Conn) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.conn = c
 	if !t.ended {
 		close(t.got)
 		t.got = make(chan struct{})
 	}
+}
+
+func (t *connTry) lastConn() net.Conn {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.conn
 }
 
 // settle ends every wait of the request: it ended.
@@ -564,7 +577,7 @@ func (w *wireState) traceConn(req *http.Request) (*http.Request, *connTry) {
 	try := &connTry{c: c, got: make(chan struct{})}
 	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
 		try.Store(true)
-		try.gotConn()
+		try.gotConn(info.Conn)
 		if info.Reused && c != nil {
 			h.Reused(c)
 		}
