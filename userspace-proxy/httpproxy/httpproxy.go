@@ -262,6 +262,11 @@ func (h *Handler) contain(r *http.Request) {
 // with each new snapshot, before requests start on it.
 func (h *Handler) Retain(s *snapshot.Snapshot) { h.m.retain(s) }
 
+// StreamResent counts a stream an HTTP/2 backend refused that net/http's
+// Transport sent again (upstream.Config.StreamResent): a retry for
+// reason refused_stream.
+func (h *Handler) StreamResent() { h.m.retries.WithLabelValues("refused_stream").Inc() }
+
 // ServeHTTP forwards r to the backend of the connection's Target, or
 // answers it as the frontend's route says.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -375,9 +380,8 @@ type exchange struct {
 	// which never closes it.
 	tee *teeBody
 	// retried counts the rule's retries sent on the net/http paths
-	// (roundTrip); resent the refused streams net/http's HTTP/2 Transport
-	// sent again (resend).
-	retried, resent int
+	// (roundTrip).
+	retried int
 	// r is the route decision when the frontend has routes that apply
 	// to this client; nil otherwise.
 	r *routed
@@ -649,7 +653,7 @@ var reasonBodies = func() map[upstream.Reason][]byte {
 	m := make(map[upstream.Reason][]byte)
 	for _, r := range []upstream.Reason{upstream.ReasonInvalidPolicy, upstream.ReasonNoEndpoints, upstream.ReasonRefused,
 		upstream.ReasonDialFailed, upstream.ReasonTLSVerify, upstream.ReasonTLSHandshake, upstream.ReasonProtocol,
-		upstream.ReasonCanceled, upstream.ReasonUpstream, upstream.ReasonTimeout, upstream.ReasonRetryBudget} {
+		upstream.ReasonCanceled, upstream.ReasonUpstream, upstream.ReasonTimeout, upstream.ReasonRetryBudget, upstream.ReasonRefusedStream} {
 		m[r] = []byte("sockmesh: " + string(r) + "\n")
 	}
 	return m

@@ -70,7 +70,7 @@ func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 			body := x.r.body
 			m.Body, m.ContentLength = replayBody(body), int64(len(body))
 			// A stream its HTTP/2 backend refuses, which it did not
-			// process, goes again (net/http's Transport asks GetBody).
+			// process, goes again (upstream asks GetBody).
 			m.GetBody = func() (io.ReadCloser, error) { return replayBody(body), nil }
 		case tee != nil:
 			tee.mu.Lock()

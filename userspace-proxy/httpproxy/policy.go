@@ -45,11 +45,11 @@ import (
 //     on its own, routed or not — the proxy's burst on a new connection
 //     outruns the backend's stream limit. One with a body asks GetBody
 //     (roundTrip), which gives it again while it is kept or recorded
-//     (toward HTTP/2 every streamed body is, up to ReplayBytes): none of
-//     the rule's retries nor of the budget, counted as refused_stream,
-//     up to maxResends (resend). An empty one is sent up to 7 more times
-//     within its RoundTrip, backing off from 1 s to 32 s, unseen (it asks
-//     nothing). The request timeout bounds both.
+//     (toward HTTP/2 every streamed body is, up to ReplayBytes; resend):
+//     none of the rule's retries nor of the budget. upstream sends each
+//     again at once, with a body or not, counted as refused_stream, and
+//     past upstream.MaxResends the app gets 503 refused_stream; the
+//     request timeout may end it sooner.
 //   - A backend with a retry budget (XBackendTrafficPolicy retryConstraint,
 //     package retrybudget) counts every request sent to it (countRequest)
 //     and every retry; a retry the budget refuses is not sent, and the
@@ -241,16 +241,6 @@ func (h *Handler) keepBody(x *exchange, r *http.Request, expects bool) error {
 	return nil
 }
 
-// maxResends bounds the refused streams of a request sent again
-// (resend). net/http's Transport asks for the body at most 7 times on the
-// connections it has, backing off from 1 s after the second; a request it
-// moves to a new connection (every one at the backend's limit) asks again
-// at once, twice (its loop's ask, then net/http's rewind) — where a burst
-// over a slow backend is refused again before the new connection's
-// SETTINGS arrive (a burst of 150 over a limit of 10, each answered in
-// 100 ms, took up to 11).
-const maxResends = 16
-
 // resend is the body of x's request again for a stream net/http's HTTP/2
 // Transport sends again on its own (its GetBody): one the backend refused
 // (REFUSED_STREAM, or past its GOAWAY), which it never processed (RFC
@@ -258,33 +248,23 @@ const maxResends = 16
 // is none of a rule's retries nor taken from the retry budget: the
 // proxy's own burst on a new connection outruns the backend's
 // SETTINGS_MAX_CONCURRENT_STREAMS, which the Transport does not wait for.
-// It fails once maxResends were sent, or when the body is not at hand
-// whole: not kept, and outgrown its recording (x.tee, up to ReplayBytes).
+// upstream sends them at once, bounded and counted (MaxResends), with a
+// body or not, and asks once for each. It fails when the body is not at
+// hand whole: not kept, and outgrown its recording (x.tee, up to
+// ReplayBytes).
 func (h *Handler) resend(x *exchange) (io.ReadCloser, error) {
-	if x.resent >= maxResends {
-		return nil, errResendsSpent
-	}
-	var body io.ReadCloser
 	switch {
 	case x.r != nil && x.r.kept:
-		body = replayBody(x.r.body)
+		return replayBody(x.r.body), nil
 	case x.tee.handOver():
-		body = x.tee.again()
-	default:
-		return nil, errNotRecorded
+		return x.tee.again(), nil
 	}
-	x.resent++
-	h.m.retries.WithLabelValues("refused_stream").Inc()
-	return body, nil
+	return nil, errNotRecorded
 }
-
-// errResendsSpent is why net/http's Transport gives up on a refused stream
-// sent again maxResends times.
-var errResendsSpent = fmt.Errorf("stream refused: sent again %d times", maxResends)
 
 // errNotRecorded is why net/http's Transport cannot send a streamed body
 // again: it outgrew its recording (ReplayBytes), or reading it failed.
-var errNotRecorded = errors.New("request body not recorded whole: cannot send it again")
+var errNotRecorded = fmt.Errorf("%w: request body not recorded whole: cannot send it again", upstream.ErrRefusedStream)
 
 func replayBody(b []byte) io.ReadCloser { return io.NopCloser(bytes.NewReader(b)) }
 

@@ -198,12 +198,14 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 	}
 	cfg.Upstream.Panics = panics
 	var p *Proxy // set below, before any connect
+	var h *httpproxy.Handler
 	cfg.Upstream.EndpointBack = func() { p.endpointBack() }
+	cfg.Upstream.StreamResent = func() { h.StreamResent() }
 	pools, err := upstream.New(cfg.Upstream, d, log, reg)
 	if err != nil {
 		return nil, err
 	}
-	h, err := httpproxy.New(httpproxy.Config{Buffers: bufs, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout, ParkAfter: cfg.ParkAfter, Routing: cfg.Routing,
+	h, err = httpproxy.New(httpproxy.Config{Buffers: bufs, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout, ParkAfter: cfg.ParkAfter, Routing: cfg.Routing,
 		FailureLogEvery: cfg.FailureLogEvery, Panics: panics}, log, reg)
 	if err != nil {
 		return nil, err

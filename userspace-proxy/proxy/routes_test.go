@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -34,6 +35,7 @@ import (
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
 // routedVIP is the captured Service the route tests send to.
@@ -1209,6 +1211,114 @@ func TestRefusedStreamsBeyondRetries(t *testing.T) {
 					t.Errorf("body %d: retries{refused_stream} = %v, want %d", i, got, 2*(i+1))
 				}
 			}
+		})
+	}
+}
+
+// TestEveryStreamRefused: a request to an HTTP/2 backend that refuses
+// every stream, without a body or with one (of known length, streamed),
+// is sent again at once upstream.MaxResends times, each
+// counted (refused_stream), and then answered 503 refused_stream. Before,
+// net/http's Transport sent it again backing off from 1 s to 32 s, which
+// held it about a minute before a 502, and one without a body uncounted.
+func TestEveryStreamRefused(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			m := &mesh{t: t}
+			var streams atomic.Int32
+			l := listenLocal(t)
+			tcpserve.Serve(t, l, refuseStreams(&streams, math.MaxInt32))
+			be := m.backend("refusing", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
+			m.frontend("front", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, k.h2c)
+			for i, body := range []string{"", "kept body", "streamed body"} {
+				method := http.MethodGet
+				var r io.Reader = strings.NewReader(body)
+				switch body {
+				case "":
+				case "streamed body":
+					r = struct{ io.Reader }{r} // no length
+					fallthrough
+				default:
+					method = http.MethodPost
+				}
+				streams.Store(0)
+				if a := send(t, c, newReq(t, method, "http://front.b.svc/", r)); a.status != 503 || streams.Load() != upstream.MaxResends+1 {
+					t.Errorf("%s %q: %d %q after %d streams, want 503 after %d", method, body, a.status, a.body, streams.Load(), upstream.MaxResends+1)
+				}
+				if got := e.counter("sockmesh_proxy_request_retries_total", map[string]string{"reason": "refused_stream"}); got != float64((i+1)*upstream.MaxResends) {
+					t.Errorf("%s %q: retries{refused_stream} = %v, want %d", method, body, got, (i+1)*upstream.MaxResends)
+				}
+				if got := e.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": "refused_stream"}); got != float64(i+1) {
+					t.Errorf("%s %q: failures{refused_stream} = %v, want %d", method, body, got, i+1)
+				}
+			}
+		})
+	}
+}
+
+// TestRefusedOnEachConnection: a request whose stream is refused on each
+// connection it goes to (past the backend's GOAWAY), so that net/http's
+// Transport moves it to a new one, is counted once per time it is sent
+// again, and asks for its body once each, with a body or not. Before, one
+// without a body was not counted, and one with a body asked for it twice
+// per new connection (the Transport's loop, then its rewind), each ask
+// counted and spent from a cap of 16.
+func TestRefusedOnEachConnection(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			m := &mesh{t: t}
+			var streams atomic.Int32
+			l := listenLocal(t)
+			tcpserve.Serve(t, l, goAwayStreams(&streams, 3))
+			be := m.backend("going", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
+			m.frontend("front", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, k.h2c)
+			for i, body := range []string{"", "kept body", "streamed body"} {
+				method := http.MethodGet
+				var r io.Reader = strings.NewReader(body)
+				switch body {
+				case "":
+				case "streamed body":
+					r = struct{ io.Reader }{r} // no length
+					fallthrough
+				default:
+					method = http.MethodPost
+				}
+				streams.Store(0)
+				if a := send(t, c, newReq(t, method, "http://front.b.svc/", r)); a.status != 200 || streams.Load() != 3 {
+					t.Errorf("%s %q: %d %q after %d streams, want 200 after 3", method, body, a.status, a.body, streams.Load())
+				}
+				if got := e.counter("sockmesh_proxy_request_retries_total", map[string]string{"reason": "refused_stream"}); got != float64(2*(i+1)) {
+					t.Errorf("%s %q: retries{refused_stream} = %v, want %d", method, body, got, 2*(i+1))
+				}
+			}
+		})
+	}
+}
+
+// goAwayStreams serves h2c at the frame level: counting every stream in
+// streams, it answers each n-th 200 at once and sends a GOAWAY that
+// processed none of its connection's streams for the others.
+func goAwayStreams(streams *atomic.Int32, n int32) func(net.Conn) {
+	return func(c net.Conn) {
+		var hb bytes.Buffer
+		hpack.NewEncoder(&hb).WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
+		serveFrames(c, func(fr *http2.Framer, f *http2.MetaHeadersFrame) bool {
+			if streams.Add(1)%n != 0 {
+				fr.WriteGoAway(0, http2.ErrCodeNo, nil)
+			} else {
+				fr.WriteHeaders(http2.HeadersFrameParam{StreamID: f.StreamID, BlockFragment: hb.Bytes(), EndHeaders: true, EndStream: true})
+			}
+			return true
 		})
 	}
 }

@@ -7,7 +7,9 @@
 // dial an endpoint one connection at a time, and whose connections are
 // each set aside (h2drain.Upstream: no new request, closed
 // once the last ends) when the certificate chain it verified expires, or
-// when a snapshot retires its wire.
+// when a snapshot retires its wire. A request such a Transport would send
+// again (its stream refused, which the backend never processed) it sends
+// again at once, up to MaxResends times, where the Transport backs off.
 //
 // A Set is built per snapshot; a backend whose wire settings (protocol, TLS)
 // did not change keeps its pools and TLS session caches across snapshots, so

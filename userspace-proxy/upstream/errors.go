@@ -36,16 +36,20 @@ const (
 	// backend's retry budget (XBackendTrafficPolicy) is spent
 	// (ErrRetryBudgetExhausted).
 	ReasonRetryBudget Reason = "retry_budget_exhausted"
+	// ReasonRefusedStream: an HTTP/2 backend refused the request's stream
+	// and it could not go again (ErrRefusedStream).
+	ReasonRefusedStream Reason = "refused_stream"
 )
 
 // Status is the HTTP status an L7 client gets for r: 503 when the backend is
 // unavailable (invalid policy, no endpoints, refused or unreachable, retry
-// budget spent: the Gateway API asks for 503 there), 504
+// budget spent: the Gateway API asks for 503 there; a stream it refused,
+// as Envoy answers one), 504
 // when a route's timeout passed, 502 when it answered badly (certificate
 // verification, handshake, protocol).
 func (r Reason) Status() int {
 	switch r {
-	case ReasonInvalidPolicy, ReasonNoEndpoints, ReasonRefused, ReasonDialFailed, ReasonRetryBudget:
+	case ReasonInvalidPolicy, ReasonNoEndpoints, ReasonRefused, ReasonDialFailed, ReasonRetryBudget, ReasonRefusedStream:
 		return http.StatusServiceUnavailable
 	case ReasonTimeout:
 		return http.StatusGatewayTimeout
@@ -97,6 +101,8 @@ func Classify(err error) Reason {
 		return ReasonTimeout
 	case errors.Is(err, ErrRetryBudgetExhausted):
 		return ReasonRetryBudget
+	case errors.Is(err, ErrRefusedStream):
+		return ReasonRefusedStream
 	case errors.As(err, &fc):
 		return ReasonInvalidPolicy
 	case errors.Is(err, ErrNoEndpoints):

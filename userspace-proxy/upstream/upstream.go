@@ -66,6 +66,9 @@ type Config struct {
 	// ejection ends, a probe waited for is handed back or expires, or a
 	// connect to it succeeds (balance.NewHealth).
 	EndpointBack func()
+	// StreamResent, unless nil, is called each time a request over HTTP/2
+	// goes again, its stream refused (MaxResends).
+	StreamResent func()
 	// HandshakeTimeout bounds a TLS handshake with an endpoint; 0 means
 	// 10 s.
 	HandshakeTimeout time.Duration
@@ -489,8 +492,8 @@ func (t h2Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		req = req.WithContext(req.Context())
 		req.Close = true
 	}
-	req, connected := t.w.traceConn(req)
-	resp, err := t.w.pool(t.wire).t.RoundTrip(req)
+	ctx, connected := t.w.traceConn(req)
+	resp, err := connected.send(ctx, t.w.pool(t.wire).t, req)
 	connected.settle()
 	if err != nil {
 		if notH2 := answeredHTTP1(connected.lastConn()); notH2 != nil {
@@ -508,11 +511,42 @@ func (t h2Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
+// MaxResends bounds the times a request goes again where net/http's
+// HTTP/2 Transport would send it again: the backend refused its stream
+// (REFUSED_STREAM, or past its GOAWAY), which it never processed (RFC
+// 9113 §8.7), or the connection could not take it. The Transport would
+// send it again the first time at once, then after 1, 2, 4… s, 7 times in
+// all, which held a request to a backend refusing every stream about a
+// minute, uncounted when it had no body; send sends it again at once each
+// time, counted, and then the app gets 503 refused_stream, as Envoy
+// answers a refused stream it does not retry. Bursts need more than a few: the Transport
+// sends up to 100 streams on a new connection before the backend's
+// SETTINGS say how many it takes, so a stream is refused about once per
+// connection a burst opens — 150 at once to a backend taking 10, each
+// answered in 100 ms, went again up to 9 times.
+const MaxResends = 10
+
+// ErrRefusedStream marks a request whose stream its HTTP/2 backend
+// refused and that cannot go again: sent again MaxResends times, or its
+// body is not at hand (ReasonRefusedStream).
+var ErrRefusedStream = errors.New("stream refused by the backend")
+
+// errResend ends a RoundTrip of the Transport where it would send the
+// request again, before it does (resendNow, gotConn): send does, at once.
+var errResend = errors.New("upstream: request to send again")
+
+// resendNow is the GetBody the Transport asks before it sends a request
+// with a body again.
+func resendNow() (io.ReadCloser, error) { return nil, errResend }
+
 // connTry records whether a request to c got to a connection: the
 // Transport took one (GotConn) or dialed c for it (dialFn).
 type connTry struct {
 	atomic.Bool
 	c *balance.Choice // nil unless the request holds a probe
+	// resent, unless nil, counts a stream sent again (Config.StreamResent).
+	resent func()
+	trace  httptrace.ClientTrace // its request's, allocated with it
 	// got closes once the request's wait for a connection ends — the
 	// Transport gave it one, or the request ended: a dial that waited on
 	// another for it then ends (h2pool.dialOnce). A stream the backend
@@ -522,6 +556,52 @@ type connTry struct {
 	got   chan struct{}
 	ended bool
 	conn  net.Conn // the last connection the Transport gave it
+	// cancel ends the Transport's RoundTrip under way of a request
+	// without a body (send; nil for one with a body), and sent counts the
+	// connections it gave the request in it.
+	cancel context.CancelCauseFunc
+	sent   int
+}
+
+// send sends req through rt with ctx, and again where rt would, at once,
+// up to MaxResends times, counted; req's GetBody gives its body again. A
+// request without a body is sent with a context gotConn cancels, as the
+// Transport asks nothing before sending it again.
+func (t *connTry) send(ctx context.Context, rt http.RoundTripper, req *http.Request) (*http.Response, error) {
+	body := req.Body
+	for n := 0; ; n++ {
+		actx, cancel := ctx, context.CancelCauseFunc(nil)
+		if body == nil || body == http.NoBody {
+			actx, cancel = context.WithCancelCause(ctx)
+		}
+		t.mu.Lock()
+		t.sent, t.cancel = 0, cancel
+		t.mu.Unlock()
+		out := req.WithContext(actx)
+		if out.Body = body; req.GetBody != nil {
+			out.GetBody = resendNow
+		}
+		resp, err := rt.RoundTrip(out)
+		if err == nil {
+			return resp, nil // actx ends with ctx, after the answer's body
+		}
+		if cancel != nil {
+			cancel(nil)
+		}
+		switch {
+		case !errors.Is(err, errResend) && !errors.Is(context.Cause(actx), errResend):
+			return nil, err
+		case n == MaxResends:
+			return nil, fmt.Errorf("%w: sent again %d times", ErrRefusedStream, n)
+		case req.GetBody != nil:
+			if body, err = req.GetBody(); err != nil {
+				return nil, err
+			}
+		}
+		if t.resent != nil {
+			t.resent()
+		}
+	}
 }
 
 // wait returns the channel that closes when the request's current wait
@@ -532,7 +612,10 @@ func (t *connTry) wait() <-chan struct{} {
 	return t.got
 }
 
-// gotConn ends the request's current wait: it has c.
+// gotConn ends the request's current wait: it has c. A request without
+// a body given a second in the same RoundTrip is sent again, which the
+// Transport would do backing off: it is canceled before its stream goes
+// out, and send sends it again (one with a body asks GetBody first).
 func (t *connTry) gotConn(c net.Conn) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -540,6 +623,9 @@ func (t *connTry) gotConn(c net.Conn) {
 	if !t.ended {
 		close(t.got)
 		t.got = make(chan struct{})
+	}
+	if t.sent++; t.sent > 1 && t.cancel != nil {
+		t.cancel(errResend)
 	}
 }
 
@@ -561,29 +647,29 @@ func (t *connTry) settle() {
 
 type connTryKey struct{}
 
-// traceConn returns req with a trace that tells when the Transport gives
-// it a connection, and the connTry its RoundTrip fills in: a dial the
-// Transport makes for it while another to the endpoint is under way waits
-// until then (h2pool.dialOnce); the Health learns that a request holding
-// a probe went on a connection already open (Reused), and a probe which
-// connects nothing is handed back. It costs every request a few
-// allocations, against a connection per request of a cold burst.
-func (w *wireState) traceConn(req *http.Request) (*http.Request, *connTry) {
+// traceConn returns req's context with a trace that tells when the
+// Transport gives it a connection, and the connTry its RoundTrip fills
+// in: a dial the Transport makes for it while another to the endpoint is
+// under way waits until then (h2pool.dialOnce); the Health learns that a
+// request holding a probe went on a connection already open (Reused), and
+// a probe which connects nothing is handed back. It costs every request a
+// few allocations, against a connection per request of a cold burst (and
+// send's context one without a body a few more, against a minute held).
+func (w *wireState) traceConn(req *http.Request) (context.Context, *connTry) {
 	c, ok := req.Context().Value(endpointKey{}).(*balance.Choice)
 	if !ok || !c.Probing() {
 		c = nil
 	}
 	h := w.p.health
-	try := &connTry{c: c, got: make(chan struct{})}
-	trace := &httptrace.ClientTrace{GotConn: func(info httptrace.GotConnInfo) {
+	try := &connTry{c: c, resent: w.p.cfg.StreamResent, got: make(chan struct{})}
+	try.trace.GotConn = func(info httptrace.GotConnInfo) {
 		try.Store(true)
 		try.gotConn(info.Conn)
 		if info.Reused && c != nil {
 			h.Reused(c)
 		}
-	}}
-	ctx := context.WithValue(httptrace.WithClientTrace(req.Context(), trace), connTryKey{}, try)
-	return req.WithContext(ctx), try
+	}
+	return context.WithValue(httptrace.WithClientTrace(req.Context(), &try.trace), connTryKey{}, try), try
 }
 
 // Scheme is the URL scheme requests to b use.
