@@ -315,34 +315,53 @@ func (p *Picker) session(tok string, now time.Time) *Choice {
 const mcpSessionHeader = "Mcp-Session-Id"
 
 // MCPSession prefixes the MCP session ID in h, the header of an answer of
-// any status from c's endpoint, with c's token and a dot, so that the
+// any status from c's endpoint, with mcpPrefix and a dot, so that the
 // requests that send it back go to c (PickRequest) — with no state in the
 // proxy, so that a restart keeps sessions where they are. MCP allows the
-// dot (session IDs are visible ASCII); a hex token never holds one. For
+// dot (session IDs are visible ASCII); a hex prefix never holds one. For
 // other backends it does nothing.
 func (p *Picker) MCPSession(h http.Header, c *Choice) {
 	if !p.mcp {
 		return
 	}
 	if v := h.Get(mcpSessionHeader); v != "" {
-		h.Set(mcpSessionHeader, c.token+"."+v)
+		h.Set(mcpSessionHeader, mcpPrefix(c.token, v)+"."+v)
 	}
+}
+
+// mcpPrefixLen is the length of mcpPrefix: a token and an FNV-32a sum in
+// hex.
+const mcpPrefixLen = tokenLen + 8
+
+// mcpPrefix is what MCPSession puts before the ID id that the endpoint of
+// token tok issued: tok, then a sum of tok and id. The sum tells a prefix
+// a proxy added from an ID that only looks like one (a session begun
+// before, an ID the client or another proxy made), which must reach the
+// backend as it is. It is not signed, as a session cookie's token is not:
+// a client that forges one only chooses the replica its own requests go
+// to, and the backend still judges the ID.
+func mcpPrefix(tok, id string) string {
+	h := fnv.New32a()
+	h.Write([]byte(tok))
+	h.Write([]byte(id))
+	return tok + hex.EncodeToString(h.Sum(nil))
 }
 
 // mcpSession strips the prefix MCPSession added from r's MCP session ID
 // and returns the endpoint it names while PickRequest would keep a session
-// there; nil for an ID without one (a session begun before, or one the
-// client made), which goes to the backend as it is.
+// there; nil for an ID without one (a session begun before, one the client
+// or another proxy made, whatever it looks like), which goes to the
+// backend as it is.
 func (p *Picker) mcpSession(r *http.Request, now time.Time) *Choice {
-	tok, id, ok := strings.Cut(r.Header.Get(mcpSessionHeader), ".")
-	if !ok || len(tok) != tokenLen || strings.Trim(tok, "0123456789abcdef") != "" {
+	pre, id, ok := strings.Cut(r.Header.Get(mcpSessionHeader), ".")
+	if !ok || len(pre) != mcpPrefixLen || mcpPrefix(pre[:tokenLen], id) != pre {
 		return nil
 	}
 	r.Header.Set(mcpSessionHeader, id)
 	if now.IsZero() && p.health.Any() {
 		now = time.Now() // ejected reads it; callers pass it for sp's timeouts only
 	}
-	return p.session(tok, now)
+	return p.session(pre[:tokenLen], now)
 }
 
 // SetSession adds to h what tells the client its session under sp (as

@@ -81,7 +81,8 @@ func TestHeaderSession(t *testing.T) {
 // TestMCPSession: an MCP backend's session ID names the endpoint that
 // issued it, which the requests that send it back go to, its own ID
 // restored, with or without session persistence, until it is ejected; an
-// ID without the prefix goes unchanged, picked as any request.
+// ID without the prefix, or with one MCPSession did not add for it, goes
+// unchanged, picked as any request.
 func TestMCPSession(t *testing.T) {
 	h := NewHealth(time.Second, time.Second, nil)
 	b := &snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: endpoints(3),
@@ -101,7 +102,9 @@ func TestMCPSession(t *testing.T) {
 			}
 		}
 	}
-	for _, own := range []string{"s1", "0123456789abcdeX.s1", "." + id} {
+	// Lookalikes: the shape of a prefix without its sum, or a prefix that
+	// MCPSession gave another ID.
+	for _, own := range []string{"s1", "0123456789abcdeX.s1", "." + id, "0123456789abcdef01234567.s1", id[:mcpPrefixLen] + ".s2"} {
 		r, _ := http.NewRequest(http.MethodPost, "/", nil)
 		r.Header.Set("Mcp-Session-Id", own)
 		if _, pinned, _ := p.PickRequest(r, ClientKey{}, time.Time{}, nil); pinned || r.Header.Get("Mcp-Session-Id") != own {

@@ -50,8 +50,9 @@ func mcpHandler(name string) http.Handler {
 // TestMCPSessionAffinity: the requests of an MCP session (POSTs, the GET
 // of its SSE stream, the DELETE that ends it) reach the replica that
 // issued it, whose ID the app gets prefixed with the endpoint's token and
-// the backend gets back as it issued it; an ID without the prefix goes as
-// it is, and one whose endpoint is gone goes elsewhere, answered 404.
+// the backend gets back as it issued it; an ID without the prefix, or with
+// a lookalike of it, goes as it is, and one whose endpoint is gone goes
+// elsewhere, answered 404.
 func TestMCPSessionAffinity(t *testing.T) {
 	for _, app := range []string{"h1", "h2c"} {
 		t.Run(app, func(t *testing.T) {
@@ -90,7 +91,7 @@ func TestMCPSessionAffinity(t *testing.T) {
 			resp, body := do(http.MethodPost, "") // initialize
 			issuer, issued, _ := strings.Cut(body, " ")
 			id := resp.Header.Get("Mcp-Session-Id")
-			if tok, v, ok := strings.Cut(id, "."); !ok || v != issued || len(tok) != 16 {
+			if tok, v, ok := strings.Cut(id, "."); !ok || v != issued || len(tok) != 24 {
 				t.Errorf("initialize: app got Mcp-Session-Id %q for the backend's %q, want <token>.%s", id, issued, issued)
 			}
 			want := issuer + " " + issued
@@ -104,8 +105,11 @@ func TestMCPSessionAffinity(t *testing.T) {
 				}
 			}
 
-			// Without the prefix: as it is, to whichever endpoint.
-			for _, own := range []string{"client-made", "0123456789abcdeX.x"} {
+			// Without the prefix, or with one that only looks like it (no
+			// sum, or the sum of another ID): as it is, to whichever
+			// endpoint.
+			prefix, _, _ := strings.Cut(id, ".")
+			for _, own := range []string{"client-made", "0123456789abcdeX.x", "0123456789abcdef.x", prefix + ".forged"} {
 				if _, body := do(http.MethodPost, own); !strings.HasSuffix(body, " "+own) {
 					t.Errorf("POST with %q: backend got %q, want it unchanged", own, body)
 				}
