@@ -271,17 +271,10 @@ func (p *Picker) ejected(c *Choice, now time.Time) bool {
 // setSession is true when the response must carry the session
 // (SetSession): a new session, or one whose idle clock restarts.
 //
-// For an MCP backend, an MCP session ID that MCPSession prefixed pins r
-// first, sp or not (the session's state lives in the server that issued
-// it, and sp's cookie or header stays as it is): the prefix goes from r's
-// header, the backend gets its own ID back, also when its endpoint is gone
-// (its 404 then has the client start a new session, as MCP says).
+// An MCP session (MCPEndpoint) pins a request before this is asked, sp or
+// not: the session's state lives in the server that issued it, and sp's
+// cookie or header stays as it is.
 func (p *Picker) PickRequest(r *http.Request, client ClientKey, now time.Time, sp *snapshot.SessionPersistence) (c *Choice, pinned, setSession bool) {
-	if p.mcp {
-		if c := p.mcpSession(r, now); c != nil {
-			return c, true, false
-		}
-	}
 	if sp == nil {
 		return p.PickClient(client), false, false
 	}
@@ -316,10 +309,10 @@ const mcpSessionHeader = "Mcp-Session-Id"
 
 // MCPSession prefixes the MCP session ID in h, the header of an answer of
 // any status from c's endpoint, with mcpPrefix and a dot, so that the
-// requests that send it back go to c (PickRequest) — with no state in the
-// proxy, so that a restart keeps sessions where they are. MCP allows the
-// dot (session IDs are visible ASCII); a hex prefix never holds one. For
-// other backends it does nothing.
+// requests that send it back go to c (CutMCPSession, MCPEndpoint) — with
+// no state in the proxy, so that a restart keeps sessions where they are.
+// MCP allows the dot (session IDs are visible ASCII); a hex prefix never
+// holds one. For other backends it does nothing.
 func (p *Picker) MCPSession(h http.Header, c *Choice) {
 	if !p.mcp {
 		return
@@ -347,21 +340,34 @@ func mcpPrefix(tok, id string) string {
 	return tok + hex.EncodeToString(h.Sum(nil))
 }
 
-// mcpSession strips the prefix MCPSession added from r's MCP session ID
-// and returns the endpoint it names while PickRequest would keep a session
-// there; nil for an ID without one (a session begun before, one the client
-// or another proxy made, whatever it looks like), which goes to the
-// backend as it is.
-func (p *Picker) mcpSession(r *http.Request, now time.Time) *Choice {
-	pre, id, ok := strings.Cut(r.Header.Get(mcpSessionHeader), ".")
+// CutMCPSession strips the prefix MCPSession added from the MCP session ID
+// in h, the header of a request, so that route matches and the backend
+// see the ID the backend issued, and returns the token of the endpoint it
+// names (MCPEndpoint); "" for an ID without one (a session begun before,
+// one the client or another proxy made, whatever it looks like), which
+// stays as it is. The endpoint being gone, the backend gets its own ID
+// back all the same: its 404 then has the client start a new session, as
+// MCP says, and a server that shares sessions between replicas serves it.
+func CutMCPSession(h http.Header) string {
+	pre, id, ok := strings.Cut(h.Get(mcpSessionHeader), ".")
 	if !ok || len(pre) != mcpPrefixLen || mcpPrefix(pre[:tokenLen], id) != pre {
+		return ""
+	}
+	h.Set(mcpSessionHeader, id)
+	return pre[:tokenLen]
+}
+
+// MCPEndpoint returns the endpoint of an MCP backend that tok
+// (CutMCPSession) names while a session would stay there (session); nil
+// otherwise, and for other backends.
+func (p *Picker) MCPEndpoint(tok string, now time.Time) *Choice {
+	if !p.mcp || tok == "" {
 		return nil
 	}
-	r.Header.Set(mcpSessionHeader, id)
 	if now.IsZero() && p.health.Any() {
-		now = time.Now() // ejected reads it; callers pass it for sp's timeouts only
+		now = time.Now() // ejected reads it; callers pass it for sessions' timeouts only
 	}
-	return p.session(pre[:tokenLen], now)
+	return p.session(tok, now)
 }
 
 // SetSession adds to h what tells the client its session under sp (as

@@ -80,47 +80,44 @@ func TestHeaderSession(t *testing.T) {
 
 // TestMCPSession: an MCP backend's session ID names the endpoint that
 // issued it, which the requests that send it back go to, its own ID
-// restored, with or without session persistence, until it is ejected; an
-// ID without the prefix, or with one MCPSession did not add for it, goes
-// unchanged, picked as any request.
+// restored, until it is ejected; an ID without the prefix, or with one
+// MCPSession did not add for it, goes unchanged and names none.
 func TestMCPSession(t *testing.T) {
 	h := NewHealth(time.Second, time.Second, nil)
-	b := &snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: endpoints(3),
-		SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "X-Session"}}
+	b := &snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: endpoints(3)}
 	p := New(b, h, nil)
 	issuer := p.Pick()
 	answer := http.Header{"Mcp-Session-Id": {"s1"}}
 	p.MCPSession(answer, issuer)
 	id := answer.Get("Mcp-Session-Id")
-	for _, sp := range []*snapshot.SessionPersistence{nil, b.SessionPersistence} {
-		for range 4 {
-			r, _ := http.NewRequest(http.MethodPost, "/", nil)
-			r.Header.Set("Mcp-Session-Id", id)
-			c, pinned, _ := p.PickRequest(r, ClientKey{}, time.Time{}, sp)
-			if got := r.Header.Get("Mcp-Session-Id"); c != issuer || !pinned || got != "s1" {
-				t.Fatalf("session %q (persistence %v): to %s (pinned %v) with %q, want %s, pinned, with s1", id, sp, c.Host, pinned, got, issuer.Host)
-			}
+	for range 4 {
+		req := http.Header{"Mcp-Session-Id": {id}}
+		tok := CutMCPSession(req)
+		if c, got := p.MCPEndpoint(tok, time.Time{}), req.Get("Mcp-Session-Id"); c != issuer || got != "s1" {
+			t.Fatalf("session %q: to %v with %q, want %s with s1", id, c, got, issuer.Host)
 		}
 	}
 	// Lookalikes: the shape of a prefix without its sum, or a prefix that
 	// MCPSession gave another ID.
 	for _, own := range []string{"s1", "0123456789abcdeX.s1", "." + id, "0123456789abcdef01234567.s1", id[:mcpPrefixLen] + ".s2"} {
-		r, _ := http.NewRequest(http.MethodPost, "/", nil)
-		r.Header.Set("Mcp-Session-Id", own)
-		if _, pinned, _ := p.PickRequest(r, ClientKey{}, time.Time{}, nil); pinned || r.Header.Get("Mcp-Session-Id") != own {
-			t.Errorf("session %q: pinned %v, sent as %q; want it unpinned, unchanged", own, pinned, r.Header.Get("Mcp-Session-Id"))
+		req := http.Header{"Mcp-Session-Id": {own}}
+		if tok := CutMCPSession(req); tok != "" || req.Get("Mcp-Session-Id") != own {
+			t.Errorf("session %q: endpoint %q, sent as %q; want none, unchanged", own, tok, req.Get("Mcp-Session-Id"))
 		}
 	}
+	tok := CutMCPSession(http.Header{"Mcp-Session-Id": {id}})
 	h.Failed(issuer.Endpoint.Addr, time.Now(), time.Now())
-	r, _ := http.NewRequest(http.MethodPost, "/", nil)
-	r.Header.Set("Mcp-Session-Id", id)
-	if c, pinned, _ := p.PickRequest(r, ClientKey{}, time.Time{}, nil); c == issuer || pinned || r.Header.Get("Mcp-Session-Id") != "s1" {
-		t.Errorf("session of an ejected endpoint: to %s (pinned %v), want another, unpinned, with s1", c.Host, pinned)
+	if c := p.MCPEndpoint(tok, time.Time{}); c != nil {
+		t.Errorf("session of an ejected endpoint: to %s, want none (picked as any request)", c.Host)
 	}
 	other := http.Header{"Mcp-Session-Id": {"s1"}}
-	New(&snapshot.Backend{Endpoints: b.Endpoints}, nil, nil).MCPSession(other, issuer)
+	http1 := New(&snapshot.Backend{Endpoints: b.Endpoints}, nil, nil)
+	http1.MCPSession(other, issuer)
 	if got := other.Get("Mcp-Session-Id"); got != "s1" {
 		t.Errorf("an HTTP backend's Mcp-Session-Id became %q, want it unchanged", got)
+	}
+	if c := http1.MCPEndpoint(tok, time.Time{}); c != nil {
+		t.Errorf("an HTTP backend kept an MCP session on %s", c.Host)
 	}
 }
 

@@ -10,7 +10,9 @@
 // until the session's absolute or idle timeout (Gateway API
 // sessionPersistence) — and, for an MCP backend, the endpoint that issued
 // a request's MCP session ID, which the answer that carried it prefixed
-// with the endpoint's token (Picker.MCPSession).
+// with the endpoint's token (Picker.MCPSession; CutMCPSession takes the
+// prefix off before the request is routed, Picker.MCPEndpoint names the
+// endpoint).
 //
 // A pick that takes an ejected endpoint's probe (Health) gets a Choice of
 // its own that names the probe, which the caller passes on to where its

@@ -53,6 +53,7 @@ func (s *h1Conn) serve(req *http.Request) bool {
 	if x.fe == nil {
 		return s.fail(req, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 	}
+	x.mcp = balance.CutMCPSession(req.Header)
 	ref := x.fe.Backend
 	if x.fe.Routes != nil {
 		var forward bool
@@ -83,12 +84,7 @@ func (s *h1Conn) serve(req *http.Request) bool {
 	if err := s.t.relayFailed(x.be); err != nil {
 		return s.fail(req, x, upstream.Classify(err), err)
 	}
-	sp := x.sessionFor()
-	if sp != nil {
-		x.now = time.Now() // sessions time out; other requests need no clock
-	}
-	var choice *balance.Choice
-	choice, x.pinned, x.setSession = x.be.Picker.PickRequest(req, x.t.clientKey(), x.now, sp)
+	choice := x.pick(req)
 	if choice == nil {
 		return s.fail(req, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 	}

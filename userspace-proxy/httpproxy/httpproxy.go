@@ -308,6 +308,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 		return
 	}
+	x.mcp = balance.CutMCPSession(r.Header)
 	ref := fe.Backend
 	if fe.Routes != nil {
 		var forward bool
@@ -343,12 +344,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, x, upstream.Classify(err), err)
 		return
 	}
-	sp := x.sessionFor()
-	if sp != nil {
-		x.now = time.Now() // sessions time out; other requests need no clock
-	}
-	var choice *balance.Choice
-	choice, x.pinned, x.setSession = x.be.Picker.PickRequest(r, x.t.clientKey(), x.now, sp)
+	choice := x.pick(r)
 	if choice == nil {
 		h.fail(w, r, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 		return
@@ -373,6 +369,9 @@ type exchange struct {
 	pinned bool
 	// setSession says the answer carries the session (Picker.SetSession).
 	setSession bool
+	// mcp is the token of the endpoint that issued the request's MCP
+	// session (balance.CutMCPSession); "" without one.
+	mcp string
 	// tee is the request's streamed body as its tries read it, recorded
 	// for retries and mirrors (keepBody) or a stream an HTTP/2 backend
 	// refused (resend), or only so that a try whose connect failed can go
@@ -391,6 +390,23 @@ type exchange struct {
 	// grpc is the gRPC call being forwarded on the net/http path; nil for
 	// other requests.
 	grpc *grpcCall
+}
+
+// pick returns the endpoint for r, routed to x.be: the one that issued its
+// MCP session while it serves, else the one session persistence or
+// balancing picks (Picker.PickRequest); nil when none is ready.
+func (x *exchange) pick(r *http.Request) *balance.Choice {
+	sp := x.sessionFor()
+	if sp != nil {
+		x.now = time.Now() // sessions time out; other requests need no clock
+	}
+	if c := x.be.Picker.MCPEndpoint(x.mcp, x.now); c != nil {
+		x.pinned = true
+		return c
+	}
+	var c *balance.Choice
+	c, x.pinned, x.setSession = x.be.Picker.PickRequest(r, x.t.clientKey(), x.now, sp)
+	return c
 }
 
 // decorate adds to h, the header of the answer to r from c's endpoint,

@@ -47,6 +47,33 @@ func mcpHandler(name string) http.Handler {
 	})
 }
 
+// mcpDo sends an MCP request of method through c, with the session ID id
+// unless empty, and returns the answer and its whole body.
+func mcpDo(t *testing.T, c *http.Client, method, id string) (*http.Response, string) {
+	t.Helper()
+	var body io.Reader
+	if method == http.MethodPost {
+		body = strings.NewReader("{}") // JSON-RPC; a GET or DELETE has none
+	}
+	req, err := http.NewRequest(method, "http://echo.b.svc/mcp", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id != "" {
+		req.Header.Set("Mcp-Session-Id", id)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %q: %v", method, id, err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatalf("%s %q: read body: %v", method, id, err)
+	}
+	return resp, string(b)
+}
+
 // TestMCPSessionAffinity: the requests of an MCP session (POSTs, the GET
 // of its SSE stream, the DELETE that ends it) reach the replica that
 // issued it, whose ID the app gets prefixed with the endpoint's token and
@@ -65,27 +92,7 @@ func TestMCPSessionAffinity(t *testing.T) {
 			}
 			do := func(method, id string) (*http.Response, string) {
 				t.Helper()
-				var body io.Reader
-				if method == http.MethodPost {
-					body = strings.NewReader("{}") // JSON-RPC; a GET or DELETE has none
-				}
-				req, err := http.NewRequest(method, "http://echo.b.svc/mcp", body)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if id != "" {
-					req.Header.Set("Mcp-Session-Id", id)
-				}
-				resp, err := c.Do(req)
-				if err != nil {
-					t.Fatalf("%s %q: %v", method, id, err)
-				}
-				b, err := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				if err != nil {
-					t.Fatalf("%s %q: read body: %v", method, id, err)
-				}
-				return resp, string(b)
+				return mcpDo(t, c, method, id)
 			}
 
 			resp, body := do(http.MethodPost, "") // initialize
@@ -162,5 +169,45 @@ func TestMCPSessionEndpointRefuses(t *testing.T) {
 	c.send("POST /mcp HTTP/1.1\r\nHost: echo.b.svc\r\nMcp-Session-Id: " + id + "\r\nContent-Length: 2\r\n\r\n{}")
 	if resp, body := c.read(http.MethodPost); resp.StatusCode != http.StatusNotFound || !strings.HasPrefix(body, "b ") {
 		t.Errorf("POST with a session of a refusing endpoint: %d %q, want 404 from b", resp.StatusCode, body)
+	}
+}
+
+// TestMCPSessionRouteMatch: a route's header match on Mcp-Session-Id sees
+// the ID the backend issued, which the route's author knows from their
+// server, not the prefix the app's copy carries; the backend still gets
+// its own ID. Before, the match met the prefixed ID and failed.
+func TestMCPSessionRouteMatch(t *testing.T) {
+	be := snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: []snapshot.Endpoint{mcpServer(t, "a")}}
+	f := newFixture(t, Config{}, be)
+	rule := func(name string) snapshot.RouteRule {
+		return snapshot.RouteRule{Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: backendRef}},
+			Filters: snapshot.Filters{ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Rule", Value: name}}}}}
+	}
+	all := snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}
+	f.updateRoutes(2, be, &snapshot.RouteTable{Producer: &snapshot.RouteSet{
+		Kind: snapshot.KindHTTPRoute,
+		Matches: []snapshot.RouteMatch{
+			{Rule: 0, Path: all, Headers: []snapshot.StringMatch{{Name: "Mcp-Session-Id", Type: snapshot.MatchRegularExpression, Value: "a-session-[0-9]+"}}},
+			{Rule: 1, Path: all},
+		},
+		Rules: []snapshot.RouteRule{rule("session"), rule("other")},
+	}})
+	for _, app := range []string{"h1", "h2c"} {
+		t.Run(app, func(t *testing.T) {
+			c := f.httpClient()
+			if app == "h2c" {
+				c = f.serveL7(true)
+			}
+			resp, body := mcpDo(t, c, http.MethodPost, "") // initialize
+			id := resp.Header.Get("Mcp-Session-Id")
+			if got := resp.Header.Get("X-Rule"); got != "other" || id == "" {
+				t.Fatalf("initialize: rule %q, Mcp-Session-Id %q, want rule other and a session", got, id)
+			}
+			_, issued, _ := strings.Cut(body, " ")
+			resp, body = mcpDo(t, c, http.MethodPost, id)
+			if got := resp.Header.Get("X-Rule"); resp.StatusCode != http.StatusOK || got != "session" || body != "a "+issued {
+				t.Errorf("POST with %q: %d, rule %q, %q; want 200, rule session, %q", id, resp.StatusCode, got, body, "a "+issued)
+			}
+		})
 	}
 }
