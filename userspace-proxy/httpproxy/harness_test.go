@@ -113,14 +113,14 @@ func (f *fixture) update(version uint64, be snapshot.Backend) {
 }
 
 // updateRoutes is update with the Service port's GAMMA routes, whose
-// rules may name be (backendRef).
-func (f *fixture) updateRoutes(version uint64, be snapshot.Backend, routes *snapshot.RouteTable) {
+// rules may name be (backendRef) and others (by their Ref).
+func (f *fixture) updateRoutes(version uint64, be snapshot.Backend, routes *snapshot.RouteTable, others ...snapshot.Backend) {
 	f.t.Helper()
 	be.Ref = backendRef
 	s, err := snapshot.New(version, []snapshot.Frontend{{
 		Service: snapshot.ObjectRef{Namespace: "b", Name: "echo"}, Port: vip.Port(), Addresses: []netip.Addr{vip.Addr()},
 		FailurePolicy: snapshot.FailClosed, Backend: backendRef, Routes: routes,
-	}}, []snapshot.Backend{be}, nil)
+	}}, append([]snapshot.Backend{be}, others...), nil)
 	if err != nil {
 		f.t.Fatal(err)
 	}

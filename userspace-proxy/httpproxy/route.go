@@ -109,6 +109,9 @@ func (h *Handler) route(x *exchange, r *http.Request, rt *routed) (ref snapshot.
 		return x.fe.Backend, true
 	}
 	req := routes.FromHTTP(r)
+	if x.mcp != "" {
+		req.Keep = x.issuedMCP
+	}
 	set.Decide(&req, routes.GlobalRand{}, &rt.d)
 	rt.body, rt.kept = nil, false
 	x.r = rt
@@ -117,6 +120,15 @@ func (h *Handler) route(x *exchange, r *http.Request, rt *routed) (ref snapshot.
 	}
 	rt.pol = h.policyFor(&rt.d)
 	return rt.d.Backend, true
+}
+
+// issuedMCP reports whether ref leads to the endpoint that issued the
+// request's MCP session (x.mcp) while it serves: a rule that splits by
+// weight keeps the session there (routes.Request.Keep), as another
+// backend's replicas do not know it; its new sessions follow the weights.
+func (x *exchange) issuedMCP(ref snapshot.BackendRef) bool {
+	be := x.v.Backends.Get(ref)
+	return be != nil && be.Err == nil && be.Picker.MCPEndpoint(x.mcp, time.Time{}) != nil
 }
 
 // sessionFor is the session persistence in force: the route rule's when it

@@ -1,7 +1,8 @@
 // Package routes decides what happens to one HTTP request sent to a
 // captured Service port that mesh routes (GAMMA HTTPRoute, GRPCRoute)
 // govern: which rule matches, and then a local answer (404, 500, a
-// redirect with its Location, a CORS preflight's) or a forward to a backend chosen by weight,
+// redirect with its Location, a CORS preflight's) or a forward to a backend chosen by weight
+// (or the one a request's session must stay on, Request.Keep),
 // with the request and response changes, mirrors, external authorization, timeouts, retry policy
 // and session persistence the rule asks for.
 //

@@ -78,6 +78,12 @@ type Request struct {
 	// TLS reports that the client spoke https to the proxy. The L7 path
 	// sees plaintext requests only, so it is false there.
 	TLS bool
+	// Keep, when set, accepts the backendRefs the request must stay on
+	// whatever the weights (an MCP session lives in the server that
+	// issued it): Decide forwards to the first of the matching rule's
+	// backendRefs with a weight that Keep accepts, and draws by weight
+	// only when it accepts none.
+	Keep func(snapshot.BackendRef) bool
 }
 
 // FromHTTP returns r's Request. It shares r's header map.
@@ -228,14 +234,16 @@ func (s *Set) Decide(req *Request, rnd Rand, d *Decision) {
 		s.respond(d, ReasonNoBackend)
 		return
 	}
-	n := rnd.Uint64N(r.total)
-	var b *backend
-	for j := range r.backends {
-		if n < r.backends[j].weight {
-			b = &r.backends[j]
-			break
+	b := r.kept(req.Keep)
+	if b == nil {
+		n := rnd.Uint64N(r.total)
+		for j := range r.backends {
+			if n < r.backends[j].weight {
+				b = &r.backends[j]
+				break
+			}
+			n -= r.backends[j].weight
 		}
-		n -= r.backends[j].weight
 	}
 	if b.invalid {
 		s.respond(d, ReasonInvalidBackend)
@@ -253,6 +261,22 @@ func (s *Set) Decide(req *Request, rnd Rand, d *Decision) {
 	d.drawMirrors(rnd, r.filters.mirrors)
 	d.drawMirrors(rnd, b.filters.mirrors)
 	d.Timeouts, d.Retry, d.SessionPersistence = r.src.Timeouts, r.src.Retry, r.src.SessionPersistence
+}
+
+// kept returns the first of r's backendRefs that has a weight, resolves
+// and keep accepts (Request.Keep); nil when there is none, or no choice
+// to make. A weight of 0 keeps nothing: the API sends such a backendRef no
+// request at all.
+func (r *rule) kept(keep func(snapshot.BackendRef) bool) *backend {
+	if keep == nil || len(r.backends) < 2 {
+		return nil
+	}
+	for j := range r.backends {
+		if b := &r.backends[j]; b.weight > 0 && !b.invalid && keep(b.ref) {
+			return b
+		}
+	}
+	return nil
 }
 
 // corsPreflight notes r's CORS filter and the request's Origin in d, and

@@ -509,26 +509,39 @@ func TestWeights(t *testing.T) {
 	tests := []struct {
 		name     string
 		backends []snapshot.WeightedBackend
-		draws    []uint64 // one per request
-		want     []any    // a BackendRef, or the Reason of a Respond
+		draws    []uint64              // one per request
+		want     []any                 // a BackendRef, or the Reason of a Respond
+		keep     []snapshot.BackendRef // Request.Keep accepts these
 	}{
 		{"70/30 split at the boundary", []snapshot.WeightedBackend{{Weight: 70, Backend: v1}, {Weight: 30, Backend: v2}},
-			[]uint64{0, 69, 70, 99}, []any{v1, v1, v2, v2}},
+			[]uint64{0, 69, 70, 99}, []any{v1, v1, v2, v2}, nil},
 		{"weight 0 gets nothing", []snapshot.WeightedBackend{{Weight: 0, Backend: v1}, {Weight: 5, Backend: v2}, {Weight: 0, Invalid: invalid}},
-			[]uint64{0, 4}, []any{v2, v2}},
+			[]uint64{0, 4}, []any{v2, v2}, nil},
 		{"invalid share gets 500", []snapshot.WeightedBackend{{Weight: 1, Backend: v1}, {Weight: 1, Invalid: invalid}},
-			[]uint64{0, 1}, []any{v1, ReasonInvalidBackend}},
-		{"all invalid", []snapshot.WeightedBackend{{Weight: 3, Invalid: invalid}}, []uint64{2}, []any{ReasonInvalidBackend}},
-		{"all weights zero", []snapshot.WeightedBackend{{Weight: 0, Backend: v1}, {Weight: 0, Backend: v2}}, []uint64{0}, []any{ReasonNoBackend}},
-		{"no backends", nil, []uint64{0}, []any{ReasonNoBackend}},
+			[]uint64{0, 1}, []any{v1, ReasonInvalidBackend}, nil},
+		{"all invalid", []snapshot.WeightedBackend{{Weight: 3, Invalid: invalid}}, []uint64{2}, []any{ReasonInvalidBackend}, nil},
+		{"all weights zero", []snapshot.WeightedBackend{{Weight: 0, Backend: v1}, {Weight: 0, Backend: v2}}, []uint64{0}, []any{ReasonNoBackend}, nil},
+		{"no backends", nil, []uint64{0}, []any{ReasonNoBackend}, nil},
 		{"three", []snapshot.WeightedBackend{{Weight: 1, Backend: v1}, {Weight: 2, Backend: v2}, {Weight: 1, Backend: v3}},
-			[]uint64{0, 1, 2, 3}, []any{v1, v2, v2, v3}},
+			[]uint64{0, 1, 2, 3}, []any{v1, v2, v2, v3}, nil},
+		{"kept whatever the draw", []snapshot.WeightedBackend{{Weight: 70, Backend: v1}, {Weight: 30, Backend: v2}},
+			[]uint64{0, 99}, []any{v2, v2}, []snapshot.BackendRef{v2}},
+		{"kept by the first accepted", []snapshot.WeightedBackend{{Weight: 1, Backend: v1}, {Weight: 1, Backend: v2}, {Weight: 1, Backend: v3}},
+			[]uint64{0, 2}, []any{v2, v2}, []snapshot.BackendRef{v3, v2}},
+		{"kept by none: drawn", []snapshot.WeightedBackend{{Weight: 70, Backend: v1}, {Weight: 30, Backend: v2}},
+			[]uint64{0, 70}, []any{v1, v2}, []snapshot.BackendRef{v3}},
+		{"weight 0 keeps nothing", []snapshot.WeightedBackend{{Weight: 0, Backend: v1}, {Weight: 5, Backend: v2}},
+			[]uint64{0}, []any{v2}, []snapshot.BackendRef{v1}},
 	}
 	for _, tc := range tests {
 		s := oneRule(snapshot.RouteRule{Backends: tc.backends}, snapshot.RouteMatch{Path: prefix("/")})
 		for i, draw := range tc.draws {
 			var d Decision
-			s.Decide(get("/"), always(draw), &d)
+			req := get("/")
+			if tc.keep != nil {
+				req.Keep = func(ref snapshot.BackendRef) bool { return slices.Contains(tc.keep, ref) }
+			}
+			s.Decide(req, always(draw), &d)
 			var got any = d.Backend
 			if d.Action == Respond {
 				got = d.Reason
