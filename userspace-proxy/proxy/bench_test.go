@@ -10,6 +10,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/test/echo"
+	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
@@ -18,18 +19,22 @@ import (
 // write: httputil.ReverseProxy with a TLS transport; with keep-alive, and
 // with a new client connection per request. The -routed variants send the
 // same request through a GAMMA route (one rule, PathPrefix /, to the same
-// backend). Compare allocs/op and B/op within one run (ns/op includes
-// client and backend).
+// backend); the -mcp variant to the same backend declared MCP, with the
+// Mcp-Session-Id of a session it issued, as the app holds it (prefixed:
+// the proxy parses the request, cuts the prefix and pins the endpoint).
+// Compare allocs/op and B/op within one run (ns/op includes client and
+// backend).
 //
 //	go test -run '^$' -bench Request -benchmem ./userspace-proxy/proxy/
 func BenchmarkRequest(b *testing.B) {
 	for _, c := range []struct {
-		name   string
-		path   proxy.HTTP1TLSPath
-		routed bool
-	}{{"sockmesh-pooled", proxy.HTTP1TLSPooled, false}, {"sockmesh-pooled-routed", proxy.HTTP1TLSPooled, true},
-		{"sockmesh-l4", proxy.HTTP1TLSL4, false}, {"sockmesh-l7", proxy.HTTP1TLSL7, false}, {"sockmesh-l7-routed", proxy.HTTP1TLSL7, true},
-		{"baseline-reverseproxy", 0, false}} {
+		name        string
+		path        proxy.HTTP1TLSPath
+		routed, mcp bool
+	}{{"sockmesh-pooled", proxy.HTTP1TLSPooled, false, false}, {"sockmesh-pooled-routed", proxy.HTTP1TLSPooled, true, false},
+		{"sockmesh-pooled-mcp", proxy.HTTP1TLSPooled, false, true},
+		{"sockmesh-l4", proxy.HTTP1TLSL4, false, false}, {"sockmesh-l7", proxy.HTTP1TLSL7, false, false}, {"sockmesh-l7-routed", proxy.HTTP1TLSL7, true, false},
+		{"baseline-reverseproxy", 0, false, false}} {
 		for _, keepAlive := range []bool{true, false} {
 			name := c.name + "/keep-alive"
 			if !keepAlive {
@@ -39,6 +44,9 @@ func BenchmarkRequest(b *testing.B) {
 				e := newEnv(b, envOptions{http1TLS: c.path})
 				be := startEcho(b, "bench", serverTLS(e.pki.server))
 				spec := snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(be.addr)}
+				if c.mcp {
+					spec.Protocol = snapshot.ProtocolMCP
+				}
 				if c.routed {
 					m := &mesh{t: b}
 					ref := m.backend("echo", spec)
@@ -49,15 +57,22 @@ func BenchmarkRequest(b *testing.B) {
 					e.p.Update(buildSnapshot(b, 1, service{name: "echo", vip: vip, backend: spec}))
 				}
 				cl := e.client(vip, false)
-				url := "http://echo.b.svc/bytes/100"
+				target := "http://echo.b.svc/bytes/100"
 				if c.name == "baseline-reverseproxy" {
-					url = startReverseProxy(b, e, be)
+					target = startReverseProxy(b, e, be)
 					cl = &http.Client{Transport: &http.Transport{}}
+				}
+				req, err := http.NewRequest(http.MethodGet, target, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if c.mcp {
+					req.Header.Set("Mcp-Session-Id", mcpSessionID(spec, "bench-session"))
 				}
 				cl.Transport.(*http.Transport).DisableKeepAlives = !keepAlive
 				b.ReportAllocs()
 				for b.Loop() {
-					resp, err := cl.Get(url)
+					resp, err := cl.Do(req)
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -67,6 +82,16 @@ func BenchmarkRequest(b *testing.B) {
 			})
 		}
 	}
+}
+
+// mcpSessionID is the Mcp-Session-Id an app holds for the session id that
+// be's first endpoint issued: the ID as the proxy's answer carried it
+// (balance.Picker.MCPSession).
+func mcpSessionID(be snapshot.Backend, id string) string {
+	p := balance.New(&be, nil, nil)
+	h := http.Header{"Mcp-Session-Id": {id}}
+	p.MCPSession(h, p.Pick())
+	return h.Get("Mcp-Session-Id")
 }
 
 func startReverseProxy(b *testing.B, e *env, be *backend) string {

@@ -46,6 +46,9 @@ type benchConfig struct {
 	// backendPID is the backend's process, whose CPU each run reports.
 	backendPID int
 	capture    *capture
+	// mcpSessionID is the MCP row's session ID as apps hold it through
+	// sockmesh (mcpSessionID).
+	mcpSessionID string
 	// idle, when positive, measures memory per idle connection with that
 	// many connections instead of the load scenarios (idle.go).
 	idle int
@@ -79,6 +82,9 @@ type scenario struct {
 	// upload, when set, is a file of bytes each request POSTs (the load
 	// generator's script for wrk, its data file for h2load).
 	upload string
+	// mcp sends the requests to the Service whose backend the proxies
+	// declare MCP, with the session's Mcp-Session-Id (mcpSession).
+	mcp bool
 }
 
 // versusName is the name of target c, the proxy sockmesh is measured
@@ -151,11 +157,16 @@ func runBench(c benchConfig) error {
 	for i := range c.paths {
 		services = append(services, netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 0, byte(10 + i)}), 80))
 	}
-	capture, err := newCapture(r, services, c.accelerate)
+	captured := slices.Clone(services)
+	for _, svc := range services {
+		captured = append(captured, mcpService(svc))
+	}
+	capture, err := newCapture(r, captured, c.accelerate)
 	if err != nil {
 		return err
 	}
 	c.capture = capture
+	c.mcpSessionID = mcpSessionID()
 	exe, _ := os.Executable()
 	start := func(cmd *exec.Cmd) (*exec.Cmd, error) {
 		cmd.Env = append(os.Environ(), cmd.Env...)
@@ -222,7 +233,12 @@ func runBench(c benchConfig) error {
 			return err
 		}
 		targets = append(targets, target{name: "b sockmesh " + strings.ReplaceAll(spec, "@", " "), pid: p.Process.Pid, proxy: listen,
-			url: func(s scenario) string { return "http://" + svc.String() + s.path }})
+			url: func(s scenario) string {
+				if s.mcp {
+					return "http://" + mcpService(svc).String() + s.path
+				}
+				return "http://" + svc.String() + s.path
+			}})
 	}
 	versus, err := startVersus(c.versus, dir, max(c.conns*c.streams, 4*c.conns), start)
 	if err != nil {
@@ -259,9 +275,19 @@ func runBench(c benchConfig) error {
 		if err != nil {
 			return err
 		}
+		// MCP: the app POSTs a JSON-RPC message of its session and gets
+		// 100 B back, through sockmesh to a backend declared MCP (each
+		// request parsed, its session ID's prefix cut and its endpoint
+		// pinned); nginx forwards the same requests with the backend's own
+		// ID, as it cannot keep a session on a replica by it.
+		mcpPost := filepath.Join(dir, "mcp.lua")
+		if err := os.WriteFile(mcpPost, []byte(mcpScript), 0o644); err != nil {
+			return err
+		}
 		scenarios = append(scenarios,
 			scenario{name: "upload 64 KiB", path: "/bytes/100", upload: wrkPost},
-			scenario{name: "h2c client upload 64 KiB", path: "/bytes/100", h2: true, streams: 1, upload: h2Post})
+			scenario{name: "h2c client upload 64 KiB", path: "/bytes/100", h2: true, streams: 1, upload: h2Post},
+			scenario{name: "MCP session POST 100 B", path: "/bytes/100", upload: mcpPost, mcp: true})
 	}
 	gogc, maxprocs := c.gogc, c.gomaxprocs
 	if gogc == "" {
@@ -388,6 +414,15 @@ func loadCommand(s scenario, c benchConfig) []string {
 	return args
 }
 
+// mcpScript is the wrk script of the MCP row: a JSON-RPC tool call of
+// about 100 B, POSTed as MCP's streamable HTTP transport does (the session
+// ID comes as -H: it differs by target).
+const mcpScript = `wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Accept"] = "application/json, text/event-stream"
+wrk.body = '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hi"}}}'
+`
+
 // uploadFiles writes, in dir, a wrk script that POSTs n bytes and a file
 // of n bytes for h2load's -d.
 func uploadFiles(dir string, n int) (wrkScript, data string, err error) {
@@ -414,6 +449,13 @@ func load(s scenario, t target, c benchConfig) (result, error) {
 	var r result
 	var requests, loadSeconds float64
 	cmd := loadCommand(s, c)
+	if s.mcp {
+		id := mcpSession
+		if t.proxy.IsValid() {
+			id = c.mcpSessionID
+		}
+		cmd = append(cmd, "-H", "Mcp-Session-Id: "+id)
+	}
 	if s.h2 {
 		logf := filepath.Join(os.TempDir(), fmt.Sprintf("smt-h2load-%d.log", os.Getpid()))
 		defer os.Remove(logf)

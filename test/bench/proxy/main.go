@@ -36,6 +36,13 @@
 // request bodies up to 128 KiB in memory there (client_body_buffer_size;
 // by default it writes those over 16 KiB to a file first); nginx as the
 // backend serves files and refuses POSTs, so -backend nginx skips them.
+// So it does the MCP row: the app POSTs a JSON-RPC message (about 100 B)
+// with the Mcp-Session-Id of its session and gets 100 B back; through
+// sockmesh it goes to a second Service whose backend (the same server) is
+// declared MCP, so each request is parsed, the ID's prefix cut and the
+// endpoint pinned; nginx forwards the same requests with the backend's
+// own ID (it cannot pin a session by it, nor does it need to with one
+// endpoint).
 //
 // HTTP/2 clients run twice: with one stream per connection (h2load -m 1,
 // HTTP/2 used as HTTP/1.1 is, one request at a time) and with -streams

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -24,6 +25,7 @@ import (
 	"github.com/sockmesh/sockmesh/datapath/takeover"
 	"github.com/sockmesh/sockmesh/internal/gcfloor"
 	"github.com/sockmesh/sockmesh/test/echo"
+	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
@@ -177,16 +179,24 @@ func runProxy(dir, mode, listen, vip, curves, profile string) error {
 	if err != nil {
 		return err
 	}
-	ref := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "bench", Name: "echo", Port: 80}
-	snap, err := snapshot.New(1, []snapshot.Frontend{{
-		Service: snapshot.ObjectRef{Namespace: "bench", Name: "echo"}, Port: 80,
-		Addresses: []netip.Addr{netip.MustParseAddr(vip)}, FailurePolicy: snapshot.FailClosed, Backend: ref,
-	}}, []snapshot.Backend{{
-		Ref:       ref,
-		Protocol:  protocol,
-		Endpoints: []snapshot.Endpoint{{Addr: netip.MustParseAddrPort(backendAddr), Ready: true, Serving: true}},
-		TLS:       policy,
-	}}, nil)
+	// The echo Service, and beside it the same backend declared MCP (the
+	// MCP row).
+	echoSvc := netip.AddrPortFrom(netip.MustParseAddr(vip), 80)
+	var frontends []snapshot.Frontend
+	var backends []snapshot.Backend
+	for _, svc := range []struct {
+		name     string
+		addr     netip.AddrPort
+		protocol snapshot.Protocol
+	}{{"echo", echoSvc, protocol}, {"mcp", mcpService(echoSvc), snapshot.ProtocolMCP}} {
+		ref := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "bench", Name: svc.name, Port: 80}
+		frontends = append(frontends, snapshot.Frontend{
+			Service: snapshot.ObjectRef{Namespace: "bench", Name: svc.name}, Port: svc.addr.Port(),
+			Addresses: []netip.Addr{svc.addr.Addr()}, FailurePolicy: snapshot.FailClosed, Backend: ref,
+		})
+		backends = append(backends, snapshot.Backend{Ref: ref, Protocol: svc.protocol, Endpoints: benchEndpoints, TLS: policy})
+	}
+	snap, err := snapshot.New(1, frontends, backends, nil)
 	if err != nil {
 		return err
 	}
@@ -205,6 +215,32 @@ func runProxy(dir, mode, listen, vip, curves, profile string) error {
 		p.Shutdown(ctx)
 	})
 	return p.Serve(l)
+}
+
+// benchEndpoints is the backend's one endpoint, as every proxy's snapshot
+// has it.
+var benchEndpoints = []snapshot.Endpoint{{Addr: netip.MustParseAddrPort(backendAddr), Ready: true, Serving: true}}
+
+// mcpService is the Service address beside svc (10.96.0.x) whose backend
+// the proxies declare MCP: 10.96.1.x.
+func mcpService(svc netip.AddrPort) netip.AddrPort {
+	a := svc.Addr().As4()
+	a[2] = 1
+	return netip.AddrPortFrom(netip.AddrFrom4(a), svc.Port())
+}
+
+// mcpSession is the backend's MCP session ID the MCP row sends, and
+// mcpSessionID the same session as an app holds it through sockmesh: the
+// ID prefixed as the proxy's answer to its initialize carried it
+// (balance.Picker.MCPSession), so that the proxy cuts the prefix and pins
+// the endpoint on each request.
+const mcpSession = "bench-session"
+
+func mcpSessionID() string {
+	p := balance.New(&snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: benchEndpoints}, nil, nil)
+	h := http.Header{"Mcp-Session-Id": {mcpSession}}
+	p.MCPSession(h, p.Pick())
+	return h.Get("Mcp-Session-Id")
 }
 
 func waitSignal(stop func()) {
