@@ -48,8 +48,9 @@ func mcpHandler(name string) http.Handler {
 }
 
 // mcpDo sends an MCP request of method through c, with the session ID id
-// unless empty, and returns the answer and its whole body.
-func mcpDo(t *testing.T, c *http.Client, method, id string) (*http.Response, string) {
+// unless empty and header's fields (name, value, ...), and returns the
+// answer and its whole body.
+func mcpDo(t *testing.T, c *http.Client, method, id string, header ...string) (*http.Response, string) {
 	t.Helper()
 	var body io.Reader
 	if method == http.MethodPost {
@@ -61,6 +62,9 @@ func mcpDo(t *testing.T, c *http.Client, method, id string) (*http.Response, str
 	}
 	if id != "" {
 		req.Header.Set("Mcp-Session-Id", id)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
 	}
 	resp, err := c.Do(req)
 	if err != nil {
@@ -169,6 +173,33 @@ func TestMCPSessionEndpointRefuses(t *testing.T) {
 	c.send("POST /mcp HTTP/1.1\r\nHost: echo.b.svc\r\nMcp-Session-Id: " + id + "\r\nContent-Length: 2\r\n\r\n{}")
 	if resp, body := c.read(http.MethodPost); resp.StatusCode != http.StatusNotFound || !strings.HasPrefix(body, "b ") {
 		t.Errorf("POST with a session of a refusing endpoint: %d %q, want 404 from b", resp.StatusCode, body)
+	}
+}
+
+// TestMCPSessionOverPersistence: under session persistence, an MCP
+// session's requests go to the replica that issued it, whichever endpoint
+// the persistence header names, and their answers start no persistence
+// session; an initialize, which has no MCP session yet, starts one.
+func TestMCPSessionOverPersistence(t *testing.T) {
+	sp := &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "X-Session"}
+	be := snapshot.Backend{Protocol: snapshot.ProtocolMCP, SessionPersistence: sp,
+		Endpoints: []snapshot.Endpoint{mcpServer(t, "a"), mcpServer(t, "b")}}
+	f := newFixture(t, Config{}, be)
+	c := f.httpClient()
+	started := map[string][2]string{} // replica: its MCP session ID, persistence session
+	for len(started) < 2 {            // round robin: each replica's turn comes
+		resp, body := mcpDo(t, c, http.MethodPost, "")
+		issuer, _, _ := strings.Cut(body, " ")
+		started[issuer] = [2]string{resp.Header.Get("Mcp-Session-Id"), resp.Header.Get("X-Session")}
+		if resp.Header.Get("X-Session") == "" {
+			t.Fatalf("initialize answered by %s started no persistence session", issuer)
+		}
+	}
+	for range 4 {
+		resp, body := mcpDo(t, c, http.MethodPost, started["a"][0], "X-Session", started["b"][1])
+		if resp.StatusCode != http.StatusOK || !strings.HasPrefix(body, "a ") || resp.Header.Get("X-Session") != "" {
+			t.Errorf("a's MCP session with b's persistence session: %d %q, X-Session %q; want 200 from a, none", resp.StatusCode, body, resp.Header.Get("X-Session"))
+		}
 	}
 }
 
