@@ -24,8 +24,8 @@
 // when it started after the ejection ended (the probe's, or one riding
 // along it), so a slow one started before settles nothing; a connect that
 // reaches the endpoint ends the ejection, whichever request made it, and
-// one that started before that success and fails after settles nothing
-// either.
+// one that started before such a success (the endpoint ejected then or
+// not) and fails after settles nothing either.
 //
 // A Picker is built per backend per snapshot and is safe for concurrent use.
 // It must not dial, reads the clock only while an endpoint is ejected or

@@ -1,6 +1,7 @@
 package balance
 
 import (
+	"maps"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -19,9 +20,9 @@ import (
 // When its ejection ends, an endpoint gets one connection at a time (a
 // probe) until a connect settles it: a failed one started after the
 // ejection ended ejects it again for twice as long, up to Max; one that
-// reaches it ends the ejection, and a failed one started before that
-// success then settles nothing. The
-// pick that takes a probe carries its number (Choice) to where its
+// reaches it ends the ejection. A failed one started before a connect
+// that reached the endpoint (ejected or not) settles nothing. The pick
+// that takes a probe carries its number (Choice) to where its
 // connection's outcome is known: a connection that tells nothing of the
 // endpoint hands that probe back, and no other. An endpoint no longer
 // ready in the snapshot is forgotten (Retain), so a pod that restarts and
@@ -39,10 +40,9 @@ type Health struct {
 	mu        sync.Mutex
 	eps       map[netip.AddrPort]*ejection
 	probes    uint64 // probes handed out, the last one's number (Choice.probe)
-	// up holds when a connect that reached an endpoint ended its
-	// ejection, for probeWait (longer than a connect may take): a connect
-	// started before it that fails after tells nothing the success did
-	// not.
+	// up holds when a connect last reached each endpoint the last Retain
+	// kept, ejected or not: a connect started before it that fails after
+	// tells nothing the success did not.
 	up map[netip.AddrPort]time.Time
 	// ready is the last Retain's: endpoints no Picker hands out are not
 	// ejected, as Retain would forget them only at the next snapshot.
@@ -86,8 +86,8 @@ func NewHealth(base, max time.Duration, back func()) *Health {
 // the ejection does not (a slow connect picked before it, net/http's dial
 // on after its request left), and counted, it would eject ep again in its
 // probe's place — for twice as long — while the probe's own outcome went
-// uncounted. Likewise when it started before a connect that ended ep's
-// ejection: that one proved ep up since; and when the last Retain did not
+// uncounted. Likewise when it started before a connect that reached ep
+// (OK): that one proved ep up since; and when the last Retain did not
 // keep ep.
 func (h *Health) Failed(ep netip.AddrPort, start, now time.Time) time.Duration {
 	h.mu.Lock()
@@ -121,23 +121,13 @@ func (h *Health) Failed(ep netip.AddrPort, start, now time.Time) time.Duration {
 // endpoint answered and failed it (a TLS handshake it refused with an
 // alert, a certificate that failed verification): its ejection, if any,
 // ends, and a connect started before that which fails later counts for
-// nothing (Failed).
+// nothing (Failed), whether ep was ejected or not.
 func (h *Health) OK(ep netip.AddrPort) {
-	if h.n.Load() == 0 {
-		return
-	}
+	now := time.Now()
 	h.mu.Lock()
 	ended := h.forget(ep)
-	if ended {
-		at := time.Now()
-		h.up[ep] = at
-		time.AfterFunc(probeWait, func() {
-			h.mu.Lock()
-			if h.up[ep].Equal(at) {
-				delete(h.up, ep)
-			}
-			h.mu.Unlock()
-		})
+	if h.ready == nil || h.ready(ep) {
+		h.up[ep] = now // until Retain forgets ep
 	}
 	h.mu.Unlock()
 	if ended && h.back != nil {
@@ -213,6 +203,7 @@ func (h *Health) Retain(ready func(netip.AddrPort) bool) {
 			h.forget(ep)
 		}
 	}
+	maps.DeleteFunc(h.up, func(ep netip.AddrPort, _ time.Time) bool { return !ready(ep) })
 }
 
 // Ejected is the number of endpoints passed over at now.

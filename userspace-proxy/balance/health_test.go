@@ -122,9 +122,10 @@ func TestStaleFailure(t *testing.T) {
 
 // TestFailureBeforeSuccess: a connect that started before one that ended
 // its endpoint's ejection, and fails after it, settles nothing: the
-// success proved the endpoint up. One started after the success counts.
-// Before, the ejection ended was forgotten, and the stale failure ejected
-// the endpoint afresh.
+// success proved the endpoint up. One started after the success counts,
+// and a snapshot without the endpoint forgets the success. Before, the
+// ejection ended was forgotten, and the stale failure ejected the endpoint
+// afresh.
 func TestFailureBeforeSuccess(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := NewHealth(time.Second, 4*time.Second, nil)
@@ -149,13 +150,40 @@ func TestFailureBeforeSuccess(t *testing.T) {
 			t.Fatalf("a connect started after the success failed: ejected for %v, want 1s", d)
 		}
 		h.OK(dead)
-		time.Sleep(probeWait)
-		synctest.Wait()
+		h.Retain(func(ep netip.AddrPort) bool { return ep != dead })
 		if h.mu.Lock(); len(h.up) != 0 {
-			t.Errorf("%v after the success, it is still remembered: %v", probeWait, h.up)
+			t.Errorf("the success is still remembered after the snapshot dropped its endpoint: %v", h.up)
 		}
 		h.mu.Unlock()
 	})
+}
+
+// TestFailureBeforeSuccessNotEjected: a connect that started before one
+// that reached its endpoint, and fails after it, ejects nothing when the
+// endpoint was not ejected either — with no endpoint ejected, or another.
+// Before, only a success that ended an ejection was remembered, and the
+// stale failure ejected an endpoint the success had just shown up.
+func TestFailureBeforeSuccessNotEjected(t *testing.T) {
+	for _, other := range []bool{false, true} {
+		synctest.Test(t, func(t *testing.T) {
+			h := NewHealth(time.Second, time.Second, nil)
+			p := New(&snapshot.Backend{Endpoints: endpoints(3)}, h, nil)
+			up := p.ready[0].Endpoint.Addr
+			if other {
+				h.Failed(p.ready[2].Endpoint.Addr, time.Now(), time.Now())
+			}
+			slow := time.Now()
+			time.Sleep(time.Millisecond)
+			h.OK(up)
+			time.Sleep(time.Millisecond)
+			if d := h.Failed(up, slow, time.Now()); d != 0 {
+				t.Fatalf("another ejected %v: a connect started before a success, failed after it, ejected for %v", other, d)
+			}
+			if got, want := picks(p, 30), map[bool]int{false: 10, true: 15}[other]; got[up.String()] != want {
+				t.Errorf("another ejected %v: %v, want the endpoint picked %d times in 30", other, got, want)
+			}
+		})
+	}
 }
 
 // TestBack: Health tells when an ejected endpoint may take connections

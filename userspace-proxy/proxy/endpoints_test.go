@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -342,6 +344,43 @@ func TestEjectEndpointBreakingHandshake(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestFailedHandshakeBeforeSuccess: a connection whose TLS handshake the
+// endpoint breaks off after another connection to it, begun later, came
+// up ejects nothing: the later one showed the endpoint up. Before, it
+// ejected the endpoint for the ejection time (a minute here).
+func TestFailedHandshakeBeforeSuccess(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{ejectFor: time.Minute})
+	held, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	flaky := serveTCP(t, nil, func(c net.Conn) {
+		if first.CompareAndSwap(false, true) {
+			var hdr [5]byte // the ClientHello's record header; then closed
+			io.ReadFull(c, hdr[:])
+			close(held)
+			<-release
+			return
+		}
+		tc := tls.Server(c, serverTLS(e.pki.server))
+		io.Copy(tc, tc)
+	})
+	vTCP := netip.MustParseAddrPort("10.96.8.55:5432")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "tcp", vip: vTCP, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, TLS: tlsPolicy(e), Endpoints: endpoints(flaky)}},
+	))
+	slow := make(chan error, 1)
+	go func() { slow <- echoTCP(e, vTCP) }()
+	<-held
+	if err := echoTCP(e, vTCP); err != nil {
+		t.Fatalf("the connection begun second: %v", err)
+	}
+	close(release)
+	<-slow // its outcome aside: the endpoint, not ejected, may take its retry
+	if got := e.counter("sockmesh_proxy_upstream_endpoint_ejections_total", nil); got != 0 {
+		t.Errorf("ejections = %v, want 0: the failed handshake began before a connection that came up", got)
 	}
 }
 

@@ -816,7 +816,7 @@ func endpointOf(spec *snapshot.Backend) func(netip.AddrPort) bool {
 func readyIn(s *snapshot.Snapshot) func(netip.AddrPort) bool {
 	var ready map[netip.AddrPort]bool
 	return func(ep netip.AddrPort) bool {
-		if ready == nil { // only when an endpoint is ejected or a connect fails
+		if ready == nil { // only once a connect settles or an endpoint is ejected
 			ready = make(map[netip.AddrPort]bool)
 			for i := range s.Backends {
 				for _, e := range s.Backends[i].Endpoints {
