@@ -116,10 +116,12 @@ type Pools struct {
 	m      *metrics
 	health *balance.Health // across snapshots: an endpoint is a pod's
 	// series are the backends (namespace, name) with metric series;
-	// Build forgets those gone from its snapshot (forgetSeries). seriesMu
-	// guards it and the open connections gauges' series (open).
+	// Build forgets those gone from its snapshot (forgetSeries), and
+	// current are its snapshot's. seriesMu guards both and the open
+	// connections gauges' series (open).
 	seriesMu sync.Mutex
 	series   map[[2]string]bool
+	current  map[[2]string]bool
 	// retired are the wires Build replaced or dropped that still have
 	// connections open.
 	retired []*wireState
@@ -190,11 +192,10 @@ func (b *Backend) FirstFailure() bool { return b.reported.CompareAndSwap(false, 
 // wireState is what survives a snapshot swap when protocol and TLS settings
 // are unchanged: the TLS configs with their session caches and the pools.
 type wireState struct {
-	p         *Pools
-	protocol  snapshot.Protocol
-	tls       *upstreamtls.Origination // nil: cleartext
-	labels    [2]string                // namespace, backend name
-	ejections prometheus.Counter
+	p        *Pools
+	protocol snapshot.Protocol
+	tls      *upstreamtls.Origination // nil: cleartext
+	labels   [2]string                // namespace, backend name
 	// roundTrips counts its HTTP/2 requests under way in the Transport;
 	// retired is set once a Build replaced or dropped it; replaced,
 	// before it, when its backend's settings changed (setAside).
@@ -253,7 +254,7 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 		}
 		w := &wireState{p: p, protocol: spec.Protocol, labels: [2]string{spec.Ref.Namespace, spec.Ref.Name}}
 		p.open(w.labels, 0)
-		w.ejections = p.m.ejections.WithLabelValues(w.labels[0], w.labels[1])
+		p.m.ejections.WithLabelValues(w.labels[0], w.labels[1])
 		if spec.TLS != nil {
 			o, err := upstreamtls.New(spec.TLS, p.cfg.TLS)
 			if err != nil {
@@ -315,6 +316,7 @@ func (p *Pools) forgetSeries(set *Set) {
 	}
 	p.seriesMu.Lock()
 	defer p.seriesMu.Unlock()
+	p.current = current
 	for l := range p.series {
 		if current[l] {
 			continue
@@ -341,6 +343,19 @@ func (p *Pools) open(labels [2]string, n float64) prometheus.Gauge {
 	g.Add(n)
 	p.series[labels] = true
 	return g
+}
+
+// ejection counts an ejection a wire of the backend of labels found on the
+// series the backend has now: a retired wire's counted on the one a Build
+// dropped (exported nowhere), also once its backend was back. While the
+// last Build's snapshot does not have the backend, it counts nothing, as
+// requests and GOAWAYs of a gone backend do not (docs/metrics.md).
+func (p *Pools) ejection(labels [2]string) {
+	p.seriesMu.Lock()
+	defer p.seriesMu.Unlock()
+	if p.current[labels] {
+		p.m.ejections.WithLabelValues(labels[0], labels[1]).Inc()
+	}
 }
 
 // CloseIdle closes the idle upstream connections of every backend in s (the
@@ -835,7 +850,7 @@ func (w *wireState) eject(ep snapshot.Endpoint, start time.Time, err error) {
 	if d == 0 {
 		return // already ejected, a stale failure (balance.Health.Failed), or gone from the snapshot
 	}
-	w.ejections.Inc()
+	w.p.ejection(w.labels)
 	w.p.log.Warn("endpoint ejected: its connect failed", "endpoint", ep.Addr.String(),
 		"backend", w.labels[0]+"/"+w.labels[1], "for", d.String(), "err", err)
 }

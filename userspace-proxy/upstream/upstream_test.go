@@ -596,3 +596,55 @@ func TestConnectionsCountedAfterBackendLeft(t *testing.T) {
 		t.Errorf("%s after its connection closed and a snapshot came: %v, want none", name, m)
 	}
 }
+
+// TestEjectionsOfRetiredWire: an ejection a retired wire finds (a request
+// under way on an older snapshot) counts on its backend's
+// sockmesh_proxy_upstream_endpoint_ejections_total when the backend left
+// and came back, and makes no series while it is gone. It counted on the
+// series the backend's leaving dropped: exported nowhere.
+func TestEjectionsOfRetiredWire(t *testing.T) {
+	w := newWorld(t)
+	var dead []snapshot.Endpoint // two that refuse connections
+	for range 2 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.Close()
+		dead = append(dead, snapshot.Endpoint{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true})
+	}
+	other := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: ref.Namespace, Name: "other", Port: 443}
+	build := func(version uint64, prev *Set, refs ...snapshot.BackendRef) *Set {
+		var bes []snapshot.Backend
+		for _, r := range refs {
+			bes = append(bes, snapshot.Backend{Ref: r, TLS: w.policy(), Endpoints: dead})
+		}
+		s, err := snapshot.New(version, nil, bes, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w.pools.Build(s, prev)
+	}
+	s1 := build(1, nil, ref)
+	retired := s1.Get(ref)
+	eject := func() {
+		t.Helper()
+		if _, err := retired.Dial(t.Context(), retired.Picker.Pick(), alpnH1); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("dial to a closed port: %v, want refused", err)
+		}
+	}
+	const name = "sockmesh_proxy_upstream_endpoint_ejections_total"
+	s2 := build(2, s1, other) // the endpoints stay ready: not of ref
+	eject()
+	if n := w.pools.health.Ejected(time.Now()); n != 1 {
+		t.Fatalf("%d endpoints ejected, want 1", n)
+	}
+	if m := w.series(t, name, ref.Name); m != nil {
+		t.Errorf("%s of a backend gone: %v, want none", name, m)
+	}
+	build(3, s2, ref, other)
+	eject()
+	if n := w.counter(t, name, ref.Name); n != 1 {
+		t.Errorf("%s of a backend back = %v, want 1: its retired wire's ejection", name, n)
+	}
+}
