@@ -4,14 +4,20 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
+	"syscall"
 	"testing"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/sockmesh/sockmesh/datapath/podns"
 	"github.com/sockmesh/sockmesh/internal/leakcheck"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
+	"github.com/sockmesh/sockmesh/internal/syncbuf"
 )
 
 func TestFindByIP(t *testing.T) {
@@ -181,13 +187,6 @@ func TestAddrWatch(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	// until waits for the addresses to satisfy ok.
-	until := func(ok func([]netip.Addr) bool) {
-		t.Helper()
-		for !ok(w.Addrs()) {
-			<-w.Changed()
-		}
-	}
 
 	br, later := sandbox.Name(), netip.MustParsePrefix("fd00:217::9/64")
 	clusterIP := netip.MustParseAddr("10.96.217.7")
@@ -195,15 +194,101 @@ func TestAddrWatch(t *testing.T) {
 	node.AddBridge(t, br)
 	node.AddAddr(t, "kube-ipvs0", netip.PrefixFrom(clusterIP, 32))
 	node.AddAddr(t, br, later)
-	until(func(a []netip.Addr) bool { return slices.Contains(a, later.Addr()) })
+	waitAddrs(w, func(a []netip.Addr) bool { return slices.Contains(a, later.Addr()) })
 	if got := w.Addrs(); slices.Contains(got, clusterIP) {
 		t.Errorf("Addrs() = %v, want kube-ipvs0's %s left out", got, clusterIP)
 	}
 	node.DelLink(t, br)
-	until(func(a []netip.Addr) bool { return !slices.Contains(a, later.Addr()) })
+	waitAddrs(w, func(a []netip.Addr) bool { return !slices.Contains(a, later.Addr()) })
 
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("Run() = %v, want nil when ctx ends", err)
+	}
+}
+
+// waitAddrs waits for w's addresses to satisfy ok.
+func waitAddrs(w *podns.AddrWatch, ok func([]netip.Addr) bool) {
+	for !ok(w.Addrs()) {
+		<-w.Changed()
+	}
+}
+
+// TestAddrWatchResubscribes: when the kernel drops the watch's
+// subscription (a burst of address changes overran its socket: ENOBUFS),
+// the watch subscribes again, catches up with what it missed, and sees
+// the addresses added afterwards.
+func TestAddrWatchResubscribes(t *testing.T) {
+	leakcheck.Register(t, "/datapath/podns/", "/vishvananda/netlink")
+	node := sandbox.NewNetNS(t)
+	br := sandbox.Name()
+	node.AddBridge(t, br)
+	// Many addresses make each of the watch's re-reads slow, so that
+	// changes come faster than it takes them in.
+	const many = 2048
+	addr := func(i int) *netlink.Addr {
+		return &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 216, byte(i>>8), byte(i)), Mask: net.CIDRMask(32, 32)}}
+	}
+	onBridge(t, node, br, func(l netlink.Link) error {
+		for i := range many {
+			if err := netlink.AddrAdd(l, addr(i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	logs := &syncbuf.Buffer{}
+	w, err := node.WatchAddrs(slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+
+	// Changing an address's lifetimes tells the subscribers each time,
+	// and leaves the list as it is (a dump under way is not interrupted).
+	const most = 1 << 20
+	n := 0
+	onBridge(t, node, br, func(l netlink.Link) error {
+		a := addr(0)
+		for ; n < most && !strings.Contains(logs.String(), "node address watch failed"); n++ {
+			a.ValidLft, a.PreferedLft = 3600+n%2, 3600
+			if err := netlink.AddrReplace(l, a); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if n == most {
+		t.Fatalf("%d address changes and the subscription still stands; log:\n%s", n, logs.String())
+	}
+	if !strings.Contains(logs.String(), syscall.ENOBUFS.Error()) {
+		t.Fatalf("the subscription ended for another reason than an overrun; log:\n%s", logs.String())
+	}
+	// Added after the subscription ended: seen by the read after the
+	// watch subscribed again, and the next by that subscription.
+	for _, p := range []netip.Prefix{netip.MustParsePrefix("10.216.255.1/32"), netip.MustParsePrefix("10.216.255.2/32")} {
+		node.AddAddr(t, br, p)
+		waitAddrs(w, func(a []netip.Addr) bool { return slices.Contains(a, p.Addr()) })
+	}
+
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run() = %v, want nil when ctx ends", err)
+	}
+}
+
+// onBridge runs f with the link br of node, inside node.
+func onBridge(t *testing.T, node *sandbox.NetNS, br string, f func(netlink.Link) error) {
+	t.Helper()
+	if err := node.Do(func() error {
+		l, err := netlink.LinkByName(br)
+		if err != nil {
+			return err
+		}
+		return f(l)
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
