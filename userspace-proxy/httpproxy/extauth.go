@@ -9,6 +9,7 @@ import (
 	"net/http"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
@@ -21,7 +22,7 @@ import (
 // all but Host and the answer's own Content-Length, Content-Type and Date);
 // any other answer goes to the client as the server gave it,
 // and the request goes nowhere. A server that cannot be asked (no
-// endpoint, refused, TLS failure, no answer within
+// ready endpoint, every one tried refused, TLS failure, no answer within
 // RoutingConfig.ExternalAuthTimeout) fails the request closed with 503: the
 // fault is the proxy's, not the client's credentials.
 
@@ -138,9 +139,13 @@ func (h *Handler) sendAuth(x *exchange, ea *snapshot.ExternalAuth, ar *http.Requ
 	if c == nil {
 		return nil, nil, fmt.Errorf("external auth backend %s: %w", ea.Backend, upstream.ErrNoEndpoints)
 	}
-	ar = ar.WithContext(upstream.WithEndpoint(ar.Context(), c))
-	ar.URL = upstreamURL(ar.URL, be.Scheme(), c.Host)
-	resp, err := be.RoundTripper(WireFor(be, protoMajor, false)).RoundTrip(ar)
+	rt := be.RoundTripper(WireFor(be, protoMajor, false))
+	resp, err := rt.RoundTrip(authTo(ar, be, c))
+	// As for a backend (exchange.roundTripAny): a failed connect sent
+	// nothing and ejected its endpoint, so others are tried, three in all.
+	for i := 1; err != nil && i < min(be.Picker.Len(), 3) && upstream.NoConnection(err); i++ {
+		resp, err = rt.RoundTrip(authTo(ar, be, be.Picker.Pick()))
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("external auth backend %s: %w", ea.Backend, err)
 	}
@@ -153,6 +158,15 @@ func (h *Handler) sendAuth(x *exchange, ea *snapshot.ExternalAuth, ar *http.Requ
 		return nil, nil, fmt.Errorf("external auth backend %s: answer body over %d bytes", ea.Backend, authAnswerLimit)
 	}
 	return resp, answer, nil
+}
+
+// authTo readies ar, whose URL holds the path and query, for endpoint c
+// of be, with a body of its own (ar's bytes, unread).
+func authTo(ar *http.Request, be *upstream.Backend, c *balance.Choice) *http.Request {
+	o := ar.WithContext(upstream.WithEndpoint(ar.Context(), c))
+	o.URL = upstreamURL(ar.URL, be.Scheme(), c.Host)
+	o.Body, _ = ar.GetBody() // a bytes.Reader's: never fails
+	return o
 }
 
 // authAnswerLimit bounds the authorization server's answer body the proxy

@@ -378,3 +378,29 @@ func seenID(t *testing.T, r *recorder, id string) recorded {
 	t.Fatalf("no request %s seen", id)
 	return recorded{}
 }
+
+// TestRouteExternalAuthFailover: an authorization Service with one
+// endpoint that refuses connections and one that serves is asked on the
+// other when the connect fails, as a backend is — every request is
+// authorized. The refusing endpoint got its requests 503 before.
+func TestRouteExternalAuthFailover(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	auth := startRecorder(t, nil, nil)
+	backend := startRecorder(t, nil, nil)
+	m := &mesh{t: t}
+	be := m.backend("app", snapshot.Backend{Endpoints: endpoints(backend.addr)})
+	authRef := m.backend("auth", snapshot.Backend{Endpoints: endpoints(closedPort(t), auth.addr)})
+	m.frontend("app", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be), Filters: snapshot.Filters{
+			ExternalAuth: &snapshot.ExternalAuth{Backend: authRef}}}},
+	)))
+	e.p.Update(m.snapshot(1))
+	c := e.client(routedVIP, false)
+	// Round robin: the first two requests ask both endpoints.
+	for i := range 4 {
+		if a := send(t, c, newReq(t, http.MethodGet, fmt.Sprintf("http://app.b.svc/?id=f%d", i), nil)); a.status != http.StatusOK {
+			t.Errorf("request %d: %d %q, want 200 (authorized by the endpoint that serves)", i, a.status, a.body)
+		}
+	}
+}
