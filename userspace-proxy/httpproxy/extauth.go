@@ -28,22 +28,31 @@ import (
 
 // authorize asks x's authorization server about r. It reports whether r
 // may go on (with the server's headers added); if not, a is the client's
-// answer.
-func (h *Handler) authorize(x *exchange, r *http.Request) (a localAnswer, ok bool) {
+// answer. watch, when not nil, watches the client once its body is read,
+// until the stop it returns: a client that leaves cancels the ask (the
+// fast path's, whose requests have no context; net/http's cancel theirs).
+func (h *Handler) authorize(x *exchange, r *http.Request, watch func(context.CancelFunc) (stop func())) (a localAnswer, ok bool) {
 	ea := x.r.d.ExternalAuth
 	body, err := authBody(r, ea.MaxBody)
 	if errors.Is(err, errAuthBodyTooLarge) {
 		return h.authRefused(x, "ext_auth_body_too_large", http.StatusRequestEntityTooLarge, err), false
 	}
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
 	var denied *localAnswer
 	if err == nil {
+		if watch != nil {
+			defer watch(cancel)()
+		}
 		ask := h.askHTTP
 		if ea.GRPC {
 			ask = h.askGRPC
 		}
-		denied, err = ask(r.Context(), x, r, ea, body)
+		denied, err = ask(ctx, x, r, ea, body)
 	}
 	switch {
+	case err != nil && ctx.Err() != nil: // the client left: nobody to answer
+		return localAnswer{status: h.report(ctx, x, upstream.ReasonCanceled, err)}, false
 	case err != nil:
 		return h.authRefused(x, "ext_auth_error", http.StatusServiceUnavailable, err), false
 	case denied != nil:

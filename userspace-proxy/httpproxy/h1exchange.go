@@ -67,7 +67,10 @@ func (s *h1Conn) serve(req *http.Request) bool {
 					return s.fail(req, x, upstream.ReasonCanceled, err)
 				}
 			}
-			if a, ok := s.h.authorize(x, req); !ok {
+			if a, ok := s.h.authorize(x, req, s.watchAuth); !ok {
+				if s.watch.gone.Load() {
+					return false // the app left (reported canceled)
+				}
 				return s.writeLocal(req, a.status, a.header, "", a.body)
 			}
 		}
@@ -110,6 +113,13 @@ func (s *h1Conn) serve(req *http.Request) bool {
 		req.Header["Connection"] = c
 	}
 	return s.forward(req, x, choice, websocket)
+}
+
+// watchAuth watches the client while its request's authorization server
+// is asked (Handler.authorize): one that leaves cancels the ask.
+func (s *h1Conn) watchAuth(cancel context.CancelFunc) (stop func()) {
+	s.watch.start(nil, cancel)
+	return s.watch.stop
 }
 
 // prepare turns the client's request into the one sent upstream, in place:

@@ -314,7 +314,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var forward bool
 		ref, forward = h.route(x, r, new(routed))
 		if x.r != nil && x.r.d.ExternalAuth != nil {
-			if a, ok := h.authorize(x, r); !ok {
+			if a, ok := h.authorize(x, r, nil); !ok {
 				writeAnswer(w, a)
 				return
 			}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
@@ -25,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
 )
 
 // TestRouteExternalAuth: a rule's ExternalAuth filter (GEP-1494, HTTP) on
@@ -402,5 +404,42 @@ func TestRouteExternalAuthFailover(t *testing.T) {
 		if a := send(t, c, newReq(t, http.MethodGet, fmt.Sprintf("http://app.b.svc/?id=f%d", i), nil)); a.status != http.StatusOK {
 			t.Errorf("request %d: %d %q, want 200 (authorized by the endpoint that serves)", i, a.status, a.body)
 		}
+	}
+}
+
+// TestRouteExternalAuthClientLeaves: on the fast path, an app that leaves
+// while its request's authorization server has not answered cancels the
+// ask — the server sees its request's context end. The ask went on until
+// ExternalAuthTimeout before (here an hour).
+func TestRouteExternalAuthClientLeaves(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{routing: httpproxy.RoutingConfig{ExternalAuthTimeout: time.Hour}})
+	asked, canceled := make(chan struct{}), make(chan struct{})
+	auth := startRecorder(t, nil, func(_ http.ResponseWriter, r *http.Request, _ int) bool {
+		close(asked)
+		<-r.Context().Done()
+		close(canceled)
+		return true
+	})
+	backend := startRecorder(t, nil, nil)
+	m := &mesh{t: t}
+	be := m.backend("app", snapshot.Backend{Endpoints: endpoints(backend.addr)})
+	authRef := m.backend("auth", snapshot.Backend{Endpoints: endpoints(auth.addr)})
+	m.frontend("app", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be), Filters: snapshot.Filters{
+			ExternalAuth: &snapshot.ExternalAuth{Backend: authRef}}}},
+	)))
+	e.p.Update(m.snapshot(1))
+	rc := e.rawClient(t, routedVIP)
+	rc.send("GET /?id=l1 HTTP/1.1\r\nHost: app.b.svc\r\n\r\n")
+	<-asked
+	rc.c.Close()
+	select {
+	case <-canceled:
+	case <-time.After(30 * time.Second): // a hang guard, far below the hour
+		t.Fatal("the authorization server's request was not canceled after the app left")
+	}
+	if got := backend.count("l1"); got != 0 {
+		t.Errorf("the backend saw %d requests of an app that left, want 0", got)
 	}
 }
