@@ -17,7 +17,8 @@ import (
 // rule goes on, its authorization server gets a request with the same
 // method, the path after the filter's prefix, the query, Host,
 // Authorization and the allowed headers, and the body when the filter
-// forwards it (Content-Length then says its size, else 0). Its 200 lets the
+// forwards it (Content-Length then says its size; a body over maxSize is
+// refused 413 once maxSize+1 bytes of it came). Its 200 lets the
 // request go on with the answer's headers (the allowed ones; none listed:
 // all but Host and the answer's own Content-Length, Content-Type and Date);
 // any other answer goes to the client as the server gave it,
