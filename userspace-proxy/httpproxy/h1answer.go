@@ -439,7 +439,7 @@ func (s *h1Conn) writeInformational(req *http.Request, resp *http.Response) {
 }
 
 // fail answers a request the proxy could not forward, with the status,
-// body and CORS headers of the net/http path.
+// body and rule's headers of the net/http path.
 func (s *h1Conn) fail(req *http.Request, x *exchange, reason upstream.Reason, err error) bool {
 	code := s.h.report(context.Background(), x, reason, err)
 	if reason == upstream.ReasonCanceled {
@@ -448,7 +448,7 @@ func (s *h1Conn) fail(req *http.Request, x *exchange, reason upstream.Reason, er
 	var h http.Header
 	if x.r != nil {
 		h = http.Header{}
-		x.r.d.ApplyCORS(h)
+		x.r.d.ApplyResponse(h)
 	}
 	return s.writeLocal(req, code, h, "Content-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\n", reasonBodies[reason])
 }

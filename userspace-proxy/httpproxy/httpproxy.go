@@ -594,14 +594,15 @@ func headerHasToken(vv []string, token string) bool {
 }
 
 // fail answers a request that could not be forwarded and records why; a
-// routed one's answer carries its rule's CORS headers.
+// routed one's answer carries its rule's response header changes and
+// CORS headers.
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, x *exchange, reason upstream.Reason, err error) {
 	code := h.report(r.Context(), x, reason, err)
 	if reason == upstream.ReasonCanceled {
 		return
 	}
 	if x.r != nil {
-		x.r.d.ApplyCORS(w.Header())
+		x.r.d.ApplyResponse(w.Header())
 	}
 	if r.ProtoMajor == 2 && isGRPC(r) {
 		// A gRPC client reads HTTP 502/503/504 as UNAVAILABLE with a

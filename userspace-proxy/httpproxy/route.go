@@ -189,7 +189,8 @@ type localAnswer struct {
 // with the gRPC status the GRPCRoute API asks for (UNIMPLEMENTED without a
 // match, UNAVAILABLE for an invalid rule or backend), which every gRPC
 // client reads as that code; an HTTP/1 client cannot read trailers and
-// gets the HTTP status. A Respond carries the rule's CORS headers.
+// gets the HTTP status. A Respond carries the rule's response header
+// changes and CORS headers.
 func answerFor(d *routes.Decision, r *http.Request) localAnswer {
 	if d.Action == routes.Redirect || d.Action == routes.Preflight {
 		h := http.Header{}
@@ -208,7 +209,7 @@ func answerFor(d *routes.Decision, r *http.Request) localAnswer {
 			"X-Content-Type-Options": nosniff,
 		}, body: routeBodies[d.Reason]}
 	}
-	d.ApplyCORS(a.header)
+	d.ApplyResponse(a.header)
 	return a
 }
 

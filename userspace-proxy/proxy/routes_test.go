@@ -400,6 +400,51 @@ func TestRouteCORSOwnAnswers(t *testing.T) {
 	}
 }
 
+// TestRouteResponseHeadersOwnAnswers: the rule's ResponseHeaderModifier,
+// and the picked backendRef's, change the proxy's own answers to the
+// rule's requests (no endpoint, a refused connection, an invalid
+// backendRef), as Envoy's route-level response_headers_to_add do its local
+// replies; a request no rule took gets none. They had none.
+func TestRouteResponseHeadersOwnAnswers(t *testing.T) {
+	checkNoLeaks(t)
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			e := newEnv(t, envOptions{http1TLS: k.path})
+			m := &mesh{t: t}
+			empty := m.backend("empty", snapshot.Backend{})
+			refusing := m.backend("refusing", snapshot.Backend{Endpoints: endpoints(closedPort(t))})
+			mods := func(name string) snapshot.Filters {
+				return snapshot.Filters{ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: name, Value: "1"}}}}
+			}
+			m.frontend("mods", routedVIP, empty, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{prefixMatch("/empty")}, snapshot.RouteRule{Filters: mods("X-Rule"),
+					Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: empty, Filters: mods("X-Backend")}}}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/refusing")}, snapshot.RouteRule{Backends: to(refusing), Filters: mods("X-Rule")}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/invalid")}, snapshot.RouteRule{Filters: mods("X-Rule"), Backends: []snapshot.WeightedBackend{
+					{Weight: 1, Invalid: &snapshot.Invalid{Reason: "BackendNotFound", Message: "test"}}}}},
+			)))
+			e.p.Update(m.snapshot(1))
+			c := e.client(routedVIP, k.h2c)
+			for _, tt := range []struct {
+				path     string
+				status   int
+				rule, be string // the X-Rule and X-Backend answered
+			}{
+				{"/empty", http.StatusServiceUnavailable, "1", "1"},
+				{"/refusing", http.StatusServiceUnavailable, "1", ""},
+				{"/invalid", http.StatusInternalServerError, "1", ""},
+				{"/nowhere", http.StatusNotFound, "", ""},
+			} {
+				a := send(t, c, newReq(t, http.MethodGet, "http://mods.b.svc"+tt.path, nil))
+				if a.status != tt.status || a.header.Get("X-Rule") != tt.rule || a.header.Get("X-Backend") != tt.be {
+					t.Errorf("%s: %d with X-Rule %q, X-Backend %q; want %d with %q, %q", tt.path, a.status,
+						a.header.Get("X-Rule"), a.header.Get("X-Backend"), tt.status, tt.rule, tt.be)
+				}
+			}
+		})
+	}
+}
+
 // TestRouteWeights: requests split by weight; a weight-0 backend gets
 // none; the share of an invalid backendRef gets 500 (and only that share).
 func TestRouteWeights(t *testing.T) {

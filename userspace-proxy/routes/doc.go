@@ -39,7 +39,7 @@
 //	set.Decide(&req, GlobalRand{}, &d)
 //
 // then by d.Action: Respond writes d.Status with the headers of
-// d.ApplyCORS (a gRPC request gets a trailers-only answer with grpc-status
+// d.ApplyResponse (a gRPC request gets a trailers-only answer with grpc-status
 // d.GRPCStatus); Redirect writes
 // d.Status with Location d.Location after d.ApplyResponse; Preflight
 // writes d.Status with the headers of d.ApplyResponse; Forward sends
@@ -47,6 +47,6 @@
 // else the backend's own), after d.ApplyRequest on the outgoing request,
 // copies it to d.Mirrors (responses dropped), bounds the exchange by
 // d.Timeouts, retries per d.Retry, and calls d.ApplyResponse on the
-// response headers before writing them, or d.ApplyCORS on those of its own
-// answer when forwarding failed.
+// response headers before writing them, or on those of its own answer
+// when forwarding failed.
 package routes

@@ -219,6 +219,10 @@ func (s *Set) Decide(req *Request, rnd Rand, d *Decision) {
 		s.respond(d, ReasonInvalidRule)
 		return
 	}
+	// The rule's response header changes apply to every answer of a
+	// request it took, the proxy's own too (as Envoy's route-level
+	// response_headers_to_add do to its local replies).
+	d.respMods[0] = r.filters.respHeaders
 	if r.filters.cors != nil && corsPreflight(d, req, r) {
 		return
 	}
@@ -226,7 +230,6 @@ func (s *Set) Decide(req *Request, rnd Rand, d *Decision) {
 	// other request of the rule is authorized, whatever the rule answers.
 	d.ExternalAuth = r.src.ExternalAuth
 	if r.filters.redirect != nil {
-		d.respMods[0] = r.filters.respHeaders
 		s.redirect(d, req, path, e, r.filters.redirect)
 		return
 	}
@@ -249,7 +252,7 @@ func (s *Set) Decide(req *Request, rnd Rand, d *Decision) {
 		s.respond(d, ReasonInvalidBackend)
 		return
 	}
-	d.respMods = [2]*headerMods{r.filters.respHeaders, b.filters.respHeaders}
+	d.respMods[1] = b.filters.respHeaders
 	if b.filters.redirect != nil {
 		s.redirect(d, req, path, e, b.filters.redirect)
 		return
@@ -291,7 +294,6 @@ func corsPreflight(d *Decision, req *Request, r *rule) bool {
 		return false
 	}
 	d.Action, d.Status = Preflight, http.StatusOK
-	d.respMods[0] = r.filters.respHeaders
 	d.requestMethod = method
 	d.requestHeaders = strings.Join(req.Header.Values("Access-Control-Request-Headers"), ", ")
 	return true
@@ -358,22 +360,17 @@ func (d *Decision) SetsAuthority() bool {
 	return d.RewriteHost
 }
 
-// ApplyResponse changes the headers of a Forward's response, or of a
-// Redirect or Preflight answer, as the rule and backendRef say: their
-// header changes, then the rule's CORS headers.
+// ApplyResponse changes the headers of a Forward's response, of a
+// Redirect or Preflight answer, and of the proxy's own answers to a
+// request a rule took — a Respond for an invalid backendRef, a Forward
+// that failed (no endpoint, refused, timed out) — as the rule and
+// backendRef say: their header changes, then the rule's CORS headers (a
+// browser shows the page's script the status of an answer only when the
+// answer passes its CORS check, and reports a CORS error otherwise).
 func (d *Decision) ApplyResponse(h http.Header) {
 	for _, m := range d.respMods {
 		m.apply(h, nil)
 	}
-	d.ApplyCORS(h)
-}
-
-// ApplyCORS writes the CORS headers of the rule that took the request into
-// h; alone, it marks the proxy's own answers — a Respond for an invalid
-// backendRef, a Forward that failed (no endpoint, refused, timed out): a
-// browser shows the page's script the status of an answer only when the
-// answer passes its CORS check, and reports a CORS error otherwise.
-func (d *Decision) ApplyCORS(h http.Header) {
 	if d.cors != nil {
 		d.cors.apply(h, d)
 	}
