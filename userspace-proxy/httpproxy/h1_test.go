@@ -1254,6 +1254,42 @@ func TestBrokenRequestBody(t *testing.T) {
 	}
 }
 
+// TestBrokenRequestBodyRuleHeaders: the 400 for a broken request body of a
+// rule's request carries the rule's response header changes and CORS
+// headers, as the proxy's other answers to it do; it had neither, so a
+// page's script saw a CORS error.
+func TestBrokenRequestBodyRuleHeaders(t *testing.T) {
+	for _, b := range brokenBodies {
+		t.Run(b.name, func(t *testing.T) {
+			fx := newFixture(t, Config{}, snapshot.Backend{})
+			ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
+			fx.updateRoutes(2, snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: []snapshot.Endpoint{ep}}, &snapshot.RouteTable{Producer: &snapshot.RouteSet{
+				Kind:    snapshot.KindHTTPRoute,
+				Matches: []snapshot.RouteMatch{{Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}}},
+				Rules: []snapshot.RouteRule{{
+					Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: backendRef}},
+					Filters: snapshot.Filters{ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Rule", Value: "1"}}},
+						CORS: &snapshot.CORS{AllowOrigins: []string{"https://a.example"}, MaxAge: 5}},
+				}},
+			}})
+			cl := fx.dial()
+			cl.c.SetDeadline(time.Now().Add(10 * time.Second))
+			cl.send(strings.Replace(b.send, "Host: a\r\n", "Host: a\r\nOrigin: https://a.example\r\n", 1))
+			if b.halfClose {
+				cl.c.(*net.TCPConn).CloseWrite()
+			}
+			resp, _ := cl.read(http.MethodPost)
+			for resp.StatusCode == http.StatusContinue {
+				resp, _ = cl.read(http.MethodPost)
+			}
+			if resp.StatusCode != http.StatusBadRequest || !cl.closed() || resp.Header.Get("X-Rule") != "1" ||
+				resp.Header.Get("Access-Control-Allow-Origin") != "https://a.example" {
+				t.Errorf("answer %s with %v; want 400 with X-Rule and Access-Control-Allow-Origin, and the close", resp.Status, resp.Header)
+			}
+		})
+	}
+}
+
 // TestBrokenBodyEarlyAnswer: a backend that answers before it read the
 // request body gets its answer to the app whole, whether the body broke
 // after the answer started (the answer then outlasting the client watch's

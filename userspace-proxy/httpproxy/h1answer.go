@@ -445,12 +445,21 @@ func (s *h1Conn) fail(req *http.Request, x *exchange, reason upstream.Reason, er
 	if reason == upstream.ReasonCanceled {
 		return false
 	}
-	var h http.Header
-	if x.r != nil {
-		h = http.Header{}
-		x.r.d.ApplyResponse(h)
+	return s.writePlain(req, x, code, reasonBodies[reason])
+}
+
+// writePlain writes the fast path's own text answer to x: with its rule's
+// response header changes and CORS headers, then the body's own fields,
+// which win over the rule's as on the net/http path (written beside them,
+// a field the rule sets too went out twice).
+func (s *h1Conn) writePlain(req *http.Request, x *exchange, code int, body []byte) bool {
+	if x.r == nil {
+		return s.writeLocal(req, code, nil, "Content-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\n", body)
 	}
-	return s.writeLocal(req, code, h, "Content-Type: text/plain; charset=utf-8\r\nX-Content-Type-Options: nosniff\r\n", reasonBodies[reason])
+	h := http.Header{}
+	x.r.d.ApplyResponse(h)
+	h["Content-Type"], h["X-Content-Type-Options"] = textPlain, nosniff
+	return s.writeLocal(req, code, h, "", body)
 }
 
 // answerLocally writes a route's own answer (a redirect, a CORS preflight's, 404, 500).

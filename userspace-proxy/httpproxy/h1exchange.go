@@ -245,7 +245,7 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 		if s.watch.gone.Load() {
 			return s.fail(req, x, upstream.ReasonCanceled, errClientGone)
 		}
-		if s.refuseBrokenBody(x, err) {
+		if s.refuseBrokenBody(req, x, err) {
 			return false
 		}
 		if cd.stop() {
@@ -604,7 +604,7 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 		if s.watch.gone.Load() {
 			return s.fail(req, x, upstream.ReasonCanceled, errClientGone)
 		}
-		if s.refuseBrokenBody(x, err) {
+		if s.refuseBrokenBody(req, x, err) {
 			return false
 		}
 		return s.fail(req, x, upstream.Classify(err), err)
@@ -623,16 +623,21 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 // refuseBrokenBody answers 400 and ends the connection when the exchange
 // failed after the request's body broke off or proved malformed (the
 // backend could not answer it: the watch ends the wait, clientWatch.fire;
-// net/http's Transport resets the stream), and reports whether it did.
-func (s *h1Conn) refuseBrokenBody(x *exchange, err error) bool {
+// net/http's Transport resets the stream), and reports whether it did. As
+// the proxy's other answers to a rule's request, it carries the rule's
+// headers: without its CORS headers, a page's script would see a CORS
+// error rather than the 400.
+func (s *h1Conn) refuseBrokenBody(req *http.Request, x *exchange, err error) bool {
 	if !s.sent.failed() {
 		return false
 	}
 	s.h.log.Debug("request body broken", "service", x.fe.Service.String(), "client", s.t.client(), "err", s.sent.err, "upstream_err", err)
-	s.refuse("400 Bad Request")
+	s.writePlain(req, x, http.StatusBadRequest, badRequest)
 	s.count(x, http.StatusBadRequest)
 	return true
 }
+
+var badRequest = []byte("400 Bad Request")
 
 // finish waits for the goroutine sending the request body, if any, and
 // reports whether the body went out whole. One still reading the client's

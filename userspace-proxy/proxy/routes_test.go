@@ -404,7 +404,8 @@ func TestRouteCORSOwnAnswers(t *testing.T) {
 // and the picked backendRef's, change the proxy's own answers to the
 // rule's requests (no endpoint, a refused connection, an invalid
 // backendRef), as Envoy's route-level response_headers_to_add do its local
-// replies; a request no rule took gets none. They had none.
+// replies; a request no rule took gets none. They had none. A field the
+// answer has of its own (X-Content-Type-Options) is not sent twice.
 func TestRouteResponseHeadersOwnAnswers(t *testing.T) {
 	checkNoLeaks(t)
 	for _, k := range clientKinds {
@@ -414,7 +415,8 @@ func TestRouteResponseHeadersOwnAnswers(t *testing.T) {
 			empty := m.backend("empty", snapshot.Backend{})
 			refusing := m.backend("refusing", snapshot.Backend{Endpoints: endpoints(closedPort(t))})
 			mods := func(name string) snapshot.Filters {
-				return snapshot.Filters{ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: name, Value: "1"}}}}
+				return snapshot.Filters{ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: name, Value: "1"},
+					{Name: "X-Content-Type-Options", Value: "nosniff"}}}}
 			}
 			m.frontend("mods", routedVIP, empty, producer(routeSet(snapshot.KindHTTPRoute,
 				rule{[]snapshot.RouteMatch{prefixMatch("/empty")}, snapshot.RouteRule{Filters: mods("X-Rule"),
@@ -439,6 +441,9 @@ func TestRouteResponseHeadersOwnAnswers(t *testing.T) {
 				if a.status != tt.status || a.header.Get("X-Rule") != tt.rule || a.header.Get("X-Backend") != tt.be {
 					t.Errorf("%s: %d with X-Rule %q, X-Backend %q; want %d with %q, %q", tt.path, a.status,
 						a.header.Get("X-Rule"), a.header.Get("X-Backend"), tt.status, tt.rule, tt.be)
+				}
+				if got := a.header["X-Content-Type-Options"]; len(got) != 1 {
+					t.Errorf("%s: X-Content-Type-Options %q, want it once", tt.path, got)
 				}
 			}
 		})
