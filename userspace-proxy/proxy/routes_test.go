@@ -245,7 +245,8 @@ func TestRouteMatchingAndFilters(t *testing.T) {
 // (never "*", credentials or not), credentials and exposed headers; every
 // answer of the rule varies with Origin. A preflight meets the rules as
 // the request it asks about: a rule matching only PUT answers one asking
-// for PUT. Such a rule answered 500 before.
+// for PUT (such a rule answered 500 before), ahead of a rule matching
+// OPTIONS on its path (which forwarded it before).
 func TestRouteCORS(t *testing.T) {
 	checkNoLeaks(t)
 	for _, k := range clientKinds {
@@ -258,6 +259,8 @@ func TestRouteCORS(t *testing.T) {
 			m := &mesh{t: t}
 			be := m.backend("cors", snapshot.Backend{Endpoints: endpoints(serveLocal(t, srv))})
 			m.frontend("cors", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+				rule{[]snapshot.RouteMatch{{Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/put-only"}, Method: http.MethodOptions}},
+					snapshot.RouteRule{Backends: to(be)}},
 				rule{[]snapshot.RouteMatch{prefixMatch("/listed")}, snapshot.RouteRule{Backends: to(be), Filters: snapshot.Filters{
 					CORS: &snapshot.CORS{
 						AllowOrigins: []string{"https://www.foo.com", "https://*.example.com"}, AllowCredentials: true,

@@ -233,3 +233,42 @@ func TestCORSPreflightMethodMatch(t *testing.T) {
 		}
 	}
 }
+
+// TestCORSPreflightBeforeOptionsRule: a preflight belongs to the rule that
+// would take the request it announces, ahead of a rule matching OPTIONS on
+// the same path, which takes other OPTIONS requests and the preflights of
+// requests no rule with a CORS filter takes. The OPTIONS rule, first by
+// rule order, took the PUT rule's preflights.
+func TestCORSPreflightBeforeOptionsRule(t *testing.T) {
+	put := to(v2)
+	put.CORS = &snapshot.CORS{AllowOrigins: []string{"https://put.example"}, MaxAge: 5}
+	s := compileSet(80, &snapshot.RouteSet{Kind: snapshot.KindHTTPRoute,
+		Matches: []snapshot.RouteMatch{
+			{Rule: 0, Path: prefix("/api"), Method: http.MethodOptions},
+			{Rule: 1, Path: prefix("/api"), Method: http.MethodPut},
+		},
+		Rules: []snapshot.RouteRule{to(v1), put},
+	})
+	asking := func(method string) *Request {
+		r := preflight("https://put.example", method, "")
+		r.Path = "/api/x"
+		return r
+	}
+	plainOptions := fromOrigin("https://put.example")
+	plainOptions.Method, plainOptions.Path = http.MethodOptions, "/api/x"
+	for _, tt := range []struct {
+		name   string
+		req    *Request
+		rule   int
+		action Action
+	}{
+		{"PUT asked", asking(http.MethodPut), 1, Preflight},
+		{"GET asked: no rule takes it", asking(http.MethodGet), 0, Forward},
+		{"OPTIONS, no preflight", plainOptions, 0, Forward},
+	} {
+		d := decide(s, tt.req)
+		if rule := slices.IndexFunc(s.rules, func(r rule) bool { return r.src == d.Rule }); rule != tt.rule || d.Action != tt.action {
+			t.Errorf("%s: rule %d, %v; want rule %d, %v", tt.name, rule, d.Action, tt.rule, tt.action)
+		}
+	}
+}

@@ -23,8 +23,10 @@
 // "OPTIONS *" (RFC 9112 §3.2.4) names the server, not a path: only the "/"
 // prefix, the API's default match "of every HTTP request", matches it; it
 // is forwarded as "*" (a path rewrite has nothing to change) and a
-// redirect's Location names the root. A CORS preflight also meets the
-// method matches of rules with a CORS filter as the method it asks for.
+// redirect's Location names the root. A CORS preflight belongs to the
+// rule that would take the request it announces (the method it asks for),
+// when that rule has a CORS filter; otherwise it meets the rules as the
+// OPTIONS it is.
 //
 // # How the proxy uses it
 //

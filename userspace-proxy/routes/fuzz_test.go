@@ -30,7 +30,7 @@ func FuzzDecide(f *testing.F) {
 			t.Fatalf("normalizePath(%q) = %q, then %q", path, n, again)
 		}
 		req := &Request{Method: "GET", Path: path, RawQuery: query, Host: header, Header: http.Header{"H": {header}}}
-		if a, b := indexed.find(req, n), scanned.find(req, n); a != b {
+		if a, b := indexed.find(req, n, nil), scanned.find(req, n, nil); a != b {
 			t.Fatalf("path %q query %q: index found %d, scan %d", path, query, a, b)
 		}
 		var d Decision

@@ -19,6 +19,9 @@ type Set struct {
 	// index finds candidate entries by path in large sets; nil in small
 	// ones, where a scan is faster.
 	index *pathIndex
+	// cors: a rule has a CORS filter, so a preflight first meets the rules
+	// as the request it announces (Set.preflightEntry).
+	cors bool
 	// broken: the set did not compile; every request gets 500.
 	broken bool
 }
@@ -39,9 +42,6 @@ const (
 type entry struct {
 	rule int32
 	kind pathKind
-	// preflights: a CORS preflight asking for method matches too (the
-	// rule has a CORS filter).
-	preflights bool
 	// path is the normalized Exact value, or the normalized PathPrefix
 	// value without its trailing "/" ("" for "/").
 	path    string
@@ -107,12 +107,7 @@ func compileSet(port uint16, rs *snapshot.RouteSet) *Set {
 			// PathPrefix match; without it there is no prefix to replace.
 			s.rules[m.Rule].invalid = true
 		}
-		// A preflight asks about the request to come, so the CORS filter
-		// of the rule that request would meet answers it; matched as the
-		// OPTIONS it is, it would miss the rule's method match and fall
-		// to another rule or 404 (Envoy Gateway, too, lets such a rule
-		// answer it).
-		e.preflights = e.method != "" && s.rules[m.Rule].filters.cors != nil
+		s.cors = s.cors || s.rules[m.Rule].filters.cors != nil
 		s.entries = append(s.entries, e)
 	}
 	if len(s.entries) >= indexFrom {
@@ -233,19 +228,49 @@ func replacesPrefix(f *filters) bool {
 
 // find returns the first entry (in precedence order) matching the request,
 // or -1. path is the normalized request path.
-func (s *Set) find(req *Request, path string) int {
+// announced is the request a CORS preflight announces: the method of its
+// Access-Control-Request-Method.
+type announced struct {
+	method string
+}
+
+// preflightEntry is the entry a CORS preflight belongs to: the one that
+// would take the request it announces, when that entry's rule has a CORS
+// filter, which answers it. Matched as the OPTIONS it is, the preflight
+// would miss that rule's method match and fall to another rule — one
+// matching OPTIONS, forwarding it — or 404 (Envoy Gateway, too, lets such
+// a rule answer it). It is -1 when req is no preflight, or that rule has
+// no CORS filter: the preflight then meets the rules as what it is.
+func (s *Set) preflightEntry(req *Request, path string) int {
+	if !s.cors {
+		return -1
+	}
+	a := announced{method: preflightMethod(req)}
+	if a.method == "" {
+		return -1
+	}
+	i := s.find(req, path, &a)
+	if i >= 0 && s.rules[s.entries[i].rule].filters.cors == nil {
+		return -1
+	}
+	return i
+}
+
+// find is the first entry, by precedence, that matches req, or the
+// request a preflight announces when a is not nil; -1 when none does.
+func (s *Set) find(req *Request, path string, a *announced) int {
 	if s.index == nil {
 		for i := range s.entries {
-			if s.entries[i].matches(req, path) {
+			if s.entries[i].matches(req, path, a) {
 				return i
 			}
 		}
 		return -1
 	}
-	return s.index.find(s.entries, req, path)
+	return s.index.find(s.entries, req, path, a)
 }
 
-func (e *entry) matches(req *Request, path string) bool {
+func (e *entry) matches(req *Request, path string, a *announced) bool {
 	switch e.kind {
 	case pathExact:
 		if path != e.path {
@@ -262,7 +287,11 @@ func (e *entry) matches(req *Request, path string) bool {
 			return false
 		}
 	}
-	if e.method != "" && req.Method != e.method && (!e.preflights || preflightMethod(req) != e.method) {
+	method := req.Method
+	if a != nil {
+		method = a.method
+	}
+	if e.method != "" && method != e.method {
 		return false
 	}
 	for i := range e.headers {
@@ -368,14 +397,14 @@ func newPathIndex(entries []entry) *pathIndex {
 	return x
 }
 
-func (x *pathIndex) find(entries []entry, req *Request, path string) int {
+func (x *pathIndex) find(entries []entry, req *Request, path string, a *announced) int {
 	best := int32(-1)
 	first := func(list []int32) {
 		for _, i := range list {
 			if best >= 0 && i >= best {
 				return
 			}
-			if entries[i].matches(req, path) {
+			if entries[i].matches(req, path, a) {
 				best = i
 				return
 			}

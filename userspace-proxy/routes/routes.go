@@ -207,7 +207,10 @@ func (s *Set) Decide(req *Request, rnd Rand, d *Decision) {
 		return
 	}
 	path := normalizePath(req.Path)
-	i := s.find(req, path)
+	i := s.preflightEntry(req, path)
+	if i < 0 {
+		i = s.find(req, path, nil)
+	}
 	if i < 0 {
 		s.respond(d, ReasonNoMatch)
 		return

@@ -273,7 +273,7 @@ func TestIndexAgreesWithScan(t *testing.T) {
 			if rng.IntN(2) == 0 {
 				req.Method = "POST"
 			}
-			if a, b := indexed.find(req, req.Path), scanned.find(req, req.Path); a != b {
+			if a, b := indexed.find(req, req.Path, nil), scanned.find(req, req.Path, nil); a != b {
 				t.Fatalf("table %d, %s %s: index found entry %d, scan %d", table, req.Method, req.Path, a, b)
 			}
 		}
