@@ -246,7 +246,9 @@ func TestRouteMatchingAndFilters(t *testing.T) {
 // answer of the rule varies with Origin. A preflight meets the rules as
 // the request it asks about: a rule matching only PUT answers one asking
 // for PUT (such a rule answered 500 before), ahead of a rule matching
-// OPTIONS on its path (which forwarded it before).
+// OPTIONS on its path (which forwarded it before), and a rule matching a
+// header answers one listing it in Access-Control-Request-Headers (404
+// before).
 func TestRouteCORS(t *testing.T) {
 	checkNoLeaks(t)
 	for _, k := range clientKinds {
@@ -272,6 +274,12 @@ func TestRouteCORS(t *testing.T) {
 					snapshot.RouteRule{Backends: to(be), Filters: snapshot.Filters{
 						CORS: &snapshot.CORS{AllowOrigins: []string{"*"}, AllowCredentials: true, AllowMethods: []string{"*"},
 							AllowHeaders: []string{"*"}, MaxAge: 5},
+					}}},
+				rule{[]snapshot.RouteMatch{{Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/token"},
+					Headers: []snapshot.StringMatch{{Name: "X-Token", Type: snapshot.MatchExact, Value: "t"}}}},
+					snapshot.RouteRule{Backends: to(be), Filters: snapshot.Filters{
+						CORS: &snapshot.CORS{AllowOrigins: []string{"https://foobar.com"}, AllowMethods: []string{"PUT"},
+							AllowHeaders: []string{"x-token"}, MaxAge: 5},
 					}}},
 			)))
 			e.p.Update(m.snapshot(1))
@@ -312,6 +320,9 @@ func TestRouteCORS(t *testing.T) {
 				{"preflight, a rule matching the method asked for", preflight("/put-only?id=p5", "https://foobar.com", "PUT", ""),
 					map[string]string{"Access-Control-Allow-Origin": "https://foobar.com", "Access-Control-Allow-Credentials": "true",
 						"Access-Control-Allow-Methods": "PUT", "Access-Control-Max-Age": "5", "Vary": "Origin"}},
+				{"preflight, a rule matching a header asked for", preflight("/token?id=p6", "https://foobar.com", "PUT", "x-token"),
+					map[string]string{"Access-Control-Allow-Origin": "https://foobar.com", "Access-Control-Allow-Methods": "PUT",
+						"Access-Control-Allow-Headers": "x-token", "Access-Control-Max-Age": "5", "Vary": "Origin"}},
 				{"request, wildcard origin", send(t, c, newReq(t, http.MethodGet, base+"/listed?id=r1", nil, "Origin", "https://api.example.com")),
 					map[string]string{"Access-Control-Allow-Origin": "https://api.example.com", "Access-Control-Allow-Credentials": "true",
 						"Access-Control-Expose-Headers": "x-header-3, x-header-4", "Vary": "Origin"}},
@@ -329,7 +340,7 @@ func TestRouteCORS(t *testing.T) {
 					t.Errorf("%s: %d %q with %v; want 200 %q with %v", tt.name, tt.a.status, tt.a.body, corsFields(tt.a), body, tt.want)
 				}
 			}
-			for _, id := range []string{"p1", "p2", "p3", "p4", "p5", "r1", "r2", "r3"} {
+			for _, id := range []string{"p1", "p2", "p3", "p4", "p5", "p6", "r1", "r2", "r3"} {
 				want := 1
 				if id[0] == 'p' {
 					want = 0 // a preflight is the proxy's to answer
@@ -338,8 +349,8 @@ func TestRouteCORS(t *testing.T) {
 					t.Errorf("the backend saw %d requests of %s, want %d", got, id, want)
 				}
 			}
-			if got := e.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": "cors_preflight"}); got != 5 {
-				t.Errorf("route answers{cors_preflight} = %v, want 5", got)
+			if got := e.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": "cors_preflight"}); got != 6 {
+				t.Errorf("route answers{cors_preflight} = %v, want 6", got)
 			}
 		})
 	}

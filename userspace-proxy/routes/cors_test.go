@@ -272,3 +272,48 @@ func TestCORSPreflightBeforeOptionsRule(t *testing.T) {
 		}
 	}
 }
+
+// TestCORSPreflightHeaderMatch: a preflight meets a rule's header matches
+// with the header names its Access-Control-Request-Headers lists (any
+// case, in any of its fields), the values being unknown, or with its
+// headers as sent; a header it neither lists nor carries misses. A rule
+// matching a header its requests carry (a token) never saw its preflights,
+// which carry none.
+func TestCORSPreflightHeaderMatch(t *testing.T) {
+	token := to(v2)
+	token.CORS = &snapshot.CORS{AllowOrigins: []string{"https://a.example"}, MaxAge: 5}
+	s := compileSet(80, &snapshot.RouteSet{Kind: snapshot.KindHTTPRoute,
+		Matches: []snapshot.RouteMatch{
+			{Rule: 0, Path: prefix("/api"), Headers: []snapshot.StringMatch{{Name: "X-Token", Type: snapshot.MatchExact, Value: "secret"}}},
+			{Rule: 1, Path: prefix("/")},
+		},
+		Rules: []snapshot.RouteRule{token, to(v1)},
+	})
+	asking := func(headers ...string) *Request {
+		r := preflight("https://a.example", http.MethodPut, "")
+		r.Path = "/api/x"
+		r.Header["Access-Control-Request-Headers"] = headers
+		return r
+	}
+	carrying := asking("content-type")
+	carrying.Header.Set("X-Token", "secret")
+	notPreflight := asking("x-token")
+	notPreflight.Header.Del("Access-Control-Request-Method")
+	for _, tt := range []struct {
+		name   string
+		req    *Request
+		rule   int
+		action Action
+	}{
+		{"listed", asking("content-type, x-token"), 0, Preflight},
+		{"listed in another field, another case", asking("content-type", "X-TOKEN"), 0, Preflight},
+		{"carried", carrying, 0, Preflight},
+		{"neither", asking("content-type, x-token-2"), 1, Forward},
+		{"listed, not a preflight", notPreflight, 1, Forward},
+	} {
+		d := decide(s, tt.req)
+		if rule := slices.IndexFunc(s.rules, func(r rule) bool { return r.src == d.Rule }); rule != tt.rule || d.Action != tt.action {
+			t.Errorf("%s: rule %d, %v; want rule %d, %v", tt.name, rule, d.Action, tt.rule, tt.action)
+		}
+	}
+}

@@ -229,17 +229,33 @@ func replacesPrefix(f *filters) bool {
 // find returns the first entry (in precedence order) matching the request,
 // or -1. path is the normalized request path.
 // announced is the request a CORS preflight announces: the method of its
-// Access-Control-Request-Method.
+// Access-Control-Request-Method, and the header names its
+// Access-Control-Request-Headers lists. A browser sends none of those
+// headers on the preflight, so a header match is met by a listed name: the
+// value the request will carry cannot be known.
 type announced struct {
-	method string
+	method  string
+	headers []string // the field's values, comma-separated lists
+}
+
+// lists reports whether a lists the header key.
+func (a *announced) lists(key string) bool {
+	for _, v := range a.headers {
+		for name := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(name), key) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // preflightEntry is the entry a CORS preflight belongs to: the one that
 // would take the request it announces, when that entry's rule has a CORS
 // filter, which answers it. Matched as the OPTIONS it is, the preflight
-// would miss that rule's method match and fall to another rule — one
-// matching OPTIONS, forwarding it — or 404 (Envoy Gateway, too, lets such
-// a rule answer it). It is -1 when req is no preflight, or that rule has
+// would miss that rule's method and header matches and fall to another
+// rule — one matching OPTIONS, forwarding it — or 404 (Envoy Gateway, too,
+// lets such a rule answer it). It is -1 when req is no preflight, or that rule has
 // no CORS filter: the preflight then meets the rules as what it is.
 func (s *Set) preflightEntry(req *Request, path string) int {
 	if !s.cors {
@@ -249,6 +265,7 @@ func (s *Set) preflightEntry(req *Request, path string) int {
 	if a.method == "" {
 		return -1
 	}
+	a.headers = req.Header.Values("Access-Control-Request-Headers")
 	i := s.find(req, path, &a)
 	if i >= 0 && s.rules[s.entries[i].rule].filters.cors == nil {
 		return -1
@@ -295,7 +312,7 @@ func (e *entry) matches(req *Request, path string, a *announced) bool {
 		return false
 	}
 	for i := range e.headers {
-		if !e.headers[i].matchHeader(req) {
+		if !e.headers[i].matchHeader(req) && (a == nil || !a.lists(e.headers[i].key)) {
 			return false
 		}
 	}
