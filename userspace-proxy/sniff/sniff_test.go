@@ -178,18 +178,22 @@ func TestSniffEndsEmpty(t *testing.T) {
 // TestSniffSockio: on a sockio.Conn, Sniff takes what already arrived
 // without waiting, waits with its deadline for what has not, and leaves
 // the connection as it found it either way — reads wait again, with no
-// deadline (the later bytes come after more than the timeout).
+// deadline (the later bytes come after more than the short timeout:
+// "silent" reads them past its deadline). Bytes that must come within the
+// timeout get a minute: a loaded machine can wake their writer past 100 ms
+// (under CI-like load "in pieces" was judged opaque once in 600 runs).
 func TestSniffSockio(t *testing.T) {
-	const timeout = 100 * time.Millisecond
+	const short, pause = 100 * time.Millisecond, 25 * time.Millisecond
 	for _, c := range []struct {
-		name   string
-		chunks []string // the first sent before Sniff, each next after a pause
-		kind   Kind
+		name    string
+		chunks  []string // the first sent before Sniff, each next after a pause
+		kind    Kind
+		timeout time.Duration
 	}{
-		{"there", []string{"GET / HTTP/1.1\r\n\r\n"}, HTTP1},
-		{"in pieces", []string{"GE", "T / HTTP/1.1\r\n\r\n"}, HTTP1},
-		{"late", []string{"", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"}, HTTP2},
-		{"silent", []string{""}, Opaque},
+		{"there", []string{"GET / HTTP/1.1\r\n\r\n"}, HTTP1, short},
+		{"in pieces", []string{"GE", "T / HTTP/1.1\r\n\r\n"}, HTTP1, time.Minute},
+		{"late", []string{"", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"}, HTTP2, time.Minute},
+		{"silent", []string{""}, Opaque, short},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			app, conn := tcpserve.Pair(t)
@@ -197,13 +201,13 @@ func TestSniffSockio(t *testing.T) {
 			time.Sleep(10 * time.Millisecond) // for it to arrive
 			go func() {
 				for _, ch := range c.chunks[1:] {
-					time.Sleep(timeout / 4)
+					time.Sleep(pause)
 					app.Write([]byte(ch))
 				}
-				time.Sleep(3 * timeout)
+				time.Sleep(3 * short)
 				app.Write([]byte("later"))
 			}()
-			k, sc, err := Sniff(sockio.Wrap(conn), timeout)
+			k, sc, err := Sniff(sockio.Wrap(conn), c.timeout)
 			if err != nil || k != c.kind {
 				t.Fatalf("Sniff = %v, %v; want %v", k, err, c.kind)
 			}
