@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
@@ -507,22 +508,36 @@ func TestH2AppLearnsH1OnlyBackend(t *testing.T) {
 func TestBurstKeepsUpstreamConnections(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
-	be := startEcho(t, "burst-0", serverTLS(e.pki.server))
+	const inFlight = 100
+	// The backend holds each request until the whole burst came: every
+	// burst has inFlight upstream connections at once, however slowly a
+	// loaded machine starts it (with requests held 300 ms, a first burst
+	// once made 98, and the second the 2 it lacked).
+	in, out := make(chan struct{}), make(chan struct{})
+	be := serveLocal(t, &http.Server{TLSConfig: serverTLS(e.pki.server), ErrorLog: log.New(io.Discard, "", 0),
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			select {
+			case in <- struct{}{}:
+			case <-r.Context().Done():
+				return
+			}
+			select {
+			case <-out:
+			case <-r.Context().Done():
+			}
+		})})
 	vip := netip.MustParseAddrPort("10.96.1.130:80")
-	e.p.Update(buildSnapshot(t, 1, service{name: "burst", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(be.addr)}}))
+	e.p.Update(buildSnapshot(t, 1, service{name: "burst", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(be)}}))
 	handshakes := func() float64 {
 		return e.counter("sockmesh_proxy_upstream_tls_handshakes_total", map[string]string{"result": "full"}) +
 			e.counter("sockmesh_proxy_upstream_tls_handshakes_total", map[string]string{"result": "resumed"})
 	}
-	const inFlight = 100
 	c := e.client(vip, false)
 	burst := func() {
 		var wg sync.WaitGroup
 		for range inFlight {
 			wg.Go(func() {
-				// Two events 300 ms apart hold each request's upstream
-				// connection while the others start.
-				resp, err := c.Get("http://burst.b.svc/sse?n=2&interval=300ms")
+				resp, err := c.Get("http://burst.b.svc/")
 				if err != nil {
 					t.Error(err)
 					return
@@ -533,7 +548,22 @@ func TestBurstKeepsUpstreamConnections(t *testing.T) {
 				}
 			})
 		}
+		for i := range inFlight {
+			select {
+			case <-in:
+			case <-time.After(hangGuard):
+				t.Fatalf("%d of %d requests reached the backend in %v", i, inFlight, hangGuard)
+			}
+		}
+		for range inFlight {
+			out <- struct{}{}
+		}
 		wg.Wait()
+		// The proxy gives an exchange's upstream connection back after
+		// the app may have read the answer's end, but before it ends the
+		// app's connection.
+		c.CloseIdleConnections()
+		eventually(t, func() bool { return e.counter("sockmesh_proxy_active_connections", nil) == 0 }, "the apps' connections to end")
 	}
 	burst()
 	first := handshakes()
