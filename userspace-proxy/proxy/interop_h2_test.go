@@ -36,6 +36,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/test/echo"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
@@ -306,6 +307,57 @@ func TestH2BackendAnswersHTTP1(t *testing.T) {
 		if !regexp.MustCompile(`"msg":"request failed".*"reason":"protocol".*answered HTTP/1.x to the HTTP/2 preface.*"service":"b/` + svc + `"`).MatchString(e.logs.String()) {
 			t.Errorf("no line names %s's protocol mismatch; log:\n%s", svc, e.logs.String())
 		}
+	}
+}
+
+// TestH2BackendOverTLSAnswersHTTP1: a TLS backend declared HTTP/2 (GRPC)
+// that negotiates h2 by ALPN and speaks HTTP/1.1 (a TLS terminator offering
+// h2 in front of an HTTP/1.1 server) is told apart as an h2c one is: each
+// gRPC call fails UNAVAILABLE "sockmesh: protocol", an HTTP/1.1 app's
+// request (the L7 path) gets 502 with the same body, and the cause is
+// logged. Before, ALPN was trusted: the relay passed the HTTP/1.1 answer
+// on, and the L7 path failed as upstream_error (frame too large).
+func TestH2BackendOverTLSAnswersHTTP1(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	srv := &http.Server{Protocols: new(http.Protocols), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "HTTP/1.1 only")
+	})}
+	srv.Protocols.SetHTTP1(true)
+	h1 := serveLocal(t, srv)
+	// The TLS terminator in front of it, which offers h2.
+	cfg := serverTLS(e.pki.server)
+	cfg.NextProtos = []string{"h2"}
+	l := listenLocal(t)
+	tcpserve.Relay(t, tls.NewListener(l, cfg), h1.String())
+	terminator := l.Addr().(*net.TCPAddr).AddrPort()
+	vip := netip.MustParseAddrPort("10.96.40.23:9000")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "grpc", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolGRPC, TLS: tlsPolicy(e), Endpoints: endpoints(terminator)}},
+	))
+
+	cc := e.grpcClient(t, "grpc.b.svc:9000", vip)
+	defer cc.Close()
+	for i := range 2 {
+		err := cc.Invoke(context.Background(), echo.MethodUnary, wrapperspb.Bytes([]byte("ping")), new(wrapperspb.BytesValue))
+		if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "sockmesh: protocol" {
+			t.Errorf("gRPC app, call %d: %v; want UNAVAILABLE, sockmesh: protocol", i, err)
+		}
+	}
+	resp, err := e.client(vip, false).Get("http://grpc.b.svc/")
+	if err != nil {
+		t.Fatalf("HTTP/1.1 app: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || string(b) != "sockmesh: protocol\n" {
+		t.Errorf("HTTP/1.1 app: %d %q, want 502 sockmesh: protocol", resp.StatusCode, b)
+	}
+	if n := e.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": string(upstream.ReasonProtocol)}); n != 3 {
+		t.Errorf("failures counted as protocol: %v, want 3", n)
+	}
+	if !regexp.MustCompile(`"msg":"request failed".*"reason":"protocol".*answered HTTP/1.x to the HTTP/2 preface.*"service":"b/grpc"`).MatchString(e.logs.String()) {
+		t.Errorf("no line names the protocol mismatch; log:\n%s", e.logs.String())
 	}
 }
 

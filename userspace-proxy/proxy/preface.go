@@ -18,19 +18,21 @@ const (
 	frameSettings  = 0x4
 )
 
-// checkH2C sends the app's connection preface (its magic and SETTINGS
-// frame) to up, an h2c backend, and reads the start of the backend's: h2c
-// has no ALPN to say what the backend speaks, so its first bytes are the
-// only word on it. One declared HTTP/2 that speaks HTTP/1.1 answers with
-// an HTTP/1.1 error that the app's client cannot read ("error reading
-// server preface"). checkH2C returns an error wrapping
+// checkH2 sends the app's connection preface (its magic and SETTINGS
+// frame) to up, an h2c backend or one that negotiated h2 by ALPN, and
+// reads the start of the backend's: h2c has no ALPN to say what the
+// backend speaks, and a TLS terminator may offer h2 in front of an
+// HTTP/1.1 server, so its first bytes are the only sure word on it. One
+// declared HTTP/2 that speaks HTTP/1.1 answers with an HTTP/1.1 error
+// that the app's client cannot read ("error reading server preface").
+// checkH2 returns an error wrapping
 // upstream.ErrNotHTTP2 when the backend answered otherwise than with a
 // SETTINGS frame; the app's preface is then still in c for the L7 path
 // to read. Otherwise it returns how many of c's bytes up took, which the
 // relay is to skip, and what it read of the backend's, which the app is
 // to get first; an app or backend too slow to judge within timeout is
 // relayed as it comes.
-func checkH2C(c *sniff.Conn, up net.Conn, timeout time.Duration) (sent int, head []byte, err error) {
+func checkH2(c *sniff.Conn, up net.Conn, timeout time.Duration) (sent int, head []byte, err error) {
 	c.SetReadDeadline(time.Now().Add(timeout))
 	const magic = len(sniff.HTTP2Preface)
 	preface, err := c.Peek(magic + frameHeaderLen)
@@ -53,7 +55,7 @@ func checkH2C(c *sniff.Conn, up net.Conn, timeout time.Duration) (sent int, head
 		return 0, nil, err
 	}
 	if err == nil && head[3] != frameSettings {
-		return 0, nil, fmt.Errorf("h2c to %s: %w: its first frame is not SETTINGS", up.RemoteAddr(), upstream.ErrNotHTTP2)
+		return 0, nil, fmt.Errorf("http/2 to %s: %w: its first frame is not SETTINGS", up.RemoteAddr(), upstream.ErrNotHTTP2)
 	}
 	return len(preface), head[:n], nil
 }

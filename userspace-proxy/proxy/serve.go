@@ -288,8 +288,10 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 	}
 	var sent int
 	var head []byte
-	if relayedH2 && path == PathL4 {
-		if sent, head, err = checkH2C(c, up, p.cfg.SniffTimeout); err != nil {
+	if relayedH2 {
+		// Over TLS too: a terminator may offer h2 by ALPN in front of an
+		// HTTP/1.1 server.
+		if sent, head, err = checkH2(c, up, p.cfg.SniffTimeout); err != nil {
 			// A backend declared HTTP/2 that speaks something else: the
 			// L7 path tells the app why, with its first request.
 			up.Close()

@@ -439,6 +439,28 @@ func TestH2CAnsweredHTTP1InPieces(t *testing.T) {
 	}
 }
 
+// TestH2OverTLSAnsweredHTTP1: a TLS backend that negotiates h2 by ALPN and
+// answers HTTP/1.1 (a TLS terminator offering h2 in front of an HTTP/1.1
+// server) fails the request as protocol (ErrNotHTTP2), as an h2c one does:
+// ALPN was trusted, and net/http's HTTP/2 Transport read the answer as a
+// frame too large (upstream_error).
+func TestH2OverTLSAnsweredHTTP1(t *testing.T) {
+	w := newWorld(t)
+	w.serverTLS.NextProtos = []string{http2.NextProtoTLS}
+	addr := serveRawTLS(t, w, true, func(c net.Conn) {
+		if _, err := io.ReadFull(c, make([]byte, len(http2.ClientPreface))); err != nil {
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+		io.Copy(io.Discard, c)
+	})
+	be := backendAt(t, w.pools, addr, w.policy())
+	_, err := be.RoundTripper(WireH2).RoundTrip(request(t, context.Background(), be, http.MethodGet, "/", nil))
+	if !errors.Is(err, ErrNotHTTP2) || Classify(err) != ReasonProtocol {
+		t.Errorf("h2 backend over TLS answering HTTP/1.1: %v (reason %s), want ErrNotHTTP2", err, Classify(err))
+	}
+}
+
 // TestH2CAnsweredHTTP1BeforeTheRequest: a cleartext backend declared
 // HTTP/2 that answers HTTP/1.x at once may have its connection closed by
 // net/http's reader before the first request takes it; that request fails

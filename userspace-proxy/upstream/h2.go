@@ -70,12 +70,15 @@ func (c *h2Conn) Close() error {
 	return c.Upstream.Close()
 }
 
+// checked is c's connection under its GOAWAY (dialH2's).
+func (c *h2Conn) checked() *h2Checked { return c.Upstream.Conn.(*h2Checked) }
+
 // h2TLSConn is an h2Conn over TLS: the Transport reads its
 // ConnectionState to learn that it speaks h2.
 type h2TLSConn struct{ *h2Conn }
 
 func (c h2TLSConn) ConnectionState() tls.ConnectionState {
-	return c.Upstream.Conn.(*tls.Conn).ConnectionState()
+	return c.checked().Conn.(*tls.Conn).ConnectionState()
 }
 
 // pool is the h2pool whose Transport is net/http's for HTTP/2 (wire
@@ -200,10 +203,9 @@ func (hp *h2pool) dialOnce(ctx context.Context, addr string, got <-chan struct{}
 }
 
 // add registers c, which by dialed for hp.
-func (hp *h2pool) add(by *wireState, wire Wire, c net.Conn) *h2Conn {
+func (hp *h2pool) add(by *wireState, wire Wire, c *h2Checked) *h2Conn {
 	hc := &h2Conn{Upstream: h2drain.NewUpstream(c), pool: hp, gone: make(chan struct{})}
-	tc, ok := c.(*tls.Conn)
-	if ok {
+	if tc, ok := c.Conn.(*tls.Conn); ok {
 		hc.held = by.tls.Hold(tc.ConnectionState(), wire.ALPN())
 	}
 	hp.mu.Lock()
@@ -226,7 +228,7 @@ func (hp *h2pool) add(by *wireState, wire Wire, c net.Conn) *h2Conn {
 
 // transportConn returns c as hp's Transport is to use it.
 func (c *h2Conn) transportConn() net.Conn {
-	if _, ok := c.Upstream.Conn.(*tls.Conn); ok {
+	if _, ok := c.checked().Conn.(*tls.Conn); ok {
 		return h2TLSConn{c}
 	}
 	return c

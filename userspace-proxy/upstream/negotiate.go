@@ -18,8 +18,8 @@ import (
 )
 
 // ErrNotHTTP2 is returned for a TLS backend that must speak HTTP/2 (its
-// protocol says so) but did not negotiate h2 by ALPN, and wrapped for an
-// h2c backend that answered the HTTP/2 preface otherwise.
+// protocol says so) but did not negotiate h2 by ALPN, and wrapped for a
+// backend that answered the HTTP/2 preface otherwise.
 var ErrNotHTTP2 = errors.New("backend did not negotiate h2")
 
 // errDeclinedH2: offered h2 and http/1.1, the endpoint chose http/1.1 (or
@@ -30,17 +30,14 @@ var errDeclinedH2 = errors.New("backend declined h2")
 // connection that did not negotiate h2 is closed rather than handed over:
 // the Transport would speak HTTP/1.1 on it, with the weakness h1Transport
 // avoids.
-func (w *wireState) dialH2(ctx context.Context, picked *balance.Choice, wire Wire) (net.Conn, error) {
+func (w *wireState) dialH2(ctx context.Context, picked *balance.Choice, wire Wire) (*h2Checked, error) {
 	c, err := w.dial(ctx, picked, wire.ALPN(), true)
 	if err != nil {
 		return nil, err
 	}
 	tc, ok := c.(*tls.Conn)
-	if !ok {
-		return &h2cConn{Conn: c}, nil
-	}
-	if tc.ConnectionState().NegotiatedProtocol == upstreamtls.ALPNH2 {
-		return c, nil
+	if !ok || tc.ConnectionState().NegotiatedProtocol == upstreamtls.ALPNH2 {
+		return &h2Checked{Conn: c}, nil
 	}
 	c.Close()
 	p := tc.ConnectionState().NegotiatedProtocol
@@ -52,22 +49,24 @@ func (w *wireState) dialH2(ctx context.Context, picked *balance.Choice, wire Wir
 }
 
 // AnsweredHTTP1 returns an error wrapping ErrNotHTTP2 when head, the first
-// bytes an h2c backend at addr sent, begin an HTTP/1.x answer: it speaks
-// HTTP/1.1 whatever its Service declares (h2c has no ALPN to tell).
+// bytes a backend at addr sent over a connection for HTTP/2, begin an
+// HTTP/1.x answer: it speaks HTTP/1.1 whatever its Service declares (h2c
+// has no ALPN to tell), or whatever its TLS negotiated (a TLS terminator
+// that offers h2 in front of an HTTP/1.1 server).
 func AnsweredHTTP1(addr net.Addr, head []byte) error {
 	if !bytes.HasPrefix(head, http1Answer) {
 		return nil
 	}
-	return fmt.Errorf("h2c to %s: %w: it answered HTTP/1.x to the HTTP/2 preface", addr, ErrNotHTTP2)
+	return fmt.Errorf("http/2 to %s: %w: it answered HTTP/1.x to the HTTP/2 preface", addr, ErrNotHTTP2)
 }
 
 // http1Answer is how an HTTP/1.x answer begins.
 var http1Answer = []byte("HTTP/1.")
 
-// h2cConn is a cleartext connection of net/http's HTTP/2 Transport whose
-// first read is checked (AnsweredHTTP1): its requests then fail as
-// protocol, not with net/http's frame "too large" (upstream_error).
-type h2cConn struct {
+// h2Checked is a connection of net/http's HTTP/2 Transport, cleartext or
+// TLS, whose first read is checked (AnsweredHTTP1): its requests then fail
+// as protocol, not with net/http's frame "too large" (upstream_error).
+type h2Checked struct {
 	net.Conn
 	read bool // the Transport's reader alone reads
 	// notH2 is the check's error once it failed: a request that took the
@@ -76,7 +75,7 @@ type h2cConn struct {
 	notH2 atomic.Pointer[error]
 }
 
-func (c *h2cConn) Read(p []byte) (int, error) {
+func (c *h2Checked) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if c.read || n == 0 {
 		return n, err
@@ -97,16 +96,19 @@ func (c *h2cConn) Read(p []byte) (int, error) {
 }
 
 // answeredHTTP1 returns the error c, a connection of an h2pool's
-// Transport, failed its h2c check with, or nil.
+// Transport, failed its check with, or nil.
 func answeredHTTP1(c net.Conn) error {
-	hc, ok := c.(*h2Conn)
-	if !ok {
+	var hc *h2Conn
+	switch c := c.(type) {
+	case *h2Conn:
+		hc = c
+	case h2TLSConn:
+		hc = c.h2Conn
+	default:
 		return nil
 	}
-	if cc, ok := hc.Upstream.Conn.(*h2cConn); ok {
-		if err := cc.notH2.Load(); err != nil {
-			return *err
-		}
+	if err := hc.checked().notH2.Load(); err != nil {
+		return *err
 	}
 	return nil
 }
