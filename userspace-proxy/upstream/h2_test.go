@@ -58,6 +58,42 @@ func TestH2PingsFrozenBackend(t *testing.T) {
 	}
 }
 
+// TestH2TLSCloseToPeerNotReading: Close of an HTTP/2 connection over TLS
+// whose backend stopped reading (its send buffer full, as net/http closes
+// one whose ping went unanswered) returns, where tls.Conn's close_notify
+// waited up to 5 s for room.
+func TestH2TLSCloseToPeerNotReading(t *testing.T) {
+	w := newWorld(t)
+	stop := make(chan struct{})
+	addr := serveRawTLS(t, w, true, func(c net.Conn) {
+		c.(*tls.Conn).Handshake()
+		<-stop // and reads nothing
+	})
+	t.Cleanup(func() { close(stop) }) // before serveRawTLS's, which waits for it
+	tc, err := tls.Dial("tcp", addr.String(), &tls.Config{ServerName: sni, RootCAs: w.ca.Pool()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Fill both ends' buffers to the last byte, under the TLS (a write
+	// that timed out breaks a tls.Conn for good): the last write of each
+	// size times out.
+	raw := tc.NetConn()
+	for _, size := range []int{64 << 10, 1} {
+		raw.SetWriteDeadline(time.Now().Add(200 * time.Millisecond))
+		for err = nil; err == nil; {
+			_, err = raw.Write(make([]byte, size))
+		}
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- (&h2Checked{Conn: tc}).Close() }()
+	select {
+	case <-closed:
+	case <-time.After(3 * time.Second):
+		t.Error("Close waits on a backend that stopped reading")
+		<-closed
+	}
+}
+
 // startFreezer relays TCP connections to target until freeze, after which
 // the connections open then take bytes both ways and pass none on (a frozen
 // peer whose kernel still acknowledges); later connections relay.

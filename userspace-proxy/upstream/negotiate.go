@@ -95,6 +95,24 @@ func (c *h2Checked) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// closeNotifyWait bounds the close_notify a TLS h2Checked's Close sends:
+// tls.Conn gives its write 5 s, which a backend that stopped reading (a
+// full send buffer) takes whole — net/http closes a connection whose ping
+// went unanswered that way.
+const closeNotifyWait = 500 * time.Millisecond
+
+func (c *h2Checked) Close() error {
+	tc, ok := c.Conn.(*tls.Conn)
+	if !ok {
+		return c.Conn.Close()
+	}
+	// tls.Conn sets its own write deadline for the alert: closing the
+	// socket underneath is what ends the write.
+	t := time.AfterFunc(closeNotifyWait, func() { tc.NetConn().Close() })
+	defer t.Stop()
+	return tc.Close()
+}
+
 // answeredHTTP1 returns the error c, a connection of an h2pool's
 // Transport, failed its check with, or nil.
 func answeredHTTP1(c net.Conn) error {
