@@ -250,11 +250,7 @@ func TestInteropH2TLSVerifyFailure(t *testing.T) {
 func TestH2BackendAnswersHTTP1(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
-	srv := &http.Server{Protocols: new(http.Protocols), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "HTTP/1.1 only")
-	})}
-	srv.Protocols.SetHTTP1(true)
-	h1 := serveLocal(t, srv)
+	h1 := serveHTTP1Only(t)
 	vGRPC, vH2C := netip.MustParseAddrPort("10.96.40.21:9000"), netip.MustParseAddrPort("10.96.40.22:80")
 	e.p.Update(buildSnapshot(t, 1,
 		service{name: "grpc", vip: vGRPC, backend: snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(h1)}},
@@ -267,10 +263,7 @@ func TestH2BackendAnswersHTTP1(t *testing.T) {
 	// Each call names it: the first on a connection is told the relay's
 	// check, which its next connection meets again.
 	for i := range 2 {
-		err := cc.Invoke(context.Background(), echo.MethodUnary, wrapperspb.Bytes([]byte("ping")), new(wrapperspb.BytesValue))
-		if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "sockmesh: protocol" {
-			t.Errorf("gRPC app, call %d: %v; want UNAVAILABLE, sockmesh: protocol", i, err)
-		}
+		wantProtocolCall(t, cc, fmt.Sprintf("gRPC app, call %d", i))
 	}
 	if n := e.counter("sockmesh_proxy_request_failures_total", protocol); n != 2 {
 		t.Errorf("failures counted as protocol after the gRPC calls: %v, want 2", n)
@@ -278,15 +271,7 @@ func TestH2BackendAnswersHTTP1(t *testing.T) {
 
 	c := e.client(vH2C, true)
 	for i := range 2 {
-		resp, err := c.Get("http://h2c.b.svc/")
-		if err != nil {
-			t.Fatalf("h2c app, request %d: %v", i, err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusBadGateway || string(b) != "sockmesh: protocol\n" {
-			t.Errorf("h2c app, request %d: %d %q, want 502 sockmesh: protocol", i, resp.StatusCode, b)
-		}
+		wantProtocol502(t, c, "http://h2c.b.svc/", fmt.Sprintf("h2c app, request %d", i))
 	}
 	if n := e.counter("sockmesh_proxy_request_failures_total", protocol); n != 4 {
 		t.Errorf("failures counted as protocol after the h2c requests: %v, want 4", n)
@@ -294,15 +279,7 @@ func TestH2BackendAnswersHTTP1(t *testing.T) {
 
 	// An HTTP/1.1 app's requests are translated on the L7 path, whose
 	// connects check the answer too.
-	resp, err := e.client(vH2C, false).Get("http://h2c.b.svc/")
-	if err != nil {
-		t.Fatalf("HTTP/1.1 app: %v", err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusBadGateway || string(b) != "sockmesh: protocol\n" {
-		t.Errorf("HTTP/1.1 app: %d %q, want 502 sockmesh: protocol", resp.StatusCode, b)
-	}
+	wantProtocol502(t, e.client(vH2C, false), "http://h2c.b.svc/", "HTTP/1.1 app")
 	for _, svc := range []string{"grpc", "h2c"} {
 		if !regexp.MustCompile(`"msg":"request failed".*"reason":"protocol".*answered HTTP/1.x to the HTTP/2 preface.*"service":"b/` + svc + `"`).MatchString(e.logs.String()) {
 			t.Errorf("no line names %s's protocol mismatch; log:\n%s", svc, e.logs.String())
@@ -320,11 +297,7 @@ func TestH2BackendAnswersHTTP1(t *testing.T) {
 func TestH2BackendOverTLSAnswersHTTP1(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
-	srv := &http.Server{Protocols: new(http.Protocols), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "HTTP/1.1 only")
-	})}
-	srv.Protocols.SetHTTP1(true)
-	h1 := serveLocal(t, srv)
+	h1 := serveHTTP1Only(t)
 	// The TLS terminator in front of it, which offers h2.
 	cfg := serverTLS(e.pki.server)
 	cfg.NextProtos = []string{"h2"}
@@ -339,25 +312,48 @@ func TestH2BackendOverTLSAnswersHTTP1(t *testing.T) {
 	cc := e.grpcClient(t, "grpc.b.svc:9000", vip)
 	defer cc.Close()
 	for i := range 2 {
-		err := cc.Invoke(context.Background(), echo.MethodUnary, wrapperspb.Bytes([]byte("ping")), new(wrapperspb.BytesValue))
-		if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "sockmesh: protocol" {
-			t.Errorf("gRPC app, call %d: %v; want UNAVAILABLE, sockmesh: protocol", i, err)
-		}
+		wantProtocolCall(t, cc, fmt.Sprintf("gRPC app, call %d", i))
 	}
-	resp, err := e.client(vip, false).Get("http://grpc.b.svc/")
-	if err != nil {
-		t.Fatalf("HTTP/1.1 app: %v", err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusBadGateway || string(b) != "sockmesh: protocol\n" {
-		t.Errorf("HTTP/1.1 app: %d %q, want 502 sockmesh: protocol", resp.StatusCode, b)
-	}
+	wantProtocol502(t, e.client(vip, false), "http://grpc.b.svc/", "HTTP/1.1 app")
 	if n := e.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": string(upstream.ReasonProtocol)}); n != 3 {
 		t.Errorf("failures counted as protocol: %v, want 3", n)
 	}
 	if !regexp.MustCompile(`"msg":"request failed".*"reason":"protocol".*answered HTTP/1.x to the HTTP/2 preface.*"service":"b/grpc"`).MatchString(e.logs.String()) {
 		t.Errorf("no line names the protocol mismatch; log:\n%s", e.logs.String())
+	}
+}
+
+// serveHTTP1Only serves HTTP/1.1 alone (a backend misdeclared HTTP/2).
+func serveHTTP1Only(t *testing.T) netip.AddrPort {
+	srv := &http.Server{Protocols: new(http.Protocols), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "HTTP/1.1 only")
+	})}
+	srv.Protocols.SetHTTP1(true)
+	return serveLocal(t, srv)
+}
+
+// wantProtocolCall checks that a gRPC call through cc fails UNAVAILABLE
+// "sockmesh: protocol".
+func wantProtocolCall(t *testing.T, cc *grpc.ClientConn, what string) {
+	t.Helper()
+	err := cc.Invoke(context.Background(), echo.MethodUnary, wrapperspb.Bytes([]byte("ping")), new(wrapperspb.BytesValue))
+	if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "sockmesh: protocol" {
+		t.Errorf("%s: %v; want UNAVAILABLE, sockmesh: protocol", what, err)
+	}
+}
+
+// wantProtocol502 checks that a GET of url through c gets 502 "sockmesh:
+// protocol".
+func wantProtocol502(t *testing.T, c *http.Client, url, what string) {
+	t.Helper()
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatalf("%s: %v", what, err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway || string(b) != "sockmesh: protocol\n" {
+		t.Errorf("%s: %d %q, want 502 sockmesh: protocol", what, resp.StatusCode, b)
 	}
 }
 

@@ -1289,27 +1289,10 @@ func TestEveryStreamRefused(t *testing.T) {
 	checkNoLeaks(t)
 	for _, k := range clientKinds {
 		t.Run(k.name, func(t *testing.T) {
-			e := newEnv(t, envOptions{http1TLS: k.path})
-			m := &mesh{t: t}
 			var streams atomic.Int32
-			l := listenLocal(t)
-			tcpserve.Serve(t, l, refuseStreams(&streams, math.MaxInt32))
-			be := m.backend("refusing", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
-			m.frontend("front", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
-				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
-			e.p.Update(m.snapshot(1))
-			c := e.client(routedVIP, k.h2c)
-			for i, body := range []string{"", "kept body", "streamed body"} {
-				method := http.MethodGet
-				var r io.Reader = strings.NewReader(body)
-				switch body {
-				case "":
-				case "streamed body":
-					r = struct{ io.Reader }{r} // no length
-					fallthrough
-				default:
-					method = http.MethodPost
-				}
+			e, c := routedH2C(t, k, refuseStreams(&streams, math.MaxInt32))
+			for i, body := range refusedBodies {
+				method, r := refusedRequest(body)
 				streams.Store(0)
 				if a := send(t, c, newReq(t, method, "http://front.b.svc/", r)); a.status != 503 || streams.Load() != upstream.MaxResends+1 {
 					t.Errorf("%s %q: %d %q after %d streams, want 503 after %d", method, body, a.status, a.body, streams.Load(), upstream.MaxResends+1)
@@ -1325,6 +1308,37 @@ func TestEveryStreamRefused(t *testing.T) {
 	}
 }
 
+// routedH2C serves serve as an h2c backend behind a route of front for an
+// app of kind k, and returns the env and the app's client.
+func routedH2C(t *testing.T, k clientKind, serve func(net.Conn)) (*env, *http.Client) {
+	e := newEnv(t, envOptions{http1TLS: k.path})
+	m := &mesh{t: t}
+	l := listenLocal(t)
+	tcpserve.Serve(t, l, serve)
+	be := m.backend("h2c", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
+	m.frontend("front", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
+	e.p.Update(m.snapshot(1))
+	return e, e.client(routedVIP, k.h2c)
+}
+
+// refusedBodies are the requests a refused stream is tried with: none, a
+// body of known length (kept), and one streamed (refusedRequest).
+var refusedBodies = []string{"", "kept body", "streamed body"}
+
+// refusedRequest returns the method and body of the request for one of
+// refusedBodies.
+func refusedRequest(body string) (string, io.Reader) {
+	var r io.Reader = strings.NewReader(body)
+	switch body {
+	case "":
+		return http.MethodGet, r
+	case "streamed body":
+		r = struct{ io.Reader }{r} // no length
+	}
+	return http.MethodPost, r
+}
+
 // TestRefusedOnEachConnection: a request whose stream is refused on each
 // connection it goes to (past the backend's GOAWAY), so that net/http's
 // Transport moves it to a new one, is counted once per time it is sent
@@ -1336,27 +1350,10 @@ func TestRefusedOnEachConnection(t *testing.T) {
 	checkNoLeaks(t)
 	for _, k := range clientKinds {
 		t.Run(k.name, func(t *testing.T) {
-			e := newEnv(t, envOptions{http1TLS: k.path})
-			m := &mesh{t: t}
 			var streams atomic.Int32
-			l := listenLocal(t)
-			tcpserve.Serve(t, l, goAwayStreams(&streams, 3))
-			be := m.backend("going", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
-			m.frontend("front", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
-				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
-			e.p.Update(m.snapshot(1))
-			c := e.client(routedVIP, k.h2c)
-			for i, body := range []string{"", "kept body", "streamed body"} {
-				method := http.MethodGet
-				var r io.Reader = strings.NewReader(body)
-				switch body {
-				case "":
-				case "streamed body":
-					r = struct{ io.Reader }{r} // no length
-					fallthrough
-				default:
-					method = http.MethodPost
-				}
+			e, c := routedH2C(t, k, goAwayStreams(&streams, 3))
+			for i, body := range refusedBodies {
+				method, r := refusedRequest(body)
 				streams.Store(0)
 				if a := send(t, c, newReq(t, method, "http://front.b.svc/", r)); a.status != 200 || streams.Load() != 3 {
 					t.Errorf("%s %q: %d %q after %d streams, want 200 after 3", method, body, a.status, a.body, streams.Load())

@@ -203,13 +203,7 @@ func TestCORSPreflightMethodMatch(t *testing.T) {
 		},
 		Rules: []snapshot.RouteRule{withCORS(v1, "https://get.example"), withCORS(v2, "https://put.example"), to(v3), to(v1)},
 	})
-	asking := func(method string) *Request {
-		r := preflight("https://put.example", method, "")
-		r.Path = "/api/x"
-		return r
-	}
-	plainOptions := fromOrigin("https://put.example")
-	plainOptions.Method, plainOptions.Path = http.MethodOptions, "/api/x"
+	asking, plainOptions := apiPreflights("https://put.example")
 	tests := []struct {
 		name   string
 		req    *Request
@@ -234,6 +228,18 @@ func TestCORSPreflightMethodMatch(t *testing.T) {
 	}
 }
 
+// apiPreflights returns, for origin and the path /api/x, a preflight
+// announcing a method, and a plain OPTIONS request.
+func apiPreflights(origin string) (asking func(method string) *Request, plainOptions *Request) {
+	plainOptions = fromOrigin(origin)
+	plainOptions.Method, plainOptions.Path = http.MethodOptions, "/api/x"
+	return func(method string) *Request {
+		r := preflight(origin, method, "")
+		r.Path = "/api/x"
+		return r
+	}, plainOptions
+}
+
 // TestCORSPreflightBeforeOptionsRule: a preflight belongs to the rule that
 // would take the request it announces, ahead of a rule matching OPTIONS on
 // the same path, which takes other OPTIONS requests and the preflights of
@@ -249,13 +255,7 @@ func TestCORSPreflightBeforeOptionsRule(t *testing.T) {
 		},
 		Rules: []snapshot.RouteRule{to(v1), put},
 	})
-	asking := func(method string) *Request {
-		r := preflight("https://put.example", method, "")
-		r.Path = "/api/x"
-		return r
-	}
-	plainOptions := fromOrigin("https://put.example")
-	plainOptions.Method, plainOptions.Path = http.MethodOptions, "/api/x"
+	asking, plainOptions := apiPreflights("https://put.example")
 	for _, tt := range []struct {
 		name   string
 		req    *Request
