@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
@@ -43,6 +44,14 @@ func (m *mesh) backend(name string, be snapshot.Backend) snapshot.BackendRef {
 	be.Ref = snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: name, Port: 80}
 	m.backends = append(m.backends, be)
 	return be.Ref
+}
+
+// h2cBackend adds the Service name whose one endpoint serves h2c with
+// serve (often at the frame level), until the test ends.
+func (m *mesh) h2cBackend(name string, serve func(net.Conn)) snapshot.BackendRef {
+	l := listenLocal(m.t)
+	tcpserve.Serve(m.t, l, serve)
+	return m.backend(name, snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
 }
 
 // echoBackend adds backend b/name with one echo server, pod name-0.

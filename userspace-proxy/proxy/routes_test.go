@@ -30,7 +30,6 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
-	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/test/echo"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
@@ -659,9 +658,7 @@ func TestRouteMirrorRefusedStream(t *testing.T) {
 			e := newEnv(t, envOptions{http1TLS: k.path})
 			m := &mesh{t: t}
 			var streams atomic.Int32
-			l := listenLocal(t)
-			tcpserve.Serve(t, l, refuseStreams(&streams, 2))
-			mref := m.backend("refusing", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
+			mref := m.h2cBackend("refusing", refuseStreams(&streams, 2))
 			m.frontend("front", routedVIP, m.echoBackend("front"), producer(routeSet(snapshot.KindHTTPRoute,
 				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(m.echoBackend("v1")),
 					Filters: snapshot.Filters{Mirrors: []snapshot.Mirror{{Backend: mref, Numerator: 1, Denominator: 1}}}}},
@@ -688,14 +685,12 @@ func TestRouteMirrorResetFreesSlot(t *testing.T) {
 		t.Run(k.name, func(t *testing.T) {
 			e := newEnv(t, envOptions{http1TLS: k.path, routing: httpproxy.RoutingConfig{MaxMirrors: 1, MirrorTimeout: time.Hour}})
 			m := &mesh{t: t}
-			l := listenLocal(t)
-			tcpserve.Serve(t, l, func(c net.Conn) {
+			mref := m.h2cBackend("resetting", func(c net.Conn) {
 				serveFrames(c, func(fr *http2.Framer, f *http2.MetaHeadersFrame) bool {
 					fr.WriteRSTStream(f.StreamID, http2.ErrCodeInternal)
 					return true
 				})
 			})
-			mref := m.backend("resetting", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
 			front := m.echoBackend("front")
 			m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindHTTPRoute,
 				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(front),
@@ -1217,9 +1212,7 @@ func TestRouteRetryRefusedStream(t *testing.T) {
 			// real server's Close does: when the proxy's last stream on it
 			// ends only after the env closed its idle connections, the
 			// pool keeps it (until its idle timeout) beyond the test.
-			l := listenLocal(t)
-			tcpserve.Serve(t, l, refuseStreams(&streams, 2))
-			be := m.backend("refusing", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
+			be := m.h2cBackend("refusing", refuseStreams(&streams, 2))
 			m.frontend("front", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
 				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be), Retry: &snapshot.Retry{Attempts: 1, Backoff: dur(1e6)}}},
 			)))
@@ -1258,9 +1251,7 @@ func TestRefusedStreamsBeyondRetries(t *testing.T) {
 			e := newEnv(t, envOptions{http1TLS: k.path})
 			m := &mesh{t: t}
 			var streams atomic.Int32
-			l := listenLocal(t)
-			tcpserve.Serve(t, l, refuseStreams(&streams, 3))
-			be := m.backend("refusing", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
+			be := m.h2cBackend("refusing", refuseStreams(&streams, 3))
 			m.frontend("front", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
 				rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be), Retry: &snapshot.Retry{Attempts: 1, Backoff: dur(1e6)}}},
 			)))
@@ -1313,9 +1304,7 @@ func TestEveryStreamRefused(t *testing.T) {
 func routedH2C(t *testing.T, k clientKind, serve func(net.Conn)) (*env, *http.Client) {
 	e := newEnv(t, envOptions{http1TLS: k.path})
 	m := &mesh{t: t}
-	l := listenLocal(t)
-	tcpserve.Serve(t, l, serve)
-	be := m.backend("h2c", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
+	be := m.h2cBackend("h2c", serve)
 	m.frontend("front", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
 		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
 	e.p.Update(m.snapshot(1))
