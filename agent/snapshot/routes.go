@@ -198,7 +198,8 @@ type ExternalAuth struct {
 	// are listed.
 	AllowedHeaders []string `json:"allowedHeaders,omitempty"`
 	// AllowedResponseHeaders are the headers of the server's 200 copied
-	// into the request; none listed: all but Host (HTTP).
+	// into the request; none listed: all but Host and the answer's own
+	// Content-Length, Content-Type and Date (HTTP).
 	AllowedResponseHeaders []string `json:"allowedResponseHeaders,omitempty"`
 	// MaxBody is the largest request body sent to the server (a larger
 	// one is refused, 413); 0 sends none.
