@@ -458,7 +458,7 @@ func (s *h1Conn) writePlain(req *http.Request, x *exchange, code int, body []byt
 	}
 	h := http.Header{}
 	x.r.d.ApplyResponse(h)
-	h["Content-Type"], h["X-Content-Type-Options"] = textPlain, nosniff
+	plainText(h)
 	return s.writeLocal(req, code, h, "", body)
 }
 

@@ -613,8 +613,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, x *exchange, reas
 		w.WriteHeader(http.StatusOK)
 		return
 	}
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
+	plainText(w.Header())
 	w.WriteHeader(code)
 	// The body names the reason class only; details are in the proxy log.
 	w.Write(reasonBodies[reason])

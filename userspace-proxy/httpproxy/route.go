@@ -3,6 +3,7 @@ package httpproxy
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"net/http"
 	"strconv"
 	"strings"
@@ -190,27 +191,30 @@ type localAnswer struct {
 // match, UNAVAILABLE for an invalid rule or backend), which every gRPC
 // client reads as that code; an HTTP/1 client cannot read trailers and
 // gets the HTTP status. A Respond carries the rule's response header
-// changes and CORS headers.
+// changes and CORS headers, under its own fields, as the proxy's other
+// answers to a rule's request do.
 func answerFor(d *routes.Decision, r *http.Request) localAnswer {
-	if d.Action == routes.Redirect || d.Action == routes.Preflight {
-		h := http.Header{}
-		d.ApplyResponse(h)
-		if d.Action == routes.Redirect {
-			h["Location"] = []string{d.Location}
-		}
+	h := http.Header{}
+	d.ApplyResponse(h)
+	switch {
+	case d.Action == routes.Redirect:
+		h["Location"] = []string{d.Location}
 		return localAnswer{status: d.Status, header: h}
+	case d.Action == routes.Preflight:
+		return localAnswer{status: d.Status, header: h}
+	case d.GRPCStatus != 0 && r.ProtoMajor == 2 && isGRPC(r):
+		maps.Copy(h, grpcHeader(d.GRPCStatus, string(d.Reason)))
+		return localAnswer{status: http.StatusOK, grpc: true, header: h}
 	}
-	var a localAnswer
-	if d.GRPCStatus != 0 && r.ProtoMajor == 2 && isGRPC(r) {
-		a = localAnswer{status: http.StatusOK, grpc: true, header: grpcHeader(d.GRPCStatus, string(d.Reason))}
-	} else {
-		a = localAnswer{status: d.Status, header: http.Header{
-			"Content-Type":           textPlain,
-			"X-Content-Type-Options": nosniff,
-		}, body: routeBodies[d.Reason]}
-	}
-	d.ApplyResponse(a.header)
-	return a
+	plainText(h)
+	return localAnswer{status: d.Status, header: h, body: routeBodies[d.Reason]}
+}
+
+// plainText gives h, the header of a text answer of the proxy's own, that
+// text's fields, over the ones a rule's response header changes (applied
+// first) may have set: the body is the proxy's, and so is its type.
+func plainText(h http.Header) {
+	h["Content-Type"], h["X-Content-Type-Options"] = textPlain, nosniff
 }
 
 var (

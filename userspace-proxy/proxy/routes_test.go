@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -418,7 +419,9 @@ func TestRouteCORSOwnAnswers(t *testing.T) {
 // rule's requests (no endpoint, a refused connection, an invalid
 // backendRef), as Envoy's route-level response_headers_to_add do its local
 // replies; a request no rule took gets none. They had none. A field the
-// answer has of its own (X-Content-Type-Options) is not sent twice.
+// answer has of its own (X-Content-Type-Options) is not sent twice, and its
+// own Content-Type stays — text/plain, or a gRPC call's application/grpc
+// (the 500 of an invalid backendRef took the rule's before).
 func TestRouteResponseHeadersOwnAnswers(t *testing.T) {
 	checkNoLeaks(t)
 	for _, k := range clientKinds {
@@ -429,7 +432,7 @@ func TestRouteResponseHeadersOwnAnswers(t *testing.T) {
 			refusing := m.backend("refusing", snapshot.Backend{Endpoints: endpoints(closedPort(t))})
 			mods := func(name string) snapshot.Filters {
 				return snapshot.Filters{ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: name, Value: "1"},
-					{Name: "X-Content-Type-Options", Value: "nosniff"}}}}
+					{Name: "X-Content-Type-Options", Value: "nosniff"}, {Name: "Content-Type", Value: "application/json"}}}}
 			}
 			m.frontend("mods", routedVIP, empty, producer(routeSet(snapshot.KindHTTPRoute,
 				rule{[]snapshot.RouteMatch{prefixMatch("/empty")}, snapshot.RouteRule{Filters: mods("X-Rule"),
@@ -458,6 +461,19 @@ func TestRouteResponseHeadersOwnAnswers(t *testing.T) {
 				if got := a.header["X-Content-Type-Options"]; len(got) != 1 {
 					t.Errorf("%s: X-Content-Type-Options %q, want it once", tt.path, got)
 				}
+				if got := a.header["Content-Type"]; !slices.Equal(got, []string{"text/plain; charset=utf-8"}) {
+					t.Errorf("%s: Content-Type %q, want the proxy's text/plain", tt.path, got)
+				}
+			}
+			if !k.h2c {
+				return
+			}
+			a := send(t, c, newReq(t, http.MethodPost, "http://mods.b.svc/invalid/svc.A/Get", bytes.NewReader([]byte{0, 0, 0, 0, 0}),
+				"Content-Type", "application/grpc", "Te", "trailers"))
+			if a.status != http.StatusOK || a.header.Get("Grpc-Status") != "14" || a.header.Get("X-Rule") != "1" ||
+				!slices.Equal(a.header["Content-Type"], []string{"application/grpc"}) {
+				t.Errorf("gRPC call to /invalid: %d with grpc-status %q, X-Rule %q, Content-Type %q; want 200 with 14, \"1\", application/grpc",
+					a.status, a.header.Get("Grpc-Status"), a.header.Get("X-Rule"), a.header["Content-Type"])
 			}
 		})
 	}
