@@ -246,9 +246,10 @@ func TestRouteMatchingAndFilters(t *testing.T) {
 // answer of the rule varies with Origin. A preflight meets the rules as
 // the request it asks about: a rule matching only PUT answers one asking
 // for PUT (such a rule answered 500 before), ahead of a rule matching
-// OPTIONS on its path (which forwarded it before), and a rule matching a
+// OPTIONS on its path (which forwarded it before), a rule matching a
 // header answers one listing it in Access-Control-Request-Headers (404
-// before).
+// before), and a rule matching a CORS-safelisted header (Content-Language),
+// which a browser never lists, answers a browser's preflight (404 before).
 func TestRouteCORS(t *testing.T) {
 	checkNoLeaks(t)
 	for _, k := range clientKinds {
@@ -280,6 +281,11 @@ func TestRouteCORS(t *testing.T) {
 					snapshot.RouteRule{Backends: to(be), Filters: snapshot.Filters{
 						CORS: &snapshot.CORS{AllowOrigins: []string{"https://foobar.com"}, AllowMethods: []string{"PUT"},
 							AllowHeaders: []string{"x-token"}, MaxAge: 5},
+					}}},
+				rule{[]snapshot.RouteMatch{{Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/german"}, Method: http.MethodPut,
+					Headers: []snapshot.StringMatch{{Name: "Content-Language", Type: snapshot.MatchExact, Value: "de"}}}},
+					snapshot.RouteRule{Backends: to(be), Filters: snapshot.Filters{
+						CORS: &snapshot.CORS{AllowOrigins: []string{"https://foobar.com"}, AllowMethods: []string{"PUT"}, MaxAge: 5},
 					}}},
 			)))
 			e.p.Update(m.snapshot(1))
@@ -323,6 +329,12 @@ func TestRouteCORS(t *testing.T) {
 				{"preflight, a rule matching a header asked for", preflight("/token?id=p6", "https://foobar.com", "PUT", "x-token"),
 					map[string]string{"Access-Control-Allow-Origin": "https://foobar.com", "Access-Control-Allow-Methods": "PUT",
 						"Access-Control-Allow-Headers": "x-token", "Access-Control-Max-Age": "5", "Vary": "Origin"}},
+				// What a browser sends before fetch(url, {method: "PUT", headers: {"Content-Language": "de"}}).
+				{"preflight, a rule matching a safelisted header", send(t, c, newReq(t, http.MethodOptions, base+"/german?id=p7", nil,
+					"Origin", "https://foobar.com", "Access-Control-Request-Method", "PUT", "Accept", "*/*",
+					"Accept-Language", "en-US,en;q=0.9", "Sec-Fetch-Mode", "cors", "Sec-Fetch-Site", "cross-site")),
+					map[string]string{"Access-Control-Allow-Origin": "https://foobar.com", "Access-Control-Allow-Methods": "PUT",
+						"Access-Control-Max-Age": "5", "Vary": "Origin"}},
 				{"request, wildcard origin", send(t, c, newReq(t, http.MethodGet, base+"/listed?id=r1", nil, "Origin", "https://api.example.com")),
 					map[string]string{"Access-Control-Allow-Origin": "https://api.example.com", "Access-Control-Allow-Credentials": "true",
 						"Access-Control-Expose-Headers": "x-header-3, x-header-4", "Vary": "Origin"}},
@@ -340,7 +352,7 @@ func TestRouteCORS(t *testing.T) {
 					t.Errorf("%s: %d %q with %v; want 200 %q with %v", tt.name, tt.a.status, tt.a.body, corsFields(tt.a), body, tt.want)
 				}
 			}
-			for _, id := range []string{"p1", "p2", "p3", "p4", "p5", "p6", "r1", "r2", "r3"} {
+			for _, id := range []string{"p1", "p2", "p3", "p4", "p5", "p6", "p7", "r1", "r2", "r3"} {
 				want := 1
 				if id[0] == 'p' {
 					want = 0 // a preflight is the proxy's to answer
@@ -349,8 +361,8 @@ func TestRouteCORS(t *testing.T) {
 					t.Errorf("the backend saw %d requests of %s, want %d", got, id, want)
 				}
 			}
-			if got := e.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": "cors_preflight"}); got != 6 {
-				t.Errorf("route answers{cors_preflight} = %v, want 6", got)
+			if got := e.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": "cors_preflight"}); got != 7 {
+				t.Errorf("route answers{cors_preflight} = %v, want 7", got)
 			}
 		})
 	}

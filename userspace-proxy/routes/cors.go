@@ -194,3 +194,56 @@ func addVary(h http.Header, name string) {
 	}
 	h["Vary"] = append(old[:len(old):len(old)], name)
 }
+
+// corsUnannounced reports whether a request may carry the header key (canonical)
+// with a value the match m accepts while its preflight does not list key
+// in Access-Control-Request-Headers: a browser lists only the CORS-unsafe
+// request-header names (Fetch standard), leaving out a CORS-safelisted
+// request-header — Accept, Accept-Language, Content-Language,
+// Content-Type and Range with a value the standard deems safe. A regular
+// expression may accept such a value; an exact value must be one.
+func corsUnannounced(key string, m *snapshot.StringMatch) bool {
+	switch key {
+	case "Accept", "Accept-Language", "Content-Language", "Content-Type", "Range":
+	default:
+		return false
+	}
+	return m.Type == snapshot.MatchRegularExpression || safelistedValue(key, m.Value)
+}
+
+// safelistedValue reports whether value makes the header key (one of the
+// CORS-safelisted names) a CORS-safelisted request-header (Fetch standard).
+func safelistedValue(key, value string) bool {
+	if len(value) > 128 {
+		return false
+	}
+	switch key {
+	case "Accept-Language", "Content-Language":
+		return strings.Trim(value, "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz *,-.;=") == ""
+	case "Range":
+		// One byte range with a start: "bytes=<start>-[<end>]".
+		spec, bytes := strings.CutPrefix(value, "bytes=")
+		start, end, dash := strings.Cut(spec, "-")
+		return bytes && dash && digits(start) && (end == "" || digits(end))
+	}
+	// Accept and Content-Type: no CORS-unsafe request-header byte.
+	for i := range len(value) {
+		if c := value[i]; c < 0x20 && c != '\t' || c == 0x7f || strings.IndexByte(`"():<>?@[\]{}`, c) >= 0 {
+			return false
+		}
+	}
+	if key == "Content-Type" {
+		essence, _, _ := strings.Cut(value, ";")
+		switch strings.ToLower(strings.TrimSpace(essence)) {
+		case "application/x-www-form-urlencoded", "multipart/form-data", "text/plain":
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// digits reports whether s is one or more ASCII digits.
+func digits(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789") == ""
+}

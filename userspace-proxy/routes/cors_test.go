@@ -3,6 +3,7 @@ package routes
 import (
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
@@ -314,6 +315,89 @@ func TestCORSPreflightHeaderMatch(t *testing.T) {
 		d := decide(s, tt.req)
 		if rule := slices.IndexFunc(s.rules, func(r rule) bool { return r.src == d.Rule }); rule != tt.rule || d.Action != tt.action {
 			t.Errorf("%s: rule %d, %v; want rule %d, %v", tt.name, rule, d.Action, tt.rule, tt.action)
+		}
+	}
+}
+
+// TestCORSPreflightSafelistedHeaderMatch: a preflight meets a match on a
+// CORS-safelisted header (Fetch standard: Accept, Accept-Language,
+// Content-Language, Content-Type, Range) without listing it — a browser
+// never lists such a header when its value is safe — unless the match's
+// exact value is unsafe, which a browser would have listed. A rule
+// matching "Accept: application/json" never saw its preflights, which fell
+// to the next rule.
+func TestCORSPreflightSafelistedHeaderMatch(t *testing.T) {
+	withCORS := func(ref snapshot.BackendRef) snapshot.RouteRule {
+		r := to(ref)
+		r.CORS = &snapshot.CORS{AllowOrigins: []string{"https://a.example"}, MaxAge: 5}
+		return r
+	}
+	header := func(name string, typ snapshot.MatchType, value string) []snapshot.StringMatch {
+		return []snapshot.StringMatch{{Name: name, Type: typ, Value: value}}
+	}
+	s := compileSet(80, &snapshot.RouteSet{Kind: snapshot.KindHTTPRoute,
+		Matches: []snapshot.RouteMatch{
+			{Rule: 0, Path: prefix("/accept"), Method: http.MethodPut, Headers: header("Accept", snapshot.MatchExact, "application/json")},
+			{Rule: 1, Path: prefix("/json"), Method: http.MethodPut, Headers: header("content-type", snapshot.MatchExact, "application/json")},
+			{Rule: 2, Path: prefix("/lang"), Method: http.MethodPut, Headers: header("Content-Language", snapshot.MatchRegularExpression, "de|fr")},
+			{Rule: 3, Path: prefix("/")},
+		},
+		Rules: []snapshot.RouteRule{withCORS(v1), withCORS(v2), withCORS(v3), to(v1)},
+	})
+	asking := func(path, headers string) *Request {
+		r := preflight("https://a.example", http.MethodPut, headers)
+		r.Path = path
+		r.Header.Set("Accept", "*/*") // what a browser's preflight carries
+		return r
+	}
+	plainOptions := fromOrigin("https://a.example")
+	plainOptions.Method, plainOptions.Path = http.MethodOptions, "/accept"
+	for _, tt := range []struct {
+		name   string
+		req    *Request
+		rule   int
+		action Action
+	}{
+		{"Accept, safe exact value, not listed", asking("/accept", ""), 0, Preflight},
+		{"Content-Type, unsafe exact value, listed", asking("/json", "content-type"), 1, Preflight},
+		{"Content-Type, unsafe exact value, not listed", asking("/json", "x-other"), 3, Forward},
+		{"Content-Language, regular expression, not listed", asking("/lang", ""), 2, Preflight},
+		{"OPTIONS, no preflight", plainOptions, 3, Forward},
+	} {
+		d := decide(s, tt.req)
+		if rule := slices.IndexFunc(s.rules, func(r rule) bool { return r.src == d.Rule }); rule != tt.rule || d.Action != tt.action {
+			t.Errorf("%s: rule %d, %v; want rule %d, %v", tt.name, rule, d.Action, tt.rule, tt.action)
+		}
+	}
+}
+
+// TestSafelistedValue: the values that keep a safelisted header name a
+// CORS-safelisted request-header, after the Fetch standard.
+func TestSafelistedValue(t *testing.T) {
+	for _, tt := range []struct {
+		key, value string
+		want       bool
+	}{
+		{"Accept", "application/json", true},
+		{"Accept", "text/html;q=0.9, */*;q=0.8", true},
+		{"Accept", `text/html; a="b"`, false},
+		{"Accept", strings.Repeat("a", 128), true},
+		{"Accept", strings.Repeat("a", 129), false},
+		{"Accept-Language", "de-DE,en;q=0.9", true},
+		{"Content-Language", "de(x)", false},
+		{"Content-Type", "text/plain; charset=utf-8", true},
+		{"Content-Type", " Multipart/Form-Data ; boundary=x", true},
+		{"Content-Type", "application/x-www-form-urlencoded", true},
+		{"Content-Type", "application/json", false},
+		{"Content-Type", "text/plain; charset=\"utf-8\"", false},
+		{"Range", "bytes=0-", true},
+		{"Range", "bytes=10-99", true},
+		{"Range", "bytes=-500", false},
+		{"Range", "bytes=0-1,3-4", false},
+		{"Range", "items=0-1", false},
+	} {
+		if got := safelistedValue(tt.key, tt.value); got != tt.want {
+			t.Errorf("safelistedValue(%s, %q) = %v, want %v", tt.key, tt.value, got, tt.want)
 		}
 	}
 }

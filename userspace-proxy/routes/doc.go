@@ -25,7 +25,8 @@
 // is forwarded as "*" (a path rewrite has nothing to change) and a
 // redirect's Location names the root. A CORS preflight belongs to the
 // rule that would take the request it announces (the method it asks for;
-// a header match met by a name it lists too), when that rule has a CORS
+// a header match met by a name it lists too, or by a CORS-safelisted
+// header, which a browser does not list), when that rule has a CORS
 // filter; otherwise it meets the rules as the OPTIONS it is.
 //
 // # How the proxy uses it

@@ -59,7 +59,11 @@ type valueMatch struct {
 	// binary: exact is a gRPC binary header's snapshot.BinaryValue form,
 	// compared with the request's.
 	binary bool
-	re     *regexp.Regexp
+	// unannounced: a header a request may carry without its CORS
+	// preflight listing it (a CORS-safelisted one), so the preflight meets
+	// the match unseen.
+	unannounced bool
+	re          *regexp.Regexp
 }
 
 type rule struct {
@@ -163,6 +167,7 @@ func compileValues(ms []snapshot.StringMatch, header, grpc bool) ([]valueMatch, 
 		default:
 			return nil, false
 		}
+		v.unannounced = header && corsUnannounced(v.key, &m)
 		out = append(out, v)
 	}
 	return out, true
@@ -226,13 +231,13 @@ func replacesPrefix(f *filters) bool {
 	return f.redirect != nil && prefix(f.redirect.Path) || f.rewrite != nil && prefix(f.rewrite.Path)
 }
 
-// find returns the first entry (in precedence order) matching the request,
-// or -1. path is the normalized request path.
 // announced is the request a CORS preflight announces: the method of its
 // Access-Control-Request-Method, and the header names its
 // Access-Control-Request-Headers lists. A browser sends none of those
 // headers on the preflight, so a header match is met by a listed name: the
-// value the request will carry cannot be known.
+// value the request will carry cannot be known. A CORS-safelisted header
+// the request may carry unlisted meets its match too
+// (valueMatch.unannounced).
 type announced struct {
 	method  string
 	headers []string // the field's values, comma-separated lists
@@ -312,7 +317,8 @@ func (e *entry) matches(req *Request, path string, a *announced) bool {
 		return false
 	}
 	for i := range e.headers {
-		if !e.headers[i].matchHeader(req) && (a == nil || !a.lists(e.headers[i].key)) {
+		h := &e.headers[i]
+		if !h.matchHeader(req) && (a == nil || !h.unannounced && !a.lists(h.key)) {
 			return false
 		}
 	}
