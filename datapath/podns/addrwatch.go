@@ -2,6 +2,7 @@ package podns
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -47,6 +48,14 @@ func (w *AddrWatch) Changed() <-chan struct{} { return w.changed }
 // resubscribeAfter is the pause before subscribing again after a failure.
 const resubscribeAfter = time.Second
 
+// rereadAfter is the longest wait for the next read after one the
+// namespace's changes interrupted.
+const rereadAfter = 100 * time.Millisecond
+
+// loggedAddrs is how many of the addresses a warning names: a node may have
+// thousands (kube-ipvs0 aside, a secondary IP per pod on some clouds).
+const loggedAddrs = 4
+
 // Run follows the namespace's address changes until ctx ends, re-reading
 // the whole list (Addrs, which alone decides which addresses count) after
 // each burst of them; it returns nil then. A failed subscription or read
@@ -59,8 +68,9 @@ func (w *AddrWatch) Run(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
+		addrs := w.Addrs()
 		w.log.Warn("node address watch failed; keeping the last addresses and subscribing again",
-			"err", err, "addrs", w.Addrs(), "retry_in", resubscribeAfter)
+			"err", err, "addrs", len(addrs), "first_addrs", addrs[:min(len(addrs), loggedAddrs)], "retry_in", resubscribeAfter)
 		select {
 		case <-ctx.Done():
 			return nil
@@ -71,7 +81,9 @@ func (w *AddrWatch) Run(ctx context.Context) error {
 
 // follow subscribes, re-reads (a change between the last read and the
 // subscription is not lost) and re-reads after each burst of updates until
-// ctx ends (nil) or the subscription fails.
+// ctx ends (nil) or the subscription fails. A read that changes kept
+// interrupting is no failure: the addresses are changing, and it reads
+// again.
 func (w *AddrWatch) follow(ctx context.Context) error {
 	updates, done := make(chan netlink.AddrUpdate, 64), make(chan struct{})
 	var subErr error // the subscription's last error, set before updates closes
@@ -91,11 +103,20 @@ func (w *AddrWatch) follow(ctx context.Context) error {
 		}
 	}()
 	for {
-		changed, err := w.read()
-		if err != nil {
+		var again <-chan time.Time
+		switch changed, err := w.read(); {
+		case errors.Is(err, netlink.ErrDumpInterrupted):
+			// The addresses that interrupted it are announced to this
+			// subscription; the read after them sees them. A link's arrival
+			// or departure interrupts it as well (the kernel's address dump
+			// checks the namespace's link generation too) and is announced
+			// to link subscribers only: read again after a pause if nothing
+			// comes.
+			w.log.Debug("node addresses changed while read; reading again", "err", err)
+			again = time.After(rereadAfter)
+		case err != nil:
 			return err
-		}
-		if changed {
+		case changed:
 			select {
 			case w.changed <- struct{}{}:
 			default:
@@ -104,6 +125,7 @@ func (w *AddrWatch) follow(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-again:
 		case _, ok := <-updates:
 			if !ok {
 				return fmt.Errorf("address changes in netns %s: %w", w.ns.Path(), subErr)

@@ -3,6 +3,7 @@ package podns_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -217,34 +218,13 @@ func waitAddrs(w *podns.AddrWatch, ok func([]netip.Addr) bool) {
 // TestAddrWatchResubscribes: when the kernel drops the watch's
 // subscription (a burst of address changes overran its socket: ENOBUFS),
 // the watch subscribes again, catches up with what it missed, and sees
-// the addresses added afterwards.
+// the addresses added afterwards. Its warning counts the addresses it
+// keeps and names the first few (it listed all 2048).
 func TestAddrWatchResubscribes(t *testing.T) {
 	leakcheck.Register(t, "/datapath/podns/", "/vishvananda/netlink")
 	node := sandbox.NewNetNS(t)
-	br := sandbox.Name()
-	node.AddBridge(t, br)
-	// Many addresses make each of the watch's re-reads slow, so that
-	// changes come faster than it takes them in.
-	const many = 2048
-	addr := func(i int) *netlink.Addr {
-		return &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 216, byte(i>>8), byte(i)), Mask: net.CIDRMask(32, 32)}}
-	}
-	onBridge(t, node, br, func(l netlink.Link) error {
-		for i := range many {
-			if err := netlink.AddrAdd(l, addr(i)); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	logs := &syncbuf.Buffer{}
-	w, err := node.WatchAddrs(slog.New(slog.NewTextHandler(logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
+	br, addr := bridgeWithAddrs(t, node)
+	w, logs := runWatch(t, node)
 
 	// Changing an address's lifetimes tells the subscribers each time,
 	// and leaves the list as it is (a dump under way is not interrupted).
@@ -266,17 +246,117 @@ func TestAddrWatchResubscribes(t *testing.T) {
 	if !strings.Contains(logs.String(), syscall.ENOBUFS.Error()) {
 		t.Fatalf("the subscription ended for another reason than an overrun; log:\n%s", logs.String())
 	}
+	if warning := logs.String(); !strings.Contains(warning, fmt.Sprintf("addrs=%d", many)) || strings.Contains(warning, addr(many-1).IP.String()) {
+		t.Errorf("the warning names other than a count and the first addresses:\n%.2000s", warning)
+	}
 	// Added after the subscription ended: seen by the read after the
 	// watch subscribed again, and the next by that subscription.
 	for _, p := range []netip.Prefix{netip.MustParsePrefix("10.216.255.1/32"), netip.MustParsePrefix("10.216.255.2/32")} {
 		node.AddAddr(t, br, p)
 		waitAddrs(w, func(a []netip.Addr) bool { return slices.Contains(a, p.Addr()) })
 	}
+}
 
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("Run() = %v, want nil when ctx ends", err)
+// TestAddrWatchChurn: addresses added and removed faster than the watch
+// reads the list, each read interrupted by the next change, are no failure
+// of the watch: it reads again after them, without a warning, and ends
+// with the addresses that stay. Five reads interrupted in a row failed it
+// (a warning, and a second with the addresses of before).
+func TestAddrWatchChurn(t *testing.T) {
+	leakcheck.Register(t, "/datapath/podns/", "/vishvananda/netlink")
+	node := sandbox.NewNetNS(t)
+	br, addr := bridgeWithAddrs(t, node)
+	w, logs := runWatch(t, node)
+
+	const rereads, most = 3, 1 << 20
+	n := 0
+	onBridge(t, node, br, func(l netlink.Link) error {
+		for ; n < most && strings.Count(logs.String(), reread) < rereads && interruptedFailure(logs) == ""; n++ {
+			a := addr(many + n%16)
+			if err := netlink.AddrAdd(l, a); err != nil {
+				return err
+			}
+			if err := netlink.AddrDel(l, a); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if line := interruptedFailure(logs); line != "" {
+		t.Errorf("reads interrupted by the changes failed the watch: %.500s", line)
+	} else if n == most {
+		t.Fatalf("%d address changes and no read of the watch interrupted", 2*n)
 	}
+	last := netip.MustParsePrefix("10.216.255.3/32")
+	node.AddAddr(t, br, last)
+	want := []netip.Addr{last.Addr()}
+	for i := range many {
+		want = append(want, netip.AddrFrom4([4]byte(addr(i).IP.To4())))
+	}
+	slices.SortFunc(want, netip.Addr.Compare)
+	waitAddrs(w, func(a []netip.Addr) bool { return slices.Equal(a, want) })
+}
+
+// runWatch starts a watch of node's addresses, logging at Debug, and ends
+// it when t ends.
+func runWatch(t *testing.T, node *sandbox.NetNS) (*podns.AddrWatch, *syncbuf.Buffer) {
+	t.Helper()
+	logs := &syncbuf.Buffer{}
+	w, err := node.WatchAddrs(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() = %v, want nil when ctx ends", err)
+		}
+	})
+	return w, logs
+}
+
+// reread is what the watch logs when changes interrupted its read.
+const reread = "changed while read"
+
+// interruptedFailure is the warning in logs of a watch failed by an
+// interrupted read, or "". An overrun (ENOBUFS) may end the subscription
+// under churn too: that failure is TestAddrWatchResubscribes's, tolerated
+// by TestAddrWatchChurn.
+func interruptedFailure(logs *syncbuf.Buffer) string {
+	for line := range strings.Lines(logs.String()) {
+		if strings.Contains(line, "node address watch failed") && strings.Contains(line, netlink.ErrDumpInterrupted.Error()) {
+			return line
+		}
+	}
+	return ""
+}
+
+// many is how many addresses bridgeWithAddrs gives its bridge: enough that
+// the kernel dumps them in several rounds, so that a change between two
+// rounds interrupts a read, and that each read is slow.
+const many = 2048
+
+// bridgeWithAddrs adds a bridge to node with the addresses addr(0) to
+// addr(many-1); addr(i) is 10.216.<i/256>.<i%256>/32.
+func bridgeWithAddrs(t *testing.T, node *sandbox.NetNS) (string, func(int) *netlink.Addr) {
+	t.Helper()
+	br := sandbox.Name()
+	node.AddBridge(t, br)
+	addr := func(i int) *netlink.Addr {
+		return &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(10, 216, byte(i>>8), byte(i)), Mask: net.CIDRMask(32, 32)}}
+	}
+	onBridge(t, node, br, func(l netlink.Link) error {
+		for i := range many {
+			if err := netlink.AddrAdd(l, addr(i)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return br, addr
 }
 
 // onBridge runs f with the link br of node, inside node.
