@@ -318,9 +318,15 @@ func (p *Picker) MCPSession(h http.Header, c *Choice) {
 		return
 	}
 	if v := h.Get(mcpSessionHeader); v != "" {
-		h.Set(mcpSessionHeader, mcpPrefix(c.token, v)+"."+v)
+		h.Set(mcpSessionHeader, MCPSessionID(v, c))
 	}
 }
+
+// MCPSessionID is id, an MCP session ID c's endpoint issued, as
+// MCPSession passes it on: prefixed with mcpPrefix and a dot. It is for
+// callers that hold the field's value rather than a header, and know the
+// backend speaks MCP.
+func MCPSessionID(id string, c *Choice) string { return mcpPrefix(c.token, id) + "." + id }
 
 // mcpPrefixLen is the length of mcpPrefix: a token and an FNV-32a sum in
 // hex.
@@ -349,12 +355,22 @@ func mcpPrefix(tok, id string) string {
 // back all the same: its 404 then has the client start a new session, as
 // MCP says, and a server that shares sessions between replicas serves it.
 func CutMCPSession(h http.Header) string {
-	pre, id, ok := strings.Cut(h.Get(mcpSessionHeader), ".")
-	if !ok || len(pre) != mcpPrefixLen || mcpPrefix(pre[:tokenLen], id) != pre {
-		return ""
+	id, tok := CutMCPSessionID(h.Get(mcpSessionHeader))
+	if tok != "" {
+		h.Set(mcpSessionHeader, id)
 	}
-	h.Set(mcpSessionHeader, id)
-	return pre[:tokenLen]
+	return tok
+}
+
+// CutMCPSessionID is CutMCPSession on v, the value of a request's
+// Mcp-Session-Id: the ID the backend issued and the token of the endpoint
+// that issued it, or v and "" when v carries no prefix MCPSession added.
+func CutMCPSessionID(v string) (id, tok string) {
+	pre, id, ok := strings.Cut(v, ".")
+	if !ok || len(pre) != mcpPrefixLen || mcpPrefix(pre[:tokenLen], id) != pre {
+		return v, ""
+	}
+	return id, pre[:tokenLen]
 }
 
 // MCPEndpoint returns the endpoint of an MCP backend that tok

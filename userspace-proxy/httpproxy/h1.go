@@ -256,6 +256,9 @@ type h1Conn struct {
 	// are its header lines to forward.
 	plainReq bool
 	fields   []byte
+	// mcp is the token a plain request's MCP session ID named
+	// (cutMCPSession); "" without one.
+	mcp string
 	// plain is the current answer when its head was plain.
 	plain plainAnswer
 	// tunnel is the upstream connection of a WebSocket upgrade the

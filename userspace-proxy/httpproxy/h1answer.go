@@ -73,7 +73,7 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 	bw := s.startAnswer()
 	switch {
 	case plain:
-		s.plain.writeHead(bw, src) // framingLength
+		s.plain.writeHead(bw, src, x.be, c) // framingLength
 	case f == framingNone:
 		// HEAD and 304 keep the Content-Length the backend gave; a 204
 		// has none (RFC 9110 §8.6), whatever the backend sent.

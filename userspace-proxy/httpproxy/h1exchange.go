@@ -13,7 +13,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
@@ -53,7 +52,11 @@ func (s *h1Conn) serve(req *http.Request) bool {
 	if x.fe == nil {
 		return s.fail(req, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 	}
-	x.mcp = balance.CutMCPSession(req.Header)
+	if s.plainReq {
+		x.mcp = s.mcp // cut as it was read (readPlainRequest)
+	} else {
+		x.mcp = balance.CutMCPSession(req.Header)
+	}
 	ref := x.fe.Backend
 	if x.fe.Routes != nil {
 		var forward bool
@@ -224,7 +227,7 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 		choice = c
 		s.up = upstreamConn{uc: uc} // for end, should a panic unwind the exchange
 		cd := armConn(x, uc)
-		resp, body, err := s.send(uc, req, replayable, inline, x.r == nil && !x.setSession && be.Spec.Protocol != snapshot.ProtocolMCP)
+		resp, body, err := s.send(uc, req, replayable, inline, x.r == nil && !x.setSession)
 		if err == nil && x.r != nil && x.r.pol.retryStatus(resp.StatusCode) && s.mayRetry(x, retry, "status", req) {
 			s.watch.stop()
 			discardAnswer(be, uc, resp, cd, halt(body, uc))

@@ -8,6 +8,7 @@ import (
 	"net/url"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
@@ -18,7 +19,9 @@ import (
 // read in those fields (no routes, no session persistence, an HTTP/1.1
 // backend), such a head is checked where it lies in the connection's
 // buffer and passed on as received, less its hop-by-hop lines: no
-// http.Header is built and none written again. Against http.ReadResponse
+// http.Header is built and none written again. An MCP backend's heads
+// are plain too: the one field the proxy rewrites, Mcp-Session-Id, is
+// found among the lines (cutMCPSession, appendMCPKept). Against http.ReadResponse
 // and writeHeader that was a sixth of the proxy's CPU per small answer
 // (test/bench/proxy, keep-alive 100 B from nginx); against
 // http.ReadRequest a tenth. Everything else — another version or method,
@@ -184,6 +187,7 @@ var (
 	connection    = []byte("Connection")
 	contentLength = []byte("Content-Length")
 	host          = []byte("Host")
+	mcpSessionID  = []byte("Mcp-Session-Id")
 	expect        = []byte("Expect")
 	// unplain are the fields that make any head not plain: Pragma, as
 	// net/http adds a Cache-Control for it; Close, as Connection: close
@@ -326,7 +330,7 @@ type plainAnswer struct {
 }
 
 // readAnswer reads an answer's head: as a plain one when plain allows
-// (the proxy reads none of its fields) and it is, else with
+// (the proxy reads none of its fields but an MCP session ID) and it is, else with
 // http.ReadResponse. A plain answer's resp is &s.plain.resp.
 func (s *h1Conn) readAnswer(r *bufio.Reader, req *http.Request, plain bool) (*http.Response, error) {
 	if plain && req.Method != http.MethodHead {
@@ -346,11 +350,55 @@ func (s *h1Conn) readAnswer(r *bufio.Reader, req *http.Request, plain bool) (*ht
 }
 
 // writeHead writes the head to w, without its hop-by-hop lines and the
-// empty line that ends it, and drops it from r, where it still lies.
-func (p *plainAnswer) writeHead(w *bufio.Writer, r *bufio.Reader) {
+// empty line that ends it, and drops it from r, where it still lies; an
+// MCP backend's with its session ID prefixed for c's endpoint
+// (appendMCPKept).
+func (p *plainAnswer) writeHead(w *bufio.Writer, r *bufio.Reader, be *upstream.Backend, c *balance.Choice) {
 	head, _ := r.Peek(p.head.n)
-	w.Write(p.head.appendKept(w.AvailableBuffer(), head, 0))
+	if be.Spec.Protocol == snapshot.ProtocolMCP {
+		w.Write(p.head.appendMCPKept(w.AvailableBuffer(), head, c))
+	} else {
+		w.Write(p.head.appendKept(w.AvailableBuffer(), head, 0))
+	}
 	r.Discard(p.head.n)
+}
+
+// appendMCPKept is appendKept(dst, head, 0) for an answer of an MCP
+// backend from c's endpoint: its session ID goes prefixed, as
+// Picker.MCPSession has it, the first field, when not empty, in the place
+// of all.
+func (h *plainHead) appendMCPKept(dst, head []byte, c *balance.Choice) []byte {
+	mask, _, _, id := mcpField(head[:h.n-2], 1)
+	if len(id) == 0 {
+		return h.appendKept(dst, head, 0)
+	}
+	kept := *h
+	kept.drop |= mask
+	dst = kept.appendKept(dst, head, 0)
+	dst = append(dst, "Mcp-Session-Id: "...)
+	dst = append(dst, balance.MCPSessionID(string(id), c)...)
+	return append(dst, "\r\n"...)
+}
+
+// mcpField finds the Mcp-Session-Id fields in lines, a plain head's lines
+// from line first on, each ending in CRLF (as scanFields checked them):
+// mask has the bit of each (as plainHead.drop numbers lines), n counts
+// them, and value is the first one's, trimmed as textproto trims it, at
+// offset at in lines.
+func mcpField(lines []byte, first int) (mask uint64, n, at int, value []byte) {
+	for i, off := 0, 0; off < len(lines); i++ {
+		line := lines[off : off+bytes.IndexByte(lines[off:], '\n')-1]
+		if name, v, _ := bytes.Cut(line, colon); i >= first && equalFold(name, mcpSessionID) {
+			if mask |= 1 << i; n == 0 {
+				value = bytes.TrimLeft(v, " \t")
+				at = off + len(line) - len(value)
+				value = bytes.TrimRight(value, " \t")
+			}
+			n++
+		}
+		off += len(line) + 2
+	}
+	return mask, n, at, value
 }
 
 // sizedBody reads the n bytes of a plain answer's body; an end before
@@ -389,7 +437,9 @@ func (s *h1Conn) readPlainRequest() *http.Request {
 	if s.head == nil {
 		return nil
 	}
-	if s.v, s.fe = s.t.view(); !plainFor(s.v, s.fe) {
+	s.v, s.fe = s.t.view()
+	plain, mcp := plainFor(s.v, s.fe)
+	if !plain {
 		return nil
 	}
 	h, ok := scanPlainRequest(s.head)
@@ -402,6 +452,12 @@ func (s *h1Conn) readPlainRequest() *http.Request {
 		return nil // net/http refuses it too, with its own error
 	}
 	s.fields = h.appendKept(s.fields[:0], s.head, 1)
+	s.mcp = ""
+	if mcp {
+		if s.fields, s.mcp, ok = cutMCPSession(s.fields); !ok {
+			return nil
+		}
+	}
 	s.br.Discard(h.n)
 	s.head, s.plainReq = nil, true
 	return &http.Request{
@@ -410,25 +466,43 @@ func (s *h1Conn) readPlainRequest() *http.Request {
 	}
 }
 
+// cutMCPSession cuts the prefix Picker.MCPSession added off the MCP
+// session ID in fields, a plain request's kept lines, in place, and
+// returns them and the token of the endpoint it names
+// (balance.CutMCPSession). A request with more than one such field is not
+// taken as plain (ok false): net/http's path makes them one.
+func cutMCPSession(fields []byte) (_ []byte, tok string, ok bool) {
+	_, n, at, value := mcpField(fields, 0)
+	if n != 1 {
+		return fields, "", n == 0
+	}
+	id, tok := balance.CutMCPSessionID(string(value))
+	if tok != "" {
+		fields = append(fields[:at], fields[at+len(value)-len(id):]...)
+	}
+	return fields, tok, true
+}
+
 // maxKeptFields is the most of a plain request's fields an idle
 // connection keeps room for.
 const maxKeptFields = 1 << 10
 
 // plainFor reports whether requests to fe, on view v, may be read plain:
-// no routes, no session persistence, no MCP session IDs to rewrite, and
-// the backend takes HTTP/1.1 — or the request is answered by the proxy
-// itself.
-func plainFor(v *View, fe *snapshot.Frontend) bool {
+// no routes, no session persistence, and the backend takes HTTP/1.1 — or
+// the request is answered by the proxy itself. mcp says the backend
+// speaks MCP: a plain request's session ID is then cut (cutMCPSession).
+func plainFor(v *View, fe *snapshot.Frontend) (plain, mcp bool) {
 	if fe == nil {
-		return true
+		return true, false
 	}
 	if fe.Routes != nil {
-		return false
+		return false, false
 	}
 	be := v.Backends.Get(fe.Backend)
 	if be == nil || be.Err != nil {
-		return true
+		return true, false
 	}
 	w := WireFor(be, 1, false)
-	return be.Spec.SessionPersistence == nil && be.Spec.Protocol != snapshot.ProtocolMCP && (w == upstream.WireH1 || w == upstream.WireNegotiate)
+	plain = be.Spec.SessionPersistence == nil && (w == upstream.WireH1 || w == upstream.WireNegotiate)
+	return plain, be.Spec.Protocol == snapshot.ProtocolMCP
 }

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 )
 
 func TestScanPlainAnswer(t *testing.T) {
@@ -66,10 +68,14 @@ func TestScanPlainAnswer(t *testing.T) {
 
 // FuzzPlainAnswer checks scanPlainAnswer against net/http: a head it
 // takes, net/http reads with the same status, length, close and end, and
-// the lines it forwards carry the fields net/http's path forwards.
+// the lines it forwards carry the fields net/http's path forwards, also
+// for an MCP backend (appendMCPKept, Picker.MCPSession).
 func FuzzPlainAnswer(f *testing.F) {
+	p, c := mcpPicker()
 	for _, s := range []string{
 		"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+		"HTTP/1.1 200 OK\r\nmcp-session-id:  s1 \r\nContent-Length: 2\r\nMcp-Session-Id: s2\r\n\r\nok",
+		"HTTP/1.1 404 Not Found\r\nMcp-Session-Id:\r\nContent-Length: 0\r\nMcp-Session-Id: s2\r\n\r\n",
 		"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 5\r\nConnection: keep-alive, close\r\nKeep-Alive: timeout=5\r\n\r\nhello",
 		"HTTP/1.1 503 \r\nX-A: 1\r\nX-A: 2\r\ncontent-length:3 \r\n\r\nabc",
 		"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTrailer: X\r\nProxy-Connection: x\r\nUpgrade: y\r\n\r\nok",
@@ -101,7 +107,23 @@ func FuzzPlainAnswer(f *testing.F) {
 		if !maps.EqualFunc(fwd.Header, resp.Header, slices.Equal) {
 			t.Fatalf("forwarded fields %v, net/http's path forwards %v\nhead: %q", fwd.Header, resp.Header, raw)
 		}
+		out = append(h.appendMCPKept(nil, raw, c), "\r\n"...)
+		if fwd, err = http.ReadResponse(bufio.NewReader(bytes.NewReader(out)), &http.Request{Method: http.MethodGet}); err != nil {
+			t.Fatalf("the forwarded MCP head %q does not parse: %v", out, err)
+		}
+		p.MCPSession(resp.Header, c)
+		if !maps.EqualFunc(fwd.Header, resp.Header, slices.Equal) {
+			t.Fatalf("forwarded MCP fields %v, net/http's path forwards %v\nhead: %q", fwd.Header, resp.Header, raw)
+		}
 	})
+}
+
+// mcpPicker is the picker of an MCP backend of one endpoint, and its
+// choice of it.
+func mcpPicker() (*balance.Picker, *balance.Choice) {
+	p := balance.New(&snapshot.Backend{Protocol: snapshot.ProtocolMCP,
+		Endpoints: []snapshot.Endpoint{{Addr: netip.MustParseAddrPort("10.0.0.1:80"), Ready: true, Serving: true}}}, nil, nil)
+	return p, p.Pick()
 }
 
 // BenchmarkHeads reads a curl request's head and nginx's answer head as
@@ -210,9 +232,15 @@ func TestScanPlainRequest(t *testing.T) {
 // FuzzPlainRequest checks scanPlainRequest against net/http: a head it
 // takes (and url.ParseRequestURI, as readPlainRequest asks), net/http
 // reads as the same bodiless request, with the same end, and the lines it
-// forwards carry the fields net/http's path forwards.
+// forwards carry the fields net/http's path forwards, also for an MCP
+// backend, which cuts the same session ID (cutMCPSession,
+// balance.CutMCPSession) or takes the request as not plain.
 func FuzzPlainRequest(f *testing.F) {
+	_, c := mcpPicker()
+	session := balance.MCPSessionID("s1", c)
 	for _, s := range []string{
+		"GET / HTTP/1.1\r\nHost: a\r\nmcp-session-id:  " + session + " \r\nX-A: 1\r\n\r\n",
+		"GET / HTTP/1.1\r\nHost: a\r\nMcp-Session-Id: " + session + "\r\nMcp-Session-Id: s2\r\n\r\n",
 		"GET / HTTP/1.1\r\nHost: a\r\n\r\n",
 		"GET /p?q HTTP/1.1\r\nHost: a:80\r\nConnection: keep-alive\r\nUser-Agent: x\r\nX-A: 1\r\nX-A: 2\r\n\r\nGET / HTTP/1.1\r\n",
 		"HEAD /%41 HTTP/1.1\r\nConnection: close, close\r\nProxy-Connection: x\r\nTrailer: y\r\nHost: b\r\n\r\n",
@@ -249,6 +277,20 @@ func FuzzPlainRequest(f *testing.F) {
 		if !maps.EqualFunc(fwd.Header, req.Header, slices.Equal) {
 			t.Fatalf("forwarded fields %v, net/http's path forwards %v\nhead: %q", fwd.Header, req.Header, raw)
 		}
+		fields, tok, ok := cutMCPSession(h.appendKept(nil, raw, 1))
+		if !ok {
+			if n := len(req.Header.Values("Mcp-Session-Id")); n < 2 {
+				t.Fatalf("not plain for MCP with %d session IDs\nhead: %q", n, raw)
+			}
+			return
+		}
+		out = append([]byte("GET / HTTP/1.1\r\n"), fields...)
+		if fwd, err = http.ReadRequest(bufio.NewReader(bytes.NewReader(append(out, "\r\n"...)))); err != nil {
+			t.Fatalf("the forwarded MCP fields %q do not parse: %v", out, err)
+		}
+		if want := balance.CutMCPSession(req.Header); tok != want || !maps.EqualFunc(fwd.Header, req.Header, slices.Equal) {
+			t.Fatalf("forwarded MCP fields %v (token %q), net/http's path forwards %v (token %q)\nhead: %q", fwd.Header, tok, req.Header, want, raw)
+		}
 	})
 }
 
@@ -256,7 +298,10 @@ func FuzzPlainRequest(f *testing.F) {
 // read go through as they came, less their hop-by-hop lines (names in
 // their case, values with their spaces); with session persistence, whose
 // header the proxy reads and sets, net/http's parser reads them and the
-// fields arrive as it writes them.
+// fields arrive as it writes them. An MCP backend's go through as they
+// came too, but for the session ID: the request's loses the prefix the
+// proxy added (an ID without one stays as it is), the answer's gains it.
+// Before, an MCP backend's heads went through net/http's parser.
 func TestPlainHeads(t *testing.T) {
 	heads := make(chan string, 1)
 	ep := serveRaw(t, func(c net.Conn) {
@@ -271,29 +316,41 @@ func TestPlainHeads(t *testing.T) {
 				head.WriteString(line)
 			}
 			heads <- head.String()
-			io.WriteString(c, "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-odd:  v  \r\nKeep-Alive: timeout=5\r\nConnection: keep-alive\r\n\r\nok")
+			io.WriteString(c, "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-odd:  v  \r\nmcp-session-id:  s1 \r\nKeep-Alive: timeout=5\r\nConnection: keep-alive\r\n\r\nok")
 		}
 	})
-	const request = "GET /p?q=1 HTTP/1.1\r\nHost: svc\r\nx-lower:  v \r\nConnection: keep-alive\r\n\r\n"
+	const request = "GET /p?q=1 HTTP/1.1\r\nHost: svc\r\nx-lower:  v \r\nConnection: keep-alive\r\n"
+	session := balance.MCPSessionID("s1", balance.New(&snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}}, nil, nil).Pick())
 	for _, c := range []struct {
 		name     string
 		sp       *snapshot.SessionPersistence
+		protocol snapshot.Protocol
+		fields   string // the request's, after request's
 		sent     string
 		answered []string // the answer head's lines, in any order after the first
 	}{
-		{"plain", nil,
+		{"plain", nil, "", "",
 			"GET /p?q=1 HTTP/1.1\r\nHost: svc\r\nx-lower:  v \r\n\r\n",
-			[]string{"HTTP/1.1 200 OK", "content-length: 2", "x-odd:  v  "}},
-		{"session persistence", &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "x-session"},
+			[]string{"HTTP/1.1 200 OK", "content-length: 2", "x-odd:  v  ", "mcp-session-id:  s1 "}},
+		{"session persistence", &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "x-session"}, "", "",
 			"GET /p?q=1 HTTP/1.1\r\nHost: svc\r\nX-Lower: v\r\n\r\n",
-			[]string{"HTTP/1.1 200 OK", "Content-Length: 2", "X-Odd: v", "X-Session: "}},
+			[]string{"HTTP/1.1 200 OK", "Content-Length: 2", "X-Odd: v", "Mcp-Session-Id: s1", "X-Session: "}},
+		{"MCP session", nil, snapshot.ProtocolMCP, "mcp-session-id: " + session + " \r\n",
+			"GET /p?q=1 HTTP/1.1\r\nHost: svc\r\nx-lower:  v \r\nmcp-session-id: s1 \r\n\r\n",
+			[]string{"HTTP/1.1 200 OK", "content-length: 2", "x-odd:  v  ", "Mcp-Session-Id: " + session}},
+		{"MCP, no session", nil, snapshot.ProtocolMCP, "",
+			"GET /p?q=1 HTTP/1.1\r\nHost: svc\r\nx-lower:  v \r\n\r\n",
+			[]string{"HTTP/1.1 200 OK", "content-length: 2", "x-odd:  v  ", "Mcp-Session-Id: " + session}},
+		{"MCP, the app's own ID", nil, snapshot.ProtocolMCP, "mcp-session-id: 0123456789abcdef.s1\r\n",
+			"GET /p?q=1 HTTP/1.1\r\nHost: svc\r\nx-lower:  v \r\nmcp-session-id: 0123456789abcdef.s1\r\n\r\n",
+			[]string{"HTTP/1.1 200 OK", "content-length: 2", "x-odd:  v  ", "Mcp-Session-Id: " + session}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			fx := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}, SessionPersistence: c.sp})
+			fx := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}, SessionPersistence: c.sp, Protocol: c.protocol})
 			cl := fx.dial()
 			cl.c.SetDeadline(time.Now().Add(10 * time.Second))
 			for range 2 { // the second on the pooled connection
-				cl.send(request)
+				cl.send(request + c.fields + "\r\n")
 				if got := <-heads; got != c.sent {
 					t.Errorf("the backend got %q, want %q", got, c.sent)
 				}
