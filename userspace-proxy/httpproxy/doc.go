@@ -34,7 +34,8 @@
 // server and the Transport); the fast path writes only the framing of what
 // they parsed, but for heads of the common shape (bodiless GET and HEAD
 // requests, answers with one Content-Length), which it checks and forwards
-// as they came when it needs none of their fields (h1head.go: what it
+// as they came when it needs none of their fields but an MCP session ID,
+// rewritten in place (h1head.go: what it
 // takes, net/http reads alike — FuzzPlainRequest, FuzzPlainAnswer). It must not dial anything but the
 // endpoints upstream.Backend hands out, and never answers a fail-closed
 // backend with anything but 503 (UNAVAILABLE for gRPC).
