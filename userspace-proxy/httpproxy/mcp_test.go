@@ -245,23 +245,40 @@ func TestMCPSessionRouteMatch(t *testing.T) {
 
 // TestMCPSessionWeightedSplit: under a rule that splits by weight, an MCP
 // session stays on the backend and replica that issued it, whatever the
-// weights, while new sessions follow them; a session whose replica is
-// gone, or whose backendRef now weighs 0, goes where the weights say
-// (there, a 404 has the client start over). Before, each request was
-// drawn by weight: the session's requests went to the other backend,
-// which answered 404.
+// weights, a backendRef drained to weight 0 included, while new sessions
+// follow them; a session whose replica is gone, or whose backendRef left
+// the rule, goes where the weights say (there, a 404 has the client start
+// over). Before, each request was drawn by weight: the session's requests
+// went to the other backend, which answered 404; and until the
+// eighteenth session a weight of 0 moved them likewise.
 func TestMCPSessionWeightedSplit(t *testing.T) {
 	canaryRef := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: "canary", Port: 80}
 	stable := snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: []snapshot.Endpoint{mcpServer(t, "a1"), mcpServer(t, "a2")}}
 	canary := snapshot.Backend{Ref: canaryRef, Protocol: snapshot.ProtocolMCP, Endpoints: []snapshot.Endpoint{mcpServer(t, "b1")}}
 	f := newFixture(t, Config{}, stable)
-	split := func(version uint64, stable snapshot.Backend, stableWeight, canaryWeight uint32) {
+	third := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: "third", Port: 80}
+	thirdBe := snapshot.Backend{Ref: third, Protocol: snapshot.ProtocolMCP, Endpoints: []snapshot.Endpoint{mcpServer(t, "c1")}}
+	rule := func(version uint64, stable snapshot.Backend, backends ...snapshot.WeightedBackend) {
 		f.updateRoutes(version, stable, &snapshot.RouteTable{Producer: &snapshot.RouteSet{
 			Kind:    snapshot.KindHTTPRoute,
 			Matches: []snapshot.RouteMatch{{Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}}},
-			Rules: []snapshot.RouteRule{{Backends: []snapshot.WeightedBackend{
-				{Weight: stableWeight, Backend: backendRef}, {Weight: canaryWeight, Backend: canaryRef}}}},
-		}}, canary)
+			Rules:   []snapshot.RouteRule{{Backends: backends}},
+		}}, canary, thirdBe)
+	}
+	split := func(version uint64, stable snapshot.Backend, stableWeight, canaryWeight uint32) {
+		rule(version, stable, snapshot.WeightedBackend{Weight: stableWeight, Backend: backendRef},
+			snapshot.WeightedBackend{Weight: canaryWeight, Backend: canaryRef})
+	}
+	// sessionOn checks that a request of the session id reaches issuer,
+	// which gets its own ID back.
+	sessionOn := func(c *http.Client, id, issuer, issued, when string) {
+		t.Helper()
+		for _, method := range []string{"POST", "POST", "GET", "POST", "POST"} {
+			resp, body := mcpDo(t, c, method, id)
+			if resp.StatusCode != http.StatusOK || strings.TrimSpace(strings.TrimPrefix(body, "data: ")) != issuer+" "+issued {
+				t.Errorf("%s with the session, %s: %d %q, want 200 from %s", method, when, resp.StatusCode, body, issuer)
+			}
+		}
 	}
 	for i, app := range []string{"h1", "h2c"} {
 		t.Run(app, func(t *testing.T) {
@@ -275,18 +292,29 @@ func TestMCPSessionWeightedSplit(t *testing.T) {
 			id := resp.Header.Get("Mcp-Session-Id")
 			issuer, issued, _ := strings.Cut(body, " ")
 			split(version+1, stable, 1, 1000000) // nearly all to the canary
-			for _, method := range []string{"POST", "POST", "GET", "POST", "POST"} {
-				resp, body := mcpDo(t, c, method, id)
-				if resp.StatusCode != http.StatusOK || strings.TrimSpace(strings.TrimPrefix(body, "data: ")) != issuer+" "+issued {
-					t.Errorf("%s with the session: %d %q, want 200 from %s", method, resp.StatusCode, body, issuer)
-				}
-			}
+			sessionOn(c, id, issuer, issued, "stable weighing 1 of 1000001")
 			if _, body := mcpDo(t, c, http.MethodPost, ""); !strings.HasPrefix(body, "b1 ") {
 				t.Errorf("a new session began on %q, want the canary's b1 as the weights say", body)
 			}
 
-			// The issuing replica gone, or its backendRef weighing 0: the
-			// weights pick the canary, which gets the server's own ID.
+			// Stable drained to weight 0: its session stays; every new
+			// session goes to the canary.
+			split(version+2, stable, 0, 1)
+			sessionOn(c, id, issuer, issued, "stable weighing 0")
+			for range 4 {
+				if _, body := mcpDo(t, c, http.MethodPost, ""); !strings.HasPrefix(body, "b1 ") {
+					t.Errorf("a new session began on %q with stable weighing 0, want the canary's b1", body)
+				}
+			}
+
+			// Stable's backendRef gone from the rule (which still splits,
+			// so that a session could stay), or its issuing replica gone:
+			// the weights pick the canary, which gets the server's own ID.
+			rule(version+3, stable, snapshot.WeightedBackend{Weight: 1, Backend: canaryRef},
+				snapshot.WeightedBackend{Weight: 0, Backend: third})
+			if resp, body := mcpDo(t, c, http.MethodPost, id); resp.StatusCode != http.StatusNotFound || body != "b1 "+issued {
+				t.Errorf("POST with a session of a backendRef removed: %d %q, want 404 from b1, which got %q", resp.StatusCode, body, issued)
+			}
 			rest := stable
 			rest.Endpoints = nil
 			for j, name := range []string{"a1", "a2"} {
@@ -294,13 +322,9 @@ func TestMCPSessionWeightedSplit(t *testing.T) {
 					rest.Endpoints = append(rest.Endpoints, stable.Endpoints[j])
 				}
 			}
-			split(version+2, rest, 1, 1000000)
+			split(version+4, rest, 0, 1)
 			if resp, body := mcpDo(t, c, http.MethodPost, id); resp.StatusCode != http.StatusNotFound || body != "b1 "+issued {
-				t.Errorf("POST with a session of a replica gone: %d %q, want 404 from b1, which got %q", resp.StatusCode, body, issued)
-			}
-			split(version+3, stable, 0, 1)
-			if resp, body := mcpDo(t, c, http.MethodPost, id); resp.StatusCode != http.StatusNotFound || body != "b1 "+issued {
-				t.Errorf("POST with a session of a backendRef weighing 0: %d %q, want 404 from b1, which got %q", resp.StatusCode, body, issued)
+				t.Errorf("POST with a session of a replica gone, its backendRef weighing 0: %d %q, want 404 from b1, which got %q", resp.StatusCode, body, issued)
 			}
 		})
 	}

@@ -125,8 +125,9 @@ func (h *Handler) route(x *exchange, r *http.Request, rt *routed) (ref snapshot.
 
 // issuedMCP reports whether ref leads to the endpoint that issued the
 // request's MCP session (x.mcp) while it serves: a rule that splits by
-// weight keeps the session there (routes.Request.Keep), as another
-// backend's replicas do not know it; its new sessions follow the weights.
+// weight keeps the session there (routes.Request.Keep), a backendRef of
+// weight 0 included, as another backend's replicas do not know it; its new
+// sessions follow the weights.
 func (x *exchange) issuedMCP(ref snapshot.BackendRef) bool {
 	be := x.v.Backends.Get(ref)
 	return be != nil && be.Err == nil && be.Picker.MCPEndpoint(x.mcp, time.Time{}) != nil

@@ -81,8 +81,9 @@ type Request struct {
 	// Keep, when set, accepts the backendRefs the request must stay on
 	// whatever the weights (an MCP session lives in the server that
 	// issued it): Decide forwards to the first of the matching rule's
-	// backendRefs with a weight that Keep accepts, and draws by weight
-	// only when it accepts none.
+	// backendRefs that Keep accepts, one of weight 0 included, and draws
+	// by weight only when it accepts none. A rule whose weights are all 0
+	// keeps nothing: it answers 500.
 	Keep func(snapshot.BackendRef) bool
 }
 
@@ -269,16 +270,17 @@ func (s *Set) Decide(req *Request, rnd Rand, d *Decision) {
 	d.Timeouts, d.Retry, d.SessionPersistence = r.src.Timeouts, r.src.Retry, r.src.SessionPersistence
 }
 
-// kept returns the first of r's backendRefs that has a weight, resolves
-// and keep accepts (Request.Keep); nil when there is none, or no choice
-// to make. A weight of 0 keeps nothing: the API sends such a backendRef no
-// request at all.
+// kept returns the first of r's backendRefs that resolves and keep
+// accepts (Request.Keep); nil when there is none, or no choice to make. A
+// backendRef of weight 0 keeps what it accepts, as the draw never picks it:
+// setting a weight to 0 is how an operator drains a backend, and it must
+// not end the MCP sessions it serves at once.
 func (r *rule) kept(keep func(snapshot.BackendRef) bool) *backend {
 	if keep == nil || len(r.backends) < 2 {
 		return nil
 	}
 	for j := range r.backends {
-		if b := &r.backends[j]; b.weight > 0 && !b.invalid && keep(b.ref) {
+		if b := &r.backends[j]; !b.invalid && keep(b.ref) {
 			return b
 		}
 	}

@@ -530,8 +530,12 @@ func TestWeights(t *testing.T) {
 			[]uint64{0, 2}, []any{v2, v2}, []snapshot.BackendRef{v3, v2}},
 		{"kept by none: drawn", []snapshot.WeightedBackend{{Weight: 70, Backend: v1}, {Weight: 30, Backend: v2}},
 			[]uint64{0, 70}, []any{v1, v2}, []snapshot.BackendRef{v3}},
-		{"weight 0 keeps nothing", []snapshot.WeightedBackend{{Weight: 0, Backend: v1}, {Weight: 5, Backend: v2}},
-			[]uint64{0}, []any{v2}, []snapshot.BackendRef{v1}},
+		{"weight 0 keeps what it accepts", []snapshot.WeightedBackend{{Weight: 5, Backend: v2}, {Weight: 0, Backend: v1}},
+			[]uint64{0, 4}, []any{v1, v1}, []snapshot.BackendRef{v1}},
+		{"weight 0 is never drawn", []snapshot.WeightedBackend{{Weight: 0, Backend: v1}, {Weight: 5, Backend: v2}},
+			[]uint64{0, 4}, []any{v2, v2}, []snapshot.BackendRef{v3}},
+		{"all weights zero keep nothing", []snapshot.WeightedBackend{{Weight: 0, Backend: v1}, {Weight: 0, Backend: v2}},
+			[]uint64{0}, []any{ReasonNoBackend}, []snapshot.BackendRef{v1}},
 	}
 	for _, tc := range tests {
 		s := oneRule(snapshot.RouteRule{Backends: tc.backends}, snapshot.RouteMatch{Path: prefix("/")})
