@@ -15,6 +15,7 @@
 package sockio
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -23,6 +24,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // Conn is a TCP connection whose Read and Write are raw system calls. The
@@ -393,6 +396,44 @@ func Cork(c net.Conn) {
 		on := int32(1)
 		syscall.RawSyscall6(syscall.SYS_SETSOCKOPT, fd, syscall.IPPROTO_TCP, syscall.TCP_CORK, uintptr(unsafe.Pointer(&on)), 4, 0)
 	})
+}
+
+// AwaitHangup waits, reading nothing, until the peer of the TCP connection
+// under c's wrappers ends its stream (FIN) or resets it, and returns nil
+// then; otherwise it returns what ended the wait: c's read deadline
+// (os.ErrDeadlineExceeded), c's close, or ErrNotTCP. Bytes the peer sent
+// before its end stay unread: a reader that must not consume them (a
+// request body held for later) can still learn that the peer left, which
+// a read finds only behind them. Not while another read of c is in
+// progress.
+func AwaitHangup(c net.Conn) error {
+	tc := TCP(c)
+	if tc == nil {
+		return ErrNotTCP
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("await hangup: %w", err)
+	}
+	// The netpoller wakes the read on each change of the socket (Go
+	// registers EPOLLRDHUP, edge-triggered): a false return waits for
+	// the next one, so bytes that come do not make this spin.
+	return rc.Read(hungUp)
+}
+
+// ErrNotTCP: no TCP connection is under a net.Conn's wrappers.
+var ErrNotTCP = errors.New("sockio: no TCP connection under the net.Conn")
+
+// hungUp reports whether the peer of socket fd ended its stream or reset
+// it (or the socket failed), without reading.
+func hungUp(fd uintptr) bool {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
+	for {
+		n, err := unix.Poll(fds, 0)
+		if err != unix.EINTR {
+			return err == nil && n > 0 && fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0
+		}
+	}
 }
 
 // Reset closes c with a TCP reset (SO_LINGER 0) when a TCP connection is

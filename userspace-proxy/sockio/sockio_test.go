@@ -373,3 +373,46 @@ func TestReadPooled(t *testing.T) {
 		t.Errorf("%d buffers left out", out)
 	}
 }
+
+// TestAwaitHangup: AwaitHangup waits while the peer is there, bytes it
+// sent unread or not, returns once it ends its stream or resets it, and
+// leaves what it sent to be read.
+func TestAwaitHangup(t *testing.T) {
+	c, s := pair(t)
+	s.Write([]byte("body"))
+	c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if err := AwaitHangup(c); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("AwaitHangup with the peer there, bytes waiting = %v; want os.ErrDeadlineExceeded", err)
+	}
+	c.SetReadDeadline(time.Time{})
+	done := make(chan error, 1)
+	go func() { done <- AwaitHangup(c) }()
+	s.Write([]byte(" more"))
+	s.Close()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("AwaitHangup after the peer's FIN = %v; want nil", err)
+		}
+	case <-time.After(10 * time.Second): // a hang guard
+		t.Fatal("AwaitHangup did not return after the peer's FIN")
+	}
+	if b, err := io.ReadAll(c); err != nil || string(b) != "body more" {
+		t.Fatalf("read after AwaitHangup = %q, %v; want %q", b, err, "body more")
+	}
+
+	c, s = pair(t)
+	s.Write([]byte("body"))
+	s.SetLinger(0)
+	s.Close() // a reset
+	if err := AwaitHangup(c); err != nil {
+		t.Fatalf("AwaitHangup after the peer's reset = %v; want nil", err)
+	}
+
+	p, q := net.Pipe()
+	defer p.Close()
+	defer q.Close()
+	if err := AwaitHangup(p); !errors.Is(err, ErrNotTCP) {
+		t.Fatalf("AwaitHangup on a pipe = %v; want ErrNotTCP", err)
+	}
+}
