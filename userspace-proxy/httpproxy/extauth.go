@@ -29,10 +29,12 @@ import (
 
 // authorize asks x's authorization server about r. It reports whether r
 // may go on (with the server's headers added); if not, a is the client's
-// answer. watch, when not nil, watches the client once its body is read,
-// until the stop it returns: a client that leaves cancels the ask (the
-// fast path's, whose requests have no context; net/http's cancel theirs).
-func (h *Handler) authorize(x *exchange, r *http.Request, watch func(context.CancelFunc) (stop func())) (a localAnswer, ok bool) {
+// answer. watch, when not nil, watches the client while the server is
+// asked, until the stop it returns: a client that leaves cancels the ask
+// (the fast path's, whose requests have no context; net/http's cancel
+// theirs). held tells it the request's body is unread, kept for the
+// backend: the filter forwards none.
+func (h *Handler) authorize(x *exchange, r *http.Request, watch func(cancel context.CancelFunc, held bool) (stop func())) (a localAnswer, ok bool) {
 	ea := x.r.d.ExternalAuth
 	body, err := authBody(r, ea.MaxBody)
 	if errors.Is(err, errAuthBodyTooLarge) {
@@ -43,7 +45,7 @@ func (h *Handler) authorize(x *exchange, r *http.Request, watch func(context.Can
 	var denied *localAnswer
 	if err == nil {
 		if watch != nil {
-			defer watch(cancel)()
+			defer watch(cancel, body == nil && r.Body != nil && r.Body != http.NoBody)()
 		}
 		ask := h.askHTTP
 		if ea.GRPC {

@@ -119,9 +119,13 @@ func (s *h1Conn) serve(req *http.Request) bool {
 }
 
 // watchAuth watches the client while its request's authorization server
-// is asked (Handler.authorize): one that leaves cancels the ask.
-func (s *h1Conn) watchAuth(cancel context.CancelFunc) (stop func()) {
+// is asked (Handler.authorize): one that leaves cancels the ask. held says
+// the request's body is unread, kept for the backend.
+func (s *h1Conn) watchAuth(cancel context.CancelFunc, held bool) (stop func()) {
 	s.watch.start(nil, cancel)
+	if held {
+		s.watch.hold()
+	}
 	return s.watch.stop
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
 
 // An app that leaves while its request is answered (it timed out, or
@@ -42,6 +43,11 @@ type clientWatch struct {
 	on     bool
 	uc     *pool.Conn
 	cancel context.CancelFunc
+	// held says the client's next bytes are the watched request's body,
+	// held unread for the backend (while an ExternalAuth server that gets
+	// no body is asked): the watch must not stop at them, as at a
+	// pipelined request, and waits for the client's hangup instead.
+	held bool
 	// done is non-nil while a read of the client runs, closed when it
 	// returns.
 	done chan struct{}
@@ -99,6 +105,7 @@ func (w *clientWatch) fire() {
 	}
 	done := make(chan struct{})
 	w.done = done
+	held := w.held
 	s.c.SetReadDeadline(time.Time{}) // an idle deadline may be armed; stop restores it
 	w.mu.Unlock()
 	defer close(done)
@@ -106,7 +113,7 @@ func (w *clientWatch) fire() {
 	func() {
 		// A panic here reads as the client gone: the exchange ends.
 		defer s.h.cfg.Panics.Recover("client watch", &err, nil)
-		_, err = s.br.Peek(1)
+		err = w.wait(held)
 	}()
 	if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 		return // a pipelined request, or stop
@@ -119,6 +126,34 @@ func (w *clientWatch) fire() {
 	}
 	w.gone.Store(true)
 	w.end()
+}
+
+// wait returns when the client sends a byte (nil) or leaves (an error),
+// or at stop's deadline. When held, a byte is the request's body, which
+// the backend is still to get: it waits, reading no further, for the
+// client's hangup. An app that sent its whole body and left was noticed
+// only when the wait gave up otherwise (ExternalAuthTimeout).
+func (w *clientWatch) wait(held bool) error {
+	_, err := w.s.br.Peek(1)
+	if err != nil || !held {
+		return err
+	}
+	switch err := sockio.AwaitHangup(w.s.c); {
+	case err == nil:
+		return errClientGone
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return err
+	default:
+		return nil // no socket to wait on: as at a pipelined request
+	}
+}
+
+// hold says the watched request's body is held unread (held); start
+// first.
+func (w *clientWatch) hold() {
+	w.mu.Lock()
+	w.held = true
+	w.mu.Unlock()
 }
 
 // end ends the watched exchange's wait on the backend; under mu.
@@ -146,7 +181,7 @@ func (w *clientWatch) stop() {
 		return
 	}
 	w.mu.Lock()
-	w.on, w.uc, w.cancel = false, nil, nil
+	w.on, w.uc, w.cancel, w.held = false, nil, nil, false
 	done := w.done
 	w.done = nil
 	if done != nil {

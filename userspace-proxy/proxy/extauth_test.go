@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -431,16 +433,40 @@ func TestRouteExternalAuthFailover(t *testing.T) {
 
 // TestRouteExternalAuthClientLeaves: on the fast path, an app that leaves
 // while its request's authorization server has not answered cancels the
-// ask — the server sees its request's context end. The ask went on until
-// ExternalAuthTimeout before (here an hour).
+// ask — the server sees its request's context end — with or without a
+// body the filter does not forward. The ask went on until
+// ExternalAuthTimeout before (here an hour): for a bodiless request until
+// the watch came; with a body, until the eighteenth session, as the watch
+// stopped at its first byte. An app that stays while the server takes its
+// time gets its body to the backend whole: the watch reads none of it.
 func TestRouteExternalAuthClientLeaves(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{routing: httpproxy.RoutingConfig{ExternalAuthTimeout: time.Hour}})
-	asked, canceled := make(chan struct{}), make(chan struct{})
+	large := strings.Repeat("0123456789abcdef", 4<<10) // 64 KiB: more than the proxy's read buffer
+	// id: the request, sent whole before the app leaves
+	leaves := map[string]string{
+		"l1": "GET /?id=l1 HTTP/1.1\r\nHost: app.b.svc\r\n\r\n",
+		"l2": "POST /?id=l2 HTTP/1.1\r\nHost: app.b.svc\r\nContent-Length: 5\r\n\r\nhello",
+		"l3": "POST /?id=l3 HTTP/1.1\r\nHost: app.b.svc\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+		"l4": fmt.Sprintf("POST /?id=l4 HTTP/1.1\r\nHost: app.b.svc\r\nContent-Length: %d\r\n\r\n%s", len(large), large),
+	}
+	asked, canceled := map[string]chan struct{}{}, map[string]chan struct{}{}
+	for id := range leaves {
+		asked[id], canceled[id] = make(chan struct{}), make(chan struct{})
+	}
 	auth := startRecorder(t, nil, func(_ http.ResponseWriter, r *http.Request, _ int) bool {
-		close(asked)
+		id := r.URL.Query().Get("id")
+		if asked[id] == nil {
+			// The app stays: answer once the watch waits on it, which
+			// it does from a second on.
+			if !waitGoroutine("sockio.AwaitHangup(") {
+				t.Errorf("%s: no watch waited for the app's hangup while its body was held", id)
+			}
+			return false
+		}
+		close(asked[id])
 		<-r.Context().Done()
-		close(canceled)
+		close(canceled[id])
 		return true
 	})
 	backend := startRecorder(t, nil, nil)
@@ -452,16 +478,39 @@ func TestRouteExternalAuthClientLeaves(t *testing.T) {
 			ExternalAuth: &snapshot.ExternalAuth{Backend: authRef}}}},
 	)))
 	e.p.Update(m.snapshot(1))
+	for _, id := range slices.Sorted(maps.Keys(leaves)) {
+		rc := e.rawClient(t, routedVIP)
+		rc.send(leaves[id])
+		<-asked[id]
+		rc.c.Close()
+		select {
+		case <-canceled[id]:
+		case <-time.After(hangGuard): // far below the hour
+			t.Fatalf("%s: the authorization server's request was not canceled after the app left", id)
+		}
+		if got := backend.count(id); got != 0 {
+			t.Errorf("%s: the backend saw %d requests of an app that left, want 0", id, got)
+		}
+	}
+
 	rc := e.rawClient(t, routedVIP)
-	rc.send("GET /?id=l1 HTTP/1.1\r\nHost: app.b.svc\r\n\r\n")
-	<-asked
-	rc.c.Close()
-	select {
-	case <-canceled:
-	case <-time.After(30 * time.Second): // a hang guard, far below the hour
-		t.Fatal("the authorization server's request was not canceled after the app left")
+	rc.send(fmt.Sprintf("POST /?id=s1 HTTP/1.1\r\nHost: app.b.svc\r\nContent-Length: %d\r\n\r\n%s", len(large), large))
+	if resp, body := rc.read(http.MethodPost); resp.StatusCode != http.StatusOK || body != "ok" {
+		t.Errorf("an app that stays: %d %q, want 200 ok", resp.StatusCode, body)
 	}
-	if got := backend.count("l1"); got != 0 {
-		t.Errorf("the backend saw %d requests of an app that left, want 0", got)
+	if got := seenID(t, backend, "s1").Body; string(got) != large {
+		t.Errorf("an app that stays: the backend got %d bytes of its body, want the %d sent", len(got), len(large))
 	}
+}
+
+// waitGoroutine waits, up to hangGuard, for a goroutine with fn
+// (package.function and its opening parenthesis) on its stack.
+func waitGoroutine(fn string) bool {
+	buf := make([]byte, 1<<20)
+	for deadline := time.Now().Add(hangGuard); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if strings.Contains(string(buf[:runtime.Stack(buf, true)]), fn) {
+			return true
+		}
+	}
+	return false
 }
