@@ -10,6 +10,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
+	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
@@ -25,7 +26,11 @@ import (
 // and the request goes nowhere. A server that cannot be asked (no
 // ready endpoint, every one tried refused, TLS failure, no answer within
 // RoutingConfig.ExternalAuthTimeout) fails the request closed with 503: the
-// fault is the proxy's, not the client's credentials.
+// fault is the proxy's, not the client's credentials. Every answer the
+// filter gives carries the rule's response header changes and CORS
+// headers, as the rule's other answers do: a browser shows a page's script
+// a denial only with the CORS headers (without them, the script cannot
+// send its user to log in).
 
 // authorize asks x's authorization server about r. It reports whether r
 // may go on (with the server's headers added); if not, a is the client's
@@ -61,19 +66,36 @@ func (h *Handler) authorize(x *exchange, r *http.Request, watch func(cancel cont
 	case denied != nil:
 		h.m.routeAnswers.WithLabelValues("ext_auth_denied").Inc()
 		h.m.request(x.fe, denied.status, "none")
+		ruleDenial(&x.r.d, denied.header)
 		return *denied, false
 	}
 	return localAnswer{}, true
 }
 
+// ruleDenial gives h, the header of the server's denial, the rule's
+// response header changes and CORS headers, as a backend's answer gets
+// them (a field both set is the rule's), but for Content-Type: the body is
+// the server's, and its type (or none) stays the server's.
+func ruleDenial(d *routes.Decision, h http.Header) {
+	ct, typed := h["Content-Type"]
+	d.ApplyResponse(h)
+	delete(h, "Content-Type")
+	if typed {
+		h["Content-Type"] = ct
+	}
+}
+
 // authRefused counts, logs and answers a request the filter refuses
-// without the server's word.
+// without the server's word: a text answer of the proxy's own, with the
+// rule's response header changes and CORS headers.
 func (h *Handler) authRefused(x *exchange, reason string, status int, err error) localAnswer {
 	h.log.Debug("external auth failed", "service", x.fe.Service.String(), "reason", reason, "err", err)
 	h.m.routeAnswers.WithLabelValues(reason).Inc()
 	h.m.request(x.fe, status, "none")
-	return localAnswer{status: status, header: http.Header{"Content-Type": textPlain, "X-Content-Type-Options": nosniff},
-		body: []byte("sockmesh: " + reason + "\n")}
+	hdr := http.Header{}
+	x.r.d.ApplyResponse(hdr)
+	plainText(hdr)
+	return localAnswer{status: status, header: hdr, body: []byte("sockmesh: " + reason + "\n")}
 }
 
 // authBody reads r's body for the authorization server when the filter

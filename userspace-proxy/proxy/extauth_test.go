@@ -42,6 +42,9 @@ import (
 // HTTP/1 server read on for up to 256 KiB more first); a server down or failing TLS fails the request closed, 503. A
 // refused request never reaches the backend, a rule's redirect is given
 // only to an authorized request, and a CORS preflight is answered unasked. Such a rule answered 500 before.
+// Each of the filter's answers — the server's denial, 413, 503 — carries
+// the rule's response header changes and CORS headers, the denial with the
+// server's Content-Type (ruleMarks); they had none before.
 func TestRouteExternalAuth(t *testing.T) {
 	checkNoLeaks(t)
 	for _, k := range clientKinds {
@@ -50,6 +53,7 @@ func TestRouteExternalAuth(t *testing.T) {
 			auth := startRecorder(t, serverTLS(e.pki.server), func(w http.ResponseWriter, r *http.Request, n int) bool {
 				if r.URL.Query().Get("auth") == "deny" {
 					w.Header().Set("WWW-Authenticate", `Bearer realm="mesh"`)
+					w.Header().Set("Content-Type", "text/html; charset=utf-8")
 					w.WriteHeader(http.StatusUnauthorized)
 					fmt.Fprint(w, "go away")
 					return true
@@ -79,6 +83,10 @@ func TestRouteExternalAuth(t *testing.T) {
 					ExternalAuth: &snapshot.ExternalAuth{Backend: authRef}, Redirect: &snapshot.Redirect{Hostname: "example.org", StatusCode: 302}}}},
 				rule{[]snapshot.RouteMatch{prefixMatch("/cors")}, snapshot.RouteRule{Backends: to(be), Filters: snapshot.Filters{
 					ExternalAuth: &snapshot.ExternalAuth{Backend: authRef}, CORS: &snapshot.CORS{AllowOrigins: []string{"*"}, MaxAge: 5}}}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/marked")}, snapshot.RouteRule{Backends: to(be),
+					Filters: ruleMarks(snapshot.ExternalAuth{Backend: authRef, MaxBody: 8})}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/down-marked")}, snapshot.RouteRule{Backends: to(be),
+					Filters: ruleMarks(snapshot.ExternalAuth{Backend: downRef})}},
 			)))
 			e.p.Update(m.snapshot(1))
 			c := noRedirects(e.client(routedVIP, k.h2c))
@@ -186,7 +194,20 @@ func TestRouteExternalAuth(t *testing.T) {
 					t.Errorf("auth server unreachable (%s): %d %q, want 503", path, a.status, a.body)
 				}
 			}
-			for id, want := range map[string]int{"a1": 1, "a2": 1, "a3": 1, "a4": 1, "a6": 1, "d1": 0, "d2": 0, "d3": 0, "d4": 0, "d5": 0, "d6": 0} {
+			// A browser's requests from an allowed origin: the page's
+			// script reads each answer, the denial's body keeps its type.
+			fromPage := func(method, path, body string) answer {
+				t.Helper()
+				return send(t, c, newReq(t, method, base+path, strings.NewReader(body), "Origin", "https://a.example"))
+			}
+			wantRuleMarks(t, "denied", fromPage(http.MethodGet, "/marked?id=m1&auth=deny", ""), http.StatusUnauthorized, "text/html; charset=utf-8")
+			wantRuleMarks(t, "body over maxSize", fromPage(http.MethodPost, "/marked?id=m2", "123456789"), http.StatusRequestEntityTooLarge, "text/plain; charset=utf-8")
+			wantRuleMarks(t, "auth server down", fromPage(http.MethodGet, "/down-marked?id=m3", ""), http.StatusServiceUnavailable, "text/plain; charset=utf-8")
+			if a := fromPage(http.MethodGet, "/marked?id=m4&auth=deny", ""); a.header.Get("WWW-Authenticate") != `Bearer realm="mesh"` || string(a.body) != "go away" {
+				t.Errorf("denied under the rule's header changes: %q with %v; want the server's body and WWW-Authenticate", a.body, a.header)
+			}
+			for id, want := range map[string]int{"a1": 1, "a2": 1, "a3": 1, "a4": 1, "a6": 1, "d1": 0, "d2": 0, "d3": 0, "d4": 0, "d5": 0, "d6": 0,
+				"m1": 0, "m2": 0, "m3": 0, "m4": 0} {
 				if got := backend.count(id); got != want {
 					t.Errorf("the backend saw %d requests of %s, want %d", got, id, want)
 				}
@@ -194,16 +215,36 @@ func TestRouteExternalAuth(t *testing.T) {
 			if got := auth.count("d2"); got != 0 {
 				t.Errorf("the auth server saw %d requests of d2 (body over maxSize), want 0", got)
 			}
-			tooLarge := 3.0 // d2, d5, d6
+			tooLarge := 4.0 // d2, d5, d6, m2
 			if k.h2c {
-				tooLarge = 2
+				tooLarge = 3
 			}
-			for reason, want := range map[string]float64{"ext_auth_denied": 2, "ext_auth_body_too_large": tooLarge, "ext_auth_error": 2} {
+			for reason, want := range map[string]float64{"ext_auth_denied": 4, "ext_auth_body_too_large": tooLarge, "ext_auth_error": 3} {
 				if got := e.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": reason}); got != want {
 					t.Errorf("route answers{%s} = %v, want %v", reason, got, want)
 				}
 			}
 		})
+	}
+}
+
+// ruleMarks are the filters of a rule with ExternalAuth a whose answers
+// the client must read as the rule's: a ResponseHeaderModifier setting
+// X-Rule and a Content-Type of its own, and CORS for https://a.example.
+func ruleMarks(a snapshot.ExternalAuth) snapshot.Filters {
+	return snapshot.Filters{ExternalAuth: &a, CORS: &snapshot.CORS{AllowOrigins: []string{"https://a.example"}, MaxAge: 5},
+		ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Rule", Value: "1"}, {Name: "Content-Type", Value: "application/json"}}}}
+}
+
+// wantRuleMarks checks a, the answer of status to a request from
+// https://a.example under ruleMarks: X-Rule and the CORS headers of the
+// origin, and Content-Type ct (its body's, not the rule's).
+func wantRuleMarks(t *testing.T, name string, a answer, status int, ct string) {
+	t.Helper()
+	cors := map[string]string{"Access-Control-Allow-Origin": "https://a.example", "Vary": "Origin"}
+	if a.status != status || a.header.Get("X-Rule") != "1" || !maps.Equal(corsFields(a), cors) || !slices.Equal(a.header["Content-Type"], []string{ct}) {
+		t.Errorf("%s: %d with X-Rule %q, CORS %v, Content-Type %q; want %d with \"1\", %v, %q", name, a.status,
+			a.header.Get("X-Rule"), corsFields(a), a.header["Content-Type"], status, cors, ct)
 	}
 }
 
@@ -226,9 +267,10 @@ func (s *extAuthz) Check(_ context.Context, req *authv3.CheckRequest) (*authv3.C
 	if h.GetHeaders()["authorization"] != "Bearer good" {
 		return &authv3.CheckResponse{Status: &status.Status{Code: int32(codes.PermissionDenied)},
 			HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
-				Status:  &typev3.HttpStatus{Code: typev3.StatusCode_Unauthorized},
-				Headers: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "www-authenticate", Value: `Bearer realm="mesh"`}}},
-				Body:    "denied",
+				Status: &typev3.HttpStatus{Code: typev3.StatusCode_Unauthorized},
+				Headers: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "www-authenticate", Value: `Bearer realm="mesh"`}},
+					{Header: &corev3.HeaderValue{Key: "content-type", Value: "text/html; charset=utf-8"}}},
+				Body: "denied",
 			}}}, nil
 	}
 	return &authv3.CheckResponse{Status: &status.Status{Code: int32(codes.OK)},
@@ -251,8 +293,9 @@ func (s *extAuthz) request(id string) *authv3.AttributeContext_HttpRequest {
 // headers (all when none are listed) and the body up to maxSize; an OK lets
 // the request on with the answer's headers set, added and removed; a
 // denial reaches the client with the DeniedHttpResponse's status, header
-// and body, and never the backend; a server that does not speak gRPC
-// fails the request closed, 503.
+// and body, and never the backend, with the rule's response header changes
+// and CORS headers (ruleMarks; none before); a server that does not speak
+// gRPC fails the request closed, 503.
 func TestRouteExternalAuthGRPC(t *testing.T) {
 	checkNoLeaks(t)
 	for _, k := range clientKinds {
@@ -279,6 +322,8 @@ func TestRouteExternalAuthGRPC(t *testing.T) {
 				authRule("/listed", snapshot.ExternalAuth{Backend: authRef, GRPC: true, AllowedHeaders: []string{"authorization", "x-user"}, MaxBody: 8}),
 				authRule("/all", snapshot.ExternalAuth{Backend: authRef, GRPC: true}),
 				authRule("/not-grpc", snapshot.ExternalAuth{Backend: notGRPC, GRPC: true}),
+				rule{[]snapshot.RouteMatch{prefixMatch("/marked")}, snapshot.RouteRule{Backends: to(be),
+					Filters: ruleMarks(snapshot.ExternalAuth{Backend: authRef, GRPC: true})}},
 			)))
 			e.p.Update(m.snapshot(1))
 			c := e.client(routedVIP, k.h2c)
@@ -311,18 +356,23 @@ func TestRouteExternalAuthGRPC(t *testing.T) {
 				string(a.body) != "denied" || a.header.Get("WWW-Authenticate") != `Bearer realm="mesh"` {
 				t.Errorf("denied: %d %q with %v; want the DeniedHttpResponse's 401", a.status, a.body, a.header)
 			}
+			a := send(t, c, newReq(t, http.MethodGet, base+"/marked?id=m1", nil, "Authorization", "Bearer bad", "Origin", "https://a.example"))
+			wantRuleMarks(t, "denied", a, http.StatusUnauthorized, "text/html; charset=utf-8")
+			if a.header.Get("WWW-Authenticate") != `Bearer realm="mesh"` || string(a.body) != "denied" {
+				t.Errorf("denied under the rule's header changes: %q with %v; want the DeniedHttpResponse's body and WWW-Authenticate", a.body, a.header)
+			}
 			if a := call(http.MethodPost, "/listed/x?id=d2", "123456789", "Bearer good"); a.status != http.StatusRequestEntityTooLarge {
 				t.Errorf("body over maxSize: %d, want 413", a.status)
 			}
 			if a := call(http.MethodGet, "/not-grpc?id=d3", "", "Bearer good"); a.status != http.StatusServiceUnavailable {
 				t.Errorf("server not speaking gRPC: %d %q, want 503", a.status, a.body)
 			}
-			for id, want := range map[string]int{"g1": 1, "g2": 1, "d1": 0, "d2": 0, "d3": 0} {
+			for id, want := range map[string]int{"g1": 1, "g2": 1, "d1": 0, "d2": 0, "d3": 0, "m1": 0} {
 				if got := backend.count(id); got != want {
 					t.Errorf("the backend saw %d requests of %s, want %d", got, id, want)
 				}
 			}
-			for reason, want := range map[string]float64{"ext_auth_denied": 1, "ext_auth_body_too_large": 1, "ext_auth_error": 1} {
+			for reason, want := range map[string]float64{"ext_auth_denied": 2, "ext_auth_body_too_large": 1, "ext_auth_error": 1} {
 				if got := e.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": reason}); got != want {
 					t.Errorf("route answers{%s} = %v, want %v", reason, got, want)
 				}
