@@ -227,7 +227,7 @@ func (a *agent) start(ctx context.Context, events *introspect.Events) error {
 		}
 	}
 	var kinds func() []kubesource.KindStatus
-	if a.cp, kinds, err = newControlPlane(s, a.self, log, a.reg); err != nil {
+	if a.cp, kinds, err = newControlPlane(ctx, s, a.self, log, a.reg); err != nil {
 		return err
 	}
 	a.en, err = enrol.New(enrol.Config{Mode: s.mode, NodeProxy: nodeProxy, PodPort: s.inPodPort,

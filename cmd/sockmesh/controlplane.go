@@ -27,8 +27,9 @@ import (
 // host's addresses (the node's) and, for the kubernetes source, the status
 // and generated-Service writers (behind the leader lease with
 // --leader-elect), and the control plane that runs them; kinds is the
-// kubernetes source's Kinds (nil for the file source).
-func newControlPlane(s settings, host *podns.NS, log *slog.Logger, reg prometheus.Registerer) (_ *controlplane.ControlPlane, kinds func() []kubesource.KindStatus, _ error) {
+// kubernetes source's Kinds (nil for the file source). ctx bounds the first
+// read of host's addresses.
+func newControlPlane(ctx context.Context, s settings, host *podns.NS, log *slog.Logger, reg prometheus.Registerer) (_ *controlplane.ControlPlane, kinds func() []kubesource.KindStatus, _ error) {
 	res, err := resolve.New(resolve.Config{Servers: s.dnsServers}, log, reg)
 	if err != nil {
 		return nil, nil, err
@@ -37,7 +38,7 @@ func newControlPlane(s settings, host *podns.NS, log *slog.Logger, reg prometheu
 	// in-pod mode) nor the few a Node object lists: a connection to any of
 	// them, a second interface's or a bridge's, reaches the node's own
 	// services.
-	addrs, err := host.WatchAddrs(log)
+	addrs, err := host.WatchAddrs(ctx, log)
 	if err != nil {
 		return nil, nil, fmt.Errorf("find the node's addresses: %w", err)
 	}

@@ -26,10 +26,15 @@ type AddrWatch struct {
 }
 
 // WatchAddrs reads n's addresses and returns a watch that Run keeps
-// current; n must stay open while Run runs.
-func (n *NS) WatchAddrs(log *slog.Logger) (*AddrWatch, error) {
+// current; n must stay open while Run runs. Reads that changes kept
+// interrupting are read again, as Run's are, until one completes; it fails
+// when none has within firstReadWithin, or when ctx ends first.
+func (n *NS) WatchAddrs(ctx context.Context, log *slog.Logger) (*AddrWatch, error) {
 	w := &AddrWatch{ns: n, log: log.With("component", "nodeaddrs"), changed: make(chan struct{}, 1)}
-	if _, err := w.read(); err != nil {
+	ctx, cancel := context.WithTimeoutCause(ctx, firstReadWithin,
+		fmt.Errorf("addresses kept changing while read for %s", firstReadWithin))
+	defer cancel()
+	if _, err := w.settle(ctx, &addrSub{}); err != nil {
 		return nil, err
 	}
 	return w, nil
@@ -51,6 +56,11 @@ const resubscribeAfter = time.Second
 // rereadAfter is the longest wait for the next read after one the
 // namespace's changes interrupted.
 const rereadAfter = 100 * time.Millisecond
+
+// firstReadWithin bounds WatchAddrs's reads: generous, as the agent cannot
+// start without the node's addresses, and its changes end (a node adding
+// an address per Service, a CNI adding links for starting pods).
+const firstReadWithin = time.Minute
 
 // loggedAddrs is how many of the addresses a warning names: a node may have
 // thousands (kube-ipvs0 aside, a secondary IP per pod on some clouds).
@@ -83,13 +93,13 @@ func (w *AddrWatch) Run(ctx context.Context) error {
 // subscription is not lost) and re-reads after each burst of updates until
 // ctx ends (nil) or the subscription fails. A read that changes kept
 // interrupting is no failure: the addresses are changing, and it reads
-// again.
+// again (settle).
 func (w *AddrWatch) follow(ctx context.Context) error {
-	updates, done := make(chan netlink.AddrUpdate, 64), make(chan struct{})
-	var subErr error // the subscription's last error, set before updates closes
+	s := &addrSub{updates: make(chan netlink.AddrUpdate, 64), ns: w.ns.Path()}
+	done := make(chan struct{})
 	err := w.ns.Do(func() error {
-		return netlink.AddrSubscribeWithOptions(updates, done, netlink.AddrSubscribeOptions{
-			ErrorCallback: func(err error) { subErr = err },
+		return netlink.AddrSubscribeWithOptions(s.updates, done, netlink.AddrSubscribeOptions{
+			ErrorCallback: func(err error) { s.err = err },
 		})
 	})
 	if err != nil {
@@ -99,44 +109,77 @@ func (w *AddrWatch) follow(ctx context.Context) error {
 		// The subscription's goroutine ends once it sees done, having
 		// closed updates; until then it may be sending.
 		close(done)
-		for range updates {
+		for range s.updates {
 		}
 	}()
-	for {
-		var again <-chan time.Time
-		switch changed, err := w.read(); {
-		case errors.Is(err, netlink.ErrDumpInterrupted):
-			// The addresses that interrupted it are announced to this
-			// subscription; the read after them sees them. A link's arrival
-			// or departure interrupts it as well (the kernel's address dump
-			// checks the namespace's link generation too) and is announced
-			// to link subscribers only: read again after a pause if nothing
-			// comes.
-			w.log.Debug("node addresses changed while read; reading again", "err", err)
-			again = time.After(rereadAfter)
-		case err != nil:
-			return err
-		case changed:
+	for err == nil {
+		var changed bool
+		if changed, err = w.settle(ctx, s); changed {
 			select {
 			case w.changed <- struct{}{}:
 			default:
 			}
 		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-again:
-		case _, ok := <-updates:
-			if !ok {
-				return fmt.Errorf("address changes in netns %s: %w", w.ns.Path(), subErr)
-			}
-		}
-		// One read for what is queued (kube-proxy adds an address per
-		// Service to kube-ipvs0).
-		for len(updates) > 0 {
-			<-updates
+		if err == nil {
+			err = s.next(ctx, nil)
 		}
 	}
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// settle reads the addresses until a read completes, and reports whether
+// they changed. A read that changes interrupted (netlink's dump
+// inconsistent) is read again after the next change s announces, which
+// that read sees, or after rereadAfter: a link's arrival or departure
+// interrupts it as well (the kernel's address dump checks the namespace's
+// link generation too) and is announced to link subscribers only. The
+// partial list of an interrupted read is never used: an address missing
+// from it would stop counting as the namespace's.
+func (w *AddrWatch) settle(ctx context.Context, s *addrSub) (bool, error) {
+	for {
+		changed, err := w.read()
+		if !errors.Is(err, netlink.ErrDumpInterrupted) {
+			return changed, err
+		}
+		w.log.Debug("node addresses changed while read; reading again", "err", err)
+		if werr := s.next(ctx, time.After(rereadAfter)); werr != nil {
+			if ctx.Err() != nil { // given up: say on what
+				return false, fmt.Errorf("%w: %w", werr, err)
+			}
+			return false, werr
+		}
+	}
+}
+
+// addrSub is a subscription to a namespace's address changes; the zero
+// value, before one, announces none.
+type addrSub struct {
+	updates chan netlink.AddrUpdate
+	err     error  // the subscription's last error, set before updates closes
+	ns      string // the namespace's path, for that error
+}
+
+// next waits for the next announced change, or for after (nil: none), and
+// takes those queued with it: one read covers them all (kube-proxy adds an
+// address per Service to kube-ipvs0). It fails when ctx ends (its cause)
+// or the subscription does.
+func (s *addrSub) next(ctx context.Context, after <-chan time.Time) error {
+	select {
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-after:
+	case _, ok := <-s.updates:
+		if !ok {
+			return fmt.Errorf("address changes in netns %s: %w", s.ns, s.err)
+		}
+	}
+	for len(s.updates) > 0 {
+		<-s.updates
+	}
+	return nil
 }
 
 // read reads the addresses and reports whether they differ from the last

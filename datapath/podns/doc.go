@@ -10,7 +10,7 @@
 //	ln, err := ns.Listen(ctx, nil, "tcp", "127.0.0.1:15001") // in-pod listener
 //	err = ns.Do(func() error { ... }) // any work on a thread inside ns
 //	ips, err := ns.DefaultRouteAddrs() // one address per family with a default route
-//	w, err := ns.WatchAddrs(log)       // its global addresses, kept current by w.Run(ctx)
+//	w, err := ns.WatchAddrs(ctx, log)  // its global addresses, kept current by w.Run(ctx)
 //
 // Entering a netns is per OS thread. Do runs its function on a fresh
 // goroutine locked to its thread and puts the thread back into its own netns

@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
@@ -178,7 +179,7 @@ func TestAddrWatch(t *testing.T) {
 	sandbox.NewVeth(t, node, peer, []netip.Prefix{own}, []netip.Prefix{netip.MustParsePrefix("10.217.0.1/24")})
 	onLo := netip.MustParsePrefix("10.217.1.2/24")
 	node.AddAddr(t, "lo", onLo)
-	w, err := node.WatchAddrs(slog.New(slog.DiscardHandler))
+	w, err := node.WatchAddrs(t.Context(), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,24 +269,12 @@ func TestAddrWatchChurn(t *testing.T) {
 	br, addr := bridgeWithAddrs(t, node)
 	w, logs := runWatch(t, node)
 
-	const rereads, most = 3, 1 << 20
-	n := 0
-	onBridge(t, node, br, func(l netlink.Link) error {
-		for ; n < most && strings.Count(logs.String(), reread) < rereads && interruptedFailure(logs) == ""; n++ {
-			a := addr(many + n%16)
-			if err := netlink.AddrAdd(l, a); err != nil {
-				return err
-			}
-			if err := netlink.AddrDel(l, a); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	const rereads = 3
+	stopped := churn(t, node, br, addr, func() bool { return strings.Count(logs.String(), reread) >= rereads || interruptedFailure(logs) != "" })
 	if line := interruptedFailure(logs); line != "" {
 		t.Errorf("reads interrupted by the changes failed the watch: %.500s", line)
-	} else if n == most {
-		t.Fatalf("%d address changes and no read of the watch interrupted", 2*n)
+	} else if !stopped {
+		t.Fatalf("%d address changes and no read of the watch interrupted", 2*churnMost)
 	}
 	last := netip.MustParsePrefix("10.216.255.3/32")
 	node.AddAddr(t, br, last)
@@ -297,12 +286,102 @@ func TestAddrWatchChurn(t *testing.T) {
 	waitAddrs(w, func(a []netip.Addr) bool { return slices.Equal(a, want) })
 }
 
+// TestWatchAddrsChurn: WatchAddrs, the agent's first read of the node's
+// addresses, called while addresses are added and removed faster than it
+// reads them, returns the namespace's addresses and no error: it reads
+// again after a read the changes interrupted, as Run does. Five reads
+// interrupted in a row failed it, and with it the agent's start.
+func TestWatchAddrsChurn(t *testing.T) {
+	leakcheck.Register(t, "/datapath/podns/", "/vishvananda/netlink")
+	node := sandbox.NewNetNS(t)
+	br, addr := bridgeWithAddrs(t, node)
+	logs := &syncbuf.Buffer{}
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	const rereads, most = 10, 10000
+	calls, churnEnded, done := 0, atomic.Bool{}, make(chan struct{})
+	go func() { // until it ends, changes come faster than reads
+		defer close(done)
+		for ; calls < most && !churnEnded.Load() && strings.Count(logs.String(), reread) < rereads; calls++ {
+			w, err := node.WatchAddrs(t.Context(), log)
+			if err != nil {
+				t.Errorf("WatchAddrs() under churn: %v", err)
+				return
+			}
+			if missing, other := addrsOff(w.Addrs(), addr); missing != 0 || len(other) != 0 {
+				t.Errorf("WatchAddrs() under churn: %d of its addresses missing, and %v", missing, other)
+			}
+		}
+	}()
+	churn(t, node, br, addr, func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+			return false
+		}
+	})
+	churnEnded.Store(true)
+	<-done
+	if n := strings.Count(logs.String(), reread); !t.Failed() && n < rereads {
+		t.Fatalf("%d reads of %d calls interrupted under churn, want %d", n, calls, rereads)
+	}
+}
+
+// addrsOff compares got, the addresses of bridgeWithAddrs's namespace
+// while churn runs, with addr(0) to addr(many-1): missing counts those
+// not in got, other lists got's that are none of them nor churn's.
+func addrsOff(got []netip.Addr, addr func(int) *netlink.Addr) (missing int, other []netip.Addr) {
+	ours := map[netip.Addr]int{}
+	for i := range many + churned {
+		ours[netip.AddrFrom4([4]byte(addr(i).IP.To4()))] = i
+	}
+	seen := 0
+	for _, a := range got {
+		switch i, ok := ours[a]; {
+		case !ok:
+			other = append(other, a)
+		case i < many:
+			seen++
+		}
+	}
+	return many - seen, other
+}
+
+// churned is how many addresses churn adds and removes in turn: addr(many)
+// to addr(many+churned-1).
+const churned = 16
+
+// churnMost bounds churn's changes.
+const churnMost = 1 << 20
+
+// churn adds and removes addresses on br in node, each as soon as the last
+// change is done, until done reports true (it reports true then) or after
+// churnMost (false). Each change interrupts a read of the namespace's
+// addresses under way, when it falls between two rounds of its dump.
+func churn(t *testing.T, node *sandbox.NetNS, br string, addr func(int) *netlink.Addr, done func() bool) bool {
+	t.Helper()
+	n := 0
+	onBridge(t, node, br, func(l netlink.Link) error {
+		for ; n < churnMost && !done(); n++ {
+			a := addr(many + n%churned)
+			if err := netlink.AddrAdd(l, a); err != nil {
+				return err
+			}
+			if err := netlink.AddrDel(l, a); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	return n < churnMost
+}
+
 // runWatch starts a watch of node's addresses, logging at Debug, and ends
 // it when t ends.
 func runWatch(t *testing.T, node *sandbox.NetNS) (*podns.AddrWatch, *syncbuf.Buffer) {
 	t.Helper()
 	logs := &syncbuf.Buffer{}
-	w, err := node.WatchAddrs(slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	w, err := node.WatchAddrs(t.Context(), slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	if err != nil {
 		t.Fatal(err)
 	}
