@@ -424,18 +424,17 @@ func (p *Proxy) worker(a accepted) {
 }
 
 // accept resolves c's original destination and serves it, or closes it at
-// once: the proxy is never an open relay.
+// once: the proxy is never an open relay. The connection counts for
+// Shutdown before the lookup: Config.OrigDst reads the datapath's maps,
+// which the agent closes once Shutdown returns.
 func (p *Proxy) accept(c net.Conn, pod *snapshot.ObjectRef) {
-	tc, ok := c.(*net.TCPConn)
-	if !ok {
-		p.reject(c, "not_redirected", fmt.Errorf("not a tcp connection: %T", c))
+	if !p.begin() {
+		p.reject(c, "shutting_down", nil)
 		return
 	}
-	dst, err := origdst.Get(tc)
-	if errors.Is(err, origdst.ErrNotRedirected) && p.cfg.OrigDst != nil {
-		dst, err = p.cfg.OrigDst(tc)
-	}
+	dst, err := p.origDst(c)
 	if err != nil {
+		p.active.Done()
 		p.reject(c, "not_redirected", err)
 		return
 	}
@@ -443,7 +442,21 @@ func (p *Proxy) accept(c net.Conn, pod *snapshot.ObjectRef) {
 	if ra, ok := c.RemoteAddr().(*net.TCPAddr); ok {
 		client.Addr = ra.AddrPort()
 	}
-	p.ServeConn(tc, dst, client)
+	p.serveConn(c, dst, client)
+}
+
+// origDst is c's original destination: the socket's own (iptables
+// REDIRECT), else what Config.OrigDst finds.
+func (p *Proxy) origDst(c net.Conn) (netip.AddrPort, error) {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return netip.AddrPort{}, fmt.Errorf("not a tcp connection: %T", c)
+	}
+	dst, err := origdst.Get(tc)
+	if errors.Is(err, origdst.ErrNotRedirected) && p.cfg.OrigDst != nil {
+		dst, err = p.cfg.OrigDst(tc)
+	}
+	return dst, err
 }
 
 // reject closes c unserved with a reset and counts why.

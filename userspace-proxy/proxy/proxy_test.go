@@ -130,6 +130,54 @@ func TestAcceptAsksOrigDst(t *testing.T) {
 	}
 }
 
+// TestShutdownWaitsForOrigDst: Shutdown returns only once a connection
+// whose original destination Config.OrigDst is still looking up is done
+// with it: the agent closes the datapath's maps, which the lookup reads,
+// once Shutdown returns. The accept loop registered the connection with
+// Shutdown only after the lookup, and the agent's -race run caught a
+// lookup reading a map being closed (TestAgentInPod).
+func TestShutdownWaitsForOrigDst(t *testing.T) {
+	checkNoLeaks(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var looked atomic.Bool
+	e := newEnv(t, envOptions{origDst: func(syscall.Conn) (netip.AddrPort, error) {
+		close(entered)
+		<-release
+		looked.Store(true)
+		return netip.AddrPort{}, errors.New("no record")
+	}})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- e.p.Serve(l) }()
+	c, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	<-entered
+	done := make(chan error, 1)
+	go func() { done <- e.p.Shutdown(context.Background()) }()
+	select {
+	case err := <-done:
+		close(release)
+		t.Fatalf("Shutdown returned (%v) while a connection's OrigDst lookup was under way", err)
+	case <-time.After(200 * time.Millisecond): // what Shutdown had to wait for
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if !looked.Load() {
+		t.Error("Shutdown returned before the lookup ended")
+	}
+	if err := <-served; err != nil {
+		t.Errorf("Serve after Shutdown = %v, want nil", err)
+	}
+}
+
 // TestAcceptWaitsOutShortage: when the process runs out of descriptors,
 // Accept fails (EMFILE). Serve used to return then, which stops the node's
 // proxy (the agent exits); it now waits, counts, and accepts the waiting

@@ -47,12 +47,18 @@ const (
 // destination the current snapshot does not capture is closed at once. A
 // *net.TCPConn is read and written with raw system calls (sockio).
 func (p *Proxy) ServeConn(c net.Conn, origDst netip.AddrPort, client Client) {
-	if tc, ok := c.(*net.TCPConn); ok {
-		c = sockio.Wrap(tc)
-	}
 	if !p.begin() {
 		p.reject(c, "shutting_down", nil)
 		return
+	}
+	p.serveConn(c, origDst, client)
+}
+
+// serveConn is ServeConn once begin registered the connection with
+// Shutdown.
+func (p *Proxy) serveConn(c net.Conn, origDst netip.AddrPort, client Client) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		c = sockio.Wrap(tc)
 	}
 	cs := &connState{p: p, dst: origDst, client: client}
 	defer func() {
