@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bytes"
 	"crypto/tls"
 	"io"
 	"net/http"
@@ -21,20 +22,21 @@ import (
 // same request through a GAMMA route (one rule, PathPrefix /, to the same
 // backend); the -mcp variant to the same backend declared MCP, with the
 // Mcp-Session-Id of a session it issued, as the app holds it (prefixed:
-// the proxy parses the request, cuts the prefix and pins the endpoint).
-// Compare allocs/op and B/op within one run (ns/op includes client and
+// the proxy parses the request, cuts the prefix and pins the endpoint);
+// the -post variant a POST with a 100-byte body (Content-Length) in place
+// of the GET. Compare allocs/op and B/op within one run (ns/op includes client and
 // backend).
 //
 //	go test -run '^$' -bench Request -benchmem ./userspace-proxy/proxy/
 func BenchmarkRequest(b *testing.B) {
 	for _, c := range []struct {
-		name        string
-		path        proxy.HTTP1TLSPath
-		routed, mcp bool
-	}{{"sockmesh-pooled", proxy.HTTP1TLSPooled, false, false}, {"sockmesh-pooled-routed", proxy.HTTP1TLSPooled, true, false},
-		{"sockmesh-pooled-mcp", proxy.HTTP1TLSPooled, false, true},
-		{"sockmesh-l4", proxy.HTTP1TLSL4, false, false}, {"sockmesh-l7", proxy.HTTP1TLSL7, false, false}, {"sockmesh-l7-routed", proxy.HTTP1TLSL7, true, false},
-		{"baseline-reverseproxy", 0, false, false}} {
+		name              string
+		path              proxy.HTTP1TLSPath
+		routed, mcp, post bool
+	}{{"sockmesh-pooled", proxy.HTTP1TLSPooled, false, false, false}, {"sockmesh-pooled-routed", proxy.HTTP1TLSPooled, true, false, false},
+		{"sockmesh-pooled-mcp", proxy.HTTP1TLSPooled, false, true, false}, {"sockmesh-pooled-post", proxy.HTTP1TLSPooled, false, false, true},
+		{"sockmesh-l4", proxy.HTTP1TLSL4, false, false, false}, {"sockmesh-l7", proxy.HTTP1TLSL7, false, false, false}, {"sockmesh-l7-routed", proxy.HTTP1TLSL7, true, false, false},
+		{"baseline-reverseproxy", 0, false, false, false}} {
 		for _, keepAlive := range []bool{true, false} {
 			name := c.name + "/keep-alive"
 			if !keepAlive {
@@ -62,7 +64,11 @@ func BenchmarkRequest(b *testing.B) {
 					target = startReverseProxy(b, e, be)
 					cl = &http.Client{Transport: &http.Transport{}}
 				}
-				req, err := http.NewRequest(http.MethodGet, target, nil)
+				method, body := http.MethodGet, []byte(nil)
+				if c.post {
+					method, body = http.MethodPost, make([]byte, 100)
+				}
+				req, err := http.NewRequest(method, target, bytes.NewReader(body))
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -72,6 +78,9 @@ func BenchmarkRequest(b *testing.B) {
 				cl.Transport.(*http.Transport).DisableKeepAlives = !keepAlive
 				b.ReportAllocs()
 				for b.Loop() {
+					if c.post {
+						req.Body, _ = req.GetBody()
+					}
 					resp, err := cl.Do(req)
 					if err != nil {
 						b.Fatal(err)
