@@ -721,7 +721,6 @@ func TestSessionFailover(t *testing.T) {
 // the other zone's took turns.
 func TestZoneFallback(t *testing.T) {
 	checkNoLeaks(t)
-	e := newEnv(t, envOptions{ejectFor: time.Minute})
 	paths := []struct {
 		name  string
 		proto snapshot.Protocol
@@ -735,6 +734,10 @@ func TestZoneFallback(t *testing.T) {
 	}
 	for i, p := range paths {
 		t.Run(p.name, func(t *testing.T) {
+			// A proxy of its own: ejections are node-wide, and a listener
+			// here may get the port of an endpoint an earlier path ejected,
+			// which a shared proxy would still pass over.
+			e := newEnv(t, envOptions{ejectFor: time.Minute})
 			there := startEcho(t, "zone-b", nil).addr
 			// zoned: here on this node (preferred, PreferSameNode), near on
 			// another node of its zone, there in another zone.
