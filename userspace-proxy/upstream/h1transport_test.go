@@ -19,8 +19,10 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/sys/unix"
 
 	"github.com/sockmesh/sockmesh/internal/tcpserve"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
 
 // request builds a request for be's first endpoint, as the proxy's
@@ -142,6 +144,7 @@ func TestH1TransportStrayAnswer(t *testing.T) {
 					io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: "+fmt.Sprint(len(r.URL.Path))+"\r\n\r\n"+r.URL.Path)
 					if r.URL.Path == "/first" {
 						io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\n/stray")
+						awaitAcked(t, c)
 						close(stray)
 					}
 				}
@@ -155,8 +158,7 @@ func TestH1TransportStrayAnswer(t *testing.T) {
 			if _, body := roundTrip(t, rt, request(t, context.Background(), be, http.MethodGet, "/first", nil)); body != "/first" {
 				t.Fatalf("first answer %q", body)
 			}
-			<-stray
-			time.Sleep(20 * time.Millisecond) // in the proxy's socket
+			<-stray // in the proxy's socket
 			if _, body := roundTrip(t, rt, request(t, context.Background(), be, http.MethodGet, "/second", nil)); body != "/second" {
 				t.Errorf("the request after a stray answer got %q, want /second", body)
 			}
@@ -164,6 +166,26 @@ func TestH1TransportStrayAnswer(t *testing.T) {
 				t.Errorf("pool_dropped_total{reason=unsolicited} = %v, want 1", n)
 			}
 		})
+	}
+}
+
+// awaitAcked returns once the peer of c (or of the TCP connection under
+// its TLS) acknowledged every byte c sent: they are in the peer's socket.
+func awaitAcked(t *testing.T, c net.Conn) {
+	rc, err := sockio.TCP(c).SyscallConn()
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	for {
+		var queued int
+		if err := rc.Control(func(fd uintptr) { queued, err = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ) }); err != nil || queued == 0 {
+			if err != nil {
+				t.Errorf("the send queue of the backend's socket: %v", err)
+			}
+			return
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
