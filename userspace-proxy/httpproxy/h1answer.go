@@ -465,9 +465,10 @@ func (s *h1Conn) writePlain(req *http.Request, x *exchange, code int, body []byt
 // answerLocally writes a route's own answer (a redirect, a CORS preflight's, 404, 500).
 func (s *h1Conn) answerLocally(req *http.Request, x *exchange) bool {
 	a := answerFor(&x.r.d, req)
-	keep := s.writeLocal(req, a.status, a.header, "", a.body)
+	// Counted before it is written: an app that reads the answer finds it
+	// counted, as the proxy's other answers are.
 	s.h.countLocal(context.Background(), x, a.status)
-	return keep
+	return s.writeLocal(req, a.status, a.header, "", a.body)
 }
 
 // writeLocal writes an answer of the proxy's own: status code, the fields
