@@ -104,12 +104,7 @@ func TestAcceptAsksOrigDst(t *testing.T) {
 	e := newEnv(t, envOptions{origDst: func(syscall.Conn) (netip.AddrPort, error) { return tcpVIP, nil }})
 	e.p.Update(buildSnapshot(t, 1, service{name: "db", vip: tcpVIP,
 		backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, Endpoints: endpoints(startTCPEcho(t, nil))}}))
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- e.p.Serve(l) }()
+	l, served, _ := serveLoopback(t, e)
 	c, err := net.Dial("tcp", l.Addr().String())
 	if err != nil {
 		t.Fatal(err)
@@ -146,12 +141,7 @@ func TestShutdownWaitsForOrigDst(t *testing.T) {
 		looked.Store(true)
 		return netip.AddrPort{}, errors.New("no record")
 	}})
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- e.p.Serve(l) }()
+	l, served, _ := serveLoopback(t, e)
 	c, err := net.Dial("tcp", l.Addr().String())
 	if err != nil {
 		t.Fatal(err)
