@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -171,16 +172,33 @@ func serveTCP(t testing.TB, tlsCfg *tls.Config, handle func(net.Conn)) netip.Add
 	return l.Addr().(*net.TCPAddr).AddrPort()
 }
 
-// closedPort returns an address nothing listens on (listen, then close).
+// closedPort returns an address that refuses connections until a test
+// listens on it: a socket bound to it, not listening, holds the port until
+// t ends. A port freed at once (listen, then close) could be the next
+// listener's port picked by the kernel, which the proxy, keeping
+// ejections by address, would then pass over (TestZoneFallback met it).
+// With SO_REUSEADDR on both, a listener bound to the address explicitly
+// (net.Listen sets it) shares the port with a socket that does not
+// listen, while the kernel's pick of a free port avoids it.
 func closedPort(t testing.TB) netip.AddrPort {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := l.Addr().(*net.TCPAddr).AddrPort()
-	l.Close()
-	return a
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_REUSEADDR, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := sa.(*syscall.SockaddrInet4)
+	return netip.AddrPortFrom(netip.AddrFrom4(in.Addr), uint16(in.Port))
 }
 
 func serverTLS(leaf *pki.Leaf) *tls.Config {
@@ -524,3 +542,37 @@ func (e *env) ejectionsOver() {
 // checkNoLeaks fails t if goroutines of the proxy packages outlive the test.
 // It runs after every cleanup (register it first).
 func checkNoLeaks(t *testing.T) { leakcheck.Register(t, "/userspace-proxy/") }
+
+// TestClosedPort: closedPort's address refuses connections, a listener
+// bound to it explicitly serves it, and the kernel's picks of a free port
+// for other listeners avoid it meanwhile.
+func TestClosedPort(t *testing.T) {
+	a := closedPort(t)
+	if c, err := net.Dial("tcp", a.String()); !errors.Is(err, syscall.ECONNREFUSED) {
+		if err == nil {
+			c.Close()
+		}
+		t.Fatalf("connect to the closed port: %v, want ECONNREFUSED", err)
+	}
+	for range 2000 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := l.Addr().(*net.TCPAddr).AddrPort()
+		l.Close()
+		if got == a {
+			t.Fatalf("a listener on a free port got the closed port %v", a)
+		}
+	}
+	l, err := net.Listen("tcp", a.String())
+	if err != nil {
+		t.Fatalf("listen on the closed port: %v", err)
+	}
+	defer l.Close()
+	c, err := net.Dial("tcp", a.String())
+	if err != nil {
+		t.Fatalf("connect once a listener serves the closed port: %v", err)
+	}
+	c.Close()
+}

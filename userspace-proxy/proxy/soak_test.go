@@ -82,6 +82,13 @@ func TestSoak(t *testing.T) {
 	for i, name := range []string{"tls", "h2", "h2c", "grpc", "ws", "tcp", "tcptls", "front", "reset", "churn", "mcp", "mcp-gone", "ws-gone", "wss"} {
 		vips[name] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 7, byte(i + 1)}), 80)
 	}
+	// The churned backends' refusing endpoints take turns: each holds its
+	// port (closedPort) until the test ends, and the descriptors it leaves
+	// must not grow with the swaps.
+	var refusing [8]netip.AddrPort
+	for i := range refusing {
+		refusing[i] = closedPort(t)
+	}
 	// Each version rotates the CA bundle (the test CA alone, or with
 	// another: new TLS settings, the same trust), scales endpoints and
 	// edits routes; the churn VIP is a Service named for its version,
@@ -131,7 +138,7 @@ func TestSoak(t *testing.T) {
 		}
 		m.frontend("front", vips["front"], v2, producer(routeSet(snapshot.KindHTTPRoute, rule{[]snapshot.RouteMatch{prefixMatch("/")}, r})))
 		if churn {
-			own(fmt.Sprint("churn-", v), snapshot.Backend{Endpoints: endpoints(clearA.addr, closedPort(t))})
+			own(fmt.Sprint("churn-", v), snapshot.Backend{Endpoints: endpoints(clearA.addr, refusing[v%len(refusing)])})
 		}
 		return m.snapshot(uint64(v))
 	}
