@@ -379,6 +379,14 @@ func corsFields(a answer) map[string]string {
 	return out
 }
 
+// failingBackends is a proxy for client kind k and a mesh with two
+// backends the proxy cannot forward to: one without endpoints, one whose
+// endpoint refuses connections.
+func failingBackends(t *testing.T, k clientKind) (e *env, m *mesh, empty, refusing snapshot.BackendRef) {
+	e, m = newEnv(t, envOptions{http1TLS: k.path}), &mesh{t: t}
+	return e, m, m.backend("empty", snapshot.Backend{}), m.backend("refusing", snapshot.Backend{Endpoints: endpoints(closedPort(t))})
+}
+
 // TestRouteCORSOwnAnswers: the proxy's own answers to the requests of a
 // rule with a CORS filter carry its CORS headers, on every L7 front end —
 // a failure to forward (no endpoint: 503; refused: 503) and the 500 of an
@@ -388,10 +396,7 @@ func TestRouteCORSOwnAnswers(t *testing.T) {
 	checkNoLeaks(t)
 	for _, k := range clientKinds {
 		t.Run(k.name, func(t *testing.T) {
-			e := newEnv(t, envOptions{http1TLS: k.path})
-			m := &mesh{t: t}
-			empty := m.backend("empty", snapshot.Backend{})
-			refusing := m.backend("refusing", snapshot.Backend{Endpoints: endpoints(closedPort(t))})
+			e, m, empty, refusing := failingBackends(t, k)
 			cors := snapshot.Filters{CORS: &snapshot.CORS{AllowOrigins: []string{"https://www.foo.com"}, AllowCredentials: true,
 				ExposeHeaders: []string{"x-header-3"}, MaxAge: 5}}
 			m.frontend("cors", routedVIP, empty, producer(routeSet(snapshot.KindHTTPRoute,
@@ -438,10 +443,7 @@ func TestRouteResponseHeadersOwnAnswers(t *testing.T) {
 	checkNoLeaks(t)
 	for _, k := range clientKinds {
 		t.Run(k.name, func(t *testing.T) {
-			e := newEnv(t, envOptions{http1TLS: k.path})
-			m := &mesh{t: t}
-			empty := m.backend("empty", snapshot.Backend{})
-			refusing := m.backend("refusing", snapshot.Backend{Endpoints: endpoints(closedPort(t))})
+			e, m, empty, refusing := failingBackends(t, k)
 			mods := func(name string) snapshot.Filters {
 				return snapshot.Filters{ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: name, Value: "1"},
 					{Name: "X-Content-Type-Options", Value: "nosniff"}, {Name: "Content-Type", Value: "application/json"}}}}
