@@ -122,10 +122,10 @@ func (s *h1Conn) serve(req *http.Request) bool {
 // is asked (Handler.authorize): one that leaves cancels the ask. held says
 // the request's body is unread, kept for the backend.
 func (s *h1Conn) watchAuth(cancel context.CancelFunc, held bool) (stop func()) {
-	s.watch.start(nil, cancel)
 	if held {
-		s.watch.hold()
+		s.watch.hold() // before start, so that no read of the watch misses it
 	}
+	s.watch.start(nil, cancel)
 	return s.watch.stop
 }
 

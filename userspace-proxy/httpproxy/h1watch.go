@@ -148,8 +148,8 @@ func (w *clientWatch) wait(held bool) error {
 	}
 }
 
-// hold says the watched request's body is held unread (held); start
-// first.
+// hold says the request about to be watched has its body held unread
+// (held), until stop.
 func (w *clientWatch) hold() {
 	w.mu.Lock()
 	w.held = true
