@@ -195,20 +195,78 @@ func addVary(h http.Header, name string) {
 	h["Vary"] = append(old[:len(old):len(old)], name)
 }
 
-// corsUnannounced reports whether a request may carry the header key (canonical)
-// with a value the match m accepts while its preflight does not list key
-// in Access-Control-Request-Headers: a browser lists only the CORS-unsafe
-// request-header names (Fetch standard), leaving out a CORS-safelisted
-// request-header — Accept, Accept-Language, Content-Language,
-// Content-Type and Range with a value the standard deems safe. A regular
-// expression may accept such a value; an exact value must be one.
-func corsUnannounced(key string, m *snapshot.StringMatch) bool {
+// corsSafelistedSize is what a request carrying the header key (canonical)
+// with a value the match m accepts, its preflight not listing key in
+// Access-Control-Request-Headers, adds at least to the size of its
+// CORS-safelisted values; -1 when no such request exists. A browser lists
+// only the CORS-unsafe request-header names (Fetch standard), leaving out a
+// CORS-safelisted request-header — Accept, Accept-Language,
+// Content-Language, Content-Type and Range with a value the standard deems
+// safe — as long as those values total at most maxSafelistedSize bytes. A
+// regular expression may accept a short safe value (0); an exact value
+// must be made of safe ones (safelistedSize).
+func corsSafelistedSize(key string, m *snapshot.StringMatch) int {
 	switch key {
 	case "Accept", "Accept-Language", "Content-Language", "Content-Type", "Range":
 	default:
-		return false
+		return -1
 	}
-	return m.Type == snapshot.MatchRegularExpression || safelistedValue(key, m.Value)
+	if m.Type == snapshot.MatchRegularExpression {
+		return 0
+	}
+	return safelistedSize(key, m.Value)
+}
+
+// maxSafelistedSize is the most bytes a request's CORS-safelisted values
+// may total before a browser lists their names after all (Fetch standard,
+// "CORS-unsafe request-header names": the values' lengths, not the names').
+const maxSafelistedSize = 1024
+
+// safelistedSize is the fewest value bytes a browser counts for a request
+// carrying key: value when every header-list entry that makes it up is
+// CORS-safelisted; -1 when no split of value gives only safelisted entries.
+// A script may append the header several times; the browser sends the
+// entries joined with ", " and counts each entry's length, so a value split
+// at more ", " counts 2 bytes fewer per split, and its entries are each
+// checked, at most 128 bytes apiece. An entry never starts or ends with
+// whitespace (Fetch normalizes header values).
+func safelistedSize(key, value string) int {
+	starts := []int{0} // where an entry may start: 0 and after each ", "
+	for i := 0; ; {
+		j := strings.Index(value[i:], ", ")
+		if j < 0 {
+			break
+		}
+		i += j + 2
+		starts = append(starts, i)
+	}
+	// least[a]: the fewest bytes of entries covering value[:starts[a]].
+	least := make([]int, len(starts)+1)
+	for a := 1; a < len(least); a++ {
+		least[a] = -1
+	}
+	for a, start := range starts {
+		if least[a] < 0 {
+			continue
+		}
+		for b := a + 1; b <= len(starts); b++ {
+			end := len(value)
+			if b < len(starts) {
+				end = starts[b] - 2
+			}
+			entry := value[start:end]
+			if len(entry) > 128 {
+				break
+			}
+			if strings.Trim(entry, " \t") != entry || !safelistedValue(key, entry) {
+				continue
+			}
+			if n := least[a] + len(entry); least[b] < 0 || n < least[b] {
+				least[b] = n
+			}
+		}
+	}
+	return least[len(starts)]
 }
 
 // safelistedValue reports whether value makes the header key (one of the
@@ -221,10 +279,11 @@ func safelistedValue(key, value string) bool {
 	case "Accept-Language", "Content-Language":
 		return strings.Trim(value, "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz *,-.;=") == ""
 	case "Range":
-		// One byte range with a start: "bytes=<start>-[<end>]".
+		// One byte range with a start: "bytes=<start>-[<end>]", the start
+		// not past the end (Fetch: "parse a single range header value").
 		spec, bytes := strings.CutPrefix(value, "bytes=")
 		start, end, dash := strings.Cut(spec, "-")
-		return bytes && dash && digits(start) && (end == "" || digits(end))
+		return bytes && dash && digits(start) && (end == "" || digits(end) && !decimalLess(end, start))
 	}
 	// Accept and Content-Type: no CORS-unsafe request-header byte.
 	for i := range len(value) {
@@ -241,6 +300,16 @@ func safelistedValue(key, value string) bool {
 		}
 	}
 	return true
+}
+
+// decimalLess reports whether the decimal number a is less than b, both
+// ASCII digits of any length.
+func decimalLess(a, b string) bool {
+	a, b = strings.TrimLeft(a, "0"), strings.TrimLeft(b, "0")
+	if len(a) != len(b) {
+		return len(a) < len(b)
+	}
+	return a < b
 }
 
 // digits reports whether s is one or more ASCII digits.

@@ -392,12 +392,99 @@ func TestSafelistedValue(t *testing.T) {
 		{"Content-Type", "text/plain; charset=\"utf-8\"", false},
 		{"Range", "bytes=0-", true},
 		{"Range", "bytes=10-99", true},
+		{"Range", "bytes=5-5", true},
+		{"Range", "bytes=9-10", true},
+		{"Range", "bytes=0010-10", true},
+		{"Range", "bytes=10-9", false},
+		{"Range", "bytes=2-10", true},
+		{"Range", "bytes=100-099", false},
 		{"Range", "bytes=-500", false},
 		{"Range", "bytes=0-1,3-4", false},
 		{"Range", "items=0-1", false},
 	} {
 		if got := safelistedValue(tt.key, tt.value); got != tt.want {
 			t.Errorf("safelistedValue(%s, %q) = %v, want %v", tt.key, tt.value, got, tt.want)
+		}
+	}
+}
+
+// TestSafelistedSize: the fewest bytes a browser counts toward the 1024 for
+// a value that may be several header-list entries joined with ", ", each
+// CORS-safelisted and at most 128 bytes (Fetch standard).
+func TestSafelistedSize(t *testing.T) {
+	long := strings.Repeat("a", 100)
+	for _, tt := range []struct {
+		key, value string
+		want       int
+	}{
+		{"Accept", "application/json", 16},
+		{"Accept", "text/html, */*", 12},
+		{"Accept", "", 0},
+		{"Accept", long + ", " + long, 200},
+		{"Accept", strings.Repeat("a", 129), -1},
+		{"Accept", long + ",  " + long, -1}, // " aaa…" is no entry: values are trimmed
+		{"Accept", "a, (b)", -1},
+		{"Content-Type", "text/plain, text/plain", 20},
+		{"Content-Type", "text/plain, application/json", -1},
+		{"Range", "bytes=0-1, bytes=5-9", 18},
+		{"Range", "bytes=0-1, bytes=9-5", -1},
+	} {
+		if got := safelistedSize(tt.key, tt.value); got != tt.want {
+			t.Errorf("safelistedSize(%s, %q) = %d, want %d", tt.key, tt.value, got, tt.want)
+		}
+	}
+}
+
+// TestCORSPreflightSafelistedLimit: once the CORS-safelisted values a
+// request carries total more than 1024 bytes, a browser lists their names
+// after all (Fetch standard, "CORS-unsafe request-header names"), so a
+// preflight meets such a match only by listing it — every safelisted name
+// of the match, the small ones too — and one listing none belongs to the
+// next rule. At the limit it still meets them unlisted.
+func TestCORSPreflightSafelistedLimit(t *testing.T) {
+	withCORS := func(ref snapshot.BackendRef) snapshot.RouteRule {
+		r := to(ref)
+		r.CORS = &snapshot.CORS{AllowOrigins: []string{"https://a.example"}, MaxAge: 5}
+		return r
+	}
+	// entries is n 126-byte Accept entries joined as a browser sends them.
+	entries := func(n int) string {
+		return strings.TrimSuffix(strings.Repeat(strings.Repeat("a", 126)+", ", n), ", ")
+	}
+	exact := func(name, value string) snapshot.StringMatch {
+		return snapshot.StringMatch{Name: name, Type: snapshot.MatchExact, Value: value}
+	}
+	s := compileSet(80, &snapshot.RouteSet{Kind: snapshot.KindHTTPRoute,
+		Matches: []snapshot.RouteMatch{
+			// 8×126 + 16 = 1024: at the limit.
+			{Rule: 0, Path: prefix("/at"), Method: http.MethodPut, Headers: []snapshot.StringMatch{
+				exact("Accept", entries(8)), exact("Content-Language", strings.Repeat("d", 16))}},
+			// 8×126 + 17 = 1025: past it.
+			{Rule: 1, Path: prefix("/past"), Method: http.MethodPut, Headers: []snapshot.StringMatch{
+				exact("Accept", entries(8)), exact("Content-Language", strings.Repeat("d", 17))}},
+			{Rule: 2, Path: prefix("/")},
+		},
+		Rules: []snapshot.RouteRule{withCORS(v1), withCORS(v2), to(v3)},
+	})
+	asking := func(path, headers string) *Request {
+		r := preflight("https://a.example", http.MethodPut, headers)
+		r.Path = path
+		return r
+	}
+	for _, tt := range []struct {
+		name   string
+		req    *Request
+		rule   int
+		action Action
+	}{
+		{"at the limit, not listed", asking("/at", ""), 0, Preflight},
+		{"past the limit, listed", asking("/past", "accept,content-language"), 1, Preflight},
+		{"past the limit, not listed", asking("/past", ""), 2, Forward},
+		{"past the limit, one listed", asking("/past", "accept"), 2, Forward},
+	} {
+		d := decide(s, tt.req)
+		if rule := slices.IndexFunc(s.rules, func(r rule) bool { return r.src == d.Rule }); rule != tt.rule || d.Action != tt.action {
+			t.Errorf("%s: rule %d, %v; want rule %d, %v", tt.name, rule, d.Action, tt.rule, tt.action)
 		}
 	}
 }

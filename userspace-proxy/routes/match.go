@@ -145,6 +145,7 @@ func compileEntry(m snapshot.RouteMatch, grpc bool) (entry, bool) {
 
 func compileValues(ms []snapshot.StringMatch, header, grpc bool) ([]valueMatch, bool) {
 	out := make([]valueMatch, 0, len(ms))
+	safelisted := 0 // the CORS-safelisted values' bytes a request meeting ms carries at least
 	for _, m := range ms {
 		v := valueMatch{key: m.Name}
 		if header {
@@ -167,8 +168,19 @@ func compileValues(ms []snapshot.StringMatch, header, grpc bool) ([]valueMatch, 
 		default:
 			return nil, false
 		}
-		v.unannounced = header && corsUnannounced(v.key, &m)
+		if header {
+			if size := corsSafelistedSize(v.key, &m); size >= 0 {
+				v.unannounced, safelisted = true, safelisted+size
+			}
+		}
 		out = append(out, v)
+	}
+	if safelisted > maxSafelistedSize {
+		// A browser lists every safelisted name once their values exceed
+		// the limit (Fetch standard), so a preflight must list them.
+		for i := range out {
+			out[i].unannounced = false
+		}
 	}
 	return out, true
 }
