@@ -438,8 +438,7 @@ func (s *h1Conn) readPlainRequest() *http.Request {
 		return nil
 	}
 	s.v, s.fe = s.t.view()
-	plain, mcp := plainFor(s.v, s.fe)
-	if !plain {
+	if !plainFor(s.v, s.fe) {
 		return nil
 	}
 	h, ok := scanPlainRequest(s.head)
@@ -452,11 +451,8 @@ func (s *h1Conn) readPlainRequest() *http.Request {
 		return nil // net/http refuses it too, with its own error
 	}
 	s.fields = h.appendKept(s.fields[:0], s.head, 1)
-	s.mcp = ""
-	if mcp {
-		if s.fields, s.mcp, ok = cutMCPSession(s.fields); !ok {
-			return nil
-		}
+	if s.fields, s.mcp, ok = cutMCPSession(s.fields); !ok {
+		return nil
 	}
 	s.br.Discard(h.n)
 	s.head, s.plainReq = nil, true
@@ -469,7 +465,10 @@ func (s *h1Conn) readPlainRequest() *http.Request {
 // cutMCPSession cuts the prefix Picker.MCPSession added off the MCP
 // session ID in fields, a plain request's kept lines, in place, and
 // returns them and the token of the endpoint it names
-// (balance.CutMCPSession). A request with more than one such field is not
+// (balance.CutMCPSession). It cuts it whatever the backend, as net/http's
+// path does: the prefix is sockmesh's, never a backend's, and a backend
+// no longer MCP (a Service whose backend changed) gets the ID its MCP
+// predecessor issued. A request with more than one such field is not
 // taken as plain (ok false): net/http's path makes them one.
 func cutMCPSession(fields []byte) (_ []byte, tok string, ok bool) {
 	_, n, at, value := mcpField(fields, 0)
@@ -489,20 +488,18 @@ const maxKeptFields = 1 << 10
 
 // plainFor reports whether requests to fe, on view v, may be read plain:
 // no routes, no session persistence, and the backend takes HTTP/1.1 — or
-// the request is answered by the proxy itself. mcp says the backend
-// speaks MCP: a plain request's session ID is then cut (cutMCPSession).
-func plainFor(v *View, fe *snapshot.Frontend) (plain, mcp bool) {
+// the request is answered by the proxy itself.
+func plainFor(v *View, fe *snapshot.Frontend) bool {
 	if fe == nil {
-		return true, false
+		return true
 	}
 	if fe.Routes != nil {
-		return false, false
+		return false
 	}
 	be := v.Backends.Get(fe.Backend)
 	if be == nil || be.Err != nil {
-		return true, false
+		return true
 	}
 	w := WireFor(be, 1, false)
-	plain = be.Spec.SessionPersistence == nil && (w == upstream.WireH1 || w == upstream.WireNegotiate)
-	return plain, be.Spec.Protocol == snapshot.ProtocolMCP
+	return be.Spec.SessionPersistence == nil && (w == upstream.WireH1 || w == upstream.WireNegotiate)
 }

@@ -329,3 +329,32 @@ func TestMCPSessionWeightedSplit(t *testing.T) {
 		})
 	}
 }
+
+// TestMCPSessionToPlainBackend: a backend that is not MCP — the Service's
+// backend no longer says MCP, say — gets the session ID its MCP
+// predecessor issued as that one issued it, the prefix sockmesh added cut,
+// on the HTTP/1.1 fast path's plain reading (a GET) as on
+// net/http's (a DELETE, a POST, h2c): the prefix was never the backend's.
+func TestMCPSessionToPlainBackend(t *testing.T) {
+	for _, app := range []string{"h1", "h2c"} {
+		t.Run(app, func(t *testing.T) {
+			f := newFixture(t, Config{}, snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: []snapshot.Endpoint{mcpServer(t, "mcp")}})
+			c := f.httpClient()
+			if app == "h2c" {
+				c = f.serveL7(true)
+			}
+			resp, body := mcpDo(t, c, http.MethodPost, "") // initialize
+			_, issued, _ := strings.Cut(body, " ")
+			id := resp.Header.Get("Mcp-Session-Id")
+			if id == issued {
+				t.Fatalf("initialize: app got Mcp-Session-Id %q unprefixed", id)
+			}
+			f.update(2, snapshot.Backend{Endpoints: []snapshot.Endpoint{mcpServer(t, "plain")}})
+			for _, method := range []string{http.MethodGet, http.MethodDelete, http.MethodPost} {
+				if _, body := mcpDo(t, c, method, id); body != "plain "+issued {
+					t.Errorf("%s with %q: backend got %q, want %q", method, id, body, "plain "+issued)
+				}
+			}
+		})
+	}
+}
