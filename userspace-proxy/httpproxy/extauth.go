@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
@@ -26,7 +27,8 @@ import (
 // and the request goes nowhere. A server that cannot be asked (no
 // ready endpoint, every one tried refused, TLS failure, no answer within
 // RoutingConfig.ExternalAuthTimeout) fails the request closed with 503: the
-// fault is the proxy's, not the client's credentials. Every answer the
+// fault is the proxy's, not the client's credentials. A gRPC call gets
+// those two as gRPC statuses (authRefused). Every answer the
 // filter gives carries the rule's response header changes and CORS
 // headers, as the rule's other answers do: a browser shows a page's script
 // a denial only with the CORS headers (without them, the script cannot
@@ -43,7 +45,7 @@ func (h *Handler) authorize(x *exchange, r *http.Request, watch func(cancel cont
 	ea := x.r.d.ExternalAuth
 	body, err := authBody(r, ea.MaxBody)
 	if errors.Is(err, errAuthBodyTooLarge) {
-		return h.authRefused(x, "ext_auth_body_too_large", http.StatusRequestEntityTooLarge, err), false
+		return h.authRefused(x, r, "ext_auth_body_too_large", http.StatusRequestEntityTooLarge, grpcResourceExhausted, err), false
 	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
@@ -62,7 +64,7 @@ func (h *Handler) authorize(x *exchange, r *http.Request, watch func(cancel cont
 	case err != nil && ctx.Err() != nil: // the client left: nobody to answer
 		return localAnswer{status: h.report(ctx, x, upstream.ReasonCanceled, err)}, false
 	case err != nil:
-		return h.authRefused(x, "ext_auth_error", http.StatusServiceUnavailable, err), false
+		return h.authRefused(x, r, "ext_auth_error", http.StatusServiceUnavailable, routes.GRPCUnavailable, err), false
 	case denied != nil:
 		h.m.routeAnswers.WithLabelValues("ext_auth_denied").Inc()
 		h.m.request(x.fe, denied.status, "none")
@@ -85,15 +87,23 @@ func ruleDenial(d *routes.Decision, h http.Header) {
 	}
 }
 
-// authRefused counts, logs and answers a request the filter refuses
-// without the server's word: a text answer of the proxy's own, with the
-// rule's response header changes and CORS headers.
-func (h *Handler) authRefused(x *exchange, reason string, status int, err error) localAnswer {
+// authRefused counts, logs and answers r, a request the filter refuses
+// without the server's word: a text answer of the proxy's own with status,
+// or to a gRPC call a trailers-only answer with grpcCode (gRPC's reading
+// of status, which gRPC clients would not make of a 413: UNKNOWN), as the
+// proxy's other answers to gRPC are (answerFor); either with the rule's
+// response header changes and CORS headers.
+func (h *Handler) authRefused(x *exchange, r *http.Request, reason string, status, grpcCode int, err error) localAnswer {
 	h.log.Debug("external auth failed", "service", x.fe.Service.String(), "reason", reason, "err", err)
 	h.m.routeAnswers.WithLabelValues(reason).Inc()
-	h.m.request(x.fe, status, "none")
 	hdr := http.Header{}
 	x.r.d.ApplyResponse(hdr)
+	if grpcAnswers(r) {
+		maps.Copy(hdr, grpcHeader(grpcCode, reason))
+		h.m.request(x.fe, http.StatusOK, "none")
+		return localAnswer{status: http.StatusOK, grpc: true, header: hdr}
+	}
+	h.m.request(x.fe, status, "none")
 	plainText(hdr)
 	return localAnswer{status: status, header: hdr, body: []byte("sockmesh: " + reason + "\n")}
 }

@@ -203,7 +203,7 @@ func answerFor(d *routes.Decision, r *http.Request) localAnswer {
 		return localAnswer{status: d.Status, header: h}
 	case d.Action == routes.Preflight:
 		return localAnswer{status: d.Status, header: h}
-	case d.GRPCStatus != 0 && r.ProtoMajor == 2 && isGRPC(r):
+	case d.GRPCStatus != 0 && grpcAnswers(r):
 		maps.Copy(h, grpcHeader(d.GRPCStatus, string(d.Reason)))
 		return localAnswer{status: http.StatusOK, grpc: true, header: h}
 	}
@@ -241,6 +241,10 @@ func grpcHeader(code int, reason string) http.Header {
 		"Grpc-Message": []string{"sockmesh: " + reason},
 	}
 }
+
+// grpcAnswers reports whether the proxy's own answer to r is a gRPC status:
+// r is gRPC over HTTP/2, whose client reads trailers.
+func grpcAnswers(r *http.Request) bool { return r.ProtoMajor == 2 && isGRPC(r) }
 
 // isGRPC reports a gRPC request (application/grpc, +proto, ...; not
 // gRPC-Web, which is plain HTTP to a proxy).

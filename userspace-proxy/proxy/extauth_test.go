@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -438,6 +439,52 @@ func TestRouteExternalAuthGRPCApp(t *testing.T) {
 	}
 	if len(calls) != 0 {
 		t.Errorf("the backend got a denied call")
+	}
+}
+
+// TestRouteExternalAuthGRPCAppOwnAnswers: the filter's own answers to a
+// gRPC call are trailers-only gRPC statuses, as the proxy's other answers
+// to gRPC are, with the reason as the message — a call whose message is
+// over forwardBody.maxSize ends RESOURCE_EXHAUSTED (a 413 gRPC clients read
+// as UNKNOWN before), one whose authorization server cannot be asked
+// UNAVAILABLE (a 503 before) — and neither reaches the backend.
+func TestRouteExternalAuthGRPCAppOwnAnswers(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	reached := make(chan struct{}, 2)
+	bs := grpc.NewServer(grpc.UnknownServiceHandler(func(_ any, st grpc.ServerStream) error {
+		reached <- struct{}{}
+		return st.SendMsg(wrapperspb.Bytes(nil))
+	}))
+	bl := listenLocal(t)
+	go bs.Serve(bl)
+	t.Cleanup(bs.Stop)
+	m := &mesh{t: t}
+	be := m.backend("app", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(bl.Addr().(*net.TCPAddr).AddrPort())})
+	authRef := m.backend("authz", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(closedPort(t))})
+	m.frontend("app", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be), Filters: snapshot.Filters{
+			ExternalAuth: &snapshot.ExternalAuth{Backend: authRef, GRPC: true, MaxBody: 32}}}},
+	)))
+	e.p.Update(m.snapshot(1))
+	cc := e.grpcClient(t, "app.b.svc:80", routedVIP)
+	defer cc.Close()
+	for _, tt := range []struct {
+		name   string
+		msg    []byte
+		code   codes.Code
+		reason string
+	}{
+		{"over maxSize", bytes.Repeat([]byte("x"), 64), codes.ResourceExhausted, "ext_auth_body_too_large"},
+		{"server cannot be asked", []byte("ping"), codes.Unavailable, "ext_auth_error"},
+	} {
+		err := cc.Invoke(context.Background(), "/svc.A/Get", wrapperspb.Bytes(tt.msg), new(wrapperspb.BytesValue))
+		if st := grpcstatus.Convert(err); st.Code() != tt.code || st.Message() != "sockmesh: "+tt.reason {
+			t.Errorf("%s: %v, want %v %q", tt.name, err, tt.code, "sockmesh: "+tt.reason)
+		}
+	}
+	if len(reached) != 0 {
+		t.Errorf("the backend got a refused call")
 	}
 }
 
