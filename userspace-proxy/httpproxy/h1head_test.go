@@ -232,9 +232,9 @@ func TestScanPlainRequest(t *testing.T) {
 // FuzzPlainRequest checks scanPlainRequest against net/http: a head it
 // takes (and url.ParseRequestURI, as readPlainRequest asks), net/http
 // reads as the same bodiless request, with the same end, and the lines it
-// forwards carry the fields net/http's path forwards, also once the MCP
-// session ID is cut, as for every backend (cutMCPSession,
-// balance.CutMCPSession), or the request is taken as not plain.
+// forwards carry the fields net/http's path forwards, also for an MCP
+// backend, which cuts the same session ID (cutMCPSession,
+// balance.CutMCPSession) or takes the request as not plain.
 func FuzzPlainRequest(f *testing.F) {
 	_, c := mcpPicker()
 	session := balance.MCPSessionID("s1", c)
