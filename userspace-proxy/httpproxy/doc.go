@@ -33,7 +33,8 @@
 // net/http parses HTTP (ReadRequest, ReadResponse, Request.Write, the
 // server and the Transport); the fast path writes only the framing of what
 // they parsed, but for heads of the common shape (bodiless GET and HEAD
-// requests, answers with one Content-Length), which it checks and forwards
+// requests, others with one Content-Length, answers with one
+// Content-Length), which it checks and forwards
 // as they came when it needs none of their fields but an MCP session ID,
 // rewritten in place (h1head.go: what it
 // takes, net/http reads alike — FuzzPlainRequest, FuzzPlainAnswer). It must not dial anything but the

@@ -253,9 +253,10 @@ type h1Conn struct {
 	v  *View
 	fe *snapshot.Frontend
 	// plainReq says the current request was read plain (h1head.go); fields
-	// are its header lines to forward.
+	// are its header lines to forward, body reads its sized body.
 	plainReq bool
 	fields   []byte
+	body     sizedBody
 	// mcp is the token a plain request's MCP session ID named
 	// (cutMCPSession); "" without one.
 	mcp string

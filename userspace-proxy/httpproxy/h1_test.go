@@ -1216,6 +1216,8 @@ var brokenBodies = []struct {
 	{"malformed", "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\nzz\r\n", false},
 	// After the backend's 100 Continue, which is not its answer.
 	{"cut-after-continue", "POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\nhel", true},
+	// Read plain where the proxy reads no fields (h1head.go).
+	{"cut-sized", "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 10\r\n\r\nhel", true},
 }
 
 // TestBrokenRequestBody: a broken request body ends its exchange. The

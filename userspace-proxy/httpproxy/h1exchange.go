@@ -156,7 +156,7 @@ func (s *h1Conn) prepare(req *http.Request, be *upstream.Backend, websocket bool
 			delete(req.Header, "Expect") // nothing to expect from HTTP/1.0 or unknown expectations
 		}
 	}
-	if req.Body != http.NoBody {
+	if req.Body != http.NoBody && !s.plainReq {
 		keepUserAgent(req) // for Request.Write (writeRequest)
 		keepTrailers(req)
 	}
@@ -395,8 +395,9 @@ func (s *h1Conn) conn(x *exchange, choice *balance.Choice, read bool) (*pool.Con
 // plain says the answer's fields need not be read (readAnswer).
 func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline, plain bool) (*http.Response, chan error, error) {
 	var body chan error
+	fields := s.plainFields()
 	if inline {
-		if err := writeRequest(uc, req, s.plainFields()); err != nil {
+		if err := writeRequest(uc, req, fields, true); err != nil {
 			return nil, nil, staleIf(err, replayable && uc.Reused())
 		}
 	} else {
@@ -408,7 +409,7 @@ func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline, plai
 			defer func() { body <- err }()
 			// Closing uc ends the answer's read, which waits on this.
 			defer s.h.cfg.Panics.Recover("request body", &err, func() { uc.Conn.Close() })
-			err = writeRequest(uc, req, nil)
+			err = writeRequest(uc, req, fields, false)
 		}()
 	}
 	s.watch.start(uc, nil) // until forward returns, or uc is released
@@ -439,13 +440,26 @@ func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline, plai
 }
 
 // writeRequest writes req on uc: a request with a body with Request.Write
-// (its framing, chunks and trailers), a bodiless one as its head alone,
-// with the header lines fields when it was read plain.
-func writeRequest(uc *pool.Conn, req *http.Request, fields *[]byte) error {
+// (its framing, chunks and trailers), a bodiless one as its head alone; a
+// request read plain as its head with its header lines fields, whose
+// Content-Length line among them its sized body follows. A body not
+// atHand follows a flushed head, as Request.Write's does: the backend sees
+// the request while its body comes.
+func writeRequest(uc *pool.Conn, req *http.Request, fields *[]byte, atHand bool) error {
 	var err error
-	if req.Body == http.NoBody {
+	switch {
+	case req.Body == http.NoBody:
 		err = writeHead(uc.W, req, fields)
-	} else {
+	case fields != nil:
+		if err = writeHead(uc.W, req, fields); err == nil && !atHand {
+			err = uc.W.Flush()
+		}
+		if err == nil {
+			// Its sizedBody (or the sentBody over it) ends after
+			// ContentLength bytes, or fails before.
+			_, err = uc.W.ReadFrom(req.Body)
+		}
+	default:
 		err = req.Write(uc.W)
 	}
 	if err == nil {

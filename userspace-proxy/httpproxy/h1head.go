@@ -24,21 +24,23 @@ import (
 // found among the lines (cutMCPSession, appendMCPKept). Against http.ReadResponse
 // and writeHeader that was a sixth of the proxy's CPU per small answer
 // (test/bench/proxy, keep-alive 100 B from nginx); against
-// http.ReadRequest a tenth. Everything else — another version or method,
-// a status without a body, a body with a request, Transfer-Encoding, a
-// field net/http would rewrite or refuse, a head not yet whole in the
-// buffer — goes through net/http's parser as before. FuzzPlainAnswer and
-// FuzzPlainRequest check that a head taken as plain is read alike by
-// net/http, and forwarded with the same fields.
+// http.ReadRequest a tenth. A request's body one Content-Length gives is
+// read by a sizedBody and written after the head as it came. Everything
+// else — another version or method, a status without a body, a chunked
+// body, Transfer-Encoding, Expect, a field net/http would rewrite or
+// refuse, a head not yet whole in the buffer — goes through net/http's
+// parser as before. FuzzPlainAnswer and FuzzPlainRequest check that a head
+// taken as plain is read alike by net/http (a body too), and forwarded with
+// the same fields.
 
 // plainHead is a head scanPlainAnswer or scanPlainRequest took.
 type plainHead struct {
-	n     int    // its length, through the empty line that ends it
-	drop  uint64 // lines not to forward (bit i: line i; 0 is the start line)
-	close bool   // Connection: close
+	n      int    // its length, through the empty line that ends it
+	drop   uint64 // lines not to forward (bit i: line i; 0 is the start line)
+	close  bool   // Connection: close
+	length int64  // the Content-Length; -1 for none
 	// An answer's:
 	status int
-	length int64 // the Content-Length
 	// A request's:
 	method       string
 	target, host []byte
@@ -66,16 +68,24 @@ func scanPlainAnswer(b []byte) (h plainHead, ok bool) {
 }
 
 // scanPlainRequest reports whether b starts with a plain request head,
-// and which: "GET" or "HEAD", a target in origin form, "HTTP/1.1", plain
-// fields (scanFields) with at most one Host, and no Content-Length or
-// Expect. The target is checked further by url.ParseRequestURI, as
+// and which: a target in origin form, "HTTP/1.1", plain fields
+// (scanFields) with at most one Host and no Expect; "GET" or "HEAD" with
+// no Content-Length, or one of bodied's methods with one Content-Length
+// of digits. The target is checked further by url.ParseRequestURI, as
 // net/http does.
 func scanPlainRequest(b []byte) (h plainHead, ok bool) {
 	line, rest, ok := cutLine(b)
 	if !ok || !h.requestLine(line) {
 		return h, false
 	}
-	return h, h.scanFields(b, rest, true)
+	h.length = -1
+	if !h.scanFields(b, rest, true) {
+		return h, false
+	}
+	if h.method != http.MethodGet && h.method != http.MethodHead {
+		return h, h.length >= 0
+	}
+	return h, true
 }
 
 // scanFields reads the field lines in rest, which follows b's start line,
@@ -135,7 +145,7 @@ func answerField(h *plainHead, name, value []byte) (drop, ok bool) {
 }
 
 // requestField classes a request's field for scanFields. Host is dropped:
-// writeHead writes it.
+// writeHead writes it. Content-Length is kept, and read into h.length.
 func requestField(h *plainHead, name, value []byte) (drop, ok bool) {
 	switch {
 	case equalFold(name, host):
@@ -144,7 +154,13 @@ func requestField(h *plainHead, name, value []byte) (drop, ok bool) {
 		}
 		h.hasHost, h.host = true, bytes.Trim(value, " \t")
 		return true, true
-	case equalFold(name, contentLength), equalFold(name, expect):
+	case equalFold(name, contentLength):
+		if h.length >= 0 || h.method == http.MethodGet || h.method == http.MethodHead {
+			return false, false
+		}
+		h.length, ok = plainLength(value)
+		return false, ok
+	case equalFold(name, expect):
 		return false, false
 	}
 	return oneOf(name, dropped), true
@@ -157,17 +173,19 @@ func (h *plainHead) requestLine(line []byte) bool {
 	if !ok1 || !ok2 || string(proto) != "HTTP/1.1" || len(target) == 0 || target[0] != '/' || !validFieldValue(target) {
 		return false
 	}
-	switch string(method) {
-	case http.MethodGet:
-		h.method = http.MethodGet
-	case http.MethodHead:
-		h.method = http.MethodHead
-	default:
-		return false
+	for _, m := range plainMethods {
+		if string(method) == m {
+			h.method, h.target = m, target
+			return true
+		}
 	}
-	h.target = target
-	return true
+	return false
 }
+
+// plainMethods are the methods a plain request may have: GET and HEAD
+// without a body, the others with one Content-Length.
+var plainMethods = [...]string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
+	http.MethodPatch, http.MethodDelete, http.MethodOptions}
 
 // cutLine cuts b's first line, which must end in CRLF, off the rest.
 func cutLine(b []byte) (line, rest []byte, ok bool) {
@@ -401,9 +419,9 @@ func mcpField(lines []byte, first int) (mask uint64, n, at int, value []byte) {
 	return mask, n, at, value
 }
 
-// sizedBody reads the n bytes of a plain answer's body; an end before
-// them is io.ErrUnexpectedEOF, and io.EOF comes with the last of them, as
-// from net/http's body.
+// sizedBody reads the n bytes of a plain answer's or request's body; an
+// end before them is io.ErrUnexpectedEOF, and io.EOF comes with the last
+// of them, as from net/http's body.
 type sizedBody struct {
 	r *bufio.Reader
 	n int64
@@ -456,10 +474,15 @@ func (s *h1Conn) readPlainRequest() *http.Request {
 	}
 	s.br.Discard(h.n)
 	s.head, s.plainReq = nil, true
-	return &http.Request{
+	req := &http.Request{
 		Method: h.method, URL: u, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
 		Header: http.Header{}, Body: http.NoBody, Host: string(h.host), RequestURI: target, Close: h.close,
 	}
+	if h.length > 0 {
+		s.body = sizedBody{r: s.br, n: h.length}
+		req.Body, req.ContentLength = &s.body, h.length
+	}
+	return req
 }
 
 // cutMCPSession cuts the prefix Picker.MCPSession added off the MCP

@@ -3,6 +3,7 @@ package httpproxy
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"io"
 	"maps"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"net/netip"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -192,15 +194,28 @@ func TestScanPlainRequest(t *testing.T) {
 		close  bool
 		host   string
 		fields string // the lines forwarded, when plain
+		length int64  // the body's, which follows head
 	}{
 		{head: "GET /a?b=c HTTP/1.1\r\nHost: svc.ns:8080\r\nUser-Agent: curl/7.88.1\r\nAccept: */*\r\n\r\n",
 			plain: true, host: "svc.ns:8080", fields: "User-Agent: curl/7.88.1\r\nAccept: */*\r\n"},
 		{head: "HEAD / HTTP/1.1\r\nhost:  a \r\nConnection: close\r\nKeep-Alive: 5\r\nX: y\r\n\r\n",
 			plain: true, close: true, host: "a", fields: "X: y\r\n"},
 		{head: "GET / HTTP/1.1\r\n\r\n", plain: true}, // no Host: validRequest refuses it, as on net/http's path
+		{head: "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n",
+			plain: true, host: "a", fields: "Content-Length: 2\r\n", length: 2},
+		{head: "OPTIONS /x HTTP/1.1\r\ncontent-length:  017 \r\nHost: a\r\n\r\n",
+			plain: true, host: "a", fields: "content-length:  017 \r\n", length: 17},
+		{head: "DELETE / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", plain: true, fields: "Content-Length: 0\r\n"},
 		// Not plain.
-		{head: "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nok"},
 		{head: "GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n"},
+		{head: "POST / HTTP/1.1\r\nHost: a\r\n\r\n"},
+		{head: "POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n"},
+		{head: "POST / HTTP/1.1\r\nContent-Length: 5,5\r\n\r\n"},
+		{head: "POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n"},
+		{head: "POST / HTTP/1.1\r\nContent-Length: 9999999999999999999\r\n\r\n"},
+		{head: "POST / HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"},
+		{head: "POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"},
+		{head: "CONNECT / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"},
 		{head: "GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"},
 		{head: "GET / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n\r\n"},
 		{head: "GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"},
@@ -220,8 +235,9 @@ func TestScanPlainRequest(t *testing.T) {
 		if !ok {
 			continue
 		}
-		if h.n != len(c.head) || h.close != c.close || string(h.host) != c.host {
-			t.Errorf("%q: length %d close %v host %q, want %d %v %q", c.head, h.n, h.close, h.host, len(c.head), c.close, c.host)
+		if h.n != len(c.head) || h.close != c.close || string(h.host) != c.host || max(h.length, 0) != c.length {
+			t.Errorf("%q: length %d close %v host %q body %d, want %d %v %q %d", c.head, h.n, h.close, h.host, h.length,
+				len(c.head), c.close, c.host, c.length)
 		}
 		if out := h.appendKept(nil, []byte(c.head), 1); string(out) != c.fields {
 			t.Errorf("%q: forwarded %q, want %q", c.head, out, c.fields)
@@ -231,7 +247,8 @@ func TestScanPlainRequest(t *testing.T) {
 
 // FuzzPlainRequest checks scanPlainRequest against net/http: a head it
 // takes (and url.ParseRequestURI, as readPlainRequest asks), net/http
-// reads as the same bodiless request, with the same end, and the lines it
+// reads as the same request, with the same Content-Length, body (also one
+// cut short) and end, and the lines it
 // forwards carry the fields net/http's path forwards, also for an MCP
 // backend, which cuts the same session ID (cutMCPSession,
 // balance.CutMCPSession) or takes the request as not plain.
@@ -244,6 +261,20 @@ func FuzzPlainRequest(f *testing.F) {
 		"GET / HTTP/1.1\r\nHost: a\r\n\r\n",
 		"GET /p?q HTTP/1.1\r\nHost: a:80\r\nConnection: keep-alive\r\nUser-Agent: x\r\nX-A: 1\r\nX-A: 2\r\n\r\nGET / HTTP/1.1\r\n",
 		"HEAD /%41 HTTP/1.1\r\nConnection: close, close\r\nProxy-Connection: x\r\nTrailer: y\r\nHost: b\r\n\r\n",
+		"POST /p HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\nhelloGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+		"PUT / HTTP/1.1\r\nHost: a\r\nContent-Length:  05 \r\n\r\nhello",
+		"PATCH / HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+		"DELETE / HTTP/1.1\r\ncontent-length: 3\r\n\r\nab",
+		"OPTIONS / HTTP/1.1\r\nContent-Length:\t2\t\r\n\r\nab",
+		"POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\nhello",
+		"POST / HTTP/1.1\r\nContent-Length: 5,5\r\n\r\nhello",
+		"POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\nhello",
+		"POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
+		"POST / HTTP/1.1\r\nContent-Length: 999999999999999999\r\n\r\n",
+		"POST / HTTP/1.1\r\nHost: a\r\n\r\n",
+		"POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+		"POST / HTTP/1.1\r\nContent-Length: 1\r\nExpect: 100-continue\r\n\r\nx",
+		"GET / HTTP/1.1\r\nContent-Length: 1\r\n\r\nx",
 	} {
 		f.Add([]byte(s))
 	}
@@ -260,13 +291,21 @@ func FuzzPlainRequest(f *testing.F) {
 		if err != nil {
 			t.Fatalf("plain, but net/http reads no request: %v\nhead: %q", err, raw)
 		}
+		length := max(h.length, 0)
 		if req.Method != h.method || req.RequestURI != string(h.target) || req.Host != string(h.host) || req.Close != h.close ||
-			req.Body != http.NoBody || req.ContentLength != 0 || req.ProtoMinor != 1 {
+			(req.Body == http.NoBody) != (length == 0) || req.ContentLength != length || req.ProtoMinor != 1 {
 			t.Fatalf("plain %+v, net/http reads %s %q host %q close %v body %v length %d\nhead: %q",
 				h, req.Method, req.RequestURI, req.Host, req.Close, req.Body, req.ContentLength, raw)
 		}
-		if rest, _ := io.ReadAll(br); !bytes.Equal(rest, raw[h.n:]) {
-			t.Fatalf("net/http leaves %q after the head, plain %q\nhead: %q", rest, raw[h.n:], raw)
+		// The body as net/http reads it, then what follows it, against
+		// sizedBody's reading of the same bytes.
+		body, err := io.ReadAll(req.Body)
+		plainBody, plainErr := io.ReadAll(&sizedBody{r: bufio.NewReader(bytes.NewReader(raw[h.n:])), n: length})
+		if !bytes.Equal(body, plainBody) || err != plainErr {
+			t.Fatalf("net/http reads the body %q (%v), plain %q (%v)\nhead: %q", body, err, plainBody, plainErr, raw)
+		}
+		if rest, _ := io.ReadAll(br); !bytes.Equal(rest, raw[h.n+len(body):]) {
+			t.Fatalf("net/http leaves %q after the body, plain %q\nhead: %q", rest, raw[h.n+len(body):], raw)
 		}
 		out := append([]byte("GET / HTTP/1.1\r\n"), h.appendKept(nil, raw, 1)...)
 		fwd, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(append(out, "\r\n"...))))
@@ -380,5 +419,58 @@ func TestPlainHeads(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestPlainRequestBodies: requests with a Content-Length body, pipelined
+// in one write, reach a backend that reads no fields as they came (names
+// in their case, values with their spaces) with their bodies, a small one
+// written with its head and a large one streamed, and their answers come
+// back in order. Before, such a request went through net/http's parser
+// and arrived with its fields as net/http writes them.
+func TestPlainRequestBodies(t *testing.T) {
+	got := make(chan string, 3)
+	ep := serveRaw(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			var head strings.Builder
+			length := 0
+			for !strings.HasSuffix(head.String(), "\r\n\r\n") {
+				line, err := br.ReadString('\n')
+				if err != nil {
+					return
+				}
+				if name, v, _ := strings.Cut(line, ":"); strings.EqualFold(name, "Content-Length") {
+					length, _ = strconv.Atoi(strings.TrimSpace(v))
+				}
+				head.WriteString(line)
+			}
+			body := make([]byte, length)
+			if _, err := io.ReadFull(br, body); err != nil {
+				return
+			}
+			got <- head.String() + string(body)
+			line, _, _ := strings.Cut(head.String(), "\r\n")
+			fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(line), line)
+		}
+	})
+	fx := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	large := strings.Repeat("0123456789abcdef", 8<<10) // more than the proxy buffers
+	sent := []string{
+		"POST /a HTTP/1.1\r\nHost: svc\r\ncontent-length:  5 \r\nx-lower:  v \r\n\r\nhello",
+		"GET /b HTTP/1.1\r\nHost: svc\r\n\r\n",
+		"PUT /c HTTP/1.1\r\nHost: svc\r\nContent-Length: " + strconv.Itoa(len(large)) + "\r\nx-lower: w\r\n\r\n" + large,
+	}
+	cl := fx.dial()
+	cl.c.SetDeadline(time.Now().Add(10 * time.Second))
+	go io.WriteString(cl.c, strings.Join(sent, "")) // the large body fills the socket's buffers
+	for _, want := range sent {
+		line, _, _ := strings.Cut(want, "\r\n")
+		if resp, body := cl.read(strings.Fields(line)[0]); resp.StatusCode != http.StatusOK || body != line {
+			t.Errorf("answer %s %q, want 200 %q", resp.Status, body, line)
+		}
+		if b := <-got; b != want {
+			t.Errorf("the backend got %.200q (%d bytes), want %.200q (%d bytes)", b, len(b), want, len(want))
+		}
 	}
 }
