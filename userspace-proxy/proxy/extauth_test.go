@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"runtime"
 	"slices"
@@ -397,27 +398,14 @@ func TestRouteExternalAuthGRPCApp(t *testing.T) {
 	go as.Serve(al)
 	t.Cleanup(as.Stop)
 	calls := make(chan metadata.MD, 2)
-	bs := grpc.NewServer(grpc.UnknownServiceHandler(func(_ any, st grpc.ServerStream) error {
+	cc := grpcAuthedApp(t, e, func(_ any, st grpc.ServerStream) error {
 		if err := st.RecvMsg(new(wrapperspb.BytesValue)); err != nil {
 			return err
 		}
 		md, _ := metadata.FromIncomingContext(st.Context())
 		calls <- md
 		return st.SendMsg(wrapperspb.Bytes(nil))
-	}))
-	bl := listenLocal(t)
-	go bs.Serve(bl)
-	t.Cleanup(bs.Stop)
-	m := &mesh{t: t}
-	be := m.backend("app", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(bl.Addr().(*net.TCPAddr).AddrPort())})
-	authRef := m.backend("authz", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(al.Addr().(*net.TCPAddr).AddrPort())})
-	m.frontend("app", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
-		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be), Filters: snapshot.Filters{
-			ExternalAuth: &snapshot.ExternalAuth{Backend: authRef, GRPC: true, MaxBody: 64}}}},
-	)))
-	e.p.Update(m.snapshot(1))
-	cc := e.grpcClient(t, "app.b.svc:80", routedVIP)
-	defer cc.Close()
+	}, al.Addr().(*net.TCPAddr).AddrPort(), 64)
 	call := func(method, authorization string) error {
 		ctx := metadata.NewOutgoingContext(context.Background(), metadata.Pairs("authorization", authorization))
 		return cc.Invoke(ctx, method, wrapperspb.Bytes([]byte("ping")), new(wrapperspb.BytesValue))
@@ -452,23 +440,10 @@ func TestRouteExternalAuthGRPCAppOwnAnswers(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
 	reached := make(chan struct{}, 2)
-	bs := grpc.NewServer(grpc.UnknownServiceHandler(func(_ any, st grpc.ServerStream) error {
+	cc := grpcAuthedApp(t, e, func(_ any, st grpc.ServerStream) error {
 		reached <- struct{}{}
 		return st.SendMsg(wrapperspb.Bytes(nil))
-	}))
-	bl := listenLocal(t)
-	go bs.Serve(bl)
-	t.Cleanup(bs.Stop)
-	m := &mesh{t: t}
-	be := m.backend("app", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(bl.Addr().(*net.TCPAddr).AddrPort())})
-	authRef := m.backend("authz", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(closedPort(t))})
-	m.frontend("app", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
-		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be), Filters: snapshot.Filters{
-			ExternalAuth: &snapshot.ExternalAuth{Backend: authRef, GRPC: true, MaxBody: 32}}}},
-	)))
-	e.p.Update(m.snapshot(1))
-	cc := e.grpcClient(t, "app.b.svc:80", routedVIP)
-	defer cc.Close()
+	}, closedPort(t), 32)
 	for _, tt := range []struct {
 		name   string
 		msg    []byte
@@ -486,6 +461,28 @@ func TestRouteExternalAuthGRPCAppOwnAnswers(t *testing.T) {
 	if len(reached) != 0 {
 		t.Errorf("the backend got a refused call")
 	}
+}
+
+// grpcAuthedApp serves handler as a gRPC backend behind an HTTPRoute rule
+// whose ExternalAuth filter asks the gRPC authorization server at auth,
+// forwarding up to maxBody bytes, and returns a client of the route's
+// Service (closed when the test ends).
+func grpcAuthedApp(t *testing.T, e *env, handler grpc.StreamHandler, auth netip.AddrPort, maxBody int32) *grpc.ClientConn {
+	bs := grpc.NewServer(grpc.UnknownServiceHandler(handler))
+	bl := listenLocal(t)
+	go bs.Serve(bl)
+	t.Cleanup(bs.Stop)
+	m := &mesh{t: t}
+	be := m.backend("app", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(bl.Addr().(*net.TCPAddr).AddrPort())})
+	authRef := m.backend("authz", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(auth)})
+	m.frontend("app", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be), Filters: snapshot.Filters{
+			ExternalAuth: &snapshot.ExternalAuth{Backend: authRef, GRPC: true, MaxBody: maxBody}}}},
+	)))
+	e.p.Update(m.snapshot(1))
+	cc := e.grpcClient(t, "app.b.svc:80", routedVIP)
+	t.Cleanup(func() { cc.Close() })
+	return cc
 }
 
 // seenID returns the request r recorded whose query names id (id=...).
