@@ -45,6 +45,7 @@ type plainHead struct {
 	method       string
 	target, host []byte
 	hasHost      bool
+	mcp          bool // an Mcp-Session-Id field, for cutMCPSession
 }
 
 // maxPlainLines bounds the lines of a plain head: drop has a bit for each.
@@ -146,8 +147,13 @@ func answerField(h *plainHead, name, value []byte) (drop, ok bool) {
 
 // requestField classes a request's field for scanFields. Host is dropped:
 // writeHead writes it. Content-Length is kept, and read into h.length.
+// An MCP session ID is noted, so that only requests with one are searched
+// for it.
 func requestField(h *plainHead, name, value []byte) (drop, ok bool) {
 	switch {
+	case equalFold(name, mcpSessionID):
+		h.mcp = true
+		return false, true
 	case equalFold(name, host):
 		if h.hasHost {
 			return false, false
@@ -469,8 +475,11 @@ func (s *h1Conn) readPlainRequest() *http.Request {
 		return nil // net/http refuses it too, with its own error
 	}
 	s.fields = h.appendKept(s.fields[:0], s.head, 1)
-	if s.fields, s.mcp, ok = cutMCPSession(s.fields); !ok {
-		return nil
+	s.mcp = ""
+	if h.mcp {
+		if s.fields, s.mcp, ok = cutMCPSession(s.fields); !ok {
+			return nil
+		}
 	}
 	s.br.Discard(h.n)
 	s.head, s.plainReq = nil, true
