@@ -37,9 +37,11 @@ const (
 // frame type and flag values of RFC 9113 §6.
 const (
 	frameHeaders      = 0x1
+	frameSettings     = 0x4
 	framePushPromise  = 0x5
 	frameGoAway       = 0x7
 	frameContinuation = 0x9
+	flagAck           = 0x1
 	flagEndHeaders    = 0x4
 	frameHeaderLen    = 9
 )

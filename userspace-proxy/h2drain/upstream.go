@@ -14,7 +14,8 @@ import (
 // Transport takes for the backend's. It then sends no new request over
 // the connection, lets those under way finish, and closes it once the
 // last ends (at once if none is): net/http has no other way to set one
-// connection of its pool aside.
+// connection of its pool aside. Write holds the Transport's SETTINGS ACK
+// back until its next stream has opened (settingsack.go).
 type Upstream struct {
 	net.Conn
 	mu sync.Mutex
@@ -28,6 +29,9 @@ type Upstream struct {
 	// woke is set while the read deadline GoAway set interrupts a read
 	// that waits on a backend between frames.
 	woke bool
+	// wmu orders the Transport's writes and a held SETTINGS ACK's (sent).
+	wmu  sync.Mutex
+	sent outFrames
 }
 
 // NewUpstream wraps c, a connection to a backend that speaks HTTP/2.
