@@ -33,11 +33,10 @@ type policyEval struct {
 
 // policyTarget is one distinct targetRef of a policy: one status ancestor.
 type policyTarget struct {
-	ref    gwv1.LocalPolicyTargetReferenceWithSectionName
-	parent gwv1.ParentReference
-	// overLimit is set when the policy's status has no room for the
-	// target (fitAncestors): it gets no status and its ports fail closed.
-	overLimit bool
+	ref gwv1.LocalPolicyTargetReferenceWithSectionName
+	// ancestorPlace: a target the status has no room for fails its
+	// ports closed.
+	ancestorPlace
 	// problem is this target's own Accepted=False reason
 	// (TargetNotFound, Invalid or Conflicted), or nil.
 	problem *tlsvalidation.Problem
@@ -158,18 +157,9 @@ func (t *translator) evalPolicy(p *gwv1.BackendTLSPolicy) *policyEval {
 			continue
 		}
 		seen[id] = true
-		e.targets = append(e.targets, &policyTarget{ref: ref, parent: parent})
+		e.targets = append(e.targets, &policyTarget{ref: ref, ancestorPlace: ancestorPlace{parent: parent}})
 	}
-	slices.SortFunc(e.targets, func(a, b *policyTarget) int { return compareParents(a.parent, b.parent) })
-	parents := make([]gwv1.ParentReference, len(e.targets))
-	for i, tg := range e.targets {
-		parents[i] = tg.parent
-	}
-	fits, others := fitAncestors(p.Status.Ancestors, parents)
-	e.others = others
-	for i, tg := range e.targets {
-		tg.overLimit = !fits[i]
-	}
+	e.others = placeTargets(p.Status.Ancestors, e.targets)
 	return e
 }
 

@@ -107,6 +107,34 @@ func deref[T ~string](p *T) string {
 	return string(*p)
 }
 
+// ancestorPlace is a policy target's place in the policy's status: its
+// ancestor there, and whether the status has room for it.
+type ancestorPlace struct {
+	parent gwv1.ParentReference
+	// overLimit is set when the policy's status has no room for the
+	// target (fitAncestors): it gets no status entry, and is not served
+	// by the policy.
+	overLimit bool
+}
+
+func (a *ancestorPlace) place() *ancestorPlace { return a }
+
+// placeTargets sorts a policy's targets in status order and marks those
+// its status has no room for (fitAncestors, given existing, the status the
+// informer shows); it returns how many entries other controllers hold.
+func placeTargets[T interface{ place() *ancestorPlace }](existing []gwv1.PolicyAncestorStatus, targets []T) (others int) {
+	slices.SortFunc(targets, func(a, b T) int { return compareParents(a.place().parent, b.place().parent) })
+	parents := make([]gwv1.ParentReference, len(targets))
+	for i, tg := range targets {
+		parents[i] = tg.place().parent
+	}
+	fits, others := fitAncestors(existing, parents)
+	for i, tg := range targets {
+		tg.place().overLimit = !fits[i]
+	}
+	return others
+}
+
 // fitAncestors tells which of a policy's targets (parents, in status
 // order) get a status entry. The 16 entries a PolicyStatus holds are shared
 // with other controllers, and the Gateway API forbids adding to a full

@@ -44,13 +44,11 @@ type trafficEval struct {
 
 // trafficTarget is one distinct targetRef of a policy: one status ancestor.
 type trafficTarget struct {
-	ref    gwv1.LocalPolicyTargetReference
-	parent gwv1.ParentReference
-	key    trafficKey
-	// overLimit is set when the policy's status has no room for the
-	// target (fitAncestors): it gets no status and the policy is not
-	// applied to it.
-	overLimit bool
+	ref gwv1.LocalPolicyTargetReference
+	key trafficKey
+	// ancestorPlace: the policy is not applied to a target the status
+	// has no room for.
+	ancestorPlace
 	// problem is the target's own Accepted=False reason (TargetNotFound
 	// or Invalid); resolvedRefs its ResolvedRefs=False reason.
 	problem, resolvedRefs *tlsvalidation.Problem
@@ -138,16 +136,7 @@ func (t *translator) evalTrafficPolicy(p *gwxv1alpha1.XBackendTrafficPolicy) *tr
 	if len(invalid) > 0 {
 		e.invalid = &tlsvalidation.Problem{Reason: string(gwv1.PolicyReasonInvalid), Message: strings.Join(invalid, "; ")}
 	}
-	slices.SortFunc(e.targets, func(a, b *trafficTarget) int { return compareParents(a.parent, b.parent) })
-	parents := make([]gwv1.ParentReference, len(e.targets))
-	for i, tg := range e.targets {
-		parents[i] = tg.parent
-	}
-	fits, others := fitAncestors(p.Status.Ancestors, parents)
-	e.others = others
-	for i, tg := range e.targets {
-		tg.overLimit = !fits[i]
-	}
+	e.others = placeTargets(p.Status.Ancestors, e.targets)
 	return e
 }
 
