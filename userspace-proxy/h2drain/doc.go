@@ -29,9 +29,9 @@
 // the backend's own, and closes that connection once its streams end. It
 // is how the proxy sets one of the Transport's connections aside (its TLS
 // settings changed, its certificate chain expired), net/http giving no
-// hook for one connection of its pool. It also holds the Transport's
-// acknowledgement of a backend's SETTINGS back until the next stream has
-// opened, so that a stream Go's client opens over a limit it has just
-// learned is refused, which the proxy sends again, rather than reset as a
-// protocol error (settingsack.go).
+// hook for one connection of its pool. It also lets the Transport's next
+// opening HEADERS pass its acknowledgement of a backend's SETTINGS, so
+// that a stream Go's client opens over a limit it has just learned is
+// refused, which the proxy sends again, rather than reset as a protocol
+// error (settingsack.go).
 package h2drain

@@ -14,20 +14,30 @@ import (
 // PROTOCOL_ERROR, which no client may send again (the request could have
 // been processed, for all the code says), where before the ACK it resets
 // it with REFUSED_STREAM, which the proxy sends again (RFC 9113 §5.1.2
-// allows either code). Only one stream can be so caught: the client
+// allows either code); nghttp2's ends the whole connection then. Only one stream can be so caught: the client
 // writes one new stream's HEADERS at a time, and the stream that took its
-// slot before the SETTINGS was applied is the next to open one. So an ACK
-// goes after the next header block that opens a stream, or, when none
-// does, once ackHold has passed, at the next place between two frames:
-// the backend learns of its settings' acknowledgement microseconds later
-// when a stream was caught, ackHold later at most when none was.
+// slot before the SETTINGS was applied is the next to open one.
+//
+// So a header block that opens a stream may pass a held ACK, and nothing
+// else: the ACK goes after that block, or before any other frame, or when
+// ackHold passes with nothing written. A server may apply its settings
+// only once acknowledged (nghttp2 does), so no frame that the settings
+// govern may pass the ACK: DATA (stream windows), frames larger than the
+// initial 16,384-byte maximum, or another SETTINGS. An opening header
+// block depends on none of them but the header table's size, which Go's
+// encoder never raises past the initial 4,096 bytes, and a smaller size
+// is within the old limit and the new.
 
-// ackHold bounds how long an ACK waits for the next stream to open.
+// ackHold bounds how long an ACK waits with nothing written after it.
 var ackHold = 10 * time.Millisecond // a var for tests
 
 // clientPrefaceLen is the length of the client's connection preface, the
 // bytes before its first frame (RFC 9113 §3.4).
 const clientPrefaceLen = 24
+
+// initialMaxFrameSize is SETTINGS_MAX_FRAME_SIZE's initial value: a larger
+// frame needs the backend's settings applied.
+const initialMaxFrameSize = 1 << 14
 
 // settingsAck is a SETTINGS frame with the ACK flag.
 var settingsAck = []byte{3: frameSettings, 4: flagAck, 8: 0}
@@ -43,18 +53,21 @@ type outFrames struct {
 	// opens when that block opens a stream.
 	inBlock, opens bool
 	lastID         uint32 // the highest stream identifier opened
-	// held is set while an ACK is held back, due once ackHold passed.
-	held, due bool
-	timer     *time.Timer
+	held           bool   // an ACK is held back
+	timer          *time.Timer
 }
 
 // edit returns p with a SETTINGS ACK that comes whole in it (net/http
-// writes and flushes its ACK alone) taken out and held, and a held ACK put back in after the header block that opens the
-// next stream, or where a frame may go once the hold ran out; edited is
-// false, and out nil, when it changes nothing. release is what the hold's
-// timer calls.
+// writes and flushes its ACK alone) taken out and held, and a held ACK put
+// back in where the ACK's rules say; edited is false, and out nil, when it
+// changes nothing. release is what the hold's timer calls.
 func (o *outFrames) edit(p []byte, release func()) (out []byte, edited bool) {
 	from := 0 // p[from:] is not in out yet
+	putBack := func(at int) {
+		out, from, edited = append(append(out, p[from:at]...), settingsAck...), at, true
+		o.held = false
+		o.timer.Stop()
+	}
 	for i := 0; i < len(p); {
 		switch {
 		case o.passed < clientPrefaceLen:
@@ -67,19 +80,25 @@ func (o *outFrames) edit(p []byte, release func()) (out []byte, edited bool) {
 			o.left -= n
 			i += n
 		default:
-			at := i
+			at, begins, inBlock := i, o.hn == 0, o.inBlock
 			n := copy(o.hdr[o.hn:], p[i:])
-			whole := o.hn == 0 && n == frameHeaderLen
 			o.hn += n
 			i += n
 			if o.hn < frameHeaderLen {
+				if o.held && begins && !inBlock {
+					putBack(at) // a frame it cannot see whole yet
+				}
 				continue
 			}
 			o.hn = 0
 			o.left = int(o.hdr[0])<<16 | int(o.hdr[1])<<8 | int(o.hdr[2])
-			switch typ, flags := o.hdr[3], o.hdr[4]; typ {
+			typ, flags := o.hdr[3], o.hdr[4]
+			switch typ {
 			case frameSettings:
-				if flags&flagAck != 0 && o.left == 0 && whole && !o.held {
+				if flags&flagAck != 0 && o.left == 0 && begins {
+					if o.held { // the one before goes first
+						putBack(at)
+					}
 					out, from, edited = append(out, p[from:at]...), i, true
 					o.held = true
 					o.timer = time.AfterFunc(ackHold, release)
@@ -93,11 +112,13 @@ func (o *outFrames) edit(p []byte, release func()) (out []byte, edited bool) {
 			case frameContinuation:
 				o.inBlock = flags&flagEndHeaders == 0
 			}
+			if o.held && begins && !inBlock && (typ != frameHeaders || !o.opens || o.left > initialMaxFrameSize) {
+				putBack(at)
+			}
 		}
 		if o.left == 0 && o.hn == 0 && !o.inBlock {
-			if o.held && (o.opens || o.due) {
-				out, from, edited = append(append(out, p[from:i]...), settingsAck...), i, true
-				o.putBack()
+			if o.held && o.opens {
+				putBack(i)
 			}
 			o.opens = false
 		}
@@ -111,12 +132,6 @@ func (o *outFrames) edit(p []byte, release func()) (out []byte, edited bool) {
 // between reports whether a frame may go in now.
 func (o *outFrames) between() bool {
 	return o.passed == clientPrefaceLen && o.hn == 0 && o.left == 0 && !o.inBlock
-}
-
-// putBack marks the held ACK sent.
-func (o *outFrames) putBack() {
-	o.held, o.due = false, false
-	o.timer.Stop()
 }
 
 // Write writes the Transport's bytes to the backend, with its SETTINGS
@@ -134,18 +149,14 @@ func (c *Upstream) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// ackHoldEnded sends a held ACK when no stream opened within ackHold: now
-// if the Transport is between frames, else with its next write.
+// ackHoldEnded sends a held ACK when nothing was written within ackHold.
+// Inside a frame, only an opening header block's, whose end sends it.
 func (c *Upstream) ackHoldEnded() {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if !c.sent.held {
+	if !c.sent.held || !c.sent.between() {
 		return
 	}
-	if !c.sent.between() {
-		c.sent.due = true
-		return
-	}
-	c.sent.putBack()
+	c.sent.held = false
 	c.Conn.Write(settingsAck) // a failed write fails the Transport's next
 }

@@ -38,9 +38,6 @@ func write(part func([]byte) []byte, frames ...func(*http2.Framer) error) step {
 	}
 }
 
-func firstHalf(p []byte) []byte  { return p[:len(p)/2] }
-func secondHalf(p []byte) []byte { return p[len(p)/2:] }
-
 // holdEnds is what the hold's timer does when ackHold has passed.
 func holdEnds(c *Upstream) error {
 	c.ackHoldEnded()
@@ -117,36 +114,58 @@ func settings(fr *http2.Framer) error { return fr.WriteSettings() }
 
 // TestUpstreamHoldsSettingsAck: the Transport's ACK of the backend's
 // SETTINGS reaches the backend after the header block that opens the next
-// stream (its CONTINUATION included), not before it, nor after a header
-// block on a stream already open (trailers): a stream whose slot was taken
-// before the SETTINGS were applied is refused, not a protocol error.
-// Every other frame goes as written, in order, the ACK's own write too
-// when it holds more (a HEADERS that opens a stream after it).
+// stream (its CONTINUATION included), so that a stream whose slot was
+// taken before the SETTINGS were applied is refused, not a protocol error;
+// before any other frame written after it (DATA, a header block on a
+// stream already open, a frame larger than the initial maximum, one whose
+// header it cannot see whole), which the settings may govern. Every other
+// frame goes as written, in order.
 func TestUpstreamHoldsSettingsAck(t *testing.T) {
-	got := framesTo(t,
-		write(nil, settings, headers(1, true)),
-		write(nil, ack),
-		write(nil, data(1, 100)),
-		write(nil, headers(1, true)),
-		write(nil, headers(3, false)),
-		write(nil, continuation(3), data(3, 10)),
-		write(nil, data(3, 10), ack, headers(5, true), data(5, 1)),
-		write(nil, ack),
-		write(nil, data(5, 1)),
-	)
-	want := []string{
-		"SETTINGS 0", "HEADERS 1", "DATA 1", "HEADERS 1", "HEADERS 3", "CONTINUATION 3", "SETTINGS 0 ACK", "DATA 3",
-		"DATA 3", "HEADERS 5", "SETTINGS 0 ACK", "DATA 5",
-		"DATA 5", // and the last ACK, still held
+	large := func(fr *http2.Framer) error {
+		return fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 9, BlockFragment: make([]byte, 1<<14+1), EndHeaders: true})
 	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("the backend read\n%q\nwant\n%q", got, want)
+	firstBytes := func(p []byte) []byte { return p[:4] }
+	restBytes := func(p []byte) []byte { return p[4:] }
+	for _, tc := range []struct {
+		name  string
+		steps []step
+		want  []string
+	}{
+		{"a stream opens",
+			[]step{write(nil, ack), write(nil, headers(3, false)), write(nil, continuation(3), data(3, 10))},
+			[]string{"HEADERS 3", "CONTINUATION 3", "SETTINGS 0 ACK", "DATA 3"}},
+		{"within one write",
+			[]step{write(nil, data(1, 10), ack, headers(3, true), data(3, 1))},
+			[]string{"DATA 1", "HEADERS 3", "SETTINGS 0 ACK", "DATA 3"}},
+		{"DATA first",
+			[]step{write(nil, ack), write(nil, data(1, 100)), write(nil, headers(3, true))},
+			[]string{"SETTINGS 0 ACK", "DATA 1", "HEADERS 3"}},
+		{"trailers first",
+			[]step{write(nil, ack), write(nil, headers(1, true)), write(nil, headers(3, true))},
+			[]string{"SETTINGS 0 ACK", "HEADERS 1", "HEADERS 3"}},
+		{"a large header block",
+			[]step{write(nil, ack), write(nil, large)},
+			[]string{"SETTINGS 0 ACK", "HEADERS 9"}},
+		{"a frame header in pieces",
+			[]step{write(nil, ack), write(firstBytes, headers(3, true)), write(restBytes, headers(3, true))},
+			[]string{"SETTINGS 0 ACK", "HEADERS 3"}},
+		{"a second ACK",
+			[]step{write(nil, ack), write(nil, ack), write(nil, headers(3, true)), write(nil, data(3, 1))},
+			[]string{"SETTINGS 0 ACK", "HEADERS 3", "SETTINGS 0 ACK", "DATA 3"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			steps := append([]step{write(nil, settings, headers(1, false), continuation(1))}, tc.steps...)
+			want := append([]string{"SETTINGS 0", "HEADERS 1", "CONTINUATION 1"}, tc.want...)
+			if got := framesTo(t, steps...); !slices.Equal(got, want) {
+				t.Fatalf("the backend read\n%q\nwant\n%q", got, want)
+			}
+		})
 	}
 }
 
-// TestUpstreamSettingsAckHoldEnds: with no stream opening, a held ACK goes
-// once ackHold has passed, and when the Transport is inside a frame then
-// (a DATA frame written in two pieces), right after that frame.
+// TestUpstreamSettingsAckHoldEnds: with nothing written after it, a held
+// ACK goes once ackHold has passed; inside an opening header block then,
+// at its end, and not again.
 func TestUpstreamSettingsAckHoldEnds(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -154,18 +173,20 @@ func TestUpstreamSettingsAckHoldEnds(t *testing.T) {
 		want  []string
 	}{
 		{"between frames",
-			[]step{write(nil, settings, headers(1, true)), write(nil, ack), holdEnds, write(nil, data(1, 5000))},
-			[]string{"SETTINGS 0", "HEADERS 1", "SETTINGS 0 ACK", "DATA 1"}},
-		{"inside a frame",
-			[]step{write(nil, settings, headers(1, true)), write(nil, ack), write(firstHalf, data(1, 5000)), holdEnds, write(secondHalf, data(1, 5000)), write(nil, data(1, 1))},
-			[]string{"SETTINGS 0", "HEADERS 1", "DATA 1", "SETTINGS 0 ACK", "DATA 1"}},
-		{"after its ACK went", // the timer fires late: nothing more goes
-			[]step{write(nil, settings), write(nil, ack), write(nil, headers(1, true)), holdEnds, write(nil, data(1, 1))},
-			[]string{"SETTINGS 0", "HEADERS 1", "SETTINGS 0 ACK", "DATA 1"}},
+			[]step{write(nil, ack), holdEnds, write(nil, headers(3, true))},
+			[]string{"SETTINGS 0 ACK", "HEADERS 3"}},
+		{"inside an opening block",
+			[]step{write(nil, ack), write(nil, headers(3, false)), holdEnds, write(nil, continuation(3)), holdEnds, write(nil, data(3, 1))},
+			[]string{"HEADERS 3", "CONTINUATION 3", "SETTINGS 0 ACK", "DATA 3"}},
+		{"after its ACK went",
+			[]step{write(nil, ack), write(nil, headers(3, true)), holdEnds, write(nil, data(3, 1))},
+			[]string{"HEADERS 3", "SETTINGS 0 ACK", "DATA 3"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := framesTo(t, tc.steps...); !slices.Equal(got, tc.want) {
-				t.Fatalf("the backend read\n%q\nwant\n%q", got, tc.want)
+			steps := append([]step{write(nil, settings, headers(1, true))}, tc.steps...)
+			want := append([]string{"SETTINGS 0", "HEADERS 1"}, tc.want...)
+			if got := framesTo(t, steps...); !slices.Equal(got, want) {
+				t.Fatalf("the backend read\n%q\nwant\n%q", got, want)
 			}
 		})
 	}

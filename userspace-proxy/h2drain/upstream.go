@@ -14,8 +14,8 @@ import (
 // Transport takes for the backend's. It then sends no new request over
 // the connection, lets those under way finish, and closes it once the
 // last ends (at once if none is): net/http has no other way to set one
-// connection of its pool aside. Write holds the Transport's SETTINGS ACK
-// back until its next stream has opened (settingsack.go).
+// connection of its pool aside. Write lets the Transport's next opening
+// HEADERS pass its SETTINGS ACK (settingsack.go).
 type Upstream struct {
 	net.Conn
 	mu sync.Mutex
