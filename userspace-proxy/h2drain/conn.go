@@ -73,8 +73,13 @@ type frames struct {
 	// stream. A GOAWAY before that, right after the backend's SETTINGS,
 	// can reach a client that has not sent its first request yet, and
 	// Go's fails it ("http2: client conn could not be established")
-	// rather than sending it again on a new connection.
+	// rather than sending it again on a new connection. Toward the
+	// proxy's own client it is also set once that client opened a stream
+	// (Upstream.streamOpened).
 	answered bool
+	// began is set once the backend's first frame began: a GOAWAY must
+	// not come before its SETTINGS.
+	began bool
 }
 
 // feed takes p, the next bytes of the stream, and returns the offset in p
@@ -96,6 +101,7 @@ func (f *frames) feed(p []byte) int {
 				break
 			}
 			f.hn = 0
+			f.began = true
 			f.left = int(f.hdr[0])<<16 | int(f.hdr[1])<<8 | int(f.hdr[2])
 			switch typ, flags := f.hdr[3], f.hdr[4]; typ {
 			case frameHeaders, framePushPromise, frameContinuation:
@@ -114,7 +120,7 @@ func (f *frames) feed(p []byte) int {
 
 // between reports whether a GOAWAY may go in now.
 func (f *frames) between() bool {
-	return f.hn == 0 && f.left == 0 && f.answered && !f.inBlock
+	return f.hn == 0 && f.left == 0 && f.answered && f.began && !f.inBlock
 }
 
 // Conn is the app's side of a relayed HTTP/2 connection: the relay

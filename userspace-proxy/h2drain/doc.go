@@ -15,7 +15,7 @@
 // balances afresh. The backend learns nothing of it: it still serves
 // every stream the client opened.
 //
-// Only the backend-to-app direction is looked at, and only frame headers:
+// Conn looks at the backend-to-app direction only, and at frame headers:
 // where each frame ends, whether a header block is still open (no frame
 // may come between its parts), whether the backend sent its own GOAWAY
 // (then the proxy's would raise the last stream identifier, which a client
@@ -29,9 +29,11 @@
 // the backend's own, and closes that connection once its streams end. It
 // is how the proxy sets one of the Transport's connections aside (its TLS
 // settings changed, its certificate chain expired), net/http giving no
-// hook for one connection of its pool. It also lets the Transport's next
-// opening HEADERS pass its acknowledgement of a backend's SETTINGS, so
-// that a stream Go's client opens over a limit it has just learned is
-// refused, which the proxy sends again, rather than reset as a protocol
-// error (settingsack.go).
+// hook for one connection of its pool. Upstream follows the Transport's
+// frames as well: its GOAWAY need not wait for the backend's first
+// HEADERS once the Transport has opened a stream, and it lets the
+// Transport's next opening HEADERS pass its acknowledgement of a
+// backend's SETTINGS, so that a stream Go's client opens over a limit it
+// has just learned is refused, which the proxy sends again, rather than
+// reset as a protocol error (settingsack.go).
 package h2drain

@@ -135,18 +135,23 @@ func (o *outFrames) between() bool {
 }
 
 // Write writes the Transport's bytes to the backend, with its SETTINGS
-// ACK held back as outFrames says.
+// ACK held back as outFrames says, and notes its first stream's opening
+// (streamOpened).
 func (c *Upstream) Write(p []byte) (int, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	opened := c.sent.lastID != 0
 	out, edited := c.sent.edit(p, c.ackHoldEnded)
+	n, err := len(p), error(nil)
 	if !edited {
-		return c.Conn.Write(p)
+		n, err = c.Conn.Write(p)
+	} else if _, err = c.Conn.Write(out); err != nil {
+		n = 0
 	}
-	if _, err := c.Conn.Write(out); err != nil {
-		return 0, err
+	if !opened && c.sent.lastID != 0 {
+		c.streamOpened()
 	}
-	return len(p), nil
+	return n, err
 }
 
 // ackHoldEnded sends a held ACK when nothing was written within ackHold.

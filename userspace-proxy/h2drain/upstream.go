@@ -78,6 +78,21 @@ func (c *Upstream) Read(p []byte) (int, error) {
 	return at + m, err
 }
 
+// streamOpened lets a GOAWAY go in before the backend has begun an
+// answer, once the Transport has opened a stream: one read before that
+// fails the connection's first request (net/http's "client conn could not
+// be established"), one read after sends its next requests elsewhere, and
+// a connection whose first answers are slow to begin (a watch, a long
+// poll) is set aside at once rather than when one begins. c.wmu is held.
+func (c *Upstream) streamOpened() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.fr.answered = true
+	if c.pending != nil && c.fr.between() {
+		c.woke = c.Conn.SetReadDeadline(time.Unix(1, 0)) == nil
+	}
+}
+
 // GoAway asks the Transport to send its next requests over another
 // connection, and reports whether it did: false when asked before, or
 // when the backend sent its own GOAWAY. The frame goes in at once when
