@@ -113,6 +113,9 @@ func Classify(b []byte) (k Kind, more bool) {
 // request line holds there (Redis' "SET k v", a control byte) decide at
 // once, and only a prefix of a request line waits for more.
 func requestLine(b []byte) (Kind, bool) {
+	// Sniff reads no more: a longer line is judged by its first readSize
+	// bytes, whole or in pieces alike.
+	b = b[:min(len(b), readSize)]
 	i := 0
 	for i < len(b) && i <= maxMethod && ('A' <= b[i] && b[i] <= 'Z' || b[i] == '-') {
 		i++
