@@ -456,10 +456,11 @@ http {
 }
 
 // startNghttpd runs nghttp2's server on docroot www: HTTP/2 only, over TLS
-// (ALPN h2) or cleartext with prior knowledge; it echoes POST bodies.
+// (ALPN h2) or cleartext with prior knowledge, with options extra; it
+// echoes POST bodies.
 // nghttpd cannot take a listening socket, so it gets a port that was free
 // a moment ago, and another should that one have been taken since.
-func startNghttpd(t *testing.T, e *env, www string, useTLS bool) netip.AddrPort {
+func startNghttpd(t *testing.T, e *env, www string, useTLS bool, extra ...string) netip.AddrPort {
 	bin := nativeTool(t, "nghttpd")
 	dir := t.TempDir()
 	cert, key, err := e.pki.server.WriteFiles(dir, "server")
@@ -468,7 +469,7 @@ func startNghttpd(t *testing.T, e *env, www string, useTLS bool) netip.AddrPort 
 	}
 	for attempt := 0; ; attempt++ {
 		addr := closedPort(t)
-		args := []string{"-a", addr.Addr().String(), "-d", www, "--echo-upload", fmt.Sprint(addr.Port())}
+		args := append(extra, "-a", addr.Addr().String(), "-d", www, "--echo-upload", fmt.Sprint(addr.Port()))
 		if useTLS {
 			args = append(args, key, cert)
 		} else {
