@@ -97,14 +97,7 @@ func TestUpstreamGoAwayOnceStreamOpened(t *testing.T) {
 	if f, err := fr.ReadFrame(); err != nil || f.Header().Type != http2.FramePing {
 		t.Fatalf("before a stream opened: %v, %v; want the backend's PING alone", f, err)
 	}
-	var opening bytes.Buffer
-	opening.WriteString(http2.ClientPreface)
-	fw := http2.NewFramer(&opening, nil)
-	fw.WriteSettings()
-	fw.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte("h"), EndHeaders: true})
-	if _, err := c.Write(opening.Bytes()); err != nil {
-		t.Fatal(err)
-	}
+	openStream(t, c)
 	f, err := fr.ReadFrame()
 	if err != nil {
 		t.Fatal(err)
@@ -127,14 +120,7 @@ func TestUpstreamGoAwayAfterBackendSettings(t *testing.T) {
 	if !c.GoAway(ReasonPolicyChanged) {
 		t.Fatal("GoAway refused")
 	}
-	var opening bytes.Buffer
-	opening.WriteString(http2.ClientPreface)
-	fw := http2.NewFramer(&opening, nil)
-	fw.WriteSettings()
-	fw.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte("h"), EndHeaders: true})
-	if _, err := c.Write(opening.Bytes()); err != nil {
-		t.Fatal(err)
-	}
+	openStream(t, c)
 	var settings bytes.Buffer
 	http2.NewFramer(&settings, nil).WriteSettings()
 	go backend.Write(settings.Bytes())
@@ -143,5 +129,19 @@ func TestUpstreamGoAwayAfterBackendSettings(t *testing.T) {
 		if f, err := fr.ReadFrame(); err != nil || f.Header().Type != want {
 			t.Fatalf("frame %v, %v; want %v", f, err, want)
 		}
+	}
+}
+
+// openStream writes what the Transport writes to open its first stream:
+// the client preface, its SETTINGS and the stream's HEADERS.
+func openStream(t *testing.T, c *Upstream) {
+	t.Helper()
+	var opening bytes.Buffer
+	opening.WriteString(http2.ClientPreface)
+	fw := http2.NewFramer(&opening, nil)
+	fw.WriteSettings()
+	fw.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte("h"), EndHeaders: true})
+	if _, err := c.Write(opening.Bytes()); err != nil {
+		t.Fatal(err)
 	}
 }
