@@ -14,9 +14,10 @@ import (
 // PROTOCOL_ERROR, which no client may send again (the request could have
 // been processed, for all the code says), where before the ACK it resets
 // it with REFUSED_STREAM, which the proxy sends again (RFC 9113 §5.1.2
-// allows either code); nghttp2's ends the whole connection then. Only one stream can be so caught: the client
-// writes one new stream's HEADERS at a time, and the stream that took its
-// slot before the SETTINGS was applied is the next to open one.
+// allows either code); nghttp2's ends the whole connection then. Only one
+// stream can be so caught: the client writes one new stream's HEADERS at
+// a time, and the stream that took its slot before the SETTINGS was
+// applied is the next to open one.
 //
 // So a header block that opens a stream may pass a held ACK, and nothing
 // else: the ACK goes after that block, or before any other frame, or when
