@@ -36,10 +36,15 @@ const (
 
 // frame type and flag values of RFC 9113 §6.
 const (
+	frameData         = 0x0
 	frameHeaders      = 0x1
+	framePriority     = 0x2
+	frameRSTStream    = 0x3
 	frameSettings     = 0x4
 	framePushPromise  = 0x5
+	framePing         = 0x6
 	frameGoAway       = 0x7
+	frameWindowUpdate = 0x8
 	frameContinuation = 0x9
 	flagAck           = 0x1
 	flagEndHeaders    = 0x4

@@ -19,15 +19,22 @@ import (
 // a time, and the stream that took its slot before the SETTINGS was
 // applied is the next to open one.
 //
-// So a header block that opens a stream may pass a held ACK, and nothing
-// else: the ACK goes after that block, or before any other frame, or when
-// ackHold passes with nothing written. A server may apply its settings
-// only once acknowledged (nghttp2 does), so no frame that the settings
-// govern may pass the ACK: DATA (stream windows), frames larger than the
-// initial 16,384-byte maximum, or another SETTINGS. An opening header
-// block depends on none of them but the header table's size, which Go's
-// encoder never raises past the initial 4,096 bytes, and a smaller size
-// is within the old limit and the new.
+// So the ACK waits for the next header block that opens a stream and goes
+// right after it, and frames the settings cannot govern may pass it
+// meanwhile, as the other streams' work goes on: header blocks, trailers
+// too; WINDOW_UPDATE, RST_STREAM, PING, PRIORITY and GOAWAY; and DATA
+// while the connection's first ACK waits and its DATA, counted from its
+// start, stays within 65,535 bytes, each stream's and the connection's
+// initial window. A server may apply its settings only once acknowledged
+// (nghttp2 does): what passes the ACK keeps to their initial values, and
+// the Transport, which applied them before it wrote its ACK, keeps to them
+// as well. Any other frame sends the ACK first: DATA past that, a frame
+// larger than the initial 16,384-byte maximum, another SETTINGS, one it
+// cannot see whole. So does ackHold passing: at once between frames, or
+// at the end of the frame it passed in. A header block depends on no
+// setting but the header table's size, which Go's encoder never raises
+// past the initial 4,096 bytes, and a smaller size is within the old
+// limit and the new.
 
 // ackHold bounds how long an ACK waits with nothing written after it.
 var ackHold = 10 * time.Millisecond // a var for tests
@@ -39,6 +46,10 @@ const clientPrefaceLen = 24
 // initialMaxFrameSize is SETTINGS_MAX_FRAME_SIZE's initial value: a larger
 // frame needs the backend's settings applied.
 const initialMaxFrameSize = 1 << 14
+
+// initialWindowSize is the flow-control windows' initial size: DATA past
+// it may need the backend's settings applied.
+const initialWindowSize = 1<<16 - 1
 
 // settingsAck is a SETTINGS frame with the ACK flag.
 var settingsAck = []byte{3: frameSettings, 4: flagAck, 8: 0}
@@ -54,8 +65,32 @@ type outFrames struct {
 	// opens when that block opens a stream.
 	inBlock, opens bool
 	lastID         uint32 // the highest stream identifier opened
+	data           int    // DATA bytes written, until the first ACK goes
+	acked          bool   // an ACK went
 	held           bool   // an ACK is held back
+	due            bool   // ackHold passed inside a frame: the ACK goes at its end
 	timer          *time.Timer
+}
+
+// release notes that the held ACK goes.
+func (o *outFrames) release() {
+	o.held, o.due, o.acked = false, false, true
+	o.timer.Stop()
+}
+
+// mayPass reports whether the frame whose header was just read may go
+// ahead of a held ACK.
+func (o *outFrames) mayPass(typ byte) bool {
+	if o.left > initialMaxFrameSize {
+		return false
+	}
+	switch typ {
+	case frameData:
+		return !o.acked && o.data <= initialWindowSize
+	case frameHeaders, frameWindowUpdate, frameRSTStream, framePing, framePriority, frameGoAway:
+		return true
+	}
+	return false
 }
 
 // edit returns p with a SETTINGS ACK that comes whole in it (net/http
@@ -66,8 +101,7 @@ func (o *outFrames) edit(p []byte, release func()) (out []byte, edited bool) {
 	from := 0 // p[from:] is not in out yet
 	putBack := func(at int) {
 		out, from, edited = append(append(out, p[from:at]...), settingsAck...), at, true
-		o.held = false
-		o.timer.Stop()
+		o.release()
 	}
 	for i := 0; i < len(p); {
 		switch {
@@ -105,6 +139,9 @@ func (o *outFrames) edit(p []byte, release func()) (out []byte, edited bool) {
 					o.timer = time.AfterFunc(ackHold, release)
 					continue
 				}
+				o.acked = o.acked || flags&flagAck != 0
+			case frameData:
+				o.data += o.left
 			case frameHeaders:
 				id := binary.BigEndian.Uint32(o.hdr[5:]) &^ (1 << 31)
 				o.opens = id > o.lastID
@@ -113,12 +150,12 @@ func (o *outFrames) edit(p []byte, release func()) (out []byte, edited bool) {
 			case frameContinuation:
 				o.inBlock = flags&flagEndHeaders == 0
 			}
-			if o.held && begins && !inBlock && (typ != frameHeaders || !o.opens || o.left > initialMaxFrameSize) {
+			if o.held && begins && !inBlock && (o.due || !o.mayPass(typ)) {
 				putBack(at)
 			}
 		}
 		if o.left == 0 && o.hn == 0 && !o.inBlock {
-			if o.held && o.opens {
+			if o.held && (o.opens || o.due) {
 				putBack(i)
 			}
 			o.opens = false
@@ -155,14 +192,17 @@ func (c *Upstream) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// ackHoldEnded sends a held ACK when nothing was written within ackHold.
-// Inside a frame, only an opening header block's, whose end sends it.
+// ackHoldEnded sends a held ACK once ackHold has passed: at once between
+// frames, else at the end of the frame (edit).
 func (c *Upstream) ackHoldEnded() {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if !c.sent.held || !c.sent.between() {
-		return
+	switch {
+	case !c.sent.held:
+	case !c.sent.between():
+		c.sent.due = true
+	default:
+		c.sent.release()
+		c.Conn.Write(settingsAck) // a failed write fails the Transport's next
 	}
-	c.sent.held = false
-	c.Conn.Write(settingsAck) // a failed write fails the Transport's next
 }

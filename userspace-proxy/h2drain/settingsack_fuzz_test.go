@@ -21,8 +21,9 @@ type sentFrame struct {
 
 // FuzzSettingsAckHold: whatever frames the Transport writes and in what
 // pieces, the backend reads them all, in order, header blocks whole, with
-// each SETTINGS ACK where it was or later behind opening header blocks
-// (within 16 KiB frames) alone, and every ACK but the last held one.
+// each SETTINGS ACK where it was or later behind frames that may pass it
+// (mayPass) and no further than the end of the first opening header block,
+// and every ACK but the last held one.
 func FuzzSettingsAckHold(f *testing.F) {
 	f.Add([]byte{1, 0, 3, 1, 5, 0, 4, 3}, []byte{9, 200})
 	f.Add([]byte{0, 1, 2, 2, 6, 0, 1, 0, 5}, []byte{1, 1, 30, 7})
@@ -78,17 +79,43 @@ func FuzzSettingsAckHold(f *testing.F) {
 		if held := len(wantAcks) - len(seenAcks); held != 0 && (held != 1 || !o.held) {
 			t.Fatalf("%d ACKs of %d went (held: %v)", len(seenAcks), len(wantAcks), o.held)
 		}
+		dataBefore := make([]int, len(wantRest)+1) // DATA bytes ahead of each frame, itself included
+		for i, s := range wantRest {
+			dataBefore[i+1] = dataBefore[i]
+			if s.typ == http2.FrameData {
+				dataBefore[i+1] += int(s.length)
+			}
+		}
 		for k, at := range seenAcks {
 			if at < wantAcks[k] {
 				t.Fatalf("ACK %d went ahead of frames (%d < %d)", k, at, wantAcks[k])
 			}
-			for _, s := range wantRest[wantAcks[k]:at] {
-				if !s.opening || s.length > initialMaxFrameSize {
+			passed := wantRest[wantAcks[k]:at]
+			for j, s := range passed {
+				if !mayPass(s, k == 0, dataBefore[wantAcks[k]+j+1]) {
 					t.Fatalf("ACK %d went behind %+v", k, s)
+				}
+				if s.opening && j+1 < len(passed) && passed[j+1].typ != http2.FrameContinuation {
+					t.Fatalf("ACK %d went behind %+v after an opening header block", k, passed[j+1])
 				}
 			}
 		}
 	})
+}
+
+// mayPass reports whether s may go ahead of an ACK, the connection's first
+// or not, after data bytes of DATA (its own included).
+func mayPass(s sentFrame, first bool, data int) bool {
+	if s.length > initialMaxFrameSize {
+		return false
+	}
+	switch s.typ {
+	case http2.FrameData:
+		return first && data <= initialWindowSize
+	case http2.FrameHeaders, http2.FrameContinuation, http2.FrameWindowUpdate:
+		return true
+	}
+	return false
 }
 
 // transportFrames writes the client preface and frames that ops choose, a

@@ -116,16 +116,22 @@ func settings(fr *http2.Framer) error { return fr.WriteSettings() }
 // SETTINGS reaches the backend after the header block that opens the next
 // stream (its CONTINUATION included), so that a stream whose slot was
 // taken before the SETTINGS were applied is refused, not a protocol error;
-// before any other frame written after it (DATA, a header block on a
-// stream already open, a frame larger than the initial maximum, one whose
-// header it cannot see whole), which the settings may govern. Every other
-// frame goes as written, in order.
+// frames the settings cannot govern pass it meanwhile (header blocks,
+// WINDOW_UPDATE, RST_STREAM, PING, and DATA within the initial window
+// before the first ACK), and it goes before any other (DATA past that, a
+// frame larger than the initial maximum, another SETTINGS, one whose
+// header it cannot see whole). Every other frame goes as written, in
+// order.
 func TestUpstreamHoldsSettingsAck(t *testing.T) {
 	large := func(fr *http2.Framer) error {
 		return fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 9, BlockFragment: make([]byte, 1<<14+1), EndHeaders: true})
 	}
+	control := func(fr *http2.Framer) error {
+		return errors.Join(fr.WriteWindowUpdate(0, 1000), fr.WriteRSTStream(1, http2.ErrCodeCancel), fr.WritePing(false, [8]byte{}))
+	}
 	firstBytes := func(p []byte) []byte { return p[:4] }
 	restBytes := func(p []byte) []byte { return p[4:] }
+	const frame = 1 << 14
 	for _, tc := range []struct {
 		name  string
 		steps []step
@@ -137,21 +143,33 @@ func TestUpstreamHoldsSettingsAck(t *testing.T) {
 		{"within one write",
 			[]step{write(nil, data(1, 10), ack, headers(3, true), data(3, 1))},
 			[]string{"DATA 1", "HEADERS 3", "SETTINGS 0 ACK", "DATA 3"}},
-		{"DATA first",
-			[]step{write(nil, ack), write(nil, data(1, 100)), write(nil, headers(3, true))},
+		{"DATA within the initial window",
+			[]step{write(nil, data(1, 100)), write(nil, ack), write(nil, data(1, frame), data(1, frame), data(1, frame), data(1, frame-101)), write(nil, headers(3, true))},
+			[]string{"DATA 1", "DATA 1", "DATA 1", "DATA 1", "DATA 1", "HEADERS 3", "SETTINGS 0 ACK"}},
+		{"DATA past the initial window",
+			[]step{write(nil, data(1, 100)), write(nil, ack), write(nil, data(1, frame), data(1, frame), data(1, frame), data(1, frame-100)), write(nil, headers(3, true))},
+			[]string{"DATA 1", "DATA 1", "DATA 1", "DATA 1", "SETTINGS 0 ACK", "DATA 1", "HEADERS 3"}},
+		{"a large DATA frame",
+			[]step{write(nil, ack), write(nil, data(1, frame+1)), write(nil, headers(3, true))},
 			[]string{"SETTINGS 0 ACK", "DATA 1", "HEADERS 3"}},
-		{"trailers first",
-			[]step{write(nil, ack), write(nil, headers(1, true)), write(nil, headers(3, true))},
-			[]string{"SETTINGS 0 ACK", "HEADERS 1", "HEADERS 3"}},
+		{"trailers and control frames",
+			[]step{write(nil, ack), write(nil, headers(1, true), control), write(nil, headers(3, true))},
+			[]string{"HEADERS 1", "WINDOW_UPDATE 0", "RST_STREAM 1", "PING 0", "HEADERS 3", "SETTINGS 0 ACK"}},
 		{"a large header block",
 			[]step{write(nil, ack), write(nil, large)},
 			[]string{"SETTINGS 0 ACK", "HEADERS 9"}},
+		{"another SETTINGS",
+			[]step{write(nil, ack), write(nil, settings)},
+			[]string{"SETTINGS 0 ACK", "SETTINGS 0"}},
 		{"a frame header in pieces",
 			[]step{write(nil, ack), write(firstBytes, headers(3, true)), write(restBytes, headers(3, true))},
 			[]string{"SETTINGS 0 ACK", "HEADERS 3"}},
 		{"a second ACK",
 			[]step{write(nil, ack), write(nil, ack), write(nil, headers(3, true)), write(nil, data(3, 1))},
 			[]string{"SETTINGS 0 ACK", "HEADERS 3", "SETTINGS 0 ACK", "DATA 3"}},
+		{"DATA after the first ACK",
+			[]step{write(nil, ack), write(nil, headers(3, true)), write(nil, ack), write(nil, data(3, 1))},
+			[]string{"HEADERS 3", "SETTINGS 0 ACK", "SETTINGS 0 ACK", "DATA 3"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			steps := append([]step{write(nil, settings, headers(1, false), continuation(1))}, tc.steps...)
@@ -163,10 +181,12 @@ func TestUpstreamHoldsSettingsAck(t *testing.T) {
 	}
 }
 
-// TestUpstreamSettingsAckHoldEnds: with nothing written after it, a held
-// ACK goes once ackHold has passed; inside an opening header block then,
-// at its end, and not again.
+// TestUpstreamSettingsAckHoldEnds: with nothing written after it that
+// sends it, a held ACK goes once ackHold has passed; inside a frame then,
+// at the frame's end (a header block's), and not again.
 func TestUpstreamSettingsAckHoldEnds(t *testing.T) {
+	firstBytes := func(p []byte) []byte { return p[:20] }
+	restBytes := func(p []byte) []byte { return p[20:] }
 	for _, tc := range []struct {
 		name  string
 		steps []step
@@ -178,6 +198,9 @@ func TestUpstreamSettingsAckHoldEnds(t *testing.T) {
 		{"inside an opening block",
 			[]step{write(nil, ack), write(nil, headers(3, false)), holdEnds, write(nil, continuation(3)), holdEnds, write(nil, data(3, 1))},
 			[]string{"HEADERS 3", "CONTINUATION 3", "SETTINGS 0 ACK", "DATA 3"}},
+		{"inside DATA",
+			[]step{write(nil, ack), write(firstBytes, data(1, 100)), holdEnds, write(restBytes, data(1, 100)), write(nil, headers(3, true))},
+			[]string{"DATA 1", "SETTINGS 0 ACK", "HEADERS 3"}},
 		{"after its ACK went",
 			[]step{write(nil, ack), write(nil, headers(3, true)), holdEnds, write(nil, data(3, 1))},
 			[]string{"HEADERS 3", "SETTINGS 0 ACK", "DATA 3"}},
