@@ -140,9 +140,9 @@ func (w *AddrWatch) follow(ctx context.Context) error {
 // namespace's link generation too) and is announced to link subscribers
 // only — though on Linux 6.18, 600 links added and removed interrupted
 // none of 1,170 reads of 2,048 addresses under way (TestSettle reads
-// through a list that says so instead). The
-// partial list of an interrupted read is never used: an address missing
-// from it would stop counting as the namespace's.
+// through a list that says so instead). The partial list of an
+// interrupted read is never used: an address missing from it would stop
+// counting as the namespace's.
 func (w *AddrWatch) settle(ctx context.Context, s *addrSub) (bool, error) {
 	for {
 		changed, err := w.read()
