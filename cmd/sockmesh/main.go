@@ -15,6 +15,11 @@ import (
 	"runtime/debug"
 
 	"github.com/spf13/cobra"
+	// Backends validated against "System" roots need a trust store, and the
+	// image ships none (one layer, static binaries): Mozilla's root list is
+	// the fallback when the container has no store of its own
+	// (docs/policies.md says how to use the node's instead).
+	_ "golang.org/x/crypto/x509roots/fallback"
 )
 
 // version is set at build time: go build -ldflags "-X main.version=v1.2.3".
