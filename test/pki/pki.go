@@ -27,7 +27,14 @@ type CA struct {
 }
 
 // NewCA returns a CA named commonName, valid from an hour ago for a day.
-func NewCA(commonName string) (*CA, error) {
+func NewCA(commonName string) (*CA, error) { return newCA(commonName, nil) }
+
+// NewIntermediate returns a CA named commonName that ca signed, valid from
+// an hour ago for a day. Its CertPEM holds its own certificate only.
+func (ca *CA) NewIntermediate(commonName string) (*CA, error) { return newCA(commonName, ca) }
+
+// newCA makes a CA signed by parent, or self-signed when parent is nil.
+func newCA(commonName string, parent *CA) (*CA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("generate ca key: %w", err)
@@ -41,7 +48,11 @@ func NewCA(commonName string) (*CA, error) {
 		BasicConstraintsValid: true,
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	issuer, signer := tmpl, crypto.Signer(key)
+	if parent != nil {
+		issuer, signer = parent.Cert, parent.Key
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, issuer, key.Public(), signer)
 	if err != nil {
 		return nil, fmt.Errorf("create ca %s: %w", commonName, err)
 	}

@@ -116,7 +116,7 @@ func (o *Origination) accepts(h Held) error {
 	switch {
 	case was.ServerName != now.ServerName:
 		return fmt.Errorf("server name %s, now %s", was.ServerName, now.ServerName)
-	case !sameCertificates(was.Certificates, now.Certificates):
+	case !sameCertificate(h.by.client, o.client):
 		return errors.New("client certificate changed")
 	case cs.Version < now.MinVersion || now.MaxVersion != 0 && cs.Version > now.MaxVersion:
 		return fmt.Errorf("%s no longer allowed", tls.VersionName(cs.Version))
@@ -151,6 +151,9 @@ func allowed[T comparable](was, now []T, v T) bool {
 	return len(was) == 0 && len(now) == 0 || slices.Contains(now, v)
 }
 
-func sameCertificates(a, b []tls.Certificate) bool {
-	return slices.EqualFunc(a, b, func(x, y tls.Certificate) bool { return slices.EqualFunc(x.Certificate, y.Certificate, bytes.Equal) })
+func sameCertificate(a, b *tls.Certificate) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return slices.EqualFunc(a.Certificate, b.Certificate, bytes.Equal)
 }

@@ -39,7 +39,8 @@ type Options struct {
 type Origination struct {
 	settings *snapshot.TLS
 	base     *tls.Config
-	san      *sanVerifier // nil: crypto/tls verifies
+	san      *sanVerifier     // nil: crypto/tls verifies
+	client   *tls.Certificate // ClientAndServer's certificate, else nil
 	cacheLen int
 	// perEndpoint holds, per endpoint and ALPN list, a clone of base with its
 	// own session cache: crypto/tls keys cached sessions by ServerName, which
@@ -102,6 +103,7 @@ func New(s *snapshot.TLS, o Options) (*Origination, error) {
 		c.VerifyConnection = v.verify
 		san = v
 	}
+	var client *tls.Certificate
 	switch s.Mode {
 	case snapshot.TLSServerOnly, "":
 	case snapshot.TLSMutual:
@@ -109,7 +111,12 @@ func New(s *snapshot.TLS, o Options) (*Origination, error) {
 		if err != nil {
 			return nil, fmt.Errorf("build upstream tls: %w: client certificate: %w", ErrInvalid, err)
 		}
-		c.Certificates = []tls.Certificate{pair}
+		// Always sent, as OpenSSL's and Envoy's clients do: crypto/tls's own
+		// choice among Certificates sends none when the server's request
+		// names no CA of the chain, as with a leaf-only tls.crt whose
+		// intermediate the server trusts without naming it.
+		client = &pair
+		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return client, nil }
 	default:
 		return nil, fmt.Errorf("build upstream tls: %w: unknown mode %q", ErrInvalid, s.Mode)
 	}
@@ -117,7 +124,7 @@ func New(s *snapshot.TLS, o Options) (*Origination, error) {
 	if n == 0 {
 		n = 64
 	}
-	return &Origination{settings: s, base: c, san: san, cacheLen: n}, nil
+	return &Origination{settings: s, base: c, san: san, client: client, cacheLen: n}, nil
 }
 
 // Settings returns the snapshot settings o was built from.

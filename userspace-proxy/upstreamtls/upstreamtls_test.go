@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -196,6 +197,87 @@ func handshake(t *testing.T, l net.Listener, leaf *pki.Leaf, o *Origination) (*t
 	}
 	c := tls.Client(a, o.Config(netip.MustParseAddrPort("10.0.0.1:443"), nil))
 	return c, c.Handshake()
+}
+
+// TestClientCertificateWhateverTheServerNames: with ClientAndServer the
+// client certificate goes whichever CAs the server's request names, as
+// OpenSSL's and Envoy's clients send theirs. Here the Secret's tls.crt
+// holds the leaf alone, issued by an intermediate, and the server names
+// only its root (nginx's ssl_client_certificate beside an
+// ssl_trusted_certificate holding the intermediate): crypto/tls's own
+// choice sent no certificate, and the handshake failed.
+func TestClientCertificateWhateverTheServerNames(t *testing.T) {
+	root, err := pki.NewCA("root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inter, err := root.NewIntermediate("intermediate")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := root.Issue(pki.LeafOptions{DNSNames: []string{"a.test"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := inter.Issue(pki.LeafOptions{CommonName: "app", Client: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := New(&snapshot.TLS{ServerName: "a.test", RootsPEM: string(root.CertPEM), Mode: snapshot.TLSMutual,
+		ClientCertificatePEM: string(client.CertPEM), ClientKeyPEM: string(client.KeyPEM)}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	intermediates := x509.NewCertPool()
+	intermediates.AddCert(inter.Cert)
+	verify := func(raw [][]byte, _ [][]*x509.Certificate) error {
+		if len(raw) == 0 {
+			return errors.New("no client certificate")
+		}
+		c, err := x509.ParseCertificate(raw[0])
+		if err != nil {
+			return err
+		}
+		_, err = c.Verify(x509.VerifyOptions{Roots: root.Pool(), Intermediates: intermediates,
+			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
+		return err
+	}
+	l := listen(t)
+	seen := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			seen <- err
+			return
+		}
+		defer c.Close()
+		s := tls.Server(c, &tls.Config{Certificates: []tls.Certificate{leaf.TLS}, ClientAuth: tls.RequireAnyClientCert,
+			ClientCAs: root.Pool(), VerifyPeerCertificate: verify})
+		if err := s.Handshake(); err != nil {
+			seen <- err
+			return
+		}
+		if p := s.ConnectionState().PeerCertificates; len(p) != 1 || p[0].Subject.CommonName != "app" {
+			seen <- fmt.Errorf("server saw %d certificates, want the app's", len(p))
+			return
+		}
+		seen <- nil
+	}()
+	a, err := net.Dial("tcp", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	c := tls.Client(a, o.Config(netip.MustParseAddrPort("10.0.0.1:443"), nil))
+	// In TLS 1.3 the client's handshake ends before the server has read its
+	// certificate; the server's verdict is the one that counts.
+	cerr := c.Handshake()
+	if err := <-seen; err != nil {
+		t.Fatalf("server: %v (client: %v)", err, cerr)
+	}
+	if cerr != nil {
+		t.Fatalf("client handshake: %v", cerr)
+	}
 }
 
 // TestSANVerifierRemembersByDER: the verifier remembers a certificate
