@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"strings"
 
@@ -373,6 +374,12 @@ func checkHostname(h string, wildcard bool) string {
 	}
 	if errs := validation.IsDNS1123Subdomain(name); len(errs) > 0 {
 		return fmt.Sprintf("%q is not a valid DNS name: %s", h, errs[0])
+	}
+	// The CRD's pattern lets dotted digits through, but the types
+	// (PreciseHostname, Hostname) allow no IP address: crypto/tls would
+	// send no SNI for it and check IP SANs instead of DNS names.
+	if _, err := netip.ParseAddr(name); err == nil {
+		return fmt.Sprintf("%q is an IP address, not a DNS name", h)
 	}
 	return ""
 }
