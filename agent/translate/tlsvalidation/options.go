@@ -141,6 +141,10 @@ func ApplyOptions(opts map[gwv1.AnnotationKey]gwv1.AnnotationValue, t *snapshot.
 	if t.MinVersion == tls.VersionTLS13 && len(t.CipherSuites) > 0 {
 		bad(OptionCipherSuites, "has no effect: TLS 1.3 cipher suites are not configurable and %s is 1.3", OptionMinTLSVersion)
 	}
+	if t.MaxVersion == tls.VersionTLS12 && len(t.Curves) > 0 && !slices.ContainsFunc(t.Curves, isECDHE) &&
+		(len(t.CipherSuites) == 0 || !slices.ContainsFunc(t.CipherSuites, rsaKeyExchange)) {
+		bad(OptionCurves, "lists only ML-KEM groups, which TLS 1.3 alone uses, and %s is 1.2: no handshake could agree on a key", OptionMaxTLSVersion)
+	}
 	if len(errs) > 0 {
 		return &Problem{Reason: ReasonInvalid, Message: strings.Join(errs, "; ")}
 	}
@@ -185,12 +189,15 @@ func cipherSuite(name string) (uint16, string) {
 	return 0, fmt.Sprintf("%q is not a cipher suite crypto/tls knows", name)
 }
 
+// The groups crypto/tls implements: ECDHE curves, which TLS 1.2 can use
+// too, and the ML-KEM groups, hybrid or not, which only TLS 1.3 can.
+var (
+	ecdheCurves = []tls.CurveID{tls.X25519, tls.CurveP256, tls.CurveP384, tls.CurveP521}
+	kemCurves   = []tls.CurveID{tls.X25519MLKEM768, tls.SecP256r1MLKEM768, tls.SecP384r1MLKEM1024, tls.MLKEM1024}
+)
+
+// curve finds a group by its CurveID.String, or P-256's other spellings.
 func curve(name string) (tls.CurveID, bool) {
-	// The groups crypto/tls implements, matched by CurveID.String.
-	curves := []tls.CurveID{
-		tls.X25519, tls.CurveP256, tls.CurveP384, tls.CurveP521,
-		tls.X25519MLKEM768, tls.SecP256r1MLKEM768, tls.SecP384r1MLKEM1024, tls.MLKEM1024,
-	}
 	switch strings.ToUpper(name) {
 	case "P-256", "P256":
 		return tls.CurveP256, true
@@ -199,10 +206,18 @@ func curve(name string) (tls.CurveID, bool) {
 	case "P-521", "P521":
 		return tls.CurveP521, true
 	}
-	for _, c := range curves {
+	for _, c := range slices.Concat(ecdheCurves, kemCurves) {
 		if strings.EqualFold(c.String(), name) {
 			return c, true
 		}
 	}
 	return 0, false
+}
+
+func isECDHE(c tls.CurveID) bool { return slices.Contains(ecdheCurves, c) }
+
+// rsaKeyExchange reports whether suite id agrees its key without a group
+// (TLS_RSA_WITH_*).
+func rsaKeyExchange(id uint16) bool {
+	return strings.HasPrefix(tls.CipherSuiteName(id), "TLS_RSA_")
 }

@@ -97,6 +97,10 @@ func TestApplyOptions(t *testing.T) {
 		{name: "TLS 1.1", opts: map[gwv1.AnnotationKey]gwv1.AnnotationValue{tlsvalidation.OptionMaxTLSVersion: "1.1"}, wantErr: `options[sockmesh.io/max-tls-version] "1.1" is not a supported TLS version`},
 		{name: "insecure suite", opts: map[gwv1.AnnotationKey]gwv1.AnnotationValue{tlsvalidation.OptionCipherSuites: "TLS_RSA_WITH_3DES_EDE_CBC_SHA"}, wantErr: "is insecure and refused"},
 		{name: "unknown sockmesh key", opts: map[gwv1.AnnotationKey]gwv1.AnnotationValue{"sockmesh.io/skip-verify": "true"}, wantErr: "options[sockmesh.io/skip-verify] is not an option sockmesh knows"},
+		// A TLS 1.2 handshake with ML-KEM groups alone fails every time.
+		{name: "ML-KEM only, TLS 1.2", opts: map[gwv1.AnnotationKey]gwv1.AnnotationValue{tlsvalidation.OptionMaxTLSVersion: "1.2", tlsvalidation.OptionCurves: "X25519MLKEM768, MLKEM1024"}, wantErr: "options[sockmesh.io/curves] lists only ML-KEM groups"},
+		{name: "ML-KEM and X25519, TLS 1.2", opts: map[gwv1.AnnotationKey]gwv1.AnnotationValue{tlsvalidation.OptionMaxTLSVersion: "1.2", tlsvalidation.OptionCurves: "X25519MLKEM768,X25519"},
+			want: snapshot.TLS{MaxVersion: tls.VersionTLS12, Curves: []tls.CurveID{tls.X25519MLKEM768, tls.X25519}}},
 		{name: "long ALPN", opts: map[gwv1.AnnotationKey]gwv1.AnnotationValue{tlsvalidation.OptionALPN: gwv1.AnnotationValue(strings.Repeat("x", 256))}, wantErr: "longer than 255 bytes"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
