@@ -98,6 +98,9 @@ func (t *translator) evalXBackend(xb *gwxv1alpha1.XBackend) *xbackendEval {
 		if msg != "" {
 			bad("%s", msg)
 		}
+		if sp != nil && proto == snapshot.ProtocolTCP {
+			bad("%s", tcpSessionMessage)
+		}
 		b.SessionPersistence = sp
 		if spec.EndpointSelector == nil {
 			bad("endpointSelector must be set when type is EndpointSelector")
@@ -232,6 +235,10 @@ func xbackendProtocol(p *gwxv1alpha1.BackendProtocol) (snapshot.Protocol, bool) 
 	}
 	return snapshot.ProtocolAuto, false
 }
+
+// tcpSessionMessage says why sessionPersistence cannot apply to an
+// XBackend whose protocol is TCP: the proxy relays its bytes untouched.
+const tcpSessionMessage = "sessionPersistence needs an HTTP protocol (its cookie or header is HTTP's), and protocol is TCP, whose bytes are relayed untouched"
 
 // captureXBackendService captures the ports of a Service annotated with
 // AnnotationXBackend: connections to its ClusterIPs go to the XBackend

@@ -120,6 +120,10 @@ func (t *translator) evalTrafficPolicy(p *gwxv1alpha1.XBackendTrafficPolicy) *tr
 	seen := map[trafficKey]bool{}
 	for _, ref := range p.Spec.TargetRefs {
 		tg := t.trafficTarget(p.Namespace, ref)
+		if tg.problem == nil && e.session != nil && t.tcpXBackend(tg.key) {
+			tg.problem = &tlsvalidation.Problem{Reason: string(gwv1.PolicyReasonInvalid), Message: fmt.Sprintf(
+				"XBackend %s: %s; the policy is not applied to it", tg.key.name, tcpSessionMessage)}
+		}
 		if msg := targetRefProblem(ref); msg != "" {
 			// No object could be named so: Invalid, not TargetNotFound,
 			// so that its status entry says why the policy is.
@@ -187,6 +191,15 @@ func policyDuration(d gwv1.Duration) (time.Duration, bool) {
 		return 0, false
 	}
 	return *v, true
+}
+
+// tcpXBackend reports whether k names an XBackend whose protocol is TCP.
+func (t *translator) tcpXBackend(k trafficKey) bool {
+	if k.kind != snapshot.KindXBackend {
+		return false
+	}
+	e := t.xbackends[types.NamespacedName{Namespace: k.namespace, Name: k.name}]
+	return e != nil && e.backend.Protocol == snapshot.ProtocolTCP
 }
 
 // trafficTarget resolves one targetRef of a policy in namespace ns:
