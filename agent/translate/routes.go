@@ -126,7 +126,7 @@ func (t *translator) translateRoutes() {
 	for k, roles := range attached {
 		table := &snapshot.RouteTable{}
 		for _, role := range slices.Sorted(maps.Keys(roles)) {
-			set := buildSet(k.port, roles[role])
+			set := buildSet(k, role, roles[role])
 			if role == "" {
 				table.Producer = &set
 			} else {
@@ -524,10 +524,7 @@ func (t *translator) attach(e *routeEval, attached map[portKey]map[string][]*rou
 		if !e.installed() {
 			continue
 		}
-		role := ""
-		if po.consumer {
-			role = e.ref.Namespace
-		}
+		role := po.role(e)
 		for _, p := range po.ports {
 			k := portKey{ns, string(ref.Name), p}
 			if attached[k] == nil {
@@ -551,11 +548,21 @@ func portSelector(ref gwv1.ParentReference) string {
 	return strings.Join(s, "")
 }
 
-// buildSet merges the routes of one role on one port. GRPCRoutes win over
-// HTTPRoutes (GEP-1294); the losers learn it in their status. Matches are
-// sorted by the API's precedence: the match's own (matchKey), then the
-// older route, then namespace/name, then rule order, then match order.
-func buildSet(port int32, routes []*routeEval) snapshot.RouteSet {
+// role is the role po gives e's rules: "" for a producer route, else the
+// consumer route's namespace.
+func (po *parentOutcome) role(e *routeEval) string {
+	if po.consumer {
+		return e.ref.Namespace
+	}
+	return ""
+}
+
+// buildSet merges the routes of one role on one Service port. GRPCRoutes
+// win over HTTPRoutes (GEP-1294); the losers learn it in the status of
+// their parentRefs to that port and role only. Matches are sorted by the
+// API's precedence: the match's own (matchKey), then the older route, then
+// namespace/name, then rule order, then match order.
+func buildSet(k portKey, role string, routes []*routeEval) snapshot.RouteSet {
 	kind := snapshot.KindHTTPRoute
 	if slices.ContainsFunc(routes, func(e *routeEval) bool { return e.kind == snapshot.KindGRPCRoute }) {
 		kind = snapshot.KindGRPCRoute
@@ -567,8 +574,11 @@ func buildSet(port int32, routes []*routeEval) snapshot.RouteSet {
 			continue
 		}
 		for _, po := range e.parents {
-			if slices.Contains(po.ports, port) && !slices.Contains(po.conflicted, port) {
-				po.conflicted = append(po.conflicted, port)
+			if po.svc == nil || po.svc.Namespace != k.namespace || po.svc.Name != k.name || po.role(e) != role {
+				continue
+			}
+			if slices.Contains(po.ports, k.port) && !slices.Contains(po.conflicted, k.port) {
+				po.conflicted = append(po.conflicted, k.port)
 			}
 		}
 	}
