@@ -264,16 +264,28 @@ func testMeshCORS(s *scenario) {
 		uuid, path, origin string
 		want               map[string]string
 		absent             []string
+		credentialed       bool // with a Cookie and an Authorization
 	}{
 		{"r1", "/cors-1", "https://www.foo.com", map[string]string{"Access-Control-Allow-Origin": "https://www.foo.com",
 			"Access-Control-Allow-Credentials": "true", "Access-Control-Expose-Headers": "x-header-3, x-header-4", "Vary": "Origin"},
-			[]string{"Access-Control-Allow-Methods", "Access-Control-Max-Age"}},
+			[]string{"Access-Control-Allow-Methods", "Access-Control-Max-Age"}, false},
 		{"r2", "/cors-1", "https://foobar.com", map[string]string{"Vary": "Origin"},
-			[]string{"Access-Control-Allow-Origin", "Access-Control-Allow-Credentials"}},
+			[]string{"Access-Control-Allow-Origin", "Access-Control-Allow-Credentials"}, false},
 		{"r3", "/cors-wildcard-origin", "https://app.example", map[string]string{"Access-Control-Allow-Origin": "https://app.example",
-			"Access-Control-Allow-Credentials": "true"}, nil},
+			"Access-Control-Allow-Credentials": "true"}, nil, false},
+		// HTTPRouteCORSAllowCredentialsBehavior: a credentialed request
+		// gets no CORS header without allowCredentials, the origin and
+		// Allow-Credentials with it.
+		{"r4", "/cors-2", "https://www.foo.com", map[string]string{"Vary": "Origin"},
+			[]string{"Access-Control-Allow-Origin", "Access-Control-Allow-Credentials"}, true},
+		{"r5", "/cors-wildcard-origin", "https://app.example", map[string]string{"Access-Control-Allow-Origin": "https://app.example",
+			"Access-Control-Allow-Credentials": "true"}, nil, true},
 	} {
-		s.expect(nil, call{url: httpURL(svc.v4(80), c.path+"?uuid="+c.uuid), header: map[string]string{"Origin": c.origin}},
+		h := map[string]string{"Origin": c.origin}
+		if c.credentialed {
+			h["Cookie"], h["Authorization"] = "sid=abc123", "Bearer test"
+		}
+		s.expect(nil, call{url: httpURL(svc.v4(80), c.path+"?uuid="+c.uuid), header: h},
 			want{backend: "cors", respHeaders: c.want, respAbsent: c.absent})
 		if n := sim.count(c.uuid); n != 1 {
 			s.t.Errorf("GET %s from %s reached the backend %d times, want once", c.path, c.origin, n)

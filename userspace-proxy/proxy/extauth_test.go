@@ -232,9 +232,11 @@ func TestRouteExternalAuth(t *testing.T) {
 
 // ruleMarks are the filters of a rule with ExternalAuth a whose answers
 // the client must read as the rule's: a ResponseHeaderModifier setting
-// X-Rule and a Content-Type of its own, and CORS for https://a.example.
+// X-Rule and a Content-Type of its own, and CORS for https://a.example
+// with credentials (an Authorization makes a request credentialed, which
+// gets no CORS header otherwise: GEP-1767).
 func ruleMarks(a snapshot.ExternalAuth) snapshot.Filters {
-	return snapshot.Filters{ExternalAuth: &a, CORS: &snapshot.CORS{AllowOrigins: []string{"https://a.example"}, MaxAge: 5},
+	return snapshot.Filters{ExternalAuth: &a, CORS: &snapshot.CORS{AllowOrigins: []string{"https://a.example"}, AllowCredentials: true, MaxAge: 5},
 		ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Rule", Value: "1"}, {Name: "Content-Type", Value: "application/json"}}}}
 }
 
@@ -243,7 +245,7 @@ func ruleMarks(a snapshot.ExternalAuth) snapshot.Filters {
 // origin, and Content-Type ct (its body's, not the rule's).
 func wantRuleMarks(t *testing.T, name string, a answer, status int, ct string) {
 	t.Helper()
-	cors := map[string]string{"Access-Control-Allow-Origin": "https://a.example", "Vary": "Origin"}
+	cors := map[string]string{"Access-Control-Allow-Origin": "https://a.example", "Access-Control-Allow-Credentials": "true", "Vary": "Origin"}
 	if a.status != status || a.header.Get("X-Rule") != "1" || !maps.Equal(corsFields(a), cors) || !slices.Equal(a.header["Content-Type"], []string{ct}) {
 		t.Errorf("%s: %d with X-Rule %q, CORS %v, Content-Type %q; want %d with \"1\", %v, %q", name, a.status,
 			a.header.Get("X-Rule"), corsFields(a), a.header["Content-Type"], status, cors, ct)

@@ -150,7 +150,9 @@ func (c *corsPolicy) apply(h http.Header, d *Decision) {
 		delete(h, k)
 	}
 	addVary(h, "Origin")
-	if !c.allows(d.origin) {
+	// A credentialed request gets no CORS header unless credentials are
+	// allowed (GEP-1767): the browser refuses the answer either way.
+	if !c.allows(d.origin) || d.credentialed && !c.credentials {
 		return
 	}
 	// The origin is echoed, never "*", whether or not credentials are

@@ -135,6 +135,26 @@ func TestCORS(t *testing.T) {
 			"Vary":                             {"Origin"},
 		}},
 		{"no origins allowed", snapshot.CORS{MaxAge: 5}, preflight("https://foobar.com", "GET", ""), Preflight, nil, http.Header{"Vary": {"Origin"}}},
+		// GEP-1767: without allowCredentials, no CORS header answers a
+		// credentialed request; with it, the origin is echoed.
+		{"cookie without allowCredentials: none", wildcards, credentialed(fromOrigin("https://app.example"), "Cookie", "sid=abc123"), Forward,
+			http.Header{"Access-Control-Allow-Origin": {"*"}}, http.Header{"Vary": {"Origin"}}},
+		{"authorization without allowCredentials: none", wildcards, credentialed(fromOrigin("https://app.example"), "Authorization", "Bearer t"), Forward,
+			http.Header{}, http.Header{"Vary": {"Origin"}}},
+		{"cookie with allowCredentials: echoed", wildcardsCredentials, credentialed(fromOrigin("https://app.example"), "Cookie", "sid=abc123"), Forward,
+			http.Header{}, http.Header{
+				"Access-Control-Allow-Origin":      {"https://app.example"},
+				"Access-Control-Allow-Credentials": {"true"},
+				"Access-Control-Expose-Headers":    {"x-a"},
+				"Vary":                             {"Origin"},
+			}},
+		{"preflight with a cookie is not credentialed", wildcards, credentialed(preflight("https://app.example", "GET", ""), "Cookie", "sid=abc123"), Preflight, nil, http.Header{
+			"Access-Control-Allow-Origin":   {"https://app.example"},
+			"Access-Control-Allow-Methods":  {"GET"},
+			"Access-Control-Expose-Headers": {"*"},
+			"Access-Control-Max-Age":        {"5"},
+			"Vary":                          {"Origin"},
+		}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -487,4 +507,10 @@ func TestCORSPreflightSafelistedLimit(t *testing.T) {
 			t.Errorf("%s: rule %d, %v; want rule %d, %v", tt.name, rule, d.Action, tt.rule, tt.action)
 		}
 	}
+}
+
+// credentialed adds the credential header key: value to r.
+func credentialed(r *Request, key, value string) *Request {
+	r.Header.Set(key, value)
+	return r
 }

@@ -197,6 +197,9 @@ type Decision struct {
 	// requestMethod, requestHeaders what a preflight asks for.
 	cors                                  *corsPolicy
 	origin, requestMethod, requestHeaders string
+	// credentialed: the request carries a Cookie or an Authorization
+	// (GEP-1767's credentialed request; a preflight never is).
+	credentialed bool
 }
 
 // Decide matches req against the set and fills d. rnd draws the backend
@@ -296,6 +299,7 @@ func corsPreflight(d *Decision, req *Request, r *rule) bool {
 	d.cors, d.origin = r.filters.cors, req.Header.Get("Origin")
 	method := preflightMethod(req)
 	if method == "" {
+		d.credentialed = req.Header.Get("Cookie") != "" || req.Header.Get("Authorization") != ""
 		return false
 	}
 	d.Action, d.Status = Preflight, http.StatusOK
