@@ -8,6 +8,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"time"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
@@ -32,22 +33,36 @@ import (
 // filter gives carries the rule's response header changes and CORS
 // headers, as the rule's other answers do: a browser shows a page's script
 // a denial only with the CORS headers (without them, the script cannot
-// send its user to log in).
+// send its user to log in). The rule's timeouts.request bounds the whole
+// exchange from the routing decision (GEP-1742): when it passes first, it
+// ends the ask and the read of the body the filter forwards, and the
+// client gets its answer, as from a forward it ends (504; a gRPC call
+// DEADLINE_EXCEEDED).
 
 // authorize asks x's authorization server about r. It reports whether r
 // may go on (with the server's headers added); if not, a is the client's
-// answer. watch, when not nil, watches the client while the server is
-// asked, until the stop it returns: a client that leaves cancels the ask
-// (the fast path's, whose requests have no context; net/http's cancel
+// answer, unless err says the rule's request timeout passed first: the
+// caller then fails r with it, as a forward it ends. setReadDeadline sets
+// the deadline of reads from r's client (zero: none, as while any request
+// body is read). watch, when not nil, watches the client while the server
+// is asked, until the stop it returns: a client that leaves cancels the
+// ask (the fast path's, whose requests have no context; net/http's cancel
 // theirs). held tells it the request's body is unread, kept for the
 // backend: the filter forwards none.
-func (h *Handler) authorize(x *exchange, r *http.Request, watch func(cancel context.CancelFunc, held bool) (stop func())) (a localAnswer, ok bool) {
+func (h *Handler) authorize(x *exchange, r *http.Request, setReadDeadline func(time.Time) error,
+	watch func(cancel context.CancelFunc, held bool) (stop func())) (a localAnswer, ok bool, err error) {
 	ea := x.r.d.ExternalAuth
-	body, err := authBody(r, ea.MaxBody)
+	body, err := authBody(r, ea.MaxBody, x.r.pol.deadline, setReadDeadline)
 	if errors.Is(err, errAuthBodyTooLarge) {
-		return h.authRefused(x, r, "ext_auth_body_too_large", http.StatusRequestEntityTooLarge, grpcResourceExhausted, err), false
+		return h.authRefused(x, r, "ext_auth_body_too_large", http.StatusRequestEntityTooLarge, grpcResourceExhausted, err), false, nil
 	}
-	ctx, cancel := context.WithCancel(r.Context())
+	ctx := r.Context()
+	if d := x.r.pol.deadline; !d.IsZero() {
+		var stop context.CancelFunc
+		ctx, stop = context.WithDeadline(ctx, d)
+		defer stop()
+	}
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var denied *localAnswer
 	if err == nil {
@@ -61,17 +76,21 @@ func (h *Handler) authorize(x *exchange, r *http.Request, watch func(cancel cont
 		denied, err = ask(ctx, x, r, ea, body)
 	}
 	switch {
+	case err != nil && x.r.pol.expired(time.Now()):
+		// First: net/http's HTTP/1 server cancels r's context when the
+		// deadline fails the body's read.
+		return localAnswer{}, false, timeoutError(true, err)
 	case err != nil && ctx.Err() != nil: // the client left: nobody to answer
-		return localAnswer{status: h.report(ctx, x, upstream.ReasonCanceled, err)}, false
+		return localAnswer{status: h.report(ctx, x, upstream.ReasonCanceled, err)}, false, nil
 	case err != nil:
-		return h.authRefused(x, r, "ext_auth_error", http.StatusServiceUnavailable, routes.GRPCUnavailable, err), false
+		return h.authRefused(x, r, "ext_auth_error", http.StatusServiceUnavailable, routes.GRPCUnavailable, err), false, nil
 	case denied != nil:
 		h.m.routeAnswers.WithLabelValues("ext_auth_denied").Inc()
 		h.m.request(x.fe, denied.status, "none")
 		ruleDenial(&x.r.d, denied.header)
-		return *denied, false
+		return *denied, false, nil
 	}
-	return localAnswer{}, true
+	return localAnswer{}, true, nil
 }
 
 // ruleDenial gives h, the header of the server's denial, the rule's
@@ -109,13 +128,19 @@ func (h *Handler) authRefused(x *exchange, r *http.Request, reason string, statu
 }
 
 // authBody reads r's body for the authorization server when the filter
-// forwards it (maxSize > 0), and gives r the same bytes again.
-func authBody(r *http.Request, maxSize int32) ([]byte, error) {
+// forwards it (maxSize > 0), and gives r the same bytes again. A client
+// still sending it when deadline (zero: none) passes fails the read:
+// setReadDeadline bounds reads from it meanwhile.
+func authBody(r *http.Request, maxSize int32, deadline time.Time, setReadDeadline func(time.Time) error) ([]byte, error) {
 	if maxSize == 0 || r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
 	if r.ContentLength > int64(maxSize) {
 		return nil, errAuthBodyTooLarge
+	}
+	if !deadline.IsZero() {
+		setReadDeadline(deadline)
+		defer setReadDeadline(time.Time{})
 	}
 	buf, err := io.ReadAll(io.LimitReader(r.Body, int64(maxSize)+1))
 	if err != nil {

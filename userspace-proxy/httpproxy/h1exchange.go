@@ -70,10 +70,13 @@ func (s *h1Conn) serve(req *http.Request) bool {
 					return s.fail(req, x, upstream.ReasonCanceled, err)
 				}
 			}
-			if a, ok := s.h.authorize(x, req, s.watchAuth); !ok {
-				if s.watch.gone.Load() {
-					return false // the app left (reported canceled)
-				}
+			switch a, ok, err := s.h.authorize(x, req, s.c.SetReadDeadline, s.watchAuth); {
+			case ok:
+			case s.watch.gone.Load():
+				return false // the app left (reported canceled)
+			case err != nil:
+				return s.fail(req, x, upstream.Classify(err), err)
+			default:
 				return s.writeLocal(req, a.status, a.header, "", a.body)
 			}
 		}

@@ -314,12 +314,16 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var forward bool
 		ref, forward = h.route(x, r, new(routed))
 		if x.r != nil && x.r.d.ExternalAuth != nil {
-			if a, ok := h.authorize(x, r, nil); !ok {
+			if a, ok, err := h.authorize(x, r, http.NewResponseController(w).SetReadDeadline, nil); !ok {
 				if r.ProtoMajor == 1 && r.Body != http.NoBody {
 					// As the fast path's: net/http's server would read up
 					// to 256 KiB of a body left unread (one over maxSize, an
 					// upload going on) before it sent the answer.
 					w.Header().Set("Connection", "close")
+				}
+				if err != nil {
+					h.fail(w, r, x, upstream.Classify(err), err)
+					return
 				}
 				writeAnswer(w, a)
 				return

@@ -24,9 +24,10 @@ import (
 // paths execute them:
 //
 //   - timeouts.request bounds the whole exchange from the routing decision
-//     until the response is complete, retries and backoff included; when
-//     it passes before the answer starts the client gets 504, after that
-//     its connection or stream is cut (the answer cannot be taken back).
+//     until the response is complete, an ExternalAuth filter's ask
+//     (authorize), retries and backoff included; when it passes before
+//     the answer starts the client gets 504, after that its connection or
+//     stream is cut (the answer cannot be taken back).
 //   - timeouts.backendRequest bounds each attempt, from the first byte
 //     sent to the last byte of the response; when it passes before the
 //     answer starts, the request is retried if the retry policy allows it,

@@ -114,7 +114,9 @@ func (h *Handler) route(x *exchange, r *http.Request, rt *routed) (ref snapshot.
 		req.Keep = x.issuedMCP
 	}
 	set.Decide(&req, routes.GlobalRand{}, &rt.d)
-	rt.body, rt.kept = nil, false
+	// A local answer has no timeouts: authorize reads pol, which the
+	// fast path's routed keeps from the request before.
+	rt.body, rt.kept, rt.pol = nil, false, policy{}
 	x.r = rt
 	if rt.d.Action != routes.Forward {
 		return snapshot.BackendRef{}, false

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"net"
 	"net/http"
@@ -15,11 +16,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -30,7 +33,9 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/pipenet"
 	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
 // TestRouteExternalAuth: a rule's ExternalAuth filter (GEP-1494, HTTP) on
@@ -609,4 +614,166 @@ func waitGoroutine(fn string) bool {
 		}
 	}
 	return false
+}
+
+// TestRouteExternalAuthRequestTimeout: a rule's timeouts.request bounds
+// the whole exchange (GEP-1742), its ExternalAuth filter's ask and the
+// read of the body the filter forwards included. With 300ms and an
+// authorization server that would answer at 1.5s — allow or deny — or
+// never, the client gets 504 (a gRPC call on h2c DEADLINE_EXCEEDED) at
+// 300ms, the ask is cut then, and the backend never sees the request; so
+// does one whose forwarded body is still coming at 300ms, the server
+// unasked. The ask's own ExternalAuthTimeout (5s), when it passes first,
+// still answers 503 ext_auth_error. Before, the allowed request got its
+// 504 at 1.5s (over HTTP/1, after reaching the backend), the denied one
+// the server's 403, the unanswered one 503 at 5s, and the stalled body
+// was waited for as long as the app took. Time is the synctest bubble's,
+// so every duration is exact.
+func TestRouteExternalAuthRequestTimeout(t *testing.T) {
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { testExternalAuthRequestTimeout(t, k) })
+		})
+	}
+}
+
+func testExternalAuthRequestTimeout(t *testing.T, k clientKind) {
+	var pn pipenet.Net
+	backendAddr, authAddr := netip.MustParseAddrPort("10.0.0.1:8080"), netip.MustParseAddrPort("10.0.0.2:8080")
+	backend := &tryCounter{tries: map[string]int{}}
+	// The authorization server answers ?delay=D after D (403 with deny),
+	// and notes the asks it got, and those the proxy ended before.
+	var mu sync.Mutex
+	asked, cut := map[string]bool{}, map[string]bool{}
+	auth := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		q := r.URL.Query()
+		mu.Lock()
+		asked[q.Get("id")] = true
+		mu.Unlock()
+		delay, _ := time.ParseDuration(q.Get("delay"))
+		if !sleepCtx(r.Context(), delay) {
+			mu.Lock()
+			cut[q.Get("id")] = true
+			mu.Unlock()
+			return
+		}
+		if q.Has("deny") {
+			w.WriteHeader(http.StatusForbidden)
+		}
+	})
+	for addr, h := range map[netip.AddrPort]http.Handler{backendAddr: backend, authAddr: auth} {
+		srv := &http.Server{Protocols: new(http.Protocols), Handler: h}
+		srv.Protocols.SetHTTP1(true)
+		srv.Protocols.SetUnencryptedHTTP2(true)
+		go srv.Serve(pn.Listen(addr))
+		defer srv.Close()
+	}
+	reg := prometheus.NewRegistry()
+	p, err := proxy.New(proxy.Config{Dialer: &pn, HTTP1TLS: k.path}, slog.New(slog.DiscardHandler), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Shutdown(context.Background())
+	m := &mesh{t: t}
+	be := m.backend("app", snapshot.Backend{Endpoints: endpoints(backendAddr)})
+	authRef := m.backend("auth", snapshot.Backend{Endpoints: endpoints(authAddr)})
+	authRule := func(prefix string, request time.Duration, maxBody int32) rule {
+		return rule{[]snapshot.RouteMatch{prefixMatch(prefix)}, snapshot.RouteRule{Backends: to(be),
+			Timeouts: &snapshot.Timeouts{Request: dur(request)},
+			Filters:  snapshot.Filters{ExternalAuth: &snapshot.ExternalAuth{Backend: authRef, MaxBody: maxBody}}}}
+	}
+	ms := time.Millisecond
+	m.frontend("app", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+		authRule("/short", 300*ms, 0),
+		authRule("/body", 300*ms, 64),
+		authRule("/long", time.Hour, 0),
+	)))
+	p.Update(m.snapshot(1))
+	client := pipeClient(t, p, k.h2c)
+
+	// do sends a request to path and reads the answer; a hang turns into
+	// an error at hangGuard.
+	do := func(method, path string, body io.Reader, h http.Header) (*http.Response, time.Duration) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, method, "http://app.b.svc"+path, body)
+		maps.Copy(req.Header, h)
+		start := time.Now()
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s: %v", method, path, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp, time.Since(start)
+	}
+	for _, c := range []struct {
+		id, path string
+		status   int
+		elapsed  time.Duration
+		cut      bool // the proxy ended the ask
+		reached  int  // requests the backend saw
+	}{
+		{"a1", "/short?delay=100ms", 200, 100 * ms, false, 1},
+		{"a2", "/short?delay=1500ms", 504, 300 * ms, true, 0},
+		{"d1", "/short?delay=1500ms&deny", 504, 300 * ms, true, 0},
+		{"h1", "/short?delay=1h", 504, 300 * ms, true, 0},
+		{"h2", "/long?delay=1h", 503, 5 * time.Second, true, 0}, // ExternalAuthTimeout
+	} {
+		resp, elapsed := do(http.MethodGet, c.path+"&id="+c.id, nil, nil)
+		if resp.StatusCode != c.status || elapsed != c.elapsed {
+			t.Errorf("%s: %d after %v, want %d after %v", c.path, resp.StatusCode, elapsed, c.status, c.elapsed)
+		}
+		synctest.Wait() // the server notices a cut ask
+		mu.Lock()
+		if cut[c.id] != c.cut {
+			t.Errorf("%s: ask ended by the proxy: %v, want %v", c.path, cut[c.id], c.cut)
+		}
+		mu.Unlock()
+		if n := backend.count(c.id); n != c.reached {
+			t.Errorf("%s: the backend saw %d requests, want %d", c.path, n, c.reached)
+		}
+	}
+
+	// A forwarded body still coming at the deadline (the app ends it at
+	// 10s): the server is not asked, the backend not reached.
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	time.AfterFunc(10*time.Second, func() { pw.Close() })
+	if resp, elapsed := do(http.MethodPost, "/body?id=b1", pr, nil); resp.StatusCode != 504 || elapsed != 300*ms {
+		t.Errorf("body still coming: %d after %v, want 504 after 300ms", resp.StatusCode, elapsed)
+	}
+	if n := backend.count("b1"); n != 0 {
+		t.Errorf("body still coming: the backend saw %d requests, want 0", n)
+	}
+	mu.Lock()
+	if asked["b1"] {
+		t.Errorf("body still coming: the authorization server was asked")
+	}
+	mu.Unlock()
+
+	timeouts := 4.0 // a2, d1, h1, b1
+	if k.h2c {
+		// A gRPC call gets the timeout's DEADLINE_EXCEEDED, as from a
+		// forward the timeout ends (failures.md).
+		resp, elapsed := do(http.MethodPost, "/short?delay=1500ms&id=g1", strings.NewReader("\x00\x00\x00\x00\x00"),
+			http.Header{"Content-Type": {"application/grpc"}, "Te": {"trailers"}})
+		if st, msg := resp.Header.Get("Grpc-Status"), resp.Header.Get("Grpc-Message"); resp.StatusCode != 200 || st != "4" || msg != "sockmesh: timeout" || elapsed != 300*ms {
+			t.Errorf("gRPC call: %d, grpc-status %q %q after %v; want 200, 4 sockmesh: timeout (trailers-only) after 300ms", resp.StatusCode, st, msg, elapsed)
+		}
+		if n := backend.count("g1"); n != 0 {
+			t.Errorf("gRPC call: the backend saw %d requests, want 0", n)
+		}
+		timeouts++
+	}
+	if got := counterValue(t, reg, "sockmesh_proxy_request_timeouts_total", "timeout", "request"); got != timeouts {
+		t.Errorf("timeouts{request} = %v, want %v", got, timeouts)
+	}
+	for reason, want := range map[string]float64{"ext_auth_error": 1, "ext_auth_denied": 0} {
+		if got := counterValue(t, reg, "sockmesh_proxy_route_answers_total", "reason", reason); got != want {
+			t.Errorf("route answers{%s} = %v, want %v", reason, got, want)
+		}
+	}
 }
