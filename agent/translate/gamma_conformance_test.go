@@ -319,9 +319,11 @@ func (c *conformanceCase) check(t *testing.T, i int, want confRequest) {
 			t.Errorf("request %d (%s): upstream header %s = %q, want %q", i, want.path, k, got, v)
 		}
 	}
+	// A removed field stays with a nil value (routes.Decision.ApplyRequest):
+	// nothing of it is sent.
 	for _, k := range want.upstreamAbsent {
-		if _, ok := r.Header[http.CanonicalHeaderKey(k)]; ok {
-			t.Errorf("request %d (%s): upstream header %s present, want absent", i, want.path, k)
+		if vv := r.Header.Values(k); len(vv) > 0 {
+			t.Errorf("request %d (%s): upstream header %s = %q, want absent", i, want.path, k, vv)
 		}
 	}
 	resp := http.Header{}
@@ -331,7 +333,7 @@ func (c *conformanceCase) check(t *testing.T, i int, want confRequest) {
 			t.Errorf("request %d (%s): response header %s = %q, want %q", i, want.path, k, got, v)
 		}
 	}
-	if _, ok := resp[http.CanonicalHeaderKey(want.responseAbsentHeader)]; ok {
+	if len(resp.Values(want.responseAbsentHeader)) > 0 {
 		t.Errorf("request %d (%s): response header %s present, want absent", i, want.path, want.responseAbsentHeader)
 	}
 }

@@ -63,6 +63,7 @@ func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 		m.URL = upstreamURL(r.URL, be.Scheme(), c.Host)
 		m.RequestURI, m.Close = "", false
 		removeHopByHop(m.Header)
+		keepUserAgent(m) // the fast path's bodiless requests have no placeholder
 		externalAuthority(m, be, &x.r.d)
 		m.Body, m.ContentLength = nil, 0
 		switch {

@@ -115,7 +115,11 @@ func TestRouteWebSocketHeaders(t *testing.T) {
 // backend then sees (path, Host, headers after rule- and backendRef-level
 // changes, rewrites) and what the client gets (response header changes,
 // redirects with their Location, 404 without a match, 500 for an invalid
-// rule or the share of an invalid backendRef), on every L7 front end.
+// rule or the share of an invalid backendRef), on every L7 front end. A
+// removed User-Agent, Accept-Encoding or Date stays removed where net/http
+// would add its own: it put Go-http-client back on a request with a body
+// on the fast path and on every request through net/http's server, and a
+// Date on every answer net/http's server wrote (redirects included).
 func TestRouteMatchingAndFilters(t *testing.T) {
 	checkNoLeaks(t)
 	for _, k := range clientKinds {
@@ -142,9 +146,9 @@ func TestRouteMatchingAndFilters(t *testing.T) {
 					RequestHeaders: &snapshot.HeaderModifier{
 						Set:    []snapshot.Header{{Name: "X-Set", Value: "set-overwrites"}},
 						Add:    []snapshot.Header{{Name: "X-Add", Value: "rule"}},
-						Remove: []string{"X-Remove"},
+						Remove: []string{"X-Remove", "User-Agent", "Accept-Encoding"},
 					},
-					ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Resp", Value: "rule"}}, Remove: []string{"Content-Type"}},
+					ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Resp", Value: "rule"}}, Remove: []string{"Content-Type", "Date"}},
 				}}},
 				rule{[]snapshot.RouteMatch{headerMatch}, snapshot.RouteRule{Backends: to(v2)}},
 				rule{[]snapshot.RouteMatch{postMatch}, snapshot.RouteRule{Backends: to(v2)}},
@@ -157,7 +161,7 @@ func TestRouteMatchingAndFilters(t *testing.T) {
 				rule{[]snapshot.RouteMatch{prefixMatch("/redirect")}, snapshot.RouteRule{Filters: snapshot.Filters{
 					Redirect: &snapshot.Redirect{Scheme: "https", Hostname: "example.org", StatusCode: 301,
 						Path: &snapshot.PathModifier{Type: snapshot.ReplacePrefixMatch, Value: "/new"}},
-					ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Redirected", Value: "yes"}}},
+					ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Redirected", Value: "yes"}}, Remove: []string{"Date"}},
 				}}},
 				rule{[]snapshot.RouteMatch{prefixMatch("/port")}, snapshot.RouteRule{Filters: snapshot.Filters{
 					Redirect: &snapshot.Redirect{Port: 8083, StatusCode: 302},
@@ -173,16 +177,25 @@ func TestRouteMatchingAndFilters(t *testing.T) {
 			if a.status != 200 || a.report.Pod != "v2-0" || a.report.Path != "/exact" || a.report.Host != "front.b.svc" {
 				t.Errorf("/exact: %d from %q path %q host %q; want 200 from v2-0, /exact, front.b.svc", a.status, a.report.Pod, a.report.Path, a.report.Host)
 			}
-			a = send(t, c, newReq(t, http.MethodGet, base+"/v1/x?q=1", nil, "X-Set", "client", "X-Add", "client", "X-Remove", "gone", "X-Keep", "kept"))
-			h := a.report.Headers
-			switch {
-			case a.status != 200 || a.report.Pod != "v1-0" || a.report.Path != "/v1/x" || a.report.RawQuery != "q=1":
-				t.Errorf("/v1/x: %d from %q path %q query %q", a.status, a.report.Pod, a.report.Path, a.report.RawQuery)
-			case strings.Join(h["X-Set"], ",") != "set-overwrites" || strings.Join(h["X-Add"], ",") != "client,rule,backend" ||
-				h["X-Remove"] != nil || h.Get("X-Keep") != "kept" || h.Get("X-Backend") != "v1":
-				t.Errorf("/v1/x: backend saw headers %v", h)
-			case a.header.Get("X-Resp") != "rule" || a.header.Get("X-Resp-Backend") != "v1" || a.header["Content-Type"] != nil:
-				t.Errorf("/v1/x: client got headers %v", a.header)
+			// With a body and without: the fast path writes them apart.
+			for _, method := range []string{http.MethodGet, http.MethodPost} {
+				var body io.Reader
+				if method == http.MethodPost {
+					body = strings.NewReader("body")
+				}
+				a = send(t, c, newReq(t, method, base+"/v1/x?q=1", body, "X-Set", "client", "X-Add", "client", "X-Remove", "gone",
+					"X-Keep", "kept", "User-Agent", "app/1.0", "Accept-Encoding", "br"))
+				h := a.report.Headers
+				switch {
+				case a.status != 200 || a.report.Pod != "v1-0" || a.report.Path != "/v1/x" || a.report.RawQuery != "q=1":
+					t.Errorf("%s /v1/x: %d from %q path %q query %q", method, a.status, a.report.Pod, a.report.Path, a.report.RawQuery)
+				case strings.Join(h["X-Set"], ",") != "set-overwrites" || strings.Join(h["X-Add"], ",") != "client,rule,backend" ||
+					h["X-Remove"] != nil || h["User-Agent"] != nil || h["Accept-Encoding"] != nil || h.Get("X-Keep") != "kept" || h.Get("X-Backend") != "v1":
+					t.Errorf("%s /v1/x: backend saw headers %v", method, h)
+				case a.header.Get("X-Resp") != "rule" || a.header.Get("X-Resp-Backend") != "v1" || a.header["Content-Type"] != nil ||
+					a.header["Date"] != nil:
+					t.Errorf("%s /v1/x: client got headers %v", method, a.header)
+				}
 			}
 			a = send(t, c, newReq(t, http.MethodGet, base+"/some/where", nil, "version", "two"))
 			if a.status != 200 || a.report.Pod != "v2-0" {
@@ -208,7 +221,8 @@ func TestRouteMatchingAndFilters(t *testing.T) {
 				t.Errorf("full rewrite: %d path %q host %q; want /replaced, front.b.svc", a.status, a.report.Path, a.report.Host)
 			}
 			a = send(t, c, newReq(t, http.MethodGet, base+"/redirect/x?q=1", nil))
-			if a.status != 301 || a.header.Get("Location") != "https://example.org/new/x?q=1" || a.header.Get("X-Redirected") != "yes" {
+			if a.status != 301 || a.header.Get("Location") != "https://example.org/new/x?q=1" || a.header.Get("X-Redirected") != "yes" ||
+				a.header["Date"] != nil {
 				t.Errorf("redirect: %d Location %q headers %v", a.status, a.header.Get("Location"), a.header)
 			}
 			a = send(t, c, newReq(t, http.MethodGet, base+"/port/x", nil))
@@ -582,7 +596,8 @@ func TestRouteConsumerProducer(t *testing.T) {
 }
 
 // TestRouteMirror: a mirror gets the request as the rule changed it, body
-// included, while the client gets the main backend's answer; a streamed
+// included (a removed User-Agent stays removed), and no User-Agent when the
+// app sent none, while the client gets the main backend's answer; a streamed
 // body of unknown length is teed to the mirror as it goes (it was not
 // mirrored at all), and one that outgrows Routing.ReplayBytes fails its
 // mirror rather than send a short copy.
@@ -598,22 +613,37 @@ func TestRouteMirror(t *testing.T) {
 			mref := m.backend("mirror", snapshot.Backend{Endpoints: endpoints(mirror.addr)})
 			m.frontend("front", routedVIP, front, producer(routeSet(snapshot.KindHTTPRoute,
 				rule{[]snapshot.RouteMatch{prefixMatch("/mirror")}, snapshot.RouteRule{Backends: to(v1), Filters: snapshot.Filters{
-					RequestHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Set", Value: "rule"}}, Remove: []string{"X-Remove"}},
+					RequestHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Set", Value: "rule"}}, Remove: []string{"X-Remove", "User-Agent"}},
 					Rewrite:        &snapshot.Rewrite{Path: &snapshot.PathModifier{Type: snapshot.ReplaceFullPath, Value: "/rewritten"}},
 					Mirrors:        []snapshot.Mirror{{Backend: mref, Numerator: 1, Denominator: 1}},
+				}}},
+				rule{[]snapshot.RouteMatch{prefixMatch("/bare")}, snapshot.RouteRule{Backends: to(v1), Filters: snapshot.Filters{
+					Mirrors: []snapshot.Mirror{{Backend: mref, Numerator: 1, Denominator: 1}},
 				}}},
 			)))
 			e.p.Update(m.snapshot(1))
 			c := e.client(routedVIP, k.h2c)
 			payload := "mirrored body"
-			a := send(t, c, newReq(t, http.MethodPost, "http://front.b.svc/mirror?id=1", strings.NewReader(payload), "X-Remove", "x", "X-App", "app"))
+			a := send(t, c, newReq(t, http.MethodPost, "http://front.b.svc/mirror?id=1", strings.NewReader(payload), "X-Remove", "x", "X-App", "app",
+				"User-Agent", "app/1.0"))
 			if a.status != 200 || a.report.Pod != "v1-0" || a.report.Path != "/rewritten" || a.report.BodyBytes != int64(len(payload)) {
 				t.Fatalf("main request: %d from %q path %q body %d", a.status, a.report.Pod, a.report.Path, a.report.BodyBytes)
 			}
 			got := <-mirror.seen
 			if got.Method != http.MethodPost || got.Path != "/rewritten" || got.RawQuery != "id=1" || got.Host != "front.b.svc" ||
-				string(got.Body) != payload || got.Header.Get("X-Set") != "rule" || got.Header["X-Remove"] != nil || got.Header.Get("X-App") != "app" {
+				string(got.Body) != payload || got.Header.Get("X-Set") != "rule" || got.Header["X-Remove"] != nil || got.Header.Get("X-App") != "app" ||
+				got.Header["User-Agent"] != nil {
 				t.Errorf("mirror saw %s %s?%s host %q body %q headers %v", got.Method, got.Path, got.RawQuery, got.Host, got.Body, got.Header)
+			}
+			// An app that sent no User-Agent: its mirror gets none either
+			// (net/http's Transport, which sends mirrors, adds Go's).
+			get := newReq(t, http.MethodGet, "http://front.b.svc/bare?id=0", nil)
+			get.Header["User-Agent"] = nil // net/http's client then sends none
+			if a := send(t, c, get); a.status != 200 || a.report.Headers["User-Agent"] != nil {
+				t.Errorf("GET without User-Agent: %d, backend saw headers %v", a.status, a.report.Headers)
+			}
+			if got := <-mirror.seen; got.RawQuery != "id=0" || got.Header["User-Agent"] != nil {
+				t.Errorf("mirror of a GET without User-Agent saw %s with headers %v", got.RawQuery, got.Header)
 			}
 			// A chunked body of unknown length is not kept: the mirror gets
 			// it as it streams.
@@ -636,8 +666,8 @@ func TestRouteMirror(t *testing.T) {
 			if got := e.counterReaches("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": "failed"}, 1); got != 1 {
 				t.Errorf("mirrors{failed} = %v, want 1: a body beyond Routing.ReplayBytes cuts its mirror", got)
 			}
-			if got := e.counterReaches("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": "sent"}, 2); got != 2 {
-				t.Errorf("mirrors{sent} = %v, want 2", got)
+			if got := e.counterReaches("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": "sent"}, 3); got != 3 {
+				t.Errorf("mirrors{sent} = %v, want 3", got)
 			}
 		})
 	}

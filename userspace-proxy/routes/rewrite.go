@@ -48,7 +48,10 @@ func compileHeaderMods(m *snapshot.HeaderModifier) *headerMods {
 
 // apply changes h. With host non-nil (a request), "Host" in set or add
 // sets the authority, which net/http keeps outside the header map, and a
-// removal of Host is ignored (a request always has an authority).
+// removal of Host is ignored (a request always has an authority). A
+// removed field stays in h with a nil value: the proxy's writers send
+// none, and net/http's add none of their own in its place, as they do for
+// a missing one (a request's User-Agent, an answer's Date and Content-Type).
 func (m *headerMods) apply(h http.Header, host *string) {
 	if m == nil {
 		return
@@ -72,7 +75,9 @@ func (m *headerMods) apply(h http.Header, host *string) {
 		}
 	}
 	for _, k := range m.remove {
-		delete(h, k)
+		if host == nil || k != "Host" {
+			h[k] = nil
+		}
 	}
 }
 

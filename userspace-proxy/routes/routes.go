@@ -344,8 +344,10 @@ func (d *Decision) drawMirrors(rnd Rand, ms []mirror) {
 // ApplyRequest rewrites out, the request to send upstream, as a Forward
 // decision says: path, authority, then the rule's and the backendRef's
 // request header changes. Call it once per request, not per attempt:
-// "add" appends. A "Host" header in the changes sets the authority.
-// Values are shared with the Table and must not be modified.
+// "add" appends. A "Host" header in the changes sets the authority. A
+// removed field is left with a nil value, so that net/http's clients send
+// no User-Agent of their own. Values are shared with the Table and must
+// not be modified.
 func (d *Decision) ApplyRequest(out *http.Request) {
 	if d.RewritePath {
 		out.URL.Path, out.URL.RawPath = unescapePath(d.Path), d.Path
@@ -375,7 +377,9 @@ func (d *Decision) SetsAuthority() bool {
 // that failed (no endpoint, refused, timed out) — as the rule and
 // backendRef say: their header changes, then the rule's CORS headers (a
 // browser shows the page's script the status of an answer only when the
-// answer passes its CORS check, and reports a CORS error otherwise).
+// answer passes its CORS check, and reports a CORS error otherwise). A
+// removed field is left with a nil value, so that net/http's server adds
+// no Date or Content-Type of its own.
 func (d *Decision) ApplyResponse(h http.Header) {
 	for _, m := range d.respMods {
 		m.apply(h, nil)

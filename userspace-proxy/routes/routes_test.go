@@ -414,6 +414,7 @@ func TestApplyRequest(t *testing.T) {
 			"X-Header-Add":        {"header-val-1", "appended-later"},
 			"X-Header-Add-Append": {"append-val-1", "header-val-2"},
 			"X-Backend":           {"v1"},
+			"X-Header-Remove":     nil, // net/http's writers then add none of their own
 		}
 		if !headersEqual(r.Header, want) {
 			t.Errorf("headers after ApplyRequest = %v, want %v", r.Header, want)
@@ -450,9 +451,9 @@ func TestApplyRequest(t *testing.T) {
 		t.Errorf("rewrite to %q: Decision.Path %q, request target %q, want /my%%20docs/a%%2Fb", "/my docs", d.Path, got)
 	}
 
-	// A "Host" header change sets the authority.
+	// A "Host" header change sets the authority; its removal is ignored.
 	host := oneRule(snapshot.RouteRule{
-		Filters:  snapshot.Filters{RequestHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "host", Value: "h.example"}}}},
+		Filters:  snapshot.Filters{RequestHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "host", Value: "h.example"}}, Remove: []string{"host"}}},
 		Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: v1}},
 	}, snapshot.RouteMatch{Path: prefix("/")})
 	r = &http.Request{Method: "GET", Host: "echo", URL: &url.URL{Path: "/"}, Header: http.Header{}}
@@ -474,7 +475,7 @@ func TestApplyResponse(t *testing.T) {
 	d := decide(oneRule(rule, snapshot.RouteMatch{Path: prefix("/")}), get("/"))
 	h := http.Header{"X-Header-Set": {"upstream"}, "X-B": {"1"}, "Server": {"echo"}}
 	d.ApplyResponse(h)
-	want := http.Header{"X-Header-Set": {"set"}, "X-B": {"1", "2"}}
+	want := http.Header{"X-Header-Set": {"set"}, "X-B": {"1", "2"}, "Server": nil}
 	if !headersEqual(h, want) {
 		t.Errorf("response headers = %v, want %v", h, want)
 	}
