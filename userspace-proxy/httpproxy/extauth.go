@@ -42,19 +42,20 @@ import (
 // authorize asks x's authorization server about r. It reports whether r
 // may go on (with the server's headers added); if not, a is the client's
 // answer, unless err says the rule's request timeout passed first: the
-// caller then fails r with it, as a forward it ends. setReadDeadline sets
-// the deadline of reads from r's client (zero: none, as while any request
-// body is read). watch, when not nil, watches the client while the server
-// is asked, until the stop it returns: a client that leaves cancels the
-// ask (the fast path's, whose requests have no context; net/http's cancel
-// theirs). held tells it the request's body is unread, kept for the
-// backend: the filter forwards none.
-func (h *Handler) authorize(x *exchange, r *http.Request, setReadDeadline func(time.Time) error,
-	watch func(cancel context.CancelFunc, held bool) (stop func())) (a localAnswer, ok bool, err error) {
+// caller then fails r with it, as a forward it ends. watch, when not nil,
+// watches the client while the server is asked, until the stop it
+// returns: a client that leaves cancels the ask (the fast path's, whose
+// requests have no context; net/http's cancel theirs). held tells it the
+// request's body is unread, kept for the backend: the filter forwards
+// none.
+func (h *Handler) authorize(x *exchange, r *http.Request, watch func(cancel context.CancelFunc, held bool) (stop func())) (a localAnswer, ok bool, err error) {
 	ea := x.r.d.ExternalAuth
-	body, err := authBody(r, ea.MaxBody, x.r.pol.deadline, setReadDeadline)
-	if errors.Is(err, errAuthBodyTooLarge) {
+	body, err := authBody(x, r, ea.MaxBody)
+	switch {
+	case errors.Is(err, errAuthBodyTooLarge):
 		return h.authRefused(x, r, "ext_auth_body_too_large", http.StatusRequestEntityTooLarge, grpcResourceExhausted, err), false, nil
+	case errors.Is(err, errRequestTimeout):
+		return localAnswer{}, false, err
 	}
 	ctx := r.Context()
 	if d := x.r.pol.deadline; !d.IsZero() {
@@ -77,8 +78,7 @@ func (h *Handler) authorize(x *exchange, r *http.Request, setReadDeadline func(t
 	}
 	switch {
 	case err != nil && x.r.pol.expired(time.Now()):
-		// First: net/http's HTTP/1 server cancels r's context when the
-		// deadline fails the body's read.
+		// First: the deadline ends ctx too.
 		return localAnswer{}, false, timeoutError(true, err)
 	case err != nil && ctx.Err() != nil: // the client left: nobody to answer
 		return localAnswer{status: h.report(ctx, x, upstream.ReasonCanceled, err)}, false, nil
@@ -127,24 +127,22 @@ func (h *Handler) authRefused(x *exchange, r *http.Request, reason string, statu
 	return localAnswer{status: status, header: hdr, body: []byte("sockmesh: " + reason + "\n")}
 }
 
-// authBody reads r's body for the authorization server when the filter
-// forwards it (maxSize > 0), and gives r the same bytes again. A client
-// still sending it when deadline (zero: none) passes fails the read:
-// setReadDeadline bounds reads from it meanwhile.
-func authBody(r *http.Request, maxSize int32, deadline time.Time, setReadDeadline func(time.Time) error) ([]byte, error) {
+// authBody reads r, x's request, for the authorization server when the
+// filter forwards its body (maxSize > 0), under the rule's request
+// deadline (readBody), and gives r the same bytes again.
+func authBody(x *exchange, r *http.Request, maxSize int32) ([]byte, error) {
 	if maxSize == 0 || r.Body == nil || r.Body == http.NoBody {
 		return nil, nil
 	}
 	if r.ContentLength > int64(maxSize) {
 		return nil, errAuthBodyTooLarge
 	}
-	if !deadline.IsZero() {
-		setReadDeadline(deadline)
-		defer setReadDeadline(time.Time{})
-	}
-	buf, err := io.ReadAll(io.LimitReader(r.Body, int64(maxSize)+1))
-	if err != nil {
-		return nil, fmt.Errorf("read request body: %w", err)
+	var buf []byte
+	if err := x.readBody(func() (err error) {
+		buf, err = io.ReadAll(io.LimitReader(r.Body, int64(maxSize)+1))
+		return err
+	}); err != nil {
+		return nil, err
 	}
 	if len(buf) > int(maxSize) {
 		return nil, errAuthBodyTooLarge

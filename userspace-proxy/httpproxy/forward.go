@@ -44,7 +44,8 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 	if x.r != nil {
 		if err := h.applyRoute(x, out, r.Host, expects, websocket); err != nil {
 			be.Picker.Unused(c)
-			h.fail(w, r, x, upstream.ReasonCanceled, err)
+			leaveBody(w, r)
+			h.fail(w, r, x, keepFailed(err), err)
 			return
 		}
 	}

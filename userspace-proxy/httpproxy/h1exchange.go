@@ -37,7 +37,7 @@ func (s *h1Conn) serve(req *http.Request) bool {
 	s.closeAfter = req.Close
 	s.sent.on = false
 	x := &s.x
-	*x = exchange{t: s.t}
+	*x = exchange{t: s.t, app: s.c}
 	// A request that failed before its body was read (no endpoint took
 	// its connect) left its mirrors waiting for the rest until
 	// MirrorTimeout, each holding one of MaxMirrors.
@@ -70,7 +70,7 @@ func (s *h1Conn) serve(req *http.Request) bool {
 					return s.fail(req, x, upstream.ReasonCanceled, err)
 				}
 			}
-			switch a, ok, err := s.h.authorize(x, req, s.c.SetReadDeadline, s.watchAuth); {
+			switch a, ok, err := s.h.authorize(x, req, s.watchAuth); {
 			case ok:
 			case s.watch.gone.Load():
 				return false // the app left (reported canceled)
@@ -103,7 +103,7 @@ func (s *h1Conn) serve(req *http.Request) bool {
 	if x.r != nil {
 		if err := s.h.applyRoute(x, req, host, s.cont != nil, websocket); err != nil {
 			x.be.Picker.Unused(choice)
-			return s.fail(req, x, upstream.ReasonCanceled, err)
+			return s.fail(req, x, keepFailed(err), err)
 		}
 	}
 	wire := WireFor(x.be, req.ProtoMajor, websocket)
@@ -358,9 +358,10 @@ func discardAnswer(be *upstream.Backend, uc *pool.Conn, resp *http.Response, cd 
 // also when the request's session named the first (unpin); it returns the
 // endpoint connected to, which the session then names.
 //
-// A route's timeouts bound the wait for a connection too; when the
-// request timeout ends it, the error says so (ErrTimeout). So does the
-// app's leaving, when every connection the endpoint may have is busy:
+// A route's timeouts bound the wait for a connection too, and past the
+// request timeout none is taken, not even an idle one (pool.Get): nothing
+// goes out then, and the error says so (ErrTimeout). The app's leaving
+// ends the wait too, when every connection the endpoint may have is busy:
 // read is set when nothing of the request is left to read from the app,
 // and the app is watched meanwhile (the watch goes on through send).
 func (s *h1Conn) conn(x *exchange, choice *balance.Choice, read bool) (*pool.Conn, *balance.Choice, error) {

@@ -301,7 +301,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	t.nameService(r)
 	v, fe := t.view()
-	x := &exchange{t: t, v: v, fe: fe}
+	x := &exchange{t: t, v: v, fe: fe, app: http.NewResponseController(w)}
 	if fe == nil {
 		// The proxy only hands over connections whose Start view captures
 		// OrigDst; this cannot happen, and must not relay if it does.
@@ -314,13 +314,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		var forward bool
 		ref, forward = h.route(x, r, new(routed))
 		if x.r != nil && x.r.d.ExternalAuth != nil {
-			if a, ok, err := h.authorize(x, r, http.NewResponseController(w).SetReadDeadline, nil); !ok {
-				if r.ProtoMajor == 1 && r.Body != http.NoBody {
-					// As the fast path's: net/http's server would read up
-					// to 256 KiB of a body left unread (one over maxSize, an
-					// upload going on) before it sent the answer.
-					w.Header().Set("Connection", "close")
-				}
+			if a, ok, err := h.authorize(x, r, nil); !ok {
+				leaveBody(w, r)
 				if err != nil {
 					h.fail(w, r, x, upstream.Classify(err), err)
 					return
@@ -366,6 +361,17 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.forward(w, r, x, choice)
 }
 
+// leaveBody has net/http's HTTP/1 server close the connection after the
+// answer to r, whose body may be left unread (one over an ExternalAuth
+// filter's maxSize, an upload going on, one the request timeout cut), as
+// the fast path's does: the server would read up to 256 KiB of it before
+// it sent the answer.
+func leaveBody(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 1 && r.Body != http.NoBody {
+		w.Header().Set("Connection", "close")
+	}
+}
+
 // exchange is what one request resolved to.
 type exchange struct {
 	t   *Target
@@ -400,6 +406,11 @@ type exchange struct {
 	// grpc is the gRPC call being forwarded on the net/http path; nil for
 	// other requests.
 	grpc *grpcCall
+	// app sets the deadline of reads from the app's side, which a rule's
+	// request timeout bounds while the proxy reads the body itself
+	// (readBody): the fast path's connection, net/http's
+	// ResponseController.
+	app interface{ SetReadDeadline(time.Time) error }
 }
 
 // pick returns the endpoint for r, routed to x.be: the one that issued its

@@ -25,9 +25,11 @@ import (
 //
 //   - timeouts.request bounds the whole exchange from the routing decision
 //     until the response is complete, an ExternalAuth filter's ask
-//     (authorize), retries and backoff included; when it passes before
-//     the answer starts the client gets 504, after that its connection or
-//     stream is cut (the answer cannot be taken back).
+//     (authorize), the read of a body the proxy keeps (readBody), retries
+//     and backoff included, and once it passed nothing goes to a backend;
+//     when it passes before the answer starts the client gets 504, after
+//     that its connection or stream is cut (the answer cannot be taken
+//     back).
 //   - timeouts.backendRequest bounds each attempt, from the first byte
 //     sent to the last byte of the response; when it passes before the
 //     answer starts, the request is retried if the retry policy allows it,
@@ -217,10 +219,35 @@ func connectFailed(err error) bool {
 	return false
 }
 
+// readBody runs read, a read of x's request body for the proxy itself
+// (authBody, keepBody), under the rule's request deadline (GEP-1742: the
+// whole exchange) as a deadline on reads from the app (x.app); reads after
+// it have none, as while a body is forwarded. A read the deadline ends
+// fails with the request timeout's error. Tell it from the app leaving by
+// that error, not the request's context: net/http's HTTP/1 server cancels
+// that context as the deadline fails the read.
+func (x *exchange) readBody(read func() error) error {
+	p := &x.r.pol
+	if !p.deadline.IsZero() {
+		x.app.SetReadDeadline(p.deadline)
+		defer x.app.SetReadDeadline(time.Time{})
+	}
+	err := read()
+	switch {
+	case err != nil && p.expired(time.Now()):
+		return timeoutError(true, fmt.Errorf("read request body: %w", err))
+	case err != nil:
+		return fmt.Errorf("read request body: %w", err)
+	}
+	return nil
+}
+
 // keepBody readies a request body the policy or mirrors may send more
 // than once: one of known length within ReplayBytes that expects no 100
-// Continue is read and kept, and replaces r's body; one of unknown length
-// is recorded as it streams, up to ReplayBytes (x.record).
+// Continue is read (readBody) and kept, and replaces r's body; one of
+// unknown length is recorded as it streams, up to ReplayBytes (x.record).
+// A read that fails is the request timeout's, or the app left or broke
+// its body off (keepFailed).
 func (h *Handler) keepBody(x *exchange, r *http.Request, expects bool) error {
 	rt := x.r
 	if r.Body == nil || r.Body == http.NoBody || rt.pol.retries == 0 && len(rt.d.Mirrors) == 0 {
@@ -234,12 +261,25 @@ func (h *Handler) keepBody(x *exchange, r *http.Request, expects bool) error {
 		return nil
 	}
 	buf := make([]byte, r.ContentLength)
-	if _, err := io.ReadFull(r.Body, buf); err != nil {
-		return fmt.Errorf("read request body: %w", err)
+	if err := x.readBody(func() error {
+		_, err := io.ReadFull(r.Body, buf)
+		return err
+	}); err != nil {
+		return err
 	}
 	rt.body, rt.kept = buf, true
 	r.Body = replayBody(buf)
 	return nil
+}
+
+// keepFailed is the reason of a request whose body keepBody could not
+// read: the rule's request timeout (504), else the app left or broke the
+// body off (nobody to answer).
+func keepFailed(err error) upstream.Reason {
+	if errors.Is(err, errRequestTimeout) {
+		return upstream.ReasonTimeout
+	}
+	return upstream.ReasonCanceled
 }
 
 // resend is the body of x's request again for a stream net/http's HTTP/2

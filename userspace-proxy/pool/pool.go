@@ -247,8 +247,13 @@ func New(cfg Config) *Pool {
 // Get returns an idle connection to addr, or one dialed with dial when addr
 // has fewer than MaxOpen connections; otherwise it waits for one to be put
 // back or closed, until ctx ends. Idle connections the peer has closed are
-// dropped on the way.
+// dropped on the way. A ctx that has already ended gets none, not even an
+// idle one, as from net/http's Transport: the caller's time is up (a
+// route's request timeout), and nothing may go out for it.
 func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.Context) (net.Conn, error)) (*Conn, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	for {
 		p.mu.Lock()
 		ep := p.endpoint(addr)

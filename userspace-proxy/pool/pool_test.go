@@ -56,6 +56,23 @@ func TestReuseLIFO(t *testing.T) {
 	}
 }
 
+// TestEndedContextGetsNone: a Get whose context has already ended takes
+// no connection, not even an idle one, and dials none; the idle one stays.
+func TestEndedContextGetsNone(t *testing.T) {
+	p := New(Config{})
+	d := newPipeDialer()
+	c, _ := p.Get(context.Background(), ep, d.dial)
+	p.Put(c)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if got, err := p.Get(ctx, ep, d.dial); got != nil || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Get under an ended context = %p, %v; want none, context.Canceled", got, err)
+	}
+	if open, idle := p.Stats(ep); open != 1 || idle != 1 || d.dials.Load() != 1 {
+		t.Errorf("open %d idle %d dials %d; want 1, 1, 1", open, idle, d.dials.Load())
+	}
+}
+
 // TestMaxIdle: connections a burst opened beyond MaxIdle wait for reuse,
 // so the next burst dials none; after trimAfter idle those beyond MaxIdle
 // close, least recently used first (their peers see the end), and free

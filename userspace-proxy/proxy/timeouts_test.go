@@ -286,6 +286,131 @@ func testRouteTimeouts(t *testing.T, h2c bool, proto snapshot.Protocol) {
 	}
 }
 
+// TestRouteRequestTimeoutKeptBody: a rule's timeouts.request bounds the
+// whole exchange (GEP-1742), the read of the body the proxy keeps for the
+// rule's retries (keepBody) included, and nothing goes to the backend once
+// it passed. With 300ms, a POST whose sized body stalls after a few bytes
+// gets 504 at 300ms, counted as timeouts{request}, and the backend never
+// sees it, though the fast path holds an idle connection to it (the pool
+// hands none out under an ended context); so does one whose body ends just
+// at the deadline, whichever of the two comes first; one whose body ends at
+// 100ms gets 200. Before, the proxy waited for the body as long as the app
+// took (10s) and then forwarded it: HTTP/1 apps' requests on an idle
+// connection reached the backend past the deadline. Time is the synctest
+// bubble's, so every duration is exact.
+func TestRouteRequestTimeoutKeptBody(t *testing.T) {
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { testRequestTimeoutKeptBody(t, k) })
+		})
+	}
+}
+
+func testRequestTimeoutKeptBody(t *testing.T, k clientKind) {
+	var pn pipenet.Net
+	backendAddr := netip.MustParseAddrPort("10.0.0.1:8080")
+	// The backend notes each request as its head arrives, before its body.
+	var mu sync.Mutex
+	seen := map[string]int{}
+	srv := &http.Server{Protocols: new(http.Protocols), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen[r.URL.Query().Get("id")]++
+		mu.Unlock()
+		io.Copy(io.Discard, r.Body)
+		io.WriteString(w, "ok")
+	})}
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	go srv.Serve(pn.Listen(backendAddr))
+	defer srv.Close()
+	reg := prometheus.NewRegistry()
+	p, err := proxy.New(proxy.Config{Dialer: &pn, HTTP1TLS: k.path}, slog.New(slog.DiscardHandler), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Shutdown(context.Background())
+	m := &mesh{t: t}
+	be := m.backend("app", snapshot.Backend{Endpoints: endpoints(backendAddr)})
+	ms := time.Millisecond
+	// The retry stanza has the proxy keep bodies (within ReplayBytes).
+	m.frontend("app", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be),
+			Timeouts: &snapshot.Timeouts{Request: dur(300 * ms)},
+			Retry:    &snapshot.Retry{Attempts: 2, Codes: []int{503}}}},
+	)))
+	p.Update(m.snapshot(1))
+	client := pipeClient(t, p, k.h2c)
+
+	// stalled is an 8-byte body: "abc" at once, the rest after d. The
+	// pipes close at the end, should a writer still wait for its reader.
+	var bodies []*io.PipeReader
+	defer func() {
+		for _, pr := range bodies {
+			pr.Close()
+		}
+	}()
+	stalled := func(d time.Duration) io.Reader {
+		pr, pw := io.Pipe()
+		bodies = append(bodies, pr)
+		go func() {
+			pw.Write([]byte("abc"))
+			time.Sleep(d)
+			pw.Write([]byte("defgh"))
+			pw.Close()
+		}()
+		return pr
+	}
+	// post sends id's 8-byte body (Content-Length: 8); a hang turns into
+	// an error at hangGuard.
+	post := func(id string, body io.Reader) (int, time.Duration) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://app.b.svc/?id="+id, body)
+		req.ContentLength = 8
+		start := time.Now()
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("POST %s: %v", id, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, time.Since(start)
+	}
+	for _, c := range []struct {
+		id      string
+		body    io.Reader
+		status  int
+		elapsed time.Duration
+		reached int // requests the backend saw
+	}{
+		// First a request that leaves an idle connection in the fast
+		// path's pool.
+		{"whole", strings.NewReader("12345678"), 200, 0, 1},
+		{"stalled", stalled(10 * time.Second), 504, 300 * ms, 0},
+		{"at-deadline", stalled(300 * ms), 504, 300 * ms, 0},
+		{"in-time", stalled(100 * ms), 200, 100 * ms, 1},
+	} {
+		status, elapsed := post(c.id, c.body)
+		if status != c.status || elapsed != c.elapsed {
+			t.Errorf("%s: %d after %v, want %d after %v", c.id, status, elapsed, c.status, c.elapsed)
+		}
+	}
+	time.Sleep(time.Minute) // the stalled body has long ended
+	synctest.Wait()
+	for id, want := range map[string]int{"whole": 1, "stalled": 0, "at-deadline": 0, "in-time": 1} {
+		mu.Lock()
+		n := seen[id]
+		mu.Unlock()
+		if n != want {
+			t.Errorf("%s: the backend saw %d requests, want %d", id, n, want)
+		}
+	}
+	if got := counterValue(t, reg, "sockmesh_proxy_request_timeouts_total", "timeout", "request"); got != 2 {
+		t.Errorf("timeouts{request} = %v, want 2", got)
+	}
+}
+
 // counterValue reads the counter name{label=value} from reg.
 func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
 	t.Helper()
