@@ -301,7 +301,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	t.nameService(r)
 	v, fe := t.view()
-	x := &exchange{t: t, v: v, fe: fe, app: http.NewResponseController(w)}
+	x := &exchange{t: t, v: v, fe: fe}
 	if fe == nil {
 		// The proxy only hands over connections whose Start view captures
 		// OrigDst; this cannot happen, and must not relay if it does.
@@ -313,6 +313,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if fe.Routes != nil {
 		var forward bool
 		ref, forward = h.route(x, r, new(routed))
+		if x.r != nil && !x.r.pol.deadline.IsZero() {
+			x.app = http.NewResponseController(w) // readBody's, needed only then
+		}
 		if x.r != nil && x.r.d.ExternalAuth != nil {
 			if a, ok, err := h.authorize(x, r, nil); !ok {
 				leaveBody(w, r)
@@ -409,7 +412,7 @@ type exchange struct {
 	// app sets the deadline of reads from the app's side, which a rule's
 	// request timeout bounds while the proxy reads the body itself
 	// (readBody): the fast path's connection, net/http's
-	// ResponseController.
+	// ResponseController (set only under such a timeout).
 	app interface{ SetReadDeadline(time.Time) error }
 }
 
