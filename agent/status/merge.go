@@ -67,7 +67,8 @@ func mergeEntries[E any](k entryKind[E], objNamespace string, existing, ours []E
 		pair[i] = -1
 	}
 	used := make([]bool, len(ours))
-	for _, ns := range []string{"", objNamespace} {
+	reformed := make([]bool, len(existing)) // paired by the defaulted key only
+	for pass, ns := range []string{"", objNamespace} {
 		for i := range existing {
 			if pair[i] >= 0 || k.controller(&existing[i]) != translate.ControllerName {
 				continue
@@ -75,7 +76,7 @@ func mergeEntries[E any](k entryKind[E], objNamespace string, existing, ours []E
 			key := keyOf(k.ref(&existing[i]), ns)
 			for j := range ours {
 				if !used[j] && keyOf(k.ref(&ours[j]), ns) == key {
-					pair[i], used[j] = j, true
+					pair[i], used[j], reformed[i] = j, true, pass == 1
 					break
 				}
 			}
@@ -95,8 +96,16 @@ func mergeEntries[E any](k entryKind[E], objNamespace string, existing, ours []E
 			continue
 		}
 		// Keep the stored entry (its reference as the API server
-		// defaulted it) and merge the conditions into it.
+		// defaulted it: group and kind) and merge the conditions into it;
+		// the API server defaults no namespace, so a reference paired only
+		// with it defaulted changed form in the spec (a namespace written
+		// or dropped), which the entry follows (ParentRef "corresponds
+		// with a ParentRef in the spec").
 		conds, condsChanged := mergeConditions(*k.conditions(&e), *k.conditions(&ours[j]))
+		if reformed[i] {
+			e = ours[j]
+			condsChanged = true
+		}
 		if condsChanged {
 			*k.conditions(&e) = conds
 			changed = true

@@ -135,14 +135,30 @@ func TestMergeEntries(t *testing.T) {
 		merged:  []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""), accepted(1, t0))},
 		changed: true,
 	}, {
+		// The CRDs default group and kind, never the namespace.
 		name: "a reference the API server defaulted matches",
 		existing: []gwv1.PolicyAncestorStatus{ancestor(ours, gwv1.ParentReference{
-			Group: ptr(gwv1.Group(gwv1.GroupName)), Kind: ptr(gwv1.Kind("Gateway")), Namespace: ptr(gwv1.Namespace("ns")), Name: "gw"},
+			Group: ptr(gwv1.Group(gwv1.GroupName)), Kind: ptr(gwv1.Kind("Gateway")), Name: "gw"},
 			accepted(1, t0))},
 		want: []gwv1.PolicyAncestorStatus{ancestor(ours, gwv1.ParentReference{Name: "gw"}, accepted(1, t1))},
 		merged: []gwv1.PolicyAncestorStatus{ancestor(ours, gwv1.ParentReference{
-			Group: ptr(gwv1.Group(gwv1.GroupName)), Kind: ptr(gwv1.Kind("Gateway")), Namespace: ptr(gwv1.Namespace("ns")), Name: "gw"},
+			Group: ptr(gwv1.Group(gwv1.GroupName)), Kind: ptr(gwv1.Kind("Gateway")), Name: "gw"},
 			accepted(1, t0))},
+	}, {
+		// A route's parentRef edited from {name: svc, namespace: ns} to
+		// {name: svc}, and back: the entry follows the spec's form,
+		// keeping its conditions' times.
+		name:     "a namespace dropped from the spec's reference is dropped from the entry",
+		existing: []gwv1.PolicyAncestorStatus{theirs, ancestor(ours, withNamespace(svcRef("svc", ""), "ns"), accepted(1, t0))},
+		want:     []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""), accepted(2, t1))},
+		merged:   []gwv1.PolicyAncestorStatus{theirs, ancestor(ours, svcRef("svc", ""), accepted(2, t0))},
+		changed:  true,
+	}, {
+		name:     "a namespace written into the spec's reference is written into the entry",
+		existing: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""), accepted(1, t0))},
+		want:     []gwv1.PolicyAncestorStatus{ancestor(ours, withNamespace(svcRef("svc", ""), "ns"), accepted(1, t1))},
+		merged:   []gwv1.PolicyAncestorStatus{ancestor(ours, withNamespace(svcRef("svc", ""), "ns"), accepted(1, t0))},
+		changed:  true,
 	}, {
 		// A route may name one Service twice, with and without its
 		// namespace: the CRD counts them as two parents, and translate
