@@ -143,6 +143,9 @@ func (t *translator) evalPolicy(p *gwv1.BackendTLSPolicy) *policyEval {
 	// then (targetRefsProblem), but its entries still say so per target.
 	seen := map[string]bool{}
 	for _, ref := range p.Spec.TargetRefs {
+		if foreignTarget(ref.LocalPolicyTargetReference) {
+			continue
+		}
 		parent := gwv1.ParentReference{
 			Group: &ref.Group, Kind: &ref.Kind, Name: ref.Name, SectionName: ref.SectionName,
 		}
@@ -216,6 +219,17 @@ func targetRefsProblem(refs []gwv1.LocalPolicyTargetReferenceWithSectionName) st
 // kindName is the CRD's Kind pattern (at most 63 characters).
 var kindName = regexp.MustCompile(`^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$`)
 
+// foreignTarget reports whether a well-formed targetRef names a kind
+// sockmesh does not implement (neither a core Service nor an XBackend: an
+// InferencePool, say, which another implementation may serve). Such a
+// target gets no status entry of ours and takes no room in the list: an
+// implementation "MUST ONLY populate ancestor status for the Ancestor
+// resources they are responsible for" (PolicyAncestorStatus).
+func foreignTarget(ref gwv1.LocalPolicyTargetReference) bool {
+	ours := ref.Group == "" && ref.Kind == "Service" || ref.Group == gwxv1alpha1.GroupName && ref.Kind == "XBackend"
+	return !ours && targetRefProblem(ref) == ""
+}
+
 // targetRefProblem says what the CRD's schema refuses in a policy's
 // targetRef ("" when nothing): a group that is not a DNS subdomain, a kind
 // that is not a kind name, a name empty or over 253 characters. Such a
@@ -250,11 +264,8 @@ func (t *translator) resolveTarget(tg *policyTarget) (*corev1.Service, []corev1.
 	if msg := targetRefProblem(tg.ref.LocalPolicyTargetReference); msg != "" {
 		return invalid("%s", msg) // the policy is Invalid too (targetRefsProblem)
 	}
-	switch {
-	case tg.ref.Group == gwxv1alpha1.GroupName && tg.ref.Kind == "XBackend":
+	if tg.ref.Kind == "XBackend" { // the other kind evalPolicy keeps: foreignTarget
 		return notFound("XBackend %s/%s cannot be targeted: XBackends carry their own tls (GEP-4894)", ns, name)
-	case tg.ref.Group != "" || tg.ref.Kind != "Service":
-		return notFound("target %s %s (group %q) is not supported: sockmesh applies BackendTLSPolicy to core Services", tg.ref.Kind, name, tg.ref.Group)
 	}
 	svc := t.byService[types.NamespacedName{Namespace: ns, Name: name}]
 	if svc == nil {

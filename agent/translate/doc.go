@@ -181,7 +181,9 @@
 //
 // Status: one PolicyAncestorStatus per distinct targetRef (ancestorRef group
 // "", kind Service, the policy's namespace, sectionName when the targetRef
-// has one), controllerName ControllerName, observedGeneration, and
+// has one; a targetRef of a kind sockmesh does not implement, neither a
+// core Service nor an XBackend, gets none and takes no room: another
+// implementation's ancestors are not ours to write), controllerName ControllerName, observedGeneration, and
 // lastTransitionTime Input.Now (the status writer keeps older timestamps for
 // unchanged conditions). Accepted: Accepted, Conflicted, NoValidCACertificate,
 // Invalid or TargetNotFound; ResolvedRefs: ResolvedRefs,
@@ -262,8 +264,9 @@
 // gateway.networking.x-k8s.io kind XBackend, in the policy's namespace;
 // controllerName ControllerName, observedGeneration. Accepted: Accepted,
 // Conflicted, Invalid or TargetNotFound; ResolvedRefs: ResolvedRefs, or
-// InvalidKind for a target kind sockmesh does not know (then also
-// TargetNotFound, or Invalid when the schema refuses the kind).
+// InvalidKind for a target kind the schema refuses (then also Invalid). A
+// well-formed target of another kind gets no entry, as for
+// BackendTLSPolicy.
 //
 // # XMesh
 //

@@ -119,6 +119,9 @@ func (t *translator) evalTrafficPolicy(p *gwxv1alpha1.XBackendTrafficPolicy) *tr
 	// target named twice. It gets one status entry, which says so.
 	seen := map[trafficKey]bool{}
 	for _, ref := range p.Spec.TargetRefs {
+		if foreignTarget(ref) {
+			continue
+		}
 		tg := t.trafficTarget(p.Namespace, ref)
 		if tg.problem == nil && e.session != nil && t.tcpXBackend(tg.key) {
 			tg.problem = &tlsvalidation.Problem{Reason: string(gwv1.PolicyReasonInvalid), Message: fmt.Sprintf(
@@ -232,7 +235,7 @@ func (t *translator) trafficTarget(ns string, ref gwv1.LocalPolicyTargetReferenc
 		if t.xbackends[types.NamespacedName{Namespace: ns, Name: name}] == nil {
 			return problem(gwv1.PolicyReasonTargetNotFound, "XBackend %s/%s not found", ns, name)
 		}
-	default:
+	default: // a kind the schema refuses: evalTrafficPolicy skips other foreign kinds
 		tg.key = trafficKey{snapshot.BackendKind(string(ref.Group) + "/" + string(ref.Kind)), ns, name}
 		group, kind, nsRef := ref.Group, ref.Kind, gwv1.Namespace(ns)
 		tg.parent = gwv1.ParentReference{Group: &group, Kind: &kind, Namespace: &nsRef, Name: ref.Name}
