@@ -98,12 +98,11 @@ func (h *Handler) authorize(x *exchange, r *http.Request, watch func(cancel cont
 // them (a field both set is the rule's), but for Content-Type: the body is
 // the server's, and its type (or none) stays the server's.
 func ruleDenial(d *routes.Decision, h http.Header) {
-	ct, typed := h["Content-Type"]
+	ct := h["Content-Type"]
 	d.ApplyResponse(h)
-	delete(h, "Content-Type")
-	if typed {
-		h["Content-Type"] = ct
-	}
+	// The server's own, or none (nil: net/http's server would guess one
+	// from the body, where the fast path writes none).
+	h["Content-Type"] = ct
 }
 
 // authRefused counts, logs and answers r, a request the filter refuses

@@ -58,9 +58,12 @@ func TestRouteExternalAuth(t *testing.T) {
 		t.Run(k.name, func(t *testing.T) {
 			e := newEnv(t, envOptions{http1TLS: k.path})
 			auth := startRecorder(t, serverTLS(e.pki.server), func(w http.ResponseWriter, r *http.Request, n int) bool {
-				if r.URL.Query().Get("auth") == "deny" {
+				if auth := r.URL.Query().Get("auth"); auth == "deny" || auth == "deny-untyped" {
 					w.Header().Set("WWW-Authenticate", `Bearer realm="mesh"`)
 					w.Header().Set("Content-Type", "text/html; charset=utf-8")
+					if auth == "deny-untyped" {
+						w.Header()["Content-Type"] = nil // none, not one guessed from the body
+					}
 					w.WriteHeader(http.StatusUnauthorized)
 					fmt.Fprint(w, "go away")
 					return true
@@ -213,8 +216,13 @@ func TestRouteExternalAuth(t *testing.T) {
 			if a := fromPage(http.MethodGet, "/marked?id=m4&auth=deny", ""); a.header.Get("WWW-Authenticate") != `Bearer realm="mesh"` || string(a.body) != "go away" {
 				t.Errorf("denied under the rule's header changes: %q with %v; want the server's body and WWW-Authenticate", a.body, a.header)
 			}
+			// A denial without a Content-Type goes without one, neither
+			// the rule's nor one net/http's server would guess.
+			if a := fromPage(http.MethodGet, "/marked?id=m5&auth=deny-untyped", ""); a.status != http.StatusUnauthorized || a.header["Content-Type"] != nil {
+				t.Errorf("denied without a Content-Type: %d with Content-Type %q, want 401 with none", a.status, a.header["Content-Type"])
+			}
 			for id, want := range map[string]int{"a1": 1, "a2": 1, "a3": 1, "a4": 1, "a6": 1, "d1": 0, "d2": 0, "d3": 0, "d4": 0, "d5": 0, "d6": 0,
-				"m1": 0, "m2": 0, "m3": 0, "m4": 0} {
+				"m1": 0, "m2": 0, "m3": 0, "m4": 0, "m5": 0} {
 				if got := backend.count(id); got != want {
 					t.Errorf("the backend saw %d requests of %s, want %d", got, id, want)
 				}
@@ -226,7 +234,7 @@ func TestRouteExternalAuth(t *testing.T) {
 			if k.h2c {
 				tooLarge = 3
 			}
-			for reason, want := range map[string]float64{"ext_auth_denied": 4, "ext_auth_body_too_large": tooLarge, "ext_auth_error": 3} {
+			for reason, want := range map[string]float64{"ext_auth_denied": 5, "ext_auth_body_too_large": tooLarge, "ext_auth_error": 3} {
 				if got := e.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": reason}); got != want {
 					t.Errorf("route answers{%s} = %v, want %v", reason, got, want)
 				}
