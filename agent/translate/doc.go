@@ -112,9 +112,11 @@
 // sockmesh.io/xbackend leads to its XBackend. A backendRef that does not
 // resolve stays in the rule, Invalid, so its share of requests gets 500;
 // ResolvedRefs=False says why: BackendNotFound, InvalidKind,
-// RefNotPermitted, UnsupportedProtocol (gRPC to an HTTP/1-only or TCP
-// backend; a UDP or SCTP port; a kubernetes.io/wss port without a
-// BackendTLSPolicy, GEP-1911),
+// RefNotPermitted, UnsupportedProtocol (gRPC, a GRPCRoute's or a GRPC
+// ExternalAuth's, to an HTTP/1-only or TCP backend; a UDP or SCTP port; an
+// appProtocol routes cannot send to, GEP-1911: kubernetes.io/wss, https or
+// tls without a BackendTLSPolicy, or any but the HTTP-family names
+// appProtocolProblem lists),
 // UnsupportedValue (a Service without port, an XBackend with
 // one), or ReasonInvalidBackend (it resolves, but its TLS policy or
 // XBackend is invalid: requests fail closed with 503, as without the

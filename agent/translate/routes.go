@@ -337,7 +337,7 @@ func (rb *routeBuilder) weighted(b *ruleBuild, j int, ref gwv1.BackendRef, fs []
 			wb.Weight = uint32(*ref.Weight)
 		}
 	}
-	r, p := rb.resolveBackend(ref.BackendObjectReference)
+	r, p := rb.resolveBackend(ref.BackendObjectReference, false)
 	if p == nil {
 		p = r.configProblem()
 		rb.use(b, r)
@@ -375,16 +375,16 @@ func (rb *routeBuilder) mirror(b *ruleBuild, at string, f *gwv1.HTTPRequestMirro
 			m.Numerator, m.Denominator = uint32(num), uint32(den)
 		}
 	}
-	ref, ok := rb.filterBackend(b, "mirror", "the mirror is dropped", f.BackendRef)
+	ref, ok := rb.filterBackend(b, "mirror", "the mirror is dropped", f.BackendRef, false)
 	m.Backend = ref
 	return m, ok
 }
 
 // filterBackend resolves the backendRef of a filter (what: "mirror"),
 // reporting its problems in ResolvedRefs; unresolved says what then
-// becomes of the filter.
-func (rb *routeBuilder) filterBackend(b *ruleBuild, what, unresolved string, ref gwv1.BackendObjectReference) (snapshot.BackendRef, bool) {
-	r, p := rb.resolveBackend(ref)
+// becomes of the filter; grpc says the filter sends gRPC to it.
+func (rb *routeBuilder) filterBackend(b *ruleBuild, what, unresolved string, ref gwv1.BackendObjectReference, grpc bool) (snapshot.BackendRef, bool) {
+	r, p := rb.resolveBackend(ref, grpc)
 	if p != nil {
 		p.message = what + " " + p.message + "; " + unresolved
 		rb.e.refProblems = append(rb.e.refProblems, *p)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -80,7 +81,9 @@ type resolved struct {
 // backends; a Service in another namespace needs a ReferenceGrant there,
 // unless it is one of the route's own parent Services (clients already
 // reach those through sockmesh, so the reference exposes nothing new).
-func (rb *routeBuilder) resolveBackend(ref gwv1.BackendObjectReference) (resolved, *refProblem) {
+// grpc says the backend gets gRPC whatever the route's kind (a GRPC
+// ExternalAuth), so it must speak HTTP/2.
+func (rb *routeBuilder) resolveBackend(ref gwv1.BackendObjectReference, grpc bool) (resolved, *refProblem) {
 	t := rb.t
 	group, kind := deref(ref.Group), cmp.Or(deref(ref.Kind), "Service")
 	ns, name := cmp.Or(deref(ref.Namespace), rb.e.ref.Namespace), string(ref.Name)
@@ -139,12 +142,15 @@ func (rb *routeBuilder) resolveBackend(ref gwv1.BackendObjectReference) (resolve
 		} else {
 			out.backend = t.serviceBackend(svc, svc.Spec.Ports[i])
 		}
-		if deref(svc.Spec.Ports[i].AppProtocol) == appProtocolWSS && out.backend.TLS == nil && out.backend.Invalid == nil {
-			// GEP-1911: routes reach a wss port only through TLS that a
-			// BackendTLSPolicy originates; without one, requests would go
-			// in plaintext to a TLS server.
+		// A policy that is invalid still applies: the reference then
+		// resolves, and configProblem reports the policy instead.
+		withPolicy := out.backend.TLS != nil || out.backend.Invalid != nil
+		if why := appProtocolProblem(deref(svc.Spec.Ports[i].AppProtocol), withPolicy); why != "" {
+			// GEP-1911: a backend the route cannot send its requests to is
+			// UnsupportedProtocol; requests would otherwise go in the
+			// client's cleartext HTTP to a server speaking something else.
 			return out, &refProblem{string(gwv1.RouteReasonUnsupportedProtocol), fmt.Sprintf(
-				"%s: port %d has appProtocol %s, and no BackendTLSPolicy tells sockmesh how to originate its TLS", what, *ref.Port, appProtocolWSS)}
+				"%s: port %d has appProtocol %s, %s", what, *ref.Port, deref(svc.Spec.Ports[i].AppProtocol), why)}
 		}
 	case group == gwxv1alpha1.GroupName && kind == "XBackend":
 		if ref.Port != nil {
@@ -165,11 +171,55 @@ func (rb *routeBuilder) resolveBackend(ref gwv1.BackendObjectReference) (resolve
 		return out, &refProblem{string(gwv1.RouteReasonInvalidKind), fmt.Sprintf(
 			"%s (group %q): only core Services and %s XBackends are backends", what, group, gwxv1alpha1.GroupName)}
 	}
-	if !protocolFits(rb.kind, out.backend.Protocol) {
+	switch {
+	case grpc && !protocolFits(snapshot.KindGRPCRoute, out.backend.Protocol):
+		return out, &refProblem{string(gwv1.RouteReasonUnsupportedProtocol), fmt.Sprintf(
+			"%s: gRPC needs HTTP/2, and the backend's protocol is %s", what, out.backend.Protocol)}
+	case !protocolFits(rb.kind, out.backend.Protocol):
 		return out, &refProblem{string(gwv1.RouteReasonUnsupportedProtocol), fmt.Sprintf(
 			"%s: %ss cannot send requests to a backend whose protocol is %s", what, rb.kind, out.backend.Protocol)}
 	}
 	return out, nil
+}
+
+// appProtocolProblem says why a route cannot send requests to a Service
+// port with appProtocol, or returns "" when it can. withPolicy says a
+// BackendTLSPolicy applies to the port. Routes send HTTP (and gRPC over
+// it), so the port must take that: the Kubernetes names sockmesh knows
+// (KEP-3726), and, case-insensitively, the unprefixed names apps commonly
+// set for HTTP (Istio's convention; an HTTP request relayed over "tcp" is
+// still what the app sent). TLS names need the policy, since only it tells
+// sockmesh how to originate TLS. Anything else (another kubernetes.io/
+// name, a domain-prefixed one, mysql, redis) is a protocol routes do not
+// speak (GEP-1911: UnsupportedProtocol). Captured Services without a
+// route are not judged here: their traffic is the app's own.
+func appProtocolProblem(appProtocol string, withPolicy bool) string {
+	const (
+		noPolicy = "and no BackendTLSPolicy tells sockmesh how to originate its TLS"
+		notHTTP  = "which is not HTTP, and routes send only HTTP"
+	)
+	switch appProtocol {
+	case "", appProtocolH2C, appProtocolWS:
+		return ""
+	case appProtocolWSS:
+		if withPolicy {
+			return ""
+		}
+		return noPolicy
+	}
+	if strings.Contains(appProtocol, "/") {
+		return notHTTP
+	}
+	switch strings.ToLower(appProtocol) {
+	case "http", "http2", "h2c", "grpc", "grpc-web", "tcp":
+		return ""
+	case "https", "tls":
+		if withPolicy {
+			return ""
+		}
+		return noPolicy
+	}
+	return notHTTP
 }
 
 // protocolFits reports whether a route of kind can use a backend speaking

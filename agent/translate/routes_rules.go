@@ -603,7 +603,7 @@ func (rb *routeBuilder) externalAuth(b *ruleBuild, at string, f *gwv1.HTTPExtern
 		}
 		out.MaxBody = max(fb.MaxSize, 0)
 	}
-	ref, ok := rb.filterBackend(b, "externalAuth", "the rule's requests are refused", f.BackendRef)
+	ref, ok := rb.filterBackend(b, "externalAuth", "the rule's requests are refused", f.BackendRef, out.GRPC)
 	if !ok {
 		b.badf("%s.backendRef does not resolve", at)
 	}
