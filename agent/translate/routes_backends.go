@@ -196,7 +196,7 @@ func (rb *routeBuilder) resolveBackend(ref gwv1.BackendObjectReference, grpc boo
 func appProtocolProblem(appProtocol string, withPolicy bool) string {
 	const (
 		noPolicy = "and no BackendTLSPolicy tells sockmesh how to originate its TLS"
-		notHTTP  = "which is not HTTP, and routes send only HTTP"
+		notHTTP  = "not one sockmesh knows as HTTP, and routes send only HTTP"
 	)
 	switch appProtocol {
 	case "", appProtocolH2C, appProtocolWS:
