@@ -17,7 +17,10 @@
 // nothing costs the API server nothing. Writes are JSON merge patches of the
 // status subresource carrying the resourceVersion the merge started from:
 // a concurrent change makes the API server refuse the patch, and the Writer
-// merges again on the fresh object.
+// merges again on the fresh object. Within a leader term the Writer
+// remembers the version each write left, so the same (cached, now stale)
+// objects handed again, as on a retry of the pass, are merged against
+// what was written and cost nothing once written.
 //
 // It writes only what it is given. It must not decide conditions (translate
 // does) or decide whether this agent may write (the caller holds the

@@ -50,6 +50,7 @@ type Writer struct {
 	log     *slog.Logger
 	writes  *prometheus.CounterVec
 	dropped *prometheus.CounterVec
+	recent  recent
 }
 
 // New returns a Writer that writes through gw.
@@ -88,7 +89,17 @@ func New(cfg Config, gw gwclient.Interface, log *slog.Logger, reg prometheus.Reg
 // object whose status is already right. Objects in st that in no longer
 // has are skipped. It returns the errors of the objects it could not
 // write; the others are written regardless.
+//
+// An object of in that an earlier Write wrote (or read again after a
+// conflict) in the same term, and that in still holds at the version it
+// held then, is compared against the version that Write left instead:
+// handed the same Input again (a retry), Write sends nothing it already
+// wrote. ctx's Done channel identifies the term (the control plane's
+// leader term): a Write with another one forgets what earlier Writes left,
+// since another writer may have written since.
 func (w *Writer) Write(ctx context.Context, in translate.Input, st translate.Status) error {
+	w.recent.begin(ctx.Done())
+	defer w.recent.end()
 	pa := entryKind[gwv1.PolicyAncestorStatus]{
 		ref:        func(e *gwv1.PolicyAncestorStatus) gwv1.ParentReference { return e.AncestorRef },
 		controller: func(e *gwv1.PolicyAncestorStatus) gwv1.GatewayController { return e.ControllerName },
@@ -159,7 +170,7 @@ func (w *Writer) run(ctx context.Context, jobs []func(context.Context) error) er
 type target[O metav1.Object] struct {
 	kind  string
 	get   func(ctx context.Context, namespace, name string) (O, error)
-	patch func(ctx context.Context, namespace, name string, mergePatch []byte) error
+	patch func(ctx context.Context, namespace, name string, mergePatch []byte) (O, error)
 }
 
 // statusClient is what every generated typed client of a kind offers.
@@ -175,9 +186,8 @@ func targetOf[O metav1.Object, C statusClient[O]](kind string, client func(names
 		get: func(ctx context.Context, ns, name string) (O, error) {
 			return client(ns).Get(ctx, name, metav1.GetOptions{})
 		},
-		patch: func(ctx context.Context, ns, name string, data []byte) error {
-			_, err := client(ns).Patch(ctx, name, types.MergePatchType, data, opts, "status")
-			return err
+		patch: func(ctx context.Context, ns, name string, data []byte) (O, error) {
+			return client(ns).Patch(ctx, name, types.MergePatchType, data, opts, "status")
 		},
 	}
 }
@@ -279,8 +289,12 @@ func statusPatch(resourceVersion string, status map[string]any) any {
 // again with another UID was deleted and recreated since translate judged
 // obj: it gets nothing, since its generation need not have moved past the
 // one judged (the watch event of the new object brings a fresh judgement).
+// obj is merged against as w.recent has it: the version an earlier Write
+// left if obj is the stale version that Write was handed.
 func writeObject[O metav1.Object](ctx context.Context, w *Writer, t target[O], obj O, update func(O) (any, bool)) error {
 	ns, name, uid := obj.GetNamespace(), obj.GetName(), obj.GetUID()
+	passVersion := obj.GetResourceVersion()
+	obj = current(&w.recent, obj)
 	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		if uid != "" && obj.GetUID() != uid {
 			return nil
@@ -293,10 +307,11 @@ func writeObject[O metav1.Object](ctx context.Context, w *Writer, t target[O], o
 		if err != nil {
 			return fmt.Errorf("encode status patch: %w", err)
 		}
-		err = t.patch(ctx, ns, name, data)
+		written, err := t.patch(ctx, ns, name, data)
 		switch {
 		case err == nil:
 			w.writes.WithLabelValues(t.kind, "written").Inc()
+			obj = written
 			return nil
 		case apierrors.IsConflict(err):
 			w.writes.WithLabelValues(t.kind, "conflict").Inc()
@@ -317,6 +332,12 @@ func writeObject[O metav1.Object](ctx context.Context, w *Writer, t target[O], o
 	if err != nil {
 		w.writes.WithLabelValues(t.kind, "error").Inc()
 		return fmt.Errorf("write status of %s %s/%s: %w", t.kind, ns, name, err)
+	}
+	if obj.GetUID() == uid {
+		// obj is now the newest version known: the one written, or the
+		// one read again after a conflict (or the pass's own, which
+		// remember ignores).
+		w.recent.remember(passVersion, obj)
 	}
 	return nil
 }
