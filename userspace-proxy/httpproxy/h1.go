@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/textproto"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -591,6 +592,10 @@ func (s *h1Conn) badRequest(err error) {
 		return
 	case errors.Is(err, errHeaderTooLarge):
 		status = "431 Request Header Fields Too Large"
+	case strings.HasPrefix(err.Error(), "unsupported transfer encoding"):
+		// RFC 9112 §6.1, as net/http's server answers it (ReadRequest's
+		// error type is unexported).
+		status = "501 Not Implemented"
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, os.ErrDeadlineExceeded), errors.Is(err, net.ErrClosed):
 		return
 	default:

@@ -614,6 +614,8 @@ func TestBadRequests(t *testing.T) {
 		{"huge header", "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 8<<10) + "\r\n\r\n", 431},
 		{"http/2 line", "GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505},
 		{"connect", "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", 405},
+		// RFC 9112 §6.1: a transfer coding the proxy cannot read is 501.
+		{"unsupported transfer coding", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cl := f.dial()
