@@ -79,22 +79,34 @@ func (c *tryCounter) count(id string) int {
 	return c.tries[id]
 }
 
+// servePipe serves h over HTTP/1.1 and h2c at addr on pn until the test
+// ends: a backend for tests in a synctest bubble, which has no sockets.
+func servePipe(t *testing.T, pn *pipenet.Net, addr netip.AddrPort, h http.Handler) {
+	srv := &http.Server{Protocols: new(http.Protocols), Handler: h}
+	srv.Protocols.SetHTTP1(true)
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	go srv.Serve(pn.Listen(addr))
+	t.Cleanup(func() { srv.Close() })
+}
+
+// pipeProxy is a proxy that dials through pn and serves HTTP/1.x apps on
+// path until the test ends, and the registry of its metrics.
+func pipeProxy(t *testing.T, pn *pipenet.Net, path proxy.HTTP1TLSPath) (*proxy.Proxy, *prometheus.Registry) {
+	reg := prometheus.NewRegistry()
+	p, err := proxy.New(proxy.Config{Dialer: pn, HTTP1TLS: path}, slog.New(slog.DiscardHandler), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Shutdown(context.Background()) })
+	return p, reg
+}
+
 func testRetryBudget(t *testing.T, h2c bool, path proxy.HTTP1TLSPath, proto snapshot.Protocol) {
 	var pn pipenet.Net
 	backendAddr := netip.MustParseAddrPort("10.0.0.1:8080")
 	tc := &tryCounter{tries: map[string]int{}}
-	srv := &http.Server{Protocols: new(http.Protocols), Handler: tc}
-	srv.Protocols.SetHTTP1(true)
-	srv.Protocols.SetUnencryptedHTTP2(true)
-	go srv.Serve(pn.Listen(backendAddr))
-	defer srv.Close()
-
-	reg := prometheus.NewRegistry()
-	p, err := proxy.New(proxy.Config{Dialer: &pn, HTTP1TLS: path}, slog.New(slog.DiscardHandler), reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Shutdown(context.Background())
+	servePipe(t, &pn, backendAddr, tc)
+	p, reg := pipeProxy(t, &pn, path)
 
 	// snap builds the world with the backend's retry constraint: a
 	// percent budget over 10 s, and at least minRetries per 10 s.

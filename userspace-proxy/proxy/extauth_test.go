@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"log/slog"
 	"maps"
 	"net"
 	"net/http"
@@ -22,7 +21,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -35,7 +33,6 @@ import (
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/internal/pipenet"
 	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
-	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
 // TestRouteExternalAuth: a rule's ExternalAuth filter (GEP-1494, HTTP) on
@@ -670,19 +667,9 @@ func testExternalAuthRequestTimeout(t *testing.T, k clientKind) {
 			w.WriteHeader(http.StatusForbidden)
 		}
 	})
-	for addr, h := range map[netip.AddrPort]http.Handler{backendAddr: backend, authAddr: auth} {
-		srv := &http.Server{Protocols: new(http.Protocols), Handler: h}
-		srv.Protocols.SetHTTP1(true)
-		srv.Protocols.SetUnencryptedHTTP2(true)
-		go srv.Serve(pn.Listen(addr))
-		defer srv.Close()
-	}
-	reg := prometheus.NewRegistry()
-	p, err := proxy.New(proxy.Config{Dialer: &pn, HTTP1TLS: k.path}, slog.New(slog.DiscardHandler), reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Shutdown(context.Background())
+	servePipe(t, &pn, backendAddr, backend)
+	servePipe(t, &pn, authAddr, auth)
+	p, reg := pipeProxy(t, &pn, k.path)
 	m := &mesh{t: t}
 	be := m.backend("app", snapshot.Backend{Endpoints: endpoints(backendAddr)})
 	authRef := m.backend("auth", snapshot.Backend{Endpoints: endpoints(authAddr)})

@@ -312,23 +312,14 @@ func testRequestTimeoutKeptBody(t *testing.T, k clientKind) {
 	// The backend notes each request as its head arrives, before its body.
 	var mu sync.Mutex
 	seen := map[string]int{}
-	srv := &http.Server{Protocols: new(http.Protocols), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	servePipe(t, &pn, backendAddr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		seen[r.URL.Query().Get("id")]++
 		mu.Unlock()
 		io.Copy(io.Discard, r.Body)
 		io.WriteString(w, "ok")
-	})}
-	srv.Protocols.SetHTTP1(true)
-	srv.Protocols.SetUnencryptedHTTP2(true)
-	go srv.Serve(pn.Listen(backendAddr))
-	defer srv.Close()
-	reg := prometheus.NewRegistry()
-	p, err := proxy.New(proxy.Config{Dialer: &pn, HTTP1TLS: k.path}, slog.New(slog.DiscardHandler), reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Shutdown(context.Background())
+	}))
+	p, reg := pipeProxy(t, &pn, k.path)
 	m := &mesh{t: t}
 	be := m.backend("app", snapshot.Backend{Endpoints: endpoints(backendAddr)})
 	ms := time.Millisecond
