@@ -58,20 +58,7 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 func TestWriterRetriesStalePass(t *testing.T) {
 	env := startWithNamespace(t)
 	ctx := t.Context()
-	if _, err := env.Gateway.GatewayV1().BackendTLSPolicies(ns).Create(ctx, &gwv1.BackendTLSPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns},
-		Spec: gwv1.BackendTLSPolicySpec{
-			TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{{
-				LocalPolicyTargetReference: gwv1.LocalPolicyTargetReference{Group: "", Kind: "Service", Name: "svc"},
-			}},
-			Validation: gwv1.BackendTLSPolicyValidation{
-				WellKnownCACertificates: ptr(gwv1.WellKnownCACertificatesSystem),
-				Hostname:                "svc.example.com",
-			},
-		},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	createPolicy(t, env)
 	if _, err := env.Gateway.ExperimentalV1alpha1().XMeshes().Create(ctx, &gwxv1alpha1.XMesh{
 		ObjectMeta: metav1.ObjectMeta{Name: "sockmesh"},
 		Spec:       gwxv1alpha1.MeshSpec{ControllerName: translate.ControllerName},

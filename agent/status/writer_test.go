@@ -89,22 +89,7 @@ func getPolicy(t *testing.T, env *apiserver.Env, name string) *gwv1.BackendTLSPo
 func TestWriterAgainstAPIServer(t *testing.T) {
 	env := startWithNamespace(t)
 	ctx := t.Context()
-	policy := &gwv1.BackendTLSPolicy{
-		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns},
-		Spec: gwv1.BackendTLSPolicySpec{
-			TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{{
-				LocalPolicyTargetReference: gwv1.LocalPolicyTargetReference{Group: "", Kind: "Service", Name: "svc"},
-			}},
-			Validation: gwv1.BackendTLSPolicyValidation{
-				WellKnownCACertificates: ptr(gwv1.WellKnownCACertificatesSystem),
-				Hostname:                "svc.example.com",
-			},
-		},
-	}
-	policy, err := env.Gateway.GatewayV1().BackendTLSPolicies(ns).Create(ctx, policy, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	policy := createPolicy(t, env)
 	// Another controller (say a Gateway implementation) already reports
 	// on the policy.
 	theirs := ancestor(other, gwv1.ParentReference{Name: "gw"}, cond("Accepted", "True", "Accepted", "theirs", 1, t0))
@@ -338,4 +323,26 @@ func startWithNamespace(t *testing.T) *apiserver.Env {
 		t.Fatal(err)
 	}
 	return env
+}
+
+// createPolicy creates BackendTLSPolicy p in ns, for Service svc with
+// System roots.
+func createPolicy(t *testing.T, env *apiserver.Env) *gwv1.BackendTLSPolicy {
+	t.Helper()
+	policy, err := env.Gateway.GatewayV1().BackendTLSPolicies(ns).Create(t.Context(), &gwv1.BackendTLSPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: ns},
+		Spec: gwv1.BackendTLSPolicySpec{
+			TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{{
+				LocalPolicyTargetReference: gwv1.LocalPolicyTargetReference{Group: "", Kind: "Service", Name: "svc"},
+			}},
+			Validation: gwv1.BackendTLSPolicyValidation{
+				WellKnownCACertificates: ptr(gwv1.WellKnownCACertificatesSystem),
+				Hostname:                "svc.example.com",
+			},
+		},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return policy
 }
