@@ -24,18 +24,19 @@ from the API server's objects by the same translate code the agents run:
                           and why) and the targets' effective properties
   xbackend NAME           its status and the backend it makes
   httproute NAME          its status per parent and where its rules landed
+  grpcroute NAME          the same for a GRPCRoute
 
 Status is what translate computes now, which the elected agent writes to
 the cluster.`
 
 func newDescribeCommand(g *globals) *cobra.Command {
 	return &cobra.Command{
-		Use:       "describe service|backendtlspolicy|xbackend|httproute NAME",
-		Short:     "show the effective backend properties of a Service, BackendTLSPolicy, XBackend or HTTPRoute",
+		Use:       "describe service|backendtlspolicy|xbackend|httproute|grpcroute NAME",
+		Short:     "show the effective backend properties of a Service, BackendTLSPolicy, XBackend, HTTPRoute or GRPCRoute",
 		Long:      describeLong,
 		Example:   "  sockmeshctl describe service -n app secure\n  sockmeshctl describe backendtlspolicy app/secure -o yaml",
 		Args:      cobra.ExactArgs(2),
-		ValidArgs: []string{"service", "backendtlspolicy", "xbackend", "httproute"},
+		ValidArgs: []string{"service", "backendtlspolicy", "xbackend", "httproute", "grpcroute"},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f, err := g.format()
 			if err != nil {
@@ -46,7 +47,7 @@ func newDescribeCommand(g *globals) *cobra.Command {
 				kind = k
 			}
 			if _, ok := describeKinds[kind]; !ok {
-				return fmt.Errorf("unknown kind %q: want service, backendtlspolicy, xbackend or httproute", args[0])
+				return fmt.Errorf("unknown kind %q: want service, backendtlspolicy, xbackend, httproute or grpcroute", args[0])
 			}
 			kube, gw, err := g.kube()
 			if err != nil {
@@ -76,7 +77,7 @@ func newDescribeCommand(g *globals) *cobra.Command {
 var kindAliases = map[string]string{
 	"svc": "service", "services": "service",
 	"backendtlspolicies": "backendtlspolicy", "btlspolicy": "backendtlspolicy",
-	"xbackends": "xbackend", "httproutes": "httproute",
+	"xbackends": "xbackend", "httproutes": "httproute", "grpcroutes": "grpcroute",
 }
 
 // describeKinds describe one kind: the data and its table.
@@ -95,6 +96,10 @@ var describeKinds = map[string]func(c *describe.Cluster, ns, name string) (any, 
 	},
 	"httproute": func(c *describe.Cluster, ns, name string) (any, func(io.Writer) error, error) {
 		v, err := c.HTTPRoute(ns, name)
+		return v, func(w io.Writer) error { return render.Route(w, v) }, err
+	},
+	"grpcroute": func(c *describe.Cluster, ns, name string) (any, func(io.Writer) error, error) {
+		v, err := c.GRPCRoute(ns, name)
 		return v, func(w io.Writer) error { return render.Route(w, v) }, err
 	},
 }

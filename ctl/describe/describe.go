@@ -310,16 +310,30 @@ type Placement struct {
 
 // HTTPRoute describes namespace/name.
 func (c *Cluster) HTTPRoute(namespace, name string) (*Route, error) {
-	if !slices.ContainsFunc(c.in.HTTPRoutes, func(r *gwv1.HTTPRoute) bool { return r.Namespace == namespace && r.Name == name }) {
-		return nil, fmt.Errorf("HTTPRoute %s/%s: %w", namespace, name, ErrNotFound)
-	}
 	key := types.NamespacedName{Namespace: namespace, Name: name}
-	var as []Ancestor
-	for _, p := range c.res.Status.HTTPRoutes[key] {
-		as = append(as, ancestor(p.ParentRef, namespace, p.Conditions))
+	found := slices.ContainsFunc(c.in.HTTPRoutes, func(r *gwv1.HTTPRoute) bool { return r.Namespace == namespace && r.Name == name })
+	return c.route("HTTPRoute", key, found, c.res.Status.HTTPRoutes[key])
+}
+
+// GRPCRoute describes namespace/name.
+func (c *Cluster) GRPCRoute(namespace, name string) (*Route, error) {
+	key := types.NamespacedName{Namespace: namespace, Name: name}
+	found := slices.ContainsFunc(c.in.GRPCRoutes, func(r *gwv1.GRPCRoute) bool { return r.Namespace == namespace && r.Name == name })
+	return c.route("GRPCRoute", key, found, c.res.Status.GRPCRoutes[key])
+}
+
+// route describes a route of kind: its status per parent and the rules
+// it placed in each Service port's route set.
+func (c *Cluster) route(kind string, key types.NamespacedName, found bool, parents []gwv1.RouteParentStatus) (*Route, error) {
+	if !found {
+		return nil, fmt.Errorf("%s %s: %w", kind, key, ErrNotFound)
 	}
-	out := &Route{Route: c.object("HTTPRoute", key, as), Warnings: c.warnings}
-	self := snapshot.ObjectRef{Kind: "HTTPRoute", Namespace: namespace, Name: name}
+	var as []Ancestor
+	for _, p := range parents {
+		as = append(as, ancestor(p.ParentRef, key.Namespace, p.Conditions))
+	}
+	out := &Route{Route: c.object(kind, key, as), Warnings: c.warnings}
+	self := snapshot.ObjectRef{Kind: kind, Namespace: key.Namespace, Name: key.Name}
 	for _, f := range c.snap.Frontends {
 		if f.Routes == nil {
 			continue

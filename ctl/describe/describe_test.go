@@ -116,6 +116,26 @@ func TestHTTPRoute(t *testing.T) {
 	}
 }
 
+func TestGRPCRoute(t *testing.T) {
+	c := cluster(t)
+	r, err := c.GRPCRoute("app", "to-rpc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Placements) != 1 || r.Placements[0].Service.Name != "rpc" || r.Placements[0].Port != 50051 ||
+		r.Placements[0].Kind != "GRPCRoute" || len(r.Placements[0].Rules) != 1 || r.Route.Ref.Kind != "GRPCRoute" ||
+		len(r.Route.Ancestors) != 1 || !hasCondition(r.Route.Ancestors[0], "Accepted", "True", "Accepted") {
+		t.Errorf("GRPCRoute(to-rpc) = %+v", r)
+	}
+	// A GRPCRoute is not an HTTPRoute of the same name, nor the reverse.
+	if _, err := c.HTTPRoute("app", "to-rpc"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("HTTPRoute(to-rpc) error = %v, want ErrNotFound", err)
+	}
+	if _, err := c.GRPCRoute("app", "to-secure"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("GRPCRoute(to-secure) error = %v, want ErrNotFound", err)
+	}
+}
+
 // A policy whose status other controllers fill is applied nowhere it found
 // no room, and no condition can say so: describe must.
 func TestServiceTrafficPolicies(t *testing.T) {
