@@ -191,6 +191,7 @@ func TestCLI(t *testing.T) {
 		}{
 			{[]string{"describe", "gateway", "x"}, "unknown kind"},
 			{[]string{"describe", "httproute", "-n", ns, "nosuch"}, "HTTPRoute app/nosuch: not found"},
+			{[]string{"describe", "grpcroute", "-n", ns, "to-secure"}, "GRPCRoute app/to-secure: not found"},
 		} {
 			if r := e.ctl(t, a, nil, c.args...); r.err == nil || !strings.Contains(r.stderr, c.want) {
 				t.Errorf("sockmeshctl %q: %v, stderr %q; want %q", c.args, r.err, r.stderr, c.want)
@@ -271,6 +272,7 @@ func TestCLI(t *testing.T) {
 		var kubeCatalog []introspect.MetricInfo
 		e.okJSON(t, a, &kubeCatalog, "metrics")
 		checkCatalog(t, kubeCatalog, "always", "kubernetes", "leader")
+		wantLines(t, e.ok(t, a, "metrics"), "sockmesh_build_info gauge goversion,version") // constant labels too
 		checkCatalog(t, fileSourceCatalog(t, e), "always", "file")
 	})
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -34,7 +35,7 @@ those without a series yet, as docs/metrics.md documents them.`,
 				t := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
 				io.WriteString(t, "NAME\tTYPE\tLABELS\tHELP\n")
 				for _, m := range infos {
-					labels := strings.Join(m.Labels, ",")
+					labels := strings.Join(slices.Concat(m.Labels, m.ConstLabels), ",")
 					if labels == "" {
 						labels = "-"
 					}
