@@ -766,11 +766,11 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		routeAnswers: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_route_answers_total",
-			Help: "Requests a GAMMA route had the proxy answer itself, by reason (no_match, invalid_rule, no_backend, invalid_backend, invalid_table, redirect).",
+			Help: "Requests a GAMMA route had the proxy answer itself (no rule matched, a redirect, a CORS preflight, an ExternalAuth denial...), by reason; docs/metrics.md lists the reasons.",
 		}, []string{"reason"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_request_retries_total",
-			Help: "Retries of routed requests, by what was retried (connect, status, backend_timeout).",
+			Help: "Retries of routed requests, and resends of streams an HTTP/2 backend refused, by what was retried (connect, status, backend_timeout, refused_stream).",
 		}, []string{"reason"}),
 		budgetExhausted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_retry_budget_exhausted_total",
