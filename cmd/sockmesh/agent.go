@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -441,7 +442,14 @@ func (a *agent) reportOnSignal(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-ch:
-			a.log.Info("introspection report", "report", a.report.Report())
+			// As JSON, which the text handler would otherwise print with %+v
+			// (pointers as addresses): the JSON handler nests it.
+			b, err := json.Marshal(a.report.Report())
+			if err != nil {
+				a.log.Error("introspection report", "err", err)
+				continue
+			}
+			a.log.Info("introspection report", "report", json.RawMessage(b))
 		}
 	}
 }
