@@ -88,6 +88,8 @@ func newControlPlane(ctx context.Context, s settings, host *podns.NS, log *slog.
 				return nil, nil, err
 			}
 			cfg.Leader = el
+		} else {
+			log.Warn("no leader election (--leader-elect): this agent writes status and generated Services; run no other agent that does, or their answers take turns")
 		}
 	}
 	cp, err := controlplane.New(cfg, src, log, reg)

@@ -93,7 +93,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&o.bpffs, "bpffs", "/sys/fs/bpf", "BPF filesystem holding the pinned programs, links and maps (mounted when absent)")
 	fs.BoolVar(&o.accelerate, "accelerate", false, "hand bytes between apps and the proxy with sockhash/sk_msg instead of loopback TCP (Linux 6.10; a socket turns back to TCP, which pushes back, once 256 KiB went unanswered or lie unread)")
 	fs.StringVar(&o.cgroup, "cgroup", "", "cgroup v2 directory the programs attach to (empty: the root of the cgroup v2 hierarchy)")
-	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect one agent (a Lease) to write status and generated Services (kubernetes source)")
+	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect one agent (a Lease) to write status and generated Services (kubernetes source); without it this agent writes them, whatever other agents do")
 	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", getenv(envPodNamespace), "namespace of the leader Lease (default $"+envPodNamespace+")")
 	fs.StringSliceVar(&o.serviceCIDRs, "service-cidr", nil, "the cluster's Service ranges, besides its ServiceCIDR objects' (Kubernetes 1.33+); external hostnames resolving into them are refused")
 	fs.StringSliceVar(&o.podCIDRs, "pod-cidr", nil, "the cluster's pod ranges; external hostnames resolving into them are refused (without it, only this node's pod range, from its Node, and the pods EndpointSlices list: another node's pod that backs no Service is reachable)")
