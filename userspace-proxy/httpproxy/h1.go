@@ -626,7 +626,17 @@ func validRequest(req *http.Request) bool {
 	if req.Host == "" && req.ProtoAtLeast(1, 1) {
 		return false
 	}
-	return httpguts.ValidHostHeader(req.Host)
+	return validTarget(req.RequestURI) && httpguts.ValidHostHeader(req.Host)
+}
+
+// validTarget reports whether a request target has no fragment. RFC 9112
+// §3.2 has none in any form, yet net/http's parsers take "/admin#x" and
+// routes match the path escaped ("/admin%23x"), which misses a "/admin"
+// rule, while the target goes on as sent and backends read "/admin": a
+// rule's ExternalAuth or backend would be skipped. nginx and Envoy refuse
+// or strip it too.
+func validTarget(target string) bool {
+	return strings.IndexByte(target, '#') < 0
 }
 
 // count adds one answered request to the requests metric.

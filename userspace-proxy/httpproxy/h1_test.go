@@ -614,6 +614,11 @@ func TestBadRequests(t *testing.T) {
 		{"huge header", "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 8<<10) + "\r\n\r\n", 431},
 		{"http/2 line", "GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505},
 		{"connect", "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", 405},
+		// RFC 9112 §3.2: no form of target has a fragment; routed as
+		// "/admin%23x", it would miss the /admin rule the backend reads.
+		{"fragment", "GET /admin#x HTTP/1.1\r\nHost: x\r\n\r\n", 400},
+		{"fragment absolute", "GET http://x/admin#x HTTP/1.1\r\nHost: x\r\n\r\n", 400},
+		{"fragment plain", "POST /admin#x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 400},
 		// RFC 9112 §6.1: a transfer coding the proxy cannot read is 501.
 		{"unsupported transfer coding", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501},
 	} {
@@ -633,6 +638,11 @@ func TestBadRequests(t *testing.T) {
 	cl.send("CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
 	if resp, _ := cl.read(http.MethodGet); resp.StatusCode != http.StatusMethodNotAllowed || !resp.Close {
 		t.Errorf("net/http's path: %s, close=%v; want 405 and close", resp.Status, resp.Close)
+	}
+	cl = f.dialL7()
+	cl.send("GET /admin#x HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, _ := cl.read(http.MethodGet); resp.StatusCode != http.StatusBadRequest {
+		t.Errorf("net/http's path, a fragment: %s; want 400", resp.Status)
 	}
 }
 

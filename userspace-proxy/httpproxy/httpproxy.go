@@ -289,13 +289,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "405 Method Not Allowed", http.StatusMethodNotAllowed)
 		return
 	}
-	if !httpguts.ValidHeaderFieldName(r.Method) || strings.IndexByte(r.RequestURI, ' ') >= 0 {
+	if !httpguts.ValidHeaderFieldName(r.Method) || strings.IndexByte(r.RequestURI, ' ') >= 0 || !validTarget(r.RequestURI) {
 		// An HTTP/2 app's :method and :path may hold what no HTTP/1.1
 		// request line can (RFC 9112 §3: a method is a token, as a field
 		// name is; a target has no space), and net/http's server takes
 		// them: sent as they came, "GET /admin /a HTTP/1.1" gave the
 		// backend another target or version to read than the one routed.
-		// nginx refuses them alike.
+		// nginx refuses them alike. A fragment: see validTarget.
 		http.Error(w, "400 Bad Request", http.StatusBadRequest)
 		return
 	}

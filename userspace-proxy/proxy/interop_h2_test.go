@@ -966,15 +966,17 @@ func TestExtendedConnectNotUpgraded(t *testing.T) {
 // token (net/http's server takes any field value) is refused (400),
 // never written into an HTTP/1.1 request line: "GET /admin" reached the
 // backend as "GET /admin /a HTTP/1.1", whose target is not the one routed.
+// Nor is a :path with a fragment, routed as "/admin%23x" where the
+// backend reads "/admin".
 func TestH2RequestLineRefused(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
 	be := startScripted(t, nil, func(*http.Request, int) (string, bool) { return okAnswer("ok"), false })
 	e.p.Update(buildSnapshot(t, 1, service{name: "s", vip: vip, backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(be.addr)}}))
-	for _, method := range []string{"GET /admin", "G(E)T"} {
-		s := requestH2(t, e.appConn(t, vip), [][2]string{{":method", method}, {":scheme", "http"}, {":path", "/a"}, {":authority", "s.b.svc"}}, true)
+	for _, c := range []struct{ method, path string }{{"GET /admin", "/a"}, {"G(E)T", "/a"}, {"GET", "/admin#x"}} {
+		s := requestH2(t, e.appConn(t, vip), [][2]string{{":method", c.method}, {":scheme", "http"}, {":path", c.path}, {":authority", "s.b.svc"}}, true)
 		if s.status != "400" {
-			t.Errorf(":method %q answered %s, want 400", method, s.status)
+			t.Errorf(":method %q :path %q answered %s, want 400", c.method, c.path, s.status)
 		}
 	}
 	if n := be.conns.Load(); n != 0 {
