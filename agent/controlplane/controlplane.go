@@ -44,7 +44,10 @@ type Leader interface {
 
 // Writer applies one translation to the cluster: status (agent/status),
 // generated Services (agent/selectorsvc). in is the Input translate judged;
-// the writer must not modify it.
+// the writer must not modify it. It writes every object it can and returns
+// the errors of the others, joined, each keeping the API server's status:
+// the loop logs and counts the objects the API server refused for good
+// (Retryable) and retries the rest with backoff.
 type Writer interface {
 	Write(ctx context.Context, in translate.Input, res translate.Result) error
 }
@@ -80,8 +83,9 @@ type Config struct {
 	// busy while several arrive gets only the latest. Nil: nothing is
 	// written.
 	Writers []Writer
-	// RetryInterval is the first wait before retrying a failed write; it
-	// doubles up to a minute (zero: 1 s).
+	// RetryInterval is the first wait before retrying a write that failed
+	// in a way that may clear (Retryable); it doubles up to a minute (zero:
+	// 1 s).
 	RetryInterval time.Duration
 }
 
@@ -118,6 +122,7 @@ type metrics struct {
 	rebuildDuration prometheus.Histogram
 	version         prometheus.Gauge
 	writeErrors     prometheus.Counter
+	writeRefusals   *prometheus.CounterVec
 }
 
 // New returns a ControlPlane that starts from the empty Snapshot.
@@ -147,13 +152,17 @@ func New(cfg Config, src source.Source, log *slog.Logger, reg prometheus.Registe
 			}),
 			writeErrors: prometheus.NewCounter(prometheus.CounterOpts{
 				Name: "sockmesh_controlplane_write_errors_total",
-				Help: "Failed attempts to write a translation's status or generated Services.",
+				Help: "Failed attempts to write a translation's status or generated Services, retried with backoff.",
 			}),
+			writeRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "sockmesh_controlplane_write_refusals_total",
+				Help: "Objects whose write the API server refused in a way a retry cannot change, by reason; tried again at the next translation.",
+			}, []string{"reason"}),
 		},
 	}
 	c.current.Store(snapshot.Empty())
 	if reg != nil {
-		for _, col := range []prometheus.Collector{c.m.rebuilds, c.m.rebuildDuration, c.m.version, c.m.writeErrors} {
+		for _, col := range []prometheus.Collector{c.m.rebuilds, c.m.rebuildDuration, c.m.version, c.m.writeErrors, c.m.writeRefusals} {
 			if err := reg.Register(col); err != nil {
 				return nil, fmt.Errorf("register controlplane metrics: %w", err)
 			}
@@ -309,8 +318,12 @@ func (c *ControlPlane) handOver(in translate.Input, res translate.Result) {
 // writeLoop hands the latest translation to the writers until ctx ends (the
 // end of a leader term), retrying failures with backoff. A new term starts
 // by writing the latest translation, whatever an earlier term wrote. While
-// it backs off nothing is written, not even a newer translation: the retry
-// writes the latest one.
+// it backs off nothing is written, not even a newer translation: errors
+// that may clear (429, 5xx, timeouts) say the API server is in trouble, and
+// the retry writes the latest one. An object the API server refused for
+// good fails alone: it is not retried (and holds nothing back) until the
+// next translation, whose pass the writers diff anew; else one namespace's
+// full quota would hold every status write in the cluster to one a minute.
 func (c *ControlPlane) writeLoop(ctx context.Context) {
 	var written uint64 // the seq of the last pass written; passes start at 1
 	wait := c.cfg.RetryInterval
@@ -326,7 +339,7 @@ func (c *ControlPlane) writeLoop(ctx context.Context) {
 			if ctx.Err() != nil {
 				return
 			}
-			if err := errors.Join(errs...); err != nil {
+			if err := c.dropRefusals(errors.Join(errs...)); err != nil {
 				c.m.writeErrors.Inc()
 				c.log.Warn("write failed; will retry", "err", err, "retry_in", wait)
 				retry = time.After(wait)
@@ -343,6 +356,22 @@ func (c *ControlPlane) writeLoop(ctx context.Context) {
 			retry = nil
 		}
 	}
+}
+
+// dropRefusals logs and counts the errors err joins that are refusals of
+// one object, and returns the others joined: what the pass must retry.
+func (c *ControlPlane) dropRefusals(err error) error {
+	var retry []error
+	for _, e := range leaves(err) {
+		reason := refusal(e)
+		if reason == "" {
+			retry = append(retry, e)
+			continue
+		}
+		c.m.writeRefusals.WithLabelValues(reason).Inc()
+		c.log.Warn("write refused; tried again at the next translation", "reason", reason, "err", e)
+	}
+	return errors.Join(retry...)
 }
 
 // mergeNode joins the configured node facts with the observed ones.

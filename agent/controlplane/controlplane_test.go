@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -146,10 +147,12 @@ func TestFirstSnapshotEmpty(t *testing.T) {
 	})
 }
 
-// flakyWriter fails its first n writes and records when each came.
+// flakyWriter fails its first n writes with err (nil: the API server
+// unavailable) and records when each came.
 type flakyWriter struct {
 	mu    sync.Mutex
 	fail  int
+	err   error
 	calls []time.Time
 	last  translate.Result // the last translation it was given
 }
@@ -160,7 +163,7 @@ func (w *flakyWriter) Write(_ context.Context, _ translate.Input, res translate.
 	w.calls = append(w.calls, time.Now())
 	w.last = res
 	if len(w.calls) <= w.fail {
-		return errors.New("api server unavailable")
+		return cmp.Or(w.err, errors.New("api server unavailable"))
 	}
 	return nil
 }
