@@ -2,33 +2,33 @@ package selectorsvc
 
 import (
 	"log/slog"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
 
+	"github.com/sockmesh/sockmesh/agent/controlplane"
 	"github.com/sockmesh/sockmesh/agent/translate"
 	"github.com/sockmesh/sockmesh/test/apiserver"
 )
 
 const ns = "selectorsvc-test"
 
-// TestApply runs translate and Apply against a real API server: the
-// Service is created once even when the cache lags, follows the XBackend's
-// port, and is deleted with it; a user's Service that merely carries the
-// label is never touched.
-func TestApply(t *testing.T) {
-	env := apiserver.Start(t)
+// createSelectorXBackend creates namespace and in it the EndpointSelector
+// XBackend "pods" (pods labelled app=pods, port 8080).
+func createSelectorXBackend(t *testing.T, env *apiserver.Env, namespace string) *gwxv1alpha1.XBackend {
+	t.Helper()
 	ctx := t.Context()
-	kube, gw := env.Kube, env.Gateway
-	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+	if _, err := env.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	xb, err := gw.ExperimentalV1alpha1().XBackends(ns).Create(ctx, &gwxv1alpha1.XBackend{
-		ObjectMeta: metav1.ObjectMeta{Name: "pods", Namespace: ns},
+	xb, err := env.Gateway.ExperimentalV1alpha1().XBackends(namespace).Create(ctx, &gwxv1alpha1.XBackend{
+		ObjectMeta: metav1.ObjectMeta{Name: "pods", Namespace: namespace},
 		Spec: gwxv1alpha1.BackendSpec{
 			Type: gwxv1alpha1.BackendTypeEndpointSelector,
 			Port: gwxv1alpha1.BackendPort{Number: 8080},
@@ -39,6 +39,18 @@ func TestApply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return xb
+}
+
+// TestApply runs translate and Apply against a real API server: the
+// Service is created once even when the cache lags, follows the XBackend's
+// port, and is deleted with it; a user's Service that merely carries the
+// label is never touched.
+func TestApply(t *testing.T) {
+	env := apiserver.Start(t)
+	ctx := t.Context()
+	kube, gw := env.Kube, env.Gateway
+	xb := createSelectorXBackend(t, env, ns)
 	// A user's Service with sockmesh's label but no XBackend owner.
 	if _, err := kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "users", Namespace: ns, Labels: map[string]string{translate.LabelXBackend: "pods"}},
@@ -129,5 +141,53 @@ func TestApply(t *testing.T) {
 	}
 	if _, err := kube.CoreV1().Services(ns).Get(ctx, "users", metav1.GetOptions{}); err != nil {
 		t.Errorf("the user's labelled Service: %v", err)
+	}
+}
+
+// TestApplyQuotaFull: a namespace whose Service quota is used up refuses
+// its generated Service; Apply still creates the other namespaces' and
+// returns the refusal as one the control plane does not retry with backoff
+// (which held every status write and generated Service in the cluster
+// back, up to a minute at a time, for as long as the quota stayed full).
+func TestApplyQuotaFull(t *testing.T) {
+	env := apiserver.Start(t)
+	ctx := t.Context()
+	const full, free = "quota-full", "quota-free"
+	in := translate.Input{XBackends: []*gwxv1alpha1.XBackend{createSelectorXBackend(t, env, full), createSelectorXBackend(t, env, free)}}
+	zero := corev1.ResourceList{corev1.ResourceServices: resource.MustParse("0")}
+	q, err := env.Kube.CoreV1().ResourceQuotas(full).Create(ctx, &corev1.ResourceQuota{
+		ObjectMeta: metav1.ObjectMeta{Name: "services", Namespace: full},
+		Spec:       corev1.ResourceQuotaSpec{Hard: zero},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the resource quota controller (not run here) reports; until it
+	// does, the quota refuses every Service alike.
+	q.Status = corev1.ResourceQuotaStatus{Hard: zero, Used: zero}
+	if _, err := env.Kube.CoreV1().ResourceQuotas(full).UpdateStatus(ctx, q, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	w, err := New(Config{}, env.Kube, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := translate.Translate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = w.Apply(ctx, in, res.EndpointSelectorServices)
+	if err == nil || controlplane.Retryable(err) || !strings.Contains(err.Error(), full+"/pods") {
+		t.Errorf("Apply = %v (retryable %v), want the refusal of %s/pods only, not retryable", err, controlplane.Retryable(err), full)
+	}
+	for namespace, want := range map[string]int{full: 0, free: 1} {
+		list, err := env.Kube.CoreV1().Services(namespace).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list.Items) != want {
+			t.Errorf("services in %s = %d, want %d", namespace, len(list.Items), want)
+		}
 	}
 }
