@@ -161,6 +161,10 @@ func drifted(cur, want *corev1.Service) bool {
 	return false
 }
 
+// errNotOurs is update's answer for a Service replaced, since the cache
+// saw it, by one sockmesh did not generate.
+var errNotOurs = errors.New("replaced by a service sockmesh did not generate")
+
 func (w *Writer) update(ctx context.Context, want *corev1.Service) error {
 	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		cur, err := w.kube.CoreV1().Services(want.Namespace).Get(ctx, want.Name, metav1.GetOptions{})
@@ -168,8 +172,7 @@ func (w *Writer) update(ctx context.Context, want *corev1.Service) error {
 			return err
 		}
 		if !generated(cur) {
-			// Replaced by a Service that is not ours: leave it.
-			return nil
+			return errNotOurs
 		}
 		upd := cur.DeepCopy()
 		upd.Spec.Selector = want.Spec.Selector
@@ -181,10 +184,15 @@ func (w *Writer) update(ctx context.Context, want *corev1.Service) error {
 		_, err = w.kube.CoreV1().Services(want.Namespace).Update(ctx, upd, metav1.UpdateOptions{FieldManager: w.cfg.FieldManager})
 		return err
 	})
-	if apierrors.IsNotFound(err) {
+	switch {
+	case apierrors.IsNotFound(err):
 		return nil
-	}
-	if err != nil {
+	case errors.Is(err, errNotOurs):
+		// Left alone: the watch brings the replacement, and translate
+		// then asks for a Service of ours anew.
+		w.log.Debug("service not ours; left alone", "namespace", want.Namespace, "service", want.Name)
+		return nil
+	case err != nil:
 		w.ops.WithLabelValues("update", "error").Inc()
 		return fmt.Errorf("update service %s/%s: %w", want.Namespace, want.Name, err)
 	}

@@ -12,6 +12,8 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
 
+	dto "github.com/prometheus/client_model/go"
+
 	"github.com/sockmesh/sockmesh/agent/controlplane"
 	"github.com/sockmesh/sockmesh/agent/translate"
 	"github.com/sockmesh/sockmesh/test/apiserver"
@@ -45,7 +47,7 @@ func createSelectorXBackend(t *testing.T, env *apiserver.Env, namespace string) 
 // TestApply runs translate and Apply against a real API server: the
 // Service is created once even when the cache lags, follows the XBackend's
 // port, and is deleted with it; a user's Service that merely carries the
-// label is never touched.
+// label, or replaced ours, is never touched.
 func TestApply(t *testing.T) {
 	env := apiserver.Start(t)
 	ctx := t.Context()
@@ -122,13 +124,39 @@ func TestApply(t *testing.T) {
 	}
 
 	// The XBackend's port changes: the Service follows.
-	xb.Spec.Port.Number = 9090
-	if _, err := gw.ExperimentalV1alpha1().XBackends(ns).Update(ctx, xb, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	setPort := func(port gwxv1alpha1.PortNumber) {
+		t.Helper()
+		xb.Spec.Port.Number = port
+		if xb, err = gw.ExperimentalV1alpha1().XBackends(ns).Update(ctx, xb, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
+	setPort(9090)
 	apply(input())
 	if got := generatedServices(); len(got) != 1 || got[0].Name != svc.Name || got[0].Spec.Ports[0].TargetPort.IntValue() != 9090 {
 		t.Errorf("after the port change: %+v", got)
+	}
+
+	// The port changes again while the cache still holds the Service that
+	// a user's of the same name has replaced: the user's is left alone,
+	// and no update is counted.
+	setPort(7070)
+	stale := input()
+	if err := kube.CoreV1().Services(ns).Delete(ctx, svc.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: svc.Name, Namespace: ns},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	apply(stale)
+	if s, err := kube.CoreV1().Services(ns).Get(ctx, svc.Name, metav1.GetOptions{}); err != nil || s.Spec.Ports[0].Port != 80 || s.Spec.Selector != nil {
+		t.Errorf("the user's Service that replaced ours: %v, %+v", err, s)
+	}
+	if n := updates(t, w, "ok"); n != 1 {
+		t.Errorf("updates counted ok = %v, want 1 (the first port change only)", n)
 	}
 
 	// The XBackend goes (no garbage collector runs here): the Service goes.
@@ -142,6 +170,16 @@ func TestApply(t *testing.T) {
 	if _, err := kube.CoreV1().Services(ns).Get(ctx, "users", metav1.GetOptions{}); err != nil {
 		t.Errorf("the user's labelled Service: %v", err)
 	}
+}
+
+// updates reads sockmesh_selectorsvc_operations_total{operation="update"}.
+func updates(t *testing.T, w *Writer, result string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := w.ops.WithLabelValues("update", result).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }
 
 // TestApplyQuotaFull: a namespace whose Service quota is used up refuses
