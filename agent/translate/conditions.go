@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+	"unicode/utf8"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -73,13 +74,20 @@ func (c *conditionSet) set(typ string, ok bool, reason, message string) {
 	})
 }
 
-// truncate keeps a message within metav1.Condition's 32768-byte limit.
+// truncate keeps a message within metav1.Condition's 32768-byte limit. It
+// cuts between runes: a rune cut in two is invalid UTF-8, which JSON
+// encoding turns into U+FFFD, so the API server would store a message that
+// never equals translate's, and the status writer patch it every pass.
 func truncate(s string) string {
 	const limit = 32768
 	if len(s) <= limit {
 		return s
 	}
-	return s[:limit-3] + "..."
+	cut := limit - len("...")
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
 }
 
 // serviceParent is the ancestorRef of a core Service (port name optional).
