@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
 
 	"github.com/sockmesh/sockmesh/datapath/bpffs"
@@ -14,6 +15,31 @@ import (
 
 // accelLink is the pin name of the sk_msg program's link to sm_accel.
 const accelLink = "sk_msg"
+
+// checkAccel returns a *KernelTooOldError unless the kernel that types
+// describe (nil: the running kernel's BTF) can accelerate: attach an sk_msg
+// program to a sockhash with a bpf_link (Linux 6.10; sm_msg also reads
+// sk_psock.msg_tot_len, 6.8). Its BTF says so better than its version
+// number, which distributions keep while backporting.
+func checkAccel(types *btf.Spec) error {
+	if types == nil {
+		var err error
+		if types, err = btf.LoadKernelSpec(); err != nil {
+			return fmt.Errorf("check the kernel for acceleration: %w", err)
+		}
+	}
+	const missing = "BPF_LINK_TYPE_SOCKMAP"
+	var linkTypes *btf.Enum
+	if err := types.TypeByName("bpf_link_type", &linkTypes); err != nil {
+		return fmt.Errorf("check the kernel for acceleration: %w", err)
+	}
+	for _, v := range linkTypes.Values {
+		if v.Name == missing {
+			return nil
+		}
+	}
+	return &KernelTooOldError{Feature: "acceleration (sk_msg link)", Kernel: "6.10", Missing: missing}
+}
 
 // setupAccel attaches the sk_msg program to sm_accel when Config.Accelerate
 // is set (adopting a pinned link, as for the cgroup hooks), and detaches a
@@ -50,7 +76,7 @@ func (d *Datapath) setupAccel() error {
 		Target: d.objs.SmAccel.FD(), Program: d.objs.Msg, Attach: ebpf.AttachSkMsgVerdict,
 	})
 	if err != nil {
-		return fmt.Errorf("attach sk_msg to the acceleration map (needs Linux 6.10): %w", err)
+		return fmt.Errorf("attach sk_msg to the acceleration map: %w", err)
 	}
 	if err := raw.Pin(path); err != nil {
 		raw.Close()

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/cilium/ebpf/btf"
+
 	"github.com/sockmesh/sockmesh/datapath/bpffs"
 	"github.com/sockmesh/sockmesh/datapath/cgroup2"
 	"github.com/sockmesh/sockmesh/datapath/mark"
@@ -29,11 +31,15 @@ type Config struct {
 	// Accelerate hands each message between the application's socket and
 	// the proxy's accepted socket straight to the other's receive queue
 	// (sockhash + sk_msg) instead of through two TCP stacks. Needs Linux
-	// 6.10. Off by default: that path has no receive window, so a socket
+	// 6.10: Open returns a *KernelTooOldError on older kernels. Off by default: that path has no receive window, so a socket
 	// turns back to TCP after 256 KiB its peer has not answered, and a
 	// client that pipelines requests without reading the answers can still
 	// queue more in its own socket.
 	Accelerate bool
+
+	// kernelTypes stands in for the running kernel's BTF when not nil: tests
+	// load as on an older kernel with it.
+	kernelTypes *btf.Spec
 }
 
 // DefaultHeartbeatMaxAge is the HeartbeatMaxAge used when Config leaves it 0.

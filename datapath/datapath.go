@@ -42,16 +42,42 @@ type Datapath struct {
 }
 
 // objects are the parts of the generated collection that production loads:
-// every map, and the hook programs (not the SEC("syscall") test shims).
+// every map, the hook programs and, with Config.Accelerate, the sk_msg
+// program (not the SEC("syscall") test shims).
 type objects struct {
 	sockmeshMaps
+	hookPrograms
+	accelPrograms // nil programs unless Config.Accelerate
+}
+
+// hookPrograms run on every node: they need nothing newer than the kernel
+// doc.go names.
+type hookPrograms struct {
 	Connect4     *ebpf.Program `ebpf:"sm_connect4"`
 	Connect6     *ebpf.Program `ebpf:"sm_connect6"`
 	Getpeername4 *ebpf.Program `ebpf:"sm_getpeername4"`
 	Getpeername6 *ebpf.Program `ebpf:"sm_getpeername6"`
 	Getsockopt   *ebpf.Program `ebpf:"sm_getsockopt"`
 	Sockops      *ebpf.Program `ebpf:"sm_sockops"`
-	Msg          *ebpf.Program `ebpf:"sm_msg"` // attached only with Config.Accelerate
+}
+
+// accelPrograms need the kernel acceleration needs (checkAccel): sm_msg
+// reads sk_psock.msg_tot_len, which older kernels lack, so the program
+// would not even load there.
+type accelPrograms struct {
+	Msg *ebpf.Program `ebpf:"sm_msg"`
+}
+
+// loadTarget is what LoadAndAssign fills for a datapath that does or does
+// not accelerate.
+func (o *objects) loadTarget(accelerate bool) any {
+	if accelerate {
+		return o
+	}
+	return &struct {
+		Maps  *sockmeshMaps
+		Hooks *hookPrograms
+	}{&o.sockmeshMaps, &o.hookPrograms}
 }
 
 func (o *objects) Close() error {
@@ -95,6 +121,11 @@ func Open(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Datapath, e
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("component", "datapath")
+	if cfg.Accelerate {
+		if err := checkAccel(cfg.kernelTypes); err != nil {
+			return nil, err
+		}
+	}
 	if err := bpffs.Ensure(cfg.BPFFS); err != nil {
 		return nil, err
 	}
@@ -154,7 +185,10 @@ func (d *Datapath) load(spec *ebpf.CollectionSpec) error {
 		return err
 	}
 	defer unlock()
-	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: dir}})
+	err = spec.LoadAndAssign(d.objs.loadTarget(d.cfg.Accelerate), &ebpf.CollectionOptions{
+		Maps:     ebpf.MapOptions{PinPath: dir},
+		Programs: ebpf.ProgramOptions{KernelTypes: d.cfg.kernelTypes},
+	})
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {

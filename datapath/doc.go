@@ -37,11 +37,13 @@
 // getpeername hooks 5.8, socket storage in sockops 5.10), cgroup v2, and
 // CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN (attach, pin, mount bpffs).
 //
-// Optional acceleration (Config.Accelerate, the agent's --accelerate; Linux
-// 6.10 for the sk_msg link): sockops puts both sockets of each redirected
-// connection into a sockhash, and an sk_msg program hands each message to
-// the other socket's receive queue, skipping two TCP stacks on the
-// app-to-proxy leg. Sockets so accelerated must never be spliced (Go's
+// Optional acceleration (Config.Accelerate, the agent's --accelerate):
+// sockops puts both sockets of each redirected connection into a sockhash,
+// and an sk_msg program hands each message to the other socket's receive
+// queue, skipping two TCP stacks on the app-to-proxy leg. It needs Linux
+// 6.10 (the sk_msg link; the program also reads sk_psock.msg_tot_len, 6.8),
+// so that program loads only with acceleration, and Open on an older kernel
+// returns a *KernelTooOldError. Sockets so accelerated must never be spliced (Go's
 // io.Copy between TCP connections does, and hangs), and that queue has no
 // window: see sm_msg in ../bpf/sockmesh.c for how a socket falls back to
 // TCP (its first message came before its peer joined, 256 KiB went
