@@ -3,7 +3,6 @@ package datapath
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -52,11 +51,7 @@ func openAccel(t *testing.T, tp *topology) (*Datapath, netip.AddrPort) {
 // Before echoing it waits for gate, when gate is not nil.
 func startEchoProxy(t *testing.T, tp *topology, addr netip.AddrPort, gate <-chan struct{}) {
 	t.Helper()
-	ln, err := tp.pod.Listen(context.Background(), nil, "tcp", addr.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	tcpserve.Serve(t, ln, func(c net.Conn) {
+	tcpserve.Serve(t, listenProxy(t, tp.pod, addr), func(c net.Conn) {
 		orig, err := origdst.Get(c.(*net.TCPConn))
 		if err != nil {
 			io.WriteString(c, "noorig\n")

@@ -1,7 +1,6 @@
 package datapath
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -323,10 +322,7 @@ func setHeartbeatAge(t *testing.T, d *Datapath, age interface{ Nanoseconds() int
 func TestGetsockopt(t *testing.T) {
 	tp := newTopology(t)
 	tp.openCapturing(t, Service{Addr: vip4})
-	ln, err := tp.node.Listen(context.Background(), nil, "tcp", tp.nodeProxy().V4.String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln := listenProxy(t, tp.node, tp.nodeProxy().V4)
 	defer ln.Close()
 	accept := func(dst netip.AddrPort) (client, server *net.TCPConn) {
 		t.Helper()
@@ -390,10 +386,7 @@ func TestOrigDstOutsideTheCgroup(t *testing.T) {
 	d := tp.openCapturing(t, Service{Addr: vip4}, Service{Addr: vip6})
 	lns := make(map[netip.AddrPort]net.Listener)
 	for _, a := range []netip.AddrPort{tp.nodeProxy().V4, tp.nodeProxy().V6} {
-		ln, err := tp.node.Listen(context.Background(), nil, "tcp", a.String())
-		if err != nil {
-			t.Fatal(err)
-		}
+		ln := listenProxy(t, tp.node, a)
 		defer ln.Close()
 		lns[a] = ln
 	}

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sockmesh/sockmesh/datapath/mark"
+	"github.com/sockmesh/sockmesh/datapath/takeover"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/userspace-proxy/origdst"
@@ -154,11 +155,7 @@ func startProxy(t *testing.T, listenNS, dialNS *sandbox.NetNS, addrs []netip.Add
 	p := &testProxy{got: make(chan accepted, 64)}
 	dialer := &net.Dialer{Control: mark.Control, Timeout: ioTimeout}
 	for _, a := range addrs {
-		ln, err := listenNS.Listen(context.Background(), nil, "tcp", a.String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		tcpserve.Serve(t, ln, func(c net.Conn) {
+		tcpserve.Serve(t, listenProxy(t, listenNS, a), func(c net.Conn) {
 			orig, err := origdst.Get(c.(*net.TCPConn))
 			p.got <- accepted{orig, err}
 			if err != nil {
@@ -184,6 +181,17 @@ func startProxy(t *testing.T, listenNS, dialNS *sandbox.NetNS, addrs []netip.Add
 		})
 	}
 	return p
+}
+
+// listenProxy listens on addr in ns as the agent's proxy does: plain TCP,
+// where Go's default is Multipath TCP (an MPTCP client falls back to TCP).
+func listenProxy(t *testing.T, ns *sandbox.NetNS, addr netip.AddrPort) net.Listener {
+	t.Helper()
+	ln, err := ns.Listen(context.Background(), takeover.ListenConfig(nil), "tcp", addr.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
 }
 
 // next returns what the proxy saw for its next accepted connection.
