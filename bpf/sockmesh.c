@@ -19,8 +19,10 @@
  * from Go with prog.Run (BPF_PROG_TEST_RUN cannot run sock_addr, sockops or
  * sockopt programs). Kernel needs: bpf_link for cgroups 5.7,
  * bpf_get_netns_cookie in sock_addr 5.7 and in sockops 5.15, getpeername
- * hooks 5.8, bpf_sk_storage_get in sockops 5.10; with acceleration, the
- * sk_msg link on a sockhash 6.10 (sk_psock.msg_tot_len came in 6.8).
+ * hooks 5.8, bpf_sk_storage_get in sockops 5.10; MPTCP apps' getpeername
+ * bpf_skc_to_mptcp_sock 5.19 (skipped before); with acceleration, the
+ * sk_msg link on a sockhash 6.10 (sk_psock.msg_tot_len came in 6.8, so
+ * datapath loads sm_msg only then).
  */
 #include <stdbool.h>
 #include <linux/bpf.h>
@@ -256,20 +258,62 @@ static __always_inline enum sm_decision sm_decide(const struct sm_flow *f, __u32
 	return SM_REDIRECTED;
 }
 
-/* sm_remember stores the original destination in the application socket. */
+/* Only whether the kernel has it matters (sm_mptcp_parent). */
+struct mptcp_sock___sm {
+	int sm_unused;
+};
+
+/*
+ * sm_mptcp_parent is the MPTCP socket of sk when sk is an MPTCP subflow, else
+ * NULL. An application's IPPROTO_MPTCP socket connects through a TCP
+ * subflow, the socket connect4/6 see, while its getpeername asks the MPTCP
+ * socket. bpf_skc_to_mptcp_sock came in Linux 5.19, and its answer's type
+ * exists only with CONFIG_MPTCP: without either this is NULL, and the
+ * verifier never sees the call.
+ */
+static __always_inline void *sm_mptcp_parent(struct bpf_sock *sk)
+{
+	if (!bpf_core_enum_value_exists(enum bpf_func_id, BPF_FUNC_skc_to_mptcp_sock) ||
+	    !bpf_core_type_exists(struct mptcp_sock___sm))
+		return NULL;
+	return bpf_skc_to_mptcp_sock(sk);
+}
+
+/* sm_store sets sk's original destination record to v. */
+static __always_inline void sm_store(void *sk, const struct sm_app_sock *v)
+{
+	struct sm_app_sock *s = bpf_sk_storage_get(&sm_app_sk, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (s)
+		*s = *v;
+}
+
+/* sm_remember stores the original destination in the application socket,
+ * and in its MPTCP socket when it is an MPTCP subflow: sockops reads the
+ * subflow's, getpeername the MPTCP socket's. */
 static __always_inline void sm_remember(struct bpf_sock *sk, const struct sm_flow *f,
 					__u64 proxy_netns)
 {
-	struct sm_app_sock *s = bpf_sk_storage_get(&sm_app_sk, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (!s)
-		return;
-	s->orig.addr[0] = f->daddr[0];
-	s->orig.addr[1] = f->daddr[1];
-	s->orig.addr[2] = f->daddr[2];
-	s->orig.addr[3] = f->daddr[3];
-	s->orig.port = f->dport;
-	s->orig.family = f->family;
-	s->proxy_netns_cookie = proxy_netns;
+	struct sm_app_sock s = {
+		.orig = {
+			.addr = { f->daddr[0], f->daddr[1], f->daddr[2], f->daddr[3] },
+			.port = f->dport,
+			.family = f->family,
+		},
+		.proxy_netns_cookie = proxy_netns,
+	};
+	sm_store(sk, &s);
+	void *parent = sm_mptcp_parent(sk);
+	if (parent)
+		sm_store(parent, &s);
+}
+
+/* sm_forget drops what sm_remember stored. */
+static __always_inline void sm_forget(struct bpf_sock *sk)
+{
+	bpf_sk_storage_delete(&sm_app_sk, sk);
+	void *parent = sm_mptcp_parent(sk);
+	if (parent)
+		bpf_sk_storage_delete(&sm_app_sk, parent);
 }
 
 static __always_inline bool sm_is_tcp(const struct bpf_sock_addr *ctx)
@@ -299,7 +343,7 @@ static __always_inline enum sm_decision sm_connect(struct bpf_sock_addr *ctx,
 		 * failed (no proxy listening): the original destination it
 		 * kept would show in getpeername and be published as a
 		 * handoff for a connection that is not redirected. */
-		bpf_sk_storage_delete(&sm_app_sk, ctx->sk);
+		sm_forget(ctx->sk);
 	return d;
 }
 

@@ -679,6 +679,60 @@ func family(ap netip.AddrPort) string {
 	return "ipv6"
 }
 
+// TestMPTCP: an application's Multipath TCP socket (Go's dialer with
+// GODEBUG=multipathtcp=1, or IPPROTO_MPTCP) connects through a TCP subflow,
+// the socket our connect programs see; its getpeername asks the MPTCP socket,
+// which must show the Service address too.
+func TestMPTCP(t *testing.T) {
+	tp := newTopology(t)
+	d := tp.openCapturing(t, Service{Addr: vip4}, Service{Addr: vip6})
+	proxy := startProxy(t, tp.node, tp.node, []netip.AddrPort{tp.nodeProxy().V4, tp.nodeProxy().V6},
+		map[netip.AddrPort]netip.AddrPort{vip4: tp.server4, vip6: tp.server6})
+	dialer := &net.Dialer{Timeout: ioTimeout}
+	dialer.SetMultipathTCP(true)
+
+	for _, vip := range []netip.AddrPort{vip4, vip6} {
+		t.Run(family(vip), func(t *testing.T) {
+			c, err := tp.pod.Dial(dialer, "tcp", vip.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			if proto := socketProtocol(t, c); proto != unix.IPPROTO_MPTCP {
+				t.Fatalf("the app's socket has protocol %d, want IPPROTO_MPTCP", proto)
+			}
+			v, err := greet(c)
+			wantRedirected(t, v, err, vip)
+			if got := proxy.next(t); got.err != nil || got.orig != vip {
+				t.Errorf("proxy read original destination %v, %v; want %s", got.orig, got.err, vip)
+			}
+		})
+	}
+	wantNoHandoffs(t, d)
+}
+
+// socketProtocol is c's SO_PROTOCOL.
+func socketProtocol(t *testing.T, c net.Conn) int {
+	t.Helper()
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		proto int
+		gerr  error
+	)
+	if err := rc.Control(func(fd uintptr) {
+		proto, gerr = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PROTOCOL)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	return proto
+}
+
 // TestReconnectForgetsOriginalDestination: a socket whose redirected
 // connect() failed (no proxy listens) may connect() again, elsewhere; that
 // connection is not redirected, and getpeername shows where it went — not

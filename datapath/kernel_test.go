@@ -12,8 +12,9 @@ import (
 
 // TestOldKernel: on Linux 5.15-6.7 the datapath captures without
 // acceleration, and Open with Config.Accelerate says which kernel it needs.
-// This kernel's BTF, without what 6.8 (sk_psock.msg_tot_len) and 6.10 (the
-// sockmap link) added, stands in for the older kernel's.
+// This kernel's BTF, without what 5.19 (bpf_skc_to_mptcp_sock), 6.8
+// (sk_psock.msg_tot_len) and 6.10 (the sockmap link) added, stands in for
+// 5.15's.
 func TestOldKernel(t *testing.T) {
 	tp := newTopology(t)
 	tp.cfg.kernelTypes = olderKernelTypes(t)
@@ -44,8 +45,8 @@ func TestOldKernel(t *testing.T) {
 	})
 }
 
-// olderKernelTypes is the running kernel's BTF without sk_psock.msg_tot_len
-// and BPF_LINK_TYPE_SOCKMAP, renamed away.
+// olderKernelTypes is the running kernel's BTF without sk_psock.msg_tot_len,
+// BPF_LINK_TYPE_SOCKMAP and BPF_FUNC_skc_to_mptcp_sock, renamed away.
 func olderKernelTypes(t *testing.T) *btf.Spec {
 	t.Helper()
 	spec, err := btf.LoadKernelSpec()
@@ -56,8 +57,11 @@ func olderKernelTypes(t *testing.T) *btf.Spec {
 	if err := spec.TypeByName("sk_psock", &psock); err != nil {
 		t.Fatal(err)
 	}
-	var linkTypes *btf.Enum
+	var linkTypes, funcs *btf.Enum
 	if err := spec.TypeByName("bpf_link_type", &linkTypes); err != nil {
+		t.Fatal(err)
+	}
+	if err := spec.TypeByName("bpf_func_id", &funcs); err != nil {
 		t.Fatal(err)
 	}
 	renamed := 0
@@ -67,14 +71,16 @@ func olderKernelTypes(t *testing.T) *btf.Spec {
 			renamed++
 		}
 	}
-	for i, v := range linkTypes.Values {
-		if v.Name == "BPF_LINK_TYPE_SOCKMAP" {
-			linkTypes.Values[i].Name = "SM_MISSING"
-			renamed++
+	for _, e := range []*btf.Enum{linkTypes, funcs} {
+		for i, v := range e.Values {
+			if v.Name == "BPF_LINK_TYPE_SOCKMAP" || v.Name == "BPF_FUNC_skc_to_mptcp_sock" {
+				e.Values[i].Name = "SM_MISSING_" + v.Name
+				renamed++
+			}
 		}
 	}
-	if renamed != 2 {
-		t.Fatalf("renamed %d of sk_psock.msg_tot_len and BPF_LINK_TYPE_SOCKMAP in this kernel's BTF, want both", renamed)
+	if renamed != 3 {
+		t.Fatalf("renamed %d of the 3 names in this kernel's BTF", renamed)
 	}
 	return spec
 }

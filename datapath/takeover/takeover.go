@@ -49,7 +49,7 @@ import (
 // ListenConfig returns a copy of lc (nil: a zero one) whose sockets are
 // plain TCP and set SO_REUSEPORT before they bind, after lc's own Control.
 // Plain TCP: Go's listeners are Multipath TCP by default, which a reuseport
-// socket array does not take (and no client of a mesh proxy speaks).
+// socket array does not take (an MPTCP client falls back to TCP).
 func ListenConfig(lc *net.ListenConfig) *net.ListenConfig {
 	out := &net.ListenConfig{}
 	if lc != nil {
