@@ -22,7 +22,9 @@ type Attached struct {
 }
 
 // Conflicts lists the programs other than ours that run on our hooks for
-// processes in our cgroup, in the order the kernel runs them.
+// processes in our cgroup itself, in the order the kernel runs them: those
+// attached there and at its ancestors. Programs attached in cgroups below it,
+// which run first for the processes there, are not listed (see doc.go).
 func (d *Datapath) Conflicts() ([]Attached, error) {
 	cg, err := os.Open(d.cfg.Cgroup)
 	if err != nil {
