@@ -582,3 +582,74 @@ func TestExpectContinueAwaitsBackend(t *testing.T) {
 		})
 	}
 }
+
+// TestDateAdded: an answer the backend sent without Date reaches an
+// HTTP/1.1 app with one (RFC 9110 §6.6.1: a recipient with a clock that
+// forwards it MUST append one), from the fast path (plain heads and
+// others, HTTP/1.1 and h2c backends) as from net/http's server, which adds
+// it; one the backend dated keeps its own, alone; the proxy's own answers
+// are dated too. The fast path forwarded them undated.
+func TestDateAdded(t *testing.T) {
+	const backendDate = "Sun, 06 Nov 1994 08:49:37 GMT"
+	answers := map[string]string{
+		"/plain":   "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+		"/chunked": "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+		"/dated":   "HTTP/1.1 200 OK\r\nDate: " + backendDate + "\r\nContent-Length: 2\r\n\r\nok",
+		"/dated-chunked": "HTTP/1.1 200 OK\r\nDate: " + backendDate + "\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			"2\r\nok\r\n0\r\n\r\n",
+	}
+	h1 := serveRaw(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.WriteString(c, answers[req.URL.Path])
+		}
+	})
+	h2c := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/dated" {
+			w.Header()["Date"] = nil // net/http's server adds none then
+		} else {
+			w.Header().Set("Date", backendDate)
+		}
+		io.WriteString(w, "ok")
+	}))
+	start := time.Now().Truncate(time.Second)
+	for _, c := range []struct {
+		name  string
+		be    snapshot.Backend
+		paths []string
+	}{
+		{"http11", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: []snapshot.Endpoint{h1}},
+			[]string{"/plain", "/chunked", "/dated", "/dated-chunked"}},
+		{"h2c", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: []snapshot.Endpoint{h2c}}, []string{"/plain", "/dated"}},
+		{"proxy's own answer", snapshot.Backend{}, []string{"/"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, Config{}, c.be)
+			f.serveL7(false)
+			for front, cl := range map[string]*client{"fast": f.dial(), "nethttp": f.dialL7()} {
+				for _, p := range c.paths {
+					cl.send("GET " + p + " HTTP/1.1\r\nHost: echo.b.svc\r\n\r\n")
+					resp, _ := cl.read(http.MethodGet)
+					dates := resp.Header["Date"]
+					if len(dates) != 1 {
+						t.Errorf("%s %s: %s with Date %q, want one", front, p, resp.Status, dates)
+						continue
+					}
+					d, err := http.ParseTime(dates[0])
+					switch {
+					case strings.HasPrefix(p, "/dated"):
+						if dates[0] != backendDate {
+							t.Errorf("%s %s: Date %q, want the backend's %q", front, p, dates[0], backendDate)
+						}
+					case err != nil || d.Before(start) || !strings.HasSuffix(dates[0], " GMT"):
+						t.Errorf("%s %s: Date %q (%v), want the time it was forwarded, in GMT", front, p, dates[0], err)
+					}
+				}
+			}
+		})
+	}
+}

@@ -71,6 +71,7 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 	// may send its next request on a connection about to close.
 	closeAfter = s.closeAfter || f == framingClose || s.h.h1.draining.Load() || s.sent.unread()
 	bw := s.startAnswer()
+	dated := plain && s.plain.head.date
 	switch {
 	case plain:
 		s.plain.writeHead(bw, src, x.be, c) // framingLength
@@ -86,6 +87,12 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 	default:
 		writeStatusLine(bw, resp)
 		writeHeader(bw, resp.Header, "Content-Length") // the framing's own follows
+	}
+	if !plain {
+		_, dated = resp.Header["Date"] // nil when a rule removed it: none then
+	}
+	if !dated {
+		writeDate(bw)
 	}
 	switch {
 	case plain: // its head has its Content-Length
@@ -168,6 +175,16 @@ func writeHeader(w *bufio.Writer, h http.Header, skip string) {
 }
 
 var headerNewlineToSpace = strings.NewReplacer("\n", " ", "\r", " ")
+
+// writeDate writes a Date field of the time now. RFC 9110 §6.6.1: a
+// recipient with a clock MUST add one to an answer it forwards without;
+// net/http's server dates every answer it writes alike, the fast path's
+// own too.
+func writeDate(w *bufio.Writer) {
+	w.WriteString("Date: ")
+	w.Write(time.Now().UTC().AppendFormat(w.AvailableBuffer(), http.TimeFormat))
+	w.WriteString("\r\n")
+}
 
 func writeStatusLine(bw *bufio.Writer, resp *http.Response) {
 	bw.WriteString("HTTP/1.1 ")
@@ -488,6 +505,9 @@ func (s *h1Conn) writeLocal(req *http.Request, code int, header http.Header, fix
 	bw.WriteString(fixed)
 	if err := header.Write(bw); err != nil {
 		return false
+	}
+	if _, ok := header["Date"]; !ok {
+		writeDate(bw)
 	}
 	bw.WriteString("Content-Length: ")
 	bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(body)), 10))

@@ -41,6 +41,7 @@ type plainHead struct {
 	length int64  // the Content-Length; -1 for none
 	// An answer's:
 	status int
+	date   bool // it has a Date field
 	// A request's:
 	method       string
 	target, host []byte
@@ -133,14 +134,19 @@ func (h *plainHead) scanFields(b, rest []byte, request bool) bool {
 	}
 }
 
-// answerField classes an answer's field for scanFields.
+// answerField classes an answer's field for scanFields, and notes a Date
+// (answer adds one to an answer without).
 func answerField(h *plainHead, name, value []byte) (drop, ok bool) {
-	if equalFold(name, contentLength) {
+	switch {
+	case equalFold(name, contentLength):
 		if h.length >= 0 {
 			return false, false
 		}
 		h.length, ok = plainLength(value)
 		return false, ok
+	case equalFold(name, date):
+		h.date = true
+		return false, true
 	}
 	return oneOf(name, dropped), true
 }
@@ -211,6 +217,7 @@ var (
 	connection    = []byte("Connection")
 	contentLength = []byte("Content-Length")
 	host          = []byte("Host")
+	date          = []byte("Date")
 	mcpSessionID  = []byte("Mcp-Session-Id")
 	expect        = []byte("Expect")
 	// unplain are the fields that make any head not plain: Pragma, as

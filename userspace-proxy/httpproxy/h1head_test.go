@@ -32,6 +32,7 @@ func TestScanPlainAnswer(t *testing.T) {
 		{head: "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nKeep-Alive: timeout=5\r\nConnection: Keep-Alive, close\r\n\r\n",
 			plain: true, close: true, out: "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n"},
 		{head: "HTTP/1.1 200\r\nContent-Length: 2\r\nUpgrade: h2c\r\n\r\n", plain: true, out: "HTTP/1.1 200\r\nContent-Length: 2\r\n"},
+		{head: "HTTP/1.1 200 OK\r\ndate:x\r\nContent-Length: 2\r\n\r\n", plain: true, out: "HTTP/1.1 200 OK\r\ndate:x\r\nContent-Length: 2\r\n"},
 		{head: "HTTP/1.1 200 OK\r\nX: \xff obs-text\tand tab\r\nContent-Length: 2\r\n\r\n", plain: true, out: "HTTP/1.1 200 OK\r\nX: \xff obs-text\tand tab\r\nContent-Length: 2\r\n"},
 		// Not plain: net/http reads them, or refuses them.
 		{head: "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n"},                                            // not whole yet
@@ -59,8 +60,8 @@ func TestScanPlainAnswer(t *testing.T) {
 		if !ok {
 			continue
 		}
-		if h.n != len(c.head) || h.close != c.close {
-			t.Errorf("%q: length %d close %v, want %d %v", c.head, h.n, h.close, len(c.head), c.close)
+		if h.n != len(c.head) || h.close != c.close || h.date != strings.Contains(strings.ToLower(c.head), "\ndate:") {
+			t.Errorf("%q: length %d close %v date %v, want %d %v and a date if it has one", c.head, h.n, h.close, h.date, len(c.head), c.close)
 		}
 		if out := h.appendKept(nil, []byte(c.head), 0); string(out) != c.out {
 			t.Errorf("%q: forwarded %q, want %q", c.head, out, c.out)
@@ -93,8 +94,9 @@ func FuzzPlainAnswer(f *testing.F) {
 		if err != nil {
 			t.Fatalf("plain, but net/http reads no answer: %v\nhead: %q", err, raw)
 		}
-		if resp.StatusCode != h.status || resp.ContentLength != h.length || resp.Close != h.close {
-			t.Fatalf("plain %+v, net/http reads status %d length %d close %v\nhead: %q", h, resp.StatusCode, resp.ContentLength, resp.Close, raw)
+		_, dated := resp.Header["Date"]
+		if resp.StatusCode != h.status || resp.ContentLength != h.length || resp.Close != h.close || dated != h.date {
+			t.Fatalf("plain %+v, net/http reads status %d length %d close %v date %v\nhead: %q", h, resp.StatusCode, resp.ContentLength, resp.Close, dated, raw)
 		}
 		body, err := io.ReadAll(resp.Body)
 		if want := raw[h.n:min(len(raw), h.n+int(h.length))]; !bytes.Equal(body, want) {
@@ -342,6 +344,7 @@ func FuzzPlainRequest(f *testing.F) {
 // proxy added (an ID without one stays as it is), the answer's gains it.
 // Before, an MCP backend's heads went through net/http's parser.
 func TestPlainHeads(t *testing.T) {
+	const date = "Sun, 06 Nov 1994 08:49:37 GMT" // the backend's own: no Date of the proxy's
 	heads := make(chan string, 1)
 	ep := serveRaw(t, func(c net.Conn) {
 		br := bufio.NewReader(c)
@@ -355,7 +358,8 @@ func TestPlainHeads(t *testing.T) {
 				head.WriteString(line)
 			}
 			heads <- head.String()
-			io.WriteString(c, "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-odd:  v  \r\nmcp-session-id:  s1 \r\nKeep-Alive: timeout=5\r\nConnection: keep-alive\r\n\r\nok")
+			io.WriteString(c, "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-odd:  v  \r\nmcp-session-id:  s1 \r\nKeep-Alive: timeout=5\r\nConnection: keep-alive\r\n"+
+				"date: "+date+"\r\n\r\nok")
 		}
 	})
 	const request = "GET /p?q=1 HTTP/1.1\r\nHost: svc\r\nx-lower:  v \r\nConnection: keep-alive\r\n"
@@ -370,19 +374,19 @@ func TestPlainHeads(t *testing.T) {
 	}{
 		{"plain", nil, "", "",
 			"GET /p?q=1 HTTP/1.1\r\nHost: svc\r\nx-lower:  v \r\n\r\n",
-			[]string{"HTTP/1.1 200 OK", "content-length: 2", "x-odd:  v  ", "mcp-session-id:  s1 "}},
+			[]string{"HTTP/1.1 200 OK", "content-length: 2", "x-odd:  v  ", "mcp-session-id:  s1 ", "date: " + date}},
 		{"session persistence", &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "x-session"}, "", "",
 			"GET /p?q=1 HTTP/1.1\r\nHost: svc\r\nX-Lower: v\r\n\r\n",
-			[]string{"HTTP/1.1 200 OK", "Content-Length: 2", "X-Odd: v", "Mcp-Session-Id: s1", "X-Session: "}},
+			[]string{"HTTP/1.1 200 OK", "Content-Length: 2", "X-Odd: v", "Mcp-Session-Id: s1", "X-Session: ", "Date: " + date}},
 		{"MCP session", nil, snapshot.ProtocolMCP, "mcp-session-id: " + session + " \r\n",
 			"GET /p?q=1 HTTP/1.1\r\nHost: svc\r\nx-lower:  v \r\nmcp-session-id: s1 \r\n\r\n",
-			[]string{"HTTP/1.1 200 OK", "content-length: 2", "x-odd:  v  ", "Mcp-Session-Id: " + session}},
+			[]string{"HTTP/1.1 200 OK", "content-length: 2", "x-odd:  v  ", "Mcp-Session-Id: " + session, "date: " + date}},
 		{"MCP, no session", nil, snapshot.ProtocolMCP, "",
 			"GET /p?q=1 HTTP/1.1\r\nHost: svc\r\nx-lower:  v \r\n\r\n",
-			[]string{"HTTP/1.1 200 OK", "content-length: 2", "x-odd:  v  ", "Mcp-Session-Id: " + session}},
+			[]string{"HTTP/1.1 200 OK", "content-length: 2", "x-odd:  v  ", "Mcp-Session-Id: " + session, "date: " + date}},
 		{"MCP, the app's own ID", nil, snapshot.ProtocolMCP, "mcp-session-id: 0123456789abcdef.s1\r\n",
 			"GET /p?q=1 HTTP/1.1\r\nHost: svc\r\nx-lower:  v \r\nmcp-session-id: 0123456789abcdef.s1\r\n\r\n",
-			[]string{"HTTP/1.1 200 OK", "content-length: 2", "x-odd:  v  ", "Mcp-Session-Id: " + session}},
+			[]string{"HTTP/1.1 200 OK", "content-length: 2", "x-odd:  v  ", "Mcp-Session-Id: " + session, "date: " + date}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			fx := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}, SessionPersistence: c.sp, Protocol: c.protocol})
