@@ -76,10 +76,22 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 		return
 	}
 	hdr := w.Header()
+	upgrade := upgradeRequired(r, resp)
 	removeHopByHop(resp.Header)
 	x.decorate(resp.Header, r, c)
 	for k, vv := range resp.Header {
 		hdr[k] = vv
+	}
+	if upgrade != nil {
+		hdr["Upgrade"] = upgrade
+		// net/http's server writes its own Connection: close over one
+		// without that option when the connection ends after the
+		// answer: the app's asking keeps it so. (Its own reasons, a
+		// shutdown or an unread body, still send Upgrade without it.)
+		hdr["Connection"] = connectionUpgrade
+		if r.Close {
+			hdr["Connection"] = connectionCloseUpgrade
+		}
 	}
 	if _, ok := resp.Header["Content-Type"]; !ok {
 		// As the backend sent it: net/http's server would otherwise sniff

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 )
 
@@ -651,5 +653,65 @@ func TestDateAdded(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestUpgradeRequiredKeepsUpgrade: a backend's 426 reaches an HTTP/1.1
+// app with its Upgrade field and the "upgrade" connection option (RFC
+// 9110 §15.5.22: a 426 MUST carry Upgrade; §7.8: with that option), from
+// the fast path and net/http's, also when the backend listed no option
+// and when the app asked to close; an HTTP/1.0 app, which ignores Upgrade
+// (§7.8), gets neither, as for any other answer. The proxy removed both
+// as hop-by-hop.
+func TestUpgradeRequiredKeepsUpgrade(t *testing.T) {
+	ep := serveRaw(t, func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			connection := "Connection: Upgrade\r\n"
+			if req.URL.Path == "/no-option" {
+				connection = ""
+			}
+			io.WriteString(c, "HTTP/1.1 426 Upgrade Required\r\nUpgrade: websocket\r\n"+connection+"Content-Length: 0\r\n\r\n")
+		}
+	})
+	f := newFixture(t, Config{}, snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: []snapshot.Endpoint{ep}})
+	f.serveL7(false)
+	for _, c := range []struct {
+		name, req string
+		upgrade   bool
+	}{
+		{"option", "GET / HTTP/1.1\r\nHost: echo.b.svc\r\n\r\n", true},
+		{"no option", "GET /no-option HTTP/1.1\r\nHost: echo.b.svc\r\n\r\n", true},
+		{"close", "GET / HTTP/1.1\r\nHost: echo.b.svc\r\nConnection: close\r\n\r\n", true},
+		{"http/1.0", "GET / HTTP/1.0\r\nHost: echo.b.svc\r\n\r\n", false},
+	} {
+		for front, cl := range map[string]*client{"fast": f.dial(), "nethttp": f.dialL7()} {
+			cl.send(c.req)
+			// Read as sent: net/http's parser drops a Connection that says close.
+			tp := textproto.NewReader(cl.r)
+			status, err := tp.ReadLine()
+			if err != nil {
+				t.Fatalf("%s, %s: %v", c.name, front, err)
+			}
+			h, err := tp.ReadMIMEHeader()
+			if err != nil {
+				t.Fatalf("%s, %s: %v", c.name, front, err)
+			}
+			upgrade, option := h.Get("Upgrade"), httpguts.HeaderValuesContainsToken(h["Connection"], "upgrade")
+			switch {
+			case !strings.Contains(status, " 426 "):
+				t.Errorf("%s, %s: %s, want 426", c.name, front, status)
+			case c.upgrade && (upgrade != "websocket" || !option):
+				t.Errorf("%s, %s: Upgrade %q, Connection %q; want websocket and upgrade", c.name, front, upgrade, h["Connection"])
+			case !c.upgrade && (upgrade != "" || option):
+				t.Errorf("%s, %s: Upgrade %q, Connection %q; want neither", c.name, front, upgrade, h["Connection"])
+			case c.name == "close" && !httpguts.HeaderValuesContainsToken(h["Connection"], "close"):
+				t.Errorf("%s, %s: Connection %q, want close too", c.name, front, h["Connection"])
+			}
+		}
 	}
 }

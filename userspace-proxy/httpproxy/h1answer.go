@@ -60,9 +60,14 @@ func framingFor(req *http.Request, resp *http.Response) framing {
 // failure: the client then got a truncated answer (never a clean short
 // one), and its connection must close.
 func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *balance.Choice, src *bufio.Reader) (closeAfter, ended bool, err error) {
-	plain := resp == &s.plain.resp // its fields are in src's buffer
+	plain := resp == &s.plain.resp // its fields are in src's buffer (never a 426)
+	var upgrade []string
 	if !plain {
+		upgrade = upgradeRequired(req, resp)
 		removeHopByHop(resp.Header)
+		if upgrade != nil {
+			resp.Header["Upgrade"] = upgrade
+		}
 		x.decorate(resp.Header, req, c)
 	}
 	f := framingFor(req, resp)
@@ -115,11 +120,7 @@ func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *
 			bw.WriteString("\r\n")
 		}
 	}
-	if closeAfter {
-		bw.WriteString("Connection: close\r\n")
-	} else if !req.ProtoAtLeast(1, 1) {
-		bw.WriteString("Connection: keep-alive\r\n") // HTTP/1.0 keep-alive
-	}
+	writeConnection(bw, closeAfter, !req.ProtoAtLeast(1, 1), upgrade != nil)
 	bw.WriteString("\r\n")
 	s.count(x, resp.StatusCode)
 	ended = true
@@ -175,6 +176,29 @@ func writeHeader(w *bufio.Writer, h http.Header, skip string) {
 }
 
 var headerNewlineToSpace = strings.NewReplacer("\n", " ", "\r", " ")
+
+// writeConnection writes an answer's Connection field: close when the
+// connection ends after it, keep-alive when an HTTP/1.0 client's stays
+// open, and upgrade for an answer that keeps its Upgrade field
+// (upgradeRequired), as RFC 9110 §7.8 asks of its sender.
+func writeConnection(w *bufio.Writer, closeAfter, http10, upgrade bool) {
+	var options string
+	switch {
+	case closeAfter && upgrade:
+		options = "close, upgrade"
+	case closeAfter:
+		options = "close"
+	case upgrade:
+		options = "upgrade"
+	case http10:
+		options = "keep-alive"
+	default:
+		return
+	}
+	w.WriteString("Connection: ")
+	w.WriteString(options)
+	w.WriteString("\r\n")
+}
 
 // writeDate writes a Date field of the time now. RFC 9110 §6.6.1: a
 // recipient with a clock MUST add one to an answer it forwards without;

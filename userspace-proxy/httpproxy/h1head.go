@@ -54,7 +54,7 @@ const maxPlainLines = 64
 
 // scanPlainAnswer reports whether b starts with a plain answer head, and
 // which. It takes only what it is sure net/http reads the same way:
-// "HTTP/1.1", a 3-digit status from 200 to 599 but 204 and 304, plain
+// "HTTP/1.1", a 3-digit status from 200 to 599 but 204, 304 and 426, plain
 // fields (scanFields) with one Content-Length of digits. The caller makes
 // sure the request was not HEAD.
 func scanPlainAnswer(b []byte) (h plainHead, ok bool) {
@@ -238,7 +238,7 @@ func oneOf(name []byte, names [][]byte) bool {
 }
 
 // plainStatus reads a status line "HTTP/1.1 200 OK" (the reason may be
-// empty or missing) whose status has a body.
+// empty or missing) whose status has a body, but 426.
 func plainStatus(line []byte) (int, bool) {
 	const prefix = "HTTP/1.1 "
 	if len(line) < len(prefix)+3 || string(line[:len(prefix)]) != prefix || !validFieldValue(line) {
@@ -254,7 +254,8 @@ func plainStatus(line []byte) (int, bool) {
 	if len(line) > len(prefix)+3 && line[len(prefix)+3] != ' ' {
 		return 0, false
 	}
-	if code < http.StatusOK || code > 599 || code == http.StatusNoContent || code == http.StatusNotModified {
+	if code < http.StatusOK || code > 599 || code == http.StatusNoContent || code == http.StatusNotModified ||
+		code == http.StatusUpgradeRequired { // keeps its Upgrade (upgradeRequired), which plain heads drop
 		return 0, false
 	}
 	return code, true

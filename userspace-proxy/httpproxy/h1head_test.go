@@ -51,6 +51,7 @@ func TestScanPlainAnswer(t *testing.T) {
 		{head: "HTTP/1.1 200 OK\r\nConnection: X-Secret\r\nX-Secret: 1\r\nContent-Length: 2\r\n\r\n"}, // names a field
 		{head: "HTTP/1.1 200 OK\r\nPragma: no-cache\r\nContent-Length: 2\r\n\r\n"},                    // net/http adds Cache-Control
 		{head: "HTTP/1.1 2000 OK\r\nContent-Length: 2\r\n\r\n"},                                       // status of 4 digits
+		{head: "HTTP/1.1 426 Upgrade Required\r\nUpgrade: h2c\r\nContent-Length: 0\r\n\r\n"},          // keeps its Upgrade
 	} {
 		h, ok := scanPlainAnswer([]byte(c.head))
 		if ok != c.plain {

@@ -526,8 +526,9 @@ func outgoing(r *http.Request, be *upstream.Backend, c *balance.Choice, websocke
 }
 
 var (
-	connectionUpgrade = []string{"Upgrade"}
-	identity          = []string{"identity"}
+	connectionUpgrade      = []string{"Upgrade"}
+	connectionCloseUpgrade = []string{"close, Upgrade"}
+	identity               = []string{"identity"}
 )
 
 // upstreamURL is u, a request's URL, addressed to host. The transports
@@ -584,6 +585,18 @@ func removeHopByHop(h http.Header) {
 	} else {
 		delete(h, "Te")
 	}
+}
+
+// upgradeRequired returns the Upgrade field of resp when it is a 426 to
+// an HTTP/1.1 app, which must keep it: a 426 MUST carry one (RFC 9110
+// §15.5.22), where removeHopByHop removes it from every other answer. nil
+// otherwise: an HTTP/1.0 app ignores Upgrade (§7.8), and an HTTP/2 app may
+// get no connection-specific field (RFC 9113 §8.2.2).
+func upgradeRequired(r *http.Request, resp *http.Response) []string {
+	if resp.StatusCode != http.StatusUpgradeRequired || r.ProtoMajor != 1 || r.ProtoMinor < 1 {
+		return nil
+	}
+	return resp.Header["Upgrade"]
 }
 
 // isWebSocketUpgrade reports an HTTP/1.1 WebSocket upgrade. An HTTP/1.0
