@@ -292,7 +292,7 @@ type h1Conn struct {
 	// reset.
 	broken bool
 	// head is the next request's head as next found it buffered whole
-	// (nil: not yet whole), for checkFraming.
+	// (nil: not yet whole), for checkHead.
 	head []byte
 	// deadline is c's read deadline (zero: none); idleDeadline says it is
 	// the idle one.
@@ -472,7 +472,7 @@ func (s *h1Conn) readRequest() (*http.Request, error) {
 	}
 	s.lim.N = math.MaxInt64
 	if err == nil && !s.plainReq {
-		err = s.checkFraming(req)
+		err = s.checkHead(req)
 	}
 	if err != nil {
 		return nil, err
@@ -485,23 +485,34 @@ func (s *h1Conn) readRequest() (*http.Request, error) {
 	return req, nil
 }
 
-var errAmbiguousFraming = errors.New("request framing is ambiguous")
+var (
+	errAmbiguousFraming = errors.New("request framing is ambiguous")
+	errNoHost           = errors.New("missing required Host header")
+)
 
-// checkFraming refuses a request whose body length its sender and the
-// proxy may read differently, which is how requests are smuggled past a
-// component in front of the app (RFC 9112 §11.2): Content-Length with
-// Transfer-Encoding (§6.3; nginx refuses it too), or Transfer-Encoding in
-// HTTP/1.0 (§6.1). net/http's parser settles both silently — chunked
+// checkHead refuses what net/http's parser settles silently, looking the
+// fields up in the head as received. A request whose body length its
+// sender and the proxy may read differently, which is how requests are
+// smuggled past a component in front of the app (RFC 9112 §11.2):
+// Content-Length with Transfer-Encoding (§6.3; nginx refuses it too), or
+// Transfer-Encoding in HTTP/1.0 (§6.1); the parser settles both — chunked
 // wins, Content-Length is dropped; HTTP/1.0's Transfer-Encoding is
-// dropped — so the fields are looked up in the head as received, read
-// again with net/textproto: the head is still in s.br's buffer, since
-// ReadRequest reads nothing more when it is whole (s.head). Only chunked
-// and HTTP/1.0 requests pay for it. One whose head was not buffered whole
-// cannot be checked: its connection ends after the answer, so nothing
-// after its body is taken for a request.
-func (s *h1Conn) checkFraming(req *http.Request) error {
+// dropped. And an HTTP/1.1 request without Host (§3.2: a server MUST
+// answer 400), which the parser hides when the target is in absolute
+// form: it takes the target's authority for req.Host and drops the field
+// (one in origin form gets an empty Host, which validRequest refuses).
+// The head is read again with net/textproto: it is still in s.br's
+// buffer, since ReadRequest reads nothing more when it is whole (s.head).
+// Only chunked, HTTP/1.0 and absolute-form requests pay for it. One whose
+// head was not buffered whole cannot be checked: its connection ends after
+// the answer, so nothing after its body is taken for a request (and an
+// absolute-form one goes on with the target's authority, the one a proxy
+// would send in any case: §3.2.2).
+func (s *h1Conn) checkHead(req *http.Request) error {
 	chunked := req.TransferEncoding != nil
-	if !chunked && req.ProtoAtLeast(1, 1) {
+	http11 := req.ProtoAtLeast(1, 1)
+	absolute := http11 && req.URL.Scheme != "" // a CONNECT's authority-form has none
+	if !chunked && !absolute && http11 {
 		return nil
 	}
 	head := s.head
@@ -520,8 +531,12 @@ func (s *h1Conn) checkFraming(req *http.Request) error {
 	}
 	_, cl := h["Content-Length"]
 	_, te := h["Transfer-Encoding"]
-	if chunked && cl || !req.ProtoAtLeast(1, 1) && te {
+	_, host := h["Host"]
+	switch {
+	case chunked && cl || !http11 && te:
 		return errAmbiguousFraming
+	case absolute && !host:
+		return errNoHost
 	}
 	return nil
 }

@@ -619,6 +619,11 @@ func TestBadRequests(t *testing.T) {
 		{"fragment", "GET /admin#x HTTP/1.1\r\nHost: x\r\n\r\n", 400},
 		{"fragment absolute", "GET http://x/admin#x HTTP/1.1\r\nHost: x\r\n\r\n", 400},
 		{"fragment plain", "POST /admin#x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 400},
+		// RFC 9112 §3.2: an HTTP/1.1 request without Host, also one whose
+		// target names an authority (ReadRequest takes it for Host).
+		{"no host", "GET / HTTP/1.1\r\n\r\n", 400},
+		{"no host, absolute-form", "GET http://other/x HTTP/1.1\r\n\r\n", 400},
+		{"no host, absolute-form, chunked", "POST http://other/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400},
 		// RFC 9112 §6.1: a transfer coding the proxy cannot read is 501.
 		{"unsupported transfer coding", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501},
 	} {
@@ -639,10 +644,31 @@ func TestBadRequests(t *testing.T) {
 	if resp, _ := cl.read(http.MethodGet); resp.StatusCode != http.StatusMethodNotAllowed || !resp.Close {
 		t.Errorf("net/http's path: %s, close=%v; want 405 and close", resp.Status, resp.Close)
 	}
-	cl = f.dialL7()
-	cl.send("GET /admin#x HTTP/1.1\r\nHost: x\r\n\r\n")
-	if resp, _ := cl.read(http.MethodGet); resp.StatusCode != http.StatusBadRequest {
-		t.Errorf("net/http's path, a fragment: %s; want 400", resp.Status)
+	for _, req := range []string{"GET /admin#x HTTP/1.1\r\nHost: x\r\n\r\n", "GET http://other/x HTTP/1.1\r\n\r\n"} {
+		cl = f.dialL7()
+		cl.send(req)
+		if resp, _ := cl.read(http.MethodGet); resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("net/http's path, %q: %s; want 400", req, resp.Status)
+		}
+	}
+}
+
+// TestAbsoluteForm: a request whose target names an authority reaches the
+// backend with that authority as Host (RFC 9112 §3.2.2) and its target in
+// origin form, from the fast path and net/http's; with a Host field in
+// HTTP/1.1, without one in HTTP/1.0 (which may lack it).
+func TestAbsoluteForm(t *testing.T) {
+	ep := startBackend(t, http.HandlerFunc(echoHeaders))
+	f := newFixture(t, Config{}, snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: []snapshot.Endpoint{ep}})
+	f.serveL7(false)
+	for _, req := range []string{"GET http://other/x HTTP/1.1\r\nHost: ignored\r\n\r\n", "GET http://other/x HTTP/1.0\r\n\r\n"} {
+		for front, c := range map[string]*client{"fast": f.dial(), "nethttp": f.dialL7()} {
+			c.send(req)
+			resp, body := c.read(http.MethodGet)
+			if resp.StatusCode != http.StatusOK || field(body, "host") != "other" || !strings.HasPrefix(field(body, "line"), "GET /x ") {
+				t.Errorf("%s, %q: %s, the backend saw\n%s\nwant 200, Host other, target /x", front, req, resp.Status, body)
+			}
+		}
 	}
 }
 
