@@ -20,6 +20,8 @@
 // backend with the rule's header changes, CORS headers, rewrites, mirrors
 // (mirror.go), session persistence, timeouts and retries (policy.go). A
 // port without routes pays one nil check per request for all of it.
+// Before routes, a TRACE or OPTIONS request whose Max-Forwards is 0 is
+// answered by the proxy as its final recipient (maxforwards.go).
 //
 // It has two front ends sharing routing, header rules, failure answers and
 // metrics: Handler.ServeHTTP, an http.Handler behind net/http's server (HTTP/2

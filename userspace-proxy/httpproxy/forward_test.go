@@ -5,12 +5,14 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,7 +30,7 @@ func (f *fixture) serveL7(h2c bool) *http.Client {
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	srv := &http.Server{Handler: f.h, Protocols: new(http.Protocols),
+	srv := &http.Server{Handler: f.h, Protocols: new(http.Protocols), DisableGeneralOptionsHandler: true, // as the proxy's
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return WithTarget(ctx, &Target{OrigDst: vip, Start: f.cur.Load(), Current: &f.cur,
 				ClientAddr: c.RemoteAddr().(*net.TCPAddr).AddrPort()})
@@ -712,6 +714,101 @@ func TestUpgradeRequiredKeepsUpgrade(t *testing.T) {
 			case c.name == "close" && !httpguts.HeaderValuesContainsToken(h["Connection"], "close"):
 				t.Errorf("%s, %s: Connection %q, want close too", c.name, front, h["Connection"])
 			}
+		}
+	}
+}
+
+// TestMaxForwards: a TRACE or OPTIONS request whose Max-Forwards is 0 is
+// answered by the proxy as its final recipient, on the fast path and
+// net/http's (HTTP/1.1 and HTTP/2 apps), never reaching the backend: an
+// OPTIONS (also "OPTIONS *") with a 200 without content, a TRACE with its
+// head, less the fields that may carry credentials (RFC 9110 §7.6.2,
+// §9.3.8). A larger one reaches the backend one less; one that is no
+// number, or another method's, as it came. The proxy forwarded them all
+// as they came.
+func TestMaxForwards(t *testing.T) {
+	var reached atomic.Int32
+	ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reached.Add(1)
+		echoHeaders(w, r)
+	}))
+	f := newFixture(t, Config{}, snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: []snapshot.Endpoint{ep}})
+	h2c := f.serveL7(true)
+	const secrets = "Authorization: Basic c2VjcmV0\r\nProxy-Authorization: Basic c2VjcmV0\r\nCookie: id=secret\r\n"
+	answered := 0 // by the proxy, counted as no backend's
+	for _, c := range []struct {
+		name, method, target, fields, body string
+		forwarded                          string // the Max-Forwards the backend sees; "" for none: answered
+	}{
+		{"trace", http.MethodTrace, "/t", "Max-Forwards: 0\r\nX-Keep: 1\r\n" + secrets, "", ""},
+		{"options", http.MethodOptions, "/o", "Max-Forwards: 0\r\n", "", ""},
+		{"options *", http.MethodOptions, "*", "Max-Forwards: 0\r\n", "", ""},
+		{"trace, one more hop", http.MethodTrace, "/t", "Max-Forwards: 1\r\n", "", "0"},
+		{"options, more hops", http.MethodOptions, "/o", "Max-Forwards: 10\r\n", "", "9"},
+		{"options with a body", http.MethodOptions, "/o", "Max-Forwards: 3\r\nContent-Length: 2\r\n", "hi", "2"},
+		{"not a number", http.MethodTrace, "/t", "Max-Forwards: -1\r\n", "", "-1"},
+		{"another method", http.MethodGet, "/g", "Max-Forwards: 0\r\n", "", "0"},
+	} {
+		for front, cl := range map[string]*client{"fast": f.dial(), "nethttp": f.dialL7()} {
+			before := reached.Load()
+			cl.send(c.method + " " + c.target + " HTTP/1.1\r\nHost: echo.b.svc\r\n" + c.fields + "\r\n" + c.body)
+			resp, got := cl.read(c.method)
+			checkMaxForwards(t, c.name+", "+front, resp, got, c.forwarded, reached.Load() > before)
+		}
+		if c.forwarded == "" {
+			answered += 2
+		}
+		if c.target == "*" {
+			continue // Go's HTTP/2 client sends no "*"
+		}
+		req, err := http.NewRequest(c.method, "http://echo.b.svc"+c.target, strings.NewReader(c.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, err := textproto.NewReader(bufio.NewReader(strings.NewReader(c.fields + "\r\n"))).ReadMIMEHeader()
+		if err != nil {
+			t.Fatal(err)
+		}
+		maps.Copy(req.Header, http.Header(h))
+		delete(req.Header, "Content-Length") // the client's own
+		before := reached.Load()
+		resp, err := h2c.Do(req)
+		if err != nil {
+			t.Fatalf("%s, h2c: %v", c.name, err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		checkMaxForwards(t, c.name+", h2c", resp, string(got), c.forwarded, reached.Load() > before)
+		if c.forwarded == "" {
+			answered++
+		}
+	}
+	if n := f.counter("sockmesh_proxy_requests_total", map[string]string{"protocol": "none", "code": "200"}); n != float64(answered) {
+		t.Errorf("%v answers counted with protocol none, want %d", n, answered)
+	}
+}
+
+// checkMaxForwards checks a TestMaxForwards answer: from the backend
+// (reached) with the Max-Forwards forwarded, or, forwarded empty, the
+// proxy's own.
+func checkMaxForwards(t *testing.T, name string, resp *http.Response, body, forwarded string, reached bool) {
+	t.Helper()
+	switch {
+	case forwarded != "":
+		if !reached || resp.StatusCode != http.StatusOK || field(body, "Max-Forwards") != forwarded {
+			t.Errorf("%s: %s, the backend saw\n%s\nwant Max-Forwards %s", name, resp.Status, body, forwarded)
+		}
+	case reached || resp.StatusCode != http.StatusOK:
+		t.Errorf("%s: %s, reached the backend %v; want 200 from the proxy", name, resp.Status, reached)
+	case resp.Request.Method == http.MethodOptions:
+		if resp.ContentLength != 0 || body != "" {
+			t.Errorf("%s: Content-Length %d, body %q; want 0", name, resp.ContentLength, body)
+		}
+	default:
+		line := "TRACE /t " + resp.Proto // as the app sent it
+		if resp.Header.Get("Content-Type") != "message/http" || !strings.HasPrefix(body, line+"\r\nHost: echo.b.svc\r\n") ||
+			!strings.Contains(body, "\r\nX-Keep: 1\r\n") || strings.Contains(body, "secret") || !strings.HasSuffix(body, "\r\n\r\n") {
+			t.Errorf("%s: Content-Type %q, body\n%s\nwant message/http, the head without the credentials", name, resp.Header.Get("Content-Type"), body)
 		}
 	}
 }

@@ -57,6 +57,8 @@ func FuzzRequestFraming(f *testing.F) {
 		"GET / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nhi",
 		"GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\nGET /x HTTP/1.1\r\nHost: a\r\n\r\n",
 		"HEAD / HTTP/1.1\r\nHost: a\r\n\r\nGET /get HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n",
+		// Answered by the proxy (lastHop), which reads on.
+		"TRACE / HTTP/1.1\r\nHost: a\r\nMax-Forwards: 0\r\n\r\nGET /after HTTP/1.1\r\nHost: a\r\n\r\n",
 	} {
 		f.Add([]byte(s))
 	}
@@ -99,7 +101,8 @@ type framed struct {
 }
 
 // parseRequests reads requests from in with net/http's parser until it
-// fails; a request whose body is cut short does not count.
+// fails; a request whose body is cut short does not count, nor does one
+// the proxy answers as its final recipient (lastHop).
 func parseRequests(in []byte) []framed {
 	br := bufio.NewReader(bytes.NewReader(in))
 	var out []framed
@@ -112,7 +115,9 @@ func parseRequests(in []byte) []framed {
 		if err != nil {
 			return out
 		}
-		out = append(out, framed{req.Method, req.URL.RequestURI(), string(body)})
+		if !lastHop(req) {
+			out = append(out, framed{req.Method, req.URL.RequestURI(), string(body)})
+		}
 	}
 }
 

@@ -52,6 +52,10 @@ func (s *h1Conn) serve(req *http.Request) bool {
 	if x.fe == nil {
 		return s.fail(req, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 	}
+	if lastHop(req) {
+		a := s.h.finalAnswer(x, req)
+		return s.writeLocal(req, a.status, a.header, "", a.body)
+	}
 	if s.plainReq {
 		x.mcp = s.mcp // cut as it was read (readPlainRequest)
 	} else {

@@ -72,7 +72,7 @@ func scanPlainAnswer(b []byte) (h plainHead, ok bool) {
 // scanPlainRequest reports whether b starts with a plain request head,
 // and which: a target in origin form, "HTTP/1.1", plain fields
 // (scanFields) with at most one Host and no Expect; "GET" or "HEAD" with
-// no Content-Length, or one of bodied's methods with one Content-Length
+// no Content-Length, or another of plainMethods with one Content-Length
 // of digits. The target is checked further by url.ParseRequestURI, as
 // net/http does.
 func scanPlainRequest(b []byte) (h plainHead, ok bool) {
@@ -195,9 +195,10 @@ func (h *plainHead) requestLine(line []byte) bool {
 }
 
 // plainMethods are the methods a plain request may have: GET and HEAD
-// without a body, the others with one Content-Length.
+// without a body, the others with one Content-Length. Not OPTIONS, whose
+// Max-Forwards the proxy reads (lastHop), nor TRACE.
 var plainMethods = [...]string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
-	http.MethodPatch, http.MethodDelete, http.MethodOptions}
+	http.MethodPatch, http.MethodDelete}
 
 // cutLine cuts b's first line, which must end in CRLF, off the rest.
 func cutLine(b []byte) (line, rest []byte, ok bool) {

@@ -206,7 +206,7 @@ func TestScanPlainRequest(t *testing.T) {
 		{head: "GET / HTTP/1.1\r\n\r\n", plain: true}, // no Host: validRequest refuses it, as on net/http's path
 		{head: "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n",
 			plain: true, host: "a", fields: "Content-Length: 2\r\n", length: 2},
-		{head: "OPTIONS /x HTTP/1.1\r\ncontent-length:  017 \r\nHost: a\r\n\r\n",
+		{head: "PATCH /x HTTP/1.1\r\ncontent-length:  017 \r\nHost: a\r\n\r\n",
 			plain: true, host: "a", fields: "content-length:  017 \r\n", length: 17},
 		{head: "DELETE / HTTP/1.1\r\nContent-Length: 0\r\n\r\n", plain: true, fields: "Content-Length: 0\r\n"},
 		// Not plain.
@@ -219,6 +219,7 @@ func TestScanPlainRequest(t *testing.T) {
 		{head: "POST / HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n"},
 		{head: "POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n"},
 		{head: "CONNECT / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"},
+		{head: "OPTIONS / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n"}, // its Max-Forwards is read
 		{head: "GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"},
 		{head: "GET / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\n\r\n"},
 		{head: "GET / HTTP/1.1\r\nHost: a\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"},

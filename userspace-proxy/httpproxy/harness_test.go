@@ -215,7 +215,7 @@ func startBackend(t *testing.T, h http.Handler) snapshot.Endpoint {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: h, Protocols: new(http.Protocols)}
+	srv := &http.Server{Handler: h, Protocols: new(http.Protocols), DisableGeneralOptionsHandler: true} // h sees "OPTIONS *" too
 	srv.Protocols.SetHTTP1(true)
 	srv.Protocols.SetUnencryptedHTTP2(true) // for backends of protocol H2C
 	go srv.Serve(l)

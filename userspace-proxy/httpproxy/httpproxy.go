@@ -308,6 +308,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, x, upstream.ReasonNoEndpoints, upstream.ErrNoEndpoints)
 		return
 	}
+	if lastHop(r) {
+		leaveBody(w, r)
+		writeAnswer(w, h.finalAnswer(x, r))
+		return
+	}
 	x.mcp = balance.CutMCPSession(r.Header)
 	ref := fe.Backend
 	if fe.Routes != nil {
