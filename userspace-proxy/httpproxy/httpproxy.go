@@ -711,7 +711,7 @@ var reasonBodies = func() map[upstream.Reason][]byte {
 	m := make(map[upstream.Reason][]byte)
 	for _, r := range []upstream.Reason{upstream.ReasonInvalidPolicy, upstream.ReasonNoEndpoints, upstream.ReasonRefused,
 		upstream.ReasonDialFailed, upstream.ReasonTLSVerify, upstream.ReasonTLSHandshake, upstream.ReasonProtocol,
-		upstream.ReasonCanceled, upstream.ReasonUpstream, upstream.ReasonTimeout, upstream.ReasonRetryBudget, upstream.ReasonRefusedStream} {
+		upstream.ReasonCanceled, upstream.ReasonUpstream, upstream.ReasonTimeout, upstream.ReasonRetryBudget, upstream.ReasonRefusedStream, upstream.ReasonPoolBusy} {
 		m[r] = []byte("sockmesh: " + string(r) + "\n")
 	}
 	return m

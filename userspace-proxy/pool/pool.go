@@ -30,6 +30,10 @@ type Config struct {
 	// MaxOpen bounds the connections open per endpoint, idle or in use; Get
 	// waits beyond it. 0 means 1024.
 	MaxOpen int
+	// MaxWait bounds how long Get waits for one of an endpoint's MaxOpen
+	// connections to come free, after which it fails with ErrBusy; 0
+	// means 10 s.
+	MaxWait time.Duration
 	// IdleTimeout closes connections idle this long; 0 means 90 s.
 	IdleTimeout time.Duration
 	// BufferSize sizes each connection's read and write buffers; 0 means
@@ -49,6 +53,12 @@ type Config struct {
 // without a bound, a backend sending header fields (or 1xx answers)
 // without end would have the proxy buffer them without end.
 var ErrHeadTooLarge = errors.New("answer head too large")
+
+// ErrBusy is Get's error when every connection an endpoint may have
+// stayed in use for MaxWait: its requests then fail at once rather than
+// queue behind requests that hold the connections (an app that stopped
+// sending its body, or reading its answer) for as long as they last.
+var ErrBusy = errors.New("every connection to the endpoint stayed busy")
 
 // DropReason says why the pool closed a connection instead of reusing it.
 type DropReason int
@@ -227,6 +237,9 @@ func New(cfg Config) *Pool {
 	if cfg.MaxOpen <= 0 {
 		cfg.MaxOpen = 1024
 	}
+	if cfg.MaxWait <= 0 {
+		cfg.MaxWait = 10 * time.Second
+	}
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = 90 * time.Second
 	}
@@ -246,7 +259,7 @@ func New(cfg Config) *Pool {
 
 // Get returns an idle connection to addr, or one dialed with dial when addr
 // has fewer than MaxOpen connections; otherwise it waits for one to be put
-// back or closed, until ctx ends. Idle connections the peer has closed are
+// back or closed, until ctx ends or MaxWait passed (ErrBusy). Idle connections the peer has closed are
 // dropped on the way. A ctx that has already ended gets none, not even an
 // idle one, as from net/http's Transport: the caller's time is up (a
 // route's request timeout), and nothing may go out for it.
@@ -254,6 +267,7 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.C
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	var busy *time.Timer // made by the first wait
 	for {
 		p.mu.Lock()
 		ep := p.endpoint(addr)
@@ -276,36 +290,53 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.C
 			p.mu.Unlock()
 			return p.dial(ctx, ep, dial)
 		}
-		w := make(chan *Conn, 1)
-		ep.waiters = append(ep.waiters, w)
-		p.mu.Unlock()
-		select {
-		case c := <-w:
-			if c == nil {
-				return p.dial(ctx, ep, dial) // a slot was freed for us
-			}
-			if ok, why := c.reusable(); !ok {
-				p.drop(c, why)
-				continue
-			}
-			return p.handOut(c), nil
-		case <-ctx.Done():
-			p.mu.Lock()
-			if i := slices.Index(ep.waiters, w); i >= 0 {
-				ep.waiters = slices.Delete(ep.waiters, i, i+1)
-				p.mu.Unlock()
-				return nil, ctx.Err()
-			}
-			p.mu.Unlock()
-			// Handed a connection or a slot as ctx ended: pass it on.
-			if c := <-w; c != nil {
-				p.Put(c)
-			} else {
-				p.release(ep)
-			}
-			return nil, ctx.Err()
+		if busy == nil {
+			busy = time.NewTimer(p.cfg.MaxWait) // once: a wait the drops restart is still one wait
+			defer busy.Stop()
 		}
+		c, freed, err := p.wait(ctx, ep, busy.C)
+		switch {
+		case err != nil:
+			return nil, err
+		case freed:
+			return p.dial(ctx, ep, dial) // a slot was freed for us
+		}
+		if ok, why := c.reusable(); !ok {
+			p.drop(c, why)
+			continue
+		}
+		return p.handOut(c), nil
 	}
+}
+
+// wait queues for ep's next connection put back, or slot freed (freed),
+// until ctx ends or busy fires (ErrBusy); p.mu is held, and released.
+func (p *Pool) wait(ctx context.Context, ep *endpoint, busy <-chan time.Time) (c *Conn, freed bool, err error) {
+	w := make(chan *Conn, 1)
+	ep.waiters = append(ep.waiters, w)
+	p.mu.Unlock()
+	select {
+	case c := <-w:
+		return c, c == nil, nil
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-busy:
+		err = fmt.Errorf("%s: %w for %v", ep.addr, ErrBusy, p.cfg.MaxWait)
+	}
+	p.mu.Lock()
+	if i := slices.Index(ep.waiters, w); i >= 0 {
+		ep.waiters = slices.Delete(ep.waiters, i, i+1)
+		p.mu.Unlock()
+		return nil, false, err
+	}
+	p.mu.Unlock()
+	// Handed a connection or a slot as the wait ended: pass it on.
+	if c := <-w; c != nil {
+		p.Put(c)
+	} else {
+		p.release(ep)
+	}
+	return nil, false, err
 }
 
 // endpoint returns addr's endpoint, new if it has none; p.mu is held.

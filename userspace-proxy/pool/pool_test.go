@@ -183,6 +183,31 @@ func TestMaxOpenWaits(t *testing.T) {
 	})
 }
 
+// TestMaxWait: a Get beyond MaxOpen waits MaxWait at most, then fails
+// with ErrBusy and leaves the queue: the connection put back later goes
+// to the next caller, and the endpoint's count is as before.
+func TestMaxWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := New(Config{MaxOpen: 1, MaxWait: 3 * time.Second})
+		d := newPipeDialer()
+		c1, _ := p.Get(context.Background(), ep, d.dial)
+		start := time.Now()
+		if _, err := p.Get(context.Background(), ep, d.dial); !errors.Is(err, ErrBusy) {
+			t.Fatalf("Get with every connection in use = %v, want ErrBusy", err)
+		}
+		if waited := time.Since(start); waited != 3*time.Second {
+			t.Errorf("Get failed after %v, want MaxWait (3s)", waited)
+		}
+		p.Put(c1)
+		if c, err := p.Get(context.Background(), ep, d.dial); c != c1 || err != nil {
+			t.Errorf("Get after the connection came back = %p, %v; want it", c, err)
+		}
+		if open, _ := p.Stats(ep); open != 1 {
+			t.Errorf("open = %d, want 1", open)
+		}
+	})
+}
+
 // TestDialErrorFreesSlot: a failed dial does not count against MaxOpen.
 func TestDialErrorFreesSlot(t *testing.T) {
 	p := New(Config{MaxOpen: 1})

@@ -39,17 +39,21 @@ const (
 	// ReasonRefusedStream: an HTTP/2 backend refused the request's stream
 	// and it could not go again (ErrRefusedStream).
 	ReasonRefusedStream Reason = "refused_stream"
+	// ReasonPoolBusy: every HTTP/1.1 connection the endpoint may have
+	// stayed in use while the request waited (pool.ErrBusy).
+	ReasonPoolBusy Reason = "pool_busy"
 )
 
 // Status is the HTTP status an L7 client gets for r: 503 when the backend is
 // unavailable (invalid policy, no endpoints, refused or unreachable, retry
 // budget spent: the Gateway API asks for 503 there; a stream it refused,
-// as Envoy answers one), 504
+// as Envoy answers one; every connection to it busy, as Envoy answers a
+// request past its pending queue), 504
 // when a route's timeout passed, 502 when it answered badly (certificate
 // verification, handshake, protocol).
 func (r Reason) Status() int {
 	switch r {
-	case ReasonInvalidPolicy, ReasonNoEndpoints, ReasonRefused, ReasonDialFailed, ReasonRetryBudget, ReasonRefusedStream:
+	case ReasonInvalidPolicy, ReasonNoEndpoints, ReasonRefused, ReasonDialFailed, ReasonRetryBudget, ReasonRefusedStream, ReasonPoolBusy:
 		return http.StatusServiceUnavailable
 	case ReasonTimeout:
 		return http.StatusGatewayTimeout
@@ -103,6 +107,8 @@ func Classify(err error) Reason {
 		return ReasonRetryBudget
 	case errors.Is(err, ErrRefusedStream):
 		return ReasonRefusedStream
+	case errors.Is(err, pool.ErrBusy):
+		return ReasonPoolBusy
 	case errors.As(err, &fc):
 		return ReasonInvalidPolicy
 	case errors.Is(err, ErrNoEndpoints):

@@ -42,6 +42,12 @@ type Config struct {
 	// MaxConnsPerEndpoint bounds connections per endpoint and wire (requests
 	// wait for one beyond it); 0 means 1024.
 	MaxConnsPerEndpoint int
+	// ConnWait bounds how long a request waits for one of an endpoint's
+	// MaxConnsPerEndpoint HTTP/1.1 connections to come free before it
+	// fails (ReasonPoolBusy); 0 means 10 s, as long as HandshakeTimeout
+	// lets a new connection take: either way a request gets a connection,
+	// or a 503, within that.
+	ConnWait time.Duration
 	// IdleConnTimeout closes pooled connections idle this long; 0 means 90 s.
 	IdleConnTimeout time.Duration
 	// H2PingAfter is how long an HTTP/2 connection to a backend may go
@@ -265,7 +271,7 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 			}
 			w.tls = o
 		}
-		w.h1 = pool.New(pool.Config{MaxIdle: p.cfg.MaxIdleConnsPerEndpoint, MaxOpen: p.cfg.MaxConnsPerEndpoint, IdleTimeout: p.cfg.IdleConnTimeout,
+		w.h1 = pool.New(pool.Config{MaxIdle: p.cfg.MaxIdleConnsPerEndpoint, MaxOpen: p.cfg.MaxConnsPerEndpoint, MaxWait: p.cfg.ConnWait, IdleTimeout: p.cfg.IdleConnTimeout,
 			Dropped: func(why pool.DropReason) { p.m.poolDropped[why].Inc() }})
 		if old := prev.Get(spec.Ref); old != nil && old.w != nil {
 			// New TLS settings or protocol: TLS sessions of the old ones
