@@ -89,11 +89,12 @@ func servePipe(t *testing.T, pn *pipenet.Net, addr netip.AddrPort, h http.Handle
 	t.Cleanup(func() { srv.Close() })
 }
 
-// pipeProxy is a proxy that dials through pn and serves HTTP/1.x apps on
-// path until the test ends, and the registry of its metrics.
-func pipeProxy(t *testing.T, pn *pipenet.Net, path proxy.HTTP1TLSPath) (*proxy.Proxy, *prometheus.Registry) {
+// pipeProxy is a proxy of cfg that dials through pn until the test ends,
+// and the registry of its metrics.
+func pipeProxy(t *testing.T, pn *pipenet.Net, cfg proxy.Config) (*proxy.Proxy, *prometheus.Registry) {
 	reg := prometheus.NewRegistry()
-	p, err := proxy.New(proxy.Config{Dialer: pn, HTTP1TLS: path}, slog.New(slog.DiscardHandler), reg)
+	cfg.Dialer = pn
+	p, err := proxy.New(cfg, slog.New(slog.DiscardHandler), reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +107,7 @@ func testRetryBudget(t *testing.T, h2c bool, path proxy.HTTP1TLSPath, proto snap
 	backendAddr := netip.MustParseAddrPort("10.0.0.1:8080")
 	tc := &tryCounter{tries: map[string]int{}}
 	servePipe(t, &pn, backendAddr, tc)
-	p, reg := pipeProxy(t, &pn, path)
+	p, reg := pipeProxy(t, &pn, proxy.Config{HTTP1TLS: path})
 
 	// snap builds the world with the backend's retry constraint: a
 	// percent budget over 10 s, and at least minRetries per 10 s.

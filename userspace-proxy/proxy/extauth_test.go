@@ -33,6 +33,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/internal/pipenet"
 	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
 // TestRouteExternalAuth: a rule's ExternalAuth filter (GEP-1494, HTTP) on
@@ -669,7 +670,7 @@ func testExternalAuthRequestTimeout(t *testing.T, k clientKind) {
 	})
 	servePipe(t, &pn, backendAddr, backend)
 	servePipe(t, &pn, authAddr, auth)
-	p, reg := pipeProxy(t, &pn, k.path)
+	p, reg := pipeProxy(t, &pn, proxy.Config{HTTP1TLS: k.path})
 	m := &mesh{t: t}
 	be := m.backend("app", snapshot.Backend{Endpoints: endpoints(backendAddr)})
 	authRef := m.backend("auth", snapshot.Backend{Endpoints: endpoints(authAddr)})

@@ -319,7 +319,7 @@ func testRequestTimeoutKeptBody(t *testing.T, k clientKind) {
 		io.Copy(io.Discard, r.Body)
 		io.WriteString(w, "ok")
 	}))
-	p, reg := pipeProxy(t, &pn, k.path)
+	p, reg := pipeProxy(t, &pn, proxy.Config{HTTP1TLS: k.path})
 	m := &mesh{t: t}
 	be := m.backend("app", snapshot.Backend{Endpoints: endpoints(backendAddr)})
 	ms := time.Millisecond
