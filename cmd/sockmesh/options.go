@@ -50,6 +50,7 @@ type options struct {
 	logLevel                string
 	logFormat               string
 	drainTimeout            time.Duration
+	stallTimeout            time.Duration
 	memoryLimit             string
 	gcHeapFloor             string
 	kubeAPIQPS              float32
@@ -104,6 +105,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: json or text")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 20*time.Second, "on SIGTERM, how long connections may drain before those still open are reset (never closed: a cut answer must not read as complete)")
+	fs.DurationVar(&o.stallTimeout, "stall-timeout", 60*time.Second, "how long an app may leave a read of its request body, or a write of the answer to it, under way with no byte through before the proxy ends the request (reset, counted as app_stalled): a pod that stops mid-upload or stops reading would otherwise hold one of an endpoint's upstream connections, which every pod on the node shares; a quiet answer stream (server-sent events, gRPC streaming) waits on the backend and is never cut")
 	// client-go's own default, 5 requests/s, makes an agent that watches
 	// a hundred referenced CA ConfigMaps (one watch each) wait 20 s to
 	// start them, past the 10 s after which it treats them as missing.
@@ -238,6 +240,8 @@ type settings struct {
 	kubeBurst int
 	// maxConnsPerPod is the proxy's MaxConnsPerClient.
 	maxConnsPerPod int
+	// stallTimeout is the proxy's StallTimeout.
+	stallTimeout time.Duration
 	// introspection is the introspection API server's configuration.
 	introspection httpapi.Config
 }
@@ -270,6 +274,7 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 		healthListen: o.healthListen, metricsListen: o.metricsListen, bpffs: o.bpffs, accelerate: o.accelerate, cgroup: o.cgroup,
 		leaderElect: o.leaderElect, leaderNS: o.leaderElectionNamespace, drainTimeout: o.drainTimeout,
 		introspection: o.introspection, kubeQPS: o.kubeAPIQPS, kubeBurst: o.kubeAPIBurst, maxConnsPerPod: o.maxConnsPerPod,
+		stallTimeout: o.stallTimeout,
 	}
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
@@ -357,6 +362,9 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 	}
 	if s.kubeQPS <= 0 || s.kubeBurst <= 0 {
 		bad("--kube-api-qps and --kube-api-burst must be positive")
+	}
+	if s.stallTimeout <= 0 {
+		bad("--stall-timeout must be positive")
 	}
 	if s.maxConnsPerPod < 0 {
 		bad("--max-conns-per-pod must not be negative (0: no limit)")

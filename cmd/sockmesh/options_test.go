@@ -72,7 +72,7 @@ func TestDefaults(t *testing.T) {
 		logLevel: slog.LevelInfo, drainTimeout: 20 * time.Second,
 		introspection: httpapi.Config{Socket: httpapi.DefaultSocket},
 		gcHeapFloor:   gcfloor.Default,
-		kubeQPS:       100, kubeBurst: 200, maxConnsPerPod: 4096,
+		kubeQPS:       100, kubeBurst: 200, maxConnsPerPod: 4096, stallTimeout: time.Minute,
 	}
 	if diff := cmp.Diff(want, got, cmp.AllowUnexported(settings{}), cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
 		cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b })); diff != "" {
@@ -346,6 +346,7 @@ func TestSettingsErrors(t *testing.T) {
 		{"bad log format", node, []string{"--log-format=xml"}, "--log-format"},
 		{"negative drain", node, []string{"--drain-timeout=-1s"}, "--drain-timeout"},
 		{"negative connection limit", node, []string{"--max-conns-per-pod=-1"}, "--max-conns-per-pod"},
+		{"zero stall timeout", node, []string{"--stall-timeout=0s"}, "--stall-timeout"},
 		{"no introspection socket", node, []string{"--introspection-socket="}, "--introspection-socket"},
 		{"introspection port without TLS", node, []string{"--introspection-listen=:9443"}, "--introspection-tls-cert"},
 		{"health address without port", node, []string{"--health-listen=[::1]"}, "--health-listen"},

@@ -63,8 +63,15 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 		trace, stop = h.informational(r.Context(), w)
 		out = out.WithContext(httptrace.WithClientTrace(out.Context(), trace))
 	}
-	resp, c, done, err := h.roundTrip(x, WireFor(be, r.ProtoMajor, websocket), out, c)
+	wire := WireFor(be, r.ProtoMajor, websocket)
+	aw := h.watchStalls(w, x, out, wire)
+	defer x.stall.end()
+	resp, c, done, err := h.roundTrip(x, wire, out, c)
 	stop()
+	if err != nil && x.stall.stalled.Load() {
+		h.stalled(x, err)
+		resetApp(w, r)
+	}
 	if err != nil {
 		h.fail(w, r, x, upstream.Classify(err), err)
 		return
@@ -114,7 +121,11 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 	}
 	w.WriteHeader(resp.StatusCode)
 	h.m.request(x.fe, resp.StatusCode, protocolOf(be))
-	if err := h.copyBody(w, resp, be); err != nil {
+	if err := h.copyBody(aw, resp, be); err != nil {
+		if errors.Is(err, errAppStalled) {
+			h.stalled(x, err)
+			resetApp(w, r)
+		}
 		h.log.Debug("response body copy failed", "service", x.fe.Service.String(), "err", err)
 		if x.grpc != nil && errors.Is(err, errBackendBody) && r.Context().Err() == nil && isGRPCType(resp.Header) {
 			// A gRPC call ends with a status saying what broke it (a lost
@@ -125,17 +136,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 			setGRPCTrailers(hdr, code, why)
 			return
 		}
-		// Headers are gone: the client must see a truncated answer, never a
-		// clean short one. HTTP/2 gets its stream reset; an HTTP/1.x
-		// connection a TCP reset, as net/http's abort would end it cleanly
-		// (which completes a close-delimited HTTP/1.0 body).
-		if r.ProtoMajor == 1 {
-			if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
-				sockio.Reset(c)
-				return
-			}
-		}
-		panic(http.ErrAbortHandler)
+		resetApp(w, r)
 	}
 	for k, vv := range resp.Trailer {
 		if len(resp.Trailer) != announced {
@@ -145,6 +146,20 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 		}
 		hdr[k] = vv
 	}
+}
+
+// resetApp ends an answer that cannot complete, whose headers may be gone:
+// the client must see a truncated answer, never a clean short one. HTTP/2
+// gets its stream reset; an HTTP/1.x connection a TCP reset, as net/http's
+// abort would end it cleanly (which completes a close-delimited HTTP/1.0
+// body). It does not return.
+func resetApp(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor == 1 {
+		if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			sockio.Reset(c)
+		}
+	}
+	panic(http.ErrAbortHandler)
 }
 
 // informational passes the backend's 1xx answers (103 Early Hints, 102)

@@ -48,6 +48,8 @@ import (
 func (h *Handler) ServeHTTP1(c net.Conn, t *Target) {
 	s := &h1Conn{h: h, c: c, t: t}
 	s.watch.s = s
+	s.stall.init(h.cfg.StallTimeout, s)
+	s.out = stalledWriter{dst: c, w: &s.stall}
 	if !h.h1.track(s) {
 		s.close()
 		t.ended()
@@ -126,8 +128,23 @@ func (s *h1Conn) end() {
 	s.h.h1.readers.put(s.br)
 	s.ahead.release()
 	s.h.h1.untrack(s)
+	s.stall.end()
 	s.close()
 	s.t.ended()
+}
+
+// exchanging reports whether a request is being served (the stall watch
+// ticks only then).
+func (s *h1Conn) exchanging() bool { return s.state.Load() == stateActive }
+
+// stallStop ends the exchange of an app that stopped moving: its reads
+// and writes fail at once, and so does the wait on the backend.
+func (s *h1Conn) stallStop() {
+	s.c.SetReadDeadline(aLongTimeAgo)
+	s.c.SetWriteDeadline(aLongTimeAgo)
+	s.watch.mu.Lock()
+	s.watch.end()
+	s.watch.mu.Unlock()
 }
 
 // Drain stops the fast path's keep-alive: connections waiting for a request
@@ -268,6 +285,10 @@ type h1Conn struct {
 	tunnel *pool.Conn
 	// watch ends an exchange whose client left (h1watch.go).
 	watch clientWatch
+	// stall ends an exchange whose client stopped moving (stall.go); out
+	// is c as the answers' writers write it, under stall.
+	stall stallWatch
+	out   stalledWriter
 	// probe is where a streamed answer waiting for its next event reads
 	// it (bodyCopy.waitBody); taken the first time one waits.
 	probe *[probeSize]byte
@@ -543,10 +564,23 @@ func (s *h1Conn) checkHead(req *http.Request) error {
 
 // answerFailed ends a connection whose answer broke off after it started
 // (the backend's failure or the client's): with a reset, as the client
-// must not take what it got for the whole answer.
+// must not take what it got for the whole answer. An app that stopped
+// reading it is counted (stallWatch).
 func (s *h1Conn) answerFailed(x *exchange, err error) {
-	s.h.log.Debug("answer failed", "service", x.fe.Service.String(), "client", s.t.client(), "err", err)
 	s.broken = true
+	if errors.Is(err, errAppStalled) {
+		s.h.stalled(x, err)
+		return
+	}
+	s.h.log.Debug("answer failed", "service", x.fe.Service.String(), "client", s.t.client(), "err", err)
+}
+
+// stalledOut ends an exchange whose app stopped sending its body
+// (stallWatch): counted, and the connection reset.
+func (s *h1Conn) stalledOut(x *exchange) bool {
+	s.broken = true
+	s.h.stalled(x, fmt.Errorf("read request body: %w for %v", errAppStalled, s.stall.timeout))
+	return false
 }
 
 // close closes the client connection. When the client may still be

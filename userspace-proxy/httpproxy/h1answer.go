@@ -558,7 +558,7 @@ func (s *h1Conn) startAnswer() *bufio.Writer {
 
 func (s *h1Conn) writer() *bufio.Writer {
 	bw := s.h.h1.writers.Get().(*bufio.Writer)
-	bw.Reset(s.c)
+	bw.Reset(&s.out)
 	return bw
 }
 

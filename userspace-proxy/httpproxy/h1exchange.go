@@ -219,6 +219,7 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 	inline := req.Body == http.NoBody || x.r != nil && x.r.kept ||
 		s.cont == nil && req.ContentLength > 0 && req.ContentLength <= int64(s.br.Buffered())
 	countRequest(x)
+	s.stall.watch()
 	defer s.watch.stop()
 	for retry := 0; ; {
 		uc, c, err := s.conn(x, choice, req.Body == http.NoBody || x.r != nil && x.r.kept)
@@ -258,6 +259,9 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 		s.release(x, false)
 		if s.watch.gone.Load() {
 			return s.fail(req, x, upstream.ReasonCanceled, errClientGone)
+		}
+		if s.stall.stalled.Load() {
+			return s.stalledOut(x)
 		}
 		if s.refuseBrokenBody(req, x, err) {
 			return false
@@ -409,7 +413,7 @@ func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline, plai
 			return nil, nil, staleIf(err, replayable && uc.Reused())
 		}
 	} else {
-		s.sent.track(&req.Body)
+		s.sent.track(&req.Body, &s.stall)
 		body = make(chan error, 1)
 		s.up.body = body
 		go func() {
@@ -620,11 +624,15 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 		if x.tee != nil {
 			under = &x.tee.src
 		}
-		s.sent.track(under)
+		// Not under the stall watch: a quiet request stream toward an
+		// HTTP/2 backend holds a stream, not a pooled connection, and
+		// gRPC's client-streaming calls idle legitimately.
+		s.sent.track(under, nil)
 		body = make(chan error, 1)
 		*under = &bodyTracker{r: *under, panics: s.h.cfg.Panics, done: body}
 	}
 	s.watch.start(nil, cancel)
+	s.stall.watch()
 	defer s.watch.stop()
 	resp, c, done, err := s.h.roundTrip(x, wire, out, c)
 	stop()
@@ -732,11 +740,14 @@ type sentBody struct {
 	err error
 	// on is set while it tracks the current request's body.
 	on bool
+	// stall watches its reads from the app, if set.
+	stall *stallWatch
 }
 
-// track makes the body in *body report its end on s.
-func (s *sentBody) track(body *io.ReadCloser) {
-	s.on = true
+// track makes the body in *body report its end on s, its reads watched
+// by stall unless nil.
+func (s *sentBody) track(body *io.ReadCloser, stall *stallWatch) {
+	s.on, s.stall = true, stall
 	s.eof.Store(false)
 	s.broken.Store(false)
 	s.heard.Store(false)
@@ -759,7 +770,13 @@ func (s *sentBody) failed() bool { return s.on && s.broken.Load() }
 func (s *sentBody) stranded() bool { return s.failed() && !s.heard.Load() }
 
 func (s *sentBody) Read(p []byte) (int, error) {
+	if s.stall != nil {
+		s.stall.begin()
+	}
 	n, err := s.ReadCloser.Read(p)
+	if s.stall != nil {
+		err = s.stall.done(n, err)
+	}
 	switch {
 	case err == io.EOF:
 		s.eof.Store(true)

@@ -176,6 +176,11 @@ type Config struct {
 	// in a goroutine of its own, whose stack is a quarter of the other's
 	// (ServeHTTP1); 0 means DefaultParkAfter, negative never.
 	ParkAfter time.Duration
+	// StallTimeout ends a request whose app leaves a read of its body or
+	// a write of its answer under way this long with no byte through
+	// (stallWatch); 0 means 60 s, nginx's client_body_timeout and
+	// send_timeout.
+	StallTimeout time.Duration
 	// MaxHeaderBytes bounds a fast-path request's header block; 0 means
 	// 1 MiB, net/http's default.
 	MaxHeaderBytes int
@@ -220,6 +225,9 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Handler, err
 	}
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = 5 * time.Minute
+	}
+	if cfg.StallTimeout <= 0 {
+		cfg.StallTimeout = 60 * time.Second
 	}
 	if cfg.ParkAfter == 0 {
 		cfg.ParkAfter = DefaultParkAfter
@@ -414,6 +422,10 @@ type exchange struct {
 	// grpc is the gRPC call being forwarded on the net/http path; nil for
 	// other requests.
 	grpc *grpcCall
+	// stall watches the app on net/http's paths, answer is its answer
+	// written under it (watchStalls); the fast path's is its connection's.
+	stall  stallWatch
+	answer stalledResponse
 	// app sets the deadline of reads from the app's side, which a rule's
 	// request timeout bounds while the proxy reads the body itself
 	// (readBody): the fast path's connection, net/http's
@@ -705,6 +717,14 @@ func (h *Handler) report(ctx context.Context, x *exchange, reason upstream.Reaso
 	}
 	h.m.request(x.fe, code, protocolOf(be))
 	return code
+}
+
+// stalled counts an exchange its stall watch ended, and logs it at debug:
+// the app stopped, nothing an operator can act on. Its connection or
+// stream is reset; an answer begun was counted (requests) as it began.
+func (h *Handler) stalled(x *exchange, err error) {
+	h.m.failures.WithLabelValues(string(upstream.ReasonAppStalled)).Inc()
+	h.log.Debug("request failed", "reason", upstream.ReasonAppStalled, "service", x.fe.Service.String(), "client", x.t.client(), "err", err)
 }
 
 var reasonBodies = func() map[upstream.Reason][]byte {

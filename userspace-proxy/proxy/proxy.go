@@ -57,6 +57,10 @@ type Config struct {
 	// ParkAfter is httpproxy.Config.ParkAfter: how long an HTTP/1 fast-path
 	// connection waits for a request before it waits with a smaller stack.
 	ParkAfter time.Duration
+	// StallTimeout is httpproxy.Config.StallTimeout: how long an app may
+	// leave a read of its request body, or a write of its answer, under
+	// way with no byte through before the request is ended; 0 means 60 s.
+	StallTimeout time.Duration
 	// Routing says how GAMMA route rules are executed where a rule leaves
 	// it to the proxy (default timeouts, retry backoff, body replay,
 	// mirrors); the zero value is httpproxy's documented defaults.
@@ -205,7 +209,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 	if err != nil {
 		return nil, err
 	}
-	h, err = httpproxy.New(httpproxy.Config{Buffers: bufs, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout, ParkAfter: cfg.ParkAfter, Routing: cfg.Routing,
+	h, err = httpproxy.New(httpproxy.Config{Buffers: bufs, ReadHeaderTimeout: cfg.ReadHeaderTimeout, IdleTimeout: cfg.IdleTimeout, ParkAfter: cfg.ParkAfter, StallTimeout: cfg.StallTimeout, Routing: cfg.Routing,
 		FailureLogEvery: cfg.FailureLogEvery, Panics: panics}, log, reg)
 	if err != nil {
 		return nil, err
@@ -237,6 +241,12 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 	}
 	p.srv.Protocols.SetHTTP1(true)
 	p.srv.Protocols.SetUnencryptedHTTP2(true)
+	// HTTP2.MaxConcurrentStreams stays net/http's 250: an HTTP/2 app's
+	// streams to an HTTP/1.1 backend each hold a pooled connection, but a
+	// pod may open MaxConnsPerClient (4096) connections anyway, more than
+	// an endpoint's 1024. The stall timeout and the pool's bounded wait
+	// bound what either holds; fewer streams would queue gRPC clients
+	// that multiplex on one connection.
 	p.Update(snapshot.Empty())
 	go p.srv.Serve(p.l7)
 	if !strings.Contains(os.Getenv("GODEBUG"), "http2xconnect=1") {

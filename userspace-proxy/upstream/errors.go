@@ -42,6 +42,10 @@ const (
 	// ReasonPoolBusy: every HTTP/1.1 connection the endpoint may have
 	// stayed in use while the request waited (pool.ErrBusy).
 	ReasonPoolBusy Reason = "pool_busy"
+	// ReasonAppStalled: the app left a read of its request body or a
+	// write of its answer under way with no byte through for the proxy's
+	// stall timeout; the exchange was ended (httpproxy's stallWatch).
+	ReasonAppStalled Reason = "app_stalled"
 )
 
 // Status is the HTTP status an L7 client gets for r: 503 when the backend is

@@ -1,0 +1,199 @@
+package httpproxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
+)
+
+// An app that stops in the middle of an exchange — it sends part of a
+// request body and no more, or stops reading a large answer — holds what
+// the exchange holds for as long as it stays: a pooled HTTP/1.1 upstream
+// connection, one of the endpoint's MaxConnsPerEndpoint shared by every
+// pod on the node. A stallWatch ends such an exchange once a read of the
+// app's body or a write of the answer to it has been under way for
+// Config.StallTimeout with no byte through, as nginx's client_body_timeout
+// and send_timeout do (the time between two successive reads or writes).
+// Nothing under way is no stall: an answer stream whose backend is quiet
+// (server-sent events, MCP, gRPC server streaming, long polls) waits on
+// the backend, not on the app. It ticks every StallTimeout/stallTicks while
+// its exchanges run, so a read or write pays two atomic additions and a
+// load rather than a deadline update, and a stall is ended between
+// StallTimeout and a quarter more after its last byte.
+
+// errAppStalled is the failure of an exchange a stallWatch ended.
+var errAppStalled = errors.New("app made no progress")
+
+const stallTicks = 4
+
+// stallOwner is what a stallWatch watches: an exchange on net/http's
+// server, or a fast-path connection.
+type stallOwner interface {
+	// stallStop ends what is under way: the app's reads and writes fail
+	// at once (deadlines in the past), and whatever the exchange waits
+	// on upstream with them.
+	stallStop()
+	// exchanging reports whether an exchange runs: the watch ticks only
+	// then.
+	exchanging() bool
+}
+
+// stallWatch watches the reads and writes of one app connection (the fast
+// path) or request (net/http's server), once init readied it.
+type stallWatch struct {
+	timeout time.Duration
+	of      stallOwner
+	t       *time.Timer
+	armed   atomic.Bool
+	// mu orders stallStop against end: once end returned, none runs (on
+	// net/http's server, the connection's next request would get the
+	// deadlines).
+	mu    sync.Mutex
+	ended bool
+	// moved counts the reads and writes that returned, pending those
+	// under way.
+	moved   atomic.Uint64
+	pending atomic.Int32
+	stalled atomic.Bool
+	// The tick's own: moved at the last tick, and the ticks since that
+	// found something under way and nothing moved.
+	seen  uint64
+	quiet int
+}
+
+func (w *stallWatch) init(timeout time.Duration, of stallOwner) {
+	w.timeout, w.of = timeout, of
+	w.t = time.AfterFunc(time.Hour, w.tick) // made before watch: tick reads it
+	w.t.Stop()
+}
+
+// watch makes the watch tick, if it does not already.
+func (w *stallWatch) watch() {
+	if !w.armed.Swap(true) {
+		w.t.Reset(w.timeout / stallTicks)
+	}
+}
+
+// end stops the ticks for good.
+func (w *stallWatch) end() {
+	w.mu.Lock()
+	w.ended = true
+	w.mu.Unlock()
+	w.t.Stop()
+}
+
+func (w *stallWatch) tick() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.ended {
+		return
+	}
+	moved := w.moved.Load()
+	if w.pending.Load() > 0 && moved == w.seen {
+		w.quiet++
+	} else {
+		w.quiet = 0
+	}
+	w.seen = moved
+	// More than stallTicks: what was under way at the first quiet tick
+	// may have started just before it.
+	if w.quiet > stallTicks && !w.stalled.Swap(true) {
+		w.of.stallStop()
+		return
+	}
+	w.armed.Store(false)
+	if w.of.exchanging() {
+		w.watch()
+	}
+}
+
+// begin and done bracket a read or write of the app; done says whether
+// bytes went through, and turns the failure of one the watch ended into
+// errAppStalled (on HTTP/2 a reset stream's, not a deadline's).
+func (w *stallWatch) begin() { w.pending.Add(1) }
+
+func (w *stallWatch) done(n int, err error) error {
+	w.pending.Add(-1)
+	if n > 0 {
+		w.moved.Add(1)
+	}
+	if err != nil && w.stalled.Load() {
+		return fmt.Errorf("%w for %v: %w", errAppStalled, w.timeout, err)
+	}
+	return err
+}
+
+// stalledReader reads an app's request body under w.
+type stalledReader struct {
+	io.ReadCloser
+	w *stallWatch
+}
+
+func (r *stalledReader) Read(p []byte) (int, error) {
+	r.w.begin()
+	n, err := r.ReadCloser.Read(p)
+	return n, r.w.done(n, err)
+}
+
+// stalledResponse is an answer on net/http's server written under w: its
+// writes and flushes (HTTP/2's wait for the app's flow control).
+type stalledResponse struct {
+	http.ResponseWriter
+	w *stallWatch
+}
+
+func (s *stalledResponse) Write(p []byte) (int, error) {
+	s.w.begin()
+	n, err := s.ResponseWriter.Write(p)
+	return n, s.w.done(n, err)
+}
+
+func (s *stalledResponse) Flush() {
+	s.w.begin()
+	err := http.NewResponseController(s.ResponseWriter).Flush()
+	s.w.done(1, err)
+}
+
+func (s *stalledResponse) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// watchStalls puts x's exchange with its app on w under x's stall watch,
+// until x.stall.end: the answer's writes, and toward a backend that is
+// not HTTP/2 the reads of out's body (see sentBody.track's callers). The
+// server's deadlines end it (per stream on HTTP/2: the body's reads fail,
+// the stream is reset). It returns w as the answer is to be written.
+func (h *Handler) watchStalls(w http.ResponseWriter, x *exchange, out *http.Request, wire upstream.Wire) http.ResponseWriter {
+	x.answer = stalledResponse{ResponseWriter: w, w: &x.stall}
+	x.stall.init(h.cfg.StallTimeout, x)
+	x.stall.watch()
+	if wire != upstream.WireH2 && out.Body != nil && out.Body != http.NoBody {
+		out.Body = &stalledReader{ReadCloser: out.Body, w: &x.stall}
+	}
+	return &x.answer
+}
+
+func (x *exchange) stallStop() {
+	rc := http.NewResponseController(x.answer.ResponseWriter)
+	rc.SetReadDeadline(aLongTimeAgo)
+	rc.SetWriteDeadline(aLongTimeAgo)
+}
+
+// exchanging: the watch of an exchange ticks until its end.
+func (x *exchange) exchanging() bool { return true }
+
+// stalledWriter writes an answer to an app under w.
+type stalledWriter struct {
+	dst io.Writer
+	w   *stallWatch
+}
+
+func (s *stalledWriter) Write(p []byte) (int, error) {
+	s.w.begin()
+	n, err := s.dst.Write(p)
+	return n, s.w.done(n, err)
+}

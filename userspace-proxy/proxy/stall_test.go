@@ -1,0 +1,311 @@
+package proxy_test
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/pipenet"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
+)
+
+// Apps that stop in the middle of an exchange (an upload that stops, an
+// answer not read) and the endpoint's capped HTTP/1.1 connections, shared
+// by every pod on the node. In a synctest bubble over pipes: durations are
+// the bubble's, exact.
+
+const stallTimeout = 10 * time.Second
+
+// stallBackend serves over HTTP/1.1: /big a 16 MiB answer (past an HTTP/2
+// client's flow-control windows); /sse an event stream quiet for
+// ?quiet=D, then one event, quiet again, then its end; anything else
+// reads the body and answers "ok" and how much it read.
+func stallBackend(t *testing.T, pn *pipenet.Net, addr netip.AddrPort) {
+	big := bytes.Repeat([]byte("x"), 16<<20)
+	servePipe(t, pn, addr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/big":
+			w.Write(big)
+		case "/sse":
+			quiet, _ := time.ParseDuration(r.URL.Query().Get("quiet"))
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.(http.Flusher).Flush()
+			if sleepCtx(r.Context(), quiet) {
+				io.WriteString(w, "data: 1\n\n")
+				w.(http.Flusher).Flush()
+				sleepCtx(r.Context(), quiet)
+			}
+		default:
+			n, _ := io.Copy(io.Discard, r.Body)
+			fmt.Fprintf(w, "ok %d", n)
+		}
+	}))
+}
+
+// stallProxy is a proxy in front of stallBackend (HTTP/1.1, so that every
+// request takes one of its pooled connections, an h2c app's too), at most conns of them,
+// with the stall timeout and connWait, the wait for a busy connection.
+func stallProxy(t *testing.T, k clientKind, conns int, connWait time.Duration) (*proxy.Proxy, failures) {
+	var pn pipenet.Net
+	addr := netip.MustParseAddrPort("10.0.0.1:8080")
+	stallBackend(t, &pn, addr)
+	cfg := proxy.Config{HTTP1TLS: k.path, StallTimeout: stallTimeout}
+	cfg.Upstream.MaxConnsPerEndpoint, cfg.Upstream.ConnWait = conns, connWait
+	p, reg := pipeProxy(t, &pn, cfg)
+	// A route: without, a cleartext backend's bytes are relayed, over a
+	// connection of each app's own.
+	m := &mesh{t: t}
+	be := m.backend("web", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(addr)})
+	m.frontend("web", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
+	p.Update(m.snapshot(1))
+	return p, func(r upstream.Reason) float64 {
+		return counterValue(t, reg, "sockmesh_proxy_request_failures_total", "reason", string(r))
+	}
+}
+
+// failures reads sockmesh_proxy_request_failures_total of a reason.
+type failures func(upstream.Reason) float64
+
+// The hostile apps. Those on HTTP/1.1 write their bytes themselves:
+// net/http's Transport sends a request's head with its body's first
+// bytes only once the body ended.
+
+// stuckUpload starts a POST whose 1000-byte body stops after its first
+// byte; end reports how its exchange ended (nil: it was answered).
+func stuckUpload(t *testing.T, p *proxy.Proxy, k clientKind) (end func() error) {
+	if !k.h2c {
+		c := rawApp(t, p)
+		go io.WriteString(c, "POST / HTTP/1.1\r\nHost: web.b.svc\r\nContent-Length: 1000\r\n\r\nx")
+		return func() error { return unanswered(c, 1) }
+	}
+	pr, pw := io.Pipe()
+	t.Cleanup(func() { pw.Close() })
+	go pw.Write([]byte("x"))
+	req, _ := http.NewRequest(http.MethodPost, "http://web.b.svc/", pr)
+	req.ContentLength = 1000
+	done := make(chan error, 1)
+	go func() {
+		resp, err := pipeClient(t, p, true).Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	return func() error { return <-done }
+}
+
+// nonReader asks for /big and reads none of it; end reports how its
+// exchange ended (nil: it was answered whole).
+func nonReader(t *testing.T, p *proxy.Proxy, k clientKind) (end func() error) {
+	if !k.h2c {
+		c := rawApp(t, p)
+		go io.WriteString(c, "GET /big HTTP/1.1\r\nHost: web.b.svc\r\n\r\n")
+		return func() error { return unanswered(c, 16<<20) }
+	}
+	resp, err := pipeClient(t, p, true).Get("http://web.b.svc/big")
+	if err != nil {
+		t.Fatalf("GET /big: %v", err)
+	}
+	return func() error {
+		_, err := io.Copy(io.Discard, resp.Body)
+		return err
+	}
+}
+
+// rawApp is an HTTP/1.x app's connection to the proxy, closed when the
+// test ends.
+func rawApp(t *testing.T, p *proxy.Proxy) net.Conn {
+	c, s := net.Pipe()
+	go p.ServeConn(s, routedVIP, proxy.Client{Addr: netip.AddrPortFrom(producerClient, 40001)})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// unanswered reads c to its end: an error when it ended before an answer
+// whose body has size bytes (on a pipe, a reset reads as a close).
+func unanswered(c net.Conn, size int) error {
+	b, _ := io.ReadAll(c)
+	if head := bytes.Index(b, []byte("\r\n\r\n")); head >= 0 && len(b)-head-4 == size {
+		return nil
+	}
+	return fmt.Errorf("connection ended after %d bytes", len(b))
+}
+
+// TestStalledAppFreesConnection: an app that stops sending its body, or
+// stops reading a large answer, holds one of the endpoint's pooled
+// connections only until the stall timeout: then its exchange is reset,
+// counted, and the connection goes to the next request — another pod's,
+// waiting meanwhile for the endpoint's only connections. Two stuck
+// requests: for the h2c client, two streams of one connection, each of
+// which held an HTTP/1.1 connection.
+func TestStalledAppFreesConnection(t *testing.T) {
+	for _, k := range clientKinds {
+		for _, hostile := range []string{"stuck-upload", "non-reader"} {
+			t.Run(k.name+"/"+hostile, func(t *testing.T) {
+				synctest.Test(t, func(t *testing.T) { testStalledAppFreesConnection(t, k, hostile) })
+			})
+		}
+	}
+}
+
+func testStalledAppFreesConnection(t *testing.T, k clientKind, hostile string) {
+	const held = 2
+	p, reg := stallProxy(t, k, held, time.Hour)
+	var ends []func() error
+	for range held {
+		if hostile == "stuck-upload" {
+			ends = append(ends, stuckUpload(t, p, k))
+		} else {
+			ends = append(ends, nonReader(t, p, k))
+		}
+	}
+	synctest.Wait()
+	start := time.Now()
+	status, body := getText(t, pipeClient(t, p, false), "http://web.b.svc/")
+	if status != http.StatusOK || body != "ok 0" {
+		t.Errorf("other app's GET = %d %q, want 200 \"ok 0\"", status, body)
+	}
+	if waited := time.Since(start); waited < stallTimeout {
+		t.Errorf("other app's GET waited %v, less than the stall timeout: the connections were not held", waited)
+	}
+	for i, end := range ends {
+		if err := end(); err == nil {
+			t.Errorf("stuck request %d ended cleanly, want a reset", i)
+		}
+	}
+	if got := reg(upstream.ReasonAppStalled); got != held {
+		t.Errorf("request_failures_total{app_stalled} = %v, want %d", got, held)
+	}
+}
+
+// TestSlowAppNotCut: an upload that sends a byte every 6 s (less than the
+// stall timeout between two, much more in all), and an event stream
+// whose backend is quiet for three stall timeouts at a time while its app
+// waits, are not stalls.
+func TestSlowAppNotCut(t *testing.T) {
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				p, reg := stallProxy(t, k, 1, time.Hour)
+				if got := slowUpload(t, p, k); got != "ok 10" {
+					t.Errorf("slow upload answered %q, want \"ok 10\"", got)
+				}
+				app := pipeClient(t, p, k.h2c)
+				status, body := getText(t, app, fmt.Sprintf("http://web.b.svc/sse?quiet=%v", 3*stallTimeout))
+				if status != http.StatusOK || body != "data: 1\n\n" {
+					t.Errorf("quiet event stream = %d %q, want 200 and its event", status, body)
+				}
+				if got := reg(upstream.ReasonAppStalled); got != 0 {
+					t.Errorf("request_failures_total{app_stalled} = %v, want 0", got)
+				}
+			})
+		})
+	}
+}
+
+// TestPoolBusy: while an app holds the endpoint's only connection (its
+// upload stuck, well within the stall timeout), another request waits
+// for it ConnWait at most, then fails 503 pool_busy — a gRPC call with
+// the trailers-only UNAVAILABLE — rather than waiting as long as the
+// holder does.
+func TestPoolBusy(t *testing.T) {
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const wait = 5 * time.Second
+				p, reg := stallProxy(t, k, 1, wait)
+				stuckUpload(t, p, clientKind{})
+				synctest.Wait()
+				other := pipeClient(t, p, k.h2c)
+				start := time.Now()
+				status, body := getText(t, other, "http://web.b.svc/")
+				if status != http.StatusServiceUnavailable || body != "sockmesh: pool_busy\n" {
+					t.Errorf("GET while the connection is held = %d %q, want 503 pool_busy", status, body)
+				}
+				if waited := time.Since(start); waited != wait {
+					t.Errorf("GET failed after %v, want ConnWait (%v)", waited, wait)
+				}
+				want := 1.0
+				if k.h2c {
+					req, _ := http.NewRequest(http.MethodPost, "http://web.b.svc/pkg.Svc/Call", strings.NewReader("\x00\x00\x00\x00\x00"))
+					req.Header.Set("Content-Type", "application/grpc")
+					resp, err := other.Do(req)
+					if err != nil {
+						t.Fatalf("gRPC call: %v", err)
+					}
+					resp.Body.Close()
+					if s, m := resp.Header.Get("Grpc-Status"), resp.Header.Get("Grpc-Message"); s != "14" || !strings.Contains(m, "pool_busy") {
+						t.Errorf("gRPC call while the connection is held: grpc-status %q, message %q; want 14 (UNAVAILABLE), pool_busy", s, m)
+					}
+					want++
+				}
+				if got := reg(upstream.ReasonPoolBusy); got != want {
+					t.Errorf("request_failures_total{pool_busy} = %v, want %v", got, want)
+				}
+			})
+		})
+	}
+}
+
+// slowUpload POSTs a 10-byte body a byte every 6 s, and returns the
+// answer's body or why there is none.
+func slowUpload(t *testing.T, p *proxy.Proxy, k clientKind) string {
+	pr, pw := io.Pipe()
+	go func() {
+		for range 10 {
+			time.Sleep(6 * time.Second)
+			pw.Write([]byte("x"))
+		}
+		pw.Close()
+	}()
+	req, _ := http.NewRequest(http.MethodPost, "http://web.b.svc/", pr)
+	req.ContentLength = 10
+	var resp *http.Response
+	var err error
+	if k.h2c {
+		resp, err = pipeClient(t, p, true).Do(req)
+	} else {
+		// As stuckUpload: the head goes before the body, a byte at a time.
+		c := rawApp(t, p)
+		go func() {
+			io.WriteString(c, "POST / HTTP/1.1\r\nHost: web.b.svc\r\nContent-Length: 10\r\n\r\n")
+			io.Copy(c, pr)
+		}()
+		resp, err = http.ReadResponse(bufio.NewReader(c), req)
+	}
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err.Error()
+	}
+	return string(b)
+}
+
+// getText returns the status and body of a GET of url on c.
+func getText(t *testing.T, c *http.Client, url string) (int, string) {
+	t.Helper()
+	resp, err := c.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: read body: %v", url, err)
+	}
+	return resp.StatusCode, string(b)
+}
