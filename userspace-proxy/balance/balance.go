@@ -13,7 +13,8 @@ import (
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 )
 
-// Choice is a ready endpoint with what requests to it need, computed once.
+// Choice is an endpoint a Picker hands out, or keeps sessions on, with what
+// requests to it need, computed once.
 type Choice struct {
 	Endpoint snapshot.Endpoint
 	// Host is Endpoint.Addr as "ip:port" (IPv6 in brackets), the URL host
@@ -40,6 +41,11 @@ type Picker struct {
 	// endpoint of those before it is ejected.
 	ready []Choice
 	tiers [][]Choice
+	// draining holds the endpoints serving while they terminate when
+	// ready has others: they take no new session, request or connection,
+	// but keep the sessions they hold (session), whose state may live
+	// there, for the pod's grace period.
+	draining []Choice
 	// next[i] takes the turns in tiers[i]: one counter would hand a
 	// fallback endpoint the same turn every time when the preferred ones'
 	// steps are a multiple of their number.
@@ -57,18 +63,15 @@ type Picker struct {
 // passing over those h has ejected, and pinning clients under a (see
 // PickClient); h and a may be nil. Ready endpoints marked Fallback take
 // connections only while every one of a lower level is ejected, or when
-// none of a lower level is ready.
+// none of a lower level is ready. Beside ready ones, those serving while
+// they terminate keep only their sessions (session).
 func New(b *snapshot.Backend, h *Health, a *Affinity) *Picker {
 	p := &Picker{health: h, affinity: a, mcp: b.Protocol == snapshot.ProtocolMCP}
 	var ends []int // of the tiers in ready, sliced once ready is whole
 	// add appends the endpoints that take as a tier (none if none does).
 	add := func(take func(snapshot.Endpoint) bool) {
 		from := len(p.ready)
-		for _, ep := range b.Endpoints {
-			if take(ep) {
-				p.ready = append(p.ready, Choice{Endpoint: ep, Host: ep.Addr.String(), token: token(ep)})
-			}
-		}
+		p.ready = append(p.ready, choices(b.Endpoints, take)...)
 		if len(p.ready) > from {
 			ends = append(ends, len(p.ready))
 		}
@@ -77,7 +80,9 @@ func New(b *snapshot.Backend, h *Health, a *Affinity) *Picker {
 		add(func(ep snapshot.Endpoint) bool { return ep.Ready && ep.Fallback == level })
 	}
 	if len(p.ready) == 0 {
-		add(func(ep snapshot.Endpoint) bool { return ep.Serving && ep.Terminating })
+		add(draining)
+	} else {
+		p.draining = choices(b.Endpoints, draining)
 	}
 	from := 0
 	for _, end := range ends {
@@ -86,6 +91,21 @@ func New(b *snapshot.Backend, h *Health, a *Affinity) *Picker {
 	}
 	p.next = make([]atomic.Uint32, len(p.tiers))
 	return p
+}
+
+// draining reports whether ep serves while it terminates (Ready is false
+// then, but for a Service that publishes not-ready addresses).
+func draining(ep snapshot.Endpoint) bool { return !ep.Ready && ep.Serving && ep.Terminating }
+
+// choices returns the Choices of the endpoints of eps that take.
+func choices(eps []snapshot.Endpoint, take func(snapshot.Endpoint) bool) []Choice {
+	var cs []Choice
+	for _, ep := range eps {
+		if take(ep) {
+			cs = append(cs, Choice{Endpoint: ep, Host: ep.Addr.String(), token: token(ep)})
+		}
+	}
+	return cs
 }
 
 // Len is the number of endpoints handed out, fallback ones included.
@@ -262,10 +282,11 @@ func (p *Picker) ejected(c *Choice, now time.Time) bool {
 // PickRequest returns the endpoint for r, from client, at time now under
 // session persistence sp — the backend's own
 // (snapshot.Backend.SessionPersistence) or the one a route rule sets in its
-// place: the one r's session names when that endpoint is still ready, not
-// ejected (Health) and the session has not timed out; otherwise the next
-// one (nil when none is ready). Without sp, PickClient's. pinned is true
-// when r's session chose c: the request's retries go there too. Only a
+// place: the one r's session names when that endpoint still serves (ready,
+// or terminating: session), is not ejected (Health) and the session has
+// not timed out; otherwise the next one (nil when none is ready). Without
+// sp, PickClient's. pinned is true when r's session chose c: the
+// request's retries go there too. Only a
 // connect to c that fails (nothing reached it) moves it, as it moves any
 // other request, and its session then starts on the endpoint that answers.
 // setSession is true when the response must carry the session
@@ -287,15 +308,21 @@ func (p *Picker) PickRequest(r *http.Request, client ClientKey, now time.Time, s
 	return c, false, c != nil
 }
 
-// session returns the endpoint a session names by its token while it is
-// handed out and not ejected, else nil. Unlike a ClientIP pin, a session
-// stays on a fallback endpoint once a nearer one serves again: its state
-// may live in that pod (GEP-1619 persists a session for as long as its
-// endpoint serves), and it ends by its own timeouts.
+// session returns the endpoint a session names by its token while it
+// serves — handed out, or draining beside ready ones — and is not
+// ejected, else nil. Its state may live in that pod, and GEP-1619 persists
+// a session for as long as its endpoint serves: unlike a ClientIP pin
+// (PickClient, which leaves a terminating pod as kube-proxy's does), a
+// session stays on a fallback endpoint once a nearer one serves again,
+// and on a pod that terminates, through its grace period (a rolling
+// update would otherwise end every session of the old pods at once); it
+// ends by its own timeouts.
 func (p *Picker) session(tok string, now time.Time) *Choice {
-	for i := range p.ready {
-		if c := &p.ready[i]; c.token == tok && !p.ejected(c, now) {
-			return c
+	for _, cs := range [...][]Choice{p.ready, p.draining} {
+		for i := range cs {
+			if c := &cs[i]; c.token == tok && !p.ejected(c, now) {
+				return c
+			}
 		}
 	}
 	return nil

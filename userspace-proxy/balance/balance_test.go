@@ -180,6 +180,51 @@ func TestSessionTimeouts(t *testing.T) {
 	}
 }
 
+// TestSessionTerminating: a session (session persistence's, an MCP
+// session's) stays on its endpoint while that serves as it terminates,
+// ready endpoints beside it, which alone take new sessions and requests;
+// it moves once the endpoint is ejected or serves no more. Before, it
+// moved as soon as the pod began terminating, whose grace period would
+// have let it finish.
+func TestSessionTerminating(t *testing.T) {
+	sp := &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "X-Session"}
+	b := &snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: endpoints(2), SessionPersistence: sp}
+	before := New(b, nil, nil)
+	old := &before.ready[1]
+	now := time.Unix(1_000_000, 0)
+	r, _ := http.NewRequest(http.MethodPost, "/", nil)
+	r.Header.Set("Mcp-Session-Id", "s1")
+	before.SetSession(r.Header, r, old, now, sp)
+	before.MCPSession(r.Header, old)
+	mcp := CutMCPSession(r.Header.Clone())
+
+	// on checks that p keeps both sessions on old, or moves them (stays
+	// false).
+	on := func(p *Picker, stays bool, when string) {
+		t.Helper()
+		if c, pinned, _ := p.PickRequest(r, ClientKey{}, now, sp); pinned != stays || (c.Host == old.Host) != stays {
+			t.Errorf("%s: session to %s (pinned %v), want it on %s: %v", when, c.Host, pinned, old.Host, stays)
+		}
+		if c := p.MCPEndpoint(mcp, time.Time{}); (c != nil && c.Host == old.Host) != stays {
+			t.Errorf("%s: MCP session to %v, want it on %s: %v", when, c, old.Host, stays)
+		}
+	}
+	terminating := *b
+	terminating.Endpoints = endpoints(2)
+	terminating.Endpoints[1] = snapshot.Endpoint{Addr: old.Endpoint.Addr, Serving: true, Terminating: true}
+	health := NewHealth(time.Minute, time.Minute, nil)
+	p := New(&terminating, health, nil)
+	on(p, true, "terminating, serving")
+	if got := picks(p, 4); got[old.Host] != 0 || p.Len() != 1 {
+		t.Errorf("terminating beside a ready endpoint: picks %v, Len %d; want none of %s, 1", got, p.Len(), old.Host)
+	}
+	health.Failed(old.Endpoint.Addr, time.Now(), time.Now()) // MCPEndpoint reads the clock
+	on(p, false, "terminating, ejected")
+
+	terminating.Endpoints[1].Serving = false
+	on(New(&terminating, nil, nil), false, "terminating, no longer serving")
+}
+
 func endpoints(n int) []snapshot.Endpoint {
 	eps := make([]snapshot.Endpoint, n)
 	for i := range eps {

@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -356,5 +357,58 @@ func TestMCPSessionToPlainBackend(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSessionOnTerminatingReplica: a session — an MCP session, or one of
+// session persistence (a cookie) — stays on its replica once that begins
+// terminating while it still serves, another replica ready, which alone
+// takes new sessions: the pod's grace period lets its sessions finish.
+// Before, the session's next request went to the other replica, which did
+// not know it (404): a rolling update ended every session of the old pods
+// at once.
+func TestSessionOnTerminatingReplica(t *testing.T) {
+	cookie := &snapshot.SessionPersistence{Type: snapshot.SessionCookie, Name: "sm-session"}
+	for _, kind := range []struct {
+		name string
+		be   snapshot.Backend
+	}{{"mcp", snapshot.Backend{Protocol: snapshot.ProtocolMCP}}, {"cookie", snapshot.Backend{SessionPersistence: cookie}}} {
+		for _, app := range []string{"h1", "h2c"} {
+			t.Run(kind.name+"/"+app, func(t *testing.T) {
+				be := kind.be
+				be.Endpoints = []snapshot.Endpoint{mcpServer(t, "a"), mcpServer(t, "b")}
+				f := newFixture(t, Config{}, be)
+				c := f.httpClient()
+				if app == "h2c" {
+					c = f.serveL7(true)
+				}
+				resp, body := mcpDo(t, c, http.MethodPost, "") // initialize
+				issuer, _, _ := strings.Cut(body, " ")
+				id, sent := resp.Header.Get("Mcp-Session-Id"), []string(nil)
+				for _, ck := range resp.Cookies() {
+					sent = []string{"Cookie", ck.Name + "=" + ck.Value}
+				}
+				if (sent != nil) != (be.SessionPersistence != nil) {
+					t.Fatalf("initialize: cookies %v under session persistence %v", resp.Cookies(), be.SessionPersistence)
+				}
+				terminating := be
+				terminating.Endpoints = slices.Clone(be.Endpoints)
+				i := strings.Index("ab", issuer)
+				terminating.Endpoints[i].Ready, terminating.Endpoints[i].Terminating = false, true
+				f.update(2, terminating)
+
+				for _, method := range []string{"POST", "GET", "POST", "DELETE"} {
+					resp, body := mcpDo(t, c, method, id, sent...)
+					if got, _, _ := strings.Cut(strings.TrimPrefix(body, "data: "), " "); resp.StatusCode != http.StatusOK || got != issuer {
+						t.Errorf("%s with the session, its replica terminating: %d %q, want 200 from %s", method, resp.StatusCode, body, issuer)
+					}
+				}
+				for range 2 {
+					if _, body := mcpDo(t, c, http.MethodPost, ""); strings.HasPrefix(body, issuer+" ") {
+						t.Errorf("a new session began on %q, the terminating replica", body)
+					}
+				}
+			})
+		}
 	}
 }
