@@ -208,8 +208,15 @@ func (f *fixture) httpClient() *http.Client {
 	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
 }
 
-// startBackend runs a cleartext net/http backend and returns its endpoint.
+// startBackend runs a cleartext net/http backend (HTTP/1.1 and h2c) and
+// returns its endpoint.
 func startBackend(t *testing.T, h http.Handler) snapshot.Endpoint {
+	t.Helper()
+	return startBackendH2C(t, h, true) // for backends of protocol H2C
+}
+
+// startBackendH2C is startBackend speaking h2c only if h2c.
+func startBackendH2C(t *testing.T, h http.Handler, h2c bool) snapshot.Endpoint {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -217,7 +224,7 @@ func startBackend(t *testing.T, h http.Handler) snapshot.Endpoint {
 	}
 	srv := &http.Server{Handler: h, Protocols: new(http.Protocols), DisableGeneralOptionsHandler: true} // h sees "OPTIONS *" too
 	srv.Protocols.SetHTTP1(true)
-	srv.Protocols.SetUnencryptedHTTP2(true) // for backends of protocol H2C
+	srv.Protocols.SetUnencryptedHTTP2(h2c)
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
 	return snapshot.Endpoint{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true, Serving: true}

@@ -473,7 +473,7 @@ func (x *exchange) decorate(h http.Header, r *http.Request, c *balance.Choice) {
 // declares HTTP/2 where the protocol does not. An HTTP/2 app's requests to
 // a TLS backend that declared no HTTP version offer both by ALPN: they stay
 // HTTP/2 where the backend speaks it and become HTTP/1.1 where it does not
-// (or has no ALPN).
+// (or has no ALPN). A cleartext MCP backend gets HTTP/1.1.
 func WireFor(be *upstream.Backend, protoMajor int, websocket bool) upstream.Wire {
 	if websocket {
 		return upstream.WireH1
@@ -483,6 +483,14 @@ func WireFor(be *upstream.Backend, protoMajor int, websocket bool) upstream.Wire
 		return upstream.WireH2
 	case snapshot.ProtocolHTTP11, snapshot.ProtocolWS, snapshot.ProtocolWSS:
 		return upstream.WireH1
+	case snapshot.ProtocolMCP:
+		// XBackend's MCP names no HTTP version, and MCP servers (the
+		// TypeScript and Python SDKs', Go's net/http) speak HTTP/1.1 alone
+		// in cleartext: an HTTP/2 app's requests in h2c met a 502. In TLS,
+		// ALPN tells.
+		if !be.TLS() {
+			return upstream.WireH1
+		}
 	}
 	switch {
 	case onlyH2(be.Spec.TLS):

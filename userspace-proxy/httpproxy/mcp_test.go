@@ -360,6 +360,33 @@ func TestMCPSessionToPlainBackend(t *testing.T) {
 	}
 }
 
+// TestMCPCleartextHTTP11: a cleartext MCP server that speaks HTTP/1.1
+// alone, as MCP's SDKs' do, serves HTTP/2 apps as HTTP/1.1 ones: the
+// proxy speaks HTTP/1.1 to it. Before, an h2c app's requests went in h2c
+// with prior knowledge, which the server did not speak: 502.
+func TestMCPCleartextHTTP11(t *testing.T) {
+	be := snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: []snapshot.Endpoint{startBackendH2C(t, mcpHandler("a"), false)}}
+	f := newFixture(t, Config{}, be)
+	for _, app := range []string{"h1", "h2c"} {
+		t.Run(app, func(t *testing.T) {
+			c := f.httpClient()
+			if app == "h2c" {
+				c = f.serveL7(true)
+			}
+			resp, body := mcpDo(t, c, http.MethodPost, "") // initialize
+			id := resp.Header.Get("Mcp-Session-Id")
+			if resp.StatusCode != http.StatusOK || id == "" {
+				t.Fatalf("initialize: %d %q, Mcp-Session-Id %q; want 200 and a session", resp.StatusCode, body, id)
+			}
+			for _, method := range []string{"POST", "GET", "DELETE"} {
+				if resp, body := mcpDo(t, c, method, id); resp.StatusCode != http.StatusOK {
+					t.Errorf("%s with the session: %d %q, want 200", method, resp.StatusCode, body)
+				}
+			}
+		})
+	}
+}
+
 // TestSessionOnTerminatingReplica: a session — an MCP session, or one of
 // session persistence (a cookie) — stays on its replica once that begins
 // terminating while it still serves, another replica ready, which alone
