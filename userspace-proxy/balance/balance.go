@@ -495,7 +495,10 @@ func sessionOf(r *http.Request, sp *snapshot.SessionPersistence) string {
 // tokenLen is the length of a token: an FNV-64a sum in hex.
 const tokenLen = 16
 
-// token names an endpoint without revealing its address to the client.
+// token names an endpoint by an unkeyed sum of its address, the same in
+// every proxy, on every node and across restarts, with no state. It hides
+// the address from no one who sums a pod range (a /16 takes
+// milliseconds): pod addresses are no secret in a cluster.
 func token(ep snapshot.Endpoint) string {
 	h := fnv.New64a()
 	h.Write(ep.Addr.Addr().AsSlice())
