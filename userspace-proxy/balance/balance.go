@@ -111,6 +111,21 @@ func choices(eps []snapshot.Endpoint, take func(snapshot.Endpoint) bool) []Choic
 // Len is the number of endpoints handed out, fallback ones included.
 func (p *Picker) Len() int { return len(p.ready) }
 
+// Tries is how many endpoints a request whose connect to first fails may
+// try in all, first included: three at most, of those p hands out and
+// first, which may be a terminating endpoint its session kept (session).
+// Counted among the others alone, a session on a terminating pod that
+// refused, beside one ready endpoint, tried nothing else.
+func (p *Picker) Tries(first *Choice) int {
+	n := len(p.ready)
+	for i := range p.draining {
+		if &p.draining[i] == first {
+			n++
+		}
+	}
+	return min(n, 3)
+}
+
 // Addrs returns the endpoints p hands out, fallback ones included.
 func (p *Picker) Addrs() []netip.AddrPort {
 	a := make([]netip.AddrPort, len(p.ready))

@@ -183,7 +183,8 @@ func TestSessionTimeouts(t *testing.T) {
 // TestSessionTerminating: a session (session persistence's, an MCP
 // session's) stays on its endpoint while that serves as it terminates,
 // ready endpoints beside it, which alone take new sessions and requests;
-// it moves once the endpoint is ejected or serves no more. Before, it
+// it moves once the endpoint is ejected or serves no more, and a connect
+// to it that fails may try the ready one (Tries). Before, it
 // moved as soon as the pod began terminating, whose grace period would
 // have let it finish.
 func TestSessionTerminating(t *testing.T) {
@@ -215,6 +216,9 @@ func TestSessionTerminating(t *testing.T) {
 	health := NewHealth(time.Minute, time.Minute, nil)
 	p := New(&terminating, health, nil)
 	on(p, true, "terminating, serving")
+	if kept, other := p.MCPEndpoint(mcp, time.Time{}), p.Pick(); p.Tries(kept) != 2 || p.Tries(other) != 1 {
+		t.Errorf("Tries: %d from the terminating endpoint, %d from the ready one; want 2, 1", p.Tries(kept), p.Tries(other))
+	}
 	if got := picks(p, 4); got[old.Host] != 0 || p.Len() != 1 {
 		t.Errorf("terminating beside a ready endpoint: picks %v, Len %d; want none of %s, 1", got, p.Len(), old.Host)
 	}

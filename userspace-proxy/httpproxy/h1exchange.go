@@ -389,7 +389,8 @@ func (s *h1Conn) conn(x *exchange, choice *balance.Choice, read bool) (*pool.Con
 		}
 	}
 	uc, err := be.GetH1(ctx, choice)
-	for i := 1; err != nil && i < min(be.Picker.Len(), 3) && upstream.NoConnection(err); i++ {
+	tries := be.Picker.Tries(choice)
+	for i := 1; err != nil && i < tries && upstream.NoConnection(err); i++ {
 		x.unpin()
 		choice = be.Picker.Pick()
 		uc, err = be.GetH1(ctx, choice)

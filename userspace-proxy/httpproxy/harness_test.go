@@ -212,11 +212,13 @@ func (f *fixture) httpClient() *http.Client {
 // returns its endpoint.
 func startBackend(t *testing.T, h http.Handler) snapshot.Endpoint {
 	t.Helper()
-	return startBackendH2C(t, h, true) // for backends of protocol H2C
+	ep, _ := serveBackend(t, h, true) // for backends of protocol H2C
+	return ep
 }
 
-// startBackendH2C is startBackend speaking h2c only if h2c.
-func startBackendH2C(t *testing.T, h http.Handler, h2c bool) snapshot.Endpoint {
+// serveBackend is startBackend speaking h2c only if h2c; it returns the
+// server too, for a test to stop.
+func serveBackend(t *testing.T, h http.Handler, h2c bool) (snapshot.Endpoint, *http.Server) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -227,7 +229,7 @@ func startBackendH2C(t *testing.T, h http.Handler, h2c bool) snapshot.Endpoint {
 	srv.Protocols.SetUnencryptedHTTP2(h2c)
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
-	return snapshot.Endpoint{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true, Serving: true}
+	return snapshot.Endpoint{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true, Serving: true}, srv
 }
 
 // serveRaw runs a backend that handles each connection with handle

@@ -365,7 +365,8 @@ func TestMCPSessionToPlainBackend(t *testing.T) {
 // proxy speaks HTTP/1.1 to it. Before, an h2c app's requests went in h2c
 // with prior knowledge, which the server did not speak: 502.
 func TestMCPCleartextHTTP11(t *testing.T) {
-	be := snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: []snapshot.Endpoint{startBackendH2C(t, mcpHandler("a"), false)}}
+	ep, _ := serveBackend(t, mcpHandler("a"), false)
+	be := snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: []snapshot.Endpoint{ep}}
 	f := newFixture(t, Config{}, be)
 	for _, app := range []string{"h1", "h2c"} {
 		t.Run(app, func(t *testing.T) {
@@ -391,9 +392,11 @@ func TestMCPCleartextHTTP11(t *testing.T) {
 // session persistence (a cookie) — stays on its replica once that begins
 // terminating while it still serves, another replica ready, which alone
 // takes new sessions: the pod's grace period lets its sessions finish.
-// Before, the session's next request went to the other replica, which did
-// not know it (404): a rolling update ended every session of the old pods
-// at once.
+// Once it exits, still serving in the snapshot, the session's requests go
+// to the other replica. Before, the session's next request went to the
+// other replica, which did not know it (404), as soon as the pod began
+// terminating: a rolling update ended every session of the old pods at
+// once.
 func TestSessionOnTerminatingReplica(t *testing.T) {
 	cookie := &snapshot.SessionPersistence{Type: snapshot.SessionCookie, Name: "sm-session"}
 	for _, kind := range []struct {
@@ -403,7 +406,10 @@ func TestSessionOnTerminatingReplica(t *testing.T) {
 		for _, app := range []string{"h1", "h2c"} {
 			t.Run(kind.name+"/"+app, func(t *testing.T) {
 				be := kind.be
-				be.Endpoints = []snapshot.Endpoint{mcpServer(t, "a"), mcpServer(t, "b")}
+				var srvs [2]*http.Server
+				be.Endpoints = make([]snapshot.Endpoint, 2)
+				be.Endpoints[0], srvs[0] = serveBackend(t, mcpHandler("a"), true)
+				be.Endpoints[1], srvs[1] = serveBackend(t, mcpHandler("b"), true)
 				f := newFixture(t, Config{}, be)
 				c := f.httpClient()
 				if app == "h2c" {
@@ -434,6 +440,11 @@ func TestSessionOnTerminatingReplica(t *testing.T) {
 					if _, body := mcpDo(t, c, http.MethodPost, ""); strings.HasPrefix(body, issuer+" ") {
 						t.Errorf("a new session began on %q, the terminating replica", body)
 					}
+				}
+
+				srvs[i].Close() // its connects are refused from now on
+				if resp, body := mcpDo(t, c, http.MethodPost, id, sent...); resp.StatusCode != http.StatusNotFound || strings.HasPrefix(body, issuer+" ") {
+					t.Errorf("POST with the session, its replica gone: %d %q, want 404 from the other replica", resp.StatusCode, body)
 				}
 			})
 		}

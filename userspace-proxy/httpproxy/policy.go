@@ -461,7 +461,8 @@ func (h *Handler) roundTrip(x *exchange, wire upstream.Wire, out *http.Request, 
 // returns the endpoint tried last, which the session then names.
 func (x *exchange) roundTripAny(rt http.RoundTripper, out *http.Request, c *balance.Choice) (*http.Response, *balance.Choice, error) {
 	resp, err := rt.RoundTrip(out)
-	for i := 1; err != nil && i < min(x.be.Picker.Len(), 3) && upstream.NoConnection(err) && x.resendable(out); i++ {
+	tries := x.be.Picker.Tries(c)
+	for i := 1; err != nil && i < tries && upstream.NoConnection(err) && x.resendable(out); i++ {
 		x.unpin()
 		c = x.be.Picker.Pick()
 		o := out.WithContext(upstream.WithEndpoint(out.Context(), c))
