@@ -208,6 +208,15 @@ func (f *fixture) httpClient() *http.Client {
 	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
 }
 
+// appClient is a client of the kind app names: "h1" speaks HTTP/1.1 to
+// the fast path, "h2c" HTTP/2 to net/http's server (serveL7).
+func (f *fixture) appClient(app string) *http.Client {
+	if app == "h2c" {
+		return f.serveL7(true)
+	}
+	return f.httpClient()
+}
+
 // startBackend runs a cleartext net/http backend (HTTP/1.1 and h2c) and
 // returns its endpoint.
 func startBackend(t *testing.T, h http.Handler) snapshot.Endpoint {

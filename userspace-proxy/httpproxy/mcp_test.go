@@ -91,10 +91,7 @@ func TestMCPSessionAffinity(t *testing.T) {
 			eps := []snapshot.Endpoint{mcpServer(t, "a"), mcpServer(t, "b"), mcpServer(t, "c")}
 			be := snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: eps}
 			f := newFixture(t, Config{}, be)
-			c := f.httpClient()
-			if app == "h2c" {
-				c = f.serveL7(true)
-			}
+			c := f.appClient(app)
 			do := func(method, id string) (*http.Response, string) {
 				t.Helper()
 				return mcpDo(t, c, method, id)
@@ -226,10 +223,7 @@ func TestMCPSessionRouteMatch(t *testing.T) {
 	}})
 	for _, app := range []string{"h1", "h2c"} {
 		t.Run(app, func(t *testing.T) {
-			c := f.httpClient()
-			if app == "h2c" {
-				c = f.serveL7(true)
-			}
+			c := f.appClient(app)
 			resp, body := mcpDo(t, c, http.MethodPost, "") // initialize
 			id := resp.Header.Get("Mcp-Session-Id")
 			if got := resp.Header.Get("X-Rule"); got != "other" || id == "" {
@@ -283,10 +277,7 @@ func TestMCPSessionWeightedSplit(t *testing.T) {
 	}
 	for i, app := range []string{"h1", "h2c"} {
 		t.Run(app, func(t *testing.T) {
-			c := f.httpClient()
-			if app == "h2c" {
-				c = f.serveL7(true)
-			}
+			c := f.appClient(app)
 			version := uint64(10 * (i + 1))
 			split(version, stable, 1, 0)
 			resp, body := mcpDo(t, c, http.MethodPost, "") // initialize, on stable
@@ -340,10 +331,7 @@ func TestMCPSessionToPlainBackend(t *testing.T) {
 	for _, app := range []string{"h1", "h2c"} {
 		t.Run(app, func(t *testing.T) {
 			f := newFixture(t, Config{}, snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: []snapshot.Endpoint{mcpServer(t, "mcp")}})
-			c := f.httpClient()
-			if app == "h2c" {
-				c = f.serveL7(true)
-			}
+			c := f.appClient(app)
 			resp, body := mcpDo(t, c, http.MethodPost, "") // initialize
 			_, issued, _ := strings.Cut(body, " ")
 			id := resp.Header.Get("Mcp-Session-Id")
@@ -370,10 +358,7 @@ func TestMCPCleartextHTTP11(t *testing.T) {
 	f := newFixture(t, Config{}, be)
 	for _, app := range []string{"h1", "h2c"} {
 		t.Run(app, func(t *testing.T) {
-			c := f.httpClient()
-			if app == "h2c" {
-				c = f.serveL7(true)
-			}
+			c := f.appClient(app)
 			resp, body := mcpDo(t, c, http.MethodPost, "") // initialize
 			id := resp.Header.Get("Mcp-Session-Id")
 			if resp.StatusCode != http.StatusOK || id == "" {
@@ -411,10 +396,7 @@ func TestSessionOnTerminatingReplica(t *testing.T) {
 				be.Endpoints[0], srvs[0] = serveBackend(t, mcpHandler("a"), true)
 				be.Endpoints[1], srvs[1] = serveBackend(t, mcpHandler("b"), true)
 				f := newFixture(t, Config{}, be)
-				c := f.httpClient()
-				if app == "h2c" {
-					c = f.serveL7(true)
-				}
+				c := f.appClient(app)
 				resp, body := mcpDo(t, c, http.MethodPost, "") // initialize
 				issuer, _, _ := strings.Cut(body, " ")
 				id, sent := resp.Header.Get("Mcp-Session-Id"), []string(nil)
