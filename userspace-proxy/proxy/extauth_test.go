@@ -636,11 +636,7 @@ func waitGoroutine(fn string) bool {
 // was waited for as long as the app took. Time is the synctest bubble's,
 // so every duration is exact.
 func TestRouteExternalAuthRequestTimeout(t *testing.T) {
-	for _, k := range clientKinds {
-		t.Run(k.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) { testExternalAuthRequestTimeout(t, k) })
-		})
-	}
+	inBubbles(t, testExternalAuthRequestTimeout)
 }
 
 func testExternalAuthRequestTimeout(t *testing.T, k clientKind) {

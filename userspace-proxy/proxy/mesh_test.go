@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
@@ -138,6 +139,16 @@ var clientKinds = []clientKind{
 	{"http1-fast", proxy.HTTP1TLSPooled, false},
 	{"http1-nethttp", proxy.HTTP1TLSL7, false},
 	{"h2c", proxy.HTTP1TLSPooled, true},
+}
+
+// inBubbles runs test once for each client kind, as a subtest in a
+// synctest bubble of its own, where every duration is exact.
+func inBubbles(t *testing.T, test func(t *testing.T, k clientKind)) {
+	for _, k := range clientKinds {
+		t.Run(k.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) { test(t, k) })
+		})
+	}
 }
 
 // noRedirects makes c return redirects instead of following them.

@@ -194,24 +194,20 @@ func testStalledAppFreesConnection(t *testing.T, k clientKind, hostile string) {
 // whose backend is quiet for three stall timeouts at a time while its app
 // waits, are not stalls.
 func TestSlowAppNotCut(t *testing.T) {
-	for _, k := range clientKinds {
-		t.Run(k.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				p, reg := stallProxy(t, k, 1, time.Hour)
-				if got := slowUpload(t, p, k); got != "ok 10" {
-					t.Errorf("slow upload answered %q, want \"ok 10\"", got)
-				}
-				app := pipeClient(t, p, k.h2c)
-				status, body := getText(t, app, fmt.Sprintf("http://web.b.svc/sse?quiet=%v", 3*stallTimeout))
-				if status != http.StatusOK || body != "data: 1\n\n" {
-					t.Errorf("quiet event stream = %d %q, want 200 and its event", status, body)
-				}
-				if got := reg(upstream.ReasonAppStalled); got != 0 {
-					t.Errorf("request_failures_total{app_stalled} = %v, want 0", got)
-				}
-			})
-		})
-	}
+	inBubbles(t, func(t *testing.T, k clientKind) {
+		p, reg := stallProxy(t, k, 1, time.Hour)
+		if got := slowUpload(t, p, k); got != "ok 10" {
+			t.Errorf("slow upload answered %q, want \"ok 10\"", got)
+		}
+		app := pipeClient(t, p, k.h2c)
+		status, body := getText(t, app, fmt.Sprintf("http://web.b.svc/sse?quiet=%v", 3*stallTimeout))
+		if status != http.StatusOK || body != "data: 1\n\n" {
+			t.Errorf("quiet event stream = %d %q, want 200 and its event", status, body)
+		}
+		if got := reg(upstream.ReasonAppStalled); got != 0 {
+			t.Errorf("request_failures_total{app_stalled} = %v, want 0", got)
+		}
+	})
 }
 
 // TestPoolBusy: while an app holds the endpoint's only connection (its
@@ -220,42 +216,38 @@ func TestSlowAppNotCut(t *testing.T) {
 // the trailers-only UNAVAILABLE — rather than waiting as long as the
 // holder does.
 func TestPoolBusy(t *testing.T) {
-	for _, k := range clientKinds {
-		t.Run(k.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				const wait = 5 * time.Second
-				p, reg := stallProxy(t, k, 1, wait)
-				stuckUpload(t, p, clientKind{})
-				synctest.Wait()
-				other := pipeClient(t, p, k.h2c)
-				start := time.Now()
-				status, body := getText(t, other, "http://web.b.svc/")
-				if status != http.StatusServiceUnavailable || body != "sockmesh: pool_busy\n" {
-					t.Errorf("GET while the connection is held = %d %q, want 503 pool_busy", status, body)
-				}
-				if waited := time.Since(start); waited != wait {
-					t.Errorf("GET failed after %v, want ConnWait (%v)", waited, wait)
-				}
-				want := 1.0
-				if k.h2c {
-					req, _ := http.NewRequest(http.MethodPost, "http://web.b.svc/pkg.Svc/Call", strings.NewReader("\x00\x00\x00\x00\x00"))
-					req.Header.Set("Content-Type", "application/grpc")
-					resp, err := other.Do(req)
-					if err != nil {
-						t.Fatalf("gRPC call: %v", err)
-					}
-					resp.Body.Close()
-					if s, m := resp.Header.Get("Grpc-Status"), resp.Header.Get("Grpc-Message"); s != "14" || !strings.Contains(m, "pool_busy") {
-						t.Errorf("gRPC call while the connection is held: grpc-status %q, message %q; want 14 (UNAVAILABLE), pool_busy", s, m)
-					}
-					want++
-				}
-				if got := reg(upstream.ReasonPoolBusy); got != want {
-					t.Errorf("request_failures_total{pool_busy} = %v, want %v", got, want)
-				}
-			})
-		})
-	}
+	inBubbles(t, func(t *testing.T, k clientKind) {
+		const wait = 5 * time.Second
+		p, reg := stallProxy(t, k, 1, wait)
+		stuckUpload(t, p, clientKind{})
+		synctest.Wait()
+		other := pipeClient(t, p, k.h2c)
+		start := time.Now()
+		status, body := getText(t, other, "http://web.b.svc/")
+		if status != http.StatusServiceUnavailable || body != "sockmesh: pool_busy\n" {
+			t.Errorf("GET while the connection is held = %d %q, want 503 pool_busy", status, body)
+		}
+		if waited := time.Since(start); waited != wait {
+			t.Errorf("GET failed after %v, want ConnWait (%v)", waited, wait)
+		}
+		want := 1.0
+		if k.h2c {
+			req, _ := http.NewRequest(http.MethodPost, "http://web.b.svc/pkg.Svc/Call", strings.NewReader("\x00\x00\x00\x00\x00"))
+			req.Header.Set("Content-Type", "application/grpc")
+			resp, err := other.Do(req)
+			if err != nil {
+				t.Fatalf("gRPC call: %v", err)
+			}
+			resp.Body.Close()
+			if s, m := resp.Header.Get("Grpc-Status"), resp.Header.Get("Grpc-Message"); s != "14" || !strings.Contains(m, "pool_busy") {
+				t.Errorf("gRPC call while the connection is held: grpc-status %q, message %q; want 14 (UNAVAILABLE), pool_busy", s, m)
+			}
+			want++
+		}
+		if got := reg(upstream.ReasonPoolBusy); got != want {
+			t.Errorf("request_failures_total{pool_busy} = %v, want %v", got, want)
+		}
+	})
 }
 
 // slowUpload POSTs a 10-byte body a byte every 6 s, and returns the

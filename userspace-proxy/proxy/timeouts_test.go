@@ -299,11 +299,7 @@ func testRouteTimeouts(t *testing.T, h2c bool, proto snapshot.Protocol) {
 // connection reached the backend past the deadline. Time is the synctest
 // bubble's, so every duration is exact.
 func TestRouteRequestTimeoutKeptBody(t *testing.T) {
-	for _, k := range clientKinds {
-		t.Run(k.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) { testRequestTimeoutKeptBody(t, k) })
-		})
-	}
+	inBubbles(t, testRequestTimeoutKeptBody)
 }
 
 func testRequestTimeoutKeptBody(t *testing.T, k clientKind) {
