@@ -312,8 +312,8 @@ type h1Conn struct {
 	// broken is set when an answer broke off: the connection ends with a
 	// reset.
 	broken bool
-	// head is the next request's head as next found it buffered whole
-	// (nil: not yet whole), for checkHead.
+	// head is the next request's head buffered whole by next (nil: larger
+	// than the reader), for checkHead.
 	head []byte
 	// deadline is c's read deadline (zero: none); idleDeadline says it is
 	// the idle one.
@@ -370,10 +370,13 @@ func (s *h1Conn) next() int {
 		}
 	}
 	s.head = nil
-	if b, _ := s.br.Peek(s.br.Buffered()); headComplete(b) {
-		s.head = b
-	} else {
+	b, _ := s.br.Peek(s.br.Buffered())
+	if !headComplete(b) {
 		s.setDeadline(now.Add(s.h.cfg.ReadHeaderTimeout), false)
+		b = s.readHead(b)
+	}
+	if headComplete(b) {
+		s.head = b
 	}
 	if !s.state.CompareAndSwap(stateIdle, stateActive) {
 		return waitEnded
@@ -457,6 +460,20 @@ func (s *h1Conn) setDeadline(t time.Time, idle bool) {
 
 // headComplete reports whether b holds a whole request head (up to its
 // empty line, CRLF or bare LF as textproto accepts).
+// readHead reads on until b, the start of a head buffered in s.br, holds
+// the head whole or fills the reader, and returns what it buffered: a
+// head that came in several reads is then checked as one that came in
+// one (checkHead). Errors are left for ReadRequest to meet again.
+func (s *h1Conn) readHead(b []byte) []byte {
+	for !headComplete(b) && len(b) < s.br.Size() {
+		var err error
+		if b, err = s.br.Peek(len(b) + 1); err != nil {
+			return b
+		}
+	}
+	return b
+}
+
 func headComplete(b []byte) bool {
 	return bytes.Contains(b, crlfcrlf) || bytes.Contains(b, lflf)
 }
@@ -523,12 +540,13 @@ var (
 // form: it takes the target's authority for req.Host and drops the field
 // (one in origin form gets an empty Host, which validRequest refuses).
 // The head is read again with net/textproto: it is still in s.br's
-// buffer, since ReadRequest reads nothing more when it is whole (s.head).
-// Only chunked, HTTP/1.0 and absolute-form requests pay for it. One whose
-// head was not buffered whole cannot be checked: its connection ends after
-// the answer, so nothing after its body is taken for a request (and an
-// absolute-form one goes on with the target's authority, the one a proxy
-// would send in any case: §3.2.2).
+// buffer, since ReadRequest reads nothing more when it is whole (s.head,
+// read whole by next when it fits the reader). Only chunked, HTTP/1.0 and
+// absolute-form requests pay for it. One whose head is larger than the
+// reader (4 KiB) cannot be checked: its connection ends after the answer,
+// so nothing after its body is taken for a request (and an absolute-form
+// one goes on with the target's authority, the one a proxy would send in
+// any case: §3.2.2).
 func (s *h1Conn) checkHead(req *http.Request) error {
 	chunked := req.TransferEncoding != nil
 	http11 := req.ProtoAtLeast(1, 1)
@@ -655,10 +673,12 @@ func (s *h1Conn) badRequest(err error) {
 }
 
 // refuse answers a request the fast path does not serve, and the
-// connection ends.
+// connection ends. Dated, unlike net/http's server's refusals: RFC 9110
+// §6.6.1 asks a server with a clock for a Date on its 4xx answers.
 func (s *h1Conn) refuse(status string) {
 	s.unread = true
-	io.WriteString(s.c, "HTTP/1.1 "+status+"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"+status)
+	io.WriteString(s.c, "HTTP/1.1 "+status+"\r\nDate: "+time.Now().UTC().Format(http.TimeFormat)+
+		"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"+status)
 }
 
 // validRequest applies the checks net/http's server adds to ReadRequest's:

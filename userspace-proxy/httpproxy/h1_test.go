@@ -599,40 +599,53 @@ func failureLogThrottled(t *testing.T, every time.Duration) bool {
 }
 
 // TestBadRequests: what the fast path cannot or will not forward is
-// answered as net/http's server would, and the connection closes; a
-// CONNECT alike on net/http's path.
+// answered as net/http's server would, dated (RFC 9110 §6.6.1), and the
+// connection closes; also when the head comes in two reads (later: sent
+// after a pause), which was forwarded unchecked; a CONNECT alike on
+// net/http's path.
 func TestBadRequests(t *testing.T) {
 	ep := startBackend(t, http.HandlerFunc(echoHeaders))
 	f := newFixture(t, Config{MaxHeaderBytes: 1 << 10}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
 	for _, c := range []struct {
-		name, req string
-		code      int
+		name, req, later string
+		code             int
 	}{
-		{"garbage", "NOT HTTP AT ALL\r\n\r\n", 400},
-		{"bad header name", "GET / HTTP/1.1\r\nHost: x\r\nBad Header: x\r\n\r\n", 400},
-		{"bad host", "GET / HTTP/1.1\r\nHost: x/y\r\n\r\n", 400},
-		{"huge header", "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 8<<10) + "\r\n\r\n", 431},
-		{"http/2 line", "GET / HTTP/2.0\r\nHost: x\r\n\r\n", 505},
-		{"connect", "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", 405},
+		{"garbage", "NOT HTTP AT ALL\r\n\r\n", "", 400},
+		{"bad header name", "GET / HTTP/1.1\r\nHost: x\r\nBad Header: x\r\n\r\n", "", 400},
+		{"bad host", "GET / HTTP/1.1\r\nHost: x/y\r\n\r\n", "", 400},
+		{"huge header", "GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + strings.Repeat("a", 8<<10) + "\r\n\r\n", "", 431},
+		{"http/2 line", "GET / HTTP/2.0\r\nHost: x\r\n\r\n", "", 505},
+		{"connect", "CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", "", 405},
 		// RFC 9112 §3.2: no form of target has a fragment; routed as
 		// "/admin%23x", it would miss the /admin rule the backend reads.
-		{"fragment", "GET /admin#x HTTP/1.1\r\nHost: x\r\n\r\n", 400},
-		{"fragment absolute", "GET http://x/admin#x HTTP/1.1\r\nHost: x\r\n\r\n", 400},
-		{"fragment plain", "POST /admin#x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", 400},
+		{"fragment", "GET /admin#x HTTP/1.1\r\nHost: x\r\n\r\n", "", 400},
+		{"fragment absolute", "GET http://x/admin#x HTTP/1.1\r\nHost: x\r\n\r\n", "", 400},
+		{"fragment plain", "POST /admin#x HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n", "", 400},
 		// RFC 9112 §3.2: an HTTP/1.1 request without Host, also one whose
 		// target names an authority (ReadRequest takes it for Host).
-		{"no host", "GET / HTTP/1.1\r\n\r\n", 400},
-		{"no host, absolute-form", "GET http://other/x HTTP/1.1\r\n\r\n", 400},
-		{"no host, absolute-form, chunked", "POST http://other/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400},
+		{"no host", "GET / HTTP/1.1\r\n\r\n", "", 400},
+		{"no host, absolute-form", "GET http://other/x HTTP/1.1\r\n\r\n", "", 400},
+		{"no host, absolute-form, chunked", "POST http://other/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", "", 400},
 		// RFC 9112 §6.1: a transfer coding the proxy cannot read is 501.
-		{"unsupported transfer coding", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501},
+		{"unsupported transfer coding", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", "", 501},
+		// Heads that came in two reads are checked as whole ones.
+		{"no host, absolute-form, split", "GET http://other/x HTTP/1.1\r\n", "X-A: b\r\n\r\n", 400},
+		{"chunked and length, split", "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n",
+			"Content-Length: 5\r\n\r\n0\r\n\r\n", 400},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cl := f.dial()
 			cl.send(c.req)
+			if c.later != "" {
+				time.Sleep(50 * time.Millisecond) // the proxy reads the first part alone
+				cl.send(c.later)
+			}
 			resp, _ := cl.read(http.MethodGet)
 			if resp.StatusCode != c.code || !resp.Close {
 				t.Errorf("%s, close=%v; want %d and close", resp.Status, resp.Close, c.code)
+			}
+			if _, err := http.ParseTime(resp.Header.Get("Date")); err != nil || len(resp.Header["Date"]) != 1 {
+				t.Errorf("Date %q (%v), want one, the time of the answer", resp.Header["Date"], err)
 			}
 		})
 	}
