@@ -202,7 +202,7 @@ func acceptsAsIs(proto snapshot.Protocol, tls bool, kind sniff.Kind) bool {
 	case snapshot.ProtocolH2C:
 		return kind == sniff.HTTP2 && !tls
 	}
-	return true // Auto, HTTP, MCP: the app's own version is acceptable
+	return true // Auto, HTTP: the app's own version is acceptable (MCP never relays: choosePath)
 }
 
 // connState is one connection being served.
