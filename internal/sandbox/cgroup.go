@@ -13,7 +13,7 @@ import (
 )
 
 // Cgroup is a cgroup v2 directory made for one test, directly below the
-// hierarchy's root.
+// hierarchy's root or below another such (Sub).
 type Cgroup struct {
 	Path string
 }
@@ -27,7 +27,19 @@ func NewCgroup(t TB) *Cgroup {
 	if err != nil {
 		skipOrFail(t, "cgroup v2: %v", err)
 	}
-	c := &Cgroup{Path: filepath.Join(root, Name())}
+	return mkCgroup(t, filepath.Join(root, Name()))
+}
+
+// Sub creates the cgroup name below c (a relative path whose parents
+// exist), removed when t ends, before c is (cleanups run last first).
+func (c *Cgroup) Sub(t TB, name string) *Cgroup {
+	t.Helper()
+	return mkCgroup(t, filepath.Join(c.Path, name))
+}
+
+func mkCgroup(t TB, path string) *Cgroup {
+	t.Helper()
+	c := &Cgroup{Path: path}
 	t.Cleanup(func() {
 		if err := c.remove(); err != nil {
 			t.Errorf("remove cgroup %s: %v", c.Path, err)
