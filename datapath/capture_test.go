@@ -7,12 +7,10 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
@@ -560,61 +558,6 @@ func TestUninstall(t *testing.T) {
 	wantDirect(t, v, err, tp.server4)
 	if err := Uninstall(tp.cfg); err != nil {
 		t.Errorf("second uninstall: %v", err)
-	}
-}
-
-func TestConflicts(t *testing.T) {
-	tp := newTopology(t)
-	attachForeign := func(name string) ebpf.ProgramID {
-		t.Helper()
-		prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
-			Name:       name,
-			Type:       ebpf.CGroupSockAddr,
-			AttachType: ebpf.AttachCGroupInet4Connect,
-			License:    "GPL",
-			Instructions: asm.Instructions{
-				asm.Mov.Imm(asm.R0, 1), // allow
-				asm.Return(),
-			},
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { prog.Close() })
-		l, err := link.AttachCgroup(link.CgroupOptions{Path: tp.cfg.Cgroup, Attach: ebpf.AttachCGroupInet4Connect, Program: prog})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { l.Close() })
-		info, err := prog.Info()
-		if err != nil {
-			t.Fatal(err)
-		}
-		id, _ := info.ID()
-		return id
-	}
-	before := attachForeign("smt_before")
-	d := tp.open(t)
-	after := attachForeign("smt_after")
-
-	got, err := d.Conflicts()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Programs inherited from the real root cgroup (another agent on this
-	// machine) may be listed too; ours must be there, in order.
-	var mine []Attached
-	for _, a := range got {
-		if a.ProgramID == before || a.ProgramID == after {
-			mine = append(mine, a)
-		}
-	}
-	want := []Attached{
-		{Hook: "connect4", ProgramID: before, Name: "smt_before", RunsBeforeOurs: true},
-		{Hook: "connect4", ProgramID: after, Name: "smt_after", RunsBeforeOurs: false},
-	}
-	if !slices.Equal(mine, want) {
-		t.Errorf("Conflicts() = %+v, want it to hold %+v", got, want)
 	}
 }
 

@@ -153,17 +153,20 @@ func Open(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Datapath, e
 		pins.Close()
 		return nil, err
 	}
-	if others, err := d.Conflicts(); err != nil {
+	others, err := d.Conflicts()
+	if err != nil {
 		log.Warn("cannot list other programs on our hooks", "err", err)
-	} else {
-		for _, o := range others {
-			msg := "other program attached to a sockmesh hook"
-			if o.RunsBeforeOurs && strings.HasPrefix(o.Hook, "connect") {
-				msg = "other connect program runs before ours and may rewrite service addresses first"
-			}
-			log.Warn(msg, "hook", o.Hook, "program_id", o.ProgramID, "program_name", o.Name,
-				"runs_before_ours", o.RunsBeforeOurs)
+	}
+	for _, o := range others { // those found before an error too
+		msg := "other program attached to a sockmesh hook"
+		if o.RunsBeforeOurs && strings.HasPrefix(o.Hook, "connect") {
+			msg = "other connect program runs before ours and may rewrite service addresses first"
 		}
+		attrs := []any{"hook", o.Hook, "program_id", o.ProgramID, "program_name", o.Name, "runs_before_ours", o.RunsBeforeOurs}
+		if o.Cgroup != "" {
+			attrs = append(attrs, "cgroup", o.Cgroup)
+		}
+		log.Warn(msg, attrs...)
 	}
 	if reg != nil {
 		d.collector = newCollector(d)

@@ -48,6 +48,7 @@ func statusFixture() []introspect.Status {
 			Conflicts: []datapath.Attached{
 				{Hook: "connect4", ProgramID: 77, Name: "cil_sock4_connect", RunsBeforeOurs: true},
 				{Hook: "getpeername4", ProgramID: 78, RunsBeforeOurs: false},
+				{Hook: "connect6", ProgramID: 79, Name: "sec_connect6", Cgroup: "kubepods/pod-a", RunsBeforeOurs: true},
 			},
 			Services: 4, Enrolments: 2,
 			Counters: map[datapath.Decision]uint64{datapath.Redirected: 1042, datapath.SkippedNotEnrolled: 99, datapath.DeniedNoProxy: 0},

@@ -102,16 +102,22 @@ func statusDetails(w io.Writer, st introspect.Status) {
 	if len(st.Datapath.Conflicts) > 0 {
 		fmt.Fprintln(w, "  Other programs on our hooks:")
 		t := tw(w)
-		row(t, "    HOOK", "PROGRAM", "ID", "RUNS")
+		row(t, "    HOOK", "PROGRAM", "ID", "ATTACHED AT", "RUNS")
 		for _, c := range st.Datapath.Conflicts {
-			runs := "after ours"
+			at, runs := "Cgroup or above", "after ours"
+			if c.Cgroup != "" {
+				at = c.Cgroup
+			}
 			if c.RunsBeforeOurs {
 				runs = "before ours"
+				if c.Cgroup != "" {
+					runs += " there" // for the processes in that cgroup only
+				}
 				if strings.HasPrefix(c.Hook, "connect") {
 					runs += " (may rewrite Service addresses first)"
 				}
 			}
-			row(t, "    "+c.Hook, orDash(c.Name), c.ProgramID, runs)
+			row(t, "    "+c.Hook, orDash(c.Name), c.ProgramID, at, runs)
 		}
 		t.Flush()
 	}

@@ -1,5 +1,6 @@
 // Package cgroup2 finds the cgroup v2 hierarchy from /proc/self/mountinfo,
-// and the cgroup v2 path of a process.
+// and the cgroup v2 path of a process; it walks the cgroups below one,
+// bounded and tolerating cgroups removed meanwhile.
 //
 // On a unified host the hierarchy is at /sys/fs/cgroup; on a hybrid one
 // (systemd with cgroup v1 controllers) it is at /sys/fs/cgroup/unified. The

@@ -1,0 +1,212 @@
+package datapath
+
+import (
+	"fmt"
+	"os"
+	"slices"
+	"testing"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/sockmesh/sockmesh/datapath/cgroup2"
+	"github.com/sockmesh/sockmesh/internal/sandbox"
+)
+
+func TestConflicts(t *testing.T) {
+	cg := sandbox.NewCgroup(t)
+	cfg := Config{BPFFS: sandbox.TempBPFFS(t), Cgroup: cg.Path}
+	before := loadForeign(t, "smt_before", ebpf.AttachCGroupInet4Connect)
+	before.attachTo(t, cg)
+	d := openAt(t, cfg)
+	after := loadForeign(t, "smt_after", ebpf.AttachCGroupInet4Connect)
+	after.attachTo(t, cg)
+
+	got, err := d.Conflicts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Attached{
+		{Hook: "connect4", ProgramID: before.id, Name: "smt_before", RunsBeforeOurs: true},
+		{Hook: "connect4", ProgramID: after.id, Name: "smt_after", RunsBeforeOurs: false},
+	}
+	if mine := onlyOf(got, before, after); !slices.Equal(mine, want) {
+		t.Errorf("Conflicts() = %+v, want it to hold %+v", got, want)
+	}
+}
+
+// TestConflictsBelow: programs attached in cgroups below Config.Cgroup (a
+// pod's, a container's) run before ours for the processes there. Each is
+// listed once, at the cgroup where it is attached; those at Config.Cgroup
+// and a sibling's are not listed again.
+func TestConflictsBelow(t *testing.T) {
+	cg := sandbox.NewCgroup(t)
+	cfg := Config{BPFFS: sandbox.TempBPFFS(t), Cgroup: cg.Path}
+	kubepods := cg.Sub(t, "kubepods")
+	podA, podB := kubepods.Sub(t, "pod-a"), kubepods.Sub(t, "pod-b")
+	ctr := podA.Sub(t, "ctr")
+	cg.Sub(t, "system")
+	sibling := sandbox.NewCgroup(t)
+
+	here := loadForeign(t, "smt_here", ebpf.AttachCGroupInet4Connect)
+	pod4 := loadForeign(t, "smt_pod4", ebpf.AttachCGroupInet4Connect)
+	pod6 := loadForeign(t, "smt_pod6", ebpf.AttachCGroupInet6Connect)
+	here.attachTo(t, cg)
+	pod4.attachTo(t, podA)
+	pod4.attachTo(t, podB) // one program in two pods: listed at each
+	pod6.attachTo(t, ctr)
+	pod4.attachTo(t, ctr)
+	pod6.attachTo(t, sibling) // not below cfg.Cgroup
+	d := openAt(t, cfg)
+
+	got, err := d.Conflicts()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Attached{
+		{Hook: "connect4", ProgramID: here.id, Name: "smt_here", RunsBeforeOurs: true},
+		{Hook: "connect4", ProgramID: pod4.id, Name: "smt_pod4", Cgroup: "kubepods/pod-a", RunsBeforeOurs: true},
+		{Hook: "connect4", ProgramID: pod4.id, Name: "smt_pod4", Cgroup: "kubepods/pod-a/ctr", RunsBeforeOurs: true},
+		{Hook: "connect6", ProgramID: pod6.id, Name: "smt_pod6", Cgroup: "kubepods/pod-a/ctr", RunsBeforeOurs: true},
+		{Hook: "connect4", ProgramID: pod4.id, Name: "smt_pod4", Cgroup: "kubepods/pod-b", RunsBeforeOurs: true},
+	}
+	if mine := onlyOf(got, here, pod4, pod6); !slices.Equal(mine, want) {
+		t.Errorf("Conflicts() = %+v, want it to hold %+v", got, want)
+	}
+}
+
+// TestConflictsBelowVanishing: cgroups removed during the walk, one after
+// its parent was listed and one after it was opened, are skipped, with
+// their programs; the walk goes on to the rest.
+func TestConflictsBelowVanishing(t *testing.T) {
+	cg := sandbox.NewCgroup(t)
+	cfg := Config{BPFFS: sandbox.TempBPFFS(t), Cgroup: cg.Path}
+	cg.Sub(t, "a")
+	b, c, e := cg.Sub(t, "b"), cg.Sub(t, "c"), cg.Sub(t, "e")
+	prog := loadForeign(t, "smt_pod4", ebpf.AttachCGroupInet4Connect)
+	for _, sub := range []*sandbox.Cgroup{b, c, e} {
+		prog.attachTo(t, sub)
+	}
+	d := openAt(t, cfg)
+	ours := make([]ebpf.ProgramID, len(hooks))
+	for i, h := range hooks {
+		ours[i] = progID(t, h.prog(&d.objs))
+	}
+
+	// Conflicts' walk, with cgroups removed as it goes.
+	var got []Attached
+	err := cgroup2.Walk(cfg.Cgroup, maxCgroupsBelow, func(rel string, dir *os.File) error {
+		switch rel {
+		case "a": // b is listed, not yet opened
+			if err := os.Remove(b.Path); err != nil {
+				t.Fatal(err)
+			}
+		case "c": // c is open, not yet queried
+			if err := os.Remove(c.Path); err != nil {
+				t.Fatal(err)
+			}
+		}
+		found, err := attachedIn(dir, rel, ours)
+		got = append(got, found...)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("walk: %v", err)
+	}
+	want := []Attached{{Hook: "connect4", ProgramID: prog.id, Name: "smt_pod4", Cgroup: "e", RunsBeforeOurs: true}}
+	if !slices.Equal(got, want) {
+		t.Errorf("programs below = %+v, want %+v", got, want)
+	}
+}
+
+// BenchmarkConflicts walks 2,000 empty cgroups below Config.Cgroup, as a
+// node's pods' and containers' might be: 250 pods of 7 containers.
+func BenchmarkConflicts(b *testing.B) {
+	cg := sandbox.NewCgroup(b)
+	for p := range 250 {
+		pod := cg.Sub(b, fmt.Sprintf("pod-%d", p))
+		for c := range 7 {
+			pod.Sub(b, fmt.Sprintf("ctr-%d", c))
+		}
+	}
+	d, err := Open(Config{BPFFS: sandbox.TempBPFFS(b), Cgroup: cg.Path}, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Uninstall() })
+	for b.Loop() {
+		if _, err := d.Conflicts(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// openAt opens the datapath with cfg; it is uninstalled when t ends.
+func openAt(t *testing.T, cfg Config) *Datapath {
+	t.Helper()
+	d, err := Open(cfg, nil, nil)
+	if err != nil {
+		t.Fatalf("open datapath: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := d.Uninstall(); err != nil {
+			t.Errorf("uninstall: %v", err)
+		}
+	})
+	return d
+}
+
+// foreign is a cgroup/connect program that lets every connect through, as
+// another agent's might.
+type foreign struct {
+	prog   *ebpf.Program
+	attach ebpf.AttachType
+	id     ebpf.ProgramID
+}
+
+// loadForeign loads a foreign program, closed when t ends.
+func loadForeign(t *testing.T, name string, attach ebpf.AttachType) foreign {
+	t.Helper()
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name:         name,
+		Type:         ebpf.CGroupSockAddr,
+		AttachType:   attach,
+		License:      "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()}, // allow
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	return foreign{prog: prog, attach: attach, id: progID(t, prog)}
+}
+
+// attachTo attaches f to cg until t ends.
+func (f foreign) attachTo(t *testing.T, cg *sandbox.Cgroup) {
+	t.Helper()
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: cg.Path, Attach: f.attach, Program: f.prog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+}
+
+func progID(t *testing.T, prog *ebpf.Program) ebpf.ProgramID {
+	t.Helper()
+	info, err := prog.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	return id
+}
+
+// onlyOf returns the entries of got that list one of progs: programs
+// attached above a test's cgroup (another agent on this machine) may be
+// listed too.
+func onlyOf(got []Attached, progs ...foreign) []Attached {
+	return slices.DeleteFunc(slices.Clone(got), func(a Attached) bool {
+		return !slices.ContainsFunc(progs, func(f foreign) bool { return f.id == a.ProgramID })
+	})
+}
