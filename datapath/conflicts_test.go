@@ -1,9 +1,13 @@
 package datapath
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
 	"os"
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -209,4 +213,29 @@ func onlyOf(got []Attached, progs ...foreign) []Attached {
 	return slices.DeleteFunc(slices.Clone(got), func(a Attached) bool {
 		return !slices.ContainsFunc(progs, func(f foreign) bool { return f.id == a.ProgramID })
 	})
+}
+
+// TestLogConflicts: Open's warnings name each other program once per hook,
+// one attached below our cgroup with the first cgroup and how many; it
+// logged a line per cgroup, one per pod for a program on every pod's.
+func TestLogConflicts(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	logConflicts(log, []Attached{
+		{Hook: "connect4", ProgramID: 7, Name: "lb", RunsBeforeOurs: true},
+		{Hook: "connect4", ProgramID: 9, Name: "guard", Cgroup: "pod-a", RunsBeforeOurs: true},
+		{Hook: "connect4", ProgramID: 9, Name: "guard", Cgroup: "pod-b", RunsBeforeOurs: true},
+		{Hook: "connect6", ProgramID: 9, Name: "guard", Cgroup: "pod-a", RunsBeforeOurs: true},
+		{Hook: "connect4", ProgramID: 9, Name: "guard", Cgroup: "pod-c", RunsBeforeOurs: true},
+	})
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	want := []string{"hook=connect4 program_id=7 ", "hook=connect4 program_id=9 .* cgroup=pod-a cgroups=3$", "hook=connect6 program_id=9 .* cgroup=pod-a cgroups=1$"}
+	if len(lines) != len(want) {
+		t.Fatalf("%d lines, want %d:\n%s", len(lines), len(want), buf.String())
+	}
+	for i, w := range want {
+		if !regexp.MustCompile(w).MatchString(lines[i]) {
+			t.Errorf("line %d %q, want it to match %q", i, lines[i], w)
+		}
+	}
 }

@@ -157,17 +157,7 @@ func Open(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Datapath, e
 	if err != nil {
 		log.Warn("cannot list other programs on our hooks", "err", err)
 	}
-	for _, o := range others { // those found before an error too
-		msg := "other program attached to a sockmesh hook"
-		if o.RunsBeforeOurs && strings.HasPrefix(o.Hook, "connect") {
-			msg = "other connect program runs before ours and may rewrite service addresses first"
-		}
-		attrs := []any{"hook", o.Hook, "program_id", o.ProgramID, "program_name", o.Name, "runs_before_ours", o.RunsBeforeOurs}
-		if o.Cgroup != "" {
-			attrs = append(attrs, "cgroup", o.Cgroup)
-		}
-		log.Warn(msg, attrs...)
-	}
+	logConflicts(log, others) // those found before an error too
 	if reg != nil {
 		d.collector = newCollector(d)
 		if err := reg.Register(d.collector); err != nil {
@@ -485,4 +475,38 @@ func Uninstall(cfg Config) error {
 		errs = append(errs, fmt.Errorf("uninstall: remove %s: %w", dir, err))
 	}
 	return errors.Join(errs...)
+}
+
+// logConflicts warns of each other program on our hooks once per hook: one
+// a security agent attaches to every pod's cgroup would otherwise log a
+// line per pod, and push the rest out of the status page's recent events.
+// A program below our cgroup names the first cgroup where it is attached
+// and how many it is attached in (sockmeshctl status lists them all).
+func logConflicts(log *slog.Logger, others []Attached) {
+	type key struct {
+		hook  string
+		id    ebpf.ProgramID
+		below bool
+	}
+	var order []key
+	seen := map[key][]Attached{}
+	for _, o := range others {
+		k := key{o.Hook, o.ProgramID, o.Cgroup != ""}
+		if seen[k] == nil {
+			order = append(order, k)
+		}
+		seen[k] = append(seen[k], o)
+	}
+	for _, k := range order {
+		o := seen[k][0]
+		msg := "other program attached to a sockmesh hook"
+		if o.RunsBeforeOurs && strings.HasPrefix(o.Hook, "connect") {
+			msg = "other connect program runs before ours and may rewrite service addresses first"
+		}
+		attrs := []any{"hook", o.Hook, "program_id", o.ProgramID, "program_name", o.Name, "runs_before_ours", o.RunsBeforeOurs}
+		if k.below {
+			attrs = append(attrs, "cgroup", o.Cgroup, "cgroups", len(seen[k]))
+		}
+		log.Warn(msg, attrs...)
+	}
 }
