@@ -261,8 +261,9 @@ func New(cfg Config) *Pool {
 // has fewer than MaxOpen connections; otherwise it waits for one to be put
 // back or closed, until ctx ends or MaxWait passed (ErrBusy). Idle connections the peer has closed are
 // dropped on the way. A ctx that has already ended gets none, not even an
-// idle one, as from net/http's Transport: the caller's time is up (a
-// route's request timeout), and nothing may go out for it.
+// idle one or one handed over as it ended, as from net/http's Transport:
+// the caller's time is up (a route's request timeout), and nothing may go
+// out for it.
 func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.Context) (net.Conn, error)) (*Conn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -317,7 +318,13 @@ func (p *Pool) wait(ctx context.Context, ep *endpoint, busy <-chan time.Time) (c
 	p.mu.Unlock()
 	select {
 	case c := <-w:
-		return c, c == nil, nil
+		// The select takes either when both are ready: one handed over
+		// as ctx ended goes on, as Get gives an ended ctx nothing.
+		if err = ctx.Err(); err == nil {
+			return c, c == nil, nil
+		}
+		p.passOn(ep, c)
+		return nil, false, err
 	case <-ctx.Done():
 		err = ctx.Err()
 	case <-busy:
@@ -330,13 +337,19 @@ func (p *Pool) wait(ctx context.Context, ep *endpoint, busy <-chan time.Time) (c
 		return nil, false, err
 	}
 	p.mu.Unlock()
-	// Handed a connection or a slot as the wait ended: pass it on.
-	if c := <-w; c != nil {
+	// Handed a connection or a slot as the wait ended.
+	p.passOn(ep, <-w)
+	return nil, false, err
+}
+
+// passOn gives c, or the slot (c nil), that ep handed to a waiter which
+// no longer wants it, to the next.
+func (p *Pool) passOn(ep *endpoint, c *Conn) {
+	if c != nil {
 		p.Put(c)
 	} else {
 		p.release(ep)
 	}
-	return nil, false, err
 }
 
 // endpoint returns addr's endpoint, new if it has none; p.mu is held.

@@ -208,6 +208,51 @@ func TestMaxWait(t *testing.T) {
 	})
 }
 
+// endsAsHanded is a context that ends just as a Get's wait first looks at
+// it, and has a connection handed to that Get then: the wait finds both
+// at once.
+type endsAsHanded struct {
+	context.Context
+	hand  func()
+	ended atomic.Bool
+}
+
+func (c *endsAsHanded) Done() <-chan struct{} {
+	if !c.ended.Swap(true) {
+		c.hand()
+	}
+	return ended
+}
+
+func (c *endsAsHanded) Err() error {
+	if c.ended.Load() {
+		return context.Canceled
+	}
+	return nil
+}
+
+var ended = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// TestHandedAsContextEnds: a Get waiting beyond MaxOpen that is handed a
+// connection just as its context ends returns the context's error, as a
+// Get under an ended context does, and the connection goes on (idle,
+// here). Its wait sees both ready and takes either, at random: each run
+// tries 64 times.
+func TestHandedAsContextEnds(t *testing.T) {
+	for range 64 {
+		p := New(Config{MaxOpen: 1})
+		d := newPipeDialer()
+		c1, _ := p.Get(context.Background(), ep, d.dial)
+		ctx := &endsAsHanded{Context: context.Background(), hand: func() { p.Put(c1) }}
+		if c, err := p.Get(ctx, ep, d.dial); c != nil || !errors.Is(err, context.Canceled) {
+			t.Fatalf("Get handed a connection as its context ended = %p, %v; want none, context.Canceled", c, err)
+		}
+		if open, idle := p.Stats(ep); open != 1 || idle != 1 {
+			t.Fatalf("open %d idle %d; want 1, 1 (passed on to the idle list)", open, idle)
+		}
+	}
+}
+
 // TestDialErrorFreesSlot: a failed dial does not count against MaxOpen.
 func TestDialErrorFreesSlot(t *testing.T) {
 	p := New(Config{MaxOpen: 1})
