@@ -297,6 +297,8 @@ type h1Conn struct {
 	// takes a pooled connection.
 	ctx   context.Context
 	leave context.CancelFunc
+	// base names the client to a backend's RoundTripper (clientCtx).
+	base context.Context
 	// wmu orders the fast path's writes to c against a 100 Continue sent
 	// from the request body's goroutine; answered is set under it once the
 	// final answer starts.

@@ -388,17 +388,27 @@ func (s *h1Conn) conn(x *exchange, choice *balance.Choice, read bool) (*pool.Con
 			defer cancel()
 		}
 	}
-	uc, err := be.GetH1(ctx, choice)
+	client := s.t.poolClient()
+	uc, err := be.GetH1(ctx, choice, client)
 	tries := be.Picker.Tries(choice)
 	for i := 1; err != nil && i < tries && upstream.NoConnection(err); i++ {
 		x.unpin()
 		choice = be.Picker.Pick()
-		uc, err = be.GetH1(ctx, choice)
+		uc, err = be.GetH1(ctx, choice, client)
 	}
 	if err != nil && x.r != nil && x.r.pol.expired(time.Now()) {
 		err = timeoutError(true, err)
 	}
 	return uc, choice, err
+}
+
+// clientCtx is the context the connection's requests through a backend's
+// RoundTripper start from: it names their client (upstream.WithClient).
+func (s *h1Conn) clientCtx() context.Context {
+	if s.base == nil {
+		s.base = upstream.WithClient(context.Background(), s.t.poolClient())
+	}
+	return s.base
 }
 
 // send writes req on uc and reads the answer's head, passing informational
@@ -599,7 +609,7 @@ func (s *h1Conn) release(x *exchange, ended bool) bool {
 // as the pooled path does.
 func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wire upstream.Wire) bool {
 	be := x.be
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(s.clientCtx())
 	defer cancel()
 	trace, stop := s.informationalTrace(req)
 	out := req.WithContext(upstream.WithEndpoint(httptrace.WithClientTrace(ctx, trace), c))

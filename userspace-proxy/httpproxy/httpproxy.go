@@ -20,6 +20,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
+	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
@@ -133,6 +134,13 @@ func (t *Target) nameService(r *http.Request) {
 
 func (t *Target) clientKey() balance.ClientKey { return balance.ClientOf(t.ClientAddr, t.ClientPod) }
 
+// poolClient is t's client as the upstream pools share an endpoint's
+// connections out: as balance tells clients apart.
+func (t *Target) poolClient() pool.Client {
+	k := t.clientKey()
+	return pool.Client{Namespace: k.Pod.Namespace, Name: k.Pod.Name, Addr: k.Addr}
+}
+
 // client is t's client as a log value, named only if the line is written.
 func (t *Target) client() slog.LogValuer { return clientName{t} }
 
@@ -155,9 +163,10 @@ func (t *Target) view() (*View, *snapshot.Frontend) {
 
 type targetKey struct{}
 
-// WithTarget returns ctx carrying t; the proxy sets it per connection.
+// WithTarget returns ctx carrying t, and t's client for the upstream
+// pools (upstream.WithClient); the proxy sets it per connection.
 func WithTarget(ctx context.Context, t *Target) context.Context {
-	return context.WithValue(ctx, targetKey{}, t)
+	return context.WithValue(upstream.WithClient(ctx, t.poolClient()), targetKey{}, t)
 }
 
 // Config configures a Handler. The zero value is usable.

@@ -1,10 +1,11 @@
 // Package pool keeps the proxy's upstream HTTP/1.1 connections, with their
 // read and write buffers, for reuse across requests and client connections:
 // per endpoint, last in first out (the warmest connection first), at most
-// MaxOpen open (callers beyond it wait for one to come back or close), idle
-// ones closed after IdleTimeout, or after 10 s beyond MaxIdle idle (what a
-// burst opened serves the next before it closes), and a connection idle long
-// enough to have been closed by its peer checked before it is handed out,
+// MaxOpen open (callers beyond it wait for one to come back or close, the
+// Client holding the fewest served first), idle ones closed after
+// IdleTimeout, or after 10 s beyond MaxIdle idle (what a burst opened
+// serves the next before it closes), and a connection idle long enough to
+// have been closed by its peer checked before it is handed out,
 // as is the end of what verified it (Conn.Until). MoveIdle hands the idle
 // connections the caller's check accepts to another pool (a backend's new
 // settings', which still verify them) and closes the others, telling

@@ -60,6 +60,16 @@ var ErrHeadTooLarge = errors.New("answer head too large")
 // sending its body, or reading its answer) for as long as they last.
 var ErrBusy = errors.New("every connection to the endpoint stayed busy")
 
+// Client is whom a Get is for: the app's pod, by name where the caller
+// knows it (in-pod mode, where every app connects from loopback), else by
+// address. Gets with equal Clients are one client's. While an endpoint
+// has no connection to spare, the next one freed goes to the waiting
+// client that holds the fewest (Get).
+type Client struct {
+	Namespace, Name string
+	Addr            netip.Addr
+}
+
 // DropReason says why the pool closed a connection instead of reusing it.
 type DropReason int
 
@@ -92,7 +102,11 @@ type Conn struct {
 	// handshake verified), and Get closes it from then on instead.
 	Until time.Time
 
-	ep        *endpoint
+	ep *endpoint
+	// client is whom it was handed to, while held (under Pool.mu): it
+	// counts against that client's share of ep (endpoint.held).
+	client    Client
+	held      bool
 	uses      int         // times it went back to the pool
 	idleSince time.Time   // when it last went back
 	lim       LimitReader // R reads through it
@@ -223,10 +237,106 @@ type Pool struct {
 }
 
 type endpoint struct {
-	addr    netip.AddrPort
-	idle    []*Conn // oldest first; Get takes the last
-	open    int     // connections counted against MaxOpen, including dials in progress
-	waiters []chan *Conn
+	addr netip.AddrPort
+	idle []*Conn // oldest first; Get takes the last
+	open int     // connections counted against MaxOpen, including dials in progress
+	// held counts each client's connections handed out and not given
+	// back, and slots it dials in.
+	held map[Client]int
+	// waiting are the clients with Gets waiting, each with its own
+	// waiters in the order they came; seq numbers them all so.
+	waiting []*queue
+	seq     uint64
+}
+
+// queue is one client's Gets waiting for an endpoint's connection.
+type queue struct {
+	client  Client
+	waiters []waiter
+}
+
+// waiter is a Get waiting: c gets the connection it is handed, or nil for
+// a slot to dial in.
+type waiter struct {
+	c   chan *Conn
+	seq uint64
+}
+
+// hold counts a connection, or a slot, against client; p.mu is held.
+func (ep *endpoint) hold(client Client) {
+	if ep.held == nil {
+		ep.held = make(map[Client]int)
+	}
+	ep.held[client]++
+}
+
+// unhold uncounts what hold counted; p.mu is held.
+func (ep *endpoint) unhold(client Client) {
+	if n := ep.held[client] - 1; n > 0 {
+		ep.held[client] = n
+	} else {
+		delete(ep.held, client)
+	}
+}
+
+// next takes the waiter due what ep frees now, if any, and holds that
+// for its client: the first waiter of the waiting client that holds the
+// fewest of ep's connections, or of those that hold as few, the one whose
+// first came first. An endpoint's connections serve every pod on the
+// node: in the order Gets came, one pod keeping them all busy with more
+// queued held up every other pod's Gets behind its queue until MaxWait
+// failed them. So each waiting client's share grows while it is below the
+// others', towards an equal one; nothing is taken back from a client
+// that holds more. p.mu is held.
+func (ep *endpoint) next() (chan *Conn, Client, bool) {
+	if len(ep.waiting) == 0 {
+		return nil, Client{}, false
+	}
+	best, fewest := 0, ep.held[ep.waiting[0].client]
+	for i, q := range ep.waiting[1:] {
+		if n := ep.held[q.client]; n < fewest || n == fewest && q.waiters[0].seq < ep.waiting[best].waiters[0].seq {
+			best, fewest = i+1, n
+		}
+	}
+	q := ep.waiting[best]
+	w := q.waiters[0]
+	if q.waiters = q.waiters[1:]; len(q.waiters) == 0 {
+		ep.waiting = slices.Delete(ep.waiting, best, best+1)
+	}
+	ep.hold(q.client)
+	return w.c, q.client, true
+}
+
+// enqueue adds a waiter of client; p.mu is held.
+func (ep *endpoint) enqueue(client Client, c chan *Conn) {
+	ep.seq++
+	w := waiter{c: c, seq: ep.seq}
+	for _, q := range ep.waiting {
+		if q.client == client {
+			q.waiters = append(q.waiters, w)
+			return
+		}
+	}
+	ep.waiting = append(ep.waiting, &queue{client: client, waiters: []waiter{w}})
+}
+
+// dequeue removes client's waiter c, and reports whether it was still
+// waiting (nothing was handed to it); p.mu is held.
+func (ep *endpoint) dequeue(client Client, c chan *Conn) bool {
+	for i, q := range ep.waiting {
+		if q.client != client {
+			continue
+		}
+		j := slices.IndexFunc(q.waiters, func(w waiter) bool { return w.c == c })
+		if j < 0 {
+			return false
+		}
+		if q.waiters = slices.Delete(q.waiters, j, j+1); len(q.waiters) == 0 {
+			ep.waiting = slices.Delete(ep.waiting, i, i+1)
+		}
+		return true
+	}
+	return false
 }
 
 // New returns an empty Pool.
@@ -259,12 +369,15 @@ func New(cfg Config) *Pool {
 
 // Get returns an idle connection to addr, or one dialed with dial when addr
 // has fewer than MaxOpen connections; otherwise it waits for one to be put
-// back or closed, until ctx ends or MaxWait passed (ErrBusy). Idle connections the peer has closed are
-// dropped on the way. A ctx that has already ended gets none, not even an
-// idle one or one handed over as it ended, as from net/http's Transport:
-// the caller's time is up (a route's request timeout), and nothing may go
-// out for it.
-func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.Context) (net.Conn, error)) (*Conn, error) {
+// back or closed, until ctx ends or MaxWait passed (ErrBusy). The
+// connections an endpoint frees while clients wait go to the client that
+// holds the fewest of its connections (endpoint.next): one client's
+// queue does not hold up another's Gets. Idle connections the peer has
+// closed are dropped on the way. A ctx that has already ended gets none,
+// not even an idle one or one handed over as it ended, as from net/http's
+// Transport: the caller's time is up (a route's request timeout), and
+// nothing may go out for it.
+func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, client Client, dial func(context.Context) (net.Conn, error)) (*Conn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -276,6 +389,8 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.C
 			c := ep.idle[n-1]
 			ep.idle[n-1] = nil
 			ep.idle = ep.idle[:n-1]
+			ep.hold(client)
+			c.client, c.held = client, true
 			p.mu.Unlock()
 			if c.R == nil {
 				p.untrim(c)
@@ -288,19 +403,20 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.C
 		}
 		if ep.open < p.cfg.MaxOpen {
 			ep.open++
+			ep.hold(client)
 			p.mu.Unlock()
-			return p.dial(ctx, ep, dial)
+			return p.dial(ctx, ep, client, dial)
 		}
 		if busy == nil {
 			busy = time.NewTimer(p.cfg.MaxWait) // once: a wait the drops restart is still one wait
 			defer busy.Stop()
 		}
-		c, freed, err := p.wait(ctx, ep, busy.C)
+		c, freed, err := p.wait(ctx, ep, client, busy.C)
 		switch {
 		case err != nil:
 			return nil, err
 		case freed:
-			return p.dial(ctx, ep, dial) // a slot was freed for us
+			return p.dial(ctx, ep, client, dial) // a slot was freed for us
 		}
 		if ok, why := c.reusable(); !ok {
 			p.drop(c, why)
@@ -310,11 +426,12 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, dial func(context.C
 	}
 }
 
-// wait queues for ep's next connection put back, or slot freed (freed),
-// until ctx ends or busy fires (ErrBusy); p.mu is held, and released.
-func (p *Pool) wait(ctx context.Context, ep *endpoint, busy <-chan time.Time) (c *Conn, freed bool, err error) {
+// wait queues client for ep's next connection put back, or slot freed
+// (freed), until ctx ends or busy fires (ErrBusy); p.mu is held, and
+// released.
+func (p *Pool) wait(ctx context.Context, ep *endpoint, client Client, busy <-chan time.Time) (c *Conn, freed bool, err error) {
 	w := make(chan *Conn, 1)
-	ep.waiters = append(ep.waiters, w)
+	ep.enqueue(client, w)
 	p.mu.Unlock()
 	select {
 	case c := <-w:
@@ -323,7 +440,7 @@ func (p *Pool) wait(ctx context.Context, ep *endpoint, busy <-chan time.Time) (c
 		if err = ctx.Err(); err == nil {
 			return c, c == nil, nil
 		}
-		p.passOn(ep, c)
+		p.passOn(ep, client, c)
 		return nil, false, err
 	case <-ctx.Done():
 		err = ctx.Err()
@@ -331,25 +448,26 @@ func (p *Pool) wait(ctx context.Context, ep *endpoint, busy <-chan time.Time) (c
 		err = fmt.Errorf("%s: %w for %v", ep.addr, ErrBusy, p.cfg.MaxWait)
 	}
 	p.mu.Lock()
-	if i := slices.Index(ep.waiters, w); i >= 0 {
-		ep.waiters = slices.Delete(ep.waiters, i, i+1)
-		p.mu.Unlock()
-		return nil, false, err
-	}
+	waiting := ep.dequeue(client, w)
 	p.mu.Unlock()
-	// Handed a connection or a slot as the wait ended.
-	p.passOn(ep, <-w)
+	if !waiting {
+		// Handed a connection or a slot as the wait ended.
+		p.passOn(ep, client, <-w)
+	}
 	return nil, false, err
 }
 
-// passOn gives c, or the slot (c nil), that ep handed to a waiter which
-// no longer wants it, to the next.
-func (p *Pool) passOn(ep *endpoint, c *Conn) {
+// passOn gives c, or the slot (c nil), that ep handed to a waiter of
+// client which no longer wants it, to the next.
+func (p *Pool) passOn(ep *endpoint, client Client, c *Conn) {
 	if c != nil {
 		p.Put(c)
-	} else {
-		p.release(ep)
+		return
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ep.unhold(client)
+	p.free(ep)
 }
 
 // endpoint returns addr's endpoint, new if it has none; p.mu is held.
@@ -362,13 +480,14 @@ func (p *Pool) endpoint(addr netip.AddrPort) *endpoint {
 	return ep
 }
 
-func (p *Pool) dial(ctx context.Context, ep *endpoint, dial func(context.Context) (net.Conn, error)) (*Conn, error) {
+// dial dials in a slot of ep held for client.
+func (p *Pool) dial(ctx context.Context, ep *endpoint, client Client, dial func(context.Context) (net.Conn, error)) (*Conn, error) {
 	nc, err := dial(ctx)
 	if err != nil {
-		p.release(ep)
+		p.passOn(ep, client, nil)
 		return nil, err
 	}
-	c := &Conn{Conn: nc, ep: ep, lim: LimitReader{Err: ErrHeadTooLarge}, body: nc}
+	c := &Conn{Conn: nc, ep: ep, client: client, held: true, lim: LimitReader{Err: ErrHeadTooLarge}, body: nc}
 	if tc, ok := nc.(*tls.Conn); ok {
 		if under := sockio.Of(tc.NetConn()); under != nil {
 			c.body = tlsBody{tc, under}
@@ -432,13 +551,14 @@ func (p *Pool) Put(c *Conn) {
 	c.uses++
 	p.mu.Lock()
 	ep := c.ep
-	if len(ep.waiters) > 0 {
-		w := ep.waiters[0]
-		ep.waiters = ep.waiters[1:]
+	ep.unhold(c.client)
+	if w, client, ok := ep.next(); ok {
+		c.client = client
 		p.mu.Unlock()
 		w <- c
 		return
 	}
+	c.held = false
 	if p.cfg.MaxIdle < 0 || p.closed {
 		p.mu.Unlock()
 		p.Discard(c)
@@ -464,21 +584,28 @@ func (p *Pool) park(c *Conn) {
 // Discard closes c and frees its slot.
 func (p *Pool) Discard(c *Conn) {
 	c.Conn.Close()
-	p.release(c.ep)
+	p.release(c)
 }
 
 // Detach frees c's slot and leaves c open and to the caller (an upgraded
 // connection that will never carry HTTP again).
-func (p *Pool) Detach(c *Conn) { p.release(c.ep) }
+func (p *Pool) Detach(c *Conn) { p.release(c) }
 
-// release frees one slot of ep: a waiter may dial in its place; an
-// endpoint with nothing left is forgotten.
-func (p *Pool) release(ep *endpoint) {
+// release frees c's slot, and its client's hold on it.
+func (p *Pool) release(c *Conn) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if len(ep.waiters) > 0 {
-		w := ep.waiters[0]
-		ep.waiters = ep.waiters[1:]
+	if c.held {
+		c.held = false
+		c.ep.unhold(c.client)
+	}
+	p.free(c.ep)
+}
+
+// free frees one slot of ep: a waiter may dial in its place; an endpoint
+// with nothing left is forgotten. p.mu is held.
+func (p *Pool) free(ep *endpoint) {
+	if w, _, ok := ep.next(); ok {
 		w <- nil // the slot passes to the waiter
 		return
 	}
@@ -563,7 +690,7 @@ func (p *Pool) MoveIdle(to *Pool, keep func(*Conn) bool) {
 			p.drop(c, DropSettingsChanged)
 			continue
 		}
-		p.release(c.ep)
+		p.release(c)
 		to.mu.Lock()
 		ep := to.endpoint(c.ep.addr)
 		ep.open++

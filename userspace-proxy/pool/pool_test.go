@@ -41,14 +41,14 @@ func (d *pipeDialer) dial(context.Context) (net.Conn, error) {
 func TestReuseLIFO(t *testing.T) {
 	p := New(Config{})
 	d := newPipeDialer()
-	c1, _ := p.Get(context.Background(), ep, d.dial)
-	c2, _ := p.Get(context.Background(), ep, d.dial)
+	c1, _ := p.Get(context.Background(), ep, Client{}, d.dial)
+	c2, _ := p.Get(context.Background(), ep, Client{}, d.dial)
 	if c1.Reused() || c2.Reused() {
 		t.Fatal("fresh connections report reuse")
 	}
 	p.Put(c1)
 	p.Put(c2)
-	if got, _ := p.Get(context.Background(), ep, d.dial); got != c2 || !got.Reused() {
+	if got, _ := p.Get(context.Background(), ep, Client{}, d.dial); got != c2 || !got.Reused() {
 		t.Errorf("Get = %p (reused %v), want the last put, %p", got, got.Reused(), c2)
 	}
 	if open, idle := p.Stats(ep); open != 2 || idle != 1 || d.dials.Load() != 2 {
@@ -61,11 +61,11 @@ func TestReuseLIFO(t *testing.T) {
 func TestEndedContextGetsNone(t *testing.T) {
 	p := New(Config{})
 	d := newPipeDialer()
-	c, _ := p.Get(context.Background(), ep, d.dial)
+	c, _ := p.Get(context.Background(), ep, Client{}, d.dial)
 	p.Put(c)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if got, err := p.Get(ctx, ep, d.dial); got != nil || !errors.Is(err, context.Canceled) {
+	if got, err := p.Get(ctx, ep, Client{}, d.dial); got != nil || !errors.Is(err, context.Canceled) {
 		t.Fatalf("Get under an ended context = %p, %v; want none, context.Canceled", got, err)
 	}
 	if open, idle := p.Stats(ep); open != 1 || idle != 1 || d.dials.Load() != 1 {
@@ -85,7 +85,7 @@ func TestMaxIdle(t *testing.T) {
 		burst := func() []*Conn {
 			cs := make([]*Conn, 3)
 			for i := range cs {
-				cs[i], _ = p.Get(context.Background(), ep, d.dial)
+				cs[i], _ = p.Get(context.Background(), ep, Client{}, d.dial)
 			}
 			for _, c := range cs {
 				p.Put(c)
@@ -116,7 +116,7 @@ func TestMaxIdle(t *testing.T) {
 		if open, idle := p.Stats(ep); open != 1 || idle != 1 {
 			t.Errorf("after trimAfter: open %d idle %d; want 1, 1", open, idle)
 		}
-		if c, err := p.Get(context.Background(), ep, noDial); err != nil || c != first[0] {
+		if c, err := p.Get(context.Background(), ep, Client{}, noDial); err != nil || c != first[0] {
 			t.Fatalf("Get = %p, %v; want the connection put back last, %p", c, err, first[0])
 		} else {
 			p.Put(c)
@@ -139,10 +139,10 @@ func TestMaxOpenWaits(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := New(Config{MaxOpen: 1})
 		d := newPipeDialer()
-		c1, _ := p.Get(context.Background(), ep, d.dial)
+		c1, _ := p.Get(context.Background(), ep, Client{}, d.dial)
 		got := make(chan *Conn)
 		go func() {
-			c, _ := p.Get(context.Background(), ep, d.dial)
+			c, _ := p.Get(context.Background(), ep, Client{}, d.dial)
 			got <- c
 		}()
 		synctest.Wait()
@@ -156,7 +156,7 @@ func TestMaxOpenWaits(t *testing.T) {
 			t.Fatalf("waiter got %p, want the connection put back", c)
 		}
 		go func() {
-			c, _ := p.Get(context.Background(), ep, d.dial)
+			c, _ := p.Get(context.Background(), ep, Client{}, d.dial)
 			got <- c
 		}()
 		synctest.Wait()
@@ -168,7 +168,7 @@ func TestMaxOpenWaits(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		errc := make(chan error)
 		go func() {
-			_, err := p.Get(ctx, ep, d.dial)
+			_, err := p.Get(ctx, ep, Client{}, d.dial)
 			errc <- err
 		}()
 		synctest.Wait()
@@ -190,20 +190,78 @@ func TestMaxWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := New(Config{MaxOpen: 1, MaxWait: 3 * time.Second})
 		d := newPipeDialer()
-		c1, _ := p.Get(context.Background(), ep, d.dial)
+		c1, _ := p.Get(context.Background(), ep, Client{}, d.dial)
 		start := time.Now()
-		if _, err := p.Get(context.Background(), ep, d.dial); !errors.Is(err, ErrBusy) {
+		if _, err := p.Get(context.Background(), ep, Client{}, d.dial); !errors.Is(err, ErrBusy) {
 			t.Fatalf("Get with every connection in use = %v, want ErrBusy", err)
 		}
 		if waited := time.Since(start); waited != 3*time.Second {
 			t.Errorf("Get failed after %v, want MaxWait (3s)", waited)
 		}
 		p.Put(c1)
-		if c, err := p.Get(context.Background(), ep, d.dial); c != c1 || err != nil {
+		if c, err := p.Get(context.Background(), ep, Client{}, d.dial); c != c1 || err != nil {
 			t.Errorf("Get after the connection came back = %p, %v; want it", c, err)
 		}
 		if open, _ := p.Stats(ep); open != 1 {
 			t.Errorf("open = %d, want 1", open)
+		}
+	})
+}
+
+// TestWaitersTakeTurns: what an endpoint at MaxOpen frees goes to the
+// waiting client that holds the fewest of its connections, the one that
+// waited longest among those holding as few: one client holding them all
+// with more Gets queued does not hold up another's past the first
+// release, and a client's own Gets are served in the order they came.
+func TestWaitersTakeTurns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := New(Config{MaxOpen: 3})
+		d := newPipeDialer()
+		hog, other := Client{Addr: netip.MustParseAddr("10.1.0.1")}, Client{Namespace: "b", Name: "other"}
+		var held []*Conn
+		for range 3 {
+			c, _ := p.Get(context.Background(), ep, hog, d.dial)
+			held = append(held, c)
+		}
+		type handed struct {
+			who string
+			c   *Conn
+		}
+		got := make(chan handed, 6)
+		wait := func(who string, client Client) {
+			go func() {
+				c, err := p.Get(context.Background(), ep, client, d.dial)
+				if err != nil {
+					t.Errorf("%s: Get = %v", who, err)
+				}
+				got <- handed{who, c}
+			}()
+			synctest.Wait() // queued in this order
+		}
+		for _, who := range []string{"hog 1", "hog 2", "hog 3"} {
+			wait(who, hog)
+		}
+		wait("other 1", other)
+		wait("other 2", other)
+		// The connections go back in the order they were handed out,
+		// each to want; noted: how many hog and other hold once it is
+		// back, before it goes on.
+		for i, want := range []string{
+			"other 1", // 2, 0
+			"hog 1",   // 1, 1: hog 1 came first
+			"hog 2",   // 1, 1: hog 2 came before other 2
+			"other 2", // 2, 0: other 1 gave its back
+			"hog 3",   // 1, 1: hog 3 alone waits
+		} {
+			p.Put(held[0])
+			h := <-got
+			if h.who != want {
+				t.Errorf("release %d went to %s, want %s", i+1, h.who, want)
+			}
+			held = append(held[1:], h.c)
+		}
+		if open, _ := p.Stats(ep); open != 3 || d.dials.Load() != 3 {
+			t.Errorf("open %d, dials %d; want 3, 3 (every release handed over)", open, d.dials.Load())
 		}
 	})
 }
@@ -242,9 +300,9 @@ func TestHandedAsContextEnds(t *testing.T) {
 	for range 64 {
 		p := New(Config{MaxOpen: 1})
 		d := newPipeDialer()
-		c1, _ := p.Get(context.Background(), ep, d.dial)
+		c1, _ := p.Get(context.Background(), ep, Client{}, d.dial)
 		ctx := &endsAsHanded{Context: context.Background(), hand: func() { p.Put(c1) }}
-		if c, err := p.Get(ctx, ep, d.dial); c != nil || !errors.Is(err, context.Canceled) {
+		if c, err := p.Get(ctx, ep, Client{}, d.dial); c != nil || !errors.Is(err, context.Canceled) {
 			t.Fatalf("Get handed a connection as its context ended = %p, %v; want none, context.Canceled", c, err)
 		}
 		if open, idle := p.Stats(ep); open != 1 || idle != 1 {
@@ -257,14 +315,14 @@ func TestHandedAsContextEnds(t *testing.T) {
 func TestDialErrorFreesSlot(t *testing.T) {
 	p := New(Config{MaxOpen: 1})
 	boom := errors.New("refused")
-	if _, err := p.Get(context.Background(), ep, func(context.Context) (net.Conn, error) { return nil, boom }); !errors.Is(err, boom) {
+	if _, err := p.Get(context.Background(), ep, Client{}, func(context.Context) (net.Conn, error) { return nil, boom }); !errors.Is(err, boom) {
 		t.Fatalf("Get = %v, want the dial error", err)
 	}
 	if open, _ := p.Stats(ep); open != 0 {
 		t.Fatalf("open = %d after a failed dial", open)
 	}
 	d := newPipeDialer()
-	if _, err := p.Get(context.Background(), ep, d.dial); err != nil {
+	if _, err := p.Get(context.Background(), ep, Client{}, d.dial); err != nil {
 		t.Fatalf("Get after a failed dial: %v", err)
 	}
 }
@@ -274,8 +332,8 @@ func TestDialErrorFreesSlot(t *testing.T) {
 func twoConns() (p *Pool, c1, c2 *Conn, peer1, peer2 net.Conn) {
 	p = New(Config{IdleTimeout: time.Minute})
 	d := newPipeDialer()
-	c1, _ = p.Get(context.Background(), ep, d.dial)
-	c2, _ = p.Get(context.Background(), ep, d.dial)
+	c1, _ = p.Get(context.Background(), ep, Client{}, d.dial)
+	c2, _ = p.Get(context.Background(), ep, Client{}, d.dial)
 	return p, c1, c2, <-d.peers, <-d.peers
 }
 
@@ -290,7 +348,7 @@ func TestIdleTimeout(t *testing.T) {
 		p.Put(c1)
 		p.Put(c2)
 		time.Sleep(30 * time.Second)
-		taken, _ := p.Get(context.Background(), ep, noDial) // c2, before its timer
+		taken, _ := p.Get(context.Background(), ep, Client{}, noDial) // c2, before its timer
 		time.Sleep(31 * time.Second)
 		synctest.Wait()
 		if _, err := peer1.Read(make([]byte, 1)); err != io.EOF {
@@ -333,7 +391,7 @@ func TestIdleTrim(t *testing.T) {
 		if buffered(c2) {
 			t.Fatal("second connection kept its buffers past trimAfter")
 		}
-		c, _ := p.Get(context.Background(), ep, noDial)
+		c, _ := p.Get(context.Background(), ep, Client{}, noDial)
 		if c != c2 || c.R == nil || c.W == nil {
 			t.Fatalf("Get = %p with buffers %v %v; want the second connection, buffered again", c, c.R != nil, c.W != nil)
 		}
@@ -440,7 +498,7 @@ func TestIdleMustBeSilent(t *testing.T) {
 			}
 			var dropped []DropReason
 			p := New(Config{Dropped: func(why DropReason) { dropped = append(dropped, why) }})
-			c1, err := p.Get(context.Background(), ep, dial)
+			c1, err := p.Get(context.Background(), ep, Client{}, dial)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -453,7 +511,7 @@ func TestIdleMustBeSilent(t *testing.T) {
 				t.Fatal(err)
 			}
 			p.Put(c1)
-			if c, err := p.Get(context.Background(), ep, dial); err != nil || c != c1 {
+			if c, err := p.Get(context.Background(), ep, Client{}, dial); err != nil || c != c1 {
 				t.Fatalf("Get = %p, %v; want the silent connection back", c, err)
 			}
 			// The answer and, in a write (a TLS record) of its own, what
@@ -472,7 +530,7 @@ func TestIdleMustBeSilent(t *testing.T) {
 			if c.waiting {
 				c.act.do(far)
 			}
-			c2, err := p.Get(context.Background(), ep, dial)
+			c2, err := p.Get(context.Background(), ep, Client{}, dial)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -497,8 +555,8 @@ func TestIdleMustBeSilent(t *testing.T) {
 func TestClose(t *testing.T) {
 	p := New(Config{})
 	d := newPipeDialer()
-	c1, _ := p.Get(context.Background(), ep, d.dial)
-	c2, _ := p.Get(context.Background(), ep, d.dial)
+	c1, _ := p.Get(context.Background(), ep, Client{}, d.dial)
+	c2, _ := p.Get(context.Background(), ep, Client{}, d.dial)
 	peer1, peer2 := <-d.peers, <-d.peers
 	p.Put(c1)
 	p.Close()
@@ -523,7 +581,7 @@ func TestClose(t *testing.T) {
 func TestPutWithUnreadBytes(t *testing.T) {
 	p := New(Config{})
 	d := newPipeDialer()
-	c, _ := p.Get(context.Background(), ep, d.dial)
+	c, _ := p.Get(context.Background(), ep, Client{}, d.dial)
 	peer := <-d.peers
 	go io.WriteString(peer, "xy")
 	if b, err := c.R.ReadByte(); err != nil || b != 'x' {
@@ -547,7 +605,7 @@ func TestHeadBound(t *testing.T) {
 	d := newPipeDialer()
 	p := New(Config{MaxHeadBytes: limit, BufferSize: buffer})
 	get := func() (*Conn, net.Conn) {
-		c, err := p.Get(context.Background(), ep, d.dial)
+		c, err := p.Get(context.Background(), ep, Client{}, d.dial)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -586,4 +644,19 @@ func TestHeadBound(t *testing.T) {
 		t.Errorf("a reused connection's head past the bound: %v, want ErrHeadTooLarge", err)
 	}
 	p.Discard(c)
+}
+
+// BenchmarkGetPut: an idle connection taken and put back, the pool's part
+// of every request.
+func BenchmarkGetPut(b *testing.B) {
+	p := New(Config{})
+	d := newPipeDialer()
+	client := Client{Namespace: "a", Name: "client-7d9f8"}
+	c, _ := p.Get(context.Background(), ep, client, d.dial)
+	p.Put(c)
+	b.ReportAllocs()
+	for b.Loop() {
+		c, _ := p.Get(context.Background(), ep, client, d.dial)
+		p.Put(c)
+	}
 }

@@ -250,6 +250,53 @@ func TestPoolBusy(t *testing.T) {
 	})
 }
 
+// TestPoolTurnsPerClient: while every connection to the endpoint is in
+// use, the one freed goes to the pod that holds the fewest: one pod (an
+// address) holding both with a request of its own queued does not keep
+// another's waiting behind it, on the fast path and net/http's alike.
+func TestPoolTurnsPerClient(t *testing.T) {
+	inBubbles(t, func(t *testing.T, k clientKind) {
+		var pn pipenet.Net
+		addr := netip.MustParseAddrPort("10.0.0.1:8080")
+		free := make(chan struct{})
+		served := make(chan string, 4)
+		servePipe(t, &pn, addr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/hold" {
+				<-free
+				return
+			}
+			served <- r.URL.Query().Get("who")
+		}))
+		cfg := proxy.Config{HTTP1TLS: k.path}
+		cfg.Upstream.MaxConnsPerEndpoint = 2
+		p, _ := pipeProxy(t, &pn, cfg)
+		m := &mesh{t: t}
+		be := m.backend("web", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(addr)})
+		m.frontend("web", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+			rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
+		p.Update(m.snapshot(1))
+		hog, other := pipeClientFrom(t, p, producerClient, k.h2c), pipeClientFrom(t, p, consumerClient, k.h2c)
+		get := func(c *http.Client, path string) {
+			go func() {
+				if resp, err := c.Get("http://web.b.svc" + path); err == nil {
+					resp.Body.Close()
+				}
+			}()
+			synctest.Wait() // at the backend, or queued for a connection
+		}
+		get(hog, "/hold")
+		get(hog, "/hold")
+		get(hog, "/?who=hog")
+		get(other, "/?who=other")
+		free <- struct{}{}
+		if who := <-served; who != "other" {
+			t.Errorf("the connection freed went to %s's request, want other's (it held none, hog one)", who)
+		}
+		close(free)
+		<-served
+	})
+}
+
 // slowUpload POSTs a 10-byte body a byte every 6 s, and returns the
 // answer's body or why there is none.
 func slowUpload(t *testing.T, p *proxy.Proxy, k clientKind) string {

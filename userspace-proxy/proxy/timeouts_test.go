@@ -424,10 +424,15 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value str
 // memory (net.Pipe, so synctest can run it) as a connection to routedVIP
 // from a producer-namespace client, speaking h2c or HTTP/1.1.
 func pipeClient(t testing.TB, p *proxy.Proxy, h2c bool) *http.Client {
+	return pipeClientFrom(t, p, producerClient, h2c)
+}
+
+// pipeClientFrom is pipeClient for a client at src.
+func pipeClientFrom(t testing.TB, p *proxy.Proxy, src netip.Addr, h2c bool) *http.Client {
 	tr := &http.Transport{Protocols: new(http.Protocols), DisableCompression: true,
 		DialContext: func(context.Context, string, string) (net.Conn, error) {
 			c, s := net.Pipe()
-			go p.ServeConn(s, routedVIP, proxy.Client{Addr: netip.AddrPortFrom(producerClient, 40000)})
+			go p.ServeConn(s, routedVIP, proxy.Client{Addr: netip.AddrPortFrom(src, 40000)})
 			return c, nil
 		}}
 	if h2c {

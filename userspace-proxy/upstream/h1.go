@@ -19,16 +19,16 @@ var ErrNotHTTP11 = errors.New("backend did not negotiate http/1.1")
 
 // GetH1 returns a connection to picked, an endpoint of b, for one
 // HTTP/1.1 exchange: an idle one from b's pool, or a new one (over TLS
-// with ALPN http/1.1 and session resumption when b needs TLS). Hand it
-// back with PutH1 when the exchange left it reusable, else DiscardH1 or
-// DetachH1.
-func (b *Backend) GetH1(ctx context.Context, picked *balance.Choice) (*pool.Conn, error) {
+// with ALPN http/1.1 and session resumption when b needs TLS), for
+// client. Hand it back with PutH1 when the exchange left it reusable, else
+// DiscardH1 or DetachH1.
+func (b *Backend) GetH1(ctx context.Context, picked *balance.Choice, client pool.Client) (*pool.Conn, error) {
 	if b.Err != nil {
 		return nil, b.Err
 	}
 	w := b.w
 	dialed := false
-	c, err := w.h1.Get(ctx, picked.Endpoint.Addr, func(ctx context.Context) (net.Conn, error) {
+	c, err := w.h1.Get(ctx, picked.Endpoint.Addr, client, func(ctx context.Context) (net.Conn, error) {
 		dialed = true
 		return w.dialH1(ctx, picked)
 	})

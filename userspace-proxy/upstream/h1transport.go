@@ -68,7 +68,7 @@ func (t h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	bodiless := req.Body == nil || req.Body == http.NoBody
 	for try := 1; ; try++ {
-		uc, err := t.b.GetH1(ctx, c)
+		uc, err := t.b.GetH1(ctx, c, clientOf(ctx))
 		if err != nil {
 			closeBody(req)
 			return nil, err

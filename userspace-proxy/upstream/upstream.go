@@ -40,7 +40,8 @@ type Config struct {
 	// means 64.
 	MaxIdleConnsPerEndpoint int
 	// MaxConnsPerEndpoint bounds connections per endpoint and wire (requests
-	// wait for one beyond it); 0 means 1024.
+	// wait for one beyond it, and one freed goes to the waiting client that
+	// holds the fewest: WithClient); 0 means 1024.
 	MaxConnsPerEndpoint int
 	// ConnWait bounds how long a request waits for one of an endpoint's
 	// MaxConnsPerEndpoint HTTP/1.1 connections to come free before it
@@ -702,6 +703,39 @@ func (b *Backend) Scheme() string {
 }
 
 type endpointKey struct{}
+
+type clientKey struct{}
+
+// WithClient attaches c, the app whose requests RoundTripper sends, to a
+// context, as GetH1 takes it: an endpoint's HTTP/1.1 connections, shared
+// by every pod on the node, go to the client that holds the fewest while
+// requests wait for one (pool.Get). Without it, a request counts as the
+// zero Client's.
+func WithClient(ctx context.Context, c pool.Client) context.Context {
+	return &withClient{ctx, c}
+}
+
+// withClient is WithClient's context: one allocation per app connection,
+// where context.WithValue took a second to box c.
+type withClient struct {
+	context.Context
+	c pool.Client
+}
+
+func (w *withClient) Value(key any) any {
+	if key == (clientKey{}) {
+		return &w.c
+	}
+	return w.Context.Value(key)
+}
+
+// clientOf returns the client WithClient attached to ctx.
+func clientOf(ctx context.Context) pool.Client {
+	if c, ok := ctx.Value(clientKey{}).(*pool.Client); ok {
+		return *c
+	}
+	return pool.Client{}
+}
 
 // WithEndpoint attaches c, the picked endpoint, to a request context so
 // the pool dials it with its full identity (node, pod) for dialers that

@@ -27,6 +27,7 @@ import (
 	"github.com/sockmesh/sockmesh/test/pki"
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
+	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 )
 
 const sni = "backend.test"
@@ -189,7 +190,7 @@ func TestGetH1Pools(t *testing.T) {
 	w := newWorld(t)
 	be := w.pools.Build(w.snapshot(t, 1, w.policy()), nil).Get(ref)
 	ep := be.Picker.Pick()
-	c1, err := be.GetH1(context.Background(), ep)
+	c1, err := be.GetH1(context.Background(), ep, pool.Client{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,7 +208,7 @@ func TestGetH1Pools(t *testing.T) {
 			t.Fatalf("backend saw %q", b)
 		}
 		be.PutH1(c1)
-		c2, err := be.GetH1(context.Background(), ep)
+		c2, err := be.GetH1(context.Background(), ep, pool.Client{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -304,7 +305,7 @@ func TestGetH1RefusesOtherProtocols(t *testing.T) {
 	pol := w.policy()
 	pol.ALPN = []string{"h2"}
 	be := w.pools.Build(w.snapshot(t, 1, pol), nil).Get(ref)
-	_, err := be.GetH1(context.Background(), be.Picker.Pick())
+	_, err := be.GetH1(context.Background(), be.Picker.Pick(), pool.Client{})
 	if !errors.Is(err, ErrNotHTTP11) || Classify(err) != ReasonProtocol || ReasonProtocol.Status() != http.StatusBadGateway {
 		t.Fatalf("GetH1 = %v (reason %s), want ErrNotHTTP11 as a protocol error", err, Classify(err))
 	}
@@ -317,7 +318,7 @@ func TestBuildKeepsPools(t *testing.T) {
 	w := newWorld(t)
 	s1 := w.pools.Build(w.snapshot(t, 1, w.policy()), nil)
 	be1 := s1.Get(ref)
-	c, err := be1.GetH1(context.Background(), be1.Picker.Pick())
+	c, err := be1.GetH1(context.Background(), be1.Picker.Pick(), pool.Client{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +327,7 @@ func TestBuildKeepsPools(t *testing.T) {
 
 	s2 := w.pools.Build(w.snapshot(t, 2, w.policy()), s1)
 	be2 := s2.Get(ref)
-	if got, err := be2.GetH1(context.Background(), be2.Picker.Pick()); err != nil || got != c {
+	if got, err := be2.GetH1(context.Background(), be2.Picker.Pick(), pool.Client{}); err != nil || got != c {
 		t.Fatalf("same settings: GetH1 = %p, %v; want the pooled connection", got, err)
 	}
 	be2.PutH1(c)
@@ -338,7 +339,7 @@ func TestBuildKeepsPools(t *testing.T) {
 		t.Error("the old settings' idle connection is still open")
 	}
 	be3 := s3.Get(ref)
-	if got, err := be3.GetH1(context.Background(), be3.Picker.Pick()); err != nil || got == c {
+	if got, err := be3.GetH1(context.Background(), be3.Picker.Pick(), pool.Client{}); err != nil || got == c {
 		t.Fatalf("changed settings: GetH1 = %p, %v; want a new connection", got, err)
 	}
 	if !strings.Contains(w.logs.String(), "upstream pools replaced") {
@@ -407,7 +408,7 @@ func TestBuildKeepsWhatStillVerifies(t *testing.T) {
 			c.to(to)
 			s1 := w.pools.Build(w.snapshot(t, 1, from), nil)
 			be1 := s1.Get(ref)
-			conn, err := be1.GetH1(t.Context(), be1.Picker.Pick())
+			conn, err := be1.GetH1(t.Context(), be1.Picker.Pick(), pool.Client{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -429,7 +430,7 @@ func TestBuildKeepsWhatStillVerifies(t *testing.T) {
 				return
 			}
 			be2 := s2.Get(ref)
-			got, err := be2.GetH1(t.Context(), be2.Picker.Pick())
+			got, err := be2.GetH1(t.Context(), be2.Picker.Pick(), pool.Client{})
 			if err != nil || got != conn {
 				t.Fatalf("GetH1 = %p, %v; want the connection from before", got, err)
 			}
@@ -506,14 +507,14 @@ func TestGetH1DropsExpired(t *testing.T) {
 					}
 					be := backendAt(t, p, netip.MustParseAddrPort("10.0.0.1:443"), pol)
 					ep := be.Picker.Pick()
-					first, err := be.GetH1(t.Context(), ep)
+					first, err := be.GetH1(t.Context(), ep, pool.Client{})
 					if err != nil {
 						t.Fatal(err)
 					}
 					exchange(t, first)
 					be.PutH1(first)
 					time.Sleep(c.idle) // past the expiry, within the idle timeout
-					again, err := be.GetH1(t.Context(), ep)
+					again, err := be.GetH1(t.Context(), ep, pool.Client{})
 					if err == nil {
 						be.DiscardH1(again)
 						t.Fatalf("a connection handed out after its chain expired (the one before: %v)", again == first)
