@@ -478,7 +478,9 @@ func (d *dialCounter) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn,
 // TestH2ConnectsPastStreamLimit: connections to one endpoint are not
 // capped: once those open take no more streams (the backend's
 // MaxConcurrentStreams), the Transport opens another, and every request
-// is answered.
+// is answered — past MaxConnsPerEndpoint (the Transport's MaxConnsPerHost)
+// too, so no request waits for a stream, and ConnWait, which bounds the
+// HTTP/1.1 pool's wait, has no wait to bound here.
 func TestH2ConnectsPastStreamLimit(t *testing.T) {
 	release := make(chan struct{})
 	free := sync.OnceFunc(func() { close(release) })
@@ -489,7 +491,11 @@ func TestH2ConnectsPastStreamLimit(t *testing.T) {
 		<-release
 		io.WriteString(rw, r.Proto)
 	}), 10)
-	be := backendAt(t, newWorld(t).pools, addr, nil)
+	pools, err := New(Config{MaxConnsPerEndpoint: 2}, dial.NewDirect(dial.Config{Unmarked: true}), slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := backendAt(t, pools, addr, nil)
 	rt := be.RoundTripper(WireH2)
 	type answer struct {
 		resp *http.Response

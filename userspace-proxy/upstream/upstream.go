@@ -39,15 +39,19 @@ type Config struct {
 	// per endpoint and wire (HTTP/1.1: past 10 s, pool.Config.MaxIdle); 0
 	// means 64.
 	MaxIdleConnsPerEndpoint int
-	// MaxConnsPerEndpoint bounds connections per endpoint and wire (requests
-	// wait for one beyond it, and one freed goes to the waiting client that
-	// holds the fewest: WithClient); 0 means 1024.
+	// MaxConnsPerEndpoint bounds the HTTP/1.1 connections per endpoint and
+	// wire (requests wait for one beyond it, and one freed goes to the
+	// waiting client that holds the fewest: WithClient); 0 means 1024.
+	// net/http's HTTP/2 Transport, given it as MaxConnsPerHost, dials
+	// another connection whenever those open have no stream to spare, past
+	// it too (its count forgets a connection found full): no request waits
+	// for a stream there.
 	MaxConnsPerEndpoint int
 	// ConnWait bounds how long a request waits for one of an endpoint's
 	// MaxConnsPerEndpoint HTTP/1.1 connections to come free before it
-	// fails (ReasonPoolBusy); 0 means 10 s, as long as HandshakeTimeout
-	// lets a new connection take: either way a request gets a connection,
-	// or a 503, within that.
+	// fails (ReasonPoolBusy; HTTP/2 has no such wait: MaxConnsPerEndpoint);
+	// 0 means 10 s, as long as HandshakeTimeout lets a new connection take:
+	// either way a request gets a connection, or a 503, within that.
 	ConnWait time.Duration
 	// IdleConnTimeout closes pooled connections idle this long; 0 means 90 s.
 	IdleConnTimeout time.Duration
