@@ -44,20 +44,22 @@ type Leader interface {
 
 // Writer applies one translation to the cluster: status (agent/status),
 // generated Services (agent/selectorsvc). in is the Input translate judged;
-// the writer must not modify it. It writes every object it can and returns
-// the errors of the others, joined, each keeping the API server's status:
-// the loop logs and counts the objects the API server refused for good
-// (Retryable) and retries the rest with backoff.
+// the writer must not modify it. It passes each object's write through g,
+// which holds back the objects it must not write now, writes
+// every object it can and returns the errors of the others, joined, each
+// keeping the API server's status: the loop logs and counts the objects
+// the API server refused for good (Retryable) and retries the rest with
+// backoff.
 type Writer interface {
-	Write(ctx context.Context, in translate.Input, res translate.Result) error
+	Write(ctx context.Context, in translate.Input, res translate.Result, g *Gate) error
 }
 
 // WriterFunc adapts a function to Writer.
-type WriterFunc func(ctx context.Context, in translate.Input, res translate.Result) error
+type WriterFunc func(ctx context.Context, in translate.Input, res translate.Result, g *Gate) error
 
 // Write calls f.
-func (f WriterFunc) Write(ctx context.Context, in translate.Input, res translate.Result) error {
-	return f(ctx, in, res)
+func (f WriterFunc) Write(ctx context.Context, in translate.Input, res translate.Result, g *Gate) error {
+	return f(ctx, in, res, g)
 }
 
 // Config configures a ControlPlane.
@@ -84,8 +86,8 @@ type Config struct {
 	// written.
 	Writers []Writer
 	// RetryInterval is the first wait before retrying a write that failed
-	// in a way that may clear (Retryable); it doubles up to a minute (zero:
-	// 1 s).
+	// in a way that may clear (Retryable), the whole translation's or one
+	// object's (Gate); it doubles up to a minute (zero: 1 s).
 	RetryInterval time.Duration
 }
 
@@ -121,7 +123,7 @@ type metrics struct {
 	rebuilds        *prometheus.CounterVec
 	rebuildDuration prometheus.Histogram
 	version         prometheus.Gauge
-	writeErrors     prometheus.Counter
+	writeErrors     *prometheus.CounterVec
 	writeRefusals   *prometheus.CounterVec
 }
 
@@ -150,15 +152,18 @@ func New(cfg Config, src source.Source, log *slog.Logger, reg prometheus.Registe
 				Name: "sockmesh_controlplane_snapshot_version",
 				Help: "Version of the Snapshot currently published.",
 			}),
-			writeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			writeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "sockmesh_controlplane_write_errors_total",
-				Help: "Failed attempts to write a translation's status or generated Services, retried with backoff.",
-			}),
+				Help: "Failed attempts to write status or generated Services, retried with backoff, by scope: object (that object alone), all (every write waits).",
+			}, []string{"scope"}),
 			writeRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "sockmesh_controlplane_write_refusals_total",
 				Help: "Objects whose write the API server refused in a way a retry cannot change, by reason; tried again at the next translation.",
 			}, []string{"reason"}),
 		},
+	}
+	for _, scope := range []string{"object", "all"} {
+		c.m.writeErrors.WithLabelValues(scope)
 	}
 	c.current.Store(snapshot.Empty())
 	if reg != nil {
@@ -317,35 +322,48 @@ func (c *ControlPlane) handOver(in translate.Input, res translate.Result) {
 
 // writeLoop hands the latest translation to the writers until ctx ends (the
 // end of a leader term), retrying failures with backoff. A new term starts
-// by writing the latest translation, whatever an earlier term wrote. While
-// it backs off nothing is written, not even a newer translation: errors
-// that may clear (429, 5xx, timeouts) say the API server is in trouble, and
-// the retry writes the latest one. An object the API server refused for
-// good fails alone: it is not retried (and holds nothing back) until the
-// next translation, whose pass the writers diff anew; else one namespace's
-// full quota would hold every status write in the cluster to one a minute.
+// by writing the latest translation, whatever an earlier term wrote, with a
+// new Gate. While it backs off nothing is written, not even a newer
+// translation: errors that may clear and are no object's alone (429, 503,
+// timeouts, the network) say the API server is in trouble, and the retry
+// writes the latest one. An object the API server refused for good fails
+// alone: it is not retried (and holds nothing back) until the next
+// translation, whose pass the writers diff anew; else one namespace's full
+// quota would hold every status write in the cluster to one a minute. The
+// Gate holds back the objects whose failure was theirs alone; when one of
+// its holds ends the loop writes the latest translation again, which the
+// writers diff, so that what was held back is written though nothing
+// changed.
 func (c *ControlPlane) writeLoop(ctx context.Context) {
+	g := c.newGate()
 	var written uint64 // the seq of the last pass written; passes start at 1
 	wait := c.cfg.RetryInterval
 	var retry <-chan time.Time // set while backing off
+	var held <-chan time.Time  // when the Gate's first hold ends
 	for {
 		if p := c.pending.Load(); retry == nil && p != nil && p.seq != written {
+			start := time.Now()
 			var errs []error
 			for _, w := range c.cfg.Writers {
-				if err := w.Write(ctx, p.in, p.res); err != nil {
+				if err := w.Write(ctx, p.in, p.res, g); err != nil {
 					errs = append(errs, err)
 				}
 			}
 			if ctx.Err() != nil {
 				return
 			}
+			g.endPass(start)
 			if err := c.dropRefusals(errors.Join(errs...)); err != nil {
-				c.m.writeErrors.Inc()
+				c.m.writeErrors.WithLabelValues("all").Inc()
 				c.log.Warn("write failed; will retry", "err", err, "retry_in", wait)
 				retry = time.After(wait)
 				wait = min(wait*2, time.Minute)
 			} else {
 				written, wait = p.seq, c.cfg.RetryInterval
+			}
+			held = nil
+			if next := g.next(); !next.IsZero() {
+				held = time.After(time.Until(next))
 			}
 		}
 		select {
@@ -354,6 +372,8 @@ func (c *ControlPlane) writeLoop(ctx context.Context) {
 		case <-c.wake:
 		case <-retry:
 			retry = nil
+		case <-held:
+			held, written = nil, 0
 		}
 	}
 }

@@ -147,8 +147,9 @@ func TestFirstSnapshotEmpty(t *testing.T) {
 	})
 }
 
-// flakyWriter fails its first n writes with err (nil: the API server
-// unavailable) and records when each came.
+// flakyWriter writes one object through the Gate; it fails its first n
+// writes with err (nil: the API server unavailable) and records when each
+// came.
 type flakyWriter struct {
 	mu    sync.Mutex
 	fail  int
@@ -157,15 +158,17 @@ type flakyWriter struct {
 	last  translate.Result // the last translation it was given
 }
 
-func (w *flakyWriter) Write(_ context.Context, _ translate.Input, res translate.Result) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	w.calls = append(w.calls, time.Now())
-	w.last = res
-	if len(w.calls) <= w.fail {
-		return cmp.Or(w.err, errors.New("api server unavailable"))
-	}
-	return nil
+func (w *flakyWriter) Write(ctx context.Context, _ translate.Input, res translate.Result, g *Gate) error {
+	return g.Do(ctx, Object{Verb: "patch", Resource: "things", Namespace: "ns", Name: "a"}, func(context.Context) error {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.calls = append(w.calls, time.Now())
+		w.last = res
+		if len(w.calls) <= w.fail {
+			return cmp.Or(w.err, errors.New("api server unavailable"))
+		}
+		return nil
+	})
 }
 
 func (w *flakyWriter) count() int {

@@ -5,6 +5,10 @@
 // translate's status and generated-Service wishes to the writers while this
 // agent holds the writer lease.
 //
+// The writers pass each object's write through a Gate, which retries an
+// object whose write failed alone by itself; only the API server's own
+// trouble holds every write back.
+//
 // Versions increase by one with every published Snapshot; a rebuild that
 // yields the same Snapshot publishes nothing. Subscribers read the current
 // Snapshot by atomic pointer and wait on a channel that is closed when a

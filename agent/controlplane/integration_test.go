@@ -14,6 +14,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/rest"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
 
@@ -55,10 +56,24 @@ type agent struct {
 	once   sync.Once
 }
 
-func startAgent(t *testing.T, env *apiserver.Env, identity, dnsAddr string) *agent {
+// agentConfig is what startAgent's options may change.
+type agentConfig struct {
+	rest *rest.Config        // the agent's client config: env.Config's
+	cp   controlplane.Config // RetryInterval
+}
+
+func startAgent(t *testing.T, env *apiserver.Env, identity, dnsAddr string, opts ...func(*agentConfig)) *agent {
 	t.Helper()
+	ac := agentConfig{rest: rest.CopyConfig(env.Config)}
+	for _, o := range opts {
+		o(&ac)
+	}
+	kube, gwc, err := kubesource.NewClients(ac.rest)
+	if err != nil {
+		t.Fatal(err)
+	}
 	log := slog.New(slog.DiscardHandler)
-	src, err := kubesource.New(kubesource.Config{NodeName: nodeName}, env.Kube, env.Gateway, log, nil)
+	src, err := kubesource.New(kubesource.Config{NodeName: nodeName}, kube, gwc, log, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,34 +82,33 @@ func startAgent(t *testing.T, env *apiserver.Env, identity, dnsAddr string) *age
 		t.Fatal(err)
 	}
 	el, err := leader.New(leader.Config{Namespace: ns, Identity: identity,
-		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond}, env.Kube, log, nil)
+		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 200 * time.Millisecond}, kube, log, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	sw, err := status.New(status.Config{}, env.Gateway, log, nil)
+	sw, err := status.New(status.Config{}, gwc, log, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	svcs, err := selectorsvc.New(selectorsvc.Config{}, env.Kube, log, nil)
+	svcs, err := selectorsvc.New(selectorsvc.Config{}, kube, log, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp, err := controlplane.New(controlplane.Config{
-		Node: translate.Node{
-			ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix(apiserver.ServiceCIDR)},
-			PodCIDRs:     []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
-		},
-		Resolver: res,
-		Leader:   el,
-		Writers: []controlplane.Writer{
-			controlplane.WriterFunc(func(ctx context.Context, in translate.Input, r translate.Result) error {
-				return sw.Write(ctx, in, r.Status)
-			}),
-			controlplane.WriterFunc(func(ctx context.Context, in translate.Input, r translate.Result) error {
-				return svcs.Apply(ctx, in, r.EndpointSelectorServices)
-			}),
-		},
-	}, src, log, nil)
+	cfg := ac.cp
+	cfg.Node = translate.Node{
+		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix(apiserver.ServiceCIDR)},
+		PodCIDRs:     []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
+	}
+	cfg.Resolver, cfg.Leader = res, el
+	cfg.Writers = []controlplane.Writer{
+		controlplane.WriterFunc(func(ctx context.Context, in translate.Input, r translate.Result, g *controlplane.Gate) error {
+			return sw.Write(ctx, in, r.Status, g)
+		}),
+		controlplane.WriterFunc(func(ctx context.Context, in translate.Input, r translate.Result, g *controlplane.Gate) error {
+			return svcs.Apply(ctx, in, r.EndpointSelectorServices, g)
+		}),
+	}
+	cp, err := controlplane.New(cfg, src, log, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,8 @@ var refusals = []struct {
 // NotFound, RequestEntityTooLarge, MethodNotSupported), which waits for the
 // next translation instead. Writers must keep the API server's status in
 // each error they return (wrap with %w); an error without one is retried.
+// The errors the Gate took over (objectScoped) never reach the loop: a
+// retry of theirs is the object's alone.
 func Retryable(err error) bool {
 	for _, e := range leaves(err) {
 		if refusal(e) == "" {
@@ -40,6 +42,31 @@ func Retryable(err error) bool {
 		}
 	}
 	return false
+}
+
+// objectScoped reports whether err, a write's error that may clear, is
+// about its object alone, so that the Gate retries the object by itself
+// while every other write goes on: a 500 InternalError (the API server
+// answered, and failed this request: above all an admission webhook it
+// could not call or that timed out, failurePolicy Fail, for one kind or
+// namespace) or a conflict RetryOnConflict gave up on (another writer keeps
+// changing the object). 429, 503, 504, a ServerTimeout, a client timeout
+// or a network error say the API server, or the way to it, is in trouble:
+// every write waits.
+func objectScoped(err error) bool {
+	return every(err, func(e error) bool { return apierrors.IsInternalError(e) || apierrors.IsConflict(e) })
+}
+
+// every reports whether each error err joins satisfies is, and err is not
+// nil.
+func every(err error, is func(error) bool) bool {
+	ls := leaves(err)
+	for _, e := range ls {
+		if !is(e) {
+			return false
+		}
+	}
+	return len(ls) > 0
 }
 
 // refusal returns the reason label of leaf, an error that joins no others,

@@ -36,6 +36,13 @@ func quotaFull(namespace string) error {
 		errors.New("exceeded quota: q, requested: services=1, used: services=0, limited: services=0")))
 }
 
+// webhookDown is what the API server answers a status patch when a
+// validating webhook (failurePolicy Fail) cannot be called.
+func webhookDown(name string) error {
+	return fmt.Errorf("write status of HTTPRoute ns/%s: %w", name, apierrors.NewInternalError(
+		errors.New(`failed calling webhook "check.example.com": failed to call webhook: Post "https://127.0.0.1:1/": dial tcp 127.0.0.1:1: connect: connection refused`)))
+}
+
 func invalidStatus(name string) error {
 	return fmt.Errorf("write status of HTTPRoute ns/%s: %w", name, apierrors.NewInvalid(
 		schema.GroupKind{Group: httpRoutes.Group, Kind: "HTTPRoute"}, name,
@@ -82,7 +89,7 @@ func TestRefusedWriteHoldsNothingBack(t *testing.T) {
 				t.Errorf("write_refusals_total{reason=%q} = %v, want %v", reason, got, want)
 			}
 		}
-		if got := count(t, c.m.writeErrors); got != 0 {
+		if got := count(t, c.m.writeErrors.WithLabelValues("all")); got != 0 {
 			t.Errorf("write_errors_total = %v, want 0 (nothing to retry)", got)
 		}
 		warned := map[string]int{}
@@ -103,34 +110,41 @@ func TestRefusedWriteHoldsNothingBack(t *testing.T) {
 
 // TestWriteErrorClasses: a write error is retried with backoff unless each
 // error it joins is a refusal of one object; one that may clear beside
-// refusals is retried (errors.As on the join would match the refusal).
+// refusals is retried (errors.As on the join would match the refusal). One
+// about its object alone (a 500 such as an admission webhook the API server
+// could not call, a conflict) is retried alone (scope object), the others
+// back every write off (scope all).
 func TestWriteErrorClasses(t *testing.T) {
 	webhookDenial := &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: 400,
 		Message: `admission webhook "policy.example.com" denied the request: no`}}
 	unavailable := apierrors.NewServiceUnavailable("etcd leader changed")
+	conflict := apierrors.NewConflict(httpRoutes, "r", errors.New("the object has been modified"))
 	for _, tc := range []struct {
-		name    string
-		err     error
-		retried bool
+		name  string
+		err   error
+		scope string // of the retry; "" for none
 	}{
-		{"quota full", quotaFull("tenant"), false},
-		{"rbac", apierrors.NewForbidden(httpRoutes, "r", errors.New(`cannot patch resource "httproutes/status"`)), false},
-		{"invalid", invalidStatus("r"), false},
-		{"webhook denial", webhookDenial, false},
-		{"too large", apierrors.NewRequestEntityTooLargeError("limit is 3145728"), false},
-		{"method not allowed", apierrors.NewMethodNotSupported(services, "patch"), false},
-		{"namespace gone", apierrors.NewNotFound(schema.GroupResource{Resource: "namespaces"}, "tenant"), false},
-		{"refusals joined", errors.Join(quotaFull("a"), invalidStatus("r"), webhookDenial), false},
-		{"refusals joined and wrapped", fmt.Errorf("write: %w", errors.Join(quotaFull("a"), invalidStatus("r"))), false},
-		{"conflict", apierrors.NewConflict(httpRoutes, "r", errors.New("the object has been modified")), true},
-		{"throttled", apierrors.NewTooManyRequests("slow down", 1), true},
-		{"unavailable", unavailable, true},
-		{"server timeout", apierrors.NewServerTimeout(services, "create", 1), true},
-		{"deadline", fmt.Errorf("patch: %w", context.DeadlineExceeded), true},
-		{"network", &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}, true},
-		{"refusal beside an outage", errors.Join(quotaFull("a"), unavailable), true},
-		{"refusal beside an outage, both wrapped", fmt.Errorf("%w; %w", invalidStatus("r"), unavailable), true},
-		{"refusal beside an outage, nested", errors.Join(quotaFull("a"), fmt.Errorf("status: %w", errors.Join(invalidStatus("r"), unavailable))), true},
+		{"quota full", quotaFull("tenant"), ""},
+		{"rbac", apierrors.NewForbidden(httpRoutes, "r", errors.New(`cannot patch resource "httproutes/status"`)), ""},
+		{"invalid", invalidStatus("r"), ""},
+		{"webhook denial", webhookDenial, ""},
+		{"too large", apierrors.NewRequestEntityTooLargeError("limit is 3145728"), ""},
+		{"method not allowed", apierrors.NewMethodNotSupported(services, "patch"), ""},
+		{"namespace gone", apierrors.NewNotFound(schema.GroupResource{Resource: "namespaces"}, "tenant"), ""},
+		{"refusals joined", errors.Join(quotaFull("a"), invalidStatus("r"), webhookDenial), ""},
+		{"refusals joined and wrapped", fmt.Errorf("write: %w", errors.Join(quotaFull("a"), invalidStatus("r"))), ""},
+		{"conflict", conflict, "object"},
+		{"webhook unreachable", webhookDown("r"), "object"},
+		{"conflicts joined", errors.Join(conflict, webhookDown("r")), "object"},
+		{"throttled", apierrors.NewTooManyRequests("slow down", 1), "all"},
+		{"unavailable", unavailable, "all"},
+		{"server timeout", apierrors.NewServerTimeout(services, "create", 1), "all"},
+		{"deadline", fmt.Errorf("patch: %w", context.DeadlineExceeded), "all"},
+		{"network", &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}, "all"},
+		{"refusal beside an outage", errors.Join(quotaFull("a"), unavailable), "all"},
+		{"refusal beside an outage, both wrapped", fmt.Errorf("%w; %w", invalidStatus("r"), unavailable), "all"},
+		{"refusal beside an outage, nested", errors.Join(quotaFull("a"), fmt.Errorf("status: %w", errors.Join(invalidStatus("r"), unavailable))), "all"},
+		{"webhook unreachable beside an outage", errors.Join(webhookDown("r"), unavailable), "all"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -143,8 +157,18 @@ func TestWriteErrorClasses(t *testing.T) {
 				run(t, c)
 				time.Sleep(time.Minute)
 				synctest.Wait()
-				if retried := w.count() > 1; retried != tc.retried || Retryable(tc.err) != tc.retried {
-					t.Errorf("writes in a minute = %d, Retryable = %v; want retried %v", w.count(), Retryable(tc.err), tc.retried)
+				retried := tc.scope != ""
+				if got := w.count() > 1; got != retried || Retryable(tc.err) != retried {
+					t.Errorf("writes in a minute = %d, Retryable = %v; want retried %v", w.count(), Retryable(tc.err), retried)
+				}
+				for _, scope := range []string{"object", "all"} {
+					want := 0.0
+					if scope == tc.scope {
+						want = 1
+					}
+					if got := count(t, c.m.writeErrors.WithLabelValues(scope)); got != want {
+						t.Errorf("write_errors_total{scope=%q} = %v, want %v", scope, got, want)
+					}
 				}
 			})
 		})

@@ -21,6 +21,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sockmesh/sockmesh/agent/controlplane"
 	"github.com/sockmesh/sockmesh/agent/translate"
 )
 
@@ -64,8 +65,9 @@ func New(cfg Config, kube k8s.Interface, log *slog.Logger, reg prometheus.Regist
 // Apply makes the generated Services match want, the Services translate
 // returned for in: one with a Name is an existing Service as it should be,
 // one with only a GenerateName is to be created; generated Services in
-// in.Services that want does not name are deleted.
-func (w *Writer) Apply(ctx context.Context, in translate.Input, want []*corev1.Service) error {
+// in.Services that want does not name are deleted. Each Service's change
+// goes through g (nil: every one is made).
+func (w *Writer) Apply(ctx context.Context, in translate.Input, want []*corev1.Service, g *controlplane.Gate) error {
 	existing := make(map[types.NamespacedName]*corev1.Service)
 	for _, s := range in.Services {
 		if generated(s) {
@@ -76,22 +78,34 @@ func (w *Writer) Apply(ctx context.Context, in translate.Input, want []*corev1.S
 	for _, s := range want {
 		switch {
 		case s.Name == "":
-			errs = append(errs, w.create(ctx, s))
+			errs = append(errs, g.Do(ctx, object("create", s.Namespace, s.GenerateName), func(ctx context.Context) error {
+				return w.create(ctx, s)
+			}))
 		default:
 			nn := types.NamespacedName{Namespace: s.Namespace, Name: s.Name}
 			cur, ok := existing[nn]
 			delete(existing, nn)
 			if ok && drifted(cur, s) {
-				errs = append(errs, w.update(ctx, s))
+				errs = append(errs, g.Do(ctx, object("update", s.Namespace, s.Name), func(ctx context.Context) error {
+					return w.update(ctx, s)
+				}))
 			}
 		}
 	}
 	for _, nn := range slices.SortedFunc(maps.Keys(existing), func(a, b types.NamespacedName) int {
 		return cmp.Compare(a.String(), b.String())
 	}) {
-		errs = append(errs, w.delete(ctx, existing[nn]))
+		errs = append(errs, g.Do(ctx, object("delete", nn.Namespace, nn.Name), func(ctx context.Context) error {
+			return w.delete(ctx, existing[nn])
+		}))
 	}
 	return errors.Join(errs...)
+}
+
+// object names the write of a Service for the Gate; a create is named by
+// its generateName and checked as RBAC's create (its List beforehand too).
+func object(verb, namespace, name string) controlplane.Object {
+	return controlplane.Object{Verb: verb, Resource: "services", Namespace: namespace, Name: name}
 }
 
 // generated reports whether s is a Service sockmesh made: labelled and

@@ -90,7 +90,7 @@ func TestApply(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := w.Apply(ctx, in, res.EndpointSelectorServices); err != nil {
+		if err := w.Apply(ctx, in, res.EndpointSelectorServices, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -215,7 +215,7 @@ func TestApplyQuotaFull(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = w.Apply(ctx, in, res.EndpointSelectorServices)
+	err = w.Apply(ctx, in, res.EndpointSelectorServices, nil)
 	if err == nil || controlplane.Retryable(err) || !strings.Contains(err.Error(), full+"/pods") {
 		t.Errorf("Apply = %v (retryable %v), want the refusal of %s/pods only, not retryable", err, controlplane.Retryable(err), full)
 	}

@@ -105,7 +105,7 @@ func TestPolicyAncestorsFull(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := w.Write(ctx, in, res.Status); err != nil {
+		if err := w.Write(ctx, in, res.Status, nil); err != nil {
 			t.Fatal(err)
 		}
 		backends := map[string]snapshot.Backend{}

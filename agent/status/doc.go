@@ -20,7 +20,9 @@
 // merges again on the fresh object. Within a leader term the Writer
 // remembers the version each write left, so the same (cached, now stale)
 // objects handed again, as on a retry of the pass, are merged against
-// what was written and cost nothing once written.
+// what was written and cost nothing once written. Each object's write goes
+// through the control plane's Gate, which holds back the objects whose
+// write failed alone.
 //
 // It writes only what it is given. It must not decide conditions (translate
 // does) or decide whether this agent may write (the caller holds the

@@ -10,9 +10,9 @@ import (
 
 // recent remembers, per object (by UID), the newest version of it this
 // Writer wrote or read, and the version of the translation pass it was
-// handed then. The control plane retries a pass whole while any of its
-// writers fails, and a status-only change never brings the pass newer
-// objects: without this memory, every retry would merge against the stale
+// handed then. The control plane hands a pass again while the API server is
+// in trouble and whenever its Gate lets a held-back object through, and a
+// status-only change never brings the pass newer objects: without this memory, every retry would merge against the stale
 // object, find our status missing and patch again (a conflict, a GET and a
 // re-merge per object, every retry).
 //

@@ -137,7 +137,7 @@ func TestWriterRetriesStalePass(t *testing.T) {
 	} {
 		requests.take()
 		before := conflicts()
-		if err := w.Write(step.ctx, pass, status(step.msg)); err != nil {
+		if err := w.Write(step.ctx, pass, status(step.msg), nil); err != nil {
 			t.Fatalf("%s: %v", step.name, err)
 		}
 		got := requests.take()
@@ -162,7 +162,7 @@ func TestWriterRetriesStalePass(t *testing.T) {
 		t.Fatal(err)
 	}
 	requests.take()
-	if err := w.Write(nextTerm, pass, status("ok, once more")); err != nil {
+	if err := w.Write(nextTerm, pass, status("ok, once more"), nil); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := requests.take(), map[string]int{http.MethodPatch: 3, http.MethodGet: 1}; !maps.Equal(got, want) {
@@ -177,7 +177,7 @@ func TestWriterRetriesStalePass(t *testing.T) {
 
 	// The cache catches up: nothing to send, and nothing left to remember.
 	requests.take()
-	if err := w.Write(nextTerm, listInput(t, env), status("ok, once more")); err != nil {
+	if err := w.Write(nextTerm, listInput(t, env), status("ok, once more"), nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := requests.take(); len(got) != 0 {

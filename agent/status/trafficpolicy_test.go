@@ -76,7 +76,7 @@ func TestWriterXBackendTrafficPolicy(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := w.Write(ctx, in, res.Status); err != nil {
+		if err := w.Write(ctx, in, res.Status, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

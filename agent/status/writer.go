@@ -13,6 +13,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sockmesh/sockmesh/agent/controlplane"
 	"github.com/sockmesh/sockmesh/agent/translate"
 )
 
@@ -96,8 +98,9 @@ func New(cfg Config, gw gwclient.Interface, log *slog.Logger, reg prometheus.Reg
 // handed the same Input again (a retry), Write sends nothing it already
 // wrote. ctx's Done channel identifies the term (the control plane's
 // leader term): a Write with another one forgets what earlier Writes left,
-// since another writer may have written since.
-func (w *Writer) Write(ctx context.Context, in translate.Input, st translate.Status) error {
+// since another writer may have written since. Each object's write goes
+// through g (nil: every object is written).
+func (w *Writer) Write(ctx context.Context, in translate.Input, st translate.Status, g *controlplane.Gate) error {
 	w.recent.begin(ctx.Done())
 	defer w.recent.end()
 	pa := entryKind[gwv1.PolicyAncestorStatus]{
@@ -117,22 +120,22 @@ func (w *Writer) Write(ctx context.Context, in translate.Input, st translate.Sta
 	}
 	gw, opts := w.gw, w.patchOptions()
 	var jobs []func(context.Context) error
-	jobs = append(jobs, entryJobs(w, targetOf[*gwv1.BackendTLSPolicy]("BackendTLSPolicy", gw.GatewayV1().BackendTLSPolicies, opts),
+	jobs = append(jobs, entryJobs(w, g, targetOf[*gwv1.BackendTLSPolicy]("BackendTLSPolicy", gwv1.Resource("backendtlspolicies"), gw.GatewayV1().BackendTLSPolicies, opts),
 		pa, maxPolicyAncestors, "ancestors", in.BackendTLSPolicies, st.BackendTLSPolicies,
 		func(o *gwv1.BackendTLSPolicy) []gwv1.PolicyAncestorStatus { return o.Status.Ancestors })...)
-	jobs = append(jobs, entryJobs(w, targetOf[*gwxv1alpha1.XBackendTrafficPolicy]("XBackendTrafficPolicy", gw.ExperimentalV1alpha1().XBackendTrafficPolicies, opts),
+	jobs = append(jobs, entryJobs(w, g, targetOf[*gwxv1alpha1.XBackendTrafficPolicy]("XBackendTrafficPolicy", gwxv1alpha1.Resource("xbackendtrafficpolicies"), gw.ExperimentalV1alpha1().XBackendTrafficPolicies, opts),
 		pa, maxPolicyAncestors, "ancestors", in.XBackendTrafficPolicies, st.XBackendTrafficPolicies,
 		func(o *gwxv1alpha1.XBackendTrafficPolicy) []gwv1.PolicyAncestorStatus { return o.Status.Ancestors })...)
-	jobs = append(jobs, entryJobs(w, targetOf[*gwxv1alpha1.XBackend]("XBackend", gw.ExperimentalV1alpha1().XBackends, opts),
+	jobs = append(jobs, entryJobs(w, g, targetOf[*gwxv1alpha1.XBackend]("XBackend", gwxv1alpha1.Resource("xbackends"), gw.ExperimentalV1alpha1().XBackends, opts),
 		ba, maxXBackendAncestor, "ancestors", in.XBackends, st.XBackends,
 		func(o *gwxv1alpha1.XBackend) []gwxv1alpha1.BackendAncestorStatus { return o.Status.Ancestors })...)
-	jobs = append(jobs, entryJobs(w, targetOf[*gwv1.HTTPRoute]("HTTPRoute", gw.GatewayV1().HTTPRoutes, opts),
+	jobs = append(jobs, entryJobs(w, g, targetOf[*gwv1.HTTPRoute]("HTTPRoute", gwv1.Resource("httproutes"), gw.GatewayV1().HTTPRoutes, opts),
 		rp, maxRouteParents, "parents", in.HTTPRoutes, st.HTTPRoutes,
 		func(o *gwv1.HTTPRoute) []gwv1.RouteParentStatus { return o.Status.Parents })...)
-	jobs = append(jobs, entryJobs(w, targetOf[*gwv1.GRPCRoute]("GRPCRoute", gw.GatewayV1().GRPCRoutes, opts),
+	jobs = append(jobs, entryJobs(w, g, targetOf[*gwv1.GRPCRoute]("GRPCRoute", gwv1.Resource("grpcroutes"), gw.GatewayV1().GRPCRoutes, opts),
 		rp, maxRouteParents, "parents", in.GRPCRoutes, st.GRPCRoutes,
 		func(o *gwv1.GRPCRoute) []gwv1.RouteParentStatus { return o.Status.Parents })...)
-	jobs = append(jobs, w.meshJobs(in.XMeshes, st.XMeshes)...)
+	jobs = append(jobs, w.meshJobs(g, in.XMeshes, st.XMeshes)...)
 	return w.run(ctx, jobs)
 }
 
@@ -168,9 +171,10 @@ func (w *Writer) run(ctx context.Context, jobs []func(context.Context) error) er
 
 // target reads and patches one kind of object.
 type target[O metav1.Object] struct {
-	kind  string
-	get   func(ctx context.Context, namespace, name string) (O, error)
-	patch func(ctx context.Context, namespace, name string, mergePatch []byte) (O, error)
+	kind     string
+	resource schema.GroupResource
+	get      func(ctx context.Context, namespace, name string) (O, error)
+	patch    func(ctx context.Context, namespace, name string, mergePatch []byte) (O, error)
 }
 
 // statusClient is what every generated typed client of a kind offers.
@@ -180,9 +184,10 @@ type statusClient[O any] interface {
 }
 
 // targetOf reads and merge-patches the status of the kind client serves.
-func targetOf[O metav1.Object, C statusClient[O]](kind string, client func(namespace string) C, opts metav1.PatchOptions) target[O] {
+func targetOf[O metav1.Object, C statusClient[O]](kind string, resource schema.GroupResource, client func(namespace string) C, opts metav1.PatchOptions) target[O] {
 	return target[O]{
-		kind: kind,
+		kind:     kind,
+		resource: resource,
 		get: func(ctx context.Context, ns, name string) (O, error) {
 			return client(ns).Get(ctx, name, metav1.GetOptions{})
 		},
@@ -194,7 +199,7 @@ func targetOf[O metav1.Object, C statusClient[O]](kind string, client func(names
 
 // entryJobs makes one job per object in desired whose status is a list of
 // entries (field names the list in the status).
-func entryJobs[O metav1.Object, E any](w *Writer, t target[O], k entryKind[E], max int, field string,
+func entryJobs[O metav1.Object, E any](w *Writer, g *controlplane.Gate, t target[O], k entryKind[E], max int, field string,
 	cached []O, desired map[types.NamespacedName][]E, entries func(O) []E) []func(context.Context) error {
 	byName := make(map[types.NamespacedName]O, len(cached))
 	for _, o := range cached {
@@ -212,7 +217,7 @@ func entryJobs[O metav1.Object, E any](w *Writer, t target[O], k entryKind[E], m
 			conds = append(conds, *k.conditions(&ours[i]))
 		}
 		jobs = append(jobs, func(ctx context.Context) error {
-			return writeObject(ctx, w, t, obj, func(o O) (any, bool) {
+			return writeObject(ctx, w, g, t, obj, func(o O) (any, bool) {
 				if stale(o.GetGeneration(), conds...) {
 					return nil, false
 				}
@@ -240,9 +245,9 @@ func entryJobs[O metav1.Object, E any](w *Writer, t target[O], k entryKind[E], m
 // meshJobs makes one job per XMesh translate judged. An XMesh's status
 // belongs to the controller its spec names, so the conditions and
 // supported features are ours to replace.
-func (w *Writer) meshJobs(cached []*gwxv1alpha1.XMesh, desired map[string]gwxv1alpha1.MeshStatus) []func(context.Context) error {
+func (w *Writer) meshJobs(g *controlplane.Gate, cached []*gwxv1alpha1.XMesh, desired map[string]gwxv1alpha1.MeshStatus) []func(context.Context) error {
 	meshes := w.gw.ExperimentalV1alpha1().XMeshes()
-	t := targetOf[*gwxv1alpha1.XMesh]("XMesh", func(string) gwxclient.XMeshInterface { return meshes }, w.patchOptions())
+	t := targetOf[*gwxv1alpha1.XMesh]("XMesh", gwxv1alpha1.Resource("xmeshes"), func(string) gwxclient.XMeshInterface { return meshes }, w.patchOptions())
 	byName := make(map[string]*gwxv1alpha1.XMesh, len(cached))
 	for _, m := range cached {
 		byName[m.Name] = m
@@ -255,7 +260,7 @@ func (w *Writer) meshJobs(cached []*gwxv1alpha1.XMesh, desired map[string]gwxv1a
 		}
 		want := desired[name]
 		jobs = append(jobs, func(ctx context.Context) error {
-			return writeObject(ctx, w, t, obj, func(m *gwxv1alpha1.XMesh) (any, bool) {
+			return writeObject(ctx, w, g, t, obj, func(m *gwxv1alpha1.XMesh) (any, bool) {
 				if stale(m.Generation, want.Conditions) {
 					return nil, false
 				}
@@ -290,8 +295,17 @@ func statusPatch(resourceVersion string, status map[string]any) any {
 // obj: it gets nothing, since its generation need not have moved past the
 // one judged (the watch event of the new object brings a fresh judgement).
 // obj is merged against as w.recent has it: the version an earlier Write
-// left if obj is the stale version that Write was handed.
-func writeObject[O metav1.Object](ctx context.Context, w *Writer, t target[O], obj O, update func(O) (any, bool)) error {
+// left if obj is the stale version that Write was handed. The write goes
+// through g, which may hold it back.
+func writeObject[O metav1.Object](ctx context.Context, w *Writer, g *controlplane.Gate, t target[O], obj O, update func(O) (any, bool)) error {
+	ns, name := obj.GetNamespace(), obj.GetName()
+	o := controlplane.Object{Verb: "patch", Group: t.resource.Group, Resource: t.resource.Resource, Subresource: "status",
+		Namespace: ns, Name: name}
+	return g.Do(ctx, o, func(ctx context.Context) error { return patchObject(ctx, w, t, obj, update) })
+}
+
+// patchObject is writeObject's write.
+func patchObject[O metav1.Object](ctx context.Context, w *Writer, t target[O], obj O, update func(O) (any, bool)) error {
 	ns, name, uid := obj.GetNamespace(), obj.GetName(), obj.GetUID()
 	passVersion := obj.GetResourceVersion()
 	obj = current(&w.recent, obj)

@@ -121,7 +121,7 @@ func TestWriterAgainstAPIServer(t *testing.T) {
 	}
 
 	stale := listInput(t, env) // a cache that never sees our writes
-	if err := w.Write(ctx, stale, accepted(1, "ok")); err != nil {
+	if err := w.Write(ctx, stale, accepted(1, "ok"), nil); err != nil {
 		t.Fatal(err)
 	}
 	got := getPolicy(t, env, "p")
@@ -133,12 +133,12 @@ func TestWriterAgainstAPIServer(t *testing.T) {
 	// The same status again, from the stale cache: the Writer merges
 	// against what it wrote, not the stale object, and sends nothing
 	// (TestWriterRetriesStalePass counts the requests).
-	if err := w.Write(ctx, stale, accepted(1, "ok")); err != nil {
+	if err := w.Write(ctx, stale, accepted(1, "ok"), nil); err != nil {
 		t.Fatal(err)
 	}
 	// And from a fresh cache: nothing is even sent.
 	before := written()
-	if err := w.Write(ctx, listInput(t, env), accepted(1, "ok")); err != nil {
+	if err := w.Write(ctx, listInput(t, env), accepted(1, "ok"), nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := getPolicy(t, env, "p"); got.ResourceVersion != firstRV || len(got.Status.Ancestors) != 2 {
@@ -156,7 +156,7 @@ func TestWriterAgainstAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	now = now.Add(time.Hour) // translate's clock for the next pass
-	if err := w.Write(ctx, stale, accepted(1, "ok, reworded")); err != nil {
+	if err := w.Write(ctx, stale, accepted(1, "ok, reworded"), nil); err != nil {
 		t.Fatal(err)
 	}
 	got = getPolicy(t, env, "p")
@@ -180,13 +180,13 @@ func TestWriterAgainstAPIServer(t *testing.T) {
 	}
 	fresh := listInput(t, env)
 	before = written()
-	if err := w.Write(ctx, fresh, accepted(1, "judged on generation 1")); err != nil {
+	if err := w.Write(ctx, fresh, accepted(1, "judged on generation 1"), nil); err != nil {
 		t.Fatal(err)
 	}
 	if written() != before {
 		t.Errorf("a status for generation 1 was written over generation 2")
 	}
-	if err := w.Write(ctx, fresh, accepted(2, "ok, reworded")); err != nil {
+	if err := w.Write(ctx, fresh, accepted(2, "ok, reworded"), nil); err != nil {
 		t.Fatal(err)
 	}
 	got = getPolicy(t, env, "p")
@@ -196,7 +196,7 @@ func TestWriterAgainstAPIServer(t *testing.T) {
 
 	// The policy no longer relates to the Service: our entry goes, theirs
 	// stays.
-	if err := w.Write(ctx, listInput(t, env), translate.Status{BackendTLSPolicies: map[types.NamespacedName][]gwv1.PolicyAncestorStatus{key: {}}}); err != nil {
+	if err := w.Write(ctx, listInput(t, env), translate.Status{BackendTLSPolicies: map[types.NamespacedName][]gwv1.PolicyAncestorStatus{key: {}}}, nil); err != nil {
 		t.Fatal(err)
 	}
 	got = getPolicy(t, env, "p")
@@ -216,7 +216,7 @@ func TestWriterAgainstAPIServer(t *testing.T) {
 	if _, err := env.Gateway.GatewayV1().BackendTLSPolicies(ns).Create(ctx, policy, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.Write(ctx, judged, accepted(2, "judged on the deleted policy")); err != nil {
+	if err := w.Write(ctx, judged, accepted(2, "judged on the deleted policy"), nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := getPolicy(t, env, "p"); len(got.Status.Ancestors) != 0 {
@@ -279,7 +279,7 @@ func TestWriterOtherKinds(t *testing.T) {
 			SupportedFeatures: []gwv1.SupportedFeature{{Name: "MeshHTTPRouteRedirectPath"}, {Name: "MeshClusterIPMatching"}},
 		}},
 	}
-	if err := w.Write(ctx, listInput(t, env), st); err != nil {
+	if err := w.Write(ctx, listInput(t, env), st, nil); err != nil {
 		t.Fatal(err)
 	}
 	xb, err := env.Gateway.ExperimentalV1alpha1().XBackends(ns).Get(ctx, "ext", metav1.GetOptions{})
@@ -306,7 +306,7 @@ func TestWriterOtherKinds(t *testing.T) {
 
 	// Written again unchanged: no object changes.
 	rvs := []string{xb.ResourceVersion, r.ResourceVersion, m.ResourceVersion}
-	if err := w.Write(context.Background(), listInput(t, env), st); err != nil {
+	if err := w.Write(context.Background(), listInput(t, env), st, nil); err != nil {
 		t.Fatal(err)
 	}
 	in := listInput(t, env)

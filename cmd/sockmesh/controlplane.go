@@ -75,11 +75,11 @@ func newControlPlane(ctx context.Context, s settings, host *podns.NS, log *slog.
 			return nil, nil, err
 		}
 		cfg.Writers = []controlplane.Writer{
-			controlplane.WriterFunc(func(ctx context.Context, in translate.Input, r translate.Result) error {
-				return sw.Write(ctx, in, r.Status)
+			controlplane.WriterFunc(func(ctx context.Context, in translate.Input, r translate.Result, g *controlplane.Gate) error {
+				return sw.Write(ctx, in, r.Status, g)
 			}),
-			controlplane.WriterFunc(func(ctx context.Context, in translate.Input, r translate.Result) error {
-				return svcs.Apply(ctx, in, r.EndpointSelectorServices)
+			controlplane.WriterFunc(func(ctx context.Context, in translate.Input, r translate.Result, g *controlplane.Gate) error {
+				return svcs.Apply(ctx, in, r.EndpointSelectorServices, g)
 			}),
 		}
 		if s.leaderElect {

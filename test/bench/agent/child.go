@@ -115,11 +115,11 @@ func runChild(kubeconfig string, p params, prof profiles) error {
 		Node:   translate.Node{ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix(apiserver.ServiceCIDR)}},
 		Leader: el,
 		Writers: []controlplane.Writer{
-			controlplane.WriterFunc(func(ctx context.Context, in translate.Input, r translate.Result) error {
-				return sw.Write(ctx, in, r.Status)
+			controlplane.WriterFunc(func(ctx context.Context, in translate.Input, r translate.Result, g *controlplane.Gate) error {
+				return sw.Write(ctx, in, r.Status, g)
 			}),
-			controlplane.WriterFunc(func(ctx context.Context, in translate.Input, r translate.Result) error {
-				return svcs.Apply(ctx, in, r.EndpointSelectorServices)
+			controlplane.WriterFunc(func(ctx context.Context, in translate.Input, r translate.Result, g *controlplane.Gate) error {
+				return svcs.Apply(ctx, in, r.EndpointSelectorServices, g)
 			}),
 		},
 	}, src, log, nil)
