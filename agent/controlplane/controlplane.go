@@ -45,7 +45,7 @@ type Leader interface {
 // Writer applies one translation to the cluster: status (agent/status),
 // generated Services (agent/selectorsvc). in is the Input translate judged;
 // the writer must not modify it. It passes each object's write through g,
-// which holds back the objects it must not write now, writes
+// which holds back the objects and resources it must not write now, writes
 // every object it can and returns the errors of the others, joined, each
 // keeping the API server's status: the loop logs and counts the objects
 // the API server refused for good (Retryable) and retries the rest with
@@ -89,6 +89,13 @@ type Config struct {
 	// in a way that may clear (Retryable), the whole translation's or one
 	// object's (Gate); it doubles up to a minute (zero: 1 s).
 	RetryInterval time.Duration
+	// Access tells a 403 of RBAC's, which holds back the writes of the
+	// whole resource, from one about the object (SelfAccess). Nil: every
+	// 403 is taken as about its object.
+	Access AccessFunc
+	// AccessRecheck is how often a resource RBAC refused is reviewed again
+	// (zero: 5 minutes).
+	AccessRecheck time.Duration
 }
 
 // ControlPlane runs the loop. Create it with New and start Run.
@@ -132,6 +139,9 @@ func New(cfg Config, src source.Source, log *slog.Logger, reg prometheus.Registe
 	if cfg.RetryInterval <= 0 {
 		cfg.RetryInterval = time.Second
 	}
+	if cfg.AccessRecheck <= 0 {
+		cfg.AccessRecheck = 5 * time.Minute
+	}
 	c := &ControlPlane{
 		cfg:     cfg,
 		src:     src,
@@ -158,7 +168,7 @@ func New(cfg Config, src source.Source, log *slog.Logger, reg prometheus.Registe
 			}, []string{"scope"}),
 			writeRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "sockmesh_controlplane_write_refusals_total",
-				Help: "Objects whose write the API server refused in a way a retry cannot change, by reason; tried again at the next translation.",
+				Help: "Writes the API server refused in a way a retry cannot change, by reason; rbac holds the resource back until allowed, others are tried again at the next translation.",
 			}, []string{"reason"}),
 		},
 	}
@@ -330,10 +340,10 @@ func (c *ControlPlane) handOver(in translate.Input, res translate.Result) {
 // alone: it is not retried (and holds nothing back) until the next
 // translation, whose pass the writers diff anew; else one namespace's full
 // quota would hold every status write in the cluster to one a minute. The
-// Gate holds back the objects whose failure was theirs alone; when one of
-// its holds ends the loop writes the latest translation again, which the
-// writers diff, so that what was held back is written though nothing
-// changed.
+// Gate holds back the objects whose failure was theirs alone and the
+// resources RBAC refused; when one of its holds ends the loop writes the
+// latest translation again, which the writers diff, so that what was held
+// back is written though nothing changed.
 func (c *ControlPlane) writeLoop(ctx context.Context) {
 	g := c.newGate()
 	var written uint64 // the seq of the last pass written; passes start at 1

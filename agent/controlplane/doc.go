@@ -6,7 +6,8 @@
 // agent holds the writer lease.
 //
 // The writers pass each object's write through a Gate, which retries an
-// object whose write failed alone by itself; only the API server's own
+// object whose write failed alone by itself and holds back a resource RBAC
+// refuses until an access review allows it; only the API server's own
 // trouble holds every write back.
 //
 // Versions increase by one with every published Snapshot; a rebuild that

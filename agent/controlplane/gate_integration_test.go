@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,9 +15,11 @@ import (
 	admissionv1 "k8s.io/api/admission/v1"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/sockmesh/sockmesh/internal/must"
@@ -178,3 +181,105 @@ func TestWebhookDownHoldsBackItsObjectsOnly(t *testing.T) {
 		return nil
 	})
 }
+
+// TestRBACRefusalCostsOneAttempt: the agent's identity may not patch
+// backendtlspolicies/status. Each namespace's policies cost one patch,
+// none at the translations after; once RBAC
+// grants it, every policy gets its status at the next re-check, with no
+// change of any object. Before, each translation sent every policy's patch
+// again.
+func TestRBACRefusalCostsOneAttempt(t *testing.T) {
+	env := apiserver.Start(t)
+	dns := dnsserver.Start(t).Addr
+	ctx := t.Context()
+	const perNamespace = 20
+	createPolicies(t, env, ns, nil, perNamespace)
+	createPolicies(t, env, "cp-other", nil, perNamespace)
+	const user = "system:serviceaccount:cp-test:agent"
+	rules := []rbacv1.PolicyRule{
+		{APIGroups: []string{"*"}, Resources: []string{"*"}, Verbs: []string{"get", "list", "watch"}},
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create", "update"}},
+		{APIGroups: []string{""}, Resources: []string{"services"}, Verbs: []string{"create", "update", "delete"}},
+	}
+	role := must.Value[*rbacv1.ClusterRole](t)(env.Kube.RbacV1().ClusterRoles().Create(ctx, &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "cp-test-agent"}, Rules: rules}, metav1.CreateOptions{}))
+	must.Succeed(t)(env.Kube.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "cp-test-agent"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: user}},
+	}, metav1.CreateOptions{}))
+
+	var mu sync.Mutex
+	var patches, reviews int
+	passes := &atomic.Int64{}
+	startAgent(t, env, "agent-1", dns, func(ac *agentConfig) {
+		ac.rest.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:authenticated"}}
+		ac.rest.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				mu.Lock()
+				switch {
+				case r.Method == http.MethodPatch && strings.Contains(r.URL.Path, "/backendtlspolicies/"):
+					patches++
+				case strings.HasSuffix(r.URL.Path, "/selfsubjectaccessreviews"):
+					reviews++
+				}
+				mu.Unlock()
+				return rt.RoundTrip(r)
+			})
+		})
+		ac.cp.AccessRecheck = 2 * time.Second
+		ac.passes = passes
+	})
+	counts := func() (int, int) {
+		mu.Lock()
+		defer mu.Unlock()
+		return patches, reviews
+	}
+	eventually(t, "a first pass", func() error {
+		if n := passes.Load(); n < 1 {
+			return fmt.Errorf("%d passes", n)
+		}
+		return nil
+	})
+	first, firstReviews := counts()
+	t.Logf("first pass: %d policy patches, %d access reviews", first, firstReviews)
+	if first != 2 || firstReviews < 2 {
+		t.Errorf("first pass: %d policy patches, %d access reviews; want 2 (one a namespace), 2 or more", first, firstReviews)
+	}
+	// Five more translations: a captured Service each.
+	for i := range 5 {
+		n := passes.Load()
+		must.Succeed(t)(env.Kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprint("h2c-", i), Namespace: ns},
+			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "grpc", Port: 8080,
+				AppProtocol: ptr("kubernetes.io/h2c")}}},
+		}, metav1.CreateOptions{}))
+		eventually(t, "a pass of the new translation", func() error {
+			if passes.Load() == n {
+				return fmt.Errorf("%d passes", n)
+			}
+			return nil
+		})
+	}
+	if got, _ := counts(); got != first {
+		t.Errorf("five more translations sent %d policy patches, want none", got-first)
+	}
+
+	role.Rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{gwv1.GroupName},
+		Resources: []string{"backendtlspolicies/status"}, Verbs: []string{"patch"}})
+	must.Succeed(t)(env.Kube.RbacV1().ClusterRoles().Update(ctx, role, metav1.UpdateOptions{}))
+	eventually(t, "every policy's status once RBAC allows", func() error {
+		for _, namespace := range []string{ns, "cp-other"} {
+			for i := range perNamespace {
+				if g, err := ourGeneration(t, env, namespace, fmt.Sprint("tls-", i)); err != nil || g != 1 {
+					return fmt.Errorf("%s/tls-%d: observed generation %d (err %v)", namespace, i, g, err)
+				}
+			}
+		}
+		return nil
+	})
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

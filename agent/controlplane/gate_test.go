@@ -11,7 +11,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	"github.com/sockmesh/sockmesh/agent/introspect"
 	"github.com/sockmesh/sockmesh/agent/translate"
 )
 
@@ -131,5 +133,126 @@ func TestObjectFailureRetriedAlone(t *testing.T) {
 		if got := count(t, c.m.writeErrors.WithLabelValues("all")); got != 0 {
 			t.Errorf("write_errors_total{scope=all} = %v, want 0", got)
 		}
+	})
+}
+
+// TestRBACRefusalHeldPerResource: a 403 that an access review confirms
+// (RBAC) costs one attempt, review and warning per resource and namespace:
+// the other objects there are not sent at the next translations, the
+// review is asked again every AccessRecheck (and no write while it still
+// refuses), the objects are written once it allows, and a new leader term
+// tries at once. A 403 the review allows (a quota) stays the object's
+// alone, tried at each translation. Before, every object was sent and
+// warned about at every translation.
+func TestRBACRefusalHeldPerResource(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var objects []Object
+		for _, ns := range []string{"a", "b"} {
+			for i := range 10 {
+				objects = append(objects, policyStatus(ns, fmt.Sprint("p", i)))
+			}
+		}
+		quota := Object{Verb: "create", Resource: "services", Namespace: "c", Name: "pods-"}
+		objects = append(objects, quota)
+		var mu sync.Mutex
+		granted := map[string]bool{"c": true} // namespaces RBAC allows
+		reviews := 0
+		w := newObjectsWriter(objects, func(o Object) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if !granted[o.Namespace] {
+				return apierrors.NewForbidden(httpRoutes, o.Name, errors.New(`cannot patch resource "backendtlspolicies/status"`))
+			}
+			if o == quota {
+				return quotaFull("c")
+			}
+			return nil
+		})
+		access := func(_ context.Context, o Object) (bool, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			reviews++
+			return granted[o.Namespace], nil
+		}
+		src := newMemSource(translate.Input{Services: []*corev1.Service{h2cService("a", "10.96.0.10")}})
+		events := introspect.NewEvents(0)
+		l := &termLeader{terms: make(chan context.Context)}
+		c, err := New(Config{Writers: []Writer{w}, Leader: l, Access: access, RetryInterval: time.Second}, src,
+			slog.New(events.Handler(slog.DiscardHandler)), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		run(t, c)
+		term, end := context.WithCancel(t.Context())
+		l.terms <- term
+		synctest.Wait()
+		a0, b0 := objects[0], objects[10]
+		tried := func() int {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			n := 0
+			for o, k := range w.tried {
+				if o != quota {
+					n += k
+				}
+			}
+			return n
+		}
+		check := func(step string, policies, quotas, nReviews int) {
+			t.Helper()
+			mu.Lock()
+			r := reviews
+			mu.Unlock()
+			if p, q := tried(), w.attempts(quota)[0]; p != policies || q != quotas || r != nReviews {
+				t.Errorf("%s: %d policy writes, %d quota writes, %d access reviews; want %d, %d, %d", step, p, q, r, policies, quotas, nReviews)
+			}
+		}
+		check("first translation", 2, 1, 3)
+
+		for i := range 5 {
+			src.set(translate.Input{Services: []*corev1.Service{h2cService("a", "10.96.0.10"), h2cService("b", fmt.Sprint("10.96.0.", 20+i))}})
+			synctest.Wait()
+		}
+		check("five more translations", 2, 6, 3)
+		warned := map[string]int{}
+		got, _ := events.Recent()
+		for _, e := range got {
+			if e.Level == slog.LevelWarn.String() {
+				warned[e.Message+" "+e.Attrs["namespace"]]++
+			}
+		}
+		if warned["write refused by rbac; the resource is held back until allowed a"] != 1 ||
+			warned["write refused by rbac; the resource is held back until allowed b"] != 1 || len(warned) != 3 {
+			t.Errorf("warnings = %v, want one rbac warning per namespace beside the quota's", warned)
+		}
+		for reason, want := range map[string]float64{"rbac": 2, "forbidden": 6} {
+			if got := count(t, c.m.writeRefusals.WithLabelValues(reason)); got != want {
+				t.Errorf("write_refusals_total{reason=%q} = %v, want %v", reason, got, want)
+			}
+		}
+
+		time.Sleep(5 * time.Minute)
+		synctest.Wait()
+		check("the re-check, still refused", 2, 7, 6)
+
+		mu.Lock()
+		granted["a"] = true
+		mu.Unlock()
+		time.Sleep(5 * time.Minute)
+		synctest.Wait()
+		check("the re-check once a is allowed", 12, 8, 9)
+		if n := w.attempts(a0, b0); n[0] != 2 || n[1] != 1 {
+			t.Errorf("attempts of a/p0, b/p0 = %v, want [2 1]", n)
+		}
+
+		end()
+		synctest.Wait()
+		term, end = context.WithCancel(t.Context())
+		defer end()
+		l.terms <- term
+		synctest.Wait()
+		// a's ten again: the new term trusts nothing the last one wrote
+		// (the status writer diffs them against the objects: nothing sent).
+		check("a new term", 23, 9, 11)
 	})
 }

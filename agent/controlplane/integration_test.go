@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,7 +60,10 @@ type agent struct {
 // agentConfig is what startAgent's options may change.
 type agentConfig struct {
 	rest *rest.Config        // the agent's client config: env.Config's
-	cp   controlplane.Config // RetryInterval
+	cp   controlplane.Config // RetryInterval, AccessRecheck
+	// passes, if set, counts the translations the writers were handed,
+	// each once both writers returned.
+	passes *atomic.Int64
 }
 
 func startAgent(t *testing.T, env *apiserver.Env, identity, dnsAddr string, opts ...func(*agentConfig)) *agent {
@@ -99,7 +103,7 @@ func startAgent(t *testing.T, env *apiserver.Env, identity, dnsAddr string, opts
 		ServiceCIDRs: []netip.Prefix{netip.MustParsePrefix(apiserver.ServiceCIDR)},
 		PodCIDRs:     []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")},
 	}
-	cfg.Resolver, cfg.Leader = res, el
+	cfg.Resolver, cfg.Leader, cfg.Access = res, el, controlplane.SelfAccess(kube.AuthorizationV1())
 	cfg.Writers = []controlplane.Writer{
 		controlplane.WriterFunc(func(ctx context.Context, in translate.Input, r translate.Result, g *controlplane.Gate) error {
 			return sw.Write(ctx, in, r.Status, g)
@@ -107,6 +111,12 @@ func startAgent(t *testing.T, env *apiserver.Env, identity, dnsAddr string, opts
 		controlplane.WriterFunc(func(ctx context.Context, in translate.Input, r translate.Result, g *controlplane.Gate) error {
 			return svcs.Apply(ctx, in, r.EndpointSelectorServices, g)
 		}),
+	}
+	if ac.passes != nil {
+		cfg.Writers = append(cfg.Writers, controlplane.WriterFunc(func(context.Context, translate.Input, translate.Result, *controlplane.Gate) error {
+			ac.passes.Add(1)
+			return nil
+		}))
 	}
 	cp, err := controlplane.New(cfg, src, log, nil)
 	if err != nil {

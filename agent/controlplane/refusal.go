@@ -7,9 +7,11 @@ import (
 )
 
 // refusals are the API server's answers about one object that sending the
-// same request again cannot change, with the metric label of each: RBAC or
-// a used-up quota (403; a quota freed by deleting a Service is a watch
-// event, so a new translation tries again), an admission webhook's denial
+// same request again cannot change, with the metric label of each: RBAC
+// when no access review could confirm it (the Gate holds back the resource
+// of one it confirms), a used-up quota (403; a quota freed by deleting a
+// Service is a watch event, so a new translation tries again), an
+// admission webhook's denial
 // (403, 400 or 422 as it says), an object the API refuses as written (422,
 // 400, 413, 405), and one or its namespace or kind gone since translate saw
 // it (404: the deletion brings a new translation too). Anything else — a
@@ -33,8 +35,8 @@ var refusals = []struct {
 // NotFound, RequestEntityTooLarge, MethodNotSupported), which waits for the
 // next translation instead. Writers must keep the API server's status in
 // each error they return (wrap with %w); an error without one is retried.
-// The errors the Gate took over (objectScoped) never reach the loop: a
-// retry of theirs is the object's alone.
+// The errors the Gate took over (objectScoped, RBAC's) never reach the
+// loop: a retry of theirs is the object's or the resource's alone.
 func Retryable(err error) bool {
 	for _, e := range leaves(err) {
 		if refusal(e) == "" {

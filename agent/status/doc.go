@@ -22,7 +22,7 @@
 // objects handed again, as on a retry of the pass, are merged against
 // what was written and cost nothing once written. Each object's write goes
 // through the control plane's Gate, which holds back the objects whose
-// write failed alone.
+// write failed alone and the resources RBAC refused.
 //
 // It writes only what it is given. It must not decide conditions (translate
 // does) or decide whether this agent may write (the caller holds the

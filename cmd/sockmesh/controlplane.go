@@ -74,6 +74,7 @@ func newControlPlane(ctx context.Context, s settings, host *podns.NS, log *slog.
 		if err != nil {
 			return nil, nil, err
 		}
+		cfg.Access = controlplane.SelfAccess(kube.AuthorizationV1())
 		cfg.Writers = []controlplane.Writer{
 			controlplane.WriterFunc(func(ctx context.Context, in translate.Input, r translate.Result, g *controlplane.Gate) error {
 				return sw.Write(ctx, in, r.Status, g)
