@@ -64,7 +64,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 		out = out.WithContext(httptrace.WithClientTrace(out.Context(), trace))
 	}
 	wire := WireFor(be, r.ProtoMajor, websocket)
-	aw := h.watchStalls(w, x, out, wire)
+	aw := h.watchStalls(w, r, x, out, wire)
 	defer x.stall.end()
 	resp, c, done, err := h.roundTrip(x, wire, out, c)
 	stop()

@@ -137,6 +137,11 @@ func (s *h1Conn) end() {
 // ticks only then).
 func (s *h1Conn) exchanging() bool { return s.state.Load() == stateActive }
 
+// progress: the connection's, which counts the bytes of a write under way
+// as the kernel takes them, through its wrappers (sockio.Conn; looked up
+// per tick, which no request pays for).
+func (s *h1Conn) progress() uint64 { return progressOf(s.c) }
+
 // stallStop ends the exchange of an app that stopped moving: its reads
 // and writes fail at once, and so does the wait on the backend.
 func (s *h1Conn) stallStop() {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"maps"
+	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -72,6 +73,10 @@ type Target struct {
 	// Relayed, when set, is how the L4 relay's connects for this
 	// connection failed before it was handed here.
 	Relayed *RelayFailure
+	// Conn, when set, is the app's connection as net/http's server got
+	// it: on HTTP/1.x, the stall watch counts the bytes of a write to it
+	// under way (writeProgress; the fast path has its own).
+	Conn net.Conn
 }
 
 // RelayFailure is how the L4 relay's connects to Backend's endpoints for a
@@ -432,9 +437,12 @@ type exchange struct {
 	// other requests.
 	grpc *grpcCall
 	// stall watches the app on net/http's paths, answer is its answer
-	// written under it (watchStalls); the fast path's is its connection's.
+	// written under it (watchStalls), conn its HTTP/1.x connection
+	// (Target's), whose progress it counts; the fast path's is its
+	// connection's.
 	stall  stallWatch
 	answer stalledResponse
+	conn   net.Conn
 	// app sets the deadline of reads from the app's side, which a rule's
 	// request timeout bounds while the proxy reads the body itself
 	// (readBody): the fast path's connection, net/http's

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -22,10 +23,13 @@ import (
 // and send_timeout do (the time between two successive reads or writes).
 // Nothing under way is no stall: an answer stream whose backend is quiet
 // (server-sent events, MCP, gRPC server streaming, long polls) waits on
-// the backend, not on the app. It ticks every StallTimeout/stallTicks while
-// its exchanges run, so a read or write pays two atomic additions and a
-// load rather than a deadline update, and a stall is ended between
-// StallTimeout and a quarter more after its last byte.
+// the backend, not on the app. A write under way moves as the kernel takes
+// its bytes, not only when it returns: a write of 32 KiB to an app that
+// reads a KiB now and then waits through many of its reads (writeProgress).
+// It ticks every StallTimeout/stallTicks while its exchanges run, so a read
+// or write pays two atomic additions and a load rather than a deadline
+// update, and a stall is ended between StallTimeout and a quarter more
+// after its last byte.
 
 // errAppStalled is the failure of an exchange a stallWatch ended.
 var errAppStalled = errors.New("app made no progress")
@@ -42,6 +46,28 @@ type stallOwner interface {
 	// exchanging reports whether an exchange runs: the watch ticks only
 	// then.
 	exchanging() bool
+	// progress is a count that grows as the app's connection takes the
+	// bytes of a write under way (writeProgress), or 0.
+	progress() uint64
+}
+
+// writeProgress is a connection whose writes count the bytes the peer
+// took while they wait for it (sockio.Conn.Progress).
+type writeProgress interface{ Progress() uint64 }
+
+// progressOf is the Progress of c, or of the connection under its wrappers
+// (NetConn) that has one; 0 when none does.
+func progressOf(c net.Conn) uint64 {
+	for {
+		if p, ok := c.(writeProgress); ok {
+			return p.Progress()
+		}
+		u, ok := c.(interface{ NetConn() net.Conn })
+		if !ok {
+			return 0
+		}
+		c = u.NetConn()
+	}
 }
 
 // stallWatch watches the reads and writes of one app connection (the fast
@@ -57,7 +83,7 @@ type stallWatch struct {
 	mu    sync.Mutex
 	ended bool
 	// moved counts the reads and writes that returned, pending those
-	// under way.
+	// under way (whose bytes the owner's progress counts meanwhile).
 	moved   atomic.Uint64
 	pending atomic.Int32
 	stalled atomic.Bool
@@ -94,7 +120,7 @@ func (w *stallWatch) tick() {
 	if w.ended {
 		return
 	}
-	moved := w.moved.Load()
+	moved := w.moved.Load() + w.of.progress()
 	if w.pending.Load() > 0 && moved == w.seen {
 		w.quiet++
 	} else {
@@ -162,12 +188,15 @@ func (s *stalledResponse) Flush() {
 
 func (s *stalledResponse) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
-// watchStalls puts x's exchange with its app on w under x's stall watch,
-// until x.stall.end: the answer's writes, and toward a backend that is
-// not HTTP/2 the reads of out's body (see sentBody.track's callers). The
-// server's deadlines end it (per stream on HTTP/2: the body's reads fail,
-// the stream is reset). It returns w as the answer is to be written.
-func (h *Handler) watchStalls(w http.ResponseWriter, x *exchange, out *http.Request, wire upstream.Wire) http.ResponseWriter {
+// watchStalls puts x's exchange with its app on w, r's, under x's stall
+// watch, until x.stall.end: the answer's writes, and toward a backend that
+// is not HTTP/2 the reads of out's body (see sentBody.track's callers).
+// The server's deadlines end it (per stream on HTTP/2: the body's reads
+// fail, the stream is reset). It returns w as the answer is to be written.
+func (h *Handler) watchStalls(w http.ResponseWriter, r *http.Request, x *exchange, out *http.Request, wire upstream.Wire) http.ResponseWriter {
+	if r.ProtoMajor == 1 {
+		x.conn = x.t.Conn
+	}
 	x.answer = stalledResponse{ResponseWriter: w, w: &x.stall}
 	x.stall.init(h.cfg.StallTimeout, x)
 	x.stall.watch()
@@ -185,6 +214,17 @@ func (x *exchange) stallStop() {
 
 // exchanging: the watch of an exchange ticks until its end.
 func (x *exchange) exchanging() bool { return true }
+
+// progress: the HTTP/1.x app's connection's, which net/http's server
+// writes an answer's large writes to as they come. On HTTP/2 one
+// connection's bytes are every stream's, and a stream waits on its flow
+// control (Flush) rather than on a write: only a write's return moves.
+func (x *exchange) progress() uint64 {
+	if x.conn == nil {
+		return 0
+	}
+	return progressOf(x.conn)
+}
 
 // stalledWriter writes an answer to an app under w.
 type stalledWriter struct {

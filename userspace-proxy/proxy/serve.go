@@ -439,7 +439,7 @@ func (cs *connState) serveHTTP(c *sniff.Conn, path Path, relayed *httpproxy.Rela
 		p.trackConn(c, false)
 		cs.end()
 	}
-	t := &httpproxy.Target{OrigDst: cs.dst, Start: cs.v, Current: &p.current, ClientAddr: cs.client.Addr, ClientPod: cs.client.Pod, Ended: ended, Relayed: relayed}
+	t := &httpproxy.Target{OrigDst: cs.dst, Start: cs.v, Current: &p.current, ClientAddr: cs.client.Addr, ClientPod: cs.client.Pod, Ended: ended, Relayed: relayed, Conn: c}
 	cs.handedOff = true // ServeHTTP1, net/http's server or a failed push calls ended
 	if path == PathHTTP1 {
 		p.h.ServeHTTP1(p.counted(c), t)

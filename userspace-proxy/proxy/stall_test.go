@@ -8,7 +8,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -27,14 +29,19 @@ import (
 const stallTimeout = 10 * time.Second
 
 // stallBackend serves over HTTP/1.1: /big a 16 MiB answer (past an HTTP/2
-// client's flow-control windows); /sse an event stream quiet for
-// ?quiet=D, then one event, quiet again, then its end; anything else
-// reads the body and answers "ok" and how much it read.
+// client's flow-control windows), or ?size=N bytes of it; /sse an event
+// stream quiet for ?quiet=D, then one event, quiet again, then its end;
+// anything else reads the body and answers "ok" and how much it read.
 func stallBackend(t *testing.T, pn *pipenet.Net, addr netip.AddrPort) {
 	big := bytes.Repeat([]byte("x"), 16<<20)
 	servePipe(t, pn, addr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/big":
+			if n, err := strconv.Atoi(r.URL.Query().Get("size")); err == nil {
+				w.Header().Set("Content-Length", strconv.Itoa(n))
+				w.Write(big[:n])
+				return
+			}
 			w.Write(big)
 		case "/sse":
 			quiet, _ := time.ParseDuration(r.URL.Query().Get("quiet"))
@@ -124,13 +131,39 @@ func nonReader(t *testing.T, p *proxy.Proxy, k clientKind) (end func() error) {
 }
 
 // rawApp is an HTTP/1.x app's connection to the proxy, closed when the
-// test ends.
+// test ends. The proxy's end takes writes as a socket does (socketEnd).
 func rawApp(t *testing.T, p *proxy.Proxy) net.Conn {
 	c, s := net.Pipe()
-	go p.ServeConn(s, routedVIP, proxy.Client{Addr: netip.AddrPortFrom(producerClient, 40001)})
+	go p.ServeConn(&socketEnd{Conn: s}, routedVIP, proxy.Client{Addr: netip.AddrPortFrom(producerClient, 40001)})
 	t.Cleanup(func() { c.Close() })
 	return c
 }
+
+// socketEnd is the proxy's end of an app's pipe taking a write as a
+// socket would, a piece at a time as the app reads, and counting what it
+// took meanwhile as sockio.Conn's Progress does: a net.Pipe's write
+// returns only once read whole, and shows nothing before.
+type socketEnd struct {
+	net.Conn
+	taken atomic.Uint64
+}
+
+const socketPiece = 1 << 10
+
+func (c *socketEnd) Write(p []byte) (int, error) {
+	n := 0
+	for n < len(p) {
+		m, err := c.Conn.Write(p[n:min(len(p), n+socketPiece)])
+		n += m
+		c.taken.Add(uint64(m))
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
+
+func (c *socketEnd) Progress() uint64 { return c.taken.Load() }
 
 // unanswered reads c to its end: an error when it ended before an answer
 // whose body has size bytes (on a pipe, a reset reads as a close).
@@ -347,4 +380,40 @@ func getText(t *testing.T, c *http.Client, url string) (int, string) {
 		t.Fatalf("GET %s: read body: %v", url, err)
 	}
 	return resp.StatusCode, string(b)
+}
+
+// TestSlowReaderNotCut: an HTTP/1.1 app that reads a large answer a KiB
+// every half stall timeout is no stall, though each 32 KiB write to it
+// (the fast path's, net/http's server's) takes sixteen stall timeouts: the
+// bytes a write under way hands on count (sockio.Conn.Progress), not only
+// its end. An app that reads none is still cut
+// (TestStalledAppFreesConnection's non-reader, over the same socketEnd).
+func TestSlowReaderNotCut(t *testing.T) {
+	inBubbles(t, func(t *testing.T, k clientKind) {
+		if k.h2c {
+			t.Skip("an HTTP/2 stream waits on its flow control, which moves as the app reads")
+		}
+		p, reg := stallProxy(t, k, 1, time.Hour)
+		const size = 40 << 10
+		c := rawApp(t, p)
+		go io.WriteString(c, fmt.Sprintf("GET /big?size=%d HTTP/1.1\r\nHost: web.b.svc\r\n\r\n", size))
+		resp, err := http.ReadResponse(bufio.NewReaderSize(slowReader{c}, socketPiece), nil)
+		if err != nil {
+			t.Fatalf("slow reader: read answer: %v", err)
+		}
+		if n, err := io.Copy(io.Discard, resp.Body); n != size || err != nil {
+			t.Errorf("slow reader: read %d bytes of the body (%v), want %d", n, err, size)
+		}
+		if got := reg(upstream.ReasonAppStalled); got != 0 {
+			t.Errorf("request_failures_total{app_stalled} = %v, want 0", got)
+		}
+	})
+}
+
+// slowReader reads a KiB at most every half stall timeout.
+type slowReader struct{ r io.Reader }
+
+func (s slowReader) Read(p []byte) (int, error) {
+	time.Sleep(stallTimeout / 2)
+	return s.r.Read(p[:min(len(p), socketPiece)])
 }

@@ -41,6 +41,8 @@ type Conn struct {
 	ended bool
 	// shut is set once CloseWrite has shut the write half.
 	shut atomic.Bool
+	// taken is Progress's count.
+	taken atomic.Uint64
 }
 
 // call is one direction's system call in progress (one at a time), with
@@ -303,9 +305,19 @@ func (c *Conn) Write(p []byte) (int, error) {
 	return n, nil
 }
 
+// Progress counts the bytes the kernel took of Writes that waited for room
+// in the socket's buffer, as each of them waits again: it grows while a
+// Write to a peer that reads slowly is under way, and stays as it is while
+// the peer reads nothing. The bytes after a Write's last wait, and those of
+// Writes that never wait, are left out: those pay nothing for it. For a
+// watchdog that tells the two peers apart without a deadline per Write.
+func (c *Conn) Progress() uint64 { return c.taken.Load() }
+
 // writeAll is Write's callback: false (the socket's buffer is full) sends
-// the caller to wait in the poller.
+// the caller to wait in the poller, once what this call wrote is counted
+// in Progress.
 func (c *Conn) writeAll(fd uintptr) bool {
+	from := c.w.n
 	for c.w.n < len(c.w.p) {
 		b := c.w.p[c.w.n:]
 		if len(b) > maxRW {
@@ -317,6 +329,9 @@ func (c *Conn) writeAll(fd uintptr) bool {
 			c.w.n += int(n)
 		case syscall.EINTR:
 		case syscall.EAGAIN:
+			if c.w.n > from {
+				c.taken.Add(uint64(c.w.n - from))
+			}
 			return false
 		default:
 			c.w.errno = errno

@@ -416,3 +416,58 @@ func TestAwaitHangup(t *testing.T) {
 		t.Fatalf("AwaitHangup on a pipe = %v; want ErrNotTCP", err)
 	}
 }
+
+// TestProgress: a Write that waits for its peer's reads shows the bytes
+// the kernel took before it returns, more as the peer reads more; one
+// that never waits leaves Progress alone.
+func TestProgress(t *testing.T) {
+	c, s := pair(t)
+	// Small buffers: most of the stream waits for the peer's reads.
+	c.SetWriteBuffer(64 << 10)
+	s.SetReadBuffer(64 << 10)
+	if _, err := c.Write([]byte("hello")); err != nil {
+		t.Fatalf("Write: %v", err)
+	}
+	if got := c.Progress(); got != 0 {
+		t.Fatalf("Progress after a Write that did not wait = %d, want 0", got)
+	}
+	if _, err := io.ReadFull(s, make([]byte, 5)); err != nil {
+		t.Fatalf("peer read: %v", err)
+	}
+	const size = 16 << 20
+	written := make(chan error, 1)
+	go func() {
+		_, err := c.Write(make([]byte, size))
+		written <- err
+	}()
+	// The peer reads nothing yet: the Write fills the buffers and waits.
+	waitProgress(c, 0)
+	first := c.Progress()
+	if _, err := io.ReadFull(s, make([]byte, 1<<20)); err != nil {
+		t.Fatalf("peer read: %v", err)
+	}
+	waitProgress(c, first)
+	select {
+	case err := <-written:
+		t.Fatalf("Write returned (%v) before the peer read its stream", err)
+	default:
+	}
+	if _, err := io.ReadFull(s, make([]byte, size-1<<20)); err != nil {
+		t.Fatalf("peer read: %v", err)
+	}
+	if err := <-written; err != nil {
+		t.Fatalf("Write: %v", err)
+	}
+	if got := c.Progress(); got <= first || got > size {
+		t.Errorf("Progress after the Write = %d, want more than %d, at most %d", got, first, size)
+	}
+}
+
+// waitProgress waits until c's Progress is past from: a waiting Write
+// counts its bytes as it waits again, which it does once the peer stops
+// reading and the buffers fill.
+func waitProgress(c *Conn, from uint64) {
+	for c.Progress() <= from {
+		time.Sleep(time.Millisecond)
+	}
+}
