@@ -41,8 +41,9 @@ import (
 
 // authorize asks x's authorization server about r. It reports whether r
 // may go on (with the server's headers added); if not, a is the client's
-// answer, unless err says the rule's request timeout passed first: the
-// caller then fails r with it, as a forward it ends. watch, when not nil,
+// answer, unless err says the rule's request timeout passed first, or the
+// app stalled in a body the server is to get: the caller then fails r
+// with it (readFailed), as a forward it ends. watch, when not nil,
 // watches the client while the server is asked, until the stop it
 // returns: a client that leaves cancels the ask (the fast path's, whose
 // requests have no context; net/http's cancel theirs). held tells it the
@@ -54,7 +55,7 @@ func (h *Handler) authorize(x *exchange, r *http.Request, watch func(cancel cont
 	switch {
 	case errors.Is(err, errAuthBodyTooLarge):
 		return h.authRefused(x, r, "ext_auth_body_too_large", http.StatusRequestEntityTooLarge, grpcResourceExhausted, err), false, nil
-	case errors.Is(err, errRequestTimeout):
+	case errors.Is(err, errRequestTimeout), errors.Is(err, errAppStalled):
 		return localAnswer{}, false, err
 	}
 	ctx := r.Context()
@@ -137,8 +138,8 @@ func authBody(x *exchange, r *http.Request, maxSize int32) ([]byte, error) {
 		return nil, errAuthBodyTooLarge
 	}
 	var buf []byte
-	if err := x.readBody(func() (err error) {
-		buf, err = io.ReadAll(io.LimitReader(r.Body, int64(maxSize)+1))
+	if err := x.readBody(r.Body, func(body io.Reader) (err error) {
+		buf, err = io.ReadAll(io.LimitReader(body, int64(maxSize)+1))
 		return err
 	}); err != nil {
 		return nil, err

@@ -45,7 +45,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 		if err := h.applyRoute(x, out, r.Host, expects, websocket); err != nil {
 			be.Picker.Unused(c)
 			leaveBody(w, r)
-			h.fail(w, r, x, keepFailed(err), err)
+			h.fail(w, r, x, readFailed(err), err)
 			return
 		}
 	}

@@ -88,6 +88,10 @@ func (s *h1Conn) run(resumed bool) {
 			go s.park()
 			return
 		}
+		// Every write of the exchange to the app is watched, the
+		// proxy's own answers and refusals too, and every read of its
+		// body.
+		s.stall.watch()
 		req, err := s.readRequest()
 		if err != nil {
 			s.badRequest(err)
@@ -600,11 +604,11 @@ func (s *h1Conn) answerFailed(x *exchange, err error) {
 	s.h.log.Debug("answer failed", "service", x.fe.Service.String(), "client", s.t.client(), "err", err)
 }
 
-// stalledOut ends an exchange whose app stopped sending its body
-// (stallWatch): counted, and the connection reset.
-func (s *h1Conn) stalledOut(x *exchange) bool {
+// stalledOut ends an exchange whose app stopped moving before its answer
+// began (stallWatch): err counted, and the connection reset.
+func (s *h1Conn) stalledOut(x *exchange, err error) bool {
 	s.broken = true
-	s.h.stalled(x, fmt.Errorf("read request body: %w for %v", errAppStalled, s.stall.timeout))
+	s.h.stalled(x, err)
 	return false
 }
 
@@ -680,12 +684,16 @@ func (s *h1Conn) badRequest(err error) {
 }
 
 // refuse answers a request the fast path does not serve, and the
-// connection ends. Dated, unlike net/http's server's refusals: RFC 9110
-// §6.6.1 asks a server with a clock for a Date on its 4xx answers.
+// connection ends; reset, when the app left the answer unread (stallWatch).
+// Dated, unlike net/http's server's refusals: RFC 9110 §6.6.1 asks a
+// server with a clock for a Date on its 4xx answers.
 func (s *h1Conn) refuse(status string) {
 	s.unread = true
-	io.WriteString(s.c, "HTTP/1.1 "+status+"\r\nDate: "+time.Now().UTC().Format(http.TimeFormat)+
+	_, err := io.WriteString(&s.out, "HTTP/1.1 "+status+"\r\nDate: "+time.Now().UTC().Format(http.TimeFormat)+
 		"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"+status)
+	if errors.Is(err, errAppStalled) {
+		s.stalledOut(&exchange{t: s.t}, fmt.Errorf("write refusal: %w", err)) // routed nowhere yet
+	}
 }
 
 // validRequest applies the checks net/http's server adds to ReadRequest's:

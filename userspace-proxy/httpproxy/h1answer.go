@@ -480,8 +480,12 @@ func (s *h1Conn) writeInformational(req *http.Request, resp *http.Response) {
 }
 
 // fail answers a request the proxy could not forward, with the status,
-// body and rule's headers of the net/http path.
+// body and rule's headers of the net/http path; the app of one whose body
+// it stalled in (readBody) gets a reset.
 func (s *h1Conn) fail(req *http.Request, x *exchange, reason upstream.Reason, err error) bool {
+	if reason == upstream.ReasonAppStalled {
+		return s.stalledOut(x, err)
+	}
 	code := s.h.report(context.Background(), x, reason, err)
 	if reason == upstream.ReasonCanceled {
 		return false
@@ -512,10 +516,11 @@ func (s *h1Conn) answerLocally(req *http.Request, x *exchange) bool {
 	return s.writeLocal(req, a.status, a.header, "", a.body)
 }
 
-// writeLocal writes an answer of the proxy's own: status code, the fields
-// of header and the preformatted lines fixed, body (not for HEAD). The
-// connection stays open only when the request had no body: nothing of it
-// is left unread.
+// writeLocal writes an answer of the proxy's own to the current exchange
+// (s.x): status code, the fields of header and the preformatted lines
+// fixed, body (not for HEAD). The connection stays open only when the
+// request had no body: nothing of it is left unread; it is reset when the
+// app left the answer unread (stallWatch).
 func (s *h1Conn) writeLocal(req *http.Request, code int, header http.Header, fixed string, body []byte) bool {
 	keep := req.Body == http.NoBody && !s.closeAfter && !s.h.h1.draining.Load()
 	s.unread = req.Body != http.NoBody
@@ -544,7 +549,13 @@ func (s *h1Conn) writeLocal(req *http.Request, code int, header http.Header, fix
 	if req.Method != http.MethodHead {
 		bw.Write(body)
 	}
-	return bw.Flush() == nil && keep
+	if err := bw.Flush(); err != nil {
+		if errors.Is(err, errAppStalled) {
+			s.stalledOut(&s.x, fmt.Errorf("write answer: %w", err))
+		}
+		return false
+	}
+	return keep
 }
 
 // startAnswer marks the final answer as begun (no 100 Continue after it)

@@ -51,7 +51,9 @@ func (c *continueReader) Read(p []byte) (int, error) {
 		s.wmu.Lock()
 		var err error
 		if !s.answered {
-			_, err = io.WriteString(s.c, "HTTP/1.1 100 Continue\r\n\r\n")
+			// Watched: an app that reads none of it would hold the
+			// exchange, and its upstream connection, for good.
+			_, err = io.WriteString(&s.out, continueLine)
 		}
 		s.wmu.Unlock()
 		if err != nil {
@@ -63,9 +65,12 @@ func (c *continueReader) Read(p []byte) (int, error) {
 
 func (c *continueReader) Close() error { return c.r.Close() }
 
+const continueLine = "HTTP/1.1 100 Continue\r\n\r\n"
+
 // continueNow sends the 100 Continue that req's client waits for before
 // its body, which the proxy reads itself (for an ExternalAuth server), and
-// drops the Expect: no backend is asked to decide.
+// drops the Expect: no backend is asked to decide. An app that reads none
+// of it fails it with errAppStalled.
 func (s *h1Conn) continueNow(req *http.Request) error {
 	if !strings.EqualFold(req.Header.Get("Expect"), "100-continue") || req.Body == http.NoBody || !req.ProtoAtLeast(1, 1) {
 		return nil
@@ -73,7 +78,7 @@ func (s *h1Conn) continueNow(req *http.Request) error {
 	delete(req.Header, "Expect")
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	if _, err := io.WriteString(s.c, "HTTP/1.1 100 Continue\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(&s.out, continueLine); err != nil {
 		return fmt.Errorf("write 100 continue: %w", err)
 	}
 	return nil

@@ -37,7 +37,7 @@ func (s *h1Conn) serve(req *http.Request) bool {
 	s.closeAfter = req.Close
 	s.sent.on = false
 	x := &s.x
-	*x = exchange{t: s.t, app: s.c}
+	*x = exchange{t: s.t, app: s.c, stalls: &s.stall}
 	// A request that failed before its body was read (no endpoint took
 	// its connect) left its mirrors waiting for the rest until
 	// MirrorTimeout, each holding one of MaxMirrors.
@@ -71,7 +71,7 @@ func (s *h1Conn) serve(req *http.Request) bool {
 		if x.r != nil && x.r.d.ExternalAuth != nil {
 			if x.r.d.ExternalAuth.MaxBody > 0 {
 				if err := s.continueNow(req); err != nil {
-					return s.fail(req, x, upstream.ReasonCanceled, err)
+					return s.fail(req, x, readFailed(err), err)
 				}
 			}
 			switch a, ok, err := s.h.authorize(x, req, s.watchAuth); {
@@ -79,7 +79,7 @@ func (s *h1Conn) serve(req *http.Request) bool {
 			case s.watch.gone.Load():
 				return false // the app left (reported canceled)
 			case err != nil:
-				return s.fail(req, x, upstream.Classify(err), err)
+				return s.fail(req, x, readFailed(err), err)
 			default:
 				return s.writeLocal(req, a.status, a.header, "", a.body)
 			}
@@ -107,7 +107,7 @@ func (s *h1Conn) serve(req *http.Request) bool {
 	if x.r != nil {
 		if err := s.h.applyRoute(x, req, host, s.cont != nil, websocket); err != nil {
 			x.be.Picker.Unused(choice)
-			return s.fail(req, x, keepFailed(err), err)
+			return s.fail(req, x, readFailed(err), err)
 		}
 	}
 	wire := WireFor(x.be, req.ProtoMajor, websocket)
@@ -219,7 +219,6 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 	inline := req.Body == http.NoBody || x.r != nil && x.r.kept ||
 		s.cont == nil && req.ContentLength > 0 && req.ContentLength <= int64(s.br.Buffered())
 	countRequest(x)
-	s.stall.watch()
 	defer s.watch.stop()
 	for retry := 0; ; {
 		uc, c, err := s.conn(x, choice, req.Body == http.NoBody || x.r != nil && x.r.kept)
@@ -261,7 +260,8 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 			return s.fail(req, x, upstream.ReasonCanceled, errClientGone)
 		}
 		if s.stall.stalled.Load() {
-			return s.stalledOut(x)
+			// Its body's read, or the 100 Continue it waited for.
+			return s.stalledOut(x, fmt.Errorf("%w for %v", errAppStalled, s.stall.timeout))
 		}
 		if s.refuseBrokenBody(req, x, err) {
 			return false
@@ -643,7 +643,6 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 		*under = &bodyTracker{r: *under, panics: s.h.cfg.Panics, done: body}
 	}
 	s.watch.start(nil, cancel)
-	s.stall.watch()
 	defer s.watch.stop()
 	resp, c, done, err := s.h.roundTrip(x, wire, out, c)
 	stop()
@@ -651,6 +650,11 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 		s.finish(body, nil)
 		if s.watch.gone.Load() {
 			return s.fail(req, x, upstream.ReasonCanceled, errClientGone)
+		}
+		if s.stall.stalled.Load() {
+			// The 100 Continue its body waited for (the body itself is
+			// not watched toward HTTP/2).
+			return s.stalledOut(x, fmt.Errorf("%w for %v", errAppStalled, s.stall.timeout))
 		}
 		if s.refuseBrokenBody(req, x, err) {
 			return false

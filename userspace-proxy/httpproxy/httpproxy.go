@@ -340,6 +340,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if fe.Routes != nil {
 		var forward bool
 		ref, forward = h.route(x, r, new(routed))
+		if x.r != nil {
+			// A rule's body may be read by the proxy itself (readBody).
+			h.watchApp(w, r, x)
+			defer x.stall.end()
+		}
 		if x.r != nil && !x.r.pol.deadline.IsZero() {
 			x.app = http.NewResponseController(w) // readBody's, needed only then
 		}
@@ -347,7 +352,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if a, ok, err := h.authorize(x, r, nil); !ok {
 				leaveBody(w, r)
 				if err != nil {
-					h.fail(w, r, x, upstream.Classify(err), err)
+					h.fail(w, r, x, readFailed(err), err)
 					return
 				}
 				writeAnswer(w, a)
@@ -437,12 +442,13 @@ type exchange struct {
 	// other requests.
 	grpc *grpcCall
 	// stall watches the app on net/http's paths, answer is its answer
-	// written under it (watchStalls), conn its HTTP/1.x connection
-	// (Target's), whose progress it counts; the fast path's is its
-	// connection's.
+	// written under it (watchApp), conn its HTTP/1.x connection (Target's),
+	// whose progress it counts; stalls is the watch of the exchange: stall
+	// once readied, or the fast path's connection's.
 	stall  stallWatch
 	answer stalledResponse
 	conn   net.Conn
+	stalls *stallWatch
 	// app sets the deadline of reads from the app's side, which a rule's
 	// request timeout bounds while the proxy reads the body itself
 	// (readBody): the fast path's connection, net/http's
@@ -670,6 +676,10 @@ func headerHasToken(vv []string, token string) bool {
 // routed one's answer carries its rule's response header changes and
 // CORS headers.
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, x *exchange, reason upstream.Reason, err error) {
+	if reason == upstream.ReasonAppStalled {
+		h.stalled(x, err)
+		resetApp(w, r)
+	}
 	code := h.report(r.Context(), x, reason, err)
 	if reason == upstream.ReasonCanceled {
 		return
@@ -749,7 +759,11 @@ func (h *Handler) report(ctx context.Context, x *exchange, reason upstream.Reaso
 // stream is reset; an answer begun was counted (requests) as it began.
 func (h *Handler) stalled(x *exchange, err error) {
 	h.m.failures.WithLabelValues(string(upstream.ReasonAppStalled)).Inc()
-	h.log.Debug("request failed", "reason", upstream.ReasonAppStalled, "service", x.fe.Service.String(), "client", x.t.client(), "err", err)
+	service := "" // a request the fast path refused was routed nowhere
+	if x.fe != nil {
+		service = x.fe.Service.String()
+	}
+	h.log.Debug("request failed", "reason", upstream.ReasonAppStalled, "service", service, "client", x.t.client(), "err", err)
 }
 
 var reasonBodies = func() map[upstream.Reason][]byte {

@@ -219,20 +219,26 @@ func connectFailed(err error) bool {
 	return false
 }
 
-// readBody runs read, a read of x's request body for the proxy itself
+// readBody runs read on body, x's request body, read for the proxy itself
 // (authBody, keepBody), under the rule's request deadline (GEP-1742: the
 // whole exchange) as a deadline on reads from the app (x.app); reads after
 // it have none, as while a body is forwarded. A read the deadline ends
 // fails with the request timeout's error. Tell it from the app leaving by
 // that error, not the request's context: net/http's HTTP/1 server cancels
-// that context as the deadline fails the read.
-func (x *exchange) readBody(read func() error) error {
+// that context as the deadline fails the read. The reads are under the
+// stall watch, whatever the backend's wire: the body is read whole before
+// the request goes, so an app that stops in it is no quiet stream (as a
+// gRPC client's toward an HTTP/2 backend may be), and would hold the
+// exchange (its goroutine, the body read so far, an HTTP/2 app's stream)
+// for as long as it stays.
+func (x *exchange) readBody(body io.ReadCloser, read func(io.Reader) error) error {
 	p := &x.r.pol
 	if !p.deadline.IsZero() {
 		x.app.SetReadDeadline(p.deadline)
 		defer x.app.SetReadDeadline(time.Time{})
 	}
-	err := read()
+	x.stalls.watch()
+	err := read(&stalledReader{ReadCloser: body, w: x.stalls})
 	switch {
 	case err != nil && p.expired(time.Now()):
 		return timeoutError(true, fmt.Errorf("read request body: %w", err))
@@ -247,7 +253,7 @@ func (x *exchange) readBody(read func() error) error {
 // Continue is read (readBody) and kept, and replaces r's body; one of
 // unknown length is recorded as it streams, up to ReplayBytes (x.record).
 // A read that fails is the request timeout's, or the app left or broke
-// its body off (keepFailed).
+// its body off (readFailed).
 func (h *Handler) keepBody(x *exchange, r *http.Request, expects bool) error {
 	rt := x.r
 	if r.Body == nil || r.Body == http.NoBody || rt.pol.retries == 0 && len(rt.d.Mirrors) == 0 {
@@ -261,8 +267,8 @@ func (h *Handler) keepBody(x *exchange, r *http.Request, expects bool) error {
 		return nil
 	}
 	buf := make([]byte, r.ContentLength)
-	if err := x.readBody(func() error {
-		_, err := io.ReadFull(r.Body, buf)
+	if err := x.readBody(r.Body, func(body io.Reader) error {
+		_, err := io.ReadFull(body, buf)
 		return err
 	}); err != nil {
 		return err
@@ -272,12 +278,16 @@ func (h *Handler) keepBody(x *exchange, r *http.Request, expects bool) error {
 	return nil
 }
 
-// keepFailed is the reason of a request whose body keepBody could not
-// read: the rule's request timeout (504), else the app left or broke the
-// body off (nobody to answer).
-func keepFailed(err error) upstream.Reason {
-	if errors.Is(err, errRequestTimeout) {
+// readFailed is the reason of a request whose body the proxy could not
+// read itself (readBody): the rule's request timeout (504), the stall
+// watch's (the app reset), else the app left or broke the body off
+// (nobody to answer).
+func readFailed(err error) upstream.Reason {
+	switch {
+	case errors.Is(err, errRequestTimeout):
 		return upstream.ReasonTimeout
+	case errors.Is(err, errAppStalled):
+		return upstream.ReasonAppStalled
 	}
 	return upstream.ReasonCanceled
 }

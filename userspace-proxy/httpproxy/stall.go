@@ -188,18 +188,30 @@ func (s *stalledResponse) Flush() {
 
 func (s *stalledResponse) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
-// watchStalls puts x's exchange with its app on w, r's, under x's stall
-// watch, until x.stall.end: the answer's writes, and toward a backend that
-// is not HTTP/2 the reads of out's body (see sentBody.track's callers).
-// The server's deadlines end it (per stream on HTTP/2: the body's reads
-// fail, the stream is reset). It returns w as the answer is to be written.
-func (h *Handler) watchStalls(w http.ResponseWriter, r *http.Request, x *exchange, out *http.Request, wire upstream.Wire) http.ResponseWriter {
+// watchApp readies x's stall watch over its exchange with its app on w,
+// r's, unless it did already, until x.stall.end: the reads of bodies the
+// proxy reads itself (readBody), and what watchStalls adds. The server's
+// deadlines end it (per stream on HTTP/2: the body's reads fail, the
+// stream is reset).
+func (h *Handler) watchApp(w http.ResponseWriter, r *http.Request, x *exchange) {
+	if x.stalls != nil {
+		return
+	}
 	if r.ProtoMajor == 1 {
 		x.conn = x.t.Conn
 	}
 	x.answer = stalledResponse{ResponseWriter: w, w: &x.stall}
 	x.stall.init(h.cfg.StallTimeout, x)
 	x.stall.watch()
+	x.stalls = &x.stall
+}
+
+// watchStalls puts x's exchange with its app on w, r's, under x's stall
+// watch (watchApp): also the answer's writes, and toward a backend that is
+// not HTTP/2 the reads of out's body (see sentBody.track's callers). It
+// returns w as the answer is to be written.
+func (h *Handler) watchStalls(w http.ResponseWriter, r *http.Request, x *exchange, out *http.Request, wire upstream.Wire) http.ResponseWriter {
+	h.watchApp(w, r, x)
 	if wire != upstream.WireH2 && out.Body != nil && out.Body != http.NoBody {
 		out.Body = &stalledReader{ReadCloser: out.Body, w: &x.stall}
 	}

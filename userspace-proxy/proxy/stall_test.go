@@ -62,18 +62,30 @@ func stallBackend(t *testing.T, pn *pipenet.Net, addr netip.AddrPort) {
 // stallProxy is a proxy in front of stallBackend (HTTP/1.1, so that every
 // request takes one of its pooled connections, an h2c app's too), at most conns of them,
 // with the stall timeout and connWait, the wait for a busy connection.
+// Bodies to /kept are kept for a retry, those to /auth read for an
+// ExternalAuth server (another stallBackend): the proxy reads both itself.
+// Requests to /h2c go to the backend over h2c.
 func stallProxy(t *testing.T, k clientKind, conns int, connWait time.Duration) (*proxy.Proxy, failures) {
 	var pn pipenet.Net
-	addr := netip.MustParseAddrPort("10.0.0.1:8080")
+	addr, authAddr := netip.MustParseAddrPort("10.0.0.1:8080"), netip.MustParseAddrPort("10.0.0.2:8080")
 	stallBackend(t, &pn, addr)
+	stallBackend(t, &pn, authAddr)
 	cfg := proxy.Config{HTTP1TLS: k.path, StallTimeout: stallTimeout}
 	cfg.Upstream.MaxConnsPerEndpoint, cfg.Upstream.ConnWait = conns, connWait
 	p, reg := pipeProxy(t, &pn, cfg)
 	// A route: without, a cleartext backend's bytes are relayed, over a
-	// connection of each app's own.
+	// connection of each app's own. Its matches in the order translate
+	// sorts them.
 	m := &mesh{t: t}
 	be := m.backend("web", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(addr)})
+	h2c := m.backend("web-h2c", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(addr)})
+	auth := m.backend("auth", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(authAddr)})
 	m.frontend("web", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/kept")}, snapshot.RouteRule{Backends: to(be),
+			Retry: &snapshot.Retry{Attempts: 1, Codes: []int{500}}}},
+		rule{[]snapshot.RouteMatch{prefixMatch("/auth")}, snapshot.RouteRule{Backends: to(be),
+			Filters: snapshot.Filters{ExternalAuth: &snapshot.ExternalAuth{Backend: auth, MaxBody: 2000}}}},
+		rule{[]snapshot.RouteMatch{prefixMatch("/h2c")}, snapshot.RouteRule{Backends: to(h2c)}},
 		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
 	p.Update(m.snapshot(1))
 	return p, func(r upstream.Reason) float64 {
@@ -88,18 +100,18 @@ type failures func(upstream.Reason) float64
 // net/http's Transport sends a request's head with its body's first
 // bytes only once the body ended.
 
-// stuckUpload starts a POST whose 1000-byte body stops after its first
-// byte; end reports how its exchange ended (nil: it was answered).
-func stuckUpload(t *testing.T, p *proxy.Proxy, k clientKind) (end func() error) {
+// stuckUpload starts a POST to path whose 1000-byte body stops after its
+// first byte; end reports how its exchange ended (nil: it was answered).
+func stuckUpload(t *testing.T, p *proxy.Proxy, k clientKind, path string) (end func() error) {
 	if !k.h2c {
 		c := rawApp(t, p)
-		go io.WriteString(c, "POST / HTTP/1.1\r\nHost: web.b.svc\r\nContent-Length: 1000\r\n\r\nx")
+		go io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: web.b.svc\r\nContent-Length: 1000\r\n\r\nx")
 		return func() error { return unanswered(c, 1) }
 	}
 	pr, pw := io.Pipe()
 	t.Cleanup(func() { pw.Close() })
 	go pw.Write([]byte("x"))
-	req, _ := http.NewRequest(http.MethodPost, "http://web.b.svc/", pr)
+	req, _ := http.NewRequest(http.MethodPost, "http://web.b.svc"+path, pr)
 	req.ContentLength = 1000
 	done := make(chan error, 1)
 	go func() {
@@ -198,7 +210,7 @@ func testStalledAppFreesConnection(t *testing.T, k clientKind, hostile string) {
 	var ends []func() error
 	for range held {
 		if hostile == "stuck-upload" {
-			ends = append(ends, stuckUpload(t, p, k))
+			ends = append(ends, stuckUpload(t, p, k, "/"))
 		} else {
 			ends = append(ends, nonReader(t, p, k))
 		}
@@ -252,7 +264,7 @@ func TestPoolBusy(t *testing.T) {
 	inBubbles(t, func(t *testing.T, k clientKind) {
 		const wait = 5 * time.Second
 		p, reg := stallProxy(t, k, 1, wait)
-		stuckUpload(t, p, clientKind{})
+		stuckUpload(t, p, clientKind{}, "/")
 		synctest.Wait()
 		other := pipeClient(t, p, k.h2c)
 		start := time.Now()
@@ -416,4 +428,65 @@ type slowReader struct{ r io.Reader }
 func (s slowReader) Read(p []byte) (int, error) {
 	time.Sleep(stallTimeout / 2)
 	return s.r.Read(p[:min(len(p), socketPiece)])
+}
+
+// TestStalledBodyReadByProxy: an app that stops in a body the proxy reads
+// itself before the request goes — kept for a rule's retries, or sent to
+// its ExternalAuth server — is reset at the stall timeout, as one that
+// stops in a body the backend reads, whatever the backend's wire.
+func TestStalledBodyReadByProxy(t *testing.T) {
+	inBubbles(t, func(t *testing.T, k clientKind) {
+		p, reg := stallProxy(t, k, 1, time.Hour)
+		for i, path := range []string{"/kept", "/auth"} {
+			start := time.Now()
+			if err := stuckUpload(t, p, k, path)(); err == nil {
+				t.Errorf("POST %s stuck in its body: answered, want a reset", path)
+			}
+			if waited := time.Since(start); waited < stallTimeout {
+				t.Errorf("POST %s stuck in its body: reset after %v, before the stall timeout", path, waited)
+			}
+			// net/http's HTTP/2 server resets the stream as the deadline
+			// passes, maybe before the handler counts it.
+			synctest.Wait()
+			if got := reg(upstream.ReasonAppStalled); got != float64(i+1) {
+				t.Errorf("after POST %s: request_failures_total{app_stalled} = %v, want %d", path, got, i+1)
+			}
+		}
+	})
+}
+
+// TestUnreadAnswersCut: the fast path's own answers and its 100 Continue
+// are written under the stall watch too: an app that reads none of them
+// is reset at the stall timeout, and what its exchange held (the
+// endpoint's only connection, for the 100 Continue a backend asked for)
+// goes to the next request.
+func TestUnreadAnswersCut(t *testing.T) {
+	for _, c := range []struct{ name, request string }{
+		{"400", "GET / HTTP/1.1\r\nHost: web.b.svc\r\nno colon\r\n\r\n"},
+		{"405", "CONNECT web.b.svc:443 HTTP/1.1\r\nHost: web.b.svc:443\r\n\r\n"},
+		{"505", "GET / HTTP/2.0\r\nHost: web.b.svc\r\n\r\n"},
+		{"max-forwards", "TRACE / HTTP/1.1\r\nHost: web.b.svc\r\nMax-Forwards: 0\r\n\r\n"},
+		{"continue", "POST / HTTP/1.1\r\nHost: web.b.svc\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"},
+		{"continue-h2c", "POST /h2c HTTP/1.1\r\nHost: web.b.svc\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"},
+		{"continue-auth", "POST /auth HTTP/1.1\r\nHost: web.b.svc\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				p, reg := stallProxy(t, clientKinds[0], 1, time.Hour)
+				app := rawApp(t, p)
+				go io.WriteString(app, c.request)
+				time.Sleep(2 * stallTimeout)
+				if b, _ := io.ReadAll(app); len(b) > 0 {
+					t.Errorf("app that read nothing for two stall timeouts then read %q, want its connection reset", b)
+				}
+				if got := reg(upstream.ReasonAppStalled); got != 1 {
+					t.Errorf("request_failures_total{app_stalled} = %v, want 1", got)
+				}
+				status, body := getText(t, pipeClient(t, p, false), "http://web.b.svc/")
+				if status != http.StatusOK || body != "ok 0" {
+					t.Errorf("next GET = %d %q, want 200 \"ok 0\"", status, body)
+				}
+			})
+		})
+	}
 }
