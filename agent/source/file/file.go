@@ -349,4 +349,5 @@ func clip(in *translate.Input) {
 	in.XBackends = slices.Clip(in.XBackends)
 	in.XBackendTrafficPolicies = slices.Clip(in.XBackendTrafficPolicies)
 	in.XMeshes = slices.Clip(in.XMeshes)
+	in.ReferenceGrants = slices.Clip(in.ReferenceGrants)
 }

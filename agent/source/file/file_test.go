@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -395,5 +396,25 @@ func TestRunFailsWithoutDirectory(t *testing.T) {
 	s := newSource(t, filepath.Join(t.TempDir(), "missing"))
 	if err := s.Run(t.Context()); err == nil || !strings.Contains(err.Error(), "missing") {
 		t.Fatalf("Run on a missing directory = %v, want an error naming it", err)
+	}
+}
+
+// TestClipCapsEveryList fills every list of a translate.Input with spare
+// capacity: clip must cap each one, so that a caller appending to the Input
+// it was handed never writes into an array the source shares. Walking the
+// fields keeps a kind added to Input later from being missed.
+func TestClipCapsEveryList(t *testing.T) {
+	var in translate.Input
+	v := reflect.ValueOf(&in).Elem()
+	for i := range v.NumField() {
+		if f := v.Field(i); f.Kind() == reflect.Slice {
+			f.Set(reflect.MakeSlice(f.Type(), 1, 4))
+		}
+	}
+	clip(&in)
+	for i := range v.NumField() {
+		if f := v.Field(i); f.Kind() == reflect.Slice && f.Cap() != f.Len() {
+			t.Errorf("after clip, Input.%s has len %d, cap %d; want cap = len", v.Type().Field(i).Name, f.Len(), f.Cap())
+		}
 	}
 }
