@@ -140,7 +140,6 @@ type pod struct {
 // netnsState is one namespace in use, shared by the pods in it.
 type netnsState struct {
 	ns     *podns.NS
-	ino    uint64
 	cookie uint64
 	proxy  datapath.Proxy
 	lns    []net.Listener
@@ -265,8 +264,8 @@ func (e *Enroller) Run(ctx context.Context) error {
 	}
 }
 
-// Close closes the in-pod listeners and released namespaces. The enrolments
-// stay in the datapath for the next agent.
+// Close closes the in-pod listeners and releases the namespaces it holds.
+// The enrolments stay in the datapath for the next agent.
 func (e *Enroller) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -469,7 +468,7 @@ func (e *Enroller) find(now time.Time) {
 			continue
 		}
 		if _, ok := e.netns[ino]; !ok {
-			n, err := e.open(ns, ino, p.w.Pod)
+			n, err := e.open(ns, p.w.Pod)
 			if err != nil {
 				e.setState(p, Failed, err.Error(), now)
 				continue
@@ -515,12 +514,12 @@ func pick(holders map[netip.Addr][]*podns.NS, ips []netip.Addr) (*podns.NS, Stat
 
 // open prepares a namespace for enrolment: its cookie and, in in-pod mode,
 // its listeners. It takes ownership of ns only when it succeeds.
-func (e *Enroller) open(ns *podns.NS, ino uint64, owner snapshot.ObjectRef) (*netnsState, error) {
+func (e *Enroller) open(ns *podns.NS, owner snapshot.ObjectRef) (*netnsState, error) {
 	cookie, err := ns.Cookie()
 	if err != nil {
 		return nil, err
 	}
-	n := &netnsState{ns: ns, ino: ino, cookie: cookie, proxy: e.cfg.NodeProxy}
+	n := &netnsState{ns: ns, cookie: cookie, proxy: e.cfg.NodeProxy}
 	if e.cfg.Mode != InPod {
 		return n, nil
 	}
