@@ -85,16 +85,16 @@ func (c *client) exchange(ctx context.Context, server string, name dnsmessage.Na
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 	id := uint16(rand.Uint32())
+	// The first two bytes are room for the TCP length prefix.
 	b := dnsmessage.NewBuilder(make([]byte, 2, 514), dnsmessage.Header{ID: id, RecursionDesired: true})
 	b.EnableCompression()
 	q := dnsmessage.Question{Name: name, Type: qtype, Class: dnsmessage.ClassINET}
 	if err := b.StartQuestions(); err != nil {
-		return answer{}, err
+		return answer{}, fmt.Errorf("build query: %w", err)
 	}
 	if err := b.Question(q); err != nil {
-		return answer{}, err
+		return answer{}, fmt.Errorf("build query: %w", err)
 	}
-	// The first two bytes are room for the TCP length prefix.
 	msg, err := b.Finish()
 	if err != nil {
 		return answer{}, fmt.Errorf("build query: %w", err)
