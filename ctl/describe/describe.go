@@ -287,7 +287,7 @@ func (c *Cluster) XBackend(namespace, name string) (*XBackend, error) {
 	return out, nil
 }
 
-// Route is an HTTPRoute and where its rules landed.
+// Route is an HTTPRoute or GRPCRoute and where its rules landed.
 type Route struct {
 	Route Object `json:"route"`
 	// Placements are the Service ports whose route sets hold its rules.

@@ -87,7 +87,7 @@ func XBackend(w io.Writer, x *describe.XBackend) error {
 	return nil
 }
 
-// Route writes an HTTPRoute and where its rules landed.
+// Route writes an HTTPRoute or GRPCRoute and where its rules landed.
 func Route(w io.Writer, r *describe.Route) error {
 	fmt.Fprintf(w, "%s\n", r.Route.Ref)
 	fmt.Fprintln(w, "Status (as translate computes it now):")
