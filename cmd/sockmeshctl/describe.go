@@ -53,7 +53,7 @@ func newDescribeCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ref := parsePod(args[1], g.ns()) // the same NAME or NAMESPACE/NAME form
+			ref := parseRef(args[1], g.ns())
 			ctx, cancel := context.WithTimeout(cmd.Context(), 2*g.timeout)
 			defer cancel()
 			in, warnings, err := describe.Load(ctx, kube, gw, time.Now())

@@ -102,7 +102,9 @@ func parseDestination(s, podNS string) (destination, error) {
 	return d, nil
 }
 
-func parsePod(s, ns string) snapshot.ObjectRef {
+// parseRef reads NAME (in namespace ns) or NAMESPACE/NAME: explain's POD,
+// describe's NAME.
+func parseRef(s, ns string) snapshot.ObjectRef {
 	if n, name, ok := strings.Cut(s, "/"); ok {
 		return snapshot.ObjectRef{Namespace: n, Name: name}
 	}
@@ -114,7 +116,7 @@ func parsePod(s, ns string) snapshot.ObjectRef {
 // says about the destination Service. warn receives what could not be
 // looked up.
 func runExplain(ctx context.Context, g *globals, podArg, dstArg string, warn io.Writer) (render.Explained, error) {
-	pod := parsePod(podArg, g.ns())
+	pod := parseRef(podArg, g.ns())
 	dst, err := parseDestination(dstArg, pod.Namespace)
 	if err != nil {
 		return render.Explained{}, err
