@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"runtime/debug"
 
 	"github.com/spf13/cobra"
 	// Backends validated against "System" roots need a trust store, and the
@@ -20,6 +19,8 @@ import (
 	// the fallback when the container has no store of its own
 	// (docs/policies.md says how to use the node's instead).
 	_ "golang.org/x/crypto/x509roots/fallback"
+
+	"github.com/sockmesh/sockmesh/internal/buildversion"
 )
 
 // version is set at build time: go build -ldflags "-X main.version=v1.2.3".
@@ -56,12 +57,4 @@ func newVersionCommand() *cobra.Command {
 
 // buildVersion is version, or the module version when the binary was built
 // with `go install module@version` and no -X.
-func buildVersion() string {
-	if version != "dev" {
-		return version
-	}
-	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-		return bi.Main.Version
-	}
-	return version
-}
+func buildVersion() string { return buildversion.Of(version) }

@@ -20,6 +20,7 @@ import (
 	kubesource "github.com/sockmesh/sockmesh/agent/source/kubernetes"
 	"github.com/sockmesh/sockmesh/ctl/agentclient"
 	"github.com/sockmesh/sockmesh/ctl/render"
+	"github.com/sockmesh/sockmesh/internal/buildversion"
 )
 
 // globals are the flags every command shares.
@@ -78,7 +79,7 @@ func (g *globals) kube() (kubernetes.Interface, gwclient.Interface, error) {
 	}
 	rc = rest.CopyConfig(rc)
 	rc.Timeout = g.timeout
-	rest.AddUserAgent(rc, "sockmeshctl/"+version)
+	rest.AddUserAgent(rc, "sockmeshctl/"+buildversion.Of(version))
 	if g.defaultNS, _, err = cc.Namespace(); err != nil || g.defaultNS == "" {
 		g.defaultNS = "default"
 	}

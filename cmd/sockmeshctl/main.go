@@ -18,9 +18,10 @@ package main
 import (
 	"os"
 	"runtime"
-	"runtime/debug"
 
 	"github.com/spf13/cobra"
+
+	"github.com/sockmesh/sockmesh/internal/buildversion"
 )
 
 // version is set at build time: go build -ldflags "-X main.version=v1.2.3".
@@ -52,11 +53,7 @@ func newVersionCommand() *cobra.Command {
 		Short: "print the build version",
 		Args:  cobra.NoArgs,
 		Run: func(cmd *cobra.Command, _ []string) {
-			v := version
-			if bi, ok := debug.ReadBuildInfo(); ok && v == "dev" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-				v = bi.Main.Version
-			}
-			cmd.Printf("sockmeshctl %s (%s, %s/%s)\n", v, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+			cmd.Printf("sockmeshctl %s (%s, %s/%s)\n", buildversion.Of(version), runtime.Version(), runtime.GOOS, runtime.GOARCH)
 		},
 	}
 }
