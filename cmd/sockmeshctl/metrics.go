@@ -2,9 +2,6 @@ package main
 
 import (
 	"io"
-	"slices"
-	"strings"
-	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
@@ -31,18 +28,7 @@ those without a series yet, as docs/metrics.md documents them.`,
 			if err != nil {
 				return err
 			}
-			return render.Print(cmd.OutOrStdout(), f, infos, func(w io.Writer) error {
-				t := tabwriter.NewWriter(w, 0, 8, 3, ' ', 0)
-				io.WriteString(t, "NAME\tTYPE\tLABELS\tHELP\n")
-				for _, m := range infos {
-					labels := strings.Join(slices.Concat(m.Labels, m.ConstLabels), ",")
-					if labels == "" {
-						labels = "-"
-					}
-					io.WriteString(t, m.Name+"\t"+m.Type+"\t"+labels+"\t"+m.Help+"\n")
-				}
-				return t.Flush()
-			})
+			return render.Print(cmd.OutOrStdout(), f, infos, func(w io.Writer) error { return render.Metrics(w, infos) })
 		},
 	}
 }

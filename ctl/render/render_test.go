@@ -150,6 +150,14 @@ func topFixture() top.View {
 	}
 }
 
+func metricsFixture() []introspect.MetricInfo {
+	return []introspect.MetricInfo{
+		{Name: "sockmesh_build_info", Type: "gauge", Help: "Always 1; the labels name the agent's build.", ConstLabels: []string{"goversion", "version"}},
+		{Name: "sockmesh_datapath_redirects_total", Type: "counter", Help: "Connect decisions, by decision.", Labels: []string{"decision"}},
+		{Name: "sockmesh_enrol_netns_scans_total", Type: "counter", Help: "Scans of the node's network namespaces."},
+	}
+}
+
 func TestGolden(t *testing.T) {
 	explained := explainFixture()
 	for _, c := range []struct {
@@ -161,6 +169,7 @@ func TestGolden(t *testing.T) {
 		{"explain", explained, func(w io.Writer) error { return Explain(w, explained) }},
 		{"describe-service", serviceFixture(), func(w io.Writer) error { return Service(w, serviceFixture()) }},
 		{"top", topFixture(), func(w io.Writer) error { return Top(w, topFixture()) }},
+		{"metrics", metricsFixture(), func(w io.Writer) error { return Metrics(w, metricsFixture()) }},
 	} {
 		for _, f := range []Format{Table, YAML} {
 			t.Run(c.name+"."+string(f), func(t *testing.T) {
