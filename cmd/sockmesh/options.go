@@ -383,6 +383,22 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 	} else {
 		s.gcHeapFloor = uint64(q.Value())
 	}
+	errs = append(errs, checkListeners(&s)...)
+	if in := s.introspection; in.Socket == "" {
+		bad("--introspection-socket must not be empty")
+	} else if in.Listen != "" && (in.TLSCertFile == "" || in.TLSKeyFile == "" || in.TokenFile == "") {
+		bad("--introspection-listen needs --introspection-tls-cert, --introspection-tls-key and --introspection-token-file")
+	}
+	return s, errors.Join(errs...)
+}
+
+// checkListeners resolves the host names of --health-listen,
+// --metrics-listen and --introspection-listen in s to the addresses they
+// will bind, and refuses listeners that would share connections with one
+// another or with --proxy-listen.
+func checkListeners(s *settings) []error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 	// A listener address wants host:port, and a host that resolves.
 	// Found only when it opened, a bad --introspection-listen stopped the
 	// agent after the datapath and the node listeners had taken over from
@@ -439,12 +455,7 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 			}
 		}
 	}
-	if in := s.introspection; in.Socket == "" {
-		bad("--introspection-socket must not be empty")
-	} else if in.Listen != "" && (in.TLSCertFile == "" || in.TLSKeyFile == "" || in.TokenFile == "") {
-		bad("--introspection-listen needs --introspection-tls-cert, --introspection-tls-key and --introspection-token-file")
-	}
-	return s, errors.Join(errs...)
+	return errs
 }
 
 // listenAddr is the socket address net.Listen("tcp", address) binds: the
