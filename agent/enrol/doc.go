@@ -8,9 +8,11 @@
 //
 // A pod's namespace may appear after its Pod object (the file source, or a
 // slow CNI), and may be replaced while the Pod object stays: the Enroller
-// looks again for pods it has not found every Config.Retry, looks again at
-// once for a pod whose Workload.SandboxReady changed (the kubelet recreated
-// its sandbox), and checks every Config.Verify that the namespaces it found
+// looks again for pods it has not found after Config.Retry (the wait
+// doubling, up to 16 times Config.Retry, while some stay unfound, since
+// each look scans every namespace on the node), looks again at once for a
+// pod whose Workload.SandboxReady changed (the kubelet recreated its
+// sandbox), and checks every Config.Verify that the namespaces it found
 // still hold their pod's address (a sandbox replaced unannounced).
 //
 // Enrolments are written only after the first Update: an agent that
