@@ -3,6 +3,7 @@ package render
 import (
 	"fmt"
 	"io"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -90,7 +91,7 @@ func Explain(w io.Writer, e Explained) error {
 		b.add("Decisions", "none: %s", e.Counters.Unavailable)
 	} else {
 		b.add("Decisions", "%s", decisions(e.Counters.Decisions))
-		for _, a := range slices.SortedFunc(mapKeys(e.Counters.ByAddr), netip.AddrPort.Compare) {
+		for _, a := range slices.SortedFunc(maps.Keys(e.Counters.ByAddr), netip.AddrPort.Compare) {
 			b.add(a.String(), "%s", decisions(e.Counters.ByAddr[a]))
 		}
 	}
@@ -106,16 +107,6 @@ func Explain(w io.Writer, e Explained) error {
 		related(w, e.Related)
 	}
 	return nil
-}
-
-func mapKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
-	return func(yield func(K) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 func destination(q explain.Query) string {
