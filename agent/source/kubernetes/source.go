@@ -9,17 +9,14 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
@@ -651,171 +648,4 @@ func cached[T any](c cache.Indexer) []T {
 		objs = append(objs, o.(T))
 	}
 	return objs
-}
-
-// stripForCache drops what nothing in the agent reads, before an object
-// enters a cache: managed fields, and kubectl's copy of the whole object in
-// an annotation, from every kind; and from the kinds a cluster has many of,
-// or that are large, what translate does not look at (see stripObject). At
-// 10,000 Services and their EndpointSlices that is most of the agent's
-// memory. The informer owns the freshly decoded object it passes in; no one
-// else holds it yet, so it is changed in place.
-func stripForCache(obj any) (any, error) {
-	if m, err := meta.Accessor(obj); err == nil {
-		m.SetManagedFields(nil)
-		if a := m.GetAnnotations(); a[corev1.LastAppliedConfigAnnotation] != "" {
-			delete(a, corev1.LastAppliedConfigAnnotation)
-		}
-	}
-	stripObject(obj)
-	return obj, nil
-}
-
-// stripObject keeps, of the kinds below, only the fields translate and the
-// update filters here read; a change to translate that reads another field
-// of these kinds must keep it here too (the source's tests check the kept
-// fields survive). Gateway API objects keep everything: the status writer
-// reads their status.
-func stripObject(obj any) {
-	switch o := obj.(type) {
-	case *corev1.Service:
-		// translate reads only sockmesh.io/ annotations; the rest (load
-		// balancer settings, Helm's bookkeeping) is dropped, and of the
-		// status only the load-balancer IPs are kept, which external
-		// hostnames may not resolve to.
-		o.Annotations = ownAnnotations(o.Annotations)
-		var ingress []corev1.LoadBalancerIngress
-		for _, ing := range o.Status.LoadBalancer.Ingress {
-			if ing.IP != "" {
-				ingress = append(ingress, corev1.LoadBalancerIngress{IP: ing.IP})
-			}
-		}
-		o.Status = corev1.ServiceStatus{LoadBalancer: corev1.LoadBalancerStatus{Ingress: ingress}}
-	case *discoveryv1.EndpointSlice:
-		// Every slice the EndpointSlice controller writes carries a
-		// trigger-time annotation; every endpoint a targetRef with the
-		// pod's UID and resourceVersion. translate reads addresses,
-		// conditions, zone, nodeName, topology hints and the targetRef's
-		// kind, namespace and name.
-		o.Annotations = nil
-		// The decoder grows the endpoints by appending: five endpoints
-		// sit in room for eight. An exact copy saves a third of a
-		// slice's memory.
-		o.Endpoints = slices.Clone(o.Endpoints)
-		for i := range o.Endpoints {
-			ep := &o.Endpoints[i]
-			ep.Hostname, ep.DeprecatedTopology = nil, nil
-			if r := ep.TargetRef; r != nil {
-				ep.TargetRef = &corev1.ObjectReference{Kind: r.Kind, Namespace: r.Namespace, Name: r.Name}
-			}
-		}
-	case *corev1.Pod:
-		// Enrolment needs the pod's labels, node, service account, host
-		// networking, phase, addresses and PodReadyToStartContainers
-		// condition (a new sandbox); not its containers, volumes,
-		// container statuses or other conditions.
-		o.Annotations = nil
-		o.Spec = corev1.PodSpec{NodeName: o.Spec.NodeName, ServiceAccountName: o.Spec.ServiceAccountName, HostNetwork: o.Spec.HostNetwork}
-		var conds []corev1.PodCondition
-		if c := readyToStart(o); c != nil {
-			conds = []corev1.PodCondition{*c}
-		}
-		o.Status = corev1.PodStatus{Phase: o.Status.Phase, PodIP: o.Status.PodIP, PodIPs: o.Status.PodIPs, Conditions: conds}
-	case *corev1.Node:
-		// Of its Node the agent reads addresses, pod CIDRs and the zone
-		// label; a Node's status also lists every image on it.
-		o.Annotations = nil
-		o.Spec = corev1.NodeSpec{PodCIDR: o.Spec.PodCIDR, PodCIDRs: o.Spec.PodCIDRs}
-		o.Status = corev1.NodeStatus{Addresses: o.Status.Addresses}
-	}
-}
-
-// ownAnnotations returns the sockmesh.io/ annotations of a, or nil.
-func ownAnnotations(a map[string]string) map[string]string {
-	var own map[string]string
-	for k, v := range a {
-		if strings.HasPrefix(k, annotationPrefix) {
-			if own == nil {
-				own = map[string]string{}
-			}
-			own[k] = v
-		}
-	}
-	return own
-}
-
-// annotationPrefix is the prefix of the annotations translate reads
-// (translate.AnnotationXBackend, translate.AnnotationFailurePolicy).
-const annotationPrefix = "sockmesh.io/"
-
-func labelsChanged(old, new any) bool {
-	o, n := old.(metav1.Object), new.(metav1.Object)
-	return !maps.Equal(o.GetLabels(), n.GetLabels())
-}
-
-func specChanged(old, new any) bool {
-	o, n := old.(metav1.Object), new.(metav1.Object)
-	return o.GetGeneration() != n.GetGeneration() || o.GetUID() != n.GetUID() ||
-		!maps.Equal(o.GetLabels(), n.GetLabels()) || !maps.Equal(o.GetAnnotations(), n.GetAnnotations())
-}
-
-// policyChanged is specChanged for a policy, or another controller's
-// ancestor entries came or went: translate gives the policy's targets only
-// the room those leave in its status (PolicyStatus holds 16 ancestors).
-// sockmesh's own status writes change neither.
-func policyChanged(old, new any) bool {
-	return specChanged(old, new) || othersAncestors(old) != othersAncestors(new)
-}
-
-func othersAncestors(obj any) int {
-	var ancestors []gwv1.PolicyAncestorStatus
-	switch o := obj.(type) {
-	case *gwv1.BackendTLSPolicy:
-		ancestors = o.Status.Ancestors
-	case *gwxv1alpha1.XBackendTrafficPolicy:
-		ancestors = o.Status.Ancestors
-	}
-	n := 0
-	for _, a := range ancestors {
-		if a.ControllerName != translate.ControllerName {
-			n++
-		}
-	}
-	return n
-}
-
-func podChanged(old, new any) bool {
-	o, n := old.(*corev1.Pod), new.(*corev1.Pod)
-	return o.UID != n.UID || !maps.Equal(o.Labels, n.Labels) || o.Status.Phase != n.Status.Phase ||
-		o.Status.PodIP != n.Status.PodIP || !slices.Equal(o.Status.PodIPs, n.Status.PodIPs) ||
-		o.Spec.NodeName != n.Spec.NodeName || o.Spec.HostNetwork != n.Spec.HostNetwork ||
-		o.Spec.ServiceAccountName != n.Spec.ServiceAccountName || o.DeletionTimestamp.IsZero() != n.DeletionTimestamp.IsZero() ||
-		sandboxChanged(readyToStart(o), readyToStart(n))
-}
-
-// sandboxChanged: the kubelet turns PodReadyToStartContainers False when a
-// pod's sandbox goes and True, with a new transition time, once a new one
-// has its network — a new network namespace for enrolment to find, while
-// the pod's IPs may stay the same.
-func sandboxChanged(o, n *corev1.PodCondition) bool {
-	if o == nil || n == nil {
-		return o != n
-	}
-	return o.Status != n.Status || !o.LastTransitionTime.Equal(&n.LastTransitionTime)
-}
-
-func readyToStart(p *corev1.Pod) *corev1.PodCondition {
-	for i, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReadyToStartContainers {
-			return &p.Status.Conditions[i]
-		}
-	}
-	return nil
-}
-
-func nodeChanged(old, new any) bool {
-	o, n := old.(*corev1.Node), new.(*corev1.Node)
-	return !slices.Equal(o.Status.Addresses, n.Status.Addresses) ||
-		!slices.Equal(o.Spec.PodCIDRs, n.Spec.PodCIDRs) || o.Spec.PodCIDR != n.Spec.PodCIDR ||
-		o.Labels[corev1.LabelTopologyZone] != n.Labels[corev1.LabelTopologyZone]
 }
