@@ -24,7 +24,9 @@ type xbackendEval struct {
 	// accepted is the configuration's Accepted=False reason, or nil.
 	accepted     *tlsvalidation.Problem
 	resolvedRefs *tlsvalidation.Problem
-	// fronts are the Services that stand for this XBackend: its ancestors.
+	// fronts are its ancestors: the Services that stand for it
+	// (captureXBackendService) and the parent Services of accepted routes
+	// that lead to it (routeStatus).
 	fronts []*corev1.Service
 }
 
