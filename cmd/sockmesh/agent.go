@@ -73,8 +73,9 @@ newer agent's instead of being reset.
 
 SIGUSR1 logs an introspection report (snapshot, enrolments, datapath
 counters and conflicts, recent warnings) as one "introspection report"
-record. The read-only introspection API that sockmeshctl uses (status,
-explain, snapshot, counters, metrics) is served on --introspection-socket
+record. The read-only introspection API that sockmeshctl reads (status,
+report, explain, snapshot, counters, metrics and their catalog: /v1/...)
+is served on --introspection-socket
 (root and the agent's user; --introspection-group adds a group) and, with
 --introspection-listen, over TLS with a bearer token.
 

@@ -104,24 +104,36 @@ func (g *globals) ns() string {
 // else the local socket. --agent-port without a node is refused: the
 // local socket's agent would answer for a remote one asked for.
 func (g *globals) agentFor(ctx context.Context, node string) (*agentclient.Client, error) {
+	if g.agentAddress != "" || g.agentPort <= 0 {
+		return g.agentOn(nil)
+	}
+	if node == "" {
+		return nil, errors.New("--agent-port reaches the agent of a pod's node (explain, with the API server) or of every node (status --all-nodes); name one agent with --agent-address")
+	}
+	kube, _, err := g.kube()
+	if err != nil {
+		return nil, fmt.Errorf("--agent-port needs the API server to find node %s: %w", node, err)
+	}
+	n, err := kube.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("find node %s's address: %w", node, err)
+	}
+	return g.agentOn(n)
+}
+
+// agentOn returns a client of the agent on n, at its InternalIP and
+// --agent-port, or of the one --agent-address or the local socket names
+// (--agent-address set, or n nil). status --all-nodes calls it with the
+// Nodes it listed, rather than fetching each again.
+func (g *globals) agentOn(n *corev1.Node) (*agentclient.Client, error) {
 	cfg := agentclient.Config{Socket: g.agentSocket, CAFile: g.agentCA, TokenFile: g.agentTokenFile, Timeout: g.timeout}
 	switch {
 	case g.agentAddress != "":
 		cfg.Address = g.agentAddress
-	case g.agentPort > 0 && node == "":
-		return nil, errors.New("--agent-port reaches the agent of a pod's node (explain, with the API server) or of every node (status --all-nodes); name one agent with --agent-address")
-	case g.agentPort > 0 && node != "":
-		kube, _, err := g.kube()
-		if err != nil {
-			return nil, fmt.Errorf("--agent-port needs the API server to find node %s: %w", node, err)
-		}
-		n, err := kube.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
-		if err != nil {
-			return nil, fmt.Errorf("find node %s's address: %w", node, err)
-		}
+	case n != nil:
 		ip := internalIP(n)
 		if ip == "" {
-			return nil, fmt.Errorf("node %s has no InternalIP", node)
+			return nil, fmt.Errorf("node %s has no InternalIP", n.Name)
 		}
 		cfg.Address = net.JoinHostPort(ip, strconv.Itoa(g.agentPort))
 	}

@@ -78,8 +78,8 @@ func statuses(ctx context.Context, g *globals, allNodes bool) ([]introspect.Stat
 	}
 	var out []introspect.Status
 	var errs []error
-	for _, n := range nodes.Items {
-		c, err := g.agentFor(ctx, n.Name)
+	for i, n := range nodes.Items {
+		c, err := g.agentOn(&nodes.Items[i])
 		if err == nil {
 			var st introspect.Status
 			if st, err = c.Status(ctx); err == nil {

@@ -150,8 +150,9 @@ func (s *Source) signal() {
 }
 
 // Run starts the informers, signals once every kind is listed and returns
-// when ctx ends. It fails only when the API server cannot be asked which
-// kinds it serves. A kind it may not list (missing RBAC) keeps the first
+// when ctx ends. It fails when the API server cannot be asked which kinds
+// it serves (or an informer refuses its handler, which fresh ones do not).
+// A kind it may not list (missing RBAC) keeps the first
 // signal from coming, unless the API server stops serving it meanwhile;
 // client-go's reflector logs why.
 func (s *Source) Run(ctx context.Context) error {
