@@ -208,12 +208,18 @@ func (h *Handler) watchApp(w http.ResponseWriter, r *http.Request, x *exchange) 
 
 // watchStalls puts x's exchange with its app on w, r's, under x's stall
 // watch (watchApp): also the answer's writes, and toward a backend that is
-// not HTTP/2 the reads of out's body (see sentBody.track's callers). It
-// returns w as the answer is to be written.
+// not HTTP/2 the reads of out's body (see sentBody.track's callers), by
+// every try: a body recorded for a rule's retries or mirrors (keepBody) is
+// watched beneath its recording, whose later tries read the rest from the
+// app there. It returns w as the answer is to be written.
 func (h *Handler) watchStalls(w http.ResponseWriter, r *http.Request, x *exchange, out *http.Request, wire upstream.Wire) http.ResponseWriter {
 	h.watchApp(w, r, x)
 	if wire != upstream.WireH2 && out.Body != nil && out.Body != http.NoBody {
-		out.Body = &stalledReader{ReadCloser: out.Body, w: &x.stall}
+		body := &out.Body
+		if x.tee != nil {
+			body = &x.tee.src
+		}
+		*body = &stalledReader{ReadCloser: *body, w: &x.stall}
 	}
 	return &x.answer
 }

@@ -31,9 +31,12 @@ const stallTimeout = 10 * time.Second
 // stallBackend serves over HTTP/1.1: /big a 16 MiB answer (past an HTTP/2
 // client's flow-control windows), or ?size=N bytes of it; /sse an event
 // stream quiet for ?quiet=D, then one event, quiet again, then its end;
-// anything else reads the body and answers "ok" and how much it read.
+// /kept/fails-first answers its first request 500 at once, its body
+// unread; anything else (later requests to /kept/fails-first too) reads
+// the body and answers "ok" and how much it read.
 func stallBackend(t *testing.T, pn *pipenet.Net, addr netip.AddrPort) {
 	big := bytes.Repeat([]byte("x"), 16<<20)
+	var failed atomic.Bool
 	servePipe(t, pn, addr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case "/big":
@@ -52,6 +55,15 @@ func stallBackend(t *testing.T, pn *pipenet.Net, addr netip.AddrPort) {
 				w.(http.Flusher).Flush()
 				sleepCtx(r.Context(), quiet)
 			}
+		case "/kept/fails-first":
+			if !failed.Swap(true) {
+				// Closing: net/http's server would otherwise read the body
+				// (up to 256 KiB) before it answers.
+				w.Header().Set("Connection", "close")
+				w.WriteHeader(http.StatusInternalServerError)
+				return
+			}
+			fallthrough
 		default:
 			n, _ := io.Copy(io.Discard, r.Body)
 			fmt.Fprintf(w, "ok %d", n)
@@ -64,15 +76,18 @@ func stallBackend(t *testing.T, pn *pipenet.Net, addr netip.AddrPort) {
 // with the stall timeout and connWait, the wait for a busy connection.
 // Bodies to /kept are kept for a retry, those to /auth read for an
 // ExternalAuth server (another stallBackend): the proxy reads both itself.
-// Requests to /h2c go to the backend over h2c.
-func stallProxy(t *testing.T, k clientKind, conns int, connWait time.Duration) (*proxy.Proxy, failures) {
+// Requests to /h2c go to the backend over h2c. Those to /failover, retried
+// as /kept's, go to a backend of their own, whose first pick refuses
+// connections (refused counts them): the proxy then tries the other.
+func stallProxy(t *testing.T, k clientKind, conns int, connWait time.Duration) (p *proxy.Proxy, reg failures, refused func() float64) {
 	var pn pipenet.Net
 	addr, authAddr := netip.MustParseAddrPort("10.0.0.1:8080"), netip.MustParseAddrPort("10.0.0.2:8080")
+	deadAddr := netip.MustParseAddrPort("10.0.0.3:8080") // nothing listens
 	stallBackend(t, &pn, addr)
 	stallBackend(t, &pn, authAddr)
 	cfg := proxy.Config{HTTP1TLS: k.path, StallTimeout: stallTimeout}
 	cfg.Upstream.MaxConnsPerEndpoint, cfg.Upstream.ConnWait = conns, connWait
-	p, reg := pipeProxy(t, &pn, cfg)
+	p, metrics := pipeProxy(t, &pn, cfg)
 	// A route: without, a cleartext backend's bytes are relayed, over a
 	// connection of each app's own. Its matches in the order translate
 	// sorts them.
@@ -80,17 +95,22 @@ func stallProxy(t *testing.T, k clientKind, conns int, connWait time.Duration) (
 	be := m.backend("web", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(addr)})
 	h2c := m.backend("web-h2c", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(addr)})
 	auth := m.backend("auth", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(authAddr)})
+	// Pick's turns start at the second endpoint.
+	failover := m.backend("web-failover", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(addr, deadAddr)})
+	retry := &snapshot.Retry{Attempts: 1, Codes: []int{500}}
 	m.frontend("web", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
-		rule{[]snapshot.RouteMatch{prefixMatch("/kept")}, snapshot.RouteRule{Backends: to(be),
-			Retry: &snapshot.Retry{Attempts: 1, Codes: []int{500}}}},
+		rule{[]snapshot.RouteMatch{prefixMatch("/kept")}, snapshot.RouteRule{Backends: to(be), Retry: retry}},
+		rule{[]snapshot.RouteMatch{prefixMatch("/failover")}, snapshot.RouteRule{Backends: to(failover), Retry: retry}},
 		rule{[]snapshot.RouteMatch{prefixMatch("/auth")}, snapshot.RouteRule{Backends: to(be),
 			Filters: snapshot.Filters{ExternalAuth: &snapshot.ExternalAuth{Backend: auth, MaxBody: 2000}}}},
 		rule{[]snapshot.RouteMatch{prefixMatch("/h2c")}, snapshot.RouteRule{Backends: to(h2c)}},
 		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
 	p.Update(m.snapshot(1))
 	return p, func(r upstream.Reason) float64 {
-		return counterValue(t, reg, "sockmesh_proxy_request_failures_total", "reason", string(r))
-	}
+			return counterValue(t, metrics, "sockmesh_proxy_request_failures_total", "reason", string(r))
+		}, func() float64 {
+			return counterValue(t, metrics, "sockmesh_proxy_upstream_dials_total", "result", "refused")
+		}
 }
 
 // failures reads sockmesh_proxy_request_failures_total of a reason.
@@ -103,25 +123,54 @@ type failures func(upstream.Reason) float64
 // stuckUpload starts a POST to path whose 1000-byte body stops after its
 // first byte; end reports how its exchange ended (nil: it was answered).
 func stuckUpload(t *testing.T, p *proxy.Proxy, k clientKind, path string) (end func() error) {
+	send, end := upload(t, p, k, path, 1000)
+	send("x")
+	return end
+}
+
+// upload starts a POST to path with a body of size bytes (-1: unknown,
+// chunked on HTTP/1.1) whose parts the app sends, in order, as send is
+// called; end reports how its exchange ended (nil: it was answered).
+func upload(t *testing.T, p *proxy.Proxy, k clientKind, path string, size int) (send func(part string), end func() error) {
+	parts := make(chan string, 4)
+	var app io.Writer
 	if !k.h2c {
 		c := rawApp(t, p)
-		go io.WriteString(c, "POST "+path+" HTTP/1.1\r\nHost: web.b.svc\r\nContent-Length: 1000\r\n\r\nx")
-		return func() error { return unanswered(c, 1) }
-	}
-	pr, pw := io.Pipe()
-	t.Cleanup(func() { pw.Close() })
-	go pw.Write([]byte("x"))
-	req, _ := http.NewRequest(http.MethodPost, "http://web.b.svc"+path, pr)
-	req.ContentLength = 1000
-	done := make(chan error, 1)
-	go func() {
-		resp, err := pipeClient(t, p, true).Do(req)
-		if err == nil {
-			resp.Body.Close()
+		app, end = c, func() error { return unanswered(c, 1) }
+		framing := "Transfer-Encoding: chunked"
+		if size >= 0 {
+			framing = "Content-Length: " + strconv.Itoa(size)
 		}
-		done <- err
+		parts <- "POST " + path + " HTTP/1.1\r\nHost: web.b.svc\r\n" + framing + "\r\n\r\n"
+	} else {
+		pr, pw := io.Pipe()
+		t.Cleanup(func() { pw.Close() })
+		req, _ := http.NewRequest(http.MethodPost, "http://web.b.svc"+path, pr)
+		req.ContentLength = int64(size)
+		done := make(chan error, 1)
+		go func() {
+			resp, err := pipeClient(t, p, true).Do(req)
+			if err == nil {
+				resp.Body.Close()
+			}
+			done <- err
+		}()
+		app, end = pw, func() error { return <-done }
+	}
+	go func() {
+		for part := range parts {
+			if _, err := io.WriteString(app, part); err != nil {
+				return
+			}
+		}
 	}()
-	return func() error { return <-done }
+	t.Cleanup(func() { close(parts) }) // before the app's end is closed
+	return func(part string) {
+		if size < 0 && !k.h2c {
+			part = fmt.Sprintf("%x\r\n%s\r\n", len(part), part)
+		}
+		parts <- part
+	}, end
 }
 
 // nonReader asks for /big and reads none of it; end reports how its
@@ -206,7 +255,7 @@ func TestStalledAppFreesConnection(t *testing.T) {
 
 func testStalledAppFreesConnection(t *testing.T, k clientKind, hostile string) {
 	const held = 2
-	p, reg := stallProxy(t, k, held, time.Hour)
+	p, reg, _ := stallProxy(t, k, held, time.Hour)
 	var ends []func() error
 	for range held {
 		if hostile == "stuck-upload" {
@@ -240,7 +289,7 @@ func testStalledAppFreesConnection(t *testing.T, k clientKind, hostile string) {
 // waits, are not stalls.
 func TestSlowAppNotCut(t *testing.T) {
 	inBubbles(t, func(t *testing.T, k clientKind) {
-		p, reg := stallProxy(t, k, 1, time.Hour)
+		p, reg, _ := stallProxy(t, k, 1, time.Hour)
 		if got := slowUpload(t, p, k); got != "ok 10" {
 			t.Errorf("slow upload answered %q, want \"ok 10\"", got)
 		}
@@ -263,7 +312,7 @@ func TestSlowAppNotCut(t *testing.T) {
 func TestPoolBusy(t *testing.T) {
 	inBubbles(t, func(t *testing.T, k clientKind) {
 		const wait = 5 * time.Second
-		p, reg := stallProxy(t, k, 1, wait)
+		p, reg, _ := stallProxy(t, k, 1, wait)
 		stuckUpload(t, p, clientKind{}, "/")
 		synctest.Wait()
 		other := pipeClient(t, p, k.h2c)
@@ -405,7 +454,7 @@ func TestSlowReaderNotCut(t *testing.T) {
 		if k.h2c {
 			t.Skip("an HTTP/2 stream waits on its flow control, which moves as the app reads")
 		}
-		p, reg := stallProxy(t, k, 1, time.Hour)
+		p, reg, _ := stallProxy(t, k, 1, time.Hour)
 		const size = 40 << 10
 		c := rawApp(t, p)
 		go io.WriteString(c, fmt.Sprintf("GET /big?size=%d HTTP/1.1\r\nHost: web.b.svc\r\n\r\n", size))
@@ -436,7 +485,7 @@ func (s slowReader) Read(p []byte) (int, error) {
 // stops in a body the backend reads, whatever the backend's wire.
 func TestStalledBodyReadByProxy(t *testing.T) {
 	inBubbles(t, func(t *testing.T, k clientKind) {
-		p, reg := stallProxy(t, k, 1, time.Hour)
+		p, reg, _ := stallProxy(t, k, 1, time.Hour)
 		for i, path := range []string{"/kept", "/auth"} {
 			start := time.Now()
 			if err := stuckUpload(t, p, k, path)(); err == nil {
@@ -472,7 +521,7 @@ func TestUnreadAnswersCut(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				p, reg := stallProxy(t, clientKinds[0], 1, time.Hour)
+				p, reg, _ := stallProxy(t, clientKinds[0], 1, time.Hour)
 				app := rawApp(t, p)
 				go io.WriteString(app, c.request)
 				time.Sleep(2 * stallTimeout)
@@ -489,4 +538,67 @@ func TestUnreadAnswersCut(t *testing.T) {
 			})
 		})
 	}
+}
+
+// TestStalledRetryFreesConnection: a body of unknown length recorded for a
+// rule's retries is read from the app under the stall watch by every try,
+// not only the first — a retry of an answer the rule retries, which sends
+// the recording, then reads on from the app; a try on another endpoint
+// after a refused connect — and an app that stops in it while such a try
+// is under way is reset at the stall timeout: the endpoint's only
+// connection, which the try holds, goes to the next request.
+func TestStalledRetryFreesConnection(t *testing.T) {
+	t.Run("status", func(t *testing.T) {
+		inBubbles(t, func(t *testing.T, k clientKind) {
+			p, reg, _ := stallProxy(t, k, 1, time.Hour)
+			send, end := upload(t, p, k, "/kept/fails-first", -1)
+			send("first")
+			// Answered 500: the retry is to come (net/http's paths: after
+			// its backoff; the fast path: once the first try's read ends).
+			synctest.Wait()
+			// The first try's read under way takes it and records it (the
+			// fast path's retry waits for that read): the retry sends it
+			// after "first", then reads on from the app, which sends no more.
+			send("second")
+			last := time.Now()
+			time.Sleep(time.Second) // past the retry's backoff (25 ms at most)
+			heldUntilStalled(t, p, reg, "/", last, end)
+		})
+	})
+	t.Run("connect", func(t *testing.T) {
+		inBubbles(t, func(t *testing.T, k clientKind) {
+			p, reg, refused := stallProxy(t, k, 1, time.Hour)
+			send, end := upload(t, p, k, "/failover", -1)
+			send("first")
+			synctest.Wait()
+			if n := refused(); n != 1 {
+				t.Fatalf("upstream_dials_total{refused} = %v, want 1: the request's first connect was not refused", n)
+			}
+			heldUntilStalled(t, p, reg, "/failover", time.Now(), end)
+		})
+	})
+}
+
+// heldUntilStalled checks that a request whose app sent its last byte at
+// last, and whose exchange ends as end says, holds the endpoint's only
+// connection until the stall timeout resets it: another app's GET of path
+// waits for it, then is answered.
+func heldUntilStalled(t *testing.T, p *proxy.Proxy, reg failures, path string, last time.Time, end func() error) {
+	t.Helper()
+	status, body := getText(t, pipeClient(t, p, false), "http://web.b.svc"+path)
+	if status != http.StatusOK || body != "ok 0" {
+		t.Errorf("other app's GET = %d %q, want 200 \"ok 0\"", status, body)
+	}
+	if quiet := time.Since(last); quiet < stallTimeout {
+		t.Errorf("other app's GET answered %v after the stuck app's last byte, before the stall timeout: the connection was not held", quiet)
+	}
+	if got := reg(upstream.ReasonAppStalled); got != 1 {
+		t.Fatalf("request_failures_total{app_stalled} = %v, want 1", got) // end would wait for good
+	}
+	if err := end(); err == nil {
+		t.Error("request stuck in its body ended cleanly, want a reset")
+	}
+	// The backend's server lingers before it closes the connection whose
+	// chunked body broke off (rstAvoidanceDelay, 500 ms).
+	time.Sleep(time.Second)
 }
