@@ -28,8 +28,9 @@ import (
 // reads a KiB now and then waits through many of its reads (writeProgress).
 // It ticks every StallTimeout/stallTicks while its exchanges run, so a read
 // or write pays two atomic additions and a load rather than a deadline
-// update, and a stall is ended between StallTimeout and a quarter more
-// after its last byte.
+// update, and a stall is ended between a quarter and a half more than
+// StallTimeout after its last byte (the tick after it finds it moved, and
+// StallTimeout more must pass quiet: tick).
 
 // errAppStalled is the failure of an exchange a stallWatch ended.
 var errAppStalled = errors.New("app made no progress")
