@@ -115,6 +115,9 @@ type ControlPlane struct {
 	pending atomic.Pointer[pass]
 	passes  uint64
 	wake    chan struct{}
+	// gate is the Gate of the leader term under way, nil between terms:
+	// what Writes reports.
+	gate atomic.Pointer[Gate]
 }
 
 // pass is one translation: what translate saw and what it said. seq
@@ -346,6 +349,8 @@ func (c *ControlPlane) handOver(in translate.Input, res translate.Result) {
 // back is written though nothing changed.
 func (c *ControlPlane) writeLoop(ctx context.Context) {
 	g := c.newGate()
+	c.gate.Store(g)
+	defer c.gate.Store(nil)
 	var written uint64 // the seq of the last pass written; passes start at 1
 	wait := c.cfg.RetryInterval
 	var retry <-chan time.Time // set while backing off

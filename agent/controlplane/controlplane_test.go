@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -296,4 +297,43 @@ func TestMergeNode(t *testing.T) {
 	if n.Name != "node-1" || n.Zone != "zone-a" || len(n.IPs) != 1 || len(n.PodCIDRs) != 2 || len(n.ServiceCIDRs) != 1 || len(n.EgressAllow) != 1 {
 		t.Errorf("mergeNode = %+v", n)
 	}
+}
+
+// logged keeps the warnings and errors a test's ControlPlane logs, as
+// introspect.Events does for the agent; this package's tests cannot import
+// introspect, which reports the ControlPlane's Writes.
+type logged struct {
+	mu      sync.Mutex
+	records []loggedRecord
+}
+
+type loggedRecord struct {
+	Level, Message string
+	Attrs          map[string]string
+}
+
+func (l *logged) Enabled(_ context.Context, level slog.Level) bool { return level >= slog.LevelWarn }
+
+func (l *logged) Handle(_ context.Context, r slog.Record) error {
+	e := loggedRecord{Level: r.Level.String(), Message: r.Message, Attrs: map[string]string{}}
+	r.Attrs(func(a slog.Attr) bool {
+		e.Attrs[a.Key] = a.Value.String()
+		return true
+	})
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.records = append(l.records, e)
+	return nil
+}
+
+// WithAttrs drops the logger's own attributes (its component): the tests
+// look at each record's.
+func (l *logged) WithAttrs([]slog.Attr) slog.Handler { return l }
+
+func (l *logged) WithGroup(string) slog.Handler { return l }
+
+func (l *logged) recent() []loggedRecord {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.records)
 }

@@ -8,7 +8,8 @@
 // The writers pass each object's write through a Gate, which retries an
 // object whose write failed alone by itself and holds back a resource RBAC
 // refuses until an access review allows it; only the API server's own
-// trouble holds every write back.
+// trouble holds every write back. Writes reports what the Gate of the
+// term under way holds back (sockmeshctl status).
 //
 // Versions increase by one with every published Snapshot; a rebuild that
 // yields the same Snapshot publishes nothing. Subscribers read the current

@@ -15,13 +15,13 @@ import (
 
 // Object names the object of one write as the API server authorizes it.
 type Object struct {
-	Verb        string // create, update, patch, delete
-	Group       string
-	Resource    string // plural, as RBAC names it
-	Subresource string // status for a status patch
-	Namespace   string // empty for a cluster-scoped object
+	Verb        string `json:"verb,omitempty"` // create, update, patch, delete
+	Group       string `json:"group,omitempty"`
+	Resource    string `json:"resource"`              // plural, as RBAC names it
+	Subresource string `json:"subresource,omitempty"` // status for a status patch
+	Namespace   string `json:"namespace,omitempty"`   // empty for a cluster-scoped object
 	// Name is the object's name, or its generateName for a create.
-	Name string
+	Name string `json:"name,omitempty"`
 }
 
 // resource is o as an RBAC rule grants it: without its name.
@@ -37,8 +37,9 @@ func (o Object) key() Object {
 	return o
 }
 
-// attrs are o's log attributes.
-func (o Object) attrs() []any {
+// GroupResource names o's resource as RBAC rules and logs do:
+// "backendtlspolicies/status.gateway.networking.k8s.io".
+func (o Object) GroupResource() string {
 	r := o.Resource
 	if o.Subresource != "" {
 		r += "/" + o.Subresource
@@ -46,7 +47,12 @@ func (o Object) attrs() []any {
 	if o.Group != "" {
 		r += "." + o.Group
 	}
-	return []any{"verb", o.Verb, "resource", r, "namespace", o.Namespace, "name", o.Name}
+	return r
+}
+
+// attrs are o's log attributes.
+func (o Object) attrs() []any {
+	return []any{"verb", o.Verb, "resource", o.GroupResource(), "namespace", o.Namespace, "name", o.Name}
 }
 
 // AccessFunc reports whether this agent may make the write of o, as the
@@ -103,10 +109,15 @@ type Gate struct {
 	firsts map[Object]chan struct{}
 }
 
-// hold is a wait before the next write: until when, and how long it was.
+// hold is a wait before an object's next write: until when, and how long
+// it was; and, for Writes, the last write's object and error and how many
+// failed in a row.
 type hold struct {
-	until time.Time
-	wait  time.Duration
+	until    time.Time
+	wait     time.Duration
+	o        Object
+	err      string
+	attempts int
 }
 
 // review is an access review's answer, trusted until AccessRecheck has
@@ -116,6 +127,9 @@ type hold struct {
 type review struct {
 	allowed bool
 	until   time.Time
+	// since is when a review first refused the resource in a row of
+	// refusals (zero while allowed).
+	since time.Time
 }
 
 func (c *ControlPlane) newGate() *Gate {
@@ -241,9 +255,17 @@ func (g *Gate) deny(ctx context.Context, o Object, err error) bool {
 
 // remember keeps a review's answer for o's resource for AccessRecheck.
 func (g *Gate) remember(o Object, allowed bool) {
+	now := time.Now()
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	g.reviewed[o.resource()] = &review{allowed: allowed, until: time.Now().Add(g.c.cfg.AccessRecheck)}
+	r := &review{allowed: allowed, until: now.Add(g.c.cfg.AccessRecheck)}
+	if !allowed {
+		r.since = now
+		if old := g.reviewed[o.resource()]; old != nil && !old.allowed {
+			r.since = old.since
+		}
+	}
+	g.reviewed[o.resource()] = r
 }
 
 // retryAlone backs o off for its next write: RetryInterval after its first
@@ -259,6 +281,8 @@ func (g *Gate) retryAlone(o Object, err error) {
 		h.wait = min(h.wait*2, time.Minute)
 	}
 	h.until = time.Now().Add(h.wait)
+	h.o, h.err = o, errorText(err)
+	h.attempts++
 	g.c.m.writeErrors.WithLabelValues("object").Inc()
 	level := slog.LevelWarn
 	if again {

@@ -13,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
-	"github.com/sockmesh/sockmesh/agent/introspect"
 	"github.com/sockmesh/sockmesh/agent/translate"
 )
 
@@ -175,10 +174,10 @@ func TestRBACRefusalHeldPerResource(t *testing.T) {
 			return granted[o.Namespace], nil
 		}
 		src := newMemSource(translate.Input{Services: []*corev1.Service{h2cService("a", "10.96.0.10")}})
-		events := introspect.NewEvents(0)
+		events := &logged{}
 		l := &termLeader{terms: make(chan context.Context)}
 		c, err := New(Config{Writers: []Writer{w}, Leader: l, Access: access, RetryInterval: time.Second}, src,
-			slog.New(events.Handler(slog.DiscardHandler)), nil)
+			slog.New(events), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -215,7 +214,7 @@ func TestRBACRefusalHeldPerResource(t *testing.T) {
 		}
 		check("five more translations", 2, 6, 3)
 		warned := map[string]int{}
-		got, _ := events.Recent()
+		got := events.recent()
 		for _, e := range got {
 			if e.Level == slog.LevelWarn.String() {
 				warned[e.Message+" "+e.Attrs["namespace"]]++

@@ -20,7 +20,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/sockmesh/sockmesh/agent/introspect"
 	"github.com/sockmesh/sockmesh/agent/translate"
 )
 
@@ -59,9 +58,9 @@ func TestRefusedWriteHoldsNothingBack(t *testing.T) {
 		src := newMemSource(translate.Input{Services: []*corev1.Service{h2cService("a", "10.96.0.10")}})
 		refused := &flakyWriter{fail: 1 << 30, err: errors.Join(quotaFull("tenant"), invalidStatus("r"))}
 		healthy := &flakyWriter{}
-		events := introspect.NewEvents(0)
+		events := &logged{}
 		c, err := New(Config{Writers: []Writer{refused, healthy}, RetryInterval: time.Second}, src,
-			slog.New(events.Handler(slog.DiscardHandler)), nil)
+			slog.New(events), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +92,7 @@ func TestRefusedWriteHoldsNothingBack(t *testing.T) {
 			t.Errorf("write_errors_total = %v, want 0 (nothing to retry)", got)
 		}
 		warned := map[string]int{}
-		got, _ := events.Recent()
+		got := events.recent()
 		for _, e := range got {
 			if e.Message == "write refused; tried again at the next translation" {
 				warned[e.Attrs["reason"]]++

@@ -6,8 +6,9 @@
 // pod and Service, other programs on its hooks), the proxy's load, the
 // recent warnings and errors of every component, an explanation of one
 // pod's connections to one destination (agent/explain), which optional
-// kinds the kubernetes source watches, and the agent's metrics with their
-// catalog.
+// kinds the kubernetes source watches, what the leader's status and
+// generated-Service writes hold back (agent/controlplane's Writes), and the
+// agent's metrics with their catalog.
 //
 // Sources says where each part comes from; the agent fills it once, and
 // its methods (Report, Status, Snapshot, Counters, Explain) read them at

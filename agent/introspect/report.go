@@ -6,6 +6,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/sockmesh/sockmesh/agent/controlplane"
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	kubesource "github.com/sockmesh/sockmesh/agent/source/kubernetes"
@@ -47,6 +48,8 @@ type Sources struct {
 	Metrics *Catalog
 	// Kinds says which optional kinds the kubernetes source watches.
 	Kinds func() []kubesource.KindStatus
+	// Writes says what the control plane's writes hold back.
+	Writes func() *controlplane.Writes
 }
 
 // Report is a point-in-time view of one agent. It marshals to JSON and YAML

@@ -8,6 +8,7 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/sockmesh/sockmesh/agent/controlplane"
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/explain"
 	"github.com/sockmesh/sockmesh/agent/snapshot"
@@ -32,6 +33,10 @@ type Status struct {
 	// ServiceCIDR) the kubernetes source watches or not, and why not;
 	// none for the file source.
 	Kinds []kubesource.KindStatus `json:"kinds,omitempty"`
+	// Writes is what the agent's status and generated-Service writes hold
+	// back, or that it writes nothing (not the leader); nil for the file
+	// source, which writes nothing.
+	Writes *controlplane.Writes `json:"writes,omitempty"`
 	// Events are the recent warnings and errors, oldest first;
 	// EventsTotal counts every one since start.
 	Events      []Event `json:"events,omitempty"`
@@ -141,6 +146,9 @@ func (s *Sources) Status() Status {
 	}
 	if s.Kinds != nil {
 		st.Kinds = s.Kinds()
+	}
+	if s.Writes != nil {
+		st.Writes = s.Writes()
 	}
 	return st
 }

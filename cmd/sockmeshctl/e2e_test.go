@@ -12,12 +12,15 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/sockmesh/sockmesh/agent/controlplane"
 	"github.com/sockmesh/sockmesh/agent/explain"
 	"github.com/sockmesh/sockmesh/agent/introspect"
 	kubesource "github.com/sockmesh/sockmesh/agent/source/kubernetes"
@@ -35,12 +38,14 @@ import (
 // with a real API server, and checks what it says about a captured Service
 // (secure: TLS originated), an uncaptured one (plain) and a misconfigured
 // one (broken: its CA is not a certificate, so it fails closed), about a
-// pod that opted out, about the agent's state and traffic, who may ask,
-// and that docs/metrics.md documents every metric the agent registers.
+// pod that opted out, about the agent's state and traffic, the writes it
+// holds back (holdWrites), who may ask, and that docs/metrics.md documents
+// every metric the agent registers.
 func TestCLI(t *testing.T) {
 	e := newEnv(t)
 	e.createObjects(t)
-	a := e.startAgent(t, "--source=kubernetes", "--kubeconfig="+e.kubeconfig, "--leader-elect", "--leader-election-namespace="+ns)
+	e.holdWrites(t)
+	a := e.startAgent(t, "--source=kubernetes", "--kubeconfig="+e.agentKubeconfig(t), "--leader-elect", "--leader-election-namespace="+ns)
 	a.waitReady(t)
 
 	// Traffic: two requests to secure (TLS originated), one to broken (the
@@ -210,7 +215,8 @@ func TestCLI(t *testing.T) {
 			t.Fatalf("status -o json = %+v", sts)
 		}
 		st := sts[0]
-		if st.Node != e.nodeName || !st.Ready || st.Snapshot.Version == 0 || st.Snapshot.Frontends != 3 || st.Snapshot.Invalid != 1 ||
+		// secure, broken, routed and held/web.
+		if st.Node != e.nodeName || !st.Ready || st.Snapshot.Version == 0 || st.Snapshot.Frontends != 4 || st.Snapshot.Invalid != 1 ||
 			st.Pods.Enrolled != 1 || st.Pods.NotEnrolled != 1 || len(st.Datapath.State.Hooks) != 6 ||
 			st.Datapath.Counters[datapath.Redirected] < 3 {
 			t.Errorf("status = %+v", st)
@@ -231,6 +237,29 @@ func TestCLI(t *testing.T) {
 		if !slices.ContainsFunc(st.Kinds, func(k kubesource.KindStatus) bool { return k.Kind == "HTTPRoute" && k.Watched }) {
 			t.Errorf("kinds = %+v, want HTTPRoute watched", st.Kinds)
 		}
+	})
+	t.Run("status of held writes", func(t *testing.T) {
+		policies := controlplane.Object{Verb: "patch", Group: gwv1.GroupName, Resource: "backendtlspolicies", Subresource: "status", Namespace: heldNS}
+		route := controlplane.Object{Verb: "patch", Group: gwv1.GroupName, Resource: "httproutes", Subresource: "status", Namespace: heldNS, Name: "hooked"}
+		var wr *controlplane.Writes
+		// The first pass may still be under way; waitFor only bounds it.
+		for deadline := time.Now().Add(waitFor); ; time.Sleep(100 * time.Millisecond) {
+			var sts []introspect.Status
+			e.okJSON(t, a, &sts, "status")
+			if wr = sts[0].Writes; wr != nil && len(wr.RBAC) > 0 && len(wr.Backoff) > 0 || time.Now().After(deadline) {
+				break
+			}
+		}
+		if wr == nil || !wr.Writing || len(wr.RBAC) != 1 || wr.RBAC[0].Object != policies || wr.RBAC[0].Since.IsZero() ||
+			!wr.RBAC[0].Recheck.After(wr.RBAC[0].Since) || len(wr.Backoff) != 1 || wr.Backoff[0].Object != route ||
+			wr.Backoff[0].Attempts < 1 || !strings.Contains(wr.Backoff[0].Error, `failed calling webhook "down.example.com"`) {
+			t.Fatalf("writes = %+v; want the leader's, BackendTLSPolicy status in held refused by RBAC, the route hooked in backoff", wr)
+		}
+		wantLines(t, e.ok(t, a, "status"), "yes, 2 held",
+			"Writes: status and generated Services, as the leader; held back by RBAC: 1, in backoff: 1",
+			"Writes held back by RBAC:", "patch backendtlspolicies/status.gateway.networking.k8s.io held",
+			"Objects retried alone with backoff:", "httproutes/status.gateway.networking.k8s.io held/hooked",
+			`failed calling webhook "down.example.com"`)
 	})
 
 	t.Run("top", func(t *testing.T) {

@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sockmesh/sockmesh/agent/controlplane"
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/explain"
 	"github.com/sockmesh/sockmesh/agent/introspect"
@@ -63,11 +64,30 @@ func statusFixture() []introspect.Status {
 			{Kind: "XBackend", GroupVersion: "gateway.networking.x-k8s.io/v1alpha1", Reason: kubesource.KindForbidden,
 				Error: `xbackends.gateway.networking.x-k8s.io is forbidden: User "system:serviceaccount:sockmesh-system:sockmesh" cannot list resource "xbackends"`},
 		},
+		Writes: &controlplane.Writes{Writing: true,
+			RBAC: []controlplane.HeldResource{{Object: controlplane.Object{Verb: "patch", Group: "gateway.networking.k8s.io",
+				Resource: "backendtlspolicies", Subresource: "status", Namespace: "team-a"}, Since: t0.Add(-12 * time.Minute), Recheck: t0.Add(3 * time.Minute)}},
+			RBACMore: 1,
+			Backoff: []controlplane.HeldObject{
+				{Object: controlplane.Object{Verb: "patch", Group: "gateway.networking.k8s.io", Resource: "httproutes", Subresource: "status", Namespace: "app", Name: "split"},
+					Error:    `write status of HTTPRoute app/split: Internal error occurred: failed calling webhook "check.example.com": failed to call webhook: Post "https://check.example.com/validate?timeout=10s": context deadline exceeded`,
+					Attempts: 4, Retry: t0.Add(8 * time.Second)},
+				{Object: controlplane.Object{Verb: "create", Resource: "services", Namespace: "app", Name: "sockmesh-xb-"},
+					Error:    `create Service app/sockmesh-xb-: Operation cannot be fulfilled on services "sockmesh-xb-": the object has been modified`,
+					Attempts: 1, Retry: t0.Add(time.Second)},
+			},
+			BackoffMore: 2,
+		},
 		Events: []introspect.Event{
 			{Time: t0.Add(-3 * time.Minute), Level: "WARN", Component: "datapath", Message: "other connect program runs before ours and may rewrite service addresses first"},
 			{Time: t0.Add(-10 * time.Second), Level: "ERROR", Component: "apply", Message: "apply failed", Attrs: map[string]string{"err": "enrol netns 9: EPERM"}},
 		},
 		EventsTotal: 7,
+	}, {
+		// Not the leader: another agent writes.
+		Node: "node-b", Mode: "node-ip", Version: "v1.2.3", Time: t0, Ready: true,
+		Snapshot: introspect.SnapshotStatus{Version: 12, AppliedAt: t0.Add(-90 * time.Second), Frontends: 3, Backends: 3, Workloads: 1},
+		Writes:   &controlplane.Writes{},
 	}}
 }
 

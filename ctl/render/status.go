@@ -5,6 +5,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/sockmesh/sockmesh/agent/controlplane"
 	"github.com/sockmesh/sockmesh/agent/introspect"
 	kubesource "github.com/sockmesh/sockmesh/agent/source/kubernetes"
 	"github.com/sockmesh/sockmesh/datapath"
@@ -13,7 +14,7 @@ import (
 // Status writes one row per agent, then each agent's details.
 func Status(w io.Writer, sts []introspect.Status) error {
 	t := tw(w)
-	row(t, "NODE", "READY", "MODE", "VERSION", "SNAPSHOT", "APPLIED", "HOOKS", "PINNED", "CONFLICTS", "SERVICES", "PODS", "PROXY CONNS", "KINDS", "WARNINGS")
+	row(t, "NODE", "READY", "MODE", "VERSION", "SNAPSHOT", "APPLIED", "HOOKS", "PINNED", "CONFLICTS", "SERVICES", "PODS", "PROXY CONNS", "KINDS", "WRITES", "WARNINGS")
 	for _, st := range sts {
 		attached, pinned := 0, 0
 		for _, h := range st.Datapath.State.Hooks {
@@ -34,7 +35,8 @@ func Status(w io.Writer, sts []introspect.Status) error {
 		}
 		row(t, st.Node, yesNo(st.Ready), st.Mode, st.Version, fmt.Sprintf("v%d", st.Snapshot.Version), applied,
 			fmt.Sprintf("%d/%d", attached, len(st.Datapath.State.Hooks)), fmt.Sprintf("%d/%d", pinned, len(st.Datapath.State.Hooks)),
-			len(st.Datapath.Conflicts), st.Datapath.Services, podsSummary(st.Pods), conns, kindsSummary(st.Kinds), len(st.Events))
+			len(st.Datapath.Conflicts), st.Datapath.Services, podsSummary(st.Pods), conns, kindsSummary(st.Kinds),
+			writesSummary(st.Writes), len(st.Events))
 	}
 	if err := t.Flush(); err != nil {
 		return err
@@ -68,6 +70,26 @@ func kindsSummary(kinds []kubesource.KindStatus) string {
 	return fmt.Sprintf("%d/%d", watched, len(kinds))
 }
 
+// writesSummary says whether the agent writes status and generated
+// Services (the leader) and how much it holds back ("-": the file source,
+// which writes nothing).
+func writesSummary(wr *controlplane.Writes) string {
+	switch {
+	case wr == nil:
+		return "-"
+	case !wr.Writing:
+		return "no"
+	}
+	if n := heldCount(wr); n > 0 {
+		return fmt.Sprintf("yes, %d held", n)
+	}
+	return "yes"
+}
+
+func heldCount(wr *controlplane.Writes) int {
+	return len(wr.RBAC) + wr.RBACMore + len(wr.Backoff) + wr.BackoffMore
+}
+
 func statusDetails(w io.Writer, st introspect.Status) {
 	fmt.Fprintf(w, "\nNode %s\n", st.Node)
 	b := newBlock(w, 2)
@@ -90,6 +112,17 @@ func statusDetails(w io.Writer, st introspect.Status) {
 	b.add("Cgroup", "%s", orDash(st.Datapath.State.Cgroup))
 	b.add("Datapath", "%d captured addresses, %d enrolled network namespaces", st.Datapath.Services, st.Datapath.Enrolments)
 	b.add("Decisions", "%s", decisions(st.Datapath.Counters))
+	if wr := st.Writes; wr != nil {
+		switch {
+		case !wr.Writing:
+			b.add("Writes", "nothing: not the leader")
+		case heldCount(wr) == 0:
+			b.add("Writes", "status and generated Services, as the leader; nothing held back")
+		default:
+			b.add("Writes", "status and generated Services, as the leader; held back by RBAC: %d, in backoff: %d",
+				len(wr.RBAC)+wr.RBACMore, len(wr.Backoff)+wr.BackoffMore)
+		}
+	}
 	b.flush()
 
 	fmt.Fprintln(w, "  Hooks:")
@@ -134,6 +167,30 @@ func statusDetails(w io.Writer, st introspect.Status) {
 		}
 		t.Flush()
 	}
+	if wr := st.Writes; wr != nil && len(wr.RBAC) > 0 {
+		fmt.Fprintln(w, "  Writes held back by RBAC:")
+		t := tw(w)
+		row(t, "    VERB", "RESOURCE", "NAMESPACE", "SINCE", "NEXT CHECK")
+		for _, r := range wr.RBAC {
+			row(t, "    "+r.Verb, r.GroupResource(), orDash(r.Namespace), age(st.Time.Sub(r.Since))+" ago", "in "+age(r.Recheck.Sub(st.Time)))
+		}
+		more(t, wr.RBACMore)
+		t.Flush()
+	}
+	if wr := st.Writes; wr != nil && len(wr.Backoff) > 0 {
+		fmt.Fprintln(w, "  Objects retried alone with backoff:")
+		t := tw(w)
+		row(t, "    RESOURCE", "OBJECT", "ATTEMPTS", "NEXT RETRY", "LAST ERROR")
+		for _, o := range wr.Backoff {
+			name := o.Name
+			if o.Namespace != "" {
+				name = o.Namespace + "/" + name
+			}
+			row(t, "    "+o.GroupResource(), name, o.Attempts, "in "+age(o.Retry.Sub(st.Time)), o.Error)
+		}
+		more(t, wr.BackoffMore)
+		t.Flush()
+	}
 	if len(st.Pods.Unsettled) > 0 {
 		fmt.Fprintln(w, "  Pods not enrolled yet:")
 		t := tw(w)
@@ -165,6 +222,13 @@ func statusDetails(w io.Writer, st introspect.Status) {
 			row(t, "    "+age(st.Time.Sub(e.Time)), e.Level, orDash(e.Component), msg)
 		}
 		t.Flush()
+	}
+}
+
+// more writes how many entries a list the agent cut leaves out.
+func more(w io.Writer, n int) {
+	if n > 0 {
+		row(w, fmt.Sprintf("    ... and %d more", n))
 	}
 }
 
