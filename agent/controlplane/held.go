@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 )
 
 // Writes is what the write loop holds back now, for sockmeshctl status:
@@ -103,9 +104,16 @@ func cut[T any](s []T, limit int) ([]T, int) {
 	return s[:limit], len(s) - limit
 }
 
-// errorText is err's message, cut to maxErrorText bytes.
+// errorText is err's message on one line (a webhook's answer may hold
+// tabs and newlines, which would break sockmeshctl's table), cut to
+// maxErrorText bytes.
 func errorText(err error) string {
-	s := err.Error()
+	s := strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, err.Error())
 	if len(s) <= maxErrorText {
 		return s
 	}

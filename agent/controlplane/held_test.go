@@ -120,6 +120,7 @@ func TestErrorText(t *testing.T) {
 	long := strings.Repeat("x", maxErrorText-1) + "é and more"
 	for _, c := range []struct{ in, want string }{
 		{"short", "short"},
+		{"webhook said:\n\tno", "webhook said:  no"}, // one line for the table
 		{strings.Repeat("y", maxErrorText), strings.Repeat("y", maxErrorText)},
 		{long, strings.Repeat("x", maxErrorText-1) + "…"}, // not half of é
 	} {
