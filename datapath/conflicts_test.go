@@ -146,10 +146,11 @@ func BenchmarkConflicts(b *testing.B) {
 	}
 }
 
-// openAt opens the datapath with cfg; it is uninstalled when t ends.
+// openAt opens the datapath with cfg, logging to t; it is uninstalled when
+// t ends.
 func openAt(t *testing.T, cfg Config) *Datapath {
 	t.Helper()
-	d, err := Open(cfg, nil, nil)
+	d, err := Open(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)), nil)
 	if err != nil {
 		t.Fatalf("open datapath: %v", err)
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
@@ -86,16 +85,7 @@ func newTopology(t *testing.T) *topology {
 // open loads the datapath for the topology; it is uninstalled when t ends.
 func (tp *topology) open(t *testing.T) *Datapath {
 	t.Helper()
-	d, err := Open(tp.cfg, slog.New(slog.NewTextHandler(t.Output(), nil)), nil)
-	if err != nil {
-		t.Fatalf("open datapath: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := d.Uninstall(); err != nil {
-			t.Errorf("uninstall: %v", err)
-		}
-	})
-	return d
+	return openAt(t, tp.cfg)
 }
 
 // openCapturing loads the datapath and captures svcs for the pod, whose
