@@ -37,9 +37,12 @@ type Topology struct {
 	Node, Client, Backend *sandbox.NetNS
 }
 
-// New builds the topology of a; t's cleanups remove it.
+// New claims the plan's 10.<octet>.0.0/16 on the machine
+// (sandbox.ClaimAddrs: it waits while another run of the same tests holds
+// it) and builds the topology of a; t's cleanups remove it.
 func New(t sandbox.TB, a Addrs) *Topology {
 	t.Helper()
+	sandbox.ClaimAddrs(t, netip.PrefixFrom(a.Node, 16))
 	topo := &Topology{Addrs: a, Node: sandbox.NewNetNS(t), Client: sandbox.NewNetNS(t), Backend: sandbox.NewNetNS(t)}
 	topo.Node.AddAddr(t, "lo", netip.PrefixFrom(a.Node, 32))
 	sandbox.NewVeth(t, topo.Node, topo.Client, []netip.Prefix{a.ClientGW}, []netip.Prefix{a.Client})

@@ -40,6 +40,10 @@
 //   - Tests never touch the host's own network namespace or cgroups: make a
 //     NetNS for the "node" and a Cgroup to attach to.
 //   - Processes are ended by their PID only (Process), never by name.
+//   - Fixed addresses are claimed (ClaimAddrs): a second run of a test that
+//     gives pods the same addresses, from another checkout, waits for the
+//     first to end, since an agent enrols no pod whose address two
+//     namespaces hold.
 //
 // Cleanups cannot run when the test binary itself dies (a panic in a
 // goroutine, SIGKILL, the go test timeout). What it made then stays: the

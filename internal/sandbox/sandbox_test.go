@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -219,4 +220,64 @@ func TestCleanup(t *testing.T) {
 	if err := proc.Wait(); err == nil {
 		t.Error("helper process exited cleanly, want it killed or failed")
 	}
+}
+
+// TestClaimAddrs: a claim holds every other off its prefixes (another open
+// of the lock file, as another process makes, cannot lock it) until its
+// test ends, and fails while a namespace holds one of their addresses. It
+// uses 10.228.0.0/16, which nothing else in this repository uses.
+func TestClaimAddrs(t *testing.T) {
+	p := netip.MustParsePrefix("10.228.0.0/16")
+	locked := func() bool {
+		t.Helper()
+		f, err := lockAddrs(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer f.Close()
+		free, err := tryLock(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return !free
+	}
+	t.Run("held", func(t *testing.T) {
+		ClaimAddrs(t, p)
+		if !locked() {
+			t.Errorf("%s not locked while claimed", p)
+		}
+	})
+	if locked() {
+		t.Errorf("%s still locked after the claiming test ended", p)
+	}
+
+	ns := NewNetNS(t)
+	ns.AddAddr(t, "lo", netip.MustParsePrefix("10.228.0.1/32"))
+	ft := &fatalTB{TB: t}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ClaimAddrs(ft, p)
+	}()
+	<-done
+	if !strings.Contains(ft.msg, ns.Name) || !strings.Contains(ft.msg, "10.228.0.1") {
+		t.Errorf("claim while %s holds 10.228.0.1: %q, want a failure naming both", ns.Name, ft.msg)
+	}
+}
+
+// fatalTB records the message of Fatal and Fatalf and ends the goroutine,
+// as testing.T does.
+type fatalTB struct {
+	TB
+	msg string
+}
+
+func (f *fatalTB) Fatal(args ...any) {
+	f.msg = fmt.Sprint(args...)
+	runtime.Goexit()
+}
+
+func (f *fatalTB) Fatalf(format string, args ...any) {
+	f.msg = fmt.Sprintf(format, args...)
+	runtime.Goexit()
 }
