@@ -11,11 +11,14 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/sockmesh/sockmesh/agent/enrol"
+	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/internal/agentproc"
 	"github.com/sockmesh/sockmesh/internal/nodetopo"
 	"github.com/sockmesh/sockmesh/internal/nshttp"
@@ -223,12 +226,33 @@ func (a *agentRun) logged(t *testing.T, what string, match func(agentproc.Record
 	return r
 }
 
-// waitReady polls /readyz until it answers 200 and returns its body.
+// waitReady polls /readyz until it answers 200 and returns its body, once
+// it checked what the requests that follow need of the agent beyond
+// readiness, which promises the first Snapshot applied (one built from
+// every manifest newEnv wrote before the agent started), not every pod
+// enrolled: that Snapshot captures vip, and the client pod is enrolled. Its
+// namespace existed before the agent started, so the first apply found
+// it, unless its address is held by another namespace too, which the
+// agent says; a request would only time out dialing an address nothing
+// serves.
 func (a *agentRun) waitReady(t *testing.T) string {
 	t.Helper()
 	body, err := a.WaitReady(t.Context())
 	if err != nil {
 		t.Fatal(err)
+	}
+	rep := report(t, a)
+	if rep.Snapshot == nil {
+		t.Fatal("ready, but the report has no Snapshot applied")
+	}
+	if !slices.ContainsFunc(rep.Snapshot.Frontends, func(f snapshot.Frontend) bool {
+		return f.Port == vip.Port() && slices.Contains(f.Addresses, vip.Addr())
+	}) {
+		t.Fatalf("ready with Snapshot %d, which does not capture %s", rep.Snapshot.Version, vip)
+	}
+	i := slices.IndexFunc(rep.Pods, func(p enrol.Pod) bool { return p.Pod.Namespace == "app" && p.Pod.Name == "client" })
+	if i < 0 || rep.Pods[i].State != enrol.Enrolled {
+		t.Fatalf("ready, but pod app/client is not enrolled: %+v", rep.Pods)
 	}
 	return body
 }

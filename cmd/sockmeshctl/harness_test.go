@@ -24,6 +24,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	"github.com/sockmesh/sockmesh/agent/enrol"
+	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/internal/agentproc"
 	"github.com/sockmesh/sockmesh/internal/nodetopo"
 	"github.com/sockmesh/sockmesh/internal/nshttp"
@@ -293,11 +295,37 @@ func (e *env) startAgent(t *testing.T, args ...string) *agentRun {
 	return a
 }
 
-// waitReady polls /readyz until it answers 200.
+// waitReady polls /readyz until it answers 200, then checks what the
+// requests that follow need of the agent beyond readiness, which promises
+// the first Snapshot applied (with the kubernetes source, one translated
+// from every object listed; createObjects wrote them before the agent
+// started), not every pod enrolled: that Snapshot captures secure, broken
+// and routed, and the client pod is enrolled. Its namespace existed before
+// the agent started, so the first apply found it, unless its address is
+// held by another namespace too, which the agent says; a request would
+// only time out dialing a Service address nothing serves.
 func (a *agentRun) waitReady(t *testing.T) {
 	t.Helper()
 	if _, err := a.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
+	}
+	rep, err := a.Report()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Snapshot == nil {
+		t.Fatal("ready, but the report has no Snapshot applied")
+	}
+	for _, vip := range []netip.Addr{secureVIP, brokenVIP, routedVIP} {
+		if !slices.ContainsFunc(rep.Snapshot.Frontends, func(f snapshot.Frontend) bool {
+			return f.Port == 80 && slices.Contains(f.Addresses, vip)
+		}) {
+			t.Fatalf("ready with Snapshot %d, which does not capture %s:80", rep.Snapshot.Version, vip)
+		}
+	}
+	i := slices.IndexFunc(rep.Pods, func(p enrol.Pod) bool { return p.Pod.Namespace == ns && p.Pod.Name == "client" })
+	if i < 0 || rep.Pods[i].State != enrol.Enrolled {
+		t.Fatalf("ready, but pod %s/client is not enrolled: %+v", ns, rep.Pods)
 	}
 }
 
