@@ -23,9 +23,14 @@ import (
 	"github.com/sockmesh/sockmesh/test/dnsserver"
 )
 
-// 10.234.0.0/16 belongs to these tests alone in this repository, so no
-// concurrent test makes the pod's address ambiguous.
-var sandboxPodIP = netip.MustParseAddr("10.234.0.1")
+// 10.234.0.0/16 belongs to these tests alone in this repository, and the
+// test claims it on the machine (sandbox.ClaimAddrs), so that no concurrent
+// test, nor a run of it from another checkout, makes the pod's address
+// ambiguous.
+var (
+	sandboxPlan  = netip.MustParsePrefix("10.234.0.0/16")
+	sandboxPodIP = netip.MustParseAddr("10.234.0.1")
+)
 
 // enrolments is the datapath's enrolment map.
 type enrolments struct {
@@ -56,6 +61,7 @@ func (e *enrolments) want(want map[uint64]datapath.Proxy) error {
 // enrolled in its new network namespace then, not at the next verify (an
 // hour here), while its connections went uncaptured.
 func TestSandboxRestartEnrolsTheNewNetns(t *testing.T) {
+	sandbox.ClaimAddrs(t, sandboxPlan)
 	env := apiserver.Start(t)
 	dns := dnsserver.Start(t)
 	ctx := t.Context()

@@ -23,12 +23,15 @@ import (
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 )
 
-// 10.233.0.0/16 belongs to these tests alone in this repository, so no
-// concurrent test makes a pod address ambiguous.
+// 10.233.0.0/16 belongs to these tests alone in this repository, and each
+// test that makes pod namespaces claims it on the machine
+// (sandbox.ClaimAddrs), so that no concurrent test, nor a run of these from
+// another checkout, makes a pod address ambiguous.
 var (
-	ipA = netip.MustParseAddr("10.233.0.1")
-	ipB = netip.MustParseAddr("10.233.0.2")
-	ipC = netip.MustParseAddr("10.233.0.3")
+	plan = netip.MustParsePrefix("10.233.0.0/16")
+	ipA  = netip.MustParseAddr("10.233.0.1")
+	ipB  = netip.MustParseAddr("10.233.0.2")
+	ipC  = netip.MustParseAddr("10.233.0.3")
 )
 
 // waitFor only keeps a broken test from hanging; no result depends on it.
@@ -162,6 +165,7 @@ func states(e *Enroller) map[string]State {
 }
 
 func TestNodeIPMode(t *testing.T) {
+	sandbox.ClaimAddrs(t, plan)
 	_, cookieA := podNS(t, ipA)
 	_, cookieB := podNS(t, ipB)
 	rec := &recorder{}
@@ -210,6 +214,7 @@ func TestNodeIPMode(t *testing.T) {
 // as Enrolled already; waiting for the next Snapshot or verify left it
 // uncaptured meanwhile.
 func TestFailedWriteRetried(t *testing.T) {
+	sandbox.ClaimAddrs(t, plan)
 	rec := &recorder{}
 	e := newEnroller(t, Config{NodeProxy: nodeProxy, Retry: 10 * time.Millisecond, Verify: time.Hour}, rec, nil)
 	if err := e.Update(snap(t, workload("later", true, ipA))); err != nil {
@@ -284,6 +289,7 @@ func TestRetryBacksOff(t *testing.T) {
 }
 
 func TestAmbiguousAddress(t *testing.T) {
+	sandbox.ClaimAddrs(t, plan)
 	podNS(t, ipA)
 	podNS(t, ipA)
 	rec := &recorder{}
@@ -301,6 +307,7 @@ func TestAmbiguousAddress(t *testing.T) {
 }
 
 func TestReplacedNetns(t *testing.T) {
+	sandbox.ClaimAddrs(t, plan)
 	old, _ := podNS(t, ipA)
 	rec := &recorder{}
 	e := newEnroller(t, Config{NodeProxy: nodeProxy, Retry: 10 * time.Millisecond, Verify: 20 * time.Millisecond}, rec, nil)
@@ -320,6 +327,7 @@ func TestReplacedNetns(t *testing.T) {
 }
 
 func TestInPodMode(t *testing.T) {
+	sandbox.ClaimAddrs(t, plan)
 	pod, cookie := podNS(t, ipA)
 	rec := &recorder{}
 	srv := &server{pods: map[string]snapshot.ObjectRef{}}
@@ -366,6 +374,7 @@ func TestInPodMode(t *testing.T) {
 // TestInPodListenerFails: a listener that stops serving on its own is
 // closed and opened again.
 func TestInPodListenerFails(t *testing.T) {
+	sandbox.ClaimAddrs(t, plan)
 	pod, cookie := podNS(t, ipA)
 	rec := &recorder{}
 	srv := &server{pods: map[string]snapshot.ObjectRef{}, failFirst: true}
@@ -391,6 +400,7 @@ func TestInPodListenerFails(t *testing.T) {
 }
 
 func TestInPodPortTaken(t *testing.T) {
+	sandbox.ClaimAddrs(t, plan)
 	pod, _ := podNS(t, ipA)
 	taken, err := pod.Listen(context.Background(), nil, "tcp", "127.0.0.1:15001")
 	if err != nil {

@@ -22,7 +22,10 @@ import (
 	"github.com/sockmesh/sockmesh/internal/syncbuf"
 )
 
+// TestFindByIP scans the machine's namespaces: it claims its addresses
+// (sandbox.ClaimAddrs), which a run from another checkout gives out too.
 func TestFindByIP(t *testing.T) {
+	sandbox.ClaimAddrs(t, netip.MustParsePrefix("10.202.0.0/16"), netip.MustParsePrefix("fd00:202::/32"))
 	a, b := sandbox.NewNetNS(t), sandbox.NewNetNS(t)
 	ipA, ipB := netip.MustParseAddr("10.202.0.1"), netip.MustParseAddr("fd00:202::2")
 	sandbox.NewVeth(t, a, b, []netip.Prefix{netip.PrefixFrom(ipA, 24)}, []netip.Prefix{netip.PrefixFrom(ipB, 64)})
