@@ -141,10 +141,17 @@ var clientKinds = []clientKind{
 	{"h2c", proxy.HTTP1TLSPooled, true},
 }
 
-// inBubbles runs test once for each client kind, as a subtest in a
-// synctest bubble of its own, where every duration is exact.
-func inBubbles(t *testing.T, test func(t *testing.T, k clientKind)) {
-	for _, k := range clientKinds {
+// http1Kinds are the client kinds that speak HTTP/1.1.
+var http1Kinds = clientKinds[:2]
+
+// inBubbles runs test once for each client kind (of kinds; none: every
+// one), as a subtest in a synctest bubble of its own, where every duration
+// is exact.
+func inBubbles(t *testing.T, test func(t *testing.T, k clientKind), kinds ...clientKind) {
+	if kinds == nil {
+		kinds = clientKinds
+	}
+	for _, k := range kinds {
 		t.Run(k.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) { test(t, k) })
 		})

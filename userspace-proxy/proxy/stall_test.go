@@ -449,11 +449,11 @@ func getText(t *testing.T, c *http.Client, url string) (int, string) {
 // bytes a write under way hands on count (sockio.Conn.Progress), not only
 // its end. An app that reads none is still cut
 // (TestStalledAppFreesConnection's non-reader, over the same socketEnd).
+//
+// HTTP/1.1 apps only: an HTTP/2 stream waits on its flow control, which
+// moves as the app reads.
 func TestSlowReaderNotCut(t *testing.T) {
 	inBubbles(t, func(t *testing.T, k clientKind) {
-		if k.h2c {
-			t.Skip("an HTTP/2 stream waits on its flow control, which moves as the app reads")
-		}
 		p, reg, _ := stallProxy(t, k, 1, time.Hour)
 		const size = 40 << 10
 		c := rawApp(t, p)
@@ -468,7 +468,7 @@ func TestSlowReaderNotCut(t *testing.T) {
 		if got := reg(upstream.ReasonAppStalled); got != 0 {
 			t.Errorf("request_failures_total{app_stalled} = %v, want 0", got)
 		}
-	})
+	}, http1Kinds...)
 }
 
 // slowReader reads a KiB at most every half stall timeout.
