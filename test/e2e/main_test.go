@@ -1,16 +1,11 @@
 package e2e
 
 import (
-	"errors"
-	"fmt"
 	"net/netip"
-	"os"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sockmesh/sockmesh/datapath"
-	"github.com/sockmesh/sockmesh/datapath/podns"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 	"github.com/sockmesh/sockmesh/internal/testenv"
 )
@@ -63,8 +58,7 @@ var scenarios = append([]scenarioDef{
 func TestFastTier(t *testing.T) {
 	testenv.RequireRoot(t)
 	start := time.Now()
-	lockTier(t)
-	checkNoLeftovers(t)
+	sandbox.ClaimAddrs(t, addressPlan...)
 	bin := buildAgent(t)
 	t.Logf("agent built in %s", time.Since(start).Round(time.Millisecond))
 	c := newCluster(t, bin)
@@ -94,68 +88,11 @@ func TestFastTier(t *testing.T) {
 	}
 }
 
-// tierLock serialises runs of this tier on the machine: two runs would
-// share the address plan, and a pod IP held by two namespaces cannot be
-// enrolled. It lives in tmpfs and is left in place (an empty file).
-const tierLock = "/run/lock/sockmesh-e2e-fast.lock"
-
-// lockTier waits for tierLock and holds it until t ends.
-func lockTier(t *testing.T) {
-	t.Helper()
-	f, err := os.OpenFile(tierLock, os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		t.Fatalf("open %s: %v", tierLock, err)
-	}
-	t.Cleanup(func() { f.Close() }) // closing releases the lock
-	deadline := time.Now().Add(15 * time.Minute)
-	tick := time.NewTicker(100 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
-		if err == nil {
-			return
-		}
-		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			t.Fatalf("lock %s: %v", tierLock, err)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("another run of this tier still holds %s after 15 minutes", tierLock)
-		}
-		<-tick.C
-	}
-}
-
-// addressPlan is every address this tier gives out.
+// addressPlan is every address this tier gives out: sandbox.ClaimAddrs
+// serialises runs of the tier on the machine (two would share the plan, and
+// a pod IP held by two namespaces cannot be enrolled) and fails on a
+// crashed run's leftovers.
 var addressPlan = []netip.Prefix{netip.MustParsePrefix("10.251.0.0/16"), netip.MustParsePrefix("fd00:251::/48")}
-
-// checkNoLeftovers fails when a network namespace already holds an address
-// of the plan: a run that crashed (its cleanups never ran) left it, and the
-// agent would find two namespaces for a pod IP. sandbox names it
-// smt-<pid>-<n> after the dead test process.
-func checkNoLeftovers(t *testing.T) {
-	t.Helper()
-	all, err := podns.List()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var found []error
-	for _, ns := range all {
-		// An error means the namespace went away during the scan (its last
-		// process exited): it holds nothing.
-		addrs, _ := ns.Addrs()
-		for _, a := range addrs {
-			for _, p := range addressPlan {
-				if p.Contains(a) {
-					found = append(found, fmt.Errorf("%s holds %s", ns.Path(), a))
-				}
-			}
-		}
-		ns.Close()
-	}
-	if len(found) > 0 {
-		t.Fatalf("leftovers of an earlier run use this tier's addresses (remove them, e.g. `ip netns del smt-...`): %v", errors.Join(found...))
-	}
-}
 
 // wantAccelerated fails t unless the node's agent accelerated connections
 // (its in-pod scenarios ran over sk_msg, not loopback TCP).
