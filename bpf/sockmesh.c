@@ -57,9 +57,13 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 /*
  * Set at load time by datapath.Open (never #ifdef: one object serves every
  * node). A restarted agent loads fresh programs with its own values and
- * swaps them into the pinned links.
+ * swaps them into the pinned links, and one that takes the datapath back
+ * from a newer agent swaps its own back in: the values the links run with
+ * are always those of the agent whose programs run, its proxy's mark and
+ * netns among them.
  */
 volatile const __u32 sm_proxy_mark = 0;		  /* SO_MARK of the proxy's sockets */
+volatile const __u64 sm_proxy_netns = 0;	  /* netns cookie the proxy dials from */
 volatile const __u64 sm_heartbeat_max_age_ns = 0; /* fail-open staleness threshold */
 volatile const __u32 sm_accelerate = 0;		  /* 1: sockhash/sk_msg on the app<->proxy leg */
 
@@ -224,6 +228,19 @@ static __always_inline bool sm_proxy_for(const struct sm_proxy *p, __u8 family, 
 }
 
 /*
+ * sm_proxy_own: is this the proxy's own upstream socket? It carries the
+ * proxy's mark and lives in the netns the proxy dials from (the agent's,
+ * where the agent loaded these programs). The mark alone proves nothing:
+ * since Linux 5.17 CAP_NET_RAW, which container runtimes grant pods by
+ * default, is enough to set SO_MARK, and a pod wearing the mark would
+ * connect past its proxy to a fail-closed service.
+ */
+static __always_inline bool sm_proxy_own(const struct sm_flow *f)
+{
+	return sm_proxy_mark != 0 && f->mark == sm_proxy_mark && f->netns_cookie == sm_proxy_netns;
+}
+
+/*
  * sm_decide is the whole connect decision, in the order that makes each
  * counter answer one question: is the pod enrolled, is the destination
  * captured, is this the proxy's own socket, may a fail-open service bypass a
@@ -245,7 +262,7 @@ static __always_inline enum sm_decision sm_decide(const struct sm_flow *f, __u32
 	if (!svc)
 		return SM_SKIP_NO_SERVICE;
 
-	if (sm_proxy_mark != 0 && f->mark == sm_proxy_mark)
+	if (sm_proxy_own(f))
 		return SM_SKIP_MARKED;
 
 	bool fail_open = svc->flags & SM_SERVICE_FAIL_OPEN;

@@ -27,7 +27,7 @@ enum sm_decision {
 	SM_REDIRECTED = 0,    /* rewritten to the pod's proxy address */
 	SM_SKIP_NOT_ENROLLED, /* the socket's netns is not enrolled */
 	SM_SKIP_NO_SERVICE,   /* {address, port, protocol} is not captured */
-	SM_SKIP_MARKED,	      /* the proxy's own socket (SO_MARK) */
+	SM_SKIP_MARKED,	      /* the proxy's own socket (SO_MARK, in its netns) */
 	SM_SKIP_PROXY_STALE,  /* fail-open service and the proxy heartbeat is stale */
 	SM_SKIP_NO_PROXY,     /* fail-open service, no proxy listener in this family */
 	SM_DENIED_NO_PROXY,   /* fail-closed service, no proxy listener in this family */

@@ -58,7 +58,7 @@ func TestInPodMode(t *testing.T) {
 	tp := newTopology(t)
 	d := tp.open(t)
 	// The server's own addresses are captured too: the proxy, dialing them
-	// from the enrolled pod netns, must not be sent back to itself.
+	// with its mark from the agent's netns, is not sent back to itself.
 	if err := d.SetServices([]Service{{Addr: vip4}, {Addr: vip6}, {Addr: tp.server4}, {Addr: tp.server6}}); err != nil {
 		t.Fatal(err)
 	}
@@ -70,14 +70,15 @@ func TestInPodMode(t *testing.T) {
 	if err := d.Enrol(tp.podCookie, inPod); err != nil {
 		t.Fatal(err)
 	}
-	proxy := startProxy(t, tp.pod, tp.pod, []netip.AddrPort{inPod.V4, inPod.V6},
+	// In-pod mode puts only the listeners in the pod: the proxy dials from
+	// the agent's netns (userspace-proxy/dial).
+	proxy := startProxy(t, tp.pod, tp.node, []netip.AddrPort{inPod.V4, inPod.V6},
 		map[netip.AddrPort]netip.AddrPort{vip4: tp.server4, vip6: tp.server6})
 
 	for _, vip := range []netip.AddrPort{vip4, vip6} {
 		t.Run(family(vip), func(t *testing.T) {
-			// The proxy's upstream leaves the enrolled pod netns for a
-			// captured address: only its mark keeps it from looping.
-			redirectOnce(t, tp, d, proxy, vip, SkippedMarked)
+			// The proxy's upstream leaves the node netns, which is not enrolled.
+			redirectOnce(t, tp, d, proxy, vip, SkippedNotEnrolled)
 		})
 	}
 
@@ -88,6 +89,24 @@ func TestInPodMode(t *testing.T) {
 			t.Errorf("Enrol(loopback proxy in another netns) = %v, want ErrLoopbackElsewhere", err)
 		}
 	})
+}
+
+// TestHostNetworkCapture: the agent's own netns enrolled, as when a
+// hostNetwork pod is captured. The proxy's upstreams leave that netns for
+// captured addresses: only its mark keeps them from looping.
+func TestHostNetworkCapture(t *testing.T) {
+	tp := newTopology(t)
+	d := tp.openCapturing(t, Service{Addr: vip4}, Service{Addr: vip6}, Service{Addr: tp.server4}, Service{Addr: tp.server6})
+	if err := d.Enrol(tp.nodeCookie, tp.nodeProxy()); err != nil {
+		t.Fatal(err)
+	}
+	proxy := startProxy(t, tp.node, tp.node, []netip.AddrPort{tp.nodeProxy().V4, tp.nodeProxy().V6},
+		map[netip.AddrPort]netip.AddrPort{vip4: tp.server4, vip6: tp.server6})
+	for _, vip := range []netip.AddrPort{vip4, vip6} {
+		t.Run(family(vip), func(t *testing.T) {
+			redirectOnce(t, tp, d, proxy, vip, SkippedMarked)
+		})
+	}
 }
 
 // TestMappedIPv4 covers IPv4 carried by AF_INET6 sockets on both ends: an
@@ -206,12 +225,17 @@ func TestPassThrough(t *testing.T) {
 			t.Errorf("counters grew by %v, want 1 skipped_no_service", got)
 		}
 	})
-	t.Run("proxy mark", func(t *testing.T) {
+	t.Run("proxy mark in a pod", func(t *testing.T) {
+		// A pod may set any mark (CAP_NET_RAW is enough since Linux
+		// 5.17): the proxy's, outside the netns the proxy dials from,
+		// is no reason to pass the pod's connection through.
 		delta := counterDelta(t, d)
 		v, err := dialAndGreet(tp.pod, tp.server4, &net.Dialer{Control: mark.Control, Timeout: ioTimeout})
-		wantDirect(t, v, err, tp.server4)
-		if got := delta(); got[SkippedMarked] != 1 || got[Redirected] != 0 {
-			t.Errorf("counters grew by %v, want 1 skipped_marked", got)
+		wantRedirected(t, v, err, tp.server4)
+		// The second connect: the proxy's own, from the node netns.
+		want := map[Decision]uint64{Redirected: 1, SkippedNotEnrolled: 1}
+		if got := delta(); !equalMaps(got, want) {
+			t.Errorf("counters grew by %v, want %v", got, want)
 		}
 	})
 	t.Run("another mark", func(t *testing.T) {
@@ -250,15 +274,22 @@ func TestFailurePolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	dial := func(addr netip.AddrPort) (visit, error) { return dialAndGreet(tp.pod, addr, nil) }
+	// A pod's socket wearing the proxy's mark is refused all the same.
+	dialMarked := func(addr netip.AddrPort) (visit, error) {
+		return dialAndGreet(tp.pod, addr, &net.Dialer{Control: mark.Control, Timeout: ioTimeout})
+	}
 
 	t.Run("never beaten", func(t *testing.T) {
 		delta := counterDelta(t, d)
 		_, err := dial(closed)
 		wantRefused(t, err)
+		_, err = dialMarked(closed)
+		wantRefused(t, err)
 		v, err := dial(open)
 		wantDirect(t, v, err, open)
-		if got := delta(); got[Redirected] != 1 || got[SkippedProxyStale] != 1 {
-			t.Errorf("counters grew by %v, want 1 redirected, 1 skipped_proxy_stale", got)
+		want := map[Decision]uint64{Redirected: 2, SkippedProxyStale: 1}
+		if got := delta(); !equalMaps(got, want) {
+			t.Errorf("counters grew by %v, want %v", got, want)
 		}
 	})
 	t.Run("fresh heartbeat", func(t *testing.T) {
@@ -293,8 +324,13 @@ func TestFailurePolicy(t *testing.T) {
 		if !errors.Is(err, unix.EPERM) {
 			t.Errorf("dial fail-closed service without IPv6 proxy = %v, want EPERM", err)
 		}
-		if got := delta(); got[SkippedNoProxy] != 1 || got[DeniedNoProxy] != 1 {
-			t.Errorf("counters grew by %v, want 1 skipped_no_proxy, 1 denied_no_proxy", got)
+		_, err = dialMarked(vip6)
+		if !errors.Is(err, unix.EPERM) {
+			t.Errorf("dial fail-closed service without IPv6 proxy, with the proxy's mark = %v, want EPERM", err)
+		}
+		want := map[Decision]uint64{SkippedNoProxy: 1, DeniedNoProxy: 2}
+		if got := delta(); !equalMaps(got, want) {
+			t.Errorf("counters grew by %v, want %v", got, want)
 		}
 	})
 	// Every refused redirect dropped its handoff when its socket closed.

@@ -23,7 +23,9 @@ type Config struct {
 	// hierarchy, found in /proc/self/mountinfo.
 	Cgroup string
 	// ProxyMark is the SO_MARK of the proxy's sockets, which connect never
-	// redirects. Zero means mark.Proxy.
+	// redirects in the netns Open runs in (the agent's, which the proxy
+	// dials from). Elsewhere the mark changes nothing: pods may set it
+	// (package mark). Zero means mark.Proxy.
 	ProxyMark uint32
 	// HeartbeatMaxAge is how old the proxy's heartbeat may grow before
 	// fail-open services stop being redirected. Zero means 5s.

@@ -23,7 +23,7 @@ func TestConflicts(t *testing.T) {
 	cfg := Config{BPFFS: sandbox.TempBPFFS(t), Cgroup: cg.Path}
 	before := loadForeign(t, "smt_before", ebpf.AttachCGroupInet4Connect)
 	before.attachTo(t, cg)
-	d := openAt(t, cfg)
+	d := openAt(t, cfg, nil)
 	after := loadForeign(t, "smt_after", ebpf.AttachCGroupInet4Connect)
 	after.attachTo(t, cg)
 
@@ -62,7 +62,7 @@ func TestConflictsBelow(t *testing.T) {
 	pod6.attachTo(t, ctr)
 	pod4.attachTo(t, ctr)
 	pod6.attachTo(t, sibling) // not below cfg.Cgroup
-	d := openAt(t, cfg)
+	d := openAt(t, cfg, nil)
 
 	got, err := d.Conflicts()
 	if err != nil {
@@ -92,7 +92,7 @@ func TestConflictsBelowVanishing(t *testing.T) {
 	for _, sub := range []*sandbox.Cgroup{b, c, e} {
 		prog.attachTo(t, sub)
 	}
-	d := openAt(t, cfg)
+	d := openAt(t, cfg, nil)
 	ours := make([]ebpf.ProgramID, len(hooks))
 	for i, h := range hooks {
 		ours[i] = progID(t, h.prog(&d.objs))
@@ -146,11 +146,22 @@ func BenchmarkConflicts(b *testing.B) {
 	}
 }
 
-// openAt opens the datapath with cfg, logging to t; it is uninstalled when
-// t ends.
-func openAt(t *testing.T, cfg Config) *Datapath {
+// openAt opens the datapath with cfg, logging to t, from inside ns as an
+// agent running there would (nil: this process's netns); it is
+// uninstalled when t ends.
+func openAt(t *testing.T, cfg Config, ns *sandbox.NetNS) *Datapath {
 	t.Helper()
-	d, err := Open(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)), nil)
+	var d *Datapath
+	open := func() (err error) {
+		d, err = Open(cfg, slog.New(slog.NewTextHandler(t.Output(), nil)), nil)
+		return err
+	}
+	var err error
+	if ns == nil {
+		err = open()
+	} else {
+		err = ns.Do(open)
+	}
 	if err != nil {
 		t.Fatalf("open datapath: %v", err)
 	}

@@ -19,8 +19,9 @@ const (
 	SkippedNotEnrolled = Decision(sockmeshSmDecisionSM_SKIP_NOT_ENROLLED)
 	// SkippedNoService: {address, port, TCP} is not in the services map.
 	SkippedNoService = Decision(sockmeshSmDecisionSM_SKIP_NO_SERVICE)
-	// SkippedMarked: the socket carries the proxy's mark (the proxy's own
-	// upstream connection).
+	// SkippedMarked: the socket carries the proxy's mark in the netns the
+	// proxy dials from (the proxy's own upstream connection). A pod's
+	// socket carrying the mark is decided like any other.
 	SkippedMarked = Decision(sockmeshSmDecisionSM_SKIP_MARKED)
 	// SkippedProxyStale: a fail-open service while the proxy's heartbeat
 	// is stale.

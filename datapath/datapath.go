@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sockmesh/sockmesh/datapath/bpffs"
+	"github.com/sockmesh/sockmesh/datapath/podns"
 )
 
 // Datapath is the loaded (or adopted) eBPF state. Its methods are safe for
@@ -33,6 +34,9 @@ type Datapath struct {
 	ownerMap  *ebpf.Map // sm_owner (owner.go)
 	owners    *ebpf.Map // sm_owners (owner.go)
 	closed    bool
+	// proxyNetNS is the cookie of the netns Open ran in, the agent's: its
+	// proxy dials from there, so only there does its mark mean its socket.
+	proxyNetNS uint64
 	// superseded: a newer agent took the datapath over (owner.go).
 	superseded bool
 	// retaking: a take-back has not finished (owner.go).
@@ -112,10 +116,18 @@ var hooks = []hook{
 // may be nil; reg may be nil, otherwise the datapath's metrics are
 // registered on it. It returns an error wrapping ebpf.ErrMapIncompatible when
 // pinned maps have a layout this build cannot use: Uninstall first.
+//
+// Open must run in the network namespace the proxy dials its upstreams
+// from (the agent's own, not inside podns.NS.Do): the programs skip sockets
+// carrying Config.ProxyMark in that namespace only.
 func Open(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Datapath, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
+	}
+	proxyNetNS, err := podns.CurrentCookie()
+	if err != nil {
+		return nil, fmt.Errorf("open datapath: %w", err)
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -140,14 +152,14 @@ func Open(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Datapath, e
 	if err != nil {
 		return nil, err
 	}
-	if err := configure(spec, cfg); err != nil {
+	if err := configure(spec, cfg, proxyNetNS); err != nil {
 		return nil, err
 	}
 	pins, err := openPins(dir)
 	if err != nil {
 		return nil, err
 	}
-	d := &Datapath{cfg: cfg, log: log, links: make(map[string]link.Link), reg: reg, pins: pins,
+	d := &Datapath{cfg: cfg, proxyNetNS: proxyNetNS, log: log, links: make(map[string]link.Link), reg: reg, pins: pins,
 		latest: make(map[string]func() error)}
 	if err := d.load(spec); err != nil {
 		pins.Close()
@@ -165,7 +177,7 @@ func Open(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Datapath, e
 			return nil, fmt.Errorf("register datapath metrics: %w", err)
 		}
 	}
-	log.Info("datapath ready", "cgroup", cfg.Cgroup, "pin_dir", dir)
+	log.Info("datapath ready", "cgroup", cfg.Cgroup, "pin_dir", dir, "proxy_netns_cookie", proxyNetNS)
 	return d, nil
 }
 
@@ -222,14 +234,16 @@ func (d *Datapath) load(spec *ebpf.CollectionSpec) error {
 	return settle(false)
 }
 
-// configure sets the programs' load-time constants.
-func configure(spec *ebpf.CollectionSpec, cfg Config) error {
+// configure sets the programs' load-time constants; proxyNetNS is the
+// cookie of the netns the proxy dials from.
+func configure(spec *ebpf.CollectionSpec, cfg Config, proxyNetNS uint64) error {
 	var accelerate uint32
 	if cfg.Accelerate {
 		accelerate = 1
 	}
 	vars := map[string]any{
 		sockmeshVarSmProxyMark:         cfg.ProxyMark,
+		sockmeshVarSmProxyNetns:        proxyNetNS,
 		sockmeshVarSmHeartbeatMaxAgeNs: uint64(cfg.HeartbeatMaxAge.Nanoseconds()),
 		sockmeshVarSmAccelerate:        accelerate,
 	}

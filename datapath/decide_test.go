@@ -34,7 +34,7 @@ func openWithShims(t *testing.T, cfg Config) (*Datapath, *shims) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := configure(spec, d.cfg); err != nil {
+	if err := configure(spec, d.cfg, d.proxyNetNS); err != nil {
 		t.Fatal(err)
 	}
 	var s shims
@@ -76,6 +76,12 @@ func TestDecide(t *testing.T) {
 	if err := d.Enrol(podV4, Proxy{NetNSCookie: 7, V4: proxy4}); err != nil {
 		t.Fatal(err)
 	}
+	// The netns this process opened the datapath in is the proxy's: its
+	// marked sockets are the proxy's own. Enrolled, as a hostNetwork pod's.
+	own := d.proxyNetNS
+	if err := d.Enrol(own, Proxy{NetNSCookie: own, V4: proxy4, V6: proxy6}); err != nil {
+		t.Fatal(err)
+	}
 
 	tests := []struct {
 		name    string
@@ -94,8 +100,14 @@ func TestDecide(t *testing.T) {
 		{name: "udp", netns: podA, dst: closed4, proto: unix.IPPROTO_UDP, beat: beat, now: beat, want: SkippedNoService},
 		{name: "ipv4", netns: podA, dst: closed4, beat: beat, now: beat, want: Redirected, toProxy: proxy4},
 		{name: "ipv6", netns: podA, dst: closed6, beat: beat, now: beat, want: Redirected, toProxy: proxy6},
-		{name: "proxy mark", netns: podA, dst: closed4, mark: proxyMark, beat: beat, now: beat, want: SkippedMarked},
-		{name: "other mark", netns: podA, dst: closed4, mark: proxyMark | 0x10000, beat: beat, now: beat, want: Redirected, toProxy: proxy4},
+		{name: "proxy mark", netns: own, dst: closed4, mark: proxyMark, beat: beat, now: beat, want: SkippedMarked},
+		{name: "proxy mark ipv6", netns: own, dst: closed6, mark: proxyMark, beat: beat, now: beat, want: SkippedMarked},
+		{name: "proxy's netns unmarked", netns: own, dst: closed4, beat: beat, now: beat, want: Redirected, toProxy: proxy4},
+		{name: "other mark", netns: own, dst: closed4, mark: proxyMark | 0x10000, beat: beat, now: beat, want: Redirected, toProxy: proxy4},
+		// Pods may set the proxy's mark too (CAP_NET_RAW, Linux 5.17).
+		{name: "proxy mark in a pod", netns: podA, dst: closed6, mark: proxyMark, beat: beat, now: beat, want: Redirected, toProxy: proxy6},
+		{name: "proxy mark in a pod, no listener", netns: podV4, dst: closed6, mark: proxyMark, beat: beat, now: beat, want: DeniedNoProxy},
+		{name: "proxy mark in a pod, stale", netns: podA, dst: open4, mark: proxyMark, beat: beat, now: beat + uint64(maxAge) + 1, want: SkippedProxyStale},
 		{name: "fail-open fresh", netns: podA, dst: open4, beat: beat, now: beat + uint64(time.Second), want: Redirected, toProxy: proxy4},
 		{name: "fail-open at max age", netns: podA, dst: open4, beat: beat, now: beat + uint64(maxAge), want: Redirected, toProxy: proxy4},
 		{name: "fail-open stale", netns: podA, dst: open6, beat: beat, now: beat + uint64(maxAge) + 1, want: SkippedProxyStale},
@@ -103,7 +115,7 @@ func TestDecide(t *testing.T) {
 		{name: "fail-open beat after now", netns: podA, dst: open4, beat: beat, now: beat - 1, want: Redirected, toProxy: proxy4},
 		{name: "fail-closed stale", netns: podA, dst: closed4, beat: beat, now: beat + uint64(time.Hour), want: Redirected, toProxy: proxy4},
 		{name: "fail-closed never beaten", netns: podA, dst: closed6, beat: 0, now: beat, want: Redirected, toProxy: proxy6},
-		{name: "marked beats stale", netns: podA, dst: open4, mark: proxyMark, beat: 0, now: beat, want: SkippedMarked},
+		{name: "marked beats stale", netns: own, dst: open4, mark: proxyMark, beat: 0, now: beat, want: SkippedMarked},
 		{name: "no ipv6 listener, fail-closed", netns: podV4, dst: closed6, beat: beat, now: beat, want: DeniedNoProxy},
 		{name: "no ipv6 listener, fail-open", netns: podV4, dst: open6, beat: beat, now: beat, want: SkippedNoProxy},
 		{name: "ipv4 listener only", netns: podV4, dst: closed4, beat: beat, now: beat, want: Redirected, toProxy: proxy4},

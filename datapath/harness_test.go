@@ -23,7 +23,8 @@ import (
 )
 
 // The test topology: a "node" netns (standing in for the host's root netns,
-// which tests never touch) and a "pod" netns joined by a veth pair, the test
+// which tests never touch; the agent's, where its proxy dials from) and a
+// "pod" netns joined by a veth pair, the test
 // process moved into a throwaway cgroup where the programs attach, and a
 // private bpffs.
 var (
@@ -82,10 +83,13 @@ func newTopology(t *testing.T) *topology {
 	return tp
 }
 
-// open loads the datapath for the topology; it is uninstalled when t ends.
+// open loads the datapath for the topology from the node netns, as the
+// agent does from its own: the test proxies dial from there, so that is
+// the netns whose marked sockets connect skips. It is uninstalled when t
+// ends.
 func (tp *topology) open(t *testing.T) *Datapath {
 	t.Helper()
-	return openAt(t, tp.cfg)
+	return openAt(t, tp.cfg, tp.node)
 }
 
 // openCapturing loads the datapath and captures svcs for the pod, whose

@@ -16,6 +16,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 
+	"github.com/sockmesh/sockmesh/datapath/mark"
 	"github.com/sockmesh/sockmesh/datapath/takeover"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 	"github.com/sockmesh/sockmesh/userspace-proxy/origdst"
@@ -288,6 +289,38 @@ func TestTakenBackWhenTheNewerExits(t *testing.T) {
 	if !maps.Equal(enrolled, map[uint64]Proxy{tp.podCookie: tp.nodeProxy()}) {
 		t.Errorf("enrolments = %v, want the older agent's latest (the pod's only)", slices.Collect(maps.Keys(enrolled)))
 	}
+}
+
+// TestMarkHonouredInTheOwnersNetNS: the proxy's mark passes a socket
+// through in the netns of the agent whose programs run the links, where
+// its proxy dials from. A newer agent in another netns decides the older
+// one's marked sockets like any other's, and once the older takes the
+// datapath back they pass again.
+func TestMarkHonouredInTheOwnersNetNS(t *testing.T) {
+	tp := newTopology(t)
+	older := tp.open(t) // in the node netns
+	// The node netns enrolled (hostNetwork capture), the server captured
+	// fail-closed, and no proxy listening: a marked connection that is
+	// not passed through is refused.
+	svcs := []Service{{Addr: tp.server4}}
+	if err := older.SetServices(svcs); err != nil {
+		t.Fatal(err)
+	}
+	if err := older.SetEnrolments(map[uint64]Proxy{tp.nodeCookie: tp.nodeProxy()}); err != nil {
+		t.Fatal(err)
+	}
+	marked := &net.Dialer{Control: mark.Control, Timeout: ioTimeout}
+	v, err := dialAndGreet(tp.node, tp.server4, marked)
+	wantDirect(t, v, err, tp.server4)
+
+	// The newer agent opens the datapath in this process's netns and exits.
+	runLoader(t, loaderJob{Config: tp.cfg, Cookie: tp.nodeCookie, Proxy: tp.nodeProxy(), Services: svcs})
+	_, err = dialAndGreet(tp.node, tp.server4, marked)
+	wantRefused(t, err)
+
+	wantTakenBack(t, older, "after the heartbeat")
+	v, err = dialAndGreet(tp.node, tp.server4, marked)
+	wantDirect(t, v, err, tp.server4)
 }
 
 // TestTakenBackByTheNewerOfTwoLeft: three agents, as an update started

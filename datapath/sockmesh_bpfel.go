@@ -206,6 +206,7 @@ const (
 	sockmeshVarSmAccelerate        = "sm_accelerate"
 	sockmeshVarSmHeartbeatMaxAgeNs = "sm_heartbeat_max_age_ns"
 	sockmeshVarSmProxyMark         = "sm_proxy_mark"
+	sockmeshVarSmProxyNetns        = "sm_proxy_netns"
 )
 
 // loadSockmesh returns the embedded CollectionSpec for sockmesh.
@@ -286,6 +287,7 @@ type sockmeshVariableSpecs struct {
 	SmAccelerate        *ebpf.VariableSpec `ebpf:"sm_accelerate"`
 	SmHeartbeatMaxAgeNs *ebpf.VariableSpec `ebpf:"sm_heartbeat_max_age_ns"`
 	SmProxyMark         *ebpf.VariableSpec `ebpf:"sm_proxy_mark"`
+	SmProxyNetns        *ebpf.VariableSpec `ebpf:"sm_proxy_netns"`
 }
 
 // sockmeshObjects contains all objects after they have been loaded into the kernel.
@@ -346,6 +348,7 @@ type sockmeshVariables struct {
 	SmAccelerate        *ebpf.Variable `ebpf:"sm_accelerate"`
 	SmHeartbeatMaxAgeNs *ebpf.Variable `ebpf:"sm_heartbeat_max_age_ns"`
 	SmProxyMark         *ebpf.Variable `ebpf:"sm_proxy_mark"`
+	SmProxyNetns        *ebpf.Variable `ebpf:"sm_proxy_netns"`
 }
 
 // sockmeshPrograms contains all programs after they have been loaded into the kernel.

@@ -29,7 +29,7 @@ const Proxy uint32 = 0x5a000000
 
 // Control sets Proxy on a socket before it connects or listens. Its signature
 // fits net.Dialer.Control and net.ListenConfig.Control. Setting SO_MARK needs
-// CAP_NET_ADMIN.
+// CAP_NET_ADMIN, or CAP_NET_RAW since Linux 5.17.
 func Control(network, address string, c syscall.RawConn) error {
 	return ControlWith(Proxy)(network, address, c)
 }

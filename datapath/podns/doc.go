@@ -7,6 +7,7 @@
 //
 //	ns, err := podns.FindByIP(ip)     // scan /var/run/netns and /proc/*/ns/net
 //	cookie, err := ns.Cookie()        // SO_NETNS_COOKIE, the datapath's key
+//	own, err := podns.CurrentCookie() // the same, for the netns this thread is in
 //	ln, err := ns.Listen(ctx, nil, "tcp", "127.0.0.1:15001") // in-pod listener
 //	err = ns.Do(func() error { ... }) // any work on a thread inside ns
 //	ips, err := ns.DefaultRouteAddrs() // one address per family with a default route

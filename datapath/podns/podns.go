@@ -94,19 +94,35 @@ func (n *NS) Do(fn func() error) error {
 // lifetime and never reused.
 func (n *NS) Cookie() (uint64, error) {
 	var cookie uint64
-	err := n.Do(func() error {
-		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-		if err != nil {
-			return err
-		}
-		defer unix.Close(fd)
-		cookie, err = unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
+	err := n.Do(func() (err error) {
+		cookie, err = threadCookie()
 		return err
 	})
 	if err != nil {
 		return 0, fmt.Errorf("get cookie of netns %s: %w", n.Path(), err)
 	}
 	return cookie, nil
+}
+
+// CurrentCookie returns the cookie of the netns the calling thread is in:
+// the process's own, unless the caller runs inside Do.
+func CurrentCookie() (uint64, error) {
+	cookie, err := threadCookie()
+	if err != nil {
+		return 0, fmt.Errorf("get cookie of the current netns: %w", err)
+	}
+	return cookie, nil
+}
+
+// threadCookie reads the cookie from a socket made for it: a socket is
+// made in its thread's netns and keeps it.
+func threadCookie() (uint64, error) {
+	fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	return unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
 }
 
 // Listen opens a listener inside the namespace (the in-pod proxy mode). lc

@@ -76,6 +76,32 @@ func TestCookie(t *testing.T) {
 	}
 }
 
+// TestCurrentCookie: the process's own netns outside Do, the entered one
+// inside.
+func TestCurrentCookie(t *testing.T) {
+	ns := sandbox.NewNetNS(t)
+	self, err := podns.Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer self.Close()
+	wantSelf, err1 := self.Cookie()
+	wantNS, err2 := ns.Cookie()
+	if err := errors.Join(err1, err2); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := podns.CurrentCookie(); err != nil || got != wantSelf {
+		t.Errorf("CurrentCookie() = %d, %v; want the process's netns %d", got, err, wantSelf)
+	}
+	var inside uint64
+	if err := ns.Do(func() (err error) {
+		inside, err = podns.CurrentCookie()
+		return err
+	}); err != nil || inside != wantNS {
+		t.Errorf("CurrentCookie() inside Do = %d, %v; want the entered netns %d", inside, err, wantNS)
+	}
+}
+
 func TestListen(t *testing.T) {
 	ns := sandbox.NewNetNS(t)
 	ln, err := ns.Listen(context.Background(), nil, "tcp", "127.0.0.1:0")

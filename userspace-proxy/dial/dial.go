@@ -20,11 +20,13 @@ type Dialer interface {
 // and connects with a 5 s timeout.
 type Config struct {
 	// Mark is set as SO_MARK on every upstream socket; 0 means mark.Proxy.
-	// The datapath skips sockets carrying its mark, which is what keeps the
-	// proxy's own connections from being redirected back to itself.
+	// The datapath skips sockets carrying its mark in the agent's netns,
+	// where Direct dials from, which is what keeps the proxy's own
+	// connections from being redirected back to itself.
 	Mark uint32
-	// Unmarked leaves SO_MARK unset (setting it needs CAP_NET_ADMIN). Only
-	// for tests and setups without capture; a node agent must mark.
+	// Unmarked leaves SO_MARK unset (setting it needs CAP_NET_ADMIN, or
+	// CAP_NET_RAW since Linux 5.17). Only for tests and setups without
+	// capture; a node agent must mark.
 	Unmarked bool
 	// Timeout bounds the TCP connect; 0 means 5 s.
 	Timeout time.Duration
