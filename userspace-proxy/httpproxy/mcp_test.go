@@ -425,6 +425,12 @@ func TestSessionOnTerminatingReplica(t *testing.T) {
 				}
 
 				srvs[i].Close() // its connects are refused from now on
+				// Its connections' ends reach the proxy a moment later (an
+				// h2c app's requests go on an HTTP/2 one, whose reader
+				// notices on its own time): one taken meanwhile fails the
+				// request 502, as with any backend that vanishes. The proxy
+				// holding none, the step is the connect's refusal.
+				f.cur.Load().Backends.CloseIdle()
 				if resp, body := mcpDo(t, c, http.MethodPost, id, sent...); resp.StatusCode != http.StatusNotFound || strings.HasPrefix(body, issuer+" ") {
 					t.Errorf("POST with the session, its replica gone: %d %q, want 404 from the other replica", resp.StatusCode, body)
 				}
