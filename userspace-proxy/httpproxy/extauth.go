@@ -58,7 +58,9 @@ func (h *Handler) authorize(x *exchange, r *http.Request, watch func(cancel cont
 	case errors.Is(err, errRequestTimeout), errors.Is(err, errAppStalled):
 		return localAnswer{}, false, err
 	}
-	ctx := r.Context()
+	// The fast path's requests name no client: the ask counts as r's
+	// client's in the upstream pools.
+	ctx := upstream.WithClient(r.Context(), x.t.poolClient())
 	if d := x.r.pol.deadline; !d.IsZero() {
 		var stop context.CancelFunc
 		ctx, stop = context.WithDeadline(ctx, d)

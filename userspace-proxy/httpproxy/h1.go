@@ -306,8 +306,12 @@ type h1Conn struct {
 	// takes a pooled connection.
 	ctx   context.Context
 	leave context.CancelFunc
-	// base names the client to a backend's RoundTripper (clientCtx).
-	base context.Context
+	// client is t's as the upstream pools tell clients apart, looked up
+	// by the first request that needs it (poolClient); base names it to a
+	// backend's RoundTripper (clientCtx).
+	client    pool.Client
+	clientSet bool
+	base      context.Context
 	// wmu orders the fast path's writes to c against a 100 Continue sent
 	// from the request body's goroutine; answered is set under it once the
 	// final answer starts.

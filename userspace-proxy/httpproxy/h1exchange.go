@@ -388,7 +388,7 @@ func (s *h1Conn) conn(x *exchange, choice *balance.Choice, read bool) (*pool.Con
 			defer cancel()
 		}
 	}
-	client := s.t.poolClient()
+	client := s.poolClient()
 	uc, err := be.GetH1(ctx, choice, client)
 	tries := be.Picker.Tries(choice)
 	for i := 1; err != nil && i < tries && upstream.NoConnection(err); i++ {
@@ -406,9 +406,18 @@ func (s *h1Conn) conn(x *exchange, choice *balance.Choice, read bool) (*pool.Con
 // RoundTripper start from: it names their client (upstream.WithClient).
 func (s *h1Conn) clientCtx() context.Context {
 	if s.base == nil {
-		s.base = upstream.WithClient(context.Background(), s.t.poolClient())
+		s.base = upstream.WithClient(context.Background(), s.poolClient())
 	}
 	return s.base
+}
+
+// poolClient is the connection's client as the upstream pools tell
+// clients apart (Target.poolClient), looked up once.
+func (s *h1Conn) poolClient() pool.Client {
+	if !s.clientSet {
+		s.client, s.clientSet = s.t.poolClient(), true
+	}
+	return s.client
 }
 
 // send writes req on uc and reads the answer's head, passing informational

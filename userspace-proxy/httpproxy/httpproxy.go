@@ -108,13 +108,22 @@ func (t *Target) relayFailed(be *upstream.Backend) error {
 // ClientName names a client in logs: its pod when known (given, or the
 // workload of s at addr), else its address.
 func ClientName(s *snapshot.Snapshot, addr netip.AddrPort, pod *snapshot.ObjectRef) string {
-	if pod != nil {
+	if pod := clientPod(s, addr, pod); pod != nil {
 		return pod.String()
 	}
-	if w, ok := s.Workload(addr.Addr()); ok {
-		return w.Pod.String()
-	}
 	return addr.Addr().String()
+}
+
+// clientPod returns the pod of the client at addr: pod when given, else
+// the workload of s at addr; nil when neither names one.
+func clientPod(s *snapshot.Snapshot, addr netip.AddrPort, pod *snapshot.ObjectRef) *snapshot.ObjectRef {
+	if pod != nil {
+		return pod
+	}
+	if w, ok := s.Workload(addr.Addr()); ok {
+		return &w.Pod
+	}
+	return nil
 }
 
 // ended calls Ended, if set.
@@ -140,10 +149,14 @@ func (t *Target) nameService(r *http.Request) {
 func (t *Target) clientKey() balance.ClientKey { return balance.ClientOf(t.ClientAddr, t.ClientPod) }
 
 // poolClient is t's client as the upstream pools share an endpoint's
-// connections out: as balance tells clients apart.
+// connections out: its pod when the listener or the snapshot names it (as
+// ClientName does), else its address. By address alone, a dual-stack pod
+// in node-IP mode was two clients, with two turns and two shares.
 func (t *Target) poolClient() pool.Client {
-	k := t.clientKey()
-	return pool.Client{Namespace: k.Pod.Namespace, Name: k.Pod.Name, Addr: k.Addr}
+	if pod := clientPod(t.Start.Snapshot, t.ClientAddr, t.ClientPod); pod != nil {
+		return pool.Client{Namespace: pod.Namespace, Name: pod.Name}
+	}
+	return pool.Client{Addr: t.ClientAddr.Addr()}
 }
 
 // client is t's client as a log value, named only if the line is written.

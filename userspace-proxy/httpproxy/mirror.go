@@ -38,6 +38,9 @@ func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 		h.m.mirrors.WithLabelValues("dropped_body").Add(float64(len(refs)))
 		return
 	}
+	// Each copy counts as r's client's in the upstream pools: copies of one
+	// pod's requests wait their turn as its requests do.
+	client := x.t.poolClient()
 	for _, ref := range refs {
 		be := x.v.Backends.Get(ref)
 		if be == nil || be.Err != nil {
@@ -59,7 +62,7 @@ func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(h.mirrorCtx, h.cfg.Routing.MirrorTimeout)
-		m := r.Clone(upstream.WithEndpoint(ctx, c))
+		m := r.Clone(upstream.WithEndpoint(upstream.WithClient(ctx, client), c))
 		m.URL = upstreamURL(r.URL, be.Scheme(), c.Host)
 		m.RequestURI, m.Close = "", false
 		removeHopByHop(m.Header)

@@ -28,7 +28,9 @@ type Config struct {
 	// a third of nginx's requests/s, the proxy's CPU mostly handshakes).
 	MaxIdle int
 	// MaxOpen bounds the connections open per endpoint, idle or in use; Get
-	// waits beyond it. 0 means 1024.
+	// waits beyond it. 0 means 1024. One Client may hold at most its share
+	// of them: MaxOpen less a reserve of an eighth, rounded down (896 of
+	// 1024; all of fewer than 8), and its Gets beyond wait as at MaxOpen.
 	MaxOpen int
 	// MaxWait bounds how long Get waits for one of an endpoint's MaxOpen
 	// connections to come free, after which it fails with ErrBusy; 0
@@ -43,6 +45,9 @@ type Config struct {
 	// peer did not stay silent after an answer (see Conn.silent), its
 	// Until passed, or MoveIdle did not keep it.
 	Dropped func(DropReason)
+	// AtShare, when set, is told of each Get that fails with ErrBusy after
+	// it began to wait with its Client holding its share (MaxOpen).
+	AtShare func()
 	// MaxHeadBytes bounds what R reads from a connection handed out by Get
 	// until EndHead: the heads of an answer, informational ones included;
 	// 0 means http.DefaultMaxHeaderBytes (1 MiB).
@@ -61,10 +66,10 @@ var ErrHeadTooLarge = errors.New("answer head too large")
 var ErrBusy = errors.New("every connection to the endpoint stayed busy")
 
 // Client is whom a Get is for: the app's pod, by name where the caller
-// knows it (in-pod mode, where every app connects from loopback), else by
-// address. Gets with equal Clients are one client's. While an endpoint
-// has no connection to spare, the next one freed goes to the waiting
-// client that holds the fewest (Get).
+// knows it, else by address. Gets with equal Clients are one client's.
+// While an endpoint has no connection to spare, the next one freed goes to
+// the waiting client that holds the fewest, and no client holds more than
+// its share (Get).
 type Client struct {
 	Namespace, Name string
 	Addr            netip.Addr
@@ -234,6 +239,9 @@ type Pool struct {
 	sweepAt time.Time // when sweep fires; zero when it is not armed
 	// closed is set by Close: connections put back are closed.
 	closed bool
+	// share is the most of an endpoint's connections one client may hold
+	// (Config.MaxOpen).
+	share int
 }
 
 type endpoint struct {
@@ -241,7 +249,8 @@ type endpoint struct {
 	idle []*Conn // oldest first; Get takes the last
 	open int     // connections counted against MaxOpen, including dials in progress
 	// held counts each client's connections handed out and not given
-	// back, and slots it dials in.
+	// back, and slots it dials in: all of them together are open less
+	// idle.
 	held map[Client]int
 	// waiting are the clients with Gets waiting, each with its own
 	// waiters in the order they came; seq numbers them all so.
@@ -279,24 +288,34 @@ func (ep *endpoint) unhold(client Client) {
 	}
 }
 
+// atShare reports whether client holds share of ep's connections, the
+// most one client may; p.mu is held. Only an endpoint with share in use
+// looks client up: the fast path's Get finds fewer.
+func (ep *endpoint) atShare(client Client, share int) bool {
+	return ep.open-len(ep.idle) >= share && ep.held[client] >= share
+}
+
 // next takes the waiter due what ep frees now, if any, and holds that
 // for its client: the first waiter of the waiting client that holds the
 // fewest of ep's connections, or of those that hold as few, the one whose
-// first came first. An endpoint's connections serve every pod on the
-// node: in the order Gets came, one pod keeping them all busy with more
-// queued held up every other pod's Gets behind its queue until MaxWait
-// failed them. So each waiting client's share grows while it is below the
-// others', towards an equal one; nothing is taken back from a client
-// that holds more. p.mu is held.
-func (ep *endpoint) next() (chan *Conn, Client, bool) {
-	if len(ep.waiting) == 0 {
-		return nil, Client{}, false
-	}
-	best, fewest := 0, ep.held[ep.waiting[0].client]
-	for i, q := range ep.waiting[1:] {
-		if n := ep.held[q.client]; n < fewest || n == fewest && q.waiters[0].seq < ep.waiting[best].waiters[0].seq {
-			best, fewest = i+1, n
+// first came first, passing over clients that hold share. An endpoint's
+// connections serve every pod on the node: in the order Gets came, one
+// pod keeping them all busy with more queued held up every other pod's
+// Gets behind its queue until MaxWait failed them. So what each waiting
+// client holds grows while it is below the others', towards an equal
+// part. Nothing can be taken back from a client while its exchanges last
+// (answers that never end: event streams, long polls), so none may hold
+// more than share: the others always find the rest. p.mu is held.
+func (ep *endpoint) next(share int) (chan *Conn, Client, bool) {
+	best, fewest := -1, 0
+	for i, q := range ep.waiting {
+		n := ep.held[q.client]
+		if n < share && (best < 0 || n < fewest || n == fewest && q.waiters[0].seq < ep.waiting[best].waiters[0].seq) {
+			best, fewest = i, n
 		}
+	}
+	if best < 0 {
+		return nil, Client{}, false
 	}
 	q := ep.waiting[best]
 	w := q.waiters[0]
@@ -359,7 +378,10 @@ func New(cfg Config) *Pool {
 	if cfg.MaxHeadBytes <= 0 {
 		cfg.MaxHeadBytes = http.DefaultMaxHeaderBytes
 	}
-	p := &Pool{cfg: cfg, eps: make(map[netip.AddrPort]*endpoint)}
+	// An eighth of an endpoint's connections stays for the other clients:
+	// enough that they are served while one holds the rest, little enough
+	// that one client alone is not held back much.
+	p := &Pool{cfg: cfg, share: cfg.MaxOpen - cfg.MaxOpen/8, eps: make(map[netip.AddrPort]*endpoint)}
 	p.readers.New = func() any { return bufio.NewReaderSize(nil, cfg.BufferSize) }
 	p.writers.New = func() any { return bufio.NewWriterSize(nil, cfg.BufferSize) }
 	p.sweep = time.AfterFunc(time.Hour, p.expire)
@@ -368,15 +390,16 @@ func New(cfg Config) *Pool {
 }
 
 // Get returns an idle connection to addr, or one dialed with dial when addr
-// has fewer than MaxOpen connections; otherwise it waits for one to be put
-// back or closed, until ctx ends or MaxWait passed (ErrBusy). The
-// connections an endpoint frees while clients wait go to the client that
-// holds the fewest of its connections (endpoint.next): one client's
-// queue does not hold up another's Gets. Idle connections the peer has
-// closed are dropped on the way. A ctx that has already ended gets none,
-// not even an idle one or one handed over as it ended, as from net/http's
-// Transport: the caller's time is up (a route's request timeout), and
-// nothing may go out for it.
+// has fewer than MaxOpen connections; otherwise, or when client holds its
+// share of them (Config.MaxOpen), it waits for one to be put back or
+// closed, until ctx ends or MaxWait passed (ErrBusy). The connections an
+// endpoint frees while clients wait go to the client that holds the
+// fewest of its connections (endpoint.next): one client's queue does not
+// hold up another's Gets, nor do its exchanges that never end. Idle
+// connections the peer has closed are dropped on the way. A ctx that has
+// already ended gets none, not even an idle one or one handed over as it
+// ended, as from net/http's Transport: the caller's time is up (a route's
+// request timeout), and nothing may go out for it.
 func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, client Client, dial func(context.Context) (net.Conn, error)) (*Conn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -385,7 +408,8 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, client Client, dial
 	for {
 		p.mu.Lock()
 		ep := p.endpoint(addr)
-		if n := len(ep.idle); n > 0 {
+		atShare := ep.atShare(client, p.share)
+		if n := len(ep.idle); n > 0 && !atShare {
 			c := ep.idle[n-1]
 			ep.idle[n-1] = nil
 			ep.idle = ep.idle[:n-1]
@@ -401,7 +425,7 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, client Client, dial
 			}
 			return p.handOut(c), nil
 		}
-		if ep.open < p.cfg.MaxOpen {
+		if ep.open < p.cfg.MaxOpen && !atShare {
 			ep.open++
 			ep.hold(client)
 			p.mu.Unlock()
@@ -413,6 +437,11 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, client Client, dial
 		}
 		c, freed, err := p.wait(ctx, ep, client, busy.C)
 		switch {
+		case err != nil && atShare && errors.Is(err, ErrBusy):
+			if p.cfg.AtShare != nil {
+				p.cfg.AtShare()
+			}
+			return nil, fmt.Errorf("%w, its client holding its share (%d) when it began to wait", err, p.share)
 		case err != nil:
 			return nil, err
 		case freed:
@@ -552,7 +581,7 @@ func (p *Pool) Put(c *Conn) {
 	p.mu.Lock()
 	ep := c.ep
 	ep.unhold(c.client)
-	if w, client, ok := ep.next(); ok {
+	if w, client, ok := ep.next(p.share); ok {
 		c.client = client
 		p.mu.Unlock()
 		w <- c
@@ -605,7 +634,7 @@ func (p *Pool) release(c *Conn) {
 // free frees one slot of ep: a waiter may dial in its place; an endpoint
 // with nothing left is forgotten. p.mu is held.
 func (p *Pool) free(ep *endpoint) {
-	if w, _, ok := ep.next(); ok {
+	if w, _, ok := ep.next(p.share); ok {
 		w <- nil // the slot passes to the waiter
 		return
 	}

@@ -266,6 +266,67 @@ func TestWaitersTakeTurns(t *testing.T) {
 	})
 }
 
+// TestClientShare: one client holds at most all but an eighth of an
+// endpoint's connections, 7 of 8: its Get beyond waits, though the
+// endpoint has room, and fails with ErrBusy after MaxWait, told AtShare,
+// while another client's is served at once. What the endpoint frees
+// passes over the waiting client at its share, and one of its own put
+// back goes to it. Another's Get failing at MaxOpen is not AtShare's.
+func TestClientShare(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var atShare int
+		p := New(Config{MaxOpen: 8, MaxWait: 3 * time.Second, AtShare: func() { atShare++ }})
+		d := newPipeDialer()
+		hog, other := Client{Addr: netip.MustParseAddr("10.1.0.1")}, Client{Namespace: "b", Name: "other"}
+		var held []*Conn
+		for range 7 {
+			c, err := p.Get(context.Background(), ep, hog, d.dial)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, c)
+		}
+		start := time.Now()
+		if _, err := p.Get(context.Background(), ep, hog, d.dial); !errors.Is(err, ErrBusy) || time.Since(start) != 3*time.Second {
+			t.Fatalf("Get of a client holding 7 of 8 = %v after %v; want ErrBusy after MaxWait (3s)", err, time.Since(start))
+		}
+		if atShare != 1 {
+			t.Errorf("AtShare told %d times, want 1", atShare)
+		}
+		start = time.Now()
+		o, err := p.Get(context.Background(), ep, other, d.dial)
+		if err != nil || time.Since(start) != 0 {
+			t.Fatalf("another client's Get = %v after %v; want a connection at once", err, time.Since(start))
+		}
+		got := make(chan *Conn)
+		go func() {
+			c, _ := p.Get(context.Background(), ep, hog, d.dial)
+			got <- c
+		}()
+		synctest.Wait()
+		p.Put(o)
+		synctest.Wait()
+		select {
+		case c := <-got:
+			t.Fatalf("a client holding its share was handed %p, put back by another", c)
+		default:
+		}
+		p.Put(held[0])
+		if c := <-got; c != held[0] {
+			t.Fatalf("the waiting client got %p, want its own put back, %p", c, held[0])
+		}
+		if open, idle := p.Stats(ep); open != 8 || idle != 1 || d.dials.Load() != 8 {
+			t.Errorf("open %d idle %d dials %d; want 8, 1 (the other's), 8", open, idle, d.dials.Load())
+		}
+		if c, err := p.Get(context.Background(), ep, other, d.dial); c != o || err != nil {
+			t.Fatalf("the other's Get = %p, %v; want the idle one, %p", c, err, o)
+		}
+		if _, err := p.Get(context.Background(), ep, other, d.dial); !errors.Is(err, ErrBusy) || atShare != 1 {
+			t.Errorf("Get at MaxOpen = %v, AtShare told %d times; want ErrBusy, 1", err, atShare)
+		}
+	})
+}
+
 // endsAsHanded is a context that ends just as a Get's wait first looks at
 // it, and has a connection handed to that Get then: the wait finds both
 // at once.

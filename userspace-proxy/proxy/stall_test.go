@@ -396,6 +396,227 @@ func TestPoolTurnsPerClient(t *testing.T) {
 	})
 }
 
+// TestPoolTurnsDualStack: a dual-stack pod's two addresses are one pod
+// for turns: holding 3 of the endpoint's 5 connections from both, with a
+// request queued first, it waits on while the connection another pod
+// frees goes to that pod's request queued after (it holds 1 then, the
+// dual-stack pod 3). By address, the dual-stack pod's held 1 and 2, and
+// the one holding 1, as many as the other pod, came first.
+func TestPoolTurnsDualStack(t *testing.T) {
+	inBubbles(t, func(t *testing.T, k clientKind) {
+		var pn pipenet.Net
+		addr := netip.MustParseAddrPort("10.0.0.1:8080")
+		var release [5]chan struct{} // by /hold's id; the test frees 3
+		for i := range release {
+			release[i] = make(chan struct{})
+		}
+		defer func() {
+			for i, c := range release {
+				if i != 3 {
+					close(c)
+				}
+			}
+		}()
+		served := make(chan string, 2)
+		servePipe(t, &pn, addr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/hold" {
+				id, _ := strconv.Atoi(r.URL.Query().Get("id"))
+				<-release[id]
+				return
+			}
+			served <- r.URL.Query().Get("who")
+		}))
+		cfg := proxy.Config{HTTP1TLS: k.path}
+		cfg.Upstream.MaxConnsPerEndpoint = 5
+		p, _ := pipeProxy(t, &pn, cfg)
+		m := &mesh{t: t, workloads: []snapshot.Workload{dualStack}}
+		be := m.backend("web", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(addr)})
+		m.frontend("web", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+			rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
+		p.Update(m.snapshot(1))
+		v4, v6 := pipeClientFrom(t, p, dualStack.IPs[0], k.h2c), pipeClientFrom(t, p, dualStack.IPs[1], k.h2c)
+		other := pipeClientFrom(t, p, consumerClient, k.h2c)
+		get := func(c *http.Client, path string) {
+			go func() {
+				if resp, err := c.Get("http://web.b.svc" + path); err == nil {
+					resp.Body.Close()
+				}
+			}()
+			synctest.Wait() // at the backend, or queued for a connection
+		}
+		get(v4, "/hold?id=0")
+		get(v6, "/hold?id=1")
+		get(v6, "/hold?id=2")
+		get(other, "/hold?id=3")
+		get(other, "/hold?id=4")
+		get(v4, "/?who=dual")
+		get(other, "/?who=other")
+		close(release[3])
+		if who := <-served; who != "other" {
+			t.Errorf("the connection freed went to %s's request, want other's (it held 1, the dual-stack pod 3)", who)
+		}
+		<-served
+	})
+}
+
+// dualStack is pod a/dual, with an IPv4 and an IPv6 address, as in
+// node-IP mode on a dual-stack cluster.
+var dualStack = snapshot.Workload{Pod: snapshot.ObjectRef{Namespace: "a", Name: "dual"},
+	IPs: []netip.Addr{netip.MustParseAddr("127.0.0.4"), netip.MustParseAddr("fd00::4")}, Enrolled: true}
+
+// TestPoolShare: no pod holds more than all but an eighth of an
+// endpoint's connections (7 of 8). While one holds 7 with event streams
+// that never end, its next stream waits ConnWait and fails 503 pool_busy,
+// counted as its share's, and another pod's request, sent meanwhile, is
+// answered at once: before, the holder's stream took the last connection
+// too, and every other pod's requests failed pool_busy for as long as it
+// held them. The holder is a dual-stack pod whose streams come from both of its
+// addresses: one pod (by address, each held less than 7).
+func TestPoolShare(t *testing.T) {
+	inBubbles(t, func(t *testing.T, k clientKind) {
+		const wait = 5 * time.Second
+		var pn pipenet.Net
+		addr := netip.MustParseAddrPort("10.0.0.1:8080")
+		end := make(chan struct{})
+		defer close(end)
+		servePipe(t, &pn, addr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.URL.Path == "/events" {
+				w.Header().Set("Content-Type", "text/event-stream")
+				w.(http.Flusher).Flush()
+				select {
+				case <-end:
+				case <-r.Context().Done():
+				}
+				return
+			}
+			io.WriteString(w, "ok")
+		}))
+		cfg := proxy.Config{HTTP1TLS: k.path}
+		cfg.Upstream.MaxConnsPerEndpoint, cfg.Upstream.ConnWait = 8, wait
+		p, metrics := pipeProxy(t, &pn, cfg)
+		m := &mesh{t: t, workloads: []snapshot.Workload{dualStack}}
+		be := m.backend("web", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(addr)})
+		m.frontend("web", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+			rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
+		p.Update(m.snapshot(1))
+		hog := []*http.Client{pipeClientFrom(t, p, dualStack.IPs[0], k.h2c), pipeClientFrom(t, p, dualStack.IPs[1], k.h2c)}
+		for i := range 7 {
+			resp, err := hog[i%2].Get("http://web.b.svc/events")
+			if err != nil {
+				t.Fatalf("event stream %d: %v", i+1, err)
+			}
+			defer resp.Body.Close()
+		}
+		type result struct {
+			status int
+			body   string
+			waited time.Duration
+			stream io.Closer // an event stream's body, left open
+		}
+		hogs := make(chan result, 1)
+		go func() {
+			start := time.Now()
+			resp, err := hog[0].Get("http://web.b.svc/events")
+			if err != nil {
+				hogs <- result{body: err.Error()}
+				return
+			}
+			r := result{status: resp.StatusCode, waited: time.Since(start), stream: resp.Body}
+			if resp.StatusCode != http.StatusOK {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				r.body, r.stream = string(b), nil
+			}
+			hogs <- r
+		}()
+		synctest.Wait() // waiting for a connection, or answered
+		start := time.Now()
+		status, body := getText(t, pipeClientFrom(t, p, consumerClient, k.h2c), "http://web.b.svc/")
+		if status != http.StatusOK || body != "ok" || time.Since(start) != 0 {
+			t.Errorf("another pod's GET = %d %q after %v, want 200 ok at once", status, body, time.Since(start))
+		}
+		r := <-hogs
+		if r.stream != nil {
+			defer r.stream.Close()
+		}
+		if r.status != http.StatusServiceUnavailable || r.body != "sockmesh: pool_busy\n" || r.waited != wait {
+			t.Errorf("the holder's next stream = %d %q after %v, want 503 pool_busy after ConnWait (%v)", r.status, r.body, r.waited, wait)
+		}
+		if got := counterValue(t, metrics, "sockmesh_proxy_upstream_pool_busy_at_share_total", "", ""); got != 1 {
+			t.Errorf("pool_busy_at_share_total = %v, want 1", got)
+		}
+	})
+}
+
+// TestPoolShareOfCopies: the copies a RequestMirror filter sends and the
+// asks of an ExternalAuth filter count in the upstream pools as their
+// request's pod's, not as one client shared by every pod: while one pod's
+// copies (asks) hold their endpoint's share, 7 of 8, another pod's reach
+// it at once — its request answered at once too.
+func TestPoolShareOfCopies(t *testing.T) {
+	for _, path := range []string{"/mirrored", "/auth"} {
+		t.Run(path[1:], func(t *testing.T) {
+			inBubbles(t, func(t *testing.T, k clientKind) {
+				var pn pipenet.Net
+				webAddr, sideAddr := netip.MustParseAddrPort("10.0.0.1:8080"), netip.MustParseAddrPort("10.0.0.2:8080")
+				end := make(chan struct{})
+				defer close(end)
+				servePipe(t, &pn, webAddr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+				// The mirror backend, or the authorization server: it
+				// holds the hog's until the test ends.
+				reached := make(chan string, 16)
+				servePipe(t, &pn, sideAddr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					who := r.URL.Query().Get("who")
+					reached <- who
+					if who == "hog" {
+						select {
+						case <-end:
+						case <-r.Context().Done():
+						}
+					}
+				}))
+				cfg := proxy.Config{HTTP1TLS: k.path}
+				cfg.Upstream.MaxConnsPerEndpoint = 8
+				p, _ := pipeProxy(t, &pn, cfg)
+				m := &mesh{t: t}
+				web := m.backend("web", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(webAddr)})
+				side := m.backend("side", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(sideAddr)})
+				m.frontend("web", routedVIP, web, producer(routeSet(snapshot.KindHTTPRoute,
+					rule{[]snapshot.RouteMatch{prefixMatch("/mirrored")}, snapshot.RouteRule{Backends: to(web),
+						Filters: snapshot.Filters{Mirrors: []snapshot.Mirror{{Backend: side, Numerator: 1, Denominator: 1}}}}},
+					rule{[]snapshot.RouteMatch{prefixMatch("/auth")}, snapshot.RouteRule{Backends: to(web),
+						Filters: snapshot.Filters{ExternalAuth: &snapshot.ExternalAuth{Backend: side}}}})))
+				p.Update(m.snapshot(1))
+				hog := pipeClientFrom(t, p, producerClient, k.h2c)
+				for range 7 {
+					go func() {
+						if resp, err := hog.Get("http://web.b.svc" + path + "?who=hog"); err == nil {
+							resp.Body.Close()
+						}
+					}()
+					if who := <-reached; who != "hog" {
+						t.Fatalf("%s reached the side backend, want hog", who)
+					}
+				}
+				start := time.Now()
+				status, body := getText(t, pipeClientFrom(t, p, consumerClient, k.h2c), "http://web.b.svc"+path+"?who=other")
+				if status != http.StatusOK || body != "ok" || time.Since(start) != 0 {
+					t.Errorf("another pod's GET = %d %q after %v, want 200 ok at once", status, body, time.Since(start))
+				}
+				synctest.Wait() // the copy sent, or waiting for a connection
+				select {
+				case who := <-reached:
+					if who != "other" {
+						t.Errorf("%s reached the side backend, want other", who)
+					}
+				default:
+					t.Error("another pod's copy did not reach the side backend: it waited behind the hog's share")
+				}
+			})
+		})
+	}
+}
+
 // slowUpload POSTs a 10-byte body a byte every 6 s, and returns the
 // answer's body or why there is none.
 func slowUpload(t *testing.T, p *proxy.Proxy, k clientKind) string {

@@ -398,7 +398,8 @@ func testRequestTimeoutKeptBody(t *testing.T, k clientKind) {
 	}
 }
 
-// counterValue reads the counter name{label=value} from reg.
+// counterValue reads the counter name{label=value} from reg; with label
+// "", the counter name of no labels.
 func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -410,6 +411,9 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, label, value str
 			continue
 		}
 		for _, m := range mf.GetMetric() {
+			if label == "" {
+				return m.GetCounter().GetValue()
+			}
 			for _, lp := range m.GetLabel() {
 				if lp.GetName() == label && lp.GetValue() == value {
 					return m.GetCounter().GetValue()

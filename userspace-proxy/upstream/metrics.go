@@ -23,6 +23,7 @@ type metrics struct {
 	ejections         *prometheus.CounterVec
 	poolGets          [2]prometheus.Counter // new, reused
 	poolDropped       [4]prometheus.Counter // by pool.DropReason
+	poolBusyAtShare   prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, health *balance.Health) (*metrics, error) {
@@ -64,9 +65,13 @@ func newMetrics(reg prometheus.Registerer, health *balance.Health) (*metrics, er
 	}, []string{"reason"})
 	m.poolDropped = [4]prometheus.Counter{pool.DropClosed: poolDropped.WithLabelValues("closed"), pool.DropUnsolicited: poolDropped.WithLabelValues("unsolicited"),
 		pool.DropExpired: poolDropped.WithLabelValues("expired"), pool.DropSettingsChanged: poolDropped.WithLabelValues("settings_changed")}
+	m.poolBusyAtShare = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sockmesh_proxy_upstream_pool_busy_at_share_total",
+		Help: "HTTP/1.1 requests that failed pool_busy having waited because their pod held its share of the endpoint's connections (all but an eighth of MaxConnsPerEndpoint): one pod's exchanges that do not end, not the node's load.",
+	})
 	m.dialsOK = m.dials.WithLabelValues("ok")
 	m.handshakesFull, m.handshakesResumed = m.handshakes.WithLabelValues("full"), m.handshakes.WithLabelValues("resumed")
-	for _, c := range []prometheus.Collector{m.dials, m.handshakes, m.handshakeSeconds, m.open, m.ejections, ejected, poolGets, poolDropped} {
+	for _, c := range []prometheus.Collector{m.dials, m.handshakes, m.handshakeSeconds, m.open, m.ejections, ejected, poolGets, poolDropped, m.poolBusyAtShare} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register upstream metrics: %w", err)
 		}

@@ -41,7 +41,8 @@ type Config struct {
 	MaxIdleConnsPerEndpoint int
 	// MaxConnsPerEndpoint bounds the HTTP/1.1 connections per endpoint and
 	// wire (requests wait for one beyond it, and one freed goes to the
-	// waiting client that holds the fewest: WithClient); 0 means 1024.
+	// waiting client that holds the fewest: WithClient), one client's to
+	// all but an eighth of them (pool.Config.MaxOpen); 0 means 1024.
 	// net/http's HTTP/2 Transport, given it as MaxConnsPerHost, dials
 	// another connection whenever those open have no stream to spare, past
 	// it too (its count forgets a connection found full): no request waits
@@ -277,7 +278,7 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 			w.tls = o
 		}
 		w.h1 = pool.New(pool.Config{MaxIdle: p.cfg.MaxIdleConnsPerEndpoint, MaxOpen: p.cfg.MaxConnsPerEndpoint, MaxWait: p.cfg.ConnWait, IdleTimeout: p.cfg.IdleConnTimeout,
-			Dropped: func(why pool.DropReason) { p.m.poolDropped[why].Inc() }})
+			Dropped: func(why pool.DropReason) { p.m.poolDropped[why].Inc() }, AtShare: p.m.poolBusyAtShare.Inc})
 		if old := prev.Get(spec.Ref); old != nil && old.w != nil {
 			// New TLS settings or protocol: TLS sessions of the old ones
 			// are not reused, nor the connections the new ones would not
