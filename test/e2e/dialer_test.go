@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/sockmesh/sockmesh/datapath/mark"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 )
 
@@ -33,6 +34,9 @@ type dialRequest struct {
 	Network string        `json:"network"`
 	Addr    string        `json:"addr"`
 	Timeout time.Duration `json:"timeout"`
+	// Mark, when set, is put on the socket before it connects (SO_MARK),
+	// as a pod with CAP_NET_RAW, a container runtime's default, may.
+	Mark uint32 `json:"mark,omitempty"`
 }
 
 // dialReply answers it; on success the socket travels as SCM_RIGHTS.
@@ -81,7 +85,11 @@ func runDialer([]string) error {
 }
 
 func dialOnce(req dialRequest) (dialReply, *os.File) {
-	c, err := (&net.Dialer{Timeout: req.Timeout}).Dial(req.Network, req.Addr)
+	d := net.Dialer{Timeout: req.Timeout}
+	if req.Mark != 0 {
+		d.Control = mark.ControlWith(req.Mark)
+	}
+	c, err := d.Dial(req.Network, req.Addr)
 	if err != nil {
 		r := dialReply{Err: err.Error()}
 		var errno syscall.Errno
@@ -131,6 +139,17 @@ func startDialer(t testing.TB, ns *sandbox.NetNS, cg *sandbox.Cgroup) *dialer {
 // DialContext connects from the pod. A failed connect returns an error
 // that wraps the errno the pod saw (errors.Is(err, syscall.ECONNREFUSED)).
 func (d *dialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	return d.dial(ctx, network, addr, 0)
+}
+
+// marked is DialContext for sockets that carry mark m.
+func (d *dialer) marked(m uint32) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return d.dial(ctx, network, addr, m)
+	}
+}
+
+func (d *dialer) dial(ctx context.Context, network, addr string, m uint32) (net.Conn, error) {
 	timeout := 10 * time.Second
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, time.Until(dl))
@@ -138,7 +157,7 @@ func (d *dialer) DialContext(ctx context.Context, network, addr string) (net.Con
 	if timeout <= 0 {
 		return nil, &net.OpError{Op: "dial", Net: network, Err: context.DeadlineExceeded}
 	}
-	req, _ := json.Marshal(dialRequest{Network: network, Addr: addr, Timeout: timeout})
+	req, _ := json.Marshal(dialRequest{Network: network, Addr: addr, Timeout: timeout, Mark: m})
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, _, err := d.ctrl.WriteMsgUnix(req, nil, nil); err != nil {

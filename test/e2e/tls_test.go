@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/datapath/mark"
 	"github.com/sockmesh/sockmesh/test/pki"
 )
 
@@ -78,6 +79,19 @@ func testConfigMapCA(s *scenario) {
 	s.checkFromNode(rep, b.pod)
 	if rep.Proto != "HTTP/1.1" || rep.Path != "/configmap-ca" {
 		s.t.Errorf("backend saw %s %s, want HTTP/1.1 /configmap-ca as the app sent it", rep.Proto, rep.Path)
+	}
+	// A pod that puts the proxy's mark on its socket is captured all the
+	// same: the mark passes only the proxy's own sockets, in its netns.
+	marked := &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		DialContext:       s.n.client.dialer.marked(mark.Proxy),
+	}}
+	if r, err := s.request(marked, svc.url(false, httpsPort, "/marked")); err != nil {
+		s.t.Errorf("GET with the proxy's mark on the pod's socket: %v", err)
+	} else if r.status != http.StatusOK {
+		s.t.Errorf("GET with the proxy's mark on the pod's socket: %d %q, want 200 through the proxy", r.status, r.body)
+	} else {
+		s.checkTLS(r.report, hostname)
 	}
 	c, err := s.n.client.dialer.DialContext(context.Background(), "tcp", svc.addr(false, httpsPort).String())
 	if err != nil {
