@@ -119,6 +119,10 @@ func Classify(err error) Reason {
 		return ReasonNoEndpoints
 	case upstreamtls.IsVerifyError(err):
 		return ReasonTLSVerify
+	case errors.Is(err, context.Canceled):
+		// Before the connect's reasons: a connect or handshake the
+		// caller's context ended failed nothing of the backend's.
+		return ReasonCanceled
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return ReasonRefused
 	case errors.Is(err, errHandshake), isRemoteAlert(err):
@@ -128,8 +132,6 @@ func Classify(err error) Reason {
 	case errors.Is(err, ErrNotHTTP11), errors.Is(err, ErrNotHTTP2), errors.Is(err, pool.ErrHeadTooLarge),
 		errors.Is(streamCause(err), pool.ErrHeadTooLarge):
 		return ReasonProtocol
-	case errors.Is(err, context.Canceled):
-		return ReasonCanceled
 	}
 	return ReasonUpstream
 }

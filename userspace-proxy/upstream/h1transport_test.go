@@ -292,6 +292,41 @@ func TestH1TransportContext(t *testing.T) {
 	}
 }
 
+// TestConnectEndedByContext: a request whose context ends while its
+// connection is made, in the TLS handshake or before the TCP connect,
+// fails as canceled (the app left), not as the backend's failure: no
+// tls_handshake or dial_failed reason (logged at warn, naming the TLS
+// policy), no failed handshake counted.
+func TestConnectEndedByContext(t *testing.T) {
+	w := newWorld(t)
+	hello := make(chan struct{}, 1)
+	addr := serveRawTLS(t, w, false, func(c net.Conn) {
+		// Reads the ClientHello's first byte, and never answers it.
+		c.Read(make([]byte, 1))
+		hello <- struct{}{}
+		io.Copy(io.Discard, c)
+	})
+	be := backendAt(t, w.pools, addr, w.policy())
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-hello
+		cancel()
+	}()
+	_, err := be.RoundTripper(WireH1).RoundTrip(request(t, ctx, be, http.MethodGet, "/", nil))
+	if !errors.Is(err, context.Canceled) || Classify(err) != ReasonCanceled {
+		t.Errorf("handshake ended by the context: %v (reason %s), want canceled", err, Classify(err))
+	}
+	if failed, canceled := w.counter(t, "sockmesh_proxy_upstream_tls_handshakes_total", "failed"),
+		w.counter(t, "sockmesh_proxy_upstream_tls_handshakes_total", "canceled"); failed != 0 || canceled != 1 {
+		t.Errorf("handshakes counted failed %v, canceled %v; want 0 and 1", failed, canceled)
+	}
+
+	_, err = be.Dial(ctx, be.Picker.Pick(), alpnH1)
+	if !errors.Is(err, context.Canceled) || Classify(err) != ReasonCanceled {
+		t.Errorf("connect with the context ended: %v (reason %s), want canceled", err, Classify(err))
+	}
+}
+
 // TestH1TransportFullDuplex: the request body streams while the answer
 // does — each piece the app sends comes back before it sends the next,
 // chunked or of known length (whose pieces waited in the connection's

@@ -34,7 +34,7 @@ func newMetrics(reg prometheus.Registerer, health *balance.Health) (*metrics, er
 		}, []string{"result"}),
 		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_upstream_tls_handshakes_total",
-			Help: "TLS handshakes toward backends, by result (full, resumed, verify_failed, timeout, failed).",
+			Help: "TLS handshakes toward backends, by result (full, resumed, verify_failed, timeout, failed, canceled).",
 		}, []string{"result"}),
 		handshakeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "sockmesh_proxy_upstream_tls_handshake_duration_seconds",

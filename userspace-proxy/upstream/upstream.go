@@ -811,9 +811,14 @@ func (w *wireState) dial(ctx context.Context, picked *balance.Choice, alpn []str
 	if err != nil {
 		c.Close()
 		if ctx.Err() != nil {
+			// The caller's context ended it (the app left, a route's
+			// timeout passed), not the endpoint: Classify tells a
+			// cancellation by the error it wraps.
 			w.p.health.Canceled(picked)
+			m.handshakes.WithLabelValues("canceled").Inc()
+			return nil, fmt.Errorf("%w to %s (%s): %w", errHandshake, ep.Addr, w.tls.Settings().ServerName, err)
 		}
-		if ctx.Err() == nil && errors.Is(hctx.Err(), context.DeadlineExceeded) {
+		if errors.Is(hctx.Err(), context.DeadlineExceeded) {
 			// The endpoint's kernel took the connection, but nothing
 			// serves it (a frozen process, one not calling accept): as a
 			// connect that timed out, nothing went out, and it is ejected.
@@ -828,7 +833,7 @@ func (w *wireState) dial(ctx context.Context, picked *balance.Choice, alpn []str
 		} else {
 			m.handshakes.WithLabelValues("failed").Inc()
 			err = fmt.Errorf("%w to %s (%s): %w", errHandshake, ep.Addr, w.tls.Settings().ServerName, err)
-			if ctx.Err() == nil && brokeOff(err) {
+			if brokeOff(err) {
 				// The endpoint reset or closed the connection before the
 				// handshake ended (its pod killed, its TLS listener gone): as a
 				// refused connect, nothing went out, another endpoint may
@@ -841,15 +846,13 @@ func (w *wireState) dial(ctx context.Context, picked *balance.Choice, alpn []str
 				return nil, &dialError{err: err}
 			}
 		}
-		if ctx.Err() == nil {
-			// The endpoint answered the handshake (a certificate, an
-			// alert): it takes connections, which is all Health judges,
-			// so its ejection ends as for a connect that succeeds, and
-			// it is where an endpoint never ejected is — the TLS policy
-			// fails its connections. Unsettled, its probe held it out
-			// for probeWait, and nothing told what waited for it.
-			w.p.health.OK(ep.Addr)
-		}
+		// The endpoint answered the handshake (a certificate, an alert):
+		// it takes connections, which is all Health judges, so its
+		// ejection ends as for a connect that succeeds, and it is where
+		// an endpoint never ejected is — the TLS policy fails its
+		// connections. Unsettled, its probe held it out for probeWait,
+		// and nothing told what waited for it.
+		w.p.health.OK(ep.Addr)
 		return nil, err
 	}
 	w.p.health.OK(ep.Addr)
