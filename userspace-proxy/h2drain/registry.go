@@ -269,7 +269,7 @@ func (r *Registry) Update(of func(snapshot.BackendRef) (Endpoints, bool)) {
 				r.askWithin(ref, c, e, ReasonPreferredBack)
 				movedBack = true
 				if eps.Untried && r.recheck != nil {
-					time.AfterFunc(2*r.spread, r.recheck)
+					time.AfterFunc(2*r.spread, r.runRecheck)
 				}
 			}
 		}
@@ -309,6 +309,13 @@ func (r *Registry) askWithin(ref snapshot.BackendRef, c *Conn, e *entry, why Rea
 		e.backDue = time.Now().Add(d)
 	}
 	e.timer = time.AfterFunc(d, func() { r.ask(ref, c, why) })
+}
+
+// runRecheck calls recheck, in the goroutine of its timer.
+func (r *Registry) runRecheck() {
+	var err error
+	defer r.panics.Recover("h2 recheck", &err, nil)
+	r.recheck()
 }
 
 // ask asks c to go away; it runs in a goroutine of its own, as the write

@@ -3,6 +3,7 @@ package h2drain
 import (
 	"bytes"
 	"crypto/tls"
+	"log/slog"
 	"net"
 	"net/netip"
 	"sync"
@@ -10,10 +11,13 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/net/http2"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/metricsum"
 	"github.com/sockmesh/sockmesh/test/pki"
+	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
 )
 
@@ -391,4 +395,28 @@ func TestStandbyUntriedOnce(t *testing.T) {
 	if n := leaving(r, web); n != 1 {
 		t.Errorf("preferred ones untried, updated twice: %d leaving, want 1", n)
 	}
+}
+
+// TestRecheckPanicContained: a panic in the recheck a connection asked back
+// to untried endpoints schedules is the Registry's goroutine's, reported
+// to its Reporter: it does not end the node's proxy.
+func TestRecheckPanicContained(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := prometheus.NewRegistry()
+		panics, err := contain.New(slog.New(slog.DiscardHandler), reg, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k := &counts{asked: make(map[Reason]int), read: make(chan *Conn, 100)}
+		r := NewRegistry(time.Second, k.add, func() { panic("recheck") }, panics)
+		relayed(t, r, k, web, epC, 1)
+		r.Update(func(snapshot.BackendRef) (Endpoints, bool) {
+			return Endpoints{Addrs: []netip.AddrPort{epA, epC}, Standby: []netip.AddrPort{epC}, Untried: true}, true
+		})
+		time.Sleep(3 * time.Second) // past the recheck, twice the spread
+		synctest.Wait()
+		if n := metricsum.Sum(t, reg, "sockmesh_proxy_panics_total", nil); n != 1 {
+			t.Errorf("%v panics reported, want the recheck's", n)
+		}
+	})
 }
