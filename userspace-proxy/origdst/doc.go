@@ -29,11 +29,12 @@
 // original destination for the connection: the datapath recorded none and
 // conntrack has no entry (ENOENT) or is not loaded (ENOPROTOOPT), or
 // conntrack's "original" destination is the listener's own address, which
-// means the client dialled the proxy directly. The proxy must close such a
-// connection: a node-IP listener is reachable from other hosts and must
-// never relay (see ../shared/DESIGN.md, "Only redirected connections are
-// served"). Any other error (a closed connection, an unexpected errno) is
-// returned wrapped as is.
+// means the client dialled the proxy directly. Unless the agent finds one
+// in the datapath's maps (proxy.Config.OrigDst: for a socket no getsockopt
+// program answers for), the proxy closes such a connection
+// (not_redirected): a node-IP listener is reachable from other hosts and
+// must never relay. Any other error (a closed connection, an
+// unexpected errno) is returned wrapped as is.
 //
 // This package must not decide anything about the destination (whether it
 // is captured, which backend it leads to): callers look it up in the

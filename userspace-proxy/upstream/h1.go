@@ -34,10 +34,10 @@ func (b *Backend) GetH1(ctx context.Context, picked *balance.Choice, client pool
 	})
 	if err != nil {
 		if !dialed {
-			// ctx ended while the request waited for a connection (the
-			// endpoint had MaxConnsPerEndpoint open): it connected
-			// nothing, and a probe it held must not stay out for its
-			// caller gone.
+			// The request waited for a connection (the endpoint had
+			// MaxConnsPerEndpoint open) until ctx ended or ConnWait
+			// passed: it connected nothing, and a probe it held must not
+			// stay out for a caller that gave up.
 			w.p.health.Canceled(picked)
 		}
 		return nil, err

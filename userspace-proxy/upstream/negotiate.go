@@ -142,11 +142,11 @@ func (n negotiated) RoundTrip(req *http.Request) (*http.Response, error) {
 	if n.b.SpeaksH1Only(time.Now()) {
 		return h1Transport(n).RoundTrip(req)
 	}
-	out, held := req, (*HeldBody)(nil)
+	out, held := req, (*heldBody)(nil)
 	if req.Body != nil && req.Body != http.NoBody {
 		// The Transport closes the body of a request it fails; one that
 		// goes again over HTTP/1.1 must stay open.
-		held = HoldBody(req.Body)
+		held = holdBody(req.Body)
 		out = new(http.Request)
 		*out = *req
 		out.Body = held
@@ -159,11 +159,11 @@ func (n negotiated) RoundTrip(req *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-// HeldBody is a request body whose Close waits for Release, and which
+// heldBody is a request body whose Close waits for Release, and which
 // tells whether it was read: a request that failed before any of its body
 // went out (h2 was declined) may go again with it, though the transport
 // closed it.
-type HeldBody struct {
+type heldBody struct {
 	r       io.ReadCloser
 	mu      sync.Mutex
 	read    bool
@@ -171,17 +171,17 @@ type HeldBody struct {
 	closed  bool // Close was called while holding
 }
 
-// HoldBody returns r held until Release.
-func HoldBody(r io.ReadCloser) *HeldBody { return &HeldBody{r: r, holding: true} }
+// holdBody returns r held until Release.
+func holdBody(r io.ReadCloser) *heldBody { return &heldBody{r: r, holding: true} }
 
-func (h *HeldBody) Read(p []byte) (int, error) {
+func (h *heldBody) Read(p []byte) (int, error) {
 	h.mu.Lock()
 	h.read = true
 	h.mu.Unlock()
 	return h.r.Read(p)
 }
 
-func (h *HeldBody) Close() error {
+func (h *heldBody) Close() error {
 	h.mu.Lock()
 	if h.holding {
 		h.closed = true
@@ -193,7 +193,7 @@ func (h *HeldBody) Close() error {
 }
 
 // Untouched reports whether nothing read h; a nil h (no body) is untouched.
-func (h *HeldBody) Untouched() bool {
+func (h *heldBody) Untouched() bool {
 	if h == nil {
 		return true
 	}
@@ -204,7 +204,7 @@ func (h *HeldBody) Untouched() bool {
 
 // Release passes Close through from now on, and performs one that came
 // while holding. A nil h does nothing.
-func (h *HeldBody) Release() {
+func (h *heldBody) Release() {
 	if h == nil {
 		return
 	}
