@@ -296,7 +296,7 @@ func TestH1TransportContext(t *testing.T) {
 // connection is made, in the TLS handshake or before the TCP connect,
 // fails as canceled (the app left), not as the backend's failure: no
 // tls_handshake or dial_failed reason (logged at warn, naming the TLS
-// policy), no failed handshake counted.
+// policy), no failed handshake or dial counted.
 func TestConnectEndedByContext(t *testing.T) {
 	w := newWorld(t)
 	hello := make(chan struct{}, 1)
@@ -324,6 +324,10 @@ func TestConnectEndedByContext(t *testing.T) {
 	_, err = be.Dial(ctx, be.Picker.Pick(), alpnH1)
 	if !errors.Is(err, context.Canceled) || Classify(err) != ReasonCanceled {
 		t.Errorf("connect with the context ended: %v (reason %s), want canceled", err, Classify(err))
+	}
+	if failed, canceled := w.counter(t, "sockmesh_proxy_upstream_dials_total", "dial_failed"),
+		w.counter(t, "sockmesh_proxy_upstream_dials_total", "canceled"); failed != 0 || canceled != 1 {
+		t.Errorf("dials counted dial_failed %v, canceled %v; want 0 and 1", failed, canceled)
 	}
 }
 

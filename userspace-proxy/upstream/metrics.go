@@ -30,7 +30,7 @@ func newMetrics(reg prometheus.Registerer, health *balance.Health) (*metrics, er
 	m := &metrics{
 		dials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_upstream_dials_total",
-			Help: "TCP connections the proxy opened to backend endpoints, by result (ok, refused, dial_failed).",
+			Help: "TCP connections the proxy opened to backend endpoints, by result (ok, refused, dial_failed, canceled).",
 		}, []string{"result"}),
 		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_upstream_tls_handshakes_total",

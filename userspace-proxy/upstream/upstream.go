@@ -767,15 +767,17 @@ func (w *wireState) dialTCP(ctx context.Context, c *balance.Choice) (*trackedCon
 	start := time.Now()
 	raw, err := w.p.dialer.Dial(ctx, c.Endpoint)
 	if err != nil {
-		m.dials.WithLabelValues(string(classifyDial(err))).Inc()
+		result := classifyDial(err)
 		switch {
 		case ctx.Err() != nil:
+			result = ReasonCanceled // the caller's context ended it, not the endpoint
 			w.p.health.Canceled(c)
 		case endpointFault(err):
 			w.eject(c.Endpoint, start, err)
 		default:
 			w.p.health.FailedHere(c)
 		}
+		m.dials.WithLabelValues(string(result)).Inc()
 		return nil, &dialError{err: err}
 	}
 	m.dialsOK.Inc()
