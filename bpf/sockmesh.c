@@ -623,8 +623,9 @@ static __always_inline void sm_on_connect(struct bpf_sock_ops *skops)
 	bpf_map_update_elem(&sm_handoff, &k, &s->orig, BPF_ANY);
 	sm_accel_offer(sk, &k, SM_SIDE_PROXY);
 	/* Delete the entry if this socket closes before the proxy took it
-	 * (proxy down, connection refused). */
-	bpf_sock_ops_cb_flags_set(skops, BPF_SOCK_OPS_STATE_CB_FLAG);
+	 * (proxy down, connection refused). The helper replaces the socket's
+	 * flags: keep those another sockops program on the cgroup set. */
+	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 }
 
 /* The application socket closed: drop a handoff the proxy never took, so a

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"regexp"
 	"slices"
@@ -12,7 +13,9 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/btf"
 	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
 
 	"github.com/sockmesh/sockmesh/datapath/cgroup2"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
@@ -250,4 +253,111 @@ func TestLogConflicts(t *testing.T) {
 			t.Errorf("line %d %q, want it to match %q", i, lines[i], w)
 		}
 	}
+}
+
+// TestOtherSockopsFlagsKept: another sockops program on our cgroup asks
+// for callbacks on the sockets it sees (here RTT, at connect, before ours
+// runs); ours, asking for state callbacks on a redirected application's
+// socket, must add its flag to those, not replace them (the helper sets
+// the socket's whole flag word).
+func TestOtherSockopsFlagsKept(t *testing.T) {
+	tp := newTopology(t)
+	other, seen := loadFlagsRecorder(t)
+	other.attachTo(t, tp.cg)
+	d := tp.openCapturing(t, Service{Addr: vip4})
+	startProxy(t, tp.node, tp.node, []netip.AddrPort{tp.nodeProxy().V4}, map[netip.AddrPort]netip.AddrPort{vip4: tp.server4})
+
+	v, err := dialAndGreet(tp.pod, vip4, nil)
+	wantRedirected(t, v, err, vip4)
+	wantNoHandoffs(t, d)
+	// Two active sockets: the application's, redirected (ours asks for
+	// state callbacks), and the proxy's upstream (ours asks for nothing).
+	want := map[uint32]uint64{
+		unix.BPF_SOCK_OPS_RTT_CB_FLAG | unix.BPF_SOCK_OPS_STATE_CB_FLAG: 1,
+		unix.BPF_SOCK_OPS_RTT_CB_FLAG:                                   1,
+	}
+	if got := seen(); !equalMaps(got, want) {
+		t.Errorf("callback flags of the established active sockets = %v (count by flags), want %v", got, want)
+	}
+}
+
+// loadFlagsRecorder loads a sockops program, closed when t ends, that asks
+// for RTT callbacks on each active socket at connect and counts the
+// sockets established, by the callback flags they hold then (the low four
+// bits); seen reads those counts.
+func loadFlagsRecorder(t *testing.T) (f foreign, seen func() map[uint32]uint64) {
+	t.Helper()
+	kernel, err := btf.LoadKernelSpec()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ops *btf.Struct
+	if err := kernel.TypeByName("bpf_sock_ops", &ops); err != nil {
+		t.Fatal(err)
+	}
+	var flagsOff int16 = -1
+	for _, m := range ops.Members {
+		if m.Name == "bpf_sock_ops_cb_flags" {
+			flagsOff = int16(m.Offset.Bytes())
+		}
+	}
+	if flagsOff < 0 {
+		t.Fatal("struct bpf_sock_ops has no bpf_sock_ops_cb_flags")
+	}
+	const slots = 16
+	counts, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: slots})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { counts.Close() })
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name:       "smt_flags",
+		Type:       ebpf.SockOps,
+		AttachType: ebpf.AttachCGroupSockOps,
+		License:    "GPL",
+		Instructions: asm.Instructions{
+			asm.Mov.Reg(asm.R6, asm.R1),
+			asm.LoadMem(asm.R2, asm.R6, 0, asm.Word), // op
+			asm.JEq.Imm(asm.R2, unix.BPF_SOCK_OPS_TCP_CONNECT_CB, "connect"),
+			asm.JEq.Imm(asm.R2, unix.BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB, "established"),
+			asm.Ja.Label("out"),
+
+			asm.Mov.Reg(asm.R1, asm.R6).WithSymbol("connect"),
+			asm.Mov.Imm(asm.R2, unix.BPF_SOCK_OPS_RTT_CB_FLAG),
+			asm.FnSockOpsCbFlagsSet.Call(),
+			asm.Ja.Label("out"),
+
+			asm.LoadMem(asm.R2, asm.R6, flagsOff, asm.Word).WithSymbol("established"),
+			asm.And.Imm(asm.R2, slots-1),
+			asm.StoreMem(asm.RFP, -4, asm.R2, asm.Word),
+			asm.LoadMapPtr(asm.R1, counts.FD()),
+			asm.Mov.Reg(asm.R2, asm.RFP),
+			asm.Add.Imm(asm.R2, -4),
+			asm.FnMapLookupElem.Call(),
+			asm.JEq.Imm(asm.R0, 0, "out"),
+			asm.Mov.Imm(asm.R1, 1),
+			asm.StoreXAdd(asm.R0, asm.R1, asm.DWord),
+
+			asm.Mov.Imm(asm.R0, 1).WithSymbol("out"),
+			asm.Return(),
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { prog.Close() })
+	seen = func() map[uint32]uint64 {
+		out := map[uint32]uint64{}
+		for k := range uint32(slots) {
+			var n uint64
+			if err := counts.Lookup(k, &n); err != nil {
+				t.Fatal(err)
+			}
+			if n != 0 {
+				out[k] = n
+			}
+		}
+		return out
+	}
+	return foreign{prog: prog, attach: ebpf.AttachCGroupSockOps, id: progID(t, prog)}, seen
 }
