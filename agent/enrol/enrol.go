@@ -300,16 +300,22 @@ func (e *Enroller) Pods() []Pod {
 // unsettled reports whether some pod or namespace, or the enrolment map,
 // waits for a retry.
 func (e *Enroller) unsettled() bool {
-	if e.unwritten {
+	if e.unwritten || e.unfound() {
 		return true
-	}
-	for _, p := range e.pods {
-		if p.state != Enrolled {
-			return true
-		}
 	}
 	for _, n := range e.netns {
 		if n.broken {
+			return true
+		}
+	}
+	return false
+}
+
+// unfound reports whether some pod waits for its namespace: what a scan
+// of the node's namespaces is for.
+func (e *Enroller) unfound() bool {
+	for _, p := range e.pods {
+		if p.state != Enrolled {
 			return true
 		}
 	}
@@ -358,7 +364,10 @@ func (e *Enroller) reconcile(verify bool) error {
 			delete(e.netns, ino)
 		}
 	}
-	if e.unsettled() {
+	// Only pods not enrolled need a scan: a retry after a failed write of
+	// the enrolment map, or of a namespace released above (its pods are
+	// Pending now), scans only if one does.
+	if e.unfound() {
 		e.find(now)
 	}
 	// Namespaces no pod uses any more: close listeners, release the

@@ -228,6 +228,37 @@ func TestFailedWriteRetried(t *testing.T) {
 	})
 }
 
+// TestFailedWriteRetriedWithoutScan: with every pod's namespace found, a
+// retry of a failed write of the enrolment map writes it again and scans
+// nothing: a scan looks through every namespace on the node, for pods not
+// found yet, and there are none.
+func TestFailedWriteRetriedWithoutScan(t *testing.T) {
+	sandbox.ClaimAddrs(t, plan)
+	_, cookie := podNS(t, ipA)
+	synctest.Test(t, func(t *testing.T) {
+		rec := &recorder{}
+		rec.failNext()
+		e, err := New(Config{NodeProxy: nodeProxy, Retry: time.Second, Verify: time.Hour}, rec, nil, slog.New(slog.DiscardHandler), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		go e.Run(ctx)
+		if err := e.Update(snap(t, workload("a", true, ipA))); err == nil {
+			t.Fatal("Update wrote the enrolments, want its write to fail")
+		}
+		time.Sleep(1500 * time.Millisecond)
+		synctest.Wait()
+		if got, writes := rec.get(); writes != 1 || got[cookie] != nodeProxy {
+			t.Errorf("after the retry: %d writes, enrolments %v; want 1 write enrolling netns %d", writes, got, cookie)
+		}
+		if got := counter(t, e.m.scans); got != 1 {
+			t.Errorf("%v scans, want 1 (at Update, which found the pod)", got)
+		}
+	})
+}
+
 // TestNothingWrittenBeforeUpdate: until the first Snapshot the enrolments
 // pinned by the previous agent stay as they are, however often Run ticks.
 func TestNothingWrittenBeforeUpdate(t *testing.T) {
