@@ -33,10 +33,11 @@ type Config struct {
 	// Accelerate hands each message between the application's socket and
 	// the proxy's accepted socket straight to the other's receive queue
 	// (sockhash + sk_msg) instead of through two TCP stacks. Needs Linux
-	// 6.10: Open returns a *KernelTooOldError on older kernels. Off by default: that path has no receive window, so a socket
-	// turns back to TCP after 256 KiB its peer has not answered, and a
-	// client that pipelines requests without reading the answers can still
-	// queue more in its own socket.
+	// 6.10: Open returns a *KernelTooOldError on older kernels. Off by
+	// default: that path has no receive window, so a socket turns back to
+	// TCP after 256 KiB its peer has not answered, and a client that
+	// pipelines requests without reading the answers can still queue more
+	// in its own socket.
 	Accelerate bool
 
 	// kernelTypes stands in for the running kernel's BTF when not nil: tests

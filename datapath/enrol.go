@@ -30,7 +30,10 @@ type Proxy struct {
 var ErrLoopbackElsewhere = errors.New("loopback proxy address outside the pod's netns")
 
 // Enrol captures connections from the netns with cookie netns, sending them
-// to p. Enrolling again replaces p.
+// to p. Enrolling again replaces p. Enrol and Unenrol write the map at
+// once, for tools and tests: unlike SetEnrolments they write even when a
+// newer agent owns the datapath, and a take-back does not write them again
+// (owner.go). An agent uses SetEnrolments.
 func (d *Datapath) Enrol(netns uint64, p Proxy) error {
 	v, err := proxyValue(netns, p)
 	if err != nil {

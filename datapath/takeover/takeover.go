@@ -89,9 +89,10 @@ func Listen(ctx context.Context, lc *net.ListenConfig, address string) (net.List
 
 // Take steers the new connections of ln's reuseport group to ln from now
 // on, and to the listener that took it before once ln closes, and makes a
-// closing member hand its waiting connections to the newest left. ln must come from a ListenConfig of this package. Nothing is left
-// to release: the group holds the program, the program its maps, and the
-// socket array drops ln when it closes.
+// closing member hand its waiting connections to the newest left. ln must
+// come from a ListenConfig of this package. Nothing is left to release: the
+// group holds the program, the program its maps, and the socket array drops
+// ln when it closes.
 func Take(ln net.Listener) error {
 	sc, ok := ln.(syscall.Conn)
 	if !ok {
