@@ -106,7 +106,8 @@ func (d *Datapath) Counters() (map[Decision]uint64, error) {
 // services stop being redirected once the last heartbeat is older than
 // Config.HeartbeatMaxAge, so the process serving the proxy should call it
 // well within that period (e.g. every HeartbeatMaxAge/3). A proxy that never
-// beat counts as stale.
+// beat counts as stale. An error wrapping ErrOwnerCheck comes after the
+// heartbeat was written.
 func (d *Datapath) Heartbeat() error {
 	var ts unix.Timespec
 	// CLOCK_MONOTONIC is the clock of bpf_ktime_get_ns.
@@ -119,7 +120,7 @@ func (d *Datapath) Heartbeat() error {
 	}
 	// Each beat also notices a newer agent's takeover, or its exit.
 	if err := d.checkOwner(); err != nil {
-		return fmt.Errorf("heartbeat: %w", err)
+		return fmt.Errorf("heartbeat written: %w: %w", ErrOwnerCheck, err)
 	}
 	return nil
 }

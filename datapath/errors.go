@@ -1,10 +1,17 @@
 package datapath
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/cilium/ebpf"
 )
+
+// ErrOwnerCheck is wrapped by Heartbeat's error when the heartbeat was
+// written but noticing that a newer agent took the datapath over, or
+// taking it back from one that exited, failed: fail-open services still
+// see a live proxy, and the next Heartbeat tries again.
+var ErrOwnerCheck = errors.New("check the datapath's owner")
 
 // KernelTooOldError is returned by Open when Config asks for something the
 // running kernel lacks. It matches ebpf.ErrNotSupported with errors.Is.

@@ -647,3 +647,34 @@ func wantAttached(t *testing.T, d *Datapath, capture, rest bool) {
 		}
 	}
 }
+
+// TestHeartbeatWrittenWhenTakeBackFails: the newer agent exited and the
+// older one's take-back fails (here its cgroup is gone). Its heartbeat is
+// written all the same, and the error says so (ErrOwnerCheck): the agent
+// must not take its proxy for stale, nor count a failed heartbeat.
+func TestHeartbeatWrittenWhenTakeBackFails(t *testing.T) {
+	tp := newTopology(t)
+	olderCfg := tp.cfg
+	olderCfg.Cgroup = sandbox.NewCgroup(t).Path
+	older := openAt(t, olderCfg, tp.node)
+	runLoader(t, loaderJob{Config: tp.cfg, Cookie: 12345, Proxy: tp.nodeProxy()})
+	if err := os.Remove(olderCfg.Cgroup); err != nil {
+		t.Fatal(err)
+	}
+	key, never := uint32(0), uint64(0)
+	if err := older.objs.SmHeartbeat.Put(&key, &never); err != nil {
+		t.Fatal(err)
+	}
+
+	err := older.Heartbeat()
+	if !errors.Is(err, ErrOwnerCheck) {
+		t.Errorf("Heartbeat() = %v, want an error wrapping ErrOwnerCheck", err)
+	}
+	var beat uint64
+	if err := older.objs.SmHeartbeat.Lookup(&key, &beat); err != nil {
+		t.Fatal(err)
+	}
+	if beat == 0 {
+		t.Error("heartbeat not written")
+	}
+}

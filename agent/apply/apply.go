@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/datapath"
 )
 
 // Config configures an Applier.
@@ -195,13 +196,21 @@ func (a *Applier) heartbeat(ctx context.Context) {
 	t := time.NewTicker(a.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {
-		if err := a.dp.Heartbeat(); err != nil {
-			a.m.heartbeatFails.Inc()
-			a.log.Warn("datapath heartbeat failed", "err", err)
-		} else {
+		err := a.dp.Heartbeat()
+		// A failed owner check comes after the write: fail-open services
+		// still see a live proxy, and the next beat checks again.
+		written := err == nil || errors.Is(err, datapath.ErrOwnerCheck)
+		if written {
 			a.mu.Lock()
 			a.beat = time.Now()
 			a.mu.Unlock()
+		}
+		switch {
+		case !written:
+			a.m.heartbeatFails.Inc()
+			a.log.Warn("datapath heartbeat failed", "err", err)
+		case err != nil:
+			a.log.Warn("datapath owner check failed", "err", err)
 		}
 		select {
 		case <-ctx.Done():

@@ -16,6 +16,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/datapath"
 )
 
 // planes fakes the control plane and the three data planes, recording
@@ -29,7 +30,8 @@ type planes struct {
 	updated  chan struct{}
 	calls    []string
 	beats    int
-	dpErrors int // Apply fails this many more times
+	dpErrors int   // Apply fails this many more times
+	beatErr  error // what Heartbeat returns
 
 	proxied  []*snapshot.Snapshot // every Snapshot the proxy got, in order
 	captured map[netip.AddrPort]snapshot.ObjectRef
@@ -125,7 +127,7 @@ func (f datapathFake) Heartbeat() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.beats++
-	return nil
+	return f.beatErr
 }
 
 type enrolFake struct{ *planes }
@@ -224,6 +226,37 @@ func TestOrderAndHeartbeat(t *testing.T) {
 			t.Errorf("%d heartbeats after Run returned, want still 4", after)
 		}
 	})
+}
+
+// TestHeartbeatErrors: a heartbeat the datapath wrote before its owner
+// check failed (ErrOwnerCheck) is a heartbeat: LastHeartbeat moves and no
+// failure is counted; any other error is a failed heartbeat.
+func TestHeartbeatErrors(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		err        error
+		wantBeat   bool
+		wantFailed float64
+	}{
+		{"owner check failed", fmt.Errorf("heartbeat written: %w: take the datapath back: open cgroup: no such file or directory", datapath.ErrOwnerCheck), true, 0},
+		{"write failed", errors.New("heartbeat: bad file descriptor"), false, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				p := newPlanes()
+				p.beatErr = c.err
+				a, _ := start(t, p, nil)
+				p.publish(1)
+				synctest.Wait()
+				if got := !a.LastHeartbeat().IsZero(); got != c.wantBeat {
+					t.Errorf("LastHeartbeat() = %v after Heartbeat returned %q; want it set: %v", a.LastHeartbeat(), c.err, c.wantBeat)
+				}
+				if got := value(t, a.m.heartbeatFails); got != c.wantFailed {
+					t.Errorf("sockmesh_apply_heartbeat_failures_total = %v, want %v", got, c.wantFailed)
+				}
+			})
+		})
+	}
 }
 
 func TestRetryAfterFailure(t *testing.T) {
