@@ -651,6 +651,35 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
+// TestMetricsReadApart: the decision counters cannot be read (here their
+// map's descriptor is closed); the acceleration counters are exported all
+// the same.
+func TestMetricsReadApart(t *testing.T) {
+	tp := newTopology(t)
+	reg := prometheus.NewRegistry()
+	d, err := Open(tp.cfg, nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Uninstall() })
+	if err := d.objs.SmCounters.Close(); err != nil {
+		t.Fatal(err)
+	}
+	families, err := reg.Gather()
+	if err == nil {
+		t.Error("Gather() succeeded with the decision counters unreadable")
+	}
+	var events int
+	for _, mf := range families {
+		if mf.GetName() == "sockmesh_datapath_accel_sockets_total" {
+			events = len(mf.GetMetric())
+		}
+	}
+	if events != 5 {
+		t.Errorf("sockmesh_datapath_accel_sockets_total has %d events, want 5", events)
+	}
+}
+
 func family(ap netip.AddrPort) string {
 	if ap.Addr().Is4() {
 		return "ipv4"

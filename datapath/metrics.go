@@ -33,14 +33,15 @@ func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.accel
 }
 
+// Collect reads each map on its own: one that cannot be read fails its
+// metric only.
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
-	counts, err := c.d.Counters()
-	if err != nil {
+	if counts, err := c.d.Counters(); err != nil {
 		ch <- prometheus.NewInvalidMetric(c.desc, err)
-		return
-	}
-	for _, dec := range Decisions() {
-		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(counts[dec]), dec.String())
+	} else {
+		for _, dec := range Decisions() {
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.CounterValue, float64(counts[dec]), dec.String())
+		}
 	}
 	a, err := c.d.AccelCounters()
 	if err != nil {
