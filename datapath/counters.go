@@ -10,8 +10,9 @@ import (
 // sm_decision in bpf/sockmesh.h).
 type Decision uint32
 
-// The decisions, checked in this order; each counter answers one question
-// (see sm_decide in bpf/sockmesh.c).
+// The decisions, in counter order. sm_decide (bpf/sockmesh.c) checks the
+// skips and the denial in the order listed, so that each counter answers
+// one question, and redirects when none applies.
 const (
 	// Redirected: rewritten to the enrolment's proxy address.
 	Redirected = Decision(sockmeshSmDecisionSM_REDIRECTED)
