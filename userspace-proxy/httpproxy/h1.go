@@ -367,8 +367,8 @@ const (
 func (s *h1Conn) next() int {
 	// As net/http: the header block plus what bufio may read ahead.
 	s.lim.N = int64(s.h.cfg.MaxHeaderBytes) + 4096
-	now := time.Now()
 	if s.br == nil || s.br.Buffered() == 0 {
+		now := time.Now()
 		s.idleSince = now
 		wait, parks := s.h.cfg.IdleTimeout, s.parks()
 		if parks {
@@ -387,7 +387,9 @@ func (s *h1Conn) next() int {
 	s.head = nil
 	b, _ := s.br.Peek(s.br.Buffered())
 	if !headComplete(b) {
-		s.setDeadline(now.Add(s.h.cfg.ReadHeaderTimeout), false)
+		// From the head's first bytes, as net/http's server does, not from
+		// the start of the wait for them, which may have lasted longer.
+		s.setDeadline(time.Now().Add(s.h.cfg.ReadHeaderTimeout), false)
 		b = s.readHead(b)
 	}
 	if headComplete(b) {
@@ -473,8 +475,6 @@ func (s *h1Conn) setDeadline(t time.Time, idle bool) {
 	s.c.SetReadDeadline(t)
 }
 
-// headComplete reports whether b holds a whole request head (up to its
-// empty line, CRLF or bare LF as textproto accepts).
 // readHead reads on until b, the start of a head buffered in s.br, holds
 // the head whole or fills the reader, and returns what it buffered: a
 // head that came in several reads is then checked as one that came in
@@ -489,6 +489,8 @@ func (s *h1Conn) readHead(b []byte) []byte {
 	return b
 }
 
+// headComplete reports whether b holds a whole request head (up to its
+// empty line, CRLF or bare LF as textproto accepts).
 func headComplete(b []byte) bool {
 	return bytes.Contains(b, crlfcrlf) || bytes.Contains(b, lflf)
 }

@@ -929,7 +929,9 @@ func TestDrain(t *testing.T) {
 }
 
 // TestTimeouts: a client silent for IdleTimeout, or slower than
-// ReadHeaderTimeout with its request head, is disconnected.
+// ReadHeaderTimeout with its request head, is disconnected; the head's
+// time counts from its first bytes, also after the connection idled longer
+// than ReadHeaderTimeout.
 func TestTimeouts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h, err := New(Config{IdleTimeout: time.Minute, ReadHeaderTimeout: 10 * time.Second}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
@@ -939,15 +941,17 @@ func TestTimeouts(t *testing.T) {
 		target := &Target{OrigDst: vip}
 		for _, c := range []struct {
 			name, send string
-			wait       time.Duration
+			idle, wait time.Duration
 		}{
-			{"idle", "", time.Minute},
-			{"slow head", "GET / HTTP/1.1\r\nHo", 10 * time.Second},
+			{"idle", "", 0, time.Minute},
+			{"slow head", "GET / HTTP/1.1\r\nHo", 0, 10 * time.Second},
+			{"slow head after idling", "GET / HTTP/1.1\r\nHo", 30 * time.Second, 10 * time.Second},
 		} {
 			app, proxy := net.Pipe()
 			done := make(chan struct{})
 			go func() { h.ServeHTTP1(proxy, target); close(done) }()
 			go io.Copy(io.Discard, app) // whatever the proxy answers (400 for a cut head)
+			time.Sleep(c.idle)
 			if c.send != "" {
 				io.WriteString(app, c.send)
 			}
