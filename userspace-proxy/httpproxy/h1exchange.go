@@ -273,7 +273,7 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 			if !s.mayRetry(x, retry, "backend_timeout", req) {
 				return s.fail(req, x, upstream.ReasonTimeout, timeoutError(false, err))
 			}
-			if ok, keep := s.again(x, &retry, "backend_timeout", req, err, nil, timeoutError(false, err)); !ok {
+			if ok, keep := s.again(x, &retry, "backend_timeout", req, err, nil, timeoutError(true, err)); !ok {
 				return keep
 			}
 			choice = x.repick(choice)
@@ -300,8 +300,9 @@ var errRetryBackoff = errors.New("retry backoff")
 // again takes retry n+1 of req (why: connect, status, backend_timeout)
 // from its backend's retry budget, then backs off. When the request may
 // not go again it answers the client — 503 when the budget is spent
-// (last and resp say what the last try got), 504 with timeout when the
-// request timeout passed — and returns keep, whether the client's
+// (last and resp say what the last try got), 504 with timeout, a request
+// timeout's error (timeoutError(true, ...)), when the request timeout
+// passed during the backoff — and returns keep, whether the client's
 // connection stays open.
 func (s *h1Conn) again(x *exchange, retry *int, why string, req *http.Request, last error, resp *http.Response, timeout error) (ok, keep bool) {
 	if err := s.h.spendRetry(x, why, *retry, last, resp); err != nil {

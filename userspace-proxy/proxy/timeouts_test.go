@@ -151,6 +151,7 @@ func testRouteTimeouts(t *testing.T, h2c bool, proto snapshot.Protocol) {
 		rule("/retry/backend-timeout-500ms", dur(15*time.Second), dur(500*ms), &snapshot.Retry{Attempts: 3, Codes: []int{500}, Backoff: dur(0)}),
 		rule("/retry/backoff", nil, nil, &snapshot.Retry{Attempts: 3, Codes: []int{503}, Backoff: dur(100 * ms)}),
 		rule("/retry/backoff-past-request", dur(250*ms), nil, &snapshot.Retry{Attempts: 3, Codes: []int{503}, Backoff: dur(100 * ms)}),
+		rule("/retry/backend-timeout-backoff-past-request", dur(600*ms), dur(200*ms), &snapshot.Retry{Attempts: 3, Backoff: dur(time.Second)}),
 		rule("/stream", dur(500*ms), nil, nil),
 		rule("/", nil, nil, nil),
 	)))
@@ -186,6 +187,10 @@ func testRouteTimeouts(t *testing.T, h2c bool, proto snapshot.Protocol) {
 		// The third wait (≥ 200 ms after ≥ 150 ms) would end past the
 		// 250 ms request timeout: 504 at the deadline.
 		{path: "/retry/backoff-past-request?code=503&fail=3", status: 504, elapsed: 250 * ms},
+		// The first try outlives backendRequest; the backoff (≥ 500 ms)
+		// would end past the request timeout, which ends the request at
+		// 600 ms: a request timeout, not a backendRequest one.
+		{path: "/retry/backend-timeout-backoff-past-request?delay=1s", status: 504, elapsed: 600 * ms},
 	} {
 		id++
 		sep := "?"
@@ -274,7 +279,7 @@ func testRouteTimeouts(t *testing.T, h2c bool, proto snapshot.Protocol) {
 	} else {
 		resp.Body.Close()
 	}
-	wantRequest := 4.0
+	wantRequest := 5.0
 	if h2c {
 		wantRequest++ // the gRPC call cut before its answer
 	}
