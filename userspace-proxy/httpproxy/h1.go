@@ -301,9 +301,9 @@ type h1Conn struct {
 	// probe is where a streamed answer waiting for its next event reads
 	// it (bodyCopy.waitBody); taken the first time one waits.
 	probe *[probeSize]byte
-	// ctx bounds waits for an upstream connection; the watch ends it
-	// (leave) when the client leaves. Made by the first request that
-	// takes a pooled connection.
+	// ctx bounds waits for an upstream connection and a retry's backoff;
+	// the watch ends it (leave) when the client leaves. Made by the first
+	// request that waits (leaveCtx).
 	ctx   context.Context
 	leave context.CancelFunc
 	// client is t's as the upstream pools tell clients apart, looked up

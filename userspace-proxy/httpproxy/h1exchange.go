@@ -309,17 +309,25 @@ func (s *h1Conn) again(x *exchange, retry *int, why string, req *http.Request, l
 		return false, s.fail(req, x, upstream.ReasonRetryBudget, err)
 	}
 	if !s.backoff(x, retry, why, req) {
+		if s.watch.gone.Load() {
+			return false, s.fail(req, x, upstream.ReasonCanceled, errClientGone)
+		}
 		return false, s.fail(req, x, upstream.ReasonTimeout, timeout)
 	}
 	return true, false
 }
 
 // backoff waits before a retry, then counts it and readies the body;
-// false when the request timeout passed meanwhile: that retry is never
-// sent, and not counted.
+// false when the request timeout passed meanwhile or the app left (the
+// watch ends the wait, as net/http's path ends it with the request's
+// context): that retry is never sent, and not counted.
 func (s *h1Conn) backoff(x *exchange, retry *int, why string, req *http.Request) bool {
 	*retry++
-	if !x.r.pol.wait(context.Background(), *retry) {
+	ctx := s.leaveCtx()
+	s.watch.start(nil, s.leave)
+	waited := x.r.pol.wait(ctx, *retry)
+	s.watch.stop()
+	if !waited {
 		return false
 	}
 	s.h.m.retries.WithLabelValues(why).Inc()
@@ -375,10 +383,7 @@ func discardAnswer(be *upstream.Backend, uc *pool.Conn, resp *http.Response, cd 
 // and the app is watched meanwhile (the watch goes on through send).
 func (s *h1Conn) conn(x *exchange, choice *balance.Choice, read bool) (*pool.Conn, *balance.Choice, error) {
 	be := x.be
-	if s.ctx == nil || s.ctx.Err() != nil {
-		s.ctx, s.leave = context.WithCancel(context.Background())
-	}
-	ctx := s.ctx
+	ctx := s.leaveCtx()
 	if read {
 		s.watch.start(nil, s.leave)
 	}
@@ -401,6 +406,14 @@ func (s *h1Conn) conn(x *exchange, choice *balance.Choice, read bool) (*pool.Con
 		err = timeoutError(true, err)
 	}
 	return uc, choice, err
+}
+
+// leaveCtx is s.ctx, made anew when the app's leaving ended the last one.
+func (s *h1Conn) leaveCtx() context.Context {
+	if s.ctx == nil || s.ctx.Err() != nil {
+		s.ctx, s.leave = context.WithCancel(context.Background())
+	}
+	return s.ctx
 }
 
 // clientCtx is the context the connection's requests through a backend's

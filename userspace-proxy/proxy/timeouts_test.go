@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -451,4 +452,47 @@ func pipeClientFrom(t testing.TB, p *proxy.Proxy, src netip.Addr, h2c bool) *htt
 	}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr}
+}
+
+// TestRetryBackoffAppLeft: an app that leaves while its request waits out
+// a retry's backoff ends the wait, as on net/http's paths (the request's
+// context): the retry is never sent — the backend sees one request — and
+// the request counts as canceled. Before, the fast path waited the backoff
+// out unwatched, and then sent the retry for an app long gone.
+func TestRetryBackoffAppLeft(t *testing.T) {
+	inBubbles(t, testRetryBackoffAppLeft)
+}
+
+func testRetryBackoffAppLeft(t *testing.T, k clientKind) {
+	var pn pipenet.Net
+	backendAddr := netip.MustParseAddrPort("10.0.0.1:8080")
+	var seen atomic.Int32
+	servePipe(t, &pn, backendAddr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen.Add(1)
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}))
+	p, reg := pipeProxy(t, &pn, proxy.Config{HTTP1TLS: k.path})
+	m := &mesh{t: t}
+	be := m.backend("app", snapshot.Backend{Endpoints: endpoints(backendAddr)})
+	// The first wait is 5 to 10 s; the app leaves after 2.
+	m.frontend("app", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be),
+			Retry: &snapshot.Retry{Attempts: 1, Codes: []int{503}, Backoff: dur(10 * time.Second)}}},
+	)))
+	p.Update(m.snapshot(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://app.b.svc/", nil)
+	if resp, err := pipeClient(t, p, k.h2c).Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("answered %d before the app left", resp.StatusCode)
+	}
+	time.Sleep(time.Minute) // past any backoff
+	synctest.Wait()
+	if n := seen.Load(); n != 1 {
+		t.Errorf("the backend saw %d requests, want 1: no retry for an app that left", n)
+	}
+	if got := counterValue(t, reg, "sockmesh_proxy_request_failures_total", "reason", "canceled"); got != 1 {
+		t.Errorf("failures{canceled} = %v, want 1", got)
+	}
 }
