@@ -328,7 +328,7 @@ type h1Conn struct {
 	// reset.
 	broken bool
 	// head is the next request's head buffered whole by next (nil: larger
-	// than the reader), for checkHead.
+	// than the reader), for readPlainRequest and checkHead.
 	head []byte
 	// deadline is c's read deadline (zero: none); idleDeadline says it is
 	// the idle one.
@@ -516,8 +516,8 @@ func (s *h1Conn) idle() bool {
 var errHeaderTooLarge = errors.New("request header too large")
 
 // readRequest parses the next request (plain, or with net/http's parser)
-// within the MaxHeaderBytes and ReadHeaderTimeout next set; its body is read later,
-// without either limit, as net/http's server does.
+// within the MaxHeaderBytes and ReadHeaderTimeout next set; its body is
+// read later, without either limit, as net/http's server does.
 func (s *h1Conn) readRequest() (*http.Request, error) {
 	s.v, s.fe = nil, nil
 	var err error

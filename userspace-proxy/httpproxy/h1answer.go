@@ -54,11 +54,11 @@ func framingFor(req *http.Request, resp *http.Response) framing {
 }
 
 // answer writes resp to the client. closeAfter says the answer told the
-// client the connection ends; ended that resp's body was read to its end, so the
-// upstream connection is clean. On the pooled path (s.up) the upstream
-// connection is released before the last write to the client. err is the first read or write
-// failure: the client then got a truncated answer (never a clean short
-// one), and its connection must close.
+// client the connection ends; ended that resp's body was read to its end,
+// so the upstream connection is clean. On the pooled path (s.up) the
+// upstream connection is released before the last write to the client.
+// err is the first read or write failure: the client then got a truncated
+// answer (never a clean short one), and its connection must close.
 func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *balance.Choice, src *bufio.Reader) (closeAfter, ended bool, err error) {
 	plain := resp == &s.plain.resp // its fields are in src's buffer (never a 426)
 	var upgrade []string
@@ -226,11 +226,10 @@ func writeStatusLine(bw *bufio.Writer, resp *http.Response) {
 // read to its end. A sized body is read straight into bw's buffer and goes
 // out in full buffers, or, on the pooled path, when the backend has
 // nothing more at hand and bw holds postponeBelow (readAtHand); a body of
-// unknown length (chunked, server-sent
-// events, MCP, streamed gRPC-Web) is flushed whenever the backend has
-// nothing more buffered, so nothing waits in the proxy. It returns the
-// answer's writer, bw or, when a stream that waited gave bw back (see
-// waitBody), the one it took again.
+// unknown length (chunked, server-sent events, MCP, streamed gRPC-Web) is
+// flushed whenever the backend has nothing more buffered, so nothing waits
+// in the proxy. It returns the answer's writer, bw or, when a stream that
+// waited gave bw back (see waitBody), the one it took again.
 func (s *h1Conn) copyBody(bw *bufio.Writer, resp *http.Response, f framing, src *bufio.Reader) (bool, *bufio.Writer, error) {
 	b := bodyCopy{s: s, bw: bw, chunked: f == framingChunked}
 	b.take()

@@ -19,9 +19,9 @@ import (
 // continueReader holds back a body the client sends only after a 100
 // Continue: on the first read it waits until the backend sends its 100
 // (release), or ignores the Expect for upstream.ExpectContinueTimeout (as
-// the transports do), then passes the 100 on and reads the body. If the final answer comes first, the client sends no body
-// (RFC 9110 §10.1.1): finish stops the wait and the connection closes after
-// the answer.
+// the transports do), then passes the 100 on and reads the body. If the
+// final answer comes first, the client sends no body (RFC 9110 §10.1.1):
+// finish stops the wait and the connection closes after the answer.
 type continueReader struct {
 	s             *h1Conn
 	r             io.ReadCloser

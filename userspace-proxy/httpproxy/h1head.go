@@ -21,10 +21,10 @@ import (
 // buffer and passed on as received, less its hop-by-hop lines: no
 // http.Header is built and none written again. An MCP backend's heads
 // are plain too: the one field the proxy rewrites, Mcp-Session-Id, is
-// found among the lines (cutMCPSession, appendMCPKept). Against http.ReadResponse
-// and writeHeader that was a sixth of the proxy's CPU per small answer
-// (test/bench/proxy, keep-alive 100 B from nginx); against
-// http.ReadRequest a tenth. A request's body one Content-Length gives is
+// found among the lines (cutMCPSession, appendMCPKept). Against
+// http.ReadResponse and writeHeader that was a sixth of the proxy's CPU
+// per small answer (test/bench/proxy, keep-alive 100 B from nginx);
+// against http.ReadRequest a tenth. A request's body one Content-Length gives is
 // read by a sizedBody and written after the head as it came. Everything
 // else — another version or method, a status without a body, a chunked
 // body, Transfer-Encoding, Expect, a field net/http would rewrite or
@@ -363,8 +363,8 @@ type plainAnswer struct {
 }
 
 // readAnswer reads an answer's head: as a plain one when plain allows
-// (the proxy reads none of its fields but an MCP session ID) and it is, else with
-// http.ReadResponse. A plain answer's resp is &s.plain.resp.
+// (the proxy reads none of its fields but an MCP session ID) and it is,
+// else with http.ReadResponse. A plain answer's resp is &s.plain.resp.
 func (s *h1Conn) readAnswer(r *bufio.Reader, req *http.Request, plain bool) (*http.Response, error) {
 	if plain && req.Method != http.MethodHead {
 		b, _ := r.Peek(r.Buffered())
