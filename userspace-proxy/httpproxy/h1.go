@@ -48,7 +48,7 @@ import (
 func (h *Handler) ServeHTTP1(c net.Conn, t *Target) {
 	s := &h1Conn{h: h, c: c, t: t}
 	s.watch.s = s
-	s.stall.init(h.cfg.StallTimeout, s)
+	s.stall.init(h.cfg.StallTimeout, s, h.cfg.Panics)
 	s.out = stalledWriter{dst: c, w: &s.stall}
 	if !h.h1.track(s) {
 		s.close()

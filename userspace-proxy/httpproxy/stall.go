@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
@@ -76,8 +77,11 @@ func progressOf(c net.Conn) uint64 {
 type stallWatch struct {
 	timeout time.Duration
 	of      stallOwner
-	t       *time.Timer
-	armed   atomic.Bool
+	// panics reports a panic of tick, which runs in its timer's
+	// goroutine: contained, it leaves the exchange unwatched.
+	panics *contain.Reporter
+	t      *time.Timer
+	armed  atomic.Bool
 	// mu orders stallStop against end: once end returned, none runs (on
 	// net/http's server, the connection's next request would get the
 	// deadlines).
@@ -94,8 +98,8 @@ type stallWatch struct {
 	quiet int
 }
 
-func (w *stallWatch) init(timeout time.Duration, of stallOwner) {
-	w.timeout, w.of = timeout, of
+func (w *stallWatch) init(timeout time.Duration, of stallOwner, panics *contain.Reporter) {
+	w.timeout, w.of, w.panics = timeout, of, panics
 	w.t = time.AfterFunc(time.Hour, w.tick) // made before watch: tick reads it
 	w.t.Stop()
 }
@@ -116,6 +120,8 @@ func (w *stallWatch) end() {
 }
 
 func (w *stallWatch) tick() {
+	var err error
+	defer w.panics.Recover("stall watch", &err, nil)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.ended {
@@ -202,7 +208,7 @@ func (h *Handler) watchApp(w http.ResponseWriter, r *http.Request, x *exchange) 
 		x.conn = x.t.Conn
 	}
 	x.answer = stalledResponse{ResponseWriter: w, w: &x.stall}
-	x.stall.init(h.cfg.StallTimeout, x)
+	x.stall.init(h.cfg.StallTimeout, x, h.cfg.Panics)
 	x.stall.watch()
 	x.stalls = &x.stall
 }
