@@ -380,13 +380,17 @@ func discardAnswer(be *upstream.Backend, uc *pool.Conn, resp *http.Response, cd 
 // goes out then, and the error says so (ErrTimeout). The app's leaving
 // ends the wait too, when every connection the endpoint may have is busy:
 // read is set when nothing of the request is left to read from the app,
-// and the app is watched meanwhile (the watch goes on through send).
+// and the watch goes on through send; else the request's body comes next,
+// unread, and the watch waits past it for the app's hangup (held) while
+// conn waits.
 func (s *h1Conn) conn(x *exchange, choice *balance.Choice, read bool) (*pool.Conn, *balance.Choice, error) {
 	be := x.be
 	ctx := s.leaveCtx()
-	if read {
-		s.watch.start(nil, s.leave)
+	if !read {
+		s.watch.hold()
+		defer s.watch.stop()
 	}
+	s.watch.start(nil, s.leave)
 	if x.r != nil && x.r.pol.active {
 		if d, _, ok := x.r.pol.limit(time.Now()); ok {
 			var cancel context.CancelFunc

@@ -112,8 +112,21 @@ func TestClientGoneEndsH2CExchange(t *testing.T) {
 // TestClientGoneEndsConnWait: an app that leaves while its request waits
 // for an upstream connection (the endpoint's one allowed is busy) stops
 // waiting: its request never reaches the backend, it is counted canceled,
-// and the connection, once free, serves the next app.
+// and the connection, once free, serves the next app. So does one whose
+// request has a body, read already or still to come: before, only a
+// bodiless request was watched, and the others reached the backend once
+// the connection came free, apps long gone.
 func TestClientGoneEndsConnWait(t *testing.T) {
+	for _, c := range []struct{ name, req string }{
+		{"bodiless", "GET /left HTTP/1.1\r\nHost: x\r\n\r\n"},
+		{"body-read", "POST /left HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nhi"},
+		{"body-to-come", "POST /left HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nhi"},
+	} {
+		t.Run(c.name, func(t *testing.T) { testClientGoneEndsConnWait(t, c.req) })
+	}
+}
+
+func testClientGoneEndsConnWait(t *testing.T, left string) {
 	seen := make(chan string, 8)
 	ep := serveRaw(t, func(c net.Conn) {
 		br := bufio.NewReader(c)
@@ -148,7 +161,7 @@ func TestClientGoneEndsConnWait(t *testing.T) {
 		t.Fatalf("the backend got %s, want /hang", p)
 	}
 	b := f.dial()
-	b.send("GET /left HTTP/1.1\r\nHost: x\r\n\r\n")
+	b.send(left)
 	b.c.Close()
 	for deadline := time.Now().Add(4 * watchAfter); ; time.Sleep(10 * time.Millisecond) {
 		if f.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": "canceled"}) == 1 {
