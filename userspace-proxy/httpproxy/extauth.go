@@ -42,8 +42,11 @@ import (
 // authorize asks x's authorization server about r. It reports whether r
 // may go on (with the server's headers added); if not, a is the client's
 // answer, unless err says the rule's request timeout passed first, or the
-// app stalled in a body the server is to get: the caller then fails r
-// with it (readFailed), as a forward it ends. watch, when not nil,
+// read of a body the server is to get failed (a stall, the app left or
+// broke it off): the caller then fails r with it (readFailed), as a
+// forward it ends; the server was not asked. a is the zero answer when the
+// app left while the server was asked (reported canceled): nobody to
+// answer. watch, when not nil,
 // watches the client while the server is asked, until the stop it
 // returns: a client that leaves cancels the ask (the fast path's, whose
 // requests have no context; net/http's cancel theirs). held tells it the
@@ -55,7 +58,8 @@ func (h *Handler) authorize(x *exchange, r *http.Request, watch func(cancel cont
 	switch {
 	case errors.Is(err, errAuthBodyTooLarge):
 		return h.authRefused(x, r, "ext_auth_body_too_large", http.StatusRequestEntityTooLarge, grpcResourceExhausted, err), false, nil
-	case errors.Is(err, errRequestTimeout), errors.Is(err, errAppStalled):
+	case err != nil:
+		// Not ext_auth_error: the server was never asked.
 		return localAnswer{}, false, err
 	}
 	// The fast path's requests name no client: the ask counts as r's
@@ -68,23 +72,21 @@ func (h *Handler) authorize(x *exchange, r *http.Request, watch func(cancel cont
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var denied *localAnswer
-	if err == nil {
-		if watch != nil {
-			defer watch(cancel, body == nil && r.Body != nil && r.Body != http.NoBody)()
-		}
-		ask := h.askHTTP
-		if ea.GRPC {
-			ask = h.askGRPC
-		}
-		denied, err = ask(ctx, x, r, ea, body)
+	if watch != nil {
+		defer watch(cancel, body == nil && r.Body != nil && r.Body != http.NoBody)()
 	}
+	ask := h.askHTTP
+	if ea.GRPC {
+		ask = h.askGRPC
+	}
+	denied, err := ask(ctx, x, r, ea, body)
 	switch {
 	case err != nil && x.r.pol.expired(time.Now()):
 		// First: the deadline ends ctx too.
 		return localAnswer{}, false, timeoutError(true, err)
 	case err != nil && ctx.Err() != nil: // the client left: nobody to answer
-		return localAnswer{status: h.report(ctx, x, upstream.ReasonCanceled, err)}, false, nil
+		h.report(ctx, x, upstream.ReasonCanceled, err)
+		return localAnswer{}, false, nil
 	case err != nil:
 		return h.authRefused(x, r, "ext_auth_error", http.StatusServiceUnavailable, routes.GRPCUnavailable, err), false, nil
 	case denied != nil:

@@ -812,3 +812,80 @@ func checkMaxForwards(t *testing.T, name string, resp *http.Response, body, forw
 		}
 	}
 }
+
+// TestBrokenBodyNoFalseAnswer: a request whose body breaks off or is
+// malformed (brokenBodies) gets the fast path's 400 or no answer at all,
+// on either L7 path, forwarded as it streams, kept for a rule's retries or
+// read for its ExternalAuth server — never an answer that says the
+// backend or the authorization server took it, or failed it. net/http's
+// HTTP/1 server reads a half-close as the app leaving: the canceled
+// request got the clean, empty 200 the server sends for a handler that
+// wrote nothing, and a body read for the authorization server that broke
+// off failed as ext_auth_error (503), the server never asked.
+func TestBrokenBodyNoFalseAnswer(t *testing.T) {
+	authRef := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: "auth", Port: 80}
+	for _, l7 := range []bool{false, true} {
+		for _, kind := range []string{"plain", "retry", "auth"} {
+			for _, b := range brokenBodies {
+				if l7 && kind != "auth" && b.name == "malformed" {
+					// Still 502 upstream_error: net/http's Transport meets
+					// the chunk error as it writes the body, and nothing
+					// on this path tells it from the backend's failure.
+					continue
+				}
+				t.Run(fmt.Sprintf("l7=%v/%s/%s", l7, kind, b.name), func(t *testing.T) {
+					fx := newFixture(t, Config{}, snapshot.Backend{})
+					ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
+					var asked atomic.Bool
+					aep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { asked.Store(true) }))
+					be := snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: []snapshot.Endpoint{ep}}
+					rule := snapshot.RouteRule{Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: backendRef}}}
+					switch kind {
+					case "plain":
+						fx.update(2, be)
+					case "retry":
+						rule.Retry = &snapshot.Retry{Attempts: 1}
+					case "auth":
+						rule.Filters.ExternalAuth = &snapshot.ExternalAuth{Backend: authRef, MaxBody: 100}
+					}
+					if kind != "plain" {
+						fx.updateRoutes(2, be, &snapshot.RouteTable{Producer: &snapshot.RouteSet{
+							Kind:    snapshot.KindHTTPRoute,
+							Matches: []snapshot.RouteMatch{{Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}}},
+							Rules:   []snapshot.RouteRule{rule},
+						}}, snapshot.Backend{Ref: authRef, Endpoints: []snapshot.Endpoint{aep}})
+					}
+					cl := fx.dial()
+					if l7 {
+						fx.serveL7(false)
+						cl = fx.dialL7()
+					}
+					cl.c.SetDeadline(time.Now().Add(10 * time.Second))
+					cl.send(b.send)
+					if b.halfClose {
+						cl.c.(*net.TCPConn).CloseWrite()
+					}
+					resp, err := http.ReadResponse(cl.r, &http.Request{Method: http.MethodPost})
+					for err == nil && resp.StatusCode == http.StatusContinue {
+						resp, err = http.ReadResponse(cl.r, &http.Request{Method: http.MethodPost})
+					}
+					if err == nil {
+						io.Copy(io.Discard, resp.Body)
+						if resp.StatusCode != http.StatusBadRequest {
+							t.Errorf("answer %s; want 400 or none", resp.Status)
+						}
+					}
+					if !cl.closed() {
+						t.Error("connection left open")
+					}
+					if got := fx.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": "ext_auth_error"}); got != 0 {
+						t.Errorf("counted ext_auth_error %v times", got)
+					}
+					if asked.Load() {
+						t.Error("the authorization server was asked about a broken body")
+					}
+				})
+			}
+		}
+	}
+}

@@ -364,11 +364,14 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if x.r != nil && x.r.d.ExternalAuth != nil {
 			if a, ok, err := h.authorize(x, r, nil); !ok {
 				leaveBody(w, r)
-				if err != nil {
+				switch {
+				case err != nil:
 					h.fail(w, r, x, readFailed(err), err)
-					return
+				case a.status == 0:
+					panic(http.ErrAbortHandler) // the app left: as fail's canceled
+				default:
+					writeAnswer(w, a)
 				}
-				writeAnswer(w, a)
 				return
 			}
 		}
@@ -687,7 +690,11 @@ func headerHasToken(vv []string, token string) bool {
 
 // fail answers a request that could not be forwarded and records why; a
 // routed one's answer carries its rule's response header changes and
-// CORS headers.
+// CORS headers. A canceled one gets no answer: its request or stream is
+// aborted, as the fast path closes the connection. Returning would have
+// net/http's server send a clean, empty 200 in its stead, which an HTTP/1.x
+// app that half-closed in the middle of its body (the server reads that as
+// the app leaving: it cancels the request's context) took for the backend's.
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, x *exchange, reason upstream.Reason, err error) {
 	if reason == upstream.ReasonAppStalled {
 		h.stalled(x, err)
@@ -695,7 +702,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, x *exchange, reas
 	}
 	code := h.report(r.Context(), x, reason, err)
 	if reason == upstream.ReasonCanceled {
-		return
+		panic(http.ErrAbortHandler)
 	}
 	if x.r != nil {
 		x.r.d.ApplyResponse(w.Header())
