@@ -214,7 +214,7 @@ func (h *Handler) sendAuth(x *exchange, ea *snapshot.ExternalAuth, ar *http.Requ
 	resp, err := rt.RoundTrip(authTo(ar, be, c))
 	// As for a backend (exchange.roundTripAny): a failed connect sent
 	// nothing and ejected its endpoint, so others are tried, three in all.
-	for i := 1; err != nil && i < min(be.Picker.Len(), 3) && upstream.NoConnection(err); i++ {
+	for i := 1; err != nil && i < be.Picker.Tries(c) && upstream.NoConnection(err); i++ {
 		resp, err = rt.RoundTrip(authTo(ar, be, be.Picker.Pick()))
 	}
 	if err != nil {

@@ -96,8 +96,9 @@ type RelayFailure struct {
 }
 
 // relayFailed returns, to the first request only, how the relay's
-// connects to be failed (Relayed), or nil: be's endpoints may have
-// changed when another snapshot made be.
+// connects to be failed (Relayed), or nil: also when the request's be is
+// not the relay's (another snapshot made it; its endpoints may have
+// changed).
 func (t *Target) relayFailed(be *upstream.Backend) error {
 	if f := t.Relayed; f != nil && f.Backend == be && f.told.CompareAndSwap(false, true) {
 		return f.Err
@@ -133,7 +134,6 @@ func (t *Target) ended() {
 	}
 }
 
-// clientKey is t's client as balance tells clients apart (affinity).
 // nameService gives r, when it names no authority (an HTTP/1.0 request
 // without Host), the Service's address, the one the app connected to: RFC
 // 9112 §3.3 rebuilds such a request's target URI from the authority the
@@ -146,6 +146,7 @@ func (t *Target) nameService(r *http.Request) {
 	}
 }
 
+// clientKey is t's client as balance tells clients apart (affinity).
 func (t *Target) clientKey() balance.ClientKey { return balance.ClientOf(t.ClientAddr, t.ClientPod) }
 
 // poolClient is t's client as the upstream pools share an endpoint's
