@@ -869,8 +869,10 @@ func TestBrokenBodyNoFalseAnswer(t *testing.T) {
 					for err == nil && resp.StatusCode == http.StatusContinue {
 						resp, err = http.ReadResponse(cl.r, &http.Request{Method: http.MethodPost})
 					}
+					answered := 0.0
 					if err == nil {
 						io.Copy(io.Discard, resp.Body)
+						answered = 1
 						if resp.StatusCode != http.StatusBadRequest {
 							t.Errorf("answer %s; want 400 or none", resp.Status)
 						}
@@ -883,6 +885,11 @@ func TestBrokenBodyNoFalseAnswer(t *testing.T) {
 					}
 					if asked.Load() {
 						t.Error("the authorization server was asked about a broken body")
+					}
+					// A request whose app got no answer counts as a failure
+					// (canceled), not as an answer: it counted as a 502.
+					if got := fx.counter("sockmesh_proxy_requests_total", nil); got != answered {
+						t.Errorf("requests counted as answered: %v, want %v", got, answered)
 					}
 				})
 			}

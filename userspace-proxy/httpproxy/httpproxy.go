@@ -724,7 +724,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, x *exchange, reas
 }
 
 // report logs and counts a request that could not be forwarded, and
-// returns the status its client gets. A fail-closed backend is logged with
+// returns the status its client gets (none when canceled: its app left). A fail-closed backend is logged with
 // its policy and reason once per snapshot, other failures once per
 // FailureLogEvery and kind (at Debug otherwise), so that a broken policy
 // or backend cannot flood the log.
@@ -771,7 +771,9 @@ func (h *Handler) report(ctx context.Context, x *exchange, reason upstream.Reaso
 	case errors.Is(err, errBackendTimeout):
 		h.m.timeouts.WithLabelValues("backend_request").Inc()
 	}
-	h.m.request(x.fe, code, protocolOf(be))
+	if reason != upstream.ReasonCanceled { // nobody got an answer to count
+		h.m.request(x.fe, code, protocolOf(be))
+	}
 	return code
 }
 
