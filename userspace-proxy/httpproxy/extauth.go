@@ -171,7 +171,11 @@ func (h *Handler) askHTTP(ctx context.Context, x *exchange, r *http.Request, ea 
 	if err != nil {
 		return nil, fmt.Errorf("external auth request: %w", err)
 	}
-	ar.URL.Path, ar.URL.RawQuery, ar.Host = ea.PathPrefix+r.URL.Path, r.URL.RawQuery, r.Host
+	// The path as the app encoded it, as routes matched it (and the GRPC
+	// protocol's CheckRequest has it): decoded, "/a%2Fb" reached the
+	// server as "/a/b", another path than the one routed and forwarded.
+	ar.URL.Path, ar.URL.RawPath = ea.PathPrefix+r.URL.Path, ea.PathPrefix+r.URL.EscapedPath()
+	ar.URL.RawQuery, ar.Host = r.URL.RawQuery, r.Host
 	for _, k := range ea.AllowedHeaders {
 		k = http.CanonicalHeaderKey(k)
 		if vv, ok := r.Header[k]; ok {

@@ -896,3 +896,37 @@ func TestBrokenBodyNoFalseAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestExternalAuthPathEncoded: an HTTP ExternalAuth server gets the
+// request's path as the app encoded it, after the filter's prefix — the
+// path routes matched and the backend gets. It got the path decoded:
+// "/a%2Fb" as "/a/b", another resource than the one it was asked about.
+func TestExternalAuthPathEncoded(t *testing.T) {
+	authRef := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: "auth", Port: 80}
+	for _, l7 := range []bool{false, true} {
+		t.Run(fmt.Sprintf("l7=%v", l7), func(t *testing.T) {
+			fx := newFixture(t, Config{}, snapshot.Backend{})
+			ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+			asked := make(chan string, 1)
+			aep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { asked <- r.RequestURI }))
+			fx.updateRoutes(2, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}}, &snapshot.RouteTable{Producer: &snapshot.RouteSet{
+				Kind:    snapshot.KindHTTPRoute,
+				Matches: []snapshot.RouteMatch{{Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}}},
+				Rules: []snapshot.RouteRule{{Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: backendRef}},
+					Filters: snapshot.Filters{ExternalAuth: &snapshot.ExternalAuth{Backend: authRef, PathPrefix: "/check"}}}},
+			}}, snapshot.Backend{Ref: authRef, Endpoints: []snapshot.Endpoint{aep}})
+			cl := fx.dial()
+			if l7 {
+				fx.serveL7(false)
+				cl = fx.dialL7()
+			}
+			cl.send("GET /a%2Fb/c?x=%2F HTTP/1.1\r\nHost: a\r\n\r\n")
+			if resp, _ := cl.read(http.MethodGet); resp.StatusCode != http.StatusOK {
+				t.Errorf("l7=%v: answer %s, want 200", l7, resp.Status)
+			}
+			if got, want := <-asked, "/check/a%2Fb/c?x=%2F"; got != want {
+				t.Errorf("l7=%v: the authorization server was asked about %s, want %s", l7, got, want)
+			}
+		})
+	}
+}
