@@ -22,7 +22,8 @@ import (
 // backend's own pool and TLS: the CheckRequest holds the request's method,
 // path and query, host, scheme (http: an app's TLS is passed through, never
 // seen here), protocol, its headers (the allowed ones;
-// none listed: all, lowercased, values joined by ",") and the body when
+// none listed: all; never hop-by-hop ones, removeHopByHop; lowercased,
+// values joined by ",") and the body when
 // the filter forwards it. An OK lets the request on with OkHttpResponse's
 // headers (set, or added where append is true) and without its
 // headers_to_remove; another status is denied with DeniedHttpResponse's
@@ -34,8 +35,12 @@ const checkPath = "/envoy.service.auth.v3.Authorization/Check"
 
 // askGRPC asks ea's ext_authz server about r.
 func (h *Handler) askGRPC(ctx context.Context, x *exchange, r *http.Request, ea *snapshot.ExternalAuth, body []byte) (denied *localAnswer, err error) {
-	headers := make(map[string]string, len(r.Header))
-	for k, vv := range r.Header {
+	// As the HTTP ask and the forwarded request are: without the fields of
+	// the app's connection to the proxy (TE but "trailers").
+	fields := r.Header.Clone()
+	removeHopByHop(fields)
+	headers := make(map[string]string, len(fields))
+	for k, vv := range fields {
 		if len(ea.AllowedHeaders) == 0 || containsFold(ea.AllowedHeaders, k) {
 			headers[strings.ToLower(k)] = strings.Join(vv, ",")
 		}

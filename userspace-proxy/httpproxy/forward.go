@@ -56,7 +56,6 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 		// unless asked not to.
 		http.NewResponseController(w).EnableFullDuplex()
 	}
-	x.grpc = grpcCallOf(r)
 	stop := noop
 	if r.ProtoAtLeast(1, 1) {
 		var trace *httptrace.ClientTrace
@@ -71,6 +70,9 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 	if err != nil && x.stall.stalled.Load() {
 		h.stalled(x, err)
 		resetApp(w, r)
+	}
+	if err != nil && h.refuseBrokenBody(w, r, x, err) {
+		return
 	}
 	if err != nil {
 		h.fail(w, r, x, upstream.Classify(err), err)
@@ -146,6 +148,35 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 		}
 		hdr[k] = vv
 	}
+}
+
+// refuseBrokenBody answers a request that failed, err, after the app's
+// body broke (x.body) as the fast path does (h1Conn.refuseBrokenBody):
+// 400, its rule's headers, the connection closed; and reports whether it
+// did. The transport's own error then says only that it gave up (a
+// closed connection), not that the backend failed. A body that broke as
+// the app left (net/http's HTTP/1 server takes a half-close for that, an
+// HTTP/2 app reset its stream) gets no answer (canceled).
+func (h *Handler) refuseBrokenBody(w http.ResponseWriter, r *http.Request, x *exchange, err error) bool {
+	broken := x.body.broken()
+	if broken == nil {
+		return false
+	}
+	if r.Context().Err() != nil {
+		h.fail(w, r, x, upstream.ReasonCanceled, err) // aborts the request
+		return true
+	}
+	h.log.Debug("request body broken", "service", x.fe.Service.String(), "client", x.t.client(), "err", broken, "upstream_err", err)
+	hdr := w.Header()
+	if x.r != nil {
+		x.r.d.ApplyResponse(hdr)
+	}
+	plainText(hdr)
+	leaveBody(w, r)
+	w.WriteHeader(http.StatusBadRequest)
+	w.Write(badRequest)
+	h.m.request(x.fe, http.StatusBadRequest, protocolOf(x.be))
+	return true
 }
 
 // resetApp ends an answer that cannot complete, whose headers may be gone:

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
 // serveL7 runs the fixture's Handler behind net/http's server (HTTP/1.1
@@ -821,77 +822,80 @@ func checkMaxForwards(t *testing.T, name string, resp *http.Response, body, forw
 // HTTP/1 server reads a half-close as the app leaving: the canceled
 // request got the clean, empty 200 the server sends for a handler that
 // wrote nothing, and a body read for the authorization server that broke
-// off failed as ext_auth_error (503), the server never asked.
+// off failed as ext_auth_error (503), the server never asked. A malformed
+// one forwarded from net/http's HTTP/1 server got 502 upstream_error: the
+// transport gave up on the backend as the body broke, and said only that.
 func TestBrokenBodyNoFalseAnswer(t *testing.T) {
 	authRef := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: "auth", Port: 80}
 	for _, l7 := range []bool{false, true} {
 		for _, kind := range []string{"plain", "retry", "auth"} {
 			for _, b := range brokenBodies {
-				if l7 && kind != "auth" && b.name == "malformed" {
-					// Still 502 upstream_error: net/http's Transport meets
-					// the chunk error as it writes the body, and nothing
-					// on this path tells it from the backend's failure.
-					continue
-				}
-				t.Run(fmt.Sprintf("l7=%v/%s/%s", l7, kind, b.name), func(t *testing.T) {
-					fx := newFixture(t, Config{}, snapshot.Backend{})
-					ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
-					var asked atomic.Bool
-					aep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { asked.Store(true) }))
-					be := snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: []snapshot.Endpoint{ep}}
-					rule := snapshot.RouteRule{Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: backendRef}}}
-					switch kind {
-					case "plain":
-						fx.update(2, be)
-					case "retry":
-						rule.Retry = &snapshot.Retry{Attempts: 1}
-					case "auth":
-						rule.Filters.ExternalAuth = &snapshot.ExternalAuth{Backend: authRef, MaxBody: 100}
-					}
-					if kind != "plain" {
-						fx.updateRoutes(2, be, &snapshot.RouteTable{Producer: &snapshot.RouteSet{
-							Kind:    snapshot.KindHTTPRoute,
-							Matches: []snapshot.RouteMatch{{Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}}},
-							Rules:   []snapshot.RouteRule{rule},
-						}}, snapshot.Backend{Ref: authRef, Endpoints: []snapshot.Endpoint{aep}})
-					}
-					cl := fx.dial()
-					if l7 {
-						fx.serveL7(false)
-						cl = fx.dialL7()
-					}
-					cl.c.SetDeadline(time.Now().Add(10 * time.Second))
-					cl.send(b.send)
-					if b.halfClose {
-						cl.c.(*net.TCPConn).CloseWrite()
-					}
-					resp, err := http.ReadResponse(cl.r, &http.Request{Method: http.MethodPost})
-					for err == nil && resp.StatusCode == http.StatusContinue {
-						resp, err = http.ReadResponse(cl.r, &http.Request{Method: http.MethodPost})
-					}
-					answered := 0.0
-					if err == nil {
-						io.Copy(io.Discard, resp.Body)
-						answered = 1
-						if resp.StatusCode != http.StatusBadRequest {
-							t.Errorf("answer %s; want 400 or none", resp.Status)
+				for _, proto := range []snapshot.Protocol{snapshot.ProtocolHTTP11, snapshot.ProtocolH2C} {
+					t.Run(fmt.Sprintf("l7=%v/%s/%s/%s", l7, kind, b.name, proto), func(t *testing.T) {
+						fx := newFixture(t, Config{}, snapshot.Backend{})
+						ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
+						var asked atomic.Bool
+						aep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { asked.Store(true) }))
+						be := snapshot.Backend{Protocol: proto, Endpoints: []snapshot.Endpoint{ep}}
+						rule := snapshot.RouteRule{Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: backendRef}}}
+						switch kind {
+						case "plain":
+							fx.update(2, be)
+						case "retry":
+							rule.Retry = &snapshot.Retry{Attempts: 1}
+						case "auth":
+							rule.Filters.ExternalAuth = &snapshot.ExternalAuth{Backend: authRef, MaxBody: 100}
 						}
-					}
-					if !cl.closed() {
-						t.Error("connection left open")
-					}
-					if got := fx.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": "ext_auth_error"}); got != 0 {
-						t.Errorf("counted ext_auth_error %v times", got)
-					}
-					if asked.Load() {
-						t.Error("the authorization server was asked about a broken body")
-					}
-					// A request whose app got no answer counts as a failure
-					// (canceled), not as an answer: it counted as a 502.
-					if got := fx.counter("sockmesh_proxy_requests_total", nil); got != answered {
-						t.Errorf("requests counted as answered: %v, want %v", got, answered)
-					}
-				})
+						if kind != "plain" {
+							fx.updateRoutes(2, be, &snapshot.RouteTable{Producer: &snapshot.RouteSet{
+								Kind:    snapshot.KindHTTPRoute,
+								Matches: []snapshot.RouteMatch{{Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}}},
+								Rules:   []snapshot.RouteRule{rule},
+							}}, snapshot.Backend{Ref: authRef, Endpoints: []snapshot.Endpoint{aep}})
+						}
+						cl := fx.dial()
+						if l7 {
+							fx.serveL7(false)
+							cl = fx.dialL7()
+						}
+						cl.c.SetDeadline(time.Now().Add(10 * time.Second))
+						cl.send(b.send)
+						if b.halfClose {
+							cl.c.(*net.TCPConn).CloseWrite()
+						}
+						resp, err := http.ReadResponse(cl.r, &http.Request{Method: http.MethodPost})
+						for err == nil && resp.StatusCode == http.StatusContinue {
+							resp, err = http.ReadResponse(cl.r, &http.Request{Method: http.MethodPost})
+						}
+						answered := 0.0
+						if err == nil {
+							io.Copy(io.Discard, resp.Body)
+							answered = 1
+							if resp.StatusCode != http.StatusBadRequest {
+								t.Errorf("answer %s; want 400 or none", resp.Status)
+							}
+						}
+						if !cl.closed() {
+							t.Error("connection left open")
+						}
+						if got := fx.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": "ext_auth_error"}); got != 0 {
+							t.Errorf("counted ext_auth_error %v times", got)
+						}
+						if asked.Load() {
+							t.Error("the authorization server was asked about a broken body")
+						}
+						// The backend failed nothing: the transport gave up on
+						// it as the app's body broke.
+						if got := fx.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": string(upstream.ReasonUpstream)}); got != 0 {
+							t.Errorf("counted upstream_error %v times", got)
+						}
+						// A request whose app got no answer counts as a failure
+						// (canceled), not as an answer: it counted as a 502.
+						if got := fx.counter("sockmesh_proxy_requests_total", nil); got != answered {
+							t.Errorf("requests counted as answered: %v, want %v", got, answered)
+						}
+					})
+				}
 			}
 		}
 	}

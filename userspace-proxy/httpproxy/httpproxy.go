@@ -337,7 +337,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	t.nameService(r)
 	v, fe := t.view()
-	x := &exchange{t: t, v: v, fe: fe}
+	x := &exchange{t: t, v: v, fe: fe, grpc: grpcCallOf(r)}
 	if fe == nil {
 		// The proxy only hands over connections whose Start view captures
 		// OrigDst; this cannot happen, and must not relay if it does.
@@ -455,8 +455,8 @@ type exchange struct {
 	// cd bounds the fast path's current attempt on its pooled connection
 	// (route timeouts); nil without.
 	cd *connDeadline
-	// grpc is the gRPC call being forwarded on the net/http path; nil for
-	// other requests.
+	// grpc is the gRPC call over HTTP/2 the request is, on the net/http
+	// path; nil for other requests.
 	grpc *grpcCall
 	// stall watches the app on net/http's paths, answer is its answer
 	// written under it (watchApp), conn its HTTP/1.x connection (Target's),
@@ -466,6 +466,10 @@ type exchange struct {
 	answer stalledResponse
 	conn   net.Conn
 	stalls *stallWatch
+	// body is the app's request body as the transports read it
+	// (watchStalls): it tells the app's broken body from the backend's
+	// failure (refuseBrokenBody).
+	body stalledReader
 	// app sets the deadline of reads from the app's side, which a rule's
 	// request timeout bounds while the proxy reads the body itself
 	// (readBody): the fast path's connection, net/http's
@@ -708,7 +712,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, x *exchange, reas
 	if x.r != nil {
 		x.r.d.ApplyResponse(w.Header())
 	}
-	if r.ProtoMajor == 2 && isGRPC(r) {
+	if x.grpc != nil {
 		// A gRPC client reads HTTP 502/503/504 as UNAVAILABLE with a
 		// message about the content type; a trailers-only answer with the
 		// same code carries the reason, as a route's own answers do. A
@@ -724,13 +728,20 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, x *exchange, reas
 }
 
 // report logs and counts a request that could not be forwarded, and
-// returns the status its client gets (none when canceled: its app left). A fail-closed backend is logged with
-// its policy and reason once per snapshot, other failures once per
-// FailureLogEvery and kind (at Debug otherwise), so that a broken policy
-// or backend cannot flood the log.
+// returns the status its client gets (none when canceled: its app left):
+// reason's, but a gRPC call's, whose failure is a trailers-only HTTP 200
+// (fail) that requests_total counts as it counts the proxy's other
+// answers to gRPC (a route's, an ExternalAuth refusal): by the status on
+// the wire. A fail-closed backend is logged with its policy and reason
+// once per snapshot, other failures once per FailureLogEvery and kind (at
+// Debug otherwise), so that a broken policy or backend cannot flood the
+// log.
 func (h *Handler) report(ctx context.Context, x *exchange, reason upstream.Reason, err error) int {
 	be := x.be
 	code := reason.Status()
+	if x.grpc != nil {
+		code = http.StatusOK
+	}
 	lvl := slog.LevelDebug // an app that left: nothing to act on
 	var held uint64
 	if reason != upstream.ReasonCanceled {
@@ -758,6 +769,10 @@ func (h *Handler) report(ctx context.Context, x *exchange, reason upstream.Reaso
 		}
 		if be != nil {
 			attrs = append(attrs, slog.String("backend", be.Spec.Ref.String()))
+		}
+		if x.grpc != nil {
+			st, _ := x.grpc.failStatus(err, reason)
+			attrs = append(attrs, slog.Int("grpc_status", st))
 		}
 		if held > 0 {
 			attrs = append(attrs, slog.Uint64("suppressed", held))

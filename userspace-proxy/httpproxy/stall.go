@@ -162,16 +162,52 @@ func (w *stallWatch) done(n int, err error) error {
 	return err
 }
 
-// stalledReader reads an app's request body under w.
+// stalledReader reads an app's request body under w, if set, and keeps
+// why its first read that failed on the app's side did. The transports
+// read the body in a goroutine of their own, and fail the request with an
+// error of the connection they close in turn (the HTTP/1.1 pool's "read
+// answer: use of closed network connection"): without it, a malformed
+// chunk of the app's read as the backend's failure (upstream_error).
 type stalledReader struct {
 	io.ReadCloser
-	w *stallWatch
+	w      *stallWatch
+	failed atomic.Pointer[error]
+	// closed is set once it is closed (its tries are over, or a
+	// transport gave up on it): a read that fails then, as a read under
+	// way of an HTTP/2 app's body does, failed nothing of the app's.
+	closed atomic.Bool
 }
 
 func (r *stalledReader) Read(p []byte) (int, error) {
+	if r.w == nil {
+		return r.check(r.ReadCloser.Read(p))
+	}
 	r.w.begin()
 	n, err := r.ReadCloser.Read(p)
-	return n, r.w.done(n, err)
+	return r.check(n, r.w.done(n, err))
+}
+
+// check keeps err, of a read of n bytes, if it is the first to fail on
+// the app's side.
+func (r *stalledReader) check(n int, err error) (int, error) {
+	if err != nil && err != io.EOF && !r.closed.Load() {
+		failed := err // its own variable: allocated only here
+		r.failed.CompareAndSwap(nil, &failed)
+	}
+	return n, err
+}
+
+func (r *stalledReader) Close() error {
+	r.closed.Store(true)
+	return r.ReadCloser.Close()
+}
+
+// broken is why reading the app's body failed, or nil.
+func (r *stalledReader) broken() error {
+	if err := r.failed.Load(); err != nil {
+		return *err
+	}
+	return nil
 }
 
 // stalledResponse is an answer on net/http's server written under w: its
@@ -218,15 +254,23 @@ func (h *Handler) watchApp(w http.ResponseWriter, r *http.Request, x *exchange) 
 // not HTTP/2 the reads of out's body (see sentBody.track's callers), by
 // every try: a body recorded for a rule's retries or mirrors (keepBody) is
 // watched beneath its recording, whose later tries read the rest from the
-// app there. It returns w as the answer is to be written.
+// app there. Toward any backend, x.body then keeps why that body broke
+// (refuseBrokenBody). It returns w as the answer is to be written.
 func (h *Handler) watchStalls(w http.ResponseWriter, r *http.Request, x *exchange, out *http.Request, wire upstream.Wire) http.ResponseWriter {
 	h.watchApp(w, r, x)
-	if wire != upstream.WireH2 && out.Body != nil && out.Body != http.NoBody {
+	if out.Body != nil && out.Body != http.NoBody {
 		body := &out.Body
 		if x.tee != nil {
 			body = &x.tee.src
 		}
-		*body = &stalledReader{ReadCloser: *body, w: &x.stall}
+		x.body = stalledReader{ReadCloser: *body, w: &x.stall}
+		if wire == upstream.WireH2 {
+			// A quiet request stream toward an HTTP/2 backend holds a
+			// stream, not a pooled connection (gRPC's client-streaming
+			// calls idle legitimately): only why it broke is kept.
+			x.body.w = nil
+		}
+		*body = &x.body
 	}
 	return &x.answer
 }

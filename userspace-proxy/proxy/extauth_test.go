@@ -305,7 +305,8 @@ func (s *extAuthz) request(id string) *authv3.AttributeContext_HttpRequest {
 // TestRouteExternalAuthGRPC: the filter with the GRPC protocol asks a real
 // ext_authz server (grpc-go, over TLS) on every L7 front end — the
 // CheckRequest holds the method, path and query, host and the allowed
-// headers (all when none are listed) and the body up to maxSize; an OK lets
+// headers (all when none are listed, never hop-by-hop ones: they went in)
+// and the body up to maxSize; an OK lets
 // the request on with the answer's headers set, added and removed; a
 // denial reaches the client with the DeniedHttpResponse's status, header
 // and body, and never the backend, with the rule's response header changes
@@ -366,6 +367,21 @@ func TestRouteExternalAuthGRPC(t *testing.T) {
 			}
 			if a := call(http.MethodGet, "/all?id=g2", "", "Bearer good"); a.status != 200 || az.request("g2").GetHeaders()["x-secret"] != "s" {
 				t.Errorf("allowed, all headers: %d; ext_authz got %v", a.status, az.request("g2").GetHeaders())
+			}
+			if !k.h2c { // an HTTP/2 client sends no such fields
+				// They describe the app's connection to the proxy: the
+				// server gets none, as the backend gets none.
+				a := send(t, c, newReq(t, http.MethodGet, base+"/all?id=g3", nil, "Authorization", "Bearer good",
+					"Connection", "X-Hop", "X-Hop", "1", "Keep-Alive", "timeout=5", "Proxy-Connection", "keep-alive", "Te", "gzip"))
+				h := az.request("g3").GetHeaders()
+				if a.status != 200 || h["authorization"] != "Bearer good" {
+					t.Errorf("allowed, hop-by-hop fields: %d; ext_authz got %v", a.status, h)
+				}
+				for _, f := range []string{"connection", "x-hop", "keep-alive", "proxy-connection", "te"} {
+					if v, ok := h[f]; ok {
+						t.Errorf("ext_authz got hop-by-hop %s: %q", f, v)
+					}
+				}
 			}
 			if a := call(http.MethodGet, "/listed/x?id=d1", "", "Bearer bad"); a.status != http.StatusUnauthorized ||
 				string(a.body) != "denied" || a.header.Get("WWW-Authenticate") != `Bearer realm="mesh"` {
@@ -473,6 +489,11 @@ func TestRouteExternalAuthGRPCAppOwnAnswers(t *testing.T) {
 	}
 	if len(reached) != 0 {
 		t.Errorf("the backend got a refused call")
+	}
+	// By the HTTP status they went out with, as the proxy's failures
+	// (TestGRPCFailures).
+	if all, ok := e.counter("sockmesh_proxy_requests_total", nil), e.counter("sockmesh_proxy_requests_total", map[string]string{"code": "200"}); all != 2 || ok != 2 {
+		t.Errorf("requests_total: %v, %v of them code 200; want 2, 2", all, ok)
 	}
 }
 

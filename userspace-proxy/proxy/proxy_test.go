@@ -770,7 +770,10 @@ func TestGRPC(t *testing.T) {
 // TestGRPCFailures: a gRPC app whose request the proxy cannot forward gets
 // a gRPC status it can read (UNAVAILABLE) with the reason in its message,
 // not an HTTP error page: fail-closed policy, no ready endpoint, and a
-// backend certificate that fails verification.
+// backend certificate that fails verification. requests_total counts it by
+// the HTTP status of that trailers-only answer, 200, as the proxy's other
+// answers to gRPC (TestRouteExternalAuthGRPCAppOwnAnswers): it counted
+// 503 or 502, an answer the app never got.
 func TestGRPCFailures(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
@@ -796,6 +799,13 @@ func TestGRPCFailures(t *testing.T) {
 			err := cc.Invoke(context.Background(), echo.MethodUnary, wrapperspb.Bytes([]byte("ping")), new(wrapperspb.BytesValue))
 			if st := status.Convert(err); st.Code() != codes.Unavailable || st.Message() != "sockmesh: "+string(c.reason) {
 				t.Errorf("err = %v; want code Unavailable, message sockmesh: %s", err, c.reason)
+			}
+			svc := map[string]string{"service": name}
+			if all, ok := e.counter("sockmesh_proxy_requests_total", svc), e.counter("sockmesh_proxy_requests_total", map[string]string{"service": name, "code": "200"}); all != 1 || ok != 1 {
+				t.Errorf("requests_total{service=%q}: %v, %v of them code 200; want 1, 1", name, all, ok)
+			}
+			if got := e.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": string(c.reason)}); got != 1 {
+				t.Errorf("request_failures_total{reason=%q} = %v, want 1", c.reason, got)
 			}
 		})
 	}
