@@ -246,7 +246,10 @@ func (s *h1Conn) copyBody(bw *bufio.Writer, resp *http.Response, f framing, src 
 		var rerr error
 		full := false
 		if stream && last < streamWaitBelow && (src == nil || src.Buffered() == 0) {
-			p, n, full, rerr = b.waitBody(resp.Body)
+			var err error
+			if p, n, full, rerr, err = b.waitBody(resp.Body); err != nil {
+				return false, b.bw, fmt.Errorf("write answer: %w", err)
+			}
 		} else {
 			var err error
 			if p, err = b.target(); err != nil {
@@ -386,10 +389,11 @@ func (b *bodyCopy) commit(p []byte) error {
 // buffer) and takes them again. One read: a second, for what came with
 // the first bytes, waited for the backend's next write when they had come
 // alone (a one-byte chunk, a heartbeat), and held them from the app until
-// then. full says the probe came back full: more may be at hand.
-func (b *bodyCopy) waitBody(body io.Reader) (p []byte, n int, full bool, err error) {
-	if err := b.bw.Flush(); err != nil {
-		return nil, 0, false, err
+// then. full says the probe came back full: more may be at hand; werr
+// that a write to the app failed.
+func (b *bodyCopy) waitBody(body io.Reader) (p []byte, n int, full bool, err, werr error) {
+	if werr = b.bw.Flush(); werr != nil {
+		return nil, 0, false, nil, werr
 	}
 	b.drop()
 	b.s.putWriter(b.bw)
@@ -400,19 +404,20 @@ func (b *bodyCopy) waitBody(body io.Reader) (p []byte, n int, full bool, err err
 	b.bw = b.s.writer()
 	b.take()
 	if n == 0 {
-		return nil, 0, false, err
+		return nil, 0, false, err, nil
 	}
-	p, terr := b.target()
-	if terr != nil {
-		return nil, 0, false, terr
+	if p, werr = b.target(); werr != nil {
+		return nil, 0, false, nil, werr
 	}
 	copy(p, b.s.probe[:n]) // target has room for a probe: 2 KiB or more
-	return p, n, n == probeSize, err
+	return p, n, n == probeSize, err, nil
 }
 
 // upgrade completes a WebSocket upgrade the backend accepted: the 101 goes
 // to the client, decorated as every answer (x.decorate), then bytes flow
-// both ways until either side ends.
+// both ways until either side ends. A 101 the app did not take ends both
+// connections, the app's with a reset, as any answer that broke off
+// (answerFailed; one that stalled counted so).
 func (s *h1Conn) upgrade(req *http.Request, resp *http.Response, x *exchange, c *balance.Choice, uc *pool.Conn) {
 	x.decorate(resp.Header, req, c)
 	bw := s.startAnswer()
@@ -426,6 +431,7 @@ func (s *h1Conn) upgrade(req *http.Request, resp *http.Response, x *exchange, c 
 	s.up.uc = nil
 	if err != nil {
 		uc.Close()
+		s.answerFailed(x, fmt.Errorf("write switching protocols: %w", err))
 		return
 	}
 	if !s.deadline.IsZero() {

@@ -71,7 +71,7 @@ func (s *h1Conn) serve(req *http.Request) bool {
 		if x.r != nil && x.r.d.ExternalAuth != nil {
 			if x.r.d.ExternalAuth.MaxBody > 0 {
 				if err := s.continueNow(req); err != nil {
-					return s.fail(req, x, readFailed(err), err)
+					return s.fail(req, x, readFailed(err), err) // a write: the app left, or stalled
 				}
 			}
 			switch a, ok, err := s.h.authorize(x, req, s.watchAuth); {
@@ -79,7 +79,7 @@ func (s *h1Conn) serve(req *http.Request) bool {
 			case s.watch.gone.Load():
 				return false // the app left (reported canceled)
 			case err != nil:
-				return s.fail(req, x, readFailed(err), err)
+				return s.bodyFailed(req, x, err)
 			default:
 				return s.writeLocal(req, a.status, a.header, "", a.body)
 			}
@@ -107,7 +107,7 @@ func (s *h1Conn) serve(req *http.Request) bool {
 	if x.r != nil {
 		if err := s.h.applyRoute(x, req, host, s.cont != nil, websocket); err != nil {
 			x.be.Picker.Unused(choice)
-			return s.fail(req, x, readFailed(err), err)
+			return s.bodyFailed(req, x, err)
 		}
 	}
 	wire := WireFor(x.be, req.ProtoMajor, websocket)
@@ -324,6 +324,12 @@ func (s *h1Conn) again(x *exchange, retry *int, why string, req *http.Request, l
 func (s *h1Conn) backoff(x *exchange, retry *int, why string, req *http.Request) bool {
 	*retry++
 	ctx := s.leaveCtx()
+	if !x.replayable(req) {
+		// The rest of its body may come next from the app, unread (all
+		// of it before a connect retry): the watch waits past it for the
+		// app's hangup, as conn's does.
+		s.watch.hold()
+	}
 	s.watch.start(nil, s.leave)
 	waited := x.r.pol.wait(ctx, *retry)
 	s.watch.stop()
@@ -710,10 +716,29 @@ func (s *h1Conn) refuseBrokenBody(req *http.Request, x *exchange, err error) boo
 	if !s.sent.failed() {
 		return false
 	}
-	s.h.log.Debug("request body broken", "service", x.fe.Service.String(), "client", s.t.client(), "err", s.sent.err, "upstream_err", err)
+	s.refuseBody(req, x, s.sent.err, "upstream_err", err)
+	return true
+}
+
+// bodyFailed fails req, whose body the proxy read itself before the
+// request went (readBody: kept for its rule's retries or mirrors, or for
+// its ExternalAuth server) and could not: the rule's request timeout and
+// a stall as readFailed says; a body that broke off or is malformed gets
+// the 400 a forwarded one gets (refuseBrokenBody), not silence.
+func (s *h1Conn) bodyFailed(req *http.Request, x *exchange, err error) bool {
+	if reason := readFailed(err); reason != upstream.ReasonCanceled {
+		return s.fail(req, x, reason, err)
+	}
+	s.refuseBody(req, x, err)
+	return false
+}
+
+// refuseBody answers 400 to req, whose body broke off or proved malformed
+// (err), counts it, and the connection ends; attrs add to the log line.
+func (s *h1Conn) refuseBody(req *http.Request, x *exchange, err error, attrs ...any) {
+	s.h.log.Debug("request body broken", append(attrs, "service", x.fe.Service.String(), "client", s.t.client(), "err", err)...)
 	s.writePlain(req, x, http.StatusBadRequest, badRequest)
 	s.count(x, http.StatusBadRequest)
-	return true
 }
 
 var badRequest = []byte("400 Bad Request")

@@ -86,12 +86,39 @@ func (w *clientWatch) start(uc *pool.Conn, cancel context.CancelFunc) {
 // or is malformed and no answer came: the backend waits for the rest of
 // the body and will not answer, so the exchange ends (forward answers
 // 400). An answer that had started by then was the backend's early one,
-// and goes on.
+// and goes on. A panic anywhere in it reads as the client gone (left):
+// the exchange ends, and stop's wait for the read (done) too.
 func (w *clientWatch) fire() {
-	w.mu.Lock()
-	if !w.on || w.done != nil {
-		w.mu.Unlock()
+	var done chan struct{}
+	var err error
+	// Deferred in this order, so that a panic ends the exchange before
+	// done lets stop return: after, left would end the next one.
+	defer func() {
+		if done != nil {
+			close(done)
+		}
+	}()
+	defer w.s.h.cfg.Panics.Recover("client watch", &err, w.left)
+	done, held := w.begin()
+	if done == nil {
 		return
+	}
+	if err = w.wait(held); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		return // a pipelined request, or stop
+	}
+	w.left()
+}
+
+// begin readies fire's read of the client, under mu; done is nil when
+// there is none to make: the exchange is over, a read runs, or the body's
+// goroutine still reads the client (begin then ends a stranded exchange,
+// or looks again later). Every section under mu unlocks in a defer, so
+// that a panic (fire's recover) leaves it unlocked.
+func (w *clientWatch) begin() (done chan struct{}, held bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.on || w.done != nil {
+		return nil, false
 	}
 	s := w.s
 	if s.sent.unread() {
@@ -100,25 +127,16 @@ func (w *clientWatch) fire() {
 		} else {
 			w.t.Reset(watchAfter)
 		}
-		w.mu.Unlock()
-		return
+		return nil, false
 	}
-	done := make(chan struct{})
-	w.done = done
-	held := w.held
 	s.c.SetReadDeadline(time.Time{}) // an idle deadline may be armed; stop restores it
-	w.mu.Unlock()
-	defer close(done)
-	var err error
-	func() {
-		// A panic here reads as the client gone: the exchange ends.
-		defer s.h.cfg.Panics.Recover("client watch", &err, nil)
-		err = w.wait(held)
-	}()
-	if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
-		return // a pipelined request, or stop
-	}
-	// Under the lock: detach may be about to give uc back to the pool.
+	w.done = make(chan struct{})     // last: stop waits for it, which only fire closes
+	return w.done, w.held
+}
+
+// left ends the watched exchange, its client gone. Under mu: detach may
+// be about to give uc back to the pool.
+func (w *clientWatch) left() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.on {

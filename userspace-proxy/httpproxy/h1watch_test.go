@@ -3,13 +3,20 @@ package httpproxy
 import (
 	"bufio"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/metricsum"
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
+	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
@@ -180,5 +187,109 @@ func testClientGoneEndsConnWait(t *testing.T, left string) {
 	}
 	if p := next(); p != "/next" {
 		t.Errorf("after /hang the backend got %s, want /next (never /left)", p)
+	}
+}
+
+// TestClientWatchPanicContained: a panic in the client watch outside its
+// read of the client — here in the deadline it clears under its lock
+// before that read — is recovered and counted, and ends the exchange as
+// an app that left would: the backend's connection closes, the request
+// counts canceled, and the app's connection ends, its lock released.
+// Only the read was under the recover: the panic ended the process.
+func TestClientWatchPanicContained(t *testing.T) {
+	var armed atomic.Bool
+	upClosed := make(chan struct{})
+	ep := serveRaw(t, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
+		}
+		armed.Store(true) // the next deadline cleared is the watch's
+		io.Copy(io.Discard, c)
+		close(upClosed)
+	})
+	reg := prometheus.NewRegistry()
+	panics, err := contain.New(slog.New(slog.DiscardHandler), reg, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixture(t, Config{Panics: panics}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+	app, proxyEnd := tcpserve.Pair(t)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f.h.ServeHTTP1(deadlinePanicConn{Conn: proxyEnd, armed: &armed}, &Target{OrigDst: vip, Start: f.cur.Load(), Current: &f.cur,
+			ClientAddr: app.LocalAddr().(*net.TCPAddr).AddrPort()})
+	}()
+	t.Cleanup(func() { app.Close(); <-done })
+	c := &client{t: t, c: app, r: bufio.NewReader(app)}
+	c.send("GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")
+	select {
+	case <-upClosed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the backend's connection is still open 10 s after the watch's panic")
+	}
+	if !c.closed() {
+		t.Error("the app's connection is still open after the watch's panic")
+	}
+	if n := metricsum.Sum(t, reg, "sockmesh_proxy_panics_total", nil); n != 1 {
+		t.Errorf("%v panics counted, want 1", n)
+	}
+	if n := f.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": "canceled"}); n != 1 {
+		t.Errorf("failures{reason=canceled} = %v, want 1", n)
+	}
+}
+
+// deadlinePanicConn panics, once armed, when its read deadline is cleared.
+type deadlinePanicConn struct {
+	net.Conn
+	armed *atomic.Bool
+}
+
+func (c deadlinePanicConn) SetReadDeadline(d time.Time) error {
+	if d.IsZero() && c.armed.CompareAndSwap(true, false) {
+		panic("deadlinePanicConn: a bug clearing the deadline")
+	}
+	return c.Conn.SetReadDeadline(d)
+}
+
+// TestClientGoneEndsConnectBackoff: an app that leaves while its request,
+// whose body is still to come, waits out the backoff of a retry after its
+// connects were refused ends the wait: the request counts canceled and is
+// never tried again. The watch took the body's first bytes for a
+// pipelined request and stopped watching: the retry went out after the
+// backoff, for an app long gone.
+func TestClientGoneEndsConnectBackoff(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := snapshot.Endpoint{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true, Serving: true}
+	l.Close()
+	backoff := snapshot.Duration(30 * time.Second)
+	f := newFixture(t, Config{}, snapshot.Backend{})
+	f.updateRoutes(2, snapshot.Backend{Endpoints: []snapshot.Endpoint{refused}}, &snapshot.RouteTable{Producer: &snapshot.RouteSet{
+		Kind:    snapshot.KindHTTPRoute,
+		Matches: []snapshot.RouteMatch{{Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}}},
+		// The first wait is 15 to 30 s: the watch looks after 1.
+		Rules: []snapshot.RouteRule{{Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: backendRef}},
+			Retry: &snapshot.Retry{Attempts: 1, Backoff: &backoff}}},
+	}})
+	a := f.dial()
+	// Streamed, recorded for the retry as it goes: none of it is read
+	// before a connection is made.
+	a.send("POST /left HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n")
+	for f.counter("sockmesh_proxy_upstream_dials_total", map[string]string{"result": "refused"}) == 0 {
+		time.Sleep(10 * time.Millisecond) // until the first connect was refused: the backoff runs
+	}
+	a.c.Close()
+	for {
+		canceled := f.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": "canceled"})
+		if canceled == 1 {
+			break
+		}
+		if n := f.counter("sockmesh_proxy_request_retries_total", nil); n != 0 {
+			t.Fatalf("retried %v times after the app left; want the request canceled, never retried", n)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

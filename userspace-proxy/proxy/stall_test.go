@@ -32,7 +32,8 @@ const stallTimeout = 10 * time.Second
 // client's flow-control windows), or ?size=N bytes of it; /sse an event
 // stream quiet for ?quiet=D, then one event, quiet again, then its end;
 // /kept/fails-first answers its first request 500 at once, its body
-// unread; anything else (later requests to /kept/fails-first too) reads
+// unread; /ws accepts a WebSocket upgrade, then reads until the proxy
+// closes; anything else (later requests to /kept/fails-first too) reads
 // the body and answers "ok" and how much it read.
 func stallBackend(t *testing.T, pn *pipenet.Net, addr netip.AddrPort) {
 	big := bytes.Repeat([]byte("x"), 16<<20)
@@ -55,6 +56,15 @@ func stallBackend(t *testing.T, pn *pipenet.Net, addr netip.AddrPort) {
 				w.(http.Flusher).Flush()
 				sleepCtx(r.Context(), quiet)
 			}
+		case "/ws":
+			c, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+			brw.Flush()
+			io.Copy(io.Discard, brw)
 		case "/kept/fails-first":
 			if !failed.Swap(true) {
 				// Closing: net/http's server would otherwise read the body
@@ -730,16 +740,18 @@ func TestStalledBodyReadByProxy(t *testing.T) {
 	})
 }
 
-// TestUnreadAnswersCut: the fast path's own answers and its 100 Continue
-// are written under the stall watch too: an app that reads none of them
-// is reset at the stall timeout, and what its exchange held (the
-// endpoint's only connection, for the 100 Continue a backend asked for)
-// goes to the next request.
+// TestUnreadAnswersCut: the fast path's own answers, its 100 Continue and
+// the 101 of an upgrade are written under the stall watch too: an app
+// that reads none of them is reset at the stall timeout, and what its
+// exchange held (the endpoint's only connection, for the 100 Continue a
+// backend asked for, or the upgrade) goes to the next request. The 101
+// that stalled was not counted, nor its app reset.
 func TestUnreadAnswersCut(t *testing.T) {
 	for _, c := range []struct{ name, request string }{
 		{"400", "GET / HTTP/1.1\r\nHost: web.b.svc\r\nno colon\r\n\r\n"},
 		{"405", "CONNECT web.b.svc:443 HTTP/1.1\r\nHost: web.b.svc:443\r\n\r\n"},
 		{"505", "GET / HTTP/2.0\r\nHost: web.b.svc\r\n\r\n"},
+		{"101", "GET /ws HTTP/1.1\r\nHost: web.b.svc\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n"},
 		{"max-forwards", "TRACE / HTTP/1.1\r\nHost: web.b.svc\r\nMax-Forwards: 0\r\n\r\n"},
 		{"continue", "POST / HTTP/1.1\r\nHost: web.b.svc\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"},
 		{"continue-h2c", "POST /h2c HTTP/1.1\r\nHost: web.b.svc\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"},
