@@ -385,18 +385,10 @@ func TestPoolTurnsPerClient(t *testing.T) {
 			rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
 		p.Update(m.snapshot(1))
 		hog, other := pipeClientFrom(t, p, producerClient, k.h2c), pipeClientFrom(t, p, consumerClient, k.h2c)
-		get := func(c *http.Client, path string) {
-			go func() {
-				if resp, err := c.Get("http://web.b.svc" + path); err == nil {
-					resp.Body.Close()
-				}
-			}()
-			synctest.Wait() // at the backend, or queued for a connection
-		}
-		get(hog, "/hold")
-		get(hog, "/hold")
-		get(hog, "/?who=hog")
-		get(other, "/?who=other")
+		queued(hog, "/hold")
+		queued(hog, "/hold")
+		queued(hog, "/?who=hog")
+		queued(other, "/?who=other")
 		free <- struct{}{}
 		if who := <-served; who != "other" {
 			t.Errorf("the connection freed went to %s's request, want other's (it held none, hog one)", who)
@@ -446,21 +438,13 @@ func TestPoolTurnsDualStack(t *testing.T) {
 		p.Update(m.snapshot(1))
 		v4, v6 := pipeClientFrom(t, p, dualStack.IPs[0], k.h2c), pipeClientFrom(t, p, dualStack.IPs[1], k.h2c)
 		other := pipeClientFrom(t, p, consumerClient, k.h2c)
-		get := func(c *http.Client, path string) {
-			go func() {
-				if resp, err := c.Get("http://web.b.svc" + path); err == nil {
-					resp.Body.Close()
-				}
-			}()
-			synctest.Wait() // at the backend, or queued for a connection
-		}
-		get(v4, "/hold?id=0")
-		get(v6, "/hold?id=1")
-		get(v6, "/hold?id=2")
-		get(other, "/hold?id=3")
-		get(other, "/hold?id=4")
-		get(v4, "/?who=dual")
-		get(other, "/?who=other")
+		queued(v4, "/hold?id=0")
+		queued(v6, "/hold?id=1")
+		queued(v6, "/hold?id=2")
+		queued(other, "/hold?id=3")
+		queued(other, "/hold?id=4")
+		queued(v4, "/?who=dual")
+		queued(other, "/?who=other")
 		close(release[3])
 		if who := <-served; who != "other" {
 			t.Errorf("the connection freed went to %s's request, want other's (it held 1, the dual-stack pod 3)", who)
@@ -840,4 +824,15 @@ func heldUntilStalled(t *testing.T, p *proxy.Proxy, reg failures, path string, l
 	// The backend's server lingers before it closes the connection whose
 	// chunked body broke off (rstAvoidanceDelay, 500 ms).
 	time.Sleep(time.Second)
+}
+
+// queued sends a GET of path from c in a bubble and returns once it is at
+// the backend, or queued for a connection.
+func queued(c *http.Client, path string) {
+	go func() {
+		if resp, err := c.Get("http://web.b.svc" + path); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	synctest.Wait()
 }
