@@ -599,12 +599,7 @@ func TestUninstall(t *testing.T) {
 
 func TestMetrics(t *testing.T) {
 	tp := newTopology(t)
-	reg := prometheus.NewRegistry()
-	d, err := Open(tp.cfg, nil, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Uninstall() })
+	d, reg := openRegistered(t, tp)
 	if err := d.SetServices([]Service{{Addr: tp.server4}}); err != nil {
 		t.Fatal(err)
 	}
@@ -656,12 +651,7 @@ func TestMetrics(t *testing.T) {
 // the same.
 func TestMetricsReadApart(t *testing.T) {
 	tp := newTopology(t)
-	reg := prometheus.NewRegistry()
-	d, err := Open(tp.cfg, nil, reg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Uninstall() })
+	d, reg := openRegistered(t, tp)
 	if err := d.objs.SmCounters.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -779,4 +769,17 @@ func TestReconnectForgetsOriginalDestination(t *testing.T) {
 		t.Errorf("getpeername after connecting again = %s, want %s", peer, tp.server4)
 	}
 	wantNoHandoffs(t, d)
+}
+
+// openRegistered opens tp's datapath with its metrics on a registry of its
+// own, uninstalled when t ends.
+func openRegistered(t *testing.T, tp *topology) (*Datapath, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	d, err := Open(tp.cfg, nil, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Uninstall() })
+	return d, reg
 }

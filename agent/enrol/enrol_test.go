@@ -238,13 +238,7 @@ func TestFailedWriteRetriedWithoutScan(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{}
 		rec.failNext()
-		e, err := New(Config{NodeProxy: nodeProxy, Retry: time.Second, Verify: time.Hour}, rec, nil, slog.New(slog.DiscardHandler), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		go e.Run(ctx)
+		e := runEnroller(t, Config{NodeProxy: nodeProxy, Retry: time.Second, Verify: time.Hour}, rec)
 		if err := e.Update(snap(t, workload("a", true, ipA))); err == nil {
 			t.Fatal("Update wrote the enrolments, want its write to fail")
 		}
@@ -264,13 +258,7 @@ func TestFailedWriteRetriedWithoutScan(t *testing.T) {
 func TestNothingWrittenBeforeUpdate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{}
-		e, err := New(Config{NodeProxy: nodeProxy}, rec, nil, slog.New(slog.DiscardHandler), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		go e.Run(ctx)
+		runEnroller(t, Config{NodeProxy: nodeProxy}, rec)
 		time.Sleep(time.Hour)
 		synctest.Wait()
 		if _, writes := rec.get(); writes != 0 {
@@ -285,13 +273,7 @@ func TestNothingWrittenBeforeUpdate(t *testing.T) {
 func TestRetryBacksOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		rec := &recorder{}
-		e, err := New(Config{NodeProxy: nodeProxy, Retry: time.Second, Verify: time.Hour}, rec, nil, slog.New(slog.DiscardHandler), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(t.Context())
-		defer cancel()
-		go e.Run(ctx)
+		e := runEnroller(t, Config{NodeProxy: nodeProxy, Retry: time.Second, Verify: time.Hour}, rec)
 		if err := e.Update(snap(t, workload("nowhere", true, netip.MustParseAddr("10.233.255.254")))); err != nil {
 			t.Fatal(err)
 		}
@@ -488,4 +470,17 @@ func counter(t *testing.T, c prometheus.Counter) float64 {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
+}
+
+// runEnroller runs an Enroller with cfg writing to rec until t ends.
+func runEnroller(t *testing.T, cfg Config, rec *recorder) *Enroller {
+	t.Helper()
+	e, err := New(cfg, rec, nil, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	t.Cleanup(cancel)
+	go e.Run(ctx)
+	return e
 }
