@@ -43,7 +43,7 @@ import (
 // may go on (with the server's headers added); if not, a is the client's
 // answer, unless err says the rule's request timeout passed first, or the
 // read of a body the server is to get failed (a stall, the app left or
-// broke it off): the caller then fails r with it (readFailed), as a
+// broke it off): the caller then fails r with it (bodyFailed), as a
 // forward it ends; the server was not asked. a is the zero answer when the
 // app left while the server was asked (reported canceled): nobody to
 // answer. watch, when not nil,

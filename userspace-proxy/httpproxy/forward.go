@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
@@ -45,7 +47,7 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 		if err := h.applyRoute(x, out, r.Host, expects, websocket); err != nil {
 			be.Picker.Unused(c)
 			leaveBody(w, r)
-			h.fail(w, r, x, readFailed(err), err)
+			h.bodyFailed(w, r, x, err)
 			return
 		}
 	}
@@ -151,32 +153,81 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 }
 
 // refuseBrokenBody answers a request that failed, err, after the app's
-// body broke (x.body) as the fast path does (h1Conn.refuseBrokenBody):
-// 400, its rule's headers, the connection closed; and reports whether it
-// did. The transport's own error then says only that it gave up (a
-// closed connection), not that the backend failed. A body that broke as
-// the app left (net/http's HTTP/1 server takes a half-close for that, an
-// HTTP/2 app reset its stream) gets no answer (canceled).
+// body broke (x.body) as the fast path does (h1Conn.refuseBrokenBody;
+// refuseBody), and reports whether it did. The transport's own error then
+// says only that it gave up (a closed connection), not that the backend
+// failed. An app that left (appLeft) gets no answer (canceled).
 func (h *Handler) refuseBrokenBody(w http.ResponseWriter, r *http.Request, x *exchange, err error) bool {
 	broken := x.body.broken()
 	if broken == nil {
 		return false
 	}
-	if r.Context().Err() != nil {
+	if appLeft(r, broken) {
 		h.fail(w, r, x, upstream.ReasonCanceled, err) // aborts the request
 		return true
 	}
-	h.log.Debug("request body broken", "service", x.fe.Service.String(), "client", x.t.client(), "err", broken, "upstream_err", err)
+	h.refuseBody(w, r, x, broken, "upstream_err", err)
+	return true
+}
+
+// bodyFailed fails r, whose body the proxy read itself before the request
+// went (readBody: kept for its rule's retries or mirrors, or for its
+// ExternalAuth server) and could not, as the fast path's bodyFailed does:
+// the rule's request timeout and a stall as readFailed says; a body that
+// broke off or is malformed is refused (refuseBody), unless its app left.
+func (h *Handler) bodyFailed(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
+	if reason := readFailed(err); reason != upstream.ReasonCanceled || appLeft(r, err) {
+		h.fail(w, r, x, reason, err)
+		return
+	}
+	h.refuseBody(w, r, x, err)
+}
+
+// appLeft reports whether r's app left, where reading its body failed
+// with err. On HTTP/2 its context says so: the app reset its stream, or
+// its connection ended; a body that broke with the stream open (shorter
+// than its Content-Length) leaves it be. net/http's HTTP/1 server cancels
+// the context at the app's end of stream too, which is no leaving in the
+// middle of a body: as on the fast path, a half-close there breaks the
+// body off (400). The app left if its connection failed (a reset, or
+// closed by the server).
+func appLeft(r *http.Request, err error) bool {
+	if r.ProtoMajor != 1 {
+		return r.Context().Err() != nil
+	}
+	var conn *net.OpError
+	return errors.As(err, &conn)
+}
+
+// refuseBody answers r, whose body broke off or proved malformed (err),
+// as the fast path does (h1Conn.refuseBody): 400, its rule's headers (a
+// page's script sees a CORS error rather than the 400 without them), the
+// connection closed, counted as answered; attrs add to the log line. A
+// gRPC call gets a trailers-only INTERNAL instead, counted as it goes out
+// (200), as the proxy's other answers to gRPC: a bare 400 reaches gRPC
+// clients as INTERNAL with "unexpected HTTP status code", the reason
+// lost. INTERNAL is both gRPC's reading of a 400 (PROTOCOL-HTTP2.md) and
+// what its libraries give a request they cannot parse or a protocol
+// violation (doc/statuscodes.md); not INVALID_ARGUMENT, which they never
+// generate and which says the call's arguments, not its framing, were
+// wrong.
+func (h *Handler) refuseBody(w http.ResponseWriter, r *http.Request, x *exchange, err error, attrs ...any) {
+	h.log.Debug("request body broken", append(attrs, "service", x.fe.Service.String(), "client", x.t.client(), "err", err)...)
 	hdr := w.Header()
 	if x.r != nil {
 		x.r.d.ApplyResponse(hdr)
+	}
+	if x.grpc != nil {
+		maps.Copy(hdr, grpcHeader(grpcInternal, "bad_request_body"))
+		w.WriteHeader(http.StatusOK)
+		h.m.request(x.fe, http.StatusOK, protocolOf(x.be))
+		return
 	}
 	plainText(hdr)
 	leaveBody(w, r)
 	w.WriteHeader(http.StatusBadRequest)
 	w.Write(badRequest)
 	h.m.request(x.fe, http.StatusBadRequest, protocolOf(x.be))
-	return true
 }
 
 // resetApp ends an answer that cannot complete, whose headers may be gone:

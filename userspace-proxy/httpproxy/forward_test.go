@@ -816,45 +816,25 @@ func checkMaxForwards(t *testing.T, name string, resp *http.Response, body, forw
 
 // TestBrokenBodyNoFalseAnswer: a request whose body breaks off or is
 // malformed (brokenBodies), forwarded as it streams, kept for a rule's
-// retries or read for its ExternalAuth server, gets 400 on the fast path,
-// and 400 or no answer at all on net/http's server — never an answer that
-// says the backend or the authorization server took it, or failed it. The
-// fast path ended a body it read itself (kept, or for the authorization
-// server) with no answer, where its forward answers 400. net/http's
-// HTTP/1 server reads a half-close as the app leaving: the canceled
-// request got the clean, empty 200 the server sends for a handler that
-// wrote nothing, and a body read for the authorization server that broke
+// retries or read for its ExternalAuth server, gets 400 on both L7 paths —
+// never an answer that says the backend or the authorization server took
+// it, or failed it. The fast path ended a body it read itself (kept, or
+// for the authorization server) with no answer, where its forward answers
+// 400. net/http's HTTP/1 server cancels a request at the app's half-close:
+// the canceled request got the clean, empty 200 the server sends for a
+// handler that wrote nothing, then no answer at all, where the fast path
+// answers 400; and a body read for the authorization server that broke
 // off failed as ext_auth_error (503), the server never asked. A malformed
 // one forwarded from net/http's HTTP/1 server got 502 upstream_error: the
 // transport gave up on the backend as the body broke, and said only that.
 func TestBrokenBodyNoFalseAnswer(t *testing.T) {
-	authRef := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: "auth", Port: 80}
 	for _, l7 := range []bool{false, true} {
-		for _, kind := range []string{"plain", "retry", "auth"} {
+		for _, kind := range brokenBodyKinds {
 			for _, b := range brokenBodies {
 				for _, proto := range []snapshot.Protocol{snapshot.ProtocolHTTP11, snapshot.ProtocolH2C} {
 					t.Run(fmt.Sprintf("l7=%v/%s/%s/%s", l7, kind, b.name, proto), func(t *testing.T) {
 						fx := newFixture(t, Config{}, snapshot.Backend{})
-						ep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
-						var asked atomic.Bool
-						aep := startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { asked.Store(true) }))
-						be := snapshot.Backend{Protocol: proto, Endpoints: []snapshot.Endpoint{ep}}
-						rule := snapshot.RouteRule{Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: backendRef}}}
-						switch kind {
-						case "plain":
-							fx.update(2, be)
-						case "retry":
-							rule.Retry = &snapshot.Retry{Attempts: 1}
-						case "auth":
-							rule.Filters.ExternalAuth = &snapshot.ExternalAuth{Backend: authRef, MaxBody: 100}
-						}
-						if kind != "plain" {
-							fx.updateRoutes(2, be, &snapshot.RouteTable{Producer: &snapshot.RouteSet{
-								Kind:    snapshot.KindHTTPRoute,
-								Matches: []snapshot.RouteMatch{{Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}}},
-								Rules:   []snapshot.RouteRule{rule},
-							}}, snapshot.Backend{Ref: authRef, Endpoints: []snapshot.Endpoint{aep}})
-						}
+						asked := brokenBodyRoute(fx, kind, proto)
 						cl := fx.dial()
 						if l7 {
 							fx.serveL7(false)
@@ -869,40 +849,227 @@ func TestBrokenBodyNoFalseAnswer(t *testing.T) {
 						for err == nil && resp.StatusCode == http.StatusContinue {
 							resp, err = http.ReadResponse(cl.r, &http.Request{Method: http.MethodPost})
 						}
-						answered := 0.0
-						switch {
-						case err == nil:
-							io.Copy(io.Discard, resp.Body)
-							answered = 1
-							if resp.StatusCode != http.StatusBadRequest {
-								t.Errorf("answer %s; want 400 or none", resp.Status)
-							}
-						case !l7:
-							t.Errorf("no answer (%v); want 400", err)
+						if err != nil {
+							t.Fatalf("no answer (%v); want 400", err)
+						}
+						io.Copy(io.Discard, resp.Body)
+						if resp.StatusCode != http.StatusBadRequest {
+							t.Errorf("answer %s; want 400", resp.Status)
 						}
 						if !cl.closed() {
 							t.Error("connection left open")
 						}
-						if got := fx.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": "ext_auth_error"}); got != 0 {
-							t.Errorf("counted ext_auth_error %v times", got)
+						checkNoneBlamed(fx, asked)
+						if got := fx.counter("sockmesh_proxy_requests_total", map[string]string{"code": "400"}); got != 1 {
+							t.Errorf("requests_total{code=400} = %v, want 1", got)
 						}
-						if asked.Load() {
-							t.Error("the authorization server was asked about a broken body")
-						}
-						// The backend failed nothing: the transport gave up on
-						// it as the app's body broke.
-						if got := fx.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": string(upstream.ReasonUpstream)}); got != 0 {
-							t.Errorf("counted upstream_error %v times", got)
-						}
-						// A request whose app got no answer counts as a failure
-						// (canceled), not as an answer: it counted as a 502.
-						if got := fx.counter("sockmesh_proxy_requests_total", nil); got != answered {
-							t.Errorf("requests counted as answered: %v, want %v", got, answered)
+						if got := fx.counter("sockmesh_proxy_request_failures_total", nil); got != 0 {
+							t.Errorf("counted %v failures; want none: the app got its answer", got)
 						}
 					})
 				}
 			}
 		}
+	}
+}
+
+// TestBrokenBodyAppGone: an app that leaves in the middle of its body —
+// an HTTP/1 app on net/http's server resets its connection, an HTTP/2 app
+// its stream — is counted canceled, not answered, whether its body was
+// forwarded, kept for a rule's retries (an HTTP/1 body that waits for 100
+// Continue is forwarded instead) or read for the authorization server:
+// unlike one whose body a half-close broke off
+// (TestBrokenBodyNoFalseAnswer), whose connection can still carry the
+// 400. The app waits for the 100 Continue, which net/http's servers send
+// at the proxy's first read of the body, so that it leaves during that
+// read.
+func TestBrokenBodyAppGone(t *testing.T) {
+	for _, app := range []string{"http1", "http2"} {
+		for _, kind := range brokenBodyKinds {
+			for _, proto := range []snapshot.Protocol{snapshot.ProtocolHTTP11, snapshot.ProtocolH2C} {
+				t.Run(app+"/"+kind+"/"+string(proto), func(t *testing.T) {
+					fx := newFixture(t, Config{}, snapshot.Backend{})
+					asked := brokenBodyRoute(fx, kind, proto)
+					if app == "http1" {
+						resetInBody(fx)
+					} else {
+						cancelInBody(fx)
+					}
+					var answered, canceled float64
+					for deadline := time.Now().Add(10 * time.Second); answered+canceled == 0; time.Sleep(10 * time.Millisecond) {
+						if time.Now().After(deadline) {
+							t.Fatal("the request was neither answered nor canceled")
+						}
+						answered = fx.counter("sockmesh_proxy_requests_total", nil)
+						canceled = fx.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": string(upstream.ReasonCanceled)})
+					}
+					if answered != 0 || canceled != 1 {
+						t.Errorf("requests_total = %v, failures{reason=canceled} = %v; want 0, 1", answered, canceled)
+					}
+					checkNoneBlamed(fx, asked)
+				})
+			}
+		}
+	}
+}
+
+// resetInBody sends an HTTP/1.1 request to net/http's server (serveL7)
+// and resets its connection after part of its body.
+func resetInBody(fx *fixture) {
+	fx.t.Helper()
+	fx.serveL7(false)
+	cl := fx.dialL7()
+	cl.c.SetDeadline(time.Now().Add(10 * time.Second))
+	cl.send("POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n")
+	if resp, err := http.ReadResponse(cl.r, &http.Request{Method: http.MethodPost}); err != nil || resp.StatusCode != http.StatusContinue {
+		fx.t.Fatalf("answer %v, %v; want 100 Continue", resp, err)
+	}
+	cl.send("hel")
+	cl.c.(*net.TCPConn).SetLinger(0)
+	cl.c.Close() // a reset
+}
+
+// cancelInBody sends an HTTP/2 request to net/http's server (serveL7) and
+// resets its stream (net/http's Transport sends RST_STREAM when a
+// request's context ends) after part of its body.
+func cancelInBody(fx *fixture) {
+	fx.t.Helper()
+	c := fx.serveL7(true)
+	c.Transport.(*http.Transport).ExpectContinueTimeout = time.Minute // the body waits for the 100
+	body, bodyW := io.Pipe()
+	defer bodyW.Close()
+	continued := make(chan struct{})
+	ctx, cancel := context.WithCancel(httptrace.WithClientTrace(context.Background(),
+		&httptrace.ClientTrace{Got100Continue: func() { close(continued) }}))
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://echo.b.svc/", body)
+	if err != nil {
+		fx.t.Fatal(err)
+	}
+	req.ContentLength = 10
+	req.Header.Set("Expect", "100-continue")
+	done := make(chan error, 1)
+	go func() {
+		resp, err := c.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		done <- err
+	}()
+	select {
+	case <-continued:
+	case err := <-done:
+		fx.t.Fatalf("answer before 100 Continue (%v); want 100 Continue", err)
+	}
+	if _, err := io.WriteString(bodyW, "hel"); err != nil {
+		fx.t.Fatal(err)
+	}
+	cancel()
+	if err := <-done; err == nil {
+		fx.t.Fatal("a request whose stream was reset got its answer")
+	}
+}
+
+// TestBrokenBodyHTTP2: an HTTP/2 app's request body that breaks while its
+// stream stays open (it ends short of the Content-Length it declared, as
+// net/http's HTTP/2 Transport sends a body shorter than its ContentLength)
+// gets 400, and a gRPC call a trailers-only INTERNAL that names the
+// reason, whether the body was forwarded, kept for a rule's retries or
+// read for its ExternalAuth server. A gRPC call got a bare 400 (its
+// client reads INTERNAL with "unexpected HTTP status code"); a body the
+// proxy read itself got no answer at all, its stream reset and the
+// request counted canceled, as if the app had left.
+func TestBrokenBodyHTTP2(t *testing.T) {
+	for _, kind := range brokenBodyKinds {
+		for _, grpc := range []bool{false, true} {
+			for _, proto := range []snapshot.Protocol{snapshot.ProtocolHTTP11, snapshot.ProtocolH2C} {
+				t.Run(fmt.Sprintf("%s/grpc=%v/%s", kind, grpc, proto), func(t *testing.T) {
+					fx := newFixture(t, Config{}, snapshot.Backend{})
+					asked := brokenBodyRoute(fx, kind, proto)
+					req, err := http.NewRequest(http.MethodPost, "http://echo.b.svc/echo.Echo/Unary", strings.NewReader("hello"))
+					if err != nil {
+						t.Fatal(err)
+					}
+					req.ContentLength = 10
+					want, code := http.StatusBadRequest, "400"
+					if grpc {
+						req.Header.Set("Content-Type", "application/grpc")
+						req.Header.Set("Te", "trailers")
+						want, code = http.StatusOK, "200" // trailers-only, counted as it goes out
+					}
+					resp, err := fx.serveL7(true).Do(req)
+					if err != nil {
+						t.Fatalf("no answer (%v); want %d", err, want)
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != want {
+						t.Errorf("answer %s; want %d", resp.Status, want)
+					}
+					if st, msg := resp.Header.Get("Grpc-Status"), resp.Header.Get("Grpc-Message"); grpc && (st != "13" || msg != "sockmesh: bad_request_body") {
+						t.Errorf("grpc-status %q, grpc-message %q; want 13 (INTERNAL), sockmesh: bad_request_body", st, msg)
+					}
+					checkNoneBlamed(fx, asked)
+					if got := fx.counter("sockmesh_proxy_requests_total", map[string]string{"code": code}); got != 1 {
+						t.Errorf("requests_total{code=%s} = %v, want 1", code, got)
+					}
+					if got := fx.counter("sockmesh_proxy_request_failures_total", nil); got != 0 {
+						t.Errorf("counted %v failures; want none: the app got its answer", got)
+					}
+				})
+			}
+		}
+	}
+}
+
+// brokenBodyKinds are the ways a request's body reaches the backend that
+// brokenBodyRoute sets up.
+var brokenBodyKinds = []string{"plain", "retry", "auth"}
+
+// brokenBodyRoute has fx's Service lead to a backend of proto that reads
+// its requests' bodies whole: plainly ("plain"), or under a rule whose
+// retries have a body of known length kept ("retry"), or whose
+// ExternalAuth server gets the body ("auth"); asked tells whether that
+// server was asked.
+func brokenBodyRoute(fx *fixture, kind string, proto snapshot.Protocol) (asked *atomic.Bool) {
+	fx.t.Helper()
+	authRef := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: "auth", Port: 80}
+	ep := startBackend(fx.t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.Copy(io.Discard, r.Body) }))
+	asked = new(atomic.Bool)
+	aep := startBackend(fx.t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { asked.Store(true) }))
+	be := snapshot.Backend{Protocol: proto, Endpoints: []snapshot.Endpoint{ep}}
+	rule := snapshot.RouteRule{Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: backendRef}}}
+	switch kind {
+	case "plain":
+		fx.update(2, be)
+		return asked
+	case "retry":
+		rule.Retry = &snapshot.Retry{Attempts: 1}
+	case "auth":
+		rule.Filters.ExternalAuth = &snapshot.ExternalAuth{Backend: authRef, MaxBody: 100}
+	}
+	fx.updateRoutes(2, be, &snapshot.RouteTable{Producer: &snapshot.RouteSet{
+		Kind:    snapshot.KindHTTPRoute,
+		Matches: []snapshot.RouteMatch{{Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}}},
+		Rules:   []snapshot.RouteRule{rule},
+	}}, snapshot.Backend{Ref: authRef, Endpoints: []snapshot.Endpoint{aep}})
+	return asked
+}
+
+// checkNoneBlamed fails fx's test if a broken body's request was counted
+// as the backend's failure or the authorization server's, or that server
+// was asked (brokenBodyRoute's asked): the transport gave up on the
+// backend as the body broke, and the server never got it.
+func checkNoneBlamed(fx *fixture, asked *atomic.Bool) {
+	fx.t.Helper()
+	if got := fx.counter("sockmesh_proxy_route_answers_total", map[string]string{"reason": "ext_auth_error"}); got != 0 {
+		fx.t.Errorf("counted ext_auth_error %v times", got)
+	}
+	if asked.Load() {
+		fx.t.Error("the authorization server was asked about a broken body")
+	}
+	if got := fx.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": string(upstream.ReasonUpstream)}); got != 0 {
+		fx.t.Errorf("counted upstream_error %v times", got)
 	}
 }
 

@@ -367,7 +367,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				leaveBody(w, r)
 				switch {
 				case err != nil:
-					h.fail(w, r, x, readFailed(err), err)
+					h.bodyFailed(w, r, x, err)
 				case a.status == 0:
 					panic(http.ErrAbortHandler) // the app left: as fail's canceled
 				default:

@@ -280,9 +280,9 @@ func (h *Handler) keepBody(x *exchange, r *http.Request, expects bool) error {
 
 // readFailed is the reason of a request whose body the proxy could not
 // read itself (readBody): the rule's request timeout (504), the stall
-// watch's (the app reset), else the app left or broke the body off:
-// nobody to answer on net/http's server, which takes a half-close for the
-// app leaving; the fast path answers 400 (bodyFailed).
+// watch's (the app reset), else the app left (canceled), or broke the
+// body off or sent it malformed, which both L7 paths answer 400
+// (bodyFailed).
 func readFailed(err error) upstream.Reason {
 	switch {
 	case errors.Is(err, errRequestTimeout):

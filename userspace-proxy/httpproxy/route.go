@@ -149,7 +149,7 @@ func (x *exchange) sessionFor() *snapshot.SessionPersistence {
 // starts the mirrors. host is the app's own authority, which rewrites and
 // mirrors start from; expects says the body waits for 100 Continue (it is
 // then streamed, not kept). It fails when the body to keep could not be
-// read (readFailed says why).
+// read (bodyFailed answers it).
 func (h *Handler) applyRoute(x *exchange, out *http.Request, host string, expects, websocket bool) error {
 	d := &x.r.d
 	out.Host = host
