@@ -2,6 +2,7 @@ package datapath
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -124,6 +125,51 @@ func TestConflictsBelowVanishing(t *testing.T) {
 	want := []Attached{{Hook: "connect4", ProgramID: prog.id, Name: "smt_pod4", Cgroup: "e", RunsBeforeOurs: true}}
 	if !slices.Equal(got, want) {
 		t.Errorf("programs below = %+v, want %+v", got, want)
+	}
+}
+
+// TestConflictsTooManyBelow: past maxCgroupsBelow cgroups Conflicts stops
+// with cgroup2.ErrTooMany and still returns what it found before, and Open
+// warns that it could not list them all and logs those it did find. The
+// tree is the real size (a second to make and remove here), so the test
+// holds for the limit the agent runs with.
+func TestConflictsTooManyBelow(t *testing.T) {
+	cg := sandbox.NewCgroup(t)
+	cfg := Config{BPFFS: sandbox.TempBPFFS(t), Cgroup: cg.Path}
+	first := cg.Sub(t, "a-first") // walked first: siblings go in name order
+	prog := loadForeign(t, "smt_first", ebpf.AttachCGroupInet4Connect)
+	prog.attachTo(t, first)
+	for i := range maxCgroupsBelow {
+		cg.Sub(t, fmt.Sprintf("pod-%05d", i))
+	}
+
+	var buf bytes.Buffer
+	d, err := Open(cfg, slog.New(slog.NewTextHandler(&buf, nil)), nil)
+	if err != nil {
+		t.Fatalf("open datapath: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := d.Uninstall(); err != nil {
+			t.Errorf("uninstall: %v", err)
+		}
+	})
+	logged := buf.String()
+	for _, w := range []string{
+		fmt.Sprintf(`msg="cannot list other programs on our hooks" .*err=".*stopped after %d"`, maxCgroupsBelow),
+		`program_name=smt_first .* cgroup=a-first cgroups=1`,
+	} {
+		if !regexp.MustCompile(w).MatchString(logged) {
+			t.Errorf("Open logged no line matching %q:\n%s", w, logged)
+		}
+	}
+
+	got, err := d.Conflicts()
+	if !errors.Is(err, cgroup2.ErrTooMany) {
+		t.Errorf("Conflicts() error = %v, want it to wrap cgroup2.ErrTooMany", err)
+	}
+	want := []Attached{{Hook: "connect4", ProgramID: prog.id, Name: "smt_first", Cgroup: "a-first", RunsBeforeOurs: true}}
+	if mine := onlyOf(got, prog); !slices.Equal(mine, want) {
+		t.Errorf("Conflicts() = %+v, want it to hold %+v", got, want)
 	}
 }
 
