@@ -7,9 +7,9 @@ import (
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 )
 
-// maxBuckets bounds the ring: an interval of up to 60 s is counted per
-// second; a longer one (up to the API's 1 h) in 60 buckets of
-// interval/60, so a budget costs at most 60 × 24 bytes.
+// maxBuckets bounds a ring: a window of up to 60 s is counted per second;
+// a longer one (up to the API's 1 h) in 60 buckets of window/60, so a ring
+// costs at most 60 × 24 bytes.
 const maxBuckets = 60
 
 // Budget is one backend's retry budget. A nil *Budget allows every retry
@@ -18,15 +18,27 @@ type Budget struct {
 	c snapshot.RetryConstraint
 	// start anchors bucket numbers to the monotonic clock.
 	start time.Time
-	width time.Duration
-	// minRetries is MinRetryCount per MinRetryInterval scaled to the
-	// budget interval.
+	// budget counts requests and retries over BudgetInterval.
+	budget ring
+	// floor counts retries over MinRetryInterval when that is the longer
+	// interval; nil otherwise, when budget's retries serve. Scaled down to
+	// a shorter BudgetInterval, a rate such as 5 per minute allowed under
+	// one retry per 10 s: none at all.
+	floor *ring
+	// minRetries is the minimum rate's allowance over the longer of the
+	// two intervals: MinRetryCount per MinRetryInterval, scaled.
 	minRetries float64
-	ring       []bucket
 }
 
-// bucket counts one slice of the interval; epoch is the slice's number
-// since start, plus one (0: never used).
+// ring counts over a sliding window: the current slice of width and the
+// len(buckets)-1 before it.
+type ring struct {
+	width   time.Duration
+	buckets []bucket
+}
+
+// bucket counts one slice of a window; epoch is the slice's number since
+// the budget's start, plus one (0: never used).
 type bucket struct {
 	epoch    atomic.Int64
 	requests atomic.Int64
@@ -35,18 +47,28 @@ type bucket struct {
 
 // New returns the budget c describes, starting empty at now; nil when c is
 // nil. c's values are those translate checked (interval 1 s to 1 h,
-// minimum rate interval above 0).
+// minimum rate interval above 0, at most 1 h).
 func New(c *snapshot.RetryConstraint, now time.Time) *Budget {
 	if c == nil {
 		return nil
 	}
 	interval := max(time.Duration(c.BudgetInterval), time.Second)
-	n := min(int((interval+time.Second-1)/time.Second), maxBuckets)
-	b := &Budget{c: *c, start: now, width: interval / time.Duration(n), ring: make([]bucket, n)}
+	b := &Budget{c: *c, start: now, budget: newRing(interval)}
 	if per := time.Duration(c.MinRetryInterval); per > 0 {
-		b.minRetries = float64(c.MinRetryCount) * float64(interval) / float64(per)
+		window := interval
+		if per > interval {
+			window = per
+			floor := newRing(per)
+			b.floor = &floor
+		}
+		b.minRetries = float64(c.MinRetryCount) * float64(window) / float64(per)
 	}
 	return b
+}
+
+func newRing(window time.Duration) ring {
+	n := min(int((window+time.Second-1)/time.Second), maxBuckets)
+	return ring{width: window / time.Duration(n), buckets: make([]bucket, n)}
 }
 
 // Carry returns prev when it already keeps constraint c (same values,
@@ -69,38 +91,46 @@ func (b *Budget) Request(now time.Time) {
 	if b == nil {
 		return
 	}
-	b.slot(now).requests.Add(1)
+	b.budget.slot(now.Sub(b.start)).requests.Add(1)
 }
 
 // Retry reports whether a retry at now fits the budget, and counts it
-// (as a retry and as a request) when it does: the retries of the window,
-// this one included, must not exceed the larger of BudgetPercent of the
-// window's requests and the minimum retry rate.
+// (as a retry and as a request) when it does: the retries of the budget
+// interval, this one included, must not exceed BudgetPercent of its
+// requests, or those of the minimum rate's window (the longer of
+// BudgetInterval and MinRetryInterval) its allowance.
 func (b *Budget) Retry(now time.Time) bool {
 	if b == nil {
 		return true
 	}
-	requests, retries := b.window(now)
-	allowed := max(float64(requests)*float64(b.c.BudgetPercent)/100, b.minRetries)
-	if float64(retries+1) > allowed {
+	at := now.Sub(b.start)
+	requests, retries := b.budget.sum(at)
+	floorRetries := retries
+	if b.floor != nil {
+		_, floorRetries = b.floor.sum(at)
+	}
+	if float64(retries+1) > float64(requests)*float64(b.c.BudgetPercent)/100 && float64(floorRetries+1) > b.minRetries {
 		return false
 	}
-	s := b.slot(now)
+	s := b.budget.slot(at)
 	s.retries.Add(1)
 	s.requests.Add(1)
+	if b.floor != nil {
+		b.floor.slot(at).retries.Add(1)
+	}
 	return true
 }
 
-// epoch is now's bucket number (from 1).
-func (b *Budget) epoch(now time.Time) int64 {
-	return int64(max(now.Sub(b.start), 0)/b.width) + 1
+// epoch is the number of the slice at (since the budget's start), from 1.
+func (r *ring) epoch(at time.Duration) int64 {
+	return int64(max(at, 0)/r.width) + 1
 }
 
-// slot returns now's bucket, emptied first when it last counted an older
-// slice of time.
-func (b *Budget) slot(now time.Time) *bucket {
-	e := b.epoch(now)
-	s := &b.ring[e%int64(len(b.ring))]
+// slot returns the bucket of at, emptied first when it last counted an
+// older slice of time.
+func (r *ring) slot(at time.Duration) *bucket {
+	e := r.epoch(at)
+	s := &r.buckets[e%int64(len(r.buckets))]
 	if old := s.epoch.Load(); old != e && s.epoch.CompareAndSwap(old, e) {
 		s.requests.Store(0)
 		s.retries.Store(0)
@@ -108,13 +138,13 @@ func (b *Budget) slot(now time.Time) *bucket {
 	return s
 }
 
-// window sums the buckets of the interval ending at now: the current
-// slice and the len(ring)-1 before it.
-func (b *Budget) window(now time.Time) (requests, retries int64) {
-	e := b.epoch(now)
-	n := int64(len(b.ring))
-	for i := range b.ring {
-		s := &b.ring[i]
+// sum adds up the buckets of the window ending at at: its slice and the
+// len(buckets)-1 before it.
+func (r *ring) sum(at time.Duration) (requests, retries int64) {
+	e := r.epoch(at)
+	n := int64(len(r.buckets))
+	for i := range r.buckets {
+		s := &r.buckets[i]
 		if se := s.epoch.Load(); se > e-n && se <= e {
 			requests += s.requests.Load()
 			retries += s.retries.Load()

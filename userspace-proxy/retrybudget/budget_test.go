@@ -37,7 +37,9 @@ func TestBudget(t *testing.T) {
 		{"percent of requests", constraint(20, 10*s, 1, 10*s), 50, 0, 12}, // retries count as requests: 12 ≤ 20% of 62
 		{"minimum rate when idle", constraint(20, 10*s, 1, 10*s), 0, 0, 1},
 		{"minimum rate scaled to the interval", constraint(20, 10*s, 3, s), 0, 0, 30},
-		{"minimum rate over a longer interval", constraint(0, 10*s, 5, time.Minute), 0, 0, 0}, // 5/min over 10 s: under one
+		{"minimum rate over a longer interval", constraint(0, 10*s, 5, time.Minute), 0, 0, 5},
+		{"minimum rate over a longer interval, not scaled down", constraint(0, 10*s, 9, time.Minute), 0, 0, 9}, // 1.5 per 10 s
+		{"percent beside a longer minimum interval", constraint(20, 10*s, 1, time.Minute), 50, 0, 12},
 		{"zero percent", constraint(0, 10*s, 2, 10*s), 1000, 0, 2},
 		{"within the window", constraint(50, 10*s, 1, 10*s), 10, 9 * s, 9}, // the 10th would be 10 of 19
 		{"window rolled past the requests", constraint(50, 10*s, 1, 10*s), 10, 10 * s, 1},
@@ -69,6 +71,28 @@ func TestBudgetRecovers(t *testing.T) {
 	}
 	if got := retries(b, t0.Add(10*time.Second)); got != 2 {
 		t.Errorf("retries once the window rolled = %d, want 2", got)
+	}
+}
+
+// TestMinimumRateLongerInterval: a minimum rate over an interval longer
+// than the budget's allows its count over its own interval, however quiet
+// the backend. Before, it was scaled down to the budget interval: 5 per
+// minute over 10 s allowed under one retry, so none at all.
+func TestMinimumRateLongerInterval(t *testing.T) {
+	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	b := New(constraint(0, 10*time.Second, 5, time.Minute), t0)
+	for _, step := range []struct {
+		at   time.Duration
+		want int
+	}{
+		{0, 5},
+		{10 * time.Second, 0}, // the budget window rolled, the minute's five are spent
+		{59 * time.Second, 0},
+		{time.Minute, 5},
+	} {
+		if got := retries(b, t0.Add(step.at)); got != step.want {
+			t.Errorf("retries at +%v = %d, want %d", step.at, got, step.want)
+		}
 	}
 }
 
