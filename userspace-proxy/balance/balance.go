@@ -216,8 +216,19 @@ func (p *Picker) Pick() *Choice {
 			}
 		}
 	}
-	// Every endpoint is ejected: one turn more (n+1 in all), so that the
-	// preferred ones still take turns.
+	// Concurrent picks take turns between these, so that two of them may
+	// have met one ejected endpoint and missed one that takes: under load,
+	// one pick in ten went to an ejected endpoint beside a healthy one.
+	// Ask each once before concluding that none takes.
+	for _, tier := range p.tiers {
+		for j := range tier {
+			if a := p.admit(&tier[j], now); a != nil {
+				return a
+			}
+		}
+	}
+	// Every endpoint is ejected: one turn more, so that the preferred ones
+	// still take turns.
 	return &first[p.next[0].Add(1)%n]
 }
 

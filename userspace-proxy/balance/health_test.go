@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -367,6 +368,33 @@ func TestAllEjected(t *testing.T) {
 	}
 	if c, pinned, set := p.PickRequest(r, ClientKey{}, now, sp); c != first || !pinned || set {
 		t.Errorf("every endpoint ejected: session went to %s (pinned %v, new %v), want it kept", c.Host, pinned, set)
+	}
+}
+
+// TestPickConcurrent: picks made at once never go to an ejected endpoint
+// while another takes connections. Before, concurrent picks took turns
+// between the turns of one, which then met the ejected endpoint twice,
+// concluded that every endpoint was ejected, and went to it: about one
+// pick in ten of eight goroutines (which takes two CPUs to interleave).
+func TestPickConcurrent(t *testing.T) {
+	h := NewHealth(time.Hour, time.Hour, nil)
+	p := New(&snapshot.Backend{Endpoints: endpoints(2)}, h, nil)
+	dead := p.ready[0].Endpoint.Addr
+	h.Failed(dead, time.Now(), time.Now())
+	var wrong atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 20000 {
+				if p.Pick().Endpoint.Addr == dead {
+					wrong.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if n := wrong.Load(); n != 0 {
+		t.Errorf("%d of %d concurrent picks went to the ejected endpoint beside a healthy one", n, 8*20000)
 	}
 }
 
