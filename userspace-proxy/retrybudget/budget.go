@@ -7,10 +7,11 @@ import (
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 )
 
-// maxBuckets bounds a ring: a window of up to 60 s is counted per second;
-// a longer one (up to the API's 1 h) in 60 buckets of window/60, so a ring
-// costs at most 60 × 24 bytes.
-const maxBuckets = 60
+// buckets is how many slices a ring counts its window in: the window it
+// sums then spans 59/60 of its length to all of it, whatever the length
+// (1 s to the API's 1 h), for 60 × 24 bytes. Counted per second, a 1 s
+// window was one bucket, emptied as each second began.
+const buckets = 60
 
 // Budget is one backend's retry budget. A nil *Budget allows every retry
 // and counts nothing.
@@ -67,8 +68,7 @@ func New(c *snapshot.RetryConstraint, now time.Time) *Budget {
 }
 
 func newRing(window time.Duration) ring {
-	n := min(int((window+time.Second-1)/time.Second), maxBuckets)
-	return ring{width: window / time.Duration(n), buckets: make([]bucket, n)}
+	return ring{width: window / buckets, buckets: make([]bucket, buckets)}
 }
 
 // Carry returns prev when it already keeps constraint c (same values,

@@ -96,6 +96,31 @@ func TestMinimumRateLongerInterval(t *testing.T) {
 	}
 }
 
+// TestBudgetSlides: the window slides with time, a short one too: a
+// retry counts the requests of the whole interval before it. Before, a
+// 1 s interval was one bucket, emptied as each second began: the percent
+// allowed nothing beyond the minimum rate then, however busy the backend.
+func TestBudgetSlides(t *testing.T) {
+	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		interval, requests, retries time.Duration // requests and retries at t0 plus these
+		want                        int
+	}{
+		{time.Second, 900 * time.Millisecond, 1100 * time.Millisecond, 9},
+		{2 * time.Second, 1900 * time.Millisecond, 3 * time.Second, 9},
+		{10 * time.Second, 9500 * time.Millisecond, 18 * time.Second, 9},
+		{time.Second, 0, 1100 * time.Millisecond, 1}, // rolled past: the minimum rate alone
+	} {
+		b := New(constraint(50, tc.interval, 1, tc.interval), t0)
+		for range 10 {
+			b.Request(t0.Add(tc.requests))
+		}
+		if got := retries(b, t0.Add(tc.retries)); got != tc.want {
+			t.Errorf("%v interval, 10 requests at +%v: retries at +%v = %d, want %d", tc.interval, tc.requests, tc.retries, got, tc.want)
+		}
+	}
+}
+
 func TestNilAndCarry(t *testing.T) {
 	t0 := time.Now()
 	var none *Budget

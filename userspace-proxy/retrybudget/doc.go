@@ -1,7 +1,8 @@
 // Package retrybudget keeps a backend's retry budget (Gateway API
 // XBackendTrafficPolicy retryConstraint, snapshot.RetryConstraint): it
 // counts the requests and retries the proxy sends to the backend over a
-// sliding window and says whether one more retry fits.
+// sliding window (and the retries over the minimum rate's interval, when
+// that is longer) and says whether one more retry fits.
 //
 // A Budget lives with the backend's upstream state and survives snapshot
 // swaps while the backend's constraint is unchanged (Carry), so a new
