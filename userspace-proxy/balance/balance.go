@@ -215,12 +215,11 @@ func (p *Picker) Pick() *Choice {
 				return a
 			}
 		}
-	}
-	// Concurrent picks take turns between these, so that two of them may
-	// have met one ejected endpoint and missed one that takes: under load,
-	// one pick in ten went to an ejected endpoint beside a healthy one.
-	// Ask each once before concluding that none takes.
-	for _, tier := range p.tiers {
+		// Concurrent picks take turns between these, so that two of them
+		// may have met one ejected endpoint and missed one that takes:
+		// under load, one pick in ten went to an ejected endpoint, or to
+		// another zone's, beside a healthy one. Ask each once before
+		// passing on.
 		for j := range tier {
 			if a := p.admit(&tier[j], now); a != nil {
 				return a

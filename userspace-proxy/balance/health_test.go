@@ -371,30 +371,37 @@ func TestAllEjected(t *testing.T) {
 	}
 }
 
-// TestPickConcurrent: picks made at once never go to an ejected endpoint
-// while another takes connections. Before, concurrent picks took turns
-// between the turns of one, which then met the ejected endpoint twice,
-// concluded that every endpoint was ejected, and went to it: about one
-// pick in ten of eight goroutines (which takes two CPUs to interleave).
+// TestPickConcurrent: picks made at once never go to an ejected endpoint,
+// nor to a fallback one, while a preferred one takes connections. Before,
+// concurrent picks took turns between the turns of one, which then met the
+// ejected endpoint twice and concluded that every preferred endpoint was
+// ejected: about one pick in ten of eight goroutines went to the ejected
+// endpoint, or to the fallback one (it takes two CPUs to interleave them).
 func TestPickConcurrent(t *testing.T) {
-	h := NewHealth(time.Hour, time.Hour, nil)
-	p := New(&snapshot.Backend{Endpoints: endpoints(2)}, h, nil)
-	dead := p.ready[0].Endpoint.Addr
-	h.Failed(dead, time.Now(), time.Now())
-	var wrong atomic.Int64
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Go(func() {
-			for range 20000 {
-				if p.Pick().Endpoint.Addr == dead {
-					wrong.Add(1)
+	for _, fallback := range []bool{false, true} {
+		eps := endpoints(3)
+		eps[2].Fallback = snapshot.FallbackZone
+		if !fallback {
+			eps = eps[:2]
+		}
+		h := NewHealth(time.Hour, time.Hour, nil)
+		p := New(&snapshot.Backend{Endpoints: eps}, h, nil)
+		h.Failed(eps[0].Addr, time.Now(), time.Now())
+		var wrong atomic.Int64
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for range 20000 {
+					if p.Pick().Endpoint.Addr != eps[1].Addr {
+						wrong.Add(1)
+					}
 				}
-			}
-		})
-	}
-	wg.Wait()
-	if n := wrong.Load(); n != 0 {
-		t.Errorf("%d of %d concurrent picks went to the ejected endpoint beside a healthy one", n, 8*20000)
+			})
+		}
+		wg.Wait()
+		if n := wrong.Load(); n != 0 {
+			t.Errorf("fallback endpoint %v: %d of %d concurrent picks went elsewhere than to the one healthy preferred endpoint", fallback, n, 8*20000)
+		}
 	}
 }
 
