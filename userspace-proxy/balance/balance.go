@@ -220,10 +220,8 @@ func (p *Picker) Pick() *Choice {
 		// under load, one pick in ten went to an ejected endpoint, or to
 		// another zone's, beside a healthy one. Ask each once before
 		// passing on.
-		for j := range tier {
-			if a := p.admit(&tier[j], now); a != nil {
-				return a
-			}
+		if a := p.anyOf(tier, now); a != nil {
+			return a
 		}
 	}
 	// Every endpoint is ejected: one turn more, so that the preferred ones
@@ -250,6 +248,17 @@ func (p *Picker) admit(c *Choice, now time.Time) *Choice {
 	return c
 }
 
+// anyOf returns the first endpoint of tier that may take a connection at
+// now, as admit does; nil when none may.
+func (p *Picker) anyOf(tier []Choice, now time.Time) *Choice {
+	for j := range tier {
+		if a := p.admit(&tier[j], now); a != nil {
+			return a
+		}
+	}
+	return nil
+}
+
 // Unused records that c, picked, took no connection: its request ended
 // before it connected (its app left while the proxy read the body it
 // keeps). A probe c took is handed back (Health.Canceled): held, it left
@@ -269,24 +278,39 @@ func (p *Picker) PickFewest(load func(netip.AddrPort) int) *Choice {
 	now := time.Now()
 	start := p.next[0].Add(1)
 	for _, tier := range p.tiers {
-		var best *Choice
-		least := 0
-		for i := range uint32(len(tier)) {
-			c := &tier[(start+i)%uint32(len(tier))]
-			if p.health.Any() && p.health.passedOver(c.Endpoint.Addr, now) {
-				continue
-			}
-			if l := load(c.Endpoint.Addr); best == nil || l < least {
-				best, least = c, l
-			}
+		best := p.fewest(tier, start, load, now)
+		if best == nil {
+			continue
 		}
-		if best != nil {
-			if a := p.admit(best, now); a != nil {
-				return a
-			}
+		if a := p.admit(best, now); a != nil {
+			return a
+		}
+		// A concurrent pick took best's probe between the look and the
+		// admit: another endpoint of the tier, not the next tier's (another
+		// zone's beside a healthy preferred one).
+		if a := p.anyOf(tier, now); a != nil {
+			return a
 		}
 	}
 	return p.Pick()
+}
+
+// fewest returns the endpoint of tier, not passed over at now, that
+// carries the least load, the first from start among equals; nil when
+// every one is passed over.
+func (p *Picker) fewest(tier []Choice, start uint32, load func(netip.AddrPort) int, now time.Time) *Choice {
+	var best *Choice
+	least := 0
+	for i := range uint32(len(tier)) {
+		c := &tier[(start+i)%uint32(len(tier))]
+		if p.health.Any() && p.health.passedOver(c.Endpoint.Addr, now) {
+			continue
+		}
+		if l := load(c.Endpoint.Addr); best == nil || l < least {
+			best, least = c, l
+		}
+	}
+	return best
 }
 
 // ejected reports whether c is ejected at now while another ready endpoint

@@ -405,6 +405,34 @@ func TestPickConcurrent(t *testing.T) {
 	}
 }
 
+// TestPickFewestProbeTaken: a pick by load whose endpoint's probe a
+// concurrent pick takes between its look and its admit goes to another
+// preferred endpoint, not to a fallback one. Before, it passed on to the
+// next tier: with a probe going back and forth, a few hundred of eight
+// goroutines' picks went to another zone beside a healthy preferred
+// endpoint.
+func TestPickFewestProbeTaken(t *testing.T) {
+	eps := endpoints(3)
+	eps[2].Fallback = snapshot.FallbackZone
+	h := NewHealth(time.Second, time.Second, nil)
+	p := New(&snapshot.Backend{Endpoints: eps}, h, nil)
+	ended := time.Now().Add(-2 * time.Second)
+	h.Failed(eps[0].Addr, ended, ended) // its ejection is over: its probe is due
+	load := func(ep netip.AddrPort) int {
+		if ep != eps[0].Addr {
+			return 5
+		}
+		// The concurrent pick, between the look (this) and the admit.
+		if ok, probe := h.admit(ep, time.Now()); !ok || probe == 0 {
+			t.Fatalf("the probe of %v was not due", ep)
+		}
+		return 0
+	}
+	if c := p.PickFewest(load); c.Endpoint.Addr != eps[1].Addr {
+		t.Errorf("picked %v, want the healthy preferred %v", c.Endpoint.Addr, eps[1].Addr)
+	}
+}
+
 // TestRetain: an endpoint the snapshot no longer has as ready is forgotten,
 // so it starts afresh when it turns ready again.
 func TestRetain(t *testing.T) {
