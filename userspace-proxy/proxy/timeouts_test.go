@@ -21,6 +21,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/internal/pipenet"
+	"github.com/sockmesh/sockmesh/test/pki"
 	"github.com/sockmesh/sockmesh/userspace-proxy/httpproxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
@@ -494,5 +495,90 @@ func testRetryBackoffAppLeft(t *testing.T, k clientKind) {
 	}
 	if got := counterValue(t, reg, "sockmesh_proxy_request_failures_total", "reason", "canceled"); got != 1 {
 		t.Errorf("failures{canceled} = %v, want 1", got)
+	}
+}
+
+// TestConnectEndedByRouteTimeout: a connect, or a TLS handshake, that a
+// route's request timeout ends counts as route_timeout in
+// sockmesh_proxy_upstream_dials_total and _tls_handshakes_total, and one
+// the app's leaving ends as canceled: an operator tells a slow backend
+// from apps that give up. Before, both counted as canceled. The backends:
+// one that takes no connection (its connect waits, as for a SYN nobody
+// answers), one that takes connections and never answers their
+// ClientHello.
+func TestConnectEndedByRouteTimeout(t *testing.T) {
+	inBubbles(t, testConnectEndedByRouteTimeout)
+}
+
+func testConnectEndedByRouteTimeout(t *testing.T, k clientKind) {
+	var pn pipenet.Net
+	silent, mute := netip.MustParseAddrPort("10.0.0.1:8080"), netip.MustParseAddrPort("10.0.0.2:8443")
+	pn.Listen(silent) // never accepts
+	l := pn.Listen(mute)
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				io.Copy(io.Discard, c) // the ClientHello, unanswered
+				c.Close()
+			}()
+		}
+	}()
+	ca, err := pki.NewCA("route timeout test ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, reg := pipeProxy(t, &pn, proxy.Config{HTTP1TLS: k.path})
+	m := &mesh{t: t}
+	// HTTP/1.1 backends: every kind of app's request connects under its
+	// own context (net/http's HTTP/2 Transport dials apart from it).
+	connect := m.backend("silent", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(silent)})
+	handshake := m.backend("mute", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(mute),
+		TLS: &snapshot.TLS{Mode: snapshot.TLSServerOnly, ServerName: sniName, RootsPEM: string(ca.CertPEM)}})
+	timeout := &snapshot.Timeouts{Request: dur(500 * time.Millisecond)}
+	m.frontend("slow", routedVIP, connect, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/timeout/connect")}, snapshot.RouteRule{Backends: to(connect), Timeouts: timeout}},
+		rule{[]snapshot.RouteMatch{prefixMatch("/timeout/handshake")}, snapshot.RouteRule{Backends: to(handshake), Timeouts: timeout}},
+		rule{[]snapshot.RouteMatch{prefixMatch("/left/connect")}, snapshot.RouteRule{Backends: to(connect)}},
+		rule{[]snapshot.RouteMatch{prefixMatch("/left/handshake")}, snapshot.RouteRule{Backends: to(handshake)}},
+	)))
+	p.Update(m.snapshot(1))
+	client := pipeClient(t, p, k.h2c)
+	want := map[string]float64{} // metric/result: count
+	for _, c := range []struct {
+		path   string
+		metric string
+		result string
+	}{
+		{"/timeout/connect", "sockmesh_proxy_upstream_dials_total", "route_timeout"},
+		{"/timeout/handshake", "sockmesh_proxy_upstream_tls_handshakes_total", "route_timeout"},
+		{"/left/connect", "sockmesh_proxy_upstream_dials_total", "canceled"},
+		{"/left/handshake", "sockmesh_proxy_upstream_tls_handshakes_total", "canceled"},
+	} {
+		// The app leaves after 1 s: past the route's timeout, well before
+		// the proxy's default (15 s) and HandshakeTimeout (10 s).
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://slow.b.svc"+c.path, nil)
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		cancel()
+		synctest.Wait()
+		if strings.HasPrefix(c.path, "/timeout/") && (err != nil || resp.StatusCode != http.StatusGatewayTimeout) {
+			t.Errorf("GET %s: %v, %v; want 504", c.path, resp, err)
+		}
+		want[c.metric+"/"+c.result]++
+		for _, name := range []string{"sockmesh_proxy_upstream_dials_total", "sockmesh_proxy_upstream_tls_handshakes_total"} {
+			for _, result := range []string{"route_timeout", "canceled"} {
+				if got := counterValue(t, reg, name, "result", result); got != want[name+"/"+result] {
+					t.Errorf("after GET %s: %s{%s} = %v, want %v", c.path, name, result, got, want[name+"/"+result])
+				}
+			}
+		}
 	}
 }

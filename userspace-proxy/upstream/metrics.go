@@ -10,6 +10,11 @@ import (
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 )
 
+// resultRouteTimeout is the dials' and TLS handshakes' result for one that
+// a route's timeout ended (endedBy); the handshakes' "timeout" is
+// HandshakeTimeout's, the endpoint's doing.
+const resultRouteTimeout = "route_timeout"
+
 type metrics struct {
 	dials          *prometheus.CounterVec
 	dialsOK        prometheus.Counter
@@ -30,11 +35,11 @@ func newMetrics(reg prometheus.Registerer, health *balance.Health) (*metrics, er
 	m := &metrics{
 		dials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_upstream_dials_total",
-			Help: "TCP connections the proxy opened to backend endpoints, by result (ok, refused, dial_failed, canceled).",
+			Help: "TCP connections the proxy opened to backend endpoints, by result (ok, refused, dial_failed, canceled: the app left, route_timeout: a route's timeout passed).",
 		}, []string{"result"}),
 		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_upstream_tls_handshakes_total",
-			Help: "TLS handshakes toward backends, by result (full, resumed, verify_failed, timeout, failed, canceled).",
+			Help: "TLS handshakes toward backends, by result (full, resumed, verify_failed, timeout, failed, canceled: the app left, route_timeout: a route's timeout passed).",
 		}, []string{"result"}),
 		handshakeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "sockmesh_proxy_upstream_tls_handshake_duration_seconds",

@@ -767,17 +767,17 @@ func (w *wireState) dialTCP(ctx context.Context, c *balance.Choice) (*trackedCon
 	start := time.Now()
 	raw, err := w.p.dialer.Dial(ctx, c.Endpoint)
 	if err != nil {
-		result := classifyDial(err)
+		result := string(classifyDial(err))
 		switch {
 		case ctx.Err() != nil:
-			result = ReasonCanceled // the caller's context ended it, not the endpoint
+			result = endedBy(ctx) // the caller's context ended it, not the endpoint
 			w.p.health.Canceled(c)
 		case endpointFault(err):
 			w.eject(c.Endpoint, start, err)
 		default:
 			w.p.health.FailedHere(c)
 		}
-		m.dials.WithLabelValues(string(result)).Inc()
+		m.dials.WithLabelValues(result).Inc()
 		return nil, &dialError{err: err}
 	}
 	m.dialsOK.Inc()
@@ -817,7 +817,7 @@ func (w *wireState) dial(ctx context.Context, picked *balance.Choice, alpn []str
 			// timeout passed), not the endpoint: Classify tells a
 			// cancellation by the error it wraps.
 			w.p.health.Canceled(picked)
-			m.handshakes.WithLabelValues("canceled").Inc()
+			m.handshakes.WithLabelValues(endedBy(ctx)).Inc()
 			return nil, fmt.Errorf("%w to %s (%s): %w", errHandshake, ep.Addr, w.tls.Settings().ServerName, err)
 		}
 		if errors.Is(hctx.Err(), context.DeadlineExceeded) {
@@ -864,6 +864,20 @@ func (w *wireState) dial(ctx context.Context, picked *balance.Choice, alpn []str
 		m.handshakesFull.Inc()
 	}
 	return tc, nil
+}
+
+// endedBy is the result a connect or TLS handshake that ctx, the
+// caller's context, ended counts as: route_timeout when its deadline
+// passed, canceled otherwise. httpproxy bounds a request's connects by its
+// route rule's request and backendRequest timeouts (a mirror's and an
+// ExternalAuth ask's by theirs) as deadlines, and cancels them when the
+// app leaves (or the proxy shuts down): an operator tells a slow backend
+// from apps that give up.
+func endedBy(ctx context.Context) string {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return resultRouteTimeout
+	}
+	return string(ReasonCanceled)
 }
 
 // endpointOf reports whether an address is one of spec's endpoints.
