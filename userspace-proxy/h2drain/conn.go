@@ -136,8 +136,10 @@ type Conn struct {
 	net.Conn
 	mu sync.Mutex
 	fr frames
-	// pending is the GOAWAY asked for and not yet written (nil: none).
+	// pending is the GOAWAY asked for and not yet written (nil: none),
+	// and sent GoAway's, told once it is.
 	pending []byte
+	sent    func()
 	asked   bool
 }
 
@@ -158,17 +160,20 @@ func (c *Conn) Write(p []byte) (int, error) {
 	// frames): it goes in at the last place p has for it.
 	at := c.fr.feed(p)
 	if c.fr.goAway {
-		c.pending = nil // the backend's own comes: the client moves anyway
+		c.pending, c.sent = nil, nil // the backend's own comes: the client moves anyway
 	}
 	if at < 0 || c.pending == nil {
 		return c.Conn.Write(p)
 	}
 	// Once per connection: one write of p with the frame inside.
-	f := c.pending
-	c.pending = nil
+	f, sent := c.pending, c.sent
+	c.pending, c.sent = nil, nil
 	b := make([]byte, 0, len(p)+len(f))
 	b = append(append(append(b, p[:at]...), f...), p[at:]...)
 	n, err := c.Conn.Write(b)
+	if n >= at+len(f) && sent != nil {
+		sent()
+	}
 	if n > at {
 		n = max(at, n-len(f)) // of p's bytes
 	}
@@ -181,8 +186,11 @@ func (c *Conn) Write(p []byte) (int, error) {
 // between frames and has begun an answer, else in the next write where a
 // frame ends (outside a header block) once one has begun. It may block
 // while the app is not reading (as the relay's writes do), until the
-// relay ends.
-func (c *Conn) GoAway(why Reason) bool {
+// relay ends. sent, unless nil, is called (and must not block) once the
+// frame is written whole to the app: never when the connection ended
+// first — the relay closed it, or it closed before the backend's frame
+// the GOAWAY waited for ended — nor when the backend's own GOAWAY came.
+func (c *Conn) GoAway(why Reason, sent func()) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.asked || c.fr.goAway {
@@ -190,10 +198,13 @@ func (c *Conn) GoAway(why Reason) bool {
 	}
 	c.asked = true
 	if !c.fr.between() {
-		c.pending = goAwayFrame(why)
+		c.pending, c.sent = goAwayFrame(why), sent
 		return true
 	}
-	c.Conn.Write(goAwayFrame(why)) // a failed write is the relay's to see
+	// A failed write is the relay's to see.
+	if _, err := c.Conn.Write(goAwayFrame(why)); err == nil && sent != nil {
+		sent()
+	}
 	return true
 }
 

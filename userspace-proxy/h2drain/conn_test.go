@@ -112,7 +112,7 @@ func TestGoAwayBetweenFrames(t *testing.T) {
 		if round%2 == 1 {
 			ask = rng.IntN(min(len(pieces)+1, 4))
 		}
-		writeAsking(t, c, pieces, ask, func() bool { return c.GoAway(ReasonRebalance) })
+		writeAsking(t, c, pieces, ask, func() bool { return c.GoAway(ReasonRebalance, nil) })
 		c.Close()
 		wantGoAwayAmong(t, round, parse(t, <-got), want, "sockmesh: rebalance")
 	}
@@ -200,7 +200,7 @@ func TestGoAwayWhileIdle(t *testing.T) {
 			t.Fatalf("frame %v, %v; want %v", f, err, want)
 		}
 	}
-	go c.GoAway(ReasonEndpointGone)
+	go c.GoAway(ReasonEndpointGone, nil)
 	f, err := fr.ReadFrame()
 	if err != nil {
 		t.Fatal(err)
@@ -223,7 +223,7 @@ func TestGoAwayAfterFirstAnswer(t *testing.T) {
 	fw.WriteData(1, true, []byte("body"))
 	c, got := app(t)
 	c.Write(settings.Bytes())
-	if !c.GoAway(ReasonEndpointGone) {
+	if !c.GoAway(ReasonEndpointGone, nil) {
 		t.Fatal("GoAway refused")
 	}
 	c.Write(answer.Bytes())
@@ -251,7 +251,7 @@ func TestBackendGoAwayFirst(t *testing.T) {
 
 	c, got := app(t)
 	c.Write(stream)
-	if c.GoAway(ReasonRebalance) {
+	if c.GoAway(ReasonRebalance, nil) {
 		t.Error("GoAway after the backend's GOAWAY: asked")
 	}
 	c.Close()
@@ -261,7 +261,7 @@ func TestBackendGoAwayFirst(t *testing.T) {
 
 	c, got = app(t)
 	c.Write(stream[:5]) // inside SETTINGS' header
-	if !c.GoAway(ReasonRebalance) {
+	if !c.GoAway(ReasonRebalance, nil) {
 		t.Fatal("GoAway refused")
 	}
 	c.Write(stream[5:])

@@ -49,7 +49,8 @@ type entry struct {
 
 // NewRegistry returns an empty Registry that spreads the GOAWAYs of a
 // rebalancing or a move back from fallback endpoints over spread and calls
-// asked (which must not block) for each connection asked to go away.
+// asked (which must not block) for each GOAWAY written to a connection: not
+// for one whose connection ended before (Conn.GoAway).
 // recheck, unless nil, is called on a goroutine of its own twice the spread
 // after a connection was asked back to untried endpoints
 // (Endpoints.Untried), for the caller to Update again: should that
@@ -319,11 +320,10 @@ func (r *Registry) runRecheck() {
 }
 
 // ask asks c to go away; it runs in a goroutine of its own, as the write
-// may wait for an app that is not reading.
+// may wait for an app that is not reading. Its relay may end meanwhile
+// (Remove): the GOAWAY counts once written (Conn.GoAway).
 func (r *Registry) ask(ref snapshot.BackendRef, c *Conn, why Reason) {
 	var err error
 	defer r.panics.Recover("h2 goaway", &err, func() { sockio.Reset(c) })
-	if c.GoAway(why) {
-		r.asked(ref, why)
-	}
+	c.GoAway(why, func() { r.asked(ref, why) })
 }

@@ -198,6 +198,76 @@ func TestEndpointGone(t *testing.T) {
 	k.wantAsked(t, ReasonEndpointGone, 3)
 }
 
+// TestGoAwayCountedOnceWritten: a GOAWAY counts (asked) once written to
+// its connection, not when asked for: one that waits for the end of the
+// backend's frame counts when the frame ends, and not at all when the
+// relay ends first; nor does one asked for while the relay's write waits
+// on an app that is not reading, and the relay ends. Before, each counted
+// when asked for. In a synctest bubble, which orders the steps.
+func TestGoAwayCountedOnceWritten(t *testing.T) {
+	var start, data bytes.Buffer
+	fw := http2.NewFramer(&start, nil)
+	fw.WriteSettings()
+	fw.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte("h"), EndHeaders: true})
+	http2.NewFramer(&data, nil).WriteData(1, false, []byte("body"))
+	gone := func(snapshot.BackendRef) (Endpoints, bool) { return Endpoints{Addrs: []netip.AddrPort{epB}}, true }
+	for _, c := range []struct {
+		name string
+		// appReads is how many frames the app reads (0: all).
+		appReads int
+		// relayAsking writes the backend's bytes to conn as the relay
+		// does, and has r ask conn to go away (epA is gone).
+		relayAsking func(r *Registry, conn *Conn)
+		want        int
+	}{
+		{"frame ended", 0, func(r *Registry, conn *Conn) {
+			conn.Write(data.Bytes()[:5]) // inside the DATA frame's header
+			r.Update(gone)
+			synctest.Wait()
+			conn.Write(data.Bytes()[5:])
+		}, 1},
+		{"relay ended inside the frame", 0, func(r *Registry, conn *Conn) {
+			conn.Write(data.Bytes()[:5])
+			r.Update(gone)
+			synctest.Wait()
+		}, 0},
+		{"relay ended while its write waited", 2, func(r *Registry, conn *Conn) {
+			go conn.Write(data.Bytes())
+			synctest.Wait() // the write waits on the app, holding conn
+			r.Update(gone)  // its GOAWAY waits for the write
+		}, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				r, k := newRegistry(time.Hour)
+				a, b := net.Pipe()
+				go func() {
+					fr := http2.NewFramer(nil, b)
+					for n := 0; c.appReads == 0 || n < c.appReads; n++ {
+						if _, err := fr.ReadFrame(); err != nil {
+							return
+						}
+					}
+				}()
+				conn := NewConn(a)
+				conn.Write(start.Bytes())
+				r.Add(web, epA, conn, upstreamtls.Held{})
+				c.relayAsking(r, conn)
+				// The relay ends: Remove, and the app's connection closes.
+				r.Remove(web, conn)
+				a.Close()
+				b.Close()
+				synctest.Wait()
+				k.mu.Lock()
+				defer k.mu.Unlock()
+				if got := k.asked[ReasonEndpointGone]; got != c.want {
+					t.Errorf("GOAWAYs counted: %d, want %d", got, c.want)
+				}
+			})
+		})
+	}
+}
+
 // TestRebalance: when a backend gains endpoints, the connections beyond
 // each endpoint's share go (6 on one endpoint, 3 endpoints: 4 go), spread
 // in time; a later snapshot that gains nothing moves none, and a sticky

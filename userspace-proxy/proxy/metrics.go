@@ -73,7 +73,7 @@ func newMetrics(reg prometheus.Registerer, bufs *relay.Pool) (*metrics, error) {
 		}),
 		goAways: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_goaways_total",
-			Help: "Relayed HTTP/2 connections the proxy asked (GOAWAY) to open their next streams on a new connection, by backend and reason (endpoint_gone, preferred_back, rebalance, policy_changed, expired, shutdown).",
+			Help: "Relayed HTTP/2 connections the proxy asked (GOAWAY) to open their next streams on a new connection, by backend and reason (endpoint_gone, preferred_back, rebalance, policy_changed, expired, shutdown); counted once the GOAWAY is written.",
 		}, []string{"namespace", "backend", "reason"}),
 	}
 	m.byPath = make(map[Path]pathMetrics)
@@ -92,8 +92,8 @@ func newMetrics(reg prometheus.Registerer, bufs *relay.Pool) (*metrics, error) {
 	return m, nil
 }
 
-// goAway counts a relayed HTTP/2 connection of backend ref asked to go
-// away (h2drain.Registry).
+// goAway counts a GOAWAY written to a relayed HTTP/2 connection of backend
+// ref (h2drain.Registry).
 func (m *metrics) goAway(ref snapshot.BackendRef, why h2drain.Reason) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
