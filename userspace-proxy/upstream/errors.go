@@ -40,7 +40,8 @@ const (
 	// and it could not go again (ErrRefusedStream).
 	ReasonRefusedStream Reason = "refused_stream"
 	// ReasonPoolBusy: every HTTP/1.1 connection the endpoint may have
-	// stayed in use while the request waited (pool.ErrBusy).
+	// stayed in use while the request waited, or the HTTP/2 connection it
+	// was given had no stream free (pool.ErrBusy; Config.ConnWait).
 	ReasonPoolBusy Reason = "pool_busy"
 	// ReasonAppStalled: the app left a read of its request body or a
 	// write of its answer under way with no byte through for the proxy's

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"net/netip"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -479,8 +481,8 @@ func (d *dialCounter) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn,
 // capped: once those open take no more streams (the backend's
 // MaxConcurrentStreams), the Transport opens another, and every request
 // is answered — past MaxConnsPerEndpoint (the Transport's MaxConnsPerHost)
-// too, so no request waits for a stream, and ConnWait, which bounds the
-// HTTP/1.1 pool's wait, has no wait to bound here.
+// too, so no request waits for a stream once a connection's SETTINGS are
+// read (TestH2StreamWaitBounded: one that waits before).
 func TestH2ConnectsPastStreamLimit(t *testing.T) {
 	release := make(chan struct{})
 	free := sync.OnceFunc(func() { close(release) })
@@ -614,4 +616,88 @@ func TestH2DialedAcrossRetire(t *testing.T) {
 		t.FailNow()
 	}
 	w.wantClosedAfter(t, resp, "the request whose connection was dialed across the swap")
+}
+
+// TestH2StreamWaitBounded: a request the Transport gave a new HTTP/2
+// connection before the backend's SETTINGS lowered its stream limit, and
+// which then waits there for a stream to end, fails pool_busy after
+// ConnWait (10 s), as one waiting for an HTTP/1.1 connection does. Before,
+// it waited as long as the connection's streams lasted — here, one never
+// answered. The backend, a framer of its own, sends its SETTINGS (one
+// stream at a time) only once the second request has the connection the
+// first holds. In a synctest bubble, where 10 s are exact.
+func TestH2StreamWaitBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var pn pipenet.Net
+		addr := netip.MustParseAddrPort("10.0.0.1:8080")
+		l := pn.Listen(addr)
+		firstOpened, secondGot, applied := make(chan struct{}), make(chan struct{}), make(chan struct{})
+		served := make(chan net.Conn, 1)
+		go func() {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			served <- c
+			if _, err := io.ReadFull(c, make([]byte, len(http2.ClientPreface))); err != nil {
+				return
+			}
+			fr := http2.NewFramer(c, c)
+			go func() {
+				<-secondGot
+				fr.WriteSettings(http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: 1})
+				fr.WriteSettingsAck()
+			}()
+			for {
+				f, err := fr.ReadFrame()
+				if err != nil {
+					return
+				}
+				switch f := f.(type) {
+				case *http2.HeadersFrame:
+					if f.StreamID == 1 {
+						close(firstOpened) // and never answered
+					}
+				case *http2.SettingsFrame:
+					if f.IsAck() {
+						close(applied)
+					}
+				}
+			}
+		}()
+		pools, err := New(Config{}, &pn, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		be := backendAt(t, pools, addr, nil)
+		rt := be.RoundTripper(WireH2)
+
+		ctx, cancel := context.WithCancel(t.Context())
+		first := make(chan error, 1)
+		go func() {
+			_, err := rt.RoundTrip(request(t, ctx, be, http.MethodGet, "/first", nil))
+			first <- err
+		}()
+		<-firstOpened
+		var reused bool
+		ctx2, cancel2 := context.WithTimeout(httptrace.WithClientTrace(t.Context(), &httptrace.ClientTrace{
+			GotConn: func(info httptrace.GotConnInfo) {
+				reused = info.Reused
+				close(secondGot)
+				<-applied // the Transport took the limit in (it acknowledged it)
+			},
+		}), time.Minute) // a guard
+		defer cancel2()
+		start := time.Now()
+		_, err = rt.RoundTrip(request(t, ctx2, be, http.MethodGet, "/second", nil))
+		if !reused {
+			t.Error("the second request was not given the first's connection")
+		}
+		if Classify(err) != ReasonPoolBusy || time.Since(start) != 10*time.Second {
+			t.Errorf("a request waiting for a stream: %v (reason %s) after %v, want pool_busy after 10s", err, Classify(err), time.Since(start))
+		}
+		cancel()
+		<-first
+		(<-served).Close()
+	})
 }

@@ -45,14 +45,16 @@ type Config struct {
 	// all but an eighth of them (pool.Config.MaxOpen); 0 means 1024.
 	// net/http's HTTP/2 Transport, given it as MaxConnsPerHost, dials
 	// another connection whenever those open have no stream to spare, past
-	// it too (its count forgets a connection found full): no request waits
-	// for a stream there.
+	// it too (its count forgets a connection found full): a request waits
+	// for a stream only on a new connection it took before the backend's
+	// SETTINGS said how many streams it takes (ConnWait).
 	MaxConnsPerEndpoint int
 	// ConnWait bounds how long a request waits for one of an endpoint's
-	// MaxConnsPerEndpoint HTTP/1.1 connections to come free before it
-	// fails (ReasonPoolBusy; HTTP/2 has no such wait: MaxConnsPerEndpoint);
-	// 0 means 10 s, as long as HandshakeTimeout lets a new connection take:
-	// either way a request gets a connection, or a 503, within that.
+	// MaxConnsPerEndpoint HTTP/1.1 connections to come free, or, over
+	// HTTP/2, for a stream on the connection the Transport gave it, before
+	// it fails (ReasonPoolBusy); 0 means 10 s, as long as HandshakeTimeout
+	// lets a new connection take: either way a request gets a connection,
+	// or a 503, within that.
 	ConnWait time.Duration
 	// IdleConnTimeout closes pooled connections idle this long; 0 means 90 s.
 	IdleConnTimeout time.Duration
@@ -164,6 +166,9 @@ func New(cfg Config, d dial.Dialer, log *slog.Logger, reg prometheus.Registerer)
 	}
 	if cfg.HandshakeTimeout == 0 {
 		cfg.HandshakeTimeout = 10 * time.Second
+	}
+	if cfg.ConnWait == 0 {
+		cfg.ConnWait = 10 * time.Second
 	}
 	health := balance.NewHealth(cfg.EjectFor, cfg.EjectMax, cfg.EndpointBack)
 	m, err := newMetrics(reg, health)
@@ -566,6 +571,10 @@ var errResend = errors.New("upstream: request to send again")
 // with a body again.
 func resendNow() (io.ReadCloser, error) { return nil, errResend }
 
+// errNoStream ends a RoundTrip of the Transport whose request waited
+// Config.ConnWait for a stream on the connection it was given (awaitStream).
+var errNoStream = errors.New("upstream: no stream came free")
+
 // connTry records whether a request to c got to a connection: the
 // Transport took one (GotConn) or dialed c for it (dialFn).
 type connTry struct {
@@ -583,26 +592,34 @@ type connTry struct {
 	got   chan struct{}
 	ended bool
 	conn  net.Conn // the last connection the Transport gave it
-	// cancel ends the Transport's RoundTrip under way of a request
-	// without a body (send; nil for one with a body), and sent counts the
-	// connections it gave the request in it.
-	cancel context.CancelCauseFunc
-	sent   int
+	// cancel ends the Transport's RoundTrip under way (send), sent counts
+	// the connections it gave the request in it, and bodiless is set for
+	// a request without a body, which a second sends again (gotConn).
+	cancel   context.CancelCauseFunc
+	sent     int
+	bodiless bool
+	// streamWait bounds the request's wait for a stream on each
+	// connection the Transport gives it (awaitStream): slotTimer ends it,
+	// and slot tells the timer's callback whether it is still the wait it
+	// was set for.
+	streamWait time.Duration
+	slotTimer  *time.Timer
+	slot       int
 }
 
 // send sends req through rt with ctx, and again where rt would, at once,
-// up to MaxResends times, counted; req's GetBody gives its body again. A
-// request without a body is sent with a context gotConn cancels, as the
-// Transport asks nothing before sending it again.
+// up to MaxResends times, counted; req's GetBody gives its body again. It
+// sends with a context that gotConn cancels for a request without a body,
+// as the Transport asks nothing before sending it again, and that a wait
+// for a stream past streamWait cancels (awaitStream): the request fails
+// as pool.ErrBusy.
 func (t *connTry) send(ctx context.Context, rt http.RoundTripper, req *http.Request) (*http.Response, error) {
 	body := req.Body
 	for n := 0; ; n++ {
-		actx, cancel := ctx, context.CancelCauseFunc(nil)
-		if body == nil || body == http.NoBody {
-			actx, cancel = context.WithCancelCause(ctx)
-		}
+		actx, cancel := context.WithCancelCause(ctx)
 		t.mu.Lock()
-		t.sent, t.cancel = 0, cancel
+		t.streamed() // a wait of the try before: not this one's
+		t.sent, t.cancel, t.bodiless = 0, cancel, body == nil || body == http.NoBody
 		t.mu.Unlock()
 		out := req.WithContext(actx)
 		if out.Body = body; req.GetBody != nil {
@@ -612,10 +629,10 @@ func (t *connTry) send(ctx context.Context, rt http.RoundTripper, req *http.Requ
 		if err == nil {
 			return resp, nil // actx ends with ctx, after the answer's body
 		}
-		if cancel != nil {
-			cancel(nil)
-		}
+		cancel(nil)
 		switch {
+		case errors.Is(context.Cause(actx), errNoStream):
+			return nil, fmt.Errorf("%w: the HTTP/2 connection it was given had no stream free for %v", pool.ErrBusy, t.streamWait)
 		case !errors.Is(err, errResend) && !errors.Is(context.Cause(actx), errResend):
 			return nil, err
 		case n == MaxResends:
@@ -651,9 +668,41 @@ func (t *connTry) gotConn(c net.Conn) {
 		close(t.got)
 		t.got = make(chan struct{})
 	}
-	if t.sent++; t.sent > 1 && t.cancel != nil {
+	if t.sent++; t.sent > 1 && t.bodiless {
 		t.cancel(errResend)
+		return
 	}
+	t.awaitStream()
+}
+
+// awaitStream bounds the wait for a stream on the connection the request
+// was just given, until its HEADERS are written (streamed), by
+// streamWait. The Transport reserves a stream on a new connection for
+// each request as if the backend took 100 at once, until its SETTINGS
+// say: a request whose stream they leave over the limit waits for one of
+// the connection's streams to end — as long as they last, a gRPC stream's
+// or a watch's, where a request coming later is given a new connection.
+// It fails as one waiting for an HTTP/1.1 connection does. t.mu is held.
+func (t *connTry) awaitStream() {
+	t.streamed()
+	slot := t.slot
+	t.slotTimer = time.AfterFunc(t.streamWait, func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.slot == slot {
+			t.cancel(errNoStream)
+		}
+	})
+}
+
+// streamed ends the wait awaitStream bounds: the request's HEADERS were
+// written, or it ended. t.mu is held.
+func (t *connTry) streamed() {
+	if t.slotTimer != nil {
+		t.slotTimer.Stop()
+		t.slotTimer = nil
+	}
+	t.slot++
 }
 
 func (t *connTry) lastConn() net.Conn {
@@ -666,6 +715,7 @@ func (t *connTry) lastConn() net.Conn {
 func (t *connTry) settle() {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.streamed()
 	if !t.ended {
 		t.ended = true
 		close(t.got)
@@ -679,22 +729,29 @@ type connTryKey struct{}
 // in: a dial the Transport makes for it while another to the endpoint is
 // under way waits until then (h2pool.dialOnce); the Health learns that a
 // request holding a probe went on a connection already open (Reused), and
-// a probe which connects nothing is handed back. It costs every request a
-// few allocations, against a connection per request of a cold burst (and
-// send's context one without a body a few more, against a minute held).
+// a probe which connects nothing is handed back; the wait for a stream on
+// that connection is bounded (awaitStream). It costs every request a few
+// allocations, against a connection per request of a cold burst (send's
+// context and the wait's timer a few more, against a minute held, and a
+// wait as long as another stream).
 func (w *wireState) traceConn(req *http.Request) (context.Context, *connTry) {
 	c, ok := req.Context().Value(endpointKey{}).(*balance.Choice)
 	if !ok || !c.Probing() {
 		c = nil
 	}
 	h := w.p.health
-	try := &connTry{c: c, resent: w.p.cfg.StreamResent, got: make(chan struct{})}
+	try := &connTry{c: c, resent: w.p.cfg.StreamResent, got: make(chan struct{}), streamWait: w.p.cfg.ConnWait}
 	try.trace.GotConn = func(info httptrace.GotConnInfo) {
 		try.Store(true)
 		try.gotConn(info.Conn)
 		if info.Reused && c != nil {
 			h.Reused(c)
 		}
+	}
+	try.trace.WroteHeaders = func() {
+		try.mu.Lock()
+		defer try.mu.Unlock()
+		try.streamed()
 	}
 	return context.WithValue(httptrace.WithClientTrace(req.Context(), &try.trace), connTryKey{}, try), try
 }
