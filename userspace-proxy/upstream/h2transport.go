@@ -1,0 +1,269 @@
+package upstream
+
+// A request's tries through net/http's HTTP/2 Transport: what it sends
+// again at once where the Transport would back off, and the waits it
+// bounds (a connection, a stream on it).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
+	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
+)
+
+// h2Transport is net/http's HTTP/2 Transport of a wire (transport).
+type h2Transport struct {
+	w    *wireState
+	wire Wire
+}
+
+func (t h2Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	t.w.roundTrips.Add(1)
+	defer t.w.roundTrips.Add(-1)
+	if t.w.retired.Load() {
+		// Sent on a wire no snapshot has (the request's View is older):
+		// its connection closes once idle (Request.Close), as nothing
+		// would take it again.
+		req = req.WithContext(req.Context())
+		req.Close = true
+	}
+	ctx, connected := t.w.traceConn(req)
+	resp, err := connected.send(ctx, t.w.pool(t.wire).t, req)
+	connected.settle()
+	if err != nil {
+		if notH2 := answeredHTTP1(connected.lastConn()); notH2 != nil {
+			err = notH2
+		}
+	}
+	if connected.c != nil && !connected.Load() {
+		// Ended (its context, most often) before the Transport dialed
+		// or took a connection: nothing settles a probe it holds. Should
+		// the Transport dial for it all the same (it dials on after the
+		// request has left, for later ones), that dial carries the same
+		// Choice, and hands back nothing more (Health.handBack).
+		t.w.p.health.Canceled(connected.c)
+	}
+	return resp, err
+}
+
+// MaxResends bounds the times a request goes again where net/http's
+// HTTP/2 Transport would send it again: the backend refused its stream
+// (REFUSED_STREAM, or past its GOAWAY), which it never processed (RFC
+// 9113 §8.7), or the connection could not take it. The Transport would
+// send it again the first time at once, then after 1, 2, 4… s, 7 times in
+// all, which held a request to a backend refusing every stream about a
+// minute, uncounted when it had no body; send sends it again at once each
+// time, counted, and then the app gets 503 refused_stream, as Envoy
+// answers a refused stream it does not retry. Bursts need more than a few: the Transport
+// sends up to 100 streams on a new connection before the backend's
+// SETTINGS say how many it takes, so a stream is refused about once per
+// connection a burst opens — 150 at once to a backend taking 10, each
+// answered in 100 ms, went again up to 9 times.
+const MaxResends = 10
+
+// ErrRefusedStream marks a request whose stream its HTTP/2 backend
+// refused and that cannot go again: sent again MaxResends times, or its
+// body is not at hand (ReasonRefusedStream).
+var ErrRefusedStream = errors.New("stream refused by the backend")
+
+// errResend ends a RoundTrip of the Transport where it would send the
+// request again, before it does (resendNow, gotConn): send does, at once.
+var errResend = errors.New("upstream: request to send again")
+
+// resendNow is the GetBody the Transport asks before it sends a request
+// with a body again.
+func resendNow() (io.ReadCloser, error) { return nil, errResend }
+
+// errNoStream ends a RoundTrip of the Transport whose request waited
+// Config.ConnWait for a stream on the connection it was given (awaitStream).
+var errNoStream = errors.New("upstream: no stream came free")
+
+// connTry records whether a request to c got to a connection: the
+// Transport took one (GotConn) or dialed c for it (dialFn).
+type connTry struct {
+	atomic.Bool
+	c *balance.Choice // nil unless the request holds a probe
+	// resent, unless nil, counts a stream sent again (Config.StreamResent).
+	resent func()
+	trace  httptrace.ClientTrace // its request's, allocated with it
+	// got closes once the request's wait for a connection ends — the
+	// Transport gave it one, or the request ended: a dial that waited on
+	// another for it then ends (h2pool.dialOnce). A stream the backend
+	// refused waits again (sent again over another connection): each
+	// wait has its own.
+	mu    sync.Mutex
+	got   chan struct{}
+	ended bool
+	conn  net.Conn // the last connection the Transport gave it
+	// cancel ends the Transport's RoundTrip under way (send), sent counts
+	// the connections it gave the request in it, and bodiless is set for
+	// a request without a body, which a second sends again (gotConn).
+	cancel   context.CancelCauseFunc
+	sent     int
+	bodiless bool
+	// streamWait bounds the request's wait for a stream on each
+	// connection the Transport gives it (awaitStream): slotTimer ends it,
+	// and slot tells the timer's callback whether it is still the wait it
+	// was set for.
+	streamWait time.Duration
+	slotTimer  *time.Timer
+	slot       int
+}
+
+// send sends req through rt with ctx, and again where rt would, at once,
+// up to MaxResends times, counted; req's GetBody gives its body again. It
+// sends with a context that gotConn cancels for a request without a body,
+// as the Transport asks nothing before sending it again, and that a wait
+// for a stream past streamWait cancels (awaitStream): the request fails
+// as pool.ErrBusy.
+func (t *connTry) send(ctx context.Context, rt http.RoundTripper, req *http.Request) (*http.Response, error) {
+	body := req.Body
+	for n := 0; ; n++ {
+		actx, cancel := context.WithCancelCause(ctx)
+		t.mu.Lock()
+		t.streamed() // a wait of the try before: not this one's
+		t.sent, t.cancel, t.bodiless = 0, cancel, body == nil || body == http.NoBody
+		t.mu.Unlock()
+		out := req.WithContext(actx)
+		if out.Body = body; req.GetBody != nil {
+			out.GetBody = resendNow
+		}
+		resp, err := rt.RoundTrip(out)
+		if err == nil {
+			return resp, nil // actx ends with ctx, after the answer's body
+		}
+		cancel(nil)
+		switch {
+		case errors.Is(context.Cause(actx), errNoStream):
+			return nil, fmt.Errorf("%w: the HTTP/2 connection it was given had no stream free for %v", pool.ErrBusy, t.streamWait)
+		case !errors.Is(err, errResend) && !errors.Is(context.Cause(actx), errResend):
+			return nil, err
+		case n == MaxResends:
+			return nil, fmt.Errorf("%w: sent again %d times", ErrRefusedStream, n)
+		case req.GetBody != nil:
+			if body, err = req.GetBody(); err != nil {
+				return nil, err
+			}
+		}
+		if t.resent != nil {
+			t.resent()
+		}
+	}
+}
+
+// wait returns the channel that closes when the request's current wait
+// for a connection ends.
+func (t *connTry) wait() <-chan struct{} {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.got
+}
+
+// gotConn ends the request's current wait: it has c. A request without
+// a body given a second in the same RoundTrip is sent again, which the
+// Transport would do backing off: it is canceled before its stream goes
+// out, and send sends it again (one with a body asks GetBody first).
+func (t *connTry) gotConn(c net.Conn) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.conn = c
+	if !t.ended {
+		close(t.got)
+		t.got = make(chan struct{})
+	}
+	if t.sent++; t.sent > 1 && t.bodiless {
+		t.cancel(errResend)
+		return
+	}
+	t.awaitStream()
+}
+
+// awaitStream bounds the wait for a stream on the connection the request
+// was just given, until its HEADERS are written (streamed), by
+// streamWait. The Transport reserves a stream on a new connection for
+// each request as if the backend took 100 at once, until its SETTINGS
+// say: a request whose stream they leave over the limit waits for one of
+// the connection's streams to end — as long as they last, a gRPC stream's
+// or a watch's, where a request coming later is given a new connection.
+// It fails as one waiting for an HTTP/1.1 connection does. t.mu is held.
+func (t *connTry) awaitStream() {
+	t.streamed()
+	slot := t.slot
+	t.slotTimer = time.AfterFunc(t.streamWait, func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.slot == slot {
+			t.cancel(errNoStream)
+		}
+	})
+}
+
+// streamed ends the wait awaitStream bounds: the request's HEADERS were
+// written, or it ended. t.mu is held.
+func (t *connTry) streamed() {
+	if t.slotTimer != nil {
+		t.slotTimer.Stop()
+		t.slotTimer = nil
+	}
+	t.slot++
+}
+
+func (t *connTry) lastConn() net.Conn {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.conn
+}
+
+// settle ends every wait of the request: it ended.
+func (t *connTry) settle() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.streamed()
+	if !t.ended {
+		t.ended = true
+		close(t.got)
+	}
+}
+
+type connTryKey struct{}
+
+// traceConn returns req's context with a trace that tells when the
+// Transport gives it a connection, and the connTry its RoundTrip fills
+// in: a dial the Transport makes for it while another to the endpoint is
+// under way waits until then (h2pool.dialOnce); the Health learns that a
+// request holding a probe went on a connection already open (Reused), and
+// a probe which connects nothing is handed back; the wait for a stream on
+// that connection is bounded (awaitStream). It costs every request a few
+// allocations, against a connection per request of a cold burst (send's
+// context and the wait's timer a few more, against a minute held, and a
+// wait as long as another stream).
+func (w *wireState) traceConn(req *http.Request) (context.Context, *connTry) {
+	c, ok := req.Context().Value(endpointKey{}).(*balance.Choice)
+	if !ok || !c.Probing() {
+		c = nil
+	}
+	h := w.p.health
+	try := &connTry{c: c, resent: w.p.cfg.StreamResent, got: make(chan struct{}), streamWait: w.p.cfg.ConnWait}
+	try.trace.GotConn = func(info httptrace.GotConnInfo) {
+		try.Store(true)
+		try.gotConn(info.Conn)
+		if info.Reused && c != nil {
+			h.Reused(c)
+		}
+	}
+	try.trace.WroteHeaders = func() {
+		try.mu.Lock()
+		defer try.mu.Unlock()
+		try.streamed()
+	}
+	return context.WithValue(httptrace.WithClientTrace(req.Context(), &try.trace), connTryKey{}, try), try
+}
