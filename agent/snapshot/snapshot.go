@@ -278,9 +278,9 @@ type SessionPersistence struct {
 	Type SessionPersistenceType `json:"type"`
 	// Name of the cookie or header carrying the session.
 	Name string `json:"name"`
-	// AbsoluteTimeoutSeconds and IdleTimeoutSeconds are 0 when unset.
+	// AbsoluteTimeoutSeconds ends a session that long after it started; 0
+	// when unset. The Gateway API (v1.7) has no idle timeout.
 	AbsoluteTimeoutSeconds int64 `json:"absoluteTimeoutSeconds,omitempty"`
-	IdleTimeoutSeconds     int64 `json:"idleTimeoutSeconds,omitempty"`
 	// Permanent cookies carry an expiry; session cookies do not.
 	Permanent bool `json:"permanent,omitempty"`
 	// CookiePath is the cookie's Path attribute; empty means "/" (the
@@ -289,12 +289,15 @@ type SessionPersistence struct {
 }
 
 // RetryConstraint is a backend's retry budget (Gateway API
-// XBackendTrafficPolicy retryConstraint). Within any BudgetInterval, a
-// retry to the backend is allowed while the retries sent in that interval,
-// this one included, stay within the larger of BudgetPercent of the
-// requests sent (first tries and retries alike) and the minimum rate
-// MinRetryCount per MinRetryInterval scaled to BudgetInterval. A retry
-// beyond the budget is not sent: the client gets 503.
+// XBackendTrafficPolicy retryConstraint). A retry to the backend is sent
+// while, counting it, retries make up at most BudgetPercent of the
+// requests sent in the last BudgetInterval (first tries and retries alike:
+// the API's "percentage of active requests that may be made up of
+// retries"), or while it stays within the minimum rate, MinRetryCount per
+// MinRetryInterval: scaled to BudgetInterval when MinRetryInterval is
+// shorter, counted over MinRetryInterval itself when it is longer (5 per
+// minute allows 5 in any minute, not under one per 10 s). A retry beyond
+// both is not sent: the client gets 503.
 type RetryConstraint struct {
 	// BudgetPercent is 0 to 100.
 	BudgetPercent int `json:"budgetPercent"`

@@ -339,7 +339,8 @@ func (p *Picker) ejected(c *Choice, now time.Time) bool {
 // connect to c that fails (nothing reached it) moves it, as it moves any
 // other request, and its session then starts on the endpoint that answers.
 // setSession is true when the response must carry the session
-// (SetSession): a new session, or one whose idle clock restarts.
+// (SetSession): a new one. A live session's cookie or header is not sent
+// again: it holds nothing that changes while the session lasts.
 //
 // An MCP session (MCPEndpoint) pins a request before this is asked, sp or
 // not: the session's state lives in the server that issued it, and sp's
@@ -350,7 +351,7 @@ func (p *Picker) PickRequest(r *http.Request, client ClientKey, now time.Time, s
 	}
 	if s, ok := parseSession(sessionOf(r, sp)); ok && !expired(sp, s, now) {
 		if c := p.session(s.endpoint, now); c != nil {
-			return c, true, sp.IdleTimeoutSeconds > 0
+			return c, true, false
 		}
 	}
 	c = p.Pick()
@@ -365,7 +366,7 @@ func (p *Picker) PickRequest(r *http.Request, client ClientKey, now time.Time, s
 // session stays on a fallback endpoint once a nearer one serves again,
 // and on a pod that terminates, through its grace period (a rolling
 // update would otherwise end every session of the old pods at once); it
-// ends by its own timeouts.
+// ends at its absolute timeout.
 func (p *Picker) session(tok string, now time.Time) *Choice {
 	for _, cs := range [...][]Choice{p.ready, p.draining} {
 		for i := range cs {
@@ -471,8 +472,8 @@ func (p *Picker) SetSession(h http.Header, r *http.Request, c *Choice, now time.
 		start = s.start
 	}
 	v := c.token
-	if sp.IdleTimeoutSeconds > 0 || sp.AbsoluteTimeoutSeconds > 0 {
-		v += "." + strconv.FormatInt(start, 10) + "." + strconv.FormatInt(now.Unix(), 10)
+	if sp.AbsoluteTimeoutSeconds > 0 {
+		v += "." + strconv.FormatInt(start, 10)
 	}
 	switch sp.Type {
 	case snapshot.SessionHeader:
@@ -490,15 +491,17 @@ func (p *Picker) SetSession(h http.Header, r *http.Request, c *Choice, now time.
 }
 
 // session is what a session cookie or header carries: the endpoint's token
-// and, when the backend sets timeouts, when the session started and when it
-// was last used (Unix seconds). The times are not signed: a client that
-// forges them only prolongs its own affinity, which it could also get by
-// keeping the session busy.
+// and, when the backend sets an absolute timeout, when the session started
+// (Unix seconds): "token" or "token.start". The start is not signed: a
+// client that forges it only prolongs its own affinity.
 type session struct {
-	endpoint    string
-	start, last int64 // 0 when the backend sets no timeout
+	endpoint string
+	start    int64 // 0 when the backend sets no timeout
 }
 
+// parseSession reads a session value, also "token.start.last" as builds
+// before 2026-11-29 wrote it for an idle timeout no Gateway API object can
+// set: its last use is ignored, so those sessions keep their endpoint.
 func parseSession(v string) (session, bool) {
 	if v == "" {
 		return session{}, false
@@ -507,27 +510,25 @@ func parseSession(v string) (session, bool) {
 	if !timed {
 		return session{endpoint: tok}, true
 	}
-	a, b, ok := strings.Cut(times, ".")
-	start, err1 := strconv.ParseInt(a, 10, 64)
-	last, err2 := strconv.ParseInt(b, 10, 64)
-	if !ok || err1 != nil || err2 != nil {
+	a, last, old := strings.Cut(times, ".")
+	start, err := strconv.ParseInt(a, 10, 64)
+	if err != nil {
 		return session{}, false
 	}
-	return session{endpoint: tok, start: start, last: last}, true
+	if old {
+		if _, err := strconv.ParseInt(last, 10, 64); err != nil {
+			return session{}, false
+		}
+	}
+	return session{endpoint: tok, start: start}, true
 }
 
-// expired applies the Gateway API session timeouts: the session ends
-// AbsoluteTimeoutSeconds after it started, or IdleTimeoutSeconds after its
-// last request. A session without times predates the timeouts (or the
-// backend had none): it starts over when a timeout is now set.
+// expired applies the Gateway API's absoluteTimeout: the session ends
+// AbsoluteTimeoutSeconds after it started. A session without a start
+// predates the timeout (the backend had none): it starts over now that it
+// has one.
 func expired(sp *snapshot.SessionPersistence, s session, now time.Time) bool {
-	if sp.IdleTimeoutSeconds <= 0 && sp.AbsoluteTimeoutSeconds <= 0 {
-		return false
-	}
-	t := now.Unix()
-	return s.start == 0 ||
-		sp.AbsoluteTimeoutSeconds > 0 && t-s.start >= sp.AbsoluteTimeoutSeconds ||
-		sp.IdleTimeoutSeconds > 0 && t-s.last >= sp.IdleTimeoutSeconds
+	return sp.AbsoluteTimeoutSeconds > 0 && (s.start == 0 || now.Unix()-s.start >= sp.AbsoluteTimeoutSeconds)
 }
 
 func sessionOf(r *http.Request, sp *snapshot.SessionPersistence) string {

@@ -3,6 +3,7 @@ package balance
 import (
 	"net/http"
 	"net/netip"
+	"strconv"
 	"testing"
 	"time"
 
@@ -121,62 +122,87 @@ func TestMCPSession(t *testing.T) {
 	}
 }
 
-// TestSessionTimeouts: a cookie session survives while used more often than
-// its idle timeout (each answer restarts the idle clock), ends after a pause
-// longer than that, and ends at its absolute timeout however busy.
-func TestSessionTimeouts(t *testing.T) {
-	b := &snapshot.Backend{
-		Endpoints: endpoints(8),
-		SessionPersistence: &snapshot.SessionPersistence{Type: snapshot.SessionCookie, Name: "s",
-			IdleTimeoutSeconds: 10, AbsoluteTimeoutSeconds: 100, Permanent: true},
-	}
-	p := New(b, nil, nil)
+// TestSessionTimeout: a cookie session holds the endpoint's token and its
+// start, "token.start", set once: its requests stay pinned, their answers
+// set no cookie, until its absolute timeout ends it however busy, and a
+// new session starts elsewhere. Before, every answer set the cookie again,
+// "token.start.last", for an idle timeout no Gateway API object sets.
+func TestSessionTimeout(t *testing.T) {
+	sp := &snapshot.SessionPersistence{Type: snapshot.SessionCookie, Name: "s", AbsoluteTimeoutSeconds: 100, Permanent: true}
+	p := New(&snapshot.Backend{Endpoints: endpoints(8), SessionPersistence: sp}, nil, nil)
 	t0 := time.Unix(1_000_000, 0)
 	// request sends a request at now with the current cookie and keeps the
-	// cookie its answer sets.
+	// cookie its answer sets, checking its value and Max-Age.
 	var cookie string
-	request := func(now time.Time) (c *Choice, set bool) {
+	request := func(now time.Time) (c *Choice, pinned, set bool) {
 		t.Helper()
 		r, _ := http.NewRequest(http.MethodGet, "/", nil)
 		if cookie != "" {
 			r.Header.Set("Cookie", "s="+cookie)
 		}
-		c, _, set = p.PickRequest(r, ClientKey{}, now, b.SessionPersistence)
+		c, pinned, set = p.PickRequest(r, ClientKey{}, now, sp)
 		if set {
 			h := http.Header{}
-			p.SetSession(h, r, c, now, b.SessionPersistence)
+			p.SetSession(h, r, c, now, sp)
 			ck, err := http.ParseSetCookie(h.Get("Set-Cookie"))
 			if err != nil {
 				t.Fatal(err)
 			}
-			cookie = ck.Value
-			if want := int(t0.Unix() + 100 - now.Unix()); ck.MaxAge <= 0 || ck.MaxAge > 100 {
-				t.Errorf("Max-Age = %d at %v, want about %d", ck.MaxAge, now.Sub(t0), want)
+			if want := c.token + "." + strconv.FormatInt(now.Unix(), 10); ck.Value != want || ck.MaxAge != 100 {
+				t.Errorf("new session at %v: cookie %q, Max-Age %d; want %q, 100", now.Sub(t0), ck.Value, ck.MaxAge, want)
 			}
+			cookie = ck.Value
 		}
-		return c, set
+		return c, pinned, set
 	}
-	first, _ := request(t0)
-	at := t0
-	for range 9 { // every 9 s, below the 10 s idle timeout, up to 81 s
-		at = at.Add(9 * time.Second)
-		if c, set := request(at); c != first || !set {
-			t.Fatalf("at %v: endpoint %s (refresh %v), want %s refreshed", at.Sub(t0), c.Host, set, first.Host)
+	first, _, _ := request(t0)
+	for at := 9 * time.Second; at < 100*time.Second; at += 9 * time.Second {
+		if c, pinned, set := request(t0.Add(at)); c != first || !pinned || set {
+			t.Fatalf("at %v: endpoint %s (pinned %v, set again %v), want %s pinned, not set again", at, c.Host, pinned, set, first.Host)
 		}
 	}
-	at = at.Add(9 * time.Second) // 90 s: still within the absolute timeout
-	if c, _ := request(at); c != first {
-		t.Fatalf("at %v: session lost early", at.Sub(t0))
+	if c, pinned, set := request(t0.Add(100 * time.Second)); c == first || pinned || !set {
+		t.Errorf("at its absolute timeout: endpoint %s (pinned %v, new %v), want a new session elsewhere", c.Host, pinned, set)
 	}
-	at = at.Add(9 * time.Second) // 99 s
-	request(at)
-	at = at.Add(2 * time.Second) // 101 s: past the absolute timeout
-	if c, _ := request(at); c == first {
-		t.Errorf("at %v: session outlived its absolute timeout", at.Sub(t0))
-	}
-	second, _ := request(at)
-	if c, _ := request(at.Add(10 * time.Second)); c == second {
-		t.Errorf("a session idle for its idle timeout was kept")
+}
+
+// TestSessionValues: a session value pins while its start is within the
+// absolute timeout, "token.start" as SetSession writes it and
+// "token.start.last" as builds before wrote it (its last use ignored); one
+// without a start, with a malformed one or past the timeout starts anew. A
+// session re-issued for its endpoint keeps its start in the new form.
+func TestSessionValues(t *testing.T) {
+	sp := &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "X-Session", AbsoluteTimeoutSeconds: 100}
+	p := New(&snapshot.Backend{Endpoints: endpoints(3), SessionPersistence: sp}, nil, nil)
+	home := &p.ready[1]
+	t0 := time.Unix(1_000_000, 0)
+	now := t0.Add(50 * time.Second)
+	start := strconv.FormatInt(t0.Unix(), 10)
+	for _, tc := range []struct {
+		value string
+		pins  bool
+	}{
+		{home.token + "." + start, true},
+		{home.token + "." + start + "." + strconv.FormatInt(now.Unix()-1000, 10), true}, // idle long ago: ignored
+		{home.token, false},
+		{home.token + ".x", false},
+		{home.token + "." + start + ".x", false},
+		{home.token + "." + strconv.FormatInt(t0.Unix()-50, 10), false}, // started 100 s ago
+	} {
+		r, _ := http.NewRequest(http.MethodGet, "/", nil)
+		r.Header.Set("X-Session", tc.value)
+		if c, pinned, set := p.PickRequest(r, ClientKey{}, now, sp); pinned != tc.pins || set == tc.pins || tc.pins && c != home {
+			t.Errorf("session %q: to %s (pinned %v, new %v), want pinned to %s: %v", tc.value, c.Host, pinned, set, home.Host, tc.pins)
+		}
+		h := http.Header{}
+		p.SetSession(h, r, home, now, sp)
+		want := home.token + "." + start
+		if !tc.pins {
+			want = home.token + "." + strconv.FormatInt(now.Unix(), 10)
+		}
+		if got := h.Get("X-Session"); got != want {
+			t.Errorf("session %q re-issued for its endpoint: %q, want %q", tc.value, got, want)
+		}
 	}
 }
 

@@ -7,7 +7,7 @@
 // each client on one endpoint under a Service's sessionAffinity ClientIP
 // (Affinity), and, under session persistence (the backend's own, or a route
 // rule's in its place), the endpoint a session cookie or header names,
-// until the session's absolute or idle timeout (Gateway API
+// until the session's absolute timeout (Gateway API
 // sessionPersistence) — and, for an MCP backend, the endpoint that issued
 // a request's MCP session ID, which the answer that carried it prefixed
 // with the endpoint's token (Picker.MCPSession; CutMCPSession takes the

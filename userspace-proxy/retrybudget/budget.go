@@ -96,9 +96,11 @@ func (b *Budget) Request(now time.Time) {
 
 // Retry reports whether a retry at now fits the budget, and counts it
 // (as a retry and as a request) when it does: the retries of the budget
-// interval, this one included, must not exceed BudgetPercent of its
-// requests, or those of the minimum rate's window (the longer of
-// BudgetInterval and MinRetryInterval) its allowance.
+// interval must not exceed BudgetPercent of its requests, this one counted
+// in both (the API's percentage "of active requests that may be made up of
+// retries": once sent, it is one of them), or those of the minimum rate's
+// window (the longer of BudgetInterval and MinRetryInterval) its
+// allowance.
 func (b *Budget) Retry(now time.Time) bool {
 	if b == nil {
 		return true
@@ -109,7 +111,7 @@ func (b *Budget) Retry(now time.Time) bool {
 	if b.floor != nil {
 		_, floorRetries = b.floor.sum(at)
 	}
-	if float64(retries+1) > float64(requests)*float64(b.c.BudgetPercent)/100 && float64(floorRetries+1) > b.minRetries {
+	if 100*(retries+1) > int64(b.c.BudgetPercent)*(requests+1) && float64(floorRetries+1) > b.minRetries {
 		return false
 	}
 	s := b.budget.slot(at)

@@ -24,6 +24,11 @@ func retries(b *Budget, now time.Time) int {
 	return n
 }
 
+// TestBudget: retries may make up BudgetPercent of the requests, the retry
+// asked for counted among both (the API's percentage "of active requests
+// that may be made up of retries"), or the minimum rate. Before, it
+// counted among the retries only: at 20 %, 4 first tries allowed no retry
+// by the percentage, though 1 of 5 is 20 %.
 func TestBudget(t *testing.T) {
 	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
 	s := time.Second
@@ -34,14 +39,15 @@ func TestBudget(t *testing.T) {
 		at       time.Duration // when the retries are tried
 		want     int
 	}{
-		{"percent of requests", constraint(20, 10*s, 1, 10*s), 50, 0, 12}, // retries count as requests: 12 ≤ 20% of 62
+		{"percent of requests", constraint(20, 10*s, 1, 10*s), 50, 0, 12},               // retries count as requests: 12 ≤ 20% of 62
+		{"the retry counts among the requests", constraint(20, 10*s, 1, 10*s), 8, 0, 2}, // 2 of 10; before, 1 (the minimum rate's)
 		{"minimum rate when idle", constraint(20, 10*s, 1, 10*s), 0, 0, 1},
 		{"minimum rate scaled to the interval", constraint(20, 10*s, 3, s), 0, 0, 30},
 		{"minimum rate over a longer interval", constraint(0, 10*s, 5, time.Minute), 0, 0, 5},
 		{"minimum rate over a longer interval, not scaled down", constraint(0, 10*s, 9, time.Minute), 0, 0, 9}, // 1.5 per 10 s
 		{"percent beside a longer minimum interval", constraint(20, 10*s, 1, time.Minute), 50, 0, 12},
 		{"zero percent", constraint(0, 10*s, 2, 10*s), 1000, 0, 2},
-		{"within the window", constraint(50, 10*s, 1, 10*s), 10, 9 * s, 9}, // the 10th would be 10 of 19
+		{"within the window", constraint(50, 10*s, 1, 10*s), 10, 9 * s, 10}, // the 10th is 10 of 20, the 11th would be 11 of 21
 		{"window rolled past the requests", constraint(50, 10*s, 1, 10*s), 10, 10 * s, 1},
 		{"one-hour interval in 60 buckets", constraint(10, time.Hour, 1, time.Hour), 100, 59 * time.Minute, 11},
 		{"one-hour interval rolled", constraint(10, time.Hour, 1, time.Hour), 100, time.Hour, 1},
@@ -53,6 +59,24 @@ func TestBudget(t *testing.T) {
 		if got := retries(b, t0.Add(tc.at)); got != tc.want {
 			t.Errorf("%s: %d requests, then retries at +%v: %d allowed, want %d", tc.name, tc.requests, tc.at, got, tc.want)
 		}
+	}
+}
+
+// TestRetryAmongRequests: at 20 %, 4 first tries allow one retry by the
+// percentage alone (the minimum rate spent): 1 of 5 requests. Before, it
+// was refused, 1 retry weighed against 4 requests.
+func TestRetryAmongRequests(t *testing.T) {
+	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	b := New(constraint(20, 10*time.Second, 1, time.Minute), t0)
+	if got := retries(b, t0); got != 1 {
+		t.Fatalf("retries at t0 = %d, want the minimum rate's 1", got)
+	}
+	at := t0.Add(10 * time.Second) // the budget window rolled, the minute's retry is spent
+	for range 4 {
+		b.Request(at)
+	}
+	if got := retries(b, at); got != 1 {
+		t.Errorf("4 first tries, then %d retries allowed; want 1 (1 of 5 requests is 20 %%)", got)
 	}
 }
 
@@ -106,9 +130,9 @@ func TestBudgetSlides(t *testing.T) {
 		interval, requests, retries time.Duration // requests and retries at t0 plus these
 		want                        int
 	}{
-		{time.Second, 900 * time.Millisecond, 1100 * time.Millisecond, 9},
-		{2 * time.Second, 1900 * time.Millisecond, 3 * time.Second, 9},
-		{10 * time.Second, 9500 * time.Millisecond, 18 * time.Second, 9},
+		{time.Second, 900 * time.Millisecond, 1100 * time.Millisecond, 10},
+		{2 * time.Second, 1900 * time.Millisecond, 3 * time.Second, 10},
+		{10 * time.Second, 9500 * time.Millisecond, 18 * time.Second, 10},
 		{time.Second, 0, 1100 * time.Millisecond, 1}, // rolled past: the minimum rate alone
 	} {
 		b := New(constraint(50, tc.interval, 1, tc.interval), t0)
