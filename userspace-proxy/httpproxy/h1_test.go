@@ -1641,6 +1641,146 @@ func TestSwitchNotAskedForWhileBodySent(t *testing.T) {
 	}
 }
 
+// TestSwitchAtTimeout: a 101 that came as its rule's timeout passed (the
+// timeout cut the upstream connection once the answer's head was read)
+// fails as the timeout: 504, counted timeout, as an answer whose head the
+// timeout cut. It was counted protocol, blaming the backend.
+func TestSwitchAtTimeout(t *testing.T) {
+	ep := serveRaw(t, func(conn net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(conn)); err != nil {
+			return
+		}
+		io.WriteString(conn, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		io.Copy(io.Discard, conn)
+	})
+	d := snapshot.Duration(100 * time.Millisecond)
+	for _, c := range []struct {
+		name     string
+		timeouts snapshot.Timeouts
+	}{
+		{"request", snapshot.Timeouts{Request: &d}},
+		{"backendRequest", snapshot.Timeouts{BackendRequest: &d}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixtureDialing(t, Config{}, upstream.Config{}, lateDialer{dial.NewDirect(dial.Config{Unmarked: true})}, snapshot.Backend{})
+			f.updateRoutes(2, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}}, &snapshot.RouteTable{Producer: &snapshot.RouteSet{
+				Kind:    snapshot.KindHTTPRoute,
+				Matches: []snapshot.RouteMatch{{Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}}},
+				Rules: []snapshot.RouteRule{{Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: backendRef}},
+					Timeouts: &c.timeouts}},
+			}})
+			cl := f.dial()
+			cl.send("GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+			if resp, _ := cl.read(http.MethodGet); resp.StatusCode != http.StatusGatewayTimeout {
+				t.Errorf("answer %s, want 504", resp.Status)
+			}
+			for _, reason := range []string{"timeout", "protocol"} {
+				want := 0.0
+				if reason == "timeout" {
+					want = 1
+				}
+				if n := f.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": reason}); n != want {
+					t.Errorf("failures{reason=%s} = %v, want %v", reason, n, want)
+				}
+			}
+		})
+	}
+}
+
+// lateDialer dials with Dialer; a read of its connections that brings a
+// 101 returns only once a deadline in the past was set on the connection
+// (a route's timeout cutting it): the answer came as the timeout passed.
+type lateDialer struct{ dial.Dialer }
+
+func (d lateDialer) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error) {
+	c, err := d.Dialer.Dial(ctx, ep)
+	if err != nil {
+		return nil, err
+	}
+	return &lateConn{Conn: c, cut: make(chan struct{})}, nil
+}
+
+type lateConn struct {
+	net.Conn
+	cut  chan struct{}
+	once sync.Once
+}
+
+func (c *lateConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if bytes.Contains(p[:n], []byte(" 101 ")) {
+		<-c.cut
+	}
+	return n, err
+}
+
+func (c *lateConn) SetDeadline(t time.Time) error {
+	if t.Before(time.Now()) {
+		c.once.Do(func() { close(c.cut) })
+	}
+	return c.Conn.SetDeadline(t)
+}
+
+// TestRouteTimeoutPanicContained: a panic in a route timeout's timer
+// callback — here in the deadline it sets on the upstream connection, as
+// a bug in the layers beneath would — is recovered and counted, and the
+// attempt ends as the timeout would have ended it: the connection closes
+// and the app gets 504. The callback ran under no recover: the panic
+// ended the process.
+func TestRouteTimeoutPanicContained(t *testing.T) {
+	upClosed := make(chan struct{})
+	ep := serveRaw(t, func(conn net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(conn)); err != nil {
+			return
+		}
+		io.Copy(io.Discard, conn) // never answers; until the proxy closes
+		close(upClosed)
+	})
+	reg := prometheus.NewRegistry()
+	panics, err := contain.New(slog.New(slog.DiscardHandler), reg, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFixtureDialing(t, Config{Panics: panics}, upstream.Config{}, cutPanicDialer{dial.NewDirect(dial.Config{Unmarked: true})}, snapshot.Backend{})
+	d := snapshot.Duration(100 * time.Millisecond)
+	f.updateRoutes(2, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}}, &snapshot.RouteTable{Producer: &snapshot.RouteSet{
+		Kind:    snapshot.KindHTTPRoute,
+		Matches: []snapshot.RouteMatch{{Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}}},
+		Rules: []snapshot.RouteRule{{Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: backendRef}},
+			Timeouts: &snapshot.Timeouts{Request: &d}}},
+	}})
+	c := f.dial()
+	c.send("GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, _ := c.read(http.MethodGet); resp.StatusCode != http.StatusGatewayTimeout {
+		t.Errorf("answer %s, want 504", resp.Status)
+	}
+	<-upClosed
+	if n := metricsum.Sum(t, reg, "sockmesh_proxy_panics_total", nil); n != 1 {
+		t.Errorf("%v panics counted, want 1", n)
+	}
+}
+
+// cutPanicDialer dials with Dialer; its connections panic when a deadline
+// in the past is set on them (a route's timeout cutting one).
+type cutPanicDialer struct{ dial.Dialer }
+
+func (d cutPanicDialer) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error) {
+	c, err := d.Dialer.Dial(ctx, ep)
+	if err != nil {
+		return nil, err
+	}
+	return cutPanicConn{c}, nil
+}
+
+type cutPanicConn struct{ net.Conn }
+
+func (c cutPanicConn) SetDeadline(t time.Time) error {
+	if t.Before(time.Now()) {
+		panic("cutPanicConn: a bug setting the deadline")
+	}
+	return c.Conn.SetDeadline(t)
+}
+
 // TestPanicReleasesUpstream: a panic that ends a connection in the middle
 // of an exchange (a bug beneath, contained) closes the exchange's pooled
 // upstream connection and frees its place in the pool — after ending the

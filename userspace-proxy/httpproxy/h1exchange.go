@@ -226,10 +226,17 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 			if s.watch.gone.Load() {
 				return s.fail(req, x, upstream.ReasonCanceled, errClientGone)
 			}
-			if !connectFailed(err) || !s.mayRetry(x, retry, "connect", req) {
+			// Nothing went out: a connect that failed, or an attempt
+			// whose backendRequest timeout passed while it waited for a
+			// connection, may go again (as on net/http's path).
+			why := "connect"
+			if errors.Is(err, errBackendTimeout) {
+				why = "backend_timeout"
+			}
+			if why == "connect" && !connectFailed(err) || !s.mayRetry(x, retry, "connect", req) {
 				return s.fail(req, x, upstream.Classify(err), err)
 			}
-			if ok, keep := s.again(x, &retry, "connect", req, err, nil, timeoutError(true, err)); !ok {
+			if ok, keep := s.again(x, &retry, why, req, err, nil, timeoutError(true, err)); !ok {
 				return keep
 			}
 			choice = x.repick(choice)
@@ -237,17 +244,40 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 		}
 		choice = c
 		s.up = upstreamConn{uc: uc} // for end, should a panic unwind the exchange
-		cd := armConn(x, uc)
+		cd := armConn(x, uc, s.h.cfg.Panics)
 		resp, body, err := s.send(uc, req, replayable, inline, x.r == nil && !x.setSession)
 		if err == nil && x.r != nil && x.r.pol.retryStatus(resp.StatusCode) && s.mayRetry(x, retry, "status", req) {
 			s.watch.stop()
-			discardAnswer(be, uc, resp, cd, halt(body, uc))
-			s.up = upstreamConn{}
-			if ok, keep := s.again(x, &retry, "status", req, nil, resp, timeoutError(true, errRetryBackoff)); !ok {
-				return keep
+			switch sent, late := s.halt(body, uc, cd); {
+			case late:
+				// The app held the rest of its body back past the
+				// rule's timeout: the request can go no further.
+				cd.stop()
+				be.DiscardH1(uc)
+				s.up = upstreamConn{}
+				return s.fail(req, x, upstream.ReasonTimeout, timeoutError(cd.request, errors.New("wait for the request body")))
+			case sent || !x.tee.broken():
+				// The try's goroutine is over: nothing reads the app's
+				// body until the retry's, and the watch may look at the
+				// app (past the body's rest: backoff).
+				s.sent.on = false
+				s.discardAnswer(be, uc, resp, cd, sent)
+				s.up = upstreamConn{}
+				if s.watch.gone.Load() {
+					return s.fail(req, x, upstream.ReasonCanceled, errClientGone)
+				}
+				if ok, keep := s.again(x, &retry, "status", req, nil, resp, timeoutError(true, errRetryBackoff)); !ok {
+					return keep
+				}
+				choice = x.repick(choice)
+				continue
 			}
-			choice = x.repick(choice)
-			continue
+			// The body broke off (the app left in the middle of it, or
+			// sent a bad chunk) while halt let the try's read of it end:
+			// no try can send it whole. The answer goes out, as an early
+			// answer to a body that breaks off does; uc, its request cut,
+			// carries no other.
+			body, resp.Close = nil, true
 		}
 		if err == nil {
 			x.cd = cd
@@ -345,29 +375,42 @@ func (s *h1Conn) backoff(x *exchange, retry *int, why string, req *http.Request)
 // any, and reports whether it sent the body whole. A write in progress
 // fails at once; a read of the client's body in progress ends as the
 // client sends on (the next try would wait for those bytes too), and the
-// try reads no more: the next one reads on from there.
-func halt(body chan error, uc *pool.Conn) bool {
+// try reads no more: the next one reads on from there. When the try's
+// timeout (cd) passes first, that read is cut (late): the body cannot
+// go again.
+func (s *h1Conn) halt(body chan error, uc *pool.Conn, cd *connDeadline) (sent, late bool) {
 	if body == nil {
-		return true
+		return true, false
 	}
 	select {
 	case err := <-body:
-		return err == nil
+		return err == nil, false
 	default:
 	}
 	uc.SetWriteDeadline(aLongTimeAgo)
-	<-body
-	return false
+	select {
+	case <-body:
+		return false, false
+	case <-cd.expired():
+		s.unread = true
+		s.setDeadline(aLongTimeAgo, false)
+		<-body
+		return false, true
+	}
 }
 
 // discardAnswer drops an answer that is retried: a short body is read so
 // the connection can serve again, a longer one (or a request whose body
-// was not sent whole) costs the connection.
-func discardAnswer(be *upstream.Backend, uc *pool.Conn, resp *http.Response, cd *connDeadline, sent bool) {
+// was not sent whole) costs the connection. The read is watched: an app
+// that leaves meanwhile ends it (s.watch.gone tells), as the backend may
+// never send the rest.
+func (s *h1Conn) discardAnswer(be *upstream.Backend, uc *pool.Conn, resp *http.Response, cd *connDeadline, sent bool) {
 	keep := sent && !resp.Close && resp.ContentLength >= 0 && resp.ContentLength <= drainLimit
 	if keep {
+		s.watch.start(uc, nil)
 		_, err := io.Copy(io.Discard, resp.Body)
-		keep = err == nil
+		s.watch.stop() // before uc may go back to the pool
+		keep = err == nil && !s.watch.gone.Load()
 	}
 	if cd.stop() || !keep {
 		be.DiscardH1(uc)
@@ -383,7 +426,8 @@ func discardAnswer(be *upstream.Backend, uc *pool.Conn, resp *http.Response, cd 
 //
 // A route's timeouts bound the wait for a connection too, and past the
 // request timeout none is taken, not even an idle one (pool.Get): nothing
-// goes out then, and the error says so (ErrTimeout). The app's leaving
+// goes out then, and the error says which timeout passed (timeoutError).
+// The app's leaving
 // ends the wait too, when every connection the endpoint may have is busy:
 // read is set when nothing of the request is left to read from the app,
 // and the watch goes on through send; else the request's body comes next,
@@ -412,8 +456,9 @@ func (s *h1Conn) conn(x *exchange, choice *balance.Choice, read bool) (*pool.Con
 		choice = be.Picker.Pick()
 		uc, err = be.GetH1(ctx, choice, client)
 	}
-	if err != nil && x.r != nil && x.r.pol.expired(time.Now()) {
-		err = timeoutError(true, err)
+	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		// Only a route's timeouts set a deadline on ctx.
+		err = timeoutError(x.r.pol.expired(time.Now()), err)
 	}
 	return uc, choice, err
 }
@@ -580,7 +625,14 @@ func (s *h1Conn) respond(req *http.Request, resp *http.Response, x *exchange, c 
 		// reads the client's reader, which the connection's end gives back.
 		consumed := s.finish(body, uc)
 		s.up.body = nil
-		if !websocket || fired || !consumed {
+		switch {
+		case fired:
+			// The route's timeout passed as the 101 came, and cut uc: the
+			// timeout ended the exchange, as any other it passes in.
+			s.release(x, false)
+			s.fail(req, x, upstream.ReasonTimeout, timeoutError(x.cd.request, errors.New("switching protocols")))
+			return false
+		case !websocket || !consumed:
 			s.release(x, false)
 			s.fail(req, x, upstream.ReasonProtocol, errors.New("backend switched protocols without a websocket upgrade"))
 			return false
@@ -805,7 +857,9 @@ type sentBody struct {
 	eof, broken, heard atomic.Bool
 	// err is why it broke, written before broken is set.
 	err error
-	// on is set while it tracks the current request's body.
+	// on is set while it tracks the current request's body: from send,
+	// until the next request, or until a try that is retried ended
+	// (forward), which the retry's send tracks again.
 	on bool
 	// stall watches its reads from the app, if set.
 	stall *stallWatch

@@ -21,9 +21,10 @@ import (
 // background during every request; the fast path starts one only when an
 // exchange outlasts watchAfter, so quick answers pay a timer's reset and
 // stop, not a goroutine. The same holds for a request waiting for one of
-// those connections to come free (h1Conn.conn). As nginx, an app's end of
-// stream counts as leaving: an HTTP/1.x client that half-closes gets no
-// answer.
+// those connections to come free (h1Conn.conn), for the drain of an
+// answer a rule retries (discardAnswer) and for a retry's backoff. As
+// nginx, an app's end of stream counts as leaving: an HTTP/1.x client
+// that half-closes gets no answer.
 
 // watchAfter is how long an exchange runs before the app's connection is
 // watched.

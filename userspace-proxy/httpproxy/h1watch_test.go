@@ -293,3 +293,220 @@ func TestClientGoneEndsConnectBackoff(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestClientGoneEndsStatusBackoff: an app whose streamed body (chunked,
+// recorded for the retry) was partly read when the backend answered a
+// code its rule retries, and which leaves during the retry's backoff,
+// ends the wait: the request counts canceled and the retry never goes.
+// Before, the watch took the body as still read by its goroutine (which
+// the retry had stopped) and never looked at the app: the retry went out
+// after the backoff, its body cut short, for an app long gone.
+func TestClientGoneEndsStatusBackoff(t *testing.T) {
+	var seen atomic.Int32
+	ep := midBodyBackend(t, &seen)
+	f := newFixture(t, Config{}, snapshot.Backend{})
+	// The first wait is 15 to 30 s: the watch looks after 1.
+	f.updateRoutes(2, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}}, retryRoutes(30*time.Second))
+	a := f.dial()
+	a.send("POST /left HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n")
+	// The 503 came: the try's read of the body in progress ends with the
+	// app's next chunk, which the retry would send.
+	waitGoroutine(t, "httpproxy.(*h1Conn).halt(")
+	a.send("2\r\nho\r\n")
+	waitGoroutine(t, "httpproxy.(*policy).wait(")
+	a.c.Close()
+	for f.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": "canceled"}) != 1 {
+		if n := f.counter("sockmesh_proxy_request_retries_total", nil); n != 0 {
+			t.Fatalf("retried %v times after the app left; want the request canceled, never retried", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := seen.Load(); n != 1 {
+		t.Errorf("the backend saw %d requests, want 1", n)
+	}
+}
+
+// midBodyBackend is a backend that answers the first request it sees
+// 503 once it got the first 2 bytes of its body and the proxy's try waits
+// for the app's next bytes, which the try's halt then waits for too;
+// others it never answers. It reads each until the proxy closes, and
+// counts them in seen.
+func midBodyBackend(t *testing.T, seen *atomic.Int32) snapshot.Endpoint {
+	return serveRaw(t, func(c net.Conn) {
+		r, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
+		}
+		n := seen.Add(1)
+		if _, err := io.ReadFull(r.Body, make([]byte, 2)); err != nil {
+			return
+		}
+		if n == 1 {
+			waitGoroutine(t, "httpproxy.(*tryBody).readOn(")
+			io.WriteString(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
+		}
+		io.Copy(io.Discard, r.Body)
+	})
+}
+
+// waitGoroutine waits until a goroutine runs fn (as goroutinesIn names it).
+func waitGoroutine(t *testing.T, fn string) {
+	t.Helper()
+	for goroutinesIn(fn) == 0 {
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestClientGoneEndsRetriedAnswerDrain: an app that leaves while the
+// answer its rule retries is drained (its body read so that the
+// connection may serve again), and the backend never sends the rest of
+// that body, ends the drain: the upstream connection closes, the request
+// counts canceled, and the retry never goes. The drain ran unwatched, so
+// the exchange and its connection waited on the backend for good.
+func TestClientGoneEndsRetriedAnswerDrain(t *testing.T) {
+	var seen atomic.Int32
+	upClosed := make(chan struct{})
+	ep := serveRaw(t, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+			return
+		}
+		seen.Add(1)
+		io.WriteString(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 10\r\n\r\nabc")
+		io.Copy(io.Discard, c) // until the proxy closes
+		close(upClosed)
+	})
+	f := newFixture(t, Config{}, snapshot.Backend{})
+	f.updateRoutes(2, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}}, retryRoutes(0))
+	a := f.dial()
+	a.send("GET /left HTTP/1.1\r\nHost: x\r\n\r\n")
+	waitGoroutine(t, "discardAnswer(")
+	a.c.Close()
+	<-upClosed
+	for f.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": "canceled"}) != 1 {
+		time.Sleep(10 * time.Millisecond) // counted just after the close
+	}
+	if n := f.counter("sockmesh_proxy_request_retries_total", nil); n != 0 || seen.Load() != 1 {
+		t.Errorf("retried %v times (the backend saw %d requests) after the app left; want none", n, seen.Load())
+	}
+}
+
+// TestStatusRetryBodyBrokenOff: an app whose streamed body breaks off
+// (here it half-closes) while the try that got an answer its rule
+// retries is stopped gets that answer, as an early answer to a body that
+// breaks off goes out; the retry never goes, as its body cannot be sent
+// whole. It went, the recorded part of the body and then a cut.
+func TestStatusRetryBodyBrokenOff(t *testing.T) {
+	var seen atomic.Int32
+	ep := midBodyBackend(t, &seen)
+	f := newFixture(t, Config{}, snapshot.Backend{})
+	f.updateRoutes(2, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}}, retryRoutes(0))
+	a := f.dial()
+	a.send("POST /cut HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n")
+	waitGoroutine(t, "httpproxy.(*h1Conn).halt(") // the 503 came: the try stops once its read of the body ends
+	a.c.(*net.TCPConn).CloseWrite()
+	if resp, _ := a.read(http.MethodPost); resp.StatusCode != http.StatusServiceUnavailable || !resp.Close {
+		t.Errorf("answer %s, close=%v; want the backend's 503 with Connection: close", resp.Status, resp.Close)
+	}
+	if n := seen.Load(); n != 1 {
+		t.Errorf("the backend saw %d requests, want 1: no retry of a body that broke off", n)
+	}
+}
+
+// retryRoutes is a route table sending every request to backendRef,
+// retried once on a 503 after backoff.
+func retryRoutes(backoff time.Duration) *snapshot.RouteTable {
+	b := snapshot.Duration(backoff)
+	return &snapshot.RouteTable{Producer: &snapshot.RouteSet{
+		Kind:    snapshot.KindHTTPRoute,
+		Matches: []snapshot.RouteMatch{{Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}}},
+		Rules: []snapshot.RouteRule{{Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: backendRef}},
+			Retry: &snapshot.Retry{Attempts: 1, Codes: []int{503}, Backoff: &b}}},
+	}}
+}
+
+// TestConnWaitBackendTimeout: a request whose rule's backendRequest
+// timeout passes while it waits for an upstream connection (the
+// endpoint's one allowed is busy) fails as the timeout: 504, counted
+// timeout, and a rule that retries tries it again (backend_timeout), as
+// net/http's path does. It was a 502 counted upstream_error, blaming the
+// backend, and never retried.
+func TestConnWaitBackendTimeout(t *testing.T) {
+	for _, retries := range []int{0, 1} {
+		t.Run("retries="+strconv.Itoa(retries), func(t *testing.T) { testConnWaitBackendTimeout(t, retries) })
+	}
+}
+
+func testConnWaitBackendTimeout(t *testing.T, retries int) {
+	hung := make(chan struct{})
+	ep := serveRaw(t, func(c net.Conn) {
+		r, err := http.ReadRequest(bufio.NewReader(c))
+		if err != nil {
+			return
+		}
+		if r.URL.Path == "/hang" {
+			close(hung)
+			io.Copy(io.Discard, c) // until the proxy closes
+			return
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+	})
+	f := newFixtureWith(t, Config{}, upstream.Config{MaxConnsPerEndpoint: 1}, snapshot.Backend{})
+	d, backoff := snapshot.Duration(100*time.Millisecond), snapshot.Duration(0)
+	to := []snapshot.WeightedBackend{{Weight: 1, Backend: backendRef}}
+	f.updateRoutes(2, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}}, &snapshot.RouteTable{Producer: &snapshot.RouteSet{
+		Kind: snapshot.KindHTTPRoute,
+		Matches: []snapshot.RouteMatch{
+			{Rule: 0, Path: snapshot.PathMatch{Type: snapshot.PathExact, Value: "/hang"}},
+			{Rule: 1, Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}},
+		},
+		Rules: []snapshot.RouteRule{{Backends: to}, {Backends: to, Timeouts: &snapshot.Timeouts{BackendRequest: &d},
+			Retry: &snapshot.Retry{Attempts: retries, Backoff: &backoff}}},
+	}})
+	a := f.dial()
+	a.send("GET /hang HTTP/1.1\r\nHost: x\r\n\r\n")
+	<-hung
+	b := f.dial()
+	b.send("GET /wait HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp, _ := b.read(http.MethodGet); resp.StatusCode != http.StatusGatewayTimeout {
+		t.Errorf("answer %s, want 504", resp.Status)
+	}
+	if n := f.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": "timeout"}); n != 1 {
+		t.Errorf("failures{reason=timeout} = %v, want 1", n)
+	}
+	if n := f.counter("sockmesh_proxy_request_retries_total", map[string]string{"reason": "backend_timeout"}); n != float64(retries) {
+		t.Errorf("retries{reason=backend_timeout} = %v, want %d", n, retries)
+	}
+}
+
+// TestStatusRetryHaltTimeout: an app that stops mid-body once the backend
+// answered a code its rule retries — the try waits for its next bytes
+// before the retry — gets 504 when the rule's timeout passes meanwhile,
+// as policies.md says, counted timeout. The timeout cut only the upstream
+// connection, and the wait went on until the stall watch reset the app.
+func TestStatusRetryHaltTimeout(t *testing.T) {
+	d := snapshot.Duration(200 * time.Millisecond)
+	for _, c := range []struct {
+		name     string
+		timeouts snapshot.Timeouts
+	}{
+		{"request", snapshot.Timeouts{Request: &d}},
+		{"backendRequest", snapshot.Timeouts{BackendRequest: &d}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ep := midBodyBackend(t, new(atomic.Int32))
+			// The stall watch ends the wait in 3 s at the latest.
+			f := newFixture(t, Config{StallTimeout: 3 * time.Second}, snapshot.Backend{})
+			routes := retryRoutes(0)
+			routes.Producer.Rules[0].Timeouts = &c.timeouts
+			f.updateRoutes(2, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}}, routes)
+			a := f.dial()
+			a.send("POST /stop HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n")
+			if resp, _ := a.read(http.MethodPost); resp.StatusCode != http.StatusGatewayTimeout {
+				t.Errorf("answer %s, want 504", resp.Status)
+			}
+			if n := f.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": "timeout"}); n != 1 {
+				t.Errorf("failures{reason=timeout} = %v, want 1", n)
+			}
+		})
+	}
+}

@@ -177,12 +177,27 @@ func (t *teeBody) handOver() bool {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.over || t.end != nil && t.end != io.EOF {
+	if t.over || t.failed() {
 		return false
 	}
 	t.cur.stale = true
 	return true
 }
+
+// broken reports whether reading the body failed (the app left in the
+// middle of it, or sent a malformed one), or it was cut: no try can send
+// it whole. A nil t has not.
+func (t *teeBody) broken() bool {
+	if t == nil {
+		return false
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.failed()
+}
+
+// failed is broken with t.mu held.
+func (t *teeBody) failed() bool { return t.end != nil && t.end != io.EOF }
 
 // again is a new try of t's body, from its start; the one before is
 // stale.

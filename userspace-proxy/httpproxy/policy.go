@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
+	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
@@ -536,11 +537,14 @@ type connDeadline struct {
 	// request says the limit was the request timeout, which no retry
 	// survives.
 	request bool
+	panics  *contain.Reporter
+	// wake is closed when it fires, once expired made it.
+	wake chan struct{}
 }
 
 // armConn bounds the attempt on uc by x's policy; nil when no timeout
-// applies.
-func armConn(x *exchange, uc *pool.Conn) *connDeadline {
+// applies. panics reports a panic in the timer's callback.
+func armConn(x *exchange, uc *pool.Conn, panics *contain.Reporter) *connDeadline {
 	if x.r == nil || !x.r.pol.active {
 		return nil
 	}
@@ -548,20 +552,45 @@ func armConn(x *exchange, uc *pool.Conn) *connDeadline {
 	if !ok {
 		return nil
 	}
-	cd := &connDeadline{uc: uc, request: request}
+	cd := &connDeadline{uc: uc, request: request, panics: panics}
 	cd.mu.Lock()
 	defer cd.mu.Unlock()
 	cd.t = time.AfterFunc(d, cd.fire)
 	return cd
 }
 
+// fire runs in a goroutine of the timer's: a panic in the layers under
+// uc (a bug) is contained, and closing uc ends the attempt as the
+// deadlines would have.
 func (cd *connDeadline) fire() {
+	var err error
+	defer cd.panics.Recover("route timeout", &err, func() { cd.uc.Conn.Close() })
 	cd.mu.Lock()
 	defer cd.mu.Unlock()
 	if !cd.stopped {
 		cd.fired = true
+		if cd.wake != nil {
+			close(cd.wake)
+		}
 		cd.uc.SetDeadline(aLongTimeAgo)
 	}
+}
+
+// expired returns a channel closed once cd fires; nil (never) for a nil
+// cd.
+func (cd *connDeadline) expired() <-chan struct{} {
+	if cd == nil {
+		return nil
+	}
+	cd.mu.Lock()
+	defer cd.mu.Unlock()
+	if cd.wake == nil {
+		cd.wake = make(chan struct{})
+		if cd.fired {
+			close(cd.wake)
+		}
+	}
+	return cd.wake
 }
 
 // stop disarms cd and reports whether it fired. After it returns the timer
