@@ -70,6 +70,38 @@ func TestValidateBundle(t *testing.T) {
 	}
 }
 
+// TestValidatePartlyBrokenBundle: a ca.crt whose certificates are not all
+// readable is an invalid reference, whatever else it holds. encoding/pem
+// skips a block it cannot decode (a corrupted or truncated certificate) and
+// returns the next one, so such a bundle was taken as the certificates
+// that survived: ResolvedRefs said all was resolved while a CA the owner
+// listed was gone, and only its backends' handshakes said otherwise.
+func TestValidatePartlyBrokenBundle(t *testing.T) {
+	ca, ca2 := cert(t, "ca.pem"), cert(t, "ca2.pem")
+	lines := strings.SplitAfter(ca, "\n")
+	corrupted := strings.Join(slices.Concat(lines[:2], []string{"!!" + lines[2][2:]}, lines[3:]), "")
+	truncated := strings.Join(lines[:len(lines)-3], "") // no END line
+	for name, bundle := range map[string]string{
+		"corrupted first":  corrupted + ca2,
+		"corrupted last":   ca2 + corrupted,
+		"truncated first":  truncated + ca2,
+		"truncated last":   ca2 + truncated,
+		"corrupted middle": ca + corrupted + ca2,
+	} {
+		objs := objects{configMaps: map[string]*corev1.ConfigMap{"apps/ca": {Data: map[string]string{tlsvalidation.CAKey: bundle}}}}
+		v := &gwv1.BackendTLSPolicyValidation{
+			Hostname:          "db.example.com",
+			CACertificateRefs: []gwv1.LocalObjectReference{{Kind: "ConfigMap", Name: "ca"}},
+		}
+		r := tlsvalidation.Validate(v, "validation", "apps", objs, false)
+		if r.ResolvedRefs == nil || r.ResolvedRefs.Reason != tlsvalidation.ReasonInvalidCACertificateRef ||
+			r.Accepted == nil || r.Accepted.Reason != tlsvalidation.ReasonNoValidCACertificate {
+			t.Errorf("%s: Validate = Accepted %v, ResolvedRefs %v (roots %d bytes); want NoValidCACertificate, InvalidCACertificateRef",
+				name, r.Accepted, r.ResolvedRefs, len(r.TLS.RootsPEM))
+		}
+	}
+}
+
 func TestApplyOptions(t *testing.T) {
 	for _, tc := range []struct {
 		name    string

@@ -299,18 +299,33 @@ func caData(ref gwv1.LocalObjectReference, namespace string, objs Objects, ctbUn
 	return nil, what, errKind, true
 }
 
+// pemBegin starts every PEM block's first line (RFC 7468 §2).
+var pemBegin = []byte("-----BEGIN")
+
 // parseCertificates returns the DER of every CERTIFICATE block in data,
 // each checked to parse as X.509. Text between blocks is ignored (as
 // ClusterTrustBundle consumers may); any other block type (a private key
-// put in a CA bundle by mistake) makes the bundle invalid.
+// put in a CA bundle by mistake), or a block that does not decode (a
+// certificate corrupted or cut short), makes the bundle invalid.
 func parseCertificates(data []byte) ([][]byte, string) {
 	var ders [][]byte
 	for n := 1; ; n++ {
-		var block *pem.Block
-		block, data = pem.Decode(data)
+		block, rest := pem.Decode(data)
+		// pem.Decode passes over a block it cannot decode and returns the
+		// next one (or none): a BEGIN line before the one it returns, or
+		// left in data without one, is such a block. Dropping it would
+		// trust fewer CAs than the owner listed, and say nothing.
+		read := data
+		if block != nil {
+			read = data[:len(data)-len(rest)]
+		}
+		if bytes.Count(read, pemBegin) > 1 || block == nil && bytes.Contains(read, pemBegin) {
+			return nil, fmt.Sprintf("%s PEM block %d does not decode (corrupted or cut short)", CAKey, n)
+		}
 		if block == nil {
 			break
 		}
+		data = rest
 		if block.Type != "CERTIFICATE" {
 			return nil, fmt.Sprintf("%s holds a PEM block of type %q; only CERTIFICATE blocks are allowed", CAKey, block.Type)
 		}
