@@ -162,7 +162,8 @@
 // ConfigMap ca.crt (Core), Secret ca.crt, certificates.k8s.io
 // ClusterTrustBundle (GEP-5075, cluster-scoped) — or wellKnownCACertificates
 // System; hostname is the SNI, and subjectAltNames (Hostname, URI) replace it
-// for verification. Every PEM block must be a certificate that parses; the
+// for verification. Every PEM block must decode and be a certificate that
+// parses (a corrupted or truncated one is no less invalid for the others); the
 // valid references form one bundle, so a bad reference beside good ones sets
 // ResolvedRefs=False but keeps Accepted=True (trusting fewer anchors never
 // weakens verification). Options under sockmesh.io/ are listed in package
@@ -236,7 +237,8 @@
 // xbackend_selector.go for the generated headless Service and
 // Result.EndpointSelectorServices. TLS None, ServerOnly or ClientAndServer
 // uses the same validation code as BackendTLSPolicy, plus the client key
-// pair from a Secret's tls.crt and tls.key. sessionPersistence maps to the
+// pair from a Secret's tls.crt and tls.key: the key unencrypted, the
+// certificate valid at Input.Now. sessionPersistence maps to the
 // Snapshot's (a cookie without a name gets a stable generated one).
 //
 // # XBackendTrafficPolicy (gateway.networking.x-k8s.io/v1alpha1)

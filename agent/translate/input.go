@@ -18,7 +18,8 @@ const ControllerName gwv1.GatewayController = "sockmesh.io/mesh-controller"
 // kubernetes source) or from manifests (the file source); the objects are
 // read-only.
 type Input struct {
-	// Now stamps lastTransitionTime on new conditions.
+	// Now stamps lastTransitionTime on new conditions, and is when an
+	// XBackend's client certificate must be valid.
 	Now time.Time
 	// Node describes this node and the cluster ranges that external
 	// hostnames must never resolve into.

@@ -194,7 +194,7 @@ func (t *translator) xbackendTLS(e *xbackendEval, mode gwxv1alpha1.BackendTLSMod
 	case mode == gwxv1alpha1.BackendTLSModeClientAndServer && spec.ClientCertificateRef == nil:
 		bad("tls.clientCertificateRef must be set when tls.mode is ClientAndServer")
 	case mode == gwxv1alpha1.BackendTLSModeClientAndServer:
-		crt, key, p := tlsvalidation.ClientCertificate(spec.ClientCertificateRef, e.xb.Namespace, t)
+		crt, key, p := tlsvalidation.ClientCertificate(spec.ClientCertificateRef, e.xb.Namespace, t, t.in.Now)
 		if p != nil {
 			bad("tls.%s", p.Message)
 			if e.resolvedRefs == nil {

@@ -103,13 +103,13 @@ func TestSANVerifierChainExpiry(t *testing.T) {
 			t.Fatal(err)
 		}
 		l := listen(t)
-		first, err := handshake(t, l, leaf, o)
+		first, err := handshake(t, l, leaf.TLS, o)
 		if err != nil {
 			t.Fatalf("handshake while the chain is valid: %v", err)
 		}
 		defer first.Close()
 		time.Sleep(25 * time.Hour)
-		second, err := handshake(t, l, leaf, o)
+		second, err := handshake(t, l, leaf.TLS, o)
 		if err == nil {
 			second.Close()
 		}
@@ -150,7 +150,7 @@ func TestSANVerifierURICase(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		conn, err := handshake(t, l, leaf, o)
+		conn, err := handshake(t, l, leaf.TLS, o)
 		if err == nil {
 			conn.Close()
 		}
@@ -176,9 +176,9 @@ func listen(t *testing.T) net.Listener {
 	return l
 }
 
-// handshake serves one TLS handshake on l with leaf and returns the
+// handshake serves one TLS handshake on l presenting cert, and returns the
 // client's end, configured by o, with its handshake's error.
-func handshake(t *testing.T, l net.Listener, leaf *pki.Leaf, o *Origination) (*tls.Conn, error) {
+func handshake(t *testing.T, l net.Listener, cert tls.Certificate, o *Origination) (*tls.Conn, error) {
 	t.Helper()
 	served := make(chan struct{})
 	go func() {
@@ -187,7 +187,7 @@ func handshake(t *testing.T, l net.Listener, leaf *pki.Leaf, o *Origination) (*t
 		if err != nil {
 			return
 		}
-		tls.Server(c, &tls.Config{Certificates: []tls.Certificate{leaf.TLS}}).Handshake()
+		tls.Server(c, &tls.Config{Certificates: []tls.Certificate{cert}}).Handshake()
 		c.Close()
 	}()
 	defer func() { <-served }()
@@ -401,7 +401,7 @@ func TestKeep(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		conn, err := handshake(t, l, leaf, was)
+		conn, err := handshake(t, l, leaf.TLS, was)
 		if err != nil {
 			t.Fatalf("%s: handshake: %v", c.name, err)
 		}
@@ -457,7 +457,7 @@ func TestKeeperPerConnection(t *testing.T) {
 	l := listen(t)
 	held := func(leaf *pki.Leaf, o *Origination) Held {
 		t.Helper()
-		c, err := handshake(t, l, leaf, o)
+		c, err := handshake(t, l, leaf.TLS, o)
 		if err != nil {
 			t.Fatal(err)
 		}

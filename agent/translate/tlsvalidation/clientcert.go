@@ -2,7 +2,10 @@ package tlsvalidation
 
 import (
 	"crypto/tls"
+	"encoding/pem"
 	"fmt"
+	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -11,10 +14,11 @@ import (
 // ClientCertificate resolves an XBackend's clientCertificateRef in
 // namespace: a core Secret in the same namespace (cross-namespace
 // references would need a ReferenceGrant, which sockmesh does not support)
-// whose tls.crt and tls.key form a key pair. The Problem's reason is
-// InvalidKind, RefNotPermitted or InvalidCertificateRef; its message never
-// contains key material.
-func ClientCertificate(ref *gwv1.SecretObjectReference, namespace string, objs Objects) (certPEM, keyPEM string, p *Problem) {
+// whose tls.crt and tls.key form a key pair, with an unencrypted key and a
+// certificate valid at now. The Problem's reason is InvalidKind,
+// RefNotPermitted or InvalidCertificateRef; its message never contains key
+// material.
+func ClientCertificate(ref *gwv1.SecretObjectReference, namespace string, objs Objects, now time.Time) (certPEM, keyPEM string, p *Problem) {
 	if ref == nil {
 		return "", "", &Problem{Reason: ReasonInvalidCertificateRef, Message: "clientCertificateRef is not set"}
 	}
@@ -43,10 +47,43 @@ func ClientCertificate(ref *gwv1.SecretObjectReference, namespace string, objs O
 		return "", "", &Problem{Reason: ReasonInvalidCertificateRef,
 			Message: fmt.Sprintf("%s: needs keys %s and %s", what, corev1.TLSCertKey, corev1.TLSPrivateKeyKey)}
 	}
+	if encrypted(key) {
+		return "", "", &Problem{Reason: ReasonInvalidCertificateRef,
+			Message: fmt.Sprintf("%s: %s is encrypted, and the proxy has no passphrase for it; store the key unencrypted", what, corev1.TLSPrivateKeyKey)}
+	}
 	// X509KeyPair checks that the key matches the leaf certificate. Its
 	// errors describe PEM structure, never key bytes.
-	if _, err := tls.X509KeyPair(crt, key); err != nil {
+	pair, err := tls.X509KeyPair(crt, key)
+	if err != nil {
 		return "", "", &Problem{Reason: ReasonInvalidCertificateRef, Message: fmt.Sprintf("%s: not a valid key pair: %v", what, err)}
 	}
+	// A backend refuses a certificate outside its validity (RFC 5280
+	// §4.1.2.5), and the app would see only a failed handshake: say so
+	// here, where the owner reads it. Judged when the agent translates.
+	switch leaf := pair.Leaf; {
+	case now.Before(leaf.NotBefore):
+		return "", "", &Problem{Reason: ReasonInvalidCertificateRef,
+			Message: fmt.Sprintf("%s: the %s certificate is not valid before %s", what, corev1.TLSCertKey, leaf.NotBefore.UTC().Format(time.RFC3339))}
+	case now.After(leaf.NotAfter):
+		return "", "", &Problem{Reason: ReasonInvalidCertificateRef,
+			Message: fmt.Sprintf("%s: the %s certificate expired at %s", what, corev1.TLSCertKey, leaf.NotAfter.UTC().Format(time.RFC3339))}
+	}
 	return string(crt), string(key), nil
+}
+
+// encrypted reports whether the first private key block of keyPEM is
+// encrypted: PKCS #8's EncryptedPrivateKeyInfo (RFC 5958 §3), or a legacy
+// PEM block with an RFC 1421 Proc-Type header. Unlike X509KeyPair's
+// parse error, that says what to change.
+func encrypted(keyPEM []byte) bool {
+	for {
+		block, rest := pem.Decode(keyPEM)
+		if block == nil {
+			return false
+		}
+		if strings.HasSuffix(block.Type, "PRIVATE KEY") {
+			return block.Type == "ENCRYPTED PRIVATE KEY" || strings.Contains(block.Headers["Proc-Type"], "ENCRYPTED")
+		}
+		keyPEM = rest
+	}
 }

@@ -26,12 +26,14 @@ const (
 	OptionMaxTLSVersion = "sockmesh.io/max-tls-version"
 	// OptionCipherSuites lists TLS 1.2 cipher suites by their IANA names
 	// (as crypto/tls spells them, e.g.
-	// TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256), in preference order.
+	// TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256): the set offered, which
+	// crypto/tls orders by its own preference (Config.CipherSuites).
 	// Suites crypto/tls deems insecure and TLS 1.3 suites (which are not
 	// configurable) are refused, as is the option when the minimum version
 	// is 1.3 (it would have no effect).
 	OptionCipherSuites = "sockmesh.io/cipher-suites"
-	// OptionCurves lists key exchange groups in preference order:
+	// OptionCurves lists the key exchange groups offered, which crypto/tls
+	// orders by its own preference (Config.CurvePreferences):
 	// X25519, CurveP256 (or P-256), CurveP384 (P-384), CurveP521 (P-521),
 	// X25519MLKEM768, SecP256r1MLKEM768, SecP384r1MLKEM1024, MLKEM1024.
 	// With TLS 1.2 the list also bounds the curves of the backend's ECDSA

@@ -2,10 +2,12 @@ package tlsvalidation_test
 
 import (
 	"crypto/tls"
+	"encoding/base64"
 	"os"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -156,30 +158,50 @@ func TestApplyOptions(t *testing.T) {
 	}
 }
 
-// TestClientCertificateMessages checks that no Problem message carries key
-// material, whatever is wrong with the Secret.
-func TestClientCertificateMessages(t *testing.T) {
+// TestClientCertificate checks what is wrong with a clientCertificateRef's
+// Secret is refused with a message that says what, and never carries key
+// material: a key that is not the certificate's, an encrypted key (the
+// proxy has no passphrase), a certificate expired or not yet valid at
+// translation (a backend refuses it, and the app saw only a handshake
+// failure while status said all was resolved).
+func TestClientCertificate(t *testing.T) {
 	key := cert(t, "client-key.pem")
 	keyBody := strings.Split(key, "\n")[1]
-	for name, data := range map[string]map[string][]byte{
-		"swapped":  {"tls.crt": []byte(key), "tls.key": []byte(cert(t, "client.pem"))},
-		"mismatch": {"tls.crt": []byte(cert(t, "client.pem")), "tls.key": []byte(cert(t, "other-key.pem"))},
-		"garbage":  {"tls.crt": []byte(cert(t, "client.pem")), "tls.key": []byte("-----BEGIN PRIVATE KEY-----\n" + keyBody + "x\n-----END PRIVATE KEY-----\n")},
+	crt := []byte(cert(t, "client.pem"))
+	// What an encrypted key holds is no PKCS #8 (or PKCS #1) structure.
+	sealed := base64.StdEncoding.EncodeToString([]byte("encrypted key bytes"))
+	valid := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC) // client.pem: 2026 to 2046
+	for _, c := range []struct {
+		name string
+		data map[string][]byte
+		now  time.Time
+		want string // in the message; "" for a valid pair
+	}{
+		{"valid", map[string][]byte{"tls.crt": crt, "tls.key": []byte(key)}, valid, ""},
+		{"swapped", map[string][]byte{"tls.crt": []byte(key), "tls.key": crt}, valid, "not a valid key pair"},
+		{"mismatch", map[string][]byte{"tls.crt": crt, "tls.key": []byte(cert(t, "other-key.pem"))}, valid, "not a valid key pair"},
+		{"garbage", map[string][]byte{"tls.crt": crt, "tls.key": []byte("-----BEGIN PRIVATE KEY-----\n" + keyBody + "x\n-----END PRIVATE KEY-----\n")}, valid, "not a valid key pair"},
+		{"encrypted PKCS #8", map[string][]byte{"tls.crt": crt,
+			"tls.key": []byte("-----BEGIN ENCRYPTED PRIVATE KEY-----\n" + sealed + "\n-----END ENCRYPTED PRIVATE KEY-----\n")}, valid, "tls.key is encrypted"},
+		{"encrypted PEM (RFC 1421)", map[string][]byte{"tls.crt": crt,
+			"tls.key": []byte("-----BEGIN EC PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,00112233445566778899AABBCCDDEEFF\n\n" + sealed + "\n-----END EC PRIVATE KEY-----\n")}, valid, "tls.key is encrypted"},
+		{"expired", map[string][]byte{"tls.crt": crt, "tls.key": []byte(key)}, time.Date(2046, 6, 1, 0, 0, 0, 0, time.UTC), "expired at 2046-01-01T00:00:00Z"},
+		{"not yet valid", map[string][]byte{"tls.crt": crt, "tls.key": []byte(key)}, time.Date(2025, 6, 1, 0, 0, 0, 0, time.UTC), "not valid before 2026-01-01T00:00:00Z"},
 	} {
-		objs := objects{secrets: map[string]*corev1.Secret{"apps/c": {Data: data}}}
-		_, _, p := tlsvalidation.ClientCertificate(&gwv1.SecretObjectReference{Name: "c"}, "apps", objs)
-		if p == nil || p.Reason != tlsvalidation.ReasonInvalidCertificateRef {
-			t.Errorf("%s: ClientCertificate = %v, want InvalidCertificateRef", name, p)
+		objs := objects{secrets: map[string]*corev1.Secret{"apps/c": {Data: c.data}}}
+		gotCrt, gotKey, p := tlsvalidation.ClientCertificate(&gwv1.SecretObjectReference{Name: "c"}, "apps", objs, c.now)
+		if c.want == "" {
+			if p != nil || gotCrt != string(crt) || gotKey != key {
+				t.Errorf("%s: ClientCertificate = %q, %q, %v; want the pair", c.name, gotCrt, gotKey, p)
+			}
 			continue
 		}
-		if strings.Contains(p.Message, keyBody[:20]) {
-			t.Errorf("%s: message leaks key material: %s", name, p.Message)
+		if p == nil || p.Reason != tlsvalidation.ReasonInvalidCertificateRef || !strings.Contains(p.Message, c.want) {
+			t.Errorf("%s: ClientCertificate = %v, want InvalidCertificateRef saying %q", c.name, p, c.want)
+			continue
 		}
-	}
-	objs := objects{secrets: map[string]*corev1.Secret{"apps/c": {Data: map[string][]byte{
-		"tls.crt": []byte(cert(t, "client.pem")), "tls.key": []byte(key)}}}}
-	crt, k, p := tlsvalidation.ClientCertificate(&gwv1.SecretObjectReference{Name: "c"}, "apps", objs)
-	if p != nil || crt == "" || k != key {
-		t.Errorf("ClientCertificate(valid pair) = %q, %q, %v", crt, k, p)
+		if strings.Contains(p.Message, keyBody[:20]) || strings.Contains(p.Message, sealed[:12]) {
+			t.Errorf("%s: message leaks key material: %s", c.name, p.Message)
+		}
 	}
 }
