@@ -63,6 +63,12 @@ func New(s *snapshot.TLS, o Options) (*Origination, error) {
 	if s.ServerName == "" {
 		return nil, fmt.Errorf("build upstream tls: %w: empty server name", ErrInvalid)
 	}
+	if _, err := netip.ParseAddr(s.ServerName); err == nil {
+		// The server name is the SNI (the API's hostname), which RFC 6066
+		// §3 forbids to be an address: crypto/tls would send none, and
+		// check the certificate's IP SANs instead of a DNS name.
+		return nil, fmt.Errorf("build upstream tls: %w: server name %s is an IP address", ErrInvalid, s.ServerName)
+	}
 	c := &tls.Config{
 		ServerName:       s.ServerName,
 		MinVersion:       s.MinVersion,

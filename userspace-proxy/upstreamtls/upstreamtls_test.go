@@ -28,6 +28,9 @@ func TestNewRejectsWhatCannotBeHonoured(t *testing.T) {
 		mutate func(*snapshot.TLS)
 	}{
 		{"no server name", func(s *snapshot.TLS) { s.ServerName = "" }},
+		// crypto/tls sends no SNI for an address, and checks IP SANs instead.
+		{"IPv4 server name", func(s *snapshot.TLS) { s.ServerName = "10.0.0.1" }},
+		{"IPv6 server name", func(s *snapshot.TLS) { s.ServerName = "fd00::1" }},
 		{"garbage bundle", func(s *snapshot.TLS) { s.RootsPEM = "-----BEGIN CERTIFICATE-----\nnope\n-----END CERTIFICATE-----\n" }},
 		{"no roots", func(s *snapshot.TLS) { s.RootsPEM = "" }},
 		{"both roots", func(s *snapshot.TLS) { s.SystemRoots = true }},
@@ -180,6 +183,13 @@ func listen(t *testing.T) net.Listener {
 // client's end, configured by o, with its handshake's error.
 func handshake(t *testing.T, l net.Listener, cert tls.Certificate, o *Origination) (*tls.Conn, error) {
 	t.Helper()
+	return handshakeWith(t, l, &tls.Config{Certificates: []tls.Certificate{cert}}, o)
+}
+
+// handshakeWith is handshake with the server's configuration: one kept
+// across handshakes keeps its session ticket keys, so they can resume.
+func handshakeWith(t *testing.T, l net.Listener, srv *tls.Config, o *Origination) (*tls.Conn, error) {
+	t.Helper()
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
@@ -187,7 +197,7 @@ func handshake(t *testing.T, l net.Listener, cert tls.Certificate, o *Originatio
 		if err != nil {
 			return
 		}
-		tls.Server(c, &tls.Config{Certificates: []tls.Certificate{cert}}).Handshake()
+		tls.Server(c, srv).Handshake()
 		c.Close()
 	}()
 	defer func() { <-served }()

@@ -9,10 +9,12 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"io"
 	"math/big"
 	"net"
 	"net/url"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
@@ -207,5 +209,61 @@ func TestVerify(t *testing.T) {
 		} else if err != nil && !IsVerifyError(err) {
 			t.Errorf("%s: handshake error %v, want a verification error", c.name, err)
 		}
+	}
+}
+
+// TestResumption: sessions resume under the settings that made them, and
+// never let a handshake skip what new settings or the passing of time
+// ask of the backend's certificate: a CA rotated out, subjectAltNames
+// replaced, a CA expired. Each is judged with the hostname (crypto/tls
+// re-checks a session's chains) and with subjectAltNames (VerifyConnection
+// runs on resumed handshakes, where crypto/tls checks nothing).
+func TestResumption(t *testing.T) {
+	for _, sans := range [][]snapshot.SubjectAltName{nil, {{Type: snapshot.SANHostname, Value: "a.test"}}} {
+		synctest.Test(t, func(t *testing.T) {
+			root := mint(t, caTemplate("root"), nil) // valid for an hour
+			other := mint(t, caTemplate("other"), nil)
+			leaf := mint(t, &x509.Certificate{DNSNames: []string{"a.test"}, NotAfter: time.Now().Add(48 * time.Hour),
+				ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}, root)
+			srv := &tls.Config{Certificates: []tls.Certificate{serving(leaf)}} // one set of ticket keys
+			settings := func(roots string, sans []snapshot.SubjectAltName) *Origination {
+				o, err := New(&snapshot.TLS{ServerName: "a.test", RootsPEM: roots, SubjectAltNames: sans}, Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return o
+			}
+			l := listen(t)
+			// connect handshakes, then reads the server's session tickets
+			// (TLS 1.3 sends them after the handshake) until it closes.
+			connect := func(o *Origination) (resumed bool, err error) {
+				c, err := handshakeWith(t, l, srv, o)
+				if err != nil {
+					return false, err
+				}
+				defer c.Close()
+				io.Copy(io.Discard, c)
+				return c.ConnectionState().DidResume, nil
+			}
+			o := settings(root.pem(), sans)
+			if _, err := connect(o); err != nil {
+				t.Fatalf("sans %v: first handshake: %v", sans, err)
+			}
+			if resumed, err := connect(o); err != nil || !resumed {
+				t.Fatalf("sans %v: second handshake under the same settings: resumed %v, error %v; want it resumed", sans, resumed, err)
+			}
+			for name, now := range map[string]*Origination{
+				"CA rotated out":          settings(other.pem(), sans),
+				"subjectAltName replaced": settings(root.pem(), []snapshot.SubjectAltName{{Type: snapshot.SANHostname, Value: "b.test"}}),
+			} {
+				if resumed, err := connect(now); !IsVerifyError(err) {
+					t.Errorf("sans %v: %s: resumed %v, error %v; want a verification error", sans, name, resumed, err)
+				}
+			}
+			time.Sleep(2 * time.Hour) // the CA expired, the leaf and the server's tickets not
+			if resumed, err := connect(o); !IsVerifyError(err) {
+				t.Errorf("sans %v: after the CA expired: resumed %v, error %v; want a verification error", sans, resumed, err)
+			}
+		})
 	}
 }
