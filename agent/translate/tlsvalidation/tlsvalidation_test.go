@@ -104,6 +104,41 @@ func TestValidatePartlyBrokenBundle(t *testing.T) {
 	}
 }
 
+// TestValidateNames: the hostname (the SNI) and Hostname subjectAltNames
+// are DNS names as the API's types spell them — lowercase, no trailing
+// dot, never an address (RFC 6066 §3 allows none as SNI) — with a wildcard
+// only as a subjectAltName's whole first label.
+func TestValidateNames(t *testing.T) {
+	for _, c := range []struct {
+		hostname, san string // san "" for none
+		ok            bool
+	}{
+		{"db.example.com", "", true},
+		{"db.example.com.", "", false},
+		{"DB.example.com", "", false},
+		{"10.0.0.1", "", false},
+		{"::1", "", false},
+		{"*.example.com", "", false},
+		{"db.example.com", "*.example.com", true},
+		{"db.example.com", "db.example.com.", false},
+		{"db.example.com", "a.*.example.com", false},
+		{"db.example.com", "d*.example.com", false},
+		{"db.example.com", "*", false},
+		{"db.example.com", "fd00::1", false},
+	} {
+		v := &gwv1.BackendTLSPolicyValidation{Hostname: gwv1.PreciseHostname(c.hostname), WellKnownCACertificates: ptr(gwv1.WellKnownCACertificatesSystem)}
+		if c.san != "" {
+			v.SubjectAltNames = []gwv1.SubjectAltName{{Type: gwv1.HostnameSubjectAltNameType, Hostname: gwv1.Hostname(c.san)}}
+		}
+		r := tlsvalidation.Validate(v, "validation", "apps", objects{}, false)
+		if ok := r.Accepted == nil; ok != c.ok || !ok && r.Accepted.Reason != tlsvalidation.ReasonInvalid {
+			t.Errorf("hostname %q, subjectAltName %q: Accepted = %v, want valid %v (else Invalid)", c.hostname, c.san, r.Accepted, c.ok)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
 func TestApplyOptions(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
