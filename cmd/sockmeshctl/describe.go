@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -56,7 +57,7 @@ func newDescribeCommand(g *globals) *cobra.Command {
 			ref := parseRef(args[1], g.ns())
 			ctx, cancel := context.WithTimeout(cmd.Context(), 2*g.timeout)
 			defer cancel()
-			in, warnings, err := describe.Load(ctx, kube, gw, time.Now())
+			in, warnings, err := describe.Load(ctx, kube, gw, time.Now(), ref.Namespace)
 			if err != nil {
 				return err
 			}
@@ -65,6 +66,13 @@ func newDescribeCommand(g *globals) *cobra.Command {
 				return err
 			}
 			data, table, err := describeKinds[kind](c, ref.Namespace, ref.Name)
+			if errors.Is(err, describe.ErrNotFound) && len(warnings) > 0 {
+				// Not found among what could be read is no proof it is not there.
+				for _, w := range warnings {
+					fmt.Fprintf(cmd.ErrOrStderr(), "Warning: %s\n", w)
+				}
+				return fmt.Errorf("%w among the objects that could be read (warnings above)", err)
+			}
 			if err != nil {
 				return err
 			}

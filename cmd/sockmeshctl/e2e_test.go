@@ -143,7 +143,7 @@ func TestCLI(t *testing.T) {
 			{[]string{"explain", "-n", ns, "remote", "secure:80"}, `serves node "` + e.nodeName + `", but pod app/remote runs on node "elsewhere"`},
 			{[]string{"explain", "-n", ns, "client", "nosuch:80"}, "no Service app/nosuch"},
 			{[]string{"explain", "-n", ns, "client", "secure:8080"}, "no port 8080 in Service app/secure (ports: http/80)"},
-			{[]string{"explain", "-n", ns, "client", "secure"}, "want SERVICE:PORT or IP:PORT"},
+			{[]string{"explain", "-n", ns, "client", "secure"}, "want SERVICE:PORT, IPv4:PORT or [IPv6]:PORT"},
 			{[]string{"explain", "-n", ns, "client", "secure:80", "-o", "xml"}, "want table, yaml or json"},
 		} {
 			r := e.ctl(t, a, nil, c.args...)

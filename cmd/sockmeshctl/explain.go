@@ -35,8 +35,9 @@ datapath's decision counters for this pod and address — or why nothing
 applies.
 
 POD is NAME or NAMESPACE/NAME. DESTINATION is a Service (NAME, NAME.NAMESPACE,
-NAMESPACE/NAME; NAME alone is in the pod's namespace) or an IP address;
-PORT is a number or, for a Service, a port name.
+NAMESPACE/NAME; NAME alone is in the pod's namespace) or an IP address,
+an IPv6 one in brackets ([fd00::10]:80); PORT is a number or, for a
+Service, a port name.
 
 The pod's node comes from the API server; the answer from that node's
 agent (its socket, or --agent-port / --agent-address). Without a
@@ -76,7 +77,13 @@ type destination struct {
 func parseDestination(s, podNS string) (destination, error) {
 	host, port, err := net.SplitHostPort(s)
 	if err != nil || host == "" || port == "" {
-		return destination{}, fmt.Errorf("destination %q: want SERVICE:PORT or IP:PORT", s)
+		// fd00::1:80 is an address of its own: only brackets set the port apart.
+		if i := strings.LastIndex(s, ":"); i > 0 && !strings.Contains(s, "[") {
+			if a, err := netip.ParseAddr(s[:i]); err == nil && a.Is6() {
+				return destination{}, fmt.Errorf("destination %q: write an IPv6 address in brackets: [%s]:%s", s, s[:i], s[i+1:])
+			}
+		}
+		return destination{}, fmt.Errorf("destination %q: want SERVICE:PORT, IPv4:PORT or [IPv6]:PORT", s)
 	}
 	d := destination{port: port}
 	if a, err := netip.ParseAddr(host); err == nil {
@@ -149,7 +156,7 @@ func runExplain(ctx context.Context, g *globals, podArg, dstArg string, warn io.
 		if node = p.Spec.NodeName; node == "" {
 			return render.Explained{}, fmt.Errorf("pod %s is not scheduled to a node yet", pod)
 		}
-		svc, err := resolveService(ctx, g, &q, dst)
+		svc, err := resolveService(ctx, kube, &q, dst, pod.Namespace, warn)
 		if err != nil {
 			return render.Explained{}, err
 		}
@@ -174,12 +181,19 @@ func runExplain(ctx context.Context, g *globals, podArg, dstArg string, warn io.
 
 // resolveService completes q from the API server: a Service's ClusterIPs
 // and port number, or the Service that owns an IP. It returns the
-// Service, if any.
-func resolveService(ctx context.Context, g *globals, q *explain.Query, dst destination) (*corev1.Service, error) {
-	kube, _, _ := g.kube()
+// Service, if any. A user who may not list Services cluster-wide (an app
+// team's namespaced Role) has those of podNS searched for an IP instead;
+// failing that the agent, which knows every captured address, names the
+// Service, and warn says so.
+func resolveService(ctx context.Context, kube kubernetes.Interface, q *explain.Query, dst destination, podNS string, warn io.Writer) (*corev1.Service, error) {
 	var svc *corev1.Service
+	searchedNS := "" // set when only podNS's Services could be searched
 	if dst.addr.IsValid() {
 		list, err := kube.CoreV1().Services("").List(ctx, metav1.ListOptions{})
+		if apierrors.IsForbidden(err) {
+			searchedNS = podNS
+			list, err = kube.CoreV1().Services(podNS).List(ctx, metav1.ListOptions{})
+		}
 		if err != nil {
 			return nil, fmt.Errorf("find the Service of %s: %w", dst.addr, err)
 		}
@@ -213,6 +227,10 @@ func resolveService(ctx context.Context, g *globals, q *explain.Query, dst desti
 		q.Port = uint16(port)
 	}
 	if svc == nil {
+		if searchedNS != "" {
+			fmt.Fprintf(warn, "Warning: cannot list Services cluster-wide (forbidden), and none in namespace %s has address %s: the agent alone names the Service\n",
+				searchedNS, dst.addr)
+		}
 		if q.Port == 0 {
 			return nil, fmt.Errorf("port %q: no Service has address %s to name it", dst.port, dst.addr)
 		}
@@ -235,7 +253,7 @@ func resolveService(ctx context.Context, g *globals, q *explain.Query, dst desti
 // relatedObjects describes svc from the cluster's objects; failures are
 // warnings, since the agent's answer stands without them.
 func relatedObjects(ctx context.Context, kube kubernetes.Interface, gw gwclient.Interface, svc *corev1.Service, warn io.Writer) *describe.Service {
-	in, warnings, err := describe.Load(ctx, kube, gw, time.Now())
+	in, warnings, err := describe.Load(ctx, kube, gw, time.Now(), svc.Namespace)
 	if err == nil {
 		var c *describe.Cluster
 		if c, err = describe.New(in, warnings); err == nil {

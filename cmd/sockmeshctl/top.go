@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"time"
@@ -26,12 +27,22 @@ func newTopCommand(g *globals) *cobra.Command {
 captured Service the proxy answered HTTP requests for, requests, 5xx and
 4xx answers per second; the datapath's decisions per second (redirected,
 and each reason a connect was not); and the proxy's new, failed and open
-connections. It refreshes until interrupted, or --count times.`,
+connections. It refreshes until interrupted, or --count times. With -o yaml
+each refresh is one YAML document (separated by ---), with -o json one
+JSON object.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f, err := g.format()
 			if err != nil {
 				return err
+			}
+			// A zero interval would scrape the agent as fast as it answers;
+			// a negative count would exit at once, successful and silent.
+			if interval <= 0 {
+				return fmt.Errorf("--interval %s: want a positive duration", interval)
+			}
+			if count < 0 {
+				return fmt.Errorf("--count %d: want 0 (until interrupted) or more", count)
 			}
 			c, err := g.agentFor(cmd.Context(), "")
 			if err != nil {
@@ -65,6 +76,11 @@ connections. It refreshes until interrupted, or --count times.`,
 				prev = cur
 				if clear {
 					io.WriteString(out, "\033[H\033[2J")
+				}
+				// Refreshes printed one after another would be one YAML
+				// document with every key repeated.
+				if f == render.YAML && i > 0 {
+					io.WriteString(out, "---\n")
 				}
 				if err := render.Print(out, f, v, func(w io.Writer) error { return render.Top(w, v) }); err != nil {
 					return err

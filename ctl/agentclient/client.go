@@ -47,8 +47,9 @@ type Client struct {
 	http  *http.Client
 	base  string
 	token string
-	// where names the agent in errors.
-	where string
+	// where names the agent in errors; absent says what to check when
+	// nothing listens there.
+	where, absent string
 }
 
 // New returns a Client for cfg. It reads the CA and token files now.
@@ -65,7 +66,8 @@ func New(cfg Config) (*Client, error) {
 		tr := &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			return (&net.Dialer{}).DialContext(ctx, "unix", socket)
 		}}
-		return &Client{http: &http.Client{Transport: tr, Timeout: timeout}, base: "http://agent", where: socket}, nil
+		return &Client{http: &http.Client{Transport: tr, Timeout: timeout}, base: "http://agent", where: socket,
+			absent: "is sockmesh running on this node? --agent-socket names another socket"}, nil
 	}
 	if cfg.TokenFile == "" {
 		return nil, errors.New("an agent address needs a token file (--agent-token-file)")
@@ -87,7 +89,8 @@ func New(cfg Config) (*Client, error) {
 	}
 	tr := &http.Transport{TLSClientConfig: tc, Proxy: nil}
 	return &Client{http: &http.Client{Transport: tr, Timeout: timeout}, base: "https://" + cfg.Address,
-		token: strings.TrimSpace(string(token)), where: cfg.Address}, nil
+		token: strings.TrimSpace(string(token)), where: cfg.Address,
+		absent: "does the agent there serve --introspection-listen on this port? --agent-address or --agent-port names another"}, nil
 }
 
 // Where names the agent (its socket or address).
@@ -170,7 +173,7 @@ func (c *Client) get(ctx context.Context, path string, q url.Values, accept stri
 	case errors.Is(err, syscall.EACCES):
 		return nil, fmt.Errorf("agent %s: permission denied: the introspection socket serves root and the agent's group (run as root, e.g. with sudo)", c.where)
 	case errors.Is(err, syscall.ENOENT), errors.Is(err, syscall.ECONNREFUSED):
-		return nil, fmt.Errorf("agent %s: no agent listening (is sockmesh running on this node? --agent-socket names another socket): %w", c.where, err)
+		return nil, fmt.Errorf("agent %s: no agent listening (%s): %w", c.where, c.absent, err)
 	case err != nil:
 		return nil, fmt.Errorf("agent %s: %w", c.where, err)
 	}

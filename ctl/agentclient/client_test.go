@@ -3,11 +3,13 @@ package agentclient
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -135,6 +137,25 @@ func TestClient(t *testing.T) {
 		}
 		if _, err := c.Status(ctx); err == nil || !strings.Contains(err.Error(), "no agent listening") {
 			t.Errorf("Status() with no agent: %v", err)
+		}
+	})
+	t.Run("no agent at the address", func(t *testing.T) {
+		// A port nothing listens on: listened on, then closed.
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		refused := ln.Addr().String()
+		ln.Close()
+		c, err := New(Config{Address: refused, CAFile: caFile, TokenFile: tokenFile})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The socket's advice (--agent-socket, this node) misleads here.
+		_, err = c.Status(ctx)
+		if err == nil || !strings.Contains(err.Error(), "no agent listening") || !strings.Contains(err.Error(), "--agent-address") ||
+			strings.Contains(err.Error(), "--agent-socket") || !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("Status() at %s, where nothing listens: %v; want no agent listening, the advice naming --agent-address, ECONNREFUSED wrapped", refused, err)
 		}
 	})
 	t.Run("config errors", func(t *testing.T) {

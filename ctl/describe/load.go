@@ -24,90 +24,100 @@ import (
 // those: a CLI user need not read every Secret). Pods are not listed:
 // describe is about Services and policies, not enrolment. Kinds the API
 // server does not serve count as empty; what cannot be read (forbidden) is
-// named in the warnings, since translate then judges without it.
-func Load(ctx context.Context, kube kubernetes.Interface, gw gwclient.Interface, now time.Time) (translate.Input, []string, error) {
+// named in the warnings, since translate then judges without it. A kind
+// the user may not list cluster-wide is listed in namespace alone, where
+// the object asked about lives: an app team's RBAC is often a Role in its
+// own namespace, and without the fallback its own Service was "not found".
+func Load(ctx context.Context, kube kubernetes.Interface, gw gwclient.Interface, now time.Time, namespace string) (translate.Input, []string, error) {
 	in := translate.Input{Now: now}
 	var warnings []string
-	// list runs one List; a kind not served is empty, a forbidden one a
-	// warning, anything else an error.
-	list := func(kind string, fn func() error) error {
-		err := fn()
+	// list runs one List (in ns; "" is cluster-wide); kinds not served are
+	// empty, forbidden ones a warning, anything else an error.
+	list := func(kinds string, namespaced bool, fn func(ns string) error) error {
+		err := fn("")
+		if apierrors.IsForbidden(err) && namespaced && namespace != "" {
+			if err = fn(namespace); err == nil {
+				warnings = append(warnings, fmt.Sprintf("cannot list %s cluster-wide (forbidden), only in namespace %s: those elsewhere are left out", kinds, namespace))
+				return nil
+			}
+		}
 		switch {
 		case err == nil:
 		case apierrors.IsNotFound(err):
-			if kind == "ClusterTrustBundle" {
+			if kinds == "ClusterTrustBundles" {
 				in.ClusterTrustBundlesUnavailable = true
 			}
 		case apierrors.IsForbidden(err):
-			warnings = append(warnings, fmt.Sprintf("cannot list %ss (forbidden): what depends on them may be shown wrong", kind))
+			warnings = append(warnings, fmt.Sprintf("cannot list %s (forbidden): what depends on them may be shown wrong", kinds))
 		default:
-			return fmt.Errorf("list %ss: %w", kind, err)
+			return fmt.Errorf("list %s: %w", kinds, err)
 		}
 		return nil
 	}
 	all := metav1.ListOptions{}
 	steps := []struct {
-		kind string
-		fn   func() error
+		kinds      string
+		namespaced bool
+		fn         func(ns string) error
 	}{
-		{"Service", func() error {
-			l, err := kube.CoreV1().Services("").List(ctx, all)
+		{"Services", true, func(ns string) error {
+			l, err := kube.CoreV1().Services(ns).List(ctx, all)
 			in.Services = pointers(l, err, func() []corev1.Service { return l.Items })
 			return err
 		}},
-		{"EndpointSlice", func() error {
-			l, err := kube.DiscoveryV1().EndpointSlices("").List(ctx, all)
+		{"EndpointSlices", true, func(ns string) error {
+			l, err := kube.DiscoveryV1().EndpointSlices(ns).List(ctx, all)
 			in.EndpointSlices = pointers(l, err, func() []discoveryv1.EndpointSlice { return l.Items })
 			return err
 		}},
-		{"Namespace", func() error {
+		{"Namespaces", false, func(string) error {
 			l, err := kube.CoreV1().Namespaces().List(ctx, all)
 			in.Namespaces = pointers(l, err, func() []corev1.Namespace { return l.Items })
 			return err
 		}},
-		{"ClusterTrustBundle", func() error {
+		{"ClusterTrustBundles", false, func(string) error {
 			l, err := kube.CertificatesV1().ClusterTrustBundles().List(ctx, all)
 			in.ClusterTrustBundles = pointers(l, err, func() []certificatesv1.ClusterTrustBundle { return l.Items })
 			return err
 		}},
-		{"BackendTLSPolicy", func() error {
-			l, err := gw.GatewayV1().BackendTLSPolicies("").List(ctx, all)
+		{"BackendTLSPolicies", true, func(ns string) error {
+			l, err := gw.GatewayV1().BackendTLSPolicies(ns).List(ctx, all)
 			in.BackendTLSPolicies = pointers(l, err, func() []gwv1.BackendTLSPolicy { return l.Items })
 			return err
 		}},
-		{"HTTPRoute", func() error {
-			l, err := gw.GatewayV1().HTTPRoutes("").List(ctx, all)
+		{"HTTPRoutes", true, func(ns string) error {
+			l, err := gw.GatewayV1().HTTPRoutes(ns).List(ctx, all)
 			in.HTTPRoutes = pointers(l, err, func() []gwv1.HTTPRoute { return l.Items })
 			return err
 		}},
-		{"GRPCRoute", func() error {
-			l, err := gw.GatewayV1().GRPCRoutes("").List(ctx, all)
+		{"GRPCRoutes", true, func(ns string) error {
+			l, err := gw.GatewayV1().GRPCRoutes(ns).List(ctx, all)
 			in.GRPCRoutes = pointers(l, err, func() []gwv1.GRPCRoute { return l.Items })
 			return err
 		}},
-		{"ReferenceGrant", func() error {
-			l, err := gw.GatewayV1().ReferenceGrants("").List(ctx, all)
+		{"ReferenceGrants", true, func(ns string) error {
+			l, err := gw.GatewayV1().ReferenceGrants(ns).List(ctx, all)
 			in.ReferenceGrants = pointers(l, err, func() []gwv1.ReferenceGrant { return l.Items })
 			return err
 		}},
-		{"XBackend", func() error {
-			l, err := gw.ExperimentalV1alpha1().XBackends("").List(ctx, all)
+		{"XBackends", true, func(ns string) error {
+			l, err := gw.ExperimentalV1alpha1().XBackends(ns).List(ctx, all)
 			in.XBackends = pointers(l, err, func() []gwxv1alpha1.XBackend { return l.Items })
 			return err
 		}},
-		{"XBackendTrafficPolicy", func() error {
-			l, err := gw.ExperimentalV1alpha1().XBackendTrafficPolicies("").List(ctx, all)
+		{"XBackendTrafficPolicies", true, func(ns string) error {
+			l, err := gw.ExperimentalV1alpha1().XBackendTrafficPolicies(ns).List(ctx, all)
 			in.XBackendTrafficPolicies = pointers(l, err, func() []gwxv1alpha1.XBackendTrafficPolicy { return l.Items })
 			return err
 		}},
-		{"XMesh", func() error {
+		{"XMeshes", false, func(string) error {
 			l, err := gw.ExperimentalV1alpha1().XMeshes().List(ctx, all)
 			in.XMeshes = pointers(l, err, func() []gwxv1alpha1.XMesh { return l.Items })
 			return err
 		}},
 	}
 	for _, s := range steps {
-		if err := list(s.kind, s.fn); err != nil {
+		if err := list(s.kinds, s.namespaced, s.fn); err != nil {
 			return in, warnings, err
 		}
 	}

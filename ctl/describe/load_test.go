@@ -43,7 +43,7 @@ func TestLoadPartialAccess(t *testing.T) {
 	})
 	gw := gwfake.NewSimpleClientset(policy("a", "ConfigMap", "ca"), policy("b", "Secret", "secret-ca"), policy("c", "ConfigMap", "missing"))
 
-	in, warnings, err := Load(context.Background(), kube, gw, time.Unix(0, 0))
+	in, warnings, err := Load(context.Background(), kube, gw, time.Unix(0, 0), "")
 	if err != nil {
 		t.Fatal(err)
 	}

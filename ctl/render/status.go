@@ -36,7 +36,7 @@ func Status(w io.Writer, sts []introspect.Status) error {
 		row(t, st.Node, yesNo(st.Ready), st.Mode, st.Version, fmt.Sprintf("v%d", st.Snapshot.Version), applied,
 			fmt.Sprintf("%d/%d", attached, len(st.Datapath.State.Hooks)), fmt.Sprintf("%d/%d", pinned, len(st.Datapath.State.Hooks)),
 			len(st.Datapath.Conflicts), st.Datapath.Services, podsSummary(st.Pods), conns, kindsSummary(st.Kinds),
-			writesSummary(st.Writes), len(st.Events))
+			writesSummary(st.Writes), st.EventsTotal)
 	}
 	if err := t.Flush(); err != nil {
 		return err

@@ -16,6 +16,9 @@ const (
 	metricActive    = "sockmesh_proxy_active_connections"
 	metricConns     = "sockmesh_proxy_connections_total"
 	metricFailures  = "sockmesh_proxy_connection_failures_total"
+	// metricStart is client_golang's process collector's: it changes when
+	// another agent process answers (a restart, an upgrade's takeover).
+	metricStart = "process_start_time_seconds"
 )
 
 // Sample is one scrape and when it was taken.
@@ -53,16 +56,21 @@ type Service struct {
 	Total float64 `json:"total"`
 }
 
-// Compute returns the rates between prev and cur. A counter that went
-// down (the agent restarted) counts from zero.
+// Compute returns the rates between prev and cur. The proxy's counters
+// count from zero when another agent process answers cur than prev (its
+// process_start_time_seconds differs): a restarted agent's counters may
+// have passed the old ones' values by the time of cur. The datapath's
+// decisions are the kernel's and survive restarts. Any counter that went
+// down counts from zero too.
 func Compute(prev, cur Sample) View {
 	dt := cur.Time.Sub(prev.Time)
 	v := View{Interval: dt, Decisions: map[string]float64{}, Connections: map[string]float64{},
 		Failures: map[string]float64{}, Active: map[string]float64{}}
+	restarted := startTime(prev) != startTime(cur)
 	rate := func(name string, m *dto.Metric) float64 {
 		now := value(m)
 		before := value(find(prev.Families[name], m))
-		if now < before {
+		if now < before || restarted && name != metricDecisions {
 			before = 0
 		}
 		if dt <= 0 {
@@ -109,6 +117,14 @@ func Compute(prev, cur Sample) View {
 		v.Active[label(m, "path")] += value(m)
 	}
 	return v
+}
+
+// startTime is the agent process's start time in s, 0 if it has none.
+func startTime(s Sample) float64 {
+	for _, m := range s.Families[metricStart].GetMetric() {
+		return value(m)
+	}
+	return 0
 }
 
 // find returns the metric of mf with the same labels as m.

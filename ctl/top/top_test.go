@@ -68,3 +68,39 @@ sockmesh_proxy_active_connections{path="http1"} 1
 		t.Errorf("no time between samples: %+v, want zero rates", z.Services[0])
 	}
 }
+
+// TestComputeAcrossRestart: another agent process answers the second
+// scrape (a restart, an upgrade taking the socket over) and its counters
+// passed the old process's values already. They count from zero; the
+// datapath's decisions, the kernel's, go on from where they were.
+func TestComputeAcrossRestart(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	prev := parse(t, t0, `# TYPE process_start_time_seconds gauge
+process_start_time_seconds 900
+# TYPE sockmesh_proxy_requests_total counter
+sockmesh_proxy_requests_total{namespace="app",service="a",code="200",protocol="HTTP11"} 10
+# TYPE sockmesh_proxy_connections_total counter
+sockmesh_proxy_connections_total{path="l4_tls"} 4
+# TYPE sockmesh_datapath_redirects_total counter
+sockmesh_datapath_redirects_total{decision="redirected"} 500
+`)
+	cur := parse(t, t0.Add(2*time.Second), `# TYPE process_start_time_seconds gauge
+process_start_time_seconds 1001
+# TYPE sockmesh_proxy_requests_total counter
+sockmesh_proxy_requests_total{namespace="app",service="a",code="200",protocol="HTTP11"} 30
+# TYPE sockmesh_proxy_connections_total counter
+sockmesh_proxy_connections_total{path="l4_tls"} 6
+# TYPE sockmesh_datapath_redirects_total counter
+sockmesh_datapath_redirects_total{decision="redirected"} 506
+`)
+	v := Compute(prev, cur)
+	if len(v.Services) != 1 || v.Services[0].Requests != 15 {
+		t.Errorf("Compute() across a restart: services %+v, want app/a at 15 req/s (30 since the new agent started)", v.Services)
+	}
+	if v.Connections["l4_tls"] != 3 {
+		t.Errorf("Compute() across a restart: connections %v, want l4_tls=3 (6 since the new agent started)", v.Connections)
+	}
+	if v.Decisions["redirected"] != 3 {
+		t.Errorf("Compute() across a restart: decisions %v, want redirected=3: the kernel's counters survive restarts", v.Decisions)
+	}
+}
