@@ -29,10 +29,13 @@ type Backend struct {
 	// Endpoints counts the addresses the proxy may dial; ReadyEndpoints the
 	// ready ones it prefers, FallbackEndpoints the ready ones topology
 	// hints leave to other nodes or zones, which it takes only while none
-	// of the others can (snapshot.Endpoint.Fallback).
+	// of the others can (snapshot.Endpoint.Fallback); DrainingEndpoints
+	// those not ready that serve while they terminate, which it takes only
+	// while none is ready.
 	Endpoints         int `json:"endpoints"`
 	ReadyEndpoints    int `json:"readyEndpoints"`
 	FallbackEndpoints int `json:"fallbackEndpoints,omitempty"`
+	DrainingEndpoints int `json:"drainingEndpoints,omitempty"`
 	// Invalid says why the proxy refuses every connection to it (fail
 	// closed: HTTP 503 or a TCP reset, never plaintext).
 	Invalid            *snapshot.Invalid            `json:"invalid,omitempty"`
@@ -84,12 +87,27 @@ func DescribeBackend(b *snapshot.Backend) Backend {
 			out.FallbackEndpoints++
 		case ep.Ready:
 			out.ReadyEndpoints++
+		case ep.Serving && ep.Terminating:
+			out.DrainingEndpoints++
 		}
 	}
 	if b.TLS != nil {
 		out.TLS = describeTLS(b.TLS, b.Protocol)
 	}
 	return out
+}
+
+// unreachable says why the proxy has no endpoint of b to dial (its
+// connections and requests fail: no_endpoints), or "" when it has one or
+// b fails closed anyway.
+func (b *Backend) unreachable() string {
+	switch {
+	case b.Invalid != nil || b.ReadyEndpoints+b.FallbackEndpoints+b.DrainingEndpoints > 0:
+		return ""
+	case b.Hostname != "":
+		return "no address for " + b.Hostname + " (not resolved yet, or it did not resolve)"
+	}
+	return "no endpoint ready, nor serving while it terminates"
 }
 
 // Wire describes the connection to a backend of protocol p, as the

@@ -375,12 +375,18 @@ func (e *Explanation) verdict(known bool) (Verdict, string) {
 	what := "the backend's properties"
 	if e.Backend != nil {
 		what = e.Backend.Wire
+		if why := e.Backend.unreachable(); why != "" && e.Routes == nil {
+			e.Notes = append(e.Notes, fmt.Sprintf("%s has %s: the proxy answers HTTP 503 or resets each connection (no_endpoints)", e.Backend.Ref, why))
+		}
 	}
 	if e.Routes != nil {
 		for _, b := range e.Routes.Backends {
 			if b.Invalid != nil {
 				e.Notes = append(e.Notes, fmt.Sprintf("requests routed to %s fail closed (HTTP 503): %s %s: %s",
 					b.Ref, b.Invalid.Policy, b.Invalid.Reason, b.Invalid.Message))
+			}
+			if why := b.unreachable(); why != "" {
+				e.Notes = append(e.Notes, fmt.Sprintf("requests routed to %s fail (HTTP 503, no_endpoints): it has %s", b.Ref, why))
 			}
 		}
 		what = fmt.Sprintf("the %s %s routes (%d rules)", e.Routes.Role, e.Routes.Kind, len(e.Routes.Rules))

@@ -190,6 +190,27 @@ func TestExplain(t *testing.T) {
 			}
 		},
 	}, {
+		// Redirected, and the wire would be h2c, but no connection gets
+		// through: the answer must say so, not only count 0 endpoints.
+		name: "no endpoint",
+		q:    Query{Pod: ref("app", "client"), Service: refp("app", "empty"), Port: 80},
+		check: func(t *testing.T, e Explanation) {
+			want(t, e, Redirected, "HTTP/2 with prior knowledge (h2c)")
+			if len(e.Notes) != 1 || !strings.Contains(e.Notes[0], "Service/app/empty:80 has no endpoint ready, nor serving while it terminates") ||
+				!strings.Contains(e.Notes[0], "no_endpoints") {
+				t.Errorf("notes = %q, want the backend without endpoints named", e.Notes)
+			}
+		},
+	}, {
+		name: "a draining endpoint still serves",
+		q:    Query{Pod: ref("app", "client"), Service: refp("app", "draining"), Port: 80},
+		check: func(t *testing.T, e Explanation) {
+			want(t, e, Redirected)
+			if e.Backend == nil || e.Backend.Endpoints != 1 || e.Backend.ReadyEndpoints != 0 || e.Backend.DrainingEndpoints != 1 || len(e.Notes) != 0 {
+				t.Errorf("backend = %+v, notes %q; want its one endpoint counted draining, no note", e.Backend, e.Notes)
+			}
+		},
+	}, {
 		name:  "no snapshot yet",
 		q:     Query{Pod: ref("app", "client"), Service: refp("app", "secure"), Port: 80},
 		st:    func(st State) State { st.Snapshot = nil; return st },

@@ -173,12 +173,14 @@ func backendBlock(w io.Writer, indent int, be explain.Backend) {
 	if be.Hostname != "" {
 		b.add("Hostname", "%s", be.Hostname)
 	}
+	eps := fmt.Sprintf("%d (%d ready", be.Endpoints, be.ReadyEndpoints)
 	if be.FallbackEndpoints > 0 {
-		b.add("Endpoints", "%d (%d ready, %d fallback in other zones or nodes: used only while no ready one takes connections)",
-			be.Endpoints, be.ReadyEndpoints, be.FallbackEndpoints)
-	} else {
-		b.add("Endpoints", "%d (%d ready)", be.Endpoints, be.ReadyEndpoints)
+		eps += fmt.Sprintf(", %d fallback in other zones or nodes: used only while no ready one takes connections", be.FallbackEndpoints)
 	}
+	if be.DrainingEndpoints > 0 {
+		eps += fmt.Sprintf(", %d serving while terminating: used only while none is ready", be.DrainingEndpoints)
+	}
+	b.add("Endpoints", "%s)", eps)
 	if t := be.TLS; t != nil {
 		b.add("TLS", "%s, policy %s", t.Mode, t.Policy)
 		b.add("SNI", "%s", t.ServerName)
