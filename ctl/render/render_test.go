@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -244,5 +245,31 @@ func TestParseFormat(t *testing.T) {
 	}
 	if _, err := ParseFormat("wide"); err == nil {
 		t.Error(`ParseFormat("wide"): no error`)
+	}
+}
+
+// TestLargeGauges: whole-number gauges (the proxy's Snapshot version, its
+// open connections) printed with %g turned exponential past 999,999:
+// "serving v1.234567e+06" beside "Snapshot: v1234567".
+func TestLargeGauges(t *testing.T) {
+	st := introspect.Status{Node: "n", Time: t0,
+		Snapshot: introspect.SnapshotStatus{Version: 1234567, AppliedAt: t0},
+		Proxy: introspect.ProxyStatus{SnapshotVersion: 1234567, ActiveConnections: map[string]float64{"l4": 2000000},
+			EjectedEndpoints: 1000000}}
+	var buf bytes.Buffer
+	if err := Status(&buf, []introspect.Status{st}); err != nil {
+		t.Fatal(err)
+	}
+	if err := Top(&buf, top.View{Active: map[string]float64{"l4": 2000000}}); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	for _, want := range []string{"serving v1234567,", "active connections l4=2000000,", "failed connects 1000000", "Proxy open now:        l4=2000000"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "e+0") {
+		t.Errorf("output has a number in exponent form:\n%s", out)
 	}
 }

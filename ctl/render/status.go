@@ -35,7 +35,7 @@ func Status(w io.Writer, sts []introspect.Status) error {
 		}
 		row(t, st.Node, yesNo(st.Ready), st.Mode, st.Version, fmt.Sprintf("v%d", st.Snapshot.Version), applied,
 			fmt.Sprintf("%d/%d", attached, len(st.Datapath.State.Hooks)), fmt.Sprintf("%d/%d", pinned, len(st.Datapath.State.Hooks)),
-			len(st.Datapath.Conflicts), st.Datapath.Services, podsSummary(st.Pods), conns, kindsSummary(st.Kinds),
+			len(st.Datapath.Conflicts), st.Datapath.Services, podsSummary(st.Pods), fmt.Sprintf("%.0f", conns), kindsSummary(st.Kinds),
 			writesSummary(st.Writes), st.EventsTotal)
 	}
 	if err := t.Flush(); err != nil {
@@ -105,8 +105,10 @@ func statusDetails(w io.Writer, st introspect.Status) {
 		b.add("Snapshot", "v%d applied %s ago: %d captured ports, %d backends (%d failing closed), %d pods",
 			sn.Version, age(st.Time.Sub(sn.AppliedAt)), sn.Frontends, sn.Backends, sn.Invalid, sn.Workloads)
 	}
-	b.add("Proxy", "serving v%g, active connections %s, endpoints ejected after failed connects %g", st.Proxy.SnapshotVersion,
-		counts(st.Proxy.ActiveConnections, "%g"), st.Proxy.EjectedEndpoints)
+	// Gauges holding whole numbers: %g would print v1.234567e+06 beside the
+	// Snapshot's v1234567.
+	b.add("Proxy", "serving v%.0f, active connections %s, endpoints ejected after failed connects %.0f", st.Proxy.SnapshotVersion,
+		counts(st.Proxy.ActiveConnections, "%.0f"), st.Proxy.EjectedEndpoints)
 	b.add("Pods", "%s; %d of the node's pods not enrolled by policy", podsSummary(st.Pods), st.Pods.NotEnrolled)
 	b.add("Pin dir", "%s", orDash(st.Datapath.State.PinDir))
 	b.add("Cgroup", "%s", orDash(st.Datapath.State.Cgroup))

@@ -34,7 +34,7 @@ func Top(w io.Writer, v top.View) error {
 	b.add("Datapath decisions/s", "%s", counts(v.Decisions, "%.1f"))
 	b.add("Proxy connections/s", "%s", counts(v.Connections, "%.1f"))
 	b.add("Proxy failures/s", "%s", counts(v.Failures, "%.1f"))
-	b.add("Proxy open now", "%s", counts(v.Active, "%g"))
+	b.add("Proxy open now", "%s", counts(v.Active, "%.0f"))
 	b.flush()
 	return nil
 }
