@@ -305,7 +305,8 @@ func objects(w io.Writer, indent int, groups ...[]describe.Object) {
 				}
 			}
 			if first {
-				row(t, pad+o.Ref.String(), "-", "-", "-", "-", "no status")
+				name, created := head()
+				row(t, pad+name, created, "-", "-", "-", "no status")
 			}
 		}
 	}

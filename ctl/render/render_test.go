@@ -273,3 +273,16 @@ func TestLargeGauges(t *testing.T) {
 		t.Errorf("output has a number in exponent form:\n%s", out)
 	}
 }
+
+// TestObjectWithoutStatus: an object translate gave no status still shows
+// when it was created (it showed "-", as if unknown).
+func TestObjectWithoutStatus(t *testing.T) {
+	var buf bytes.Buffer
+	p := &describe.Policy{Policy: describe.Object{Ref: ref("BackendTLSPolicy", "app", "orphan"), Created: t0}, Hostname: "x.app.svc"}
+	if err := Policy(&buf, p); err != nil {
+		t.Fatal(err)
+	}
+	if want := "BackendTLSPolicy/app/orphan   2026-11-22 10:00:00   -"; !strings.Contains(buf.String(), want) {
+		t.Errorf("Policy() lacks %q:\n%s", want, buf.String())
+	}
+}
