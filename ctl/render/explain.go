@@ -94,6 +94,11 @@ func Explain(w io.Writer, e Explained) error {
 		for _, a := range slices.SortedFunc(maps.Keys(e.Counters.ByAddr), netip.AddrPort.Compare) {
 			b.add(a.String(), "%s", decisions(e.Counters.ByAddr[a]))
 		}
+		// Some address's counters could not be read: its counts are not in
+		// the sums above, which must not pass for complete.
+		if e.Counters.Unavailable != "" {
+			b.add("Not counted", "%s", e.Counters.Unavailable)
+		}
 	}
 	b.flush()
 

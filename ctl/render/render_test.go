@@ -286,3 +286,19 @@ func TestObjectWithoutStatus(t *testing.T) {
 		t.Errorf("Policy() lacks %q:\n%s", want, buf.String())
 	}
 }
+
+// TestCountersPartlyUnread: when an address's pair counters cannot be read
+// the sums lack its counts; the table said nothing of it (a "-" that
+// read as no connect at all).
+func TestCountersPartlyUnread(t *testing.T) {
+	e := explainFixture()
+	e.Counters = explain.Counters{Decisions: map[datapath.Decision]uint64{}, ByAddr: map[netip.AddrPort]map[datapath.Decision]uint64{},
+		Unavailable: "read pair counter: operation not permitted"}
+	var buf bytes.Buffer
+	if err := Explain(&buf, e); err != nil {
+		t.Fatal(err)
+	}
+	if want := "Not counted:        read pair counter: operation not permitted"; !strings.Contains(buf.String(), want) {
+		t.Errorf("Explain() lacks %q:\n%s", want, buf.String())
+	}
+}
