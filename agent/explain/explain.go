@@ -30,9 +30,13 @@ type State struct {
 	Snapshot *snapshot.Snapshot
 	// Pods is the enroller's view of the enrolled pods.
 	Pods []enrol.Pod
-	// Services and Enrolments are the datapath's maps.
-	Services   []datapath.Service
-	Enrolments map[uint64]datapath.Proxy
+	// Services and Enrolments are the datapath's maps; ServicesErr and
+	// EnrolmentsErr say why one could not be read (it is nil then), so that
+	// the answer does not claim the map lacks what it could not look at.
+	Services      []datapath.Service
+	ServicesErr   error
+	Enrolments    map[uint64]datapath.Proxy
+	EnrolmentsErr error
 	// PairCounter reads the datapath's counters for one netns and
 	// address; nil when the datapath cannot be read.
 	PairCounter func(netns uint64, addr netip.AddrPort) (map[datapath.Decision]uint64, error)
@@ -113,6 +117,9 @@ type Capture struct {
 type CapturedAddr struct {
 	Addr       netip.AddrPort `json:"addr"`
 	InDatapath bool           `json:"inDatapath"`
+	// Unread: the datapath's services map could not be read, so whether
+	// it holds Addr is unknown (InDatapath is false).
+	Unread bool `json:"unread,omitempty"`
 }
 
 // Routes is the route set the proxy matches the pod's requests against.
@@ -199,7 +206,9 @@ func enrolment(pod snapshot.ObjectRef, snap *snapshot.Snapshot, st State, notes 
 		return en
 	}
 	en.Enrolled = true
-	if _, ok := st.Enrolments[p.NetNSCookie]; !ok && st.Enrolments != nil {
+	if st.EnrolmentsErr != nil {
+		*notes = append(*notes, fmt.Sprintf("the datapath's enrolment map cannot be read (%v): whether capture is on for this pod is unknown (see sockmeshctl status)", st.EnrolmentsErr))
+	} else if _, ok := st.Enrolments[p.NetNSCookie]; !ok && st.Enrolments != nil {
 		*notes = append(*notes, fmt.Sprintf("the datapath's enrolment map lacks netns cookie %d: capture is off for this pod until the enroller writes it", p.NetNSCookie))
 	}
 	return en
@@ -236,10 +245,13 @@ func (e *Explanation) capture(q Query, snap *snapshot.Snapshot, st State) *snaps
 	for _, s := range st.Services {
 		inDP[s.Addr] = true
 	}
+	if st.ServicesErr != nil {
+		e.Notes = append(e.Notes, fmt.Sprintf("the datapath's services map cannot be read (%v): whether it holds these addresses is unknown (see sockmeshctl status)", st.ServicesErr))
+	}
 	for _, a := range fe.Addresses {
 		ap := netip.AddrPortFrom(a.Unmap(), fe.Port)
-		e.Capture.Addrs = append(e.Capture.Addrs, CapturedAddr{Addr: ap, InDatapath: inDP[ap]})
-		if !inDP[ap] {
+		e.Capture.Addrs = append(e.Capture.Addrs, CapturedAddr{Addr: ap, InDatapath: inDP[ap], Unread: st.ServicesErr != nil})
+		if !inDP[ap] && st.ServicesErr == nil {
 			e.Notes = append(e.Notes, fmt.Sprintf("the datapath's services map lacks %s: this snapshot is not applied there yet (see sockmeshctl status)", ap))
 		}
 	}

@@ -211,6 +211,21 @@ func TestExplain(t *testing.T) {
 			}
 		},
 	}, {
+		name: "datapath unreadable",
+		q:    Query{Pod: ref("app", "client"), Service: refp("app", "secure"), Port: 80},
+		st: func(st State) State {
+			st.Services, st.ServicesErr = nil, errors.New("list services: iteration aborted")
+			st.Enrolments, st.EnrolmentsErr = nil, errors.New("list enrolments: iteration aborted")
+			return st
+		},
+		check: func(t *testing.T, e Explanation) {
+			want(t, e, Redirected)
+			if len(e.Notes) != 2 || !strings.Contains(e.Notes[0], "enrolment map cannot be read (list enrolments: iteration aborted)") ||
+				!strings.Contains(e.Notes[1], "services map cannot be read (list services: iteration aborted)") || !e.Capture.Addrs[0].Unread {
+				t.Errorf("notes = %q, capture %+v; want the read errors, not that the maps lack the pod and address", e.Notes, e.Capture)
+			}
+		},
+	}, {
 		name:  "no snapshot yet",
 		q:     Query{Pod: ref("app", "client"), Service: refp("app", "secure"), Port: 80},
 		st:    func(st State) State { st.Snapshot = nil; return st },

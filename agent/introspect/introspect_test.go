@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sockmesh/sockmesh/agent/enrol"
+	"github.com/sockmesh/sockmesh/agent/explain"
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/datapath"
 )
@@ -67,9 +68,15 @@ func TestHandlerKeepsWarningsAndErrors(t *testing.T) {
 	}
 }
 
-type fakeDatapath struct{ err error }
+// fakeDatapath stands for a datapath whose maps fail to read on demand
+// (a map iteration aborted by concurrent updates), which a real one does
+// not do when asked. err fails Conflicts, servicesErr Services.
+type fakeDatapath struct{ err, servicesErr error }
 
 func (f fakeDatapath) Services() ([]datapath.Service, error) {
+	if f.servicesErr != nil {
+		return nil, f.servicesErr
+	}
 	return []datapath.Service{{Addr: netip.MustParseAddrPort("10.96.0.10:443")}}, nil
 }
 func (f fakeDatapath) Enrolments() (map[uint64]datapath.Proxy, error) {
@@ -132,5 +139,31 @@ func TestReport(t *testing.T) {
 	}
 	if empty := (&Sources{}).Report(); empty.Snapshot != nil || empty.Ready || empty.Datapath.Counters != nil {
 		t.Errorf("Report() of no sources = %+v, want empty parts", empty)
+	}
+}
+
+// TestExplainUnreadableDatapath: when the datapath's services map cannot be
+// read, explain said the map lacked the Service's address ("this snapshot
+// is not applied there yet"), sending the operator after the wrong cause.
+func TestExplainUnreadableDatapath(t *testing.T) {
+	svc := snapshot.ObjectRef{Namespace: "a", Name: "web"}
+	be := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "a", Name: "web", Port: 443}
+	snap, err := snapshot.New(2, []snapshot.Frontend{{Service: svc, Port: 443, Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, Backend: be}},
+		[]snapshot.Backend{{Ref: be}}, []snapshot.Workload{{Pod: snapshot.ObjectRef{Namespace: "a", Name: "c"}, Enrolled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &Sources{Node: "n1",
+		Applied: func() (*snapshot.Snapshot, time.Time) { return snap, time.Time{} },
+		Pods: func() []enrol.Pod {
+			return []enrol.Pod{{Pod: snapshot.ObjectRef{Namespace: "a", Name: "c"}, State: enrol.Enrolled, NetNSCookie: 7}}
+		},
+		Datapath: fakeDatapath{servicesErr: errors.New("list services: iteration aborted")},
+	}
+	e := src.Explain(explain.Query{Pod: snapshot.ObjectRef{Namespace: "a", Name: "c"}, Service: &svc, Port: 443})
+	notes := strings.Join(e.Notes, "\n")
+	if !strings.Contains(notes, "services map cannot be read (list services: iteration aborted)") || strings.Contains(notes, "lacks") ||
+		len(e.Capture.Addrs) != 1 || !e.Capture.Addrs[0].Unread {
+		t.Errorf("Explain() with the services map unreadable: capture %+v, notes %q; want the read error, not that the map lacks the address", e.Capture, e.Notes)
 	}
 }

@@ -265,10 +265,8 @@ func (s *Sources) Explain(q explain.Query) explain.Explanation {
 		st.Pods = s.Pods()
 	}
 	if s.Datapath != nil {
-		// What cannot be read stays empty; the explanation then notes the
-		// datapath lacks it, which is what an operator should look into.
-		st.Services, _ = s.Datapath.Services()
-		st.Enrolments, _ = s.Datapath.Enrolments()
+		st.Services, st.ServicesErr = s.Datapath.Services()
+		st.Enrolments, st.EnrolmentsErr = s.Datapath.Enrolments()
 		st.PairCounter = s.Datapath.PairCounter
 	}
 	return explain.Explain(q, st)

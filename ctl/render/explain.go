@@ -62,7 +62,10 @@ func Explain(w io.Writer, e Explained) error {
 		var addrs []string
 		for _, a := range c.Addrs {
 			s := a.Addr.String()
-			if !a.InDatapath {
+			switch {
+			case a.Unread:
+				s += " (the datapath's map cannot be read)"
+			case !a.InDatapath:
 				s += " (NOT in the datapath)"
 			}
 			addrs = append(addrs, s)
