@@ -27,7 +27,9 @@ func newTopCommand(g *globals) *cobra.Command {
 captured Service the proxy answered HTTP requests for, requests, 5xx and
 4xx answers per second; the datapath's decisions per second (redirected,
 and each reason a connect was not); and the proxy's new, failed and open
-connections. It refreshes until interrupted, or --count times. With -o yaml
+connections. It refreshes until interrupted, through an agent's restart
+(a failed scrape is a warning, tried again at the next refresh), or --count
+times (a failed scrape then ends it, exit status 1). With -o yaml
 each refresh is one YAML document (separated by ---), with -o json one
 JSON object.`,
 		Args: cobra.NoArgs,
@@ -61,15 +63,24 @@ JSON object.`,
 			if err != nil {
 				return err
 			}
-			for i := 0; count == 0 || i < count; i++ {
+			for shown := 0; count == 0 || shown < count; {
 				select {
 				case <-cmd.Context().Done():
 					return nil
 				case <-time.After(interval):
 				}
 				cur, err := sample(cmd.Context(), c)
-				if err != nil {
+				switch {
+				case cmd.Context().Err() != nil:
+					return nil
+				case err != nil && count > 0:
 					return err
+				case err != nil:
+					// Until interrupted, top outlives an agent's restart: the
+					// next agent's first scrape is compared with the last
+					// one's (top.Compute tells the processes apart).
+					fmt.Fprintf(cmd.ErrOrStderr(), "Warning: %v; trying again in %s\n", err, interval)
+					continue
 				}
 				v := top.Compute(prev, cur)
 				v.Node = node
@@ -79,12 +90,13 @@ JSON object.`,
 				}
 				// Refreshes printed one after another would be one YAML
 				// document with every key repeated.
-				if f == render.YAML && i > 0 {
+				if f == render.YAML && shown > 0 {
 					io.WriteString(out, "---\n")
 				}
 				if err := render.Print(out, f, v, func(w io.Writer) error { return render.Top(w, v) }); err != nil {
 					return err
 				}
+				shown++
 			}
 			return nil
 		},

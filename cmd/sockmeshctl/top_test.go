@@ -3,11 +3,14 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"io"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -19,21 +22,64 @@ import (
 )
 
 // topAgent serves a small agent's introspection API whose metrics hold
-// one Service's requests, and returns its socket.
+// app/secure's requests, on a socket of its own, until the test ends.
 func topAgent(t *testing.T) string {
 	t.Helper()
-	cat := introspect.NewCatalog()
-	requests := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sockmesh_proxy_requests_total", Help: "requests"},
-		[]string{"namespace", "service", "code", "protocol"})
-	requests.WithLabelValues("app", "secure", "200", "HTTP11").Add(3)
-	cat.MustRegister(requests)
 	sock := filepath.Join(t.TempDir(), "agent.sock")
+	startTopAgent(t, sock, 3)
+	return sock
+}
+
+// startTopAgent serves, on sock, an agent whose proxy answered requests
+// HTTP requests to app/secure; stop (or the test's end) stops it.
+func startTopAgent(t *testing.T, sock string, requests float64) (stop func()) {
+	t.Helper()
+	cat := introspect.NewCatalog()
+	counter := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sockmesh_proxy_requests_total", Help: "requests"},
+		[]string{"namespace", "service", "code", "protocol"})
+	counter.WithLabelValues("app", "secure", "200", "HTTP11").Add(requests)
+	cat.MustRegister(counter)
 	srv, err := httpapi.NewServer(httpapi.Config{Socket: sock}, &introspect.Sources{Node: "node-a", Metrics: cat}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	serve(t, srv)
-	return sock
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx) }()
+	stop = sync.OnceFunc(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	t.Cleanup(stop)
+	return stop
+}
+
+// syncBuffer is a bytes.Buffer that a running command writes while the
+// test reads it; wrote signals each write.
+type syncBuffer struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	wrote chan struct{}
+}
+
+func newSyncBuffer() *syncBuffer { return &syncBuffer{wrote: make(chan struct{}, 1)} }
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	select {
+	case b.wrote <- struct{}{}:
+	default: // a signal is pending already
+	}
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // runCtl runs sockmeshctl's command in process and returns its output.
@@ -91,4 +137,48 @@ func TestTopFlags(t *testing.T) {
 			t.Errorf("top %s: error %v, want %q; output:\n%s", c.flag, err, c.want, out)
 		}
 	}
+}
+
+// TestTopThroughRestart: without --count, top ended (exit 1) at the first
+// scrape an agent's restart failed. It warns and goes on, and shows the
+// next agent's traffic.
+func TestTopThroughRestart(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "agent.sock")
+	stopFirst := startTopAgent(t, sock, 3)
+
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	out, errOut := newSyncBuffer(), newSyncBuffer()
+	cmd := newRootCommand()
+	cmd.SetOut(out)
+	cmd.SetErr(errOut)
+	cmd.SetArgs([]string{"top", "--agent-socket=" + sock, "--interval=1ms", "-o", "json"})
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx) }()
+
+	// waitFor only keeps a broken top from hanging the test.
+	deadline := time.After(waitFor)
+	wait := func(what string, ok func() bool) {
+		t.Helper()
+		for !ok() {
+			select {
+			case <-out.wrote:
+			case <-errOut.wrote:
+			case err := <-done:
+				t.Fatalf("top ended (%v) before it %s; stdout:\n%s\nstderr:\n%s", err, what, out.String(), errOut.String())
+			case <-deadline:
+				t.Fatalf("top never %s; stdout:\n%s\nstderr:\n%s", what, out.String(), errOut.String())
+			}
+		}
+	}
+	wait("showed the first agent's requests", func() bool { return strings.Contains(out.String(), `"total": 3`) })
+	stopFirst()
+	wait("warned of the failed scrape", func() bool { return strings.Contains(errOut.String(), "no agent listening") })
+	startTopAgent(t, sock, 7)
+	wait("showed the next agent's requests", func() bool { return strings.Contains(out.String(), `"total": 7`) })
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("top interrupted: %v, want nil", err)
+	}
+
 }
