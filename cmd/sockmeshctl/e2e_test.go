@@ -270,6 +270,8 @@ func TestCLI(t *testing.T) {
 			t.Errorf("top = %+v, want app/secure with its 2 requests", v)
 		}
 		wantLines(t, e.ok(t, a, "top", "--count=1", "--interval=100ms"), "NAMESPACE   SERVICE", "app         secure", "Datapath decisions/s:")
+		// top tells an agent's restart by this gauge (ctl/top).
+		wantLines(t, e.ok(t, a, "metrics"), "process_start_time_seconds gauge")
 	})
 
 	t.Run("auth", func(t *testing.T) {
