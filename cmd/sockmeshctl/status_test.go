@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -96,4 +99,75 @@ func serve(t *testing.T, srv *httpapi.Server) {
 			t.Errorf("Serve: %v", err)
 		}
 	})
+}
+
+// TestStatusAllNodesUnanswered: status --all-nodes asked the nodes one
+// after another within one bound for them all, so two nodes whose agents
+// never answer spent it, and the healthy node after them failed with
+// "context deadline exceeded". The nodes are asked at once now, each
+// within --request-timeout.
+func TestStatusAllNodesUnanswered(t *testing.T) {
+	api := apiserver.Start(t)
+	dir := t.TempDir()
+	healthy := netip.MustParseAddr("127.0.0.3")
+	ca := must.Value[*pki.CA](t)(pki.NewCA("sockmeshctl status test CA"))
+	leaf := must.Value[*pki.Leaf](t)(ca.Issue(pki.LeafOptions{IPs: []netip.Addr{healthy}}))
+	certFile, keyFile, err := leaf.WriteFiles(dir, "agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile, tokenFile := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "token")
+	if err := os.WriteFile(caFile, ca.CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tokenFile, []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := httpapi.NewServer(httpapi.Config{Socket: filepath.Join(dir, "agent.sock"), Listen: netip.AddrPortFrom(healthy, 0).String(),
+		TLSCertFile: certFile, TLSKeyFile: keyFile, TokenFile: tokenFile}, &introspect.Sources{Node: "node-c"}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve(t, srv)
+	_, addr := srv.Addrs()
+	port := addr.(*net.TCPAddr).Port
+	// node-a's and node-b's agents take connections and never answer.
+	for _, ip := range []string{"127.0.0.1", "127.0.0.2"} {
+		ln, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held := make(chan net.Conn, 16)
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				held <- c
+			}
+		}()
+		t.Cleanup(func() {
+			ln.Close()
+			for len(held) > 0 {
+				(<-held).Close()
+			}
+		})
+	}
+	for name, ip := range map[string]string{"node-a": "127.0.0.1", "node-b": "127.0.0.2", "node-c": healthy.String()} {
+		n := must.Value[*corev1.Node](t)(api.Kube.CoreV1().Nodes().Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}))
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
+		must.Succeed(t)(api.Kube.CoreV1().Nodes().UpdateStatus(t.Context(), n, metav1.UpdateOptions{}))
+	}
+
+	out, err := runCtl("status", "--all-nodes", "--agent-port="+strconv.Itoa(port), "--agent-ca="+caFile, "--agent-token-file="+tokenFile,
+		"--kubeconfig="+api.Kubeconfig, "--request-timeout=1s", "-o", "json")
+	var sts []introspect.Status
+	if jerr := json.Unmarshal([]byte(out), &sts); jerr != nil || len(sts) != 1 || sts[0].Node != "node-c" {
+		t.Errorf("status --all-nodes = %+v (%v), want node-c's answer; error %v", sts, jerr, err)
+	}
+	if err == nil || !strings.Contains(err.Error(), "node node-a:") || !strings.Contains(err.Error(), "node node-b:") ||
+		strings.Contains(err.Error(), "node node-c:") {
+		t.Errorf("status --all-nodes error = %v, want node-a and node-b named, not node-c", err)
+	}
 }
