@@ -31,8 +31,9 @@ import (
 func Load(ctx context.Context, kube kubernetes.Interface, gw gwclient.Interface, now time.Time, namespace string) (translate.Input, []string, error) {
 	in := translate.Input{Now: now}
 	var warnings []string
-	// list runs one List (in ns; "" is cluster-wide); kinds not served are
-	// empty, forbidden ones a warning, anything else an error.
+	// list runs fn cluster-wide (ns ""), then in namespace if that is
+	// forbidden; kinds not served are empty, forbidden ones a warning,
+	// anything else an error.
 	list := func(kinds string, namespaced bool, fn func(ns string) error) error {
 		err := fn("")
 		if apierrors.IsForbidden(err) && namespaced && namespace != "" {
