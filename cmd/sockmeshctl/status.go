@@ -77,9 +77,9 @@ func statuses(ctx context.Context, g *globals, allNodes bool) ([]introspect.Stat
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
-	// Asked one after another, nodes whose agents do not answer (down,
-	// or no agent there) took --request-timeout each, and a large cluster's
-	// command outlasted what anyone waits for.
+	// Asked together, statusParallel at a time: one after another, each
+	// node whose agent does not answer (down, or none there) would hold the
+	// rest back for --request-timeout.
 	answers := make([]*introspect.Status, len(nodes.Items))
 	errs := make([]error, len(nodes.Items))
 	sem := make(chan struct{}, statusParallel)

@@ -121,8 +121,8 @@ func Compute(prev, cur Sample) View {
 
 // startTime is the agent process's start time in s, 0 if it has none.
 func startTime(s Sample) float64 {
-	for _, m := range s.Families[metricStart].GetMetric() {
-		return value(m)
+	if ms := s.Families[metricStart].GetMetric(); len(ms) > 0 {
+		return value(ms[0])
 	}
 	return 0
 }
