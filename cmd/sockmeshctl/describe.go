@@ -54,7 +54,10 @@ func newDescribeCommand(g *globals) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ref := parseRef(args[1], g.ns())
+			ref, err := parseRef(args[1], g.ns())
+			if err != nil {
+				return fmt.Errorf("%s %w", kind, err)
+			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), 2*g.timeout)
 			defer cancel()
 			in, warnings, err := describe.Load(ctx, kube, gw, time.Now(), ref.Namespace)

@@ -110,12 +110,17 @@ func parseDestination(s, podNS string) (destination, error) {
 }
 
 // parseRef reads NAME (in namespace ns) or NAMESPACE/NAME: explain's POD,
-// describe's NAME.
-func parseRef(s, ns string) snapshot.ObjectRef {
+// describe's NAME. An empty part would reach the API server as a request
+// for no name at all.
+func parseRef(s, ns string) (snapshot.ObjectRef, error) {
+	ref := snapshot.ObjectRef{Namespace: ns, Name: s}
 	if n, name, ok := strings.Cut(s, "/"); ok {
-		return snapshot.ObjectRef{Namespace: n, Name: name}
+		ref = snapshot.ObjectRef{Namespace: n, Name: name}
 	}
-	return snapshot.ObjectRef{Namespace: ns, Name: s}
+	if ref.Namespace == "" || ref.Name == "" || strings.Contains(ref.Name, "/") {
+		return snapshot.ObjectRef{}, fmt.Errorf("%q: want NAME or NAMESPACE/NAME", s)
+	}
+	return ref, nil
 }
 
 // runExplain resolves the pod and destination through the API server when
@@ -123,7 +128,10 @@ func parseRef(s, ns string) snapshot.ObjectRef {
 // says about the destination Service. warn receives what could not be
 // looked up.
 func runExplain(ctx context.Context, g *globals, podArg, dstArg string, warn io.Writer) (render.Explained, error) {
-	pod := parseRef(podArg, g.ns())
+	pod, err := parseRef(podArg, g.ns())
+	if err != nil {
+		return render.Explained{}, fmt.Errorf("pod %w", err)
+	}
 	dst, err := parseDestination(dstArg, pod.Namespace)
 	if err != nil {
 		return render.Explained{}, err

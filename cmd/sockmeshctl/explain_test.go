@@ -38,3 +38,24 @@ func TestParseDestination(t *testing.T) {
 		}
 	}
 }
+
+func TestParseRef(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want snapshot.ObjectRef
+	}{
+		{"client", snapshot.ObjectRef{Namespace: "app", Name: "client"}},
+		{"web/client", snapshot.ObjectRef{Namespace: "web", Name: "client"}},
+	} {
+		if got, err := parseRef(c.in, "app"); err != nil || got != c.want {
+			t.Errorf("parseRef(%q) = %+v, %v; want %+v", c.in, got, err, c.want)
+		}
+	}
+	// Each reached the API server as a name it refused or a namespace it
+	// listed ("Service app/: not found" for "app/").
+	for _, in := range []string{"app/", "/client", "", "app/client/x"} {
+		if got, err := parseRef(in, "app"); err == nil || !strings.Contains(err.Error(), "want NAME or NAMESPACE/NAME") {
+			t.Errorf("parseRef(%q) = %+v, %v; want an error", in, got, err)
+		}
+	}
+}
