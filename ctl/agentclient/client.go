@@ -184,8 +184,12 @@ func (c *Client) get(ctx context.Context, path string, q url.Values, accept stri
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 	var e httpapi.ErrorResponse
 	msg := strings.TrimSpace(string(body))
-	if json.Unmarshal(body, &e) == nil && e.Error != "" {
+	switch {
+	case json.Unmarshal(body, &e) == nil && e.Error != "":
 		msg = e.Error
+	case resp.StatusCode == http.StatusNotFound:
+		// Only the router answers 404, in plain text: the path is unknown.
+		msg = fmt.Sprintf("%s is not served here (an agent older than this sockmeshctl?)", path)
 	}
 	return nil, &StatusError{Code: resp.StatusCode, Agent: c.where, Message: msg}
 }

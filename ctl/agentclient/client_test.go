@@ -139,6 +139,14 @@ func TestClient(t *testing.T) {
 			t.Errorf("Status() with no agent: %v", err)
 		}
 	})
+	t.Run("path not served", func(t *testing.T) {
+		// As an agent older than the client answers a newer endpoint.
+		_, err := local.get(ctx, "/v1/newer", nil, "application/json")
+		var se *StatusError
+		if !errors.As(err, &se) || se.Code != http.StatusNotFound || !strings.Contains(se.Message, "/v1/newer is not served here") {
+			t.Errorf("get(/v1/newer) = %v, want a 404 naming the path", err)
+		}
+	})
 	t.Run("no agent at the address", func(t *testing.T) {
 		// A port nothing listens on: listened on, then closed.
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
