@@ -243,6 +243,13 @@ func (c *ControlPlane) Run(ctx context.Context) error {
 		})
 	}
 
+	// retranslate fires when a judgement translate made by the time flips
+	// (Result.ChangesAt: a client certificate expires or becomes valid),
+	// which no object's change would signal. It starts stopped; each
+	// translation resets or stops it.
+	retranslate := time.NewTimer(maxRetranslateWait)
+	retranslate.Stop()
+	defer retranslate.Stop()
 	for {
 		select {
 		case <-ctx.Done():
@@ -259,14 +266,40 @@ func (c *ControlPlane) Run(ctx context.Context) error {
 			}
 		case <-resolved:
 		case <-readdressed:
+		case <-retranslate.C:
+			c.log.Debug("translating again: a judgement made by the time changes")
 		}
-		c.rebuild()
+		if wait := c.rebuild(); wait > 0 {
+			retranslate.Reset(wait)
+		} else {
+			retranslate.Stop()
+		}
 	}
 }
 
+// maxRetranslateWait caps the wait for a translation's ChangesAt: a
+// certificate valid for centuries (a wait no Duration holds) or
+// a wall clock that jumps costs one translation a day, never a timer that
+// waits for ever or fires in a loop.
+const maxRetranslateWait = 24 * time.Hour
+
+// retranslateWait is how long after a translation judged at now the loop
+// must translate again for changesAt (Result.ChangesAt, after now); zero:
+// never.
+func retranslateWait(now, changesAt time.Time) time.Duration {
+	if changesAt.IsZero() {
+		return 0
+	}
+	// Both are compared by wall clock, as translate compared them with the
+	// certificates' dates; Sub saturates instead of overflowing.
+	return min(changesAt.Sub(now), maxRetranslateWait)
+}
+
 // rebuild translates the source's current objects and publishes the result
-// if it differs from the current Snapshot.
-func (c *ControlPlane) rebuild() {
+// if it differs from the current Snapshot. It returns how long until the
+// loop must translate again though nothing changes (zero: not before a
+// change).
+func (c *ControlPlane) rebuild() time.Duration {
 	start := time.Now()
 	defer func() { c.m.rebuildDuration.Observe(time.Since(start).Seconds()) }()
 
@@ -287,8 +320,9 @@ func (c *ControlPlane) rebuild() {
 		c.m.rebuilds.WithLabelValues("error").Inc()
 		c.log.Error("translate failed; keeping the current snapshot", "err", err,
 			"snapshot_version", c.current.Load().Version)
-		return
+		return 0
 	}
+	wait := retranslateWait(in.Now, res.ChangesAt)
 	cur := c.current.Load()
 	// The first translation is published even when it is empty: version 0
 	// is never applied, and a node with nothing to capture (no pods yet)
@@ -300,14 +334,14 @@ func (c *ControlPlane) rebuild() {
 		res.Frontends, res.Backends, res.Workloads = cur.Frontends, cur.Backends, cur.Workloads
 		c.handOver(in, res)
 		c.m.rebuilds.WithLabelValues("unchanged").Inc()
-		return
+		return wait
 	}
 	next, err := snapshot.New(cur.Version+1, res.Frontends, res.Backends, res.Workloads)
 	if err != nil {
 		c.handOver(in, res)
 		c.m.rebuilds.WithLabelValues("error").Inc()
 		c.log.Error("build snapshot failed; keeping the current one", "err", err, "snapshot_version", cur.Version)
-		return
+		return wait
 	}
 	// The Snapshot shares the Result's slices, so handing the Result to the
 	// writers costs no copy.
@@ -321,6 +355,7 @@ func (c *ControlPlane) rebuild() {
 	c.m.version.Set(float64(next.Version))
 	c.log.Info("snapshot published", "snapshot_version", next.Version, "frontends", len(next.Frontends),
 		"backends", len(next.Backends), "workloads", len(next.Workloads), "duration", time.Since(start).Round(time.Microsecond))
+	return wait
 }
 
 // handOver makes a translation the writers' latest and wakes them.

@@ -11,6 +11,12 @@
 // trouble holds every write back. Writes reports what the Gate of the
 // term under way holds back (sockmeshctl status).
 //
+// Translate judges some objects by the time (a client certificate expired
+// or not yet valid); the loop translates again when the earliest such
+// judgement flips (Result.ChangesAt), on one timer that each translation
+// resets, waiting at most a day at a time, so status and Snapshot follow
+// the clock though no object changes.
+//
 // Versions increase by one with every published Snapshot; a rebuild that
 // yields the same Snapshot publishes nothing. Subscribers read the current
 // Snapshot by atomic pointer and wait on a channel that is closed when a

@@ -64,6 +64,15 @@ func testCerts(t *testing.T) map[string][]byte {
 	if err != nil {
 		t.Fatalf("create client certificate: %v", err)
 	}
+	// client-short.pem: the same key, a certificate that expires in 2026,
+	// the fixtures' year, for when the agent must translate again.
+	shortTmpl := *clientTmpl
+	shortTmpl.SerialNumber = big.NewInt(4)
+	shortTmpl.NotAfter = time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC)
+	shortDER, err := x509.CreateCertificate(nil, &shortTmpl, caCert, clientKey.Public(), caKey)
+	if err != nil {
+		t.Fatalf("create short client certificate: %v", err)
+	}
 	keyPEM := func(k ed25519.PrivateKey) []byte {
 		der, err := x509.MarshalPKCS8PrivateKey(k)
 		if err != nil {
@@ -73,11 +82,12 @@ func testCerts(t *testing.T) map[string][]byte {
 	}
 	certPEM := func(der []byte) []byte { return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}) }
 	return map[string][]byte{
-		"ca.pem":         certPEM(caDER),
-		"ca2.pem":        certPEM(ca2DER),
-		"client.pem":     certPEM(clientDER),
-		"client-key.pem": keyPEM(clientKey),
-		"other-key.pem":  keyPEM(otherKey),
+		"ca.pem":           certPEM(caDER),
+		"ca2.pem":          certPEM(ca2DER),
+		"client.pem":       certPEM(clientDER),
+		"client-short.pem": certPEM(shortDER),
+		"client-key.pem":   keyPEM(clientKey),
+		"other-key.pem":    keyPEM(otherKey),
 	}
 }
 

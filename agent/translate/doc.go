@@ -238,8 +238,10 @@
 // Result.EndpointSelectorServices. TLS None, ServerOnly or ClientAndServer
 // uses the same validation code as BackendTLSPolicy, plus the client key
 // pair from a Secret's tls.crt and tls.key: the key unencrypted, the
-// certificate valid at Input.Now. sessionPersistence maps to the
-// Snapshot's (a cookie without a name gets a stable generated one).
+// certificate valid at Input.Now (Result.ChangesAt is when that judgement
+// flips: its NotBefore, or just after its NotAfter). sessionPersistence
+// maps to the Snapshot's (a cookie without a name gets a stable generated
+// one).
 //
 // # XBackendTrafficPolicy (gateway.networking.x-k8s.io/v1alpha1)
 //

@@ -1,6 +1,8 @@
 package translate
 
 import (
+	"time"
+
 	corev1 "k8s.io/api/core/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
@@ -29,6 +31,12 @@ type Result struct {
 	// sockmeshctl shows these instead. In policy order (older first, as
 	// translate meets them), then target order.
 	Unrepresented []Unrepresented
+	// ChangesAt is the earliest instant after Input.Now at which a
+	// judgement Translate made by the time (a client certificate not yet
+	// valid, or valid until it expires) changes: the same objects
+	// translated then give another Result, so the agent translates again
+	// at that instant. Zero when no judgement depends on the time.
+	ChangesAt time.Time
 }
 
 // Unrepresented is one target of a policy whose status had no room for it

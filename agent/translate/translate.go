@@ -6,6 +6,7 @@ import (
 	"maps"
 	"net/netip"
 	"slices"
+	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -48,6 +49,7 @@ func Translate(in Input) (Result, error) {
 		},
 		EndpointSelectorServices: t.selectorServices,
 		Unrepresented:            t.unrepresented,
+		ChangesAt:                t.changesAt,
 	}
 	res.Frontends, res.Backends = t.snapshotParts()
 
@@ -96,6 +98,8 @@ type translator struct {
 	httpRouteStatus  map[types.NamespacedName][]gwv1.RouteParentStatus
 	grpcRouteStatus  map[types.NamespacedName][]gwv1.RouteParentStatus
 	selectorServices []*corev1.Service
+	// changesAt is Result.ChangesAt: judgedUntil keeps the earliest.
+	changesAt time.Time
 }
 
 // portKey names a Service port by number (TCP ports are unique by number).
@@ -225,6 +229,14 @@ func (t *translator) ClusterTrustBundle(name string) *certificatesv1.ClusterTrus
 // CertCache lets the policies and XBackends of this call share their CA
 // bundles' parsing (tlsvalidation.CertCacher).
 func (t *translator) CertCache() *tlsvalidation.CertCache { return &t.certs }
+
+// judgedUntil records that a judgement made by Input.Now changes at when
+// (zero: never), for Result.ChangesAt.
+func (t *translator) judgedUntil(when time.Time) {
+	if when.After(t.in.Now) && (t.changesAt.IsZero() || when.Before(t.changesAt)) {
+		t.changesAt = when
+	}
+}
 
 // capturePort records a captured Service port leading to b, with its mesh
 // route table, and b (the first time it is seen).

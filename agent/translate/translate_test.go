@@ -61,6 +61,7 @@ type golden struct {
 	EndpointSelectorServices []*corev1.Service         `json:"endpointSelectorServices,omitempty"`
 	Status                   goldenStatus              `json:"status"`
 	Unrepresented            []translate.Unrepresented `json:"unrepresented,omitempty"`
+	ChangesAt                time.Time                 `json:"changesAt,omitzero"`
 }
 
 type goldenStatus struct {
@@ -87,6 +88,7 @@ func toGolden(r translate.Result) golden {
 			XMeshes:                 r.Status.XMeshes,
 		},
 		Unrepresented: r.Unrepresented,
+		ChangesAt:     r.ChangesAt,
 	}
 }
 
@@ -118,6 +120,7 @@ func TestTranslate(t *testing.T) {
 				t.Fatalf("Translate(%s) error: %v", in, err)
 			}
 			checkDeterministic(t, input, res)
+			checkChangesAt(t, input, res)
 			checkResult(t, res)
 			got := toGolden(res)
 			out := strings.TrimSuffix(in, ".in.yaml") + ".out.yaml"
@@ -181,6 +184,38 @@ func checkDeterministic(t *testing.T, in translate.Input, first translate.Result
 	b, _ := json.Marshal(toGolden(second))
 	if !bytes.Equal(a, b) {
 		t.Errorf("Translate depends on input order:\n%s", cmp.Diff(string(a), string(b)))
+	}
+}
+
+// checkChangesAt translates again just before Result.ChangesAt, requiring
+// the same Result, and at it, requiring another: ChangesAt is exactly when
+// a judgement made by the time flips, so the agent's re-translation then
+// is neither early nor late.
+func checkChangesAt(t *testing.T, in translate.Input, first translate.Result) {
+	t.Helper()
+	if first.ChangesAt.IsZero() {
+		return
+	}
+	if !first.ChangesAt.After(in.Now) {
+		t.Fatalf("ChangesAt %s is not after Now %s", first.ChangesAt, in.Now)
+	}
+	at := func(now time.Time) golden {
+		again := in
+		again.Now = now
+		res, err := translate.Translate(again)
+		if err != nil {
+			t.Fatalf("Translate at %s error: %v", now, err)
+		}
+		return toGolden(res)
+	}
+	want := toGolden(first)
+	if diff := cmp.Diff(want, at(first.ChangesAt.Add(-time.Nanosecond)), cmpOpts...); diff != "" {
+		t.Errorf("Translate just before ChangesAt %s differs (-at Now +just before):\n%s", first.ChangesAt, diff)
+	}
+	after := at(first.ChangesAt)
+	after.ChangesAt = want.ChangesAt // the rest must differ
+	if cmp.Equal(want, after, cmpOpts...) {
+		t.Errorf("Translate at ChangesAt %s gives the Result of Now %s", first.ChangesAt, in.Now)
 	}
 }
 

@@ -194,7 +194,8 @@ func (t *translator) xbackendTLS(e *xbackendEval, mode gwxv1alpha1.BackendTLSMod
 	case mode == gwxv1alpha1.BackendTLSModeClientAndServer && spec.ClientCertificateRef == nil:
 		bad("tls.clientCertificateRef must be set when tls.mode is ClientAndServer")
 	case mode == gwxv1alpha1.BackendTLSModeClientAndServer:
-		crt, key, p := tlsvalidation.ClientCertificate(spec.ClientCertificateRef, e.xb.Namespace, t, t.in.Now)
+		cc, p := tlsvalidation.ClientCertificate(spec.ClientCertificateRef, e.xb.Namespace, t, t.in.Now)
+		t.judgedUntil(cc.ChangesAt)
 		if p != nil {
 			bad("tls.%s", p.Message)
 			if e.resolvedRefs == nil {
@@ -205,7 +206,7 @@ func (t *translator) xbackendTLS(e *xbackendEval, mode gwxv1alpha1.BackendTLSMod
 			break
 		}
 		tls.Mode = snapshot.TLSMutual
-		tls.ClientCertificatePEM, tls.ClientKeyPEM = crt, key
+		tls.ClientCertificatePEM, tls.ClientKeyPEM = cc.CertPEM, cc.KeyPEM
 	}
 	e.backend.TLS = &tls
 	return noValidCA

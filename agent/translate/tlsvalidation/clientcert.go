@@ -11,6 +11,19 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 )
 
+// ClientCert is a client key pair ClientCertificate resolved.
+type ClientCert struct {
+	// CertPEM and KeyPEM are the Secret's tls.crt and tls.key; empty when
+	// there is a Problem.
+	CertPEM, KeyPEM string
+	// ChangesAt is the first instant after now at which the judgement of
+	// the certificate's validity changes: its NotBefore while it is not yet
+	// valid, the nanosecond after its NotAfter (RFC 5280 §4.1.2.5: the
+	// period includes both) while it is valid. Zero when no time changes
+	// the judgement: expired, or refused for something else.
+	ChangesAt time.Time
+}
+
 // ClientCertificate resolves an XBackend's clientCertificateRef in
 // namespace: a core Secret in the same namespace (cross-namespace
 // references would need a ReferenceGrant, which sockmesh does not support)
@@ -18,9 +31,9 @@ import (
 // certificate valid at now. The Problem's reason is InvalidKind,
 // RefNotPermitted or InvalidCertificateRef; its message never contains key
 // material.
-func ClientCertificate(ref *gwv1.SecretObjectReference, namespace string, objs Objects, now time.Time) (certPEM, keyPEM string, p *Problem) {
+func ClientCertificate(ref *gwv1.SecretObjectReference, namespace string, objs Objects, now time.Time) (ClientCert, *Problem) {
 	if ref == nil {
-		return "", "", &Problem{Reason: ReasonInvalidCertificateRef, Message: "clientCertificateRef is not set"}
+		return ClientCert{}, &Problem{Reason: ReasonInvalidCertificateRef, Message: "clientCertificateRef is not set"}
 	}
 	group, kind := "", "Secret"
 	if ref.Group != nil {
@@ -30,45 +43,46 @@ func ClientCertificate(ref *gwv1.SecretObjectReference, namespace string, objs O
 		kind = string(*ref.Kind)
 	}
 	if group != "" || kind != "Secret" {
-		return "", "", &Problem{Reason: ReasonInvalidKind,
+		return ClientCert{}, &Problem{Reason: ReasonInvalidKind,
 			Message: fmt.Sprintf("clientCertificateRef %s %s (group %q): only core Secrets are supported", kind, ref.Name, group)}
 	}
 	if ref.Namespace != nil && string(*ref.Namespace) != namespace && *ref.Namespace != "" {
-		return "", "", &Problem{Reason: ReasonRefNotPermitted,
+		return ClientCert{}, &Problem{Reason: ReasonRefNotPermitted,
 			Message: fmt.Sprintf("clientCertificateRef Secret %s/%s is in another namespace; sockmesh only uses Secrets in %s", *ref.Namespace, ref.Name, namespace)}
 	}
 	what := "clientCertificateRef Secret " + namespace + "/" + string(ref.Name)
 	s := objs.Secret(namespace, string(ref.Name))
 	if s == nil {
-		return "", "", &Problem{Reason: ReasonInvalidCertificateRef, Message: what + ": not found"}
+		return ClientCert{}, &Problem{Reason: ReasonInvalidCertificateRef, Message: what + ": not found"}
 	}
 	crt, key := s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey]
 	if len(crt) == 0 || len(key) == 0 {
-		return "", "", &Problem{Reason: ReasonInvalidCertificateRef,
+		return ClientCert{}, &Problem{Reason: ReasonInvalidCertificateRef,
 			Message: fmt.Sprintf("%s: needs keys %s and %s", what, corev1.TLSCertKey, corev1.TLSPrivateKeyKey)}
 	}
 	if encrypted(key) {
-		return "", "", &Problem{Reason: ReasonInvalidCertificateRef,
+		return ClientCert{}, &Problem{Reason: ReasonInvalidCertificateRef,
 			Message: fmt.Sprintf("%s: %s is encrypted, and the proxy has no passphrase for it; store the key unencrypted", what, corev1.TLSPrivateKeyKey)}
 	}
 	// X509KeyPair checks that the key matches the leaf certificate. Its
 	// errors describe PEM structure, never key bytes.
 	pair, err := tls.X509KeyPair(crt, key)
 	if err != nil {
-		return "", "", &Problem{Reason: ReasonInvalidCertificateRef, Message: fmt.Sprintf("%s: not a valid key pair: %v", what, err)}
+		return ClientCert{}, &Problem{Reason: ReasonInvalidCertificateRef, Message: fmt.Sprintf("%s: not a valid key pair: %v", what, err)}
 	}
 	// A backend refuses a certificate outside its validity (RFC 5280
 	// §4.1.2.5), and the app would see only a failed handshake: say so
-	// here, where the owner reads it. Judged when the agent translates.
-	switch leaf := pair.Leaf; {
+	// here, where the owner reads it. The caller judges again at ChangesAt.
+	leaf := pair.Leaf
+	switch {
 	case now.Before(leaf.NotBefore):
-		return "", "", &Problem{Reason: ReasonInvalidCertificateRef,
+		return ClientCert{ChangesAt: leaf.NotBefore}, &Problem{Reason: ReasonInvalidCertificateRef,
 			Message: fmt.Sprintf("%s: the %s certificate is not valid before %s", what, corev1.TLSCertKey, leaf.NotBefore.UTC().Format(time.RFC3339))}
 	case now.After(leaf.NotAfter):
-		return "", "", &Problem{Reason: ReasonInvalidCertificateRef,
+		return ClientCert{}, &Problem{Reason: ReasonInvalidCertificateRef,
 			Message: fmt.Sprintf("%s: the %s certificate expired at %s", what, corev1.TLSCertKey, leaf.NotAfter.UTC().Format(time.RFC3339))}
 	}
-	return string(crt), string(key), nil
+	return ClientCert{CertPEM: string(crt), KeyPEM: string(key), ChangesAt: leaf.NotAfter.Add(time.Nanosecond)}, nil
 }
 
 // encrypted reports whether the first private key block of keyPEM is

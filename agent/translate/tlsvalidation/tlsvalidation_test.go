@@ -198,42 +198,59 @@ func TestApplyOptions(t *testing.T) {
 // material: a key that is not the certificate's, an encrypted key (the
 // proxy has no passphrase), a certificate expired or not yet valid at
 // translation (a backend refuses it, and the app saw only a handshake
-// failure while status said all was resolved).
+// failure while status said all was resolved). ChangesAt is when the
+// judgement of its validity flips: just after NotAfter for a valid
+// certificate, NotBefore for one not yet valid, never for one expired or
+// refused for something else.
 func TestClientCertificate(t *testing.T) {
 	key := cert(t, "client-key.pem")
 	keyBody := strings.Split(key, "\n")[1]
 	crt := []byte(cert(t, "client.pem"))
 	// What an encrypted key holds is no PKCS #8 (or PKCS #1) structure.
 	sealed := base64.StdEncoding.EncodeToString([]byte("encrypted key bytes"))
-	valid := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC) // client.pem: 2026 to 2046
+	// client.pem is valid from notBefore to notAfter, both included.
+	notBefore, notAfter := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2046, 1, 1, 0, 0, 0, 0, time.UTC)
+	valid := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
+	pair := map[string][]byte{"tls.crt": crt, "tls.key": []byte(key)}
 	for _, c := range []struct {
-		name string
-		data map[string][]byte
-		now  time.Time
-		want string // in the message; "" for a valid pair
+		name    string
+		data    map[string][]byte
+		now     time.Time
+		want    string    // in the message; "" for a valid pair
+		changes time.Time // ChangesAt
 	}{
-		{"valid", map[string][]byte{"tls.crt": crt, "tls.key": []byte(key)}, valid, ""},
-		{"swapped", map[string][]byte{"tls.crt": []byte(key), "tls.key": crt}, valid, "not a valid key pair"},
-		{"mismatch", map[string][]byte{"tls.crt": crt, "tls.key": []byte(cert(t, "other-key.pem"))}, valid, "not a valid key pair"},
-		{"garbage", map[string][]byte{"tls.crt": crt, "tls.key": []byte("-----BEGIN PRIVATE KEY-----\n" + keyBody + "x\n-----END PRIVATE KEY-----\n")}, valid, "not a valid key pair"},
+		{"valid", pair, valid, "", notAfter.Add(time.Nanosecond)},
+		{"valid at notBefore", pair, notBefore, "", notAfter.Add(time.Nanosecond)},
+		{"valid at notAfter", pair, notAfter, "", notAfter.Add(time.Nanosecond)},
+		{"swapped", map[string][]byte{"tls.crt": []byte(key), "tls.key": crt}, valid, "not a valid key pair", time.Time{}},
+		{"mismatch", map[string][]byte{"tls.crt": crt, "tls.key": []byte(cert(t, "other-key.pem"))}, valid, "not a valid key pair", time.Time{}},
+		{"garbage", map[string][]byte{"tls.crt": crt, "tls.key": []byte("-----BEGIN PRIVATE KEY-----\n" + keyBody + "x\n-----END PRIVATE KEY-----\n")}, valid, "not a valid key pair", time.Time{}},
 		{"encrypted PKCS #8", map[string][]byte{"tls.crt": crt,
-			"tls.key": []byte("-----BEGIN ENCRYPTED PRIVATE KEY-----\n" + sealed + "\n-----END ENCRYPTED PRIVATE KEY-----\n")}, valid, "tls.key is encrypted"},
+			"tls.key": []byte("-----BEGIN ENCRYPTED PRIVATE KEY-----\n" + sealed + "\n-----END ENCRYPTED PRIVATE KEY-----\n")}, valid, "tls.key is encrypted", time.Time{}},
 		{"encrypted PEM (RFC 1421)", map[string][]byte{"tls.crt": crt,
-			"tls.key": []byte("-----BEGIN EC PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,00112233445566778899AABBCCDDEEFF\n\n" + sealed + "\n-----END EC PRIVATE KEY-----\n")}, valid, "tls.key is encrypted"},
-		{"expired", map[string][]byte{"tls.crt": crt, "tls.key": []byte(key)}, time.Date(2046, 6, 1, 0, 0, 0, 0, time.UTC), "expired at 2046-01-01T00:00:00Z"},
-		{"not yet valid", map[string][]byte{"tls.crt": crt, "tls.key": []byte(key)}, time.Date(2025, 6, 1, 0, 0, 0, 0, time.UTC), "not valid before 2026-01-01T00:00:00Z"},
+			"tls.key": []byte("-----BEGIN EC PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,00112233445566778899AABBCCDDEEFF\n\n" + sealed + "\n-----END EC PRIVATE KEY-----\n")}, valid, "tls.key is encrypted", time.Time{}},
+		{"expired", pair, time.Date(2046, 6, 1, 0, 0, 0, 0, time.UTC), "expired at 2046-01-01T00:00:00Z", time.Time{}},
+		{"expired a nanosecond ago", pair, notAfter.Add(time.Nanosecond), "expired at 2046-01-01T00:00:00Z", time.Time{}},
+		{"not yet valid", pair, time.Date(2025, 6, 1, 0, 0, 0, 0, time.UTC), "not valid before 2026-01-01T00:00:00Z", notBefore},
+		{"valid in a nanosecond", pair, notBefore.Add(-time.Nanosecond), "not valid before 2026-01-01T00:00:00Z", notBefore},
 	} {
 		objs := objects{secrets: map[string]*corev1.Secret{"apps/c": {Data: c.data}}}
-		gotCrt, gotKey, p := tlsvalidation.ClientCertificate(&gwv1.SecretObjectReference{Name: "c"}, "apps", objs, c.now)
+		got, p := tlsvalidation.ClientCertificate(&gwv1.SecretObjectReference{Name: "c"}, "apps", objs, c.now)
+		if !got.ChangesAt.Equal(c.changes) {
+			t.Errorf("%s: ClientCertificate at %s: ChangesAt %s, want %s", c.name, c.now, got.ChangesAt, c.changes)
+		}
 		if c.want == "" {
-			if p != nil || gotCrt != string(crt) || gotKey != key {
-				t.Errorf("%s: ClientCertificate = %q, %q, %v; want the pair", c.name, gotCrt, gotKey, p)
+			if p != nil || got.CertPEM != string(crt) || got.KeyPEM != key {
+				t.Errorf("%s: ClientCertificate = %q, %q, %v; want the pair", c.name, got.CertPEM, got.KeyPEM, p)
 			}
 			continue
 		}
 		if p == nil || p.Reason != tlsvalidation.ReasonInvalidCertificateRef || !strings.Contains(p.Message, c.want) {
 			t.Errorf("%s: ClientCertificate = %v, want InvalidCertificateRef saying %q", c.name, p, c.want)
 			continue
+		}
+		if got.CertPEM != "" || got.KeyPEM != "" {
+			t.Errorf("%s: ClientCertificate refused the pair but returned it", c.name)
 		}
 		if strings.Contains(p.Message, keyBody[:20]) || strings.Contains(p.Message, sealed[:12]) {
 			t.Errorf("%s: message leaks key material: %s", c.name, p.Message)
