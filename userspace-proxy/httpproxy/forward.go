@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net"
 	"net/http"
 	"net/http/httptrace"
 	"net/textproto"
@@ -163,7 +162,7 @@ func (h *Handler) refuseBrokenBody(w http.ResponseWriter, r *http.Request, x *ex
 		return false
 	}
 	if appLeft(r, broken) {
-		h.fail(w, r, x, upstream.ReasonCanceled, err) // aborts the request
+		h.fail(w, r, x, upstream.ReasonCanceled, broken) // aborts the request
 		return true
 	}
 	h.refuseBody(w, r, x, broken, "upstream_err", err)
@@ -172,31 +171,14 @@ func (h *Handler) refuseBrokenBody(w http.ResponseWriter, r *http.Request, x *ex
 
 // bodyFailed fails r, whose body the proxy read itself before the request
 // went (readBody: kept for its rule's retries or mirrors, or for its
-// ExternalAuth server) and could not, as the fast path's bodyFailed does:
-// the rule's request timeout and a stall as readFailed says; a body that
-// broke off or is malformed is refused (refuseBody), unless its app left.
+// ExternalAuth server) and could not, as the fast path's bodyFailed does
+// (bodyReadFailed decides for both).
 func (h *Handler) bodyFailed(w http.ResponseWriter, r *http.Request, x *exchange, err error) {
-	if reason := readFailed(err); reason != upstream.ReasonCanceled || appLeft(r, err) {
+	if reason, refuse := bodyReadFailed(r, err); !refuse {
 		h.fail(w, r, x, reason, err)
 		return
 	}
 	h.refuseBody(w, r, x, err)
-}
-
-// appLeft reports whether r's app left, where reading its body failed
-// with err. On HTTP/2 its context says so: the app reset its stream, or
-// its connection ended; a body that broke with the stream open (shorter
-// than its Content-Length) leaves it be. net/http's HTTP/1 server cancels
-// the context at the app's end of stream too, which is no leaving in the
-// middle of a body: as on the fast path, a half-close there breaks the
-// body off (400). The app left if its connection failed (a reset, or
-// closed by the server).
-func appLeft(r *http.Request, err error) bool {
-	if r.ProtoMajor != 1 {
-		return r.Context().Err() != nil
-	}
-	var conn *net.OpError
-	return errors.As(err, &conn)
 }
 
 // refuseBody answers r, whose body broke off or proved malformed (err),

@@ -874,25 +874,30 @@ func TestBrokenBodyNoFalseAnswer(t *testing.T) {
 }
 
 // TestBrokenBodyAppGone: an app that leaves in the middle of its body —
-// an HTTP/1 app on net/http's server resets its connection, an HTTP/2 app
-// its stream — is counted canceled, not answered, whether its body was
-// forwarded, kept for a rule's retries (an HTTP/1 body that waits for 100
-// Continue is forwarded instead) or read for the authorization server:
-// unlike one whose body a half-close broke off
+// an HTTP/1 app resets its connection (on the fast path, or on net/http's
+// server), an HTTP/2 app its stream — is counted canceled, not answered,
+// whether its body was forwarded, kept for a rule's retries (an HTTP/1
+// body that waits for 100 Continue is forwarded instead) or read for the
+// authorization server: unlike one whose body a half-close broke off
 // (TestBrokenBodyNoFalseAnswer), whose connection can still carry the
-// 400. The app waits for the 100 Continue, which net/http's servers send
-// at the proxy's first read of the body, so that it leaves during that
-// read.
+// 400. The app waits for the 100 Continue, which the backend (the fast
+// path, and a rule's retries forward it the Expect) or net/http's servers
+// (at the proxy's first read of the body) send, so that it leaves during
+// that read. The fast path counted its 400 as answered.
 func TestBrokenBodyAppGone(t *testing.T) {
-	for _, app := range []string{"http1", "http2"} {
+	for _, app := range []string{"fast", "http1", "http2"} {
 		for _, kind := range brokenBodyKinds {
 			for _, proto := range []snapshot.Protocol{snapshot.ProtocolHTTP11, snapshot.ProtocolH2C} {
 				t.Run(app+"/"+kind+"/"+string(proto), func(t *testing.T) {
 					fx := newFixture(t, Config{}, snapshot.Backend{})
 					asked := brokenBodyRoute(fx, kind, proto)
-					if app == "http1" {
-						resetInBody(fx)
-					} else {
+					switch app {
+					case "fast":
+						resetInBody(fx, fx.dial())
+					case "http1":
+						fx.serveL7(false)
+						resetInBody(fx, fx.dialL7())
+					default:
 						cancelInBody(fx)
 					}
 					var answered, canceled float64
@@ -913,12 +918,10 @@ func TestBrokenBodyAppGone(t *testing.T) {
 	}
 }
 
-// resetInBody sends an HTTP/1.1 request to net/http's server (serveL7)
-// and resets its connection after part of its body.
-func resetInBody(fx *fixture) {
+// resetInBody sends an HTTP/1.1 request on cl and resets its connection
+// after part of its body.
+func resetInBody(fx *fixture, cl *client) {
 	fx.t.Helper()
-	fx.serveL7(false)
-	cl := fx.dialL7()
 	cl.c.SetDeadline(time.Now().Add(10 * time.Second))
 	cl.send("POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n")
 	if resp, err := http.ReadResponse(cl.r, &http.Request{Method: http.MethodPost}); err != nil || resp.StatusCode != http.StatusContinue {

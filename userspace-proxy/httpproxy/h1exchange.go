@@ -763,10 +763,16 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 // net/http's Transport resets the stream), and reports whether it did. As
 // the proxy's other answers to a rule's request, it carries the rule's
 // headers: without its CORS headers, a page's script would see a CORS
-// error rather than the 400.
+// error rather than the 400. An app that reset its connection in the
+// middle of its body left (appLeft): it gets nothing, counted canceled,
+// as on net/http's path.
 func (s *h1Conn) refuseBrokenBody(req *http.Request, x *exchange, err error) bool {
 	if !s.sent.failed() {
 		return false
+	}
+	if appLeft(req, s.sent.err) {
+		s.fail(req, x, upstream.ReasonCanceled, s.sent.err)
+		return true
 	}
 	s.refuseBody(req, x, s.sent.err, "upstream_err", err)
 	return true
@@ -774,11 +780,12 @@ func (s *h1Conn) refuseBrokenBody(req *http.Request, x *exchange, err error) boo
 
 // bodyFailed fails req, whose body the proxy read itself before the
 // request went (readBody: kept for its rule's retries or mirrors, or for
-// its ExternalAuth server) and could not: the rule's request timeout and
-// a stall as readFailed says; a body that broke off or is malformed gets
-// the 400 a forwarded one gets (refuseBrokenBody), not silence.
+// its ExternalAuth server) and could not, as net/http's path does
+// (bodyReadFailed decides for both): a body that broke off or is
+// malformed gets the 400 a forwarded one gets (refuseBrokenBody), not
+// silence.
 func (s *h1Conn) bodyFailed(req *http.Request, x *exchange, err error) bool {
-	if reason := readFailed(err); reason != upstream.ReasonCanceled {
+	if reason, refuse := bodyReadFailed(req, err); !refuse {
 		return s.fail(req, x, reason, err)
 	}
 	s.refuseBody(req, x, err)

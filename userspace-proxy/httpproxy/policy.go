@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -283,7 +284,7 @@ func (h *Handler) keepBody(x *exchange, r *http.Request, expects bool) error {
 // read itself (readBody): the rule's request timeout (504), the stall
 // watch's (the app reset), else the app left (canceled), or broke the
 // body off or sent it malformed, which both L7 paths answer 400
-// (bodyFailed).
+// (bodyReadFailed tells which).
 func readFailed(err error) upstream.Reason {
 	switch {
 	case errors.Is(err, errRequestTimeout):
@@ -292,6 +293,35 @@ func readFailed(err error) upstream.Reason {
 		return upstream.ReasonAppStalled
 	}
 	return upstream.ReasonCanceled
+}
+
+// bodyReadFailed says how r fails, whose body the proxy read itself
+// (readBody) and could not, err: refuse when the app broke the body off
+// or sent it malformed and is there to read the 400 (refuseBody), else
+// with reason (readFailed: the rule's request timeout, a stall, or
+// canceled when the app left, appLeft). Both L7 paths' bodyFailed ask it.
+func bodyReadFailed(r *http.Request, err error) (reason upstream.Reason, refuse bool) {
+	reason = readFailed(err)
+	return reason, reason == upstream.ReasonCanceled && !appLeft(r, err)
+}
+
+// appLeft reports whether r's app left, where reading its body failed
+// with err. On HTTP/2 its context says so: the app reset its stream, or
+// its connection ended; a body that broke with the stream open (shorter
+// than its Content-Length) leaves it be. On HTTP/1 (the fast path, and
+// net/http's server, which cancels the context at the app's end of
+// stream too) the app left if its connection failed (*net.OpError: a
+// reset, or closed by the server); a half-close in the middle of a body
+// only breaks the body off (400), and a malformed chunk is the parser's
+// error. The deadlines a body's read runs under fail as the request
+// timeout or a stall (readFailed), or are the proxy's own ending of the
+// read (the fast path's finish and halt), never a broken body.
+func appLeft(r *http.Request, err error) bool {
+	if r.ProtoMajor != 1 {
+		return r.Context().Err() != nil
+	}
+	var conn *net.OpError
+	return errors.As(err, &conn)
 }
 
 // resend is the body of x's request again for a stream net/http's HTTP/2
