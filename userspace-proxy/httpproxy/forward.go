@@ -506,11 +506,16 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 	if x.r != nil {
 		h.applyRoute(x, up, r.Host, false, true) // no body to keep: cannot fail
 	}
-	resp, c, err := x.roundTripAny(be.RoundTripper(upstream.WireH1), up, c)
+	// Under the rule's timeouts and retries, as an HTTP/1 app's upgrade: a
+	// 101 that comes as a timeout passes finds its connection cut
+	// (upstream's h1Transport), and fails as the timeout (504). One that
+	// came before is the WebSocket's, which no route timeout bounds.
+	resp, c, done, err := h.roundTrip(x, upstream.WireH1, up, c)
 	if err != nil {
 		h.fail(w, r, x, upstream.Classify(err), err)
 		return
 	}
+	defer done()
 	defer func() {
 		if resp.Body != nil {
 			resp.Body.Close()

@@ -2,6 +2,7 @@ package httpproxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -17,6 +18,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
@@ -56,6 +59,53 @@ func (f *fixture) serveL7(h2c bool) *http.Client {
 	}
 	f.t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+}
+
+// extendedConnect opens an RFC 8441 WebSocket stream to path over c, a
+// connection to net/http's h2c server (serveL7; TestMain has it take
+// extended CONNECT), and returns its answer's :status. Go's HTTP/2 clients refuse to send :protocol
+// (go.dev/issue/53208): it speaks frames through x/net/http2's Framer.
+func extendedConnect(t *testing.T, c net.Conn, path string) string {
+	t.Helper()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(c, c)
+	fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	for opened := false; ; {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("read frame: %v", err)
+		}
+		switch f := f.(type) {
+		case *http2.SettingsFrame:
+			if f.IsAck() || opened {
+				continue
+			}
+			if v, ok := f.Value(http2.SettingEnableConnectProtocol); !ok || v != 1 {
+				t.Fatal("the server does not take extended CONNECT")
+			}
+			var hb bytes.Buffer
+			enc := hpack.NewEncoder(&hb)
+			for _, kv := range [][2]string{{":method", "CONNECT"}, {":protocol", "websocket"}, {":scheme", "http"},
+				{":path", path}, {":authority", "echo.b.svc"}, {"sec-websocket-version", "13"}} {
+				enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+			}
+			fr.WriteSettingsAck()
+			if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndHeaders: true}); err != nil {
+				t.Fatal(err)
+			}
+			opened = true
+		case *http2.MetaHeadersFrame:
+			return f.PseudoValue("status")
+		case *http2.RSTStreamFrame:
+			t.Fatalf("stream reset: %v", f.ErrCode)
+		}
+	}
 }
 
 // TestStreamByteNotHeld: a streamed answer's byte that came alone (a

@@ -1644,8 +1644,18 @@ func TestSwitchNotAskedForWhileBodySent(t *testing.T) {
 // TestSwitchAtTimeout: a 101 that came as its rule's timeout passed (the
 // timeout cut the upstream connection once the answer's head was read)
 // fails as the timeout: 504, counted timeout, as an answer whose head the
-// timeout cut. It was counted protocol, blaming the backend.
+// timeout cut — on the fast path, on net/http's HTTP/1 server, and for
+// an HTTP/2 app's extended CONNECT (RFC 8441), bridged to an HTTP/1.1
+// Upgrade. The fast path counted it protocol, blaming the backend; the
+// bridge applied no route timeout at all, and waited for the 101 for as
+// long as the backend took.
 func TestSwitchAtTimeout(t *testing.T) {
+	for _, app := range []string{"fast", "http1", "h2"} {
+		t.Run(app, func(t *testing.T) { testSwitchAtTimeout(t, app) })
+	}
+}
+
+func testSwitchAtTimeout(t *testing.T, app string) {
 	ep := serveRaw(t, func(conn net.Conn) {
 		if _, err := http.ReadRequest(bufio.NewReader(conn)); err != nil {
 			return
@@ -1669,10 +1679,19 @@ func TestSwitchAtTimeout(t *testing.T) {
 				Rules: []snapshot.RouteRule{{Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: backendRef}},
 					Timeouts: &c.timeouts}},
 			}})
-			cl := f.dial()
-			cl.send("GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
-			if resp, _ := cl.read(http.MethodGet); resp.StatusCode != http.StatusGatewayTimeout {
-				t.Errorf("answer %s, want 504", resp.Status)
+			status := ""
+			switch app {
+			case "fast":
+				status = upgradeStatus(f.dial())
+			case "http1":
+				f.serveL7(false)
+				status = upgradeStatus(f.dialL7())
+			default:
+				f.serveL7(true)
+				status = extendedConnect(t, f.dialL7().c, "/ws")
+			}
+			if status != "504" {
+				t.Errorf("answer %s, want 504", status)
 			}
 			for _, reason := range []string{"timeout", "protocol"} {
 				want := 0.0
@@ -1687,9 +1706,18 @@ func TestSwitchAtTimeout(t *testing.T) {
 	}
 }
 
+// upgradeStatus sends a WebSocket upgrade on cl and returns its answer's
+// status code.
+func upgradeStatus(cl *client) string {
+	cl.send("GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+	resp, _ := cl.read(http.MethodGet)
+	return strconv.Itoa(resp.StatusCode)
+}
+
 // lateDialer dials with Dialer; a read of its connections that brings a
-// 101 returns only once a deadline in the past was set on the connection
-// (a route's timeout cutting it): the answer came as the timeout passed.
+// 101 returns only once a deadline in the past was set on the connection,
+// or it was closed (a route's timeout cutting it): the answer came as the
+// timeout passed.
 type lateDialer struct{ dial.Dialer }
 
 func (d lateDialer) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error) {
@@ -1719,6 +1747,13 @@ func (c *lateConn) SetDeadline(t time.Time) error {
 		c.once.Do(func() { close(c.cut) })
 	}
 	return c.Conn.SetDeadline(t)
+}
+
+// Close is a cut too: net/http's path ends an attempt by closing its
+// connection (upstream's h1Transport).
+func (c *lateConn) Close() error {
+	c.once.Do(func() { close(c.cut) })
+	return c.Conn.Close()
 }
 
 // TestRouteTimeoutPanicContained: a panic in a route timeout's timer
