@@ -24,7 +24,8 @@ import (
 )
 
 // The fast path's answers to the client: framing, body streaming, upgrades,
-// informational answers and the proxy's own error answers.
+// informational answers and the proxy's own error answers (a broken
+// request body's 400 among them).
 
 // framing is how an answer's body is delimited toward the client.
 type framing uint8
@@ -511,6 +512,51 @@ func (s *h1Conn) writePlain(req *http.Request, x *exchange, code int, body []byt
 	plainText(h)
 	return s.writeLocal(req, code, h, "", body)
 }
+
+// refuseBrokenBody answers 400 and ends the connection when the exchange
+// failed after the request's body broke off or proved malformed (the
+// backend could not answer it: the watch ends the wait, clientWatch.fire;
+// net/http's Transport resets the stream), and reports whether it did. As
+// the proxy's other answers to a rule's request, it carries the rule's
+// headers: without its CORS headers, a page's script would see a CORS
+// error rather than the 400. An app that reset its connection in the
+// middle of its body left (appLeft): it gets nothing, counted canceled,
+// as on net/http's path.
+func (s *h1Conn) refuseBrokenBody(req *http.Request, x *exchange, err error) bool {
+	if !s.sent.failed() {
+		return false
+	}
+	if appLeft(req, s.sent.err) {
+		s.fail(req, x, upstream.ReasonCanceled, s.sent.err)
+		return true
+	}
+	s.refuseBody(req, x, s.sent.err, "upstream_err", err)
+	return true
+}
+
+// bodyFailed fails req, whose body the proxy read itself before the
+// request went (readBody: kept for its rule's retries or mirrors, or for
+// its ExternalAuth server) and could not, as net/http's path does
+// (bodyReadFailed decides for both): a body that broke off or is
+// malformed gets the 400 a forwarded one gets (refuseBrokenBody), not
+// silence.
+func (s *h1Conn) bodyFailed(req *http.Request, x *exchange, err error) bool {
+	if reason, refuse := bodyReadFailed(req, err); !refuse {
+		return s.fail(req, x, reason, err)
+	}
+	s.refuseBody(req, x, err)
+	return false
+}
+
+// refuseBody answers 400 to req, whose body broke off or proved malformed
+// (err), counts it, and the connection ends; attrs add to the log line.
+func (s *h1Conn) refuseBody(req *http.Request, x *exchange, err error, attrs ...any) {
+	s.h.log.Debug("request body broken", append(attrs, "service", x.fe.Service.String(), "client", s.t.client(), "err", err)...)
+	s.writePlain(req, x, http.StatusBadRequest, badRequest)
+	s.count(x, http.StatusBadRequest)
+}
+
+var badRequest = []byte("400 Bad Request")
 
 // answerLocally writes a route's own answer (a redirect, a CORS preflight's, 404, 500).
 func (s *h1Conn) answerLocally(req *http.Request, x *exchange) bool {

@@ -5,16 +5,20 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
+	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
-// Request bodies on the fast path: held back until 100 Continue, and
-// watched while net/http's Transport reads them.
+// Request bodies on the fast path: held back until 100 Continue, written
+// upstream by a goroutine of their own (sentBody, finish), and watched
+// while net/http's Transport reads them.
 
 // continueReader holds back a body the client sends only after a 100
 // Continue: on the first read it waits until the backend sends its 100
@@ -147,4 +151,119 @@ func (b *bodyTracker) end(err error) {
 		b.over = true
 		b.done <- err
 	}
+}
+
+// finish waits for the goroutine sending the request body, if any, and
+// reports whether the body went out whole. One still reading the client's
+// body when the answer is over means the backend answered before the body
+// ended: it is stopped (the client read and the upstream write time out at
+// once), and neither connection can carry another request. One that read
+// the client's body whole is at most writing its tail upstream (the
+// backend may well have answered after reading it): it gets bodyTailWait
+// to report.
+func (s *h1Conn) finish(body chan error, uc *pool.Conn) bool {
+	if body == nil {
+		return true
+	}
+	select {
+	case err := <-body:
+		// net/http's Transport may have given up on the body (an early
+		// answer): what the client still sends is unread, and the close
+		// must linger for the answer to reach it.
+		s.unread = s.unread || err != nil && s.sent.unread()
+		return err == nil
+	default:
+	}
+	if s.sent.eof.Load() && uc != nil {
+		t := time.NewTimer(bodyTailWait)
+		select {
+		case err := <-body:
+			t.Stop()
+			return err == nil
+		case <-t.C:
+			uc.SetWriteDeadline(aLongTimeAgo)
+			<-body
+			return false
+		}
+	}
+	if s.cont != nil {
+		s.cont.halt()
+	}
+	s.unread = true
+	s.setDeadline(aLongTimeAgo, false)
+	if uc != nil {
+		uc.SetWriteDeadline(aLongTimeAgo)
+	}
+	<-body
+	return false
+}
+
+var aLongTimeAgo = time.Unix(1, 0)
+
+// bodyTailWait bounds how long finish waits for the last bytes of a
+// request body, read whole from the client, to be written upstream: a
+// backend that answered without reading them may never take them.
+const bodyTailWait = time.Second
+
+// sentBody is a request body being written upstream by a goroutine; eof
+// is set once the client's side of it was read to its end, broken when
+// reading it failed on its own (the app left in the middle of it, or sent
+// a malformed one) rather than because finish stopped it, heard once the
+// answer's first byte came. An h1Conn keeps one and reuses it.
+type sentBody struct {
+	io.ReadCloser
+	eof, broken, heard atomic.Bool
+	// err is why it broke, written before broken is set.
+	err error
+	// on is set while it tracks the current request's body: from send,
+	// until the next request, or until a try that is retried ended
+	// (forward), which the retry's send tracks again.
+	on bool
+	// stall watches its reads from the app, if set.
+	stall *stallWatch
+}
+
+// track makes the body in *body report its end on s, its reads watched
+// by stall unless nil.
+func (s *sentBody) track(body *io.ReadCloser, stall *stallWatch) {
+	s.on, s.stall = true, stall
+	s.eof.Store(false)
+	s.broken.Store(false)
+	s.heard.Store(false)
+	if *body != s {
+		s.ReadCloser = *body
+		*body = s
+	}
+}
+
+// unread reports whether the current request's body is being sent and
+// the client's side of it was not read to its end.
+func (s *sentBody) unread() bool { return s.on && !s.eof.Load() }
+
+// failed reports whether reading the current request's body broke.
+func (s *sentBody) failed() bool { return s.on && s.broken.Load() }
+
+// stranded reports whether the current request's body broke before any
+// answer came: the backend waits for the rest, which will never come, so
+// it will not answer either.
+func (s *sentBody) stranded() bool { return s.failed() && !s.heard.Load() }
+
+func (s *sentBody) Read(p []byte) (int, error) {
+	if s.stall != nil {
+		s.stall.begin()
+	}
+	n, err := s.ReadCloser.Read(p)
+	if s.stall != nil {
+		err = s.stall.done(n, err)
+	}
+	switch {
+	case err == io.EOF:
+		s.eof.Store(true)
+	case err != nil && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, errBodyAbandoned):
+		// A body is read without a deadline (readRequest): finish's
+		// deadline and halt are the only others.
+		s.err = err
+		s.broken.Store(true)
+	}
+	return n, err
 }

@@ -5,18 +5,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptrace"
-	"os"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
+
+// One exchange on the fast path: serve routes a request and picks its
+// backend; forward sends it over a pooled HTTP/1.1 connection (conn, send,
+// writeRequest) and answers from what comes back (respond, release), and
+// roundTrip through a backend's net/http Transport for another wire. A
+// rule's retries are in h1retry.go, the request body's goroutine in
+// h1body.go, the answers in h1answer.go.
 
 // serve forwards one request and writes its answer; it reports whether the
 // client connection may carry another request.
@@ -313,110 +317,6 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 			return s.fail(req, x, upstream.Classify(err), err)
 		}
 	}
-}
-
-// mayRetry reports whether a routed request may be tried again after
-// retry retries: the rule allows more, and the body can be sent again
-// (resendable; not once finish stopped the client's) or none was sent
-// (why "connect": no connection was made).
-func (s *h1Conn) mayRetry(x *exchange, retry int, why string, req *http.Request) bool {
-	return x.r != nil && retry < x.r.pol.retries && (why == "connect" || x.replayable(req) || !s.unread && x.resendable(req))
-}
-
-// errRetryBackoff is what a request whose timeout passed while it waited
-// to be retried failed of.
-var errRetryBackoff = errors.New("retry backoff")
-
-// again takes retry n+1 of req (why: connect, status, backend_timeout)
-// from its backend's retry budget, then backs off. When the request may
-// not go again it answers the client — 503 when the budget is spent
-// (last and resp say what the last try got), 504 with timeout, a request
-// timeout's error (timeoutError(true, ...)), when the request timeout
-// passed during the backoff — and returns keep, whether the client's
-// connection stays open.
-func (s *h1Conn) again(x *exchange, retry *int, why string, req *http.Request, last error, resp *http.Response, timeout error) (ok, keep bool) {
-	if err := s.h.spendRetry(x, why, *retry, last, resp); err != nil {
-		return false, s.fail(req, x, upstream.ReasonRetryBudget, err)
-	}
-	if !s.backoff(x, retry, why, req) {
-		if s.watch.gone.Load() {
-			return false, s.fail(req, x, upstream.ReasonCanceled, errClientGone)
-		}
-		return false, s.fail(req, x, upstream.ReasonTimeout, timeout)
-	}
-	return true, false
-}
-
-// backoff waits before a retry, then counts it and readies the body;
-// false when the request timeout passed meanwhile or the app left (the
-// watch ends the wait, as net/http's path ends it with the request's
-// context): that retry is never sent, and not counted.
-func (s *h1Conn) backoff(x *exchange, retry *int, why string, req *http.Request) bool {
-	*retry++
-	ctx := s.leaveCtx()
-	if !x.replayable(req) {
-		// The rest of its body may come next from the app, unread (all
-		// of it before a connect retry): the watch waits past it for the
-		// app's hangup, as conn's does.
-		s.watch.hold()
-	}
-	s.watch.start(nil, s.leave)
-	waited := x.r.pol.wait(ctx, *retry)
-	s.watch.stop()
-	if !waited {
-		return false
-	}
-	s.h.m.retries.WithLabelValues(why).Inc()
-	req.Body = x.again(req.Body, *retry)
-	return true
-}
-
-// halt ends the goroutine sending the body of a try that is retried, if
-// any, and reports whether it sent the body whole. A write in progress
-// fails at once; a read of the client's body in progress ends as the
-// client sends on (the next try would wait for those bytes too), and the
-// try reads no more: the next one reads on from there. When the try's
-// timeout (cd) passes first, that read is cut (late): the body cannot
-// go again.
-func (s *h1Conn) halt(body chan error, uc *pool.Conn, cd *connDeadline) (sent, late bool) {
-	if body == nil {
-		return true, false
-	}
-	select {
-	case err := <-body:
-		return err == nil, false
-	default:
-	}
-	uc.SetWriteDeadline(aLongTimeAgo)
-	select {
-	case <-body:
-		return false, false
-	case <-cd.expired():
-		s.unread = true
-		s.setDeadline(aLongTimeAgo, false)
-		<-body
-		return false, true
-	}
-}
-
-// discardAnswer drops an answer that is retried: a short body is read so
-// the connection can serve again, a longer one (or a request whose body
-// was not sent whole) costs the connection. The read is watched: an app
-// that leaves meanwhile ends it (s.watch.gone tells), as the backend may
-// never send the rest.
-func (s *h1Conn) discardAnswer(be *upstream.Backend, uc *pool.Conn, resp *http.Response, cd *connDeadline, sent bool) {
-	keep := sent && !resp.Close && resp.ContentLength >= 0 && resp.ContentLength <= drainLimit
-	if keep {
-		s.watch.start(uc, nil)
-		_, err := io.Copy(io.Discard, resp.Body)
-		s.watch.stop() // before uc may go back to the pool
-		keep = err == nil && !s.watch.gone.Load()
-	}
-	if cd.stop() || !keep {
-		be.DiscardH1(uc)
-		return
-	}
-	be.PutH1(uc)
 }
 
 // conn takes a connection to choice's endpoint. A failed connect sent no
@@ -755,164 +655,4 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 		return false
 	}
 	return !closeAfter && consumed
-}
-
-// refuseBrokenBody answers 400 and ends the connection when the exchange
-// failed after the request's body broke off or proved malformed (the
-// backend could not answer it: the watch ends the wait, clientWatch.fire;
-// net/http's Transport resets the stream), and reports whether it did. As
-// the proxy's other answers to a rule's request, it carries the rule's
-// headers: without its CORS headers, a page's script would see a CORS
-// error rather than the 400. An app that reset its connection in the
-// middle of its body left (appLeft): it gets nothing, counted canceled,
-// as on net/http's path.
-func (s *h1Conn) refuseBrokenBody(req *http.Request, x *exchange, err error) bool {
-	if !s.sent.failed() {
-		return false
-	}
-	if appLeft(req, s.sent.err) {
-		s.fail(req, x, upstream.ReasonCanceled, s.sent.err)
-		return true
-	}
-	s.refuseBody(req, x, s.sent.err, "upstream_err", err)
-	return true
-}
-
-// bodyFailed fails req, whose body the proxy read itself before the
-// request went (readBody: kept for its rule's retries or mirrors, or for
-// its ExternalAuth server) and could not, as net/http's path does
-// (bodyReadFailed decides for both): a body that broke off or is
-// malformed gets the 400 a forwarded one gets (refuseBrokenBody), not
-// silence.
-func (s *h1Conn) bodyFailed(req *http.Request, x *exchange, err error) bool {
-	if reason, refuse := bodyReadFailed(req, err); !refuse {
-		return s.fail(req, x, reason, err)
-	}
-	s.refuseBody(req, x, err)
-	return false
-}
-
-// refuseBody answers 400 to req, whose body broke off or proved malformed
-// (err), counts it, and the connection ends; attrs add to the log line.
-func (s *h1Conn) refuseBody(req *http.Request, x *exchange, err error, attrs ...any) {
-	s.h.log.Debug("request body broken", append(attrs, "service", x.fe.Service.String(), "client", s.t.client(), "err", err)...)
-	s.writePlain(req, x, http.StatusBadRequest, badRequest)
-	s.count(x, http.StatusBadRequest)
-}
-
-var badRequest = []byte("400 Bad Request")
-
-// finish waits for the goroutine sending the request body, if any, and
-// reports whether the body went out whole. One still reading the client's
-// body when the answer is over means the backend answered before the body
-// ended: it is stopped (the client read and the upstream write time out at
-// once), and neither connection can carry another request. One that read
-// the client's body whole is at most writing its tail upstream (the
-// backend may well have answered after reading it): it gets bodyTailWait
-// to report.
-func (s *h1Conn) finish(body chan error, uc *pool.Conn) bool {
-	if body == nil {
-		return true
-	}
-	select {
-	case err := <-body:
-		// net/http's Transport may have given up on the body (an early
-		// answer): what the client still sends is unread, and the close
-		// must linger for the answer to reach it.
-		s.unread = s.unread || err != nil && s.sent.unread()
-		return err == nil
-	default:
-	}
-	if s.sent.eof.Load() && uc != nil {
-		t := time.NewTimer(bodyTailWait)
-		select {
-		case err := <-body:
-			t.Stop()
-			return err == nil
-		case <-t.C:
-			uc.SetWriteDeadline(aLongTimeAgo)
-			<-body
-			return false
-		}
-	}
-	if s.cont != nil {
-		s.cont.halt()
-	}
-	s.unread = true
-	s.setDeadline(aLongTimeAgo, false)
-	if uc != nil {
-		uc.SetWriteDeadline(aLongTimeAgo)
-	}
-	<-body
-	return false
-}
-
-var aLongTimeAgo = time.Unix(1, 0)
-
-// bodyTailWait bounds how long finish waits for the last bytes of a
-// request body, read whole from the client, to be written upstream: a
-// backend that answered without reading them may never take them.
-const bodyTailWait = time.Second
-
-// sentBody is a request body being written upstream by a goroutine; eof
-// is set once the client's side of it was read to its end, broken when
-// reading it failed on its own (the app left in the middle of it, or sent
-// a malformed one) rather than because finish stopped it, heard once the
-// answer's first byte came. An h1Conn keeps one and reuses it.
-type sentBody struct {
-	io.ReadCloser
-	eof, broken, heard atomic.Bool
-	// err is why it broke, written before broken is set.
-	err error
-	// on is set while it tracks the current request's body: from send,
-	// until the next request, or until a try that is retried ended
-	// (forward), which the retry's send tracks again.
-	on bool
-	// stall watches its reads from the app, if set.
-	stall *stallWatch
-}
-
-// track makes the body in *body report its end on s, its reads watched
-// by stall unless nil.
-func (s *sentBody) track(body *io.ReadCloser, stall *stallWatch) {
-	s.on, s.stall = true, stall
-	s.eof.Store(false)
-	s.broken.Store(false)
-	s.heard.Store(false)
-	if *body != s {
-		s.ReadCloser = *body
-		*body = s
-	}
-}
-
-// unread reports whether the current request's body is being sent and
-// the client's side of it was not read to its end.
-func (s *sentBody) unread() bool { return s.on && !s.eof.Load() }
-
-// failed reports whether reading the current request's body broke.
-func (s *sentBody) failed() bool { return s.on && s.broken.Load() }
-
-// stranded reports whether the current request's body broke before any
-// answer came: the backend waits for the rest, which will never come, so
-// it will not answer either.
-func (s *sentBody) stranded() bool { return s.failed() && !s.heard.Load() }
-
-func (s *sentBody) Read(p []byte) (int, error) {
-	if s.stall != nil {
-		s.stall.begin()
-	}
-	n, err := s.ReadCloser.Read(p)
-	if s.stall != nil {
-		err = s.stall.done(n, err)
-	}
-	switch {
-	case err == io.EOF:
-		s.eof.Store(true)
-	case err != nil && !errors.Is(err, os.ErrDeadlineExceeded) && !errors.Is(err, errBodyAbandoned):
-		// A body is read without a deadline (readRequest): finish's
-		// deadline and halt are the only others.
-		s.err = err
-		s.broken.Store(true)
-	}
-	return n, err
 }
