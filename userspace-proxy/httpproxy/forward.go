@@ -158,6 +158,12 @@ func (h *Handler) forward(w http.ResponseWriter, r *http.Request, x *exchange, c
 // failed. An app that left (appLeft) gets no answer (canceled).
 func (h *Handler) refuseBrokenBody(w http.ResponseWriter, r *http.Request, x *exchange, err error) bool {
 	broken := x.body.broken()
+	if broken == nil && r.ProtoMajor == 1 && r.Context().Err() != nil {
+		// net/http's HTTP/1 server ended the request as the app's
+		// connection ended or failed: the transport may have given up
+		// before the body's read under way told why.
+		broken = x.body.settled()
+	}
 	if broken == nil {
 		return false
 	}

@@ -68,8 +68,10 @@ type fixture struct {
 	ln    net.Listener
 	logs  *syncbuf.Buffer
 	wg    sync.WaitGroup
-	// l7 is the listener of the server serveL7 started.
-	l7 net.Listener
+	// l7 is the listener of the server serveL7 started; wrapL7, if set,
+	// wraps the Handler that server serves.
+	l7     net.Listener
+	wrapL7 func(http.Handler) http.Handler
 }
 
 func newFixture(t *testing.T, cfg Config, be snapshot.Backend) *fixture {

@@ -176,9 +176,19 @@ type stalledReader struct {
 	// transport gave up on it): a read that fails then, as a read under
 	// way of an HTTP/2 app's body does, failed nothing of the app's.
 	closed atomic.Bool
+	// h1 says it reads an HTTP/1.x app's body on net/http's server,
+	// whose Close waits for a read under way (the body's lock): that
+	// read's failure is the app's, closed or not, and only a read after
+	// the close fails of it (http.ErrBodyReadAfterClose).
+	h1 bool
+	// reading is held through a read and the keeping of its failure
+	// (settled).
+	reading sync.Mutex
 }
 
 func (r *stalledReader) Read(p []byte) (int, error) {
+	r.reading.Lock()
+	defer r.reading.Unlock()
 	if r.w == nil {
 		return r.check(r.ReadCloser.Read(p))
 	}
@@ -190,11 +200,20 @@ func (r *stalledReader) Read(p []byte) (int, error) {
 // check keeps err, of a read of n bytes, if it is the first to fail on
 // the app's side.
 func (r *stalledReader) check(n int, err error) (int, error) {
-	if err != nil && err != io.EOF && !r.closed.Load() {
+	if err != nil && err != io.EOF && r.appFailed(err) {
 		failed := err // its own variable: allocated only here
 		r.failed.CompareAndSwap(nil, &failed)
 	}
 	return n, err
+}
+
+// appFailed reports whether err, a read's failure, is the app's rather
+// than the close's.
+func (r *stalledReader) appFailed(err error) bool {
+	if r.h1 {
+		return !errors.Is(err, http.ErrBodyReadAfterClose)
+	}
+	return !r.closed.Load()
 }
 
 func (r *stalledReader) Close() error {
@@ -208,6 +227,17 @@ func (r *stalledReader) broken() error {
 		return *err
 	}
 	return nil
+}
+
+// settled is broken once a read under way has returned. Ask it only when
+// no read can wait on the app: net/http's HTTP/1 server cancels a
+// request's context as its read of the app's connection fails, inside the
+// body's read that failed, and a transport that gives up on the request
+// then may return before that read tells why.
+func (r *stalledReader) settled() error {
+	r.reading.Lock()
+	defer r.reading.Unlock()
+	return r.broken()
 }
 
 // stalledResponse is an answer on net/http's server written under w: its
@@ -263,7 +293,7 @@ func (h *Handler) watchStalls(w http.ResponseWriter, r *http.Request, x *exchang
 		if x.tee != nil {
 			body = &x.tee.src
 		}
-		x.body = stalledReader{ReadCloser: *body, w: &x.stall}
+		x.body = stalledReader{ReadCloser: *body, w: &x.stall, h1: r.ProtoMajor == 1}
 		if wire == upstream.WireH2 {
 			// A quiet request stream toward an HTTP/2 backend holds a
 			// stream, not a pooled connection (gRPC's client-streaming
