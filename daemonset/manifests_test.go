@@ -217,30 +217,57 @@ func checkMount(t *testing.T, c corev1.Container, volumes map[string]string, pat
 	t.Errorf("%s does not mount %s", c.Name, path)
 }
 
-// TestRBACLeastPrivilege keeps the agent's rights to what it needs: no
-// wildcards, writes only the verbs its code uses (merge patches of status
-// subresources, generated Services, a Lease in its own namespace); Secrets
-// read-only, no Events (nothing in the agent records one); and to no less.
+// agentRights are the verbs the agent uses, by "group/resource": list and
+// watch for what its informers and reference watches read
+// (agent/source/kubernetes); get only where it reads one object before a
+// write: agent/status after a conflict, agent/selectorsvc its Services;
+// the writes of agent/status (merge patches of status subresources) and
+// agent/selectorsvc.
+var agentRights = func() map[string][]string {
+	r := map[string][]string{}
+	for _, res := range []string{
+		"/services", "/namespaces", "/pods", "/nodes", "/configmaps", "/secrets",
+		"discovery.k8s.io/endpointslices", "certificates.k8s.io/clustertrustbundles",
+		"networking.k8s.io/servicecidrs", "gateway.networking.k8s.io/referencegrants",
+	} {
+		r[res] = []string{"list", "watch"}
+	}
+	r["/services"] = append(r["/services"], "get", "create", "update", "delete")
+	for _, res := range []string{
+		"gateway.networking.k8s.io/backendtlspolicies", "gateway.networking.k8s.io/httproutes",
+		"gateway.networking.k8s.io/grpcroutes", "gateway.networking.x-k8s.io/xbackends",
+		"gateway.networking.x-k8s.io/xbackendtrafficpolicies", "gateway.networking.x-k8s.io/xmeshes",
+	} {
+		r[res] = []string{"get", "list", "watch"}
+		r[res+"/status"] = []string{"patch"}
+	}
+	return r
+}()
+
+// leaseRights are what client-go's LeaseLock does with the leader Lease
+// (agent/leader), in the agent's namespace only.
+var leaseRights = map[string][]string{"coordination.k8s.io/leases": {"get", "create", "update"}}
+
+// TestRBACLeastPrivilege keeps the agent's rights to exactly what its code
+// uses (agentRights, leaseRights): no wildcards, no verb it never sends
+// (not even get on what it only lists: Secrets above all), no Events
+// (nothing in the agent records one); and to no less, since a missing
+// read makes its kind Forbidden and a missing write fails.
 func TestRBACLeastPrivilege(t *testing.T) {
 	objs := objects(t)
-	writeVerbs := []string{"create", "update", "patch", "delete", "deletecollection"}
-	// The write verbs the agent uses, by resource: agent/selectorsvc,
-	// agent/status (it reads objects through the main resource).
-	allowedWrites := map[string][]string{
-		"/services": {"create", "update", "delete"},
-		"gateway.networking.k8s.io/backendtlspolicies/status":        {"patch"},
-		"gateway.networking.k8s.io/httproutes/status":                {"patch"},
-		"gateway.networking.k8s.io/grpcroutes/status":                {"patch"},
-		"gateway.networking.x-k8s.io/xbackends/status":               {"patch"},
-		"gateway.networking.x-k8s.io/xbackendtrafficpolicies/status": {"patch"},
-		"gateway.networking.x-k8s.io/xmeshes/status":                 {"patch"},
-	}
-	check := func(kind, name string, rules []rbacv1.PolicyRule, extraWrites map[string][]string) {
+	check := func(kind, name string, rules []rbacv1.PolicyRule, need map[string][]string) {
+		granted := map[string][]string{}
 		for _, r := range rules {
 			for _, v := range r.Verbs {
 				if v == "*" {
 					t.Errorf("%s %s: wildcard verb", kind, name)
 				}
+			}
+			if len(r.NonResourceURLs) > 0 {
+				t.Errorf("%s %s: non-resource URLs %q", kind, name, r.NonResourceURLs)
+			}
+			if len(r.ResourceNames) > 0 {
+				t.Errorf("%s %s: resourceNames %q: the test does not model them", kind, name, r.ResourceNames)
 			}
 			for _, g := range r.APIGroups {
 				for _, res := range r.Resources {
@@ -249,63 +276,35 @@ func TestRBACLeastPrivilege(t *testing.T) {
 					}
 					key := g + "/" + res
 					for _, v := range r.Verbs {
-						if slices.Contains(writeVerbs, v) && !slices.Contains(allowedWrites[key], v) && !slices.Contains(extraWrites[key], v) {
-							t.Errorf("%s %s may %s %s: not something the agent writes", kind, name, v, key)
+						if !slices.Contains(need[key], v) {
+							t.Errorf("%s %s may %s %s: not something the agent does", kind, name, v, key)
 						}
+						granted[key] = append(granted[key], v)
 					}
 				}
 			}
-			if len(r.NonResourceURLs) > 0 {
-				t.Errorf("%s %s: non-resource URLs %q", kind, name, r.NonResourceURLs)
-			}
 		}
-	}
-	granted := map[string][]string{}
-	for _, cr := range typed[rbacv1.ClusterRole](t, objs, "ClusterRole") {
-		check("ClusterRole", cr.Name, cr.Rules, nil)
-		for _, r := range cr.Rules {
-			for _, g := range r.APIGroups {
-				for _, res := range r.Resources {
-					granted[g+"/"+res] = append(granted[g+"/"+res], r.Verbs...)
+		for res, verbs := range need {
+			for _, v := range verbs {
+				if !slices.Contains(granted[res], v) {
+					t.Errorf("%s %s lacks %s %s, which the agent uses", kind, name, v, res)
 				}
 			}
 		}
 	}
-	// And it holds every right it uses: a missing read makes its kind
-	// Forbidden (agent/source/kubernetes watches each with an informer), a
-	// missing write fails what agent/selectorsvc or agent/status does.
-	needed := map[string][]string{}
-	for _, res := range []string{
-		"/services", "/namespaces", "/pods", "/nodes", "/configmaps", "/secrets",
-		"discovery.k8s.io/endpointslices", "certificates.k8s.io/clustertrustbundles",
-		"networking.k8s.io/servicecidrs",
-		"gateway.networking.k8s.io/backendtlspolicies", "gateway.networking.k8s.io/httproutes",
-		"gateway.networking.k8s.io/grpcroutes", "gateway.networking.k8s.io/referencegrants",
-		"gateway.networking.x-k8s.io/xbackends", "gateway.networking.x-k8s.io/xbackendtrafficpolicies",
-		"gateway.networking.x-k8s.io/xmeshes",
-	} {
-		needed[res] = []string{"get", "list", "watch"}
+	crs := typed[rbacv1.ClusterRole](t, objs, "ClusterRole")
+	if len(crs) != 1 {
+		t.Fatalf("%d ClusterRoles, want 1", len(crs))
 	}
-	for res, verbs := range allowedWrites {
-		needed[res] = append(needed[res], verbs...)
-	}
-	for res, verbs := range needed {
-		for _, v := range verbs {
-			if !slices.Contains(granted[res], v) {
-				t.Errorf("ClusterRole lacks %s %s, which the agent uses", v, res)
-			}
-		}
-	}
+	check("ClusterRole", crs[0].Name, crs[0].Rules, agentRights)
 	roles := typed[rbacv1.Role](t, objs, "Role")
-	for _, r := range roles {
-		if r.Namespace != "sockmesh-system" {
-			t.Errorf("Role %s in namespace %q, want sockmesh-system", r.Name, r.Namespace)
-		}
-		check("Role", r.Name, r.Rules, map[string][]string{"coordination.k8s.io/leases": {"create", "update"}})
+	if len(roles) != 1 {
+		t.Fatalf("%d Roles, want 1, for the leader election Lease", len(roles))
 	}
-	if len(roles) == 0 {
-		t.Errorf("no Role for the leader election Lease")
+	if roles[0].Namespace != "sockmesh-system" {
+		t.Errorf("Role %s in namespace %q, want sockmesh-system", roles[0].Name, roles[0].Namespace)
 	}
+	check("Role", roles[0].Name, roles[0].Rules, leaseRights)
 	for _, b := range typed[rbacv1.ClusterRoleBinding](t, objs, "ClusterRoleBinding") {
 		for _, s := range b.Subjects {
 			if s.Kind != "ServiceAccount" || s.Name != "sockmesh" || s.Namespace != "sockmesh-system" {
