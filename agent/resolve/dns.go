@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"slices"
 	"strings"
 	"time"
 
@@ -20,12 +19,31 @@ import (
 // ErrNXDomain reports that the hostname does not exist.
 var ErrNXDomain = errors.New("no such host")
 
-// answer is the outcome of looking up one hostname.
+// rcodeError reports that a server answered with an error code other than
+// NXDOMAIN (SERVFAIL, REFUSED, ...): it could not say what the name holds.
+type rcodeError struct {
+	rcode dnsmessage.RCode
+}
+
+func (e *rcodeError) Error() string { return "server answered " + e.rcode.String() }
+
+// answer is the outcome of looking up one record type of a hostname.
 type answer struct {
 	addrs []netip.Addr
 	// ttl is the smallest TTL of the records used (or the negative-caching
 	// TTL of the zone when there are none).
 	ttl time.Duration
+}
+
+// families are the record types a lookup asks for, in the order of the
+// results lookup returns.
+var families = [...]dnsmessage.Type{dnsmessage.TypeA, dnsmessage.TypeAAAA}
+
+// result is one record type's answer, or why there is none: ErrNXDomain
+// (with the negative TTL in the answer) or a failure to learn.
+type result struct {
+	answer
+	err error
 }
 
 // client sends DNS queries to a list of servers.
@@ -35,33 +53,24 @@ type client struct {
 	dial    func(ctx context.Context, network, address string) (net.Conn, error)
 }
 
-// lookup resolves host's A and AAAA records, following CNAMEs within each
-// answer. A name that exists without addresses is an empty answer, not an
-// error; a name that does not exist is ErrNXDomain (with its negative TTL).
-func (c *client) lookup(ctx context.Context, host string) (answer, error) {
+// lookup asks for host's A and AAAA records, following CNAMEs within each
+// answer, and returns each type's result apart: one may fail while the
+// other answers (servers that mishandle AAAA exist). A name that exists
+// without records of a type is an empty answer, not an error. The error is
+// for a host that is no DNS name.
+func (c *client) lookup(ctx context.Context, host string) ([len(families)]result, error) {
+	var out [len(families)]result
 	name, err := dnsmessage.NewName(strings.TrimSuffix(host, ".") + ".")
 	if err != nil {
-		return answer{}, fmt.Errorf("lookup %s: %w", host, err)
+		return out, fmt.Errorf("lookup %s: %w", host, err)
 	}
-	var out answer
-	nxdomain := 0
-	for i, qtype := range []dnsmessage.Type{dnsmessage.TypeA, dnsmessage.TypeAAAA} {
+	for i, qtype := range families {
 		a, err := c.query(ctx, name, qtype)
-		if errors.Is(err, ErrNXDomain) {
-			nxdomain++
-		} else if err != nil {
-			return answer{}, fmt.Errorf("lookup %s: %w", host, err)
+		if err != nil {
+			err = fmt.Errorf("lookup %s %s: %w", host, qtype, err)
 		}
-		out.addrs = append(out.addrs, a.addrs...)
-		if i == 0 || a.ttl < out.ttl {
-			out.ttl = a.ttl
-		}
+		out[i] = result{a, err}
 	}
-	if nxdomain == 2 {
-		return out, fmt.Errorf("lookup %s: %w", host, ErrNXDomain)
-	}
-	slices.SortFunc(out.addrs, netip.Addr.Compare)
-	out.addrs = slices.Compact(out.addrs)
 	return out, nil
 }
 
@@ -197,7 +206,7 @@ func parseReply(p *dnsmessage.Parser, h dnsmessage.Header, q dnsmessage.Question
 		}
 		return answer{ttl: ttl}, ErrNXDomain
 	default:
-		return answer{}, fmt.Errorf("server answered %s", h.RCode)
+		return answer{}, &rcodeError{rcode: h.RCode}
 	}
 	rrs, err := p.AllAnswers()
 	if err != nil {

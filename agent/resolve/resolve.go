@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -16,7 +17,8 @@ import (
 )
 
 // Config configures a Resolver. The zero value asks the nameservers of
-// /etc/resolv.conf and refreshes each hostname between 5 s and 1 min.
+// /etc/resolv.conf, refreshes each hostname between 5 s and 1 min, keeps
+// addresses through 5 min of failed lookups and runs 16 lookups at once.
 type Config struct {
 	// Servers are the DNS servers ("host:port") to ask, in order. Empty: the
 	// nameservers of /etc/resolv.conf.
@@ -28,6 +30,19 @@ type Config struct {
 	// MaxInterval is the longest time between two lookups of one hostname,
 	// however long its TTL (zero: 1 min).
 	MaxInterval time.Duration
+	// MaxStale is how long a hostname keeps the last addresses of a family
+	// (A or AAAA) while lookups fail to learn them (SERVFAIL, timeouts, no
+	// server reachable), counted from when they were due for refresh
+	// (zero: 5 min). A short outage of the DNS servers then does not cut
+	// traffic to a backend that still answers; a long one drops the
+	// addresses, and the backend fails closed rather than send to
+	// addresses that may have passed to someone else. An NXDOMAIN or
+	// NODATA answer is no failure: it empties the family at once.
+	MaxStale time.Duration
+	// Parallel bounds the lookups under way at once (zero: 16), so that
+	// many hostnames, at start or when their TTLs run out together, do not
+	// flood the DNS servers; the others wait their turn.
+	Parallel int
 	// Timeout bounds one query to one server (zero: 5 s).
 	Timeout time.Duration
 	// Dial opens the connection for a query (zero: net.Dialer). Tests use
@@ -43,6 +58,7 @@ type Resolver struct {
 	client  *client
 	lookups *prometheus.CounterVec
 	changed chan struct{}
+	slots   chan struct{} // one per lookup under way, Config.Parallel in all
 
 	mu      sync.Mutex
 	runCtx  context.Context // nil until Run starts
@@ -67,6 +83,12 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Resolver, er
 	if cfg.MaxInterval < cfg.MinInterval {
 		return nil, fmt.Errorf("resolver max interval %s below min interval %s", cfg.MaxInterval, cfg.MinInterval)
 	}
+	if cfg.MaxStale <= 0 {
+		cfg.MaxStale = 5 * time.Minute
+	}
+	if cfg.Parallel <= 0 {
+		cfg.Parallel = 16
+	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Second
 	}
@@ -85,11 +107,12 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Resolver, er
 		log:     log.With("component", "resolve"),
 		client:  &client{servers: servers, timeout: cfg.Timeout, dial: cfg.Dial},
 		changed: make(chan struct{}, 1),
+		slots:   make(chan struct{}, cfg.Parallel),
 		watches: make(map[string]*watch),
 		answers: make(map[string][]netip.Addr),
 		lookups: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_resolve_lookups_total",
-			Help: "DNS lookups of ExternalHostname XBackend hostnames, by result (ok, nxdomain, error).",
+			Help: "DNS lookups of ExternalHostname XBackend hostnames, by result (ok, nxdomain, servfail, timeout, error).",
 		}, []string{"result"}),
 	}
 	if reg != nil {
@@ -180,36 +203,52 @@ func (r *Resolver) startLocked(host string) {
 	r.wg.Go(func() { r.keepResolved(ctx, host, w) })
 }
 
-// keepResolved looks host up whenever its answer expires.
+// keepResolved looks host up whenever one of its families' answers
+// expires, and retries failed ones.
 func (r *Resolver) keepResolved(ctx context.Context, host string, w *watch) {
 	log := r.log.With("hostname", host)
+	var fams [len(families)]family
 	failures := 0
 	for {
-		a, err := r.client.lookup(ctx, host)
+		select {
+		case r.slots <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		res, err := r.client.lookup(ctx, host)
+		<-r.slots
 		if ctx.Err() != nil {
 			return
 		}
-		var wait time.Duration
-		switch {
-		case err == nil:
-			r.lookups.WithLabelValues("ok").Inc()
-			failures = 0
-			r.publish(host, w, a.addrs, true)
-			wait = clamp(a.ttl, r.cfg.MinInterval, r.cfg.MaxInterval)
-		case errors.Is(err, ErrNXDomain):
-			r.lookups.WithLabelValues("nxdomain").Inc()
-			failures = 0
-			r.publish(host, w, nil, true)
-			wait = clamp(a.ttl, r.cfg.MinInterval, r.cfg.MaxInterval)
-		default:
-			// Keep serving the last good answer through a server outage:
-			// dropping it would cut traffic the backend still accepts.
+		if err != nil {
+			// Not a DNS name: no lookup can change that. translate
+			// refuses such a hostname before it reaches here.
 			r.lookups.WithLabelValues("error").Inc()
-			failures++
-			log.Warn("dns lookup failed", "err", err, "failures", failures)
-			r.publish(host, w, nil, false)
-			wait = backoff(failures, r.cfg.MinInterval, r.cfg.MaxInterval)
+			log.Warn("dns lookup failed", "err", err)
+			r.publish(host, w, nil)
+			return
 		}
+		outcome, failure := classify(res)
+		r.lookups.WithLabelValues(outcome).Inc()
+		if failure != nil {
+			failures++
+			log.Warn("dns lookup failed", "err", failure, "failures", failures)
+		} else {
+			failures = 0
+		}
+		now := time.Now()
+		wait := r.cfg.MaxInterval
+		var addrs []netip.Addr
+		for i := range fams {
+			d, dropped := fams[i].update(res[i], now, failures, r.cfg)
+			if dropped {
+				log.Warn("dns answer dropped after failed lookups: failing closed",
+					"type", families[i].String(), "max_stale", r.cfg.MaxStale)
+			}
+			wait = min(wait, d)
+			addrs = append(addrs, fams[i].addrs...)
+		}
+		r.publish(host, w, addrs)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -220,17 +259,75 @@ func (r *Resolver) keepResolved(ctx context.Context, host string, w *watch) {
 	}
 }
 
-// publish stores addrs for host if w still watches it. Unless replace is
-// set, it only records that the lookup finished without an answer, keeping
-// an earlier one.
-func (r *Resolver) publish(host string, w *watch, addrs []netip.Addr, replace bool) {
+// family is what a watch holds of one record type of its hostname.
+type family struct {
+	addrs []netip.Addr
+	// staleAt is when addrs have been due for refresh for MaxStale.
+	staleAt time.Time
+}
+
+// update applies a lookup's result for the family at now, the lookup
+// having failed failures times in a row, and returns when to ask again and
+// whether it dropped addresses that outlived MaxStale.
+func (f *family) update(res result, now time.Time, failures int, cfg Config) (time.Duration, bool) {
+	if res.err == nil || errors.Is(res.err, ErrNXDomain) {
+		wait := clamp(res.ttl, cfg.MinInterval, cfg.MaxInterval)
+		f.addrs, f.staleAt = res.addrs, now.Add(wait+cfg.MaxStale)
+		return wait, false
+	}
+	wait := backoff(failures, cfg.MinInterval, cfg.MaxInterval)
+	switch {
+	case len(f.addrs) == 0:
+		return wait, false
+	case !now.Before(f.staleAt):
+		f.addrs = nil
+		return wait, true
+	default:
+		// Ask once more when they go stale, not up to a retry later.
+		return min(wait, f.staleAt.Sub(now)), false
+	}
+}
+
+// classify names a lookup's outcome for sockmesh_resolve_lookups_total and
+// returns its first failure, if any: ok when every type was answered (with
+// records or NODATA), nxdomain when the name does not exist, servfail when
+// a server answered an error code, timeout when none answered in time,
+// error otherwise.
+func classify(res [len(families)]result) (string, error) {
+	nx := 0
+	for _, q := range res {
+		switch {
+		case q.err == nil:
+		case errors.Is(q.err, ErrNXDomain):
+			nx++
+		default:
+			var rc *rcodeError
+			if errors.As(q.err, &rc) {
+				return "servfail", q.err
+			}
+			if errors.Is(q.err, os.ErrDeadlineExceeded) || errors.Is(q.err, context.DeadlineExceeded) {
+				return "timeout", q.err
+			}
+			return "error", q.err
+		}
+	}
+	if nx == len(res) {
+		return "nxdomain", nil
+	}
+	return "ok", nil
+}
+
+// publish stores addrs (nil: none) as host's answer if w still watches it
+// and they differ from the answer stored.
+func (r *Resolver) publish(host string, w *watch, addrs []netip.Addr) {
+	slices.SortFunc(addrs, netip.Addr.Compare)
+	addrs = slices.Compact(addrs)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.watches[host] != w {
 		return
 	}
-	old, had := r.answers[host]
-	if had && (!replace || slices.Equal(old, addrs)) {
+	if old, had := r.answers[host]; had && slices.Equal(old, addrs) {
 		return
 	}
 	if addrs == nil {

@@ -3,16 +3,21 @@ package resolve
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"golang.org/x/net/dns/dnsmessage"
 
 	"github.com/sockmesh/sockmesh/test/dnsserver"
 )
@@ -211,4 +216,257 @@ func TestClampAndBackoff(t *testing.T) {
 			t.Errorf("backoff(%d) = %s, want %s", n, got, want)
 		}
 	}
+}
+
+// fault is how faultyDial's server treats one query: pass it to the
+// records (RCodeSuccess), answer with another code, or never answer.
+type fault struct {
+	rcode dnsmessage.RCode
+	hang  bool
+}
+
+// faultyDial serves DNS from srv over net.Pipe (UDP framing), as pipeDial,
+// but treats each query as faultOf says, after delay on the bubble's clock.
+// inFlight, when set, counts the queries under way.
+func faultyDial(srv *dnsserver.Server, delay time.Duration, inFlight *gauge, faultOf func(name string, qtype dnsmessage.Type) fault) func(context.Context, string, string) (net.Conn, error) {
+	return func(_ context.Context, _, _ string) (net.Conn, error) {
+		client, server := net.Pipe()
+		inFlight.add(1)
+		go func() {
+			defer server.Close()
+			buf := make([]byte, 512)
+			n, err := server.Read(buf)
+			if err != nil {
+				return
+			}
+			var p dnsmessage.Parser
+			h, err := p.Start(buf[:n])
+			if err != nil {
+				return
+			}
+			q, err := p.Question()
+			if err != nil {
+				return
+			}
+			time.Sleep(delay)
+			f := faultOf(q.Name.String(), q.Type)
+			if f.hang {
+				io.Copy(io.Discard, server) // until the client gives up
+				return
+			}
+			if f.rcode != dnsmessage.RCodeSuccess {
+				b := dnsmessage.NewBuilder(nil, dnsmessage.Header{ID: h.ID, Response: true, RCode: f.rcode})
+				b.StartQuestions()
+				b.Question(q)
+				reply, _ := b.Finish()
+				server.Write(reply)
+				return
+			}
+			c, s := net.Pipe()
+			defer c.Close()
+			go srv.ServeConn(s, false)
+			c.Write(buf[:n])
+			if n, err = c.Read(buf); err == nil {
+				server.Write(buf[:n])
+			}
+		}()
+		return &countedConn{Conn: client, g: inFlight}, nil
+	}
+}
+
+// countedConn takes itself off its gauge when closed.
+type countedConn struct {
+	net.Conn
+	g    *gauge
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.g.add(-1) })
+	return c.Conn.Close()
+}
+
+// gauge counts up and down and remembers its peak; nil counts nothing.
+type gauge struct {
+	mu        sync.Mutex
+	now, peak int
+}
+
+func (g *gauge) add(d int) {
+	if g == nil {
+		return
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.now += d
+	g.peak = max(g.peak, g.now)
+}
+
+// lookupsOf reads sockmesh_resolve_lookups_total{result}.
+func lookupsOf(t *testing.T, r *Resolver, result string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := r.lookups.WithLabelValues(result).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// TestOutageFailsClosedAfterMaxStale: while the servers do not answer, the
+// last good addresses are kept for 5 min (the default MaxStale) past their
+// refresh time, then dropped, and they come back with the servers; a name
+// whose records are removed (NODATA) is emptied at once, as NXDOMAIN would.
+func TestOutageFailsClosedAfterMaxStale(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &dnsserver.Server{NegativeTTL: 3600}
+		srv.Set("api.test", 30, addrs("192.0.2.1", "2001:db8::1")...)
+		var down atomic.Bool
+		r := start(t, Config{
+			Servers:     []string{"192.0.2.53:53"},
+			MinInterval: 5 * time.Second,
+			MaxInterval: time.Minute,
+			Timeout:     time.Second, // a lookup of both types fails in 2 s
+			Dial: faultyDial(srv, 0, nil, func(string, dnsmessage.Type) fault {
+				return fault{hang: down.Load()}
+			}),
+		})
+		r.SetHostnames([]string{"api.test"})
+		synctest.Wait()
+		want := addrs("192.0.2.1", "2001:db8::1")
+		if got := r.Answers()["api.test"]; !slices.Equal(got, want) {
+			t.Fatalf("at start: %v, want %v", got, want)
+		}
+
+		// Due again at 30 s; stale from 330 s.
+		down.Store(true)
+		time.Sleep(329 * time.Second)
+		synctest.Wait()
+		if got := r.Answers()["api.test"]; !slices.Equal(got, want) {
+			t.Errorf("329 s into an outage: %v, want the last good answer %v", got, want)
+		}
+		if n := lookupsOf(t, r, "timeout"); n == 0 {
+			t.Errorf("lookups{result=timeout} = %v, want the outage's lookups counted", n)
+		}
+		time.Sleep(4 * time.Second) // the retry at 330 s fails too, by 332 s
+		synctest.Wait()
+		if got := r.Answers()["api.test"]; len(got) != 0 {
+			t.Errorf("333 s into an outage: %v, want none (fail closed)", got)
+		}
+
+		down.Store(false)
+		time.Sleep(61 * time.Second) // the next retry, at most MaxInterval away
+		synctest.Wait()
+		if got := r.Answers()["api.test"]; !slices.Equal(got, want) {
+			t.Errorf("after the outage: %v, want %v", got, want)
+		}
+
+		srv.Set("api.test", 30) // no records left
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		if got, ok := r.Answers()["api.test"]; !ok || len(got) != 0 {
+			t.Errorf("after NODATA: %v (present %v), want an empty answer at once", got, ok)
+		}
+	})
+}
+
+// TestOneTypeFailing: a server that fails AAAA queries (SERVFAIL) while it
+// answers A ones still gives the A addresses; AAAA addresses it gave before
+// are kept for MaxStale, then dropped, the A ones staying.
+func TestOneTypeFailing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &dnsserver.Server{NegativeTTL: 3600}
+		srv.Set("new.test", 60, addrs("192.0.2.1", "2001:db8::1")...)
+		srv.Set("old.test", 60, addrs("192.0.2.2", "2001:db8::2")...)
+		var failAAAA atomic.Bool
+		failAAAA.Store(true)
+		r := start(t, Config{
+			Servers:     []string{"192.0.2.53:53"},
+			MinInterval: 5 * time.Second,
+			MaxInterval: time.Minute,
+			Dial: faultyDial(srv, 0, nil, func(name string, qtype dnsmessage.Type) fault {
+				if qtype == dnsmessage.TypeAAAA && (name == "new.test." || failAAAA.Load()) {
+					return fault{rcode: dnsmessage.RCodeServerFailure}
+				}
+				return fault{}
+			}),
+		})
+		r.SetHostnames([]string{"new.test"})
+		synctest.Wait()
+		if got, want := r.Answers()["new.test"], addrs("192.0.2.1"); !slices.Equal(got, want) {
+			t.Errorf("AAAA failing from the start: %v, want the A addresses %v", got, want)
+		}
+		if n := lookupsOf(t, r, "servfail"); n == 0 {
+			t.Errorf("lookups{result=servfail} = %v, want the failed lookups counted", n)
+		}
+
+		failAAAA.Store(false)
+		r.SetHostnames([]string{"new.test", "old.test"})
+		synctest.Wait()
+		failAAAA.Store(true)
+		// old.test's AAAA record was due at 60 s: stale from 360 s.
+		time.Sleep(359 * time.Second)
+		synctest.Wait()
+		if got, want := r.Answers()["old.test"], addrs("192.0.2.2", "2001:db8::2"); !slices.Equal(got, want) {
+			t.Errorf("AAAA failing for 299 s: %v, want %v", got, want)
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if got, want := r.Answers()["old.test"], addrs("192.0.2.2"); !slices.Equal(got, want) {
+			t.Errorf("AAAA failing for 301 s: %v, want only the A addresses %v", got, want)
+		}
+	})
+}
+
+// TestManyHostnamesBounded: 100 hostnames set at once are looked up at most
+// 16 at a time (the default Config.Parallel), every one of them answered.
+func TestManyHostnamesBounded(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &dnsserver.Server{NegativeTTL: 3600}
+		var hosts []string
+		for i := range 100 {
+			h := fmt.Sprintf("h%d.test", i)
+			srv.Set(h, 300, netip.AddrFrom4([4]byte{192, 0, 2, byte(i)}))
+			hosts = append(hosts, h)
+		}
+		var inFlight gauge
+		r := start(t, Config{
+			Servers: []string{"192.0.2.53:53"},
+			Dial:    faultyDial(srv, time.Second, &inFlight, func(string, dnsmessage.Type) fault { return fault{} }),
+		})
+		r.SetHostnames(hosts)
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if got := r.Answers(); len(got) != len(hosts) || len(got["h99.test"]) != 1 {
+			t.Errorf("%d answers (h99.test: %v), want %d with an address each", len(got), got["h99.test"], len(hosts))
+		}
+		if inFlight.peak > 16 {
+			t.Errorf("%d queries under way at once, want at most 16", inFlight.peak)
+		}
+	})
+}
+
+// TestTrailingDotAndDroppedName: a hostname written with its trailing dot
+// resolves as without, and a hostname no longer set is no longer asked for.
+func TestTrailingDotAndDroppedName(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &dnsserver.Server{NegativeTTL: 3600}
+		srv.Set("api.test", 5, addrs("192.0.2.1")...)
+		r := start(t, Config{Servers: []string{"192.0.2.53:53"}, Dial: faultyDial(srv, 0, nil, func(string, dnsmessage.Type) fault { return fault{} })})
+		r.SetHostnames([]string{"api.test."})
+		synctest.Wait()
+		if got, want := r.Answers()["api.test."], addrs("192.0.2.1"); !slices.Equal(got, want) {
+			t.Errorf("Answers()[api.test.] = %v, want %v", got, want)
+		}
+		r.SetHostnames(nil)
+		synctest.Wait()
+		before, _ := srv.Queries("api.test")
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		if after, _ := srv.Queries("api.test"); after != before {
+			t.Errorf("dropped hostname asked for %d more times", after-before)
+		}
+		if got := r.Answers(); len(got) != 0 {
+			t.Errorf("Answers() = %v after dropping every hostname", got)
+		}
+	})
 }
