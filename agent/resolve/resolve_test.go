@@ -470,3 +470,61 @@ func TestTrailingDotAndDroppedName(t *testing.T) {
 		}
 	})
 }
+
+// TestCNAMEChainTTL: a name behind two CNAMEs resolves to the chain's
+// addresses, and is asked for again when the shortest TTL on the chain, a
+// CNAME's, runs out.
+func TestCNAMEChainTTL(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &dnsserver.Server{NegativeTTL: 3600}
+		srv.SetCNAME("www.test", "edge.test", 300)
+		srv.SetCNAME("edge.test", "host.test", 10)
+		srv.Set("host.test", 300, addrs("192.0.2.7")...)
+		r := start(t, Config{Servers: []string{"192.0.2.53:53"}, Dial: faultyDial(srv, 0, nil, func(string, dnsmessage.Type) fault { return fault{} })})
+		r.SetHostnames([]string{"www.test"})
+		synctest.Wait()
+		if got, want := r.Answers()["www.test"], addrs("192.0.2.7"); !slices.Equal(got, want) {
+			t.Errorf("Answers()[www.test] = %v, want %v", got, want)
+		}
+		time.Sleep(25 * time.Second)
+		synctest.Wait()
+		// At 0, 10 and 20 s; A and AAAA each.
+		if n, _ := srv.Queries("www.test"); n != 6 {
+			t.Errorf("www.test asked for %d times in 25 s, want 6 (every 10 s, A and AAAA)", n)
+		}
+	})
+}
+
+// TestSetHostnamesConcurrently changes the hostnames from several
+// goroutines while lookups run (go test -race): the answers end as the last
+// set says.
+func TestSetHostnamesConcurrently(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		srv := &dnsserver.Server{NegativeTTL: 3600}
+		srv.Set("a.test", 5, addrs("192.0.2.1")...)
+		srv.Set("b.test", 5, addrs("192.0.2.2")...)
+		r := start(t, Config{Servers: []string{"192.0.2.53:53"}, Dial: faultyDial(srv, 100*time.Millisecond, nil, func(string, dnsmessage.Type) fault { return fault{} })})
+		var wg sync.WaitGroup
+		for i := range 4 {
+			wg.Go(func() {
+				for j := range 50 {
+					if (i+j)%2 == 0 {
+						r.SetHostnames([]string{"a.test"})
+					} else {
+						r.SetHostnames([]string{"a.test", "b.test"})
+					}
+					r.Answers()
+					time.Sleep(30 * time.Millisecond)
+				}
+			})
+		}
+		wg.Wait()
+		r.SetHostnames([]string{"b.test"})
+		time.Sleep(time.Second)
+		synctest.Wait()
+		got := r.Answers()
+		if len(got) != 1 || !slices.Equal(got["b.test"], addrs("192.0.2.2")) {
+			t.Errorf("Answers() = %v, want only b.test", got)
+		}
+	})
+}
