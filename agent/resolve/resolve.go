@@ -18,7 +18,7 @@ import (
 
 // Config configures a Resolver. The zero value asks the nameservers of
 // /etc/resolv.conf, refreshes each hostname between 5 s and 1 min, keeps
-// addresses through 5 min of failed lookups and runs 16 lookups at once.
+// addresses through 5 min of failed lookups and runs 64 lookups at once.
 type Config struct {
 	// Servers are the DNS servers ("host:port") to ask, in order. Empty: the
 	// nameservers of /etc/resolv.conf.
@@ -39,9 +39,11 @@ type Config struct {
 	// addresses that may have passed to someone else. An NXDOMAIN or
 	// NODATA answer is no failure: it empties the family at once.
 	MaxStale time.Duration
-	// Parallel bounds the lookups under way at once (zero: 16), so that
+	// Parallel bounds the lookups under way at once (zero: 64), so that
 	// many hostnames, at start or when their TTLs run out together, do not
-	// flood the DNS servers; the others wait their turn.
+	// flood the DNS servers; the others wait their turn. It is no lower:
+	// a lookup may wait on a dead server's timeout (Timeout per server and
+	// record type), and the turns of hundreds of names would add up.
 	Parallel int
 	// Timeout bounds one query to one server (zero: 5 s).
 	Timeout time.Duration
@@ -87,7 +89,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Resolver, er
 		cfg.MaxStale = 5 * time.Minute
 	}
 	if cfg.Parallel <= 0 {
-		cfg.Parallel = 16
+		cfg.Parallel = 64
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Second
