@@ -44,7 +44,12 @@
 //
 // Needs Linux 5.15 (bpf_get_netns_cookie in sockops; cgroup bpf_link 5.7,
 // getpeername hooks 5.8, socket storage in sockops 5.10), cgroup v2, and
-// CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN (attach, pin, mount bpffs).
+// CAP_BPF and CAP_NET_ADMIN (load, pin and attach the networking program
+// types) and CAP_SYS_ADMIN (the older agent's maps and programs by ID;
+// PERFMON's bpf_skc_to_* helpers, without which the verifier refuses the
+// programs; setns and mounting bpffs); daemonset.yaml says what each is
+// for, and TestAgentRunsWithItsCapabilities runs the agent with exactly
+// those it lists.
 //
 // Optional acceleration (Config.Accelerate, the agent's --accelerate):
 // sockops puts both sockets of each redirected connection into a sockhash,
