@@ -1664,13 +1664,7 @@ func testSwitchAtTimeout(t *testing.T, app string) {
 		io.Copy(io.Discard, conn)
 	})
 	d := snapshot.Duration(100 * time.Millisecond)
-	for _, c := range []struct {
-		name     string
-		timeouts snapshot.Timeouts
-	}{
-		{"request", snapshot.Timeouts{Request: &d}},
-		{"backendRequest", snapshot.Timeouts{BackendRequest: &d}},
-	} {
+	for _, c := range routeTimeouts(d) {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixtureDialing(t, Config{}, upstream.Config{}, lateDialer{dial.NewDirect(dial.Config{Unmarked: true})}, snapshot.Backend{})
 			f.updateRoutes(2, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}}, &snapshot.RouteTable{Producer: &snapshot.RouteSet{

@@ -485,13 +485,7 @@ func testConnWaitBackendTimeout(t *testing.T, retries int) {
 // connection, and the wait went on until the stall watch reset the app.
 func TestStatusRetryHaltTimeout(t *testing.T) {
 	d := snapshot.Duration(200 * time.Millisecond)
-	for _, c := range []struct {
-		name     string
-		timeouts snapshot.Timeouts
-	}{
-		{"request", snapshot.Timeouts{Request: &d}},
-		{"backendRequest", snapshot.Timeouts{BackendRequest: &d}},
-	} {
+	for _, c := range routeTimeouts(d) {
 		t.Run(c.name, func(t *testing.T) {
 			ep := midBodyBackend(t, new(atomic.Int32))
 			// The stall watch ends the wait in 3 s at the latest.

@@ -334,3 +334,18 @@ func tlsBackend(t *testing.T, handle func(net.Conn)) snapshot.Backend {
 		Endpoints: []snapshot.Endpoint{{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true, Serving: true}},
 	}
 }
+
+// routeTimeout names a rule's timeouts for a subtest.
+type routeTimeout struct {
+	name     string
+	timeouts snapshot.Timeouts
+}
+
+// routeTimeouts is a rule's request timeout of d, and its backendRequest
+// timeout of d: tests of what a timeout ends run under each.
+func routeTimeouts(d snapshot.Duration) []routeTimeout {
+	return []routeTimeout{
+		{"request", snapshot.Timeouts{Request: &d}},
+		{"backendRequest", snapshot.Timeouts{BackendRequest: &d}},
+	}
+}
