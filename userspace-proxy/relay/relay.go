@@ -49,7 +49,8 @@ func (p *Pool) InUse() int64 { return p.inUse.Load() }
 
 // Result is what one Relay moved.
 type Result struct {
-	// AToB and BToA are the bytes copied in each direction.
+	// AToB and BToA are the bytes copied in each direction, also when
+	// the relay ended by an error or a panic.
 	AToB, BToA int64
 	// Err is the first error other than a clean end of stream.
 	Err error
@@ -90,7 +91,7 @@ func Relay(a, b io.ReadWriteCloser, pool *Pool, panics *contain.Reporter) Result
 		defer close(done)
 		defer panics.Recover("relay", &bToAErr, abortBoth)
 		var writeFailed bool
-		res.BToA, writeFailed, bToAErr = copyHalf(a, b, pool)
+		writeFailed, bToAErr = copyHalf(a, b, pool, &res.BToA)
 		stop(bToAErr, writeFailed)
 	}()
 	var aToBErr error
@@ -99,7 +100,7 @@ func Relay(a, b io.ReadWriteCloser, pool *Pool, panics *contain.Reporter) Result
 		// Recovered here too: unwinding out of Relay would leave b open,
 		// and b→a waiting on it.
 		defer panics.Recover("relay", &aToBErr, nil)
-		res.AToB, writeFailed, aToBErr = copyHalf(b, a, pool)
+		writeFailed, aToBErr = copyHalf(b, a, pool, &res.AToB)
 	}()
 	stop(aToBErr, writeFailed)
 	<-done
@@ -119,29 +120,34 @@ func Relay(a, b io.ReadWriteCloser, pool *Pool, panics *contain.Reporter) Result
 // from the stream that failed.
 const drainTime = 5 * time.Second
 
-// copyHalf copies src to dst until src ends, then shuts dst's write half.
-// writeFailed reports that the error was a write to dst's.
-func copyHalf(dst, src io.ReadWriteCloser, pool *Pool) (n int64, writeFailed bool, err error) {
+// copyHalf copies src to dst until src ends, then shuts dst's write half,
+// adding the bytes it wrote to *n as it goes: a panic beneath (which Relay
+// recovers) leaves in *n what moved before it. writeFailed reports that
+// the error was a write to dst's.
+func copyHalf(dst, src io.ReadWriteCloser, pool *Pool, n *int64) (writeFailed bool, err error) {
 	rd := newSource(src)
+	// Also when a panic unwinds: a buffer not given back would count in
+	// Pool.InUse (sockmesh_proxy_copy_buffers_in_use) for the proxy's life.
+	defer rd.release(pool)
 	for {
 		bp, nr, rerr := rd.read(pool) // a buffer exactly when nr > 0
 		if nr > 0 {
 			nw, werr := dst.Write((*bp)[:nr])
-			pool.Put(bp)
-			n += int64(nw)
+			rd.release(pool)
+			*n += int64(nw)
 			if werr != nil {
-				return n, true, werr
+				return true, werr
 			}
 		}
 		if rerr == io.EOF && rd.truncated() {
-			return n, false, sockio.ErrTLSTruncated
+			return false, sockio.ErrTLSTruncated
 		}
 		if rerr == io.EOF {
 			closeWrite(dst)
-			return n, false, nil
+			return false, nil
 		}
 		if rerr != nil {
-			return n, false, rerr
+			return false, rerr
 		}
 	}
 }
@@ -172,6 +178,8 @@ type source struct {
 	// after a probe.
 	under *sockio.Conn
 	probe [1]byte
+	// held is the buffer read took last, until release gives it back.
+	held *[]byte
 }
 
 func newSource(r io.Reader) *source {
@@ -206,16 +214,19 @@ func newSource(r io.Reader) *source {
 func (s *source) truncated() bool { return s.under != nil && s.under.Ended() }
 
 // read returns the stream's next bytes in a buffer from pool (nil when
-// there are none), or an error.
+// there are none), or an error. The buffer is held until release.
 func (s *source) read(pool *Pool) (*[]byte, int, error) {
 	if s.pooled != nil {
-		return s.pooled.ReadPooled(pool)
+		bp, n, err := s.pooled.ReadPooled(pool)
+		s.held = bp
+		return bp, n, err
 	}
 	n, err := s.r.Read(s.probe[:])
 	if n == 0 {
 		return nil, 0, err
 	}
 	bp := pool.Get()
+	s.held = bp
 	(*bp)[0] = s.probe[0]
 	if err != nil {
 		return bp, 1, err
@@ -243,6 +254,14 @@ func (s *source) read(pool *Pool) (*[]byte, int, error) {
 		err = nil
 	}
 	return bp, n, err
+}
+
+// release gives the buffer read last back to pool.
+func (s *source) release(pool *Pool) {
+	if s.held != nil {
+		pool.Put(s.held)
+		s.held = nil
+	}
 }
 
 // abort closes c, with a reset when it is a connection (sockio.Reset): a

@@ -345,23 +345,36 @@ func waitSocket(t *testing.T, c *net.TCPConn, done func(fd int) (bool, error)) {
 	}
 }
 
-// panicWriter panics on Write: a bug beneath the relay's a→b direction.
-type panicWriter struct{ net.Conn }
+// panicWriter panics on its second Write: a bug beneath the relay's a→b
+// direction, met once bytes moved.
+type panicWriter struct {
+	net.Conn
+	writes int
+}
 
-func (panicWriter) Write([]byte) (int, error) { panic("a bug writing") }
+func (w *panicWriter) Write(p []byte) (int, error) {
+	if w.writes++; w.writes > 1 {
+		panic("a bug writing")
+	}
+	return w.Conn.Write(p)
+}
 
-func (w panicWriter) NetConn() net.Conn { return w.Conn }
+func (w *panicWriter) NetConn() net.Conn { return w.Conn }
 
 // TestRelayPanicAToB: a panic in the a→b direction, which runs on the
 // caller's goroutine, is recovered as one in b→a is: it is Result.Err and
 // both streams are aborted. It used to unwind out of Relay, leaving b open
 // and b→a's goroutine waiting on it for as long as the backend stayed
-// silent.
+// silent. Result still counts what moved before the panic, and the copy
+// buffer the panic met goes back to the pool: it stayed counted in use
+// (sockmesh_proxy_copy_buffers_in_use) for the proxy's life, and the
+// bytes were not counted.
 func TestRelayPanicAToB(t *testing.T) {
 	app, proxyIn := tcpserve.Pair(t)
 	proxyOut, backend := tcpserve.Pair(t)
 	defer app.Close()
 	defer backend.Close()
+	pool := NewPool()
 	done := make(chan any, 1)
 	go func() {
 		defer func() {
@@ -369,8 +382,12 @@ func TestRelayPanicAToB(t *testing.T) {
 				done <- v
 			}
 		}()
-		done <- Relay(sockio.Wrap(proxyIn), panicWriter{sockio.Wrap(proxyOut)}, NewPool(), nil)
+		done <- Relay(sockio.Wrap(proxyIn), &panicWriter{Conn: sockio.Wrap(proxyOut)}, pool, nil)
 	}()
+	app.Write([]byte("first"))
+	if _, err := io.ReadFull(backend, make([]byte, len("first"))); err != nil {
+		t.Fatal(err)
+	}
 	app.Write([]byte("x"))
 	got := <-done
 	res, ok := got.(Result)
@@ -379,6 +396,12 @@ func TestRelayPanicAToB(t *testing.T) {
 	}
 	if p := (*contain.Panic)(nil); !errors.As(res.Err, &p) {
 		t.Errorf("Result.Err = %v, want the panic", res.Err)
+	}
+	if res.AToB != int64(len("first")) {
+		t.Errorf("Result.AToB = %d, want %d: the bytes moved before the panic", res.AToB, len("first"))
+	}
+	if n := pool.InUse(); n != 0 {
+		t.Errorf("the relay holds %d copy buffers once it returned, want none", n)
 	}
 	if _, err := io.ReadAll(backend); err == nil {
 		t.Error("backend's stream ended cleanly, want a reset")
