@@ -332,8 +332,9 @@ func taking(addrs, standby []netip.AddrPort) map[netip.AddrPort]bool {
 // keep-alive on accepted connections. Go's default costs four setsockopt
 // calls per accepted connection (measured with test/bench/proxy: about 4 %
 // of the proxy's CPU when clients open a connection per request); the L7
-// paths close idle clients themselves (IdleTimeout), and the L4 paths, whose
-// relays may idle forever, turn keep-alive on for their own connections.
+// paths close idle clients themselves (IdleTimeout), and relays, which may
+// idle forever (the L4 paths, a WebSocket after its 101), turn keep-alive
+// on for their own connections (relay.Relay).
 func ListenConfig() *net.ListenConfig { return &net.ListenConfig{KeepAlive: -1} }
 
 // Serve accepts redirected connections on l (node-IP mode: the client pod is

@@ -305,11 +305,6 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 			return
 		}
 	}
-	if tc := sockio.TCP(c); tc != nil {
-		// A relay has no idle timeout: keep-alive probes find a vanished
-		// client (see ListenConfig).
-		tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true})
-	}
 	var app net.Conn = p.counted(c)
 	var untrackH2 func()
 	if relayedH2 {

@@ -70,7 +70,14 @@ type Result struct {
 // bridges pass an upgraded HTTP body or an HTTP/2 stream.
 // A panic in either direction is recovered and reported to panics, and
 // aborts both streams; its error is Result.Err.
+//
+// a is the app's stream. Relay turns TCP keep-alive on for the connection
+// under it: a relay has no idle timeout (an opaque TCP one, a WebSocket
+// after its 101), and the proxy's listeners accept without keep-alive
+// (proxy.ListenConfig), so the probes are what finds an app gone without
+// a word. b, dialed by the proxy, has it from its dialer.
 func Relay(a, b io.ReadWriteCloser, pool *Pool, panics *contain.Reporter) Result {
+	keepAlive(a)
 	var res Result
 	abortBoth := func() { abort(a); abort(b) }
 	var drain *time.Timer
@@ -261,6 +268,17 @@ func (s *source) release(pool *Pool) {
 	if s.held != nil {
 		pool.Put(s.held)
 		s.held = nil
+	}
+}
+
+// keepAlive turns TCP keep-alive on, with Go's default timing (a probe
+// after 15 s idle, then every 15 s, 9 unanswered end it), for the TCP
+// connection under c's wrappers, if any.
+func keepAlive(c io.ReadWriteCloser) {
+	if nc, ok := c.(net.Conn); ok {
+		if tc := sockio.TCP(nc); tc != nil {
+			tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true})
+		}
 	}
 }
 
