@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/tls"
 	"errors"
@@ -458,4 +459,46 @@ func TestTLSTruncationResets(t *testing.T) {
 			<-done
 		})
 	}
+}
+
+// TestRelayKeepAlive: Relay turns TCP keep-alive on for the app's
+// connection (a), which the proxy's listeners accept without it: a relay
+// has no idle timeout, and the probes are what finds an app gone without
+// a word.
+func TestRelayKeepAlive(t *testing.T) {
+	app, proxyIn := tcpserve.Pair(t)
+	proxyOut, backend := tcpserve.Pair(t)
+	defer app.Close()
+	defer backend.Close()
+	keepAlive := func() int {
+		t.Helper()
+		raw, err := proxyIn.SyscallConn()
+		if err != nil {
+			t.Fatal(err)
+		}
+		on := -1
+		raw.Control(func(fd uintptr) { on, err = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_KEEPALIVE) })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return on
+	}
+	proxyIn.SetKeepAlive(false) // as proxy.ListenConfig's listeners accept
+	if on := keepAlive(); on != 0 {
+		t.Fatalf("SO_KEEPALIVE = %d before the relay, want 0", on)
+	}
+	done := make(chan Result)
+	go func() {
+		done <- Relay(&BufferedConn{Conn: sockio.Wrap(proxyIn), R: bufio.NewReader(proxyIn)}, sockio.Wrap(proxyOut), NewPool(), nil)
+	}()
+	app.Write([]byte("x"))
+	if _, err := io.ReadFull(backend, make([]byte, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if on := keepAlive(); on != 1 {
+		t.Errorf("SO_KEEPALIVE = %d on the app's connection of a relay, want 1", on)
+	}
+	app.Close()
+	backend.Close()
+	<-done
 }
