@@ -90,7 +90,10 @@ func (e *Elector) Leading() bool { return e.leading.Load() }
 // Run campaigns until ctx ends. Each time it wins it calls lead with a
 // context that ends when the lease is lost or ctx ends, and waits for lead
 // to return before campaigning again. When ctx ends it releases the lease,
-// so a standby takes over without waiting for it to expire.
+// so a standby takes over without waiting for it to expire; with the API
+// server down or hung the release gives up after RenewDeadline (client-go's
+// bound), or sooner when kube's requests time out sooner (the agent's do:
+// cmd/sockmesh leaseClient), and Run returns.
 func (e *Elector) Run(ctx context.Context, lead func(context.Context)) error {
 	lock := &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Namespace: e.cfg.Namespace, Name: e.cfg.Name},

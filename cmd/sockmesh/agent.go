@@ -59,7 +59,9 @@ Signals: SIGTERM or SIGINT stops accepting, stops the heartbeat (fail-open
 Services go direct once it is stale), drains connections for up to
 --drain-timeout and exits, leaving capture pinned for the next agent
 (fail-closed Services refuse connections meanwhile, unless the next agent
-already runs); a second one exits at once.
+already runs); a second one exits at once. Meanwhile the writer lease is
+released (with --leader-elect): a hung API server holds that for at most
+10 s, and the drain does not wait for it.
 
 Two agents may run on a node at once, as a rolling update with maxSurge
 runs them: every TCP listener is shared (SO_REUSEPORT), the newer agent
@@ -353,9 +355,10 @@ func (a *agent) run(ctx context.Context) error {
 	defer cancel(nil)
 	var (
 		wg      sync.WaitGroup // the loops, stopped by runCtx
+		cpWG    sync.WaitGroup // the control plane, stopped by runCtx
 		serveWG sync.WaitGroup // the node listeners, stopped by the proxy's Shutdown
 	)
-	wg.Go(func() {
+	cpWG.Go(func() {
 		if err := a.cp.Run(runCtx); err != nil {
 			cancel(err)
 		}
@@ -401,15 +404,25 @@ func (a *agent) run(ctx context.Context) error {
 	cancel(nil)
 	wg.Wait() // the heartbeat has stopped
 
+	// The drain does not wait for the control plane: while leading, it
+	// releases the writer lease as it stops, so that a standby takes over
+	// at once, and with the API server down or hung (an outage, a partition:
+	// when nodes get drained) that waits for its requests' timeout
+	// (leaseRequestTimeout). Waited for before the drain, those seconds
+	// would come out of the drain's share of the pod's termination grace
+	// period (docs/design.md).
 	drainCtx, stop := context.WithTimeout(context.Background(), a.s.drainTimeout)
 	defer stop()
 	start := time.Now()
+	a.log.Info("draining")
 	if err := a.px.Shutdown(drainCtx); err != nil {
 		a.log.Warn("connections still open after the drain timeout were closed", "err", err)
 	}
+	drained := time.Since(start)
+	cpWG.Wait()
 	a.close()
 	serveWG.Wait()
-	a.log.Info("stopped", "drain", time.Since(start).Round(time.Millisecond),
+	a.log.Info("stopped", "drain", drained.Round(time.Millisecond),
 		"note", "capture stays pinned for the next agent; `sockmesh uninstall` removes it")
 	return failure
 }

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	k8s "k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -84,7 +86,11 @@ func newControlPlane(ctx context.Context, s settings, host *podns.NS, log *slog.
 			}),
 		}
 		if s.leaderElect {
-			el, err := leader.New(leader.Config{Namespace: s.leaderNS, Identity: leaderIdentity(s)}, kube, log, reg)
+			leaseKube, err := leaseClient(rc)
+			if err != nil {
+				return nil, nil, err
+			}
+			el, err := leader.New(leader.Config{Namespace: s.leaderNS, Identity: leaderIdentity(s)}, leaseKube, log, reg)
 			if err != nil {
 				return nil, nil, err
 			}
@@ -109,6 +115,27 @@ func restConfig(path string) (*rest.Config, error) {
 	rc = rest.CopyConfig(rc)
 	rest.AddUserAgent(rc, "sockmesh-agent/"+buildVersion())
 	return rc, nil
+}
+
+// leaseRequestTimeout bounds each request of the leader elector's client.
+// client-go sends the acquiring requests with no deadline, and bounds a
+// renewal and the release at shutdown only by RenewDeadline (10 s) as a
+// whole: over a connection to an API server that hangs (an outage, a
+// partition: when nodes get drained) one request would eat it all. At 5 s a
+// hung renewal is retried once before the lease is lost, and the release
+// gives up 5 s after shutdown began (10 s if the Get answers and the Update
+// hangs), while the proxy drains (agent.run does not wait for it).
+const leaseRequestTimeout = 5 * time.Second
+
+// leaseClient returns the elector's client: rc with leaseRequestTimeout.
+func leaseClient(rc *rest.Config) (k8s.Interface, error) {
+	rc = rest.CopyConfig(rc)
+	rc.Timeout = leaseRequestTimeout
+	kube, err := k8s.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("create leader election client: %w", err)
+	}
+	return kube, nil
 }
 
 // leaderIdentity names this agent in the Lease: the node, and the pod when

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,6 +20,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/source/manifests"
 	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/internal/agentproc"
 	"github.com/sockmesh/sockmesh/test/apiserver"
 )
 
@@ -140,4 +145,99 @@ func eventually(t *testing.T, what string, cond func() error) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestAgentShutdownAPIServerHung stops the leading agent while the API
+// server hangs (its process stopped: connections stay open, nothing
+// answers), as in a control-plane outage or a partition, when nodes get
+// drained. The agent must exit, its release of the writer lease failing
+// with a timeout, and its proxy's drain must start without waiting for that
+// release: the release's seconds must not come out of the drain's share of
+// the termination grace period.
+func TestAgentShutdownAPIServerHung(t *testing.T) {
+	api := apiserver.Start(t)
+	e := newEnv(t)
+	ctx := t.Context()
+	if _, err := api.Kube.CoreV1().Namespaces().Create(ctx,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "sockmesh-system"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := e.node.Listen(ctx, nil, "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := e.startAgent(t, "--source=kubernetes", "--kubeconfig="+api.KubeconfigVia(t, ln), "--leader-elect",
+		"--leader-election-namespace=sockmesh-system", "--service-cidr="+apiserver.ServiceCIDR,
+		"--proxy-listen="+addrs.Node.String()+":0")
+	a.logged(t, "that it leads", func(r agentproc.Record) bool { return r.Msg() == "leading" })
+
+	freezeAPIServer(t, api)
+	a.stop(t) // fails unless the agent exits, cleanly, within waitFor
+
+	// client-go logs the release's failure: the Get of the Lease (or, had
+	// it answered, the Update) timed out.
+	releaseFailed := func(r agentproc.Record) bool {
+		m := r.Msg()
+		return m == "error retrieving resource lock" || m == "Failed to release lease"
+	}
+	var order []string
+	a.Log.Count(func(r agentproc.Record) bool {
+		switch {
+		case r.Msg() == "draining":
+			order = append(order, "draining")
+		case releaseFailed(r):
+			order = append(order, "release failed: "+r.Str("err"))
+		}
+		return false
+	})
+	if len(order) != 2 || order[0] != "draining" || !strings.HasPrefix(order[1], "release failed: ") {
+		t.Fatalf("logged %q, want the drain to start, then the lease's release to fail", order)
+	}
+	if !strings.Contains(order[1], "deadline exceeded") && !strings.Contains(order[1], "Timeout exceeded") {
+		t.Errorf("%s, want a timeout", order[1])
+	}
+}
+
+// freezeAPIServer stops api's kube-apiserver process with SIGSTOP until t
+// ends: its connections stay open and nothing answers. The process is this
+// test's child whose arguments name api.Dir.
+func freezeAPIServer(t *testing.T, api *apiserver.Env) {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, ent := range ents {
+		pid, err := strconv.Atoi(ent.Name())
+		if err != nil {
+			continue
+		}
+		stat, err1 := os.ReadFile(filepath.Join("/proc", ent.Name(), "stat"))
+		cmdline, err2 := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
+		if err1 != nil || err2 != nil {
+			continue // exited meanwhile
+		}
+		// stat: "pid (comm) state ppid ...", comm may hold spaces.
+		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(fields) < 2 || fields[1] != strconv.Itoa(os.Getpid()) {
+			continue
+		}
+		args := strings.Split(string(cmdline), "\x00")
+		if filepath.Base(args[0]) == filepath.Base(api.Binaries.KubeAPIServer) &&
+			slices.Contains(args, "--cert-dir="+filepath.Join(api.Dir, "certs")) {
+			pids = append(pids, pid)
+		}
+	}
+	if len(pids) != 1 {
+		t.Fatalf("found kube-apiserver processes %v of this test, want one", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
+		t.Fatalf("stop kube-apiserver: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Kill(pids[0], syscall.SIGCONT); err != nil {
+			t.Errorf("continue kube-apiserver: %v", err)
+		}
+	})
 }
