@@ -1,14 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -171,7 +167,7 @@ func TestAgentShutdownAPIServerHung(t *testing.T) {
 		"--proxy-listen="+addrs.Node.String()+":0")
 	a.logged(t, "that it leads", func(r agentproc.Record) bool { return r.Msg() == "leading" })
 
-	freezeAPIServer(t, api)
+	api.Freeze(t)
 	a.stop(t) // fails unless the agent exits, cleanly, within waitFor
 
 	// client-go logs the release's failure: the Get of the Lease (or, had
@@ -196,48 +192,4 @@ func TestAgentShutdownAPIServerHung(t *testing.T) {
 	if !strings.Contains(order[1], "deadline exceeded") && !strings.Contains(order[1], "Timeout exceeded") {
 		t.Errorf("%s, want a timeout", order[1])
 	}
-}
-
-// freezeAPIServer stops api's kube-apiserver process with SIGSTOP until t
-// ends: its connections stay open and nothing answers. The process is this
-// test's child whose arguments name api.Dir.
-func freezeAPIServer(t *testing.T, api *apiserver.Env) {
-	t.Helper()
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var pids []int
-	for _, ent := range ents {
-		pid, err := strconv.Atoi(ent.Name())
-		if err != nil {
-			continue
-		}
-		stat, err1 := os.ReadFile(filepath.Join("/proc", ent.Name(), "stat"))
-		cmdline, err2 := os.ReadFile(filepath.Join("/proc", ent.Name(), "cmdline"))
-		if err1 != nil || err2 != nil {
-			continue // exited meanwhile
-		}
-		// stat: "pid (comm) state ppid ...", comm may hold spaces.
-		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		if len(fields) < 2 || fields[1] != strconv.Itoa(os.Getpid()) {
-			continue
-		}
-		args := strings.Split(string(cmdline), "\x00")
-		if filepath.Base(args[0]) == filepath.Base(api.Binaries.KubeAPIServer) &&
-			slices.Contains(args, "--cert-dir="+filepath.Join(api.Dir, "certs")) {
-			pids = append(pids, pid)
-		}
-	}
-	if len(pids) != 1 {
-		t.Fatalf("found kube-apiserver processes %v of this test, want one", pids)
-	}
-	if err := syscall.Kill(pids[0], syscall.SIGSTOP); err != nil {
-		t.Fatalf("stop kube-apiserver: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := syscall.Kill(pids[0], syscall.SIGCONT); err != nil {
-			t.Errorf("continue kube-apiserver: %v", err)
-		}
-	})
 }

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 
@@ -236,6 +237,22 @@ func (e *Env) waitReady(ctx context.Context) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// Freeze stops kube-apiserver with SIGSTOP until t ends, when it
+// continues (before a Stop registered earlier runs): its connections stay
+// open and nothing answers, as with a control plane that hangs.
+func (e *Env) Freeze(t testing.TB) {
+	t.Helper()
+	pid := e.apiserver.Cmd.Process.Pid
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatalf("stop kube-apiserver: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+			t.Errorf("continue kube-apiserver: %v", err)
+		}
+	})
 }
 
 // Stop ends kube-apiserver, then etcd, and removes Dir if Run created it.
