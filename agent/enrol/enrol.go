@@ -66,7 +66,11 @@ type Enrolments interface {
 
 // Server serves the in-pod listeners (*proxy.Proxy).
 type Server interface {
+	// ServePod serves a listener every connection of which comes from pod.
 	ServePod(l net.Listener, pod snapshot.ObjectRef) error
+	// Serve serves a listener whose clients are found by their address: the
+	// node's namespace, which enrolled host-network pods share.
+	Serve(l net.Listener) error
 }
 
 // State is where a pod's enrolment stands.
@@ -143,6 +147,9 @@ type netnsState struct {
 	cookie uint64
 	proxy  datapath.Proxy
 	lns    []net.Listener
+	// pod is the pod the listeners name as every connection's client (nil:
+	// the proxy finds the client by its address); see listenerPod.
+	pod *snapshot.ObjectRef
 	// broken is set when an in-pod listener stopped serving on its own.
 	broken bool
 }
@@ -359,7 +366,7 @@ func (e *Enroller) reconcile(verify bool) error {
 	for ino, n := range e.netns {
 		if n.broken {
 			// Open it afresh: the pods go back to Pending and find it again.
-			e.release(ino, now, "in-pod listener stopped")
+			e.release(ino, Pending, "in-pod listener stopped", now)
 			n.close()
 			delete(e.netns, ino)
 		}
@@ -385,6 +392,9 @@ func (e *Enroller) reconcile(verify bool) error {
 			}
 			delete(e.netns, ino)
 		}
+	}
+	if e.cfg.Mode == InPod {
+		e.relisten(now)
 	}
 
 	enrolments := make(map[uint64]datapath.Proxy)
@@ -425,11 +435,11 @@ func (e *Enroller) verify(now time.Time) {
 	}
 }
 
-// release moves the pods of namespace ino back to Pending.
-func (e *Enroller) release(ino uint64, now time.Time, reason string) {
+// release moves the pods of namespace ino to state s (Pending or Failed).
+func (e *Enroller) release(ino uint64, s State, reason string, now time.Time) {
 	for _, p := range e.pods {
 		if p.ino == ino && p.state == Enrolled {
-			e.setState(p, Pending, reason, now)
+			e.setState(p, s, reason, now)
 			p.ino = 0
 		}
 	}
@@ -477,7 +487,7 @@ func (e *Enroller) find(now time.Time) {
 			continue
 		}
 		if _, ok := e.netns[ino]; !ok {
-			n, err := e.open(ns, p.w.Pod)
+			n, err := e.open(ns, listenerPodOf(p))
 			if err != nil {
 				e.setState(p, Failed, err.Error(), now)
 				continue
@@ -522,8 +532,9 @@ func pick(holders map[netip.Addr][]*podns.NS, ips []netip.Addr) (*podns.NS, Stat
 }
 
 // open prepares a namespace for enrolment: its cookie and, in in-pod mode,
-// its listeners. It takes ownership of ns only when it succeeds.
-func (e *Enroller) open(ns *podns.NS, owner snapshot.ObjectRef) (*netnsState, error) {
+// its listeners naming pod (see listenerPod). It takes ownership of ns
+// only when it succeeds.
+func (e *Enroller) open(ns *podns.NS, pod *snapshot.ObjectRef) (*netnsState, error) {
 	cookie, err := ns.Cookie()
 	if err != nil {
 		return nil, err
@@ -532,52 +543,125 @@ func (e *Enroller) open(ns *podns.NS, owner snapshot.ObjectRef) (*netnsState, er
 	if e.cfg.Mode != InPod {
 		return n, nil
 	}
-	n.proxy = datapath.Proxy{NetNSCookie: cookie}
-	addrs, err := ns.Addrs()
-	if err != nil {
+	if err := e.listen(n, pod); err != nil {
 		return nil, err
 	}
+	return n, nil
+}
+
+// listen opens n's in-pod listeners, serving their connections as pod's
+// (nil: by the client's address), then closes those n had: the new ones
+// took the address over first, so the kernel hands them the connections
+// still queued on the old (takeover), and none is refused.
+func (e *Enroller) listen(n *netnsState, pod *snapshot.ObjectRef) error {
+	addrs, err := n.ns.Addrs()
+	if err != nil {
+		return err
+	}
+	var lns []net.Listener
+	proxy := datapath.Proxy{NetNSCookie: n.cookie}
 	for _, lo := range []netip.Addr{netip.AddrFrom4([4]byte{127, 0, 0, 1}), netip.IPv6Loopback()} {
 		if !slices.Contains(addrs, lo) {
 			continue
 		}
 		addr := netip.AddrPortFrom(lo, e.cfg.PodPort)
-		ln, err := ns.Listen(context.Background(), e.cfg.ListenConfig, "tcp", addr.String())
+		ln, err := n.ns.Listen(context.Background(), e.cfg.ListenConfig, "tcp", addr.String())
 		if err != nil {
-			n.closeListeners()
-			return nil, fmt.Errorf("open in-pod listener: %w", err)
+			closeListeners(lns)
+			return fmt.Errorf("open in-pod listener: %w", err)
 		}
-		n.lns = append(n.lns, ln)
+		lns = append(lns, ln)
 		// An agent still running (a rolling update) listens here too:
 		// new connections come to this one, which serves at once.
 		if err := takeover.Take(ln); err != nil {
 			e.log.Warn("cannot take the in-pod listener's address over: while agents overlap, the older one keeps its share",
-				"pod", owner.String(), "err", err)
+				"netns", n.ns.Path(), "err", err)
 		}
 		bound := ln.Addr().(*net.TCPAddr).AddrPort()
 		if lo.Is4() {
-			n.proxy.V4 = bound
+			proxy.V4 = bound
 		} else {
-			n.proxy.V6 = bound
+			proxy.V6 = bound
 		}
 	}
-	if len(n.lns) == 0 {
-		return nil, errors.New("the pod's network namespace has no loopback address to listen on")
+	if len(lns) == 0 {
+		return errors.New("the pod's network namespace has no loopback address to listen on")
 	}
-	for _, ln := range n.lns {
-		go e.serve(n, ln, owner)
+	old := n.lns
+	n.lns, n.pod, n.proxy = lns, pod, proxy
+	for _, ln := range lns {
+		go e.serve(n, ln, pod)
 	}
-	return n, nil
+	if err := closeListeners(old); err != nil {
+		e.log.Warn("close replaced in-pod listener failed", "netns", n.ns.Path(), "err", err)
+	}
+	return nil
+}
+
+// listenerPodOf is the pod an in-pod listener opened for p alone names.
+func listenerPodOf(p *pod) *snapshot.ObjectRef {
+	if p.w.HostNetwork {
+		return nil
+	}
+	ref := p.w.Pod
+	return &ref
+}
+
+// listenerPod is the pod the in-pod listeners of namespace ino must name
+// as every connection's client: its one enrolled pod, or nil, for the
+// proxy to find the client by address, when host-network pods (of any
+// namespace: the node's, with every host process) or several pods are in
+// it. The proxy applies the consumer routes of the named pod's namespace,
+// which must never reach another's requests (GEP-1294).
+func (e *Enroller) listenerPod(ino uint64) *snapshot.ObjectRef {
+	var one *snapshot.ObjectRef
+	for _, p := range e.pods {
+		if p.state != Enrolled || p.ino != ino {
+			continue
+		}
+		if one != nil && *one != p.w.Pod {
+			return nil
+		}
+		if one = listenerPodOf(p); one == nil {
+			return nil
+		}
+	}
+	return one
+}
+
+// relisten reopens the in-pod listeners of every namespace whose pods
+// changed since they were opened: a namespace the Snapshot had enrolled
+// for a deleted pod (while a new one took its address) stays open for the
+// pod now in it, and must no longer name the old one.
+func (e *Enroller) relisten(now time.Time) {
+	for ino, n := range e.netns {
+		pod := e.listenerPod(ino)
+		if pod == n.pod || pod != nil && n.pod != nil && *pod == *n.pod {
+			continue
+		}
+		if err := e.listen(n, pod); err != nil {
+			e.release(ino, Failed, err.Error(), now)
+			if err := n.close(); err != nil {
+				e.log.Warn("close pod network namespace failed", "netns", n.ns.Path(), "err", err)
+			}
+			delete(e.netns, ino)
+		}
+	}
 }
 
 // serve runs the proxy on an in-pod listener; if the listener fails on its
 // own, the namespace is marked broken and the next retry opens it again.
-func (e *Enroller) serve(n *netnsState, ln net.Listener, owner snapshot.ObjectRef) {
-	err := e.srv.ServePod(ln, owner)
+func (e *Enroller) serve(n *netnsState, ln net.Listener, pod *snapshot.ObjectRef) {
+	var err error
+	if pod == nil {
+		err = e.srv.Serve(ln)
+	} else {
+		err = e.srv.ServePod(ln, *pod)
+	}
 	if err == nil || errors.Is(err, net.ErrClosed) {
 		return
 	}
-	e.log.Error("in-pod listener failed", "pod", owner.String(), "addr", ln.Addr().String(), "err", err)
+	e.log.Error("in-pod listener failed", "netns", n.ns.Path(), "addr", ln.Addr().String(), "err", err)
 	e.mu.Lock()
 	n.broken = true
 	e.mu.Unlock()
@@ -595,19 +679,20 @@ func (e *Enroller) setState(p *pod, s State, reason string, now time.Time) {
 	p.state, p.reason, p.since = s, reason, now
 }
 
-func (n *netnsState) closeListeners() error {
+func closeListeners(lns []net.Listener) error {
 	var errs []error
-	for _, ln := range n.lns {
+	for _, ln := range lns {
 		if err := ln.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
 			errs = append(errs, err)
 		}
 	}
-	n.lns = nil
 	return errors.Join(errs...)
 }
 
 func (n *netnsState) close() error {
-	return errors.Join(n.closeListeners(), n.ns.Close())
+	lns := n.lns
+	n.lns = nil
+	return errors.Join(closeListeners(lns), n.ns.Close())
 }
 
 func addrString(ap netip.AddrPort) string {

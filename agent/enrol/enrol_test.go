@@ -70,11 +70,15 @@ func (r *recorder) get() (map[uint64]datapath.Proxy, int) {
 	return maps.Clone(r.last), r.writes
 }
 
-// server is the proxy for in-pod listeners: it accepts and closes.
+// server is the proxy for in-pod listeners: it accepts and closes, and
+// notes whose each connection was.
 type server struct {
 	mu    sync.Mutex
 	pods  map[string]snapshot.ObjectRef // by listener address
 	calls int
+	// clients has, for every connection accepted, the pod it was served as
+	// ("" for by address: Serve), in order.
+	clients []string
 	// failFirst makes the first ServePod fail at once, as a listener
 	// whose accept fails would.
 	failFirst bool
@@ -89,13 +93,52 @@ func (s *server) ServePod(l net.Listener, pod snapshot.ObjectRef) error {
 	if fail {
 		return errors.New("accept: too many open files")
 	}
+	return s.accept(l, pod.String())
+}
+
+func (s *server) Serve(l net.Listener) error {
+	s.mu.Lock()
+	s.calls++
+	s.mu.Unlock()
+	return s.accept(l, "")
+}
+
+func (s *server) accept(l net.Listener, client string) error {
 	for {
 		c, err := l.Accept()
 		if err != nil {
 			return err
 		}
+		s.mu.Lock()
+		s.clients = append(s.clients, client)
+		s.mu.Unlock()
 		c.Close()
 	}
+}
+
+// servedAs dials addr from ns and returns the client the server's
+// listener served the connection as.
+func (s *server) servedAs(t *testing.T, ns *sandbox.NetNS, addr string) string {
+	t.Helper()
+	s.mu.Lock()
+	before := len(s.clients)
+	s.mu.Unlock()
+	c, err := ns.Dial(nil, "tcp", addr)
+	if err != nil {
+		t.Fatalf("dial the in-pod listener %s: %v", addr, err)
+	}
+	c.Close()
+	var got string
+	eventually(t, "the connection to "+addr+" accepted", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if len(s.clients) > before {
+			got = s.clients[before]
+			return true
+		}
+		return false
+	})
+	return got
 }
 
 // podNS makes a pod netns holding ips on lo.
@@ -410,6 +453,67 @@ func TestInPodListenerFails(t *testing.T) {
 		t.Fatalf("dial the reopened listener: %v", err)
 	}
 	c.Close()
+}
+
+// TestInPodHostNetwork: the listener in the network namespace of an
+// enrolled host-network pod, the node's, which every host process and
+// every other host-network pod shares, serves its clients by address: it
+// named the pod, whose namespace's consumer routes then applied to them
+// all.
+func TestInPodHostNetwork(t *testing.T) {
+	sandbox.ClaimAddrs(t, plan)
+	node, _ := podNS(t, ipA)
+	srv := &server{pods: map[string]snapshot.ObjectRef{}}
+	e := newEnroller(t, Config{Mode: InPod}, &recorder{}, srv)
+	w := workload("host-agent", true, ipA)
+	w.HostNetwork = true
+	if err := e.Update(snap(t, w)); err != nil {
+		t.Fatal(err)
+	}
+	if got := states(e)["host-agent"]; got != Enrolled {
+		t.Fatalf("host-network pod %s, want Enrolled", got)
+	}
+	if got := srv.servedAs(t, node, "127.0.0.1:15001"); got != "" {
+		t.Errorf("a connection in the node's namespace was served as pod %q, want by address", got)
+	}
+}
+
+// TestInPodListenerFollowsPod: a deleted pod still in the Snapshot (a)
+// follows its address into the namespace of the pod that now holds it
+// (b); when the Snapshot catches up, that namespace's listener serves b,
+// not a, whose namespace's routes it applied to b's requests.
+func TestInPodListenerFollowsPod(t *testing.T) {
+	sandbox.ClaimAddrs(t, plan)
+	old, _ := podNS(t, ipA)
+	srv := &server{pods: map[string]snapshot.ObjectRef{}}
+	rec := &recorder{}
+	e := newEnroller(t, Config{Mode: InPod, Retry: 10 * time.Millisecond, Verify: 20 * time.Millisecond}, rec, srv)
+	a := workload("a", true, ipA)
+	a.Pod.Namespace = "team-a"
+	if err := e.Update(snap(t, a)); err != nil {
+		t.Fatal(err)
+	}
+	// a is deleted: its sandbox loses the address, which b's new one gets
+	// before the Snapshot drops a.
+	if err := old.Do(func() error { return delAddr("lo", ipA) }); err != nil {
+		t.Fatal(err)
+	}
+	podB, cookieB := podNS(t, ipA)
+	eventually(t, "a enrolled in the namespace holding its address", func() bool {
+		got, _ := rec.get()
+		return len(got) == 1 && got[cookieB].NetNSCookie == cookieB
+	})
+	if err := e.Update(snap(t, workload("b", true, ipA))); err != nil {
+		t.Fatal(err)
+	}
+	for _, addr := range []string{"127.0.0.1:15001", "[::1]:15001"} {
+		if got := srv.servedAs(t, podB, addr); got != "app/b" {
+			t.Errorf("a connection from b's namespace to %s was served as %q, want app/b", addr, got)
+		}
+	}
+	if got, _ := rec.get(); len(got) != 1 || got[cookieB].NetNSCookie != cookieB {
+		t.Errorf("enrolments = %v, want b's namespace alone", got)
+	}
 }
 
 func TestInPodPortTaken(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
 
@@ -227,5 +228,83 @@ func TestApplyQuotaFull(t *testing.T) {
 		if len(list.Items) != want {
 			t.Errorf("services in %s = %d, want %d", namespace, len(list.Items), want)
 		}
+	}
+}
+
+// TestApplyHandEdits: the generated Service follows the XBackend's
+// selector, a hand edit of its selector or ports is undone, and one
+// deleted by hand is made again, owned by the XBackend (so the garbage
+// collector removes it with it).
+func TestApplyHandEdits(t *testing.T) {
+	env := apiserver.Start(t)
+	ctx := t.Context()
+	kube, gw := env.Kube, env.Gateway
+	xb := createSelectorXBackend(t, env, ns)
+	w, err := New(Config{}, kube, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// apply runs translate over what the API server holds now, as a cache
+	// that caught up would, and returns the one generated Service.
+	apply := func(what string) corev1.Service {
+		t.Helper()
+		in := translate.Input{}
+		svcs, err := kube.CoreV1().Services(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range svcs.Items {
+			in.Services = append(in.Services, &svcs.Items[i])
+		}
+		cur, err := gw.ExperimentalV1alpha1().XBackends(ns).Get(ctx, xb.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.XBackends = []*gwxv1alpha1.XBackend{cur}
+		res, err := translate.Translate(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Apply(ctx, in, res.EndpointSelectorServices, nil); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		list, err := kube.CoreV1().Services(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list.Items) != 1 {
+			t.Fatalf("%s: %d services, want the generated one", what, len(list.Items))
+		}
+		s := list.Items[0]
+		if o := s.OwnerReferences; len(o) != 1 || o[0].UID != xb.UID || o[0].Controller == nil || !*o[0].Controller {
+			t.Errorf("%s: owner references %+v, want the XBackend as controller", what, o)
+		}
+		return s
+	}
+	first := apply("created")
+
+	xb.Spec.EndpointSelector.MatchLabels = map[gwv1.LabelKey]gwv1.LabelValue{"app": "pods-v2"}
+	if xb, err = gw.ExperimentalV1alpha1().XBackends(ns).Update(ctx, xb, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if s := apply("selector changed"); s.Name != first.Name || s.Spec.Selector["app"] != "pods-v2" {
+		t.Errorf("after the selector change: %s selects %v, want %s selecting app=pods-v2", s.Name, s.Spec.Selector, first.Name)
+	}
+
+	edited := apply("before the hand edit")
+	edited.Spec.Selector = map[string]string{"app": "other"}
+	edited.Spec.Ports[0].TargetPort = intstr.FromInt32(1)
+	if _, err := kube.CoreV1().Services(ns).Update(ctx, &edited, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if s := apply("edited by hand"); s.Spec.Selector["app"] != "pods-v2" || s.Spec.Ports[0].TargetPort.IntValue() != 8080 {
+		t.Errorf("after a hand edit: selector %v, target port %v; want app=pods-v2, 8080", s.Spec.Selector, s.Spec.Ports[0].TargetPort)
+	}
+
+	if err := kube.CoreV1().Services(ns).Delete(ctx, first.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if s := apply("deleted by hand"); s.Name == first.Name || s.Spec.Selector["app"] != "pods-v2" {
+		t.Errorf("after a hand delete: %s selecting %v, want a new Service selecting app=pods-v2", s.Name, s.Spec.Selector)
 	}
 }
