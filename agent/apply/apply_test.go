@@ -1,6 +1,7 @@
 package apply
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -309,6 +310,7 @@ type svc struct {
 type pod struct {
 	name, ip string
 	enrolled bool
+	uid      string // zero: name + "-uid"
 }
 
 func build(t *testing.T, version uint64, svcs []svc, pods []pod) *snapshot.Snapshot {
@@ -329,7 +331,8 @@ func build(t *testing.T, version uint64, svcs []svc, pods []pod) *snapshot.Snaps
 		bes = append(bes, b)
 	}
 	for _, pd := range pods {
-		ws = append(ws, snapshot.Workload{Pod: snapshot.ObjectRef{Namespace: "app", Name: pd.name}, UID: pd.name + "-uid",
+		uid := cmp.Or(pd.uid, pd.name+"-uid")
+		ws = append(ws, snapshot.Workload{Pod: snapshot.ObjectRef{Namespace: "app", Name: pd.name}, UID: uid,
 			IPs: []netip.Addr{netip.MustParseAddr(pd.ip)}, Enrolled: pd.enrolled})
 	}
 	s, err := snapshot.New(version, fes, bes, ws)
