@@ -3,10 +3,13 @@ package enrol
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"maps"
 	"net"
 	"net/netip"
+	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -536,6 +539,58 @@ func TestInPodPortTaken(t *testing.T) {
 	if got, _ := rec.get(); len(got) != 0 {
 		t.Errorf("enrolments = %v, want none without a listener", got)
 	}
+}
+
+// TestInPodChurn: 200 pods enrolled at once take one scan of the node's
+// namespaces, and once they go, every namespace, listener and serving
+// goroutine they held is released: a node's pod churn leaks nothing.
+func TestInPodChurn(t *testing.T) {
+	const pods = 200
+	sandbox.ClaimAddrs(t, plan)
+	var ws []snapshot.Workload
+	cookies := map[uint64]bool{}
+	for i := range pods {
+		ip := netip.AddrFrom4([4]byte{10, 233, byte(1 + i/250), byte(1 + i%250)})
+		_, cookie := podNS(t, ip)
+		cookies[cookie] = true
+		ws = append(ws, workload(fmt.Sprintf("churn-%d", i), true, ip))
+	}
+	fds, goroutines := openFDs(t), runtime.NumGoroutine()
+	rec := &recorder{}
+	srv := &server{pods: map[string]snapshot.ObjectRef{}}
+	e := newEnroller(t, Config{Mode: InPod, Verify: time.Hour}, rec, srv)
+	if err := e.Update(snap(t, ws...)); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := rec.get()
+	if len(got) != pods || !maps.EqualFunc(got, cookies, func(p datapath.Proxy, _ bool) bool { return p.V4.IsValid() }) {
+		t.Errorf("%d enrolments, want one with a listener for each of the %d pods' namespaces", len(got), pods)
+	}
+	if n := counter(t, e.m.scans); n != 1 {
+		t.Errorf("%v scans for pods whose namespaces all exist, want 1", n)
+	}
+
+	if err := e.Update(snap(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := rec.get(); len(got) != 0 {
+		t.Errorf("%d enrolments after every pod went, want none", len(got))
+	}
+	if n := openFDs(t); n != fds {
+		t.Errorf("%d open descriptors after the pods went, want %d as before they came", n, fds)
+	}
+	// Run's goroutine is the one more.
+	eventually(t, "the in-pod listeners' goroutines ended", func() bool { return runtime.NumGoroutine() <= goroutines+1 })
+}
+
+// openFDs counts the process's open file descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(fds)
 }
 
 func TestConfigErrors(t *testing.T) {

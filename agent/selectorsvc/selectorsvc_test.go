@@ -308,3 +308,51 @@ func TestApplyHandEdits(t *testing.T) {
 		t.Errorf("after a hand delete: %s selecting %v, want a new Service selecting app=pods-v2", s.Name, s.Spec.Selector)
 	}
 }
+
+// TestApplyLongNames: XBackends whose names are as long as a label value
+// (63) and as a name may be (253, with dots) each get one Service, made
+// once however often Apply runs before the cache shows it.
+func TestApplyLongNames(t *testing.T) {
+	env := apiserver.Start(t)
+	ctx := t.Context()
+	const namespace = "selectorsvc-long"
+	base := createSelectorXBackend(t, env, namespace)
+	in := translate.Input{}
+	for _, name := range []string{strings.Repeat("a", 63), strings.Repeat("b", 62) + "." + strings.Repeat("c", 62) + "." + strings.Repeat("d", 62) + "." + strings.Repeat("e", 63)} {
+		xb := base.DeepCopy()
+		xb.ObjectMeta = metav1.ObjectMeta{Name: name, Namespace: namespace}
+		created, err := env.Gateway.ExperimentalV1alpha1().XBackends(namespace).Create(ctx, xb, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("create XBackend of %d characters: %v", len(name), err)
+		}
+		in.XBackends = append(in.XBackends, created)
+	}
+	w, err := New(Config{}, env.Kube, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := translate.Translate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // the cache (in) never shows the Services made
+		if err := w.Apply(ctx, in, res.EndpointSelectorServices, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	list, err := env.Kube.CoreV1().Services(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	owners := map[string]int{}
+	for _, s := range list.Items {
+		for _, o := range s.OwnerReferences {
+			owners[o.Name]++
+		}
+	}
+	for _, xb := range in.XBackends {
+		if owners[xb.Name] != 1 {
+			t.Errorf("XBackend of %d characters owns %d Services, want 1", len(xb.Name), owners[xb.Name])
+		}
+	}
+}
