@@ -84,6 +84,24 @@ func requestH2(t *testing.T, c net.Conn, fields [][2]string, end bool) *h2WS {
 
 // startH2 is requestH2 returning its error.
 func startH2(c net.Conn, fields [][2]string, end bool) (*h2WS, error) {
+	s, err := sendH2(c, fields, end)
+	if err != nil {
+		return nil, err
+	}
+	for s.status == "" {
+		if err := s.step(); err != nil {
+			return nil, fmt.Errorf("read response headers: %w", err)
+		}
+		if s.err != nil {
+			return nil, s.err
+		}
+	}
+	return s, nil
+}
+
+// sendH2 is startH2 up to the request's HEADERS, sent once the server's
+// SETTINGS came.
+func sendH2(c net.Conn, fields [][2]string, end bool) (*h2WS, error) {
 	c.SetDeadline(time.Now().Add(hangGuard))
 	if _, err := io.WriteString(c, http2.ClientPreface); err != nil {
 		return nil, err
@@ -105,14 +123,6 @@ func startH2(c net.Conn, fields [][2]string, end bool) (*h2WS, error) {
 	}
 	if err := s.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: s.id, BlockFragment: hb.Bytes(), EndHeaders: true, EndStream: end}); err != nil {
 		return nil, err
-	}
-	for s.status == "" {
-		if err := s.step(); err != nil {
-			return nil, fmt.Errorf("read response headers: %w", err)
-		}
-		if s.err != nil {
-			return nil, s.err
-		}
 	}
 	return s, nil
 }

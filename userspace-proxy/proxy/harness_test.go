@@ -292,6 +292,9 @@ type envOptions struct {
 	rebalanceSpread time.Duration
 	// parkAfter is Config.ParkAfter (0: httpproxy's 5 s).
 	parkAfter time.Duration
+	// appPingAfter is Config.AppPingAfter and AppPingTimeout (0: 5 min
+	// and 15 s).
+	appPingAfter time.Duration
 	// origDst is Config.OrigDst.
 	origDst func(syscall.Conn) (netip.AddrPort, error)
 	// routing is Config.Routing.
@@ -317,6 +320,8 @@ func newEnv(t testing.TB, o envOptions) *env {
 		MaxConnsPerClient: o.maxConnsPerClient,
 		RebalanceSpread:   o.rebalanceSpread,
 		ParkAfter:         o.parkAfter,
+		AppPingAfter:      o.appPingAfter,
+		AppPingTimeout:    o.appPingAfter,
 		OrigDst:           o.origDst,
 		Routing:           o.routing,
 	}

@@ -54,6 +54,17 @@ type Config struct {
 	// IdleTimeout closes L7 client connections idle this long; 0 means
 	// 5 min.
 	IdleTimeout time.Duration
+	// AppPingAfter is how long an HTTP/2 app connection may go without a
+	// frame from the app before the proxy pings it; without an answer
+	// within AppPingTimeout the connection closes and its streams end as
+	// the app's leaving (canceled). IdleTimeout closes only connections
+	// without streams, and the listeners accept without TCP keep-alive
+	// (ListenConfig): a stream left open (a gRPC server stream, a watch,
+	// a WebSocket) on a connection whose app vanished without a word
+	// would hold its backend side for the proxy's life. 0 means 5 min and
+	// 15 s, as toward backends (upstream.Config.H2PingAfter says why no
+	// sooner).
+	AppPingAfter, AppPingTimeout time.Duration
 	// ParkAfter is httpproxy.Config.ParkAfter: how long an HTTP/1 fast-path
 	// connection waits for a request before it waits with a smaller stack.
 	ParkAfter time.Duration
@@ -183,6 +194,12 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 	if cfg.IdleTimeout == 0 {
 		cfg.IdleTimeout = 5 * time.Minute
 	}
+	if cfg.AppPingAfter == 0 {
+		cfg.AppPingAfter = 5 * time.Minute
+	}
+	if cfg.AppPingTimeout == 0 {
+		cfg.AppPingTimeout = 15 * time.Second
+	}
 	if cfg.RebalanceSpread == 0 {
 		cfg.RebalanceSpread = 5 * time.Second
 	}
@@ -231,6 +248,7 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 		Protocols:         new(http.Protocols),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
+		HTTP2:             &http.HTTP2Config{SendPingTimeout: cfg.AppPingAfter, PingTimeout: cfg.AppPingTimeout},
 		// "OPTIONS *" asks the backend's server, as the fast path forwards
 		// it: net/http's server would answer it itself, past routes.
 		DisableGeneralOptionsHandler: true,

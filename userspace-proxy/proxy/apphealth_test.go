@@ -1,0 +1,134 @@
+package proxy_test
+
+import (
+	"bufio"
+	"crypto/sha1"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// TestH2AppVanished: an HTTP/2 app connection whose app stops answering
+// while a stream on it stays open — a long poll not answered yet, an
+// answer that never ends (SSE), a WebSocket over extended CONNECT, each
+// to an HTTP/1.1 backend — is pinged once the app has sent no frame for
+// Config.AppPingAfter, and closed when no ack comes within
+// AppPingTimeout; the stream's backend connection is released, and a
+// request not answered yet counts as the app's leaving (canceled; one
+// answered counts with its status, as for an app that hangs up).
+// Before, the proxy's HTTP/2 server sent no ping: IdleTimeout spares
+// connections with streams, and the listeners accept without TCP
+// keep-alive, so both connections stayed open for the proxy's life.
+func TestH2AppVanished(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{appPingAfter: 200 * time.Millisecond})
+	// serve starts a backend that answers a request's head with answer
+	// (nothing when ""); asked gets a value when a request came, freed
+	// when its connection ended: the proxy let it go.
+	type backend struct {
+		addr         netip.AddrPort
+		asked, freed chan struct{}
+	}
+	serve := func(answer func(*http.Request) string) backend {
+		b := backend{asked: make(chan struct{}, 1), freed: make(chan struct{}, 1)}
+		b.addr = serveTCP(t, nil, func(c net.Conn) {
+			defer func() { b.freed <- struct{}{} }()
+			c.SetDeadline(time.Now().Add(hangGuard))
+			br := bufio.NewReader(c)
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.WriteString(c, answer(req))
+			b.asked <- struct{}{}
+			io.Copy(io.Discard, br) // until the proxy closes it
+		})
+		return b
+	}
+	poll := serve(func(*http.Request) string { return "" })
+	sse := serve(func(*http.Request) string {
+		return "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+			"c\r\ndata: first\n\r\n"
+	})
+	ws := serve(func(r *http.Request) string {
+		h := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+		return fmt.Sprintf("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n",
+			base64.StdEncoding.EncodeToString(h[:]))
+	})
+	vPoll, vSSE, vWS := netip.MustParseAddrPort("10.96.4.20:80"), netip.MustParseAddrPort("10.96.4.21:80"), netip.MustParseAddrPort("10.96.4.22:80")
+	e.p.Update(buildSnapshot(t, 1,
+		service{name: "poll", vip: vPoll, backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(poll.addr)}},
+		service{name: "events", vip: vSSE, backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(sse.addr)}},
+		service{name: "ws", vip: vWS, backend: snapshot.Backend{Protocol: snapshot.ProtocolWS, Endpoints: endpoints(ws.addr)}},
+	))
+	get := func(authority, path string) [][2]string {
+		return [][2]string{{":method", "GET"}, {":scheme", "http"}, {":path", path}, {":authority", authority}}
+	}
+	for _, tc := range []struct {
+		name string
+		vip  netip.AddrPort
+		be   backend
+		// fields open the stream, ending the request when end is set;
+		// status is the answer's the app waits for ("": none).
+		fields [][2]string
+		end    bool
+		status string
+		// counted is the series the request counts in.
+		counted string
+		labels  map[string]string
+	}{
+		{"long-poll", vPoll, poll, get("poll.b.svc", "/watch"), true, "", "sockmesh_proxy_request_failures_total", map[string]string{"reason": "canceled"}},
+		{"answer-stream", vSSE, sse, get("events.b.svc", "/events"), true, "200", "sockmesh_proxy_requests_total", map[string]string{"service": "events", "code": "200"}},
+		{"websocket", vWS, ws, wsConnect("websocket", "ws.b.svc", "/ws"), false, "200", "sockmesh_proxy_requests_total", map[string]string{"service": "ws", "code": "200"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			counted := e.counter(tc.counted, tc.labels)
+			c := e.appConn(t, tc.vip)
+			if tc.status == "" {
+				if _, err := sendH2(c, tc.fields, tc.end); err != nil {
+					t.Fatal(err)
+				}
+			} else if s := requestH2(t, c, tc.fields, tc.end); s.status != tc.status {
+				t.Fatalf("answered %s, want %s", s.status, tc.status)
+			}
+			waitFor(t, tc.be.asked, "the backend to get the request")
+			// From here the app answers nothing: frames are read, never
+			// acked, until the proxy closes the connection.
+			fr := http2.NewFramer(io.Discard, c)
+			pinged := false
+			var err error
+			for err == nil {
+				var f http2.Frame
+				f, err = fr.ReadFrame()
+				if p, ok := f.(*http2.PingFrame); ok && !p.IsAck() {
+					pinged = true
+				}
+			}
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("the proxy kept the unanswering app's connection open for %v", hangGuard)
+			}
+			if !pinged {
+				t.Errorf("the connection ended (%v) with no PING from the proxy", err)
+			}
+			waitFor(t, tc.be.freed, "the backend's connection to be closed after the app's")
+			if got := e.counterReaches(tc.counted, tc.labels, counted+1); got != counted+1 {
+				t.Errorf("%s%v went from %v to %v, want one more", tc.counted, tc.labels, counted, got)
+			}
+		})
+	}
+	eventually(t, func() bool {
+		return e.counter("sockmesh_proxy_active_connections", map[string]string{"path": "l7"}) == 0
+	},
+		"the proxy to forget the closed app connections")
+}
