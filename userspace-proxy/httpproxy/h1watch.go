@@ -3,6 +3,7 @@ package httpproxy
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -54,6 +55,9 @@ type clientWatch struct {
 	done chan struct{}
 	// gone is set when the client left and the exchange was ended.
 	gone atomic.Bool
+	// probed is set once TCP keep-alive is on for the client's
+	// connection (begin).
+	probed bool
 }
 
 // start watches the client from watchAfter on, until stop, ending the
@@ -129,6 +133,19 @@ func (w *clientWatch) begin() (done chan struct{}, held bool) {
 			w.t.Reset(watchAfter)
 		}
 		return nil, false
+	}
+	if !w.probed {
+		// An exchange this long may go on for hours with no byte either
+		// way (SSE, a long poll), and an app that vanished without a word
+		// (its node lost, a cut path) sends no FIN or reset for the read
+		// below to meet: keep-alive probes end it. Once per connection,
+		// and only here: the listeners accept without keep-alive, which
+		// costs setsockopts a connection of quick answers does without
+		// (proxy.ListenConfig).
+		w.probed = true
+		if tc := sockio.TCP(s.c); tc != nil {
+			tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true})
+		}
 	}
 	s.c.SetReadDeadline(time.Time{}) // an idle deadline may be armed; stop restores it
 	w.done = make(chan struct{})     // last: stop waits for it, which only fire closes

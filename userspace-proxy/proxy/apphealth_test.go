@@ -2,6 +2,7 @@ package proxy_test
 
 import (
 	"bufio"
+	"context"
 	"crypto/sha1"
 	"encoding/base64"
 	"errors"
@@ -17,6 +18,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
 // TestH2AppVanished: an HTTP/2 app connection whose app stops answering
@@ -131,4 +133,55 @@ func TestH2AppVanished(t *testing.T) {
 		return e.counter("sockmesh_proxy_active_connections", map[string]string{"path": "l7"}) == 0
 	},
 		"the proxy to forget the closed app connections")
+}
+
+// TestH1LongAnswerKeepAlive: on the HTTP/1 fast path, an answer that
+// outlasts the watch's start (an SSE stream) turns TCP keep-alive on for
+// the proxy's socket toward the app, whose probes end the watch's read of
+// an app that vanished without a word; quick answers leave it off, as
+// ListenConfig accepted it: a connection per request pays no setsockopt.
+// Before, nothing turned it on: such an app's answer, and its pooled
+// backend connection, stayed open for the proxy's life.
+func TestH1LongAnswerKeepAlive(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{registeredDst: true})
+	be := serveTCP(t, serverTLS(e.pki.server), func(c net.Conn) {
+		br := bufio.NewReader(c)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			if req.URL.Path != "/events" {
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				continue
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\nc\r\ndata: first\n\r\n")
+			io.Copy(io.Discard, br) // until the proxy closes it
+			return
+		}
+	})
+	v := netip.MustParseAddrPort("10.96.4.23:80")
+	e.p.Update(buildSnapshot(t, 1, service{name: "events", vip: v, backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, TLS: tlsPolicy(e), Endpoints: endpoints(be)}}))
+	ln, err := proxy.ListenConfig().Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go e.p.Serve(ln)
+	c := dialListener(t, e, ln, v)
+	br := bufio.NewReader(c)
+	io.WriteString(c, "GET /quick HTTP/1.1\r\nHost: events.b.svc\r\n\r\n")
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("quick answer: %v, %v", resp, err)
+	} else if _, err := io.ReadAll(resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	if keepAlive(t, c) {
+		t.Error("a quick answer turned keep-alive on")
+	}
+	io.WriteString(c, "GET /events HTTP/1.1\r\nHost: events.b.svc\r\n\r\n")
+	if resp, err := http.ReadResponse(br, nil); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("event stream: %v, %v", resp, err)
+	}
+	eventually(t, func() bool { return keepAlive(t, c) }, "keep-alive on the app's connection of a long answer")
 }

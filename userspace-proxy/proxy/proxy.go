@@ -350,9 +350,12 @@ func taking(addrs, standby []netip.AddrPort) map[netip.AddrPort]bool {
 // keep-alive on accepted connections. Go's default costs four setsockopt
 // calls per accepted connection (measured with test/bench/proxy: about 4 %
 // of the proxy's CPU when clients open a connection per request); the L7
-// paths close idle clients themselves (IdleTimeout), and relays, which may
-// idle forever (the L4 paths, a WebSocket after its 101), turn keep-alive
-// on for their own connections (relay.Relay).
+// paths close idle clients themselves (IdleTimeout) and ping HTTP/2 apps
+// whose streams stay open (AppPingAfter), the HTTP/1 fast path turns
+// keep-alive on for a connection once an exchange on it outlasts a second
+// (httpproxy's client watch), and relays, which may idle forever (the L4
+// paths, a WebSocket after its 101), turn it on for their own connections
+// (relay.Relay).
 func ListenConfig() *net.ListenConfig { return &net.ListenConfig{KeepAlive: -1} }
 
 // Serve accepts redirected connections on l (node-IP mode: the client pod is
