@@ -12,12 +12,15 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"os/exec"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/sys/unix"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/sandbox"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
@@ -60,8 +63,7 @@ func TestH2AppVanished(t *testing.T) {
 	}
 	poll := serve(func(*http.Request) string { return "" })
 	sse := serve(func(*http.Request) string {
-		return "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
-			"c\r\ndata: first\n\r\n"
+		return sseHead
 	})
 	ws := serve(func(r *http.Request) string {
 		h := sha1.Sum([]byte(r.Header.Get("Sec-WebSocket-Key") + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
@@ -135,6 +137,9 @@ func TestH2AppVanished(t *testing.T) {
 		"the proxy to forget the closed app connections")
 }
 
+// sseHead starts an answer of server-sent events that never ends.
+const sseHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\nc\r\ndata: first\n\r\n"
+
 // TestH1LongAnswerKeepAlive: on the HTTP/1 fast path, an answer that
 // outlasts the watch's start (an SSE stream) turns TCP keep-alive on for
 // the proxy's socket toward the app, whose probes end the watch's read of
@@ -156,7 +161,7 @@ func TestH1LongAnswerKeepAlive(t *testing.T) {
 				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 				continue
 			}
-			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\nc\r\ndata: first\n\r\n")
+			io.WriteString(c, sseHead)
 			io.Copy(io.Discard, br) // until the proxy closes it
 			return
 		}
@@ -184,4 +189,62 @@ func TestH1LongAnswerKeepAlive(t *testing.T) {
 		t.Fatalf("event stream: %v, %v", resp, err)
 	}
 	eventually(t, func() bool { return keepAlive(t, c) }, "keep-alive on the app's connection of a long answer")
+}
+
+// TestH1VanishedApp: an app in a netns of the test's own, on the HTTP/1
+// fast path with an SSE answer under way, vanishes (the netns drops every
+// packet): the keep-alive the client watch turned on ends the watch's
+// read, and the exchange's pooled backend connection is closed. The
+// test shortens the proxy's socket's probe timing to 1 s, where Go's
+// default (15 s, then 9 probes 15 s apart) would take 150 s.
+func TestH1VanishedApp(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	freed := make(chan struct{}, 1)
+	be := serveTCP(t, serverTLS(e.pki.server), func(c net.Conn) {
+		defer func() { freed <- struct{}{} }()
+		c.SetDeadline(time.Now().Add(hangGuard))
+		br := bufio.NewReader(c)
+		if _, err := http.ReadRequest(br); err != nil {
+			return
+		}
+		io.WriteString(c, sseHead)
+		io.Copy(io.Discard, br) // until the proxy closes it
+	})
+	v := netip.MustParseAddrPort("10.96.4.24:80")
+	e.p.Update(buildSnapshot(t, 1, service{name: "events", vip: v, backend: snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, TLS: tlsPolicy(e), Endpoints: endpoints(be)}}))
+	ns := sandbox.NewNetNS(t)
+	ln, err := ns.Listen(context.Background(), proxy.ListenConfig(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			e.p.ServeConn(c, v, proxy.Client{Addr: c.RemoteAddr().(*net.TCPAddr).AddrPort()})
+		}
+	}()
+	c, err := ns.Dial(&net.Dialer{KeepAlive: -1}, "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	c.SetDeadline(time.Now().Add(hangGuard))
+	io.WriteString(c, "GET /events HTTP/1.1\r\nHost: events.b.svc\r\n\r\n")
+	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("event stream: %v, %v", resp, err)
+	}
+	eventually(t, func() bool { return keepAlive(t, c) }, "keep-alive on the app's connection of a long answer")
+	fd := proxySocket(t, c)
+	for _, opt := range []int{unix.TCP_KEEPIDLE, unix.TCP_KEEPINTVL, unix.TCP_KEEPCNT} {
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, opt, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, args := range [][]string{{"add", "table", "inet", "vanish"}, {"add", "chain", "inet", "vanish", "in", "{ type filter hook input priority 0; policy drop; }"}} {
+		if out, err := exec.Command("ip", append([]string{"netns", "exec", ns.Name, "nft"}, args...)...).CombinedOutput(); err != nil {
+			t.Fatalf("nft %v: %v: %s", args, err, out)
+		}
+	}
+	waitFor(t, freed, "the backend's connection to be closed after the app vanished")
 }

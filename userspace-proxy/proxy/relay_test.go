@@ -93,9 +93,20 @@ func checkKeepAlive(t *testing.T, app net.Conn) {
 	}
 }
 
-// keepAlive reports whether the proxy's socket of app's connection (the
-// one this process holds with app's addresses swapped) has SO_KEEPALIVE.
+// keepAlive reports whether the proxy's socket of app's connection has
+// SO_KEEPALIVE.
 func keepAlive(t *testing.T, app net.Conn) bool {
+	t.Helper()
+	on, err := unix.GetsockoptInt(proxySocket(t, app), unix.SOL_SOCKET, unix.SO_KEEPALIVE)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return on == 1
+}
+
+// proxySocket is the descriptor of the proxy's socket of app's connection:
+// the one this process holds with app's addresses swapped.
+func proxySocket(t *testing.T, app net.Conn) int {
 	t.Helper()
 	local, remote := app.RemoteAddr().(*net.TCPAddr).AddrPort(), app.LocalAddr().(*net.TCPAddr).AddrPort()
 	fds, err := os.ReadDir("/proc/self/fd")
@@ -107,17 +118,12 @@ func keepAlive(t *testing.T, app net.Conn) bool {
 		if err != nil {
 			continue
 		}
-		if addrOf(unix.Getsockname(fd)) != local || addrOf(unix.Getpeername(fd)) != remote {
-			continue
+		if addrOf(unix.Getsockname(fd)) == local && addrOf(unix.Getpeername(fd)) == remote {
+			return fd
 		}
-		on, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_KEEPALIVE)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return on == 1
 	}
 	t.Fatalf("no socket of this process is %v→%v", local, remote)
-	return false
+	return -1
 }
 
 func addrOf(sa unix.Sockaddr, err error) netip.AddrPort {
