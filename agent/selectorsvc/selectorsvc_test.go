@@ -66,25 +66,7 @@ func TestApply(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	input := func() translate.Input {
-		t.Helper()
-		in := translate.Input{}
-		svcs, err := kube.CoreV1().Services(ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range svcs.Items {
-			in.Services = append(in.Services, &svcs.Items[i])
-		}
-		xbs, err := gw.ExperimentalV1alpha1().XBackends(ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range xbs.Items {
-			in.XBackends = append(in.XBackends, &xbs.Items[i])
-		}
-		return in
-	}
+	input := func() translate.Input { return inputOf(t, env) }
 	apply := func(in translate.Input) {
 		t.Helper()
 		res, err := translate.Translate(in)
@@ -248,19 +230,7 @@ func TestApplyHandEdits(t *testing.T) {
 	// that caught up would, and returns the one generated Service.
 	apply := func(what string) corev1.Service {
 		t.Helper()
-		in := translate.Input{}
-		svcs, err := kube.CoreV1().Services(ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for i := range svcs.Items {
-			in.Services = append(in.Services, &svcs.Items[i])
-		}
-		cur, err := gw.ExperimentalV1alpha1().XBackends(ns).Get(ctx, xb.Name, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		in.XBackends = []*gwxv1alpha1.XBackend{cur}
+		in := inputOf(t, env)
 		res, err := translate.Translate(in)
 		if err != nil {
 			t.Fatal(err)
@@ -355,4 +325,26 @@ func TestApplyLongNames(t *testing.T) {
 			t.Errorf("XBackend of %d characters owns %d Services, want 1", len(xb.Name), owners[xb.Name])
 		}
 	}
+}
+
+// inputOf is what translate reads of ns's Services and XBackends on env's
+// API server now, as an informer cache that caught up would hold it.
+func inputOf(t *testing.T, env *apiserver.Env) translate.Input {
+	t.Helper()
+	in := translate.Input{}
+	svcs, err := env.Kube.CoreV1().Services(ns).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range svcs.Items {
+		in.Services = append(in.Services, &svcs.Items[i])
+	}
+	xbs, err := env.Gateway.ExperimentalV1alpha1().XBackends(ns).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range xbs.Items {
+		in.XBackends = append(in.XBackends, &xbs.Items[i])
+	}
+	return in
 }

@@ -29,19 +29,7 @@ func TestAgentKubernetes(t *testing.T) {
 	e := newEnv(t)
 	ctx := t.Context()
 	createManifests(t, api, e.manifests)
-	if _, err := api.Kube.CoreV1().Namespaces().Create(ctx,
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "sockmesh-system"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := e.node.Listen(ctx, nil, "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig := api.KubeconfigVia(t, ln)
-
-	a := e.startAgent(t, "--source=kubernetes", "--kubeconfig="+kubeconfig, "--leader-elect",
-		"--leader-election-namespace=sockmesh-system", "--service-cidr="+apiserver.ServiceCIDR,
-		"--proxy-listen="+addrs.Node.String()+":0")
+	a := startElecting(t, api, e)
 	a.waitReady(t)
 	checkTLSOriginated(t, e.get(t, "/hello"))
 
@@ -153,18 +141,7 @@ func eventually(t *testing.T, what string, cond func() error) {
 func TestAgentShutdownAPIServerHung(t *testing.T) {
 	api := apiserver.Start(t)
 	e := newEnv(t)
-	ctx := t.Context()
-	if _, err := api.Kube.CoreV1().Namespaces().Create(ctx,
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "sockmesh-system"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := e.node.Listen(ctx, nil, "tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := e.startAgent(t, "--source=kubernetes", "--kubeconfig="+api.KubeconfigVia(t, ln), "--leader-elect",
-		"--leader-election-namespace=sockmesh-system", "--service-cidr="+apiserver.ServiceCIDR,
-		"--proxy-listen="+addrs.Node.String()+":0")
+	a := startElecting(t, api, e)
 	a.logged(t, "that it leads", func(r agentproc.Record) bool { return r.Msg() == "leading" })
 
 	api.Freeze(t)
@@ -192,4 +169,22 @@ func TestAgentShutdownAPIServerHung(t *testing.T) {
 	if !strings.Contains(order[1], "deadline exceeded") && !strings.Contains(order[1], "Timeout exceeded") {
 		t.Errorf("%s, want a timeout", order[1])
 	}
+}
+
+// startElecting starts the agent on the kubernetes source of api, which it
+// reaches from the node's netns, with leader election in sockmesh-system
+// (which it creates).
+func startElecting(t *testing.T, api *apiserver.Env, e *env) *agentRun {
+	t.Helper()
+	if _, err := api.Kube.CoreV1().Namespaces().Create(t.Context(),
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "sockmesh-system"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := e.node.Listen(t.Context(), nil, "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e.startAgent(t, "--source=kubernetes", "--kubeconfig="+api.KubeconfigVia(t, ln), "--leader-elect",
+		"--leader-election-namespace=sockmesh-system", "--service-cidr="+apiserver.ServiceCIDR,
+		"--proxy-listen="+addrs.Node.String()+":0")
 }

@@ -32,19 +32,7 @@ func TestStatusAllNodesWithAddress(t *testing.T) {
 	}
 	// One agent, serving its introspection API over TLS with a token.
 	dir := t.TempDir()
-	ca := must.Value[*pki.CA](t)(pki.NewCA("sockmeshctl status test CA"))
-	leaf := must.Value[*pki.Leaf](t)(ca.Issue(pki.LeafOptions{IPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}}))
-	certFile, keyFile, err := leaf.WriteFiles(dir, "agent")
-	if err != nil {
-		t.Fatal(err)
-	}
-	caFile, tokenFile := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "token")
-	if err := os.WriteFile(caFile, ca.CertPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(tokenFile, []byte("secret"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	certFile, keyFile, caFile, tokenFile := agentTLSFiles(t, dir, netip.MustParseAddr("127.0.0.1"))
 	srv, err := httpapi.NewServer(httpapi.Config{Socket: filepath.Join(dir, "agent.sock"), Listen: "127.0.0.1:0",
 		TLSCertFile: certFile, TLSKeyFile: keyFile, TokenFile: tokenFile}, &introspect.Sources{Node: "node-a"}, nil, nil)
 	if err != nil {
@@ -110,19 +98,7 @@ func TestStatusAllNodesUnanswered(t *testing.T) {
 	api := apiserver.Start(t)
 	dir := t.TempDir()
 	healthy := netip.MustParseAddr("127.0.0.3")
-	ca := must.Value[*pki.CA](t)(pki.NewCA("sockmeshctl status test CA"))
-	leaf := must.Value[*pki.Leaf](t)(ca.Issue(pki.LeafOptions{IPs: []netip.Addr{healthy}}))
-	certFile, keyFile, err := leaf.WriteFiles(dir, "agent")
-	if err != nil {
-		t.Fatal(err)
-	}
-	caFile, tokenFile := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "token")
-	if err := os.WriteFile(caFile, ca.CertPEM, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(tokenFile, []byte("secret"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	certFile, keyFile, caFile, tokenFile := agentTLSFiles(t, dir, healthy)
 	srv, err := httpapi.NewServer(httpapi.Config{Socket: filepath.Join(dir, "agent.sock"), Listen: netip.AddrPortFrom(healthy, 0).String(),
 		TLSCertFile: certFile, TLSKeyFile: keyFile, TokenFile: tokenFile}, &introspect.Sources{Node: "node-c"}, nil, nil)
 	if err != nil {
@@ -170,4 +146,25 @@ func TestStatusAllNodesUnanswered(t *testing.T) {
 		strings.Contains(err.Error(), "node node-c:") {
 		t.Errorf("status --all-nodes error = %v, want node-a and node-b named, not node-c", err)
 	}
+}
+
+// agentTLSFiles writes to dir what an agent serving its introspection API
+// over TLS at addr with a token needs, and what sockmeshctl needs to reach
+// it: the agent's certificate and key, the CA that issued them, the token.
+func agentTLSFiles(t *testing.T, dir string, addr netip.Addr) (certFile, keyFile, caFile, tokenFile string) {
+	t.Helper()
+	ca := must.Value[*pki.CA](t)(pki.NewCA("sockmeshctl status test CA"))
+	leaf := must.Value[*pki.Leaf](t)(ca.Issue(pki.LeafOptions{IPs: []netip.Addr{addr}}))
+	certFile, keyFile, err := leaf.WriteFiles(dir, "agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile, tokenFile = filepath.Join(dir, "ca.crt"), filepath.Join(dir, "token")
+	if err := os.WriteFile(caFile, ca.CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tokenFile, []byte("secret"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return certFile, keyFile, caFile, tokenFile
 }
