@@ -4,7 +4,10 @@
 package testenv
 
 import (
+	"fmt"
 	"os"
+	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -29,4 +32,23 @@ func RequireRoot(t testing.TB) {
 	if os.Geteuid() != 0 {
 		SkipOrFail(t, "needs root (eBPF, netns, cgroups)")
 	}
+}
+
+// MainWithGODEBUG runs m's tests in a process whose GODEBUG holds setting
+// ("name=value"), re-executing the test binary with it added when it does
+// not: the runtime and the standard library read GODEBUG once, at init.
+func MainWithGODEBUG(m *testing.M, setting string) {
+	if g := os.Getenv("GODEBUG"); !strings.Contains(g, setting) {
+		if g != "" {
+			g += ","
+		}
+		env := append(os.Environ(), "GODEBUG="+g+setting)
+		exe, err := os.Executable()
+		if err == nil {
+			err = syscall.Exec(exe, os.Args, env)
+		}
+		fmt.Fprintf(os.Stderr, "re-exec with GODEBUG=%s: %v\n", setting, err)
+		os.Exit(2)
+	}
+	os.Exit(m.Run())
 }

@@ -10,8 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -25,31 +23,18 @@ import (
 	"github.com/sockmesh/sockmesh/internal/metricsum"
 	"github.com/sockmesh/sockmesh/internal/syncbuf"
 	"github.com/sockmesh/sockmesh/internal/tcpserve"
+	"github.com/sockmesh/sockmesh/internal/testenv"
 	"github.com/sockmesh/sockmesh/test/pki"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
-// TestMain re-executes the test binary with GODEBUG=http2xconnect=1, as
+// TestMain runs the tests with GODEBUG=http2xconnect=1, as
 // the proxy's process runs (proxy.RuntimeSettings): net/http reads it
 // once at init, and its HTTP/2 server takes an extended CONNECT (RFC
 // 8441, extendedConnect) only under it.
-func TestMain(m *testing.M) {
-	if g := os.Getenv("GODEBUG"); !strings.Contains(g, "http2xconnect=1") {
-		if g != "" {
-			g += ","
-		}
-		env := append(os.Environ(), "GODEBUG="+g+"http2xconnect=1")
-		exe, err := os.Executable()
-		if err == nil {
-			err = syscall.Exec(exe, os.Args, env)
-		}
-		fmt.Fprintln(os.Stderr, "re-exec with GODEBUG=http2xconnect=1:", err)
-		os.Exit(2)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { testenv.MainWithGODEBUG(m, "http2xconnect=1") }
 
 // vip is the Service address the tests' clients "connected to".
 var vip = netip.MustParseAddrPort("10.96.0.10:80")

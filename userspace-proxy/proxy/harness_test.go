@@ -6,14 +6,12 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
 	"os"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -27,6 +25,7 @@ import (
 	"github.com/sockmesh/sockmesh/internal/leakcheck"
 	"github.com/sockmesh/sockmesh/internal/metricsum"
 	"github.com/sockmesh/sockmesh/internal/syncbuf"
+	"github.com/sockmesh/sockmesh/internal/testenv"
 	"github.com/sockmesh/sockmesh/test/echo"
 	"github.com/sockmesh/sockmesh/test/pki"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
@@ -35,24 +34,10 @@ import (
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
 )
 
-// TestMain re-executes the test binary with GODEBUG=http2xconnect=1: net/http
+// TestMain runs the tests with GODEBUG=http2xconnect=1: net/http
 // reads it once at init, and WebSocket over HTTP/2 (RFC 8441) needs it, as
 // the agent's DaemonSet sets it.
-func TestMain(m *testing.M) {
-	if g := os.Getenv("GODEBUG"); !strings.Contains(g, "http2xconnect=1") {
-		if g != "" {
-			g += ","
-		}
-		env := append(os.Environ(), "GODEBUG="+g+"http2xconnect=1")
-		exe, err := os.Executable()
-		if err == nil {
-			err = syscall.Exec(exe, os.Args, env)
-		}
-		fmt.Fprintln(os.Stderr, "re-exec with GODEBUG=http2xconnect=1:", err)
-		os.Exit(2)
-	}
-	os.Exit(m.Run())
-}
+func TestMain(m *testing.M) { testenv.MainWithGODEBUG(m, "http2xconnect=1") }
 
 // pkiSet is the test's certificate world: a CA the backends use, another CA
 // nobody trusts, and leaves.
