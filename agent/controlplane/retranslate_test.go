@@ -2,14 +2,8 @@ package controlplane
 
 import (
 	"bytes"
-	"crypto/ed25519"
-	"crypto/rand"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"encoding/json"
-	"encoding/pem"
 	"log/slog"
-	"math/big"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -23,35 +17,8 @@ import (
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/agent/source/manifests"
 	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/test/pki"
 )
-
-// clientKeyPair returns a self-signed client certificate valid from
-// notBefore to notAfter, and its key, in PEM: translate judges the pair and
-// its dates, not who signed it.
-func clientKeyPair(t *testing.T, notBefore, notAfter time.Time) (crt, key []byte) {
-	t.Helper()
-	pub, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "client"},
-		NotBefore:    notBefore,
-		NotAfter:     notAfter,
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, pub, priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalPKCS8PrivateKey(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER})
-}
 
 // partnerManifests are what a user would put in the file source's
 // directory: an EndpointSelector XBackend with mutual TLS, its client key
@@ -86,7 +53,16 @@ spec: {clusterIP: 10.96.30.1, ports: [{name: app, port: 8080}]}
 // notAfter; its writer records each translation it is handed.
 func runPartner(t *testing.T, notBefore, notAfter time.Time) (*ControlPlane, *flakyWriter) {
 	t.Helper()
-	crt, key := clientKeyPair(t, notBefore, notAfter)
+	ca, err := pki.NewCA("partner client CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// translate judges the key pair and its dates, not who signed it.
+	leaf, err := ca.Issue(pki.LeafOptions{CommonName: "client", Client: true, NotBefore: notBefore, NotAfter: notAfter})
+	if err != nil {
+		t.Fatal(err)
+	}
+	crt, key := leaf.CertPEM, leaf.KeyPEM
 	quote := func(b []byte) string {
 		q, err := json.Marshal(string(b))
 		if err != nil {

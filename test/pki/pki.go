@@ -83,8 +83,10 @@ type LeafOptions struct {
 	URIs []string
 	// Client issues a client-authentication certificate instead of a server one.
 	Client bool
-	// NotAfter overrides the expiry (a past time gives an expired certificate).
-	NotAfter time.Time
+	// NotBefore and NotAfter override the validity (an hour ago to a day
+	// from now): a past NotAfter gives an expired certificate, a future
+	// NotBefore one not yet valid.
+	NotBefore, NotAfter time.Time
 }
 
 // Leaf is an issued certificate with its key, in both forms tests need.
@@ -108,6 +110,9 @@ func (ca *CA) Issue(o LeafOptions) (*Leaf, error) {
 		DNSNames:     o.DNSNames,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	if !o.NotBefore.IsZero() {
+		tmpl.NotBefore = o.NotBefore
 	}
 	if tmpl.NotAfter.IsZero() {
 		tmpl.NotAfter = time.Now().Add(24 * time.Hour)
