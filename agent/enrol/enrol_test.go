@@ -8,7 +8,6 @@ import (
 	"maps"
 	"net"
 	"net/netip"
-	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/datapath"
+	"github.com/sockmesh/sockmesh/internal/leakcheck"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 )
 
@@ -555,7 +555,7 @@ func TestInPodChurn(t *testing.T) {
 		cookies[cookie] = true
 		ws = append(ws, workload(fmt.Sprintf("churn-%d", i), true, ip))
 	}
-	fds, goroutines := openFDs(t), runtime.NumGoroutine()
+	fds, goroutines := leakcheck.OpenFDs(t), runtime.NumGoroutine()
 	rec := &recorder{}
 	srv := &server{pods: map[string]snapshot.ObjectRef{}}
 	e := newEnroller(t, Config{Mode: InPod, Verify: time.Hour}, rec, srv)
@@ -576,21 +576,11 @@ func TestInPodChurn(t *testing.T) {
 	if got, _ := rec.get(); len(got) != 0 {
 		t.Errorf("%d enrolments after every pod went, want none", len(got))
 	}
-	if n := openFDs(t); n != fds {
+	if n := leakcheck.OpenFDs(t); n != fds {
 		t.Errorf("%d open descriptors after the pods went, want %d as before they came", n, fds)
 	}
 	// Run's goroutine is the one more.
 	eventually(t, "the in-pod listeners' goroutines ended", func() bool { return runtime.NumGoroutine() <= goroutines+1 })
-}
-
-// openFDs counts the process's open file descriptors.
-func openFDs(t *testing.T) int {
-	t.Helper()
-	fds, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(fds)
 }
 
 func TestConfigErrors(t *testing.T) {

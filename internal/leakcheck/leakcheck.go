@@ -1,8 +1,10 @@
 // Package leakcheck fails a test whose goroutines outlive it: those running
-// non-test code of the packages it names. It is for tests only.
+// non-test code of the packages it names; and counts open file descriptors
+// for tests that check none are left. It is for tests only.
 package leakcheck
 
 import (
+	"os"
 	"runtime"
 	"strings"
 	"testing"
@@ -54,4 +56,15 @@ func inDirs(stack string, dirs []string) bool {
 		}
 	}
 	return false
+}
+
+// OpenFDs counts the process's open file descriptors, for tests that check
+// a component gives back every socket and namespace it opened.
+func OpenFDs(t testing.TB) int {
+	t.Helper()
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(fds)
 }

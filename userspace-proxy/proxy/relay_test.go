@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/leakcheck"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
@@ -175,7 +176,7 @@ func TestRelayEndings(t *testing.T) {
 		service{name: "raw", vip: vClear, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, Endpoints: endpoints(serve(nil))}},
 		service{name: "own", vip: vPass, backend: snapshot.Backend{Protocol: snapshot.ProtocolTCP, TLS: tlsPolicy(e), Endpoints: endpoints(serve(serverTLS(e.pki.server)))}},
 	))
-	baseFDs := openFDs(t)
+	baseFDs := leakcheck.OpenFDs(t)
 	// open connects an app to dst and returns its stream (its own TLS for
 	// passthrough), its TCP connection, and the backend's side.
 	open := func(t *testing.T, dst netip.AddrPort) (net.Conn, *net.TCPConn, backendConn) {
@@ -254,7 +255,7 @@ func TestRelayEndings(t *testing.T) {
 		readAll(t, "app", app, "partial", syscall.ECONNRESET)
 	})
 	eventually(t, func() bool {
-		return openFDs(t) <= baseFDs && e.counter("sockmesh_proxy_copy_buffers_in_use", nil) == 0 &&
+		return leakcheck.OpenFDs(t) <= baseFDs && e.counter("sockmesh_proxy_copy_buffers_in_use", nil) == 0 &&
 			e.counter("sockmesh_proxy_active_connections", map[string]string{"path": "l4"}) == 0 &&
 			e.counter("sockmesh_proxy_active_connections", map[string]string{"path": "l4_tls"}) == 0 &&
 			e.counter("sockmesh_proxy_active_connections", map[string]string{"path": "passthrough"}) == 0

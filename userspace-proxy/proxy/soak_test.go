@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"runtime"
 	"slices"
 	"strings"
@@ -25,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/leakcheck"
 	"github.com/sockmesh/sockmesh/test/echo"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
@@ -152,7 +152,7 @@ func TestSoak(t *testing.T) {
 		return l
 	}
 	pods, podLn := 1, openPod(0)
-	baseGoroutines, baseFDs := runtime.NumGoroutine(), openFDs(t)
+	baseGoroutines, baseFDs := runtime.NumGoroutine(), leakcheck.OpenFDs(t)
 
 	var (
 		wg      sync.WaitGroup
@@ -538,21 +538,11 @@ func TestSoak(t *testing.T) {
 		if n := runtime.NumGoroutine(); n > baseGoroutines {
 			left += fmt.Sprintf(" goroutines %d (baseline %d)", n, baseGoroutines)
 		}
-		if n := openFDs(t); n > baseFDs {
+		if n := leakcheck.OpenFDs(t); n > baseFDs {
 			left += fmt.Sprintf(" file descriptors %d (baseline %d)", n, baseFDs)
 		}
 		return left == ""
 	}, "the proxy to come back to its baseline")
-}
-
-// openFDs counts the process's open file descriptors.
-func openFDs(t *testing.T) int {
-	t.Helper()
-	fds, err := os.ReadDir("/proc/self/fd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return len(fds)
 }
 
 // givesUp is an app that gives up its TLS handshake: of its first write
