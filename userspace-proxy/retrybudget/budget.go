@@ -1,6 +1,7 @@
 package retrybudget
 
 import (
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -29,6 +30,13 @@ type Budget struct {
 	// minRetries is the minimum rate's allowance over the longer of the
 	// two intervals: MinRetryCount per MinRetryInterval, scaled.
 	minRetries float64
+	// mu makes a retry's check and count one step, so that concurrent
+	// retries never pass the budget, and empties buckets (ring.roll), so
+	// that no retry counted is lost to an emptying. A first try's count
+	// takes it only when its bucket must be emptied, once per slice: it
+	// is an atomic add otherwise. Retries are the rare path, a lock there
+	// costs little.
+	mu sync.Mutex
 }
 
 // ring counts over a sliding window: the current slice of width and the
@@ -91,7 +99,14 @@ func (b *Budget) Request(now time.Time) {
 	if b == nil {
 		return
 	}
-	b.budget.slot(now.Sub(b.start)).requests.Add(1)
+	at := now.Sub(b.start)
+	s := b.budget.current(at)
+	if s == nil {
+		b.mu.Lock()
+		s = b.budget.roll(at)
+		b.mu.Unlock()
+	}
+	s.requests.Add(1)
 }
 
 // Retry reports whether a retry at now fits the budget, and counts it
@@ -100,12 +115,15 @@ func (b *Budget) Request(now time.Time) {
 // in both (the API's percentage "of active requests that may be made up of
 // retries": once sent, it is one of them), or those of the minimum rate's
 // window (the longer of BudgetInterval and MinRetryInterval) its
-// allowance.
+// allowance. Concurrent retries are checked and counted one at a time:
+// the budget holds exactly.
 func (b *Budget) Retry(now time.Time) bool {
 	if b == nil {
 		return true
 	}
 	at := now.Sub(b.start)
+	b.mu.Lock()
+	defer b.mu.Unlock()
 	requests, retries := b.budget.sum(at)
 	floorRetries := retries
 	if b.floor != nil {
@@ -114,11 +132,11 @@ func (b *Budget) Retry(now time.Time) bool {
 	if 100*(retries+1) > int64(b.c.BudgetPercent)*(requests+1) && float64(floorRetries+1) > b.minRetries {
 		return false
 	}
-	s := b.budget.slot(at)
+	s := b.budget.roll(at)
 	s.retries.Add(1)
 	s.requests.Add(1)
 	if b.floor != nil {
-		b.floor.slot(at).retries.Add(1)
+		b.floor.roll(at).retries.Add(1)
 	}
 	return true
 }
@@ -128,14 +146,28 @@ func (r *ring) epoch(at time.Duration) int64 {
 	return int64(max(at, 0)/r.width) + 1
 }
 
-// slot returns the bucket of at, emptied first when it last counted an
-// older slice of time.
-func (r *ring) slot(at time.Duration) *bucket {
+// current returns the bucket of at when it counts at's slice (or a later
+// one: a caller's now a whole window late counts there); nil when it
+// must be emptied first (roll).
+func (r *ring) current(at time.Duration) *bucket {
+	e := r.epoch(at)
+	if s := &r.buckets[e%int64(len(r.buckets))]; s.epoch.Load() >= e {
+		return s
+	}
+	return nil
+}
+
+// roll returns the bucket of at, emptied first when it last counted an
+// older slice of time; Budget.mu is held. The epoch is stored last, so
+// that a first try that finds it (current) adds to the emptied counts,
+// never to counts about to be emptied.
+func (r *ring) roll(at time.Duration) *bucket {
 	e := r.epoch(at)
 	s := &r.buckets[e%int64(len(r.buckets))]
-	if old := s.epoch.Load(); old != e && s.epoch.CompareAndSwap(old, e) {
+	if s.epoch.Load() < e {
 		s.requests.Store(0)
 		s.retries.Store(0)
+		s.epoch.Store(e)
 	}
 	return s
 }

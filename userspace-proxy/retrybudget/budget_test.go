@@ -1,6 +1,8 @@
 package retrybudget
 
 import (
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -145,6 +147,40 @@ func TestBudgetSlides(t *testing.T) {
 	}
 }
 
+// TestRetryLimitUnderConcurrency: retries asked for at once by many
+// goroutines are allowed exactly as many times as asked one by one — at
+// 20 % of 1000 first tries, the 250th retry is 250 of 1250 and the 251st
+// would be over. Before, the check and the count were apart: two retries
+// could both find the 250th free, and one more went out past the budget.
+func TestRetryLimitUnderConcurrency(t *testing.T) {
+	t0 := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	const rounds, goroutines, want = 50, 16, 250
+	for round := range rounds {
+		b := New(constraint(20, 10*time.Second, 0, 10*time.Second), t0)
+		for range 1000 {
+			b.Request(t0)
+		}
+		var allowed atomic.Int64
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for range goroutines {
+			wg.Go(func() {
+				<-start
+				for range 2 * want / goroutines {
+					if b.Retry(t0) {
+						allowed.Add(1)
+					}
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if got := allowed.Load(); got != want {
+			t.Fatalf("round %d: %d goroutines asked for retries at once: %d allowed, want %d", round, goroutines, got, want)
+		}
+	}
+}
+
 func TestNilAndCarry(t *testing.T) {
 	t0 := time.Now()
 	var none *Budget
@@ -178,5 +214,15 @@ func BenchmarkRequest(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		bu.Request(now)
+	}
+}
+
+func BenchmarkRetry(b *testing.B) {
+	bu := New(constraint(50, 10*time.Second, 10, time.Second), time.Now())
+	now := time.Now()
+	b.ReportAllocs()
+	for b.Loop() {
+		bu.Request(now)
+		bu.Retry(now)
 	}
 }

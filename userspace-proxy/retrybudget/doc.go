@@ -6,12 +6,12 @@
 //
 // A Budget lives with the backend's upstream state and survives snapshot
 // swaps while the backend's constraint is unchanged (Carry), so a new
-// snapshot does not hand a failing backend a fresh budget. Counting is a
-// few atomic adds into a ring of time buckets: no lock, no allocation per
-// request. Under concurrency the counts are close, not exact (a retry may
-// slip past a budget that concurrent retries are exhausting at the same
-// instant, and a count landing on a bucket as it rolls over may be lost);
-// a budget bounds retry storms, it is not a ledger.
+// snapshot does not hand a failing backend a fresh budget. A first try's
+// count is an atomic add into a ring of time buckets: no lock (but once
+// per slice of the window, to empty its bucket), no allocation per
+// request. A retry's check and count are one step under a lock, so
+// concurrent retries never pass the budget: it allows exactly as many as
+// it would one by one, given the first tries counted by then.
 //
 // It must not read the clock (callers pass the time), retry, or answer
 // requests: package httpproxy decides what a refused retry becomes (503).
