@@ -95,7 +95,10 @@ func (a *Affinity) set(client ClientKey, ep netip.AddrPort, now time.Time) {
 
 // ClientKey is a client as the proxy tells clients apart: its pod when the
 // listener knows it (in-pod mode, where every connection comes from
-// loopback), else its address (node-IP mode, where each pod has its own).
+// loopback), else its address (node-IP mode, where each pod has its own):
+// a dual-stack pod there is two clients, one per family, as kube-proxy
+// keys it. Its callers alone hold the snapshot that names the pod at an
+// address (pool.Client is keyed so).
 type ClientKey struct {
 	Pod  snapshot.ObjectRef
 	Addr netip.Addr

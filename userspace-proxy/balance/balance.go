@@ -185,10 +185,24 @@ func (p *Picker) nearerTakes(i int, now time.Time) bool {
 	return false
 }
 
-// Pick returns the next preferred endpoint not ejected, else the next
-// fallback one not ejected, level by level, or nil when there is none
-// ready; when all are ejected, the next preferred one. The result is
+// Pick returns the next preferred endpoint not passed over, else the next
+// fallback one not passed over, level by level, or nil when there is none
+// ready; when all are passed over, the next preferred one. The result is
 // shared (unless it holds a probe): callers must not modify it.
+//
+// An endpoint is passed over while it is ejected, and also once its
+// ejection is over while another pick's probe of it is out (Health): its
+// tier's others take its turns and, when none of them takes, the next
+// tier does, until a connect settles the probe — one connect, or a probe
+// handed back at once when it connects nothing. Envoy lets a host whose
+// ejection ended take its full share at once; sent beside the probe, a
+// tier's picks would all meet a pod that may still be gone, each paying a
+// whole connect timeout (the stampede the single probe is for), and Pick
+// cannot wait for the probe's outcome: it must not block, and the probe
+// may take a whole connect timeout. The next tier had the picks for the whole ejection; it
+// keeps them for the probe's connect more. Pinned clients and sessions
+// ride along the probe instead (PickClient, session): moving them costs
+// them their endpoint.
 func (p *Picker) Pick() *Choice {
 	if len(p.tiers) == 0 {
 		return nil

@@ -18,9 +18,10 @@ import (
 // which takes tens of seconds.
 //
 // When its ejection ends, an endpoint gets one connection at a time (a
-// probe) until a connect settles it: a failed one started after the
-// ejection ended ejects it again for twice as long, up to Max; one that
-// reaches it ends the ejection. A failed one started before a connect
+// probe) until a connect settles it, Pickers passing it over meanwhile
+// but for pinned clients and sessions (Picker.Pick says why): a failed
+// one started after the ejection ended ejects it again for twice as long,
+// up to Max; one that reaches it ends the ejection. A failed one started before a connect
 // that reached the endpoint (ejected or not) settles nothing. The pick
 // that takes a probe carries its number (Choice) to where its
 // connection's outcome is known: a connection that tells nothing of the

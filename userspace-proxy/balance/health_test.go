@@ -433,6 +433,48 @@ func TestPickFewestProbeTaken(t *testing.T) {
 	}
 }
 
+// TestProbeOutPassedOver pins what picks do while another pick's probe
+// of an endpoint whose ejection is over is out: they pass it over — the
+// others of its tier take its turns, and only when its tier has no other
+// that takes, the next tier takes them (Pick, PickFewest) — until a
+// connect settles the probe. Sent there beside the probe, they would all
+// meet a pod that may still be gone (a whole connect timeout each, the
+// stampede the probe is for); Pick cannot wait for the probe (it must not
+// block, and the probe may take that connect timeout). Only pinned
+// clients and sessions ride along (TestPinnedRidesAlongProbe).
+func TestProbeOutPassedOver(t *testing.T) {
+	eps := endpoints(3)
+	eps[2].Fallback = snapshot.FallbackZone
+	zone, other, far := eps[0].Addr.String(), eps[1].Addr.String(), eps[2].Addr.String()
+	h := NewHealth(time.Second, time.Minute, nil)
+	p := New(&snapshot.Backend{Endpoints: eps}, h, nil)
+	ended := time.Now().Add(-2 * time.Second)
+	h.Failed(eps[0].Addr, ended, ended) // its ejection is over: its probe is due
+	probe := p.Pick()
+	for probe.Endpoint.Addr != eps[0].Addr {
+		probe = p.Pick()
+	}
+	if !probe.Probing() {
+		t.Fatalf("the first pick of %s after its ejection holds no probe", zone)
+	}
+	if got, few := picks(p, 10), fewest(p, 10); got[other] != 10 || few[other] != 10 {
+		t.Errorf("probe of %s out: picks %v, fewest %v; want the other preferred endpoint only", zone, got, few)
+	}
+	h.Failed(eps[1].Addr, time.Now(), time.Now()) // the other preferred endpoint ejected
+	if got, few := picks(p, 10), fewest(p, 10); got[far] != 10 || few[far] != 10 {
+		t.Errorf("probe of %s out, %s ejected: picks %v, fewest %v; want the fallback endpoint only", zone, other, got, few)
+	}
+	h.OK(eps[0].Addr) // the probe's connect reached it
+	if got, few := picks(p, 10), fewest(p, 10); got[zone] != 10 || few[zone] != 10 {
+		t.Errorf("probe of %s settled: picks %v, fewest %v; want it only", zone, got, few)
+	}
+	h.Failed(eps[2].Addr, time.Now(), time.Now())
+	h.Failed(eps[0].Addr, time.Now(), time.Now())
+	if got := picks(p, 10); got[zone] != 5 || got[other] != 5 {
+		t.Errorf("every endpoint ejected: picks %v, want the preferred ones in turn", got)
+	}
+}
+
 // TestRetain: an endpoint the snapshot no longer has as ready is forgotten,
 // so it starts afresh when it turns ready again.
 func TestRetain(t *testing.T) {
