@@ -7,10 +7,11 @@
 // IdleTimeout, or after 10 s beyond MaxIdle idle (what a burst opened
 // serves the next before it closes), and a connection idle long enough to
 // have been closed by its peer checked before it is handed out,
-// as is the end of what verified it (Conn.Until). MoveIdle hands the idle
+// as is the end of what verified it (Conn.Until). HandOver hands the idle
 // connections the caller's check accepts to another pool (a backend's new
 // settings', which still verify them) and closes the others, telling
-// Config.Dropped.
+// Config.Dropped; what the old pool holds counts against the new one's
+// bounds until it comes back.
 //
 // It neither dials (the caller passes the dial) nor speaks HTTP: whether a
 // connection may go back is the caller's call (Put, Discard, Detach). It

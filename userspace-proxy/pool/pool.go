@@ -43,7 +43,7 @@ type Config struct {
 	BufferSize int
 	// Dropped, when set, is told of each connection closed because its
 	// peer did not stay silent after an answer (see Conn.silent), its
-	// Until passed, or MoveIdle did not keep it.
+	// Until passed, or HandOver did not keep it.
 	Dropped func(DropReason)
 	// AtShare, when set, is told of each Get that fails with ErrBusy after
 	// it began to wait with its Client holding its share (MaxOpen).
@@ -89,7 +89,7 @@ const (
 	// DropExpired: what verified the peer expired (Conn.Until).
 	DropExpired
 	// DropSettingsChanged: the settings it was made under changed, and
-	// the new ones would not have made it (MoveIdle).
+	// the new ones would not have made it (HandOver).
 	DropSettingsChanged
 )
 
@@ -242,6 +242,12 @@ type Pool struct {
 	// share is the most of an endpoint's connections one client may hold
 	// (Config.MaxOpen).
 	share int
+	// heir is the pool that took p's place (HandOver): what p's endpoints
+	// hold — connections handed out, slots dialed in — counts against
+	// heir's as well (hold, unhold), so that MaxOpen and a client's share
+	// hold across a change of the backend's settings. Pools lock in the
+	// order they were made: p.mu, then heir's, never the other way.
+	heir *Pool
 }
 
 type endpoint struct {
@@ -271,20 +277,28 @@ type waiter struct {
 	seq uint64
 }
 
-// hold counts a connection, or a slot, against client; p.mu is held.
-func (ep *endpoint) hold(client Client) {
+// hold counts a connection, or a slot, of ep against client, and in
+// p's heir as one open and held there; p.mu is held.
+func (p *Pool) hold(ep *endpoint, client Client) {
 	if ep.held == nil {
 		ep.held = make(map[Client]int)
 	}
 	ep.held[client]++
+	if p.heir != nil {
+		p.heir.inherit(ep.addr, client, 1)
+	}
 }
 
-// unhold uncounts what hold counted; p.mu is held.
-func (ep *endpoint) unhold(client Client) {
+// unhold uncounts what hold counted, in p's heir too, where it frees a
+// slot; p.mu is held.
+func (p *Pool) unhold(ep *endpoint, client Client) {
 	if n := ep.held[client] - 1; n > 0 {
 		ep.held[client] = n
 	} else {
 		delete(ep.held, client)
+	}
+	if p.heir != nil {
+		p.heir.inherit(ep.addr, client, -1)
 	}
 }
 
@@ -306,11 +320,11 @@ func (ep *endpoint) atShare(client Client, share int) bool {
 // part. Nothing can be taken back from a client while its exchanges last
 // (answers that never end: event streams, long polls), so none may hold
 // more than share: the others always find the rest. p.mu is held.
-func (ep *endpoint) next(share int) (chan *Conn, Client, bool) {
+func (p *Pool) next(ep *endpoint) (chan *Conn, Client, bool) {
 	best, fewest := -1, 0
 	for i, q := range ep.waiting {
 		n := ep.held[q.client]
-		if n < share && (best < 0 || n < fewest || n == fewest && q.waiters[0].seq < ep.waiting[best].waiters[0].seq) {
+		if n < p.share && (best < 0 || n < fewest || n == fewest && q.waiters[0].seq < ep.waiting[best].waiters[0].seq) {
 			best, fewest = i, n
 		}
 	}
@@ -322,7 +336,7 @@ func (ep *endpoint) next(share int) (chan *Conn, Client, bool) {
 	if q.waiters = q.waiters[1:]; len(q.waiters) == 0 {
 		ep.waiting = slices.Delete(ep.waiting, best, best+1)
 	}
-	ep.hold(q.client)
+	p.hold(ep, q.client)
 	return w.c, q.client, true
 }
 
@@ -413,7 +427,7 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, client Client, dial
 			c := ep.idle[n-1]
 			ep.idle[n-1] = nil
 			ep.idle = ep.idle[:n-1]
-			ep.hold(client)
+			p.hold(ep, client)
 			c.client, c.held = client, true
 			p.mu.Unlock()
 			if c.R == nil {
@@ -427,7 +441,7 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, client Client, dial
 		}
 		if ep.open < p.cfg.MaxOpen && !atShare {
 			ep.open++
-			ep.hold(client)
+			p.hold(ep, client)
 			p.mu.Unlock()
 			return p.dial(ctx, ep, client, dial)
 		}
@@ -495,7 +509,7 @@ func (p *Pool) passOn(ep *endpoint, client Client, c *Conn) {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	ep.unhold(client)
+	p.unhold(ep, client)
 	p.free(ep)
 }
 
@@ -580,8 +594,8 @@ func (p *Pool) Put(c *Conn) {
 	c.uses++
 	p.mu.Lock()
 	ep := c.ep
-	ep.unhold(c.client)
-	if w, client, ok := ep.next(p.share); ok {
+	p.unhold(ep, c.client)
+	if w, client, ok := p.next(ep); ok {
 		c.client = client
 		p.mu.Unlock()
 		w <- c
@@ -626,7 +640,7 @@ func (p *Pool) release(c *Conn) {
 	defer p.mu.Unlock()
 	if c.held {
 		c.held = false
-		c.ep.unhold(c.client)
+		p.unhold(c.ep, c.client)
 	}
 	p.free(c.ep)
 }
@@ -634,7 +648,7 @@ func (p *Pool) release(c *Conn) {
 // free frees one slot of ep: a waiter may dial in its place; an endpoint
 // with nothing left is forgotten. p.mu is held.
 func (p *Pool) free(ep *endpoint) {
-	if w, _, ok := ep.next(p.share); ok {
+	if w, _, ok := p.next(ep); ok {
 		w <- nil // the slot passes to the waiter
 		return
 	}
@@ -698,7 +712,7 @@ func (p *Pool) expire() {
 // proxy is shutting down): nothing takes them from this pool again, and
 // kept, they stayed open until IdleTimeout. A request still under way on
 // the old settings may Get and Put a connection as before; it is closed
-// once put back. Idle connections the new settings keep (MoveIdle) were
+// once put back. Idle connections the new settings keep (HandOver) were
 // moved before.
 func (p *Pool) Close() {
 	p.mu.Lock()
@@ -706,26 +720,6 @@ func (p *Pool) Close() {
 	p.mu.Unlock()
 	for _, c := range p.takeIdle() {
 		p.Discard(c)
-	}
-}
-
-// MoveIdle moves the idle connections keep accepts to to, idle there
-// since they were here, and closes the others (the backend's settings
-// changed: to is the new settings' pool, which hands out nothing yet).
-// Connections in use are unaffected.
-func (p *Pool) MoveIdle(to *Pool, keep func(*Conn) bool) {
-	for _, c := range p.takeIdle() {
-		if !keep(c) {
-			p.drop(c, DropSettingsChanged)
-			continue
-		}
-		p.release(c)
-		to.mu.Lock()
-		ep := to.endpoint(c.ep.addr)
-		ep.open++
-		c.ep = ep
-		to.park(c)
-		to.mu.Unlock()
 	}
 }
 

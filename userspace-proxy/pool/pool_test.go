@@ -8,8 +8,10 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -325,6 +327,118 @@ func TestClientShare(t *testing.T) {
 			t.Errorf("Get at MaxOpen = %v, AtShare told %d times; want ErrBusy, 1", err, atShare)
 		}
 	})
+}
+
+// TestHandOverCounts: the connections a replaced pool has in use, and
+// those it hands out after, count against its heir's MaxOpen and each
+// client's share there until they come back, each one freeing a slot of
+// the heir's as it does. Before, the heir started at zero: a client holding
+// its share on the old settings took as many again on the new, at once,
+// and the endpoint had up to twice MaxOpen.
+func TestHandOverCounts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := Config{MaxOpen: 8, MaxWait: 3 * time.Second}
+		old, heir := New(cfg), New(cfg)
+		d := newPipeDialer()
+		hog, other := Client{Addr: netip.MustParseAddr("10.1.0.1")}, Client{Namespace: "b", Name: "other"}
+		var held []*Conn
+		for range 7 {
+			c, err := old.Get(context.Background(), ep, hog, d.dial)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, c)
+		}
+		old.HandOver(heir, func(*Conn) bool { return true })
+		old.Close()
+		start := time.Now()
+		if c, err := heir.Get(context.Background(), ep, hog, d.dial); !errors.Is(err, ErrBusy) {
+			t.Fatalf("heir's Get of a client holding 7 of 8 in the old pool = %p, %v after %v; want ErrBusy after MaxWait", c, err, time.Since(start))
+		}
+		o, err := heir.Get(context.Background(), ep, other, d.dial)
+		if err != nil {
+			t.Fatalf("another client's Get = %v; want the eighth connection", err)
+		}
+		got := make(chan *Conn)
+		go func() {
+			c, _ := heir.Get(context.Background(), ep, other, d.dial)
+			got <- c
+		}()
+		synctest.Wait()
+		select {
+		case c := <-got:
+			t.Fatalf("a Get beyond MaxOpen, the old pool's 7 and the heir's 1, was handed %p", c)
+		default:
+		}
+		old.Put(held[0]) // closed there: a slot of the heir's comes free
+		o2 := <-got
+		if o2 == nil || d.dials.Load() != 9 {
+			t.Fatalf("the waiting Get got %p after %d dials; want a connection dialed in the slot freed", o2, d.dials.Load())
+		}
+		if open, _ := heir.Stats(ep); open != 8 {
+			t.Errorf("heir: %d open, want 8 (the old pool's 6 in use, the other's 2)", open)
+		}
+		late, err := old.Get(context.Background(), ep, hog, d.dial) // a request on the old settings
+		if err != nil {
+			t.Fatal(err)
+		}
+		if open, _ := heir.Stats(ep); open != 9 {
+			t.Errorf("heir after the old pool dialed again: %d open, want 9", open)
+		}
+		for _, c := range append(held[1:], late) {
+			old.Put(c)
+		}
+		heir.Put(o)
+		heir.Put(o2)
+		if open, idle := heir.Stats(ep); open != 2 || idle != 2 {
+			t.Errorf("heir once every connection came back: %d open, %d idle; want the other's 2, idle", open, idle)
+		}
+	})
+}
+
+// TestHandOverConcurrent: pools handed over twice while clients Get and
+// Put on all three at once (run under -race) end with nothing counted but
+// their idle connections: every connection the older pools held, counted
+// in their heirs, was uncounted there once back, and no lock order
+// deadlocks.
+func TestHandOverConcurrent(t *testing.T) {
+	cfg := Config{MaxOpen: 4}
+	pools := []*Pool{New(cfg), New(cfg), New(cfg)}
+	dial := func(context.Context) (net.Conn, error) {
+		c, _ := net.Pipe()
+		return c, nil
+	}
+	var current, done atomic.Int32 // the pool the next Gets go to; Gets done
+	var wg sync.WaitGroup
+	for g := range 8 {
+		client := Client{Namespace: "ns", Name: strconv.Itoa(g % 3)}
+		wg.Go(func() {
+			for range 2000 {
+				p := pools[current.Load()]
+				c, err := p.Get(context.Background(), ep, client, dial)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				p.Put(c)
+				done.Add(1)
+			}
+		})
+	}
+	for i := range 2 {
+		for done.Load() < int32(i+1)*4000 { // with Gets under way on pools[i]
+			runtime.Gosched()
+		}
+		pools[i].HandOver(pools[i+1], func(*Conn) bool { return true })
+		current.Store(int32(i + 1))
+		pools[i].Close()
+	}
+	wg.Wait()
+	for i, p := range pools {
+		if open, idle := p.Stats(ep); open != idle {
+			t.Errorf("pool %d with every connection back: %d open, %d idle; want only idle ones counted", i, open, idle)
+		}
+	}
 }
 
 // endsAsHanded is a context that ends just as a Get's wait first looks at

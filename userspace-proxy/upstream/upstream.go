@@ -287,9 +287,11 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 			// New TLS settings or protocol: TLS sessions of the old ones
 			// are not reused, nor the connections the new ones would not
 			// have made: idle HTTP/1.1 ones (keeps), net/http's HTTP/2 ones
-			// (adopt; without TLS both ways, closeIdle below).
+			// (adopt; without TLS both ways, closeIdle below). Old's
+			// HTTP/1.1 connections in use count against the new pool's
+			// bounds until they come back (HandOver).
 			k := w.keeping(old.w).Keeper() // one for all of old's connections
-			old.w.h1.MoveIdle(w.h1, w.keeps(old.w, k))
+			old.w.h1.HandOver(w.h1, w.keeps(old.w, k))
 			w.adopt(old.w, k)
 			log.Info("upstream pools replaced", "backend", spec.Ref.String())
 		}
