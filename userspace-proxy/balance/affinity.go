@@ -93,21 +93,25 @@ func (a *Affinity) set(client ClientKey, ep netip.AddrPort, now time.Time) {
 	}
 }
 
-// ClientKey is a client as the proxy tells clients apart: its pod when the
-// listener knows it (in-pod mode, where every connection comes from
-// loopback), else its address (node-IP mode, where each pod has its own):
-// a dual-stack pod there is two clients, one per family, as kube-proxy
-// keys it. Its callers alone hold the snapshot that names the pod at an
-// address (pool.Client is keyed so).
+// ClientKey is a client as the proxy tells clients apart: its pod when
+// known — the listener's (in-pod mode, where every connection comes from
+// loopback) or the one the snapshot gives the source address (node-IP
+// mode) — else its address. A dual-stack pod is one client, pinned to
+// one endpoint whichever family it connects over, as the pools count it
+// (pool.Client); kube-proxy, keying by address, pins it twice.
 type ClientKey struct {
 	Pod  snapshot.ObjectRef
 	Addr netip.Addr
 }
 
-// ClientOf returns the key of the client at addr, of pod when known.
-func ClientOf(addr netip.AddrPort, pod *snapshot.ObjectRef) ClientKey {
+// ClientOf returns the key of the client at addr: pod when the listener
+// knows it, else the workload s has at addr, else addr.
+func ClientOf(s *snapshot.Snapshot, addr netip.AddrPort, pod *snapshot.ObjectRef) ClientKey {
 	if pod != nil {
 		return ClientKey{Pod: *pod}
+	}
+	if w, ok := s.Workload(addr.Addr()); ok {
+		return ClientKey{Pod: w.Pod}
 	}
 	return ClientKey{Addr: addr.Addr()}
 }

@@ -20,10 +20,10 @@ func TestClientIPAffinity(t *testing.T) {
 		h := NewHealth(time.Minute, time.Minute, nil)
 		aff := CarryAffinity(nil, b.ClientIPAffinitySeconds)
 		p := New(b, h, aff)
-		a := ClientOf(netip.MustParseAddrPort("10.1.0.1:40000"), nil)
-		c := ClientOf(netip.MustParseAddrPort("10.1.0.2:40000"), nil)
-		podA := ClientOf(netip.MustParseAddrPort("127.0.0.1:40000"), &snapshot.ObjectRef{Namespace: "a", Name: "one"})
-		podB := ClientOf(netip.MustParseAddrPort("127.0.0.1:40001"), &snapshot.ObjectRef{Namespace: "a", Name: "two"})
+		a := ClientOf(noPods, netip.MustParseAddrPort("10.1.0.1:40000"), nil)
+		c := ClientOf(noPods, netip.MustParseAddrPort("10.1.0.2:40000"), nil)
+		podA := ClientOf(noPods, netip.MustParseAddrPort("127.0.0.1:40000"), &snapshot.ObjectRef{Namespace: "a", Name: "one"})
+		podB := ClientOf(noPods, netip.MustParseAddrPort("127.0.0.1:40001"), &snapshot.ObjectRef{Namespace: "a", Name: "two"})
 		sticks := func(p *Picker, k ClientKey, want *Choice) {
 			t.Helper()
 			for range 5 {
@@ -80,8 +80,8 @@ func TestClientIPAffinityFallback(t *testing.T) {
 		eps[1].Fallback, eps[2].Fallback = snapshot.FallbackZone, snapshot.FallbackFar
 		h := NewHealth(time.Minute, time.Minute, nil)
 		p := New(&snapshot.Backend{Endpoints: eps, ClientIPAffinitySeconds: 3600}, h, CarryAffinity(nil, 3600))
-		a := ClientOf(netip.MustParseAddrPort("10.1.0.1:40000"), nil)
-		b := ClientOf(netip.MustParseAddrPort("10.1.0.2:40000"), nil)
+		a := ClientOf(noPods, netip.MustParseAddrPort("10.1.0.1:40000"), nil)
+		b := ClientOf(noPods, netip.MustParseAddrPort("10.1.0.2:40000"), nil)
 		now := time.Now()
 		h.Failed(eps[0].Addr, now, now)
 		h.Failed(eps[1].Addr, now, now)
@@ -130,7 +130,7 @@ func TestPinnedRidesAlongProbe(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := NewHealth(time.Minute, time.Minute, nil)
 		p := New(&snapshot.Backend{Endpoints: endpoints(2), ClientIPAffinitySeconds: 3600}, h, CarryAffinity(nil, 3600))
-		a := ClientOf(netip.MustParseAddrPort("10.1.0.1:40000"), nil)
+		a := ClientOf(noPods, netip.MustParseAddrPort("10.1.0.1:40000"), nil)
 		home := p.PickClient(a)
 		sp := &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "s"}
 		r, _ := http.NewRequest(http.MethodGet, "/", nil)
@@ -153,4 +153,37 @@ func TestPinnedRidesAlongProbe(t *testing.T) {
 			t.Errorf("ejected: the pinned client went to it, %s", got.Host)
 		}
 	})
+}
+
+// noPods is a snapshot that names no pod at any address.
+var noPods = &snapshot.Snapshot{}
+
+// TestDualStackPodOneClient: in node-IP mode a pod connecting over IPv4
+// and over IPv6 is one client, pinned to one endpoint, as the snapshot
+// names the pod at both addresses; an address no pod holds is its own.
+func TestDualStackPodOneClient(t *testing.T) {
+	pod := snapshot.ObjectRef{Namespace: "a", Name: "dual"}
+	s, err := snapshot.New(1, nil, nil, []snapshot.Workload{{
+		Pod: pod, Enrolled: true,
+		IPs: []netip.Addr{netip.MustParseAddr("10.1.0.7"), netip.MustParseAddr("fd00::7")},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v4 := ClientOf(s, netip.MustParseAddrPort("10.1.0.7:40000"), nil)
+	v6 := ClientOf(s, netip.MustParseAddrPort("[fd00::7]:40000"), nil)
+	if v4 != v6 || v4.Pod != pod {
+		t.Fatalf("the pod's IPv4 and IPv6 connections are %v and %v, want one client %v", v4, v6, pod)
+	}
+	b := &snapshot.Backend{Endpoints: endpoints(3), ClientIPAffinitySeconds: 10}
+	p := New(b, NewHealth(time.Minute, time.Minute, nil), CarryAffinity(nil, b.ClientIPAffinitySeconds))
+	first := p.PickClient(v4)
+	for range 5 {
+		if got := p.PickClient(v6); got.Endpoint.Addr != first.Endpoint.Addr {
+			t.Fatalf("the pod's IPv6 connection went to %s, its IPv4 one to %s", got.Host, first.Host)
+		}
+	}
+	if other := ClientOf(s, netip.MustParseAddrPort("10.1.0.8:40000"), nil); other.Addr != netip.MustParseAddr("10.1.0.8") {
+		t.Fatalf("an address no pod holds is %v, want keyed by its address", other)
+	}
 }

@@ -283,7 +283,7 @@ func TestStaleHandBack(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		h := NewHealth(time.Second, time.Second, nil)
 		p := New(&snapshot.Backend{Endpoints: endpoints(2), ClientIPAffinitySeconds: 3600}, h, CarryAffinity(nil, 3600))
-		client := ClientOf(netip.MustParseAddrPort("10.1.0.1:40000"), nil)
+		client := ClientOf(noPods, netip.MustParseAddrPort("10.1.0.1:40000"), nil)
 		dead := p.PickClient(client).Endpoint.Addr
 		h.Failed(dead, time.Now(), time.Now())
 		time.Sleep(time.Second)

@@ -134,7 +134,9 @@ func (t *Target) nameService(r *http.Request) {
 }
 
 // clientKey is t's client as balance tells clients apart (affinity).
-func (t *Target) clientKey() balance.ClientKey { return balance.ClientOf(t.ClientAddr, t.ClientPod) }
+func (t *Target) clientKey() balance.ClientKey {
+	return balance.ClientOf(t.Start.Snapshot, t.ClientAddr, t.ClientPod)
+}
 
 // poolClient is t's client as the upstream pools share an endpoint's
 // connections out: its pod when the listener or the snapshot names it (as

@@ -374,7 +374,7 @@ func (cs *connState) dialAny(path Path, alpn []string, load func(netip.AddrPort)
 		if load != nil {
 			choice = cs.be.Picker.PickFewest(load)
 		} else {
-			choice = cs.be.Picker.PickClient(balance.ClientOf(cs.client.Addr, cs.client.Pod))
+			choice = cs.be.Picker.PickClient(balance.ClientOf(cs.v.Snapshot, cs.client.Addr, cs.client.Pod))
 		}
 		var up net.Conn
 		if path == PathPassthrough {
