@@ -111,6 +111,12 @@ func TestSetServicesRejectsBadInput(t *testing.T) {
 			t.Errorf("SetServices(%v) succeeded", bad)
 		}
 	}
+	// One address in two Services: leaving one out would take the other's.
+	shared := netip.MustParseAddrPort("10.96.0.2:80")
+	if err := d.SetServices([]Service{{Addr: shared, Of: snapshot.ObjectRef{Namespace: "ns", Name: "a"}},
+		{Addr: shared, Of: snapshot.ObjectRef{Namespace: "ns", Name: "b"}}}); err == nil {
+		t.Errorf("SetServices with %v in two Services succeeded", shared)
+	}
 	// A rejected call changes nothing.
 	if got := sortedServices(t, d); len(got) != 1 {
 		t.Errorf("services after rejected calls: %v, want the one set before", got)
@@ -266,5 +272,67 @@ func TestSetEnrolmentsAtCapacity(t *testing.T) {
 	}
 	if _, ok := got[100+n]; len(got) != int(n) || !ok {
 		t.Errorf("enrolments: %d, netns %d among them: %v; want %d with it", len(got), 100+n, ok, n)
+	}
+}
+
+// TestSetServicesWholeOrNone: past the services map's capacity, each
+// Kubernetes Service is captured for all its addresses (both families,
+// every port) or for none, those the map held whole stay, and the error
+// names the Services left out. A Service captured for its IPv4 address
+// and not its IPv6 one sends the IPv6 connections plaintext, not failed
+// closed.
+func TestSetServicesWholeOrNone(t *testing.T) {
+	d, err := Open(Config{BPFFS: sandbox.TempBPFFS(t), Cgroup: sandbox.NewCgroup(t).Path, servicesMaxEntries: 4}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Uninstall() })
+	svc := func(name string, port uint16, addrs ...string) snapshot.Frontend {
+		f := snapshot.Frontend{Service: snapshot.ObjectRef{Namespace: "ns", Name: name}, Port: port}
+		for _, a := range addrs {
+			f.Addresses = append(f.Addresses, netip.MustParseAddr(a))
+		}
+		return f
+	}
+	a := svc("a", 443, "10.96.0.1", "fd00:96::1")
+	b := svc("b", 80, "10.96.0.2")
+	c := svc("c", 443, "10.96.0.3", "fd00:96::3")
+	first := svc("0-first", 443, "10.96.0.4", "fd00:96::4") // listed before a and b
+	a8443 := svc("a", 8443, "10.96.0.1", "fd00:96::1")
+	addrsOf := func(fs ...snapshot.Frontend) []Service {
+		var out []Service
+		for _, f := range fs {
+			for _, a := range f.Addresses {
+				out = append(out, Service{Addr: netip.AddrPortFrom(a, f.Port)})
+			}
+		}
+		slices.SortFunc(out, func(a, b Service) int { return a.Addr.Compare(b.Addr) })
+		return out
+	}
+	for _, step := range []struct {
+		name      string
+		frontends []snapshot.Frontend
+		want      []snapshot.Frontend // captured
+		left      []string            // named by the error
+	}{
+		{"a and b fit", []snapshot.Frontend{a, b}, []snapshot.Frontend{a, b}, nil},
+		{"c, dual-stack, has one free entry", []snapshot.Frontend{a, b, c}, []snapshot.Frontend{a, b}, []string{"ns/c"}},
+		{"the map's Services stay before one listed first", []snapshot.Frontend{first, a, b}, []snapshot.Frontend{a, b}, []string{"ns/0-first"}},
+		{"b gone: c fits", []snapshot.Frontend{a, c}, []snapshot.Frontend{a, c}, nil},
+		{"a's new port does not fit: none of a stays", []snapshot.Frontend{a, a8443, c}, []snapshot.Frontend{c}, []string{"ns/a"}},
+	} {
+		err := d.Apply(snap(t, step.frontends...))
+		if step.left == nil && err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		if step.left != nil {
+			var full *servicesFullError
+			if !errors.As(err, &full) || !slices.Equal(full.left, step.left) {
+				t.Errorf("%s: error %v, want one naming %v left out", step.name, err, step.left)
+			}
+		}
+		if got, want := sortedServices(t, d), addrsOf(step.want...); !slices.Equal(got, want) {
+			t.Errorf("%s: services map %v, want %v", step.name, got, want)
+		}
 	}
 }

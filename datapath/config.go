@@ -43,6 +43,9 @@ type Config struct {
 	// kernelTypes stands in for the running kernel's BTF when not nil: tests
 	// load as on an older kernel with it.
 	kernelTypes *btf.Spec
+	// servicesMaxEntries, when not 0, replaces the services map's capacity
+	// (65,536): tests fill a small map.
+	servicesMaxEntries uint32
 }
 
 // DefaultHeartbeatMaxAge is the HeartbeatMaxAge used when Config leaves it 0.

@@ -237,6 +237,9 @@ func (d *Datapath) load(spec *ebpf.CollectionSpec) error {
 // configure sets the programs' load-time constants; proxyNetNS is the
 // cookie of the netns the proxy dials from.
 func configure(spec *ebpf.CollectionSpec, cfg Config, proxyNetNS uint64) error {
+	if cfg.servicesMaxEntries != 0 {
+		spec.Maps[sockmeshMapSmServices].MaxEntries = cfg.servicesMaxEntries
+	}
 	var accelerate uint32
 	if cfg.Accelerate {
 		accelerate = 1

@@ -8,7 +8,7 @@
 //
 //	dp, err := datapath.Open(datapath.Config{}, log, reg) // load, or adopt pinned state
 //	defer dp.Close()                                      // capture keeps working
-//	err = dp.Apply(snap)                                  // services map := snap.Frontends
+//	err = dp.Apply(snap)                                  // services map := snap.Frontends, each Service whole or not at all
 //	err = dp.SetEnrolments(want)                          // netns cookie -> datapath.Proxy, per pod (see podns)
 //	err = dp.Heartbeat()                                  // the proxy is alive
 //	dst, err := dp.OrigDst(conn)                          // a proxy connection's original destination, from its record

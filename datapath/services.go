@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
@@ -21,11 +22,17 @@ type Service struct {
 	// being redirected, so the app sees a refused connection rather than a
 	// plaintext bypass.
 	FailOpen bool `json:"failOpen,omitempty"`
+	// Of is the Kubernetes Service the address belongs to: SetServices
+	// captures all the addresses that share one, or none of them. The zero
+	// ObjectRef joins nothing: such an address stands alone. The services
+	// map does not hold it, so Services leaves it zero.
+	Of snapshot.ObjectRef `json:"-"`
 }
 
 // ServicesFromSnapshot lists one Service per address and port of s's
-// frontends. A frontend whose FailurePolicy is empty is fail-closed: the
-// safe reading of an unset policy.
+// frontends, each naming its Kubernetes Service (Of). A frontend whose
+// FailurePolicy is empty is fail-closed: the safe reading of an unset
+// policy.
 func ServicesFromSnapshot(s *snapshot.Snapshot) []Service {
 	var out []Service
 	for _, f := range s.Frontends {
@@ -33,15 +40,17 @@ func ServicesFromSnapshot(s *snapshot.Snapshot) []Service {
 			out = append(out, Service{
 				Addr:     netip.AddrPortFrom(a.Unmap(), f.Port),
 				FailOpen: f.FailurePolicy == snapshot.FailOpen,
+				Of:       f.Service,
 			})
 		}
 	}
 	return out
 }
 
-// Apply makes the services map capture exactly s's frontends. Enrolment is
-// separate (Enrol, SetEnrolments): mapping s.Workloads to network namespaces
-// needs the node's /proc (see podns).
+// Apply makes the services map capture s's frontends, each Service whole
+// or not at all (SetServices). Enrolment is separate (Enrol,
+// SetEnrolments): mapping s.Workloads to network namespaces needs the
+// node's /proc (see podns).
 func (d *Datapath) Apply(s *snapshot.Snapshot) error {
 	return d.SetServices(ServicesFromSnapshot(s))
 }
@@ -49,16 +58,138 @@ func (d *Datapath) Apply(s *snapshot.Snapshot) error {
 // SetServices makes the services map hold exactly svcs. A Service present
 // before and after is updated in place, so it is never missing in between;
 // stale ones are deleted first, to make room in a full map for new ones.
+//
+// When the map cannot hold them all, it holds every Kubernetes Service
+// (Service.Of) it already held whole and, in the order of svcs, the others
+// that fit whole; each left out has none of its addresses captured (any it
+// had are deleted), and the error names them. A Service captured for one
+// address and not another would send, say, its IPv4 connections through
+// the proxy and its IPv6 ones plaintext to the backend.
 func (d *Datapath) SetServices(svcs []Service) error {
 	return d.reconcile("set services", func() error { return d.setServices(svcs) })
 }
 
 func (d *Datapath) setServices(svcs []Service) error {
-	want := make(map[sockmeshSmServiceKey]sockmeshSmService, len(svcs))
+	groups, want, err := groupServices(svcs)
+	if err != nil {
+		return fmt.Errorf("set services: %w", err)
+	}
+	m := d.objs.SmServices
+	var (
+		k     sockmeshSmServiceKey
+		v     sockmeshSmService
+		stale []sockmeshSmServiceKey
+		held  = make(map[sockmeshSmServiceKey]bool)
+	)
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if _, ok := want[k]; ok {
+			held[k] = true
+		} else {
+			stale = append(stale, k)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("list services: %w", err)
+	}
+	if err := deleteServices(m, stale); err != nil {
+		return err
+	}
+
+	// Decide before writing: a Service held whole stays; another takes
+	// room for the addresses it lacks, or gives back those it has.
+	room := int(m.MaxEntries()) - len(held)
+	var (
+		fits []serviceGroup
+		left []string
+		drop []sockmeshSmServiceKey
+	)
+	for _, g := range groups {
+		lacking := 0
+		for _, k := range g.keys {
+			if !held[k] {
+				lacking++
+			}
+		}
+		if lacking <= room {
+			room -= lacking
+			g.whole = lacking == 0
+			fits = append(fits, g)
+			continue
+		}
+		left = append(left, g.name)
+		for _, k := range g.keys {
+			if held[k] {
+				drop = append(drop, k)
+				room++
+			}
+		}
+	}
+	if err := deleteServices(m, drop); err != nil {
+		return err
+	}
+	for _, g := range fits {
+		for _, k := range g.keys {
+			v := want[k]
+			if err := m.Update(&k, &v, ebpf.UpdateAny); err != nil {
+				err = fmt.Errorf("set service %s of %s: %w", keyAddr(k), g.name, err)
+				// Only a Service held whole before (a flag's update)
+				// may stay; another may not stay in part.
+				if !g.whole {
+					err = errors.Join(err, deleteServices(m, g.keys))
+				}
+				return err
+			}
+		}
+	}
+	if len(left) > 0 {
+		return &servicesFullError{maxEntries: int(m.MaxEntries()), left: left}
+	}
+	return nil
+}
+
+// serviceGroup is the addresses of one Kubernetes Service (or one address
+// without Service.Of), captured together or not at all.
+type serviceGroup struct {
+	name string
+	keys []sockmeshSmServiceKey
+	// whole: the map held every key before this write.
+	whole bool
+}
+
+// groupServices groups svcs by Service.Of, in the order each Service first
+// appears, and returns the value each address's key must have.
+func groupServices(svcs []Service) ([]serviceGroup, map[sockmeshSmServiceKey]sockmeshSmService, error) {
+	var (
+		groups []serviceGroup
+		byName = make(map[string]int) // index in groups
+		want   = make(map[sockmeshSmServiceKey]sockmeshSmService, len(svcs))
+		owner  = make(map[sockmeshSmServiceKey]string, len(svcs))
+	)
 	for _, s := range svcs {
 		k, err := serviceKey(s.Addr)
 		if err != nil {
-			return fmt.Errorf("set services: %w", err)
+			return nil, nil, err
+		}
+		name := s.Addr.String() // an address alone is its own group
+		if s.Of != (snapshot.ObjectRef{}) {
+			name = s.Of.String()
+		}
+		if o, ok := owner[k]; ok {
+			if o != name {
+				// The Snapshot never claims an address twice; a group
+				// holding another's address could drop it (left out).
+				return nil, nil, fmt.Errorf("service address %s listed for both %s and %s", s.Addr, o, name)
+			}
+		} else {
+			owner[k] = name
+			i, ok := byName[name]
+			if !ok {
+				i = len(groups)
+				groups = append(groups, serviceGroup{name: name})
+				byName[name] = i
+			}
+			groups[i].keys = append(groups[i].keys, k)
 		}
 		var v sockmeshSmService
 		if s.FailOpen {
@@ -66,32 +197,35 @@ func (d *Datapath) setServices(svcs []Service) error {
 		}
 		want[k] = v
 	}
-	m := d.objs.SmServices
-	var (
-		k     sockmeshSmServiceKey
-		v     sockmeshSmService
-		stale []sockmeshSmServiceKey
-	)
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		if _, ok := want[k]; !ok {
-			stale = append(stale, k)
-		}
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("list services: %w", err)
-	}
-	for _, k := range stale {
+	return groups, want, nil
+}
+
+// deleteServices deletes keys from the services map; one missing already
+// is no error.
+func deleteServices(m *ebpf.Map, keys []sockmeshSmServiceKey) error {
+	for _, k := range keys {
 		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete service %s: %w", keyAddr(k), err)
 		}
 	}
-	for k, v := range want {
-		if err := m.Update(&k, &v, ebpf.UpdateAny); err != nil {
-			return fmt.Errorf("set service %s: %w", keyAddr(k), err)
-		}
-	}
 	return nil
+}
+
+// servicesFullError names the Services SetServices left out whole because
+// the services map had no room for all their addresses.
+type servicesFullError struct {
+	maxEntries int
+	left       []string
+}
+
+func (e *servicesFullError) Error() string {
+	const named = 5 // a thousand names would drown the log line
+	names := strings.Join(e.left[:min(len(e.left), named)], ", ")
+	if len(e.left) > named {
+		names += fmt.Sprintf(" and %d more", len(e.left)-named)
+	}
+	return fmt.Sprintf("services map full (%d addresses): Services left out whole, none of their addresses captured: %s",
+		e.maxEntries, names)
 }
 
 // Services lists the services map.

@@ -8,10 +8,11 @@
 //
 // An in-pod listener names its pod as every connection's client (the
 // proxy applies that pod's namespace's consumer routes) only while that
-// pod alone is enrolled in the namespace; in the node's namespace, which
-// host-network pods share with every host process, or with several pods,
-// it names none and the proxy finds the client by address. Its listeners
-// are opened again when that changes.
+// pod alone is enrolled in the namespace. In the node's namespace, which
+// host-network pods share with every host process, it names the node: one
+// client of no namespace, whatever the family, which gets the producer
+// routes alone. With several pods it names none and the proxy finds the
+// client by address. Its listeners are opened again when that changes.
 //
 // A pod's namespace may appear after its Pod object (the file source, or a
 // slow CNI), and may be replaced while the Pod object stays: the Enroller

@@ -66,10 +66,11 @@ type Enrolments interface {
 
 // Server serves the in-pod listeners (*proxy.Proxy).
 type Server interface {
-	// ServePod serves a listener every connection of which comes from pod.
+	// ServePod serves a listener every connection of which comes from pod
+	// (or the node: hostNetworkClient).
 	ServePod(l net.Listener, pod snapshot.ObjectRef) error
-	// Serve serves a listener whose clients are found by their address: the
-	// node's namespace, which enrolled host-network pods share.
+	// Serve serves a listener whose clients are found by their address: a
+	// namespace several pods are enrolled in.
 	Serve(l net.Listener) error
 }
 
@@ -550,7 +551,7 @@ func (e *Enroller) open(ns *podns.NS, pod *snapshot.ObjectRef) (*netnsState, err
 }
 
 // listen opens n's in-pod listeners, serving their connections as pod's
-// (nil: by the client's address), then closes those n had: the new ones
+// (nil: by the client's address; see listenerPod), then closes those n had: the new ones
 // took the address over first, so the kernel hands them the connections
 // still queued on the old (takeover), and none is refused.
 func (e *Enroller) listen(n *netnsState, pod *snapshot.ObjectRef) error {
@@ -598,33 +599,49 @@ func (e *Enroller) listen(n *netnsState, pod *snapshot.ObjectRef) error {
 	return nil
 }
 
-// listenerPodOf is the pod an in-pod listener opened for p alone names.
+// hostNetworkClient is the client the in-pod listeners of the node's
+// network namespace name. Enrolled host-network pods of any namespace
+// connect from there beside every host process, and no connection tells
+// which made it: as kube-proxy and Istio do, the proxy takes them all for
+// the node. One client, whichever family, against --max-conns-per-pod (by
+// address, 127.0.0.1 and ::1 counted apart), and of no namespace: only
+// the Service's producer routes apply, as to every client GAMMA knows no
+// namespace of, never a namespace's consumer routes (GEP-1294). Pods all
+// have a namespace, so it is no pod's name.
+func hostNetworkClient() snapshot.ObjectRef { return snapshot.ObjectRef{Name: "host-network"} }
+
+// listenerPodOf is the client an in-pod listener opened for p alone names.
 func listenerPodOf(p *pod) *snapshot.ObjectRef {
-	if p.w.HostNetwork {
-		return nil
-	}
 	ref := p.w.Pod
+	if p.w.HostNetwork {
+		ref = hostNetworkClient()
+	}
 	return &ref
 }
 
-// listenerPod is the pod the in-pod listeners of namespace ino must name
-// as every connection's client: its one enrolled pod, or nil, for the
-// proxy to find the client by address, when host-network pods (of any
-// namespace: the node's, with every host process) or several pods are in
-// it. The proxy applies the consumer routes of the named pod's namespace,
-// which must never reach another's requests (GEP-1294).
+// listenerPod is the client the in-pod listeners of namespace ino must
+// name for every connection: hostNetworkClient in the node's namespace
+// (a host-network pod is enrolled in it), else its one enrolled pod, or
+// nil, for the proxy to find the client by address, when several pods are
+// in it. The proxy applies the consumer routes of the named pod's
+// namespace, which must never reach another's requests (GEP-1294).
 func (e *Enroller) listenerPod(ino uint64) *snapshot.ObjectRef {
-	var one *snapshot.ObjectRef
+	var (
+		one     *snapshot.ObjectRef
+		several bool
+	)
 	for _, p := range e.pods {
 		if p.state != Enrolled || p.ino != ino {
 			continue
 		}
-		if one != nil && *one != p.w.Pod {
-			return nil
+		if p.w.HostNetwork {
+			return listenerPodOf(p)
 		}
-		if one = listenerPodOf(p); one == nil {
-			return nil
-		}
+		several = several || one != nil && *one != p.w.Pod
+		one = listenerPodOf(p)
+	}
+	if several {
+		return nil
 	}
 	return one
 }

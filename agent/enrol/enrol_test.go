@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -24,6 +25,8 @@ import (
 	"github.com/sockmesh/sockmesh/datapath"
 	"github.com/sockmesh/sockmesh/internal/leakcheck"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
 // 10.233.0.0/16 belongs to these tests alone in this repository, and each
@@ -458,11 +461,12 @@ func TestInPodListenerFails(t *testing.T) {
 	c.Close()
 }
 
-// TestInPodHostNetwork: the listener in the network namespace of an
-// enrolled host-network pod, the node's, which every host process and
-// every other host-network pod shares, serves its clients by address: it
-// named the pod, whose namespace's consumer routes then applied to them
-// all.
+// TestInPodHostNetwork: the listeners in the network namespace of enrolled
+// host-network pods, the node's, which every host process shares, serve
+// every connection, either family, as one client of no namespace, the
+// node: they named the pod, whose namespace's consumer routes then applied
+// to every host process; then they named none, and the proxy counted
+// 127.0.0.1 and ::1 as two clients against --max-conns-per-pod.
 func TestInPodHostNetwork(t *testing.T) {
 	sandbox.ClaimAddrs(t, plan)
 	node, _ := podNS(t, ipA)
@@ -470,14 +474,98 @@ func TestInPodHostNetwork(t *testing.T) {
 	e := newEnroller(t, Config{Mode: InPod}, &recorder{}, srv)
 	w := workload("host-agent", true, ipA)
 	w.HostNetwork = true
-	if err := e.Update(snap(t, w)); err != nil {
+	other := workload("host-exporter", true, ipA) // another namespace's
+	other.Pod.Namespace, other.HostNetwork = "monitoring", true
+	if err := e.Update(snap(t, w, other)); err != nil {
+		t.Fatal(err)
+	}
+	if got := states(e); got["host-agent"] != Enrolled || got["host-exporter"] != Enrolled {
+		t.Fatalf("host-network pods %v, want Enrolled", got)
+	}
+	want := hostNetworkClient()
+	if want.Namespace != "" {
+		t.Fatalf("the host-network client %v has namespace %q: its consumer routes would apply to every host process", want, want.Namespace)
+	}
+	for _, addr := range []string{"127.0.0.1:15001", "[::1]:15001"} {
+		if got := srv.servedAs(t, node, addr); got != want.String() {
+			t.Errorf("a connection in the node's namespace to %s was served as %q, want %q", addr, got, want)
+		}
+	}
+}
+
+// TestInPodHostNetworkOneClient: through the real proxy, with
+// --max-conns-per-pod 1, a host process holding one connection has the
+// next refused whichever family it uses: the node is one client, as on
+// node listeners. By address, 127.0.0.1 and ::1 were two, and it had two
+// connections.
+func TestInPodHostNetworkOneClient(t *testing.T) {
+	sandbox.ClaimAddrs(t, plan)
+	node, _ := podNS(t, ipA)
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tcpserve.Serve(t, echo, func(c net.Conn) { io.Copy(c, c) })
+	backend := echo.Addr().(*net.TCPAddr).AddrPort()
+	svc := netip.MustParseAddrPort("10.96.0.10:80")
+	px, err := proxy.New(proxy.Config{
+		MaxConnsPerClient: 1,
+		// What the datapath would record for a connection to svc that
+		// connect4 or connect6 redirected.
+		OrigDst: func(syscall.Conn) (netip.AddrPort, error) { return svc, nil },
+	}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := px.Shutdown(context.Background()); err != nil {
+			t.Errorf("proxy shutdown: %v", err)
+		}
+	})
+	w := workload("host-agent", true, ipA)
+	w.HostNetwork = true
+	ref := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "app", Name: "db", Port: 80}
+	s, err := snapshot.New(1, []snapshot.Frontend{{Service: snapshot.ObjectRef{Namespace: "app", Name: "db"}, Port: 80,
+		Addresses: []netip.Addr{svc.Addr()}, FailurePolicy: snapshot.FailClosed, Backend: ref}},
+		[]snapshot.Backend{{Ref: ref, Protocol: snapshot.ProtocolTCP,
+			Endpoints: []snapshot.Endpoint{{Addr: backend, Ready: true, Serving: true}}}},
+		[]snapshot.Workload{w})
+	if err != nil {
+		t.Fatal(err)
+	}
+	px.Update(s)
+	e := newEnroller(t, Config{Mode: InPod}, &recorder{}, px)
+	if err := e.Update(s); err != nil {
 		t.Fatal(err)
 	}
 	if got := states(e)["host-agent"]; got != Enrolled {
 		t.Fatalf("host-network pod %s, want Enrolled", got)
 	}
-	if got := srv.servedAs(t, node, "127.0.0.1:15001"); got != "" {
-		t.Errorf("a connection in the node's namespace was served as pod %q, want by address", got)
+	// A leading NUL is no TLS, HTTP/2 or HTTP/1 start: relayed as opaque TCP.
+	ping := func(addr string) (net.Conn, error) {
+		c, err := node.Dial(nil, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		msg := []byte("\x00ping")
+		got := make([]byte, len(msg))
+		if _, err = c.Write(msg); err == nil {
+			_, err = io.ReadFull(c, got)
+		}
+		if err != nil {
+			c.Close()
+			return nil, err
+		}
+		return c, nil
+	}
+	held, err := ping("127.0.0.1:15001")
+	if err != nil {
+		t.Fatalf("the host process's first connection: %v", err)
+	}
+	defer held.Close()
+	if c, err := ping("[::1]:15001"); err == nil {
+		c.Close()
+		t.Error("the host process's second connection, over IPv6, was served: want it refused, past the one allowed")
 	}
 }
 
