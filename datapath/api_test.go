@@ -327,7 +327,7 @@ func TestSetServicesWholeOrNone(t *testing.T) {
 		}
 		if step.left != nil {
 			var full *servicesFullError
-			if !errors.As(err, &full) || !slices.Equal(full.left, step.left) {
+			if !errors.As(err, &full) || !slices.Equal(full.left, step.left) || !errors.Is(err, ErrServicesLeftOut) {
 				t.Errorf("%s: error %v, want one naming %v left out", step.name, err, step.left)
 			}
 		}

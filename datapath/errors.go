@@ -13,6 +13,12 @@ import (
 // see a live proxy, and the next Heartbeat tries again.
 var ErrOwnerCheck = errors.New("check the datapath's owner")
 
+// ErrServicesLeftOut is wrapped by SetServices' (and Apply's) error when
+// the services map could not hold every Service: it holds the others, each
+// whole, and nothing else, and the error names those left out, none of
+// whose addresses is captured.
+var ErrServicesLeftOut = errors.New("services left out")
+
 // KernelTooOldError is returned by Open when Config asks for something the
 // running kernel lacks. It matches ebpf.ErrNotSupported with errors.Is.
 type KernelTooOldError struct {

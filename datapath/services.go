@@ -62,9 +62,10 @@ func (d *Datapath) Apply(s *snapshot.Snapshot) error {
 // When the map cannot hold them all, it holds every Kubernetes Service
 // (Service.Of) it already held whole and, in the order of svcs, the others
 // that fit whole; each left out has none of its addresses captured (any it
-// had are deleted), and the error names them. A Service captured for one
-// address and not another would send, say, its IPv4 connections through
-// the proxy and its IPv6 ones plaintext to the backend.
+// had are deleted), and the error, which wraps ErrServicesLeftOut, names
+// them. A Service captured for one address and not another would send,
+// say, its IPv4 connections through the proxy and its IPv6 ones plaintext
+// to the backend.
 func (d *Datapath) SetServices(svcs []Service) error {
 	return d.reconcile("set services", func() error { return d.setServices(svcs) })
 }
@@ -212,7 +213,8 @@ func deleteServices(m *ebpf.Map, keys []sockmeshSmServiceKey) error {
 }
 
 // servicesFullError names the Services SetServices left out whole because
-// the services map had no room for all their addresses.
+// the services map had no room for all their addresses
+// (ErrServicesLeftOut).
 type servicesFullError struct {
 	maxEntries int
 	left       []string
@@ -224,9 +226,11 @@ func (e *servicesFullError) Error() string {
 	if len(e.left) > named {
 		names += fmt.Sprintf(" and %d more", len(e.left)-named)
 	}
-	return fmt.Sprintf("services map full (%d addresses): Services left out whole, none of their addresses captured: %s",
-		e.maxEntries, names)
+	return fmt.Sprintf("services map full (%d addresses): %v, none of their addresses captured: %s",
+		e.maxEntries, ErrServicesLeftOut, names)
 }
+
+func (e *servicesFullError) Unwrap() error { return ErrServicesLeftOut }
 
 // Services lists the services map.
 func (d *Datapath) Services() ([]Service, error) {

@@ -96,7 +96,7 @@ func New(cfg Config, pub Publisher, proxy Proxy, dp Datapath, en Enroller, log *
 			}),
 			failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "sockmesh_apply_failures_total",
-				Help: "Failed attempts to apply a Snapshot, by data plane (datapath, enrol); each is retried.",
+				Help: "Failed attempts to apply a Snapshot, by data plane (datapath, enrol); each is retried (Services the datapath's full map left out: with the next Snapshot).",
 			}, []string{"target"}),
 			heartbeatFails: prometheus.NewCounter(prometheus.CounterOpts{
 				Name: "sockmesh_apply_heartbeat_failures_total",
@@ -159,7 +159,15 @@ func (a *Applier) apply(s *snapshot.Snapshot) error {
 	a.proxy.Update(c)
 	a.served = c
 	var errs []error
-	if err := a.dp.Apply(s); err != nil {
+	switch err := a.dp.Apply(s); {
+	case errors.Is(err, datapath.ErrServicesLeftOut):
+		// The map holds what fits of s, each Service whole, and nothing
+		// else: s is applied short of those, which the next Snapshot tries
+		// again. Retrying s would fail as surely, and failing would keep
+		// an agent that starts on such a cluster from ever serving.
+		a.m.failures.WithLabelValues("datapath").Inc()
+		a.log.Warn("services left out of the datapath", "snapshot_version", s.Version, "err", err)
+	case err != nil:
 		a.m.failures.WithLabelValues("datapath").Inc()
 		errs = append(errs, fmt.Errorf("datapath: %w", err))
 	}

@@ -32,6 +32,7 @@ type planes struct {
 	calls    []string
 	beats    int
 	dpErrors int   // Apply fails this many more times
+	leftOut  bool  // Apply leaves the last frontend out (a full map)
 	beatErr  error // what Heartbeat returns
 
 	proxied  []*snapshot.Snapshot // every Snapshot the proxy got, in order
@@ -110,7 +111,11 @@ func (f datapathFake) Apply(s *snapshot.Snapshot) error {
 		clear(f.captured)
 	}
 	// A failed apply may have added s's services before it stopped.
-	for _, fe := range s.Frontends {
+	fes, leftOut := s.Frontends, f.leftOut && len(s.Frontends) > 0
+	if leftOut {
+		fes = fes[:len(fes)-1]
+	}
+	for _, fe := range fes {
 		for _, a := range fe.Addresses {
 			f.captured[netip.AddrPortFrom(a, fe.Port)] = fe.Service
 		}
@@ -119,6 +124,10 @@ func (f datapathFake) Apply(s *snapshot.Snapshot) error {
 	if fail {
 		f.record(fmt.Sprintf("datapath %d failed", s.Version))
 		return errors.New("map full")
+	}
+	if leftOut {
+		f.record(fmt.Sprintf("datapath %d left out", s.Version))
+		return fmt.Errorf("services map full: %w", datapath.ErrServicesLeftOut)
 	}
 	f.record(fmt.Sprintf("datapath %d", s.Version))
 	return nil
@@ -296,6 +305,45 @@ func TestRetryAfterFailure(t *testing.T) {
 		}
 		if got := value(t, a.m.version); got != 2 {
 			t.Errorf("sockmesh_apply_snapshot_version = %v, want 2", got)
+		}
+	})
+}
+
+// TestServicesLeftOutApply: a Snapshot whose Services do not all fit in
+// the datapath's map is applied with the others (the map holds them whole
+// and nothing else): counted as a datapath failure, but the agent serves
+// it and beats, and retries only with the next Snapshot. Failing it kept
+// an agent that started on such a cluster from ever serving (First) or
+// writing the heartbeat, and retried it every RetryInterval in vain.
+func TestServicesLeftOutApply(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := newPlanes()
+		p.leftOut = true
+		reg := prometheus.NewRegistry()
+		a, _ := start(t, p, reg)
+		p.publishSnapshot(build(t, 1, []svc{web, db}, nil))
+		synctest.Wait()
+		select {
+		case <-a.First():
+		default:
+			t.Fatal("First() not closed after a snapshot applied with Services left out")
+		}
+		time.Sleep(5 * time.Second) // past two RetryIntervals
+		synctest.Wait()
+		calls, beats := p.snapshot()
+		if want := []string{"proxy 1", "datapath 1 left out", "enrol 1"}; !slices.Equal(calls, want) || beats == 0 {
+			t.Errorf("calls %q, %d heartbeats; want %q once and heartbeats", calls, beats, want)
+		}
+		if s, _ := a.Applied(); s == nil || s.Version != 1 {
+			t.Errorf("Applied() = %v, want version 1", s)
+		}
+		if got := value(t, a.m.failures.WithLabelValues("datapath")); got != 1 {
+			t.Errorf("sockmesh_apply_failures_total{target=datapath} = %v, want 1", got)
+		}
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, g := range p.gaps {
+			t.Error(g)
 		}
 	})
 }

@@ -17,7 +17,9 @@
 // A failed step is retried with the same Snapshot until it succeeds or a
 // newer one arrives; until then the proxy keeps the cover, and the next
 // cover extends it, since the failed step may have left part of what it
-// was to remove in place.
+// was to remove in place. Services the datapath's full map leaves out
+// (datapath.ErrServicesLeftOut) fail no step: the map holds the rest of
+// the Snapshot, whole, and nothing else; the next Snapshot tries them.
 //
 // Once the first Snapshot is in place it writes the datapath heartbeat,
 // which tells the eBPF programs that the proxy is alive: fail-open
