@@ -38,6 +38,34 @@ type h2Dial struct {
 	done chan struct{}
 	err  error
 	gone <-chan struct{}
+	// ctx is the dial's (dialCtx), which end ends once no request waits
+	// for it (leave); waiting counts those that do, under h2pool.mu.
+	ctx     context.Context
+	end     context.CancelCauseFunc
+	waiting int
+	// ended is set when ctx had ended as the dial returned: it failed
+	// for none of the endpoint's doing.
+	ended bool
+}
+
+// dialCtx is an h2Dial's context: the Transport's, whose values are the
+// request's, and which CloseIdleConnections ends — the Transport dials
+// apart from the request's context, for later requests — ended besides
+// once no request waits for the dial (leave) with the error of the last
+// one's context, which Err returns: a connect or handshake a route's
+// timeout ended counts as route_timeout, one the app left as canceled
+// (endedBy), as on the HTTP/1.1 wire, not as the endpoint's failure 10 s
+// on (HandshakeTimeout), which ejected it.
+type dialCtx struct{ context.Context }
+
+func (c dialCtx) Err() error {
+	switch {
+	case c.Context.Err() == nil:
+		return nil
+	case errors.Is(context.Cause(c.Context), context.DeadlineExceeded):
+		return context.DeadlineExceeded
+	}
+	return context.Canceled
 }
 
 // errDialShared ends a dial the Transport made for a request that a
@@ -117,7 +145,7 @@ func (w *wireState) pool(wire Wire) *h2pool {
 			return nil, err
 		}
 		try := ctx.Value(connTryKey{}).(*connTry) // h2Transport.RoundTrip's
-		return hp.dialOnce(ctx, addr, try.wait(), func() (*h2Conn, error) {
+		return hp.dialOnce(ctx, addr, try, func(ctx context.Context) (*h2Conn, error) {
 			if try.c == picked {
 				try.Store(true) // this dial settles or hands back the probe
 			}
@@ -140,47 +168,47 @@ func (w *wireState) pool(wire Wire) *h2pool {
 	return hp
 }
 
-// dialOnce dials addr for a request of hp's Transport, unless a dial to
-// addr is under way: net/http's Transport dials once per request waiting
-// for a connection, hands the first HTTP/2 one to every request waiting
-// then, and closes the others — a cold burst of 150 requests opened
-// dozens, over TLS each a handshake. It waits for that dial instead: once
-// it connected, until the request has a connection or has ended (got; the
-// Transport hands the connection over only after the dial returns), and
-// ends with errDialShared, which the Transport drops; when it failed,
-// with its error, as the request would have. Streams running out on the
-// connections open still make the Transport dial, one at a time: nothing
-// caps them.
-func (hp *h2pool) dialOnce(ctx context.Context, addr string, got <-chan struct{}, dial func() (*h2Conn, error)) (net.Conn, error) {
+// dialOnce dials addr for try, a request of hp's Transport, unless a dial
+// to addr is under way: net/http's Transport dials once per request
+// waiting for a connection, hands the first HTTP/2 one to every request
+// waiting then, and closes the others — a cold burst of 150 requests
+// opened dozens, over TLS each a handshake. It waits for that dial
+// instead: once it connected, until the request has a connection or has
+// ended (its wait; the Transport hands the connection over only after the
+// dial returns), and ends with errDialShared, which the Transport drops;
+// when it failed, with its error, as the request would have. A dial goes
+// on while a request waits for it, and ends with the last (leave).
+// Streams running out on the connections open still make the Transport
+// dial, one at a time: nothing caps them.
+func (hp *h2pool) dialOnce(ctx context.Context, addr string, try *connTry, dial func(context.Context) (*h2Conn, error)) (net.Conn, error) {
+	got := try.wait()
 	for {
+		hp.mu.Lock()
 		select {
 		case <-got:
+			hp.mu.Unlock()
 			return nil, errDialShared // the Transport was late to start it
 		default:
 		}
-		hp.mu.Lock()
 		d := hp.dialing[addr]
-		if d == nil {
-			d = &h2Dial{done: make(chan struct{})}
+		lead := d == nil
+		if lead {
+			dctx, end := context.WithCancelCause(ctx)
+			d = &h2Dial{done: make(chan struct{}), ctx: dialCtx{dctx}, end: end}
 			hp.dialing[addr] = d
-			hp.mu.Unlock()
-			c, err := dial()
-			hp.mu.Lock()
-			delete(hp.dialing, addr)
-			if d.err = err; err == nil {
-				d.gone = c.gone
-			}
-			hp.mu.Unlock()
-			close(d.done)
-			if err != nil {
-				return nil, err
-			}
-			return c.transportConn(), nil
 		}
+		d.waiting++
 		hp.mu.Unlock()
+		if lead {
+			return hp.lead(addr, d, try, got, dial)
+		}
 		select {
 		case <-d.done:
+		case <-got:
+			hp.leave(d, try, got)
+			return nil, errDialShared
 		case <-ctx.Done():
+			hp.leave(d, try, got)
 			return nil, ctx.Err()
 		}
 		switch {
@@ -194,11 +222,49 @@ func (hp *h2pool) dialOnce(ctx context.Context, addr string, got <-chan struct{}
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
-		case !errors.Is(d.err, context.Canceled):
+		case !d.ended:
 			return nil, d.err
 		}
-		// Else its dial was canceled (CloseIdleConnections): not the
-		// endpoint's failure.
+		// Else it ended with the requests that waited for it, or
+		// CloseIdleConnections ended it: not the endpoint's failure.
+	}
+}
+
+// lead makes d, the dial to addr that try's wait, got, started.
+func (hp *h2pool) lead(addr string, d *h2Dial, try *connTry, got <-chan struct{}, dial func(context.Context) (*h2Conn, error)) (net.Conn, error) {
+	go func() {
+		select {
+		case <-got:
+			hp.leave(d, try, got)
+		case <-d.done:
+		}
+	}()
+	c, err := dial(d.ctx)
+	hp.mu.Lock()
+	delete(hp.dialing, addr)
+	d.err, d.ended = err, d.ctx.Err() != nil
+	if err == nil {
+		d.gone = c.gone
+	}
+	hp.mu.Unlock()
+	d.end(nil)
+	close(d.done)
+	if err != nil {
+		return nil, err
+	}
+	return c.transportConn(), nil
+}
+
+// leave ends the wait got of try for d: it has a connection, or it
+// ended. A dial that no request waits for any more, the last having
+// ended, ends with it (dialCtx); one whose requests got connections
+// elsewhere goes on, for later ones, bounded by HandshakeTimeout.
+func (hp *h2pool) leave(d *h2Dial, try *connTry, got <-chan struct{}) {
+	err := try.endedWith(got)
+	hp.mu.Lock()
+	defer hp.mu.Unlock()
+	if d.waiting--; d.waiting == 0 && err != nil {
+		d.end(err)
 	}
 }
 

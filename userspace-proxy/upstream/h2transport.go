@@ -38,7 +38,7 @@ func (t h2Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	ctx, connected := t.w.traceConn(req)
 	resp, err := connected.send(ctx, t.w.pool(t.wire).t, req)
-	connected.settle()
+	connected.settle(ctx.Err())
 	if err != nil {
 		if notH2 := answeredHTTP1(connected.lastConn()); notH2 != nil {
 			err = notH2
@@ -100,10 +100,12 @@ type connTry struct {
 	// another for it then ends (h2pool.dialOnce). A stream the backend
 	// refused waits again (sent again over another connection): each
 	// wait has its own.
-	mu    sync.Mutex
-	got   chan struct{}
-	ended bool
-	conn  net.Conn // the last connection the Transport gave it
+	// endErr is its context's error once it ended (settle).
+	mu     sync.Mutex
+	got    chan struct{}
+	ended  bool
+	endErr error
+	conn   net.Conn // the last connection the Transport gave it
 	// cancel ends the Transport's RoundTrip under way (send), sent counts
 	// the connections it gave the request in it, and bodiless is set for
 	// a request without a body, which a second sends again (gotConn).
@@ -223,15 +225,27 @@ func (t *connTry) lastConn() net.Conn {
 	return t.conn
 }
 
-// settle ends every wait of the request: it ended.
-func (t *connTry) settle() {
+// settle ends every wait of the request: it ended, its context with err
+// (nil when it ended otherwise: answered, or failed).
+func (t *connTry) settle(err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.streamed()
 	if !t.ended {
-		t.ended = true
+		t.ended, t.endErr = true, err
 		close(t.got)
 	}
+}
+
+// endedWith returns the error the request's context ended with if its
+// wait got, ended, ended so (settle); nil when it got a connection.
+func (t *connTry) endedWith(got <-chan struct{}) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.ended && (<-chan struct{})(t.got) == got {
+		return t.endErr
+	}
+	return nil
 }
 
 type connTryKey struct{}
