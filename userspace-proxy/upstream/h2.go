@@ -79,6 +79,8 @@ type h2Conn struct {
 	pool *h2pool
 	// gone closes with it.
 	gone chan struct{}
+	// waits bounds its requests' waits for a stream.
+	waits streamWaits
 	// held, and expiry, which sets it aside when held's trust ends, are
 	// under pool.mu.
 	held   upstreamtls.Held

@@ -544,7 +544,7 @@ func TestH2ConnectsPastStreamLimit(t *testing.T) {
 // startH2C serves h over h2c (HTTP/2 with prior knowledge) on loopback,
 // at most streams requests at once on a connection (0: net/http's
 // default), and counts its connections.
-func startH2C(t *testing.T, h http.Handler, streams int) (netip.AddrPort, *atomic.Int32) {
+func startH2C(t testing.TB, h http.Handler, streams int) (netip.AddrPort, *atomic.Int32) {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

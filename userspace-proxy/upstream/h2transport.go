@@ -99,7 +99,8 @@ type connTry struct {
 	// Transport gave it one, or the request ended: a dial that waited on
 	// another for it then ends (h2pool.dialOnce). A stream the backend
 	// refused waits again (sent again over another connection): each
-	// wait has its own.
+	// wait has its own, made when a dial asks for it (wait): a request
+	// given a connection open makes none.
 	// endErr is its context's error once it ended (settle).
 	mu     sync.Mutex
 	got    chan struct{}
@@ -113,12 +114,16 @@ type connTry struct {
 	sent     int
 	bodiless bool
 	// streamWait bounds the request's wait for a stream on each
-	// connection the Transport gives it (awaitStream): slotTimer ends it,
-	// and slot tells the timer's callback whether it is still the wait it
-	// was set for.
+	// connection the Transport gives it (awaitStream), which that
+	// connection's streamWaits, waiting, lists while it lasts.
 	streamWait time.Duration
-	slotTimer  *time.Timer
-	slot       int
+	waiting    *streamWaits
+	// listed, until and end are its entry in waiting's list, under
+	// waiting.mu: end cancels the RoundTrip the wait is of at until.
+	listed     bool
+	until      time.Time
+	end        context.CancelCauseFunc
+	prev, next *connTry
 }
 
 // send sends req through rt with ctx, and again where rt would, at once,
@@ -167,6 +172,12 @@ func (t *connTry) send(ctx context.Context, rt http.RoundTripper, req *http.Requ
 func (t *connTry) wait() <-chan struct{} {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	if t.got == nil {
+		t.got = make(chan struct{})
+		if t.ended {
+			close(t.got)
+		}
+	}
 	return t.got
 }
 
@@ -178,45 +189,39 @@ func (t *connTry) gotConn(c net.Conn) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	t.conn = c
-	if !t.ended {
+	if t.got != nil && !t.ended {
 		close(t.got)
-		t.got = make(chan struct{})
+		t.got = nil // the next wait's is made when asked for
 	}
 	if t.sent++; t.sent > 1 && t.bodiless {
 		t.cancel(errResend)
 		return
 	}
-	t.awaitStream()
+	t.awaitStream(c)
 }
 
-// awaitStream bounds the wait for a stream on the connection the request
-// was just given, until its HEADERS are written (streamed), by
+// awaitStream bounds the wait for a stream on c, the connection the
+// request was just given, until its HEADERS are written (streamed), by
 // streamWait. The Transport reserves a stream on a new connection for
 // each request as if the backend took 100 at once, until its SETTINGS
 // say: a request whose stream they leave over the limit waits for one of
 // the connection's streams to end — as long as they last, a gRPC stream's
 // or a watch's, where a request coming later is given a new connection.
 // It fails as one waiting for an HTTP/1.1 connection does. t.mu is held.
-func (t *connTry) awaitStream() {
+func (t *connTry) awaitStream(c net.Conn) {
 	t.streamed()
-	slot := t.slot
-	t.slotTimer = time.AfterFunc(t.streamWait, func() {
-		t.mu.Lock()
-		defer t.mu.Unlock()
-		if t.slot == slot {
-			t.cancel(errNoStream)
-		}
-	})
+	if t.waiting = waitsOf(c); t.waiting != nil {
+		t.waiting.add(t, time.Now().Add(t.streamWait))
+	}
 }
 
 // streamed ends the wait awaitStream bounds: the request's HEADERS were
 // written, or it ended. t.mu is held.
 func (t *connTry) streamed() {
-	if t.slotTimer != nil {
-		t.slotTimer.Stop()
-		t.slotTimer = nil
+	if t.waiting != nil {
+		t.waiting.remove(t)
+		t.waiting = nil
 	}
-	t.slot++
 }
 
 func (t *connTry) lastConn() net.Conn {
@@ -233,7 +238,9 @@ func (t *connTry) settle(err error) {
 	t.streamed()
 	if !t.ended {
 		t.ended, t.endErr = true, err
-		close(t.got)
+		if t.got != nil {
+			close(t.got)
+		}
 	}
 }
 
@@ -242,7 +249,7 @@ func (t *connTry) settle(err error) {
 func (t *connTry) endedWith(got <-chan struct{}) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.ended && (<-chan struct{})(t.got) == got {
+	if t.ended && t.got != nil && (<-chan struct{})(t.got) == got {
 		return t.endErr
 	}
 	return nil
@@ -258,15 +265,15 @@ type connTryKey struct{}
 // a probe which connects nothing is handed back; the wait for a stream on
 // that connection is bounded (awaitStream). It costs every request a few
 // allocations, against a connection per request of a cold burst (send's
-// context and the wait's timer a few more, against a minute held, and a
-// wait as long as another stream).
+// context a few more, against a minute held; the wait's bound none, its
+// connection's streamWaits, against a wait as long as another stream).
 func (w *wireState) traceConn(req *http.Request) (context.Context, *connTry) {
 	c, ok := req.Context().Value(endpointKey{}).(*balance.Choice)
 	if !ok || !c.Probing() {
 		c = nil
 	}
 	h := w.p.health
-	try := &connTry{c: c, resent: w.p.cfg.StreamResent, got: make(chan struct{}), streamWait: w.p.cfg.ConnWait}
+	try := &connTry{c: c, resent: w.p.cfg.StreamResent, streamWait: w.p.cfg.ConnWait}
 	try.trace.GotConn = func(info httptrace.GotConnInfo) {
 		try.Store(true)
 		try.gotConn(info.Conn)
