@@ -207,7 +207,14 @@ func (t *connTry) gotConn(c net.Conn) {
 // say: a request whose stream they leave over the limit waits for one of
 // the connection's streams to end — as long as they last, a gRPC stream's
 // or a watch's, where a request coming later is given a new connection.
-// It fails as one waiting for an HTTP/1.1 connection does. t.mu is held.
+// It fails as one waiting for an HTTP/1.1 connection does. A bound that
+// passes as the stream starts is not told from one that passes before:
+// net/http's client decides to write a stream's HEADERS at one look at
+// the request's context (encodeAndWriteHeaders, under the connection's
+// write lock) and calls no hook between that look and the write — the
+// first after it, WroteHeaderField, comes while the HEADERS are encoded
+// (a slice allocated per field) — so those HEADERS may go out and the
+// stream be reset at once, never sent again. t.mu is held.
 func (t *connTry) awaitStream(c net.Conn) {
 	t.streamed()
 	if t.waiting = waitsOf(c); t.waiting != nil {
