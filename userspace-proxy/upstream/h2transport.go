@@ -100,8 +100,8 @@ type connTry struct {
 	// another for it then ends (h2pool.dialOnce). A stream the backend
 	// refused waits again (sent again over another connection): each
 	// wait has its own, made when a dial asks for it (wait): a request
-	// given a connection open makes none.
-	// endErr is its context's error once it ended (settle).
+	// given a connection open makes none. endErr is the request's
+	// context's error once it ended (settle).
 	mu     sync.Mutex
 	got    chan struct{}
 	ended  bool
