@@ -378,11 +378,13 @@ func New(version uint64, frontends []Frontend, backends []Backend, workloads []W
 		}
 	}
 	// An address names the enrolled pod that alone holds it: only enrolled
-	// pods' connections reach the proxy, a finished pod keeps in its status
-	// an address the node may have given to a new pod, and host-network
-	// pods share the node's. The proxy takes the client's namespace from
-	// it, and another namespace's consumer routes must never apply to a
-	// client's requests (GEP-1294).
+	// pods' connections reach the proxy, and a finished pod keeps in its
+	// status an address the node may have given to a new pod. The proxy
+	// takes the client's namespace from it, and another namespace's
+	// consumer routes must never apply to a client's requests (GEP-1294).
+	// A host-network pod's addresses are the node's, from which every host
+	// process connects too: they name no pod, even when one such pod alone
+	// is enrolled (HostNetwork tells them).
 	shared := map[netip.Addr]bool{}
 	for i := range workloads {
 		w := &workloads[i]
@@ -391,13 +393,14 @@ func New(version uint64, frontends []Frontend, backends []Backend, workloads []W
 		}
 		for _, ip := range w.IPs {
 			ip = ip.Unmap()
+			if w.HostNetwork {
+				s.hostNet[ip] = true
+				continue
+			}
 			if _, taken := s.byWorkload[ip]; taken {
 				shared[ip] = true
 			}
 			s.byWorkload[ip] = w
-			if w.HostNetwork {
-				s.hostNet[ip] = true
-			}
 		}
 	}
 	for ip := range shared {
@@ -425,7 +428,7 @@ func (s *Snapshot) Backend(ref BackendRef) (*Backend, bool) {
 }
 
 // Workload returns the enrolled local pod that owns ip; none when no
-// enrolled pod or several (host-network pods) hold it.
+// enrolled pod or several hold it, or ip is the node's (HostNetwork).
 func (s *Snapshot) Workload(ip netip.Addr) (*Workload, bool) {
 	w, ok := s.byWorkload[ip.Unmap()]
 	return w, ok

@@ -7,9 +7,10 @@ import (
 
 // TestWorkloadByAddress: an address names the enrolled pod that alone
 // holds it. A finished pod keeps in its status an address the node may
-// have given to a new pod, and host-network pods share the node's; taking
-// either for the client would apply another namespace's consumer routes
-// to its requests (GEP-1294).
+// have given to a new pod, and host-network pods share the node's with
+// every host process — one such pod alone enrolled included; taking either
+// for the client would apply another namespace's consumer routes to its
+// requests (GEP-1294).
 func TestWorkloadByAddress(t *testing.T) {
 	podIP := netip.MustParseAddr("10.244.0.5")
 	nodeIP := netip.MustParseAddr("192.168.1.10")
@@ -34,7 +35,7 @@ func TestWorkloadByAddress(t *testing.T) {
 	}{
 		{podIP, "app/web"},
 		{nodeIP, ""}, // two enrolled host-network pods: which one sent it is unknown
-		{hostIP, "kube-system/proxy"},
+		{hostIP, ""}, // one enrolled host-network pod: host processes send from it too
 		{netip.MustParseAddr("::ffff:10.244.0.5"), "app/web"},
 	}
 	for _, tc := range tests {
