@@ -15,9 +15,12 @@ import (
 // sends connections and what the wire to it looks like.
 type Backend struct {
 	Ref snapshot.BackendRef `json:"ref"`
-	// Sources are the objects that shaped it (Service, BackendTLSPolicy,
-	// XBackend...).
+	// Sources are the objects that shaped it (BackendTLSPolicy, XBackend,
+	// XBackendTrafficPolicy, the Service whose port's appProtocol chose
+	// Protocol).
 	Sources []snapshot.ObjectRef `json:"sources,omitempty"`
+	// AppProtocol is that Service port's appProtocol.
+	AppProtocol string `json:"appProtocol,omitempty"`
 	// Protocol is the protocol the backend's owner declared ("" when none:
 	// the proxy keeps the app's own).
 	Protocol snapshot.Protocol `json:"protocol,omitempty"`
@@ -77,7 +80,7 @@ type CACertificate struct {
 // DescribeBackend returns the operator's view of b.
 func DescribeBackend(b *snapshot.Backend) Backend {
 	out := Backend{
-		Ref: b.Ref, Sources: b.Sources, Protocol: b.Protocol, Hostname: b.Hostname,
+		Ref: b.Ref, Sources: b.Sources, AppProtocol: b.AppProtocol, Protocol: b.Protocol, Hostname: b.Hostname,
 		Invalid: b.Invalid, SessionPersistence: b.SessionPersistence, RetryConstraint: b.RetryConstraint,
 		Endpoints: len(b.Endpoints), Wire: Wire(b.Protocol, b.TLS != nil),
 	}

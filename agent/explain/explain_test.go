@@ -202,6 +202,17 @@ func TestExplain(t *testing.T) {
 			}
 		},
 	}, {
+		// The wire is h2c because of the Service port's appProtocol: the
+		// backend named no source ("Sources: -").
+		name: "appProtocol is a source",
+		q:    Query{Pod: ref("app", "client"), Service: refp("app", "draining"), Port: 80},
+		check: func(t *testing.T, e Explanation) {
+			svc := snapshot.ObjectRef{Kind: "Service", Namespace: "app", Name: "draining"}
+			if e.Backend == nil || !slices.Equal(e.Backend.Sources, []snapshot.ObjectRef{svc}) || e.Backend.AppProtocol != "kubernetes.io/h2c" {
+				t.Errorf("backend = %+v, want source %s with appProtocol kubernetes.io/h2c", e.Backend, svc)
+			}
+		},
+	}, {
 		name: "a draining endpoint still serves",
 		q:    Query{Pod: ref("app", "client"), Service: refp("app", "draining"), Port: 80},
 		check: func(t *testing.T, e Explanation) {

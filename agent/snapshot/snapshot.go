@@ -162,9 +162,13 @@ type Backend struct {
 	// (XBackendTrafficPolicy retryConstraint); nil leaves route rules'
 	// retry attempts as the only bound.
 	RetryConstraint *RetryConstraint `json:"retryConstraint,omitempty"`
-	// Sources are the objects that shaped this backend (policies, XBackend),
-	// for explanations.
+	// Sources are the objects that shaped this backend (policies, XBackend;
+	// the Service itself when its port's appProtocol chose Protocol), for
+	// explanations.
 	Sources []ObjectRef `json:"sources,omitempty"`
+	// AppProtocol is that Service port's appProtocol (KEP-3726), for
+	// explanations; empty when no appProtocol chose Protocol.
+	AppProtocol string `json:"appProtocol,omitempty"`
 }
 
 // Endpoint is one address of a backend.

@@ -39,8 +39,13 @@ func (t *translator) serviceBackend(svc *corev1.Service, sp corev1.ServicePort) 
 		TLS:       tls,
 		Invalid:   invalid,
 	}
+	if b.Protocol != snapshot.ProtocolAuto {
+		// Only appProtocol names a Service port's protocol.
+		b.AppProtocol = deref(sp.AppProtocol)
+		b.Sources = append(b.Sources, snapshot.ObjectRef{Kind: string(snapshot.KindService), Namespace: svc.Namespace, Name: svc.Name})
+	}
 	if policy != nil {
-		b.Sources = []snapshot.ObjectRef{*policy}
+		b.Sources = append(b.Sources, *policy)
 	}
 	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
 		b.ClientIPAffinitySeconds = corev1.DefaultClientIPServiceAffinitySeconds

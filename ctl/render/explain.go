@@ -169,7 +169,11 @@ func backendBlock(w io.Writer, indent int, be explain.Backend) {
 	b.add("Backend", "%s", be.Ref)
 	var srcs []string
 	for _, s := range be.Sources {
-		srcs = append(srcs, s.String())
+		src := s.String()
+		if s.Kind == string(snapshot.KindService) && be.AppProtocol != "" {
+			src += fmt.Sprintf(" (appProtocol %s on port %d)", be.AppProtocol, be.Ref.Port)
+		}
+		srcs = append(srcs, src)
 	}
 	b.add("Sources", "%s", orDash(strings.Join(srcs, ", ")))
 	proto := string(be.Protocol)

@@ -94,8 +94,8 @@ func statusFixture() []introspect.Status {
 
 func backendFixture() explain.Backend {
 	return explain.Backend{
-		Ref: snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "app", Name: "secure", Port: 443}, Sources: []snapshot.ObjectRef{ref("BackendTLSPolicy", "app", "secure")},
-		Protocol: snapshot.ProtocolHTTP2, Wire: "HTTP/2 in TLS", Endpoints: 4, ReadyEndpoints: 2, FallbackEndpoints: 1, DrainingEndpoints: 1,
+		Ref: snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "app", Name: "secure", Port: 443}, Sources: []snapshot.ObjectRef{ref("Service", "app", "secure"), ref("BackendTLSPolicy", "app", "secure")},
+		AppProtocol: "kubernetes.io/h2c", Protocol: snapshot.ProtocolHTTP2, Wire: "HTTP/2 in TLS", Endpoints: 4, ReadyEndpoints: 2, FallbackEndpoints: 1, DrainingEndpoints: 1,
 		TLS: &explain.TLS{Policy: ref("BackendTLSPolicy", "app", "secure"), Mode: snapshot.TLSServerOnly, ServerName: "secure.app.svc",
 			SubjectAltNames: []snapshot.SubjectAltName{{Type: snapshot.SANURI, Value: "spiffe://cluster.local/ns/app/sa/secure"}},
 			CAs:             []explain.CACertificate{{Subject: "CN=app CA", NotAfter: t0.Add(365 * 24 * time.Hour)}, {Error: "a private key block, not a certificate"}},
