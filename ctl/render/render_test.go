@@ -161,7 +161,7 @@ func serviceFixture() *describe.Service {
 }
 
 func topFixture() top.View {
-	return top.View{Node: "node-a", Interval: 2 * time.Second,
+	return top.View{Node: "node-a", IntervalSeconds: 2.0004,
 		Services: []top.Service{
 			{Namespace: "app", Service: "secure", Requests: 120.5, Errors: 0.5, ClientErrors: 2, Total: 40211},
 			{Namespace: "app", Service: "idle", Total: 3},

@@ -3,6 +3,7 @@ package render
 import (
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/sockmesh/sockmesh/ctl/top"
 )
@@ -13,7 +14,9 @@ func Top(w io.Writer, v top.View) error {
 	if v.Node != "" {
 		node = "node " + v.Node + ", "
 	}
-	fmt.Fprintf(w, "%srates over %s\n", node, v.Interval)
+	// Milliseconds: the scrapes' own latency makes the nanoseconds noise.
+	interval := time.Duration(v.IntervalSeconds * float64(time.Second)).Round(time.Millisecond)
+	fmt.Fprintf(w, "%srates over %s\n", node, interval)
 	t := tw(w)
 	row(t, "NAMESPACE", "SERVICE", "REQ/S", "5XX/S", "4XX/S", "ERROR%", "TOTAL")
 	for _, s := range v.Services {

@@ -29,8 +29,9 @@ type Sample struct {
 
 // View is what changed between two samples.
 type View struct {
-	Node     string        `json:"node,omitempty"`
-	Interval time.Duration `json:"interval"`
+	Node string `json:"node,omitempty"`
+	// IntervalSeconds is the time between the two samples, in seconds.
+	IntervalSeconds float64 `json:"intervalSeconds"`
 	// Services are sorted by requests per second, busiest first.
 	Services []Service `json:"services"`
 	// Decisions are datapath decisions per second, by decision label.
@@ -64,7 +65,8 @@ type Service struct {
 // down counts from zero too.
 func Compute(prev, cur Sample) View {
 	dt := cur.Time.Sub(prev.Time)
-	v := View{Interval: dt, Decisions: map[string]float64{}, Connections: map[string]float64{},
+	// Empty, not nil: JSON null where a script expects a list breaks it.
+	v := View{IntervalSeconds: dt.Seconds(), Services: []Service{}, Decisions: map[string]float64{}, Connections: map[string]float64{},
 		Failures: map[string]float64{}, Active: map[string]float64{}}
 	restarted := startTime(prev) != startTime(cur)
 	rate := func(name string, m *dto.Metric) float64 {

@@ -1,6 +1,7 @@
 package top
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
@@ -45,7 +46,7 @@ sockmesh_proxy_active_connections{path="l4_tls"} 2
 sockmesh_proxy_active_connections{path="http1"} 1
 `)
 	v := Compute(prev, cur)
-	if v.Interval != 2*time.Second || len(v.Services) != 2 {
+	if len(v.Services) != 2 {
 		t.Fatalf("Compute() = %+v", v)
 	}
 	// b appeared since prev: its counters count from zero, so it is the
@@ -102,5 +103,27 @@ sockmesh_datapath_redirects_total{decision="redirected"} 506
 	}
 	if v.Decisions["redirected"] != 3 {
 		t.Errorf("Compute() across a restart: decisions %v, want redirected=3: the kernel's counters survive restarts", v.Decisions)
+	}
+}
+
+// TestViewJSON: top -o json gave the interval as a time.Duration, an
+// integer of nanoseconds under "interval" that a script had to know to
+// divide. It is seconds now, as every rate beside it is per second. And
+// with no HTTP request answered yet, services was null, not a list.
+func TestViewJSON(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	b, err := json.Marshal(Compute(Sample{Time: t0}, Sample{Time: t0.Add(1500 * time.Millisecond)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got["intervalSeconds"] != 1.5 || got["interval"] != nil {
+		t.Errorf("View JSON = %s, want intervalSeconds 1.5 and no interval", b)
+	}
+	if s, ok := got["services"].([]any); !ok || len(s) != 0 {
+		t.Errorf("View JSON = %s, want services an empty list", b)
 	}
 }
