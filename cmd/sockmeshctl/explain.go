@@ -223,6 +223,9 @@ func resolveService(ctx context.Context, kube kubernetes.Interface, q *explain.Q
 		if err != nil {
 			return nil, fmt.Errorf("get Service %s: %w", dst.service, err)
 		}
+		if why := noClusterIP(s); why != "" {
+			return nil, fmt.Errorf("Service %s/%s %s", s.Namespace, s.Name, why)
+		}
 		svc = s
 		for _, ip := range svc.Spec.ClusterIPs {
 			if a, err := netip.ParseAddr(ip); err == nil {
@@ -250,12 +253,33 @@ func resolveService(ctx context.Context, kube kubernetes.Interface, q *explain.Q
 	if i < 0 {
 		var ports []string
 		for _, p := range svc.Spec.Ports {
-			ports = append(ports, fmt.Sprintf("%s/%d", p.Name, p.Port))
+			port := fmt.Sprint(p.Port) // an only port may go unnamed
+			if p.Name != "" {
+				port = fmt.Sprintf("%s/%d", p.Name, p.Port)
+			}
+			ports = append(ports, port)
 		}
 		return nil, fmt.Errorf("no port %s in Service %s/%s (ports: %s)", dst.port, svc.Namespace, svc.Name, strings.Join(ports, ", "))
 	}
 	q.Port = uint16(svc.Spec.Ports[i].Port)
 	return svc, nil
+}
+
+// noClusterIP says, after the Service's name, why connections to svc are
+// never captured when it has no ClusterIP: the datapath redirects by
+// destination address, a ClusterIP (agent/translate captures no other),
+// and the agent, which holds only what it captures, could only answer
+// that no policy applies. "" when svc has a ClusterIP.
+func noClusterIP(svc *corev1.Service) string {
+	const never = "so sockmesh never captures connections to it: it redirects connections to a Service's ClusterIP, and policies, routes and appProtocol apply only there"
+	switch {
+	case svc.Spec.Type == corev1.ServiceTypeExternalName:
+		return fmt.Sprintf("is an ExternalName Service, a DNS alias for %s with no ClusterIP, %s; connections go to the addresses %s resolves to, untouched",
+			svc.Spec.ExternalName, never, svc.Spec.ExternalName)
+	case svc.Spec.ClusterIP == corev1.ClusterIPNone:
+		return "is headless (clusterIP None): clients connect to its pods' addresses directly, " + never
+	}
+	return ""
 }
 
 // relatedObjects describes svc from the cluster's objects; failures are

@@ -2,10 +2,16 @@ package main
 
 import (
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/must"
+	"github.com/sockmesh/sockmesh/test/apiserver"
 )
 
 func TestParseDestination(t *testing.T) {
@@ -56,6 +62,44 @@ func TestParseRef(t *testing.T) {
 	for _, in := range []string{"app/", "/client", "", "app/client/x"} {
 		if got, err := parseRef(in, "app"); err == nil || !strings.Contains(err.Error(), "want NAME or NAMESPACE/NAME") {
 			t.Errorf("parseRef(%q) = %+v, %v; want an error", in, got, err)
+		}
+	}
+}
+
+// TestExplainWithoutClusterIP: explain of an ExternalName Service said
+// "no port 80 in Service app/ext (ports: )", and of a headless one what
+// the agent said of any uncaptured Service, that no policy gives it
+// backend properties (though a BackendTLSPolicy may target it). Neither
+// has a ClusterIP, the only destination the datapath captures: explain
+// says so without asking the agent (there is none here).
+func TestExplainWithoutClusterIP(t *testing.T) {
+	api := apiserver.Start(t)
+	ctx, kube := t.Context(), api.Kube
+	must.Succeed(t)(kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}))
+	// No controller manager runs: make the ServiceAccount pods need.
+	must.Succeed(t)(kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}))
+	no := false
+	must.Succeed(t)(kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "client", Namespace: ns},
+		Spec: corev1.PodSpec{NodeName: "node-a", AutomountServiceAccountToken: &no,
+			Containers: []corev1.Container{{Name: "app", Image: "registry.invalid/app:1"}}},
+	}, metav1.CreateOptions{}))
+	for name, spec := range map[string]corev1.ServiceSpec{
+		"ext":      {Type: corev1.ServiceTypeExternalName, ExternalName: "db.example.com"},
+		"headless": {ClusterIP: corev1.ClusterIPNone, Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+		"plain":    {Ports: []corev1.ServicePort{{Port: 80}}},
+	} {
+		must.Succeed(t)(kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: spec}, metav1.CreateOptions{}))
+	}
+	for _, c := range []struct{ dst, want string }{
+		{"ext:80", "Service app/ext is an ExternalName Service, a DNS alias for db.example.com with no ClusterIP, so sockmesh never captures connections to it"},
+		{"headless:80", "Service app/headless is headless (clusterIP None): clients connect to its pods' addresses directly, so sockmesh never captures connections to it"},
+		// An unnamed port was listed as "/80".
+		{"plain:8080", "no port 8080 in Service app/plain (ports: 80)"},
+	} {
+		out, err := runCtl("explain", "--kubeconfig="+api.Kubeconfig, "--agent-socket="+filepath.Join(t.TempDir(), "none.sock"), "-n", ns, "client", c.dst)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("explain client %s: error %v, want %q; output:\n%s", c.dst, err, c.want, out)
 		}
 	}
 }
