@@ -8,14 +8,22 @@ import (
 	"sync"
 
 	"github.com/spf13/cobra"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
-	"github.com/sockmesh/sockmesh/agent/introspect"
 	"github.com/sockmesh/sockmesh/ctl/render"
 )
 
+// defaultAgentSelector selects the agent pods of the shipped DaemonSet
+// (daemonset/daemonset.yaml).
+const defaultAgentSelector = "app.kubernetes.io/name=sockmesh,app.kubernetes.io/component=agent"
+
 func newStatusCommand(g *globals) *cobra.Command {
-	var allNodes bool
+	var (
+		allNodes      bool
+		agentSelector string
+	)
 	cmd := &cobra.Command{
 		Use:   "status",
 		Short: "show the node agent's programs, pins, conflicts, snapshot, proxy connections, watched kinds and recent errors",
@@ -27,7 +35,12 @@ open connections, pods whose enrolment is pending or failed, which optional
 kinds (Gateway API CRDs, ClusterTrustBundle, ServiceCIDR) it watches and why
 not (NotServed, Forbidden, Listing), and recent warnings and errors. With --all-nodes and --agent-port it asks every node's
 agent, found through the API server (not with --agent-address, which names
-one agent).`,
+one agent). A node where no agent pod (--agent-selector) is scheduled, as
+the DaemonSet's nodeSelector, affinity or tolerations leave it out, is
+listed as such and not asked.
+
+Exit status 1 when an agent that should answer does not, or answers that
+it is not ready; a node without an agent pod is no failure.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f, err := g.format()
@@ -36,38 +49,54 @@ one agent).`,
 			}
 			// Each request has --request-timeout: no bound on them all,
 			// which nodes that do not answer would spend for those that do.
-			sts, err := statuses(cmd.Context(), g, allNodes)
-			if len(sts) == 0 {
+			var nodes []render.NodeStatus
+			if allNodes {
+				nodes, err = allStatuses(cmd.Context(), g, agentSelector, cmd.ErrOrStderr())
+			} else {
+				nodes, err = localStatus(cmd.Context(), g)
+			}
+			if err != nil {
 				return err
 			}
-			if err := render.Print(cmd.OutOrStdout(), f, sts, func(w io.Writer) error { return render.Status(w, sts) }); err != nil {
+			if err := render.Print(cmd.OutOrStdout(), f, nodes, func(w io.Writer) error { return render.Status(w, nodes) }); err != nil {
 				return err
 			}
-			return err // nodes that did not answer, after those that did
+			return failing(nodes)
 		},
 	}
 	cmd.Flags().BoolVar(&allNodes, "all-nodes", false, "ask every node's agent (needs --agent-port and the API server; not with --agent-address)")
+	cmd.Flags().StringVar(&agentSelector, "agent-selector", defaultAgentSelector,
+		"with --all-nodes, the label selector of the agent pods, in every namespace: nodes without one are not asked ('' asks every node)")
 	return cmd
 }
 
-func statuses(ctx context.Context, g *globals, allNodes bool) ([]introspect.Status, error) {
-	if !allNodes {
-		c, err := g.agentFor(ctx, "")
-		if err != nil {
-			return nil, err
-		}
-		st, err := c.Status(ctx)
-		if err != nil {
-			return nil, err
-		}
-		return []introspect.Status{st}, nil
+// localStatus asks the one agent --agent-address or the socket names.
+func localStatus(ctx context.Context, g *globals) ([]render.NodeStatus, error) {
+	c, err := g.agentFor(ctx, "")
+	if err != nil {
+		return nil, err
 	}
+	st, err := c.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return []render.NodeStatus{{Status: &st, Node: st.Node, Agent: render.AgentAnswered}}, nil
+}
+
+// allStatuses asks the agent of every node where an agent pod matching
+// selector is scheduled; with no such pod in the cluster (agents run
+// outside a DaemonSet, or selector names other labels) or selector "",
+// every node's. warn receives why every node is asked.
+func allStatuses(ctx context.Context, g *globals, selector string, warn io.Writer) ([]render.NodeStatus, error) {
 	// --agent-address names one agent: every node's answer would be its.
 	if g.agentAddress != "" {
 		return nil, errors.New("--all-nodes asks each node's agent at its InternalIP and --agent-port; drop --agent-address")
 	}
 	if g.agentPort == 0 {
 		return nil, errors.New("--all-nodes needs --agent-port")
+	}
+	if _, err := labels.Parse(selector); err != nil {
+		return nil, fmt.Errorf("--agent-selector %q: %w", selector, err)
 	}
 	kube, _, err := g.kube()
 	if err != nil {
@@ -77,38 +106,133 @@ func statuses(ctx context.Context, g *globals, allNodes bool) ([]introspect.Stat
 	if err != nil {
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
+	var agentPods map[string]*corev1.Pod // by node; nil: every node is asked
+	if selector != "" {
+		const everyNode = "every node is asked, and one whose agent does not answer counts as failing"
+		pods, err := kube.CoreV1().Pods("").List(ctx, metav1.ListOptions{LabelSelector: selector})
+		switch {
+		case err != nil:
+			fmt.Fprintf(warn, "Warning: cannot list the agent pods (%v): %s\n", err, everyNode)
+		case len(pods.Items) == 0:
+			fmt.Fprintf(warn, "Warning: no pod matches --agent-selector=%s: %s\n", selector, everyNode)
+		default:
+			agentPods = byNode(pods.Items)
+		}
+	}
 	// Asked together, statusParallel at a time: one after another, each
 	// node whose agent does not answer (down, or none there) would hold the
 	// rest back for --request-timeout.
-	answers := make([]*introspect.Status, len(nodes.Items))
-	errs := make([]error, len(nodes.Items))
+	out := make([]render.NodeStatus, len(nodes.Items))
 	sem := make(chan struct{}, statusParallel)
 	var wg sync.WaitGroup
 	for i := range nodes.Items {
+		n := &nodes.Items[i]
+		out[i].Node = n.Name
+		pod := agentPods[n.Name]
+		if agentPods != nil && pod == nil {
+			out[i].Agent = render.AgentNotScheduled
+			continue
+		}
+		if pod != nil {
+			out[i].Pod, out[i].PodState = pod.Namespace+"/"+pod.Name, podState(pod)
+		}
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			n := &nodes.Items[i]
+			out[i].Agent = render.AgentNotAnswering
 			c, err := g.agentOn(n)
-			if err == nil {
-				var st introspect.Status
-				if st, err = c.Status(ctx); err == nil {
-					answers[i] = &st
-					return
-				}
+			if err != nil {
+				out[i].Error = err.Error()
+				return
 			}
-			errs[i] = fmt.Errorf("node %s: %w", n.Name, err)
+			st, err := c.Status(ctx)
+			switch {
+			case err != nil:
+				out[i].Error = err.Error()
+			case st.Node != n.Name:
+				// The node's address leads to another node's agent (a
+				// forwarded or shared port): this node's is not reached.
+				out[i].Error = fmt.Sprintf("the agent at %s serves node %q", c.Where(), st.Node)
+			default:
+				out[i].Status, out[i].Agent = &st, render.AgentAnswered
+			}
 		})
 	}
 	wg.Wait()
-	var out []introspect.Status
-	for _, st := range answers {
-		if st != nil {
-			out = append(out, *st)
-		}
-	}
-	return out, errors.Join(errs...)
+	return out, nil
 }
 
 // statusParallel is how many agents status --all-nodes asks at once.
 const statusParallel = 16
+
+// failing names the nodes whose agent should have answered and did not,
+// or is not ready.
+func failing(nodes []render.NodeStatus) error {
+	var errs []error
+	for _, n := range nodes {
+		switch {
+		case n.Agent == render.AgentNotAnswering:
+			errs = append(errs, fmt.Errorf("node %s: agent not answering: %s", n.Node, n.Error))
+		case n.Agent == render.AgentAnswered && !n.Ready:
+			errs = append(errs, fmt.Errorf("node %s: agent not ready: %s", n.Node, n.NotReady))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// byNode maps each node to its agent pod, a ready one where a rolling
+// update has two.
+func byNode(pods []corev1.Pod) map[string]*corev1.Pod {
+	out := map[string]*corev1.Pod{}
+	for i := range pods {
+		p := &pods[i]
+		node := podNode(p)
+		if node == "" {
+			continue
+		}
+		if cur := out[node]; cur == nil || !podReady(cur) && podReady(p) {
+			out[node] = p
+		}
+	}
+	return out
+}
+
+// podNode is the node a pod runs on or, before the scheduler binds it, the
+// node a DaemonSet created it for: the DaemonSet controller pins each pod
+// to its node by a required node affinity on the field metadata.name.
+func podNode(p *corev1.Pod) string {
+	if p.Spec.NodeName != "" {
+		return p.Spec.NodeName
+	}
+	if a := p.Spec.Affinity; a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil {
+		for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+			for _, f := range term.MatchFields {
+				if f.Key == metav1.ObjectNameField && f.Operator == corev1.NodeSelectorOpIn && len(f.Values) == 1 {
+					return f.Values[0]
+				}
+			}
+		}
+	}
+	return ""
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// podState is the pod's phase and readiness: "Running, ready".
+func podState(p *corev1.Pod) string {
+	phase := string(p.Status.Phase)
+	if phase == "" {
+		phase = string(corev1.PodPending)
+	}
+	if podReady(p) {
+		return phase + ", ready"
+	}
+	return phase + ", not ready"
+}

@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -17,6 +20,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/introspect"
 	"github.com/sockmesh/sockmesh/agent/introspect/httpapi"
+	"github.com/sockmesh/sockmesh/ctl/render"
 	"github.com/sockmesh/sockmesh/internal/must"
 	"github.com/sockmesh/sockmesh/test/apiserver"
 	"github.com/sockmesh/sockmesh/test/pki"
@@ -100,14 +104,15 @@ func TestStatusAllNodesUnanswered(t *testing.T) {
 	healthy := netip.MustParseAddr("127.0.0.3")
 	certFile, keyFile, caFile, tokenFile := agentTLSFiles(t, dir, healthy)
 	srv, err := httpapi.NewServer(httpapi.Config{Socket: filepath.Join(dir, "agent.sock"), Listen: netip.AddrPortFrom(healthy, 0).String(),
-		TLSCertFile: certFile, TLSKeyFile: keyFile, TokenFile: tokenFile}, &introspect.Sources{Node: "node-c"}, nil, nil)
+		TLSCertFile: certFile, TLSKeyFile: keyFile, TokenFile: tokenFile}, &introspect.Sources{Node: "node-c", Ready: func() error { return nil }}, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	serve(t, srv)
 	_, addr := srv.Addrs()
 	port := addr.(*net.TCPAddr).Port
-	// node-a's and node-b's agents take connections and never answer.
+	// node-a's and node-b's agents take connections and never answer. No
+	// agent pod is in the cluster, so every node is asked.
 	for _, ip := range []string{"127.0.0.1", "127.0.0.2"} {
 		ln, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
 		if err != nil {
@@ -138,9 +143,9 @@ func TestStatusAllNodesUnanswered(t *testing.T) {
 
 	out, err := runCtl("status", "--all-nodes", "--agent-port="+strconv.Itoa(port), "--agent-ca="+caFile, "--agent-token-file="+tokenFile,
 		"--kubeconfig="+api.Kubeconfig, "--request-timeout=1s", "-o", "json")
-	var sts []introspect.Status
-	if jerr := json.Unmarshal([]byte(out), &sts); jerr != nil || len(sts) != 1 || sts[0].Node != "node-c" {
-		t.Errorf("status --all-nodes = %+v (%v), want node-c's answer; error %v", sts, jerr, err)
+	if got := agentStates(t, out); !maps.Equal(got, map[string]render.AgentState{
+		"node-a": render.AgentNotAnswering, "node-b": render.AgentNotAnswering, "node-c": render.AgentAnswered}) {
+		t.Errorf("status --all-nodes = %v, want node-c's answer, node-a and node-b not answering; error %v\n%s", got, err, out)
 	}
 	if err == nil || !strings.Contains(err.Error(), "node node-a:") || !strings.Contains(err.Error(), "node node-b:") ||
 		strings.Contains(err.Error(), "node node-c:") {
@@ -167,4 +172,118 @@ func agentTLSFiles(t *testing.T, dir string, addr netip.Addr) (certFile, keyFile
 		t.Fatal(err)
 	}
 	return certFile, keyFile, caFile, tokenFile
+}
+
+// agentStates decodes status -o json: each node's AgentState.
+func agentStates(t *testing.T, out string) map[string]render.AgentState {
+	t.Helper()
+	var nodes []render.NodeStatus
+	if err := json.Unmarshal([]byte(out), &nodes); err != nil {
+		t.Fatalf("status -o json: %v\n%s", err, out)
+	}
+	got := map[string]render.AgentState{}
+	for _, n := range nodes {
+		got[n.Node] = n.Agent
+	}
+	return got
+}
+
+// TestStatusAllNodesScheduled: status --all-nodes exited 1 whenever a node
+// had no agent, such as a control-plane node whose taint the DaemonSet
+// does not tolerate. A node without an agent pod is listed, not asked and
+// no failure; one with an agent pod whose agent does not answer (here
+// created by the DaemonSet controller and not bound yet), or answers not
+// ready, is.
+func TestStatusAllNodesScheduled(t *testing.T) {
+	api := apiserver.Start(t)
+	ctx, kube := t.Context(), api.Kube
+	dir := t.TempDir()
+	healthy := netip.MustParseAddr("127.0.0.3")
+	certFile, keyFile, caFile, tokenFile := agentTLSFiles(t, dir, healthy)
+	var notReady atomic.Pointer[error]
+	srv, err := httpapi.NewServer(httpapi.Config{Socket: filepath.Join(dir, "agent.sock"), Listen: netip.AddrPortFrom(healthy, 0).String(),
+		TLSCertFile: certFile, TLSKeyFile: keyFile, TokenFile: tokenFile}, &introspect.Sources{Node: "node-c", Ready: func() error {
+		if err := notReady.Load(); err != nil {
+			return *err
+		}
+		return nil
+	}}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve(t, srv)
+	_, addr := srv.Addrs()
+	port := strconv.Itoa(addr.(*net.TCPAddr).Port)
+
+	const agentNS = "sockmesh-system"
+	must.Succeed(t)(kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: agentNS}}, metav1.CreateOptions{}))
+	// No controller manager runs: make the ServiceAccount pods need.
+	must.Succeed(t)(kube.CoreV1().ServiceAccounts(agentNS).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}))
+	node := func(name, ip string) {
+		t.Helper()
+		n := must.Value[*corev1.Node](t)(kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}))
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
+		must.Succeed(t)(kube.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}))
+	}
+	// agentPod creates an agent pod as the DaemonSet controller does, pinned
+	// to its node by affinity; bound (given the node's name) when it runs.
+	agentPod := func(name, nodeName string, running bool) {
+		t.Helper()
+		no := false
+		p := must.Value[*corev1.Pod](t)(kube.CoreV1().Pods(agentNS).Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: agentNS, Labels: map[string]string{
+				"app.kubernetes.io/name": "sockmesh", "app.kubernetes.io/component": "agent"}},
+			Spec: corev1.PodSpec{AutomountServiceAccountToken: &no, Containers: []corev1.Container{{Name: "agent", Image: "registry.invalid/sockmesh:1"}},
+				Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+					NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
+						{Key: metav1.ObjectNameField, Operator: corev1.NodeSelectorOpIn, Values: []string{nodeName}}}}}}}}},
+		}, metav1.CreateOptions{}))
+		if !running {
+			return
+		}
+		must.Succeed(t)(nil, kube.CoreV1().Pods(agentNS).Bind(ctx, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: agentNS},
+			Target: corev1.ObjectReference{Kind: "Node", Name: nodeName}}, metav1.CreateOptions{}))
+		p = must.Value[*corev1.Pod](t)(kube.CoreV1().Pods(agentNS).Get(ctx, name, metav1.GetOptions{}))
+		p.Status = corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+		must.Succeed(t)(kube.CoreV1().Pods(agentNS).UpdateStatus(ctx, p, metav1.UpdateOptions{}))
+	}
+	// The control plane has no agent pod and nothing listens there.
+	node("control-plane", "127.0.0.4")
+	node("node-c", healthy.String())
+	agentPod("sockmesh-c", "node-c", true)
+	status := func(output string) (string, error) {
+		return runCtl("status", "--all-nodes", "--agent-port="+port, "--agent-ca="+caFile, "--agent-token-file="+tokenFile,
+			"--kubeconfig="+api.Kubeconfig, "-o", output)
+	}
+
+	out, err := status("json")
+	if got := agentStates(t, out); err != nil || !maps.Equal(got, map[string]render.AgentState{
+		"control-plane": render.AgentNotScheduled, "node-c": render.AgentAnswered}) {
+		t.Errorf("status --all-nodes = %v, error %v; want node-c's answer, control-plane without an agent, no error\n%s", got, err, out)
+	}
+	out, _ = status("table")
+	if want := "control-plane   no agent scheduled"; !strings.Contains(out, want) {
+		t.Errorf("status --all-nodes lacks %q:\n%s", want, out)
+	}
+
+	// node-b's agent pod is not bound yet, and nothing listens there.
+	node("node-b", "127.0.0.2")
+	agentPod("sockmesh-b", "node-b", false)
+	out, err = status("json")
+	var nodes []render.NodeStatus
+	if jerr := json.Unmarshal([]byte(out), &nodes); jerr != nil || len(nodes) != 3 || nodes[1].Node != "node-b" ||
+		nodes[1].Agent != render.AgentNotAnswering || nodes[1].Pod != agentNS+"/sockmesh-b" || nodes[1].PodState != "Pending, not ready" {
+		t.Errorf("status --all-nodes = %+v (%v), want node-b not answering, its pod pending", nodes, jerr)
+	}
+	if err == nil || !strings.Contains(err.Error(), "node node-b: agent not answering") || strings.Contains(err.Error(), "control-plane") ||
+		strings.Contains(err.Error(), "node-c") {
+		t.Errorf("status --all-nodes error = %v, want node-b alone named", err)
+	}
+
+	// node-c's agent answers, not ready.
+	stale := errors.New("datapath heartbeat stale")
+	notReady.Store(&stale)
+	if _, err := status("json"); err == nil || !strings.Contains(err.Error(), "node node-c: agent not ready: datapath heartbeat stale") {
+		t.Errorf("status --all-nodes error = %v, want node-c not ready", err)
+	}
 }

@@ -35,7 +35,19 @@ func ref(kind, ns, name string) snapshot.ObjectRef {
 	return snapshot.ObjectRef{Kind: kind, Namespace: ns, Name: name}
 }
 
-func statusFixture() []introspect.Status {
+// statusFixture is status --all-nodes: two agents that answered, a
+// control-plane node without one, and a node whose agent does not answer.
+func statusFixture() []NodeStatus {
+	var out []NodeStatus
+	for _, st := range agentsFixture() {
+		out = append(out, NodeStatus{Status: &st, Node: st.Node, Agent: AgentAnswered, Pod: "sockmesh-system/sockmesh-" + st.Node, PodState: "Running, ready"})
+	}
+	return append(out, NodeStatus{Node: "control-plane", Agent: AgentNotScheduled},
+		NodeStatus{Node: "node-c", Agent: AgentNotAnswering, Pod: "sockmesh-system/sockmesh-x7k2p", PodState: "Pending, not ready",
+			Error: "agent 10.0.0.3:9443: dial tcp 10.0.0.3:9443: connect: connection refused"})
+}
+
+func agentsFixture() []introspect.Status {
 	hooks := []datapath.Hook{}
 	for i, name := range []string{"sockops", "getsockopt", "getpeername4", "getpeername6", "connect4", "connect6"} {
 		hooks = append(hooks, datapath.Hook{Name: name, ProgramName: "sm_" + name, ProgramID: ebpf.ProgramID(100 + i),
@@ -257,7 +269,7 @@ func TestLargeGauges(t *testing.T) {
 		Proxy: introspect.ProxyStatus{SnapshotVersion: 1234567, ActiveConnections: map[string]float64{"l4": 2000000},
 			EjectedEndpoints: 1000000}}
 	var buf bytes.Buffer
-	if err := Status(&buf, []introspect.Status{st}); err != nil {
+	if err := Status(&buf, []NodeStatus{{Status: &st, Node: st.Node, Agent: AgentAnswered}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := Top(&buf, top.View{Active: map[string]float64{"l4": 2000000}}); err != nil {

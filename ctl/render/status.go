@@ -11,11 +11,50 @@ import (
 	"github.com/sockmesh/sockmesh/datapath"
 )
 
-// Status writes one row per agent, then each agent's details.
-func Status(w io.Writer, sts []introspect.Status) error {
+// NodeStatus is what sockmeshctl status says of one node: its agent's
+// answer or, with --all-nodes, why there is none.
+type NodeStatus struct {
+	// Status is the agent's answer, its fields inline; nil without one.
+	*introspect.Status
+	// Node is the node asked about (the agent's own name for it, when
+	// status asks the one agent its socket or --agent-address names).
+	Node  string     `json:"node"`
+	Agent AgentState `json:"agent"`
+	// Pod is the node's agent pod, namespace/name, and PodState its phase
+	// and readiness ("Running, not ready"), when status --all-nodes found
+	// agent pods.
+	Pod      string `json:"pod,omitempty"`
+	PodState string `json:"podState,omitempty"`
+	// Error says why the agent gave no answer (AgentNotAnswering).
+	Error string `json:"error,omitempty"`
+}
+
+// AgentState says whether a node's agent answered.
+type AgentState string
+
+const (
+	// AgentAnswered: Status holds the agent's answer.
+	AgentAnswered AgentState = "Answered"
+	// AgentNotScheduled: no agent pod is scheduled to the node (the
+	// DaemonSet's nodeSelector, affinity or tolerations leave it out), so
+	// it was not asked: not a failure.
+	AgentNotScheduled AgentState = "NotScheduled"
+	// AgentNotAnswering: the node's agent should answer and did not.
+	AgentNotAnswering AgentState = "NotAnswering"
+)
+
+// Status writes one row per agent that answered, then the nodes whose
+// agent did not, then each answer's details.
+func Status(w io.Writer, nodes []NodeStatus) error {
+	var sts []introspect.Status
 	t := tw(w)
 	row(t, "NODE", "READY", "MODE", "VERSION", "SNAPSHOT", "APPLIED", "HOOKS", "PINNED", "CONFLICTS", "SERVICES", "PODS", "PROXY CONNS", "KINDS", "WRITES", "WARNINGS")
-	for _, st := range sts {
+	for _, n := range nodes {
+		if n.Status == nil {
+			continue
+		}
+		st := *n.Status
+		sts = append(sts, st)
 		attached, pinned := 0, 0
 		for _, h := range st.Datapath.State.Hooks {
 			if h.Attached {
@@ -38,8 +77,29 @@ func Status(w io.Writer, sts []introspect.Status) error {
 			len(st.Datapath.Conflicts), st.Datapath.Services, podsSummary(st.Pods), fmt.Sprintf("%.0f", conns), kindsSummary(st.Kinds),
 			writesSummary(st.Writes), st.EventsTotal)
 	}
+	if len(sts) == 0 {
+		row(t, "-", "(no agent answered)")
+	}
 	if err := t.Flush(); err != nil {
 		return err
+	}
+	if len(sts) < len(nodes) {
+		fmt.Fprintln(w, "\nNodes without an answer:")
+		t := tw(w)
+		row(t, "  NODE", "AGENT", "POD", "WHY")
+		for _, n := range nodes {
+			switch n.Agent {
+			case AgentNotScheduled:
+				row(t, "  "+n.Node, "no agent scheduled", "-", "no agent pod: the DaemonSet does not run here, so it was not asked")
+			case AgentNotAnswering:
+				pod := "-"
+				if n.Pod != "" {
+					pod = fmt.Sprintf("%s (%s)", n.Pod, n.PodState)
+				}
+				row(t, "  "+n.Node, "not answering", pod, n.Error)
+			}
+		}
+		t.Flush()
 	}
 	for _, st := range sts {
 		statusDetails(w, st)
