@@ -223,7 +223,9 @@ func resolveService(ctx context.Context, kube kubernetes.Interface, q *explain.Q
 		if err != nil {
 			return nil, fmt.Errorf("get Service %s: %w", dst.service, err)
 		}
-		if why := noClusterIP(s); why != "" {
+		// The agent holds only what it captures: it could only answer that
+		// no policy applies.
+		if why := describe.NoClusterIP(s); why != "" {
 			return nil, fmt.Errorf("Service %s/%s %s", s.Namespace, s.Name, why)
 		}
 		svc = s
@@ -263,23 +265,6 @@ func resolveService(ctx context.Context, kube kubernetes.Interface, q *explain.Q
 	}
 	q.Port = uint16(svc.Spec.Ports[i].Port)
 	return svc, nil
-}
-
-// noClusterIP says, after the Service's name, why connections to svc are
-// never captured when it has no ClusterIP: the datapath redirects by
-// destination address, a ClusterIP (agent/translate captures no other),
-// and the agent, which holds only what it captures, could only answer
-// that no policy applies. "" when svc has a ClusterIP.
-func noClusterIP(svc *corev1.Service) string {
-	const never = "so sockmesh never captures connections to it: it redirects connections to a Service's ClusterIP, and policies, routes and appProtocol apply only there"
-	switch {
-	case svc.Spec.Type == corev1.ServiceTypeExternalName:
-		return fmt.Sprintf("is an ExternalName Service, a DNS alias for %s with no ClusterIP, %s; connections go to the addresses %s resolves to, untouched",
-			svc.Spec.ExternalName, never, svc.Spec.ExternalName)
-	case svc.Spec.ClusterIP == corev1.ClusterIPNone:
-		return "is headless (clusterIP None): clients connect to its pods' addresses directly, " + never
-	}
-	return ""
 }
 
 // relatedObjects describes svc from the cluster's objects; failures are

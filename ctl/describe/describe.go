@@ -76,7 +76,10 @@ type Object struct {
 // Service is the effective backend properties of a Service.
 type Service struct {
 	Service snapshot.ObjectRef `json:"service"`
-	Ports   []Port             `json:"ports"`
+	// NoClusterIP says why none of its ports is captured when it has no
+	// ClusterIP (NoClusterIP).
+	NoClusterIP string `json:"noClusterIP,omitempty"`
+	Ports       []Port `json:"ports"`
 	// Policies (BackendTLSPolicies), TrafficPolicies
 	// (XBackendTrafficPolicies), XBackends and Routes are the objects that
 	// target this Service, with their status toward it; policies oldest
@@ -90,9 +93,11 @@ type Service struct {
 
 // Port is one Service port.
 type Port struct {
-	Name        string `json:"name,omitempty"`
-	Port        uint16 `json:"port"`
-	AppProtocol string `json:"appProtocol,omitempty"`
+	Name string `json:"name,omitempty"`
+	Port uint16 `json:"port"`
+	// Protocol is the port's transport (TCP, UDP, SCTP).
+	Protocol    corev1.Protocol `json:"protocol"`
+	AppProtocol string          `json:"appProtocol,omitempty"`
 	// Captured ports are redirected to the proxy from enrolled pods.
 	Captured      bool                   `json:"captured"`
 	Addresses     []netip.Addr           `json:"addresses,omitempty"`
@@ -111,9 +116,9 @@ func (c *Cluster) Service(namespace, name string) (*Service, error) {
 	}
 	svc := c.in.Services[i]
 	ref := snapshot.ObjectRef{Namespace: namespace, Name: name}
-	out := &Service{Service: ref, Warnings: c.warnings}
+	out := &Service{Service: ref, NoClusterIP: NoClusterIP(svc), Ports: []Port{}, Warnings: c.warnings}
 	for _, sp := range svc.Spec.Ports {
-		p := Port{Name: sp.Name, Port: uint16(sp.Port)}
+		p := Port{Name: sp.Name, Port: uint16(sp.Port), Protocol: cmp.Or(sp.Protocol, corev1.ProtocolTCP)}
 		if sp.AppProtocol != nil {
 			p.AppProtocol = *sp.AppProtocol
 		}
@@ -205,6 +210,22 @@ func (c *Cluster) Service(namespace, name string) (*Service, error) {
 	sortObjects(out.XBackends)
 	sortObjects(out.Routes)
 	return out, nil
+}
+
+// NoClusterIP says, after the Service's name, why connections to svc are
+// never captured when it has no ClusterIP: translate captures a Service's
+// ClusterIPs alone, the only destinations the datapath redirects by. ""
+// when svc has one.
+func NoClusterIP(svc *corev1.Service) string {
+	const never = "so sockmesh never captures connections to it: it redirects connections to a Service's ClusterIP, and policies, routes and appProtocol apply only there"
+	switch {
+	case svc.Spec.Type == corev1.ServiceTypeExternalName:
+		return fmt.Sprintf("is an ExternalName Service, a DNS alias for %s with no ClusterIP, %s; connections go to the addresses %s resolves to, untouched",
+			svc.Spec.ExternalName, never, svc.Spec.ExternalName)
+	case svc.Spec.ClusterIP == corev1.ClusterIPNone:
+		return "is headless (clusterIP None): clients connect to its pods' addresses directly, " + never
+	}
+	return ""
 }
 
 // Policy is a BackendTLSPolicy and what it does to each target.

@@ -50,6 +50,19 @@ func TestService(t *testing.T) {
 	if !slices.Equal(s.Warnings, []string{"a warning"}) {
 		t.Errorf("warnings = %q", s.Warnings)
 	}
+	if s.NoClusterIP != "" || s.Ports[0].Protocol != "TCP" || s.Ports[2].Protocol != "UDP" {
+		t.Errorf("service = %+v, want a ClusterIP, https TCP and quic UDP", s)
+	}
+
+	// Not captured for want of a ClusterIP, not of backend properties.
+	ext, err := c.Service("app", "ext")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(ext.NoClusterIP, "is an ExternalName Service, a DNS alias for db.example.com with no ClusterIP") ||
+		len(ext.Ports) != 1 || ext.Ports[0].Captured {
+		t.Errorf("ExternalName service = %+v, want its one port not captured, for want of a ClusterIP", ext)
+	}
 
 	routed, err := c.Service("app", "routed")
 	if err != nil {

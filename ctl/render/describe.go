@@ -5,12 +5,17 @@ import (
 	"io"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/sockmesh/sockmesh/ctl/describe"
 )
 
 // Service writes a Service's effective backend properties.
 func Service(w io.Writer, s *describe.Service) error {
 	fmt.Fprintf(w, "Service %s\n", s.Service)
+	if s.NoClusterIP != "" {
+		fmt.Fprintf(w, "  Not captured: it %s\n", s.NoClusterIP)
+	}
 	servicePorts(w, s)
 	if len(s.Policies)+len(s.TrafficPolicies)+len(s.XBackends)+len(s.Routes) > 0 {
 		fmt.Fprintln(w, "Objects naming it (status as translate computes it now; the oldest policy wins among equals):")
@@ -32,7 +37,14 @@ func servicePorts(w io.Writer, s *describe.Service) {
 			name += ", appProtocol " + p.AppProtocol
 		}
 		if !p.Captured {
-			fmt.Fprintf(w, "  Port %s: not captured (no backend properties: connections go to the Service untouched)\n", name)
+			why := "no backend properties: connections go to the Service untouched"
+			switch {
+			case s.NoClusterIP != "":
+				why = "the Service has no ClusterIP"
+			case p.Protocol != corev1.ProtocolTCP:
+				why = fmt.Sprintf("a %s port: sockmesh captures TCP only", p.Protocol)
+			}
+			fmt.Fprintf(w, "  Port %s: not captured (%s)\n", name, why)
 			continue
 		}
 		fmt.Fprintf(w, "  Port %s: captured at %s\n", name, joinAddrs(p.Addresses))

@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/sockmesh/sockmesh/agent/controlplane"
 	"github.com/sockmesh/sockmesh/agent/enrol"
@@ -151,8 +152,9 @@ func serviceFixture() *describe.Service {
 	return &describe.Service{
 		Service: snapshot.ObjectRef{Namespace: "app", Name: "secure"},
 		Ports: []describe.Port{
-			{Name: "https", Port: 443, Captured: true, Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, FailurePolicy: snapshot.FailClosed, Backend: &be},
-			{Name: "metrics", Port: 9090},
+			{Name: "https", Port: 443, Protocol: corev1.ProtocolTCP, Captured: true, Addresses: []netip.Addr{netip.MustParseAddr("10.96.0.10")}, FailurePolicy: snapshot.FailClosed, Backend: &be},
+			{Name: "metrics", Port: 9090, Protocol: corev1.ProtocolTCP},
+			{Name: "quic", Port: 443, Protocol: corev1.ProtocolUDP},
 		},
 		Policies: []describe.Object{
 			{Ref: ref("BackendTLSPolicy", "app", "secure"), Created: t0.Add(-time.Hour), Ancestors: []describe.Ancestor{{Ref: "Service app/secure",
@@ -312,5 +314,31 @@ func TestCountersPartlyUnread(t *testing.T) {
 	}
 	if want := "Not counted:        read pair counter: operation not permitted"; !strings.Contains(buf.String(), want) {
 		t.Errorf("Explain() lacks %q:\n%s", want, buf.String())
+	}
+}
+
+// TestServiceWithoutClusterIP: describe said an ExternalName Service's
+// port with appProtocol h2c was not captured for want of backend
+// properties, and nothing at all of one without ports.
+func TestServiceWithoutClusterIP(t *testing.T) {
+	why := "is an ExternalName Service, a DNS alias for db.example.com with no ClusterIP, so sockmesh never captures connections to it"
+	for _, s := range []*describe.Service{
+		{Service: ref("", "app", "ext"), NoClusterIP: why,
+			Ports: []describe.Port{{Name: "grpc", Port: 9000, Protocol: corev1.ProtocolTCP, AppProtocol: "kubernetes.io/h2c"}}},
+		{Service: ref("", "app", "ext"), NoClusterIP: why},
+	} {
+		var buf bytes.Buffer
+		if err := Service(&buf, s); err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"Not captured: it " + why}
+		if len(s.Ports) > 0 {
+			want = append(want, "Port grpc (9000), appProtocol kubernetes.io/h2c: not captured (the Service has no ClusterIP)")
+		}
+		for _, w := range want {
+			if !strings.Contains(buf.String(), w) {
+				t.Errorf("Service() lacks %q:\n%s", w, buf.String())
+			}
+		}
 	}
 }
