@@ -259,21 +259,22 @@ func (e *Explanation) capture(q Query, snap *snapshot.Snapshot, st State) *snaps
 }
 
 func notCaptured(q Query) string {
-	dst := ""
+	const properties = "BackendTLSPolicy, XBackend, mesh route (HTTPRoute/GRPCRoute with the Service as parent) " +
+		"or appProtocol (kubernetes.io/h2c, kubernetes.io/ws, or kubernetes.io/wss with a BackendTLSPolicy)"
 	switch {
 	case q.Service != nil:
-		dst = fmt.Sprintf("Service %s port %d", q.Service, q.Port)
+		return fmt.Sprintf("Service %s port %d is not captured: no %s gives it backend properties", q.Service, q.Port, properties)
 	case len(q.Addrs) > 0:
+		// An address alone may be no Service's at all (a pod's, an
+		// external host's): the Snapshot holds captured ones only.
 		var as []string
 		for _, a := range q.Addrs {
 			as = append(as, netip.AddrPortFrom(a, q.Port).String())
 		}
-		dst = strings.Join(as, ", ")
-	default:
-		return "no destination given"
+		return strings.Join(as, ", ") + " is not captured: sockmesh captures a Service's ClusterIP and port only, when a " +
+			properties + " gives them backend properties, and this is no such address"
 	}
-	return dst + " is not captured: no BackendTLSPolicy, XBackend, mesh route (HTTPRoute/GRPCRoute with this Service as parent) " +
-		"or appProtocol (kubernetes.io/h2c, kubernetes.io/ws, or kubernetes.io/wss with a BackendTLSPolicy) gives it backend properties"
+	return "no destination given"
 }
 
 func routes(fe *snapshot.Frontend, clientNS string, snap *snapshot.Snapshot) *Routes {

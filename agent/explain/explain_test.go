@@ -115,6 +115,16 @@ func TestExplain(t *testing.T) {
 			}
 		},
 	}, {
+		// A pod's address, no Service's: the answer spoke of "this Service".
+		name: "not captured by address",
+		q:    Query{Pod: ref("app", "client"), Port: 80, Addrs: []netip.Addr{netip.MustParseAddr("10.244.0.99")}},
+		check: func(t *testing.T, e Explanation) {
+			want(t, e, NotCaptured, "10.244.0.99:80 is not captured: sockmesh captures a Service's ClusterIP and port only")
+			if strings.Contains(e.Summary, "this Service") {
+				t.Errorf("summary %q speaks of a Service never named", e.Summary)
+			}
+		},
+	}, {
 		name:  "wrong port",
 		q:     Query{Pod: ref("app", "client"), Service: refp("app", "secure"), Port: 81},
 		check: func(t *testing.T, e Explanation) { want(t, e, NotCaptured, "port 81") },
