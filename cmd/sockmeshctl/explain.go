@@ -42,7 +42,8 @@ Service, a port name.
 The pod's node comes from the API server; the answer from that node's
 agent (its socket, or --agent-port / --agent-address). Without a
 kubeconfig, explain asks the agent alone: name the Service's port by
-number then.`
+number then. A Service without a ClusterIP (ExternalName, headless) is
+never captured: explain says so and why, and asks no agent (exit status 1).`
 
 func newExplainCommand(g *globals) *cobra.Command {
 	return &cobra.Command{
