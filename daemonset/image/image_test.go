@@ -79,7 +79,10 @@ func TestWriteReadsBack(t *testing.T) {
 
 	// The same inputs give the same digest: a rebuilt image with unchanged
 	// binaries is the same image to the runtime.
-	d1, _ := img.Digest()
+	d1, err := img.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
 	out2 := filepath.Join(dir, "img2.tar")
 	if err := Write(out2, spec); err != nil {
 		t.Fatal(err)
@@ -88,8 +91,8 @@ func TestWriteReadsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d2, _ := img2.Digest(); d1 != d2 {
-		t.Errorf("digests differ between identical builds: %s vs %s", d1, d2)
+	if d2, err := img2.Digest(); err != nil || d1 != d2 {
+		t.Errorf("digests differ between identical builds: %s vs %s, %v", d1, d2, err)
 	}
 }
 

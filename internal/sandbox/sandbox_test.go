@@ -8,11 +8,14 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/sockmesh/sockmesh/datapath/bpffs"
 	"github.com/sockmesh/sockmesh/datapath/cgroup2"
@@ -20,7 +23,13 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	Main(m, map[string]func([]string) error{"whereami": whereami})
+	Main(m, map[string]func([]string) error{"whereami": whereami, "wait": wait})
+}
+
+// wait runs until it is killed.
+func wait([]string) error {
+	time.Sleep(24 * time.Hour)
+	return errors.New("not killed in a day")
 }
 
 // whereami prints the child's netns and cgroup v2 path.
@@ -193,7 +202,7 @@ func TestCgroupEnter(t *testing.T) {
 }
 
 // TestCleanup checks that everything a test made is gone once it ends,
-// including when it fails half-way.
+// and the child process it left running killed.
 func TestCleanup(t *testing.T) {
 	var nsPath, cgPath, fsPath, vethName string
 	var proc *Process
@@ -207,7 +216,7 @@ func TestCleanup(t *testing.T) {
 		if ok, err := bpffs.IsMounted(fsPath); err != nil || !ok {
 			t.Errorf("TempBPFFS %s is not a bpffs: %v", fsPath, err)
 		}
-		proc = Start(t, HelperCommand(t, "sleep-forever-is-not-registered"), nil, nil)
+		proc = Start(t, HelperCommand(t, "wait"), nil, nil)
 	})
 	for _, p := range []string{nsPath, cgPath, fsPath} {
 		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
@@ -217,8 +226,15 @@ func TestCleanup(t *testing.T) {
 	if _, err := os.Stat(filepath.Join("/sys/class/net", vethName)); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("veth %s visible after the test", vethName)
 	}
-	if err := proc.Wait(); err == nil {
-		t.Error("helper process exited cleanly, want it killed or failed")
+	select {
+	case <-proc.done:
+	case <-time.After(10 * time.Second): // a hang guard
+		proc.Cmd.Process.Kill()
+		t.Fatalf("helper process %d still runs after the test ended, want it killed", proc.Cmd.Process.Pid)
+	}
+	var exit *exec.ExitError
+	if !errors.As(proc.err, &exit) || exit.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
+		t.Errorf("helper process ended with %v, want killed", proc.err)
 	}
 }
 

@@ -85,8 +85,9 @@ func testRelayHalfClose(t *testing.T, wrap func(net.Conn) net.Conn) {
 	}
 }
 
-// TestRelayErrorClosesBoth: when one side resets, the other is closed too
-// rather than left waiting.
+// TestRelayErrorClosesBoth: when one side resets, the other is reset too
+// rather than left waiting, or ended cleanly as if it had everything; the
+// reset is the relay's error.
 func TestRelayErrorClosesBoth(t *testing.T) {
 	for _, side := range proxySides {
 		t.Run(side.name, func(t *testing.T) { testRelayErrorClosesBoth(t, side.wrap) })
@@ -101,10 +102,13 @@ func testRelayErrorClosesBoth(t *testing.T, wrap func(net.Conn) net.Conn) {
 	go func() { done <- Relay(wrap(proxyIn), wrap(proxyOut), NewPool(), nil) }()
 	backend.SetLinger(0)
 	backend.Close()
-	if _, err := io.ReadAll(app); err != nil {
-		t.Logf("app read ended with %v", err)
+	app.SetReadDeadline(time.Now().Add(10 * time.Second)) // a hang guard
+	if _, err := io.ReadAll(app); !errors.Is(err, unix.ECONNRESET) {
+		t.Errorf("app read ended with %v; want a reset", err)
 	}
-	<-done
+	if res := <-done; !errors.Is(res.Err, unix.ECONNRESET) {
+		t.Errorf("Relay = %+v; want the backend's reset as Err", res)
+	}
 }
 
 // TestBackendLineBeforeReset: a backend that refuses an upload — it reads
