@@ -22,6 +22,9 @@ func FuzzDecide(f *testing.F) {
 			snapshot.RouteMatch{Rule: i % 2, Path: regex(p + "/[^/]*"), Headers: []snapshot.StringMatch{{Name: "h", Type: snapshot.MatchRegularExpression, Value: "x.*"}}})
 	}
 	indexed := compileSet(80, rs)
+	if indexed.broken || indexed.index == nil {
+		f.Fatalf("the seed route set compiled broken (%v) or without an index: the fuzz would compare a scan with itself", indexed.broken)
+	}
 	scanned := *indexed
 	scanned.index = nil
 	f.Fuzz(func(t *testing.T, path, query, header string) {
