@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -112,7 +114,7 @@ func TestCloseUnblocksRead(t *testing.T) {
 		_, err := c.Read(make([]byte, 1))
 		done <- err
 	}()
-	time.Sleep(20 * time.Millisecond) // let Read park in the poller
+	waitParked(t, "sockio.(*Conn).Read(")
 	c.Close()
 	select {
 	case err := <-done:
@@ -345,7 +347,7 @@ func TestReadPooled(t *testing.T) {
 		bp, n, err := c.ReadPooled(bufs)
 		got <- result{bp, n, err}
 	}()
-	time.Sleep(20 * time.Millisecond) // let it wait (if it does not, the check below passes anyway)
+	waitParked(t, "sockio.(*Conn).ReadPooled(")
 	if out := bufs.out.Load(); out != 0 {
 		t.Errorf("a waiting read holds %d buffers, want none", out)
 	}
@@ -460,6 +462,24 @@ func TestProgress(t *testing.T) {
 	}
 	if got := c.Progress(); got <= first || got > size {
 		t.Errorf("Progress after the Write = %d, want more than %d, at most %d", got, first, size)
+	}
+}
+
+// waitParked waits until a goroutine with fn (a frame of its stack, e.g.
+// "sockio.(*Conn).Read(") waits in the netpoller: then a read is under
+// way and found nothing to read.
+func waitParked(t *testing.T, fn string) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, "[IO wait") && strings.Contains(g, fn) {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no goroutine in %s waits in the netpoller", fn)
+		}
 	}
 }
 
