@@ -178,8 +178,8 @@ func TestSniffEndsEmpty(t *testing.T) {
 // TestSniffSockio: on a sockio.Conn, Sniff takes what already arrived
 // without waiting, waits with its deadline for what has not, and leaves
 // the connection as it found it either way — reads wait again, with no
-// deadline (the later bytes come after more than the short timeout:
-// "silent" reads them past its deadline). Bytes that must come within the
+// deadline (the later bytes come more than the short timeout after Sniff
+// returned, so past any deadline it set). Bytes that must come within the
 // timeout get a minute: a loaded machine can wake their writer past 100 ms
 // (under CI-like load "in pieces" was judged opaque once in 600 runs).
 func TestSniffSockio(t *testing.T) {
@@ -199,18 +199,23 @@ func TestSniffSockio(t *testing.T) {
 			app, conn := tcpserve.Pair(t)
 			app.Write([]byte(c.chunks[0]))
 			time.Sleep(10 * time.Millisecond) // for it to arrive
+			sent := make(chan struct{})
 			go func() {
+				defer close(sent)
 				for _, ch := range c.chunks[1:] {
 					time.Sleep(pause)
 					app.Write([]byte(ch))
 				}
-				time.Sleep(3 * short)
-				app.Write([]byte("later"))
 			}()
 			k, sc, err := Sniff(sockio.Wrap(conn), c.timeout)
 			if err != nil || k != c.kind {
 				t.Fatalf("Sniff = %v, %v; want %v", k, err, c.kind)
 			}
+			go func() {
+				<-sent
+				time.Sleep(3 * short) // past the deadline Sniff may have set
+				app.Write([]byte("later"))
+			}()
 			want := strings.Join(c.chunks, "") + "later"
 			got := make([]byte, len(want))
 			if _, err := io.ReadFull(sc, got); err != nil || string(got) != want {
