@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sockmesh/sockmesh/datapath/podns"
+	"github.com/sockmesh/sockmesh/internal/testenv"
 )
 
 // lockDir holds the claims' lock files: tmpfs, so a reboot clears it. The
@@ -40,7 +41,7 @@ const claimWait = 15 * time.Minute
 // running beside it in the same process, holds: it would wait for itself.
 func ClaimAddrs(t TB, prefixes ...netip.Prefix) {
 	t.Helper()
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	ps := make([]netip.Prefix, len(prefixes))
 	for i, p := range prefixes {
 		ps[i] = p.Masked()

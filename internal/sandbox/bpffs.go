@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sockmesh/sockmesh/internal/testenv"
 )
 
 // TempBPFFS mounts a fresh BPF filesystem on a temporary directory named
@@ -14,7 +16,7 @@ import (
 // see or leave pins of other tests or of a real agent.
 func TempBPFFS(t TB) string {
 	t.Helper()
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	// t.TempDir is removed by its own cleanup, which runs after ours.
 	dir := filepath.Join(t.TempDir(), Name())
 	if err := os.Mkdir(dir, 0o700); err != nil {
@@ -26,7 +28,7 @@ func TempBPFFS(t TB) string {
 		}
 	})
 	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
-		skipOrFail(t, "mount bpffs: %v", err)
+		testenv.SkipOrFail(t, "mount bpffs: %v", err)
 	}
 	return dir
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sockmesh/sockmesh/datapath/cgroup2"
+	"github.com/sockmesh/sockmesh/internal/testenv"
 )
 
 // Cgroup is a cgroup v2 directory made for one test, directly below the
@@ -22,10 +23,10 @@ type Cgroup struct {
 // Start put into it has been ended, and after Enter's move back).
 func NewCgroup(t TB) *Cgroup {
 	t.Helper()
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	root, err := cgroup2.Root()
 	if err != nil {
-		skipOrFail(t, "cgroup v2: %v", err)
+		testenv.SkipOrFail(t, "cgroup v2: %v", err)
 	}
 	return mkCgroup(t, filepath.Join(root, Name()))
 }

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sockmesh/sockmesh/datapath/podns"
+	"github.com/sockmesh/sockmesh/internal/testenv"
 )
 
 // NetNS is a network namespace made for one test, bind-mounted at
@@ -27,7 +28,7 @@ type NetNS struct {
 // NewNetNS creates a network namespace that is removed when t ends.
 func NewNetNS(t TB) *NetNS {
 	t.Helper()
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	name := Name()
 	path := filepath.Join(podns.NamedDir, name)
 

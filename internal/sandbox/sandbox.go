@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"os"
 	"sync/atomic"
-
-	"github.com/sockmesh/sockmesh/internal/testenv"
 )
 
 // TB is the part of testing.TB that sandbox uses. *testing.T and *testing.B
@@ -29,21 +27,4 @@ var seq atomic.Uint64
 // any Linux pid (interface names allow 15).
 func Name() string {
 	return fmt.Sprintf("smt-%d-%d", os.Getpid(), seq.Add(1))
-}
-
-// requireRoot is testenv.RequireRoot for a TB.
-func requireRoot(t TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		skipOrFail(t, "needs root (netns, cgroups, bpffs)")
-	}
-}
-
-// skipOrFail is testenv.SkipOrFail for a TB: a skip that fails in CI.
-func skipOrFail(t TB, format string, args ...any) {
-	t.Helper()
-	if testenv.Required() {
-		t.Fatalf("required in CI but unavailable: "+format, args...)
-	}
-	t.Skipf(format, args...)
 }

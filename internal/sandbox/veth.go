@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/sockmesh/sockmesh/internal/testenv"
 )
 
 // Veth is a veth pair between two test namespaces: interface A lives in the
@@ -19,7 +21,7 @@ type Veth struct {
 // cleanup does so when t ends.
 func NewVeth(t TB, a, b *NetNS, addrsA, addrsB []netip.Prefix) *Veth {
 	t.Helper()
-	requireRoot(t)
+	testenv.RequireRoot(t)
 	v := &Veth{A: Name(), B: Name()}
 	t.Cleanup(func() {
 		err := a.Do(func() error {

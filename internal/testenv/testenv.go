@@ -17,8 +17,17 @@ func Required() bool {
 	return os.Getenv("CI") == "true" || os.Getenv("SOCKMESH_REQUIRE_PRIVILEGED") == "1"
 }
 
+// TB is the part of testing.TB that SkipOrFail and RequireRoot use, so
+// that a benchmark program's own runner (test/bench, through
+// internal/sandbox), which cannot implement testing.TB, can pass itself.
+type TB interface {
+	Helper()
+	Fatalf(format string, args ...any)
+	Skipf(format string, args ...any)
+}
+
 // SkipOrFail skips t with the reason, or fails it when Required.
-func SkipOrFail(t testing.TB, format string, args ...any) {
+func SkipOrFail(t TB, format string, args ...any) {
 	t.Helper()
 	if Required() {
 		t.Fatalf("required in CI but unavailable: "+format, args...)
@@ -27,7 +36,7 @@ func SkipOrFail(t testing.TB, format string, args ...any) {
 }
 
 // RequireRoot skips or fails t unless it runs as root.
-func RequireRoot(t testing.TB) {
+func RequireRoot(t TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		SkipOrFail(t, "needs root (eBPF, netns, cgroups)")
