@@ -73,7 +73,18 @@ func TestExamplesDemo(t *testing.T) {
 	if tls := backends[snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "demo", Name: "payments", Port: 443}].TLS; tls == nil || tls.RootsPEM == "" {
 		t.Errorf("payments TLS = %+v, want TLS with the ConfigMap's CA", tls)
 	}
+	// Every policy and XBackend has a status to check: an empty map would
+	// pass the loops below.
+	if len(res.Status.BackendTLSPolicies) != len(in.BackendTLSPolicies) || len(in.BackendTLSPolicies) == 0 {
+		t.Errorf("status for %d BackendTLSPolicies, want one for each of the %d", len(res.Status.BackendTLSPolicies), len(in.BackendTLSPolicies))
+	}
+	if len(res.Status.XBackends) != len(in.XBackends) || len(in.XBackends) == 0 {
+		t.Errorf("status for %d XBackends, want one for each of the %d", len(res.Status.XBackends), len(in.XBackends))
+	}
 	for k, ancestors := range res.Status.BackendTLSPolicies {
+		if len(ancestors) == 0 {
+			t.Errorf("BackendTLSPolicy %s has no ancestors", k)
+		}
 		for _, a := range ancestors {
 			for _, c := range a.Conditions {
 				if c.Status != "True" {
