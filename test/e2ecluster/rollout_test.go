@@ -114,7 +114,18 @@ func rolloutUnderTraffic(t *testing.T, n *node.Node, w workloads, what string, c
 		}
 		return nil
 	}, nil)
-	time.Sleep(time.Second) // traffic on the new agent alone
+	// Traffic on the new agent alone: calls made after the old ones left.
+	mu.Lock()
+	gone := calls
+	mu.Unlock()
+	waitFor(t, time.Minute, "calls to the new agent alone", func(context.Context) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if after := calls - gone; after < 20 {
+			return fmt.Errorf("%d calls since the old agent pods left", after)
+		}
+		return nil
+	}, nil)
 	finish()
 	mu.Lock()
 	defer mu.Unlock()
