@@ -46,14 +46,30 @@ func TestDataPlaneImports(t *testing.T) {
 	const mod = "github.com/sockmesh/sockmesh/"
 	restricted := []string{mod + "datapath", mod + "userspace-proxy", mod + "agent/snapshot"}
 	forbidden := []string{"k8s.io/", "sigs.k8s.io/"}
+	// Each restricted tree is checked, each package with its dependencies:
+	// a renamed tree or a missing Deps field would pass the loop unchecked.
+	checked := map[string]int{}
 	for _, p := range listPackages(t) {
 		if !hasAnyPrefix(p.ImportPath, restricted) {
 			continue
+		}
+		for _, r := range restricted {
+			if strings.HasPrefix(p.ImportPath, r) {
+				checked[r]++
+			}
+		}
+		if len(p.Deps) == 0 {
+			t.Errorf("%s lists no dependencies: nothing to check", p.ImportPath)
 		}
 		for _, d := range p.Deps {
 			if hasAnyPrefix(d, forbidden) {
 				t.Errorf("%s depends on %s; data planes must only see agent/snapshot", p.ImportPath, d)
 			}
+		}
+	}
+	for _, r := range restricted {
+		if checked[r] == 0 {
+			t.Errorf("no package under %s: the check covers nothing there", r)
 		}
 	}
 }
