@@ -276,7 +276,7 @@ func TestTLSRecordsGoOutTogether(t *testing.T) {
 	if _, err := ts.Write(answer); err != nil {
 		t.Fatal(err)
 	}
-	waitArrived(t, proxyOut, sent.written.Load()-handshake)
+	tcpserve.WaitQueued(t, proxyOut, sent.written.Load()-handshake)
 
 	in := &countedConn{Conn: sockio.Wrap(proxyIn)}
 	done := make(chan Result)
@@ -307,47 +307,13 @@ func (c *countedConn) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// waitArrived waits until c's receive queue holds n bytes.
-func waitArrived(t *testing.T, c *net.TCPConn, n int64) {
-	t.Helper()
-	waitSocket(t, c, func(fd int) (bool, error) {
-		queued, err := unix.IoctlGetInt(fd, unix.SIOCINQ)
-		return int64(queued) >= n, err
-	})
-}
-
 // waitReset waits until c's peer's reset has closed c.
 func waitReset(t *testing.T, c *net.TCPConn) {
 	t.Helper()
-	waitSocket(t, c, func(fd int) (bool, error) {
+	tcpserve.WaitSocket(t, c, func(fd int) (bool, error) {
 		info, err := unix.GetsockoptTCPInfo(fd, unix.IPPROTO_TCP, unix.TCP_INFO)
 		return err == nil && info.State == unix.BPF_TCP_CLOSE, err
 	})
-}
-
-// waitSocket waits until done, asked of c's descriptor, reports true.
-func waitSocket(t *testing.T, c *net.TCPConn, done func(fd int) (bool, error)) {
-	t.Helper()
-	raw, err := c.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var ok bool
-		var derr error
-		raw.Control(func(fd uintptr) { ok, derr = done(int(fd)) })
-		if derr != nil {
-			t.Fatal(derr)
-		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the socket did not get there in 10 s")
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // panicWriter panics on its second Write: a bug beneath the relay's a→b

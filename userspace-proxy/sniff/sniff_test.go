@@ -10,8 +10,6 @@ import (
 	"testing/synctest"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
@@ -200,7 +198,7 @@ func TestSniffSockio(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			app, conn := tcpserve.Pair(t)
 			app.Write([]byte(c.chunks[0]))
-			waitQueued(t, conn, len(c.chunks[0]))
+			tcpserve.WaitQueued(t, conn, int64(len(c.chunks[0])))
 			sent := make(chan struct{})
 			go func() {
 				defer close(sent)
@@ -224,28 +222,6 @@ func TestSniffSockio(t *testing.T) {
 				t.Errorf("read %q, %v; want %q", got, err, want)
 			}
 		})
-	}
-}
-
-// waitQueued waits until c's receive queue holds n bytes: they arrived.
-func waitQueued(t *testing.T, c *net.TCPConn, n int) {
-	t.Helper()
-	raw, err := c.SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		queued := -1
-		raw.Control(func(fd uintptr) { queued, err = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
-		if err != nil {
-			t.Fatal(err)
-		}
-		if queued >= n {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d bytes queued, want %d", queued, n)
-		}
 	}
 }
 
