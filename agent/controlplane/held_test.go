@@ -132,7 +132,8 @@ func TestErrorText(t *testing.T) {
 
 // TestWritesWhileWriting: Writes is called from the introspection server's
 // goroutines while the write loop changes what it reports (go test -race
-// checks it). Real time: retries 1 ms apart.
+// checks it), and each report is whole: the object, its error, attempts
+// that only grow. Real time: retries 1 ms apart.
 func TestWritesWhileWriting(t *testing.T) {
 	hooked := policyStatus("hooked", "p")
 	w := newObjectsWriter([]Object{hooked}, func(o Object) error { return webhookDown(o.Name) })
@@ -142,9 +143,19 @@ func TestWritesWhileWriting(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, c)
+	deadline := time.Now().Add(30 * time.Second) // a hang guard
 	for seen := 0; seen < 4; {
-		if wr := c.Writes(); len(wr.Backoff) == 1 {
-			seen = wr.Backoff[0].Attempts
+		if time.Now().After(deadline) {
+			t.Fatalf("Writes reported %d attempts after 30 s, want 4", seen)
 		}
+		wr := c.Writes()
+		if wr == nil || len(wr.Backoff) == 0 {
+			continue
+		}
+		b := wr.Backoff[0]
+		if len(wr.Backoff) != 1 || b.Object != hooked || b.Attempts < seen || !strings.Contains(b.Error, `failed calling webhook "check.example.com"`) {
+			t.Fatalf("Writes = %+v after %d attempts; want hooked/p alone, its attempts growing, the webhook's error", wr, seen)
+		}
+		seen = b.Attempts
 	}
 }
