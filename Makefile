@@ -40,7 +40,9 @@ lint:
 
 # Everything CI runs. Privileged tests need root; SOCKMESH_REQUIRE_PRIVILEGED=1
 # turns their skips into failures. The proxy's packages, where its
-# concurrency lives, run again under the race detector (about a minute).
+# concurrency lives, and the agent's control plane and applier, which
+# write status and apply snapshots from several goroutines, run again
+# under the race detector (about two minutes).
 # First the static binaries the demo, e2e and cluster tests build
 # (test/cluster/node.BuildBinary's flags) are compiled once: on a cold build
 # cache three test packages compiled them at once, on 2 cores, and the
@@ -48,7 +50,7 @@ lint:
 test: lint
 	CGO_ENABLED=0 $(GO) build -trimpath ./cmd/... ./test/e2ecluster/appclient ./test/cluster/node/pause
 	$(GO) test -count=1 -timeout 60m ./...
-	$(GO) test -race -count=1 -timeout 20m ./userspace-proxy/...
+	$(GO) test -race -count=1 -timeout 20m ./userspace-proxy/... ./agent/controlplane/ ./agent/apply/
 
 # Build kube-apiserver, etcd and the other Kubernetes components the
 # integration and cluster tests run, from the Go module proxy, into
