@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 
 	"github.com/cilium/ebpf"
@@ -460,12 +462,15 @@ func (d *Datapath) checkOwner() error {
 	return d.writeLatest()
 }
 
-// writeLatest writes what every kind of reconcile wrote last.
+// writeLatest writes what every kind of reconcile wrote last, each kind
+// whatever another's write returned: services left out of a full map
+// (ErrServicesLeftOut) must not keep the enrolments from being written.
 func (d *Datapath) writeLatest() error {
-	for what, write := range d.latest {
-		if err := write(); err != nil {
-			return fmt.Errorf("%s: %w", what, err)
+	var errs []error
+	for _, what := range slices.Sorted(maps.Keys(d.latest)) {
+		if err := d.latest[what](); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", what, err))
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }

@@ -678,3 +678,28 @@ func TestHeartbeatWrittenWhenTakeBackFails(t *testing.T) {
 		t.Error("heartbeat not written")
 	}
 }
+
+// TestWriteLatestWritesEveryKind: taking the datapath back writes every
+// kind's latest, whatever another kind's write returned — services a full
+// map leaves out (ErrServicesLeftOut) stopped the loop, and the
+// enrolments, whenever the map's order put them after, stayed the exited
+// agent's. Both kinds fail here, so that whichever goes first, the other
+// must still be written.
+func TestWriteLatestWritesEveryKind(t *testing.T) {
+	errEnrol := errors.New("enrolments: no room")
+	written := map[string]bool{}
+	d := &Datapath{latest: map[string]func() error{
+		"set services": func() error {
+			written["services"] = true
+			return &servicesFullError{maxEntries: 4, left: []string{"app/dual"}}
+		},
+		"set enrolments": func() error { written["enrolments"] = true; return errEnrol },
+	}}
+	err := d.writeLatest()
+	if !written["services"] || !written["enrolments"] {
+		t.Fatalf("written %v after writeLatest = %v, want both kinds", written, err)
+	}
+	if !errors.Is(err, ErrServicesLeftOut) || !errors.Is(err, errEnrol) {
+		t.Fatalf("writeLatest = %v, want both kinds' errors", err)
+	}
+}
