@@ -2,6 +2,8 @@ package tlsvalidation
 
 import (
 	"crypto/tls"
+	"crypto/x509/pkix"
+	"encoding/asn1"
 	"encoding/pem"
 	"fmt"
 	"strings"
@@ -62,7 +64,7 @@ func ClientCertificate(ref *gwv1.SecretObjectReference, namespace string, objs O
 	}
 	if encrypted(key) {
 		return ClientCert{}, &Problem{Reason: ReasonInvalidCertificateRef,
-			Message: fmt.Sprintf("%s: %s is encrypted, and the proxy has no passphrase for it; store the key unencrypted", what, corev1.TLSPrivateKeyKey)}
+			Message: fmt.Sprintf("%s: %s is encrypted, and encrypted keys are not supported (the proxy has no passphrase): store the key unencrypted", what, corev1.TLSPrivateKeyKey)}
 	}
 	// X509KeyPair checks that the key matches the leaf certificate. Its
 	// errors describe PEM structure, never key bytes.
@@ -86,9 +88,10 @@ func ClientCertificate(ref *gwv1.SecretObjectReference, namespace string, objs O
 }
 
 // encrypted reports whether the first private key block of keyPEM is
-// encrypted: PKCS #8's EncryptedPrivateKeyInfo (RFC 5958 §3), or a legacy
-// PEM block with an RFC 1421 Proc-Type header. Unlike X509KeyPair's
-// parse error, that says what to change.
+// encrypted: labelled ENCRYPTED PRIVATE KEY, a legacy PEM block with an
+// RFC 1421 Proc-Type header, or, whatever its label, PKCS #8's
+// EncryptedPrivateKeyInfo (RFC 5958 §3; some tools label it plain
+// PRIVATE KEY). Unlike X509KeyPair's parse error, that says what to change.
 func encrypted(keyPEM []byte) bool {
 	for {
 		block, rest := pem.Decode(keyPEM)
@@ -96,8 +99,26 @@ func encrypted(keyPEM []byte) bool {
 			return false
 		}
 		if strings.HasSuffix(block.Type, "PRIVATE KEY") {
-			return block.Type == "ENCRYPTED PRIVATE KEY" || strings.Contains(block.Headers["Proc-Type"], "ENCRYPTED")
+			return block.Type == "ENCRYPTED PRIVATE KEY" || strings.Contains(block.Headers["Proc-Type"], "ENCRYPTED") ||
+				isEncryptedPrivateKeyInfo(block.Bytes)
 		}
 		keyPEM = rest
 	}
+}
+
+// encryptedPrivateKeyInfo is RFC 5958's EncryptedPrivateKeyInfo. A
+// PrivateKeyInfo (PKCS #8 in the clear) starts with its version, an
+// INTEGER, where this starts with an AlgorithmIdentifier, a SEQUENCE; a
+// PKCS #1 or SEC 1 key starts with an INTEGER too.
+type encryptedPrivateKeyInfo struct {
+	Algorithm     pkix.AlgorithmIdentifier
+	EncryptedData []byte
+}
+
+// isEncryptedPrivateKeyInfo reports whether der is exactly one
+// EncryptedPrivateKeyInfo.
+func isEncryptedPrivateKeyInfo(der []byte) bool {
+	var info encryptedPrivateKeyInfo
+	rest, err := asn1.Unmarshal(der, &info)
+	return err == nil && len(rest) == 0
 }

@@ -1,8 +1,16 @@
 package tlsvalidation_test
 
 import (
+	"bytes"
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/pbkdf2"
+	"crypto/rand"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/asn1"
 	"encoding/base64"
+	"encoding/pem"
 	"os"
 	"slices"
 	"strings"
@@ -196,7 +204,9 @@ func TestApplyOptions(t *testing.T) {
 // TestClientCertificate checks what is wrong with a clientCertificateRef's
 // Secret is refused with a message that says what, and never carries key
 // material: a key that is not the certificate's, an encrypted key (the
-// proxy has no passphrase), a certificate expired or not yet valid at
+// proxy has no passphrase; also PKCS #8's EncryptedPrivateKeyInfo in a
+// block labelled plain PRIVATE KEY, which got the parser's message), a
+// certificate expired or not yet valid at
 // translation (a backend refuses it, and the app saw only a handshake
 // failure while status said all was resolved). ChangesAt is when the
 // judgement of its validity flips: just after NotAfter for a valid
@@ -208,6 +218,7 @@ func TestClientCertificate(t *testing.T) {
 	crt := []byte(cert(t, "client.pem"))
 	// What an encrypted key holds is no PKCS #8 (or PKCS #1) structure.
 	sealed := base64.StdEncoding.EncodeToString([]byte("encrypted key bytes"))
+	encrypted := encryptPKCS8(t, key, "passphrase")
 	// client.pem is valid from notBefore to notAfter, both included.
 	notBefore, notAfter := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2046, 1, 1, 0, 0, 0, 0, time.UTC)
 	valid := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
@@ -227,6 +238,8 @@ func TestClientCertificate(t *testing.T) {
 		{"garbage", map[string][]byte{"tls.crt": crt, "tls.key": []byte("-----BEGIN PRIVATE KEY-----\n" + keyBody + "x\n-----END PRIVATE KEY-----\n")}, valid, "not a valid key pair", time.Time{}},
 		{"encrypted PKCS #8", map[string][]byte{"tls.crt": crt,
 			"tls.key": []byte("-----BEGIN ENCRYPTED PRIVATE KEY-----\n" + sealed + "\n-----END ENCRYPTED PRIVATE KEY-----\n")}, valid, "tls.key is encrypted", time.Time{}},
+		{"encrypted PKCS #8 labelled PRIVATE KEY", map[string][]byte{"tls.crt": crt,
+			"tls.key": pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: encrypted})}, valid, "tls.key is encrypted, and encrypted keys are not supported", time.Time{}},
 		{"encrypted PEM (RFC 1421)", map[string][]byte{"tls.crt": crt,
 			"tls.key": []byte("-----BEGIN EC PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\nDEK-Info: AES-128-CBC,00112233445566778899AABBCCDDEEFF\n\n" + sealed + "\n-----END EC PRIVATE KEY-----\n")}, valid, "tls.key is encrypted", time.Time{}},
 		{"expired", pair, time.Date(2046, 6, 1, 0, 0, 0, 0, time.UTC), "expired at 2046-01-01T00:00:00Z", time.Time{}},
@@ -252,8 +265,63 @@ func TestClientCertificate(t *testing.T) {
 		if got.CertPEM != "" || got.KeyPEM != "" {
 			t.Errorf("%s: ClientCertificate refused the pair but returned it", c.name)
 		}
-		if strings.Contains(p.Message, keyBody[:20]) || strings.Contains(p.Message, sealed[:12]) {
+		if strings.Contains(p.Message, keyBody[:20]) || strings.Contains(p.Message, sealed[:12]) ||
+			strings.Contains(p.Message, base64.StdEncoding.EncodeToString(encrypted)[:20]) {
 			t.Errorf("%s: message leaks key material: %s", c.name, p.Message)
 		}
 	}
+}
+
+// encryptPKCS8 encrypts the PKCS #8 key in keyPEM as OpenSSL's
+// `openssl pkcs8 -topk8 -v2 aes-256-cbc -v2prf hmacWithSHA256` does: an
+// EncryptedPrivateKeyInfo (RFC 5958 §3) with PBES2 (RFC 8018 §6.2),
+// PBKDF2-HMAC-SHA256 and AES-256-CBC. It returns the DER.
+func encryptPKCS8(t *testing.T, keyPEM, passphrase string) []byte {
+	t.Helper()
+	block, _ := pem.Decode([]byte(keyPEM))
+	salt, iv := make([]byte, 16), make([]byte, aes.BlockSize)
+	rand.Read(salt)
+	rand.Read(iv)
+	const iterations = 2048
+	k, err := pbkdf2.Key(sha256.New, passphrase, salt, iterations, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := aes.NewCipher(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pad := aes.BlockSize - len(block.Bytes)%aes.BlockSize // PKCS #7 padding (RFC 8018 §6.1.1)
+	data := append(slices.Clone(block.Bytes), bytes.Repeat([]byte{byte(pad)}, pad)...)
+	cipher.NewCBCEncrypter(c, iv).CryptBlocks(data, data)
+
+	type algorithm struct {
+		OID    asn1.ObjectIdentifier
+		Params any
+	}
+	type pbkdf2Params struct {
+		Salt       []byte
+		Iterations int
+		PRF        algorithm
+	}
+	type pbes2Params struct {
+		KDF, Scheme algorithm
+	}
+	der, err := asn1.Marshal(struct {
+		Algorithm algorithm
+		Data      []byte
+	}{
+		Algorithm: algorithm{asn1.ObjectIdentifier{1, 2, 840, 113549, 1, 5, 13}, pbes2Params{ // PBES2
+			KDF: algorithm{asn1.ObjectIdentifier{1, 2, 840, 113549, 1, 5, 12}, pbkdf2Params{ // PBKDF2
+				Salt: salt, Iterations: iterations,
+				PRF: algorithm{asn1.ObjectIdentifier{1, 2, 840, 113549, 2, 9}, asn1.NullRawValue}, // hmacWithSHA256
+			}},
+			Scheme: algorithm{asn1.ObjectIdentifier{2, 16, 840, 1, 101, 3, 4, 1, 42}, iv}, // aes256-CBC
+		}},
+		Data: data,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return der
 }
