@@ -32,7 +32,7 @@ import (
 // kubernetes source's Kinds (nil for the file source). ctx bounds the first
 // read of host's addresses.
 func newControlPlane(ctx context.Context, s settings, host *podns.NS, log *slog.Logger, reg prometheus.Registerer) (_ *controlplane.ControlPlane, kinds func() []kubesource.KindStatus, _ error) {
-	res, err := resolve.New(resolve.Config{Servers: s.dnsServers}, log, reg)
+	res, err := resolve.New(s.dns, log, reg)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/introspect/httpapi"
+	"github.com/sockmesh/sockmesh/agent/resolve"
 	"github.com/sockmesh/sockmesh/agent/translate"
 	"github.com/sockmesh/sockmesh/datapath/bpffs"
 	"github.com/sockmesh/sockmesh/internal/gcfloor"
@@ -47,6 +48,8 @@ type options struct {
 	nodeCIDRs               []string
 	clusterDomain           string
 	dnsServers              []string
+	dnsMaxStale             time.Duration
+	dnsParallel             int
 	egressAllow             []string
 	logLevel                string
 	logFormat               string
@@ -102,6 +105,8 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringSliceVar(&o.nodeCIDRs, "node-cidr", nil, "the ranges of the cluster's node addresses; external hostnames resolving into them are refused (without it, only this node's addresses, from its Node, and the hostNetwork pods EndpointSlices list: another node is reachable)")
 	fs.StringVar(&o.clusterDomain, "cluster-domain", "", "the cluster's DNS domain when not cluster.local; external hostnames may not be in it")
 	fs.StringSliceVar(&o.dnsServers, "dns-server", nil, "DNS servers (IP or IP:port, port 53 by default; IPv6 with or without brackets) resolving ExternalHostname XBackends (default: /etc/resolv.conf)")
+	fs.DurationVar(&o.dnsMaxStale, "dns-max-stale", 5*time.Minute, "how long an ExternalHostname keeps its last addresses of a family (A or AAAA) while lookups fail (SERVFAIL, timeouts, no server reachable), counted from when they were due for refresh; past it they are dropped and the XBackend fails closed on this node until a lookup answers (NXDOMAIN and NODATA empty them at once)")
+	fs.IntVar(&o.dnsParallel, "dns-parallel", 64, "DNS lookups of ExternalHostname XBackends under way at once, so that many names do not flood the DNS servers; the others wait their turn")
 	fs.StringSliceVar(&o.egressAllow, "egress-allow", nil, "hostname patterns (example.com, *.example.com) ExternalHostname XBackends may use (default: any)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: json or text")
@@ -225,8 +230,10 @@ type settings struct {
 	// node is what the control plane is told about the node and cluster;
 	// its IPs are the proxy's node addresses (the control plane joins the
 	// node's others as they change).
-	node         translate.Node
-	dnsServers   []string
+	node translate.Node
+	// dns is the resolver's configuration (--dns-server, --dns-max-stale,
+	// --dns-parallel).
+	dns          resolve.Config
 	logLevel     slog.Level
 	logJSON      bool
 	drainTimeout time.Duration
@@ -346,7 +353,15 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 			bad("--dns-server=%q: want an IP address, optionally with :port", flag)
 			continue
 		}
-		s.dnsServers = append(s.dnsServers, d)
+		s.dns.Servers = append(s.dns.Servers, d)
+	}
+	// resolve.Config reads zero as its default: refuse it here, so a flag
+	// that says 0 is not silently taken for 5m or 64.
+	if s.dns.MaxStale = o.dnsMaxStale; s.dns.MaxStale <= 0 {
+		bad("--dns-max-stale must be positive")
+	}
+	if s.dns.Parallel = o.dnsParallel; s.dns.Parallel <= 0 {
+		bad("--dns-parallel must be positive")
 	}
 	if err := s.logLevel.UnmarshalText([]byte(o.logLevel)); err != nil {
 		bad("--log-level=%q: want debug, info, warn or error", o.logLevel)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/introspect/httpapi"
+	"github.com/sockmesh/sockmesh/agent/resolve"
 	"github.com/sockmesh/sockmesh/agent/translate"
 	"github.com/sockmesh/sockmesh/internal/gcfloor"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
@@ -73,6 +74,7 @@ func TestDefaults(t *testing.T) {
 		introspection: httpapi.Config{Socket: httpapi.DefaultSocket},
 		gcHeapFloor:   gcfloor.Default,
 		kubeQPS:       100, kubeBurst: 200, maxConnsPerPod: 4096, stallTimeout: time.Minute,
+		dns: resolve.Config{MaxStale: 5 * time.Minute, Parallel: 64},
 	}
 	if diff := cmp.Diff(want, got, cmp.AllowUnexported(settings{}), cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
 		cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b })); diff != "" {
@@ -217,7 +219,7 @@ max-conns-per-pod: 100
 		{"pod CIDRs (file, comma-separated)", got.node.PodCIDRs, []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/56")}},
 		{"node CIDRs (file, YAML list)", got.node.NodeCIDRs, []netip.Prefix{netip.MustParsePrefix("192.168.0.0/24"), netip.MustParsePrefix("2001:db8:1::/64")}},
 		{"egress allow (file)", got.node.EgressAllow, []string{"*.example.com"}},
-		{"dns servers (file, default port)", got.dnsServers, []string{"10.0.0.10:53"}},
+		{"dns servers (file, default port)", got.dns.Servers, []string{"10.0.0.10:53"}},
 		{"log level (flag over file)", got.logLevel, slog.LevelWarn},
 		{"log json (file)", got.logJSON, true},
 		{"drain timeout (file)", got.drainTimeout, 5 * time.Second},
@@ -268,9 +270,22 @@ func TestDNSServers(t *testing.T) {
 		"[fd00::53]:54":  "[fd00::53]:54",
 	} {
 		got, err := parse(t, node, "", "--dns-server="+flag)
-		if err != nil || !slices.Equal(got.dnsServers, []string{want}) {
-			t.Errorf("--dns-server=%s: %q, %v; want %q", flag, got.dnsServers, err, want)
+		if err != nil || !slices.Equal(got.dns.Servers, []string{want}) {
+			t.Errorf("--dns-server=%s: %q, %v; want %q", flag, got.dns.Servers, err, want)
 		}
+	}
+}
+
+// TestDNSTunables: --dns-max-stale and --dns-parallel reach the
+// resolver's configuration; they were no flags, and resolve.Config's
+// defaults (5m, 64) could not be changed.
+func TestDNSTunables(t *testing.T) {
+	got, err := parse(t, map[string]string{"NODE_NAME": "n"}, "", "--dns-max-stale=30s", "--dns-parallel=8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.dns.MaxStale != 30*time.Second || got.dns.Parallel != 8 {
+		t.Errorf("--dns-max-stale=30s --dns-parallel=8: resolver config %+v, want MaxStale 30s, Parallel 8", got.dns)
 	}
 }
 
@@ -342,6 +357,10 @@ func TestSettingsErrors(t *testing.T) {
 		{"bad DNS server", node, []string{"--dns-server=dns.example"}, "--dns-server"},
 		{"IPv4 DNS server in brackets", node, []string{"--dns-server=[10.0.0.10]"}, "--dns-server"},
 		{"DNS server with a bracket missing", node, []string{"--dns-server=[fd00::53"}, "--dns-server"},
+		{"zero DNS max stale", node, []string{"--dns-max-stale=0s"}, "--dns-max-stale must be positive"},
+		{"negative DNS max stale", node, []string{"--dns-max-stale=-1m"}, "--dns-max-stale must be positive"},
+		{"zero DNS parallel", node, []string{"--dns-parallel=0"}, "--dns-parallel must be positive"},
+		{"negative DNS parallel", node, []string{"--dns-parallel=-4"}, "--dns-parallel must be positive"},
 		{"bad log level", node, []string{"--log-level=loud"}, "--log-level"},
 		{"bad log format", node, []string{"--log-format=xml"}, "--log-format"},
 		{"negative drain", node, []string{"--drain-timeout=-1s"}, "--drain-timeout"},
