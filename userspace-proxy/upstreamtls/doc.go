@@ -1,7 +1,8 @@
 // Package upstreamtls turns a backend's snapshot.TLS into the crypto/tls
 // client configuration the proxy originates with: SNI, trust roots (a PEM
 // bundle or the system pool), subjectAltName verification (Hostname and URI
-// SANs replace the hostname check), the client certificate for mutual TLS,
+// SANs replace the hostname check), the client certificate for mutual TLS
+// (sent, and its sessions resumed, only within its validity),
 // version/cipher/curve options, ALPN per wire protocol, and a session cache
 // per endpoint so resumption works when a backend has several pods.
 //

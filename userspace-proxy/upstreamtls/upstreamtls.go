@@ -120,9 +120,20 @@ func New(s *snapshot.TLS, o Options) (*Origination, error) {
 		// Always sent, as OpenSSL's and Envoy's clients do: crypto/tls's own
 		// choice among Certificates sends none when the server's request
 		// names no CA of the chain, as with a leaf-only tls.crt whose
-		// intermediate the server trusts without naming it.
+		// intermediate the server trusts without naming it. But never
+		// outside its validity: translate judges the dates only when it
+		// runs, and until the agent translates again after NotAfter the
+		// snapshot still holds the certificate. Failing the handshake
+		// there fails the connection closed (502 tls_handshake), where
+		// sending no certificate would let a backend that asks for but
+		// does not require one take the app without its identity.
 		client = &pair
-		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return client, nil }
+		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			if err := validAt(client.Leaf, time.Now()); err != nil {
+				return nil, err
+			}
+			return client, nil
+		}
 	default:
 		return nil, fmt.Errorf("build upstream tls: %w: unknown mode %q", ErrInvalid, s.Mode)
 	}
@@ -131,6 +142,41 @@ func New(s *snapshot.TLS, o Options) (*Origination, error) {
 		n = 64
 	}
 	return &Origination{settings: s, base: c, san: san, client: client, cacheLen: n}, nil
+}
+
+// errClientCertificate is wrapped by the error of a handshake that needed
+// the client certificate outside its validity.
+var errClientCertificate = errors.New("client certificate outside its validity")
+
+// validAt returns an error, wrapping errClientCertificate, when leaf is
+// outside its validity at now (RFC 5280 §4.1.2.5: NotBefore and NotAfter
+// both belong to it).
+func validAt(leaf *x509.Certificate, now time.Time) error {
+	switch {
+	case now.Before(leaf.NotBefore):
+		return fmt.Errorf("%w: not valid before %s", errClientCertificate, leaf.NotBefore.UTC().Format(time.RFC3339))
+	case now.After(leaf.NotAfter):
+		return fmt.Errorf("%w: expired at %s", errClientCertificate, leaf.NotAfter.UTC().Format(time.RFC3339))
+	}
+	return nil
+}
+
+// clientCertSessions offers a cached session only while the client
+// certificate is valid. A resumed handshake sends no certificate: the
+// session carries the identity of the handshake that made it, and a
+// backend that does not check that certificate's dates on resumption (Go's
+// server does, not every one) would take it past its NotAfter. Without a
+// session the handshake is a full one, which GetClientCertificate fails.
+type clientCertSessions struct {
+	tls.ClientSessionCache
+	leaf *x509.Certificate
+}
+
+func (c clientCertSessions) Get(key string) (*tls.ClientSessionState, bool) {
+	if validAt(c.leaf, time.Now()) != nil {
+		return nil, false
+	}
+	return c.ClientSessionCache.Get(key)
 }
 
 // Settings returns the snapshot settings o was built from.
@@ -148,6 +194,9 @@ func (o *Origination) Config(ep netip.AddrPort, alpn []string) *tls.Config {
 	c := o.base.Clone()
 	c.NextProtos = alpn
 	c.ClientSessionCache = tls.NewLRUClientSessionCache(o.cacheLen)
+	if o.client != nil {
+		c.ClientSessionCache = clientCertSessions{c.ClientSessionCache, o.client.Leaf}
+	}
 	got, _ := o.perEndpoint.LoadOrStore(k, c)
 	return got.(*tls.Config)
 }

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"testing"
@@ -206,7 +207,14 @@ func handshakeWith(t *testing.T, l net.Listener, srv *tls.Config, o *Origination
 		t.Fatal(err)
 	}
 	c := tls.Client(a, o.Config(netip.MustParseAddrPort("10.0.0.1:443"), nil))
-	return c, c.Handshake()
+	if err := c.Handshake(); err != nil {
+		// Closed, as the proxy closes it: a TLS 1.3 client whose
+		// GetClientCertificate fails sends no alert, and the server would
+		// wait for its certificate.
+		c.Close()
+		return c, err
+	}
+	return c, nil
 }
 
 // TestClientCertificateWhateverTheServerNames: with ClientAndServer the
@@ -288,6 +296,93 @@ func TestClientCertificateWhateverTheServerNames(t *testing.T) {
 	if cerr != nil {
 		t.Fatalf("client handshake: %v", cerr)
 	}
+}
+
+// TestClientCertificateOnlyWhileValid: with ClientAndServer the client
+// certificate goes only within its validity at the handshake's instant.
+// Translate judges its dates when it runs, so between NotAfter and the
+// next translation the snapshot, and the Origination built from it, still
+// hold it; the proxy sent it. Now the handshake fails, before NotBefore
+// and after NotAfter alike, and no session made while it was valid is
+// offered (resumed, the backend would take the identity without checking
+// it). The backend here requests a certificate and checks none, so what
+// it saw is what the proxy sent.
+func TestClientCertificateOnlyWhileValid(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ca, err := pki.NewCA("ca") // valid for a day
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaf, err := ca.Issue(pki.LeafOptions{DNSNames: []string{"a.test"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mutual := func(notBefore, notAfter time.Time) *Origination {
+			t.Helper()
+			client, err := ca.Issue(pki.LeafOptions{CommonName: "app", Client: true, NotBefore: notBefore, NotAfter: notAfter})
+			if err != nil {
+				t.Fatal(err)
+			}
+			o, err := New(&snapshot.TLS{ServerName: "a.test", RootsPEM: string(ca.CertPEM), Mode: snapshot.TLSMutual,
+				ClientCertificatePEM: string(client.CertPEM), ClientKeyPEM: string(client.KeyPEM)}, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return o
+		}
+		var sent []*x509.Certificate // what the backend saw in the last handshake
+		offered := 0                 // session tickets the proxy offered
+		srv := &tls.Config{Certificates: []tls.Certificate{leaf.TLS}, ClientAuth: tls.RequestClientCert}
+		srv.VerifyConnection = func(cs tls.ConnectionState) error { sent = cs.PeerCertificates; return nil }
+		srv.UnwrapSession = func(identity []byte, cs tls.ConnectionState) (*tls.SessionState, error) {
+			offered++
+			return srv.DecryptTicket(identity, cs)
+		}
+		l := listen(t)
+		// connect handshakes, then reads the session tickets the server
+		// sends after it until the server closes.
+		connect := func(o *Origination) (resumed bool, err error) {
+			sent = nil
+			c, err := handshakeWith(t, l, srv, o)
+			if err != nil {
+				return false, err
+			}
+			defer c.Close()
+			io.Copy(io.Discard, c)
+			return c.ConnectionState().DidResume, nil
+		}
+		identity := func() string {
+			if len(sent) == 0 {
+				return "none"
+			}
+			return sent[0].Subject.CommonName
+		}
+
+		o := mutual(time.Time{}, time.Now().Add(time.Hour))
+		if _, err := connect(o); err != nil || identity() != "app" {
+			t.Fatalf("handshake while the certificate is valid: %v, backend saw certificate %s; want the app's", err, identity())
+		}
+		if resumed, err := connect(o); err != nil || !resumed || offered != 1 {
+			t.Fatalf("second handshake: resumed %v, error %v, %d tickets offered; want a resumption", resumed, err, offered)
+		}
+		time.Sleep(2 * time.Hour) // past NotAfter; the CA and the server's tickets still valid
+		resumed, err := connect(o)
+		if !errors.Is(err, errClientCertificate) || resumed {
+			t.Errorf("handshake after NotAfter: resumed %v, error %v; want it failed for the client certificate", resumed, err)
+		}
+		if identity() != "none" || offered != 1 {
+			t.Errorf("handshake after NotAfter: backend saw certificate %s, %d tickets offered; want none sent, no ticket offered", identity(), offered)
+		}
+
+		early := mutual(time.Now().Add(time.Hour), time.Now().Add(3*time.Hour))
+		if _, err := connect(early); !errors.Is(err, errClientCertificate) || identity() != "none" {
+			t.Errorf("handshake before NotBefore: error %v, backend saw certificate %s; want it failed, none sent", err, identity())
+		}
+		time.Sleep(time.Hour) // at NotBefore: valid from there on
+		if _, err := connect(early); err != nil || identity() != "app" {
+			t.Errorf("handshake at NotBefore: %v, backend saw certificate %s; want the app's", err, identity())
+		}
+	})
 }
 
 // TestSANVerifierRemembersByDER: the verifier remembers a certificate
