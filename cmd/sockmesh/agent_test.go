@@ -371,25 +371,12 @@ spec:
 // led the proxy to the node until the agent restarted.
 func TestAgentNodeAddressAddedLater(t *testing.T) {
 	e := newEnv(t)
-	// The DNS server lives in the backend pod's namespace, which the node
-	// routes to.
-	dnsAddr := netip.AddrPortFrom(addrs.Backend.Addr(), 53)
-	var udp net.PacketConn
-	if err := e.backend.Do(func() (err error) {
-		udp, err = net.ListenPacket("udp", dnsAddr.String())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	dns := &dnsserver.Server{Addr: dnsAddr.String()}
-	done := make(chan struct{})
-	go func() { dns.ServePacket(udp); close(done) }()
-	t.Cleanup(func() { udp.Close(); <-done })
+	dns := e.serveDNS(t)
 	later := netip.MustParseAddr("203.0.113.9")
 	dns.Set("api.example.test", 1, later)
 	e.writeFile(t, "ext.yaml", extYAML)
 
-	a := e.startAgent(t, "--proxy-mode=node-ip", "--proxy-listen="+addrs.Node.String()+":0", "--dns-server="+dnsAddr.String())
+	a := e.startAgent(t, "--proxy-mode=node-ip", "--proxy-listen="+addrs.Node.String()+":0", "--dns-server="+dns.Addr)
 	a.waitReady(t)
 	accepted := func(b *snapshot.Backend) bool {
 		return b.Invalid == nil && slices.ContainsFunc(b.Endpoints, func(ep snapshot.Endpoint) bool { return ep.Addr.Addr() == later })
@@ -406,6 +393,25 @@ func TestAgentNodeAddressAddedLater(t *testing.T) {
 	e.node.DelLink(t, br)
 	waitExt(t, a, "the answer accepted again", accepted)
 	a.stop(t)
+}
+
+// serveDNS serves DNS on UDP port 53 of the backend pod's namespace,
+// which the node routes to, until t ends.
+func (e *env) serveDNS(t *testing.T) *dnsserver.Server {
+	t.Helper()
+	addr := netip.AddrPortFrom(addrs.Backend.Addr(), 53)
+	var udp net.PacketConn
+	if err := e.backend.Do(func() (err error) {
+		udp, err = net.ListenPacket("udp", addr.String())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	dns := &dnsserver.Server{Addr: addr.String()}
+	done := make(chan struct{})
+	go func() { dns.ServePacket(udp); close(done) }()
+	t.Cleanup(func() { udp.Close(); <-done })
+	return dns
 }
 
 // waitExt polls the agent's report until ext's backend satisfies ok.

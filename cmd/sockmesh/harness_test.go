@@ -269,14 +269,21 @@ func (a *agentRun) stop(t *testing.T) {
 // HTTP/1.1, and decodes the backend's report.
 func (e *env) get(t *testing.T, path string) echo.Report {
 	t.Helper()
-	resp, err := nshttp.Client(e.client, 10*time.Second).Get("http://" + vip.String() + path)
+	return fetch(t, nshttp.Client(e.client, 10*time.Second), "http://"+vip.String()+path)
+}
+
+// fetch requests url with c, from the client pod, and decodes the
+// backend's report.
+func fetch(t *testing.T, c *http.Client, url string) echo.Report {
+	t.Helper()
+	resp, err := c.Get(url)
 	if err != nil {
-		t.Fatalf("GET %s from the client pod: %v", path, err)
+		t.Fatalf("GET %s from the client pod: %v", url, err)
 	}
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s from the client pod: %s: %s", path, resp.Status, body)
+		t.Fatalf("GET %s from the client pod: %s: %s", url, resp.Status, body)
 	}
 	var rep echo.Report
 	if err := json.Unmarshal(body, &rep); err != nil {
