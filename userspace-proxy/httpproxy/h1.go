@@ -600,14 +600,19 @@ func (s *h1Conn) checkHead(req *http.Request) error {
 // answerFailed ends a connection whose answer broke off after it started
 // (the backend's failure or the client's): with a reset, as the client
 // must not take what it got for the whole answer. An app that stopped
-// reading it is counted (stallWatch).
+// reading it is counted (stallWatch); one the client watch saw leave
+// before the answer began (errClientGone: answer) got none of it, and is
+// counted canceled.
 func (s *h1Conn) answerFailed(x *exchange, err error) {
 	s.broken = true
-	if errors.Is(err, errAppStalled) {
+	switch {
+	case errors.Is(err, errAppStalled):
 		s.h.stalled(x, err)
-		return
+	case errors.Is(err, errClientGone):
+		s.h.report(context.Background(), x, upstream.ReasonCanceled, err) // nothing of the answer went out
+	default:
+		s.h.log.Debug("answer failed", "service", x.fe.Service.String(), "client", s.t.client(), "err", err)
 	}
-	s.h.log.Debug("answer failed", "service", x.fe.Service.String(), "client", s.t.client(), "err", err)
 }
 
 // stalledOut ends an exchange whose app stopped moving before its answer

@@ -59,8 +59,14 @@ func framingFor(req *http.Request, resp *http.Response) framing {
 // so the upstream connection is clean. On the pooled path (s.up) the
 // upstream connection is released before the last write to the client.
 // err is the first read or write failure: the client then got a truncated
-// answer (never a clean short one), and its connection must close.
+// answer (never a clean short one), and its connection must close; or
+// errClientGone, nothing written, when the app left before it began.
 func (s *h1Conn) answer(req *http.Request, resp *http.Response, x *exchange, c *balance.Choice, src *bufio.Reader) (closeAfter, ended bool, err error) {
+	if s.watch.gone.Load() {
+		// The exchange's outcome is decided here, once (see clientWatch):
+		// the app left before its answer began, though the answer came.
+		return false, false, errClientGone
+	}
 	plain := resp == &s.plain.resp // its fields are in src's buffer (never a 426)
 	var upgrade []string
 	if !plain {

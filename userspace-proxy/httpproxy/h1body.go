@@ -221,12 +221,18 @@ type sentBody struct {
 	on bool
 	// stall watches its reads from the app, if set.
 	stall *stallWatch
+	// reads counts its reads from the app twice, as each starts and as
+	// it returns: odd while one is under way. looked is the count when
+	// the client watch last asked stuck.
+	reads  atomic.Uint64
+	looked uint64
 }
 
 // track makes the body in *body report its end on s, its reads watched
 // by stall unless nil.
 func (s *sentBody) track(body *io.ReadCloser, stall *stallWatch) {
 	s.on, s.stall = true, stall
+	s.looked = 1 // odd: the first stuck only takes note
 	s.eof.Store(false)
 	s.broken.Store(false)
 	s.heard.Store(false)
@@ -248,11 +254,24 @@ func (s *sentBody) failed() bool { return s.on && s.broken.Load() }
 // it will not answer either.
 func (s *sentBody) stranded() bool { return s.failed() && !s.heard.Load() }
 
+// stuck reports whether no read of the app's body started or ended since
+// the last ask, and none is under way: the goroutine sending it waits on
+// the backend. The client watch asks, once per look (under its mu), and
+// track readies it before the watch starts.
+func (s *sentBody) stuck() bool {
+	n := s.reads.Load()
+	stuck := n == s.looked && n%2 == 0
+	s.looked = n
+	return stuck
+}
+
 func (s *sentBody) Read(p []byte) (int, error) {
+	s.reads.Add(1)
 	if s.stall != nil {
 		s.stall.begin()
 	}
 	n, err := s.ReadCloser.Read(p)
+	s.reads.Add(1)
 	if s.stall != nil {
 		err = s.stall.done(n, err)
 	}

@@ -526,6 +526,12 @@ func (s *h1Conn) respond(req *http.Request, resp *http.Response, x *exchange, c 
 		consumed := s.finish(body, uc)
 		s.up.body = nil
 		switch {
+		case s.watch.gone.Load():
+			// The app left before the 101 went out, as answer decides
+			// for other answers; the watch closed uc.
+			s.release(x, false)
+			s.fail(req, x, upstream.ReasonCanceled, errClientGone)
+			return false
 		case fired:
 			// The route's timeout passed as the 101 came, and cut uc: the
 			// timeout ended the exchange, as any other it passes in.

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 )
@@ -26,6 +28,14 @@ import (
 // answer a rule retries (discardAnswer) and for a retry's backoff. As
 // nginx, an app's end of stream counts as leaving: an HTTP/1.x client
 // that half-closes gets no answer.
+//
+// Whether an exchange the app left counts canceled or with its answer's
+// status is decided once, where the answer begins (answer; a 101's in
+// respond): an app the watch saw leave before then gets nothing and
+// counts canceled, also when the answer had come meanwhile (the watch
+// closed the upstream connection after its head was read); one that
+// leaves after counts with the status, and the watch cuts the answer
+// short.
 
 // watchAfter is how long an exchange runs before the app's connection is
 // watched.
@@ -55,9 +65,6 @@ type clientWatch struct {
 	done chan struct{}
 	// gone is set when the client left and the exchange was ended.
 	gone atomic.Bool
-	// probed is set once TCP keep-alive is on for the client's
-	// connection (begin).
-	probed bool
 }
 
 // start watches the client from watchAfter on, until stop, ending the
@@ -117,8 +124,9 @@ func (w *clientWatch) fire() {
 // begin readies fire's read of the client, under mu; done is nil when
 // there is none to make: the exchange is over, a read runs, or the body's
 // goroutine still reads the client (begin then ends a stranded exchange,
-// or looks again later). Every section under mu unlocks in a defer, so
-// that a panic (fire's recover) leaves it unlocked.
+// or one whose client left while that goroutine waits on the backend:
+// appLeftBody, or looks again later). Every section under mu unlocks in
+// a defer, so that a panic (fire's recover) leaves it unlocked.
 func (w *clientWatch) begin() (done chan struct{}, held bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -126,30 +134,62 @@ func (w *clientWatch) begin() (done chan struct{}, held bool) {
 		return nil, false
 	}
 	s := w.s
+	s.t.keepAlive(s.c)
 	if s.sent.unread() {
-		if s.sent.stranded() {
+		switch {
+		case s.sent.stranded():
 			w.end()
-		} else {
+		case w.appLeftBody():
+			w.gone.Store(true)
+			w.end()
+		default:
 			w.t.Reset(watchAfter)
 		}
 		return nil, false
 	}
-	if !w.probed {
-		// An exchange this long may go on for hours with no byte either
-		// way (SSE, a long poll), and an app that vanished without a word
-		// (its node lost, a cut path) sends no FIN or reset for the read
-		// below to meet: keep-alive probes end it. Once per connection,
-		// and only here: the listeners accept without keep-alive, which
-		// costs setsockopts a connection of quick answers does without
-		// (proxy.ListenConfig).
-		w.probed = true
-		if tc := sockio.TCP(s.c); tc != nil {
-			tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true})
-		}
-	}
 	s.c.SetReadDeadline(time.Time{}) // an idle deadline may be armed; stop restores it
 	w.done = make(chan struct{})     // last: stop waits for it, which only fire closes
 	return w.done, w.held
+}
+
+// appLeftBody reports whether the client left while its request body's
+// goroutine waits on the backend: a backend that stops taking the body
+// holds that goroutine in its write upstream, reading nothing more from
+// the client, for as long as the backend stays (no stall: the stall watch
+// watches the client, who is not waited on), and the watch may not read
+// the client meanwhile (the goroutine reads it next). So it looks without
+// reading: once the goroutine read nothing for a whole watchAfter, a
+// stream the client ended (FIN, or a reset: a vanished client's, once the
+// keep-alive begin turned on gives up) means the client left, as the
+// watch's own read would find. A client that half-closed in the middle of
+// its body then gets no answer, where the goroutine, had the backend let
+// it read on, would have found the body broken (400).
+func (w *clientWatch) appLeftBody() bool {
+	return w.s.sent.stuck() && streamEnded(w.s.c)
+}
+
+// streamEnded reports, without reading or waiting, whether the peer of
+// the TCP connection under c ended its stream or reset it: the kernel's
+// state of it (sockio.AwaitHangup waits, and takes the read side).
+func streamEnded(c net.Conn) bool {
+	tc := sockio.TCP(c)
+	if tc == nil {
+		return false
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	var state uint8
+	rc.Control(func(fd uintptr) {
+		if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil {
+			state = info.State
+		}
+	})
+	// The kernel's TCP states (include/net/tcp_states.h), which x/sys
+	// names for BPF: CLOSE_WAIT after the peer's FIN, CLOSE after a
+	// reset or a keep-alive that gave up.
+	return state == unix.BPF_TCP_CLOSE_WAIT || state == unix.BPF_TCP_CLOSE
 }
 
 // left ends the watched exchange, its client gone. Under mu: detach may

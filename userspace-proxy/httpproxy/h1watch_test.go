@@ -6,17 +6,22 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/internal/metricsum"
 	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
@@ -503,4 +508,221 @@ func TestStatusRetryHaltTimeout(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAnswerAsAppLeaves: an answer that came just as the client watch saw
+// its app leave, and closed the upstream connection behind it, counts
+// canceled and goes to no one: the outcome is decided where the answer
+// begins. The interleaving is held in place: the backend sends a 103 and
+// the final answer in one segment, the proxy's write of the 103 to the
+// app waits while the app leaves and the watch closes the backend's
+// connection; the final answer, read already, comes next. Before, it was
+// counted with its status (200, and a 101 the relay then found cut).
+func TestAnswerAsAppLeaves(t *testing.T) {
+	for _, c := range []struct{ name, req, answer string }{
+		{"answer", "GET /x HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"},
+		{"switch", "GET /ws HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+			"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			upClosed := make(chan struct{})
+			ep := serveRaw(t, func(uc net.Conn) {
+				if _, err := http.ReadRequest(bufio.NewReader(uc)); err != nil {
+					return
+				}
+				io.WriteString(uc, "HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"+c.answer)
+				io.Copy(io.Discard, uc) // until the proxy closes
+				close(upClosed)
+			})
+			f := newFixture(t, Config{}, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}})
+			app, proxyEnd := tcpserve.Pair(t)
+			held := &heldWriteConn{Conn: proxyEnd, writing: make(chan struct{}), release: make(chan struct{})}
+			served, ended := make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(served)
+				f.h.ServeHTTP1(held, &Target{OrigDst: vip, Start: f.cur.Load(), Current: &f.cur,
+					ClientAddr: app.LocalAddr().(*net.TCPAddr).AddrPort(), Ended: func() { close(ended) }})
+			}()
+			t.Cleanup(func() {
+				app.Close()
+				select {
+				case <-held.release:
+				default:
+					close(held.release)
+				}
+				<-served
+				<-ended
+			})
+			if _, err := io.WriteString(app, c.req); err != nil {
+				t.Fatal(err)
+			}
+			<-held.writing // the 103's: the final answer waits in the proxy's reader
+			app.Close()
+			<-upClosed // the watch saw the app leave
+			close(held.release)
+			<-served
+			<-ended
+			if n := f.counter("sockmesh_proxy_requests_total", nil); n != 0 {
+				t.Errorf("requests_total = %v, want 0: the answer was counted for an app that left before it began", n)
+			}
+			if n := f.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": "canceled"}); n != 1 {
+				t.Errorf("failures{reason=canceled} = %v, want 1", n)
+			}
+		})
+	}
+}
+
+// heldWriteConn holds its first write until release is closed, closing
+// writing as it starts to wait.
+type heldWriteConn struct {
+	net.Conn
+	writing, release chan struct{}
+	once             sync.Once
+}
+
+func (c *heldWriteConn) Write(p []byte) (int, error) {
+	c.once.Do(func() {
+		close(c.writing)
+		<-c.release
+	})
+	return c.Conn.Write(p)
+}
+
+// TestAppLeavesStuckBody: an app that leaves while its request body's
+// goroutine is held sending it upstream (the backend stopped taking the
+// body, and never answers: an HTTP/1.1 backend's socket is full, an h2c
+// backend's stream window spent) ends the exchange, counted canceled; an
+// app that vanished without a word would be found by keep-alive, on by
+// then. The goroutine reads the app no more, so neither the watch's read
+// (which waits while that goroutine may read the app) nor the stall watch
+// (no read or write of the app under way; its timeout here is two
+// seconds) noticed: the exchange, its goroutines and its upstream
+// connection or stream were held until the backend answered, or for ever.
+func TestAppLeavesStuckBody(t *testing.T) {
+	fin := func(c *net.TCPConn) { c.Close() }
+	for _, c := range []struct {
+		name  string
+		h2c   bool
+		leave func(*net.TCPConn)
+	}{
+		{"h1-fin", false, fin},
+		{"h1-reset", false, func(c *net.TCPConn) { c.SetLinger(0); c.Close() }},
+		{"h2c-fin", true, fin},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			be, got, release := stuckBodyBackend(t, c.h2c)
+			f := newFixture(t, Config{StallTimeout: 2 * watchAfter}, be)
+			app, proxyEnd := tcpserve.Pair(t)
+			proxyEnd.SetKeepAlive(false) // as the proxy's listeners accept (proxy.ListenConfig)
+			ended := make(chan struct{})
+			go f.h.ServeHTTP1(sockio.Wrap(proxyEnd), &Target{OrigDst: vip, Start: f.cur.Load(), Current: &f.cur,
+				ClientAddr: app.LocalAddr().(*net.TCPAddr).AddrPort(), Ended: func() { close(ended) }})
+			t.Cleanup(func() {
+				release() // the backend's end ends an exchange still stuck
+				app.Close()
+				<-ended
+			})
+
+			if _, err := io.WriteString(app, "POST /up HTTP/1.1\r\nHost: x\r\nContent-Length: 1073741824\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			<-got
+			chunk := make([]byte, 16<<10)
+			guard := 10 * f.h.cfg.StallTimeout // fails a hang; never reached otherwise
+			for stuck := false; !stuck; {
+				for !bodySendStuck() {
+					if _, err := app.Write(chunk); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for deadline := time.Now().Add(guard); !sockoptOn(t, proxyEnd, unix.SOL_SOCKET, unix.SO_KEEPALIVE); time.Sleep(10 * time.Millisecond) {
+					if time.Now().After(deadline) {
+						t.Fatalf("no keep-alive toward the app %v into the exchange", guard)
+					}
+				}
+				// Still, a second on, the app writing no more: no pause
+				// that the backend's flow control ended.
+				stuck = bodySendStuck()
+			}
+			c.leave(app)
+			select {
+			case <-ended:
+			case <-time.After(guard):
+				t.Fatalf("the exchange still runs %v after its app left", guard)
+			}
+			if n := f.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": "canceled"}); n != 1 {
+				t.Errorf("failures{reason=canceled} = %v, want 1", n)
+			}
+			if n := f.counter("sockmesh_proxy_request_failures_total", nil); n != 1 {
+				t.Errorf("failures = %v, want only the canceled one", n)
+			}
+			if n := f.counter("sockmesh_proxy_requests_total", nil); n != 0 {
+				t.Errorf("requests_total = %v, want 0", n)
+			}
+		})
+	}
+}
+
+// stuckBodyBackend is a backend, of protocol H2C if h2c, that takes no
+// more of a request's body once its head came (got is closed then) and
+// never answers, until release.
+func stuckBodyBackend(t *testing.T, h2c bool) (be snapshot.Backend, got chan struct{}, release func()) {
+	got, hold := make(chan struct{}), make(chan struct{})
+	if h2c {
+		be.Protocol = snapshot.ProtocolH2C
+		be.Endpoints = []snapshot.Endpoint{startBackend(t, http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+			close(got)
+			<-hold
+		}))}
+	} else {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		smallBuffers(t, l)
+		tcpserve.Serve(t, l, func(uc net.Conn) {
+			if _, err := http.ReadRequest(bufio.NewReader(uc)); err != nil {
+				return
+			}
+			close(got)
+			<-hold
+		})
+		be.Endpoints = []snapshot.Endpoint{{Addr: l.Addr().(*net.TCPAddr).AddrPort(), Ready: true, Serving: true}}
+	}
+	release = sync.OnceFunc(func() { close(hold) })
+	t.Cleanup(release) // before the server's, which waits for the handler
+	return be, got, release
+}
+
+// bodySendStuck reports whether a request body's sending waits on the
+// backend: the fast path's goroutine parked in its write upstream, or
+// net/http's HTTP/2 Transport for the stream's flow control (which it
+// also passes through, not waiting, with every frame it sends).
+func bodySendStuck() bool {
+	buf := make([]byte, 1<<20)
+	for g := range strings.SplitSeq(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+		if strings.Contains(g, "httpproxy.writeRequest(") && strings.Contains(g, "(*pollDesc).waitWrite(") ||
+			strings.Contains(g, "awaitFlowControl(") && strings.Contains(g, "sync.(*Cond).Wait(") {
+			return true
+		}
+	}
+	return false
+}
+
+// sockoptOn reports whether the socket option level, opt of c is set.
+func sockoptOn(t *testing.T, c *net.TCPConn, level, opt int) bool {
+	t.Helper()
+	rc, err := c.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v int
+	var serr error
+	if err := rc.Control(func(fd uintptr) { v, serr = unix.GetsockoptInt(int(fd), level, opt) }); err != nil {
+		t.Fatal(err)
+	}
+	if serr != nil {
+		t.Fatal(serr)
+	}
+	return v != 0
 }

@@ -7,11 +7,13 @@ import (
 	"net/http"
 	"net/netip"
 	"sync/atomic"
+	"time"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
@@ -62,8 +64,14 @@ type Target struct {
 	Relayed *RelayFailure
 	// Conn, when set, is the app's connection as net/http's server got
 	// it: on HTTP/1.x, the stall watch counts the bytes of a write to it
-	// under way (writeProgress; the fast path has its own).
+	// under way (writeProgress; the fast path has its own), and ConnState
+	// turns TCP keep-alive on for it.
 	Conn net.Conn
+	// probe turns keep-alive on for Conn once an exchange on net/http's
+	// server outlasts watchAfter (ConnState); probed is set once it is on,
+	// on either path (keepAlive).
+	probe  *time.Timer
+	probed atomic.Bool
 }
 
 // RelayFailure is how the L4 relay's connects to Backend's endpoints for a
@@ -118,6 +126,45 @@ func clientPod(s *snapshot.Snapshot, addr netip.AddrPort, pod *snapshot.ObjectRe
 func (t *Target) ended() {
 	if t.Ended != nil {
 		t.Ended()
+	}
+}
+
+// keepAlive turns TCP keep-alive on for c, t's app connection, the first
+// time it is called: when an exchange outlasts watchAfter. It may then go
+// on for hours with no byte either way (SSE, a long poll, an upload its
+// backend stopped taking), and an app that vanished without a word (its
+// node lost, a cut path) sends no FIN or reset to end it: keep-alive
+// probes do. Only then: the listeners accept without keep-alive, which
+// costs setsockopts a connection of quick answers does without
+// (proxy.ListenConfig).
+func (t *Target) keepAlive(c net.Conn) {
+	if t.probed.Swap(true) {
+		return
+	}
+	if tc := sockio.TCP(c); tc != nil {
+		tc.SetKeepAliveConfig(net.KeepAliveConfig{Enable: true})
+	}
+}
+
+// ConnState is net/http's server's ConnState hook for t's connection
+// (Conn): as the fast path's client watch does, it turns keep-alive on
+// once an exchange outlasts watchAfter (keepAlive). An HTTP/1 connection
+// is active from a request's head to the end of its answer, an HTTP/2 one
+// while it has a stream open. The server calls it from the
+// connection's goroutine, but for StateNew, before that starts.
+func (t *Target) ConnState(state http.ConnState) {
+	if t.Conn == nil || t.probed.Load() {
+		return
+	}
+	switch {
+	case state != http.StateActive:
+		if t.probe != nil {
+			t.probe.Stop()
+		}
+	case t.probe == nil:
+		t.probe = time.AfterFunc(watchAfter, func() { t.keepAlive(t.Conn) })
+	default:
+		t.probe.Reset(watchAfter)
 	}
 }
 

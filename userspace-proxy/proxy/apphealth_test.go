@@ -140,16 +140,27 @@ func TestH2AppVanished(t *testing.T) {
 // sseHead starts an answer of server-sent events that never ends.
 const sseHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\nc\r\ndata: first\n\r\n"
 
-// TestH1LongAnswerKeepAlive: on the HTTP/1 fast path, an answer that
-// outlasts the watch's start (an SSE stream) turns TCP keep-alive on for
-// the proxy's socket toward the app, whose probes end the watch's read of
-// an app that vanished without a word; quick answers leave it off, as
-// ListenConfig accepted it: a connection per request pays no setsockopt.
-// Before, nothing turned it on: such an app's answer, and its pooled
-// backend connection, stayed open for the proxy's life.
+// h1Paths are the L7 paths of an HTTP/1.x app, by name: the fast path
+// and net/http's server.
+var h1Paths = map[string]proxy.HTTP1TLSPath{"fast": proxy.HTTP1TLSAuto, "nethttp": proxy.HTTP1TLSL7}
+
+// TestH1LongAnswerKeepAlive: on either HTTP/1 path, an answer that
+// outlasts a second (an SSE stream) turns TCP keep-alive on for the
+// proxy's socket toward the app, whose probes end the wait of an app that
+// vanished without a word (the fast path's client watch, net/http's
+// background read); quick answers leave it off, as ListenConfig accepted
+// it: a connection per request pays no setsockopt. Before, nothing turned
+// it on: such an app's answer, and its pooled backend connection, stayed
+// open for the proxy's life (on net/http's server until 2026-11-29).
 func TestH1LongAnswerKeepAlive(t *testing.T) {
+	for name, path := range h1Paths {
+		t.Run(name, func(t *testing.T) { testH1LongAnswerKeepAlive(t, path) })
+	}
+}
+
+func testH1LongAnswerKeepAlive(t *testing.T, path proxy.HTTP1TLSPath) {
 	checkNoLeaks(t)
-	e := newEnv(t, envOptions{registeredDst: true})
+	e := newEnv(t, envOptions{registeredDst: true, http1TLS: path})
 	be := serveTCP(t, serverTLS(e.pki.server), func(c net.Conn) {
 		br := bufio.NewReader(c)
 		for {
@@ -191,15 +202,22 @@ func TestH1LongAnswerKeepAlive(t *testing.T) {
 	eventually(t, func() bool { return keepAlive(t, c) }, "keep-alive on the app's connection of a long answer")
 }
 
-// TestH1VanishedApp: an app in a netns of the test's own, on the HTTP/1
-// fast path with an SSE answer under way, vanishes (the netns drops every
-// packet): the keep-alive the client watch turned on ends the watch's
-// read, and the exchange's pooled backend connection is closed. The
+// TestH1VanishedApp: an app in a netns of the test's own, on either
+// HTTP/1 path with an SSE answer under way, vanishes (the netns drops
+// every packet): the keep-alive turned on a second into the exchange ends
+// the wait on the app (the fast path's client watch, net/http's
+// background read), and the exchange's backend connection is closed. The
 // test shortens the proxy's socket's probe timing to 1 s, where Go's
 // default (15 s, then 9 probes 15 s apart) would take 150 s.
 func TestH1VanishedApp(t *testing.T) {
+	for name, path := range h1Paths {
+		t.Run(name, func(t *testing.T) { testH1VanishedApp(t, path) })
+	}
+}
+
+func testH1VanishedApp(t *testing.T, path proxy.HTTP1TLSPath) {
 	checkNoLeaks(t)
-	e := newEnv(t, envOptions{})
+	e := newEnv(t, envOptions{http1TLS: path})
 	freed := make(chan struct{}, 1)
 	be := serveTCP(t, serverTLS(e.pki.server), func(c net.Conn) {
 		defer func() { freed <- struct{}{} }()

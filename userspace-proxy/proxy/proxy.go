@@ -255,7 +255,10 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Proxy, error
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return httpproxy.WithTarget(ctx, c.(*l7Conn).target)
 		},
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+		// TCP keep-alive for a connection once an exchange on it outlasts
+		// a second, as on the fast path (ListenConfig).
+		ConnState: func(c net.Conn, s http.ConnState) { c.(*l7Conn).target.ConnState(s) },
+		ErrorLog:  slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
 	p.srv.Protocols.SetHTTP1(true)
 	p.srv.Protocols.SetUnencryptedHTTP2(true)
@@ -351,11 +354,11 @@ func taking(addrs, standby []netip.AddrPort) map[netip.AddrPort]bool {
 // calls per accepted connection (measured with test/bench/proxy: about 4 %
 // of the proxy's CPU when clients open a connection per request); the L7
 // paths close idle clients themselves (IdleTimeout) and ping HTTP/2 apps
-// whose streams stay open (AppPingAfter), the HTTP/1 fast path turns
-// keep-alive on for a connection once an exchange on it outlasts a second
-// (httpproxy's client watch), and relays, which may idle forever (the L4
-// paths, a WebSocket after its 101), turn it on for their own connections
-// (relay.Relay).
+// whose streams stay open (AppPingAfter), both turn keep-alive on for a
+// connection once an exchange on it outlasts a second (httpproxy's client
+// watch on the fast path, httpproxy.Target.ConnState on net/http's
+// server), and relays, which may idle forever (the L4 paths, a WebSocket
+// after its 101), turn it on for their own connections (relay.Relay).
 func ListenConfig() *net.ListenConfig { return &net.ListenConfig{KeepAlive: -1} }
 
 // Serve accepts redirected connections on l (node-IP mode: the client pod is
