@@ -159,9 +159,13 @@ func (w *Writer) create(ctx context.Context, s *corev1.Service) error {
 	return nil
 }
 
-// drifted reports whether cur differs from want in what sockmesh sets.
+// drifted reports whether cur differs from want in what sockmesh sets and
+// what decides the endpoints: publishNotReadyAddresses makes the
+// EndpointSlice controller mark pods that are not ready as ready, and the
+// proxy would send them requests.
 func drifted(cur, want *corev1.Service) bool {
 	if !maps.Equal(cur.Spec.Selector, want.Spec.Selector) ||
+		cur.Spec.PublishNotReadyAddresses != want.Spec.PublishNotReadyAddresses ||
 		cur.Labels[translate.LabelXBackend] != want.Labels[translate.LabelXBackend] ||
 		len(cur.Spec.Ports) != len(want.Spec.Ports) {
 		return true
@@ -191,6 +195,7 @@ func (w *Writer) update(ctx context.Context, want *corev1.Service) error {
 		upd := cur.DeepCopy()
 		upd.Spec.Selector = want.Spec.Selector
 		upd.Spec.Ports = want.Spec.Ports
+		upd.Spec.PublishNotReadyAddresses = want.Spec.PublishNotReadyAddresses
 		if upd.Labels == nil {
 			upd.Labels = map[string]string{}
 		}

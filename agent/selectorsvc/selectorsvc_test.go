@@ -47,8 +47,9 @@ func createSelectorXBackend(t *testing.T, env *apiserver.Env, namespace string) 
 
 // TestApply runs translate and Apply against a real API server: the
 // Service is created once even when the cache lags, follows the XBackend's
-// port, and is deleted with it; a user's Service that merely carries the
-// label, or replaced ours, is never touched.
+// port, stays while the XBackend is invalid, and is deleted with it; a
+// user's Service that merely carries the label, or replaced ours, is never
+// touched.
 func TestApply(t *testing.T) {
 	env := apiserver.Start(t)
 	ctx := t.Context()
@@ -119,6 +120,20 @@ func TestApply(t *testing.T) {
 	if got := generatedServices(); len(got) != 1 || got[0].Name != svc.Name || got[0].Spec.Ports[0].TargetPort.IntValue() != 9090 {
 		t.Errorf("after the port change: %+v", got)
 	}
+
+	// The XBackend turns invalid for its TLS (its CA ConfigMap does not
+	// exist) and fails closed; its Service stays, so fixing the XBackend
+	// needs no new Service and EndpointSlices.
+	xb.Spec.TLS = &gwxv1alpha1.BackendTLS{Mode: gwxv1alpha1.BackendTLSModeServerOnly, Validation: &gwv1.BackendTLSPolicyValidation{
+		Hostname: "pods.example", CACertificateRefs: []gwv1.LocalObjectReference{{Kind: "ConfigMap", Name: "missing"}}}}
+	if xb, err = gw.ExperimentalV1alpha1().XBackends(ns).Update(ctx, xb, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	apply(input())
+	if got := generatedServices(); len(got) != 1 || got[0].Name != svc.Name {
+		t.Errorf("while the XBackend is invalid: %+v, want %s kept", got, svc.Name)
+	}
+	xb.Spec.TLS = nil
 
 	// The port changes again while the cache still holds the Service that
 	// a user's of the same name has replaced: the user's is left alone,
@@ -214,7 +229,8 @@ func TestApplyQuotaFull(t *testing.T) {
 }
 
 // TestApplyHandEdits: the generated Service follows the XBackend's
-// selector, a hand edit of its selector or ports is undone, and one
+// selector, a hand edit of its selector, ports or publishNotReadyAddresses
+// is undone, and one
 // deleted by hand is made again, owned by the XBackend (so the garbage
 // collector removes it with it).
 func TestApplyHandEdits(t *testing.T) {
@@ -269,6 +285,17 @@ func TestApplyHandEdits(t *testing.T) {
 	}
 	if s := apply("edited by hand"); s.Spec.Selector["app"] != "pods-v2" || s.Spec.Ports[0].TargetPort.IntValue() != 8080 {
 		t.Errorf("after a hand edit: selector %v, target port %v; want app=pods-v2, 8080", s.Spec.Selector, s.Spec.Ports[0].TargetPort)
+	}
+
+	// Published addresses of pods that are not ready would be marked
+	// ready in the EndpointSlices, and get requests.
+	edited = apply("before publishing addresses that are not ready")
+	edited.Spec.PublishNotReadyAddresses = true
+	if _, err := kube.CoreV1().Services(ns).Update(ctx, &edited, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if s := apply("publishing addresses that are not ready"); s.Spec.PublishNotReadyAddresses {
+		t.Errorf("after a hand edit of publishNotReadyAddresses: still true, want false")
 	}
 
 	if err := kube.CoreV1().Services(ns).Delete(ctx, first.Name, metav1.DeleteOptions{}); err != nil {

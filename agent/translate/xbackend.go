@@ -72,7 +72,10 @@ func (t *translator) evalXBackend(xb *gwxv1alpha1.XBackend) *xbackendEval {
 	}
 	noValidCA := t.xbackendTLS(e, mode, bad)
 
-	var egressDenied string
+	var (
+		egressDenied string
+		selected     []snapshot.Endpoint // an EndpointSelector's, whatever its validity
+	)
 	switch spec.Type {
 	case gwxv1alpha1.BackendTypeExternalHostname:
 		if spec.EndpointSelector != nil {
@@ -108,6 +111,13 @@ func (t *translator) evalXBackend(xb *gwxv1alpha1.XBackend) *xbackendEval {
 			bad("endpointSelector must be set when type is EndpointSelector")
 		} else if msg := selectorProblem(spec.EndpointSelector.MatchLabels); msg != "" {
 			bad("%s", msg)
+		} else if b.Ref.Port != 0 {
+			// The generated Service's lifecycle is tied to the XBackend
+			// (the API's implementer notes), not to the rest of its
+			// validity: an XBackend invalid for its TLS or protocol keeps
+			// it, so a fix takes effect at once rather than after a new
+			// Service and its EndpointSlices are made.
+			selected = t.selectorEndpoints(xb)
 		}
 	default:
 		bad("type %q is not ExternalHostname or EndpointSelector", spec.Type)
@@ -136,7 +146,7 @@ func (t *translator) evalXBackend(xb *gwxv1alpha1.XBackend) *xbackendEval {
 			b.Invalid = &snapshot.Invalid{Policy: e.ref, Reason: reason, Message: msg}
 		}
 	case gwxv1alpha1.BackendTypeEndpointSelector:
-		b.Endpoints = t.selectorEndpoints(xb)
+		b.Endpoints = selected
 	}
 	return e
 }

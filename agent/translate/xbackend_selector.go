@@ -23,7 +23,9 @@ import (
 // relies on its DNS name, clusterIP
 // None, selector = matchLabels, one port whose targetPort is port.number,
 // and a controller ownerReference to the XBackend so it goes with it. The
-// EndpointSlice controller then does the selecting.
+// EndpointSlice controller then does the selecting. The Service is wanted
+// while the XBackend's selector and port are valid, also when the
+// XBackend is invalid for another reason (evalXBackend).
 
 // maxMatchLabels is the CRD's maxProperties of endpointSelector.matchLabels.
 const maxMatchLabels = 64
