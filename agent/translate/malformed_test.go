@@ -114,6 +114,47 @@ func checkInvariants(t *testing.T, in translate.Input) {
 		t.Fatalf("Translate is not deterministic")
 	}
 	checkResult(t, res)
+	checkXBackends(t, in, res)
+}
+
+// checkXBackends checks that every XBackend's backend keeps what its spec
+// asks of the wire, or is Invalid: never plaintext where TLS is asked for,
+// never without the client certificate of ClientAndServer, and TLS exactly
+// where its protocol needs or forbids it (the CRD's rules).
+func checkXBackends(t *testing.T, in translate.Input, res translate.Result) {
+	t.Helper()
+	specs := map[types.NamespacedName][]*gwxv1alpha1.XBackend{}
+	for _, xb := range in.XBackends {
+		if xb != nil {
+			k := types.NamespacedName{Namespace: xb.Namespace, Name: xb.Name}
+			specs[k] = append(specs[k], xb)
+		}
+	}
+	for _, be := range res.Backends {
+		xbs := specs[types.NamespacedName{Namespace: be.Ref.Namespace, Name: be.Ref.Name}]
+		if be.Ref.Kind != snapshot.KindXBackend || len(xbs) != 1 || be.Invalid != nil {
+			continue // a duplicate name leaves which one won to translate
+		}
+		spec := xbs[0].Spec
+		mode := gwxv1alpha1.BackendTLSModeNone
+		if spec.TLS != nil {
+			mode = spec.TLS.Mode
+		}
+		switch {
+		case mode != gwxv1alpha1.BackendTLSModeNone && be.TLS == nil:
+			t.Errorf("XBackend %s: tls.mode %s, but a valid backend without TLS", be.Ref, mode)
+		case mode == gwxv1alpha1.BackendTLSModeNone && be.TLS != nil:
+			t.Errorf("XBackend %s: tls.mode None, but a backend with TLS", be.Ref)
+		case mode == gwxv1alpha1.BackendTLSModeClientAndServer && be.TLS.Mode != snapshot.TLSMutual:
+			t.Errorf("XBackend %s: ClientAndServer, but TLS mode %s", be.Ref, be.TLS.Mode)
+		case be.Protocol == snapshot.ProtocolH2C && be.TLS != nil,
+			(be.Protocol == snapshot.ProtocolHTTP2 || be.Protocol == snapshot.ProtocolWSS) && be.TLS == nil:
+			t.Errorf("XBackend %s: protocol %s with TLS %v", be.Ref, be.Protocol, be.TLS != nil)
+		}
+		if spec.Protocol != nil && string(be.Protocol) != string(*spec.Protocol) || spec.Protocol == nil && be.Protocol != snapshot.ProtocolAuto {
+			t.Errorf("XBackend %s: protocol %q, want the spec's %v", be.Ref, be.Protocol, spec.Protocol)
+		}
+	}
 }
 
 // checkResult checks the rules every Result keeps: ports whose backend
@@ -291,7 +332,7 @@ func randomInput(f *randfill.Filler) translate.Input {
 		pick[gwv1.CookieName](names), pick[gwv1.HeaderName](names), pick[gwv1.Duration]([]string{"1h", "0s", "bad"}),
 		pick[gwv1.CookieLifetimeType]([]string{"Permanent", "Session"}),
 		pick[gwxv1alpha1.BackendType]([]string{"ExternalHostname", "EndpointSelector", ""}),
-		pick[gwxv1alpha1.BackendProtocol]([]string{"HTTP2", "H2C", "WSS", "GRPC", "TCP", "bogus"}),
+		pick[gwxv1alpha1.BackendProtocol]([]string{"TCP", "HTTP", "HTTP2", "HTTP11", "H2C", "MCP", "GRPC", "WSS", "bogus"}),
 		pick[gwxv1alpha1.BackendTLSMode]([]string{"None", "ServerOnly", "ClientAndServer", ""}),
 		pick[gwv1.PathMatchType]([]string{"Exact", "PathPrefix", "RegularExpression", "", "Bogus"}),
 		pick[gwv1.HeaderMatchType]([]string{"Exact", "RegularExpression", ""}),
@@ -305,6 +346,40 @@ func randomInput(f *randfill.Filler) translate.Input {
 		pick[gwv1.GRPCHeaderMatchType]([]string{"Exact", "RegularExpression", ""}),
 		pick[gwv1.HTTPPathModifierType]([]string{"ReplaceFullPath", "ReplacePrefixMatch", ""}),
 		pickNumber[int32](ports), pickNumber[gwv1.PortNumber](ports), pickNumber[gwxv1alpha1.PortNumber](ports),
+		func(s *gwxv1alpha1.BackendSpec, c randfill.Continue) {
+			// Fields filled at random almost never make an XBackend the
+			// CRD accepts: most are built in its shape, from the values
+			// translate acts on, so checkXBackends meets accepted ones.
+			if c.Intn(4) == 0 {
+				c.FillNoCustom(s)
+				return
+			}
+			*s = gwxv1alpha1.BackendSpec{Port: gwxv1alpha1.BackendPort{Number: gwxv1alpha1.PortNumber(443)}}
+			if c.Intn(4) > 0 {
+				c.Fill(&s.Protocol)
+			}
+			if c.Intn(2) == 0 {
+				s.Type = gwxv1alpha1.BackendTypeExternalHostname
+				s.ExternalHostname = &gwxv1alpha1.ExternalHostnameBackend{Hostname: "a.example.com"}
+			} else {
+				s.Type = gwxv1alpha1.BackendTypeEndpointSelector
+				s.EndpointSelector = &gwxv1alpha1.EndpointSelectorBackend{LabelSelector: gwxv1alpha1.LabelSelector{
+					MatchLabels: map[gwv1.LabelKey]gwv1.LabelValue{"app": gwv1.LabelValue(names[c.Intn(len(names))])}}}
+			}
+			validation := &gwv1.BackendTLSPolicyValidation{Hostname: "a.example.com", WellKnownCACertificates: ptr(gwv1.WellKnownCACertificatesSystem)}
+			if c.Intn(2) == 0 {
+				validation = &gwv1.BackendTLSPolicyValidation{Hostname: "a.example.com", CACertificateRefs: []gwv1.LocalObjectReference{{Kind: "ConfigMap", Name: "ca"}}}
+			}
+			switch c.Intn(4) {
+			case 1:
+				s.TLS = &gwxv1alpha1.BackendTLS{Mode: gwxv1alpha1.BackendTLSModeNone}
+			case 2:
+				s.TLS = &gwxv1alpha1.BackendTLS{Mode: gwxv1alpha1.BackendTLSModeServerOnly, Validation: validation}
+			case 3:
+				s.TLS = &gwxv1alpha1.BackendTLS{Mode: gwxv1alpha1.BackendTLSModeClientAndServer, Validation: validation,
+					ClientCertificateRef: &gwv1.SecretObjectReference{Name: "client"}}
+			}
+		},
 	)
 	var in translate.Input
 	f.Fill(&in)
@@ -318,8 +393,22 @@ func randomInput(f *randfill.Filler) translate.Input {
 		"a.example.com": {netip.MustParseAddr("203.0.113.1"), netip.MustParseAddr("127.0.0.1"), {}},
 		"b":             nil,
 	}
+	// What the XBackends above refer to, and a Service standing for each
+	// name, so that valid ones are reached.
+	in.ConfigMaps = append(in.ConfigMaps, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "ca", Namespace: "apps"},
+		Data: map[string]string{"ca.crt": string(ca)}})
+	in.Secrets = append(in.Secrets, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "client", Namespace: "apps"},
+		Data: map[string][]byte{corev1.TLSCertKey: crt, corev1.TLSPrivateKeyKey: key}})
+	for i, name := range names {
+		in.Services = append(in.Services, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "xb-" + name, Namespace: "apps", Annotations: map[string]string{"sockmesh.io/xbackend": name}},
+			Spec:       corev1.ServiceSpec{ClusterIP: fmt.Sprintf("10.96.9.%d", i+1), Ports: []corev1.ServicePort{{Name: "p", Port: 80}}},
+		})
+	}
 	return in
 }
+
+func ptr[T any](v T) *T { return &v }
 
 func pick[T ~string](words []string) func(*T, randfill.Continue) {
 	return func(p *T, c randfill.Continue) { *p = T(words[c.Intn(len(words))]) }
