@@ -215,7 +215,9 @@
 //
 // Ancestors (XBackend status): the Services that stand for the XBackend
 // and the parent Services of accepted routes leading to it, group "", kind
-// Service. An XBackend nothing reaches has no ancestors. Accepted=False
+// Service. An XBackend nothing reaches has no ancestors. An
+// ExternalHostname XBackend without TLS is Accepted, with a message saying
+// its connections are cleartext (the API calls that insecure). Accepted=False
 // reasons: Invalid (what the CRD's rules would have refused), NoValidCACertificate,
 // EgressNotAllowed (not on Node.EgressAllow); ResolvedRefs=False:
 // InvalidCACertificateRef, InvalidKind, InvalidCertificateRef or

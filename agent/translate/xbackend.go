@@ -280,6 +280,13 @@ func (t *translator) captureXBackendService(svc *corev1.Service, name string) {
 func (t *translator) xbackendStatus() {
 	for k, e := range t.xbackends {
 		out := []gwxv1alpha1.BackendAncestorStatus{}
+		// The API: "the lack of TLS for external hostnames should be
+		// considered insecure and a security risk". Accepted, but said
+		// where the owner reads whether it works.
+		cleartext := ""
+		if e.xb.Spec.Type == gwxv1alpha1.BackendTypeExternalHostname && e.backend.TLS == nil {
+			cleartext = fmt.Sprintf("; tls is None, so they reach %s in cleartext, which the XBackend API considers insecure", e.backend.Hostname)
+		}
 		slices.SortFunc(e.fronts, func(a, b *corev1.Service) int {
 			return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
 		})
@@ -299,10 +306,10 @@ func (t *translator) xbackendStatus() {
 				c.set(condAccepted, false, e.accepted.Reason, e.accepted.Message)
 			case svc.Annotations[AnnotationXBackend] != e.xb.Name || svc.Namespace != e.xb.Namespace:
 				c.set(condAccepted, true, string(gwxv1alpha1.BackendReasonAccepted),
-					fmt.Sprintf("routes of Service %s/%s send requests to this XBackend", svc.Namespace, svc.Name))
+					fmt.Sprintf("routes of Service %s/%s send requests to this XBackend%s", svc.Namespace, svc.Name, cleartext))
 			default:
 				c.set(condAccepted, true, string(gwxv1alpha1.BackendReasonAccepted),
-					fmt.Sprintf("connections to Service %s/%s go to this XBackend", svc.Namespace, svc.Name))
+					fmt.Sprintf("connections to Service %s/%s go to this XBackend%s", svc.Namespace, svc.Name, cleartext))
 			}
 			if e.resolvedRefs != nil {
 				c.set(condResolvedRefs, false, e.resolvedRefs.Reason, e.resolvedRefs.Message)
