@@ -274,7 +274,7 @@ func randomInput(f *randfill.Filler) translate.Input {
 	ca, _ := os.ReadFile(filepath.Join("testdata", "certs", "ca.pem"))
 	crt, _ := os.ReadFile(filepath.Join("testdata", "certs", "client.pem"))
 	key, _ := os.ReadFile(filepath.Join("testdata", "certs", "client-key.pem"))
-	names := []string{"a", "b", "web"}
+	names := []string{"a", "b", "web", "api.v2", "2fa"} // XBackend names need not be Service names
 	words := []string{
 		"", "a", "b", "web", "https", "http", "None", "10.96.0.1", "10.96.0.2", "fd00::1", "10.244.0.1",
 		"fd00:244::1", "127.0.0.1", "not-an-ip", "a.example.com", "kubernetes.io/h2c", "kubernetes.io/ws",
