@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -115,6 +116,22 @@ func checkInvariants(t *testing.T, in translate.Input) {
 	}
 	checkResult(t, res)
 	checkXBackends(t, in, res)
+	checkStatusWithoutDNS(t, in, res)
+}
+
+// checkStatusWithoutDNS translates again with no DNS answers and requires
+// the same status: DNS answers are node-local, and the elected agent
+// writes the status every agent would.
+func checkStatusWithoutDNS(t *testing.T, in translate.Input, first translate.Result) {
+	t.Helper()
+	in.Resolved = nil
+	res, err := translate.Translate(in)
+	if err != nil {
+		t.Fatalf("Translate without DNS answers: %v", err)
+	}
+	if diff := cmp.Diff(toGolden(first).Status, toGolden(res).Status, cmpOpts...); diff != "" {
+		t.Errorf("status depends on this node's DNS answers (-with +without):\n%s", diff)
+	}
 }
 
 // checkXBackends checks that every XBackend's backend keeps what its spec

@@ -122,6 +122,7 @@ func TestTranslate(t *testing.T) {
 			checkDeterministic(t, input, res)
 			checkChangesAt(t, input, res)
 			checkResult(t, res)
+			checkStatusWithoutDNS(t, input, res)
 			got := toGolden(res)
 			out := strings.TrimSuffix(in, ".in.yaml") + ".out.yaml"
 			if *update {

@@ -282,9 +282,11 @@ func (t *translator) xbackendStatus() {
 		out := []gwxv1alpha1.BackendAncestorStatus{}
 		// The API: "the lack of TLS for external hostnames should be
 		// considered insecure and a security risk". Accepted, but said
-		// where the owner reads whether it works.
+		// where the owner reads whether it works. From the spec: the
+		// backend also lacks TLS when this node's DNS fails it, which
+		// stays out of status.
 		cleartext := ""
-		if e.xb.Spec.Type == gwxv1alpha1.BackendTypeExternalHostname && e.backend.TLS == nil {
+		if spec := e.xb.Spec; spec.Type == gwxv1alpha1.BackendTypeExternalHostname && (spec.TLS == nil || spec.TLS.Mode == gwxv1alpha1.BackendTLSModeNone) {
 			cleartext = fmt.Sprintf("; tls is None, so they reach %s in cleartext, which the XBackend API considers insecure", e.backend.Hostname)
 		}
 		slices.SortFunc(e.fronts, func(a, b *corev1.Service) int {
