@@ -171,9 +171,8 @@ func (s *h1Conn) prepare(req *http.Request, be *upstream.Backend, websocket bool
 		keepUserAgent(req) // for Request.Write (writeRequest)
 		keepTrailers(req)
 	}
-	if be.Spec.Hostname != "" {
-		// An ExternalHostname backend's own name is the authority it serves.
-		req.Host = be.Spec.Hostname
+	if be.Authority != "" {
+		req.Host = be.Authority
 	}
 	// As the app sent it also where net/http writes the target from the
 	// URL (a request with a body, an HTTP/2 backend, a mirror).

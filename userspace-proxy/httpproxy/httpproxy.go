@@ -401,10 +401,8 @@ func outgoing(r *http.Request, be *upstream.Backend, c *balance.Choice, websocke
 	out.URL.Opaque = sentPath(r.RequestURI)
 	out.RequestURI = ""
 	out.Close = false
-	if be.Spec.Hostname != "" {
-		// An ExternalHostname backend's own name is the authority it serves;
-		// the app addressed the Service, whose name the external host does not know.
-		out.Host = be.Spec.Hostname
+	if be.Authority != "" {
+		out.Host = be.Authority
 	}
 	if r.ContentLength == 0 {
 		out.Body = nil // Transport then sends no body and can retry

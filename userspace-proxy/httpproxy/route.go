@@ -173,8 +173,8 @@ func (h *Handler) applyRoute(x *exchange, out *http.Request, host string, expect
 // change): the API makes that the Host sent upstream. Its TLS server name
 // stays the backend's.
 func externalAuthority(r *http.Request, be *upstream.Backend, d *routes.Decision) {
-	if name := be.Spec.Hostname; name != "" && !d.SetsAuthority() {
-		r.Host = name
+	if be.Authority != "" && !d.SetsAuthority() {
+		r.Host = be.Authority
 	}
 }
 

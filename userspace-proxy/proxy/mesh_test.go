@@ -42,7 +42,12 @@ type mesh struct {
 // backend adds Service b/name port 80 with be's properties, reachable as a
 // route backend; it returns its reference.
 func (m *mesh) backend(name string, be snapshot.Backend) snapshot.BackendRef {
-	be.Ref = snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: name, Port: 80}
+	return m.backendOn(name, 80, be)
+}
+
+// backendOn is backend on port.
+func (m *mesh) backendOn(name string, port uint16, be snapshot.Backend) snapshot.BackendRef {
+	be.Ref = snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: name, Port: port}
 	m.backends = append(m.backends, be)
 	return be.Ref
 }

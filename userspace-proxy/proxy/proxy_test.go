@@ -617,23 +617,40 @@ func TestBurstKeepsUpstreamConnections(t *testing.T) {
 // TestExternalHostnameAuthority: an ExternalHostname backend gets its own
 // name as the request's authority whatever the app speaks, over TLS and
 // cleartext (relayed bytes could not carry the rewrite: such backends
-// take the L7 path).
+// take the L7 path), with its port when that is not the scheme's default
+// (RFC 9110 §7.2): a bare name means 443 or 80, and a virtual host on
+// another port would not be found.
 func TestExternalHostnameAuthority(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
 	const external = "api.partner.test"
 	tlsBE := startEcho(t, "partner-tls", serverTLS(e.pki.server))
 	clearBE := startEcho(t, "partner-clear", nil)
-	vTLS, vClear := netip.MustParseAddrPort("10.96.1.101:80"), netip.MustParseAddrPort("10.96.1.102:80")
-	e.p.Update(buildSnapshot(t, 1,
-		service{name: "partner-tls", vip: vTLS, backend: snapshot.Backend{Hostname: external, TLS: tlsPolicy(e), Endpoints: endpoints(tlsBE.addr)}},
-		service{name: "partner-clear", vip: vClear, backend: snapshot.Backend{Hostname: external, Endpoints: endpoints(clearBE.addr)}},
-	))
-	for _, dst := range []netip.AddrPort{vTLS, vClear} {
+	// The harness takes a backend's port (the XBackend's) from its VIP's.
+	cases := []struct {
+		vip  netip.AddrPort
+		tls  bool
+		want string
+	}{
+		{netip.MustParseAddrPort("10.96.1.101:443"), true, external},
+		{netip.MustParseAddrPort("10.96.1.102:80"), false, external},
+		{netip.MustParseAddrPort("10.96.1.103:8443"), true, external + ":8443"},
+		{netip.MustParseAddrPort("10.96.1.104:443"), false, external + ":443"},
+	}
+	var svcs []service
+	for i, c := range cases {
+		be := snapshot.Backend{Hostname: external, Endpoints: endpoints(clearBE.addr)}
+		if c.tls {
+			be.TLS, be.Endpoints = tlsPolicy(e), endpoints(tlsBE.addr)
+		}
+		svcs = append(svcs, service{name: fmt.Sprintf("partner-%d", i), vip: c.vip, backend: be})
+	}
+	e.p.Update(buildSnapshot(t, 1, svcs...))
+	for _, c := range cases {
 		for _, h2c := range []bool{false, true} {
-			code, rep := get(t, e.client(dst, h2c), "http://partner.b.svc/p")
-			if code != http.StatusOK || rep.Host != external {
-				t.Errorf("%s h2c-client=%v: status %d, backend saw host %q; want 200, %s", dst, h2c, code, rep.Host, external)
+			code, rep := get(t, e.client(c.vip, h2c), "http://partner.b.svc/p")
+			if code != http.StatusOK || rep.Host != c.want {
+				t.Errorf("%s (TLS %v) h2c-client=%v: status %d, backend saw host %q; want 200, %s", c.vip, c.tls, h2c, code, rep.Host, c.want)
 			}
 		}
 	}
@@ -653,7 +670,7 @@ func TestExternalHostnameRouteAuthority(t *testing.T) {
 		t.Run(k.name, func(t *testing.T) {
 			e := newEnv(t, envOptions{http1TLS: k.path})
 			m := &mesh{t: t}
-			partner := m.backend("partner", snapshot.Backend{Hostname: external, TLS: tlsPolicy(e),
+			partner := m.backendOn("partner", 443, snapshot.Backend{Hostname: external, TLS: tlsPolicy(e),
 				Endpoints: endpoints(startEcho(t, "partner-0", serverTLS(e.pki.server)).addr)})
 			shadow := startRecorder(t, nil, nil)
 			mirrors := []snapshot.Mirror{{Backend: m.backend("shadow", snapshot.Backend{Hostname: mirrorExternal,

@@ -159,7 +159,7 @@ func (p *Proxy) choosePath(kind sniff.Kind, fe *snapshot.Frontend, be *upstream.
 	if be.Err != nil || be.Picker.Len() == 0 || be.Spec.SessionPersistence != nil || be.Spec.Protocol == snapshot.ProtocolMCP {
 		return l7 // the app gets a 503 it can read, or a sticky endpoint (an MCP session's too)
 	}
-	if be.Spec.Hostname != "" {
+	if be.Authority != "" {
 		return l7 // an external host gets its own name as authority
 	}
 	if !acceptsAsIs(be.Spec.Protocol, tls, kind) {

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/netip"
 	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -193,12 +194,34 @@ type Backend struct {
 	Budget *retrybudget.Budget
 	// Err is non-nil (a *FailClosedError) when the backend must fail closed.
 	Err error
-	w   *wireState
+	// Authority is the Host an ExternalHostname backend's requests carry
+	// (the app addressed the Service, whose name the external host does
+	// not know); "" for other backends, whose requests keep the app's.
+	Authority string
+	w         *wireState
 	// affinity pins clients to endpoints (the Service's sessionAffinity
 	// ClientIP), kept across snapshots while its timeout is; nil without.
 	affinity *balance.Affinity
 	// reported is set by the first FirstFailure call.
 	reported atomic.Bool
+}
+
+// authority is spec's Authority: an ExternalHostname backend's name, with
+// its port unless that is the scheme's default (RFC 9110 §7.2: a Host
+// without a port means the default, so a virtual host on 8443 would
+// not be found).
+func authority(spec *snapshot.Backend) string {
+	if spec.Hostname == "" {
+		return ""
+	}
+	def := uint16(80)
+	if spec.TLS != nil {
+		def = 443
+	}
+	if spec.Ref.Port == def {
+		return spec.Hostname
+	}
+	return net.JoinHostPort(spec.Hostname, strconv.Itoa(int(spec.Ref.Port)))
 }
 
 // FirstFailure reports true once per Backend (hence once per snapshot): the
@@ -252,7 +275,7 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 			prevBudget, prevAffinity = old.Budget, old.affinity
 		}
 		aff := balance.CarryAffinity(prevAffinity, spec.ClientIPAffinitySeconds)
-		b := &Backend{Spec: spec, Picker: balance.New(spec, p.health, aff), affinity: aff}
+		b := &Backend{Spec: spec, Picker: balance.New(spec, p.health, aff), affinity: aff, Authority: authority(spec)}
 		set.byRef[spec.Ref] = b
 		b.Budget = retrybudget.Carry(prevBudget, spec.RetryConstraint, time.Now())
 		if spec.Invalid != nil {
