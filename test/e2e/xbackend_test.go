@@ -85,8 +85,9 @@ func testXBackendServerOnly(s *scenario) {
 	})
 	rep := s.get(svc.url(false, 80, "/server-only"))
 	s.checkTLS(rep, hostname)
-	if rep.Host != hostname {
-		s.t.Errorf("external backend saw authority %q, want its own name %s", rep.Host, hostname)
+	// Its name and its port, not TLS's default (RFC 9110 §7.2).
+	if want := fmt.Sprintf("%s:%d", hostname, xbackendPort); rep.Host != want {
+		s.t.Errorf("external backend saw authority %q, want its own %s", rep.Host, want)
 	}
 	s.checkFromNode(rep, b.pod)
 	if rep.TLS != nil && len(rep.TLS.PeerCertificates) != 0 {
