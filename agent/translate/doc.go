@@ -72,13 +72,18 @@
 // namespace/name, rule order and match order. GRPCRoute: service
 // characters, method characters, header count, then the same tie breaks;
 // its service/method matches become paths ("/svc/method" Exact, "/svc"
-// PathPrefix, or an anchored regular expression). Regular expressions are
-// RE2 (Go's regexp) matching the whole value, checked here; the proxy
-// compiles them once per snapshot. A rule without matches matches every
-// request; an HTTPRoute without rules gets the CRD's default rule.
+// PathPrefix, or an anchored regular expression); an Exact service written
+// fully qualified (".pkg.Svc") loses its leading dot, which gRPC paths
+// never carry. Regular expressions are RE2 (Go's regexp) matching the
+// whole value, checked here; the proxy compiles them once per snapshot. A
+// GRPCRoute's service or method expression keeps that meaning inside the
+// path expression: "^" and "$" at its edges are removed, and one elsewhere
+// ("a*^b") drops the rule (segmentRegex). A rule without matches matches
+// every request; an HTTPRoute without rules gets the CRD's default rule.
 //
 // Rules keep their filters in the Snapshot: request and response header
-// modifiers (rule and backendRef level), RequestRedirect (scheme,
+// modifiers (rule and backendRef level; a GRPCRoute's binary "-bin"
+// metadata values must be base64 as gRPC decodes it), RequestRedirect (scheme,
 // hostname, path, port, statusCode), URLRewrite (hostname, path),
 // RequestMirror (percent or fraction), and, for HTTPRoutes, CORS and
 // ExternalAuth, HTTP and GRPC protocols (rule level only: a backendRef's

@@ -222,7 +222,14 @@ type conformanceCase struct {
 
 func newConformanceCase(t *testing.T, name string) *conformanceCase {
 	t.Helper()
-	in := loadInput(t, "testdata/conformance/"+name+".in.yaml")
+	return newDecisionCase(t, "testdata/conformance/"+name+".in.yaml")
+}
+
+// newDecisionCase translates the fixture at path and compiles its routes
+// as the proxy does.
+func newDecisionCase(t *testing.T, path string) *conformanceCase {
+	t.Helper()
+	in := loadInput(t, path)
 	res, err := translate.Translate(in)
 	if err != nil {
 		t.Fatal(err)

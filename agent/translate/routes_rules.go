@@ -2,8 +2,10 @@ package translate
 
 import (
 	"cmp"
+	"encoding/base64"
 	"fmt"
 	"regexp"
+	"regexp/syntax"
 	"slices"
 	"strings"
 	"time"
@@ -184,6 +186,10 @@ func grpcMatch(m gwv1.GRPCRouteMatch) (routeMatch, string) {
 					return rm, fmt.Sprintf("method.%s: exact value %q must match %s", v.field, *v.value, v.re)
 				}
 			}
+			// The CRD lets a service be written fully qualified, as protobuf
+			// does (".pkg.Svc"); gRPC paths never carry that dot, so it
+			// names the same service as "pkg.Svc".
+			service = strings.TrimPrefix(service, ".")
 			switch {
 			case method == "":
 				// Every gRPC path of the service: "/service" element by element.
@@ -204,7 +210,11 @@ func grpcMatch(m gwv1.GRPCRouteMatch) (routeMatch, string) {
 				if problem := regexProblem(v, 1024); problem != "" {
 					return rm, "method: " + problem
 				}
-				parts[i] = "(?:" + v + ")"
+				expr, problem := segmentRegex(v)
+				if problem != "" {
+					return rm, fmt.Sprintf("method.%s: %s", []string{"service", "method"}[i], problem)
+				}
+				parts[i] = "(?:" + expr + ")"
 			}
 			rm.m.Path = snapshot.PathMatch{Type: snapshot.PathRegularExpression, Value: "/" + parts[0] + "/" + parts[1]}
 		default:
@@ -229,6 +239,68 @@ func grpcMatch(m gwv1.GRPCRouteMatch) (routeMatch, string) {
 	}
 	rm.key.headers = len(rm.m.Headers)
 	return rm, ""
+}
+
+// segmentRegex rewrites expr, an RE2 expression that matches a whole
+// gRPC service or method, for its place inside the path expression
+// "/service/method". "^" and "$" (\A, \z; with (?m), line anchors) where
+// they start or end the expression hold there by definition, and are
+// removed: at the value's edges they are what users write, and left in,
+// the path expression could never meet them. An anchor elsewhere
+// ("a*^b") could hold at the value's start or end only through empty
+// matches around it, which no path expression can say: it is refused.
+// Word boundaries need nothing: "/" and the path's end are no word
+// characters, as the value's edges are not. expr comes back as written
+// when it has no anchor.
+func segmentRegex(expr string) (string, string) {
+	re, err := syntax.Parse(expr, syntax.Perl) // as regexp.Compile parses
+	if err != nil || !hasAnchor(re) {
+		return expr, ""
+	}
+	re = trimAnchors(re, true)
+	re = trimAnchors(re, false)
+	if hasAnchor(re) {
+		return "", fmt.Sprintf("regular expression %q has an anchor (^, $, \\A, \\z) inside: anchors may only start or end it", expr)
+	}
+	return re.String(), ""
+}
+
+// trimAnchors removes the anchors that start (leading) or end re: those at
+// its edge, in either branch of an alternation and through groups.
+func trimAnchors(re *syntax.Regexp, leading bool) *syntax.Regexp {
+	switch re.Op {
+	case syntax.OpBeginText, syntax.OpBeginLine:
+		if leading {
+			return &syntax.Regexp{Op: syntax.OpEmptyMatch}
+		}
+	case syntax.OpEndText, syntax.OpEndLine:
+		if !leading {
+			return &syntax.Regexp{Op: syntax.OpEmptyMatch}
+		}
+	case syntax.OpAlternate:
+		for i, sub := range re.Sub {
+			re.Sub[i] = trimAnchors(sub, leading)
+		}
+	case syntax.OpCapture:
+		re.Sub[0] = trimAnchors(re.Sub[0], leading)
+	case syntax.OpConcat:
+		i := 0
+		if !leading {
+			i = len(re.Sub) - 1
+		}
+		if re.Sub[i] = trimAnchors(re.Sub[i], leading); re.Sub[i].Op == syntax.OpEmptyMatch && len(re.Sub) > 1 {
+			re.Sub = slices.Delete(re.Sub, i, i+1) // no "(?:)" in what the snapshot shows
+		}
+	}
+	return re
+}
+
+func hasAnchor(re *syntax.Regexp) bool {
+	switch re.Op {
+	case syntax.OpBeginText, syntax.OpEndText, syntax.OpBeginLine, syntax.OpEndLine:
+		return true
+	}
+	return slices.ContainsFunc(re.Sub, hasAnchor)
 }
 
 // grpcServiceName and grpcMethodName are the GRPCMethodMatch CRD's
@@ -447,9 +519,9 @@ func (rb *routeBuilder) filters(b *ruleBuild, where string, fs []filterIn) snaps
 		case typ == gwv1.HTTPRouteFilterCORS:
 			out.CORS = cors(b, at+".cors", f.cors)
 		case typ == gwv1.HTTPRouteFilterRequestHeaderModifier:
-			out.RequestHeaders = headerModifier(b, at+".requestHeaderModifier", f.reqHeaders)
+			out.RequestHeaders = headerModifier(b, at+".requestHeaderModifier", f.reqHeaders, rb.kind)
 		case typ == gwv1.HTTPRouteFilterResponseHeaderModifier:
-			out.ResponseHeaders = headerModifier(b, at+".responseHeaderModifier", f.respHeaders)
+			out.ResponseHeaders = headerModifier(b, at+".responseHeaderModifier", f.respHeaders, rb.kind)
 		case typ == gwv1.HTTPRouteFilterRequestRedirect:
 			out.Redirect = redirect(b, at+".requestRedirect", f.redirect)
 		case typ == gwv1.HTTPRouteFilterURLRewrite:
@@ -479,11 +551,12 @@ func knownFilter(kind snapshot.RouteKind, typ gwv1.HTTPRouteFilterType) bool {
 	return false
 }
 
-// headerModifier converts a header filter. Each name may appear in one
-// action only (the API calls other filters invalid); names set or added
-// must be header names, and values printable, so no filter can inject a
-// header line.
-func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter) *snapshot.HeaderModifier {
+// headerModifier converts a header filter of a route of kind. Each name
+// may appear in one action only (the API calls other filters invalid);
+// names set or added must be header names, and values printable, so no
+// filter can inject a header line. A GRPCRoute's headers are gRPC
+// metadata, whose binary ("-bin") values must be base64.
+func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter, kind snapshot.RouteKind) *snapshot.HeaderModifier {
 	out := &snapshot.HeaderModifier{}
 	names := map[string]bool{}
 	// name reports whether n may be changed; remove says it is to be
@@ -516,6 +589,11 @@ func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter) *snapshot
 				b.badf("%s.%s: value of %q %s", at, action, h.Name, headerValueRule)
 				continue
 			}
+			if kind == snapshot.KindGRPCRoute && snapshot.IsBinaryHeader(string(h.Name)) && !grpcBinaryValue(h.Value) {
+				b.badf("%s.%s: value of binary metadata %q is not base64 (comma-separated values, padded or not, no spaces): "+
+					"gRPC receivers would fail every call INTERNAL", at, action, h.Name)
+				continue
+			}
 			out = append(out, snapshot.Header{Name: string(h.Name), Value: h.Value})
 		}
 		return out
@@ -533,6 +611,23 @@ func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter) *snapshot
 		}
 	}
 	return out
+}
+
+// grpcBinaryValue reports whether gRPC receivers decode v, a binary
+// header's value: comma-separated base64, each padded to a multiple of 4
+// or not at all (PROTOCOL-HTTP2.md; grpc-go takes nothing else, spaces
+// included). snapshot.BinaryValue is laxer, as befits reading a client's.
+func grpcBinaryValue(v string) bool {
+	for p := range strings.SplitSeq(v, ",") {
+		enc := base64.RawStdEncoding
+		if len(p)%4 == 0 {
+			enc = base64.StdEncoding
+		}
+		if _, err := enc.DecodeString(p); err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // cors converts a CORS filter, with the CRD's rules: lists are sets of at

@@ -1,0 +1,52 @@
+package translate_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
+)
+
+// TestGRPCMethodForms checks, on the Snapshot translate builds from
+// testdata/gamma/grpc-method-forms.in.yaml and as the proxy decides, that
+// GRPCRoute service and method matches take the paths gRPC clients send:
+// regular expressions anchored with "^" and "$" (which matched nothing
+// once joined into one path expression), a service written fully
+// qualified with a leading dot (which matched nothing as "/.pkg.Svc"),
+// and that a rule writing a binary header gRPC cannot decode answers
+// UNAVAILABLE rather than forwarding calls the backend fails INTERNAL.
+func TestGRPCMethodForms(t *testing.T) {
+	c := newDecisionCase(t, "testdata/gamma/grpc-method-forms.in.yaml")
+	set := c.set(t, "", "10.96.18.1:7070")
+	for _, tc := range []struct {
+		path string
+		rule string // the rule forwarding the call; "" for none
+		why  routes.Reason
+	}{
+		{path: "/grpc.health.v1.Health/Check", rule: "anchored"},
+		{path: "/grpc.health.v1.Health/Watch", rule: "anchored"},
+		{path: "/grpc.health.v1.Health/CheckAll", why: routes.ReasonNoMatch},
+		{path: "/xgrpc.health.v1.Health/Check", why: routes.ReasonNoMatch},
+		{path: "/shop.v1.Cart/Add", rule: "anchored-alternatives"},
+		{path: "/SHOP.V1.CART/Add", rule: "anchored-alternatives"},
+		{path: "/shop.v2.Cart/Add", rule: "anchored-alternatives"},
+		{path: "/shop.v2.CartX/Add", why: routes.ReasonNoMatch},
+		{path: "/pkg.Orders/Get", rule: "fully-qualified"},
+		{path: "/pkg.Orders/Put", why: routes.ReasonNoMatch},
+		{path: "/pkg.Stock/Count", rule: "fully-qualified-service-only"},
+		{path: "/b/Any", why: routes.ReasonNoMatch}, // inner-anchor is dropped
+		{path: "/meta.Ok/Any", rule: "binary-metadata"},
+		{path: "/meta.Bad/Any", why: routes.ReasonInvalidRule},
+		{path: "/meta.BadResponse/Any", why: routes.ReasonInvalidRule},
+	} {
+		req := routes.Request{Method: http.MethodPost, Path: tc.path, Host: "echo", Header: http.Header{"Content-Type": {"application/grpc"}}}
+		var d routes.Decision
+		set.Decide(&req, routes.GlobalRand{}, &d)
+		switch {
+		case tc.rule != "" && (d.Action != routes.Forward || d.Rule.Name != tc.rule):
+			t.Errorf("%s: %v (%s, rule %+v), want Forward by rule %s", tc.path, d.Action, d.Reason, d.Rule, tc.rule)
+		case tc.rule == "" && (d.Action != routes.Respond || d.Reason != tc.why):
+			t.Errorf("%s: %v (%s), want Respond %s", tc.path, d.Action, d.Reason, tc.why)
+		}
+	}
+}
