@@ -227,7 +227,7 @@ func resolveService(ctx context.Context, kube kubernetes.Interface, q *explain.Q
 		// The agent holds only what it captures: it could only answer that
 		// no policy applies.
 		if why := describe.NoClusterIP(s); why != "" {
-			return nil, fmt.Errorf("Service %s/%s %s", s.Namespace, s.Name, why)
+			return nil, fmt.Errorf("service %s/%s %s", s.Namespace, s.Name, why)
 		}
 		svc = s
 		for _, ip := range svc.Spec.ClusterIPs {

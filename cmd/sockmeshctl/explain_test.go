@@ -92,8 +92,8 @@ func TestExplainWithoutClusterIP(t *testing.T) {
 		must.Succeed(t)(kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: spec}, metav1.CreateOptions{}))
 	}
 	for _, c := range []struct{ dst, want string }{
-		{"ext:80", "Service app/ext is an ExternalName Service, a DNS alias for db.example.com with no ClusterIP, so sockmesh never captures connections to it"},
-		{"headless:80", "Service app/headless is headless (clusterIP None): clients connect to its pods' addresses directly, so sockmesh never captures connections to it"},
+		{"ext:80", "service app/ext is an ExternalName Service, a DNS alias for db.example.com with no ClusterIP, so sockmesh never captures connections to it"},
+		{"headless:80", "service app/headless is headless (clusterIP None): clients connect to its pods' addresses directly, so sockmesh never captures connections to it"},
 		// An unnamed port was listed as "/80".
 		{"plain:8080", "no port 8080 in Service app/plain (ports: 80)"},
 	} {

@@ -230,7 +230,7 @@ func TestStatusAllNodesScheduled(t *testing.T) {
 	agentPod := func(name, nodeName string, running bool) {
 		t.Helper()
 		no := false
-		p := must.Value[*corev1.Pod](t)(kube.CoreV1().Pods(agentNS).Create(ctx, &corev1.Pod{
+		must.Value[*corev1.Pod](t)(kube.CoreV1().Pods(agentNS).Create(ctx, &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: agentNS, Labels: map[string]string{
 				"app.kubernetes.io/name": "sockmesh", "app.kubernetes.io/component": "agent"}},
 			Spec: corev1.PodSpec{AutomountServiceAccountToken: &no, Containers: []corev1.Container{{Name: "agent", Image: "registry.invalid/sockmesh:1"}},
@@ -243,7 +243,7 @@ func TestStatusAllNodesScheduled(t *testing.T) {
 		}
 		must.Succeed(t)(nil, kube.CoreV1().Pods(agentNS).Bind(ctx, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: agentNS},
 			Target: corev1.ObjectReference{Kind: "Node", Name: nodeName}}, metav1.CreateOptions{}))
-		p = must.Value[*corev1.Pod](t)(kube.CoreV1().Pods(agentNS).Get(ctx, name, metav1.GetOptions{}))
+		p := must.Value[*corev1.Pod](t)(kube.CoreV1().Pods(agentNS).Get(ctx, name, metav1.GetOptions{}))
 		p.Status = corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
 		must.Succeed(t)(kube.CoreV1().Pods(agentNS).UpdateStatus(ctx, p, metav1.UpdateOptions{}))
 	}
