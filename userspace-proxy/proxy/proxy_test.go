@@ -1678,7 +1678,11 @@ func TestSessionPersistence(t *testing.T) {
 }
 
 // TestSnapshotSwapUnderLoad: clients keep sending while snapshots move the
-// Service between two endpoint sets; no request fails.
+// Service between two endpoint sets, a's and b's; no request fails. On the
+// L7 paths each request uses the latest snapshot, kept-alive connection or
+// not (httpproxy.Target): one made wholly while a snapshot was the latest
+// reaches that snapshot's endpoint. An L4 relay keeps the endpoint it
+// dialed, by design.
 func TestSnapshotSwapUnderLoad(t *testing.T) {
 	checkNoLeaks(t)
 	for _, path := range []proxy.HTTP1TLSPath{proxy.HTTP1TLSL7, proxy.HTTP1TLSL4, proxy.HTTP1TLSPooled} {
@@ -1686,15 +1690,28 @@ func TestSnapshotSwapUnderLoad(t *testing.T) {
 			e := newEnv(t, envOptions{http1TLS: path})
 			a := startEcho(t, "a", serverTLS(e.pki.server))
 			b := startEcho(t, "b", serverTLS(e.pki.server))
-			snap := func(v uint64, addr netip.AddrPort) *snapshot.Snapshot {
+			// Odd versions send to a, even ones to b.
+			podOf := func(v uint64) string { return [2]string{"b", "a"}[v%2] }
+			snap := func(v uint64) *snapshot.Snapshot {
+				addr := a.addr
+				if podOf(v) == "b" {
+					addr = b.addr
+				}
 				return buildSnapshot(t, v, service{name: "echo", vip: vip, backend: snapshot.Backend{TLS: tlsPolicy(e), Endpoints: endpoints(addr)}})
 			}
-			e.p.Update(snap(1, a.addr))
+			// applied is the version the proxy serves and no newer one
+			// has begun to replace; 0 while an update is under way. A
+			// request that reads the same version as it starts and once
+			// its answer is read was routed under that version.
+			var applied atomic.Uint64
+			e.p.Update(snap(1))
+			applied.Store(1)
+			var mu sync.Mutex
+			answered := sync.NewCond(&mu)
+			within := map[uint64]int{} // requests made wholly under each version
+			var failures, strays []string
 			var wg sync.WaitGroup
 			stop := make(chan struct{})
-			var mu sync.Mutex
-			seen := map[string]int{}
-			var failures []string
 			for range 4 {
 				wg.Go(func() {
 					cl := e.client(vip, false)
@@ -1704,50 +1721,53 @@ func TestSnapshotSwapUnderLoad(t *testing.T) {
 							return
 						default:
 						}
+						v := applied.Load()
 						resp, err := cl.Get("http://echo.b.svc/")
-						if err != nil {
-							mu.Lock()
-							failures = append(failures, err.Error())
-							mu.Unlock()
-							continue
+						var body []byte
+						if err == nil {
+							body, err = io.ReadAll(resp.Body)
+							resp.Body.Close()
 						}
-						b, _ := io.ReadAll(resp.Body)
-						resp.Body.Close()
 						mu.Lock()
-						if resp.StatusCode != http.StatusOK {
+						switch {
+						case err != nil:
+							failures = append(failures, err.Error())
+						case resp.StatusCode != http.StatusOK:
 							failures = append(failures, resp.Status)
-						} else if bytes.Contains(b, []byte(`"pod":"a"`)) {
-							seen["a"]++
-						} else {
-							seen["b"]++
+						case v != 0 && applied.Load() == v:
+							within[v]++
+							want := podOf(v)
+							if path != proxy.HTTP1TLSL4 && !bytes.Contains(body, fmt.Appendf(nil, `"pod":%q`, want)) {
+								strays = append(strays, fmt.Sprintf("version %d (pod %s) answered by: %s", v, want, body))
+							}
 						}
 						mu.Unlock()
+						answered.Broadcast()
 					}
 				})
 			}
 			for v := uint64(2); v < 40; v++ {
-				addr := a.addr
-				if v%2 == 1 {
-					addr = b.addr
+				applied.Store(0)
+				e.p.Update(snap(v))
+				applied.Store(v)
+				// Some requests made wholly under this version before the
+				// next. Counting answers alone let clients that ran ahead
+				// of a descheduled test goroutine satisfy every later
+				// wait at once: the swaps then came back to back, with no
+				// request routed while b was the latest.
+				mu.Lock()
+				for within[v] < 5 && len(failures) == 0 {
+					answered.Wait()
 				}
-				e.p.Update(snap(v, addr))
-				// Let some requests through on this version before the next.
-				for {
-					mu.Lock()
-					n := seen["a"] + seen["b"]
-					mu.Unlock()
-					if n >= int(v)*5 {
-						break
-					}
-				}
+				mu.Unlock()
 			}
 			close(stop)
 			wg.Wait()
 			if len(failures) > 0 {
 				t.Fatalf("%d requests failed during swaps, first: %s", len(failures), failures[0])
 			}
-			if path != proxy.HTTP1TLSL4 && (seen["a"] == 0 || seen["b"] == 0) {
-				t.Errorf("L7 requests did not follow the swaps: %v", seen)
+			if len(strays) > 0 {
+				t.Errorf("%d L7 requests did not follow the swaps, first: %s", len(strays), strays[0])
 			}
 		})
 	}
