@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"os"
 	"sync"
 	"syscall"
 	"testing"
@@ -300,8 +299,12 @@ func newEnv(t testing.TB, o envOptions) *env {
 		HTTP1TLS: o.http1TLS,
 		// A silent client is judged opaque after this: generous, as
 		// only TestServerFirstProtocol's apps wait for the server.
-		SniffTimeout:      cmp.Or(o.sniffTimeout, 2*time.Second),
-		Dial:              dial.Config{Unmarked: os.Geteuid() != 0, Timeout: o.dialTimeout},
+		SniffTimeout: cmp.Or(o.sniffTimeout, 2*time.Second),
+		// Unmarked as root or not: no datapath captures these tests'
+		// connections (ServeConn is handed the destination), so a mark
+		// would change nothing but need CAP_NET_ADMIN. That the proxy's
+		// dials carry mark.Proxy is dial.TestDirectMarks' to check.
+		Dial:              dial.Config{Unmarked: true, Timeout: o.dialTimeout},
 		MaxConnsPerClient: o.maxConnsPerClient,
 		RebalanceSpread:   o.rebalanceSpread,
 		ParkAfter:         o.parkAfter,
