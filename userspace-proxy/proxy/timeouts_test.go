@@ -500,12 +500,16 @@ func testRetryBackoffAppLeft(t *testing.T, k clientKind) {
 
 // TestConnectEndedByRouteTimeout: a connect, or a TLS handshake, that a
 // route's request timeout ends counts as route_timeout in
-// sockmesh_proxy_upstream_dials_total and _tls_handshakes_total, and one
-// the app's leaving ends as canceled: an operator tells a slow backend
-// from apps that give up. Before, both counted as canceled. The backends:
-// one that takes no connection (its connect waits, as for a SYN nobody
-// answers), one that takes connections and never answers their
-// ClientHello.
+// sockmesh_proxy_upstream_dials_total and _tls_handshakes_total, one the
+// app's leaving ends as canceled, and the app gets its 504 as the timeout
+// passes: an operator tells a slow backend from apps that give up.
+// Before, both counted as canceled; toward HTTP/2 backends, whose
+// connections net/http's Transport dials apart from the request's
+// context, the dial ran on to HandshakeTimeout (10 s), counted timeout.
+// The backends, HTTP/1.1 and HTTP/2 (h2c, h2 over TLS) alike: one that
+// takes no connection (its connect waits, as for a SYN nobody answers),
+// one that takes connections and never answers their ClientHello, nor,
+// over h2c, the preface.
 func TestConnectEndedByRouteTimeout(t *testing.T) {
 	inBubbles(t, testConnectEndedByRouteTimeout)
 }
@@ -523,7 +527,7 @@ func testConnectEndedByRouteTimeout(t *testing.T, k clientKind) {
 				return
 			}
 			go func() {
-				io.Copy(io.Discard, c) // the ClientHello, unanswered
+				io.Copy(io.Discard, c) // the ClientHello, or the preface, unanswered
 				c.Close()
 			}()
 		}
@@ -533,52 +537,105 @@ func testConnectEndedByRouteTimeout(t *testing.T, k clientKind) {
 		t.Fatal(err)
 	}
 	p, reg := pipeProxy(t, &pn, proxy.Config{HTTP1TLS: k.path})
-	m := &mesh{t: t}
-	// HTTP/1.1 backends: every kind of app's request connects under its
-	// own context (net/http's HTTP/2 Transport dials apart from it).
-	connect := m.backend("silent", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(silent)})
-	handshake := m.backend("mute", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(mute),
-		TLS: &snapshot.TLS{Mode: snapshot.TLSServerOnly, ServerName: sniName, RootsPEM: string(ca.CertPEM)}})
+	tlsTo := &snapshot.TLS{Mode: snapshot.TLSServerOnly, ServerName: sniName, RootsPEM: string(ca.CertPEM)}
+	const (
+		dials      = "sockmesh_proxy_upstream_dials_total"
+		handshakes = "sockmesh_proxy_upstream_tls_handshakes_total"
+		failures   = "sockmesh_proxy_request_failures_total"
+	)
+	// Each backend is asked once under a route's timeout (/timeout/name)
+	// and once by an app that leaves first (/left/name); counts are what
+	// each request adds, as metric{value}.
+	backends := []struct {
+		name          string
+		be            snapshot.Backend
+		timeout, left []string
+	}{
+		{"h1-connect", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(silent)},
+			[]string{dials + "{route_timeout}", failures + "{timeout}"},
+			[]string{dials + "{canceled}", failures + "{canceled}"}},
+		{"h1-handshake", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(mute), TLS: tlsTo},
+			[]string{dials + "{ok}", handshakes + "{route_timeout}", failures + "{timeout}"},
+			[]string{dials + "{ok}", handshakes + "{canceled}", failures + "{canceled}"}},
+		{"h2c-connect", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(silent)},
+			[]string{dials + "{route_timeout}", failures + "{timeout}"},
+			[]string{dials + "{canceled}", failures + "{canceled}"}},
+		{"h2-handshake", snapshot.Backend{Protocol: snapshot.ProtocolHTTP2, Endpoints: endpoints(mute), TLS: tlsTo},
+			[]string{dials + "{ok}", handshakes + "{route_timeout}", failures + "{timeout}"},
+			[]string{dials + "{ok}", handshakes + "{canceled}", failures + "{canceled}"}},
+		// Connected: net/http's Transport sends the request without
+		// waiting for the backend's SETTINGS, and only the request's
+		// own wait ends. Asked once: the connection stays for the next.
+		{"h2c-settings", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(mute)},
+			[]string{dials + "{ok}", failures + "{timeout}"}, nil},
+	}
 	timeout := &snapshot.Timeouts{Request: dur(500 * time.Millisecond)}
-	m.frontend("slow", routedVIP, connect, producer(routeSet(snapshot.KindHTTPRoute,
-		rule{[]snapshot.RouteMatch{prefixMatch("/timeout/connect")}, snapshot.RouteRule{Backends: to(connect), Timeouts: timeout}},
-		rule{[]snapshot.RouteMatch{prefixMatch("/timeout/handshake")}, snapshot.RouteRule{Backends: to(handshake), Timeouts: timeout}},
-		rule{[]snapshot.RouteMatch{prefixMatch("/left/connect")}, snapshot.RouteRule{Backends: to(connect)}},
-		rule{[]snapshot.RouteMatch{prefixMatch("/left/handshake")}, snapshot.RouteRule{Backends: to(handshake)}},
-	)))
+	m := &mesh{t: t}
+	var rules []rule
+	for _, b := range backends {
+		ref := m.backend(b.name, b.be)
+		rules = append(rules,
+			rule{[]snapshot.RouteMatch{prefixMatch("/timeout/" + b.name)}, snapshot.RouteRule{Backends: to(ref), Timeouts: timeout}},
+			rule{[]snapshot.RouteMatch{prefixMatch("/left/" + b.name)}, snapshot.RouteRule{Backends: to(ref)}})
+	}
+	m.frontend("slow", routedVIP, m.backends[0].Ref, producer(routeSet(snapshot.KindHTTPRoute, rules...)))
 	p.Update(m.snapshot(1))
 	client := pipeClient(t, p, k.h2c)
-	want := map[string]float64{} // metric/result: count
-	for _, c := range []struct {
-		path   string
-		metric string
-		result string
-	}{
-		{"/timeout/connect", "sockmesh_proxy_upstream_dials_total", "route_timeout"},
-		{"/timeout/handshake", "sockmesh_proxy_upstream_tls_handshakes_total", "route_timeout"},
-		{"/left/connect", "sockmesh_proxy_upstream_dials_total", "canceled"},
-		{"/left/handshake", "sockmesh_proxy_upstream_tls_handshakes_total", "canceled"},
-	} {
+	// checked are the counters each request is checked on; read reads
+	// them.
+	checked := []string{
+		dials + "{ok}", dials + "{route_timeout}", dials + "{canceled}",
+		handshakes + "{route_timeout}", handshakes + "{canceled}",
+		failures + "{timeout}", failures + "{canceled}",
+	}
+	read := func() map[string]float64 {
+		got := map[string]float64{}
+		for _, c := range checked {
+			metric, value, _ := strings.Cut(strings.TrimSuffix(c, "}"), "{")
+			label := "result"
+			if metric == failures {
+				label = "reason"
+			}
+			got[c] = counterValue(t, reg, metric, label, value)
+		}
+		return got
+	}
+	ask := func(path string, counts []string) {
+		before := read()
 		// The app leaves after 1 s: past the route's timeout, well before
 		// the proxy's default (15 s) and HandshakeTimeout (10 s).
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://slow.b.svc"+c.path, nil)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://slow.b.svc"+path, nil)
+		start := time.Now()
 		resp, err := client.Do(req)
 		if err == nil {
 			resp.Body.Close()
 		}
-		cancel()
-		synctest.Wait()
-		if strings.HasPrefix(c.path, "/timeout/") && (err != nil || resp.StatusCode != http.StatusGatewayTimeout) {
-			t.Errorf("GET %s: %v, %v; want 504", c.path, resp, err)
+		if strings.HasPrefix(path, "/timeout/") && (err != nil || resp.StatusCode != http.StatusGatewayTimeout || time.Since(start) != 500*time.Millisecond) {
+			t.Errorf("GET %s: %v, %v after %v; want 504 after 500ms", path, resp, err, time.Since(start))
 		}
-		want[c.metric+"/"+c.result]++
-		for _, name := range []string{"sockmesh_proxy_upstream_dials_total", "sockmesh_proxy_upstream_tls_handshakes_total"} {
-			for _, result := range []string{"route_timeout", "canceled"} {
-				if got := counterValue(t, reg, name, "result", result); got != want[name+"/"+result] {
-					t.Errorf("after GET %s: %s{%s} = %v, want %v", c.path, name, result, got, want[name+"/"+result])
-				}
+		synctest.Wait()
+		want := map[string]float64{}
+		for _, c := range counts {
+			want[c]++
+		}
+		after := read()
+		for _, c := range checked {
+			if n := after[c] - before[c]; n != want[c] {
+				t.Errorf("GET %s added %v to %s, want %v", path, n, c, want[c])
 			}
 		}
+	}
+	for _, b := range backends {
+		ask("/timeout/"+b.name, b.timeout)
+		if b.left != nil {
+			ask("/left/"+b.name, b.left)
+		}
+	}
+	time.Sleep(time.Minute) // past HandshakeTimeout
+	synctest.Wait()
+	if got := counterValue(t, reg, handshakes, "result", "timeout"); got != 0 {
+		t.Errorf("%s{timeout} = %v, want 0: no handshake outlived its request", handshakes, got)
 	}
 }
