@@ -157,6 +157,9 @@ func (s *Source) signal() {
 // client-go's reflector logs why.
 func (s *Source) Run(ctx context.Context) error {
 	served, err := s.discover(ctx)
+	if ctx.Err() != nil {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -315,16 +318,18 @@ func (s *Source) discover(ctx context.Context) (map[string]bool, error) {
 	for _, k := range optionalKinds {
 		list, ok := asked[k.groupVersion]
 		if !ok {
+			// With ctx: nothing else ends the request. The discovery
+			// client's 32 s default timeout reaches only an HTTP client it
+			// builds itself, not the clientset's shared one, and an API
+			// server that hangs (an outage, a partition: when nodes get
+			// drained) would hold the agent's exit on SIGTERM for ever.
 			var err error
-			list, err = s.kube.Discovery().ServerResourcesForGroupVersion(k.groupVersion)
+			list, err = s.kube.Discovery().ServerResourcesForGroupVersionWithContext(ctx, k.groupVersion)
 			if apierrors.IsNotFound(err) {
 				list, err = &metav1.APIResourceList{}, nil
 			}
 			if err != nil {
 				return nil, fmt.Errorf("discover %s: %w", k.groupVersion, err)
-			}
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
 			}
 			asked[k.groupVersion] = list
 		}

@@ -3,6 +3,7 @@ package kubernetes
 import (
 	"context"
 	"log/slog"
+	"net"
 	"net/netip"
 	"slices"
 	"testing"
@@ -289,6 +290,55 @@ func TestSourceMissingCRDs(t *testing.T) {
 	in := waitInput(t, s, "the first listing", func(translate.Input) bool { return true })
 	if in.XMeshes != nil {
 		t.Errorf("XMeshes = %v, want none", in.XMeshes)
+	}
+}
+
+// TestRunEndsWhileAPIServerHangs: Run returns, cleanly, once its context
+// ends, though the API server hangs in the middle of the discovery Run
+// starts with (it accepts connections and never answers, as one stopped in
+// an outage does): nothing but the context ends the discovery's requests,
+// and an agent stopped then must still exit.
+func TestRunEndsWhileAPIServerHangs(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	accepted := make(chan struct{}, 1)
+	go func() {
+		var conns []net.Conn // held open, never answered
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return // the listener closed: the test ended
+			}
+			conns = append(conns, c)
+			select {
+			case accepted <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	kube, gw, err := NewClients(&rest.Config{Host: "http://" + ln.Addr().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{NodeName: nodeName}, kube, gw, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	<-accepted // Run's first request is the discovery's
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run after its context ended = %v, want nil", err)
 	}
 }
 
