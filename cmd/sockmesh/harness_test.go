@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -257,12 +258,30 @@ func (a *agentRun) waitReady(t *testing.T) string {
 	return body
 }
 
-// stop sends SIGTERM and waits for a clean exit.
+// stop sends SIGTERM and waits for a clean exit. An agent that does not
+// exit is sent SIGQUIT: the Go runtime then prints every goroutine's stack
+// to its stderr, so that the log the failed test prints shows what held
+// the exit back.
 func (a *agentRun) stop(t *testing.T) {
 	t.Helper()
-	if err := a.Stop(); err != nil {
-		t.Fatal(err)
+	err := a.Stop()
+	if err == nil {
+		return
 	}
+	select {
+	case <-a.Exited():
+	default:
+		if qerr := a.Process.Cmd.Process.Signal(syscall.SIGQUIT); qerr != nil {
+			t.Logf("ask the agent for its goroutines: %v", qerr)
+		}
+		select {
+		case <-a.Exited():
+			// Read to its end, the log the failed test prints holds the dump.
+			a.Log.Wait(func(agentproc.Record) bool { return false })
+		case <-time.After(waitFor):
+		}
+	}
+	t.Fatal(err)
 }
 
 // get requests path from Service vip inside the client pod, in plaintext
