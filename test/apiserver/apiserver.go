@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -241,7 +242,11 @@ func (e *Env) waitReady(ctx context.Context) error {
 
 // Freeze stops kube-apiserver with SIGSTOP until t ends, when it
 // continues (before a Stop registered earlier runs): its connections stay
-// open and nothing answers, as with a control plane that hangs.
+// open and nothing answers, as with a control plane that hangs. It returns
+// once every thread of kube-apiserver has stopped: kill(2) returns when the
+// signal is queued, and the other threads run on until the one that takes
+// it stops them, meanwhile answering requests (on a busy machine, the
+// request a test sent after Freeze).
 func (e *Env) Freeze(t testing.TB) {
 	t.Helper()
 	pid := e.apiserver.Cmd.Process.Pid
@@ -253,6 +258,48 @@ func (e *Env) Freeze(t testing.TB) {
 			t.Errorf("continue kube-apiserver: %v", err)
 		}
 	})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		running, err := runningThreads(pid)
+		switch {
+		case err != nil:
+			t.Fatalf("freeze kube-apiserver: %v", err)
+		case running == 0:
+			return
+		case time.Now().After(deadline):
+			t.Fatalf("freeze kube-apiserver: %d threads still run 30s after SIGSTOP", running)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// runningThreads counts the threads of process pid that are not stopped
+// by a signal (state T in /proc/PID/task/TID/stat, proc(5)).
+func runningThreads(pid int) (int, error) {
+	stats, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid)) // the pattern is valid
+	if len(stats) == 0 {
+		return 0, fmt.Errorf("list the threads of process %d: %w", pid, os.ErrNotExist)
+	}
+	n := 0
+	for _, path := range stats {
+		b, err := os.ReadFile(path)
+		if errors.Is(err, os.ErrNotExist) {
+			continue // the thread ended
+		}
+		if err != nil {
+			return 0, err
+		}
+		// The state follows the command name, which is in parentheses
+		// and may hold some itself.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 || i+2 >= len(b) {
+			return 0, fmt.Errorf("parse %s: %q", path, b)
+		}
+		if b[i+2] != 'T' {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // Stop ends kube-apiserver, then etcd, and removes Dir if Run created it.
