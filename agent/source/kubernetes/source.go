@@ -372,9 +372,14 @@ func (s *Source) settle(ctx context.Context, watches map[string]*kindWatch) {
 }
 
 // refresh asks the API server which optional kinds it serves and follows
-// its answer.
+// its answer. The asking is bounded by Config.DiscoveryInterval: an
+// answer later than the next one is of no use, and an API server that
+// hangs would otherwise hold every later discovery (and settle's wait)
+// until the connection is found dead.
 func (s *Source) refresh(ctx context.Context, watches map[string]*kindWatch) {
-	served, err := s.discover(ctx)
+	dctx, cancel := context.WithTimeout(ctx, s.cfg.DiscoveryInterval)
+	served, err := s.discover(dctx)
+	cancel()
 	if err != nil {
 		// An API server that does not answer has removed nothing: keep
 		// what is watched. The informers log their own errors.

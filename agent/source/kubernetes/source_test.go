@@ -299,6 +299,37 @@ func TestSourceMissingCRDs(t *testing.T) {
 // an outage does): nothing but the context ends the discovery's requests,
 // and an agent stopped then must still exit.
 func TestRunEndsWhileAPIServerHangs(t *testing.T) {
+	s, accepted := hungSource(t, func(*Config) {})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	<-accepted // Run's first request is the discovery's
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Run after its context ended = %v, want nil", err)
+	}
+}
+
+// TestRefreshBoundedWhileAPIServerHangs: a later discovery against an API
+// server that accepts and never answers gives up after the discovery
+// interval, keeping what is watched, rather than hold every later one.
+func TestRefreshBoundedWhileAPIServerHangs(t *testing.T) {
+	s, _ := hungSource(t, func(c *Config) { c.DiscoveryInterval = 100 * time.Millisecond })
+	done := make(chan struct{})
+	go func() {
+		s.refresh(t.Context(), map[string]*kindWatch{})
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second): // a bound on the wait, not a measure
+		t.Fatal("a discovery against a hung API server still waits after 30 s, want it ended after the 100 ms interval")
+	}
+}
+
+// hungSource returns a Source whose API server accepts connections and
+// never answers, and a channel told of each connection accepted.
+func hungSource(t *testing.T, configure func(*Config)) (*Source, <-chan struct{}) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -328,18 +359,13 @@ func TestRunEndsWhileAPIServerHangs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{NodeName: nodeName}, kube, gw, slog.New(slog.DiscardHandler), nil)
+	cfg := Config{NodeName: nodeName}
+	configure(&cfg)
+	s, err := New(cfg, kube, gw, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	<-accepted // Run's first request is the discovery's
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("Run after its context ended = %v, want nil", err)
-	}
+	return s, accepted
 }
 
 // TestClusterTrustBundlesTurnedOn: a cluster that starts serving
