@@ -113,6 +113,7 @@ func newAgentCommand(getenv func(string) string) *cobra.Command {
 			log := newLogger(os.Stderr, s, events)
 			// client-go logs through klog; send it to the same place.
 			klog.SetSlogLogger(log)
+			logSettings(log, s)
 			setMemoryLimit(s, getenv, log)
 			defer gcfloor.Start(s.gcHeapFloor)()
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
@@ -126,6 +127,34 @@ func newAgentCommand(getenv func(string) string) *cobra.Command {
 	}
 	o.addFlags(cmd.Flags(), getenv)
 	return cmd
+}
+
+// logSettings logs the effective configuration once, at start: what the
+// flags, the --config file and the environment made of it, so that a
+// platform team reads from the log which node, mode and addresses an agent
+// runs with (the listeners' bound addresses follow, one "listening" each).
+// Durations as strings: the JSON handler would write nanoseconds.
+func logSettings(log *slog.Logger, s settings) {
+	attrs := []any{"version", buildVersion(), "source", s.source, "node", s.nodeName,
+		"proxy_mode", string(s.mode), "bpffs", s.bpffs, "cgroup", s.cgroup, "accelerate", s.accelerate,
+		"drain_timeout", s.drainTimeout.String(), "stall_timeout", s.stallTimeout.String(), "max_conns_per_pod", s.maxConnsPerPod,
+		"service_cidrs", s.node.ServiceCIDRs, "pod_cidrs", s.node.PodCIDRs, "node_cidrs", s.node.NodeCIDRs,
+		"egress_allow", s.node.EgressAllow}
+	if s.mode == enrol.NodeIP {
+		attrs = append(attrs, "proxy_listen", s.proxyListen)
+	} else {
+		attrs = append(attrs, "in_pod_port", s.inPodPort)
+	}
+	switch s.source {
+	case "file":
+		attrs = append(attrs, "manifests", s.manifests)
+	case "kubernetes":
+		attrs = append(attrs, "leader_elect", s.leaderElect)
+		if s.leaderElect {
+			attrs = append(attrs, "leader_election_namespace", s.leaderNS)
+		}
+	}
+	log.Info("starting", attrs...)
 }
 
 // setMemoryLimit applies --memory-limit unless $GOMEMLIMIT chose a limit

@@ -39,6 +39,17 @@ import (
 func TestAgentNodeIP(t *testing.T) {
 	e := newEnv(t)
 	a := e.startAgent(t, "--proxy-mode=node-ip", "--proxy-listen="+addrs.Node.String()+":0")
+	// A record at start names the effective configuration.
+	start := a.logged(t, `"starting"`, func(r agentproc.Record) bool { return r.Msg() == "starting" })
+	for key, want := range map[string]string{"source": "file", "node": testNode, "proxy_mode": "node-ip",
+		"bpffs": e.bpffs, "cgroup": e.cg.Path, "manifests": e.manifests, "drain_timeout": "10s"} {
+		if got := start.Str(key); got != want {
+			t.Errorf("starting record: %s=%q, want %q", key, got, want)
+		}
+	}
+	if got, want := string(start["proxy_listen"]), `["`+addrs.Node.String()+`:0"]`; got != want {
+		t.Errorf("starting record: proxy_listen=%s, want %s", got, want)
+	}
 	proxyAddr := netip.MustParseAddrPort(a.logged(t, "proxy listener", agentproc.Listening("proxy")).Str("addr"))
 	if proxyAddr.Addr() != addrs.Node || proxyAddr.Port() == 0 {
 		t.Fatalf("proxy listens on %s, want %s with a kernel-chosen port", proxyAddr, addrs.Node)

@@ -198,12 +198,15 @@ type agentRun struct {
 }
 
 // startAgent runs `sockmesh agent` in the node netns and the test cgroup
-// with the file source on e.manifests, and waits until it logged its
-// listeners.
+// with the file source on e.manifests (unless args name a --source), and
+// waits until it logged its listeners.
 func (e *env) startAgent(t *testing.T, args ...string) *agentRun {
 	t.Helper()
+	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--source=") }) {
+		args = append([]string{"--source=file", "--manifests=" + e.manifests}, args...)
+	}
 	args = append([]string{"agent",
-		"--source=file", "--manifests=" + e.manifests, "--node-name=" + testNode,
+		"--node-name=" + testNode,
 		"--health-listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
 		"--bpffs=" + e.bpffs, "--cgroup=" + e.cg.Path,
 		"--log-format=json", "--drain-timeout=10s",

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	"github.com/sockmesh/sockmesh/agent/enrol"
@@ -287,10 +289,18 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
 
+	// Files are checked here, at start: found missing when first read, they
+	// stopped the agent only after it had taken the datapath and the node's
+	// listeners over from the agent it was to replace.
 	switch s.source {
 	case "file":
 		if s.manifests == "" {
 			bad("--source=file needs --manifests")
+		} else if err := isDir(s.manifests); err != nil {
+			bad("--manifests=%q: %w", s.manifests, err)
+		}
+		if s.kubeconfig != "" {
+			bad("--kubeconfig applies to --source=kubernetes only")
 		}
 		if s.leaderElect {
 			bad("--leader-elect needs --source=kubernetes (the file source writes no status)")
@@ -301,6 +311,14 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 		}
 		if s.leaderElect && s.leaderNS == "" {
 			bad("--leader-elect needs --leader-election-namespace (or $%s)", envPodNamespace)
+		}
+		if s.manifests != "" {
+			bad("--manifests applies to --source=file only")
+		}
+		if s.kubeconfig != "" {
+			if _, err := os.Stat(s.kubeconfig); err != nil {
+				bad("--kubeconfig=%q: %w", s.kubeconfig, err)
+			}
 		}
 	default:
 		bad("--source=%q: want kubernetes or file", s.source)
@@ -337,6 +355,11 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 		errs = append(errs, err)
 	}
 	s.node.ClusterDomain = strings.TrimSuffix(o.clusterDomain, ".")
+	for _, p := range o.egressAllow {
+		if err := checkEgressPattern(p); err != nil {
+			bad("--egress-allow=%q: %w", p, err)
+		}
+	}
 	s.node.EgressAllow = o.egressAllow
 	for _, flag := range o.dnsServers {
 		d := flag
@@ -349,8 +372,8 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 				d = net.JoinHostPort(d, "53")
 			}
 		}
-		if _, err := netip.ParseAddrPort(d); err != nil {
-			bad("--dns-server=%q: want an IP address, optionally with :port", flag)
+		if ap, err := netip.ParseAddrPort(d); err != nil || ap.Port() == 0 {
+			bad("--dns-server=%q: want an IP address, optionally with :port (not 0)", flag)
 			continue
 		}
 		s.dns.Servers = append(s.dns.Servers, d)
@@ -399,12 +422,59 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 		s.gcHeapFloor = uint64(q.Value())
 	}
 	errs = append(errs, checkListeners(&s)...)
-	if in := s.introspection; in.Socket == "" {
+	if s.introspection.Socket == "" {
 		bad("--introspection-socket must not be empty")
-	} else if in.Listen != "" && (in.TLSCertFile == "" || in.TLSKeyFile == "" || in.TokenFile == "") {
-		bad("--introspection-listen needs --introspection-tls-cert, --introspection-tls-key and --introspection-token-file")
 	}
+	errs = append(errs, checkIntrospectionTLS(s.introspection)...)
 	return s, errors.Join(errs...)
+}
+
+// checkIntrospectionTLS refuses TLS flags without --introspection-listen
+// (they would be ignored), and --introspection-listen without them or with
+// files that cannot be used.
+func checkIntrospectionTLS(in httpapi.Config) []error {
+	anyTLS := in.TLSCertFile != "" || in.TLSKeyFile != "" || in.TokenFile != ""
+	switch {
+	case in.Listen == "" && anyTLS:
+		return []error{errors.New("--introspection-tls-cert, --introspection-tls-key and --introspection-token-file apply to --introspection-listen only")}
+	case in.Listen == "":
+		return nil
+	case in.TLSCertFile == "" || in.TLSKeyFile == "" || in.TokenFile == "":
+		return []error{errors.New("--introspection-listen needs --introspection-tls-cert, --introspection-tls-key and --introspection-token-file")}
+	}
+	var errs []error
+	if _, err := tls.LoadX509KeyPair(in.TLSCertFile, in.TLSKeyFile); err != nil {
+		errs = append(errs, fmt.Errorf("--introspection-tls-cert=%q, --introspection-tls-key=%q: %w", in.TLSCertFile, in.TLSKeyFile, err))
+	}
+	// Read at each request, so that it may be rotated; it must exist now.
+	if _, err := os.Stat(in.TokenFile); err != nil {
+		errs = append(errs, fmt.Errorf("--introspection-token-file=%q: %w", in.TokenFile, err))
+	}
+	return errs
+}
+
+// isDir reports, as an error, why path is not a directory.
+func isDir(path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if !fi.IsDir() {
+		return errors.New("not a directory")
+	}
+	return nil
+}
+
+// checkEgressPattern refuses an --egress-allow pattern that no hostname
+// can match (translate compares them case-insensitively, spaces trimmed):
+// a scheme, a port, or a wildcard other than a leading "*." would leave
+// every ExternalHostname XBackend it was meant to allow refused.
+func checkEgressPattern(p string) error {
+	name := strings.TrimPrefix(strings.ToLower(strings.TrimSpace(p)), "*.")
+	if msgs := validation.IsDNS1123Subdomain(name); len(msgs) > 0 {
+		return fmt.Errorf("want a hostname or *.hostname: %s", strings.Join(msgs, "; "))
+	}
+	return nil
 }
 
 // checkListeners resolves the host names of --health-listen,

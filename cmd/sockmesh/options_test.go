@@ -21,6 +21,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/translate"
 	"github.com/sockmesh/sockmesh/internal/gcfloor"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
+	"github.com/sockmesh/sockmesh/test/pki"
 )
 
 // parse runs the agent command's flag handling: defaults from env, the
@@ -175,7 +176,7 @@ func TestNoNodeAddress(t *testing.T) {
 	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
 	getenv := func(string) string { return "" }
 	o.addFlags(fs, getenv)
-	if err := fs.Parse([]string{"--source=file", "--manifests=/m"}); err != nil {
+	if err := fs.Parse([]string{"--source=file", "--manifests=" + t.TempDir()}); err != nil {
 		t.Fatal(err)
 	}
 	_, err := o.load(fs, getenv, fixedHost{err: errors.New("no default route")})
@@ -185,9 +186,10 @@ func TestNoNodeAddress(t *testing.T) {
 }
 
 func TestConfigFileUnderFlags(t *testing.T) {
+	manifests := t.TempDir()
 	file := `
 source: file
-manifests: /etc/sockmesh/manifests
+manifests: ` + manifests + `
 proxy-mode: in-pod
 in-pod-port: 15006
 service-cidr: [10.96.0.0/16, "fd00:96::/112"]
@@ -210,7 +212,7 @@ max-conns-per-pod: 100
 		got, want any
 	}{
 		{"source (file)", got.source, "file"},
-		{"manifests (file)", got.manifests, "/etc/sockmesh/manifests"},
+		{"manifests (file)", got.manifests, manifests},
 		{"mode (flag over file)", got.mode, enrol.NodeIP},
 		{"proxy listen (flag)", got.proxyListen, []netip.AddrPort{netip.MustParseAddrPort("10.1.2.3:0")}},
 		{"node IPs (the proxy listener's)", got.node.IPs, []netip.Addr{netip.MustParseAddr("10.1.2.3")}},
@@ -314,8 +316,8 @@ func TestListenersSharingAPort(t *testing.T) {
 // address the checks never saw (one another listener holds). Health and
 // metrics written alike share the one address.
 func TestListenersBindTheCheckedAddress(t *testing.T) {
-	got, err := parse(t, map[string]string{"NODE_NAME": "n"}, "", "--health-listen=localhost:0", "--metrics-listen=localhost:0",
-		"--introspection-listen=localhost:9443", "--introspection-tls-cert=c", "--introspection-tls-key=k", "--introspection-token-file=t")
+	got, err := parse(t, map[string]string{"NODE_NAME": "n"}, "", append([]string{"--health-listen=localhost:0", "--metrics-listen=localhost:0",
+		"--introspection-listen=localhost:9443"}, introspectionTLS(t)...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,8 +332,59 @@ func TestListenersBindTheCheckedAddress(t *testing.T) {
 	}
 }
 
+// introspectionTLS returns the flags naming a certificate, its key and a
+// token file that --introspection-listen can use.
+func introspectionTLS(t *testing.T) []string {
+	t.Helper()
+	dir := t.TempDir()
+	ca, err := pki.NewCA("introspection CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.LeafOptions{CommonName: "agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, key, err := leaf.WriteFiles(dir, "agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := filepath.Join(dir, "token")
+	if err := os.WriteFile(token, []byte("secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return []string{"--introspection-tls-cert=" + cert, "--introspection-tls-key=" + key, "--introspection-token-file=" + token}
+}
+
+// TestFlagsAccepted: values at the edge of what the checks refuse.
+func TestFlagsAccepted(t *testing.T) {
+	node := map[string]string{"NODE_NAME": "n"}
+	// The checks only require that it exists; the client reads it later.
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"--egress-allow=example.com,*.example.com, API.Example.COM"},
+		{"--dns-server=10.0.0.10:5353,fd00::53,[fd00::53]:53"},
+		{"--source=file", "--manifests=" + t.TempDir()},
+		{"--kubeconfig=" + kubeconfig},
+		append([]string{"--introspection-listen=127.0.0.1:9443"}, introspectionTLS(t)...),
+	} {
+		if _, err := parse(t, node, "", args...); err != nil {
+			t.Errorf("%v: %v", args, err)
+		}
+	}
+}
+
 func TestSettingsErrors(t *testing.T) {
 	node := map[string]string{"NODE_NAME": "n"}
+	missing := filepath.Join(t.TempDir(), "missing")
+	aFile := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(aFile, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tlsFlags := introspectionTLS(t)
 	for _, c := range []struct {
 		name string
 		env  map[string]string
@@ -361,6 +414,24 @@ func TestSettingsErrors(t *testing.T) {
 		{"negative DNS max stale", node, []string{"--dns-max-stale=-1m"}, "--dns-max-stale must be positive"},
 		{"zero DNS parallel", node, []string{"--dns-parallel=0"}, "--dns-parallel must be positive"},
 		{"negative DNS parallel", node, []string{"--dns-parallel=-4"}, "--dns-parallel must be positive"},
+		{"DNS server on port 0", node, []string{"--dns-server=10.0.0.10:0"}, "--dns-server"},
+		{"missing manifests directory", node, []string{"--source=file", "--manifests=" + missing}, "--manifests"},
+		{"manifests a file", node, []string{"--source=file", "--manifests=" + aFile}, "not a directory"},
+		{"manifests with kubernetes", node, []string{"--source=kubernetes", "--manifests=" + t.TempDir()}, "--manifests applies to --source=file only"},
+		{"kubeconfig with files", node, []string{"--source=file", "--manifests=" + t.TempDir(), "--kubeconfig=" + aFile}, "--kubeconfig applies"},
+		{"missing kubeconfig", node, []string{"--kubeconfig=" + missing}, "--kubeconfig"},
+		{"introspection TLS without a listener", node, tlsFlags, "apply to --introspection-listen only"},
+		{"missing introspection certificate", node, []string{"--introspection-listen=127.0.0.1:9443",
+			"--introspection-tls-cert=" + missing, tlsFlags[1], tlsFlags[2]}, "--introspection-tls-cert"},
+		{"introspection key not a key", node, []string{"--introspection-listen=127.0.0.1:9443",
+			tlsFlags[0], "--introspection-tls-key=" + aFile, tlsFlags[2]}, "--introspection-tls-key"},
+		{"missing introspection token", node, []string{"--introspection-listen=127.0.0.1:9443",
+			tlsFlags[0], tlsFlags[1], "--introspection-token-file=" + missing}, "--introspection-token-file"},
+		{"egress pattern with a scheme", node, []string{"--egress-allow=https://example.com"}, "--egress-allow"},
+		{"egress pattern with a port", node, []string{"--egress-allow=example.com:443"}, "--egress-allow"},
+		{"egress pattern with an inner wildcard", node, []string{"--egress-allow=api.*.example.com"}, "--egress-allow"},
+		{"egress pattern wildcard without a dot", node, []string{"--egress-allow=*example.com"}, "--egress-allow"},
+		{"egress pattern only a wildcard", node, []string{"--egress-allow=*"}, "--egress-allow"},
 		{"bad log level", node, []string{"--log-level=loud"}, "--log-level"},
 		{"bad log format", node, []string{"--log-format=xml"}, "--log-format"},
 		{"negative drain", node, []string{"--drain-timeout=-1s"}, "--drain-timeout"},
