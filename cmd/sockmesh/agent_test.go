@@ -193,27 +193,53 @@ func TestAgentNodeIP(t *testing.T) {
 	}
 }
 
-// TestAgentNotReadyWithoutCapture: /readyz fails once the agent's programs
-// no longer run on their hooks (here `sockmesh uninstall` while it runs),
-// since fail-closed Services are then reached in cleartext.
+// TestAgentNotReadyWithoutCapture: `sockmesh uninstall` refuses to take a
+// running agent's capture away unless forced; /readyz fails once the
+// agent's programs no longer run on their hooks (here after
+// `sockmesh uninstall --force`), since fail-closed Services are then
+// reached in cleartext.
 func TestAgentNotReadyWithoutCapture(t *testing.T) {
 	e := newEnv(t)
-	a := e.startAgent(t, "--proxy-mode=node-ip", "--proxy-listen="+addrs.Node.String()+":0")
+	socket := filepath.Join(t.TempDir(), "agent.sock")
+	a := e.startAgent(t, "--proxy-mode=node-ip", "--proxy-listen="+addrs.Node.String()+":0", "--introspection-socket="+socket)
 	a.waitReady(t)
-	out, err := sandbox.HelperCommand(t, "sockmesh", "uninstall", "--bpffs="+e.bpffs).CombinedOutput()
-	if err != nil {
-		t.Fatalf("sockmesh uninstall: %v\n%s", err, out)
+	uninstall := func(args ...string) ([]byte, error) {
+		return sandbox.HelperCommand(t, "sockmesh", append([]string{"uninstall", "--introspection-socket=" + socket}, args...)...).CombinedOutput()
 	}
-	resp, err := nshttp.Client(e.node, waitFor).Get("http://" + a.Health + "/readyz")
-	if err != nil {
-		t.Fatal(err)
+	readyz := func() (int, string) {
+		resp, err := nshttp.Client(e.node, waitFor).Get("http://" + a.Health + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(body)
 	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "[-]datapath") {
-		t.Errorf("/readyz with no program attached: %s\n%s, want 503 and a failing datapath check", resp.Status, body)
+
+	// Without --force, uninstall leaves a running agent's capture alone.
+	out, err := uninstall("--bpffs=" + e.bpffs)
+	if err == nil || !strings.Contains(string(out), "--force") {
+		t.Fatalf("sockmesh uninstall with an agent running: %v\n%s, want a failure that names --force", err, out)
+	}
+	if code, body := readyz(); code != http.StatusOK {
+		t.Fatalf("/readyz after a refused uninstall: %d\n%s, want 200", code, body)
+	}
+	// An agent on another --bpffs is none of its business.
+	if out, err := uninstall("--bpffs=" + t.TempDir()); err != nil {
+		t.Fatalf("sockmesh uninstall of another bpffs: %v\n%s", err, out)
+	}
+
+	if out, err := uninstall("--bpffs="+e.bpffs, "--force"); err != nil {
+		t.Fatalf("sockmesh uninstall --force: %v\n%s", err, out)
+	}
+	if code, body := readyz(); code != http.StatusServiceUnavailable || !strings.Contains(body, "[-]datapath") {
+		t.Errorf("/readyz with no program attached: %d\n%s, want 503 and a failing datapath check", code, body)
 	}
 	a.stop(t)
+	// Once the agent stopped, its socket answers no more.
+	if out, err := uninstall("--bpffs=" + e.bpffs); err != nil {
+		t.Errorf("sockmesh uninstall after the agent stopped: %v\n%s", err, out)
+	}
 }
 
 // TestAgentOutsideItsCgroup: --cgroup holds the pods but not the agent (a
