@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"os"
@@ -311,6 +312,8 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 		}
 		if s.leaderElect && s.leaderNS == "" {
 			bad("--leader-elect needs --leader-election-namespace (or $%s)", envPodNamespace)
+		} else if msgs := validation.IsDNS1123Label(s.leaderNS); s.leaderElect && len(msgs) > 0 {
+			bad("--leader-election-namespace=%q: not a namespace name: %s", s.leaderNS, strings.Join(msgs, "; "))
 		}
 		if s.manifests != "" {
 			bad("--manifests applies to --source=file only")
@@ -355,6 +358,14 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 		errs = append(errs, err)
 	}
 	s.node.ClusterDomain = strings.TrimSuffix(o.clusterDomain, ".")
+	if msgs := validation.IsDNS1123Subdomain(s.node.ClusterDomain); s.node.ClusterDomain != "" && len(msgs) > 0 {
+		bad("--cluster-domain=%q: not a DNS domain: %s", o.clusterDomain, strings.Join(msgs, "; "))
+	}
+	if s.cgroup != "" {
+		if err := isDir(s.cgroup); err != nil {
+			bad("--cgroup=%q: %w", s.cgroup, err)
+		}
+	}
 	for _, p := range o.egressAllow {
 		if err := checkEgressPattern(p); err != nil {
 			bad("--egress-allow=%q: %w", p, err)
@@ -399,8 +410,10 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 	if s.drainTimeout < 0 {
 		bad("--drain-timeout must not be negative")
 	}
-	if s.kubeQPS <= 0 || s.kubeBurst <= 0 {
-		bad("--kube-api-qps and --kube-api-burst must be positive")
+	// NaN and +Inf parse as float32s: client-go's rate limiter would take
+	// them.
+	if !(s.kubeQPS > 0) || math.IsInf(float64(s.kubeQPS), 1) || s.kubeBurst <= 0 {
+		bad("--kube-api-qps and --kube-api-burst must be positive numbers")
 	}
 	if s.stallTimeout <= 0 {
 		bad("--stall-timeout must be positive")
@@ -644,7 +657,14 @@ func nodeAddrs(getenv func(string) string, hostIPs func() ([]netip.Addr, error))
 	if len(out) > 0 {
 		return out, nil
 	}
-	if ip, err := netip.ParseAddr(getenv(envHostIP)); err == nil {
+	if v := getenv(envHostIP); v != "" {
+		// Set and wrong (a typo in the DaemonSet), it must not give way
+		// to the default route's address, which may not be the one pods
+		// reach.
+		ip, err := netip.ParseAddr(v)
+		if err != nil {
+			return nil, fmt.Errorf("$%s=%q: want an IP address: %w", envHostIP, v, err)
+		}
 		return []netip.Addr{ip.Unmap()}, nil
 	}
 	ips, err := hostIPs()

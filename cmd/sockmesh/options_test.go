@@ -366,6 +366,7 @@ func TestFlagsAccepted(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"--egress-allow=example.com,*.example.com, API.Example.COM"},
+		{"--cluster-domain=cluster.example.", "--cgroup=" + t.TempDir(), "--kube-api-qps=0.5"},
 		{"--dns-server=10.0.0.10:5353,fd00::53,[fd00::53]:53"},
 		{"--source=file", "--manifests=" + t.TempDir()},
 		{"--kubeconfig=" + kubeconfig},
@@ -414,6 +415,12 @@ func TestSettingsErrors(t *testing.T) {
 		{"negative DNS max stale", node, []string{"--dns-max-stale=-1m"}, "--dns-max-stale must be positive"},
 		{"zero DNS parallel", node, []string{"--dns-parallel=0"}, "--dns-parallel must be positive"},
 		{"negative DNS parallel", node, []string{"--dns-parallel=-4"}, "--dns-parallel must be positive"},
+		{"bad $HOST_IP", map[string]string{"NODE_NAME": "n", "HOST_IP": "node-a"}, nil, "$HOST_IP"},
+		{"kube API QPS not a number", node, []string{"--kube-api-qps=NaN"}, "--kube-api-qps"},
+		{"kube API QPS infinite", node, []string{"--kube-api-qps=+Inf"}, "--kube-api-qps"},
+		{"bad cluster domain", node, []string{"--cluster-domain=cluster local"}, "--cluster-domain"},
+		{"bad leader election namespace", node, []string{"--leader-elect", "--leader-election-namespace=Sockmesh_System"}, "--leader-election-namespace"},
+		{"missing cgroup", node, []string{"--cgroup=" + missing}, "--cgroup"},
 		{"DNS server on port 0", node, []string{"--dns-server=10.0.0.10:0"}, "--dns-server"},
 		{"missing manifests directory", node, []string{"--source=file", "--manifests=" + missing}, "--manifests"},
 		{"manifests a file", node, []string{"--source=file", "--manifests=" + aFile}, "not a directory"},
