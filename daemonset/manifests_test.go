@@ -137,7 +137,7 @@ func TestDaemonSet(t *testing.T) {
 	for _, want := range []string{
 		"agent", "--source=kubernetes", "--node-name=$(NODE_NAME)", "--proxy-mode=node-ip",
 		"--health-listen=:15021", "--metrics-listen=:15090", "--bpffs=/sys/fs/bpf",
-		"--leader-elect", "--leader-election-namespace=$(POD_NAMESPACE)", "--service-cidr=10.96.0.0/16",
+		"--leader-elect", "--leader-election-namespace=$(POD_NAMESPACE)", "--service-cidr=10.96.0.0/12",
 		"--log-format=json",
 	} {
 		if !slices.Contains(agent.Args, want) {
