@@ -85,6 +85,10 @@ const softLimitShare = 0.9
 
 const defaultProxyPort = 15001
 
+// minMemoryLimit is the least --memory-limit taken: the agent's heap alone
+// is some megabytes, and a smaller value is a slip of units.
+var minMemoryLimit = resource.MustParse("16Mi")
+
 // addFlags defines the agent's flags on fs, with defaults read through
 // getenv.
 func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
@@ -125,7 +129,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	// of an agent limited to 512 MiB (some 10–20 KiB per idle connection).
 	fs.IntVar(&o.maxConnsPerPod, "max-conns-per-pod", 4096, "connections one pod may have open through the proxy at once, IPv4 and IPv6 together (enrolled hostNetwork pods, which share the node's addresses, share one count; in node-ip mode a source address no enrolled pod holds has its own); past it, its new ones are reset, counted and logged, so that one app opening connections without end cannot take the proxy from every other pod (0: no limit)")
 	fs.StringVar(&o.gcHeapFloor, "gc-heap-floor", resource.NewQuantity(gcfloor.Default, resource.BinarySI).String(), "heap the Go garbage collector lets grow before it collects (bytes or a quantity; 0: GOGC alone): a proxy with a small heap otherwise collects many times a second under load; above the floor GOGC applies, and the soft memory limit always wins")
-	fs.StringVar(&o.memoryLimit, "memory-limit", getenv(envMemoryLimit), "memory the agent's container may use (bytes, or a quantity like 512Mi): the Go runtime's soft memory limit is set to 90% of it, so that the GC works harder before the OOM killer would end the agent; $GOMEMLIMIT, when set, wins (default $"+envMemoryLimit+"; empty or 0: no soft limit)")
+	fs.StringVar(&o.memoryLimit, "memory-limit", getenv(envMemoryLimit), "memory the agent's container may use (bytes, or a quantity like 512Mi; at least "+minMemoryLimit.String()+"): the Go runtime's soft memory limit is set to 90% of it, so that the GC works harder before the OOM killer would end the agent; $GOMEMLIMIT, when set, wins (default $"+envMemoryLimit+"; empty or 0: no soft limit)")
 	in := &o.introspection
 	fs.StringVar(&in.Socket, "introspection-socket", httpapi.DefaultSocket, "unix socket serving the read-only introspection API (sockmeshctl), mode 0600")
 	fs.StringVar(&in.Group, "introspection-group", "", "group (name or ID) that may also use the introspection socket (mode 0660)")
@@ -425,6 +429,10 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 		q, err := resource.ParseQuantity(o.memoryLimit)
 		if err != nil || q.Sign() < 0 {
 			bad("--memory-limit=%q: want bytes or a quantity such as 512Mi", o.memoryLimit)
+		} else if q.Sign() > 0 && q.Cmp(minMemoryLimit) < 0 {
+			// "512m" is 0.512 bytes: taken, it set no limit, and a few
+			// bytes more a limit the GC would collect against without end.
+			bad("--memory-limit=%q is below %s: a unit missing (512Mi, not 512m)?", o.memoryLimit, minMemoryLimit.String())
 		} else {
 			s.softMemoryLimit = int64(float64(q.Value()) * softLimitShare)
 		}

@@ -514,6 +514,9 @@ func TestMemoryLimit(t *testing.T) {
 		{name: "zero is none", args: []string{"--memory-limit=0"}, want: 0},
 		{name: "negative", args: []string{"--memory-limit=-1Gi"}, wantErr: "--memory-limit"},
 		{name: "garbage", args: []string{"--memory-limit=lots"}, wantErr: "--memory-limit"},
+		{name: "milli, not mega", args: []string{"--memory-limit=512m"}, wantErr: "--memory-limit"},
+		{name: "bytes, too few", env: map[string]string{"MEMORY_LIMIT": "4096"}, wantErr: "--memory-limit"},
+		{name: "the least taken", args: []string{"--memory-limit=16Mi"}, want: 16 << 20 * 9 / 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			env := map[string]string{"NODE_NAME": "n"}
