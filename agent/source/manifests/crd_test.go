@@ -192,7 +192,7 @@ func resourceOf(t *testing.T, kind string) string {
 	t.Helper()
 	r, ok := map[string]string{
 		"BackendTLSPolicy": "backendtlspolicies", "XBackendTrafficPolicy": "xbackendtrafficpolicies",
-		"XBackend": "xbackends", "HTTPRoute": "httproutes", "GRPCRoute": "grpcroutes",
+		"XBackend": "xbackends", "HTTPRoute": "httproutes", "GRPCRoute": "grpcroutes", "XMesh": "xmeshes",
 	}[kind]
 	if !ok {
 		t.Fatalf("no API resource known for kind %q: add it to resourceOf", kind)
