@@ -95,9 +95,10 @@ func TestDemoExamples(t *testing.T) {
 			}
 			n++
 			gvr := schema.GroupVersionResource{Group: gvk.Group, Version: gvk.Version, Resource: resourceOf(t, gvk.Kind)}
-			var r dynamic.ResourceInterface = env.Dynamic.Resource(gvr)
+			res := env.Dynamic.Resource(gvr)
+			var r dynamic.ResourceInterface = res // XMesh is cluster-scoped
 			if u.GetNamespace() != "" {
-				r = env.Dynamic.Resource(gvr).Namespace(u.GetNamespace())
+				r = res.Namespace(u.GetNamespace())
 			}
 			if _, err := r.Create(t.Context(), &u, metav1.CreateOptions{}); err != nil {
 				t.Errorf("%s: the API server refuses %s %s: %v", filepath.Base(f), gvk.Kind, u.GetName(), err)
@@ -228,6 +229,7 @@ func wantWell[E any](t *testing.T, what string, entries []E, conditions func(E) 
 	}
 }
 
+// key is how translate's Status maps name an object.
 func key(o metav1.Object) types.NamespacedName {
 	return types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}
 }
