@@ -153,7 +153,8 @@
 // XBackends) either is safe, and the Service annotation
 // sockmesh.io/failure-policy (FailOpen or FailClosed) chooses; the default
 // is FailOpen, because the app then still reaches its Service, only
-// without the proxy's help. Other values leave the default.
+// without the proxy's help. Values are matched without regard to case;
+// one the agent cannot read is FailClosed.
 //
 // # BackendTLSPolicy (gateway.networking.k8s.io/v1)
 //

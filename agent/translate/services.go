@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"net/netip"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -81,16 +82,19 @@ func portProtocol(appProtocol string, withTLS bool) snapshot.Protocol {
 // cannot be honoured, is FailClosed — bypassing the proxy would send
 // plaintext. Elsewhere either is safe, and the Service's
 // AnnotationFailurePolicy chooses; it defaults to FailOpen (the app still
-// reaches its Service, only without the proxy's help). An unknown value
-// leaves the default.
+// reaches its Service, only without the proxy's help). Its value is
+// matched without regard to case, and a value it cannot read (a typo such
+// as "FailClose") is FailClosed: its owner asked for something, and
+// opening the port on a misspelling would be the unsafe reading.
 func failurePolicy(svc *corev1.Service, b *snapshot.Backend) snapshot.FailurePolicy {
 	if b.TLS != nil || b.Invalid != nil {
 		return snapshot.FailClosed
 	}
-	if svc.Annotations[AnnotationFailurePolicy] == string(snapshot.FailClosed) {
-		return snapshot.FailClosed
+	v, set := svc.Annotations[AnnotationFailurePolicy]
+	if !set || strings.EqualFold(v, string(snapshot.FailOpen)) {
+		return snapshot.FailOpen
 	}
-	return snapshot.FailOpen
+	return snapshot.FailClosed
 }
 
 // clusterIPs returns a Service's virtual addresses (both families when
