@@ -181,6 +181,12 @@ func (c *client) roundTrip(ctx context.Context, network, server string, msg []by
 	}
 }
 
+// maxCNAMEs bounds the CNAMEs a reply may chain, as resolvers bound theirs
+// (BIND follows 16): a longer chain or a loop is no answer. Following one
+// without a bound took the agent seconds for a 64 KiB reply of looping
+// CNAMEs, from a server anyone owning a domain controls.
+const maxCNAMEs = 16
+
 // parseReply extracts the addresses for q from a reply whose header p has
 // read.
 func parseReply(p *dnsmessage.Parser, h dnsmessage.Header, q dnsmessage.Question) (answer, error) {
@@ -212,9 +218,14 @@ func parseReply(p *dnsmessage.Parser, h dnsmessage.Header, q dnsmessage.Question
 	if err != nil {
 		return answer{}, fmt.Errorf("parse answers: %w", err)
 	}
-	// Follow the CNAME chain from the question's name; only records on
-	// that chain count (a resolver may add unrelated ones).
-	target := strings.ToLower(q.Name.String())
+	// Follow the CNAME chain from the question's name; only records of the
+	// question's type on that chain count (a resolver may add unrelated
+	// ones). Owner names are read once: each read allocates.
+	names := make([]string, len(rrs))
+	for i, rr := range rrs {
+		names[i] = rr.Header.Name.String()
+	}
+	target := q.Name.String()
 	var out answer
 	first := true
 	useTTL := func(ttl uint32) {
@@ -222,21 +233,24 @@ func parseReply(p *dnsmessage.Parser, h dnsmessage.Header, q dnsmessage.Question
 			out.ttl, first = d, false
 		}
 	}
-	for range len(rrs) {
+	for hops := 0; ; hops++ {
 		next := ""
-		for _, rr := range rrs {
-			if c, ok := rr.Body.(*dnsmessage.CNAMEResource); ok && strings.EqualFold(rr.Header.Name.String(), target) {
-				next = strings.ToLower(c.CNAME.String())
+		for i, rr := range rrs {
+			if c, ok := rr.Body.(*dnsmessage.CNAMEResource); ok && strings.EqualFold(names[i], target) {
+				next = c.CNAME.String()
 				useTTL(rr.Header.TTL)
 			}
 		}
 		if next == "" {
 			break
 		}
+		if hops == maxCNAMEs {
+			return answer{}, fmt.Errorf("CNAME chain of %s: longer than %d or a loop", q.Name, maxCNAMEs)
+		}
 		target = next
 	}
-	for _, rr := range rrs {
-		if !strings.EqualFold(rr.Header.Name.String(), target) {
+	for i, rr := range rrs {
+		if rr.Header.Type != q.Type || !strings.EqualFold(names[i], target) {
 			continue
 		}
 		switch body := rr.Body.(type) {
