@@ -22,8 +22,9 @@ import (
 // Authorization and the allowed headers, and the body when the filter
 // forwards it (Content-Length then says its size; a body over maxSize is
 // refused 413 once maxSize+1 bytes of it came). Its 200 lets the
-// request go on with the answer's headers (the allowed ones; none listed:
-// all but Host and the answer's own Content-Length, Content-Type and Date);
+// request go on with the answer's headers (the allowed ones but
+// Content-Length and Transfer-Encoding; none listed: all but Host and the
+// answer's own hop-by-hop fields, Content-Length, Content-Type and Date);
 // any other answer goes to the client as the server gave it,
 // and the request goes nowhere. A server that cannot be asked (no
 // ready endpoint, every one tried refused, TLS failure, no answer within
@@ -249,14 +250,14 @@ func authTo(ar *http.Request, be *upstream.Backend, c *balance.Choice) *http.Req
 const authAnswerLimit = 64 << 10
 
 // copyAuthHeaders copies the headers of the server's 200 into the request
-// to the backend: those allowed, or all but Host and the answer's own
-// hop-by-hop, framing and Date fields, which would misdescribe the
-// request.
+// to the backend: those allowed but the framing fields (framingField), or
+// all but Host and the answer's own hop-by-hop, framing and Date fields,
+// which would misdescribe the request.
 func copyAuthHeaders(dst, src http.Header, allowed []string) {
 	if len(allowed) > 0 {
 		for _, k := range allowed {
 			k = http.CanonicalHeaderKey(k)
-			if vv, ok := src[k]; ok {
+			if vv, ok := src[k]; ok && !framingField(k) {
 				dst[k] = vv
 			}
 		}
@@ -271,3 +272,10 @@ func copyAuthHeaders(dst, src http.Header, allowed []string) {
 		dst[k] = vv
 	}
 }
+
+// framingField reports whether k (canonical) frames a message's body
+// (RFC 9112 §6): the proxy writes those of a request from its own body,
+// never from an authorization server's answer. Copied, the server's
+// Content-Length went out on a bodiless request written by the fast path,
+// and the backend read the next request on the connection as its body.
+func framingField(k string) bool { return k == "Content-Length" || k == "Transfer-Encoding" }

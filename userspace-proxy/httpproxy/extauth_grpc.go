@@ -25,7 +25,8 @@ import (
 // none listed: all; never hop-by-hop ones, removeHopByHop; lowercased,
 // values joined by ",") and the body when
 // the filter forwards it. An OK lets the request on with OkHttpResponse's
-// headers (set, or added where append is true) and without its
+// headers (set, or added where append is true; not Host, Content-Length or
+// Transfer-Encoding, the request's own) and without its
 // headers_to_remove; another status is denied with DeniedHttpResponse's
 // status (403 when unset), headers and body. A call that fails (any gRPC
 // status but the answer's own, a message that does not decode) fails
@@ -69,13 +70,20 @@ func (h *Handler) askGRPC(ctx context.Context, x *exchange, r *http.Request, ea 
 	if err := decodeCheckResponse(resp, answer, &out); err != nil {
 		return nil, fmt.Errorf("external auth backend %s: %w", ea.Backend, err)
 	}
+	return checkAnswer(r, &out), nil
+}
+
+// checkAnswer applies out, the server's answer about r: on OK, r gets its
+// headers and loses those it removes (nil); otherwise it returns the
+// client's answer.
+func checkAnswer(r *http.Request, out *authv3.CheckResponse) (denied *localAnswer) {
 	if codes.Code(out.GetStatus().GetCode()) == codes.OK {
 		ok := out.GetOkResponse()
 		applyHeaderOptions(r.Header, ok.GetHeaders())
 		for _, k := range ok.GetHeadersToRemove() {
 			r.Header.Del(k)
 		}
-		return nil, nil
+		return nil
 	}
 	d := out.GetDeniedResponse()
 	a := &localAnswer{status: http.StatusForbidden, header: http.Header{}, body: []byte(d.GetBody())}
@@ -85,7 +93,7 @@ func (h *Handler) askGRPC(ctx context.Context, x *exchange, r *http.Request, ea 
 	applyHeaderOptions(a.header, d.GetHeaders())
 	removeHopByHop(a.header)
 	delete(a.header, "Content-Length")
-	return a, nil
+	return a
 }
 
 // decodeCheckResponse reads a unary call's answer: grpc-status 0 (in the
@@ -111,7 +119,9 @@ func decodeCheckResponse(resp *http.Response, answer []byte, out *authv3.CheckRe
 }
 
 // applyHeaderOptions applies ext_authz header options to h: a value set,
-// or added where append is true (ext_authz makes false its default).
+// or added where append is true (ext_authz makes false its default). The
+// framing fields are the proxy's to write (framingField), and Host is the
+// request's authority.
 func applyHeaderOptions(h http.Header, opts []*corev3.HeaderValueOption) {
 	for _, o := range opts {
 		k, v := http.CanonicalHeaderKey(o.GetHeader().GetKey()), o.GetHeader().GetValue()
@@ -119,7 +129,7 @@ func applyHeaderOptions(h http.Header, opts []*corev3.HeaderValueOption) {
 			v = string(o.GetHeader().GetRawValue())
 		}
 		switch {
-		case k == "" || k == "Host":
+		case k == "" || k == "Host" || framingField(k):
 		//lint:ignore SA1019 ext_authz servers (Envoy's own filter too) still say append with it; its successor, append_action, defaults to appending where ext_authz's append defaults to setting
 		case o.GetAppend().GetValue():
 			h[k] = append(h[k], v)
