@@ -111,6 +111,9 @@ spec: {from: [], to: []}
 			wantErr: "document 1: XBackendTrafficPolicy default/p: spec.targetRefs is empty"},
 		{name: "broken YAML", in: "apiVersion: v1\nkind: [\n", wantErr: "document 1: decode"},
 		{name: "no kind", in: "metadata: {name: a}\n", wantErr: "document 1: decode"},
+		// Lists nest up to 8 deep: each level decodes its items again.
+		{name: "Lists nested 8 deep", in: nestedLists(8), wantKeys: []string{"ConfigMap default/a"}},
+		{name: "Lists nested 9 deep", in: nestedLists(9), wantErr: "a List inside 8 Lists: at most 8 may nest"},
 		{name: "bad item in a List", in: "apiVersion: v1\nkind: List\nitems:\n- apiVersion: apps/v1\n  kind: Deployment\n  metadata: {name: d}\n", wantErr: "document 1: items[0]: kind Deployment"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -236,4 +239,11 @@ func TestAddRejectsOtherKinds(t *testing.T) {
 	if err := manifests.Add(&translate.Input{}, &corev1.Node{}); err == nil {
 		t.Error("Add(*corev1.Node) = nil, want an error")
 	}
+}
+
+// nestedLists is a ConfigMap inside n Lists, each the only item of the
+// one around it.
+func nestedLists(n int) string {
+	return strings.Repeat(`{"apiVersion":"v1","kind":"List","items":[`, n) +
+		`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"a"}}` + strings.Repeat(`]}`, n)
 }

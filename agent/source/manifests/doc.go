@@ -1,5 +1,6 @@
 // Package manifests decodes Kubernetes YAML or JSON manifests (many
-// documents per stream, "---"-separated, v1 List objects expanded) into
+// documents per stream, "---"-separated, v1 List objects expanded, Lists
+// nested up to 8 deep) into
 // the typed objects translate.Input holds: core Services, EndpointSlices,
 // Namespaces, Pods, ConfigMaps, Secrets, ClusterTrustBundles, and Gateway
 // API v1.7.0 BackendTLSPolicies, HTTPRoutes, GRPCRoutes, ReferenceGrants
