@@ -554,7 +554,8 @@ func knownFilter(kind snapshot.RouteKind, typ gwv1.HTTPRouteFilterType) bool {
 // headerModifier converts a header filter of a route of kind. Each name
 // may appear in one action only (the API calls other filters invalid);
 // names set or added must be header names, and values printable, so no
-// filter can inject a header line. A GRPCRoute's headers are gRPC
+// filter can inject a header line; the framing fields, Content-Length and
+// Transfer-Encoding, are the proxy's alone. A GRPCRoute's headers are gRPC
 // metadata, whose binary ("-bin") values must be base64.
 func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter, kind snapshot.RouteKind) *snapshot.HeaderModifier {
 	out := &snapshot.HeaderModifier{}
@@ -573,6 +574,12 @@ func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter, kind snap
 			if !remove {
 				b.badf("%s: header name %q is not valid", at, n)
 			}
+		case key == "content-length" || key == "transfer-encoding":
+			// They frame the message (RFC 9112 §6): the proxy writes them
+			// for the body it sends, and a filter's would have the peer
+			// read the body short, long or as the next message.
+			names[key] = true
+			b.badf("%s: header %q frames the message and may not be changed by a filter", at, n)
 		default:
 			names[key] = true
 			return true
