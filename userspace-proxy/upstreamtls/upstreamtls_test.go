@@ -189,6 +189,20 @@ func handshake(t *testing.T, l net.Listener, cert tls.Certificate, o *Originatio
 
 // handshakeWith is handshake with the server's configuration: one kept
 // across handshakes keeps its session ticket keys, so they can resume.
+// resumes handshakes with srv through l, then reads the session tickets
+// the server sends after the handshake (TLS 1.3) until it closes, and
+// reports whether the session was resumed.
+func resumes(t *testing.T, l net.Listener, srv *tls.Config, o *Origination) (bool, error) {
+	t.Helper()
+	c, err := handshakeWith(t, l, srv, o)
+	if err != nil {
+		return false, err
+	}
+	defer c.Close()
+	io.Copy(io.Discard, c)
+	return c.ConnectionState().DidResume, nil
+}
+
 func handshakeWith(t *testing.T, l net.Listener, srv *tls.Config, o *Origination) (*tls.Conn, error) {
 	t.Helper()
 	served := make(chan struct{})
@@ -339,17 +353,9 @@ func TestClientCertificateOnlyWhileValid(t *testing.T) {
 			return srv.DecryptTicket(identity, cs)
 		}
 		l := listen(t)
-		// connect handshakes, then reads the session tickets the server
-		// sends after it until the server closes.
 		connect := func(o *Origination) (resumed bool, err error) {
 			sent = nil
-			c, err := handshakeWith(t, l, srv, o)
-			if err != nil {
-				return false, err
-			}
-			defer c.Close()
-			io.Copy(io.Discard, c)
-			return c.ConnectionState().DidResume, nil
+			return resumes(t, l, srv, o)
 		}
 		identity := func() string {
 			if len(sent) == 0 {

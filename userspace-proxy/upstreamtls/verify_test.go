@@ -9,7 +9,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"io"
 	"math/big"
 	"net"
 	"net/url"
@@ -234,17 +233,7 @@ func TestResumption(t *testing.T) {
 				return o
 			}
 			l := listen(t)
-			// connect handshakes, then reads the server's session tickets
-			// (TLS 1.3 sends them after the handshake) until it closes.
-			connect := func(o *Origination) (resumed bool, err error) {
-				c, err := handshakeWith(t, l, srv, o)
-				if err != nil {
-					return false, err
-				}
-				defer c.Close()
-				io.Copy(io.Discard, c)
-				return c.ConnectionState().DidResume, nil
-			}
+			connect := func(o *Origination) (bool, error) { return resumes(t, l, srv, o) }
 			o := settings(root.pem(), sans)
 			if _, err := connect(o); err != nil {
 				t.Fatalf("sans %v: first handshake: %v", sans, err)

@@ -155,17 +155,24 @@ func startCRDServer(t *testing.T, ns string) (*apiserver.Env, *manifests.Decoder
 func translateRefused(t *testing.T, env *apiserver.Env, dec *manifests.Decoder, ns, services, doc string) translate.Result {
 	t.Helper()
 	createRefused(t, env, ns, doc)
-	objs, err := dec.Decode(strings.NewReader(services + "---\n" + doc))
+	var in translate.Input
+	return translateDocs(t, dec, &in, services+"---\n"+doc)
+}
+
+// translateDocs decodes docs with dec into in, as the file source does,
+// and translates in.
+func translateDocs(t *testing.T, dec *manifests.Decoder, in *translate.Input, docs string) translate.Result {
+	t.Helper()
+	objs, err := dec.Decode(strings.NewReader(docs))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var in translate.Input
 	for _, o := range objs {
-		if err := manifests.Add(&in, o); err != nil {
+		if err := manifests.Add(in, o); err != nil {
 			t.Fatal(err)
 		}
 	}
-	res, err := translate.Translate(in)
+	res, err := translate.Translate(*in)
 	if err != nil {
 		t.Fatal(err)
 	}

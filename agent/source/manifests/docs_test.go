@@ -179,19 +179,7 @@ func checkExamplesAccepted(t *testing.T, dec *manifests.Decoder, examples []stri
 			Data:       map[string][]byte{"tls.crt": client.CertPEM, "tls.key": client.KeyPEM},
 		}},
 	}
-	objs, err := dec.Decode(strings.NewReader(exampleCluster + "---\n" + strings.Join(examples, "---\n")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range objs {
-		if err := manifests.Add(&in, o); err != nil {
-			t.Fatal(err)
-		}
-	}
-	res, err := translate.Translate(in)
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := translateDocs(t, dec, &in, exampleCluster+"---\n"+strings.Join(examples, "---\n"))
 
 	for _, p := range in.BackendTLSPolicies {
 		wantWell(t, "BackendTLSPolicy "+p.Name, res.Status.BackendTLSPolicies[key(p)], func(a gwv1.PolicyAncestorStatus) []metav1.Condition { return a.Conditions })
