@@ -30,6 +30,7 @@ import (
 // proxy's writers frame or hop by.
 func FuzzCheckAnswer(f *testing.F) {
 	header := func(k, v string, add bool) *corev3.HeaderValueOption {
+		//lint:ignore SA1019 ext_authz servers still say append with it (applyHeaderOptions)
 		return &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, Value: v}, Append: wrapperspb.Bool(add)}
 	}
 	ok := func(headers ...*corev3.HeaderValueOption) *authv3.CheckResponse {
