@@ -438,6 +438,19 @@ func (s *Snapshot) Workload(ip netip.Addr) (*Workload, bool) {
 	return w, ok
 }
 
+// ClientPod returns the pod of a client connecting from ip: pod when the
+// listener names it (in-pod mode), else the workload holding ip
+// (Workload); nil when neither names one.
+func (s *Snapshot) ClientPod(ip netip.Addr, pod *ObjectRef) *ObjectRef {
+	if pod != nil {
+		return pod
+	}
+	if w, ok := s.Workload(ip); ok {
+		return &w.Pod
+	}
+	return nil
+}
+
 // HostNetwork reports whether an enrolled host-network pod holds ip: it is
 // then one of the node's own addresses, from which every process of the
 // node's network namespace connects, whichever pod it belongs to.

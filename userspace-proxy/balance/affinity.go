@@ -104,14 +104,11 @@ type ClientKey struct {
 	Addr netip.Addr
 }
 
-// ClientOf returns the key of the client at addr: pod when the listener
-// knows it, else the workload s has at addr, else addr.
+// ClientOf returns the key of the client at addr: its pod as s names it
+// (Snapshot.ClientPod, pod being the listener's), else addr.
 func ClientOf(s *snapshot.Snapshot, addr netip.AddrPort, pod *snapshot.ObjectRef) ClientKey {
-	if pod != nil {
-		return ClientKey{Pod: *pod}
-	}
-	if w, ok := s.Workload(addr.Addr()); ok {
-		return ClientKey{Pod: w.Pod}
+	if p := s.ClientPod(addr.Addr(), pod); p != nil {
+		return ClientKey{Pod: *p}
 	}
 	return ClientKey{Addr: addr.Addr()}
 }

@@ -91,11 +91,8 @@ type routed struct {
 // listener's pod, else the local workload with the client's address; ""
 // when unknown, which selects the producer routes.
 func (x *exchange) clientNamespace() string {
-	if p := x.t.ClientPod; p != nil {
+	if p := x.v.Snapshot.ClientPod(x.t.ClientAddr.Addr(), x.t.ClientPod); p != nil {
 		return p.Namespace
-	}
-	if w, ok := x.v.Snapshot.Workload(x.t.ClientAddr.Addr()); ok {
-		return w.Pod.Namespace
 	}
 	return ""
 }

@@ -104,22 +104,10 @@ func (t *Target) relayFailed(be *upstream.Backend) error {
 // ClientName names a client in logs: its pod when known (given, or the
 // workload of s at addr), else its address.
 func ClientName(s *snapshot.Snapshot, addr netip.AddrPort, pod *snapshot.ObjectRef) string {
-	if pod := clientPod(s, addr, pod); pod != nil {
+	if pod := s.ClientPod(addr.Addr(), pod); pod != nil {
 		return pod.String()
 	}
 	return addr.Addr().String()
-}
-
-// clientPod returns the pod of the client at addr: pod when given, else
-// the workload of s at addr; nil when neither names one.
-func clientPod(s *snapshot.Snapshot, addr netip.AddrPort, pod *snapshot.ObjectRef) *snapshot.ObjectRef {
-	if pod != nil {
-		return pod
-	}
-	if w, ok := s.Workload(addr.Addr()); ok {
-		return &w.Pod
-	}
-	return nil
 }
 
 // ended calls Ended, if set.
@@ -190,7 +178,7 @@ func (t *Target) clientKey() balance.ClientKey {
 // ClientName does), else its address. By address alone, a dual-stack pod
 // in node-IP mode was two clients, with two turns and two shares.
 func (t *Target) poolClient() pool.Client {
-	if pod := clientPod(t.Start.Snapshot, t.ClientAddr, t.ClientPod); pod != nil {
+	if pod := t.Start.Snapshot.ClientPod(t.ClientAddr.Addr(), t.ClientPod); pod != nil {
 		return pool.Client{Namespace: pod.Namespace, Name: pod.Name}
 	}
 	return pool.Client{Addr: t.ClientAddr.Addr()}
