@@ -17,6 +17,7 @@ import (
 // ends abnormally; routes has those of route decisions.
 const (
 	grpcCanceled          = 1
+	grpcUnknown           = 2
 	grpcDeadlineExceeded  = 4
 	grpcPermissionDenied  = 7
 	grpcResourceExhausted = 8
@@ -77,32 +78,51 @@ func parseGRPCTimeout(v string) (time.Duration, bool) {
 }
 
 // resetStatus is the status for a call whose stream the backend reset
-// (err carries an HTTP/2 stream error; ok false otherwise), by gRPC's
-// mapping of HTTP/2 errors (PROTOCOL-HTTP2.md, "Errors"), which is how a
-// client connected to the backend would read it. The proxy must say it
-// itself, in a status: net/http's server resets streams with
-// INTERNAL_ERROR only, which gRPC clients read as INTERNAL — a backend's
-// CANCEL at the call's deadline would reach the app as INTERNAL instead of
-// DEADLINE_EXCEEDED. g may be nil (not a gRPC call).
+// (err carries an HTTP/2 stream error; ok false otherwise), as grpc-go's
+// client reads a reset (resetCodes), which is what a client connected to
+// the backend would get. The proxy must say it itself, in a status:
+// net/http's server resets streams with INTERNAL_ERROR only, which gRPC
+// clients read as INTERNAL — a backend's CANCEL at the call's deadline
+// would reach the app as INTERNAL instead of DEADLINE_EXCEEDED. g may be
+// nil (not a gRPC call).
 func (g *grpcCall) resetStatus(err error) (code int, reason string, ok bool) {
 	var se http2.StreamError
 	if g == nil || !errors.As(err, &se) {
 		return 0, "", false
 	}
-	switch se.Code {
-	case http2.ErrCodeCancel:
-		if !g.deadline.IsZero() && !time.Now().Before(g.deadline) {
-			return grpcDeadlineExceeded, "deadline exceeded at the backend", true
-		}
-		return grpcCanceled, "backend cancelled the call", true
-	case http2.ErrCodeRefusedStream:
-		return routes.GRPCUnavailable, "backend refused the stream", true
-	case http2.ErrCodeEnhanceYourCalm:
-		return grpcResourceExhausted, "backend reset the stream: ENHANCE_YOUR_CALM", true
-	case http2.ErrCodeInadequateSecurity:
-		return grpcPermissionDenied, "backend reset the stream: INADEQUATE_SECURITY", true
+	code, known := resetCodes[se.Code]
+	if !known {
+		code = grpcUnknown
 	}
-	return grpcInternal, "backend reset the stream: " + se.Code.String(), true
+	if code == grpcCanceled && !g.deadline.IsZero() && !time.Now().Before(g.deadline) {
+		// grpc-go too: a CANCEL once the deadline has passed was most
+		// likely the backend giving up at it.
+		return grpcDeadlineExceeded, "deadline exceeded at the backend", true
+	}
+	return code, "backend reset the stream: " + se.Code.String(), true
+}
+
+// resetCodes maps an RST_STREAM error code to the gRPC status grpc-go's
+// client gives the call (internal/transport http2ErrConvTab, v1.85), so
+// that a grpc-go app gets through the L7 path what it gets through the
+// L4 path, where the reset itself reaches it. grpc-go departs from
+// PROTOCOL-HTTP2.md in one code: FLOW_CONTROL_ERROR is RESOURCE_EXHAUSTED
+// there, not INTERNAL. A code not listed is UNKNOWN, as in grpc-go.
+var resetCodes = map[http2.ErrCode]int{
+	http2.ErrCodeNo:                 grpcInternal,
+	http2.ErrCodeProtocol:           grpcInternal,
+	http2.ErrCodeInternal:           grpcInternal,
+	http2.ErrCodeFlowControl:        grpcResourceExhausted,
+	http2.ErrCodeSettingsTimeout:    grpcInternal,
+	http2.ErrCodeStreamClosed:       grpcInternal,
+	http2.ErrCodeFrameSize:          grpcInternal,
+	http2.ErrCodeRefusedStream:      routes.GRPCUnavailable,
+	http2.ErrCodeCancel:             grpcCanceled,
+	http2.ErrCodeCompression:        grpcInternal,
+	http2.ErrCodeConnect:            grpcInternal,
+	http2.ErrCodeEnhanceYourCalm:    grpcResourceExhausted,
+	http2.ErrCodeInadequateSecurity: grpcPermissionDenied,
+	http2.ErrCodeHTTP11Required:     grpcInternal,
 }
 
 // failStatus is the status for a call that failed with err, of class

@@ -1222,7 +1222,7 @@ func grpcTimeout(v string) (time.Duration, error) {
 
 // TestInteropGRPCBackendResets: a backend that resets a call's stream (or
 // drops its connection), before answering or after part of the answer,
-// gives the app the status gRPC's HTTP/2 error mapping gives a client
+// gives the app the status grpc-go's HTTP/2 error mapping gives a client
 // connected to the backend — on the L4 path, where the reset itself
 // crosses, and on the L7 path, where the proxy must say it in a status
 // (its own reset could only be INTERNAL_ERROR). A CANCEL at the call's
@@ -1238,12 +1238,20 @@ func TestInteropGRPCBackendResets(t *testing.T) {
 	m.frontend("resets-l7", l7, ref, producer(routeSet(snapshot.KindGRPCRoute, rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(ref)}})))
 	e.p.Update(m.snapshot(1))
 
-	cases := map[string]codes.Code{
-		fmt.Sprint(uint32(http2.ErrCodeCancel)):             codes.Canceled,
-		fmt.Sprint(uint32(http2.ErrCodeEnhanceYourCalm)):    codes.ResourceExhausted,
-		fmt.Sprint(uint32(http2.ErrCodeInadequateSecurity)): codes.PermissionDenied,
-		fmt.Sprint(uint32(http2.ErrCodeInternal)):           codes.Internal,
-		"close": codes.Unavailable,
+	// Every RST_STREAM code, as grpc-go reads it (on the L4 path it does
+	// so itself, which checks this table), and codes HTTP/2 does not
+	// define, which grpc-go reads as UNKNOWN.
+	cases := map[string]codes.Code{"close": codes.Unavailable}
+	for code, want := range map[http2.ErrCode]codes.Code{
+		http2.ErrCodeNo: codes.Internal, http2.ErrCodeProtocol: codes.Internal, http2.ErrCodeInternal: codes.Internal,
+		http2.ErrCodeFlowControl: codes.ResourceExhausted, http2.ErrCodeSettingsTimeout: codes.Internal,
+		http2.ErrCodeStreamClosed: codes.Internal, http2.ErrCodeFrameSize: codes.Internal,
+		http2.ErrCodeRefusedStream: codes.Unavailable, http2.ErrCodeCancel: codes.Canceled,
+		http2.ErrCodeCompression: codes.Internal, http2.ErrCodeConnect: codes.Internal,
+		http2.ErrCodeEnhanceYourCalm: codes.ResourceExhausted, http2.ErrCodeInadequateSecurity: codes.PermissionDenied,
+		http2.ErrCodeHTTP11Required: codes.Internal, http2.ErrCodeHTTP11Required + 1: codes.Unknown, 0xdead: codes.Unknown,
+	} {
+		cases[fmt.Sprint(uint32(code))] = want
 	}
 	for path, dst := range map[string]netip.AddrPort{"l4": l4, "l7": l7} {
 		t.Run(path, func(t *testing.T) {
