@@ -78,7 +78,8 @@
 // whole value, checked here; the proxy compiles them once per snapshot. A
 // GRPCRoute's service or method expression keeps that meaning inside the
 // path expression: "^" and "$" at its edges are removed, and one elsewhere
-// ("a*^b") drops the rule (segmentRegex). A rule without matches matches
+// ("a*^b") drops the rule; "." and classes lose "/", so each matches its
+// own segment, and a literal "/" drops the rule (segmentRegex). A rule without matches matches
 // every request; an HTTPRoute without rules gets the CRD's default rule.
 //
 // Rules keep their filters in the Snapshot: request and response header

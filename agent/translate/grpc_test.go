@@ -13,6 +13,7 @@ import (
 // regular expressions anchored with "^" and "$" (which matched nothing
 // once joined into one path expression), a service written fully
 // qualified with a leading dot (which matched nothing as "/.pkg.Svc"),
+// each expression confined to its own segment of the path,
 // and that a rule writing a binary header gRPC cannot decode answers
 // UNAVAILABLE rather than forwarding calls the backend fails INTERNAL.
 func TestGRPCMethodForms(t *testing.T) {
@@ -31,6 +32,12 @@ func TestGRPCMethodForms(t *testing.T) {
 		{path: "/SHOP.V1.CART/Add", rule: "anchored-alternatives"},
 		{path: "/shop.v2.Cart/Add", rule: "anchored-alternatives"},
 		{path: "/shop.v2.CartX/Add", why: routes.ReasonNoMatch},
+		{path: "/cross.Svc/Bar", rule: "service-in-its-segment"},
+		{path: "/cross.Svc/Extra/Bar", why: routes.ReasonNoMatch},
+		{path: "/cross.Svc/Bar/Bar", why: routes.ReasonNoMatch},
+		{path: "/crossm.Svc/Get", rule: "method-in-its-segment"},
+		{path: "/crossm.Svc/Get/Extra", why: routes.ReasonNoMatch},
+		{path: "/slash.Svc/Get/Any", why: routes.ReasonNoMatch}, // literal-slash is dropped
 		{path: "/pkg.Orders/Get", rule: "fully-qualified"},
 		{path: "/pkg.Orders/Put", why: routes.ReasonNoMatch},
 		{path: "/pkg.Stock/Count", rule: "fully-qualified-service-only"},

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/gateway-api/pkg/utils"
@@ -243,24 +244,41 @@ func grpcMatch(m gwv1.GRPCRouteMatch) (routeMatch, string) {
 
 // segmentRegex rewrites expr, an RE2 expression that matches a whole
 // gRPC service or method, for its place inside the path expression
-// "/service/method". "^" and "$" (\A, \z; with (?m), line anchors) where
-// they start or end the expression hold there by definition, and are
-// removed: at the value's edges they are what users write, and left in,
-// the path expression could never meet them. An anchor elsewhere
-// ("a*^b") could hold at the value's start or end only through empty
-// matches around it, which no path expression can say: it is refused.
+// "/service/method", where it must match that segment and nothing more:
+//   - "^" and "$" (\A, \z; with (?m), line anchors) where they start or
+//     end the expression hold there by definition, and are removed: at
+//     the value's edges they are what users write, and left in, the path
+//     expression could never meet them. An anchor elsewhere ("a*^b")
+//     could hold at the value's start or end only through empty matches
+//     around it, which no path expression can say: it is refused.
+//   - Every character it matches, it matches only when that is not "/"
+//     ("." becomes "[^\n/]"), so a service expression cannot reach into
+//     the method, nor either span more segments than gRPC paths have
+//     (unconfined, service "foo.*" with method "Bar" matched
+//     "/foo.Svc/Extra/Bar"). A literal "/" can match no service or
+//     method: it is refused, as the CRD refuses it in Exact values.
+//
 // Word boundaries need nothing: "/" and the path's end are no word
 // characters, as the value's edges are not. expr comes back as written
-// when it has no anchor.
+// when neither rewrite changes it.
 func segmentRegex(expr string) (string, string) {
 	re, err := syntax.Parse(expr, syntax.Perl) // as regexp.Compile parses
-	if err != nil || !hasAnchor(re) {
-		return expr, ""
+	if err != nil {
+		return expr, "" // regexProblem has refused it
 	}
-	re = trimAnchors(re, true)
-	re = trimAnchors(re, false)
-	if hasAnchor(re) {
-		return "", fmt.Sprintf("regular expression %q has an anchor (^, $, \\A, \\z) inside: anchors may only start or end it", expr)
+	if anyNode(re, isSlashLiteral) {
+		return "", fmt.Sprintf("regular expression %q has a literal \"/\", which no gRPC service or method holds", expr)
+	}
+	anchored := anyNode(re, isAnchor)
+	if anchored {
+		re = trimAnchors(re, true)
+		re = trimAnchors(re, false)
+		if anyNode(re, isAnchor) {
+			return "", fmt.Sprintf("regular expression %q has an anchor (^, $, \\A, \\z) inside: anchors may only start or end it", expr)
+		}
+	}
+	if !withinSegment(re) && !anchored {
+		return expr, ""
 	}
 	return re.String(), ""
 }
@@ -295,12 +313,68 @@ func trimAnchors(re *syntax.Regexp, leading bool) *syntax.Regexp {
 	return re
 }
 
-func hasAnchor(re *syntax.Regexp) bool {
+// withinSegment takes "/" out of every character re matches: of "." (with
+// (?s), any character) and of character classes; a class left empty
+// matches nothing. Literals hold no "/" (segmentRegex refused them). It
+// reports whether re changed.
+func withinSegment(re *syntax.Regexp) bool {
+	switch re.Op {
+	case syntax.OpAnyChar:
+		re.Op, re.Rune = syntax.OpCharClass, []rune{0, unicode.MaxRune}
+	case syntax.OpAnyCharNotNL:
+		re.Op, re.Rune = syntax.OpCharClass, []rune{0, '\n' - 1, '\n' + 1, unicode.MaxRune}
+	case syntax.OpCharClass:
+		if !classHas(re.Rune, '/') {
+			return false
+		}
+	default:
+		changed := false
+		for _, sub := range re.Sub {
+			changed = withinSegment(sub) || changed
+		}
+		return changed
+	}
+	ranges := make([]rune, 0, len(re.Rune)+2)
+	for i := 0; i < len(re.Rune); i += 2 {
+		lo, hi := re.Rune[i], re.Rune[i+1]
+		if lo < '/' {
+			ranges = append(ranges, lo, min(hi, '/'-1))
+		}
+		if hi > '/' {
+			ranges = append(ranges, max(lo, '/'+1), hi)
+		}
+	}
+	if re.Rune = ranges; len(ranges) == 0 {
+		re.Op, re.Rune = syntax.OpNoMatch, nil
+	}
+	return true
+}
+
+// classHas reports whether the class ranges (pairs, lo and hi) hold r.
+func classHas(ranges []rune, r rune) bool {
+	for i := 0; i < len(ranges); i += 2 {
+		if ranges[i] <= r && r <= ranges[i+1] {
+			return true
+		}
+	}
+	return false
+}
+
+// anyNode reports whether f holds for re or a node below it.
+func anyNode(re *syntax.Regexp, f func(*syntax.Regexp) bool) bool {
+	return f(re) || slices.ContainsFunc(re.Sub, func(sub *syntax.Regexp) bool { return anyNode(sub, f) })
+}
+
+func isAnchor(re *syntax.Regexp) bool {
 	switch re.Op {
 	case syntax.OpBeginText, syntax.OpEndText, syntax.OpBeginLine, syntax.OpEndLine:
 		return true
 	}
-	return slices.ContainsFunc(re.Sub, hasAnchor)
+	return false
+}
+
+func isSlashLiteral(re *syntax.Regexp) bool {
+	return re.Op == syntax.OpLiteral && slices.Contains(re.Rune, '/')
 }
 
 // grpcServiceName and grpcMethodName are the GRPCMethodMatch CRD's

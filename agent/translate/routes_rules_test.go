@@ -2,16 +2,20 @@ package translate
 
 import (
 	"regexp"
+	"strings"
 	"testing"
 )
 
-// TestSegmentRegex: a service expression placed in the path expression
-// "/service/method" by segmentRegex matches exactly the services the
-// expression matches as a whole value, anchors included; an anchor it
-// cannot place is refused, and an expression without anchors is kept as
-// written.
+// TestSegmentRegex: an expression placed in the path expression
+// "/service/method" by segmentRegex, as the service or as the method,
+// matches exactly the values the expression matches as a whole value,
+// anchors included, and only when they hold no "/": neither side reaches
+// into the other or across more segments. An anchor it cannot place and
+// a literal "/" are refused, and an expression that needs no rewrite is
+// kept as written.
 func TestSegmentRegex(t *testing.T) {
-	services := []string{"", "a", "A", "b", "y", "xy", "xxy", "ac", "bc", "ab", "foo", "foo.Bar", "pkg.foo", "a\nb"}
+	values := []string{"", "a", "A", "b", "y", "xy", "xxy", "ac", "bc", "ab", "foo", "foo.Bar", "pkg.foo", "a\nb",
+		"/", "a/", "/a", "a/b", "foo.Svc/Extra", "foo/Bar", "pkg.foo/M", "M/M", "a/\nb"}
 	for _, tc := range []struct {
 		expr    string
 		refused bool
@@ -25,6 +29,15 @@ func TestSegmentRegex(t *testing.T) {
 		{expr: `^$`},
 		{expr: `\bfoo\b`},
 		{expr: `foo.*`},
+		{expr: `.*`},
+		{expr: `(?s).+`},
+		{expr: `[^.]*`},
+		{expr: `\W?[[:punct:]]?\PL*`},
+		{expr: `[!-0]+`},
+		{expr: `[/]|a`}, // one class, [/a]: the class loses its "/"
+		{expr: `foo\/Bar`, refused: true},
+		{expr: `a|\x2f`},
+		{expr: `ab|\x2f`, refused: true},
 		{expr: `x*^y`, refused: true},
 		{expr: `(^a)*`, refused: true},
 		{expr: `a$b`, refused: true},
@@ -38,14 +51,21 @@ func TestSegmentRegex(t *testing.T) {
 			continue
 		}
 		whole := regexp.MustCompile("^(?:" + tc.expr + ")$")
-		path := regexp.MustCompile("^(?:/(?:" + got + ")/(?:M))$")
-		for _, s := range services {
-			if want, inPath := whole.MatchString(s), path.MatchString("/"+s+"/M"); inPath != want {
-				t.Errorf("segmentRegex(%q) = %q: service %q matches %v in the path, %v alone", tc.expr, got, s, inPath, want)
+		asService := regexp.MustCompile("^(?:/(?:" + got + ")/(?:M))$")
+		asMethod := regexp.MustCompile("^(?:/[^/]+/(?:" + got + "))$")
+		for _, v := range values {
+			want := whole.MatchString(v) && !strings.Contains(v, "/")
+			if inPath := asService.MatchString("/" + v + "/M"); inPath != want {
+				t.Errorf("segmentRegex(%q) = %q: service %q matches %v in the path, want %v", tc.expr, got, v, inPath, want)
+			}
+			if inPath := asMethod.MatchString("/S/" + v); inPath != want {
+				t.Errorf("segmentRegex(%q) = %q: method %q matches %v in the path, want %v", tc.expr, got, v, inPath, want)
 			}
 		}
 	}
-	if got, _ := segmentRegex(`grpc\.reflection\..*`); got != `grpc\.reflection\..*` {
-		t.Errorf("segmentRegex without anchors = %q, want it as written", got)
+	for _, expr := range []string{`grpc\.reflection\.[a-z]+`, `(Check|Watch)`} {
+		if got, _ := segmentRegex(expr); got != expr {
+			t.Errorf("segmentRegex(%q) = %q, want it as written", expr, got)
+		}
 	}
 }
