@@ -67,10 +67,12 @@
 // NoMatchingParent. Ports routes attach to are captured.
 //
 // Matches are listed once per set, in precedence order (matchKey): Exact
-// path; then PathPrefix and RegularExpression by length, PathPrefix first
-// on a tie; method; header count; query param count; then the older route,
-// namespace/name, rule order and match order. GRPCRoute: service
-// characters, method characters, header count, then the same tie breaks;
+// path; then PathPrefix and RegularExpression by length (an expression's
+// without its anchors), PathPrefix first on a tie; method; header count;
+// query param count; then the older route, namespace/name, rule order and
+// match order. GRPCRoute: service characters, method characters (a
+// regular expression's without its anchors), header count, then the same
+// tie breaks;
 // its service/method matches become paths ("/svc/method" Exact, "/svc"
 // PathPrefix, or an anchored regular expression); an Exact service written
 // fully qualified (".pkg.Svc") loses its leading dot, which gRPC paths

@@ -13,7 +13,8 @@ import (
 // regular expressions anchored with "^" and "$" (which matched nothing
 // once joined into one path expression), a service written fully
 // qualified with a leading dot (which matched nothing as "/.pkg.Svc"),
-// each expression confined to its own segment of the path,
+// each expression confined to its own segment of the path and ranked
+// by its characters without anchors,
 // and that a rule writing a binary header gRPC cannot decode answers
 // UNAVAILABLE rather than forwarding calls the backend fails INTERNAL.
 func TestGRPCMethodForms(t *testing.T) {
@@ -38,6 +39,8 @@ func TestGRPCMethodForms(t *testing.T) {
 		{path: "/crossm.Svc/Get", rule: "method-in-its-segment"},
 		{path: "/crossm.Svc/Get/Extra", why: routes.ReasonNoMatch},
 		{path: "/slash.Svc/Get/Any", why: routes.ReasonNoMatch}, // literal-slash is dropped
+		{path: "/rank.Svc/Get", rule: "rank-longer"},
+		{path: "/rank.Other/Get", rule: "rank-anchored"},
 		{path: "/pkg.Orders/Get", rule: "fully-qualified"},
 		{path: "/pkg.Orders/Put", why: routes.ReasonNoMatch},
 		{path: "/pkg.Stock/Count", rule: "fully-qualified-service-only"},

@@ -32,6 +32,7 @@ type routeMatch struct {
 // first on equal length; then a method match; then more header matches;
 // then more query param matches. GRPCRoute: more characters of service,
 // then of method, then more header matches; exact and regex stay false.
+// A regular expression's length leaves its anchors out (regexChars).
 type matchKey struct {
 	exact    bool
 	pathLen  int // HTTP: path length (prefix without its trailing "/"); gRPC: service characters
@@ -122,7 +123,7 @@ func httpMatch(m gwv1.HTTPRouteMatch) (routeMatch, string) {
 			return rm, "path: " + problem
 		}
 		rm.key.regex = true
-		rm.key.pathLen = len(path.Value)
+		rm.key.pathLen = regexChars(path.Value)
 	default:
 		return rm, fmt.Sprintf("path.type %q is not Exact, PathPrefix or RegularExpression", path.Type)
 	}
@@ -191,6 +192,7 @@ func grpcMatch(m gwv1.GRPCRouteMatch) (routeMatch, string) {
 			// does (".pkg.Svc"); gRPC paths never carry that dot, so it
 			// names the same service as "pkg.Svc".
 			service = strings.TrimPrefix(service, ".")
+			rm.key.pathLen, rm.key.method = len(service), len(method)
 			switch {
 			case method == "":
 				// Every gRPC path of the service: "/service" element by element.
@@ -218,10 +220,10 @@ func grpcMatch(m gwv1.GRPCRouteMatch) (routeMatch, string) {
 				parts[i] = "(?:" + expr + ")"
 			}
 			rm.m.Path = snapshot.PathMatch{Type: snapshot.PathRegularExpression, Value: "/" + parts[0] + "/" + parts[1]}
+			rm.key.pathLen, rm.key.method = regexChars(service), regexChars(method)
 		default:
 			return rm, fmt.Sprintf("method.type %q is not Exact or RegularExpression", typ)
 		}
-		rm.key.pathLen, rm.key.method = len(service), len(method)
 	}
 	headers := make([]stringMatchIn, len(m.Headers))
 	for i, h := range m.Headers {
@@ -375,6 +377,58 @@ func isAnchor(re *syntax.Regexp) bool {
 
 func isSlashLiteral(re *syntax.Regexp) bool {
 	return re.Op == syntax.OpLiteral && slices.Contains(re.Rune, '/')
+}
+
+// regexChars is the length of expr, an RE2 expression, less its anchors
+// (^, $, \A, \z): its characters, as a precedence counts them. The proxy
+// matches every expression against the whole path or value, and translate
+// removes a GRPCRoute expression's edge anchors anyway (segmentRegex), so
+// "^foo$" and "foo" mean the same and must rank alike. A "^" that negates
+// a class ("[^/]", "[[:^alpha:]]", "\p{^Greek}"), a "$" in one and
+// escaped ones ("\^", "\Q$\E") are characters.
+func regexChars(expr string) int {
+	n, inClass := len(expr), false
+	for i := 0; i < len(expr); i++ {
+		rest := expr[i+1:]
+		switch c := expr[i]; {
+		case c == '\\' && rest != "":
+			if rest[0] == 'A' || rest[0] == 'z' {
+				n -= 2
+			}
+			i += escapeLen(rest)
+		case inClass && c == '[' && strings.HasPrefix(rest, ":"):
+			if end := strings.Index(rest, ":]"); end > 0 {
+				i += end + 2 // a POSIX class, "[:^alpha:]"
+			}
+		case inClass:
+			inClass = c != ']'
+		case c == '[':
+			// A "^" first negates; a "]" first (after it) is a character.
+			inClass = true
+			i += len(rest) - len(strings.TrimPrefix(strings.TrimPrefix(rest, "^"), "]"))
+		case c == '^' || c == '$':
+			n--
+		}
+	}
+	return n
+}
+
+// escapeLen is how many bytes of rest, what follows a "\", its escape
+// takes: "\Q...\E" up to its "\E" (or the end), "\p{...}" up to its "}",
+// any other one character.
+func escapeLen(rest string) int {
+	switch {
+	case rest[0] == 'Q':
+		if end := strings.Index(rest, `\E`); end >= 0 {
+			return end + 2
+		}
+		return len(rest)
+	case (rest[0] == 'p' || rest[0] == 'P') && strings.HasPrefix(rest[1:], "{"):
+		if end := strings.IndexByte(rest, '}'); end >= 0 {
+			return end + 1
+		}
+	}
+	return 1
 }
 
 // grpcServiceName and grpcMethodName are the GRPCMethodMatch CRD's

@@ -69,3 +69,19 @@ func TestSegmentRegex(t *testing.T) {
 		}
 	}
 }
+
+// TestRegexChars: an expression's characters, as precedence counts them,
+// leave out its anchors only: spellings of one meaning with and without
+// them count alike, and a "^" or "$" that is a character, a class's
+// negation or inside a class, quoted or escaped, counts.
+func TestRegexChars(t *testing.T) {
+	for expr, want := range map[string]int{
+		`foo`: 3, `^foo$`: 3, `\Afoo\z`: 3, `(?m)^foo$`: 7, `^a$|^b$`: 3, `(^a|b)c$`: 6, `^$`: 0,
+		`[^/]+`: 5, `[$^]`: 4, `[]^]`: 4, `[^]$]`: 5, `[[:^alpha:]]`: 12, `[[:^alpha:]^]$`: 13,
+		`\^\$`: 4, `\\$`: 2, `[\]^]`: 5, `\Q^$\E`: 6, `\Q^$`: 4, `\p{^Greek}$`: 10, `\pL^`: 3, `x\`: 2,
+	} {
+		if got := regexChars(expr); got != want {
+			t.Errorf("regexChars(%q) = %d, want %d", expr, got, want)
+		}
+	}
+}
