@@ -62,7 +62,9 @@
 // Frontend.Routes table: a producer set and one set per consumer
 // namespace, each merging every route of its role. When HTTPRoutes and
 // GRPCRoutes attach to the same port and role, the GRPCRoutes govern and
-// the HTTPRoutes' parent entry says Conflicted for that port (GEP-1294).
+// the HTTPRoutes' parent entry says Conflicted for that port (GEP-1294);
+// across roles there is no conflict, a consumer set of either kind
+// replacing the producer set of either kind.
 // Headless and ExternalName Services, missing Services and ports are
 // NoMatchingParent. Ports routes attach to are captured.
 //

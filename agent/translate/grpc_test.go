@@ -60,3 +60,31 @@ func TestGRPCMethodForms(t *testing.T) {
 		}
 	}
 }
+
+// TestGRPCRouteRoles checks, on the Snapshot translate builds from
+// testdata/gamma/grpc-consumer-producer.in.yaml and as the proxy decides,
+// that a consumer route replaces the producer routes for its namespace's
+// clients whatever the two kinds (GEP-1294 merges routes only within one
+// role), and that a GRPCRoute wins over an HTTPRoute of the same role.
+func TestGRPCRouteRoles(t *testing.T) {
+	c := newDecisionCase(t, "testdata/gamma/grpc-consumer-producer.in.yaml")
+	for _, tc := range []struct {
+		from, to string
+		route    string // "Kind/namespace/name" of the route that takes the call
+	}{
+		{from: "web", to: "10.96.19.1:7070", route: "HTTPRoute/web/web-route"},
+		{from: "other", to: "10.96.19.1:7070", route: "GRPCRoute/mesh/rpc"},
+		{from: "mesh", to: "10.96.19.1:7070", route: "GRPCRoute/mesh/rpc"},
+		{from: "", to: "10.96.19.1:7070", route: "GRPCRoute/mesh/rpc"}, // a host-network client
+		{from: "both", to: "10.96.19.1:7070", route: "GRPCRoute/both/both-grpc"},
+		{from: "rpc", to: "10.96.19.2:7070", route: "GRPCRoute/rpc/rpc-route"},
+		{from: "web", to: "10.96.19.2:7070", route: "HTTPRoute/mesh/orders-http"},
+	} {
+		req := routes.Request{Method: http.MethodPost, Path: "/shop.Cart/Get", Host: "echo", Header: http.Header{"Content-Type": {"application/grpc"}}}
+		var d routes.Decision
+		c.set(t, tc.from, tc.to).Decide(&req, routes.GlobalRand{}, &d)
+		if d.Action != routes.Forward || d.Rule == nil || d.Rule.Route.String() != tc.route {
+			t.Errorf("call to %s from namespace %q: %v (%s, rule %+v), want Forward by %s", tc.to, tc.from, d.Action, d.Reason, d.Rule, tc.route)
+		}
+	}
+}
