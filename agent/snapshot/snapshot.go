@@ -188,7 +188,8 @@ type Endpoint struct {
 	// one elsewhere; 0 for the others. The proxy sends an endpoint
 	// connections only while none of a lower level can take them (none
 	// ready, or all ejected after failed connects), as a mesh's locality
-	// failover does (Envoy's priority levels).
+	// failover does (Envoy's priority levels), or while every endpoint is
+	// ejected, each then taking its turn (Envoy's panic).
 	Fallback FallbackLevel `json:"fallback,omitempty"`
 }
 

@@ -49,7 +49,10 @@ type Picker struct {
 	// next[i] takes the turns in tiers[i]: one counter would hand a
 	// fallback endpoint the same turn every time when the preferred ones'
 	// steps are a multiple of their number.
-	next     []atomic.Uint32
+	next []atomic.Uint32
+	// panicked takes the turns over ready when every endpoint is passed
+	// over (Pick).
+	panicked atomic.Uint32
 	health   *Health
 	affinity *Affinity
 	// mcp says the backend speaks MCP, whose session IDs pin requests
@@ -187,8 +190,17 @@ func (p *Picker) nearerTakes(i int, now time.Time) bool {
 
 // Pick returns the next preferred endpoint not passed over, else the next
 // fallback one not passed over, level by level, or nil when there is none
-// ready; when all are passed over, the next preferred one. The result is
-// shared (unless it holds a probe): callers must not modify it.
+// ready; when all are passed over, the next of them all, every tier's. The
+// result is shared (unless it holds a probe): callers must not modify it.
+//
+// With every endpoint passed over, Pick ignores health and tiers alike, as
+// Envoy does when every priority level is in panic: it balances over the
+// hosts of all levels, healthy or not, each level's share its number of
+// hosts. Requests then find out for themselves which endpoint serves
+// again, and the first that reaches one ends its ejection; kept to the
+// preferred tier, they met only the endpoints of a zone that may be the
+// one down, while another zone's, ejected in the same outage, served
+// again unseen until their ejections ran out.
 //
 // An endpoint is passed over while it is ejected, and also once its
 // ejection is over while another pick's probe of it is out (Health): its
@@ -238,9 +250,7 @@ func (p *Picker) Pick() *Choice {
 			return a
 		}
 	}
-	// Every endpoint is ejected: one turn more, so that the preferred ones
-	// still take turns.
-	return &first[p.next[0].Add(1)%n]
+	return &p.ready[p.panicked.Add(1)%uint32(len(p.ready))]
 }
 
 // admit returns c when its endpoint may take a connection at now — a

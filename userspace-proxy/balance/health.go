@@ -29,8 +29,9 @@ import (
 // ready in the snapshot is forgotten (Retain), so a pod that restarts and
 // turns ready again starts afresh, and a failed connect to one (a request
 // on an older snapshot made it) ejects nothing. When every ready endpoint
-// of a backend is ejected, its Picker ignores the ejections: requests then
-// find out for themselves rather than fail in the proxy.
+// of a backend is ejected, its Picker ignores the ejections, and its
+// tiers (Picker.Pick): requests then find out for themselves rather than
+// fail in the proxy.
 //
 // Health is safe for concurrent use; a Picker reads no more than one
 // atomic counter of it while no endpoint is ejected.

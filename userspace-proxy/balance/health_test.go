@@ -371,6 +371,43 @@ func TestAllEjected(t *testing.T) {
 	}
 }
 
+// TestAllEjectedEveryTier: when every endpoint of every tier is passed
+// over, picks take turns over them all, the fallback ones too, as Envoy
+// balances over every priority level's hosts when all are in panic; a
+// pinned client and PickFewest do likewise. Before, the preferred ones
+// alone took turns: with the node's zone down, its requests never met the
+// other zones' endpoints that served again until their ejections ran out.
+func TestAllEjectedEveryTier(t *testing.T) {
+	h := NewHealth(time.Minute, time.Minute, nil)
+	eps := endpoints(4)
+	eps[1].Fallback, eps[2].Fallback, eps[3].Fallback = snapshot.FallbackZone, snapshot.FallbackFar, snapshot.FallbackFar
+	p := New(&snapshot.Backend{Endpoints: eps, ClientIPAffinitySeconds: 3600}, h, CarryAffinity(nil, 3600))
+	now := time.Now()
+	for _, ep := range eps {
+		h.Failed(ep.Addr, now, now)
+	}
+	var order []netip.AddrPort
+	for range 2 * len(eps) {
+		order = append(order, p.Pick().Endpoint.Addr)
+	}
+	for i, a := range order {
+		if a != order[i%len(eps)] || i < len(eps) && slices.Contains(order[:i], a) {
+			t.Fatalf("every endpoint ejected: picks %v, want each of the %d in turn", order, len(eps))
+		}
+	}
+	if got := fewest(p, 8); len(got) != len(eps) {
+		t.Errorf("every endpoint ejected: fewest %v, want each of the %d", got, len(eps))
+	}
+	client := ClientOf(noPods, netip.MustParseAddrPort("10.1.0.1:40000"), nil)
+	seen := map[netip.AddrPort]bool{}
+	for range len(eps) {
+		seen[p.PickClient(client).Endpoint.Addr] = true
+	}
+	if len(seen) != len(eps) {
+		t.Errorf("every endpoint ejected: a pinned client's picks %v, want each of the %d", seen, len(eps))
+	}
+}
+
 // TestPickConcurrent: picks made at once never go to an ejected endpoint,
 // nor to a fallback one, while a preferred one takes connections. Before,
 // concurrent picks took turns between the turns of one, which then met the
@@ -470,8 +507,8 @@ func TestProbeOutPassedOver(t *testing.T) {
 	}
 	h.Failed(eps[2].Addr, time.Now(), time.Now())
 	h.Failed(eps[0].Addr, time.Now(), time.Now())
-	if got := picks(p, 10); got[zone] != 5 || got[other] != 5 {
-		t.Errorf("every endpoint ejected: picks %v, want the preferred ones in turn", got)
+	if got := picks(p, 9); got[zone] != 3 || got[other] != 3 || got[far] != 3 {
+		t.Errorf("every endpoint ejected: picks %v, want all three in turn", got)
 	}
 }
 
@@ -568,8 +605,9 @@ func TestPickFewest(t *testing.T) {
 // TestFallback: endpoints topology hints left to other zones take nothing
 // while a preferred one is not ejected; once every preferred one is, they
 // take the connections in turn (Pick, PickFewest) and the sessions of the
-// ejected ones, and are on standby no longer (Standby); when they too are ejected, the preferred ones take turns
-// again. With no preferred endpoint ready, they are all there is.
+// ejected ones, and are on standby no longer (Standby); when they too are
+// ejected, all take turns (TestAllEjectedEveryTier). With no preferred
+// endpoint ready, they are all there is.
 func TestFallback(t *testing.T) {
 	h := NewHealth(time.Minute, time.Minute, nil)
 	sp := &snapshot.SessionPersistence{Type: snapshot.SessionHeader, Name: "s"}
@@ -617,8 +655,8 @@ func TestFallback(t *testing.T) {
 	}
 	h.Failed(eps[3].Addr, now, now)
 	h.Failed(eps[4].Addr, now, now)
-	if got := picks(p, 6); !only(got, 2, 0, 1, 2) {
-		t.Errorf("every endpoint ejected: picks %v, want the preferred ones in turn", got)
+	if got := picks(p, 10); !only(got, 2, 0, 1, 2, 3, 4) {
+		t.Errorf("every endpoint ejected: picks %v, want all five in turn", got)
 	}
 	eps[0].Ready, eps[1].Ready, eps[2].Ready = false, false, false
 	p = New(&snapshot.Backend{Endpoints: eps}, nil, nil)
