@@ -250,7 +250,9 @@ func (a *agent) start(ctx context.Context, events *introspect.Events) error {
 	if err != nil {
 		return err
 	}
-	if a.px, err = proxy.New(proxy.Config{MaxConnsPerClient: s.maxConnsPerPod, StallTimeout: s.stallTimeout, OrigDst: a.dp.OrigDst}, log, a.reg); err != nil {
+	pxCfg := proxy.Config{MaxConnsPerClient: s.maxConnsPerPod, StallTimeout: s.stallTimeout, OrigDst: a.dp.OrigDst}
+	pxCfg.Upstream.ClientShare = s.poolPodShare
+	if a.px, err = proxy.New(pxCfg, log, a.reg); err != nil {
 		return err
 	}
 	var nodeProxy datapath.Proxy

@@ -63,6 +63,7 @@ type options struct {
 	kubeAPIQPS              float32
 	kubeAPIBurst            int
 	maxConnsPerPod          int
+	poolPodShare            string
 	introspection           httpapi.Config
 }
 
@@ -128,6 +129,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	// at once), yet low enough that one pod cannot take most of the memory
 	// of an agent limited to 512 MiB (some 10–20 KiB per idle connection).
 	fs.IntVar(&o.maxConnsPerPod, "max-conns-per-pod", 4096, "connections one pod may have open through the proxy at once, IPv4 and IPv6 together (enrolled hostNetwork pods, which share the node's addresses, share one count; in node-ip mode a source address no enrolled pod holds has its own); past it, its new ones are reset, counted and logged, so that one app opening connections without end cannot take the proxy from every other pod (0: no limit)")
+	fs.StringVar(&o.poolPodShare, "pool-pod-share", "87.5%", "the most of the HTTP/1.1 connections the proxy may open to one backend endpoint (1024, shared by the node's pods) that one pod may hold at once, as a percentage, rounded up to a whole connection: the rest stays for the other pods, so that one whose exchanges never end (event streams, long polls) does not leave their requests to the endpoint failing pool_busy; 100% keeps none back")
 	fs.StringVar(&o.gcHeapFloor, "gc-heap-floor", resource.NewQuantity(gcfloor.Default, resource.BinarySI).String(), "heap the Go garbage collector lets grow before it collects (bytes or a quantity; 0: GOGC alone): a proxy with a small heap otherwise collects many times a second under load; above the floor GOGC applies, and the soft memory limit always wins")
 	fs.StringVar(&o.memoryLimit, "memory-limit", getenv(envMemoryLimit), "memory the agent's container may use (bytes, or a quantity like 512Mi; at least "+minMemoryLimit.String()+"): the Go runtime's soft memory limit is set to 90% of it, so that the GC works harder before the OOM killer would end the agent; $GOMEMLIMIT, when set, wins (default $"+envMemoryLimit+"; empty or 0: no soft limit)")
 	in := &o.introspection
@@ -255,6 +257,9 @@ type settings struct {
 	kubeBurst int
 	// maxConnsPerPod is the proxy's MaxConnsPerClient.
 	maxConnsPerPod int
+	// poolPodShare is the proxy's upstream ClientShare, from
+	// --pool-pod-share: a fraction in (0, 1].
+	poolPodShare float64
 	// stallTimeout is the proxy's StallTimeout.
 	stallTimeout time.Duration
 	// introspection is the introspection API server's configuration.
@@ -425,6 +430,9 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 	if s.maxConnsPerPod < 0 {
 		bad("--max-conns-per-pod must not be negative (0: no limit)")
 	}
+	if s.poolPodShare, err = percentage(o.poolPodShare); err != nil {
+		bad("--pool-pod-share=%q: %w", o.poolPodShare, err)
+	}
 	if o.memoryLimit != "" {
 		q, err := resource.ParseQuantity(o.memoryLimit)
 		if err != nil || q.Sign() < 0 {
@@ -472,6 +480,18 @@ func checkIntrospectionTLS(in httpapi.Config) []error {
 		errs = append(errs, fmt.Errorf("--introspection-token-file=%q: %w", in.TokenFile, err))
 	}
 	return errs
+}
+
+// percentage parses a share written as a percentage, "87.5%", into a
+// fraction in (0, 1]. The sign is required: a bare 0.875, meant as a
+// fraction, would otherwise be taken for less than 1%.
+func percentage(v string) (float64, error) {
+	num, ok := strings.CutSuffix(strings.TrimSpace(v), "%")
+	p, err := strconv.ParseFloat(strings.TrimSpace(num), 64)
+	if !ok || err != nil || !(p > 0 && p <= 100) { // NaN fails too
+		return 0, errors.New("want a percentage above 0% and at most 100%, such as 87.5%")
+	}
+	return p / 100, nil
 }
 
 // isDir reports, as an error, why path is not a directory.

@@ -74,7 +74,7 @@ func TestDefaults(t *testing.T) {
 		logLevel: slog.LevelInfo, drainTimeout: 20 * time.Second,
 		introspection: httpapi.Config{Socket: httpapi.DefaultSocket},
 		gcHeapFloor:   gcfloor.Default,
-		kubeQPS:       100, kubeBurst: 200, maxConnsPerPod: 4096, stallTimeout: time.Minute,
+		kubeQPS:       100, kubeBurst: 200, maxConnsPerPod: 4096, stallTimeout: time.Minute, poolPodShare: 0.875,
 		dns: resolve.Config{MaxStale: 5 * time.Minute, Parallel: 64},
 	}
 	if diff := cmp.Diff(want, got, cmp.AllowUnexported(settings{}), cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
@@ -291,6 +291,26 @@ func TestDNSTunables(t *testing.T) {
 	}
 }
 
+// TestPoolPodShare: --pool-pod-share, on the command line or in the config
+// file, is the proxy's upstream client share as a fraction.
+func TestPoolPodShare(t *testing.T) {
+	node := map[string]string{"NODE_NAME": "n"}
+	for _, c := range []struct {
+		args   []string
+		config string
+		want   float64
+	}{
+		{[]string{"--pool-pod-share=50%"}, "", 0.5},
+		{[]string{"--pool-pod-share= 12.5 %"}, "", 0.125},
+		{nil, "pool-pod-share: 100%\n", 1},
+	} {
+		got, err := parse(t, node, c.config, c.args...)
+		if err != nil || got.poolPodShare != c.want {
+			t.Errorf("%v %q: pool pod share %v, %v; want %v", c.args, c.config, got.poolPodShare, err, c.want)
+		}
+	}
+}
+
 // TestListenersSharingAPort: health and metrics may share one listener,
 // given the same address; listeners on distinct addresses (localhost is
 // the IPv4 one Go listens on), or on port 0, may share a port number
@@ -444,6 +464,12 @@ func TestSettingsErrors(t *testing.T) {
 		{"negative drain", node, []string{"--drain-timeout=-1s"}, "--drain-timeout"},
 		{"negative connection limit", node, []string{"--max-conns-per-pod=-1"}, "--max-conns-per-pod"},
 		{"zero stall timeout", node, []string{"--stall-timeout=0s"}, "--stall-timeout"},
+		{"pod share as a fraction", node, []string{"--pool-pod-share=0.875"}, `--pool-pod-share="0.875": want a percentage`},
+		{"pod share of nothing", node, []string{"--pool-pod-share=0%"}, "--pool-pod-share"},
+		{"negative pod share", node, []string{"--pool-pod-share=-10%"}, "--pool-pod-share"},
+		{"pod share above all", node, []string{"--pool-pod-share=150%"}, "--pool-pod-share"},
+		{"pod share not a number", node, []string{"--pool-pod-share=NaN%"}, "--pool-pod-share"},
+		{"empty pod share", node, []string{"--pool-pod-share="}, "--pool-pod-share"},
 		{"no introspection socket", node, []string{"--introspection-socket="}, "--introspection-socket"},
 		{"introspection port without TLS", node, []string{"--introspection-listen=:9443"}, "--introspection-tls-cert"},
 		{"health address without port", node, []string{"--health-listen=[::1]"}, "--health-listen"},

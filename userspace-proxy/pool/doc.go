@@ -1,8 +1,8 @@
 // Package pool keeps the proxy's upstream HTTP/1.1 connections, with their
 // read and write buffers, for reuse across requests and client connections:
 // per endpoint, last in first out (the warmest connection first), at most
-// MaxOpen open, at most all but an eighth of them held by one Client
-// (callers beyond either wait for one to come back or close, the Client
+// MaxOpen open, at most its share of them held by one Client (ClientShare:
+// all but an eighth unless set; callers beyond either wait for one to come back or close, the Client
 // holding the fewest served first), idle ones closed after
 // IdleTimeout, or after 10 s beyond MaxIdle idle (what a burst opened
 // serves the next before it closes), and a connection idle long enough to

@@ -29,9 +29,14 @@ type Config struct {
 	MaxIdle int
 	// MaxOpen bounds the connections open per endpoint, idle or in use; Get
 	// waits beyond it. 0 means 1024. One Client may hold at most its share
-	// of them: MaxOpen less a reserve of an eighth, rounded down (896 of
-	// 1024; all of fewer than 8), and its Gets beyond wait as at MaxOpen.
+	// of them (ClientShare), and its Gets beyond wait as at MaxOpen.
 	MaxOpen int
+	// ClientShare is the fraction of MaxOpen one Client may hold, rounded
+	// up to a whole connection: the rest stays for the other clients,
+	// which are then served while one holds its share in exchanges that
+	// do not end. 0 or less means 7/8, all but an eighth (896 of 1024; all
+	// of fewer than 8); 1 or more, all of them.
+	ClientShare float64
 	// MaxWait bounds how long Get waits for one of an endpoint's MaxOpen
 	// connections to come free, after which it fails with ErrBusy; 0
 	// means 10 s.
@@ -392,15 +397,29 @@ func New(cfg Config) *Pool {
 	if cfg.MaxHeadBytes <= 0 {
 		cfg.MaxHeadBytes = http.DefaultMaxHeaderBytes
 	}
-	// An eighth of an endpoint's connections stays for the other clients:
-	// enough that they are served while one holds the rest, little enough
-	// that one client alone is not held back much.
-	p := &Pool{cfg: cfg, share: cfg.MaxOpen - cfg.MaxOpen/8, eps: make(map[netip.AddrPort]*endpoint)}
+	p := &Pool{cfg: cfg, share: clientShare(cfg.MaxOpen, cfg.ClientShare), eps: make(map[netip.AddrPort]*endpoint)}
 	p.readers.New = func() any { return bufio.NewReaderSize(nil, cfg.BufferSize) }
 	p.writers.New = func() any { return bufio.NewWriterSize(nil, cfg.BufferSize) }
 	p.sweep = time.AfterFunc(time.Hour, p.expire)
 	p.sweep.Stop()
 	return p
+}
+
+// defaultClientShare leaves an eighth of an endpoint's connections to the
+// other clients: enough that they are served while one holds the rest,
+// little enough that one client alone is not held back much.
+const defaultClientShare = 7.0 / 8
+
+// clientShare is the most of maxOpen connections one client may hold under
+// Config.ClientShare f: at least one, at most all.
+func clientShare(maxOpen int, f float64) int {
+	if f <= 0 {
+		f = defaultClientShare
+	}
+	// Less a nano-connection, so that a float's error in the product
+	// (100 × 7/100 is 7.000000000000001) rounds no whole share up.
+	n := int(math.Ceil(float64(maxOpen)*f - 1e-9))
+	return min(max(n, 1), maxOpen)
 }
 
 // Get returns an idle connection to addr, or one dialed with dial when addr

@@ -329,6 +329,52 @@ func TestClientShare(t *testing.T) {
 	})
 }
 
+// TestClientShareSet: ClientShare sets a client's share: at a half, a
+// client holds 4 of 8, its fifth Get waits and fails ErrBusy (told
+// AtShare) while another client takes the other 4 at once. Before, the
+// share was all but an eighth whatever the agent was told.
+func TestClientShareSet(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var atShare int
+		p := New(Config{MaxOpen: 8, ClientShare: 0.5, MaxWait: time.Second, AtShare: func() { atShare++ }})
+		d := newPipeDialer()
+		hog, other := Client{Namespace: "a", Name: "hog"}, Client{Namespace: "b", Name: "other"}
+		for range 4 {
+			if _, err := p.Get(context.Background(), ep, hog, d.dial); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := p.Get(context.Background(), ep, hog, d.dial); !errors.Is(err, ErrBusy) || atShare != 1 {
+			t.Fatalf("Get of a client holding 4 of 8 at a half share = %v, AtShare told %d times; want ErrBusy, 1", err, atShare)
+		}
+		for i := range 4 {
+			start := time.Now()
+			if _, err := p.Get(context.Background(), ep, other, d.dial); err != nil || time.Since(start) != 0 {
+				t.Fatalf("another client's Get %d = %v after %v; want a connection at once", i+1, err, time.Since(start))
+			}
+		}
+	})
+}
+
+// TestClientShareOf: a client's share is ClientShare of MaxOpen rounded up,
+// all but an eighth unless set, at least one connection and at most all,
+// a float's error in the product aside.
+func TestClientShareOf(t *testing.T) {
+	for _, c := range []struct {
+		maxOpen int
+		f       float64
+		want    int
+	}{
+		{1024, 0, 896}, {8, 0, 7}, {7, 0, 7}, {1, 0, 1}, {9, -1, 8}, // the default, as before
+		{1024, 0.875, 896}, {100, 7.0 / 100, 7}, {10, 0.5, 5}, {10, 0.55, 6},
+		{1024, 1e-6, 1}, {10, 1, 10}, {10, 2, 10},
+	} {
+		if got := clientShare(c.maxOpen, c.f); got != c.want {
+			t.Errorf("clientShare(%d, %v) = %d, want %d", c.maxOpen, c.f, got, c.want)
+		}
+	}
+}
+
 // TestHandOverCounts: the connections a replaced pool has in use, and
 // those it hands out after, count against its heir's MaxOpen and each
 // client's share there until they come back, each one freeing a slot of

@@ -459,87 +459,96 @@ var dualStack = snapshot.Workload{Pod: snapshot.ObjectRef{Namespace: "a", Name: 
 	IPs: []netip.Addr{netip.MustParseAddr("127.0.0.4"), netip.MustParseAddr("fd00::4")}, Enrolled: true}
 
 // TestPoolShare: no pod holds more than all but an eighth of an
-// endpoint's connections (7 of 8). While one holds 7 with event streams
-// that never end, its next stream waits ConnWait and fails 503 pool_busy,
+// endpoint's connections (7 of 8), or the share the agent sets
+// (--pool-pod-share: at a half, 4 of 8; before, it was all but an eighth
+// whatever was set). While one holds its share with event streams that
+// never end, its next stream waits ConnWait and fails 503 pool_busy,
 // counted as its share's, and another pod's request, sent meanwhile, is
 // answered at once: before, the holder's stream took the last connection
 // too, and every other pod's requests failed pool_busy for as long as it
-// held them. The holder is a dual-stack pod whose streams come from both of its
-// addresses: one pod (by address, each held less than 7).
+// held them. The holder is a dual-stack pod whose streams come from both
+// of its addresses: one pod (by address, each held less than its share).
 func TestPoolShare(t *testing.T) {
-	inBubbles(t, func(t *testing.T, k clientKind) {
-		const wait = 5 * time.Second
-		var pn pipenet.Net
-		addr := netip.MustParseAddrPort("10.0.0.1:8080")
-		end := make(chan struct{})
-		defer close(end)
-		servePipe(t, &pn, addr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.URL.Path == "/events" {
-				w.Header().Set("Content-Type", "text/event-stream")
-				w.(http.Flusher).Flush()
-				select {
-				case <-end:
-				case <-r.Context().Done():
+	for _, c := range []struct {
+		share float64 // proxy.Config.Upstream.ClientShare
+		holds int     // of 8
+	}{{0, 7}, {0.5, 4}} {
+		t.Run(fmt.Sprintf("share %v", c.share), func(t *testing.T) {
+			inBubbles(t, func(t *testing.T, k clientKind) {
+				const wait = 5 * time.Second
+				var pn pipenet.Net
+				addr := netip.MustParseAddrPort("10.0.0.1:8080")
+				end := make(chan struct{})
+				defer close(end)
+				servePipe(t, &pn, addr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if r.URL.Path == "/events" {
+						w.Header().Set("Content-Type", "text/event-stream")
+						w.(http.Flusher).Flush()
+						select {
+						case <-end:
+						case <-r.Context().Done():
+						}
+						return
+					}
+					io.WriteString(w, "ok")
+				}))
+				cfg := proxy.Config{HTTP1TLS: k.path}
+				cfg.Upstream.MaxConnsPerEndpoint, cfg.Upstream.ConnWait, cfg.Upstream.ClientShare = 8, wait, c.share
+				p, metrics := pipeProxy(t, &pn, cfg)
+				m := &mesh{t: t, workloads: []snapshot.Workload{dualStack}}
+				be := m.backend("web", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(addr)})
+				m.frontend("web", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+					rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
+				p.Update(m.snapshot(1))
+				hog := []*http.Client{pipeClientFrom(t, p, dualStack.IPs[0], k.h2c), pipeClientFrom(t, p, dualStack.IPs[1], k.h2c)}
+				for i := range c.holds {
+					resp, err := hog[i%2].Get("http://web.b.svc/events")
+					if err != nil {
+						t.Fatalf("event stream %d: %v", i+1, err)
+					}
+					defer resp.Body.Close()
 				}
-				return
-			}
-			io.WriteString(w, "ok")
-		}))
-		cfg := proxy.Config{HTTP1TLS: k.path}
-		cfg.Upstream.MaxConnsPerEndpoint, cfg.Upstream.ConnWait = 8, wait
-		p, metrics := pipeProxy(t, &pn, cfg)
-		m := &mesh{t: t, workloads: []snapshot.Workload{dualStack}}
-		be := m.backend("web", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(addr)})
-		m.frontend("web", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
-			rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be)}})))
-		p.Update(m.snapshot(1))
-		hog := []*http.Client{pipeClientFrom(t, p, dualStack.IPs[0], k.h2c), pipeClientFrom(t, p, dualStack.IPs[1], k.h2c)}
-		for i := range 7 {
-			resp, err := hog[i%2].Get("http://web.b.svc/events")
-			if err != nil {
-				t.Fatalf("event stream %d: %v", i+1, err)
-			}
-			defer resp.Body.Close()
-		}
-		type result struct {
-			status int
-			body   string
-			waited time.Duration
-			stream io.Closer // an event stream's body, left open
-		}
-		hogs := make(chan result, 1)
-		go func() {
-			start := time.Now()
-			resp, err := hog[0].Get("http://web.b.svc/events")
-			if err != nil {
-				hogs <- result{body: err.Error()}
-				return
-			}
-			r := result{status: resp.StatusCode, waited: time.Since(start), stream: resp.Body}
-			if resp.StatusCode != http.StatusOK {
-				b, _ := io.ReadAll(resp.Body)
-				resp.Body.Close()
-				r.body, r.stream = string(b), nil
-			}
-			hogs <- r
-		}()
-		synctest.Wait() // waiting for a connection, or answered
-		start := time.Now()
-		status, body := getText(t, pipeClientFrom(t, p, consumerClient, k.h2c), "http://web.b.svc/")
-		if status != http.StatusOK || body != "ok" || time.Since(start) != 0 {
-			t.Errorf("another pod's GET = %d %q after %v, want 200 ok at once", status, body, time.Since(start))
-		}
-		r := <-hogs
-		if r.stream != nil {
-			defer r.stream.Close()
-		}
-		if r.status != http.StatusServiceUnavailable || r.body != "sockmesh: pool_busy\n" || r.waited != wait {
-			t.Errorf("the holder's next stream = %d %q after %v, want 503 pool_busy after ConnWait (%v)", r.status, r.body, r.waited, wait)
-		}
-		if got := counterValue(t, metrics, "sockmesh_proxy_upstream_pool_busy_at_share_total", "", ""); got != 1 {
-			t.Errorf("pool_busy_at_share_total = %v, want 1", got)
-		}
-	})
+				type result struct {
+					status int
+					body   string
+					waited time.Duration
+					stream io.Closer // an event stream's body, left open
+				}
+				hogs := make(chan result, 1)
+				go func() {
+					start := time.Now()
+					resp, err := hog[0].Get("http://web.b.svc/events")
+					if err != nil {
+						hogs <- result{body: err.Error()}
+						return
+					}
+					r := result{status: resp.StatusCode, waited: time.Since(start), stream: resp.Body}
+					if resp.StatusCode != http.StatusOK {
+						b, _ := io.ReadAll(resp.Body)
+						resp.Body.Close()
+						r.body, r.stream = string(b), nil
+					}
+					hogs <- r
+				}()
+				synctest.Wait() // waiting for a connection, or answered
+				start := time.Now()
+				status, body := getText(t, pipeClientFrom(t, p, consumerClient, k.h2c), "http://web.b.svc/")
+				if status != http.StatusOK || body != "ok" || time.Since(start) != 0 {
+					t.Errorf("another pod's GET = %d %q after %v, want 200 ok at once", status, body, time.Since(start))
+				}
+				r := <-hogs
+				if r.stream != nil {
+					defer r.stream.Close()
+				}
+				if r.status != http.StatusServiceUnavailable || r.body != "sockmesh: pool_busy\n" || r.waited != wait {
+					t.Errorf("the holder's next stream = %d %q after %v, want 503 pool_busy after ConnWait (%v)", r.status, r.body, r.waited, wait)
+				}
+				if got := counterValue(t, metrics, "sockmesh_proxy_upstream_pool_busy_at_share_total", "", ""); got != 1 {
+					t.Errorf("pool_busy_at_share_total = %v, want 1", got)
+				}
+			})
+		})
+	}
 }
 
 // TestPoolShareOfCopies: the copies a RequestMirror filter sends and the

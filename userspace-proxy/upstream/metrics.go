@@ -72,7 +72,7 @@ func newMetrics(reg prometheus.Registerer, health *balance.Health) (*metrics, er
 		pool.DropExpired: poolDropped.WithLabelValues("expired"), pool.DropSettingsChanged: poolDropped.WithLabelValues("settings_changed")}
 	m.poolBusyAtShare = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sockmesh_proxy_upstream_pool_busy_at_share_total",
-		Help: "HTTP/1.1 requests that failed pool_busy having waited because their pod held its share of the endpoint's connections (all but an eighth of MaxConnsPerEndpoint): one pod's exchanges that do not end, not the node's load.",
+		Help: "HTTP/1.1 requests that failed pool_busy having waited because their pod held its share of the endpoint's connections (--pool-pod-share of them, all but an eighth by default): one pod's exchanges that do not end, not the node's load.",
 	})
 	m.dialsOK = m.dials.WithLabelValues("ok")
 	m.handshakesFull, m.handshakesResumed = m.handshakes.WithLabelValues("full"), m.handshakes.WithLabelValues("resumed")

@@ -42,13 +42,17 @@ type Config struct {
 	// MaxConnsPerEndpoint bounds the HTTP/1.1 connections per endpoint and
 	// wire (requests wait for one beyond it, and one freed goes to the
 	// waiting client that holds the fewest: WithClient), one client's to
-	// all but an eighth of them (pool.Config.MaxOpen); 0 means 1024.
+	// its share of them (ClientShare); 0 means 1024.
 	// net/http's HTTP/2 Transport, given it as MaxConnsPerHost, dials
 	// another connection whenever those open have no stream to spare, past
 	// it too (its count forgets a connection found full): a request waits
 	// for a stream only on a new connection it took before the backend's
 	// SETTINGS said how many streams it takes (ConnWait).
 	MaxConnsPerEndpoint int
+	// ClientShare is the fraction of MaxConnsPerEndpoint HTTP/1.1
+	// connections one client may hold (pool.Config.ClientShare); 0 means
+	// 7/8, all but an eighth.
+	ClientShare float64
 	// ConnWait bounds how long a request waits for one of an endpoint's
 	// MaxConnsPerEndpoint HTTP/1.1 connections to come free, or, over
 	// HTTP/2, for a stream on the connection the Transport gave it, before
@@ -304,7 +308,7 @@ func (p *Pools) Build(s *snapshot.Snapshot, prev *Set) *Set {
 			}
 			w.tls = o
 		}
-		w.h1 = pool.New(pool.Config{MaxIdle: p.cfg.MaxIdleConnsPerEndpoint, MaxOpen: p.cfg.MaxConnsPerEndpoint, MaxWait: p.cfg.ConnWait, IdleTimeout: p.cfg.IdleConnTimeout,
+		w.h1 = pool.New(pool.Config{MaxIdle: p.cfg.MaxIdleConnsPerEndpoint, MaxOpen: p.cfg.MaxConnsPerEndpoint, ClientShare: p.cfg.ClientShare, MaxWait: p.cfg.ConnWait, IdleTimeout: p.cfg.IdleConnTimeout,
 			Dropped: func(why pool.DropReason) { p.m.poolDropped[why].Inc() }, AtShare: p.m.poolBusyAtShare.Inc})
 		if old := prev.Get(spec.Ref); old != nil && old.w != nil {
 			// New TLS settings or protocol: TLS sessions of the old ones
