@@ -483,7 +483,7 @@ func checkIntrospectionTLS(in httpapi.Config) []error {
 }
 
 // percentage parses a share written as a percentage, "87.5%", into a
-// fraction in (0, 1]. The sign is required: a bare 0.875, meant as a
+// fraction in (0, 1]. The % sign is required: a bare 0.875, meant as a
 // fraction, would otherwise be taken for less than 1%.
 func percentage(v string) (float64, error) {
 	num, ok := strings.CutSuffix(strings.TrimSpace(v), "%")

@@ -413,7 +413,7 @@ const defaultClientShare = 7.0 / 8
 // clientShare is the most of maxOpen connections one client may hold under
 // Config.ClientShare f: at least one, at most all.
 func clientShare(maxOpen int, f float64) int {
-	if f <= 0 {
+	if !(f > 0) { // NaN too
 		f = defaultClientShare
 	}
 	// Less a nano-connection, so that a float's error in the product

@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -365,7 +366,7 @@ func TestClientShareOf(t *testing.T) {
 		f       float64
 		want    int
 	}{
-		{1024, 0, 896}, {8, 0, 7}, {7, 0, 7}, {1, 0, 1}, {9, -1, 8}, // the default, as before
+		{1024, 0, 896}, {8, 0, 7}, {7, 0, 7}, {1, 0, 1}, {9, -1, 8}, {9, math.NaN(), 8}, // the default, as before
 		{1024, 0.875, 896}, {100, 7.0 / 100, 7}, {10, 0.5, 5}, {10, 0.55, 6},
 		{1024, 1e-6, 1}, {10, 1, 10}, {10, 2, 10},
 	} {
