@@ -34,8 +34,8 @@ type Config struct {
 	// ClientShare is the fraction of MaxOpen one Client may hold, rounded
 	// up to a whole connection: the rest stays for the other clients,
 	// which are then served while one holds its share in exchanges that
-	// do not end. 0 or less means 7/8, all but an eighth (896 of 1024; all
-	// of fewer than 8); 1 or more, all of them.
+	// do not end. 0 or less (NaN too) means 7/8, all but an eighth (896 of
+	// 1024; all of fewer than 8); 1 or more, all of them.
 	ClientShare float64
 	// MaxWait bounds how long Get waits for one of an endpoint's MaxOpen
 	// connections to come free, after which it fails with ErrBusy; 0
