@@ -48,7 +48,8 @@ publishes.
 Logs (structured, on stderr): "listening" once per listener, with
 listener=proxy|health|metrics|introspection and addr= the bound address
 (useful with port 0); "agent ready" when /readyz first turns ready;
-"snapshot applied" per Snapshot; "pod enrolled" per pod.
+"snapshot applied" per Snapshot; "pod enrolled" per pod; "stopped" last,
+or "stopped while starting" when the agent stopped before it served.
 
 /readyz is ready when this agent's programs run on their hooks (not after
 ` + "`sockmesh uninstall`" + `, nor once a newer agent took the node over), the first
@@ -61,7 +62,10 @@ Services go direct once it is stale), drains connections for up to
 (fail-closed Services refuse connections meanwhile, unless the next agent
 already runs); a second one exits at once. Meanwhile the writer lease is
 released (with --leader-elect): a hung API server holds that for at most
-10 s, and the drain does not wait for it.
+10 s, and the drain does not wait for it. A signal that comes while the
+agent starts (before its first Snapshot is served: the datapath opening,
+the API server's discovery, the first listing) stops it as cleanly, with
+status 0.
 
 Two agents may run on a node at once, as a rolling update with maxSurge
 runs them: every TCP listener is shared (SO_REUSEPORT), the newer agent
@@ -98,6 +102,15 @@ func newAgentCommand(getenv func(string) string) *cobra.Command {
 			if err := reexecWithRuntimeSettings(); err != nil {
 				return err
 			}
+			// From here on SIGTERM and SIGINT stop the agent cleanly,
+			// however far its start got (runAgent): left to their default
+			// action, they ended it as killed.
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			go func() {
+				<-ctx.Done()
+				stop() // a second signal ends the process at once
+			}()
 			// The agent's network namespace is the node's (hostNetwork):
 			// its addresses are the node's.
 			self, err := podns.Open("/proc/self/ns/net")
@@ -116,12 +129,6 @@ func newAgentCommand(getenv func(string) string) *cobra.Command {
 			logSettings(log, s)
 			setMemoryLimit(s, getenv, log)
 			defer gcfloor.Start(s.gcHeapFloor)()
-			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
-			defer stop()
-			go func() {
-				<-ctx.Done()
-				stop() // a second signal ends the process at once
-			}()
 			return runAgent(ctx, s, self, log, events)
 		},
 	}
@@ -197,7 +204,7 @@ type agent struct {
 	ap       *apply.Applier
 	nodeLns  []net.Listener
 	started  atomic.Bool // start built every part
-	serving  atomic.Bool // the node listeners are served
+	serving  atomic.Bool // the first Snapshot is applied and the node listeners served
 	stopping atomic.Bool // shutdown began
 	report   *introspect.Sources
 	intro    *httpapi.Server
@@ -231,17 +238,39 @@ func runAgent(ctx context.Context, s settings, self *podns.NS, log *slog.Logger,
 	}
 	defer servers.close()
 
-	if err := a.start(ctx, events); err != nil {
+	err = a.start(ctx, events)
+	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
+		// The signal came while the agent started: a stop asked for, not a
+		// failure, whichever step it cut short. What start opened closes
+		// as on any stop (capture stays pinned).
+		a.close()
+		log.Info(msgStoppedStarting, "reason", context.Cause(ctx).Error(), "note", captureNote)
+		return nil
+	}
+	if err != nil {
 		a.close()
 		return err
 	}
 	return a.run(ctx)
 }
 
+// The agent's last record: msgStoppedStarting when it stopped before it
+// served (its first Snapshot applied, its node listeners serving), as a
+// signal during its start makes it; msgStopped otherwise.
+const (
+	msgStopped         = "stopped"
+	msgStoppedStarting = "stopped while starting"
+	captureNote        = "capture stays pinned for the next agent; `sockmesh uninstall` removes it"
+)
+
 // start opens the datapath, the proxy and its node listeners, and builds the
-// control plane, the enroller and the applier.
+// control plane, the enroller and the applier. It opens nothing once ctx
+// has ended (a signal came).
 func (a *agent) start(ctx context.Context, events *introspect.Events) error {
 	s, log := a.s, a.log
+	if ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
 	var err error
 	a.dp, err = datapath.Open(datapath.Config{BPFFS: s.bpffs, Cgroup: s.cgroup, Accelerate: s.accelerate}, log, a.reg)
 	if errors.Is(err, ebpf.ErrMapIncompatible) {
@@ -426,7 +455,8 @@ func (a *agent) run(ctx context.Context) error {
 	})
 
 	<-runCtx.Done()
-	failure := context.Cause(runCtx)
+	reason := context.Cause(runCtx) // the signal's, or a part's failure
+	failure := reason
 	if ctx.Err() != nil {
 		failure = nil // a signal: a clean stop
 	}
@@ -453,8 +483,11 @@ func (a *agent) run(ctx context.Context) error {
 	cpWG.Wait()
 	a.close()
 	serveWG.Wait()
-	a.log.Info("stopped", "drain", drained.Round(time.Millisecond),
-		"note", "capture stays pinned for the next agent; `sockmesh uninstall` removes it")
+	msg := msgStopped
+	if !a.serving.Load() {
+		msg = msgStoppedStarting
+	}
+	a.log.Info(msg, "reason", reason.Error(), "drain", drained.Round(time.Millisecond), "note", captureNote)
 	return failure
 }
 

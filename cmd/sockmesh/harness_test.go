@@ -202,21 +202,34 @@ type agentRun struct {
 // waits until it logged its listeners.
 func (e *env) startAgent(t *testing.T, args ...string) *agentRun {
 	t.Helper()
-	if !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--source=") }) {
+	a := &agentRun{Agent: agentproc.Start(t, agentproc.Config{
+		Cmd: sandbox.HelperCommand(t, "sockmesh", e.agentArgs(t, args...)...), NetNS: e.node, Cgroup: e.cg, Timeout: waitFor,
+	})}
+	a.metrics = a.logged(t, "metrics listener", agentproc.Listening("metrics")).Str("addr")
+	return a
+}
+
+// agentArgs are the arguments of `sockmesh agent` in e: args, after e's
+// bpffs, cgroup and ports the kernel picks, the file source on e.manifests
+// unless args name a --source, and a socket of its own unless they name an
+// --introspection-socket.
+func (e *env) agentArgs(t *testing.T, args ...string) []string {
+	t.Helper()
+	names := func(flag string) bool {
+		return slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, flag+"=") })
+	}
+	if !names("--source") {
 		args = append([]string{"--source=file", "--manifests=" + e.manifests}, args...)
 	}
-	args = append([]string{"agent",
+	if !names("--introspection-socket") {
+		args = append(args, "--introspection-socket="+filepath.Join(t.TempDir(), "agent.sock"))
+	}
+	return append([]string{"agent",
 		"--node-name=" + testNode,
 		"--health-listen=127.0.0.1:0", "--metrics-listen=127.0.0.1:0",
 		"--bpffs=" + e.bpffs, "--cgroup=" + e.cg.Path,
 		"--log-format=json", "--drain-timeout=10s",
-		"--introspection-socket=" + filepath.Join(t.TempDir(), "agent.sock"),
 	}, args...)
-	a := &agentRun{Agent: agentproc.Start(t, agentproc.Config{
-		Cmd: sandbox.HelperCommand(t, "sockmesh", args...), NetNS: e.node, Cgroup: e.cg, Timeout: waitFor,
-	})}
-	a.metrics = a.logged(t, "metrics listener", agentproc.Listening("metrics")).Str("addr")
-	return a
 }
 
 // logged returns the first record that matches, waiting for it until the
