@@ -454,6 +454,13 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 	if s.introspection.Socket == "" {
 		bad("--introspection-socket must not be empty")
 	}
+	// Found only when the socket opened, an unknown group stopped the
+	// agent after it had opened the datapath.
+	if g := s.introspection.Group; g != "" {
+		if _, err := httpapi.LookupGroup(g); err != nil {
+			bad("--introspection-group=%q: %w", g, err)
+		}
+	}
 	errs = append(errs, checkIntrospectionTLS(s.introspection)...)
 	return s, errors.Join(errs...)
 }

@@ -391,6 +391,9 @@ func TestFlagsAccepted(t *testing.T) {
 		{"--source=file", "--manifests=" + t.TempDir()},
 		{"--kubeconfig=" + kubeconfig},
 		append([]string{"--introspection-listen=127.0.0.1:9443"}, introspectionTLS(t)...),
+		// A group ID need not be listed in /etc/group (an image lists none).
+		{"--introspection-group=4294967294"},
+		{"--introspection-group=root"},
 	} {
 		if _, err := parse(t, node, "", args...); err != nil {
 			t.Errorf("%v: %v", args, err)
@@ -471,6 +474,8 @@ func TestSettingsErrors(t *testing.T) {
 		{"pod share not a number", node, []string{"--pool-pod-share=NaN%"}, `--pool-pod-share="NaN%": want a percentage`},
 		{"empty pod share", node, []string{"--pool-pod-share="}, `--pool-pod-share="": want a percentage`},
 		{"no introspection socket", node, []string{"--introspection-socket="}, "--introspection-socket"},
+		{"unknown introspection group", node, []string{"--introspection-group=sockmesh-no-such-group"}, "--introspection-group"},
+		{"introspection group ID (gid_t)-1", node, []string{"--introspection-group=4294967295"}, "--introspection-group"},
 		{"introspection port without TLS", node, []string{"--introspection-listen=:9443"}, "--introspection-tls-cert"},
 		{"health address without port", node, []string{"--health-listen=[::1]"}, "--health-listen"},
 		{"metrics address without port", node, []string{"--metrics-listen=127.0.0.1"}, "--metrics-listen"},

@@ -76,7 +76,7 @@ func TestAgentStopWhileStarting(t *testing.T) {
 			if err := a.Process.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
 				t.Fatal(err)
 			}
-			if err := a.Process.Wait(); err != nil {
+			if err := a.exit(); err != nil {
 				t.Fatalf("agent stopped while starting: %v, want status 0", err)
 			}
 			if _, err := a.Wait(func(r agentproc.Record) bool {
@@ -109,7 +109,7 @@ func TestAgentStopWhileStarting(t *testing.T) {
 		defer held.Close()
 		a := e.startRaw(t, "--proxy-listen="+held.Addr().String())
 		var exit *exec.ExitError
-		if err := a.Process.Wait(); !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		if err := a.exit(); !errors.As(err, &exit) || exit.ExitCode() != 1 {
 			t.Fatalf("agent whose proxy address is taken: %v, want exit status 1\n%s", err, a.Tail(0))
 		}
 		if tail := a.Tail(0); !strings.Contains(tail, "proxy listener") || strings.Contains(tail, msgStoppedStarting) {
@@ -148,6 +148,14 @@ func (e *env) startRaw(t *testing.T, args ...string) *rawAgent {
 		}
 	})
 	return a
+}
+
+// exit waits for the agent to exit and for its log to end, and returns
+// how it exited.
+func (a *rawAgent) exit() error {
+	err := a.Process.Wait()
+	a.Wait(func(agentproc.Record) bool { return false }) // returns at the log's end
+	return err
 }
 
 // hungAPIServer serves, in the node's netns, an API server that accepts
@@ -231,4 +239,27 @@ func leftoversOf(t *testing.T, e *env) leftovers {
 	}
 	l.attached = attachedPrograms(t, e.cg.Path)
 	return l
+}
+
+// TestAgentBadFlagOpensNothing: a flag the agent cannot use, here an
+// --introspection-group that names no group, fails the start before
+// anything opens: no listener, no pin, no program attached. The group was
+// looked up only when the introspection socket opened, after the datapath.
+func TestAgentBadFlagOpensNothing(t *testing.T) {
+	e := newEnv(t)
+	none := leftoversOf(t, e)
+	a := e.startRaw(t, "--proxy-listen="+addrs.Node.String()+":0", "--introspection-group=sockmesh-no-such-group")
+	var exit *exec.ExitError
+	if err := a.exit(); !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("agent with an unknown --introspection-group: %v, want exit status 1", err)
+	}
+	if tail := a.Tail(0); !strings.Contains(tail, `--introspection-group="sockmesh-no-such-group"`) {
+		t.Errorf("agent with an unknown --introspection-group logged:\n%s\nwant an error naming the flag", tail)
+	}
+	if n := a.Count(func(r agentproc.Record) bool { return r.Msg() == "listening" }); n != 0 {
+		t.Errorf("agent with an unknown --introspection-group opened %d listeners before it failed", n)
+	}
+	if got := leftoversOf(t, e); !slices.Equal(got.pins, none.pins) || got.attached != none.attached {
+		t.Errorf("agent with an unknown --introspection-group left %+v; want what was there before, %+v", got, none)
+	}
 }

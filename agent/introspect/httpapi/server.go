@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/netip"
@@ -101,8 +102,8 @@ func NewServer(cfg Config, src *introspect.Sources, log *slog.Logger, reg promet
 	}
 	gid := -1
 	if cfg.Group != "" {
-		if gid, err = lookupGroup(cfg.Group); err != nil {
-			return nil, err
+		if gid, err = LookupGroup(cfg.Group); err != nil {
+			return nil, fmt.Errorf("introspection socket group: %w", err)
 		}
 	}
 	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -277,13 +278,20 @@ func inode(path string) uint64 {
 	return 0
 }
 
-func lookupGroup(g string) (int, error) {
-	if n, err := strconv.Atoi(g); err == nil && n >= 0 {
-		return n, nil
+// LookupGroup returns the ID of Config.Group g: a group name, or a numeric
+// ID, taken as it is (a container image may list no groups), from 0 to
+// 2^32-2: chown(2) reads (gid_t)-1 as "leave the group as it is". The agent
+// checks its flag with it before it opens anything.
+func LookupGroup(g string) (int, error) {
+	if n, err := strconv.ParseUint(g, 10, 64); err == nil {
+		if n >= math.MaxUint32 {
+			return 0, fmt.Errorf("group ID %s: want at most %d", g, uint32(math.MaxUint32-1))
+		}
+		return int(n), nil
 	}
 	grp, err := user.LookupGroup(g)
 	if err != nil {
-		return 0, fmt.Errorf("introspection socket group: %w", err)
+		return 0, err
 	}
 	return strconv.Atoi(grp.Gid)
 }
