@@ -2,6 +2,7 @@ package introspect
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -165,5 +166,41 @@ func TestExplainUnreadableDatapath(t *testing.T) {
 	if !strings.Contains(notes, "services map cannot be read (list services: iteration aborted)") || strings.Contains(notes, "lacks") ||
 		len(e.Capture.Addrs) != 1 || !e.Capture.Addrs[0].Unread {
 		t.Errorf("Explain() with the services map unreadable: capture %+v, notes %q; want the read error, not that the map lacks the address", e.Capture, e.Notes)
+	}
+}
+
+// TestStatusListsNeverNull: a Status's hooks and maps are JSON lists, empty
+// where there is no datapath or it read none, never null, which jq's
+// .datapath.state.hooks[] fails on.
+func TestStatusListsNeverNull(t *testing.T) {
+	for _, c := range []struct {
+		name                string
+		src                 *Sources
+		wantHooks, wantMaps int
+	}{
+		{"no datapath", &Sources{Node: "n1"}, 0, 0},
+		{"no maps read", &Sources{Node: "n1", Datapath: fakeDatapath{}}, 1, 0},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b, err := json.Marshal(c.src.Status())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var st struct {
+				Datapath struct {
+					State map[string]json.RawMessage
+				}
+			}
+			if err := json.Unmarshal(b, &st); err != nil {
+				t.Fatal(err)
+			}
+			for key, want := range map[string]int{"hooks": c.wantHooks, "maps": c.wantMaps} {
+				var list []json.RawMessage
+				raw := st.Datapath.State[key]
+				if err := json.Unmarshal(raw, &list); err != nil || list == nil || len(list) != want {
+					t.Errorf("status datapath.state.%s = %s, want a list of %d", key, raw, want)
+				}
+			}
+		})
 	}
 }

@@ -140,6 +140,15 @@ func (s *Sources) Status() Status {
 			st.Datapath.Errors = append(st.Datapath.Errors, err.Error())
 		}
 	}
+	// Empty lists, not null, where there is no datapath or its hooks or
+	// maps could not be read: clients iterate over them (jq's .hooks[]
+	// fails on null).
+	if st.Datapath.State.Hooks == nil {
+		st.Datapath.State.Hooks = []datapath.Hook{}
+	}
+	if st.Datapath.State.Maps == nil {
+		st.Datapath.State.Maps = []datapath.Map{}
+	}
 	if s.Metrics != nil {
 		families, _ := s.Metrics.Gather() // a failing collector leaves its part out
 		st.Proxy = proxyStatus(families)
