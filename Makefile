@@ -3,7 +3,7 @@
 export GOTOOLCHAIN := go1.27.4
 GO ?= go
 
-.PHONY: all generate build lint test bench demo e2e-cluster e2e-cluster-clean clean k8s-binaries
+.PHONY: all generate build lint test bench demo e2e-cluster e2e-cluster-clean clean k8s-binaries handback
 
 all: build
 
@@ -17,13 +17,32 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 build:
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/ ./cmd/...
+	@$(HANDBACK)
 
 # sockmesh on its embedded default, as root: a client "pod", a TLS backend
 # "pod" and the agent with the file source on examples/demo, in network
 # namespaces it removes again (also on Ctrl-C). See test/demo.
 demo: build
 	$(GO) build -o bin/sockmesh-demo ./test/demo
+	@$(HANDBACK)
 	./bin/sockmesh-demo -bin bin -manifests examples/demo
+
+# Under sudo (the README's `sudo make demo`) the build runs as root: what it
+# writes goes back to the user who ran sudo ($SUDO_UID, $SUDO_GID), or their
+# next `make build` cannot write bin/. So do the files root wrote in a Go
+# cache of theirs (its directory is theirs: `sudo -E`, or a sudoers that
+# keeps HOME), which their builds could no longer write; root's own caches
+# stay root's. Without sudo it does nothing. build and demo run it.
+HANDBACK = if [ -n "$$SUDO_UID" ] && [ "$$(id -u)" = 0 ]; then \
+	owner="$$SUDO_UID:$${SUDO_GID:-$$SUDO_UID}"; \
+	for dir in bin $$($(GO) env GOCACHE GOMODCACHE); do \
+		[ -d "$$dir" ] || continue; \
+		[ "$$dir" = bin ] || [ "$$(stat -c %u "$$dir")" = "$$SUDO_UID" ] || continue; \
+		find "$$dir" -user 0 -exec chown -h "$$owner" {} + || exit 1; \
+	done; \
+fi
+handback:
+	@$(HANDBACK)
 
 # Static checks: gofmt, vet, staticcheck, and no function that neither a
 # binary nor a test reaches (deadcode prints them; any output fails).
