@@ -1,11 +1,13 @@
 // Package leakcheck fails a test whose goroutines outlive it: those running
-// non-test code of the packages it names; and counts open file descriptors
-// for tests that check none are left. It is for tests only.
+// non-test code of the packages it names; and counts or takes a census of
+// open file descriptors for tests that check none are left. It is for
+// tests only.
 package leakcheck
 
 import (
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -67,4 +69,44 @@ func OpenFDs(t testing.TB) int {
 		t.Fatal(err)
 	}
 	return len(fds)
+}
+
+// FDs is a census of the process's open descriptors: how many refer to each
+// file, named as /proc/self/fd shows it (a path, "socket:[inode]",
+// "net:[inode]", "pipe:[inode]").
+type FDs map[string]int
+
+// Census takes the process's FDs. A descriptor closed while it is taken
+// (another goroutine's, briefly open) is left out.
+func Census(t testing.TB) FDs {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fds := FDs{}
+	for _, e := range ents {
+		// ReadDir's own descriptor is closed by now: Readlink fails.
+		if target, err := os.Readlink("/proc/self/fd/" + e.Name()); err == nil {
+			fds[target]++
+		}
+	}
+	return fds
+}
+
+// Beyond returns the files fds holds more descriptors of than base does,
+// once per descriptor more: what was opened since base and is still open.
+// Unlike a difference of counts, it is blind to descriptors of base that
+// have closed since (the runtime's and other goroutines' own come and go:
+// the race detector's, a namespace briefly entered), which would hide as
+// many new ones.
+func (fds FDs) Beyond(base FDs) []string {
+	var out []string
+	for target, n := range fds {
+		for range n - base[target] {
+			out = append(out, target)
+		}
+	}
+	slices.Sort(out)
+	return out
 }

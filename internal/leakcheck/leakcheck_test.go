@@ -1,6 +1,11 @@
 package leakcheck
 
-import "testing"
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+)
 
 func TestInDirs(t *testing.T) {
 	stack := "goroutine 7 [IO wait]:\nnet.(*conn).Read(...)\n\t/usr/lib/go/src/net/net.go:196 +0x45\n" +
@@ -19,5 +24,29 @@ func TestInDirs(t *testing.T) {
 		if got := inDirs(c.stack, c.dirs); got != c.want {
 			t.Errorf("inDirs(%q, %v) = %v, want %v", c.stack, c.dirs, got, c.want)
 		}
+	}
+}
+
+// TestCensusBeyond: a descriptor opened since the base census is beyond
+// it, by what it refers to, even when one of the base's has closed since
+// (a raw count would then be unchanged); once closed it is not.
+func TestCensusBeyond(t *testing.T) {
+	dir := t.TempDir()
+	gone, err := os.Create(filepath.Join(dir, "gone"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := Census(t)
+	gone.Close()
+	f, err := os.Create(filepath.Join(dir, "new"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := Census(t).Beyond(base); !slices.Equal(got, []string{f.Name()}) {
+		t.Errorf("with %s open: Beyond = %v, want it alone", f.Name(), got)
+	}
+	f.Close()
+	if got := Census(t).Beyond(base); len(got) != 0 {
+		t.Errorf("with %s closed: Beyond = %v, want none", f.Name(), got)
 	}
 }
