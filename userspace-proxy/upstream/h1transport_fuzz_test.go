@@ -3,11 +3,20 @@ package upstream
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
+	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 )
 
 // FuzzH1TransportAnswer has a TLS backend answer a request with arbitrary
@@ -36,9 +45,24 @@ func FuzzH1TransportAnswer(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	w := newWorld(f)
+	wires := &wires{m: map[string]*wire{}}
+	pools, err := New(Config{}, wireDialer{dial.NewDirect(dial.Config{Unmarked: true}), wires}, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, raw []byte) {
-		addr := serveRawTLS(t, w, true, func(c net.Conn) {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().(*net.TCPAddr).AddrPort()
+		firstDone := make(chan struct{}) // the client is done with /fuzz's answer
+		tcpserve.Serve(t, tls.NewListener(wireListener{l, wires}, w.serverTLS), func(c net.Conn) {
 			br := bufio.NewReader(c)
+			stop := make(chan struct{})
+			var watch sync.WaitGroup
+			defer watch.Wait()
+			defer close(stop)
 			for {
 				req, err := http.ReadRequest(br)
 				if err != nil {
@@ -51,11 +75,17 @@ func FuzzH1TransportAnswer(f *testing.F) {
 				if _, err := c.Write(answer); err != nil {
 					return
 				}
-				// A connection the proxy does not reuse ends.
-				c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+				if req.URL.Path == "/fuzz" {
+					// The backend sends nothing more unasked: a client
+					// that waits for more of this answer waits for the
+					// close, as from a backend that closes idle
+					// connections.
+					w := wires.get(c.RemoteAddr().String())
+					watch.Go(func() { w.closeWhenAwaited(c, stop, firstDone) })
+				}
 			}
 		})
-		be := backendAt(t, w.pools, addr, w.policy())
+		be := backendAt(t, pools, addr, w.policy())
 		rt := be.RoundTripper(WireH1)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -63,6 +93,7 @@ func FuzzH1TransportAnswer(f *testing.F) {
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 		}
+		close(firstDone)
 		resp, err := rt.RoundTrip(request(t, ctx, be, http.MethodGet, "/second", nil))
 		if err != nil {
 			t.Fatalf("second request: %v\nfirst answer: %q", err, raw)
@@ -73,4 +104,149 @@ func FuzzH1TransportAnswer(f *testing.F) {
 			t.Fatalf("second request got %s %q (%v)\nfirst answer: %q", resp.Status, body, err, raw)
 		}
 	})
+}
+
+// A wire is what went over one TCP connection of the fuzzed backend: the
+// bytes its server wrote, the bytes its client read and wrote, and whether
+// the client waits in a read. It tells, without a timer, when the client
+// waits for bytes the server will not send: it read all there was and
+// reads again, having sent nothing since.
+type wire struct {
+	mu                   sync.Mutex
+	written, read, asked int64
+	reading              bool
+	changed              chan struct{} // closed and replaced at each change
+}
+
+// closeWhenAwaited closes c, the server's end, once the client read all
+// the server wrote and waits for more without having written since: it
+// waits for the end of an answer that ran short or is delimited by the
+// close. A client that writes (a next request) or closes ends the watch,
+// as do stop and done (the client is done with the answer: the pool's look
+// for bytes on an idle connection, a read that does not wait, must not
+// count as waiting).
+func (w *wire) closeWhenAwaited(c net.Conn, stop, done <-chan struct{}) {
+	w.mu.Lock()
+	asked := w.asked
+	for w.asked == asked && !(w.reading && w.read == w.written) {
+		changed := w.changed
+		w.mu.Unlock()
+		select {
+		case <-changed:
+		case <-stop:
+			return
+		case <-done:
+			return
+		}
+		w.mu.Lock()
+	}
+	awaited := w.asked == asked
+	w.mu.Unlock()
+	if awaited {
+		c.Close()
+	}
+}
+
+// update changes w under its lock and wakes its watcher.
+func (w *wire) update(f func()) {
+	w.mu.Lock()
+	f()
+	close(w.changed)
+	w.changed = make(chan struct{})
+	w.mu.Unlock()
+}
+
+// wires finds a connection's wire by its client's address, from either
+// end, until the client closes it (the port may serve another).
+type wires struct {
+	mu sync.Mutex
+	m  map[string]*wire
+}
+
+func (ws *wires) get(client string) *wire {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	w := ws.m[client]
+	if w == nil {
+		w = &wire{changed: make(chan struct{})}
+		ws.m[client] = w
+	}
+	return w
+}
+
+func (ws *wires) drop(client string, w *wire) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.m[client] == w {
+		delete(ws.m, client)
+	}
+}
+
+// wireDialer's connections count what the client reads and writes.
+type wireDialer struct {
+	dial.Dialer
+	wires *wires
+}
+
+func (d wireDialer) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error) {
+	c, err := d.Dialer.Dial(ctx, ep)
+	if err != nil {
+		return nil, err
+	}
+	return &clientEnd{Conn: c, w: d.wires.get(c.LocalAddr().String()), wires: d.wires}, nil
+}
+
+type clientEnd struct {
+	net.Conn
+	w     *wire
+	wires *wires
+}
+
+func (c *clientEnd) Read(p []byte) (int, error) {
+	c.w.update(func() { c.w.reading = true })
+	n, err := c.Conn.Read(p)
+	c.w.update(func() { c.w.reading, c.w.read = false, c.w.read+int64(n) })
+	return n, err
+}
+
+// NetConn lets the pool find the socket under c (sockio.Of): its look
+// for bytes on an idle connection is part of what is fuzzed.
+func (c *clientEnd) NetConn() net.Conn { return c.Conn }
+
+// Write and Close count before they act: by the time the server reads
+// what the client wrote, or its close, its watch knows.
+func (c *clientEnd) Write(p []byte) (int, error) {
+	c.w.update(func() { c.w.asked++ })
+	return c.Conn.Write(p)
+}
+
+func (c *clientEnd) Close() error {
+	c.w.update(func() { c.w.asked++ })
+	c.wires.drop(c.LocalAddr().String(), c.w)
+	return c.Conn.Close()
+}
+
+// wireListener's connections count what the server writes.
+type wireListener struct {
+	net.Listener
+	wires *wires
+}
+
+func (l wireListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &serverEnd{Conn: c, w: l.wires.get(c.RemoteAddr().String())}, nil
+}
+
+type serverEnd struct {
+	net.Conn
+	w *wire
+}
+
+func (c *serverEnd) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.w.update(func() { c.w.written += int64(n) })
+	return n, err
 }
