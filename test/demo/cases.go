@@ -9,12 +9,16 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/coder/websocket"
 
+	"github.com/sockmesh/sockmesh/agent/enrol"
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/agentproc"
 	"github.com/sockmesh/sockmesh/internal/nodetopo"
 	"github.com/sockmesh/sockmesh/internal/nshttp"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
@@ -138,27 +142,83 @@ type result struct {
 	err    error
 }
 
-// retryFor bounds how long a case may take to pass: the first Snapshot
-// comes before the DNS answer for the external hostname, and the next one
-// follows within a moment.
-const retryFor = 10 * time.Second
+// servedWithin bounds the wait for the agent to serve every case; the
+// first Snapshot may come before the DNS answer for the external hostname,
+// and the next one follows within a moment.
+const servedWithin = 30 * time.Second
 
-// runCases calls each Service from the client pod, retrying a failing case
-// until retryFor has passed.
-func runCases(ctx context.Context, client *sandbox.NetNS, cases []*demoCase) []result {
+// runCases calls each Service from the client pod once the agent serves
+// what the case needs (waitServed), all within servedWithin of the start
+// and ctx; a case the agent never serves fails with what it waited for.
+func runCases(ctx context.Context, ag *agentproc.Agent, client *sandbox.NetNS, cases []*demoCase) []result {
+	ctx, cancel := context.WithTimeout(ctx, servedWithin)
+	defer cancel()
 	var out []result
 	for _, c := range cases {
-		deadline := time.Now().Add(retryFor)
-		for {
-			r := runCase(ctx, client, c)
-			if r.err == nil || time.Now().After(deadline) || ctx.Err() != nil {
-				out = append(out, r)
-				break
-			}
-			time.Sleep(200 * time.Millisecond)
+		if err := waitServed(ctx, ag, c); err != nil {
+			out = append(out, result{c: c, err: err})
+			continue
 		}
+		out = append(out, runCase(ctx, client, c))
 	}
 	return out
+}
+
+// waitServed polls the agent's introspection report until the Snapshot it
+// serves captures c's Service address with a valid backend that has an
+// endpoint to dial (for the XBackend: its vetted DNS answer), and the
+// client pod is enrolled: then the case's one call must pass.
+func waitServed(ctx context.Context, ag *agentproc.Agent, c *demoCase) error {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := served(ag, c)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waited for the agent to serve %s %s with a backend to dial and pod %s/client enrolled: still %w (%w)",
+				c.service, c.vip, demoNamespace, err, context.Cause(ctx))
+		case <-tick.C:
+		}
+	}
+}
+
+// served says what the agent's report still lacks for c, or nil.
+func served(ag *agentproc.Agent, c *demoCase) error {
+	rep, err := ag.Report()
+	if err != nil {
+		return err
+	}
+	if !slices.ContainsFunc(rep.Pods, func(p enrol.Pod) bool {
+		return p.Pod.Namespace == demoNamespace && p.Pod.Name == "client" && p.State == enrol.Enrolled
+	}) {
+		return errors.New("client pod not enrolled")
+	}
+	snap := rep.Snapshot
+	if snap == nil {
+		return errors.New("no Snapshot applied")
+	}
+	i := slices.IndexFunc(snap.Frontends, func(fe snapshot.Frontend) bool {
+		return fe.Port == c.vip.Port() && slices.Contains(fe.Addresses, c.vip.Addr())
+	})
+	if i < 0 {
+		return errors.New("not captured")
+	}
+	// Linear: a decoded Snapshot has no index (snapshot.New builds it).
+	ref := snap.Frontends[i].Backend
+	j := slices.IndexFunc(snap.Backends, func(b snapshot.Backend) bool { return b.Ref == ref })
+	if j < 0 {
+		return fmt.Errorf("captured, backend %s missing", ref)
+	}
+	switch be := &snap.Backends[j]; {
+	case be.Invalid != nil:
+		return fmt.Errorf("backend %s invalid: %s: %s", be.Ref, be.Invalid.Reason, be.Invalid.Message)
+	case !slices.ContainsFunc(be.Endpoints, func(e snapshot.Endpoint) bool { return e.Ready }):
+		return fmt.Errorf("backend %s has no ready endpoint", be.Ref)
+	}
+	return nil
 }
 
 func runCase(ctx context.Context, client *sandbox.NetNS, c *demoCase) result {

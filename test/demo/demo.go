@@ -113,7 +113,7 @@ func run(ctx context.Context, t sandbox.TB, cfg config) error {
 	}
 	fmt.Fprintf(cfg.out, "agent ready in %s\n\n", time.Since(start).Round(10*time.Millisecond))
 
-	results := runCases(ctx, topo.Client, cases)
+	results := runCases(ctx, ag, topo.Client, cases)
 	printResults(cfg.out, results)
 	redirected, err := redirects(topo.Node)
 	if err != nil {
