@@ -1,12 +1,14 @@
 package status
 
 import (
+	"context"
 	"log/slog"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
 
@@ -40,29 +42,40 @@ func TestWriterXBackendTrafficPolicy(t *testing.T) {
 	}
 	svcTarget := gwv1.LocalPolicyTargetReference{Group: "", Kind: "Service", Name: "api"}
 	xbTarget := gwv1.LocalPolicyTargetReference{Group: gwxv1alpha1.GroupName, Kind: "XBackend", Name: "ext"}
-	create := func(name string, targets ...gwv1.LocalPolicyTargetReference) *gwxv1alpha1.XBackendTrafficPolicy {
-		p, err := env.Gateway.ExperimentalV1alpha1().XBackendTrafficPolicies(ns).Create(ctx, &gwxv1alpha1.XBackendTrafficPolicy{
+	policies := env.Gateway.ExperimentalV1alpha1().XBackendTrafficPolicies(ns)
+	create := func(name string, opts metav1.CreateOptions, targets ...gwv1.LocalPolicyTargetReference) *gwxv1alpha1.XBackendTrafficPolicy {
+		t.Helper()
+		p, err := policies.Create(ctx, &gwxv1alpha1.XBackendTrafficPolicy{
 			ObjectMeta: metav1.ObjectMeta{Name: name},
 			Spec: gwxv1alpha1.BackendTrafficPolicySpec{
 				TargetRefs:      targets,
 				RetryConstraint: &gwxv1alpha1.RetryConstraint{Budget: &gwxv1alpha1.BudgetDetails{Percent: ptr(30)}},
 			},
-		}, metav1.CreateOptions{})
+		}, opts)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return p
 	}
-	budget := create("budget", svcTarget, xbTarget, gwv1.LocalPolicyTargetReference{Group: "", Kind: "Service", Name: "gone"})
+	budget := create("budget", metav1.CreateOptions{}, svcTarget, xbTarget, gwv1.LocalPolicyTargetReference{Group: "", Kind: "Service", Name: "gone"})
 	// Another controller reports on the policy too.
 	theirs := ancestor(other, gwv1.ParentReference{Name: "gw"}, cond("Accepted", "True", "Accepted", "theirs", 1, t0))
 	budget.Status.Ancestors = []gwv1.PolicyAncestorStatus{theirs}
 	if _, err := env.Gateway.ExperimentalV1alpha1().XBackendTrafficPolicies(ns).UpdateStatus(ctx, budget, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	// Created a second later: the API server's timestamps have seconds.
-	time.Sleep(1100 * time.Millisecond)
-	create("later", svcTarget)
+	// "after" targets the Service too, created in a later second (the API
+	// server's timestamps have seconds): the older policy must win although
+	// the names, the tie-break, would pick "after". The server sets
+	// creationTimestamp, so dry runs of the create ask it for its clock.
+	var probe *gwxv1alpha1.XBackendTrafficPolicy
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		probe = create("after", metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}, svcTarget)
+		return budget.CreationTimestamp.Before(&probe.CreationTimestamp), nil
+	}); err != nil {
+		t.Fatalf("the API server's creationTimestamp stayed at %s, budget's: %v", probe.CreationTimestamp, err)
+	}
+	create("after", metav1.CreateOptions{}, svcTarget)
 
 	w, err := New(Config{}, env.Gateway, slog.New(slog.DiscardHandler), nil)
 	if err != nil {
@@ -136,7 +149,7 @@ func TestWriterXBackendTrafficPolicy(t *testing.T) {
 		{ours, "", "Service", "gone", "False/TargetNotFound", "True/ResolvedRefs"},
 		{ours, gwxv1alpha1.GroupName, "XBackend", "ext", "True/Accepted", "True/ResolvedRefs"},
 	})
-	check("later", []entry{{ours, "", "Service", "api", "False/Conflicted", "True/ResolvedRefs"}})
+	check("after", []entry{{ours, "", "Service", "api", "False/Conflicted", "True/ResolvedRefs"}})
 	if msg := get("budget").Status.Ancestors[0].Conditions[0].Message; msg != "theirs" {
 		t.Errorf("the other controller's entry became %q", msg)
 	}
@@ -160,5 +173,5 @@ func TestWriterXBackendTrafficPolicy(t *testing.T) {
 		{ctrl: string(other), group: gwv1.GroupName, kind: "Gateway", name: "gw", accepted: "True/Accepted"},
 		{ours, gwxv1alpha1.GroupName, "XBackend", "ext", "True/Accepted", "True/ResolvedRefs"},
 	})
-	check("later", []entry{{ours, "", "Service", "api", "True/Accepted", "True/ResolvedRefs"}})
+	check("after", []entry{{ours, "", "Service", "api", "True/Accepted", "True/ResolvedRefs"}})
 }
