@@ -232,7 +232,8 @@
 // reasons: Invalid (what the CRD's rules would have refused), NoValidCACertificate,
 // EgressNotAllowed (not on Node.EgressAllow); ResolvedRefs=False:
 // InvalidCACertificateRef, InvalidKind, InvalidCertificateRef or
-// RefNotPermitted (clientCertificateRef). DNS answers are node-local and
+// RefNotPermitted (a clientCertificateRef to another namespace that no
+// ReferenceGrant there allows). DNS answers are node-local and
 // stay out of status: an unresolved name, or one whose every answer is
 // refused, fails closed in this node's Snapshot only (reasons Unresolved,
 // AddressesRefused).

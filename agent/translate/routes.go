@@ -101,9 +101,6 @@ type routeBuilder struct {
 // ports its parentRefs name, and builds each port's route table. It runs
 // before capture, which captures the ports that got a table.
 func (t *translator) translateRoutes() {
-	for _, g := range sortedObjects(t.in.ReferenceGrants) {
-		t.grants[g.Namespace] = append(t.grants[g.Namespace], g)
-	}
 	var routes []*routeEval
 	seen := map[types.NamespacedName]bool{}
 	for _, r := range sortedObjects(t.in.HTTPRoutes) {

@@ -12,6 +12,7 @@ import (
 	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/refgrant"
 )
 
 // ReasonInvalidBackend (ResolvedRefs=False on a route) says a backendRef
@@ -275,16 +276,6 @@ func (t *translator) headlessPolicy(svc *corev1.Service) string {
 // granted reports whether a ReferenceGrant in namespace toNS lets routes
 // of fromKind in fromNS refer to the object.
 func (t *translator) granted(fromKind, fromNS, toGroup, toKind, toNS, toName string) bool {
-	for _, g := range t.grants[toNS] {
-		from := slices.ContainsFunc(g.Spec.From, func(f gwv1.ReferenceGrantFrom) bool {
-			return f.Group == gwv1.GroupName && string(f.Kind) == fromKind && string(f.Namespace) == fromNS
-		})
-		to := slices.ContainsFunc(g.Spec.To, func(to gwv1.ReferenceGrantTo) bool {
-			return string(to.Group) == toGroup && string(to.Kind) == toKind && (deref(to.Name) == "" || deref(to.Name) == toName)
-		})
-		if from && to {
-			return true
-		}
-	}
-	return false
+	return refgrant.Allows(t.grants[toNS], refgrant.From{Group: gwv1.GroupName, Kind: fromKind, Namespace: fromNS},
+		refgrant.To{Group: toGroup, Kind: toKind, Namespace: toNS, Name: toName})
 }

@@ -154,6 +154,9 @@ func newTranslator(in Input) *translator {
 	for _, b := range sortedObjects(in.ClusterTrustBundles) {
 		addOnce(t.bundles, b.Name, b)
 	}
+	for _, g := range sortedObjects(in.ReferenceGrants) {
+		t.grants[g.Namespace] = append(t.grants[g.Namespace], g)
+	}
 	return t
 }
 

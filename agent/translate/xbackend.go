@@ -12,6 +12,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/agent/translate/tlsvalidation"
+	"github.com/sockmesh/sockmesh/internal/refgrant"
 )
 
 // xbackendEval is one XBackend, checked once.
@@ -204,7 +205,10 @@ func (t *translator) xbackendTLS(e *xbackendEval, mode gwxv1alpha1.BackendTLSMod
 	case mode == gwxv1alpha1.BackendTLSModeClientAndServer && spec.ClientCertificateRef == nil:
 		bad("tls.clientCertificateRef must be set when tls.mode is ClientAndServer")
 	case mode == gwxv1alpha1.BackendTLSModeClientAndServer:
-		cc, p := tlsvalidation.ClientCertificate(spec.ClientCertificateRef, e.xb.Namespace, t, t.in.Now)
+		granted := func(namespace, name string) bool {
+			return refgrant.Allows(t.grants[namespace], refgrant.XBackend(e.xb.Namespace), refgrant.To{Kind: "Secret", Namespace: namespace, Name: name})
+		}
+		cc, p := tlsvalidation.ClientCertificate(spec.ClientCertificateRef, e.xb.Namespace, t, granted, t.in.Now)
 		t.judgedUntil(cc.ChangesAt)
 		if p != nil {
 			bad("tls.%s", p.Message)

@@ -122,7 +122,7 @@ func Load(ctx context.Context, kube kubernetes.Interface, gw gwclient.Interface,
 			return in, warnings, err
 		}
 	}
-	for _, r := range tlsrefs.Of(in.BackendTLSPolicies, in.XBackends) {
+	for _, r := range tlsrefs.Of(in.BackendTLSPolicies, in.XBackends, in.ReferenceGrants) {
 		var err error
 		if r.Secret {
 			var s *corev1.Secret

@@ -4,8 +4,10 @@
 // exactly these, and sockmeshctl describe gets exactly these, so both
 // must take the list from here.
 //
-// References never leave the referrer's namespace: a client certificate
-// in another namespace is rejected by translate and not listed. It only
-// reads the objects it is given; it must not fetch, watch or judge them
-// (a reference's validity is translate's to decide).
+// CA certificate references never leave the referrer's namespace; a
+// client certificate in another namespace is listed only when a
+// ReferenceGrant there allows it (refgrant, as translate decides), so a
+// reference no grant allows makes no one read that Secret. It only reads
+// the objects it is given; it must not fetch, watch or judge them (a
+// reference's validity is translate's to decide).
 package tlsrefs

@@ -6,6 +6,8 @@ import (
 
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
+
+	"github.com/sockmesh/sockmesh/internal/refgrant"
 )
 
 // Ref names a referenced ConfigMap, or Secret when Secret is set.
@@ -32,8 +34,9 @@ func Compare(a, b Ref) int {
 // Of lists, sorted by Compare and without duplicates, the ConfigMaps and
 // Secrets these objects reference: core-group CA certificate references of
 // BackendTLSPolicies and XBackends, and XBackend client certificates (a
-// core Secret in the XBackend's namespace).
-func Of(policies []*gwv1.BackendTLSPolicy, xbackends []*gwxv1alpha1.XBackend) []Ref {
+// core Secret in the XBackend's namespace, or in another one whose
+// ReferenceGrant among grants allows it: one no grant allows is not read).
+func Of(policies []*gwv1.BackendTLSPolicy, xbackends []*gwxv1alpha1.XBackend, grants []*gwv1.ReferenceGrant) []Ref {
 	var refs []Ref
 	addCARefs := func(namespace string, caRefs []gwv1.LocalObjectReference) {
 		for _, r := range caRefs {
@@ -53,9 +56,14 @@ func Of(policies []*gwv1.BackendTLSPolicy, xbackends []*gwxv1alpha1.XBackend) []
 		if tls.Validation != nil {
 			addCARefs(xb.Namespace, tls.Validation.CACertificateRefs)
 		}
-		if r := tls.ClientCertificateRef; r != nil && (r.Group == nil || *r.Group == "") &&
-			(r.Kind == nil || *r.Kind == "Secret") && (r.Namespace == nil || string(*r.Namespace) == xb.Namespace) {
-			refs = append(refs, Ref{Secret: true, Namespace: xb.Namespace, Name: string(r.Name)})
+		if r := tls.ClientCertificateRef; r != nil && (r.Group == nil || *r.Group == "") && (r.Kind == nil || *r.Kind == "Secret") {
+			ns := xb.Namespace
+			if r.Namespace != nil && *r.Namespace != "" {
+				ns = string(*r.Namespace)
+			}
+			if ns == xb.Namespace || refgrant.Allows(grants, refgrant.XBackend(xb.Namespace), refgrant.To{Kind: "Secret", Namespace: ns, Name: string(r.Name)}) {
+				refs = append(refs, Ref{Secret: true, Namespace: ns, Name: string(r.Name)})
+			}
 		}
 	}
 	slices.SortFunc(refs, Compare)

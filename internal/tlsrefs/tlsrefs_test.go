@@ -33,6 +33,7 @@ func TestOf(t *testing.T) {
 		name      string
 		policies  []*gwv1.BackendTLSPolicy
 		xbackends []*gwxv1alpha1.XBackend
+		grants    []*gwv1.ReferenceGrant
 		want      []tlsrefs.Ref
 	}{
 		{name: "none"},
@@ -65,9 +66,24 @@ func TestOf(t *testing.T) {
 			},
 			want: []tlsrefs.Ref{{Secret: true, Namespace: "x", Name: "d"}},
 		},
+		{
+			name: "client certificate of another namespace whose ReferenceGrant allows it",
+			xbackends: []*gwxv1alpha1.XBackend{
+				xbackend("x", &gwxv1alpha1.BackendTLS{ClientCertificateRef: &gwv1.SecretObjectReference{Name: "a", Namespace: ptr(gwv1.Namespace("other"))}}),
+				xbackend("y", &gwxv1alpha1.BackendTLS{ClientCertificateRef: &gwv1.SecretObjectReference{Name: "b", Namespace: ptr(gwv1.Namespace("other"))}}),
+			},
+			grants: []*gwv1.ReferenceGrant{{
+				ObjectMeta: metav1.ObjectMeta{Namespace: "other", Name: "g"},
+				Spec: gwv1.ReferenceGrantSpec{
+					From: []gwv1.ReferenceGrantFrom{{Group: gwxv1alpha1.GroupName, Kind: "XBackend", Namespace: "x"}},
+					To:   []gwv1.ReferenceGrantTo{{Kind: "Secret"}},
+				},
+			}},
+			want: []tlsrefs.Ref{{Secret: true, Namespace: "other", Name: "a"}},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := tlsrefs.Of(tc.policies, tc.xbackends)
+			got := tlsrefs.Of(tc.policies, tc.xbackends, tc.grants)
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("Of() = %+v, want %+v", got, tc.want)
 			}

@@ -588,7 +588,7 @@ func (s *Source) Input() translate.Input {
 		ClusterTrustBundlesUnavailable: l.optional[kindClusterTrustBundle] == nil,
 	}
 	in.Node.ServiceCIDRs = serviceCIDRs(cached[*networkingv1.ServiceCIDR](l.optional[kindServiceCIDR]))
-	in.ConfigMaps, in.Secrets = s.refs.objects(tlsrefs.Of(in.BackendTLSPolicies, in.XBackends))
+	in.ConfigMaps, in.Secrets = s.refs.objects(tlsrefs.Of(in.BackendTLSPolicies, in.XBackends, in.ReferenceGrants))
 	return in
 }
 

@@ -755,3 +755,98 @@ func TestOtherControllersAncestorsSignal(t *testing.T) {
 		return len(in.XBackendTrafficPolicies) == 1 && len(in.XBackendTrafficPolicies[0].Status.Ancestors) == 1
 	})
 }
+
+// TestClientCertificateInAnotherNamespace: an XBackend's clientCertificateRef
+// to a Secret in another namespace makes the source read that Secret only
+// once a ReferenceGrant there allows it (a SecretObjectReference's
+// namespace "requires a ReferenceGrant in the referent namespace"), and
+// translate then uses it; without the grant the Secret is not read and the
+// XBackend is ResolvedRefs=False/RefNotPermitted.
+func TestClientCertificateInAnotherNamespace(t *testing.T) {
+	env := apiserver.Start(t)
+	ctx := t.Context()
+	kube, gw := env.Kube, env.Gateway
+	const apps, certs = "xb-apps", "xb-certs"
+	for _, n := range []string{apps, certs} {
+		must.Succeed(t)(kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}))
+	}
+	ca, err := pki.NewCA("client-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.LeafOptions{CommonName: "client", Client: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	must.Succeed(t)(kube.CoreV1().Secrets(certs).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "client", Namespace: certs},
+		Data:       map[string][]byte{"tls.crt": leaf.CertPEM, "tls.key": leaf.KeyPEM},
+	}, metav1.CreateOptions{}))
+	must.Succeed(t)(kube.CoreV1().Services(apps).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "partner", Namespace: apps, Annotations: map[string]string{translate.AnnotationXBackend: "partner"}},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 443}}},
+	}, metav1.CreateOptions{}))
+	must.Succeed(t)(gw.ExperimentalV1alpha1().XBackends(apps).Create(ctx, &gwxv1alpha1.XBackend{
+		ObjectMeta: metav1.ObjectMeta{Name: "partner", Namespace: apps},
+		Spec: gwxv1alpha1.BackendSpec{
+			Type:             gwxv1alpha1.BackendTypeExternalHostname,
+			Port:             gwxv1alpha1.BackendPort{Number: 443},
+			ExternalHostname: &gwxv1alpha1.ExternalHostnameBackend{Hostname: "api.example.com"},
+			TLS: &gwxv1alpha1.BackendTLS{
+				Mode:                 gwxv1alpha1.BackendTLSModeClientAndServer,
+				ClientCertificateRef: &gwv1.SecretObjectReference{Name: "client", Namespace: ptr(gwv1.Namespace(certs))},
+				Validation:           &gwv1.BackendTLSPolicyValidation{WellKnownCACertificates: ptr(gwv1.WellKnownCACertificatesSystem), Hostname: "api.example.com"},
+			},
+		},
+	}, metav1.CreateOptions{}))
+	s := startSource(t, env)
+
+	// resolvedRefs translates in and returns the XBackend's ResolvedRefs
+	// condition.
+	resolvedRefs := func(in translate.Input) metav1.Condition {
+		t.Helper()
+		res, err := translate.Translate(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range res.Status.XBackends[types.NamespacedName{Namespace: apps, Name: "partner"}] {
+			for _, c := range a.Conditions {
+				if c.Type == "ResolvedRefs" {
+					return c
+				}
+			}
+		}
+		t.Fatalf("no ResolvedRefs condition on XBackend %s/partner: %+v", apps, res.Status.XBackends)
+		return metav1.Condition{}
+	}
+
+	in := waitInput(t, s, "the XBackend", func(in translate.Input) bool { return len(in.XBackends) == 1 && len(in.Services) >= 1 })
+	if got := names(in.Secrets); len(got) != 0 {
+		t.Errorf("secrets without a ReferenceGrant = %v, want none read", got)
+	}
+	if c := resolvedRefs(in); c.Status != metav1.ConditionFalse || c.Reason != "RefNotPermitted" {
+		t.Errorf("without a ReferenceGrant: ResolvedRefs = %s/%s (%s), want False/RefNotPermitted", c.Status, c.Reason, c.Message)
+	}
+
+	must.Succeed(t)(gw.GatewayV1().ReferenceGrants(certs).Create(ctx, &gwv1.ReferenceGrant{
+		ObjectMeta: metav1.ObjectMeta{Name: "apps-xbackends", Namespace: certs},
+		Spec: gwv1.ReferenceGrantSpec{
+			From: []gwv1.ReferenceGrantFrom{{Group: gwxv1alpha1.GroupName, Kind: "XBackend", Namespace: apps}},
+			To:   []gwv1.ReferenceGrantTo{{Kind: "Secret", Name: ptr(gwv1.ObjectName("client"))}},
+		},
+	}, metav1.CreateOptions{}))
+	in = waitInput(t, s, "the client certificate Secret", func(in translate.Input) bool { return len(in.Secrets) == 1 })
+	if got := names(in.Secrets); !slices.Equal(got, []string{certs + "/client"}) {
+		t.Errorf("secrets with the ReferenceGrant = %v, want [%s/client]", got, certs)
+	}
+	if c := resolvedRefs(in); c.Status != metav1.ConditionTrue {
+		t.Errorf("with the ReferenceGrant: ResolvedRefs = %s/%s (%s), want True", c.Status, c.Reason, c.Message)
+	}
+
+	// The grant goes: so does the Secret, and the reference is refused again.
+	must.Succeed(t)(nil, gw.GatewayV1().ReferenceGrants(certs).Delete(ctx, "apps-xbackends", metav1.DeleteOptions{}))
+	in = waitInput(t, s, "the Secret to go with the grant", func(in translate.Input) bool { return len(in.Secrets) == 0 && len(in.ReferenceGrants) == 0 })
+	if c := resolvedRefs(in); c.Reason != "RefNotPermitted" {
+		t.Errorf("after the ReferenceGrant went: ResolvedRefs = %s/%s, want RefNotPermitted", c.Status, c.Reason)
+	}
+}

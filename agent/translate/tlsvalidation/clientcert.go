@@ -26,14 +26,15 @@ type ClientCert struct {
 	ChangesAt time.Time
 }
 
-// ClientCertificate resolves an XBackend's clientCertificateRef in
-// namespace: a core Secret in the same namespace (cross-namespace
-// references would need a ReferenceGrant, which sockmesh does not support)
-// whose tls.crt and tls.key form a key pair, with an unencrypted key and a
-// certificate valid at now. The Problem's reason is InvalidKind,
-// RefNotPermitted or InvalidCertificateRef; its message never contains key
-// material.
-func ClientCertificate(ref *gwv1.SecretObjectReference, namespace string, objs Objects, now time.Time) (ClientCert, *Problem) {
+// ClientCertificate resolves the clientCertificateRef of an XBackend in
+// namespace: a core Secret whose tls.crt and tls.key form a key pair, with
+// an unencrypted key and a certificate valid at now. The Secret is in
+// namespace unless ref names another, which granted (the referrer's
+// ReferenceGrant check) must allow: a SecretObjectReference's namespace
+// "requires a ReferenceGrant in the referent namespace". The Problem's
+// reason is InvalidKind, RefNotPermitted or InvalidCertificateRef; its
+// message never contains key material.
+func ClientCertificate(ref *gwv1.SecretObjectReference, namespace string, objs Objects, granted func(namespace, name string) bool, now time.Time) (ClientCert, *Problem) {
 	if ref == nil {
 		return ClientCert{}, &Problem{Reason: ReasonInvalidCertificateRef, Message: "clientCertificateRef is not set"}
 	}
@@ -48,11 +49,16 @@ func ClientCertificate(ref *gwv1.SecretObjectReference, namespace string, objs O
 		return ClientCert{}, &Problem{Reason: ReasonInvalidKind,
 			Message: fmt.Sprintf("clientCertificateRef %s %s (group %q): only core Secrets are supported", kind, ref.Name, group)}
 	}
-	if ref.Namespace != nil && string(*ref.Namespace) != namespace && *ref.Namespace != "" {
-		return ClientCert{}, &Problem{Reason: ReasonRefNotPermitted,
-			Message: fmt.Sprintf("clientCertificateRef Secret %s/%s is in another namespace; sockmesh only uses Secrets in %s", *ref.Namespace, ref.Name, namespace)}
-	}
 	what := "clientCertificateRef Secret " + namespace + "/" + string(ref.Name)
+	if ref.Namespace != nil && *ref.Namespace != "" && string(*ref.Namespace) != namespace {
+		other := string(*ref.Namespace)
+		what = "clientCertificateRef Secret " + other + "/" + string(ref.Name)
+		if !granted(other, string(ref.Name)) {
+			return ClientCert{}, &Problem{Reason: ReasonRefNotPermitted,
+				Message: fmt.Sprintf("%s: no ReferenceGrant in namespace %s allows references to it from namespace %s", what, other, namespace)}
+		}
+		namespace = other
+	}
 	s := objs.Secret(namespace, string(ref.Name))
 	if s == nil {
 		return ClientCert{}, &Problem{Reason: ReasonInvalidCertificateRef, Message: what + ": not found"}

@@ -248,7 +248,7 @@ func TestClientCertificate(t *testing.T) {
 		{"valid in a nanosecond", pair, notBefore.Add(-time.Nanosecond), "not valid before 2026-01-01T00:00:00Z", notBefore},
 	} {
 		objs := objects{secrets: map[string]*corev1.Secret{"apps/c": {Data: c.data}}}
-		got, p := tlsvalidation.ClientCertificate(&gwv1.SecretObjectReference{Name: "c"}, "apps", objs, c.now)
+		got, p := tlsvalidation.ClientCertificate(&gwv1.SecretObjectReference{Name: "c"}, "apps", objs, refuseAll, c.now)
 		if !got.ChangesAt.Equal(c.changes) {
 			t.Errorf("%s: ClientCertificate at %s: ChangesAt %s, want %s", c.name, c.now, got.ChangesAt, c.changes)
 		}
@@ -269,6 +269,37 @@ func TestClientCertificate(t *testing.T) {
 			strings.Contains(p.Message, base64.StdEncoding.EncodeToString(encrypted)[:20]) {
 			t.Errorf("%s: message leaks key material: %s", c.name, p.Message)
 		}
+	}
+}
+
+// refuseAll is a referrer's ReferenceGrant check that no grant passes.
+func refuseAll(string, string) bool { return false }
+
+// TestClientCertificateOtherNamespace: a Secret in another namespace is
+// used when the referrer's ReferenceGrant check allows it (a
+// SecretObjectReference's namespace "requires a ReferenceGrant in the
+// referent namespace"), and is RefNotPermitted, unread, when it does not.
+func TestClientCertificateOtherNamespace(t *testing.T) {
+	crt, key := cert(t, "client.pem"), cert(t, "client-key.pem")
+	objs := objects{secrets: map[string]*corev1.Secret{"certs/c": {Data: map[string][]byte{"tls.crt": []byte(crt), "tls.key": []byte(key)}}}}
+	certs := gwv1.Namespace("certs")
+	ref := &gwv1.SecretObjectReference{Name: "c", Namespace: &certs}
+	now := time.Date(2026, 5, 1, 0, 0, 0, 0, time.UTC)
+	var asked []string
+	granted := func(namespace, name string) bool {
+		asked = append(asked, namespace+"/"+name)
+		return true
+	}
+	if got, p := tlsvalidation.ClientCertificate(ref, "apps", objs, granted, now); p != nil || got.CertPEM != crt {
+		t.Errorf("granted: ClientCertificate = %q, %v; want certs/c's pair", got.CertPEM, p)
+	}
+	if len(asked) != 1 || asked[0] != "certs/c" {
+		t.Errorf("granted asked for %v, want [certs/c]", asked)
+	}
+	got, p := tlsvalidation.ClientCertificate(ref, "apps", objs, refuseAll, now)
+	const want = "clientCertificateRef Secret certs/c: no ReferenceGrant in namespace certs allows references to it from namespace apps"
+	if p == nil || p.Reason != tlsvalidation.ReasonRefNotPermitted || p.Message != want || got.CertPEM != "" {
+		t.Errorf("not granted: ClientCertificate = %q, %+v; want RefNotPermitted %q", got.CertPEM, p, want)
 	}
 }
 
