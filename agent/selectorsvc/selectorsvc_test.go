@@ -229,10 +229,10 @@ func TestApplyQuotaFull(t *testing.T) {
 }
 
 // TestApplyHandEdits: the generated Service follows the XBackend's
-// selector, a hand edit of its selector, ports or publishNotReadyAddresses
-// is undone, and one
-// deleted by hand is made again, owned by the XBackend (so the garbage
-// collector removes it with it).
+// selector, a hand edit of its selector, ports, publishNotReadyAddresses
+// or type is undone, one given a ClusterIP is replaced by a headless one,
+// and one deleted by hand is made again, owned by the XBackend (so the
+// garbage collector removes it with it).
 func TestApplyHandEdits(t *testing.T) {
 	env := apiserver.Start(t)
 	ctx := t.Context()
@@ -242,9 +242,9 @@ func TestApplyHandEdits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// apply runs translate over what the API server holds now, as a cache
-	// that caught up would, and returns the one generated Service.
-	apply := func(what string) corev1.Service {
+	// pass runs translate over what the API server holds now, as a cache
+	// that caught up would, and Apply.
+	pass := func(what string) {
 		t.Helper()
 		in := inputOf(t, env)
 		res, err := translate.Translate(in)
@@ -254,6 +254,11 @@ func TestApplyHandEdits(t *testing.T) {
 		if err := w.Apply(ctx, in, res.EndpointSelectorServices, nil); err != nil {
 			t.Fatalf("%s: %v", what, err)
 		}
+	}
+	// apply runs a pass and returns the one generated Service.
+	apply := func(what string) corev1.Service {
+		t.Helper()
+		pass(what)
 		list, err := kube.CoreV1().Services(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -297,6 +302,46 @@ func TestApplyHandEdits(t *testing.T) {
 	if s := apply("publishing addresses that are not ready"); s.Spec.PublishNotReadyAddresses {
 		t.Errorf("after a hand edit of publishNotReadyAddresses: still true, want false")
 	}
+
+	// Made ExternalName by hand (the API server allows it of a headless
+	// Service), it has no EndpointSlices: it is made headless again, in
+	// place.
+	edited = apply("before ExternalName")
+	toExternalName := func(s *corev1.Service) {
+		s.Spec.Type, s.Spec.ExternalName = corev1.ServiceTypeExternalName, "elsewhere.example.com"
+		s.Spec.ClusterIP, s.Spec.ClusterIPs, s.Spec.IPFamilies, s.Spec.IPFamilyPolicy = "", nil, nil, nil
+	}
+	toExternalName(&edited)
+	if _, err := kube.CoreV1().Services(ns).Update(ctx, &edited, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if s := apply("made ExternalName"); s.Name != first.Name || s.Spec.Type != corev1.ServiceTypeClusterIP ||
+		s.Spec.ClusterIP != corev1.ClusterIPNone || s.Spec.ExternalName != "" {
+		t.Errorf("after a hand edit to ExternalName: %s type %s clusterIP %q externalName %q, want %s headless ClusterIP",
+			s.Name, s.Spec.Type, s.Spec.ClusterIP, s.Spec.ExternalName, first.Name)
+	}
+
+	// Given a ClusterIP (ExternalName and back, or made so by a version
+	// that did), which no update can take back: it is replaced by a
+	// headless one.
+	edited = apply("before a ClusterIP")
+	toExternalName(&edited)
+	updated, err := kube.CoreV1().Services(ns).Update(ctx, &edited, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	updated.Spec.Type, updated.Spec.ExternalName = corev1.ServiceTypeClusterIP, ""
+	if updated, err = kube.CoreV1().Services(ns).Update(ctx, updated, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if updated.Spec.ClusterIP == "" || updated.Spec.ClusterIP == corev1.ClusterIPNone {
+		t.Fatalf("set up: clusterIP %q, want one allocated", updated.Spec.ClusterIP)
+	}
+	pass("given a ClusterIP")
+	if s := apply("replacing the Service with a ClusterIP"); s.Name == first.Name || s.Spec.ClusterIP != corev1.ClusterIPNone || s.Spec.Selector["app"] != "pods-v2" {
+		t.Errorf("after the Service got a ClusterIP: %s clusterIP %q selecting %v, want a new headless Service selecting app=pods-v2", s.Name, s.Spec.ClusterIP, s.Spec.Selector)
+	}
+	first = apply("the replacement")
 
 	if err := kube.CoreV1().Services(ns).Delete(ctx, first.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
