@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode/utf8"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -118,23 +119,34 @@ func (d *Decoder) decodeDocument(doc []byte, depth int) ([]runtime.Object, error
 		return nil, fmt.Errorf("%s is not a kind sockmesh reads", kindOf(gvk))
 	}
 	normalize(obj)
-	if err := untargeted(obj); err != nil {
+	if err := crdRefusal(obj); err != nil {
 		return nil, err
 	}
 	return []runtime.Object{obj}, nil
 }
 
-// untargeted refuses a BackendTLSPolicy or XBackendTrafficPolicy without
-// targetRefs, as their CRDs do (minItems 1). Translate would find it
-// applying nowhere with no status entry to say so: refused here, it is
-// reported as the file's error.
-func untargeted(obj runtime.Object) error {
+// maxMeshDescription is the XMesh CRD's maxLength of spec.description, in
+// characters.
+const maxMeshDescription = 64
+
+// crdRefusal refuses, as the CRDs do, what translate cannot report in a
+// status: a BackendTLSPolicy or XBackendTrafficPolicy without targetRefs
+// (minItems 1), which would apply nowhere with no status entry to say so,
+// and an XMesh whose description is too long, which nothing in sockmesh
+// reads. Refused here, either is reported as the file's error, as kubectl
+// apply would report it.
+func crdRefusal(obj runtime.Object) error {
 	var n int
 	switch o := obj.(type) {
 	case *gwv1.BackendTLSPolicy:
 		n = len(o.Spec.TargetRefs)
 	case *gwxv1alpha1.XBackendTrafficPolicy:
 		n = len(o.Spec.TargetRefs)
+	case *gwxv1alpha1.XMesh:
+		if d := o.Spec.Description; d != nil && utf8.RuneCountInString(*d) > maxMeshDescription {
+			return fmt.Errorf("%s: spec.description is %d characters, where the CRD allows at most %d", Key(obj), utf8.RuneCountInString(*d), maxMeshDescription)
+		}
+		return nil
 	default:
 		return nil
 	}

@@ -109,6 +109,8 @@ spec: {from: [], to: []}
 			wantErr: "document 2: BackendTLSPolicy apps/b: spec.targetRefs is empty"},
 		{name: "traffic policy with empty targetRefs", in: "apiVersion: gateway.networking.x-k8s.io/v1alpha1\nkind: XBackendTrafficPolicy\nmetadata: {name: p}\nspec: {targetRefs: []}\n",
 			wantErr: "document 1: XBackendTrafficPolicy default/p: spec.targetRefs is empty"},
+		{name: "XMesh description over the CRD's 64 characters", in: "apiVersion: gateway.networking.x-k8s.io/v1alpha1\nkind: XMesh\nmetadata: {name: m}\nspec: {description: " + strings.Repeat("x", 65) + "}\n",
+			wantErr: "document 1: XMesh m: spec.description is 65 characters, where the CRD allows at most 64"},
 		{name: "broken YAML", in: "apiVersion: v1\nkind: [\n", wantErr: "document 1: decode"},
 		{name: "no kind", in: "metadata: {name: a}\n", wantErr: "document 1: decode"},
 		// Lists nest up to 8 deep: each level decodes its items again.
