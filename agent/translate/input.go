@@ -40,7 +40,8 @@ type Input struct {
 	XBackends               []*gwxv1alpha1.XBackend
 	XBackendTrafficPolicies []*gwxv1alpha1.XBackendTrafficPolicy
 	XMeshes                 []*gwxv1alpha1.XMesh
-	// ReferenceGrants permit mesh routes' cross-namespace backendRefs
+	// ReferenceGrants permit mesh routes' cross-namespace backendRefs and
+	// XBackends' cross-namespace clientCertificateRefs
 	// (gateway.networking.k8s.io v1; v1beta1 is the same schema).
 	ReferenceGrants []*gwv1.ReferenceGrant
 
