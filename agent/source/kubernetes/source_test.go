@@ -801,10 +801,11 @@ func TestClientCertificateInAnotherNamespace(t *testing.T) {
 	}, metav1.CreateOptions{}))
 	s := startSource(t, env)
 
-	// resolvedRefs translates in and returns the XBackend's ResolvedRefs
-	// condition.
+	// resolvedRefs translates in now, as the control plane does, and
+	// returns the XBackend's ResolvedRefs condition.
 	resolvedRefs := func(in translate.Input) metav1.Condition {
 		t.Helper()
+		in.Now = time.Now()
 		res, err := translate.Translate(in)
 		if err != nil {
 			t.Fatal(err)
