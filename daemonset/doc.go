@@ -2,6 +2,9 @@
 // ServiceAccount, least-privilege RBAC and the agent DaemonSet, tied
 // together by kustomization.yaml (`kubectl apply --server-side -k
 // daemonset/`) — and embeds them for the tests and tools that read them.
+// introspection-tcp/ is an opt-in kustomize component that serves the
+// agents' introspection API over TCP, for `sockmeshctl status --all-nodes`,
+// with the RBAC of the operators who run it.
 // crds/ references the upstream Gateway API v1.7.0 experimental CRDs;
 // image/ and imagebuild/ build the node image without Docker or a registry.
 //

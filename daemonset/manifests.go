@@ -7,3 +7,11 @@ import "embed"
 //
 //go:embed kustomization.yaml namespace.yaml serviceaccount.yaml rbac.yaml daemonset.yaml
 var Manifests embed.FS
+
+// IntrospectionTCP holds the opt-in component introspection-tcp/ (its
+// kustomization.yaml, the DaemonSet patch that turns TCP introspection on,
+// the operators' RBAC) and the example binding operators.example.yaml,
+// under the directory introspection-tcp.
+//
+//go:embed introspection-tcp/*.yaml
+var IntrospectionTCP embed.FS

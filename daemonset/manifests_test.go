@@ -144,6 +144,20 @@ func TestDaemonSet(t *testing.T) {
 			t.Errorf("agent args %q lack %s", agent.Args, want)
 		}
 	}
+	// TCP introspection is opt-in (introspection-tcp/): the default
+	// install serves the API on the node's unix socket alone.
+	for _, arg := range agent.Args {
+		for _, flag := range []string{"--introspection-listen", "--introspection-tls-", "--introspection-token-file"} {
+			if strings.HasPrefix(arg, flag) {
+				t.Errorf("agent args hold %s: TCP introspection must stay off by default", arg)
+			}
+		}
+	}
+	for _, v := range spec.Volumes {
+		if v.Secret != nil {
+			t.Errorf("volume %s mounts Secret %s: the default install mounts none", v.Name, v.Secret.SecretName)
+		}
+	}
 	env := map[string]corev1.EnvVar{}
 	for _, e := range agent.Env {
 		env[e.Name] = e
@@ -255,48 +269,11 @@ var leaseRights = map[string][]string{"coordination.k8s.io/leases": {"get", "cre
 // read makes its kind Forbidden and a missing write fails.
 func TestRBACLeastPrivilege(t *testing.T) {
 	objs := objects(t)
-	check := func(kind, name string, rules []rbacv1.PolicyRule, need map[string][]string) {
-		granted := map[string][]string{}
-		for _, r := range rules {
-			for _, v := range r.Verbs {
-				if v == "*" {
-					t.Errorf("%s %s: wildcard verb", kind, name)
-				}
-			}
-			if len(r.NonResourceURLs) > 0 {
-				t.Errorf("%s %s: non-resource URLs %q", kind, name, r.NonResourceURLs)
-			}
-			if len(r.ResourceNames) > 0 {
-				t.Errorf("%s %s: resourceNames %q: the test does not model them", kind, name, r.ResourceNames)
-			}
-			for _, g := range r.APIGroups {
-				for _, res := range r.Resources {
-					if res == "*" || g == "*" {
-						t.Errorf("%s %s: wildcard resource %q/%q", kind, name, g, res)
-					}
-					key := g + "/" + res
-					for _, v := range r.Verbs {
-						if !slices.Contains(need[key], v) {
-							t.Errorf("%s %s may %s %s: not something the agent does", kind, name, v, key)
-						}
-						granted[key] = append(granted[key], v)
-					}
-				}
-			}
-		}
-		for res, verbs := range need {
-			for _, v := range verbs {
-				if !slices.Contains(granted[res], v) {
-					t.Errorf("%s %s lacks %s %s, which the agent uses", kind, name, v, res)
-				}
-			}
-		}
-	}
 	crs := typed[rbacv1.ClusterRole](t, objs, "ClusterRole")
 	if len(crs) != 1 {
 		t.Fatalf("%d ClusterRoles, want 1", len(crs))
 	}
-	check("ClusterRole", crs[0].Name, crs[0].Rules, agentRights)
+	checkRules(t, "ClusterRole", crs[0].Name, crs[0].Rules, agentRights)
 	roles := typed[rbacv1.Role](t, objs, "Role")
 	if len(roles) != 1 {
 		t.Fatalf("%d Roles, want 1, for the leader election Lease", len(roles))
@@ -304,11 +281,53 @@ func TestRBACLeastPrivilege(t *testing.T) {
 	if roles[0].Namespace != "sockmesh-system" {
 		t.Errorf("Role %s in namespace %q, want sockmesh-system", roles[0].Name, roles[0].Namespace)
 	}
-	check("Role", roles[0].Name, roles[0].Rules, leaseRights)
+	checkRules(t, "Role", roles[0].Name, roles[0].Rules, leaseRights)
 	for _, b := range typed[rbacv1.ClusterRoleBinding](t, objs, "ClusterRoleBinding") {
 		for _, s := range b.Subjects {
 			if s.Kind != "ServiceAccount" || s.Name != "sockmesh" || s.Namespace != "sockmesh-system" {
 				t.Errorf("ClusterRoleBinding %s binds %+v, want only the sockmesh ServiceAccount", b.Name, s)
+			}
+		}
+	}
+}
+
+// checkRules checks that rules grant exactly need, by "group/resource":
+// no wildcard, no non-resource URL, no verb beyond need and none short of
+// it.
+func checkRules(t *testing.T, kind, name string, rules []rbacv1.PolicyRule, need map[string][]string) {
+	t.Helper()
+	granted := map[string][]string{}
+	for _, r := range rules {
+		for _, v := range r.Verbs {
+			if v == "*" {
+				t.Errorf("%s %s: wildcard verb", kind, name)
+			}
+		}
+		if len(r.NonResourceURLs) > 0 {
+			t.Errorf("%s %s: non-resource URLs %q", kind, name, r.NonResourceURLs)
+		}
+		if len(r.ResourceNames) > 0 {
+			t.Errorf("%s %s: resourceNames %q: the test does not model them", kind, name, r.ResourceNames)
+		}
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				if res == "*" || g == "*" {
+					t.Errorf("%s %s: wildcard resource %q/%q", kind, name, g, res)
+				}
+				key := g + "/" + res
+				for _, v := range r.Verbs {
+					if !slices.Contains(need[key], v) {
+						t.Errorf("%s %s may %s %s: not something its user does", kind, name, v, key)
+					}
+					granted[key] = append(granted[key], v)
+				}
+			}
+		}
+	}
+	for res, verbs := range need {
+		for _, v := range verbs {
+			if !slices.Contains(granted[res], v) {
+				t.Errorf("%s %s lacks %s %s, which its user needs", kind, name, v, res)
 			}
 		}
 	}

@@ -138,6 +138,61 @@ func TestRBACAgainstAPIServer(t *testing.T) {
 	})
 }
 
+// TestStatusRBACAgainstAPIServer applies the component's roles and
+// operators.example.yaml to a real kube-apiserver and checks that an
+// operator in the example's group may do exactly what `sockmeshctl status
+// --all-nodes` does: list the Nodes, and list pods in sockmesh-system
+// only; nothing else, not even get or watch on them. cmd/sockmeshctl's
+// TestStatusAllNodesOperator runs the command with these rights.
+func TestStatusRBACAgainstAPIServer(t *testing.T) {
+	env := apiserver.Start(t)
+	ctx := t.Context()
+	must.Succeed(t)(env.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: agentNS}}, metav1.CreateOptions{}))
+	must.Succeed(t)(env.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: referenceNS}}, metav1.CreateOptions{}))
+	objs := append(componentRoles(t), operatorBindings(t)...)
+	rbac := env.Kube.RbacV1()
+	for _, o := range typed[rbacv1.ClusterRole](t, objs, "ClusterRole") {
+		must.Succeed(t)(rbac.ClusterRoles().Create(ctx, &o, metav1.CreateOptions{}))
+	}
+	for _, o := range typed[rbacv1.Role](t, objs, "Role") {
+		must.Succeed(t)(rbac.Roles(o.Namespace).Create(ctx, &o, metav1.CreateOptions{}))
+	}
+	for _, o := range typed[rbacv1.ClusterRoleBinding](t, objs, "ClusterRoleBinding") {
+		must.Succeed(t)(rbac.ClusterRoleBindings().Create(ctx, &o, metav1.CreateOptions{}))
+	}
+	var operatorGroup string
+	for _, o := range typed[rbacv1.RoleBinding](t, objs, "RoleBinding") {
+		must.Succeed(t)(rbac.RoleBindings(o.Namespace).Create(ctx, &o, metav1.CreateOptions{}))
+		operatorGroup = o.Subjects[0].Name
+	}
+	// An operator of the example's group, and one of no group: what the
+	// second may do, every authenticated user may (the API server's
+	// default roles), not the component's doing.
+	operator, groups := "smt-operator", []string{operatorGroup, "system:authenticated"}
+	nobody := []string{"system:authenticated"}
+	allVerbs := []string{"get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"}
+	for _, c := range []struct {
+		ns, resource string
+		want         []string
+	}{
+		{"", "nodes", statusNodeRights["/nodes"]},
+		{agentNS, "pods", statusPodRights["/pods"]},
+		// Listing pods cluster-wide would show every pod's spec.
+		{"", "pods", nil},
+		{referenceNS, "pods", nil},
+		{agentNS, "secrets", nil},
+		{agentNS, "pods/exec", nil},
+	} {
+		resource, sub, _ := strings.Cut(c.resource, "/")
+		for _, v := range allVerbs {
+			got, want := allowedIn(t, env, operator, groups, c.ns, v, "", resource, sub), slices.Contains(c.want, v)
+			if got != want && (want || !allowedIn(t, env, "smt-nobody", nobody, c.ns, v, "", resource, sub)) {
+				t.Errorf("operator may %s %s in %q = %v, want %v", v, c.resource, c.ns, got, want)
+			}
+		}
+	}
+}
+
 // createReferenced creates a BackendTLSPolicy whose CA ConfigMap the
 // source then watches by name.
 func createReferenced(t *testing.T, env *apiserver.Env) {
@@ -161,8 +216,15 @@ func createReferenced(t *testing.T, env *apiserver.Env) {
 // agentGroups, may send the request.
 func allowed(t *testing.T, env *apiserver.Env, user, ns, verb, group, resource, sub string) bool {
 	t.Helper()
+	return allowedIn(t, env, user, agentGroups, ns, verb, group, resource, sub)
+}
+
+// allowedIn asks the API server whether user, a member of groups, may send
+// the request.
+func allowedIn(t *testing.T, env *apiserver.Env, user string, groups []string, ns, verb, group, resource, sub string) bool {
+	t.Helper()
 	sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
-		User: user, Groups: agentGroups,
+		User: user, Groups: groups,
 		ResourceAttributes: &authzv1.ResourceAttributes{Namespace: ns, Verb: verb, Group: group, Resource: resource, Subresource: sub},
 	}}
 	got, err := env.Kube.AuthorizationV1().SubjectAccessReviews().Create(t.Context(), sar, metav1.CreateOptions{})

@@ -1,0 +1,294 @@
+package daemonset_test
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"os/exec"
+	"path"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+
+	"github.com/sockmesh/sockmesh/daemonset"
+	"github.com/sockmesh/sockmesh/internal/testenv"
+	"github.com/sockmesh/sockmesh/internal/yamldocs"
+	"github.com/sockmesh/sockmesh/test/apiserver"
+)
+
+const (
+	// component is the opt-in TCP introspection component, from this
+	// package's directory.
+	component = "introspection-tcp"
+	// introspectionSecret holds tls.crt, tls.key and token.
+	introspectionSecret = "sockmesh-introspection"
+)
+
+// statusRights are what `sockmeshctl status --all-nodes` lists
+// (cmd/sockmeshctl allStatuses): the Nodes, cluster-wide, and the agent
+// pods, in the agent's namespace only.
+var (
+	statusNodeRights = map[string][]string{"/nodes": {"list"}}
+	statusPodRights  = map[string][]string{"/pods": {"list"}}
+)
+
+// TestIntrospectionTCPComponent builds daemonset/ with and without the
+// component introspection-tcp through kubectl's kustomize, as an operator
+// does, and checks that the component only adds: TCP introspection on the
+// node's address with TLS and a token from the Secret, mounted read-only
+// and rotatable, and the operators' roles; every other object and field is
+// the default install's.
+func TestIntrospectionTCPComponent(t *testing.T) {
+	base := byKey(kustomize(t, false))
+	with := byKey(kustomize(t, true))
+
+	// The default install, kustomized, is the files as written.
+	if diff := cmp.Diff(byKey(objects(t)), base); diff != "" {
+		t.Errorf("kustomize daemonset/ differs from its files (-files +built):\n%s", diff)
+	}
+	const dsKey = "DaemonSet/sockmesh-system/sockmesh"
+	added := []string{"ClusterRole//sockmeshctl-status", "Role/sockmesh-system/sockmeshctl-status"}
+	for k, o := range with {
+		switch {
+		case slices.Contains(added, k), k == dsKey:
+		case base[k] == nil:
+			t.Errorf("the component adds %s", k)
+		default:
+			if diff := cmp.Diff(base[k], o); diff != "" {
+				t.Errorf("the component changes %s (-default +with):\n%s", k, diff)
+			}
+		}
+	}
+	for k := range base {
+		if with[k] == nil {
+			t.Errorf("the component removes %s", k)
+		}
+	}
+
+	ds := typed[appsv1.DaemonSet](t, []map[string]any{with[dsKey]}, "DaemonSet")[0]
+	checkIntrospectionTCP(t, &ds)
+	// Without what it adds, the DaemonSet is the default one.
+	stripIntrospectionTCP(&ds)
+	if diff := cmp.Diff(typed[appsv1.DaemonSet](t, []map[string]any{base[dsKey]}, "DaemonSet")[0], ds); diff != "" {
+		t.Errorf("the component changes the DaemonSet beyond TCP introspection (-default +with, additions removed):\n%s", diff)
+	}
+
+	roles := []map[string]any{with[added[0]], with[added[1]]}
+	cr := typed[rbacv1.ClusterRole](t, roles, "ClusterRole")[0]
+	checkRules(t, "ClusterRole", cr.Name, cr.Rules, statusNodeRights)
+	role := typed[rbacv1.Role](t, roles, "Role")[0]
+	checkRules(t, "Role", role.Name, role.Rules, statusPodRights)
+	if role.Namespace != "sockmesh-system" {
+		t.Errorf("Role %s in %q, want the agents' namespace, sockmesh-system", role.Name, role.Namespace)
+	}
+	checkOperatorBindings(t, cr.Name, role)
+}
+
+// checkIntrospectionTCP checks what the component adds to the agent.
+func checkIntrospectionTCP(t *testing.T, ds *appsv1.DaemonSet) {
+	t.Helper()
+	spec := &ds.Spec.Template.Spec
+	agent := &spec.Containers[0]
+	// status.hostIP is an address of the agent's own network namespace,
+	// and the node's InternalIP sockmeshctl dials, only on the host network.
+	if !spec.HostNetwork {
+		t.Errorf("hostNetwork off: status.hostIP is not an address the agent can listen on")
+	}
+	if e := envVar(agent, "HOST_IP"); e == nil || e.ValueFrom == nil || e.ValueFrom.FieldRef == nil || e.ValueFrom.FieldRef.FieldPath != "status.hostIP" {
+		t.Errorf("HOST_IP = %+v, want status.hostIP", e)
+	}
+	listen := flagValue(t, agent, "--introspection-listen")
+	// The kubelet expands $(HOST_IP); the agent wants host:port.
+	for _, ip := range []string{"10.0.0.1", "fd00::1"} {
+		host, port, err := net.SplitHostPort(strings.ReplaceAll(listen, "$(HOST_IP)", ip))
+		if err != nil || host != ip || port != "15443" {
+			t.Errorf("--introspection-listen=%s with host IP %s: host %q port %q (%v), want %[2]s and 15443", listen, ip, host, port, err)
+		}
+	}
+
+	var vol *corev1.Volume
+	for i, v := range spec.Volumes {
+		if v.Secret != nil && v.Secret.SecretName == introspectionSecret {
+			vol = &spec.Volumes[i]
+		}
+	}
+	if vol == nil {
+		t.Fatalf("no volume of Secret %s: %+v", introspectionSecret, spec.Volumes)
+	}
+	// Optional would start an agent that then refuses its missing files;
+	// Items would leave keys added later out.
+	if s := vol.Secret; s.DefaultMode == nil || *s.DefaultMode != 0o400 || (s.Optional != nil && *s.Optional) || len(s.Items) != 0 {
+		t.Errorf("Secret volume %+v, want every key, mode 0400, required", s)
+	}
+	i := slices.IndexFunc(agent.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == vol.Name })
+	if i < 0 {
+		t.Fatalf("the agent does not mount volume %s", vol.Name)
+	}
+	// A subPath mount is never updated: a rotated token would not apply.
+	m := agent.VolumeMounts[i]
+	if !m.ReadOnly || m.SubPath != "" || m.SubPathExpr != "" {
+		t.Errorf("mount %+v, want read-only, without subPath", m)
+	}
+	for flag, key := range map[string]string{
+		"--introspection-tls-cert": "tls.crt", "--introspection-tls-key": "tls.key", "--introspection-token-file": "token",
+	} {
+		if got, want := flagValue(t, agent, flag), path.Join(m.MountPath, key); got != want {
+			t.Errorf("%s=%s, want the Secret's key %s: %s", flag, got, key, want)
+		}
+	}
+}
+
+// stripIntrospectionTCP removes from ds what the component adds.
+func stripIntrospectionTCP(ds *appsv1.DaemonSet) {
+	spec := &ds.Spec.Template.Spec
+	agent := &spec.Containers[0]
+	agent.Args = slices.DeleteFunc(agent.Args, func(a string) bool {
+		return slices.ContainsFunc([]string{"--introspection-listen=", "--introspection-tls-cert=", "--introspection-tls-key=", "--introspection-token-file="},
+			func(p string) bool { return strings.HasPrefix(a, p) })
+	})
+	agent.Env = slices.DeleteFunc(agent.Env, func(e corev1.EnvVar) bool { return e.Name == "HOST_IP" })
+	agent.VolumeMounts = slices.DeleteFunc(agent.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "introspection" })
+	spec.Volumes = slices.DeleteFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == "introspection" })
+}
+
+// checkOperatorBindings checks operators.example.yaml: it binds one set of
+// subjects to both the ClusterRole and the Role, in the Role's namespace.
+func checkOperatorBindings(t *testing.T, clusterRole string, role rbacv1.Role) {
+	t.Helper()
+	objs := operatorBindings(t)
+	crbs := typed[rbacv1.ClusterRoleBinding](t, objs, "ClusterRoleBinding")
+	rbs := typed[rbacv1.RoleBinding](t, objs, "RoleBinding")
+	if len(crbs) != 1 || len(rbs) != 1 || len(objs) != 2 {
+		t.Fatalf("operators.example.yaml: %d objects, %d ClusterRoleBindings, %d RoleBindings; want one of each", len(objs), len(crbs), len(rbs))
+	}
+	if r := crbs[0].RoleRef; r.Kind != "ClusterRole" || r.Name != clusterRole {
+		t.Errorf("ClusterRoleBinding %s binds %+v, want ClusterRole %s", crbs[0].Name, r, clusterRole)
+	}
+	if r := rbs[0].RoleRef; r.Kind != "Role" || r.Name != role.Name || rbs[0].Namespace != role.Namespace {
+		t.Errorf("RoleBinding %s/%s binds %+v, want Role %s/%s", rbs[0].Namespace, rbs[0].Name, r, role.Namespace, role.Name)
+	}
+	if len(crbs[0].Subjects) == 0 || !slices.Equal(crbs[0].Subjects, rbs[0].Subjects) {
+		t.Errorf("subjects %+v and %+v, want the same operators in both", crbs[0].Subjects, rbs[0].Subjects)
+	}
+}
+
+// operatorBindings decodes operators.example.yaml.
+func operatorBindings(t *testing.T) []map[string]any {
+	t.Helper()
+	data, err := fs.ReadFile(daemonset.IntrospectionTCP, component+"/operators.example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := yamldocs.Decode(data)
+	if err != nil {
+		t.Fatalf("decode operators.example.yaml: %v", err)
+	}
+	return objs
+}
+
+// componentRoles decodes the component's RBAC, as embedded.
+func componentRoles(t *testing.T) []map[string]any {
+	t.Helper()
+	data, err := fs.ReadFile(daemonset.IntrospectionTCP, component+"/rbac.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := yamldocs.Decode(data)
+	if err != nil {
+		t.Fatalf("decode %s/rbac.yaml: %v", component, err)
+	}
+	return objs
+}
+
+// kustomize runs `kubectl kustomize` (the kubectl of test/apiserver's
+// binaries) on a kustomization of daemonset/, with the component or
+// without, and decodes what it prints.
+func kustomize(t *testing.T, withComponent bool) []map[string]any {
+	t.Helper()
+	bins, err := apiserver.FindBinaries()
+	if errors.Is(err, apiserver.ErrNoBinaries) {
+		testenv.SkipOrFail(t, "%v", err)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	here, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// kustomize takes no absolute path.
+	rel, err := filepath.Rel(dir, here)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := fmt.Sprintf("resources: [%s]\n", rel)
+	if withComponent {
+		k += fmt.Sprintf("components: [%s]\n", filepath.Join(rel, component))
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.CommandContext(t.Context(), bins.Kubectl, "kustomize", dir).Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			err = fmt.Errorf("%w: %s", err, ee.Stderr)
+		}
+		t.Fatalf("kubectl kustomize (%s): %v", strings.TrimSpace(k), err)
+	}
+	objs, err := yamldocs.Decode(out)
+	if err != nil {
+		t.Fatalf("decode kubectl kustomize's output: %v", err)
+	}
+	return objs
+}
+
+// byKey maps objects by kind/namespace/name.
+func byKey(objs []map[string]any) map[string]map[string]any {
+	out := map[string]map[string]any{}
+	for _, o := range objs {
+		md, _ := o["metadata"].(map[string]any)
+		out[fmt.Sprintf("%v/%v/%v", o["kind"], valueOr(md["namespace"]), md["name"])] = o
+	}
+	return out
+}
+
+func valueOr(v any) any {
+	if v == nil {
+		return ""
+	}
+	return v
+}
+
+func envVar(c *corev1.Container, name string) *corev1.EnvVar {
+	for i := range c.Env {
+		if c.Env[i].Name == name {
+			return &c.Env[i]
+		}
+	}
+	return nil
+}
+
+// flagValue is the value of the one argument --flag=VALUE of c.
+func flagValue(t *testing.T, c *corev1.Container, flag string) string {
+	t.Helper()
+	var values []string
+	for _, a := range c.Args {
+		if v, ok := strings.CutPrefix(a, flag+"="); ok {
+			values = append(values, v)
+		}
+	}
+	if len(values) != 1 {
+		t.Fatalf("agent args %q: %s given %d times, want once", c.Args, flag, len(values))
+	}
+	return values[0]
+}
