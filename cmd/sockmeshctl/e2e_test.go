@@ -40,12 +40,16 @@ import (
 // one (broken: its CA is not a certificate, so it fails closed), about a
 // pod that opted out, about the agent's state and traffic, the writes it
 // holds back (holdWrites), who may ask, and that docs/metrics.md documents
-// every metric the agent registers.
+// every metric the agent registers, and status --all-nodes with
+// daemonset/introspection-tcp.
 func TestCLI(t *testing.T) {
 	e := newEnv(t)
 	e.createObjects(t)
 	e.holdWrites(t)
-	a := e.startAgent(t, "--source=kubernetes", "--kubeconfig="+e.agentKubeconfig(t), "--leader-elect", "--leader-election-namespace="+ns)
+	// Serving TCP introspection as daemonset/introspection-tcp has it.
+	tcp := introspectionTCPFlags(t, e.nodeIP)
+	a := e.startAgent(t, append([]string{"--source=kubernetes", "--kubeconfig=" + e.agentKubeconfig(t), "--leader-elect",
+		"--leader-election-namespace=" + ns}, tcp.args...)...)
 	a.waitReady(t)
 
 	// Traffic: two requests to secure (TLS originated), one to broken (the
@@ -261,6 +265,8 @@ func TestCLI(t *testing.T) {
 			"Objects retried alone with backoff:", "httproutes/status.gateway.networking.k8s.io held/hooked",
 			`failed calling webhook "down.example.com"`)
 	})
+
+	t.Run("status --all-nodes over TCP", func(t *testing.T) { e.checkStatusAllNodesTCP(t, tcp) })
 
 	t.Run("top", func(t *testing.T) {
 		var v top.View

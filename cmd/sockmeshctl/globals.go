@@ -30,6 +30,7 @@ type globals struct {
 	agentSocket, agentAddress      string
 	agentPort                      int
 	agentCA, agentTokenFile        string
+	agentServerName                string
 	timeout                        time.Duration
 
 	// loaded by kube()
@@ -49,6 +50,7 @@ func (g *globals) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&g.agentAddress, "agent-address", "", "host:port of an agent's --introspection-listen (instead of the socket)")
 	fs.IntVar(&g.agentPort, "agent-port", 0, "reach the agent of the pod's node (explain) or of every node (status --all-nodes) at the node's InternalIP on this --introspection-listen port")
 	fs.StringVar(&g.agentCA, "agent-ca", "", "CA bundle verifying agents' TLS certificates (default: system roots)")
+	fs.StringVar(&g.agentServerName, "agent-server-name", "", "name agents' TLS certificates are verified for (default: the address dialed): one every agent's certificate holds, such as a DNS name shared by all nodes")
 	fs.StringVar(&g.agentTokenFile, "agent-token-file", "", "file holding the bearer token of agents' --introspection-listen")
 	fs.DurationVar(&g.timeout, "request-timeout", 30*time.Second, "timeout of each request to an agent or the API server")
 }
@@ -126,7 +128,7 @@ func (g *globals) agentFor(ctx context.Context, node string) (*agentclient.Clien
 // (--agent-address set, or n nil). status --all-nodes calls it with the
 // Nodes it listed, rather than fetching each again.
 func (g *globals) agentOn(n *corev1.Node) (*agentclient.Client, error) {
-	cfg := agentclient.Config{Socket: g.agentSocket, CAFile: g.agentCA, TokenFile: g.agentTokenFile, Timeout: g.timeout}
+	cfg := agentclient.Config{Socket: g.agentSocket, CAFile: g.agentCA, ServerName: g.agentServerName, TokenFile: g.agentTokenFile, Timeout: g.timeout}
 	switch {
 	case g.agentAddress != "":
 		cfg.Address = g.agentAddress

@@ -357,6 +357,21 @@ func (e *env) ctl(t *testing.T, a *agentRun, cred *syscall.Credential, args ...s
 		args = append([]string{"--kubeconfig=" + e.api.Kubeconfig}, args...)
 	}
 	args = append([]string{"--agent-socket=" + a.socket}, args...)
+	return e.runCtl(t, nil, cred, args...)
+}
+
+// ctlOnNode runs the real sockmeshctl binary as root in the node's network
+// namespace, as an operator on another host would (it reaches the agents
+// at their node IPs), with only the flags given.
+func (e *env) ctlOnNode(t *testing.T, args ...string) ctlResult {
+	t.Helper()
+	return e.runCtl(t, e.node, nil, args...)
+}
+
+// runCtl runs the real sockmeshctl binary with args, in netns (nil: the
+// test's own) as cred (nil: root).
+func (e *env) runCtl(t *testing.T, netns *sandbox.NetNS, cred *syscall.Credential, args ...string) ctlResult {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, e.bins.ctl, args...)
@@ -366,7 +381,15 @@ func (e *env) ctl(t *testing.T, a *agentRun, cred *syscall.Credential, args ...s
 	}
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
+	start := cmd.Start
+	if netns != nil {
+		// The child inherits the netns of the thread that forks it.
+		start = func() error { return netns.Do(cmd.Start) }
+	}
+	if err := start(); err != nil {
+		t.Fatalf("start sockmeshctl: %v", err)
+	}
+	err := cmd.Wait()
 	return ctlResult{stdout: stdout.String(), stderr: stderr.String(), err: err}
 }
 

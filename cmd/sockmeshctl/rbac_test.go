@@ -63,14 +63,7 @@ func TestNamespacedRBAC(t *testing.T) {
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: team},
 		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: team}},
 	}, metav1.CreateOptions{}))
-	cfg := must.Value[*clientcmdapi.Config](t)(clientcmd.LoadFromFile(api.Kubeconfig))
-	for _, u := range cfg.AuthInfos {
-		u.Impersonate, u.ImpersonateGroups = team, []string{"system:authenticated"}
-	}
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig-"+team)
-	if err := clientcmd.WriteToFile(*cfg, kubeconfig); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := impersonating(t, api.Kubeconfig, team, "system:authenticated")
 
 	// node-a's agent, which captures the Service's address.
 	be := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: ns, Name: "secure", Port: 80}
@@ -100,4 +93,19 @@ func TestNamespacedRBAC(t *testing.T) {
 		!strings.Contains(strings.Join(s.Warnings, "\n"), "cannot list Services cluster-wide (forbidden), only in namespace "+ns) {
 		t.Errorf("describe service secure with a namespaced Role: %v; want its captured port and a warning naming what was left out\n%s", err, out)
 	}
+}
+
+// impersonating writes a copy of kubeconfig whose requests impersonate
+// user, a member of groups, and returns its path.
+func impersonating(t *testing.T, kubeconfig, user string, groups ...string) string {
+	t.Helper()
+	cfg := must.Value[*clientcmdapi.Config](t)(clientcmd.LoadFromFile(kubeconfig))
+	for _, u := range cfg.AuthInfos {
+		u.Impersonate, u.ImpersonateGroups = user, groups
+	}
+	path := filepath.Join(t.TempDir(), "kubeconfig-"+user)
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

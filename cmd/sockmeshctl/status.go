@@ -15,14 +15,20 @@ import (
 	"github.com/sockmesh/sockmesh/ctl/render"
 )
 
-// defaultAgentSelector selects the agent pods of the shipped DaemonSet
-// (daemonset/daemonset.yaml).
-const defaultAgentSelector = "app.kubernetes.io/name=sockmesh,app.kubernetes.io/component=agent"
+// defaultAgentSelector and defaultAgentNamespace find the agent pods of
+// the shipped DaemonSet (daemonset/daemonset.yaml).
+const (
+	defaultAgentSelector  = "app.kubernetes.io/name=sockmesh,app.kubernetes.io/component=agent"
+	defaultAgentNamespace = "sockmesh-system"
+)
+
+// agentPods says where status --all-nodes looks for the agent pods.
+type agentPods struct{ namespace, selector string }
 
 func newStatusCommand(g *globals) *cobra.Command {
 	var (
-		allNodes      bool
-		agentSelector string
+		allNodes bool
+		pods     agentPods
 	)
 	cmd := &cobra.Command{
 		Use:   "status",
@@ -35,9 +41,9 @@ open connections, pods whose enrolment is pending or failed, which optional
 kinds (Gateway API CRDs, ClusterTrustBundle, ServiceCIDR) it watches and why
 not (NotServed, Forbidden, Listing), and recent warnings and errors. With --all-nodes and --agent-port it asks every node's
 agent, found through the API server (not with --agent-address, which names
-one agent). A node where no agent pod (--agent-selector) is scheduled, as
-the DaemonSet's nodeSelector, affinity or tolerations leave it out, is
-listed as such and not asked.
+one agent). A node where no agent pod (--agent-selector, in
+--agent-namespace) is scheduled, as the DaemonSet's nodeSelector, affinity
+or tolerations leave it out, is listed as such and not asked.
 
 Exit status 1 when an agent that should answer does not, or answers that
 it is not ready; a node without an agent pod is no failure.`,
@@ -51,7 +57,7 @@ it is not ready; a node without an agent pod is no failure.`,
 			// which nodes that do not answer would spend for those that do.
 			var nodes []render.NodeStatus
 			if allNodes {
-				nodes, err = allStatuses(cmd.Context(), g, agentSelector, cmd.ErrOrStderr())
+				nodes, err = allStatuses(cmd.Context(), g, pods, cmd.ErrOrStderr())
 			} else {
 				nodes, err = localStatus(cmd.Context(), g)
 			}
@@ -65,8 +71,13 @@ it is not ready; a node without an agent pod is no failure.`,
 		},
 	}
 	cmd.Flags().BoolVar(&allNodes, "all-nodes", false, "ask every node's agent (needs --agent-port and the API server; not with --agent-address)")
-	cmd.Flags().StringVar(&agentSelector, "agent-selector", defaultAgentSelector,
-		"with --all-nodes, the label selector of the agent pods, in every namespace: nodes without one are not asked ('' asks every node)")
+	cmd.Flags().StringVar(&pods.selector, "agent-selector", defaultAgentSelector,
+		"with --all-nodes, the label selector of the agent pods: nodes without one are not asked ('' asks every node)")
+	// One namespace by default: listing pods there is a right a Role can
+	// grant (daemonset/introspection-tcp), where listing them in every
+	// namespace would let the operator read every pod's spec.
+	cmd.Flags().StringVar(&pods.namespace, "agent-namespace", defaultAgentNamespace,
+		"with --all-nodes, the namespace of the agent pods ('' looks in every namespace)")
 	return cmd
 }
 
@@ -83,11 +94,11 @@ func localStatus(ctx context.Context, g *globals) ([]render.NodeStatus, error) {
 	return []render.NodeStatus{{Status: &st, Node: st.Node, Agent: render.AgentAnswered}}, nil
 }
 
-// allStatuses asks the agent of every node where an agent pod matching
-// selector is scheduled; with no such pod in the cluster (agents run
-// outside a DaemonSet, or selector names other labels) or selector "",
-// every node's. warn receives why every node is asked.
-func allStatuses(ctx context.Context, g *globals, selector string, warn io.Writer) ([]render.NodeStatus, error) {
+// allStatuses asks the agent of every node where an agent pod of sel is
+// scheduled; with no such pod (agents run outside a DaemonSet, in another
+// namespace, or with other labels) or sel.selector "", every node's. warn
+// receives why every node is asked.
+func allStatuses(ctx context.Context, g *globals, sel agentPods, warn io.Writer) ([]render.NodeStatus, error) {
 	// --agent-address names one agent: every node's answer would be its.
 	if g.agentAddress != "" {
 		return nil, errors.New("--all-nodes asks each node's agent at its InternalIP and --agent-port; drop --agent-address")
@@ -95,8 +106,8 @@ func allStatuses(ctx context.Context, g *globals, selector string, warn io.Write
 	if g.agentPort == 0 {
 		return nil, errors.New("--all-nodes needs --agent-port")
 	}
-	if _, err := labels.Parse(selector); err != nil {
-		return nil, fmt.Errorf("--agent-selector %q: %w", selector, err)
+	if _, err := labels.Parse(sel.selector); err != nil {
+		return nil, fmt.Errorf("--agent-selector %q: %w", sel.selector, err)
 	}
 	kube, _, err := g.kube()
 	if err != nil {
@@ -107,14 +118,14 @@ func allStatuses(ctx context.Context, g *globals, selector string, warn io.Write
 		return nil, fmt.Errorf("list nodes: %w", err)
 	}
 	var agentPods map[string]*corev1.Pod // by node; nil: every node is asked
-	if selector != "" {
+	if sel.selector != "" {
 		const everyNode = "every node is asked, and one whose agent does not answer counts as failing"
-		pods, err := kube.CoreV1().Pods("").List(ctx, metav1.ListOptions{LabelSelector: selector})
+		pods, err := kube.CoreV1().Pods(sel.namespace).List(ctx, metav1.ListOptions{LabelSelector: sel.selector})
 		switch {
 		case err != nil:
 			fmt.Fprintf(warn, "Warning: cannot list the agent pods (%v): %s\n", err, everyNode)
 		case len(pods.Items) == 0:
-			fmt.Fprintf(warn, "Warning: no pod matches --agent-selector=%s: %s\n", selector, everyNode)
+			fmt.Fprintf(warn, "Warning: no pod matches --agent-selector=%s in %s: %s\n", sel.selector, sel.where(), everyNode)
 		default:
 			agentPods = byNode(pods.Items)
 		}
@@ -160,6 +171,14 @@ func allStatuses(ctx context.Context, g *globals, selector string, warn io.Write
 	}
 	wg.Wait()
 	return out, nil
+}
+
+// where names the namespaces searched, for warnings.
+func (p agentPods) where() string {
+	if p.namespace == "" {
+		return "any namespace"
+	}
+	return "namespace " + p.namespace + " (--agent-namespace)"
 }
 
 // statusParallel is how many agents status --all-nodes asks at once.

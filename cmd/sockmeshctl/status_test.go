@@ -17,6 +17,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/sockmesh/sockmesh/agent/introspect"
 	"github.com/sockmesh/sockmesh/agent/introspect/httpapi"
@@ -215,42 +216,17 @@ func TestStatusAllNodesScheduled(t *testing.T) {
 	_, addr := srv.Addrs()
 	port := strconv.Itoa(addr.(*net.TCPAddr).Port)
 
-	const agentNS = "sockmesh-system"
-	must.Succeed(t)(kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: agentNS}}, metav1.CreateOptions{}))
-	// No controller manager runs: make the ServiceAccount pods need.
-	must.Succeed(t)(kube.CoreV1().ServiceAccounts(agentNS).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}))
+	createAgentNamespace(t, kube)
 	node := func(name, ip string) {
 		t.Helper()
 		n := must.Value[*corev1.Node](t)(kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}))
 		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
 		must.Succeed(t)(kube.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}))
 	}
-	// agentPod creates an agent pod as the DaemonSet controller does, pinned
-	// to its node by affinity; bound (given the node's name) when it runs.
-	agentPod := func(name, nodeName string, running bool) {
-		t.Helper()
-		no := false
-		must.Value[*corev1.Pod](t)(kube.CoreV1().Pods(agentNS).Create(ctx, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: agentNS, Labels: map[string]string{
-				"app.kubernetes.io/name": "sockmesh", "app.kubernetes.io/component": "agent"}},
-			Spec: corev1.PodSpec{AutomountServiceAccountToken: &no, Containers: []corev1.Container{{Name: "agent", Image: "registry.invalid/sockmesh:1"}},
-				Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
-					NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
-						{Key: metav1.ObjectNameField, Operator: corev1.NodeSelectorOpIn, Values: []string{nodeName}}}}}}}}},
-		}, metav1.CreateOptions{}))
-		if !running {
-			return
-		}
-		must.Succeed(t)(nil, kube.CoreV1().Pods(agentNS).Bind(ctx, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: agentNS},
-			Target: corev1.ObjectReference{Kind: "Node", Name: nodeName}}, metav1.CreateOptions{}))
-		p := must.Value[*corev1.Pod](t)(kube.CoreV1().Pods(agentNS).Get(ctx, name, metav1.GetOptions{}))
-		p.Status = corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
-		must.Succeed(t)(kube.CoreV1().Pods(agentNS).UpdateStatus(ctx, p, metav1.UpdateOptions{}))
-	}
 	// The control plane has no agent pod and nothing listens there.
 	node("control-plane", "127.0.0.4")
 	node("node-c", healthy.String())
-	agentPod("sockmesh-c", "node-c", true)
+	createAgentPod(t, kube, "sockmesh-c", "node-c", true)
 	status := func(output string) (string, error) {
 		return runCtl("status", "--all-nodes", "--agent-port="+port, "--agent-ca="+caFile, "--agent-token-file="+tokenFile,
 			"--kubeconfig="+api.Kubeconfig, "-o", output)
@@ -268,7 +244,7 @@ func TestStatusAllNodesScheduled(t *testing.T) {
 
 	// node-b's agent pod is not bound yet, and nothing listens there.
 	node("node-b", "127.0.0.2")
-	agentPod("sockmesh-b", "node-b", false)
+	createAgentPod(t, kube, "sockmesh-b", "node-b", false)
 	out, err = status("json")
 	var nodes []render.NodeStatus
 	if jerr := json.Unmarshal([]byte(out), &nodes); jerr != nil || len(nodes) != 3 || nodes[1].Node != "node-b" ||
@@ -286,4 +262,43 @@ func TestStatusAllNodesScheduled(t *testing.T) {
 	if _, err := status("json"); err == nil || !strings.Contains(err.Error(), "node node-c: agent not ready: datapath heartbeat stale") {
 		t.Errorf("status --all-nodes error = %v, want node-c not ready", err)
 	}
+}
+
+// agentNS is where the shipped DaemonSet runs the agents.
+const agentNS = "sockmesh-system"
+
+// createAgentNamespace creates agentNS and the ServiceAccount its pods
+// need (no controller manager runs to make it).
+func createAgentNamespace(t *testing.T, kube kubernetes.Interface) {
+	t.Helper()
+	ctx := t.Context()
+	must.Succeed(t)(kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: agentNS}}, metav1.CreateOptions{}))
+	must.Succeed(t)(kube.CoreV1().ServiceAccounts(agentNS).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}))
+}
+
+// createAgentPod creates an agent pod in agentNS as the DaemonSet
+// controller does, pinned to its node by affinity; bound (given the
+// node's name), running and ready when running. Like the DaemonSet's, it
+// is on the host network, which an agent watching the node does not
+// enrol.
+func createAgentPod(t *testing.T, kube kubernetes.Interface, name, nodeName string, running bool) {
+	t.Helper()
+	ctx := t.Context()
+	no := false
+	must.Value[*corev1.Pod](t)(kube.CoreV1().Pods(agentNS).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: agentNS, Labels: map[string]string{
+			"app.kubernetes.io/name": "sockmesh", "app.kubernetes.io/component": "agent"}},
+		Spec: corev1.PodSpec{AutomountServiceAccountToken: &no, HostNetwork: true, Containers: []corev1.Container{{Name: "agent", Image: "registry.invalid/sockmesh:1"}},
+			Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchFields: []corev1.NodeSelectorRequirement{
+					{Key: metav1.ObjectNameField, Operator: corev1.NodeSelectorOpIn, Values: []string{nodeName}}}}}}}}},
+	}, metav1.CreateOptions{}))
+	if !running {
+		return
+	}
+	must.Succeed(t)(nil, kube.CoreV1().Pods(agentNS).Bind(ctx, &corev1.Binding{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: agentNS},
+		Target: corev1.ObjectReference{Kind: "Node", Name: nodeName}}, metav1.CreateOptions{}))
+	p := must.Value[*corev1.Pod](t)(kube.CoreV1().Pods(agentNS).Get(ctx, name, metav1.GetOptions{}))
+	p.Status = corev1.PodStatus{Phase: corev1.PodRunning, Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+	must.Succeed(t)(kube.CoreV1().Pods(agentNS).UpdateStatus(ctx, p, metav1.UpdateOptions{}))
 }

@@ -84,13 +84,20 @@ func (b *syncBuffer) String() string {
 
 // runCtl runs sockmeshctl's command in process and returns its output.
 func runCtl(args ...string) (string, error) {
+	stdout, _, err := runCtlStderr(args...)
+	return stdout, err
+}
+
+// runCtlStderr runs sockmeshctl in the test process and returns what it
+// printed on stdout and on stderr.
+func runCtlStderr(args ...string) (stdout, stderr string, err error) {
 	cmd := newRootCommand()
-	var out bytes.Buffer
+	var out, errOut bytes.Buffer
 	cmd.SetOut(&out)
-	cmd.SetErr(io.Discard)
+	cmd.SetErr(&errOut)
 	cmd.SetArgs(args)
-	err := cmd.Execute()
-	return out.String(), err
+	err = cmd.Execute()
+	return out.String(), errOut.String(), err
 }
 
 // TestTopYAMLDocuments: each refresh of top -o yaml is a YAML document of
