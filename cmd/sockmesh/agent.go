@@ -13,6 +13,7 @@ import (
 	"os/signal"
 	"runtime"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -145,6 +146,7 @@ func logSettings(log *slog.Logger, s settings) {
 	attrs := []any{"version", buildVersion(), "source", s.source, "node", s.nodeName,
 		"proxy_mode", string(s.mode), "bpffs", s.bpffs, "cgroup", s.cgroup, "accelerate", s.accelerate,
 		"drain_timeout", s.drainTimeout.String(), "stall_timeout", s.stallTimeout.String(), "max_conns_per_pod", s.maxConnsPerPod,
+		"pool_pod_share", strconv.FormatFloat(s.poolPodShare*100, 'g', -1, 64) + "%",
 		"service_cidrs", s.node.ServiceCIDRs, "pod_cidrs", s.node.PodCIDRs, "node_cidrs", s.node.NodeCIDRs,
 		"egress_allow", s.node.EgressAllow}
 	if s.mode == enrol.NodeIP {

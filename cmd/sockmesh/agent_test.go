@@ -42,7 +42,7 @@ func TestAgentNodeIP(t *testing.T) {
 	// A record at start names the effective configuration.
 	start := a.logged(t, `"starting"`, func(r agentproc.Record) bool { return r.Msg() == "starting" })
 	for key, want := range map[string]string{"source": "file", "node": testNode, "proxy_mode": "node-ip",
-		"bpffs": e.bpffs, "cgroup": e.cg.Path, "manifests": e.manifests, "drain_timeout": "10s"} {
+		"bpffs": e.bpffs, "cgroup": e.cg.Path, "manifests": e.manifests, "drain_timeout": "10s", "pool_pod_share": "87.5%"} {
 		if got := start.Str(key); got != want {
 			t.Errorf("starting record: %s=%q, want %q", key, got, want)
 		}
