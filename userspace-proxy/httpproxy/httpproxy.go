@@ -69,8 +69,9 @@ type Handler struct {
 	bufs *relay.Pool
 	m    *metrics
 	h1   h1State
-	// mirrorSlots bounds the mirrored requests in flight; mirrorCtx ends
-	// them when the Handler drains.
+	// mirrorSlots bounds the mirrored requests in flight, and counts them
+	// (sockmesh_proxy_mirrored_requests_in_flight); mirrorCtx ends them
+	// when the Handler drains.
 	mirrorSlots chan struct{}
 	mirrorCtx   context.Context
 	stopMirrors context.CancelFunc
@@ -101,12 +102,13 @@ func New(cfg Config, log *slog.Logger, reg prometheus.Registerer) (*Handler, err
 	if cfg.FailureLogEvery <= 0 {
 		cfg.FailureLogEvery = 10 * time.Second
 	}
-	m, err := newMetrics(reg)
+	cfg.Routing.setDefaults()
+	mirrorSlots := make(chan struct{}, cfg.Routing.MaxMirrors)
+	m, err := newMetrics(reg, mirrorSlots)
 	if err != nil {
 		return nil, err
 	}
-	cfg.Routing.setDefaults()
-	h := &Handler{cfg: cfg, log: log, bufs: cfg.Buffers, m: m, mirrorSlots: make(chan struct{}, cfg.Routing.MaxMirrors),
+	h := &Handler{cfg: cfg, log: log, bufs: cfg.Buffers, m: m, mirrorSlots: mirrorSlots,
 		failures: upstream.NewFailureLog(cfg.FailureLogEvery)}
 	h.mirrorCtx, h.stopMirrors = context.WithCancel(context.Background())
 	h.h1.init()

@@ -37,7 +37,9 @@ type requestKey struct {
 	protocol           string
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// newMetrics registers the Handler's series; mirrorSlots, the mirrors'
+// semaphore, is read for the mirrors in flight.
+func newMetrics(reg prometheus.Registerer, mirrorSlots chan struct{}) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_requests_total",
@@ -74,7 +76,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		cache: make(map[requestKey]prometheus.Counter),
 		gone:  prometheus.NewCounter(prometheus.CounterOpts{Name: "sockmesh_proxy_requests_gone_total"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.failures, m.upgradedBytes, m.routeAnswers, m.retries, m.budgetExhausted, m.timeouts, m.mirrors} {
+	// A slot is held from before the main request is sent until the
+	// mirror's goroutine has counted its result: once this reads 0, every
+	// copy taken is in mirrors.
+	mirrorsInFlight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sockmesh_proxy_mirrored_requests_in_flight",
+		Help: "Request copies for RequestMirror filters under way: sent or being sent, not yet counted in sockmesh_proxy_mirrored_requests_total.",
+	}, func() float64 { return float64(len(mirrorSlots)) })
+	for _, c := range []prometheus.Collector{m.requests, m.failures, m.upgradedBytes, m.routeAnswers, m.retries, m.budgetExhausted, m.timeouts, m.mirrors, mirrorsInFlight} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -57,8 +57,8 @@ func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 		}
 		c := be.Picker.Pick()
 		if c == nil {
-			<-h.mirrorSlots
 			h.m.mirrors.WithLabelValues("failed").Inc()
+			<-h.mirrorSlots
 			continue
 		}
 		ctx, cancel := context.WithTimeout(h.mirrorCtx, h.cfg.Routing.MirrorTimeout)
@@ -88,13 +88,15 @@ func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 			var err error
 			defer func() {
 				cancel()
-				<-h.mirrorSlots
 				result := "sent"
 				if err != nil {
 					result = "failed"
 					h.log.Debug("mirror failed", "backend", be.Spec.Ref.String(), "err", err)
 				}
+				// Counted before the slot goes: the in-flight gauge reads
+				// 0 only once every copy's result is in mirrors.
 				h.m.mirrors.WithLabelValues(result).Inc()
+				<-h.mirrorSlots
 			}()
 			defer h.cfg.Panics.Recover("mirror", &err, nil)
 			err = sendMirror(rt, m)

@@ -1,11 +1,16 @@
 package httpproxy
 
 import (
+	"bufio"
 	"io"
+	"net"
 	"net/http"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
 )
 
 // TestRecordedBody: a streamed body's tries read it from the start — the
@@ -99,5 +104,73 @@ func TestRecordedBodySettled(t *testing.T) {
 		}
 		r.Body.Close()
 		x.tee.release()
+	}
+}
+
+// TestMirrorsInFlight: sockmesh_proxy_mirrored_requests_in_flight counts
+// a copy from before its request is sent — the app has its answer while
+// the mirror target still holds the copy — until the mirror ends,
+// answered or failed, by which time its result is counted: a test that
+// sees 0 knows every copy has landed.
+func TestMirrorsInFlight(t *testing.T) {
+	mirrorRef := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: "b", Name: "mirror", Port: 80}
+	for _, tc := range []struct {
+		result string
+		// target holds the copy, signalling held, until release closes;
+		// then it answers or drops the connection.
+		target func(t *testing.T, held chan<- struct{}, release <-chan struct{}) snapshot.Endpoint
+	}{
+		{"sent", func(t *testing.T, held chan<- struct{}, release <-chan struct{}) snapshot.Endpoint {
+			return startBackend(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				held <- struct{}{}
+				<-release
+			}))
+		}},
+		{"failed", func(t *testing.T, held chan<- struct{}, release <-chan struct{}) snapshot.Endpoint {
+			return serveRaw(t, func(c net.Conn) {
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+					t.Errorf("mirror target: %v", err)
+					return
+				}
+				held <- struct{}{}
+				<-release // then closed unanswered
+			})
+		}},
+	} {
+		t.Run(tc.result, func(t *testing.T) {
+			held, release := make(chan struct{}), make(chan struct{})
+			f := newFixture(t, Config{}, snapshot.Backend{})
+			ep := startBackend(t, http.HandlerFunc(echoHeaders))
+			f.updateRoutes(2, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}}, &snapshot.RouteTable{Producer: &snapshot.RouteSet{
+				Kind:    snapshot.KindHTTPRoute,
+				Matches: []snapshot.RouteMatch{{Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}}},
+				Rules: []snapshot.RouteRule{{
+					Backends: []snapshot.WeightedBackend{{Weight: 1, Backend: backendRef}},
+					Filters:  snapshot.Filters{Mirrors: []snapshot.Mirror{{Backend: mirrorRef, Numerator: 1, Denominator: 1}}},
+				}},
+			}}, snapshot.Backend{Ref: mirrorRef, Endpoints: []snapshot.Endpoint{tc.target(t, held, release)}})
+			inFlight := func() float64 {
+				return f.counter("sockmesh_proxy_mirrored_requests_in_flight", nil)
+			}
+			c := f.dial()
+			c.c.SetDeadline(time.Now().Add(10 * time.Second))
+			c.send("GET /m HTTP/1.1\r\nHost: echo\r\n\r\n")
+			if resp, _ := c.read(http.MethodGet); resp.StatusCode != http.StatusOK {
+				t.Fatalf("answer %s, want 200", resp.Status)
+			}
+			<-held
+			if got, done := inFlight(), f.counter("sockmesh_proxy_mirrored_requests_total", nil); got != 1 || done != 0 {
+				t.Errorf("mirror target holding the copy: %v in flight, %v counted; want 1, 0", got, done)
+			}
+			close(release)
+			for deadline := time.Now().Add(10 * time.Second); inFlight() != 0; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("mirror target let go of the copy: still %v in flight after 10 s", inFlight())
+				}
+			}
+			if got := f.counter("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": tc.result}); got != 1 {
+				t.Errorf("none in flight: mirrors{%s} = %v, want 1", tc.result, got)
+			}
+		})
 	}
 }
