@@ -4,18 +4,24 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/introspect"
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/ctl/agentclient"
 	"github.com/sockmesh/sockmesh/internal/agentproc"
+	"github.com/sockmesh/sockmesh/internal/metricsum"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 	clusternode "github.com/sockmesh/sockmesh/test/cluster/node"
 )
@@ -106,6 +112,13 @@ func (n *node) startAgent(t *testing.T) *agent {
 // (sockmesh_proxy_connections_total, every path).
 func (a *agent) served(t testing.TB) float64 {
 	t.Helper()
+	return metricsum.Sum(t, a.metrics(t), "sockmesh_proxy_connections_total", nil)
+}
+
+// metrics scrapes the agent's metrics once, for metricsum to read: the
+// values it gives were all read in that scrape.
+func (a *agent) metrics(t testing.TB) prometheus.Gatherer {
+	t.Helper()
 	c, err := agentclient.New(agentclient.Config{Socket: a.socket})
 	if err != nil {
 		t.Fatal(err)
@@ -114,13 +127,8 @@ func (a *agent) served(t testing.TB) float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var n float64
-	if mf := mfs["sockmesh_proxy_connections_total"]; mf != nil {
-		for _, m := range mf.GetMetric() {
-			n += m.GetCounter().GetValue()
-		}
-	}
-	return n
+	scraped := slices.Collect(maps.Values(mfs))
+	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) { return scraped, nil })
 }
 
 // waitReady polls /readyz until it answers 200.

@@ -26,6 +26,7 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/internal/metricsum"
 	"github.com/sockmesh/sockmesh/test/echo"
 )
 
@@ -539,29 +540,72 @@ func testMeshMirror(s *scenario) {
 	waitMirror(s, m1, "/multiple-mirrors")
 	waitMirror(s, m2, "/multiple-mirrors")
 
+	// HTTPRouteRequestPercentageMirror, counted exactly: each request
+	// carries its number, which the mirror records, and the count waits
+	// for every copy drawn to have landed.
+	before, _ := s.mirrorsLanded()
 	const n = 200
-	for range n {
-		s.expect(nil, call{url: httpURL(a.echo.v4(80), "/percent-mirror"), host: "echo"}, want{backend: "v1"})
+	sent := make(map[string]bool, n)
+	for i := range n {
+		id := strconv.Itoa(i)
+		sent[id] = true
+		s.expect(nil, call{url: httpURL(a.echo.v4(80), "/percent-mirror?id="+id), host: "echo"}, want{backend: "v1"})
 	}
-	// Mirrors are sent as the requests are; the last had all the time of
-	// the others' round trips to arrive, but give stragglers a moment.
-	mirrored := 0
-	deadline := time.After(2 * time.Second)
-count:
-	for {
+	after, failed := s.mirrorsLanded()
+	mirrored := map[string]bool{}
+	for done := false; !done; {
 		select {
 		case r := <-m2.seen:
-			if r.Path == "/percent-mirror" {
-				mirrored++
+			id, ok := strings.CutPrefix(r.RawQuery, "id=")
+			switch {
+			case r.Path != "/percent-mirror" || !ok || !sent[id]:
+				s.t.Errorf("mirror saw %s?%s, which the test did not send", r.Path, r.RawQuery)
+			case mirrored[id]:
+				s.t.Errorf("request %s mirrored twice", id)
+			default:
+				mirrored[id] = true
 			}
-		case <-deadline:
-			break count
+		default:
+			done = true
 		}
 	}
-	// Binomial(200, 0.2): σ ≈ 5.7; ±23 is four σ.
-	if mirrored < 40-23 || mirrored > 40+23 {
-		s.t.Errorf("a 20%% mirror got %d of %d requests", mirrored, n)
+	// gamma-mirror is the only scenario of its node that mirrors: what
+	// its proxy sent is what the mirror saw.
+	if after-before != float64(len(mirrored)) || failed != 0 {
+		s.t.Errorf("the proxy sent %v mirrors (%v failed); the mirror saw %d", after-before, failed, len(mirrored))
 	}
+	// Binomial(200, 0.2): mean 40, σ ≈ 5.7. ±4σ fails a right proxy about
+	// once in 10⁴ runs; 0 %, 50 % and 100 % fall far outside.
+	if len(mirrored) < 40-23 || len(mirrored) > 40+23 {
+		s.t.Errorf("a 20%% mirror got %d of %d requests", len(mirrored), n)
+	} else {
+		s.t.Logf("a 20%% mirror got %d of %d requests", len(mirrored), n)
+	}
+}
+
+// mirrorsLanded waits until the node's proxy has no mirrored request in
+// flight and its count of those that ended is the same in two scrapes in
+// a row (a scrape may read the gauge before a mirror ends and the counter
+// after), then returns that count by result: sent and failed. Every copy
+// it sent is then in its target's recorder, which records before it
+// answers.
+func (s *scenario) mirrorsLanded() (sent, failed float64) {
+	s.t.Helper()
+	const total = "sockmesh_proxy_mirrored_requests_total"
+	last := -1.0
+	eventually(s.t, "mirrors landed", func() error {
+		m := s.n.agent.metrics(s.t)
+		inFlight := metricsum.Sum(s.t, m, "sockmesh_proxy_mirrored_requests_in_flight", nil)
+		sent = metricsum.Sum(s.t, m, total, map[string]string{"result": "sent"})
+		failed = metricsum.Sum(s.t, m, total, map[string]string{"result": "failed"})
+		ended, prev := sent+failed, last
+		last = ended
+		if inFlight != 0 || ended != prev {
+			return fmt.Errorf("%v in flight, %v ended (%v the scrape before)", inFlight, ended, prev)
+		}
+		return nil
+	})
+	return sent, failed
 }
 
 // waitMirror returns the next request rec saw for path.
