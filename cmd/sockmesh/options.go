@@ -136,7 +136,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&in.Socket, "introspection-socket", httpapi.DefaultSocket, "unix socket serving the read-only introspection API (sockmeshctl), mode 0600")
 	fs.StringVar(&in.Group, "introspection-group", "", "group (name or ID) that may also use the introspection socket (mode 0660)")
 	fs.StringVar(&in.Listen, "introspection-listen", "", "TCP address serving the introspection API to remote sockmeshctl, with TLS and a bearer token (empty: off)")
-	fs.StringVar(&in.TLSCertFile, "introspection-tls-cert", "", "TLS certificate of --introspection-listen")
+	fs.StringVar(&in.TLSCertFile, "introspection-tls-cert", "", "TLS certificate of --introspection-listen (loaded again when it or the key changes)")
 	fs.StringVar(&in.TLSKeyFile, "introspection-tls-key", "", "TLS key of --introspection-listen")
 	fs.StringVar(&in.TokenFile, "introspection-token-file", "", "file holding the bearer token remote clients of --introspection-listen must send (read at each request)")
 }

@@ -47,7 +47,11 @@ type Config struct {
 	// Listen is a TCP address serving remote clients (sockmeshctl on
 	// another host); empty: none. It needs TLSCertFile, TLSKeyFile and
 	// TokenFile: it never serves without TLS and a bearer token.
-	Listen                  string
+	Listen string
+	// TLSCertFile and TLSKeyFile must load, and match, at start. They are
+	// loaded again when they change (a renewed certificate serves the next
+	// connection); files that then do not load leave the last good pair
+	// serving, with a warning.
 	TLSCertFile, TLSKeyFile string
 	// TokenFile holds the bearer token remote clients must present. It is
 	// read at every request, so a rotated token applies at once.
@@ -134,9 +138,9 @@ func NewServer(cfg Config, src *introspect.Sources, log *slog.Logger, reg promet
 	if cfg.TLSCertFile == "" || cfg.TLSKeyFile == "" || cfg.TokenFile == "" {
 		return nil, errors.New("introspection listener: a TCP address needs a TLS certificate, key and token file")
 	}
-	cert, err := tls.LoadX509KeyPair(cfg.TLSCertFile, cfg.TLSKeyFile)
+	pair, err := loadKeyPair(cfg.TLSCertFile, cfg.TLSKeyFile, s.log)
 	if err != nil {
-		return nil, fmt.Errorf("introspection listener: load TLS certificate: %w", err)
+		return nil, fmt.Errorf("introspection listener: %w", err)
 	}
 	if _, err := os.Stat(cfg.TokenFile); err != nil {
 		return nil, fmt.Errorf("introspection listener: token file: %w", err)
@@ -149,7 +153,7 @@ func NewServer(cfg Config, src *introspect.Sources, log *slog.Logger, reg promet
 	if err := takeover.Take(tcp); err != nil {
 		log.Warn("cannot take the introspection address over: while agents overlap, either may answer on it", "err", err)
 	}
-	tlsLn := tls.NewListener(tcp, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS13})
+	tlsLn := tls.NewListener(tcp, &tls.Config{GetCertificate: pair.getCertificate, MinVersion: tls.VersionTLS13})
 	s.add(tlsLn, requireToken(api, cfg.TokenFile), nil)
 	return s, nil
 }

@@ -101,6 +101,13 @@ func startServer(t *testing.T, cfg Config, src *introspect.Sources, reg promethe
 	if err != nil {
 		t.Fatal(err)
 	}
+	serve(t, s)
+	return s
+}
+
+// serve serves s until the test ends.
+func serve(t *testing.T, s *Server) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Serve(ctx) }()
@@ -110,7 +117,6 @@ func startServer(t *testing.T, cfg Config, src *introspect.Sources, reg promethe
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	return s
 }
 
 func unixClient(socket string) *http.Client {
