@@ -132,7 +132,8 @@ func checkIntrospectionTCP(t *testing.T, ds *appsv1.DaemonSet) {
 	if i < 0 {
 		t.Fatalf("the agent does not mount volume %s", vol.Name)
 	}
-	// A subPath mount is never updated: a rotated token would not apply.
+	// A subPath mount is never updated: a rotated token or a renewed
+	// certificate would not apply.
 	m := agent.VolumeMounts[i]
 	if !m.ReadOnly || m.SubPath != "" || m.SubPathExpr != "" {
 		t.Errorf("mount %+v, want read-only, without subPath", m)
