@@ -76,7 +76,9 @@ func TestCertificateReload(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	pair := func(l *pki.Leaf) map[string][]byte { return map[string][]byte{"tls.crt": l.CertPEM, "tls.key": l.KeyPEM} }
+	pair := func(l *pki.Leaf) map[string][]byte {
+		return map[string][]byte{"tls.crt": l.CertPEM, "tls.key": l.KeyPEM}
+	}
 	vol := newSecretVolume(t)
 	vol.write(pair(leaves[0]))
 	certFile, keyFile := vol.paths()
