@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/internal/agentproc"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
 )
 
 // TestAgentStopWhileStarting: SIGTERM at each phase of the agent's start
@@ -171,36 +173,12 @@ func hungAPIServer(t *testing.T, e *env) (kubeconfig string, requested <-chan st
 		t.Fatal(err)
 	}
 	req := make(chan struct{})
-	var (
-		once  sync.Once
-		wg    sync.WaitGroup
-		mu    sync.Mutex
-		conns []net.Conn
-	)
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Go(func() {
-				if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
-					once.Do(func() { close(req) })
-				}
-			})
+	var once sync.Once
+	tcpserve.Serve(t, ln, func(c net.Conn) {
+		if _, err := http.ReadRequest(bufio.NewReader(c)); err == nil {
+			once.Do(func() { close(req) })
 		}
-	})
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
+		io.Copy(io.Discard, c) // open and unanswered until the test ends
 	})
 	kubeconfig = filepath.Join(t.TempDir(), "kubeconfig")
 	cfg := fmt.Sprintf(`apiVersion: v1

@@ -20,7 +20,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/sockmesh/sockmesh/agent/introspect"
-	"github.com/sockmesh/sockmesh/agent/introspect/httpapi"
 	"github.com/sockmesh/sockmesh/ctl/render"
 	"github.com/sockmesh/sockmesh/daemonset"
 	"github.com/sockmesh/sockmesh/internal/must"
@@ -39,16 +38,8 @@ import (
 func TestStatusAllNodesOperator(t *testing.T) {
 	api := apiserver.Start(t)
 	kube := api.Kube
-	dir := t.TempDir()
 	healthy := netip.MustParseAddr("127.0.0.3")
-	certFile, keyFile, caFile, tokenFile := agentTLSFiles(t, dir, healthy)
-	srv, err := httpapi.NewServer(httpapi.Config{Socket: filepath.Join(dir, "agent.sock"), Listen: netip.AddrPortFrom(healthy, 0).String(),
-		TLSCertFile: certFile, TLSKeyFile: keyFile, TokenFile: tokenFile}, &introspect.Sources{Node: "node-c", Ready: func() error { return nil }}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serve(t, srv)
-	_, addr := srv.Addrs()
+	addr, caFile, tokenFile := tcpAgent(t, healthy, &introspect.Sources{Node: "node-c", Ready: func() error { return nil }})
 	createAgentNamespace(t, kube)
 	for name, ip := range map[string]string{"control-plane": "127.0.0.4", "node-c": healthy.String()} {
 		createNode(t, kube, name, ip)
@@ -57,7 +48,7 @@ func TestStatusAllNodesOperator(t *testing.T) {
 	group := applyOperatorRBAC(t, kube)
 	kubeconfig := impersonating(t, api.Kubeconfig, "smt-operator", group, "system:authenticated")
 	status := func() (map[string]render.AgentState, string, error) {
-		out, stderr, err := runCtlStderr("status", "--all-nodes", "--agent-port="+strconv.Itoa(addr.(*net.TCPAddr).Port),
+		out, stderr, err := runCtlStderr("status", "--all-nodes", "--agent-port="+strconv.Itoa(addr.Port),
 			"--agent-ca="+caFile, "--agent-token-file="+tokenFile, "--kubeconfig="+kubeconfig, "--request-timeout=5s", "-o", "json")
 		return agentStates(t, out), stderr, err
 	}

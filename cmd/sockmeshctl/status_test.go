@@ -36,15 +36,7 @@ func TestStatusAllNodesWithAddress(t *testing.T) {
 		must.Succeed(t)(api.Kube.CoreV1().Nodes().Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}))
 	}
 	// One agent, serving its introspection API over TLS with a token.
-	dir := t.TempDir()
-	certFile, keyFile, caFile, tokenFile := agentTLSFiles(t, dir, netip.MustParseAddr("127.0.0.1"))
-	srv, err := httpapi.NewServer(httpapi.Config{Socket: filepath.Join(dir, "agent.sock"), Listen: "127.0.0.1:0",
-		TLSCertFile: certFile, TLSKeyFile: keyFile, TokenFile: tokenFile}, &introspect.Sources{Node: "node-a"}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serve(t, srv)
-	_, addr := srv.Addrs()
+	addr, caFile, tokenFile := tcpAgent(t, netip.MustParseAddr("127.0.0.1"), &introspect.Sources{Node: "node-a"})
 
 	cmd := newRootCommand()
 	var out bytes.Buffer
@@ -101,17 +93,9 @@ func serve(t *testing.T, srv *httpapi.Server) {
 // within --request-timeout.
 func TestStatusAllNodesUnanswered(t *testing.T) {
 	api := apiserver.Start(t)
-	dir := t.TempDir()
 	healthy := netip.MustParseAddr("127.0.0.3")
-	certFile, keyFile, caFile, tokenFile := agentTLSFiles(t, dir, healthy)
-	srv, err := httpapi.NewServer(httpapi.Config{Socket: filepath.Join(dir, "agent.sock"), Listen: netip.AddrPortFrom(healthy, 0).String(),
-		TLSCertFile: certFile, TLSKeyFile: keyFile, TokenFile: tokenFile}, &introspect.Sources{Node: "node-c", Ready: func() error { return nil }}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serve(t, srv)
-	_, addr := srv.Addrs()
-	port := addr.(*net.TCPAddr).Port
+	addr, caFile, tokenFile := tcpAgent(t, healthy, &introspect.Sources{Node: "node-c", Ready: func() error { return nil }})
+	port := addr.Port
 	// node-a's and node-b's agents take connections and never answer. No
 	// agent pod is in the cluster, so every node is asked.
 	for _, ip := range []string{"127.0.0.1", "127.0.0.2"} {
@@ -154,11 +138,13 @@ func TestStatusAllNodesUnanswered(t *testing.T) {
 	}
 }
 
-// agentTLSFiles writes to dir what an agent serving its introspection API
-// over TLS at addr with a token needs, and what sockmeshctl needs to reach
-// it: the agent's certificate and key, the CA that issued them, the token.
-func agentTLSFiles(t *testing.T, dir string, addr netip.Addr) (certFile, keyFile, caFile, tokenFile string) {
+// tcpAgent serves an agent's introspection API with src over TLS at addr
+// (an IP SAN for it, a CA of its own) with a bearer token until the test
+// ends, and returns its address and what sockmeshctl needs to reach it:
+// the CA's file and the token's.
+func tcpAgent(t *testing.T, addr netip.Addr, src *introspect.Sources) (agent *net.TCPAddr, caFile, tokenFile string) {
 	t.Helper()
+	dir := t.TempDir()
 	ca := must.Value[*pki.CA](t)(pki.NewCA("sockmeshctl status test CA"))
 	leaf := must.Value[*pki.Leaf](t)(ca.Issue(pki.LeafOptions{IPs: []netip.Addr{addr}}))
 	certFile, keyFile, err := leaf.WriteFiles(dir, "agent")
@@ -172,7 +158,14 @@ func agentTLSFiles(t *testing.T, dir string, addr netip.Addr) (certFile, keyFile
 	if err := os.WriteFile(tokenFile, []byte("secret"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return certFile, keyFile, caFile, tokenFile
+	srv, err := httpapi.NewServer(httpapi.Config{Socket: filepath.Join(dir, "agent.sock"), Listen: netip.AddrPortFrom(addr, 0).String(),
+		TLSCertFile: certFile, TLSKeyFile: keyFile, TokenFile: tokenFile}, src, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve(t, srv)
+	_, tcp := srv.Addrs()
+	return tcp.(*net.TCPAddr), caFile, tokenFile
 }
 
 // agentStates decodes status -o json: each node's AgentState.
@@ -198,23 +191,15 @@ func agentStates(t *testing.T, out string) map[string]render.AgentState {
 func TestStatusAllNodesScheduled(t *testing.T) {
 	api := apiserver.Start(t)
 	ctx, kube := t.Context(), api.Kube
-	dir := t.TempDir()
 	healthy := netip.MustParseAddr("127.0.0.3")
-	certFile, keyFile, caFile, tokenFile := agentTLSFiles(t, dir, healthy)
 	var notReady atomic.Pointer[error]
-	srv, err := httpapi.NewServer(httpapi.Config{Socket: filepath.Join(dir, "agent.sock"), Listen: netip.AddrPortFrom(healthy, 0).String(),
-		TLSCertFile: certFile, TLSKeyFile: keyFile, TokenFile: tokenFile}, &introspect.Sources{Node: "node-c", Ready: func() error {
+	addr, caFile, tokenFile := tcpAgent(t, healthy, &introspect.Sources{Node: "node-c", Ready: func() error {
 		if err := notReady.Load(); err != nil {
 			return *err
 		}
 		return nil
-	}}, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serve(t, srv)
-	_, addr := srv.Addrs()
-	port := strconv.Itoa(addr.(*net.TCPAddr).Port)
+	}})
+	port := strconv.Itoa(addr.Port)
 
 	createAgentNamespace(t, kube)
 	node := func(name, ip string) {
