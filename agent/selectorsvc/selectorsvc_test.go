@@ -1,23 +1,32 @@
 package selectorsvc
 
 import (
+	"context"
 	"log/slog"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/wait"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
 
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/sockmesh/sockmesh/agent/controlplane"
+	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/agent/translate"
 	"github.com/sockmesh/sockmesh/test/apiserver"
+	"github.com/sockmesh/sockmesh/test/childproc"
 )
 
 const ns = "selectorsvc-test"
@@ -399,7 +408,148 @@ func TestApplyLongNames(t *testing.T) {
 	}
 }
 
-// inputOf is what translate reads of ns's Services and XBackends on env's
+// TestEndpointsAtXBackendPort: with the real EndpointSlice controller
+// making the generated Service's slices, the selected pods are dialled at
+// the XBackend's port.number, the port the API names ("which endpoint port
+// to connect to"): also in the moment after port.number changed, when the
+// Service and then its slices still carry the old one, where they were
+// dialled at the slices' port.
+func TestEndpointsAtXBackendPort(t *testing.T) {
+	env := apiserver.Start(t)
+	ctx := t.Context()
+	kube, gw := env.Kube, env.Gateway
+	xb := createSelectorXBackend(t, env, ns)
+	// Apps reach the XBackend through this Service.
+	if _, err := kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "front", Namespace: ns, Annotations: map[string]string{translate.AnnotationXBackend: xb.Name}},
+		Spec:       corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	startEndpointSliceController(t, env)
+	createReadyPod(t, env, "pods-0", map[string]string{"app": "pods"}, "10.244.1.30")
+	createReadyPod(t, env, "other-0", map[string]string{"app": "other"}, "10.244.1.31")
+	w, err := New(Config{}, kube, slog.New(slog.DiscardHandler), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// endpoints translates what the API server holds now, applies the
+	// Services translate wants, and returns the XBackend's endpoints.
+	endpoints := func() []string {
+		t.Helper()
+		in := inputOf(t, env)
+		res, err := translate.Translate(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.Apply(ctx, in, res.EndpointSelectorServices, nil); err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range res.Backends {
+			if b.Ref.Kind == snapshot.KindXBackend && b.Ref.Name == xb.Name {
+				var out []string
+				for _, e := range b.Endpoints {
+					out = append(out, e.Addr.String())
+				}
+				return out
+			}
+		}
+		return nil
+	}
+	endpoints() // creates the Service
+	waitSlicePort(t, env, 8080)
+	if got := endpoints(); !slices.Equal(got, []string{"10.244.1.30:8080"}) {
+		t.Errorf("endpoints = %v, want [10.244.1.30:8080]", got)
+	}
+
+	xb.Spec.Port.Number = 9090
+	if _, err := gw.ExperimentalV1alpha1().XBackends(ns).Update(ctx, xb, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The Service and its slice are as before: the pods are dialled at
+	// 9090 already. This pass updates the Service; the controller then
+	// rewrites its slice, and the pods stay at 9090.
+	if got := endpoints(); !slices.Equal(got, []string{"10.244.1.30:9090"}) {
+		t.Errorf("endpoints while the slice says 8080 = %v, want [10.244.1.30:9090]", got)
+	}
+	waitSlicePort(t, env, 9090)
+	if got := endpoints(); !slices.Equal(got, []string{"10.244.1.30:9090"}) {
+		t.Errorf("endpoints once the slice says 9090 = %v, want [10.244.1.30:9090]", got)
+	}
+}
+
+// startEndpointSliceController runs kube-controller-manager's EndpointSlice
+// controller, alone, against env until t ends.
+func startEndpointSliceController(t *testing.T, env *apiserver.Env) {
+	t.Helper()
+	p, err := childproc.Start("kube-controller-manager", filepath.Join(env.Dir, "kube-controller-manager.log"),
+		filepath.Join(env.Binaries.Dir, "kube-controller-manager"),
+		"--kubeconfig="+env.Kubeconfig,
+		"--controllers=endpointslice-controller",
+		"--leader-elect=false",
+		"--secure-port=0",
+	)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("kube-controller-manager log (last lines):\n%s", childproc.Tail(p.LogPath, 40))
+		}
+		if err := p.Stop(5 * time.Second); err != nil {
+			t.Errorf("stop kube-controller-manager: %v", err)
+		}
+	})
+}
+
+// createReadyPod creates a pod in ns on node "node-a" and reports it
+// running and ready at ip, as the scheduler and the kubelet (neither runs
+// here) would.
+func createReadyPod(t *testing.T, env *apiserver.Env, name string, labels map[string]string, ip string) {
+	t.Helper()
+	ctx := t.Context()
+	kube := env.Kube
+	// The pod's node and service account, made once.
+	if _, err := kube.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	if _, err := kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	pod, err := kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
+		Spec:       corev1.PodSpec{NodeName: "node-a", Containers: []corev1.Container{{Name: "c", Image: "localhost/none"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}},
+		Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}}
+	if _, err := kube.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitSlicePort waits until the generated Service's EndpointSlices are one
+// slice listing one endpoint, at port.
+func waitSlicePort(t *testing.T, env *apiserver.Env, port int32) {
+	t.Helper()
+	var last []discoveryv1.EndpointSlice
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		list, err := env.Kube.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		last = list.Items
+		return len(last) == 1 && len(last[0].Ports) == 1 && last[0].Ports[0].Port != nil && *last[0].Ports[0].Port == port &&
+			len(last[0].Endpoints) == 1, nil
+	})
+	if err != nil {
+		t.Fatalf("wait for the generated Service's slice at port %d: %v; slices %+v", port, err, last)
+	}
+}
+
+// inputOf is what translate reads of ns's Services, EndpointSlices and XBackends on env's
 // API server now, as an informer cache that caught up would hold it.
 func inputOf(t *testing.T, env *apiserver.Env) translate.Input {
 	t.Helper()
@@ -417,6 +567,13 @@ func inputOf(t *testing.T, env *apiserver.Env) translate.Input {
 	}
 	for i := range xbs.Items {
 		in.XBackends = append(in.XBackends, &xbs.Items[i])
+	}
+	eps, err := env.Kube.DiscoveryV1().EndpointSlices(ns).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range eps.Items {
+		in.EndpointSlices = append(in.EndpointSlices, &eps.Items[i])
 	}
 	return in
 }

@@ -125,32 +125,27 @@ func isTCP(sp corev1.ServicePort) bool {
 
 func validPort(p int32) bool { return p > 0 && p <= 65535 }
 
-// endpoints lists the addresses of a Service port from its EndpointSlices:
-// the slice port with the Service port's name (EndpointSlice ports carry
-// the resolved targetPort number), both address families, deduplicated.
-func (t *translator) endpoints(namespace, service, portName string, proto corev1.Protocol) []snapshot.Endpoint {
-	hinted := t.hintedEndpoints(namespace, service, portName, proto)
-	out := make([]snapshot.Endpoint, len(hinted))
-	for i, h := range hinted {
-		out[i] = h.Endpoint
-	}
-	return out
-}
-
 // hinted is an endpoint with the topology hints of its EndpointSlice entry.
 type hinted struct {
 	snapshot.Endpoint
 	forZones, forNodes []string
 }
 
-func (t *translator) hintedEndpoints(namespace, service, portName string, proto corev1.Protocol) []hinted {
+// slicePortFunc says at which port a slice's endpoints are dialled, or
+// that they are not (false).
+type slicePortFunc func(*discoveryv1.EndpointSlice) (uint16, bool)
+
+// hintedEndpoints lists the endpoints of a Service from its EndpointSlices,
+// each slice's at the port portOf gives: both address families,
+// deduplicated.
+func (t *translator) hintedEndpoints(namespace, service string, portOf slicePortFunc) []hinted {
 	seen := map[netip.AddrPort]bool{}
 	var out []hinted
 	for _, es := range t.slices[types.NamespacedName{Namespace: namespace, Name: service}] {
 		if es.AddressType != discoveryv1.AddressTypeIPv4 && es.AddressType != discoveryv1.AddressTypeIPv6 {
 			continue // FQDN slices are not dialled
 		}
-		port, ok := slicePort(es, portName, proto)
+		port, ok := portOf(es)
 		if !ok {
 			continue
 		}
@@ -201,7 +196,11 @@ func (t *translator) hintedEndpoints(namespace, service, portName string, proto 
 // serving while terminating when none is ready (balance.New). A node whose
 // name the agent does not know (a manifest file's) takes every endpoint.
 func (t *translator) serviceEndpoints(svc *corev1.Service, sp corev1.ServicePort) []snapshot.Endpoint {
-	eps := t.hintedEndpoints(svc.Namespace, svc.Name, sp.Name, corev1.ProtocolTCP)
+	// The slice port with the Service port's name: its number is the
+	// resolved targetPort.
+	eps := t.hintedEndpoints(svc.Namespace, svc.Name, func(es *discoveryv1.EndpointSlice) (uint16, bool) {
+		return slicePort(es, sp.Name, corev1.ProtocolTCP)
+	})
 	node := t.in.Node
 	local := node.Name != "" && svc.Spec.InternalTrafficPolicy != nil &&
 		*svc.Spec.InternalTrafficPolicy == corev1.ServiceInternalTrafficPolicyLocal

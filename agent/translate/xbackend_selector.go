@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -23,7 +24,8 @@ import (
 // relies on its DNS name, clusterIP
 // None, selector = matchLabels, one port whose targetPort is port.number,
 // and a controller ownerReference to the XBackend so it goes with it. The
-// EndpointSlice controller then does the selecting. The Service is wanted
+// EndpointSlice controller then does the selecting; the pods are dialled
+// at port.number (selectedEndpoints). The Service is wanted
 // while the XBackend's selector and port are valid, also when the
 // XBackend is invalid for another reason (evalXBackend).
 
@@ -62,14 +64,24 @@ func (t *translator) selectorEndpoints(xb *gwxv1alpha1.XBackend) []snapshot.Endp
 	}
 	want.Name = existing.Name
 	t.selectorServices = append(t.selectorServices, want)
-	portName := ""
-	for _, sp := range existing.Spec.Ports {
-		if sp.TargetPort.IntValue() == int(xb.Spec.Port.Number) {
-			portName = sp.Name
-			break
-		}
+	return t.selectedEndpoints(existing, uint16(xb.Spec.Port.Number))
+}
+
+// selectedEndpoints lists the pods in the EndpointSlices of svc, the
+// generated Service, each at port: the XBackend's port.number, "which
+// endpoint port to connect to". The slices' own port is the Service's
+// targetPort, which trails a change of port.number (the Service is
+// updated, then its slices) or, in a Service from manifests, may be
+// another number or a name; the pods they list are the selected ones all
+// the same. Topology hints play no part: the API gives the Service's
+// trafficDistribution no role.
+func (t *translator) selectedEndpoints(svc *corev1.Service, port uint16) []snapshot.Endpoint {
+	hinted := t.hintedEndpoints(svc.Namespace, svc.Name, func(*discoveryv1.EndpointSlice) (uint16, bool) { return port, true })
+	out := make([]snapshot.Endpoint, len(hinted))
+	for i, h := range hinted {
+		out[i] = h.Endpoint
 	}
-	return t.endpoints(existing.Namespace, existing.Name, portName, corev1.ProtocolTCP)
+	return out
 }
 
 // generatedService finds the Service sockmesh generated for xb: in its
