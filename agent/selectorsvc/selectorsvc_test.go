@@ -535,7 +535,7 @@ func createReadyPod(t *testing.T, env *apiserver.Env, name string, labels map[st
 func waitSlicePort(t *testing.T, env *apiserver.Env, port int32) {
 	t.Helper()
 	var last []discoveryv1.EndpointSlice
-	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 		list, err := env.Kube.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err
