@@ -82,9 +82,11 @@
 // whole value, checked here; the proxy compiles them once per snapshot. A
 // GRPCRoute's service or method expression keeps that meaning inside the
 // path expression: "^" and "$" at its edges are removed, and one elsewhere
-// ("a*^b") drops the rule; "." and classes lose "/", so each matches its
-// own segment, and a literal "/" drops the rule (segmentRegex). A rule without matches matches
-// every request; an HTTPRoute without rules gets the CRD's default rule.
+// ("a*^b") drops the rule; it matches only the values it matches that
+// hold no "/", so each matches its own segment, and one that matches only
+// values with a "/" drops the rule, however "/" is written (segmentRegex).
+// A rule without matches matches every request; an HTTPRoute without
+// rules gets the CRD's default rule.
 //
 // Rules keep their filters in the Snapshot: request and response header
 // modifiers (rule and backendRef level; a GRPCRoute's binary "-bin"

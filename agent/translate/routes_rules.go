@@ -253,12 +253,17 @@ func grpcMatch(m gwv1.GRPCRouteMatch) (routeMatch, string) {
 //     expression could never meet them. An anchor elsewhere ("a*^b")
 //     could hold at the value's start or end only through empty matches
 //     around it, which no path expression can say: it is refused.
-//   - Every character it matches, it matches only when that is not "/"
-//     ("." becomes "[^\n/]"), so a service expression cannot reach into
-//     the method, nor either span more segments than gRPC paths have
+//   - It matches only the values it matched that hold no "/"
+//     (withinSegment), so a service expression cannot reach into the
+//     method, nor either span more segments than gRPC paths have
 //     (unconfined, service "foo.*" with method "Bar" matched
-//     "/foo.Svc/Extra/Bar"). A literal "/" can match no service or
-//     method: it is refused, as the CRD refuses it in Exact values.
+//     "/foo.Svc/Extra/Bar"). One that matched only values with a "/"
+//     ("foo/Bar", "[/]") can match no service or method: it is refused,
+//     as the CRD refuses "/" in Exact values. The rule is on what the
+//     expression matches, not how "/" is spelt: Go's parser folds "a|/"
+//     and "ab|a/" into classes ("[/a]", "a[/b]"), so no rule on the
+//     parsed syntax could tell a "/" written alone from one a class
+//     spans ("[.-0]", "\W").
 //
 // Word boundaries need nothing: "/" and the path's end are no word
 // characters, as the value's edges are not. expr comes back as written
@@ -268,9 +273,6 @@ func segmentRegex(expr string) (string, string) {
 	if err != nil {
 		return expr, "" // regexProblem has refused it
 	}
-	if anyNode(re, isSlashLiteral) {
-		return "", fmt.Sprintf("regular expression %q has a literal \"/\", which no gRPC service or method holds", expr)
-	}
 	anchored := anyNode(re, isAnchor)
 	if anchored {
 		re = trimAnchors(re, true)
@@ -279,7 +281,11 @@ func segmentRegex(expr string) (string, string) {
 			return "", fmt.Sprintf("regular expression %q has an anchor (^, $, \\A, \\z) inside: anchors may only start or end it", expr)
 		}
 	}
-	if !withinSegment(re) && !anchored {
+	re, confined := withinSegment(re)
+	if re.Op == syntax.OpNoMatch {
+		return "", fmt.Sprintf("regular expression %q matches only values with a \"/\", which no gRPC service or method holds", expr)
+	}
+	if !confined && !anchored {
 		return expr, ""
 	}
 	return re.String(), ""
@@ -315,42 +321,97 @@ func trimAnchors(re *syntax.Regexp, leading bool) *syntax.Regexp {
 	return re
 }
 
-// withinSegment takes "/" out of every character re matches: of "." (with
-// (?s), any character) and of character classes; a class left empty
-// matches nothing. Literals hold no "/" (segmentRegex refused them). It
-// reports whether re changed.
-func withinSegment(re *syntax.Regexp) bool {
+// withinSegment returns an expression that matches what re matches less
+// the values holding a "/" (OpNoMatch if none is left), built from re in
+// place: "." (with (?s), any character) and character classes lose "/",
+// a literal holding one matches nothing, and so does a concatenation,
+// "+" or group of such a part, while an alternation loses the branch and
+// "*" or "?" of it match only "" (and leave a concatenation). It reports
+// whether re changed.
+func withinSegment(re *syntax.Regexp) (*syntax.Regexp, bool) {
 	switch re.Op {
+	case syntax.OpLiteral:
+		if slices.Contains(re.Rune, '/') {
+			return noMatch(), true
+		}
+		return re, false
 	case syntax.OpAnyChar:
-		re.Op, re.Rune = syntax.OpCharClass, []rune{0, unicode.MaxRune}
+		return classWithoutSlash([]rune{0, unicode.MaxRune}), true
 	case syntax.OpAnyCharNotNL:
-		re.Op, re.Rune = syntax.OpCharClass, []rune{0, '\n' - 1, '\n' + 1, unicode.MaxRune}
+		return classWithoutSlash([]rune{0, '\n' - 1, '\n' + 1, unicode.MaxRune}), true
 	case syntax.OpCharClass:
 		if !classHas(re.Rune, '/') {
-			return false
+			return re, false
 		}
-	default:
-		changed := false
-		for _, sub := range re.Sub {
-			changed = withinSegment(sub) || changed
-		}
-		return changed
+		return classWithoutSlash(re.Rune), true
 	}
-	ranges := make([]rune, 0, len(re.Rune)+2)
-	for i := 0; i < len(re.Rune); i += 2 {
-		lo, hi := re.Rune[i], re.Rune[i+1]
+	changed := false
+	for i, sub := range re.Sub {
+		var c bool
+		re.Sub[i], c = withinSegment(sub)
+		changed = changed || c
+	}
+	if !changed {
+		return re, false
+	}
+	switch re.Op {
+	case syntax.OpAlternate:
+		re.Sub = slices.DeleteFunc(re.Sub, matchesNothing)
+		switch len(re.Sub) {
+		case 0:
+			return noMatch(), true
+		case 1:
+			return re.Sub[0], true
+		}
+	case syntax.OpConcat:
+		if slices.ContainsFunc(re.Sub, matchesNothing) {
+			return noMatch(), true
+		}
+		// No "(?:)" left where a "/?" was, in what the snapshot shows.
+		re.Sub = slices.DeleteFunc(re.Sub, func(sub *syntax.Regexp) bool { return sub.Op == syntax.OpEmptyMatch })
+		switch len(re.Sub) {
+		case 0:
+			return &syntax.Regexp{Op: syntax.OpEmptyMatch}, true
+		case 1:
+			return re.Sub[0], true
+		}
+	case syntax.OpCapture, syntax.OpPlus:
+		if matchesNothing(re.Sub[0]) {
+			return noMatch(), true
+		}
+	case syntax.OpStar, syntax.OpQuest, syntax.OpRepeat:
+		if matchesNothing(re.Sub[0]) {
+			if re.Min > 0 { // "{n,}" or "{n,m}", n > 0: one at least
+				return noMatch(), true
+			}
+			return &syntax.Regexp{Op: syntax.OpEmptyMatch}, true // zero of them
+		}
+	}
+	return re, true
+}
+
+// classWithoutSlash is the character class of ranges (pairs, lo and hi)
+// less "/"; a class left empty matches nothing.
+func classWithoutSlash(ranges []rune) *syntax.Regexp {
+	out := make([]rune, 0, len(ranges)+2)
+	for i := 0; i < len(ranges); i += 2 {
+		lo, hi := ranges[i], ranges[i+1]
 		if lo < '/' {
-			ranges = append(ranges, lo, min(hi, '/'-1))
+			out = append(out, lo, min(hi, '/'-1))
 		}
 		if hi > '/' {
-			ranges = append(ranges, max(lo, '/'+1), hi)
+			out = append(out, max(lo, '/'+1), hi)
 		}
 	}
-	if re.Rune = ranges; len(ranges) == 0 {
-		re.Op, re.Rune = syntax.OpNoMatch, nil
+	if len(out) == 0 {
+		return noMatch()
 	}
-	return true
+	return &syntax.Regexp{Op: syntax.OpCharClass, Rune: out}
 }
+
+func noMatch() *syntax.Regexp { return &syntax.Regexp{Op: syntax.OpNoMatch} }
+
+func matchesNothing(re *syntax.Regexp) bool { return re.Op == syntax.OpNoMatch }
 
 // classHas reports whether the class ranges (pairs, lo and hi) hold r.
 func classHas(ranges []rune, r rune) bool {
@@ -373,10 +434,6 @@ func isAnchor(re *syntax.Regexp) bool {
 		return true
 	}
 	return false
-}
-
-func isSlashLiteral(re *syntax.Regexp) bool {
-	return re.Op == syntax.OpLiteral && slices.Contains(re.Rune, '/')
 }
 
 // regexChars is the length of expr, an RE2 expression, less its anchors

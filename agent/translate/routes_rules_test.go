@@ -10,9 +10,13 @@ import (
 // "/service/method" by segmentRegex, as the service or as the method,
 // matches exactly the values the expression matches as a whole value,
 // anchors included, and only when they hold no "/": neither side reaches
-// into the other or across more segments. An anchor it cannot place and
-// a literal "/" are refused, and an expression that needs no rewrite is
-// kept as written.
+// into the other or across more segments. An anchor it cannot place is
+// refused, and so is an expression that matches only values with a "/",
+// however the "/" is spelt or the parser folds it: alone, escaped, in a
+// class of its own or an alternation Go merges into a class with others
+// (the forms that matched nothing else are refused; the ones that do keep
+// what else they match, like classes that span "/"). An expression that
+// needs no rewrite is kept as written.
 func TestSegmentRegex(t *testing.T) {
 	values := []string{"", "a", "A", "b", "y", "xy", "xxy", "ac", "bc", "ab", "foo", "foo.Bar", "pkg.foo", "a\nb",
 		"/", "a/", "/a", "a/b", "foo.Svc/Extra", "foo/Bar", "pkg.foo/M", "M/M", "a/\nb"}
@@ -34,10 +38,30 @@ func TestSegmentRegex(t *testing.T) {
 		{expr: `[^.]*`},
 		{expr: `\W?[[:punct:]]?\PL*`},
 		{expr: `[!-0]+`},
-		{expr: `[/]|a`}, // one class, [/a]: the class loses its "/"
+		{expr: `[.-0]`},  // a range spanning "/"
+		{expr: `\W+`},    // a class naming none
+		{expr: `[^a]`},   // nor a negated one
+		{expr: `[/]|a`},  // parsed as one class, [/a]
+		{expr: `a|\x2f`}, // [/a] too
+		{expr: `[a/]`},
+		{expr: `(?i)A|/`}, // [/Aa]
+		{expr: `ab|a/`},   // a[/b]
+		{expr: `ab|\x2f`}, // ab|/
+		{expr: `a/?b`},
+		{expr: `a(?:/b)*`},
+		{expr: `a|(?:b/)+`},
+		{expr: `/{0,2}a`},
 		{expr: `foo\/Bar`, refused: true},
-		{expr: `a|\x2f`},
-		{expr: `ab|\x2f`, refused: true},
+		{expr: `[/]`, refused: true},
+		{expr: `[\x2f]`, refused: true},
+		{expr: `\x{2F}|\057`, refused: true},
+		{expr: `(?i)/`, refused: true},
+		{expr: `\Q/\E`, refused: true},
+		{expr: `^/$`, refused: true},
+		{expr: `a/|/b`, refused: true},
+		{expr: `[^\x00-.0-\x{10FFFF}]`, refused: true}, // a class of "/" alone
+		{expr: `(?s).*/.*`, refused: true},
+		{expr: `(a/){1,}`, refused: true},
 		{expr: `x*^y`, refused: true},
 		{expr: `(^a)*`, refused: true},
 		{expr: `a$b`, refused: true},
