@@ -13,8 +13,9 @@ import (
 // regular expressions anchored with "^" and "$" (which matched nothing
 // once joined into one path expression), a service written fully
 // qualified with a leading dot (which matched nothing as "/.pkg.Svc"),
-// each expression confined to its own segment of the path and ranked
-// by its characters without anchors,
+// each expression confined to its own segment of the path (a branch
+// matching only with a "/" gone, the rest kept) and ranked by its
+// characters without anchors,
 // and that a rule writing a binary header gRPC cannot decode answers
 // UNAVAILABLE rather than forwarding calls the backend fails INTERNAL.
 func TestGRPCMethodForms(t *testing.T) {
@@ -48,6 +49,8 @@ func TestGRPCMethodForms(t *testing.T) {
 		{path: "/meta.Ok/Any", rule: "binary-metadata"},
 		{path: "/meta.Bad/Any", why: routes.ReasonInvalidRule},
 		{path: "/meta.BadResponse/Any", why: routes.ReasonInvalidRule},
+		{path: "/fold.Svc/Get", rule: "slash-branch"},
+		{path: "/fold.Svc/Get/Get", why: routes.ReasonNoMatch}, // its "/" branch is gone
 	} {
 		req := routes.Request{Method: http.MethodPost, Path: tc.path, Host: "echo", Header: http.Header{"Content-Type": {"application/grpc"}}}
 		var d routes.Decision
