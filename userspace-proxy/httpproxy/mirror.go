@@ -88,20 +88,28 @@ func (h *Handler) mirror(x *exchange, r *http.Request, websocket bool) {
 			var err error
 			defer func() {
 				cancel()
-				result := "sent"
-				if err != nil {
-					result = "failed"
-					h.log.Debug("mirror failed", "backend", be.Spec.Ref.String(), "err", err)
-				}
-				// Counted before the slot goes: the in-flight gauge reads
-				// 0 only once every copy's result is in mirrors.
-				h.m.mirrors.WithLabelValues(result).Inc()
-				<-h.mirrorSlots
+				h.mirrorEnded(be.Spec.Ref.String(), err)
 			}()
 			defer h.cfg.Panics.Recover("mirror", &err, nil)
 			err = sendMirror(rt, m)
 		}()
 	}
+}
+
+// mirrorEnded counts the result of a mirror to backend, failed if err is
+// not nil, then frees its slot. In this order the in-flight gauge (the
+// slots held) reads 0 only once every copy's result is in mirrors, which
+// is how a scrape knows the count is whole (e2e gamma-mirror relies on
+// it); a scrape in between sees the copy in both for a moment. The other
+// way round, it could see a copy in neither.
+func (h *Handler) mirrorEnded(backend string, err error) {
+	result := "sent"
+	if err != nil {
+		result = "failed"
+		h.log.Debug("mirror failed", "backend", backend, "err", err)
+	}
+	h.m.mirrors.WithLabelValues(result).Inc()
+	<-h.mirrorSlots
 }
 
 // sendMirror sends m and drops its answer.

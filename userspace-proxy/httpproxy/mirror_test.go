@@ -2,15 +2,21 @@ package httpproxy
 
 import (
 	"bufio"
+	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"runtime"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/metricsum"
 )
 
 // TestRecordedBody: a streamed body's tries read it from the start — the
@@ -171,6 +177,43 @@ func TestMirrorsInFlight(t *testing.T) {
 			if got := f.counter("sockmesh_proxy_mirrored_requests_total", map[string]string{"result": tc.result}); got != 1 {
 				t.Errorf("none in flight: mirrors{%s} = %v, want 1", tc.result, got)
 			}
+		})
+	}
+}
+
+// TestMirrorCountedBeforeFreed: an ended mirror counts its result before
+// it frees its slot, so that sockmesh_proxy_mirrored_requests_in_flight
+// reads 0 only once every copy is in sockmesh_proxy_mirrored_requests_total.
+// TestMirrorsInFlight sees the end state; only a scrape between the two
+// steps tells their order, so here the slot's token comes late: the
+// mirror waits to free it, its result already counted, and synctest knows
+// when it waits.
+func TestMirrorCountedBeforeFreed(t *testing.T) {
+	for _, tc := range []struct {
+		err    error
+		result string
+	}{{nil, "sent"}, {errors.New("connection reset"), "failed"}} {
+		t.Run(tc.result, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				reg := prometheus.NewRegistry()
+				h, err := New(Config{}, slog.New(slog.DiscardHandler), reg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				counted := func() float64 {
+					return metricsum.Sum(t, reg, "sockmesh_proxy_mirrored_requests_total", map[string]string{"result": tc.result})
+				}
+				go h.mirrorEnded("b/mirror:80", tc.err)
+				synctest.Wait() // the mirror waits to free its slot
+				if got := counted(); got != 1 {
+					t.Errorf("mirror freeing its slot: mirrors{%s} = %v, want 1 already", tc.result, got)
+				}
+				h.mirrorSlots <- struct{}{} // the slot's token
+				synctest.Wait()
+				if got := metricsum.Sum(t, reg, "sockmesh_proxy_mirrored_requests_in_flight", nil); got != 0 || counted() != 1 {
+					t.Errorf("mirror ended: %v in flight, mirrors{%s} = %v; want 0, 1", got, tc.result, counted())
+				}
+			})
 		})
 	}
 }
