@@ -4,11 +4,14 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +20,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
+	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 )
 
 // FuzzH1TransportAnswer has a TLS backend answer a request with arbitrary
@@ -25,6 +29,14 @@ import (
 // request gets its own answer, never bytes of the first. The answer
 // itself is net/http's ReadResponse's reading (FuzzAnswerFraming in
 // package httpproxy checks what reaches the app).
+//
+// TLS matters (the pool looks for bytes left on an idle connection through
+// crypto/tls, where a record that came with the answer waits), but it is
+// not what is fuzzed: one backend serves every input, so that its client
+// resumes the TLS sessions of inputs before (no certificate to verify, no
+// signature), with X25519 alone (no ML-KEM key): full handshakes were
+// most of an input's time. Nothing else passes from one input to the
+// next: each starts with no connection open (fuzzInput.end).
 //
 // `go test` runs the seeds; `go test -fuzz FuzzH1TransportAnswer` looks
 // for more.
@@ -50,50 +62,38 @@ func FuzzH1TransportAnswer(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	f.Fuzz(func(t *testing.T, raw []byte) {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		f.Fatal(err)
+	}
+	var cur atomic.Pointer[fuzzInput] // the input under way
+	tcpserve.Serve(f, tls.NewListener(wireListener{l, wires}, w.serverTLS), func(c net.Conn) {
+		// The client dialed it for this input: its handshake waits for
+		// this goroutine.
+		in := cur.Load()
+		if in == nil {
+			return // not the client's
 		}
-		addr := l.Addr().(*net.TCPAddr).AddrPort()
-		firstDone := make(chan struct{}) // the client is done with /fuzz's answer
-		tcpserve.Serve(t, tls.NewListener(wireListener{l, wires}, w.serverTLS), func(c net.Conn) {
-			br := bufio.NewReader(c)
-			stop := make(chan struct{})
-			var watch sync.WaitGroup
-			defer watch.Wait()
-			defer close(stop)
-			for {
-				req, err := http.ReadRequest(br)
-				if err != nil {
-					return
-				}
-				answer := []byte("HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond")
-				if req.URL.Path == "/fuzz" {
-					answer = raw
-				}
-				if _, err := c.Write(answer); err != nil {
-					return
-				}
-				if req.URL.Path == "/fuzz" {
-					// The backend sends nothing more unasked: a client
-					// that waits for more of this answer waits for the
-					// close, as from a backend that closes idle
-					// connections.
-					w := wires.get(c.RemoteAddr().String())
-					watch.Go(func() { w.closeWhenAwaited(c, stop, firstDone) })
-				}
-			}
-		})
-		be := backendAt(t, pools, addr, w.policy())
-		rt := be.RoundTripper(WireH1)
+		in.handlers.Add(1)
+		defer in.handlers.Done()
+		in.serve(c, wires)
+	})
+	pol := w.policy()
+	pol.Curves = []tls.CurveID{tls.X25519} // the client makes no ML-KEM key
+	addr := l.Addr().(*net.TCPAddr).AddrPort()
+	be := backendAt(f, pools, addr, pol)
+	rt := be.RoundTripper(WireH1)
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		in := &fuzzInput{raw: raw, firstDone: make(chan struct{})}
+		cur.Store(in)
+		defer in.end(t, be, addr)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if resp, err := rt.RoundTrip(request(t, ctx, be, http.MethodGet, "/fuzz", nil)); err == nil {
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 		}
-		close(firstDone)
+		close(in.firstDone)
 		resp, err := rt.RoundTrip(request(t, ctx, be, http.MethodGet, "/second", nil))
 		if err != nil {
 			t.Fatalf("second request: %v\nfirst answer: %q", err, raw)
@@ -104,6 +104,65 @@ func FuzzH1TransportAnswer(f *testing.F) {
 			t.Fatalf("second request got %s %q (%v)\nfirst answer: %q", resp.Status, body, err, raw)
 		}
 	})
+}
+
+// fuzzInput is one input of FuzzH1TransportAnswer, as its backend sees
+// it.
+type fuzzInput struct {
+	raw       []byte        // the answer to /fuzz
+	firstDone chan struct{} // closed when the client is done with it
+	handlers  sync.WaitGroup
+}
+
+// serve answers the requests on c, the server's end of a connection: raw
+// to /fuzz, "second" to the others.
+func (in *fuzzInput) serve(c net.Conn, wires *wires) {
+	br := bufio.NewReader(c)
+	stop := make(chan struct{})
+	var watch sync.WaitGroup
+	defer watch.Wait()
+	defer close(stop)
+	for {
+		req, err := http.ReadRequest(br)
+		if err != nil {
+			return
+		}
+		answer := []byte("HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond")
+		if req.URL.Path == "/fuzz" {
+			answer = in.raw
+		}
+		if _, err := c.Write(answer); err != nil {
+			return
+		}
+		if req.URL.Path == "/fuzz" {
+			// The backend sends nothing more unasked: a client that
+			// waits for more of this answer waits for the close, as
+			// from a backend that closes idle connections.
+			w := wires.get(c.RemoteAddr().String())
+			watch.Go(func() { w.closeWhenAwaited(c, stop, in.firstDone) })
+		}
+	}
+}
+
+// end leaves the backend as the input found it: the connections left
+// idle in be's pool to addr are closed, so that the next input dials its
+// own, and the backend's handlers, their ends closed, are waited for. A
+// connection still open is one the transport never handed back.
+func (in *fuzzInput) end(t *testing.T, be *Backend, addr netip.AddrPort) {
+	p := be.w.h1
+	noDial := func(context.Context) (net.Conn, error) { return nil, errors.New("no dial: draining") }
+	for open, idle := p.Stats(addr); open > 0; open, idle = p.Stats(addr) {
+		if idle == 0 {
+			t.Errorf("%d connections open and none idle after both answers were read", open)
+			return // their handlers would not end
+		}
+		// Get takes an idle connection (it drops one the server closed,
+		// then fails to dial).
+		if c, err := p.Get(context.Background(), addr, pool.Client{}, noDial); err == nil {
+			p.Discard(c)
+		}
+	}
+	in.handlers.Wait()
 }
 
 // A wire is what went over one TCP connection of the fuzzed backend: the
