@@ -326,8 +326,8 @@ func trimAnchors(re *syntax.Regexp, leading bool) *syntax.Regexp {
 // place: "." (with (?s), any character) and character classes lose "/",
 // a literal holding one matches nothing, and so does a concatenation,
 // "+" or group of such a part, while an alternation loses the branch and
-// "*" or "?" of it match only "" (and leave a concatenation). It reports
-// whether re changed.
+// "*" or "?" of it match only "" (which a concatenation drops). It
+// reports whether re changed.
 func withinSegment(re *syntax.Regexp) (*syntax.Regexp, bool) {
 	switch re.Op {
 	case syntax.OpLiteral:
