@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -28,9 +27,20 @@ const (
 	// component is the opt-in TCP introspection component, from this
 	// package's directory.
 	component = "introspection-tcp"
-	// introspectionSecret holds tls.crt, tls.key and token.
-	introspectionSecret = "sockmesh-introspection"
+	// tlsSecret holds the agents' certificate, as a kubernetes.io/tls
+	// Secret (cert-manager's) does: tls.crt, tls.key.
+	tlsSecret = "sockmesh-introspection"
+	// tokenSecret holds the bearer token: token.
+	tokenSecret = "sockmesh-introspection-token"
 )
+
+// introspectionFiles are the files the agent reads, by flag, and where
+// each comes from: Secret and key.
+var introspectionFiles = []struct{ flag, secret, key string }{
+	{"--introspection-tls-cert", tlsSecret, corev1.TLSCertKey},
+	{"--introspection-tls-key", tlsSecret, corev1.TLSPrivateKeyKey},
+	{"--introspection-token-file", tokenSecret, "token"},
+}
 
 // statusRights are what `sockmeshctl status --all-nodes` lists
 // (cmd/sockmeshctl allStatuses): the Nodes, cluster-wide, and the agent
@@ -90,6 +100,7 @@ func TestIntrospectionTCPComponent(t *testing.T) {
 		t.Errorf("Role %s in %q, want the agents' namespace, sockmesh-system", role.Name, role.Namespace)
 	}
 	checkOperatorBindings(t, cr.Name, role)
+	checkCertManagerExample(t)
 }
 
 // checkIntrospectionTCP checks what the component adds to the agent.
@@ -116,17 +127,15 @@ func checkIntrospectionTCP(t *testing.T, ds *appsv1.DaemonSet) {
 
 	var vol *corev1.Volume
 	for i, v := range spec.Volumes {
-		if v.Secret != nil && v.Secret.SecretName == introspectionSecret {
+		if v.Name == "introspection" {
 			vol = &spec.Volumes[i]
 		}
 	}
-	if vol == nil {
-		t.Fatalf("no volume of Secret %s: %+v", introspectionSecret, spec.Volumes)
+	if vol == nil || vol.Projected == nil {
+		t.Fatalf("no projected volume introspection: %v", volumeNames(spec.Volumes))
 	}
-	// Optional would start an agent that then refuses its missing files;
-	// Items would leave keys added later out.
-	if s := vol.Secret; s.DefaultMode == nil || *s.DefaultMode != 0o400 || (s.Optional != nil && *s.Optional) || len(s.Items) != 0 {
-		t.Errorf("Secret volume %+v, want every key, mode 0400, required", s)
+	if m := vol.Projected.DefaultMode; m == nil || *m != 0o400 {
+		t.Errorf("projected volume mode %v, want 0400", m)
 	}
 	i := slices.IndexFunc(agent.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == vol.Name })
 	if i < 0 {
@@ -138,13 +147,58 @@ func checkIntrospectionTCP(t *testing.T, ds *appsv1.DaemonSet) {
 	if !m.ReadOnly || m.SubPath != "" || m.SubPathExpr != "" {
 		t.Errorf("mount %+v, want read-only, without subPath", m)
 	}
-	for flag, key := range map[string]string{
-		"--introspection-tls-cert": "tls.crt", "--introspection-tls-key": "tls.key", "--introspection-token-file": "token",
-	} {
-		if got, want := flagValue(t, agent, flag), path.Join(m.MountPath, key); got != want {
-			t.Errorf("%s=%s, want the Secret's key %s: %s", flag, got, key, want)
+	projected := projectedKeys(t, vol.Projected)
+	for _, f := range introspectionFiles {
+		file := flagValue(t, agent, f.flag)
+		rel, ok := strings.CutPrefix(file, m.MountPath+"/")
+		if !ok {
+			t.Errorf("%s=%s, want a file of the mount %s", f.flag, file, m.MountPath)
+			continue
+		}
+		if got, want := projected[rel], (secretKey{f.secret, f.key}); got != want {
+			t.Errorf("%s=%s is key %q of Secret %q, want key %q of Secret %q", f.flag, file, got.key, got.secret, want.key, want.secret)
 		}
 	}
+	if len(projected) != len(introspectionFiles) {
+		t.Errorf("the volume holds %v, want only the files the agent reads", projected)
+	}
+}
+
+func volumeNames(vols []corev1.Volume) []string {
+	var names []string
+	for _, v := range vols {
+		names = append(names, v.Name)
+	}
+	return names
+}
+
+type secretKey struct{ secret, key string }
+
+// projectedKeys maps each file of a projected volume of Secrets to its
+// Secret and key. Each key is named (an unnamed one would bring in
+// whatever else its Secret holds, cert-manager's ca.crt, and could collide
+// with another Secret's), and each Secret is required: optional would
+// start an agent that then refuses its missing files.
+func projectedKeys(t *testing.T, p *corev1.ProjectedVolumeSource) map[string]secretKey {
+	t.Helper()
+	files := map[string]secretKey{}
+	for _, src := range p.Sources {
+		s := src.Secret
+		if s == nil {
+			t.Errorf("projected source %+v, want only Secrets", src)
+			continue
+		}
+		if len(s.Items) == 0 || (s.Optional != nil && *s.Optional) {
+			t.Errorf("Secret %s projected with items %v, optional %v; want its keys named, required", s.Name, s.Items, s.Optional)
+		}
+		for _, it := range s.Items {
+			if _, dup := files[it.Path]; dup {
+				t.Errorf("file %s projected twice", it.Path)
+			}
+			files[it.Path] = secretKey{s.Name, it.Key}
+		}
+	}
+	return files
 }
 
 // stripIntrospectionTCP removes from ds what the component adds.
@@ -181,16 +235,55 @@ func checkOperatorBindings(t *testing.T, clusterRole string, role rbacv1.Role) {
 	}
 }
 
+// checkCertManagerExample checks cert-manager.example.yaml: a
+// Certificate writes the Secret the agents mount, in their namespace, for
+// the name the docs pass --agent-server-name, usable to serve TLS, from an
+// issuer the file defines.
+func checkCertManagerExample(t *testing.T) {
+	t.Helper()
+	issuers := map[string]bool{}
+	var cert map[string]any
+	for _, o := range componentDocs(t, "cert-manager.example.yaml") {
+		md, _ := o["metadata"].(map[string]any)
+		spec, _ := o["spec"].(map[string]any)
+		if md["namespace"] != "sockmesh-system" {
+			t.Errorf("cert-manager.example.yaml: %v %v in namespace %v, want sockmesh-system", o["kind"], md["name"], md["namespace"])
+		}
+		switch {
+		case o["kind"] == "Issuer":
+			issuers[fmt.Sprint(md["name"])] = true
+		case o["kind"] == "Certificate" && spec["secretName"] == tlsSecret:
+			cert = spec
+		}
+	}
+	if cert == nil {
+		t.Fatalf("cert-manager.example.yaml: no Certificate writes Secret %s", tlsSecret)
+	}
+	dnsNames, _ := cert["dnsNames"].([]any)
+	usages, _ := cert["usages"].([]any)
+	issuer, _ := cert["issuerRef"].(map[string]any)
+	if !slices.Contains(dnsNames, any("agents.sockmesh.internal")) || !slices.Contains(usages, any("server auth")) ||
+		issuer["kind"] != "Issuer" || !issuers[fmt.Sprint(issuer["name"])] {
+		t.Errorf("cert-manager.example.yaml: Certificate for %s: %v; want dnsNames agents.sockmesh.internal (docs/introspection.md), usage server auth, an Issuer of the file", tlsSecret, cert)
+	}
+}
+
 // operatorBindings decodes operators.example.yaml.
 func operatorBindings(t *testing.T) []map[string]any {
 	t.Helper()
-	data, err := fs.ReadFile(daemonset.IntrospectionTCP, component+"/operators.example.yaml")
+	return componentDocs(t, "operators.example.yaml")
+}
+
+// componentDocs decodes file of the component's directory.
+func componentDocs(t *testing.T, file string) []map[string]any {
+	t.Helper()
+	data, err := fs.ReadFile(daemonset.IntrospectionTCP, component+"/"+file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	objs, err := yamldocs.Decode(data)
 	if err != nil {
-		t.Fatalf("decode operators.example.yaml: %v", err)
+		t.Fatalf("decode %s: %v", file, err)
 	}
 	return objs
 }
@@ -198,15 +291,7 @@ func operatorBindings(t *testing.T) []map[string]any {
 // componentRoles decodes the component's RBAC, as embedded.
 func componentRoles(t *testing.T) []map[string]any {
 	t.Helper()
-	data, err := fs.ReadFile(daemonset.IntrospectionTCP, component+"/rbac.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := yamldocs.Decode(data)
-	if err != nil {
-		t.Fatalf("decode %s/rbac.yaml: %v", component, err)
-	}
-	return objs
+	return componentDocs(t, "rbac.yaml")
 }
 
 // kustomize runs `kubectl kustomize` (the kubectl of test/apiserver's

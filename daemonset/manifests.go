@@ -10,8 +10,9 @@ var Manifests embed.FS
 
 // IntrospectionTCP holds the opt-in component introspection-tcp/ (its
 // kustomization.yaml, the DaemonSet patch that turns TCP introspection on,
-// the operators' RBAC) and the example binding operators.example.yaml,
-// under the directory introspection-tcp.
+// the operators' RBAC) and the examples operators.example.yaml (their
+// binding) and cert-manager.example.yaml (the agents' certificate), under
+// the directory introspection-tcp.
 //
 //go:embed introspection-tcp/*.yaml
 var IntrospectionTCP embed.FS

@@ -138,8 +138,8 @@ func componentDocs(t *testing.T, file string) []map[string]any {
 // agentTCP is what the agent serves with daemonset/introspection-tcp.
 type agentTCP struct {
 	// args are the component's agent flags, as the kubelet expands them on
-	// a node whose host IP is the test's node IP, the Secret's mount
-	// replaced by a directory holding its keys.
+	// a node whose host IP is the test's node IP, the Secrets' mount
+	// replaced by a directory holding their keys.
 	args []string
 	port string
 	// caFile and tokenFile are what an operator passes sockmeshctl.
@@ -151,8 +151,9 @@ type agentTCP struct {
 const agentSharedName = "agents.sockmesh.test"
 
 // introspectionTCPFlags reads the agent flags the component adds from its
-// DaemonSet patch and writes the Secret it mounts: tls.crt and tls.key (a
-// certificate for agentSharedName) and token.
+// DaemonSet patch and writes the files of the volume it mounts, projected
+// from two Secrets: tls.crt and tls.key (a certificate for
+// agentSharedName) and token.
 func introspectionTCPFlags(t *testing.T, nodeIP netip.Addr) agentTCP {
 	t.Helper()
 	var ops []struct {

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -14,10 +15,11 @@ import (
 	"github.com/sockmesh/sockmesh/test/pki"
 )
 
-// secretVolume lays files out as the kubelet does in a Secret volume: each
+// secretVolume lays files out as the kubelet does in a Secret or projected
+// volume (daemonset/introspection-tcp projects two Secrets into one): each
 // version in a directory of its own, reached through the ..data symlink,
-// which a new version swaps atomically; tls.crt and tls.key are symlinks
-// through ..data.
+// which a new version swaps atomically, whichever Secret changed; tls.crt,
+// tls.key and token are symlinks through ..data.
 type secretVolume struct {
 	t   *testing.T
 	dir string
@@ -26,7 +28,7 @@ type secretVolume struct {
 
 func newSecretVolume(t *testing.T) *secretVolume {
 	v := &secretVolume{t: t, dir: t.TempDir()}
-	for _, name := range []string{"tls.crt", "tls.key"} {
+	for _, name := range []string{"tls.crt", "tls.key", "token"} {
 		if err := os.Symlink(filepath.Join("..data", name), filepath.Join(v.dir, name)); err != nil {
 			t.Fatal(err)
 		}
@@ -34,8 +36,8 @@ func newSecretVolume(t *testing.T) *secretVolume {
 	return v
 }
 
-func (v *secretVolume) paths() (certFile, keyFile string) {
-	return filepath.Join(v.dir, "tls.crt"), filepath.Join(v.dir, "tls.key")
+func (v *secretVolume) paths() (certFile, keyFile, tokenFile string) {
+	return filepath.Join(v.dir, "tls.crt"), filepath.Join(v.dir, "tls.key"), filepath.Join(v.dir, "token")
 }
 
 // write publishes a version holding files (name: contents).
@@ -63,7 +65,8 @@ func (v *secretVolume) write(files map[string][]byte) {
 // TestCertificateReload checks that the TCP listener serves the certificate
 // its files hold now: renewed in a Secret volume, the next connection gets
 // it without a restart; files that do not load leave the last good pair
-// serving, with one warning per change.
+// serving, with one warning per change. A token rotated in the same
+// volume applies at the next request, the certificate unchanged.
 func TestCertificateReload(t *testing.T) {
 	ca, err := pki.NewCA("introspection test CA")
 	if err != nil {
@@ -76,16 +79,13 @@ func TestCertificateReload(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	token := "first"
 	pair := func(l *pki.Leaf) map[string][]byte {
-		return map[string][]byte{"tls.crt": l.CertPEM, "tls.key": l.KeyPEM}
+		return map[string][]byte{"tls.crt": l.CertPEM, "tls.key": l.KeyPEM, "token": []byte(token)}
 	}
 	vol := newSecretVolume(t)
 	vol.write(pair(leaves[0]))
-	certFile, keyFile := vol.paths()
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	if err := os.WriteFile(tokenFile, []byte("token"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	certFile, keyFile, tokenFile := vol.paths()
 	cfg := Config{Socket: filepath.Join(t.TempDir(), "agent.sock"), Listen: "127.0.0.1:0",
 		TLSCertFile: certFile, TLSKeyFile: keyFile, TokenFile: tokenFile}
 
@@ -112,6 +112,11 @@ func TestCertificateReload(t *testing.T) {
 
 	if got := served(); got != "agent 0" {
 		t.Fatalf("at start: served %q, want agent 0", got)
+	}
+	token = "second"
+	vol.write(pair(leaves[0]))
+	if old, rotated, got := statusCode(t, addr.String(), ca, "first"), statusCode(t, addr.String(), ca, "second"), served(); old != http.StatusUnauthorized || rotated != http.StatusOK || got != "agent 0" {
+		t.Errorf("token rotated: the old one %d, the new one %d, served %q; want 401, 200, agent 0", old, rotated, got)
 	}
 	vol.write(pair(leaves[1]))
 	if got := served(); got != "agent 1" {
@@ -153,8 +158,27 @@ func TestCertificateReload(t *testing.T) {
 	mismatched := newSecretVolume(t)
 	mismatched.write(map[string][]byte{"tls.crt": leaves[0].CertPEM, "tls.key": leaves[1].KeyPEM})
 	cfg.Socket = filepath.Join(t.TempDir(), "agent.sock")
-	cfg.TLSCertFile, cfg.TLSKeyFile = mismatched.paths()
+	cfg.TLSCertFile, cfg.TLSKeyFile, _ = mismatched.paths()
 	if _, err := NewServer(cfg, testSources(t), nil, nil); err == nil || !strings.Contains(err.Error(), "load TLS certificate") {
 		t.Errorf("NewServer with a key that does not match: %v, want a load TLS certificate error", err)
 	}
+}
+
+// statusCode asks the agent at addr for its status with token, trusting
+// ca, and returns the HTTP status.
+func statusCode(t *testing.T, addr string, ca *pki.CA, token string) int {
+	t.Helper()
+	c := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}}}
+	defer c.CloseIdleConnections()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "https://"+addr+PathStatus, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", PathStatus, err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
