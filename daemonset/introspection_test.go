@@ -42,12 +42,13 @@ var introspectionFiles = []struct{ flag, secret, key string }{
 	{"--introspection-token-file", tokenSecret, "token"},
 }
 
-// statusRights are what `sockmeshctl status --all-nodes` lists
-// (cmd/sockmeshctl allStatuses): the Nodes, cluster-wide, and the agent
+// operatorRights are what `sockmeshctl status --all-nodes` and `explain
+// --agent-port` read to reach the agents (cmd/sockmeshctl allStatuses,
+// agentFor): the Nodes, cluster-wide (get: explain's one), and the agent
 // pods, in the agent's namespace only.
 var (
-	statusNodeRights = map[string][]string{"/nodes": {"list"}}
-	statusPodRights  = map[string][]string{"/pods": {"list"}}
+	operatorNodeRights = map[string][]string{"/nodes": {"get", "list"}}
+	operatorPodRights  = map[string][]string{"/pods": {"list"}}
 )
 
 // TestIntrospectionTCPComponent builds daemonset/ with and without the
@@ -93,9 +94,9 @@ func TestIntrospectionTCPComponent(t *testing.T) {
 
 	roles := []map[string]any{with[added[0]], with[added[1]]}
 	cr := typed[rbacv1.ClusterRole](t, roles, "ClusterRole")[0]
-	checkRules(t, "ClusterRole", cr.Name, cr.Rules, statusNodeRights)
+	checkRules(t, "ClusterRole", cr.Name, cr.Rules, operatorNodeRights)
 	role := typed[rbacv1.Role](t, roles, "Role")[0]
-	checkRules(t, "Role", role.Name, role.Rules, statusPodRights)
+	checkRules(t, "Role", role.Name, role.Rules, operatorPodRights)
 	if role.Namespace != "sockmesh-system" {
 		t.Errorf("Role %s in %q, want the agents' namespace, sockmesh-system", role.Name, role.Namespace)
 	}

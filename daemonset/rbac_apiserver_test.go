@@ -141,9 +141,11 @@ func TestRBACAgainstAPIServer(t *testing.T) {
 // TestStatusRBACAgainstAPIServer applies the component's roles and
 // operators.example.yaml to a real kube-apiserver and checks that an
 // operator in the example's group may do exactly what `sockmeshctl status
-// --all-nodes` does: list the Nodes, and list pods in sockmesh-system
-// only; nothing else, not even get or watch on them. cmd/sockmeshctl's
-// TestStatusAllNodesOperator runs the command with these rights.
+// --all-nodes` and `explain --agent-port` do to reach the agents: list
+// the Nodes and get one, and list pods in sockmesh-system only; nothing
+// else, not even get or watch on those pods. cmd/sockmeshctl's
+// TestStatusAllNodesOperator and TestExplainAgentPortOperator run the
+// commands with these rights.
 func TestStatusRBACAgainstAPIServer(t *testing.T) {
 	env := apiserver.Start(t)
 	ctx := t.Context()
@@ -175,8 +177,8 @@ func TestStatusRBACAgainstAPIServer(t *testing.T) {
 		ns, resource string
 		want         []string
 	}{
-		{"", "nodes", statusNodeRights["/nodes"]},
-		{agentNS, "pods", statusPodRights["/pods"]},
+		{"", "nodes", operatorNodeRights["/nodes"]},
+		{agentNS, "pods", operatorPodRights["/pods"]},
 		// Listing pods cluster-wide would show every pod's spec.
 		{"", "pods", nil},
 		{referenceNS, "pods", nil},

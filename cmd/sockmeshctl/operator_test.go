@@ -9,6 +9,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -67,6 +68,44 @@ func TestStatusAllNodesOperator(t *testing.T) {
 		err == nil || !strings.Contains(err.Error(), "node control-plane: agent not answering") {
 		t.Errorf("status --all-nodes without the Role = %v, error %v, stderr %q; want %q (forbidden), every node asked, control-plane failing",
 			got, err, stderr, want)
+	}
+}
+
+// TestExplainAgentPortOperator runs explain --agent-port as an operator
+// with the rights daemonset/introspection-tcp grants and the built-in
+// view role in the pod's namespace, which reads the pod and the Service.
+// explain found the pod's node's address with a get on the Node, which
+// the component's roles did not grant (they list Nodes): it failed,
+// forbidden.
+func TestExplainAgentPortOperator(t *testing.T) {
+	api := apiserver.Start(t)
+	kube := api.Kube
+	nodeIP := netip.MustParseAddr("127.0.0.3")
+	vip, src := createClientAndService(t, kube, "node-c")
+	addr, caFile, tokenFile := tcpAgent(t, nodeIP, src)
+	createNode(t, kube, "node-c", nodeIP.String())
+	createAgentNamespace(t, kube)
+	group := applyOperatorRBAC(t, kube)
+	// What explain reads of the namespace itself, as the built-in view
+	// role grants it (aggregated by a controller manager, which does not
+	// run here).
+	must.Succeed(t)(kube.RbacV1().Roles(ns).Create(t.Context(), &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: "view", Namespace: ns},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods", "services"}, Verbs: []string{"get", "list", "watch"}}},
+	}, metav1.CreateOptions{}))
+	must.Succeed(t)(kube.RbacV1().RoleBindings(ns).Create(t.Context(), &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "operators-view", Namespace: ns},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "view"},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "Group", Name: group}},
+	}, metav1.CreateOptions{}))
+	kubeconfig := impersonating(t, api.Kubeconfig, "smt-operator", group, "system:authenticated")
+
+	out, stderr, err := runCtlStderr("explain", "-n", ns, "client", "secure:http", "--agent-port="+strconv.Itoa(addr.Port),
+		"--agent-ca="+caFile, "--agent-token-file="+tokenFile, "--kubeconfig="+kubeconfig, "--request-timeout=5s", "-o", "json")
+	var e render.Explained
+	if err != nil || json.Unmarshal([]byte(out), &e) != nil || e.Node != "node-c" || !e.Capture.Captured ||
+		!slices.Contains(e.Query.Addrs, vip) || e.Query.Port != 80 {
+		t.Errorf("explain --agent-port as an operator: %v\nstdout:\n%s\nstderr:\n%s\nwant node-c's agent's answer: %s:80 captured", err, out, stderr, vip)
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -33,23 +34,7 @@ func TestNamespacedRBAC(t *testing.T) {
 	ctx := t.Context()
 	kube := api.Kube
 	const team = "appteam"
-	// Captured (appProtocol h2c), by translate in describe and by the
-	// agent's Snapshot below.
-	vip := netip.MustParseAddr("10.96.237.10")
-	no := false
-	must.Succeed(t)(kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}))
-	// No controller manager runs: make the ServiceAccount pods need.
-	must.Succeed(t)(kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}))
-	must.Succeed(t)(kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "client", Namespace: ns},
-		Spec: corev1.PodSpec{NodeName: "node-a", AutomountServiceAccountToken: &no,
-			Containers: []corev1.Container{{Name: "app", Image: "registry.invalid/app:1"}}},
-	}, metav1.CreateOptions{}))
-	must.Succeed(t)(kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "secure", Namespace: ns},
-		Spec: corev1.ServiceSpec{ClusterIP: vip.String(), ClusterIPs: []string{vip.String()},
-			Ports: []corev1.ServicePort{{Name: "http", Port: 80, AppProtocol: ptr("kubernetes.io/h2c")}}},
-	}, metav1.CreateOptions{}))
+	vip, src := createClientAndService(t, kube, "node-a")
 	must.Succeed(t)(kube.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{
 		ObjectMeta: metav1.ObjectMeta{Name: team, Namespace: ns},
 		Rules: []rbacv1.PolicyRule{
@@ -65,16 +50,8 @@ func TestNamespacedRBAC(t *testing.T) {
 	}, metav1.CreateOptions{}))
 	kubeconfig := impersonating(t, api.Kubeconfig, team, "system:authenticated")
 
-	// node-a's agent, which captures the Service's address.
-	be := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: ns, Name: "secure", Port: 80}
-	snap := must.Value[*snapshot.Snapshot](t)(snapshot.New(3,
-		[]snapshot.Frontend{{Service: snapshot.ObjectRef{Namespace: ns, Name: "secure"}, Port: 80, PortName: "http",
-			Addresses: []netip.Addr{vip}, Backend: be}},
-		[]snapshot.Backend{{Ref: be, Protocol: snapshot.ProtocolH2C}},
-		[]snapshot.Workload{{Pod: snapshot.ObjectRef{Namespace: ns, Name: "client"}, Enrolled: true}}))
 	sock := filepath.Join(t.TempDir(), "agent.sock")
-	srv, err := httpapi.NewServer(httpapi.Config{Socket: sock}, &introspect.Sources{Node: "node-a",
-		Applied: func() (*snapshot.Snapshot, time.Time) { return snap, time.Now() }}, nil, nil)
+	srv, err := httpapi.NewServer(httpapi.Config{Socket: sock}, src, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,6 +70,37 @@ func TestNamespacedRBAC(t *testing.T) {
 		!strings.Contains(strings.Join(s.Warnings, "\n"), "cannot list Services cluster-wide (forbidden), only in namespace "+ns) {
 		t.Errorf("describe service secure with a namespaced Role: %v; want its captured port and a warning naming what was left out\n%s", err, out)
 	}
+}
+
+// createClientAndService creates the pod client of namespace ns on node
+// and the Service secure, captured (appProtocol h2c), and returns the
+// Service's address and the sources of node's agent, whose Snapshot
+// captures it.
+func createClientAndService(t *testing.T, kube kubernetes.Interface, node string) (netip.Addr, *introspect.Sources) {
+	t.Helper()
+	ctx := t.Context()
+	vip := netip.MustParseAddr("10.96.237.10")
+	no := false
+	must.Succeed(t)(kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}))
+	// No controller manager runs: make the ServiceAccount pods need.
+	must.Succeed(t)(kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}))
+	must.Succeed(t)(kube.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "client", Namespace: ns},
+		Spec: corev1.PodSpec{NodeName: node, AutomountServiceAccountToken: &no,
+			Containers: []corev1.Container{{Name: "app", Image: "registry.invalid/app:1"}}},
+	}, metav1.CreateOptions{}))
+	must.Succeed(t)(kube.CoreV1().Services(ns).Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "secure", Namespace: ns},
+		Spec: corev1.ServiceSpec{ClusterIP: vip.String(), ClusterIPs: []string{vip.String()},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, AppProtocol: ptr("kubernetes.io/h2c")}}},
+	}, metav1.CreateOptions{}))
+	be := snapshot.BackendRef{Kind: snapshot.KindService, Namespace: ns, Name: "secure", Port: 80}
+	snap := must.Value[*snapshot.Snapshot](t)(snapshot.New(3,
+		[]snapshot.Frontend{{Service: snapshot.ObjectRef{Namespace: ns, Name: "secure"}, Port: 80, PortName: "http",
+			Addresses: []netip.Addr{vip}, Backend: be}},
+		[]snapshot.Backend{{Ref: be, Protocol: snapshot.ProtocolH2C}},
+		[]snapshot.Workload{{Pod: snapshot.ObjectRef{Namespace: ns, Name: "client"}, Enrolled: true}}))
+	return vip, &introspect.Sources{Node: node, Applied: func() (*snapshot.Snapshot, time.Time) { return snap, time.Now() }}
 }
 
 // impersonating writes a copy of kubeconfig whose requests impersonate
