@@ -3,6 +3,22 @@
 export GOTOOLCHAIN := go1.27.4
 GO ?= go
 
+# Under sudo (the README's `sudo make demo`, `sudo make test`) everything
+# runs as root, and root must write nothing in the home of the user who ran
+# sudo: a directory it creates there (~/.cache, ~/go, ~/.config/go,
+# kubectl's ~/.kube) stays root's, and that user's next `make build` or
+# `make test` cannot write their Go caches. Handing such files back after
+# the fact misses a target that fails or is interrupted; so root runs with
+# a home of its own, its caches its own, as plain sudo gives it, also under
+# `sudo -E` or a sudoers that keeps HOME: the Go variables that would still
+# lead into the user's directories are not passed on.
+ifneq ($(SUDO_UID),)
+ifeq ($(shell id -u),0)
+export HOME := $(shell echo ~root)
+unexport GOCACHE GOMODCACHE GOPATH GOENV XDG_CACHE_HOME XDG_CONFIG_HOME
+endif
+endif
+
 .PHONY: all generate build lint test bench demo e2e-cluster e2e-cluster-clean clean k8s-binaries handback
 
 all: build
@@ -27,19 +43,11 @@ demo: build
 	@$(HANDBACK)
 	./bin/sockmesh-demo -bin bin -manifests examples/demo
 
-# Under sudo (the README's `sudo make demo`) the build runs as root: what it
-# writes goes back to the user who ran sudo ($SUDO_UID, $SUDO_GID), or their
-# next `make build` cannot write bin/. So do the files root wrote in a Go
-# cache of theirs (its directory is theirs: `sudo -E`, or a sudoers that
-# keeps HOME), which their builds could no longer write; root's own caches
-# stay root's. Without sudo it does nothing. build and demo run it.
-HANDBACK = if [ -n "$$SUDO_UID" ] && [ "$$(id -u)" = 0 ]; then \
-	owner="$$SUDO_UID:$${SUDO_GID:-$$SUDO_UID}"; \
-	for dir in bin $$($(GO) env GOCACHE GOMODCACHE); do \
-		[ -d "$$dir" ] || continue; \
-		[ "$$dir" = bin ] || [ "$$(stat -c %u "$$dir")" = "$$SUDO_UID" ] || continue; \
-		find "$$dir" -user 0 -exec chown -h "$$owner" {} + || exit 1; \
-	done; \
+# What a build under sudo writes in the checkout, bin/, goes back to the
+# user who ran sudo ($SUDO_UID, $SUDO_GID), or their next `make build`
+# cannot write bin/. Without sudo it does nothing. build and demo run it.
+HANDBACK = if [ -n "$$SUDO_UID" ] && [ "$$(id -u)" = 0 ] && [ -d bin ]; then \
+	find bin -user 0 -exec chown -h "$$SUDO_UID:$${SUDO_GID:-$$SUDO_UID}" {} + || exit 1; \
 fi
 handback:
 	@$(HANDBACK)
@@ -64,8 +72,8 @@ lint:
 # under the race detector (about two minutes).
 # First the static binaries the demo, e2e and cluster tests build
 # (test/cluster/node.BuildBinary's flags) are compiled once: on a cold build
-# cache three test packages compiled them at once, on 2 cores, and the
-# demo's build ran out of its 5 minutes.
+# cache three test packages compiled them at once, on 2 cores, for minutes
+# (the demo's build may take what -timeout leaves after its run).
 test: lint
 	CGO_ENABLED=0 $(GO) build -trimpath ./cmd/... ./test/e2ecluster/appclient ./test/cluster/node/pause
 	$(GO) test -count=1 -timeout 60m ./...
