@@ -90,12 +90,12 @@ func TestExplainAgentPortOperator(t *testing.T) {
 	// role grants it (aggregated by a controller manager, which does not
 	// run here).
 	must.Succeed(t)(kube.RbacV1().Roles(ns).Create(t.Context(), &rbacv1.Role{
-		ObjectMeta: metav1.ObjectMeta{Name: "view", Namespace: ns},
-		Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods", "services"}, Verbs: []string{"get", "list", "watch"}}},
+		ObjectMeta: metav1.ObjectMeta{Name: "app-view", Namespace: ns},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods", "services"}, Verbs: []string{"get", "list", "watch"}}},
 	}, metav1.CreateOptions{}))
 	must.Succeed(t)(kube.RbacV1().RoleBindings(ns).Create(t.Context(), &rbacv1.RoleBinding{
 		ObjectMeta: metav1.ObjectMeta{Name: "operators-view", Namespace: ns},
-		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "view"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "app-view"},
 		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "Group", Name: group}},
 	}, metav1.CreateOptions{}))
 	kubeconfig := impersonating(t, api.Kubeconfig, "smt-operator", group, "system:authenticated")
