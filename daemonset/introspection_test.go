@@ -16,11 +16,14 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sockmesh/sockmesh/daemonset"
+	"github.com/sockmesh/sockmesh/internal/must"
 	"github.com/sockmesh/sockmesh/internal/testenv"
 	"github.com/sockmesh/sockmesh/internal/yamldocs"
 	"github.com/sockmesh/sockmesh/test/apiserver"
+	"github.com/sockmesh/sockmesh/test/pki"
 )
 
 const (
@@ -102,6 +105,32 @@ func TestIntrospectionTCPComponent(t *testing.T) {
 	}
 	checkOperatorBindings(t, cr.Name, role)
 	checkCertManagerExample(t)
+}
+
+// TestIntrospectionTCPAgainstAPIServer creates the DaemonSet the component
+// builds, and the Secrets it mounts as cert-manager and the docs make them,
+// in a real kube-apiserver: its validation (the projected volume's sources
+// and paths, a kubernetes.io/tls Secret's keys) accepts them.
+func TestIntrospectionTCPAgainstAPIServer(t *testing.T) {
+	ds := typed[appsv1.DaemonSet](t, []map[string]any{byKey(kustomize(t, true))["DaemonSet/sockmesh-system/sockmesh"]}, "DaemonSet")[0]
+	// The agent's init container is privileged, as a kubelet must allow.
+	env := apiserver.Start(t, "--allow-privileged=true")
+	ctx := t.Context()
+	must.Succeed(t)(env.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ds.Namespace}}, metav1.CreateOptions{}))
+	ca := must.Value[*pki.CA](t)(pki.NewCA("sockmesh introspection CA"))
+	leaf := must.Value[*pki.Leaf](t)(ca.Issue(pki.LeafOptions{DNSNames: []string{"agents.sockmesh.internal"}}))
+	for _, secret := range []*corev1.Secret{
+		{ObjectMeta: metav1.ObjectMeta{Name: tlsSecret}, Type: corev1.SecretTypeTLS,
+			Data: map[string][]byte{corev1.TLSCertKey: leaf.CertPEM, corev1.TLSPrivateKeyKey: leaf.KeyPEM, "ca.crt": ca.CertPEM}},
+		{ObjectMeta: metav1.ObjectMeta{Name: tokenSecret}, Data: map[string][]byte{"token": []byte("operator-token")}},
+	} {
+		if _, err := env.Kube.CoreV1().Secrets(ds.Namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+			t.Errorf("create Secret %s: %v", secret.Name, err)
+		}
+	}
+	if _, err := env.Kube.AppsV1().DaemonSets(ds.Namespace).Create(ctx, &ds, metav1.CreateOptions{}); err != nil {
+		t.Errorf("create the DaemonSet with introspection-tcp: %v", err)
+	}
 }
 
 // checkIntrospectionTCP checks what the component adds to the agent.
