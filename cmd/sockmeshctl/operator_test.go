@@ -40,7 +40,7 @@ func TestStatusAllNodesOperator(t *testing.T) {
 	api := apiserver.Start(t)
 	kube := api.Kube
 	healthy := netip.MustParseAddr("127.0.0.3")
-	addr, caFile, tokenFile := tcpAgent(t, healthy, &introspect.Sources{Node: "node-c", Ready: func() error { return nil }})
+	addr, caFile, tokenFile := tcpAgent(t, netip.AddrPortFrom(healthy, 0), &introspect.Sources{Node: "node-c", Ready: func() error { return nil }})
 	createAgentNamespace(t, kube)
 	for name, ip := range map[string]string{"control-plane": "127.0.0.4", "node-c": healthy.String()} {
 		createNode(t, kube, name, ip)
@@ -82,7 +82,7 @@ func TestExplainAgentPortOperator(t *testing.T) {
 	kube := api.Kube
 	nodeIP := netip.MustParseAddr("127.0.0.3")
 	vip, src := createClientAndService(t, kube, "node-c")
-	addr, caFile, tokenFile := tcpAgent(t, nodeIP, src)
+	addr, caFile, tokenFile := tcpAgent(t, netip.AddrPortFrom(nodeIP, 0), src)
 	createNode(t, kube, "node-c", nodeIP.String())
 	createAgentNamespace(t, kube)
 	group := applyOperatorRBAC(t, kube)

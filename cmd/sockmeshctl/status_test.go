@@ -36,7 +36,7 @@ func TestStatusAllNodesWithAddress(t *testing.T) {
 		must.Succeed(t)(api.Kube.CoreV1().Nodes().Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}))
 	}
 	// One agent, serving its introspection API over TLS with a token.
-	addr, caFile, tokenFile := tcpAgent(t, netip.MustParseAddr("127.0.0.1"), &introspect.Sources{Node: "node-a"})
+	addr, caFile, tokenFile := tcpAgent(t, netip.MustParseAddrPort("127.0.0.1:0"), &introspect.Sources{Node: "node-a"})
 
 	cmd := newRootCommand()
 	var out bytes.Buffer
@@ -94,32 +94,11 @@ func serve(t *testing.T, srv *httpapi.Server) {
 func TestStatusAllNodesUnanswered(t *testing.T) {
 	api := apiserver.Start(t)
 	healthy := netip.MustParseAddr("127.0.0.3")
-	addr, caFile, tokenFile := tcpAgent(t, healthy, &introspect.Sources{Node: "node-c", Ready: func() error { return nil }})
-	port := addr.Port
 	// node-a's and node-b's agents take connections and never answer. No
-	// agent pod is in the cluster, so every node is asked.
-	for _, ip := range []string{"127.0.0.1", "127.0.0.2"} {
-		ln, err := net.Listen("tcp", net.JoinHostPort(ip, strconv.Itoa(port)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		held := make(chan net.Conn, 16)
-		go func() {
-			for {
-				c, err := ln.Accept()
-				if err != nil {
-					return
-				}
-				held <- c
-			}
-		}()
-		t.Cleanup(func() {
-			ln.Close()
-			for len(held) > 0 {
-				(<-held).Close()
-			}
-		})
-	}
+	// agent pod is in the cluster, so every node is asked. All three listen
+	// at one port, which --agent-port names.
+	port := holdSilent(t, "127.0.0.1", "127.0.0.2", healthy.String())
+	_, caFile, tokenFile := tcpAgent(t, netip.AddrPortFrom(healthy, uint16(port)), &introspect.Sources{Node: "node-c", Ready: func() error { return nil }})
 	for name, ip := range map[string]string{"node-a": "127.0.0.1", "node-b": "127.0.0.2", "node-c": healthy.String()} {
 		n := must.Value[*corev1.Node](t)(api.Kube.CoreV1().Nodes().Create(t.Context(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}))
 		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: ip}}
@@ -138,15 +117,68 @@ func TestStatusAllNodesUnanswered(t *testing.T) {
 	}
 }
 
+// holdSilent listens at one port on the silent addresses, a port that is
+// also free on spare, and returns it: the connections it takes are held,
+// never answered, until the test ends. An ephemeral port of one address
+// may be in use on another (tests listen on 127.0.0.1:0), so ports are
+// tried until one is free on every address.
+func holdSilent(t *testing.T, silent0, silent1, spare string) int {
+	t.Helper()
+	for range 50 {
+		first, err := net.Listen("tcp", net.JoinHostPort(silent0, "0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := first.Addr().(*net.TCPAddr).Port
+		second, err := net.Listen("tcp", net.JoinHostPort(silent1, strconv.Itoa(port)))
+		if err != nil {
+			first.Close()
+			continue
+		}
+		probe, err := net.Listen("tcp", net.JoinHostPort(spare, strconv.Itoa(port)))
+		if err != nil {
+			first.Close()
+			second.Close()
+			continue
+		}
+		probe.Close()
+		holdConns(t, first)
+		holdConns(t, second)
+		return port
+	}
+	t.Fatalf("no port free on %s, %s and %s in 50 tries", silent0, silent1, spare)
+	return 0
+}
+
+// holdConns accepts on ln and holds what it takes until the test ends.
+func holdConns(t *testing.T, ln net.Listener) {
+	held := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held <- c
+		}
+	}()
+	t.Cleanup(func() {
+		ln.Close()
+		for len(held) > 0 {
+			(<-held).Close()
+		}
+	})
+}
+
 // tcpAgent serves an agent's introspection API with src over TLS at addr
-// (an IP SAN for it, a CA of its own) with a bearer token until the test
-// ends, and returns its address and what sockmeshctl needs to reach it:
-// the CA's file and the token's.
-func tcpAgent(t *testing.T, addr netip.Addr, src *introspect.Sources) (agent *net.TCPAddr, caFile, tokenFile string) {
+// (port 0: one the kernel picks; an IP SAN for it, a CA of its own) with
+// a bearer token until the test ends, and returns its address and what
+// sockmeshctl needs to reach it: the CA's file and the token's.
+func tcpAgent(t *testing.T, addr netip.AddrPort, src *introspect.Sources) (agent *net.TCPAddr, caFile, tokenFile string) {
 	t.Helper()
 	dir := t.TempDir()
 	ca := must.Value[*pki.CA](t)(pki.NewCA("sockmeshctl status test CA"))
-	leaf := must.Value[*pki.Leaf](t)(ca.Issue(pki.LeafOptions{IPs: []netip.Addr{addr}}))
+	leaf := must.Value[*pki.Leaf](t)(ca.Issue(pki.LeafOptions{IPs: []netip.Addr{addr.Addr()}}))
 	certFile, keyFile, err := leaf.WriteFiles(dir, "agent")
 	if err != nil {
 		t.Fatal(err)
@@ -158,7 +190,7 @@ func tcpAgent(t *testing.T, addr netip.Addr, src *introspect.Sources) (agent *ne
 	if err := os.WriteFile(tokenFile, []byte("secret"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := httpapi.NewServer(httpapi.Config{Socket: filepath.Join(dir, "agent.sock"), Listen: netip.AddrPortFrom(addr, 0).String(),
+	srv, err := httpapi.NewServer(httpapi.Config{Socket: filepath.Join(dir, "agent.sock"), Listen: addr.String(),
 		TLSCertFile: certFile, TLSKeyFile: keyFile, TokenFile: tokenFile}, src, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -193,7 +225,7 @@ func TestStatusAllNodesScheduled(t *testing.T) {
 	ctx, kube := t.Context(), api.Kube
 	healthy := netip.MustParseAddr("127.0.0.3")
 	var notReady atomic.Pointer[error]
-	addr, caFile, tokenFile := tcpAgent(t, healthy, &introspect.Sources{Node: "node-c", Ready: func() error {
+	addr, caFile, tokenFile := tcpAgent(t, netip.AddrPortFrom(healthy, 0), &introspect.Sources{Node: "node-c", Ready: func() error {
 		if err := notReady.Load(); err != nil {
 			return *err
 		}
