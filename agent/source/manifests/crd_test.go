@@ -1,6 +1,7 @@
 package manifests_test
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -20,13 +21,13 @@ import (
 	"github.com/sockmesh/sockmesh/test/apiserver"
 )
 
-// TestCRDRefusalsAreInvalid: manifests from the file source never meet the
-// CRDs' schema and CEL rules, so translate checks them again. Each case is
-// one XBackend, XBackendTrafficPolicy or BackendTLSPolicy that the v1.7
-// experimental CRD refuses — the real API server is asked, so a case it
-// would accept fails instead of passing for nothing — and that translate
-// must find Invalid on every status entry, or, for a policy without
-// targets, that the decoder refuses.
+// TestCRDRefusalsAreInvalid: each case is one XBackend,
+// XBackendTrafficPolicy or BackendTLSPolicy that the v1.7 experimental CRD
+// refuses — the real API server is asked, so a case it would accept fails
+// instead of passing for nothing. The file source's decoder refuses it too,
+// naming the fields the API server names; and translate, handed it
+// unchecked as a cluster with other CRDs (another version or channel) could
+// serve it, finds it Invalid on every status entry.
 func TestCRDRefusalsAreInvalid(t *testing.T) {
 	const ns = "crd"
 	xbackend := func(spec string) string {
@@ -95,36 +96,6 @@ func TestCRDRefusalsAreInvalid(t *testing.T) {
 		services += fmt.Sprintf("---\napiVersion: v1\nkind: Service\nmetadata: {name: %s, namespace: crd}\nspec: {clusterIP: 10.96.1.%d, ports: [{port: 80}]}\n", name, i+1)
 	}
 
-	// A policy without targets would have no status entry to say it is
-	// Invalid: the decoder refuses it instead, naming it, and the file
-	// source reports that (its errors, a Warn line, a metric).
-	for name, doc := range map[string]string{
-		"TLS policy without targetRefs":        "apiVersion: gateway.networking.k8s.io/v1\nkind: BackendTLSPolicy\nmetadata: {name: t, namespace: crd}\nspec: {validation: {hostname: api.example.com, wellKnownCACertificates: System}}",
-		"traffic policy with empty targetRefs": policy(`{targetRefs: [], retryConstraint: {}}`),
-	} {
-		t.Run(name, func(t *testing.T) {
-			createRefused(t, env, ns, doc)
-			if _, err := dec.Decode(strings.NewReader(doc)); err == nil || !strings.Contains(err.Error(), "spec.targetRefs is empty") {
-				t.Fatalf("Decode error = %v, want one saying spec.targetRefs is empty", err)
-			}
-		})
-	}
-	// Nothing in sockmesh reads an XMesh's description, so translate has
-	// nothing to refuse: the decoder refuses it, naming the field.
-	t.Run("XMesh description of 65 characters", func(t *testing.T) {
-		doc := "apiVersion: gateway.networking.x-k8s.io/v1alpha1\nkind: XMesh\nmetadata: {name: m}\n" +
-			"spec: {controllerName: sockmesh.io/mesh-controller, description: " + strings.Repeat("é", 65) + "}"
-		createRefused(t, env, ns, doc)
-		const want = "XMesh m: spec.description is 65 characters, where the CRD allows at most 64"
-		if _, err := dec.Decode(strings.NewReader(doc)); err == nil || !strings.Contains(err.Error(), want) {
-			t.Fatalf("Decode error = %v, want one saying %q", err, want)
-		}
-		at64 := strings.Replace(doc, strings.Repeat("é", 65), strings.Repeat("é", 64), 1)
-		if _, err := dec.Decode(strings.NewReader(at64)); err != nil {
-			t.Fatalf("Decode of a description of 64 characters: %v", err)
-		}
-	})
-
 	for name, doc := range cases {
 		t.Run(name, func(t *testing.T) {
 			res := translateRefused(t, env, dec, ns, services, doc)
@@ -165,14 +136,19 @@ func startCRDServer(t *testing.T, ns string) (*apiserver.Env, *manifests.Decoder
 	return env, dec
 }
 
-// translateRefused has env's API server refuse doc (createRefused) and
-// returns what translate makes of doc beside services when the file source
-// hands them over.
+// translateRefused has env's API server and dec refuse doc
+// (refusedByBoth) and returns what translate makes of doc beside services
+// when they are handed over unchecked, as a cluster whose CRDs let doc
+// through would serve them.
 func translateRefused(t *testing.T, env *apiserver.Env, dec *manifests.Decoder, ns, services, doc string) translate.Result {
 	t.Helper()
-	createRefused(t, env, ns, doc)
+	refusedByBoth(t, env, dec, ns, doc)
+	unchecked, err := manifests.NewUncheckedDecoder()
+	if err != nil {
+		t.Fatal(err)
+	}
 	var in translate.Input
-	return translateDocs(t, dec, &in, services+"---\n"+doc)
+	return translateDocs(t, unchecked, &in, services+"---\n"+doc)
 }
 
 // translateDocs decodes docs with dec into in, as the file source does,
@@ -195,9 +171,68 @@ func translateDocs(t *testing.T, dec *manifests.Decoder, in *translate.Input, do
 	return res
 }
 
-// createRefused has env's API server create doc in ns, which it must
-// refuse: a case it accepts is no CRD refusal.
-func createRefused(t *testing.T, env *apiserver.Env, ns, doc string) {
+// refusedByBoth has env's API server create doc, one object, in ns (if
+// namespaced), which it must refuse, and dec decode it, which must fail
+// with "document 1: Kind namespace/name: " and every field the API server
+// names in its refusal.
+func refusedByBoth(t *testing.T, env *apiserver.Env, dec *manifests.Decoder, ns, doc string) {
+	t.Helper()
+	refusal := createRefused(t, env, ns, doc)
+	_, err := dec.Decode(strings.NewReader(doc))
+	if err == nil {
+		t.Fatalf("Decode accepted what the API server refuses: %v", refusal)
+	}
+	var u unstructured.Unstructured
+	if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+		t.Fatal(err)
+	}
+	key := u.GetKind() + " " + u.GetName()
+	if u.GetNamespace() != "" {
+		key = u.GetKind() + " " + u.GetNamespace() + "/" + u.GetName()
+	}
+	if want := "document 1: " + key + ": "; !strings.HasPrefix(err.Error(), want) {
+		t.Errorf("Decode error = %v, want it to start %q", err, want)
+	}
+	for _, c := range refusal.Status().Details.Causes {
+		if c.Field != "" && c.Field != "<nil>" && !strings.Contains(err.Error(), c.Field+": ") {
+			t.Errorf("Decode error = %v, want it to name %s, as the API server does: %v", err, c.Field, refusal)
+		}
+	}
+}
+
+// createRefused has env's API server create doc in ns (if namespaced) and
+// returns its refusal, which must be Invalid: a case it accepts is no
+// refusal.
+func createRefused(t *testing.T, env *apiserver.Env, ns, doc string) *apierrors.StatusError {
+	t.Helper()
+	_, err := create(t, env, ns, doc)
+	var refusal *apierrors.StatusError
+	if !apierrors.IsInvalid(err) || !errors.As(err, &refusal) {
+		t.Fatalf("the API server's create: err = %v, want Invalid (the case is not one the API server refuses)", err)
+	}
+	return refusal
+}
+
+// createAccepted has env's API server create doc in ns (if namespaced),
+// which it must accept, and deletes it again.
+func createAccepted(t *testing.T, env *apiserver.Env, ns, doc string) {
+	t.Helper()
+	client, err := create(t, env, ns, doc)
+	if err != nil {
+		t.Fatalf("the API server's create: %v", err)
+	}
+	var u unstructured.Unstructured
+	if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.Delete(t.Context(), u.GetName(), metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("delete %s %s: %v", u.GetKind(), u.GetName(), err)
+	}
+}
+
+// create has env's API server create doc in ns (if namespaced), returning
+// the client for doc's resource and the server's answer.
+func create(t *testing.T, env *apiserver.Env, ns, doc string) (dynamic.ResourceInterface, error) {
 	t.Helper()
 	var u unstructured.Unstructured
 	if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
@@ -206,20 +241,25 @@ func createRefused(t *testing.T, env *apiserver.Env, ns, doc string) {
 	gvk := u.GroupVersionKind()
 	gvr := schema.GroupVersionResource{Group: gvk.Group, Version: gvk.Version, Resource: resourceOf(t, gvk.Kind)}
 	var client dynamic.ResourceInterface = env.Dynamic.Resource(gvr).Namespace(ns)
-	if gvk.Kind == "XMesh" { // cluster-scoped
+	if clusterScoped[gvk.Kind] {
 		client = env.Dynamic.Resource(gvr)
 	}
-	if _, err := client.Create(t.Context(), &u, metav1.CreateOptions{}); !apierrors.IsInvalid(err) {
-		t.Fatalf("the API server's create: err = %v, want Invalid (the case is not one the CRD refuses)", err)
-	}
+	_, err := client.Create(t.Context(), &u, metav1.CreateOptions{})
+	return client, err
 }
 
-// resourceOf is the API resource of the Gateway API kind the tests create.
+// clusterScoped holds the kinds the tests create that have no namespace.
+var clusterScoped = map[string]bool{"XMesh": true, "Namespace": true, "ClusterTrustBundle": true}
+
+// resourceOf is the API resource of a kind the tests create.
 func resourceOf(t *testing.T, kind string) string {
 	t.Helper()
 	r, ok := map[string]string{
 		"BackendTLSPolicy": "backendtlspolicies", "XBackendTrafficPolicy": "xbackendtrafficpolicies",
 		"XBackend": "xbackends", "HTTPRoute": "httproutes", "GRPCRoute": "grpcroutes", "XMesh": "xmeshes",
+		"ReferenceGrant": "referencegrants", "Service": "services", "EndpointSlice": "endpointslices",
+		"Namespace": "namespaces", "Pod": "pods", "ConfigMap": "configmaps", "Secret": "secrets",
+		"ClusterTrustBundle": "clustertrustbundles",
 	}[kind]
 	if !ok {
 		t.Fatalf("no API resource known for kind %q: add it to resourceOf", kind)

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"unicode/utf8"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -22,17 +21,36 @@ import (
 	gwv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
 	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
 
+	"github.com/sockmesh/sockmesh/agent/source/manifests/crdschema"
 	"github.com/sockmesh/sockmesh/agent/translate"
 )
 
 // Decoder decodes manifests. It is safe for concurrent use.
 type Decoder struct {
 	decoder runtime.Decoder
+	crds    *crdschema.Set // nil: objects are returned as written, unchecked
 }
 
 // NewDecoder returns a Decoder that knows the client-go and Gateway API
-// v1.7.0 (standard and experimental) types.
+// v1.7.0 (standard and experimental) types, and admits each object as an
+// API server with the v1.7.0 experimental CRDs would (see the package
+// comment).
 func NewDecoder() (*Decoder, error) {
+	d, err := NewUncheckedDecoder()
+	if err != nil {
+		return nil, err
+	}
+	if d.crds, err = crdschema.Embedded(); err != nil {
+		return nil, fmt.Errorf("load gateway api crds: %w", err)
+	}
+	return d, nil
+}
+
+// NewUncheckedDecoder returns a Decoder that returns Gateway API objects as
+// written: no CRD defaults applied, nothing refused by the CRDs' schemas
+// and rules or by the API server's metadata rules. It is for tests of what translate makes of objects that a
+// cluster with other CRDs (another version or channel) could serve.
+func NewUncheckedDecoder() (*Decoder, error) {
 	scheme := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, gwv1.Install, gwxv1alpha1.Install} {
 		if err := add(scheme); err != nil {
@@ -94,9 +112,9 @@ const maxListDepth = 8
 // decodeDocument decodes doc, a List's items too; depth is how many Lists
 // hold doc.
 func (d *Decoder) decodeDocument(doc []byte, depth int) ([]runtime.Object, error) {
-	obj, gvk, err := d.decoder.Decode(doc, nil, nil)
+	obj, gvk, err := d.decodeObject(doc)
 	if err != nil {
-		return nil, describe(err, gvk)
+		return nil, err
 	}
 	if list, ok := obj.(*corev1.List); ok {
 		if depth == maxListDepth {
@@ -112,48 +130,39 @@ func (d *Decoder) decodeDocument(doc []byte, depth int) ([]runtime.Object, error
 		}
 		return out, nil
 	}
-	if g, ok := obj.(*gwv1beta1.ReferenceGrant); ok {
-		obj = referenceGrantV1(g)
-	}
 	if !Supported(obj) {
 		return nil, fmt.Errorf("%s is not a kind sockmesh reads", kindOf(gvk))
 	}
-	normalize(obj)
-	if err := crdRefusal(obj); err != nil {
+	if d.crds == nil {
+		return []runtime.Object{obj}, nil
+	}
+	switch {
+	case d.crds.Has(*gvk):
+		if obj, err = d.admit(doc, *gvk, obj); err != nil {
+			return nil, err
+		}
+	case d.crds.HasGroup(gvk.Group):
+		// A kind read without its CRD would go unchecked: refuse it.
+		return nil, fmt.Errorf("%s: no CRD of sockmesh's serves %s", Key(obj), gvk.GroupVersion())
+	}
+	if err := validateMetadata(obj); err != nil {
 		return nil, err
 	}
 	return []runtime.Object{obj}, nil
 }
 
-// maxMeshDescription is the XMesh CRD's maxLength of spec.description, in
-// characters.
-const maxMeshDescription = 64
-
-// crdRefusal refuses, as the CRDs do, what translate cannot report in a
-// status: a BackendTLSPolicy or XBackendTrafficPolicy without targetRefs
-// (minItems 1), which would apply nowhere with no status entry to say so,
-// and an XMesh whose description is too long, which nothing in sockmesh
-// reads. Refused here, either is reported as the file's error, as kubectl
-// apply would report it.
-func crdRefusal(obj runtime.Object) error {
-	var n int
-	switch o := obj.(type) {
-	case *gwv1.BackendTLSPolicy:
-		n = len(o.Spec.TargetRefs)
-	case *gwxv1alpha1.XBackendTrafficPolicy:
-		n = len(o.Spec.TargetRefs)
-	case *gwxv1alpha1.XMesh:
-		if d := o.Spec.Description; d != nil && utf8.RuneCountInString(*d) > maxMeshDescription {
-			return fmt.Errorf("%s: spec.description is %d characters, where the CRD allows at most %d", Key(obj), utf8.RuneCountInString(*d), maxMeshDescription)
-		}
-		return nil
-	default:
-		return nil
+// decodeObject decodes doc into its typed object, normalized; a v1beta1
+// ReferenceGrant is returned as v1.
+func (d *Decoder) decodeObject(doc []byte) (runtime.Object, *schema.GroupVersionKind, error) {
+	obj, gvk, err := d.decoder.Decode(doc, nil, nil)
+	if err != nil {
+		return nil, gvk, describe(err, gvk)
 	}
-	if n == 0 {
-		return fmt.Errorf("%s: spec.targetRefs is empty, where the CRD requires at least one target", Key(obj))
+	if g, ok := obj.(*gwv1beta1.ReferenceGrant); ok {
+		obj = referenceGrantV1(g)
 	}
-	return nil
+	normalize(obj)
+	return obj, gvk, nil
 }
 
 func describe(err error, gvk *schema.GroupVersionKind) error {

@@ -1,0 +1,92 @@
+package manifests
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
+	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
+	"k8s.io/apimachinery/pkg/api/validation/path"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+)
+
+// admit has the CRD of gvk admit doc, which decoded into obj: it returns
+// the object with the CRD's defaults, or what the CRD refuses, each field
+// named as kubectl apply would name it.
+func (d *Decoder) admit(doc []byte, gvk schema.GroupVersionKind, obj runtime.Object) (runtime.Object, error) {
+	js, err := utilyaml.ToJSON(doc)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", Key(obj), err)
+	}
+	// utiljson makes integers int64, as the API server's decoding does:
+	// the CRDs' CEL rules compare them as integers.
+	var content map[string]any
+	if err := utiljson.Unmarshal(js, &content); err != nil {
+		return nil, fmt.Errorf("%s: %w", Key(obj), err)
+	}
+	errs, err := d.crds.Admit(gvk, content)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", Key(obj), err)
+	}
+	if len(errs) > 0 {
+		return nil, invalid(obj, errs)
+	}
+	if js, err = json.Marshal(content); err != nil {
+		return nil, fmt.Errorf("%s with its crd's defaults: %w", Key(obj), err)
+	}
+	defaulted, _, err := d.decodeObject(js)
+	if err != nil {
+		return nil, fmt.Errorf("%s with its crd's defaults: %w", Key(obj), err)
+	}
+	return defaulted, nil
+}
+
+// validateMetadata checks obj's metadata as the API server does for every
+// object on create (name, namespace, labels, annotations, owner
+// references), with the name rule of obj's kind.
+func validateMetadata(obj runtime.Object) error {
+	m, ok := obj.(metav1.Object)
+	if !ok {
+		return nil
+	}
+	if errs := apimachineryvalidation.ValidateObjectMetaAccessor(m, namespaced(obj), nameRule(obj), field.NewPath("metadata")); len(errs) > 0 {
+		return invalid(obj, errs)
+	}
+	return nil
+}
+
+// nameRule is the rule the API server applies to names of obj's kind.
+func nameRule(obj runtime.Object) apimachineryvalidation.ValidateNameFunc {
+	switch obj.(type) {
+	case *corev1.Service, *corev1.Namespace:
+		// Service names are DNS-1123 labels with RelaxedServiceNameValidation
+		// (on by default since Kubernetes 1.36, GA in 1.37); older API
+		// servers want DNS-1035 labels, which are DNS-1123 labels too.
+		return apimachineryvalidation.NameIsDNSLabel
+	case *certificatesv1.ClusterTrustBundle:
+		// Names carry the signer's name, ":"-separated; its full rule
+		// (k8s.io/kubernetes' certificates validation) is not a library.
+		return path.ValidatePathSegmentName
+	}
+	return apimachineryvalidation.NameIsDNSSubdomain
+}
+
+// invalid is the error for what the API server would refuse in obj:
+// "Kind namespace/name: field: reason; field: reason".
+func invalid(obj runtime.Object, errs field.ErrorList) error {
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = e.Error()
+		if e.Field == "" || e.Field == "<nil>" {
+			msgs[i] = e.Detail // about the object, not a field
+		}
+	}
+	return fmt.Errorf("%s: %s", Key(obj), strings.Join(msgs, "; "))
+}

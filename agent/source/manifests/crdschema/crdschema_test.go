@@ -1,0 +1,66 @@
+package crdschema
+
+import (
+	"bytes"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/sockmesh/sockmesh/test/apiserver"
+)
+
+// TestEmbeddedCRDsAreFresh: every embedded CRD is byte for byte the file
+// of the gateway-api module go.mod requires, the one daemonset/crds and
+// the tests' API server install. When go.mod moves, go generate refreshes
+// them.
+func TestEmbeddedCRDsAreFresh(t *testing.T) {
+	dir, err := apiserver.GatewayAPICRDDir(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := fs.Glob(crdFiles, "crds/*.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) == 0 {
+		t.Fatal("no CRD embedded")
+	}
+	for _, name := range files {
+		embedded, err := fs.ReadFile(crdFiles, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		upstream, err := os.ReadFile(filepath.Join(dir, filepath.Base(name)))
+		if err != nil {
+			t.Fatalf("%s is not in the module's CRDs: %v", name, err)
+		}
+		if !bytes.Equal(embedded, upstream) {
+			t.Errorf("%s differs from %s: run `go generate ./agent/source/manifests/crdschema` and commit the result", name, dir)
+		}
+	}
+}
+
+// TestEveryVersionCompiles: each served version compiles (schema, list
+// types, CEL rules), which Admit otherwise finds out at its first object,
+// and refuses an object without its required spec, as the API server does.
+func TestEveryVersionCompiles(t *testing.T) {
+	s, err := Embedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, gvk := range s.Kinds() {
+		obj := map[string]any{"apiVersion": gvk.GroupVersion().String(), "kind": gvk.Kind, "metadata": map[string]any{"name": "o"}}
+		errs, err := s.Admit(gvk, obj)
+		if err != nil {
+			t.Errorf("Admit(%s): %v", gvk, err)
+		} else if len(errs) == 0 {
+			t.Errorf("Admit(%s) of an object without spec: no error, want spec required", gvk)
+		}
+	}
+	if _, err := s.Admit(schema.GroupVersionKind{Group: "gateway.networking.k8s.io", Version: "v1", Kind: "Gateway"}, map[string]any{}); err == nil {
+		t.Error("Admit of a kind without an embedded CRD: no error")
+	}
+}
