@@ -14,7 +14,7 @@ import (
 // TestCRDDefaultsApplied: an object the decoder returns has the spec the
 // real API server stores for the same manifest, its CRD's defaults
 // applied (an HTTPRoute path match's type, a backendRef's kind and weight,
-// a retry budget, a session cookie's lifetime), so a manifest means in a
+// a retry budget, a session cookie's lifetime and path, an XBackend's TLS mode), so a manifest means in a
 // file what it means in a cluster.
 func TestCRDDefaultsApplied(t *testing.T) {
 	const ns = "crd"
@@ -28,7 +28,8 @@ func TestCRDDefaultsApplied(t *testing.T) {
 			`spec: {parentRefs: [{group: "", kind: Service, name: api}], rules: [{matches: [{method: {service: a.B}}], backendRefs: [{name: api, port: 80}]}]}`,
 		"XBackendTrafficPolicy": "apiVersion: gateway.networking.x-k8s.io/v1alpha1\nkind: XBackendTrafficPolicy\nmetadata: {name: p, namespace: crd}\n" +
 			`spec: {targetRefs: [{group: "", kind: Service, name: api}], retryConstraint: {budget: {}}, sessionPersistence: {cookie: {}}}`,
-		"XMesh": "apiVersion: gateway.networking.x-k8s.io/v1alpha1\nkind: XMesh\nmetadata: {name: m}\nspec: {controllerName: sockmesh.io/mesh-controller}",
+		"XBackend": "apiVersion: gateway.networking.x-k8s.io/v1alpha1\nkind: XBackend\nmetadata: {name: x, namespace: crd}\n" +
+			`spec: {type: EndpointSelector, endpointSelector: {matchLabels: {app: a}}, port: {number: 80}, sessionPersistence: {cookie: {}}}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			objs, err := dec.Decode(strings.NewReader(doc))
