@@ -183,7 +183,8 @@ const maxTargetRefs = 16
 // ("" when nothing): more than 16 entries, or a target named more than once
 // without distinct, non-empty sectionNames (its two CEL rules, messages as
 // they word them), or a target its schema refuses (targetRefProblem).
-// Manifests from the file source never met the CRD.
+// A cluster's CRD may be of another version or channel than v1.7.0
+// experimental.
 func targetRefsProblem(refs []gwv1.LocalPolicyTargetReferenceWithSectionName) string {
 	if len(refs) > maxTargetRefs {
 		return fmt.Sprintf("spec.targetRefs has %d entries, more than the %d allowed", len(refs), maxTargetRefs)

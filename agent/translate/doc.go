@@ -99,8 +99,9 @@
 // the rule: its requests must not go unauthorized), timeouts
 // (request, backendRequest; "0s" disables) and retry (attempts defaulting
 // to 1, codes, backoff), plus route-inline sessionPersistence. What the
-// CRD would refuse is checked again, since the file source never met the
-// CRD. What it would refuse in the spec as a whole (a rule name that is
+// CRD would refuse is checked again, since a cluster's CRDs may be of
+// another version or channel (the file source admits objects with the
+// v1.7.0 experimental CRDs). What it would refuse in the spec as a whole (a rule name that is
 // no section name or repeats, a hostname that is no Hostname, references
 // to one parent that disagree on giving sectionName and port or repeat
 // one, more than 32 parentRefs, 16 hostnames or rules or 128 matches, an

@@ -235,7 +235,7 @@ func (t *translator) evalGRPCRoute(r *gwv1.GRPCRoute) *routeEval {
 }
 
 // specProblem is what the CRD would refuse in a route's spec as a whole
-// (the file source never met it), or "": parentRefs parentRefsProblem
+// (a cluster's CRD may be of another version), or "": parentRefs parentRefsProblem
 // refuses, more than 16 hostnames or one that is no Hostname, more than
 // 16 rules or 128 matches in all, a rule name that is no SectionName or
 // that repeats. What it would refuse within a rule leaves out or fails

@@ -38,7 +38,7 @@ func (t *translator) translateXBackends() {
 }
 
 // evalXBackend checks an XBackend the way the CRD's validation rules do
-// (manifests from the file source never met them) and builds its backend.
+// (a cluster's CRD may be of another version) and builds its backend.
 func (t *translator) evalXBackend(xb *gwxv1alpha1.XBackend) *xbackendEval {
 	spec := &xb.Spec
 	e := &xbackendEval{xb: xb, ref: snapshot.ObjectRef{Kind: string(snapshot.KindXBackend), Namespace: xb.Namespace, Name: xb.Name}}

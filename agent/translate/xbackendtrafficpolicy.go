@@ -17,7 +17,7 @@ import (
 )
 
 // XBackendTrafficPolicy defaults (the CRD's kubebuilder defaults, applied
-// again because the file source never met the CRD).
+// again because a cluster's CRD may be of another version).
 const (
 	defaultBudgetPercent    = 20
 	defaultBudgetInterval   = 10 * time.Second

@@ -11,9 +11,11 @@
 // and signals Changed only when the objects changed. It also re-reads every
 // Config.Resync, which covers lost events and a directory replaced wholesale.
 //
-// A file that does not parse is reported (file name and reason: Errors, the
-// log, and a metric) and its last good content stays in place; the rest of
-// the directory still updates. Nothing a file holds makes the source stop.
+// A file that does not parse, or holds an object the API server would
+// refuse (package manifests admits each as the v1.7.0 experimental CRDs and
+// the API server's metadata rules do), is reported (file name and reason:
+// Errors, the log, and a metric) and its last good content stays in place,
+// all of its objects; the rest of the directory still updates. Nothing a file holds makes the source stop.
 // An object defined in two files is taken from the first file by name, and
 // the duplicate is reported.
 //

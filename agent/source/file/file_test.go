@@ -149,6 +149,42 @@ func TestReloadKeepsLastGoodFile(t *testing.T) {
 	}
 }
 
+// TestReloadRefusesWhatTheCRDRefuses: a file whose new content holds an
+// object its CRD refuses (here the HTTPRoute CRD's 16 hostnames) is not
+// used, its other objects neither: its last good content stays whole, and
+// the error names the file, the document, the object and the field.
+func TestReloadRefusesWhatTheCRDRefuses(t *testing.T) {
+	dir := t.TempDir()
+	route := func(hostnames int) string {
+		h := make([]string, hostnames)
+		for i := range h {
+			h[i] = fmt.Sprintf("h%d.example.com", i)
+		}
+		return "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: r, namespace: apps}\n" +
+			`spec: {parentRefs: [{group: "", kind: Service, name: a, port: 9000}], hostnames: [` + strings.Join(h, ", ") + "]}\n"
+	}
+	write(t, dir, "a.yaml", service("a")+"---\n"+route(16))
+	s := newSource(t, dir)
+	s.reload()
+	if errs := s.Errors(); len(errs) != 0 {
+		t.Fatalf("Errors() = %v, want none", errs)
+	}
+
+	write(t, dir, "a.yaml", service("a2")+"---\n"+route(17))
+	s.reload()
+	in := s.Input()
+	if got := names(in.Services); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("Services = %v, want the last good [a]", got)
+	}
+	if len(in.HTTPRoutes) != 1 || len(in.HTTPRoutes[0].Spec.Hostnames) != 16 {
+		t.Errorf("HTTPRoutes = %d, want the last good one, of 16 hostnames", len(in.HTTPRoutes))
+	}
+	const want = "a.yaml: document 2: HTTPRoute apps/r: spec.hostnames: Too many: 17: must have at most 16 items"
+	if errs := s.Errors(); len(errs) != 1 || !strings.Contains(errs[0].Error(), want) {
+		t.Errorf("Errors() = %v, want one saying %q", errs, want)
+	}
+}
+
 func TestReloadSignalsOnlyChanges(t *testing.T) {
 	dir := t.TempDir()
 	write(t, dir, "a.yaml", service("a"))

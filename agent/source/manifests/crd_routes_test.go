@@ -12,9 +12,10 @@ import (
 
 // TestCRDRefusedRoutesAreNotAccepted: a GRPCRoute or HTTPRoute with a
 // Service parent that the v1.7 experimental CRD refuses — the real API
-// server is asked — is Accepted=False (UnsupportedValue) on every parent
-// when the file source hands translate the same manifest: the route
-// routes nothing, as it could not exist in a cluster.
+// server is asked — is refused by the file source's decoder, naming the
+// fields the API server names, and is Accepted=False (UnsupportedValue) on
+// every parent when translate is handed it unchecked, as a cluster with
+// other CRDs could serve it: the route routes nothing.
 func TestCRDRefusedRoutesAreNotAccepted(t *testing.T) {
 	const ns = "crd"
 	api := `{group: "", kind: Service, name: api, port: 80}`

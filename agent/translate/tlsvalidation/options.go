@@ -50,8 +50,8 @@ const (
 const optionPrefix = "sockmesh.io/"
 
 // Limits of BackendTLSPolicySpec.Options (CRD MaxProperties, and
-// AnnotationValue's MaxLength), checked again: the file source never met
-// the CRD.
+// AnnotationValue's MaxLength), checked again: a cluster's CRD may be of
+// another version or channel than v1.7.0 experimental.
 const (
 	maxOptions        = 16
 	maxOptionValueLen = 4096

@@ -21,7 +21,8 @@ import (
 const CAKey = "ca.crt"
 
 // Limits of BackendTLSPolicyValidation's fields (CRD MaxItems and
-// MaxLength), checked again: the file source never met the CRD.
+// MaxLength), checked again: a cluster's CRD may be of another version or
+// channel than v1.7.0 experimental.
 const (
 	maxCACertificateRefs = 8
 	maxSubjectAltNames   = 5
