@@ -8,7 +8,6 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
-	"k8s.io/apimachinery/pkg/api/validation/path"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -64,18 +63,38 @@ func validateMetadata(obj runtime.Object) error {
 
 // nameRule is the rule the API server applies to names of obj's kind.
 func nameRule(obj runtime.Object) apimachineryvalidation.ValidateNameFunc {
-	switch obj.(type) {
+	switch o := obj.(type) {
 	case *corev1.Service, *corev1.Namespace:
 		// Service names are DNS-1123 labels with RelaxedServiceNameValidation
 		// (on by default since Kubernetes 1.36, GA in 1.37); older API
 		// servers want DNS-1035 labels, which are DNS-1123 labels too.
 		return apimachineryvalidation.NameIsDNSLabel
 	case *certificatesv1.ClusterTrustBundle:
-		// Names carry the signer's name, ":"-separated; its full rule
-		// (k8s.io/kubernetes' certificates validation) is not a library.
-		return path.ValidatePathSegmentName
+		return trustBundleNameRule(o.Spec.SignerName)
 	}
 	return apimachineryvalidation.NameIsDNSSubdomain
+}
+
+// trustBundleNameRule is the API server's rule for the names of
+// ClusterTrustBundles of signer (k8s.io/kubernetes' core validation, which
+// is no library): a bundle of a signer is named after it, "/" written ":",
+// then ":" and a DNS subdomain; one without a signer has a DNS subdomain
+// name without ":".
+func trustBundleNameRule(signer string) apimachineryvalidation.ValidateNameFunc {
+	return func(name string, prefix bool) []string {
+		if signer == "" {
+			if strings.Contains(name, ":") {
+				return []string{`ClusterTrustBundle without signer name must not have ":" in its name`}
+			}
+			return apimachineryvalidation.NameIsDNSSubdomain(name, prefix)
+		}
+		want := strings.ReplaceAll(signer, "/", ":") + ":"
+		rest, ok := strings.CutPrefix(name, want)
+		if !ok {
+			return []string{fmt.Sprintf("ClusterTrustBundle for signerName %s must be named with prefix %s", signer, want)}
+		}
+		return apimachineryvalidation.NameIsDNSSubdomain(rest, prefix)
+	}
 }
 
 // invalid is the error for what the API server would refuse in obj:

@@ -67,6 +67,8 @@ func TestRefusedAsTheAPIServerRefuses(t *testing.T) {
 			"apiVersion: v1\nkind: Secret\nmetadata: {name: s, namespace: crd, annotations: {example.com/key: v}}"},
 		{"ClusterTrustBundle", "apiVersion: certificates.k8s.io/v1\nkind: ClusterTrustBundle\nmetadata: {name: b, " + label(64) + "}\nspec: {trustBundle: " + bundle + "}",
 			"apiVersion: certificates.k8s.io/v1\nkind: ClusterTrustBundle\nmetadata: {name: b, " + label(63) + "}\nspec: {trustBundle: " + bundle + "}"},
+		{"ClusterTrustBundle name", "apiVersion: certificates.k8s.io/v1\nkind: ClusterTrustBundle\nmetadata: {name: \"example.com:other:b\"}\nspec: {signerName: example.com/signer, trustBundle: " + bundle + "}",
+			"apiVersion: certificates.k8s.io/v1\nkind: ClusterTrustBundle\nmetadata: {name: \"example.com:signer:b\"}\nspec: {signerName: example.com/signer, trustBundle: " + bundle + "}"},
 		// Gateway API kinds: the CRD's limits.
 		{"HTTPRoute", gw("HTTPRoute") + "spec: {parentRefs: [" + api + "], hostnames: " + list(17, "h%d.example.com") + "}",
 			gw("HTTPRoute") + "spec: {parentRefs: [" + api + "], hostnames: " + list(16, "h%d.example.com") + "}"},

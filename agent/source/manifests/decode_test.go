@@ -54,7 +54,7 @@ metadata: {name: x, namespace: apps}
 apiVersion: certificates.k8s.io/v1
 kind: ClusterTrustBundle
 metadata: {name: "example.com:signer:v1"}
-spec: {trustBundle: ""}
+spec: {signerName: example.com/signer, trustBundle: ""}
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: BackendTLSPolicy
