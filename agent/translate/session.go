@@ -58,6 +58,11 @@ func sessionPersistence(sp *gwv1.SessionPersistence, owner snapshot.ObjectRef) (
 			}
 			out.Name = string(*c.Name)
 		}
+		// "implementations MUST default the cookie path to "/"": the CRD
+		// does, but not every installed CRD version or a manifest does,
+		// and a Set-Cookie without Path is scoped to the request's
+		// directory, so sessions begun under /a/b would not reach /c.
+		out.CookiePath = "/"
 		if c.Path != nil {
 			// The CRD's MaxLength counts characters, not bytes.
 			if n := utf8.RuneCountInString(*c.Path); n > maxCookiePathLen {
