@@ -1,10 +1,13 @@
 package upstream
 
 import (
+	"bufio"
+	"cmp"
 	"crypto/tls"
 	"crypto/x509"
 	"io"
 	"log"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -12,9 +15,51 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/tlsrefusal"
 	"github.com/sockmesh/sockmesh/test/pki"
+	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 )
+
+// clientCertWires are the wires a client certificate goes over: the
+// relay's connection (Dial), HTTP/1.1, HTTP/2, and negotiated by ALPN.
+var clientCertWires = []struct {
+	name  string
+	relay bool
+	wire  Wire
+}{{"relay", true, WireH1}, {"h1", false, WireH1}, {"h2", false, WireH2}, {"negotiated", false, WireNegotiate}}
+
+// send makes a request over wire, or, for the relay, a connection read as
+// the proxy's relay reads it (ForRelay), returning what the backend
+// answered, or why it did not: for the relay, the refused handshake's
+// error first (Refused), as the proxy reports it.
+func send(t *testing.T, be *Backend, relay bool, wire Wire) (string, error) {
+	t.Helper()
+	if !relay {
+		resp, err := be.RoundTripper(wire).RoundTrip(request(t, t.Context(), be, http.MethodGet, "/", nil))
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return string(b), err
+	}
+	c, err := be.Dial(t.Context(), be.Picker.Pick(), alpnH1)
+	if err != nil {
+		return "", err
+	}
+	rc := ForRelay(c)
+	defer rc.Close()
+	_, werr := io.WriteString(rc, "GET / HTTP/1.1\r\nHost: "+sni+"\r\nConnection: close\r\n\r\n")
+	resp, rerr := http.ReadResponse(bufio.NewReader(rc), nil)
+	if err := cmp.Or(Refused(rc), werr, rerr); err != nil {
+		return "", err
+	}
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
 
 // serveMutualTLS serves, with w's certificate, HTTP/1.1 and HTTP/2 to
 // clients that present a certificate w's CA issued, answering with the
@@ -25,17 +70,24 @@ func serveMutualTLS(t *testing.T, w *world) netip.AddrPort {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clients := x509.NewCertPool()
-	clients.AddCert(w.ca.Cert)
-	cfg := w.serverTLS.Clone()
-	cfg.ClientAuth, cfg.ClientCAs = tls.RequireAndVerifyClientCert, clients
 	// Its log would hold each handshake the proxy gave up.
-	srv := &http.Server{TLSConfig: cfg, ErrorLog: log.New(io.Discard, "", 0), Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+	srv := &http.Server{TLSConfig: requireClientCert(w), ErrorLog: log.New(io.Discard, "", 0), Handler: http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		io.WriteString(rw, r.TLS.PeerCertificates[0].Subject.CommonName)
 	})}
 	go srv.ServeTLS(l, "", "")
 	t.Cleanup(func() { srv.Close() })
 	return l.Addr().(*net.TCPAddr).AddrPort()
+}
+
+// requireClientCert is w's backend TLS, asking for a client certificate
+// that w's CA issued, speaking h2 and http/1.1.
+func requireClientCert(w *world) *tls.Config {
+	clients := x509.NewCertPool()
+	clients.AddCert(w.ca.Cert)
+	cfg := w.serverTLS.Clone()
+	cfg.ClientAuth, cfg.ClientCAs = tls.RequireAndVerifyClientCert, clients
+	cfg.NextProtos = []string{"h2", "http/1.1"}
+	return cfg
 }
 
 // TestClientCertificateOutsideValidity: a request to a backend that
@@ -70,32 +122,9 @@ func TestClientCertificateOutsideValidity(t *testing.T) {
 		p.MaxVersion = version
 		return p
 	}
-	// send makes a request over wire, or, for the relay, a connection,
-	// returning what the backend answered.
-	send := func(t *testing.T, be *Backend, relay bool, wire Wire) (string, error) {
-		if relay {
-			c, err := be.Dial(t.Context(), be.Picker.Pick(), alpnH1)
-			if err != nil {
-				return "", err
-			}
-			defer c.Close()
-			return exchange(t, c), nil
-		}
-		resp, err := be.RoundTripper(wire).RoundTrip(request(t, t.Context(), be, http.MethodGet, "/", nil))
-		if err != nil {
-			return "", err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		return string(b), err
-	}
 	const failed, ejections = "sockmesh_proxy_upstream_tls_handshakes_total", "sockmesh_proxy_upstream_endpoint_ejections_total"
 	for _, version := range []uint16{tls.VersionTLS13, tls.VersionTLS12} {
-		for _, c := range []struct {
-			name  string
-			relay bool
-			wire  Wire
-		}{{"relay", true, WireH1}, {"h1", false, WireH1}, {"h2", false, WireH2}, {"negotiated", false, WireNegotiate}} {
+		for _, c := range clientCertWires {
 			t.Run(tls.VersionName(version)+"/"+c.name, func(t *testing.T) {
 				if got, err := send(t, backendAt(t, w.pools, addr, policy(valid, version)), c.relay, c.wire); err != nil || !strings.Contains(got, "proxy") {
 					t.Fatalf("valid client certificate: %q, %v; want the backend to name it", got, err)
@@ -119,6 +148,79 @@ func TestClientCertificateOutsideValidity(t *testing.T) {
 					}
 				}
 			})
+		}
+	}
+}
+
+// TestClientCertificateRefused: a backend that refuses the proxy's client
+// certificate — one the proxy holds valid, signed by a CA the backend
+// does not trust — or its lack of one fails the request 502 tls_handshake
+// on every wire, over TLS 1.3 and 1.2, with the backend's alert in the
+// error, and its handshake counts as failed, never as full, and never
+// again: each request makes a handshake of its own, as none keeps the
+// connection. A TLS 1.3 backend judges the certificate after the proxy's
+// handshake ended, and the proxy meets its refusal either way it may
+// come, each made certain here (tlsrefusal): the alert on the first read
+// (the proxy wrote first), or its first write broken by the backend's
+// reset with the alert queued to be read (the backend reset first).
+func TestClientCertificateRefused(t *testing.T) {
+	w := newWorld(t)
+	other, err := pki.NewCA("a ca the backend does not trust")
+	if err != nil {
+		t.Fatal(err)
+	}
+	untrusted, err := other.Issue(pki.LeafOptions{CommonName: "proxy", Client: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs := []struct {
+		name string
+		leaf *pki.Leaf // nil: none configured
+		// alert is what the backend answers, by TLS version.
+		alert map[uint16]string
+	}{
+		{"untrusted", untrusted, map[uint16]string{tls.VersionTLS13: "unknown certificate authority", tls.VersionTLS12: "unknown certificate authority"}},
+		{"none", nil, map[uint16]string{tls.VersionTLS13: "certificate required", tls.VersionTLS12: "handshake failure"}},
+	}
+	const handshakes = "sockmesh_proxy_upstream_tls_handshakes_total"
+	for _, backendFirst := range []bool{false, true} {
+		r := &tlsrefusal.Refusal{BackendFirst: backendFirst}
+		addr := r.Serve(t, requireClientCert(w))
+		order := map[bool]string{false: "proxy writes first", true: "backend resets first"}[backendFirst]
+		for _, cert := range certs {
+			for _, version := range []uint16{tls.VersionTLS13, tls.VersionTLS12} {
+				for _, c := range clientCertWires {
+					t.Run(order+"/"+cert.name+"/"+tls.VersionName(version)+"/"+c.name, func(t *testing.T) {
+						tw := &world{ca: w.ca, reg: prometheus.NewRegistry()}
+						var err error
+						tw.pools, err = New(Config{}, r.Dialer(dial.NewDirect(dial.Config{Unmarked: true})), slog.New(slog.DiscardHandler), tw.reg)
+						if err != nil {
+							t.Fatal(err)
+						}
+						pol := w.policy()
+						if cert.leaf != nil {
+							pol.Mode, pol.ClientCertificatePEM, pol.ClientKeyPEM = snapshot.TLSMutual, string(cert.leaf.CertPEM), string(cert.leaf.KeyPEM)
+						}
+						pol.MaxVersion = version
+						be := backendAt(t, tw.pools, addr, pol)
+						alert := "remote error: tls: " + cert.alert[version]
+						for try := 1; try <= 2; try++ {
+							got, err := send(t, be, c.relay, c.wire)
+							reason := Classify(err)
+							if err == nil || reason != ReasonTLSHandshake || reason.Status() != http.StatusBadGateway || NoConnection(err) || !strings.Contains(err.Error(), alert) {
+								t.Errorf("try %d: %q, %v (reason %q, tried elsewhere: %v); want 502 tls_handshake naming the backend's alert %q, not tried elsewhere",
+									try, got, err, reason, NoConnection(err), alert)
+							}
+							if n, full := tw.counter(t, handshakes, "failed"), tw.counter(t, handshakes, "full"); n != float64(try) || full != 0 {
+								t.Errorf("try %d: %s{result=failed} = %v, {result=full} = %v; want %d and 0", try, handshakes, n, full, try)
+							}
+						}
+						if n := tw.pools.health.Ejected(time.Now()); n != 0 {
+							t.Errorf("%d endpoints ejected, want none: the backend answered", n)
+						}
+					})
+				}
+			}
 		}
 	}
 }

@@ -21,6 +21,8 @@
 // (h2drain.Upstream), to close once its requests end.
 //
 // Errors are classified here, once, into the reasons and HTTP statuses users
-// see (Classify). It must never dial anything but a backend's endpoints, and
+// see (Classify); a TLS 1.3 handshake whose backend judges the client
+// certificate after it is settled by the connection's first read or failed
+// write, on every path (Settle), so that a refusal is a handshake's. It must never dial anything but a backend's endpoints, and
 // never fall back to cleartext when TLS cannot be honoured.
 package upstream

@@ -124,7 +124,7 @@ func (t h1Transport) exchange(ctx context.Context, uc *pool.Conn, req *http.Requ
 	x.stop = context.AfterFunc(ctx, func() { uc.Conn.Close() })
 	if bodiless {
 		if err := writeRequest(uc, req); err != nil {
-			return nil, x.fail(err, uc.Reused())
+			return nil, x.fail(Settle(uc.Conn, err), uc.Reused())
 		}
 	} else {
 		x.wrote = make(chan error, 1)
@@ -149,7 +149,8 @@ func (t h1Transport) exchange(ctx context.Context, uc *pool.Conn, req *http.Requ
 			}
 		}()
 	}
-	if _, err := uc.R.Peek(1); err != nil {
+	_, err := uc.R.Peek(1)
+	if err = Settle(uc.Conn, err); err != nil { // a handshake judged after it: settled by the first read
 		return nil, x.fail(fmt.Errorf("read answer: %w", err), bodiless && uc.Reused())
 	}
 	trace := httptrace.ContextClientTrace(ctx)

@@ -40,8 +40,8 @@ func (t h2Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := connected.send(ctx, t.w.pool(t.wire).t, req)
 	connected.settle(ctx.Err())
 	if err != nil {
-		if notH2 := answeredHTTP1(connected.lastConn()); notH2 != nil {
-			err = notH2
+		if failed := checkFailed(connected.lastConn()); failed != nil {
+			err = failed
 		}
 	}
 	if connected.c != nil && !connected.Load() {

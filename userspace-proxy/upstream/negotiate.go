@@ -66,20 +66,29 @@ var http1Answer = []byte("HTTP/1.")
 // h2Checked is a connection of net/http's HTTP/2 Transport, cleartext or
 // TLS, whose first read is checked (AnsweredHTTP1): its requests then fail
 // as protocol, not with net/http's frame "too large" (upstream_error).
+// That read, or a write that fails first, settles a TLS handshake the
+// backend judges after it (Settle), so that a refusal fails its requests
+// as tls_handshake, not as a broken pipe or as net/http's "could not be
+// established".
 type h2Checked struct {
 	net.Conn
 	read bool // the Transport's reader alone reads
-	// notH2 is the check's error once it failed: a request that took the
-	// connection after the reader closed it fails with net/http's "could
-	// not be established" and is told this instead (h2Transport).
-	notH2 atomic.Pointer[error]
+	// failed is the check's error once it failed, or the handshake's once
+	// it was refused: a request that took the connection after the
+	// reader closed it fails with net/http's "could not be established"
+	// and is told this instead (h2Transport).
+	failed atomic.Pointer[error]
 }
 
 func (c *h2Checked) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	if c.read || n == 0 {
+	if c.read {
 		return n, err
 	}
+	if n == 0 {
+		return 0, c.settle(err)
+	}
+	Settle(c.Conn, nil) // the backend's first bytes: it took the handshake
 	// The answer's first bytes may come apart from the rest: read on
 	// while they may begin an HTTP/1.x one (a SETTINGS frame does not).
 	for err == nil && n < min(len(http1Answer), len(p)) && bytes.HasPrefix(http1Answer, p[:n]) {
@@ -89,10 +98,28 @@ func (c *h2Checked) Read(p []byte) (int, error) {
 	}
 	c.read = true
 	if err := AnsweredHTTP1(c.RemoteAddr(), p[:n]); err != nil {
-		c.notH2.Store(&err)
+		c.failed.Store(&err)
 		return 0, err
 	}
 	return n, err
+}
+
+func (c *h2Checked) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if err != nil {
+		// net/http's Transport writes its preface before it reads.
+		err = c.settle(err)
+	}
+	return n, err
+}
+
+// settle returns err, the error of c's first read or of a write, or the
+// handshake's when the backend refused it, which it keeps (failed).
+func (c *h2Checked) settle(err error) error {
+	if err = Settle(c.Conn, err); refused(err) {
+		c.failed.Store(&err)
+	}
+	return err
 }
 
 // closeNotifyWait bounds the close_notify a TLS h2Checked's Close sends:
@@ -113,9 +140,10 @@ func (c *h2Checked) Close() error {
 	return tc.Close()
 }
 
-// answeredHTTP1 returns the error c, a connection of an h2pool's
-// Transport, failed its check with, or nil.
-func answeredHTTP1(c net.Conn) error {
+// checkFailed returns the error c, a connection of an h2pool's
+// Transport, failed its check with, or its refused handshake's; nil
+// otherwise.
+func checkFailed(c net.Conn) error {
 	var hc *h2Conn
 	switch c := c.(type) {
 	case *h2Conn:
@@ -125,7 +153,7 @@ func answeredHTTP1(c net.Conn) error {
 	default:
 		return nil
 	}
-	if err := hc.checked().notH2.Load(); err != nil {
+	if err := hc.checked().failed.Load(); err != nil {
 		return *err
 	}
 	return nil

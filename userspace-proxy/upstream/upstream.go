@@ -644,6 +644,7 @@ func (w *wireState) dial(ctx context.Context, picked *balance.Choice, alpn []str
 	tc := tls.Client(c, w.tls.Config(ep.Addr, alpn))
 	start := time.Now()
 	hctx, cancel := context.WithTimeout(ctx, w.p.cfg.HandshakeTimeout)
+	hctx, asked := upstreamtls.WatchCertificateRequest(hctx)
 	err = tc.HandshakeContext(hctx)
 	cancel()
 	m.handshakeSeconds.Observe(time.Since(start).Seconds())
@@ -695,9 +696,15 @@ func (w *wireState) dial(ctx context.Context, picked *balance.Choice, alpn []str
 		return nil, err
 	}
 	w.p.health.OK(ep.Addr)
-	if tc.ConnectionState().DidResume {
+	switch cs := tc.ConnectionState(); {
+	case cs.DidResume:
 		m.handshakesResumed.Inc()
-	} else {
+	case cs.Version >= tls.VersionTLS13 && asked.Load():
+		// The backend judges the certificate it asked for (or its
+		// absence) after the handshake: counted once its first word
+		// settles it (Settle).
+		tcp.judgement = &judgement{w: w, ep: ep.Addr}
+	default:
 		m.handshakesFull.Inc()
 	}
 	return tc, nil
@@ -780,16 +787,23 @@ func classifyDial(err error) Reason {
 	return ReasonDialFailed
 }
 
-// trackedConn keeps the open connections gauge honest.
+// trackedConn keeps the open connections gauge honest, and holds the
+// judgement of its TLS handshake (Settle).
 type trackedConn struct {
 	net.Conn
 	open   prometheus.Gauge
 	closed atomic.Bool
+	// judgement is set, before the connection is handed out, for a
+	// handshake its backend judges after it; nil for others.
+	judgement *judgement
 }
 
 func (c *trackedConn) Close() error {
 	if c.closed.CompareAndSwap(false, true) {
 		c.open.Dec()
+	}
+	if c.judgement != nil {
+		c.judgement.closed()
 	}
 	return c.Conn.Close()
 }

@@ -2,7 +2,8 @@
 // client configuration the proxy originates with: SNI, trust roots (a PEM
 // bundle or the system pool), subjectAltName verification (Hostname and URI
 // SANs replace the hostname check), the client certificate for mutual TLS
-// (sent, and its sessions resumed, only within its validity),
+// (sent, and its sessions resumed, only within its validity; a
+// handshake's watch tells whether the server asked for one),
 // version/cipher/curve options, ALPN per wire protocol, and a session cache
 // per endpoint so resumption works when a backend has several pods.
 //

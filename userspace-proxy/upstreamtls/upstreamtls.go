@@ -1,6 +1,7 @@
 package upstreamtls
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"net/netip"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
@@ -117,6 +119,17 @@ func New(s *snapshot.TLS, o Options) (*Origination, error) {
 		if err != nil {
 			return nil, fmt.Errorf("build upstream tls: %w: client certificate: %w", ErrInvalid, err)
 		}
+		client = &pair
+	default:
+		return nil, fmt.Errorf("build upstream tls: %w: unknown mode %q", ErrInvalid, s.Mode)
+	}
+	c.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+		if asked, ok := cri.Context().Value(certificateRequestKey{}).(*atomic.Bool); ok {
+			asked.Store(true) // WatchCertificateRequest's
+		}
+		if client == nil {
+			return &tls.Certificate{}, nil // none sent, as crypto/tls sends without one
+		}
 		// Always sent, as OpenSSL's and Envoy's clients do: crypto/tls's own
 		// choice among Certificates sends none when the server's request
 		// names no CA of the chain, as with a leaf-only tls.crt whose
@@ -127,21 +140,28 @@ func New(s *snapshot.TLS, o Options) (*Origination, error) {
 		// there fails the connection closed (502 tls_handshake), where
 		// sending no certificate would let a backend that asks for but
 		// does not require one take the app without its identity.
-		client = &pair
-		c.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-			if err := validAt(client.Leaf, time.Now()); err != nil {
-				return nil, err
-			}
-			return client, nil
+		if err := validAt(client.Leaf, time.Now()); err != nil {
+			return nil, err
 		}
-	default:
-		return nil, fmt.Errorf("build upstream tls: %w: unknown mode %q", ErrInvalid, s.Mode)
+		return client, nil
 	}
 	n := o.SessionCacheSize
 	if n == 0 {
 		n = 64
 	}
 	return &Origination{settings: s, base: c, san: san, client: client, cacheLen: n}, nil
+}
+
+type certificateRequestKey struct{}
+
+// WatchCertificateRequest returns ctx, to be a handshake's
+// (tls.Conn.HandshakeContext), and a flag that the handshake sets when the
+// server asks for a client certificate (CertificateRequest), whether
+// there is one to send or not: a TLS 1.3 server judges what the client
+// sent after the client's side of the handshake ended (RFC 8446 §4.4.2).
+func WatchCertificateRequest(ctx context.Context) (context.Context, *atomic.Bool) {
+	asked := new(atomic.Bool)
+	return context.WithValue(ctx, certificateRequestKey{}, asked), asked
 }
 
 // errClientCertificate is wrapped by the error of a handshake that needed

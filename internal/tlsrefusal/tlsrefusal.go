@@ -1,0 +1,152 @@
+package tlsrefusal
+
+import (
+	"context"
+	"crypto/tls"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
+	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
+	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
+)
+
+// Refusal orders the server's reset of each refused connection and the
+// client's first write after its TLS 1.3 handshake.
+type Refusal struct {
+	// BackendFirst: the server resets before that write; else after it.
+	BackendFirst bool
+	steps        sync.Map // the client's address → *step
+}
+
+// step is one connection's: wrote closes once the client's first write
+// went, reset once the server reset the connection.
+type step struct{ wrote, reset chan struct{} }
+
+func (r *Refusal) step(client net.Addr) *step {
+	s, _ := r.steps.LoadOrStore(client.String(), &step{wrote: make(chan struct{}), reset: make(chan struct{})})
+	return s.(*step)
+}
+
+// Serve serves TLS with cfg, which must require a client certificate, on a
+// loopback listener until t ends, and returns its address. A handshake
+// cfg refuses has sent its alert; the server then resets the connection,
+// in r's order. A client it accepts gets its connection closed at once.
+func (r *Refusal) Serve(t testing.TB, cfg *tls.Config) netip.AddrPort {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done) }) // before tcpserve's, which waits for the handlers
+	tcpserve.Serve(t, ln, func(c net.Conn) {
+		tc := tls.Server(c, cfg)
+		if tc.Handshake() == nil {
+			return
+		}
+		s := r.step(c.RemoteAddr())
+		if !r.BackendFirst && tc.ConnectionState().Version >= tls.VersionTLS13 {
+			// Under TLS 1.2 the client's handshake failed: it writes
+			// nothing.
+			select {
+			case <-s.wrote:
+			case <-done:
+			}
+		}
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+		close(s.reset)
+	})
+	return ln.Addr().(*net.TCPAddr).AddrPort()
+}
+
+// Dialer returns d with its connections' first write after a TLS 1.3
+// handshake ordered by r.
+func (r *Refusal) Dialer(d dial.Dialer) dial.Dialer { return dialer{d, r} }
+
+type dialer struct {
+	d dial.Dialer
+	r *Refusal
+}
+
+func (d dialer) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error) {
+	c, err := d.d.Dial(ctx, ep)
+	if err != nil {
+		return nil, err
+	}
+	return &conn{Conn: c, r: d.r}, nil
+}
+
+// conn is a connection of the Dialer's. The write it orders is the second
+// after its first read: its first is the ClientHello, the server's flight
+// is read, and crypto/tls writes the client's (Certificate,
+// CertificateVerify, Finished) at once; what follows is the caller's.
+type conn struct {
+	net.Conn
+	r      *Refusal
+	read   atomic.Bool
+	mu     sync.Mutex
+	writes int // after the first read
+}
+
+func (c *conn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.read.Store(true)
+	}
+	return n, err
+}
+
+func (c *conn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.read.Load() {
+		c.writes++
+	}
+	if c.writes != 2 {
+		return c.Conn.Write(p)
+	}
+	s := c.r.step(c.LocalAddr())
+	if c.r.BackendFirst {
+		<-s.reset
+		c.awaitReset()
+		return c.Conn.Write(p)
+	}
+	defer close(s.wrote)
+	return c.Conn.Write(p)
+}
+
+// awaitReset waits, at most 10 s, until the reset the server sent has
+// closed the socket: loopback delivers it before the server's close
+// returns, but no call says so.
+func (c *conn) awaitReset() {
+	tc := sockio.TCP(c.Conn)
+	if tc == nil {
+		return
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		closed := false
+		raw.Control(func(fd uintptr) {
+			info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+			closed = err != nil || info.State == unix.BPF_TCP_CLOSE
+		})
+		if closed {
+			return
+		}
+	}
+}
+
+// NetConn returns the connection underneath, as crypto/tls's does.
+func (c *conn) NetConn() net.Conn { return c.Conn }
