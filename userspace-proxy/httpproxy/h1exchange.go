@@ -398,7 +398,7 @@ func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline, plai
 	fields := s.plainFields()
 	if inline {
 		if err := writeRequest(uc, req, fields, true); err != nil {
-			return nil, nil, staleIf(err, replayable && uc.Reused())
+			return nil, nil, staleIf(upstream.Settle(uc.Conn, err), replayable && uc.Reused())
 		}
 	} else {
 		s.sent.track(&req.Body, &s.stall)
@@ -413,7 +413,8 @@ func (s *h1Conn) send(uc *pool.Conn, req *http.Request, replayable, inline, plai
 		}()
 	}
 	s.watch.start(uc, nil) // until forward returns, or uc is released
-	if _, err := uc.R.Peek(1); err != nil {
+	_, err := uc.R.Peek(1)
+	if err = upstream.Settle(uc.Conn, err); err != nil { // a handshake judged after it: settled by the first read
 		return nil, body, staleIf(fmt.Errorf("read answer: %w", err), replayable && uc.Reused() && body == nil)
 	}
 	for {

@@ -44,6 +44,7 @@ type pkiSet struct {
 	ca, other        *pki.CA
 	server, otherSrv *pki.Leaf // server: DNS echo.test + URI spiffe://test/ns/b/sa/echo
 	client           *pki.Leaf
+	otherClient      *pki.Leaf // a client certificate other issued
 }
 
 const (
@@ -69,6 +70,8 @@ func newPKI(t testing.TB) *pkiSet {
 	s.otherSrv, err = s.other.Issue(pki.LeafOptions{CommonName: "impostor", DNSNames: []string{sniName}})
 	must(err)
 	s.client, err = s.ca.Issue(pki.LeafOptions{CommonName: "sockmesh-proxy", URIs: []string{"spiffe://cluster.local/ns/sockmesh/sa/proxy"}, Client: true})
+	must(err)
+	s.otherClient, err = s.other.Issue(pki.LeafOptions{CommonName: "sockmesh-proxy", Client: true})
 	must(err)
 	return &s
 }

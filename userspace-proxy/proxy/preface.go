@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"time"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/sniff"
@@ -45,12 +47,18 @@ func checkH2(c *sniff.Conn, up net.Conn, timeout time.Duration) (sent int, head 
 		return 0, nil, nil // nothing to judge by
 	}
 	if _, err := up.Write(preface); err != nil {
+		if err := refusedBy(up, 0, err); err != nil {
+			return 0, nil, err
+		}
 		return 0, nil, nil // the relay meets the same error
 	}
 	head = make([]byte, frameHeaderLen)
 	up.SetReadDeadline(time.Now().Add(timeout))
 	n, err := io.ReadFull(up, head)
 	up.SetReadDeadline(time.Time{})
+	if err := refusedBy(up, n, err); err != nil {
+		return 0, nil, err
+	}
 	if err := upstream.AnsweredHTTP1(up.RemoteAddr(), head[:n]); err != nil {
 		return 0, nil, err
 	}
@@ -58,4 +66,23 @@ func checkH2(c *sniff.Conn, up net.Conn, timeout time.Duration) (sent int, head 
 		return 0, nil, fmt.Errorf("http/2 to %s: %w: its first frame is not SETTINGS", up.RemoteAddr(), upstream.ErrNotHTTP2)
 	}
 	return len(preface), head[:n], nil
+}
+
+// refusedBy settles up's TLS handshake, when its backend judges it after
+// it (upstream.Settle), by a write that failed with err or by the first
+// read, of n bytes or failed with err, and returns the handshake's error
+// when the backend refused it: the L7 path then answers the app's first
+// request 502 tls_handshake. A read that timed out settles nothing: the
+// relay's first read will (upstream.ForRelay).
+func refusedBy(up net.Conn, n int, err error) error {
+	switch {
+	case n > 0:
+		err = nil // the backend's first bytes: it took the handshake
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		return nil
+	}
+	if err = upstream.Settle(up, err); upstream.Classify(err) == upstream.ReasonTLSHandshake {
+		return err
+	}
+	return nil
 }

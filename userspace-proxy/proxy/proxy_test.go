@@ -328,6 +328,9 @@ func TestUpstreamTLSValidation(t *testing.T) {
 			p.Mode, p.ClientCertificatePEM, p.ClientKeyPEM = snapshot.TLSMutual, string(s.client.CertPEM), string(s.client.KeyPEM)
 		}, true},
 		{"client cert required but not configured", requireClient, func(*pkiSet, *snapshot.TLS) {}, false},
+		{"client cert untrusted", requireClient, func(s *pkiSet, p *snapshot.TLS) {
+			p.Mode, p.ClientCertificatePEM, p.ClientKeyPEM = snapshot.TLSMutual, string(s.otherClient.CertPEM), string(s.otherClient.KeyPEM)
+		}, false},
 	}
 	for _, path := range []proxy.HTTP1TLSPath{proxy.HTTP1TLSL7, proxy.HTTP1TLSL4, proxy.HTTP1TLSPooled} {
 		for _, c := range cases {
@@ -339,10 +342,19 @@ func TestUpstreamTLSValidation(t *testing.T) {
 				e.p.Update(buildSnapshot(t, 1, service{name: "echo", vip: vip, backend: snapshot.Backend{TLS: pol, Endpoints: endpoints(be.addr)}}))
 				cl := e.client(vip, false)
 				resp, err := cl.Get("http://echo.b.svc/hello")
-				if err != nil && path == proxy.HTTP1TLSL4 && c.name == "client cert required but not configured" {
-					// TLS 1.3: the client's handshake completes before the
-					// server rejects it, so L4 was already relaying; the
-					// alert arrives as a reset, the only signal L4 has.
+				if err != nil && path == proxy.HTTP1TLSL4 && strings.HasPrefix(c.name, "client cert") {
+					// TLS 1.3: the backend judges the client's certificate
+					// after the proxy's handshake ended, so L4 was already
+					// relaying: the app gets a reset, the only signal L4
+					// has, and the refusal counts and logs as a failed
+					// handshake.
+					failures := map[string]string{"path": "l4_tls", "reason": "tls_handshake"}
+					if n := e.counterReaches("sockmesh_proxy_connection_failures_total", failures, 1); n != 1 {
+						t.Errorf("connection_failures_total%v = %v, want 1", failures, n)
+					}
+					if logs := e.logs.String(); !strings.Contains(logs, `"reason":"tls_handshake"`) || !strings.Contains(logs, "remote error: tls: ") {
+						t.Errorf("no tls_handshake failure naming the backend's alert in the log:\n%s", logs)
+					}
 					return
 				}
 				if err != nil {

@@ -339,7 +339,7 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 	p.trackConn(c, true)
 	p.trackConn(up, true)
 	cs.handedOff = true
-	go cs.relay(c, app, up, pm, untrackH2)
+	go cs.relay(c, app, up, path, pm, untrackH2)
 }
 
 // relay relays c (as app: c, or c under a wrapper) and up until both
@@ -348,7 +348,7 @@ func (cs *connState) serveL4(c *sniff.Conn, path Path, kind sniff.Kind) {
 // waits there with the small stack of a goroutine that never dialed or
 // shook hands, where the one that did has grown to 8 KiB
 // (test/bench/proxy -idle).
-func (cs *connState) relay(c, app, up net.Conn, pm pathMetrics, untrackH2 func()) {
+func (cs *connState) relay(c, app, up net.Conn, path Path, pm pathMetrics, untrackH2 func()) {
 	p := cs.p
 	defer cs.end()
 	defer p.contain(c, cs.dst)
@@ -356,7 +356,14 @@ func (cs *connState) relay(c, app, up net.Conn, pm pathMetrics, untrackH2 func()
 		defer untrackH2()
 	}
 	defer pm.active.Dec()
-	relay.Relay(app, up, p.bufs, p.panics)
+	watched := upstream.ForRelay(up)
+	relay.Relay(app, watched, p.bufs, p.panics)
+	if err := upstream.Refused(watched); err != nil {
+		// A TLS 1.3 backend refused the client certificate after the
+		// handshake: the relay reset the app, as a handshake that failed
+		// before it would have; it counts and logs as one.
+		cs.fail(c, path, upstream.Classify(err), err)
+	}
 	p.trackConn(c, false)
 	p.trackConn(up, false)
 }
