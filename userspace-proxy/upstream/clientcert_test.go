@@ -99,7 +99,8 @@ func requireClientCert(w *world) *tls.Config {
 // outside its validity. The handshake counts as failed, and the endpoint
 // is not ejected — it answered; the certificate is ours to fix — so the
 // next request goes there again, holding no probe, and the failure is not
-// one to try on other endpoints (NoConnection).
+// one to try on other endpoints (NoConnection). A valid certificate's
+// handshake counts as full, once.
 func TestClientCertificateOutsideValidity(t *testing.T) {
 	w := newWorld(t)
 	addr := serveMutualTLS(t, w)
@@ -126,8 +127,13 @@ func TestClientCertificateOutsideValidity(t *testing.T) {
 	for _, version := range []uint16{tls.VersionTLS13, tls.VersionTLS12} {
 		for _, c := range clientCertWires {
 			t.Run(tls.VersionName(version)+"/"+c.name, func(t *testing.T) {
+				full, failedBefore := w.counter(t, failed, "full"), w.counter(t, failed, "failed")
 				if got, err := send(t, backendAt(t, w.pools, addr, policy(valid, version)), c.relay, c.wire); err != nil || !strings.Contains(got, "proxy") {
 					t.Fatalf("valid client certificate: %q, %v; want the backend to name it", got, err)
+				}
+				// Under TLS 1.3, once the backend's answer settled it (Settle).
+				if n, m := w.counter(t, failed, "full")-full, w.counter(t, failed, "failed")-failedBefore; n != 1 || m != 0 {
+					t.Errorf("valid client certificate: %s{result=full} rose by %v, {result=failed} by %v; want 1 and 0", failed, n, m)
 				}
 				for what, l := range outside {
 					be := backendAt(t, w.pools, addr, policy(l, version))
