@@ -23,17 +23,39 @@ import (
 type Refusal struct {
 	// BackendFirst: the server resets before that write; else after it.
 	BackendFirst bool
-	steps        sync.Map // the client's address → *step
+	mu           sync.Mutex
+	steps        map[string]*step // by the client's address, until both sides came
 }
 
 // step is one connection's: wrote closes once the client's first write
 // went, reset once the server reset the connection.
-type step struct{ wrote, reset chan struct{} }
-
-func (r *Refusal) step(client net.Addr) *step {
-	s, _ := r.steps.LoadOrStore(client.String(), &step{wrote: make(chan struct{}), reset: make(chan struct{})})
-	return s.(*step)
+type step struct {
+	wrote, reset         chan struct{}
+	wroteOnce, resetOnce sync.Once
 }
+
+// step returns the step of the connection whose client's address is
+// client, for one of its two sides: the second to come takes it out, so a
+// later connection from the same port, which a reset's close leaves free
+// at once, gets one of its own.
+func (r *Refusal) step(client net.Addr) *step {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	k := client.String()
+	if s := r.steps[k]; s != nil {
+		delete(r.steps, k)
+		return s
+	}
+	if r.steps == nil {
+		r.steps = make(map[string]*step)
+	}
+	s := &step{wrote: make(chan struct{}), reset: make(chan struct{})}
+	r.steps[k] = s
+	return s
+}
+
+func (s *step) written() { s.wroteOnce.Do(func() { close(s.wrote) }) }
+func (s *step) resets()  { s.resetOnce.Do(func() { close(s.reset) }) }
 
 // Serve serves TLS with cfg, which must require a client certificate, on a
 // loopback listener until t ends, and returns its address. A handshake
@@ -46,25 +68,29 @@ func (r *Refusal) Serve(t testing.TB, cfg *tls.Config) netip.AddrPort {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
-	t.Cleanup(func() { close(done) }) // before tcpserve's, which waits for the handlers
 	tcpserve.Serve(t, ln, func(c net.Conn) {
 		tc := tls.Server(c, cfg)
 		if tc.Handshake() == nil {
 			return
 		}
+		if tc.ConnectionState().Version < tls.VersionTLS13 {
+			c.Close() // the client's handshake failed: it writes nothing
+			return
+		}
 		s := r.step(c.RemoteAddr())
-		if !r.BackendFirst && tc.ConnectionState().Version >= tls.VersionTLS13 {
-			// Under TLS 1.2 the client's handshake failed: it writes
-			// nothing.
-			select {
+		if !r.BackendFirst {
+			select { // a client that closed unwritten holds it to the test's end
 			case <-s.wrote:
 			case <-done:
 			}
 		}
 		c.(*net.TCPConn).SetLinger(0)
 		c.Close()
-		close(s.reset)
+		s.resets()
 	})
+	// After tcpserve's, so that it runs first: tcpserve's waits for the
+	// handlers.
+	t.Cleanup(func() { close(done) })
 	return ln.Addr().(*net.TCPAddr).AddrPort()
 }
 
@@ -120,7 +146,7 @@ func (c *conn) Write(p []byte) (int, error) {
 		c.awaitReset()
 		return c.Conn.Write(p)
 	}
-	defer close(s.wrote)
+	defer s.written()
 	return c.Conn.Write(p)
 }
 
