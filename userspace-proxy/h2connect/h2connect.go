@@ -1,0 +1,442 @@
+package h2connect
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
+)
+
+// Request is an extended CONNECT to open (RFC 8441 §4).
+type Request struct {
+	// Protocol is the :protocol pseudo-header: "websocket".
+	Protocol string
+	// Scheme is "http" over h2c, "https" over TLS.
+	Scheme    string
+	Authority string
+	// Path is the :path, the query included.
+	Path string
+	// Header holds the regular fields, without the connection-specific
+	// ones HTTP/2 forbids (RFC 9113 §8.2.2): the caller removes those.
+	Header http.Header
+}
+
+// ErrNotSupported: the server's SETTINGS do not carry
+// SETTINGS_ENABLE_CONNECT_PROTOCOL=1, without which a client must not send
+// an extended CONNECT (RFC 8441 §3); nothing was sent.
+var ErrNotSupported = errors.New("backend's HTTP/2 SETTINGS do not enable extended CONNECT (SETTINGS_ENABLE_CONNECT_PROTOCOL=1, RFC 8441)")
+
+// errUnprocessed: a GOAWAY said the server did not process the stream.
+var errUnprocessed = errors.New("backend sent GOAWAY before the stream")
+
+const (
+	id = 1 // the connection's one stream
+	// window is the receive window of the stream and the connection: what
+	// a WebSocket may hold here while its app does not read.
+	window = 256 << 10
+	// initialWindow and maxFrame are RFC 9113's defaults (§6.5.2), the
+	// peer's until its SETTINGS say otherwise.
+	initialWindow = 65535
+	maxFrame      = 16384
+)
+
+// Open sends req as an extended CONNECT on conn, a connection to an
+// HTTP/2 server nothing was sent on yet, once the server's first SETTINGS
+// enable it, and returns its answer: the status and fields of its final
+// HEADERS, and as Body the stream (a *Stream), which carries the tunnel's
+// bytes after a 2xx and the answer's body otherwise. ctx bounds the wait
+// for the answer; it does not bound the stream. On error conn is closed.
+// panics reports a panic of the goroutine that reads conn.
+func Open(ctx context.Context, conn net.Conn, req *Request, panics *contain.Reporter) (*http.Response, error) {
+	s := &Stream{conn: conn, fr: http2.NewFramer(conn, conn), sendConn: initialWindow,
+		sendStream: initialWindow, initial: initialWindow, recvConn: window, recvStream: window, maxFrame: maxFrame}
+	s.cond.L = &s.mu
+	s.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	s.fr.MaxHeaderListSize = http.DefaultMaxHeaderBytes // as net/http's Transport bounds an answer's head
+	s.fr.SetMaxReadFrameSize(maxFrame)
+	stop := context.AfterFunc(ctx, func() {
+		s.fail(ctx.Err())
+		conn.SetDeadline(time.Unix(1, 0)) // unblocks the preface's write, and the reader
+	})
+	resp, err := s.open(req, panics)
+	if !stop() {
+		err = ctx.Err() // it cut the connection: what failed then is its doing
+	}
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("extended connect to %s: %w", conn.RemoteAddr(), err)
+	}
+	return resp, nil
+}
+
+func (s *Stream) open(req *Request, panics *contain.Reporter) (*http.Response, error) {
+	if _, err := io.WriteString(s.conn, http2.ClientPreface); err != nil {
+		return nil, err
+	}
+	err := s.fr.WriteSettings(http2.Setting{ID: http2.SettingEnablePush, Val: 0},
+		http2.Setting{ID: http2.SettingInitialWindowSize, Val: window})
+	if err == nil {
+		err = s.fr.WriteWindowUpdate(0, window-initialWindow)
+	}
+	if err != nil {
+		return nil, err
+	}
+	go s.readLoop(panics)
+	s.mu.Lock()
+	for !s.settled && s.err == nil {
+		s.cond.Wait()
+	}
+	xconnect, err := s.xconnect, s.err
+	s.mu.Unlock()
+	switch {
+	case err != nil:
+		return nil, err
+	case !xconnect:
+		return nil, ErrNotSupported
+	}
+	if err := s.writeHeaders(req); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for s.status == 0 && s.err == nil {
+		s.cond.Wait()
+	}
+	if s.status == 0 {
+		return nil, s.err
+	}
+	return &http.Response{Status: strconv.Itoa(s.status) + " " + http.StatusText(s.status), StatusCode: s.status,
+		Proto: "HTTP/2.0", ProtoMajor: 2, Header: s.header, ContentLength: -1, Body: s}, nil
+}
+
+// writeHeaders sends req's HEADERS (and CONTINUATIONs past the server's
+// frame size). The stream stays open: its DATA are the tunnel's.
+func (s *Stream) writeHeaders(req *Request) error {
+	var block bytes.Buffer
+	enc := hpack.NewEncoder(&block)
+	field := func(k, v string) { enc.WriteField(hpack.HeaderField{Name: k, Value: v}) }
+	field(":method", http.MethodConnect)
+	field(":protocol", req.Protocol)
+	field(":scheme", req.Scheme)
+	field(":authority", req.Authority)
+	field(":path", req.Path)
+	for k, vv := range req.Header {
+		for _, v := range vv {
+			field(strings.ToLower(k), v)
+		}
+	}
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.mu.Lock()
+	size := int(s.maxFrame)
+	s.mu.Unlock()
+	b := block.Bytes()
+	first := b[:min(len(b), size)]
+	b = b[len(first):]
+	err := s.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: first, EndHeaders: len(b) == 0})
+	for err == nil && len(b) > 0 {
+		next := b[:min(len(b), size)]
+		b = b[len(next):]
+		err = s.fr.WriteContinuation(id, len(b) == 0, next)
+	}
+	return err
+}
+
+// Stream is an extended CONNECT's stream as a byte stream: reads return
+// its DATA, writes send DATA within the server's flow-control windows,
+// CloseWrite ends it (END_STREAM), and Close closes its connection.
+type Stream struct {
+	conn net.Conn
+	fr   *http2.Framer // read by readLoop alone; written under wmu
+	wmu  sync.Mutex
+	once sync.Once
+
+	mu   sync.Mutex
+	cond sync.Cond // on mu: any change below
+	err  error     // the stream's end other than END_STREAM, once set
+	// settled: the server's first SETTINGS came; xconnect: they allow
+	// extended CONNECT.
+	settled, xconnect bool
+	status            int // the final answer's; 0 before
+	header            http.Header
+	in                bytes.Buffer // DATA not read yet
+	// recvEnd and sentEnd: END_STREAM came, went.
+	recvEnd, sentEnd bool
+	// Send windows, the server's initial one and its frame size.
+	sendConn, sendStream, initial int64
+	maxFrame                      uint32
+	// recvConn and recvStream are what the server may still send;
+	// unacked what was read and not yet given back (WINDOW_UPDATE).
+	recvConn, recvStream, unacked int64
+}
+
+// Read reads the stream's DATA; io.EOF once the server's END_STREAM came.
+func (s *Stream) Read(p []byte) (int, error) {
+	s.mu.Lock()
+	for s.in.Len() == 0 && !s.recvEnd && s.err == nil {
+		s.cond.Wait()
+	}
+	if s.in.Len() == 0 {
+		defer s.mu.Unlock()
+		if s.recvEnd {
+			return 0, io.EOF
+		}
+		return 0, s.err
+	}
+	n, _ := s.in.Read(p)
+	// Given back in quarters of the window, not per read: a relay reads a
+	// byte first, then the rest.
+	s.unacked += int64(n)
+	credit := int64(0)
+	if s.unacked >= window/4 {
+		credit, s.unacked = s.unacked, 0
+		s.recvConn += credit
+		if !s.recvEnd {
+			s.recvStream += credit
+		}
+	}
+	ended := s.recvEnd
+	s.mu.Unlock()
+	if credit > 0 {
+		s.giveBack(credit, !ended)
+	}
+	return n, nil
+}
+
+// giveBack sends WINDOW_UPDATEs for n bytes, for the stream too while it
+// is open toward the proxy.
+func (s *Stream) giveBack(n int64, stream bool) {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	err := s.fr.WriteWindowUpdate(0, uint32(n))
+	if err == nil && stream {
+		err = s.fr.WriteWindowUpdate(id, uint32(n))
+	}
+	if err != nil {
+		s.fail(err)
+	}
+}
+
+// Write sends p as DATA, waiting for the server's windows as they fill.
+func (s *Stream) Write(p []byte) (int, error) {
+	n := 0
+	for len(p) > 0 {
+		s.mu.Lock()
+		for s.err == nil && !s.sentEnd && (s.sendConn <= 0 || s.sendStream <= 0) {
+			s.cond.Wait()
+		}
+		err := s.err
+		if err == nil && s.sentEnd {
+			err = errors.New("write after the stream's END_STREAM")
+		}
+		if err != nil {
+			s.mu.Unlock()
+			return n, err
+		}
+		k := int(min(int64(len(p)), s.sendConn, s.sendStream, int64(s.maxFrame)))
+		s.sendConn -= int64(k)
+		s.sendStream -= int64(k)
+		s.mu.Unlock()
+		s.wmu.Lock()
+		err = s.fr.WriteData(id, false, p[:k])
+		s.wmu.Unlock()
+		if err != nil {
+			s.fail(err)
+			return n, err
+		}
+		n += k
+		p = p[k:]
+	}
+	return n, nil
+}
+
+// CloseWrite ends the stream toward the server: END_STREAM, as RFC 8441
+// §5 maps a TCP FIN.
+func (s *Stream) CloseWrite() error {
+	s.mu.Lock()
+	if s.sentEnd || s.err != nil {
+		s.mu.Unlock()
+		return s.err
+	}
+	s.sentEnd = true
+	s.cond.Broadcast()
+	s.mu.Unlock()
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	return s.fr.WriteData(id, true, nil)
+}
+
+// Close closes the stream's connection: after both END_STREAMs its
+// orderly end, before them an abort the server sees as the connection's
+// loss (RFC 8441 §5: a TCP reset is a stream reset; this is the stronger
+// of the two).
+func (s *Stream) Close() error {
+	var err error
+	s.once.Do(func() {
+		s.fail(net.ErrClosed)
+		err = s.conn.Close()
+	})
+	return err
+}
+
+// fail ends the stream with err, unless it ended before.
+func (s *Stream) fail(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err == nil {
+		s.err = err
+	}
+	s.cond.Broadcast()
+}
+
+// readLoop reads the server's frames until the connection ends.
+func (s *Stream) readLoop(panics *contain.Reporter) {
+	var err error
+	defer panics.Recover("extended connect", &err, func() { s.fail(err); s.conn.Close() })
+	for {
+		f, rerr := s.fr.ReadFrame()
+		if rerr == nil {
+			rerr = s.handle(f)
+		}
+		if rerr != nil {
+			s.fail(rerr)
+			if !errors.Is(rerr, io.EOF) && !errors.Is(rerr, net.ErrClosed) {
+				s.conn.Close() // a protocol error: nothing more can be read
+			}
+			return
+		}
+	}
+}
+
+// handle acts on one frame of the server's.
+func (s *Stream) handle(f http2.Frame) error {
+	switch f := f.(type) {
+	case *http2.SettingsFrame:
+		if f.IsAck() {
+			return nil
+		}
+		if err := s.settings(f); err != nil {
+			return err
+		}
+		s.wmu.Lock()
+		defer s.wmu.Unlock()
+		return s.fr.WriteSettingsAck()
+	case *http2.PingFrame:
+		if f.IsAck() {
+			return nil
+		}
+		s.wmu.Lock()
+		defer s.wmu.Unlock()
+		return s.fr.WritePing(true, f.Data)
+	case *http2.WindowUpdateFrame:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if f.StreamID == 0 {
+			s.sendConn += int64(f.Increment)
+		} else {
+			s.sendStream += int64(f.Increment)
+		}
+		s.cond.Broadcast()
+	case *http2.MetaHeadersFrame:
+		return s.headers(f)
+	case *http2.DataFrame:
+		return s.data(f)
+	case *http2.RSTStreamFrame:
+		return http2.StreamError{StreamID: f.StreamID, Code: f.ErrCode, Cause: errors.New("backend reset the stream")}
+	case *http2.GoAwayFrame:
+		if f.LastStreamID < id {
+			return fmt.Errorf("%w (%v)", errUnprocessed, f.ErrCode)
+		}
+		if f.ErrCode != http2.ErrCodeNo {
+			return http2.ConnectionError(f.ErrCode)
+		}
+	case *http2.PushPromiseFrame:
+		return http2.ConnectionError(http2.ErrCodeProtocol) // SETTINGS_ENABLE_PUSH was 0
+	}
+	return nil
+}
+
+// settings applies the server's SETTINGS.
+func (s *Stream) settings(f *http2.SettingsFrame) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	err := f.ForeachSetting(func(st http2.Setting) error {
+		if err := st.Valid(); err != nil {
+			return err
+		}
+		switch st.ID {
+		case http2.SettingInitialWindowSize:
+			s.sendStream += int64(st.Val) - s.initial
+			s.initial = int64(st.Val)
+		case http2.SettingMaxFrameSize:
+			s.maxFrame = st.Val
+		case http2.SettingEnableConnectProtocol:
+			s.xconnect = st.Val == 1
+		}
+		return nil
+	})
+	s.settled = true
+	s.cond.Broadcast()
+	return err
+}
+
+// headers takes the answer's HEADERS: 1xx ones are passed over, the first
+// final one is the answer, a later one its trailers (dropped: a tunnel
+// has none to pass on).
+func (s *Stream) headers(f *http2.MetaHeadersFrame) error {
+	if f.StreamID != id {
+		return http2.ConnectionError(http2.ErrCodeProtocol)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.status == 0 {
+		code, err := strconv.Atoi(f.PseudoValue("status"))
+		if err != nil || code < 100 || code > 999 {
+			return fmt.Errorf("backend answered with :status %q", f.PseudoValue("status"))
+		}
+		if code >= 200 {
+			s.status = code
+			s.header = make(http.Header, len(f.Fields))
+			for _, hf := range f.RegularFields() {
+				s.header.Add(http.CanonicalHeaderKey(hf.Name), hf.Value)
+			}
+		}
+	}
+	s.recvEnd = s.recvEnd || f.StreamEnded()
+	s.cond.Broadcast()
+	return nil
+}
+
+// data takes a DATA frame of the stream, within the windows the proxy
+// gave (RFC 9113 §6.9.1); its padding counts as read, given back with
+// the next WINDOW_UPDATE.
+func (s *Stream) data(f *http2.DataFrame) error {
+	n := int64(f.Header().Length)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case f.StreamID != id || s.status == 0 || s.recvEnd:
+		return http2.ConnectionError(http2.ErrCodeProtocol)
+	case n > s.recvConn || n > s.recvStream:
+		return http2.ConnectionError(http2.ErrCodeFlowControl)
+	}
+	s.recvConn -= n
+	s.recvStream -= n
+	s.in.Write(f.Data())
+	s.unacked += n - int64(len(f.Data()))
+	s.recvEnd = f.StreamEnded()
+	s.cond.Broadcast()
+	return nil
+}
