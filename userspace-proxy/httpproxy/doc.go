@@ -3,7 +3,8 @@
 // over the wire the backend's properties ask for — HTTP/1.1 or HTTP/2 over
 // TLS by ALPN, h2c with prior knowledge, gRPC with trailers and streaming,
 // WebSocket (HTTP/1.1 Upgrade relayed, and RFC 8441 extended CONNECT from
-// HTTP/2 clients bridged to an HTTP/1.1 Upgrade), server-sent events streamed
+// HTTP/2 clients bridged to an HTTP/1.1 Upgrade; toward a backend declared
+// HTTP/2, either as an extended CONNECT: WireFor), server-sent events streamed
 // without buffering — and maps failures to the statuses users can act on
 // (for gRPC requests, a trailers-only UNAVAILABLE — DEADLINE_EXCEEDED for a
 // route's timeout — whose message names the reason, which gRPC clients show

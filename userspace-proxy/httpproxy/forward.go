@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
-	"crypto/sha1"
 	"encoding/base64"
 	"errors"
 	"fmt"
@@ -494,7 +493,9 @@ func writeSwitch(bw *bufio.Writer, resp *http.Response) error {
 // by opening an HTTP/1.1 WebSocket Upgrade to the backend (RFC 6455 §4.1: a
 // fresh Sec-WebSocket-Key, whose Accept it checks), answering 200 on the
 // stream, and relaying the stream's DATA to and from the upgraded connection.
-// Its answer is decorated as forward's is (x.decorate).
+// To a backend that declared HTTP/2 (WireFor) that Upgrade goes out as an
+// extended CONNECT again (upstream.Backend.WebSocketH2), whose 200 comes
+// back as the 101. Its answer is decorated as forward's is (x.decorate).
 func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exchange, c *balance.Choice) {
 	be := x.be
 	key := make([]byte, 16)
@@ -516,7 +517,7 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 	// 101 that comes as a timeout passes finds its connection cut
 	// (upstream's h1Transport), and fails as the timeout (504). One that
 	// came before is the WebSocket's, which no route timeout bounds.
-	resp, c, done, err := h.roundTrip(x, upstream.WireH1, up, c)
+	resp, c, done, err := h.roundTrip(x, WireFor(be, 1, true), up, c)
 	if err != nil {
 		h.fail(w, r, x, upstream.Classify(err), err)
 		return
@@ -551,7 +552,7 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 		return
 	}
 	upConn, ok := resp.Body.(io.ReadWriteCloser)
-	if !ok || resp.Header.Get("Sec-WebSocket-Accept") != acceptKey(wsKey) {
+	if !ok || resp.Header.Get("Sec-WebSocket-Accept") != upstream.WebSocketAccept(wsKey) {
 		h.fail(w, r, x, upstream.ReasonProtocol, errors.New("backend websocket handshake: bad Sec-WebSocket-Accept"))
 		return
 	}
@@ -581,12 +582,6 @@ func (h *Handler) bridgeWebSocket(w http.ResponseWriter, r *http.Request, x *exc
 		// stream reset, never the END_STREAM of an orderly close.
 		panic(http.ErrAbortHandler)
 	}
-}
-
-// acceptKey is RFC 6455 §4.2.2's Sec-WebSocket-Accept for key.
-func acceptKey(key string) string {
-	sum := sha1.Sum([]byte(key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
-	return base64.StdEncoding.EncodeToString(sum[:])
 }
 
 // h2Stream is an extended-CONNECT stream as a byte stream: reads are the

@@ -289,9 +289,10 @@ type h1Conn struct {
 	mcp string
 	// plain is the current answer when its head was plain.
 	plain plainAnswer
-	// tunnel is the upstream connection of a WebSocket upgrade the
-	// backend accepted, relayed by relayTunnel.
-	tunnel *pool.Conn
+	// tunnel is the upstream side of a WebSocket upgrade the backend
+	// accepted (its connection, or its extended CONNECT stream), relayed
+	// by relayTunnel.
+	tunnel io.ReadWriteCloser
 	// watch ends an exchange whose client left (h1watch.go).
 	watch clientWatch
 	// stall ends an exchange whose client stopped moving (stall.go); out

@@ -17,7 +17,6 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
-	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 	"github.com/sockmesh/sockmesh/userspace-proxy/sockio"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
@@ -422,10 +421,11 @@ func (b *bodyCopy) waitBody(body io.Reader) (p []byte, n int, full bool, err, we
 
 // upgrade completes a WebSocket upgrade the backend accepted: the 101 goes
 // to the client, decorated as every answer (x.decorate), then bytes flow
-// both ways until either side ends. A 101 the app did not take ends both
-// connections, the app's with a reset, as any answer that broke off
-// (answerFailed; one that stalled counted so).
-func (s *h1Conn) upgrade(req *http.Request, resp *http.Response, x *exchange, c *balance.Choice, uc *pool.Conn) {
+// both ways between the app and up, the backend's upgraded connection or
+// extended CONNECT stream, until either side ends. A 101 the app did not
+// take ends both, the app's connection with a reset, as any answer that
+// broke off (answerFailed; one that stalled counted so).
+func (s *h1Conn) upgrade(req *http.Request, resp *http.Response, x *exchange, c *balance.Choice, up io.ReadWriteCloser) {
 	x.decorate(resp.Header, req, c)
 	bw := s.startAnswer()
 	writeStatusLine(bw, resp)
@@ -434,17 +434,15 @@ func (s *h1Conn) upgrade(req *http.Request, resp *http.Response, x *exchange, c 
 	err := bw.Flush()
 	s.putWriter(bw)
 	s.count(x, resp.StatusCode)
-	x.be.DetachH1(uc)
-	s.up.uc = nil
 	if err != nil {
-		uc.Close()
+		up.Close()
 		s.answerFailed(x, fmt.Errorf("write switching protocols: %w", err))
 		return
 	}
 	if !s.deadline.IsZero() {
 		s.setDeadline(time.Time{}, false) // a WebSocket may idle
 	}
-	s.tunnel = uc // relayed once the exchange has unwound (run)
+	s.tunnel = up // relayed once the exchange has unwound (run)
 }
 
 // relayTunnel relays the WebSocket of an accepted upgrade in a goroutine
@@ -454,8 +452,7 @@ func (s *h1Conn) relayTunnel() {
 	defer s.end()
 	var err error
 	defer s.h.cfg.Panics.Recover("websocket relay", &err, func() { sockio.Reset(s.c); s.tunnel.Close() })
-	uc := s.tunnel
-	res := relay.Relay(&relay.BufferedConn{Conn: s.c, R: s.br}, &relay.BufferedConn{Conn: uc.Conn, R: uc.R}, s.h.bufs, s.h.cfg.Panics)
+	res := relay.Relay(&relay.BufferedConn{Conn: s.c, R: s.br}, s.tunnel, s.h.bufs, s.h.cfg.Panics)
 	s.h.m.upgradedBytes.Add(float64(res.AToB + res.BToA))
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptrace"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
+	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
 )
 
@@ -543,7 +545,9 @@ func (s *h1Conn) respond(req *http.Request, resp *http.Response, x *exchange, c 
 			s.fail(req, x, upstream.ReasonProtocol, errors.New("backend switched protocols without a websocket upgrade"))
 			return false
 		}
-		s.upgrade(req, resp, x, c, uc)
+		x.be.DetachH1(uc)
+		s.up.uc = nil
+		s.upgrade(req, resp, x, c, &relay.BufferedConn{Conn: uc.Conn, R: uc.R})
 		return false
 	}
 	s.up = upstreamConn{uc: uc, body: body, close: resp.Close}
@@ -651,6 +655,14 @@ func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wi
 			return false
 		}
 		return s.fail(req, x, upstream.Classify(err), err)
+	}
+	if up, ok := resp.Body.(io.ReadWriteCloser); ok && resp.StatusCode == http.StatusSwitchingProtocols {
+		// A WebSocket's extended CONNECT to an HTTP/2 backend, answered
+		// (upstream.Backend.WebSocketH2): the relay reads the client.
+		s.watch.stop()
+		done()
+		s.upgrade(req, resp, x, c, up)
+		return false
 	}
 	closeAfter, _, err := s.answer(req, resp, x, c, nil)
 	resp.Body.Close()

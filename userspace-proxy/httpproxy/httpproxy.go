@@ -348,17 +348,19 @@ func (x *exchange) decorate(h http.Header, r *http.Request, c *balance.Choice) {
 
 // WireFor decides the HTTP version toward the backend for a request of
 // HTTP major version protoMajor: what the backend's protocol demands, else
-// what the app speaks. WebSocket always goes over HTTP/1.1
-// (kubernetes.io/wss and XBackend WSS force http/1.1, and an Upgrade cannot
-// cross HTTP/2). A TLS policy whose ALPN list has h2 and not http/1.1
-// declares HTTP/2 where the protocol does not. An HTTP/2 app's requests to
-// a TLS backend that declared no HTTP version offer both by ALPN: they stay
-// HTTP/2 where the backend speaks it and become HTTP/1.1 where it does not
-// (or has no ALPN). A cleartext MCP backend gets HTTP/1.1.
+// what the app speaks. A WebSocket goes over HTTP/1.1 (kubernetes.io/ws,
+// kubernetes.io/wss, XBackend WSS, HTTP and undeclared protocols: an
+// Upgrade) unless the backend declared HTTP/2, which it then gets as an
+// RFC 8441 extended CONNECT (upstream.Backend.WebSocketH2): XBackend's
+// "MUST include the protocol set here in the negotiation options" leaves
+// no HTTP/1.1 Upgrade to an H2C, HTTP2 or GRPC backend (nor to
+// kubernetes.io/h2c, the same prior-knowledge h2c). A TLS policy whose
+// ALPN list has h2 and not http/1.1 declares HTTP/2 where the protocol
+// does not. An HTTP/2 app's requests to a TLS backend that declared no
+// HTTP version offer both by ALPN: they stay HTTP/2 where the backend
+// speaks it and become HTTP/1.1 where it does not (or has no ALPN). A
+// cleartext MCP backend gets HTTP/1.1.
 func WireFor(be *upstream.Backend, protoMajor int, websocket bool) upstream.Wire {
-	if websocket {
-		return upstream.WireH1
-	}
 	switch be.Spec.Protocol {
 	case snapshot.ProtocolH2C, snapshot.ProtocolHTTP2, snapshot.ProtocolGRPC:
 		return upstream.WireH2
@@ -376,6 +378,8 @@ func WireFor(be *upstream.Backend, protoMajor int, websocket bool) upstream.Wire
 	switch {
 	case onlyH2(be.Spec.TLS):
 		return upstream.WireH2
+	case websocket:
+		return upstream.WireH1
 	case be.TLS() && (be.Spec.Protocol == snapshot.ProtocolHTTP || protoMajor == 2):
 		return upstream.WireNegotiate
 	case protoMajor == 2:

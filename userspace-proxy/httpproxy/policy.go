@@ -412,6 +412,9 @@ func (x *exchange) repick(c *balance.Choice) *balance.Choice {
 func (h *Handler) roundTrip(x *exchange, wire upstream.Wire, out *http.Request, c *balance.Choice) (resp *http.Response, served *balance.Choice, done func(), err error) {
 	countRequest(x)
 	rt := x.be.RoundTripper(wire)
+	if wire == upstream.WireH2 && isWebSocketUpgrade(out) {
+		rt = x.be.WebSocketH2() // an RFC 8441 extended CONNECT, answered as a 101
+	}
 	h2 := x.be.Multiplexed(wire) && out.Body != nil && out.Body != http.NoBody
 	if !x.replayable(out) {
 		// The transports close the body of a request they fail, and may

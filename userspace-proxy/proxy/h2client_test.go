@@ -237,26 +237,39 @@ const (
 
 // writeWSFrame sends one masked client frame.
 func writeWSFrame(w io.Writer, op byte, payload []byte) error {
+	_, err := w.Write(wsFrame(op, payload, true))
+	return err
+}
+
+// wsFrame is one final frame, masked as a client's or not as a server's.
+func wsFrame(op byte, payload []byte, masked bool) []byte {
 	b := []byte{0x80 | op}
+	bit := byte(0)
+	if masked {
+		bit = 0x80
+	}
 	switch n := len(payload); {
 	case n < 126:
-		b = append(b, 0x80|byte(n))
+		b = append(b, bit|byte(n))
 	case n < 1<<16:
-		b = append(b, 0x80|126, byte(n>>8), byte(n))
+		b = append(b, bit|126, byte(n>>8), byte(n))
 	default:
-		b = append(b, 0x80|127)
+		b = append(b, bit|127)
 		b = binary.BigEndian.AppendUint64(b, uint64(n))
+	}
+	if !masked {
+		return append(b, payload...)
 	}
 	key := [4]byte{9, 8, 7, 6}
 	b = append(b, key[:]...)
 	for i, c := range payload {
 		b = append(b, c^key[i%4])
 	}
-	_, err := w.Write(b)
-	return err
+	return b
 }
 
-// readWSFrame reads one unmasked server frame, joining continuations.
+// readWSFrame reads one frame, a server's or a client's (unmasking it),
+// joining continuations.
 func readWSFrame(r io.Reader) (op byte, payload []byte, err error) {
 	for {
 		var h [2]byte
@@ -278,9 +291,18 @@ func readWSFrame(r io.Reader) (op byte, payload []byte, err error) {
 			}
 			n = binary.BigEndian.Uint64(l[:])
 		}
+		var key [4]byte
+		if h[1]&0x80 != 0 {
+			if _, err := io.ReadFull(r, key[:]); err != nil {
+				return 0, nil, err
+			}
+		}
 		p := make([]byte, n)
 		if _, err := io.ReadFull(r, p); err != nil {
 			return 0, nil, err
+		}
+		for i := range p {
+			p[i] ^= key[i%4]
 		}
 		if o := h[0] & 0x0f; o != 0 {
 			op = o

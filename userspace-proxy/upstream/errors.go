@@ -130,7 +130,7 @@ func Classify(err error) Reason {
 		return ReasonTLSHandshake
 	case errors.As(err, &de):
 		return ReasonDialFailed
-	case errors.Is(err, ErrNotHTTP11), errors.Is(err, ErrNotHTTP2), errors.Is(err, pool.ErrHeadTooLarge),
+	case errors.Is(err, ErrNotHTTP11), errors.Is(err, ErrNotHTTP2), errors.Is(err, ErrNoExtendedConnect), errors.Is(err, pool.ErrHeadTooLarge),
 		errors.Is(streamCause(err), pool.ErrHeadTooLarge):
 		return ReasonProtocol
 	}

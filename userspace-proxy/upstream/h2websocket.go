@@ -1,0 +1,94 @@
+package upstream
+
+import (
+	"crypto/sha1"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+
+	"golang.org/x/net/http/httpguts"
+
+	"github.com/sockmesh/sockmesh/userspace-proxy/h2connect"
+)
+
+// WebSocketH2 returns the RoundTripper of WebSocket upgrades toward b over
+// HTTP/2 (WireH2): the HTTP/1.1 Upgrade request it is given (GET with
+// Connection: Upgrade, Upgrade: websocket and a Sec-WebSocket-Key) goes
+// out as an RFC 8441 extended CONNECT on a connection of its own, h2c with
+// prior knowledge or h2 by ALPN over TLS, and the backend's answer comes
+// back as an HTTP/1.1 one: a 2xx as the 101 Switching Protocols that key
+// asked for (RFC 6455 §4.2.2), whose Body is the stream, an
+// io.ReadWriteCloser that half-closes (CloseWrite: END_STREAM); another
+// status as it is, its body the stream's DATA. Envoy's HTTP/2 codec turns
+// an HTTP/1.1 upgrade into extended CONNECT and back the same way. A
+// backend whose SETTINGS do not enable extended CONNECT fails the request
+// with an error wrapping ErrNoExtendedConnect, its connection closed:
+// never an HTTP/1.1 Upgrade against the protocol it declared.
+func (b *Backend) WebSocketH2() http.RoundTripper { return webSocketH2{b} }
+
+// ErrNoExtendedConnect marks a WebSocket toward an HTTP/2 backend whose
+// SETTINGS do not carry SETTINGS_ENABLE_CONNECT_PROTOCOL=1 (RFC 8441 §3):
+// it cannot take one (ReasonProtocol).
+var ErrNoExtendedConnect = h2connect.ErrNotSupported
+
+type webSocketH2 struct{ b *Backend }
+
+func (t webSocketH2) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.b.Err != nil {
+		return nil, t.b.Err
+	}
+	key := req.Header.Get("Sec-WebSocket-Key")
+	if key == "" || !httpguts.HeaderValuesContainsToken(req.Header["Upgrade"], "websocket") {
+		return nil, errors.New("websocket over http/2: not a websocket upgrade")
+	}
+	picked, err := endpointFor(req.Context(), req.URL.Host)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := t.b.w.dialH2(req.Context(), picked, WireH2)
+	if err != nil {
+		return nil, err
+	}
+	authority := req.Host
+	if authority == "" {
+		authority = req.URL.Host
+	}
+	resp, err := h2connect.Open(req.Context(), conn, &h2connect.Request{Protocol: "websocket", Scheme: req.URL.Scheme,
+		Authority: authority, Path: req.URL.RequestURI(), Header: connectFields(req.Header)}, t.b.w.p.cfg.Panics)
+	if err != nil {
+		return nil, fmt.Errorf("websocket over http/2: %w", err)
+	}
+	resp.Request = req
+	if resp.StatusCode < http.StatusOK || resp.StatusCode >= http.StatusMultipleChoices {
+		return resp, nil
+	}
+	// The 101 carries the 2xx's fields (the subprotocol and extensions
+	// chosen, cookies) and HTTP/1.1's own.
+	resp.Status, resp.StatusCode = "101 Switching Protocols", http.StatusSwitchingProtocols
+	resp.Proto, resp.ProtoMajor, resp.ProtoMinor = "HTTP/1.1", 1, 1
+	resp.Header.Del("Content-Length")
+	resp.Header["Connection"] = []string{"Upgrade"}
+	resp.Header["Upgrade"] = []string{"websocket"}
+	resp.Header["Sec-Websocket-Accept"] = []string{WebSocketAccept(key)}
+	return resp, nil
+}
+
+// connectFields are an Upgrade request's fields as an extended CONNECT
+// carries them: without HTTP/1.1's connection-specific ones, which HTTP/2
+// forbids (RFC 9113 §8.2.2), Host (the :authority), and the handshake's
+// key, which RFC 8441 §5 drops (the stream is the proof).
+func connectFields(h http.Header) http.Header {
+	out := h.Clone()
+	for _, k := range []string{"Connection", "Upgrade", "Host", "Sec-Websocket-Key", "Keep-Alive",
+		"Proxy-Connection", "Transfer-Encoding", "Te"} {
+		delete(out, k)
+	}
+	return out
+}
+
+// WebSocketAccept is RFC 6455 §4.2.2's Sec-WebSocket-Accept for key.
+func WebSocketAccept(key string) string {
+	sum := sha1.Sum([]byte(key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"))
+	return base64.StdEncoding.EncodeToString(sum[:])
+}
