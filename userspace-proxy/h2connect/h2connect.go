@@ -410,7 +410,7 @@ func (s *Stream) headers(f *http2.MetaHeadersFrame) error {
 			s.status = code
 			s.header = make(http.Header, len(f.Fields))
 			for _, hf := range f.RegularFields() {
-				s.header.Add(http.CanonicalHeaderKey(hf.Name), hf.Value)
+				s.header.Add(hf.Name, hf.Value)
 			}
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/coder/websocket"
 
@@ -133,6 +134,46 @@ func TestWebSocketOverH2Unsupported(t *testing.T) {
 	}
 	if !strings.Contains(e.logs.String(), "SETTINGS_ENABLE_CONNECT_PROTOCOL=1, RFC 8441") {
 		t.Errorf("no log line names RFC 8441's setting:\n%s", e.logs.String())
+	}
+}
+
+// TestWebSocketOverH2Refused: an HTTP/2 backend's refusal of an extended
+// CONNECT (403 with a body) reaches an HTTP/1.1 app as it came, and one
+// that does not answer before the route's request timeout gets 504,
+// counted as timeout: the timeout bounds the CONNECT as it bounds an
+// Upgrade's wait for its 101.
+func TestWebSocketOverH2Refused(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	m := &mesh{t: t}
+	l := listenLocal(t)
+	srv := &http.Server{Protocols: new(http.Protocols), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/deny" {
+			w.Header().Set("Content-Length", "7")
+			w.WriteHeader(http.StatusForbidden)
+			io.WriteString(w, "denied\n")
+			return
+		}
+		<-r.Context().Done() // never answers
+	})}
+	srv.Protocols.SetUnencryptedHTTP2(true)
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	ref := m.backend("h2c-be", snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
+	m.frontend("h2c", vip, ref, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(ref), Timeouts: &snapshot.Timeouts{Request: dur(200 * time.Millisecond)}}})))
+	e.p.Update(m.snapshot(1))
+	for target, want := range map[string]int{"/deny": http.StatusForbidden, "/hang": http.StatusGatewayTimeout} {
+		_, resp, err := websocket.Dial(context.Background(), "ws://h2c.b.svc"+target, &websocket.DialOptions{HTTPClient: e.client(vip, false)})
+		if err == nil || resp == nil || resp.StatusCode != want {
+			t.Errorf("upgrade to %s: %v, %v; want %d", target, resp, err, want)
+			continue
+		}
+		if b, _ := io.ReadAll(resp.Body); want == http.StatusForbidden && string(b) != "denied\n" {
+			t.Errorf("403 came with body %q, want the backend's", b)
+		}
+	}
+	if got := e.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": "timeout"}); got != 1 {
+		t.Errorf("request_failures_total{reason=timeout} = %v, want 1", got)
 	}
 }
 
