@@ -352,9 +352,10 @@ func (x *exchange) decorate(h http.Header, r *http.Request, c *balance.Choice) {
 // kubernetes.io/wss, XBackend WSS, HTTP and undeclared protocols: an
 // Upgrade) unless the backend declared HTTP/2, which it then gets as an
 // RFC 8441 extended CONNECT (upstream.Backend.WebSocketH2): XBackend's
-// "MUST include the protocol set here in the negotiation options" leaves
-// no HTTP/1.1 Upgrade to an H2C, HTTP2 or GRPC backend (nor to
-// kubernetes.io/h2c, the same prior-knowledge h2c). A TLS policy whose
+// "MUST include the protocol set here in the negotiation options" has an
+// H2C, HTTP2 or GRPC backend (and kubernetes.io/h2c, the same
+// prior-knowledge h2c) offered HTTP/2 first; one whose SETTINGS refuse
+// extended CONNECT gets the HTTP/1.1 Upgrade then. A TLS policy whose
 // ALPN list has h2 and not http/1.1 declares HTTP/2 where the protocol
 // does not. An HTTP/2 app's requests to a TLS backend that declared no
 // HTTP version offer both by ALPN: they stay HTTP/2 where the backend

@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/tls"
@@ -11,13 +12,18 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/coder/websocket"
+	"golang.org/x/net/http2"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/test/echo"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
+	"github.com/sockmesh/sockmesh/userspace-proxy/relay"
 )
 
 // TestWebSocketOverH2: a WebSocket toward a backend that declared HTTP/2
@@ -113,10 +119,121 @@ func testWebSocketOverH2(t *testing.T, path proxy.HTTP1TLSPath) {
 	}
 }
 
+// TestWebSocketOverH2Fallback: a backend declared h2c whose SETTINGS do
+// not enable extended CONNECT but that serves HTTP/1.1 on the same port,
+// as Go's net/http server does by default, gets the WebSocket as an
+// HTTP/1.1 Upgrade after its SETTINGS said so, from an HTTP/1.1 app and
+// an HTTP/2 app's extended CONNECT alike: such WebSockets worked before
+// sockmesh spoke RFC 8441 and must not start failing. Without the
+// fallback both got 502.
+func TestWebSocketOverH2Fallback(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	m := &mesh{t: t}
+	be, prefaces := startH2WithoutXConnect(t)
+	routedWebSocket(m, "h2c", vip, snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(be)})
+	e.p.Update(m.snapshot(1))
+	ctx := context.Background()
+	c, _, err := websocket.Dial(ctx, "ws://h2c.b.svc/ws", &websocket.DialOptions{HTTPClient: e.client(vip, false)})
+	if err != nil {
+		t.Fatalf("HTTP/1.1 app's upgrade: %v", err)
+	}
+	defer c.CloseNow()
+	if _, first, err := c.Read(ctx); err != nil || !strings.Contains(string(first), `"proto":"HTTP/1.1"`) {
+		t.Errorf("first message %s, %v; want the echo's report of an HTTP/1.1 upgrade", first, err)
+	}
+	if err := c.Write(ctx, websocket.MessageText, []byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if _, got, err := c.Read(ctx); err != nil || string(got) != "hello" {
+		t.Errorf("echo: %q, %v; want hello", got, err)
+	}
+	c.Close(websocket.StatusNormalClosure, "")
+
+	st := openH2WS(t, e.appConn(t, vip), "h2c.b.svc", "/ws")
+	if _, first, err := readWSFrame(st); err != nil || !strings.Contains(string(first), `"proto":"HTTP/1.1"`) {
+		t.Errorf("HTTP/2 app's first message %s, %v; want the echo's report of an HTTP/1.1 upgrade", first, err)
+	}
+	if err := writeWSFrame(st, wsBinary, []byte("over h2")); err != nil {
+		t.Fatal(err)
+	}
+	if _, got, err := readWSFrame(st); err != nil || string(got) != "over h2" {
+		t.Errorf("HTTP/2 app's echo: %q, %v; want over h2", got, err)
+	}
+	if got := prefaces.Load(); got != 2 {
+		t.Errorf("the backend saw %d HTTP/2 prefaces, want 2: the declared protocol is offered first", got)
+	}
+}
+
+// startH2WithoutXConnect runs a backend that takes h2c with prior
+// knowledge but not RFC 8441 — its SETTINGS do not enable extended
+// CONNECT, and it serves no stream — and HTTP/1.1 on the same port, the
+// echo server, whose /ws takes an Upgrade. It counts the HTTP/2
+// connections.
+func startH2WithoutXConnect(t *testing.T) (netip.AddrPort, *atomic.Int32) {
+	l := listenLocal(t)
+	h1 := &handedListener{Listener: l, conns: make(chan net.Conn), closed: make(chan struct{})}
+	srv := echo.New(echo.Config{Namespace: "b"})
+	go srv.Serve(h1)
+	t.Cleanup(func() { srv.Close() })
+	var prefaces atomic.Int32
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				br := bufio.NewReader(c)
+				if p, err := br.Peek(len(http2.ClientPreface)); err != nil || string(p) != http2.ClientPreface {
+					h1.hand(&relay.BufferedConn{Conn: c, R: br})
+					return
+				}
+				prefaces.Add(1)
+				defer c.Close()
+				if err := http2.NewFramer(c, br).WriteSettings(); err == nil {
+					io.Copy(io.Discard, br) // until the proxy closes
+				}
+			}()
+		}
+	}()
+	return l.Addr().(*net.TCPAddr).AddrPort(), &prefaces
+}
+
+// handedListener is a listener whose connections another goroutine hands
+// over, having looked at their first bytes.
+type handedListener struct {
+	net.Listener
+	conns     chan net.Conn
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+func (l *handedListener) hand(c net.Conn) {
+	select {
+	case l.conns <- c:
+	case <-l.closed:
+		c.Close()
+	}
+}
+
+func (l *handedListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *handedListener) Close() error {
+	l.closeOnce.Do(func() { close(l.closed) })
+	return l.Listener.Close()
+}
+
 // TestWebSocketOverH2Unsupported: a backend declared h2c whose SETTINGS do
-// not enable extended CONNECT (nghttpd: HTTP/2 only, no RFC 8441) cannot
-// take a WebSocket: the app gets 502, counted as protocol, the log naming
-// RFC 8441, rather than an HTTP/1.1 Upgrade against what it declared.
+// not enable extended CONNECT and that takes no HTTP/1.1 Upgrade either
+// (nghttpd: HTTP/2 only, no RFC 8441) cannot take a WebSocket: the app
+// gets 502, counted as protocol, the log naming RFC 8441.
 func TestWebSocketOverH2Unsupported(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	m := &mesh{t: t}

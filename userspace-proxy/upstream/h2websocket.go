@@ -22,14 +22,13 @@ import (
 // io.ReadWriteCloser that half-closes (CloseWrite: END_STREAM); another
 // status as it is, its body the stream's DATA. Envoy's HTTP/2 codec turns
 // an HTTP/1.1 upgrade into extended CONNECT and back the same way. A
-// backend whose SETTINGS do not enable extended CONNECT fails the request
-// with an error wrapping ErrNoExtendedConnect, its connection closed:
-// never an HTTP/1.1 Upgrade against the protocol it declared.
+// backend whose SETTINGS do not enable extended CONNECT gets the HTTP/1.1
+// Upgrade instead (h1Fallback).
 func (b *Backend) WebSocketH2() http.RoundTripper { return webSocketH2{b} }
 
 // ErrNoExtendedConnect marks a WebSocket toward an HTTP/2 backend whose
-// SETTINGS do not carry SETTINGS_ENABLE_CONNECT_PROTOCOL=1 (RFC 8441 §3):
-// it cannot take one (ReasonProtocol).
+// SETTINGS do not carry SETTINGS_ENABLE_CONNECT_PROTOCOL=1 (RFC 8441 §3)
+// and that did not take its HTTP/1.1 Upgrade either (ReasonProtocol).
 var ErrNoExtendedConnect = h2connect.ErrNotSupported
 
 type webSocketH2 struct{ b *Backend }
@@ -56,6 +55,9 @@ func (t webSocketH2) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	resp, err := h2connect.Open(req.Context(), conn, &h2connect.Request{Protocol: "websocket", Scheme: req.URL.Scheme,
 		Authority: authority, Path: req.URL.RequestURI(), Header: connectFields(req.Header)}, t.b.w.p.cfg.Panics)
+	if errors.Is(err, h2connect.ErrNotSupported) {
+		return t.h1Fallback(req, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("websocket over http/2: %w", err)
 	}
@@ -71,6 +73,22 @@ func (t webSocketH2) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp.Header["Connection"] = []string{"Upgrade"}
 	resp.Header["Upgrade"] = []string{"websocket"}
 	resp.Header["Sec-Websocket-Accept"] = []string{WebSocketAccept(key)}
+	return resp, nil
+}
+
+// h1Fallback sends req, a WebSocket's Upgrade, over HTTP/1.1 to the
+// endpoint whose HTTP/2 SETTINGS said it takes no extended CONNECT: what
+// every WebSocket to such a backend got before sockmesh spoke RFC 8441.
+// Such backends — Go's net/http server without GODEBUG=http2xconnect=1,
+// nginx — mostly serve HTTP/1.1 on the same port, and a WebSocket they
+// served must not start failing because the backend also declared HTTP/2;
+// the declared protocol was offered first, as the XBackend API asks. One
+// that does not take the Upgrade either fails with both reasons.
+func (t webSocketH2) h1Fallback(req *http.Request, h2err error) (*http.Response, error) {
+	resp, err := h1Transport{t.b}.RoundTrip(req)
+	if err != nil {
+		return nil, fmt.Errorf("websocket over http/2: %w; over http/1.1: %w", h2err, err)
+	}
 	return resp, nil
 }
 
