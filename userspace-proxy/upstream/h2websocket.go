@@ -85,7 +85,7 @@ func (t webSocketH2) RoundTrip(req *http.Request) (*http.Response, error) {
 // the declared protocol was offered first, as the XBackend API asks. One
 // that does not take the Upgrade either fails with both reasons.
 func (t webSocketH2) h1Fallback(req *http.Request, h2err error) (*http.Response, error) {
-	resp, err := h1Transport{t.b}.RoundTrip(req)
+	resp, err := h1Transport(t).RoundTrip(req)
 	if err != nil {
 		return nil, fmt.Errorf("websocket over http/2: %w; over http/1.1: %w", h2err, err)
 	}
