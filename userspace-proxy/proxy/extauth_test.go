@@ -244,8 +244,8 @@ func TestRouteExternalAuth(t *testing.T) {
 // ruleMarks are the filters of a rule with ExternalAuth a whose answers
 // the client must read as the rule's: a ResponseHeaderModifier setting
 // X-Rule and a Content-Type of its own, and CORS for https://a.example
-// with credentials (an Authorization makes a request credentialed, which
-// gets no CORS header otherwise: GEP-1767).
+// with credentials (a credentialed request gets no CORS header otherwise:
+// GEP-1767).
 func ruleMarks(a snapshot.ExternalAuth) snapshot.Filters {
 	return snapshot.Filters{ExternalAuth: &a, CORS: &snapshot.CORS{AllowOrigins: []string{"https://a.example"}, AllowCredentials: true, MaxAge: 5},
 		ResponseHeaders: &snapshot.HeaderModifier{Set: []snapshot.Header{{Name: "X-Rule", Value: "1"}, {Name: "Content-Type", Value: "application/json"}}}}

@@ -184,6 +184,37 @@ func (c *corsPolicy) apply(h http.Header, d *Decision) {
 
 var trueValue = shared("true")
 
+// carriesCredentials reports whether a request carries credentials (GEP-1767:
+// "cookies, TLS client certificates, or authentication headers containing
+// a username and password"; Fetch: cookies and HTTP authentication
+// entries), which a browser sends cross-origin only in credentials mode
+// "include": a Cookie, which no script may set, or an Authorization in a
+// scheme the browser itself answers challenges with. A token a script
+// sets (Authorization: Bearer) is a request header like any other, sent
+// in the default mode, whose answer the browser reads with
+// Access-Control-Allow-Origin alone: counted, every such call of a
+// single-page app whose rule leaves allowCredentials unset lost its CORS
+// headers, and the browser refused the answer.
+func carriesCredentials(h http.Header) bool {
+	if h.Get("Cookie") != "" {
+		return true
+	}
+	for _, v := range h.Values("Authorization") {
+		scheme, _, _ := strings.Cut(strings.TrimSpace(v), " ")
+		for _, s := range browserAuthSchemes {
+			if strings.EqualFold(scheme, s) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// browserAuthSchemes are the HTTP authentication schemes browsers keep
+// entries for and answer on their own (Basic and Digest carry a user name,
+// Negotiate and NTLM the user's login).
+var browserAuthSchemes = [...]string{"Basic", "Digest", "Negotiate", "NTLM"}
+
 // addVary lists name in h's Vary unless it is there, or "*" is.
 func addVary(h http.Header, name string) {
 	old := h["Vary"]

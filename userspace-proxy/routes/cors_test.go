@@ -42,6 +42,8 @@ func TestCORS(t *testing.T) {
 	}
 	wildcards := snapshot.CORS{AllowOrigins: []string{"*"}, AllowMethods: []string{"*"}, AllowHeaders: []string{"*"},
 		ExposeHeaders: []string{"*"}, MaxAge: 5}
+	listedNoCredentials := listed
+	listedNoCredentials.AllowCredentials = false
 	wildcardsCredentials := wildcards
 	wildcardsCredentials.AllowCredentials = true
 	wildcardsCredentials.ExposeHeaders = []string{"*", "x-a"}
@@ -139,8 +141,25 @@ func TestCORS(t *testing.T) {
 		// credentialed request; with it, the origin is echoed.
 		{"cookie without allowCredentials: none", wildcards, credentialed(fromOrigin("https://app.example"), "Cookie", "sid=abc123"), Forward,
 			http.Header{"Access-Control-Allow-Origin": {"*"}}, http.Header{"Vary": {"Origin"}}},
-		{"authorization without allowCredentials: none", wildcards, credentialed(fromOrigin("https://app.example"), "Authorization", "Bearer t"), Forward,
+		{"basic authorization without allowCredentials: none", wildcards, credentialed(fromOrigin("https://app.example"), "Authorization", "Basic dTpw"), Forward,
 			http.Header{}, http.Header{"Vary": {"Origin"}}},
+		{"negotiate authorization without allowCredentials: none", listedNoCredentials, credentialed(fromOrigin("https://www.foo.com"), "Authorization", "negotiate YII="), Forward,
+			http.Header{}, http.Header{"Vary": {"Origin"}}},
+		// A token a script sets is no credential (Fetch: the request goes
+		// in credentials mode "same-origin", and the browser reads its
+		// answer by Access-Control-Allow-Origin alone).
+		{"bearer token without allowCredentials: allowed", wildcards, credentialed(fromOrigin("https://app.example"), "Authorization", "Bearer t"), Forward,
+			http.Header{}, http.Header{
+				"Access-Control-Allow-Origin":   {"https://app.example"},
+				"Access-Control-Expose-Headers": {"*"},
+				"Vary":                          {"Origin"},
+			}},
+		{"custom scheme without allowCredentials: allowed", listedNoCredentials, credentialed(fromOrigin("https://www.foo.com"), "Authorization", "Token abc"), Forward,
+			http.Header{}, http.Header{
+				"Access-Control-Allow-Origin":   {"https://www.foo.com"},
+				"Access-Control-Expose-Headers": {"x-header-3, x-header-4"},
+				"Vary":                          {"Origin"},
+			}},
 		{"cookie with allowCredentials: echoed", wildcardsCredentials, credentialed(fromOrigin("https://app.example"), "Cookie", "sid=abc123"), Forward,
 			http.Header{}, http.Header{
 				"Access-Control-Allow-Origin":      {"https://app.example"},

@@ -197,8 +197,8 @@ type Decision struct {
 	// requestMethod, requestHeaders what a preflight asks for.
 	cors                                  *corsPolicy
 	origin, requestMethod, requestHeaders string
-	// credentialed: the request carries a Cookie or an Authorization
-	// (GEP-1767's credentialed request; a preflight never is).
+	// credentialed: the request carries credentials (carriesCredentials; a
+	// preflight never does).
 	credentialed bool
 }
 
@@ -299,7 +299,7 @@ func corsPreflight(d *Decision, req *Request, r *rule) bool {
 	d.cors, d.origin = r.filters.cors, req.Header.Get("Origin")
 	method := preflightMethod(req)
 	if method == "" {
-		d.credentialed = req.Header.Get("Cookie") != "" || req.Header.Get("Authorization") != ""
+		d.credentialed = carriesCredentials(req.Header)
 		return false
 	}
 	d.Action, d.Status = Preflight, http.StatusOK
