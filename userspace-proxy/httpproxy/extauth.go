@@ -8,6 +8,7 @@ import (
 	"io"
 	"maps"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
@@ -18,7 +19,8 @@ import (
 
 // ExternalAuth filters (GEP-1494, HTTP protocol): before a request of the
 // rule goes on, its authorization server gets a request with the same
-// method, the path after the filter's prefix, the query, Host,
+// method, the path routes matched (dot segments resolved: routes.Decision.
+// RequestPath) after the filter's prefix, the query, Host,
 // Authorization and the allowed headers, and the body when the filter
 // forwards it (Content-Length then says its size; a body over maxSize is
 // refused 413 once maxSize+1 bytes of it came). Its 200 lets the
@@ -172,10 +174,15 @@ func (h *Handler) askHTTP(ctx context.Context, x *exchange, r *http.Request, ea 
 	if err != nil {
 		return nil, fmt.Errorf("external auth request: %w", err)
 	}
-	// The path as the app encoded it, as routes matched it (and the GRPC
-	// protocol's CheckRequest has it): decoded, "/a%2Fb" reached the
-	// server as "/a/b", another path than the one routed and forwarded.
-	ar.URL.Path, ar.URL.RawPath = ea.PathPrefix+r.URL.Path, ea.PathPrefix+r.URL.EscapedPath()
+	// The path as routes matched it (and the GRPC protocol's CheckRequest
+	// has it): encoded as the app encoded it — decoded, "/a%2Fb" reached
+	// the server as "/a/b", another path than the one routed and
+	// forwarded — its dot segments resolved.
+	path := ea.PathPrefix + x.r.d.RequestPath
+	ar.URL.Path, ar.URL.RawPath = path, path
+	if p, err := url.PathUnescape(path); err == nil {
+		ar.URL.Path = p
+	}
 	ar.URL.RawQuery, ar.Host = r.URL.RawQuery, r.Host
 	for _, k := range ea.AllowedHeaders {
 		k = http.CanonicalHeaderKey(k)

@@ -20,7 +20,8 @@ import (
 // ExternalAuth filters with the GRPC protocol speak Envoy's ext_authz v3
 // (envoy.service.auth.v3.Authorization/Check) as one unary call over the
 // backend's own pool and TLS: the CheckRequest holds the request's method,
-// path and query, host, scheme (http: an app's TLS is passed through, never
+// path (as routes matched it: dot segments resolved) and query, host,
+// scheme (http: an app's TLS is passed through, never
 // seen here), protocol, its headers (the allowed ones;
 // none listed: all; never hop-by-hop ones, removeHopByHop; lowercased,
 // values joined by ",") and the body when
@@ -46,8 +47,13 @@ func (h *Handler) askGRPC(ctx context.Context, x *exchange, r *http.Request, ea 
 			headers[strings.ToLower(k)] = strings.Join(vv, ",")
 		}
 	}
+	// The path as routes matched it (askHTTP), then the query as sent.
+	path := x.r.d.RequestPath
+	if r.URL.RawQuery != "" || r.URL.ForceQuery {
+		path += "?" + r.URL.RawQuery
+	}
 	msg, err := proto.Marshal(&authv3.CheckRequest{Attributes: &authv3.AttributeContext{Request: &authv3.AttributeContext_Request{
-		Http: &authv3.AttributeContext_HttpRequest{Method: r.Method, Path: r.URL.RequestURI(), Host: r.Host, Scheme: "http", // apps speak cleartext to the proxy
+		Http: &authv3.AttributeContext_HttpRequest{Method: r.Method, Path: path, Host: r.Host, Scheme: "http", // apps speak cleartext to the proxy
 			Protocol: r.Proto, Headers: headers, Body: string(body), Size: int64(len(body))},
 	}}})
 	if err != nil {

@@ -169,6 +169,12 @@ type Decision struct {
 
 	// Location is the Redirect target.
 	Location string
+	// RequestPath is the request's path as the rules matched it: Path
+	// normalized (RFC 3986 §6.2.2, "/a/../b" is "/b"), percent-encoded.
+	// An ExternalAuth server is asked about it: a server shown
+	// "/public/../admin" for a request the "/admin" rule took would judge
+	// another resource than the one routed.
+	RequestPath string
 
 	// Backend is where Forward sends the request.
 	Backend snapshot.BackendRef
@@ -211,6 +217,7 @@ func (s *Set) Decide(req *Request, rnd Rand, d *Decision) {
 		return
 	}
 	path := normalizePath(req.Path)
+	d.RequestPath = path
 	i := s.preflightEntry(req, path)
 	if i < 0 {
 		i = s.find(req, path, nil)
