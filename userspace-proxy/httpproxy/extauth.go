@@ -257,14 +257,18 @@ func authTo(ar *http.Request, be *upstream.Backend, c *balance.Choice) *http.Req
 const authAnswerLimit = 64 << 10
 
 // copyAuthHeaders copies the headers of the server's 200 into the request
-// to the backend: those allowed but the framing fields (framingField), or
-// all but Host and the answer's own hop-by-hop, framing and Date fields,
-// which would misdescribe the request.
+// to the backend: those allowed but the framing fields (framingField) and
+// Host, or all but Host and the answer's own hop-by-hop, framing and Date
+// fields, which would misdescribe the request. Host is the request's
+// authority, which net/http keeps outside the header map: copied, the fast
+// path sent it as a second Host line, which a backend must refuse (RFC
+// 9112 §3.2); the GRPC protocol's answers cannot set it either
+// (applyHeaderOptions).
 func copyAuthHeaders(dst, src http.Header, allowed []string) {
 	if len(allowed) > 0 {
 		for _, k := range allowed {
 			k = http.CanonicalHeaderKey(k)
-			if vv, ok := src[k]; ok && !framingField(k) {
+			if vv, ok := src[k]; ok && !framingField(k) && k != "Host" {
 				dst[k] = vv
 			}
 		}

@@ -101,12 +101,12 @@ func FuzzCheckAnswer(f *testing.F) {
 }
 
 // TestCopyAuthHeadersFraming: an HTTP authorization server's framing
-// fields reach no request, also when the filter allows them by name: the
-// request keeps its own framing (framingField).
+// fields and Host reach no request, also when the filter allows them by
+// name: the request keeps its own framing (framingField) and authority.
 func TestCopyAuthHeadersFraming(t *testing.T) {
-	for _, allowed := range [][]string{nil, {"content-length", "Transfer-Encoding", "X-User"}} {
+	for _, allowed := range [][]string{nil, {"content-length", "Transfer-Encoding", "X-User", "host"}} {
 		dst := http.Header{"X-A": {"1"}}
-		src := http.Header{"Content-Length": {"26"}, "Transfer-Encoding": {"chunked"}, "X-User": {"alice"}}
+		src := http.Header{"Content-Length": {"26"}, "Transfer-Encoding": {"chunked"}, "X-User": {"alice"}, "Host": {"elsewhere"}}
 		copyAuthHeaders(dst, src, allowed)
 		if want := (http.Header{"X-A": {"1"}, "X-User": {"alice"}}); !maps.EqualFunc(dst, want, slices.Equal) {
 			t.Errorf("copyAuthHeaders(allowed %q) = %v, want %v", allowed, dst, want)
