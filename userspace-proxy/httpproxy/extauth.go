@@ -170,7 +170,9 @@ var errAuthBodyTooLarge = errors.New("request body larger than the external auth
 func (h *Handler) askHTTP(ctx context.Context, x *exchange, r *http.Request, ea *snapshot.ExternalAuth, body []byte) (denied *localAnswer, err error) {
 	ctx, cancel := context.WithTimeout(ctx, h.cfg.Routing.ExternalAuthTimeout)
 	defer cancel()
-	ar, err := http.NewRequestWithContext(ctx, r.Method, "/", bytes.NewReader(body))
+	// The method routes matched: a WebSocket's GET, whichever HTTP the
+	// app speaks.
+	ar, err := http.NewRequestWithContext(ctx, routes.MethodOf(r), "/", bytes.NewReader(body))
 	if err != nil {
 		return nil, fmt.Errorf("external auth request: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
 )
 
 // ExternalAuth filters with the GRPC protocol speak Envoy's ext_authz v3
@@ -53,7 +54,7 @@ func (h *Handler) askGRPC(ctx context.Context, x *exchange, r *http.Request, ea 
 		path += "?" + r.URL.RawQuery
 	}
 	msg, err := proto.Marshal(&authv3.CheckRequest{Attributes: &authv3.AttributeContext{Request: &authv3.AttributeContext_Request{
-		Http: &authv3.AttributeContext_HttpRequest{Method: r.Method, Path: path, Host: r.Host, Scheme: "http", // apps speak cleartext to the proxy
+		Http: &authv3.AttributeContext_HttpRequest{Method: routes.MethodOf(r), Path: path, Host: r.Host, Scheme: "http", // apps speak cleartext to the proxy
 			Protocol: r.Proto, Headers: headers, Body: string(body), Size: int64(len(body))},
 	}}})
 	if err != nil {

@@ -89,7 +89,20 @@ type Request struct {
 
 // FromHTTP returns r's Request. It shares r's header map.
 func FromHTTP(r *http.Request) Request {
-	return Request{Method: r.Method, Path: r.URL.EscapedPath(), RawQuery: r.URL.RawQuery, Host: r.Host, Header: r.Header, TLS: r.TLS != nil}
+	return Request{Method: MethodOf(r), Path: r.URL.EscapedPath(), RawQuery: r.URL.RawQuery, Host: r.Host, Header: r.Header, TLS: r.TLS != nil}
+}
+
+// MethodOf is the method r stands for: its own, but GET for an RFC 8441
+// extended CONNECT (net/http's HTTP/2 server shows its :protocol as a
+// header field), the HTTP/2 form of an HTTP/1.1 Upgrade, which is a GET:
+// a WebSocket is one request whichever HTTP its app speaks, and a rule's
+// method match, like an ExternalAuth server, must see it so (Envoy turns
+// the one into the other before it routes).
+func MethodOf(r *http.Request) string {
+	if r.ProtoMajor == 2 && r.Method == http.MethodConnect && r.Header.Get(":protocol") != "" {
+		return http.MethodGet
+	}
+	return r.Method
 }
 
 // Rand is where Decide draws weighted picks and mirror fractions from.
