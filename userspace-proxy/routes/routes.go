@@ -230,6 +230,11 @@ func (s *Set) Decide(req *Request, rnd Rand, d *Decision) {
 		return
 	}
 	path := normalizePath(req.Path)
+	if path == "" && req.Method != http.MethodConnect {
+		// An absolute-form target without a path ("GET http://echo"),
+		// which the backend gets as "/" (RFC 9110 §4.2.3: the same URI).
+		path = "/"
+	}
 	d.RequestPath = path
 	i := s.preflightEntry(req, path)
 	if i < 0 {

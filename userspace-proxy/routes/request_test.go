@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"net/url"
 	"testing"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
 )
 
 // TestMethodOf: an RFC 8441 extended CONNECT stands for the GET of an
@@ -30,5 +32,28 @@ func TestMethodOf(t *testing.T) {
 		if got := FromHTTP(r).Method; got != tc.want {
 			t.Errorf("%s: FromHTTP(r).Method = %s, want %s", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestAbsoluteFormWithoutPath: "GET http://echo" (absolute-form, no path)
+// names the root, as the backend gets it ("/"): an Exact "/" rule takes
+// it, and a redirect's Location names the root. It met no rule but a "/"
+// prefix before, and went to another rule or 404.
+func TestAbsoluteFormWithoutPath(t *testing.T) {
+	u, err := url.ParseRequestURI("http://echo?q=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &http.Request{ProtoMajor: 1, Method: http.MethodGet, URL: u, Host: "echo", Header: http.Header{}}
+	rs := &snapshot.RouteSet{Kind: snapshot.KindHTTPRoute,
+		Matches: []snapshot.RouteMatch{{Path: exact("/"), Rule: 0}, {Path: prefix("/"), Rule: 1}},
+		Rules: []snapshot.RouteRule{
+			{Filters: snapshot.Filters{Redirect: &snapshot.Redirect{Hostname: "example.org", StatusCode: 302}}},
+			to(v2),
+		}}
+	req := FromHTTP(r)
+	d := decide(compileSet(80, rs), &req)
+	if d.Action != Redirect || d.Location != "http://example.org/?q=1" || d.RequestPath != "/" {
+		t.Errorf("GET http://echo?q=1: %v %q, RequestPath %q; want the Exact \"/\" rule's redirect to http://example.org/?q=1", d.Action, d.Location, d.RequestPath)
 	}
 }
