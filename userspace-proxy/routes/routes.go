@@ -182,8 +182,9 @@ type Decision struct {
 
 	// Location is the Redirect target.
 	Location string
-	// RequestPath is the request's path as the rules matched it: Path
-	// normalized (RFC 3986 §6.2.2, "/a/../b" is "/b"), percent-encoded.
+	// RequestPath is the request's path as the rules matched it:
+	// Request.Path normalized (RFC 3986 §6.2.2, "/a/../b" is "/b"; an
+	// absolute-form target's empty path is "/"), percent-encoded.
 	// An ExternalAuth server is asked about it: a server shown
 	// "/public/../admin" for a request the "/admin" rule took would judge
 	// another resource than the one routed.
