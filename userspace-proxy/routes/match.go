@@ -53,9 +53,12 @@ type entry struct {
 
 // valueMatch compares a header (key canonical) or a query parameter.
 type valueMatch struct {
-	key   string
-	host  bool // the "Host" header: the request's authority
-	exact string
+	key  string
+	host bool // the "Host" header: the request's authority
+	// upgrade: the "Upgrade" header, which an extended CONNECT carries as
+	// its :protocol (Request.Upgrade).
+	upgrade bool
+	exact   string
 	// binary: exact is a gRPC binary header's snapshot.BinaryValue form,
 	// compared with the request's.
 	binary bool
@@ -150,7 +153,7 @@ func compileValues(ms []snapshot.StringMatch, header, grpc bool) ([]valueMatch, 
 		v := valueMatch{key: m.Name}
 		if header {
 			v.key = http.CanonicalHeaderKey(m.Name)
-			v.host = v.key == "Host"
+			v.host, v.upgrade = v.key == "Host", v.key == "Upgrade"
 		}
 		switch m.Type {
 		case snapshot.MatchExact:
@@ -358,6 +361,8 @@ func (v *valueMatch) matchHeader(req *Request) bool {
 	switch vs := req.Header[v.key]; {
 	case v.host:
 		value = req.Host
+	case v.upgrade && req.Upgrade != "":
+		value = req.Upgrade
 	case len(vs) == 0:
 		return false
 	case len(vs) == 1:

@@ -35,6 +35,37 @@ func TestMethodOf(t *testing.T) {
 	}
 }
 
+// TestUpgradeMatchExtendedConnect: a rule matching Upgrade: websocket
+// takes an HTTP/2 app's WebSocket, an extended CONNECT, as it takes an
+// HTTP/1.1 app's Upgrade: it carries the field as its :protocol. It went
+// to another rule before.
+func TestUpgradeMatchExtendedConnect(t *testing.T) {
+	ws := prefix("/")
+	rs := &snapshot.RouteSet{Kind: snapshot.KindHTTPRoute,
+		Matches: []snapshot.RouteMatch{
+			{Path: ws, Headers: []snapshot.StringMatch{{Name: "upgrade", Type: snapshot.MatchExact, Value: "websocket"}}, Rule: 0},
+			{Path: ws, Rule: 1},
+		},
+		Rules: []snapshot.RouteRule{to(v1), to(v2)}}
+	s := compileSet(80, rs)
+	for _, tc := range []struct {
+		name string
+		r    *http.Request
+		want snapshot.BackendRef
+	}{
+		{"HTTP/1.1 Upgrade", &http.Request{ProtoMajor: 1, Method: http.MethodGet, Header: http.Header{"Upgrade": {"websocket"}, "Connection": {"Upgrade"}}}, v1},
+		{"extended CONNECT", &http.Request{ProtoMajor: 2, Method: http.MethodConnect, Header: http.Header{":protocol": {"websocket"}}}, v1},
+		{"extended CONNECT of another protocol", &http.Request{ProtoMajor: 2, Method: http.MethodConnect, Header: http.Header{":protocol": {"webtransport"}}}, v2},
+		{"plain GET", &http.Request{ProtoMajor: 2, Method: http.MethodGet, Header: http.Header{}}, v2},
+	} {
+		tc.r.URL = &url.URL{Path: "/chat"}
+		req := FromHTTP(tc.r)
+		if d := decide(s, &req); d.Action != Forward || d.Backend != tc.want {
+			t.Errorf("%s: %v to %v, want Forward to %v", tc.name, d.Action, d.Backend.Name, tc.want.Name)
+		}
+	}
+}
+
 // TestAbsoluteFormWithoutPath: "GET http://echo" (absolute-form, no path)
 // names the root, as the backend gets it ("/"): an Exact "/" rule takes
 // it, and a redirect's Location names the root. It met no rule but a "/"

@@ -75,6 +75,10 @@ type Request struct {
 	// Host is the authority (http.Request.Host), with its port if sent.
 	Host   string
 	Header http.Header
+	// Upgrade is the protocol an RFC 8441 extended CONNECT asks for (its
+	// :protocol): the request stands for an HTTP/1.1 GET with that
+	// Upgrade field (MethodOf), which an Upgrade header match sees.
+	Upgrade string
 	// TLS reports that the client spoke https to the proxy. The L7 path
 	// sees plaintext requests only, so it is false there.
 	TLS bool
@@ -89,7 +93,8 @@ type Request struct {
 
 // FromHTTP returns r's Request. It shares r's header map.
 func FromHTTP(r *http.Request) Request {
-	return Request{Method: MethodOf(r), Path: r.URL.EscapedPath(), RawQuery: r.URL.RawQuery, Host: r.Host, Header: r.Header, TLS: r.TLS != nil}
+	return Request{Method: MethodOf(r), Path: r.URL.EscapedPath(), RawQuery: r.URL.RawQuery, Host: r.Host, Header: r.Header,
+		TLS: r.TLS != nil, Upgrade: extendedProtocol(r)}
 }
 
 // MethodOf is the method r stands for: its own, but GET for an RFC 8441
@@ -97,12 +102,21 @@ func FromHTTP(r *http.Request) Request {
 // header field), the HTTP/2 form of an HTTP/1.1 Upgrade, which is a GET:
 // a WebSocket is one request whichever HTTP its app speaks, and a rule's
 // method match, like an ExternalAuth server, must see it so (Envoy turns
-// the one into the other before it routes).
+// the one into the other before it routes; Request.Upgrade).
 func MethodOf(r *http.Request) string {
-	if r.ProtoMajor == 2 && r.Method == http.MethodConnect && r.Header.Get(":protocol") != "" {
+	if extendedProtocol(r) != "" {
 		return http.MethodGet
 	}
 	return r.Method
+}
+
+// extendedProtocol is the :protocol of r when r is an RFC 8441 extended
+// CONNECT, "" otherwise.
+func extendedProtocol(r *http.Request) string {
+	if r.ProtoMajor != 2 || r.Method != http.MethodConnect {
+		return ""
+	}
+	return r.Header.Get(":protocol")
 }
 
 // Rand is where Decide draws weighted picks and mirror fractions from.
