@@ -10,6 +10,14 @@
 // golang.org/x/net/http2's Transport now wraps it. It uses x/net/http2's
 // Framer and HPACK for the wire; it parses nothing itself.
 //
+// The backend is untrusted input: what it may hold in the proxy is bounded
+// by the windows the proxy grants (256 KiB of DATA) and the head's limit
+// (1 MiB, 1xx answers included); a breach of RFC 9113 or RFC 8441 — a
+// frame out of place, a setting out of range, DATA past a window, a window
+// past 2^31-1 — ends the connection with a GOAWAY carrying its code
+// (ErrProtocol), as Go's HTTP/2 client does. The wait for its SETTINGS and
+// its answer is bounded by Open's context alone.
+//
 // It must not multiplex: one connection carries one stream, as an
 // HTTP/1.1 connection carries one upgraded WebSocket, so a stream's end or
 // reset ends its connection and nothing else.

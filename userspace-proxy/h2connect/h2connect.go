@@ -2,6 +2,7 @@ package h2connect
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -38,6 +39,12 @@ type Request struct {
 // an extended CONNECT (RFC 8441 §3); nothing was sent.
 var ErrNotSupported = errors.New("backend's HTTP/2 SETTINGS do not enable extended CONNECT (SETTINGS_ENABLE_CONNECT_PROTOCOL=1, RFC 8441)")
 
+// ErrProtocol: the server broke RFC 9113 or RFC 8441 — a frame out of
+// place, a setting out of range, DATA past the window the proxy gave, a
+// window past 2^31-1, an answer's head past MaxHeaderListSize. The
+// connection ended with a GOAWAY carrying the error's code.
+var ErrProtocol = errors.New("backend broke the HTTP/2 protocol")
+
 // errUnprocessed: a GOAWAY said the server did not process the stream.
 var errUnprocessed = errors.New("backend sent GOAWAY before the stream")
 
@@ -50,6 +57,14 @@ const (
 	// peer's until its SETTINGS say otherwise.
 	initialWindow = 65535
 	maxFrame      = 16384
+	// maxWindow bounds every flow-control window (RFC 9113 §6.9.1).
+	maxWindow = 1<<31 - 1
+	// maxHeaderList bounds an answer's head, 1xx ones included, as
+	// net/http's Transport bounds an HTTP/1.1 one; the SETTINGS say so.
+	maxHeaderList = http.DefaultMaxHeaderBytes
+	// max1xx bounds the 1xx answers before the final one, as net/http's
+	// HTTP/1.1 client does.
+	max1xx = 5
 )
 
 // Open sends req as an extended CONNECT on conn, a connection to an
@@ -61,10 +76,11 @@ const (
 // panics reports a panic of the goroutine that reads conn.
 func Open(ctx context.Context, conn net.Conn, req *Request, panics *contain.Reporter) (*http.Response, error) {
 	s := &Stream{conn: conn, fr: http2.NewFramer(conn, conn), sendConn: initialWindow,
-		sendStream: initialWindow, initial: initialWindow, recvConn: window, recvStream: window, maxFrame: maxFrame}
+		sendStream: initialWindow, initial: initialWindow, recvConn: window, recvStream: window, maxFrame: maxFrame,
+		headerTable: defaultHeaderTable, headRoom: maxHeaderList}
 	s.cond.L = &s.mu
-	s.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	s.fr.MaxHeaderListSize = http.DefaultMaxHeaderBytes // as net/http's Transport bounds an answer's head
+	s.fr.ReadMetaHeaders = hpack.NewDecoder(defaultHeaderTable, nil)
+	s.fr.MaxHeaderListSize = maxHeaderList
 	s.fr.SetMaxReadFrameSize(maxFrame)
 	stop := context.AfterFunc(ctx, func() {
 		s.fail(ctx.Err())
@@ -86,7 +102,8 @@ func (s *Stream) open(req *Request, panics *contain.Reporter) (*http.Response, e
 		return nil, err
 	}
 	err := s.fr.WriteSettings(http2.Setting{ID: http2.SettingEnablePush, Val: 0},
-		http2.Setting{ID: http2.SettingInitialWindowSize, Val: window})
+		http2.Setting{ID: http2.SettingInitialWindowSize, Val: window},
+		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: maxHeaderList})
 	if err == nil {
 		err = s.fr.WriteWindowUpdate(0, window-initialWindow)
 	}
@@ -107,7 +124,11 @@ func (s *Stream) open(req *Request, panics *contain.Reporter) (*http.Response, e
 		return nil, ErrNotSupported
 	}
 	if err := s.writeHeaders(req); err != nil {
-		return nil, err
+		// The reader's error, when it closed the connection under the
+		// write, says why.
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return nil, cmp.Or(s.err, err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -126,6 +147,15 @@ func (s *Stream) open(req *Request, panics *contain.Reporter) (*http.Response, e
 func (s *Stream) writeHeaders(req *Request) error {
 	var block bytes.Buffer
 	enc := hpack.NewEncoder(&block)
+	s.mu.Lock()
+	// The server's decoder holds no more of a dynamic table than its
+	// SETTINGS_HEADER_TABLE_SIZE (RFC 7541 §4.2); with 0, none.
+	enc.SetMaxDynamicTableSizeLimit(s.headerTable)
+	size := int(s.maxFrame)
+	// From here the stream is open (RFC 9113 §5.1): frames of the
+	// server's for it are in place.
+	s.opened = true
+	s.mu.Unlock()
 	field := func(k, v string) { enc.WriteField(hpack.HeaderField{Name: k, Value: v}) }
 	field(":method", http.MethodConnect)
 	field(":protocol", req.Protocol)
@@ -139,9 +169,6 @@ func (s *Stream) writeHeaders(req *Request) error {
 	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	s.mu.Lock()
-	size := int(s.maxFrame)
-	s.mu.Unlock()
 	b := block.Bytes()
 	first := b[:min(len(b), size)]
 	b = b[len(first):]
@@ -167,16 +194,21 @@ type Stream struct {
 	cond sync.Cond // on mu: any change below
 	err  error     // the stream's end other than END_STREAM, once set
 	// settled: the server's first SETTINGS came; xconnect: they allow
-	// extended CONNECT.
-	settled, xconnect bool
-	status            int // the final answer's; 0 before
-	header            http.Header
-	in                bytes.Buffer // DATA not read yet
+	// extended CONNECT. opened: the request's HEADERS went.
+	settled, xconnect, opened bool
+	status                    int // the final answer's; 0 before
+	header                    http.Header
+	// informational counts the 1xx answers; headRoom is what the heads
+	// to come may still hold (maxHeaderList for them all).
+	informational int
+	headRoom      uint32
+	in            bytes.Buffer // DATA not read yet
 	// recvEnd and sentEnd: END_STREAM came, went.
 	recvEnd, sentEnd bool
-	// Send windows, the server's initial one and its frame size.
+	// Send windows, the server's initial one, its frame size and its
+	// HPACK decoder's table size.
 	sendConn, sendStream, initial int64
-	maxFrame                      uint32
+	maxFrame, headerTable         uint32
 	// recvConn and recvStream are what the server may still send;
 	// unacked what was read and not yet given back (WINDOW_UPDATE).
 	recvConn, recvStream, unacked int64
@@ -196,28 +228,36 @@ func (s *Stream) Read(p []byte) (int, error) {
 		return 0, s.err
 	}
 	n, _ := s.in.Read(p)
-	// Given back in quarters of the window, not per read: a relay reads a
-	// byte first, then the rest.
-	s.unacked += int64(n)
-	credit := int64(0)
-	if s.unacked >= window/4 {
-		credit, s.unacked = s.unacked, 0
-		s.recvConn += credit
-		if !s.recvEnd {
-			s.recvStream += credit
-		}
-	}
-	ended := s.recvEnd
+	credit, stream := s.consumed(int64(n))
 	s.mu.Unlock()
-	if credit > 0 {
-		s.giveBack(credit, !ended)
-	}
+	s.giveBack(credit, stream)
 	return n, nil
 }
 
-// giveBack sends WINDOW_UPDATEs for n bytes, for the stream too while it
-// is open toward the proxy.
+// consumed counts n bytes of the windows as taken off the connection (read,
+// or padding), and returns the credit to give back now and whether the
+// stream's window takes it too. Credit goes back in quarters of the
+// window, not per read: a relay reads a byte first, then the rest. s.mu
+// is held.
+func (s *Stream) consumed(n int64) (credit int64, stream bool) {
+	s.unacked += n
+	if s.unacked < window/4 {
+		return 0, false
+	}
+	credit, s.unacked = s.unacked, 0
+	s.recvConn += credit
+	if !s.recvEnd {
+		s.recvStream += credit
+	}
+	return credit, !s.recvEnd
+}
+
+// giveBack sends WINDOW_UPDATEs for n bytes, if any, for the stream too
+// while it is open toward the proxy.
 func (s *Stream) giveBack(n int64, stream bool) {
+	if n == 0 {
+		return
+	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	err := s.fr.WriteWindowUpdate(0, uint32(n))
@@ -299,144 +339,4 @@ func (s *Stream) fail(err error) {
 		s.err = err
 	}
 	s.cond.Broadcast()
-}
-
-// readLoop reads the server's frames until the connection ends.
-func (s *Stream) readLoop(panics *contain.Reporter) {
-	var err error
-	defer panics.Recover("extended connect", &err, func() { s.fail(err); s.conn.Close() })
-	for {
-		f, rerr := s.fr.ReadFrame()
-		if rerr == nil {
-			rerr = s.handle(f)
-		}
-		if rerr != nil {
-			s.fail(rerr)
-			if !errors.Is(rerr, io.EOF) && !errors.Is(rerr, net.ErrClosed) {
-				s.conn.Close() // a protocol error: nothing more can be read
-			}
-			return
-		}
-	}
-}
-
-// handle acts on one frame of the server's.
-func (s *Stream) handle(f http2.Frame) error {
-	switch f := f.(type) {
-	case *http2.SettingsFrame:
-		if f.IsAck() {
-			return nil
-		}
-		if err := s.settings(f); err != nil {
-			return err
-		}
-		s.wmu.Lock()
-		defer s.wmu.Unlock()
-		return s.fr.WriteSettingsAck()
-	case *http2.PingFrame:
-		if f.IsAck() {
-			return nil
-		}
-		s.wmu.Lock()
-		defer s.wmu.Unlock()
-		return s.fr.WritePing(true, f.Data)
-	case *http2.WindowUpdateFrame:
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if f.StreamID == 0 {
-			s.sendConn += int64(f.Increment)
-		} else {
-			s.sendStream += int64(f.Increment)
-		}
-		s.cond.Broadcast()
-	case *http2.MetaHeadersFrame:
-		return s.headers(f)
-	case *http2.DataFrame:
-		return s.data(f)
-	case *http2.RSTStreamFrame:
-		return http2.StreamError{StreamID: f.StreamID, Code: f.ErrCode, Cause: errors.New("backend reset the stream")}
-	case *http2.GoAwayFrame:
-		if f.LastStreamID < id {
-			return fmt.Errorf("%w (%v)", errUnprocessed, f.ErrCode)
-		}
-		if f.ErrCode != http2.ErrCodeNo {
-			return http2.ConnectionError(f.ErrCode)
-		}
-	case *http2.PushPromiseFrame:
-		return http2.ConnectionError(http2.ErrCodeProtocol) // SETTINGS_ENABLE_PUSH was 0
-	}
-	return nil
-}
-
-// settings applies the server's SETTINGS.
-func (s *Stream) settings(f *http2.SettingsFrame) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	err := f.ForeachSetting(func(st http2.Setting) error {
-		if err := st.Valid(); err != nil {
-			return err
-		}
-		switch st.ID {
-		case http2.SettingInitialWindowSize:
-			s.sendStream += int64(st.Val) - s.initial
-			s.initial = int64(st.Val)
-		case http2.SettingMaxFrameSize:
-			s.maxFrame = st.Val
-		case http2.SettingEnableConnectProtocol:
-			s.xconnect = st.Val == 1
-		}
-		return nil
-	})
-	s.settled = true
-	s.cond.Broadcast()
-	return err
-}
-
-// headers takes the answer's HEADERS: 1xx ones are passed over, the first
-// final one is the answer, a later one its trailers (dropped: a tunnel
-// has none to pass on).
-func (s *Stream) headers(f *http2.MetaHeadersFrame) error {
-	if f.StreamID != id {
-		return http2.ConnectionError(http2.ErrCodeProtocol)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.status == 0 {
-		code, err := strconv.Atoi(f.PseudoValue("status"))
-		if err != nil || code < 100 || code > 999 {
-			return fmt.Errorf("backend answered with :status %q", f.PseudoValue("status"))
-		}
-		if code >= 200 {
-			s.status = code
-			s.header = make(http.Header, len(f.Fields))
-			for _, hf := range f.RegularFields() {
-				s.header.Add(hf.Name, hf.Value)
-			}
-		}
-	}
-	s.recvEnd = s.recvEnd || f.StreamEnded()
-	s.cond.Broadcast()
-	return nil
-}
-
-// data takes a DATA frame of the stream, within the windows the proxy
-// gave (RFC 9113 §6.9.1); its padding counts as read, given back with
-// the next WINDOW_UPDATE.
-func (s *Stream) data(f *http2.DataFrame) error {
-	n := int64(f.Header().Length)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	switch {
-	case f.StreamID != id || s.status == 0 || s.recvEnd:
-		return http2.ConnectionError(http2.ErrCodeProtocol)
-	case n > s.recvConn || n > s.recvStream:
-		return http2.ConnectionError(http2.ErrCodeFlowControl)
-	}
-	s.recvConn -= n
-	s.recvStream -= n
-	s.in.Write(f.Data())
-	s.unacked += n - int64(len(f.Data()))
-	s.recvEnd = f.StreamEnded()
-	s.cond.Broadcast()
-	return nil
 }

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/net/http2"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/h2connect"
 	"github.com/sockmesh/sockmesh/userspace-proxy/pool"
 	"github.com/sockmesh/sockmesh/userspace-proxy/upstreamtls"
 )
@@ -130,7 +131,8 @@ func Classify(err error) Reason {
 		return ReasonTLSHandshake
 	case errors.As(err, &de):
 		return ReasonDialFailed
-	case errors.Is(err, ErrNotHTTP11), errors.Is(err, ErrNotHTTP2), errors.Is(err, ErrNoExtendedConnect), errors.Is(err, pool.ErrHeadTooLarge),
+	case errors.Is(err, ErrNotHTTP11), errors.Is(err, ErrNotHTTP2), errors.Is(err, ErrNoExtendedConnect), errors.Is(err, h2connect.ErrProtocol),
+		errors.Is(err, pool.ErrHeadTooLarge),
 		errors.Is(streamCause(err), pool.ErrHeadTooLarge):
 		return ReasonProtocol
 	}
