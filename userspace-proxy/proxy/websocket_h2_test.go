@@ -159,8 +159,8 @@ func TestWebSocketOverH2Fallback(t *testing.T) {
 	if _, got, err := readWSFrame(st); err != nil || string(got) != "over h2" {
 		t.Errorf("HTTP/2 app's echo: %q, %v; want over h2", got, err)
 	}
-	if got := prefaces.Load(); got != 2 {
-		t.Errorf("the backend saw %d HTTP/2 prefaces, want 2: the declared protocol is offered first", got)
+	if got := prefaces.Load(); got != 1 {
+		t.Errorf("the backend saw %d HTTP/2 prefaces, want 1: the declared protocol is offered first, and its refusal remembered", got)
 	}
 }
 

@@ -5,7 +5,11 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
+	"net/netip"
+	"sync"
+	"time"
 
 	"golang.org/x/net/http/httpguts"
 
@@ -23,7 +27,8 @@ import (
 // status as it is, its body the stream's DATA. Envoy's HTTP/2 codec turns
 // an HTTP/1.1 upgrade into extended CONNECT and back the same way. A
 // backend whose SETTINGS do not enable extended CONNECT gets the HTTP/1.1
-// Upgrade instead (h1Fallback).
+// Upgrade instead (h1Fallback), and its endpoint gets the WebSockets of
+// the next refusedFor so, without an HTTP/2 connection to ask again.
 func (b *Backend) WebSocketH2() http.RoundTripper { return webSocketH2{b} }
 
 // ErrNoExtendedConnect marks a WebSocket toward an HTTP/2 backend whose
@@ -45,6 +50,9 @@ func (t webSocketH2) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
+	if at, ok := t.b.w.noXConnect.refused(picked.Endpoint.Addr); ok {
+		return t.h1Fallback(req, fmt.Errorf("%w (its SETTINGS at %s)", h2connect.ErrNotSupported, at.Format(time.RFC3339)))
+	}
 	conn, err := t.b.w.dialH2(req.Context(), picked, WireH2)
 	if err != nil {
 		return nil, err
@@ -56,6 +64,7 @@ func (t webSocketH2) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp, err := h2connect.Open(req.Context(), conn, &h2connect.Request{Protocol: "websocket", Scheme: req.URL.Scheme,
 		Authority: authority, Path: req.URL.RequestURI(), Header: connectFields(req.Header)}, t.b.w.p.cfg.Panics)
 	if errors.Is(err, h2connect.ErrNotSupported) {
+		t.b.w.noXConnect.remember(picked.Endpoint.Addr)
 		return t.h1Fallback(req, err)
 	}
 	if err != nil {
@@ -90,6 +99,55 @@ func (t webSocketH2) h1Fallback(req *http.Request, h2err error) (*http.Response,
 		return nil, fmt.Errorf("websocket over http/2: %w; over http/1.1: %w", h2err, err)
 	}
 	return resp, nil
+}
+
+// refusedFor is how long an endpoint whose SETTINGS refused extended
+// CONNECT gets WebSockets as HTTP/1.1 Upgrades without being asked again,
+// as long as an endpoint that declined h2 by ALPN is taken to speak
+// HTTP/1.1 (h1OnlyFor): asking costs the endpoint an HTTP/2 connection
+// (preface, SETTINGS) per WebSocket, a reconnecting client's included;
+// asking again after a while notices a backend upgraded in place (its pod
+// keeping its address) to take RFC 8441. A new pod, or changed protocol or
+// TLS settings (a new wireState), is asked at once.
+const refusedFor = time.Minute
+
+// refusals remembers when each endpoint's SETTINGS last refused extended
+// CONNECT. It holds only those that did within refusedFor: each refusal
+// it is told of first forgets those older, so endpoints that came and
+// went take no memory past that. The zero value is empty, on the wall
+// clock.
+type refusals struct {
+	mu sync.Mutex
+	at map[netip.AddrPort]time.Time
+	// now is the clock; nil means time.Now (tests set it).
+	now func() time.Time
+}
+
+func (r *refusals) clock() time.Time {
+	if r.now == nil {
+		return time.Now()
+	}
+	return r.now()
+}
+
+// refused reports whether ep refused within refusedFor, and when.
+func (r *refusals) refused(ep netip.AddrPort) (time.Time, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	at, ok := r.at[ep]
+	return at, ok && r.clock().Sub(at) < refusedFor
+}
+
+// remember records that ep refused now.
+func (r *refusals) remember(ep netip.AddrPort) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.clock()
+	maps.DeleteFunc(r.at, func(_ netip.AddrPort, at time.Time) bool { return now.Sub(at) >= refusedFor })
+	if r.at == nil {
+		r.at = make(map[netip.AddrPort]time.Time)
+	}
+	r.at[ep] = now
 }
 
 // connectFields are an Upgrade request's fields as an extended CONNECT

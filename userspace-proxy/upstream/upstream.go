@@ -253,6 +253,9 @@ type wireState struct {
 	// declinedH2 is when an endpoint last answered an offer of h2 with
 	// HTTP/1.1 (unix nanoseconds; 0: never); see SpeaksH1Only.
 	declinedH2 atomic.Int64
+	// noXConnect remembers the endpoints whose SETTINGS refused a
+	// WebSocket's extended CONNECT (webSocketH2).
+	noXConnect refusals
 }
 
 // h1OnlyFor is how long a backend whose endpoint answered an offer of h2
