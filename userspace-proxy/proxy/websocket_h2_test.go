@@ -129,7 +129,7 @@ func testWebSocketOverH2(t *testing.T, path proxy.HTTP1TLSPath) {
 func TestWebSocketOverH2Fallback(t *testing.T) {
 	e := newEnv(t, envOptions{})
 	m := &mesh{t: t}
-	be, prefaces := startH2WithoutXConnect(t)
+	be, prefaces := startH2WithoutXConnect(t, "")
 	routedWebSocket(m, "h2c", vip, snapshot.Backend{Protocol: snapshot.ProtocolH2C, Endpoints: endpoints(be)})
 	e.p.Update(m.snapshot(1))
 	ctx := context.Background()
@@ -167,12 +167,12 @@ func TestWebSocketOverH2Fallback(t *testing.T) {
 // startH2WithoutXConnect runs a backend that takes h2c with prior
 // knowledge but not RFC 8441 — its SETTINGS do not enable extended
 // CONNECT, and it serves no stream — and HTTP/1.1 on the same port, the
-// echo server, whose /ws takes an Upgrade. It counts the HTTP/2
+// echo server of pod, whose /ws takes an Upgrade. It counts the HTTP/2
 // connections.
-func startH2WithoutXConnect(t *testing.T) (netip.AddrPort, *atomic.Int32) {
+func startH2WithoutXConnect(t *testing.T, pod string) (netip.AddrPort, *atomic.Int32) {
 	l := listenLocal(t)
 	h1 := &handedListener{Listener: l, conns: make(chan net.Conn), closed: make(chan struct{})}
-	srv := echo.New(echo.Config{Namespace: "b"})
+	srv := echo.New(echo.Config{Namespace: "b", Pod: pod})
 	go srv.Serve(h1)
 	t.Cleanup(func() { srv.Close() })
 	var prefaces atomic.Int32
