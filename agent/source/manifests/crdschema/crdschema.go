@@ -37,6 +37,9 @@ type version struct {
 	structural *structuralschema.Structural
 	schema     validation.SchemaValidator
 	cel        *cel.Validator
+	// status: the version has the status subresource, so status is not
+	// written on create.
+	status bool
 }
 
 // Embedded returns the Set of the embedded CRDs. They are parsed once per
@@ -69,11 +72,13 @@ func load(fsys fs.FS) (*Set, error) {
 			}
 			gvk := schema.GroupVersionKind{Group: crd.Spec.Group, Version: v.Name, Kind: crd.Spec.Names.Kind}
 			props := v.Schema.OpenAPIV3Schema
+			status := v.Subresources != nil && v.Subresources.Status != nil
 			s.versions[gvk] = sync.OnceValues(func() (*version, error) {
 				c, err := compile(props)
 				if err != nil {
 					return nil, fmt.Errorf("compile crd %s, version %s: %w", crd.Name, gvk.Version, err)
 				}
+				c.status = status
 				return c, nil
 			})
 		}
@@ -123,9 +128,10 @@ func (s *Set) Kinds() []schema.GroupVersionKind {
 }
 
 // Admit applies the defaults of gvk's CRD to obj, an object's JSON content
-// as unstructured decoding makes it (integers as int64), and returns what
-// the CRD refuses in it, as field errors with the API server's paths and
-// messages. An error means gvk is not in s or its CRD does not compile.
+// as unstructured decoding makes it (integers as int64), drops its status
+// where the CRD has a status subresource, and returns what the CRD refuses
+// in it, as field errors with the API server's paths and messages. An
+// error means gvk is not in s or its CRD does not compile.
 func (s *Set) Admit(gvk schema.GroupVersionKind, obj map[string]any) (field.ErrorList, error) {
 	compiled, ok := s.versions[gvk]
 	if !ok {
@@ -138,6 +144,11 @@ func (s *Set) Admit(gvk schema.GroupVersionKind, obj map[string]any) (field.Erro
 	// The API server's order: defaults are applied when the request is
 	// decoded, before validation.
 	defaulting.Default(obj, v.structural)
+	if v.status {
+		// Status is written through the status subresource only: create
+		// drops it before validating (customResourceStrategy.PrepareForCreate).
+		delete(obj, "status")
+	}
 	errs := validation.ValidateCustomResource(nil, obj, v.schema)
 	errs = append(errs, listtype.ValidateListSetsAndMaps(nil, v.structural, obj)...)
 	if blocking(errs) {
