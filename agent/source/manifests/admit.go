@@ -55,6 +55,11 @@ func validateMetadata(obj runtime.Object) error {
 	if !ok {
 		return nil
 	}
+	if m.GetName() == "" && m.GetGenerateName() != "" {
+		// The API server would make a name; kubectl apply refuses, and a
+		// file read again would make another object each time.
+		return fmt.Errorf("%s: metadata.name: Required value: generateName %q makes a new name at each create; kubectl apply refuses it too", Key(obj), m.GetGenerateName())
+	}
 	if errs := apimachineryvalidation.ValidateObjectMetaAccessor(m, namespaced(obj), nameRule(obj), field.NewPath("metadata")); len(errs) > 0 {
 		return invalid(obj, errs)
 	}

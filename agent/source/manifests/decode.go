@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
@@ -18,8 +19,10 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwv1alpha3 "sigs.k8s.io/gateway-api/apis/v1alpha3"
 	gwv1beta1 "sigs.k8s.io/gateway-api/apis/v1beta1"
 	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/sockmesh/sockmesh/agent/source/manifests/crdschema"
 	"github.com/sockmesh/sockmesh/agent/translate"
@@ -57,14 +60,24 @@ func NewUncheckedDecoder() (*Decoder, error) {
 			return nil, fmt.Errorf("build manifest scheme: %w", err)
 		}
 	}
-	// ReferenceGrant is served as v1 and v1beta1 with one schema; manifests
-	// written for older clusters use v1beta1. Decode returns v1 for both.
-	// Other v1beta1 kinds stay unknown: translate reads their v1 form only.
+	// The v1.7.0 CRDs serve ReferenceGrant and HTTPRoute as v1beta1 too,
+	// BackendTLSPolicy as v1alpha3 too, each with its v1 schema; manifests
+	// written for older clusters use them. Decode returns them as v1, as
+	// the API server stores them. Other older kinds stay unknown.
 	beta := schema.GroupVersion{Group: gwv1beta1.GroupName, Version: "v1beta1"}
-	scheme.AddKnownTypes(beta, &gwv1beta1.ReferenceGrant{}, &gwv1beta1.ReferenceGrantList{})
+	scheme.AddKnownTypes(beta, &gwv1beta1.ReferenceGrant{}, &gwv1beta1.ReferenceGrantList{}, &gwv1beta1.HTTPRoute{}, &gwv1beta1.HTTPRouteList{})
 	metav1.AddToGroupVersion(scheme, beta)
+	alpha3 := schema.GroupVersion{Group: gwv1alpha3.GroupName, Version: "v1alpha3"}
+	scheme.AddKnownTypes(alpha3, &gwv1alpha3.BackendTLSPolicy{}, &gwv1alpha3.BackendTLSPolicyList{})
+	metav1.AddToGroupVersion(scheme, alpha3)
 	return &Decoder{decoder: serializer.NewCodecFactory(scheme, serializer.EnableStrict).UniversalDeserializer()}, nil
 }
+
+// MaxDocumentBytes bounds a document, a List too: the body an API server
+// takes in one request (k8s.io/apiserver's MaxRequestBodyBytes default),
+// so that any object a cluster holds fits. Decoding takes some 25 times a
+// document's size in memory and a second per 10 MB.
+const MaxDocumentBytes = 3 << 20
 
 // Decode reads every document in r and returns the objects, in order. It
 // stops at the first bad document; the error names it by its 1-based
@@ -82,6 +95,9 @@ func (d *Decoder) Decode(r io.Reader) ([]runtime.Object, error) {
 		}
 		if isEmpty(doc) {
 			continue
+		}
+		if len(doc) > MaxDocumentBytes {
+			return nil, fmt.Errorf("document %d: %d bytes, over the %d an API server takes in a request: split it into documents", n, len(doc), MaxDocumentBytes)
 		}
 		objs, err := d.decodeDocument(doc, 0)
 		if err != nil {
@@ -156,20 +172,61 @@ func (d *Decoder) decodeDocument(doc []byte, depth int) ([]runtime.Object, error
 func (d *Decoder) decodeObject(doc []byte) (runtime.Object, *schema.GroupVersionKind, error) {
 	obj, gvk, err := d.decoder.Decode(doc, nil, nil)
 	if err != nil {
-		return nil, gvk, describe(err, gvk)
+		return nil, gvk, d.describe(err, gvk, doc)
 	}
-	if g, ok := obj.(*gwv1beta1.ReferenceGrant); ok {
-		obj = referenceGrantV1(g)
-	}
+	obj = asV1(obj)
 	normalize(obj)
 	return obj, gvk, nil
 }
 
-func describe(err error, gvk *schema.GroupVersionKind) error {
-	if gvk != nil && gvk.Kind != "" {
+// describe is the error for doc, which did not decode. Errors about a
+// missing kind or apiVersion quote the whole document: they are replaced,
+// so that a large document makes no large message.
+func (d *Decoder) describe(err error, gvk *schema.GroupVersionKind, doc []byte) error {
+	switch {
+	case !isObject(doc):
+		return errors.New("decode: not an object: a document is a mapping with apiVersion, kind and metadata")
+	case runtime.IsMissingKind(err):
+		return errors.New("decode: kind is missing")
+	case runtime.IsMissingVersion(err):
+		return errors.New("decode: apiVersion is missing")
+	case runtime.IsNotRegisteredError(err):
+		return d.notServed(doc, err)
+	case gvk != nil && gvk.Kind != "":
 		return fmt.Errorf("decode %s: %w", kindOf(gvk), err)
 	}
 	return fmt.Errorf("decode: %w", err)
+}
+
+// notServed is the error for doc, whose apiVersion and kind the decoder
+// does not know: the versions the CRDs serve of a Gateway API kind, so
+// that a manifest for an older release says what to write instead.
+func (d *Decoder) notServed(doc []byte, err error) error {
+	var tm metav1.TypeMeta
+	if yaml.Unmarshal(doc, &tm) != nil {
+		return fmt.Errorf("decode: %w", err)
+	}
+	gvk := tm.GroupVersionKind()
+	var served []string
+	if d.crds != nil {
+		for _, k := range d.crds.Kinds() {
+			if k.GroupKind() == gvk.GroupKind() {
+				served = append(served, k.GroupVersion().String())
+			}
+		}
+	}
+	if len(served) == 0 {
+		return fmt.Errorf("%s is not a kind sockmesh reads", kindOf(&gvk))
+	}
+	slices.Sort(served)
+	return fmt.Errorf("%s: the Gateway API v1.7.0 CRDs serve %s as %s only", kindOf(&gvk), gvk.Kind, strings.Join(served, ", "))
+}
+
+// isObject reports whether doc may be an object: its top is a mapping, or
+// it is no valid YAML (the decoder's error says where).
+func isObject(doc []byte) bool {
+	js, err := utilyaml.ToJSON(doc)
+	return err != nil || bytes.HasPrefix(bytes.TrimSpace(js), []byte("{"))
 }
 
 func kindOf(gvk *schema.GroupVersionKind) string {
@@ -179,11 +236,26 @@ func kindOf(gvk *schema.GroupVersionKind) string {
 	return fmt.Sprintf("kind %s (apiVersion %s)", gvk.Kind, gvk.GroupVersion())
 }
 
-// referenceGrantV1 is g as the v1 API serves it (same schema).
-func referenceGrantV1(g *gwv1beta1.ReferenceGrant) *gwv1.ReferenceGrant {
-	out := gwv1.ReferenceGrant(*g)
-	out.APIVersion = gwv1.GroupVersion.String()
-	return &out
+// asV1 returns an object of an older version the CRDs serve with v1's
+// schema (NewUncheckedDecoder lists them) as v1, as the API server stores
+// it; other objects as they are.
+func asV1(obj runtime.Object) runtime.Object {
+	v1 := gwv1.GroupVersion.String()
+	switch o := obj.(type) {
+	case *gwv1beta1.ReferenceGrant:
+		out := gwv1.ReferenceGrant(*o)
+		out.APIVersion = v1
+		return &out
+	case *gwv1beta1.HTTPRoute:
+		out := gwv1.HTTPRoute(*o)
+		out.APIVersion = v1
+		return &out
+	case *gwv1alpha3.BackendTLSPolicy:
+		out := gwv1.BackendTLSPolicy(*o)
+		out.APIVersion = v1
+		return &out
+	}
+	return obj
 }
 
 // normalize applies what kubectl apply and the API server would, and

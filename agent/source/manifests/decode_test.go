@@ -103,8 +103,12 @@ spec: {from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: oth
 		},
 		{name: "unknown field", in: "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec: {prots: []}\n", wantErr: `document 1: decode kind Service (apiVersion v1): strict decoding error: unknown field "spec.prots"`},
 		{name: "kind sockmesh does not read", in: "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: d}\n", wantErr: "document 2: kind Deployment (apiVersion apps/v1) is not a kind sockmesh reads"},
-		{name: "unregistered kind", in: "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n", wantErr: `document 1: decode: no kind "Widget" is registered for version "example.com/v1"`},
-		{name: "older API version", in: "apiVersion: gateway.networking.k8s.io/v1alpha3\nkind: BackendTLSPolicy\nmetadata: {name: w}\n", wantErr: `no kind "BackendTLSPolicy" is registered for version "gateway.networking.k8s.io/v1alpha3"`},
+		{name: "unregistered kind", in: "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n", wantErr: `document 1: kind Widget (apiVersion example.com/v1) is not a kind sockmesh reads`},
+		// The CRDs serve BackendTLSPolicy as v1alpha3 too, not as v1alpha2.
+		{name: "API version the CRDs no longer serve", in: "apiVersion: gateway.networking.k8s.io/v1alpha2\nkind: BackendTLSPolicy\nmetadata: {name: w}\n",
+			wantErr: "document 1: kind BackendTLSPolicy (apiVersion gateway.networking.k8s.io/v1alpha2): the Gateway API v1.7.0 CRDs serve BackendTLSPolicy as gateway.networking.k8s.io/v1, gateway.networking.k8s.io/v1alpha3 only"},
+		{name: "API version the CRDs do not serve yet", in: "apiVersion: gateway.networking.x-k8s.io/v1alpha2\nkind: XBackend\nmetadata: {name: w}\n",
+			wantErr: "document 1: kind XBackend (apiVersion gateway.networking.x-k8s.io/v1alpha2): the Gateway API v1.7.0 CRDs serve XBackend as gateway.networking.x-k8s.io/v1alpha1 only"},
 		// Refused by the CRDs (TestCRDRefusals has one case per kind, each
 		// asked of a real API server): the error names the document, the
 		// object and every field, as kubectl apply would.
@@ -179,8 +183,8 @@ stringData: {tls.key: new}
 
 // TestDecodeReferenceGrant: v1 and v1beta1 ReferenceGrants both arrive in
 // Input.ReferenceGrants as v1, with their spec whole and the default
-// namespace applied; a v1beta1 kind other than ReferenceGrant stays
-// unknown.
+// namespace applied; a v1beta1 kind the CRDs do not serve as v1beta1
+// stays unknown.
 func TestDecodeReferenceGrant(t *testing.T) {
 	dec, err := manifests.NewDecoder()
 	if err != nil {
@@ -232,9 +236,9 @@ spec:
 	if got := manifests.Key(objs[1]); got != "ReferenceGrant default/beta-grant" {
 		t.Errorf("Key(v1beta1 grant) = %q", got)
 	}
-	_, err = dec.Decode(strings.NewReader("apiVersion: gateway.networking.k8s.io/v1beta1\nkind: HTTPRoute\nmetadata: {name: h}\n"))
-	if err == nil || !strings.Contains(err.Error(), `no kind "HTTPRoute" is registered for version "gateway.networking.k8s.io/v1beta1"`) {
-		t.Errorf("v1beta1 HTTPRoute: %v, want unknown", err)
+	_, err = dec.Decode(strings.NewReader("apiVersion: gateway.networking.k8s.io/v1beta1\nkind: GRPCRoute\nmetadata: {name: h}\n"))
+	if err == nil || !strings.Contains(err.Error(), "the Gateway API v1.7.0 CRDs serve GRPCRoute as gateway.networking.k8s.io/v1 only") {
+		t.Errorf("v1beta1 GRPCRoute: %v, want the versions served", err)
 	}
 	_, err = dec.Decode(strings.NewReader("apiVersion: gateway.networking.k8s.io/v1beta1\nkind: ReferenceGrant\nmetadata: {name: g}\nspec: {form: []}\n"))
 	if err == nil || !strings.Contains(err.Error(), `unknown field "spec.form"`) {
