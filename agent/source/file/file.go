@@ -6,6 +6,8 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"os"
@@ -288,9 +290,11 @@ func (s *Source) readFiles(entries []os.DirEntry) {
 		if strings.HasPrefix(name, ".") || !isManifest(name) {
 			continue
 		}
-		// Stat follows symlinks (a mounted ConfigMap's files are links).
+		// Stat follows symlinks (a mounted ConfigMap's files are links); a
+		// dangling link is no file, but one that cannot be followed (a
+		// loop, a denied directory) is an error, not a removal.
 		fi, err := os.Stat(s.path(name))
-		if err != nil || !fi.Mode().IsRegular() {
+		if errors.Is(err, fs.ErrNotExist) || err == nil && !fi.Mode().IsRegular() {
 			continue
 		}
 		seen[name] = true
@@ -299,8 +303,14 @@ func (s *Source) readFiles(entries []os.DirEntry) {
 			st = &fileState{}
 			s.files[name] = st
 		}
-		data, err := os.ReadFile(s.path(name))
+		var data []byte
+		if err == nil {
+			data, err = readFile(s.path(name))
+		}
 		if err != nil {
+			// What the file holds now is unknown: decode it again once it
+			// reads, though its bytes be those last read.
+			st.read = false
 			st.err = fmt.Errorf("%s: %w", s.path(name), err)
 			continue
 		}
@@ -324,6 +334,29 @@ func (s *Source) readFiles(entries []os.DirEntry) {
 }
 
 func (s *Source) path(name string) string { return filepath.Join(s.cfg.Dir, name) }
+
+// maxFileBytes bounds a manifest file, so that a large file put in the
+// directory by mistake (a log, a dump) is refused before it is read whole
+// rather than exhausting the agent's memory: decoding takes some 25 times
+// a file's size. A document may have manifests.MaxDocumentBytes.
+const maxFileBytes = 32 << 20
+
+// readFile reads the file at path, of at most maxFileBytes.
+func readFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxFileBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxFileBytes {
+		return nil, fmt.Errorf("over %d bytes: not read (split it into files)", maxFileBytes)
+	}
+	return data, nil
+}
 
 func isManifest(name string) bool {
 	switch filepath.Ext(name) {

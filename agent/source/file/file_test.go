@@ -185,6 +185,78 @@ func TestReloadRefusesWhatTheCRDRefuses(t *testing.T) {
 	}
 }
 
+// TestReloadRefusesLargeFiles: a file over maxFileBytes (a log or a dump
+// put there by mistake) is refused before it is read whole; its last good
+// content stays, and once it is put back as it was the error goes. A file
+// of maxFileBytes is read (comments only: nothing to decode).
+func TestReloadRefusesLargeFiles(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "a.yaml", service("a"))
+	comments := func(n int) string {
+		line := "# " + strings.Repeat("x", 1021) + "\n"
+		return strings.Repeat(line, n/len(line)) + strings.Repeat("#", n%len(line))
+	}
+	write(t, dir, "b.yaml", comments(maxFileBytes))
+	s := newSource(t, dir)
+	s.reload()
+	if errs := s.Errors(); len(errs) != 0 {
+		t.Fatalf("Errors() = %v, want none (a file of maxFileBytes is read)", errs)
+	}
+
+	write(t, dir, "a.yaml", comments(maxFileBytes+1))
+	s.reload()
+	if got := names(s.Input().Services); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("Services = %v, want the last good [a]", got)
+	}
+	want := fmt.Sprintf("a.yaml: over %d bytes: not read", maxFileBytes)
+	if errs := s.Errors(); len(errs) != 1 || !strings.Contains(errs[0].Error(), want) {
+		t.Fatalf("Errors() = %v, want one saying %q", errs, want)
+	}
+
+	write(t, dir, "a.yaml", service("a"))
+	s.reload()
+	if errs := s.Errors(); len(errs) != 0 {
+		t.Errorf("Errors() = %v after a.yaml got its last good bytes back, want none", errs)
+	}
+}
+
+// TestReloadKeepsFileBehindBrokenLink: a file that becomes a link that
+// cannot be followed (here a loop) is an error that keeps its last good
+// content, not a removal; a dangling link is no file.
+func TestReloadKeepsFileBehindBrokenLink(t *testing.T) {
+	dir := t.TempDir()
+	write(t, dir, "a.yaml", service("a"))
+	s := newSource(t, dir)
+	s.reload()
+	if err := os.Remove(filepath.Join(dir, "a.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("a.yaml", filepath.Join(dir, "a.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	s.reload()
+	if got := names(s.Input().Services); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("Services = %v, want the last good [a]", got)
+	}
+	if errs := s.Errors(); len(errs) != 1 || !strings.Contains(errs[0].Error(), "a.yaml: stat") || !strings.Contains(errs[0].Error(), "too many levels of symbolic links") {
+		t.Errorf("Errors() = %v, want a.yaml's link loop", errs)
+	}
+
+	if err := os.Remove(filepath.Join(dir, "a.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("missing.yaml", filepath.Join(dir, "a.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	s.reload()
+	if got := names(s.Input().Services); len(got) != 0 {
+		t.Errorf("Services = %v behind a dangling link, want none", got)
+	}
+	if errs := s.Errors(); len(errs) != 0 {
+		t.Errorf("Errors() = %v, want none", errs)
+	}
+}
+
 func TestReloadSignalsOnlyChanges(t *testing.T) {
 	dir := t.TempDir()
 	write(t, dir, "a.yaml", service("a"))
