@@ -64,3 +64,44 @@ func TestEveryVersionCompiles(t *testing.T) {
 		t.Error("Admit of a kind without an embedded CRD: no error")
 	}
 }
+
+// TestEmbeddedIsParsedOnce: every Decoder of the process shares one Set,
+// so the CRDs are parsed, and each version compiled, once.
+func TestEmbeddedIsParsedOnce(t *testing.T) {
+	a, err := Embedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := Embedded(); a != b {
+		t.Error("Embedded returned another Set on its second call")
+	}
+}
+
+// BenchmarkLoad is what Embedded costs the first time: parsing every
+// embedded CRD.
+func BenchmarkLoad(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := load(crdFiles); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkCompileHTTPRoute is what the first HTTPRoute v1 admitted costs
+// on top: compiling its schema and CEL rules, the largest of the CRDs.
+func BenchmarkCompileHTTPRoute(b *testing.B) {
+	b.ReportAllocs()
+	gvk := schema.GroupVersionKind{Group: "gateway.networking.k8s.io", Version: "v1", Kind: "HTTPRoute"}
+	for b.Loop() {
+		b.StopTimer()
+		s, err := load(crdFiles)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		if _, err := s.versions[gvk](); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
