@@ -15,9 +15,19 @@
 // refuse (package manifests admits each as the v1.7.0 experimental CRDs and
 // the API server's metadata rules do), is reported (file name and reason:
 // Errors, the log, and a metric) and its last good content stays in place,
-// all of its objects; the rest of the directory still updates. Nothing a file holds makes the source stop.
-// An object defined in two files is taken from the first file by name, and
-// the duplicate is reported.
+// all of its objects; the rest of the directory still updates. So is a
+// file over 32 MiB, which is not read, and one that cannot be read (a link
+// loop); a removed file, or a dangling link, takes its objects with it.
+// Nothing a file holds makes the source stop. An object defined in two
+// files is taken from the first file by name, and the duplicate is
+// reported.
+//
+// A file is read as it is when the burst's reload comes: one rewritten in
+// place by a writer slower than Debounce (a shell's "> file" before the
+// data comes) may be read half-written. A half that does not parse keeps
+// the last good content; one that does (an emptied file, documents cut at
+// a separator) is served until the write ends. Files replaced by rename
+// (an editor's safe save, a mounted ConfigMap) are never seen half-written.
 //
 // It implements agent/source.Source. It only reads: it never writes the
 // directory, translates, or sets Input.Now, Node or Resolved.
