@@ -27,7 +27,8 @@ func Load(t testing.TB, file, caName string, in *translate.Input) {
 		t.Fatal(err)
 	}
 	pemText := "    " + strings.ReplaceAll(strings.TrimSpace(string(ca.CertPEM)), "\n", "\n    ")
-	dec, err := manifests.NewDecoder()
+	// Fixtures stand for a cluster's objects: their status is kept.
+	dec, err := manifests.NewDecoderKeepingStatus()
 	if err != nil {
 		t.Fatal(err)
 	}

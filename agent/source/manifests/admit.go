@@ -30,6 +30,11 @@ func (d *Decoder) admit(doc []byte, gvk schema.GroupVersionKind, obj runtime.Obj
 	if err := utiljson.Unmarshal(js, &content); err != nil {
 		return nil, fmt.Errorf("%s: %w", Key(obj), err)
 	}
+	if !d.keepStatus && d.crds.HasStatusSubresource(gvk) {
+		// Status is written through its subresource only: create drops
+		// it, so that a file's status, nobody's, holds no room in it.
+		delete(content, "status")
+	}
 	errs, err := d.crds.Admit(gvk, content)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", Key(obj), err)

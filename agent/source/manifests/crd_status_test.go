@@ -10,8 +10,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/sockmesh/sockmesh/agent/source/manifests"
 	"github.com/sockmesh/sockmesh/agent/translate"
 )
 
@@ -61,6 +63,18 @@ func TestStatusInFileIsDropped(t *testing.T) {
 				t.Errorf("decoded status = %+v, want none, as the API server stores", status.Interface())
 			}
 		})
+	}
+
+	// Fixtures standing for a cluster's objects keep it, checked.
+	keeping, err := manifests.NewDecoderKeepingStatus()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if objs, err := keeping.Decode(strings.NewReader(policy)); err != nil || len(objs[0].(*gwv1.BackendTLSPolicy).Status.Ancestors) != 16 {
+		t.Errorf("NewDecoderKeepingStatus: %v, want the policy with its 16 ancestors", err)
+	}
+	if _, err := keeping.Decode(strings.NewReader(route)); err == nil || !strings.Contains(err.Error(), "status.parents[0].conditions") {
+		t.Errorf("NewDecoderKeepingStatus of a status its schema refuses: %v, want refused", err)
 	}
 
 	services := "apiVersion: v1\nkind: Service\nmetadata: {name: api, namespace: crd}\nspec: {clusterIP: 10.96.0.10, ports: [{port: 443}]}\n"

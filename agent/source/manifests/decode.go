@@ -32,6 +32,9 @@ import (
 type Decoder struct {
 	decoder runtime.Decoder
 	crds    *crdschema.Set // nil: objects are returned as written, unchecked
+	// keepStatus: Gateway API objects keep (and have checked) their
+	// status, rather than lose it as on create.
+	keepStatus bool
 }
 
 // NewDecoder returns a Decoder that knows the client-go and Gateway API
@@ -46,6 +49,19 @@ func NewDecoder() (*Decoder, error) {
 	if d.crds, err = crdschema.Embedded(); err != nil {
 		return nil, fmt.Errorf("load gateway api crds: %w", err)
 	}
+	return d, nil
+}
+
+// NewDecoderKeepingStatus returns a Decoder like NewDecoder's whose
+// Gateway API objects keep their status, checked against their CRD's
+// schema, where NewDecoder's lose it as on create: for test fixtures that
+// stand for a cluster's objects, whose status controllers wrote.
+func NewDecoderKeepingStatus() (*Decoder, error) {
+	d, err := NewDecoder()
+	if err != nil {
+		return nil, err
+	}
+	d.keepStatus = true
 	return d, nil
 }
 

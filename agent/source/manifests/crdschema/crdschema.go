@@ -29,6 +29,8 @@ var crdFiles embed.FS
 // It is safe for concurrent use.
 type Set struct {
 	versions map[schema.GroupVersionKind]func() (*version, error)
+	// status holds the served versions with the status subresource.
+	status map[schema.GroupVersionKind]bool
 }
 
 // version is one served version of a CRD, compiled as the API server
@@ -37,9 +39,6 @@ type version struct {
 	structural *structuralschema.Structural
 	schema     validation.SchemaValidator
 	cel        *cel.Validator
-	// status: the version has the status subresource, so status is not
-	// written on create.
-	status bool
 }
 
 // Embedded returns the Set of the embedded CRDs. They are parsed once per
@@ -56,7 +55,7 @@ func load(fsys fs.FS) (*Set, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list embedded crds: %w", err)
 	}
-	s := &Set{versions: map[schema.GroupVersionKind]func() (*version, error){}}
+	s := &Set{versions: map[schema.GroupVersionKind]func() (*version, error){}, status: map[schema.GroupVersionKind]bool{}}
 	for _, name := range files {
 		data, err := fs.ReadFile(fsys, name)
 		if err != nil {
@@ -72,15 +71,14 @@ func load(fsys fs.FS) (*Set, error) {
 			}
 			gvk := schema.GroupVersionKind{Group: crd.Spec.Group, Version: v.Name, Kind: crd.Spec.Names.Kind}
 			props := v.Schema.OpenAPIV3Schema
-			status := v.Subresources != nil && v.Subresources.Status != nil
 			s.versions[gvk] = sync.OnceValues(func() (*version, error) {
 				c, err := compile(props)
 				if err != nil {
 					return nil, fmt.Errorf("compile crd %s, version %s: %w", crd.Name, gvk.Version, err)
 				}
-				c.status = status
 				return c, nil
 			})
+			s.status[gvk] = v.Subresources != nil && v.Subresources.Status != nil
 		}
 	}
 	return s, nil
@@ -127,11 +125,16 @@ func (s *Set) Kinds() []schema.GroupVersionKind {
 	return slices.Collect(maps.Keys(s.versions))
 }
 
+// HasStatusSubresource reports whether gvk's CRD serves status as a
+// subresource: the API server then drops an object's status on create
+// (customResourceStrategy.PrepareForCreate), before validating it.
+func (s *Set) HasStatusSubresource(gvk schema.GroupVersionKind) bool { return s.status[gvk] }
+
 // Admit applies the defaults of gvk's CRD to obj, an object's JSON content
-// as unstructured decoding makes it (integers as int64), drops its status
-// where the CRD has a status subresource, and returns what the CRD refuses
-// in it, as field errors with the API server's paths and messages. An
-// error means gvk is not in s or its CRD does not compile.
+// as unstructured decoding makes it (integers as int64), and returns what
+// the CRD refuses in it, its status too, as field errors with the API
+// server's paths and messages. An error means gvk is not in s or its CRD
+// does not compile.
 func (s *Set) Admit(gvk schema.GroupVersionKind, obj map[string]any) (field.ErrorList, error) {
 	compiled, ok := s.versions[gvk]
 	if !ok {
@@ -144,11 +147,6 @@ func (s *Set) Admit(gvk schema.GroupVersionKind, obj map[string]any) (field.Erro
 	// The API server's order: defaults are applied when the request is
 	// decoded, before validation.
 	defaulting.Default(obj, v.structural)
-	if v.status {
-		// Status is written through the status subresource only: create
-		// drops it before validating (customResourceStrategy.PrepareForCreate).
-		delete(obj, "status")
-	}
 	errs := validation.ValidateCustomResource(nil, obj, v.schema)
 	errs = append(errs, listtype.ValidateListSetsAndMaps(nil, v.structural, obj)...)
 	if blocking(errs) {
