@@ -13,9 +13,9 @@ import (
 )
 
 // TestRefusedAsTheAPIServerRefuses: for each kind the file source reads,
-// an object over one of the API server's limits — its metadata rules for
-// core kinds, the v1.7 experimental CRD's schema or CEL rules for Gateway
-// API kinds — is refused by the real API server and by the decoder, which
+// an object over one of the API server's limits — its metadata rules, and
+// its rules for the fields translate reads, for core kinds, the v1.7
+// experimental CRD's schema or CEL rules for Gateway API kinds — is refused by the real API server and by the decoder, which
 // names the document, the object and the fields the API server names; the
 // same object at the limit is accepted by both, so the limit is the one
 // checked.
@@ -46,6 +46,14 @@ func TestRefusedAsTheAPIServerRefuses(t *testing.T) {
 		t.Fatal(err)
 	}
 	bundle := strconv.Quote(string(ca.CertPEM))
+	leaf, err := ca.Issue(pki.LeafOptions{CommonName: "leaf"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slice := func(addressType, address string, port int) string {
+		return "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: e, namespace: crd}\naddressType: " + addressType +
+			"\nendpoints: [{addresses: [\"" + address + "\"]}]\nports: [{port: " + strconv.Itoa(port) + "}]"
+	}
 	xbackend := x("XBackend") + "spec: {type: ExternalHostname, externalHostname: {hostname: a.example.com}, port: {number: 443}, " +
 		"tls: {mode: ServerOnly, validation: {hostname: a.example.com, wellKnownCACertificates: System, subjectAltNames: %s}}}"
 	for _, tc := range []struct {
@@ -69,6 +77,35 @@ func TestRefusedAsTheAPIServerRefuses(t *testing.T) {
 			"apiVersion: certificates.k8s.io/v1\nkind: ClusterTrustBundle\nmetadata: {name: b, " + label(63) + "}\nspec: {trustBundle: " + bundle + "}"},
 		{"ClusterTrustBundle name", "apiVersion: certificates.k8s.io/v1\nkind: ClusterTrustBundle\nmetadata: {name: \"example.com:other:b\"}\nspec: {signerName: example.com/signer, trustBundle: " + bundle + "}",
 			"apiVersion: certificates.k8s.io/v1\nkind: ClusterTrustBundle\nmetadata: {name: \"example.com:signer:b\"}\nspec: {signerName: example.com/signer, trustBundle: " + bundle + "}"},
+		// Core kinds: the fields translate reads, each checked with the
+		// API server's rule (translate skipped or took them unannounced).
+		{"Service port", "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: crd}\nspec: {ports: [{port: 65536}]}",
+			"apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: crd}\nspec: {ports: [{port: 65535}]}"},
+		{"Service port 0", "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: crd}\nspec: {ports: [{port: 0}]}",
+			"apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: crd}\nspec: {ports: [{port: 1}]}"},
+		{"Service protocol", "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: crd}\nspec: {ports: [{port: 80, protocol: QUIC}]}",
+			"apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: crd}\nspec: {ports: [{port: 80, protocol: SCTP}]}"},
+		{"Service clusterIP", "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: crd}\nspec: {clusterIP: 10.96.0.300, ports: [{port: 80}]}",
+			"apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: crd}\nspec: {clusterIP: None, ports: [{port: 80}]}"},
+		{"EndpointSlice address family", slice("IPv4", "fd00::1", 80), slice("IPv4", "10.0.0.1", 80)},
+		{"EndpointSlice address", slice("IPv6", "not-an-ip", 80), slice("IPv6", "fd00::1", 80)},
+		{"EndpointSlice protocol", strings.Replace(slice("IPv4", "10.0.0.1", 80), "{port: 80}", "{port: 80, protocol: QUIC}", 1),
+			strings.Replace(slice("IPv4", "10.0.0.1", 80), "{port: 80}", "{port: 80, protocol: UDP}", 1)},
+		{"Service targetPort", "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: crd}\nspec: {ports: [{port: 80, targetPort: 65536}]}",
+			"apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: crd}\nspec: {ports: [{port: 80, targetPort: http-alt}]}"},
+		{"Service targetPort name", "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: crd}\nspec: {ports: [{port: 80, targetPort: not_a_name}]}",
+			"apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: crd}\nspec: {ports: [{port: 80, targetPort: 8080}]}"},
+		{"EndpointSlice addressType", slice("IPv5", "10.0.0.1", 80), slice("FQDN", "a.example.com", 80)},
+		{"ClusterTrustBundle no certificate", "apiVersion: certificates.k8s.io/v1\nkind: ClusterTrustBundle\nmetadata: {name: b}\nspec: {trustBundle: not a certificate}",
+			"apiVersion: certificates.k8s.io/v1\nkind: ClusterTrustBundle\nmetadata: {name: b}\nspec: {trustBundle: " + bundle + "}"},
+		{"ClusterTrustBundle leaf", "apiVersion: certificates.k8s.io/v1\nkind: ClusterTrustBundle\nmetadata: {name: b}\nspec: {trustBundle: " + strconv.Quote(string(leaf.CertPEM)) + "}",
+			"apiVersion: certificates.k8s.io/v1\nkind: ClusterTrustBundle\nmetadata: {name: b}\nspec: {trustBundle: " + bundle + "}"},
+		{"ClusterTrustBundle key", "apiVersion: certificates.k8s.io/v1\nkind: ClusterTrustBundle\nmetadata: {name: b}\nspec: {trustBundle: " + strconv.Quote(string(ca.CertPEM)+string(leaf.KeyPEM)) + "}",
+			"apiVersion: certificates.k8s.io/v1\nkind: ClusterTrustBundle\nmetadata: {name: b}\nspec: {trustBundle: " + bundle + "}"},
+		{"ClusterTrustBundle duplicate", "apiVersion: certificates.k8s.io/v1\nkind: ClusterTrustBundle\nmetadata: {name: b}\nspec: {trustBundle: " + strconv.Quote(string(ca.CertPEM)+string(ca.CertPEM)) + "}",
+			"apiVersion: certificates.k8s.io/v1\nkind: ClusterTrustBundle\nmetadata: {name: b}\nspec: {trustBundle: " + bundle + "}"},
+		{"Secret kubernetes.io/tls", "apiVersion: v1\nkind: Secret\nmetadata: {name: s, namespace: crd}\ntype: kubernetes.io/tls\nstringData: {tls.key: k}",
+			"apiVersion: v1\nkind: Secret\nmetadata: {name: s, namespace: crd}\ntype: kubernetes.io/tls\nstringData: {tls.key: k, tls.crt: c}"},
 		// Gateway API kinds: the CRD's limits.
 		{"HTTPRoute", gw("HTTPRoute") + "spec: {parentRefs: [" + api + "], hostnames: " + list(17, "h%d.example.com") + "}",
 			gw("HTTPRoute") + "spec: {parentRefs: [" + api + "], hostnames: " + list(16, "h%d.example.com") + "}"},

@@ -180,6 +180,9 @@ func (d *Decoder) decodeDocument(doc []byte, depth int) ([]runtime.Object, error
 	if err := validateMetadata(obj); err != nil {
 		return nil, err
 	}
+	if err := validateCore(obj); err != nil {
+		return nil, err
+	}
 	return []runtime.Object{obj}, nil
 }
 

@@ -1,6 +1,7 @@
 package manifests_test
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 
@@ -8,6 +9,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/source/manifests"
 	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/test/pki"
 )
 
 func TestDecode(t *testing.T) {
@@ -15,6 +17,11 @@ func TestDecode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	ca, err := pki.NewCA("decode")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bundle := strconv.Quote(string(ca.CertPEM))
 	for _, tc := range []struct {
 		name     string
 		in       string
@@ -54,7 +61,7 @@ metadata: {name: x, namespace: apps}
 apiVersion: certificates.k8s.io/v1
 kind: ClusterTrustBundle
 metadata: {name: "example.com:signer:v1"}
-spec: {signerName: example.com/signer, trustBundle: ""}
+spec: {signerName: example.com/signer, trustBundle: ` + bundle + `}
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: BackendTLSPolicy

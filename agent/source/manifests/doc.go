@@ -21,10 +21,13 @@
 // What they refuse is an error naming the document, the
 // object and each field, as kubectl apply names them: "document 2:
 // HTTPRoute shop/r: spec.hostnames: Too many: 17: must have at most 16
-// items". Core kinds' other fields (a Service's ports, a Pod's spec) meet
-// no check here: their rules live in k8s.io/kubernetes, which is no
-// library, and translate checks what it reads of them; they keep their
-// status (a Pod's podIPs place it, as the kubelet's would). Two more things
+// items". Of core kinds' other fields, those translate reads are checked
+// with the API server's rules, restated (k8s.io/kubernetes is no library):
+// a Service's clusterIPs and ports (number, targetPort, protocol), an
+// EndpointSlice's addressType, addresses and port protocols, a
+// ClusterTrustBundle's trustBundle, a kubernetes.io/tls Secret's keys; the
+// rest (a Pod's spec) meet none. Core objects keep their status (a Pod's
+// podIPs place it, as the kubelet's would). Two more things
 // kubectl apply would do are done: a namespaced object without a namespace
 // is in "default", and a Secret's stringData is merged into data.
 //
