@@ -22,12 +22,14 @@
 // files is taken from the first file by name, and the duplicate is
 // reported.
 //
-// A file is read as it is when the burst's reload comes: one rewritten in
-// place by a writer slower than Debounce (a shell's "> file" before the
-// data comes) may be read half-written. A half that does not parse keeps
-// the last good content; one that does (an emptied file, documents cut at
-// a separator) is served until the write ends. Files replaced by rename
-// (an editor's safe save, a mounted ConfigMap) are never seen half-written.
+// A file is read as it is when the burst's reload comes, so one rewritten
+// in place by a writer slower than Debounce may be read half-written. A
+// half that does not parse keeps the last good content; an emptied file (a
+// shell's "> file" empties it before its writer writes) keeps its objects,
+// reported, until it has stayed empty for Resync; a half that parses
+// (documents cut at a separator) is served until the write ends. Files
+// replaced by rename (an editor's safe save, a mounted ConfigMap) are
+// never seen half-written.
 //
 // It implements agent/source.Source. It only reads: it never writes the
 // directory, translates, or sets Input.Now, Node or Resolved.

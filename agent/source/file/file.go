@@ -69,6 +69,9 @@ type fileState struct {
 	objs    []runtime.Object
 	goodSum [sha256.Size]byte
 	err     error // why the last read content is not used, or nil
+	// emptied is when the file was first read empty while it had
+	// objects (holdEmptied); zero when it is not empty.
+	emptied time.Time
 }
 
 // New returns a Source for cfg.Dir. A nil reg registers no metrics.
@@ -303,34 +306,71 @@ func (s *Source) readFiles(entries []os.DirEntry) {
 			st = &fileState{}
 			s.files[name] = st
 		}
-		var data []byte
-		if err == nil {
-			data, err = readFile(s.path(name))
-		}
 		if err != nil {
-			// What the file holds now is unknown: decode it again once it
-			// reads, though its bytes be those last read.
-			st.read = false
-			st.err = fmt.Errorf("%s: %w", s.path(name), err)
+			st.unreadable(s.path(name), err)
 			continue
 		}
-		sum := sha256.Sum256(data)
-		if st.read && sum == st.sum {
-			continue
-		}
-		st.read, st.sum = true, sum
-		objs, err := s.dec.Decode(bytes.NewReader(data))
-		if err != nil {
-			st.err = fmt.Errorf("%s: %w", s.path(name), err)
-			continue
-		}
-		st.objs, st.goodSum, st.err = objs, sum, nil
+		s.readFile(s.path(name), st)
 	}
 	for name := range s.files {
 		if !seen[name] {
 			delete(s.files, name)
 		}
 	}
+}
+
+// readFile updates st from the file at path: its objects when its bytes
+// changed and decode, else why not.
+func (s *Source) readFile(path string, st *fileState) {
+	data, err := readFile(path)
+	if err != nil {
+		st.unreadable(path, err)
+		return
+	}
+	if s.holdEmptied(path, st, data) {
+		return
+	}
+	sum := sha256.Sum256(data)
+	if st.read && sum == st.sum {
+		return
+	}
+	st.read, st.sum = true, sum
+	objs, err := s.dec.Decode(bytes.NewReader(data))
+	if err != nil {
+		st.err = fmt.Errorf("%s: %w", path, err)
+		return
+	}
+	st.objs, st.goodSum, st.err = objs, sum, nil
+}
+
+// unreadable records that the file at path could not be read.
+func (st *fileState) unreadable(path string, err error) {
+	// What the file holds now is unknown: decode it again once it reads,
+	// though its bytes be those last read.
+	st.read = false
+	st.err = fmt.Errorf("%s: %w", path, err)
+}
+
+// holdEmptied reports whether st keeps its objects though its file, data,
+// is now empty: a shell's "> file" empties a file before its writer
+// writes, and withdrawing the file's policies for that moment would send
+// their connections without them. An emptied file is taken once it has
+// stayed empty for Resync; removing it withdraws them at once.
+func (s *Source) holdEmptied(path string, st *fileState, data []byte) bool {
+	if len(data) > 0 || len(st.objs) == 0 {
+		st.emptied = time.Time{}
+		return false
+	}
+	now := time.Now()
+	if st.emptied.IsZero() {
+		st.emptied = now
+	}
+	if now.Sub(st.emptied) >= s.cfg.Resync {
+		return false
+	}
+	st.read = false // look again at the next reload
+	st.err = fmt.Errorf("%s: emptied: its objects stay until it has been empty for %v (remove it to withdraw them now)", path, s.cfg.Resync)
+	return true
 }
 
 func (s *Source) path(name string) string { return filepath.Join(s.cfg.Dir, name) }

@@ -257,6 +257,54 @@ func TestReloadKeepsFileBehindBrokenLink(t *testing.T) {
 	}
 }
 
+// TestReloadHoldsEmptiedFile: a file emptied in place, as a shell's
+// "> file" does before its writer writes, keeps its objects (and says so)
+// until its new content comes, or until it has stayed empty for Resync.
+func TestReloadHoldsEmptiedFile(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		dir := t.TempDir()
+		write(t, dir, "a.yaml", service("a"))
+		s := newSource(t, dir)
+		s.reload()
+		signalled(s)
+
+		empty := func() {
+			if err := os.WriteFile(filepath.Join(dir, "a.yaml"), nil, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		empty()
+		s.reload()
+		if got := names(s.Input().Services); !slices.Equal(got, []string{"a"}) || signalled(s) {
+			t.Errorf("Services = %v just after a.yaml was emptied, want [a] kept", got)
+		}
+		if errs := s.Errors(); len(errs) != 1 || !strings.Contains(errs[0].Error(), "a.yaml: emptied: its objects stay until it has been empty for 1h0m0s") {
+			t.Errorf("Errors() = %v, want a.yaml emptied", errs)
+		}
+		// Its writer writes: the new content is taken.
+		time.Sleep(30 * time.Minute)
+		write(t, dir, "a.yaml", service("b"))
+		s.reload()
+		if got := names(s.Input().Services); !slices.Equal(got, []string{"b"}) || len(s.Errors()) != 0 {
+			t.Errorf("Services = %v, errors %v once a.yaml is written, want [b] and none", got, s.Errors())
+		}
+
+		// Emptied for good: taken once it stayed empty for Resync.
+		empty()
+		s.reload()
+		time.Sleep(59 * time.Minute)
+		s.reload()
+		if got := names(s.Input().Services); !slices.Equal(got, []string{"b"}) {
+			t.Errorf("Services = %v a.yaml empty for 59m, want [b] kept", got)
+		}
+		time.Sleep(time.Minute)
+		s.reload()
+		if got := names(s.Input().Services); len(got) != 0 || len(s.Errors()) != 0 {
+			t.Errorf("Services = %v, errors %v once a.yaml was empty for Resync, want none", got, s.Errors())
+		}
+	})
+}
+
 func TestReloadSignalsOnlyChanges(t *testing.T) {
 	dir := t.TempDir()
 	write(t, dir, "a.yaml", service("a"))
