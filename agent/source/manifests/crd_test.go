@@ -174,7 +174,8 @@ func translateDocs(t *testing.T, dec *manifests.Decoder, in *translate.Input, do
 // refusedByBoth has env's API server create doc, one object, in ns (if
 // namespaced), which it must refuse, and dec decode it, which must fail
 // with "document 1: Kind namespace/name: " and every field the API server
-// names in its refusal.
+// names in its refusal, with the API server's words (its schema's, its CEL
+// rules' messages).
 func refusedByBoth(t *testing.T, env *apiserver.Env, dec *manifests.Decoder, ns, doc string) {
 	t.Helper()
 	refusal := createRefused(t, env, ns, doc)
@@ -194,8 +195,8 @@ func refusedByBoth(t *testing.T, env *apiserver.Env, dec *manifests.Decoder, ns,
 		t.Errorf("Decode error = %v, want it to start %q", err, want)
 	}
 	for _, c := range refusal.Status().Details.Causes {
-		if c.Field != "" && c.Field != "<nil>" && !strings.Contains(err.Error(), c.Field+": ") {
-			t.Errorf("Decode error = %v, want it to name %s, as the API server does: %v", err, c.Field, refusal)
+		if c.Field != "" && c.Field != "<nil>" && !strings.Contains(err.Error(), c.Field+": "+c.Message) {
+			t.Errorf("Decode error = %v, want it to say %s: %s, as the API server does: %v", err, c.Field, c.Message, refusal)
 		}
 	}
 }
