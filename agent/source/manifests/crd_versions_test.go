@@ -78,3 +78,35 @@ func v1Object(t *testing.T, kind string) runtime.Object {
 	t.Fatalf("no v1 type for %s", kind)
 	return nil
 }
+
+// TestUnknownFieldRefusedAsKubectlApply: a field no schema knows (a typo)
+// is refused, as kubectl apply's default strict field validation has the
+// API server refuse it, naming the field — not pruned, as a create
+// without field validation would: a misspelt field in a policy would
+// otherwise vanish without a word.
+func TestUnknownFieldRefusedAsKubectlApply(t *testing.T) {
+	const ns = "crd"
+	env, dec := startCRDServer(t, ns)
+	for field, doc := range map[string]string{
+		"spec.hostnamez": "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {name: h, namespace: crd}\n" +
+			`spec: {parentRefs: [{group: "", kind: Service, name: api}], hostnamez: [a.example.com]}`,
+		"spec.ports[0].prot": "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: crd}\nspec: {ports: [{port: 80, prot: TCP}]}",
+	} {
+		t.Run(field, func(t *testing.T) {
+			var u unstructured.Unstructured
+			if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+				t.Fatal(err)
+			}
+			gvk := u.GroupVersionKind()
+			gvr := schema.GroupVersionResource{Group: gvk.Group, Version: gvk.Version, Resource: resourceOf(t, gvk.Kind)}
+			_, err := env.Dynamic.Resource(gvr).Namespace(ns).Create(t.Context(), &u, metav1.CreateOptions{FieldValidation: metav1.FieldValidationStrict})
+			want := `unknown field "` + field + `"`
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("the API server's strict create: %v, want %s", err, want)
+			}
+			if _, err := dec.Decode(strings.NewReader(doc)); err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("Decode: %v, want %s", err, want)
+			}
+		})
+	}
+}
