@@ -377,8 +377,8 @@ func (s *Source) path(name string) string { return filepath.Join(s.cfg.Dir, name
 
 // maxFileBytes bounds a manifest file, so that a large file put in the
 // directory by mistake (a log, a dump) is refused before it is read whole
-// rather than exhausting the agent's memory: decoding takes some 25 times
-// a file's size. A document may have manifests.MaxDocumentBytes.
+// rather than exhausting the agent's memory: decoding allocates some 25
+// times a file's size. A document may have manifests.MaxDocumentBytes.
 const maxFileBytes = 32 << 20
 
 // readFile reads the file at path, of at most maxFileBytes.
