@@ -739,9 +739,9 @@ func knownFilter(kind snapshot.RouteKind, typ gwv1.HTTPRouteFilterType) bool {
 // headerModifier converts a header filter of a route of kind. Each name
 // may appear in one action only (the API calls other filters invalid);
 // names set or added must be header names, and values printable, so no
-// filter can inject a header line; the framing fields, Content-Length and
-// Transfer-Encoding, are the proxy's alone. A GRPCRoute's headers are gRPC
-// metadata, whose binary ("-bin") values must be base64.
+// filter can inject a header line; the framing and connection-specific
+// fields are the proxy's alone (proxyOwnedHeaders). A GRPCRoute's headers
+// are gRPC metadata, whose binary ("-bin") values must be base64.
 func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter, kind snapshot.RouteKind) *snapshot.HeaderModifier {
 	out := &snapshot.HeaderModifier{}
 	names := map[string]bool{}
@@ -759,12 +759,9 @@ func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter, kind snap
 			if !remove {
 				b.badf("%s: header name %q is not valid", at, n)
 			}
-		case key == "content-length" || key == "transfer-encoding":
-			// They frame the message (RFC 9112 §6): the proxy writes them
-			// for the body it sends, and a filter's would have the peer
-			// read the body short, long or as the next message.
+		case proxyOwnedHeaders[key] != "":
 			names[key] = true
-			b.badf("%s: header %q frames the message and may not be changed by a filter", at, n)
+			b.badf("%s: header %q %s and may not be changed by a filter", at, n, proxyOwnedHeaders[key])
 		default:
 			names[key] = true
 			return true
@@ -804,6 +801,29 @@ func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter, kind snap
 	}
 	return out
 }
+
+// proxyOwnedHeaders are the fields (lower case) the proxy writes for each
+// hop itself, so no header filter may set, add or remove them, each with
+// why. Content-Length, Transfer-Encoding and Trailer frame the message
+// (RFC 9112 §6, RFC 9110 §6.6.2): the proxy writes them for the body it
+// sends, and a filter's would have the peer read the body short, long or
+// as the next message. Connection and the fields it names by habit are
+// connection-specific (RFC 9110 §7.6.1: a proxy removes them before
+// forwarding), and the proxy's hops differ in what they allow: HTTP/2
+// forbids them all but "TE: trailers" (RFC 9113 §8.2.2), so net/http's
+// Transport refused the request (502) where an HTTP/1.1 backend took it,
+// and net/http's server took a Connection: close for the app's whole
+// HTTP/2 connection. A rule means the same on every wire, or nothing.
+var proxyOwnedHeaders = map[string]string{
+	"content-length": framesMessage, "transfer-encoding": framesMessage, "trailer": framesMessage,
+	"connection": connectionSpecific, "keep-alive": connectionSpecific, "proxy-connection": connectionSpecific,
+	"te": connectionSpecific, "upgrade": connectionSpecific,
+}
+
+const (
+	framesMessage      = "frames the message"
+	connectionSpecific = "is connection-specific (RFC 9110 §7.6.1)"
+)
 
 // grpcBinaryValue reports whether gRPC receivers decode v, a binary
 // header's value: comma-separated base64, each padded to a multiple of 4
