@@ -70,7 +70,9 @@ func scanPlainAnswer(b []byte) (h plainHead, ok bool) {
 }
 
 // scanPlainRequest reports whether b starts with a plain request head,
-// and which: a target in origin form, "HTTP/1.1", plain fields
+// and which: a target in origin form (an absolute-form one names the
+// authority, which Host may not override: RFC 9112 §3.2.2, as
+// ReadRequest reads it — TestAbsoluteFormAuthority), "HTTP/1.1", plain fields
 // (scanFields) with at most one Host and no Expect; "GET" or "HEAD" with
 // no Content-Length, or another of plainMethods with one Content-Length
 // of digits. The target is checked further by url.ParseRequestURI, as
