@@ -704,9 +704,9 @@ func (rb *routeBuilder) filters(b *ruleBuild, where string, fs []filterIn) snaps
 		case typ == gwv1.HTTPRouteFilterCORS:
 			out.CORS = cors(b, at+".cors", f.cors)
 		case typ == gwv1.HTTPRouteFilterRequestHeaderModifier:
-			out.RequestHeaders = headerModifier(b, at+".requestHeaderModifier", f.reqHeaders, rb.kind)
+			out.RequestHeaders = headerModifier(b, at+".requestHeaderModifier", f.reqHeaders, rb.kind, true)
 		case typ == gwv1.HTTPRouteFilterResponseHeaderModifier:
-			out.ResponseHeaders = headerModifier(b, at+".responseHeaderModifier", f.respHeaders, rb.kind)
+			out.ResponseHeaders = headerModifier(b, at+".responseHeaderModifier", f.respHeaders, rb.kind, false)
 		case typ == gwv1.HTTPRouteFilterRequestRedirect:
 			out.Redirect = redirect(b, at+".requestRedirect", f.redirect)
 		case typ == gwv1.HTTPRouteFilterURLRewrite:
@@ -740,9 +740,12 @@ func knownFilter(kind snapshot.RouteKind, typ gwv1.HTTPRouteFilterType) bool {
 // may appear in one action only (the API calls other filters invalid);
 // names set or added must be header names, and values printable, so no
 // filter can inject a header line; the framing and connection-specific
-// fields are the proxy's alone (proxyOwnedHeaders). A GRPCRoute's headers
-// are gRPC metadata, whose binary ("-bin") values must be base64.
-func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter, kind snapshot.RouteKind) *snapshot.HeaderModifier {
+// fields are the proxy's alone (proxyOwnedHeaders). A request's Host is
+// its authority (set or added, it replaces it), which no request is
+// without (RFC 9112 §3.2, RFC 9113 §8.3.1): a request filter may not
+// remove it, as Envoy refuses too. A GRPCRoute's headers are gRPC
+// metadata, whose binary ("-bin") values must be base64.
+func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter, kind snapshot.RouteKind, request bool) *snapshot.HeaderModifier {
 	out := &snapshot.HeaderModifier{}
 	names := map[string]bool{}
 	// name reports whether n may be changed; remove says it is to be
@@ -795,6 +798,10 @@ func headerModifier(b *ruleBuild, at string, f *gwv1.HTTPHeaderFilter, kind snap
 	out.Set = headers("set", f.Set)
 	out.Add = headers("add", f.Add)
 	for _, n := range f.Remove {
+		if request && strings.EqualFold(n, "host") {
+			b.badf("%s.remove: header %q is the request's authority, which every request has: a filter may set it, not remove it", at, n)
+			continue
+		}
 		if name(n, true) {
 			out.Remove = append(out.Remove, n)
 		}
