@@ -84,7 +84,9 @@
 // path expression: "^" and "$" at its edges are removed, and one elsewhere
 // ("a*^b") drops the rule; it matches only the values it matches that
 // hold no "/", so each matches its own segment, and one that matches only
-// values with a "/" drops the rule, however "/" is written (segmentRegex).
+// values with a "/" drops the rule, however "/" is written, as does one
+// that matches nothing at all (an empty class: "[^\s\S]"), told apart
+// (segmentRegex).
 // A rule without matches matches every request; an HTTPRoute without
 // rules gets the CRD's default rule.
 //

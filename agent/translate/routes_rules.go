@@ -264,6 +264,9 @@ func grpcMatch(m gwv1.GRPCRouteMatch) (routeMatch, string) {
 //     and "ab|a/" into classes ("[/a]", "a[/b]"), so no rule on the
 //     parsed syntax could tell a "/" written alone from one a class
 //     spans ("[.-0]", "\W").
+//   - One that matches nothing at all, "/" or not (matchesNothing:
+//     "[^\s\S]", "\P{Any}/Get"), is refused for that, first: blamed on
+//     its "/", it would send the app team after the wrong fault.
 //
 // Word boundaries need nothing: "/" and the path's end are no word
 // characters, as the value's edges are not. expr comes back as written
@@ -280,6 +283,9 @@ func segmentRegex(expr string) (string, string) {
 		if anyNode(re, isAnchor) {
 			return "", fmt.Sprintf("regular expression %q has an anchor (^, $, \\A, \\z) inside: anchors may only start or end it", expr)
 		}
+	}
+	if matchesNothing(re) {
+		return "", fmt.Sprintf(`regular expression %q matches nothing at all: it requires a character of an empty class (such as [^\s\S] or \P{Any})`, expr)
 	}
 	re, confined := withinSegment(re)
 	if re.Op == syntax.OpNoMatch {
@@ -411,7 +417,29 @@ func classWithoutSlash(ranges []rune) *syntax.Regexp {
 
 func noMatch() *syntax.Regexp { return &syntax.Regexp{Op: syntax.OpNoMatch} }
 
-func matchesNothing(re *syntax.Regexp) bool { return re.Op == syntax.OpNoMatch }
+// matchesNothing reports whether re can match no value at all, by its
+// shape: Go's parser keeps an empty class ("[^\s\S]", "\P{Any}") as a
+// class of no character, which a match needs when it is part of a
+// concatenation, every branch of an alternation, or in a group, a "+" or
+// a repeat of at least one. (An expression that matches nothing for other reasons, as
+// "a\bb" does, passes: RE2 tells no more without running it.)
+func matchesNothing(re *syntax.Regexp) bool {
+	switch re.Op {
+	case syntax.OpNoMatch:
+		return true
+	case syntax.OpCharClass:
+		return len(re.Rune) == 0
+	case syntax.OpConcat:
+		return slices.ContainsFunc(re.Sub, matchesNothing)
+	case syntax.OpAlternate:
+		return !slices.ContainsFunc(re.Sub, func(sub *syntax.Regexp) bool { return !matchesNothing(sub) })
+	case syntax.OpCapture, syntax.OpPlus:
+		return matchesNothing(re.Sub[0])
+	case syntax.OpRepeat:
+		return re.Min > 0 && matchesNothing(re.Sub[0])
+	}
+	return false
+}
 
 // classHas reports whether the class ranges (pairs, lo and hi) hold r.
 func classHas(ranges []rune, r rune) bool {

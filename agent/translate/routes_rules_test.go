@@ -15,14 +15,22 @@ import (
 // however the "/" is spelt or the parser folds it: alone, escaped, in a
 // class of its own or an alternation Go merges into a class with others
 // (the forms that matched nothing else are refused; the ones that do keep
-// what else they match, like classes that span "/"). An expression that
-// needs no rewrite is kept as written.
+// what else they match, like classes that span "/"). One that matches
+// nothing at all, needing a character of an empty class, is refused
+// naming that, even beside a "/". An expression that needs no rewrite is
+// kept as written.
 func TestSegmentRegex(t *testing.T) {
 	values := []string{"", "a", "A", "b", "y", "xy", "xxy", "ac", "bc", "ab", "foo", "foo.Bar", "pkg.foo", "a\nb",
 		"/", "a/", "/a", "a/b", "foo.Svc/Extra", "foo/Bar", "pkg.foo/M", "M/M", "a/\nb"}
+	const (
+		slash   = `matches only values with a "/"`
+		anchor  = "has an anchor"
+		nothing = "matches nothing at all"
+	)
 	for _, tc := range []struct {
-		expr    string
-		refused bool
+		expr string
+		// refused is what the refusal names; "" when the expression is kept.
+		refused string
 	}{
 		{expr: `^a$`},
 		{expr: `\Aa\z`},
@@ -51,27 +59,41 @@ func TestSegmentRegex(t *testing.T) {
 		{expr: `a(?:/b)*`},
 		{expr: `a|(?:b/)+`},
 		{expr: `/{0,2}a`},
-		{expr: `foo\/Bar`, refused: true},
-		{expr: `[/]`, refused: true},
-		{expr: `[\x2f]`, refused: true},
-		{expr: `\x{2F}|\057`, refused: true},
-		{expr: `(?i)/`, refused: true},
-		{expr: `\Q/\E`, refused: true},
-		{expr: `^/$`, refused: true},
-		{expr: `a/|/b`, refused: true},
-		{expr: `[^\x00-.0-\x{10FFFF}]`, refused: true}, // a class of "/" alone
-		{expr: `(?s).*/.*`, refused: true},
-		{expr: `(a/){1,}`, refused: true},
-		{expr: `x*^y`, refused: true},
-		{expr: `(^a)*`, refused: true},
-		{expr: `a$b`, refused: true},
+		{expr: `foo\/Bar`, refused: slash},
+		{expr: `[/]`, refused: slash},
+		{expr: `[\x2f]`, refused: slash},
+		{expr: `\x{2F}|\057`, refused: slash},
+		{expr: `(?i)/`, refused: slash},
+		{expr: `\Q/\E`, refused: slash},
+		{expr: `^/$`, refused: slash},
+		{expr: `a/|/b`, refused: slash},
+		{expr: `[^\x00-.0-\x{10FFFF}]`, refused: slash}, // a class of "/" alone
+		{expr: `(?s).*/.*`, refused: slash},
+		{expr: `(a/){1,}`, refused: slash},
+		// Matching nothing at all, with or without a "/": said so, not
+		// blamed on the "/".
+		{expr: `[^\s\S]`, refused: nothing},
+		{expr: `\P{Any}`, refused: nothing},
+		{expr: `^[^\D\d]$`, refused: nothing},
+		{expr: `a[^\s\S]`, refused: nothing},
+		{expr: `(?:b|[^\s\S])[^\s\S]+`, refused: nothing},
+		{expr: `[^\s\S]{2,}|a(?:[^\s\S])`, refused: nothing},
+		{expr: `\P{Any}/Get`, refused: nothing},
+		{expr: `/[^\s\S]|(?s).[^\s\S]`, refused: nothing},
+		{expr: `[^\s\S]|a/`, refused: slash}, // the branch that can match needs a "/"
+		{expr: `a|[^\s\S]`},                  // a branch matches "a"
+		{expr: `a[^\s\S]*`},                  // none of the empty class: "a"
+		{expr: `(?:.[^\s\S])?a`},
+		{expr: `x*^y`, refused: anchor},
+		{expr: `(^a)*`, refused: anchor},
+		{expr: `a$b`, refused: anchor},
 	} {
 		got, problem := segmentRegex(tc.expr)
-		if refused := problem != ""; refused != tc.refused {
-			t.Errorf("segmentRegex(%q) = %q, %q; refused %v, want %v", tc.expr, got, problem, refused, tc.refused)
+		if (problem == "") != (tc.refused == "") || !strings.Contains(problem, tc.refused) {
+			t.Errorf("segmentRegex(%q) = %q, %q; want it refused naming %q (\"\": kept)", tc.expr, got, problem, tc.refused)
 			continue
 		}
-		if tc.refused {
+		if tc.refused != "" {
 			continue
 		}
 		whole := regexp.MustCompile("^(?:" + tc.expr + ")$")
