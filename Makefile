@@ -32,25 +32,31 @@ generate:
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 
 build:
-	$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/ ./cmd/...
-	@$(HANDBACK)
+	$(call handing-back,$(GO) build -ldflags "-X main.version=$(VERSION)" -o bin/ ./cmd/...)
 
 # sockmesh on its embedded default, as root: a client "pod", a TLS backend
 # "pod" and the agent with the file source on examples/demo, in network
 # namespaces it removes again (also on Ctrl-C). See test/demo.
 demo: build
-	$(GO) build -o bin/sockmesh-demo ./test/demo
-	@$(HANDBACK)
+	$(call handing-back,$(GO) build -o bin/sockmesh-demo ./test/demo)
 	./bin/sockmesh-demo -bin bin -manifests examples/demo
 
 # What a build under sudo writes in the checkout, bin/, goes back to the
 # user who ran sudo ($SUDO_UID, $SUDO_GID), or their next `make build`
-# cannot write bin/. Without sudo it does nothing. build and demo run it.
+# cannot write bin/. Without sudo it does nothing.
 HANDBACK = if [ -n "$$SUDO_UID" ] && [ "$$(id -u)" = 0 ] && [ -d bin ]; then \
 	find bin -user 0 -exec chown -h "$$SUDO_UID:$${SUDO_GID:-$$SUDO_UID}" {} + || exit 1; \
 fi
 handback:
 	@$(HANDBACK)
+
+# $(call handing-back,COMMAND) runs COMMAND, a build writing in bin/, and
+# HANDBACK after it however it ends: a build that fails (one package does
+# not compile, the others linked) or that Ctrl-C interrupts leaves bin/
+# root's otherwise. The shell's EXIT trap runs it, and the shell exits with
+# COMMAND's status (130 when interrupted: dash runs no EXIT trap on a
+# signal it does not trap). make echoes COMMAND alone.
+handing-back = @echo '$(1)'; trap '$(HANDBACK)' EXIT; trap 'exit 130' INT TERM; $(1)
 
 # Static checks: gofmt, vet, staticcheck, and no function that neither a
 # binary nor a test reaches (deadcode prints them; any output fails).
