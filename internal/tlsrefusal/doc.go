@@ -9,7 +9,8 @@
 // server reset first. Which comes first is a race outside tests; a
 // Refusal orders it: its Dialer holds the client's first write after the
 // handshake until the server's reset arrived (BackendFirst), or its
-// server holds its reset until that write went.
+// server holds its reset until that write went. A Silent one closes, in
+// the same order, without an alert after a handshake it ended.
 //
 // It is for tests only.
 package tlsrefusal

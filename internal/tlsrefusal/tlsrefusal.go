@@ -23,12 +23,24 @@ import (
 type Refusal struct {
 	// BackendFirst: the server resets before that write; else after it.
 	BackendFirst bool
-	mu           sync.Mutex
-	steps        map[string]*step // by the client's address, until both sides came
+	// Silent: the server judges no certificate in its handshake, though it
+	// asks for one (tls.RequestClientCert), and once its handshake ended,
+	// under TLS 1.3 or 1.2, closes each connection in the order above
+	// without an alert, whatever it got: as nginx's stream module refuses a
+	// certificate it checks after the handshake, or any backend closes a
+	// connection before its first word (a restart).
+	Silent bool
+	// FIN: a Silent server closes with a close_notify and a FIN rather
+	// than a reset, and the client's write waits for that FIN. Only with
+	// BackendFirst: once the client wrote, a close with its bytes unread
+	// resets.
+	FIN   bool
+	mu    sync.Mutex
+	steps map[string]*step // by the client's address, until both sides came
 }
 
 // step is one connection's: wrote closes once the client's first write
-// went, reset once the server reset the connection.
+// went, reset once the server reset the connection (or, FIN, closed it).
 type step struct {
 	wrote, reset         chan struct{}
 	wroteOnce, resetOnce sync.Once
@@ -60,20 +72,28 @@ func (s *step) resets()  { s.resetOnce.Do(func() { close(s.reset) }) }
 // Serve serves TLS with cfg, which must require a client certificate, on a
 // loopback listener until t ends, and returns its address. A handshake
 // cfg refuses has sent its alert; the server then resets the connection,
-// in r's order. A client it accepts gets its connection closed at once.
+// in r's order. A client it accepts gets its connection closed at once,
+// unless r is Silent.
 func (r *Refusal) Serve(t testing.TB, cfg *tls.Config) netip.AddrPort {
 	t.Helper()
+	if r.FIN && !r.BackendFirst {
+		t.Fatal("tlsrefusal: a FIN needs BackendFirst: after the client wrote, the close resets")
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	if r.Silent {
+		cfg = cfg.Clone()
+		cfg.ClientAuth = tls.RequestClientCert
+	}
 	done := make(chan struct{})
 	tcpserve.Serve(t, ln, func(c net.Conn) {
 		tc := tls.Server(c, cfg)
-		if tc.Handshake() == nil {
+		switch err := tc.Handshake(); {
+		case err == nil && !r.Silent:
 			return
-		}
-		if tc.ConnectionState().Version < tls.VersionTLS13 {
+		case err != nil && tc.ConnectionState().Version < tls.VersionTLS13:
 			c.Close() // the client's handshake failed: it writes nothing
 			return
 		}
@@ -84,8 +104,12 @@ func (r *Refusal) Serve(t testing.TB, cfg *tls.Config) netip.AddrPort {
 			case <-done:
 			}
 		}
-		c.(*net.TCPConn).SetLinger(0)
-		c.Close()
+		if r.FIN {
+			tc.Close()
+		} else {
+			c.(*net.TCPConn).SetLinger(0)
+			c.Close()
+		}
 		s.resets()
 	})
 	// After tcpserve's, so that it runs first: tcpserve's waits for the
@@ -143,17 +167,17 @@ func (c *conn) Write(p []byte) (int, error) {
 	s := c.r.step(c.LocalAddr())
 	if c.r.BackendFirst {
 		<-s.reset
-		c.awaitReset()
+		c.awaitClose()
 		return c.Conn.Write(p)
 	}
 	defer s.written()
 	return c.Conn.Write(p)
 }
 
-// awaitReset waits, at most 10 s, until the reset the server sent has
-// closed the socket: loopback delivers it before the server's close
-// returns, but no call says so.
-func (c *conn) awaitReset() {
+// awaitClose waits, at most 10 s, until the server's close has reached
+// the socket — its reset closed it, or its FIN half-closed it: loopback
+// delivers them before the server's close returns, but no call says so.
+func (c *conn) awaitClose() {
 	tc := sockio.TCP(c.Conn)
 	if tc == nil {
 		return
@@ -166,7 +190,7 @@ func (c *conn) awaitReset() {
 		closed := false
 		raw.Control(func(fd uintptr) {
 			info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
-			closed = err != nil || info.State == unix.BPF_TCP_CLOSE
+			closed = err != nil || info.State == unix.BPF_TCP_CLOSE || c.r.FIN && info.State == unix.BPF_TCP_CLOSE_WAIT
 		})
 		if closed {
 			return

@@ -230,3 +230,69 @@ func TestClientCertificateRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestClientCertificateClosedWithoutAlert: a backend that asked for a
+// client certificate and closes the connection without an alert before
+// its first word — a FIN (with close_notify) or a reset, before the
+// proxy's first write or after it — refused nothing the proxy can tell:
+// TLS stacks refuse a certificate with an alert (Go's, OpenSSL's,
+// BoringSSL's; RFC 8446 §6.2), and a backend that closes so — nginx's
+// stream module refusing a certificate it checks after its handshake, or
+// any backend restarting — does the same under TLS 1.2, where nothing
+// waits for a judgement. The request fails 502 upstream_error on every
+// wire, over TLS 1.3 as over TLS 1.2, as a connection closed unanswered
+// does, not tried elsewhere, no endpoint ejected, and the handshake
+// counts as full, once, never as failed.
+func TestClientCertificateClosedWithoutAlert(t *testing.T) {
+	w := newWorld(t)
+	other, err := pki.NewCA("a ca the backend does not trust")
+	if err != nil {
+		t.Fatal(err)
+	}
+	untrusted, err := other.Issue(pki.LeafOptions{CommonName: "proxy", Client: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No session to resume: each try's handshake asks for the certificate
+	// again (nginx drops the session of a certificate it refused).
+	cfg := requireClientCert(w)
+	cfg.SessionTicketsDisabled = true
+	const handshakes = "sockmesh_proxy_upstream_tls_handshakes_total"
+	for _, r := range []*tlsrefusal.Refusal{
+		{Silent: true, BackendFirst: true, FIN: true},
+		{Silent: true, BackendFirst: true},
+		{Silent: true},
+	} {
+		addr := r.Serve(t, cfg)
+		ending := map[bool]string{false: "reset", true: "fin"}[r.FIN] + map[bool]string{false: " after the proxy wrote", true: " first"}[r.BackendFirst]
+		for _, version := range []uint16{tls.VersionTLS13, tls.VersionTLS12} {
+			for _, c := range clientCertWires {
+				t.Run(ending+"/"+tls.VersionName(version)+"/"+c.name, func(t *testing.T) {
+					tw := &world{ca: w.ca, reg: prometheus.NewRegistry()}
+					var err error
+					tw.pools, err = New(Config{}, r.Dialer(dial.NewDirect(dial.Config{Unmarked: true})), slog.New(slog.DiscardHandler), tw.reg)
+					if err != nil {
+						t.Fatal(err)
+					}
+					pol := w.policy()
+					pol.Mode, pol.ClientCertificatePEM, pol.ClientKeyPEM = snapshot.TLSMutual, string(untrusted.CertPEM), string(untrusted.KeyPEM)
+					pol.MaxVersion = version
+					be := backendAt(t, tw.pools, addr, pol)
+					for try := 1; try <= 2; try++ {
+						got, err := send(t, be, c.relay, c.wire)
+						if reason := Classify(err); err == nil || reason != ReasonUpstream || reason.Status() != http.StatusBadGateway || NoConnection(err) {
+							t.Errorf("try %d: %q, %v (reason %q, tried elsewhere: %v); want 502 upstream_error, not tried elsewhere",
+								try, got, err, reason, NoConnection(err))
+						}
+						if full, n := tw.counter(t, handshakes, "full"), tw.counter(t, handshakes, "failed"); full != float64(try) || n != 0 {
+							t.Errorf("try %d: %s{result=full} = %v, {result=failed} = %v; want %d and 0", try, handshakes, full, n, try)
+						}
+					}
+					if n := tw.pools.health.Ejected(time.Now()); n != 0 {
+						t.Errorf("%d endpoints ejected, want none: the handshake ended", n)
+					}
+				})
+			}
+		}
+	}
+}

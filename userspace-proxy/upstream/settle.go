@@ -11,10 +11,17 @@ package upstream
 // handshake messages unread) before the proxy wrote, meets first as that
 // write's broken pipe or reset, with the alert still queued to be read.
 // Settle turns either into the handshake's failure, whichever comes
-// first; such a handshake counts once settled. TLS 1.2 backends judge the
-// certificate within the handshake, and handshakes whose server asked for
-// none have nothing judged after them: they count as they end, and
-// nothing here waits, reads or times anything.
+// first; such a handshake counts once settled. A close without an alert
+// (a FIN, a reset with nothing queued) settles it full, its error left as
+// it came (upstream_error): TLS stacks refuse a certificate with an alert
+// (Go's, OpenSSL's, BoringSSL's; RFC 8446 §6.2), and a backend that
+// closes instead — nginx's stream module refusing a certificate it checks
+// after its handshake, or one restarting — cannot be told from an
+// ordinary close, and closes so under TLS 1.2 too, where the handshake
+// counted full as it ended. TLS 1.2 backends judge the certificate
+// within the handshake, and handshakes whose server asked for none have
+// nothing judged after them: they count as they end, and nothing here
+// waits, reads or times anything.
 
 import (
 	"crypto/tls"
