@@ -36,7 +36,7 @@ type Refusal struct {
 	// resets.
 	FIN   bool
 	mu    sync.Mutex
-	steps map[string]*step // by the client's address, until both sides came
+	steps map[string]*step // by the client's address, from its connect until its server takes it
 }
 
 // step is one connection's: wrote closes once the client's first write
@@ -46,11 +46,28 @@ type step struct {
 	wroteOnce, resetOnce sync.Once
 }
 
-// step returns the step of the connection whose client's address is
-// client, for one of its two sides: the second to come takes it out, so a
-// later connection from the same port, which a reset's close leaves free
-// at once, gets one of its own.
-func (r *Refusal) step(client net.Addr) *step {
+func newStep() *step { return &step{wrote: make(chan struct{}), reset: make(chan struct{})} }
+
+// dialed records the step of a connection the Dialer opened from client,
+// before its ClientHello: an earlier connection's from the same address,
+// one its server never took (which a reset leaves free at once), goes.
+func (r *Refusal) dialed(client net.Addr) *step {
+	s := newStep()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.steps == nil {
+		r.steps = make(map[string]*step)
+	}
+	r.steps[client.String()] = s
+	return s
+}
+
+// taken takes out the step of the connection the server accepted from
+// client, once its handshake ended; one of its own for a client that did
+// not come through the Dialer. (Paired by who came first, a connection
+// that one side never reached left its step to the next from its port,
+// whose client then waited on a server that had gone on.)
+func (r *Refusal) taken(client net.Addr) *step {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	k := client.String()
@@ -58,12 +75,7 @@ func (r *Refusal) step(client net.Addr) *step {
 		delete(r.steps, k)
 		return s
 	}
-	if r.steps == nil {
-		r.steps = make(map[string]*step)
-	}
-	s := &step{wrote: make(chan struct{}), reset: make(chan struct{})}
-	r.steps[k] = s
-	return s
+	return newStep()
 }
 
 func (s *step) written() { s.wroteOnce.Do(func() { close(s.wrote) }) }
@@ -90,14 +102,16 @@ func (r *Refusal) Serve(t testing.TB, cfg *tls.Config) netip.AddrPort {
 	done := make(chan struct{})
 	tcpserve.Serve(t, ln, func(c net.Conn) {
 		tc := tls.Server(c, cfg)
-		switch err := tc.Handshake(); {
+		err := tc.Handshake()
+		s := r.taken(c.RemoteAddr())
+		defer s.resets() // however it ends, a client waiting for it goes on
+		switch {
 		case err == nil && !r.Silent:
 			return
 		case err != nil && tc.ConnectionState().Version < tls.VersionTLS13:
 			c.Close() // the client's handshake failed: it writes nothing
 			return
 		}
-		s := r.step(c.RemoteAddr())
 		if !r.BackendFirst {
 			select { // a client that closed unwritten holds it to the test's end
 			case <-s.wrote:
@@ -110,7 +124,6 @@ func (r *Refusal) Serve(t testing.TB, cfg *tls.Config) netip.AddrPort {
 			c.(*net.TCPConn).SetLinger(0)
 			c.Close()
 		}
-		s.resets()
 	})
 	// After tcpserve's, so that it runs first: tcpserve's waits for the
 	// handlers.
@@ -132,7 +145,7 @@ func (d dialer) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error
 	if err != nil {
 		return nil, err
 	}
-	return &conn{Conn: c, r: d.r}, nil
+	return &conn{Conn: c, r: d.r, s: d.r.dialed(c.LocalAddr())}, nil
 }
 
 // conn is a connection of the Dialer's. The write it orders is the second
@@ -142,6 +155,7 @@ func (d dialer) Dial(ctx context.Context, ep snapshot.Endpoint) (net.Conn, error
 type conn struct {
 	net.Conn
 	r      *Refusal
+	s      *step
 	read   atomic.Bool
 	mu     sync.Mutex
 	writes int // after the first read
@@ -164,19 +178,19 @@ func (c *conn) Write(p []byte) (int, error) {
 	if c.writes != 2 {
 		return c.Conn.Write(p)
 	}
-	s := c.r.step(c.LocalAddr())
 	if c.r.BackendFirst {
-		<-s.reset
+		<-c.s.reset
 		c.awaitClose()
 		return c.Conn.Write(p)
 	}
-	defer s.written()
+	defer c.s.written()
 	return c.Conn.Write(p)
 }
 
 // awaitClose waits, at most 10 s, until the server's close has reached
 // the socket — its reset closed it, or its FIN half-closed it: loopback
-// delivers them before the server's close returns, but no call says so.
+// delivers them before the server's close returns, but no call says so —
+// or the client closed it (its reader met the reset first).
 func (c *conn) awaitClose() {
 	tc := sockio.TCP(c.Conn)
 	if tc == nil {
@@ -188,11 +202,11 @@ func (c *conn) awaitClose() {
 	}
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
 		closed := false
-		raw.Control(func(fd uintptr) {
+		err := raw.Control(func(fd uintptr) {
 			info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
-			closed = err != nil || info.State == unix.BPF_TCP_CLOSE || c.r.FIN && info.State == unix.BPF_TCP_CLOSE_WAIT
+			closed = err != nil || info.State == unix.BPF_TCP_CLOSE || info.State == unix.BPF_TCP_CLOSE_WAIT
 		})
-		if closed {
+		if closed || err != nil {
 			return
 		}
 	}
