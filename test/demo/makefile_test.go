@@ -25,7 +25,6 @@ import (
 // not the compiler); the demo it "builds" exits at once.
 func TestMakeDemoUnderSudo(t *testing.T) {
 	sc := newSudoCheckout(t)
-
 	if out, err := sc.make("demo").CombinedOutput(); err != nil {
 		t.Fatalf("make demo: %v\n%s", err, out)
 	}
