@@ -410,7 +410,6 @@ func negotiated(c net.Conn, proto string) bool {
 
 func (cs *connState) fail(c net.Conn, path Path, reason upstream.Reason, err error) {
 	p := cs.p
-	p.m.failed.WithLabelValues(string(path), string(reason)).Inc()
 	lvl, held := p.failures.Level(upstream.FailureKey{Service: cs.fe.Service, Backend: cs.be.Spec.Ref, Path: string(path), Reason: reason}, cs.be, err)
 	attrs := []any{"service", cs.fe.Service.String(), "backend", cs.be.Spec.Ref.String(), "orig_dst", cs.dst.String(),
 		"client", httpproxy.ClientName(cs.v.Snapshot, cs.client.Addr, cs.client.Pod), "path", string(path), "reason", string(reason), "snapshot_version", cs.v.Snapshot.Version, "err", err}
@@ -421,6 +420,8 @@ func (cs *connState) fail(c net.Conn, path Path, reason upstream.Reason, err err
 		attrs = append(attrs, "suppressed", held)
 	}
 	p.log.Log(context.Background(), lvl, "connection failed", attrs...)
+	// Counted once logged: whoever sees the count finds its line.
+	p.m.failed.WithLabelValues(string(path), string(reason)).Inc()
 	sockio.Reset(c)
 }
 
