@@ -90,7 +90,7 @@ func sessionPersistence(sp *gwv1.SessionPersistence, owner snapshot.ObjectRef) (
 		if !validHeaderName(string(sp.Header.Name)) {
 			return nil, fmt.Sprintf("sessionPersistence.header.name %q is not a valid header name", sp.Header.Name)
 		}
-		if reservedSessionHeaders[strings.ToLower(string(sp.Header.Name))] {
+		if reservedSessionHeader(strings.ToLower(string(sp.Header.Name))) {
 			return nil, fmt.Sprintf("sessionPersistence.header.name %q cannot carry a session: HTTP uses it for framing, the connection, the Host or cookies", sp.Header.Name)
 		}
 		out.Name = string(sp.Header.Name)
@@ -100,21 +100,21 @@ func sessionPersistence(sp *gwv1.SessionPersistence, owner snapshot.ObjectRef) (
 	return out, ""
 }
 
-// reservedSessionHeaders are the header names (lower case) a Header
-// session may not use: the proxy sets the session header on every answer
+// reservedSessionHeader reports whether a Header session may not use
+// name (lower case): the proxy sets the session header on every answer
 // that starts one and reads it from every request, so one of these would
-// break the message or the connection, or clash with what it stands for.
-// RFC 9112 §6: Content-Length and Transfer-Encoding frame the body;
-// RFC 9110 §7.6.1: Connection and the hop-by-hop fields it names by habit
-// (Keep-Alive, Proxy-Connection, TE, Upgrade), which never cross a proxy;
-// §6.6.2: Trailer announces trailer fields; §7.2: Host routes the request;
+// break the message or the connection, or clash with what it stands for:
+// those a filter may not change either (proxyOwnedHeaders: framing and
+// connection-specific fields); RFC 9110 §7.2: Host routes the request;
 // RFC 6265: Cookie and Set-Cookie carry the app's cookies, which one set
 // would replace. Pseudo-header names (":authority") are no tokens and fail
 // validHeaderName already.
-var reservedSessionHeaders = map[string]bool{
-	"content-length": true, "transfer-encoding": true,
-	"connection": true, "keep-alive": true, "proxy-connection": true, "te": true, "upgrade": true,
-	"trailer": true, "host": true, "cookie": true, "set-cookie": true,
+func reservedSessionHeader(name string) bool {
+	switch name {
+	case "host", "cookie", "set-cookie":
+		return true
+	}
+	return proxyOwnedHeaders[name] != ""
 }
 
 func shortHash(s string) string {

@@ -192,8 +192,11 @@ func (s *Set) redirect(d *Decision, req *Request, path string, e *entry, rd *sna
 			b.WriteString(":" + strconv.Itoa(int(port)))
 		}
 	}
-	// Without a Host (HTTP/1.0), Location is the path alone, which
-	// RFC 9110 §10.2.2 allows: the client resolves it against its request.
+	// Without a Host, Location is the path alone, which RFC 9110 §10.2.2
+	// allows: the client resolves it against its request. The proxy's
+	// front ends never leave one out (an HTTP/1.0 request without Host is
+	// given the Service's name first: httpproxy's nameService), so that a
+	// scheme or port the filter sets is kept.
 	b.WriteString(path)
 	if req.RawQuery != "" {
 		b.WriteString("?" + req.RawQuery)
