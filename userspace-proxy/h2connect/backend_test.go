@@ -14,6 +14,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/sockmesh/sockmesh/internal/leakcheck"
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
 )
 
 // backend is the server's end of a real TCP connection to Open: a test
@@ -34,21 +35,7 @@ type backend struct {
 func dialBackend(t *testing.T) (net.Conn, *backend) {
 	t.Helper()
 	leakcheck.Register(t, "/userspace-proxy/h2connect/")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	c, err := net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { c.Close() })
-	sc, err := l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sc.Close() })
+	c, sc := tcpserve.Pair(t)
 	b := &backend{t: t, c: sc, fr: http2.NewFramer(sc, sc), dec: hpack.NewDecoder(defaultHeaderTable, nil)}
 	b.fr.AllowIllegalWrites = true
 	return c, b
@@ -68,6 +55,22 @@ func open(ctx context.Context, c net.Conn, h http.Header) <-chan opened {
 		out <- opened{resp, err}
 	}()
 	return out
+}
+
+// openAnswered opens a stream that the backend answers 200, and returns
+// the backend and the answer, whose body is closed in cleanup.
+func openAnswered(t *testing.T) (*backend, *http.Response) {
+	t.Helper()
+	c, b := dialBackend(t)
+	got := open(context.Background(), c, nil)
+	b.open()
+	b.headers(id, false, ":status", "200")
+	o := <-got
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	t.Cleanup(func() { o.resp.Body.Close() })
+	return b, o.resp
 }
 
 // preface reads the proxy's connection preface and the frames it sends

@@ -271,15 +271,7 @@ func TestNeverAnswers(t *testing.T) {
 // comes: the answers are written on the reading goroutine, so a backend
 // that stops reading them stops its own flood, and nothing queues.
 func TestPingFlood(t *testing.T) {
-	c, b := dialBackend(t)
-	got := open(context.Background(), c, nil)
-	b.open()
-	b.headers(id, false, ":status", "200")
-	o := <-got
-	if o.err != nil {
-		t.Fatal(o.err)
-	}
-	defer o.resp.Body.Close()
+	b, _ := openAnswered(t)
 	const n = 1000
 	go func() {
 		for i := range n {
@@ -330,15 +322,8 @@ func TestPaddingGivenBack(t *testing.T) {
 // past its window while the app keeps writing: the app's write waits,
 // the stream's read side goes on working, and Close ends the write.
 func TestWithheldWindow(t *testing.T) {
-	c, b := dialBackend(t)
-	got := open(context.Background(), c, nil)
-	b.open()
-	b.headers(id, false, ":status", "200")
-	o := <-got
-	if o.err != nil {
-		t.Fatal(o.err)
-	}
-	st := o.resp.Body.(*Stream)
+	b, resp := openAnswered(t)
+	st := resp.Body.(*Stream)
 	type wrote struct {
 		n   int
 		err error

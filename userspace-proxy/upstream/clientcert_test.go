@@ -171,14 +171,7 @@ func TestClientCertificateOutsideValidity(t *testing.T) {
 // reset with the alert queued to be read (the backend reset first).
 func TestClientCertificateRefused(t *testing.T) {
 	w := newWorld(t)
-	other, err := pki.NewCA("a ca the backend does not trust")
-	if err != nil {
-		t.Fatal(err)
-	}
-	untrusted, err := other.Issue(pki.LeafOptions{CommonName: "proxy", Client: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	untrusted := untrustedClient(t)
 	certs := []struct {
 		name string
 		leaf *pki.Leaf // nil: none configured
@@ -245,14 +238,7 @@ func TestClientCertificateRefused(t *testing.T) {
 // counts as full, once, never as failed.
 func TestClientCertificateClosedWithoutAlert(t *testing.T) {
 	w := newWorld(t)
-	other, err := pki.NewCA("a ca the backend does not trust")
-	if err != nil {
-		t.Fatal(err)
-	}
-	untrusted, err := other.Issue(pki.LeafOptions{CommonName: "proxy", Client: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	untrusted := untrustedClient(t)
 	// No session to resume: each try's handshake asks for the certificate
 	// again (nginx drops the session of a certificate it refused).
 	cfg := requireClientCert(w)
@@ -295,4 +281,18 @@ func TestClientCertificateClosedWithoutAlert(t *testing.T) {
 			}
 		}
 	}
+}
+
+// untrustedClient is a client certificate of a CA no backend trusts.
+func untrustedClient(t *testing.T) *pki.Leaf {
+	t.Helper()
+	other, err := pki.NewCA("a ca the backend does not trust")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := other.Issue(pki.LeafOptions{CommonName: "proxy", Client: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return leaf
 }
