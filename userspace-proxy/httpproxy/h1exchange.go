@@ -244,7 +244,7 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 			if ok, keep := s.again(x, &retry, why, req, err, nil, timeoutError(true, err)); !ok {
 				return keep
 			}
-			choice = x.repick(choice)
+			choice = x.repick(c) // the last endpoint conn tried
 			continue
 		}
 		choice = c

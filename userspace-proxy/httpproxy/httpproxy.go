@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strings"
@@ -286,6 +287,9 @@ type exchange struct {
 	// retried counts the rule's retries sent on the net/http paths
 	// (roundTrip).
 	retried int
+	// tried holds the endpoints the rule's tries went to before the
+	// current one, which its retries avoid (repick).
+	tried []netip.AddrPort
 	// r is the route decision when the frontend has routes that apply
 	// to this client; nil otherwise.
 	r *routed

@@ -37,11 +37,11 @@ import (
 //     answer starts, the request is retried if the retry policy allows it,
 //     else 504.
 //   - A request is retried (attempts = retries after the first try, each
-//     on a newly picked endpoint unless its session pins one) when no
-//     connection could be made (refused, unreachable, TLS handshake
-//     failure), when backendRequest passed, and when the backend answered
-//     one of retry.codes or a trailers-only gRPC UNAVAILABLE
-//     (grpcTurnedAway). Never after an answer started toward the client,
+//     on an endpoint it has not tried while there is one, unless its
+//     session pins one: repick) when no connection could be made
+//     (refused, unreachable, TLS handshake failure), when backendRequest
+//     passed, and when the backend answered one of retry.codes or a
+//     trailers-only gRPC UNAVAILABLE (grpcTurnedAway). Never after an answer started toward the client,
 //     and, unless the body was kept or, of unknown length (a gRPC call's),
 //     recorded within RoutingConfig.ReplayBytes (keepBody, teeBody), never
 //     once a byte of the body was sent.
@@ -392,16 +392,30 @@ func (x *exchange) unpin() {
 }
 
 // repick is the endpoint for a retry: the same one when the request's
-// session pins it, else the next ready one (a session the request starts
-// names the endpoint that answers).
+// session pins it, else a ready one the request has not tried, as Istio
+// has Envoy retry by default (retry_host_predicate previous_hosts): an
+// endpoint that answered a status the rule retries, or timed out, is
+// likely to again (a pod overloaded or shutting down), and the Picker's
+// next turn is that endpoint again whenever other requests took the
+// turns between. The Picker is asked once per endpoint at most; when it
+// hands out only tried ones (all were, or the rest are ejected), its last
+// answer serves. A session the request starts names the endpoint that
+// answers.
 func (x *exchange) repick(c *balance.Choice) *balance.Choice {
 	if x.pinned {
 		return c
 	}
-	if n := x.be.Picker.Pick(); n != nil {
-		return n
+	x.tried = append(x.tried, c.Endpoint.Addr)
+	p := x.be.Picker
+	n := p.Pick()
+	for i := 1; i < p.Len() && n != nil && slices.Contains(x.tried, n.Endpoint.Addr); i++ {
+		p.Unused(n) // hands back a probe it took
+		n = p.Pick()
 	}
-	return c
+	if n == nil {
+		return c
+	}
+	return n
 }
 
 // roundTrip sends out (addressed to c) through rt, under x's route policy
