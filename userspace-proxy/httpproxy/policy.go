@@ -121,8 +121,8 @@ func (p *policy) delay(n int) time.Duration {
 	}
 	ceiling := max(10*p.backoff, time.Second)
 	d := ceiling
-	if n-1 < 30 && p.backoff<<(n-1) > 0 {
-		d = min(p.backoff<<(n-1), ceiling)
+	if n-1 < 63 && p.backoff <= ceiling>>(n-1) { // backoff·2ⁿ⁻¹ ≤ ceiling, without overflow
+		d = p.backoff << (n - 1)
 	}
 	return d/2 + rand.N(d/2+1)
 }
