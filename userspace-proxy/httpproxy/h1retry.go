@@ -100,18 +100,15 @@ func (s *h1Conn) halt(body chan error, uc *pool.Conn, cd *connDeadline) (sent, l
 	}
 }
 
-// discardAnswer drops an answer that is retried: a short body is read so
-// the connection can serve again, a longer one (or a request whose body
-// was not sent whole) costs the connection. The read is watched: an app
-// that leaves meanwhile ends it (s.watch.gone tells), as the backend may
-// never send the rest.
+// discardAnswer drops an answer that is retried without waiting for its
+// body (drain says why): one come whole is read so that the connection
+// can serve again (upstream.AtHand); any other, or one whose request's
+// body was not sent whole, costs the connection.
 func (s *h1Conn) discardAnswer(be *upstream.Backend, uc *pool.Conn, resp *http.Response, cd *connDeadline, sent bool) {
-	keep := sent && !resp.Close && resp.ContentLength >= 0 && resp.ContentLength <= drainLimit
+	keep := sent && !resp.Close && upstream.AtHand(uc, resp)
 	if keep {
-		s.watch.start(uc, nil)
 		_, err := io.Copy(io.Discard, resp.Body)
-		s.watch.stop() // before uc may go back to the pool
-		keep = err == nil && !s.watch.gone.Load()
+		keep = err == nil
 	}
 	if cd.stop() || !keep {
 		be.DiscardH1(uc)

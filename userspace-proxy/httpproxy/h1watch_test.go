@@ -362,39 +362,6 @@ func waitGoroutine(t *testing.T, fn string) {
 	}
 }
 
-// TestClientGoneEndsRetriedAnswerDrain: an app that leaves while the
-// answer its rule retries is drained (its body read so that the
-// connection may serve again), and the backend never sends the rest of
-// that body, ends the drain: the upstream connection closes, the request
-// counts canceled, and the retry never goes. The drain ran unwatched, so
-// the exchange and its connection waited on the backend for good.
-func TestClientGoneEndsRetriedAnswerDrain(t *testing.T) {
-	var seen atomic.Int32
-	upClosed := make(chan struct{})
-	ep := serveRaw(t, func(c net.Conn) {
-		if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
-			return
-		}
-		seen.Add(1)
-		io.WriteString(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 10\r\n\r\nabc")
-		io.Copy(io.Discard, c) // until the proxy closes
-		close(upClosed)
-	})
-	f := newFixture(t, Config{}, snapshot.Backend{})
-	f.updateRoutes(2, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}}, retryRoutes(0))
-	a := f.dial()
-	a.send("GET /left HTTP/1.1\r\nHost: x\r\n\r\n")
-	waitGoroutine(t, "discardAnswer(")
-	a.c.Close()
-	<-upClosed
-	for f.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": "canceled"}) != 1 {
-		time.Sleep(10 * time.Millisecond) // counted just after the close
-	}
-	if n := f.counter("sockmesh_proxy_request_retries_total", nil); n != 0 || seen.Load() != 1 {
-		t.Errorf("retried %v times (the backend saw %d requests) after the app left; want none", n, seen.Load())
-	}
-}
-
 // TestStatusRetryBodyBrokenOff: an app whose streamed body breaks off
 // (here it half-closes) while the try that got an answer its rule
 // retries is stopped gets that answer, as an early answer to a body that

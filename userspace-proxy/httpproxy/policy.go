@@ -562,12 +562,17 @@ func (h *Handler) spendRetry(x *exchange, why string, n int, err error, resp *ht
 	return fmt.Errorf("%w for %s after %d retries", upstream.ErrRetryBudgetExhausted, x.be.Spec.Ref, n)
 }
 
-// drainLimit is how much of an answer that is retried is read so that its
-// connection can serve again; a longer one costs the connection.
-const drainLimit = 4 << 10
-
+// drain gives up an answer that is retried without waiting for its body,
+// as Envoy resets it: a backend may send the head of a status the rule
+// retries and hold the body back (overloaded, or misbehaving), and the
+// retry would wait for it, without end under a rule with no timeout. A
+// body come whole over HTTP/1.1 is read, so that its connection serves
+// again (BodyAtHand); closing any other costs its HTTP/1.1 connection,
+// or an HTTP/2 stream.
 func drain(resp *http.Response) {
-	io.CopyN(io.Discard, resp.Body, drainLimit)
+	if upstream.BodyAtHand(resp) {
+		io.Copy(io.Discard, resp.Body)
+	}
 	resp.Body.Close()
 }
 

@@ -372,6 +372,22 @@ func (b *h1Body) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// AtHand reports whether the body of resp, an answer read from uc, has
+// arrived whole: its declared length lies in uc's buffer, so reading it
+// waits for nothing. One of unknown length (chunked, or until the
+// connection closes) is not known to have.
+func AtHand(uc *pool.Conn, resp *http.Response) bool {
+	return resp.ContentLength >= 0 && int64(uc.R.Buffered()) >= resp.ContentLength
+}
+
+// BodyAtHand is AtHand for an answer a Backend's RoundTripper returned,
+// its body unread; never for one over HTTP/2, whose body's end may be a
+// read away (closing it costs only its stream).
+func BodyAtHand(resp *http.Response) bool {
+	b, ok := resp.Body.(*h1Body)
+	return ok && AtHand(b.x.uc, resp)
+}
+
 func (b *h1Body) Close() error {
 	b.closed.Store(true)
 	b.x.finish(false)
