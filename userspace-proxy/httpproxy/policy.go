@@ -41,10 +41,11 @@ import (
 //     session pins one: repick) when no connection could be made
 //     (refused, unreachable, TLS handshake failure), when backendRequest
 //     passed, and when the backend answered one of retry.codes or a
-//     trailers-only gRPC UNAVAILABLE (grpcTurnedAway). Never after an answer started toward the client,
-//     and, unless the body was kept or, of unknown length (a gRPC call's),
-//     recorded within RoutingConfig.ReplayBytes (keepBody, teeBody), never
-//     once a byte of the body was sent.
+//     trailers-only gRPC UNAVAILABLE (grpcTurnedAway), whose body it does
+//     not wait for (drain). Never after an answer started toward the
+//     client, and, unless the body was kept or, of unknown length (a gRPC
+//     call's), recorded within RoutingConfig.ReplayBytes (keepBody,
+//     teeBody), never once a byte of the body was sent.
 //   - A stream an HTTP/2 backend refuses (REFUSED_STREAM, or past its
 //     GOAWAY) was not processed, and net/http's Transport sends it again
 //     on its own, routed or not — the proxy's burst on a new connection
