@@ -421,8 +421,8 @@ func noMatch() *syntax.Regexp { return &syntax.Regexp{Op: syntax.OpNoMatch} }
 // shape: Go's parser keeps an empty class ("[^\s\S]", "\P{Any}") as a
 // class of no character, which a match needs when it is part of a
 // concatenation, every branch of an alternation, or in a group, a "+" or
-// a repeat of at least one. (An expression that matches nothing for other reasons, as
-// "a\bb" does, passes: RE2 tells no more without running it.)
+// a repeat of at least one. (An expression that matches nothing for other
+// reasons, as "a\bb" does, passes: RE2 tells no more without running it.)
 func matchesNothing(re *syntax.Regexp) bool {
 	switch re.Op {
 	case syntax.OpNoMatch:
@@ -432,7 +432,12 @@ func matchesNothing(re *syntax.Regexp) bool {
 	case syntax.OpConcat:
 		return slices.ContainsFunc(re.Sub, matchesNothing)
 	case syntax.OpAlternate:
-		return !slices.ContainsFunc(re.Sub, func(sub *syntax.Regexp) bool { return !matchesNothing(sub) })
+		for _, sub := range re.Sub {
+			if !matchesNothing(sub) {
+				return false
+			}
+		}
+		return true
 	case syntax.OpCapture, syntax.OpPlus:
 		return matchesNothing(re.Sub[0])
 	case syntax.OpRepeat:

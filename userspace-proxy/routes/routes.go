@@ -93,8 +93,12 @@ type Request struct {
 
 // FromHTTP returns r's Request. It shares r's header map.
 func FromHTTP(r *http.Request) Request {
-	return Request{Method: MethodOf(r), Path: r.URL.EscapedPath(), RawQuery: r.URL.RawQuery, Host: r.Host, Header: r.Header,
+	req := Request{Method: r.Method, Path: r.URL.EscapedPath(), RawQuery: r.URL.RawQuery, Host: r.Host, Header: r.Header,
 		TLS: r.TLS != nil, Upgrade: extendedProtocol(r)}
+	if req.Upgrade != "" {
+		req.Method = http.MethodGet // MethodOf
+	}
+	return req
 }
 
 // MethodOf is the method r stands for: its own, but GET for an RFC 8441
