@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -106,7 +107,7 @@ func tcpBytesSent(t *testing.T, c *net.TCPConn) uint64 {
 }
 
 // onSocket runs f on c's descriptor and fails the test on any error.
-func onSocket(t *testing.T, c *net.TCPConn, f func(fd int) error) {
+func onSocket(t *testing.T, c syscall.Conn, f func(fd int) error) {
 	t.Helper()
 	raw, err := c.SyscallConn()
 	if err != nil {

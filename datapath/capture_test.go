@@ -167,24 +167,9 @@ func TestMappedIPv4(t *testing.T) {
 // dialMapped connects an AF_INET6 socket inside ns to a mapped address (Go's
 // dialer would use AF_INET for it).
 func dialMapped(ns *sandbox.NetNS, dst netip.AddrPort) (net.Conn, error) {
-	var fd int
-	err := ns.Do(func() error {
-		var err error
-		if fd, err = unix.Socket(unix.AF_INET6, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0); err != nil {
-			return err
-		}
-		if err := unix.Connect(fd, &unix.SockaddrInet6{Port: int(dst.Port()), Addr: dst.Addr().As16()}); err != nil {
-			unix.Close(fd)
-			return err
-		}
-		return nil
+	return socketIn(ns, unix.AF_INET6, unix.SOCK_STREAM, func(fd int) error {
+		return unix.Connect(fd, &unix.SockaddrInet6{Port: int(dst.Port()), Addr: dst.Addr().As16()})
 	})
-	if err != nil {
-		return nil, err
-	}
-	f := os.NewFile(uintptr(fd), "mapped")
-	defer f.Close()
-	return net.FileConn(f)
 }
 
 func TestPassThrough(t *testing.T) {
@@ -738,9 +723,6 @@ func socketProtocol(t *testing.T, c net.Conn) int {
 func TestReconnectForgetsOriginalDestination(t *testing.T) {
 	tp := newTopology(t)
 	d := tp.openCapturing(t, Service{Addr: vip4})
-	sockaddr := func(a netip.AddrPort) *unix.SockaddrInet4 {
-		return &unix.SockaddrInet4{Addr: a.Addr().As4(), Port: int(a.Port())}
-	}
 	var peer netip.AddrPort
 	err := tp.pod.Do(func() error {
 		fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, 0)
@@ -748,10 +730,10 @@ func TestReconnectForgetsOriginalDestination(t *testing.T) {
 			return err
 		}
 		defer unix.Close(fd)
-		if err := unix.Connect(fd, sockaddr(vip4)); !errors.Is(err, unix.ECONNREFUSED) {
+		if err := unix.Connect(fd, sockaddr4(vip4)); !errors.Is(err, unix.ECONNREFUSED) {
 			return fmt.Errorf("connect to the Service, no proxy listening: %v, want refused", err)
 		}
-		if err := unix.Connect(fd, sockaddr(tp.server4)); err != nil {
+		if err := unix.Connect(fd, sockaddr4(tp.server4)); err != nil {
 			return fmt.Errorf("connect again, to %s: %w", tp.server4, err)
 		}
 		sa, err := unix.Getpeername(fd)
