@@ -606,8 +606,11 @@ static __always_inline void sm_accel_join(struct bpf_sock_ops *skops)
 /*
  * The application socket's SYN is about to leave (its source port is now
  * bound): publish its original destination under the connection's 4-tuple.
- * The proxy's side of the connection is established only after our SYN-ACK
- * handling, so the entry is always there first.
+ * The proxy's side of the connection is made from that SYN at the earliest
+ * (a listener that takes TCP Fast Open makes it before its SYN-ACK), so the
+ * entry is always there first. A Fast Open connect, by sendto(MSG_FASTOPEN)
+ * or after TCP_FASTOPEN_CONNECT, runs connect4/6 and comes here as
+ * connect() does.
  */
 static __always_inline void sm_on_connect(struct bpf_sock_ops *skops)
 {
