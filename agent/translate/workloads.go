@@ -13,7 +13,9 @@ import (
 // workloads lists the pods on this node (Input.Node.Name; every pod when it
 // is empty) and decides which are enrolled:
 //   - a pod with IPs whose phase is Pending or Running is enrolled — Pending
-//     too, so that capture is in place before the app's first connection;
+//     too, so that capture starts as soon as the kubelet publishes an
+//     address, which it may do only after the first container started: a
+//     pod's first connections can go uncaptured (docs/failures.md);
 //     succeeded, failed and unknown pods are not;
 //   - LabelCapture "disabled" on the pod or its namespace opts it out (an
 //     opt-out on either wins);
