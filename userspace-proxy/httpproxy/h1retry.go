@@ -29,17 +29,20 @@ func (s *h1Conn) mayRetry(x *exchange, retry int, why string, req *http.Request)
 var errRetryBackoff = errors.New("retry backoff")
 
 // again takes retry n+1 of req (why: connect, status, backend_timeout)
-// from its backend's retry budget, then backs off. When the request may
-// not go again it answers the client — 503 when the budget is spent
-// (last and resp say what the last try got), 504 with timeout, a request
-// timeout's error (timeoutError(true, ...)), when the request timeout
-// passed during the backoff — and returns keep, whether the client's
-// connection stays open.
+// from its backend's retry budget, then backs off, giving the retry back
+// when the backoff ends it (giveBack). When the request may not go again
+// it answers the client — 503 when the budget is spent (last and resp
+// say what the last try got), 504 with timeout, a request timeout's error
+// (timeoutError(true, ...)), when the request timeout passed during the
+// backoff — and returns keep, whether the client's connection stays
+// open.
 func (s *h1Conn) again(x *exchange, retry *int, why string, req *http.Request, last error, resp *http.Response, timeout error) (ok, keep bool) {
-	if err := s.h.spendRetry(x, why, *retry, last, resp); err != nil {
+	taken, err := s.h.spendRetry(x, why, *retry, last, resp)
+	if err != nil {
 		return false, s.fail(req, x, upstream.ReasonRetryBudget, err)
 	}
 	if !s.backoff(x, retry, why, req) {
+		giveBack(x, taken)
 		if s.watch.gone.Load() {
 			return false, s.fail(req, x, upstream.ReasonCanceled, errClientGone)
 		}

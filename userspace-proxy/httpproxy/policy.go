@@ -58,9 +58,11 @@ import (
 //     request timeout may end it sooner.
 //   - A backend with a retry budget (XBackendTrafficPolicy retryConstraint,
 //     package retrybudget) counts every request sent to it (countRequest)
-//     and every retry; a retry the budget refuses is not sent, and the
-//     client gets 503 (ErrRetryBudgetExhausted), as the API requires
-//     (spendRetry).
+//     and every retry, taken before its backoff; a retry the budget
+//     refuses is not sent, and the client gets 503
+//     (ErrRetryBudgetExhausted), as the API requires (spendRetry); one
+//     never sent, its app gone or its request timed out in the backoff,
+//     is given back (giveBack).
 
 // policy is a routed request's retries and timeouts, resolved against the
 // RoutingConfig defaults. The zero value does nothing.
@@ -497,11 +499,13 @@ func (h *Handler) roundTrip(x *exchange, wire upstream.Wire, out *http.Request, 
 			drain(resp)
 		}
 		cancel()
-		if err := h.spendRetry(x, why, x.retried, err, resp); err != nil {
+		taken, err := h.spendRetry(x, why, x.retried, err, resp)
+		if err != nil {
 			cancelReq()
 			return nil, c, noop, err
 		}
 		if !p.wait(ctx, x.retried+1) {
+			giveBack(x, taken)
 			cancelReq()
 			if err := out.Context().Err(); err != nil {
 				return nil, c, noop, err // the client went away
@@ -543,24 +547,41 @@ func countRequest(x *exchange) {
 }
 
 // spendRetry takes retry n+1 of a request (why: connect, status,
-// backend_timeout) from its backend's retry budget. When the budget is
-// spent it counts the refusal and returns the error the client's 503 is
-// made of, naming what the last try got (err, or resp's status). A retry
-// whose wait the request deadline cuts short (plan) is never sent, and
-// takes nothing.
-func (h *Handler) spendRetry(x *exchange, why string, n int, err error, resp *http.Response) error {
+// backend_timeout) from its backend's retry budget, before its backoff, as
+// Envoy takes an active retry from its budget before it arms the backoff
+// timer: concurrent requests see the retries that wait. taken is when it
+// was taken (zero: nothing was), for giveBack should the retry never be
+// sent. When the budget is spent it counts the refusal and returns the
+// error the client's 503 is made of, naming what the last try got (err,
+// or resp's status). A retry whose wait the request deadline cuts short
+// (plan) is never sent, and takes nothing.
+func (h *Handler) spendRetry(x *exchange, why string, n int, err error, resp *http.Response) (taken time.Time, _ error) {
 	b := x.be.Budget
-	if b == nil || !x.r.pol.plan(n+1) || b.Retry(time.Now()) {
-		return nil
+	if b == nil || !x.r.pol.plan(n+1) {
+		return time.Time{}, nil
+	}
+	if now := time.Now(); b.Retry(now) {
+		return now, nil
 	}
 	h.m.budgetExhausted.WithLabelValues(why).Inc()
 	switch {
 	case err != nil:
-		return fmt.Errorf("%w for %s after %d retries: %w", upstream.ErrRetryBudgetExhausted, x.be.Spec.Ref, n, err)
+		return time.Time{}, fmt.Errorf("%w for %s after %d retries: %w", upstream.ErrRetryBudgetExhausted, x.be.Spec.Ref, n, err)
 	case resp != nil:
-		return fmt.Errorf("%w for %s after %d retries: last answer %d", upstream.ErrRetryBudgetExhausted, x.be.Spec.Ref, n, resp.StatusCode)
+		return time.Time{}, fmt.Errorf("%w for %s after %d retries: last answer %d", upstream.ErrRetryBudgetExhausted, x.be.Spec.Ref, n, resp.StatusCode)
 	}
-	return fmt.Errorf("%w for %s after %d retries", upstream.ErrRetryBudgetExhausted, x.be.Spec.Ref, n)
+	return time.Time{}, fmt.Errorf("%w for %s after %d retries", upstream.ErrRetryBudgetExhausted, x.be.Spec.Ref, n)
+}
+
+// giveBack returns to x's backend's budget a retry spendRetry took at
+// taken that is never sent: its app left, or the request timeout passed,
+// during the backoff. Kept, it was a retry nobody sent, and in a retry
+// storm the apps that give up soonest spent the budget of the retries
+// that would go.
+func giveBack(x *exchange, taken time.Time) {
+	if !taken.IsZero() {
+		x.be.Budget.GiveBack(taken)
+	}
 }
 
 // drain gives up an answer that is retried without waiting for its body,

@@ -141,6 +141,33 @@ func (b *Budget) Retry(now time.Time) bool {
 	return true
 }
 
+// GiveBack uncounts a retry Retry allowed at at that was never sent: the
+// app left, or the request timeout passed, during its backoff. Asked
+// before the backoff, as Envoy asks its retry budget before it arms the
+// backoff timer, the retry holds its place in the budget while it waits,
+// and gives it back as Envoy's ends an active retry whose request goes
+// away; kept, it was a retry nobody sent, and in a retry storm clients
+// with short timeouts spent the budget of the retries that would go. A
+// retry counted in a slice the window has left since counts no more:
+// there is nothing to give back. Give back only what Retry allowed, once.
+func (b *Budget) GiveBack(at time.Time) {
+	if b == nil {
+		return
+	}
+	d := at.Sub(b.start)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if s := b.budget.counted(d); s != nil {
+		s.retries.Add(-1)
+		s.requests.Add(-1)
+	}
+	if b.floor != nil {
+		if s := b.floor.counted(d); s != nil {
+			s.retries.Add(-1)
+		}
+	}
+}
+
 // epoch is the number of the slice at (since the budget's start), from 1.
 func (r *ring) epoch(at time.Duration) int64 {
 	return int64(max(at, 0)/r.width) + 1
@@ -168,6 +195,17 @@ func (r *ring) roll(at time.Duration) *bucket {
 		s.requests.Store(0)
 		s.retries.Store(0)
 		s.epoch.Store(e)
+	}
+	return s
+}
+
+// counted returns the bucket that counted a retry at at while it counts
+// at's slice still, and holds a retry; nil once emptied for a later slice
+// (Budget.mu is held).
+func (r *ring) counted(at time.Duration) *bucket {
+	s := &r.buckets[r.epoch(at)%int64(len(r.buckets))]
+	if s.epoch.Load() != r.epoch(at) || s.retries.Load() == 0 {
+		return nil
 	}
 	return s
 }

@@ -11,7 +11,9 @@
 // per slice of the window, to empty its bucket), no allocation per
 // request. A retry's check and count are one step under a lock, so
 // concurrent retries never pass the budget: it allows exactly as many as
-// it would one by one, given the first tries counted by then.
+// it would one by one, given the first tries counted by then. A retry
+// allowed and then never sent (its app left, or its request timed out,
+// during the backoff) is given back (GiveBack).
 //
 // It must not read the clock (callers pass the time), retry, or answer
 // requests: package httpproxy decides what a refused retry becomes (503).
