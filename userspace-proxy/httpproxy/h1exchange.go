@@ -321,9 +321,10 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 }
 
 // conn takes a connection to choice's endpoint. A failed connect sent no
-// byte, so, as on the L4 path, other endpoints are tried (three in all),
-// also when the request's session named the first (unpin); it returns the
-// endpoint connected to, which the session then names.
+// byte, so, as on the L4 path, other endpoints the request has not tried
+// are tried (three in all; failover), also when the request's session
+// named the first; it returns the endpoint connected to, which the
+// session then names.
 //
 // A route's timeouts bound the wait for a connection too, and past the
 // request timeout none is taken, not even an idle one (pool.Get): nothing
@@ -353,8 +354,7 @@ func (s *h1Conn) conn(x *exchange, choice *balance.Choice, read bool) (*pool.Con
 	uc, err := be.GetH1(ctx, choice, client)
 	tries := be.Picker.Tries(choice)
 	for i := 1; err != nil && i < tries && upstream.NoConnection(err); i++ {
-		x.unpin()
-		choice = be.Picker.Pick()
+		choice = x.failover(choice)
 		uc, err = be.GetH1(ctx, choice, client)
 	}
 	if err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {

@@ -287,8 +287,9 @@ type exchange struct {
 	// retried counts the rule's retries sent on the net/http paths
 	// (roundTrip).
 	retried int
-	// tried holds the endpoints the rule's tries went to before the
-	// current one, which its retries avoid (repick).
+	// tried holds the endpoints the request's tries went to, or failed
+	// to connect to, before the current one, which its retries and its
+	// connects' failovers avoid (repick, failover).
 	tried []netip.AddrPort
 	// r is the route decision when the frontend has routes that apply
 	// to this client; nil otherwise.

@@ -408,7 +408,9 @@ func (x *exchange) repick(c *balance.Choice) *balance.Choice {
 	if x.pinned {
 		return c
 	}
-	x.tried = append(x.tried, c.Endpoint.Addr)
+	if !slices.Contains(x.tried, c.Endpoint.Addr) {
+		x.tried = append(x.tried, c.Endpoint.Addr)
+	}
 	p := x.be.Picker
 	n := p.Pick()
 	for i := 1; i < p.Len() && n != nil && slices.Contains(x.tried, n.Endpoint.Addr); i++ {
@@ -419,6 +421,19 @@ func (x *exchange) repick(c *balance.Choice) *balance.Choice {
 		return c
 	}
 	return n
+}
+
+// failover is the endpoint for a try after the connect to c failed: as a
+// retry's (repick), one the request has not tried while there is one,
+// also when its session named c (unpin). Ejection keeps out an endpoint
+// that refused, but not one whose failed connect began before another
+// connect to it succeeded (balance.Health.Failed), nor one this node
+// failed (out of ports or descriptors), nor one that answered an earlier
+// try with a status the rule retries: the Picker's next turn may be any
+// of them, whenever other requests took the turns between.
+func (x *exchange) failover(c *balance.Choice) *balance.Choice {
+	x.unpin()
+	return x.repick(c)
 }
 
 // roundTrip sends out (addressed to c) through rt, under x's route policy
@@ -520,15 +535,15 @@ func (h *Handler) roundTrip(x *exchange, wire upstream.Wire, out *http.Request, 
 
 // roundTripAny sends out through rt to c, the endpoint it names, and, as
 // the fast path does (h1Conn.conn), when the connect fails, to other
-// endpoints (three in all): nothing went out, so a request whose body can
-// go again may go elsewhere, also one whose session named c (unpin). It
-// returns the endpoint tried last, which the session then names.
+// endpoints the request has not tried (three in all; failover): nothing
+// went out, so a request whose body can go again may go elsewhere, also
+// one whose session named c. It returns the endpoint tried last, which
+// the session then names.
 func (x *exchange) roundTripAny(rt http.RoundTripper, out *http.Request, c *balance.Choice) (*http.Response, *balance.Choice, error) {
 	resp, err := rt.RoundTrip(out)
 	tries := x.be.Picker.Tries(c)
 	for i := 1; err != nil && i < tries && upstream.NoConnection(err) && x.resendable(out); i++ {
-		x.unpin()
-		c = x.be.Picker.Pick()
+		c = x.failover(c)
 		o := out.WithContext(upstream.WithEndpoint(out.Context(), c))
 		o.URL = withURLHost(out.URL, c.Host)
 		o.Body = x.again(o.Body, i)
