@@ -59,11 +59,11 @@ func newMetrics(reg prometheus.Registerer, mirrorSlots chan struct{}) (*metrics,
 		}, []string{"reason"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_request_retries_total",
-			Help: "Retries of routed requests, and resends of streams an HTTP/2 backend refused, by what was retried (connect, status, backend_timeout, refused_stream).",
+			Help: "Retries of routed requests, and resends of streams an HTTP/2 backend refused, by what was retried (connect, status, grpc_unavailable, backend_timeout, refused_stream).",
 		}, []string{"reason"}),
 		budgetExhausted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_retry_budget_exhausted_total",
-			Help: "Retries of routed requests that the backend's retry budget (XBackendTrafficPolicy) refused, the client getting 503, by what would have been retried (connect, status, backend_timeout).",
+			Help: "Retries of routed requests that the backend's retry budget (XBackendTrafficPolicy) refused, the client getting 503, by what would have been retried (connect, status, grpc_unavailable, backend_timeout).",
 		}, []string{"reason"}),
 		timeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_proxy_request_timeouts_total",

@@ -498,8 +498,10 @@ func (h *Handler) roundTrip(x *exchange, wire upstream.Wire, out *http.Request, 
 			err, why = timeoutError(false, err), "backend_timeout"
 		case err != nil && connectFailed(err):
 			why = "connect"
-		case err == nil && (p.retryStatus(resp.StatusCode) || grpcTurnedAway(resp)):
+		case err == nil && p.retryStatus(resp.StatusCode):
 			why = "status"
+		case err == nil && grpcTurnedAway(resp):
+			why = "grpc_unavailable" // an HTTP 200: no status of the rule's codes
 		}
 		if why == "" || x.retried >= p.retries || !x.resendable(out) {
 			if err != nil {
@@ -562,7 +564,7 @@ func countRequest(x *exchange) {
 }
 
 // spendRetry takes retry n+1 of a request (why: connect, status,
-// backend_timeout) from its backend's retry budget, before its backoff, as
+// grpc_unavailable, backend_timeout) from its backend's retry budget, before its backoff, as
 // Envoy takes an active retry from its budget before it arms the backoff
 // timer: concurrent requests see the retries that wait. taken is when it
 // was taken (zero: nothing was), for giveBack should the retry never be

@@ -1127,8 +1127,13 @@ func TestRouteRetryGRPCCall(t *testing.T) {
 	if len(flaky.reqs) != 2 || !bytes.Contains(flaky.reqs[1].Body, []byte("the call's message")) || !bytes.Equal(flaky.reqs[0].Body, flaky.reqs[1].Body) {
 		t.Errorf("backend got %d calls, bodies %q; want 2 with the same message", len(flaky.reqs), bodies(flaky.reqs))
 	}
-	if got := e.counter("sockmesh_proxy_request_retries_total", map[string]string{"reason": "status"}); got != 1 {
-		t.Errorf("retries{status} = %v, want 1", got)
+	// Counted as what it is: an answer of HTTP status 200 is no status
+	// the rule's codes name (before, it counted as status).
+	retries := func(reason string) float64 {
+		return e.counter("sockmesh_proxy_request_retries_total", map[string]string{"reason": reason})
+	}
+	if unavailable, status := retries("grpc_unavailable"), retries("status"); unavailable != 1 || status != 0 {
+		t.Errorf("retries{grpc_unavailable} = %v, retries{status} = %v; want 1 and 0", unavailable, status)
 	}
 }
 
