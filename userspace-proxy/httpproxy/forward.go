@@ -396,13 +396,16 @@ func (h *Handler) copyBody(w http.ResponseWriter, resp *http.Response, be *upstr
 		probe = new([probeSize]byte)
 	}
 	owed := resp.ContentLength // sized answers: what the backend has yet to send
-	if probe != nil && !isGRPCType(resp.Header) {
+	if probe != nil {
 		// The head goes now, as on the fast path: net/http's server sends
 		// it with the first write, and a stream may wait long for its
 		// first event while its app waits for the head (an EventSource
-		// opens on it). Not a gRPC call's: its client waits for messages,
-		// and the head would go alone, a write more per call (and no
-		// trailers-only answer).
+		// opens on it). A gRPC call's too, at the cost of a write: a
+		// backend that sends its head before any message (grpc-go's
+		// SendHeader, a subscription acknowledging its stream) has a
+		// client waiting in Header() for it, as Envoy passes it on. A
+		// trailers-only answer, the backend's END_STREAM on its head,
+		// has a length of 0 and no probe: it stays one HEADERS frame.
 		flusher.Flush()
 	}
 	last := 0
