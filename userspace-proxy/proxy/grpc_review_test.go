@@ -43,6 +43,8 @@ func startGRPCStreams(t *testing.T, creds credentials.TransportCredentials) neti
 //     first event;
 //   - /s.S/Sum reads every message to the client's half-close, then
 //     answers their total size, and the sizes in a trailer;
+//   - /s.S/Refuse ends the call with a status after one message, while
+//     the client may still be sending;
 //   - /s.S/Fill sends the sizes the client's one message asks for, each a
 //     message of that many bytes, then a trailer.
 func grpcStreams(_ any, st grpc.ServerStream) error {
@@ -82,6 +84,13 @@ func grpcStreams(_ any, st grpc.ServerStream) error {
 		}
 		st.SetTrailer(metadata.Pairs("x-messages", fmt.Sprint(n)))
 		return st.SendMsg(wrapperspb.Int64(int64(total)))
+	case "/s.S/Refuse":
+		// Ends the call after one message, with the client still sending.
+		if err := st.RecvMsg(new(wrapperspb.BytesValue)); err != nil {
+			return err
+		}
+		st.SetTrailer(metadata.Pairs("x-refused", "yes"))
+		return status.Error(codes.InvalidArgument, "refused: 100% of it")
 	case "/s.S/Fill":
 		in := new(wrapperspb.BytesValue)
 		if err := st.RecvMsg(in); err != nil {
@@ -140,6 +149,7 @@ func TestGRPCRouteStreams(t *testing.T) {
 			t.Run("head-before-messages", func(t *testing.T) { grpcHeadFirst(t, cc) })
 			t.Run("client-stream", func(t *testing.T) { grpcClientStream(t, cc) })
 			t.Run("server-stream", func(t *testing.T) { grpcServerStream(t, cc) })
+			t.Run("early-status", func(t *testing.T) { grpcEarlyStatus(t, cc) })
 			t.Run("trailers-only", func(t *testing.T) { grpcTrailersOnly(t, e.client(dst, true), name) })
 		})
 	}
@@ -249,5 +259,30 @@ func grpcTrailersOnly(t *testing.T, c *http.Client, name string) {
 	if err != nil || len(body) != 0 || resp.Header.Get("Grpc-Status") != fmt.Sprint(int(codes.Unimplemented)) || len(resp.Trailer) != 0 {
 		t.Errorf("answer: head %v, %d body bytes (%v), trailers %v; want grpc-status %d in the head alone",
 			resp.Header, len(body), err, resp.Trailer, codes.Unimplemented)
+	}
+}
+
+// grpcEarlyStatus sends to a backend that ends the call after the first
+// message: the app gets the backend's status, message and trailer, however
+// much it sent after it.
+func grpcEarlyStatus(t *testing.T, cc *grpc.ClientConn) {
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	st, err := cc.NewStream(ctx, &grpc.StreamDesc{ClientStreams: true}, "/s.S/Refuse")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 64 {
+		if err := st.SendMsg(wrapperspb.Bytes(pattern(64 << 10))); err != nil {
+			break // io.EOF: the call has ended; RecvMsg says how
+		}
+	}
+	st.CloseSend()
+	err = st.RecvMsg(new(wrapperspb.Int64Value))
+	if s := status.Convert(err); s.Code() != codes.InvalidArgument || s.Message() != "refused: 100% of it" {
+		t.Errorf("status = %v, want InvalidArgument: refused: 100%% of it", err)
+	}
+	if tr := st.Trailer().Get("x-refused"); len(tr) != 1 {
+		t.Errorf("trailer = %v, want x-refused", st.Trailer())
 	}
 }
