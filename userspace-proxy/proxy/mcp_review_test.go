@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -9,9 +10,13 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/pipenet"
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
 // mcpEvents are the writes of an MCP server's event stream in
@@ -190,5 +195,55 @@ func mcpSession(t *testing.T, c *http.Client, base string, srv *mcpLockstep, wir
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusNoContent {
 		t.Errorf("DELETE of the session: %d, want 204", resp.StatusCode)
+	}
+}
+
+// TestMCPQuietStream: an MCP session's event stream that stays quiet for
+// hours between events (a server with nothing to notify) is cut by none
+// of the proxy's default timeouts — idle connections (the app's, 5 min;
+// pooled upstream ones, 90 s), header reads, the stall watch (60 s, which
+// waits only on an app that does not read), HTTP/2 pings — on any client
+// kind: MCP clients hold the GET open for the session's life, and a
+// stream cut would lose the notifications in between (a server need not
+// keep them for Last-Event-ID). Time is the synctest bubble's.
+func TestMCPQuietStream(t *testing.T) {
+	inBubbles(t, testMCPQuietStream)
+}
+
+func testMCPQuietStream(t *testing.T, k clientKind) {
+	var pn pipenet.Net
+	backendAddr := netip.MustParseAddrPort("10.0.0.1:8080")
+	more := make(chan struct{})
+	servePipe(t, &pn, backendAddr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "id: 1\ndata: first\n\n")
+		http.NewResponseController(w).Flush()
+		select {
+		case <-more:
+			io.WriteString(w, "id: 2\ndata: hours later\n\n")
+		case <-r.Context().Done():
+		}
+	}))
+	p, _ := pipeProxy(t, &pn, proxy.Config{HTTP1TLS: k.path})
+	m := &mesh{t: t}
+	m.frontend("mcp", routedVIP, m.backend("mcp", snapshot.Backend{Protocol: snapshot.ProtocolMCP, Endpoints: endpoints(backendAddr)}), nil)
+	p.Update(m.snapshot(1))
+	req, _ := http.NewRequest(http.MethodGet, "http://mcp.b.svc/mcp", nil)
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := pipeClient(t, p, k.h2c).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if line, err := br.ReadString('\n'); err != nil || line != "id: 1\n" {
+		t.Fatalf("first event: %q, %v", line, err)
+	}
+	time.Sleep(3 * time.Hour)
+	synctest.Wait()
+	close(more)
+	rest, err := io.ReadAll(br)
+	if err != nil || string(rest) != "data: first\n\nid: 2\ndata: hours later\n\n" {
+		t.Errorf("after 3 h of quiet: %q, %v; want the rest of the stream, then its end", rest, err)
 	}
 }
