@@ -87,7 +87,8 @@ func (s *mcpLockstep) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // TestMCPStreamLockstep: an MCP session through the proxy as an MCP client
 // runs it, from HTTP/1.1 apps (fast path and net/http's) and h2c apps, to
-// a cleartext MCP server (HTTP/1.1) and one over TLS that speaks h2: the
+// a cleartext MCP server (HTTP/1.1) and one over TLS that speaks h2 (to
+// h2c apps; to every app when its TLS policy offers h2 alone): the
 // initialize's session ID comes back prefixed, the GET of the session's
 // stream reaches the server with the ID it issued and Last-Event-ID, each
 // write of the stream reaches the app before the server makes the next
@@ -102,17 +103,22 @@ func TestMCPStreamLockstep(t *testing.T) {
 			m := &mesh{t: t}
 			servers := map[string]*mcpLockstep{}
 			vips := map[string]netip.AddrPort{}
-			for i, name := range []string{"clear", "tls"} {
+			for i, name := range []string{"clear", "tls", "tls-h2"} {
 				srv := &mcpLockstep{step: make(chan struct{})}
 				servers[name] = srv
 				hs := &http.Server{Handler: srv, Protocols: new(http.Protocols)}
 				hs.Protocols.SetHTTP1(true)
 				be := snapshot.Backend{Protocol: snapshot.ProtocolMCP}
-				if name == "tls" {
+				if name != "clear" {
 					hs.TLSConfig = serverTLS(e.pki.server)
 					hs.TLSConfig.NextProtos = []string{"h2", "http/1.1"}
 					hs.Protocols.SetHTTP2(true)
 					be.TLS = tlsPolicy(e)
+				}
+				if name == "tls-h2" {
+					// A TLS policy that offers h2 alone: every app's
+					// requests go over HTTP/2, an HTTP/1.1 app's too.
+					be.TLS.ALPN = []string{"h2"}
 				}
 				be.Endpoints = endpoints(serveLocal(t, hs))
 				vips[name] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 96, 48, byte(i + 1)}), 80)
@@ -122,8 +128,8 @@ func TestMCPStreamLockstep(t *testing.T) {
 			for name, dst := range vips {
 				t.Run(name, func(t *testing.T) {
 					wire := "HTTP/1.1" // cleartext MCP, and an HTTP/1.1 app's requests
-					if name == "tls" && k.h2c {
-						wire = "HTTP/2.0" // ALPN offers both
+					if name == "tls" && k.h2c || name == "tls-h2" {
+						wire = "HTTP/2.0" // ALPN offers both, or h2 alone
 					}
 					mcpSession(t, e.client(dst, k.h2c), "http://"+name+".b.svc", servers[name], wire)
 				})
