@@ -9,12 +9,17 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/reflection"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -284,5 +289,78 @@ func grpcEarlyStatus(t *testing.T, cc *grpc.ClientConn) {
 	}
 	if tr := st.Trailer().Get("x-refused"); len(tr) != 1 {
 		t.Errorf("trailer = %v, want x-refused", st.Trailer())
+	}
+}
+
+// TestGRPCRouteHealthReflection: GRPCRoute matches as translate writes
+// them (an Exact method: the path; a service alone: the path prefix; a
+// method alone: an expression over the service segment) meet the calls of
+// grpc-go's own health and reflection clients, streams included; the
+// health List no rule matches is the route's UNIMPLEMENTED, as from a
+// server without the method.
+func TestGRPCRouteHealthReflection(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{})
+	m := &mesh{t: t}
+	srv := grpc.NewServer()
+	hs := health.NewServer()
+	hs.SetServingStatus("s.S", healthpb.HealthCheckResponse_SERVING)
+	healthpb.RegisterHealthServer(srv, hs)
+	reflection.Register(srv)
+	l := listenLocal(t)
+	go srv.Serve(l)
+	t.Cleanup(srv.Stop)
+	ref := m.backend("meta", snapshot.Backend{Protocol: snapshot.ProtocolGRPC, Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort())})
+	// As translate writes method: {service: grpc.health.v1.Health, method:
+	// Check}, {service: grpc.reflection.v1.ServerReflection} and {method:
+	// Watch}.
+	byMethod := snapshot.RouteMatch{Path: snapshot.PathMatch{Type: snapshot.PathRegularExpression, Value: "/[^/]+/Watch"}}
+	m.frontend("meta", routedVIP, ref, producer(routeSet(snapshot.KindGRPCRoute,
+		rule{[]snapshot.RouteMatch{exactMatch("/grpc.health.v1.Health/Check")}, snapshot.RouteRule{Backends: to(ref)}},
+		rule{[]snapshot.RouteMatch{prefixMatch("/grpc.reflection.v1.ServerReflection")}, snapshot.RouteRule{Backends: to(ref)}},
+		rule{[]snapshot.RouteMatch{byMethod}, snapshot.RouteRule{Backends: to(ref)}},
+	)))
+	e.p.Update(m.snapshot(1))
+	cc := e.grpcClient(t, "meta.b.svc:80", routedVIP)
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+
+	hc := healthpb.NewHealthClient(cc)
+	if resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "s.S"}); err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health Check = %v, %v; want SERVING", resp, err)
+	}
+	w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{Service: "s.S"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := w.Recv(); err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("health Watch = %v, %v; want SERVING", resp, err)
+	}
+	if _, err := hc.List(ctx, &healthpb.HealthListRequest{}); status.Code(err) != codes.Unimplemented || status.Convert(err).Message() != "sockmesh: no_match" {
+		t.Errorf("health List, which no rule matches: %v; want Unimplemented: sockmesh: no_match", err)
+	}
+
+	st, err := reflectionpb.NewServerReflectionClient(cc).ServerReflectionInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := st.Recv()
+	if err != nil {
+		t.Fatalf("reflection: %v", err)
+	}
+	var names []string
+	for _, s := range resp.GetListServicesResponse().GetService() {
+		names = append(names, s.Name)
+	}
+	if !slices.Contains(names, "grpc.health.v1.Health") {
+		t.Errorf("reflection lists %v, want grpc.health.v1.Health among them", names)
+	}
+	st.CloseSend()
+	if _, err := st.Recv(); err != io.EOF {
+		t.Errorf("reflection stream end: %v, want EOF", err)
 	}
 }
