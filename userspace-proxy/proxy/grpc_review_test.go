@@ -126,7 +126,9 @@ func pattern(n int) []byte {
 // backend sends before any message reaches the app at once (a client
 // waiting in Header() for a subscription's acknowledgement got nothing
 // until the first event: net/http's server sends the head with the first
-// body write, and copyBody flushed it for every stream but gRPC's); large
+// body write, and copyBody flushed it for every stream but gRPC's); a
+// bidirectional stream goes in lockstep, each reply before the next send;
+// large
 // messages arrive whole both ways, the server's answer after the client's
 // half-close, with trailers intact; a backend's trailers-only answer stays
 // one (its status in the head).
@@ -161,7 +163,8 @@ func TestGRPCRouteStreams(t *testing.T) {
 }
 
 // grpcHeadFirst waits for the head of a stream whose backend sends it
-// before any message, and sends its first message only then.
+// before any message, sends its first message only then, and each next
+// one once the last came back.
 func grpcHeadFirst(t *testing.T, cc *grpc.ClientConn) {
 	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
 	defer cancel()
@@ -173,12 +176,17 @@ func grpcHeadFirst(t *testing.T, cc *grpc.ClientConn) {
 	if err != nil || len(head.Get("x-ready")) != 1 {
 		t.Fatalf("head = %v, %v; want x-ready before any message", head, err)
 	}
-	if err := st.SendMsg(wrapperspb.Bytes([]byte("after the head"))); err != nil {
-		t.Fatal(err)
-	}
+	// Each reply comes before the next send: neither direction may wait
+	// for more.
 	got := new(wrapperspb.BytesValue)
-	if err := st.RecvMsg(got); err != nil || string(got.Value) != "after the head" {
-		t.Fatalf("echo = %q, %v", got.Value, err)
+	for i := range 20 {
+		msg := fmt.Appendf(nil, "after the head %d", i)
+		if err := st.SendMsg(wrapperspb.Bytes(msg)); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.RecvMsg(got); err != nil || !bytes.Equal(got.Value, msg) {
+			t.Fatalf("echo %d = %q, %v", i, got.Value, err)
+		}
 	}
 	st.CloseSend()
 	if err := st.RecvMsg(got); err != io.EOF {
