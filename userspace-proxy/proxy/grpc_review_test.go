@@ -128,10 +128,10 @@ func pattern(n int) []byte {
 // until the first event: net/http's server sends the head with the first
 // body write, and copyBody flushed it for every stream but gRPC's); a
 // bidirectional stream goes in lockstep, each reply before the next send;
-// large
-// messages arrive whole both ways, the server's answer after the client's
-// half-close, with trailers intact; a backend's trailers-only answer stays
-// one (its status in the head).
+// large messages arrive whole both ways, the server's answer after the
+// client's half-close, with trailers intact; a backend's status ends a call
+// the client still sends on; a backend's trailers-only answer stays one
+// (its status in the head).
 func TestGRPCRouteStreams(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
