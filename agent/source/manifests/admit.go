@@ -13,17 +13,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utiljson "k8s.io/apimachinery/pkg/util/json"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 )
 
-// admit has the CRD of gvk admit doc, which decoded into obj: it returns
-// the object with the CRD's defaults, or what the CRD refuses, each field
-// named as kubectl apply would name it.
-func (d *Decoder) admit(doc []byte, gvk schema.GroupVersionKind, obj runtime.Object) (runtime.Object, error) {
-	js, err := utilyaml.ToJSON(doc)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", Key(obj), err)
-	}
+// admit has the CRD of gvk admit js, a document as JSON (jsonOf) which
+// decoded into obj: it returns the object with the CRD's defaults, or
+// what the CRD refuses, each field named as kubectl apply would name it.
+func (d *Decoder) admit(js []byte, gvk schema.GroupVersionKind, obj runtime.Object) (runtime.Object, error) {
 	// utiljson makes integers int64, as the API server's decoding does:
 	// the CRDs' CEL rules compare them as integers.
 	var content map[string]any
@@ -42,7 +37,8 @@ func (d *Decoder) admit(doc []byte, gvk schema.GroupVersionKind, obj runtime.Obj
 	if len(errs) > 0 {
 		return nil, invalid(obj, errs)
 	}
-	if js, err = json.Marshal(content); err != nil {
+	js, err = json.Marshal(content)
+	if err != nil {
 		return nil, fmt.Errorf("%s with its crd's defaults: %w", Key(obj), err)
 	}
 	defaulted, _, err := d.decodeObject(js)
