@@ -18,7 +18,9 @@
 // all of its objects; the rest of the directory still updates. So is a
 // file over 32 MiB, which is not read, and one that cannot be read (a link
 // loop); a removed file, or a dangling link, takes its objects with it.
-// Nothing a file holds makes the source stop. An object defined in two
+// Nothing a file holds makes the source stop. An object written in a
+// version its CRD deprecates is served, and logged once with the API
+// server's warning, as kubectl apply prints it. An object defined in two
 // files is taken from the first file by name, and the duplicate is
 // reported.
 //

@@ -55,6 +55,9 @@ type Source struct {
 	digest  [sha256.Size]byte
 	loaded  bool
 	lastErr string
+	// warned holds the deprecation warnings of the objects served at the
+	// last reload, each logged once when it came (warnDeprecated).
+	warned map[string]bool
 
 	reloads *prometheus.CounterVec
 	invalid prometheus.Gauge
@@ -65,10 +68,12 @@ type Source struct {
 type fileState struct {
 	read bool
 	sum  [sha256.Size]byte // of the bytes last read
-	// objs came from the last content that parsed, goodSum is its hash.
-	objs    []runtime.Object
-	goodSum [sha256.Size]byte
-	err     error // why the last read content is not used, or nil
+	// objs came from the last content that parsed, goodSum is its hash,
+	// warnings what an API server would warn of on its create.
+	objs     []runtime.Object
+	goodSum  [sha256.Size]byte
+	warnings []manifests.Warning
+	err      error // why the last read content is not used, or nil
 	// emptied is when the file was first read empty while it had
 	// objects (holdEmptied); zero when it is not empty.
 	emptied time.Time
@@ -253,6 +258,7 @@ func (s *Source) reload() {
 		}
 	}
 	clip(&in)
+	s.warnDeprecated()
 	var sum [sha256.Size]byte
 	copy(sum[:], digest.Sum(nil))
 
@@ -335,12 +341,33 @@ func (s *Source) readFile(path string, st *fileState) {
 		return
 	}
 	st.read, st.sum = true, sum
-	objs, err := s.dec.Decode(bytes.NewReader(data))
+	objs, warnings, err := s.dec.DecodeWithWarnings(bytes.NewReader(data))
 	if err != nil {
 		st.err = fmt.Errorf("%s: %w", path, err)
 		return
 	}
-	st.objs, st.goodSum, st.err = objs, sum, nil
+	st.objs, st.goodSum, st.warnings, st.err = objs, sum, warnings, nil
+}
+
+// warnDeprecated logs, once for each, the objects served in a version
+// their CRD deprecates (BackendTLSPolicy v1alpha3), as kubectl apply
+// prints the API server's warning: read as the version to use, they
+// serve, and the file would break when a release of the CRDs stops
+// serving the version. An object is warned of again only after it was
+// gone or in another version at a reload, not at each reread or resync.
+func (s *Source) warnDeprecated() {
+	warned := make(map[string]bool, len(s.warned))
+	for name, st := range s.files {
+		for _, w := range st.warnings {
+			key := name + "\x00" + w.Object + "\x00" + w.APIVersion
+			warned[key] = true
+			if !s.warned[key] {
+				s.log.Warn("object in a deprecated api version", "file", s.path(name), "object", w.Object,
+					"api_version", w.APIVersion, "use", w.Use, "warning", w.Text)
+			}
+		}
+	}
+	s.warned = warned
 }
 
 // unreadable records that the file at path could not be read.

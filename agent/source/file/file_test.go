@@ -1,7 +1,9 @@
 package file
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -182,6 +184,74 @@ func TestReloadRefusesWhatTheCRDRefuses(t *testing.T) {
 	const want = "a.yaml: document 2: HTTPRoute apps/r: spec.hostnames: Too many: 17: must have at most 16 items"
 	if errs := s.Errors(); len(errs) != 1 || !strings.Contains(errs[0].Error(), want) {
 		t.Errorf("Errors() = %v, want one saying %q", errs, want)
+	}
+}
+
+// TestReloadWarnsOfDeprecatedVersions: an object written in a version its
+// CRD deprecates (BackendTLSPolicy v1alpha3) is served, and logged once,
+// naming the file, the object, its version and the one to use, as
+// kubectl apply prints the API server's warning — not again when the
+// directory is read again, nor when its file is decoded again for another
+// change; again once it came back after it was written as v1.
+func TestReloadWarnsOfDeprecatedVersions(t *testing.T) {
+	dir := t.TempDir()
+	policy := func(version string) string {
+		return "apiVersion: gateway.networking.k8s.io/" + version + "\nkind: BackendTLSPolicy\nmetadata: {name: t, namespace: apps}\n" +
+			`spec: {targetRefs: [{group: "", kind: Service, name: a}], validation: {hostname: a.example.com, wellKnownCACertificates: System}}` + "\n"
+	}
+	write(t, dir, "a.yaml", service("a")+"---\n"+policy("v1alpha3"))
+	var logs bytes.Buffer
+	s, err := New(Config{Dir: dir, Resync: time.Hour}, slog.New(slog.NewJSONHandler(&logs, nil)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warnings := func() []map[string]any {
+		var out []map[string]any
+		for line := range strings.Lines(logs.String()) {
+			var rec map[string]any
+			if err := json.Unmarshal([]byte(line), &rec); err != nil {
+				t.Fatalf("log line %q: %v", line, err)
+			}
+			if rec["msg"] == "object in a deprecated api version" {
+				out = append(out, rec)
+			}
+		}
+		return out
+	}
+	s.reload()
+	if got := s.Input().BackendTLSPolicies; len(got) != 1 || got[0].APIVersion != "gateway.networking.k8s.io/v1" {
+		t.Fatalf("BackendTLSPolicies = %v, want the policy, as v1", got)
+	}
+	w := warnings()
+	if len(w) != 1 {
+		t.Fatalf("deprecation warnings after the first read = %d, want 1; log:\n%s", len(w), logs.String())
+	}
+	for k, want := range map[string]string{"file": filepath.Join(dir, "a.yaml"), "object": "BackendTLSPolicy apps/t",
+		"api_version": "gateway.networking.k8s.io/v1alpha3", "use": "gateway.networking.k8s.io/v1", "level": "WARN"} {
+		if w[0][k] != want {
+			t.Errorf("warning's %s = %v, want %q", k, w[0][k], want)
+		}
+	}
+	if text, _ := w[0]["warning"].(string); !strings.Contains(text, "deprecated") {
+		t.Errorf("warning's text = %q, want the CRD's, saying deprecated", text)
+	}
+
+	s.reload()                                                        // a resync
+	write(t, dir, "a.yaml", service("a2")+"---\n"+policy("v1alpha3")) // decoded again
+	s.reload()
+	if got := names(s.Input().Services); !slices.Equal(got, []string{"a2"}) {
+		t.Fatalf("Services = %v, want [a2]: the file was not read again", got)
+	}
+	if n := len(warnings()); n != 1 {
+		t.Errorf("deprecation warnings after a resync and a change = %d, want still 1", n)
+	}
+
+	write(t, dir, "a.yaml", service("a2")+"---\n"+policy("v1"))
+	s.reload()
+	write(t, dir, "a.yaml", service("a2")+"---\n"+policy("v1alpha3"))
+	s.reload()
+	if n := len(warnings()); n != 2 {
+		t.Errorf("deprecation warnings once written as v1 and back = %d, want 2", n)
 	}
 }
 

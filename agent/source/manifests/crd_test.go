@@ -235,15 +235,21 @@ func createAccepted(t *testing.T, env *apiserver.Env, ns, doc string) {
 // the client for doc's resource and the server's answer.
 func create(t *testing.T, env *apiserver.Env, ns, doc string) (dynamic.ResourceInterface, error) {
 	t.Helper()
+	return createWith(t, env.Dynamic, ns, doc)
+}
+
+// createWith is create through client dyn.
+func createWith(t *testing.T, dyn dynamic.Interface, ns, doc string) (dynamic.ResourceInterface, error) {
+	t.Helper()
 	var u unstructured.Unstructured
 	if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
 		t.Fatal(err)
 	}
 	gvk := u.GroupVersionKind()
 	gvr := schema.GroupVersionResource{Group: gvk.Group, Version: gvk.Version, Resource: resourceOf(t, gvk.Kind)}
-	var client dynamic.ResourceInterface = env.Dynamic.Resource(gvr).Namespace(ns)
+	var client dynamic.ResourceInterface = dyn.Resource(gvr).Namespace(ns)
 	if clusterScoped[gvk.Kind] {
-		client = env.Dynamic.Resource(gvr)
+		client = dyn.Resource(gvr)
 	}
 	_, err := client.Create(t.Context(), &u, metav1.CreateOptions{})
 	return client, err

@@ -2,7 +2,9 @@ package manifests_test
 
 import (
 	"reflect"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -10,15 +12,21 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/rest"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/sockmesh/sockmesh/test/apiserver"
 )
 
 // TestOlderServedVersionsAreV1: the v1.7.0 CRDs serve BackendTLSPolicy as
 // v1alpha3 and HTTPRoute and ReferenceGrant as v1beta1 beside v1, with v1's
 // schema. A manifest of such a version decodes, as the API server takes
 // it, to the v1 object the API server serves for it: v1's type and
-// apiVersion, the spec the API server stores (its defaults applied).
+// apiVersion, the spec the API server stores (its defaults applied); with
+// the warnings the API server gives on its create (kubectl prints them),
+// for BackendTLSPolicy v1alpha3, which its CRD deprecates.
 func TestOlderServedVersionsAreV1(t *testing.T) {
 	const ns = "crd"
 	env, dec := startCRDServer(t, ns)
@@ -31,12 +39,20 @@ func TestOlderServedVersionsAreV1(t *testing.T) {
 			`spec: {from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: other}], to: [{group: "", kind: Service}]}`,
 	} {
 		t.Run(name, func(t *testing.T) {
-			objs, err := dec.Decode(strings.NewReader(doc))
+			objs, warnings, err := dec.DecodeWithWarnings(strings.NewReader(doc))
 			if err != nil {
 				t.Fatalf("Decode: %v", err)
 			}
-			if _, err := create(t, env, ns, doc); err != nil {
-				t.Fatalf("the API server's create: %v", err)
+			server := warningsOnCreate(t, env, ns, doc)
+			var texts []string
+			for _, w := range warnings {
+				texts = append(texts, w.Text)
+			}
+			if !slices.Equal(texts, server) {
+				t.Errorf("Decode warnings = %q, want the API server's %q", texts, server)
+			}
+			if strings.HasSuffix(name, "v1alpha3") && len(server) == 0 {
+				t.Error("the API server gave no warning for a version its CRD deprecates")
 			}
 			var u unstructured.Unstructured
 			if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
@@ -62,6 +78,35 @@ func TestOlderServedVersionsAreV1(t *testing.T) {
 			}
 		})
 	}
+}
+
+// warningsOnCreate has env's API server create doc in ns and returns the
+// warnings it answered with.
+func warningsOnCreate(t *testing.T, env *apiserver.Env, ns, doc string) []string {
+	t.Helper()
+	var got warningsSeen
+	cfg := rest.CopyConfig(env.Config)
+	cfg.WarningHandler = &got
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := createWith(t, dyn, ns, doc); err != nil {
+		t.Fatalf("the API server's create: %v", err)
+	}
+	return got.texts
+}
+
+// warningsSeen records the warnings of a client's answers.
+type warningsSeen struct {
+	mu    sync.Mutex
+	texts []string
+}
+
+func (w *warningsSeen) HandleWarningHeader(_ int, _, text string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.texts = append(w.texts, text)
 }
 
 // v1Object is a new v1 Gateway API object of kind.

@@ -99,28 +99,61 @@ const MaxDocumentBytes = 3 << 20
 // stops at the first bad document; the error names it by its 1-based
 // position in the stream.
 func (d *Decoder) Decode(r io.Reader) ([]runtime.Object, error) {
+	objs, _, err := d.DecodeWithWarnings(r)
+	return objs, err
+}
+
+// Warning is what an API server would warn of, as kubectl prints it, on
+// create of an object Decode returned: the version it was written in is
+// one its CRD deprecates (BackendTLSPolicy v1alpha3).
+type Warning struct {
+	// Document is the object's 1-based position in the stream; Object
+	// its Key.
+	Document int
+	Object   string
+	// APIVersion is the version it was written in; Use the one to write
+	// instead, as which it was returned.
+	APIVersion, Use string
+	// Text is the API server's warning.
+	Text string
+}
+
+func (w Warning) String() string {
+	return fmt.Sprintf("document %d: %s: %s", w.Document, w.Object, w.Text)
+}
+
+// DecodeWithWarnings is Decode, and returns what an API server would warn
+// of for the objects (a NewUncheckedDecoder's none).
+func (d *Decoder) DecodeWithWarnings(r io.Reader) ([]runtime.Object, []Warning, error) {
 	reader := utilyaml.NewYAMLReader(bufio.NewReader(r))
-	var out []runtime.Object
+	var out decoded
 	for n := 1; ; n++ {
 		doc, err := reader.Read()
 		if errors.Is(err, io.EOF) {
-			return out, nil
+			return out.objs, out.warnings, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("read document %d: %w", n, err)
+			return nil, nil, fmt.Errorf("read document %d: %w", n, err)
 		}
 		if isEmpty(doc) {
 			continue
 		}
 		if len(doc) > MaxDocumentBytes {
-			return nil, fmt.Errorf("document %d: %d bytes, over the %d an API server takes in a request: split it into documents", n, len(doc), MaxDocumentBytes)
+			return nil, nil, fmt.Errorf("document %d: %d bytes, over the %d an API server takes in a request: split it into documents", n, len(doc), MaxDocumentBytes)
 		}
-		objs, err := d.decodeDocument(doc, 0)
-		if err != nil {
-			return nil, fmt.Errorf("document %d: %w", n, err)
+		out.document = n
+		if err := d.decodeDocument(&out, doc, 0); err != nil {
+			return nil, nil, fmt.Errorf("document %d: %w", n, err)
 		}
-		out = append(out, objs...)
 	}
+}
+
+// decoded is what a stream decoded into so far; document is the position
+// of the document being decoded.
+type decoded struct {
+	objs     []runtime.Object
+	warnings []Warning
+	document int
 }
 
 // isEmpty reports whether a document holds only comments, whitespace and
@@ -141,50 +174,53 @@ func isEmpty(doc []byte) bool {
 // 3,000 deep took 4 s, and JSON allows 10,000 levels.
 const maxListDepth = 8
 
-// decodeDocument decodes doc, a List's items too; depth is how many Lists
-// hold doc.
-func (d *Decoder) decodeDocument(doc []byte, depth int) ([]runtime.Object, error) {
+// decodeDocument decodes doc into out, a List's items too; depth is how
+// many Lists hold doc.
+func (d *Decoder) decodeDocument(out *decoded, doc []byte, depth int) error {
 	doc = jsonOf(doc)
 	obj, gvk, err := d.decodeObject(doc)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if list, ok := obj.(*corev1.List); ok {
 		if depth == maxListDepth {
-			return nil, fmt.Errorf("a List inside %d Lists: at most %d may nest", depth, maxListDepth)
+			return fmt.Errorf("a List inside %d Lists: at most %d may nest", depth, maxListDepth)
 		}
-		var out []runtime.Object
 		for i, item := range list.Items {
-			objs, err := d.decodeDocument(bytes.TrimSpace(item.Raw), depth+1)
-			if err != nil {
-				return nil, fmt.Errorf("items[%d]: %w", i, err)
+			if err := d.decodeDocument(out, bytes.TrimSpace(item.Raw), depth+1); err != nil {
+				return fmt.Errorf("items[%d]: %w", i, err)
 			}
-			out = append(out, objs...)
 		}
-		return out, nil
+		return nil
 	}
 	if !Supported(obj) {
-		return nil, fmt.Errorf("%s is not a kind sockmesh reads", kindOf(gvk))
+		return fmt.Errorf("%s is not a kind sockmesh reads", kindOf(gvk))
 	}
 	if d.crds == nil {
-		return []runtime.Object{obj}, nil
+		out.objs = append(out.objs, obj)
+		return nil
 	}
 	switch {
 	case d.crds.Has(*gvk):
 		if obj, err = d.admit(doc, *gvk, obj); err != nil {
-			return nil, err
+			return err
 		}
 	case d.crds.HasGroup(gvk.Group):
 		// A kind read without its CRD would go unchecked: refuse it.
-		return nil, fmt.Errorf("%s: no CRD of sockmesh's serves %s", Key(obj), gvk.GroupVersion())
+		return fmt.Errorf("%s: no CRD of sockmesh's serves %s", Key(obj), gvk.GroupVersion())
 	}
 	if err := validateMetadata(obj); err != nil {
-		return nil, err
+		return err
 	}
 	if err := validateCore(obj); err != nil {
-		return nil, err
+		return err
 	}
-	return []runtime.Object{obj}, nil
+	out.objs = append(out.objs, obj)
+	if dep, ok := d.crds.Deprecated(*gvk); ok {
+		out.warnings = append(out.warnings, Warning{Document: out.document, Object: Key(obj),
+			APIVersion: gvk.GroupVersion().String(), Use: dep.Use.String(), Text: dep.Warning})
+	}
+	return nil
 }
 
 // jsonOf is doc as JSON, converted once for the decoder and admission

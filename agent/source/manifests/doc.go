@@ -8,6 +8,8 @@
 // CRDs serve with v1's schema (BackendTLSPolicy v1alpha3, HTTPRoute and
 // ReferenceGrant v1beta1) are returned as v1, as the API server stores
 // them; another version is an error naming those served.
+// DecodeWithWarnings also returns the API server's warning for each object
+// of a version its CRD deprecates (BackendTLSPolicy v1alpha3).
 //
 // Decoding is strict, because nothing else checks these files: an unknown
 // field (a typo), an unknown or unsupported kind, or a malformed document

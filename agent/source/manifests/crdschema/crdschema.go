@@ -31,6 +31,19 @@ type Set struct {
 	versions map[schema.GroupVersionKind]func() (*version, error)
 	// status holds the served versions with the status subresource.
 	status map[schema.GroupVersionKind]bool
+	// deprecated holds the served versions the CRDs deprecate.
+	deprecated map[schema.GroupVersionKind]Deprecation
+}
+
+// Deprecation is what an API server says of an object of a version its
+// CRD deprecates, on every request: kubectl prints it as a warning.
+type Deprecation struct {
+	// Warning is the CRD's deprecationWarning, or the API server's own
+	// "group/version Kind is deprecated; use group/storage Kind".
+	Warning string
+	// Use is the version to write instead: the CRD's storage version, as
+	// which the API server stores the object.
+	Use schema.GroupVersion
 }
 
 // version is one served version of a CRD, compiled as the API server
@@ -55,7 +68,8 @@ func load(fsys fs.FS) (*Set, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list embedded crds: %w", err)
 	}
-	s := &Set{versions: map[schema.GroupVersionKind]func() (*version, error){}, status: map[schema.GroupVersionKind]bool{}}
+	s := &Set{versions: map[schema.GroupVersionKind]func() (*version, error){}, status: map[schema.GroupVersionKind]bool{},
+		deprecated: map[schema.GroupVersionKind]Deprecation{}}
 	for _, name := range files {
 		data, err := fs.ReadFile(fsys, name)
 		if err != nil {
@@ -79,9 +93,30 @@ func load(fsys fs.FS) (*Set, error) {
 				return c, nil
 			})
 			s.status[gvk] = v.Subresources != nil && v.Subresources.Status != nil
+			if v.Deprecated {
+				s.deprecated[gvk] = deprecation(&crd, v)
+			}
 		}
 	}
 	return s, nil
+}
+
+// deprecation is what the API server warns of for objects of v, a
+// deprecated version of crd (apiextensions-apiserver's
+// defaultDeprecationWarning when the CRD has no text, naming the storage
+// version rather than the newest one served).
+func deprecation(crd *apiextensionsv1.CustomResourceDefinition, v apiextensionsv1.CustomResourceDefinitionVersion) Deprecation {
+	use := schema.GroupVersion{Group: crd.Spec.Group}
+	for _, sv := range crd.Spec.Versions {
+		if sv.Storage {
+			use.Version = sv.Name
+		}
+	}
+	if v.DeprecationWarning != nil && *v.DeprecationWarning != "" {
+		return Deprecation{Warning: *v.DeprecationWarning, Use: use}
+	}
+	kind := crd.Spec.Names.Kind
+	return Deprecation{Warning: fmt.Sprintf("%s/%s %s is deprecated; use %s %s", crd.Spec.Group, v.Name, kind, use, kind), Use: use}
 }
 
 func compile(props *apiextensionsv1.JSONSchemaProps) (*version, error) {
@@ -123,6 +158,13 @@ func (s *Set) HasGroup(group string) bool {
 // Kinds returns every served version s holds, in no order.
 func (s *Set) Kinds() []schema.GroupVersionKind {
 	return slices.Collect(maps.Keys(s.versions))
+}
+
+// Deprecated reports whether gvk is a version its CRD deprecates, and
+// what the API server says of it.
+func (s *Set) Deprecated(gvk schema.GroupVersionKind) (Deprecation, bool) {
+	d, ok := s.deprecated[gvk]
+	return d, ok
 }
 
 // HasStatusSubresource reports whether gvk's CRD serves status as a

@@ -5,7 +5,9 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"testing/fstest"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
@@ -105,3 +107,58 @@ func BenchmarkCompileHTTPRoute(b *testing.B) {
 		}
 	}
 }
+
+// TestDeprecated: the versions a CRD deprecates carry the API server's
+// warning (the CRD's text, or its default naming the storage version) and
+// the storage version to use; those it serves without deprecating, none.
+func TestDeprecated(t *testing.T) {
+	s, err := Embedded()
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw := func(v, kind string) schema.GroupVersionKind {
+		return schema.GroupVersionKind{Group: "gateway.networking.k8s.io", Version: v, Kind: kind}
+	}
+	v1 := schema.GroupVersion{Group: "gateway.networking.k8s.io", Version: "v1"}
+	got, ok := s.Deprecated(gw("v1alpha3", "BackendTLSPolicy"))
+	want := Deprecation{Warning: "The v1alpha3 version of BackendTLSPolicy has been deprecated and will be removed in a future release of the API. Please upgrade to v1.", Use: v1}
+	if !ok || got != want {
+		t.Errorf("Deprecated(BackendTLSPolicy v1alpha3) = %+v, %v, want %+v, true", got, ok, want)
+	}
+	for _, gvk := range []schema.GroupVersionKind{gw("v1", "BackendTLSPolicy"), gw("v1beta1", "HTTPRoute"), gw("v1beta1", "ReferenceGrant"), gw("v1", "HTTPRoute")} {
+		if d, ok := s.Deprecated(gvk); ok {
+			t.Errorf("Deprecated(%s) = %+v, want none: its CRD serves it undeprecated", gvk, d)
+		}
+	}
+
+	// Without the CRD's text, the API server's default.
+	crd := strings.Replace(minimalCRD, "  - name: v1alpha1\n", "  - name: v1alpha1\n    deprecated: true\n", 1)
+	s, err = load(fstest.MapFS{"crds/x.yaml": {Data: []byte(crd)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gvk := schema.GroupVersionKind{Group: "example.com", Version: "v1alpha1", Kind: "Widget"}
+	want = Deprecation{Warning: "example.com/v1alpha1 Widget is deprecated; use example.com/v1 Widget", Use: schema.GroupVersion{Group: "example.com", Version: "v1"}}
+	if got, ok := s.Deprecated(gvk); !ok || got != want {
+		t.Errorf("Deprecated(%s) = %+v, %v, want %+v, true", gvk, got, ok, want)
+	}
+}
+
+// minimalCRD serves Widget as v1 (stored) and v1alpha1.
+const minimalCRD = `apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: widgets.example.com}
+spec:
+  group: example.com
+  names: {kind: Widget, plural: widgets}
+  scope: Namespaced
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema: {openAPIV3Schema: {type: object}}
+  - name: v1alpha1
+    served: true
+    storage: false
+    schema: {openAPIV3Schema: {type: object}}
+`
