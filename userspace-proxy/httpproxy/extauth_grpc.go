@@ -23,9 +23,10 @@ import (
 // backend's own pool and TLS: the CheckRequest holds the request's method,
 // path (as routes matched it: dot segments resolved) and query, host,
 // scheme (http: an app's TLS is passed through, never
-// seen here), protocol, its headers (the allowed ones;
-// none listed: all; never hop-by-hop ones, removeHopByHop; lowercased,
-// values joined by ",") and the body when
+// seen here), protocol ("HTTP/1.1", "HTTP/2"), its headers (the allowed
+// ones; none listed: all; never hop-by-hop ones, removeHopByHop, nor an
+// extended CONNECT's :protocol: a WebSocket is a GET whichever HTTP its
+// app speaks; lowercased, values joined by ",") and the body when
 // the filter forwards it. An OK lets the request on with OkHttpResponse's
 // headers (set, or added where append is true; not Host, Content-Length or
 // Transfer-Encoding, the request's own) and without its
@@ -39,9 +40,14 @@ const checkPath = "/envoy.service.auth.v3.Authorization/Check"
 // askGRPC asks ea's ext_authz server about r.
 func (h *Handler) askGRPC(ctx context.Context, x *exchange, r *http.Request, ea *snapshot.ExternalAuth, body []byte) (denied *localAnswer, err error) {
 	// As the HTTP ask and the forwarded request are: without the fields of
-	// the app's connection to the proxy (TE but "trailers").
+	// the app's connection to the proxy (TE but "trailers"), nor the
+	// :protocol net/http's server shows among an extended CONNECT's:
+	// Envoy's HTTP/2 codec makes a WebSocket's extended CONNECT the GET
+	// of an HTTP/1.1 Upgrade before its filters, so its servers see no
+	// pseudo-field of the one that an HTTP/1.1 app's Upgrade lacks.
 	fields := r.Header.Clone()
 	removeHopByHop(fields)
+	delete(fields, ":protocol")
 	headers := make(map[string]string, len(fields))
 	for k, vv := range fields {
 		if len(ea.AllowedHeaders) == 0 || containsFold(ea.AllowedHeaders, k) {
@@ -55,7 +61,7 @@ func (h *Handler) askGRPC(ctx context.Context, x *exchange, r *http.Request, ea 
 	}
 	msg, err := proto.Marshal(&authv3.CheckRequest{Attributes: &authv3.AttributeContext{Request: &authv3.AttributeContext_Request{
 		Http: &authv3.AttributeContext_HttpRequest{Method: routes.MethodOf(r), Path: path, Host: r.Host, Scheme: "http", // apps speak cleartext to the proxy
-			Protocol: r.Proto, Headers: headers, Body: string(body), Size: int64(len(body))},
+			Protocol: protocolName(r), Headers: headers, Body: string(body), Size: int64(len(body))},
 	}}})
 	if err != nil {
 		return nil, fmt.Errorf("external auth check request: %w", err)
@@ -78,6 +84,16 @@ func (h *Handler) askGRPC(ctx context.Context, x *exchange, r *http.Request, ea 
 		return nil, fmt.Errorf("external auth backend %s: %w", ea.Backend, err)
 	}
 	return checkAnswer(r, &out), nil
+}
+
+// protocolName is r's HTTP version as Envoy names it in a CheckRequest
+// (AttributeContext.HttpRequest.protocol): "HTTP/1.0", "HTTP/1.1",
+// "HTTP/2", where net/http says "HTTP/2.0".
+func protocolName(r *http.Request) string {
+	if r.ProtoMajor == 2 {
+		return "HTTP/2"
+	}
+	return r.Proto
 }
 
 // checkAnswer applies out, the server's answer about r: on OK, r gets its

@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -788,5 +789,58 @@ func testExternalAuthRequestTimeout(t *testing.T, k clientKind) {
 		if got := counterValue(t, reg, "sockmesh_proxy_route_answers_total", "reason", reason); got != want {
 			t.Errorf("route answers{%s} = %v, want %v", reason, got, want)
 		}
+	}
+}
+
+// TestRouteExternalAuthGRPCWebSocket: an HTTP/2 app's WebSocket (an RFC
+// 8441 extended CONNECT) is one request to an ext_authz server as an
+// HTTP/1.1 app's Upgrade is, as Envoy's HTTP/2 codec turns the one into
+// the other before its filters: the CheckRequest's method GET, its headers
+// the same, never the :protocol net/http's server shows among the
+// request's fields (the server got ":protocol: websocket" before), and
+// its protocol named as Envoy names it, "HTTP/2" ("HTTP/2.0" before).
+func TestRouteExternalAuthGRPCWebSocket(t *testing.T) {
+	checkNoLeaks(t)
+	e := newEnv(t, envOptions{http1TLS: proxy.HTTP1TLSAuto})
+	az := &extAuthz{seen: map[string]*authv3.AttributeContext_HttpRequest{}}
+	srv := grpc.NewServer()
+	authv3.RegisterAuthorizationServer(srv, az)
+	l := listenLocal(t)
+	go srv.Serve(l)
+	t.Cleanup(srv.Stop)
+	m := &mesh{t: t}
+	ws := m.echoBackend("ws")
+	authRef := m.backend("authz", snapshot.Backend{Endpoints: endpoints(l.Addr().(*net.TCPAddr).AddrPort()), Protocol: snapshot.ProtocolH2C})
+	m.frontend("front", routedVIP, ws, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/ws")}, snapshot.RouteRule{Backends: to(ws),
+			Filters: snapshot.Filters{ExternalAuth: &snapshot.ExternalAuth{Backend: authRef, GRPC: true}}}},
+	)))
+	e.p.Update(m.snapshot(1))
+
+	// Both denied (no Authorization): the server was asked all the same.
+	c := e.appConn(t, routedVIP)
+	io.WriteString(c, "GET /ws?id=h1 HTTP/1.1\r\nHost: svc.b.svc\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+	if resp, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Errorf("HTTP/1.1 Upgrade: %v, %v; want the server's 401", resp, err)
+	}
+	if st := connectH2WS(t, e.appConn(t, routedVIP), "websocket", "svc.b.svc", "/ws?id=h2"); st.status != "401" {
+		t.Errorf("extended CONNECT: %s, want the server's 401", st.status)
+	}
+	h1, h2 := az.request("h1"), az.request("h2")
+	if h1 == nil || h2 == nil {
+		t.Fatalf("ext_authz asked about %v (HTTP/1.1) and %v (HTTP/2), want both", h1, h2)
+	}
+	if h2.GetMethod() != http.MethodGet || h1.GetMethod() != http.MethodGet {
+		t.Errorf("methods %q (HTTP/1.1), %q (HTTP/2), want GET", h1.GetMethod(), h2.GetMethod())
+	}
+	// RFC 8441 §5 drops the handshake's key: the stream is the proof.
+	h1Fields := maps.Clone(h1.GetHeaders())
+	delete(h1Fields, "sec-websocket-key")
+	if !maps.Equal(h1Fields, h2.GetHeaders()) {
+		t.Errorf("headers differ: HTTP/1.1 %v, HTTP/2 %v", h1.GetHeaders(), h2.GetHeaders())
+	}
+	if h1.GetProtocol() != "HTTP/1.1" || h2.GetProtocol() != "HTTP/2" {
+		t.Errorf("protocols %q, %q, want HTTP/1.1 and HTTP/2, as Envoy names them", h1.GetProtocol(), h2.GetProtocol())
 	}
 }
