@@ -49,9 +49,14 @@ type opened struct {
 
 // open runs Open on c for a WebSocket to /ws, its context ctx.
 func open(ctx context.Context, c net.Conn, h http.Header) <-chan opened {
+	return openWith(ctx, c, h, Config{})
+}
+
+// openWith is open under cfg.
+func openWith(ctx context.Context, c net.Conn, h http.Header, cfg Config) <-chan opened {
 	out := make(chan opened, 1)
 	go func() {
-		resp, err := Open(ctx, c, &Request{Protocol: "websocket", Scheme: "http", Authority: "ws.example", Path: "/ws", Header: h}, nil)
+		resp, err := Open(ctx, c, &Request{Protocol: "websocket", Scheme: "http", Authority: "ws.example", Path: "/ws", Header: h}, cfg)
 		out <- opened{resp, err}
 	}()
 	return out
@@ -61,8 +66,14 @@ func open(ctx context.Context, c net.Conn, h http.Header) <-chan opened {
 // the backend and the answer, whose body is closed in cleanup.
 func openAnswered(t *testing.T) (*backend, *http.Response) {
 	t.Helper()
+	return openAnsweredWith(t, Config{})
+}
+
+// openAnsweredWith is openAnswered under cfg.
+func openAnsweredWith(t *testing.T, cfg Config) (*backend, *http.Response) {
+	t.Helper()
 	c, b := dialBackend(t)
-	got := open(context.Background(), c, nil)
+	got := openWith(context.Background(), c, nil, cfg)
 	b.open()
 	b.headers(id, false, ":status", "200")
 	o := <-got

@@ -15,8 +15,11 @@
 // (1 MiB, 1xx answers included); a breach of RFC 9113 or RFC 8441 — a
 // frame out of place, a setting out of range, DATA past a window, a window
 // past 2^31-1 — ends the connection with a GOAWAY carrying its code
-// (ErrProtocol), as Go's HTTP/2 client does. The wait for its SETTINGS and
-// its answer is bounded by Open's context alone.
+// (ErrProtocol), as Go's HTTP/2 client does. The wait for its SETTINGS is
+// bounded (Config.SettingsTimeout), its answer's by Open's context, and a
+// silence of the connection's by a PING (Config.PingAfter, PingTimeout),
+// as net/http's HTTP/2 client pings: a backend gone with its node ends the
+// stream rather than holding it until TCP gives up.
 //
 // It must not multiplex: one connection carries one stream, as an
 // HTTP/1.1 connection carries one upgraded WebSocket, so a stream's end or

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
-
-	"github.com/sockmesh/sockmesh/userspace-proxy/contain"
 )
 
 // defaultHeaderTable is HPACK's dynamic table size until the server's
@@ -32,14 +30,22 @@ func breach(code http2.ErrCode, format string, args ...any) error {
 	return &protocolError{code: code, why: fmt.Sprintf(format, args...)}
 }
 
-// readLoop reads the server's frames until the connection ends. The
-// server's first frame must be its SETTINGS (RFC 9113 §3.4), as Go's
-// HTTP/2 client requires too.
-func (s *Stream) readLoop(panics *contain.Reporter) {
+// readLoop reads the server's frames until the connection ends, with the
+// liveness check on (watch). The server's first frame must be its
+// SETTINGS (RFC 9113 §3.4), as Go's HTTP/2 client requires too.
+func (s *Stream) readLoop() {
 	var err error
-	defer panics.Recover("extended connect", &err, func() { s.fail(err); s.conn.Close() })
+	defer s.cfg.Panics.Recover("extended connect", &err, func() { s.fail(err); s.conn.Close() })
+	defer s.unwatch()
+	s.watch()
 	for first := true; ; first = false {
 		f, rerr := s.fr.ReadFrame()
+		if rerr == nil {
+			s.heard.Add(1)
+			if s.idle != nil {
+				s.idle.Reset(s.cfg.PingAfter)
+			}
+		}
 		if rerr == nil && first {
 			if sf, ok := f.(*http2.SettingsFrame); !ok || sf.IsAck() {
 				rerr = breach(http2.ErrCodeProtocol, "%s before its SETTINGS", f.Header().Type)
@@ -52,6 +58,52 @@ func (s *Stream) readLoop(panics *contain.Reporter) {
 			s.end(framerBreach(rerr))
 			return
 		}
+	}
+}
+
+// pingData is the payload of the proxy's PINGs. Any frame of the
+// server's proves it alive, the ACK among them: none is matched.
+var pingData = [8]byte{'s', 'o', 'c', 'k', 'm', 'e', 's', 'h'}
+
+// watch starts the liveness check, as net/http's HTTP/2 client has one
+// (ReadIdleTimeout, PingTimeout): after cfg.PingAfter without a frame of
+// the server's, a PING (ping).
+func (s *Stream) watch() {
+	if s.cfg.PingAfter > 0 {
+		s.idle = time.AfterFunc(s.cfg.PingAfter, s.ping)
+	}
+}
+
+// ping sends a PING, and ends the stream (ErrPingTimeout) unless a frame
+// comes within cfg.PingTimeout. The wait starts before the write, which a
+// server that reads nothing may hold: closing the connection ends it.
+func (s *Stream) ping() {
+	heard := s.heard.Load()
+	s.mu.Lock()
+	if s.err != nil {
+		s.mu.Unlock()
+		return
+	}
+	s.pingWait = time.AfterFunc(s.cfg.PingTimeout, func() {
+		if s.heard.Load() == heard {
+			s.end(fmt.Errorf("%w within %v (sent after %v without a frame)", ErrPingTimeout, s.cfg.PingTimeout, s.cfg.PingAfter))
+		}
+	})
+	s.mu.Unlock()
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.fr.WritePing(false, pingData) // a failure is the connection's: the wait ends it
+}
+
+// unwatch stops the liveness check once the connection ended.
+func (s *Stream) unwatch() {
+	if s.idle != nil {
+		s.idle.Stop()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pingWait != nil {
+		s.pingWait.Stop()
 	}
 }
 

@@ -76,7 +76,7 @@ func FuzzH2Connect(f *testing.F) {
 		backendDone := serveBytes(sc.(*net.TCPConn), in)
 		// A guard, not a measure: it tells a hang from an end.
 		c.SetDeadline(time.Now().Add(5 * time.Second))
-		resp, err := Open(context.Background(), c, &Request{Protocol: "websocket", Scheme: "http", Authority: "a", Path: "/"}, panics)
+		resp, err := Open(context.Background(), c, &Request{Protocol: "websocket", Scheme: "http", Authority: "a", Path: "/"}, Config{Panics: panics})
 		if err == nil {
 			_, err = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http2"
@@ -45,6 +46,34 @@ var ErrNotSupported = errors.New("backend's HTTP/2 SETTINGS do not enable extend
 // connection ended with a GOAWAY carrying the error's code.
 var ErrProtocol = errors.New("backend broke the HTTP/2 protocol")
 
+// ErrNoSettings: the server sent no SETTINGS within
+// Config.SettingsTimeout of the preface: nothing serves the connection (a
+// frozen process, whose kernel took it); no request went.
+var ErrNoSettings = errors.New("backend sent no HTTP/2 SETTINGS")
+
+// ErrPingTimeout: the server sent no frame, the ACK of the proxy's PING
+// or any other, within Config.PingTimeout of that PING, which went after
+// Config.PingAfter without a frame: the backend is gone (its node with
+// it) or frozen. The connection was closed.
+var ErrPingTimeout = errors.New("backend did not answer an HTTP/2 PING")
+
+// Config bounds what a server may leave unanswered. The zero value bounds
+// nothing but what Open's context bounds.
+type Config struct {
+	// SettingsTimeout bounds the wait for the server's first SETTINGS
+	// (ErrNoSettings), as a TLS handshake's wait is bounded; 0: none.
+	SettingsTimeout time.Duration
+	// PingAfter is how long the connection may go without a frame from
+	// the server before the proxy pings it; without a frame within
+	// PingTimeout of the PING, the connection closes and the stream
+	// fails (ErrPingTimeout), where a backend gone with its node would
+	// hold the tunnel until TCP gives up. 0: no PING.
+	PingAfter, PingTimeout time.Duration
+	// Panics reports a panic of the goroutines that read the connection
+	// and watch it.
+	Panics *contain.Reporter
+}
+
 // errUnprocessed: a GOAWAY said the server did not process the stream.
 var errUnprocessed = errors.New("backend sent GOAWAY before the stream")
 
@@ -72,10 +101,11 @@ const (
 // enable it, and returns its answer: the status and fields of its final
 // HEADERS, and as Body the stream (a *Stream), which carries the tunnel's
 // bytes after a 2xx and the answer's body otherwise. ctx bounds the wait
-// for the answer; it does not bound the stream. On error conn is closed.
-// panics reports a panic of the goroutine that reads conn.
-func Open(ctx context.Context, conn net.Conn, req *Request, panics *contain.Reporter) (*http.Response, error) {
-	s := &Stream{conn: conn, fr: http2.NewFramer(conn, conn), sendConn: initialWindow,
+// for the answer, as a request's context bounds an HTTP/1.1 Upgrade's; it
+// does not bound the stream. cfg bounds the wait for SETTINGS, and the
+// connection's silences, the answer's wait's too. On error conn is closed.
+func Open(ctx context.Context, conn net.Conn, req *Request, cfg Config) (*http.Response, error) {
+	s := &Stream{conn: conn, fr: http2.NewFramer(conn, conn), cfg: cfg, sendConn: initialWindow,
 		sendStream: initialWindow, initial: initialWindow, recvConn: window, recvStream: window, maxFrame: maxFrame,
 		headerTable: defaultHeaderTable, headRoom: maxHeaderList}
 	s.cond.L = &s.mu
@@ -86,7 +116,7 @@ func Open(ctx context.Context, conn net.Conn, req *Request, panics *contain.Repo
 		s.fail(ctx.Err())
 		conn.SetDeadline(time.Unix(1, 0)) // unblocks the preface's write, and the reader
 	})
-	resp, err := s.open(req, panics)
+	resp, err := s.open(req)
 	if !stop() {
 		err = ctx.Err() // it cut the connection: what failed then is its doing
 	}
@@ -97,7 +127,7 @@ func Open(ctx context.Context, conn net.Conn, req *Request, panics *contain.Repo
 	return resp, nil
 }
 
-func (s *Stream) open(req *Request, panics *contain.Reporter) (*http.Response, error) {
+func (s *Stream) open(req *Request) (*http.Response, error) {
 	if _, err := io.WriteString(s.conn, http2.ClientPreface); err != nil {
 		return nil, err
 	}
@@ -110,13 +140,8 @@ func (s *Stream) open(req *Request, panics *contain.Reporter) (*http.Response, e
 	if err != nil {
 		return nil, err
 	}
-	go s.readLoop(panics)
-	s.mu.Lock()
-	for !s.settled && s.err == nil {
-		s.cond.Wait()
-	}
-	xconnect, err := s.xconnect, s.err
-	s.mu.Unlock()
+	go s.readLoop()
+	xconnect, err := s.awaitSettings()
 	switch {
 	case err != nil:
 		return nil, err
@@ -140,6 +165,28 @@ func (s *Stream) open(req *Request, panics *contain.Reporter) (*http.Response, e
 	}
 	return &http.Response{Status: strconv.Itoa(s.status) + " " + http.StatusText(s.status), StatusCode: s.status,
 		Proto: "HTTP/2.0", ProtoMajor: 2, Header: s.header, ContentLength: -1, Body: s}, nil
+}
+
+// awaitSettings waits for the server's first SETTINGS, within
+// cfg.SettingsTimeout, and returns whether they enable extended CONNECT.
+func (s *Stream) awaitSettings() (xconnect bool, err error) {
+	if d := s.cfg.SettingsTimeout; d > 0 {
+		t := time.AfterFunc(d, func() {
+			s.mu.Lock()
+			settled := s.settled
+			s.mu.Unlock()
+			if !settled {
+				s.end(fmt.Errorf("%w within %v", ErrNoSettings, d))
+			}
+		})
+		defer t.Stop()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for !s.settled && s.err == nil {
+		s.cond.Wait()
+	}
+	return s.xconnect, s.err
 }
 
 // writeHeaders sends req's HEADERS (and CONTINUATIONs past the server's
@@ -189,6 +236,13 @@ type Stream struct {
 	fr   *http2.Framer // read by readLoop alone; written under wmu
 	wmu  sync.Mutex
 	once sync.Once
+	cfg  Config
+	// heard counts the server's frames, which the liveness check
+	// (ping) watches; idle fires after cfg.PingAfter without one, and
+	// pingWait, under mu, cfg.PingTimeout after a PING.
+	heard    atomic.Uint64
+	idle     *time.Timer
+	pingWait *time.Timer
 
 	mu   sync.Mutex
 	cond sync.Cond // on mu: any change below

@@ -35,7 +35,7 @@ func TestNotSupported(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = h2connect.Open(context.Background(), c, &h2connect.Request{Protocol: "websocket", Scheme: "http",
-		Authority: "ws.example", Path: "/ws", Header: http.Header{"Sec-Websocket-Version": {"13"}}}, nil)
+		Authority: "ws.example", Path: "/ws", Header: http.Header{"Sec-Websocket-Version": {"13"}}}, h2connect.Config{})
 	if !errors.Is(err, h2connect.ErrNotSupported) {
 		t.Fatalf("Open = %v, want ErrNotSupported", err)
 	}
@@ -69,7 +69,7 @@ func TestOpenCanceled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := h2connect.Open(ctx, c, &h2connect.Request{Protocol: "websocket", Scheme: "http", Authority: "ws.example", Path: "/"}, nil)
+		_, err := h2connect.Open(ctx, c, &h2connect.Request{Protocol: "websocket", Scheme: "http", Authority: "ws.example", Path: "/"}, h2connect.Config{})
 		done <- err
 	}()
 	// The preface arriving says Open is under way, waiting.

@@ -273,6 +273,9 @@ type envOptions struct {
 	ejectFor time.Duration
 	// handshakeTimeout is upstream.Config.HandshakeTimeout (0: 10 s).
 	handshakeTimeout time.Duration
+	// upstreamPingAfter is upstream.Config.H2PingAfter and H2PingTimeout
+	// (0: 5 min and 15 s).
+	upstreamPingAfter time.Duration
 	// maxConnsPerEndpoint is upstream.Config.MaxConnsPerEndpoint (0: 1024).
 	maxConnsPerEndpoint int
 	// rebalanceSpread is Config.RebalanceSpread (0: 5 s).
@@ -323,6 +326,7 @@ func newEnv(t testing.TB, o envOptions) *env {
 	}
 	cfg.Upstream.EjectFor, cfg.Upstream.EjectMax = o.ejectFor, o.ejectFor
 	cfg.Upstream.HandshakeTimeout = o.handshakeTimeout
+	cfg.Upstream.H2PingAfter, cfg.Upstream.H2PingTimeout = o.upstreamPingAfter, o.upstreamPingAfter
 	cfg.Upstream.MaxConnsPerEndpoint = o.maxConnsPerEndpoint
 	if o.dialer != nil {
 		cfg.Dialer = o.dialer(dial.NewDirect(cfg.Dial))

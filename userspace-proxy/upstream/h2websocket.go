@@ -53,6 +53,7 @@ func (t webSocketH2) RoundTrip(req *http.Request) (*http.Response, error) {
 	if at, ok := t.b.w.noXConnect.refused(picked.Endpoint.Addr); ok {
 		return t.h1Fallback(req, fmt.Errorf("%w (its SETTINGS at %s)", h2connect.ErrNotSupported, at.Format(time.RFC3339)))
 	}
+	start := time.Now()
 	conn, err := t.b.w.dialH2(req.Context(), picked, WireH2)
 	if err != nil {
 		return nil, err
@@ -62,12 +63,19 @@ func (t webSocketH2) RoundTrip(req *http.Request) (*http.Response, error) {
 		authority = req.URL.Host
 	}
 	resp, err := h2connect.Open(req.Context(), conn, &h2connect.Request{Protocol: "websocket", Scheme: req.URL.Scheme,
-		Authority: authority, Path: req.URL.RequestURI(), Header: connectFields(req.Header)}, t.b.w.p.cfg.Panics)
-	if errors.Is(err, h2connect.ErrNotSupported) {
+		Authority: authority, Path: req.URL.RequestURI(), Header: connectFields(req.Header)}, t.b.w.p.connectConfig())
+	switch {
+	case errors.Is(err, h2connect.ErrNotSupported):
 		t.b.w.noXConnect.remember(picked.Endpoint.Addr)
 		return t.h1Fallback(req, err)
-	}
-	if err != nil {
+	case errors.Is(err, h2connect.ErrNoSettings) && req.Context().Err() == nil:
+		// As a TLS handshake that does not end (dial): the endpoint's
+		// kernel took the connection, but nothing serves it. No byte of
+		// the request went: another endpoint may serve, and it is ejected.
+		err = fmt.Errorf("websocket over http/2 to %s: %w", picked.Endpoint.Addr, err)
+		t.b.w.eject(picked.Endpoint, start, err)
+		return nil, &dialError{err: err}
+	case err != nil:
 		return nil, fmt.Errorf("websocket over http/2: %w", err)
 	}
 	resp.Request = req
@@ -83,6 +91,17 @@ func (t webSocketH2) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp.Header["Upgrade"] = []string{"websocket"}
 	resp.Header["Sec-Websocket-Accept"] = []string{WebSocketAccept(key)}
 	return resp, nil
+}
+
+// connectConfig bounds an extended CONNECT's connection as the pools'
+// other connections are: its SETTINGS within HandshakeTimeout, as a TLS
+// handshake (both are the connection's setup, before a byte of the
+// request), its silences as the HTTP/2 Transport's (H2PingAfter,
+// H2PingTimeout). The answer's wait is the request context's, as an
+// HTTP/1.1 Upgrade's 101 is, with the connection's PINGs.
+func (p *Pools) connectConfig() h2connect.Config {
+	return h2connect.Config{SettingsTimeout: p.cfg.HandshakeTimeout, PingAfter: p.cfg.H2PingAfter,
+		PingTimeout: p.cfg.H2PingTimeout, Panics: p.cfg.Panics}
 }
 
 // h1Fallback sends req, a WebSocket's Upgrade, over HTTP/1.1 to the

@@ -2,7 +2,9 @@ package upstream
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -14,9 +16,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
+	"github.com/sockmesh/sockmesh/userspace-proxy/h2connect"
 )
 
 // noXConnectBackend is a backend that takes h2c with prior knowledge —
@@ -167,4 +171,96 @@ func TestRefusalsForgotten(t *testing.T) {
 	if at, ok := r.refused(b); !ok || !at.Equal(clock) {
 		t.Errorf("b's refusal: %v, %v; want at %v", at, ok, clock)
 	}
+}
+
+// TestWebSocketH2Liveness: a WebSocket's extended CONNECT connection is
+// bounded as the pools' other connections are — an endpoint that took
+// the connection and sends no SETTINGS fails it within HandshakeTimeout,
+// a connect failure another endpoint may retry (it held the WebSocket
+// until the app gave up); one that went silent after its answer is
+// pinged after H2PingAfter and closed H2PingTimeout later, the
+// WebSocket's reads failing (it waited for TCP to give up).
+func TestWebSocketH2Liveness(t *testing.T) {
+	upgrade := func(t *testing.T, cfg Config, addr netip.AddrPort) (*http.Response, error) {
+		t.Helper()
+		p, err := New(cfg, dial.NewDirect(dial.Config{Unmarked: true}), slog.New(slog.NewTextHandler(io.Discard, nil)), prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		b := h2cBackend(t, p, 1, snapshot.ProtocolH2C, addr, nil).Get(ref)
+		// A guard, not a measure: it tells a hang from an end.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		t.Cleanup(cancel)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr.String()+"/ws", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header = http.Header{"Connection": {"Upgrade"}, "Upgrade": {"websocket"}, "Sec-Websocket-Version": {"13"},
+			"Sec-Websocket-Key": {"dGhlIHNhbXBsZSBub25jZQ=="}}
+		return b.WebSocketH2().RoundTrip(req)
+	}
+
+	t.Run("no SETTINGS", func(t *testing.T) {
+		addr := serveRaw(t, func(c net.Conn) { io.Copy(io.Discard, c) })
+		_, err := upgrade(t, Config{HandshakeTimeout: 50 * time.Millisecond}, addr)
+		if !errors.Is(err, h2connect.ErrNoSettings) || !NoConnection(err) {
+			t.Fatalf("RoundTrip = %v, want ErrNoSettings, as a connect that failed", err)
+		}
+	})
+	t.Run("silent after the answer", func(t *testing.T) {
+		addr := serveRaw(t, func(c net.Conn) {
+			br := bufio.NewReader(c)
+			fr := http2.NewFramer(c, br)
+			if _, err := br.Discard(len(http2.ClientPreface)); err != nil || fr.WriteSettings(http2.Setting{ID: http2.SettingEnableConnectProtocol, Val: 1}) != nil {
+				return
+			}
+			var block bytes.Buffer
+			hpack.NewEncoder(&block).WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
+			for {
+				f, err := fr.ReadFrame()
+				if err != nil {
+					return
+				}
+				if h, ok := f.(*http2.HeadersFrame); ok {
+					fr.WriteHeaders(http2.HeadersFrameParam{StreamID: h.StreamID, BlockFragment: block.Bytes(), EndHeaders: true})
+					break
+				}
+			}
+			io.Copy(io.Discard, br) // silent from here: no ACK to the PINGs
+		})
+		resp, err := upgrade(t, Config{H2PingAfter: 20 * time.Millisecond, H2PingTimeout: time.Second}, addr)
+		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
+			t.Fatalf("RoundTrip = %v, %v; want 101", resp, err)
+		}
+		defer resp.Body.Close()
+		guard := time.AfterFunc(30*time.Second, func() { resp.Body.Close() }) // tells a hang from an end
+		defer guard.Stop()
+		if _, err := resp.Body.Read(make([]byte, 1)); !errors.Is(err, h2connect.ErrPingTimeout) {
+			t.Fatalf("Read = %v, want ErrPingTimeout", err)
+		}
+	})
+}
+
+// serveRaw serves each connection to a loopback listener with serve,
+// closing it after; the listener closes in cleanup.
+func serveRaw(t *testing.T, serve func(net.Conn)) netip.AddrPort {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
+	return l.Addr().(*net.TCPAddr).AddrPort()
 }

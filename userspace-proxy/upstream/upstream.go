@@ -66,7 +66,8 @@ type Config struct {
 	// without a frame from it before the proxy pings it; without an answer
 	// within H2PingTimeout the connection closes and its requests fail
 	// (502), where a backend frozen or gone with its node would otherwise
-	// hold them until the app gives up. 0 means 5 min and 15 s: gRPC
+	// hold them until the app gives up; a WebSocket's extended CONNECT
+	// (h2connect) is pinged alike. 0 means 5 min and 15 s: gRPC
 	// servers (grpc-go, gRPC core, Java) by default take a ping sooner than
 	// 5 min after the last, with no frame of theirs between, as a strike,
 	// and close the connection at the third (GOAWAY ENHANCE_YOUR_CALM
@@ -87,8 +88,9 @@ type Config struct {
 	// StreamResent, unless nil, is called each time a request over HTTP/2
 	// goes again, its stream refused (MaxResends).
 	StreamResent func()
-	// HandshakeTimeout bounds a TLS handshake with an endpoint; 0 means
-	// 10 s.
+	// HandshakeTimeout bounds a TLS handshake with an endpoint, and the
+	// wait for an HTTP/2 endpoint's SETTINGS on a WebSocket's connection
+	// (h2connect); 0 means 10 s.
 	HandshakeTimeout time.Duration
 	// Panics reports the panics recovered in the goroutines the
 	// transports run: a request body's writer, and the dials net/http's
