@@ -132,10 +132,12 @@
 // appProtocol routes cannot send to, GEP-1911: kubernetes.io/wss, https or
 // tls without a BackendTLSPolicy, or any but the HTTP-family names
 // appProtocolProblem lists),
-// UnsupportedValue (a Service without port, an XBackend with
-// one), or ReasonInvalidBackend (it resolves, but its TLS policy or
+// or ReasonInvalidBackend (it resolves, but its TLS policy or
 // XBackend is invalid: requests fail closed with 503, as without the
-// route). A mirror whose backendRef does not resolve is dropped.
+// route). A mirror whose backendRef does not resolve is dropped. A
+// backendRef the CRD refuses (a Service without port, an XBackend with
+// one; a mirror's or ExternalAuth's too) fails its rule, as the CRD's
+// other refusals within a rule do.
 //
 // Cross-namespace backendRefs to Services need a ReferenceGrant in the
 // backend's namespace (from the route's kind and namespace, to Service),

@@ -334,6 +334,10 @@ func (rb *routeBuilder) weighted(b *ruleBuild, j int, ref gwv1.BackendRef, fs []
 			wb.Weight = uint32(*ref.Weight)
 		}
 	}
+	if why := rb.backendRefSpecProblem(ref.BackendObjectReference); why != "" {
+		b.badf("backendRefs[%d]: %s", j, why)
+		return wb
+	}
 	r, p := rb.resolveBackend(ref.BackendObjectReference, false)
 	if p == nil {
 		p = r.configProblem()
@@ -381,6 +385,10 @@ func (rb *routeBuilder) mirror(b *ruleBuild, at string, f *gwv1.HTTPRequestMirro
 // reporting its problems in ResolvedRefs; unresolved says what then
 // becomes of the filter; grpc says the filter sends gRPC to it.
 func (rb *routeBuilder) filterBackend(b *ruleBuild, what, unresolved string, ref gwv1.BackendObjectReference, grpc bool) (snapshot.BackendRef, bool) {
+	if why := rb.backendRefSpecProblem(ref); why != "" {
+		b.badf("%s backendRef: %s", what, why)
+		return snapshot.BackendRef{}, false
+	}
 	r, p := rb.resolveBackend(ref, grpc)
 	if p != nil {
 		p.message = what + " " + p.message + "; " + unresolved

@@ -81,8 +81,25 @@ type resolved struct {
 	what     string        // the reference, for messages
 }
 
+// backendRefSpecProblem says what the CRD's rules on a backendRef refuse in
+// ref (a cluster's CRDs may be of another version), or "": a Service
+// reference needs a port, an XBackend reference takes none (the XBackend
+// has its own). As with the CRD's other refusals within a rule, the rule
+// fails (UnsupportedValue is an Accepted reason, not a ResolvedRefs one).
+func (rb *routeBuilder) backendRefSpecProblem(ref gwv1.BackendObjectReference) string {
+	group, kind := deref(ref.Group), cmp.Or(deref(ref.Kind), "Service")
+	ns := cmp.Or(deref(ref.Namespace), rb.e.ref.Namespace)
+	switch {
+	case group == "" && kind == "Service" && ref.Port == nil:
+		return fmt.Sprintf("Service %s/%s has no port: a reference to a Service must give one", ns, ref.Name)
+	case group == gwxv1alpha1.GroupName && kind == "XBackend" && ref.Port != nil:
+		return fmt.Sprintf("XBackend %s/%s has port %d: a reference to an XBackend must give none, the XBackend has its own", ns, ref.Name, *ref.Port)
+	}
+	return ""
+}
+
 // resolveBackend resolves a backendRef (or a mirror's) of the route being
-// built. Core Services (with a port) and XBackends (group
+// built; backendRefSpecProblem has passed it. Core Services (with a port) and XBackends (group
 // gateway.networking.x-k8s.io, without one, in the route's namespace) are
 // backends; a Service in another namespace needs a ReferenceGrant there,
 // unless it is one of the route's own parent Services (clients already
@@ -105,9 +122,6 @@ func (rb *routeBuilder) resolveBackend(ref gwv1.BackendObjectReference, grpc boo
 	out := resolved{what: what}
 	switch {
 	case group == "" && kind == "Service":
-		if ref.Port == nil {
-			return out, &refProblem{string(gwv1.RouteReasonUnsupportedValue), what + ": port is required for a Service"}
-		}
 		if p := permitted(); p != nil {
 			return out, p
 		}
@@ -159,9 +173,6 @@ func (rb *routeBuilder) resolveBackend(ref gwv1.BackendObjectReference, grpc boo
 				"%s: port %d has appProtocol %s, %s", what, *ref.Port, deref(svc.Spec.Ports[i].AppProtocol), why)}
 		}
 	case group == gwxv1alpha1.GroupName && kind == "XBackend":
-		if ref.Port != nil {
-			return out, &refProblem{string(gwv1.RouteReasonUnsupportedValue), what + ": port must not be set; the XBackend has its own"}
-		}
 		if ns != rb.e.ref.Namespace {
 			// GEP-4894: Backends MUST live in the namespace of the routes
 			// that reference them; no ReferenceGrant lifts that.
