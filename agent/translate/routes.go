@@ -67,8 +67,10 @@ type parentOutcome struct {
 	// its ports cannot be found.
 	problem *refProblem
 	// ports are the Service ports the route attached to; conflicted those
-	// where a GRPCRoute won.
+	// where a GRPCRoute won, and winners those GRPCRoutes
+	// ("namespace/name"), for the status to name.
 	ports, conflicted []int32
+	winners           []string
 	consumer          bool
 }
 
@@ -572,10 +574,9 @@ func buildSet(k portKey, role string, routes []*routeEval) snapshot.RouteSet {
 	if slices.ContainsFunc(routes, func(e *routeEval) bool { return e.kind == snapshot.KindGRPCRoute }) {
 		kind = snapshot.KindGRPCRoute
 	}
-	var winners []*routeEval
+	winners := slices.DeleteFunc(slices.Clone(routes), func(e *routeEval) bool { return e.kind != kind })
 	for _, e := range routes {
 		if e.kind == kind {
-			winners = append(winners, e)
 			continue
 		}
 		for _, po := range e.parents {
@@ -584,6 +585,11 @@ func buildSet(k portKey, role string, routes []*routeEval) snapshot.RouteSet {
 			}
 			if slices.Contains(po.ports, k.port) && !slices.Contains(po.conflicted, k.port) {
 				po.conflicted = append(po.conflicted, k.port)
+				for _, w := range winners {
+					if name := w.ref.Namespace + "/" + w.ref.Name; !slices.Contains(po.winners, name) {
+						po.winners = append(po.winners, name)
+					}
+				}
 			}
 		}
 	}
@@ -641,6 +647,7 @@ func (t *translator) routeStatus(e *routeEval) []gwv1.RouteParentStatus {
 			break
 		}
 		slices.Sort(po.conflicted) // buildSet ran per port, in map order
+		slices.Sort(po.winners)
 		c := conditionSet{generation: e.generation, now: t.now}
 		switch {
 		case po.problem != nil:
@@ -651,8 +658,8 @@ func (t *translator) routeStatus(e *routeEval) []gwv1.RouteParentStatus {
 			c.set(condAccepted, false, string(invalidReason), "no rule can be honoured: "+strings.Join(problems, "; "))
 		case len(po.conflicted) == len(po.ports):
 			c.set(condAccepted, false, ReasonConflicted, fmt.Sprintf(
-				"a GRPCRoute governs Service %s/%s port(s) %s for these clients, and GRPCRoutes take precedence over HTTPRoutes (GEP-1294)",
-				po.svc.Namespace, po.svc.Name, portList(po.conflicted)))
+				"for these clients, the route lost Service %s/%s port(s) %s to %s: GRPCRoutes take precedence over HTTPRoutes on a port both attach to (GEP-1294)",
+				po.svc.Namespace, po.svc.Name, portList(po.conflicted), grpcRouteList(po.winners)))
 		default:
 			c.set(condAccepted, true, string(gwv1.RouteReasonAccepted), acceptedMessage(e, po))
 		}
@@ -695,9 +702,17 @@ func acceptedMessage(e *routeEval, po *parentOutcome) string {
 	}
 	msg := fmt.Sprintf("routes requests to Service %s/%s port(s) %s from %s", po.svc.Namespace, po.svc.Name, portList(ports), who)
 	if len(po.conflicted) > 0 {
-		msg += fmt.Sprintf("; on port(s) %s a GRPCRoute takes precedence", portList(po.conflicted))
+		msg += fmt.Sprintf("; it lost port(s) %s to %s, as GRPCRoutes take precedence (GEP-1294)", portList(po.conflicted), grpcRouteList(po.winners))
 	}
 	return msg
+}
+
+// grpcRouteList names the GRPCRoutes ("namespace/name") that won a port.
+func grpcRouteList(names []string) string {
+	if len(names) == 1 {
+		return "GRPCRoute " + names[0]
+	}
+	return "GRPCRoutes " + strings.Join(names, ", ")
 }
 
 func portList(ports []int32) string {
