@@ -52,7 +52,11 @@ type routeEval struct {
 	// filters that cannot go together.
 	dropped, failing []string
 	incompatible     bool
-	refProblems      []refProblem
+	// idle describes the valid rules that forward no request: without a
+	// redirect, they have no backendRef of weight above 0 (their requests
+	// get the API's 500; the rule is valid, so only the message says so).
+	idle        []string
+	refProblems []refProblem
 	// xbackends are the XBackends its valid rules lead to.
 	xbackends []*xbackendEval
 	// parents holds the outcome per Service parentRef.
@@ -208,6 +212,10 @@ func (t *translator) evalHTTPRoute(r *gwv1.HTTPRoute) *routeEval {
 		//lint:ignore SA1019 deprecated in v1.7 (GEP-4894) but still served; routes that set it are honoured
 		out.SessionPersistence = rb.sessionPersistence(&b, i, rule.SessionPersistence, &out)
 		rb.add(i, deref(rule.Name), &b, out)
+	}
+	if len(r.Spec.Rules) == 0 {
+		// Say what the app team wrote, not the rule the CRD defaulted.
+		e.idle = []string{"the route has no rules, and the rule the CRD gives it (matching every request) has no backendRefs"}
 	}
 	return e
 }
@@ -472,6 +480,13 @@ func (rb *routeBuilder) add(i int, name string, b *ruleBuild, out snapshot.Route
 		e.failing = append(e.failing, fmt.Sprintf("%s: %s", label, msg))
 		out = snapshot.RouteRule{Invalid: &snapshot.Invalid{Policy: e.ref, Reason: string(reason), Message: msg}}
 	} else {
+		if out.Redirect == nil && !slices.ContainsFunc(out.Backends, func(wb snapshot.WeightedBackend) bool { return wb.Weight > 0 }) {
+			why := "has no backendRefs"
+			if len(out.Backends) > 0 {
+				why = "gives every backendRef weight 0"
+			}
+			e.idle = append(e.idle, label+" "+why)
+		}
 		for _, xb := range b.xbackends {
 			if !slices.Contains(e.xbackends, xb) {
 				e.xbackends = append(e.xbackends, xb)
@@ -635,12 +650,8 @@ func (t *translator) routeStatus(e *routeEval) []gwv1.RouteParentStatus {
 	for _, d := range e.dropped {
 		problems = append(problems, d+" (the rule is left out)")
 	}
-	answer := "HTTP 500"
-	if e.kind == snapshot.KindGRPCRoute {
-		answer = "UNAVAILABLE" // the API's answer where a GRPCRoute cannot route
-	}
 	for _, f := range e.failing {
-		problems = append(problems, f+" (requests the rule matches get "+answer+": sockmesh never skips a filter)")
+		problems = append(problems, f+" (requests the rule matches get "+e.failAnswer()+": sockmesh never skips a filter)")
 	}
 	for i, po := range e.parents {
 		if i == maxRouteParents {
@@ -704,7 +715,18 @@ func acceptedMessage(e *routeEval, po *parentOutcome) string {
 	if len(po.conflicted) > 0 {
 		msg += fmt.Sprintf("; it lost port(s) %s to %s, as GRPCRoutes take precedence (GEP-1294)", portList(po.conflicted), grpcRouteList(po.winners))
 	}
+	for _, r := range e.idle {
+		msg += fmt.Sprintf("; %s, so requests it matches get %s", r, e.failAnswer())
+	}
 	return msg
+}
+
+// failAnswer is what a client gets from a rule that cannot route.
+func (e *routeEval) failAnswer() string {
+	if e.kind == snapshot.KindGRPCRoute {
+		return "UNAVAILABLE" // the API's answer where a GRPCRoute cannot route
+	}
+	return "HTTP 500"
 }
 
 // grpcRouteList names the GRPCRoutes ("namespace/name") that won a port.
