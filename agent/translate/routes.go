@@ -539,7 +539,7 @@ func (t *translator) attach(e *routeEval, attached map[portKey]map[string][]*rou
 			}
 		}
 		if len(po.ports) == 0 {
-			po.problem = &refProblem{string(gwv1.RouteReasonNoMatchingParent), fmt.Sprintf("%s has no TCP port%s", what, portSelector(ref))}
+			po.problem = &refProblem{string(gwv1.RouteReasonNoMatchingParent), fmt.Sprintf("%s has no TCP port%s (%s)", what, portSelector(ref), tcpPorts(po.svc))}
 			continue
 		}
 		po.consumer = ns != e.ref.Namespace
@@ -557,6 +557,25 @@ func (t *translator) attach(e *routeEval, attached map[portKey]map[string][]*rou
 			}
 		}
 	}
+}
+
+// tcpPorts lists the ports of svc a route can use, for a message that
+// names a port it lacks: what the app team may write instead.
+func tcpPorts(svc *corev1.Service) string {
+	var ps []string
+	for _, sp := range svc.Spec.Ports {
+		switch {
+		case !isTCP(sp) || !validPort(sp.Port):
+		case sp.Name == "":
+			ps = append(ps, fmt.Sprint(sp.Port))
+		default:
+			ps = append(ps, fmt.Sprintf("%d %q", sp.Port, sp.Name))
+		}
+	}
+	if len(ps) == 0 {
+		return "it has none"
+	}
+	return "its TCP ports: " + strings.Join(ps, ", ")
 }
 
 func portSelector(ref gwv1.ParentReference) string {

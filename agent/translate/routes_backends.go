@@ -144,7 +144,7 @@ func (rb *routeBuilder) resolveBackend(ref gwv1.BackendObjectReference, grpc boo
 				return out, &refProblem{string(gwv1.RouteReasonUnsupportedProtocol), fmt.Sprintf(
 					"%s: port %d is not TCP, and %ss send requests over TCP", what, *ref.Port, rb.kind)}
 			}
-			return out, &refProblem{string(gwv1.RouteReasonBackendNotFound), fmt.Sprintf("%s: the Service has no TCP port %d", what, *ref.Port)}
+			return out, &refProblem{string(gwv1.RouteReasonBackendNotFound), fmt.Sprintf("%s: the Service has no TCP port %d (%s)", what, *ref.Port, tcpPorts(svc))}
 		}
 		if p := t.headlessPolicy(svc); p != "" {
 			// BackendTLSPolicies do not apply to headless Services (their
