@@ -123,7 +123,8 @@
 // and XBackends (group gateway.networking.x-k8s.io, no port), with weights
 // (default 1, 0 gets nothing). A valid rule that forwards nothing (no
 // redirect, no backendRef of weight above 0) answers 500 (UNAVAILABLE),
-// which the Accepted message says. A backendRef Service gets a Backend built
+// and a GRPCRoute without rules matches no call (UNIMPLEMENTED), which the
+// Accepted message says. A backendRef Service gets a Backend built
 // exactly as a captured port's — endpoints, BackendTLSPolicy, appProtocol —
 // whether or not it is captured itself; a Service annotated
 // sockmesh.io/xbackend leads to its XBackend. A backendRef that does not

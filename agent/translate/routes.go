@@ -52,9 +52,10 @@ type routeEval struct {
 	// filters that cannot go together.
 	dropped, failing []string
 	incompatible     bool
-	// idle describes the valid rules that forward no request: without a
-	// redirect, they have no backendRef of weight above 0 (their requests
-	// get the API's 500; the rule is valid, so only the message says so).
+	// idle says which valid rules forward no request, and what their
+	// requests get: without a redirect, they have no backendRef of weight
+	// above 0 (the API's 500), or there are no rules at all. The route is
+	// valid, so only the Accepted message says so.
 	idle        []string
 	refProblems []refProblem
 	// xbackends are the XBackends its valid rules lead to.
@@ -215,7 +216,7 @@ func (t *translator) evalHTTPRoute(r *gwv1.HTTPRoute) *routeEval {
 	}
 	if len(r.Spec.Rules) == 0 {
 		// Say what the app team wrote, not the rule the CRD defaulted.
-		e.idle = []string{"the route has no rules, and the rule the CRD gives it (matching every request) has no backendRefs"}
+		e.idle = []string{"the route has no rules, and the rule the CRD gives it (matching every request) has no backendRefs, so every request gets " + e.failAnswer()}
 	}
 	return e
 }
@@ -225,6 +226,10 @@ func (t *translator) evalGRPCRoute(r *gwv1.GRPCRoute) *routeEval {
 	rb := &routeBuilder{t: t, e: e, kind: snapshot.KindGRPCRoute}
 	e.invalid = specProblem(r.Spec.ParentRefs, r.Spec.Hostnames, r.Spec.Rules, func(r *gwv1.GRPCRouteRule) (*gwv1.SectionName, int) { return r.Name, len(r.Matches) })
 	e.specRules = len(r.Spec.Rules)
+	if e.specRules == 0 {
+		// The CRD gives a GRPCRoute no default rule.
+		e.idle = []string{"the route has no rules, so no call matches it: every call gets UNIMPLEMENTED"}
+	}
 	for i := range r.Spec.Rules {
 		rule := &r.Spec.Rules[i]
 		var b ruleBuild
@@ -485,7 +490,7 @@ func (rb *routeBuilder) add(i int, name string, b *ruleBuild, out snapshot.Route
 			if len(out.Backends) > 0 {
 				why = "gives every backendRef weight 0"
 			}
-			e.idle = append(e.idle, label+" "+why)
+			e.idle = append(e.idle, fmt.Sprintf("%s %s, so requests it matches get %s", label, why, e.failAnswer()))
 		}
 		for _, xb := range b.xbackends {
 			if !slices.Contains(e.xbackends, xb) {
@@ -735,7 +740,7 @@ func acceptedMessage(e *routeEval, po *parentOutcome) string {
 		msg += fmt.Sprintf("; it lost port(s) %s to %s, as GRPCRoutes take precedence (GEP-1294)", portList(po.conflicted), grpcRouteList(po.winners))
 	}
 	for _, r := range e.idle {
-		msg += fmt.Sprintf("; %s, so requests it matches get %s", r, e.failAnswer())
+		msg += "; " + r
 	}
 	return msg
 }
