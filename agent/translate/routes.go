@@ -699,9 +699,12 @@ func (t *translator) routeStatus(e *routeEval) []gwv1.RouteParentStatus {
 			c.set(condAccepted, true, string(gwv1.RouteReasonAccepted), acceptedMessage(e, po))
 		}
 		if len(e.refProblems) > 0 {
-			msgs := make([]string, len(e.refProblems))
-			for i, p := range e.refProblems {
-				msgs[i] = p.message
+			var msgs []string
+			for _, p := range e.refProblems {
+				// One reference named in several rules is one thing to fix.
+				if !slices.Contains(msgs, p.message) {
+					msgs = append(msgs, p.message)
+				}
 			}
 			c.set(condResolvedRefs, false, e.refProblems[0].reason, strings.Join(msgs, "; "))
 		} else {
