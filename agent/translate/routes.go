@@ -675,7 +675,7 @@ func (t *translator) routeStatus(e *routeEval) []gwv1.RouteParentStatus {
 		problems = append(problems, d+" (the rule is left out)")
 	}
 	for _, f := range e.failing {
-		problems = append(problems, f+" (requests the rule matches get "+e.failAnswer()+": sockmesh never skips a filter)")
+		problems = append(problems, f+" (requests the rule matches get "+e.failAnswer()+": sockmesh never routes a rule without all it asks for)")
 	}
 	for i, po := range e.parents {
 		if i == maxRouteParents {
