@@ -152,8 +152,8 @@
 // client's NetworkPolicy, so it asks for grants — except toward a parent
 // Service, which the client dials anyway (conformance MeshConsumerRoute).
 //
-// Status: one RouteParentStatus per Service parentRef (at most 32), the
-// parentRef as written, controllerName ControllerName, observedGeneration,
+// Status: one RouteParentStatus per distinct Service parentRef (at most
+// 32; a repeat, which the CRD refuses, gets none), the parentRef as written, controllerName ControllerName, observedGeneration,
 // conditions Accepted (Accepted, NoMatchingParent, UnsupportedValue,
 // IncompatibleFilters, ReasonConflicted), ResolvedRefs, and
 // PartiallyInvalid when some rules are dropped. Every route examined gets

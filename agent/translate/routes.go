@@ -514,9 +514,16 @@ func (rb *routeBuilder) add(i int, name string, b *ruleBuild, out snapshot.Route
 // for clients in its own namespace (GEP-1294). ReferenceGrants do not
 // govern parentRefs to Services.
 func (t *translator) attach(e *routeEval, attached map[portKey]map[string][]*routeEval) {
-	for _, ref := range e.parentRefs {
+	for i, ref := range e.parentRefs {
 		if !isServiceParent(ref) {
 			continue // a Gateway's, or another implementation's
+		}
+		if slices.ContainsFunc(e.parentRefs[:i], func(o gwv1.ParentReference) bool {
+			return compareParents(o, ref) == 0 && (o.Port == nil) == (ref.Port == nil) && (o.Port == nil || *o.Port == *ref.Port)
+		}) {
+			// A repeat, which the CRD refuses (parentRefsProblem): status
+			// entries are keyed by parentRef, so it gets none of its own.
+			continue
 		}
 		po := &parentOutcome{ref: ref}
 		e.parents = append(e.parents, po)

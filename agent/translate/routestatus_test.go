@@ -29,7 +29,8 @@ var routeReasons = map[string][]gwv1.RouteConditionReason{
 
 // TestRouteParentConditions checks every route parent entry translate
 // writes for the fixtures under testdata against the API's rules for
-// RouteParentStatus, whatever the golden says: each condition type's
+// RouteParentStatus, whatever the golden says: one entry per parentRef,
+// each condition type's
 // reason is one the API (or the list above) gives for it, True only with
 // the success reason (PartiallyInvalid: only True, and only beside
 // Accepted=True), a message, the route's generation, and Accepted and
@@ -46,20 +47,32 @@ func TestRouteParentConditions(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Translate(%s): %v", path, err)
 		}
-		generations := map[types.NamespacedName]int64{}
+		type route struct {
+			kind string
+			types.NamespacedName
+		}
+		generations := map[route]int64{}
 		for _, r := range in.HTTPRoutes {
-			generations[types.NamespacedName{Namespace: r.Namespace, Name: r.Name}] = r.Generation
+			generations[route{"HTTPRoute", types.NamespacedName{Namespace: r.Namespace, Name: r.Name}}] = r.Generation
 		}
 		for _, r := range in.GRPCRoutes {
-			generations[types.NamespacedName{Namespace: r.Namespace, Name: r.Name}] = r.Generation
+			generations[route{"GRPCRoute", types.NamespacedName{Namespace: r.Namespace, Name: r.Name}}] = r.Generation
 		}
 		for kind, routes := range map[string]map[types.NamespacedName][]gwv1.RouteParentStatus{
 			"HTTPRoute": res.Status.HTTPRoutes, "GRPCRoute": res.Status.GRPCRoutes,
 		} {
 			for name, parents := range routes {
+				seen := map[[6]string]bool{}
 				for i, p := range parents {
+					// The API keys a route's parent entries by
+					// parentRef and controllerName.
+					if ref := parentKey(p.ParentRef); seen[ref] {
+						t.Errorf("%s: %s %s has two entries for parentRef %v", path, kind, name, ref)
+					} else {
+						seen[ref] = true
+					}
 					at := fmt.Sprintf("%s: %s %s parents[%d] (%s)", path, kind, name, i, p.ParentRef.Name)
-					checkParentConditions(t, at, generations[name], p.Conditions)
+					checkParentConditions(t, at, generations[route{kind, name}], p.Conditions)
 					checked++
 				}
 			}
@@ -68,6 +81,21 @@ func TestRouteParentConditions(t *testing.T) {
 	if checked == 0 {
 		t.Fatal("no route parent entries in the fixtures")
 	}
+}
+
+// parentKey spells out a parentRef as written (unset fields "<nil>").
+func parentKey(r gwv1.ParentReference) [6]string {
+	s := func(p *string) string {
+		if p == nil {
+			return "<nil>"
+		}
+		return *p
+	}
+	port := "<nil>"
+	if r.Port != nil {
+		port = fmt.Sprint(*r.Port)
+	}
+	return [6]string{s((*string)(r.Group)), s((*string)(r.Kind)), s((*string)(r.Namespace)), string(r.Name), s((*string)(r.SectionName)), port}
 }
 
 func checkParentConditions(t *testing.T, at string, generation int64, conds []metav1.Condition) {
