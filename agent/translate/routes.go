@@ -336,7 +336,8 @@ func parentRefsProblem(ps []gwv1.ParentReference) string {
 
 // weighted converts backendRef j of a rule. A reference that does not
 // resolve stays, Invalid, so its share of requests gets 500; its filters
-// are still checked, since a bad filter makes the whole rule fail.
+// are still checked, since a bad filter makes the whole rule fail, as one
+// the CRD refuses (backendRefSpecProblem) does.
 func (rb *routeBuilder) weighted(b *ruleBuild, j int, ref gwv1.BackendRef, fs []filterIn) snapshot.WeightedBackend {
 	wb := snapshot.WeightedBackend{Weight: 1}
 	if len(fs) > 0 {

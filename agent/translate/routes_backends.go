@@ -91,17 +91,17 @@ func (rb *routeBuilder) backendRefSpecProblem(ref gwv1.BackendObjectReference) s
 	ns := cmp.Or(deref(ref.Namespace), rb.e.ref.Namespace)
 	switch {
 	case group == "" && kind == "Service" && ref.Port == nil:
-		return fmt.Sprintf("Service %s/%s has no port: a reference to a Service must give one", ns, ref.Name)
+		return fmt.Sprintf("the reference to Service %s/%s gives no port, and a Service reference must name one of its ports", ns, ref.Name)
 	case group == gwxv1alpha1.GroupName && kind == "XBackend" && ref.Port != nil:
-		return fmt.Sprintf("XBackend %s/%s has port %d: a reference to an XBackend must give none, the XBackend has its own", ns, ref.Name, *ref.Port)
+		return fmt.Sprintf("the reference to XBackend %s/%s gives port %d, and an XBackend reference must give none: the XBackend names its own", ns, ref.Name, *ref.Port)
 	}
 	return ""
 }
 
 // resolveBackend resolves a backendRef (or a mirror's) of the route being
-// built; backendRefSpecProblem has passed it. Core Services (with a port) and XBackends (group
-// gateway.networking.x-k8s.io, without one, in the route's namespace) are
-// backends; a Service in another namespace needs a ReferenceGrant there,
+// built, one backendRefSpecProblem has passed. Core Services (with a port)
+// and XBackends (group gateway.networking.x-k8s.io, without one, in the
+// route's namespace) are backends; a Service in another namespace needs a ReferenceGrant there,
 // unless it is one of the route's own parent Services (clients already
 // reach those through sockmesh, so the reference exposes nothing new).
 // grpc says the backend gets gRPC whatever the route's kind (a GRPC
