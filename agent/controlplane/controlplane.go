@@ -318,8 +318,8 @@ func (c *ControlPlane) rebuild() time.Duration {
 		// Translate fails only on an internal inconsistency (or a bug that
 		// panicked): keep the current Snapshot, which was consistent.
 		c.m.rebuilds.WithLabelValues("error").Inc()
-		c.log.Error("translate failed; keeping the current snapshot", "err", err,
-			"snapshot_version", c.current.Load().Version)
+		c.log.Error("translate failed; keeping the current snapshot", append([]any{"err", err,
+			"snapshot_version", c.current.Load().Version}, stackAttrs(err)...)...)
 		return 0
 	}
 	wait := retranslateWait(in.Now, res.ChangesAt)
@@ -395,7 +395,9 @@ func (c *ControlPlane) writeLoop(ctx context.Context) {
 			start := time.Now()
 			var errs []error
 			for _, w := range c.cfg.Writers {
-				if err := w.Write(ctx, p.in, p.res, g); err != nil {
+				// Each object's write is contained by the Gate; this
+				// contains the writer's own code around them.
+				if err := contain(func() error { return w.Write(ctx, p.in, p.res, g) }); err != nil {
 					errs = append(errs, err)
 				}
 			}
@@ -405,7 +407,7 @@ func (c *ControlPlane) writeLoop(ctx context.Context) {
 			g.endPass(start)
 			if err := c.dropRefusals(errors.Join(errs...)); err != nil {
 				c.m.writeErrors.WithLabelValues("all").Inc()
-				c.log.Warn("write failed; will retry", "err", err, "retry_in", wait)
+				c.log.Warn("write failed; will retry", append([]any{"err", err, "retry_in", wait}, stackAttrs(err)...)...)
 				retry = time.After(wait)
 				wait = min(wait*2, time.Minute)
 			} else {
@@ -486,10 +488,13 @@ func externalHostnames(xbs []*gwxv1alpha1.XBackend) []string {
 // translate is fuzzed never to panic, but a bug reached by some malformed
 // object must cost one rebuild, not the node's agent.
 func translateSafely(in translate.Input) (res translate.Result, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = fmt.Errorf("translate panicked: %v", r)
-		}
-	}()
-	return translate.Translate(in)
+	err = contain(func() error {
+		var terr error
+		res, terr = translate.Translate(in)
+		return terr
+	})
+	if err != nil {
+		return translate.Result{}, fmt.Errorf("translate: %w", err)
+	}
+	return res, nil
 }

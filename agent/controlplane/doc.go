@@ -9,7 +9,9 @@
 // object whose write failed alone by itself and holds back a resource RBAC
 // refuses until an access review allows it; only the API server's own
 // trouble holds every write back. Writes reports what the Gate of the
-// term under way holds back (sockmeshctl status).
+// term under way holds back (sockmeshctl status). A panic in translate or
+// in a write is an error, never the agent's end: the agent serves its
+// node's proxy too.
 //
 // Translate judges some objects by the time (a client certificate expired
 // or not yet valid); the loop translates again when the earliest such

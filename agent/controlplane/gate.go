@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -85,9 +86,10 @@ func SelfAccess(c authorizationclient.SelfSubjectAccessReviewsGetter) AccessFunc
 //
 //   - An object whose write failed in a way that may clear but is about it
 //     alone (objectScoped: an admission webhook the API server could not
-//     call, a conflict RetryOnConflict gave up on) is retried alone, after
-//     RetryInterval, doubling up to a minute; the loop writes the latest
-//     translation then, so the retry needs no change of the object.
+//     call, a conflict RetryOnConflict gave up on), or panicked (a bug its
+//     data reached), is retried alone, after RetryInterval, doubling up to
+//     a minute; the loop writes the latest translation then, so the retry
+//     needs no change of the object.
 //   - A resource (in a namespace) that RBAC refused is written again only
 //     once an access review says the agent may: one is asked per
 //     AccessRecheck. RBAC changes bring no watch event the agent sees, and
@@ -140,10 +142,12 @@ func (c *ControlPlane) newGate() *Gate {
 // nil when write succeeded, was held back or failed in a way the Gate took
 // over (o retried alone, or its resource held back until RBAC allows it);
 // else write's error, for the loop: a refusal of o alone, or trouble of
-// the API server's that backs every write off.
+// the API server's that backs every write off. A panic of write's is an
+// error, never the agent's end: a nil Gate returns it, a Gate retries o
+// alone.
 func (g *Gate) Do(ctx context.Context, o Object, write func(context.Context) error) error {
 	if g == nil {
-		return write(ctx)
+		return contain(func() error { return write(ctx) })
 	}
 	if !g.open(ctx, o) {
 		return nil
@@ -166,12 +170,18 @@ func (g *Gate) Do(ctx context.Context, o Object, write func(context.Context) err
 			return nil
 		}
 	}
-	err := write(ctx)
+	err := contain(func() error { return write(ctx) })
+	var p *panicError
 	switch {
 	case err == nil:
 		g.mu.Lock()
 		delete(g.failed, o.key())
 		g.mu.Unlock()
+	case errors.As(err, &p):
+		// A bug that o's data reached (the merge of its status, say): it
+		// would panic again at once, and it is o's alone.
+		g.retryAlone(o, err)
+		return nil
 	case every(err, apierrors.IsForbidden) && g.deny(ctx, o, err):
 		return nil
 	case objectScoped(err):
@@ -289,8 +299,14 @@ func (g *Gate) retryAlone(o Object, err error) {
 		// One warning per object, not one a minute while it fails.
 		level = slog.LevelDebug
 	}
+	stack := stackAttrs(err)
+	if stack != nil {
+		// A bug, not the API server's answer: an error each time, with
+		// where it struck.
+		level = slog.LevelError
+	}
 	g.c.log.Log(context.Background(), level, "write failed; retrying the object alone",
-		append(o.attrs(), "retry_in", h.wait, "err", err)...)
+		append(append(o.attrs(), "retry_in", h.wait, "err", err), stack...)...)
 }
 
 // endPass forgets the holds and reviews that were due when a pass began
