@@ -73,7 +73,7 @@ func New(cfg Config, gw gwclient.Interface, log *slog.Logger, reg prometheus.Reg
 		}, []string{"kind", "result"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sockmesh_status_entries_dropped_total",
-			Help: "Status entries left out because the object's list was full, by kind.",
+			Help: "Status entries left out of a status write because the object's list was full, by kind.",
 		}, []string{"kind"}),
 	}
 	if reg != nil {
@@ -222,13 +222,16 @@ func entryJobs[O metav1.Object, E any](w *Writer, g *controlplane.Gate, t target
 					return nil, false
 				}
 				merged, changed, dropped := mergeEntries(k, o.GetNamespace(), entries(o), ours, max)
+				if !changed {
+					// Entries left out of a list that stays as it is were
+					// reported with the write that left them out: once
+					// per change, not once per translation.
+					return nil, false
+				}
 				if dropped > 0 {
 					w.dropped.WithLabelValues(t.kind).Add(float64(dropped))
 					w.log.Warn("status list full; entries left out", "kind", t.kind,
 						"namespace", o.GetNamespace(), "name", o.GetName(), "dropped", dropped, "max", max)
-				}
-				if !changed {
-					return nil, false
 				}
 				if merged == nil {
 					// The ancestors and parents lists are required by

@@ -1,0 +1,111 @@
+package status
+
+import (
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/sockmesh/sockmesh/agent/translate"
+)
+
+// TestRouteParentsFullReportedOnce: a route whose 20 Service parents
+// another mesh's controller also answers for (two GAMMA implementations
+// side by side, as in a migration) needs 40 entries where RouteStatus
+// holds 32. The writer adds the 12 of ours that fit, after the other
+// controller's, and reports the 8 left out with that write; the passes
+// after it, which change nothing, write nothing and report nothing. Before,
+// each translation (one per endpoint change on a busy cluster) logged the
+// warning and counted the 8 again though nothing was written.
+func TestRouteParentsFullReportedOnce(t *testing.T) {
+	env := startWithNamespace(t)
+	ctx := t.Context()
+	var refs []gwv1.ParentReference
+	for i := range 20 {
+		refs = append(refs, svcRef(fmt.Sprintf("svc%02d", i), ""))
+	}
+	r, err := env.Gateway.GatewayV1().HTTPRoutes(ns).Create(ctx, &gwv1.HTTPRoute{
+		ObjectMeta: metav1.ObjectMeta{Name: "crowded", Namespace: ns},
+		Spec:       gwv1.HTTPRouteSpec{CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: refs}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := metav1.NewTime(time.Now())
+	entries := func(ctrl gwv1.GatewayController) []gwv1.RouteParentStatus {
+		var out []gwv1.RouteParentStatus
+		for _, ref := range refs {
+			out = append(out, gwv1.RouteParentStatus{ControllerName: ctrl, ParentRef: ref, Conditions: []metav1.Condition{
+				cond("Accepted", "True", "Accepted", "ok", r.Generation, now)}})
+		}
+		return out
+	}
+	r.Status.Parents = entries(other)
+	if _, err := env.Gateway.GatewayV1().HTTPRoutes(ns).UpdateStatus(ctx, r, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := New(Config{}, env.Gateway, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := translate.Status{HTTPRoutes: map[types.NamespacedName][]gwv1.RouteParentStatus{
+		{Namespace: ns, Name: "crowded"}: entries(translate.ControllerName)}}
+	dropped := func() float64 {
+		t.Helper()
+		var m dto.Metric
+		if err := w.dropped.WithLabelValues("HTTPRoute").Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		return m.GetCounter().GetValue()
+	}
+	get := func() *gwv1.HTTPRoute {
+		t.Helper()
+		r, err := env.Gateway.GatewayV1().HTTPRoutes(ns).Get(ctx, "crowded", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+
+	if err := w.Write(ctx, listInput(t, env), st, nil); err != nil {
+		t.Fatal(err)
+	}
+	written := get()
+	var ours int
+	for i, p := range written.Status.Parents {
+		if p.ControllerName != translate.ControllerName {
+			if i >= 20 {
+				t.Errorf("parents[%d] is the other controller's after ours: its entries must stay in place", i)
+			}
+			continue
+		}
+		if want := refs[ours].Name; p.ParentRef.Name != want {
+			t.Errorf("parents[%d] is ours for %s, want %s: ours in translate's order", i, p.ParentRef.Name, want)
+		}
+		ours++
+	}
+	if len(written.Status.Parents) != maxRouteParents || ours != 12 {
+		t.Errorf("first write: %d parents, %d ours; want %d, 12", len(written.Status.Parents), ours, maxRouteParents)
+	}
+	if n := dropped(); n != 8 {
+		t.Errorf("first write: %v entries reported left out, want 8", n)
+	}
+
+	for pass := range 3 {
+		if err := w.Write(ctx, listInput(t, env), st, nil); err != nil {
+			t.Fatal(err)
+		}
+		if rv := get().ResourceVersion; rv != written.ResourceVersion {
+			t.Errorf("pass %d changed nothing but wrote: resource version %s -> %s", pass+2, written.ResourceVersion, rv)
+		}
+		if n := dropped(); n != 8 {
+			t.Errorf("pass %d changed nothing: %v entries reported left out in all, want still 8", pass+2, n)
+		}
+	}
+}
