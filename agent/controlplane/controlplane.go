@@ -96,6 +96,13 @@ type Config struct {
 	// AccessRecheck is how often a resource RBAC refused is reviewed again
 	// (zero: 5 minutes).
 	AccessRecheck time.Duration
+	// Resync is how long the loop waits for a signal before it translates
+	// again all the same (zero: 10 minutes). The kubernetes source signals
+	// the changes that may change the Snapshot, not status alone: an entry
+	// of sockmesh's that another party removed or rewrote is written back
+	// at the latest then, as a new leader term's first pass would. A
+	// translation that changes nothing writes nothing.
+	Resync time.Duration
 }
 
 // ControlPlane runs the loop. Create it with New and start Run.
@@ -144,6 +151,9 @@ func New(cfg Config, src source.Source, log *slog.Logger, reg prometheus.Registe
 	}
 	if cfg.AccessRecheck <= 0 {
 		cfg.AccessRecheck = 5 * time.Minute
+	}
+	if cfg.Resync <= 0 {
+		cfg.Resync = 10 * time.Minute
 	}
 	c := &ControlPlane{
 		cfg:     cfg,
@@ -245,9 +255,10 @@ func (c *ControlPlane) Run(ctx context.Context) error {
 
 	// retranslate fires when a judgement translate made by the time flips
 	// (Result.ChangesAt: a client certificate expires or becomes valid),
-	// which no object's change would signal. It starts stopped; each
-	// translation resets or stops it.
-	retranslate := time.NewTimer(maxRetranslateWait)
+	// which no object's change would signal, or Resync after the last
+	// translation. It starts stopped, so that nothing is translated before
+	// the source's first signal; each translation resets it.
+	retranslate := time.NewTimer(c.cfg.Resync)
 	retranslate.Stop()
 	defer retranslate.Stop()
 	for {
@@ -267,38 +278,30 @@ func (c *ControlPlane) Run(ctx context.Context) error {
 		case <-resolved:
 		case <-readdressed:
 		case <-retranslate.C:
-			c.log.Debug("translating again: a judgement made by the time changes")
+			c.log.Debug("translating again without a signal: resync, or a judgement made by the time changes")
 		}
-		if wait := c.rebuild(); wait > 0 {
-			retranslate.Reset(wait)
-		} else {
-			retranslate.Stop()
-		}
+		retranslate.Reset(c.rebuild())
 	}
 }
 
-// maxRetranslateWait caps the wait for a translation's ChangesAt: a
-// certificate valid for centuries (a wait no Duration holds) or
-// a wall clock that jumps costs one translation a day, never a timer that
-// waits for ever or fires in a loop.
-const maxRetranslateWait = 24 * time.Hour
-
 // retranslateWait is how long after a translation judged at now the loop
-// must translate again for changesAt (Result.ChangesAt, after now); zero:
-// never.
-func retranslateWait(now, changesAt time.Time) time.Duration {
-	if changesAt.IsZero() {
-		return 0
+// must translate again though nothing signals: until changesAt
+// (Result.ChangesAt; zero: none) if that comes first, else resync. A
+// certificate valid for centuries (a wait no Duration holds) or a wall
+// clock that jumps costs one translation per resync, never a timer that
+// waits for ever or fires in a loop.
+func retranslateWait(now, changesAt time.Time, resync time.Duration) time.Duration {
+	if !changesAt.After(now) {
+		return resync
 	}
 	// Both are compared by wall clock, as translate compared them with the
 	// certificates' dates; Sub saturates instead of overflowing.
-	return min(changesAt.Sub(now), maxRetranslateWait)
+	return min(changesAt.Sub(now), resync)
 }
 
 // rebuild translates the source's current objects and publishes the result
 // if it differs from the current Snapshot. It returns how long until the
-// loop must translate again though nothing changes (zero: not before a
-// change).
+// loop must translate again though nothing signals (retranslateWait).
 func (c *ControlPlane) rebuild() time.Duration {
 	start := time.Now()
 	defer func() { c.m.rebuildDuration.Observe(time.Since(start).Seconds()) }()
@@ -320,9 +323,9 @@ func (c *ControlPlane) rebuild() time.Duration {
 		c.m.rebuilds.WithLabelValues("error").Inc()
 		c.log.Error("translate failed; keeping the current snapshot", append([]any{"err", err,
 			"snapshot_version", c.current.Load().Version}, stackAttrs(err)...)...)
-		return 0
+		return c.cfg.Resync
 	}
-	wait := retranslateWait(in.Now, res.ChangesAt)
+	wait := retranslateWait(in.Now, res.ChangesAt, c.cfg.Resync)
 	cur := c.current.Load()
 	// The first translation is published even when it is empty: version 0
 	// is never applied, and a node with nothing to capture (no pods yet)

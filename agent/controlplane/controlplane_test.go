@@ -18,6 +18,11 @@ import (
 	"github.com/sockmesh/sockmesh/agent/translate"
 )
 
+// noResync is a Resync longer than any test's fake clock runs, for the
+// tests that count the translations signals and judgements by the time
+// bring: their writers, unlike status's, write every translation handed.
+const noResync = 1000 * time.Hour
+
 // memSource is a config source held in memory: the smallest thing that
 // satisfies source.Source, so that the loop's own behaviour can be tested
 // on a fake clock.

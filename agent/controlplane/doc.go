@@ -16,8 +16,10 @@
 // Translate judges some objects by the time (a client certificate expired
 // or not yet valid); the loop translates again when the earliest such
 // judgement flips (Result.ChangesAt), on one timer that each translation
-// resets, waiting at most a day at a time, so status and Snapshot follow
-// the clock though no object changes.
+// resets, so status and Snapshot follow the clock though no object
+// changes. The same timer translates again after Config.Resync (10
+// minutes) with no signal, since the source does not signal status alone:
+// status of sockmesh's that another party removed or rewrote comes back.
 //
 // Versions increase by one with every published Snapshot; a rebuild that
 // yields the same Snapshot publishes nothing. Subscribers read the current

@@ -89,7 +89,7 @@ func TestObjectFailureRetriedAlone(t *testing.T) {
 			return nil
 		})
 		src := newMemSource(translate.Input{Services: []*corev1.Service{h2cService("a", "10.96.0.10")}})
-		c, err := New(Config{Writers: []Writer{w}, RetryInterval: time.Second}, src, slog.New(slog.DiscardHandler), nil)
+		c, err := New(Config{Writers: []Writer{w}, RetryInterval: time.Second, Resync: noResync}, src, slog.New(slog.DiscardHandler), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,7 +176,7 @@ func TestRBACRefusalHeldPerResource(t *testing.T) {
 		src := newMemSource(translate.Input{Services: []*corev1.Service{h2cService("a", "10.96.0.10")}})
 		events := &logged{}
 		l := &termLeader{terms: make(chan context.Context)}
-		c, err := New(Config{Writers: []Writer{w}, Leader: l, Access: access, RetryInterval: time.Second}, src,
+		c, err := New(Config{Writers: []Writer{w}, Leader: l, Access: access, RetryInterval: time.Second, Resync: noResync}, src,
 			slog.New(events), nil)
 		if err != nil {
 			t.Fatal(err)

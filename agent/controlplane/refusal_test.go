@@ -59,7 +59,7 @@ func TestRefusedWriteHoldsNothingBack(t *testing.T) {
 		refused := &flakyWriter{fail: 1 << 30, err: errors.Join(quotaFull("tenant"), invalidStatus("r"))}
 		healthy := &flakyWriter{}
 		events := &logged{}
-		c, err := New(Config{Writers: []Writer{refused, healthy}, RetryInterval: time.Second}, src,
+		c, err := New(Config{Writers: []Writer{refused, healthy}, RetryInterval: time.Second, Resync: noResync}, src,
 			slog.New(events), nil)
 		if err != nil {
 			t.Fatal(err)

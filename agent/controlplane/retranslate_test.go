@@ -50,8 +50,9 @@ spec: {clusterIP: 10.96.30.1, ports: [{name: app, port: 8080}]}
 
 // runPartner runs a control plane on partnerManifests, decoded by the file
 // source's decoder, with a client certificate valid from notBefore to
-// notAfter; its writer records each translation it is handed.
-func runPartner(t *testing.T, notBefore, notAfter time.Time) (*ControlPlane, *flakyWriter) {
+// notAfter, translating again after resync with no signal; its writer
+// records each translation it is handed.
+func runPartner(t *testing.T, notBefore, notAfter time.Time, resync time.Duration) (*ControlPlane, *flakyWriter) {
 	t.Helper()
 	ca, err := pki.NewCA("partner client CA")
 	if err != nil {
@@ -86,7 +87,7 @@ func runPartner(t *testing.T, notBefore, notAfter time.Time) (*ControlPlane, *fl
 		}
 	}
 	w := &flakyWriter{}
-	c, err := New(Config{Writers: []Writer{w}}, newMemSource(in), slog.New(slog.DiscardHandler), nil)
+	c, err := New(Config{Writers: []Writer{w}, Resync: resync}, newMemSource(in), slog.New(slog.DiscardHandler), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,7 +133,7 @@ func TestClientCertificateExpiresWithoutChange(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		start := time.Now()
 		expiry := start.Add(90 * time.Minute)
-		c, w := runPartner(t, start.Add(-time.Hour), expiry)
+		c, w := runPartner(t, start.Add(-time.Hour), expiry, noResync)
 
 		want := func(when string, version uint64, backend string, status metav1.ConditionStatus, reason, message string) {
 			t.Helper()
@@ -165,16 +166,16 @@ func TestClientCertificateExpiresWithoutChange(t *testing.T) {
 
 // TestClientCertificateBecomesValidWithoutChange: an XBackend whose client
 // certificate is valid only from T fails closed until T and is Accepted
-// from then on, though no object changed. The loop waits at most a day at
-// a time for that instant, translating again once a day (the result
-// unchanged); then for the certificate's NotAfter, the last second of
-// 9999 (beyond any Duration from now), also a day at a time, never in a
-// loop.
+// from then on, though no object changed. The loop waits at most its
+// Resync (here a day) at a time for that instant, translating again once a
+// day (the result unchanged); then for the certificate's NotAfter, the
+// last second of 9999 (beyond any Duration from now), also a day at a
+// time, never in a loop.
 func TestClientCertificateBecomesValidWithoutChange(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		start := time.Now()
 		validFrom := start.Add(50 * time.Hour)
-		c, w := runPartner(t, validFrom, time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC))
+		c, w := runPartner(t, validFrom, time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC), 24*time.Hour)
 
 		check := func(when string, translations int, version uint64, backend string, accepted metav1.ConditionStatus) {
 			t.Helper()
@@ -185,7 +186,7 @@ func TestClientCertificateBecomesValidWithoutChange(t *testing.T) {
 			}
 		}
 		check("at start", 1, 1, "invalid: Invalid", metav1.ConditionFalse)
-		// The first wait is capped at a day: the same result again.
+		// The first wait is capped at the resync: the same result again.
 		time.Sleep(24*time.Hour - time.Second)
 		synctest.Wait()
 		check("just before a day", 1, 1, "invalid: Invalid", metav1.ConditionFalse)
