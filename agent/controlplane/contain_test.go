@@ -26,8 +26,9 @@ func TestObjectWritePanicRetriedAlone(t *testing.T) {
 		broken, fine := policyStatus("ns", "broken"), policyStatus("ns", "fine")
 		w := newObjectsWriter([]Object{broken, fine}, func(o Object) error {
 			if o == broken {
-				var seen map[string]int
-				seen[o.Name]++
+				// A classic bug: the inner map was never made.
+				seen := map[string]map[string]int{}
+				seen[o.Namespace][o.Name]++
 			}
 			return nil
 		})
