@@ -210,10 +210,9 @@ func TestMergeEntries(t *testing.T) {
 }
 
 func TestStale(t *testing.T) {
-	conds := []metav1.Condition{cond("Accepted", "True", "Accepted", "", 3, t0)}
 	for gen, want := range map[int64]bool{2: false, 3: false, 4: true} {
-		if got := stale(gen, conds); got != want {
-			t.Errorf("stale(generation %d, observed 3) = %v, want %v", gen, got, want)
+		if got := stale(gen, 3); got != want {
+			t.Errorf("stale(generation %d, judged 3) = %v, want %v", gen, got, want)
 		}
 	}
 }

@@ -211,14 +211,10 @@ func entryJobs[O metav1.Object, E any](w *Writer, g *controlplane.Gate, t target
 		if !ok {
 			continue
 		}
-		ours := desired[nn]
-		var conds [][]metav1.Condition
-		for i := range ours {
-			conds = append(conds, *k.conditions(&ours[i]))
-		}
+		ours, judged := desired[nn], obj.GetGeneration()
 		jobs = append(jobs, func(ctx context.Context) error {
 			return writeObject(ctx, w, g, t, obj, func(o O) (any, bool) {
-				if stale(o.GetGeneration(), conds...) {
+				if stale(o.GetGeneration(), judged) {
 					return nil, false
 				}
 				merged, changed, dropped := mergeEntries(k, o.GetNamespace(), entries(o), ours, max)
@@ -261,10 +257,10 @@ func (w *Writer) meshJobs(g *controlplane.Gate, cached []*gwxv1alpha1.XMesh, des
 		if !ok {
 			continue
 		}
-		want := desired[name]
+		want, judged := desired[name], obj.Generation
 		jobs = append(jobs, func(ctx context.Context) error {
 			return writeObject(ctx, w, g, t, obj, func(m *gwxv1alpha1.XMesh) (any, bool) {
-				if stale(m.Generation, want.Conditions) {
+				if stale(m.Generation, judged) {
 					return nil, false
 				}
 				conds, changed := mergeConditions(m.Status.Conditions, want.Conditions)
