@@ -182,10 +182,22 @@ func sameCondition(a, b metav1.Condition) bool {
 }
 
 // stale reports whether the object, at generation, moved past judged, the
-// generation of the object translate judged: what translate said of it
-// must then not be written (the Gateway API's rule for
-// observedGeneration), neither its conditions nor the removal of entries
-// it no longer wants, which carries no condition to tell its generation
-// by; the watch event that brought the new generation triggers a fresh
-// translation.
-func stale(generation, judged int64) bool { return generation > judged }
+// generation of the object translate judged, or past the observedGeneration
+// of a condition in conds: what translate said must then not be written
+// (the Gateway API's rule for observedGeneration), neither its conditions
+// nor the removal of entries it no longer wants, which carries no
+// condition to tell its generation by; the watch event that brought the
+// new generation triggers a fresh translation.
+func stale(generation, judged int64, conds ...[]metav1.Condition) bool {
+	if generation > judged {
+		return true
+	}
+	for _, cs := range conds {
+		for _, c := range cs {
+			if c.ObservedGeneration < generation {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -210,9 +210,22 @@ func TestMergeEntries(t *testing.T) {
 }
 
 func TestStale(t *testing.T) {
-	for gen, want := range map[int64]bool{2: false, 3: false, 4: true} {
-		if got := stale(gen, 3); got != want {
-			t.Errorf("stale(generation %d, judged 3) = %v, want %v", gen, got, want)
+	conds := []metav1.Condition{cond("Accepted", "True", "Accepted", "", 3, t0)}
+	for _, tc := range []struct {
+		generation, judged int64
+		conds              []metav1.Condition
+		want               bool
+	}{
+		{3, 3, conds, false},
+		{2, 3, conds, false},
+		{4, 4, conds, true}, // a condition judged on an older generation
+		{4, 3, conds, true},
+		{3, 3, nil, false},
+		{4, 3, nil, true}, // a removal judged on generation 3
+	} {
+		if got := stale(tc.generation, tc.judged, tc.conds); got != tc.want {
+			t.Errorf("stale(generation %d, judged %d, %d conditions observed at 3) = %v, want %v",
+				tc.generation, tc.judged, len(tc.conds), got, tc.want)
 		}
 	}
 }

@@ -212,9 +212,13 @@ func entryJobs[O metav1.Object, E any](w *Writer, g *controlplane.Gate, t target
 			continue
 		}
 		ours, judged := desired[nn], obj.GetGeneration()
+		var conds [][]metav1.Condition
+		for i := range ours {
+			conds = append(conds, *k.conditions(&ours[i]))
+		}
 		jobs = append(jobs, func(ctx context.Context) error {
 			return writeObject(ctx, w, g, t, obj, func(o O) (any, bool) {
-				if stale(o.GetGeneration(), judged) {
+				if stale(o.GetGeneration(), judged, conds...) {
 					return nil, false
 				}
 				merged, changed, dropped := mergeEntries(k, o.GetNamespace(), entries(o), ours, max)
@@ -260,7 +264,7 @@ func (w *Writer) meshJobs(g *controlplane.Gate, cached []*gwxv1alpha1.XMesh, des
 		want, judged := desired[name], obj.Generation
 		jobs = append(jobs, func(ctx context.Context) error {
 			return writeObject(ctx, w, g, t, obj, func(m *gwxv1alpha1.XMesh) (any, bool) {
-				if stale(m.Generation, judged) {
+				if stale(m.Generation, judged, want.Conditions) {
 					return nil, false
 				}
 				conds, changed := mergeConditions(m.Status.Conditions, want.Conditions)
