@@ -9,7 +9,11 @@ import (
 	"maps"
 	"net/http"
 	"net/url"
+	"strconv"
+	"strings"
 	"time"
+
+	"google.golang.org/grpc/codes"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/userspace-proxy/balance"
@@ -27,8 +31,9 @@ import (
 // request go on with the answer's headers (the allowed ones but
 // Content-Length and Transfer-Encoding; none listed: all but Host and the
 // answer's own hop-by-hop fields, Content-Length, Content-Type and Date);
-// any other answer goes to the client as the server gave it,
-// and the request goes nowhere. A server that cannot be asked (no
+// any other answer goes to the client as the server gave it (to a gRPC
+// call as the gRPC status its clients read in it, the server's body its
+// message: grpcDenial), and the request goes nowhere. A server that cannot be asked (no
 // ready endpoint, every one tried refused, TLS failure, no answer within
 // RoutingConfig.ExternalAuthTimeout) fails the request closed with 503: the
 // fault is the proxy's, not the client's credentials. A gRPC call gets
@@ -94,8 +99,11 @@ func (h *Handler) authorize(x *exchange, r *http.Request, watch func(cancel cont
 		return h.authRefused(x, r, "ext_auth_error", http.StatusServiceUnavailable, routes.GRPCUnavailable, err), false, nil
 	case denied != nil:
 		h.m.routeAnswers.WithLabelValues("ext_auth_denied").Inc()
-		h.m.request(x.fe, denied.status, "none")
 		ruleDenial(&x.r.d, denied.header)
+		if grpcAnswers(r) {
+			grpcDenial(denied)
+		}
+		h.m.request(x.fe, denied.status, "none")
 		return *denied, false, nil
 	}
 	return localAnswer{}, true, nil
@@ -111,6 +119,61 @@ func ruleDenial(d *routes.Decision, h http.Header) {
 	// The server's own, or none (nil: net/http's server would guess one
 	// from the body, where the fast path writes none).
 	h["Content-Type"] = ct
+}
+
+// grpcDenial makes a, the authorization server's denial of a gRPC call, a
+// trailers-only gRPC answer, as Envoy makes its local replies to gRPC
+// calls: the status gRPC reads in a's HTTP status (grpcCodeOfHTTP), the
+// server's body as the message, and the server's headers. Passed on as
+// the server gave it, a gRPC client found the code but no reason: neither
+// a text body nor a reason phrase is read by it (grpc-go's message was
+// "unexpected HTTP status code received from server").
+func grpcDenial(a *localAnswer) {
+	msg := strings.TrimSpace(string(a.body[:min(len(a.body), grpcMessageLimit)]))
+	if msg == "" {
+		msg = "sockmesh: ext_auth_denied"
+	}
+	a.header["Content-Type"] = grpcContentType
+	a.header["Grpc-Status"] = []string{strconv.Itoa(grpcCodeOfHTTP(a.status))}
+	a.header["Grpc-Message"] = []string{encodeGRPCMessage(msg)}
+	a.status, a.grpc, a.body = http.StatusOK, true, nil
+}
+
+// grpcMessageLimit bounds the part of a denial's body that becomes its
+// gRPC message, a header: a reason, not a page.
+const grpcMessageLimit = 1024
+
+// grpcCodeOfHTTP is the gRPC status a gRPC client reads in an HTTP status
+// without one (grpc's doc/http-grpc-status-mapping.md, as grpc-go and
+// Envoy map it).
+func grpcCodeOfHTTP(status int) int {
+	switch status {
+	case http.StatusBadRequest:
+		return int(codes.Internal)
+	case http.StatusUnauthorized:
+		return int(codes.Unauthenticated)
+	case http.StatusForbidden:
+		return int(codes.PermissionDenied)
+	case http.StatusNotFound:
+		return int(codes.Unimplemented)
+	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return int(codes.Unavailable)
+	}
+	return int(codes.Unknown)
+}
+
+// encodeGRPCMessage percent-encodes msg as gRPC's grpc-message field asks
+// (PROTOCOL-HTTP2.md): every byte outside printable ASCII, and '%'.
+func encodeGRPCMessage(msg string) string {
+	var b strings.Builder
+	for i := 0; i < len(msg); i++ {
+		if c := msg[i]; c < ' ' || c > '~' || c == '%' {
+			fmt.Fprintf(&b, "%%%02X", c)
+		} else {
+			b.WriteByte(c)
+		}
+	}
+	return b.String()
 }
 
 // authRefused counts, logs and answers r, a request the filter refuses

@@ -417,7 +417,10 @@ func TestRouteExternalAuthGRPC(t *testing.T) {
 // with the filter (GRPC protocol, the body forwarded) are authorized too —
 // the ext_authz server gets the call's message, an allowed call reaches
 // the backend with the server's metadata, a denied one ends UNAUTHENTICATED
-// (the DeniedHttpResponse's 401) without reaching it.
+// (the DeniedHttpResponse's 401) without reaching it, as a trailers-only
+// status with the server's body as its message and its headers as
+// metadata, as Envoy answers (the 401 as the server gave it before: the
+// code, and grpc-go's "unexpected HTTP status code" for a message).
 func TestRouteExternalAuthGRPCApp(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{})
@@ -452,11 +455,22 @@ func TestRouteExternalAuthGRPCApp(t *testing.T) {
 	if h := az.request("g1"); h == nil || h.GetBody() != string(append([]byte{0, 0, 0, 0, byte(len(msg))}, msg...)) {
 		t.Errorf("ext_authz got %v; want the call's message as its body", h)
 	}
-	if err := call("/svc.A/Get?id=d1", "Bearer bad"); grpcstatus.Code(err) != codes.Unauthenticated {
-		t.Errorf("denied call: %v, want Unauthenticated", err)
+	var hdr, tlr metadata.MD
+	ctx := metadata.NewOutgoingContext(context.Background(), metadata.Pairs("authorization", "Bearer bad"))
+	err := cc.Invoke(ctx, "/svc.A/Get?id=d1", wrapperspb.Bytes([]byte("ping")), new(wrapperspb.BytesValue), grpc.Header(&hdr), grpc.Trailer(&tlr))
+	if st := grpcstatus.Convert(err); st.Code() != codes.Unauthenticated || st.Message() != "denied" {
+		t.Errorf("denied call: %v, want Unauthenticated with the server's body, %q, as its message", err, "denied")
+	}
+	if got := append(hdr.Get("www-authenticate"), tlr.Get("www-authenticate")...); len(got) == 0 || got[0] != `Bearer realm="mesh"` {
+		t.Errorf("denied call's metadata: header %v, trailer %v; want the server's www-authenticate", hdr, tlr)
 	}
 	if len(calls) != 0 {
 		t.Errorf("the backend got a denied call")
+	}
+	// By the HTTP status it went out with, as the filter's other gRPC
+	// answers (TestRouteExternalAuthGRPCAppOwnAnswers).
+	if n := e.counter("sockmesh_proxy_requests_total", map[string]string{"code": "401"}); n != 0 {
+		t.Errorf("requests_total{code=401} = %v, want 0: the denial went out as a gRPC status", n)
 	}
 }
 
