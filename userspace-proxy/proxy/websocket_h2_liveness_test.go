@@ -1,8 +1,6 @@
 package proxy_test
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -12,10 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
-
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/h2silent"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
@@ -76,31 +72,11 @@ func startSilentXConnect(t *testing.T) netip.AddrPort {
 			mu.Lock()
 			conns = append(conns, c)
 			mu.Unlock()
-			go serveSilent(c)
+			go func() {
+				defer c.Close()
+				h2silent.Serve(c)
+			}()
 		}
 	}()
 	return l.Addr().(*net.TCPAddr).AddrPort()
-}
-
-func serveSilent(c net.Conn) {
-	defer c.Close()
-	br := bufio.NewReader(c)
-	fr := http2.NewFramer(c, br)
-	if _, err := br.Discard(len(http2.ClientPreface)); err != nil ||
-		fr.WriteSettings(http2.Setting{ID: http2.SettingEnableConnectProtocol, Val: 1}) != nil {
-		return
-	}
-	var block bytes.Buffer
-	hpack.NewEncoder(&block).WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
-	for {
-		f, err := fr.ReadFrame()
-		if err != nil {
-			return
-		}
-		if h, ok := f.(*http2.HeadersFrame); ok {
-			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: h.StreamID, BlockFragment: block.Bytes(), EndHeaders: true})
-			break
-		}
-	}
-	io.Copy(io.Discard, br) // silent until the proxy closes
 }

@@ -2,7 +2,6 @@ package upstream
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -16,9 +15,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/net/http2"
-	"golang.org/x/net/http2/hpack"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/h2silent"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 	"github.com/sockmesh/sockmesh/userspace-proxy/h2connect"
 )
@@ -208,26 +207,7 @@ func TestWebSocketH2Liveness(t *testing.T) {
 		}
 	})
 	t.Run("silent after the answer", func(t *testing.T) {
-		addr := serveRaw(t, func(c net.Conn) {
-			br := bufio.NewReader(c)
-			fr := http2.NewFramer(c, br)
-			if _, err := br.Discard(len(http2.ClientPreface)); err != nil || fr.WriteSettings(http2.Setting{ID: http2.SettingEnableConnectProtocol, Val: 1}) != nil {
-				return
-			}
-			var block bytes.Buffer
-			hpack.NewEncoder(&block).WriteField(hpack.HeaderField{Name: ":status", Value: "200"})
-			for {
-				f, err := fr.ReadFrame()
-				if err != nil {
-					return
-				}
-				if h, ok := f.(*http2.HeadersFrame); ok {
-					fr.WriteHeaders(http2.HeadersFrameParam{StreamID: h.StreamID, BlockFragment: block.Bytes(), EndHeaders: true})
-					break
-				}
-			}
-			io.Copy(io.Discard, br) // silent from here: no ACK to the PINGs
-		})
+		addr := serveRaw(t, h2silent.Serve) // no ACK to the PINGs
 		resp, err := upgrade(t, Config{H2PingAfter: 20 * time.Millisecond, H2PingTimeout: time.Second}, addr)
 		if err != nil || resp.StatusCode != http.StatusSwitchingProtocols {
 			t.Fatalf("RoundTrip = %v, %v; want 101", resp, err)
