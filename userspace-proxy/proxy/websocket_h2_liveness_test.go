@@ -6,12 +6,12 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/internal/h2silent"
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
 )
 
@@ -54,29 +54,6 @@ func TestWebSocketOverH2SilentBackend(t *testing.T) {
 // otherwise hold its own cleanup.
 func startSilentXConnect(t *testing.T) netip.AddrPort {
 	l := listenLocal(t)
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			go func() {
-				defer c.Close()
-				h2silent.Serve(c)
-			}()
-		}
-	}()
+	tcpserve.Serve(t, l, h2silent.Serve)
 	return l.Addr().(*net.TCPAddr).AddrPort()
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/internal/h2silent"
+	"github.com/sockmesh/sockmesh/internal/tcpserve"
 	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
 	"github.com/sockmesh/sockmesh/userspace-proxy/h2connect"
 )
@@ -222,25 +223,13 @@ func TestWebSocketH2Liveness(t *testing.T) {
 }
 
 // serveRaw serves each connection to a loopback listener with serve,
-// closing it after; the listener closes in cleanup.
+// closing it after; the listener and its connections close in cleanup.
 func serveRaw(t *testing.T, serve func(net.Conn)) netip.AddrPort {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				serve(c)
-			}()
-		}
-	}()
+	tcpserve.Serve(t, l, serve)
 	return l.Addr().(*net.TCPAddr).AddrPort()
 }
