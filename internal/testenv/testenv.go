@@ -46,6 +46,7 @@ func RequireRoot(t TB) {
 // MainWithGODEBUG runs m's tests in a process whose GODEBUG holds setting
 // ("name=value"), re-executing the test binary with it added when it does
 // not: the runtime and the standard library read GODEBUG once, at init.
+// Its tests run under the Watchdog.
 func MainWithGODEBUG(m *testing.M, setting string) {
 	if g := os.Getenv("GODEBUG"); !strings.Contains(g, setting) {
 		if g != "" {
@@ -59,5 +60,6 @@ func MainWithGODEBUG(m *testing.M, setting string) {
 		fmt.Fprintf(os.Stderr, "re-exec with GODEBUG=%s: %v\n", setting, err)
 		os.Exit(2)
 	}
+	Watchdog()
 	os.Exit(m.Run())
 }
