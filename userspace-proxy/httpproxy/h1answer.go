@@ -457,11 +457,22 @@ func (s *h1Conn) relayTunnel() {
 }
 
 // informational passes a 1xx answer (103 Early Hints, 102) to an HTTP/1.1
-// client; 100 Continue is the proxy's own to send.
+// client; 100 Continue is the proxy's own to send. It waits for wmu only to
+// write: a request body's goroutine may hold it for long, writing the
+// proxy's 100 to an app slow to read it, and the answer that follows a
+// backend's 100 must not wait behind that.
 func (s *h1Conn) informational(req *http.Request, resp *http.Response) {
+	if resp.StatusCode == http.StatusContinue || !req.ProtoAtLeast(1, 1) {
+		return
+	}
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
-	s.writeInformational(req, resp)
+	bw := s.writer()
+	defer s.putWriter(bw)
+	writeStatusLine(bw, resp)
+	resp.Header.Write(bw)
+	bw.WriteString("\r\n")
+	bw.Flush()
 }
 
 // informationalTrace passes the 1xx answers of a round trip through
@@ -473,19 +484,6 @@ func (s *h1Conn) informationalTrace(req *http.Request) (trace *httptrace.ClientT
 		s.informational(req, &http.Response{StatusCode: code, Header: http.Header(fields)})
 		return true
 	})
-}
-
-// writeInformational writes informational's answer; under wmu.
-func (s *h1Conn) writeInformational(req *http.Request, resp *http.Response) {
-	if resp.StatusCode == http.StatusContinue || !req.ProtoAtLeast(1, 1) {
-		return
-	}
-	bw := s.writer()
-	defer s.putWriter(bw)
-	writeStatusLine(bw, resp)
-	resp.Header.Write(bw)
-	bw.WriteString("\r\n")
-	bw.Flush()
 }
 
 // fail answers a request the proxy could not forward, with the status,
