@@ -1,18 +1,21 @@
 package e2ecluster
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/sockmesh/sockmesh/test/cluster/node"
 )
@@ -26,6 +29,10 @@ import (
 func rolloutUnderTraffic(t *testing.T, n *node.Node, w workloads, what string, change func()) {
 	t.Helper()
 	before := agentPods(t, n)
+	// Every agent pod's log from its start, and when each turned Ready
+	// and was deleted: what explains a failed call, the old pods'
+	// included, which are gone by the time the calls are judged.
+	agents := watchAgents(t, n)
 	var (
 		mu       sync.Mutex
 		calls    int
@@ -54,7 +61,7 @@ func rolloutUnderTraffic(t *testing.T, n *node.Node, w workloads, what string, c
 			mu.Lock()
 			calls++
 			if err != nil {
-				failures = append(failures, fmt.Sprintf("call at %s: %v", at.Format(time.StampMilli), err))
+				failures = append(failures, fmt.Sprintf("call at %s: %v", at.UTC().Format(clock), err))
 			}
 			mu.Unlock()
 		}
@@ -68,34 +75,6 @@ func rolloutUnderTraffic(t *testing.T, n *node.Node, w workloads, what string, c
 		<-done
 	}
 	defer finish()
-
-	// The most agent pods running at once, not terminating: two, if the
-	// next agent really started beside the old one.
-	var overlap atomic.Int32
-	go func() {
-		tick := time.NewTicker(100 * time.Millisecond) // sampling, not a synchronisation
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-			}
-			list, err := n.Kube.CoreV1().Pods(agentNS).List(context.Background(), metav1.ListOptions{})
-			if err != nil {
-				continue
-			}
-			running := int32(0)
-			for _, p := range list.Items {
-				if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
-					running++
-				}
-			}
-			if running > overlap.Load() {
-				overlap.Store(running)
-			}
-		}
-	}()
 
 	start := time.Now()
 	change()
@@ -113,7 +92,7 @@ func rolloutUnderTraffic(t *testing.T, n *node.Node, w workloads, what string, c
 			}
 		}
 		return nil
-	}, nil)
+	}, agents.report)
 	// Traffic on the new agent alone: calls made after the old ones left.
 	mu.Lock()
 	gone := calls
@@ -127,17 +106,179 @@ func rolloutUnderTraffic(t *testing.T, n *node.Node, w workloads, what string, c
 		return nil
 	}, nil)
 	finish()
+	overlap := agents.stop()
 	mu.Lock()
 	defer mu.Unlock()
 	t.Logf("%s: %d calls in %s, %d failed; at most %d agent pods running at once", what, calls,
-		time.Since(start).Round(time.Millisecond), len(failures), overlap.Load())
-	if overlap.Load() < 2 {
-		t.Errorf("%s: the next agent never ran beside the old one (at most %d running at once): the DaemonSet did not surge", what, overlap.Load())
+		time.Since(start).Round(time.Millisecond), len(failures), overlap)
+	if overlap < 2 {
+		t.Errorf("%s: the next agent never ran beside the old one (at most %d running at once): the DaemonSet did not surge\n%s",
+			what, overlap, agents.report())
 	}
 	if len(failures) > 0 {
-		t.Errorf("%s: %d of %d calls failed, first ones:\n%s\n%s", what, len(failures), calls,
-			strings.Join(failures[:min(len(failures), 5)], "\n"), agentLogs(n))
+		t.Errorf("%s: %d of %d calls failed (times UTC), first and last ones:\n%s\n%s", what, len(failures), calls,
+			strings.Join(firstAndLast(failures, 5), "\n"), agents.report())
 	}
+}
+
+// clock formats the times a rollout's report compares: the calls', the
+// agent pods' changes and their log lines (UTC, as the logs' own).
+const clock = "15:04:05.000"
+
+// firstAndLast returns the first n and the last n of lines, or all.
+func firstAndLast(lines []string, n int) []string {
+	if len(lines) <= 2*n {
+		return lines
+	}
+	return append(append(slices.Clip(lines[:n]), "..."), lines[len(lines)-n:]...)
+}
+
+// agentWatch follows the agent's pods during a rollout: each one's changes
+// as the test sees them (created, running, Ready, deleted) and its agent
+// container's log from its start, the kubelet's timestamp on each line.
+type agentWatch struct {
+	cancel context.CancelFunc
+	watch  watch.Interface
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	events  []string             // "time pod change", in order seen
+	pods    map[string]*agentPod // by name
+	order   []string             // names, in order seen
+	overlap int                  // the most pods running at once, not terminating
+}
+
+// agentPod is what agentWatch keeps of one pod.
+type agentPod struct {
+	running, ready, deleting bool
+	log                      strings.Builder
+}
+
+// watchAgents starts following the agent's pods, those running now
+// included; stop ends it.
+func watchAgents(t *testing.T, n *node.Node) *agentWatch {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &agentWatch{cancel: cancel, pods: map[string]*agentPod{}}
+	pods := n.Kube.CoreV1().Pods(agentNS)
+	list, err := pods.List(ctx, metav1.ListOptions{})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	if w.watch, err = pods.Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion}); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	for i := range list.Items {
+		w.seen(ctx, n, &list.Items[i])
+	}
+	w.wg.Go(func() {
+		for ev := range w.watch.ResultChan() {
+			if p, ok := ev.Object.(*corev1.Pod); ok {
+				w.seen(ctx, n, p)
+			}
+		}
+	})
+	t.Cleanup(func() { w.stop() })
+	return w
+}
+
+// seen records what changed in p since it was last seen, and follows the
+// log of a pod it sees for the first time.
+func (w *agentWatch) seen(ctx context.Context, n *node.Node, p *corev1.Pod) {
+	now := time.Now().UTC().Format(clock)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	a, ok := w.pods[p.Name]
+	if !ok {
+		a = &agentPod{}
+		w.pods[p.Name] = a
+		w.order = append(w.order, p.Name)
+		w.events = append(w.events, fmt.Sprintf("%s %s seen (%s)", now, p.Name, p.Status.Phase))
+		w.wg.Go(func() { w.follow(ctx, n, p.Name, a) })
+	}
+	change := func(have *bool, now bool, what string) {
+		if *have != now {
+			*have = now
+			w.events = append(w.events, fmt.Sprintf("%s %s %s %v", time.Now().UTC().Format(clock), p.Name, what, now))
+		}
+	}
+	change(&a.running, p.Status.Phase == corev1.PodRunning, "running")
+	change(&a.ready, podReady(p), "ready")
+	change(&a.deleting, p.DeletionTimestamp != nil, "deleting")
+	running := 0
+	for _, a := range w.pods {
+		if a.running && !a.deleting {
+			running++
+		}
+	}
+	w.overlap = max(w.overlap, running)
+}
+
+// follow copies the pod's agent log, from the container's start, until
+// the pod is gone or the watch stops; it tries again while the container
+// has not started (an error, or a log that ends empty at once).
+func (w *agentWatch) follow(ctx context.Context, n *node.Node, name string, a *agentPod) {
+	for {
+		req := n.Kube.CoreV1().Pods(agentNS).GetLogs(name, &corev1.PodLogOptions{Container: "agent", Follow: true, Timestamps: true})
+		stream, err := req.Stream(ctx)
+		if err == nil {
+			lines := w.copyLog(stream, a)
+			stream.Close()
+			if lines > 0 {
+				return
+			}
+		}
+		if errors.IsNotFound(err) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond): // until the container starts
+		}
+	}
+}
+
+// copyLog appends the stream's lines to a's log, each as it comes, and
+// returns how many it read.
+func (w *agentWatch) copyLog(stream io.Reader, a *agentPod) int {
+	sc := bufio.NewScanner(stream)
+	sc.Buffer(nil, 1<<20)
+	lines := 0
+	for ; sc.Scan(); lines++ {
+		w.mu.Lock()
+		a.log.WriteString(sc.Text() + "\n")
+		w.mu.Unlock()
+	}
+	return lines
+}
+
+// stop ends the watch and the logs' streams and returns the most agent
+// pods that ran at once. Calls after the first only return it.
+func (w *agentWatch) stop() int {
+	w.cancel()
+	w.watch.Stop()
+	w.wg.Wait()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.overlap
+}
+
+// report is the pods' changes and their logs, for a failure.
+func (w *agentWatch) report() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var b strings.Builder
+	b.WriteString("agent pods (UTC, as the test saw them):\n")
+	for _, e := range w.events {
+		b.WriteString("  " + e + "\n")
+	}
+	for _, name := range w.order {
+		fmt.Fprintf(&b, "log of %s (the kubelet's time first):\n%s", name, w.pods[name].log.String())
+	}
+	return b.String()
 }
 
 // tlsAnswer checks that the backend answered 200 in TLS.
