@@ -177,10 +177,16 @@ func TestDaemonSet(t *testing.T) {
 			t.Errorf("GODEBUG = %q, want %s (proxy.RuntimeSettings)", env["GODEBUG"].Value, setting)
 		}
 	}
-	for name, p := range map[string]*corev1.Probe{"liveness": agent.LivenessProbe, "readiness": agent.ReadinessProbe, "startup": agent.StartupProbe} {
+	for name, p := range map[string]*corev1.Probe{"liveness": agent.LivenessProbe, "readiness": agent.ReadinessProbe} {
 		if p == nil || p.HTTPGet == nil || p.HTTPGet.Port.IntValue() != 15021 {
 			t.Errorf("%s probe must be an HTTP GET on the health port, 15021: %+v", name, p)
 		}
+	}
+	// An HTTP startup probe passes on the answer of the agent a rolling
+	// update replaces, which shares the port until the new one took it
+	// (cmd/sockmesh's TestDaemonSetArgs checks the command's flags).
+	if p := agent.StartupProbe; p == nil || p.Exec == nil || !slices.Equal(p.Exec.Command[:min(2, len(p.Exec.Command))], []string{"/sockmesh", "probe"}) {
+		t.Errorf("startup probe must run /sockmesh probe in the container: %+v", p)
 	}
 	if agent.ReadinessProbe != nil && agent.ReadinessProbe.HTTPGet != nil && agent.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Errorf("readiness probe path = %q, want /readyz", agent.ReadinessProbe.HTTPGet.Path)

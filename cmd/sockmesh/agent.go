@@ -233,8 +233,15 @@ func runAgent(ctx context.Context, s settings, self *podns.NS, log *slog.Logger,
 		return err
 	}
 	a.addChecks()
+	// The health answers name this agent's container, which the startup
+	// probe (sockmesh probe) checks: the agent a rolling update replaces
+	// answers on the same port until this one has taken it.
+	container, err := containerID()
+	if err != nil {
+		return err
+	}
 	// Health and metrics first: liveness answers while the programs load.
-	servers, err := startHTTP(s, a.checks.Handler(), a.reg, log)
+	servers, err := startHTTP(s, namingContainer(container, a.checks.Handler()), a.reg, log)
 	if err != nil {
 		return err
 	}

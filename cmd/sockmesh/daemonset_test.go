@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -74,9 +75,36 @@ func TestDaemonSetArgs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, p := range map[string]*corev1.Probe{"startup": agent.StartupProbe, "liveness": agent.LivenessProbe, "readiness": agent.ReadinessProbe} {
+	for name, p := range map[string]*corev1.Probe{"liveness": agent.LivenessProbe, "readiness": agent.ReadinessProbe} {
 		if p == nil || p.HTTPGet == nil || p.HTTPGet.Port.IntValue() != int(health.Port()) {
 			t.Errorf("%s probe %+v: want an HTTP GET on --health-listen's port %d", name, p, health.Port())
 		}
+	}
+	checkStartupProbe(t, agent.StartupProbe, health)
+}
+
+// checkStartupProbe: the startup probe runs `sockmesh probe` in the
+// container (the image holds the binary at /sockmesh), on an address that
+// reaches the health listener, and the kubelet waits longer than the
+// probe's own timeout.
+func checkStartupProbe(t *testing.T, p *corev1.Probe, health netip.AddrPort) {
+	t.Helper()
+	if p == nil || p.Exec == nil || len(p.Exec.Command) < 2 || p.Exec.Command[0] != "/sockmesh" || p.Exec.Command[1] != "probe" {
+		t.Fatalf("startup probe %+v: want /sockmesh probe, run in the container", p)
+	}
+	cmd := newProbeCommand()
+	if err := cmd.ParseFlags(p.Exec.Command[2:]); err != nil {
+		t.Fatalf("startup probe %q: %v", p.Exec.Command, err)
+	}
+	flags := cmd.Flags()
+	addr, err := netip.ParseAddrPort(flags.Lookup("addr").Value.String())
+	if err != nil || !addr.Addr().IsLoopback() || addr.Port() != health.Port() ||
+		(health.Addr().IsValid() && !health.Addr().IsUnspecified()) {
+		t.Errorf("startup probe asks %v (%v): want loopback at --health-listen's port %d, which must listen on every address (%s)",
+			addr, err, health.Port(), health)
+	}
+	timeout, err := flags.GetDuration("timeout")
+	if err != nil || timeout >= time.Duration(p.TimeoutSeconds)*time.Second {
+		t.Errorf("startup probe's --timeout %v (%v), want below its timeoutSeconds, %d", timeout, err, p.TimeoutSeconds)
 	}
 }

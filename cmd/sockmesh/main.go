@@ -3,6 +3,7 @@
 //	sockmesh agent        run the agent: eBPF capture, the proxy, the control plane
 //	sockmesh uninstall    detach and remove the pinned programs, links and maps
 //	sockmesh mount-bpffs  mount a shared BPF filesystem (the DaemonSet's init container)
+//	sockmesh probe        check that this container's agent serves (the DaemonSet's startup probe)
 //	sockmesh version      print the build version
 //
 // See `sockmesh agent --help` for the agent's flags, logs and signals.
@@ -40,7 +41,7 @@ func newRootCommand(getenv func(string) string) *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: false,
 	}
-	root.AddCommand(newAgentCommand(getenv), newUninstallCommand(), newMountBPFFSCommand(), newVersionCommand())
+	root.AddCommand(newAgentCommand(getenv), newUninstallCommand(), newMountBPFFSCommand(), newProbeCommand(), newVersionCommand())
 	return root
 }
 
