@@ -3,6 +3,7 @@ package e2ecluster
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -119,6 +120,11 @@ func rolloutUnderTraffic(t *testing.T, n *node.Node, w workloads, what string, c
 		t.Errorf("%s: %d of %d calls failed (times UTC), first and last ones:\n%s\n%s", what, len(failures), calls,
 			strings.Join(firstAndLast(failures, 5), "\n"), agents.report())
 	}
+	// Whether or not a call met the gap it opens: the DaemonSet stops the
+	// old agent once the new pod is Ready.
+	if early := agents.readyEarly(); len(early) > 0 {
+		t.Errorf("%s: %s: the kubelet took another agent's answers for its probes\n%s", what, strings.Join(early, "; "), agents.report())
+	}
 }
 
 // clock formats the times a rollout's report compares: the calls', the
@@ -151,6 +157,7 @@ type agentWatch struct {
 // agentPod is what agentWatch keeps of one pod.
 type agentPod struct {
 	running, ready, deleting bool
+	readySince               time.Time // when the test first saw it Ready
 	log                      strings.Builder
 }
 
@@ -205,6 +212,9 @@ func (w *agentWatch) seen(ctx context.Context, n *node.Node, p *corev1.Pod) {
 		}
 	}
 	change(&a.running, p.Status.Phase == corev1.PodRunning, "running")
+	if podReady(p) && a.readySince.IsZero() {
+		a.readySince = time.Now()
+	}
 	change(&a.ready, podReady(p), "ready")
 	change(&a.deleting, p.DeletionTimestamp != nil, "deleting")
 	running := 0
@@ -264,6 +274,42 @@ func (w *agentWatch) stop() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.overlap
+}
+
+// readyEarly names the pods the test saw Ready before their agent listened
+// on the health port (both as its log says): the agents of a rolling update
+// share the port, and until the new one has taken it the old one answers
+// there.
+func (w *agentWatch) readyEarly() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var early []string
+	for _, name := range w.order {
+		a := w.pods[name]
+		listened, ok := healthListened(a.log.String())
+		if ok && !a.readySince.IsZero() && a.readySince.Before(listened) {
+			early = append(early, fmt.Sprintf("%s Ready at %s, its agent listening on the health port at %s",
+				name, a.readySince.UTC().Format(clock), listened.UTC().Format(clock)))
+		}
+	}
+	return early
+}
+
+// healthListened returns when an agent's log (the kubelet's time, then the
+// agent's JSON record, on each line) says it listened on the health port.
+func healthListened(log string) (time.Time, bool) {
+	for line := range strings.Lines(log) {
+		_, record, _ := strings.Cut(line, " ")
+		var r struct {
+			Time     time.Time `json:"time"`
+			Msg      string    `json:"msg"`
+			Listener string    `json:"listener"`
+		}
+		if json.Unmarshal([]byte(record), &r) == nil && r.Msg == "listening" && r.Listener == "health" {
+			return r.Time, true
+		}
+	}
+	return time.Time{}, false
 }
 
 // report is the pods' changes and their logs, for a failure.
