@@ -7,7 +7,6 @@ import (
 	"maps"
 	"net"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"slices"
 	"strings"
@@ -290,7 +289,7 @@ type exchange struct {
 	// tried holds the endpoints the request's tries went to, or failed
 	// to connect to, before the current one, which its retries and its
 	// connects' failovers avoid (repick, failover).
-	tried []netip.AddrPort
+	tried balance.Tried
 	// r is the route decision when the frontend has routes that apply
 	// to this client; nil otherwise.
 	r *routed

@@ -400,23 +400,14 @@ func (x *exchange) unpin() {
 // endpoint that answered a status the rule retries, or timed out, is
 // likely to again (a pod overloaded or shutting down), and the Picker's
 // next turn is that endpoint again whenever other requests took the
-// turns between. The Picker is asked once per endpoint at most; when it
-// hands out only tried ones (all were, or the rest are ejected), its last
-// answer serves. A session the request starts names the endpoint that
-// answers.
+// turns between (balance.Picker.Untried). A session the request starts
+// names the endpoint that answers.
 func (x *exchange) repick(c *balance.Choice) *balance.Choice {
 	if x.pinned {
 		return c
 	}
-	if !slices.Contains(x.tried, c.Endpoint.Addr) {
-		x.tried = append(x.tried, c.Endpoint.Addr)
-	}
-	p := x.be.Picker
-	n := p.Pick()
-	for i := 1; i < p.Len() && n != nil && slices.Contains(x.tried, n.Endpoint.Addr); i++ {
-		p.Unused(n) // hands back a probe it took
-		n = p.Pick()
-	}
+	x.tried.Add(c.Endpoint.Addr)
+	n := x.be.Picker.Untried(x.tried, x.be.Picker.Pick)
 	if n == nil {
 		return c
 	}
@@ -424,13 +415,9 @@ func (x *exchange) repick(c *balance.Choice) *balance.Choice {
 }
 
 // failover is the endpoint for a try after the connect to c failed: as a
-// retry's (repick), one the request has not tried while there is one,
-// also when its session named c (unpin). Ejection keeps out an endpoint
-// that refused, but not one whose failed connect began before another
-// connect to it succeeded (balance.Health.Failed), nor one this node
-// failed (out of ports or descriptors), nor one that answered an earlier
-// try with a status the rule retries: the Picker's next turn may be any
-// of them, whenever other requests took the turns between.
+// retry's (repick), one the request has not tried while there is one
+// (balance.Tried says why ejection does not suffice), also when its
+// session named c (unpin).
 func (x *exchange) failover(c *balance.Choice) *balance.Choice {
 	x.unpin()
 	return x.repick(c)

@@ -370,19 +370,15 @@ func (cs *connState) relay(c, app, up net.Conn, path Path, pm pathMetrics, untra
 
 // dialAny dials ready endpoints in turn until one answers, and returns its
 // connection and endpoint: a failed connect sent no byte, so another
-// endpoint may be tried (at most three). With load, each is the endpoint
-// with the least load (balance.Picker.PickFewest). It fails with the last
-// try's error, as the L7 path's tries do: a certificate that failed
-// verification after a refused connect is a 502, not both.
+// endpoint, one the connection has not tried while there is one, may be
+// tried (at most three; pick). It fails with the last try's error, as the
+// L7 path's tries do: a certificate that failed verification after a
+// refused connect is a 502, not both.
 func (cs *connState) dialAny(path Path, alpn []string, load func(netip.AddrPort) int) (net.Conn, snapshot.Endpoint, error) {
 	var err error
+	var tried balance.Tried
 	for range min(cs.be.Picker.Len(), 3) {
-		var choice *balance.Choice
-		if load != nil {
-			choice = cs.be.Picker.PickFewest(load)
-		} else {
-			choice = cs.be.Picker.PickClient(balance.ClientOf(cs.v.Snapshot, cs.client.Addr, cs.client.Pod))
-		}
+		choice := cs.pick(load, tried)
 		var up net.Conn
 		if path == PathPassthrough {
 			// The app's own TLS goes through untouched: no origination.
@@ -396,11 +392,33 @@ func (cs *connState) dialAny(path Path, alpn []string, load func(netip.AddrPort)
 		if !upstream.NoConnection(err) {
 			break
 		}
+		tried.Add(choice.Endpoint.Addr)
 	}
 	if err == nil {
 		return nil, snapshot.Endpoint{}, upstream.ErrNoEndpoints
 	}
 	return nil, snapshot.Endpoint{}, err
+}
+
+// pick is the endpoint for the connection's try after its connects to
+// those in tried failed (none: its first try). With load, the endpoint
+// with the least load (balance.Picker.PickFewest); else its client's
+// (PickClient: the endpoint it is pinned to under ClientIP affinity). A
+// try after a failed connect goes to an endpoint not in tried while there
+// is one, as Envoy's TCP proxy tries other hosts for its connect attempts:
+// ejection does not keep every failed one out (balance.Tried), and a
+// pinned client's endpoint is handed out again until it is ejected; the
+// client is pinned to the endpoint the try goes to.
+func (cs *connState) pick(load func(netip.AddrPort) int, tried balance.Tried) *balance.Choice {
+	p := cs.be.Picker
+	if load != nil {
+		return p.FewestUntried(load, tried)
+	}
+	client := balance.ClientOf(cs.v.Snapshot, cs.client.Addr, cs.client.Pod)
+	if len(tried) == 0 {
+		return p.PickClient(client)
+	}
+	return p.FailoverClient(client, tried)
 }
 
 func negotiated(c net.Conn, proto string) bool {

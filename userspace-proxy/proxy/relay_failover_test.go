@@ -1,0 +1,75 @@
+package proxy_test
+
+import (
+	"net"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/test/echo"
+	"github.com/sockmesh/sockmesh/userspace-proxy/dial"
+)
+
+// TestRelayFailoverSkipsTried: an opaque TCP connection whose connect is
+// refused by an endpoint that ejection does not count goes on to the
+// endpoint that serves, with ClientIP affinity or without, and a client
+// pinned to the refusing one is pinned to the one that served. Of two
+// endpoints, gone's connect for the held connection is held until
+// another connection reached gone, after which gone stops listening:
+// refused, that connect began before the success and ejects nothing
+// (balance.Health.Failed). The relay's second try took the balancer's
+// next turn, gone again whenever other connections took the turns
+// between (an even number), or the client's pin, gone again: both its
+// tries refused, the app was reset while the other endpoint served.
+func TestRelayFailoverSkipsTried(t *testing.T) {
+	checkNoLeaks(t)
+	for _, c := range []struct {
+		name     string
+		affinity int32
+		// between is how many connections go between the held one's
+		// first connect and its second; the last to gone.
+		between int
+	}{
+		{"round-robin", 0, 3}, // turns: held gone, then serves, gone, serves
+		{"client-ip-affinity", 60, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			gone := listenLocal(t)
+			goneAddr := gone.Addr().(*net.TCPAddr).AddrPort()
+			go echo.ServeTCPEcho(gone)
+			g := &gatedDialer{to: goneAddr, dialing: make(chan struct{}), release: make(chan struct{})}
+			e := newEnv(t, envOptions{ejectFor: time.Minute, dialer: func(d dial.Dialer) dial.Dialer { g.d = d; return g }})
+			vip := netip.MustParseAddrPort("10.96.8.80:5432")
+			// The Picker's first turn is gone.
+			e.p.Update(buildSnapshot(t, 1, service{name: "db", vip: vip, backend: snapshot.Backend{
+				Protocol: snapshot.ProtocolTCP, Endpoints: endpoints(startTCPEcho(t, nil), goneAddr), ClientIPAffinitySeconds: c.affinity}}))
+
+			held := make(chan error, 1)
+			go func() { held <- echoTCP(e, vip) }()
+			<-g.dialing
+			for i := range c.between {
+				if err := echoTCP(e, vip); err != nil {
+					t.Fatalf("connection %d while the first connect is held: %v", i, err)
+				}
+			}
+			gone.Close()
+			close(g.release)
+			if err := <-held; err != nil {
+				t.Errorf("the connection whose connect gone refused: %v; want it served by the other endpoint", err)
+			}
+			if got := e.counter("sockmesh_proxy_upstream_endpoint_ejections_total", nil); got != 0 {
+				t.Fatalf("ejections = %v, want 0: the refused connect began before one that reached gone", got)
+			}
+			// Pinned to the endpoint that served, the client's next
+			// connection connects nothing to gone, which ejection still
+			// does not keep out.
+			if err := echoTCP(e, vip); err != nil {
+				t.Errorf("the next connection: %v", err)
+			}
+			if got, want := g.dials.Load(), int32(2); c.affinity > 0 && got != want {
+				t.Errorf("connects to gone: %d, want %d (the held one's and the one between)", got, want)
+			}
+		})
+	}
+}
