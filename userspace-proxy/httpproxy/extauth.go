@@ -290,9 +290,14 @@ func (h *Handler) sendAuth(x *exchange, ea *snapshot.ExternalAuth, ar *http.Requ
 	rt := be.RoundTripper(WireFor(be, protoMajor, false))
 	resp, err := rt.RoundTrip(authTo(ar, be, c))
 	// As for a backend (exchange.roundTripAny): a failed connect sent
-	// nothing and ejected its endpoint, so others are tried, three in all.
-	for i := 1; err != nil && i < be.Picker.Tries(c) && upstream.NoConnection(err); i++ {
-		resp, err = rt.RoundTrip(authTo(ar, be, be.Picker.Pick()))
+	// nothing, so endpoints the ask has not tried are tried, three in all
+	// (balance.Tried says why ejection does not suffice).
+	var tried balance.Tried
+	tries := be.Picker.Tries(c)
+	for i := 1; err != nil && i < tries && upstream.NoConnection(err); i++ {
+		tried.Add(c.Endpoint.Addr)
+		c = be.Picker.Untried(tried, be.Picker.Pick)
+		resp, err = rt.RoundTrip(authTo(ar, be, c))
 	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("external auth backend %s: %w", ea.Backend, err)
