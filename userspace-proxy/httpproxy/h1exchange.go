@@ -227,6 +227,7 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 	defer s.watch.stop()
 	for retry := 0; ; {
 		uc, c, err := s.conn(x, choice, req.Body == http.NoBody || x.r != nil && x.r.kept)
+		s.h.settleRetry(x, err)
 		if err != nil {
 			if s.watch.gone.Load() {
 				return s.fail(req, x, upstream.ReasonCanceled, errClientGone)

@@ -30,32 +30,34 @@ var errRetryBackoff = errors.New("retry backoff")
 
 // again takes retry n+1 of req (why: connect, status, backend_timeout)
 // from its backend's retry budget, then backs off, giving the retry back
-// when the backoff ends it (giveBack). When the request may not go again
-// it answers the client — 503 when the budget is spent (last and resp
-// say what the last try got), 504 with timeout, a request timeout's error
-// (timeoutError(true, ...)), when the request timeout passed during the
-// backoff — and returns keep, whether the client's connection stays
-// open.
+// when the backoff ends it (giveBack); past the backoff, the retry is
+// settled once its try's connection is known (settleRetry). When the
+// request may not go again it answers the client — 503 when the budget is
+// spent (last and resp say what the last try got), 504 with timeout, a
+// request timeout's error (timeoutError(true, ...)), when the request
+// timeout passed during the backoff — and returns keep, whether the
+// client's connection stays open.
 func (s *h1Conn) again(x *exchange, retry *int, why string, req *http.Request, last error, resp *http.Response, timeout error) (ok, keep bool) {
 	taken, err := s.h.spendRetry(x, why, *retry, last, resp)
 	if err != nil {
 		return false, s.fail(req, x, upstream.ReasonRetryBudget, err)
 	}
-	if !s.backoff(x, retry, why, req) {
+	if !s.backoff(x, retry, req) {
 		giveBack(x, taken)
 		if s.watch.gone.Load() {
 			return false, s.fail(req, x, upstream.ReasonCanceled, errClientGone)
 		}
 		return false, s.fail(req, x, upstream.ReasonTimeout, timeout)
 	}
+	x.retry = pendingRetry{why, taken} // counted once its try's connection is known
 	return true, false
 }
 
-// backoff waits before a retry, then counts it and readies the body;
-// false when the request timeout passed meanwhile or the app left (the
-// watch ends the wait, as net/http's path ends it with the request's
-// context): that retry is never sent, and not counted.
-func (s *h1Conn) backoff(x *exchange, retry *int, why string, req *http.Request) bool {
+// backoff waits before a retry, then readies the body; false when the
+// request timeout passed meanwhile or the app left (the watch ends the
+// wait, as net/http's path ends it with the request's context): that
+// retry is never sent, and not counted.
+func (s *h1Conn) backoff(x *exchange, retry *int, req *http.Request) bool {
 	*retry++
 	ctx := s.leaveCtx()
 	if !x.replayable(req) {
@@ -70,7 +72,6 @@ func (s *h1Conn) backoff(x *exchange, retry *int, why string, req *http.Request)
 	if !waited {
 		return false
 	}
-	s.h.m.retries.WithLabelValues(why).Inc()
 	req.Body = x.again(req.Body, *retry)
 	return true
 }

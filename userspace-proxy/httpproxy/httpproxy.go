@@ -283,9 +283,12 @@ type exchange struct {
 	// again (roundTrip); cut once the exchange is over on the fast path,
 	// which never closes it.
 	tee *teeBody
-	// retried counts the rule's retries sent on the net/http paths
-	// (roundTrip).
+	// retried counts the rule's retries on the net/http paths
+	// (roundTrip), each one of its attempts, sent or not (settleRetry).
 	retried int
+	// retry is the retry the current try is, until its connection is
+	// known (settleRetry).
+	retry pendingRetry
 	// tried holds the endpoints the request's tries went to, or failed
 	// to connect to, before the current one, which its retries and its
 	// connects' failovers avoid (repick, failover).

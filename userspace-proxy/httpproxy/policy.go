@@ -62,7 +62,9 @@ import (
 //     refuses is not sent, and the client gets 503
 //     (ErrRetryBudgetExhausted), as the API requires (spendRetry); one
 //     never sent, its app gone or its request timed out in the backoff,
-//     is given back (giveBack).
+//     or its try given no connection, is given back (giveBack,
+//     settleRetry), and a retry is counted sent once its try got, or
+//     tried to make, a connection (settleRetry).
 
 // policy is a routed request's retries and timeouts, resolved against the
 // RoutingConfig defaults. The zero value does nothing.
@@ -475,6 +477,7 @@ func (h *Handler) roundTrip(x *exchange, wire upstream.Wire, out *http.Request, 
 		}
 		o.Body = x.again(o.Body, n)
 		resp, c, err = x.roundTripAny(rt, o, c)
+		h.settleRetry(x, err)
 		why := ""
 		switch {
 		case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
@@ -516,7 +519,7 @@ func (h *Handler) roundTrip(x *exchange, wire upstream.Wire, out *http.Request, 
 			}
 			return nil, c, noop, timeoutError(true, context.DeadlineExceeded)
 		}
-		h.m.retries.WithLabelValues(why).Inc()
+		x.retry = pendingRetry{why, taken}
 		x.retried++
 		c = x.repick(c)
 	}
@@ -577,11 +580,39 @@ func (h *Handler) spendRetry(x *exchange, why string, n int, err error, resp *ht
 	return time.Time{}, fmt.Errorf("%w for %s after %d retries", upstream.ErrRetryBudgetExhausted, x.be.Spec.Ref, n)
 }
 
+// pendingRetry is a retry backed off and about to be tried: why it is
+// (spendRetry's why), and when the budget took it (zero: nothing did).
+type pendingRetry struct {
+	why   string
+	taken time.Time
+}
+
+// settleRetry settles the retry x's try is, if any, once the try's
+// connection is known (err: the try's error, nil if it got one). It is
+// counted as sent (sockmesh_proxy_request_retries_total) unless the try
+// got no connection because its wait for one of the endpoint's HTTP/1.1
+// connections ended — the app left, a timeout passed, or every one stayed
+// busy (pool.ErrNotHandedOut): nothing went out, and the retry is given
+// back, as one whose backoff its app left. A try whose connect failed
+// tried the endpoint: its retry counts.
+func (h *Handler) settleRetry(x *exchange, err error) {
+	r := x.retry
+	if r.why == "" {
+		return
+	}
+	x.retry = pendingRetry{}
+	if errors.Is(err, pool.ErrNotHandedOut) {
+		giveBack(x, r.taken)
+		return
+	}
+	h.m.retries.WithLabelValues(r.why).Inc()
+}
+
 // giveBack returns to x's backend's budget a retry spendRetry took at
 // taken that is never sent: its app left, or the request timeout passed,
-// during the backoff. Kept, it was a retry nobody sent, and in a retry
-// storm the apps that give up soonest spent the budget of the retries
-// that would go.
+// during the backoff, or its try got no connection (settleRetry). Kept,
+// it was a retry nobody sent, and in a retry storm the apps that give up
+// soonest spent the budget of the retries that would go.
 func giveBack(x *exchange, taken time.Time) {
 	if !taken.IsZero() {
 		x.be.Budget.GiveBack(taken)

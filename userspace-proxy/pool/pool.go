@@ -70,6 +70,20 @@ var ErrHeadTooLarge = errors.New("answer head too large")
 // sending its body, or reading its answer) for as long as they last.
 var ErrBusy = errors.New("every connection to the endpoint stayed busy")
 
+// ErrNotHandedOut marks Get's errors where it handed out no connection and
+// dialed none: ctx had ended, or ended while Get waited for one of the
+// endpoint's connections to come free, or MaxWait passed (ErrBusy).
+// Nothing of the caller's went toward the endpoint: a retry that fails so
+// was never sent. The error reads as its cause.
+var ErrNotHandedOut = errors.New("no connection handed out")
+
+// notHandedOut is an error of Get's that Is ErrNotHandedOut.
+type notHandedOut struct{ err error }
+
+func (e notHandedOut) Error() string        { return e.err.Error() }
+func (e notHandedOut) Unwrap() error        { return e.err }
+func (e notHandedOut) Is(target error) bool { return target == ErrNotHandedOut }
+
 // Client is whom a Get is for: the app's pod, by name where the caller
 // knows it, else by address. Gets with equal Clients are one client's.
 // While an endpoint has no connection to spare, the next one freed goes to
@@ -425,7 +439,8 @@ func clientShare(maxOpen int, f float64) int {
 // Get returns an idle connection to addr, or one dialed with dial when addr
 // has fewer than MaxOpen connections; otherwise, or when client holds its
 // share of them (Config.MaxOpen), it waits for one to be put back or
-// closed, until ctx ends or MaxWait passed (ErrBusy). The connections an
+// closed, until ctx ends or MaxWait passed (ErrBusy; either error Is
+// ErrNotHandedOut, a failed dial's is dial's own). The connections an
 // endpoint frees while clients wait go to the client that holds the
 // fewest of its connections (endpoint.next): one client's queue does not
 // hold up another's Gets, nor do its exchanges that never end. Idle
@@ -435,7 +450,7 @@ func clientShare(maxOpen int, f float64) int {
 // request timeout), and nothing may go out for it.
 func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, client Client, dial func(context.Context) (net.Conn, error)) (*Conn, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, notHandedOut{err}
 	}
 	var busy *time.Timer // made by the first wait
 	for {
@@ -474,9 +489,9 @@ func (p *Pool) Get(ctx context.Context, addr netip.AddrPort, client Client, dial
 			if p.cfg.AtShare != nil {
 				p.cfg.AtShare()
 			}
-			return nil, fmt.Errorf("%w, its client holding its share (%d) when it began to wait", err, p.share)
+			return nil, notHandedOut{fmt.Errorf("%w, its client holding its share (%d) when it began to wait", err, p.share)}
 		case err != nil:
-			return nil, err
+			return nil, notHandedOut{err}
 		case freed:
 			return p.dial(ctx, ep, client, dial) // a slot was freed for us
 		}

@@ -21,19 +21,18 @@ var ErrNotHTTP11 = errors.New("backend did not negotiate http/1.1")
 // HTTP/1.1 exchange: an idle one from b's pool, or a new one (over TLS
 // with ALPN http/1.1 and session resumption when b needs TLS), for
 // client. Hand it back with PutH1 when the exchange left it reusable, else
-// DiscardH1 or DetachH1.
+// DiscardH1 or DetachH1. An error that Is pool.ErrNotHandedOut says no
+// connection was dialed or taken: nothing went toward the endpoint.
 func (b *Backend) GetH1(ctx context.Context, picked *balance.Choice, client pool.Client) (*pool.Conn, error) {
 	if b.Err != nil {
 		return nil, b.Err
 	}
 	w := b.w
-	dialed := false
 	c, err := w.h1.Get(ctx, picked.Endpoint.Addr, client, func(ctx context.Context) (net.Conn, error) {
-		dialed = true
 		return w.dialH1(ctx, picked)
 	})
 	if err != nil {
-		if !dialed {
+		if errors.Is(err, pool.ErrNotHandedOut) {
 			// The request waited for a connection (the endpoint had
 			// MaxConnsPerEndpoint open) until ctx ended or ConnWait
 			// passed: it connected nothing, and a probe it held must not

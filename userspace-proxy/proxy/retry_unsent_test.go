@@ -1,0 +1,116 @@
+package proxy_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/internal/pipenet"
+	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
+	"github.com/sockmesh/sockmesh/userspace-proxy/upstream"
+)
+
+// TestRetryWithoutConnection: a retry that waits for a connection it
+// never gets — its endpoint has its one connection (MaxConnsPerEndpoint)
+// in use, and the app leaves meanwhile — is never sent: it is not
+// counted in sockmesh_proxy_request_retries_total and takes nothing from
+// the backend's retry budget, on every path (the fast path's pool wait,
+// net/http's HTTP/1.1 Transport over the same pool, from HTTP/1.1 and
+// h2c apps). The next request's retry, the one the budget allows in
+// 10 s, goes and serves. Before, the retry counted as sent and kept its
+// charge: the next request got 503 retry_budget_exhausted.
+func TestRetryWithoutConnection(t *testing.T) {
+	inBubbles(t, testRetryWithoutConnection)
+}
+
+func testRetryWithoutConnection(t *testing.T, k clientKind) {
+	var pn pipenet.Net
+	backendAddr := netip.MustParseAddrPort("10.0.0.1:8080")
+	tc := &tryCounter{tries: map[string]int{}}
+	release := make(chan struct{})
+	unhold := sync.OnceFunc(func() { close(release) })
+	defer unhold() // a failure's too: the bubble ends once ?id=hold does
+	servePipe(t, &pn, backendAddr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Query().Get("id") == "hold" {
+			<-release
+		}
+		tc.ServeHTTP(w, r)
+	}))
+	p, reg := pipeProxy(t, &pn, proxy.Config{HTTP1TLS: k.path, Upstream: upstream.Config{MaxConnsPerEndpoint: 1}})
+	m := &mesh{t: t}
+	// HTTP11: an h2c app's requests go over the HTTP/1.1 pool too.
+	be := m.backend("flaky", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(backendAddr), RetryConstraint: &snapshot.RetryConstraint{
+		MinRetryCount: 1, MinRetryInterval: snapshot.Duration(10 * time.Second), BudgetInterval: snapshot.Duration(10 * time.Second),
+		Policy: snapshot.ObjectRef{Kind: "XBackendTrafficPolicy", Namespace: "b", Name: "budget"},
+	}})
+	m.frontend("flaky", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+		// The retry's backoff is 0.5 to 1 s; the app leaves after 5.
+		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be),
+			Retry: &snapshot.Retry{Attempts: 1, Codes: []int{500}, Backoff: dur(time.Second)}}},
+	)))
+	p.Update(m.snapshot(1))
+	// get sends GET /?query through c with ctx.
+	get := func(c *http.Client, ctx context.Context, query string) (string, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://flaky.b.svc/?"+query, nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			return "", err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return fmt.Sprintf("%d %s", resp.StatusCode, body), nil
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	left := make(chan error, 1)
+	go func() {
+		a, err := get(pipeClient(t, p, k.h2c), ctx, "id=left&fail=1")
+		if err == nil {
+			err = fmt.Errorf("answered %q before the app left", a)
+		}
+		left <- err
+	}()
+	synctest.Wait() // its first try answered 500, its connection back in the pool: the backoff
+	held := make(chan string, 1)
+	go func() {
+		a, err := get(pipeClient(t, p, k.h2c), context.Background(), "id=hold")
+		if err != nil {
+			a = err.Error()
+		}
+		held <- a
+	}()
+	synctest.Wait() // the endpoint's one connection carries ?id=hold
+	if err := <-left; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the request whose retry waited: %v, want its app's deadline", err)
+	}
+	synctest.Wait() // the proxy saw the app leave
+	if n := tc.count("left"); n != 1 {
+		t.Fatalf("the backend saw %d tries of the request whose app left, want 1", n)
+	}
+	if got := counterValue(t, reg, "sockmesh_proxy_request_retries_total", "reason", "status"); got != 0 {
+		t.Errorf("retries{status} = %v, want 0: the retry got no connection", got)
+	}
+	unhold()
+	if a := <-held; a != "200 ok" {
+		t.Fatalf("the request holding the connection: %q, want 200 ok", a)
+	}
+
+	if a, err := get(pipeClient(t, p, k.h2c), context.Background(), "id=next&fail=1"); err != nil || a != "200 ok" || tc.count("next") != 2 {
+		t.Errorf("the next request, its retry the budget's one in 10 s: %q %v after %d tries, want 200 ok after 2", a, err, tc.count("next"))
+	}
+	if got := counterValue(t, reg, "sockmesh_proxy_retry_budget_exhausted_total", "reason", "status"); got != 0 {
+		t.Errorf("retry_budget_exhausted{status} = %v, want 0", got)
+	}
+	if got := counterValue(t, reg, "sockmesh_proxy_request_retries_total", "reason", "status"); got != 1 {
+		t.Errorf("retries{status} = %v, want 1: the next request's", got)
+	}
+}
