@@ -254,7 +254,7 @@ func (c *ControlPlane) Run(ctx context.Context) error {
 	}
 
 	// retranslate fires when a judgement translate made by the time flips
-	// (Result.ChangesAt: a client certificate expires or becomes valid),
+	// (Result.ChangesAt: a client or CA certificate expires or becomes valid),
 	// which no object's change would signal, or Resync after the last
 	// translation. It starts stopped, so that nothing is translated before
 	// the source's first signal; each translation resets it.

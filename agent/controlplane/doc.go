@@ -13,9 +13,9 @@
 // in a write is an error, never the agent's end: the agent serves its
 // node's proxy too.
 //
-// Translate judges some objects by the time (a client certificate expired
-// or not yet valid); the loop translates again when the earliest such
-// judgement flips (Result.ChangesAt), on one timer that each translation
+// Translate judges some objects by the time (a client or CA certificate
+// expired or not yet valid); the loop translates again when the earliest
+// such judgement flips (Result.ChangesAt), on one timer that each translation
 // resets, so status and Snapshot follow the clock though no object
 // changes. The same timer translates again after Config.Resync (10
 // minutes) with no signal, since the source does not signal status alone:

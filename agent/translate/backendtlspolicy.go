@@ -128,7 +128,8 @@ func (t *translator) evalPolicy(p *gwv1.BackendTLSPolicy) *policyEval {
 		policy: p,
 		ref:    snapshot.ObjectRef{Kind: "BackendTLSPolicy", Namespace: p.Namespace, Name: p.Name},
 	}
-	v := tlsvalidation.Validate(&p.Spec.Validation, "validation", p.Namespace, t, t.in.ClusterTrustBundlesUnavailable)
+	v := tlsvalidation.Validate(&p.Spec.Validation, "validation", p.Namespace, t, t.in.ClusterTrustBundlesUnavailable, t.in.Now)
+	t.judgedUntil(v.ChangesAt)
 	e.tls, e.invalid, e.resolvedRefs = v.TLS, v.Accepted, v.ResolvedRefs
 	e.tls.Mode = snapshot.TLSServerOnly
 	e.tls.Policy = e.ref

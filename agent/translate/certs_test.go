@@ -27,7 +27,7 @@ func testCerts(t *testing.T) map[string][]byte {
 	}
 	notBefore := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	notAfter := time.Date(2046, 1, 1, 0, 0, 0, 0, time.UTC)
-	ca := func(serial int64, cn string, k ed25519.PrivateKey) (*x509.Certificate, []byte) {
+	ca := func(serial int64, cn string, k ed25519.PrivateKey, notBefore, notAfter time.Time) (*x509.Certificate, []byte) {
 		tmpl := &x509.Certificate{
 			SerialNumber:          big.NewInt(serial),
 			Subject:               pkix.Name{CommonName: cn},
@@ -48,8 +48,11 @@ func testCerts(t *testing.T) map[string][]byte {
 		return cert, der
 	}
 	caKey, ca2Key, clientKey, otherKey := key("ca"), key("ca2"), key("client"), key("other")
-	caCert, caDER := ca(1, "sockmesh test CA", caKey)
-	_, ca2DER := ca(2, "sockmesh test CA 2", ca2Key)
+	caCert, caDER := ca(1, "sockmesh test CA", caKey, notBefore, notAfter)
+	_, ca2DER := ca(2, "sockmesh test CA 2", ca2Key, notBefore, notAfter)
+	// ca-expired.pem: the test CA's predecessor (its name and key), expired
+	// before the fixtures' now, as a CA bundle keeps it through a rotation.
+	_, expiredDER := ca(5, "sockmesh test CA", caKey, notBefore.AddDate(-1, 0, 0), notBefore)
 	spiffe, _ := url.Parse("spiffe://cluster.local/ns/apps/sa/client")
 	clientTmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(3),
@@ -84,6 +87,7 @@ func testCerts(t *testing.T) map[string][]byte {
 	return map[string][]byte{
 		"ca.pem":           certPEM(caDER),
 		"ca2.pem":          certPEM(ca2DER),
+		"ca-expired.pem":   certPEM(expiredDER),
 		"client.pem":       certPEM(clientDER),
 		"client-short.pem": certPEM(shortDER),
 		"client-key.pem":   keyPEM(clientKey),

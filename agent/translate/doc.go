@@ -184,7 +184,13 @@
 // ClusterTrustBundle (GEP-5075, cluster-scoped) — or wellKnownCACertificates
 // System; hostname is the SNI, and subjectAltNames (Hostname, URI) replace it
 // for verification. Every PEM block must decode and be a certificate that
-// parses (a corrupted or truncated one is no less invalid for the others); the
+// parses (a corrupted or truncated one is no less invalid for the others);
+// a reference none of whose certificates is valid at Input.Now is invalid
+// too (ResolvedRefs reason CACertificateOutsideValidity, sockmesh's own:
+// the API asks for one when an implementation checks expiry), since the
+// proxy's chain verification would refuse it, and Result.ChangesAt is when
+// a reference's judgement flips (one valid certificate keeps it valid: a
+// bundle holds an old CA beside its successor while backends move). The
 // valid references form one bundle, so a bad reference beside good ones sets
 // ResolvedRefs=False but keeps Accepted=True (trusting fewer anchors never
 // weakens verification). Options under sockmesh.io/ are listed in package
@@ -211,7 +217,8 @@
 // lastTransitionTime Input.Now (the status writer keeps older timestamps for
 // unchanged conditions). Accepted: Accepted, Conflicted, NoValidCACertificate,
 // Invalid or TargetNotFound; ResolvedRefs: ResolvedRefs,
-// InvalidCACertificateRef or InvalidKind. A PolicyStatus holds 16 ancestors,
+// InvalidCACertificateRef, InvalidKind or CACertificateOutsideValidity. A
+// PolicyStatus holds 16 ancestors,
 // other controllers' entries included, and the API forbids adding to a full
 // list: the policy is unimplementable for a target its status has no room
 // for, which gets no entry and whose ports fail closed (a route leading to
@@ -241,8 +248,8 @@
 // its connections are cleartext (the API calls that insecure). Accepted=False
 // reasons: Invalid (what the CRD's rules would have refused), NoValidCACertificate,
 // EgressNotAllowed (not on Node.EgressAllow); ResolvedRefs=False:
-// InvalidCACertificateRef, InvalidKind, InvalidCertificateRef or
-// RefNotPermitted (a clientCertificateRef to another namespace that no
+// InvalidCACertificateRef, InvalidKind, CACertificateOutsideValidity,
+// InvalidCertificateRef or RefNotPermitted (a clientCertificateRef to another namespace that no
 // ReferenceGrant there allows). DNS answers are node-local and
 // stay out of status: an unresolved name, or one whose every answer is
 // refused, fails closed in this node's Snapshot only (reasons Unresolved,

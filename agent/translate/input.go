@@ -19,8 +19,9 @@ const ControllerName gwv1.GatewayController = "sockmesh.io/mesh-controller"
 // read-only.
 type Input struct {
 	// Now stamps lastTransitionTime on new conditions, and is when an
-	// XBackend's client certificate must be valid (Result.ChangesAt says
-	// when that judgement changes).
+	// XBackend's client certificate, and a certificate of each CA
+	// reference, must be valid (Result.ChangesAt says when that judgement
+	// changes).
 	Now time.Time
 	// Node describes this node and the cluster ranges that external
 	// hostnames must never resolve into.

@@ -32,10 +32,11 @@ type Result struct {
 	// translate meets them), then target order.
 	Unrepresented []Unrepresented
 	// ChangesAt is the earliest instant after Input.Now at which a
-	// judgement Translate made by the time (a client certificate not yet
-	// valid, or valid until it expires) changes: the same objects
-	// translated then give another Result, so the agent translates again
-	// at that instant. Zero when no judgement depends on the time.
+	// judgement Translate made by the time (a client certificate, or a CA
+	// reference's certificates, not yet valid, or valid until they
+	// expire) changes: the same objects translated then give another
+	// Result, so the agent translates again at that instant. Zero when no
+	// judgement depends on the time.
 	ChangesAt time.Time
 }
 

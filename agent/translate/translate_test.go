@@ -36,7 +36,8 @@ var update = flag.Bool("update", false, "rewrite golden files (testdata/**/*.out
 // led by a header document of kind TranslateInput (no apiVersion) giving
 // what sources do not: now, node, resolved, clusterTrustBundlesUnavailable.
 // Before decoding, the file is a text/template in which {{pem "ca.pem"}}
-// is a YAML double-quoted string holding testdata/certs/ca.pem, and
+// is a YAML double-quoted string holding testdata/certs/ca.pem (given more
+// files, their bundle), and
 // {{file "dir/x.yaml"}} inserts testdata/dir/x.yaml as it is. The
 // expected Result is <case>.out.yaml; -update rewrites it.
 
@@ -326,15 +327,19 @@ func testdataFile(name string) (string, error) {
 	return string(b), err
 }
 
-// pemString returns the template function that quotes a testdata/certs
-// file as a YAML (JSON) string.
-func pemString(t *testing.T) func(string) (string, error) {
-	return func(name string) (string, error) {
-		b, err := os.ReadFile(filepath.Join("testdata", "certs", name))
-		if err != nil {
-			return "", err
+// pemString returns the template function that quotes testdata/certs
+// files, one after the other (a bundle), as a YAML (JSON) string.
+func pemString(t *testing.T) func(...string) (string, error) {
+	return func(names ...string) (string, error) {
+		var bundle []byte
+		for _, name := range names {
+			b, err := os.ReadFile(filepath.Join("testdata", "certs", name))
+			if err != nil {
+				return "", err
+			}
+			bundle = append(bundle, b...)
 		}
-		q, err := json.Marshal(string(b))
+		q, err := json.Marshal(string(bundle))
 		return string(q), err
 	}
 }

@@ -185,7 +185,8 @@ func (t *translator) xbackendTLS(e *xbackendEval, mode gwxv1alpha1.BackendTLSMod
 	if refs := spec.Validation.CACertificateRefs; refs != nil && len(refs) == 0 {
 		bad("tls.validation.caCertificateRefs must not be empty; leave it out")
 	}
-	v := tlsvalidation.Validate(spec.Validation, "tls.validation", e.xb.Namespace, t, t.in.ClusterTrustBundlesUnavailable)
+	v := tlsvalidation.Validate(spec.Validation, "tls.validation", e.xb.Namespace, t, t.in.ClusterTrustBundlesUnavailable, t.in.Now)
+	t.judgedUntil(v.ChangesAt)
 	tls := v.TLS
 	tls.Mode = snapshot.TLSServerOnly
 	tls.Policy = e.ref

@@ -8,6 +8,12 @@ const (
 	ReasonNoValidCACertificate    = string(gwv1.BackendTLSPolicyReasonNoValidCACertificate)
 	ReasonInvalidCACertificateRef = string(gwv1.BackendTLSPolicyReasonInvalidCACertificateRef)
 	ReasonInvalidKind             = string(gwv1.BackendTLSPolicyReasonInvalidKind)
+	// ReasonCACertificateOutsideValidity is sockmesh's own ResolvedRefs
+	// reason for a CA reference none of whose certificates is valid now:
+	// the API asks for an implementation-specific reason when an
+	// implementation checks expiry (BackendTLSPolicyValidation
+	// caCertificateRefs).
+	ReasonCACertificateOutsideValidity = "CACertificateOutsideValidity"
 	// ReasonInvalidCertificateRef and ReasonRefNotPermitted are the
 	// Gateway listener reasons for certificate references, reused for an
 	// XBackend's clientCertificateRef.

@@ -4,13 +4,18 @@ import (
 	"bytes"
 	"crypto/aes"
 	"crypto/cipher"
+	"crypto/ed25519"
 	"crypto/pbkdf2"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/asn1"
 	"encoding/base64"
 	"encoding/pem"
+	"fmt"
+	"math/big"
 	"os"
 	"slices"
 	"strings"
@@ -39,6 +44,9 @@ func (o objects) ClusterTrustBundle(name string) *certificatesv1.ClusterTrustBun
 	return o.bundles[name]
 }
 
+// testNow is within the validity of testdata/certs' certificates.
+var testNow = time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+
 func cert(t *testing.T, name string) string {
 	t.Helper()
 	b, err := os.ReadFile("../testdata/certs/" + name)
@@ -62,7 +70,7 @@ func TestValidateBundle(t *testing.T) {
 		Hostname:          "db.example.com",
 		CACertificateRefs: []gwv1.LocalObjectReference{{Group: "certificates.k8s.io", Kind: "ClusterTrustBundle", Name: "corp"}},
 	}
-	r := tlsvalidation.Validate(v, "validation", "apps", objs, false)
+	r := tlsvalidation.Validate(v, "validation", "apps", objs, false, testNow)
 	if r.Accepted != nil || r.ResolvedRefs != nil {
 		t.Fatalf("Validate = Accepted %v, ResolvedRefs %v; want both nil", r.Accepted, r.ResolvedRefs)
 	}
@@ -73,7 +81,7 @@ func TestValidateBundle(t *testing.T) {
 		t.Errorf("TLS = %+v, want ServerName db.example.com without system roots", r.TLS)
 	}
 
-	r = tlsvalidation.Validate(v, "validation", "apps", objs, true)
+	r = tlsvalidation.Validate(v, "validation", "apps", objs, true, testNow)
 	if r.ResolvedRefs == nil || r.ResolvedRefs.Reason != tlsvalidation.ReasonInvalidKind ||
 		r.Accepted == nil || r.Accepted.Reason != tlsvalidation.ReasonNoValidCACertificate {
 		t.Errorf("Validate without the ClusterTrustBundle API = Accepted %v, ResolvedRefs %v; want NoValidCACertificate, InvalidKind", r.Accepted, r.ResolvedRefs)
@@ -103,7 +111,7 @@ func TestValidatePartlyBrokenBundle(t *testing.T) {
 			Hostname:          "db.example.com",
 			CACertificateRefs: []gwv1.LocalObjectReference{{Kind: "ConfigMap", Name: "ca"}},
 		}
-		r := tlsvalidation.Validate(v, "validation", "apps", objs, false)
+		r := tlsvalidation.Validate(v, "validation", "apps", objs, false, testNow)
 		if r.ResolvedRefs == nil || r.ResolvedRefs.Reason != tlsvalidation.ReasonInvalidCACertificateRef ||
 			r.Accepted == nil || r.Accepted.Reason != tlsvalidation.ReasonNoValidCACertificate {
 			t.Errorf("%s: Validate = Accepted %v, ResolvedRefs %v (roots %d bytes); want NoValidCACertificate, InvalidCACertificateRef",
@@ -138,7 +146,7 @@ func TestValidateNames(t *testing.T) {
 		if c.san != "" {
 			v.SubjectAltNames = []gwv1.SubjectAltName{{Type: gwv1.HostnameSubjectAltNameType, Hostname: gwv1.Hostname(c.san)}}
 		}
-		r := tlsvalidation.Validate(v, "validation", "apps", objects{}, false)
+		r := tlsvalidation.Validate(v, "validation", "apps", objects{}, false, testNow)
 		if ok := r.Accepted == nil; ok != c.ok || !ok && r.Accepted.Reason != tlsvalidation.ReasonInvalid {
 			t.Errorf("hostname %q, subjectAltName %q: Accepted = %v, want valid %v (else Invalid)", c.hostname, c.san, r.Accepted, c.ok)
 		}
@@ -355,4 +363,105 @@ func encryptPKCS8(t *testing.T, keyPEM, passphrase string) []byte {
 		t.Fatal(err)
 	}
 	return der
+}
+
+// caValid makes a self-signed CA certificate valid from notBefore to
+// notAfter, as PEM.
+func caValid(t *testing.T, cn string, notBefore, notAfter time.Time) string {
+	t.Helper()
+	pub, key, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: cn},
+		NotBefore: notBefore, NotAfter: notAfter,
+		KeyUsage: x509.KeyUsageCertSign, BasicConstraintsValid: true, IsCA: true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, pub, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+}
+
+// TestValidateCAValidity: a CA reference none of whose certificates is
+// valid now is invalid, and says when its certificate expired or becomes
+// valid (a chain through it fails in the proxy, crypto/x509 checking its
+// roots' validity too; status said Accepted and ResolvedRefs while every
+// handshake failed). One valid certificate keeps a reference valid, its
+// expired ones in the bundle (a CA rotation). ChangesAt is when a
+// reference's judgement flips: just after the end of the run of validity
+// periods now is in, or the next NotBefore while none is valid.
+func TestValidateCAValidity(t *testing.T) {
+	day := func(y int, m time.Month, d int) time.Time { return time.Date(y, m, d, 0, 0, 0, 0, time.UTC) }
+	now := day(2026, 5, 1)
+	current := caValid(t, "current", day(2026, 1, 1), day(2027, 1, 1))
+	expired := caValid(t, "expired", day(2025, 1, 1), day(2026, 1, 1))
+	future := caValid(t, "future", day(2026, 7, 1), day(2027, 7, 1))
+	endsAtNow := caValid(t, "ends now", day(2025, 1, 1), now)
+	overlaps := caValid(t, "overlaps", day(2026, 12, 1), day(2028, 1, 1))
+	// Both ends belong to a period (X.509 times are whole seconds): adjoins
+	// starts at the instant overlaps ends, and no instant between them
+	// finds neither valid.
+	adjoins := caValid(t, "adjoins", day(2028, 1, 1), day(2029, 1, 1))
+	expired2 := caValid(t, "expired 2", day(2024, 1, 1), day(2025, 6, 1))
+	const outside = tlsvalidation.ReasonCACertificateOutsideValidity
+	for _, c := range []struct {
+		name     string
+		bundles  []string // one ConfigMap each; "" names a missing one
+		roots    []string // "" for none
+		accepted string   // Accepted's reason, "" when nil
+		resolved string   // ResolvedRefs' reason, "" when nil
+		message  string   // in ResolvedRefs' message
+		changes  time.Time
+	}{
+		{name: "valid", bundles: []string{current}, roots: []string{current}, changes: day(2027, 1, 1).Add(time.Nanosecond)},
+		{name: "valid until now", bundles: []string{endsAtNow}, roots: []string{endsAtNow}, changes: now.Add(time.Nanosecond)},
+		{name: "expired", bundles: []string{expired}, accepted: tlsvalidation.ReasonNoValidCACertificate, resolved: outside,
+			message: "ConfigMap apps/ca0: the certificate in ca.crt (CN=expired) expired at 2026-01-01T00:00:00Z; put a currently valid CA certificate there"},
+		{name: "not yet valid", bundles: []string{future}, accepted: tlsvalidation.ReasonNoValidCACertificate, resolved: outside,
+			message: "(CN=future) is not valid before 2026-07-01T00:00:00Z", changes: day(2026, 7, 1)},
+		{name: "all expired", bundles: []string{expired + expired2}, accepted: tlsvalidation.ReasonNoValidCACertificate, resolved: outside,
+			message: "all 2 certificates in ca.crt have expired, the last at 2026-01-01T00:00:00Z"},
+		{name: "none valid yet", bundles: []string{expired + future}, accepted: tlsvalidation.ReasonNoValidCACertificate, resolved: outside,
+			message: "none of the 2 certificates in ca.crt is valid now; the next becomes valid at 2026-07-01T00:00:00Z", changes: day(2026, 7, 1)},
+		{name: "rotation", bundles: []string{expired + current}, roots: []string{expired + current}, changes: day(2027, 1, 1).Add(time.Nanosecond)},
+		{name: "gap ahead", bundles: []string{endsAtNow + future}, roots: []string{endsAtNow + future}, changes: now.Add(time.Nanosecond)},
+		{name: "overlapping and adjoining", bundles: []string{adjoins + overlaps + current}, roots: []string{adjoins + overlaps + current},
+			changes: day(2029, 1, 1).Add(time.Nanosecond)},
+		{name: "one of two references", bundles: []string{expired, current}, roots: []string{current}, resolved: outside,
+			message: "ConfigMap apps/ca0: the certificate in ca.crt (CN=expired) expired", changes: day(2027, 1, 1).Add(time.Nanosecond)},
+		{name: "missing beside expired", bundles: []string{"", future}, accepted: tlsvalidation.ReasonNoValidCACertificate,
+			resolved: tlsvalidation.ReasonInvalidCACertificateRef, message: "ConfigMap apps/ca0: not found; ConfigMap apps/ca1: the certificate", changes: day(2026, 7, 1)},
+	} {
+		objs := objects{configMaps: map[string]*corev1.ConfigMap{}}
+		v := &gwv1.BackendTLSPolicyValidation{Hostname: "db.example.com"}
+		for i, b := range c.bundles {
+			name := fmt.Sprintf("ca%d", i)
+			if b != "" {
+				objs.configMaps["apps/"+name] = &corev1.ConfigMap{Data: map[string]string{tlsvalidation.CAKey: b}}
+			}
+			v.CACertificateRefs = append(v.CACertificateRefs, gwv1.LocalObjectReference{Kind: "ConfigMap", Name: gwv1.ObjectName(name)})
+		}
+		r := tlsvalidation.Validate(v, "validation", "apps", objs, false, now)
+		reason := func(p *tlsvalidation.Problem) string {
+			if p == nil {
+				return ""
+			}
+			return p.Reason
+		}
+		if reason(r.Accepted) != c.accepted || reason(r.ResolvedRefs) != c.resolved {
+			t.Errorf("%s: Accepted %v, ResolvedRefs %v; want reasons %q, %q", c.name, r.Accepted, r.ResolvedRefs, c.accepted, c.resolved)
+		}
+		if c.message != "" && (r.ResolvedRefs == nil || !strings.Contains(r.ResolvedRefs.Message, c.message)) {
+			t.Errorf("%s: ResolvedRefs %v, want its message to say %q", c.name, r.ResolvedRefs, c.message)
+		}
+		if want := strings.Join(c.roots, ""); r.TLS.RootsPEM != want {
+			t.Errorf("%s: RootsPEM holds %d bytes, want %d", c.name, len(r.TLS.RootsPEM), len(want))
+		}
+		if !r.ChangesAt.Equal(c.changes) {
+			t.Errorf("%s: ChangesAt %s, want %s", c.name, r.ChangesAt, c.changes)
+		}
+	}
 }

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"net/url"
 	"strings"
+	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -60,17 +61,24 @@ type Result struct {
 	Accepted *Problem
 	// ResolvedRefs is non-nil when at least one CA reference is invalid
 	// (reason InvalidKind when any names an unsupported kind, else
-	// InvalidCACertificateRef). The valid references still form the trust
-	// bundle: trusting fewer anchors never weakens verification.
+	// InvalidCACertificateRef when any is missing or malformed, else
+	// CACertificateOutsideValidity: no certificate it holds is valid at
+	// now). The valid references still form the trust bundle: trusting
+	// fewer anchors never weakens verification.
 	ResolvedRefs *Problem
+	// ChangesAt is the first instant after now at which a CA reference
+	// becomes valid or invalid by the validity of its certificates (zero
+	// when none does): the caller judges again then.
+	ChangesAt time.Time
 }
 
 // Validate checks v and resolves its CA references in namespace (the
 // policy's or XBackend's own: references never cross namespaces). field is
 // v's path for messages ("validation", "tls.validation").
 // clusterTrustBundlesUnavailable makes ClusterTrustBundle references
-// InvalidKind (GEP-5075). A nil v is Invalid.
-func Validate(v *gwv1.BackendTLSPolicyValidation, field, namespace string, objs Objects, clusterTrustBundlesUnavailable bool) Result {
+// InvalidKind (GEP-5075). A reference is judged by its certificates'
+// validity at now. A nil v is Invalid.
+func Validate(v *gwv1.BackendTLSPolicyValidation, field, namespace string, objs Objects, clusterTrustBundlesUnavailable bool, now time.Time) Result {
 	var r Result
 	if v == nil {
 		r.Accepted = &Problem{Reason: ReasonInvalid, Message: field + " is not set"}
@@ -120,8 +128,8 @@ func Validate(v *gwv1.BackendTLSPolicyValidation, field, namespace string, objs 
 	// References are resolved even when a field is invalid, so the
 	// ResolvedRefs condition is right on its own.
 	if len(v.CACertificateRefs) > 0 {
-		roots, refProblem := caBundle(v.CACertificateRefs, namespace, objs, clusterTrustBundlesUnavailable)
-		r.ResolvedRefs = refProblem
+		roots, refProblem, changesAt := caBundle(v.CACertificateRefs, namespace, objs, clusterTrustBundlesUnavailable, now)
+		r.ResolvedRefs, r.ChangesAt = refProblem, changesAt
 		r.TLS.RootsPEM = roots
 		if roots == "" && len(invalid) == 0 {
 			r.Accepted = &Problem{Reason: ReasonNoValidCACertificate, Message: "no valid CA certificate: " + refProblem.Message}
@@ -134,25 +142,42 @@ func Validate(v *gwv1.BackendTLSPolicyValidation, field, namespace string, objs 
 }
 
 // caBundle resolves refs and returns the valid certificates as one
-// canonical PEM bundle (in reference order, duplicates dropped), and a
-// problem naming every invalid reference.
-func caBundle(refs []gwv1.LocalObjectReference, namespace string, objs Objects, ctbUnavailable bool) (string, *Problem) {
+// canonical PEM bundle (in reference order, duplicates dropped), a problem
+// naming every invalid reference, and when a reference's validity at now
+// next changes (zero: never).
+//
+// A reference none of whose certificates is valid at now is invalid: a
+// chain through it fails verification in the proxy (crypto/x509 checks
+// every certificate's validity, its roots' too), so the owner should read
+// why in the status rather than in a failed handshake. Its other
+// certificates keep a reference valid: a bundle carries an expired CA
+// beside its successor while backends move to the new one.
+func caBundle(refs []gwv1.LocalObjectReference, namespace string, objs Objects, ctbUnavailable bool, now time.Time) (string, *Problem, time.Time) {
 	cache := certCacheOf(objs)
 	var (
-		valid    []*parsedBundle
-		problems []string
-		badKind  bool
+		valid     []*parsedBundle
+		problems  []string
+		badKind   bool
+		badRef    bool // missing or malformed
+		changesAt time.Time
 	)
 	for _, ref := range refs {
 		data, what, err, kindErr := caData(ref, namespace, objs, ctbUnavailable)
 		if err != "" {
 			badKind = badKind || kindErr
+			badRef = true
 			problems = append(problems, what+": "+err)
 			continue
 		}
 		p := cache.parse(data)
 		if p.err != "" {
+			badRef = true
 			problems = append(problems, what+": "+p.err)
+			continue
+		}
+		changesAt = earliest(changesAt, p.validityChangesAfter(now))
+		if msg := p.outsideValidity(now); msg != "" {
+			problems = append(problems, what+": "+msg)
 			continue
 		}
 		valid = append(valid, p)
@@ -168,9 +193,9 @@ func caBundle(refs []gwv1.LocalObjectReference, namespace string, objs Objects, 
 		var bundle strings.Builder
 		seen := map[string]bool{}
 		for _, p := range valid {
-			for i, der := range p.ders {
-				if !seen[string(der)] {
-					seen[string(der)] = true
+			for i, c := range p.certs {
+				if !seen[string(c.Raw)] {
+					seen[string(c.Raw)] = true
 					bundle.WriteString(p.pems[i])
 				}
 			}
@@ -178,13 +203,24 @@ func caBundle(refs []gwv1.LocalObjectReference, namespace string, objs Objects, 
 		roots = bundle.String()
 	}
 	if len(problems) == 0 {
-		return roots, nil
+		return roots, nil, changesAt
 	}
-	reason := ReasonInvalidCACertificateRef
-	if badKind {
+	reason := ReasonCACertificateOutsideValidity
+	switch {
+	case badKind:
 		reason = ReasonInvalidKind
+	case badRef:
+		reason = ReasonInvalidCACertificateRef
 	}
-	return roots, &Problem{Reason: reason, Message: strings.Join(problems, "; ")}
+	return roots, &Problem{Reason: reason, Message: strings.Join(problems, "; ")}, changesAt
+}
+
+// earliest returns the earlier of a and b, zero meaning never.
+func earliest(a, b time.Time) time.Time {
+	if a.IsZero() || !b.IsZero() && b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // CertCache remembers what CA bundle bytes parse to, for the length of one
@@ -205,12 +241,12 @@ type CertCacher interface {
 
 // parsedBundle is one CA bundle's bytes, parsed.
 type parsedBundle struct {
-	// ders are its distinct certificates in order, pems their canonical
+	// certs are its distinct certificates in order, pems their canonical
 	// PEM blocks, and pem all of them in one string.
-	ders [][]byte
-	pems []string
-	pem  string
-	err  string // why the bytes are no valid bundle; then the rest is empty
+	certs []*x509.Certificate
+	pems  []string
+	pem   string
+	err   string // why the bytes are no valid bundle; then the rest is empty
 }
 
 func certCacheOf(objs Objects) *CertCache {
@@ -227,19 +263,19 @@ func (c *CertCache) parse(data []byte) *parsedBundle {
 		return p
 	}
 	p := &parsedBundle{}
-	ders, err := parseCertificates(data)
+	certs, err := parseCertificates(data)
 	if err != "" {
 		p.err = err
 	} else {
 		var all bytes.Buffer
 		seen := map[string]bool{}
-		for _, der := range ders {
-			if seen[string(der)] {
+		for _, c := range certs {
+			if seen[string(c.Raw)] {
 				continue
 			}
-			seen[string(der)] = true
-			block := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
-			p.ders = append(p.ders, der)
+			seen[string(c.Raw)] = true
+			block := string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw}))
+			p.certs = append(p.certs, c)
 			p.pems = append(p.pems, block)
 			all.WriteString(block)
 		}
@@ -303,13 +339,13 @@ func caData(ref gwv1.LocalObjectReference, namespace string, objs Objects, ctbUn
 // pemBegin starts every PEM block's first line (RFC 7468 §2).
 var pemBegin = []byte("-----BEGIN")
 
-// parseCertificates returns the DER of every CERTIFICATE block in data,
-// each checked to parse as X.509. Text between blocks is ignored (as
+// parseCertificates returns every CERTIFICATE block in data, parsed as
+// X.509. Text between blocks is ignored (as
 // ClusterTrustBundle consumers may); any other block type (a private key
 // put in a CA bundle by mistake), or a block that does not decode (a
 // certificate corrupted or cut short), makes the bundle invalid.
-func parseCertificates(data []byte) ([][]byte, string) {
-	var ders [][]byte
+func parseCertificates(data []byte) ([]*x509.Certificate, string) {
+	var certs []*x509.Certificate
 	for n := 1; ; n++ {
 		block, rest := pem.Decode(data)
 		// pem.Decode passes over a block it cannot decode and returns the
@@ -330,15 +366,16 @@ func parseCertificates(data []byte) ([][]byte, string) {
 		if block.Type != "CERTIFICATE" {
 			return nil, fmt.Sprintf("%s holds a PEM block of type %q; only CERTIFICATE blocks are allowed", CAKey, block.Type)
 		}
-		if _, err := x509.ParseCertificate(block.Bytes); err != nil {
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
 			return nil, fmt.Sprintf("%s certificate %d does not parse: %v", CAKey, n, err)
 		}
-		ders = append(ders, block.Bytes)
+		certs = append(certs, c)
 	}
-	if len(ders) == 0 {
+	if len(certs) == 0 {
 		return nil, CAKey + " holds no PEM certificate"
 	}
-	return ders, ""
+	return certs, ""
 }
 
 // subjectAltName checks one SAN entry the way the CRD's CEL rules do.
