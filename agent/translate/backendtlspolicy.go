@@ -43,9 +43,10 @@ type policyTarget struct {
 	// warning is appended to an Accepted=True message.
 	warning string
 	// ports counts the Service ports this target governs; conflicted
-	// counts those where an older policy of the same specificity won.
-	ports, conflicted int
-	winner            *policyEval // the policy that beat this one, for messages
+	// lists those where an older policy of the same specificity won.
+	ports      int
+	conflicted []int32
+	winner     portPolicy // the policy that beat this one, for messages
 }
 
 // portPolicy is the BackendTLSPolicy that governs a Service port.
@@ -112,8 +113,8 @@ func (t *translator) translatePolicies() {
 		t.portPolicies[k] = &win
 		win.target.ports++
 		for _, lost := range contenders[1:] {
-			lost.target.conflicted++
-			lost.target.winner = win.eval
+			lost.target.conflicted = append(lost.target.conflicted, k.port)
+			lost.target.winner = win
 		}
 	}
 	for _, e := range evals {
@@ -327,10 +328,8 @@ func (t *translator) policyAncestors(e *policyEval) []gwv1.PolicyAncestorStatus 
 		c := conditionSet{generation: e.policy.Generation, now: t.now}
 		switch {
 		case c.rejectTarget(tg.problem, e.invalid):
-		case tg.conflicted > 0:
-			c.set(condAccepted, false, string(gwv1.PolicyReasonConflicted), fmt.Sprintf(
-				"BackendTLSPolicy %s/%s targets the same Service ports and takes precedence (older, then first by namespace/name)",
-				tg.winner.policy.Namespace, tg.winner.policy.Name))
+		case len(tg.conflicted) > 0:
+			c.set(condAccepted, false, string(gwv1.PolicyReasonConflicted), conflictMessage(tg))
 		case tg.ports == 0:
 			c.set(condAccepted, false, string(gwv1.PolicyReasonConflicted),
 				"every TCP port of the Service is governed by a BackendTLSPolicy that names it in sectionName")
@@ -346,6 +345,27 @@ func (t *translator) policyAncestors(e *policyEval) []gwv1.PolicyAncestorStatus 
 	}
 	sortPolicyAncestors(out)
 	return out
+}
+
+// conflictMessage names the policy that took precedence over a target and
+// the ports it took; when that policy cannot be honoured, it says that
+// those ports fail closed, which the loser's owner would otherwise learn
+// only from the winner's status.
+func conflictMessage(tg *policyTarget) string {
+	w := tg.winner
+	msg := fmt.Sprintf("BackendTLSPolicy %s/%s also targets Service %s/%s port(s) %s and takes precedence (older, then first by namespace/name)",
+		w.eval.policy.Namespace, w.eval.policy.Name, deref(tg.parent.Namespace), tg.ref.Name, portList(tg.conflicted))
+	reason := ""
+	switch {
+	case w.target.overLimit:
+		reason = "its status has no room for the Service"
+	case w.eval.invalid != nil:
+		reason = w.eval.invalid.Reason
+	}
+	if reason != "" {
+		msg += fmt.Sprintf("; it cannot be honoured (%s), so connections to those ports fail closed until it is fixed or deleted", reason)
+	}
+	return msg
 }
 
 // portTLS returns what the governing BackendTLSPolicy (if any) makes of a
