@@ -295,7 +295,9 @@ func (t *translator) resolveTarget(tg *policyTarget) (*corev1.Service, []corev1.
 			}
 			return svc, []corev1.ServicePort{sp}
 		}
-		return notFound("Service %s/%s has no port named %q", ns, name, sn)
+		// sectionName is a port's name; listing the ports shows a number
+		// written there what to write instead.
+		return notFound("Service %s/%s has no port named %q (%s)", ns, name, sn, tcpPorts(svc))
 	}
 	var tcp []corev1.ServicePort
 	var other []string
