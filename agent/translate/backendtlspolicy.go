@@ -47,6 +47,9 @@ type policyTarget struct {
 	ports      int
 	conflicted []int32
 	winner     portPolicy // the policy that beat this one, for messages
+	// sectioned names, for a whole-Service target, the policies naming a
+	// port of it in sectionName, which govern that port instead.
+	sectioned []string
 }
 
 // portPolicy is the BackendTLSPolicy that governs a Service port.
@@ -115,6 +118,14 @@ func (t *translator) translatePolicies() {
 		for _, lost := range contenders[1:] {
 			lost.target.conflicted = append(lost.target.conflicted, k.port)
 			lost.target.winner = win
+		}
+		if len(c.sectioned) > 0 {
+			name := win.eval.ref.Namespace + "/" + win.eval.ref.Name
+			for _, w := range c.whole {
+				if !slices.Contains(w.target.sectioned, name) {
+					w.target.sectioned = append(w.target.sectioned, name)
+				}
+			}
 		}
 	}
 	for _, e := range evals {
@@ -333,8 +344,8 @@ func (t *translator) policyAncestors(e *policyEval) []gwv1.PolicyAncestorStatus 
 		case len(tg.conflicted) > 0:
 			c.set(condAccepted, false, string(gwv1.PolicyReasonConflicted), conflictMessage(tg))
 		case tg.ports == 0:
-			c.set(condAccepted, false, string(gwv1.PolicyReasonConflicted),
-				"every TCP port of the Service is governed by a BackendTLSPolicy that names it in sectionName")
+			c.set(condAccepted, false, string(gwv1.PolicyReasonConflicted), fmt.Sprintf(
+				"every TCP port of the Service is governed by a BackendTLSPolicy that names it in sectionName (%s)", strings.Join(tg.sectioned, ", ")))
 		default:
 			c.set(condAccepted, true, string(gwv1.PolicyReasonAccepted), "policy applies to connections sockmesh captures"+tg.warning)
 		}
