@@ -59,13 +59,15 @@ func (p *parsedBundle) validityChangesAfter(now time.Time) time.Time {
 		}
 		return next
 	}
+	// One pass over the periods by start: once one starts after end (and
+	// the instant after it), so do all the rest, and end is final.
 	end := now
-	for grown := true; grown; {
-		grown = false
-		for _, c := range p.certs {
-			if !c.NotBefore.After(end.Add(time.Nanosecond)) && c.NotAfter.After(end) {
-				end, grown = c.NotAfter, true
-			}
+	for _, c := range p.byStart {
+		if c.NotBefore.After(end.Add(time.Nanosecond)) {
+			break
+		}
+		if c.NotAfter.After(end) {
+			end = c.NotAfter
 		}
 	}
 	return end.Add(time.Nanosecond)

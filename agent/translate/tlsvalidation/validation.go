@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -247,6 +248,8 @@ type parsedBundle struct {
 	pems  []string
 	pem   string
 	err   string // why the bytes are no valid bundle; then the rest is empty
+	// byStart is certs by NotBefore, for validityChangesAfter.
+	byStart []*x509.Certificate
 }
 
 func certCacheOf(objs Objects) *CertCache {
@@ -280,6 +283,7 @@ func (c *CertCache) parse(data []byte) *parsedBundle {
 			all.WriteString(block)
 		}
 		p.pem = all.String()
+		p.byStart = slices.SortedFunc(slices.Values(p.certs), func(a, b *x509.Certificate) int { return a.NotBefore.Compare(b.NotBefore) })
 	}
 	if c.parsed == nil {
 		c.parsed = map[string]*parsedBundle{}
