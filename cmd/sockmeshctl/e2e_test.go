@@ -166,7 +166,7 @@ func TestCLI(t *testing.T) {
 			"Accepted=True",
 			"BackendTLSPolicy/app/secure-newer",
 			"Conflicted",
-			"BackendTLSPolicy app/secure targets the same Service ports and takes precedence",
+			"BackendTLSPolicy app/secure also targets Service app/secure port(s) 80 and takes precedence",
 		)
 		out = e.ok(t, a, "describe", "svc", "app/plain")
 		wantLines(t, out, "Port http (80): not captured", "Objects naming it: none")
