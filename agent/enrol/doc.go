@@ -23,6 +23,14 @@
 // sandbox), and checks every Config.Verify that the namespaces it found
 // still hold their pod's address (a sandbox replaced unannounced).
 //
+// A pod's address reaches the Snapshot only after its first container
+// started. The CNI plugin hands the pod's namespace over earlier, while the
+// sandbox is made: Adopt enrols it at once, and the pod stays enrolled
+// there until a Snapshot lists it with an address (then it is the
+// Snapshot's pod, found already), or with an address and not enrolled, or
+// no longer lists it. Workload waits for the Snapshot that lists the pod,
+// for the caller to decide.
+//
 // Enrolments are written only after the first Update: an agent that
 // restarts keeps the enrolments its predecessor pinned until it knows
 // better. Close releases listeners and namespaces but leaves the

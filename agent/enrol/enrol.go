@@ -116,6 +116,10 @@ type Enroller struct {
 	updated bool // Update ran at least once
 	closed  bool
 	want    []snapshot.Workload
+	// listed is the last Snapshot's workloads, enrolled or not, by pod;
+	// listedChanged is closed, and replaced, when it changes (Workload).
+	listed        map[snapshot.ObjectRef]snapshot.Workload
+	listedChanged chan struct{}
 	pods    map[podKey]*pod
 	netns   map[uint64]*netnsState // by namespace inode
 	// lastVerify is when the found namespaces were last checked.
@@ -140,6 +144,10 @@ type pod struct {
 	state  State
 	reason string
 	since  time.Time
+	// handedOver is set while the pod is enrolled in the namespace the CNI
+	// plugin handed over (Adopt) and the Snapshot has not confirmed it yet
+	// (see keepHandedOver).
+	handedOver bool
 }
 
 // netnsState is one namespace in use, shared by the pods in it.
@@ -192,8 +200,9 @@ func New(cfg Config, dp Enrolments, srv Server, log *slog.Logger, reg prometheus
 	}
 	e := &Enroller{
 		cfg: cfg, log: log.With("component", "enrol"), dp: dp, srv: srv,
-		pods:  make(map[podKey]*pod),
-		netns: make(map[uint64]*netnsState),
+		pods:          make(map[podKey]*pod),
+		netns:         make(map[uint64]*netnsState),
+		listedChanged: make(chan struct{}),
 		m: metrics{
 			pods: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 				Name: "sockmesh_enrol_pods",
@@ -228,9 +237,10 @@ func (e *Enroller) Update(s *snapshot.Snapshot) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.closed {
-		return errors.New("enrol: closed")
+		return ErrClosed
 	}
 	e.want, e.updated = want, true
+	e.list(s.Workloads)
 	e.retryWait, e.nextRetry = 0, time.Time{}
 	err := e.reconcile(false)
 	e.scheduleRetry()
@@ -278,6 +288,8 @@ func (e *Enroller) Close() error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.closed = true
+	close(e.listedChanged) // Workload's waiters return ErrClosed
+	e.listedChanged = make(chan struct{})
 	var errs []error
 	for ino, n := range e.netns {
 		errs = append(errs, n.close())
@@ -339,7 +351,12 @@ func (e *Enroller) reconcile(verify bool) error {
 		want[podKey{w.Pod, w.UID}] = w
 	}
 	for k, p := range e.pods {
-		if w, ok := want[k]; !ok || !slices.Equal(w.IPs, p.w.IPs) {
+		w, ok := want[k]
+		keep := ok && slices.Equal(w.IPs, p.w.IPs)
+		if p.handedOver {
+			keep = e.keepHandedOver(k, p, w, ok)
+		}
+		if !keep {
 			if p.state == Enrolled {
 				e.log.Info("pod unenrolled", "pod", p.w.Pod.String())
 			}
@@ -348,6 +365,9 @@ func (e *Enroller) reconcile(verify bool) error {
 	}
 	for k, w := range want {
 		if p, ok := e.pods[k]; ok {
+			if p.handedOver {
+				continue // keepHandedOver took w, or kept the pod's own
+			}
 			if p.state == Enrolled && !w.SandboxReady.Equal(p.w.SandboxReady) {
 				// A new sandbox is a new namespace holding the pod's
 				// address: look for it now, not at the next verify.

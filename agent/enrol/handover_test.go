@@ -1,0 +1,206 @@
+package enrol
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/datapath"
+	"github.com/sockmesh/sockmesh/internal/sandbox"
+)
+
+// unaddressed is pod name as the Snapshot lists it while the API server has
+// no address for it: not enrolled (yet).
+func unaddressed(name string) snapshot.Workload {
+	w := workload(name, false)
+	w.NotEnrolled = "the pod has no IP address yet"
+	return w
+}
+
+// handedOver is the workload the CNI handover adopts: the Snapshot's, with
+// the addresses the CNI plugins gave the pod.
+func handedOver(w snapshot.Workload, ips ...netip.Addr) snapshot.Workload {
+	w.IPs = ips
+	return w
+}
+
+// TestAdoptBeforeAddress: a pod whose namespace the CNI plugin hands over is
+// enrolled at once, stays enrolled while the API server has no address for
+// it, and is the Snapshot's pod once it has (no second enrolment, no scan,
+// no change of state); it goes with the pod.
+func TestAdoptBeforeAddress(t *testing.T) {
+	sandbox.ClaimAddrs(t, plan)
+	ns, cookie := podNS(t, ipA)
+	rec := &recorder{}
+	e := newEnroller(t, Config{NodeProxy: nodeProxy, Retry: time.Hour, Verify: time.Hour}, rec, nil)
+	if err := e.Update(snap(t, unaddressed("a"))); err != nil {
+		t.Fatal(err)
+	}
+	scans := counter(t, e.m.scans)
+	if err := e.Adopt(handedOver(unaddressed("a"), ipA), ns.Path()); err != nil {
+		t.Fatalf("Adopt: %v", err)
+	}
+	want := map[uint64]datapath.Proxy{cookie: nodeProxy}
+	if got, _ := rec.get(); !maps.Equal(got, want) {
+		t.Fatalf("enrolments after Adopt = %v, want %v", got, want)
+	}
+	enrolled := e.Pods()
+	if len(enrolled) != 1 || enrolled[0].State != Enrolled || enrolled[0].NetNSCookie != cookie {
+		t.Fatalf("pods after Adopt = %+v, want a Enrolled in netns %d", enrolled, cookie)
+	}
+
+	addressed := workload("a", true, ipA)
+	addressed.SandboxReady = bubbleStart
+	for _, step := range []struct {
+		name string
+		s    *snapshot.Snapshot
+	}{
+		{"a Snapshot still without the pod's address", snap(t, unaddressed("a"))},
+		{"the pod's address published, its sandbox not ready yet", snap(t, workload("a", true, ipA))},
+		{"its sandbox ready", snap(t, addressed)},
+		{"its sandbox ready, again", snap(t, addressed)},
+	} {
+		if err := e.Update(step.s); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := rec.get(); !maps.Equal(got, want) {
+			t.Errorf("%s: enrolments = %v, want %v", step.name, got, want)
+		}
+		if got := e.Pods(); len(got) != 1 || got[0].State != Enrolled || got[0].NetNSCookie != cookie || !got[0].Since.Equal(enrolled[0].Since) {
+			t.Errorf("%s: pods = %+v, want a Enrolled in netns %d since the handover", step.name, got, cookie)
+		}
+	}
+	if got := counter(t, e.m.scans); got != scans {
+		t.Errorf("namespace scans = %v, want %v: the handed-over namespace is the pod's", got, scans)
+	}
+
+	// Now the Snapshot's pod: a replaced sandbox is looked for, as ever.
+	replaced := addressed
+	replaced.SandboxReady = bubbleStart.Add(time.Minute)
+	if err := e.Update(snap(t, replaced)); err != nil {
+		t.Fatal(err)
+	}
+	if got := counter(t, e.m.scans); got != scans+1 {
+		t.Errorf("namespace scans after the sandbox was replaced = %v, want %v", got, scans+1)
+	}
+
+	if err := e.Update(snap(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := rec.get(); len(got) != 0 {
+		t.Errorf("enrolments after the pod went = %v, want none", got)
+	}
+}
+
+// TestAdoptedPodReleased: a handed-over pod goes when the Snapshot no longer
+// lists it, or lists it with an address and not enrolled (an opt-out that
+// came meanwhile); it stays while the API server names an older sandbox's
+// address.
+func TestAdoptedPodReleased(t *testing.T) {
+	sandbox.ClaimAddrs(t, plan)
+	ns, cookie := podNS(t, ipA)
+	optedOut := workload("a", false, ipA)
+	optedOut.NotEnrolled = "the pod has the label sockmesh.io/capture=disabled"
+	for _, tc := range []struct {
+		name string
+		s    snapshot.Workload
+		kept bool
+	}{
+		{"the pod is gone", workload("other", false), false},
+		{"the pod of that name is another", snapshot.Workload{Pod: snapshot.ObjectRef{Namespace: "app", Name: "a"}, UID: "new"}, false},
+		{"opted out", optedOut, false},
+		{"an older sandbox's address", workload("a", true, ipB), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := &recorder{}
+			e := newEnroller(t, Config{NodeProxy: nodeProxy, Retry: time.Hour, Verify: time.Hour}, rec, nil)
+			if err := e.Update(snap(t, unaddressed("a"))); err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Adopt(handedOver(unaddressed("a"), ipA), ns.Path()); err != nil {
+				t.Fatalf("Adopt: %v", err)
+			}
+			if err := e.Update(snap(t, tc.s)); err != nil {
+				t.Fatal(err)
+			}
+			got, _ := rec.get()
+			if _, kept := got[cookie]; kept != tc.kept {
+				t.Errorf("enrolments = %v, want the handed-over namespace kept: %v", got, tc.kept)
+			}
+		})
+	}
+}
+
+func TestAdoptErrors(t *testing.T) {
+	sandbox.ClaimAddrs(t, plan)
+	ns, _ := podNS(t, ipA)
+	rec := &recorder{}
+	e := newEnroller(t, Config{NodeProxy: nodeProxy, Retry: time.Hour}, rec, nil)
+	if err := e.Update(snap(t, unaddressed("a"))); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, path string
+		ips        []netip.Addr
+		want       string
+	}{
+		{"no address handed over", ns.Path(), nil, "no pod address"},
+		{"another pod's namespace", ns.Path(), []netip.Addr{ipB}, "holds none of the pod's addresses"},
+		{"no namespace there", "/proc/self/ns/absent", []netip.Addr{ipA}, "absent"},
+	} {
+		err := e.Adopt(handedOver(unaddressed("a"), tc.ips...), tc.path)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Adopt = %v, want an error containing %q", tc.name, err, tc.want)
+		}
+	}
+	if got, _ := rec.get(); len(got) != 0 {
+		t.Errorf("enrolments after failed adoptions = %v, want none", got)
+	}
+	if got := e.Pods(); len(got) != 0 {
+		t.Errorf("pods after failed adoptions = %+v, want none", got)
+	}
+}
+
+// TestWorkloadWaits: Workload waits for a Snapshot listing the pod with the
+// UID asked for, and gives up when ctx ends or the Enroller closes.
+func TestWorkloadWaits(t *testing.T) {
+	e := newEnroller(t, Config{NodeProxy: nodeProxy}, &recorder{}, nil)
+	type result struct {
+		w   snapshot.Workload
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		w, err := e.Workload(t.Context(), snapshot.ObjectRef{Namespace: "app", Name: "a"}, "a-uid")
+		got <- result{w, err}
+	}()
+	// An older pod of the same name is not it.
+	if err := e.Update(snap(t, snapshot.Workload{Pod: snapshot.ObjectRef{Namespace: "app", Name: "a"}, UID: "old"})); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Update(snap(t, unaddressed("a"))); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-got; r.err != nil || r.w.UID != "a-uid" {
+		t.Errorf("Workload = %+v, %v; want the pod of uid a-uid", r.w, r.err)
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := e.Workload(ctx, snapshot.ObjectRef{Namespace: "app", Name: "b"}, ""); !errors.Is(err, context.Canceled) {
+		t.Errorf("Workload of an unlisted pod, ctx ended = %v, want context.Canceled", err)
+	}
+	go func() {
+		_, err := e.Workload(t.Context(), snapshot.ObjectRef{Namespace: "app", Name: "b"}, "")
+		got <- result{err: err}
+	}()
+	e.Close()
+	if r := <-got; !errors.Is(r.err, ErrClosed) {
+		t.Errorf("Workload while the Enroller closes = %v, want ErrClosed", r.err)
+	}
+}
