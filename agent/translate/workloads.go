@@ -55,8 +55,22 @@ func workloads(in Input) []snapshot.Workload {
 	return out
 }
 
+// notAddressed is why a pod every other rule enrols is not enrolled: the
+// API server has no address for it yet.
+const notAddressed = "the pod has no IP address yet"
+
+// EnrolledOnceAddressed reports whether w, a workload Translate listed, is
+// enrolled, or will be once the API server publishes the pod's address:
+// every rule of workloads holds but that one. The agent enrols the network
+// namespace the CNI plugin hands over while the pod's sandbox is made on
+// this word, before the address is published.
+func EnrolledOnceAddressed(w snapshot.Workload) bool {
+	return w.Enrolled || w.NotEnrolled == notAddressed
+}
+
 // notEnrolled says why the pod is not enrolled, or "" when it is (the rules
-// of workloads, in the order an operator would look).
+// of workloads, in the order an operator would look; the address last, for
+// EnrolledOnceAddressed).
 func notEnrolled(p *corev1.Pod, namespaceDisabled, hasIPs bool) string {
 	label := p.Labels[LabelCapture]
 	switch {
@@ -73,7 +87,7 @@ func notEnrolled(p *corev1.Pod, namespaceDisabled, hasIPs bool) string {
 		}
 		return "the pod's phase is " + phase + " (only Pending and Running pods are enrolled)"
 	case !hasIPs:
-		return "the pod has no IP address yet"
+		return notAddressed
 	}
 	return ""
 }
