@@ -7,6 +7,7 @@ toolchain go1.27.4
 require (
 	github.com/cilium/ebpf v0.22.0
 	github.com/coder/websocket v1.8.15
+	github.com/containernetworking/cni v1.3.1
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/fsnotify/fsnotify v1.10.1
 	github.com/google/go-cmp v0.7.0

@@ -1,0 +1,142 @@
+package cnihandover
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// enroller answers handovers as told and records them.
+type enroller struct {
+	mu     sync.Mutex
+	got    []Pod
+	answer Answer
+	err    error
+	// block makes Enrol wait for its ctx to end.
+	block bool
+}
+
+func (e *enroller) Enrol(ctx context.Context, p Pod) (Answer, error) {
+	e.mu.Lock()
+	e.got = append(e.got, p)
+	e.mu.Unlock()
+	if e.block {
+		<-ctx.Done()
+		return Answer{}, context.Cause(ctx)
+	}
+	return e.answer, e.err
+}
+
+// serve serves en on a socket in a new directory until t ends.
+func serve(t *testing.T, cfg Config, en Enroller) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "run", "cni.sock")
+	ln, err := Listen(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := NewServer(cfg, en, slog.New(slog.NewTextHandler(t.Output(), nil)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ln) }()
+	t.Cleanup(func() {
+		s.Close()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return path
+}
+
+var pod = Pod{Namespace: "app", Name: "a", UID: "a-uid", ContainerID: "c0ffee", NetNS: "/var/run/netns/cni-1",
+	IPs: []netip.Addr{netip.MustParseAddr("10.244.0.5"), netip.MustParseAddr("fd00::5")}}
+
+func TestAdd(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		en     *enroller
+		pod    Pod
+		want   Answer
+		errHas string
+	}{
+		{name: "captured", en: &enroller{answer: Answer{Captured: true}}, pod: pod, want: Answer{Captured: true}},
+		{name: "not captured", en: &enroller{answer: Answer{Reason: "opted out"}}, pod: pod, want: Answer{Reason: "opted out"}},
+		{name: "enrolment failed", en: &enroller{err: errors.New("the enrolment map's last write failed")}, pod: pod,
+			errHas: "the enrolment map's last write failed"},
+		{name: "the agent's time is up", en: &enroller{block: true}, pod: pod, errHas: "deadline exceeded"},
+		{name: "no pod name", en: &enroller{}, pod: Pod{Namespace: "app", NetNS: "/x"}, errHas: "K8S_POD_NAME"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			socket := serve(t, Config{Timeout: 100 * time.Millisecond}, tc.en)
+			got, err := Add(t.Context(), socket, tc.pod)
+			if tc.errHas != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.errHas) || errors.Is(err, ErrUnreachable) {
+					t.Fatalf("Add = %+v, %v; want an error from the agent containing %q", got, err, tc.errHas)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("Add = %+v, %v; want %+v", got, err, tc.want)
+			}
+			if len(tc.en.got) != 1 || !reflect.DeepEqual(tc.en.got[0], tc.pod) {
+				t.Errorf("the agent got %+v, want %+v", tc.en.got, tc.pod)
+			}
+		})
+	}
+}
+
+// TestAddUnreachable: no agent, or a socket an agent left, is
+// ErrUnreachable (the plugin's exemptions apply to it).
+func TestAddUnreachable(t *testing.T) {
+	dir := t.TempDir()
+	left := filepath.Join(dir, "left.sock")
+	ln, err := Listen(left)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close() // the socket file stays, no one listens
+	if _, err := os.Stat(left); err != nil {
+		t.Fatalf("the socket file after Close: %v, want it kept for the next agent", err)
+	}
+	for _, socket := range []string{filepath.Join(dir, "absent.sock"), left} {
+		if _, err := Add(t.Context(), socket, pod); !errors.Is(err, ErrUnreachable) {
+			t.Errorf("Add to %s = %v, want ErrUnreachable", socket, err)
+		}
+	}
+}
+
+// TestListen: the directory is root's alone, and a socket left by an agent
+// that stopped is replaced.
+func TestListen(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "run")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "cni.sock")
+	for range 2 {
+		ln, err := Listen(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := net.Dial("unix", path)
+		if err != nil {
+			t.Fatalf("dial the socket Listen opened: %v", err)
+		}
+		c.Close()
+		ln.Close()
+	}
+	if fi, err := os.Stat(dir); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("socket directory mode = %v (%v), want 0700", fi.Mode(), err)
+	}
+}

@@ -1,0 +1,30 @@
+// Command sockmesh-cni is sockmesh's chained CNI plugin. Listed after the
+// plugins that set a pod's network up (the node's conflist), it hands the
+// pod's network namespace over to the node's sockmesh agent at ADD and
+// returns only once the agent has enrolled it, or said the pod is not
+// captured: a pod's first connections are captured, not only those after
+// the API server published its address. When the agent does neither in
+// time, ADD fails and the kubelet makes the sandbox again later, so that no
+// container of a captured pod runs uncaptured; pods of the namespaces the
+// configuration exempts start anyway (the cluster's own, which may be
+// needed to bring the agent back). It passes the previous plugins' result
+// through untouched, and DEL and CHECK have nothing to do.
+//
+// Its configuration, beside the CNI fields:
+//
+//	"socket": the agent's socket (default /var/run/sockmesh/cni.sock)
+//	"timeout": how long ADD waits for the agent, a Go duration (default 10s)
+//	"exemptNamespaces": namespaces whose pods start when the agent cannot
+//	  answer (default none; the DaemonSet's entry lists kube-system)
+package main
+
+import (
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/version"
+)
+
+func main() {
+	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: cmdNothing, Check: cmdCheck},
+		version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"),
+		"sockmesh-cni: hands a pod's network namespace to the node's sockmesh agent while its sandbox is made")
+}
