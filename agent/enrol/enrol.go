@@ -120,8 +120,8 @@ type Enroller struct {
 	// listedChanged is closed, and replaced, when it changes (Workload).
 	listed        map[snapshot.ObjectRef]snapshot.Workload
 	listedChanged chan struct{}
-	pods    map[podKey]*pod
-	netns   map[uint64]*netnsState // by namespace inode
+	pods          map[podKey]*pod
+	netns         map[uint64]*netnsState // by namespace inode
 	// lastVerify is when the found namespaces were last checked.
 	lastVerify time.Time
 	// retryWait is the current wait between retries, nextRetry when the
