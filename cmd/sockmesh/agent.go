@@ -27,6 +27,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/sockmesh/sockmesh/agent/apply"
+	"github.com/sockmesh/sockmesh/agent/cnihandover"
 	"github.com/sockmesh/sockmesh/agent/controlplane"
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/health"
@@ -204,6 +205,8 @@ type agent struct {
 	px       *proxy.Proxy
 	en       *enrol.Enroller
 	ap       *apply.Applier
+	cni      *cnihandover.Server
+	cniLn    *net.UnixListener
 	nodeLns  []net.Listener
 	started  atomic.Bool // start built every part
 	serving  atomic.Bool // the first Snapshot is applied and the node listeners served
@@ -309,6 +312,9 @@ func (a *agent) start(ctx context.Context, events *introspect.Events) error {
 		return err
 	}
 	if a.ap, err = apply.New(apply.Config{}, a.cp, a.px, a.dp, a.en, log, a.reg); err != nil {
+		return err
+	}
+	if err := a.startCNI(); err != nil {
 		return err
 	}
 
@@ -457,6 +463,11 @@ func (a *agent) run(ctx context.Context) error {
 		a.waitReady(runCtx)
 	})
 	wg.Go(func() { a.reportOnSignal(runCtx) })
+	serveWG.Go(func() {
+		if err := a.serveCNI(); err != nil {
+			cancel(err)
+		}
+	})
 	wg.Go(func() {
 		if err := a.intro.Serve(runCtx); err != nil {
 			cancel(err)
@@ -546,6 +557,7 @@ func (a *agent) close() {
 	if a.intro != nil {
 		a.intro.Close()
 	}
+	a.closeCNI()
 	for _, ln := range a.nodeLns {
 		ln.Close()
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sys/unix"
 
+	"github.com/sockmesh/sockmesh/agent/cniconf"
 	"github.com/sockmesh/sockmesh/agent/introspect/httpapi"
 	"github.com/sockmesh/sockmesh/ctl/agentclient"
 	"github.com/sockmesh/sockmesh/datapath"
@@ -19,7 +20,7 @@ import (
 )
 
 func newUninstallCommand() *cobra.Command {
-	var dir, socket string
+	var dir, socket, cniConfDir, cniBinDir string
 	var force bool
 	cmd := &cobra.Command{
 		Use:   "uninstall",
@@ -28,6 +29,12 @@ func newUninstallCommand() *cobra.Command {
 and removes <bpffs>/sockmesh. A stopped agent leaves them in place on
 purpose, so that capture survives restarts and upgrades; run this after
 removing the agent for good. Nothing pinned is not an error.
+
+With --cni-conf-dir it first unchains sockmesh-cni from the node's CNI
+configuration and removes its binary from --cni-bin-dir: an agent stopped
+leaves them, so that pods wait for the next agent rather than start
+uncaptured, and without an agent no pod outside the plugin's exempt
+namespaces can start on the node until they are gone.
 
 While an agent that answers on --introspection-socket runs on that pinned
 state, uninstall refuses: it would stop the agent's capture under it (the
@@ -42,6 +49,12 @@ an agent that is hung or will not stop.`,
 					return err
 				}
 			}
+			if cniConfDir != "" {
+				if err := cniconf.Uninstall(cniConfDir, cniBinDir); err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "unchained sockmesh-cni from %s\n", cniConfDir)
+			}
 			if err := datapath.Uninstall(datapath.Config{BPFFS: dir}); err != nil {
 				return err
 			}
@@ -51,6 +64,8 @@ an agent that is hung or will not stop.`,
 	}
 	cmd.Flags().StringVar(&dir, "bpffs", bpffs.DefaultPath, "BPF filesystem the agent pinned its state in (its --bpffs)")
 	cmd.Flags().StringVar(&socket, "introspection-socket", httpapi.DefaultSocket, "the agent's --introspection-socket, asked whether an agent runs on the pinned state")
+	cmd.Flags().StringVar(&cniConfDir, "cni-conf-dir", "", "the node's CNI conf directory the agent chained sockmesh-cni in (its --cni-conf-dir; empty: leave CNI alone)")
+	cmd.Flags().StringVar(&cniBinDir, "cni-bin-dir", "/opt/cni/bin", "the node's CNI bin directory holding sockmesh-cni (the agent's --cni-bin-dir)")
 	cmd.Flags().BoolVar(&force, "force", false, "uninstall even while an agent runs on the pinned state (its capture stops under it)")
 	return cmd
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
+	"github.com/sockmesh/sockmesh/agent/cnihandover"
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/introspect/httpapi"
 	"github.com/sockmesh/sockmesh/agent/resolve"
@@ -65,6 +66,7 @@ type options struct {
 	maxConnsPerPod          int
 	poolPodShare            string
 	introspection           httpapi.Config
+	cni                     cniSettings
 }
 
 // Environment variables the flags take their defaults from, as the
@@ -139,6 +141,12 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&in.TLSCertFile, "introspection-tls-cert", "", "TLS certificate of --introspection-listen (loaded again when it or the key changes)")
 	fs.StringVar(&in.TLSKeyFile, "introspection-tls-key", "", "TLS key of --introspection-listen")
 	fs.StringVar(&in.TokenFile, "introspection-token-file", "", "file holding the bearer token remote clients of --introspection-listen must send (read at each request)")
+	c := &o.cni
+	fs.StringVar(&c.socket, "cni-socket", "", "unix socket serving sockmesh-cni's handovers, in a directory only root may enter (the DaemonSet: "+cnihandover.DefaultSocket+"; empty: off)")
+	fs.StringVar(&c.confDir, "cni-conf-dir", "", "the node's CNI conf directory: the agent chains sockmesh-cni into the network configuration the runtime uses there, and installs its binary in --cni-bin-dir (needs --cni-socket; empty: off; sockmesh uninstall --cni-conf-dir removes both)")
+	fs.StringVar(&c.binDir, "cni-bin-dir", "/opt/cni/bin", "the node's CNI bin directory (with --cni-conf-dir)")
+	fs.StringVar(&c.plugin, "cni-plugin", "", "the sockmesh-cni binary --cni-conf-dir installs (default: sockmesh-cni beside the agent's binary, as in its image)")
+	fs.StringSliceVar(&c.exempt, "cni-exempt-namespace", []string{"kube-system"}, "namespaces whose pods sockmesh-cni lets start when the agent cannot enrol them (the cluster's own, which bringing the agent back may need); other pods wait for the agent")
 }
 
 // applyConfigFile sets, from the YAML file at path, every flag of fs the
@@ -264,6 +272,8 @@ type settings struct {
 	stallTimeout time.Duration
 	// introspection is the introspection API server's configuration.
 	introspection httpapi.Config
+	// cni is the CNI handover's (cni.go).
+	cni cniSettings
 }
 
 // hostNetns reads the node's default-route addresses from the agent's
@@ -294,7 +304,7 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 		healthListen: o.healthListen, metricsListen: o.metricsListen, bpffs: o.bpffs, accelerate: o.accelerate, cgroup: o.cgroup,
 		leaderElect: o.leaderElect, leaderNS: o.leaderElectionNamespace, drainTimeout: o.drainTimeout,
 		introspection: o.introspection, kubeQPS: o.kubeAPIQPS, kubeBurst: o.kubeAPIBurst, maxConnsPerPod: o.maxConnsPerPod,
-		stallTimeout: o.stallTimeout,
+		stallTimeout: o.stallTimeout, cni: o.cni,
 	}
 	var errs []error
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
@@ -462,6 +472,9 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 		}
 	}
 	errs = append(errs, checkIntrospectionTLS(s.introspection)...)
+	if s.cni.confDir != "" && s.cni.socket == "" {
+		bad("--cni-conf-dir needs --cni-socket: the plugin it chains hands pods over there")
+	}
 	return s, errors.Join(errs...)
 }
 
