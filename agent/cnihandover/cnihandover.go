@@ -1,25 +1,27 @@
 package cnihandover
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // DefaultSocket is where the agent serves the plugin, unless configured
 // otherwise on both sides (the plugin's conflist entry, the agent's flag).
-const DefaultSocket = "/var/run/sockmesh/cni.sock"
+// Its directory is the handover's alone (Listen makes it root's only).
+const DefaultSocket = "/run/sockmesh/cni/cni.sock"
 
-// Pod is what the plugin hands over at CNI ADD.
+// Pod is what the plugin hands over at CNI ADD, beside the descriptor of
+// the pod's network namespace.
 type Pod struct {
 	// Namespace, Name and UID are the pod's (CNI_ARGS K8S_POD_NAMESPACE,
 	// K8S_POD_NAME, K8S_POD_UID; UID may be empty with older runtimes).
@@ -28,7 +30,8 @@ type Pod struct {
 	UID       string `json:"uid,omitempty"`
 	// ContainerID is the sandbox's (CNI_CONTAINERID), for logs.
 	ContainerID string `json:"containerID,omitempty"`
-	// NetNS is the path of the pod's network namespace (CNI_NETNS).
+	// NetNS is the path of the pod's network namespace (CNI_NETNS) on the
+	// host, for logs: the agent uses the descriptor passed with it.
 	NetNS string `json:"netns"`
 	// IPs are the addresses the plugins before sockmesh's gave the pod
 	// (their result's ips).
@@ -43,54 +46,62 @@ type Answer struct {
 	Reason string `json:"reason,omitempty"`
 }
 
+// reply is an Answer on the wire, or why there is none.
+type reply struct {
+	Answer
+	Error string `json:"error,omitempty"`
+}
+
 // ErrUnreachable is wrapped by Add's error when no agent answers on the
 // socket: none runs on the node (yet), or it is starting.
 var ErrUnreachable = errors.New("no sockmesh agent serves the CNI socket")
 
-// addPath is the one request's path.
-const addPath = "/v1/add"
+// maxMessage bounds a handover and an answer.
+const maxMessage = 64 << 10
 
-// Add hands p over to the agent serving socket and returns its answer. It
-// gives up when ctx ends. An error means the pod's namespace may not be
-// enrolled: ErrUnreachable when no agent answered, else the agent's reason.
-func Add(ctx context.Context, socket string, p Pod) (Answer, error) {
-	body, err := json.Marshal(p)
+// Add hands p and its network namespace netns over to the agent serving
+// socket and returns its answer. It gives up when ctx ends. An error means
+// the pod's namespace may not be enrolled: ErrUnreachable when no agent
+// answered, else the agent's reason.
+func Add(ctx context.Context, socket string, p Pod, netns *os.File) (Answer, error) {
+	msg, err := json.Marshal(p)
 	if err != nil {
 		return Answer{}, fmt.Errorf("encode handover: %w", err)
 	}
-	c := &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			c, err := d.DialContext(ctx, "unix", socket)
-			if err != nil {
-				return nil, fmt.Errorf("%w: %w", ErrUnreachable, err)
-			}
-			return c, nil
-		},
-		DisableKeepAlives: true,
-	}}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://sockmesh"+addPath, bytes.NewReader(body))
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", socket)
 	if err != nil {
-		return Answer{}, err
+		return Answer{}, fmt.Errorf("%w: %w", ErrUnreachable, err)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.Do(req)
+	defer c.Close()
+	uc := c.(*net.UnixConn)
+	if dl, ok := ctx.Deadline(); ok {
+		uc.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { uc.SetDeadline(time.Now()) })
+	defer stop()
+	what := fmt.Sprintf("hand pod %s/%s over to the agent at %s", p.Namespace, p.Name, socket)
+	if _, _, err := uc.WriteMsgUnix(msg, unix.UnixRights(int(netns.Fd())), nil); err != nil {
+		return Answer{}, fmt.Errorf("%s: %w", what, err)
+	}
+	if err := uc.CloseWrite(); err != nil {
+		return Answer{}, fmt.Errorf("%s: %w", what, err)
+	}
+	data, err := io.ReadAll(io.LimitReader(uc, maxMessage))
+	if ctx.Err() != nil {
+		err = context.Cause(ctx) // says more than the deadline the read met
+	}
 	if err != nil {
-		return Answer{}, fmt.Errorf("hand pod %s/%s over to the agent at %s: %w", p.Namespace, p.Name, socket, err)
+		return Answer{}, fmt.Errorf("%s: read the answer: %w", what, err)
 	}
-	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if err != nil {
-		return Answer{}, fmt.Errorf("read the agent's answer: %w", err)
+	var r reply
+	if err := json.Unmarshal(data, &r); err != nil {
+		return Answer{}, fmt.Errorf("%s: decode the answer %q: %w", what, data, err)
 	}
-	if resp.StatusCode != http.StatusOK {
-		return Answer{}, fmt.Errorf("the agent did not enrol pod %s/%s: %s", p.Namespace, p.Name, strings.TrimSpace(string(data)))
+	if r.Error != "" {
+		return Answer{}, fmt.Errorf("the agent did not enrol pod %s/%s: %s", p.Namespace, p.Name, r.Error)
 	}
-	var a Answer
-	if err := json.Unmarshal(data, &a); err != nil {
-		return Answer{}, fmt.Errorf("decode the agent's answer: %w", err)
-	}
-	return a, nil
+	return r.Answer, nil
 }
 
 // Listen opens the agent's socket at path, in a directory only root may

@@ -13,21 +13,27 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// enroller answers handovers as told and records them.
+// enroller answers handovers as told and records them, with the inode of
+// the namespace that came with each.
 type enroller struct {
 	mu     sync.Mutex
 	got    []Pod
+	inodes []uint64
 	answer Answer
 	err    error
 	// block makes Enrol wait for its ctx to end.
 	block bool
 }
 
-func (e *enroller) Enrol(ctx context.Context, p Pod) (Answer, error) {
+func (e *enroller) Enrol(ctx context.Context, p Pod, netns *os.File) (Answer, error) {
+	ino := inode(netns)
+	netns.Close()
 	e.mu.Lock()
-	e.got = append(e.got, p)
+	e.got, e.inodes = append(e.got, p), append(e.inodes, ino)
 	e.mu.Unlock()
 	if e.block {
 		<-ctx.Done()
@@ -59,6 +65,26 @@ func serve(t *testing.T, cfg Config, en Enroller) string {
 	return path
 }
 
+func inode(f *os.File) uint64 {
+	var st unix.Stat_t
+	if unix.Fstat(int(f.Fd()), &st) != nil {
+		return 0
+	}
+	return st.Ino
+}
+
+// netns opens this process's network namespace, as the plugin opens the
+// pod's.
+func netns(t *testing.T) *os.File {
+	t.Helper()
+	f, err := os.Open("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
+}
+
 var pod = Pod{Namespace: "app", Name: "a", UID: "a-uid", ContainerID: "c0ffee", NetNS: "/var/run/netns/cni-1",
 	IPs: []netip.Addr{netip.MustParseAddr("10.244.0.5"), netip.MustParseAddr("fd00::5")}}
 
@@ -79,7 +105,8 @@ func TestAdd(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			socket := serve(t, Config{Timeout: 100 * time.Millisecond}, tc.en)
-			got, err := Add(t.Context(), socket, tc.pod)
+			ns := netns(t)
+			got, err := Add(t.Context(), socket, tc.pod, ns)
 			if tc.errHas != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.errHas) || errors.Is(err, ErrUnreachable) {
 					t.Fatalf("Add = %+v, %v; want an error from the agent containing %q", got, err, tc.errHas)
@@ -91,6 +118,9 @@ func TestAdd(t *testing.T) {
 			}
 			if len(tc.en.got) != 1 || !reflect.DeepEqual(tc.en.got[0], tc.pod) {
 				t.Errorf("the agent got %+v, want %+v", tc.en.got, tc.pod)
+			}
+			if want := inode(ns); len(tc.en.inodes) != 1 || tc.en.inodes[0] != want || want == 0 {
+				t.Errorf("the agent got namespaces of inodes %v, want the one passed, %d", tc.en.inodes, want)
 			}
 		})
 	}
@@ -110,7 +140,7 @@ func TestAddUnreachable(t *testing.T) {
 		t.Fatalf("the socket file after Close: %v, want it kept for the next agent", err)
 	}
 	for _, socket := range []string{filepath.Join(dir, "absent.sock"), left} {
-		if _, err := Add(t.Context(), socket, pod); !errors.Is(err, ErrUnreachable) {
+		if _, err := Add(t.Context(), socket, pod, netns(t)); !errors.Is(err, ErrUnreachable) {
 			t.Errorf("Add to %s = %v, want ErrUnreachable", socket, err)
 		}
 	}

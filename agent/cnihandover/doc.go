@@ -6,9 +6,11 @@
 // not captured anyway. Anything else fails the ADD, and the kubelet makes
 // the sandbox again later: no container of a captured pod runs uncaptured.
 //
-// It speaks HTTP/1.1 over a unix socket in a host directory only root may
-// enter (Listen): the kubelet runs the plugin as root on the node, and the
-// agent, on the host network, serves it.
+// The plugin connects to a unix socket in a host directory only root may
+// enter (Listen; the kubelet runs the plugin as root on the node), sends
+// the pod as JSON with the namespace's file descriptor (SCM_RIGHTS: the
+// agent's container does not see the runtime's /var/run/netns), and closes
+// its side; the agent answers JSON and closes. One handover a connection.
 //
 // It must not decide whether a pod is captured, nor enrol it: the agent's
 // Enroller does, behind the Enroller interface.

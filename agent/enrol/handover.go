@@ -39,7 +39,7 @@ func (e *Enroller) Workload(ctx context.Context, pod snapshot.ObjectRef, uid str
 	}
 }
 
-// Adopt enrols w's pod in the network namespace at netnsPath at once, before
+// Adopt enrols w's pod in the network namespace ns at once, before
 // the Snapshot knows the pod's address: the CNI plugin hands it over while
 // the pod's sandbox is made, so that none of its containers runs
 // uncaptured. w.IPs are the addresses the CNI plugins gave the pod; the
@@ -47,11 +47,13 @@ func (e *Enroller) Workload(ctx context.Context, pod snapshot.ObjectRef, uid str
 // Snapshot lists it with an address (the same, it is the Snapshot's pod
 // from then on; another, an older sandbox's, it waits), or with an address
 // and not enrolled, or no longer lists it. It returns once the enrolment
-// map holds the namespace's cookie. Deciding whether the pod is enrolled
-// is the caller's (translate's rule).
-func (e *Enroller) Adopt(w snapshot.Workload, netnsPath string) error {
-	ns, ino, err := openHolding(netnsPath, w.IPs)
+// map holds the namespace's cookie. Adopt takes ns over (and closes it
+// when it fails). Deciding whether the pod is enrolled is the caller's
+// (translate's rule).
+func (e *Enroller) Adopt(w snapshot.Workload, ns *podns.NS) error {
+	ino, err := holding(ns, w.IPs)
 	if err != nil {
+		ns.Close()
 		return fmt.Errorf("adopt pod %s: %w", w.Pod, err)
 	}
 	e.mu.Lock()
@@ -103,29 +105,19 @@ func (e *Enroller) adopted(k podKey, ino uint64) error {
 	return nil
 }
 
-// openHolding opens the namespace at path, checking that it holds one of
-// ips, and returns it with its inode.
-func openHolding(path string, ips []netip.Addr) (*podns.NS, uint64, error) {
+// holding checks that ns holds one of ips and returns its inode.
+func holding(ns *podns.NS, ips []netip.Addr) (uint64, error) {
 	if len(ips) == 0 {
-		return nil, 0, errors.New("no pod address was handed over (the CNI plugins before sockmesh's returned none)")
-	}
-	ns, err := podns.Open(path)
-	if err != nil {
-		return nil, 0, err
+		return 0, errors.New("no pod address was handed over (the CNI plugins before sockmesh's returned none)")
 	}
 	addrs, err := ns.Addrs()
-	if err == nil && !slices.ContainsFunc(ips, func(ip netip.Addr) bool { return slices.Contains(addrs, ip.Unmap()) }) {
-		err = fmt.Errorf("the network namespace at %s holds none of the pod's addresses %v", path, ips)
-	}
-	var ino uint64
-	if err == nil {
-		ino, err = ns.Inode()
-	}
 	if err != nil {
-		ns.Close()
-		return nil, 0, err
+		return 0, err
 	}
-	return ns, ino, nil
+	if !slices.ContainsFunc(ips, func(ip netip.Addr) bool { return slices.Contains(addrs, ip.Unmap()) }) {
+		return 0, fmt.Errorf("the network namespace %s holds none of the pod's addresses %v", ns.Path(), ips)
+	}
+	return ns.Inode()
 }
 
 // keepHandedOver reports whether the handed-over pod p (key k) stays, given

@@ -11,6 +11,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/datapath"
+	"github.com/sockmesh/sockmesh/datapath/podns"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 )
 
@@ -42,7 +43,7 @@ func TestAdoptBeforeAddress(t *testing.T) {
 		t.Fatal(err)
 	}
 	scans := counter(t, e.m.scans)
-	if err := e.Adopt(handedOver(unaddressed("a"), ipA), ns.Path()); err != nil {
+	if err := e.Adopt(handedOver(unaddressed("a"), ipA), open(t, ns.Path())); err != nil {
 		t.Fatalf("Adopt: %v", err)
 	}
 	want := map[uint64]datapath.Proxy{cookie: nodeProxy}
@@ -122,7 +123,7 @@ func TestAdoptedPodReleased(t *testing.T) {
 			if err := e.Update(snap(t, unaddressed("a"))); err != nil {
 				t.Fatal(err)
 			}
-			if err := e.Adopt(handedOver(unaddressed("a"), ipA), ns.Path()); err != nil {
+			if err := e.Adopt(handedOver(unaddressed("a"), ipA), open(t, ns.Path())); err != nil {
 				t.Fatalf("Adopt: %v", err)
 			}
 			if err := e.Update(snap(t, tc.s)); err != nil {
@@ -145,15 +146,14 @@ func TestAdoptErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
-		name, path string
-		ips        []netip.Addr
-		want       string
+		name string
+		ips  []netip.Addr
+		want string
 	}{
-		{"no address handed over", ns.Path(), nil, "no pod address"},
-		{"another pod's namespace", ns.Path(), []netip.Addr{ipB}, "holds none of the pod's addresses"},
-		{"no namespace there", "/proc/self/ns/absent", []netip.Addr{ipA}, "absent"},
+		{"no address handed over", nil, "no pod address"},
+		{"another pod's namespace", []netip.Addr{ipB}, "holds none of the pod's addresses"},
 	} {
-		err := e.Adopt(handedOver(unaddressed("a"), tc.ips...), tc.path)
+		err := e.Adopt(handedOver(unaddressed("a"), tc.ips...), open(t, ns.Path()))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: Adopt = %v, want an error containing %q", tc.name, err, tc.want)
 		}
@@ -164,6 +164,16 @@ func TestAdoptErrors(t *testing.T) {
 	if got := e.Pods(); len(got) != 0 {
 		t.Errorf("pods after failed adoptions = %+v, want none", got)
 	}
+}
+
+// open opens the namespace at path as the CNI handover passes it.
+func open(t *testing.T, path string) *podns.NS {
+	t.Helper()
+	ns, err := podns.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ns
 }
 
 // TestWorkloadWaits: Workload waits for a Snapshot listing the pod with the

@@ -13,9 +13,11 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/sockmesh/sockmesh/agent/cnihandover"
+	"github.com/sockmesh/sockmesh/internal/sandbox"
 )
 
 // envPlugin makes the test binary the plugin: the tests run it as the
@@ -35,14 +37,20 @@ func TestMain(m *testing.M) {
 type agent struct {
 	mu     sync.Mutex
 	got    []cnihandover.Pod
+	inodes []uint64 // of the namespaces that came with them
 	answer cnihandover.Answer
 	err    error
 }
 
-func (a *agent) Enrol(_ context.Context, p cnihandover.Pod) (cnihandover.Answer, error) {
+func (a *agent) Enrol(_ context.Context, p cnihandover.Pod, netns *os.File) (cnihandover.Answer, error) {
+	defer netns.Close()
+	fi, err := netns.Stat()
+	if err != nil {
+		return cnihandover.Answer{}, err
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.got = append(a.got, p)
+	a.got, a.inodes = append(a.got, p), append(a.inodes, fi.Sys().(*syscall.Stat_t).Ino)
 	return a.answer, a.err
 }
 
@@ -87,12 +95,20 @@ type run struct {
 	err            error
 }
 
-// invoke runs the plugin as a runtime does.
-func invoke(t *testing.T, command, args, stdin string) run {
+// podNetNS makes the pod's network namespace (the runtime's plugins check
+// that it is not theirs) and returns its path.
+func podNetNS(t *testing.T) string {
+	t.Helper()
+	return sandbox.NewNetNS(t).Path()
+}
+
+// invoke runs the plugin as a runtime does, for a pod in the namespace at
+// netnsPath.
+func invoke(t *testing.T, command, netnsPath, args, stdin string) run {
 	t.Helper()
 	cmd := exec.CommandContext(t.Context(), os.Args[0])
 	cmd.Env = append(os.Environ(), envPlugin+"=1", "CNI_COMMAND="+command, "CNI_CONTAINERID=c0ffee",
-		"CNI_NETNS=/var/run/netns/cni-1", "CNI_IFNAME=eth0", "CNI_PATH=/opt/cni/bin", "CNI_ARGS="+args)
+		"CNI_NETNS="+netnsPath, "CNI_IFNAME=eth0", "CNI_PATH=/opt/cni/bin", "CNI_ARGS="+args)
 	cmd.Stdin = strings.NewReader(stdin)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -120,17 +136,25 @@ func cniError(t *testing.T, r run) string {
 func TestAddCaptured(t *testing.T) {
 	a := &agent{answer: cnihandover.Answer{Captured: true}}
 	socket := serveAgent(t, a)
-	r := invoke(t, "ADD", podArgs, config(socket, ""))
+	netnsPath := podNetNS(t)
+	r := invoke(t, "ADD", netnsPath, podArgs, config(socket, ""))
 	if r.err != nil {
 		t.Fatalf("ADD: %v\nstdout %s\nstderr %s", r.err, r.stdout, r.stderr)
 	}
 	if r.stdout != prevResult {
 		t.Errorf("ADD printed\n%s\nwant the previous result untouched\n%s", r.stdout, prevResult)
 	}
-	want := []cnihandover.Pod{{Namespace: "app", Name: "a", UID: "a-uid", ContainerID: "c0ffee", NetNS: "/var/run/netns/cni-1",
+	want := []cnihandover.Pod{{Namespace: "app", Name: "a", UID: "a-uid", ContainerID: "c0ffee", NetNS: netnsPath,
 		IPs: []netip.Addr{netip.MustParseAddr("10.244.0.5"), netip.MustParseAddr("fd00:244::5")}}}
 	if got := a.handovers(); !reflect.DeepEqual(got, want) {
 		t.Errorf("the agent got %+v, want %+v", got, want)
+	}
+	fi, err := os.Stat(netnsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ino := fi.Sys().(*syscall.Stat_t).Ino; !reflect.DeepEqual(a.inodes, []uint64{ino}) {
+		t.Errorf("the agent got namespaces of inodes %v, want the pod's, %d", a.inodes, ino)
 	}
 }
 
@@ -140,6 +164,7 @@ func TestAddCaptured(t *testing.T) {
 func TestAddFailsClosed(t *testing.T) {
 	failing := serveAgent(t, &agent{err: errors.New("the enrolment map's last write failed")})
 	none := filepath.Join(t.TempDir(), "absent.sock")
+	netnsPath := podNetNS(t)
 	for _, tc := range []struct {
 		name, socket, extra, errHas string
 	}{
@@ -150,7 +175,7 @@ func TestAddFailsClosed(t *testing.T) {
 		{"the agent failed, exempt", failing, `,"exemptNamespaces":["app"]`, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := invoke(t, "ADD", podArgs, config(tc.socket, tc.extra))
+			r := invoke(t, "ADD", netnsPath, podArgs, config(tc.socket, tc.extra))
 			if tc.errHas != "" {
 				if msg := cniError(t, r); !strings.Contains(msg, tc.errHas) {
 					t.Errorf("ADD failed with %q, want it to say %q", msg, tc.errHas)
@@ -169,13 +194,14 @@ func TestAddFailsClosed(t *testing.T) {
 
 func TestAddErrors(t *testing.T) {
 	socket := serveAgent(t, &agent{answer: cnihandover.Answer{Captured: true}})
+	netnsPath := podNetNS(t)
 	for _, tc := range []struct{ name, stdin, errHas string }{
 		{"not chained", `{"cniVersion":"1.0.0","name":"smnet","type":"sockmesh-cni","socket":"` + socket + `"}`, "must be chained after"},
 		{"bad timeout", config(socket, `,"timeout":"soon"`), `timeout "soon"`},
 		{"bad previous result", strings.Replace(config(socket, ""), "10.244.0.5/24", "10.244.0.5", 1), "previous result"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if msg := cniError(t, invoke(t, "ADD", podArgs, tc.stdin)); !strings.Contains(msg, tc.errHas) {
+			if msg := cniError(t, invoke(t, "ADD", netnsPath, podArgs, tc.stdin)); !strings.Contains(msg, tc.errHas) {
 				t.Errorf("ADD failed with %q, want it to say %q", msg, tc.errHas)
 			}
 		})
@@ -185,7 +211,7 @@ func TestAddErrors(t *testing.T) {
 // TestNotAPod: a container of no Kubernetes pod has nothing to hand over.
 func TestNotAPod(t *testing.T) {
 	none := filepath.Join(t.TempDir(), "absent.sock")
-	r := invoke(t, "ADD", "IgnoreUnknown=1", config(none, ""))
+	r := invoke(t, "ADD", podNetNS(t), "IgnoreUnknown=1", config(none, ""))
 	if r.err != nil || r.stdout != prevResult {
 		t.Errorf("ADD without K8S_POD_NAME = %v, stdout %q; want the previous result", r.err, r.stdout)
 	}
@@ -194,15 +220,16 @@ func TestNotAPod(t *testing.T) {
 func TestDelCheckVersion(t *testing.T) {
 	a := &agent{}
 	socket := serveAgent(t, a)
+	netnsPath := podNetNS(t)
 	for _, cmd := range []string{"DEL", "CHECK"} {
-		if r := invoke(t, cmd, podArgs, config(socket, "")); r.err != nil || r.stdout != "" {
+		if r := invoke(t, cmd, netnsPath, podArgs, config(socket, "")); r.err != nil || r.stdout != "" {
 			t.Errorf("%s = %v, stdout %q; want success, nothing printed", cmd, r.err, r.stdout)
 		}
 	}
 	if got := a.handovers(); len(got) != 0 {
 		t.Errorf("DEL and CHECK handed over %+v, want nothing", got)
 	}
-	r := invoke(t, "VERSION", "", `{"cniVersion":"1.0.0"}`)
+	r := invoke(t, "VERSION", "", "", `{"cniVersion":"1.0.0"}`)
 	var v struct {
 		Supported []string `json:"supportedVersions"`
 	}

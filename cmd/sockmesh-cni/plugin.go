@@ -73,7 +73,7 @@ func add(args *skel.CmdArgs, stdout, stderr io.Writer) error {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
-		if _, err := cnihandover.Add(ctx, c.Socket, p); err != nil {
+		if err := handOver(ctx, c.Socket, p); err != nil {
 			if !slices.Contains(c.ExemptNamespaces, p.Namespace) {
 				return err
 			}
@@ -83,6 +83,19 @@ func add(args *skel.CmdArgs, stdout, stderr io.Writer) error {
 	}
 	// Not a Kubernetes pod (no K8S_POD_NAME): nothing to hand over.
 	_, err = stdout.Write(c.PrevResult)
+	return err
+}
+
+// handOver passes the pod's network namespace to the agent, by
+// descriptor: the agent's container does not see the runtime's netns
+// mounts.
+func handOver(ctx context.Context, socket string, p cnihandover.Pod) error {
+	netns, err := os.Open(p.NetNS)
+	if err != nil {
+		return fmt.Errorf("open the pod's network namespace: %w", err)
+	}
+	defer netns.Close()
+	_, err = cnihandover.Add(ctx, socket, p, netns)
 	return err
 }
 

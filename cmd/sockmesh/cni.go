@@ -11,6 +11,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/datapath/podns"
 )
 
 // cniSettings configure the CNI handover: sockmesh-cni hands a pod's
@@ -28,16 +29,22 @@ type cniSettings struct {
 // Snapshot lists it, translate's rule, the Enroller's adoption.
 type cniEnroller struct{ en *enrol.Enroller }
 
-func (c cniEnroller) Enrol(ctx context.Context, p cnihandover.Pod) (cnihandover.Answer, error) {
-	w, err := c.en.Workload(ctx, snapshot.ObjectRef{Namespace: p.Namespace, Name: p.Name}, p.UID)
+func (c cniEnroller) Enrol(ctx context.Context, p cnihandover.Pod, netns *os.File) (cnihandover.Answer, error) {
+	ns, err := podns.FromFile(netns)
 	if err != nil {
 		return cnihandover.Answer{}, err
 	}
+	w, err := c.en.Workload(ctx, snapshot.ObjectRef{Namespace: p.Namespace, Name: p.Name}, p.UID)
+	if err != nil {
+		ns.Close()
+		return cnihandover.Answer{}, err
+	}
 	if !translate.EnrolledOnceAddressed(w) {
+		ns.Close()
 		return cnihandover.Answer{Reason: w.NotEnrolled}, nil
 	}
 	w.IPs = p.IPs // the API server may have none yet, or an older sandbox's
-	if err := c.en.Adopt(w, p.NetNS); err != nil {
+	if err := c.en.Adopt(w, ns); err != nil {
 		return cnihandover.Answer{}, err
 	}
 	return cnihandover.Answer{Captured: true}, nil

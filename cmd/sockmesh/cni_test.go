@@ -77,7 +77,7 @@ func TestCNIHandover(t *testing.T) {
 
 	early := cnihandover.Pod{Namespace: "app", Name: "client", UID: "00000000-0000-4000-8000-0000000000c1",
 		NetNS: e.client.Path(), IPs: []netip.Addr{addrs.Client.Addr()}}
-	if got, err := cnihandover.Add(t.Context(), socket, early); err != nil || !got.Captured {
+	if got, err := cnihandover.Add(t.Context(), socket, early, openNetNS(t, early.NetNS)); err != nil || !got.Captured {
 		t.Fatalf("hand over app/client = %+v, %v; want captured", got, err)
 	}
 	checkTLSOriginated(t, e.get(t, "/first"))
@@ -89,7 +89,7 @@ func TestCNIHandover(t *testing.T) {
 
 	quiet := cnihandover.Pod{Namespace: "app", Name: "quiet", UID: "00000000-0000-4000-8000-0000000000c2",
 		NetNS: e.client.Path(), IPs: []netip.Addr{addrs.Client.Addr()}}
-	if got, err := cnihandover.Add(t.Context(), socket, quiet); err != nil || got.Captured || !strings.Contains(got.Reason, "disabled") {
+	if got, err := cnihandover.Add(t.Context(), socket, quiet, openNetNS(t, quiet.NetNS)); err != nil || got.Captured || !strings.Contains(got.Reason, "disabled") {
 		t.Errorf("hand over app/quiet = %+v, %v; want not captured, for its label", got, err)
 	}
 
@@ -105,6 +105,17 @@ func TestCNIHandover(t *testing.T) {
 	if got := chained(t, conf); got != "" {
 		t.Errorf("chained entry after uninstall = %s, want none", got)
 	}
+}
+
+// openNetNS opens the namespace at path, as the plugin does.
+func openNetNS(t *testing.T, path string) *os.File {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return f
 }
 
 // chained returns the sockmesh-cni entry of the network configuration at

@@ -26,14 +26,21 @@ func Open(path string) (*NS, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open netns %s: %w", path, err)
 	}
+	return FromFile(f)
+}
+
+// FromFile takes f, a descriptor of a network namespace (one another
+// process passed over a unix socket, from a path this process may not
+// see), as an NS; Path is f's name. f is closed when it is none.
+func FromFile(f *os.File) (*NS, error) {
 	var st unix.Statfs_t
 	if err := unix.Fstatfs(int(f.Fd()), &st); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("open netns %s: %w", path, err)
+		return nil, fmt.Errorf("open netns %s: %w", f.Name(), err)
 	}
 	if uint32(st.Type) != unix.NSFS_MAGIC {
 		f.Close()
-		return nil, fmt.Errorf("open netns %s: not a namespace file", path)
+		return nil, fmt.Errorf("open netns %s: not a namespace file", f.Name())
 	}
 	return &NS{f: f}, nil
 }
