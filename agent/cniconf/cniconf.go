@@ -19,39 +19,36 @@ const PluginType = "sockmesh-cni"
 // its own (it may, later).
 var ErrNoNetwork = errors.New("no CNI network configuration")
 
-// Config says where to install the plugin and what its entry holds.
-type Config struct {
-	// ConfDir is the runtime's CNI conf directory (/etc/cni/net.d).
-	ConfDir string
-	// BinDir is the runtime's CNI bin directory (/opt/cni/bin).
-	BinDir string
-	// Binary is the plugin binary to install (the agent image's).
-	Binary string
-	// Entry holds the entry's fields besides its type: socket, timeout,
-	// exemptNamespaces (see cmd/sockmesh-cni).
-	Entry map[string]any
+// InstallBinary puts the plugin binary src into binDir, as PluginType.
+func InstallBinary(src, binDir string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("open the sockmesh-cni binary to install: %w", err)
+	}
+	defer in.Close()
+	// By rename: a plugin being run keeps the file it runs.
+	return writeFrom(filepath.Join(binDir, PluginType), in, 0o755)
 }
 
-// Install puts the binary in BinDir, then the entry in the network
-// configuration the runtime uses; it returns that file's path.
-func Install(cfg Config) (string, error) {
-	if err := installBinary(cfg.Binary, filepath.Join(cfg.BinDir, PluginType)); err != nil {
-		return "", err
-	}
-	path, err := networkFile(cfg.ConfDir)
+// Chain puts the plugin's entry, last, in the network configuration of
+// confDir the runtime uses, and returns that file's path. entry holds the
+// entry's fields besides its type: socket, timeout, exemptNamespaces (see
+// cmd/sockmesh-cni). A file that holds the entry as wanted is not written.
+func Chain(confDir string, entry map[string]any) (string, error) {
+	path, err := networkFile(confDir)
 	if err != nil {
 		return "", err
 	}
-	entry := map[string]any{"type": PluginType}
-	for k, v := range cfg.Entry {
-		entry[k] = v
+	e := map[string]any{"type": PluginType}
+	for k, v := range entry {
+		e[k] = v
 	}
-	raw, err := json.Marshal(entry)
+	raw, err := json.Marshal(e)
 	if err != nil {
 		return "", fmt.Errorf("encode the sockmesh-cni entry: %w", err)
 	}
-	return path, edit(path, func(plugins []json.RawMessage) ([]json.RawMessage, error) {
-		return append(withoutOurs(plugins), raw), nil
+	return path, edit(path, func(plugins []json.RawMessage) []json.RawMessage {
+		return append(withoutOurs(plugins), raw)
 	})
 }
 
@@ -64,9 +61,7 @@ func Uninstall(confDir, binDir string) error {
 	}
 	var errs []error
 	for _, f := range files {
-		errs = append(errs, edit(f, func(plugins []json.RawMessage) ([]json.RawMessage, error) {
-			return withoutOurs(plugins), nil
-		}))
+		errs = append(errs, edit(f, withoutOurs))
 	}
 	if err := os.Remove(filepath.Join(binDir, PluginType)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("remove the sockmesh-cni binary: %w", err))
@@ -108,7 +103,7 @@ func networkFile(confDir string) (string, error) {
 
 // edit rewrites path's plugin list with change, keeping every other field;
 // a file change leaves as it was is not written.
-func edit(path string, change func([]json.RawMessage) ([]json.RawMessage, error)) error {
+func edit(path string, change func([]json.RawMessage) []json.RawMessage) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("read CNI network configuration: %w", err)
@@ -126,10 +121,7 @@ func edit(path string, change func([]json.RawMessage) ([]json.RawMessage, error)
 	if err := json.Unmarshal(rawPlugins, &plugins); err != nil {
 		return fmt.Errorf("parse the plugin list of %s: %w", path, err)
 	}
-	changed, err := change(plugins)
-	if err != nil {
-		return err
-	}
+	changed := change(plugins)
 	if equalJSON(changed, plugins) {
 		return nil
 	}
@@ -159,17 +151,6 @@ func equalJSON(a, b []json.RawMessage) bool {
 		var cx, cy bytes.Buffer
 		return json.Compact(&cx, x) == nil && json.Compact(&cy, y) == nil && bytes.Equal(cx.Bytes(), cy.Bytes())
 	})
-}
-
-// installBinary copies src to dst through a temporary file renamed over
-// it: a plugin being run keeps the file it runs.
-func installBinary(src, dst string) error {
-	in, err := os.Open(src)
-	if err != nil {
-		return fmt.Errorf("open the sockmesh-cni binary to install: %w", err)
-	}
-	defer in.Close()
-	return writeFrom(dst, in, 0o755)
 }
 
 // writeFile replaces path with data, keeping its mode.

@@ -23,10 +23,24 @@ const bridge = `{
 }
 `
 
-func setup(t *testing.T, files map[string]string) Config {
+// config is a node's CNI directories and the plugin to install.
+type config struct {
+	ConfDir, BinDir, Binary string
+	Entry                   map[string]any
+}
+
+// install installs the plugin as the agent does.
+func install(cfg config) (string, error) {
+	if err := InstallBinary(cfg.Binary, cfg.BinDir); err != nil {
+		return "", err
+	}
+	return Chain(cfg.ConfDir, cfg.Entry)
+}
+
+func setup(t *testing.T, files map[string]string) config {
 	t.Helper()
 	dir := t.TempDir()
-	cfg := Config{ConfDir: filepath.Join(dir, "net.d"), BinDir: filepath.Join(dir, "bin"), Binary: filepath.Join(dir, "plugin"),
+	cfg := config{ConfDir: filepath.Join(dir, "net.d"), BinDir: filepath.Join(dir, "bin"), Binary: filepath.Join(dir, "plugin"),
 		Entry: map[string]any{"socket": "/var/run/sockmesh/cni.sock", "exemptNamespaces": []string{"kube-system"}}}
 	for _, d := range []string{cfg.ConfDir, cfg.BinDir} {
 		if err := os.Mkdir(d, 0o755); err != nil {
@@ -71,7 +85,7 @@ func mustDecode(s string) map[string]any {
 func TestInstallUninstall(t *testing.T) {
 	other := `{"cniVersion": "1.0.0", "name": "later", "plugins": [{"type": "ptp"}]}`
 	cfg := setup(t, map[string]string{"10-smnet.conflist": bridge, "20-later.conflist": other, "README": "not a configuration"})
-	path, err := Install(cfg)
+	path, err := install(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +110,7 @@ func TestInstallUninstall(t *testing.T) {
 
 	// Again: the file holds the entry as wanted and is not written.
 	before, _ := os.Stat(path)
-	if _, err := Install(cfg); err != nil {
+	if _, err := install(cfg); err != nil {
 		t.Fatal(err)
 	}
 	if after, _ := os.Stat(path); !os.SameFile(before, after) {
@@ -104,7 +118,7 @@ func TestInstallUninstall(t *testing.T) {
 	}
 	// A changed entry (another socket) replaces ours: still one.
 	cfg.Entry["socket"] = "/run/other.sock"
-	if _, err := Install(cfg); err != nil {
+	if _, err := install(cfg); err != nil {
 		t.Fatal(err)
 	}
 	plugins := decode(t, path)["plugins"].([]any)
@@ -142,7 +156,7 @@ func TestInstallErrors(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := setup(t, tc.files)
-			_, err := Install(cfg)
+			_, err := install(cfg)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("Install = %v, want an error containing %q", err, tc.want)
 			}

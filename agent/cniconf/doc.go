@@ -6,8 +6,10 @@
 // entries and every other field, with their values (the file is written
 // back indented, its keys sorted).
 //
-// Install is idempotent: a file that holds the entry as wanted is not
-// written again (a runtime watching the directory reloads on writes).
+// Chain is idempotent: a file that holds the entry as wanted is not
+// written again (a runtime watching the directory reloads on writes), so
+// that the agent may chain again and again, as a node's network plugin
+// may rewrite its configuration without the entry.
 // Files are replaced by rename, never written in place, so that the
 // runtime never reads half of one.
 //

@@ -195,24 +195,26 @@ func newLogger(w io.Writer, s settings, events *introspect.Events) *slog.Logger 
 
 // agent is one run of the agent: its parts and what shutdown must undo.
 type agent struct {
-	s        settings
-	log      *slog.Logger
-	self     *podns.NS           // the agent's network namespace, the node's (hostNetwork)
-	reg      *introspect.Catalog // the metrics registry, which remembers what is registered
-	checks   *health.Checks
-	cp       *controlplane.ControlPlane
-	dp       *datapath.Datapath
-	px       *proxy.Proxy
-	en       *enrol.Enroller
-	ap       *apply.Applier
-	cni      *cnihandover.Server
-	cniLn    *net.UnixListener
-	nodeLns  []net.Listener
-	started  atomic.Bool // start built every part
-	serving  atomic.Bool // the first Snapshot is applied and the node listeners served
-	stopping atomic.Bool // shutdown began
-	report   *introspect.Sources
-	intro    *httpapi.Server
+	s      settings
+	log    *slog.Logger
+	self   *podns.NS           // the agent's network namespace, the node's (hostNetwork)
+	reg    *introspect.Catalog // the metrics registry, which remembers what is registered
+	checks *health.Checks
+	cp     *controlplane.ControlPlane
+	dp     *datapath.Datapath
+	px     *proxy.Proxy
+	en     *enrol.Enroller
+	ap     *apply.Applier
+	cni    *cnihandover.Server
+	cniLn  *net.UnixListener
+	// cniChained is the last outcome of chaining sockmesh-cni (cni.go).
+	cniChained error
+	nodeLns    []net.Listener
+	started    atomic.Bool // start built every part
+	serving    atomic.Bool // the first Snapshot is applied and the node listeners served
+	stopping   atomic.Bool // shutdown began
+	report     *introspect.Sources
+	intro      *httpapi.Server
 }
 
 // runAgent runs the agent until ctx ends (a signal) or a part fails, then
@@ -468,6 +470,7 @@ func (a *agent) run(ctx context.Context) error {
 			cancel(err)
 		}
 	})
+	wg.Go(func() { a.keepCNIChained(runCtx) })
 	wg.Go(func() {
 		if err := a.intro.Serve(runCtx); err != nil {
 			cancel(err)

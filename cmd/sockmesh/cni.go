@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/sockmesh/sockmesh/agent/cniconf"
 	"github.com/sockmesh/sockmesh/agent/cnihandover"
@@ -50,11 +52,12 @@ func (c cniEnroller) Enrol(ctx context.Context, p cnihandover.Pod, netns *os.Fil
 	return cnihandover.Answer{Captured: true}, nil
 }
 
-// startCNI opens the handover socket and, with --cni-conf-dir, chains the
-// plugin into the node's CNI configuration: after the socket, so that the
-// plugin's first ADD finds it. Serving starts in run.
+// startCNI opens the handover socket and, with --cni-conf-dir, installs
+// the plugin's binary and chains it into the node's CNI configuration:
+// after the socket, so that the plugin's first ADD finds it. Serving and
+// keeping the entry chained start in run.
 func (a *agent) startCNI() error {
-	c := a.s.cni
+	c := &a.s.cni
 	if c.socket == "" {
 		return nil
 	}
@@ -75,13 +78,56 @@ func (a *agent) startCNI() error {
 		}
 		c.plugin = filepath.Join(filepath.Dir(self), cniconf.PluginType)
 	}
-	path, err := cniconf.Install(cniconf.Config{ConfDir: c.confDir, BinDir: c.binDir, Binary: c.plugin,
-		Entry: map[string]any{"socket": c.socket, "exemptNamespaces": c.exempt}})
-	if err != nil {
-		return fmt.Errorf("chain sockmesh-cni: %w", err)
+	if err := cniconf.InstallBinary(c.plugin, c.binDir); err != nil {
+		return err
 	}
-	a.log.Info("sockmesh-cni chained", "conf", path, "socket", c.socket)
+	a.cniChained = a.chainCNI(errUnchained)
 	return nil
+}
+
+// errUnchained is the outcome before the first chaining: its success is
+// logged.
+var errUnchained = errors.New("not chained yet")
+
+// cniChainEvery is how often the agent checks that sockmesh-cni is still
+// chained: a node's network plugin may write its configuration after the
+// agent started (a new node), or rewrite it without the entry (its
+// upgrade). Checking reads a small file and writes only when it changed.
+const cniChainEvery = 10 * time.Second
+
+// keepCNIChained chains sockmesh-cni again every cniChainEvery until ctx
+// ends.
+func (a *agent) keepCNIChained(ctx context.Context) {
+	if a.s.cni.confDir == "" {
+		return
+	}
+	t := time.NewTicker(cniChainEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		a.cniChained = a.chainCNI(a.cniChained)
+	}
+}
+
+// chainCNI chains sockmesh-cni and logs when the outcome differs from
+// last's; it returns the new outcome.
+func (a *agent) chainCNI(last error) error {
+	c := a.s.cni
+	path, err := cniconf.Chain(c.confDir, map[string]any{"socket": c.socket, "exemptNamespaces": c.exempt})
+	switch {
+	case err == nil && last != nil:
+		a.log.Info("sockmesh-cni chained", "conf", path, "socket", c.socket)
+	case err != nil && (last == nil || err.Error() != last.Error()):
+		// Capture goes on without it, from when the API server has a pod's
+		// address (docs/failures.md).
+		a.log.Warn("cannot chain sockmesh-cni: pods are captured only once the API server has their address",
+			"conf_dir", c.confDir, "err", err)
+	}
+	return err
 }
 
 // serveCNI serves the handover socket until close.

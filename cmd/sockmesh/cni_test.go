@@ -13,6 +13,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/cniconf"
 	"github.com/sockmesh/sockmesh/agent/cnihandover"
 	"github.com/sockmesh/sockmesh/agent/enrol"
+	"github.com/sockmesh/sockmesh/internal/agentproc"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 )
 
@@ -54,10 +55,6 @@ func TestCNIHandover(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	conf := filepath.Join(confDir, "10-smnet.conflist")
-	if err := os.WriteFile(conf, []byte(netConf), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	if err := os.WriteFile(plugin, []byte("plugin"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -67,6 +64,16 @@ func TestCNIHandover(t *testing.T) {
 	if _, err := a.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}
+	// The node's network plugin writes its configuration after the agent
+	// started: the agent chains sockmesh-cni into it then.
+	a.logged(t, "that it cannot chain sockmesh-cni yet", func(r agentproc.Record) bool {
+		return r.Msg() == "cannot chain sockmesh-cni: pods are captured only once the API server has their address"
+	})
+	conf := filepath.Join(confDir, "10-smnet.conflist")
+	if err := os.WriteFile(conf, []byte(netConf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a.logged(t, "sockmesh-cni chained", func(r agentproc.Record) bool { return r.Msg() == "sockmesh-cni chained" })
 	want := `{"type":"sockmesh-cni","socket":"` + socket + `","exemptNamespaces":["kube-system"]}`
 	if got := chained(t, conf); !jsonEqual(t, got, want) {
 		t.Errorf("chained entry = %s, want %s", got, want)
