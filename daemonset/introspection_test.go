@@ -61,8 +61,8 @@ var (
 // and rotatable, and the operators' roles; every other object and field is
 // the default install's.
 func TestIntrospectionTCPComponent(t *testing.T) {
-	base := byKey(kustomize(t, false))
-	with := byKey(kustomize(t, true))
+	base := byKey(kustomize(t, ""))
+	with := byKey(kustomize(t, component))
 
 	// The default install, kustomized, is the files as written.
 	if diff := cmp.Diff(byKey(objects(t)), base); diff != "" {
@@ -112,7 +112,7 @@ func TestIntrospectionTCPComponent(t *testing.T) {
 // in a real kube-apiserver: its validation (the projected volume's sources
 // and paths, a kubernetes.io/tls Secret's keys) accepts them.
 func TestIntrospectionTCPAgainstAPIServer(t *testing.T) {
-	ds := typed[appsv1.DaemonSet](t, []map[string]any{byKey(kustomize(t, true))["DaemonSet/sockmesh-system/sockmesh"]}, "DaemonSet")[0]
+	ds := typed[appsv1.DaemonSet](t, []map[string]any{byKey(kustomize(t, component))["DaemonSet/sockmesh-system/sockmesh"]}, "DaemonSet")[0]
 	// The agent's init container is privileged, as a kubelet must allow.
 	env := apiserver.Start(t, "--allow-privileged=true")
 	ctx := t.Context()
@@ -325,9 +325,9 @@ func componentRoles(t *testing.T) []map[string]any {
 }
 
 // kustomize runs `kubectl kustomize` (the kubectl of test/apiserver's
-// binaries) on a kustomization of daemonset/, with the component or
-// without, and decodes what it prints.
-func kustomize(t *testing.T, withComponent bool) []map[string]any {
+// binaries) on a kustomization of daemonset/, with the component of that
+// directory or none (""), and decodes what it prints.
+func kustomize(t *testing.T, component string) []map[string]any {
 	t.Helper()
 	bins, err := apiserver.FindBinaries()
 	if errors.Is(err, apiserver.ErrNoBinaries) {
@@ -347,7 +347,7 @@ func kustomize(t *testing.T, withComponent bool) []map[string]any {
 		t.Fatal(err)
 	}
 	k := fmt.Sprintf("resources: [%s]\n", rel)
-	if withComponent {
+	if component != "" {
 		k += fmt.Sprintf("components: [%s]\n", filepath.Join(rel, component))
 	}
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o600); err != nil {

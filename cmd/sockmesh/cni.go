@@ -58,12 +58,13 @@ func (c cniEnroller) Enrol(ctx context.Context, p cnihandover.Pod, netns *os.Fil
 // keeping the entry chained start in run.
 func (a *agent) startCNI() error {
 	c := &a.s.cni
-	if c.socket == "" {
-		return nil
-	}
 	var err error
+	// Made without --cni-socket too: its metric is always there.
 	if a.cni, err = cnihandover.NewServer(cnihandover.Config{}, cniEnroller{a.en}, a.log, a.reg); err != nil {
 		return err
+	}
+	if c.socket == "" {
+		return nil
 	}
 	if a.cniLn, err = cnihandover.Listen(c.socket); err != nil {
 		return err
@@ -132,7 +133,7 @@ func (a *agent) chainCNI(last error) error {
 
 // serveCNI serves the handover socket until close.
 func (a *agent) serveCNI() error {
-	if a.cni == nil {
+	if a.cniLn == nil {
 		return nil
 	}
 	return a.cni.Serve(a.cniLn)

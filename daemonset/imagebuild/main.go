@@ -3,8 +3,8 @@
 // `ctr -n k8s.io images import` (see daemonset/image). It needs no Docker
 // engine and no registry.
 //
-//	CGO_ENABLED=0 go build -o bin/ ./cmd/sockmesh
-//	go run ./daemonset/imagebuild -tag localhost/sockmesh:dev -o sockmesh.tar bin/sockmesh=/sockmesh
+//	CGO_ENABLED=0 go build -o bin/ ./cmd/sockmesh ./cmd/sockmesh-cni
+//	go run ./daemonset/imagebuild -tag localhost/sockmesh:dev -o sockmesh.tar bin/sockmesh=/sockmesh bin/sockmesh-cni=/sockmesh-cni
 package main
 
 import (
