@@ -76,8 +76,10 @@ func TestDefaults(t *testing.T) {
 		gcHeapFloor:   gcfloor.Default,
 		kubeQPS:       100, kubeBurst: 200, maxConnsPerPod: 4096, stallTimeout: time.Minute, poolPodShare: 0.875,
 		dns: resolve.Config{MaxStale: 5 * time.Minute, Parallel: 64},
+		// The CNI handover is off; its plugin's defaults wait for it.
+		cni: cniSettings{binDir: "/opt/cni/bin", exempt: []string{"kube-system"}},
 	}
-	if diff := cmp.Diff(want, got, cmp.AllowUnexported(settings{}), cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
+	if diff := cmp.Diff(want, got, cmp.AllowUnexported(settings{}, cniSettings{}), cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
 		cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b })); diff != "" {
 		t.Errorf("settings from defaults (-want +got):\n%s", diff)
 	}
@@ -448,6 +450,7 @@ func TestSettingsErrors(t *testing.T) {
 		{"missing manifests directory", node, []string{"--source=file", "--manifests=" + missing}, "--manifests"},
 		{"manifests a file", node, []string{"--source=file", "--manifests=" + aFile}, "not a directory"},
 		{"manifests with kubernetes", node, []string{"--source=kubernetes", "--manifests=" + t.TempDir()}, "--manifests applies to --source=file only"},
+		{"cni conf dir without socket", node, []string{"--cni-conf-dir=/etc/cni/net.d"}, "--cni-conf-dir needs --cni-socket"},
 		{"kubeconfig with files", node, []string{"--source=file", "--manifests=" + t.TempDir(), "--kubeconfig=" + aFile}, "--kubeconfig applies"},
 		{"missing kubeconfig", node, []string{"--kubeconfig=" + missing}, "--kubeconfig"},
 		{"introspection TLS without a listener", node, tlsFlags, "apply to --introspection-listen only"},
