@@ -125,6 +125,14 @@ type ControlPlane struct {
 	// gate is the Gate of the leader term under way, nil between terms:
 	// what Writes reports.
 	gate atomic.Pointer[Gate]
+
+	// translate is translate.Translate; tests hand in translations that
+	// failed on an object.
+	translate func(translate.Input) (translate.Result, error)
+	// failing are the objects whose translation panicked at the last
+	// translation (Result.Failures): reported when they start failing,
+	// not at every translation. Only the loop's goroutine uses it.
+	failing map[snapshot.ObjectRef]bool
 }
 
 // pass is one translation: what translate saw and what it said. seq
@@ -142,6 +150,7 @@ type metrics struct {
 	version         prometheus.Gauge
 	writeErrors     *prometheus.CounterVec
 	writeRefusals   *prometheus.CounterVec
+	objectFailures  *prometheus.CounterVec
 }
 
 // New returns a ControlPlane that starts from the empty Snapshot.
@@ -156,11 +165,12 @@ func New(cfg Config, src source.Source, log *slog.Logger, reg prometheus.Registe
 		cfg.Resync = 10 * time.Minute
 	}
 	c := &ControlPlane{
-		cfg:     cfg,
-		src:     src,
-		log:     log.With("component", "controlplane"),
-		updated: make(chan struct{}),
-		wake:    make(chan struct{}, 1),
+		cfg:       cfg,
+		src:       src,
+		translate: translate.Translate,
+		log:       log.With("component", "controlplane"),
+		updated:   make(chan struct{}),
+		wake:      make(chan struct{}, 1),
 		m: metrics{
 			rebuilds: prometheus.NewCounterVec(prometheus.CounterOpts{
 				Name: "sockmesh_controlplane_rebuilds_total",
@@ -183,6 +193,10 @@ func New(cfg Config, src source.Source, log *slog.Logger, reg prometheus.Registe
 				Name: "sockmesh_controlplane_write_refusals_total",
 				Help: "Writes the API server refused in a way a retry cannot change, by reason; rbac holds the resource back until allowed, others are tried again at the next translation.",
 			}, []string{"reason"}),
+			objectFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "sockmesh_controlplane_translate_object_failures_total",
+				Help: "Objects whose translation panicked (a bug their data reached), judged invalid and closed for what they govern, by kind; counted when an object starts failing.",
+			}, []string{"kind"}),
 		},
 	}
 	for _, scope := range []string{"object", "all"} {
@@ -190,7 +204,7 @@ func New(cfg Config, src source.Source, log *slog.Logger, reg prometheus.Registe
 	}
 	c.current.Store(snapshot.Empty())
 	if reg != nil {
-		for _, col := range []prometheus.Collector{c.m.rebuilds, c.m.rebuildDuration, c.m.version, c.m.writeErrors, c.m.writeRefusals} {
+		for _, col := range []prometheus.Collector{c.m.rebuilds, c.m.rebuildDuration, c.m.version, c.m.writeErrors, c.m.writeRefusals, c.m.objectFailures} {
 			if err := reg.Register(col); err != nil {
 				return nil, fmt.Errorf("register controlplane metrics: %w", err)
 			}
@@ -316,7 +330,7 @@ func (c *ControlPlane) rebuild() time.Duration {
 		r.SetHostnames(externalHostnames(in.XBackends))
 		in.Resolved = r.Answers()
 	}
-	res, err := translateSafely(in)
+	res, err := c.translateSafely(in)
 	if err != nil {
 		// Translate fails only on an internal inconsistency (or a bug that
 		// panicked): keep the current Snapshot, which was consistent.
@@ -325,6 +339,7 @@ func (c *ControlPlane) rebuild() time.Duration {
 			"snapshot_version", c.current.Load().Version}, stackAttrs(err)...)...)
 		return c.cfg.Resync
 	}
+	c.reportFailures(res.Failures)
 	wait := retranslateWait(in.Now, res.ChangesAt, c.cfg.Resync)
 	cur := c.current.Load()
 	// The first translation is published even when it is empty: version 0
@@ -487,17 +502,36 @@ func externalHostnames(xbs []*gwxv1alpha1.XBackend) []string {
 	return slices.Compact(hosts)
 }
 
-// translateSafely runs translate.Translate and turns a panic into an error:
-// translate is fuzzed never to panic, but a bug reached by some malformed
-// object must cost one rebuild, not the node's agent.
-func translateSafely(in translate.Input) (res translate.Result, err error) {
+// translateSafely runs translate and turns a panic into an error:
+// translate contains a panic while judging one object to that object
+// (Result.Failures), but one outside any object's judgement must cost one
+// rebuild, not the node's agent.
+func (c *ControlPlane) translateSafely(in translate.Input) (res translate.Result, err error) {
 	err = contain(func() error {
 		var terr error
-		res, terr = translate.Translate(in)
+		res, terr = c.translate(in)
 		return terr
 	})
 	if err != nil {
 		return translate.Result{}, fmt.Errorf("translate: %w", err)
 	}
 	return res, nil
+}
+
+// reportFailures logs and counts the objects whose translation panicked
+// that did not at the last translation: an object that stays malformed
+// fails at every translation (one per endpoint change on a busy
+// cluster), and its stack says nothing new.
+func (c *ControlPlane) reportFailures(failures []translate.Failure) {
+	failing := make(map[snapshot.ObjectRef]bool, len(failures))
+	for _, f := range failures {
+		failing[f.Object] = true
+		if c.failing[f.Object] {
+			continue
+		}
+		c.m.objectFailures.WithLabelValues(f.Object.Kind).Inc()
+		c.log.Error("translation of an object panicked; it is judged invalid, closed for what it governs",
+			"kind", f.Object.Kind, "namespace", f.Object.Namespace, "name", f.Object.Name, "err", f.Panic, "stack", f.Stack)
+	}
+	c.failing = failing
 }

@@ -73,7 +73,7 @@ func (t *translator) translatePolicies() {
 	slices.SortStableFunc(policies, olderFirst)
 	evals := make([]*policyEval, 0, len(policies))
 	for _, p := range policies {
-		evals = append(evals, t.evalPolicy(p))
+		evals = append(evals, t.evalPolicyContained(p))
 	}
 
 	type claims struct{ sectioned, whole []portPolicy }

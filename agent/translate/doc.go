@@ -7,7 +7,10 @@
 // logic lives here and is tested from YAML fixtures in testdata/ (see
 // translate_test.go for the fixture format; go test ./agent/translate -update
 // rewrites the goldens). It never panics on malformed objects, and its Result
-// is sorted, so equal inputs marshal to equal bytes.
+// is sorted, so equal inputs marshal to equal bytes. Should a bug panic
+// while it judges one object, that object alone is left as an invalid one
+// of its kind, closed for what it governs (contain.go), and listed in
+// Result.Failures.
 //
 // # What is captured
 //

@@ -38,6 +38,14 @@ type Result struct {
 	// Result, so the agent translates again at that instant. Zero when no
 	// judgement depends on the time.
 	ChangesAt time.Time
+	// Failures are the objects whose translation panicked, in the order
+	// Translate met them. Each is judged as an invalid object of its kind
+	// is, closed for what it governs: a BackendTLSPolicy's or XBackend's
+	// ports fail closed, a route or XBackendTrafficPolicy is applied
+	// nowhere, and their status says Accepted=False with the internal
+	// error; a Service's ports that a BackendTLSPolicy governs or that
+	// stand for an XBackend fail closed, its others are not captured.
+	Failures []Failure
 }
 
 // Unrepresented is one target of a policy whose status had no room for it

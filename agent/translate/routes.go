@@ -113,14 +113,14 @@ func (t *translator) translateRoutes() {
 	for _, r := range sortedObjects(t.in.HTTPRoutes) {
 		if !seen[key(r)] {
 			seen[key(r)] = true
-			routes = append(routes, t.evalHTTPRoute(r))
+			routes = append(routes, t.evalRouteContained(snapshot.KindHTTPRoute, r.ObjectMeta, r.Spec.ParentRefs, func() *routeEval { return t.evalHTTPRoute(r) }))
 		}
 	}
 	clear(seen)
 	for _, r := range sortedObjects(t.in.GRPCRoutes) {
 		if !seen[key(r)] {
 			seen[key(r)] = true
-			routes = append(routes, t.evalGRPCRoute(r))
+			routes = append(routes, t.evalRouteContained(snapshot.KindGRPCRoute, r.ObjectMeta, r.Spec.ParentRefs, func() *routeEval { return t.evalGRPCRoute(r) }))
 		}
 	}
 	attached := map[portKey]map[string][]*routeEval{} // role ("" producer, else consumer namespace) → routes

@@ -27,29 +27,35 @@ const (
 // XBackend lead there instead.
 func (t *translator) captureServices() {
 	for _, svc := range t.services {
-		if name, ok := svc.Annotations[AnnotationXBackend]; ok {
-			t.captureXBackendService(svc, name)
+		t.captureServiceContained(svc)
+	}
+}
+
+// captureService adds the frontends of one Service's ports with backend
+// properties (captureServices).
+func (t *translator) captureService(svc *corev1.Service) {
+	if name, ok := svc.Annotations[AnnotationXBackend]; ok {
+		t.captureXBackendService(svc, name)
+		return
+	}
+	addrs := clusterIPs(svc)
+	if len(addrs) == 0 {
+		return // headless or ExternalName: no ClusterIP to capture
+	}
+	for _, sp := range svc.Spec.Ports {
+		if !isTCP(sp) || !validPort(sp.Port) {
 			continue
 		}
-		addrs := clusterIPs(svc)
-		if len(addrs) == 0 {
-			continue // headless or ExternalName: no ClusterIP to capture
+		// Decide before building the backend: most Services have no
+		// backend properties, and their endpoints would be garbage.
+		// A governing policy always yields TLS or Invalid; without one
+		// the protocol comes from appProtocol alone.
+		k := portKey{svc.Namespace, svc.Name, sp.Port}
+		if t.portPolicies[k] == nil && portProtocol(deref(sp.AppProtocol), false) == snapshot.ProtocolAuto &&
+			t.routeTables[k] == nil && !t.trafficPinsSessions(svc) {
+			continue
 		}
-		for _, sp := range svc.Spec.Ports {
-			if !isTCP(sp) || !validPort(sp.Port) {
-				continue
-			}
-			// Decide before building the backend: most Services have no
-			// backend properties, and their endpoints would be garbage.
-			// A governing policy always yields TLS or Invalid; without one
-			// the protocol comes from appProtocol alone.
-			k := portKey{svc.Namespace, svc.Name, sp.Port}
-			if t.portPolicies[k] == nil && portProtocol(deref(sp.AppProtocol), false) == snapshot.ProtocolAuto &&
-				t.routeTables[k] == nil && !t.trafficPinsSessions(svc) {
-				continue
-			}
-			t.capturePort(svc, sp, addrs, t.serviceBackend(svc, sp))
-		}
+		t.capturePort(svc, sp, addrs, t.serviceBackend(svc, sp))
 	}
 }
 

@@ -25,11 +25,19 @@ import (
 // It never panics on malformed objects: what cannot be understood is
 // reported in status or left out, and a captured port whose backend
 // properties cannot be honoured gets a fail-closed Backend.Invalid entry.
-// Its output is sorted, so equal inputs give equal Results. The error is
+// Its output is sorted, so equal inputs give equal Results. A bug that
+// one object's data reaches (a panic while judging it) is contained to
+// that object, judged invalid and listed in Result.Failures. The error is
 // only ever an internal inconsistency (a bug), never a property of the
 // objects.
-func Translate(in Input) (Result, error) {
+func Translate(in Input) (Result, error) { return translateWith(in, nil) }
+
+// translateWith is Translate with fault, when not nil, called before each
+// object's judgement: tests make it panic for one object, as a bug that
+// object's data reached would.
+func translateWith(in Input, fault func(snapshot.ObjectRef)) (Result, error) {
 	t := newTranslator(in)
+	t.fault = fault
 	t.translateXBackends()
 	t.evalTrafficPolicies()
 	t.translatePolicies()
@@ -50,6 +58,7 @@ func Translate(in Input) (Result, error) {
 		EndpointSelectorServices: t.selectorServices,
 		Unrepresented:            t.unrepresented,
 		ChangesAt:                t.changesAt,
+		Failures:                 t.failures,
 	}
 	res.Frontends, res.Backends = t.snapshotParts()
 
@@ -100,6 +109,10 @@ type translator struct {
 	selectorServices []*corev1.Service
 	// changesAt is Result.ChangesAt: judgedUntil keeps the earliest.
 	changesAt time.Time
+	// failures are the objects whose judgement panicked (containObject);
+	// fault is translateWith's.
+	failures []Failure
+	fault    func(snapshot.ObjectRef)
 }
 
 // portKey names a Service port by number (TCP ports are unique by number).

@@ -33,7 +33,9 @@ type xbackendEval struct {
 
 func (t *translator) translateXBackends() {
 	for _, xb := range sortedObjects(t.in.XBackends) {
-		addOnce(t.xbackends, key(xb), t.evalXBackend(xb))
+		if _, ok := t.xbackends[key(xb)]; !ok {
+			t.xbackends[key(xb)] = t.evalXBackendContained(xb)
+		}
 	}
 }
 

@@ -77,7 +77,7 @@ func (t *translator) evalTrafficPolicies() {
 	policies := sortedObjects(t.in.XBackendTrafficPolicies)
 	slices.SortStableFunc(policies, olderFirst)
 	for _, p := range policies {
-		e := t.evalTrafficPolicy(p)
+		e := t.evalTrafficPolicyContained(p)
 		for _, tg := range e.targets {
 			if e.invalid != nil || tg.overLimit || tg.problem != nil {
 				continue

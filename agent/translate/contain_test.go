@@ -1,0 +1,191 @@
+package translate
+
+import (
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
+)
+
+// TestObjectPanicContained: a panic while judging one object (a bug its
+// data reached; here the fault hook's nil map, for each kind in turn) is
+// contained to that object. It is listed in Failures with the stack of the
+// panic, judged invalid with a status that names an internal error, closed
+// for what it governs (a BackendTLSPolicy's, an XBackend's or a Service's
+// TLS ports fail closed, never plaintext), and every other object is
+// translated as without the panic. Before, the panic ended the whole
+// translation, and the agent kept its last Snapshot until the object was
+// fixed.
+func TestObjectPanicContained(t *testing.T) {
+	in := containInput()
+	base, err := Translate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const internal = "internal error: assignment to entry in nil map"
+	for _, tc := range []struct {
+		broken snapshot.ObjectRef
+		// closed is the Service port that must now fail closed; none:
+		// the object governs no TLS.
+		closed  string
+		check   func(t *testing.T, res Result)
+		changed []string // the Services whose frontends may differ
+	}{{
+		broken:  snapshot.ObjectRef{Kind: "BackendTLSPolicy", Namespace: "ns", Name: "tls"},
+		closed:  "secure",
+		changed: []string{"secure"},
+		check: func(t *testing.T, res Result) {
+			checkAccepted(t, res.Status.BackendTLSPolicies[types.NamespacedName{Namespace: "ns", Name: "tls"}][0].Conditions, "Invalid", internal)
+		},
+	}, {
+		broken:  snapshot.ObjectRef{Kind: "Service", Namespace: "ns", Name: "secure2"},
+		closed:  "secure2",
+		changed: []string{"secure2"},
+	}, {
+		broken:  snapshot.ObjectRef{Kind: "XBackend", Namespace: "ns", Name: "xb"},
+		closed:  "ext",
+		changed: []string{"ext"},
+		check: func(t *testing.T, res Result) {
+			checkAccepted(t, res.Status.XBackends[types.NamespacedName{Namespace: "ns", Name: "xb"}][0].Conditions, "Invalid", internal)
+		},
+	}, {
+		broken:  snapshot.ObjectRef{Kind: "HTTPRoute", Namespace: "ns", Name: "route"},
+		changed: []string{"h2"},
+		check: func(t *testing.T, res Result) {
+			parents := res.Status.HTTPRoutes[types.NamespacedName{Namespace: "ns", Name: "route"}]
+			if len(parents) != 1 {
+				t.Fatalf("route parents %+v, want one entry", parents)
+			}
+			checkAccepted(t, parents[0].Conditions, string(gwv1.RouteReasonUnsupportedValue), internal)
+			if f := frontendOf(res, "h2"); f == nil || f.Routes != nil {
+				t.Errorf("h2 frontend %+v, want it captured (appProtocol h2c) without the route", f)
+			}
+		},
+	}, {
+		broken:  snapshot.ObjectRef{Kind: "XBackendTrafficPolicy", Namespace: "ns", Name: "traffic"},
+		changed: []string{"h2"},
+		check: func(t *testing.T, res Result) {
+			checkAccepted(t, res.Status.XBackendTrafficPolicies[types.NamespacedName{Namespace: "ns", Name: "traffic"}][0].Conditions, "Invalid", internal)
+			for _, b := range res.Backends {
+				if b.RetryConstraint != nil {
+					t.Errorf("backend %s has the failed policy's retry constraint", b.Ref)
+				}
+			}
+		},
+	}} {
+		t.Run(tc.broken.Kind, func(t *testing.T) {
+			res, err := translateWith(in, func(ref snapshot.ObjectRef) {
+				if ref == tc.broken {
+					var seen map[string]int
+					seen[ref.Name]++
+				}
+			})
+			if err != nil {
+				t.Fatalf("translate with %s panicking: %v", tc.broken, err)
+			}
+			if len(res.Failures) != 1 || res.Failures[0].Object != tc.broken || !strings.Contains(res.Failures[0].Stack, "contain_test.go") {
+				t.Fatalf("Failures = %+v, want %s alone, with the stack of its panic", res.Failures, tc.broken)
+			}
+			for _, f := range base.Frontends {
+				if !slices.Contains(tc.changed, f.Service.Name) && !reflect.DeepEqual(frontendOf(res, f.Service.Name), &f) {
+					t.Errorf("frontend of %s changed by %s's panic:\n got %+v\nwant %+v", f.Service.Name, tc.broken, frontendOf(res, f.Service.Name), f)
+				}
+			}
+			if tc.closed != "" {
+				f := frontendOf(res, tc.closed)
+				if f == nil || f.FailurePolicy != snapshot.FailClosed {
+					t.Fatalf("frontend of %s = %+v, want it captured and FailClosed", tc.closed, f)
+				}
+				b := backendOf(res, f.Backend)
+				if b.Invalid == nil || !strings.Contains(b.Invalid.Message, internal) || b.TLS != nil {
+					t.Errorf("backend of %s = %+v, want Invalid for the internal error", tc.closed, b)
+				}
+			}
+			if tc.check != nil {
+				tc.check(t, res)
+			}
+		})
+	}
+}
+
+func checkAccepted(t *testing.T, conds []metav1.Condition, reason, message string) {
+	t.Helper()
+	if len(conds) == 0 || conds[0].Type != condAccepted || conds[0].Status != metav1.ConditionFalse ||
+		conds[0].Reason != reason || !strings.Contains(conds[0].Message, message) {
+		t.Errorf("conditions %+v, want Accepted=False/%s saying %q", conds, reason, message)
+	}
+}
+
+func frontendOf(res Result, service string) *snapshot.Frontend {
+	for i := range res.Frontends {
+		if res.Frontends[i].Service.Name == service {
+			return &res.Frontends[i]
+		}
+	}
+	return nil
+}
+
+func backendOf(res Result, ref snapshot.BackendRef) snapshot.Backend {
+	for _, b := range res.Backends {
+		if b.Ref == ref {
+			return b
+		}
+	}
+	return snapshot.Backend{}
+}
+
+// containInput: two Services with a BackendTLSPolicy each, one with
+// appProtocol h2c, a route and a traffic policy on it, and one that stands
+// for an XBackend.
+func containInput() Input {
+	meta := func(name string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Namespace: "ns", Name: name, Generation: 1}
+	}
+	svc := func(name, ip, appProtocol string, port int32) *corev1.Service {
+		s := &corev1.Service{ObjectMeta: meta(name), Spec: corev1.ServiceSpec{ClusterIP: ip, ClusterIPs: []string{ip},
+			Ports: []corev1.ServicePort{{Name: "p", Port: port, Protocol: corev1.ProtocolTCP}}}}
+		if appProtocol != "" {
+			s.Spec.Ports[0].AppProtocol = &appProtocol
+		}
+		return s
+	}
+	system := gwv1.WellKnownCACertificatesSystem
+	policy := func(name, target string) *gwv1.BackendTLSPolicy {
+		return &gwv1.BackendTLSPolicy{ObjectMeta: meta(name), Spec: gwv1.BackendTLSPolicySpec{
+			TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{{LocalPolicyTargetReference: gwv1.LocalPolicyTargetReference{
+				Kind: "Service", Name: gwv1.ObjectName(target)}}},
+			Validation: gwv1.BackendTLSPolicyValidation{WellKnownCACertificates: &system, Hostname: gwv1.PreciseHostname(target + ".example")},
+		}}
+	}
+	ext := svc("ext", "10.96.0.4", "", 443)
+	ext.Annotations = map[string]string{AnnotationXBackend: "xb"}
+	group, kind, port := gwv1.Group(""), gwv1.Kind("Service"), gwv1.PortNumber(80)
+	percent := 30
+	return Input{
+		Now:                time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+		Services:           []*corev1.Service{svc("secure", "10.96.0.1", "", 443), svc("secure2", "10.96.0.2", "", 443), svc("h2", "10.96.0.3", "kubernetes.io/h2c", 80), ext},
+		BackendTLSPolicies: []*gwv1.BackendTLSPolicy{policy("tls", "secure"), policy("tls2", "secure2")},
+		HTTPRoutes: []*gwv1.HTTPRoute{{ObjectMeta: meta("route"), Spec: gwv1.HTTPRouteSpec{
+			CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{{Group: &group, Kind: &kind, Name: "h2", Port: &port}}},
+			Rules: []gwv1.HTTPRouteRule{{BackendRefs: []gwv1.HTTPBackendRef{{BackendRef: gwv1.BackendRef{BackendObjectReference: gwv1.BackendObjectReference{
+				Name: "h2", Port: &port}}}}}},
+		}}},
+		XBackends: []*gwxv1alpha1.XBackend{{ObjectMeta: meta("xb"), Spec: gwxv1alpha1.BackendSpec{
+			Type: gwxv1alpha1.BackendTypeExternalHostname, ExternalHostname: &gwxv1alpha1.ExternalHostnameBackend{Hostname: "api.example.com"},
+			Port: gwxv1alpha1.BackendPort{Number: 443},
+		}}},
+		XBackendTrafficPolicies: []*gwxv1alpha1.XBackendTrafficPolicy{{ObjectMeta: meta("traffic"), Spec: gwxv1alpha1.BackendTrafficPolicySpec{
+			TargetRefs:      []gwv1.LocalPolicyTargetReference{{Kind: "Service", Name: "h2"}},
+			RetryConstraint: &gwxv1alpha1.RetryConstraint{Budget: &gwxv1alpha1.BudgetDetails{Percent: &percent}},
+		}}},
+	}
+}
