@@ -356,7 +356,10 @@ func (c *ControlPlane) rebuild() time.Duration {
 	}
 	next, err := snapshot.New(cur.Version+1, res.Frontends, res.Backends, res.Workloads)
 	if err != nil {
-		c.handOver(in, res)
+		// Translate checked the same parts, so this is a bug. Its status
+		// is not handed over: it would describe a Snapshot no data plane
+		// serves, and the writers keep the one that describes the
+		// current Snapshot.
 		c.m.rebuilds.WithLabelValues("error").Inc()
 		c.log.Error("build snapshot failed; keeping the current one", "err", err, "snapshot_version", cur.Version)
 		return wait

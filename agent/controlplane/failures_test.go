@@ -1,7 +1,10 @@
 package controlplane
 
 import (
+	"context"
 	"log/slog"
+	"slices"
+	"sync"
 	"testing"
 	"testing/synctest"
 
@@ -75,6 +78,54 @@ func TestObjectFailureReportedOnce(t *testing.T) {
 			if got := count(t, c.m.objectFailures.WithLabelValues("Service")); got != float64(step.reported) {
 				t.Errorf("step %d: translate_object_failures_total{kind=Service} = %v, want %d", i, got, step.reported)
 			}
+		}
+	})
+}
+
+// TestUnpublishedNotWritten: a translation whose Snapshot cannot be built
+// (an inconsistency translate's own check should have caught: a bug) is
+// not handed to the writers, whose status would describe a Snapshot no
+// data plane serves; the current Snapshot and what was written for it
+// stay. Before, its status was written all the same.
+func TestUnpublishedNotWritten(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var written [][]string // the frontends' Services of each translation handed
+		w := WriterFunc(func(_ context.Context, _ translate.Input, res translate.Result, _ *Gate) error {
+			mu.Lock()
+			defer mu.Unlock()
+			var names []string
+			for _, f := range res.Frontends {
+				names = append(names, f.Service.Name)
+			}
+			written = append(written, names)
+			return nil
+		})
+		src := newMemSource(translate.Input{Services: []*corev1.Service{h2cService("a", "10.96.0.10")}})
+		c, err := New(Config{Writers: []Writer{w}}, src, slog.New(slog.DiscardHandler), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.translate = func(in translate.Input) (translate.Result, error) {
+			res, err := translate.Translate(in)
+			if len(in.Services) > 1 {
+				// A frontend whose backend is missing: snapshot.New
+				// refuses it.
+				res.Backends = nil
+			}
+			return res, err
+		}
+		run(t, c)
+		synctest.Wait()
+		src.set(twoServices())
+		synctest.Wait()
+		if s := c.Snapshot(); s.Version != 1 {
+			t.Errorf("snapshot version %d after an inconsistent translation, want 1", s.Version)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if want := [][]string{{"a"}}; !slices.EqualFunc(written, want, slices.Equal) {
+			t.Errorf("writers handed translations of %v, want %v: the inconsistent one not", written, want)
 		}
 	})
 }
