@@ -120,7 +120,7 @@ func deref[T ~string](p *T) string {
 type ancestorPlace struct {
 	parent gwv1.ParentReference
 	// overLimit is set when the policy's status has no room for the
-	// target (fitAncestors): it gets no status entry, and is not served
+	// target (fitEntries): it gets no status entry, and is not served
 	// by the policy.
 	overLimit bool
 }
@@ -128,7 +128,7 @@ type ancestorPlace struct {
 func (a *ancestorPlace) place() *ancestorPlace { return a }
 
 // placeTargets sorts a policy's targets in status order and marks those
-// its status has no room for (fitAncestors, given existing, the status the
+// its status has no room for (fitEntries, given existing, the status the
 // informer shows); it returns how many entries other controllers hold.
 func placeTargets[T interface{ place() *ancestorPlace }](existing []gwv1.PolicyAncestorStatus, targets []T) (others int) {
 	slices.SortFunc(targets, func(a, b T) int { return compareParents(a.place().parent, b.place().parent) })
@@ -136,35 +136,41 @@ func placeTargets[T interface{ place() *ancestorPlace }](existing []gwv1.PolicyA
 	for i, tg := range targets {
 		parents[i] = tg.place().parent
 	}
-	fits, others := fitAncestors(existing, parents)
+	fits, others := fitEntries(existing, func(a *gwv1.PolicyAncestorStatus) (gwv1.GatewayController, gwv1.ParentReference) {
+		return a.ControllerName, a.AncestorRef
+	}, parents, maxPolicyAncestors)
 	for i, tg := range targets {
 		tg.place().overLimit = !fits[i]
 	}
 	return others
 }
 
-// fitAncestors tells which of a policy's targets (parents, in status
-// order) get a status entry. The 16 entries a PolicyStatus holds are shared
-// with other controllers, and the Gateway API forbids adding to a full
-// list: the policy is then unimplementable for a target that finds no room
-// (its caller fails that target closed or leaves it unapplied). A target
-// that holds an entry of ours already is represented, full list or not, so
-// it keeps its room first; the others take what is left, in order. existing
-// is the status as the informer shows it, so every agent decides alike.
-// others counts the other controllers' entries, for messages.
-func fitAncestors(existing []gwv1.PolicyAncestorStatus, parents []gwv1.ParentReference) (fits []bool, others int) {
-	room := maxPolicyAncestors
-	for _, a := range existing {
-		if a.ControllerName != ControllerName {
+// fitEntries tells which of an object's ancestors or parents (parents, in
+// status order) get a status entry. The max entries its status holds (a
+// policy's 16 ancestors, a route's 32 parents) are shared with other
+// controllers, and the Gateway API forbids adding to a full list: a policy
+// is then unimplementable for a target that finds no room (its caller
+// fails that target closed or leaves it unapplied); a route goes without
+// an entry for that parent. One that holds an entry of ours already is
+// represented, full list or not, so it keeps its room first; the others
+// take what is left, in order. existing is the status as the informer
+// shows it, so every agent decides alike, and entry reads one of its
+// entries. others counts the other controllers' entries, for messages.
+func fitEntries[E any](existing []E, entry func(*E) (gwv1.GatewayController, gwv1.ParentReference), parents []gwv1.ParentReference, max int) (fits []bool, others int) {
+	room := max
+	var ours []gwv1.ParentReference
+	for i := range existing {
+		ctrl, ref := entry(&existing[i])
+		if ctrl == ControllerName {
+			ours = append(ours, ref)
+		} else {
 			room--
 			others++
 		}
 	}
 	fits = make([]bool, len(parents))
 	for i, p := range parents {
-		if room > 0 && slices.ContainsFunc(existing, func(a gwv1.PolicyAncestorStatus) bool {
-			return a.ControllerName == ControllerName && compareParents(a.AncestorRef, p) == 0
-		}) {
+		if room > 0 && slices.ContainsFunc(ours, func(r gwv1.ParentReference) bool { return sameParent(r, p) }) {
 			fits[i] = true
 			room--
 		}
@@ -176,6 +182,12 @@ func fitAncestors(existing []gwv1.PolicyAncestorStatus, parents []gwv1.ParentRef
 		}
 	}
 	return fits, others
+}
+
+// sameParent reports whether a and b refer to the same ancestor or parent:
+// compareParents' fields and a route's port.
+func sameParent(a, b gwv1.ParentReference) bool {
+	return compareParents(a, b) == 0 && (a.Port == nil) == (b.Port == nil) && (a.Port == nil || *a.Port == *b.Port)
 }
 
 // noRoomMessage says why a policy is unimplementable for a target its

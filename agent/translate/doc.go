@@ -155,8 +155,12 @@
 // client's NetworkPolicy, so it asks for grants — except toward a parent
 // Service, which the client dials anyway (conformance MeshConsumerRoute).
 //
-// Status: one RouteParentStatus per distinct Service parentRef (at most
-// 32; a repeat, which the CRD refuses, gets none), the parentRef as written, controllerName ControllerName, observedGeneration,
+// Status: one RouteParentStatus per distinct Service parentRef (a repeat,
+// which the CRD refuses, gets none) that has room among RouteStatus's 32,
+// other controllers' entries included, as for a policy's ancestors: a
+// parent with an entry of ours keeps it, the others take the room left,
+// in order; one without room is listed in Result.Unrepresented and still
+// served. The parentRef as written, controllerName ControllerName, observedGeneration,
 // conditions Accepted (Accepted, NoMatchingParent, UnsupportedValue,
 // IncompatibleFilters, ReasonConflicted), ResolvedRefs, and
 // PartiallyInvalid when some rules are dropped. Every route examined gets

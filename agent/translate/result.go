@@ -25,11 +25,13 @@ type Result struct {
 	// it if it differs); one with only GenerateName is to be created. The
 	// writer deletes labelled, XBackend-owned Services not listed here.
 	EndpointSelectorServices []*corev1.Service
-	// Unrepresented are the policy targets left without a status entry
-	// because other controllers' entries fill the policy's status: the
-	// policy is unimplementable there, and no condition can say so, so
-	// sockmeshctl shows these instead. In policy order (older first, as
-	// translate meets them), then target order.
+	// Unrepresented are the policy targets and route parents left without
+	// a status entry because other controllers' entries fill the object's
+	// status: a policy is unimplementable there (a route is served all
+	// the same), and no condition can say so, so sockmeshctl shows these
+	// instead. In policy order (older first, as translate meets them),
+	// then target order; then routes, HTTPRoutes first, by
+	// namespace/name, in parentRef order.
 	Unrepresented []Unrepresented
 	// ChangesAt is the earliest instant after Input.Now at which a
 	// judgement Translate made by the time (a client certificate, or a CA
@@ -48,9 +50,11 @@ type Result struct {
 	Failures []Failure
 }
 
-// Unrepresented is one target of a policy whose status had no room for it
-// (BackendTLSPolicy: its ports fail closed; XBackendTrafficPolicy: the
-// policy is not applied to it).
+// Unrepresented is one target of a policy, or parent of a route, whose
+// status had no room for it (BackendTLSPolicy: its ports fail closed;
+// XBackendTrafficPolicy: the policy is not applied to it; HTTPRoute,
+// GRPCRoute: the route is served there). Policy names the policy or
+// route.
 type Unrepresented struct {
 	Policy  snapshot.ObjectRef   `json:"policy"`
 	Target  gwv1.ParentReference `json:"target"`

@@ -62,6 +62,9 @@ type routeEval struct {
 	xbackends []*xbackendEval
 	// parents holds the outcome per Service parentRef.
 	parents []*parentOutcome
+	// existing is the route's status as the informer shows it: the room
+	// other controllers' entries leave ours (routeStatus).
+	existing []gwv1.RouteParentStatus
 }
 
 // parentOutcome is what became of one Service parentRef.
@@ -113,14 +116,18 @@ func (t *translator) translateRoutes() {
 	for _, r := range sortedObjects(t.in.HTTPRoutes) {
 		if !seen[key(r)] {
 			seen[key(r)] = true
-			routes = append(routes, t.evalRouteContained(snapshot.KindHTTPRoute, r.ObjectMeta, r.Spec.ParentRefs, func() *routeEval { return t.evalHTTPRoute(r) }))
+			e := t.evalRouteContained(snapshot.KindHTTPRoute, r.ObjectMeta, r.Spec.ParentRefs, func() *routeEval { return t.evalHTTPRoute(r) })
+			e.existing = r.Status.Parents
+			routes = append(routes, e)
 		}
 	}
 	clear(seen)
 	for _, r := range sortedObjects(t.in.GRPCRoutes) {
 		if !seen[key(r)] {
 			seen[key(r)] = true
-			routes = append(routes, t.evalRouteContained(snapshot.KindGRPCRoute, r.ObjectMeta, r.Spec.ParentRefs, func() *routeEval { return t.evalGRPCRoute(r) }))
+			e := t.evalRouteContained(snapshot.KindGRPCRoute, r.ObjectMeta, r.Spec.ParentRefs, func() *routeEval { return t.evalGRPCRoute(r) })
+			e.existing = r.Status.Parents
+			routes = append(routes, e)
 		}
 	}
 	attached := map[portKey]map[string][]*routeEval{} // role ("" producer, else consumer namespace) → routes
@@ -667,12 +674,23 @@ func buildSet(k portKey, role string, routes []*routeEval) snapshot.RouteSet {
 	return set
 }
 
-// routeStatus writes one RouteParentStatus per Service parentRef (at most
-// the API's 32): Accepted, ResolvedRefs and, when some rules are left out
-// or answer 500, PartiallyInvalid. A route with no Service parent gets an
-// empty list, so stale entries of ours are removed.
+// routeStatus writes one RouteParentStatus per Service parentRef that the
+// route's status has room for (fitEntries: RouteStatus holds 32 parents,
+// other controllers' included): Accepted, ResolvedRefs and, when some
+// rules are left out or answer 500, PartiallyInvalid. A parent without
+// room gets no entry and is listed in Unrepresented; the route is still
+// served there, since the API, unlike a policy's, does not make it
+// unimplementable. A route with no Service parent gets an empty list, so
+// stale entries of ours are removed.
 func (t *translator) routeStatus(e *routeEval) []gwv1.RouteParentStatus {
 	out := []gwv1.RouteParentStatus{}
+	refs := make([]gwv1.ParentReference, len(e.parents))
+	for i, po := range e.parents {
+		refs[i] = po.ref
+	}
+	fits, others := fitEntries(e.existing, func(p *gwv1.RouteParentStatus) (gwv1.GatewayController, gwv1.ParentReference) {
+		return p.ControllerName, p.ParentRef
+	}, refs, maxRouteParents)
 	valid := e.validRules()
 	invalidReason := gwv1.RouteReasonUnsupportedValue
 	if e.incompatible {
@@ -686,9 +704,6 @@ func (t *translator) routeStatus(e *routeEval) []gwv1.RouteParentStatus {
 		problems = append(problems, f+" (requests the rule matches get "+e.failAnswer()+": sockmesh never routes a rule without all it asks for)")
 	}
 	for i, po := range e.parents {
-		if i == maxRouteParents {
-			break
-		}
 		slices.Sort(po.conflicted) // buildSet ran per port, in map order
 		slices.Sort(po.winners)
 		c := conditionSet{generation: e.generation, now: t.now}
@@ -723,7 +738,13 @@ func (t *translator) routeStatus(e *routeEval) []gwv1.RouteParentStatus {
 			// the message starts with "Dropped Rule".
 			c.set(condPartiallyInvalid, true, string(invalidReason), "Dropped Rule(s): "+strings.Join(problems, "; "))
 		}
-		out = append(out, gwv1.RouteParentStatus{ParentRef: *po.ref.DeepCopy(), ControllerName: ControllerName, Conditions: c.conds})
+		if fits[i] {
+			out = append(out, gwv1.RouteParentStatus{ParentRef: *po.ref.DeepCopy(), ControllerName: ControllerName, Conditions: c.conds})
+		} else {
+			t.unrepresented = append(t.unrepresented, Unrepresented{Policy: e.ref, Target: *po.ref.DeepCopy(), Message: fmt.Sprintf(
+				"the route's status has no room for this parent (it holds at most %d parents, %d of them other controllers'); the route is served here all the same",
+				maxRouteParents, others)})
+		}
 		if c.conds[0].Status == metav1.ConditionTrue {
 			for _, xb := range e.xbackends {
 				if !slices.Contains(xb.fronts, po.svc) {

@@ -58,9 +58,10 @@ type Ancestor struct {
 	// Ref names it: Service namespace/name, with a port or section.
 	Ref        string      `json:"ref"`
 	Conditions []Condition `json:"conditions,omitempty"`
-	// NoStatus says why a policy has no status entry toward it: other
-	// controllers' entries fill the policy's status, which makes the
-	// policy unimplementable there and leaves no condition to say so.
+	// NoStatus says why a policy or route has no status entry toward it:
+	// other controllers' entries fill its status, which makes a policy
+	// unimplementable there (a route is served all the same) and leaves
+	// no condition to say so.
 	NoStatus string `json:"noStatus,omitempty"`
 }
 
@@ -198,6 +199,15 @@ func (c *Cluster) Service(namespace, name string) (*Service, error) {
 			for _, p := range ps {
 				if isThis(p.ParentRef.Namespace, key.Namespace, p.ParentRef.Group, p.ParentRef.Kind, p.ParentRef.Name) {
 					mine = append(mine, ancestor(p.ParentRef, key.Namespace, p.Conditions))
+				}
+			}
+			for _, u := range c.res.Unrepresented {
+				// A parent the route's status has no room for.
+				if u.Policy.Kind == kind && u.Policy.Namespace == key.Namespace && u.Policy.Name == key.Name &&
+					isThis(u.Target.Namespace, key.Namespace, u.Target.Group, u.Target.Kind, u.Target.Name) {
+					a := ancestor(u.Target, key.Namespace, nil)
+					a.NoStatus = u.Message
+					mine = append(mine, a)
 				}
 			}
 			if mine != nil {
