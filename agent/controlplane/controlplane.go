@@ -98,10 +98,11 @@ type Config struct {
 	AccessRecheck time.Duration
 	// Resync is how long the loop waits for a signal before it translates
 	// again all the same (zero: 10 minutes). The kubernetes source signals
-	// the changes that may change the Snapshot, not status alone: an entry
-	// of sockmesh's that another party removed or rewrote is written back
-	// at the latest then, as a new leader term's first pass would. A
-	// translation that changes nothing writes nothing.
+	// the changes that may change the Snapshot, and of status alone the
+	// removal of an entry of sockmesh's, not its rewrite in place: an entry
+	// another party rewrote is written back at the latest then, as a new
+	// leader term's first pass would. A translation that changes nothing
+	// writes nothing.
 	Resync time.Duration
 }
 

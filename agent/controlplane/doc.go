@@ -18,8 +18,9 @@
 // such judgement flips (Result.ChangesAt), on one timer that each translation
 // resets, so status and Snapshot follow the clock though no object
 // changes. The same timer translates again after Config.Resync (10
-// minutes) with no signal, since the source does not signal status alone:
-// status of sockmesh's that another party removed or rewrote comes back.
+// minutes) with no signal, since the source signals of status alone only
+// the removal of sockmesh's entries: one that another party rewrote in
+// place comes back.
 //
 // Versions increase by one with every published Snapshot; a rebuild that
 // yields the same Snapshot publishes nothing. Subscribers read the current

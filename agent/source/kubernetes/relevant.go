@@ -1,6 +1,7 @@
 package kubernetes
 
 import (
+	"fmt"
 	"maps"
 	"slices"
 
@@ -27,29 +28,92 @@ func specChanged(old, new any) bool {
 		!maps.Equal(o.GetLabels(), n.GetLabels()) || !maps.Equal(o.GetAnnotations(), n.GetAnnotations())
 }
 
-// policyChanged is specChanged for a policy, or another controller's
-// ancestor entries came or went: translate gives the policy's targets only
-// the room those leave in its status (PolicyStatus holds 16 ancestors).
-// sockmesh's own status writes change neither.
-func policyChanged(old, new any) bool {
-	return specChanged(old, new) || othersAncestors(old) != othersAncestors(new)
-}
-
-func othersAncestors(obj any) int {
-	var ancestors []gwv1.PolicyAncestorStatus
-	switch o := obj.(type) {
-	case *gwv1.BackendTLSPolicy:
-		ancestors = o.Status.Ancestors
-	case *gwxv1alpha1.XBackendTrafficPolicy:
-		ancestors = o.Status.Ancestors
+// statusChanged is specChanged, or the status changed in a way translate
+// or the status writer must answer: another controller's entries came or
+// went (translate gives out the room they leave: a policy's 16 ancestors,
+// a route's 32 parents), or an entry of sockmesh's is gone, or a condition
+// of an XMesh of sockmesh's (another party removed it or replaced the whole
+// list, which the writer must put back). sockmesh's own writes add and
+// update its entries and conditions, which signal nothing; one that removes
+// an entry translate no longer wants, after the change that made it so,
+// brings one more translation, which writes nothing. Another party's
+// rewrite of an entry of sockmesh's in place is no removal: the next
+// translation after a signal, or the control plane's resync, writes it
+// back.
+func statusChanged(old, new any) bool {
+	if specChanged(old, new) {
+		return true
 	}
-	n := 0
-	for _, a := range ancestors {
-		if a.ControllerName != translate.ControllerName {
-			n++
+	oldOthers, oldOurs := statusEntries(old)
+	newOthers, newOurs := statusEntries(new)
+	if oldOthers != newOthers {
+		return true
+	}
+	for k := range oldOurs {
+		if !newOurs[k] {
+			return true
 		}
 	}
-	return n
+	return false
+}
+
+// statusEntries counts the other controllers' entries in obj's status and
+// keys sockmesh's: a policy's or XBackend's ancestors, a route's parents,
+// and an XMesh's condition types when its controllerName is sockmesh's.
+func statusEntries(obj any) (others int, ours map[string]bool) {
+	ours = map[string]bool{}
+	add := func(ctrl gwv1.GatewayController, ref gwv1.ParentReference) {
+		if ctrl != translate.ControllerName {
+			others++
+			return
+		}
+		ours[entryKey(ref)] = true
+	}
+	switch o := obj.(type) {
+	case *gwv1.BackendTLSPolicy:
+		for _, a := range o.Status.Ancestors {
+			add(a.ControllerName, a.AncestorRef)
+		}
+	case *gwxv1alpha1.XBackendTrafficPolicy:
+		for _, a := range o.Status.Ancestors {
+			add(a.ControllerName, a.AncestorRef)
+		}
+	case *gwxv1alpha1.XBackend:
+		for _, a := range o.Status.Ancestors {
+			add(a.ControllerName, a.AncestorRef)
+		}
+	case *gwv1.HTTPRoute:
+		for _, p := range o.Status.Parents {
+			add(p.ControllerName, p.ParentRef)
+		}
+	case *gwv1.GRPCRoute:
+		for _, p := range o.Status.Parents {
+			add(p.ControllerName, p.ParentRef)
+		}
+	case *gwxv1alpha1.XMesh:
+		if o.Spec.ControllerName == translate.ControllerName {
+			for _, c := range o.Status.Conditions {
+				ours[c.Type] = true
+			}
+		}
+	}
+	return others, ours
+}
+
+// entryKey identifies an entry's reference as written.
+func entryKey(r gwv1.ParentReference) string {
+	var port int32
+	if r.Port != nil {
+		port = int32(*r.Port)
+	}
+	return fmt.Sprintf("%s/%s/%s/%s/%s/%d", deref(r.Group), deref(r.Kind), deref(r.Namespace), r.Name, deref(r.SectionName), port)
+}
+
+func deref[T ~string](p *T) string {
+	if p == nil {
+		return ""
+	}
+	return string(*p)
 }
 
 func podChanged(old, new any) bool {

@@ -288,25 +288,25 @@ var optionalKinds = []optionalKind{
 	{kindServiceCIDR, networkingv1.SchemeGroupVersion.String(), nil, func(kube k8s.Interface, _ gwclient.Interface) cache.SharedIndexInformer {
 		return networkinginformers.NewServiceCIDRInformer(kube, 0, cache.Indexers{})
 	}},
-	{kindBackendTLSPolicy, gwv1.GroupVersion.String(), policyChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
+	{kindBackendTLSPolicy, gwv1.GroupVersion.String(), statusChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
 		return gwinformers.NewBackendTLSPolicyInformer(gw, metav1.NamespaceAll, 0, cache.Indexers{})
 	}},
 	{kindReferenceGrant, gwv1.GroupVersion.String(), specChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
 		return gwinformers.NewReferenceGrantInformer(gw, metav1.NamespaceAll, 0, cache.Indexers{})
 	}},
-	{kindHTTPRoute, gwv1.GroupVersion.String(), specChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
+	{kindHTTPRoute, gwv1.GroupVersion.String(), statusChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
 		return gwinformers.NewHTTPRouteInformer(gw, metav1.NamespaceAll, 0, cache.Indexers{})
 	}},
-	{kindGRPCRoute, gwv1.GroupVersion.String(), specChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
+	{kindGRPCRoute, gwv1.GroupVersion.String(), statusChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
 		return gwinformers.NewGRPCRouteInformer(gw, metav1.NamespaceAll, 0, cache.Indexers{})
 	}},
-	{kindXBackend, gwxv1alpha1.GroupVersion.String(), specChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
+	{kindXBackend, gwxv1alpha1.GroupVersion.String(), statusChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
 		return gwxinformers.NewXBackendInformer(gw, metav1.NamespaceAll, 0, cache.Indexers{})
 	}},
-	{kindXBackendTrafficPolicy, gwxv1alpha1.GroupVersion.String(), policyChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
+	{kindXBackendTrafficPolicy, gwxv1alpha1.GroupVersion.String(), statusChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
 		return gwxinformers.NewXBackendTrafficPolicyInformer(gw, metav1.NamespaceAll, 0, cache.Indexers{})
 	}},
-	{kindXMesh, gwxv1alpha1.GroupVersion.String(), specChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
+	{kindXMesh, gwxv1alpha1.GroupVersion.String(), statusChanged, func(_ k8s.Interface, gw gwclient.Interface) cache.SharedIndexInformer {
 		return gwxinformers.NewXMeshInformer(gw, 0, cache.Indexers{})
 	}},
 }

@@ -698,16 +698,16 @@ func TestRelevantUpdates(t *testing.T) {
 		if got := specChanged(base, tc.new); got != tc.want {
 			t.Errorf("specChanged(%s) = %v, want %v", name, got, tc.want)
 		}
-		if got := policyChanged(base, tc.new); got != tc.want {
-			t.Errorf("policyChanged(%s) = %v, want %v", name, got, tc.want)
+		if got := statusChanged(base, tc.new); got != tc.want {
+			t.Errorf("statusChanged(%s) = %v, want %v", name, got, tc.want)
 		}
 	}
 	// Our own status writes are no rebuild; another controller's entries
 	// take room in the policy's status, which translate gives out.
 	theirs := statusOnly.DeepCopy()
 	theirs.Status.Ancestors = append(theirs.Status.Ancestors, gwv1.PolicyAncestorStatus{ControllerName: "example.net/gateway"})
-	if !policyChanged(statusOnly, theirs) {
-		t.Error("policyChanged(another controller's ancestor) = false, want true")
+	if !statusChanged(statusOnly, theirs) {
+		t.Error("statusChanged(another controller's ancestor) = false, want true")
 	}
 }
 
