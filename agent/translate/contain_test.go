@@ -85,8 +85,9 @@ func TestObjectPanicContained(t *testing.T) {
 		t.Run(tc.broken.Kind, func(t *testing.T) {
 			res, err := translateWith(in, func(ref snapshot.ObjectRef) {
 				if ref == tc.broken {
-					var seen map[string]int
-					seen[ref.Name]++
+					// A classic bug: the inner map was never made.
+					seen := map[string]map[string]int{}
+					seen[ref.Namespace][ref.Name]++
 				}
 			})
 			if err != nil {
