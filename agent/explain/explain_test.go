@@ -22,7 +22,9 @@ import (
 // node translates testdata/node.yaml for node-a in zone-a, as the agent would.
 func node(t *testing.T) *snapshot.Snapshot {
 	t.Helper()
-	in := translate.Input{Now: time.Unix(0, 0), Node: translate.Node{Name: "node-a", Zone: "zone-a"}}
+	// Now: the fixture's CA is made now (manifesttest), and translate judges
+	// a CA certificate's validity at Input.Now.
+	in := translate.Input{Now: time.Now(), Node: translate.Node{Name: "node-a", Zone: "zone-a"}}
 	in.ReferenceGrants = []*gwv1.ReferenceGrant{{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "app", Name: "other-to-app"},
 		Spec: gwv1.ReferenceGrantSpec{

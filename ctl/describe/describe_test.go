@@ -13,7 +13,7 @@ import (
 
 func cluster(t *testing.T) *Cluster {
 	t.Helper()
-	in := translate.Input{Now: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)}
+	in := translate.Input{Now: time.Now()} // the fixture's CA is made now (manifesttest)
 	manifesttest.Load(t, "testdata/cluster.yaml", "describe test CA", &in)
 	c, err := New(in, []string{"a warning"})
 	if err != nil {
