@@ -13,6 +13,7 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/test/apiserver"
 )
 
 // TestRouteParentsFullReportedOnce: a route whose 20 Service parents
@@ -26,36 +27,18 @@ import (
 func TestRouteParentsFullReportedOnce(t *testing.T) {
 	env := startWithNamespace(t)
 	ctx := t.Context()
-	var refs []gwv1.ParentReference
-	for i := range 20 {
-		refs = append(refs, svcRef(fmt.Sprintf("svc%02d", i), ""))
-	}
-	r, err := env.Gateway.GatewayV1().HTTPRoutes(ns).Create(ctx, &gwv1.HTTPRoute{
-		ObjectMeta: metav1.ObjectMeta{Name: "crowded", Namespace: ns},
-		Spec:       gwv1.HTTPRouteSpec{CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: refs}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	now := metav1.NewTime(time.Now())
-	entries := func(ctrl gwv1.GatewayController) []gwv1.RouteParentStatus {
-		var out []gwv1.RouteParentStatus
-		for _, ref := range refs {
-			out = append(out, gwv1.RouteParentStatus{ControllerName: ctrl, ParentRef: ref, Conditions: []metav1.Condition{
-				cond("Accepted", "True", "Accepted", "ok", r.Generation, now)}})
-		}
-		return out
-	}
-	r.Status.Parents = entries(other)
-	if _, err := env.Gateway.GatewayV1().HTTPRoutes(ns).UpdateStatus(ctx, r, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
+	r, refs := crowdedRoute(t, env)
+	var want []gwv1.RouteParentStatus
+	for _, ref := range refs {
+		want = append(want, gwv1.RouteParentStatus{ControllerName: translate.ControllerName, ParentRef: ref, Conditions: []metav1.Condition{
+			cond("Accepted", "True", "Accepted", "ok", r.Generation, metav1.NewTime(time.Now()))}})
 	}
 	w, err := New(Config{}, env.Gateway, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}
 	st := translate.Status{HTTPRoutes: map[types.NamespacedName][]gwv1.RouteParentStatus{
-		{Namespace: ns, Name: "crowded"}: entries(translate.ControllerName)}}
+		{Namespace: ns, Name: "crowded"}: want}}
 	dropped := func() float64 {
 		t.Helper()
 		var m dto.Metric
@@ -64,19 +47,11 @@ func TestRouteParentsFullReportedOnce(t *testing.T) {
 		}
 		return m.GetCounter().GetValue()
 	}
-	get := func() *gwv1.HTTPRoute {
-		t.Helper()
-		r, err := env.Gateway.GatewayV1().HTTPRoutes(ns).Get(ctx, "crowded", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
-	}
 
 	if err := w.Write(ctx, listInput(t, env), st, nil); err != nil {
 		t.Fatal(err)
 	}
-	written := get()
+	written := getCrowded(t, env)
 	var ours int
 	for i, p := range written.Status.Parents {
 		if p.ControllerName != translate.ControllerName {
@@ -101,11 +76,48 @@ func TestRouteParentsFullReportedOnce(t *testing.T) {
 		if err := w.Write(ctx, listInput(t, env), st, nil); err != nil {
 			t.Fatal(err)
 		}
-		if rv := get().ResourceVersion; rv != written.ResourceVersion {
+		if rv := getCrowded(t, env).ResourceVersion; rv != written.ResourceVersion {
 			t.Errorf("pass %d changed nothing but wrote: resource version %s -> %s", pass+2, written.ResourceVersion, rv)
 		}
 		if n := dropped(); n != 8 {
 			t.Errorf("pass %d changed nothing: %v entries reported left out in all, want still 8", pass+2, n)
 		}
 	}
+}
+
+// crowdedRoute creates HTTPRoute "crowded" with 20 Service parents, svc00
+// to svc19, each holding an entry of another mesh's controller (two GAMMA
+// implementations side by side, as in a migration), and returns it and
+// its parentRefs.
+func crowdedRoute(t *testing.T, env *apiserver.Env) (*gwv1.HTTPRoute, []gwv1.ParentReference) {
+	t.Helper()
+	var refs []gwv1.ParentReference
+	for i := range 20 {
+		refs = append(refs, svcRef(fmt.Sprintf("svc%02d", i), ""))
+	}
+	r, err := env.Gateway.GatewayV1().HTTPRoutes(ns).Create(t.Context(), &gwv1.HTTPRoute{
+		ObjectMeta: metav1.ObjectMeta{Name: "crowded", Namespace: ns},
+		Spec:       gwv1.HTTPRouteSpec{CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: refs}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ref := range refs {
+		r.Status.Parents = append(r.Status.Parents, gwv1.RouteParentStatus{ControllerName: other, ParentRef: ref,
+			Conditions: []metav1.Condition{cond("Accepted", "True", "Accepted", "theirs", r.Generation, t0)}})
+	}
+	if r, err = env.Gateway.GatewayV1().HTTPRoutes(ns).UpdateStatus(t.Context(), r, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return r, refs
+}
+
+// getCrowded reads crowdedRoute's route as the API server holds it.
+func getCrowded(t *testing.T, env *apiserver.Env) *gwv1.HTTPRoute {
+	t.Helper()
+	r, err := env.Gateway.GatewayV1().HTTPRoutes(ns).Get(t.Context(), "crowded", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }

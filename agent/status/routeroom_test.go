@@ -1,7 +1,6 @@
 package status
 
 import (
-	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -28,35 +27,10 @@ import (
 func TestRouteParentsRoomCounted(t *testing.T) {
 	env := startWithNamespace(t)
 	ctx := t.Context()
-	var refs []gwv1.ParentReference
-	for i := range 20 {
-		refs = append(refs, svcRef(fmt.Sprintf("svc%02d", i), ""))
-	}
-	r, err := env.Gateway.GatewayV1().HTTPRoutes(ns).Create(ctx, &gwv1.HTTPRoute{
-		ObjectMeta: metav1.ObjectMeta{Name: "crowded", Namespace: ns},
-		Spec:       gwv1.HTTPRouteSpec{CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: refs}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, ref := range refs {
-		r.Status.Parents = append(r.Status.Parents, gwv1.RouteParentStatus{ControllerName: other, ParentRef: ref,
-			Conditions: []metav1.Condition{cond("Accepted", "True", "Accepted", "theirs", r.Generation, t0)}})
-	}
-	if _, err := env.Gateway.GatewayV1().HTTPRoutes(ns).UpdateStatus(ctx, r, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	_, refs := crowdedRoute(t, env)
 	w, err := New(Config{}, env.Gateway, slog.New(slog.DiscardHandler), prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
-	}
-	get := func() *gwv1.HTTPRoute {
-		t.Helper()
-		r, err := env.Gateway.GatewayV1().HTTPRoutes(ns).Get(ctx, "crowded", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
 	}
 	// pass translates what the API server holds and writes it; it checks
 	// that translate wanted entries for the parents named in ours, in
@@ -98,7 +72,7 @@ func TestRouteParentsRoomCounted(t *testing.T) {
 			t.Fatal(err)
 		}
 		written := 0
-		for _, p := range get().Status.Parents {
+		for _, p := range getCrowded(t, env).Status.Parents {
 			if p.ControllerName == translate.ControllerName {
 				written++
 			}
@@ -126,7 +100,7 @@ func TestRouteParentsRoomCounted(t *testing.T) {
 
 	// The other controller drops its entries for svc16-svc19: 4 more of
 	// ours fit, and ours keep their room.
-	r = get()
+	r := getCrowded(t, env)
 	var kept []gwv1.RouteParentStatus
 	for _, p := range r.Status.Parents {
 		if p.ControllerName != other || p.ParentRef.Name < "svc16" {
@@ -139,9 +113,9 @@ func TestRouteParentsRoomCounted(t *testing.T) {
 	}
 	pass("after the other controller made room", seq(0, 16)...)
 
-	rv := get().ResourceVersion
+	rv := getCrowded(t, env).ResourceVersion
 	pass("unchanged", seq(0, 16)...)
-	if now := get().ResourceVersion; now != rv {
+	if now := getCrowded(t, env).ResourceVersion; now != rv {
 		t.Errorf("a pass that changed nothing wrote: resource version %s -> %s", rv, now)
 	}
 }
