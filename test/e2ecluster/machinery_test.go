@@ -14,9 +14,11 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/sockmesh/sockmesh/test/cluster/node"
 	"github.com/sockmesh/sockmesh/test/e2ecluster/appapi"
@@ -161,6 +163,13 @@ func machineryDaemonSet(t *testing.T, agent *appsv1.DaemonSet) *appsv1.DaemonSet
 	init, main := &spec.InitContainers[0], &spec.Containers[0]
 	init.Image, init.Command, init.Args = appImage, []string{"/appclient", "statfs", "/sys/fs/bpf", "bpf"}, nil
 	main.Image, main.Command, main.Args = appImage, []string{"/appclient", "serve", "-listen=:15021"}, nil
+	// The agent's startup probe is `sockmesh probe`, which the app image
+	// has not: the stand-in's is the HTTP check of /healthz it stands for.
+	if p := main.StartupProbe; p == nil || p.Exec == nil {
+		t.Fatalf("the agent's startup probe is %+v, want an exec probe (sockmesh probe)", p)
+	}
+	main.StartupProbe.Exec = nil
+	main.StartupProbe.HTTPGet = &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromInt32(15021)}
 	return ds
 }
 
