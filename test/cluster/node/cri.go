@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 
@@ -58,4 +59,47 @@ func criReady(ctx context.Context, socket string) error {
 		}
 	}
 	return nil
+}
+
+// CNIPlugins returns the types of the plugins containerd's CRI runs for a
+// pod's network (the node's conflist as it last loaded it, not as the file
+// reads now: it reloads on a change of the conf directory), in order. A
+// test that chains a plugin waits here until sandboxes made next run it.
+func (n *Node) CNIPlugins(ctx context.Context) ([]string, error) {
+	conn, err := grpc.NewClient("unix://"+n.lay.ContainerdSocket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("dial cri %s: %w", n.lay.ContainerdSocket, err)
+	}
+	defer conn.Close()
+	resp, err := runtimeapi.NewRuntimeServiceClient(conn).Status(ctx, &runtimeapi.StatusRequest{Verbose: true})
+	if err != nil {
+		return nil, fmt.Errorf("cri status: %w", err)
+	}
+	// containerd 1.6's verbose status: "cniconfig" is go-cni's ConfigResult.
+	var conf struct {
+		Networks []struct {
+			Config struct {
+				Name    string
+				Plugins []struct {
+					Network struct {
+						Type string `json:"type"`
+					}
+				}
+			}
+		}
+	}
+	if err := json.Unmarshal([]byte(resp.GetInfo()["cniconfig"]), &conf); err != nil {
+		return nil, fmt.Errorf("parse containerd's cniconfig: %w", err)
+	}
+	for _, nw := range conf.Networks {
+		if nw.Config.Name != n.lay.CNINetwork {
+			continue // the loopback network containerd adds
+		}
+		var types []string
+		for _, p := range nw.Config.Plugins {
+			types = append(types, p.Network.Type)
+		}
+		return types, nil
+	}
+	return nil, fmt.Errorf("containerd has loaded no CNI network %s", n.lay.CNINetwork)
 }

@@ -4,7 +4,8 @@
 //
 // Up starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler,
 // containerd (private root, state and socket; runc; the CNI bridge plugin
-// with host-local IPAM), kube-proxy (iptables mode) and the kubelet, all as
+// with host-local IPAM, in CNI conf and bin directories of the node's own
+// that a test may chain a plugin into), kube-proxy (iptables mode) and the kubelet, all as
 // children of the calling process, and returns once the Node is Ready and
 // Pods can be created. Components are the ones test/cluster/build-binaries.sh
 // builds (found with test/apiserver.FindBinaries) and the Debian packages

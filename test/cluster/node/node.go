@@ -34,7 +34,13 @@ const (
 	LockPath = "/run/lock/sockmesh-node.lock"
 	// PausePackage is the pause program's import path.
 	PausePackage = "github.com/sockmesh/sockmesh/test/cluster/node/pause"
+	// systemCNIBinDir holds the Debian package's CNI plugins the node runs.
+	systemCNIBinDir = "/usr/lib/cni"
 )
+
+// cniPlugins are the CNI plugins the node runs: its conflist's and the
+// loopback containerd sets up in every sandbox.
+var cniPlugins = []string{"bridge", "host-local", "loopback"}
 
 var (
 	// DefaultIP is the node IP: a /32 on lo (the VM has no dummy netdev
@@ -86,6 +92,11 @@ type Node struct {
 	Config     *rest.Config
 	Kube       kubernetes.Interface
 	Binaries   apiserver.Binaries
+	// CNIConfDir and CNIBinDir are containerd's CNI directories, under
+	// Dir: a test may chain a plugin into the network configuration there
+	// and install its binary without touching the host's. Down removes
+	// both.
+	CNIConfDir, CNIBinDir string
 
 	log      *slog.Logger
 	lay      *layout
@@ -143,7 +154,7 @@ func newLayout(c Config) *layout {
 		RuncRoot:         filepath.Join(d, "containerd", "runc"),
 		CNIConfDir:       filepath.Join(d, "cni", "net.d"),
 		CNIDataDir:       filepath.Join(d, "cni", "networks"),
-		CNIBinDir:        "/usr/lib/cni",
+		CNIBinDir:        filepath.Join(d, "cni", "bin"),
 		CNINetwork:       "sockmesh-node",
 		Bridge:           "sockmesh0",
 		KubeletRoot:      filepath.Join(d, "kubelet"),
@@ -166,9 +177,9 @@ func checkPrereqs(c Config) error {
 			missing = append(missing, p)
 		}
 	}
-	for _, p := range []string{"bridge", "host-local", "loopback"} {
-		if _, err := os.Stat(filepath.Join("/usr/lib/cni", p)); err != nil {
-			missing = append(missing, "/usr/lib/cni/"+p)
+	for _, p := range cniPlugins {
+		if _, err := os.Stat(filepath.Join(systemCNIBinDir, p)); err != nil {
+			missing = append(missing, filepath.Join(systemCNIBinDir, p))
 		}
 	}
 	for _, b := range []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy", "kubectl"} {
@@ -205,6 +216,7 @@ func Up(ctx context.Context, cfg Config) (_ *Node, err error) {
 	lay := newLayout(cfg)
 	n := &Node{
 		Name: cfg.Name, IP: cfg.IP, PodCIDR: cfg.PodCIDR, Dir: cfg.Dir, Binaries: cfg.Binaries,
+		CNIConfDir: lay.CNIConfDir, CNIBinDir: lay.CNIBinDir,
 		log: log, lay: lay, procs: map[string]*childproc.Process{},
 	}
 	if n.lock, err = acquireLock(ctx, LockPath); err != nil {
@@ -304,9 +316,16 @@ func (n *Node) prepareHost() error {
 // writeFiles writes the PKI, kubeconfigs and component configurations.
 func (n *Node) writeFiles() error {
 	l := n.lay
-	for _, d := range []string{l.Etcd, filepath.Dir(l.ContainerdConfig), l.CNIConfDir, l.KubeletRoot, l.PodLogs} {
+	for _, d := range []string{l.Etcd, filepath.Dir(l.ContainerdConfig), l.CNIConfDir, l.CNIBinDir, l.KubeletRoot, l.PodLogs} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return fmt.Errorf("create %s: %w", d, err)
+		}
+	}
+	// The node's own CNI bin directory, so that a plugin a test installs
+	// (sockmesh-cni) never lands in the system's.
+	for _, p := range cniPlugins {
+		if err := os.Symlink(filepath.Join(systemCNIBinDir, p), filepath.Join(l.CNIBinDir, p)); err != nil {
+			return fmt.Errorf("link CNI plugin %s: %w", p, err)
 		}
 	}
 	kubernetesIP, err := firstServiceIP()
