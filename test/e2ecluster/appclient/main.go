@@ -6,6 +6,9 @@
 // reporting the capabilities and mounts its container got.
 //
 //	appclient serve [-listen :8080]   the HTTP API below
+//	appclient call URL MODE           one call (as POST /call) at once, its
+//	                                  Result as JSON on stdout: a pod's first
+//	                                  connection
 //	appclient statfs PATH FSTYPE      exit 0 iff PATH is on a FSTYPE file system
 //
 // API (JSON):
@@ -55,6 +58,17 @@ func main() {
 			fmt.Fprintln(os.Stderr, "appclient:", err)
 			os.Exit(1)
 		}
+	case "call":
+		if len(os.Args) != 4 {
+			usage()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		res, err := perform(ctx, appapi.Call{URL: os.Args[2], Mode: os.Args[3]})
+		if err != nil {
+			res.Error = err.Error()
+		}
+		json.NewEncoder(os.Stdout).Encode(res)
 	case "statfs":
 		if len(os.Args) != 4 {
 			usage()
@@ -74,7 +88,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: appclient serve [-listen ADDR] | appclient statfs PATH FSTYPE")
+	fmt.Fprintln(os.Stderr, "usage: appclient serve [-listen ADDR] | appclient call URL MODE | appclient statfs PATH FSTYPE")
 	os.Exit(2)
 }
 
@@ -97,15 +111,9 @@ func handleCall(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	var res appapi.Result
-	var err error
-	switch c.Mode {
-	case "http1", "h2c", "h2c-kept":
-		res, err = doHTTP(ctx, c)
-	case "websocket":
-		res, err = doWebSocket(ctx, c)
-	default:
-		http.Error(w, fmt.Sprintf("unknown mode %q", c.Mode), http.StatusBadRequest)
+	res, err := perform(ctx, c)
+	if errors.Is(err, errMode) {
+		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
 	if err != nil {
@@ -113,6 +121,19 @@ func handleCall(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	json.NewEncoder(w).Encode(res)
+}
+
+var errMode = errors.New("unknown mode")
+
+// perform makes the call c.
+func perform(ctx context.Context, c appapi.Call) (appapi.Result, error) {
+	switch c.Mode {
+	case "http1", "h2c", "h2c-kept":
+		return doHTTP(ctx, c)
+	case "websocket":
+		return doWebSocket(ctx, c)
+	}
+	return appapi.Result{}, fmt.Errorf("%w %q", errMode, c.Mode)
 }
 
 // transport returns a fresh transport per call: every call is a new
