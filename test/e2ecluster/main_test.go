@@ -20,6 +20,7 @@ import (
 const (
 	module        = "github.com/sockmesh/sockmesh"
 	agentPackage  = module + "/cmd/sockmesh"
+	pluginPackage = module + "/cmd/sockmesh-cni"
 	agentImage    = "localhost/sockmesh:dev"
 	echoImage     = "localhost/sockmesh-echo:dev"
 	appImage      = "localhost/sockmesh-appclient:dev"
@@ -136,14 +137,20 @@ func buildImages(ctx context.Context, dir string) ([]string, error) {
 		return images, nil
 	}
 	// The same static binary goes into the image and runs `uninstall` on
-	// the host.
-	bin := filepath.Join(dir, "sockmesh")
-	if err := node.BuildBinary(ctx, agentPackage, bin); err != nil {
-		suite.agentErr = err
-		return images, nil
+	// the host; sockmesh-cni goes beside it, where the agent finds the
+	// plugin it installs (daemonset/cni).
+	bin, plugin := filepath.Join(dir, "sockmesh"), filepath.Join(dir, "sockmesh-cni")
+	for _, b := range []struct{ pkg, out string }{{agentPackage, bin}, {pluginPackage, plugin}} {
+		if err := node.BuildBinary(ctx, b.pkg, b.out); err != nil {
+			suite.agentErr = err
+			return images, nil
+		}
 	}
 	out := filepath.Join(dir, "sockmesh.tar")
-	if err := image.Write(out, image.Spec{Tag: agentImage, Files: []image.File{{HostPath: bin, ImagePath: "/sockmesh"}}}); err != nil {
+	if err := image.Write(out, image.Spec{Tag: agentImage, Files: []image.File{
+		{HostPath: bin, ImagePath: "/sockmesh"},
+		{HostPath: plugin, ImagePath: "/sockmesh-cni"},
+	}}); err != nil {
 		return nil, err
 	}
 	suite.agentBin = bin
@@ -163,4 +170,16 @@ func cluster(t *testing.T) *node.Node {
 		testenv.SkipOrFail(t, "cluster tier: %v", suite.skip)
 	}
 	return suite.node
+}
+
+// requireAgentImage fails t when the agent image could not be built, and
+// skips it (fails in CI) when there is no agent yet.
+func requireAgentImage(t *testing.T) {
+	t.Helper()
+	switch {
+	case suite.agentErr != nil:
+		t.Fatalf("agent image: %v", suite.agentErr)
+	case suite.agentAbsent != nil:
+		testenv.SkipOrFail(t, "%v", suite.agentAbsent)
+	}
 }

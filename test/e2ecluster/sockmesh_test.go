@@ -29,7 +29,6 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/translate"
-	"github.com/sockmesh/sockmesh/internal/testenv"
 	"github.com/sockmesh/sockmesh/test/apiserver"
 	"github.com/sockmesh/sockmesh/test/cluster/node"
 	"github.com/sockmesh/sockmesh/test/echo"
@@ -58,12 +57,7 @@ const (
 // `sockmesh uninstall` must then leave no program attached at the root.
 func TestSockmesh(t *testing.T) {
 	n := cluster(t)
-	switch {
-	case suite.agentErr != nil:
-		t.Fatalf("agent image: %v", suite.agentErr)
-	case suite.agentAbsent != nil:
-		testenv.SkipOrFail(t, "%v", suite.agentAbsent)
-	}
+	requireAgentImage(t)
 	ctx := t.Context()
 	cgroupRoot := cgroup2Root(t)
 	baseline := attachedPrograms(t, cgroupRoot)
@@ -91,7 +85,7 @@ func TestSockmesh(t *testing.T) {
 
 	// The elected agent judges the policies and writes their status.
 	waitFor(t, time.Minute, "BackendTLSPolicy status Accepted", func(ctx context.Context) error {
-		return policyAccepted(ctx, n, "tls")
+		return policyAccepted(ctx, n, scenarioNS, "tls")
 	}, agentDiag)
 
 	start = time.Now()
@@ -186,32 +180,9 @@ func deployScenarioWorkloads(t *testing.T, n *node.Node) workloads {
 	t.Helper()
 	ctx := t.Context()
 	createNamespace(t, n, scenarioNS)
-	ca, err := pki.NewCA("sockmesh-e2e-ca")
-	if err != nil {
-		t.Fatal(err)
-	}
-	leaf, err := ca.Issue(pki.LeafOptions{CommonName: backendHost, DNSNames: []string{backendHost}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	deployTLSEcho(t, n, scenarioNS)
 	core := n.Kube.CoreV1()
-	if _, err := core.Secrets(scenarioNS).Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: "echo-tls"},
-		Type:       corev1.SecretTypeTLS,
-		Data:       map[string][]byte{"tls.crt": leaf.CertPEM, "tls.key": leaf.KeyPEM},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := core.ConfigMaps(scenarioNS).Create(ctx, &corev1.ConfigMap{
-		ObjectMeta: metav1.ObjectMeta{Name: "echo-ca"},
-		Data:       map[string]string{"ca.crt": string(ca.CertPEM)},
-	}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	tlsVolume := []corev1.Volume{{Name: "tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "echo-tls"}}}}
-	tlsMount := []corev1.VolumeMount{{Name: "tls", MountPath: "/tls", ReadOnly: true}}
 	for _, d := range []*appsv1.Deployment{
-		deployment(scenarioNS, "tls-echo", echoImage, []string{"-listen=:8443", "-tls-cert=/tls/tls.crt", "-tls-key=/tls/tls.key"}, tlsVolume, tlsMount),
 		deployment(scenarioNS, "plain-echo", echoImage, []string{"-listen=:8080"}, nil, nil),
 		deployment(scenarioNS, "app", appImage, []string{"serve", "-listen=:" + strconv.Itoa(appClientPort)}, nil, nil),
 		draining(deployment(scenarioNS, "draining-echo", echoImage, []string{"-listen=:8080", "-drain=30s"}, nil, nil)),
@@ -230,26 +201,8 @@ func deployScenarioWorkloads(t *testing.T, n *node.Node) workloads {
 			t.Fatal(err)
 		}
 	}
-	gw, err := gwclient.NewForConfig(n.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, svc := range []string{"tls", "wss"} {
-		p := &gwv1.BackendTLSPolicy{
-			ObjectMeta: metav1.ObjectMeta{Name: svc},
-			Spec: gwv1.BackendTLSPolicySpec{
-				TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{{
-					LocalPolicyTargetReference: gwv1.LocalPolicyTargetReference{Group: "", Kind: "Service", Name: gwv1.ObjectName(svc)},
-				}},
-				Validation: gwv1.BackendTLSPolicyValidation{
-					CACertificateRefs: []gwv1.LocalObjectReference{{Group: "", Kind: "ConfigMap", Name: "echo-ca"}},
-					Hostname:          backendHost,
-				},
-			},
-		}
-		if _, err := gw.GatewayV1().BackendTLSPolicies(scenarioNS).Create(ctx, p, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		createBackendTLSPolicy(t, n, scenarioNS, svc)
 	}
 	readyPod(t, n, scenarioNS, "tls-echo")
 	readyPod(t, n, scenarioNS, "plain-echo")
@@ -260,6 +213,67 @@ func deployScenarioWorkloads(t *testing.T, n *node.Node) workloads {
 		wssVIP:      clusterIP(t, n, scenarioNS, "wss"),
 		h2cVIP:      clusterIP(t, n, scenarioNS, "h2c"),
 		drainingVIP: clusterIP(t, n, scenarioNS, "draining"),
+	}
+}
+
+// deployTLSEcho creates, in ns, an echo backend (app=tls-echo) serving TLS
+// on 8443 with a certificate for backendHost from a test CA (Secret
+// echo-tls), and the CA in the ConfigMap echo-ca.
+func deployTLSEcho(t *testing.T, n *node.Node, ns string) {
+	t.Helper()
+	ctx := t.Context()
+	ca, err := pki.NewCA("sockmesh-e2e-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := ca.Issue(pki.LeafOptions{CommonName: backendHost, DNSNames: []string{backendHost}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	core := n.Kube.CoreV1()
+	if _, err := core.Secrets(ns).Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "echo-tls"},
+		Type:       corev1.SecretTypeTLS,
+		Data:       map[string][]byte{"tls.crt": leaf.CertPEM, "tls.key": leaf.KeyPEM},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := core.ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: "echo-ca"},
+		Data:       map[string]string{"ca.crt": string(ca.CertPEM)},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tlsVolume := []corev1.Volume{{Name: "tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "echo-tls"}}}}
+	tlsMount := []corev1.VolumeMount{{Name: "tls", MountPath: "/tls", ReadOnly: true}}
+	d := deployment(ns, "tls-echo", echoImage, []string{"-listen=:8443", "-tls-cert=/tls/tls.crt", "-tls-key=/tls/tls.key"}, tlsVolume, tlsMount)
+	if _, err := n.Kube.AppsV1().Deployments(ns).Create(ctx, d, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// createBackendTLSPolicy creates a BackendTLSPolicy named svc for the
+// Service svc in ns: TLS to backendHost, verified with deployTLSEcho's CA.
+func createBackendTLSPolicy(t *testing.T, n *node.Node, ns, svc string) {
+	t.Helper()
+	gw, err := gwclient.NewForConfig(n.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &gwv1.BackendTLSPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: svc},
+		Spec: gwv1.BackendTLSPolicySpec{
+			TargetRefs: []gwv1.LocalPolicyTargetReferenceWithSectionName{{
+				LocalPolicyTargetReference: gwv1.LocalPolicyTargetReference{Group: "", Kind: "Service", Name: gwv1.ObjectName(svc)},
+			}},
+			Validation: gwv1.BackendTLSPolicyValidation{
+				CACertificateRefs: []gwv1.LocalObjectReference{{Group: "", Kind: "ConfigMap", Name: "echo-ca"}},
+				Hostname:          backendHost,
+			},
+		},
+	}
+	if _, err := gw.GatewayV1().BackendTLSPolicies(ns).Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -458,14 +472,14 @@ func installCRDs(t *testing.T, n *node.Node) {
 	}
 }
 
-// policyAccepted reports whether sockmesh's status entry on the named
-// BackendTLSPolicy says Accepted.
-func policyAccepted(ctx context.Context, n *node.Node, name string) error {
+// policyAccepted reports whether sockmesh's status entry on the
+// BackendTLSPolicy ns/name says Accepted.
+func policyAccepted(ctx context.Context, n *node.Node, ns, name string) error {
 	gw, err := gwclient.NewForConfig(n.Config)
 	if err != nil {
 		return err
 	}
-	p, err := gw.GatewayV1().BackendTLSPolicies(scenarioNS).Get(ctx, name, metav1.GetOptions{})
+	p, err := gw.GatewayV1().BackendTLSPolicies(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return err
 	}
@@ -551,9 +565,10 @@ func agentLogs(n *node.Node) string {
 }
 
 // uninstall deletes the DaemonSet, runs `sockmesh uninstall` on the node
-// (graceful agent shutdown leaves capture pinned on purpose) and checks that
-// the cgroup root holds no more programs than before the test.
-func uninstall(t *testing.T, n *node.Node, cgroupRoot string, baseline map[ebpf.AttachType]int) {
+// (graceful agent shutdown leaves capture pinned on purpose), with args
+// beside --bpffs, and checks that the cgroup root holds no more programs
+// than before the test.
+func uninstall(t *testing.T, n *node.Node, cgroupRoot string, baseline map[ebpf.AttachType]int, args ...string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	if _, err := n.Kubectl(ctx, "delete", "-k", "../../daemonset", "--ignore-not-found", "--wait=true", "--timeout=120s"); err != nil {
@@ -562,7 +577,7 @@ func uninstall(t *testing.T, n *node.Node, cgroupRoot string, baseline map[ebpf.
 	if got := attachedPrograms(t, cgroupRoot); !t.Failed() && got[ebpf.AttachCGroupInet4Connect] <= baseline[ebpf.AttachCGroupInet4Connect] {
 		t.Errorf("capture did not stay pinned after the agent stopped: %v attached at %s, %v before", got, cgroupRoot, baseline)
 	}
-	cmd := exec.CommandContext(ctx, suite.agentBin, "uninstall", "--bpffs=/sys/fs/bpf")
+	cmd := exec.CommandContext(ctx, suite.agentBin, append([]string{"uninstall", "--bpffs=/sys/fs/bpf"}, args...)...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Errorf("sockmesh uninstall: %v\n%s", err, out)
 	}
