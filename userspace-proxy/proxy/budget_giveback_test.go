@@ -31,10 +31,7 @@ func testRetryBudgetGivenBack(t *testing.T, k clientKind) {
 	servePipe(t, &pn, backendAddr, tc)
 	p, reg := pipeProxy(t, &pn, proxy.Config{HTTP1TLS: k.path})
 	m := &mesh{t: t}
-	be := m.backend("flaky", snapshot.Backend{Endpoints: endpoints(backendAddr), RetryConstraint: &snapshot.RetryConstraint{
-		MinRetryCount: 1, MinRetryInterval: snapshot.Duration(10 * time.Second), BudgetInterval: snapshot.Duration(10 * time.Second),
-		Policy: snapshot.ObjectRef{Kind: "XBackendTrafficPolicy", Namespace: "b", Name: "budget"},
-	}})
+	be := m.backend("flaky", snapshot.Backend{Endpoints: endpoints(backendAddr), RetryConstraint: oneRetryIn10s()})
 	retry := func(backoff time.Duration) *snapshot.Retry {
 		return &snapshot.Retry{Attempts: 1, Codes: []int{500}, Backoff: dur(backoff)}
 	}
@@ -72,5 +69,14 @@ func testRetryBudgetGivenBack(t *testing.T, k clientKind) {
 	}
 	if got := counterValue(t, reg, "sockmesh_proxy_retry_budget_exhausted_total", "reason", "status"); got != 0 {
 		t.Errorf("retry_budget_exhausted{status} = %v, want 0", got)
+	}
+}
+
+// oneRetryIn10s is an XBackendTrafficPolicy's retry budget that allows one
+// retry in 10 s, whatever the requests.
+func oneRetryIn10s() *snapshot.RetryConstraint {
+	return &snapshot.RetryConstraint{
+		MinRetryCount: 1, MinRetryInterval: snapshot.Duration(10 * time.Second), BudgetInterval: snapshot.Duration(10 * time.Second),
+		Policy: snapshot.ObjectRef{Kind: "XBackendTrafficPolicy", Namespace: "b", Name: "budget"},
 	}
 }

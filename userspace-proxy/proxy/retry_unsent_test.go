@@ -47,10 +47,7 @@ func testRetryWithoutConnection(t *testing.T, k clientKind) {
 	p, reg := pipeProxy(t, &pn, proxy.Config{HTTP1TLS: k.path, Upstream: upstream.Config{MaxConnsPerEndpoint: 1}})
 	m := &mesh{t: t}
 	// HTTP11: an h2c app's requests go over the HTTP/1.1 pool too.
-	be := m.backend("flaky", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(backendAddr), RetryConstraint: &snapshot.RetryConstraint{
-		MinRetryCount: 1, MinRetryInterval: snapshot.Duration(10 * time.Second), BudgetInterval: snapshot.Duration(10 * time.Second),
-		Policy: snapshot.ObjectRef{Kind: "XBackendTrafficPolicy", Namespace: "b", Name: "budget"},
-	}})
+	be := m.backend("flaky", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(backendAddr), RetryConstraint: oneRetryIn10s()})
 	m.frontend("flaky", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
 		// The retry's backoff is 0.5 to 1 s; the app leaves after 5.
 		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be),
