@@ -23,10 +23,9 @@ import (
 // backend's own pool and TLS: the CheckRequest holds the request's method,
 // path (as routes matched it: dot segments resolved) and query, host,
 // scheme (http: an app's TLS is passed through, never
-// seen here), protocol ("HTTP/1.1", "HTTP/2"), its headers (the allowed
-// ones; none listed: all; never hop-by-hop ones, removeHopByHop, nor an
-// extended CONNECT's :protocol: a WebSocket is a GET whichever HTTP its
-// app speaks; lowercased, values joined by ",") and the body when
+// seen here), protocol ("HTTP/1.1", "HTTP/2"), its headers as Envoy's
+// filter shows them (checkHeaders: the pseudo-fields among them; the
+// allowed ones; none listed: all) and the body when
 // the filter forwards it. An OK lets the request on with OkHttpResponse's
 // headers (set, or added where append is true; not Host, Content-Length or
 // Transfer-Encoding, the request's own) and without its
@@ -39,28 +38,15 @@ const checkPath = "/envoy.service.auth.v3.Authorization/Check"
 
 // askGRPC asks ea's ext_authz server about r.
 func (h *Handler) askGRPC(ctx context.Context, x *exchange, r *http.Request, ea *snapshot.ExternalAuth, body []byte) (denied *localAnswer, err error) {
-	// As the HTTP ask and the forwarded request are: without the fields of
-	// the app's connection to the proxy (TE but "trailers"), nor the
-	// :protocol net/http's server shows among an extended CONNECT's:
-	// Envoy's HTTP/2 codec makes a WebSocket's extended CONNECT the GET
-	// of an HTTP/1.1 Upgrade before its filters, so its servers see no
-	// pseudo-field of the one that an HTTP/1.1 app's Upgrade lacks.
-	fields := r.Header.Clone()
-	removeHopByHop(fields)
-	delete(fields, ":protocol")
-	headers := make(map[string]string, len(fields))
-	for k, vv := range fields {
-		if len(ea.AllowedHeaders) == 0 || containsFold(ea.AllowedHeaders, k) {
-			headers[strings.ToLower(k)] = strings.Join(vv, ",")
-		}
-	}
 	// The path as routes matched it (askHTTP), then the query as sent.
 	path := x.r.d.RequestPath
 	if r.URL.RawQuery != "" || r.URL.ForceQuery {
 		path += "?" + r.URL.RawQuery
 	}
+	method := routes.MethodOf(r)
+	headers := checkHeaders(r, method, path, ea.AllowedHeaders)
 	msg, err := proto.Marshal(&authv3.CheckRequest{Attributes: &authv3.AttributeContext{Request: &authv3.AttributeContext_Request{
-		Http: &authv3.AttributeContext_HttpRequest{Method: routes.MethodOf(r), Path: path, Host: r.Host, Scheme: "http", // apps speak cleartext to the proxy
+		Http: &authv3.AttributeContext_HttpRequest{Method: method, Path: path, Host: r.Host, Scheme: checkScheme,
 			Protocol: protocolName(r), Headers: headers, Body: string(body), Size: int64(len(body))},
 	}}})
 	if err != nil {
@@ -85,6 +71,56 @@ func (h *Handler) askGRPC(ctx context.Context, x *exchange, r *http.Request, ea 
 	}
 	return checkAnswer(r, &out), nil
 }
+
+// checkHeaders is the CheckRequest's headers for r, asked about as method
+// and path (the query with it): the header map Envoy's ext_authz filter
+// shows, so that a server written for Envoy finds what it matches on (an
+// OPA policy on ":path") — r's fields as they go on, lowercased, values
+// joined by ",", beside the pseudo-fields Envoy's map holds whichever HTTP
+// the app speaks (":authority" for Host, which it never holds, ":method",
+// ":path", ":scheme"). Those of the app's connection to the proxy go (TE
+// but "trailers"), as from the forwarded request, but a WebSocket's
+// "upgrade" and "connection", which go on with it: Envoy keeps an HTTP/1.1
+// Upgrade's, and its HTTP/2 codec makes an extended CONNECT the GET of
+// one before its filters, so an HTTP/2 app's is asked about as an HTTP/1.1
+// app's, without the ":protocol" net/http's server shows among its
+// fields. When the filter lists headers, only those of r go: the
+// pseudo-fields always do (they repeat attributes every CheckRequest
+// holds), where Envoy's gRPC filter would send them only when listed —
+// the API's names are tokens (translate refuses ":path", as the
+// HeaderName pattern would), so a list would leave a policy on them
+// nothing to match.
+func checkHeaders(r *http.Request, method, path string, allowed []string) map[string]string {
+	upgrade := ""
+	switch {
+	case isWebSocketUpgrade(r):
+		upgrade = r.Header.Get("Upgrade")
+	case isExtendedConnect(r):
+		upgrade = r.Header.Get(":protocol")
+	}
+	fields := r.Header.Clone()
+	removeHopByHop(fields)
+	delete(fields, ":protocol")
+	if upgrade != "" {
+		// As the backend gets them (outgoing, h1Conn.prepare).
+		fields["Connection"], fields["Upgrade"] = connectionUpgrade, []string{upgrade}
+	}
+	headers := make(map[string]string, len(fields)+4)
+	for k, vv := range fields {
+		if len(allowed) == 0 || containsFold(allowed, k) {
+			headers[strings.ToLower(k)] = strings.Join(vv, ",")
+		}
+	}
+	if r.Host != "" { // an HTTP/1.0 request may name none
+		headers[":authority"] = r.Host
+	}
+	headers[":method"], headers[":path"], headers[":scheme"] = method, path, checkScheme
+	return headers
+}
+
+// checkScheme is every request's scheme in a CheckRequest: apps speak
+// cleartext to the proxy (their TLS is passed through, never seen here).
+const checkScheme = "http"
 
 // protocolName is r's HTTP version as Envoy names it in a CheckRequest
 // (AttributeContext.HttpRequest.protocol): "HTTP/1.0", "HTTP/1.1",

@@ -306,7 +306,9 @@ func (s *extAuthz) request(id string) *authv3.AttributeContext_HttpRequest {
 // TestRouteExternalAuthGRPC: the filter with the GRPC protocol asks a real
 // ext_authz server (grpc-go, over TLS) on every L7 front end — the
 // CheckRequest holds the method, path and query, host and the allowed
-// headers (all when none are listed, never hop-by-hop ones: they went in)
+// headers (all when none are listed, never hop-by-hop ones: they went in),
+// the pseudo-fields Envoy's filter shows among them too (":authority",
+// ":method", ":path", ":scheme", whatever the list: none before)
 // and the body up to maxSize; an OK lets
 // the request on with the answer's headers set, added and removed; a
 // denial reaches the client with the DeniedHttpResponse's status, header
@@ -357,9 +359,13 @@ func TestRouteExternalAuthGRPC(t *testing.T) {
 			if a := call(http.MethodPost, "/listed/x?id=g1", "1234", "Bearer good"); a.status != 200 {
 				t.Errorf("allowed: %d %q, want 200", a.status, a.body)
 			}
+			// The pseudo-fields go whatever the list: they repeat the
+			// attributes.
+			listed := map[string]string{"authorization": "Bearer good", "x-user": "u",
+				":authority": "app.b.svc", ":method": "POST", ":path": "/listed/x?id=g1", ":scheme": "http"}
 			h := az.request("g1")
 			if h == nil || h.GetMethod() != http.MethodPost || h.GetPath() != "/listed/x?id=g1" || h.GetHost() != "app.b.svc" ||
-				h.GetBody() != "1234" || !maps.Equal(h.GetHeaders(), map[string]string{"authorization": "Bearer good", "x-user": "u"}) {
+				h.GetBody() != "1234" || !maps.Equal(h.GetHeaders(), listed) {
 				t.Errorf("ext_authz got %v", h)
 			}
 			if q := seenID(t, backend, "g1"); q.Header.Get("X-Auth-User") != "alice" || strings.Join(q.Header["X-Tag"], ",") != "a,b" ||
@@ -368,6 +374,14 @@ func TestRouteExternalAuthGRPC(t *testing.T) {
 			}
 			if a := call(http.MethodGet, "/all?id=g2", "", "Bearer good"); a.status != 200 || az.request("g2").GetHeaders()["x-secret"] != "s" {
 				t.Errorf("allowed, all headers: %d; ext_authz got %v", a.status, az.request("g2").GetHeaders())
+			}
+			// Envoy's header map holds the pseudo-fields, whichever HTTP
+			// the app speaks: a policy written for Envoy matches on them.
+			pseudo := map[string]string{":authority": "app.b.svc", ":method": "GET", ":path": "/all?id=g2", ":scheme": "http"}
+			for f, want := range pseudo {
+				if got, ok := az.request("g2").GetHeaders()[f]; got != want {
+					t.Errorf("ext_authz got %s: %q (%v), want %q", f, got, ok, want)
+				}
 			}
 			if !k.h2c { // an HTTP/2 client sends no such fields
 				// They describe the app's connection to the proxy: the
@@ -812,7 +826,9 @@ func testExternalAuthRequestTimeout(t *testing.T, k clientKind) {
 // the other before its filters: the CheckRequest's method GET, its headers
 // the same, never the :protocol net/http's server shows among the
 // request's fields (the server got ":protocol: websocket" before), and
-// its protocol named as Envoy names it, "HTTP/2" ("HTTP/2.0" before).
+// its protocol named as Envoy names it, "HTTP/2" ("HTTP/2.0" before);
+// both with the "upgrade" and "connection" Envoy keeps for a WebSocket
+// (none before) and the pseudo-fields of the GET.
 func TestRouteExternalAuthGRPCWebSocket(t *testing.T) {
 	checkNoLeaks(t)
 	e := newEnv(t, envOptions{http1TLS: proxy.HTTP1TLSAuto})
@@ -848,10 +864,21 @@ func TestRouteExternalAuthGRPCWebSocket(t *testing.T) {
 	if h2.GetMethod() != http.MethodGet || h1.GetMethod() != http.MethodGet {
 		t.Errorf("methods %q (HTTP/1.1), %q (HTTP/2), want GET", h1.GetMethod(), h2.GetMethod())
 	}
+	for id, h := range map[string]*authv3.AttributeContext_HttpRequest{"h1": h1, "h2": h2} {
+		want := map[string]string{"upgrade": "websocket", "connection": "Upgrade", ":method": "GET",
+			":path": "/ws?id=" + id, ":authority": "svc.b.svc", ":scheme": "http"}
+		for f, v := range want {
+			if got := h.GetHeaders()[f]; got != v {
+				t.Errorf("%s: ext_authz got %s: %q, want %q", id, f, got, v)
+			}
+		}
+	}
 	// RFC 8441 §5 drops the handshake's key: the stream is the proof.
-	h1Fields := maps.Clone(h1.GetHeaders())
+	h1Fields, h2Fields := maps.Clone(h1.GetHeaders()), maps.Clone(h2.GetHeaders())
 	delete(h1Fields, "sec-websocket-key")
-	if !maps.Equal(h1Fields, h2.GetHeaders()) {
+	delete(h1Fields, ":path")
+	delete(h2Fields, ":path")
+	if !maps.Equal(h1Fields, h2Fields) {
 		t.Errorf("headers differ: HTTP/1.1 %v, HTTP/2 %v", h1.GetHeaders(), h2.GetHeaders())
 	}
 	if h1.GetProtocol() != "HTTP/1.1" || h2.GetProtocol() != "HTTP/2" {
