@@ -116,12 +116,7 @@ func (s *h1Conn) serve(req *http.Request) bool {
 			return s.bodyFailed(req, x, err)
 		}
 	}
-	wire := WireFor(x.be, req.ProtoMajor, websocket)
-	if wire == upstream.WireNegotiate {
-		// XBackend HTTP offers both; for HTTP/1.1 apps an HTTP/1.1 pool
-		// beat h2 upstreams on every proxy measured (../shared/BENCH.md).
-		wire = upstream.WireH1
-	}
+	wire := fastWire(x.be, WireFor(x.be, req.ProtoMajor, websocket))
 	if wire != upstream.WireH1 {
 		return s.roundTrip(req, x, choice, wire)
 	}

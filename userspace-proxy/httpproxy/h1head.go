@@ -543,6 +543,5 @@ func plainFor(v *View, fe *snapshot.Frontend) bool {
 	if be == nil || be.Err != nil {
 		return true
 	}
-	w := WireFor(be, 1, false)
-	return be.Spec.SessionPersistence == nil && (w == upstream.WireH1 || w == upstream.WireNegotiate)
+	return be.Spec.SessionPersistence == nil && fastWire(be, WireFor(be, 1, false)) == upstream.WireH1
 }

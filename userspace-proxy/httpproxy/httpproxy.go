@@ -367,7 +367,8 @@ func (x *exchange) decorate(h http.Header, r *http.Request, c *balance.Choice) {
 // does not. An HTTP/2 app's requests to a TLS backend that declared no
 // HTTP version offer both by ALPN: they stay HTTP/2 where the backend
 // speaks it and become HTTP/1.1 where it does not (or has no ALPN). A
-// cleartext MCP backend gets HTTP/1.1.
+// cleartext MCP backend gets HTTP/1.1; one over TLS is offered both
+// whatever the app speaks (fastWire too).
 func WireFor(be *upstream.Backend, protoMajor int, websocket bool) upstream.Wire {
 	switch be.Spec.Protocol {
 	case snapshot.ProtocolH2C, snapshot.ProtocolHTTP2, snapshot.ProtocolGRPC:
@@ -378,7 +379,10 @@ func WireFor(be *upstream.Backend, protoMajor int, websocket bool) upstream.Wire
 		// XBackend's MCP names no HTTP version, and MCP servers (the
 		// TypeScript and Python SDKs', Go's net/http) speak HTTP/1.1 alone
 		// in cleartext: an HTTP/2 app's requests in h2c met a 502. In TLS,
-		// ALPN tells.
+		// ALPN tells, for every app: a server may speak h2 alone (an
+		// HTTP/1.1 app's handshake offering http/1.1 alone failed), and
+		// over h2 a session's open event streams share connections, where
+		// each held one of the pool's over HTTP/1.1.
 		if !be.TLS() {
 			return upstream.WireH1
 		}
@@ -388,12 +392,23 @@ func WireFor(be *upstream.Backend, protoMajor int, websocket bool) upstream.Wire
 		return upstream.WireH2
 	case websocket:
 		return upstream.WireH1
-	case be.TLS() && (be.Spec.Protocol == snapshot.ProtocolHTTP || protoMajor == 2):
+	case be.TLS() && (be.Spec.Protocol == snapshot.ProtocolHTTP || be.Spec.Protocol == snapshot.ProtocolMCP || protoMajor == 2):
 		return upstream.WireNegotiate
 	case protoMajor == 2:
 		return upstream.WireH2
 	}
 	return upstream.WireH1
+}
+
+// fastWire is the wire the fast path takes for an HTTP/1.1 app's request
+// to be where WireFor says w. Negotiating becomes HTTP/1.1 — for HTTP/1.1
+// apps an HTTP/1.1 pool beat h2 upstreams on every proxy measured
+// (../shared/BENCH.md) — but toward an MCP backend (WireFor says why).
+func fastWire(be *upstream.Backend, w upstream.Wire) upstream.Wire {
+	if w == upstream.WireNegotiate && be.Spec.Protocol != snapshot.ProtocolMCP {
+		return upstream.WireH1
+	}
+	return w
 }
 
 // onlyH2 reports whether t's ALPN list offers h2 and not http/1.1. An

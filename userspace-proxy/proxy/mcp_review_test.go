@@ -87,8 +87,12 @@ func (s *mcpLockstep) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // TestMCPStreamLockstep: an MCP session through the proxy as an MCP client
 // runs it, from HTTP/1.1 apps (fast path and net/http's) and h2c apps, to
-// a cleartext MCP server (HTTP/1.1) and one over TLS that speaks h2 (to
-// h2c apps; to every app when its TLS policy offers h2 alone): the
+// a cleartext MCP server (HTTP/1.1) and servers over TLS, offered h2 and
+// http/1.1 by every app — one that speaks both (h2 then: an HTTP/1.1
+// app's went over HTTP/1.1 before, each open stream holding a
+// connection), one that speaks h2 alone (an HTTP/1.1 app's handshake
+// failed before), one that speaks HTTP/1.1 alone (HTTP/1.1 then) — and to
+// one whose TLS policy offers h2 alone (h2 for every app): the
 // initialize's session ID comes back prefixed, the GET of the session's
 // stream reaches the server with the ID it issued and Last-Event-ID, each
 // write of the stream reaches the app before the server makes the next
@@ -103,17 +107,23 @@ func TestMCPStreamLockstep(t *testing.T) {
 			m := &mesh{t: t}
 			servers := map[string]*mcpLockstep{}
 			vips := map[string]netip.AddrPort{}
-			for i, name := range []string{"clear", "tls", "tls-h2"} {
+			for i, name := range []string{"clear", "tls", "tls-h2", "h2-server", "h1-server"} {
 				srv := &mcpLockstep{step: make(chan struct{})}
 				servers[name] = srv
 				hs := &http.Server{Handler: srv, Protocols: new(http.Protocols)}
-				hs.Protocols.SetHTTP1(true)
+				hs.Protocols.SetHTTP1(name != "h2-server")
 				be := snapshot.Backend{Protocol: snapshot.ProtocolMCP}
 				if name != "clear" {
 					hs.TLSConfig = serverTLS(e.pki.server)
 					hs.TLSConfig.NextProtos = []string{"h2", "http/1.1"}
-					hs.Protocols.SetHTTP2(true)
+					hs.Protocols.SetHTTP2(name != "h1-server")
 					be.TLS = tlsPolicy(e)
+				}
+				switch name {
+				case "h2-server":
+					hs.TLSConfig.NextProtos = []string{"h2"}
+				case "h1-server":
+					hs.TLSConfig.NextProtos = []string{"http/1.1"}
 				}
 				if name == "tls-h2" {
 					// A TLS policy that offers h2 alone: every app's
@@ -127,9 +137,9 @@ func TestMCPStreamLockstep(t *testing.T) {
 			e.p.Update(m.snapshot(1))
 			for name, dst := range vips {
 				t.Run(name, func(t *testing.T) {
-					wire := "HTTP/1.1" // cleartext MCP, and an HTTP/1.1 app's requests
-					if name == "tls" && k.h2c || name == "tls-h2" {
-						wire = "HTTP/2.0" // ALPN offers both, or h2 alone
+					wire := "HTTP/2.0" // ALPN offers both, or h2 alone
+					if name == "clear" || name == "h1-server" {
+						wire = "HTTP/1.1"
 					}
 					mcpSession(t, e.client(dst, k.h2c), "http://"+name+".b.svc", servers[name], wire)
 				})
