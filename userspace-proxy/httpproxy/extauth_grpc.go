@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
@@ -61,6 +62,10 @@ func (h *Handler) askGRPC(ctx context.Context, x *exchange, r *http.Request, ea 
 		return nil, fmt.Errorf("external auth check request: %w", err)
 	}
 	ar.Header["Content-Type"], ar.Header["Te"] = []string{"application/grpc"}, teTrailers
+	// The deadline, as gRPC clients (Envoy's ext_authz among them) send
+	// theirs: the server stops where the proxy gives up on the ask.
+	dl, _ := ctx.Deadline()
+	ar.Header["Grpc-Timeout"] = []string{encodeGRPCTimeout(time.Until(dl))}
 	resp, answer, err := h.sendAuth(x, ea, ar, 2)
 	if err != nil {
 		return nil, err

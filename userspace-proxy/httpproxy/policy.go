@@ -432,7 +432,7 @@ func (x *exchange) failover(c *balance.Choice) *balance.Choice {
 // ends the contexts).
 func (h *Handler) roundTrip(x *exchange, wire upstream.Wire, out *http.Request, c *balance.Choice) (resp *http.Response, served *balance.Choice, done func(), err error) {
 	countRequest(x)
-	rt := x.be.RoundTripper(wire)
+	rt := grpcBounded(x, x.be.RoundTripper(wire))
 	if wire == upstream.WireH2 && isWebSocketUpgrade(out) {
 		rt = x.be.WebSocketH2() // an RFC 8441 extended CONNECT, answered as a 101
 	}

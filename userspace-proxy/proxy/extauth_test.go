@@ -267,18 +267,28 @@ func wantRuleMarks(t *testing.T, name string, a answer, status int, ct string) {
 // extAuthz is an Envoy ext_authz v3 server: "Bearer good" is let on with
 // X-Auth-User set, X-Tag added to and Authorization removed; anything
 // else is denied 401 with a header and a body. It keeps the requests it
-// was asked about, by their id query parameter.
+// was asked about, by their id query parameter, and the time each call's
+// deadline left it (-1: none).
 type extAuthz struct {
 	authv3.UnimplementedAuthorizationServer
 	mu   sync.Mutex
 	seen map[string]*authv3.AttributeContext_HttpRequest
+	left map[string]time.Duration
 }
 
-func (s *extAuthz) Check(_ context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+func (s *extAuthz) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+	left := time.Duration(-1)
+	if dl, ok := ctx.Deadline(); ok {
+		left = time.Until(dl)
+	}
 	h := req.GetAttributes().GetRequest().GetHttp()
 	u, _ := url.Parse(h.GetPath())
 	s.mu.Lock()
 	s.seen[u.Query().Get("id")] = h
+	if s.left == nil {
+		s.left = map[string]time.Duration{}
+	}
+	s.left[u.Query().Get("id")] = left
 	s.mu.Unlock()
 	if h.GetHeaders()["authorization"] != "Bearer good" {
 		return &authv3.CheckResponse{Status: &status.Status{Code: int32(codes.PermissionDenied)},
@@ -303,6 +313,14 @@ func (s *extAuthz) request(id string) *authv3.AttributeContext_HttpRequest {
 	return s.seen[id]
 }
 
+// deadline is the time the ask about id had left when it came (-1: no
+// deadline).
+func (s *extAuthz) deadline(id string) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.left[id]
+}
+
 // TestRouteExternalAuthGRPC: the filter with the GRPC protocol asks a real
 // ext_authz server (grpc-go, over TLS) on every L7 front end — the
 // CheckRequest holds the method, path and query, host and the allowed
@@ -314,7 +332,8 @@ func (s *extAuthz) request(id string) *authv3.AttributeContext_HttpRequest {
 // denial reaches the client with the DeniedHttpResponse's status, header
 // and body, and never the backend, with the rule's response header changes
 // and CORS headers (ruleMarks; none before); a server that does not speak
-// gRPC fails the request closed, 503.
+// gRPC fails the request closed, 503. The server is told the ask's
+// deadline (grpc-timeout), as gRPC clients tell theirs.
 func TestRouteExternalAuthGRPC(t *testing.T) {
 	checkNoLeaks(t)
 	for _, k := range clientKinds {
@@ -358,6 +377,11 @@ func TestRouteExternalAuthGRPC(t *testing.T) {
 
 			if a := call(http.MethodPost, "/listed/x?id=g1", "1234", "Bearer good"); a.status != 200 {
 				t.Errorf("allowed: %d %q, want 200", a.status, a.body)
+			}
+			// The ask's deadline is the server's, as a gRPC client tells
+			// it: ExternalAuthTimeout (none before).
+			if left := az.deadline("g1"); left <= 0 || left > 5*time.Second {
+				t.Errorf("ext_authz had %v left of its deadline, want at most ExternalAuthTimeout (5s)", left)
 			}
 			// The pseudo-fields go whatever the list: they repeat the
 			// attributes.
