@@ -160,7 +160,7 @@ func serviceFixture() *describe.Service {
 			{Ref: ref("BackendTLSPolicy", "app", "secure"), Created: t0.Add(-time.Hour), Ancestors: []describe.Ancestor{{Ref: "Service app/secure",
 				Conditions: []describe.Condition{cond("Accepted", "True", "Accepted", "policy applies"), cond("ResolvedRefs", "True", "ResolvedRefs", "all references resolved")}}}},
 			{Ref: ref("BackendTLSPolicy", "app", "late"), Created: t0, Ancestors: []describe.Ancestor{{Ref: "Service app/secure",
-				Conditions: []describe.Condition{cond("Accepted", "False", "Conflicted", "BackendTLSPolicy app/secure targets the same Service ports and takes precedence")}}}},
+				Conditions: []describe.Condition{cond("Accepted", "False", "Conflicted", "BackendTLSPolicy app/secure also targets Service app/secure port(s) 443 and takes precedence (older, then first by namespace/name)")}}}},
 		},
 		TrafficPolicies: []describe.Object{
 			{Ref: ref("XBackendTrafficPolicy", "app", "full"), Created: t0.Add(-2 * time.Hour), Ancestors: []describe.Ancestor{{Ref: "Service app/secure",
