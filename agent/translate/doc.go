@@ -250,7 +250,10 @@
 //
 // Ancestors (XBackend status): the Services that stand for the XBackend
 // and the parent Services of accepted routes leading to it, group "", kind
-// Service. An XBackend nothing reaches has no ancestors. An
+// Service, those that have room among BackendStatus's 32, other
+// controllers' entries included, as for a route's parents (one without
+// room is listed in Result.Unrepresented and still leads to the XBackend).
+// An XBackend nothing reaches has no ancestors. An
 // ExternalHostname XBackend without TLS is Accepted, with a message saying
 // its connections are cleartext (the API calls that insecure). Accepted=False
 // reasons: Invalid (what the CRD's rules would have refused), NoValidCACertificate,

@@ -25,13 +25,15 @@ type Result struct {
 	// it if it differs); one with only GenerateName is to be created. The
 	// writer deletes labelled, XBackend-owned Services not listed here.
 	EndpointSelectorServices []*corev1.Service
-	// Unrepresented are the policy targets and route parents left without
-	// a status entry because other controllers' entries fill the object's
-	// status: a policy is unimplementable there (a route is served all
-	// the same), and no condition can say so, so sockmeshctl shows these
+	// Unrepresented are the policy targets, route parents and XBackend
+	// ancestors left without a status entry because other controllers'
+	// entries fill the object's status: a policy is unimplementable there
+	// (a route is served, and the Service leads to the XBackend, all the
+	// same), and no condition can say so, so sockmeshctl shows these
 	// instead. In policy order (older first, as translate meets them),
 	// then target order; then routes, HTTPRoutes first, by
-	// namespace/name, in parentRef order.
+	// namespace/name, in parentRef order; then XBackends by
+	// namespace/name, in ancestor order.
 	Unrepresented []Unrepresented
 	// ChangesAt is the earliest instant after Input.Now at which a
 	// judgement Translate made by the time (a client certificate, or a CA
@@ -50,11 +52,12 @@ type Result struct {
 	Failures []Failure
 }
 
-// Unrepresented is one target of a policy, or parent of a route, whose
-// status had no room for it (BackendTLSPolicy: its ports fail closed;
-// XBackendTrafficPolicy: the policy is not applied to it; HTTPRoute,
-// GRPCRoute: the route is served there). Policy names the policy or
-// route.
+// Unrepresented is one target of a policy, parent of a route or ancestor
+// of an XBackend, whose status had no room for it (BackendTLSPolicy: its
+// ports fail closed; XBackendTrafficPolicy: the policy is not applied to
+// it; HTTPRoute, GRPCRoute: the route is served there; XBackend: the
+// Service leads to it all the same). Policy names the policy, route or
+// XBackend.
 type Unrepresented struct {
 	Policy  snapshot.ObjectRef   `json:"policy"`
 	Target  gwv1.ParentReference `json:"target"`

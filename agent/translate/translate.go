@@ -222,6 +222,10 @@ func key[T object](o T) types.NamespacedName {
 	return types.NamespacedName{Namespace: o.GetNamespace(), Name: o.GetName()}
 }
 
+func compareNames(a, b types.NamespacedName) int {
+	return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+}
+
 func addOnce[K comparable, V any](m map[K]V, k K, v V) {
 	if _, ok := m[k]; !ok {
 		m[k] = v

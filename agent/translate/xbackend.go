@@ -3,6 +3,7 @@ package translate
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 
@@ -281,56 +282,72 @@ func (t *translator) captureXBackendService(svc *corev1.Service, name string) {
 }
 
 // xbackendStatus writes each XBackend's ancestors: the Services that stand
-// for it and the parent Services of accepted routes that lead to it. An XBackend
+// for it and the parent Services of accepted routes that lead to it, those
+// its status has room for (fitEntries: BackendStatus holds 32 ancestors,
+// other controllers' included). An ancestor without room gets no entry and
+// is listed in Unrepresented; its connections go to the XBackend all the
+// same, as a route is served on a parent without room: the API, unlike a
+// policy's, does not make the XBackend unimplementable there. An XBackend
 // nothing reaches has no ancestors. DNS state is node-local and stays out
 // of status; the leader writes what every agent would.
 func (t *translator) xbackendStatus() {
-	for k, e := range t.xbackends {
-		out := []gwxv1alpha1.BackendAncestorStatus{}
-		// The API: "the lack of TLS for external hostnames should be
-		// considered insecure and a security risk". Accepted, but said
-		// where the owner reads whether it works. From the spec: the
-		// backend also lacks TLS when this node's DNS fails it, which
-		// stays out of status.
-		cleartext := ""
-		if spec := e.xb.Spec; spec.Type == gwxv1alpha1.BackendTypeExternalHostname && (spec.TLS == nil || spec.TLS.Mode == gwxv1alpha1.BackendTLSModeNone) {
-			cleartext = fmt.Sprintf("; tls is None, so they reach %s in cleartext, which the XBackend API considers insecure", e.backend.Hostname)
-		}
-		slices.SortFunc(e.fronts, func(a, b *corev1.Service) int {
-			return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
-		})
-		for i, svc := range e.fronts {
-			if i == maxBackendAncestors {
-				break
-			}
-			c := conditionSet{generation: e.xb.Generation, now: t.now}
-			switch {
-			case len(clusterIPs(svc)) == 0:
-				c.set(condAccepted, false, string(gwv1.PolicyReasonInvalid), fmt.Sprintf(
-					"Service %s/%s has no ClusterIP (headless or ExternalName), so sockmesh cannot capture connections to it", svc.Namespace, svc.Name))
-			case !slices.ContainsFunc(svc.Spec.Ports, func(sp corev1.ServicePort) bool { return isTCP(sp) && validPort(sp.Port) }):
-				c.set(condAccepted, false, string(gwv1.PolicyReasonInvalid), fmt.Sprintf(
-					"Service %s/%s has no TCP port, so sockmesh captures no connection to it", svc.Namespace, svc.Name))
-			case e.accepted != nil:
-				c.set(condAccepted, false, e.accepted.Reason, e.accepted.Message)
-			case svc.Annotations[AnnotationXBackend] != e.xb.Name || svc.Namespace != e.xb.Namespace:
-				c.set(condAccepted, true, string(gwxv1alpha1.BackendReasonAccepted),
-					fmt.Sprintf("routes of Service %s/%s send requests to this XBackend%s", svc.Namespace, svc.Name, cleartext))
-			default:
-				c.set(condAccepted, true, string(gwxv1alpha1.BackendReasonAccepted),
-					fmt.Sprintf("connections to Service %s/%s go to this XBackend%s", svc.Namespace, svc.Name, cleartext))
-			}
-			if e.resolvedRefs != nil {
-				c.set(condResolvedRefs, false, e.resolvedRefs.Reason, e.resolvedRefs.Message)
-			} else {
-				c.set(condResolvedRefs, true, string(gwv1.BackendTLSPolicyReasonResolvedRefs), "all references resolved")
-			}
-			out = append(out, gwxv1alpha1.BackendAncestorStatus{
-				ControllerName: ControllerName,
-				AncestorRef:    serviceParent(svc.Namespace, svc.Name, ""),
-				Conditions:     c.conds,
-			})
-		}
-		t.xbackendStatuses[k] = out
+	// In namespace/name order, for Unrepresented's.
+	for _, k := range slices.SortedFunc(maps.Keys(t.xbackends), compareNames) {
+		t.xbackendStatuses[k] = t.xbackendAncestors(t.xbackends[k])
 	}
+}
+
+func (t *translator) xbackendAncestors(e *xbackendEval) []gwxv1alpha1.BackendAncestorStatus {
+	out := []gwxv1alpha1.BackendAncestorStatus{}
+	// The API: "the lack of TLS for external hostnames should be
+	// considered insecure and a security risk". Accepted, but said
+	// where the owner reads whether it works. From the spec: the
+	// backend also lacks TLS when this node's DNS fails it, which
+	// stays out of status.
+	cleartext := ""
+	if spec := e.xb.Spec; spec.Type == gwxv1alpha1.BackendTypeExternalHostname && (spec.TLS == nil || spec.TLS.Mode == gwxv1alpha1.BackendTLSModeNone) {
+		cleartext = fmt.Sprintf("; tls is None, so they reach %s in cleartext, which the XBackend API considers insecure", e.backend.Hostname)
+	}
+	slices.SortFunc(e.fronts, func(a, b *corev1.Service) int {
+		return cmp.Or(strings.Compare(a.Namespace, b.Namespace), strings.Compare(a.Name, b.Name))
+	})
+	refs := make([]gwv1.ParentReference, len(e.fronts))
+	for i, svc := range e.fronts {
+		refs[i] = serviceParent(svc.Namespace, svc.Name, "")
+	}
+	fits, others := fitEntries(e.xb.Status.Ancestors, func(a *gwxv1alpha1.BackendAncestorStatus) (gwv1.GatewayController, gwv1.ParentReference) {
+		return a.ControllerName, a.AncestorRef
+	}, refs, maxBackendAncestors)
+	for i, svc := range e.fronts {
+		if !fits[i] {
+			t.unrepresented = append(t.unrepresented, Unrepresented{Policy: e.ref, Target: refs[i], Message: fmt.Sprintf(
+				"the XBackend's status has no room for this Service (it holds at most %d ancestors, %d of them other controllers'); its connections go to the XBackend all the same",
+				maxBackendAncestors, others)})
+			continue
+		}
+		c := conditionSet{generation: e.xb.Generation, now: t.now}
+		switch {
+		case len(clusterIPs(svc)) == 0:
+			c.set(condAccepted, false, string(gwv1.PolicyReasonInvalid), fmt.Sprintf(
+				"Service %s/%s has no ClusterIP (headless or ExternalName), so sockmesh cannot capture connections to it", svc.Namespace, svc.Name))
+		case !slices.ContainsFunc(svc.Spec.Ports, func(sp corev1.ServicePort) bool { return isTCP(sp) && validPort(sp.Port) }):
+			c.set(condAccepted, false, string(gwv1.PolicyReasonInvalid), fmt.Sprintf(
+				"Service %s/%s has no TCP port, so sockmesh captures no connection to it", svc.Namespace, svc.Name))
+		case e.accepted != nil:
+			c.set(condAccepted, false, e.accepted.Reason, e.accepted.Message)
+		case svc.Annotations[AnnotationXBackend] != e.xb.Name || svc.Namespace != e.xb.Namespace:
+			c.set(condAccepted, true, string(gwxv1alpha1.BackendReasonAccepted),
+				fmt.Sprintf("routes of Service %s/%s send requests to this XBackend%s", svc.Namespace, svc.Name, cleartext))
+		default:
+			c.set(condAccepted, true, string(gwxv1alpha1.BackendReasonAccepted),
+				fmt.Sprintf("connections to Service %s/%s go to this XBackend%s", svc.Namespace, svc.Name, cleartext))
+		}
+		if e.resolvedRefs != nil {
+			c.set(condResolvedRefs, false, e.resolvedRefs.Reason, e.resolvedRefs.Message)
+		} else {
+			c.set(condResolvedRefs, true, string(gwv1.BackendTLSPolicyReasonResolvedRefs), "all references resolved")
+		}
+		out = append(out, gwxv1alpha1.BackendAncestorStatus{ControllerName: ControllerName, AncestorRef: refs[i], Conditions: c.conds})
+	}
+	return out
 }

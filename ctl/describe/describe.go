@@ -180,6 +180,20 @@ func (c *Cluster) Service(namespace, name string) (*Service, error) {
 	}
 	out.Policies = policies("BackendTLSPolicy", c.res.Status.BackendTLSPolicies)
 	out.TrafficPolicies = policies("XBackendTrafficPolicy", c.res.Status.XBackendTrafficPolicies)
+	// withoutRoom adds to mine this Service as an ancestor or parent the
+	// status of the object kind/key has no room for.
+	withoutRoom := func(kind string, key types.NamespacedName, mine []Ancestor) []Ancestor {
+		for _, u := range c.res.Unrepresented {
+			if u.Policy.Kind == kind && u.Policy.Namespace == key.Namespace && u.Policy.Name == key.Name &&
+				isThis(u.Target.Namespace, key.Namespace, u.Target.Group, u.Target.Kind, u.Target.Name) {
+				a := ancestor(u.Target, key.Namespace, nil)
+				a.NoStatus = u.Message
+				mine = append(mine, a)
+			}
+		}
+		return mine
+	}
+	// Every XBackend has a status, empty when nothing reaches it.
 	for key, as := range c.res.Status.XBackends {
 		var mine []Ancestor
 		for _, a := range as {
@@ -187,7 +201,7 @@ func (c *Cluster) Service(namespace, name string) (*Service, error) {
 				mine = append(mine, ancestor(a.AncestorRef, key.Namespace, a.Conditions))
 			}
 		}
-		if mine != nil {
+		if mine = withoutRoom("XBackend", key, mine); mine != nil {
 			out.XBackends = append(out.XBackends, c.object("XBackend", key, mine))
 		}
 	}
@@ -201,16 +215,7 @@ func (c *Cluster) Service(namespace, name string) (*Service, error) {
 					mine = append(mine, ancestor(p.ParentRef, key.Namespace, p.Conditions))
 				}
 			}
-			for _, u := range c.res.Unrepresented {
-				// A parent the route's status has no room for.
-				if u.Policy.Kind == kind && u.Policy.Namespace == key.Namespace && u.Policy.Name == key.Name &&
-					isThis(u.Target.Namespace, key.Namespace, u.Target.Group, u.Target.Kind, u.Target.Name) {
-					a := ancestor(u.Target, key.Namespace, nil)
-					a.NoStatus = u.Message
-					mine = append(mine, a)
-				}
-			}
-			if mine != nil {
+			if mine = withoutRoom(kind, key, mine); mine != nil {
 				out.Routes = append(out.Routes, c.object(kind, key, mine))
 			}
 		}
