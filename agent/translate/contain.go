@@ -6,6 +6,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
 
@@ -148,4 +149,47 @@ func (t *translator) captureServiceContained(svc *corev1.Service) {
 		}
 		return struct{}{}
 	})
+}
+
+// ReasonInternalError is the reason of ResolvedRefs=Unknown on the status
+// entries of an object whose judgement panicked (Result.Failures):
+// sockmesh's own, as no reason the API lists says that an object's
+// references were never judged.
+const ReasonInternalError = "InternalError"
+
+// unjudgedRefs turns the ResolvedRefs condition of every status entry of
+// a failed object to Unknown: its judgement panicked before it judged the
+// references, so the True its invalid stand-in would carry is a claim
+// nothing checked (and a False one's reason would be made up), while
+// Accepted=False says the object is treated as invalid, and why.
+func (t *translator) unjudgedRefs() {
+	for _, f := range t.failures {
+		k := types.NamespacedName{Namespace: f.Object.Namespace, Name: f.Object.Name}
+		msg := fmt.Sprintf("sockmesh failed to translate this %s (internal error: %s) before it judged its references", f.Object.Kind, f.Panic)
+		switch f.Object.Kind {
+		case "BackendTLSPolicy":
+			unknownRefs(t.policyStatus[k], func(a *gwv1.PolicyAncestorStatus) []metav1.Condition { return a.Conditions }, msg)
+		case "XBackendTrafficPolicy":
+			unknownRefs(t.trafficStatus[k], func(a *gwv1.PolicyAncestorStatus) []metav1.Condition { return a.Conditions }, msg)
+		case string(snapshot.KindXBackend):
+			unknownRefs(t.xbackendStatuses[k], func(a *gwxv1alpha1.BackendAncestorStatus) []metav1.Condition { return a.Conditions }, msg)
+		case string(snapshot.KindHTTPRoute):
+			unknownRefs(t.httpRouteStatus[k], func(p *gwv1.RouteParentStatus) []metav1.Condition { return p.Conditions }, msg)
+		case string(snapshot.KindGRPCRoute):
+			unknownRefs(t.grpcRouteStatus[k], func(p *gwv1.RouteParentStatus) []metav1.Condition { return p.Conditions }, msg)
+		}
+	}
+}
+
+// unknownRefs sets ResolvedRefs=Unknown/ReasonInternalError, saying msg,
+// in each of entries, whose conditions conds reads.
+func unknownRefs[E any](entries []E, conds func(*E) []metav1.Condition, msg string) {
+	for i := range entries {
+		for j, c := range conds(&entries[i]) {
+			if c.Type == condResolvedRefs {
+				c.Status, c.Reason, c.Message = metav1.ConditionUnknown, ReasonInternalError, truncate(msg)
+				conds(&entries[i])[j] = c
+			}
+		}
+	}
 }

@@ -19,7 +19,8 @@ import (
 // TestObjectPanicContained: a panic while judging one object (a bug its
 // data reached; here the fault hook's nil map, for each kind in turn) is
 // contained to that object. It is listed in Failures with the stack of the
-// panic, judged invalid with a status that names an internal error, closed
+// panic, judged invalid with a status that names an internal error (its
+// references unjudged: ResolvedRefs=Unknown), closed
 // for what it governs (a BackendTLSPolicy's, an XBackend's or a Service's
 // TLS ports fail closed, never plaintext), and every other object is
 // translated as without the panic. Before, the panic ended the whole
@@ -44,7 +45,7 @@ func TestObjectPanicContained(t *testing.T) {
 		closed:  "secure",
 		changed: []string{"secure"},
 		check: func(t *testing.T, res Result) {
-			checkAccepted(t, res.Status.BackendTLSPolicies[types.NamespacedName{Namespace: "ns", Name: "tls"}][0].Conditions, "Invalid", internal)
+			checkFailed(t, res.Status.BackendTLSPolicies[types.NamespacedName{Namespace: "ns", Name: "tls"}][0].Conditions, "Invalid", internal)
 		},
 	}, {
 		broken:  snapshot.ObjectRef{Kind: "Service", Namespace: "ns", Name: "secure2"},
@@ -55,7 +56,7 @@ func TestObjectPanicContained(t *testing.T) {
 		closed:  "ext",
 		changed: []string{"ext"},
 		check: func(t *testing.T, res Result) {
-			checkAccepted(t, res.Status.XBackends[types.NamespacedName{Namespace: "ns", Name: "xb"}][0].Conditions, "Invalid", internal)
+			checkFailed(t, res.Status.XBackends[types.NamespacedName{Namespace: "ns", Name: "xb"}][0].Conditions, "Invalid", internal)
 		},
 	}, {
 		broken:  snapshot.ObjectRef{Kind: "HTTPRoute", Namespace: "ns", Name: "route"},
@@ -65,7 +66,7 @@ func TestObjectPanicContained(t *testing.T) {
 			if len(parents) != 1 {
 				t.Fatalf("route parents %+v, want one entry", parents)
 			}
-			checkAccepted(t, parents[0].Conditions, string(gwv1.RouteReasonUnsupportedValue), internal)
+			checkFailed(t, parents[0].Conditions, string(gwv1.RouteReasonUnsupportedValue), internal)
 			if f := frontendOf(res, "h2"); f == nil || f.Routes != nil {
 				t.Errorf("h2 frontend %+v, want it captured (appProtocol h2c) without the route", f)
 			}
@@ -74,7 +75,7 @@ func TestObjectPanicContained(t *testing.T) {
 		broken:  snapshot.ObjectRef{Kind: "XBackendTrafficPolicy", Namespace: "ns", Name: "traffic"},
 		changed: []string{"h2"},
 		check: func(t *testing.T, res Result) {
-			checkAccepted(t, res.Status.XBackendTrafficPolicies[types.NamespacedName{Namespace: "ns", Name: "traffic"}][0].Conditions, "Invalid", internal)
+			checkFailed(t, res.Status.XBackendTrafficPolicies[types.NamespacedName{Namespace: "ns", Name: "traffic"}][0].Conditions, "Invalid", internal)
 			for _, b := range res.Backends {
 				if b.RetryConstraint != nil {
 					t.Errorf("backend %s has the failed policy's retry constraint", b.Ref)
@@ -118,11 +119,19 @@ func TestObjectPanicContained(t *testing.T) {
 	}
 }
 
-func checkAccepted(t *testing.T, conds []metav1.Condition, reason, message string) {
+// checkFailed checks the conditions of a failed object's status entry:
+// Accepted=False/reason and ResolvedRefs=Unknown/InternalError, each
+// saying message. Before, ResolvedRefs was True: all references resolved,
+// though none was judged.
+func checkFailed(t *testing.T, conds []metav1.Condition, reason, message string) {
 	t.Helper()
 	if len(conds) == 0 || conds[0].Type != condAccepted || conds[0].Status != metav1.ConditionFalse ||
 		conds[0].Reason != reason || !strings.Contains(conds[0].Message, message) {
 		t.Errorf("conditions %+v, want Accepted=False/%s saying %q", conds, reason, message)
+	}
+	i := slices.IndexFunc(conds, func(c metav1.Condition) bool { return c.Type == condResolvedRefs })
+	if i < 0 || conds[i].Status != metav1.ConditionUnknown || conds[i].Reason != ReasonInternalError || !strings.Contains(conds[i].Message, message) {
+		t.Errorf("conditions %+v, want ResolvedRefs=Unknown/%s saying %q", conds, ReasonInternalError, message)
 	}
 }
 

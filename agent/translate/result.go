@@ -47,7 +47,7 @@ type Result struct {
 	// is, closed for what it governs: a BackendTLSPolicy's or XBackend's
 	// ports fail closed, a route or XBackendTrafficPolicy is applied
 	// nowhere, and their status says Accepted=False with the internal
-	// error; a Service's ports that a BackendTLSPolicy governs or that
+	// error and ResolvedRefs=Unknown (ReasonInternalError); a Service's ports that a BackendTLSPolicy governs or that
 	// stand for an XBackend fail closed, its others are not captured.
 	Failures []Failure
 }

@@ -44,6 +44,7 @@ func translateWith(in Input, fault func(snapshot.ObjectRef)) (Result, error) {
 	t.translateRoutes()
 	t.captureServices()
 	t.xbackendStatus()
+	t.unjudgedRefs()
 
 	res := Result{
 		Workloads: workloads(in),
