@@ -134,6 +134,8 @@ type ControlPlane struct {
 	// translation (Result.Failures): reported when they start failing,
 	// not at every translation. Only the loop's goroutine uses it.
 	failing map[snapshot.ObjectRef]bool
+	// failures are the last translation's, for Failures.
+	failures atomic.Pointer[[]translate.Failure]
 }
 
 // pass is one translation: what translate saw and what it said. seq
@@ -538,4 +540,15 @@ func (c *ControlPlane) reportFailures(failures []translate.Failure) {
 			"kind", f.Object.Kind, "namespace", f.Object.Namespace, "name", f.Object.Name, "err", f.Panic, "stack", f.Stack)
 	}
 	c.failing = failing
+	c.failures.Store(&failures)
+}
+
+// Failures returns the objects whose translation panicked at the last
+// translation that succeeded (Result.Failures): those the published
+// Snapshot judges invalid for a bug, not for their data.
+func (c *ControlPlane) Failures() []translate.Failure {
+	if f := c.failures.Load(); f != nil {
+		return *f
+	}
+	return nil
 }

@@ -35,7 +35,7 @@ func withFailure(in translate.Input) (translate.Result, error) {
 // logged as an error with its stack and counted when it starts failing,
 // not again while it keeps failing at each translation, and again should
 // it fail anew after a translation without; meanwhile the other objects'
-// changes publish.
+// changes publish. Failures lists it while it fails.
 func TestObjectFailureReportedOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		broken := h2cService("broken", "10.96.0.20")
@@ -77,6 +77,14 @@ func TestObjectFailureReportedOnce(t *testing.T) {
 			}
 			if got := count(t, c.m.objectFailures.WithLabelValues("Service")); got != float64(step.reported) {
 				t.Errorf("step %d: translate_object_failures_total{kind=Service} = %v, want %d", i, got, step.reported)
+			}
+			// Failures (what sockmeshctl shows) is the last translation's.
+			var failing []string
+			for _, f := range c.Failures() {
+				failing = append(failing, f.Object.Name)
+			}
+			if want := slices.Contains(step.services, broken); want != slices.Equal(failing, []string{"broken"}) || !want && failing != nil {
+				t.Errorf("step %d: Failures() names %v, want broken only while it fails", i, failing)
 			}
 		}
 	})

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/explain"
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/agent/translate"
 	"github.com/sockmesh/sockmesh/datapath"
 )
 
@@ -202,5 +204,36 @@ func TestStatusListsNeverNull(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestTranslateFailuresShown: the objects whose translation panicked were
+// in the agent's log and a metric only. Status lists them, and Explain
+// names the one whose Services include the destination (a failed route
+// is missing from the Snapshot, so the explanation alone could not say
+// why it does not apply), not the others.
+func TestTranslateFailuresShown(t *testing.T) {
+	web, other := snapshot.ObjectRef{Namespace: "a", Name: "web"}, snapshot.ObjectRef{Namespace: "a", Name: "other"}
+	failures := []translate.Failure{
+		{Object: snapshot.ObjectRef{Kind: "HTTPRoute", Namespace: "a", Name: "split"}, Panic: "assignment to entry in nil map", Stack: "goroutine 1", Services: []snapshot.ObjectRef{web}},
+		{Object: snapshot.ObjectRef{Kind: "BackendTLSPolicy", Namespace: "a", Name: "tls"}, Panic: "index out of range", Stack: "goroutine 1", Services: []snapshot.ObjectRef{other}},
+	}
+	pod := snapshot.ObjectRef{Namespace: "a", Name: "c"}
+	snap, err := snapshot.New(1, nil, nil, []snapshot.Workload{{Pod: pod, Enrolled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := &Sources{Node: "n1", Failures: func() []translate.Failure { return failures },
+		Applied: func() (*snapshot.Snapshot, time.Time) { return snap, time.Time{} }}
+	if got := src.Status().TranslateFailures; !reflect.DeepEqual(got, failures) {
+		t.Errorf("Status().TranslateFailures = %+v, want %+v", got, failures)
+	}
+	e := src.Explain(explain.Query{Pod: pod, Service: &web, Port: 80})
+	notes := strings.Join(e.Notes, "\n")
+	if !strings.Contains(notes, "HTTPRoute a/split panicked (internal error: assignment to entry in nil map)") || strings.Contains(notes, "a/tls") {
+		t.Errorf("Explain(a/web) notes %q, want HTTPRoute a/split's failure named, not BackendTLSPolicy a/tls's", e.Notes)
+	}
+	if none := (&Sources{Node: "n1"}).Status(); none.TranslateFailures != nil {
+		t.Errorf("Status() without a control plane lists failures %+v", none.TranslateFailures)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	kubesource "github.com/sockmesh/sockmesh/agent/source/kubernetes"
+	"github.com/sockmesh/sockmesh/agent/translate"
 	"github.com/sockmesh/sockmesh/datapath"
 )
 
@@ -50,6 +51,9 @@ type Sources struct {
 	Kinds func() []kubesource.KindStatus
 	// Writes says what the control plane's writes hold back.
 	Writes func() *controlplane.Writes
+	// Failures are the objects whose translation panicked at the control
+	// plane's last translation (controlplane's Failures).
+	Failures func() []translate.Failure
 }
 
 // Report is a point-in-time view of one agent. It marshals to JSON and YAML

@@ -2,6 +2,7 @@ package introspect
 
 import (
 	"cmp"
+	"fmt"
 	"net/netip"
 	"slices"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/explain"
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	kubesource "github.com/sockmesh/sockmesh/agent/source/kubernetes"
+	"github.com/sockmesh/sockmesh/agent/translate"
 	"github.com/sockmesh/sockmesh/datapath"
 )
 
@@ -37,6 +39,10 @@ type Status struct {
 	// back, or that it writes nothing (not the leader); nil for the file
 	// source, which writes nothing.
 	Writes *controlplane.Writes `json:"writes,omitempty"`
+	// TranslateFailures are the objects whose translation panicked (a
+	// bug their data reached), each judged invalid and closed for what it
+	// governs, with the panic and its stack for a bug report.
+	TranslateFailures []translate.Failure `json:"translateFailures,omitempty"`
 	// Events are the recent warnings and errors, oldest first;
 	// EventsTotal counts every one since start.
 	Events      []Event `json:"events,omitempty"`
@@ -159,7 +165,15 @@ func (s *Sources) Status() Status {
 	if s.Writes != nil {
 		st.Writes = s.Writes()
 	}
+	st.TranslateFailures = s.failures()
 	return st
+}
+
+func (s *Sources) failures() []translate.Failure {
+	if s.Failures == nil {
+		return nil
+	}
+	return s.Failures()
 }
 
 func proxyStatus(families []*dto.MetricFamily) ProxyStatus {
@@ -278,5 +292,23 @@ func (s *Sources) Explain(q explain.Query) explain.Explanation {
 		st.Enrolments, st.EnrolmentsErr = s.Datapath.Enrolments()
 		st.PairCounter = s.Datapath.PairCounter
 	}
-	return explain.Explain(q, st)
+	e := explain.Explain(q, st)
+	e.Notes = append(e.Notes, failureNotes(s.failures(), cmp.Or(e.Capture.Service, q.Service))...)
+	return e
+}
+
+// failureNotes names the failures that concern connections to svc (nil:
+// none known): an object whose translation panicked is judged invalid for
+// a bug, not its data, which the explanation's own words (a route
+// missing, a backend failing closed) do not tell.
+func failureNotes(failures []translate.Failure, svc *snapshot.ObjectRef) []string {
+	var notes []string
+	for _, f := range failures {
+		if svc == nil || !slices.Contains(f.Services, *svc) {
+			continue
+		}
+		notes = append(notes, fmt.Sprintf("the translation of %s %s/%s panicked (internal error: %s): a bug in sockmesh, which judges it invalid, "+
+			"closed for what it governs, until it changes or sockmesh is fixed; the agent's error log has the stack", f.Object.Kind, f.Object.Namespace, f.Object.Name, f.Panic))
+	}
+	return notes
 }

@@ -1,8 +1,10 @@
 package translate
 
 import (
+	"cmp"
 	"fmt"
 	"runtime/debug"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,6 +24,12 @@ type Failure struct {
 	// Panic is the recovered value, Stack where it was raised.
 	Panic string `json:"panic"`
 	Stack string `json:"stack"`
+	// Services are the Services the object governs and its status
+	// stands toward (a policy's targets, a route's parents, the Services
+	// that lead to an XBackend; a Service itself), Namespace and Name as
+	// in snapshot.Frontend.Service: sockmeshctl explain names the failure
+	// for connections to them.
+	Services []snapshot.ObjectRef `json:"services,omitempty"`
 }
 
 // containObject runs eval, the judgement of the object ref names, and
@@ -157,39 +165,71 @@ func (t *translator) captureServiceContained(svc *corev1.Service) {
 // references were never judged.
 const ReasonInternalError = "InternalError"
 
-// unjudgedRefs turns the ResolvedRefs condition of every status entry of
-// a failed object to Unknown: its judgement panicked before it judged the
-// references, so the True its invalid stand-in would carry is a claim
-// nothing checked (and a False one's reason would be made up), while
-// Accepted=False says the object is treated as invalid, and why.
-func (t *translator) unjudgedRefs() {
-	for _, f := range t.failures {
-		k := types.NamespacedName{Namespace: f.Object.Namespace, Name: f.Object.Name}
-		msg := fmt.Sprintf("sockmesh failed to translate this %s (internal error: %s) before it judged its references", f.Object.Kind, f.Panic)
-		switch f.Object.Kind {
-		case "BackendTLSPolicy":
-			unknownRefs(t.policyStatus[k], func(a *gwv1.PolicyAncestorStatus) []metav1.Condition { return a.Conditions }, msg)
-		case "XBackendTrafficPolicy":
-			unknownRefs(t.trafficStatus[k], func(a *gwv1.PolicyAncestorStatus) []metav1.Condition { return a.Conditions }, msg)
-		case string(snapshot.KindXBackend):
-			unknownRefs(t.xbackendStatuses[k], func(a *gwxv1alpha1.BackendAncestorStatus) []metav1.Condition { return a.Conditions }, msg)
-		case string(snapshot.KindHTTPRoute):
-			unknownRefs(t.httpRouteStatus[k], func(p *gwv1.RouteParentStatus) []metav1.Condition { return p.Conditions }, msg)
-		case string(snapshot.KindGRPCRoute):
-			unknownRefs(t.grpcRouteStatus[k], func(p *gwv1.RouteParentStatus) []metav1.Condition { return p.Conditions }, msg)
+// settleFailures completes each Failure once status is judged. It turns
+// the ResolvedRefs condition of every status entry of the failed object
+// to Unknown: its judgement panicked before it judged the references, so
+// the True its invalid stand-in would carry is a claim nothing checked
+// (and a False one's reason would be made up), while Accepted=False says
+// the object is treated as invalid, and why. And it lists the Services
+// those entries stand toward in Failure.Services.
+func (t *translator) settleFailures() {
+	for i := range t.failures {
+		f := &t.failures[i]
+		if f.Object.Kind == string(snapshot.KindService) {
+			f.Services = []snapshot.ObjectRef{{Namespace: f.Object.Namespace, Name: f.Object.Name}}
+			continue
+		}
+		msg := truncate(fmt.Sprintf("sockmesh failed to translate this %s (internal error: %s) before it judged its references", f.Object.Kind, f.Panic))
+		for _, e := range t.statusEntries(f.Object) {
+			for j := range e.conds {
+				if c := &e.conds[j]; c.Type == condResolvedRefs {
+					c.Status, c.Reason, c.Message = metav1.ConditionUnknown, ReasonInternalError, msg
+				}
+			}
+			if deref(e.ref.Group) == "" && deref(e.ref.Kind) == "Service" {
+				svc := snapshot.ObjectRef{Namespace: cmp.Or(deref(e.ref.Namespace), f.Object.Namespace), Name: string(e.ref.Name)}
+				if !slices.Contains(f.Services, svc) {
+					f.Services = append(f.Services, svc)
+				}
+			}
 		}
 	}
 }
 
-// unknownRefs sets ResolvedRefs=Unknown/ReasonInternalError, saying msg,
-// in each of entries, whose conditions conds reads.
-func unknownRefs[E any](entries []E, conds func(*E) []metav1.Condition, msg string) {
-	for i := range entries {
-		for j, c := range conds(&entries[i]) {
-			if c.Type == condResolvedRefs {
-				c.Status, c.Reason, c.Message = metav1.ConditionUnknown, ReasonInternalError, truncate(msg)
-				conds(&entries[i])[j] = c
-			}
+// statusEntry is one status entry of ours: its conditions (shared with the
+// entry, so changes to them are the entry's) and the ancestor or parent it
+// stands toward.
+type statusEntry struct {
+	conds []metav1.Condition
+	ref   gwv1.ParentReference
+}
+
+// statusEntries returns the status entries translate wants for the object
+// ref names.
+func (t *translator) statusEntries(ref snapshot.ObjectRef) []statusEntry {
+	k := types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}
+	var out []statusEntry
+	switch ref.Kind {
+	case "BackendTLSPolicy", "XBackendTrafficPolicy":
+		entries := t.policyStatus[k]
+		if ref.Kind == "XBackendTrafficPolicy" {
+			entries = t.trafficStatus[k]
+		}
+		for _, a := range entries {
+			out = append(out, statusEntry{a.Conditions, a.AncestorRef})
+		}
+	case string(snapshot.KindXBackend):
+		for _, a := range t.xbackendStatuses[k] {
+			out = append(out, statusEntry{a.Conditions, a.AncestorRef})
+		}
+	case string(snapshot.KindHTTPRoute), string(snapshot.KindGRPCRoute):
+		entries := t.httpRouteStatus[k]
+		if ref.Kind == string(snapshot.KindGRPCRoute) {
+			entries = t.grpcRouteStatus[k]
+		}
+		for _, p := range entries {
+			out = append(out, statusEntry{p.Conditions, p.ParentRef})
 		}
 	}
+	return out
 }

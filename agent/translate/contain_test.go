@@ -40,8 +40,11 @@ func TestObjectPanicContained(t *testing.T) {
 		closed  string
 		check   func(t *testing.T, res Result)
 		changed []string // the Services whose frontends may differ
+		// governs is the Service the failure names (Failure.Services).
+		governs string
 	}{{
 		broken:  snapshot.ObjectRef{Kind: "BackendTLSPolicy", Namespace: "ns", Name: "tls"},
+		governs: "secure",
 		closed:  "secure",
 		changed: []string{"secure"},
 		check: func(t *testing.T, res Result) {
@@ -49,10 +52,12 @@ func TestObjectPanicContained(t *testing.T) {
 		},
 	}, {
 		broken:  snapshot.ObjectRef{Kind: "Service", Namespace: "ns", Name: "secure2"},
+		governs: "secure2",
 		closed:  "secure2",
 		changed: []string{"secure2"},
 	}, {
 		broken:  snapshot.ObjectRef{Kind: "XBackend", Namespace: "ns", Name: "xb"},
+		governs: "ext",
 		closed:  "ext",
 		changed: []string{"ext"},
 		check: func(t *testing.T, res Result) {
@@ -60,6 +65,7 @@ func TestObjectPanicContained(t *testing.T) {
 		},
 	}, {
 		broken:  snapshot.ObjectRef{Kind: "HTTPRoute", Namespace: "ns", Name: "route"},
+		governs: "h2",
 		changed: []string{"h2"},
 		check: func(t *testing.T, res Result) {
 			parents := res.Status.HTTPRoutes[types.NamespacedName{Namespace: "ns", Name: "route"}]
@@ -73,6 +79,7 @@ func TestObjectPanicContained(t *testing.T) {
 		},
 	}, {
 		broken:  snapshot.ObjectRef{Kind: "XBackendTrafficPolicy", Namespace: "ns", Name: "traffic"},
+		governs: "h2",
 		changed: []string{"h2"},
 		check: func(t *testing.T, res Result) {
 			checkFailed(t, res.Status.XBackendTrafficPolicies[types.NamespacedName{Namespace: "ns", Name: "traffic"}][0].Conditions, "Invalid", internal)
@@ -96,6 +103,9 @@ func TestObjectPanicContained(t *testing.T) {
 			}
 			if len(res.Failures) != 1 || res.Failures[0].Object != tc.broken || !strings.Contains(res.Failures[0].Stack, "contain_test.go") {
 				t.Fatalf("Failures = %+v, want %s alone, with the stack of its panic", res.Failures, tc.broken)
+			}
+			if want := []snapshot.ObjectRef{{Namespace: "ns", Name: tc.governs}}; !reflect.DeepEqual(res.Failures[0].Services, want) {
+				t.Errorf("Failure.Services = %v, want %v", res.Failures[0].Services, want)
 			}
 			for _, f := range base.Frontends {
 				if !slices.Contains(tc.changed, f.Service.Name) && !reflect.DeepEqual(frontendOf(res, f.Service.Name), &f) {

@@ -44,7 +44,7 @@ func translateWith(in Input, fault func(snapshot.ObjectRef)) (Result, error) {
 	t.translateRoutes()
 	t.captureServices()
 	t.xbackendStatus()
-	t.unjudgedRefs()
+	t.settleFailures()
 
 	res := Result{
 		Workloads: workloads(in),

@@ -327,7 +327,7 @@ func (a *agent) start(ctx context.Context, events *introspect.Events) error {
 	a.report = &introspect.Sources{
 		Node: s.nodeName, Mode: string(s.mode), Version: buildVersion(),
 		Applied: a.ap.Applied, Pods: a.en.Pods, Ready: a.checks.Ready, Datapath: a.dp, Events: events,
-		Metrics: a.reg, Kinds: kinds, Writes: a.cp.Writes,
+		Metrics: a.reg, Kinds: kinds, Writes: a.cp.Writes, Failures: a.cp.Failures,
 	}
 	if a.intro, err = httpapi.NewServer(s.introspection, a.report, log, a.reg); err != nil {
 		return err

@@ -23,6 +23,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/introspect"
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	kubesource "github.com/sockmesh/sockmesh/agent/source/kubernetes"
+	"github.com/sockmesh/sockmesh/agent/translate"
 	"github.com/sockmesh/sockmesh/ctl/describe"
 	"github.com/sockmesh/sockmesh/ctl/top"
 	"github.com/sockmesh/sockmesh/datapath"
@@ -97,6 +98,8 @@ func agentsFixture() []introspect.Status {
 			{Time: t0.Add(-10 * time.Second), Level: "ERROR", Component: "apply", Message: "apply failed", Attrs: map[string]string{"err": "enrol netns 9: EPERM"}},
 		},
 		EventsTotal: 7,
+		TranslateFailures: []translate.Failure{{Object: ref("HTTPRoute", "app", "split"), Panic: "assignment to entry in nil map",
+			Stack: "goroutine 1 [running]:\nrouting.go:12", Services: []snapshot.ObjectRef{{Namespace: "app", Name: "secure"}}}},
 	}, {
 		// Not the leader: another agent writes.
 		Node: "node-b", Mode: "node-ip", Version: "v1.2.3", Time: t0, Ready: true,

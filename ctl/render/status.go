@@ -253,6 +253,19 @@ func statusDetails(w io.Writer, st introspect.Status) {
 		more(t, wr.BackoffMore)
 		t.Flush()
 	}
+	if len(st.TranslateFailures) > 0 {
+		fmt.Fprintln(w, "  Objects whose translation panicked (a bug: judged invalid, closed for what they govern; -o yaml has the stacks):")
+		t := tw(w)
+		row(t, "    KIND", "OBJECT", "SERVICES", "PANIC")
+		for _, f := range st.TranslateFailures {
+			services := make([]string, len(f.Services))
+			for i, s := range f.Services {
+				services[i] = s.String()
+			}
+			row(t, "    "+f.Object.Kind, f.Object.Namespace+"/"+f.Object.Name, orDash(strings.Join(services, ", ")), f.Panic)
+		}
+		t.Flush()
+	}
 	if len(st.Pods.Unsettled) > 0 {
 		fmt.Fprintln(w, "  Pods not enrolled yet:")
 		t := tw(w)
