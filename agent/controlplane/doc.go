@@ -9,7 +9,8 @@
 // object whose write failed alone by itself and holds back a resource RBAC
 // refuses until an access review allows it; only the API server's own
 // trouble holds every write back. Writes reports what the Gate of the
-// term under way holds back (sockmeshctl status). A panic in translate or
+// term under way holds back (sockmeshctl status), Failures the objects whose
+// translation panicked at the last translation. A panic in translate or
 // in a write is an error, never the agent's end: the agent serves its
 // node's proxy too.
 //

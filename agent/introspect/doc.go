@@ -7,8 +7,9 @@
 // recent warnings and errors of every component, an explanation of one
 // pod's connections to one destination (agent/explain), which optional
 // kinds the kubernetes source watches, what the leader's status and
-// generated-Service writes hold back (agent/controlplane's Writes), and the
-// agent's metrics with their catalog.
+// generated-Service writes hold back (agent/controlplane's Writes), the
+// objects whose translation panicked (its Failures), and the agent's
+// metrics with their catalog.
 //
 // Sources says where each part comes from; the agent fills it once, and
 // its methods (Report, Status, Snapshot, Counters, Explain) read them at
