@@ -10,14 +10,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/sockmesh/sockmesh/agent/cnihandover"
+	"github.com/sockmesh/sockmesh/agent/cniwire"
 	"github.com/sockmesh/sockmesh/internal/must"
 	"github.com/sockmesh/sockmesh/test/apiserver"
 )
 
 // cniArgs are what the component cni adds to the agent's arguments.
 var cniArgs = []string{
-	"--cni-socket=" + cnihandover.DefaultSocket,
+	"--cni-socket=" + cniwire.DefaultSocket,
 	"--cni-conf-dir=/host/etc/cni/net.d",
 	"--cni-bin-dir=/host/opt/cni/bin",
 }
@@ -58,9 +58,9 @@ func TestCNIComponent(t *testing.T) {
 		return ""
 	}
 	for mount, host := range map[string]string{
-		"/host/etc/cni/net.d":     "/etc/cni/net.d",
-		"/host/opt/cni/bin":       "/opt/cni/bin",
-		cnihandover.DefaultSocket: cnihandover.DefaultSocket, // the plugin's entry names the agent's path
+		"/host/etc/cni/net.d": "/etc/cni/net.d",
+		"/host/opt/cni/bin":   "/opt/cni/bin",
+		cniwire.DefaultSocket: cniwire.DefaultSocket, // the plugin's entry names the agent's path
 	} {
 		if got := hostPathOf(mount); got != host {
 			t.Errorf("the agent's %s is the host's %q (read-write), want %s", mount, got, host)

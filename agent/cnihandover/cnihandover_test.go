@@ -15,21 +15,23 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sockmesh/sockmesh/agent/cniwire"
 )
 
 // enroller answers handovers as told and records them, with the inode of
 // the namespace that came with each.
 type enroller struct {
 	mu     sync.Mutex
-	got    []Pod
+	got    []cniwire.Pod
 	inodes []uint64
-	answer Answer
+	answer cniwire.Answer
 	err    error
 	// block makes Enrol wait for its ctx to end.
 	block bool
 }
 
-func (e *enroller) Enrol(ctx context.Context, p Pod, netns *os.File) (Answer, error) {
+func (e *enroller) Enrol(ctx context.Context, p cniwire.Pod, netns *os.File) (cniwire.Answer, error) {
 	ino := inode(netns)
 	netns.Close()
 	e.mu.Lock()
@@ -37,7 +39,7 @@ func (e *enroller) Enrol(ctx context.Context, p Pod, netns *os.File) (Answer, er
 	e.mu.Unlock()
 	if e.block {
 		<-ctx.Done()
-		return Answer{}, context.Cause(ctx)
+		return cniwire.Answer{}, context.Cause(ctx)
 	}
 	return e.answer, e.err
 }
@@ -85,30 +87,30 @@ func netns(t *testing.T) *os.File {
 	return f
 }
 
-var pod = Pod{Namespace: "app", Name: "a", UID: "a-uid", ContainerID: "c0ffee", NetNS: "/var/run/netns/cni-1",
+var pod = cniwire.Pod{Namespace: "app", Name: "a", UID: "a-uid", ContainerID: "c0ffee", NetNS: "/var/run/netns/cni-1",
 	IPs: []netip.Addr{netip.MustParseAddr("10.244.0.5"), netip.MustParseAddr("fd00::5")}}
 
 func TestAdd(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		en     *enroller
-		pod    Pod
-		want   Answer
+		pod    cniwire.Pod
+		want   cniwire.Answer
 		errHas string
 	}{
-		{name: "captured", en: &enroller{answer: Answer{Captured: true}}, pod: pod, want: Answer{Captured: true}},
-		{name: "not captured", en: &enroller{answer: Answer{Reason: "opted out"}}, pod: pod, want: Answer{Reason: "opted out"}},
+		{name: "captured", en: &enroller{answer: cniwire.Answer{Captured: true}}, pod: pod, want: cniwire.Answer{Captured: true}},
+		{name: "not captured", en: &enroller{answer: cniwire.Answer{Reason: "opted out"}}, pod: pod, want: cniwire.Answer{Reason: "opted out"}},
 		{name: "enrolment failed", en: &enroller{err: errors.New("the enrolment map's last write failed")}, pod: pod,
 			errHas: "the enrolment map's last write failed"},
 		{name: "the agent's time is up", en: &enroller{block: true}, pod: pod, errHas: "deadline exceeded"},
-		{name: "no pod name", en: &enroller{}, pod: Pod{Namespace: "app", NetNS: "/x"}, errHas: "K8S_POD_NAME"},
+		{name: "no pod name", en: &enroller{}, pod: cniwire.Pod{Namespace: "app", NetNS: "/x"}, errHas: "K8S_POD_NAME"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			socket := serve(t, Config{Timeout: 100 * time.Millisecond}, tc.en)
 			ns := netns(t)
-			got, err := Add(t.Context(), socket, tc.pod, ns)
+			got, err := cniwire.Add(t.Context(), socket, tc.pod, ns)
 			if tc.errHas != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.errHas) || errors.Is(err, ErrUnreachable) {
+				if err == nil || !strings.Contains(err.Error(), tc.errHas) || errors.Is(err, cniwire.ErrUnreachable) {
 					t.Fatalf("Add = %+v, %v; want an error from the agent containing %q", got, err, tc.errHas)
 				}
 				return
@@ -140,8 +142,8 @@ func TestAddUnreachable(t *testing.T) {
 		t.Fatalf("the socket file after Close: %v, want it kept for the next agent", err)
 	}
 	for _, socket := range []string{filepath.Join(dir, "absent.sock"), left} {
-		if _, err := Add(t.Context(), socket, pod, netns(t)); !errors.Is(err, ErrUnreachable) {
-			t.Errorf("Add to %s = %v, want ErrUnreachable", socket, err)
+		if _, err := cniwire.Add(t.Context(), socket, pod, netns(t)); !errors.Is(err, cniwire.ErrUnreachable) {
+			t.Errorf("Add to %s = %v, want cniwire.ErrUnreachable", socket, err)
 		}
 	}
 }

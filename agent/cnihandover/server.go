@@ -2,7 +2,6 @@ package cnihandover
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,7 +12,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"golang.org/x/sys/unix"
+
+	"github.com/sockmesh/sockmesh/agent/cniwire"
 )
 
 // DefaultTimeout bounds the agent's side of one handover when
@@ -26,7 +26,7 @@ type Enroller interface {
 	// Enrol enrols p's network namespace, netns, and answers Captured, or
 	// answers why the pod is not captured; an error when it could do
 	// neither before ctx ended. It takes netns over.
-	Enrol(ctx context.Context, p Pod, netns *os.File) (Answer, error)
+	Enrol(ctx context.Context, p cniwire.Pod, netns *os.File) (cniwire.Answer, error)
 }
 
 // Config configures a Server.
@@ -132,80 +132,26 @@ func (s *Server) handle(c *net.UnixConn) {
 	defer cancel()
 	dl, _ := ctx.Deadline()
 	c.SetReadDeadline(dl)
-	var r reply
-	p, netns, err := read(c)
+	var a cniwire.Answer
+	p, netns, err := cniwire.Read(c)
 	if err == nil {
 		log := s.log.With("pod", p.Namespace+"/"+p.Name, "netns", p.NetNS, "container_id", p.ContainerID)
-		r.Answer, err = s.en.Enrol(ctx, p, netns)
+		a, err = s.en.Enrol(ctx, p, netns)
 		if err != nil {
 			log.Warn("pod handed over not enrolled: its sandbox waits", "err", err)
 		} else {
-			log.Debug("pod handed over", "captured", r.Captured, "reason", r.Reason)
+			log.Debug("pod handed over", "captured", a.Captured, "reason", a.Reason)
 		}
 	}
 	result := "captured"
 	switch {
 	case err != nil:
-		result, r.Error = "failed", err.Error()
-	case !r.Captured:
+		result = "failed"
+	case !a.Captured:
 		result = "not_captured"
 	}
 	s.hand.WithLabelValues(result).Inc()
-	data, _ := json.Marshal(r)
 	// The answer goes out after the timeout too: it says why.
 	c.SetWriteDeadline(time.Now().Add(time.Second))
-	c.Write(data)
-}
-
-// read reads one handover: the pod, and the namespace's descriptor that
-// came with its first bytes.
-func read(c *net.UnixConn) (Pod, *os.File, error) {
-	buf := make([]byte, maxMessage)
-	oob := make([]byte, unix.CmsgSpace(4))
-	n, oobn, _, _, err := c.ReadMsgUnix(buf, oob)
-	if err != nil {
-		return Pod{}, nil, fmt.Errorf("read handover: %w", err)
-	}
-	fd := rights(oob[:oobn])
-	rest, err := io.ReadAll(io.LimitReader(c, int64(len(buf)-n)))
-	var p Pod
-	if err == nil {
-		err = json.Unmarshal(append(buf[:n], rest...), &p)
-	}
-	switch {
-	case err == nil && (p.Namespace == "" || p.Name == ""):
-		err = errors.New("a handover names the pod's namespace and name (are K8S_POD_NAMESPACE and K8S_POD_NAME in CNI_ARGS?)")
-	case err == nil && fd < 0:
-		err = errors.New("no network namespace came with the handover")
-	}
-	if err != nil {
-		if fd >= 0 {
-			unix.Close(fd)
-		}
-		return Pod{}, nil, fmt.Errorf("read handover: %w", err)
-	}
-	return p, os.NewFile(uintptr(fd), p.NetNS), nil
-}
-
-// rights returns the descriptor oob carries (-1: none), closing any more.
-func rights(oob []byte) int {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return -1
-	}
-	fd := -1
-	for _, m := range msgs {
-		fds, err := unix.ParseUnixRights(&m)
-		if err != nil {
-			continue
-		}
-		for _, f := range fds {
-			if fd < 0 {
-				fd = f
-			} else {
-				unix.Close(f)
-			}
-		}
-	}
-	return fd
+	cniwire.Reply(c, a, err)
 }

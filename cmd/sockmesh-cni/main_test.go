@@ -17,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/sockmesh/sockmesh/agent/cnihandover"
+	"github.com/sockmesh/sockmesh/agent/cniwire"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
 )
 
@@ -36,17 +37,17 @@ func TestMain(m *testing.M) {
 // agent is the agent's side of the handover behind a real socket server.
 type agent struct {
 	mu     sync.Mutex
-	got    []cnihandover.Pod
+	got    []cniwire.Pod
 	inodes []uint64 // of the namespaces that came with them
-	answer cnihandover.Answer
+	answer cniwire.Answer
 	err    error
 }
 
-func (a *agent) Enrol(_ context.Context, p cnihandover.Pod, netns *os.File) (cnihandover.Answer, error) {
+func (a *agent) Enrol(_ context.Context, p cniwire.Pod, netns *os.File) (cniwire.Answer, error) {
 	defer netns.Close()
 	fi, err := netns.Stat()
 	if err != nil {
-		return cnihandover.Answer{}, err
+		return cniwire.Answer{}, err
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -54,10 +55,10 @@ func (a *agent) Enrol(_ context.Context, p cnihandover.Pod, netns *os.File) (cni
 	return a.answer, a.err
 }
 
-func (a *agent) handovers() []cnihandover.Pod {
+func (a *agent) handovers() []cniwire.Pod {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return append([]cnihandover.Pod(nil), a.got...)
+	return append([]cniwire.Pod(nil), a.got...)
 }
 
 // serveAgent serves a on a socket until t ends and returns its path.
@@ -134,7 +135,7 @@ func cniError(t *testing.T, r run) string {
 }
 
 func TestAddCaptured(t *testing.T) {
-	a := &agent{answer: cnihandover.Answer{Captured: true}}
+	a := &agent{answer: cniwire.Answer{Captured: true}}
 	socket := serveAgent(t, a)
 	netnsPath := podNetNS(t)
 	r := invoke(t, "ADD", netnsPath, podArgs, config(socket, ""))
@@ -144,7 +145,7 @@ func TestAddCaptured(t *testing.T) {
 	if r.stdout != prevResult {
 		t.Errorf("ADD printed\n%s\nwant the previous result untouched\n%s", r.stdout, prevResult)
 	}
-	want := []cnihandover.Pod{{Namespace: "app", Name: "a", UID: "a-uid", ContainerID: "c0ffee", NetNS: netnsPath,
+	want := []cniwire.Pod{{Namespace: "app", Name: "a", UID: "a-uid", ContainerID: "c0ffee", NetNS: netnsPath,
 		IPs: []netip.Addr{netip.MustParseAddr("10.244.0.5"), netip.MustParseAddr("fd00:244::5")}}}
 	if got := a.handovers(); !reflect.DeepEqual(got, want) {
 		t.Errorf("the agent got %+v, want %+v", got, want)
@@ -193,7 +194,7 @@ func TestAddFailsClosed(t *testing.T) {
 }
 
 func TestAddErrors(t *testing.T) {
-	socket := serveAgent(t, &agent{answer: cnihandover.Answer{Captured: true}})
+	socket := serveAgent(t, &agent{answer: cniwire.Answer{Captured: true}})
 	netnsPath := podNetNS(t)
 	for _, tc := range []struct{ name, stdin, errHas string }{
 		{"not chained", `{"cniVersion":"1.0.0","name":"smnet","type":"sockmesh-cni","socket":"` + socket + `"}`, "must be chained after"},

@@ -14,7 +14,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 
-	"github.com/sockmesh/sockmesh/agent/cnihandover"
+	"github.com/sockmesh/sockmesh/agent/cniwire"
 )
 
 // defaultTimeout is how long ADD waits for the agent by default: above the
@@ -37,7 +37,7 @@ func parseConf(stdin []byte) (conf, time.Duration, error) {
 		return conf{}, 0, fmt.Errorf("parse the sockmesh-cni configuration: %w", err)
 	}
 	if c.Socket == "" {
-		c.Socket = cnihandover.DefaultSocket
+		c.Socket = cniwire.DefaultSocket
 	}
 	timeout := defaultTimeout
 	if c.Timeout != "" {
@@ -64,7 +64,7 @@ func add(args *skel.CmdArgs, stdout, stderr io.Writer) error {
 	}
 	k8s := cniArgs(args.Args)
 	if k8s["K8S_POD_NAME"] != "" {
-		p := cnihandover.Pod{
+		p := cniwire.Pod{
 			Namespace: k8s["K8S_POD_NAMESPACE"], Name: k8s["K8S_POD_NAME"], UID: k8s["K8S_POD_UID"],
 			ContainerID: args.ContainerID, NetNS: args.Netns,
 		}
@@ -89,13 +89,13 @@ func add(args *skel.CmdArgs, stdout, stderr io.Writer) error {
 // handOver passes the pod's network namespace to the agent, by
 // descriptor: the agent's container does not see the runtime's netns
 // mounts.
-func handOver(ctx context.Context, socket string, p cnihandover.Pod) error {
+func handOver(ctx context.Context, socket string, p cniwire.Pod) error {
 	netns, err := os.Open(p.NetNS)
 	if err != nil {
 		return fmt.Errorf("open the pod's network namespace: %w", err)
 	}
 	defer netns.Close()
-	_, err = cnihandover.Add(ctx, socket, p, netns)
+	_, err = cniwire.Add(ctx, socket, p, netns)
 	return err
 }
 

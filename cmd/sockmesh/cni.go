@@ -10,6 +10,7 @@ import (
 
 	"github.com/sockmesh/sockmesh/agent/cniconf"
 	"github.com/sockmesh/sockmesh/agent/cnihandover"
+	"github.com/sockmesh/sockmesh/agent/cniwire"
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/agent/translate"
@@ -31,25 +32,25 @@ type cniSettings struct {
 // Snapshot lists it, translate's rule, the Enroller's adoption.
 type cniEnroller struct{ en *enrol.Enroller }
 
-func (c cniEnroller) Enrol(ctx context.Context, p cnihandover.Pod, netns *os.File) (cnihandover.Answer, error) {
+func (c cniEnroller) Enrol(ctx context.Context, p cniwire.Pod, netns *os.File) (cniwire.Answer, error) {
 	ns, err := podns.FromFile(netns)
 	if err != nil {
-		return cnihandover.Answer{}, err
+		return cniwire.Answer{}, err
 	}
 	w, err := c.en.Workload(ctx, snapshot.ObjectRef{Namespace: p.Namespace, Name: p.Name}, p.UID)
 	if err != nil {
 		ns.Close()
-		return cnihandover.Answer{}, err
+		return cniwire.Answer{}, err
 	}
 	if !translate.EnrolledOnceAddressed(w) {
 		ns.Close()
-		return cnihandover.Answer{Reason: w.NotEnrolled}, nil
+		return cniwire.Answer{Reason: w.NotEnrolled}, nil
 	}
 	w.IPs = p.IPs // the API server may have none yet, or an older sandbox's
 	if err := c.en.Adopt(w, ns); err != nil {
-		return cnihandover.Answer{}, err
+		return cniwire.Answer{}, err
 	}
-	return cnihandover.Answer{Captured: true}, nil
+	return cniwire.Answer{Captured: true}, nil
 }
 
 // startCNI opens the handover socket and, with --cni-conf-dir, installs

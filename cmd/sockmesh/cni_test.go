@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/sockmesh/sockmesh/agent/cniconf"
-	"github.com/sockmesh/sockmesh/agent/cnihandover"
+	"github.com/sockmesh/sockmesh/agent/cniwire"
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/internal/agentproc"
 	"github.com/sockmesh/sockmesh/internal/sandbox"
@@ -82,9 +82,9 @@ func TestCNIHandover(t *testing.T) {
 		t.Errorf("plugin binary not installed: %v", err)
 	}
 
-	early := cnihandover.Pod{Namespace: "app", Name: "client", UID: "00000000-0000-4000-8000-0000000000c1",
+	early := cniwire.Pod{Namespace: "app", Name: "client", UID: "00000000-0000-4000-8000-0000000000c1",
 		NetNS: e.client.Path(), IPs: []netip.Addr{addrs.Client.Addr()}}
-	if got, err := cnihandover.Add(t.Context(), socket, early, openNetNS(t, early.NetNS)); err != nil || !got.Captured {
+	if got, err := cniwire.Add(t.Context(), socket, early, openNetNS(t, early.NetNS)); err != nil || !got.Captured {
 		t.Fatalf("hand over app/client = %+v, %v; want captured", got, err)
 	}
 	checkTLSOriginated(t, e.get(t, "/first"))
@@ -94,9 +94,9 @@ func TestCNIHandover(t *testing.T) {
 		t.Errorf("pods = %+v, want app/client Enrolled in netns %d", pods, e.clientCookie)
 	}
 
-	quiet := cnihandover.Pod{Namespace: "app", Name: "quiet", UID: "00000000-0000-4000-8000-0000000000c2",
+	quiet := cniwire.Pod{Namespace: "app", Name: "quiet", UID: "00000000-0000-4000-8000-0000000000c2",
 		NetNS: e.client.Path(), IPs: []netip.Addr{addrs.Client.Addr()}}
-	if got, err := cnihandover.Add(t.Context(), socket, quiet, openNetNS(t, quiet.NetNS)); err != nil || got.Captured || !strings.Contains(got.Reason, "disabled") {
+	if got, err := cniwire.Add(t.Context(), socket, quiet, openNetNS(t, quiet.NetNS)); err != nil || got.Captured || !strings.Contains(got.Reason, "disabled") {
 		t.Errorf("hand over app/quiet = %+v, %v; want not captured, for its label", got, err)
 	}
 

@@ -20,7 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
-	"github.com/sockmesh/sockmesh/agent/cnihandover"
+	"github.com/sockmesh/sockmesh/agent/cniwire"
 	"github.com/sockmesh/sockmesh/agent/enrol"
 	"github.com/sockmesh/sockmesh/agent/introspect/httpapi"
 	"github.com/sockmesh/sockmesh/agent/resolve"
@@ -142,7 +142,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&in.TLSKeyFile, "introspection-tls-key", "", "TLS key of --introspection-listen")
 	fs.StringVar(&in.TokenFile, "introspection-token-file", "", "file holding the bearer token remote clients of --introspection-listen must send (read at each request)")
 	c := &o.cni
-	fs.StringVar(&c.socket, "cni-socket", "", "unix socket serving sockmesh-cni's handovers, in a directory only root may enter (the DaemonSet: "+cnihandover.DefaultSocket+"; empty: off)")
+	fs.StringVar(&c.socket, "cni-socket", "", "unix socket serving sockmesh-cni's handovers, in a directory only root may enter (the DaemonSet: "+cniwire.DefaultSocket+"; empty: off)")
 	fs.StringVar(&c.confDir, "cni-conf-dir", "", "the node's CNI conf directory: the agent chains sockmesh-cni into the network configuration the runtime uses there, and installs its binary in --cni-bin-dir (needs --cni-socket; empty: off; sockmesh uninstall --cni-conf-dir removes both)")
 	fs.StringVar(&c.binDir, "cni-bin-dir", "/opt/cni/bin", "the node's CNI bin directory (with --cni-conf-dir)")
 	fs.StringVar(&c.plugin, "cni-plugin", "", "the sockmesh-cni binary --cni-conf-dir installs (default: sockmesh-cni beside the agent's binary, as in its image)")

@@ -19,7 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sockmesh/sockmesh/agent/cniconf"
-	"github.com/sockmesh/sockmesh/agent/cnihandover"
+	"github.com/sockmesh/sockmesh/agent/cniwire"
 	"github.com/sockmesh/sockmesh/test/cluster/node"
 )
 
@@ -209,7 +209,7 @@ func keepNodeCNI(t *testing.T, n *node.Node, cgroupRoot string, baseline map[ebp
 	if err != nil {
 		t.Fatal(err)
 	}
-	sockDir := filepath.Dir(cnihandover.DefaultSocket)
+	sockDir := filepath.Dir(cniwire.DefaultSocket)
 	_, err = os.Stat(sockDir)
 	sockDirAbsent := errors.Is(err, fs.ErrNotExist)
 	t.Cleanup(func() {
