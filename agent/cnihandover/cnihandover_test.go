@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/sockmesh/sockmesh/agent/cniwire"
@@ -44,15 +46,16 @@ func (e *enroller) Enrol(ctx context.Context, p cniwire.Pod, netns *os.File) (cn
 	return e.answer, e.err
 }
 
-// serve serves en on a socket in a new directory until t ends.
-func serve(t *testing.T, cfg Config, en Enroller) string {
+// serve serves en on a socket in a new directory until t ends, its
+// metrics registered on reg (nil: none).
+func serve(t *testing.T, cfg Config, en Enroller, reg prometheus.Registerer) string {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "run", "cni.sock")
 	ln, err := Listen(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := NewServer(cfg, en, slog.New(slog.NewTextHandler(t.Output(), nil)), nil)
+	s, err := NewServer(cfg, en, slog.New(slog.NewTextHandler(t.Output(), nil)), reg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +109,7 @@ func TestAdd(t *testing.T) {
 		{name: "no pod name", en: &enroller{}, pod: cniwire.Pod{Namespace: "app", NetNS: "/x"}, errHas: "K8S_POD_NAME"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			socket := serve(t, Config{Timeout: 100 * time.Millisecond}, tc.en)
+			socket := serve(t, Config{Timeout: 100 * time.Millisecond}, tc.en, nil)
 			ns := netns(t)
 			got, err := cniwire.Add(t.Context(), socket, tc.pod, ns)
 			if tc.errHas != "" {
@@ -126,6 +129,47 @@ func TestAdd(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestHandoverMetrics: every result's series is there from the start, at 0,
+// and a handover counts under its own.
+func TestHandoverMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	socket := serve(t, Config{}, &enroller{answer: cniwire.Answer{Captured: true}}, reg)
+	want := map[string]float64{"captured": 0, "not_captured": 0, "failed": 0}
+	if got := handovers(t, reg); !maps.Equal(got, want) {
+		t.Errorf("sockmesh_cni_handovers_total before any handover = %v, want %v", got, want)
+	}
+	if _, err := cniwire.Add(t.Context(), socket, pod, netns(t)); err != nil {
+		t.Fatal(err)
+	}
+	want["captured"] = 1
+	if got := handovers(t, reg); !maps.Equal(got, want) {
+		t.Errorf("sockmesh_cni_handovers_total after a captured handover = %v, want %v", got, want)
+	}
+}
+
+// handovers reads sockmesh_cni_handovers_total's series from reg, by result.
+func handovers(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "sockmesh_cni_handovers_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" {
+					out[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return out
 }
 
 // TestAddUnreachable: no agent, or a socket an agent left, is

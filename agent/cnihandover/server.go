@@ -29,6 +29,14 @@ type Enroller interface {
 	Enrol(ctx context.Context, p cniwire.Pod, netns *os.File) (cniwire.Answer, error)
 }
 
+// sockmesh_cni_handovers_total's results: the pod's namespace was
+// enrolled, the pod is not captured anyway, or the ADD fails.
+const (
+	resultCaptured    = "captured"
+	resultNotCaptured = "not_captured"
+	resultFailed      = "failed"
+)
+
 // Config configures a Server.
 type Config struct {
 	// Timeout bounds one handover (zero: DefaultTimeout).
@@ -58,6 +66,11 @@ func NewServer(cfg Config, en Enroller, log *slog.Logger, reg prometheus.Registe
 			Name: "sockmesh_cni_handovers_total",
 			Help: "Pod network namespaces the CNI plugin handed over at CNI ADD, by result (captured, not_captured: the pod is not captured anyway, failed: the ADD fails and the kubelet retries).",
 		}, []string{"result"}),
+	}
+	// Every result's series exists from the start, at 0: a rate or an
+	// alert on failed needs no first failure to see the series.
+	for _, r := range []string{resultCaptured, resultNotCaptured, resultFailed} {
+		s.hand.WithLabelValues(r)
 	}
 	if reg != nil {
 		if err := reg.Register(s.hand); err != nil {
@@ -143,12 +156,12 @@ func (s *Server) handle(c *net.UnixConn) {
 			log.Debug("pod handed over", "captured", a.Captured, "reason", a.Reason)
 		}
 	}
-	result := "captured"
+	result := resultCaptured
 	switch {
 	case err != nil:
-		result = "failed"
+		result = resultFailed
 	case !a.Captured:
-		result = "not_captured"
+		result = resultNotCaptured
 	}
 	s.hand.WithLabelValues(result).Inc()
 	// The answer goes out after the timeout too: it says why.
