@@ -13,7 +13,8 @@
 // Its configuration, beside the CNI fields:
 //
 //	"socket": the agent's socket (default /var/run/sockmesh/cni.sock)
-//	"timeout": how long ADD waits for the agent, a Go duration (default 10s)
+//	"timeout": how long ADD waits for the agent, a Go duration (default 10s;
+//	  the agent writes its --cni-timeout)
 //	"exemptNamespaces": namespaces whose pods start when the agent cannot
 //	  answer (default none; the DaemonSet's entry lists kube-system)
 package main

@@ -21,11 +21,12 @@ import (
 // network namespace over while the kubelet makes its sandbox, and the
 // agent enrols it before any of the pod's containers runs.
 type cniSettings struct {
-	socket  string   // --cni-socket (empty: off)
-	confDir string   // --cni-conf-dir (empty: the plugin is not installed)
-	binDir  string   // --cni-bin-dir
-	plugin  string   // --cni-plugin (empty: beside the agent's binary)
-	exempt  []string // --cni-exempt-namespace
+	socket  string        // --cni-socket (empty: off)
+	confDir string        // --cni-conf-dir (empty: the plugin is not installed)
+	binDir  string        // --cni-bin-dir
+	plugin  string        // --cni-plugin (empty: beside the agent's binary)
+	timeout time.Duration // --cni-timeout
+	exempt  []string      // --cni-exempt-namespace
 }
 
 // cniEnroller settles sockmesh-cni's handovers: the pod as the agent's
@@ -60,8 +61,11 @@ func (c cniEnroller) Enrol(ctx context.Context, p cniwire.Pod, netns *os.File) (
 func (a *agent) startCNI() error {
 	c := &a.s.cni
 	var err error
-	// Made without --cni-socket too: its metric is always there.
-	if a.cni, err = cnihandover.NewServer(cnihandover.Config{}, cniEnroller{a.en}, a.log, a.reg); err != nil {
+	// Made without --cni-socket too: its metric is always there. Its bound
+	// on a handover is below the plugin's, so that the plugin's ADD fails
+	// with the agent's reason rather than its own deadline.
+	cfg := cnihandover.Config{Timeout: c.timeout * 4 / 5}
+	if a.cni, err = cnihandover.NewServer(cfg, cniEnroller{a.en}, a.log, a.reg); err != nil {
 		return err
 	}
 	if c.socket == "" {
@@ -119,7 +123,7 @@ func (a *agent) keepCNIChained(ctx context.Context) {
 // last's; it returns the new outcome.
 func (a *agent) chainCNI(last error) error {
 	c := a.s.cni
-	path, err := cniconf.Chain(c.confDir, map[string]any{"socket": c.socket, "exemptNamespaces": c.exempt})
+	path, err := cniconf.Chain(c.confDir, map[string]any{"socket": c.socket, "timeout": c.timeout.String(), "exemptNamespaces": c.exempt})
 	switch {
 	case err == nil && last != nil:
 		a.log.Info("sockmesh-cni chained", "conf", path, "socket", c.socket)

@@ -60,7 +60,7 @@ func TestCNIHandover(t *testing.T) {
 	}
 
 	a := e.startAgent(t, "--proxy-mode=node-ip", "--proxy-listen="+addrs.Node.String()+":0", "--cni-socket="+socket, "--cni-conf-dir="+confDir, "--cni-bin-dir="+binDir, "--cni-plugin="+plugin,
-		"--cni-exempt-namespace=kube-system")
+		"--cni-exempt-namespace=kube-system", "--cni-timeout=20s")
 	if _, err := a.WaitReady(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -74,7 +74,7 @@ func TestCNIHandover(t *testing.T) {
 		t.Fatal(err)
 	}
 	a.logged(t, "sockmesh-cni chained", func(r agentproc.Record) bool { return r.Msg() == "sockmesh-cni chained" })
-	want := `{"type":"sockmesh-cni","socket":"` + socket + `","exemptNamespaces":["kube-system"]}`
+	want := `{"type":"sockmesh-cni","socket":"` + socket + `","timeout":"20s","exemptNamespaces":["kube-system"]}`
 	if got := chained(t, conf); !jsonEqual(t, got, want) {
 		t.Errorf("chained entry = %s, want %s", got, want)
 	}

@@ -146,6 +146,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&c.confDir, "cni-conf-dir", "", "the node's CNI conf directory: the agent chains sockmesh-cni into the network configuration the runtime uses there, and installs its binary in --cni-bin-dir (needs --cni-socket; empty: off; sockmesh uninstall --cni-conf-dir removes both)")
 	fs.StringVar(&c.binDir, "cni-bin-dir", "/opt/cni/bin", "the node's CNI bin directory (with --cni-conf-dir)")
 	fs.StringVar(&c.plugin, "cni-plugin", "", "the sockmesh-cni binary --cni-conf-dir installs (default: sockmesh-cni beside the agent's binary, as in its image)")
+	fs.DurationVar(&c.timeout, "cni-timeout", 10*time.Second, "how long sockmesh-cni's ADD waits for the agent before it fails (the kubelet then makes the pod's sandbox again later); --cni-conf-dir writes it into the plugin's entry, and the agent gives a handover four fifths of it, for the plugin to read its reason")
 	fs.StringSliceVar(&c.exempt, "cni-exempt-namespace", []string{"kube-system"}, "namespaces whose pods sockmesh-cni lets start when the agent cannot enrol them (the cluster's own, which bringing the agent back may need); other pods wait for the agent")
 }
 
@@ -474,6 +475,9 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 	errs = append(errs, checkIntrospectionTLS(s.introspection)...)
 	if s.cni.confDir != "" && s.cni.socket == "" {
 		bad("--cni-conf-dir needs --cni-socket: the plugin it chains hands pods over there")
+	}
+	if s.cni.timeout < time.Second {
+		bad("--cni-timeout must be at least 1s: a handover may wait for the agent's first Snapshot to list the pod")
 	}
 	return s, errors.Join(errs...)
 }

@@ -77,7 +77,7 @@ func TestDefaults(t *testing.T) {
 		kubeQPS:       100, kubeBurst: 200, maxConnsPerPod: 4096, stallTimeout: time.Minute, poolPodShare: 0.875,
 		dns: resolve.Config{MaxStale: 5 * time.Minute, Parallel: 64},
 		// The CNI handover is off; its plugin's defaults wait for it.
-		cni: cniSettings{binDir: "/opt/cni/bin", exempt: []string{"kube-system"}},
+		cni: cniSettings{binDir: "/opt/cni/bin", timeout: 10 * time.Second, exempt: []string{"kube-system"}},
 	}
 	if diff := cmp.Diff(want, got, cmp.AllowUnexported(settings{}, cniSettings{}), cmp.Comparer(func(a, b netip.Addr) bool { return a == b }),
 		cmp.Comparer(func(a, b netip.AddrPort) bool { return a == b })); diff != "" {
@@ -451,6 +451,7 @@ func TestSettingsErrors(t *testing.T) {
 		{"manifests a file", node, []string{"--source=file", "--manifests=" + aFile}, "not a directory"},
 		{"manifests with kubernetes", node, []string{"--source=kubernetes", "--manifests=" + t.TempDir()}, "--manifests applies to --source=file only"},
 		{"cni conf dir without socket", node, []string{"--cni-conf-dir=/etc/cni/net.d"}, "--cni-conf-dir needs --cni-socket"},
+		{"cni timeout below a second", node, []string{"--cni-timeout=500ms"}, "--cni-timeout must be at least 1s"},
 		{"kubeconfig with files", node, []string{"--source=file", "--manifests=" + t.TempDir(), "--kubeconfig=" + aFile}, "--kubeconfig applies"},
 		{"missing kubeconfig", node, []string{"--kubeconfig=" + missing}, "--kubeconfig"},
 		{"introspection TLS without a listener", node, tlsFlags, "apply to --introspection-listen only"},
