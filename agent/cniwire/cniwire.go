@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -170,4 +172,23 @@ func rights(oob []byte) int {
 		}
 	}
 	return fd
+}
+
+// RecordDir is where the agent serving socket records the handovers it
+// settled, one file a sandbox (Record): beside the socket, in the
+// directory only root may enter.
+func RecordDir(socket string) string {
+	return filepath.Join(filepath.Dir(socket), "handovers")
+}
+
+// Record is the path of sandbox's handover record in dir. The agent writes
+// it once it enrolled the pod, for the next agent (a rolling update, a
+// restart) to hold the pod enrolled before the API server has its address;
+// the plugin removes it at CNI DEL, when the sandbox goes. A sandbox ID
+// that is no plain file name (the runtime's are hex) is an error.
+func Record(dir, sandbox string) (string, error) {
+	if sandbox == "" || strings.HasPrefix(sandbox, ".") || strings.ContainsAny(sandbox, "/\x00") {
+		return "", fmt.Errorf("sandbox ID %q is no file name", sandbox)
+	}
+	return filepath.Join(dir, sandbox+".json"), nil
 }

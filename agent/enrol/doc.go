@@ -29,7 +29,10 @@
 // there until a Snapshot lists it with an address (then it is the
 // Snapshot's pod, found already), or with an address and not enrolled, or
 // no longer lists it. Workload waits for the Snapshot that lists the pod,
-// for the caller to decide.
+// for the caller to decide. Meanwhile a record of the handover, a file in
+// Config.Handovers, carries it over to the next agent (a rolling update, a
+// restart): each reconcile takes over the records of pods it holds nothing
+// of, and writes their recorded enrolment until it finds their namespace.
 //
 // Enrolments are written only after the first Update: an agent that
 // restarts keeps the enrolments its predecessor pinned until it knows

@@ -57,6 +57,13 @@ type Config struct {
 	// Verify is how often the namespaces found are checked to still hold
 	// their pod's address (zero: 30 s).
 	Verify time.Duration
+	// Handovers is the directory where Adopt records each pod it adopted,
+	// a file a sandbox, until the Snapshot confirms the pod or no longer
+	// holds it, and where the Enroller takes over those other agents
+	// recorded (see restore): an agent that replaces another (a rolling
+	// update, a restart) keeps the pods the other adopted enrolled while
+	// the API server has no address for them. Empty: no records.
+	Handovers string
 }
 
 // Enrolments receives the enrolment map (*datapath.Datapath).
@@ -145,9 +152,17 @@ type pod struct {
 	reason string
 	since  time.Time
 	// handedOver is set while the pod is enrolled in the namespace the CNI
-	// plugin handed over (Adopt) and the Snapshot has not confirmed it yet
+	// plugin handed over (Adopt), or looked for by the addresses it was
+	// handed over with (restore), and the Snapshot has not confirmed it yet
 	// (see keepHandedOver).
 	handedOver bool
+	// sandbox is the ID of the sandbox it was handed over from, and
+	// recorded set while Config.Handovers holds a record of it.
+	sandbox  string
+	recorded bool
+	// carried is the enrolment another agent recorded for the pod, written
+	// until find enrolled the pod here (see restore).
+	carried *enrolment
 }
 
 // netnsState is one namespace in use, shared by the pods in it.
@@ -346,6 +361,7 @@ func (e *Enroller) unfound() bool {
 // enrolment map. Called with e.mu held.
 func (e *Enroller) reconcile(verify bool) error {
 	now := time.Now()
+	e.restore(now)
 	want := make(map[podKey]snapshot.Workload, len(e.want))
 	for _, w := range e.want {
 		want[podKey{w.Pod, w.UID}] = w
@@ -361,6 +377,9 @@ func (e *Enroller) reconcile(verify bool) error {
 				e.log.Info("pod unenrolled", "pod", p.w.Pod.String())
 			}
 			delete(e.pods, k)
+		}
+		if !keep || !p.handedOver {
+			e.forget(p) // the Snapshot confirmed the pod, or it went
 		}
 	}
 	for k, w := range want {
@@ -422,9 +441,12 @@ func (e *Enroller) reconcile(verify bool) error {
 	counts := map[State]int{Enrolled: 0, Pending: 0, Failed: 0}
 	for _, p := range e.pods {
 		counts[p.state]++
-		if p.state == Enrolled {
+		switch {
+		case p.state == Enrolled:
 			n := e.netns[p.ino]
 			enrolments[n.cookie] = n.proxy
+		case p.carried != nil:
+			enrolments[p.carried.NetNSCookie] = p.carried.Proxy
 		}
 	}
 	for s, c := range counts {
@@ -516,7 +538,7 @@ func (e *Enroller) find(now time.Time) {
 			e.netns[ino] = n
 			kept[ns] = true
 		}
-		p.ino = ino
+		p.ino, p.carried = ino, nil
 		e.setState(p, Enrolled, "", now)
 		n := e.netns[ino]
 		e.log.Info("pod enrolled", "pod", p.w.Pod.String(), "netns", n.ns.Path(), "netns_cookie", n.cookie,

@@ -41,16 +41,17 @@ func (e *Enroller) Workload(ctx context.Context, pod snapshot.ObjectRef, uid str
 
 // Adopt enrols w's pod in the network namespace ns at once, before
 // the Snapshot knows the pod's address: the CNI plugin hands it over while
-// the pod's sandbox is made, so that none of its containers runs
-// uncaptured. w.IPs are the addresses the CNI plugins gave the pod; the
-// namespace must hold one of them. The pod stays enrolled there until a
-// Snapshot lists it with an address (the same, it is the Snapshot's pod
-// from then on; another, an older sandbox's, it waits), or with an address
-// and not enrolled, or no longer lists it. It returns once the enrolment
-// map holds the namespace's cookie. Adopt takes ns over (and closes it
-// when it fails). Deciding whether the pod is enrolled is the caller's
-// (translate's rule).
-func (e *Enroller) Adopt(w snapshot.Workload, ns *podns.NS) error {
+// the pod's sandbox (of ID sandbox) is made, so that none of its
+// containers runs uncaptured. w.IPs are the addresses the CNI plugins gave
+// the pod; the namespace must hold one of them. The pod stays enrolled
+// there until a Snapshot lists it with an address (the same, it is the
+// Snapshot's pod from then on; another, an older sandbox's, it waits), or
+// with an address and not enrolled, or no longer lists it; meanwhile
+// Config.Handovers holds a record of it, for the next agent. It returns
+// once the enrolment map holds the namespace's cookie. Adopt takes ns over
+// (and closes it when it fails). Deciding whether the pod is enrolled is
+// the caller's (translate's rule).
+func (e *Enroller) Adopt(w snapshot.Workload, ns *podns.NS, sandbox string) error {
 	ino, err := holding(ns, w.IPs)
 	if err != nil {
 		ns.Close()
@@ -63,10 +64,11 @@ func (e *Enroller) Adopt(w snapshot.Workload, ns *podns.NS) error {
 		return ErrClosed
 	}
 	k := podKey{w.Pod, w.UID}
-	p := &pod{w: w, ino: ino, state: Enrolled, since: time.Now(), handedOver: true}
+	p := &pod{w: w, ino: ino, state: Enrolled, since: time.Now(), handedOver: true, sandbox: sandbox}
+	old, hadOld := e.pods[k]
 	if _, ok := e.netns[ino]; ok {
 		ns.Close() // held already (a repeated ADD, or a pod sharing it)
-		if old, ok := e.pods[k]; ok && old.state == Enrolled && old.ino == ino {
+		if hadOld && old.state == Enrolled && old.ino == ino {
 			return e.adopted(k, ino) // the kubelet retried an ADD that timed out
 		}
 	} else {
@@ -77,8 +79,19 @@ func (e *Enroller) Adopt(w snapshot.Workload, ns *podns.NS) error {
 		}
 		e.netns[ino] = n
 	}
-	if old, ok := e.pods[k]; ok && old.state == Enrolled {
-		p.since = old.since
+	// Recorded before the enrolment map is written: an agent starting
+	// meanwhile writes it with this pod too.
+	if err := e.writeRecord(p); err != nil {
+		e.log.Warn("cannot record the handover: an agent that replaces this one drops the pod until the API server has its address",
+			"pod", w.Pod.String(), "err", err)
+	}
+	if hadOld {
+		if old.state == Enrolled {
+			p.since = old.since
+		}
+		if old.sandbox != sandbox {
+			e.forget(old) // an older sandbox's
+		}
 	}
 	e.pods[k] = p
 	n := e.netns[ino]

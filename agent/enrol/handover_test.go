@@ -2,9 +2,13 @@ package enrol
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"io/fs"
 	"maps"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -43,7 +47,7 @@ func TestAdoptBeforeAddress(t *testing.T) {
 		t.Fatal(err)
 	}
 	scans := counter(t, e.m.scans)
-	if err := e.Adopt(handedOver(unaddressed("a"), ipA), open(t, ns.Path())); err != nil {
+	if err := e.Adopt(handedOver(unaddressed("a"), ipA), open(t, ns.Path()), "sandbox-a"); err != nil {
 		t.Fatalf("Adopt: %v", err)
 	}
 	want := map[uint64]datapath.Proxy{cookie: nodeProxy}
@@ -123,7 +127,7 @@ func TestAdoptedPodReleased(t *testing.T) {
 			if err := e.Update(snap(t, unaddressed("a"))); err != nil {
 				t.Fatal(err)
 			}
-			if err := e.Adopt(handedOver(unaddressed("a"), ipA), open(t, ns.Path())); err != nil {
+			if err := e.Adopt(handedOver(unaddressed("a"), ipA), open(t, ns.Path()), "sandbox-a"); err != nil {
 				t.Fatalf("Adopt: %v", err)
 			}
 			if err := e.Update(snap(t, tc.s)); err != nil {
@@ -153,7 +157,7 @@ func TestAdoptErrors(t *testing.T) {
 		{"no address handed over", nil, "no pod address"},
 		{"another pod's namespace", []netip.Addr{ipB}, "holds none of the pod's addresses"},
 	} {
-		err := e.Adopt(handedOver(unaddressed("a"), tc.ips...), open(t, ns.Path()))
+		err := e.Adopt(handedOver(unaddressed("a"), tc.ips...), open(t, ns.Path()), "sandbox-a")
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: Adopt = %v, want an error containing %q", tc.name, err, tc.want)
 		}
@@ -212,5 +216,98 @@ func TestWorkloadWaits(t *testing.T) {
 	e.Close()
 	if r := <-got; !errors.Is(r.err, ErrClosed) {
 		t.Errorf("Workload while the Enroller closes = %v, want ErrClosed", r.err)
+	}
+}
+
+// TestHandoverCarriedOver: an agent that replaces the one a pod was handed
+// over to (a rolling update, a restart) keeps the pod enrolled from its
+// first write of the enrolment map, though the API server has no address
+// for it yet: the record the first agent wrote carries it over. The record
+// goes once the Snapshot confirms the pod.
+func TestHandoverCarriedOver(t *testing.T) {
+	sandbox.ClaimAddrs(t, plan)
+	ns, cookie := podNS(t, ipA)
+	dir := t.TempDir()
+	cfg := Config{NodeProxy: nodeProxy, Retry: time.Hour, Verify: time.Hour, Handovers: dir}
+	old := newEnroller(t, cfg, &recorder{}, nil)
+	if err := old.Update(snap(t, unaddressed("a"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Adopt(handedOver(unaddressed("a"), ipA), open(t, ns.Path()), "sandbox-a"); err != nil {
+		t.Fatalf("Adopt: %v", err)
+	}
+	record := filepath.Join(dir, "sandbox-a.json")
+	if _, err := os.Stat(record); err != nil {
+		t.Fatalf("the handover's record: %v", err)
+	}
+
+	rec := &recorder{}
+	next := newEnroller(t, cfg, rec, nil)
+	if err := next.Update(snap(t, unaddressed("a"))); err != nil {
+		t.Fatal(err)
+	}
+	want := map[uint64]datapath.Proxy{cookie: nodeProxy}
+	if got, writes := rec.get(); !maps.Equal(got, want) || writes != 1 {
+		t.Fatalf("the next agent's first enrolments = %v (write %d), want %v", got, writes, want)
+	}
+	if got := next.Pods(); len(got) != 1 || got[0].State != Enrolled || got[0].NetNSCookie != cookie {
+		t.Errorf("the next agent's pods = %+v, want a Enrolled in netns %d", got, cookie)
+	}
+
+	addressed := workload("a", true, ipA)
+	addressed.SandboxReady = bubbleStart
+	for _, e := range []*Enroller{old, next} {
+		if err := e.Update(snap(t, addressed)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, _ := rec.get(); !maps.Equal(got, want) {
+		t.Errorf("enrolments once the Snapshot has the pod = %v, want %v", got, want)
+	}
+	if _, err := os.Stat(record); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the record once the Snapshot confirmed the pod: %v, want it removed", err)
+	}
+}
+
+// TestHandoverRecordUnfound: a recorded pod whose namespace the scan does
+// not find (yet: a sandbox whose first process has not started) keeps its
+// recorded enrolment, Pending; its record goes with the pod, and one no
+// agent could have written goes at once.
+func TestHandoverRecordUnfound(t *testing.T) {
+	dir := t.TempDir()
+	carried := record{Workload: handedOver(unaddressed("a"), ipA), Enrolment: enrolment{NetNSCookie: 1 << 40, Proxy: nodeProxy}}
+	data, err := json.Marshal(carried)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{"sandbox-a.json": data, "torn.json": []byte(`{"workload":`)} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rec := &recorder{}
+	e := newEnroller(t, Config{NodeProxy: nodeProxy, Retry: time.Hour, Verify: time.Hour, Handovers: dir}, rec, nil)
+	if err := e.Update(snap(t, unaddressed("a"))); err != nil {
+		t.Fatal(err)
+	}
+	want := map[uint64]datapath.Proxy{1 << 40: nodeProxy}
+	if got, _ := rec.get(); !maps.Equal(got, want) {
+		t.Errorf("enrolments = %v, want the recorded %v", got, want)
+	}
+	if got := states(e); !maps.Equal(got, map[string]State{"a": Pending}) {
+		t.Errorf("pods = %v, want a Pending", got)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "torn.json")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("an unusable record: %v, want it removed", err)
+	}
+
+	if err := e.Update(snap(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := rec.get(); len(got) != 0 {
+		t.Errorf("enrolments once the pod went = %v, want none", got)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "sandbox-a.json")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the record once the pod went: %v, want it removed", err)
 	}
 }

@@ -8,11 +8,12 @@
 // container of a captured pod runs uncaptured; pods of the namespaces the
 // configuration exempts start anyway (the cluster's own, which may be
 // needed to bring the agent back). It passes the previous plugins' result
-// through untouched, and DEL and CHECK have nothing to do.
+// through untouched. DEL removes the record the agent kept of the
+// sandbox's handover (for the next agent); CHECK checks the configuration.
 //
 // Its configuration, beside the CNI fields:
 //
-//	"socket": the agent's socket (default /var/run/sockmesh/cni.sock)
+//	"socket": the agent's socket (default /run/sockmesh/cni/cni.sock)
 //	"timeout": how long ADD waits for the agent, a Go duration (default 10s;
 //	  the agent writes its --cni-timeout)
 //	"exemptNamespaces": namespaces whose pods start when the agent cannot
@@ -25,7 +26,7 @@ import (
 )
 
 func main() {
-	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: cmdNothing, Check: cmdCheck},
+	skel.PluginMainFuncs(skel.CNIFuncs{Add: cmdAdd, Del: cmdDel, Check: cmdCheck},
 		version.PluginSupports("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"),
 		"sockmesh-cni: hands a pod's network namespace to the node's sockmesh agent while its sandbox is made")
 }

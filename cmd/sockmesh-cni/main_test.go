@@ -218,17 +218,31 @@ func TestNotAPod(t *testing.T) {
 	}
 }
 
+// TestDelCheckVersion: DEL removes the sandbox's handover record (and
+// only its), and succeeds without one; neither it nor CHECK hands over.
 func TestDelCheckVersion(t *testing.T) {
 	a := &agent{}
 	socket := serveAgent(t, a)
 	netnsPath := podNetNS(t)
-	for _, cmd := range []string{"DEL", "CHECK"} {
+	records := cniwire.RecordDir(socket)
+	if err := os.MkdirAll(records, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"c0ffee.json", "other.json"} {
+		if err := os.WriteFile(filepath.Join(records, name), []byte("{}"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, cmd := range []string{"DEL", "DEL", "CHECK"} {
 		if r := invoke(t, cmd, netnsPath, podArgs, config(socket, "")); r.err != nil || r.stdout != "" {
 			t.Errorf("%s = %v, stdout %q; want success, nothing printed", cmd, r.err, r.stdout)
 		}
 	}
 	if got := a.handovers(); len(got) != 0 {
 		t.Errorf("DEL and CHECK handed over %+v, want nothing", got)
+	}
+	if left, _ := filepath.Glob(filepath.Join(records, "*")); !reflect.DeepEqual(left, []string{filepath.Join(records, "other.json")}) {
+		t.Errorf("records after DEL of sandbox c0ffee = %v, want other.json alone", left)
 	}
 	r := invoke(t, "VERSION", "", "", `{"cniVersion":"1.0.0"}`)
 	var v struct {

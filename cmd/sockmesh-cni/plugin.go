@@ -99,10 +99,25 @@ func handOver(ctx context.Context, socket string, p cniwire.Pod) error {
 	return err
 }
 
-// cmdNothing is DEL: the agent releases a pod's namespace when its
-// Snapshot no longer lists the pod, or lists it with another sandbox's
-// address.
-func cmdNothing(*skel.CmdArgs) error { return nil }
+// cmdDel removes the sandbox's handover record, if the agent wrote one
+// (cniwire.Record): the next agent must not look for its pod there. The
+// agent releases the pod's namespace itself, when its Snapshot no longer
+// lists the pod or lists it with another sandbox's address. DEL fails for
+// nothing: the kubelet retries a failed one before it lets the pod go.
+func cmdDel(args *skel.CmdArgs) error {
+	var c conf
+	if json.Unmarshal(args.StdinData, &c) != nil || c.Socket == "" {
+		c.Socket = cniwire.DefaultSocket
+	}
+	path, err := cniwire.Record(cniwire.RecordDir(c.Socket), args.ContainerID)
+	if err == nil {
+		err = os.Remove(path)
+	}
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		fmt.Fprintf(os.Stderr, "sockmesh-cni: sandbox %s: %v\n", args.ContainerID, err) // the runtime logs it
+	}
+	return nil
+}
 
 // cmdCheck checks the configuration only: whether the pod's namespace is
 // enrolled, the agent's status (sockmeshctl status) tells.

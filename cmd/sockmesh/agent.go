@@ -312,7 +312,7 @@ func (a *agent) start(ctx context.Context, events *introspect.Events) error {
 	if a.cp, kinds, err = newControlPlane(ctx, s, a.self, log, a.reg); err != nil {
 		return err
 	}
-	a.en, err = enrol.New(enrol.Config{Mode: s.mode, NodeProxy: nodeProxy, PodPort: s.inPodPort,
+	a.en, err = enrol.New(enrol.Config{Mode: s.mode, NodeProxy: nodeProxy, PodPort: s.inPodPort, Handovers: s.cni.records(),
 		ListenConfig: proxy.ListenConfig()}, a.dp, a.px, log, a.reg)
 	if err != nil {
 		return err

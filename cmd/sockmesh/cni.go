@@ -48,7 +48,7 @@ func (c cniEnroller) Enrol(ctx context.Context, p cniwire.Pod, netns *os.File) (
 		return cniwire.Answer{Reason: w.NotEnrolled}, nil
 	}
 	w.IPs = p.IPs // the API server may have none yet, or an older sandbox's
-	if err := c.en.Adopt(w, ns); err != nil {
+	if err := c.en.Adopt(w, ns, p.ContainerID); err != nil {
 		return cniwire.Answer{}, err
 	}
 	return cniwire.Answer{Captured: true}, nil
@@ -155,4 +155,13 @@ func (a *agent) closeCNI() {
 	if a.cniLn != nil {
 		a.cniLn.Close() // served or not (start failed after Listen)
 	}
+}
+
+// records is where the Enroller records the pods handed over, for the
+// next agent (empty without --cni-socket).
+func (c cniSettings) records() string {
+	if c.socket == "" {
+		return ""
+	}
+	return cniwire.RecordDir(c.socket)
 }

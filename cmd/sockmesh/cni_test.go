@@ -83,11 +83,15 @@ func TestCNIHandover(t *testing.T) {
 	}
 
 	early := cniwire.Pod{Namespace: "app", Name: "client", UID: "00000000-0000-4000-8000-0000000000c1",
-		NetNS: e.client.Path(), IPs: []netip.Addr{addrs.Client.Addr()}}
+		ContainerID: "c1", NetNS: e.client.Path(), IPs: []netip.Addr{addrs.Client.Addr()}}
 	if got, err := cniwire.Add(t.Context(), socket, early, openNetNS(t, early.NetNS)); err != nil || !got.Captured {
 		t.Fatalf("hand over app/client = %+v, %v; want captured", got, err)
 	}
 	checkTLSOriginated(t, e.get(t, "/first"))
+	// Recorded for the next agent, until the API server has its address.
+	if _, err := os.Stat(filepath.Join(cniwire.RecordDir(socket), "c1.json")); err != nil {
+		t.Errorf("the handover's record: %v", err)
+	}
 	pods := report(t, a).Pods
 	if i := slices.IndexFunc(pods, func(p enrol.Pod) bool { return p.Pod.Name == "client" }); i < 0 ||
 		pods[i].State != enrol.Enrolled || pods[i].NetNSCookie != e.clientCookie {
