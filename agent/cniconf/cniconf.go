@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 )
 
 // PluginType is the plugin's type in a conflist, and its binary's name.
@@ -34,6 +35,11 @@ func InstallBinary(src, binDir string) error {
 // confDir the runtime uses, and returns that file's path. entry holds the
 // entry's fields besides its type: socket, timeout, exemptNamespaces (see
 // cmd/sockmesh-cni). A file that holds the entry as wanted is not written.
+// A single plugin's configuration (a .conf) has no list to chain into: it
+// becomes a .conflist of the same name, that plugin first, as libcni
+// reads a .conf (ConfListFromConf), with its name and cniVersion; the
+// .conflist names the file it replaced (convertedFrom), for Uninstall to
+// put it back.
 func Chain(confDir string, entry map[string]any) (string, error) {
 	path, err := networkFile(confDir)
 	if err != nil {
@@ -47,9 +53,68 @@ func Chain(confDir string, entry map[string]any) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("encode the sockmesh-cni entry: %w", err)
 	}
+	conf, err := read(path)
+	if err != nil {
+		return "", err
+	}
+	if _, ok := conf["plugins"]; !ok {
+		return convert(path, conf, raw)
+	}
 	return path, edit(path, func(plugins []json.RawMessage) []json.RawMessage {
 		return append(withoutOurs(plugins), raw)
 	})
+}
+
+// convertedFrom is the key of a .conflist Chain made of a single plugin's
+// configuration: the name of the file it replaced.
+const convertedFrom = "sockmeshConvertedFrom"
+
+// convert replaces the single plugin's configuration conf at path by a
+// .conflist of the same name listing it, then entry, and returns its path.
+// The .conflist is written first: until the .conf goes, the runtime still
+// uses the .conf (it sorts first), never neither.
+func convert(path string, conf map[string]json.RawMessage, entry json.RawMessage) (string, error) {
+	if _, ok := conf["type"]; !ok {
+		return "", fmt.Errorf("CNI network configuration %s has neither a plugin list nor a plugin type", path)
+	}
+	plugin, err := json.Marshal(conf)
+	if err != nil {
+		return "", err
+	}
+	list := map[string]json.RawMessage{"plugins": nil, convertedFrom: nil}
+	for _, k := range []string{"name", "cniVersion"} {
+		if v, ok := conf[k]; ok {
+			list[k] = v
+		}
+	}
+	if list["plugins"], err = json.Marshal([]json.RawMessage{plugin, entry}); err != nil {
+		return "", err
+	}
+	if list[convertedFrom], err = json.Marshal(filepath.Base(path)); err != nil {
+		return "", err
+	}
+	target := strings.TrimSuffix(path, filepath.Ext(path)) + ".conflist"
+	// One there already is the network plugin's, shadowed by the .conf,
+	// unless Chain made it of an earlier .conf of that name.
+	if old, err := read(target); err == nil {
+		var from string
+		if json.Unmarshal(old[convertedFrom], &from) != nil || from != filepath.Base(path) {
+			return "", fmt.Errorf("cannot make CNI network configuration %s a .conflist: %s exists", path, target)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	out, err := json.MarshalIndent(list, "", "  ")
+	if err != nil {
+		return "", err
+	}
+	if err := writeFile(target, append(out, '\n'), path); err != nil {
+		return "", err
+	}
+	if err := os.Remove(path); err != nil {
+		return "", fmt.Errorf("remove %s, now %s: %w", path, target, err)
+	}
+	return target, nil
 }
 
 // Uninstall removes the entry from every network configuration in confDir
@@ -61,7 +126,7 @@ func Uninstall(confDir, binDir string) error {
 	}
 	var errs []error
 	for _, f := range files {
-		errs = append(errs, edit(f, withoutOurs))
+		errs = append(errs, unchain(f))
 	}
 	if err := os.Remove(filepath.Join(binDir, PluginType)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("remove the sockmesh-cni binary: %w", err))
@@ -81,12 +146,18 @@ func networkFiles(confDir string) ([]string, error) {
 	}
 	var out []string
 	for _, e := range ents {
-		if ext := filepath.Ext(e.Name()); !e.IsDir() && slices.Contains([]string{".conf", ".conflist", ".json"}, ext) {
+		if !e.IsDir() && isNetworkFile(e.Name()) {
 			out = append(out, filepath.Join(confDir, e.Name()))
 		}
 	}
 	slices.Sort(out)
 	return out, nil
+}
+
+// isNetworkFile reports whether name is a network configuration's, to
+// libcni: a plain file name with one of its extensions.
+func isNetworkFile(name string) bool {
+	return name == filepath.Base(name) && slices.Contains([]string{".conf", ".conflist", ".json"}, filepath.Ext(name))
 }
 
 // networkFile is the network configuration the runtime uses: the first.
@@ -101,25 +172,78 @@ func networkFile(confDir string) (string, error) {
 	return files[0], nil
 }
 
-// edit rewrites path's plugin list with change, keeping every other field;
-// a file change leaves as it was is not written.
-func edit(path string, change func([]json.RawMessage) []json.RawMessage) error {
+// unchain removes sockmesh-cni's entry from the network configuration at
+// path; a .conflist Chain made of a single plugin's configuration becomes
+// that again, under its name (unless the network plugin wrote one there
+// since, which the runtime uses).
+func unchain(path string) error {
+	conf, err := read(path)
+	if err != nil {
+		return err
+	}
+	var from string
+	if raw, ok := conf[convertedFrom]; !ok || json.Unmarshal(raw, &from) != nil || !isNetworkFile(from) {
+		if _, ok := conf["plugins"]; !ok {
+			return nil // a single plugin's, never ours
+		}
+		return edit(path, withoutOurs)
+	}
+	plugins, err := pluginList(path, conf)
+	if err != nil {
+		return err
+	}
+	if rest := withoutOurs(plugins); len(rest) == 1 {
+		orig := filepath.Join(filepath.Dir(path), from)
+		if _, err := os.Stat(orig); errors.Is(err, os.ErrNotExist) {
+			var out bytes.Buffer
+			if err := json.Indent(&out, rest[0], "", "  "); err != nil {
+				return fmt.Errorf("restore %s from %s: %w", orig, path, err)
+			}
+			if err := writeFile(orig, append(out.Bytes(), '\n'), path); err != nil {
+				return err
+			}
+		}
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("remove %s, made of %s: %w", path, from, err)
+		}
+		return nil
+	}
+	// Plugins were added since: it stays a list.
+	return edit(path, withoutOurs)
+}
+
+// read parses the network configuration at path.
+func read(path string) (map[string]json.RawMessage, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return fmt.Errorf("read CNI network configuration: %w", err)
+		return nil, fmt.Errorf("read CNI network configuration: %w", err)
 	}
 	var conf map[string]json.RawMessage
 	if err := json.Unmarshal(data, &conf); err != nil {
-		return fmt.Errorf("parse CNI network configuration %s: %w", path, err)
+		return nil, fmt.Errorf("parse CNI network configuration %s: %w", path, err)
 	}
-	rawPlugins, ok := conf["plugins"]
-	if !ok {
-		// A single-plugin .conf: the runtime reads no list from it.
-		return fmt.Errorf("CNI network configuration %s has no plugin list: make it a .conflist to chain sockmesh-cni", path)
-	}
+	return conf, nil
+}
+
+// pluginList returns conf's plugin list (path's).
+func pluginList(path string, conf map[string]json.RawMessage) ([]json.RawMessage, error) {
 	var plugins []json.RawMessage
-	if err := json.Unmarshal(rawPlugins, &plugins); err != nil {
-		return fmt.Errorf("parse the plugin list of %s: %w", path, err)
+	if err := json.Unmarshal(conf["plugins"], &plugins); err != nil {
+		return nil, fmt.Errorf("parse the plugin list of %s: %w", path, err)
+	}
+	return plugins, nil
+}
+
+// edit rewrites path's plugin list with change, keeping every other field;
+// a file change leaves as it was is not written.
+func edit(path string, change func([]json.RawMessage) []json.RawMessage) error {
+	conf, err := read(path)
+	if err != nil {
+		return err
+	}
+	plugins, err := pluginList(path, conf)
+	if err != nil {
+		return err
 	}
 	changed := change(plugins)
 	if equalJSON(changed, plugins) {
@@ -132,7 +256,7 @@ func edit(path string, change func([]json.RawMessage) []json.RawMessage) error {
 	if err != nil {
 		return err
 	}
-	return writeFile(path, append(out, '\n'))
+	return writeFile(path, append(out, '\n'), path)
 }
 
 // withoutOurs drops sockmesh-cni's entries.
@@ -153,10 +277,11 @@ func equalJSON(a, b []json.RawMessage) bool {
 	})
 }
 
-// writeFile replaces path with data, keeping its mode.
-func writeFile(path string, data []byte) error {
+// writeFile replaces path with data, with modeOf's mode (0644 if it is
+// not there).
+func writeFile(path string, data []byte, modeOf string) error {
 	mode := os.FileMode(0o644)
-	if fi, err := os.Stat(path); err == nil {
+	if fi, err := os.Stat(modeOf); err == nil {
 		mode = fi.Mode().Perm()
 	}
 	return writeFrom(path, bytes.NewReader(data), mode)

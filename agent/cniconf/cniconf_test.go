@@ -144,6 +144,93 @@ func TestInstallUninstall(t *testing.T) {
 	}
 }
 
+// single is a node's network configuration as a single plugin's (.conf).
+const single = `{"cniVersion": "0.4.0", "name": "net", "type": "bridge", "bridge": "cni0", "isGateway": true,
+  "ipam": {"type": "host-local", "subnet": "10.244.0.0/24"}}`
+
+// TestInstallSingle: a single plugin's configuration becomes a .conflist
+// of the same name listing it (libcni's reading of a .conf), then the
+// entry; Uninstall puts the .conf back as it was (but for its layout).
+func TestInstallSingle(t *testing.T) {
+	cfg := setup(t, map[string]string{"10-net.conf": single})
+	path, err := install(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(cfg.ConfDir, "10-net.conf")
+	if want := conf + "list"; path != want {
+		t.Errorf("Install chained into %s, want %s", path, want)
+	}
+	want := map[string]any{"cniVersion": "0.4.0", "name": "net", convertedFrom: "10-net.conf", "plugins": []any{mustDecode(single),
+		map[string]any{"type": "sockmesh-cni", "socket": "/var/run/sockmesh/cni.sock", "exemptNamespaces": []any{"kube-system"}}}}
+	if got := decode(t, path); !reflect.DeepEqual(got, want) {
+		t.Errorf("after Install:\n%v\nwant\n%v", got, want)
+	}
+	if _, err := os.Stat(conf); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the .conf after Install: %v, want it gone (the runtime would use it, first by name)", err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("mode of the .conflist = %v (%v), want the .conf's, 0600", fi.Mode(), err)
+	}
+	before, _ := os.Stat(path)
+	if again, err := install(cfg); err != nil || again != path {
+		t.Fatalf("a second Install = %s, %v", again, err)
+	}
+	if after, _ := os.Stat(path); !os.SameFile(before, after) {
+		t.Error("a second Install wrote the file again")
+	}
+
+	if err := Uninstall(cfg.ConfDir, cfg.BinDir); err != nil {
+		t.Fatal(err)
+	}
+	if got := decode(t, conf); !reflect.DeepEqual(got, mustDecode(single)) {
+		t.Errorf("after Uninstall:\n%v\nwant\n%v", got, mustDecode(single))
+	}
+	if ents, _ := os.ReadDir(cfg.ConfDir); len(ents) != 1 {
+		t.Errorf("conf directory holds %v, want the .conf alone", ents)
+	}
+	if fi, err := os.Stat(conf); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("mode of the restored .conf = %v (%v), want 0600", fi.Mode(), err)
+	}
+}
+
+// TestInstallSingleRewritten: when the network plugin writes its .conf
+// again (it would, not knowing of ours), Install makes it the .conflist
+// again; Uninstall then leaves the plugin's newest .conf.
+func TestInstallSingleRewritten(t *testing.T) {
+	cfg := setup(t, map[string]string{"10-net.conf": single})
+	if _, err := install(cfg); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(cfg.ConfDir, "10-net.conf")
+	rewritten := strings.Replace(single, "cni0", "cni1", 1)
+	if err := os.WriteFile(conf, []byte(rewritten), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path, err := install(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := decode(t, path)["plugins"].([]any)[0]; !reflect.DeepEqual(got, mustDecode(rewritten)) {
+		t.Errorf("first plugin after the .conf was rewritten = %v, want %v", got, mustDecode(rewritten))
+	}
+	if _, err := os.Stat(conf); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the rewritten .conf after Install: %v, want it gone", err)
+	}
+	if err := os.WriteFile(conf, []byte(single), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := Uninstall(cfg.ConfDir, cfg.BinDir); err != nil {
+		t.Fatal(err)
+	}
+	if got := decode(t, conf); !reflect.DeepEqual(got, mustDecode(single)) {
+		t.Errorf("the .conf after Uninstall = %v, want the network plugin's newest", got)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the .conflist after Uninstall: %v, want it gone", err)
+	}
+}
+
 func TestInstallErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -151,7 +238,8 @@ func TestInstallErrors(t *testing.T) {
 		want  string
 	}{
 		{"no configuration yet", nil, ErrNoNetwork.Error()},
-		{"a single-plugin .conf", map[string]string{"10-net.conf": `{"cniVersion": "0.4.0", "name": "n", "type": "bridge"}`}, "make it a .conflist"},
+		{"a single-plugin .conf shadowing a .conflist", map[string]string{"10-net.conf": single, "10-net.conflist": bridge}, "10-net.conflist exists"},
+		{"neither a list nor a plugin", map[string]string{"10-net.conf": `{"cniVersion": "0.4.0", "name": "n"}`}, "neither a plugin list nor a plugin type"},
 		{"malformed", map[string]string{"10-net.conflist": `{"plugins": [`}, "parse CNI network configuration"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

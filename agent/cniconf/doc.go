@@ -4,7 +4,9 @@
 // container runtime uses (the first file of the CNI conf directory by name,
 // as libcni sorts them). The rest of that file is kept: other plugins'
 // entries and every other field, with their values (the file is written
-// back indented, its keys sorted).
+// back indented, its keys sorted). A single plugin's configuration (a
+// .conf) becomes a .conflist of the same name listing it, as libcni reads
+// a .conf, and becomes the .conf again at Uninstall.
 //
 // Chain is idempotent: a file that holds the entry as wanted is not
 // written again (a runtime watching the directory reloads on writes), so
