@@ -77,8 +77,10 @@ takes each address over (an eBPF program steers
 the address's new connections to it) once it can serve there: health,
 metrics and introspection at once, the proxy's once its first Snapshot is
 applied. Connections waiting in a closing listener's queue move to the
-newer agent's instead of being reset. Until the newer agent has taken the
-health address, the older one answers there: the DaemonSet's startup probe
+newer agent's instead of being reset. An agent that cannot take the health
+address over fails its start (the kubelet restarts it; the older agent
+serves on). Until the newer agent has taken the health address, the older
+one answers there: the DaemonSet's startup probe
 is therefore "sockmesh probe", run in the agent's container, which takes
 only its own agent's answer (each names its container in a
 Sockmesh-Container header).

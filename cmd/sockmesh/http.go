@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -61,6 +62,15 @@ func startHTTP(s settings, healthHandler http.Handler, reg *introspect.Catalog, 
 			return nil, fmt.Errorf("%s listener: %w", strings.Join(sites[addr].names, " and "), err)
 		}
 		if err := takeover.Take(ln); err != nil {
+			if slices.Contains(sites[addr].names, "health") {
+				// The kubelet's probes would reach either agent: readiness
+				// could pass on the old one's answer, and the DaemonSet stop
+				// it before this one serves. Failing, this container is
+				// restarted while the old agent serves on.
+				ln.Close()
+				hs.close()
+				return nil, fmt.Errorf("health listener: %w (the kubelet's probes would reach the agent this one replaces too)", err)
+			}
 			log.Warn("cannot take the address over: while agents overlap, either may answer on it",
 				"listener", strings.Join(sites[addr].names, " and "), "err", err)
 		}
