@@ -110,8 +110,8 @@ func rolloutUnderTraffic(t *testing.T, n *node.Node, w workloads, what string, c
 	overlap := agents.stop()
 	mu.Lock()
 	defer mu.Unlock()
-	t.Logf("%s: %d calls in %s, %d failed; at most %d agent pods running at once", what, calls,
-		time.Since(start).Round(time.Millisecond), len(failures), overlap)
+	t.Logf("%s: %d calls in %s, %d failed; at most %d agent pods running at once; timeline:\n%s", what, calls,
+		time.Since(start).Round(time.Millisecond), len(failures), overlap, agents.timeline())
 	if overlap < 2 {
 		t.Errorf("%s: the next agent never ran beside the old one (at most %d running at once): the DaemonSet did not surge\n%s",
 			what, overlap, agents.report())
@@ -299,17 +299,51 @@ func (w *agentWatch) readyEarly() []string {
 // agent's JSON record, on each line) says it listened on the health port.
 func healthListened(log string) (time.Time, bool) {
 	for line := range strings.Lines(log) {
-		_, record, _ := strings.Cut(line, " ")
-		var r struct {
-			Time     time.Time `json:"time"`
-			Msg      string    `json:"msg"`
-			Listener string    `json:"listener"`
-		}
-		if json.Unmarshal([]byte(record), &r) == nil && r.Msg == "listening" && r.Listener == "health" {
+		if r, ok := parseRecord(line); ok && r.Msg == "listening" && r.Listener == "health" {
 			return r.Time, true
 		}
 	}
 	return time.Time{}, false
+}
+
+// milestones are the agent's records a rollout's timeline shows: where a
+// node's seconds go, from the new agent's start to the old one's exit.
+var milestones = []string{"starting", "listening", "agent ready", "shutting down", "stopped", "stopped while starting"}
+
+// timeline is the pods' changes and, for each pod, when its agent logged
+// each of the milestones (the health listener's "listening" only), in UTC.
+func (w *agentWatch) timeline() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var b strings.Builder
+	for _, e := range w.events {
+		b.WriteString("  " + e + "\n")
+	}
+	for _, name := range w.order {
+		fmt.Fprintf(&b, "  %s's agent:", name)
+		for line := range strings.Lines(w.pods[name].log.String()) {
+			if r, ok := parseRecord(line); ok && slices.Contains(milestones, r.Msg) && (r.Msg != "listening" || r.Listener == "health") {
+				fmt.Fprintf(&b, " %s %s;", r.Time.UTC().Format(clock), r.Msg)
+			}
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// record is what the rollout's reports read of an agent's JSON log record.
+type record struct {
+	Time     time.Time `json:"time"`
+	Msg      string    `json:"msg"`
+	Listener string    `json:"listener"`
+}
+
+// parseRecord reads a line of an agent pod's log: the kubelet's time, then
+// the agent's JSON record.
+func parseRecord(line string) (record, bool) {
+	_, text, _ := strings.Cut(line, " ")
+	var r record
+	return r, json.Unmarshal([]byte(text), &r) == nil
 }
 
 // report is the pods' changes and their logs, for a failure.
