@@ -1,6 +1,7 @@
 package daemonset_test
 
 import (
+	"bytes"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -8,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 
@@ -19,10 +21,10 @@ import (
 // TestAgentRunsWithItsCapabilities runs the agent (built from cmd/sockmesh)
 // with no capability but those daemonset.yaml adds, as runc would start
 // its container: it must load, attach and pin its programs, enter its
-// network namespace and turn ready. Without CAP_SYS_ADMIN it must not
-// (setns, and CAP_PERFMON for the programs' bpf_skc_to_* helpers, which
-// CAP_SYS_ADMIN implies): the test would otherwise prove nothing about the
-// set.
+// network namespace and turn ready. Without CAP_SYS_ADMIN it must fail
+// (setns, the maps of an address's takeover by ID, and CAP_PERFMON for the
+// programs' bpf_skc_to_* helpers, which CAP_SYS_ADMIN implies): the test
+// would otherwise prove nothing about the set.
 func TestAgentRunsWithItsCapabilities(t *testing.T) {
 	testenv.RequireRoot(t)
 	setpriv, err := exec.LookPath("setpriv")
@@ -41,7 +43,9 @@ func TestAgentRunsWithItsCapabilities(t *testing.T) {
 		caps = append(caps, strings.ToLower(string(c)))
 	}
 
-	run := func(t *testing.T, caps []string) *agentproc.Agent {
+	// command returns the agent's command with caps, and its network
+	// namespace.
+	command := func(t *testing.T, caps []string) (*exec.Cmd, *sandbox.NetNS) {
 		ns := sandbox.NewNetNS(t)
 		// The proxy listens on a node address, never loopback's.
 		ns.AddAddr(t, "lo", netip.MustParsePrefix("198.18.231.1/32"))
@@ -55,11 +59,12 @@ func TestAgentRunsWithItsCapabilities(t *testing.T) {
 			"--proxy-listen=198.18.231.1:15001", "--health-listen=127.0.0.1:0", "--metrics-listen=",
 			"--bpffs="+sandbox.TempBPFFS(t), "--cgroup="+sandbox.NewCgroup(t).Path,
 			"--introspection-socket="+filepath.Join(t.TempDir(), "agent.sock"))
-		return agentproc.Start(t, agentproc.Config{Cmd: cmd, NetNS: ns})
+		return cmd, ns
 	}
 
 	t.Run(strings.Join(caps, ","), func(t *testing.T) {
-		a := run(t, caps)
+		cmd, ns := command(t, caps)
+		a := agentproc.Start(t, agentproc.Config{Cmd: cmd, NetNS: ns})
 		if _, err := a.WaitReady(t.Context()); err != nil {
 			t.Fatal(err)
 		}
@@ -67,10 +72,22 @@ func TestAgentRunsWithItsCapabilities(t *testing.T) {
 			t.Error(err)
 		}
 	})
+	// It fails its start: at the health address's takeover, which finds
+	// the address's steering maps by ID.
 	t.Run("without sys_admin", func(t *testing.T) {
-		a := run(t, slices.DeleteFunc(slices.Clone(caps), func(c string) bool { return c == "sys_admin" }))
-		if _, err := a.WaitReady(t.Context()); err == nil {
-			t.Fatal("the agent turned ready without CAP_SYS_ADMIN: the test cannot tell a needed capability from a missing one")
+		cmd, ns := command(t, slices.DeleteFunc(slices.Clone(caps), func(c string) bool { return c == "sys_admin" }))
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		p := sandbox.Start(t, cmd, ns, nil)
+		exited := make(chan error, 1)
+		go func() { exited <- p.Wait() }()
+		select {
+		case err := <-exited:
+			if err == nil {
+				t.Fatalf("the agent exited 0 without CAP_SYS_ADMIN:\n%s", &out)
+			}
+		case <-time.After(time.Minute): // only keeps a broken agent from hanging the test
+			t.Fatal("the agent still runs a minute without CAP_SYS_ADMIN: the test cannot tell a needed capability from a missing one")
 		}
 	})
 }
