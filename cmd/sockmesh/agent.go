@@ -62,7 +62,12 @@ Signals: SIGTERM or SIGINT stops accepting, stops the heartbeat (fail-open
 Services go direct once it is stale), drains connections for up to
 --drain-timeout and exits, leaving capture pinned for the next agent
 (fail-closed Services refuse connections meanwhile, unless the next agent
-already runs); a second one exits at once. Meanwhile the writer lease is
+already runs); a second one exits at once. With --handover-wait (the
+DaemonSet's 10s), the agent first serves on, as before the signal, until a
+newer agent answers ready on the health address (a deleted pod's
+replacement starting), capture is removed from the node (` + "`sockmesh uninstall`" + `)
+or the wait is over: where no agent follows (the DaemonSet deleted), its
+pod takes that much longer to stop. Meanwhile the writer lease is
 released (with --leader-elect): a hung API server holds that for at most
 10 s, and the drain does not wait for it. A signal that comes while the
 agent starts (before its first Snapshot is served: the datapath opening,
@@ -152,7 +157,7 @@ func newAgentCommand(getenv func(string) string) *cobra.Command {
 func logSettings(log *slog.Logger, s settings) {
 	attrs := []any{"version", buildVersion(), "source", s.source, "node", s.nodeName,
 		"proxy_mode", string(s.mode), "bpffs", s.bpffs, "cgroup", s.cgroup, "accelerate", s.accelerate,
-		"drain_timeout", s.drainTimeout.String(), "stall_timeout", s.stallTimeout.String(), "max_conns_per_pod", s.maxConnsPerPod,
+		"drain_timeout", s.drainTimeout.String(), "handover_wait", s.handoverWait.String(), "stall_timeout", s.stallTimeout.String(), "max_conns_per_pod", s.maxConnsPerPod,
 		"pool_pod_share", strconv.FormatFloat(s.poolPodShare*100, 'g', -1, 64) + "%",
 		"service_cidrs", s.node.ServiceCIDRs, "pod_cidrs", s.node.PodCIDRs, "node_cidrs", s.node.NodeCIDRs,
 		"egress_allow", s.node.EgressAllow}
@@ -221,6 +226,8 @@ type agent struct {
 	stopping   atomic.Bool // shutdown began
 	report     *introspect.Sources
 	intro      *httpapi.Server
+	container  string // this agent's container (containerID)
+	health     string // host:port of this node's agents' /readyz (healthAddr)
 }
 
 // runAgent runs the agent until ctx ends (a signal) or a part fails, then
@@ -247,16 +254,16 @@ func runAgent(ctx context.Context, s settings, self *podns.NS, log *slog.Logger,
 	// The health answers name this agent's container, which the startup
 	// probe (sockmesh probe) checks: the agent a rolling update replaces
 	// answers on the same port until this one has taken it.
-	container, err := containerID()
-	if err != nil {
+	if a.container, err = containerID(); err != nil {
 		return err
 	}
 	// Health and metrics first: liveness answers while the programs load.
-	servers, err := startHTTP(s, namingContainer(container, a.checks.Handler()), a.reg, log)
+	servers, err := startHTTP(s, namingContainer(a.container, a.checks.Handler()), a.reg, log)
 	if err != nil {
 		return err
 	}
 	defer servers.close()
+	a.health = servers.healthAddr()
 
 	err = a.start(ctx, events)
 	if ctx.Err() != nil && (err == nil || errors.Is(err, context.Canceled)) {
@@ -432,9 +439,10 @@ func (a *agent) listenNode(ctx context.Context) (datapath.Proxy, error) {
 	return p, nil
 }
 
-// run runs the parts until ctx ends or one fails, then shuts down.
+// run runs the parts until ctx ends (a signal: then, with --handover-wait,
+// until a newer agent is ready; handOver) or one fails, then shuts down.
 func (a *agent) run(ctx context.Context) error {
-	runCtx, cancel := context.WithCancelCause(ctx)
+	runCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	defer cancel(nil)
 	var (
 		wg      sync.WaitGroup // the loops, stopped by runCtx
@@ -483,7 +491,13 @@ func (a *agent) run(ctx context.Context) error {
 		}
 	})
 
-	<-runCtx.Done()
+	select {
+	case <-ctx.Done():
+		a.stopping.Store(true)
+		a.handOver(runCtx)
+		cancel(context.Cause(ctx))
+	case <-runCtx.Done():
+	}
 	reason := context.Cause(runCtx) // the signal's, or a part's failure
 	failure := reason
 	if ctx.Err() != nil {

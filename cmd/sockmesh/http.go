@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -19,7 +21,8 @@ import (
 // httpServers are the health and metrics servers (one when both listen on
 // the same address).
 type httpServers struct {
-	srvs []*http.Server
+	srvs   []*http.Server
+	health net.Addr // the health listener's bound address; nil when off
 }
 
 func startHTTP(s settings, healthHandler http.Handler, reg *introspect.Catalog, log *slog.Logger) (*httpServers, error) {
@@ -80,6 +83,9 @@ func startHTTP(s settings, healthHandler http.Handler, reg *introspect.Catalog, 
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 		}
 		hs.srvs = append(hs.srvs, srv)
+		if slices.Contains(sites[addr].names, "health") {
+			hs.health = ln.Addr()
+		}
 		for _, name := range sites[addr].names {
 			log.Info("listening", "listener", name, "addr", ln.Addr().String())
 		}
@@ -90,6 +96,22 @@ func startHTTP(s settings, healthHandler http.Handler, reg *introspect.Catalog, 
 		}()
 	}
 	return hs, nil
+}
+
+// healthAddr is the host:port at which this node's agents answer /healthz
+// and /readyz (the newest of them, which took the address last): the
+// health listener's address, or 127.0.0.1 for one on every address (Go's
+// listener on [::] takes IPv4 too). Empty when health is off.
+func (hs *httpServers) healthAddr() string {
+	a, ok := hs.health.(*net.TCPAddr)
+	if !ok {
+		return ""
+	}
+	ip := a.IP
+	if ip.IsUnspecified() {
+		ip = net.IPv4(127, 0, 0, 1)
+	}
+	return net.JoinHostPort(ip.String(), strconv.Itoa(a.Port))
 }
 
 func (hs *httpServers) close() {

@@ -58,6 +58,7 @@ type options struct {
 	logLevel                string
 	logFormat               string
 	drainTimeout            time.Duration
+	handoverWait            time.Duration
 	stallTimeout            time.Duration
 	memoryLimit             string
 	gcHeapFloor             string
@@ -121,6 +122,7 @@ func (o *options) addFlags(fs *pflag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log format: json or text")
 	fs.DurationVar(&o.drainTimeout, "drain-timeout", 20*time.Second, "on SIGTERM, how long connections may drain before those still open are reset (never closed: a cut answer must not read as complete)")
+	fs.DurationVar(&o.handoverWait, "handover-wait", 0, "on SIGTERM, how long the agent serves on, before it drains, while no newer agent answers ready on --health-listen (a rolling update's successor, or a deleted pod's replacement, still starting); it stops at once when one does, or when `sockmesh uninstall` removed capture (0: stop at once, as where no agent follows)")
 	fs.DurationVar(&o.stallTimeout, "stall-timeout", 60*time.Second, "how long an app may leave a read of its request body, or a write of the answer to it, under way with no byte through before the proxy ends the request (reset, counted as app_stalled): a pod that stops mid-upload or stops reading would otherwise hold one of an endpoint's upstream connections, which every pod on the node shares; a quiet answer stream (server-sent events, gRPC streaming) waits on the backend and is never cut")
 	// client-go's own default, 5 requests/s, makes an agent that watches
 	// a hundred referenced CA ConfigMaps (one watch each) wait 20 s to
@@ -255,6 +257,7 @@ type settings struct {
 	logLevel     slog.Level
 	logJSON      bool
 	drainTimeout time.Duration
+	handoverWait time.Duration
 	// softMemoryLimit is the Go runtime's soft memory limit in bytes from
 	// --memory-limit (0: none).
 	softMemoryLimit int64
@@ -304,7 +307,7 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 		podName: getenv(envPodName), mode: enrol.Mode(o.proxyMode), inPodPort: o.inPodPort,
 		healthListen: o.healthListen, metricsListen: o.metricsListen, bpffs: o.bpffs, accelerate: o.accelerate, cgroup: o.cgroup,
 		leaderElect: o.leaderElect, leaderNS: o.leaderElectionNamespace, drainTimeout: o.drainTimeout,
-		introspection: o.introspection, kubeQPS: o.kubeAPIQPS, kubeBurst: o.kubeAPIBurst, maxConnsPerPod: o.maxConnsPerPod,
+		handoverWait: o.handoverWait, introspection: o.introspection, kubeQPS: o.kubeAPIQPS, kubeBurst: o.kubeAPIBurst, maxConnsPerPod: o.maxConnsPerPod,
 		stallTimeout: o.stallTimeout, cni: o.cni,
 	}
 	var errs []error
@@ -429,6 +432,12 @@ func (o *options) settings(getenv func(string) string, host hostNetns) (settings
 	}
 	if s.drainTimeout < 0 {
 		bad("--drain-timeout must not be negative")
+	}
+	switch {
+	case s.handoverWait < 0:
+		bad("--handover-wait must not be negative")
+	case s.handoverWait > 0 && s.healthListen == "":
+		bad("--handover-wait needs --health-listen: a newer agent is seen ready there")
 	}
 	// NaN and +Inf parse as float32s: client-go's rate limiter would take
 	// them.

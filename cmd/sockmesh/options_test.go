@@ -469,6 +469,8 @@ func TestSettingsErrors(t *testing.T) {
 		{"bad log level", node, []string{"--log-level=loud"}, "--log-level"},
 		{"bad log format", node, []string{"--log-format=xml"}, "--log-format"},
 		{"negative drain", node, []string{"--drain-timeout=-1s"}, "--drain-timeout"},
+		{"negative handover wait", node, []string{"--handover-wait=-1s"}, "--handover-wait must not be negative"},
+		{"handover wait without health", node, []string{"--handover-wait=10s", "--health-listen="}, "--handover-wait needs --health-listen"},
 		{"negative connection limit", node, []string{"--max-conns-per-pod=-1"}, "--max-conns-per-pod"},
 		{"zero stall timeout", node, []string{"--stall-timeout=0s"}, "--stall-timeout"},
 		{"pod share as a fraction", node, []string{"--pool-pod-share=0.875"}, `--pool-pod-share="0.875": want a percentage`},

@@ -58,24 +58,38 @@ func probe(ctx context.Context, addr string) error {
 	if err != nil {
 		return err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/healthz", nil)
+	got, err := askHealth(ctx, addr, "/healthz")
 	if err != nil {
 		return fmt.Errorf("probe %s: %w", addr, err)
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return fmt.Errorf("probe: %w", err)
-	}
-	defer resp.Body.Close()
-	io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-	switch got := resp.Header.Get(containerHeader); {
-	case resp.StatusCode != http.StatusOK:
-		return fmt.Errorf("probe %s: %s", addr, resp.Status)
-	case got != self:
+	if got != self {
 		return fmt.Errorf("probe %s: answered by the agent of another container (%s %q, this one's %q): this container's agent does not serve there yet",
 			addr, containerHeader, got, self)
 	}
 	return nil
+}
+
+// askHealth returns the container named in a 200 answer to GET path at
+// addr, the health address of the agents on this node; an answer of
+// another status is an error.
+func askHealth(ctx context.Context, addr, path string) (container string, _ error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
+	if err != nil {
+		return "", err
+	}
+	// A new connection each time: a kept one stays with the agent that
+	// accepted it, however many took the address since.
+	req.Close = true
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("%s: %s", path, resp.Status)
+	}
+	return resp.Header.Get(containerHeader), nil
 }
 
 // containerID names the container this process runs in: its mount
