@@ -211,10 +211,13 @@ func readyPod(t *testing.T, n *node.Node, ns, app string) *corev1.Pod {
 	return pod
 }
 
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
+func podReady(p *corev1.Pod) bool { return podCondition(p, corev1.PodReady) }
+
+// podCondition reports whether p's condition of type c is true.
+func podCondition(p *corev1.Pod, c corev1.PodConditionType) bool {
+	for _, pc := range p.Status.Conditions {
+		if pc.Type == c {
+			return pc.Status == corev1.ConditionTrue
 		}
 	}
 	return false

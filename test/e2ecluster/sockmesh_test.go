@@ -95,7 +95,7 @@ func TestSockmesh(t *testing.T) {
 
 	start = time.Now()
 	t.Run("rollout-to-in-pod", func(t *testing.T) {
-		rolloutUnderTraffic(t, n, w, "the rolling update from node-ip to in-pod mode", func() { setProxyMode(t, n, "in-pod") })
+		rolloutUnderTraffic(t, n, w, "the rolling update from node-ip to in-pod mode", true, func() { setProxyMode(t, n, "in-pod") })
 	})
 	timing("rollout to in-pod", start)
 	start = time.Now()
@@ -104,7 +104,10 @@ func TestSockmesh(t *testing.T) {
 	timing("scenarios in-pod", start)
 
 	t.Run("rollout-same-mode", func(t *testing.T) {
-		rolloutUnderTraffic(t, n, w, "a rolling restart of the agent", func() { restartAgents(t, n) })
+		rolloutUnderTraffic(t, n, w, "a rolling restart of the agent", true, func() { restartAgents(t, n) })
+	})
+	t.Run("agent-pod-deleted", func(t *testing.T) {
+		rolloutUnderTraffic(t, n, w, "the agent's pod deleted", false, func() { deleteAgentPods(t, n) })
 	})
 	t.Run("rollout-moves-h2", func(t *testing.T) { checkRolloutMovesH2(t, n, w, agentDiag) })
 	t.Run("serving-terminating", func(t *testing.T) { checkServingTerminating(t, n, w, agentDiag) })
@@ -552,6 +555,15 @@ func restartAgents(t *testing.T, n *node.Node) {
 	t.Helper()
 	if _, err := n.Kube.AppsV1().DaemonSets(agentNS).Patch(t.Context(), agentDS, types.MergePatchType,
 		[]byte(`{"spec":{"template":{"metadata":{"annotations":{"e2e.sockmesh.dev/restart":"1"}}}}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// deleteAgentPods deletes the agent's pods, as `kubectl delete pod` does:
+// the DaemonSet replaces them.
+func deleteAgentPods(t *testing.T, n *node.Node) {
+	t.Helper()
+	if err := n.Kube.CoreV1().Pods(agentNS).DeleteCollection(t.Context(), metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }
