@@ -950,8 +950,11 @@ func (rb *routeBuilder) externalAuth(b *ruleBuild, at string, f *gwv1.HTTPExtern
 		}
 		out.MaxBody = max(fb.MaxSize, 0)
 	}
+	failed := len(b.bad)
 	ref, ok := rb.filterBackend(b, "externalAuth", "the rule's requests are refused", f.BackendRef, out.GRPC)
-	if !ok {
+	if !ok && len(b.bad) == failed {
+		// ResolvedRefs says why it does not resolve; a reference the CRD
+		// refuses has failed the rule already, saying why.
 		b.badf("%s.backendRef does not resolve", at)
 	}
 	out.Backend = ref
