@@ -179,7 +179,14 @@ func isServiceParent(p gwv1.ParentReference) bool {
 func (t *translator) evalHTTPRoute(r *gwv1.HTTPRoute) *routeEval {
 	e := newRouteEval(snapshot.KindHTTPRoute, r.ObjectMeta, r.Spec.ParentRefs)
 	rb := &routeBuilder{t: t, e: e, kind: snapshot.KindHTTPRoute}
-	e.invalid = specProblem(r.Spec.ParentRefs, r.Spec.Hostnames, r.Spec.Rules, func(r *gwv1.HTTPRouteRule) (*gwv1.SectionName, int) { return r.Name, len(r.Matches) })
+	e.invalid = specProblem(r.Spec.ParentRefs, r.Spec.Hostnames, r.Spec.Rules, func(r *gwv1.HTTPRouteRule) (*gwv1.SectionName, int) {
+		if r.Matches == nil {
+			// The CRD defaults absent matches to one PathPrefix "/" match
+			// before its rule counts them; "matches: []" stays empty.
+			return r.Name, 1
+		}
+		return r.Name, len(r.Matches)
+	})
 	rules := r.Spec.Rules
 	if e.invalid == "" && rules != nil && len(rules) == 0 {
 		// The CRD defaults absent rules but refuses an empty list

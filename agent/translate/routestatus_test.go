@@ -7,11 +7,18 @@ import (
 	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	"sigs.k8s.io/yaml"
 
+	"github.com/sockmesh/sockmesh/agent/source/manifests"
 	"github.com/sockmesh/sockmesh/agent/translate"
+	"github.com/sockmesh/sockmesh/test/apiserver"
 )
 
 // routeReasons are the reasons a route parent's conditions may carry: the
@@ -137,4 +144,124 @@ func checkParentConditions(t *testing.T, at string, generation int64, conds []me
 			t.Errorf("%s: PartiallyInvalid=%s (%q) beside Accepted=%s", at, pi.Status, pi.Message, byType["Accepted"].Status)
 		}
 	}
+}
+
+// TestRouteMatchLimitAsTheCRD: a route's matches in all rules are limited
+// to 128, counted as the v1.7 CRD counts them — the real API server is
+// asked — and translate, handed the route unchecked (no CRD defaults, as a
+// cluster with another CRD version could serve it), makes it invalid
+// exactly when the API server refuses it. An HTTPRoute rule without
+// matches counts one: the CRD defaults it to one PathPrefix "/" match
+// before counting, where "matches: []" stays empty; a GRPCRoute's CRD
+// gives no default and counts such a rule as none.
+func TestRouteMatchLimitAsTheCRD(t *testing.T) {
+	const ns = "limits"
+	env := apiserver.Start(t)
+	if _, err := env.Kube.CoreV1().Namespaces().Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// rules writes one rule per entry of n: n matches, or none when -1
+	// ("matches" absent), or "matches: []" when 0.
+	rules := func(match string, n ...int) string {
+		var rs []string
+		for i, count := range n {
+			r := "{backendRefs: [{name: echo, port: 80}]"
+			if count >= 0 {
+				ms := make([]string, count)
+				for j := range ms {
+					ms[j] = fmt.Sprintf(match, i, j)
+				}
+				r += ", matches: [" + strings.Join(ms, ", ") + "]"
+			}
+			rs = append(rs, r+"}")
+		}
+		return "[" + strings.Join(rs, ", ") + "]"
+	}
+	route := func(kind string, rs string) string {
+		return fmt.Sprintf("apiVersion: gateway.networking.k8s.io/v1\nkind: %s\nmetadata: {name: r, namespace: %s}\n"+
+			"spec: {parentRefs: [{group: \"\", kind: Service, name: echo}], rules: %s}\n", kind, ns, rs)
+	}
+	const (
+		path   = "{path: {type: PathPrefix, value: /r%d/m%d}}"
+		method = "{method: {service: r%d.m%d}}"
+	)
+	for _, tc := range []struct {
+		name, doc string
+		refused   bool
+	}{
+		{"HTTPRoute 127 and a rule without matches", route("HTTPRoute", rules(path, 64, 63, -1)), false},
+		{"HTTPRoute 128 and a rule without matches", route("HTTPRoute", rules(path, 64, 64, -1)), true},
+		{"HTTPRoute 128 and a rule with matches: []", route("HTTPRoute", rules(path, 64, 64, 0)), false},
+		{"GRPCRoute 128 and a rule without matches", route("GRPCRoute", rules(method, 64, 64, -1)), false},
+		{"GRPCRoute 129", route("GRPCRoute", rules(method, 64, 64, 1)), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if refused := createdOrRefused(t, env, ns, tc.doc); refused != tc.refused {
+				t.Fatalf("the API server refused it: %v, want %v (the case does not test the boundary)", refused, tc.refused)
+			}
+			service := fmt.Sprintf("apiVersion: v1\nkind: Service\nmetadata: {name: echo, namespace: %s}\n"+
+				"spec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 80, appProtocol: kubernetes.io/h2c}]}\n", ns)
+			res := translateUnchecked(t, service+"---\n"+tc.doc)
+			parents := res.Status.HTTPRoutes[types.NamespacedName{Namespace: ns, Name: "r"}]
+			if strings.Contains(tc.doc, "kind: GRPCRoute") {
+				parents = res.Status.GRPCRoutes[types.NamespacedName{Namespace: ns, Name: "r"}]
+			}
+			if len(parents) != 1 {
+				t.Fatalf("%d parent entries, want 1", len(parents))
+			}
+			accepted := meta.FindStatusCondition(parents[0].Conditions, "Accepted")
+			invalid := accepted != nil && accepted.Status == metav1.ConditionFalse && strings.Contains(accepted.Message, "more than 128")
+			if invalid != tc.refused || !tc.refused && accepted.Status != metav1.ConditionTrue {
+				t.Errorf("translate's Accepted = %+v; the API server refused the route: %v", accepted, tc.refused)
+			}
+		})
+	}
+}
+
+// createdOrRefused has env's API server create doc, one route in ns, and
+// reports whether it refused it as Invalid; one it creates is deleted.
+func createdOrRefused(t *testing.T, env *apiserver.Env, ns, doc string) bool {
+	t.Helper()
+	var u unstructured.Unstructured
+	if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
+		t.Fatal(err)
+	}
+	gvr := gwv1.SchemeGroupVersion.WithResource(strings.ToLower(u.GetKind()) + "s")
+	client := env.Dynamic.Resource(gvr).Namespace(ns)
+	_, err := client.Create(t.Context(), &u, metav1.CreateOptions{})
+	switch {
+	case apierrors.IsInvalid(err):
+		return true
+	case err != nil:
+		t.Fatalf("create %s: %v", u.GetKind(), err)
+	}
+	if err := client.Delete(t.Context(), u.GetName(), metav1.DeleteOptions{}); err != nil {
+		t.Fatalf("delete %s: %v", u.GetKind(), err)
+	}
+	return false
+}
+
+// translateUnchecked translates docs decoded without admission, as a
+// cluster whose CRDs let them through would serve them.
+func translateUnchecked(t *testing.T, docs string) translate.Result {
+	t.Helper()
+	dec, err := manifests.NewUncheckedDecoder()
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := dec.Decode(strings.NewReader(docs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in translate.Input
+	for _, o := range objs {
+		if err := manifests.Add(&in, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := translate.Translate(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
 }
