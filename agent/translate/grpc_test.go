@@ -2,8 +2,14 @@ package translate_test
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/sockmesh/sockmesh/agent/translate"
 	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
 )
 
@@ -89,5 +95,45 @@ func TestGRPCRouteRoles(t *testing.T) {
 		if d.Action != routes.Forward || d.Rule == nil || d.Rule.Route.String() != tc.route {
 			t.Errorf("call to %s from namespace %q: %v (%s, rule %+v), want Forward by %s", tc.to, tc.from, d.Action, d.Reason, d.Rule, tc.route)
 		}
+	}
+}
+
+// TestUnacceptedGRPCRouteTakesNoPort checks, on the Snapshot translate
+// builds from testdata/gamma/grpc-unaccepted.in.yaml and as the proxy
+// decides, that a GRPCRoute no rule of which can be honoured takes no port
+// from an accepted HTTPRoute: the call goes where the HTTPRoute sends it,
+// and the HTTPRoute is Accepted, naming no GRPCRoute. Where no accepted
+// HTTPRoute attaches, the GRPCRoute still governs and its failing rule
+// answers (fail closed).
+func TestUnacceptedGRPCRouteTakesNoPort(t *testing.T) {
+	c := newDecisionCase(t, "testdata/gamma/grpc-unaccepted.in.yaml")
+	for _, tc := range []struct {
+		to    string
+		route string // "Kind/namespace/name" of the route that forwards the call; "" for one answered
+	}{
+		{to: "10.96.21.1:80", route: "HTTPRoute/mesh/web"},
+		{to: "10.96.21.2:80"}, // solo: broken alone
+		{to: "10.96.21.3:80"}, // both: both-http is not accepted either
+	} {
+		req := routes.Request{Method: http.MethodPost, Path: "/shop.Cart/Get", Host: "echo", Header: http.Header{"Content-Type": {"application/grpc"}}}
+		var d routes.Decision
+		c.set(t, "", tc.to).Decide(&req, routes.GlobalRand{}, &d)
+		switch {
+		case tc.route != "" && (d.Action != routes.Forward || d.Rule.Route.String() != tc.route):
+			t.Errorf("call to %s: %v (%s, rule %+v), want Forward by %s", tc.to, d.Action, d.Reason, d.Rule, tc.route)
+		case tc.route == "" && (d.Action != routes.Respond || d.Reason != routes.ReasonInvalidRule || d.Rule.Route.String() != "GRPCRoute/mesh/broken"):
+			t.Errorf("call to %s: %v (%s, rule %+v), want Respond %s by GRPCRoute/mesh/broken", tc.to, d.Action, d.Reason, d.Rule, routes.ReasonInvalidRule)
+		}
+	}
+	res, err := translate.Translate(c.in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := res.Status.HTTPRoutes[types.NamespacedName{Namespace: "mesh", Name: "web"}]
+	if len(web) != 1 {
+		t.Fatalf("HTTPRoute mesh/web has %d parent entries, want 1", len(web))
+	}
+	if a := meta.FindStatusCondition(web[0].Conditions, "Accepted"); a == nil || a.Status != metav1.ConditionTrue || strings.Contains(a.Message, "GRPCRoute") {
+		t.Errorf("HTTPRoute mesh/web's Accepted = %+v, want True naming no GRPCRoute", a)
 	}
 }

@@ -75,8 +75,8 @@ type parentOutcome struct {
 	// its ports cannot be found.
 	problem *refProblem
 	// ports are the Service ports the route attached to; conflicted those
-	// where a GRPCRoute won, and winners those GRPCRoutes
-	// ("namespace/name"), for the status to name.
+	// where routes of the other kind govern (governingKind), and winners
+	// those routes ("namespace/name"), for the status to name.
 	ports, conflicted []int32
 	winners           []string
 	consumer          bool
@@ -87,6 +87,13 @@ type parentOutcome struct {
 // then finds no match).
 func (e *routeEval) installed() bool {
 	return e.invalid == "" && (len(e.rules) > 0 || e.specRules == 0)
+}
+
+// accepted reports whether the route is Accepted where it attaches: it
+// takes part in routing, and some rule of it is honoured (the API: a route
+// with at least one rule implemented), or it has none.
+func (e *routeEval) accepted() bool {
+	return e.installed() && (e.specRules == 0 || e.validRules() > 0)
 }
 
 // validRules counts the rules that route rather than answer 500.
@@ -625,26 +632,20 @@ func (po *parentOutcome) role(e *routeEval) string {
 	return ""
 }
 
-// buildSet merges the routes of one role on one Service port. GRPCRoutes
-// win over HTTPRoutes (GEP-1294); the losers learn it in the status of
-// their parentRefs to that port and role only. Matches are sorted by the
-// API's precedence: the match's own (matchKey), then the older route, then
-// namespace/name, then rule order, then match order.
+// buildSet merges the routes of one role on one Service port. Routes of
+// one kind govern it (governingKind); those of the other learn it in the
+// status of their parentRefs to that port and role only. Matches are
+// sorted by the API's precedence: the match's own (matchKey), then the
+// older route, then namespace/name, then rule order, then match order.
 func buildSet(k portKey, role string, routes []*routeEval) snapshot.RouteSet {
-	kind := snapshot.KindHTTPRoute
-	if slices.ContainsFunc(routes, func(e *routeEval) bool { return e.kind == snapshot.KindGRPCRoute }) {
-		kind = snapshot.KindGRPCRoute
-	}
+	kind := governingKind(routes)
 	winners := slices.DeleteFunc(slices.Clone(routes), func(e *routeEval) bool { return e.kind != kind })
 	for _, e := range routes {
 		if e.kind == kind {
 			continue
 		}
-		for _, po := range e.parents {
-			if po.svc == nil || po.svc.Namespace != k.namespace || po.svc.Name != k.name || po.role(e) != role {
-				continue
-			}
-			if slices.Contains(po.ports, k.port) && !slices.Contains(po.conflicted, k.port) {
+		for _, po := range e.parentsAt(k, role) {
+			if !slices.Contains(po.conflicted, k.port) {
 				po.conflicted = append(po.conflicted, k.port)
 				for _, w := range winners {
 					if name := w.ref.Namespace + "/" + w.ref.Name; !slices.Contains(po.winners, name) {
@@ -681,6 +682,37 @@ func buildSet(k portKey, role string, routes []*routeEval) snapshot.RouteSet {
 	return set
 }
 
+// governingKind is the kind of route that governs a port for one role:
+// GRPCRoute over HTTPRoute (GEP-1294), among the routes accepted there. A
+// route that is not accepted (no rule of it can be honoured) takes no port
+// from accepted routes of the other kind: GEP-1294 ignores rejected routes,
+// and it would take every request there from routes that serve them only
+// to fail them. Where none is accepted, GRPCRoutes still govern, and the
+// failing rules answer (sockmesh never routes a rule without all it asks
+// for), as each kind's do beside accepted routes of its own.
+func governingKind(routes []*routeEval) snapshot.RouteKind {
+	contenders := slices.DeleteFunc(slices.Clone(routes), func(e *routeEval) bool { return !e.accepted() })
+	if len(contenders) == 0 {
+		contenders = routes
+	}
+	if slices.ContainsFunc(contenders, func(e *routeEval) bool { return e.kind == snapshot.KindGRPCRoute }) {
+		return snapshot.KindGRPCRoute
+	}
+	return snapshot.KindHTTPRoute
+}
+
+// parentsAt returns e's parent outcomes that attached it to port k for
+// role.
+func (e *routeEval) parentsAt(k portKey, role string) []*parentOutcome {
+	var out []*parentOutcome
+	for _, po := range e.parents {
+		if po.svc != nil && po.svc.Namespace == k.namespace && po.svc.Name == k.name && po.role(e) == role && slices.Contains(po.ports, k.port) {
+			out = append(out, po)
+		}
+	}
+	return out
+}
+
 // routeStatus writes one RouteParentStatus per Service parentRef that the
 // route's status has room for (fitEntries: RouteStatus holds 32 parents,
 // other controllers' included): Accepted, ResolvedRefs and, when some
@@ -698,7 +730,6 @@ func (t *translator) routeStatus(e *routeEval) []gwv1.RouteParentStatus {
 	fits, others := fitEntries(e.existing, func(p *gwv1.RouteParentStatus) (gwv1.GatewayController, gwv1.ParentReference) {
 		return p.ControllerName, p.ParentRef
 	}, refs, maxRouteParents)
-	valid := e.validRules()
 	invalidReason := gwv1.RouteReasonUnsupportedValue
 	if e.incompatible {
 		invalidReason = gwv1.RouteReasonIncompatibleFilters
@@ -719,12 +750,16 @@ func (t *translator) routeStatus(e *routeEval) []gwv1.RouteParentStatus {
 			c.set(condAccepted, false, po.problem.reason, po.problem.message)
 		case e.invalid != "":
 			c.set(condAccepted, false, string(gwv1.RouteReasonUnsupportedValue), "the route is invalid: "+e.invalid)
-		case !e.installed() || valid == 0 && e.specRules > 0:
-			c.set(condAccepted, false, string(invalidReason), "no rule can be honoured: "+strings.Join(problems, "; "))
+		case !e.accepted():
+			msg := "no rule can be honoured: " + strings.Join(problems, "; ")
+			if len(po.conflicted) > 0 {
+				msg += "; " + lostPorts(e, po)
+			}
+			c.set(condAccepted, false, string(invalidReason), msg)
 		case len(po.conflicted) == len(po.ports):
 			c.set(condAccepted, false, ReasonConflicted, fmt.Sprintf(
 				"for these clients, the route lost Service %s/%s port(s) %s to %s: GRPCRoutes take precedence over HTTPRoutes on a port both attach to (GEP-1294)",
-				po.svc.Namespace, po.svc.Name, portList(po.conflicted), grpcRouteList(po.winners)))
+				po.svc.Namespace, po.svc.Name, portList(po.conflicted), routeList(snapshot.KindGRPCRoute, po.winners)))
 		default:
 			c.set(condAccepted, true, string(gwv1.RouteReasonAccepted), acceptedMessage(e, po))
 		}
@@ -776,7 +811,7 @@ func acceptedMessage(e *routeEval, po *parentOutcome) string {
 	}
 	msg := fmt.Sprintf("routes requests to Service %s/%s port(s) %s from %s", po.svc.Namespace, po.svc.Name, portList(ports), who)
 	if len(po.conflicted) > 0 {
-		msg += fmt.Sprintf("; it lost port(s) %s to %s, as GRPCRoutes take precedence (GEP-1294)", portList(po.conflicted), grpcRouteList(po.winners))
+		msg += "; " + lostPorts(e, po)
 	}
 	for _, r := range e.idle {
 		msg += "; " + r
@@ -792,12 +827,23 @@ func (e *routeEval) failAnswer() string {
 	return "HTTP 500"
 }
 
-// grpcRouteList names the GRPCRoutes ("namespace/name") that won a port.
-func grpcRouteList(names []string) string {
-	if len(names) == 1 {
-		return "GRPCRoute " + names[0]
+// lostPorts says which of po's ports routes of the other kind govern
+// (governingKind): an HTTPRoute loses them to GRPCRoutes; a GRPCRoute that
+// is not accepted leaves them to the HTTPRoutes that are.
+func lostPorts(e *routeEval, po *parentOutcome) string {
+	if e.kind == snapshot.KindGRPCRoute {
+		return fmt.Sprintf("it takes no part on port(s) %s, which stay with %s: a route that is not accepted takes no port from accepted routes of another kind (GEP-1294 ignores rejected routes)",
+			portList(po.conflicted), routeList(snapshot.KindHTTPRoute, po.winners))
 	}
-	return "GRPCRoutes " + strings.Join(names, ", ")
+	return fmt.Sprintf("it lost port(s) %s to %s, as GRPCRoutes take precedence (GEP-1294)", portList(po.conflicted), routeList(snapshot.KindGRPCRoute, po.winners))
+}
+
+// routeList names routes of kind ("namespace/name").
+func routeList(kind snapshot.RouteKind, names []string) string {
+	if len(names) == 1 {
+		return string(kind) + " " + names[0]
+	}
+	return string(kind) + "s " + strings.Join(names, ", ")
 }
 
 func portList(ports []int32) string {
