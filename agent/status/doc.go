@@ -10,8 +10,8 @@
 // duplicate an entry. A condition keeps its lastTransitionTime while its
 // status stays the same (a new reason or message is written under the old
 // time, as metav1.Condition defines it). Within an entry of sockmesh's,
-// conditions of a domain-prefixed type (another party's extensions) stay
-// where they are: the Gateway API forbids removing or reordering
+// conditions of a domain-prefixed type other than sockmesh's own
+// (another party's extensions) stay where they are: the Gateway API forbids removing or reordering
 // conditions a controller is not responsible for. An object whose merged status
 // equals what it has is not written at all, so a rebuild that changes
 // nothing costs the API server nothing. Writes are JSON merge patches of the

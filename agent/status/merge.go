@@ -134,10 +134,10 @@ func mergeEntries[E any](k entryKind[E], objNamespace string, existing, ours []E
 // want's order) and keeps its lastTransitionTime while status, reason and
 // message are the same. Existing conditions of a domain-prefixed type want
 // does not name stay where they are: extensions another party added to the
-// entry, which the Gateway API says never to remove or reorder (sockmesh
-// writes only the API's own, unprefixed types); other types want no longer
-// names are removed. changed reports whether the result differs from
-// existing.
+// entry, which the Gateway API says never to remove or reorder; other
+// types want no longer names are removed, the API's own and sockmesh's
+// (translate.ConditionTypePrefix), which translate sets only while they
+// hold. changed reports whether the result differs from existing.
 func mergeConditions(existing, want []metav1.Condition) ([]metav1.Condition, bool) {
 	out := make([]metav1.Condition, 0, len(want)+len(existing))
 	placed := make([]bool, len(want))
@@ -147,7 +147,7 @@ func mergeConditions(existing, want []metav1.Condition) ([]metav1.Condition, boo
 		case i >= 0 && !placed[i]:
 			placed[i] = true
 			out = append(out, settle(want[i], &old))
-		case i < 0 && strings.Contains(old.Type, "/"):
+		case i < 0 && strings.Contains(old.Type, "/") && !strings.HasPrefix(old.Type, translate.ConditionTypePrefix):
 			out = append(out, old)
 		}
 	}

@@ -110,6 +110,17 @@ func TestMergeEntries(t *testing.T) {
 			cond("special.io/SomeField", "True", "Set", "theirs", 1, t0), cond("Accepted", "False", "Conflicted", "older policy", 2, t1))},
 		changed: true,
 	}, {
+		// translate sets its own domain-prefixed types only while they
+		// hold: one it no longer names is gone, another party's stays.
+		name: "our own prefixed condition no longer wanted is removed",
+		existing: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""), accepted(1, t0),
+			cond(translate.ConditionRulesShadowed, "True", translate.ReasonIdenticalMatches, "rule 1", 1, t0),
+			cond("special.io/SomeField", "True", "Set", "theirs", 1, t0))},
+		want: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""), accepted(1, t1))},
+		merged: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""),
+			accepted(1, t0), cond("special.io/SomeField", "True", "Set", "theirs", 1, t0))},
+		changed: true,
+	}, {
 		name: "another party's condition alone changes nothing",
 		existing: []gwv1.PolicyAncestorStatus{ancestor(ours, svcRef("svc", ""),
 			accepted(1, t0), cond("special.io/SomeField", "True", "Set", "theirs", 1, t0))},

@@ -15,7 +15,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 )
 
-// Route status reasons beyond those Gateway API names.
+// Route status reasons and condition types beyond those Gateway API names.
 const (
 	// ReasonConflicted (Accepted=False): on every port it names, the route
 	// lost to a GRPCRoute of the same role (GEP-1294: GRPCRoute, then
@@ -23,6 +23,18 @@ const (
 	ReasonConflicted = "Conflicted"
 	// condPartiallyInvalid is the API's PartiallyInvalid condition.
 	condPartiallyInvalid = string(gwv1.RouteConditionPartiallyInvalid)
+	// ConditionTypePrefix starts the condition types sockmesh defines
+	// itself, where the API defines none: the API lets implementations
+	// add domain-prefixed types to their entries.
+	ConditionTypePrefix = "sockmesh.io/"
+	// ConditionRulesShadowed (True, reason ReasonIdenticalMatches, set only
+	// beside Accepted=True and only when True) names the route's rules that
+	// get no request on the parent: each of their matches repeats one that
+	// takes precedence (markShadowed). Gateway API v1.7 defines no route
+	// condition for it.
+	ConditionRulesShadowed = ConditionTypePrefix + "RulesShadowed"
+	// ReasonIdenticalMatches is ConditionRulesShadowed's reason.
+	ReasonIdenticalMatches = "IdenticalMatches"
 	// maxRouteParents is RouteStatus.Parents' MaxItems.
 	maxRouteParents = 32
 )
@@ -80,6 +92,8 @@ type parentOutcome struct {
 	ports, conflicted []int32
 	winners           []string
 	consumer          bool
+	// shadowed are the route's rules that get no request on some of ports.
+	shadowed []shadowedRule
 }
 
 // installed reports whether the route takes part in routing: it has rules
@@ -482,10 +496,7 @@ func (rb *routeBuilder) sessionPersistence(b *ruleBuild, i int, sp *gwv1.Session
 // 500 when something else in it is, routing otherwise.
 func (rb *routeBuilder) add(i int, name string, b *ruleBuild, out snapshot.RouteRule) {
 	e := rb.e
-	label := fmt.Sprintf("rule %d", i)
-	if name != "" {
-		label = fmt.Sprintf("rule %d (%s)", i, name)
-	}
+	label := ruleLabel(i, name)
 	if b.drop != "" {
 		e.dropped = append(e.dropped, fmt.Sprintf("%s: %s", label, b.drop))
 		return
@@ -527,6 +538,14 @@ func (rb *routeBuilder) add(i int, name string, b *ruleBuild, out snapshot.Route
 		m.m.Rule = idx
 		e.matches = append(e.matches, m)
 	}
+}
+
+// ruleLabel names rule i of a route in messages.
+func ruleLabel(i int, name string) string {
+	if name != "" {
+		return fmt.Sprintf("rule %d (%s)", i, name)
+	}
+	return fmt.Sprintf("rule %d", i)
 }
 
 // attach attaches e to the Service ports its Service parentRefs name. A
@@ -664,9 +683,13 @@ func buildSet(k portKey, role string, routes []*routeEval) snapshot.RouteSet {
 	}
 	set := snapshot.RouteSet{Kind: kind}
 	var all []ranked
+	var owners []*routeEval // the route of each of set.Rules
 	for ri, e := range winners {
 		offset := len(set.Rules)
 		set.Rules = append(set.Rules, e.rules...)
+		for range e.rules {
+			owners = append(owners, e)
+		}
 		for _, m := range e.matches {
 			m.m.Rule += offset
 			all = append(all, ranked{m: m, route: ri, rule: e.rules[m.m.Rule-offset].Index})
@@ -679,6 +702,7 @@ func buildSet(k portKey, role string, routes []*routeEval) snapshot.RouteSet {
 	for _, r := range all {
 		set.Matches = append(set.Matches, r.m.m)
 	}
+	markShadowed(k, role, set, owners)
 	return set
 }
 
@@ -779,6 +803,9 @@ func (t *translator) routeStatus(e *routeEval) []gwv1.RouteParentStatus {
 			// The API's "Drop Rule(s)" approach: Accepted stays True and
 			// the message starts with "Dropped Rule".
 			c.set(condPartiallyInvalid, true, string(invalidReason), "Dropped Rule(s): "+strings.Join(problems, "; "))
+		}
+		if len(po.shadowed) > 0 && c.conds[0].Status == metav1.ConditionTrue {
+			c.set(ConditionRulesShadowed, true, ReasonIdenticalMatches, shadowedMessage(po))
 		}
 		if fits[i] {
 			out = append(out, gwv1.RouteParentStatus{ParentRef: *po.ref.DeepCopy(), ControllerName: ControllerName, Conditions: c.conds})

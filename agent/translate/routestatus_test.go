@@ -2,6 +2,7 @@ package translate_test
 
 import (
 	"fmt"
+	"net/http"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -19,19 +20,22 @@ import (
 	"github.com/sockmesh/sockmesh/agent/source/manifests"
 	"github.com/sockmesh/sockmesh/agent/translate"
 	"github.com/sockmesh/sockmesh/test/apiserver"
+	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
 )
 
 // routeReasons are the reasons a route parent's conditions may carry: the
 // API's for each type (shared_types.go), plus the few sockmesh documents
 // where the API names none — Conflicted (GEP-1294's reason for the route
-// type that loses a Service port) and InvalidBackend (a backend that
-// resolves but whose TLS policy or XBackend cannot be honoured).
+// type that loses a Service port), InvalidBackend (a backend that
+// resolves but whose TLS policy or XBackend cannot be honoured) and its
+// own condition type for rules that get no request.
 var routeReasons = map[string][]gwv1.RouteConditionReason{
 	"Accepted": {gwv1.RouteReasonAccepted, gwv1.RouteReasonNoMatchingParent, gwv1.RouteReasonUnsupportedValue,
 		gwv1.RouteReasonIncompatibleFilters, translate.ReasonConflicted},
 	"ResolvedRefs": {gwv1.RouteReasonResolvedRefs, gwv1.RouteReasonRefNotPermitted, gwv1.RouteReasonInvalidKind,
 		gwv1.RouteReasonBackendNotFound, gwv1.RouteReasonUnsupportedProtocol, translate.ReasonInvalidBackend},
-	"PartiallyInvalid": {gwv1.RouteReasonUnsupportedValue, gwv1.RouteReasonIncompatibleFilters},
+	"PartiallyInvalid":               {gwv1.RouteReasonUnsupportedValue, gwv1.RouteReasonIncompatibleFilters},
+	translate.ConditionRulesShadowed: {translate.ReasonIdenticalMatches},
 }
 
 // TestRouteParentConditions checks every route parent entry translate
@@ -39,9 +43,9 @@ var routeReasons = map[string][]gwv1.RouteConditionReason{
 // RouteParentStatus, whatever the golden says: one entry per parentRef,
 // each condition type's
 // reason is one the API (or the list above) gives for it, True only with
-// the success reason (PartiallyInvalid: only True, and only beside
-// Accepted=True), a message, the route's generation, and Accepted and
-// ResolvedRefs always present.
+// the success reason (PartiallyInvalid and sockmesh's RulesShadowed: only
+// True, and only beside Accepted=True), a message, the route's generation,
+// and Accepted and ResolvedRefs always present.
 func TestRouteParentConditions(t *testing.T) {
 	fixtures, err := filepath.Glob(filepath.Join("testdata", "*", "*.in.yaml"))
 	if err != nil {
@@ -121,7 +125,8 @@ func checkParentConditions(t *testing.T, at string, generation int64, conds []me
 			t.Errorf("%s: %s=%s with reason %s, which is not among %v (message %q)", at, c.Type, c.Status, c.Reason, allowed, c.Message)
 		}
 		success := c.Reason == c.Type // Accepted/Accepted, ResolvedRefs/ResolvedRefs
-		if c.Type != "PartiallyInvalid" && (c.Status == metav1.ConditionTrue) != success {
+		onlyTrue := c.Type == "PartiallyInvalid" || c.Type == translate.ConditionRulesShadowed
+		if !onlyTrue && (c.Status == metav1.ConditionTrue) != success {
 			t.Errorf("%s: %s=%s with reason %s", at, c.Type, c.Status, c.Reason)
 		}
 		if strings.TrimSpace(c.Message) == "" {
@@ -130,6 +135,9 @@ func checkParentConditions(t *testing.T, at string, generation int64, conds []me
 		if c.ObservedGeneration != generation {
 			t.Errorf("%s: %s observedGeneration %d, want the route's %d", at, c.Type, c.ObservedGeneration, generation)
 		}
+	}
+	if rs, ok := byType[translate.ConditionRulesShadowed]; ok && (rs.Status != metav1.ConditionTrue || byType["Accepted"].Status != metav1.ConditionTrue) {
+		t.Errorf("%s: %s=%s (%q) beside Accepted=%s", at, rs.Type, rs.Status, rs.Message, byType["Accepted"].Status)
 	}
 	for _, typ := range []string{"Accepted", "ResolvedRefs"} {
 		if _, ok := byType[typ]; !ok {
@@ -226,7 +234,7 @@ func createdOrRefused(t *testing.T, env *apiserver.Env, ns, doc string) bool {
 	if err := yaml.Unmarshal([]byte(doc), &u.Object); err != nil {
 		t.Fatal(err)
 	}
-	gvr := gwv1.SchemeGroupVersion.WithResource(strings.ToLower(u.GetKind()) + "s")
+	gvr := u.GroupVersionKind().GroupVersion().WithResource(strings.ToLower(u.GetKind()) + "s")
 	client := env.Dynamic.Resource(gvr).Namespace(ns)
 	_, err := client.Create(t.Context(), &u, metav1.CreateOptions{})
 	switch {
@@ -264,4 +272,74 @@ func translateUnchecked(t *testing.T, docs string) translate.Result {
 		t.Fatal(err)
 	}
 	return res
+}
+
+// TestRulesShadowedNamed checks, on testdata/gamma/shadowed.in.yaml, that
+// sockmesh.io/RulesShadowed names exactly the rules whose every match
+// repeats one that takes precedence — a whole newer route, a rule written
+// with a trailing "/" and another header case, a rule repeating one of its
+// own route's — and no rule that keeps a match of its own, covers less, or
+// is another role's; and, as the proxy decides, that the requests those
+// rules describe do go to the rules that shadow them.
+func TestRulesShadowedNamed(t *testing.T) {
+	c := newDecisionCase(t, "testdata/gamma/shadowed.in.yaml")
+	res, err := translate.Translate(c.in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		route          string
+		named, unnamed []string // rules the condition names, and does not; named nil: no condition
+	}{
+		{route: "mesh/older"},
+		{route: "mesh/newer", named: []string{"rule 0 (same-as-older) on port(s) 80, repeating HTTPRoute mesh/older", "rule 4 (repeat) on port(s) 80, repeating its rule 3 (own)"},
+			unnamed: []string{"partly", "covered-only", "rule 3 (own) on"}},
+		{route: "mesh/copy", named: []string{"rule 0 on port(s) 80, repeating HTTPRoute mesh/older"}},
+		{route: "web/consumer-copy"},
+	} {
+		ns, name, _ := strings.Cut(tc.route, "/")
+		parents := res.Status.HTTPRoutes[types.NamespacedName{Namespace: ns, Name: name}]
+		if len(parents) != 1 {
+			t.Fatalf("HTTPRoute %s has %d parent entries, want 1", tc.route, len(parents))
+		}
+		if a := meta.FindStatusCondition(parents[0].Conditions, "Accepted"); a == nil || a.Status != metav1.ConditionTrue {
+			t.Errorf("HTTPRoute %s: Accepted = %+v, want True", tc.route, a)
+		}
+		cond := meta.FindStatusCondition(parents[0].Conditions, translate.ConditionRulesShadowed)
+		if (cond != nil) != (tc.named != nil) {
+			t.Errorf("HTTPRoute %s: %s = %+v, want it set: %v", tc.route, translate.ConditionRulesShadowed, cond, tc.named != nil)
+			continue
+		}
+		for _, rule := range tc.named {
+			if !strings.Contains(cond.Message, rule) {
+				t.Errorf("HTTPRoute %s: %s message %q does not name %q", tc.route, cond.Type, cond.Message, rule)
+			}
+		}
+		for _, rule := range tc.unnamed {
+			if strings.Contains(cond.Message, rule) {
+				t.Errorf("HTTPRoute %s: %s message %q names %q", tc.route, cond.Type, cond.Message, rule)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		from, path, env string
+		route           string // "Kind/namespace/name" and rule index of the rule that takes the request
+		rule            int
+	}{
+		{path: "/api/items", env: "prod", route: "HTTPRoute/mesh/older", rule: 0},
+		{path: "/api", env: "prod", route: "HTTPRoute/mesh/older", rule: 0},
+		{path: "/own", route: "HTTPRoute/mesh/newer", rule: 3},
+		{path: "/beta", route: "HTTPRoute/mesh/newer", rule: 1},
+		{from: "web", path: "/api", env: "prod", route: "HTTPRoute/web/consumer-copy", rule: 0},
+	} {
+		req := routes.Request{Method: http.MethodGet, Path: tc.path, Host: "echo", Header: http.Header{}}
+		if tc.env != "" {
+			req.Header.Set("X-Env", tc.env)
+		}
+		var d routes.Decision
+		c.set(t, tc.from, "10.96.22.1:80").Decide(&req, routes.GlobalRand{}, &d)
+		if d.Action != routes.Forward || d.Rule.Route.String() != tc.route || d.Rule.Index != tc.rule {
+			t.Errorf("GET %s (X-Env %q) from %q: %v (%s, rule %+v), want Forward by %s rule %d", tc.path, tc.env, tc.from, d.Action, d.Reason, d.Rule, tc.route, tc.rule)
+		}
+	}
 }
