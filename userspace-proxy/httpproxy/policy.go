@@ -2,6 +2,7 @@ package httpproxy
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -403,26 +404,32 @@ func (x *exchange) unpin() {
 // likely to again (a pod overloaded or shutting down), and the Picker's
 // next turn is that endpoint again whenever other requests took the
 // turns between (balance.Picker.Untried). A session the request starts
-// names the endpoint that answers.
+// names the endpoint that answers. A ClientIP pin stays: the endpoint
+// answered.
 func (x *exchange) repick(c *balance.Choice) *balance.Choice {
 	if x.pinned {
 		return c
 	}
 	x.tried.Add(c.Endpoint.Addr)
-	n := x.be.Picker.Untried(x.tried, x.be.Picker.Pick)
-	if n == nil {
-		return c
-	}
-	return n
+	return cmp.Or(x.be.Picker.Untried(x.tried, x.be.Picker.Pick), c)
 }
 
 // failover is the endpoint for a try after the connect to c failed: as a
 // retry's (repick), one the request has not tried while there is one
 // (balance.Tried says why ejection does not suffice), also when its
-// session named c (unpin).
+// session named c (unpin). Under ClientIP affinity (no session
+// persistence: PickRequest) its client is pinned to that endpoint, as
+// the L4 relay's is (balance.Picker.FailoverClient): left pinned to c,
+// its next requests went to c, which refused, each first a connect that
+// failed, for as long as ejection did not keep c out.
 func (x *exchange) failover(c *balance.Choice) *balance.Choice {
 	x.unpin()
-	return x.repick(c)
+	x.tried.Add(c.Endpoint.Addr)
+	p := x.be.Picker
+	if x.sessionFor() != nil {
+		return cmp.Or(p.Untried(x.tried, p.Pick), c)
+	}
+	return cmp.Or(p.FailoverClient(x.t.clientKey(), x.tried), c)
 }
 
 // roundTrip sends out (addressed to c) through rt, under x's route policy
