@@ -222,7 +222,6 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 	defer s.watch.stop()
 	for retry := 0; ; {
 		uc, c, err := s.conn(x, choice, req.Body == http.NoBody || x.r != nil && x.r.kept)
-		s.h.settleRetry(x, err)
 		if err != nil {
 			if s.watch.gone.Load() {
 				return s.fail(req, x, upstream.ReasonCanceled, errClientGone)
@@ -348,6 +347,8 @@ func (s *h1Conn) conn(x *exchange, choice *balance.Choice, read bool) (*pool.Con
 	}
 	client := s.poolClient()
 	uc, err := be.GetH1(ctx, choice, client)
+	// A failover follows a connect tried: the first Get tells.
+	s.h.settleRetry(x, !errors.Is(err, pool.ErrNotHandedOut))
 	tries := be.Picker.Tries(choice)
 	for i := 1; err != nil && i < tries && upstream.NoConnection(err); i++ {
 		choice = x.failover(choice)

@@ -63,9 +63,10 @@ import (
 //     refuses is not sent, and the client gets 503
 //     (ErrRetryBudgetExhausted), as the API requires (spendRetry); one
 //     never sent, its app gone or its request timed out in the backoff,
-//     or its try given no connection, is given back (giveBack,
-//     settleRetry), and a retry is counted sent once its try got, or
-//     tried to make, a connection (settleRetry).
+//     or its try given no connection (toward HTTP/2, no stream), is given
+//     back (giveBack, settleRetry), and a retry is counted sent once its
+//     try got, or tried to make, a connection, toward HTTP/2 once its
+//     HEADERS were written (settleRetry).
 
 // policy is a routed request's retries and timeouts, resolved against the
 // RoutingConfig defaults. The zero value does nothing.
@@ -462,7 +463,7 @@ func (h *Handler) roundTrip(x *exchange, wire upstream.Wire, out *http.Request, 
 		out.GetBody = func() (io.ReadCloser, error) { return h.resend(x) }
 	}
 	if x.r == nil || !x.r.pol.active {
-		resp, served, err = x.roundTripAny(rt, out, c)
+		resp, served, err = h.roundTripAny(x, rt, out, c)
 		if err == nil {
 			x.tee.settle()
 		}
@@ -483,8 +484,7 @@ func (h *Handler) roundTrip(x *exchange, wire upstream.Wire, out *http.Request, 
 			o.URL = withURLHost(out.URL, c.Host)
 		}
 		o.Body = x.again(o.Body, n)
-		resp, c, err = x.roundTripAny(rt, o, c)
-		h.settleRetry(x, err)
+		resp, c, err = h.roundTripAny(x, rt, o, c)
 		why := ""
 		switch {
 		case err != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
@@ -537,9 +537,12 @@ func (h *Handler) roundTrip(x *exchange, wire upstream.Wire, out *http.Request, 
 // endpoints the request has not tried (three in all; failover): nothing
 // went out, so a request whose body can go again may go elsewhere, also
 // one whose session named c. It returns the endpoint tried last, which
-// the session then names.
-func (x *exchange) roundTripAny(rt http.RoundTripper, out *http.Request, c *balance.Choice) (*http.Response, *balance.Choice, error) {
+// the session then names. The retry the request's try is, if any, is
+// settled by the first send (settleRetry).
+func (h *Handler) roundTripAny(x *exchange, rt http.RoundTripper, out *http.Request, c *balance.Choice) (*http.Response, *balance.Choice, error) {
 	resp, err := rt.RoundTrip(out)
+	// A failover follows a connect tried: the first send tells.
+	h.settleRetry(x, !errors.Is(err, upstream.ErrNotSent))
 	tries := x.be.Picker.Tries(c)
 	for i := 1; err != nil && i < tries && upstream.NoConnection(err) && x.resendable(out); i++ {
 		c = x.failover(c)
@@ -594,21 +597,25 @@ type pendingRetry struct {
 	taken time.Time
 }
 
-// settleRetry settles the retry x's try is, if any, once the try's
-// connection is known (err: the try's error, nil if it got one). It is
-// counted as sent (sockmesh_proxy_request_retries_total) unless the try
-// got no connection because its wait for one of the endpoint's HTTP/1.1
-// connections ended — the app left, a timeout passed, or every one stayed
-// busy (pool.ErrNotHandedOut): nothing went out, and the retry is given
-// back, as one whose backoff its app left. A try whose connect failed
-// tried the endpoint: its retry counts.
-func (h *Handler) settleRetry(x *exchange, err error) {
+// settleRetry settles the retry x's try is, if any, once its first send
+// (a connection asked of the fast path's pool, a RoundTrip) tells whether
+// anything of it went toward the endpoint: it is counted as sent
+// (sockmesh_proxy_request_retries_total) when it did — it got or tried
+// to make a connection, or, toward HTTP/2, its HEADERS were written —
+// and, when nothing did, is given back, as one whose backoff its app
+// left: it waited for one of the endpoint's HTTP/1.1 connections, or for
+// a stream on an HTTP/2 one, until the app left, a timeout passed or the
+// wait's bound did (pool.ErrNotHandedOut, upstream.ErrNotSent). The
+// first send alone tells: a failover after it follows a connect tried,
+// and a send again after a pooled connection the backend had closed
+// follows a request written on it.
+func (h *Handler) settleRetry(x *exchange, sent bool) {
 	r := x.retry
 	if r.why == "" {
 		return
 	}
 	x.retry = pendingRetry{}
-	if errors.Is(err, pool.ErrNotHandedOut) {
+	if !sent {
 		giveBack(x, r.taken)
 		return
 	}

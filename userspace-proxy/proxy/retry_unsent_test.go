@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"sync"
 	"testing"
@@ -109,5 +110,105 @@ func testRetryWithoutConnection(t *testing.T, k clientKind) {
 	}
 	if got := counterValue(t, reg, "sockmesh_proxy_request_retries_total", "reason", "status"); got != 1 {
 		t.Errorf("retries{status} = %v, want 1: the next request's", got)
+	}
+}
+
+// TestRetrySentOnStaleConnection: a retry whose try went out on a pooled
+// connection the backend then closed without an answer, and whose send
+// again waited for a connection it never got — the endpoint's one
+// (MaxConnsPerEndpoint) went meanwhile to a request queued for it, and
+// the app left — was sent: it is counted in
+// sockmesh_proxy_request_retries_total and keeps its charge of the
+// backend's retry budget, on every path; the next request's retry is
+// refused (503). Before, net/http's HTTP/1.1 Transport failed the request
+// with its last wait's error, and the retry counted as never sent and was
+// given back, though the backend had read it.
+func TestRetrySentOnStaleConnection(t *testing.T) {
+	inBubbles(t, testRetrySentOnStaleConnection)
+}
+
+func testRetrySentOnStaleConnection(t *testing.T, k clientKind) {
+	var pn pipenet.Net
+	backendAddr := netip.MustParseAddrPort("10.0.0.1:8080")
+	tc := &tryCounter{tries: map[string]int{}}
+	retried, cut, release := make(chan struct{}), make(chan struct{}), make(chan struct{})
+	unhold := sync.OnceFunc(func() { close(release) })
+	defer unhold() // a failure's too: the bubble ends once ?id=hold does
+	servePipe(t, &pn, backendAddr, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch id := r.URL.Query().Get("id"); {
+		case id == "hold":
+			<-release
+		case id == "left" && tc.count("left") == 1:
+			// The retry: its connection closes under it, unanswered.
+			tc.ServeHTTP(httptest.NewRecorder(), r)
+			close(retried)
+			<-cut
+			c, _, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				t.Errorf("hijack: %v", err)
+				return
+			}
+			c.Close()
+			return
+		}
+		tc.ServeHTTP(w, r)
+	}))
+	p, reg := pipeProxy(t, &pn, proxy.Config{HTTP1TLS: k.path, Upstream: upstream.Config{MaxConnsPerEndpoint: 1}})
+	m := &mesh{t: t}
+	be := m.backend("flaky", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(backendAddr), RetryConstraint: oneRetryIn10s()})
+	m.frontend("flaky", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be),
+			Retry: &snapshot.Retry{Attempts: 1, Codes: []int{500}, Backoff: dur(time.Second)}}},
+	)))
+	p.Update(m.snapshot(1))
+	get := func(ctx context.Context, query string) (string, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://flaky.b.svc/?"+query, nil)
+		resp, err := pipeClient(t, p, k.h2c).Do(req)
+		if err != nil {
+			return "", err
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return fmt.Sprintf("%d %s", resp.StatusCode, body), nil
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	left := make(chan error, 1)
+	go func() {
+		a, err := get(ctx, "id=left&fail=1")
+		if err == nil {
+			err = fmt.Errorf("answered %q before the app left", a)
+		}
+		left <- err
+	}()
+	<-retried // on the connection its first try's 500 came over
+	held := make(chan string, 1)
+	go func() {
+		a, err := get(context.Background(), "id=hold")
+		if err != nil {
+			a = err.Error()
+		}
+		held <- a
+	}()
+	synctest.Wait() // ?id=hold waits for the endpoint's one connection
+	close(cut)      // which goes to it once the retry's is closed
+	if err := <-left; !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the request whose retry's connection closed: %v, want its app's deadline", err)
+	}
+	synctest.Wait() // the proxy saw the app leave
+	if got := counterValue(t, reg, "sockmesh_proxy_request_retries_total", "reason", "status"); got != 1 {
+		t.Errorf("retries{status} = %v, want 1: the backend read the retry", got)
+	}
+	unhold()
+	if a := <-held; a != "200 ok" {
+		t.Fatalf("the request holding the connection: %q, want 200 ok", a)
+	}
+
+	if a, err := get(context.Background(), "id=next&fail=1"); err != nil || a[:3] != "503" {
+		t.Errorf("the next request, the budget's one retry in 10 s spent: %q %v, want 503", a, err)
+	}
+	if got := counterValue(t, reg, "sockmesh_proxy_retry_budget_exhausted_total", "reason", "status"); got != 1 {
+		t.Errorf("retry_budget_exhausted{status} = %v, want 1", got)
 	}
 }

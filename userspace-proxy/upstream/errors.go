@@ -150,6 +150,32 @@ func streamCause(err error) error {
 	return se.Cause
 }
 
+// ErrNotSent marks an error of a request's RoundTrip through
+// RoundTripper when nothing of the request went toward its endpoint: it
+// waited for one of the endpoint's HTTP/1.1 connections
+// (pool.ErrNotHandedOut), for a connection another request's dial made,
+// or for a stream on an HTTP/2 connection it was given, until its context
+// ended or the wait's bound passed (pool.ErrBusy), and no connect was
+// tried for it nor a head of it written. A retry whose try fails so was
+// never sent. The error reads as its cause.
+var ErrNotSent = errors.New("request not sent")
+
+// notSent is an error that Is ErrNotSent.
+type notSent struct{ err error }
+
+func (e notSent) Error() string        { return e.err.Error() }
+func (e notSent) Unwrap() error        { return e.err }
+func (e notSent) Is(target error) bool { return target == ErrNotSent }
+
+// sentAfterAll is err, a RoundTrip's, without its ErrNotSent mark: a try
+// of the request before the one that failed so went toward the endpoint.
+func sentAfterAll(err error) error {
+	if ns, ok := err.(notSent); ok { // the mark is outermost: RoundTrip's last step
+		return ns.err
+	}
+	return err
+}
+
 // NoConnection reports whether err is a connect that failed (refused, no
 // answer, a TLS handshake the endpoint broke off): nothing went to the
 // endpoint, so another may be tried.

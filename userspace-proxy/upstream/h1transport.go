@@ -71,6 +71,11 @@ func (t h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		uc, err := t.b.GetH1(ctx, c, clientOf(ctx))
 		if err != nil {
 			closeBody(req)
+			if try == 1 && errors.Is(err, pool.ErrNotHandedOut) {
+				// Past the first, the request went out on a connection
+				// the backend had closed: it was sent.
+				err = notSent{err}
+			}
 			return nil, err
 		}
 		// A body is the exchange's to close: Request.Write closes it

@@ -181,7 +181,9 @@ func (n negotiated) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	resp, err := h2Transport{n.b.w, WireNegotiate}.RoundTrip(out)
 	if errors.Is(err, errDeclinedH2) && held.Untouched() {
-		return h1Transport(n).RoundTrip(req)
+		// The endpoint was connected to, for the request: not unsent.
+		resp, err = h1Transport(n).RoundTrip(req)
+		return resp, sentAfterAll(err)
 	}
 	held.Release()
 	return resp, err
