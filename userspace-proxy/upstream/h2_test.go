@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -623,9 +624,11 @@ func TestH2DialedAcrossRetire(t *testing.T) {
 // which then waits there for a stream to end, fails pool_busy after
 // ConnWait (10 s), as one waiting for an HTTP/1.1 connection does. Before,
 // it waited as long as the connection's streams lasted — here, one never
-// answered. The backend, a framer of its own, sends its SETTINGS (one
-// stream at a time) only once the second request has the connection the
-// first holds. In a synctest bubble, where 10 s are exact.
+// answered. Its error says that nothing of it was sent (ErrNotSent: a
+// retry that fails so is not counted), the first's, ended after its
+// HEADERS went, does not. The backend, a framer of its own, sends its
+// SETTINGS (one stream at a time) only once the second request has the
+// connection the first holds. In a synctest bubble, where 10 s are exact.
 func TestH2StreamWaitBounded(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var pn pipenet.Net
@@ -696,8 +699,13 @@ func TestH2StreamWaitBounded(t *testing.T) {
 		if Classify(err) != ReasonPoolBusy || time.Since(start) != 10*time.Second {
 			t.Errorf("a request waiting for a stream: %v (reason %s) after %v, want pool_busy after 10s", err, Classify(err), time.Since(start))
 		}
+		if !errors.Is(err, ErrNotSent) {
+			t.Errorf("a request that got no stream: %v, want it ErrNotSent", err)
+		}
 		cancel()
-		<-first
+		if err := <-first; err == nil || errors.Is(err, ErrNotSent) {
+			t.Errorf("the request whose HEADERS went, then ended: %v, want an error that is not ErrNotSent", err)
+		}
 		(<-served).Close()
 	})
 }

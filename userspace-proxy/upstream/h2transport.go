@@ -43,6 +43,9 @@ func (t h2Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if failed := checkFailed(connected.lastConn()); failed != nil {
 			err = failed
 		}
+		if !connected.headersWritten() && !NoConnection(err) {
+			err = notSent{err}
+		}
 	}
 	if connected.c != nil && !connected.Load() {
 		// Ended (its context, most often) before the Transport dialed
@@ -124,6 +127,9 @@ type connTry struct {
 	until      time.Time
 	end        context.CancelCauseFunc
 	prev, next *connTry
+	// wrote is set once HEADERS of the request were written, on any
+	// connection (headersWritten).
+	wrote bool
 }
 
 // send sends req through rt with ctx, and again where rt would, at once,
@@ -231,6 +237,22 @@ func (t *connTry) streamed() {
 	}
 }
 
+// headersWritten reports whether the request's HEADERS were written on a
+// connection: what tells a request that got a stream from one that never
+// did (ErrNotSent) — no connect tried for it (a dial it made, or one it
+// waited for, that failed: NoConnection), no stream, as it waited for one
+// (awaitStream) or for a connection. A request whose RoundTrip ended
+// before net/http's client called the hook (it writes the HEADERS on a
+// goroutine of its own, and RoundTrip returns as the request's context
+// ends) is taken as one that got none: only HEADERS under way as the
+// context ends — the client looks at it once, then encodes and writes
+// them (awaitStream) — go out so, and their stream is reset at once.
+func (t *connTry) headersWritten() bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.wrote
+}
+
 func (t *connTry) lastConn() net.Conn {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -292,6 +314,7 @@ func (w *wireState) traceConn(req *http.Request) (context.Context, *connTry) {
 		try.mu.Lock()
 		defer try.mu.Unlock()
 		try.streamed()
+		try.wrote = true
 	}
 	return context.WithValue(httptrace.WithClientTrace(req.Context(), &try.trace), connTryKey{}, try), try
 }
