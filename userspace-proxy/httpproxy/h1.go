@@ -46,7 +46,7 @@ import (
 // that waits Config.ParkAfter for its next request parks (h1Conn.park):
 // ServeHTTP1 returns, and the connection lives on.
 func (h *Handler) ServeHTTP1(c net.Conn, t *Target) {
-	s := &h1Conn{h: h, c: c, t: t}
+	s := &h1Conn{h: h, c: c, t: t, wmu: make(writeTurn, 1)}
 	s.watch.s = s
 	s.stall.init(h.cfg.StallTimeout, s, h.cfg.Panics)
 	s.out = stalledWriter{dst: c, w: &s.stall}
@@ -316,7 +316,7 @@ type h1Conn struct {
 	// wmu orders the fast path's writes to c against a 100 Continue sent
 	// from the request body's goroutine; answered is set under it once the
 	// final answer starts.
-	wmu      sync.Mutex
+	wmu      writeTurn
 	answered bool
 	// closeAfter is set when the current request asked to close.
 	closeAfter bool

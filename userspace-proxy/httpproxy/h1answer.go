@@ -465,8 +465,8 @@ func (s *h1Conn) informational(req *http.Request, resp *http.Response) {
 	if resp.StatusCode == http.StatusContinue || !req.ProtoAtLeast(1, 1) {
 		return
 	}
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
+	s.wmu.take()
+	defer s.wmu.give()
 	bw := s.writer()
 	defer s.putWriter(bw)
 	writeStatusLine(bw, resp)
@@ -611,13 +611,32 @@ func (s *h1Conn) writeLocal(req *http.Request, code int, header http.Header, fix
 }
 
 // startAnswer marks the final answer as begun (no 100 Continue after it)
-// and lends a writer for it.
+// and lends a writer for it. A 100 Continue under way is written whole
+// first: the answer must not land in the middle of it. That wait is as
+// long as the app takes to read the 100, bounded by the stall watch,
+// which ends the write, as it would the answer's own to an app that
+// reads nothing (writeTurn).
 func (s *h1Conn) startAnswer() *bufio.Writer {
-	s.wmu.Lock()
+	s.wmu.take()
 	s.answered = true
-	s.wmu.Unlock()
+	s.wmu.give()
 	return s.writer()
 }
+
+// writeTurn is the turn to write to the app of a fast-path connection,
+// taken by the proxy's own 100 Continue (written from the request body's
+// goroutine) and its other informational answers, and by the final
+// answer as it starts. A channel, not a sync.Mutex: a wait for a turn
+// that an app slow to read holds must let the stall watch's clock run,
+// and in a synctest bubble a wait on a mutex does not (it is not durably
+// blocked), so the watch that ends the write under way never came: a
+// final answer that came while the 100 was written to an app that reads
+// nothing waited for good (TestUnreadAnswersCut/continue-then-answer).
+type writeTurn chan struct{}
+
+func (w writeTurn) take() { w <- struct{}{} }
+
+func (w writeTurn) give() { <-w }
 
 func (s *h1Conn) writer() *bufio.Writer {
 	bw := s.h.h1.writers.Get().(*bufio.Writer)

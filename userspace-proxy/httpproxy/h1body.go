@@ -52,14 +52,14 @@ func (c *continueReader) Read(p []byte) (int, error) {
 		}
 		t.Stop()
 		s := c.s
-		s.wmu.Lock()
+		s.wmu.take()
 		var err error
 		if !s.answered {
 			// Watched: an app that reads none of it would hold the
 			// exchange, and its upstream connection, for good.
 			_, err = io.WriteString(&s.out, continueLine)
 		}
-		s.wmu.Unlock()
+		s.wmu.give()
 		if err != nil {
 			return 0, fmt.Errorf("write 100 continue: %w", err)
 		}
@@ -80,8 +80,8 @@ func (s *h1Conn) continueNow(req *http.Request) error {
 		return nil
 	}
 	delete(req.Header, "Expect")
-	s.wmu.Lock()
-	defer s.wmu.Unlock()
+	s.wmu.take()
+	defer s.wmu.give()
 	if _, err := io.WriteString(&s.out, continueLine); err != nil {
 		return fmt.Errorf("write 100 continue: %w", err)
 	}

@@ -16,9 +16,9 @@ import (
 // watch never came: the proxy's TestUnreadAnswersCut/continue hung (the
 // thirty-first session's CI, 20 minutes under -race).
 func TestBackendContinueNotBehindWrites(t *testing.T) {
-	s := &h1Conn{}
-	s.wmu.Lock() // the body's goroutine, writing the proxy's 100
-	defer s.wmu.Unlock()
+	s := &h1Conn{wmu: make(writeTurn, 1)}
+	s.wmu.take() // the body's goroutine, writing the proxy's 100
+	defer s.wmu.give()
 	req, _ := http.NewRequest(http.MethodPost, "http://echo/", http.NoBody)
 	done := make(chan struct{})
 	go func() {

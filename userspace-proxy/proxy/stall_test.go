@@ -65,6 +65,12 @@ func stallBackend(t *testing.T, pn *pipenet.Net, addr netip.AddrPort) {
 			brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
 			brw.Flush()
 			io.Copy(io.Discard, brw)
+		case "/answers-late":
+			// Without reading the body, nor sending a 100 Continue for
+			// it: net/http's server closes the connection after.
+			after, _ := time.ParseDuration(r.URL.Query().Get("after"))
+			sleepCtx(r.Context(), after)
+			io.WriteString(w, "unread")
 		case "/kept/fails-first":
 			if !failed.Swap(true) {
 				// Closing: net/http's server would otherwise read the body
@@ -749,6 +755,9 @@ func TestUnreadAnswersCut(t *testing.T) {
 		{"continue", "POST / HTTP/1.1\r\nHost: web.b.svc\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"},
 		{"continue-h2c", "POST /h2c HTTP/1.1\r\nHost: web.b.svc\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"},
 		{"continue-auth", "POST /auth HTTP/1.1\r\nHost: web.b.svc\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"},
+		// The final answer comes after the proxy began its own 100 (the
+		// backend sent none for upstream.ExpectContinueTimeout, 1 s).
+		{"continue-then-answer", "POST /answers-late?after=2s HTTP/1.1\r\nHost: web.b.svc\r\nExpect: 100-continue\r\nContent-Length: 10\r\n\r\n"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
