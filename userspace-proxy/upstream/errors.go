@@ -167,15 +167,6 @@ func (e notSent) Error() string        { return e.err.Error() }
 func (e notSent) Unwrap() error        { return e.err }
 func (e notSent) Is(target error) bool { return target == ErrNotSent }
 
-// sentAfterAll is err, a RoundTrip's, without its ErrNotSent mark: a try
-// of the request before the one that failed so went toward the endpoint.
-func sentAfterAll(err error) error {
-	if ns, ok := err.(notSent); ok { // the mark is outermost: RoundTrip's last step
-		return ns.err
-	}
-	return err
-}
-
 // NoConnection reports whether err is a connect that failed (refused, no
 // answer, a TLS handshake the endpoint broke off): nothing went to the
 // endpoint, so another may be tried.

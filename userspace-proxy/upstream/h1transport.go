@@ -53,6 +53,13 @@ const ExpectContinueTimeout = time.Second
 const staleTries = 3
 
 func (t h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	return t.roundTrip(req, false)
+}
+
+// roundTrip is RoundTrip; reached says a step of the request before went
+// toward the endpoint (a connection dialed for it), so that its error is
+// never ErrNotSent.
+func (t h1Transport) roundTrip(req *http.Request, reached bool) (*http.Response, error) {
 	if c := ConnectionTE(req.Header); c != nil {
 		// On a copy: req may go again over h2 (negotiated, a retry).
 		out := *req
@@ -71,7 +78,7 @@ func (t h1Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		uc, err := t.b.GetH1(ctx, c, clientOf(ctx))
 		if err != nil {
 			closeBody(req)
-			if try == 1 && errors.Is(err, pool.ErrNotHandedOut) {
+			if !reached && try == 1 && errors.Is(err, pool.ErrNotHandedOut) {
 				// Past the first, the request went out on a connection
 				// the backend had closed: it was sent.
 				err = notSent{err}

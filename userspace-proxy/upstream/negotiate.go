@@ -181,9 +181,8 @@ func (n negotiated) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	resp, err := h2Transport{n.b.w, WireNegotiate}.RoundTrip(out)
 	if errors.Is(err, errDeclinedH2) && held.Untouched() {
-		// The endpoint was connected to, for the request: not unsent.
-		resp, err = h1Transport(n).RoundTrip(req)
-		return resp, sentAfterAll(err)
+		// The endpoint was connected to for the request: not unsent.
+		return h1Transport(n).roundTrip(req, true)
 	}
 	held.Release()
 	return resp, err
