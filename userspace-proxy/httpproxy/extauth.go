@@ -289,7 +289,7 @@ func (h *Handler) sendAuth(x *exchange, ea *snapshot.ExternalAuth, ar *http.Requ
 	}
 	rt := be.RoundTripper(WireFor(be, protoMajor, false))
 	resp, err := rt.RoundTrip(authTo(ar, be, c))
-	// As for a backend (exchange.roundTripAny): a failed connect sent
+	// As for a backend (Handler.roundTripAny): a failed connect sent
 	// nothing, so endpoints the ask has not tried are tried, three in all
 	// (balance.Tried says why ejection does not suffice).
 	var tried balance.Tried
