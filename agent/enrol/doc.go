@@ -32,7 +32,9 @@
 // for the caller to decide. Meanwhile a record of the handover, a file in
 // Config.Handovers, carries it over to the next agent (a rolling update, a
 // restart): each reconcile takes over the records of pods it holds nothing
-// of, and writes their recorded enrolment until it finds their namespace.
+// of, or holds as an older sandbox (the API server lists the address of
+// the one the kubelet made before), and writes their recorded enrolment
+// until it finds their namespace.
 //
 // Enrolments are written only after the first Update: an agent that
 // restarts keeps the enrolments its predecessor pinned until it knows

@@ -138,6 +138,9 @@ type Enroller struct {
 	// unwritten is set while the last write of the enrolment map failed:
 	// the pods it enrols are Enrolled here, not in the datapath.
 	unwritten bool
+	// records are when each sandbox's record in Config.Handovers was
+	// written, as the last reconcile read them (restore).
+	records map[string]time.Time
 }
 
 type podKey struct {

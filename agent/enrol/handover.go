@@ -139,12 +139,14 @@ func holding(ns *podns.NS, ips []netip.Addr) (uint64, error) {
 // confirms the pod's sandbox once SandboxReady is set (until then a change
 // of it is this sandbox's arrival, not a replacement). An address of
 // another sandbox (an older, until the kubelet publishes the new) leaves
-// the pod where the handover put it, while it is enrolled there. Called
-// with e.mu held.
+// the pod where the handover put it, while it is enrolled there or, taken
+// over from another agent's record and not found yet, while the record is
+// there and newer (its sandbox lives: see supersedes). Called with e.mu
+// held.
 func (e *Enroller) keepHandedOver(k podKey, p *pod, w snapshot.Workload, inWant bool) bool {
 	if inWant {
 		if !sameAddrs(w.IPs, p.w.IPs) {
-			return p.state == Enrolled
+			return p.state == Enrolled || p.carried != nil && e.recordNewer(p.sandbox, w)
 		}
 		p.w, p.handedOver = w, w.SandboxReady.IsZero()
 		return true

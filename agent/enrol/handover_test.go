@@ -311,3 +311,66 @@ func TestHandoverRecordUnfound(t *testing.T) {
 		t.Errorf("the record once the pod went: %v, want it removed", err)
 	}
 }
+
+// TestHandoverNewerSandbox: a pod whose sandbox the kubelet made again
+// during a rolling update (the API server still lists the older one's
+// address) and handed over to the other agent is enrolled in the new
+// sandbox by the next agent, from the record, whether it knows the pod
+// already (from the Snapshot, looked for in vain by the older address) or
+// not; the record stays until the Snapshot has the new address. A record
+// older than the sandbox the API server lists (a DEL that never came) is
+// no handover of the pod's sandbox now: it goes.
+func TestHandoverNewerSandbox(t *testing.T) {
+	sandbox.ClaimAddrs(t, plan)
+	ns, cookie := podNS(t, ipA)
+	older := workload("a", true, ipB) // the sandbox before, gone
+	older.SandboxReady = time.Now().Add(-time.Hour)
+	later := older // ready after the record was written
+	later.SandboxReady = time.Now().Add(time.Hour)
+	want := map[uint64]datapath.Proxy{cookie: nodeProxy}
+	for _, tc := range []struct {
+		name   string
+		listed snapshot.Workload // the pod as the API server lists it
+		// known: the next agent has the Snapshot's pod before the
+		// handover; else it starts after it.
+		known bool
+		want  map[uint64]datapath.Proxy
+	}{
+		{"the next agent's first write", older, false, want},
+		{"the pod known by its older address", older, true, want},
+		{"a record older than the listed sandbox", later, false, map[uint64]datapath.Proxy{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			cfg := Config{NodeProxy: nodeProxy, Retry: time.Hour, Verify: time.Hour, Handovers: dir}
+			rec := &recorder{}
+			var next *Enroller
+			if tc.known {
+				next = newEnroller(t, cfg, rec, nil)
+				if err := next.Update(snap(t, tc.listed)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			old := newEnroller(t, cfg, &recorder{}, nil)
+			if err := old.Update(snap(t, tc.listed)); err != nil {
+				t.Fatal(err)
+			}
+			if err := old.Adopt(handedOver(tc.listed, ipA), open(t, ns.Path()), "sandbox-new"); err != nil {
+				t.Fatalf("Adopt: %v", err)
+			}
+			if next == nil {
+				next = newEnroller(t, cfg, rec, nil)
+			}
+			if err := next.Update(snap(t, tc.listed)); err != nil {
+				t.Fatal(err)
+			}
+			if got, _ := rec.get(); !maps.Equal(got, tc.want) {
+				t.Errorf("the next agent's enrolments = %v, want %v", got, tc.want)
+			}
+			_, err := os.Stat(filepath.Join(dir, "sandbox-new.json"))
+			if kept := len(tc.want) > 0; kept != (err == nil) {
+				t.Errorf("the record: %v, want it kept: %v", err, kept)
+			}
+		})
+	}
+}

@@ -93,15 +93,17 @@ func (e *Enroller) forget(p *pod) {
 
 // restore takes over the handovers recorded by other agents (the one
 // before this, or beside it during a rolling update) of pods e holds
-// nothing of: each is Pending, handed over, its recorded enrolment written
-// meanwhile, until find enrols it by the addresses the CNI plugins gave it
-// (a scan: the agent's container does not see the runtime's namespace
-// paths). Throughout keepHandedOver decides,
-// as for the pods this agent adopted, and the record goes with the pod or
-// when the Snapshot confirms it; the plugin removes a sandbox's at CNI DEL.
+// nothing of, or holds as an older sandbox (supersedes): each is Pending,
+// handed over, its recorded enrolment written meanwhile, until find enrols
+// it by the addresses the CNI plugins gave it (a scan: the agent's
+// container does not see the runtime's namespace paths). Throughout
+// keepHandedOver decides, as for the pods this agent adopted, and the
+// record goes with the pod or when the Snapshot confirms it; the plugin
+// removes a sandbox's at CNI DEL.
 // Called with e.mu held, at each reconcile: before the enrolment map is
 // written, whichever agent adopted the pod.
 func (e *Enroller) restore(now time.Time) {
+	e.records = nil
 	if e.cfg.Handovers == "" {
 		return
 	}
@@ -115,6 +117,13 @@ func (e *Enroller) restore(now time.Time) {
 	held := make(map[string]bool, len(e.pods))
 	for _, p := range e.pods {
 		held[p.sandbox] = true
+	}
+	e.records = make(map[string]time.Time, len(ents))
+	for _, ent := range ents {
+		sandbox, ok := strings.CutSuffix(ent.Name(), ".json")
+		if info, err := ent.Info(); ok && err == nil && !ent.IsDir() {
+			e.records[sandbox] = info.ModTime()
+		}
 	}
 	for _, ent := range ents {
 		sandbox, ok := strings.CutSuffix(ent.Name(), ".json")
@@ -134,7 +143,7 @@ func (e *Enroller) restore(now time.Time) {
 			continue
 		}
 		k := podKey{r.Workload.Pod, r.Workload.UID}
-		if _, ok := e.pods[k]; ok {
+		if old, ok := e.pods[k]; ok && !e.supersedes(r, sandbox, old) {
 			continue // this agent knows the pod already
 		}
 		carried := r.Enrolment
@@ -145,6 +154,34 @@ func (e *Enroller) restore(now time.Time) {
 			handedOver: true, sandbox: sandbox, recorded: true, carried: &carried}
 		e.log.Info("pod handover taken over", "pod", r.Workload.Pod.String(), "sandbox", sandbox, "netns_cookie", carried.NetNSCookie)
 	}
+}
+
+// supersedes reports whether r, the record of sandbox, another sandbox of
+// the pod held here as old, is the pod's newer sandbox. The kubelet stops
+// a pod's sandbox (CNI DEL, which removes its record) before it makes the
+// next one, and makes none while the stop fails: a record is of the pod's
+// newest sandbox. It is newer than a sandbox handed over here whose record
+// went, and than the one whose address the API server lists, unless that
+// one was ready after the record was written (a DEL that never came: the
+// runtime lost the sandbox). The pod enrolled already at the record's
+// addresses is in its namespace. Called with e.mu held, in restore.
+func (e *Enroller) supersedes(r record, sandbox string, old *pod) bool {
+	switch {
+	case old.handedOver:
+		_, recorded := e.records[old.sandbox]
+		return !recorded
+	case old.state == Enrolled && sameAddrs(old.w.IPs, r.Workload.IPs):
+		return false
+	}
+	return e.recordNewer(sandbox, old.w)
+}
+
+// recordNewer reports whether sandbox's record, as restore last read the
+// directory, is there and newer than the sandbox of w, the pod as the
+// Snapshot lists it (see supersedes).
+func (e *Enroller) recordNewer(sandbox string, w snapshot.Workload) bool {
+	at, ok := e.records[sandbox]
+	return ok && !w.SandboxReady.After(at)
 }
 
 func readRecord(path string) (record, error) {
