@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/sockmesh/sockmesh/agent/cniconf"
@@ -40,36 +42,11 @@ const cniNS = "e2e-cni"
 func TestCNIHandover(t *testing.T) {
 	n := cluster(t)
 	requireAgentImage(t)
-	cgroupRoot := cgroup2Root(t)
-	baseline := attachedPrograms(t, cgroupRoot)
-	installCRDs(t, n)
-	createNamespace(t, n, cniNS)
-	deployTLSEcho(t, n, cniNS)
-	if _, err := n.Kube.CoreV1().Services(cniNS).Create(t.Context(), service(cniNS, "tls", "tls-echo", 8443, ""), metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	createBackendTLSPolicy(t, n, cniNS, "tls")
-	readyPod(t, n, cniNS, "tls-echo")
+	vip := cniAgent(t, n, cniNS)
 	agentDiag := func() string { return agentLogs(n) }
 
-	keepNodeCNI(t, n, cgroupRoot, baseline)
-	if _, err := n.Kubectl(t.Context(), "apply", "--server-side", "-k", cniKustomization(t, n)); err != nil {
-		t.Fatal(err)
-	}
-	waitDaemonSetReady(t, n, agentNS, agentDS, 3*time.Minute)
-	waitFor(t, time.Minute, "BackendTLSPolicy status Accepted", func(ctx context.Context) error {
-		return policyAccepted(ctx, n, cniNS, "tls")
-	}, agentDiag)
-	waitFor(t, time.Minute, "containerd running sockmesh-cni last", func(ctx context.Context) error {
-		plugins, err := n.CNIPlugins(ctx)
-		if err == nil && (len(plugins) == 0 || plugins[len(plugins)-1] != cniconf.PluginType) {
-			err = fmt.Errorf("containerd's plugins for the pod network: %q", plugins)
-		}
-		return err
-	}, agentDiag)
-
 	const pod = "first-call"
-	res := firstCall(t, n, pod, "http://"+clusterIP(t, n, cniNS, "tls")+"/first")
+	res := firstCall(t, n, pod, "http://"+vip+"/first")
 	rep, err := res.Report()
 	if err == nil && res.Status != http.StatusOK {
 		err = fmt.Errorf("status %d", res.Status)
@@ -90,26 +67,48 @@ func TestCNIHandover(t *testing.T) {
 	}
 }
 
+// cniAgent readies what a handover test needs: in namespace ns the TLS
+// echo behind Service tls, whose BackendTLSPolicy is accepted; the agent
+// with the component daemonset/cni, chained last in the node's CNI
+// configuration (undone at cleanup, keepNodeCNI). It returns the Service's
+// cluster IP.
+func cniAgent(t *testing.T, n *node.Node, ns string) string {
+	t.Helper()
+	cgroupRoot := cgroup2Root(t)
+	baseline := attachedPrograms(t, cgroupRoot)
+	installCRDs(t, n)
+	createNamespace(t, n, ns)
+	deployTLSEcho(t, n, ns)
+	if _, err := n.Kube.CoreV1().Services(ns).Create(t.Context(), service(ns, "tls", "tls-echo", 8443, ""), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	createBackendTLSPolicy(t, n, ns, "tls")
+	readyPod(t, n, ns, "tls-echo")
+	agentDiag := func() string { return agentLogs(n) }
+
+	keepNodeCNI(t, n, cgroupRoot, baseline)
+	if _, err := n.Kubectl(t.Context(), "apply", "--server-side", "-k", cniKustomization(t, n)); err != nil {
+		t.Fatal(err)
+	}
+	waitDaemonSetReady(t, n, agentNS, agentDS, 3*time.Minute)
+	waitFor(t, time.Minute, "BackendTLSPolicy status Accepted", func(ctx context.Context) error {
+		return policyAccepted(ctx, n, ns, "tls")
+	}, agentDiag)
+	waitFor(t, time.Minute, "containerd running sockmesh-cni last", func(ctx context.Context) error {
+		plugins, err := n.CNIPlugins(ctx)
+		if err == nil && (len(plugins) == 0 || plugins[len(plugins)-1] != cniconf.PluginType) {
+			err = fmt.Errorf("containerd's plugins for the pod network: %q", plugins)
+		}
+		return err
+	}, agentDiag)
+	return clusterIP(t, n, ns, "tls")
+}
+
 // enrolledByHandover reports whether the agent's log says it enrolled pod
 // (namespace/name) as sockmesh-cni handed it over (agent/enrol's Adopt).
 func enrolledByHandover(t *testing.T, n *node.Node, pod string) error {
 	t.Helper()
-	out, err := n.Kubectl(t.Context(), "logs", "-n", agentNS, "daemonset/"+agentDS, "-c", "agent")
-	if err != nil {
-		return err
-	}
-	var seen []string
-	for line := range strings.Lines(string(out)) {
-		var r struct{ Msg, Pod, Reason string }
-		if json.Unmarshal([]byte(line), &r) != nil || r.Pod != pod {
-			continue
-		}
-		if r.Msg == "pod enrolled" && r.Reason == "handed over by the CNI plugin" {
-			return nil
-		}
-		seen = append(seen, strings.TrimSpace(line))
-	}
-	return fmt.Errorf("the agent did not log its enrolment by handover; its records of the pod: %q", seen)
+	return agentLogged(t, n, pod, "pod enrolled", "handed over by the CNI plugin")
 }
 
 // cniKustomization writes a kustomization, as a user would: daemonset/
@@ -241,4 +240,262 @@ func sameJSON(a, b []byte) bool {
 	ja, _ := json.Marshal(va)
 	jb, _ := json.Marshal(vb)
 	return bytes.Equal(ja, jb)
+}
+
+const cniRolloutNS = "e2e-cni-rollout"
+
+// TestCNIHandoverRollout proves that a handover outlives the agent it was
+// made to (agent/enrol's records): a pod handed over to the agent a
+// rolling update then replaces, whose app's first action, once the new
+// agent alone runs, is a plaintext request to a Service whose
+// BackendTLSPolicy asks for TLS, is answered through the proxy in TLS.
+// The API server has no address for the pod throughout — an admission
+// policy refuses the kubelet's status with one until the call is made —
+// so that the new agent knows where the pod is from the old one's record
+// alone: without it, its first write of the enrolment map drops the pod,
+// and the request goes out in plaintext. (Unheld, the kubelet publishes
+// the address within a second or two, long before a rolling update ends,
+// and the test could not tell the record's work apart.)
+func TestCNIHandoverRollout(t *testing.T) {
+	n := cluster(t)
+	requireAgentImage(t)
+	vip := cniAgent(t, n, cniRolloutNS)
+	holdPodAddresses(t, n, cniRolloutNS)
+	agentDiag := func() string { return agentLogs(n) }
+
+	const pod = "late-call"
+	gate := t.TempDir()
+	if err := os.Chmod(gate, 0o755); err != nil { // the app may run as any user
+		t.Fatal(err)
+	}
+	pods := n.Kube.CoreV1().Pods(cniRolloutNS)
+	if _, err := pods.Create(t.Context(), lateCallPod(pod, "http://"+vip+"/late", gate), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	record := waitRecord(t, cniRolloutNS+"/"+pod, agentDiag)
+	t.Logf("the old agent recorded the pod's handover in %s", record)
+
+	before := agentPods(t, n)
+	agents := watchAgents(t, n)
+	restartAgents(t, n)
+	waitDaemonSetReady(t, n, agentNS, agentDS, 3*time.Minute)
+	waitFor(t, time.Minute, "the old agent pods gone", func(ctx context.Context) error {
+		for _, name := range before {
+			_, err := n.Kube.CoreV1().Pods(agentNS).Get(ctx, name, metav1.GetOptions{})
+			if err == nil {
+				return fmt.Errorf("%s still there", name)
+			}
+			if !apierrors.IsNotFound(err) {
+				return err
+			}
+		}
+		return nil
+	}, agents.report)
+	agents.stop()
+	p, err := pods.Get(t.Context(), pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Status.PodIP != "" {
+		t.Fatalf("the API server has the pod's address %s before its app's call: the new agent may have it from there, not from the record", p.Status.PodIP)
+	}
+
+	if err := os.WriteFile(filepath.Join(gate, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res := podAnswer(t, n, cniRolloutNS, pod)
+	if err := tlsAnswer(res); err != nil {
+		t.Errorf("the pod's first call, after the rolling update: %v (%d %q %q)\n%s", err, res.Status, res.Text, res.Error, agents.report())
+	} else {
+		rep, _ := res.Report()
+		t.Logf("the pod's first request reached the backend in %s (SNI %s) through the new agent", rep.TLS.Version, rep.TLS.ServerName)
+	}
+	if err := agentLogged(t, n, cniRolloutNS+"/"+pod, "pod handover taken over", ""); err != nil {
+		t.Errorf("the new agent: %v\n%s", err, agents.report())
+	}
+}
+
+// holdPodAddresses makes the API server refuse, until the test ends, the
+// kubelet's status of a pod in ns labelled holdAddressLabel when it
+// carries the pod's address: a ValidatingAdmissionPolicy. It returns once
+// the policy is in force (a dry-run status with an address is refused).
+func holdPodAddresses(t *testing.T, n *node.Node, ns string) {
+	t.Helper()
+	const name = "e2e-hold-pod-address"
+	ctx := t.Context()
+	vaps := n.Kube.AdmissionregistrationV1()
+	policy := &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: new(admissionregistrationv1.Fail),
+			MatchConstraints: &admissionregistrationv1.MatchResources{
+				ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+					RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+						Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+						Rule:       admissionregistrationv1.Rule{APIGroups: []string{""}, APIVersions: []string{"v1"}, Resources: []string{"pods/status"}},
+					},
+				}},
+			},
+			Validations: []admissionregistrationv1.Validation{{
+				Expression: "!has(object.status.podIP)",
+				Message:    "the test holds this pod's address back",
+			}},
+		},
+	}
+	if _, err := vaps.ValidatingAdmissionPolicies().Create(ctx, policy, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := vaps.ValidatingAdmissionPolicies().Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+			t.Errorf("delete admission policy %s: %v", name, err)
+		}
+	})
+	binding := &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{
+			PolicyName:        name,
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny},
+			MatchResources: &admissionregistrationv1.MatchResources{
+				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: ns}},
+				ObjectSelector:    &metav1.LabelSelector{MatchLabels: map[string]string{holdAddressLabel: "true"}},
+			},
+		},
+	}
+	if _, err := vaps.ValidatingAdmissionPolicyBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := vaps.ValidatingAdmissionPolicyBindings().Delete(context.Background(), name, metav1.DeleteOptions{}); err != nil {
+			t.Errorf("delete admission policy binding %s: %v", name, err)
+		}
+	})
+
+	// A pod no node runs, to try the policy on.
+	pods := n.Kube.CoreV1().Pods(ns)
+	probe := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "address-held", Labels: map[string]string{holdAddressLabel: "true"}},
+		Spec: corev1.PodSpec{
+			NodeSelector: map[string]string{"e2e.sockmesh.dev/no-such-node": "true"},
+			Containers:   []corev1.Container{{Name: "app", Image: appImage, ImagePullPolicy: corev1.PullNever}},
+		},
+	}
+	if _, err := pods.Create(ctx, probe, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Minute, "the admission policy holding pod addresses in force", func(ctx context.Context) error {
+		p, err := pods.Get(ctx, probe.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		p.Status.PodIP = "192.0.2.1"
+		_, err = pods.UpdateStatus(ctx, p, metav1.UpdateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err == nil {
+			return errors.New("a status with an address was accepted")
+		}
+		if !apierrors.IsInvalid(err) && !apierrors.IsForbidden(err) {
+			return err
+		}
+		return nil
+	}, nil)
+	if err := pods.Delete(ctx, probe.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// holdAddressLabel marks the pods whose address holdPodAddresses holds
+// back.
+const holdAddressLabel = "e2e.sockmesh.dev/hold-address"
+
+// lateCallPod is a pod whose one container's first action is a plaintext
+// HTTP/1.1 request to url (appclient call), made once the test creates the
+// file go in gate, a directory of the node's; its address is held back
+// (holdAddressLabel).
+func lateCallPod(name, url, gate string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{holdAddressLabel: "true"}},
+		Spec: corev1.PodSpec{
+			RestartPolicy:                 corev1.RestartPolicyNever,
+			TerminationGracePeriodSeconds: new(int64),
+			Volumes: []corev1.Volume{{
+				Name:         "gate",
+				VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: gate}},
+			}},
+			Containers: []corev1.Container{{
+				Name: "app", Image: appImage, ImagePullPolicy: corev1.PullNever,
+				Args:         []string{"call", "-after=/gate/go", url, "http1"},
+				VolumeMounts: []corev1.VolumeMount{{Name: "gate", MountPath: "/gate", ReadOnly: true}},
+			}},
+		},
+	}
+}
+
+// waitRecord waits for the agent's record of pod's handover (namespace/
+// name) in the node's handover records and returns its path.
+func waitRecord(t *testing.T, pod string, diag func() string) string {
+	t.Helper()
+	dir := cniwire.RecordDir(cniwire.DefaultSocket)
+	var found string
+	waitFor(t, 2*time.Minute, "the handover record of pod "+pod, func(context.Context) error {
+		paths, err := filepath.Glob(filepath.Join(dir, "*.json"))
+		if err != nil {
+			return err
+		}
+		for _, path := range paths {
+			data, err := os.ReadFile(path)
+			if err != nil {
+				continue // removed meanwhile
+			}
+			var r struct {
+				Workload struct {
+					Pod struct{ Namespace, Name string }
+				}
+			}
+			if json.Unmarshal(data, &r) == nil && r.Workload.Pod.Namespace+"/"+r.Workload.Pod.Name == pod {
+				found = path
+				return nil
+			}
+		}
+		return fmt.Errorf("none among %q", paths)
+	}, diag)
+	return found
+}
+
+// podAnswer waits for the answer a pod's appclient call printed, from its
+// container's log (the pod's status may not reach the API server).
+func podAnswer(t *testing.T, n *node.Node, ns, name string) Result {
+	t.Helper()
+	var res Result
+	waitFor(t, time.Minute, "the answer of pod "+ns+"/"+name, func(ctx context.Context) error {
+		out, err := n.Kube.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(ctx)
+		if err != nil {
+			return err
+		}
+		if len(bytes.TrimSpace(out)) == 0 {
+			return errors.New("no answer yet")
+		}
+		return json.Unmarshal(bytes.TrimSpace(out), &res.Result)
+	}, namespaceDiag(n, ns))
+	return res
+}
+
+// agentLogged reports whether the agent's log (its pods' now) has a record
+// of msg about pod (namespace/name), with reason unless that is empty.
+func agentLogged(t *testing.T, n *node.Node, pod, msg, reason string) error {
+	t.Helper()
+	out, err := n.Kubectl(t.Context(), "logs", "-n", agentNS, "daemonset/"+agentDS, "-c", "agent")
+	if err != nil {
+		return err
+	}
+	var seen []string
+	for line := range strings.Lines(string(out)) {
+		var r struct{ Msg, Pod, Reason string }
+		if json.Unmarshal([]byte(line), &r) != nil || r.Pod != pod {
+			continue
+		}
+		if r.Msg == msg && (reason == "" || r.Reason == reason) {
+			return nil
+		}
+		seen = append(seen, strings.TrimSpace(line))
+	}
+	return fmt.Errorf("the agent did not log %q (%s); its records of the pod: %q", msg, reason, seen)
 }

@@ -6,9 +6,10 @@
 // reporting the capabilities and mounts its container got.
 //
 //	appclient serve [-listen :8080]   the HTTP API below
-//	appclient call URL MODE           one call (as POST /call) at once, its
-//	                                  Result as JSON on stdout: a pod's first
-//	                                  connection
+//	appclient call [-after PATH] URL MODE
+//	                                  one call (as POST /call), its Result as
+//	                                  JSON on stdout: a pod's first
+//	                                  connection, at once or once PATH exists
 //	appclient statfs PATH FSTYPE      exit 0 iff PATH is on a FSTYPE file system
 //
 // API (JSON):
@@ -59,12 +60,18 @@ func main() {
 			os.Exit(1)
 		}
 	case "call":
-		if len(os.Args) != 4 {
+		fs := flag.NewFlagSet("call", flag.ExitOnError)
+		after := fs.String("after", "", "a file whose creation the call waits for")
+		fs.Parse(os.Args[2:])
+		if fs.NArg() != 2 {
 			usage()
+		}
+		if *after != "" {
+			awaitFile(*after)
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		res, err := perform(ctx, appapi.Call{URL: os.Args[2], Mode: os.Args[3]})
+		res, err := perform(ctx, appapi.Call{URL: fs.Arg(0), Mode: fs.Arg(1)})
 		if err != nil {
 			res.Error = err.Error()
 		}
@@ -88,8 +95,19 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: appclient serve [-listen ADDR] | appclient call URL MODE | appclient statfs PATH FSTYPE")
+	fmt.Fprintln(os.Stderr, "usage: appclient serve [-listen ADDR] | appclient call [-after PATH] URL MODE | appclient statfs PATH FSTYPE")
 	os.Exit(2)
+}
+
+// awaitFile returns once path exists: the test's signal, on a volume it
+// shares with the pod, for the pod's first connection.
+func awaitFile(path string) {
+	for {
+		if _, err := os.Stat(path); err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond) // the poll's pace: the test's signal is a file, not a wakeup
+	}
 }
 
 func serve(listen string) error {
