@@ -17,6 +17,14 @@ import (
 // protocol than http/1.1 (its policy's ALPN list leaves it out).
 var ErrNotHTTP11 = errors.New("backend did not negotiate http/1.1")
 
+// ErrDeclinedHTTP11 is wrapped, with the handshake's error (still
+// tls_handshake), by GetH1's error when the TLS endpoint refused the
+// offer of http/1.1 alone for want of a common protocol (alert
+// no_application_protocol, RFC 7301 §3.2): a server speaking h2 alone, as
+// rustls-based ones refuse. SpeaksH2Only remembers it for the backend.
+// Nothing of a request went out.
+var ErrDeclinedHTTP11 = errors.New("backend declined http/1.1")
+
 // GetH1 returns a connection to picked, an endpoint of b, for one
 // HTTP/1.1 exchange: an idle one from b's pool, or a new one (over TLS
 // with ALPN http/1.1 and session resumption when b needs TLS), for
@@ -79,6 +87,10 @@ func (b *Backend) DetachH1(c *pool.Conn) { b.w.h1.Detach(c) }
 
 func (w *wireState) dialH1(ctx context.Context, picked *balance.Choice) (net.Conn, error) {
 	c, err := w.dial(ctx, picked, alpnH1, false)
+	if noCommonProtocol(err) {
+		w.declinedH1.Store(time.Now().UnixNano())
+		return nil, fmt.Errorf("%w: %w", ErrDeclinedHTTP11, err)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -89,4 +101,17 @@ func (w *wireState) dialH1(ctx context.Context, picked *balance.Choice) (net.Con
 		}
 	}
 	return c, nil
+}
+
+// noApplicationProtocol is TLS alert 120 (RFC 7301 §3.2).
+const noApplicationProtocol = 120
+
+// noCommonProtocol reports whether err is the backend's TLS alert
+// no_application_protocol. crypto/tls returns an alert of an unexported
+// type (isRemoteAlert), whose text is AlertError's for the same code:
+// the only way to its code.
+func noCommonProtocol(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "remote error" &&
+		oe.Err != nil && oe.Err.Error() == tls.AlertError(noApplicationProtocol).Error()
 }

@@ -253,17 +253,20 @@ type wireState struct {
 	mu         sync.Mutex
 	transports [wireCount]*h2pool
 	// declinedH2 is when an endpoint last answered an offer of h2 with
-	// HTTP/1.1 (unix nanoseconds; 0: never); see SpeaksH1Only.
-	declinedH2 atomic.Int64
+	// HTTP/1.1 (unix nanoseconds; 0: never); see SpeaksH1Only. declinedH1
+	// is when one last refused an offer of http/1.1 alone for want of a
+	// common protocol; see SpeaksH2Only.
+	declinedH2, declinedH1 atomic.Int64
 	// noXConnect remembers the endpoints whose SETTINGS refused a
 	// WebSocket's extended CONNECT (webSocketH2).
 	noXConnect refusals
 }
 
 // h1OnlyFor is how long a backend whose endpoint answered an offer of h2
-// with HTTP/1.1 is taken to speak HTTP/1.1 only. Learning it again costs an
-// HTTP/2 app's connection a TLS handshake; asking again after a while
-// notices a backend upgraded to h2.
+// with HTTP/1.1 is taken to speak HTTP/1.1 only, and one whose endpoint
+// refused http/1.1 alone h2 only. Learning it again costs an app's
+// connection a TLS handshake; asking again after a while notices a
+// backend that came to speak the other.
 const h1OnlyFor = time.Minute
 
 // Build returns the Set for s, keeping prev's pools for backends whose wire
@@ -489,6 +492,21 @@ func (b *Backend) SpeaksH1Only(now time.Time) bool {
 	}
 	at := b.w.declinedH2.Load()
 	return at != 0 && now.Sub(time.Unix(0, at)) < h1OnlyFor
+}
+
+// SpeaksH2Only reports whether an endpoint of b refused an offer of
+// http/1.1 alone for want of a common protocol (ErrDeclinedHTTP11) less
+// than h1OnlyFor ago: the mirror of SpeaksH1Only, kept and forgotten as
+// it is. Per backend, as SpeaksH1Only: its endpoints are replicas of one
+// server, and an HTTP/1.1 one among them is still spoken to in HTTP/1.1
+// by the negotiation this sends requests to. A backend that never
+// refused costs one load (the fast path asks it per request).
+func (b *Backend) SpeaksH2Only() bool {
+	if b.w == nil {
+		return false
+	}
+	at := b.w.declinedH1.Load()
+	return at != 0 && time.Since(time.Unix(0, at)) < h1OnlyFor
 }
 
 // TLS reports whether the wire to b is TLS.
