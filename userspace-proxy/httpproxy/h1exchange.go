@@ -226,6 +226,14 @@ func (s *h1Conn) forward(req *http.Request, x *exchange, choice *balance.Choice,
 			if s.watch.gone.Load() {
 				return s.fail(req, x, upstream.ReasonCanceled, errClientGone)
 			}
+			if retry == 0 && stale == 0 && errors.Is(err, upstream.ErrDeclinedHTTP11) && fastWire(be, WireFor(be, 1, websocket)) != upstream.WireH1 {
+				// A backend negotiated with elsewhere (WireFor) refused
+				// http/1.1 alone: it speaks h2 alone. Nothing of the
+				// request went out, nor was its body read: the
+				// negotiation sends it, and the next ones (fastWire, now
+				// that the dial remembered it).
+				return s.roundTrip(req, x, c, upstream.WireNegotiate)
+			}
 			// Nothing went out: a connect that failed, or an attempt
 			// whose backendRequest timeout passed while it waited for a
 			// connection, may go again (as on net/http's path).
@@ -601,6 +609,13 @@ func (s *h1Conn) release(x *exchange, ended bool) bool {
 // as the pooled path does.
 func (s *h1Conn) roundTrip(req *http.Request, x *exchange, c *balance.Choice, wire upstream.Wire) bool {
 	be := x.be
+	if s.plainReq {
+		// Read plain while the backend took HTTP/1.1 (fastWire): the
+		// Transport writes the fields from req.Header.
+		if err := s.unplain(req); err != nil {
+			return s.fail(req, x, upstream.ReasonProtocol, err)
+		}
+	}
 	ctx, cancel := context.WithCancel(s.clientCtx())
 	defer cancel()
 	trace, stop := s.informationalTrace(req)

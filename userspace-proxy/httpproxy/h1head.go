@@ -3,8 +3,10 @@ package httpproxy
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"io"
 	"net/http"
+	"net/textproto"
 	"net/url"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
@@ -504,6 +506,23 @@ func (s *h1Conn) readPlainRequest() *http.Request {
 	}
 	return req
 }
+
+// unplain gives req, the current request read plain, the fields kept for
+// writeHead as its Header, for a wire that writes them from there: the
+// fast path learnt, after it read req, that its backend takes h2 alone
+// (fastWire). They passed scanPlainRequest's checks, as net/http's parser
+// would have.
+func (s *h1Conn) unplain(req *http.Request) error {
+	r := textproto.NewReader(bufio.NewReader(io.MultiReader(bytes.NewReader(s.fields), bytes.NewReader(crlf))))
+	h, err := r.ReadMIMEHeader()
+	if err != nil {
+		return fmt.Errorf("read the fields of a plain request: %w", err)
+	}
+	req.Header, s.plainReq = http.Header(h), false
+	return nil
+}
+
+var crlf = []byte("\r\n")
 
 // cutMCPSession cuts the prefix Picker.MCPSession added off the MCP
 // session ID in fields, a plain request's kept lines, in place, and

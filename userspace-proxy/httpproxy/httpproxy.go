@@ -289,6 +289,9 @@ type exchange struct {
 	// retry is the retry the current try is, until its connection is
 	// known (settleRetry).
 	retry pendingRetry
+	// counted says countRequest counted the request in its backend's
+	// retry budget: one the fast path hands to roundTrip counts once.
+	counted bool
 	// tried holds the endpoints the request's tries went to, or failed
 	// to connect to, before the current one, which its retries and its
 	// connects' failovers avoid (repick, failover).
@@ -403,9 +406,11 @@ func WireFor(be *upstream.Backend, protoMajor int, websocket bool) upstream.Wire
 // fastWire is the wire the fast path takes for an HTTP/1.1 app's request
 // to be where WireFor says w. Negotiating becomes HTTP/1.1 — for HTTP/1.1
 // apps an HTTP/1.1 pool beat h2 upstreams on every proxy measured
-// (../shared/BENCH.md) — but toward an MCP backend (WireFor says why).
+// (../shared/BENCH.md) — but toward an MCP backend (WireFor says why) and
+// one that refused http/1.1 alone lately (SpeaksH2Only; learnt by
+// h1Conn.forward's connect).
 func fastWire(be *upstream.Backend, w upstream.Wire) upstream.Wire {
-	if w == upstream.WireNegotiate && be.Spec.Protocol != snapshot.ProtocolMCP {
+	if w == upstream.WireNegotiate && be.Spec.Protocol != snapshot.ProtocolMCP && !be.SpeaksH2Only() {
 		return upstream.WireH1
 	}
 	return w

@@ -556,9 +556,11 @@ func (h *Handler) roundTripAny(x *exchange, rt http.RoundTripper, out *http.Requ
 
 func noop() {}
 
-// countRequest counts a first try toward x's backend in its retry budget.
+// countRequest counts a first try toward x's backend in its retry budget,
+// once per request.
 func countRequest(x *exchange) {
-	if b := x.be.Budget; b != nil {
+	if b := x.be.Budget; b != nil && !x.counted {
+		x.counted = true
 		b.Request(time.Now())
 	}
 }
