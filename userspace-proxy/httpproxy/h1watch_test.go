@@ -316,9 +316,9 @@ func TestClientGoneEndsStatusBackoff(t *testing.T) {
 	a.send("POST /left HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n")
 	// The 503 came: the try's read of the body in progress ends with the
 	// app's next chunk, which the retry would send.
-	waitGoroutine(t, "httpproxy.(*h1Conn).halt(")
+	waitGoroutine("httpproxy.(*h1Conn).halt(", nil)
 	a.send("2\r\nho\r\n")
-	waitGoroutine(t, "httpproxy.(*policy).wait(")
+	waitGoroutine("httpproxy.(*policy).wait(", nil)
 	a.c.Close()
 	for f.counter("sockmesh_proxy_request_failures_total", map[string]string{"reason": "canceled"}) != 1 {
 		if n := f.counter("sockmesh_proxy_request_retries_total", nil); n != 0 {
@@ -346,19 +346,28 @@ func midBodyBackend(t *testing.T, seen *atomic.Int32) snapshot.Endpoint {
 		if _, err := io.ReadFull(r.Body, make([]byte, 2)); err != nil {
 			return
 		}
+		ended := make(chan struct{})
+		go func() { io.Copy(io.Discard, r.Body); close(ended) }()
 		if n == 1 {
-			waitGoroutine(t, "httpproxy.(*tryBody).readOn(")
+			// The body's end stops the wait too: a try that ended first
+			// (a route's timeout passed on a loaded machine) never reads
+			// on, and the wait would hold the server's cleanup for ever.
+			waitGoroutine("httpproxy.(*tryBody).readOn(", ended)
 			io.WriteString(c, "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n")
 		}
-		io.Copy(io.Discard, r.Body)
+		<-ended
 	})
 }
 
-// waitGoroutine waits until a goroutine runs fn (as goroutinesIn names it).
-func waitGoroutine(t *testing.T, fn string) {
-	t.Helper()
+// waitGoroutine waits until a goroutine runs fn (as goroutinesIn names
+// it), or stop is closed (nil: never).
+func waitGoroutine(fn string, stop <-chan struct{}) {
 	for goroutinesIn(fn) == 0 {
-		time.Sleep(time.Millisecond)
+		select {
+		case <-stop:
+			return
+		case <-time.After(time.Millisecond):
+		}
 	}
 }
 
@@ -374,7 +383,7 @@ func TestStatusRetryBodyBrokenOff(t *testing.T) {
 	f.updateRoutes(2, snapshot.Backend{Endpoints: []snapshot.Endpoint{ep}}, retryRoutes(0))
 	a := f.dial()
 	a.send("POST /cut HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n")
-	waitGoroutine(t, "httpproxy.(*h1Conn).halt(") // the 503 came: the try stops once its read of the body ends
+	waitGoroutine("httpproxy.(*h1Conn).halt(", nil) // the 503 came: the try stops once its read of the body ends
 	a.c.(*net.TCPConn).CloseWrite()
 	if resp, _ := a.read(http.MethodPost); resp.StatusCode != http.StatusServiceUnavailable || !resp.Close {
 		t.Errorf("answer %s, close=%v; want the backend's 503 with Connection: close", resp.Status, resp.Close)
