@@ -134,7 +134,7 @@ type ControlPlane struct {
 	// translation (Result.Failures): reported when they start failing,
 	// not at every translation. Only the loop's goroutine uses it.
 	failing map[snapshot.ObjectRef]bool
-	// failures are the last translation's, for Failures.
+	// failures are the last handed-over translation's, for Failures.
 	failures atomic.Pointer[[]translate.Failure]
 }
 
@@ -382,8 +382,12 @@ func (c *ControlPlane) rebuild() time.Duration {
 	return wait
 }
 
-// handOver makes a translation the writers' latest and wakes them.
+// handOver makes a translation the writers' latest, and its failures
+// Failures', and wakes the writers.
 func (c *ControlPlane) handOver(in translate.Input, res translate.Result) {
+	// Failures describes the published Snapshot, as the status does: a
+	// translation whose Snapshot cannot be built replaces neither.
+	c.failures.Store(&res.Failures)
 	c.passes++ // only the loop's goroutine hands over
 	c.pending.Store(&pass{seq: c.passes, in: in, res: res})
 	select {
@@ -527,7 +531,8 @@ func (c *ControlPlane) translateSafely(in translate.Input) (res translate.Result
 // reportFailures logs and counts the objects whose translation panicked
 // that did not at the last translation: an object that stays malformed
 // fails at every translation (one per endpoint change on a busy
-// cluster), and its stack says nothing new.
+// cluster), and its stack says nothing new. Failures lists them only once
+// their Snapshot is published (handOver).
 func (c *ControlPlane) reportFailures(failures []translate.Failure) {
 	failing := make(map[snapshot.ObjectRef]bool, len(failures))
 	for _, f := range failures {
@@ -540,7 +545,6 @@ func (c *ControlPlane) reportFailures(failures []translate.Failure) {
 			"kind", f.Object.Kind, "namespace", f.Object.Namespace, "name", f.Object.Name, "err", f.Panic, "stack", f.Stack)
 	}
 	c.failing = failing
-	c.failures.Store(&failures)
 }
 
 // Failures returns the objects whose translation panicked at the last

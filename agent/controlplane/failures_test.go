@@ -93,8 +93,9 @@ func TestObjectFailureReportedOnce(t *testing.T) {
 // TestUnpublishedNotWritten: a translation whose Snapshot cannot be built
 // (an inconsistency translate's own check should have caught: a bug) is
 // not handed to the writers, whose status would describe a Snapshot no
-// data plane serves; the current Snapshot and what was written for it
-// stay. Before, its status was written all the same.
+// data plane serves; the current Snapshot, what was written for it and
+// Failures, which describes it, stay. Before, its status was written all
+// the same, and before that its failures replaced Failures.
 func TestUnpublishedNotWritten(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var mu sync.Mutex
@@ -120,6 +121,7 @@ func TestUnpublishedNotWritten(t *testing.T) {
 				// A frontend whose backend is missing: snapshot.New
 				// refuses it.
 				res.Backends = nil
+				res.Failures = []translate.Failure{{Object: snapshot.ObjectRef{Kind: "Service", Namespace: "default", Name: "b"}, Panic: "unpublished"}}
 			}
 			return res, err
 		}
@@ -129,6 +131,9 @@ func TestUnpublishedNotWritten(t *testing.T) {
 		synctest.Wait()
 		if s := c.Snapshot(); s.Version != 1 {
 			t.Errorf("snapshot version %d after an inconsistent translation, want 1", s.Version)
+		}
+		if f := c.Failures(); f != nil {
+			t.Errorf("Failures() = %+v after an inconsistent translation, want the published one's (none)", f)
 		}
 		mu.Lock()
 		defer mu.Unlock()
