@@ -42,17 +42,96 @@ type Failure struct {
 // send its Service's connections in plaintext). Partial results a
 // panicking judgement left in the translator are harmless: a backend
 // nothing leads to is dropped from the Snapshot.
-func containObject[E any](t *translator, ref snapshot.ObjectRef, eval func() E, failed func(message string) E) (out E) {
+func containObject[E any](t *translator, ref snapshot.ObjectRef, eval func() E, failed func(message string) E) E {
+	return contain(t, ref, eval, func(v any, stack string) E {
+		t.failures = append(t.failures, Failure{Object: ref, Panic: fmt.Sprint(v), Stack: stack})
+		return failed(fmt.Sprintf("sockmesh failed to translate this %s (internal error: %v); it is treated as invalid until it changes or sockmesh is fixed", ref.Kind, v))
+	})
+}
+
+// contain runs eval and returns its result; should eval panic, it returns
+// failed's, given the recovered value and the stack. The fault hook runs
+// first, with at, which names what eval judges.
+func contain[E any](t *translator, at snapshot.ObjectRef, eval func() E, failed func(v any, stack string) E) (out E) {
 	defer func() {
 		if v := recover(); v != nil {
-			t.failures = append(t.failures, Failure{Object: ref, Panic: fmt.Sprint(v), Stack: string(debug.Stack())})
-			out = failed(fmt.Sprintf("sockmesh failed to translate this %s (internal error: %v); it is treated as invalid until it changes or sockmesh is fixed", ref.Kind, v))
+			out = failed(v, string(debug.Stack()))
 		}
 	}()
 	if t.fault != nil {
-		t.fault(ref)
+		t.fault(at)
 	}
 	return eval()
+}
+
+// faultRouteJoin is the Kind of the ref the fault hook gets before a
+// Service port's route join, Name "service:port".
+const faultRouteJoin = "route join"
+
+// joinContained builds port k's route table from the routes attached to it
+// per role (buildSet), contained: should the join panic — it reads every
+// route there together, so no one object is at fault — the port's table
+// answers every request with an error (failedSet), and each route attached
+// there is listed in Failures, its status entries toward the port saying
+// so (routeStatus). The table stays: without it requests would go straight
+// to the Service, past the routes' filters (ExternalAuth among them). What
+// the panicking buildSet recorded on the routes' parents at k is not
+// shown: those parents' entries say Accepted=False for the failure alone.
+func (t *translator) joinContained(k portKey, roles map[string][]*routeEval) *snapshot.RouteTable {
+	at := snapshot.ObjectRef{Kind: faultRouteJoin, Namespace: k.namespace, Name: fmt.Sprintf("%s:%d", k.name, k.port)}
+	join := func() *snapshot.RouteTable {
+		return routeTable(roles, func(role string, routes []*routeEval) snapshot.RouteSet { return buildSet(k, role, routes) })
+	}
+	return contain(t, at, join, func(v any, stack string) *snapshot.RouteTable {
+		panicked := fmt.Sprint(v)
+		t.joinFailures[k] = panicked
+		svc := snapshot.ObjectRef{Namespace: k.namespace, Name: k.name}
+		return routeTable(roles, func(_ string, routes []*routeEval) snapshot.RouteSet {
+			for _, e := range routes {
+				t.joinFailed(e.ref, svc, panicked, stack)
+			}
+			return failedSet(k, routes, panicked)
+		})
+	})
+}
+
+// joinFailed lists route in Failures for a route join that panicked at a
+// port of svc: once per route, naming every Service of such ports.
+func (t *translator) joinFailed(route, svc snapshot.ObjectRef, panicked, stack string) {
+	i := slices.IndexFunc(t.failures, func(f Failure) bool { return f.Object == route })
+	if i < 0 {
+		t.failures = append(t.failures, Failure{Object: route, Panic: panicked, Stack: stack})
+		t.joined[route] = true
+		i = len(t.failures) - 1
+	}
+	if f := &t.failures[i]; !slices.Contains(f.Services, svc) {
+		f.Services = append(f.Services, svc)
+	}
+}
+
+// failedSet is the route set of one role at port k, whose join panicked:
+// each route's one rule matches every request and is Invalid, so that
+// every request is answered as an invalid rule's are (500; where a
+// GRPCRoute attaches, the set is a GRPCRoute set: UNAVAILABLE), and
+// sockmeshctl names each route there.
+func failedSet(k portKey, routes []*routeEval, panicked string) snapshot.RouteSet {
+	set := snapshot.RouteSet{Kind: snapshot.KindHTTPRoute}
+	for i, e := range routes {
+		if e.kind == snapshot.KindGRPCRoute {
+			set.Kind = snapshot.KindGRPCRoute
+		}
+		set.Matches = append(set.Matches, snapshot.RouteMatch{Rule: i, Path: snapshot.PathMatch{Type: snapshot.PathPrefix, Value: "/"}})
+		set.Rules = append(set.Rules, snapshot.RouteRule{Route: e.ref, Invalid: &snapshot.Invalid{Policy: e.ref, Reason: ReasonInternalError,
+			Message: joinFailedMessage(k, panicked)}})
+	}
+	return set
+}
+
+// joinFailedMessage says that the route join at port k panicked, and what
+// requests there get.
+func joinFailedMessage(k portKey, panicked string) string {
+	return fmt.Sprintf("sockmesh failed to join the routes attached to Service %s/%s port %d (internal error: %s): every request there is answered with an error "+
+		"(HTTP 500, or UNAVAILABLE where a GRPCRoute attaches) until the routes there change or sockmesh is fixed", k.namespace, k.name, k.port, panicked)
 }
 
 // evalPolicyContained is evalPolicy contained (containObject): a policy
@@ -175,23 +254,33 @@ const ReasonInternalError = "InternalError"
 func (t *translator) settleFailures() {
 	for i := range t.failures {
 		f := &t.failures[i]
+		if t.joined[f.Object] {
+			continue // a route join's: routeStatus settled its entries toward the ports where it failed
+		}
 		if f.Object.Kind == string(snapshot.KindService) {
 			f.Services = []snapshot.ObjectRef{{Namespace: f.Object.Namespace, Name: f.Object.Name}}
 			continue
 		}
-		msg := truncate(fmt.Sprintf("sockmesh failed to translate this %s (internal error: %s) before it judged its references", f.Object.Kind, f.Panic))
+		msg := fmt.Sprintf("sockmesh failed to translate this %s (internal error: %s) before it judged its references", f.Object.Kind, f.Panic)
 		for _, e := range t.statusEntries(f.Object) {
-			for j := range e.conds {
-				if c := &e.conds[j]; c.Type == condResolvedRefs {
-					c.Status, c.Reason, c.Message = metav1.ConditionUnknown, ReasonInternalError, msg
-				}
-			}
+			unjudged(e.conds, msg)
 			if deref(e.ref.Group) == "" && deref(e.ref.Kind) == "Service" {
 				svc := snapshot.ObjectRef{Namespace: cmp.Or(deref(e.ref.Namespace), f.Object.Namespace), Name: string(e.ref.Name)}
 				if !slices.Contains(f.Services, svc) {
 					f.Services = append(f.Services, svc)
 				}
 			}
+		}
+	}
+}
+
+// unjudged turns the ResolvedRefs condition of conds to Unknown
+// (ReasonInternalError), saying msg: a panic kept sockmesh from judging
+// the references it is about.
+func unjudged(conds []metav1.Condition, msg string) {
+	for i := range conds {
+		if c := &conds[i]; c.Type == condResolvedRefs {
+			c.Status, c.Reason, c.Message = metav1.ConditionUnknown, ReasonInternalError, truncate(msg)
 		}
 	}
 }

@@ -1,6 +1,8 @@
 package translate
 
 import (
+	"net/http"
+	"net/netip"
 	"reflect"
 	"slices"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	gwxv1alpha1 "sigs.k8s.io/gateway-api/apisx/v1alpha1"
 
 	"github.com/sockmesh/sockmesh/agent/snapshot"
+	"github.com/sockmesh/sockmesh/userspace-proxy/routes"
 )
 
 // TestObjectPanicContained: a panic while judging one object (a bug its
@@ -207,5 +210,110 @@ func containInput() Input {
 			TargetRefs:      []gwv1.LocalPolicyTargetReference{{Kind: "Service", Name: "h2"}},
 			RetryConstraint: &gwxv1alpha1.RetryConstraint{Budget: &gwxv1alpha1.BudgetDetails{Percent: &percent}},
 		}}},
+	}
+}
+
+// TestRouteJoinPanicContained: a panic while joining the routes attached
+// to one Service port (here the fault hook's nil map, before the join of
+// ns/h2 port 80) is contained to that port. Its route table stays, and
+// answers every request with an error — 500, or UNAVAILABLE where a
+// GRPCRoute attaches — never the Service unrouted, past the routes'
+// filters; each route attached there is listed in Failures and says
+// Accepted=False and ResolvedRefs=Unknown toward the port; every other
+// port gets its table as without the panic. Before, the panic ended the
+// whole translation, and the agent kept its last Snapshot for every
+// object.
+func TestRouteJoinPanicContained(t *testing.T) {
+	in := containInput()
+	// Another Service with a route, whose table must not change.
+	other := in.Services[2].DeepCopy()
+	other.Name, other.Spec.ClusterIP, other.Spec.ClusterIPs = "h2b", "10.96.0.5", []string{"10.96.0.5"}
+	in.Services = append(in.Services, other)
+	otherRoute := in.HTTPRoutes[0].DeepCopy()
+	otherRoute.Name, otherRoute.Spec.ParentRefs[0].Name = "route-b", "h2b"
+	in.HTTPRoutes = append(in.HTTPRoutes, otherRoute)
+	grpcRoute := &gwv1.GRPCRoute{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "calls", Generation: 1}, Spec: gwv1.GRPCRouteSpec{
+		CommonRouteSpec: in.HTTPRoutes[0].Spec.CommonRouteSpec,
+		Rules:           []gwv1.GRPCRouteRule{{BackendRefs: []gwv1.GRPCBackendRef{{BackendRef: in.HTTPRoutes[0].Spec.Rules[0].BackendRefs[0].BackendRef}}}},
+	}}
+	broken := snapshot.ObjectRef{Kind: faultRouteJoin, Namespace: "ns", Name: "h2:80"}
+	const internal = "internal error: assignment to entry in nil map"
+	for _, tc := range []struct {
+		name      string
+		grpc      []*gwv1.GRPCRoute
+		failed    []snapshot.ObjectRef // the routes Failures names, in order
+		status    int
+		grpcCode  int
+		routeKind snapshot.RouteKind
+	}{
+		{name: "HTTPRoute", failed: []snapshot.ObjectRef{{Kind: "HTTPRoute", Namespace: "ns", Name: "route"}},
+			status: 500, grpcCode: routes.GRPCUnavailable, routeKind: snapshot.KindHTTPRoute},
+		{name: "with a GRPCRoute", grpc: []*gwv1.GRPCRoute{grpcRoute},
+			failed: []snapshot.ObjectRef{{Kind: "HTTPRoute", Namespace: "ns", Name: "route"}, {Kind: "GRPCRoute", Namespace: "ns", Name: "calls"}},
+			status: 503, grpcCode: routes.GRPCUnavailable, routeKind: snapshot.KindGRPCRoute},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := in
+			in.GRPCRoutes = tc.grpc
+			base, err := Translate(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := translateWith(in, func(ref snapshot.ObjectRef) {
+				if ref == broken {
+					seen := map[string]map[string]int{}
+					seen[ref.Namespace][ref.Name]++
+				}
+			})
+			if err != nil {
+				t.Fatalf("translate with the join at %s panicking: %v", broken.Name, err)
+			}
+			var failed []snapshot.ObjectRef
+			for _, f := range res.Failures {
+				failed = append(failed, f.Object)
+				if want := []snapshot.ObjectRef{{Namespace: "ns", Name: "h2"}}; !reflect.DeepEqual(f.Services, want) || !strings.Contains(f.Stack, "contain_test.go") {
+					t.Errorf("Failure %s: Services %v, stack %q; want %v and the stack of the panic", f.Object, f.Services, f.Stack, want)
+				}
+			}
+			if !slices.Equal(failed, tc.failed) {
+				t.Fatalf("Failures name %v, want %v", failed, tc.failed)
+			}
+			for _, ref := range tc.failed {
+				entries := res.Status.HTTPRoutes[types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}]
+				if ref.Kind == "GRPCRoute" {
+					entries = res.Status.GRPCRoutes[types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}]
+				}
+				if len(entries) != 1 {
+					t.Fatalf("%s has %d parent entries, want 1", ref, len(entries))
+				}
+				checkFailed(t, entries[0].Conditions, string(gwv1.RouteReasonUnsupportedValue), internal)
+			}
+			for _, f := range base.Frontends {
+				if f.Service.Name != "h2" && !reflect.DeepEqual(frontendOf(res, f.Service.Name), &f) {
+					t.Errorf("frontend of %s changed by the join's panic at h2:\n got %+v\nwant %+v", f.Service.Name, frontendOf(res, f.Service.Name), f)
+				}
+			}
+			snap, err := snapshot.New(1, res.Frontends, res.Backends, res.Workloads)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, ok := snap.Frontend(netip.MustParseAddrPort("10.96.0.3:80"))
+			if !ok || f.Routes == nil {
+				t.Fatalf("h2:80 = %+v, want it captured with its route table", f)
+			}
+			for _, path := range []string{"/", "/svc.Echo/Call"} {
+				req := routes.Request{Method: http.MethodPost, Path: path, Host: "h2", Header: http.Header{}}
+				var d routes.Decision
+				routes.Compile(snap).Lookup(f, "ns").Decide(&req, routes.GlobalRand{}, &d)
+				if d.Action != routes.Respond || d.Status != tc.status || d.GRPCStatus != tc.grpcCode || d.Rule == nil ||
+					d.Rule.Route != tc.failed[0] || d.Rule.Invalid == nil || !strings.Contains(d.Rule.Invalid.Message, internal) {
+					t.Errorf("POST %s to h2:80: %v %d (gRPC %d), rule %+v; want Respond %d (gRPC %d) by %s's failed rule",
+						path, d.Action, d.Status, d.GRPCStatus, d.Rule, tc.status, tc.grpcCode, tc.failed[0])
+				}
+			}
+			if k := f.Routes.Producer.Kind; k != tc.routeKind {
+				t.Errorf("h2:80's route set is of kind %s, want %s", k, tc.routeKind)
+			}
+		})
 	}
 }

@@ -48,7 +48,10 @@ type Result struct {
 	// ports fail closed, a route or XBackendTrafficPolicy is applied
 	// nowhere, and their status says Accepted=False with the internal
 	// error and ResolvedRefs=Unknown (ReasonInternalError); a Service's ports that a BackendTLSPolicy governs or that
-	// stand for an XBackend fail closed, its others are not captured.
+	// stand for an XBackend fail closed, its others are not captured. A
+	// route is listed too when the join of the routes at a Service port it
+	// attaches to panicked: that port's table answers every request with
+	// an error, and the route's entries toward it say so.
 	Failures []Failure
 }
 

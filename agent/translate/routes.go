@@ -155,17 +155,10 @@ func (t *translator) translateRoutes() {
 	for _, e := range routes {
 		t.attach(e, attached)
 	}
-	for k, roles := range attached {
-		table := &snapshot.RouteTable{}
-		for _, role := range slices.Sorted(maps.Keys(roles)) {
-			set := buildSet(k, role, roles[role])
-			if role == "" {
-				table.Producer = &set
-			} else {
-				table.Consumers = append(table.Consumers, snapshot.ConsumerRoutes{Namespace: role, Routes: set})
-			}
-		}
-		t.routeTables[k] = table
+	// In port order, so that the failures of joins that panic come in
+	// the same order at each translation.
+	for _, k := range slices.SortedFunc(maps.Keys(attached), comparePortKeys) {
+		t.routeTables[k] = t.joinContained(k, attached[k])
 	}
 	for _, e := range routes {
 		st := t.routeStatus(e)
@@ -175,6 +168,25 @@ func (t *translator) translateRoutes() {
 			t.httpRouteStatus[types.NamespacedName{Namespace: e.ref.Namespace, Name: e.ref.Name}] = st
 		}
 	}
+}
+
+// routeTable builds a port's route table from the routes attached to it
+// per role, each role's set by set.
+func routeTable(roles map[string][]*routeEval, set func(role string, routes []*routeEval) snapshot.RouteSet) *snapshot.RouteTable {
+	table := &snapshot.RouteTable{}
+	for _, role := range slices.Sorted(maps.Keys(roles)) {
+		s := set(role, roles[role])
+		if role == "" {
+			table.Producer = &s
+		} else {
+			table.Consumers = append(table.Consumers, snapshot.ConsumerRoutes{Namespace: role, Routes: s})
+		}
+	}
+	return table
+}
+
+func comparePortKeys(a, b portKey) int {
+	return cmp.Or(cmp.Compare(a.namespace, b.namespace), cmp.Compare(a.name, b.name), cmp.Compare(a.port, b.port))
 }
 
 func newRouteEval(kind snapshot.RouteKind, meta metav1.ObjectMeta, parents []gwv1.ParentReference) *routeEval {
@@ -769,9 +781,15 @@ func (t *translator) routeStatus(e *routeEval) []gwv1.RouteParentStatus {
 		slices.Sort(po.conflicted) // buildSet ran per port, in map order
 		slices.Sort(po.winners)
 		c := conditionSet{generation: e.generation, now: t.now}
+		failed, panicked := t.joinFailedAt(po)
 		switch {
 		case po.problem != nil:
 			c.set(condAccepted, false, po.problem.reason, po.problem.message)
+		case len(failed) > 0:
+			c.set(condAccepted, false, string(gwv1.RouteReasonUnsupportedValue), fmt.Sprintf(
+				"sockmesh failed to join this %s with the other routes on Service %s/%s port(s) %s (internal error: %s): every request there is answered with an error "+
+					"(HTTP 500, or UNAVAILABLE where a GRPCRoute attaches) until the routes there change or sockmesh is fixed",
+				e.kind, po.svc.Namespace, po.svc.Name, portList(failed), panicked))
 		case e.invalid != "":
 			c.set(condAccepted, false, string(gwv1.RouteReasonUnsupportedValue), "the route is invalid: "+e.invalid)
 		case !e.accepted():
@@ -799,6 +817,10 @@ func (t *translator) routeStatus(e *routeEval) []gwv1.RouteParentStatus {
 		} else {
 			c.set(condResolvedRefs, true, string(gwv1.RouteReasonResolvedRefs), "all references resolved")
 		}
+		if len(failed) > 0 {
+			unjudged(c.conds, fmt.Sprintf("sockmesh failed to join this %s with the other routes on port(s) %s (internal error: %s), so which of its references serve there was never settled",
+				e.kind, portList(failed), panicked))
+		}
 		if len(problems) > 0 && c.conds[0].Status == metav1.ConditionTrue {
 			// The API's "Drop Rule(s)" approach: Accepted stays True and
 			// the message starts with "Dropped Rule".
@@ -823,6 +845,17 @@ func (t *translator) routeStatus(e *routeEval) []gwv1.RouteParentStatus {
 		}
 	}
 	return out
+}
+
+// joinFailedAt returns the ports of po where the route join panicked
+// (joinContained), and the panic.
+func (t *translator) joinFailedAt(po *parentOutcome) (ports []int32, panicked string) {
+	for _, p := range po.ports {
+		if v, ok := t.joinFailures[portKey{po.svc.Namespace, po.svc.Name, p}]; ok {
+			ports, panicked = append(ports, p), cmp.Or(panicked, v)
+		}
+	}
+	return ports, panicked
 }
 
 func acceptedMessage(e *routeEval, po *parentOutcome) string {

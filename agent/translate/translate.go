@@ -33,8 +33,8 @@ import (
 func Translate(in Input) (Result, error) { return translateWith(in, nil) }
 
 // translateWith is Translate with fault, when not nil, called before each
-// object's judgement: tests make it panic for one object, as a bug that
-// object's data reached would.
+// object's judgement and each Service port's route join (faultRouteJoin):
+// tests make it panic for one, as a bug the data there reached would.
 func translateWith(in Input, fault func(snapshot.ObjectRef)) (Result, error) {
 	t := newTranslator(in)
 	t.fault = fault
@@ -110,10 +110,14 @@ type translator struct {
 	selectorServices []*corev1.Service
 	// changesAt is Result.ChangesAt: judgedUntil keeps the earliest.
 	changesAt time.Time
-	// failures are the objects whose judgement panicked (containObject);
-	// fault is translateWith's.
-	failures []Failure
-	fault    func(snapshot.ObjectRef)
+	// failures are the objects whose judgement panicked (containObject)
+	// and the routes at Service ports whose route join panicked
+	// (joinContained): joined holds those routes, joinFailures the panic
+	// per such port. fault is translateWith's.
+	failures     []Failure
+	joined       map[snapshot.ObjectRef]bool
+	joinFailures map[portKey]string
+	fault        func(snapshot.ObjectRef)
 }
 
 // portKey names a Service port by number (TCP ports are unique by number).
@@ -133,6 +137,8 @@ func newTranslator(in Input) *translator {
 		grants:           map[string][]*gwv1.ReferenceGrant{},
 		portPolicies:     map[portKey]*portPolicy{},
 		routeTables:      map[portKey]*snapshot.RouteTable{},
+		joined:           map[snapshot.ObjectRef]bool{},
+		joinFailures:     map[portKey]string{},
 		trafficPolicies:  map[trafficKey]*trafficEval{},
 		trafficStatus:    map[types.NamespacedName][]gwv1.PolicyAncestorStatus{},
 		backends:         map[snapshot.BackendRef]*snapshot.Backend{},
