@@ -770,16 +770,10 @@ func (t *translator) routeStatus(e *routeEval) []gwv1.RouteParentStatus {
 	if e.incompatible {
 		invalidReason = gwv1.RouteReasonIncompatibleFilters
 	}
-	var problems []string
-	for _, d := range e.dropped {
-		problems = append(problems, d+" (the rule is left out)")
-	}
-	for _, f := range e.failing {
-		problems = append(problems, f+" (requests the rule matches get "+e.failAnswer()+": sockmesh never routes a rule without all it asks for)")
-	}
 	for i, po := range e.parents {
 		slices.Sort(po.conflicted) // buildSet ran per port, in map order
 		slices.Sort(po.winners)
+		problems := ruleProblems(e, po)
 		c := conditionSet{generation: e.generation, now: t.now}
 		failed, panicked := t.joinFailedAt(po)
 		switch {
@@ -858,13 +852,45 @@ func (t *translator) joinFailedAt(po *parentOutcome) (ports []int32, panicked st
 	return ports, panicked
 }
 
-func acceptedMessage(e *routeEval, po *parentOutcome) string {
+// ruleProblems describes e's rules that are left out or answer an error,
+// as true of po's ports: a failing rule's answer is told for the ports
+// the route governs, not those routes of the other kind govern
+// (lostPorts), where its requests never meet it.
+func ruleProblems(e *routeEval, po *parentOutcome) []string {
+	var problems []string
+	for _, d := range e.dropped {
+		problems = append(problems, d+" (the rule is left out)")
+	}
+	answer := "requests the rule matches get " + e.failAnswer()
+	switch governed := po.governed(); {
+	case len(governed) == 0 && len(po.conflicted) > 0:
+		answer = ""
+	case len(po.conflicted) > 0:
+		answer = fmt.Sprintf("requests the rule matches on port(s) %s get %s", portList(governed), e.failAnswer())
+	}
+	for _, f := range e.failing {
+		if answer != "" {
+			f += " (" + answer + ": sockmesh never routes a rule without all it asks for)"
+		}
+		problems = append(problems, f)
+	}
+	return problems
+}
+
+// governed returns the ports of po where routes of e's kind govern: all
+// but those lost to routes of the other kind (governingKind).
+func (po *parentOutcome) governed() []int32 {
 	var ports []int32
 	for _, p := range po.ports {
 		if !slices.Contains(po.conflicted, p) {
 			ports = append(ports, p)
 		}
 	}
+	return ports
+}
+
+func acceptedMessage(e *routeEval, po *parentOutcome) string {
+	ports := po.governed()
 	who := "every client without a consumer route of its own (producer route)"
 	if po.consumer {
 		who = fmt.Sprintf("clients in namespace %s (consumer route)", e.ref.Namespace)

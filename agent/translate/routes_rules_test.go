@@ -2,8 +2,11 @@ package translate
 
 import (
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/sockmesh/sockmesh/agent/snapshot"
 )
 
 // TestSegmentRegex: an expression placed in the path expression
@@ -128,6 +131,29 @@ func TestRegexChars(t *testing.T) {
 	} {
 		if got := regexChars(expr); got != want {
 			t.Errorf("regexChars(%q) = %d, want %d", expr, got, want)
+		}
+	}
+}
+
+// TestRuleProblemsPerPort: a failing rule's answer is told for the ports
+// its route governs on the parent, not those it lost to routes of the
+// other kind, where its requests never meet it (gamma/grpc-unaccepted has
+// every port lost). Before, every parent's message said requests got the
+// rule's answer.
+func TestRuleProblemsPerPort(t *testing.T) {
+	const failing = "rule 0: unsupported"
+	for _, tc := range []struct {
+		ports, conflicted []int32
+		want              string
+	}{
+		{ports: []int32{80, 81}, want: failing + " (requests the rule matches get HTTP 500: sockmesh never routes a rule without all it asks for)"},
+		{ports: []int32{80, 81}, conflicted: []int32{80}, want: failing + " (requests the rule matches on port(s) 81 get HTTP 500: sockmesh never routes a rule without all it asks for)"},
+		{ports: []int32{80, 81}, conflicted: []int32{80, 81}, want: failing},
+	} {
+		e := &routeEval{kind: snapshot.KindHTTPRoute, failing: []string{failing}}
+		po := &parentOutcome{ports: tc.ports, conflicted: tc.conflicted}
+		if got := ruleProblems(e, po); !slices.Equal(got, []string{tc.want}) {
+			t.Errorf("ruleProblems with ports %v, %v lost = %q, want %q", tc.ports, tc.conflicted, got, tc.want)
 		}
 	}
 }
