@@ -250,7 +250,8 @@ const ReasonInternalError = "InternalError"
 // the True its invalid stand-in would carry is a claim nothing checked
 // (and a False one's reason would be made up), while Accepted=False says
 // the object is treated as invalid, and why. And it lists the Services
-// those entries stand toward in Failure.Services.
+// those entries stand toward in Failure.Services, with those its status
+// had no room for (Unrepresented).
 func (t *translator) settleFailures() {
 	for i := range t.failures {
 		f := &t.failures[i]
@@ -262,10 +263,20 @@ func (t *translator) settleFailures() {
 			continue
 		}
 		msg := fmt.Sprintf("sockmesh failed to translate this %s (internal error: %s) before it judged its references", f.Object.Kind, f.Panic)
+		var stands []gwv1.ParentReference
 		for _, e := range t.statusEntries(f.Object) {
 			unjudged(e.conds, msg)
-			if deref(e.ref.Group) == "" && deref(e.ref.Kind) == "Service" {
-				svc := snapshot.ObjectRef{Namespace: cmp.Or(deref(e.ref.Namespace), f.Object.Namespace), Name: string(e.ref.Name)}
+			stands = append(stands, e.ref)
+		}
+		// Those its status had no room for are governed all the same.
+		for _, u := range t.unrepresented {
+			if u.Policy == f.Object {
+				stands = append(stands, u.Target)
+			}
+		}
+		for _, ref := range stands {
+			if deref(ref.Group) == "" && deref(ref.Kind) == "Service" {
+				svc := snapshot.ObjectRef{Namespace: cmp.Or(deref(ref.Namespace), f.Object.Namespace), Name: string(ref.Name)}
 				if !slices.Contains(f.Services, svc) {
 					f.Services = append(f.Services, svc)
 				}

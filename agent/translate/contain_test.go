@@ -1,6 +1,7 @@
 package translate
 
 import (
+	"fmt"
 	"net/http"
 	"net/netip"
 	"reflect"
@@ -315,5 +316,37 @@ func TestRouteJoinPanicContained(t *testing.T) {
 				t.Errorf("h2:80's route set is of kind %s, want %s", k, tc.routeKind)
 			}
 		})
+	}
+}
+
+// TestFailureNamesServicesWithoutRoom: a failed object's Services include
+// those its status has no room for (Result.Unrepresented), which it
+// governs all the same: here a route whose status holds 32 other
+// controllers' parents. Before, Failure.Services left them out, and
+// sockmeshctl explain named no failure for them.
+func TestFailureNamesServicesWithoutRoom(t *testing.T) {
+	in := containInput()
+	route := in.HTTPRoutes[0].DeepCopy()
+	for i := range maxRouteParents {
+		route.Status.Parents = append(route.Status.Parents, gwv1.RouteParentStatus{
+			ParentRef: gwv1.ParentReference{Name: gwv1.ObjectName(fmt.Sprintf("gw-%d", i))}, ControllerName: "example.com/other"})
+	}
+	in.HTTPRoutes = []*gwv1.HTTPRoute{route}
+	broken := snapshot.ObjectRef{Kind: "HTTPRoute", Namespace: "ns", Name: "route"}
+	res, err := translateWith(in, func(ref snapshot.ObjectRef) {
+		if ref == broken {
+			seen := map[string]map[string]int{}
+			seen[ref.Namespace][ref.Name]++
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Unrepresented) != 1 || res.Unrepresented[0].Policy != broken {
+		t.Fatalf("Unrepresented = %+v, want the route's one parent", res.Unrepresented)
+	}
+	want := []snapshot.ObjectRef{{Namespace: "ns", Name: "h2"}}
+	if len(res.Failures) != 1 || !reflect.DeepEqual(res.Failures[0].Services, want) {
+		t.Errorf("Failures = %+v, want the route's, naming Services %v", res.Failures, want)
 	}
 }
