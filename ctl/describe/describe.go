@@ -89,7 +89,10 @@ type Service struct {
 	TrafficPolicies []Object `json:"trafficPolicies,omitempty"`
 	XBackends       []Object `json:"xbackends,omitempty"`
 	Routes          []Object `json:"routes,omitempty"`
-	Warnings        []string `json:"warnings,omitempty"`
+	// Failures are the objects whose translation panicked that govern
+	// it (Failure.Services), the Service itself among them.
+	Failures []translate.Failure `json:"failures,omitempty"`
+	Warnings []string            `json:"warnings,omitempty"`
 }
 
 // Port is one Service port.
@@ -117,7 +120,8 @@ func (c *Cluster) Service(namespace, name string) (*Service, error) {
 	}
 	svc := c.in.Services[i]
 	ref := snapshot.ObjectRef{Namespace: namespace, Name: name}
-	out := &Service{Service: ref, NoClusterIP: NoClusterIP(svc), Ports: []Port{}, Warnings: c.warnings}
+	out := &Service{Service: ref, NoClusterIP: NoClusterIP(svc), Ports: []Port{}, Warnings: c.warnings,
+		Failures: c.failures(func(f translate.Failure) bool { return slices.Contains(f.Services, ref) })}
 	for _, sp := range svc.Spec.Ports {
 		p := Port{Name: sp.Name, Port: uint16(sp.Port), Protocol: cmp.Or(sp.Protocol, corev1.ProtocolTCP)}
 		if sp.AppProtocol != nil {
@@ -252,8 +256,10 @@ type Policy struct {
 	WellKnownCACertificates string `json:"wellKnownCACertificates,omitempty"`
 	// Targets are the Services it targets, as they stand with every
 	// policy applied.
-	Targets  []Service `json:"targets,omitempty"`
-	Warnings []string  `json:"warnings,omitempty"`
+	Targets []Service `json:"targets,omitempty"`
+	// Failures holds the policy's Failure when its translation panicked.
+	Failures []translate.Failure `json:"failures,omitempty"`
+	Warnings []string            `json:"warnings,omitempty"`
 }
 
 // BackendTLSPolicy describes namespace/name.
@@ -269,6 +275,7 @@ func (c *Cluster) BackendTLSPolicy(namespace, name string) (*Policy, error) {
 		as = append(as, ancestor(a.AncestorRef, namespace, a.Conditions))
 	}
 	out := &Policy{Policy: c.object("BackendTLSPolicy", key, as), Hostname: string(p.Spec.Validation.Hostname), Warnings: c.warnings}
+	out.Failures = c.objectFailures(out.Policy.Ref)
 	if w := p.Spec.Validation.WellKnownCACertificates; w != nil {
 		out.WellKnownCACertificates = string(*w)
 	}
@@ -282,7 +289,7 @@ func (c *Cluster) BackendTLSPolicy(namespace, name string) (*Policy, error) {
 		}
 		seen[string(t.Name)] = true
 		if svc, err := c.Service(namespace, string(t.Name)); err == nil {
-			svc.Warnings = nil
+			svc.Warnings, svc.Failures = nil, nil
 			out.Targets = append(out.Targets, *svc)
 		}
 	}
@@ -295,7 +302,9 @@ type XBackend struct {
 	Backends []explain.Backend `json:"backends,omitempty"`
 	// Services are the captured Service ports that lead to it.
 	Services []string `json:"services,omitempty"`
-	Warnings []string `json:"warnings,omitempty"`
+	// Failures holds the XBackend's Failure when its translation panicked.
+	Failures []translate.Failure `json:"failures,omitempty"`
+	Warnings []string            `json:"warnings,omitempty"`
 }
 
 // XBackend describes namespace/name.
@@ -309,6 +318,7 @@ func (c *Cluster) XBackend(namespace, name string) (*XBackend, error) {
 		as = append(as, ancestor(a.AncestorRef, namespace, a.Conditions))
 	}
 	out := &XBackend{XBackend: c.object("XBackend", key, as), Warnings: c.warnings}
+	out.Failures = c.objectFailures(out.XBackend.Ref)
 	for i := range c.snap.Backends {
 		b := &c.snap.Backends[i]
 		if b.Ref.Kind == snapshot.KindXBackend && b.Ref.Namespace == namespace && b.Ref.Name == name {
@@ -328,7 +338,10 @@ type Route struct {
 	Route Object `json:"route"`
 	// Placements are the Service ports whose route sets hold its rules.
 	Placements []Placement `json:"placements,omitempty"`
-	Warnings   []string    `json:"warnings,omitempty"`
+	// Failures holds the route's Failure when its translation, or the join
+	// of the routes at a port it attaches to, panicked.
+	Failures []translate.Failure `json:"failures,omitempty"`
+	Warnings []string            `json:"warnings,omitempty"`
 }
 
 // Placement is a route's rules in one Service port's route set.
@@ -369,6 +382,7 @@ func (c *Cluster) route(kind string, key types.NamespacedName, found bool, paren
 		as = append(as, ancestor(p.ParentRef, key.Namespace, p.Conditions))
 	}
 	out := &Route{Route: c.object(kind, key, as), Warnings: c.warnings}
+	out.Failures = c.objectFailures(out.Route.Ref)
 	self := snapshot.ObjectRef{Kind: kind, Namespace: key.Namespace, Name: key.Name}
 	for _, f := range c.snap.Frontends {
 		if f.Routes == nil {
@@ -395,6 +409,22 @@ func (c *Cluster) route(kind string, key types.NamespacedName, found bool, paren
 		}
 	}
 	return out, nil
+}
+
+// failures returns the translation's failures that concern describes.
+func (c *Cluster) failures(concern func(translate.Failure) bool) []translate.Failure {
+	var out []translate.Failure
+	for _, f := range c.res.Failures {
+		if concern(f) {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// objectFailures returns the Failure of the object ref names, if any.
+func (c *Cluster) objectFailures(ref snapshot.ObjectRef) []translate.Failure {
+	return c.failures(func(f translate.Failure) bool { return f.Object == ref })
 }
 
 func (c *Cluster) object(kind string, key types.NamespacedName, as []Ancestor) Object {

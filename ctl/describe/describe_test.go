@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/agent/translate"
 	"github.com/sockmesh/sockmesh/internal/manifesttest"
 )
@@ -169,5 +170,33 @@ func TestServiceTrafficPolicies(t *testing.T) {
 	if budget.Ref.Name != "budget" || len(budget.Ancestors) != 1 || !hasCondition(budget.Ancestors[0], "Accepted", "True", "Accepted") ||
 		budget.Ancestors[0].NoStatus != "" {
 		t.Errorf("budget = %+v, want Accepted", budget)
+	}
+}
+
+// TestFailuresDescribed: describe lists the translation's failures that
+// concern what it describes — a Service's, those whose Services include it;
+// a route's, its own — as sockmeshctl status and explain do. Before, it
+// showed none, though its own translation had them.
+func TestFailuresDescribed(t *testing.T) {
+	c := cluster(t)
+	route := snapshot.ObjectRef{Kind: "HTTPRoute", Namespace: "app", Name: "to-secure"}
+	failure := translate.Failure{Object: route, Panic: "assignment to entry in nil map", Services: []snapshot.ObjectRef{{Namespace: "app", Name: "routed"}}}
+	c.res.Failures = append(c.res.Failures, failure)
+	svc, err := c.Service("app", "routed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(svc.Failures) != 1 || svc.Failures[0].Object != route {
+		t.Errorf("Service(routed).Failures = %+v, want the route's", svc.Failures)
+	}
+	if other, err := c.Service("app", "secure"); err != nil || len(other.Failures) != 0 {
+		t.Errorf("Service(secure).Failures = %+v (%v), want none", other.Failures, err)
+	}
+	r, err := c.HTTPRoute("app", "to-secure")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Failures) != 1 || r.Failures[0].Panic != failure.Panic {
+		t.Errorf("HTTPRoute(to-secure).Failures = %+v, want its own", r.Failures)
 	}
 }

@@ -23,6 +23,7 @@ func Service(w io.Writer, s *describe.Service) error {
 	} else {
 		fmt.Fprintln(w, "Objects naming it: none")
 	}
+	translateFailures(w, "", s.Failures)
 	warnings(w, s.Warnings)
 	return nil
 }
@@ -81,6 +82,7 @@ func Policy(w io.Writer, p *describe.Policy) error {
 			objects(w, 4, p.Targets[i].Policies)
 		}
 	}
+	translateFailures(w, "", p.Failures)
 	warnings(w, p.Warnings)
 	return nil
 }
@@ -95,6 +97,7 @@ func XBackend(w io.Writer, x *describe.XBackend) error {
 		backendBlock(w, 2, be)
 	}
 	fmt.Fprintf(w, "Captured through: %s\n", orDash(strings.Join(x.Services, ", ")))
+	translateFailures(w, "", x.Failures)
 	warnings(w, x.Warnings)
 	return nil
 }
@@ -115,6 +118,7 @@ func Route(w io.Writer, r *describe.Route) error {
 			backendBlock(w, 4, be)
 		}
 	}
+	translateFailures(w, "", r.Failures)
 	warnings(w, r.Warnings)
 	return nil
 }

@@ -345,3 +345,21 @@ func TestServiceWithoutClusterIP(t *testing.T) {
 		}
 	}
 }
+
+// TestDescribeFailures: describe writes the failures it found as status
+// does, a table of kind, object, Services and panic. Before, describe
+// wrote none.
+func TestDescribeFailures(t *testing.T) {
+	s := serviceFixture()
+	s.Failures = []translate.Failure{{Object: ref("HTTPRoute", "app", "split"), Panic: "assignment to entry in nil map",
+		Services: []snapshot.ObjectRef{{Namespace: "app", Name: "secure"}}}}
+	var buf bytes.Buffer
+	if err := Service(&buf, s); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"Objects whose translation panicked", "HTTPRoute   app/split   app/secure   assignment to entry in nil map"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("Service() lacks %q:\n%s", want, buf.String())
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"github.com/sockmesh/sockmesh/agent/controlplane"
 	"github.com/sockmesh/sockmesh/agent/introspect"
 	kubesource "github.com/sockmesh/sockmesh/agent/source/kubernetes"
+	"github.com/sockmesh/sockmesh/agent/translate"
 	"github.com/sockmesh/sockmesh/datapath"
 )
 
@@ -253,19 +254,7 @@ func statusDetails(w io.Writer, st introspect.Status) {
 		more(t, wr.BackoffMore)
 		t.Flush()
 	}
-	if len(st.TranslateFailures) > 0 {
-		fmt.Fprintln(w, "  Objects whose translation panicked (a bug: judged invalid, closed for what they govern; -o yaml has the stacks):")
-		t := tw(w)
-		row(t, "    KIND", "OBJECT", "SERVICES", "PANIC")
-		for _, f := range st.TranslateFailures {
-			services := make([]string, len(f.Services))
-			for i, s := range f.Services {
-				services[i] = s.String()
-			}
-			row(t, "    "+f.Object.Kind, f.Object.Namespace+"/"+f.Object.Name, orDash(strings.Join(services, ", ")), f.Panic)
-		}
-		t.Flush()
-	}
+	translateFailures(w, "  ", st.TranslateFailures)
 	if len(st.Pods.Unsettled) > 0 {
 		fmt.Fprintln(w, "  Pods not enrolled yet:")
 		t := tw(w)
@@ -301,6 +290,26 @@ func statusDetails(w io.Writer, st introspect.Status) {
 }
 
 // more writes how many entries a list the agent cut leaves out.
+// translateFailures lists the objects whose translation panicked, each
+// line led by indent: sockmeshctl status's, and describe's for what it
+// describes.
+func translateFailures(w io.Writer, indent string, failures []translate.Failure) {
+	if len(failures) == 0 {
+		return
+	}
+	fmt.Fprintln(w, indent+"Objects whose translation panicked (a bug: judged invalid, closed for what they govern; -o yaml has the stacks):")
+	t := tw(w)
+	row(t, indent+"  KIND", "OBJECT", "SERVICES", "PANIC")
+	for _, f := range failures {
+		services := make([]string, len(f.Services))
+		for i, s := range f.Services {
+			services[i] = s.String()
+		}
+		row(t, indent+"  "+f.Object.Kind, f.Object.Namespace+"/"+f.Object.Name, orDash(strings.Join(services, ", ")), f.Panic)
+	}
+	t.Flush()
+}
+
 func more(w io.Writer, n int) {
 	if n > 0 {
 		row(w, fmt.Sprintf("    ... and %d more", n))
