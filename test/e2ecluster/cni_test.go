@@ -279,18 +279,7 @@ func TestCNIHandoverRollout(t *testing.T) {
 	agents := watchAgents(t, n)
 	restartAgents(t, n)
 	waitDaemonSetReady(t, n, agentNS, agentDS, 3*time.Minute)
-	waitFor(t, time.Minute, "the old agent pods gone", func(ctx context.Context) error {
-		for _, name := range before {
-			_, err := n.Kube.CoreV1().Pods(agentNS).Get(ctx, name, metav1.GetOptions{})
-			if err == nil {
-				return fmt.Errorf("%s still there", name)
-			}
-			if !apierrors.IsNotFound(err) {
-				return err
-			}
-		}
-		return nil
-	}, agents.report)
+	waitAgentsGone(t, n, before, agents)
 	agents.stop()
 	p, err := pods.Get(t.Context(), pod, metav1.GetOptions{})
 	if err != nil {

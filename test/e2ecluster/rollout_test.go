@@ -84,18 +84,7 @@ func rolloutUnderTraffic(t *testing.T, n *node.Node, w workloads, what string, s
 	waitDaemonSetReady(t, n, agentNS, agentDS, 3*time.Minute)
 	// Until the old agent has drained and exited: its listener closing is
 	// part of what must lose nothing.
-	waitFor(t, time.Minute, "the old agent pods gone", func(ctx context.Context) error {
-		for _, name := range before {
-			_, err := n.Kube.CoreV1().Pods(agentNS).Get(ctx, name, metav1.GetOptions{})
-			if err == nil {
-				return fmt.Errorf("%s still there", name)
-			}
-			if !errors.IsNotFound(err) {
-				return err
-			}
-		}
-		return nil
-	}, agents.report)
+	waitAgentsGone(t, n, before, agents)
 	// Traffic on the new agent alone: calls made after the old ones left.
 	mu.Lock()
 	gone := calls
@@ -355,6 +344,24 @@ func parseRecord(line string) (record, bool) {
 }
 
 // report is the pods' changes and their logs, for a failure.
+// waitAgentsGone waits until the agent pods named before are deleted,
+// w's report saying what the agents did if they are not.
+func waitAgentsGone(t *testing.T, n *node.Node, before []string, w *agentWatch) {
+	t.Helper()
+	waitFor(t, time.Minute, "the old agent pods gone", func(ctx context.Context) error {
+		for _, name := range before {
+			_, err := n.Kube.CoreV1().Pods(agentNS).Get(ctx, name, metav1.GetOptions{})
+			if err == nil {
+				return fmt.Errorf("%s still there", name)
+			}
+			if !errors.IsNotFound(err) {
+				return err
+			}
+		}
+		return nil
+	}, w.report)
+}
+
 func (w *agentWatch) report() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()

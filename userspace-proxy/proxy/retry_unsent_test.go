@@ -55,23 +55,12 @@ func testRetryWithoutConnection(t *testing.T, k clientKind) {
 			Retry: &snapshot.Retry{Attempts: 1, Codes: []int{500}, Backoff: dur(time.Second)}}},
 	)))
 	p.Update(m.snapshot(1))
-	// get sends GET /?query through c with ctx.
-	get := func(c *http.Client, ctx context.Context, query string) (string, error) {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://flaky.b.svc/?"+query, nil)
-		resp, err := c.Do(req)
-		if err != nil {
-			return "", err
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		return fmt.Sprintf("%d %s", resp.StatusCode, body), nil
-	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	left := make(chan error, 1)
 	go func() {
-		a, err := get(pipeClient(t, p, k.h2c), ctx, "id=left&fail=1")
+		a, err := getFlaky(pipeClient(t, p, k.h2c), ctx, "id=left&fail=1")
 		if err == nil {
 			err = fmt.Errorf("answered %q before the app left", a)
 		}
@@ -80,7 +69,7 @@ func testRetryWithoutConnection(t *testing.T, k clientKind) {
 	synctest.Wait() // its first try answered 500, its connection back in the pool: the backoff
 	held := make(chan string, 1)
 	go func() {
-		a, err := get(pipeClient(t, p, k.h2c), context.Background(), "id=hold")
+		a, err := getFlaky(pipeClient(t, p, k.h2c), context.Background(), "id=hold")
 		if err != nil {
 			a = err.Error()
 		}
@@ -102,7 +91,7 @@ func testRetryWithoutConnection(t *testing.T, k clientKind) {
 		t.Fatalf("the request holding the connection: %q, want 200 ok", a)
 	}
 
-	if a, err := get(pipeClient(t, p, k.h2c), context.Background(), "id=next&fail=1"); err != nil || a != "200 ok" || tc.count("next") != 2 {
+	if a, err := getFlaky(pipeClient(t, p, k.h2c), context.Background(), "id=next&fail=1"); err != nil || a != "200 ok" || tc.count("next") != 2 {
 		t.Errorf("the next request, its retry the budget's one in 10 s: %q %v after %d tries, want 200 ok after 2", a, err, tc.count("next"))
 	}
 	if got := counterValue(t, reg, "sockmesh_proxy_retry_budget_exhausted_total", "reason", "status"); got != 0 {
@@ -161,22 +150,12 @@ func testRetrySentOnStaleConnection(t *testing.T, k clientKind) {
 			Retry: &snapshot.Retry{Attempts: 1, Codes: []int{500}, Backoff: dur(time.Second)}}},
 	)))
 	p.Update(m.snapshot(1))
-	get := func(ctx context.Context, query string) (string, error) {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://flaky.b.svc/?"+query, nil)
-		resp, err := pipeClient(t, p, k.h2c).Do(req)
-		if err != nil {
-			return "", err
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		return fmt.Sprintf("%d %s", resp.StatusCode, body), nil
-	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	left := make(chan error, 1)
 	go func() {
-		a, err := get(ctx, "id=left&fail=1")
+		a, err := getFlaky(pipeClient(t, p, k.h2c), ctx, "id=left&fail=1")
 		if err == nil {
 			err = fmt.Errorf("answered %q before the app left", a)
 		}
@@ -185,7 +164,7 @@ func testRetrySentOnStaleConnection(t *testing.T, k clientKind) {
 	<-retried // on the connection its first try's 500 came over
 	held := make(chan string, 1)
 	go func() {
-		a, err := get(context.Background(), "id=hold")
+		a, err := getFlaky(pipeClient(t, p, k.h2c), context.Background(), "id=hold")
 		if err != nil {
 			a = err.Error()
 		}
@@ -205,10 +184,23 @@ func testRetrySentOnStaleConnection(t *testing.T, k clientKind) {
 		t.Fatalf("the request holding the connection: %q, want 200 ok", a)
 	}
 
-	if a, err := get(context.Background(), "id=next&fail=1"); err != nil || a[:3] != "503" {
+	if a, err := getFlaky(pipeClient(t, p, k.h2c), context.Background(), "id=next&fail=1"); err != nil || a[:3] != "503" {
 		t.Errorf("the next request, the budget's one retry in 10 s spent: %q %v, want 503", a, err)
 	}
 	if got := counterValue(t, reg, "sockmesh_proxy_retry_budget_exhausted_total", "reason", "status"); got != 1 {
 		t.Errorf("retry_budget_exhausted{status} = %v, want 1", got)
 	}
+}
+
+// getFlaky sends GET /?query to the flaky Service through c with ctx and
+// returns the answer's status and body.
+func getFlaky(c *http.Client, ctx context.Context, query string) (string, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://flaky.b.svc/?"+query, nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		return "", err
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return fmt.Sprintf("%d %s", resp.StatusCode, body), nil
 }
