@@ -13,6 +13,8 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/sockmesh/sockmesh/agent/snapshot"
 	"github.com/sockmesh/sockmesh/internal/pipenet"
 	"github.com/sockmesh/sockmesh/userspace-proxy/proxy"
@@ -45,27 +47,8 @@ func testRetryWithoutConnection(t *testing.T, k clientKind) {
 		}
 		tc.ServeHTTP(w, r)
 	}))
-	p, reg := pipeProxy(t, &pn, proxy.Config{HTTP1TLS: k.path, Upstream: upstream.Config{MaxConnsPerEndpoint: 1}})
-	m := &mesh{t: t}
-	// HTTP11: an h2c app's requests go over the HTTP/1.1 pool too.
-	be := m.backend("flaky", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(backendAddr), RetryConstraint: oneRetryIn10s()})
-	m.frontend("flaky", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
-		// The retry's backoff is 0.5 to 1 s; the app leaves after 5.
-		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be),
-			Retry: &snapshot.Retry{Attempts: 1, Codes: []int{500}, Backoff: dur(time.Second)}}},
-	)))
-	p.Update(m.snapshot(1))
-
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	left := make(chan error, 1)
-	go func() {
-		a, err := getFlaky(pipeClient(t, p, k.h2c), ctx, "id=left&fail=1")
-		if err == nil {
-			err = fmt.Errorf("answered %q before the app left", a)
-		}
-		left <- err
-	}()
+	p, reg := flakyRetryProxy(t, &pn, backendAddr, k)
+	left := leaveDuringRetry(t, p, k)
 	synctest.Wait() // its first try answered 500, its connection back in the pool: the backoff
 	held := make(chan string, 1)
 	go func() {
@@ -142,25 +125,8 @@ func testRetrySentOnStaleConnection(t *testing.T, k clientKind) {
 		}
 		tc.ServeHTTP(w, r)
 	}))
-	p, reg := pipeProxy(t, &pn, proxy.Config{HTTP1TLS: k.path, Upstream: upstream.Config{MaxConnsPerEndpoint: 1}})
-	m := &mesh{t: t}
-	be := m.backend("flaky", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(backendAddr), RetryConstraint: oneRetryIn10s()})
-	m.frontend("flaky", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
-		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be),
-			Retry: &snapshot.Retry{Attempts: 1, Codes: []int{500}, Backoff: dur(time.Second)}}},
-	)))
-	p.Update(m.snapshot(1))
-
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	left := make(chan error, 1)
-	go func() {
-		a, err := getFlaky(pipeClient(t, p, k.h2c), ctx, "id=left&fail=1")
-		if err == nil {
-			err = fmt.Errorf("answered %q before the app left", a)
-		}
-		left <- err
-	}()
+	p, reg := flakyRetryProxy(t, &pn, backendAddr, k)
+	left := leaveDuringRetry(t, p, k)
 	<-retried // on the connection its first try's 500 came over
 	held := make(chan string, 1)
 	go func() {
@@ -190,6 +156,40 @@ func testRetrySentOnStaleConnection(t *testing.T, k clientKind) {
 	if got := counterValue(t, reg, "sockmesh_proxy_retry_budget_exhausted_total", "reason", "status"); got != 1 {
 		t.Errorf("retry_budget_exhausted{status} = %v, want 1", got)
 	}
+}
+
+// flakyRetryProxy is a proxy for k whose Service flaky has one HTTP/1.1
+// endpoint at backendAddr, one connection to it at most
+// (MaxConnsPerEndpoint), a retry budget of one retry in 10 s, and a route
+// that retries a 500 once, after a backoff of 0.5 to 1 s. HTTP11: an h2c
+// app's requests go over the HTTP/1.1 pool too.
+func flakyRetryProxy(t *testing.T, pn *pipenet.Net, backendAddr netip.AddrPort, k clientKind) (*proxy.Proxy, *prometheus.Registry) {
+	p, reg := pipeProxy(t, pn, proxy.Config{HTTP1TLS: k.path, Upstream: upstream.Config{MaxConnsPerEndpoint: 1}})
+	m := &mesh{t: t}
+	be := m.backend("flaky", snapshot.Backend{Protocol: snapshot.ProtocolHTTP11, Endpoints: endpoints(backendAddr), RetryConstraint: oneRetryIn10s()})
+	m.frontend("flaky", routedVIP, be, producer(routeSet(snapshot.KindHTTPRoute,
+		rule{[]snapshot.RouteMatch{prefixMatch("/")}, snapshot.RouteRule{Backends: to(be),
+			Retry: &snapshot.Retry{Attempts: 1, Codes: []int{500}, Backoff: dur(time.Second)}}},
+	)))
+	p.Update(m.snapshot(1))
+	return p, reg
+}
+
+// leaveDuringRetry sends ?id=left&fail=1, whose first try the backend
+// fails, from an app that leaves after 5 s, while its retry waits; the
+// channel gets the request's error, or one saying it was answered.
+func leaveDuringRetry(t *testing.T, p *proxy.Proxy, k clientKind) <-chan error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	t.Cleanup(cancel)
+	left := make(chan error, 1)
+	go func() {
+		a, err := getFlaky(pipeClient(t, p, k.h2c), ctx, "id=left&fail=1")
+		if err == nil {
+			err = fmt.Errorf("answered %q before the app left", a)
+		}
+		left <- err
+	}()
+	return left
 }
 
 // getFlaky sends GET /?query to the flaky Service through c with ctx and
